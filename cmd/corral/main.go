@@ -1,0 +1,91 @@
+// Command corral is Corral's one binary: the server (corral serve), the CLI
+// client for people and scripts, the MCP server, and the entrypoint that
+// runs inside every sandbox (corral worker run-task).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+const usage = `corral — hand tasks to AI coding agents in sandboxes
+
+Usage:
+  corral serve [--config FILE] [--listen ADDR] [--data DIR]   run the server
+  corral run "task" [--follow] [--agent NAME] [--context FILE] [-- CMD ARGS...]
+                                                   spawn a task (CMD runs it with the command agent)
+  corral tasks [--status S] [--limit N]            list tasks
+  corral result ID [--wait 30s]                    show a task's result
+  corral logs [-f] ID                              show (and follow) a task's transcript
+  corral cancel ID                                 cancel a task
+  corral ws ls [PATH] | cat PATH | put PATH [FILE] the shared workspace
+  corral tools                                     the tool catalogue as function definitions
+  corral doctor                                    what works on this machine, and what is missing
+  corral bench [--n N] [--concurrency C]           measure task overhead against bare bubblewrap
+  corral worker run-task ...                       (inside a sandbox) run one task's agent
+
+Client commands reach the server at --server (default: http://LISTEN from the
+configuration) with the token in CORRAL_API_TOKEN; --json prints JSON.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run dispatches a subcommand and returns the process exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
+		"serve":  cmdServe,
+		"run":    cmdRun,
+		"tasks":  cmdTasks,
+		"result": cmdResult,
+		"logs":   cmdLogs,
+		"cancel": cmdCancel,
+		"ws":     cmdWorkspace,
+		"tools":  cmdTools,
+		"doctor": cmdDoctor,
+		"bench":  cmdBench,
+		"worker": cmdWorker,
+	}
+	f, ok := cmds[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "corral: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	err := f(ctx, args[1:], stdout, stderr)
+	var ee exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return int(ee)
+	case errors.Is(err, errdefs.ErrInvalidArgument):
+		fmt.Fprintf(stderr, "corral %s: %v\n", args[0], err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "corral %s: %v\n", args[0], err)
+		return 1
+	}
+}
+
+// exitError ends the process with a code and no message.
+type exitError int
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", int(e)) }

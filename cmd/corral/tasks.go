@@ -1,0 +1,261 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf clientFlags
+	cf.register(fs)
+	var req orchestrator.SpawnRequest
+	var contexts stringList
+	follow := fs.Bool("follow", false, "show progress until the task ends, then its result")
+	fs.BoolVar(follow, "f", false, "short for --follow")
+	fs.StringVar(&req.Agent, "agent", "", "agent: claude, gemini, codex, opencode or command (default: command with -- CMD, else the server's)")
+	fs.StringVar(&req.Model, "model", "", "model name for the agent")
+	fs.IntVar(&req.TimeoutMinutes, "timeout", 0, "timeout in minutes (default: the server's)")
+	fs.StringVar(&req.IdempotencyKey, "idempotency-key", "", "spawning again with the same key returns the same task")
+	fs.Var(&contexts, "context", "a file under shared/ to copy into the task's context/ (repeatable)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return exitError(2)
+	}
+	if len(pos) == 0 {
+		return fmt.Errorf("give the task description: corral run \"what to do\" [-- CMD ARGS...]: %w", errdefs.ErrInvalidArgument)
+	}
+	req.TaskDescription, req.Command, req.ContextFiles = pos[0], pos[1:], contexts
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	t, existing, err := c.Spawn(ctx, req)
+	if err != nil {
+		return err
+	}
+	if !*follow {
+		if cf.json {
+			return printJSON(stdout, t)
+		}
+		note := ""
+		if existing {
+			note = " (existing task for this idempotency key)"
+		}
+		fmt.Fprintf(stdout, "%s %s%s\n", t.ID, t.Status, note)
+		return nil
+	}
+	if !cf.json {
+		fmt.Fprintf(stderr, "task %s queued\n", t.ID)
+	}
+	err = c.Events(ctx, orchestrator.EventsRequest{TaskID: t.ID, Follow: true}, func(e eventstore.Event) error {
+		if !cf.json {
+			progress(stderr, e)
+		}
+		if e.Type == task.EventCompleted {
+			return errDone
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errDone) {
+		return err
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	res, err := c.Result(ctx, orchestrator.ResultRequest{TaskID: t.ID})
+	if err != nil {
+		return err
+	}
+	if err := printResult(stdout, res, cf.json); err != nil {
+		return err
+	}
+	if res.Status != task.Success {
+		return exitError(1)
+	}
+	return nil
+}
+
+var errDone = errors.New("done")
+
+// progress prints one line for an event of a followed task.
+func progress(w io.Writer, e eventstore.Event) {
+	at := e.RecordedAt.Local().Format("15:04:05")
+	switch e.Type {
+	case task.EventCreated, task.EventQueued:
+	case task.EventStarting:
+		fmt.Fprintf(w, "%s starting sandbox\n", at)
+	case task.EventStarted:
+		fmt.Fprintf(w, "%s running\n", at)
+	case task.EventCancelRequested:
+		fmt.Fprintf(w, "%s cancel requested\n", at)
+	case task.EventReattached:
+		fmt.Fprintf(w, "%s server restarted; reattached to the sandbox\n", at)
+	case task.EventCompleted:
+		fmt.Fprintf(w, "%s ended\n", at)
+	default:
+		fmt.Fprintf(w, "%s %s %s\n", at, e.Type, oneLine(string(e.Data), 120))
+	}
+}
+
+func printResult(w io.Writer, res orchestrator.Result, asJSON bool) error {
+	if asJSON {
+		return printJSON(w, res)
+	}
+	fmt.Fprintf(w, "task:     %s\nstatus:   %s\n", res.ID, res.Status)
+	if res.DurationSeconds != nil {
+		fmt.Fprintf(w, "duration: %.1fs\n", *res.DurationSeconds)
+	}
+	if res.ExitCode != nil {
+		fmt.Fprintf(w, "exit:     %d\n", *res.ExitCode)
+	}
+	if res.ErrorMessage != "" {
+		fmt.Fprintf(w, "error:    %s\n", res.ErrorMessage)
+	}
+	if len(res.OutputFiles) > 0 {
+		fmt.Fprintln(w, "output:")
+		for _, f := range res.OutputFiles {
+			fmt.Fprintf(w, "  %-30s %8d  %s\n", f.Name, f.Size, f.Type)
+		}
+	}
+	if res.Summary != "" {
+		fmt.Fprintf(w, "summary:\n%s\n", indent(res.Summary))
+	}
+	for name, f := range res.FileContents {
+		fmt.Fprintf(w, "--- %s ---\n%s\n", name, f.Content)
+	}
+	return nil
+}
+
+func indent(s string) string {
+	return "  " + strings.ReplaceAll(strings.TrimSpace(s), "\n", "\n  ")
+}
+
+func cmdTasks(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("tasks", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf clientFlags
+	cf.register(fs)
+	var req orchestrator.ListRequest
+	fs.StringVar(&req.Status, "status", "", "only tasks in this status")
+	fs.StringVar(&req.ConversationID, "conversation", "", "only tasks of this conversation")
+	fs.IntVar(&req.Limit, "limit", 20, "at most this many")
+	fs.StringVar(&req.Cursor, "cursor", "", "next_cursor of the previous page")
+	if _, err := parse(fs, args); err != nil {
+		return exitError(2)
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	page, err := c.List(ctx, req)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(stdout, page)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TASK\tSTATUS\tAGENT\tCREATED\tDESCRIPTION")
+	for _, t := range page.Tasks {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Status, t.Agent, t.CreatedAt.Local().Format(time.DateTime), oneLine(t.Description, 50))
+	}
+	tw.Flush()
+	if page.NextCursor != "" {
+		fmt.Fprintf(stdout, "more: corral tasks --cursor %s\n", page.NextCursor)
+	}
+	return nil
+}
+
+func cmdResult(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("result", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf clientFlags
+	cf.register(fs)
+	wait := fs.Duration("wait", 0, "wait up to this long for the task to end")
+	var files stringList
+	fs.Var(&files, "file", "include this output file's content (repeatable)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return exitError(2)
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("give one task id: %w", errdefs.ErrInvalidArgument)
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	res, err := c.Result(ctx, orchestrator.ResultRequest{TaskID: pos[0], Wait: *wait, IncludeFileContents: files})
+	if err != nil {
+		return err
+	}
+	return printResult(stdout, res, cf.json)
+}
+
+func cmdLogs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("logs", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf clientFlags
+	cf.register(fs)
+	follow := fs.Bool("f", false, "follow the transcript until the task ends")
+	fs.BoolVar(follow, "follow", false, "same as -f")
+	stream := fs.String("stream", "agent", "agent (the transcript) or stderr")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return exitError(2)
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("give one task id: %w", errdefs.ErrInvalidArgument)
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	return c.Logs(ctx, orchestrator.LogsRequest{TaskID: pos[0], Follow: *follow, Stream: *stream}, stdout)
+}
+
+func cmdCancel(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("cancel", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf clientFlags
+	cf.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return exitError(2)
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("give one task id: %w", errdefs.ErrInvalidArgument)
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	t, err := c.Cancel(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(stdout, t)
+	}
+	fmt.Fprintf(stdout, "%s %s\n", t.ID, t.Status)
+	return nil
+}

@@ -1,0 +1,154 @@
+// Package agent holds the adapters that turn a task into an agent's command
+// line (argv, environment, stdin) and read the agent's standard output back
+// into progress items and a final result (SPEC §5). It starts no processes:
+// the worker does, with what an adapter prepared.
+package agent
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// Invocation is what to run: the task's prompt and the agent's settings.
+type Invocation struct {
+	Prompt     string   // the prompt text, used as stdin when PromptPath is empty
+	PromptPath string   // a file whose content is the prompt (stdin)
+	Model      string   // the model to ask for, if the agent takes one
+	Command    []string // argv of the command agent
+	Binary     string   // overrides the agent's default binary name
+	ExtraArgs  []string // appended to the agent's arguments
+	Env        []string // KEY=value added to the agent's environment
+}
+
+// Process is how to start an agent for one Invocation.
+type Process struct {
+	Args []string // argv; Args[0] is looked up on PATH
+	Env  []string // KEY=value added to the worker's environment
+	// StdinPath, if set, is a file fed to stdin; otherwise Stdin is.
+	StdinPath string
+	Stdin     string
+	// Transcript is the file name under logs/ for stdout: "agent.jsonl"
+	// for agents that print JSON lines, "stdout.log" for plain text.
+	Transcript string
+	// SummaryFile, if set, is a file beneath the task directory that, when
+	// present, is the summary in place of Result.Summary.
+	SummaryFile string
+	// InstallHint says how to install the binary when it is missing.
+	InstallHint string
+}
+
+// Adapter prepares one kind of agent. Implementations are stateless and
+// safe for concurrent use.
+type Adapter interface {
+	// Prepare returns the process for inv. A bad invocation (no command for
+	// the command agent) returns an error wrapping errdefs.ErrInvalidArgument.
+	Prepare(inv Invocation) (Process, error)
+	// NewParser returns a parser for one run's stdout. onProgress, if not
+	// nil, is called from the parser's Write for each progress item.
+	NewParser(onProgress func(Progress)) Parser
+}
+
+// Parser reads one run of an agent. Write is fed the agent's stdout as it
+// comes, in chunks of any size; Result is called once stdout has ended. A
+// Parser is used by one goroutine at a time.
+type Parser interface {
+	io.Writer
+	Result() Result
+}
+
+// Progress is one thing the agent did, for live display.
+type Progress struct {
+	Kind  string // ProgressInit, ProgressText, ProgressToolUse, ProgressResult
+	Text  string // assistant text or result text, bounded
+	Tool  string // tool name, for ProgressToolUse
+	Input string // compact JSON of the tool's input, bounded
+}
+
+// Progress kinds.
+const (
+	ProgressInit    = "init"
+	ProgressText    = "text"
+	ProgressToolUse = "tool_use"
+	ProgressResult  = "result"
+)
+
+// Result is what a run reported about itself.
+type Result struct {
+	Summary   string // the agent's final answer, bounded
+	Error     string // the agent's own one-line error, if it reported one
+	SessionID string
+	CostUSD   float64
+	Turns     int
+	Done      bool // the agent printed its final result
+}
+
+// Limits on what an adapter keeps.
+const (
+	MaxSummaryBytes  = 64 << 10 // a final answer kept in status.json
+	MaxErrorBytes    = 1 << 10
+	MaxProgressBytes = 1 << 10
+	MaxInputBytes    = 256
+	// maxLineBytes bounds one JSON line; longer lines (a huge tool result)
+	// are skipped, not parsed.
+	maxLineBytes = 4 << 20
+)
+
+// Lookup returns the adapter named name. An unknown name returns an error
+// wrapping errdefs.ErrInvalidArgument; an agent Corral knows of but has no
+// adapter for yet returns errdefs.ErrNotImplemented.
+func Lookup(name string) (Adapter, error) {
+	switch name {
+	case "command":
+		return commandAdapter{}, nil
+	case "claude":
+		return claudeAdapter{}, nil
+	case "gemini", "codex", "opencode":
+		return nil, fmt.Errorf("look up agent %q: no adapter yet: %w", name, errdefs.ErrNotImplemented)
+	default:
+		return nil, fmt.Errorf("look up agent %q: unknown agent (want claude, gemini, codex, opencode or command): %w", name, errdefs.ErrInvalidArgument)
+	}
+}
+
+// stdin sets p's stdin from inv.
+func stdin(p *Process, inv Invocation) {
+	if inv.PromptPath != "" {
+		p.StdinPath = inv.PromptPath
+	} else {
+		p.Stdin = inv.Prompt
+	}
+}
+
+// Truncate returns s cut to at most n bytes on a rune boundary, with "…"
+// appended when it was cut.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	if cut < 0 {
+		cut = 0
+	}
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// truncateStart keeps the last n bytes of s, on a rune boundary.
+func truncateStart(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	start := len(s) - n
+	for start < len(s) && !utf8.RuneStart(s[start]) {
+		start++
+	}
+	return s[start:]
+}
+
+// oneLine collapses whitespace runs, newlines included, into single spaces.
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

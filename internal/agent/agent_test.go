@@ -1,0 +1,248 @@
+package agent
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+func TestLookup(t *testing.T) {
+	for _, name := range []string{"claude", "command"} {
+		if _, err := Lookup(name); err != nil {
+			t.Errorf("Lookup(%q): %v", name, err)
+		}
+	}
+	for _, name := range []string{"gemini", "codex", "opencode"} {
+		if _, err := Lookup(name); !errors.Is(err, errdefs.ErrNotImplemented) {
+			t.Errorf("Lookup(%q) err = %v, want ErrNotImplemented", name, err)
+		}
+	}
+	for _, name := range []string{"", "gpt", "Claude"} {
+		_, err := Lookup(name)
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "unknown agent") {
+			t.Errorf("Lookup(%q) err = %v, want ErrInvalidArgument", name, err)
+		}
+	}
+}
+
+func TestCommandPrepare(t *testing.T) {
+	a, _ := Lookup("command")
+	got, err := a.Prepare(Invocation{PromptPath: "/task/prompt.md", Command: []string{"python3", "run.py"}, ExtraArgs: []string{"-v"}, Env: []string{"A=1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Process{Args: []string{"python3", "run.py", "-v"}, Env: []string{"A=1"}, StdinPath: "/task/prompt.md", Transcript: "stdout.log", SummaryFile: "output/summary.md"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Process (-want +got):\n%s", diff)
+	}
+	for _, argv := range [][]string{nil, {}, {""}} {
+		if _, err := a.Prepare(Invocation{Command: argv}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("Prepare(%q) err = %v, want ErrInvalidArgument", argv, err)
+		}
+	}
+}
+
+func TestCommandSummaryIsLastLines(t *testing.T) {
+	tests := []struct {
+		name string
+		out  string
+		want string
+	}{
+		{"few lines", "one\ntwo\n\n  \nthree\n\n", "one\ntwo\nthree"},
+		{"no final newline", "a\nb", "a\nb"},
+		{"empty", "", ""},
+		{"bounded to the last lines", strings.Repeat(strings.Repeat("x", 99)+"\n", 100) + "last\n", strings.Repeat(strings.Repeat("x", 99)+"\n", 20) + "last"},
+		{"one huge line keeps its end", strings.Repeat("a", 5000) + "END\n", strings.Repeat("a", 2048-3) + "END"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, _ := Lookup("command")
+			p := a.NewParser(nil)
+			writeChunks(t, p, tt.out, 7)
+			got := p.Result()
+			if got.Summary != tt.want {
+				t.Errorf("summary = %q (%d bytes), want %q (%d bytes)", got.Summary, len(got.Summary), tt.want, len(tt.want))
+			}
+			if len(got.Summary) > commandSummaryBytes {
+				t.Errorf("summary is %d bytes, over %d", len(got.Summary), commandSummaryBytes)
+			}
+		})
+	}
+}
+
+func TestCommandProgressLines(t *testing.T) {
+	a, _ := Lookup("command")
+	var got []Progress
+	p := a.NewParser(func(pr Progress) { got = append(got, pr) })
+	writeChunks(t, p, "hello\r\n\nworld\n"+strings.Repeat("z", 3000)+"\ntail", 5)
+	p.Result()
+	want := []Progress{
+		{Kind: ProgressText, Text: "hello"},
+		{Kind: ProgressText, Text: "world"},
+		{Kind: ProgressText, Text: strings.Repeat("z", MaxProgressBytes) + "…"},
+		{Kind: ProgressText, Text: "tail"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("progress (-want +got):\n%s", diff)
+	}
+}
+
+func TestClaudePrepare(t *testing.T) {
+	a, _ := Lookup("claude")
+	got, err := a.Prepare(Invocation{Prompt: "do it", Model: "opus", ExtraArgs: []string{"--max-turns", "5"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Process{
+		Args:        []string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions", "--model", "opus", "--max-turns", "5"},
+		Env:         nil,
+		Stdin:       "do it",
+		Transcript:  "agent.jsonl",
+		InstallHint: "npm install -g @anthropic-ai/claude-code",
+	}
+	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b []string) bool { return strings.Join(a, "\x00") == strings.Join(b, "\x00") })); diff != "" {
+		t.Errorf("Process (-want +got):\n%s", diff)
+	}
+	got, _ = a.Prepare(Invocation{PromptPath: "/task/prompt.md", Binary: "/opt/claude/bin/claude"})
+	if got.Args[0] != "/opt/claude/bin/claude" || got.StdinPath != "/task/prompt.md" || strings.Contains(strings.Join(got.Args, " "), "--model") {
+		t.Errorf("with binary and no model: %+v", got)
+	}
+}
+
+// writeChunks feeds s to p in chunks of n bytes, as a pipe would.
+func writeChunks(tb testing.TB, p Parser, s string, n int) {
+	tb.Helper()
+	for len(s) > 0 {
+		k := min(n, len(s))
+		if w, err := p.Write([]byte(s[:k])); err != nil || w != k {
+			tb.Fatalf("Write = %d, %v", w, err)
+		}
+		s = s[k:]
+	}
+}
+
+func mustRead(tb testing.TB, name string) string {
+	tb.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestClaudeStreamSuccess(t *testing.T) {
+	stream := mustRead(t, "testdata/claude_success.jsonl")
+	for _, chunk := range []int{1, 13, 4096} {
+		a, _ := Lookup("claude")
+		var got []Progress
+		p := a.NewParser(func(pr Progress) { got = append(got, pr) })
+		writeChunks(t, p, stream, chunk)
+		res := p.Result()
+		wantRes := Result{
+			Summary:   "Created spending analysis: chart.png and summary.md in /task/output.",
+			SessionID: "8f1c2a7e-3b4d-4e5f-9a6b-7c8d9e0f1a2b",
+			CostUSD:   0.0421,
+			Turns:     4,
+			Done:      true,
+		}
+		if diff := cmp.Diff(wantRes, res); diff != "" {
+			t.Errorf("chunk %d: result (-want +got):\n%s", chunk, diff)
+		}
+		want := []Progress{
+			{Kind: ProgressInit, Text: "claude-sonnet-4-5-20250929"},
+			{Kind: ProgressText, Text: "I'll start by looking at the context files."},
+			{Kind: ProgressToolUse, Tool: "Bash", Input: `{"command":"ls -la /task/context","description":"List context files"}`},
+			{Kind: ProgressToolUse, Tool: "Write", Input: `{"file_path":"/task/output/summary.md","content":"Spending went up 12% in March."}`},
+			{Kind: ProgressText, Text: "Done: chart and summary are in /task/output."},
+			{Kind: ProgressResult, Text: "Created spending analysis: chart.png and summary.md in /task/output."},
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("chunk %d: progress (-want +got):\n%s", chunk, diff)
+		}
+	}
+}
+
+func TestClaudeStreamErrors(t *testing.T) {
+	tests := []struct {
+		file string
+		want Result
+	}{
+		{"testdata/claude_error.jsonl", Result{
+			Summary:   "Invalid API key · Please run /login",
+			Error:     "claude: error: Invalid API key · Please run /login",
+			SessionID: "aa11",
+			Turns:     1,
+			Done:      true,
+		}},
+		{"testdata/claude_errors_array.jsonl", Result{
+			Error:     "claude: error_during_execution: No conversation found with session ID: d569; second line",
+			SessionID: "bb22",
+			Done:      true,
+		}},
+	}
+	for _, tt := range tests {
+		a, _ := Lookup("claude")
+		p := a.NewParser(nil)
+		writeChunks(t, p, mustRead(t, tt.file), 64)
+		if diff := cmp.Diff(tt.want, p.Result()); diff != "" {
+			t.Errorf("%s: result (-want +got):\n%s", tt.file, diff)
+		}
+	}
+}
+
+func TestClaudeStreamCutShort(t *testing.T) {
+	// Killed mid-run: no result line; the last assistant text stands in, and
+	// an overlong line, a truncated last line and garbage are skipped.
+	a, _ := Lookup("claude")
+	var n int
+	p := a.NewParser(func(Progress) { n++ })
+	stream := `{"type":"assistant","message":{"content":[{"type":"text","text":"working on it"}]}}` + "\n" +
+		`{"type":"assistant","message":{"content":[{"type":"text","text":"` + strings.Repeat("x", maxLineBytes) + `"}]}}` + "\n" +
+		`{"type":"assistant","message":{"content":[{"type":"text","text":"half`
+	writeChunks(t, p, stream, 1<<16)
+	want := Result{Summary: "working on it"}
+	if diff := cmp.Diff(want, p.Result()); diff != "" {
+		t.Errorf("result (-want +got):\n%s", diff)
+	}
+	if n != 1 {
+		t.Errorf("%d progress items, want 1", n)
+	}
+}
+
+func TestClaudeToolInputIsBounded(t *testing.T) {
+	a, _ := Lookup("claude")
+	var got []Progress
+	p := a.NewParser(func(pr Progress) { got = append(got, pr) })
+	line := `{"type":"assistant","message":{"content":[{"type":"tool_use","name":"Write","input":{"content":"` + strings.Repeat("é", 1000) + `"}}]}}` + "\n"
+	writeChunks(t, p, line, 100)
+	if len(got) != 1 || got[0].Tool != "Write" {
+		t.Fatalf("progress = %+v", got)
+	}
+	if len(got[0].Input) > MaxInputBytes || !strings.HasSuffix(got[0].Input, "…") || !strings.HasPrefix(got[0].Input, `{"content":"éé`) {
+		t.Errorf("input summary %q (%d bytes) not bounded to %d", got[0].Input, len(got[0].Input), MaxInputBytes)
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	tests := []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"short", 10, "short"},
+		{"abcdefghij", 6, "abc…"},
+		{"ééé", 5, "é…"},
+		{"aééé", 6, "aé…"},
+		{"aééé", 5, "a…"},
+	}
+	for _, tt := range tests {
+		if got := Truncate(tt.in, tt.n); got != tt.want || len(got) > max(tt.n, len(tt.in)) {
+			t.Errorf("Truncate(%q, %d) = %q, want %q", tt.in, tt.n, got, tt.want)
+		}
+	}
+}

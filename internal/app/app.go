@@ -1,0 +1,274 @@
+// Package app wires Corral together: configuration in, the event store, the
+// data root, the runtimes, the scheduler, the orchestrator and the HTTP
+// server out. It is the only package that names concrete backends.
+package app
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/eventstore/sqlite"
+	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/scheduler"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/webhook"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// Options are what a caller of New decides beyond the configuration.
+type Options struct {
+	// WorkerBinary is the corral executable that sandboxes run as
+	// `corral worker run-task`; default: this process's executable.
+	WorkerBinary string
+}
+
+// App is a running Corral server. New opens everything, Run serves until
+// its context ends, Close releases what New opened.
+type App struct {
+	cfg  *config.Config
+	log  *slog.Logger
+	opts Options
+
+	store    *sqlite.Store
+	data     *workspace.DataRoot
+	tasks    *projection.Tasks
+	orch     *orchestrator.Orchestrator
+	sched    *scheduler.Scheduler
+	api      *httpapi.Server
+	runtimes map[string]sandbox.Runtime
+
+	ln     net.Listener // the HTTP API
+	sockLn net.Listener // the unix socket sandboxes reach
+	token  string
+}
+
+// New opens the data root and the event store, rebuilds the task
+// projection and builds every component. It listens but does not serve yet.
+func New(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Options) (*App, error) {
+	a := &App{cfg: cfg, log: log, opts: opts}
+	if err := a.open(ctx); err != nil {
+		a.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+func (a *App) open(ctx context.Context) error {
+	cfg := a.cfg
+	secrets, err := cfg.Secrets()
+	if err != nil {
+		return err
+	}
+	a.token = secrets.APIToken
+	if a.data, err = workspace.Open(cfg.Data); err != nil {
+		return err
+	}
+	if a.store, err = sqlite.Open(ctx, filepath.Join(a.data.Path(), "corral.db"), a.log.With("subsystem", "eventstore")); err != nil {
+		return err
+	}
+	a.tasks = projection.New(a.store, a.log.With("subsystem", "projection"))
+	if err := a.tasks.Rebuild(ctx); err != nil {
+		return err
+	}
+	secret := secrets.WebhookSecret
+	if secret == nil {
+		if secret, err = a.generatedSecret(); err != nil {
+			return err
+		}
+	}
+	if a.opts.WorkerBinary == "" {
+		if a.opts.WorkerBinary, err = os.Executable(); err != nil {
+			return fmt.Errorf("find the corral executable for workers: %w", err)
+		}
+	}
+	if a.runtimes, err = a.openRuntimes(ctx); err != nil {
+		return err
+	}
+	available, networks := a.availability(ctx)
+
+	sockDir := a.data.HostPath(workspace.DirRun, "sock")
+	if err := os.MkdirAll(sockDir, 0o755); err != nil {
+		return fmt.Errorf("create socket directory: %w", err)
+	}
+	lim := cfg.Limits
+	w := cfg.AIWorker
+	a.orch = orchestrator.New(orchestrator.Options{
+		Store: a.store,
+		Tasks: a.tasks,
+		Data:  a.data,
+		Limits: orchestrator.Limits{
+			MaxPromptBytes:    lim.MaxPromptBytes.Bytes(),
+			MaxTaskDirBytes:   lim.MaxTaskDirBytes.Bytes(),
+			MaxContextBytes:   lim.MaxContextBytes.Bytes(),
+			MaxLogBytes:       lim.MaxLogBytes.Bytes(),
+			MaxReadBytes:      256 << 10,
+			MaxWriteBytes:     lim.MaxRequestBytes.Bytes(),
+			MaxQueued:         w.MaxQueuedTasks,
+			DefaultTimeoutMin: w.DefaultTimeoutMinutes,
+			MaxTimeoutMin:     w.MaxTimeoutMinutes,
+			StopGrace:         time.Duration(lim.StopGrace),
+		},
+		Defaults: orchestrator.Defaults{
+			Agent:   cfg.Agents.Default,
+			Runtime: cfg.Runtime,
+			Network: cfg.Egress.Mode,
+			Resources: task.Resources{
+				MemoryBytes: w.Resources.MemoryLimit.Bytes(),
+				CPUMillis:   w.Resources.CPULimit.Millis(),
+				Pids:        int64(w.Resources.PidsLimit),
+			},
+		},
+		Runtimes:     available,
+		Networks:     networks,
+		Agents:       agentConfigs(cfg),
+		AgentMissing: agentMissing,
+		Worker: orchestrator.WorkerOptions{
+			Binary:    a.opts.WorkerBinary,
+			SocketDir: sockDir,
+			Secret:    secret,
+		},
+		Verifier: webhook.NewVerifier(secret, time.Duration(lim.WebhookMaxSkew), nil),
+	}, a.log.With("subsystem", "orchestrator"))
+	a.sched = scheduler.New(scheduler.Options{
+		MaxConcurrent: w.MaxConcurrentWorkers,
+		StopGrace:     time.Duration(lim.StopGrace),
+		Runtimes:      a.runtimes,
+		Prepare:       a.orch.Prepare,
+		Collect:       a.orch.Collect,
+	}, a.tasks, a.store, a.log.With("subsystem", "scheduler"))
+	a.api = httpapi.New(backend{a.orch, a}, httpapi.Options{
+		Token:           a.token,
+		MaxRequestBytes: lim.MaxRequestBytes.Bytes(),
+	}, a.log.With("subsystem", "http"))
+
+	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	sock := filepath.Join(sockDir, orchestrator.SocketName)
+	if len(sock) > 100 {
+		return fmt.Errorf("socket path %s is too long for a unix socket (%d bytes, at most 100): use a shorter data root", sock, len(sock))
+	}
+	os.Remove(sock) // a stale socket from a server that died
+	if a.sockLn, err = net.Listen("unix", sock); err != nil {
+		return fmt.Errorf("listen on %s: %w", sock, err)
+	}
+	if err := os.Chmod(sock, 0o666); err != nil {
+		return fmt.Errorf("open socket %s to sandboxes: %w", sock, err)
+	}
+	return nil
+}
+
+// generatedSecret returns the webhook secret kept in the data root, making
+// it on first start. It must survive restarts: running workers hold keys
+// derived from it.
+func (a *App) generatedSecret() ([]byte, error) {
+	p := a.data.HostPath(workspace.DirRun, "webhook.key")
+	b, err := os.ReadFile(p)
+	if err == nil && len(b) >= 32 {
+		return b, nil
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("read webhook key: %w", err)
+	}
+	b = make([]byte, 32)
+	rand.Read(b)
+	if err := workspace.WriteFileAtomic(a.data.Root(), workspace.DirRun+"/webhook.key", b, 0o600); err != nil {
+		return nil, fmt.Errorf("write webhook key: %w", err)
+	}
+	return b, nil
+}
+
+// Addr returns the address the HTTP API listens on.
+func (a *App) Addr() string { return a.ln.Addr().String() }
+
+// Token returns the API bearer token ("" when none is configured).
+func (a *App) Token() string { return a.token }
+
+// Run serves the API and runs the scheduler until ctx is done, then shuts
+// down. Workers keep running; the next start reattaches to them.
+func (a *App) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := a.orch.ReconcileDirectories(ctx); err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: a.api.Handler(), ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	sockSrv := &http.Server{Handler: a.api.WebhookHandler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 4)
+	var wg sync.WaitGroup
+	run := func(f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				errc <- err
+				cancel()
+			}
+		}()
+	}
+	run(func() error { return a.tasks.Run(ctx) })
+	run(func() error { return a.sched.Run(ctx) })
+	run(func() error { return ignoreClosed(srv.Serve(a.ln)) })
+	run(func() error { return ignoreClosed(sockSrv.Serve(a.sockLn)) })
+	a.log.Info("corral serving", "addr", a.Addr(), "data", a.data.Path(), "runtime", a.cfg.Runtime)
+	<-ctx.Done()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	srv.Shutdown(sctx)
+	sockSrv.Shutdown(sctx)
+	wg.Wait()
+	close(errc)
+	return <-errc
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close releases the store, the data root and the listeners.
+func (a *App) Close() error {
+	for _, l := range []net.Listener{a.ln, a.sockLn} {
+		if l != nil {
+			l.Close()
+		}
+	}
+	if a.store != nil {
+		a.store.Close()
+	}
+	if a.data != nil {
+		a.data.Close()
+	}
+	return nil
+}
+
+// backend adds the server-only figures to the orchestrator for httpapi.
+type backend struct {
+	*orchestrator.Orchestrator
+	a *App
+}
+
+func (b backend) Stats() httpapi.Stats {
+	st := httpapi.Stats{ByStatus: b.a.tasks.Counts(), Running: b.a.sched.Running()}
+	st.QueueDepth = st.ByStatus[task.Queued] + st.ByStatus[task.Pending]
+	for _, t := range b.a.tasks.Select(func(t *task.Task) bool { return t.DurationSeconds != nil }) {
+		st.Durations = append(st.Durations, *t.DurationSeconds)
+	}
+	return st
+}

@@ -1,0 +1,92 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/sandbox/local"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// Check is one line of `corral doctor`: what was checked, whether it
+// works, and if not, how to fix it.
+type Check struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"`
+	// Required checks must pass for the default configuration to run tasks.
+	Required bool `json:"required"`
+}
+
+// Doctor checks what works on this machine for cfg: the runtimes, their
+// limits, and the agents.
+func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
+	var out []Check
+	stateDir, err := os.MkdirTemp("", "corral-doctor-")
+	if err == nil {
+		defer os.RemoveAll(stateDir)
+	}
+	rt, err := local.New(local.Options{StateDir: stateDir, Bwrap: cfg.Local.Bwrap, CgroupParent: cfg.Local.CgroupParent}, log)
+	c := Check{Name: "runtime local (bubblewrap)", Required: cfg.Runtime == "local"}
+	if err != nil {
+		c.Detail = err.Error()
+	} else if caps, err := rt.Capabilities(ctx); err != nil {
+		c.Detail = err.Error()
+	} else {
+		c.OK, c.Detail = caps.Available, caps.Version
+		if !caps.Available {
+			c.Detail = caps.Reason
+			c.Fix = "apt-get install -y bubblewrap"
+		}
+		out = append(out, c)
+		lim := Check{Name: "sandbox limits (cgroups: memory, cpu, pids)", OK: caps.Limits}
+		lim.Detail = "enforced"
+		if !caps.Limits {
+			lim.Detail = strings.Join(caps.Warnings, "; ")
+			lim.Fix = "run corral serve as root on a host with cgroups mounted (v1 or v2)"
+		}
+		out = append(out, lim)
+		c = Check{}
+	}
+	if c.Name != "" {
+		c.Fix = "apt-get install -y bubblewrap"
+		out = append(out, c)
+	}
+	for _, name := range []string{"gvisor", "docker", "kubernetes"} {
+		out = append(out, Check{Name: "runtime " + name, Detail: notBuilt[name], Required: cfg.Runtime == name})
+	}
+	agents := agentConfigs(cfg)
+	for _, name := range []string{task.AgentClaude, task.AgentGemini, task.AgentCodex, task.AgentOpencode} {
+		ag := agents[name]
+		c := Check{Name: "agent " + name, Required: cfg.Agents.Default == name}
+		if why := agentMissing(name, ag); why != "" {
+			c.Detail, c.Fix = why, installHint[name]
+		} else {
+			c.OK, c.Detail = true, agentVersion(ctx, ag.Binary, name)
+		}
+		out = append(out, c)
+	}
+	out = append(out, Check{Name: "agent command", OK: true, Detail: "any program under the host's /usr"})
+	return out
+}
+
+// agentVersion asks an agent's CLI for its version, briefly.
+func agentVersion(ctx context.Context, bin, name string) string {
+	if bin == "" {
+		bin = name
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "--version").Output()
+	if err != nil {
+		return "installed (version unknown: " + err.Error() + ")"
+	}
+	return fmt.Sprintf("installed, %s", strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]))
+}

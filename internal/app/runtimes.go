@@ -1,0 +1,134 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/local"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// RuntimeNames are every runtime a task may name.
+var RuntimeNames = []string{"local", "gvisor", "docker", "kubernetes"}
+
+// notBuilt says why a runtime Corral names cannot be used yet.
+var notBuilt = map[string]string{
+	"gvisor":     "the gvisor runtime is not built yet",
+	"docker":     "the docker runtime is not built yet",
+	"kubernetes": "the kubernetes runtime is not built yet",
+}
+
+// openRuntimes builds the runtimes this server offers. This is the one place
+// that names concrete backends.
+func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, error) {
+	out := map[string]sandbox.Runtime{}
+	for _, name := range RuntimeNames {
+		switch name {
+		case "local":
+			rt, err := local.New(local.Options{
+				StateDir:     a.data.HostPath(workspace.DirRun, "local"),
+				Bwrap:        a.cfg.Local.Bwrap,
+				CgroupParent: a.cfg.Local.CgroupParent,
+				TmpSize:      a.cfg.Local.TmpSize.Bytes(),
+			}, a.log)
+			if err != nil {
+				return nil, fmt.Errorf("open local runtime: %w", err)
+			}
+			out[name] = rt
+		}
+	}
+	return out, nil
+}
+
+// availability says, for each runtime and network policy, why a task cannot
+// use it ("" if it can).
+func (a *App) availability(ctx context.Context) (runtimes, networks map[string]string) {
+	runtimes = map[string]string{}
+	for _, name := range RuntimeNames {
+		rt, ok := a.runtimes[name]
+		if !ok {
+			runtimes[name] = notBuilt[name]
+			continue
+		}
+		caps, err := rt.Capabilities(ctx)
+		switch {
+		case err != nil:
+			runtimes[name] = err.Error()
+		case !caps.Available:
+			runtimes[name] = caps.Reason
+		default:
+			runtimes[name] = ""
+			for _, w := range caps.Warnings {
+				a.log.Warn("runtime degraded", "runtime", name, "warning", w)
+			}
+		}
+		if runtimes[name] != "" && name == a.cfg.Runtime {
+			a.log.Error("default runtime unavailable", "runtime", name, "reason", runtimes[name])
+		}
+	}
+	networks = map[string]string{
+		task.NetworkNone:      "",
+		task.NetworkAllowlist: "the egress allowlist proxy is not built yet; use network none",
+		task.NetworkOpen:      "open networking needs the egress proxy, which is not built yet; use network none",
+	}
+	return runtimes, networks
+}
+
+// agentConfigs turns the agents section into the orchestrator's form.
+func agentConfigs(cfg *config.Config) map[string]orchestrator.AgentConfig {
+	out := map[string]orchestrator.AgentConfig{}
+	for _, name := range []string{task.AgentClaude, task.AgentGemini, task.AgentCodex, task.AgentOpencode, task.AgentCommand} {
+		ag, _ := cfg.Agents.Get(name)
+		ac := orchestrator.AgentConfig{Binary: ag.Binary, Args: ag.Args}
+		keys := make([]string, 0, len(ag.Env))
+		for k := range ag.Env {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			ac.Env = append(ac.Env, k+"="+ag.Env[k])
+		}
+		out[name] = ac
+	}
+	return out
+}
+
+// installHint is how to install each agent's CLI.
+var installHint = map[string]string{
+	task.AgentClaude:   "npm install -g @anthropic-ai/claude-code",
+	task.AgentGemini:   "npm install -g @google/gemini-cli",
+	task.AgentCodex:    "npm install -g @openai/codex",
+	task.AgentOpencode: "npm install -g opencode-ai",
+}
+
+// agentMissing says why an agent cannot start in a local sandbox, which
+// sees the host's /usr: its binary must be found there.
+func agentMissing(name string, ag orchestrator.AgentConfig) string {
+	if name == task.AgentCommand {
+		return ""
+	}
+	bin := ag.Binary
+	if bin == "" {
+		bin = name
+	}
+	p, err := exec.LookPath(bin)
+	if err == nil && (strings.HasPrefix(p, "/usr/") || strings.HasPrefix(p, "/bin/")) {
+		return ""
+	}
+	if err == nil {
+		return fmt.Sprintf("agent binary %q is at %s, outside /usr, so sandboxes cannot see it", bin, filepath.Dir(p))
+	}
+	if _, err := os.Stat(bin); err == nil && filepath.IsAbs(bin) {
+		return ""
+	}
+	return fmt.Sprintf("agent binary %q is not installed (install: %s)", bin, installHint[name])
+}

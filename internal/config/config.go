@@ -1,0 +1,265 @@
+// Package config holds Corral's configuration: the Config struct, its
+// defaults, loading from a YAML file, the environment and flags (in that
+// order of precedence), validation, and reading secret files.
+//
+// It is the only package in Corral that reads the process environment or
+// secret files. Other packages never see Config: internal/app converts its
+// sections into each package's Options.
+package config
+
+import (
+	"slices"
+	"time"
+)
+
+// Version is the only configuration format version this Corral reads. A file
+// without a version (or with version 0) is read as version 1.
+const Version = 1
+
+// Runtimes are the values runtime accepts.
+var Runtimes = []string{"local", "gvisor", "docker", "kubernetes"}
+
+// EgressModes are the values egress.mode accepts.
+var EgressModes = []string{"none", "allowlist", "open"}
+
+// AgentNames are the agents Corral has adapters for, and so the keys the
+// agents section accepts besides default.
+var AgentNames = []string{"claude", "gemini", "codex", "opencode", "command"}
+
+// Config is the whole configuration. Every key is optional; Default()
+// serves one machine with no configuration at all.
+//
+// Secrets have no field and no YAML key: the API token and the webhook
+// secret come only from the environment (CORRAL_API_TOKEN,
+// AI_WORKER_WEBHOOK_SECRET) or from the files named by api_token_file and
+// ai_worker_config.webhook_secret_file, and callers get them from Secrets.
+type Config struct {
+	Version int `yaml:"version"`
+
+	// Listen is the HTTP listen address, host:port.
+	Listen string `yaml:"listen"`
+	// Data is the data root directory.
+	Data string `yaml:"data"`
+
+	// apiToken is the bearer token, from CORRAL_API_TOKEN only; read it
+	// with Secrets.
+	apiToken string
+	// APITokenFile names a file holding the bearer token.
+	APITokenFile string `yaml:"api_token_file"`
+
+	Log      Log            `yaml:"log"`
+	AIWorker AIWorkerConfig `yaml:"ai_worker_config"`
+	Runtime  string         `yaml:"runtime"`
+	Local    Local          `yaml:"local"`
+	Egress   Egress         `yaml:"egress"`
+	Agents   Agents         `yaml:"agents"`
+	Notify   Notify         `yaml:"notify"`
+	Limits   Limits         `yaml:"limits"`
+
+	// file is the path Load read, "" if none.
+	file string
+	// expanded records that the file's values went through ExpandEnv.
+	expanded bool
+	// origin maps a dotted key to the environment variable or flag that
+	// set it last, so validation errors can name where a bad value came from.
+	origin map[string]string
+}
+
+// Log configures the server's logger.
+type Log struct {
+	Level  string `yaml:"level"`  // debug | info | warn | error
+	Format string `yaml:"format"` // text | json
+}
+
+// AIWorkerConfig has the keys of seed 000's ai_worker_config.
+type AIWorkerConfig struct {
+	Enabled bool `yaml:"enabled"`
+
+	// Kubernetes settings, used by the kubernetes runtime.
+	Namespace          string `yaml:"namespace"`
+	AICoderImage       string `yaml:"ai_coder_image"`
+	ServiceAccount     string `yaml:"service_account"`
+	RuntimeClass       string `yaml:"runtime_class"`
+	WorkspacePVC       string `yaml:"workspace_pvc"`
+	WorkspaceMountPath string `yaml:"workspace_mount_path"`
+
+	DefaultTimeoutMinutes int `yaml:"default_timeout_minutes"`
+	MaxTimeoutMinutes     int `yaml:"max_timeout_minutes"`
+	MaxConcurrentWorkers  int `yaml:"max_concurrent_workers"`
+	MaxQueuedTasks        int `yaml:"max_queued_tasks"`
+
+	Resources Resources `yaml:"resources"`
+
+	WebhookPath string `yaml:"webhook_path"`
+	// webhookSecret is from AI_WORKER_WEBHOOK_SECRET only (a literal
+	// webhook_secret in the file is refused); read it with Secrets.
+	webhookSecret string
+	// WebhookSecretFile names a file holding the webhook secret. With
+	// neither it nor the variable, the server keeps a generated key in the
+	// data root.
+	WebhookSecretFile string `yaml:"webhook_secret_file"`
+
+	TaskRetentionHours int `yaml:"task_retention_hours"`
+	JobTTLSeconds      int `yaml:"job_ttl_seconds"`
+}
+
+// Resources are a worker's default resource requests and limits.
+type Resources struct {
+	MemoryRequest Size `yaml:"memory_request"`
+	MemoryLimit   Size `yaml:"memory_limit"`
+	CPURequest    CPU  `yaml:"cpu_request"`
+	CPULimit      CPU  `yaml:"cpu_limit"`
+	PidsLimit     int  `yaml:"pids_limit"`
+}
+
+// Local configures the local (bubblewrap) runtime.
+type Local struct {
+	Bwrap        string `yaml:"bwrap"`         // bubblewrap binary, looked up on PATH if not absolute
+	CgroupParent string `yaml:"cgroup_parent"` // cgroup under which each sandbox gets its own
+	TmpSize      Size   `yaml:"tmp_size"`      // size of the sandbox's private /tmp
+}
+
+// Egress configures the network workers reach through the egress proxy.
+type Egress struct {
+	Mode  string   `yaml:"mode"`  // none | allowlist | open
+	Allow []string `yaml:"allow"` // host names; "*.example.com" allows subdomains
+}
+
+// Agents configures the agent adapters.
+type Agents struct {
+	// Default is the agent a task without one uses.
+	Default  string `yaml:"default"`
+	Claude   Agent  `yaml:"claude"`
+	Gemini   Agent  `yaml:"gemini"`
+	Codex    Agent  `yaml:"codex"`
+	Opencode Agent  `yaml:"opencode"`
+	Command  Agent  `yaml:"command"`
+}
+
+// Agent configures one agent adapter.
+type Agent struct {
+	// Binary is the agent's program, looked up inside the sandbox. It
+	// defaults to the agent's name.
+	Binary string `yaml:"binary"`
+	// Args are extra arguments placed before the adapter's own.
+	Args []string `yaml:"args"`
+	// Env is added to the agent's environment. Values may be secrets:
+	// never log them.
+	Env map[string]string `yaml:"env"`
+}
+
+// Get returns the agent named name (one of AgentNames).
+func (a *Agents) Get(name string) (Agent, bool) {
+	p := a.ptr(name)
+	if p == nil {
+		return Agent{}, false
+	}
+	return *p, true
+}
+
+func (a *Agents) ptr(name string) *Agent {
+	switch name {
+	case "claude":
+		return &a.Claude
+	case "gemini":
+		return &a.Gemini
+	case "codex":
+		return &a.Codex
+	case "opencode":
+		return &a.Opencode
+	case "command":
+		return &a.Command
+	}
+	return nil
+}
+
+// Notify configures outbound notifications to the host.
+type Notify struct {
+	URL        string   `yaml:"url"`         // the host's callback; empty turns notifications off
+	SecretFile string   `yaml:"secret_file"` // key for the webhook-signature header
+	Events     []string `yaml:"events"`      // event types to send; empty means task endings only
+}
+
+// Limits bound what callers and workers may use.
+type Limits struct {
+	MaxPromptBytes  Size     `yaml:"max_prompt_bytes"`
+	MaxTaskDirBytes Size     `yaml:"max_task_dir_bytes"`
+	MaxContextBytes Size     `yaml:"max_context_bytes"`
+	MaxRequestBytes Size     `yaml:"max_request_bytes"`
+	MaxLogBytes     Size     `yaml:"max_log_bytes"`
+	WebhookMaxSkew  Duration `yaml:"webhook_max_skew"`
+	StopGrace       Duration `yaml:"stop_grace"`
+}
+
+// Default returns the configuration used when nothing is set: one machine,
+// loopback only, the local runtime.
+func Default() *Config {
+	return &Config{
+		Version: Version,
+		Listen:  "127.0.0.1:7777",
+		Data:    "./corral-data",
+		Log:     Log{Level: "info", Format: "text"},
+		AIWorker: AIWorkerConfig{
+			Enabled:               true,
+			Namespace:             "default",
+			AICoderImage:          "ghcr.io/corral-dev/corral-worker:latest",
+			ServiceAccount:        "corral-worker",
+			RuntimeClass:          "gvisor",
+			WorkspacePVC:          "corral-workspace",
+			WorkspaceMountPath:    "/workspace",
+			DefaultTimeoutMinutes: 30,
+			MaxTimeoutMinutes:     120,
+			MaxConcurrentWorkers:  3,
+			MaxQueuedTasks:        100,
+			Resources: Resources{
+				MemoryRequest: mustSize("512Mi"),
+				MemoryLimit:   mustSize("2Gi"),
+				CPURequest:    500,
+				CPULimit:      2000,
+				PidsLimit:     512,
+			},
+			WebhookPath:        "/api/webhooks/worker-complete",
+			TaskRetentionHours: 48,
+			JobTTLSeconds:      3600,
+		},
+		Runtime: "local",
+		Local:   Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB")},
+		Egress: Egress{
+			// "none" until the egress proxy exists; SPEC §4's default is
+			// allowlist, and it becomes the default with the proxy.
+			Mode:  "none",
+			Allow: []string{"api.anthropic.com", "generativelanguage.googleapis.com", "api.openai.com"},
+		},
+		Agents: Agents{
+			Default:  "claude",
+			Claude:   Agent{Binary: "claude"},
+			Gemini:   Agent{Binary: "gemini"},
+			Codex:    Agent{Binary: "codex"},
+			Opencode: Agent{Binary: "opencode"},
+			Command:  Agent{Binary: "command"},
+		},
+		Limits: Limits{
+			MaxPromptBytes:  mustSize("64KiB"),
+			MaxTaskDirBytes: mustSize("1GiB"),
+			MaxContextBytes: mustSize("256MiB"),
+			MaxRequestBytes: mustSize("1MiB"),
+			MaxLogBytes:     mustSize("16MiB"),
+			WebhookMaxSkew:  Duration(5 * time.Minute),
+			StopGrace:       Duration(10 * time.Second),
+		},
+	}
+}
+
+// File returns the path of the configuration file Load read, or "" if it
+// read none.
+func (c *Config) File() string { return c.file }
+
+func mustSize(s string) Size {
+	v, err := ParseSize(s)
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func known(set []string, v string) bool { return slices.Contains(set, v) }

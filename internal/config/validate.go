@@ -1,0 +1,225 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// MaxTimeoutMinutes is the highest task timeout Corral accepts: one day.
+const MaxTimeoutMinutes = 1440
+
+// Validate checks the merged configuration and returns every problem at
+// once, as errors.Join of *errdefs.FieldError (so errors.Is(err,
+// errdefs.ErrInvalidArgument) holds). Each Field is the dotted YAML key, or
+// the environment variable or flag that set the bad value. Validate does no
+// I/O: secret files are read by Secrets.
+func (c *Config) Validate() error {
+	v := &validator{c: c}
+
+	if c.Version != 0 && c.Version != Version {
+		v.add("version", "unsupported config version %d (this corral reads version %d)", c.Version, Version)
+	}
+	loopback, err := checkListen(c.Listen)
+	if err != nil {
+		v.add("listen", "%v", err)
+	} else if !loopback && c.apiToken == "" && c.APITokenFile == "" {
+		v.add("listen", "%s is not a loopback address and no API token is configured; set CORRAL_API_TOKEN or listen on loopback", c.Listen)
+	}
+	v.nonEmpty("data", c.Data)
+	v.oneOf("log.level", c.Log.Level, []string{"debug", "info", "warn", "error"})
+	v.oneOf("log.format", c.Log.Format, []string{"text", "json"})
+
+	v.aiWorker(&c.AIWorker)
+
+	v.oneOf("runtime", c.Runtime, Runtimes)
+	v.nonEmpty("local.bwrap", c.Local.Bwrap)
+	if p := strings.Trim(c.Local.CgroupParent, "/"); !filepath.IsLocal(p) || path.Clean(p) != p || strings.ContainsRune(p, 0) {
+		v.add("local.cgroup_parent", "must be a clean cgroup path such as corral or system.slice/corral, got %q", p)
+	}
+	v.positiveSize("local.tmp_size", c.Local.TmpSize)
+
+	v.oneOf("egress.mode", c.Egress.Mode, EgressModes)
+	for i, h := range c.Egress.Allow {
+		if !hostPattern.MatchString(h) {
+			v.add(fmt.Sprintf("egress.allow[%d]", i), "must be a host name such as api.example.com or *.example.com (no scheme, port or path), got %q", h)
+		}
+	}
+
+	v.agents(&c.Agents)
+
+	if u := c.Notify.URL; u != "" {
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			v.add("notify.url", "must be an http or https URL, got %q", u)
+		}
+	}
+	for i, e := range c.Notify.Events {
+		if strings.TrimSpace(e) == "" {
+			v.add(fmt.Sprintf("notify.events[%d]", i), "must not be empty")
+		}
+	}
+
+	l := &c.Limits
+	v.positiveSize("limits.max_prompt_bytes", l.MaxPromptBytes)
+	v.positiveSize("limits.max_task_dir_bytes", l.MaxTaskDirBytes)
+	v.positiveSize("limits.max_context_bytes", l.MaxContextBytes)
+	v.positiveSize("limits.max_request_bytes", l.MaxRequestBytes)
+	v.positiveSize("limits.max_log_bytes", l.MaxLogBytes)
+	if l.MaxRequestBytes.Bytes() > 0 && l.MaxRequestBytes.Bytes() < l.MaxPromptBytes.Bytes() {
+		v.add("limits.max_request_bytes", "must be at least limits.max_prompt_bytes (%s), since a prompt arrives in a request", l.MaxPromptBytes)
+	}
+	if l.WebhookMaxSkew <= 0 {
+		v.add("limits.webhook_max_skew", "must be positive, got %s", l.WebhookMaxSkew)
+	}
+	if l.StopGrace < 0 {
+		v.add("limits.stop_grace", "must not be negative, got %s", l.StopGrace)
+	}
+	return errors.Join(v.errs...)
+}
+
+func (v *validator) aiWorker(w *AIWorkerConfig) {
+	const p = "ai_worker_config."
+	if !dnsLabel.MatchString(w.Namespace) {
+		v.add(p+"namespace", "must be a Kubernetes namespace name (lowercase letters, digits and '-', at most 63), got %q", w.Namespace)
+	}
+	if (v.c.Runtime == "docker" || v.c.Runtime == "kubernetes") && w.AICoderImage == "" {
+		v.add(p+"ai_coder_image", "must be set for the %s runtime", v.c.Runtime)
+	}
+	if !path.IsAbs(w.WorkspaceMountPath) {
+		v.add(p+"workspace_mount_path", "must be an absolute path, got %q", w.WorkspaceMountPath)
+	}
+
+	def, most := w.DefaultTimeoutMinutes, w.MaxTimeoutMinutes
+	if most < 1 || most > MaxTimeoutMinutes {
+		v.add(p+"max_timeout_minutes", "must be between 1 and %d, got %d", MaxTimeoutMinutes, most)
+	}
+	switch {
+	case def < 1:
+		v.add(p+"default_timeout_minutes", "must be at least 1, got %d", def)
+	case def > most && most >= 1:
+		v.add(p+"default_timeout_minutes", "must not exceed max_timeout_minutes (%d), got %d", most, def)
+	}
+	if w.MaxConcurrentWorkers < 1 {
+		v.add(p+"max_concurrent_workers", "must be at least 1, got %d", w.MaxConcurrentWorkers)
+	}
+	if w.MaxQueuedTasks < 1 {
+		v.add(p+"max_queued_tasks", "must be at least 1, got %d", w.MaxQueuedTasks)
+	}
+
+	r := &w.Resources
+	v.positiveSize(p+"resources.memory_request", r.MemoryRequest)
+	v.positiveSize(p+"resources.memory_limit", r.MemoryLimit)
+	if r.MemoryLimit.Bytes() > 0 && r.MemoryRequest.Bytes() > r.MemoryLimit.Bytes() {
+		v.add(p+"resources.memory_request", "must not exceed memory_limit (%s), got %s", r.MemoryLimit, r.MemoryRequest)
+	}
+	if r.CPURequest <= 0 {
+		v.add(p+"resources.cpu_request", "must be positive, got %s", r.CPURequest)
+	}
+	if r.CPULimit <= 0 {
+		v.add(p+"resources.cpu_limit", "must be positive, got %s", r.CPULimit)
+	}
+	if r.CPULimit > 0 && r.CPURequest > r.CPULimit {
+		v.add(p+"resources.cpu_request", "must not exceed cpu_limit (%s), got %s", r.CPULimit, r.CPURequest)
+	}
+	if r.PidsLimit < 1 {
+		v.add(p+"resources.pids_limit", "must be at least 1, got %d", r.PidsLimit)
+	}
+
+	if !strings.HasPrefix(w.WebhookPath, "/") {
+		v.add(p+"webhook_path", "must start with /, got %q", w.WebhookPath)
+	}
+	if w.TaskRetentionHours < 1 {
+		v.add(p+"task_retention_hours", "must be at least 1, got %d", w.TaskRetentionHours)
+	}
+	if w.JobTTLSeconds < 0 {
+		v.add(p+"job_ttl_seconds", "must not be negative, got %d", w.JobTTLSeconds)
+	}
+}
+
+func (v *validator) agents(a *Agents) {
+	if !known(AgentNames, a.Default) {
+		v.add("agents.default", "must be one of %s, got %q", strings.Join(AgentNames, ", "), a.Default)
+	}
+	for _, name := range AgentNames {
+		ag, _ := a.Get(name)
+		p := "agents." + name
+		v.nonEmpty(p+".binary", ag.Binary)
+		for i, arg := range ag.Args {
+			if strings.ContainsRune(arg, 0) {
+				v.add(fmt.Sprintf("%s.args[%d]", p, i), "must not contain a NUL byte")
+			}
+		}
+		for k, val := range ag.Env {
+			switch {
+			case !envName.MatchString(k):
+				v.add(p+".env."+k, "is not a valid environment variable name")
+			case strings.ContainsRune(val, 0):
+				v.add(p+".env."+k, "must not contain a NUL byte")
+			case !v.c.expanded && strings.Contains(val, "${"):
+				// Never echo the value: it may be a secret.
+				v.add(p+".env."+k, "holds a ${...} reference but expansion is off; run with --config.expand-env")
+			}
+		}
+	}
+}
+
+type validator struct {
+	c    *Config
+	errs []error
+}
+
+func (v *validator) add(key, format string, args ...any) {
+	v.errs = append(v.errs, &errdefs.FieldError{Field: v.c.field(key), Err: fmt.Errorf(format, args...)})
+}
+
+func (v *validator) nonEmpty(key, s string) {
+	if strings.TrimSpace(s) == "" {
+		v.add(key, "must not be empty")
+	}
+}
+
+func (v *validator) oneOf(key, s string, set []string) {
+	if !known(set, s) {
+		v.add(key, "must be one of %s, got %q", strings.Join(set, ", "), s)
+	}
+}
+
+func (v *validator) positiveSize(key string, s Size) {
+	if s.Bytes() <= 0 {
+		v.add(key, "must be positive, got %s", s)
+	}
+}
+
+var (
+	dnsLabel    = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	envName     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	hostPattern = regexp.MustCompile(`^(\*\.)?([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$`)
+)
+
+// checkListen checks a host:port address and reports whether it is loopback
+// only. A host name other than localhost, or an empty host (every
+// interface), counts as not loopback; Validate does no name lookups.
+func checkListen(addr string) (loopback bool, err error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, fmt.Errorf("must be host:port such as 127.0.0.1:7777, got %q", addr)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n > 65535 {
+		return false, fmt.Errorf("port must be a number from 0 to 65535, got %q", port)
+	}
+	if host == "localhost" {
+		return true, nil
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback(), nil
+}

@@ -1,0 +1,60 @@
+package sqlite
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// lockFile is an exclusive flock on a file next to the database. The kernel
+// drops it when the process dies, so a crashed server never leaves a stale
+// lock. The file itself is never removed: removing it would let a second
+// process lock a new inode while the first still holds the old one.
+type lockFile struct {
+	f *os.File
+}
+
+func acquireLock(path string) (*lockFile, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock file: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder := ""
+		if b, rerr := os.ReadFile(path); rerr == nil && len(strings.TrimSpace(string(b))) > 0 {
+			holder = " (pid " + strings.TrimSpace(string(b)) + ")"
+		}
+		_ = f.Close() // the lock error is the one that matters
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("lock %s: data root is in use by another corral server%s: %w",
+				path, holder, errdefs.ErrFailedPrecondition)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	// The pid is only for the error message above; the flock is the lock.
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0) // best effort, see above
+	}
+	return &lockFile{f: f}, nil
+}
+
+// release unlocks and closes the file. It is safe on a nil lockFile and
+// when called twice.
+func (l *lockFile) release() error {
+	if l == nil || l.f == nil {
+		return nil
+	}
+	f := l.f
+	l.f = nil
+	// Closing the descriptor drops the flock too; unlocking first is explicit.
+	uerr := syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	if err := errors.Join(uerr, f.Close()); err != nil {
+		return fmt.Errorf("release lock %s: %w", f.Name(), err)
+	}
+	return nil
+}

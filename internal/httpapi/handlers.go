@@ -1,0 +1,283 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/tools"
+)
+
+// SpawnResponse is POST /api/tasks's answer.
+type SpawnResponse struct {
+	TaskID   string `json:"task_id"`
+	Status   string `json:"status"`
+	Existing bool   `json:"existing,omitempty"`
+}
+
+func (s *Server) createTask(w http.ResponseWriter, r *http.Request) error {
+	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	if err != nil {
+		return err
+	}
+	var req orchestrator.SpawnRequest
+	if err := tools.Decode(body, &req); err != nil {
+		return err
+	}
+	t, existing, err := s.b.Spawn(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	status := http.StatusCreated
+	if existing {
+		status = http.StatusOK
+	}
+	w.Header().Set("Location", "/api/tasks/"+t.ID)
+	writeJSON(w, status, SpawnResponse{TaskID: t.ID, Status: string(t.Status), Existing: existing})
+	return nil
+}
+
+func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	req := orchestrator.ListRequest{Status: q.Get("status"), ConversationID: q.Get("conversation_id"), Cursor: q.Get("cursor")}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return errdefs.Field("limit", "must be a number")
+		}
+		req.Limit = n
+	}
+	page, err := s.b.List(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, page)
+	return nil
+}
+
+func (s *Server) getTask(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.b.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, t)
+	return nil
+}
+
+func (s *Server) taskResult(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	req := orchestrator.ResultRequest{TaskID: r.PathValue("id"), IncludeFileContents: q["include_file_contents"]}
+	if v := q.Get("wait"); v != "" {
+		d, err := parseWait(v)
+		if err != nil {
+			return err
+		}
+		req.Wait = d
+	}
+	res, err := s.b.Result(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// parseWait takes "30s", "2m" or a number of seconds.
+func parseWait(v string) (time.Duration, error) {
+	if n, err := strconv.Atoi(v); err == nil {
+		return time.Duration(n) * time.Second, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, errdefs.Field("wait", "must be a duration such as 30s or a number of seconds")
+	}
+	return d, nil
+}
+
+func (s *Server) cancelTask(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.b.Cancel(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, t)
+	return nil
+}
+
+func (s *Server) taskLogs(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	req := orchestrator.LogsRequest{TaskID: r.PathValue("id"), Follow: isTrue(q.Get("follow")), Stream: q.Get("stream")}
+	if _, err := s.b.Get(r.Context(), req.TaskID); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	fw := &flushWriter{w: w, rc: http.NewResponseController(w)}
+	return s.b.Logs(r.Context(), req, fw)
+}
+
+func isTrue(v string) bool { return v == "1" || v == "true" || v == "yes" }
+
+// flushWriter flushes after each write, so a followed log streams.
+type flushWriter struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (f *flushWriter) Write(p []byte) (int, error) {
+	n, err := f.w.Write(p)
+	f.rc.Flush()
+	return n, err
+}
+
+func (f *flushWriter) Flush() { f.rc.Flush() }
+
+func (s *Server) taskEvents(w http.ResponseWriter, r *http.Request) error {
+	return s.events(w, r, r.PathValue("id"))
+}
+
+func (s *Server) allEvents(w http.ResponseWriter, r *http.Request) error {
+	return s.events(w, r, "")
+}
+
+// events answers with JSON, or with SSE when the client accepts
+// text/event-stream; SSE resumes after Last-Event-ID or ?after=.
+func (s *Server) events(w http.ResponseWriter, r *http.Request, taskID string) error {
+	q := r.URL.Query()
+	req := orchestrator.EventsRequest{TaskID: taskID, After: q.Get("after")}
+	if id := r.Header.Get("Last-Event-ID"); id != "" {
+		req.After = id
+	}
+	sse := strings.Contains(r.Header.Get("Accept"), "text/event-stream")
+	if !sse {
+		var evs []eventstore.Event
+		err := s.b.Events(r.Context(), req, func(e eventstore.Event) error {
+			evs = append(evs, e)
+			if len(evs) > 10000 {
+				return errAbort
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, errAbort) {
+			return err
+		}
+		if evs == nil {
+			evs = []eventstore.Event{}
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"events": evs})
+		return nil
+	}
+	req.Follow = true
+	if taskID != "" {
+		if _, err := s.b.Get(r.Context(), taskID); err != nil {
+			return err
+		}
+	}
+	if req.After != "" {
+		// Check the cursor before the stream starts, so a bad one is a 4xx.
+		if err := s.b.Events(r.Context(), orchestrator.EventsRequest{After: req.After, TaskID: taskID}, func(eventstore.Event) error { return errAbort }); err != nil && !errors.Is(err, errAbort) {
+			return err
+		}
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("X-Accel-Buffering", "no")
+	rc := http.NewResponseController(w)
+	w.WriteHeader(http.StatusOK)
+	fmt.Fprint(w, ": corral events\n\n")
+	rc.Flush()
+	return s.b.Events(r.Context(), req, func(e eventstore.Event) error {
+		data, _ := json.Marshal(e)
+		if _, err := fmt.Fprintf(w, "id: %s\nevent: %s\ndata: %s\n\n", e.ID, e.Type, data); err != nil {
+			return err
+		}
+		return rc.Flush()
+	})
+}
+
+var errAbort = errors.New("abort")
+
+func (s *Server) taskFile(w http.ResponseWriter, r *http.Request) error {
+	f, info, err := s.b.OpenOutput(r.Context(), r.PathValue("id"), r.PathValue("path"))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Security-Policy", "sandbox")
+	http.ServeContent(w, r, info.Name(), info.ModTime(), f)
+	return nil
+}
+
+func (s *Server) workerComplete(w http.ResponseWriter, r *http.Request) error {
+	body, err := s.readBody(r, s.opts.MaxWebhookBytes)
+	if err != nil {
+		return err
+	}
+	id, err := s.b.WorkerComplete(r.Context(), r.Header, body)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "accepted", "event_id": id})
+	return nil
+}
+
+func (s *Server) readWorkspace(w http.ResponseWriter, r *http.Request) error {
+	p := r.PathValue("path")
+	ents, err := s.b.ListWorkspace(r.Context(), p, isTrue(r.URL.Query().Get("recursive")))
+	if err == nil {
+		writeJSON(w, http.StatusOK, map[string]any{"path": p, "entries": ents})
+		return nil
+	}
+	if !errors.Is(err, orchestrator.ErrNotDir) {
+		return err
+	}
+	f, err := s.b.ReadWorkspace(r.Context(), p)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, f)
+	return nil
+}
+
+func (s *Server) writeWorkspace(w http.ResponseWriter, r *http.Request) error {
+	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	if err != nil {
+		return err
+	}
+	e, err := s.b.WriteWorkspace(r.Context(), r.PathValue("path"), body)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, e)
+	return nil
+}
+
+func (s *Server) listTools(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, s.tools.Functions())
+	return nil
+}
+
+func (s *Server) callTool(w http.ResponseWriter, r *http.Request) error {
+	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	if err != nil {
+		return err
+	}
+	res, err := s.tools.Call(r.Context(), r.PathValue("name"), body)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
+}

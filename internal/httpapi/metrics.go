@@ -1,0 +1,49 @@
+package httpapi
+
+import (
+	"fmt"
+	"net/http"
+	"sort"
+
+	"github.com/corral-dev/corral/internal/task"
+)
+
+var durationBuckets = []float64{1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200}
+
+// metrics writes the Prometheus text exposition format by hand: three
+// families do not justify a client library.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
+	st := s.b.Stats()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	fmt.Fprintln(w, "# HELP corral_tasks Tasks by status.")
+	fmt.Fprintln(w, "# TYPE corral_tasks gauge")
+	statuses := []task.Status{task.Pending, task.Queued, task.Starting, task.Running, task.Success, task.Failed, task.Timeout, task.Cancelled}
+	for _, s := range statuses {
+		fmt.Fprintf(w, "corral_tasks{status=%q} %d\n", s, st.ByStatus[s])
+	}
+	fmt.Fprintln(w, "# HELP corral_queue_depth Tasks waiting to start.")
+	fmt.Fprintln(w, "# TYPE corral_queue_depth gauge")
+	fmt.Fprintf(w, "corral_queue_depth %d\n", st.QueueDepth)
+	fmt.Fprintln(w, "# HELP corral_workers_running Tasks this server is starting or supervising.")
+	fmt.Fprintln(w, "# TYPE corral_workers_running gauge")
+	fmt.Fprintf(w, "corral_workers_running %d\n", st.Running)
+	fmt.Fprintln(w, "# HELP corral_task_duration_seconds How long ended tasks ran.")
+	fmt.Fprintln(w, "# TYPE corral_task_duration_seconds histogram")
+	d := append([]float64(nil), st.Durations...)
+	sort.Float64s(d)
+	var sum float64
+	for _, v := range d {
+		sum += v
+	}
+	i := 0
+	for _, b := range durationBuckets {
+		for i < len(d) && d[i] <= b {
+			i++
+		}
+		fmt.Fprintf(w, "corral_task_duration_seconds_bucket{le=\"%g\"} %d\n", b, i)
+	}
+	fmt.Fprintf(w, "corral_task_duration_seconds_bucket{le=\"+Inf\"} %d\n", len(d))
+	fmt.Fprintf(w, "corral_task_duration_seconds_sum %g\n", sum)
+	fmt.Fprintf(w, "corral_task_duration_seconds_count %d\n", len(d))
+	return nil
+}

@@ -1,0 +1,283 @@
+// Package httpapi is Corral's HTTP transport: the JSON API of SPEC §7
+// (tasks, events over SSE, workspace files, tools, the worker webhook,
+// health and metrics) with bearer-token auth, and Client, which implements
+// orchestrator.Service over that API for the CLI. Handlers only parse
+// input, call the orchestrator and map errors, in one function (writeError).
+package httpapi
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/tools"
+)
+
+// Backend is what the server needs beyond orchestrator.Service: the
+// server-only operations that no client calls through Service.
+type Backend interface {
+	orchestrator.Service
+	WorkerComplete(ctx context.Context, h http.Header, body []byte) (string, error)
+	OpenOutput(ctx context.Context, id, path string) (*os.File, fs.FileInfo, error)
+	Stats() Stats
+}
+
+// Stats are the figures /metrics exports.
+type Stats struct {
+	ByStatus   map[task.Status]int
+	Durations  []float64 // seconds, of ended tasks
+	QueueDepth int
+	Running    int
+}
+
+// Options configure a Server.
+type Options struct {
+	// Token is the bearer token every /api request needs, except the worker
+	// webhook (which is signed). Empty means no auth: the caller must only
+	// listen on loopback.
+	Token string
+	// MaxRequestBytes bounds a JSON request body.
+	MaxRequestBytes int64
+	// MaxWebhookBytes bounds a completion webhook body.
+	MaxWebhookBytes int64
+}
+
+// Server serves the API.
+type Server struct {
+	b     Backend
+	tools *tools.Catalogue
+	opts  Options
+	log   *slog.Logger
+	mux   *http.ServeMux
+}
+
+// New returns a Server.
+func New(b Backend, opts Options, log *slog.Logger) *Server {
+	if opts.MaxRequestBytes <= 0 {
+		opts.MaxRequestBytes = 1 << 20
+	}
+	if opts.MaxWebhookBytes <= 0 {
+		opts.MaxWebhookBytes = 256 << 10
+	}
+	s := &Server{b: b, tools: tools.New(b), opts: opts, log: log, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+// Handler returns the server's root handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// WebhookHandler serves only the worker completion webhook, for the unix
+// socket that sandboxes reach.
+func (s *Server) WebhookHandler() http.Handler {
+	m := http.NewServeMux()
+	m.Handle("POST /api/webhooks/worker-complete", s.wrap(s.workerComplete, false))
+	return m
+}
+
+func (s *Server) routes() {
+	auth := func(h handlerFunc) http.Handler { return s.wrap(h, true) }
+	open := func(h handlerFunc) http.Handler { return s.wrap(h, false) }
+	m := s.mux
+	m.Handle("POST /api/tasks", auth(s.createTask))
+	m.Handle("GET /api/tasks", auth(s.listTasks))
+	m.Handle("GET /api/tasks/{id}", auth(s.getTask))
+	m.Handle("GET /api/tasks/{id}/result", auth(s.taskResult))
+	m.Handle("POST /api/tasks/{id}/cancel", auth(s.cancelTask))
+	m.Handle("GET /api/tasks/{id}/logs", auth(s.taskLogs))
+	m.Handle("GET /api/tasks/{id}/events", auth(s.taskEvents))
+	m.Handle("GET /api/tasks/{id}/files/{path...}", auth(s.taskFile))
+	m.Handle("GET /api/events", auth(s.allEvents))
+	m.Handle("POST /api/webhooks/worker-complete", open(s.workerComplete))
+	m.Handle("GET /api/workspace/{path...}", auth(s.readWorkspace))
+	m.Handle("PUT /api/workspace/{path...}", auth(s.writeWorkspace))
+	m.Handle("GET /api/tools", auth(s.listTools))
+	m.Handle("POST /api/tools/{name}", auth(s.callTool))
+	m.Handle("GET /healthz", open(s.healthz))
+	m.Handle("GET /metrics", auth(s.metrics))
+	m.Handle("/api/", open(func(w http.ResponseWriter, r *http.Request) error {
+		return fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound)
+	}))
+}
+
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// wrap adds the request id, auth, the actor and error mapping to h.
+func (s *Server) wrap(h handlerFunc, needAuth bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rid := newRequestID()
+		w.Header().Set("X-Request-Id", rid)
+		ctx := r.Context()
+		actor := "anonymous"
+		if needAuth {
+			if err := s.authenticate(r); err != nil {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="corral"`)
+				s.writeError(w, r, rid, err)
+				return
+			}
+			if s.opts.Token != "" {
+				actor = "token"
+			} else {
+				actor = "local"
+			}
+		}
+		ctx = orchestrator.WithActor(ctx, actor)
+		if err := h(w, r.WithContext(ctx)); err != nil {
+			s.writeError(w, r, rid, err)
+		}
+	})
+}
+
+func (s *Server) authenticate(r *http.Request) error {
+	if s.opts.Token == "" {
+		return nil
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.opts.Token)) != 1 {
+		return fmt.Errorf("missing or wrong bearer token: %w", errdefs.ErrUnauthenticated)
+	}
+	return nil
+}
+
+// errorBody is every error response.
+type errorBody struct {
+	Error     string       `json:"error"`
+	Fields    []fieldError `json:"fields,omitempty"`
+	RequestID string       `json:"request_id"`
+}
+
+type fieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// writeError maps an error to its HTTP status, in this one place. Client
+// errors carry their message; anything unclassified is a 500 whose detail
+// goes to the log only.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, rid string, err error) {
+	status := statusOf(err)
+	body := errorBody{Error: err.Error(), RequestID: rid}
+	if status == http.StatusInternalServerError {
+		body.Error = "internal error"
+		s.log.Error("request failed", logkey.RequestID, rid, "method", r.Method, "path", r.URL.Path, logkey.Error, err)
+	}
+	for _, fe := range fieldErrors(err) {
+		body.Fields = append(body.Fields, fieldError{Field: fe.Field, Message: fe.Err.Error()})
+	}
+	if status == http.StatusInternalServerError {
+		body.Fields = nil
+	}
+	writeJSON(w, status, body)
+}
+
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, errdefs.ErrTooLarge):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, errdefs.ErrUnauthenticated):
+		return http.StatusUnauthorized
+	case errors.Is(err, errdefs.ErrPermissionDenied):
+		return http.StatusForbidden
+	case errors.Is(err, errdefs.ErrNotFound):
+		// A FieldError about a missing file is the caller's input.
+		var fe *errdefs.FieldError
+		if errors.As(err, &fe) && fe.Field != "path" {
+			return http.StatusUnprocessableEntity
+		}
+		return http.StatusNotFound
+	case errors.Is(err, errdefs.ErrFailedPrecondition):
+		return http.StatusUnprocessableEntity
+	case errors.Is(err, errdefs.ErrInvalidArgument):
+		return http.StatusBadRequest
+	case errors.Is(err, errdefs.ErrAlreadyExists), errors.Is(err, errdefs.ErrConflict):
+		return http.StatusConflict
+	case errors.Is(err, errdefs.ErrResourceExhausted):
+		return http.StatusTooManyRequests
+	case errors.Is(err, errdefs.ErrNotImplemented):
+		return http.StatusNotImplemented
+	case errors.Is(err, errdefs.ErrUnavailable):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+// fieldErrors returns every FieldError in err's tree.
+func fieldErrors(err error) []*errdefs.FieldError {
+	var out []*errdefs.FieldError
+	var walk func(error)
+	walk = func(e error) {
+		if fe, ok := e.(*errdefs.FieldError); ok {
+			out = append(out, fe)
+			return
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() []error }:
+			for _, c := range u.Unwrap() {
+				walk(c)
+			}
+		case interface{ Unwrap() error }:
+			if c := u.Unwrap(); c != nil {
+				walk(c)
+			}
+		}
+	}
+	walk(err)
+	return out
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+// readJSON reads a bounded JSON body into raw bytes.
+func (s *Server) readBody(r *http.Request, max int64) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, max))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, fmt.Errorf("request body is over the limit of %d bytes: %w", max, errdefs.ErrTooLarge)
+		}
+		return nil, fmt.Errorf("read request body: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return body, nil
+}
+
+func newRequestID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// IsLoopback reports whether a listen address binds only loopback.
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,127 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"io/fs"
+	"os"
+	"unicode/utf8"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/units"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// ListWorkspace lists a directory of shared/.
+func (o *Orchestrator) ListWorkspace(ctx context.Context, p string, recursive bool) ([]workspace.Entry, error) {
+	ents, err := workspace.List(o.data.Shared(), p, recursive)
+	if err != nil {
+		return nil, &errdefs.FieldError{Field: "path", Err: err}
+	}
+	if ents == nil {
+		ents = []workspace.Entry{}
+	}
+	return ents, nil
+}
+
+// ReadWorkspace reads a file of shared/.
+func (o *Orchestrator) ReadWorkspace(ctx context.Context, p string) (File, error) {
+	f, err := o.readFile(o.data.Shared(), p)
+	if err != nil {
+		return File{}, &errdefs.FieldError{Field: "path", Err: err}
+	}
+	return f, nil
+}
+
+// WriteWorkspace writes a file of shared/ atomically.
+func (o *Orchestrator) WriteWorkspace(ctx context.Context, p string, content []byte) (workspace.Entry, error) {
+	c, err := workspace.Clean(p)
+	if err != nil {
+		return workspace.Entry{}, &errdefs.FieldError{Field: "path", Err: err}
+	}
+	if c == "." {
+		return workspace.Entry{}, errdefs.Field("path", "must name a file, not the workspace root")
+	}
+	if max := o.opts.Limits.MaxWriteBytes; max > 0 && int64(len(content)) > max {
+		return workspace.Entry{}, &errdefs.FieldError{Field: "content", Err: fmt.Errorf("is %d bytes, over the limit of %s: %w", len(content), units.FormatSize(max), errdefs.ErrTooLarge)}
+	}
+	if err := workspace.WriteFileAtomic(o.data.Shared(), c, content, 0o644); err != nil {
+		return workspace.Entry{}, &errdefs.FieldError{Field: "path", Err: err}
+	}
+	info, err := o.data.Shared().Stat(c)
+	if err != nil {
+		return workspace.Entry{}, err
+	}
+	o.log.Info("workspace file written", "path", c, "size", len(content), "actor", ActorFrom(ctx))
+	return workspace.Entry{Path: c, Size: info.Size(), Modified: info.ModTime().UTC()}, nil
+}
+
+// OpenOutput opens a task's output file for download. Symbolic links are
+// refused, never followed.
+func (o *Orchestrator) OpenOutput(ctx context.Context, id, p string) (*os.File, fs.FileInfo, error) {
+	if _, err := o.Get(ctx, id); err != nil {
+		return nil, nil, err
+	}
+	dir, err := o.data.OpenTask(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer dir.Close()
+	out, err := dir.OpenRoot("output")
+	if err != nil {
+		return nil, nil, fmt.Errorf("task %s has no output directory: %w", id, errdefs.ErrNotFound)
+	}
+	defer out.Close()
+	f, info, err := workspace.OpenFile(out, p)
+	if err != nil {
+		return nil, nil, &errdefs.FieldError{Field: "path", Err: err}
+	}
+	return f, info, nil
+}
+
+// readFile reads a file beneath root for a caller: text as is, other
+// content base64-encoded, both cut at the read limit.
+func (o *Orchestrator) readFile(root *os.Root, p string) (File, error) {
+	c, err := workspace.Clean(p)
+	if err != nil {
+		return File{}, err
+	}
+	max := o.opts.Limits.MaxReadBytes
+	data, truncated, err := workspace.ReadFile(root, c, max)
+	if err != nil {
+		return File{}, err
+	}
+	info, err := root.Stat(c)
+	if err != nil {
+		return File{}, err
+	}
+	f := File{Path: c, Size: info.Size(), Type: workspace.DetectType(root, c), Truncated: truncated}
+	if utf8.Valid(data) || truncated && utf8.Valid(trimPartialRune(data)) {
+		f.Encoding, f.Content = "utf-8", string(trimPartialRune(data))
+	} else {
+		f.Encoding, f.Content = "base64", base64.StdEncoding.EncodeToString(data)
+	}
+	if truncated {
+		f.Note = fmt.Sprintf("content cut at %s of %s", units.FormatSize(max), units.FormatSize(f.Size))
+	}
+	return f, nil
+}
+
+// trimPartialRune drops an incomplete UTF-8 sequence at the end of b, left
+// by cutting a file at a byte limit.
+func trimPartialRune(b []byte) []byte {
+	for i := 0; i < utf8.UTFMax && len(b) > 0; i++ {
+		r, size := utf8.DecodeLastRune(b)
+		if r != utf8.RuneError || size > 1 {
+			return b
+		}
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+
+// ErrNotDir is returned by ListWorkspace for a path that is a file, so a
+// transport can read the file instead.
+var ErrNotDir = workspace.ErrNotDir

@@ -1,0 +1,106 @@
+package orchestrator
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// Limits bound what callers and workers may do.
+type Limits struct {
+	MaxPromptBytes    int64
+	MaxTaskDirBytes   int64
+	MaxContextBytes   int64
+	MaxLogBytes       int64
+	MaxReadBytes      int64 // file contents returned by read_workspace and results
+	MaxWriteBytes     int64 // content accepted by write_workspace
+	MaxQueued         int
+	DefaultTimeoutMin int
+	MaxTimeoutMin     int
+	StopGrace         time.Duration
+}
+
+// Defaults fill what a spawn request leaves out.
+type Defaults struct {
+	Agent     string
+	Runtime   string
+	Network   string
+	Resources task.Resources
+}
+
+// AgentConfig is how one agent is started.
+type AgentConfig struct {
+	Binary string
+	Args   []string
+	Env    []string // KEY=VALUE, secrets included; never logged
+}
+
+// Options configure an Orchestrator.
+type Options struct {
+	Store    eventstore.Store
+	Tasks    *projection.Tasks
+	Data     *workspace.DataRoot
+	Limits   Limits
+	Defaults Defaults
+	// Runtimes maps each runtime name to why it cannot be used ("" if it can).
+	Runtimes map[string]string
+	// Networks maps each network policy to why it cannot be used ("" if it can).
+	Networks map[string]string
+	Agents   map[string]AgentConfig
+	// AgentMissing says why an agent cannot run here ("" if it can), e.g. its
+	// binary is not installed; checked at spawn.
+	AgentMissing func(name string, cfg AgentConfig) string
+	// Worker is how the scheduler starts the in-sandbox entrypoint.
+	Worker WorkerOptions
+	// Verifier checks completion webhooks from workers.
+	Verifier Verifier
+}
+
+// Orchestrator implements Service over the event store, the task projection
+// and the data root. It is safe for concurrent use.
+type Orchestrator struct {
+	opts  Options
+	store eventstore.Store
+	tasks *projection.Tasks
+	data  *workspace.DataRoot
+	log   *slog.Logger
+
+	spawnMu sync.Mutex // serialises spawns that carry an idempotency key
+}
+
+var _ Service = (*Orchestrator)(nil)
+
+// New returns an Orchestrator.
+func New(opts Options, log *slog.Logger) *Orchestrator {
+	return &Orchestrator{opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log}
+}
+
+type actorKey struct{}
+
+// WithActor returns a context that names the caller recorded as the actor of
+// the events a request causes.
+func WithActor(ctx context.Context, actor string) context.Context {
+	return context.WithValue(ctx, actorKey{}, actor)
+}
+
+// ActorFrom returns the caller named by WithActor, or "anonymous".
+func ActorFrom(ctx context.Context) string {
+	if a, ok := ctx.Value(actorKey{}).(string); ok && a != "" {
+		return a
+	}
+	return "anonymous"
+}
+
+// Get returns a task.
+func (o *Orchestrator) Get(ctx context.Context, id string) (task.Task, error) {
+	if err := task.CheckID(id); err != nil {
+		return task.Task{}, err
+	}
+	return o.tasks.Get(id)
+}

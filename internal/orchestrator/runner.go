@@ -1,0 +1,243 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/units"
+	"github.com/corral-dev/corral/internal/webhook"
+	"github.com/corral-dev/corral/internal/worker"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// Paths inside every sandbox.
+const (
+	SandboxTaskDir   = "/task"
+	SandboxShared    = "/workspace/shared"
+	SandboxCorral    = "/run/corral/corral"
+	SandboxSocketDir = "/run/corral/sock"
+	// SocketName is the server's unix socket in the socket directory, which
+	// is mounted (the directory, not the socket, so a restarted server's new
+	// socket is seen) read-only into every local sandbox.
+	SocketName = "corral.sock"
+	// maxStatusBytes bounds the status.json the server reads from a worker.
+	maxStatusBytes = 1 << 20
+	// maxMessage bounds a summary or error message taken from a worker.
+	maxMessage = 8 << 10
+)
+
+// WorkerOptions say how a sandbox starts `corral worker run-task`.
+type WorkerOptions struct {
+	// Binary is the host path of the corral executable, mounted read-only.
+	Binary string
+	// SocketDir is the host directory holding the server's unix socket.
+	SocketDir string
+	// Secret is the server's webhook secret; each task gets a key derived
+	// from it.
+	Secret []byte
+	// Source names the runtime in the webhook's X-Webhook-Source.
+	Env []string // extra environment for every worker (PATH, LANG, ...)
+}
+
+// Verifier checks a completion webhook's signature, freshness and
+// uniqueness.
+type Verifier interface {
+	Verify(h http.Header, body []byte) (webhook.Completion, error)
+	Forget(webhookID string)
+}
+
+// Prepare builds the sandbox spec for a starting task: the worker entrypoint
+// with the task's agent, its mounts, environment and limits.
+func (o *Orchestrator) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error) {
+	w := o.opts.Worker
+	ag := o.opts.Agents[t.Agent]
+	cmd := []string{SandboxCorral, "worker", "run-task",
+		"--prompt", SandboxTaskDir + "/prompt.md",
+		"--task-id", t.ID,
+		"--webhook", "unix://" + SandboxSocketDir + "/" + SocketName,
+		"--agent", t.Agent,
+	}
+	if ag.Binary != "" && t.Agent != task.AgentCommand {
+		cmd = append(cmd, "--agent-binary", ag.Binary)
+	}
+	if t.Model != "" {
+		cmd = append(cmd, "--model", t.Model)
+	}
+	if lim := o.opts.Limits.MaxLogBytes; lim > 0 {
+		cmd = append(cmd, "--max-log-bytes", fmt.Sprint(lim))
+	}
+	if t.Agent == task.AgentCommand {
+		cmd = append(append(cmd, "--"), t.Command...)
+	}
+	env := append([]string{
+		"HOME=/tmp",
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"LANG=C.UTF-8",
+		"CORRAL_TASK_ID=" + t.ID,
+		"CORRAL_WEBHOOK_KEY=" + hex.EncodeToString(webhook.DeriveKey(w.Secret, t.ID)),
+	}, w.Env...)
+	env = append(env, ag.Env...)
+	return sandbox.Spec{
+		ID:      t.ID,
+		Image:   t.Image,
+		Command: cmd,
+		Dir:     SandboxTaskDir,
+		Env:     env,
+		Mounts: []sandbox.Mount{
+			{Source: o.data.TaskPath(t.ID), Target: SandboxTaskDir},
+			{Source: o.data.HostPath(workspace.DirShared), Target: SandboxShared, ReadOnly: true},
+			{Source: w.Binary, Target: SandboxCorral, ReadOnly: true},
+			{Source: w.SocketDir, Target: SandboxSocketDir, ReadOnly: true},
+		},
+		Limits: sandbox.Limits{
+			MemoryBytes: t.Resources.MemoryBytes,
+			CPUMillis:   t.Resources.CPUMillis,
+			Pids:        t.Resources.Pids,
+			WallClock:   t.Timeout(),
+		},
+		Network: sandbox.NetworkNone,
+		Labels:  map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: t.ID},
+	}, nil
+}
+
+// Collect reads a finished task's result from its directory: status.json
+// as the worker wrote it, the output files as they are on disk (never the
+// worker's own list), and the sandbox's exit status. exit is nil when the
+// sandbox was gone after a restart.
+func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed {
+	c := task.Completed{Status: task.Failed, Reason: "exit"}
+	dir, err := o.data.OpenTask(t.ID)
+	if err != nil {
+		c.ErrorMessage = "task directory is gone: " + err.Error()
+		return c
+	}
+	defer dir.Close()
+
+	files, _, err := workspace.ListFiles(dir, "output")
+	if err == nil {
+		for _, f := range files {
+			c.OutputFiles = append(c.OutputFiles, task.OutputFile{Name: f.Name, Size: f.Size, Type: f.Type})
+		}
+	}
+	st, stErr := worker.ReadStatus(dir, maxStatusBytes)
+	if exit != nil {
+		code := exit.Code
+		c.ExitCode = &code
+	}
+	switch {
+	case stErr == nil:
+		c.Status = task.Failed
+		if st.Status == string(task.Success) {
+			c.Status = task.Success
+		}
+		code := st.ExitCode
+		c.ExitCode = &code
+		c.Summary = clip(st.Summary)
+		c.ErrorMessage = clip(st.ErrorMessage)
+		c.LogsTruncated = st.LogsTruncated
+		if d := st.DurationSeconds; d > 0 {
+			c.DurationSeconds = &d
+		}
+		if exit == nil {
+			c.Reason = "recovered"
+		}
+	case exit == nil:
+		c.Reason = "lost"
+		c.ErrorMessage = "lost: the task's sandbox was gone when the server restarted, and it left no status.json"
+	case exit.OOMKilled:
+		c.ErrorMessage = "out of memory: the sandbox reached its memory limit of " + units.FormatSize(t.Resources.MemoryBytes)
+	default:
+		c.ErrorMessage = fmt.Sprintf("the worker ended with exit code %d without writing status.json", exit.Code)
+		if exit.Message != "" {
+			c.ErrorMessage += " (" + exit.Message + ")"
+		}
+	}
+	if exit != nil && exit.OOMKilled && c.Status != task.Success {
+		c.ErrorMessage = "out of memory: the sandbox reached its memory limit of " + units.FormatSize(t.Resources.MemoryBytes)
+	}
+	if max := o.opts.Limits.MaxTaskDirBytes; max > 0 {
+		if size, err := workspace.Size(dir, "."); err == nil && size > max {
+			c.Status = task.Failed
+			c.ErrorMessage = fmt.Sprintf("output quota exceeded: the task directory holds %s, over the limit of %s", units.FormatSize(size), units.FormatSize(max))
+		}
+	}
+	return c
+}
+
+func clip(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > maxMessage {
+		return s[:maxMessage] + "…"
+	}
+	return s
+}
+
+// WorkerComplete takes a completion webhook from a worker: it verifies the
+// signature with the task's derived key, the timestamp and the webhook id,
+// then ends the task with the result it reads from the task directory.
+// A completion for a task that already ended is accepted and changes
+// nothing. It returns the id of the task's last event.
+func (o *Orchestrator) WorkerComplete(ctx context.Context, h http.Header, body []byte) (string, error) {
+	c, err := o.opts.Verifier.Verify(h, body)
+	if err != nil {
+		return "", err
+	}
+	t, err := o.tasks.Get(c.TaskID)
+	if err != nil {
+		return "", err
+	}
+	if !t.Status.Terminal() {
+		if t.Status == task.Pending || t.Status == task.Queued {
+			return "", fmt.Errorf("task %s has not started: %w", t.ID, errdefs.ErrFailedPrecondition)
+		}
+		res := o.Collect(ctx, t, &sandbox.ExitStatus{Code: c.ExitCode, ExitedAt: time.Now()})
+		res.Reason = "webhook"
+		actor := "worker/" + t.ID
+		t, err = o.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
+			if t.Status.Terminal() {
+				return nil, projection.ErrNoChange
+			}
+			return []eventstore.Proposed{projection.NewEvent(task.EventCompleted, res, actor)}, nil
+		})
+		if err != nil {
+			o.opts.Verifier.Forget(c.WebhookID) // let the worker's retry through
+			return "", err
+		}
+		o.log.Info("task completed by webhook", "task_id", t.ID, "status", t.Status)
+	}
+	evs, err := o.store.ReadStream(ctx, task.StreamID(t.ID), t.Version-1)
+	if err != nil || len(evs) == 0 {
+		return "", errors.Join(err, errors.New("read the task's last event"))
+	}
+	return evs[len(evs)-1].ID, nil
+}
+
+// ReconcileDirectories reports task directories that no event knows, as
+// system events (SPEC §3). It never deletes them: a person decides.
+func (o *Orchestrator) ReconcileDirectories(ctx context.Context) error {
+	ids, err := o.data.TaskIDs()
+	if err != nil {
+		return fmt.Errorf("list task directories: %w", err)
+	}
+	for _, id := range ids {
+		if _, err := o.tasks.Get(id); err == nil {
+			continue
+		}
+		ev := projection.NewEvent(task.EventUnknownDirectory, map[string]string{"directory": "tasks/" + id}, "corral/reconciler")
+		if _, err := o.store.Append(ctx, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
+			return fmt.Errorf("record unknown task directory: %w", err)
+		}
+		o.log.Warn("task directory without events", "directory", "tasks/"+id)
+	}
+	return nil
+}

@@ -1,0 +1,292 @@
+package orchestrator
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/units"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// Input bounds that are not configurable: they only keep a request sane.
+const (
+	maxContextFiles = 100
+	maxCommandArgs  = 256
+	maxArgBytes     = 8192
+	maxLabels       = 32
+	maxShortField   = 255
+)
+
+var labelKey = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$`)
+
+// Spawn validates req, creates the task directory with prompt.md and the
+// context files, records the task and queues it (SPEC §2).
+func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, bool, error) {
+	spec, err := o.validate(req)
+	if err != nil {
+		return task.Task{}, false, err
+	}
+	hash := requestHash(req)
+	if spec.IdempotencyKey != "" {
+		o.spawnMu.Lock()
+		defer o.spawnMu.Unlock()
+		if t, ok := o.tasks.ByIdempotencyKey(spec.IdempotencyKey); ok {
+			if h := o.requestHashOf(ctx, t.ID); h != "" && h != hash {
+				return task.Task{}, false, fmt.Errorf("idempotency_key %q was used for a task with other arguments (%s): %w", spec.IdempotencyKey, t.ID, errdefs.ErrConflict)
+			}
+			return t, true, nil
+		}
+	}
+	if q := o.tasks.Counts(); o.opts.Limits.MaxQueued > 0 && q[task.Pending]+q[task.Queued] >= o.opts.Limits.MaxQueued {
+		return task.Task{}, false, fmt.Errorf("the queue is full (%d tasks waiting); try again later: %w", o.opts.Limits.MaxQueued, errdefs.ErrResourceExhausted)
+	}
+
+	id := task.NewID()
+	dir, err := o.data.CreateTask(id)
+	if err != nil {
+		return task.Task{}, false, err
+	}
+	defer dir.Close()
+	ok := false
+	defer func() {
+		if !ok {
+			o.data.RemoveTask(id)
+		}
+	}()
+	if err := o.copyContext(dir, spec.ContextFiles); err != nil {
+		return task.Task{}, false, err
+	}
+	if err := workspace.WriteFileAtomic(dir, "prompt.md", []byte(Prompt(spec)), 0o644); err != nil {
+		return task.Task{}, false, fmt.Errorf("write prompt.md: %w", err)
+	}
+	actor := ActorFrom(ctx)
+	t, err := o.tasks.Create(ctx, id,
+		projection.NewEvent(task.EventCreated, task.Created{Spec: spec, RequestHash: hash}, actor),
+		projection.NewEvent(task.EventQueued, nil, actor))
+	if err != nil {
+		return task.Task{}, false, err
+	}
+	ok = true
+	o.log.Info("task queued", "task_id", id, "agent", spec.Agent, "runtime", spec.Runtime)
+	return t, false, nil
+}
+
+// validate checks every field and returns the task's spec with defaults
+// filled in, or every problem at once.
+func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
+	var errs []error
+	bad := func(field, format string, args ...any) { errs = append(errs, errdefs.Field(field, fmt.Sprintf(format, args...))) }
+	lim := o.opts.Limits
+
+	desc := req.TaskDescription
+	switch {
+	case strings.TrimSpace(desc) == "":
+		bad("task_description", "is required and must not be blank")
+	case !utf8.ValidString(desc) || strings.ContainsRune(desc, 0):
+		bad("task_description", "must be UTF-8 text without NUL bytes")
+	case lim.MaxPromptBytes > 0 && int64(len(desc)) > lim.MaxPromptBytes:
+		errs = append(errs, &errdefs.FieldError{Field: "task_description", Err: fmt.Errorf("is %d bytes, over the limit of %s: %w", len(desc), units.FormatSize(lim.MaxPromptBytes), errdefs.ErrTooLarge)})
+	}
+
+	spec := task.Spec{
+		Description:    desc,
+		Agent:          req.Agent,
+		Model:          req.Model,
+		Command:        req.Command,
+		TimeoutMinutes: req.TimeoutMinutes,
+		Runtime:        req.Runtime,
+		Image:          req.Image,
+		Network:        req.Network,
+		Resources:      o.opts.Defaults.Resources,
+		Labels:         req.Labels,
+		IdempotencyKey: req.IdempotencyKey,
+		Origin:         task.Origin{ConversationID: req.ConversationID, InterfaceType: req.InterfaceType, UserName: req.UserName},
+	}
+
+	// The seed's model is the agent choice ("claude" or "gemini"); any other
+	// value is a model name passed to the agent.
+	if spec.Agent == "" && task.KnownAgent(spec.Model) {
+		spec.Agent, spec.Model = spec.Model, ""
+	} else if spec.Agent != "" && spec.Model == spec.Agent {
+		spec.Model = ""
+	}
+	if spec.Agent == "" {
+		spec.Agent = o.opts.Defaults.Agent
+		if len(req.Command) > 0 && req.Agent == "" && req.Model == "" {
+			spec.Agent = task.AgentCommand
+		}
+	}
+	switch {
+	case !task.KnownAgent(spec.Agent):
+		bad("agent", "%q is not an agent (one of: claude, gemini, codex, opencode, command)", truncate(spec.Agent, 64))
+	case o.opts.Agents != nil && o.opts.AgentMissing != nil:
+		if why := o.opts.AgentMissing(spec.Agent, o.opts.Agents[spec.Agent]); why != "" {
+			errs = append(errs, &errdefs.FieldError{Field: "agent", Err: fmt.Errorf("%s: %w", why, errdefs.ErrFailedPrecondition)})
+		}
+	}
+	if len(spec.Model) > maxShortField || strings.ContainsAny(spec.Model, "\x00\n") {
+		bad("model", "must be a model name of at most %d bytes", maxShortField)
+	}
+	if spec.Agent == task.AgentCommand {
+		if len(req.Command) == 0 {
+			bad("command", "is required for the command agent (the argv to run in /task)")
+		}
+	} else if len(req.Command) > 0 {
+		bad("command", "applies only to the command agent, not %q", spec.Agent)
+	}
+	if len(req.Command) > maxCommandArgs {
+		bad("command", "has %d arguments, over the limit of %d", len(req.Command), maxCommandArgs)
+	}
+	for i, a := range req.Command {
+		if len(a) > maxArgBytes || strings.ContainsRune(a, 0) || !utf8.ValidString(a) {
+			bad(fmt.Sprintf("command[%d]", i), "must be UTF-8 without NUL bytes, at most %d bytes", maxArgBytes)
+		}
+	}
+	if i := len(req.Command); i > 0 && strings.TrimSpace(req.Command[0]) == "" {
+		bad("command[0]", "must name a program")
+	}
+
+	if spec.TimeoutMinutes == 0 {
+		spec.TimeoutMinutes = lim.DefaultTimeoutMin
+	}
+	if spec.TimeoutMinutes < 1 || spec.TimeoutMinutes > lim.MaxTimeoutMin {
+		bad("timeout_minutes", "must be between 1 and %d, got %d", lim.MaxTimeoutMin, req.TimeoutMinutes)
+	}
+
+	if spec.Runtime == "" {
+		spec.Runtime = o.opts.Defaults.Runtime
+	}
+	if why, ok := o.opts.Runtimes[spec.Runtime]; !ok {
+		bad("runtime", "%q is not a runtime (one of: local, gvisor, docker, kubernetes)", truncate(spec.Runtime, 64))
+	} else if why != "" {
+		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", spec.Runtime, why, errdefs.ErrFailedPrecondition)})
+	}
+	if spec.Image != "" && (spec.Runtime == "local" || spec.Runtime == "gvisor") {
+		bad("image", "applies only to the docker and kubernetes runtimes; %q runs the host's /usr", spec.Runtime)
+	}
+	if spec.Network == "" {
+		spec.Network = o.opts.Defaults.Network
+	}
+	if why, ok := o.opts.Networks[spec.Network]; !ok {
+		bad("network", "%q is not a network policy (one of: none, allowlist, open)", truncate(spec.Network, 64))
+	} else if why != "" {
+		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q is not available: %s: %w", spec.Network, why, errdefs.ErrFailedPrecondition)})
+	}
+
+	if r := req.Resources; r != nil {
+		if r.MemoryLimit != "" {
+			n, err := units.ParseSize(r.MemoryLimit)
+			if err != nil || n < 16<<20 {
+				bad("resources.memory_limit", "must be a size of at least 16Mi (e.g. 512Mi, 2Gi), got %q", truncate(r.MemoryLimit, 32))
+			}
+			spec.Resources.MemoryBytes = n
+		}
+		if r.CPULimit != "" {
+			n, err := units.ParseCPU(r.CPULimit)
+			if err != nil {
+				bad("resources.cpu_limit", "%v", err)
+			}
+			spec.Resources.CPUMillis = n
+		}
+		if r.PidsLimit != 0 {
+			if r.PidsLimit < 8 || r.PidsLimit > 1<<20 {
+				bad("resources.pids_limit", "must be between 8 and 1048576, got %d", r.PidsLimit)
+			}
+			spec.Resources.Pids = r.PidsLimit
+		}
+	}
+
+	if len(req.ContextFiles) > maxContextFiles {
+		bad("context_files", "has %d files, over the limit of %d", len(req.ContextFiles), maxContextFiles)
+	}
+	seen := map[string]bool{}
+	for i, p := range req.ContextFiles {
+		field := fmt.Sprintf("context_files[%d]", i)
+		c, err := workspace.Clean(p)
+		if err != nil {
+			errs = append(errs, &errdefs.FieldError{Field: field, Err: err})
+			continue
+		}
+		if c == "." {
+			bad(field, "must name a file under shared/")
+			continue
+		}
+		if seen[path.Base(c)] {
+			bad(field, "another context file has the name %q", path.Base(c))
+			continue
+		}
+		seen[path.Base(c)] = true
+		spec.ContextFiles = append(spec.ContextFiles, c)
+	}
+
+	for name, f := range map[string]string{"conversation_id": req.ConversationID, "interface_type": req.InterfaceType, "user_name": req.UserName, "idempotency_key": req.IdempotencyKey} {
+		if len(f) > maxShortField || strings.ContainsRune(f, 0) || !utf8.ValidString(f) {
+			bad(name, "must be UTF-8 of at most %d bytes", maxShortField)
+		}
+	}
+	if len(req.Labels) > maxLabels {
+		bad("labels", "has %d labels, over the limit of %d", len(req.Labels), maxLabels)
+	}
+	for k, v := range req.Labels {
+		if !labelKey.MatchString(k) {
+			bad("labels", "key %q must be lowercase letters, digits, '.', '_', '/' or '-', at most 63", truncate(k, 64))
+		}
+		if len(v) > maxShortField || !utf8.ValidString(v) {
+			bad("labels."+k, "must be UTF-8 of at most %d bytes", maxShortField)
+		}
+	}
+	return spec, errors.Join(errs...)
+}
+
+// copyContext copies the context files from shared/ into context/. Copies,
+// not links: the worker may change its copy, never the shared original, and
+// the task sees the files as they were when it was spawned.
+func (o *Orchestrator) copyContext(dir *os.Root, files []string) error {
+	budget := o.opts.Limits.MaxContextBytes
+	for i, f := range files {
+		n, err := workspace.CopyFile(o.data.Shared(), f, dir, "context/"+path.Base(f), budget)
+		if err != nil {
+			return &errdefs.FieldError{Field: fmt.Sprintf("context_files[%d]", i), Err: err}
+		}
+		budget -= n
+	}
+	return nil
+}
+
+// requestHash identifies a spawn request's arguments, without the key.
+func requestHash(req SpawnRequest) string {
+	req.IdempotencyKey = ""
+	b, _ := json.Marshal(req)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12])
+}
+
+// requestHashOf returns the request hash recorded when a task was created.
+func (o *Orchestrator) requestHashOf(ctx context.Context, id string) string {
+	evs, err := o.store.ReadStream(ctx, task.StreamID(id), 0)
+	if err != nil || len(evs) == 0 || evs[0].Type != task.EventCreated {
+		return ""
+	}
+	var c task.Created
+	json.Unmarshal(evs[0].Data, &c)
+	return c.RequestHash
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,302 @@
+// Package projection folds events into current state: the tasks "table" of
+// SPEC §3. It is never written on its own — only by applying events read
+// from the store — and it is rebuilt from the whole log at start-up.
+//
+// Writers change a task with Update, which appends with the task's expected
+// stream version and returns once the projection has applied the new
+// events, so a caller reads its own writes.
+package projection
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// Tasks is the current state of every task. It is safe for concurrent use.
+type Tasks struct {
+	store eventstore.Store
+	log   *slog.Logger
+
+	mu      sync.RWMutex
+	tasks   map[string]*task.Task
+	byKey   map[string]string // idempotency key → task id
+	pos     int64             // position of the last applied event
+	changed chan struct{}     // closed and replaced on every apply
+}
+
+// New returns an empty projection over store. Call Rebuild, then Run.
+func New(store eventstore.Store, log *slog.Logger) *Tasks {
+	return &Tasks{store: store, log: log, tasks: map[string]*task.Task{}, byKey: map[string]string{}, changed: make(chan struct{})}
+}
+
+// Rebuild applies every event in the store up to its current end.
+func (p *Tasks) Rebuild(ctx context.Context) error {
+	for {
+		p.mu.RLock()
+		after := p.pos
+		p.mu.RUnlock()
+		evs, err := p.store.ReadAll(ctx, after, 1024)
+		if err != nil {
+			return fmt.Errorf("rebuild tasks: %w", err)
+		}
+		if len(evs) == 0 {
+			return nil
+		}
+		p.apply(evs...)
+	}
+}
+
+// Run applies new events as the store commits them until ctx is done.
+func (p *Tasks) Run(ctx context.Context) error {
+	p.mu.RLock()
+	sub := eventstore.Subscribe(p.store, p.pos)
+	p.mu.RUnlock()
+	for {
+		e, err := sub.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("follow events: %w", err)
+		}
+		p.apply(e)
+	}
+}
+
+func (p *Tasks) apply(evs ...eventstore.Event) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range evs {
+		if e.Position <= p.pos {
+			continue // already applied (Rebuild and Run overlap)
+		}
+		p.pos = e.Position
+		id := task.IDFromStream(e.StreamID)
+		if id == "" {
+			continue
+		}
+		t := p.tasks[id]
+		if t == nil {
+			if e.Type != task.EventCreated {
+				p.log.Warn("event for unknown task", logkey.TaskID, id, logkey.EventID, e.ID)
+				continue
+			}
+			t = &task.Task{ID: id}
+		}
+		next := *t
+		if err := next.Apply(e.Type, e.Data, e.StreamVersion, e.RecordedAt, e.Position); err != nil {
+			p.log.Error("cannot apply event", logkey.TaskID, id, logkey.EventID, e.ID, logkey.Error, err)
+			continue
+		}
+		p.tasks[id] = &next
+		if t.Version == 0 && next.IdempotencyKey != "" {
+			p.byKey[next.IdempotencyKey] = id
+		}
+	}
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// Position returns the position of the last applied event.
+func (p *Tasks) Position() int64 {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.pos
+}
+
+// Changed returns a channel closed at the next apply.
+func (p *Tasks) Changed() <-chan struct{} {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.changed
+}
+
+// WaitPosition blocks until events up to pos are applied or ctx is done.
+func (p *Tasks) WaitPosition(ctx context.Context, pos int64) error {
+	for {
+		p.mu.RLock()
+		done, ch := p.pos >= pos, p.changed
+		p.mu.RUnlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Get returns a task, or an error of class errdefs.ErrNotFound.
+func (p *Tasks) Get(id string) (task.Task, error) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	t, ok := p.tasks[id]
+	if !ok {
+		return task.Task{}, fmt.Errorf("task %s: %w", id, errdefs.ErrNotFound)
+	}
+	return *t, nil
+}
+
+// ByIdempotencyKey returns the task spawned with key.
+func (p *Tasks) ByIdempotencyKey(key string) (task.Task, bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	id, ok := p.byKey[key]
+	if !ok {
+		return task.Task{}, false
+	}
+	return *p.tasks[id], true
+}
+
+// Filter selects tasks for List.
+type Filter struct {
+	Status         task.Status
+	ConversationID string
+	Before         string // only tasks with an id (creation order) before this one
+	Limit          int
+}
+
+// List returns the tasks matching f, newest first, and whether more match.
+func (p *Tasks) List(f Filter) ([]task.Task, bool) {
+	p.mu.RLock()
+	out := make([]task.Task, 0, len(p.tasks))
+	for _, t := range p.tasks {
+		if (f.Status == "" || t.Status == f.Status) &&
+			(f.ConversationID == "" || t.ConversationID == f.ConversationID) &&
+			(f.Before == "" || t.ID < f.Before) {
+			out = append(out, *t)
+		}
+	}
+	p.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID > out[j].ID })
+	if f.Limit > 0 && len(out) > f.Limit {
+		return out[:f.Limit], true
+	}
+	return out, false
+}
+
+// Select returns the tasks for which keep is true, in queue order (the
+// position of their queued event), then creation order.
+func (p *Tasks) Select(keep func(*task.Task) bool) []task.Task {
+	p.mu.RLock()
+	var out []task.Task
+	for _, t := range p.tasks {
+		if keep(t) {
+			out = append(out, *t)
+		}
+	}
+	p.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].QueueSeq != out[j].QueueSeq {
+			return out[i].QueueSeq < out[j].QueueSeq
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// Counts returns how many tasks are in each status.
+func (p *Tasks) Counts() map[task.Status]int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	c := map[task.Status]int{}
+	for _, t := range p.tasks {
+		c[t.Status]++
+	}
+	return c
+}
+
+// NewEvent makes an event to append, marshalling payload (nil for none).
+func NewEvent(typ string, payload any, actor string) eventstore.Proposed {
+	data := json.RawMessage("{}")
+	if payload != nil {
+		b, err := json.Marshal(payload)
+		if err != nil {
+			panic(fmt.Sprintf("marshal %s payload: %v", typ, err)) // payloads are plain structs
+		}
+		data = b
+	}
+	return eventstore.Proposed{Type: typ, SchemaVersion: task.SchemaVersion, Data: data, Actor: actor}
+}
+
+// Create appends a new task's first events to a stream that must not exist.
+func (p *Tasks) Create(ctx context.Context, id string, evs ...eventstore.Proposed) (task.Task, error) {
+	return p.append(ctx, id, 0, evs)
+}
+
+// ErrNoChange is returned by an Update decision that has nothing to append.
+var ErrNoChange = errors.New("no change")
+
+// Update changes a task: decide looks at the current task and returns the
+// events to append (or ErrNoChange, or another error to stop). Update
+// appends them with the task's version as the expected version and, on a
+// conflict with another writer, waits for the projection and decides again.
+// It returns the task after the append.
+func (p *Tasks) Update(ctx context.Context, id string, decide func(task.Task) ([]eventstore.Proposed, error)) (task.Task, error) {
+	for attempt := 0; ; attempt++ {
+		t, err := p.Get(id)
+		if err != nil {
+			return task.Task{}, err
+		}
+		evs, err := decide(t)
+		if errors.Is(err, ErrNoChange) || (err == nil && len(evs) == 0) {
+			return t, nil
+		}
+		if err != nil {
+			return t, err
+		}
+		nt, err := p.append(ctx, id, t.Version, evs)
+		if errors.Is(err, eventstore.ErrVersionConflict) && attempt < 50 {
+			// Another writer got there first; wait until we see its event.
+			wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			select {
+			case <-p.Changed():
+			case <-wctx.Done():
+			}
+			cancel()
+			continue
+		}
+		return nt, err
+	}
+}
+
+func (p *Tasks) append(ctx context.Context, id string, expected int64, evs []eventstore.Proposed) (task.Task, error) {
+	got, err := p.store.Append(ctx, task.StreamID(id), expected, evs...)
+	if err != nil {
+		return task.Task{}, fmt.Errorf("record %s for task %s: %w", evs[0].Type, id, err)
+	}
+	if err := p.CatchUp(ctx, got[len(got)-1].Position); err != nil {
+		return task.Task{}, err
+	}
+	return p.Get(id)
+}
+
+// CatchUp reads and applies events until the projection has applied pos.
+// It reads the store itself instead of waiting for Run, so a writer sees its
+// own events at once.
+func (p *Tasks) CatchUp(ctx context.Context, pos int64) error {
+	for p.Position() < pos {
+		evs, err := p.store.ReadAll(ctx, p.Position(), 1024)
+		if err != nil {
+			return fmt.Errorf("catch up with events: %w", err)
+		}
+		if len(evs) == 0 {
+			return p.WaitPosition(ctx, pos)
+		}
+		p.apply(evs...)
+	}
+	return nil
+}

@@ -1,0 +1,253 @@
+//go:build linux
+
+package local
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/sandbox"
+)
+
+// validateID checks a sandbox id: 1 to 63 lowercase letters, digits and
+// hyphens (it names a directory and a cgroup).
+func validateID(id string) error {
+	if id == "" || len(id) > 63 {
+		return errdefs.Field("id", "must be 1 to 63 characters")
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return errdefs.Field("id", "must contain only lowercase letters, digits and hyphens")
+		}
+	}
+	return nil
+}
+
+// validateSpec returns every problem with spec at once.
+func validateSpec(spec sandbox.Spec) error {
+	var errs []error
+	if err := validateID(spec.ID); err != nil {
+		errs = append(errs, err)
+	}
+	if len(spec.Command) == 0 || spec.Command[0] == "" {
+		errs = append(errs, errdefs.Field("command", "must not be empty"))
+	}
+	if spec.Dir != "" && !cleanAbs(spec.Dir) {
+		errs = append(errs, errdefs.Field("dir", "must be an absolute, clean path"))
+	}
+	for i, e := range spec.Env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			errs = append(errs, errdefs.Field(fmt.Sprintf("env[%d]", i), "must be KEY=VALUE"))
+		}
+	}
+	for i, m := range spec.Mounts {
+		f := fmt.Sprintf("mounts[%d]", i)
+		if !cleanAbs(m.Target) || m.Target == "/" {
+			errs = append(errs, errdefs.Field(f+".target", "must be an absolute, clean path other than /"))
+		} else if reservedTarget(m.Target) {
+			errs = append(errs, errdefs.Field(f+".target", "must not replace a system directory"))
+		}
+		if !filepath.IsAbs(m.Source) {
+			errs = append(errs, errdefs.Field(f+".source", "must be an absolute host path"))
+		} else if _, err := os.Stat(m.Source); err != nil {
+			errs = append(errs, errdefs.Field(f+".source", "does not exist"))
+		}
+	}
+	if spec.Limits.MemoryBytes < 0 || spec.Limits.CPUMillis < 0 || spec.Limits.Pids < 0 || spec.Limits.WallClock < 0 {
+		errs = append(errs, errdefs.Field("limits", "must not be negative"))
+	}
+	switch spec.Network {
+	case "", sandbox.NetworkNone, sandbox.NetworkEgress:
+	default:
+		errs = append(errs, errdefs.Field("network", "must be none or egress"))
+	}
+	return errors.Join(errs...)
+}
+
+func cleanAbs(p string) bool {
+	return filepath.IsAbs(p) && filepath.Clean(p) == p && !strings.ContainsRune(p, 0)
+}
+
+// reservedTarget reports whether a mount at target would hide or replace
+// what the runtime itself sets up.
+func reservedTarget(target string) bool {
+	for _, r := range []string{"/usr", "/proc", "/dev", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"} {
+		if target == r || strings.HasPrefix(target, r+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// hostEtcBinds are the host /etc entries a sandbox sees read-only when they
+// exist: CA certificates, the dynamic linker cache, time zone, alternatives.
+var hostEtcBinds = []string{"alternatives", "ssl", "ca-certificates", "ld.so.cache", "localtime"}
+
+// writeEtc writes the sandbox's minimal /etc into dir, including empty mount
+// points for the host entries bound over it (the directory itself is bound
+// read-only, so bwrap could not create them inside).
+func writeEtc(dir string, uid, gid int) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create etc dir: %w", err)
+	}
+	u, g := strconv.Itoa(uid), strconv.Itoa(gid)
+	files := map[string]string{
+		"passwd":        "root:x:0:0:root:/root:/usr/sbin/nologin\nworker:x:" + u + ":" + g + ":worker:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+		"group":         "root:x:0:\nworker:x:" + g + ":\nnogroup:x:65534:\n",
+		"hosts":         "127.0.0.1\tlocalhost corral\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+		"hostname":      "corral\n",
+		"nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return nil, fmt.Errorf("write etc/%s: %w", name, err)
+		}
+	}
+	var binds []string
+	for _, name := range hostEtcBinds {
+		st, err := os.Stat(filepath.Join("/etc", name))
+		if err != nil {
+			continue
+		}
+		mp := filepath.Join(dir, name)
+		if st.IsDir() {
+			err = os.Mkdir(mp, 0o755)
+		} else {
+			err = os.WriteFile(mp, nil, 0o644)
+		}
+		if err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("create etc mount point %s: %w", name, err)
+		}
+		binds = append(binds, name)
+	}
+	return binds, nil
+}
+
+// rootfsArgs returns the bwrap arguments for the host system directories:
+// /usr read-only, and /bin, /sbin, /lib* as the same symlinks as on the host
+// when /usr is merged, else read-only binds.
+func rootfsArgs() []string {
+	args := []string{"--ro-bind", "/usr", "/usr"}
+	for _, d := range []string{"/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"} {
+		fi, err := os.Lstat(d)
+		if err != nil {
+			continue
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			target, err := os.Readlink(d)
+			if err != nil {
+				continue
+			}
+			args = append(args, "--symlink", target, d)
+			continue
+		}
+		if fi.IsDir() {
+			args = append(args, "--ro-bind", d, d)
+		}
+	}
+	return args
+}
+
+// bwrapArgs builds bwrap's arguments (without the program name) for spec.
+// etcDir is the generated /etc, etcBinds the host entries bound over it.
+func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) []string {
+	args := []string{
+		"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+		// NetworkEgress too gets a private network namespace with only
+		// loopback: the egress proxy is reached through a Unix socket
+		// the caller mounts (under /run/corral), never the host network.
+		"--unshare-net",
+		"--uid", strconv.Itoa(o.UID), "--gid", strconv.Itoa(o.GID),
+		"--hostname", "corral",
+		"--new-session",
+		// Kills the sandbox's pid 1, and so every process in it, when the
+		// main process has exited (bwrap then exits) or the launcher dies.
+		"--die-with-parent",
+		"--json-status-fd", "3",
+	}
+	args = append(args, rootfsArgs()...)
+	args = append(args,
+		"--proc", "/proc",
+		"--dev", "/dev",
+		"--size", strconv.FormatInt(o.TmpSize, 10), "--tmpfs", "/tmp",
+		"--ro-bind", etcDir, "/etc",
+	)
+	for _, name := range etcBinds {
+		args = append(args, "--ro-bind", filepath.Join("/etc", name), filepath.Join("/etc", name))
+	}
+	for _, m := range spec.Mounts {
+		flag := "--bind"
+		if m.ReadOnly {
+			flag = "--ro-bind"
+		}
+		args = append(args, flag, m.Source, m.Target)
+	}
+	// The root tmpfs (holding the mount points) is made read-only last, so
+	// only /tmp and read-write mounts can be written.
+	args = append(args, "--remount-ro", "/")
+	args = append(args, "--clearenv")
+	for _, e := range sandboxEnv(spec.Env) {
+		k, v, _ := strings.Cut(e, "=")
+		args = append(args, "--setenv", k, v)
+	}
+	dir := spec.Dir
+	if dir == "" {
+		dir = "/tmp"
+	}
+	args = append(args, "--chdir", dir, "--")
+	return append(args, spec.Command...)
+}
+
+// sandboxEnv is env with defaults for PATH, HOME, USER and TMPDIR where env
+// does not set them. Later entries win, as with execve.
+func sandboxEnv(env []string) []string {
+	defaults := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=/tmp",
+		"USER=worker",
+		"TMPDIR=/tmp",
+		"LANG=C.UTF-8",
+	}
+	set := map[string]bool{}
+	for _, e := range env {
+		k, _, _ := strings.Cut(e, "=")
+		set[k] = true
+	}
+	var out []string
+	for _, d := range defaults {
+		k, _, _ := strings.Cut(d, "=")
+		if !set[k] {
+			out = append(out, d)
+		}
+	}
+	return append(out, env...)
+}
+
+// launcherScript is the sandbox's launcher, run by /bin/sh: it writes its
+// own pid into every cgroup.procs file given as an argument up to "--", then
+// runs the rest (bwrap) as its child and exits with its status.
+//
+// Why a shell, not the server: the server never forks into a cgroup or a
+// user namespace itself (Go would fork instead of vfork, and launch time
+// would grow with the heap), and bwrap starts inside the sandbox's cgroups
+// before it forks anything. Why bwrap is a child, not exec'd: bwrap runs
+// with --die-with-parent, so when the main process exits, bwrap exits and
+// the kernel kills the sandbox's pid 1 and with it every leftover process;
+// the launcher is bwrap's parent, in its own session, so the server dying
+// does not take bwrap (and the sandbox) with it. The paths are arguments,
+// never part of the script.
+const launcherScript = `for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 126; shift; done; shift; "$@"; rc=$?; exit $rc`
+
+// launcher returns the argv that runs argv as a child of a shell inside the
+// cgroups whose cgroup.procs files are procs.
+func launcher(procs []string, argv []string) []string {
+	out := []string{"/bin/sh", "-c", launcherScript, "sh"}
+	out = append(out, procs...)
+	out = append(out, "--")
+	return append(out, argv...)
+}

@@ -1,0 +1,237 @@
+//go:build linux
+
+package local
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// mustFakeCgroupfs builds a fake cgroupfs in a temp dir: v2 has the root's
+// cgroup.controllers and subtree_control, v1 has one dir per controller.
+func mustFakeCgroupfs(tb testing.TB, v2 bool) string {
+	tb.Helper()
+	root := tb.TempDir()
+	write := func(path, content string) {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			tb.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if v2 {
+		write(filepath.Join(root, "cgroup.controllers"), "cpuset cpu io memory pids\n")
+		write(filepath.Join(root, "cgroup.subtree_control"), "memory\n")
+		// The kernel creates subtree_control in every new cgroup.
+		write(filepath.Join(root, "corral", "cgroup.subtree_control"), "")
+		return root
+	}
+	for _, c := range cgroupV1Controllers {
+		write(filepath.Join(root, c, "cgroup.procs"), "")
+	}
+	return root
+}
+
+func readFiles(tb testing.TB, dir string) map[string]string {
+	tb.Helper()
+	got := map[string]string{}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, e := range ents {
+		b, _ := os.ReadFile(filepath.Join(dir, e.Name()))
+		got[e.Name()] = string(b)
+	}
+	return got
+}
+
+func TestCgroupsV2Fake(t *testing.T) {
+	root := mustFakeCgroupfs(t, true)
+	cg, err := detectCgroups(root, "corral")
+	if err != nil || !cg.v2 {
+		t.Fatalf("detectCgroups = %+v, %v; want v2", cg, err)
+	}
+	if err := cg.prepare(); err != nil {
+		t.Fatalf("prepare: %v", err)
+	}
+	// Only the controllers not yet enabled are added.
+	if got, _ := os.ReadFile(filepath.Join(root, "cgroup.subtree_control")); string(got) != "+pids +cpu" {
+		t.Errorf("root subtree_control = %q, want %q", got, "+pids +cpu")
+	}
+	if got, _ := os.ReadFile(filepath.Join(root, "corral", "cgroup.subtree_control")); string(got) != "+memory +pids +cpu" {
+		t.Errorf("corral subtree_control = %q, want %q", got, "+memory +pids +cpu")
+	}
+	// memory.swap.max exists only with swap accounting; pre-create it.
+	if err := os.MkdirAll(filepath.Join(root, "corral", "sb-1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(root, "corral", "sb-1", "memory.swap.max"), []byte("max"), 0o644)
+	dirs, err := cg.create("sb-1", sandbox.Limits{MemoryBytes: 64 << 20, CPUMillis: 1500, Pids: 100})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if want := []string{filepath.Join(root, "corral", "sb-1")}; !cmp.Equal(dirs, want) {
+		t.Errorf("dirs = %v, want %v", dirs, want)
+	}
+	want := map[string]string{"memory.max": "67108864", "memory.swap.max": "0", "pids.max": "100", "cpu.max": "150000 100000"}
+	if diff := cmp.Diff(want, readFiles(t, dirs[0])); diff != "" {
+		t.Errorf("limit files (-want +got):\n%s", diff)
+	}
+
+	os.WriteFile(filepath.Join(dirs[0], "memory.events"), []byte("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n"), 0o644)
+	if oomKilled(dirs) {
+		t.Errorf("oomKilled with oom_kill 0")
+	}
+	os.WriteFile(filepath.Join(dirs[0], "memory.events"), []byte("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n"), 0o644)
+	if !oomKilled(dirs) {
+		t.Errorf("oomKilled with oom_kill 1 = false")
+	}
+	os.WriteFile(filepath.Join(dirs[0], "cgroup.procs"), []byte("12\n34\n"), 0o644)
+	if got := cgroupPids(dirs); !cmp.Equal(got, []int{12, 34}) {
+		t.Errorf("cgroupPids = %v", got)
+	}
+}
+
+func TestCgroupsV1Fake(t *testing.T) {
+	root := mustFakeCgroupfs(t, false)
+	cg, err := detectCgroups(root, "corral")
+	if err != nil || cg.v2 {
+		t.Fatalf("detectCgroups = %+v, %v; want v1", cg, err)
+	}
+	if err := cg.prepare(); err != nil {
+		t.Fatalf("prepare: %v", err)
+	}
+	dirs, err := cg.create("sb-1", sandbox.Limits{MemoryBytes: 1 << 20, CPUMillis: 250, Pids: 7})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if len(dirs) != 3 {
+		t.Fatalf("dirs = %v, want memory, pids, cpu", dirs)
+	}
+	for i, want := range []map[string]string{
+		{"memory.limit_in_bytes": "1048576"}, // no memsw file: no swap accounting
+		{"pids.max": "7"},
+		{"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "25000"},
+	} {
+		if diff := cmp.Diff(want, readFiles(t, dirs[i])); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", dirs[i], diff)
+		}
+	}
+	os.WriteFile(filepath.Join(dirs[0], "memory.oom_control"), []byte("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"), 0o644)
+	if !oomKilled(dirs) {
+		t.Errorf("oomKilled with v1 oom_kill 2 = false")
+	}
+}
+
+func TestCgroupsNoLimitsWritesNothing(t *testing.T) {
+	root := mustFakeCgroupfs(t, true)
+	cg, _ := detectCgroups(root, "corral")
+	dirs, err := cg.create("sb-2", sandbox.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFiles(t, dirs[0]); len(got) != 0 {
+		t.Errorf("files written without limits: %v", got)
+	}
+}
+
+func TestCgroupsDetect(t *testing.T) {
+	if _, err := detectCgroups(t.TempDir(), "corral"); err == nil {
+		t.Errorf("detectCgroups of an empty dir succeeded")
+	}
+	for _, parent := range []string{"/abs", "../up", ""} {
+		if _, err := detectCgroups(mustFakeCgroupfs(t, true), parent); err == nil {
+			t.Errorf("detectCgroups with parent %q succeeded", parent)
+		}
+	}
+}
+
+// TestCgroupsReal creates, limits and removes a cgroup on this host's real
+// hierarchy (v1 here, v2 on most production hosts).
+func TestCgroupsReal(t *testing.T) {
+	testenv.RequireRoot(t)
+	cg, err := detectCgroups("/sys/fs/cgroup", "corral-test")
+	if err == nil {
+		err = cg.prepare()
+	}
+	if err != nil {
+		testenv.Missing(t, "writable cgroup hierarchy: "+err.Error())
+	}
+	dirs, err := cg.create("real-1", sandbox.Limits{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 10})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	t.Cleanup(func() { removeCgroups(dirs) })
+	read := func(name string) string {
+		for _, d := range dirs {
+			if b, err := os.ReadFile(filepath.Join(d, name)); err == nil {
+				return strings.TrimSpace(string(b))
+			}
+		}
+		return ""
+	}
+	if cg.v2 {
+		if got := read("memory.max"); got != "67108864" {
+			t.Errorf("memory.max = %q", got)
+		}
+		if got := read("cpu.max"); got != "50000 100000" {
+			t.Errorf("cpu.max = %q", got)
+		}
+	} else {
+		if got := read("memory.limit_in_bytes"); got != "67108864" {
+			t.Errorf("memory.limit_in_bytes = %q", got)
+		}
+		if got := read("cpu.cfs_quota_us"); got != "50000" {
+			t.Errorf("cpu.cfs_quota_us = %q", got)
+		}
+	}
+	if got := read("pids.max"); got != "10" {
+		t.Errorf("pids.max = %q", got)
+	}
+	if oomKilled(dirs) {
+		t.Errorf("fresh cgroup reports an OOM kill")
+	}
+	if err := removeCgroups(dirs); err != nil {
+		t.Fatalf("removeCgroups: %v", err)
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("%s still exists", d)
+		}
+	}
+}
+
+func TestValidateSpec(t *testing.T) {
+	ok := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: t.TempDir(), Target: "/task"}}}
+	if err := validateSpec(ok); err != nil {
+		t.Errorf("valid spec: %v", err)
+	}
+	for name, mod := range map[string]func(*sandbox.Spec){
+		"long id":         func(s *sandbox.Spec) { s.ID = strings.Repeat("a", 64) },
+		"underscore id":   func(s *sandbox.Spec) { s.ID = "a_b" },
+		"unclean target":  func(s *sandbox.Spec) { s.Mounts[0].Target = "/task/../etc" },
+		"root target":     func(s *sandbox.Spec) { s.Mounts[0].Target = "/" },
+		"system target":   func(s *sandbox.Spec) { s.Mounts[0].Target = "/usr/lib" },
+		"missing source":  func(s *sandbox.Spec) { s.Mounts[0].Source = "/nonexistent/x" },
+		"relative dir":    func(s *sandbox.Spec) { s.Dir = "task" },
+		"bad env":         func(s *sandbox.Spec) { s.Env = []string{"NOEQUALS"} },
+		"negative limit":  func(s *sandbox.Spec) { s.Limits.Pids = -1 },
+		"unknown network": func(s *sandbox.Spec) { s.Network = "open" },
+	} {
+		sp := ok
+		sp.Mounts = append([]sandbox.Mount(nil), ok.Mounts...)
+		mod(&sp)
+		if err := validateSpec(sp); err == nil {
+			t.Errorf("%s: validateSpec succeeded", name)
+		}
+	}
+}

@@ -1,0 +1,722 @@
+//go:build linux
+
+// Package local runs sandboxes on this machine with bubblewrap (bwrap) and
+// cgroups.
+//
+// Isolation: each sandbox gets new user, mount, pid, network (loopback
+// only), IPC, UTS and (where supported) cgroup namespaces, runs as uid/gid
+// 1000 with no capabilities and no_new_privs, and sees a read-only host /usr
+// (with /bin, /sbin, /lib* as on the host), its own /proc and /dev, a size
+// limited /tmp, a generated read-only /etc and only the mounts its Spec
+// names. The root file system is a read-only tmpfs. Memory, CPU and pids
+// limits use cgroups v1 or v2 when the hierarchy is writable (root, or a
+// delegated subtree); otherwise sandboxes run without limits and
+// Capabilities says so. Seccomp filters are not installed yet.
+//
+// Host requirements: Linux with unprivileged or root user namespaces,
+// bubblewrap (apt-get install -y bubblewrap), /bin/sh, and nsenter
+// (util-linux) for Exec.
+//
+// Sandboxes outlive the server: bwrap runs in its own session with no
+// parent-death signal, stdin from /dev/null and output to a file. Everything
+// needed to find a sandbox again lives in StateDir/<id>/: state.json (the
+// Handle's state), status.jsonl (bwrap's --json-status-fd: the sandbox's
+// pid 1 at start, its exit code at the end), output.log and etc/.
+//
+// Lifecycle of one sandbox: Create → running → exited (main process ended,
+// by itself or by Stop) → Destroy removes it. Runtime is safe for concurrent
+// use; calls on one id are serialised where they change state.
+package local
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/sandbox"
+)
+
+var _ sandbox.Runtime = (*Runtime)(nil)
+
+// Name is the runtime's name in Handles and configuration.
+const Name = "local"
+
+// stateVersion is the schema version of state, stored in Handle.Version.
+const stateVersion = 1
+
+// Options configure a Runtime. Zero fields take the documented defaults.
+type Options struct {
+	// StateDir is the host directory holding one subdirectory per sandbox.
+	// Required. Two Runtimes over one StateDir see the same sandboxes.
+	StateDir string
+	// Bwrap is the bubblewrap binary; default "bwrap" from PATH.
+	Bwrap string
+	// Nsenter is the nsenter binary used by Exec; default "nsenter" from PATH.
+	Nsenter string
+	// CgroupRoot is the cgroupfs mount point; default /sys/fs/cgroup
+	// (v2 if it has cgroup.controllers, else v1 hierarchies under it).
+	CgroupRoot string
+	// CgroupParent is the parent cgroup of every sandbox's cgroup, relative
+	// to the hierarchy root; default "corral".
+	CgroupParent string
+	// DisableCgroups runs sandboxes without cgroups (and without limits).
+	DisableCgroups bool
+	// TmpSize bounds the sandbox's /tmp in bytes; default 256 MiB.
+	TmpSize int64
+	// UID and GID of the sandbox's processes inside it; default 1000.
+	UID, GID int
+}
+
+func (o *Options) setDefaults() {
+	if o.Bwrap == "" {
+		o.Bwrap = "bwrap"
+	}
+	if o.Nsenter == "" {
+		o.Nsenter = "nsenter"
+	}
+	if o.CgroupRoot == "" {
+		o.CgroupRoot = "/sys/fs/cgroup"
+	}
+	if o.CgroupParent == "" {
+		o.CgroupParent = "corral"
+	}
+	if o.TmpSize == 0 {
+		o.TmpSize = 256 << 20
+	}
+	if o.UID == 0 {
+		o.UID = 1000
+	}
+	if o.GID == 0 {
+		o.GID = 1000
+	}
+}
+
+// Runtime is the local bubblewrap runtime. Create it with New.
+type Runtime struct {
+	opts   Options
+	log    *slog.Logger
+	cg     *cgroups // nil: no cgroups, no limits
+	cgWarn string
+
+	capsOnce sync.Once
+	caps     sandbox.Capabilities
+
+	// locks serialise Create and Destroy per id, striped by a hash of the
+	// id so no per-id lock has to be freed.
+	locks [64]sync.Mutex
+
+	mu      sync.Mutex
+	entries map[string]*entry // sandboxes this instance has seen
+}
+
+// entry is one sandbox as this instance knows it.
+type entry struct {
+	dir string
+	st  state
+	// done is closed when this instance reaped bwrap (it started it);
+	// nil when the sandbox was found on disk (after a restart).
+	done   chan struct{}
+	ps     *os.ProcessState // valid after done is closed
+	exitAt time.Time        // when done was closed
+}
+
+// state is Handle.State, version 1, also kept in StateDir/<id>/state.json.
+type state struct {
+	ID        string            `json:"id"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	PID       int               `json:"pid"`       // the launcher (bwrap's parent) on the host
+	PIDStart  uint64            `json:"pid_start"` // its start time, against pid reuse
+	ChildPID  int               `json:"child_pid"` // the sandbox's pid 1, as a host pid
+	PIDNS     uint64            `json:"pid_ns"`    // inode of the sandbox's pid namespace
+	Cgroups   []string          `json:"cgroups,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+}
+
+// New returns a Runtime keeping its state in opts.StateDir. It creates the
+// directory and the parent cgroup; if cgroups are not writable it runs
+// sandboxes without limits and logs one warning.
+func New(opts Options, log *slog.Logger) (*Runtime, error) {
+	opts.setDefaults()
+	if opts.StateDir == "" || !filepath.IsAbs(opts.StateDir) {
+		return nil, fmt.Errorf("local runtime state dir %q: must be an absolute path: %w", opts.StateDir, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(opts.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+	r := &Runtime{
+		opts:    opts,
+		log:     log.With(logkey.Runtime, Name),
+		entries: map[string]*entry{},
+	}
+	if opts.DisableCgroups {
+		r.cgWarn = "cgroups disabled by configuration: memory, CPU and pids limits are not enforced"
+	} else {
+		cg, err := detectCgroups(opts.CgroupRoot, opts.CgroupParent)
+		if err == nil {
+			err = cg.prepare()
+		}
+		if err != nil {
+			r.cgWarn = fmt.Sprintf("cgroups not usable (%v): memory, CPU and pids limits are not enforced", err)
+		} else {
+			r.cg = cg
+		}
+	}
+	if r.cgWarn != "" {
+		r.log.Warn("sandbox limits disabled", "reason", r.cgWarn)
+	}
+	return r, nil
+}
+
+// Capabilities probes bwrap once: its version and a trivial sandbox run,
+// which fails where user namespaces are disabled.
+func (r *Runtime) Capabilities(ctx context.Context) (sandbox.Capabilities, error) {
+	r.capsOnce.Do(func() { r.caps = r.probe(ctx) })
+	return r.caps, nil
+}
+
+func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
+	c := sandbox.Capabilities{Network: true}
+	if r.cgWarn != "" {
+		c.Warnings = append(c.Warnings, r.cgWarn)
+	}
+	path, err := exec.LookPath(r.opts.Bwrap)
+	if err != nil {
+		c.Reason = "bubblewrap not found (install: apt-get install -y bubblewrap)"
+		return c
+	}
+	out, err := exec.CommandContext(ctx, path, "--version").Output()
+	if err != nil {
+		c.Reason = fmt.Sprintf("run %s --version: %v (install: apt-get install -y bubblewrap)", path, err)
+		return c
+	}
+	c.Version = strings.TrimSpace(string(out))
+	args := []string{"--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+		"--uid", "1000", "--gid", "1000"}
+	args = append(args, rootfsArgs()...)
+	args = append(args, "--proc", "/proc", "--dev", "/dev", "--", "/usr/bin/true")
+	if out, err := exec.CommandContext(ctx, path, args...).CombinedOutput(); err != nil {
+		c.Reason = fmt.Sprintf("bubblewrap cannot create namespaces (%v: %s); enable user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0)",
+			err, strings.TrimSpace(string(out)))
+		return c
+	}
+	c.Available = true
+	c.Limits = r.cg != nil
+	if _, err := exec.LookPath(r.opts.Nsenter); err == nil {
+		c.Exec = true
+	} else {
+		c.Warnings = append(c.Warnings, "nsenter not found: Exec unavailable (install: apt-get install -y util-linux)")
+	}
+	return c
+}
+
+// lock locks id's stripe and returns its unlock function.
+func (r *Runtime) lock(id string) func() {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	l := &r.locks[h.Sum32()%uint32(len(r.locks))]
+	l.Lock()
+	return l.Unlock
+}
+
+func (r *Runtime) dir(id string) string { return filepath.Join(r.opts.StateDir, id) }
+
+// lookup returns the sandbox id from memory or, after a restart, from its
+// state dir. It wraps errdefs.ErrNotFound if there is neither.
+func (r *Runtime) lookup(id string) (*entry, error) {
+	if validateID(id) != nil {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	r.mu.Lock()
+	e, ok := r.entries[id]
+	r.mu.Unlock()
+	if ok {
+		return e, nil
+	}
+	st, err := readState(r.dir(id))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.entries[id]; ok {
+		return e, nil
+	}
+	e = &entry{dir: r.dir(id), st: st}
+	r.entries[id] = e
+	return e, nil
+}
+
+func readState(dir string) (state, error) {
+	var st state
+	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return st, errdefs.ErrNotFound
+	}
+	if err != nil {
+		return st, fmt.Errorf("read state: %w", err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("decode state: %w", err)
+	}
+	return st, nil
+}
+
+// writeState replaces dir/state.json atomically.
+func writeState(dir string, st state) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("encode state: %w", err)
+	}
+	tmp := filepath.Join(dir, "state.json.tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("write state: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("sync state: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "state.json")); err != nil {
+		return fmt.Errorf("rename state: %w", err)
+	}
+	return nil
+}
+
+func handleOf(st state) *sandbox.Handle {
+	b, _ := json.Marshal(st) // a struct of plain fields always encodes
+	return &sandbox.Handle{ID: st.ID, Runtime: Name, Labels: maps.Clone(st.Labels), Version: stateVersion, State: b}
+}
+
+// Create starts a sandbox for spec and returns once its pid 1 runs (a few
+// milliseconds). It is idempotent on spec.ID.
+func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
+	if err := validateSpec(spec); err != nil {
+		return nil, fmt.Errorf("validate sandbox spec: %w", err)
+	}
+	unlock := r.lock(spec.ID)
+	defer unlock()
+	if e, err := r.lookup(spec.ID); err == nil {
+		return handleOf(e.st), nil
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
+	caps, _ := r.Capabilities(ctx)
+	if !caps.Available {
+		return nil, fmt.Errorf("create sandbox %s: %s: %w", spec.ID, caps.Reason, errdefs.ErrFailedPrecondition)
+	}
+	dir := r.dir(spec.ID)
+	// A directory without state.json is a Create that crashed before it
+	// started anything; start over.
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("clean state dir: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+	e, err := r.start(ctx, spec, dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	r.mu.Lock()
+	r.entries[spec.ID] = e
+	r.mu.Unlock()
+	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "pid", e.st.ChildPID)
+	return handleOf(e.st), nil
+}
+
+// start launches bwrap for spec in dir and waits for the sandbox's pid 1.
+func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *entry, err error) {
+	etcBinds, err := writeEtc(filepath.Join(dir, "etc"), r.opts.UID, r.opts.GID)
+	if err != nil {
+		return nil, err
+	}
+	st := state{ID: spec.ID, Labels: maps.Clone(spec.Labels), CreatedAt: time.Now().UTC()}
+	if r.cg != nil {
+		if st.Cgroups, err = r.cg.create(spec.ID, spec.Limits); err != nil {
+			return nil, fmt.Errorf("create cgroups: %v: %w", err, errdefs.ErrUnavailable)
+		}
+		defer func() {
+			if err != nil {
+				removeCgroups(st.Cgroups)
+			}
+		}()
+	}
+	status, err := os.OpenFile(filepath.Join(dir, "status.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create status file: %w", err)
+	}
+	defer status.Close()
+	out, err := os.OpenFile(filepath.Join(dir, "output.log"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create output file: %w", err)
+	}
+	defer out.Close()
+
+	argv := append([]string{r.opts.Bwrap}, bwrapArgs(spec, r.opts, filepath.Join(dir, "etc"), etcBinds)...)
+	argv = launcher(procsFiles(st.Cgroups), argv)
+	// Not CommandContext: the sandbox must outlive ctx and this process.
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.ExtraFiles = []*os.File{status} // fd 3: --json-status-fd 3
+	// Own session, no Pdeathsig: a server killed with SIGKILL leaves the
+	// sandbox running and a new server recovers it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start bwrap: %w", err)
+	}
+	st.PID = cmd.Process.Pid
+	// Our unreaped child cannot be replaced by another process with the
+	// same pid, so this start time is the launcher's.
+	st.PIDStart, _ = procStartTime(st.PID)
+	e := &entry{dir: dir, done: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		e.ps = cmd.ProcessState
+		e.exitAt = time.Now().UTC()
+		close(e.done)
+	}()
+	defer func() {
+		if err != nil {
+			cmd.Process.Kill()
+			<-e.done
+		}
+	}()
+	if err := writeState(dir, st); err != nil {
+		return nil, err
+	}
+
+	// bwrap writes the child pid to status.jsonl once the namespaces exist,
+	// before it has set up the mounts; its pid 1 forks the main process
+	// only after that. Waiting for the fork means Exec never sees a half
+	// built sandbox. Both take 3 to 10 ms together.
+	delay := time.Millisecond
+	for ready := false; !ready; {
+		if st.ChildPID == 0 {
+			if info, ok := readStatus(dir); ok && info.ChildPID > 0 {
+				st.ChildPID, st.PIDNS = info.ChildPID, info.PIDNamespace
+			}
+		}
+		ready = st.ChildPID > 0 && hasChildren(st.ChildPID)
+		if ready {
+			break
+		}
+		select {
+		case <-e.done:
+			if info, ok := readStatus(dir); ok && info.ChildPID > 0 {
+				// The main process ran and exited already.
+				st.ChildPID, st.PIDNS = info.ChildPID, info.PIDNamespace
+				ready = true
+				break
+			}
+			return nil, fmt.Errorf("bwrap exited (%v): %s", e.ps, tail(filepath.Join(dir, "output.log")))
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 10*time.Millisecond)
+	}
+	if err := writeState(dir, st); err != nil {
+		return nil, err
+	}
+	e.st = st
+	return e, nil
+}
+
+// tail returns the last bytes of a log file, for error messages.
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 512 {
+		b = b[len(b)-512:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// bwrapStatus is what bwrap reports on --json-status-fd.
+type bwrapStatus struct {
+	ChildPID     int
+	PIDNamespace uint64
+	ExitCode     int
+	Exited       bool
+}
+
+func readStatus(dir string) (bwrapStatus, bool) {
+	var s bwrapStatus
+	f, err := os.Open(filepath.Join(dir, "status.jsonl"))
+	if err != nil {
+		return s, false
+	}
+	defer f.Close()
+	found := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// bwrap writes one JSON object per line; a line may be partial
+		// while it is being written, so errors are skipped.
+		var m struct {
+			ChildPID *int    `json:"child-pid"`
+			PIDNS    *uint64 `json:"pid-namespace"`
+			ExitCode *int    `json:"exit-code"`
+		}
+		if json.Unmarshal(bytes.TrimSpace(sc.Bytes()), &m) != nil {
+			continue
+		}
+		found = true
+		if m.ChildPID != nil {
+			s.ChildPID = *m.ChildPID
+		}
+		if m.PIDNS != nil {
+			s.PIDNamespace = *m.PIDNS
+		}
+		if m.ExitCode != nil {
+			s.ExitCode, s.Exited = *m.ExitCode, true
+		}
+	}
+	return s, found
+}
+
+// Recover reattaches to the sandbox h names. The sandbox's state dir is the
+// source of truth; h must be a local Handle of a known version.
+func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
+	if h == nil || (h.Runtime != "" && h.Runtime != Name) {
+		return fmt.Errorf("recover sandbox: not a %s handle: %w", Name, errdefs.ErrInvalidArgument)
+	}
+	if h.Version != stateVersion {
+		return fmt.Errorf("recover sandbox %s: unknown state version %d: %w", h.ID, h.Version, errdefs.ErrInvalidArgument)
+	}
+	var st state
+	if err := json.Unmarshal(h.State, &st); err != nil {
+		return fmt.Errorf("recover sandbox %s: decode state: %v: %w", h.ID, err, errdefs.ErrInvalidArgument)
+	}
+	e, err := r.lookup(h.ID)
+	if err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
+	if st.PID != 0 && (st.PID != e.st.PID || st.PIDStart != e.st.PIDStart) {
+		return fmt.Errorf("recover sandbox %s: handle names another process than the state dir: %w", h.ID, errdefs.ErrConflict)
+	}
+	r.log.Debug("sandbox recovered", logkey.SandboxID, h.ID, "running", r.running(e))
+	return nil
+}
+
+// running reports whether the sandbox's bwrap still runs.
+func (r *Runtime) running(e *entry) bool {
+	if e.done != nil {
+		select {
+		case <-e.done:
+			return false
+		default:
+			return true
+		}
+	}
+	return alive(e.st.PID, e.st.PIDStart)
+}
+
+// waitExit blocks until bwrap exits or ctx is done.
+func (r *Runtime) waitExit(ctx context.Context, e *entry) error {
+	if e.done != nil {
+		select {
+		case <-e.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return waitPidfd(ctx, e.st.PID, e.st.PIDStart)
+}
+
+// exitStatus is how the exited sandbox ended: bwrap's reported exit code of
+// the sandbox's main process, else bwrap's own wait status, else -1.
+func (r *Runtime) exitStatus(e *entry) sandbox.ExitStatus {
+	es := sandbox.ExitStatus{Code: -1}
+	if s, _ := readStatus(e.dir); s.Exited {
+		es.Code = s.ExitCode
+		if fi, err := os.Stat(filepath.Join(e.dir, "status.jsonl")); err == nil {
+			es.ExitedAt = fi.ModTime().UTC()
+		}
+	} else if e.ps != nil {
+		es.Code = e.ps.ExitCode()
+		if ws, ok := e.ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			es.Code = 128 + int(ws.Signal())
+			es.Message = "bwrap killed by signal " + ws.Signal().String()
+		}
+	} else {
+		es.Message = "exit status unknown"
+	}
+	if es.ExitedAt.IsZero() {
+		es.ExitedAt = e.exitAt
+	}
+	if oomKilled(e.st.Cgroups) {
+		es.OOMKilled = true
+		es.Message = "OOMKilled"
+	} else if es.Message == "" && es.Code > 128 && es.Code < 128+65 {
+		es.Message = "killed by signal " + syscall.Signal(es.Code-128).String()
+	}
+	return es
+}
+
+// Wait blocks until the sandbox's main process exits or ctx is done.
+func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, error) {
+	e, err := r.lookup(id)
+	if err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("wait: %w", err)
+	}
+	if err := r.waitExit(ctx, e); err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, err)
+	}
+	return r.exitStatus(e), nil
+}
+
+// Status returns the sandbox's observed state from /proc and its state dir.
+func (r *Runtime) Status(ctx context.Context, id string) (sandbox.Status, error) {
+	e, err := r.lookup(id)
+	if err != nil {
+		return sandbox.Status{}, fmt.Errorf("status: %w", err)
+	}
+	s := sandbox.Status{StartedAt: e.st.CreatedAt}
+	switch {
+	case r.running(e) && e.st.ChildPID == 0:
+		s.State = sandbox.StateCreating
+	case r.running(e):
+		s.State = sandbox.StateRunning
+	default:
+		es := r.exitStatus(e)
+		s.State, s.Exit, s.Message = sandbox.StateExited, &es, es.Message
+	}
+	return s, nil
+}
+
+// Stop sends SIGTERM to every process in the sandbox, waits up to grace,
+// then SIGKILLs the sandbox's pid 1, which makes the kernel kill every
+// process in its pid namespace, and any process left in its cgroups.
+func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
+	e, err := r.lookup(id)
+	if err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	if !r.running(e) {
+		return nil
+	}
+	// Every process in the sandbox's pid namespace (no process can leave
+	// it). bwrap's pid 1 has no SIGTERM handler, so the kernel drops the
+	// signal for it; the main process and its children get it.
+	for _, p := range pidsInNamespace(e.st.PIDNS) {
+		syscall.Kill(p, syscall.SIGTERM)
+	}
+	if grace > 0 {
+		gctx, cancel := context.WithTimeout(ctx, grace)
+		err := r.waitExit(gctx, e)
+		cancel()
+		if err == nil {
+			r.log.Info("sandbox stopped", logkey.SandboxID, id)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("stop sandbox %s: %w", id, ctx.Err())
+		}
+	}
+	// SIGKILL for the sandbox's pid 1 makes the kernel kill everything in
+	// its pid namespace; bwrap then reports exit code 137 and exits.
+	if e.st.ChildPID > 0 && pidNamespace(e.st.ChildPID) == e.st.PIDNS {
+		syscall.Kill(e.st.ChildPID, syscall.SIGKILL)
+	} else if e.st.ChildPID == 0 && r.running(e) {
+		// bwrap never got as far as pid 1; it dies with the launcher.
+		syscall.Kill(e.st.PID, syscall.SIGKILL)
+	}
+	for _, p := range pidsInNamespace(e.st.PIDNS) {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	if err := r.waitExit(ctx, e); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", id, err)
+	}
+	r.log.Info("sandbox killed", logkey.SandboxID, id, "grace", grace)
+	return nil
+}
+
+// List returns the sandboxes in StateDir whose labels include selector.
+func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
+	ents, err := os.ReadDir(r.opts.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	var out []sandbox.Handle
+	for _, d := range ents {
+		if !d.IsDir() || validateID(d.Name()) != nil {
+			continue
+		}
+		st, err := readState(filepath.Join(r.opts.StateDir, d.Name()))
+		if err != nil {
+			continue // being created or destroyed
+		}
+		match := true
+		for k, v := range selector {
+			if got, ok := st.Labels[k]; !ok || got != v {
+				match = false
+			}
+		}
+		if match {
+			out = append(out, *handleOf(st))
+		}
+	}
+	return out, nil
+}
+
+// Destroy kills the sandbox if it runs, then removes its cgroups and state
+// dir. Unknown ids return nil.
+func (r *Runtime) Destroy(ctx context.Context, id string) error {
+	if validateID(id) != nil {
+		return nil
+	}
+	unlock := r.lock(id)
+	defer unlock()
+	e, err := r.lookup(id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		// Also clean a directory left by a crashed Create.
+		os.RemoveAll(r.dir(id))
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	if err := r.Stop(ctx, id, 0); err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	// Anything still in the cgroups (a launcher or nsenter that has not
+	// exited yet) goes too, or the cgroups cannot be removed.
+	for _, p := range cgroupPids(e.st.Cgroups) {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	if err := removeCgroups(e.st.Cgroups); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	if err := os.RemoveAll(e.dir); err != nil {
+		return fmt.Errorf("destroy sandbox %s: remove state dir: %w", id, err)
+	}
+	r.mu.Lock()
+	delete(r.entries, id)
+	r.mu.Unlock()
+	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
+	return nil
+}

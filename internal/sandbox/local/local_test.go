@@ -1,0 +1,258 @@
+//go:build linux
+
+package local
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// MustNew returns a Runtime over a fresh state dir, with cgroups under a
+// parent unique to the test binary so parallel packages do not collide.
+func MustNew(tb testing.TB) (*Runtime, func() *Runtime) {
+	tb.Helper()
+	testenv.RequireBwrap(tb)
+	opts := Options{StateDir: filepath.Join(tb.TempDir(), "state"), CgroupParent: "corral-test"}
+	newRuntime := func() *Runtime {
+		r, err := New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			tb.Fatalf("New: %v", err)
+		}
+		return r
+	}
+	return newRuntime(), newRuntime
+}
+
+func TestConformance(t *testing.T) {
+	testenv.RequireBwrap(t)
+	sandboxtest.Run(t, sandboxtest.Harness{
+		Setup: func(t *testing.T) func() sandbox.Runtime {
+			_, newRuntime := MustNew(t)
+			return func() sandbox.Runtime { return newRuntime() }
+		},
+	})
+}
+
+// run creates a sandbox running script with dir at /out and waits for it.
+func run(t *testing.T, r *Runtime, script string, mod func(*sandbox.Spec)) (sandbox.ExitStatus, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", script}, Dir: "/out",
+		Mounts: []sandbox.Mount{{Source: dir, Target: "/out"}}}
+	if mod != nil {
+		mod(&sp)
+	}
+	if _, err := r.Create(ctx, sp); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), sp.ID) })
+	es, err := r.Wait(ctx, sp.ID)
+	if err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	out, _ := os.ReadFile(filepath.Join(dir, "out"))
+	return es, string(out)
+}
+
+func TestIsolation(t *testing.T) {
+	r, _ := MustNew(t)
+	for _, tc := range []struct {
+		name, script, want string
+	}{
+		{"uid", `id -u > out; id -g >> out; id -un >> out`, "1000\n1000\nworker\n"},
+		{"no capabilities", `grep -E '^(CapEff|NoNewPrivs)' /proc/self/status | tr -s '\t' ' ' > out`, "CapEff: 0000000000000000\nNoNewPrivs: 1\n"},
+		// pid 1 is bwrap's init, 2 the shell; nothing of the host.
+		{"pid namespace", `ls /proc | grep -c '^[0-9]' > out`, "4\n"},
+		{"loopback only", `ls /sys/class/net 2>/dev/null > out || cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' > out`, "lo\n"},
+		{"hostname", `hostname > out`, "corral\n"},
+		{"minimal etc", `ls /etc | tr '\n' ' ' > out`, ""},
+		{"read-only root", `if touch /x 2>/dev/null || touch /usr/x 2>/dev/null || touch /etc/x 2>/dev/null; then echo writable > out; else echo ro > out; fi`, "ro\n"},
+		{"tmp writable", `echo ok > /tmp/f && cat /tmp/f > out`, "ok\n"},
+		{"env cleared", `env | grep -c CORRAL_HOST_SECRET > out`, "0\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("CORRAL_HOST_SECRET", "x")
+			_, out := run(t, r, tc.script, nil)
+			if tc.name == "minimal etc" {
+				for _, name := range strings.Fields(out) {
+					switch name {
+					case "passwd", "group", "hosts", "hostname", "nsswitch.conf":
+					default:
+						if !strings.Contains(strings.Join(hostEtcBinds, " "), name) {
+							t.Errorf("unexpected /etc entry %q in sandbox", name)
+						}
+					}
+				}
+				if !strings.Contains(out, "passwd") {
+					t.Errorf("/etc = %q, want passwd in it", out)
+				}
+				return
+			}
+			if tc.name == "loopback only" && strings.TrimSpace(out) == "" {
+				t.Fatalf("no network interfaces listed")
+			}
+			if out != tc.want {
+				t.Errorf("got %q, want %q", out, tc.want)
+			}
+		})
+	}
+}
+
+func TestHostProcessesInvisible(t *testing.T) {
+	r, _ := MustNew(t)
+	_, out := run(t, r, `cat /proc/*/cmdline 2>/dev/null | tr '\0' ' ' > out`, nil)
+	if strings.Contains(out, "local.test") || strings.Contains(out, "go test") {
+		t.Errorf("sandbox sees host processes: %q", out)
+	}
+}
+
+// TestSurvivesServerDeath runs a sandbox from a child process that is
+// killed with SIGKILL, then recovers it from this process.
+func TestSurvivesServerDeath(t *testing.T) {
+	testenv.RequireBwrap(t)
+	if os.Getenv("CORRAL_LOCAL_HELPER_STATE") != "" {
+		return // the helper body runs in TestServerHelper
+	}
+	state := filepath.Join(t.TempDir(), "state")
+	dir := t.TempDir()
+	id := sandboxtest.NewID(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServerHelper$", "-test.v")
+	cmd.Env = append(os.Environ(), "CORRAL_LOCAL_HELPER_STATE="+state, "CORRAL_LOCAL_HELPER_DIR="+dir, "CORRAL_LOCAL_HELPER_ID="+id)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("helper did not start the sandbox: %s", out.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cmd.Process.Kill() // the "server" dies with SIGKILL
+	cmd.Wait()
+
+	r, err := New(Options{StateDir: state, CgroupParent: "corral-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	t.Cleanup(func() { r.Destroy(context.Background(), id) })
+	hs, err := r.List(ctx, map[string]string{sandbox.LabelManaged: "true"})
+	if err != nil || len(hs) != 1 {
+		t.Fatalf("List after server death = %v, %v; want one sandbox", hs, err)
+	}
+	if err := r.Recover(ctx, &hs[0]); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	if st, err := r.Status(ctx, id); err != nil || st.State != sandbox.StateRunning {
+		t.Fatalf("Status = %+v, %v; want running after the server died", st, err)
+	}
+	os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
+	es, err := r.Wait(ctx, id)
+	if err != nil || es.Code != 9 {
+		t.Errorf("Wait = %+v, %v; want code 9", es, err)
+	}
+}
+
+// TestServerHelper is the "server" process of TestSurvivesServerDeath.
+func TestServerHelper(t *testing.T) {
+	state := os.Getenv("CORRAL_LOCAL_HELPER_STATE")
+	if state == "" {
+		t.Skip("helper process for TestSurvivesServerDeath")
+	}
+	r, err := New(Options{StateDir: state, CgroupParent: "corral-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := os.Getenv("CORRAL_LOCAL_HELPER_DIR")
+	_, err = r.Create(context.Background(), sandbox.Spec{
+		ID: os.Getenv("CORRAL_LOCAL_HELPER_ID"), Command: []string{"/bin/sh", "-c", `touch ready; while [ ! -e stop ]; do sleep 0.02; done; exit 9`},
+		Dir: "/out", Mounts: []sandbox.Mount{{Source: dir, Target: "/out"}},
+		Labels: map[string]string{sandbox.LabelManaged: "true"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Minute) // killed by the parent test
+}
+
+func TestCapabilities(t *testing.T) {
+	r, _ := MustNew(t)
+	c, err := r.Capabilities(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Available || !strings.HasPrefix(c.Version, "bubblewrap ") || !c.Exec || !c.Network {
+		t.Errorf("Capabilities = %+v, want available bubblewrap with exec and network isolation", c)
+	}
+	if os.Geteuid() == 0 && !c.Limits {
+		t.Errorf("Capabilities.Limits = false as root: %v", c.Warnings)
+	}
+}
+
+func TestCapabilitiesNoBwrap(t *testing.T) {
+	r, err := New(Options{StateDir: t.TempDir(), Bwrap: "/nonexistent/bwrap", DisableCgroups: true}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := r.Capabilities(context.Background())
+	if c.Available || !strings.Contains(c.Reason, "apt-get install -y bubblewrap") || c.Limits {
+		t.Errorf("Capabilities = %+v, want unavailable with an install hint", c)
+	}
+	_, err = r.Create(context.Background(), sandbox.Spec{ID: "x", Command: []string{"true"}})
+	if err == nil {
+		t.Errorf("Create without bwrap succeeded")
+	}
+}
+
+// BenchmarkStart compares Create→Wait of /bin/true through the runtime with
+// a bare bwrap run of the same namespaces.
+func BenchmarkStart(b *testing.B) {
+	r, _ := MustNew(b)
+	ctx := context.Background()
+	b.Run("runtime", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			id := sandboxtest.NewID(b)
+			if _, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/true"}}); err != nil {
+				b.Fatal(err)
+			}
+			if es, err := r.Wait(ctx, id); err != nil || es.Code != 0 {
+				b.Fatal(es, err)
+			}
+			b.StopTimer()
+			r.Destroy(ctx, id)
+			b.StartTimer()
+		}
+	})
+	b.Run("bare-bwrap", func(b *testing.B) {
+		args := append([]string{"--unshare-all", "--uid", "1000", "--gid", "1000"}, rootfsArgs()...)
+		args = append(args, "--proc", "/proc", "--dev", "/dev", "--", "/bin/true")
+		for b.Loop() {
+			if out, err := exec.Command("bwrap", args...).CombinedOutput(); err != nil {
+				b.Fatal(err, string(out))
+			}
+		}
+	})
+}

@@ -1,0 +1,160 @@
+// Package sandbox defines the contract between the scheduler and the
+// isolation backends (bubblewrap, gVisor, Docker, Kubernetes). It performs no
+// I/O itself; sandbox/local and the other subpackages implement it and
+// sandbox/sandboxtest holds a fake and the conformance suite.
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"time"
+)
+
+// Runtime runs sandboxes on one kind of isolation backend.
+//
+// Implementations must be safe for concurrent use. Methods that take an id
+// return an error wrapping errdefs.ErrNotFound if the backend does not know
+// the id, and errdefs.ErrUnavailable for transient infrastructure failures
+// (daemon down, API 503) that the scheduler may retry.
+type Runtime interface {
+	// Capabilities reports what this backend supports on this host. It is
+	// called at startup; the result must not change while the process runs.
+	Capabilities(ctx context.Context) (Capabilities, error)
+
+	// Create provisions a sandbox for spec and starts its main process.
+	// It is idempotent on spec.ID: if the sandbox already exists it returns
+	// that sandbox's handle and a nil error, so a retry after a crash is safe.
+	// The sandbox outlives the calling process: a server that dies leaves it
+	// running, and a new one finds it again with Recover or List.
+	Create(ctx context.Context, spec Spec) (*Handle, error)
+
+	// Recover reattaches to a sandbox after corral restarts, using a Handle
+	// that Create returned and an event recorded. It returns an error
+	// wrapping errdefs.ErrNotFound if the sandbox is gone.
+	Recover(ctx context.Context, h *Handle) error
+
+	// Exec runs a command in a running sandbox, streaming output to
+	// req.Stdout and req.Stderr, and blocks until it exits or ctx is done.
+	Exec(ctx context.Context, id string, req ExecRequest) (ExitStatus, error)
+
+	// Wait blocks until the sandbox's main process exits or ctx is done.
+	// It may be called any number of times, also after the process exited.
+	Wait(ctx context.Context, id string) (ExitStatus, error)
+
+	// Stop sends SIGTERM to the main process, waits up to grace, then kills
+	// every process in the sandbox. Stopping a stopped sandbox returns nil.
+	Stop(ctx context.Context, id string, grace time.Duration) error
+
+	// Status returns the observed state. It never changes state.
+	Status(ctx context.Context, id string) (Status, error)
+
+	// List returns the sandboxes this backend knows whose labels include
+	// every label in selector, running or exited but not yet destroyed.
+	List(ctx context.Context, selector map[string]string) ([]Handle, error)
+
+	// Destroy releases everything the sandbox holds: processes, mounts,
+	// containers, pods, network, cgroups. Destroying an unknown id returns nil.
+	Destroy(ctx context.Context, id string) error
+}
+
+// Handle is what the store persists to find a sandbox again after a restart.
+type Handle struct {
+	ID      string            `json:"id"`
+	Runtime string            `json:"runtime"` // "local", "gvisor", "docker", "kubernetes"
+	Labels  map[string]string `json:"labels,omitempty"`
+	Version int               `json:"version"` // schema version of State; bump when State changes
+	State   json.RawMessage   `json:"state"`   // backend-private: container ID, pid, pod name
+}
+
+// Mount makes a host path visible inside the sandbox.
+type Mount struct {
+	Source   string // host path (a directory or file)
+	Target   string // absolute path inside the sandbox
+	ReadOnly bool
+}
+
+// Network is a sandbox's network policy.
+type Network string
+
+// Networks. NetworkNone leaves only loopback; NetworkEgress gives the
+// sandbox a way out (through the egress proxy or directly).
+const (
+	NetworkNone   Network = "none"
+	NetworkEgress Network = "egress"
+)
+
+// Limits bound a sandbox's resources. Zero means no limit of that kind.
+type Limits struct {
+	MemoryBytes int64
+	CPUMillis   int64 // 1000 = one core
+	Pids        int64
+	WallClock   time.Duration
+}
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	ID      string   // unique; lowercase letters, digits and hyphens
+	Image   string   // container image; ignored by local runtimes
+	Command []string // argv of the main process
+	Dir     string   // working directory inside the sandbox
+	Env     []string // KEY=VALUE; may contain secrets, never log the values
+	Mounts  []Mount
+	Limits  Limits
+	Network Network
+	Labels  map[string]string
+}
+
+// State is a sandbox's observed lifecycle state.
+type State string
+
+// States.
+const (
+	StateCreating State = "creating"
+	StateRunning  State = "running"
+	StateExited   State = "exited"
+	StateUnknown  State = "unknown"
+)
+
+// ExitStatus is how a sandbox's main process (or an exec'd command) ended.
+type ExitStatus struct {
+	Code      int       `json:"code"`             // exit code; 128+n for signal n; -1 if unknown
+	OOMKilled bool      `json:"oom_killed"`       // the memory limit killed it
+	ExitedAt  time.Time `json:"exited_at"`        // zero if unknown
+	Message   string    `json:"message,omitempty"` // e.g. "OOMKilled", "killed by signal 9"
+}
+
+// Status is a sandbox's observed state.
+type Status struct {
+	State     State
+	StartedAt time.Time
+	Exit      *ExitStatus
+	Message   string
+}
+
+// ExecRequest is a command to run in a running sandbox.
+type ExecRequest struct {
+	Command []string
+	Dir     string
+	Env     []string
+	Stdin   io.Reader
+	Stdout  io.Writer
+	Stderr  io.Writer
+}
+
+// Capabilities says what a backend can do on this host.
+type Capabilities struct {
+	Available bool   // false: the backend cannot run sandboxes here; Reason says why
+	Reason    string // what is missing and how to install it
+	Limits    bool   // memory/CPU/pids limits are enforced
+	Network   bool   // network isolation is enforced
+	Exec      bool   // Exec is supported
+	Version   string // backend version, e.g. "bubblewrap 0.8.0"
+	Warnings  []string
+}
+
+// Labels every Corral sandbox carries, so reconciliation finds them.
+const (
+	LabelManaged = "corral.managed"
+	LabelTaskID  = "corral.task-id"
+)

@@ -1,0 +1,595 @@
+// Package sandboxtest holds the conformance suite every sandbox.Runtime runs
+// (Run) and Fake, an in-memory Runtime for other packages' unit tests.
+package sandboxtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/sandbox"
+)
+
+// Harness is what a backend gives the conformance suite.
+type Harness struct {
+	// Setup prepares fresh host state for one test (a state dir in
+	// t.TempDir(), say) and returns a function that builds a Runtime over
+	// that state. Each call builds a new instance over the same state, as
+	// a restarted server would; the suite drops the old instance without
+	// closing it, as a server killed with SIGKILL would.
+	Setup func(t *testing.T) (newRuntime func() sandbox.Runtime)
+
+	// MountDir returns an empty host directory the backend can mount into
+	// a sandbox read-write for uid 1000. Default: t.TempDir().
+	MountDir func(t *testing.T) string
+
+	// Unisolated says the runtime runs commands on the host without
+	// isolation (Fake): checks that need a read-only mount to be enforced
+	// or a path to exist only inside the sandbox are skipped.
+	Unisolated bool
+}
+
+// Shell is the shell every suite command runs with.
+const Shell = "/bin/sh"
+
+// Run runs the conformance suite against h. Checks run in parallel and each
+// takes well under a second unless it waits for a stop grace period.
+func Run(t *testing.T, h Harness) {
+	if h.MountDir == nil {
+		h.MountDir = func(t *testing.T) string { return t.TempDir() }
+	}
+	s := &suite{h: h}
+	tests := []struct {
+		name string
+		fn   func(t *testing.T)
+	}{
+		{"ExitCodes", s.testExitCodes},
+		{"ReadWriteMount", s.testReadWriteMount},
+		{"ReadOnlyMount", s.testReadOnlyMount},
+		{"CreateIdempotent", s.testCreateIdempotent},
+		{"WaitMany", s.testWaitMany},
+		{"WaitContext", s.testWaitContext},
+		{"StopTrapsTerm", s.testStopTrapsTerm},
+		{"StopIgnoresTerm", s.testStopIgnoresTerm},
+		{"StopProcessTree", s.testStopProcessTree},
+		{"Destroy", s.testDestroy},
+		{"NotFound", s.testNotFound},
+		{"InvalidSpec", s.testInvalidSpec},
+		{"Recover", s.testRecover},
+		{"ListByLabel", s.testListByLabel},
+		{"Exec", s.testExec},
+		{"PidsLimit", s.testPidsLimit},
+		{"MemoryLimit", s.testMemoryLimit},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t)
+		})
+	}
+}
+
+type suite struct{ h Harness }
+
+// env is one test's runtime and helpers.
+type env struct {
+	t          *testing.T
+	newRuntime func() sandbox.Runtime
+	rt         sandbox.Runtime
+	ctx        context.Context
+}
+
+func (s *suite) env(t *testing.T) *env {
+	t.Helper()
+	newRuntime := s.h.Setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return &env{t: t, newRuntime: newRuntime, rt: newRuntime(), ctx: ctx}
+}
+
+// NewID returns a unique sandbox id for tb.
+func NewID(tb testing.TB) string {
+	tb.Helper()
+	b := make([]byte, 6)
+	rand.Read(b)
+	return "t-" + hex.EncodeToString(b)
+}
+
+// spec returns a spec running script in the shell with dir mounted at /out
+// as the working directory.
+func (e *env) spec(script, dir string) sandbox.Spec {
+	sp := sandbox.Spec{
+		ID:      NewID(e.t),
+		Command: []string{Shell, "-c", script},
+		Labels:  map[string]string{sandbox.LabelManaged: "true"},
+		Network: sandbox.NetworkNone,
+	}
+	if dir != "" {
+		sp.Dir = "/out"
+		sp.Mounts = []sandbox.Mount{{Source: dir, Target: "/out"}}
+	}
+	return sp
+}
+
+// create creates spec and destroys it when the test ends.
+func (e *env) create(sp sandbox.Spec) *sandbox.Handle {
+	e.t.Helper()
+	h, err := e.rt.Create(e.ctx, sp)
+	if err != nil {
+		e.t.Fatalf("Create(%s): %v", sp.ID, err)
+	}
+	if h.ID != sp.ID {
+		e.t.Errorf("Create returned handle id %q, want %q", h.ID, sp.ID)
+	}
+	rt := e.rt
+	e.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := rt.Destroy(ctx, sp.ID); err != nil {
+			e.t.Errorf("cleanup: Destroy(%s): %v", sp.ID, err)
+		}
+	})
+	return h
+}
+
+func (e *env) wait(id string) sandbox.ExitStatus {
+	e.t.Helper()
+	es, err := e.rt.Wait(e.ctx, id)
+	if err != nil {
+		e.t.Fatalf("Wait(%s): %v", id, err)
+	}
+	return es
+}
+
+// waitFile waits until path exists on the host (a script signals that it
+// has set up its traps).
+func (e *env) waitFile(path string) {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.t.Fatalf("%s did not appear within 10s", path)
+}
+
+func (e *env) caps() sandbox.Capabilities {
+	e.t.Helper()
+	c, err := e.rt.Capabilities(e.ctx)
+	if err != nil {
+		e.t.Fatalf("Capabilities: %v", err)
+	}
+	if !c.Available {
+		e.t.Fatalf("runtime not available: %s", c.Reason)
+	}
+	return c
+}
+
+func (s *suite) testExitCodes(t *testing.T) {
+	e := s.env(t)
+	for _, tc := range []struct {
+		script string
+		want   int
+	}{
+		{"true", 0},
+		{"exit 3", 3},
+		{"kill -KILL $$", 137},
+	} {
+		sp := e.spec(tc.script, "")
+		e.create(sp)
+		es := e.wait(sp.ID)
+		if es.Code != tc.want {
+			t.Errorf("%q: exit code %d, want %d", tc.script, es.Code, tc.want)
+		}
+		if es.ExitedAt.IsZero() {
+			t.Errorf("%q: ExitedAt is zero", tc.script)
+		}
+		st, err := e.rt.Status(e.ctx, sp.ID)
+		if err != nil {
+			t.Fatalf("Status: %v", err)
+		}
+		if st.State != sandbox.StateExited || st.Exit == nil || st.Exit.Code != tc.want {
+			t.Errorf("%q: Status = %+v, want exited with code %d", tc.script, st, tc.want)
+		}
+	}
+}
+
+func (s *suite) testReadWriteMount(t *testing.T) {
+	e := s.env(t)
+	dir := s.h.MountDir(t)
+	sp := e.spec(`printf '%s\n' "$CORRAL_TEST" > result`, dir)
+	sp.Env = []string{"CORRAL_TEST=hello from the sandbox"}
+	e.create(sp)
+	if es := e.wait(sp.ID); es.Code != 0 {
+		t.Fatalf("exit code %d, want 0", es.Code)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "result"))
+	if err != nil {
+		t.Fatalf("read output on host: %v", err)
+	}
+	if string(got) != "hello from the sandbox\n" {
+		t.Errorf("output = %q, want %q", got, "hello from the sandbox\n")
+	}
+}
+
+func (s *suite) testReadOnlyMount(t *testing.T) {
+	if s.h.Unisolated {
+		t.Skip("runtime does not enforce read-only mounts")
+	}
+	e := s.env(t)
+	in, out := s.h.MountDir(t), s.h.MountDir(t)
+	if err := os.WriteFile(filepath.Join(in, "data"), []byte("input"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sp := e.spec(`cat /in/data > copy; if echo x > /in/written; then exit 1; fi; exit 0`, out)
+	sp.Mounts = append(sp.Mounts, sandbox.Mount{Source: in, Target: "/in", ReadOnly: true})
+	e.create(sp)
+	if es := e.wait(sp.ID); es.Code != 0 {
+		t.Errorf("exit code %d, want 0 (write to read-only mount must fail)", es.Code)
+	}
+	if _, err := os.Stat(filepath.Join(in, "written")); err == nil {
+		t.Errorf("sandbox wrote to a read-only mount")
+	}
+	if got, _ := os.ReadFile(filepath.Join(out, "copy")); string(got) != "input" {
+		t.Errorf("read-only mount content seen in sandbox = %q, want %q", got, "input")
+	}
+}
+
+func (s *suite) testCreateIdempotent(t *testing.T) {
+	e := s.env(t)
+	dir := s.h.MountDir(t)
+	sp := e.spec(`echo run >> runs; sleep 0.3`, dir)
+	h1 := e.create(sp)
+	h2, err := e.rt.Create(e.ctx, sp)
+	if err != nil {
+		t.Fatalf("second Create: %v", err)
+	}
+	if h1.ID != h2.ID || h1.Runtime != h2.Runtime {
+		t.Errorf("second Create returned %+v, want %+v", h2, h1)
+	}
+	e.wait(sp.ID)
+	// Also after exit: the sandbox exists until destroyed.
+	if _, err := e.rt.Create(e.ctx, sp); err != nil {
+		t.Fatalf("Create after exit: %v", err)
+	}
+	e.wait(sp.ID)
+	got, _ := os.ReadFile(filepath.Join(dir, "runs"))
+	if string(got) != "run\n" {
+		t.Errorf("main process ran %d times, want once", strings.Count(string(got), "run"))
+	}
+}
+
+func (s *suite) testWaitMany(t *testing.T) {
+	e := s.env(t)
+	sp := e.spec(`sleep 0.2; exit 4`, "")
+	e.create(sp)
+	var wg sync.WaitGroup
+	results := make([]sandbox.ExitStatus, 4)
+	errs := make([]error, 4)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = e.rt.Wait(e.ctx, sp.ID)
+		}()
+	}
+	wg.Wait()
+	for i := range results {
+		if errs[i] != nil || results[i].Code != 4 {
+			t.Errorf("concurrent Wait %d = %+v, %v; want code 4", i, results[i], errs[i])
+		}
+	}
+	again := e.wait(sp.ID)
+	if again.Code != 4 || !again.ExitedAt.Equal(results[0].ExitedAt) {
+		t.Errorf("Wait after exit = %+v, want %+v", again, results[0])
+	}
+}
+
+func (s *suite) testWaitContext(t *testing.T) {
+	e := s.env(t)
+	sp := e.spec(`sleep 100`, "")
+	e.create(sp)
+	ctx, cancel := context.WithTimeout(e.ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err := e.rt.Wait(ctx, sp.ID)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Wait with expiring ctx = %v, want context.DeadlineExceeded", err)
+	}
+	st, err := e.rt.Status(e.ctx, sp.ID)
+	if err != nil || st.State != sandbox.StateRunning {
+		t.Errorf("Status = %+v, %v; want running", st, err)
+	}
+}
+
+func (s *suite) testStopTrapsTerm(t *testing.T) {
+	e := s.env(t)
+	dir := s.h.MountDir(t)
+	sp := e.spec(`trap 'exit 7' TERM; touch ready; while :; do sleep 0.05; done`, dir)
+	e.create(sp)
+	e.waitFile(filepath.Join(dir, "ready"))
+	start := time.Now()
+	if err := e.rt.Stop(e.ctx, sp.ID, 10*time.Second); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Stop took %v; a process that exits on SIGTERM must not wait out the grace", d)
+	}
+	if es := e.wait(sp.ID); es.Code != 7 {
+		t.Errorf("exit code %d, want 7 (from the TERM trap)", es.Code)
+	}
+	if err := e.rt.Stop(e.ctx, sp.ID, time.Second); err != nil {
+		t.Errorf("Stop of a stopped sandbox: %v", err)
+	}
+}
+
+func (s *suite) testStopIgnoresTerm(t *testing.T) {
+	e := s.env(t)
+	dir := s.h.MountDir(t)
+	sp := e.spec(`trap '' TERM; touch ready; while :; do sleep 0.05; done`, dir)
+	e.create(sp)
+	e.waitFile(filepath.Join(dir, "ready"))
+	const grace = 300 * time.Millisecond
+	start := time.Now()
+	if err := e.rt.Stop(e.ctx, sp.ID, grace); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if d := time.Since(start); d < grace || d > grace+5*time.Second {
+		t.Errorf("Stop took %v, want about the %v grace", d, grace)
+	}
+	if es := e.wait(sp.ID); es.Code != 137 {
+		t.Errorf("exit code %d, want 137 (SIGKILL)", es.Code)
+	}
+}
+
+func (s *suite) testStopProcessTree(t *testing.T) {
+	e := s.env(t)
+	dir := s.h.MountDir(t)
+	// A background child that ignores SIGTERM keeps appending to a file
+	// while it lives; after Stop the file must stop growing.
+	sp := e.spec(`(trap '' TERM; while :; do echo x >> tick; sleep 0.02; done) & sleep 1000 & touch ready; sleep 1000`, dir)
+	e.create(sp)
+	e.waitFile(filepath.Join(dir, "ready"))
+	e.waitFile(filepath.Join(dir, "tick"))
+	if err := e.rt.Stop(e.ctx, sp.ID, 200*time.Millisecond); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	e.wait(sp.ID)
+	size := func() int64 {
+		fi, err := os.Stat(filepath.Join(dir, "tick"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	before := size()
+	time.Sleep(200 * time.Millisecond)
+	if after := size(); after != before {
+		t.Errorf("a process of the stopped sandbox still runs (tick file grew %d -> %d)", before, after)
+	}
+}
+
+func (s *suite) testDestroy(t *testing.T) {
+	e := s.env(t)
+	sp := e.spec(`sleep 100`, "")
+	if _, err := e.rt.Create(e.ctx, sp); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	if err := e.rt.Destroy(e.ctx, sp.ID); err != nil {
+		t.Fatalf("Destroy of a running sandbox: %v", err)
+	}
+	if err := e.rt.Destroy(e.ctx, sp.ID); err != nil {
+		t.Errorf("second Destroy: %v", err)
+	}
+	if _, err := e.rt.Status(e.ctx, sp.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Status after Destroy = %v, want ErrNotFound", err)
+	}
+	hs, err := e.rt.List(e.ctx, nil)
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	for _, h := range hs {
+		if h.ID == sp.ID {
+			t.Errorf("List after Destroy still has %s", sp.ID)
+		}
+	}
+	if err := e.rt.Destroy(e.ctx, NewID(t)); err != nil {
+		t.Errorf("Destroy of an unknown id: %v", err)
+	}
+}
+
+func (s *suite) testNotFound(t *testing.T) {
+	e := s.env(t)
+	id := NewID(t)
+	if _, err := e.rt.Wait(e.ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Wait = %v, want ErrNotFound", err)
+	}
+	if _, err := e.rt.Status(e.ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Status = %v, want ErrNotFound", err)
+	}
+	if err := e.rt.Stop(e.ctx, id, time.Second); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Stop = %v, want ErrNotFound", err)
+	}
+	if _, err := e.rt.Exec(e.ctx, id, sandbox.ExecRequest{Command: []string{"true"}}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Exec = %v, want ErrNotFound", err)
+	}
+}
+
+func (s *suite) testInvalidSpec(t *testing.T) {
+	e := s.env(t)
+	for name, sp := range map[string]sandbox.Spec{
+		"empty id":       {Command: []string{"true"}},
+		"uppercase id":   {ID: "Bad-ID", Command: []string{"true"}},
+		"no command":     {ID: NewID(t)},
+		"relative mount": {ID: NewID(t), Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: t.TempDir(), Target: "out"}}},
+	} {
+		if _, err := e.rt.Create(e.ctx, sp); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: Create = %v, want ErrInvalidArgument", name, err)
+			e.rt.Destroy(e.ctx, sp.ID)
+		}
+	}
+}
+
+func (s *suite) testRecover(t *testing.T) {
+	e := s.env(t)
+	dir := s.h.MountDir(t)
+	sp := e.spec(`touch ready; while [ ! -e stop ]; do sleep 0.02; done; exit 5`, dir)
+	sp.Labels["corral.test"] = "recover"
+	h := e.create(sp)
+	e.waitFile(filepath.Join(dir, "ready"))
+
+	// The first instance is dropped while the sandbox runs.
+	e.rt = e.newRuntime()
+	hs, err := e.rt.List(e.ctx, map[string]string{"corral.test": "recover"})
+	if err != nil || len(hs) != 1 || hs[0].ID != sp.ID {
+		t.Fatalf("List after restart = %+v, %v; want the one sandbox", hs, err)
+	}
+	if err := e.rt.Recover(e.ctx, &hs[0]); err != nil {
+		t.Fatalf("Recover from List's handle: %v", err)
+	}
+	if err := e.rt.Recover(e.ctx, h); err != nil {
+		t.Fatalf("Recover from Create's handle: %v", err)
+	}
+	st, err := e.rt.Status(e.ctx, sp.ID)
+	if err != nil || st.State != sandbox.StateRunning {
+		t.Fatalf("Status after Recover = %+v, %v; want running", st, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if es := e.wait(sp.ID); es.Code != 5 {
+		t.Errorf("exit code after Recover = %d, want 5", es.Code)
+	}
+	if err := e.rt.Destroy(e.ctx, sp.ID); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if err := e.newRuntime().Recover(e.ctx, h); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Recover of a destroyed sandbox = %v, want ErrNotFound", err)
+	}
+}
+
+func (s *suite) testListByLabel(t *testing.T) {
+	e := s.env(t)
+	run := NewID(t)
+	var ids []string
+	for _, group := range []string{"a", "a", "b"} {
+		sp := e.spec(`sleep 100`, "")
+		sp.Labels["corral.test-run"] = run
+		sp.Labels["corral.test-group"] = group
+		e.create(sp)
+		ids = append(ids, sp.ID)
+	}
+	list := func(sel map[string]string) []string {
+		hs, err := e.rt.List(e.ctx, sel)
+		if err != nil {
+			t.Fatalf("List(%v): %v", sel, err)
+		}
+		var got []string
+		for _, h := range hs {
+			if sel["corral.test-run"] != "" || slices.Contains(ids, h.ID) {
+				got = append(got, h.ID)
+			}
+		}
+		slices.Sort(got)
+		return got
+	}
+	want := func(ids ...string) []string { return slices.Sorted(slices.Values(ids)) }
+	if got := list(map[string]string{"corral.test-run": run, "corral.test-group": "a"}); !slices.Equal(got, want(ids[0], ids[1])) {
+		t.Errorf("List(group a) = %v, want %v", got, want(ids[0], ids[1]))
+	}
+	if got := list(map[string]string{"corral.test-run": run}); !slices.Equal(got, want(ids...)) {
+		t.Errorf("List(run) = %v, want %v", got, want(ids...))
+	}
+	if got := list(nil); !slices.Equal(got, want(ids...)) {
+		t.Errorf("List(nil) = %v, want all of %v", got, want(ids...))
+	}
+	if got := list(map[string]string{"corral.test-run": "no-such-run"}); len(got) != 0 {
+		t.Errorf("List(no match) = %v, want none", got)
+	}
+}
+
+func (s *suite) testExec(t *testing.T) {
+	e := s.env(t)
+	if !e.caps().Exec {
+		t.Skip("runtime does not support Exec")
+	}
+	dir := s.h.MountDir(t)
+	sp := e.spec(`sleep 100`, dir)
+	e.create(sp)
+	var stdout, stderr bytes.Buffer
+	es, err := e.rt.Exec(e.ctx, sp.ID, sandbox.ExecRequest{
+		Command: []string{Shell, "-c", `read line; echo "$line $GREETING" > exec-out; echo out; echo err >&2; exit 3`},
+		Dir:     "/out",
+		Env:     []string{"GREETING=world"},
+		Stdin:   strings.NewReader("hello\n"),
+		Stdout:  &stdout,
+		Stderr:  &stderr,
+	})
+	if err != nil {
+		t.Fatalf("Exec: %v", err)
+	}
+	if es.Code != 3 || stdout.String() != "out\n" || stderr.String() != "err\n" {
+		t.Errorf("Exec = code %d, stdout %q, stderr %q; want 3, %q, %q", es.Code, stdout.String(), stderr.String(), "out\n", "err\n")
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "exec-out")); string(got) != "hello world\n" {
+		t.Errorf("exec wrote %q, want %q", got, "hello world\n")
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := e.rt.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"sleep", "100"}}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Exec with expiring ctx = %v, want context.DeadlineExceeded", err)
+	}
+	if err := e.rt.Stop(e.ctx, sp.ID, 0); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	e.wait(sp.ID)
+	if _, err := e.rt.Exec(e.ctx, sp.ID, sandbox.ExecRequest{Command: []string{"true"}}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("Exec in an exited sandbox = %v, want ErrFailedPrecondition", err)
+	}
+}
+
+func (s *suite) testPidsLimit(t *testing.T) {
+	e := s.env(t)
+	if !e.caps().Limits {
+		t.Skip("runtime does not enforce limits")
+	}
+	dir := s.h.MountDir(t)
+	sp := e.spec(`n=0; while [ $n -lt 64 ]; do sleep 10 & n=$((n+1)); done; touch forked-all`, dir)
+	sp.Limits.Pids = 16
+	e.create(sp)
+	es := e.wait(sp.ID)
+	if _, err := os.Stat(filepath.Join(dir, "forked-all")); err == nil || es.Code == 0 {
+		t.Errorf("64 forks succeeded under a limit of 16 pids (exit %d)", es.Code)
+	}
+}
+
+func (s *suite) testMemoryLimit(t *testing.T) {
+	e := s.env(t)
+	if !e.caps().Limits {
+		t.Skip("runtime does not enforce limits")
+	}
+	// The shell holds the whole command substitution in memory: 256 MiB
+	// under a 32 MiB limit.
+	sp := e.spec(`x=$(head -c 268435456 /dev/zero | tr '\0' a); echo ${#x}`, "")
+	sp.Limits.MemoryBytes = 32 << 20
+	e.create(sp)
+	es := e.wait(sp.ID)
+	if !es.OOMKilled || es.Code == 0 {
+		t.Errorf("ExitStatus = %+v, want OOMKilled with a non-zero code", es)
+	}
+	st, err := e.rt.Status(e.ctx, sp.ID)
+	if err != nil || st.Exit == nil || !st.Exit.OOMKilled {
+		t.Errorf("Status = %+v, %v; want Exit.OOMKilled", st, err)
+	}
+}

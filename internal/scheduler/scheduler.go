@@ -1,0 +1,413 @@
+// Package scheduler starts queued tasks in sandboxes and watches them to the
+// end: a FIFO queue bounded by max_concurrent_workers, the task timeout,
+// cancel in any state, and start-up reconciliation of the tasks, sandboxes
+// and task directories a crashed server left behind (SPEC §2, §3).
+//
+// The scheduler holds no task state of its own: it reads the projection and
+// changes tasks only by appending events through projection.Update, so a
+// restart loses nothing. Sandboxes outlive the server; on start-up Reconcile
+// reattaches to the ones still running.
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// Actor names the scheduler uses on the events it records.
+const (
+	ActorScheduler  = "corral/scheduler"
+	ActorReconciler = "corral/reconciler"
+)
+
+// Options configure a Scheduler.
+type Options struct {
+	// MaxConcurrent is how many tasks may be starting or running at once.
+	MaxConcurrent int
+	// StopGrace is how long a stopped sandbox has between SIGTERM and SIGKILL.
+	StopGrace time.Duration
+	// ExitGrace is how long a sandbox may keep running after its worker
+	// reported completion by webhook before it is stopped.
+	ExitGrace time.Duration
+	// Runtimes are the available backends by name.
+	Runtimes map[string]sandbox.Runtime
+	// Prepare builds the sandbox spec for a task that is starting.
+	Prepare func(ctx context.Context, t task.Task) (sandbox.Spec, error)
+	// Collect reads a finished task's result from its directory. exit is the
+	// sandbox's exit status, or nil when it is unknown (the sandbox was gone
+	// after a restart).
+	Collect func(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed
+	// Now returns the current time; time.Now when nil.
+	Now func() time.Time
+}
+
+// Scheduler runs queued tasks. Create it with New and start it with Run.
+type Scheduler struct {
+	opts  Options
+	tasks *projection.Tasks
+	store eventstore.Store
+	log   *slog.Logger
+
+	mu      sync.Mutex
+	running map[string]bool // tasks this process starts or supervises
+	kick    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// New returns a scheduler over the task projection.
+func New(opts Options, tasks *projection.Tasks, store eventstore.Store, log *slog.Logger) *Scheduler {
+	if opts.MaxConcurrent < 1 {
+		opts.MaxConcurrent = 1
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.ExitGrace == 0 {
+		opts.ExitGrace = 10 * time.Second
+	}
+	return &Scheduler{opts: opts, tasks: tasks, store: store, log: log, running: map[string]bool{}, kick: make(chan struct{}, 1)}
+}
+
+// Run reconciles, then starts queued tasks as slots free up until ctx is
+// done. Sandboxes keep running when Run returns: the next server reattaches.
+func (s *Scheduler) Run(ctx context.Context) error {
+	if err := s.Reconcile(ctx); err != nil {
+		return err
+	}
+	for {
+		ch := s.tasks.Changed()
+		s.fill(ctx)
+		select {
+		case <-ch:
+		case <-s.kick:
+		case <-ctx.Done():
+			s.wg.Wait()
+			return nil
+		}
+	}
+}
+
+// Running returns how many tasks this scheduler is starting or supervising.
+func (s *Scheduler) Running() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.running)
+}
+
+func (s *Scheduler) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// fill starts the oldest queued tasks while there are free slots.
+func (s *Scheduler) fill(ctx context.Context) {
+	if s.Running() >= s.opts.MaxConcurrent {
+		return
+	}
+	queued := s.tasks.Select(func(t *task.Task) bool { return t.Status == task.Queued })
+	for _, t := range queued {
+		if s.Running() >= s.opts.MaxConcurrent || ctx.Err() != nil {
+			return
+		}
+		nt, err := s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
+			if t.Status != task.Queued {
+				return nil, projection.ErrNoChange
+			}
+			return []eventstore.Proposed{projection.NewEvent(task.EventStarting, nil, ActorScheduler)}, nil
+		})
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("cannot claim task", logkey.TaskID, t.ID, logkey.Error, err)
+			}
+			continue
+		}
+		if nt.Status != task.Starting || !s.claim(nt.ID) {
+			continue
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer s.release(nt.ID)
+			s.start(ctx, nt)
+		}()
+	}
+}
+
+func (s *Scheduler) claim(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running[id] {
+		return false
+	}
+	s.running[id] = true
+	return true
+}
+
+func (s *Scheduler) release(id string) {
+	s.mu.Lock()
+	delete(s.running, id)
+	s.mu.Unlock()
+	s.wake()
+}
+
+// start creates the task's sandbox and supervises it.
+func (s *Scheduler) start(ctx context.Context, t task.Task) {
+	log := s.log.With(logkey.TaskID, t.ID)
+	rt, ok := s.opts.Runtimes[t.Runtime]
+	if !ok {
+		s.complete(ctx, t.ID, failed(fmt.Sprintf("runtime %q is not available on this server", t.Runtime), "start"))
+		return
+	}
+	spec, err := s.opts.Prepare(ctx, t)
+	if err != nil {
+		s.complete(ctx, t.ID, failed("prepare sandbox: "+err.Error(), "start"))
+		return
+	}
+	var h *sandbox.Handle
+	for attempt := 0; ; attempt++ {
+		h, err = rt.Create(ctx, spec)
+		if err == nil || !errdefs.Retryable(err) || attempt == 4 || ctx.Err() != nil {
+			break
+		}
+		log.Warn("sandbox create failed, retrying", logkey.Error, err)
+		select {
+		case <-time.After(time.Duration(200<<attempt) * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return // shutting down; reconciliation finds the task again
+		}
+		s.complete(ctx, t.ID, failed("start sandbox: "+err.Error(), "start"))
+		return
+	}
+	handle, _ := json.Marshal(h)
+	t, err = s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
+		if t.Status != task.Starting {
+			return nil, projection.ErrNoChange // completed by webhook or cancelled meanwhile
+		}
+		return []eventstore.Proposed{projection.NewEvent(task.EventStarted, task.Started{SandboxName: h.ID, Handle: handle}, ActorScheduler)}, nil
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Error("cannot record task start", logkey.Error, err)
+		}
+		return
+	}
+	log.Info("task started", logkey.SandboxID, h.ID, logkey.Runtime, t.Runtime)
+	s.supervise(ctx, t, rt, h.ID)
+}
+
+// supervise waits for the sandbox to exit, enforcing the timeout and cancel.
+func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runtime, sandboxID string) {
+	log := s.log.With(logkey.TaskID, t.ID, logkey.SandboxID, sandboxID)
+	type waited struct {
+		st  sandbox.ExitStatus
+		err error
+	}
+	wctx, stopWait := context.WithCancel(ctx)
+	defer stopWait()
+	exited := make(chan waited, 1)
+	go func() {
+		st, err := rt.Wait(wctx, sandboxID)
+		exited <- waited{st, err}
+	}()
+
+	started := s.opts.Now()
+	if t.StartedAt != nil {
+		started = *t.StartedAt
+	}
+	timeout := time.NewTimer(t.Timeout() - s.opts.Now().Sub(started))
+	defer timeout.Stop()
+	var exitDeadline <-chan time.Time // set once the task ended before its sandbox
+	stopped := false
+	stop := func(why string) {
+		if stopped {
+			return
+		}
+		stopped = true
+		if err := rt.Stop(ctx, sandboxID, s.opts.StopGrace); err != nil && ctx.Err() == nil {
+			log.Warn("cannot stop sandbox", "why", why, logkey.Error, err)
+		}
+	}
+
+	for {
+		changed := s.tasks.Changed()
+		cur, err := s.tasks.Get(t.ID)
+		if err != nil {
+			return
+		}
+		switch {
+		case cur.Status.Terminal() && exitDeadline == nil && !stopped:
+			exitDeadline = time.After(s.opts.ExitGrace)
+		case cur.CancelRequested && !cur.Status.Terminal():
+			stop("cancel")
+			s.complete(ctx, t.ID, task.Completed{Status: task.Cancelled, ErrorMessage: "cancelled", Reason: "cancel"})
+			continue
+		}
+		select {
+		case w := <-exited:
+			if ctx.Err() != nil {
+				return // shutting down: leave the sandbox to the next server
+			}
+			var exit *sandbox.ExitStatus
+			if w.err == nil {
+				exit = &w.st
+			} else {
+				log.Warn("lost track of sandbox", logkey.Error, w.err)
+			}
+			if cur, err := s.tasks.Get(t.ID); err == nil && !cur.Status.Terminal() {
+				s.complete(ctx, t.ID, s.opts.Collect(ctx, cur, exit))
+			}
+			if err := rt.Destroy(ctx, sandboxID); err != nil {
+				log.Warn("cannot destroy sandbox", logkey.Error, err)
+			}
+			return
+		case <-timeout.C:
+			if !cur.Status.Terminal() {
+				stop("timeout")
+				msg := fmt.Sprintf("timed out after %s", t.Timeout())
+				s.complete(ctx, t.ID, task.Completed{Status: task.Timeout, ErrorMessage: msg, Reason: "timeout"})
+			}
+		case <-exitDeadline:
+			stop("ended")
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// complete records a task's terminal event unless it already ended.
+func (s *Scheduler) complete(ctx context.Context, id string, c task.Completed) {
+	t, err := s.tasks.Update(ctx, id, func(t task.Task) ([]eventstore.Proposed, error) {
+		if t.Status.Terminal() {
+			return nil, projection.ErrNoChange
+		}
+		return []eventstore.Proposed{projection.NewEvent(task.EventCompleted, c, ActorScheduler)}, nil
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Error("cannot record task completion", logkey.TaskID, id, logkey.Error, err)
+		}
+		return
+	}
+	if t.Status == c.Status {
+		lvl := slog.LevelInfo
+		if c.Status == task.Failed {
+			lvl = slog.LevelWarn
+		}
+		s.log.Log(ctx, lvl, "task ended", logkey.TaskID, id, logkey.Status, c.Status, "reason", c.Reason, "error_message", c.ErrorMessage)
+	}
+}
+
+func failed(msg, reason string) task.Completed {
+	return task.Completed{Status: task.Failed, ErrorMessage: msg, Reason: reason}
+}
+
+// Reconcile compares three views after a restart — the events, the
+// sandboxes the runtimes report, and (through Collect) the task directories
+// — and records what it did: it reattaches to a running task's sandbox,
+// ends a task whose sandbox is gone with its status.json or as lost, and
+// stops sandboxes no task owns.
+func (s *Scheduler) Reconcile(ctx context.Context) error {
+	listed := map[string]listedSandbox{} // by task id
+	for name, rt := range s.opts.Runtimes {
+		hs, err := rt.List(ctx, map[string]string{sandbox.LabelManaged: "true"})
+		if err != nil {
+			s.log.Warn("cannot list sandboxes", logkey.Runtime, name, logkey.Error, err)
+			continue
+		}
+		for _, h := range hs {
+			listed[h.Labels[sandbox.LabelTaskID]] = listedSandbox{rt: rt, name: name, h: h}
+		}
+	}
+	active := s.tasks.Select(func(t *task.Task) bool { return t.Status == task.Starting || t.Status == task.Running })
+	owned := map[string]bool{}
+	for _, t := range active {
+		owned[t.ID] = true
+		if err := s.reattach(ctx, t, listed[t.ID]); err != nil {
+			return err
+		}
+	}
+	for id, l := range listed {
+		if owned[id] {
+			continue
+		}
+		if err := l.rt.Stop(ctx, l.h.ID, 0); err != nil {
+			s.log.Warn("cannot stop orphan sandbox", logkey.SandboxID, l.h.ID, logkey.Error, err)
+		}
+		l.rt.Destroy(ctx, l.h.ID)
+		s.log.Info("orphan sandbox stopped", logkey.SandboxID, l.h.ID, logkey.Runtime, l.name)
+		ev := projection.NewEvent(task.EventOrphanStopped, map[string]string{"sandbox_name": l.h.ID, "runtime": l.name, "task_id": id}, ActorReconciler)
+		if _, err := s.store.Append(ctx, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
+			return fmt.Errorf("record orphan sandbox: %w", err)
+		}
+	}
+	return nil
+}
+
+type listedSandbox struct {
+	rt   sandbox.Runtime
+	name string
+	h    sandbox.Handle
+}
+
+// reattach resumes supervising an active task after a restart, or ends it.
+func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) error {
+	rt := s.opts.Runtimes[t.Runtime]
+	var h *sandbox.Handle
+	switch {
+	case rt == nil:
+	case len(t.Handle) > 0:
+		h = new(sandbox.Handle)
+		if err := json.Unmarshal(t.Handle, h); err != nil {
+			h = nil
+		}
+	case l.rt != nil:
+		h = &l.h
+	}
+	if h != nil {
+		err := rt.Recover(ctx, h)
+		if err == nil {
+			if _, err := s.tasks.Update(ctx, t.ID, func(task.Task) ([]eventstore.Proposed, error) {
+				return []eventstore.Proposed{projection.NewEvent(task.EventReattached, task.Reattached{SandboxName: h.ID}, ActorReconciler)}, nil
+			}); err != nil {
+				return fmt.Errorf("record reattach of task %s: %w", t.ID, err)
+			}
+			s.log.Info("task reattached", logkey.TaskID, t.ID, logkey.SandboxID, h.ID)
+			s.claim(t.ID)
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				defer s.release(t.ID)
+				s.supervise(ctx, t, rt, h.ID)
+			}()
+			return nil
+		}
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			s.log.Warn("cannot recover sandbox", logkey.TaskID, t.ID, logkey.Error, err)
+		}
+	}
+	c := s.opts.Collect(ctx, t, nil)
+	s.complete(ctx, t.ID, c)
+	if h != nil && rt != nil {
+		rt.Destroy(ctx, h.ID)
+	}
+	return nil
+}

@@ -1,0 +1,187 @@
+// Package task is Corral's domain model: a task's specification, its status
+// state machine, the events that change it and the fold that turns those
+// events into the task's current state. It performs no I/O.
+//
+// Status moves only forward:
+//
+//	pending → queued → starting → running → success | failed | timeout | cancelled
+//
+// Any non-terminal status may also go straight to a terminal one (a queued
+// task is cancelled, a starting task fails).
+package task
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/ids"
+)
+
+// Status is where a task is in its lifecycle.
+type Status string
+
+// The statuses, in lifecycle order.
+const (
+	Pending   Status = "pending"
+	Queued    Status = "queued"
+	Starting  Status = "starting"
+	Running   Status = "running"
+	Success   Status = "success"
+	Failed    Status = "failed"
+	Timeout   Status = "timeout"
+	Cancelled Status = "cancelled"
+)
+
+var rank = map[Status]int{Pending: 0, Queued: 1, Starting: 2, Running: 3, Success: 4, Failed: 4, Timeout: 4, Cancelled: 4}
+
+// Terminal reports whether s is one of the final statuses.
+func (s Status) Terminal() bool { return rank[s] == 4 }
+
+// Valid reports whether s is a known status.
+func (s Status) Valid() bool { _, ok := rank[s]; return ok }
+
+// CanMoveTo reports whether a task in status s may move to next.
+func (s Status) CanMoveTo(next Status) bool {
+	if !s.Valid() || !next.Valid() || s.Terminal() {
+		return false
+	}
+	return rank[next] > rank[s]
+}
+
+// Agents Corral knows.
+const (
+	AgentClaude   = "claude"
+	AgentGemini   = "gemini"
+	AgentCodex    = "codex"
+	AgentOpencode = "opencode"
+	AgentCommand  = "command"
+)
+
+// KnownAgent reports whether name is an agent Corral has an adapter for.
+func KnownAgent(name string) bool {
+	switch name {
+	case AgentClaude, AgentGemini, AgentCodex, AgentOpencode, AgentCommand:
+		return true
+	}
+	return false
+}
+
+// Network policies for a worker.
+const (
+	NetworkNone      = "none"
+	NetworkAllowlist = "allowlist"
+	NetworkOpen      = "open"
+)
+
+// Resources are the limits of one worker's sandbox. Zero means the
+// configured default.
+type Resources struct {
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	CPUMillis   int64 `json:"cpu_millis,omitempty"`
+	Pids        int64 `json:"pids,omitempty"`
+}
+
+// Origin says who asked for a task, so the result can be reported back to
+// the conversation that asked (seed 000 worker_tasks, seed 002 reportToParent).
+type Origin struct {
+	ConversationID string `json:"conversation_id,omitempty"`
+	InterfaceType  string `json:"interface_type,omitempty"`
+	UserName       string `json:"user_name,omitempty"`
+}
+
+// Spec is what a task was asked to do; it never changes after the task is
+// created.
+type Spec struct {
+	Description    string            `json:"task_description"`
+	ContextFiles   []string          `json:"context_files,omitempty"`
+	Agent          string            `json:"agent"`
+	Model          string            `json:"model,omitempty"`
+	Command        []string          `json:"command,omitempty"`
+	TimeoutMinutes int               `json:"timeout_minutes"`
+	Runtime        string            `json:"runtime"`
+	Image          string            `json:"image,omitempty"`
+	Network        string            `json:"network"`
+	Resources      Resources         `json:"resources"`
+	SaveToShared   bool              `json:"save_to_shared,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	Origin
+}
+
+// Timeout returns the task's wall-clock limit.
+func (s Spec) Timeout() time.Duration { return time.Duration(s.TimeoutMinutes) * time.Minute }
+
+// OutputFile is one file a worker produced.
+type OutputFile struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+	Type string `json:"type"`
+}
+
+// Task is a task's current state, folded from its events. It is a value:
+// copies are independent except for the slices and maps they share, which
+// are never modified after an event sets them.
+type Task struct {
+	ID      string `json:"task_id"`
+	Spec    `json:""`
+	Status  Status `json:"status"`
+	Version int64  `json:"version"`
+
+	SandboxName     string          `json:"sandbox_name,omitempty"`
+	Handle          json.RawMessage `json:"-"`
+	CreatedAt       time.Time       `json:"created_at"`
+	UpdatedAt       time.Time       `json:"updated_at"`
+	QueuedAt        *time.Time      `json:"queued_at,omitempty"`
+	StartedAt       *time.Time      `json:"started_at,omitempty"`
+	CompletedAt     *time.Time      `json:"completed_at,omitempty"`
+	DurationSeconds *float64        `json:"duration_seconds,omitempty"`
+	ExitCode        *int            `json:"exit_code,omitempty"`
+	OutputFiles     []OutputFile    `json:"output_files,omitempty"`
+	Summary         string          `json:"summary,omitempty"`
+	ErrorMessage    string          `json:"error_message,omitempty"`
+	CancelRequested bool            `json:"cancel_requested,omitempty"`
+	LogsTruncated   bool            `json:"logs_truncated,omitempty"`
+	// QueueSeq orders queued tasks: the store position of the queued event.
+	QueueSeq int64 `json:"-"`
+}
+
+const idPrefix = "task-"
+
+var idPattern = regexp.MustCompile(`^task-[0-9a-z]{26}$`)
+
+// NewID returns a new sortable task id.
+func NewID() string { return idPrefix + ids.New() }
+
+// ValidID reports whether id is well formed.
+func ValidID(id string) bool { return idPattern.MatchString(id) }
+
+// CheckID returns an ErrInvalidArgument naming field if id is malformed.
+func CheckID(id string) error {
+	if !ValidID(id) {
+		return errdefs.Field("task_id", fmt.Sprintf("%q is not a task id (want task- and 26 lowercase letters or digits)", truncate(id, 64)))
+	}
+	return nil
+}
+
+// StreamID returns the event stream that holds a task's events.
+func StreamID(id string) string { return "task/" + id }
+
+// IDFromStream returns the task id of a task stream, or "" for other streams.
+func IDFromStream(stream string) string {
+	id, ok := strings.CutPrefix(stream, "task/")
+	if !ok {
+		return ""
+	}
+	return id
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,300 @@
+// Package tools is Corral's tool catalogue: every tool's name, description,
+// JSON schema and handler, shared by the MCP server and the HTTP function
+// API (GET /api/tools, POST /api/tools/{name}). Names, parameters and
+// defaults follow the seeds (seed 000 "New Tools"), plus Corral's own
+// spawn_worker fields (SPEC §2). A tool joins the catalogue when it works.
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/orchestrator"
+)
+
+// Tool is one callable tool.
+type Tool struct {
+	Name        string
+	Description string
+	// Schema is the JSON schema of the arguments object.
+	Schema json.RawMessage
+	// Call runs the tool with its JSON arguments.
+	Call func(ctx context.Context, args json.RawMessage) (any, error)
+}
+
+// Catalogue is the list of tools over one Service.
+type Catalogue struct {
+	tools []Tool
+	index map[string]int
+}
+
+// New returns the catalogue of tools over svc.
+func New(svc orchestrator.Service) *Catalogue {
+	c := &Catalogue{index: map[string]int{}}
+	for _, t := range []Tool{
+		spawnWorker(svc), readTaskResult(svc), listWorkerTasks(svc), cancelWorkerTask(svc),
+		readWorkspace(svc), writeWorkspace(svc), listWorkspace(svc),
+	} {
+		c.index[t.Name] = len(c.tools)
+		c.tools = append(c.tools, t)
+	}
+	return c
+}
+
+// All returns every tool, in catalogue order.
+func (c *Catalogue) All() []Tool { return c.tools }
+
+// Call runs the named tool. An unknown name is ErrNotFound; arguments that
+// do not decode are ErrInvalidArgument.
+func (c *Catalogue) Call(ctx context.Context, name string, args json.RawMessage) (any, error) {
+	i, ok := c.index[name]
+	if !ok {
+		return nil, fmt.Errorf("no tool %q: %w", name, errdefs.ErrNotFound)
+	}
+	if len(bytes.TrimSpace(args)) == 0 {
+		args = json.RawMessage("{}")
+	}
+	return c.tools[i].Call(ctx, args)
+}
+
+// Function is a tool in the OpenAI function-calling format.
+type Function struct {
+	Type     string       `json:"type"`
+	Function FunctionSpec `json:"function"`
+}
+
+// FunctionSpec is the inner part of Function.
+type FunctionSpec struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	Parameters  json.RawMessage `json:"parameters"`
+}
+
+// Functions returns the catalogue as OpenAI-style function definitions.
+func (c *Catalogue) Functions() []Function {
+	out := make([]Function, len(c.tools))
+	for i, t := range c.tools {
+		out[i] = Function{Type: "function", Function: FunctionSpec{Name: t.Name, Description: t.Description, Parameters: t.Schema}}
+	}
+	return out
+}
+
+// decode strictly decodes tool arguments: unknown fields are errors naming
+// the field, so a typo is not silently ignored.
+func decode(args json.RawMessage, v any) error {
+	d := json.NewDecoder(bytes.NewReader(args))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		var se *json.SyntaxError
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &te):
+			return errdefs.Field(te.Field, fmt.Sprintf("must be %s, not %s", te.Type, te.Value))
+		case errors.As(err, &se):
+			return fmt.Errorf("arguments are not valid JSON: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		return fmt.Errorf("arguments: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if d.More() {
+		return fmt.Errorf("arguments: trailing data after the JSON object: %w", errdefs.ErrInvalidArgument)
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return fmt.Errorf("arguments: trailing data after the JSON object: %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Decode is decode for transports that take a request body in a tool's
+// argument format (POST /api/tasks takes spawn_worker's arguments).
+func Decode(args json.RawMessage, v any) error { return decode(args, v) }
+
+func spawnWorker(svc orchestrator.Service) Tool {
+	return Tool{
+		Name: "spawn_worker",
+		Description: `Spawn an AI coder worker (Claude Code, Gemini CLI, Codex, opencode, or a plain command) to complete
+a complex task that requires general-purpose computing capabilities like running Python,
+shell commands, or file manipulation.
+
+Use this when:
+- Task requires running Python/shell scripts
+- Task needs file I/O beyond notes/documents
+- Task involves complex data processing or visualization
+- Task would take many tool calls to complete manually
+
+Do NOT use this for:
+- Simple queries answerable with existing tools
+- Quick one-off operations
+
+The worker runs in an isolated sandbox with:
+- Read access to /workspace/shared/ (persistent files)
+- Write access to its task directory (/task; results go to /task/output/)
+- No network unless the task's network policy allows it
+
+You will be notified when the worker completes.
+Use read_task_result(task_id) to retrieve the output; it can also wait for the end.`,
+		Schema: json.RawMessage(spawnSchema),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var req orchestrator.SpawnRequest
+			if err := decode(args, &req); err != nil {
+				return nil, err
+			}
+			t, existing, err := svc.Spawn(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			return map[string]any{"task_id": t.ID, "status": t.Status, "existing": existing}, nil
+		},
+	}
+}
+
+func readTaskResult(svc orchestrator.Service) Tool {
+	return Tool{
+		Name:        "read_task_result",
+		Description: "Read the result of a worker task: status, summary, error, output files, and optionally the content of some output files. Call this after being notified that a worker has completed, or pass wait_seconds to wait for it to end.",
+		Schema: json.RawMessage(`{"type":"object","properties":{
+"task_id":{"type":"string","description":"The task ID returned by spawn_worker."},
+"include_file_contents":{"type":"array","items":{"type":"string"},"description":"List of output file names to include content for. For large files, consider reading them separately."},
+"wait_seconds":{"type":"integer","minimum":0,"maximum":600,"default":0,"description":"Wait up to this many seconds for the task to end before answering."}},
+"required":["task_id"],"additionalProperties":false}`),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var a struct {
+				TaskID              string   `json:"task_id"`
+				IncludeFileContents []string `json:"include_file_contents"`
+				WaitSeconds         int      `json:"wait_seconds"`
+			}
+			if err := decode(args, &a); err != nil {
+				return nil, err
+			}
+			if a.WaitSeconds < 0 || a.WaitSeconds > 600 {
+				return nil, errdefs.Field("wait_seconds", "must be between 0 and 600")
+			}
+			return svc.Result(ctx, orchestrator.ResultRequest{TaskID: a.TaskID, IncludeFileContents: a.IncludeFileContents, Wait: time.Duration(a.WaitSeconds) * time.Second})
+		},
+	}
+}
+
+func listWorkerTasks(svc orchestrator.Service) Tool {
+	return Tool{
+		Name:        "list_worker_tasks",
+		Description: "List worker tasks, newest first, optionally only those of one conversation or in one status.",
+		Schema: json.RawMessage(`{"type":"object","properties":{
+"conversation_id":{"type":"string","description":"Only tasks spawned for this conversation."},
+"status":{"type":"string","enum":["pending","queued","starting","running","success","failed","timeout","cancelled"],"description":"Only tasks in this status."},
+"limit":{"type":"integer","minimum":1,"maximum":500,"default":50,"description":"At most this many tasks."},
+"cursor":{"type":"string","description":"next_cursor from the previous page."}},"additionalProperties":false}`),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var req orchestrator.ListRequest
+			if err := decode(args, &req); err != nil {
+				return nil, err
+			}
+			return svc.List(ctx, req)
+		},
+	}
+}
+
+func cancelWorkerTask(svc orchestrator.Service) Tool {
+	return Tool{
+		Name:        "cancel_worker_task",
+		Description: "Cancel a worker task that has not ended: a queued task never starts, a running one is stopped with everything it started.",
+		Schema: json.RawMessage(`{"type":"object","properties":{
+"task_id":{"type":"string","description":"The task ID returned by spawn_worker."}},"required":["task_id"],"additionalProperties":false}`),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var a struct {
+				TaskID string `json:"task_id"`
+			}
+			if err := decode(args, &a); err != nil {
+				return nil, err
+			}
+			return svc.Cancel(ctx, a.TaskID)
+		},
+	}
+}
+
+func readWorkspace(svc orchestrator.Service) Tool {
+	return Tool{
+		Name:        "read_workspace",
+		Description: "Read a file from /workspace/shared/. Use this to access persistent files like scripts, data, or worker outputs that were saved to shared.",
+		Schema: json.RawMessage(`{"type":"object","properties":{
+"path":{"type":"string","description":"Path relative to /workspace/shared/, e.g., 'scripts/analyze.py'"}},"required":["path"],"additionalProperties":false}`),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var a struct {
+				Path string `json:"path"`
+			}
+			if err := decode(args, &a); err != nil {
+				return nil, err
+			}
+			return svc.ReadWorkspace(ctx, a.Path)
+		},
+	}
+}
+
+func writeWorkspace(svc orchestrator.Service) Tool {
+	return Tool{
+		Name:        "write_workspace",
+		Description: "Write a file to /workspace/shared/. Use this to store data for workers to access, or to save scripts/outputs for future use.",
+		Schema: json.RawMessage(`{"type":"object","properties":{
+"path":{"type":"string","description":"Path relative to /workspace/shared/, e.g., 'data/input.csv'"},
+"content":{"type":"string","description":"Content to write to the file."}},"required":["path","content"],"additionalProperties":false}`),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var a struct {
+				Path    string  `json:"path"`
+				Content *string `json:"content"`
+			}
+			if err := decode(args, &a); err != nil {
+				return nil, err
+			}
+			if a.Content == nil {
+				return nil, errdefs.Field("content", "is required")
+			}
+			return svc.WriteWorkspace(ctx, a.Path, []byte(*a.Content))
+		},
+	}
+}
+
+func listWorkspace(svc orchestrator.Service) Tool {
+	return Tool{
+		Name:        "list_workspace",
+		Description: "List files and directories in /workspace/shared/.",
+		Schema: json.RawMessage(`{"type":"object","properties":{
+"path":{"type":"string","default":"","description":"Path relative to /workspace/shared/. Empty string for root."},
+"recursive":{"type":"boolean","default":false,"description":"If true, list files recursively."}},"additionalProperties":false}`),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var a struct {
+				Path      string `json:"path"`
+				Recursive bool   `json:"recursive"`
+			}
+			if err := decode(args, &a); err != nil {
+				return nil, err
+			}
+			ents, err := svc.ListWorkspace(ctx, a.Path, a.Recursive)
+			if err != nil {
+				return nil, err
+			}
+			return map[string]any{"path": a.Path, "entries": ents}, nil
+		},
+	}
+}
+
+const spawnSchema = `{"type":"object","properties":{
+"task_description":{"type":"string","description":"Detailed description of what the worker should accomplish. Be specific about expected outputs and success criteria."},
+"context_files":{"type":"array","items":{"type":"string"},"description":"List of files from /workspace/shared/ to copy to the task directory. Use paths relative to shared/, e.g., 'data/input.csv'."},
+"model":{"type":"string","description":"Which AI coder to use: 'claude' or 'gemini' (the seed's choice), or a model name passed to the agent."},
+"agent":{"type":"string","enum":["claude","gemini","codex","opencode","command"],"description":"The agent to run; defaults to model, then to the server's default agent."},
+"command":{"type":"array","items":{"type":"string"},"description":"For agent 'command': the argv to run in /task, with the task description on stdin."},
+"timeout_minutes":{"type":"integer","default":30,"minimum":1,"maximum":120,"description":"Maximum execution time in minutes."},
+"runtime":{"type":"string","enum":["local","gvisor","docker","kubernetes"],"description":"Where the worker runs; defaults to the server's runtime."},
+"image":{"type":"string","description":"Container image, for the docker and kubernetes runtimes."},
+"network":{"type":"string","enum":["none","allowlist","open"],"description":"The worker's network policy."},
+"resources":{"type":"object","properties":{"memory_limit":{"type":"string","description":"e.g. 512Mi, 2Gi"},"cpu_limit":{"type":"string","description":"e.g. 2, 500m"},"pids_limit":{"type":"integer"}},"additionalProperties":false,"description":"Overrides of the sandbox's limits."},
+"conversation_id":{"type":"string","description":"The conversation that asked, for reporting back."},
+"interface_type":{"type":"string","description":"The interface the conversation is on (chat, telegram, ...)."},
+"user_name":{"type":"string","description":"Who asked."},
+"labels":{"type":"object","additionalProperties":{"type":"string"},"description":"Free-form labels."},
+"idempotency_key":{"type":"string","description":"Spawning twice with the same key returns the first task instead of a second one."}},
+"required":["task_description"],"additionalProperties":false}`

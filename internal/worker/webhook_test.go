@@ -1,0 +1,164 @@
+package worker
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/corral-dev/corral/internal/webhook"
+)
+
+var testSecret = []byte("the server's webhook secret")
+
+// server is the server side of the completion webhook: the real Verifier
+// behind a handler that first answers with the scripted statuses.
+type server struct {
+	v        *webhook.Verifier
+	mu       sync.Mutex
+	script   []int
+	requests int
+	got      []webhook.Completion
+	errs     []error
+}
+
+func newServer(script ...int) *server {
+	return &server{v: webhook.NewVerifier(testSecret, time.Minute, nil), script: script}
+}
+
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, webhook.MaxBodyBytes))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests++
+	if r.URL.Path != webhook.Path || err != nil {
+		http.Error(w, "bad request", http.StatusNotFound)
+		return
+	}
+	if len(s.script) > 0 {
+		code := s.script[0]
+		s.script = s.script[1:]
+		http.Error(w, "scripted", code)
+		return
+	}
+	c, err := s.v.Verify(r.Header, body)
+	if err != nil {
+		s.errs = append(s.errs, err)
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return
+	}
+	s.got = append(s.got, c)
+	w.Write([]byte(`{"status":"accepted"}`))
+}
+
+func webhookOptions(dir, script, url string) Options {
+	o := shOptions(dir, script)
+	o.WebhookURL = url
+	o.WebhookKey = webhook.DeriveKey(testSecret, o.TaskID)
+	o.Webhook = webhook.PostOptions{InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}
+	return o
+}
+
+// checkCompletion compares what the server accepted with status.json.
+func checkCompletion(t *testing.T, srv *server, st Status) {
+	t.Helper()
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if len(srv.got) != 1 {
+		t.Fatalf("server accepted %d completions, rejected %v", len(srv.got), srv.errs)
+	}
+	c := srv.got[0]
+	var names []string
+	for _, f := range st.OutputFiles {
+		names = append(names, f.Name)
+	}
+	want := webhook.Completion{
+		EventType: webhook.EventWorkerCompleted, Source: "local", TaskID: "task-1", Status: st.Status,
+		DurationSeconds: st.DurationSeconds, ExitCode: st.ExitCode, OutputFiles: names, ErrorMessage: st.ErrorMessage,
+		WebhookID: c.WebhookID, Timestamp: c.Timestamp,
+	}
+	if diff := cmp.Diff(want, c, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("completion (-want +got):\n%s", diff)
+	}
+}
+
+func TestRunPostsWebhookOverHTTP(t *testing.T) {
+	srv := newServer()
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	dir := MustTaskDir(t)
+	code, st := MustRun(t, webhookOptions(dir, `echo out > output/a.txt; echo oops >&2; exit 4`, hs.URL+webhook.Path))
+	if code != 4 {
+		t.Fatalf("exit %d", code)
+	}
+	checkCompletion(t, srv, st)
+}
+
+func TestRunPostsWebhookOverUnixSocket(t *testing.T) {
+	srv := newServer()
+	sock := filepath.Join(t.TempDir(), "corral.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv}
+	served := make(chan struct{})
+	go func() { hs.Serve(ln); close(served) }()
+	defer func() { hs.Close(); <-served }()
+
+	dir := MustTaskDir(t)
+	code, st := MustRun(t, webhookOptions(dir, `echo out > output/a.txt`, "unix://"+sock))
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	checkCompletion(t, srv, st)
+}
+
+func TestRunRetriesWebhookWhileServerIsAway(t *testing.T) {
+	srv := newServer(503, 503, 502)
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	dir := MustTaskDir(t)
+	code, st := MustRun(t, webhookOptions(dir, `true`, hs.URL+webhook.Path))
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	checkCompletion(t, srv, st)
+	if srv.requests != 4 {
+		t.Errorf("%d requests, want 4", srv.requests)
+	}
+}
+
+func TestRunStopsWebhookOnClientError(t *testing.T) {
+	srv := newServer(400, 200)
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	dir := MustTaskDir(t)
+	code, st := MustRun(t, webhookOptions(dir, `true`, hs.URL+webhook.Path))
+	if code != 0 || st.Status != "success" {
+		t.Errorf("exit %d, status %q: a lost webhook must not change the result", code, st.Status)
+	}
+	if srv.requests != 1 || len(srv.got) != 0 {
+		t.Errorf("%d requests, %d accepted; want 1 and 0", srv.requests, len(srv.got))
+	}
+}
+
+func TestRunWebhookWithAnotherTasksKeyIsRejected(t *testing.T) {
+	srv := newServer()
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	dir := MustTaskDir(t)
+	opts := webhookOptions(dir, `true`, hs.URL+webhook.Path)
+	opts.WebhookKey = webhook.DeriveKey(testSecret, "task-2")
+	MustRun(t, opts)
+	if srv.requests != 1 || len(srv.got) != 0 || len(srv.errs) != 1 {
+		t.Errorf("%d requests, %d accepted, errors %v; want one rejected request", srv.requests, len(srv.got), srv.errs)
+	}
+}
