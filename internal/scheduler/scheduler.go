@@ -256,8 +256,11 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 		case cur.Status.Terminal() && exitDeadline == nil && !stopped:
 			exitDeadline = time.After(s.opts.ExitGrace)
 		case cur.CancelRequested && !cur.Status.Terminal():
-			stop("cancel")
+			// Record the end first, then stop: the worker reports its own
+			// end when it is stopped, and that report must find the task
+			// already ended as cancelled, not end it as failed.
 			s.complete(ctx, t.ID, task.Completed{Status: task.Cancelled, ErrorMessage: "cancelled", Reason: "cancel"})
+			stop("cancel")
 			continue
 		}
 		select {
@@ -280,9 +283,9 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 			return
 		case <-timeout.C:
 			if !cur.Status.Terminal() {
-				stop("timeout")
 				msg := fmt.Sprintf("timed out after %s", t.Timeout())
 				s.complete(ctx, t.ID, task.Completed{Status: task.Timeout, ErrorMessage: msg, Reason: "timeout"})
+				stop("timeout")
 			}
 		case <-exitDeadline:
 			stop("ended")

@@ -55,7 +55,8 @@ type Options struct {
 	MaxOutputFiles int           // listed in status.json; default 1000
 	Grace          time.Duration // SIGTERM → SIGKILL; default 10s
 
-	// OnProgress, if set, receives the agent's progress items as they come.
+	// OnProgress, if set, receives the agent's progress items as they come,
+	// from one goroutine that reads the agent's stdout; it must not block.
 	OnProgress func(agent.Progress)
 	// Now is the clock; default time.Now.
 	Now func() time.Time

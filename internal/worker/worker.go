@@ -237,6 +237,10 @@ func (r *run) run(ctx context.Context) Status {
 			st.LogsTruncated = true
 			r.log.Info("agent log truncated", "file", l.name, "bytes", l.total, "kept", l.written)
 		}
+		if l.err != nil {
+			st.LogsTruncated = true
+			r.log.Warn("agent log not fully written", "file", l.name, "kept", l.written, logkey.Error, l.err)
+		}
 	}
 	if code == 0 && res.Error == "" && !stopped {
 		st.Status = "success"
@@ -524,7 +528,7 @@ func (ex *execution) wait(ctx context.Context, grace time.Duration) (code int, s
 // signalGroup sends sig to every process in the agent's group. The group
 // id is the leader's pid, reserved while any member lives.
 func (ex *execution) signalGroup(sig syscall.Signal) {
-	syscall.Kill(ex.pid, sig)
+	syscall.Kill(-ex.pid, sig)
 }
 
 func exitCode(ps *os.ProcessState, err error) (int, syscall.Signal) {

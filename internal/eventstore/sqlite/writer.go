@@ -153,7 +153,7 @@ func (s *Store) runWriter() {
 // commitBatch writes batch in one transaction. Each request is checked
 // against the stream versions as the batch has left them, so two requests
 // on one stream are checked in order; a request that fails (version
-// conflict, duplicate event id) is rolled back to its savepoint and fails
+// conflict, duplicate event id, cancelled caller) writes nothing and fails
 // alone. If the transaction itself fails, every request in it fails.
 func (s *Store) commitBatch(batch []*appendReq) {
 	results := make([]appendRes, len(batch))

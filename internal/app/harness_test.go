@@ -1,0 +1,195 @@
+//go:build integration
+
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/app"
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// corralBin is the corral binary built once for the package: sandboxes run
+// it as `corral worker run-task`, and the crash tests run it as the server.
+var corralBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "corral-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	corralBin = filepath.Join(dir, "corral")
+	build := exec.Command("go", "build", "-o", corralBin, "github.com/corral-dev/corral/cmd/corral")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build corral:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// server is a Corral server running in the test process on 127.0.0.1:0.
+type server struct {
+	app    *app.App
+	client *httpapi.Client
+	url    string
+	data   string
+}
+
+// MustStart starts a server on a fresh data root with cfg changed by edit.
+func MustStart(t *testing.T, edit func(*config.Config)) *server {
+	t.Helper()
+	testenv.RequireBwrap(t)
+	cfg := config.Default()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Data = t.TempDir()
+	cfg.Limits.StopGrace = config.Duration(2 * time.Second)
+	if edit != nil {
+		edit(cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := app.New(ctx, cfg, log, app.Options{WorkerBinary: corralBin})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("server ended with %v", err)
+		}
+		a.Close()
+		killSandboxes(t, cfg.Data)
+	})
+	url := "http://" + a.Addr()
+	waitHealthy(t, url)
+	return &server{app: a, client: httpapi.NewClient(url, a.Token()), url: url, data: cfg.Data}
+}
+
+// killSandboxes stops sandboxes a test left running: workers outlive the
+// server by design, so a test must end them itself.
+func killSandboxes(t *testing.T, data string) {
+	ents, _ := os.ReadDir(filepath.Join(data, "run", "local"))
+	for _, e := range ents {
+		exec.Command("pkill", "-KILL", "-f", e.Name()).Run()
+	}
+}
+
+func waitHealthy(t *testing.T, url string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("server at %s never became healthy", url)
+}
+
+// testWriter sends the server's log to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// spawn spawns a command-agent task running argv.
+func (s *server) spawn(t *testing.T, desc string, argv ...string) task.Task {
+	t.Helper()
+	tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv})
+	if err != nil {
+		t.Fatalf("spawn %q: %v", desc, err)
+	}
+	return tk
+}
+
+// wait waits for a task to end and returns its result.
+func (s *server) wait(t *testing.T, id string, within time.Duration, files ...string) orchestrator.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within+5*time.Second)
+	defer cancel()
+	res, err := s.client.Result(ctx, orchestrator.ResultRequest{TaskID: id, Wait: within, IncludeFileContents: files})
+	if err != nil {
+		t.Fatalf("result of %s: %v", id, err)
+	}
+	if !res.Done {
+		t.Fatalf("task %s did not end within %s: status %s", id, within, res.Status)
+	}
+	return res
+}
+
+// waitStatus polls until a task reaches status.
+func (s *server) waitStatus(t *testing.T, id string, want task.Status, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		tk, err := s.client.Get(context.Background(), id)
+		if err == nil && tk.Status == want {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tk, _ := s.client.Get(context.Background(), id)
+	t.Fatalf("task %s: status %s, want %s within %s", id, tk.Status, want, within)
+}
+
+// do sends a raw request and returns the status and body.
+func (s *server) do(t *testing.T, method, path, contentType string, body io.Reader) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, s.url+path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// processRunning reports whether a process whose argv is exactly argv runs.
+func processRunning(argv ...string) bool {
+	want := strings.Join(argv, "\x00") + "\x00"
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && string(b) == want {
+			return true
+		}
+	}
+	return false
+}
