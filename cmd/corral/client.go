@@ -80,4 +80,3 @@ func oneLine(s string, n int) string {
 	}
 	return s
 }
-

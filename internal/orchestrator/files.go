@@ -121,7 +121,6 @@ func trimPartialRune(b []byte) []byte {
 	return b
 }
 
-
 // ErrNotDir is returned by ListWorkspace for a path that is a file, so a
 // transport can read the file instead.
 var ErrNotDir = workspace.ErrNotDir

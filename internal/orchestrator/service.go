@@ -104,7 +104,7 @@ type ResultRequest struct {
 // contents of some of its output files.
 type Result struct {
 	task.Task
-	Done         bool             `json:"done"`
+	Done         bool            `json:"done"`
 	FileContents map[string]File `json:"file_contents,omitempty"`
 }
 

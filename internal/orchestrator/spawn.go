@@ -87,7 +87,9 @@ func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, 
 // filled in, or every problem at once.
 func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
 	var errs []error
-	bad := func(field, format string, args ...any) { errs = append(errs, errdefs.Field(field, fmt.Sprintf(format, args...))) }
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, errdefs.Field(field, fmt.Sprintf(format, args...)))
+	}
 	lim := o.opts.Limits
 
 	desc := req.TaskDescription

@@ -118,9 +118,9 @@ const (
 
 // ExitStatus is how a sandbox's main process (or an exec'd command) ended.
 type ExitStatus struct {
-	Code      int       `json:"code"`             // exit code; 128+n for signal n; -1 if unknown
-	OOMKilled bool      `json:"oom_killed"`       // the memory limit killed it
-	ExitedAt  time.Time `json:"exited_at"`        // zero if unknown
+	Code      int       `json:"code"`              // exit code; 128+n for signal n; -1 if unknown
+	OOMKilled bool      `json:"oom_killed"`        // the memory limit killed it
+	ExitedAt  time.Time `json:"exited_at"`         // zero if unknown
 	Message   string    `json:"message,omitempty"` // e.g. "OOMKilled", "killed by signal 9"
 }
 
