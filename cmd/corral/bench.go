@@ -2,12 +2,78 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 
+	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
+// cmdBench is corral bench: task overhead against bare bubblewrap.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return fmt.Errorf("bench: %w", errdefs.ErrNotImplemented)
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var opts app.BenchOptions
+	fs.IntVar(&opts.N, "n", 200, "measured runs of each kind, per phase")
+	fs.IntVar(&opts.Concurrency, "concurrency", 16, "clients in the concurrent phase (and the server's max_concurrent_workers)")
+	fs.IntVar(&opts.Warmup, "warmup", 5, "unmeasured runs of each kind first")
+	fs.StringVar(&opts.Data, "data", "", "the server's data root (default: a temporary directory, removed afterwards)")
+	fs.StringVar(&opts.Bwrap, "bwrap", "bwrap", "the bubblewrap binary")
+	asJSON := fs.Bool("json", false, "print JSON")
+	verbose := fs.Bool("v", false, "show the server's log")
+	if err := fs.Parse(args); err != nil {
+		return exitError(2)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalidArgument)
+	}
+	if opts.N < 1 || opts.Concurrency < 1 || opts.Warmup < 0 {
+		return fmt.Errorf("--n and --concurrency must be at least 1, --warmup at least 0: %w", errdefs.ErrInvalidArgument)
+	}
+	if opts.Warmup == 0 {
+		opts.Warmup = -1 // BenchOptions: zero means the default
+	}
+	lvl := slog.LevelWarn
+	if *verbose {
+		lvl = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	if !*asJSON {
+		fmt.Fprintf(stdout, "corral bench: %d runs of each kind per phase, %d concurrent clients, %d warm-up runs\n", opts.N, opts.Concurrency, max(opts.Warmup, 0))
+	}
+	res, err := app.Bench(ctx, opts, log)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, res)
+	}
+	printBench(stdout, res)
+	return nil
+}
+
+func printBench(w io.Writer, r *app.BenchResult) {
+	h := r.Host
+	fmt.Fprintf(w, "host: %d CPUs, kernel %s, %s, load average %s\n\n", h.CPUs, h.Kernel, h.Bwrap, h.LoadAvg)
+	s := r.Sequential
+	fmt.Fprintf(w, "sequential (one at a time, interleaved)   median      p90      min      max\n")
+	row := func(name string, l app.Latency) {
+		fmt.Fprintf(w, "  %-38s %6.1f ms %6.1f ms %6.1f ms %6.1f ms\n", name, l.Median, l.P90, l.Min, l.Max)
+	}
+	row("task echo hi, POST to result", s.Task)
+	row("bare bwrap /bin/echo hi", s.Bwrap)
+	fmt.Fprintf(w, "  ratio of medians: %.2f (target <= 2.0)\n", s.Ratio)
+	p := s.Phases
+	fmt.Fprintf(w, "  task median by phase: submit %.1f, queue %.1f, sandbox create %.1f, worker run %.1f, deliver %.1f ms\n\n",
+		p.Submit, p.Queue, p.Sandbox, p.Run, p.Deliver)
+	c := r.Concurrent
+	fmt.Fprintf(w, "concurrent (%d clients)                   done     wall      per second\n", r.Concurrency)
+	trow := func(name string, t app.Throughput) {
+		fmt.Fprintf(w, "  %-38s %4d %7.2f s %9.1f /s\n", name, t.Completed, t.Wall/1000, t.PerSecond)
+	}
+	trow("tasks", c.Task)
+	trow("bare bwrap", c.Bwrap)
+	fmt.Fprintf(w, "  bare over tasks: %.2f; tasks per second target >= 40\n", c.Ratio)
 }

@@ -56,8 +56,17 @@ type server struct {
 // MustStart starts a server on a fresh data root with cfg changed by edit.
 func MustStart(t *testing.T, edit func(*config.Config)) *server {
 	t.Helper()
+	return MustStartEnv(t, []string{}, edit)
+}
+
+// MustStartEnv is MustStart with the environment the configuration reads.
+func MustStartEnv(t *testing.T, environ []string, edit func(*config.Config)) *server {
+	t.Helper()
 	testenv.RequireBwrap(t)
-	cfg := config.Default()
+	cfg, err := config.Load(config.LoadOptions{Environ: environ})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Data = t.TempDir()
 	cfg.Limits.StopGrace = config.Duration(2 * time.Second)

@@ -49,8 +49,8 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) error {
 	req := orchestrator.ListRequest{Status: q.Get("status"), ConversationID: q.Get("conversation_id"), Cursor: q.Get("cursor")}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil {
-			return errdefs.Field("limit", "must be a number")
+		if err != nil || n < 1 {
+			return errdefs.Field("limit", "must be a number between 1 and 500")
 		}
 		req.Limit = n
 	}

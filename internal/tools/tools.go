@@ -96,7 +96,7 @@ func decode(args json.RawMessage, v any) error {
 		switch {
 		case errors.As(err, &te):
 			return errdefs.Field(te.Field, fmt.Sprintf("must be %s, not %s", te.Type, te.Value))
-		case errors.As(err, &se):
+		case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 			return fmt.Errorf("arguments are not valid JSON: %v: %w", err, errdefs.ErrInvalidArgument)
 		}
 		return fmt.Errorf("arguments: %v: %w", err, errdefs.ErrInvalidArgument)

@@ -53,7 +53,8 @@ func ParseCPU(s string) (int64, error) {
 		return n, nil
 	}
 	f, err := strconv.ParseFloat(t, 64)
-	if err != nil || f <= 0 || f > 1e6 {
+	// Written as !(in range) so NaN fails too; under 1 millicore is 0, the default.
+	if err != nil || !(f > 0 && f <= 1e6) || math.Round(f*1000) < 1 {
 		return 0, fmt.Errorf("%q is not a CPU amount (examples: 2, 0.5, 500m)", s)
 	}
 	return int64(math.Round(f * 1000)), nil

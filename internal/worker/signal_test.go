@@ -29,11 +29,20 @@ func waitForFile(tb testing.TB, name string) {
 func readPid(tb testing.TB, name string) int {
 	tb.Helper()
 	waitForFile(tb, name)
-	pid, err := strconv.Atoi(strings.TrimSpace(mustReadFile(tb, name)))
-	if err != nil {
-		tb.Fatalf("pid file %s: %v", name, err)
+	// The shell creates the file before it writes the pid: wait for a
+	// whole line.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		content := mustReadFile(tb, name)
+		pid, err := strconv.Atoi(strings.TrimSpace(content))
+		if err == nil && strings.HasSuffix(content, "\n") {
+			return pid
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("pid file %s: %q: %v", name, content, err)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	return pid
 }
 
 // mustBeDead checks that pid has exited (a zombie nobody reaped yet counts

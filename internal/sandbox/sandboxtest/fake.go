@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -250,7 +251,13 @@ func (f *Fake) runHost(ctx context.Context, sb *fakeSandbox) sandbox.ExitStatus 
 	err := cmd.Wait()
 	close(stop)
 	// Like a pid namespace: when the main process ends, so does the rest.
-	syscall.Kill(-pgid, syscall.SIGKILL)
+	// Kill the group until it is empty (or only zombies are left), so no
+	// straggler is still running when Wait returns.
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if syscall.Kill(-pgid, syscall.SIGKILL) != nil || !groupAlive(pgid) {
+			break
+		}
+	}
 	var xe *exec.ExitError
 	if err != nil && !errors.As(err, &xe) {
 		return sandbox.ExitStatus{Code: -1, Message: err.Error()}
@@ -417,4 +424,25 @@ func (f *Fake) Destroy(ctx context.Context, id string) error {
 		f.st.destroyed = append(f.st.destroyed, id)
 	}
 	return nil
+}
+
+// groupAlive reports whether a process of group pgid is alive and not a
+// zombie.
+func groupAlive(pgid int) bool {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) > 3 && f[0] != "Z" && f[3] == strconv.Itoa(pgid) {
+			return true
+		}
+	}
+	return false
 }

@@ -29,6 +29,10 @@ func TestFakeScriptedRun(t *testing.T) {
 	release := make(chan struct{})
 	f := NewFake()
 	f.Run = func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
+		if spec.ID != "task-1" {
+			<-ctx.Done() // only Stop ends the others
+			return sandbox.ExitStatus{Code: 143}
+		}
 		select {
 		case <-release:
 			return sandbox.ExitStatus{Code: 2}

@@ -1,0 +1,434 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// BenchOptions configure Bench. Zero fields take the documented defaults.
+type BenchOptions struct {
+	// N is how many runs each phase measures, per kind; default 200.
+	N int
+	// Concurrency is the number of clients in the concurrent phase and the
+	// server's max_concurrent_workers; default 16.
+	Concurrency int
+	// Warmup is how many runs of each kind precede the measured ones and
+	// are not counted; default 5.
+	Warmup int
+	// Data is the server's data root; "" makes a temporary one that is
+	// removed afterwards.
+	Data string
+	// WorkerBinary is the corral executable sandboxes run; default this
+	// process's executable.
+	WorkerBinary string
+	// Bwrap is the bubblewrap binary for the bare runs; default "bwrap".
+	Bwrap string
+	// TaskTimeout bounds one task or bare run, end to end; default 60 s.
+	TaskTimeout time.Duration
+}
+
+func (o *BenchOptions) setDefaults() {
+	if o.N <= 0 {
+		o.N = 200
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 16
+	}
+	if o.Warmup < 0 {
+		o.Warmup = 0
+	} else if o.Warmup == 0 {
+		o.Warmup = 5
+	}
+	if o.Bwrap == "" {
+		o.Bwrap = "bwrap"
+	}
+	if o.TaskTimeout <= 0 {
+		o.TaskTimeout = 60 * time.Second
+	}
+}
+
+// BenchResult is what Bench measured. Durations are in milliseconds.
+type BenchResult struct {
+	Host        BenchHost `json:"host"`
+	N           int       `json:"n"`
+	Concurrency int       `json:"concurrency"`
+	Warmup      int       `json:"warmup"`
+	// Sequential runs one task end to end (POST to result) and one bare
+	// bwrap, alternately, n times.
+	Sequential BenchSequential `json:"sequential"`
+	// Concurrent runs n tasks, then n bare bwraps, from Concurrency clients.
+	Concurrent BenchConcurrent `json:"concurrent"`
+}
+
+// BenchHost describes the machine the figures come from.
+type BenchHost struct {
+	CPUs    int    `json:"cpus"`
+	Kernel  string `json:"kernel"`
+	Bwrap   string `json:"bwrap"`
+	LoadAvg string `json:"loadavg"` // /proc/loadavg at the start: other load skews figures
+}
+
+// BenchSequential is the sequential phase's latencies.
+type BenchSequential struct {
+	Task  Latency `json:"task"`
+	Bwrap Latency `json:"bwrap"`
+	// Ratio is the task's median over bare bwrap's median.
+	Ratio float64 `json:"ratio"`
+	// Phases splits the task's latency by the server's event times.
+	Phases TaskPhases `json:"phases"`
+}
+
+// TaskPhases are the medians of the parts of one task's latency, cut at
+// the times the server stamped on its events (an event's time is taken
+// when its batch begins, so each commit's fsync counts in the phase after
+// it): the request until task_created; until task_starting (the scheduler
+// noticing the queued task); until task_started (the task directory, the
+// sandbox spec, the sandbox's create); until the terminal event (the worker
+// starts in the sandbox, runs the agent, reports by webhook); and until
+// the client has the result.
+type TaskPhases struct {
+	Submit  float64 `json:"submit_ms"`
+	Queue   float64 `json:"queue_ms"`
+	Sandbox float64 `json:"sandbox_ms"`
+	Run     float64 `json:"run_ms"`
+	Deliver float64 `json:"deliver_ms"`
+}
+
+// Latency summarises measured durations.
+type Latency struct {
+	Count  int     `json:"count"`
+	Median float64 `json:"median_ms"`
+	P90    float64 `json:"p90_ms"`
+	Min    float64 `json:"min_ms"`
+	Max    float64 `json:"max_ms"`
+}
+
+// Throughput is what a concurrent phase completed in how long.
+type Throughput struct {
+	Completed int     `json:"completed"`
+	Wall      float64 `json:"wall_ms"`
+	PerSecond float64 `json:"per_second"`
+}
+
+// BenchConcurrent is the concurrent phase's throughputs.
+type BenchConcurrent struct {
+	Task  Throughput `json:"task"`
+	Bwrap Throughput `json:"bwrap"`
+	// Ratio is bare bwrap's runs per second over the tasks per second.
+	Ratio float64 `json:"ratio"`
+}
+
+// Bench measures what Corral adds to a bare bubblewrap sandbox: it starts a
+// server in this process on 127.0.0.1:0 and runs the command task
+// ["echo","hi"] over its HTTP API beside `bwrap ... /bin/echo hi`, first
+// one at a time, interleaved, then from opts.Concurrency clients at once.
+// Every run must succeed (status success and summary "hi"; echo printing
+// "hi"), or Bench returns an error. It needs root and bubblewrap, and
+// returns errdefs.ErrFailedPrecondition without them. Server logs go to log.
+func Bench(ctx context.Context, opts BenchOptions, log *slog.Logger) (*BenchResult, error) {
+	opts.setDefaults()
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("bench needs root (sandboxes use cgroups, as corral serve does): %w", errdefs.ErrFailedPrecondition)
+	}
+	bwrap, err := exec.LookPath(opts.Bwrap)
+	if err != nil {
+		return nil, fmt.Errorf("bench needs bubblewrap (install: apt-get install -y bubblewrap): %w", errdefs.ErrFailedPrecondition)
+	}
+	res := &BenchResult{N: opts.N, Concurrency: opts.Concurrency, Warmup: opts.Warmup, Host: benchHost(bwrap)}
+
+	data := opts.Data
+	if data == "" {
+		if data, err = os.MkdirTemp("", "corral-bench-"); err != nil {
+			return nil, fmt.Errorf("create bench data root: %w", err)
+		}
+		defer os.RemoveAll(data)
+	}
+	cfg := config.Default()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Data = data
+	cfg.Local.Bwrap = bwrap
+	cfg.AIWorker.MaxConcurrentWorkers = opts.Concurrency
+	cfg.AIWorker.MaxQueuedTasks = max(cfg.AIWorker.MaxQueuedTasks, 2*opts.Concurrency)
+	cfg.Agents.Default = task.AgentCommand
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("bench configuration: %w", err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	a, err := New(sctx, cfg, log, Options{WorkerBinary: opts.WorkerBinary})
+	if err != nil {
+		return nil, fmt.Errorf("start bench server: %w", err)
+	}
+	defer a.Close()
+	served := make(chan error, 1)
+	go func() { served <- a.Run(sctx) }()
+	defer func() {
+		stop()
+		<-served
+	}()
+
+	b := &bencher{
+		client:  httpapi.NewClient("http://"+a.Addr(), a.Token()),
+		bwrap:   append([]string{bwrap}, bareBwrapArgs()...),
+		timeout: opts.TaskTimeout,
+	}
+	if err := b.sequential(ctx, opts, res); err != nil {
+		return nil, err
+	}
+	if err := b.concurrent(ctx, opts, res); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// bencher runs single measured operations.
+type bencher struct {
+	client  *httpapi.Client
+	bwrap   []string
+	timeout time.Duration
+}
+
+// taskRun is one task's measured run.
+type taskRun struct {
+	total  time.Duration
+	phases [5]time.Duration // as in TaskPhases
+}
+
+// runTask spawns ["echo","hi"] and long-polls its result until it ends.
+// With phases it then reads the task's events (after the clock stopped)
+// to split the time.
+func (b *bencher) runTask(ctx context.Context, phases bool) (taskRun, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	t0 := time.Now()
+	tk, _, err := b.client.Spawn(ctx, orchestrator.SpawnRequest{
+		TaskDescription: "bench: echo hi",
+		Agent:           task.AgentCommand,
+		Command:         []string{"echo", "hi"},
+	})
+	if err != nil {
+		return taskRun{}, fmt.Errorf("spawn bench task: %w", err)
+	}
+	var r orchestrator.Result
+	for !r.Done {
+		r, err = b.client.Result(ctx, orchestrator.ResultRequest{TaskID: tk.ID, Wait: min(b.timeout, orchestrator.MaxWait)})
+		if err != nil {
+			return taskRun{}, fmt.Errorf("result of bench task %s: %w", tk.ID, err)
+		}
+		if !r.Done && ctx.Err() != nil {
+			return taskRun{}, fmt.Errorf("bench task %s did not end within %s: status %s", tk.ID, b.timeout, r.Status)
+		}
+	}
+	t1 := time.Now()
+	if r.Status != task.Success || strings.TrimSpace(r.Summary) != "hi" {
+		return taskRun{}, fmt.Errorf("bench task %s: status %s, summary %q (%s), want success and hi", tk.ID, r.Status, r.Summary, r.ErrorMessage)
+	}
+	run := taskRun{total: t1.Sub(t0)}
+	if !phases {
+		return run, nil
+	}
+	at := map[string]time.Time{}
+	err = b.client.Events(ctx, orchestrator.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
+		if _, ok := at[e.Type]; !ok {
+			at[e.Type] = e.RecordedAt
+		}
+		return nil
+	})
+	if err != nil {
+		return taskRun{}, fmt.Errorf("events of bench task %s: %w", tk.ID, err)
+	}
+	cuts := []time.Time{t0, at[task.EventCreated], at[task.EventStarting], at[task.EventStarted], at[task.EventCompleted], t1}
+	for i := range run.phases {
+		if cuts[i].IsZero() || cuts[i+1].IsZero() {
+			return taskRun{}, fmt.Errorf("bench task %s: events lack the phase ends %v", tk.ID, cuts)
+		}
+		run.phases[i] = cuts[i+1].Sub(cuts[i])
+	}
+	return run, nil
+}
+
+// runBwrap runs the bare sandbox once, from start to exit.
+func (b *bencher) runBwrap(ctx context.Context) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, b.bwrap[0], b.bwrap[1:]...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	t0 := time.Now()
+	err := cmd.Run()
+	d := time.Since(t0)
+	if err != nil {
+		return 0, fmt.Errorf("run bare bwrap: %w: %s", err, strings.TrimSpace(out.String()))
+	}
+	if got := strings.TrimSpace(out.String()); got != "hi" {
+		return 0, fmt.Errorf("bare bwrap printed %q, want hi", got)
+	}
+	return d, nil
+}
+
+// bareBwrapArgs is the sandbox Corral's overhead is measured against: every
+// namespace, the host's /usr read-only with the merged-/usr symlinks (or
+// binds where /bin and /lib* are directories), its own /proc and /dev.
+func bareBwrapArgs() []string {
+	args := []string{"--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr"}
+	for _, d := range []string{"/bin", "/lib", "/lib64"} {
+		fi, err := os.Lstat(d)
+		switch {
+		case err != nil:
+		case fi.Mode()&os.ModeSymlink != 0:
+			if target, err := os.Readlink(d); err == nil {
+				args = append(args, "--symlink", target, d)
+			}
+		case fi.IsDir():
+			args = append(args, "--ro-bind", d, d)
+		}
+	}
+	return append(args, "--proc", "/proc", "--dev", "/dev", "/bin/echo", "hi")
+}
+
+// sequential runs warm-up and then n task/bwrap pairs, one at a time.
+func (b *bencher) sequential(ctx context.Context, opts BenchOptions, res *BenchResult) error {
+	var tasks, bares []time.Duration
+	var phases [5][]time.Duration
+	for i := range opts.Warmup + opts.N {
+		tr, err := b.runTask(ctx, true)
+		if err != nil {
+			return err
+		}
+		d, err := b.runBwrap(ctx)
+		if err != nil {
+			return err
+		}
+		if i < opts.Warmup {
+			continue
+		}
+		tasks, bares = append(tasks, tr.total), append(bares, d)
+		for j, p := range tr.phases {
+			phases[j] = append(phases[j], p)
+		}
+	}
+	s := &res.Sequential
+	s.Task, s.Bwrap = summarise(tasks), summarise(bares)
+	if s.Bwrap.Median > 0 {
+		s.Ratio = s.Task.Median / s.Bwrap.Median
+	}
+	s.Phases = TaskPhases{
+		Submit:  summarise(phases[0]).Median,
+		Queue:   summarise(phases[1]).Median,
+		Sandbox: summarise(phases[2]).Median,
+		Run:     summarise(phases[3]).Median,
+		Deliver: summarise(phases[4]).Median,
+	}
+	return nil
+}
+
+// concurrent runs n tasks, then n bare bwraps, from Concurrency clients.
+func (b *bencher) concurrent(ctx context.Context, opts BenchOptions, res *BenchResult) error {
+	c := &res.Concurrent
+	var err error
+	if c.Task, err = fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
+		_, err := b.runTask(ctx, false)
+		return err
+	}); err != nil {
+		return err
+	}
+	if c.Bwrap, err = fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
+		_, err := b.runBwrap(ctx)
+		return err
+	}); err != nil {
+		return err
+	}
+	if c.Task.PerSecond > 0 {
+		c.Ratio = c.Bwrap.PerSecond / c.Task.PerSecond
+	}
+	return nil
+}
+
+// fanOut runs f n times from workers goroutines and measures the wall time.
+// The first error stops every worker and is returned.
+func fanOut(ctx context.Context, n, workers int, f func(context.Context) error) (Throughput, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		next, done atomic.Int64
+		wg         sync.WaitGroup
+		errOnce    sync.Once
+		first      error
+	)
+	t0 := time.Now()
+	for range min(workers, n) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(n) && ctx.Err() == nil {
+				if err := f(ctx); err != nil {
+					errOnce.Do(func() { first = err; cancel() })
+					return
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(t0)
+	if first != nil {
+		return Throughput{}, first
+	}
+	if err := ctx.Err(); err != nil {
+		return Throughput{}, fmt.Errorf("bench interrupted: %w", err)
+	}
+	tp := Throughput{Completed: int(done.Load()), Wall: ms(wall)}
+	tp.PerSecond = float64(tp.Completed) / wall.Seconds()
+	return tp, nil
+}
+
+// summarise returns the count, median (the mean of the two middle values
+// for an even count), nearest-rank 90th percentile, minimum and maximum.
+func summarise(ds []time.Duration) Latency {
+	if len(ds) == 0 {
+		return Latency{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	n := len(s)
+	med := s[n/2]
+	if n%2 == 0 {
+		med = (s[n/2-1] + s[n/2]) / 2
+	}
+	p90 := s[int(math.Ceil(0.9*float64(n)))-1]
+	return Latency{Count: n, Median: ms(med), P90: ms(p90), Min: ms(s[0]), Max: ms(s[n-1])}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func benchHost(bwrap string) BenchHost {
+	h := BenchHost{CPUs: runtime.NumCPU()}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		h.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		h.LoadAvg = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	if out, err := exec.Command(bwrap, "--version").Output(); err == nil {
+		h.Bwrap = strings.TrimSpace(string(out))
+	}
+	return h
+}

@@ -1,0 +1,150 @@
+//go:build integration
+
+package app_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// proc is a corral server running as its own process, to be killed with
+// SIGKILL.
+type proc struct {
+	cmd    *exec.Cmd
+	client *httpapi.Client
+}
+
+func startProcess(t *testing.T, data string, maxConcurrent string) *proc {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(corralBin, "serve", "--data", data, "--listen", addr, "--max-concurrent", maxConcurrent)
+	cmd.Dir = t.TempDir()
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "CORRAL_") && !strings.HasPrefix(kv, "AI_WORKER_") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = testWriter{t}, testWriter{t}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, client: httpapi.NewClient("http://"+addr, "")}
+	t.Cleanup(func() { p.kill() })
+	waitHealthy(t, "http://"+addr)
+	return p
+}
+
+func (p *proc) kill() {
+	if p.cmd.ProcessState == nil {
+		p.cmd.Process.Signal(syscall.SIGKILL)
+		p.cmd.Wait()
+	}
+}
+
+func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
+	testenv.RequireBwrap(t)
+	t.Parallel()
+	data := t.TempDir()
+	t.Cleanup(func() { killSandboxes(t, data) })
+	ctx := context.Background()
+	srv := startProcess(t, data, "2")
+	spawn := func(desc, script string) string {
+		tk, _, err := srv.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: desc, Command: []string{"sh", "-c", script}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk.ID
+	}
+	// finisher ends while the server is down; survivor runs across the
+	// restart; three more wait in the queue.
+	finisher := spawn("finishes while the server is down", "sleep 1.01; echo finished > output/result.txt")
+	survivor := spawn("runs across the restart", "sleep 6.01; echo survived > output/result.txt")
+	var queued []string
+	for i := 0; i < 3; i++ {
+		queued = append(queued, spawn("queued", "echo ran > output/result.txt"))
+	}
+	for _, id := range []string{finisher, survivor} {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			tk, err := srv.client.Get(ctx, id)
+			if err == nil && tk.Status == task.Running {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("task %s never ran: %v %v", id, tk.Status, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); !processRunning("sleep", "6.01") && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	srv.kill()
+	time.Sleep(100 * time.Millisecond)
+	if !processRunning("sleep", "6.01") {
+		t.Fatal("the worker died with the server")
+	}
+	time.Sleep(2 * time.Second) // the finisher ends while no server runs
+
+	srv = startProcess(t, data, "2")
+	want := map[string]string{finisher: "finished\n", survivor: "survived\n"}
+	for _, id := range queued {
+		want[id] = "ran\n"
+	}
+	for id, content := range want {
+		res, err := srv.client.Result(ctx, orchestrator.ResultRequest{TaskID: id, Wait: 60 * time.Second, IncludeFileContents: []string{"result.txt"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != task.Success || res.FileContents["result.txt"].Content != content {
+			t.Errorf("task %s: %s %q (%s), want success with %q", id, res.Status, res.FileContents["result.txt"].Content, res.ErrorMessage, content)
+		}
+	}
+	page, err := srv.client.List(ctx, orchestrator.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range page.Tasks {
+		if !tk.Status.Terminal() {
+			t.Errorf("task %s is still %s", tk.ID, tk.Status)
+		}
+	}
+	var types []string
+	srv.client.Events(ctx, orchestrator.EventsRequest{TaskID: survivor}, func(e eventstore.Event) error {
+		types = append(types, e.Type)
+		return nil
+	})
+	if !slices.Contains(types, task.EventReattached) {
+		t.Errorf("survivor's events %v have no %s", types, task.EventReattached)
+	}
+	// The sandbox is destroyed once its worker exits, just after it reports.
+	state := filepath.Join(data, "run", "local", survivor)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(state); os.IsNotExist(err) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the survivor's sandbox was not destroyed: %v", err)
+		}
+	}
+}

@@ -1,0 +1,132 @@
+package app_test
+
+import (
+	"encoding/json"
+	"go/doc"
+	"go/parser"
+	"go/token"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/corral-dev/corral/"
+
+// allowed is Corral's import table (STYLE.md "Package layout"): the
+// internal packages each package may import directly. A package missing
+// from the table fails the test, so a new package must be placed in it.
+var allowed = map[string][]string{
+	"internal/errdefs":              {},
+	"internal/logkey":               {},
+	"internal/ids":                  {},
+	"internal/units":                {},
+	"internal/testenv":              {},
+	"internal/task":                 {"errdefs", "ids"},
+	"internal/sandbox":              {"errdefs"},
+	"internal/workspace":            {"errdefs"},
+	"internal/config":               {"errdefs", "units"},
+	"internal/eventstore":           {"task", "errdefs"},
+	"internal/eventstore/sqlite":    {"eventstore", "task", "errdefs", "ids", "logkey"},
+	"internal/eventstore/storetest": {"eventstore", "task", "errdefs", "testenv"},
+	"internal/sandbox/local":        {"sandbox", "errdefs", "logkey"},
+	"internal/sandbox/sandboxtest":  {"sandbox", "errdefs", "testenv"},
+	"internal/agent":                {"errdefs"},
+	"internal/webhook":              {"task", "errdefs"},
+	"internal/worker":               {"errdefs", "workspace", "webhook", "agent", "logkey"},
+	"internal/projection":           {"eventstore", "task", "errdefs", "logkey"},
+	"internal/scheduler":            {"task", "sandbox", "eventstore", "projection", "errdefs", "logkey"},
+	"internal/orchestrator":         {"task", "sandbox", "eventstore", "projection", "workspace", "errdefs", "logkey", "units", "webhook", "worker"},
+	"internal/tools":                {"orchestrator", "task", "errdefs"},
+	"internal/httpapi":              {"tools", "orchestrator", "task", "errdefs", "logkey", "eventstore", "workspace"},
+	"internal/app":                  {"*"},
+	"cmd/corral":                    {"app", "config", "errdefs", "httpapi", "orchestrator", "task", "eventstore"},
+}
+
+// badDeps are modules some packages must not depend on even indirectly:
+// the scheduler, the orchestrator and the transports know runtimes and
+// stores only by their interfaces.
+var badDeps = map[string][]string{
+	"internal/scheduler":    {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "golang.org/x/sys/unix", "github.com/docker/docker", "k8s.io/client-go"},
+	"internal/orchestrator": {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go"},
+	"internal/httpapi":      {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go"},
+	"internal/tools":        {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite"},
+}
+
+type pkg struct {
+	ImportPath string
+	Dir        string
+	Imports    []string
+	Deps       []string
+	GoFiles    []string
+}
+
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-json", "-deps=false", module+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	var pkgs []pkg
+	for dec.More() {
+		var p pkg
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+func TestImportTable(t *testing.T) {
+	for _, p := range listPackages(t) {
+		name := strings.TrimPrefix(p.ImportPath, module)
+		ok, known := allowed[name]
+		if !known {
+			t.Errorf("%s is not in the import table; add it to allowed in deps_test.go (and STYLE's table)", name)
+			continue
+		}
+		if slices.Contains(ok, "*") {
+			continue
+		}
+		for _, imp := range p.Imports {
+			rel, isOurs := strings.CutPrefix(imp, module+"internal/")
+			if isOurs && !slices.Contains(ok, rel) {
+				t.Errorf("%s imports internal/%s, which the import table does not allow", name, rel)
+			}
+		}
+		for _, bad := range badDeps[name] {
+			for _, d := range p.Deps {
+				if d == bad || d == module+bad || strings.HasPrefix(d, bad+"/") {
+					t.Errorf("%s depends on %s", name, d)
+				}
+			}
+		}
+	}
+}
+
+// TestPackageDocs checks that every package has a doc comment.
+func TestPackageDocs(t *testing.T) {
+	for _, p := range listPackages(t) {
+		fset := token.NewFileSet()
+		var files []string
+		for _, f := range p.GoFiles {
+			files = append(files, filepath.Join(p.Dir, f))
+		}
+		var synopsis string
+		for _, f := range files {
+			af, err := parser.ParseFile(fset, f, nil, parser.ParseComments|parser.PackageClauseOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if af.Doc != nil {
+				synopsis = doc.Synopsis(af.Doc.Text())
+			}
+		}
+		if synopsis == "" {
+			t.Errorf("%s has no package doc comment", p.ImportPath)
+		}
+	}
+}

@@ -1,0 +1,520 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/eventstore/sqlite"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// MustOpenStore opens a SQLite event store in a temporary directory.
+func MustOpenStore(tb testing.TB) *sqlite.Store {
+	tb.Helper()
+	s, err := sqlite.Open(context.Background(), filepath.Join(tb.TempDir(), "events.db"), discard())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	return s
+}
+
+// MustNewFake returns a Fake whose sandboxes are all destroyed when the
+// test ends (after the scheduler stopped), so no Run goroutine leaks.
+func MustNewFake(tb testing.TB, run func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus) *sandboxtest.Fake {
+	tb.Helper()
+	f := sandboxtest.NewFake()
+	f.Run = run
+	tb.Cleanup(func() {
+		hs, _ := f.List(context.Background(), nil)
+		for _, h := range hs {
+			f.Destroy(context.Background(), h.ID)
+		}
+	})
+	return f
+}
+
+// blockUntilStopped is a main process that runs until Stop.
+func blockUntilStopped(ctx context.Context, _ sandbox.Spec) sandbox.ExitStatus {
+	<-ctx.Done()
+	return sandbox.ExitStatus{Code: 143}
+}
+
+type collectCall struct {
+	id   string
+	exit *sandbox.ExitStatus
+}
+
+// harness is one server's scheduler over a store shared across restarts.
+type harness struct {
+	store *sqlite.Store
+	tasks *projection.Tasks
+	sched *Scheduler
+
+	mu       sync.Mutex
+	collects []collectCall
+	stop     func()
+}
+
+// MustStart rebuilds a projection over store and runs it and a scheduler
+// with opts (Runtimes, Prepare and Collect filled in when empty) until the
+// test ends or h.stop is called.
+func MustStart(tb testing.TB, store *sqlite.Store, opts Options, rt sandbox.Runtime) *harness {
+	tb.Helper()
+	h := &harness{store: store, tasks: projection.New(store, discard())}
+	if err := h.tasks.Rebuild(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+	if opts.Runtimes == nil {
+		opts.Runtimes = map[string]sandbox.Runtime{"fake": rt}
+	}
+	if opts.Prepare == nil {
+		opts.Prepare = func(ctx context.Context, t task.Task) (sandbox.Spec, error) {
+			return sandbox.Spec{ID: t.ID, Command: []string{"true"}, Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: t.ID}}, nil
+		}
+	}
+	if opts.Collect == nil {
+		opts.Collect = func(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed {
+			h.mu.Lock()
+			h.collects = append(h.collects, collectCall{t.ID, exit})
+			h.mu.Unlock()
+			if exit == nil {
+				return task.Completed{Status: task.Failed, ErrorMessage: "lost", Reason: "lost"}
+			}
+			code := exit.Code
+			if code == 0 {
+				return task.Completed{Status: task.Success, ExitCode: &code, Summary: "collected"}
+			}
+			return task.Completed{Status: task.Failed, ExitCode: &code, ErrorMessage: fmt.Sprintf("exit %d", code)}
+		}
+	}
+	h.sched = New(opts, h.tasks, store, discard())
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := h.tasks.Run(ctx); err != nil {
+			tb.Errorf("projection Run: %v", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := h.sched.Run(ctx); err != nil {
+			tb.Errorf("scheduler Run: %v", err)
+		}
+	}()
+	var once sync.Once
+	h.stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	tb.Cleanup(h.stop)
+	return h
+}
+
+func (h *harness) collected() []collectCall {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.collects)
+}
+
+// MustEnqueue records a queued task for the fake runtime.
+func MustEnqueue(tb testing.TB, tasks *projection.Tasks, spec task.Spec) string {
+	tb.Helper()
+	if spec.Runtime == "" {
+		spec.Runtime = "fake"
+	}
+	if spec.TimeoutMinutes == 0 {
+		spec.TimeoutMinutes = 10
+	}
+	id := task.NewID()
+	if _, err := tasks.Create(context.Background(), id,
+		projection.NewEvent(task.EventCreated, task.Created{Spec: spec}, "test"),
+		projection.NewEvent(task.EventQueued, nil, "test")); err != nil {
+		tb.Fatal(err)
+	}
+	return id
+}
+
+// MustAppend appends one event to a task's stream at its current version.
+func MustAppend(tb testing.TB, tasks *projection.Tasks, id string, e eventstore.Proposed) {
+	tb.Helper()
+	if _, err := tasks.Update(context.Background(), id, func(task.Task) ([]eventstore.Proposed, error) {
+		return []eventstore.Proposed{e}, nil
+	}); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// waitFor polls cond until it holds or 15 seconds pass.
+func waitFor(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func waitStatus(tb testing.TB, tasks *projection.Tasks, id string, want task.Status) task.Task {
+	tb.Helper()
+	var t task.Task
+	waitFor(tb, fmt.Sprintf("task %s to be %s", id, want), func() bool {
+		t, _ = tasks.Get(id)
+		return t.Status == want || (t.Status.Terminal() && t.Status != want)
+	})
+	if t.Status != want {
+		tb.Fatalf("task %s ended %s (%q), want %s", id, t.Status, t.ErrorMessage, want)
+	}
+	return t
+}
+
+func streamTypes(tb testing.TB, store eventstore.Store, stream string) []string {
+	tb.Helper()
+	evs, err := store.ReadStream(context.Background(), stream, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []string
+	for _, e := range evs {
+		out = append(out, e.Type)
+	}
+	return out
+}
+
+func TestFIFOWithOneSlot(t *testing.T) {
+	store := MustOpenStore(t)
+	tasks := projection.New(store, discard())
+	ctx := context.Background()
+	var made []string
+	for i := 0; i < 4; i++ {
+		id := task.NewID()
+		if _, err := tasks.Create(ctx, id, projection.NewEvent(task.EventCreated, task.Created{Spec: task.Spec{Runtime: "fake", TimeoutMinutes: 5}}, "test")); err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, id)
+	}
+	// Queue in the order 3, 1, 0, 2: the start order must follow the queue.
+	want := []string{made[3], made[1], made[0], made[2]}
+	for _, id := range want {
+		MustAppend(t, tasks, id, projection.NewEvent(task.EventQueued, nil, "test"))
+	}
+	var running, maxRunning atomic.Int32
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
+		n := running.Add(1)
+		defer running.Add(-1)
+		if n > maxRunning.Load() {
+			maxRunning.Store(n)
+		}
+		time.Sleep(20 * time.Millisecond)
+		return sandbox.ExitStatus{Code: 0}
+	})
+	h := MustStart(t, store, Options{MaxConcurrent: 1}, fake)
+	for _, id := range made {
+		waitStatus(t, h.tasks, id, task.Success)
+	}
+	var started []string
+	for _, s := range fake.Created() {
+		started = append(started, s.ID)
+	}
+	if diff := cmp.Diff(want, started); diff != "" {
+		t.Errorf("start order (-queue order +started):\n%s", diff)
+	}
+	if maxRunning.Load() != 1 {
+		t.Errorf("at most %d sandboxes ran at once, want 1", maxRunning.Load())
+	}
+	if got := len(h.collected()); got != 4 {
+		t.Errorf("Collect called %d times, want 4", got)
+	}
+	if d := fake.Destroyed(); len(d) != 4 {
+		t.Errorf("destroyed %v, want every sandbox destroyed after it ended", d)
+	}
+}
+
+func TestNeverMoreThanMaxConcurrent(t *testing.T) {
+	store := MustOpenStore(t)
+	var running, maxRunning atomic.Int32
+	var mu sync.Mutex
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
+		n := running.Add(1)
+		defer running.Add(-1)
+		mu.Lock()
+		if n > maxRunning.Load() {
+			maxRunning.Store(n)
+		}
+		mu.Unlock()
+		select {
+		case <-time.After(30 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return sandbox.ExitStatus{Code: 0}
+	})
+	h := MustStart(t, store, Options{MaxConcurrent: 2}, fake)
+	var ids []string
+	for i := 0; i < 8; i++ {
+		ids = append(ids, MustEnqueue(t, h.tasks, task.Spec{}))
+	}
+	for _, id := range ids {
+		waitStatus(t, h.tasks, id, task.Success)
+	}
+	if got := maxRunning.Load(); got != 2 {
+		t.Errorf("at most %d sandboxes ran at once, want 2 (the limit, reached)", got)
+	}
+	waitFor(t, "every slot to be released", func() bool { return h.sched.Running() == 0 })
+}
+
+func TestCreateFailsNonRetryable(t *testing.T) {
+	store := MustOpenStore(t)
+	fake := MustNewFake(t, blockUntilStopped)
+	var calls atomic.Int32
+	fake.CreateErr = func(sandbox.Spec) error {
+		calls.Add(1)
+		return fmt.Errorf("pull image: no such image: %w", errdefs.ErrInvalidArgument)
+	}
+	h := MustStart(t, store, Options{}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{})
+	got := waitStatus(t, h.tasks, id, task.Failed)
+	if !strings.Contains(got.ErrorMessage, "no such image") || !strings.HasPrefix(got.ErrorMessage, "start sandbox: ") {
+		t.Errorf("error message %q, want the create error", got.ErrorMessage)
+	}
+	if calls.Load() != 1 {
+		t.Errorf("Create called %d times, want 1 (not retried)", calls.Load())
+	}
+	if len(h.collected()) != 0 {
+		t.Errorf("Collect called for a task that never started")
+	}
+}
+
+func TestCreateRetriesUnavailable(t *testing.T) {
+	store := MustOpenStore(t)
+	fake := MustNewFake(t, func(context.Context, sandbox.Spec) sandbox.ExitStatus { return sandbox.ExitStatus{Code: 0} })
+	var calls atomic.Int32
+	fake.CreateErr = func(sandbox.Spec) error {
+		if calls.Add(1) <= 2 {
+			return fmt.Errorf("docker daemon: %w", errdefs.ErrUnavailable)
+		}
+		return nil
+	}
+	h := MustStart(t, store, Options{}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{})
+	waitStatus(t, h.tasks, id, task.Success)
+	if calls.Load() != 3 {
+		t.Errorf("Create called %d times, want 3 (two retries)", calls.Load())
+	}
+}
+
+func TestUnknownRuntimeFails(t *testing.T) {
+	store := MustOpenStore(t)
+	fake := MustNewFake(t, blockUntilStopped)
+	h := MustStart(t, store, Options{}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{Runtime: "docker"})
+	got := waitStatus(t, h.tasks, id, task.Failed)
+	if !strings.Contains(got.ErrorMessage, `"docker" is not available`) {
+		t.Errorf("error message %q", got.ErrorMessage)
+	}
+	if len(fake.Created()) != 0 {
+		t.Errorf("a sandbox was created on the wrong runtime")
+	}
+}
+
+func TestCancelRunning(t *testing.T) {
+	store := MustOpenStore(t)
+	fake := MustNewFake(t, blockUntilStopped)
+	h := MustStart(t, store, Options{StopGrace: time.Second}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{})
+	waitStatus(t, h.tasks, id, task.Running)
+	MustAppend(t, h.tasks, id, projection.NewEvent(task.EventCancelRequested, task.CancelRequested{Reason: "test"}, "test"))
+	got := waitStatus(t, h.tasks, id, task.Cancelled)
+	if got.ErrorMessage != "cancelled" {
+		t.Errorf("error message %q", got.ErrorMessage)
+	}
+	waitFor(t, "the sandbox to be destroyed", func() bool { return slices.Contains(fake.Destroyed(), id) })
+	if !slices.Contains(fake.Stopped(), id) {
+		t.Errorf("Stopped() = %v, want %s stopped", fake.Stopped(), id)
+	}
+	if c := h.collected(); len(c) != 0 {
+		t.Errorf("Collect called for a cancelled task: %v", c)
+	}
+}
+
+// The timeout is tested with an injected clock, not testing/synctest: the
+// projection follows the SQLite store, whose WaitFor blocks on a channel
+// made outside any bubble, so a bubble's clock would never advance. Now
+// runs 59.8 s ahead, so a 1-minute task times out 200 ms after it starts.
+func TestTimeout(t *testing.T) {
+	store := MustOpenStore(t)
+	var stoppedAt atomic.Int64
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
+		<-ctx.Done()
+		stoppedAt.Store(time.Now().UnixNano())
+		return sandbox.ExitStatus{Code: 143}
+	})
+	ahead := time.Minute - 200*time.Millisecond
+	h := MustStart(t, store, Options{Now: func() time.Time { return time.Now().Add(ahead) }}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{TimeoutMinutes: 1})
+	running := waitStatus(t, h.tasks, id, task.Running)
+	got := waitStatus(t, h.tasks, id, task.Timeout)
+	if got.ErrorMessage != "timed out after 1m0s" {
+		t.Errorf("error message %q", got.ErrorMessage)
+	}
+	waitFor(t, "the sandbox to be stopped", func() bool { return stoppedAt.Load() != 0 })
+	if !slices.Contains(fake.Stopped(), id) {
+		t.Errorf("Stopped() = %v, want %s", fake.Stopped(), id)
+	}
+	if d := time.Unix(0, stoppedAt.Load()).Sub(*running.StartedAt); d < 150*time.Millisecond {
+		t.Errorf("stopped %s after start, want about 200ms", d)
+	}
+}
+
+func TestCompletedElsewhereStopsAfterExitGrace(t *testing.T) {
+	store := MustOpenStore(t)
+	var stoppedAt atomic.Int64
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
+		<-ctx.Done()
+		stoppedAt.Store(time.Now().UnixNano())
+		return sandbox.ExitStatus{Code: 143}
+	})
+	const grace = 150 * time.Millisecond
+	h := MustStart(t, store, Options{ExitGrace: grace}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{})
+	waitStatus(t, h.tasks, id, task.Running)
+	completedAt := time.Now()
+	MustAppend(t, h.tasks, id, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "by webhook", Reason: "webhook"}, "worker"))
+	waitFor(t, "the sandbox to be stopped", func() bool { return stoppedAt.Load() != 0 })
+	if d := time.Unix(0, stoppedAt.Load()).Sub(completedAt); d < grace {
+		t.Errorf("sandbox stopped %s after the task ended, want at least the exit grace %s", d, grace)
+	}
+	waitFor(t, "the sandbox to be destroyed", func() bool { return slices.Contains(fake.Destroyed(), id) })
+	got, _ := h.tasks.Get(id)
+	if got.Status != task.Success || got.Summary != "by webhook" {
+		t.Errorf("task = %s %q, want the webhook's success kept", got.Status, got.Summary)
+	}
+	if c := h.collected(); len(c) != 0 {
+		t.Errorf("Collect called for a task that had ended: %v", c)
+	}
+}
+
+// mustRunUntilRunning starts a task on a first server and stops that server
+// while the sandbox keeps running.
+func mustRunUntilRunning(t *testing.T, store *sqlite.Store, fake *sandboxtest.Fake) string {
+	t.Helper()
+	first := MustStart(t, store, Options{}, fake)
+	id := MustEnqueue(t, first.tasks, task.Spec{})
+	waitStatus(t, first.tasks, id, task.Running)
+	first.stop()
+	if st, err := fake.Status(context.Background(), id); err != nil || st.State != sandbox.StateRunning {
+		t.Fatalf("sandbox after the server stopped: %v, %v; want it still running", st.State, err)
+	}
+	if len(first.collected()) != 0 {
+		t.Fatalf("the first server collected the task")
+	}
+	return id
+}
+
+func TestReconcileReattaches(t *testing.T) {
+	store := MustOpenStore(t)
+	finish := make(chan struct{})
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
+		select {
+		case <-finish:
+			return sandbox.ExitStatus{Code: 0}
+		case <-ctx.Done():
+			return sandbox.ExitStatus{Code: 143}
+		}
+	})
+	id := mustRunUntilRunning(t, store, fake)
+
+	second := MustStart(t, store, Options{}, fake.Restart())
+	waitFor(t, "task_reattached", func() bool {
+		return slices.Contains(streamTypes(t, store, task.StreamID(id)), task.EventReattached)
+	})
+	if got, _ := second.tasks.Get(id); got.Status != task.Running {
+		t.Fatalf("after reattach the task is %s, want running", got.Status)
+	}
+	close(finish)
+	got := waitStatus(t, second.tasks, id, task.Success)
+	if got.Summary != "collected" {
+		t.Errorf("summary %q, want Collect's", got.Summary)
+	}
+	c := second.collected()
+	if len(c) != 1 || c[0].id != id || c[0].exit == nil || c[0].exit.Code != 0 {
+		t.Errorf("Collect calls %+v, want one for %s with exit code 0", c, id)
+	}
+	if s := fake.Stopped(); len(s) != 0 {
+		t.Errorf("Stopped() = %v: the reattached sandbox was stopped", s)
+	}
+}
+
+func TestReconcileSandboxGone(t *testing.T) {
+	store := MustOpenStore(t)
+	fake := MustNewFake(t, blockUntilStopped)
+	id := mustRunUntilRunning(t, store, fake)
+	// The host rebooted: the sandbox is gone.
+	if err := fake.Destroy(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+
+	second := MustStart(t, store, Options{}, fake.Restart())
+	got := waitStatus(t, second.tasks, id, task.Failed)
+	if got.ErrorMessage != "lost" {
+		t.Errorf("error message %q, want Collect's result recorded", got.ErrorMessage)
+	}
+	c := second.collected()
+	if len(c) != 1 || c[0].id != id || c[0].exit != nil {
+		t.Errorf("Collect calls %+v, want one for %s with a nil exit", c, id)
+	}
+	if slices.Contains(streamTypes(t, store, task.StreamID(id)), task.EventReattached) {
+		t.Errorf("task_reattached recorded for a sandbox that is gone")
+	}
+}
+
+func TestReconcileStopsOrphans(t *testing.T) {
+	store := MustOpenStore(t)
+	fake := MustNewFake(t, blockUntilStopped)
+	ctx := context.Background()
+	if _, err := fake.Create(ctx, sandbox.Spec{ID: "orphan-1", Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: "task-gone"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fake.Create(ctx, sandbox.Spec{ID: "not-ours"}); err != nil {
+		t.Fatal(err)
+	}
+	MustStart(t, store, Options{}, fake)
+	waitFor(t, "sandbox_orphan_stopped", func() bool {
+		return slices.Contains(streamTypes(t, store, task.SystemStream), task.EventOrphanStopped)
+	})
+	if !slices.Contains(fake.Stopped(), "orphan-1") || !slices.Contains(fake.Destroyed(), "orphan-1") {
+		t.Errorf("Stopped() = %v, Destroyed() = %v; want orphan-1 in both", fake.Stopped(), fake.Destroyed())
+	}
+	if slices.Contains(fake.Stopped(), "not-ours") {
+		t.Errorf("a sandbox without the managed label was stopped")
+	}
+	evs, err := store.ReadStream(ctx, task.SystemStream, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data map[string]string
+	if err := json.Unmarshal(evs[0].Data, &data); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]string{"sandbox_name": "orphan-1", "runtime": "fake", "task_id": "task-gone"}, data); diff != "" {
+		t.Errorf("orphan event data (-want +got):\n%s", diff)
+	}
+}

@@ -1,0 +1,280 @@
+package task
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+var allStatuses = []Status{Pending, Queued, Starting, Running, Success, Failed, Timeout, Cancelled}
+
+func TestCanMoveTo(t *testing.T) {
+	order := map[Status]int{Pending: 0, Queued: 1, Starting: 2, Running: 3}
+	for _, from := range allStatuses {
+		for _, to := range allStatuses {
+			want := false
+			if !from.Terminal() {
+				if to.Terminal() {
+					want = true
+				} else {
+					want = order[to] > order[from]
+				}
+			}
+			if got := from.CanMoveTo(to); got != want {
+				t.Errorf("%s.CanMoveTo(%s) = %v, want %v", from, to, got, want)
+			}
+		}
+	}
+	// Spot checks that do not depend on the loop's own logic.
+	for _, c := range []struct {
+		from, to Status
+		want     bool
+	}{
+		{Pending, Queued, true},
+		{Queued, Running, true},
+		{Running, Queued, false},
+		{Running, Running, false},
+		{Success, Failed, false},
+		{Cancelled, Cancelled, false},
+		{Queued, Cancelled, true},
+		{"bogus", Queued, false},
+		{Queued, "bogus", false},
+	} {
+		if got := c.from.CanMoveTo(c.to); got != c.want {
+			t.Errorf("%q.CanMoveTo(%q) = %v, want %v", c.from, c.to, got, c.want)
+		}
+	}
+}
+
+func TestTerminalAndValid(t *testing.T) {
+	for _, s := range allStatuses {
+		if !s.Valid() {
+			t.Errorf("%s.Valid() = false", s)
+		}
+		want := s == Success || s == Failed || s == Timeout || s == Cancelled
+		if got := s.Terminal(); got != want {
+			t.Errorf("%s.Terminal() = %v, want %v", s, got, want)
+		}
+	}
+	if Status("done").Valid() || Status("").Valid() {
+		t.Error("unknown status reported valid")
+	}
+}
+
+func mustJSON(tb testing.TB, v any) []byte {
+	tb.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+// mustFold applies the usual start of a task's life: created, queued,
+// starting, started.
+func mustFold(tb testing.TB, t0 time.Time) *Task {
+	tb.Helper()
+	tk := &Task{ID: "task-00000000000000000000000000"}
+	steps := []struct {
+		typ  string
+		data []byte
+	}{
+		{EventCreated, mustJSON(tb, Created{Spec: Spec{Description: "d", Agent: AgentCommand, TimeoutMinutes: 5}})},
+		{EventQueued, []byte("{}")},
+		{EventStarting, []byte("{}")},
+		{EventStarted, mustJSON(tb, Started{SandboxName: "sb", Handle: json.RawMessage(`{"id":"sb"}`)})},
+	}
+	for i, s := range steps {
+		if err := tk.Apply(s.typ, s.data, int64(i+1), t0.Add(time.Duration(i)*time.Second), int64(10+i)); err != nil {
+			tb.Fatalf("Apply(%s): %v", s.typ, err)
+		}
+	}
+	return tk
+}
+
+func TestApplyFold(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	tk := mustFold(t, t0)
+	if tk.Status != Running || tk.Version != 4 {
+		t.Fatalf("after start: status %s version %d, want running 4", tk.Status, tk.Version)
+	}
+	if tk.QueuedAt == nil || !tk.QueuedAt.Equal(t0.Add(time.Second)) || tk.QueueSeq != 11 {
+		t.Errorf("queued at %v seq %d, want %v 11", tk.QueuedAt, tk.QueueSeq, t0.Add(time.Second))
+	}
+	if tk.SandboxName != "sb" || string(tk.Handle) != `{"id":"sb"}` || tk.StartedAt == nil || !tk.StartedAt.Equal(t0.Add(3*time.Second)) {
+		t.Errorf("started fields: %q %s %v", tk.SandboxName, tk.Handle, tk.StartedAt)
+	}
+	if !tk.CreatedAt.Equal(t0) || tk.Description != "d" {
+		t.Errorf("created fields: %v %q", tk.CreatedAt, tk.Description)
+	}
+
+	if err := tk.Apply(EventCancelRequested, mustJSON(t, CancelRequested{Reason: "r"}), 5, t0.Add(4*time.Second), 20); err != nil {
+		t.Fatal(err)
+	}
+	if !tk.CancelRequested || tk.Status != Running {
+		t.Errorf("cancel requested: %v status %s", tk.CancelRequested, tk.Status)
+	}
+
+	code := 3
+	end := t0.Add(13 * time.Second)
+	c := Completed{Status: Failed, ExitCode: &code, OutputFiles: []OutputFile{{Name: "a.txt", Size: 1, Type: "text/plain"}}, Summary: "s", ErrorMessage: "e", LogsTruncated: true}
+	if err := tk.Apply(EventCompleted, mustJSON(t, c), 6, end, 21); err != nil {
+		t.Fatal(err)
+	}
+	if tk.Status != Failed || tk.CompletedAt == nil || !tk.CompletedAt.Equal(end) || !tk.UpdatedAt.Equal(end) {
+		t.Errorf("completed: status %s at %v updated %v", tk.Status, tk.CompletedAt, tk.UpdatedAt)
+	}
+	if tk.ExitCode == nil || *tk.ExitCode != 3 || tk.Summary != "s" || tk.ErrorMessage != "e" || !tk.LogsTruncated {
+		t.Errorf("completed fields: %+v", tk)
+	}
+	if diff := cmp.Diff(c.OutputFiles, tk.OutputFiles); diff != "" {
+		t.Errorf("output files (-want +got):\n%s", diff)
+	}
+	// Duration from StartedAt (t0+3s) to the completion (t0+13s).
+	if tk.DurationSeconds == nil || *tk.DurationSeconds != 10 {
+		t.Errorf("duration = %v, want 10", tk.DurationSeconds)
+	}
+
+	// Terminal is final: no second completion, no going back.
+	for _, typ := range []string{EventCompleted, EventQueued, EventStarting} {
+		cp := *tk
+		data := []byte("{}")
+		if typ == EventCompleted {
+			data = mustJSON(t, Completed{Status: Success})
+		}
+		if err := cp.Apply(typ, data, 7, end, 22); err == nil {
+			t.Errorf("Apply(%s) after failed: nil error, status %s", typ, cp.Status)
+		}
+	}
+}
+
+func TestApplyCompletedDurationFromPayload(t *testing.T) {
+	t0 := time.Now()
+	tk := mustFold(t, t0)
+	d := 42.5
+	if err := tk.Apply(EventCompleted, mustJSON(t, Completed{Status: Success, DurationSeconds: &d}), 5, t0.Add(time.Hour), 30); err != nil {
+		t.Fatal(err)
+	}
+	if tk.DurationSeconds == nil || *tk.DurationSeconds != 42.5 {
+		t.Errorf("duration = %v, want 42.5 from the payload", tk.DurationSeconds)
+	}
+}
+
+func TestApplyCancelledBeforeStartHasNoDuration(t *testing.T) {
+	tk := &Task{ID: "task-x"}
+	if err := tk.Apply(EventCreated, mustJSON(t, Created{}), 1, time.Now(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := tk.Apply(EventCompleted, mustJSON(t, Completed{Status: Cancelled}), 2, time.Now(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if tk.Status != Cancelled || tk.DurationSeconds != nil {
+		t.Errorf("status %s duration %v, want cancelled and no duration", tk.Status, tk.DurationSeconds)
+	}
+}
+
+func TestApplyRefuses(t *testing.T) {
+	t0 := time.Now()
+	created := mustJSON(t, Created{})
+	tests := []struct {
+		name string
+		prep func(tb testing.TB) *Task
+		typ  string
+		data []byte
+		ver  int64
+	}{
+		{"version gap", func(tb testing.TB) *Task { return &Task{ID: "t"} }, EventCreated, created, 2},
+		{"version repeat", func(tb testing.TB) *Task { return mustFold(tb, t0) }, EventCancelRequested, []byte("{}"), 4},
+		{"version zero", func(tb testing.TB) *Task { return &Task{ID: "t"} }, EventCreated, created, 0},
+		{"backwards running to queued", func(tb testing.TB) *Task { return mustFold(tb, t0) }, EventQueued, []byte("{}"), 5},
+		{"backwards running to starting", func(tb testing.TB) *Task { return mustFold(tb, t0) }, EventStarting, []byte("{}"), 5},
+		{"second created", func(tb testing.TB) *Task { return mustFold(tb, t0) }, EventCreated, created, 5},
+		{"non-terminal completion", func(tb testing.TB) *Task { return mustFold(tb, t0) }, EventCompleted, mustJSON(t, Completed{Status: Running}), 5},
+		{"bad json", func(tb testing.TB) *Task { return mustFold(tb, t0) }, EventCompleted, []byte("{"), 5},
+		{"skip starting", func(tb testing.TB) *Task {
+			tk := &Task{ID: "t"}
+			if err := tk.Apply(EventCreated, created, 1, t0, 1); err != nil {
+				tb.Fatal(err)
+			}
+			return tk
+		}, EventQueued, []byte("{}"), 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tk := tt.prep(t)
+			before := *tk
+			if err := tk.Apply(tt.typ, tt.data, tt.ver, t0, 99); err == nil {
+				t.Fatalf("Apply(%s, v%d) = nil, want error", tt.typ, tt.ver)
+			}
+			if tk.Version != before.Version {
+				t.Errorf("version moved from %d to %d on a refused event", before.Version, tk.Version)
+			}
+		})
+	}
+}
+
+func TestApplyUnknownEventOnlyBumpsVersion(t *testing.T) {
+	tk := mustFold(t, time.Now())
+	before := *tk
+	at := time.Now().Add(time.Minute)
+	if err := tk.Apply("from_the_future", []byte(`{"x":1}`), 5, at, 50); err != nil {
+		t.Fatal(err)
+	}
+	if tk.Version != 5 || tk.Status != before.Status || !tk.UpdatedAt.Equal(at) {
+		t.Errorf("got version %d status %s updated %v", tk.Version, tk.Status, tk.UpdatedAt)
+	}
+}
+
+func TestCheckID(t *testing.T) {
+	id := NewID()
+	if !ValidID(id) {
+		t.Fatalf("ValidID(NewID()=%q) = false", id)
+	}
+	if err := CheckID(id); err != nil {
+		t.Errorf("CheckID(%q) = %v", id, err)
+	}
+	for _, bad := range []string{
+		"",
+		"task-",
+		strings.TrimPrefix(id, "task-"),
+		"job-" + strings.TrimPrefix(id, "task-"),
+		id + "0",
+		id[:len(id)-1],
+		strings.ToUpper(id),
+		"task-" + strings.Repeat("a", 25) + "/",
+		"task-../../../../../../../etc/passwd",
+		strings.Repeat("x", 1000),
+	} {
+		if ValidID(bad) {
+			t.Errorf("ValidID(%q) = true", bad)
+		}
+		err := CheckID(bad)
+		if !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("CheckID(%q) = %v, want ErrInvalidArgument", bad, err)
+			continue
+		}
+		var fe *errdefs.FieldError
+		if !errors.As(err, &fe) || fe.Field != "task_id" {
+			t.Errorf("CheckID(%q) = %v, want a FieldError on task_id", bad, err)
+		}
+		if len(err.Error()) > 200 {
+			t.Errorf("CheckID error for a long id is %d bytes, want it truncated", len(err.Error()))
+		}
+	}
+}
+
+func TestStreamID(t *testing.T) {
+	id := NewID()
+	if got := IDFromStream(StreamID(id)); got != id {
+		t.Errorf("IDFromStream(StreamID(%q)) = %q", id, got)
+	}
+	if got := IDFromStream(SystemStream); got != "" {
+		t.Errorf("IDFromStream(%q) = %q, want empty", SystemStream, got)
+	}
+}
