@@ -122,7 +122,7 @@ func printResult(w io.Writer, res orchestrator.Result, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "task:     %s\nstatus:   %s\n", res.ID, res.Status)
 	if res.DurationSeconds != nil {
-		fmt.Fprintf(w, "duration: %.1fs\n", *res.DurationSeconds)
+		fmt.Fprintf(w, "duration: %.2fs\n", *res.DurationSeconds)
 	}
 	if res.ExitCode != nil {
 		fmt.Fprintf(w, "exit:     %d\n", *res.ExitCode)

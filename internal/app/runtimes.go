@@ -113,8 +113,11 @@ var installHint = map[string]string{
 // agentMissing says why an agent cannot start in a local sandbox, which
 // sees the host's /usr: its binary must be found there.
 func agentMissing(name string, ag orchestrator.AgentConfig) string {
-	if name == task.AgentCommand {
+	switch name {
+	case task.AgentCommand:
 		return ""
+	case task.AgentGemini, task.AgentCodex, task.AgentOpencode:
+		return fmt.Sprintf("the %s adapter is not built yet; use claude or command", name)
 	}
 	bin := ag.Binary
 	if bin == "" {
