@@ -1,0 +1,781 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/eventstore/sqlite"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/webhook"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+var testSecret = []byte("test webhook secret")
+
+type fixture struct {
+	o     *Orchestrator
+	store *sqlite.Store
+	tasks *projection.Tasks
+	data  *workspace.DataRoot
+}
+
+// MustNew builds an Orchestrator over a real SQLite store and data root in
+// temporary directories; edit changes the options first.
+func MustNew(tb testing.TB, edit func(*Options)) *fixture {
+	tb.Helper()
+	log := slog.New(slog.DiscardHandler)
+	dir := tb.TempDir()
+	store, err := sqlite.Open(context.Background(), filepath.Join(dir, "events.db"), log)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { store.Close() })
+	data, err := workspace.Open(filepath.Join(dir, "data"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { data.Close() })
+	tasks := projection.New(store, log)
+	opts := Options{
+		Store: store,
+		Tasks: tasks,
+		Data:  data,
+		Limits: Limits{
+			MaxPromptBytes:    1000,
+			MaxTaskDirBytes:   1 << 20,
+			MaxContextBytes:   1 << 20,
+			MaxLogBytes:       1 << 20,
+			MaxReadBytes:      100,
+			MaxWriteBytes:     1000,
+			MaxQueued:         50,
+			DefaultTimeoutMin: 30,
+			MaxTimeoutMin:     120,
+			StopGrace:         100 * time.Millisecond,
+		},
+		Defaults: Defaults{Agent: task.AgentClaude, Runtime: "local", Network: task.NetworkNone},
+		Runtimes: map[string]string{"local": "", "gvisor": "runsc is not installed"},
+		Networks: map[string]string{task.NetworkNone: ""},
+		Agents: map[string]AgentConfig{
+			task.AgentClaude:  {Binary: "/usr/local/bin/claude", Env: []string{"ANTHROPIC_API_KEY=k"}},
+			task.AgentCommand: {},
+		},
+		Worker:   WorkerOptions{Binary: "/usr/local/bin/corral", SocketDir: data.HostPath("run", "sock"), Secret: testSecret},
+		Verifier: webhook.NewVerifier(testSecret, 0, nil),
+	}
+	if edit != nil {
+		edit(&opts)
+	}
+	return &fixture{o: New(opts, log), store: store, tasks: tasks, data: data}
+}
+
+// MustShared writes a file beneath shared/.
+func (f *fixture) MustShared(tb testing.TB, name, content string) {
+	tb.Helper()
+	p := f.data.HostPath("shared", name)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// MustSpawn spawns a task that must be accepted.
+func (f *fixture) MustSpawn(tb testing.TB, req SpawnRequest) task.Task {
+	tb.Helper()
+	t, existing, err := f.o.Spawn(context.Background(), req)
+	if err != nil || existing {
+		tb.Fatalf("Spawn: existing %v, %v", existing, err)
+	}
+	return t
+}
+
+// MustAppend appends events to a task at its current version.
+func (f *fixture) MustAppend(tb testing.TB, id string, evs ...eventstore.Proposed) task.Task {
+	tb.Helper()
+	t, err := f.tasks.Update(context.Background(), id, func(task.Task) ([]eventstore.Proposed, error) { return evs, nil })
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return t
+}
+
+// MustRunning spawns a command task and moves it to running.
+func (f *fixture) MustRunning(tb testing.TB) task.Task {
+	tb.Helper()
+	t := f.MustSpawn(tb, SpawnRequest{TaskDescription: "run", Command: []string{"true"}})
+	return f.MustAppend(tb, t.ID,
+		projection.NewEvent(task.EventStarting, nil, "test"),
+		projection.NewEvent(task.EventStarted, task.Started{SandboxName: t.ID}, "test"))
+}
+
+// MustTaskFile writes a file beneath a task's directory.
+func (f *fixture) MustTaskFile(tb testing.TB, id, name, content string) {
+	tb.Helper()
+	p := filepath.Join(f.data.TaskPath(id), name)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func (f *fixture) allEvents(tb testing.TB) []eventstore.Event {
+	tb.Helper()
+	evs, err := f.store.ReadAll(context.Background(), 0, 10000)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return evs
+}
+
+// fieldErrors returns every FieldError in err, through errors.Join trees.
+func fieldErrors(err error) []*errdefs.FieldError {
+	var out []*errdefs.FieldError
+	var fe *errdefs.FieldError
+	if errors.As(err, &fe) {
+		out = append(out, fe)
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		out = out[:0]
+		for _, e := range j.Unwrap() {
+			out = append(out, fieldErrors(e)...)
+		}
+	}
+	return out
+}
+
+func fields(err error) []string {
+	var out []string
+	for _, fe := range fieldErrors(err) {
+		out = append(out, fe.Field)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestSpawnValidation(t *testing.T) {
+	many := map[string]string{}
+	for i := 0; i < 33; i++ {
+		many["k"+strconv.Itoa(i)] = "v"
+	}
+	ok := SpawnRequest{TaskDescription: "do it"}
+	with := func(edit func(*SpawnRequest)) SpawnRequest { r := ok; edit(&r); return r }
+	tests := []struct {
+		name  string
+		req   SpawnRequest
+		field string
+		class error // besides ErrInvalidArgument
+	}{
+		{"missing description", with(func(r *SpawnRequest) { r.TaskDescription = "" }), "task_description", nil},
+		{"blank description", with(func(r *SpawnRequest) { r.TaskDescription = " \n\t " }), "task_description", nil},
+		{"oversize description", with(func(r *SpawnRequest) { r.TaskDescription = strings.Repeat("x", 1001) }), "task_description", errdefs.ErrTooLarge},
+		{"NUL in description", with(func(r *SpawnRequest) { r.TaskDescription = "a\x00b" }), "task_description", nil},
+		{"unknown agent", with(func(r *SpawnRequest) { r.Agent = "gpt" }), "agent", nil},
+		{"command agent without command", with(func(r *SpawnRequest) { r.Agent = task.AgentCommand }), "command", nil},
+		{"command with claude", with(func(r *SpawnRequest) { r.Agent = task.AgentClaude; r.Command = []string{"ls"} }), "command", nil},
+		{"command with model gemini", with(func(r *SpawnRequest) { r.Model = "gemini"; r.Command = []string{"ls"} }), "command", nil},
+		{"empty program", with(func(r *SpawnRequest) { r.Command = []string{" "} }), "command[0]", nil},
+		{"timeout 121", with(func(r *SpawnRequest) { r.TimeoutMinutes = 121 }), "timeout_minutes", nil},
+		{"timeout -1", with(func(r *SpawnRequest) { r.TimeoutMinutes = -1 }), "timeout_minutes", nil},
+		{"unknown runtime", with(func(r *SpawnRequest) { r.Runtime = "nope" }), "runtime", nil},
+		{"unavailable runtime", with(func(r *SpawnRequest) { r.Runtime = "gvisor" }), "runtime", errdefs.ErrFailedPrecondition},
+		{"image with local", with(func(r *SpawnRequest) { r.Image = "alpine" }), "image", nil},
+		{"unknown network", with(func(r *SpawnRequest) { r.Network = "open" }), "network", nil},
+		{"bad memory", with(func(r *SpawnRequest) { r.Resources = &ResourceRequest{MemoryLimit: "lots"} }), "resources.memory_limit", nil},
+		{"tiny memory", with(func(r *SpawnRequest) { r.Resources = &ResourceRequest{MemoryLimit: "1Mi"} }), "resources.memory_limit", nil},
+		{"bad cpu", with(func(r *SpawnRequest) { r.Resources = &ResourceRequest{CPULimit: "fast"} }), "resources.cpu_limit", nil},
+		{"zero cpu", with(func(r *SpawnRequest) { r.Resources = &ResourceRequest{CPULimit: "0"} }), "resources.cpu_limit", nil},
+		{"bad pids", with(func(r *SpawnRequest) { r.Resources = &ResourceRequest{PidsLimit: 2} }), "resources.pids_limit", nil},
+		{"context ..", with(func(r *SpawnRequest) { r.ContextFiles = []string{"../events.db"} }), "context_files[0]", workspace.ErrPathEscapes},
+		{"context NUL", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data/a\x00.txt"} }), "context_files[0]", workspace.ErrPathEscapes},
+		// A leading slash is relative to shared/: this is shared/etc/passwd.
+		{"context /etc/passwd", with(func(r *SpawnRequest) { r.ContextFiles = []string{"/etc/passwd"} }), "context_files[0]", errdefs.ErrNotFound},
+		{"context symlink out", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data/ok.txt", "data/link"} }), "context_files[1]", workspace.ErrPathEscapes},
+		{"context missing", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data/none.txt"} }), "context_files[0]", errdefs.ErrNotFound},
+		{"context directory", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data"} }), "context_files[0]", workspace.ErrIsDir},
+		{"context root", with(func(r *SpawnRequest) { r.ContextFiles = []string{"/workspace/shared/"} }), "context_files[0]", nil},
+		{"context duplicate names", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data/ok.txt", "scripts/ok.txt"} }), "context_files[1]", nil},
+		{"too many labels", with(func(r *SpawnRequest) { r.Labels = many }), "labels", nil},
+		{"bad label key", with(func(r *SpawnRequest) { r.Labels = map[string]string{"Bad Key": "v"} }), "labels", nil},
+	}
+	f := MustNew(t, nil)
+	f.MustShared(t, "data/ok.txt", "ok")
+	f.MustShared(t, "scripts/ok.txt", "ok too")
+	if err := os.Symlink("/etc/passwd", f.data.HostPath("shared", "data", "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := f.o.Spawn(context.Background(), tt.req)
+			if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Fatalf("Spawn = %v, want ErrInvalidArgument", err)
+			}
+			if tt.class != nil && !errors.Is(err, tt.class) {
+				t.Errorf("Spawn = %v, want it to wrap %v", err, tt.class)
+			}
+			if diff := cmp.Diff([]string{tt.field}, fields(err)); diff != "" {
+				t.Errorf("fields of %v (-want +got):\n%s", err, diff)
+			}
+			if ids, _ := f.data.TaskIDs(); len(ids) != 0 {
+				t.Errorf("a failed spawn left task directories %v", ids)
+			}
+			if evs := f.allEvents(t); len(evs) != 0 {
+				t.Errorf("a failed spawn appended %d events", len(evs))
+			}
+		})
+	}
+}
+
+func TestSpawnReportsEveryProblem(t *testing.T) {
+	f := MustNew(t, nil)
+	_, _, err := f.o.Spawn(context.Background(), SpawnRequest{
+		TaskDescription: "",
+		Agent:           "gpt",
+		TimeoutMinutes:  500,
+		Network:         "open",
+		ContextFiles:    []string{"../x"},
+	})
+	want := []string{"agent", "context_files[0]", "network", "task_description", "timeout_minutes"}
+	if diff := cmp.Diff(want, fields(err)); diff != "" {
+		t.Errorf("fields of %v (-want +got):\n%s", err, diff)
+	}
+}
+
+func TestSpawnDefaultsAndAgents(t *testing.T) {
+	f := MustNew(t, nil)
+	f.MustShared(t, "data/in.csv", "a,b\n1,2\n")
+	tests := []struct {
+		req          SpawnRequest
+		agent, model string
+		timeout      int
+	}{
+		{SpawnRequest{TaskDescription: "x"}, task.AgentClaude, "", 30},
+		{SpawnRequest{TaskDescription: "x", Model: "claude"}, task.AgentClaude, "", 30},
+		{SpawnRequest{TaskDescription: "x", Model: "gemini", TimeoutMinutes: 120}, task.AgentGemini, "", 120},
+		{SpawnRequest{TaskDescription: "x", Model: "claude-opus-4"}, task.AgentClaude, "claude-opus-4", 30},
+		{SpawnRequest{TaskDescription: "x", Command: []string{"ls"}, TimeoutMinutes: 1}, task.AgentCommand, "", 1},
+	}
+	for _, tt := range tests {
+		got := f.MustSpawn(t, tt.req)
+		if got.Agent != tt.agent || got.Model != tt.model || got.TimeoutMinutes != tt.timeout {
+			t.Errorf("Spawn(%+v) = agent %q model %q timeout %d; want %q %q %d", tt.req, got.Agent, got.Model, got.TimeoutMinutes, tt.agent, tt.model, tt.timeout)
+		}
+		if got.Runtime != "local" || got.Network != task.NetworkNone || got.Status != task.Queued {
+			t.Errorf("defaults: runtime %q network %q status %s", got.Runtime, got.Network, got.Status)
+		}
+	}
+
+	got := f.MustSpawn(t, SpawnRequest{TaskDescription: "with context", ContextFiles: []string{"/workspace/shared/data/in.csv"},
+		Resources: &ResourceRequest{MemoryLimit: "512Mi", CPULimit: "500m", PidsLimit: 64}})
+	if diff := cmp.Diff([]string{"data/in.csv"}, got.ContextFiles); diff != "" {
+		t.Errorf("context files (-want +got):\n%s", diff)
+	}
+	if want := (task.Resources{MemoryBytes: 512 << 20, CPUMillis: 500, Pids: 64}); got.Resources != want {
+		t.Errorf("resources = %+v, want %+v", got.Resources, want)
+	}
+	b, err := os.ReadFile(filepath.Join(f.data.TaskPath(got.ID), "context", "in.csv"))
+	if err != nil || string(b) != "a,b\n1,2\n" {
+		t.Errorf("copied context = %q, %v", b, err)
+	}
+	prompt, err := os.ReadFile(filepath.Join(f.data.TaskPath(got.ID), "prompt.md"))
+	if err != nil || !strings.Contains(string(prompt), "with context") || !strings.Contains(string(prompt), "/task/context/in.csv") {
+		t.Errorf("prompt.md = %q, %v", prompt, err)
+	}
+}
+
+func TestSpawnIdempotency(t *testing.T) {
+	f := MustNew(t, nil)
+	ctx := context.Background()
+	req := SpawnRequest{TaskDescription: "once", IdempotencyKey: "key-1"}
+	first := f.MustSpawn(t, req)
+	again, existing, err := f.o.Spawn(ctx, req)
+	if err != nil || !existing || again.ID != first.ID {
+		t.Errorf("same key, same args = %s existing %v, %v; want %s existing", again.ID, existing, err, first.ID)
+	}
+	other := req
+	other.TaskDescription = "twice"
+	if _, _, err := f.o.Spawn(ctx, other); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("same key, other args = %v, want ErrConflict", err)
+	}
+	if ids, _ := f.data.TaskIDs(); len(ids) != 1 {
+		t.Errorf("task directories %v, want one", ids)
+	}
+	if evs := f.allEvents(t); len(evs) != 2 {
+		t.Errorf("%d events, want the first spawn's 2", len(evs))
+	}
+}
+
+func TestSpawnQueueFull(t *testing.T) {
+	f := MustNew(t, func(o *Options) { o.Limits.MaxQueued = 2 })
+	f.MustSpawn(t, SpawnRequest{TaskDescription: "1"})
+	f.MustSpawn(t, SpawnRequest{TaskDescription: "2"})
+	_, _, err := f.o.Spawn(context.Background(), SpawnRequest{TaskDescription: "3"})
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || errors.Is(err, errdefs.ErrTooLarge) {
+		t.Errorf("third spawn = %v, want ErrResourceExhausted", err)
+	}
+	if ids, _ := f.data.TaskIDs(); len(ids) != 2 {
+		t.Errorf("task directories %v, want two", ids)
+	}
+}
+
+func TestPrepare(t *testing.T) {
+	f := MustNew(t, nil)
+	ctx := context.Background()
+	cmdTask := f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Command: []string{"sh", "-c", "echo hi"}, TimeoutMinutes: 7,
+		Resources: &ResourceRequest{MemoryLimit: "1Gi"}})
+	spec, err := f.o.Prepare(ctx, cmdTask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMounts := []sandbox.Mount{
+		{Source: f.data.TaskPath(cmdTask.ID), Target: "/task"},
+		{Source: f.data.HostPath("shared"), Target: "/workspace/shared", ReadOnly: true},
+		{Source: "/usr/local/bin/corral", Target: SandboxCorral, ReadOnly: true},
+		{Source: f.data.HostPath("run", "sock"), Target: SandboxSocketDir, ReadOnly: true},
+	}
+	if diff := cmp.Diff(wantMounts, spec.Mounts); diff != "" {
+		t.Errorf("mounts (-want +got):\n%s", diff)
+	}
+	if spec.ID != cmdTask.ID || spec.Dir != "/task" || spec.Command[0] != SandboxCorral {
+		t.Errorf("spec id %q dir %q argv[0] %q", spec.ID, spec.Dir, spec.Command[0])
+	}
+	if n := len(spec.Command); n < 4 || !slices.Equal(spec.Command[n-4:], []string{"--", "sh", "-c", "echo hi"}) {
+		t.Errorf("argv %q, want it to end with -- sh -c 'echo hi'", spec.Command)
+	}
+	if slices.Contains(spec.Command, "--agent-binary") {
+		t.Errorf("argv %q has --agent-binary for the command agent", spec.Command)
+	}
+	wantKey := "CORRAL_WEBHOOK_KEY=" + hex.EncodeToString(webhook.DeriveKey(testSecret, cmdTask.ID))
+	if !slices.Contains(spec.Env, wantKey) || !slices.Contains(spec.Env, "CORRAL_TASK_ID="+cmdTask.ID) {
+		t.Errorf("env lacks the task id or derived webhook key")
+	}
+	for _, e := range spec.Env {
+		if strings.Contains(e, string(testSecret)) || strings.Contains(e, hex.EncodeToString(testSecret)) {
+			t.Errorf("env carries the server secret: %q", e)
+		}
+	}
+	if want := (sandbox.Limits{MemoryBytes: 1 << 30, WallClock: 7 * time.Minute}); spec.Limits != want {
+		t.Errorf("limits %+v, want %+v", spec.Limits, want)
+	}
+	if diff := cmp.Diff(map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: cmdTask.ID}, spec.Labels); diff != "" {
+		t.Errorf("labels (-want +got):\n%s", diff)
+	}
+
+	claude := f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Model: "claude-opus-4"})
+	spec, err = f.o.Prepare(ctx, claude)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := strings.Join(spec.Command, " ")
+	if !strings.Contains(argv, "--agent claude --agent-binary /usr/local/bin/claude --model claude-opus-4") || slices.Contains(spec.Command, "--") {
+		t.Errorf("claude argv %q", argv)
+	}
+	if !slices.Contains(spec.Env, "ANTHROPIC_API_KEY=k") {
+		t.Errorf("claude env lacks the agent's env")
+	}
+}
+
+func statusJSON(status string, code int, summary, errMsg string) string {
+	b, _ := json.Marshal(map[string]any{"status": status, "exit_code": code, "summary": summary, "error_message": errMsg, "duration_seconds": 2.5})
+	return string(b)
+}
+
+func TestCollect(t *testing.T) {
+	f := MustNew(t, func(o *Options) { o.Limits.MaxTaskDirBytes = 4096 })
+	ctx := context.Background()
+	code := func(n int) *int { return &n }
+	dur := 2.5
+	tests := []struct {
+		name  string
+		files map[string]string
+		exit  *sandbox.ExitStatus
+		want  task.Completed
+	}{
+		{"success", map[string]string{"status.json": statusJSON("success", 0, " did it ", ""), "output/report.md": "# r"},
+			&sandbox.ExitStatus{Code: 0},
+			task.Completed{Status: task.Success, ExitCode: code(0), Summary: "did it", Reason: "exit", DurationSeconds: &dur,
+				OutputFiles: []task.OutputFile{{Name: "report.md", Size: 3, Type: "text/markdown; charset=utf-8"}}}},
+		{"failed", map[string]string{"status.json": statusJSON("failed", 2, "", "tests failed")},
+			&sandbox.ExitStatus{Code: 2},
+			task.Completed{Status: task.Failed, ExitCode: code(2), ErrorMessage: "tests failed", Reason: "exit", DurationSeconds: &dur}},
+		{"no status.json", map[string]string{"output/a.txt": "a"},
+			&sandbox.ExitStatus{Code: 3, Message: "boom"},
+			task.Completed{Status: task.Failed, ExitCode: code(3), Reason: "exit",
+				ErrorMessage: "the worker ended with exit code 3 without writing status.json (boom)",
+				OutputFiles:  []task.OutputFile{{Name: "a.txt", Size: 1, Type: "text/plain; charset=utf-8"}}}},
+		{"lost", nil, nil,
+			task.Completed{Status: task.Failed, Reason: "lost", ErrorMessage: "lost: the task's sandbox was gone when the server restarted, and it left no status.json"}},
+		{"recovered", map[string]string{"status.json": statusJSON("success", 0, "done before restart", "")}, nil,
+			task.Completed{Status: task.Success, ExitCode: code(0), Summary: "done before restart", Reason: "recovered", DurationSeconds: &dur}},
+		{"oom", nil, &sandbox.ExitStatus{Code: 137, OOMKilled: true},
+			task.Completed{Status: task.Failed, ExitCode: code(137), Reason: "exit", ErrorMessage: "out of memory: the sandbox reached its memory limit of 512MiB"}},
+		{"oom with a failed status", map[string]string{"status.json": statusJSON("failed", 137, "", "killed")}, &sandbox.ExitStatus{Code: 137, OOMKilled: true},
+			task.Completed{Status: task.Failed, ExitCode: code(137), Reason: "exit", DurationSeconds: &dur, ErrorMessage: "out of memory: the sandbox reached its memory limit of 512MiB"}},
+		{"over quota", map[string]string{"status.json": statusJSON("success", 0, "big", ""), "output/big.bin": strings.Repeat("\x00", 5000)},
+			&sandbox.ExitStatus{Code: 0},
+			task.Completed{Status: task.Failed, ExitCode: code(0), Summary: "big", Reason: "exit", DurationSeconds: &dur,
+				OutputFiles:  []task.OutputFile{{Name: "big.bin", Size: 5000, Type: "application/octet-stream"}},
+				ErrorMessage: "output quota exceeded: the task directory holds 5"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tk := f.MustSpawn(t, SpawnRequest{TaskDescription: tt.name, Resources: &ResourceRequest{MemoryLimit: "512Mi"}})
+			for name, content := range tt.files {
+				f.MustTaskFile(t, tk.ID, name, content)
+			}
+			got := f.o.Collect(ctx, tk, tt.exit)
+			if strings.HasPrefix(got.ErrorMessage, "output quota exceeded") && strings.HasPrefix(got.ErrorMessage, tt.want.ErrorMessage) {
+				got.ErrorMessage = tt.want.ErrorMessage
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("Collect (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestCollectSkipsSymlinks(t *testing.T) {
+	f := MustNew(t, nil)
+	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x"})
+	f.MustTaskFile(t, tk.ID, "output/real.txt", "r")
+	dir := f.data.TaskPath(tk.ID)
+	for link, target := range map[string]string{"output/passwd": "/etc/passwd", "output/alias.txt": "real.txt"} {
+		if err := os.Symlink(target, filepath.Join(dir, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// status.json as a symlink is not read: the worker cannot point the
+	// server at another file.
+	f.MustTaskFile(t, tk.ID, "elsewhere.json", statusJSON("success", 0, "fake", ""))
+	if err := os.Symlink("elsewhere.json", filepath.Join(dir, "status.json")); err != nil {
+		t.Fatal(err)
+	}
+	got := f.o.Collect(context.Background(), tk, &sandbox.ExitStatus{Code: 1})
+	if diff := cmp.Diff([]task.OutputFile{{Name: "real.txt", Size: 1, Type: "text/plain; charset=utf-8"}}, got.OutputFiles); diff != "" {
+		t.Errorf("output files (-want +got):\n%s", diff)
+	}
+	if got.Status != task.Failed || got.Summary == "fake" {
+		t.Errorf("Collect read a symlinked status.json: %+v", got)
+	}
+}
+
+func TestCollectDirectoryGone(t *testing.T) {
+	f := MustNew(t, nil)
+	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x"})
+	if err := f.data.RemoveTask(tk.ID); err != nil {
+		t.Fatal(err)
+	}
+	got := f.o.Collect(context.Background(), tk, &sandbox.ExitStatus{Code: 0})
+	if got.Status != task.Failed || !strings.HasPrefix(got.ErrorMessage, "task directory is gone") {
+		t.Errorf("Collect = %+v", got)
+	}
+}
+
+func TestCancel(t *testing.T) {
+	f := MustNew(t, nil)
+	ctx := context.Background()
+	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x"})
+	got, err := f.o.Cancel(ctx, tk.ID)
+	if err != nil || got.Status != task.Cancelled || got.ErrorMessage != "cancelled before it started" {
+		t.Fatalf("Cancel(queued) = %s %q, %v", got.Status, got.ErrorMessage, err)
+	}
+	if _, err := f.o.Cancel(ctx, tk.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("Cancel(ended) = %v, want ErrConflict", err)
+	}
+	if _, err := f.o.Cancel(ctx, "task-nope"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("Cancel(bad id) = %v, want ErrInvalidArgument", err)
+	}
+	if _, err := f.o.Cancel(ctx, task.NewID()); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Cancel(unknown) = %v, want ErrNotFound", err)
+	}
+
+	// A running task is asked to stop; Cancel waits for it to end.
+	run := f.MustRunning(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			cur, _ := f.tasks.Get(run.ID)
+			if cur.CancelRequested {
+				f.MustAppend(t, run.ID, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Cancelled}, "scheduler"))
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	got, err = f.o.Cancel(ctx, run.ID)
+	<-done
+	if err != nil || got.Status != task.Cancelled {
+		t.Errorf("Cancel(running) = %s, %v; want cancelled", got.Status, err)
+	}
+}
+
+func TestResultWait(t *testing.T) {
+	f := MustNew(t, nil)
+	ctx := context.Background()
+	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x"})
+
+	start := time.Now()
+	res, err := f.o.Result(ctx, ResultRequest{TaskID: tk.ID, Wait: 100 * time.Millisecond})
+	if err != nil || res.Done || res.Status != task.Queued {
+		t.Errorf("Result(queued, short wait) = done %v %s, %v", res.Done, res.Status, err)
+	}
+	if d := time.Since(start); d < 100*time.Millisecond {
+		t.Errorf("Result returned after %s, before its wait", d)
+	}
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		time.Sleep(100 * time.Millisecond)
+		f.MustAppend(t, tk.ID, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Failed, ErrorMessage: "nope"}, "test"))
+	}()
+	start = time.Now()
+	res, err = f.o.Result(ctx, ResultRequest{TaskID: tk.ID, Wait: 30 * time.Second})
+	<-done
+	if err != nil || !res.Done || res.Status != task.Failed || res.ErrorMessage != "nope" {
+		t.Errorf("Result(wait) = done %v %s %q, %v", res.Done, res.Status, res.ErrorMessage, err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("Result took %s, want it back as soon as the task ended", d)
+	}
+	if _, err := f.o.Result(ctx, ResultRequest{TaskID: tk.ID, Wait: time.Hour}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("Result(wait 1h) = %v, want ErrInvalidArgument", err)
+	}
+}
+
+func TestResultFileContents(t *testing.T) {
+	f := MustNew(t, nil)
+	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x"})
+	f.MustTaskFile(t, tk.ID, "output/summary.md", "all good")
+	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success}, "test"))
+	res, err := f.o.Result(context.Background(), ResultRequest{TaskID: tk.ID, IncludeFileContents: []string{"summary.md", "../prompt.md"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := res.FileContents["summary.md"]; got.Content != "all good" || got.Encoding != "utf-8" {
+		t.Errorf("summary.md = %+v", got)
+	}
+	if got := res.FileContents["../prompt.md"]; got.Content != "" || !strings.Contains(got.Note, "escapes") {
+		t.Errorf("../prompt.md = %+v, want refused", got)
+	}
+}
+
+func TestReadWorkspace(t *testing.T) {
+	f := MustNew(t, nil) // MaxReadBytes 100
+	ctx := context.Background()
+	bin := "\x00\x01\x02\xff\xfe"
+	f.MustShared(t, "data/blob", bin)
+	f.MustShared(t, "data/big.txt", strings.Repeat("y", 300))
+	f.MustShared(t, "data/accents.txt", "a"+strings.Repeat("é", 100))
+
+	got, err := f.o.ReadWorkspace(ctx, "/workspace/shared/data/blob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Encoding != "base64" || got.Content != base64.StdEncoding.EncodeToString([]byte(bin)) || got.Truncated || got.Size != 5 || got.Path != "data/blob" {
+		t.Errorf("binary file = %+v", got)
+	}
+	got, err = f.o.ReadWorkspace(ctx, "data/big.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Encoding != "utf-8" || got.Content != strings.Repeat("y", 100) || !got.Truncated || got.Size != 300 || got.Note != "content cut at 100 bytes of 300 bytes" {
+		t.Errorf("big text = %+v", got)
+	}
+	// Cut inside a two-byte rune: the partial rune is dropped, it stays text.
+	got, err = f.o.ReadWorkspace(ctx, "data/accents.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Encoding != "utf-8" || got.Content != "a"+strings.Repeat("é", 49) || !got.Truncated {
+		t.Errorf("text cut in a rune = %q (%s, truncated %v)", got.Content, got.Encoding, got.Truncated)
+	}
+	for p, class := range map[string]error{"../events.db": workspace.ErrPathEscapes, "data/none": errdefs.ErrNotFound, "data": workspace.ErrIsDir} {
+		_, err := f.o.ReadWorkspace(ctx, p)
+		var fe *errdefs.FieldError
+		if !errors.Is(err, class) || !errors.As(err, &fe) || fe.Field != "path" {
+			t.Errorf("ReadWorkspace(%q) = %v, want a path FieldError wrapping %v", p, err, class)
+		}
+	}
+}
+
+func TestWriteWorkspace(t *testing.T) {
+	f := MustNew(t, nil) // MaxWriteBytes 1000
+	ctx := context.Background()
+	e, err := f.o.WriteWorkspace(ctx, "/workspace/shared/scripts/new/run.sh", []byte("echo hi\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Path != "scripts/new/run.sh" || e.Size != 8 {
+		t.Errorf("entry = %+v", e)
+	}
+	if b, err := os.ReadFile(f.data.HostPath("shared", "scripts", "new", "run.sh")); err != nil || string(b) != "echo hi\n" {
+		t.Errorf("written = %q, %v", b, err)
+	}
+	_, err = f.o.WriteWorkspace(ctx, "data/too-big", make([]byte, 1001))
+	var fe *errdefs.FieldError
+	if !errors.Is(err, errdefs.ErrTooLarge) || !errors.As(err, &fe) || fe.Field != "content" {
+		t.Errorf("WriteWorkspace(1001 bytes) = %v, want ErrTooLarge on content", err)
+	}
+	if _, err := os.Stat(f.data.HostPath("shared", "data", "too-big")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("an oversize write left a file: %v", err)
+	}
+	for _, p := range []string{"../tasks/x", "/", "a\\b"} {
+		if _, err := f.o.WriteWorkspace(ctx, p, []byte("x")); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("WriteWorkspace(%q) = %v, want ErrInvalidArgument", p, err)
+		}
+	}
+	if _, err := os.Stat(f.data.HostPath("tasks", "x")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a write escaped shared/: %v", err)
+	}
+}
+
+// signed returns a signed completion webhook for id.
+func signed(id, webhookID string, key []byte) (http.Header, []byte) {
+	c := webhook.Completion{EventType: webhook.EventWorkerCompleted, Source: "local", TaskID: id, Status: "success", WebhookID: webhookID, Timestamp: time.Now().Unix()}
+	body, _ := json.Marshal(c)
+	h := http.Header{}
+	h.Set(webhook.HeaderSignature, webhook.Sign(key, body))
+	h.Set(webhook.HeaderID, webhookID)
+	h.Set(webhook.HeaderTimestamp, strconv.FormatInt(c.Timestamp, 10))
+	h.Set(webhook.HeaderSource, "local")
+	return h, body
+}
+
+func TestWorkerComplete(t *testing.T) {
+	f := MustNew(t, nil)
+	ctx := context.Background()
+	run := f.MustRunning(t)
+	f.MustTaskFile(t, run.ID, "status.json", statusJSON("success", 0, "done by worker", ""))
+	f.MustTaskFile(t, run.ID, "output/result.txt", "42")
+
+	// A bad signature (another task's key) changes nothing.
+	h, body := signed(run.ID, "wh-bad", webhook.DeriveKey(testSecret, task.NewID()))
+	if _, err := f.o.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrUnauthenticated) {
+		t.Errorf("bad signature = %v, want ErrUnauthenticated", err)
+	}
+	if got, _ := f.tasks.Get(run.ID); got.Status != task.Running || got.Version != run.Version {
+		t.Errorf("after a bad signature the task is %s v%d, want running v%d", got.Status, got.Version, run.Version)
+	}
+
+	key := webhook.DeriveKey(testSecret, run.ID)
+	h, body = signed(run.ID, "wh-1", key)
+	evID, err := f.o.WorkerComplete(ctx, h, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := f.tasks.Get(run.ID)
+	if got.Status != task.Success || got.Summary != "done by worker" || len(got.OutputFiles) != 1 {
+		t.Errorf("after the webhook: %+v", got)
+	}
+	evs, err := f.store.ReadStream(ctx, task.StreamID(run.ID), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := evs[len(evs)-1]
+	if last.ID != evID || last.Type != task.EventCompleted || last.Actor != "worker/"+run.ID {
+		t.Errorf("WorkerComplete returned %s; last event %s %s by %s", evID, last.ID, last.Type, last.Actor)
+	}
+	var c task.Completed
+	if err := json.Unmarshal(last.Data, &c); err != nil || c.Reason != "webhook" {
+		t.Errorf("completed reason %q, %v; want webhook", c.Reason, err)
+	}
+
+	// A second completion (a new delivery) is accepted and changes nothing.
+	h, body = signed(run.ID, "wh-2", key)
+	evID2, err := f.o.WorkerComplete(ctx, h, body)
+	if err != nil || evID2 != evID {
+		t.Errorf("second completion = %s, %v; want %s, nil", evID2, err, evID)
+	}
+	// A replay of the first delivery is refused by the verifier.
+	h, body = signed(run.ID, "wh-1", key)
+	if _, err := f.o.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("replayed webhook id = %v, want ErrConflict", err)
+	}
+	if evs2, _ := f.store.ReadStream(ctx, task.StreamID(run.ID), 0); len(evs2) != len(evs) {
+		t.Errorf("%d events after repeats, want %d", len(evs2), len(evs))
+	}
+
+	queued := f.MustSpawn(t, SpawnRequest{TaskDescription: "waiting"})
+	h, body = signed(queued.ID, "wh-3", webhook.DeriveKey(testSecret, queued.ID))
+	if _, err := f.o.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("completion of a queued task = %v, want ErrFailedPrecondition", err)
+	}
+	if got, _ := f.tasks.Get(queued.ID); got.Status != task.Queued {
+		t.Errorf("queued task became %s", got.Status)
+	}
+}
+
+func TestReconcileDirectories(t *testing.T) {
+	f := MustNew(t, nil)
+	ctx := context.Background()
+	known := f.MustSpawn(t, SpawnRequest{TaskDescription: "x"})
+	stray, err := f.data.CreateTask("task-stray")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stray.Close()
+	if err := f.o.ReconcileDirectories(ctx); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := f.store.ReadStream(ctx, task.SystemStream, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 1 || evs[0].Type != task.EventUnknownDirectory {
+		t.Fatalf("system events %+v, want one %s", evs, task.EventUnknownDirectory)
+	}
+	var data map[string]string
+	if err := json.Unmarshal(evs[0].Data, &data); err != nil || data["directory"] != "tasks/task-stray" {
+		t.Errorf("event data %s, %v", evs[0].Data, err)
+	}
+	if _, err := os.Stat(f.data.TaskPath("task-stray")); err != nil {
+		t.Errorf("the stray directory was touched: %v", err)
+	}
+	if _, err := os.Stat(f.data.TaskPath(known.ID)); err != nil {
+		t.Errorf("the known task's directory: %v", err)
+	}
+}
+
+func TestListPages(t *testing.T) {
+	f := MustNew(t, nil)
+	ctx := context.Background()
+	var made []string
+	for i := 0; i < 3; i++ {
+		made = append(made, f.MustSpawn(t, SpawnRequest{TaskDescription: "x"}).ID)
+	}
+	page, err := f.o.List(ctx, ListRequest{Limit: 2})
+	if err != nil || len(page.Tasks) != 2 || page.NextCursor != made[1] {
+		t.Fatalf("first page = %d tasks, cursor %q, %v", len(page.Tasks), page.NextCursor, err)
+	}
+	page, err = f.o.List(ctx, ListRequest{Limit: 2, Cursor: page.NextCursor})
+	if err != nil || len(page.Tasks) != 1 || page.Tasks[0].ID != made[0] || page.NextCursor != "" {
+		t.Errorf("second page = %+v, %v", page, err)
+	}
+	_, err = f.o.List(ctx, ListRequest{Status: "done", Limit: 1000, Cursor: "x"})
+	if diff := cmp.Diff([]string{"cursor", "limit", "status"}, fields(err)); diff != "" {
+		t.Errorf("List validation fields (-want +got):\n%s", diff)
+	}
+}
