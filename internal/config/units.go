@@ -3,12 +3,13 @@ package config
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/corral-dev/corral/internal/units"
 )
 
 // Size is a byte count written as a string: plain bytes ("1048576"), IEC
@@ -21,44 +22,13 @@ type Size struct {
 	text string
 }
 
-// sizeUnits maps every accepted suffix to its multiplier. Suffixes are
-// case-sensitive, as in Kubernetes: "m" would be milli, so it is refused.
-var sizeUnits = map[string]int64{
-	"": 1, "B": 1,
-	"k": 1e3, "K": 1e3, "kB": 1e3, "KB": 1e3,
-	"M": 1e6, "MB": 1e6,
-	"G": 1e9, "GB": 1e9,
-	"T": 1e12, "TB": 1e12,
-	"Ki": 1 << 10, "KiB": 1 << 10,
-	"Mi": 1 << 20, "MiB": 1 << 20,
-	"Gi": 1 << 30, "GiB": 1 << 30,
-	"Ti": 1 << 40, "TiB": 1 << 40,
-}
-
-// ParseSize parses a size string. It accepts a whole, non-negative number
-// with an optional unit from the list on Size.
+// ParseSize parses a size string with units.ParseSize, keeping the text.
 func ParseSize(s string) (Size, error) {
-	t := strings.TrimSpace(s)
-	if t == "" {
-		return Size{}, errors.New("empty size")
+	n, err := units.ParseSize(s)
+	if err != nil {
+		return Size{}, err
 	}
-	i := 0
-	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
-		i++
-	}
-	if i == 0 {
-		return Size{}, fmt.Errorf("size %q must start with a whole number of bytes, e.g. 512MiB", s)
-	}
-	num, unit := t[:i], strings.TrimSpace(t[i:])
-	mult, ok := sizeUnits[unit]
-	if !ok {
-		return Size{}, fmt.Errorf("size %q has unknown unit %q (use B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, k, M, G or T)", s, unit)
-	}
-	v, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || v > math.MaxInt64/mult {
-		return Size{}, fmt.Errorf("size %q is too large", s)
-	}
-	return Size{n: v * mult, text: t}, nil
+	return Size{n: n, text: strings.TrimSpace(s)}, nil
 }
 
 // Bytes returns the size in bytes.
@@ -97,39 +67,10 @@ func (s Size) MarshalYAML() (any, error) { return s.String(), nil }
 // Kubernetes does: "2", "0.5" or "500m".
 type CPU int64
 
-// ParseCPU parses a CPU string. Amounts finer than one millicore are refused.
+// ParseCPU parses a CPU string with units.ParseCPU.
 func ParseCPU(s string) (CPU, error) {
-	t := strings.TrimSpace(s)
-	if t == "" {
-		return 0, errors.New("empty cpu amount")
-	}
-	if m, ok := strings.CutSuffix(t, "m"); ok {
-		v, err := strconv.ParseInt(m, 10, 64)
-		if err != nil || v < 0 {
-			return 0, fmt.Errorf("cpu %q must be whole millicores, e.g. 500m", s)
-		}
-		return CPU(v), nil
-	}
-	whole, frac, _ := strings.Cut(t, ".")
-	if whole == "" {
-		whole = "0"
-	}
-	w, err := strconv.ParseInt(whole, 10, 64)
-	if err != nil || w < 0 || w > math.MaxInt64/1000 || strings.ContainsAny(frac, "+-") {
-		return 0, fmt.Errorf("cpu %q must be a number of cores (2, 0.5) or millicores (500m)", s)
-	}
-	frac = strings.TrimRight(frac, "0")
-	if len(frac) > 3 {
-		return 0, fmt.Errorf("cpu %q is finer than one millicore", s)
-	}
-	var f int64
-	if frac != "" {
-		f, err = strconv.ParseInt(frac+strings.Repeat("0", 3-len(frac)), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("cpu %q must be a number of cores (2, 0.5) or millicores (500m)", s)
-		}
-	}
-	return CPU(w*1000 + f), nil
+	n, err := units.ParseCPU(s)
+	return CPU(n), err
 }
 
 // Millis returns the amount in millicores.

@@ -197,8 +197,8 @@ func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
 		}
 		if r.CPULimit != "" {
 			n, err := units.ParseCPU(r.CPULimit)
-			if err != nil {
-				bad("resources.cpu_limit", "%v", err)
+			if err != nil || n < 10 {
+				bad("resources.cpu_limit", "must be a CPU amount of at least 10m (e.g. 2, 0.5, 500m), got %q", truncate(r.CPULimit, 32))
 			}
 			spec.Resources.CPUMillis = n
 		}

@@ -244,9 +244,8 @@ func TestFIFOWithOneSlot(t *testing.T) {
 	if got := len(h.collected()); got != 4 {
 		t.Errorf("Collect called %d times, want 4", got)
 	}
-	if d := fake.Destroyed(); len(d) != 4 {
-		t.Errorf("destroyed %v, want every sandbox destroyed after it ended", d)
-	}
+	// The last sandbox is destroyed just after its task's end is recorded.
+	waitFor(t, "every sandbox to be destroyed", func() bool { return len(fake.Destroyed()) == 4 })
 }
 
 func TestNeverMoreThanMaxConcurrent(t *testing.T) {

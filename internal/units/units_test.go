@@ -16,7 +16,7 @@ func TestParseSize(t *testing.T) {
 		{"1GiB", 1 << 30, false},
 		{"64KiB", 64 << 10, false},
 		{"1TiB", 1 << 40, false},
-		{"1.5Gi", 3 << 29, false},
+		{"1.5Gi", 0, true}, // whole numbers only
 		{"10MB", 10e6, false},
 		{"10M", 10e6, false},
 		{"3k", 3000, false},
@@ -53,8 +53,8 @@ func TestParseCPU(t *testing.T) {
 		{"500m", 500, false},
 		{"1m", 1, false},
 		{" 1.25 ", 1250, false},
-		{"0", 0, true},
-		{"0m", 0, true},
+		{"0", 0, false}, // zero is a valid amount; callers that need more check it
+		{"0m", 0, false},
 		{"-1", 0, true},
 		{"-5m", 0, true},
 		{"0.5m", 0, true},
