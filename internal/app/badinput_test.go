@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -170,13 +169,7 @@ func (s *server) postWebhook(t *testing.T, h http.Header, body []byte) (int, str
 	t.Helper()
 	req, _ := http.NewRequest("POST", s.url+"/api/webhooks/worker-complete", strings.NewReader(string(body)))
 	req.Header = h
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return send(t, req)
 }
 
 func TestWebhookRejections(t *testing.T) {

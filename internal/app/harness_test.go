@@ -181,6 +181,12 @@ func (s *server) do(t *testing.T, method, path, contentType string, body io.Read
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
+	return send(t, req)
+}
+
+// send sends req and returns the status and body.
+func send(t *testing.T, req *http.Request) (int, string) {
+	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -120,7 +120,7 @@ func (s *Scheduler) fill(ctx context.Context) {
 	}
 	queued := s.tasks.Select(func(t *task.Task) bool { return t.Status == task.Queued })
 	for _, t := range queued {
-		if s.Running() >= s.opts.MaxConcurrent || ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return
 		}
 		nt, err := s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
