@@ -84,6 +84,10 @@ func New(opts Options, tasks *projection.Tasks, store eventstore.Store, log *slo
 // done. Sandboxes keep running when Run returns: the next server reattaches.
 func (s *Scheduler) Run(ctx context.Context) error {
 	if err := s.Reconcile(ctx); err != nil {
+		if ctx.Err() != nil {
+			s.wg.Wait() // shutting down mid-reconcile is not an error
+			return nil
+		}
 		return err
 	}
 	for {
@@ -120,7 +124,7 @@ func (s *Scheduler) fill(ctx context.Context) {
 	}
 	queued := s.tasks.Select(func(t *task.Task) bool { return t.Status == task.Queued })
 	for _, t := range queued {
-		if ctx.Err() != nil {
+		if s.Running() >= s.opts.MaxConcurrent || ctx.Err() != nil {
 			return
 		}
 		nt, err := s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
@@ -228,7 +232,9 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 		exited <- waited{st, err}
 	}()
 
-	started := s.opts.Now()
+	// The timeout runs from the start; a task reattached while still
+	// "starting" counts from its last change, not from now.
+	started := t.UpdatedAt
 	if t.StartedAt != nil {
 		started = *t.StartedAt
 	}
@@ -342,10 +348,17 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 	}
 	active := s.tasks.Select(func(t *task.Task) bool { return t.Status == task.Starting || t.Status == task.Running })
 	owned := map[string]bool{}
+	var summary Reconciled
 	for _, t := range active {
 		owned[t.ID] = true
-		if err := s.reattach(ctx, t, listed[t.ID]); err != nil {
+		reattached, err := s.reattach(ctx, t, listed[t.ID])
+		if err != nil {
 			return err
+		}
+		if reattached {
+			summary.Reattached++
+		} else {
+			summary.Ended++
 		}
 	}
 	for id, l := range listed {
@@ -361,8 +374,23 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 		if _, err := s.store.Append(ctx, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
 			return fmt.Errorf("record orphan sandbox: %w", err)
 		}
+		summary.OrphansStopped++
 	}
+	ev := projection.NewEvent(task.EventReconciled, summary, ActorReconciler)
+	if _, err := s.store.Append(ctx, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
+		return fmt.Errorf("record reconciliation: %w", err)
+	}
+	s.log.Info("reconciled", "reattached", summary.Reattached, "ended", summary.Ended, "orphans_stopped", summary.OrphansStopped)
 	return nil
+}
+
+// Reconciled is the payload of the system event that closes a start-up
+// reconciliation: how many active tasks were reattached or ended, and how
+// many sandboxes no task owned were stopped.
+type Reconciled struct {
+	Reattached     int `json:"reattached"`
+	Ended          int `json:"ended"`
+	OrphansStopped int `json:"orphans_stopped"`
 }
 
 type listedSandbox struct {
@@ -372,7 +400,8 @@ type listedSandbox struct {
 }
 
 // reattach resumes supervising an active task after a restart, or ends it.
-func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) error {
+// It reports whether it reattached.
+func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) (bool, error) {
 	rt := s.opts.Runtimes[t.Runtime]
 	var h *sandbox.Handle
 	switch {
@@ -391,7 +420,7 @@ func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) 
 			if _, err := s.tasks.Update(ctx, t.ID, func(task.Task) ([]eventstore.Proposed, error) {
 				return []eventstore.Proposed{projection.NewEvent(task.EventReattached, task.Reattached{SandboxName: h.ID}, ActorReconciler)}, nil
 			}); err != nil {
-				return fmt.Errorf("record reattach of task %s: %w", t.ID, err)
+				return false, fmt.Errorf("record reattach of task %s: %w", t.ID, err)
 			}
 			s.log.Info("task reattached", logkey.TaskID, t.ID, logkey.SandboxID, h.ID)
 			s.claim(t.ID)
@@ -401,7 +430,7 @@ func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) 
 				defer s.release(t.ID)
 				s.supervise(ctx, t, rt, h.ID)
 			}()
-			return nil
+			return true, nil
 		}
 		if !errors.Is(err, errdefs.ErrNotFound) {
 			s.log.Warn("cannot recover sandbox", logkey.TaskID, t.ID, logkey.Error, err)
@@ -412,5 +441,5 @@ func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) 
 	if h != nil && rt != nil {
 		rt.Destroy(ctx, h.ID)
 	}
-	return nil
+	return false, nil
 }

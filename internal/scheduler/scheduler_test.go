@@ -509,11 +509,61 @@ func TestReconcileStopsOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	i := slices.IndexFunc(evs, func(e eventstore.Event) bool { return e.Type == task.EventOrphanStopped })
 	var data map[string]string
-	if err := json.Unmarshal(evs[0].Data, &data); err != nil {
+	if err := json.Unmarshal(evs[i].Data, &data); err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff(map[string]string{"sandbox_name": "orphan-1", "runtime": "fake", "task_id": "task-gone"}, data); diff != "" {
 		t.Errorf("orphan event data (-want +got):\n%s", diff)
+	}
+}
+
+// A task cancelled while it waits in the queue is never started.
+func TestCancelledWhileQueuedNeverStarts(t *testing.T) {
+	store := MustOpenStore(t)
+	finish := make(chan struct{})
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
+		select {
+		case <-finish:
+		case <-ctx.Done():
+		}
+		return sandbox.ExitStatus{Code: 0}
+	})
+	h := MustStart(t, store, Options{MaxConcurrent: 1}, fake)
+	first := MustEnqueue(t, h.tasks, task.Spec{})
+	waitStatus(t, h.tasks, first, task.Running)
+	second := MustEnqueue(t, h.tasks, task.Spec{})
+	MustAppend(t, h.tasks, second, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Cancelled, Reason: "cancel"}, "test"))
+	third := MustEnqueue(t, h.tasks, task.Spec{})
+	close(finish)
+	waitStatus(t, h.tasks, first, task.Success)
+	waitStatus(t, h.tasks, third, task.Success)
+	var started []string
+	for _, s := range fake.Created() {
+		started = append(started, s.ID)
+	}
+	if diff := cmp.Diff([]string{first, third}, started); diff != "" {
+		t.Errorf("started (-want +got):\n%s", diff)
+	}
+	if got, _ := h.tasks.Get(second); got.Status != task.Cancelled {
+		t.Errorf("cancelled task became %s", got.Status)
+	}
+}
+
+// Shutting down while Reconcile records what it did is not an error, and Run
+// returns only after the goroutines it started.
+func TestRunStoppedDuringReconcile(t *testing.T) {
+	store := MustOpenStore(t)
+	fake := MustNewFake(t, blockUntilStopped)
+	if _, err := fake.Create(context.Background(), sandbox.Spec{ID: "orphan-2", Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: "task-gone"}}); err != nil {
+		t.Fatal(err)
+	}
+	tasks := projection.New(store, discard())
+	s := New(Options{Runtimes: map[string]sandbox.Runtime{"fake": fake}}, tasks, store, discard())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Run(ctx); err != nil {
+		t.Errorf("Run with a cancelled context = %v, want nil", err)
 	}
 }

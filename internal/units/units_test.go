@@ -23,6 +23,10 @@ func TestParseSize(t *testing.T) {
 		{"3K", 3000, false},
 		{"7B", 7, false},
 		{" 16 Mi ", 16 << 20, false},
+		{"5m", 0, true}, // milli is not a size unit
+		{"1kib", 0, true},
+		{"9223372036854775807Ki", 0, true},
+		{"99999999999999999999", 0, true},
 		{"", 0, true},
 		{"Mi", 0, true},
 		{"abc", 0, true},
@@ -53,6 +57,11 @@ func TestParseCPU(t *testing.T) {
 		{"500m", 500, false},
 		{"1m", 1, false},
 		{" 1.25 ", 1250, false},
+		{".5", 500, false},
+		{"1.500", 1500, false},
+		{"1.0005", 0, true},
+		{"1.-5", 0, true},
+		{"9223372036854775807", 0, true},
 		{"0", 0, false}, // zero is a valid amount; callers that need more check it
 		{"0m", 0, false},
 		{"-1", 0, true},

@@ -483,3 +483,21 @@ func TestDataRoot(t *testing.T) {
 		t.Errorf("TaskIDs after reopen = %v", ids)
 	}
 }
+
+// Writing over an existing symbolic link replaces the link; its target,
+// outside the root, is untouched.
+func TestWriteFileAtomicReplacesSymlink(t *testing.T) {
+	outside := mustOutside(t)
+	r, dir := MustOpenRoot(t, map[string]string{})
+	MustSymlink(t, dir, "f.txt", filepath.Join(outside, "secret.txt"))
+	if err := WriteFileAtomic(r, "f.txt", []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(outside, "secret.txt")); string(b) != "secret" {
+		t.Errorf("the link's target outside became %q", b)
+	}
+	info, err := os.Lstat(filepath.Join(dir, "f.txt"))
+	if err != nil || !info.Mode().IsRegular() {
+		t.Errorf("f.txt after the write: %v, %v; want a regular file", info, err)
+	}
+}
