@@ -133,7 +133,10 @@ func TestInternalErrorsHideTheirDetail(t *testing.T) {
 
 func TestRequestBodyLimit(t *testing.T) {
 	called := false
-	b := &stub{spawn: func(orchestrator.SpawnRequest) (task.Task, bool, error) { called = true; return task.Task{}, false, nil }}
+	b := &stub{spawn: func(orchestrator.SpawnRequest) (task.Task, bool, error) {
+		called = true
+		return task.Task{}, false, nil
+	}}
 	_, url, _ := MustServe(t, b, "")
 	resp, err := http.Post(url+"/api/tasks", "application/json", strings.NewReader(`{"task_description":"`+strings.Repeat("a", 2000)+`"}`))
 	if err != nil {
