@@ -322,7 +322,6 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, err
 	}
-	tCreate := time.Now()
 	caps, _ := r.Capabilities(ctx)
 	if !caps.Available {
 		return nil, fmt.Errorf("create sandbox %s: %s: %w", spec.ID, caps.Reason, errdefs.ErrFailedPrecondition)
@@ -337,7 +336,6 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
 	e, err := r.start(ctx, spec, dir)
-	profLog("create-total", tCreate)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
@@ -351,10 +349,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 
 // start launches bwrap for spec in dir and waits for the sandbox's pid 1.
 func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *entry, err error) {
-	t0 := time.Now()
 	etcBinds, err := writeEtc(filepath.Join(dir, "etc"), r.opts.UID, r.opts.GID)
-	profLog("etc", t0)
-	t0 = time.Now()
 	if err != nil {
 		return nil, err
 	}
@@ -369,8 +364,6 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 			}
 		}()
 	}
-	profLog("cgroups", t0)
-	t0 = time.Now()
 	status, err := os.OpenFile(filepath.Join(dir, "status.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create status file: %w", err)
@@ -395,8 +388,6 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start bwrap: %w", err)
 	}
-	profLog("cmd-start", t0)
-	t0 = time.Now()
 	st.PID = cmd.Process.Pid
 	// Our unreaped child cannot be replaced by another process with the
 	// same pid, so this start time is the launcher's.
@@ -417,14 +408,12 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	if err := writeState(dir, st); err != nil {
 		return nil, err
 	}
-	profLog("state1", t0)
-	t0 = time.Now()
 
 	// bwrap writes the child pid to status.jsonl once the namespaces exist,
 	// before it has set up the mounts; its pid 1 forks the main process
 	// only after that. Waiting for the fork means Exec never sees a half
 	// built sandbox. Both take 3 to 10 ms together.
-	delay := 250 * time.Microsecond
+	delay := time.Millisecond
 	for ready := false; !ready; {
 		if st.ChildPID == 0 {
 			if info, ok := readStatus(dir); ok && info.ChildPID > 0 {
@@ -448,14 +437,11 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 			return nil, ctx.Err()
 		case <-time.After(delay):
 		}
-		delay = min(2*delay, time.Millisecond)
+		delay = min(2*delay, 10*time.Millisecond)
 	}
-	profLog("ready-wait", t0)
-	t0 = time.Now()
 	if err := writeState(dir, st); err != nil {
 		return nil, err
 	}
-	profLog("state2", t0)
 	e.st = st
 	return e, nil
 }
@@ -733,10 +719,4 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	r.mu.Unlock()
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
-}
-
-func profLog(what string, t time.Time) {
-	if os.Getenv("CORRAL_PROF") != "" {
-		fmt.Fprintf(os.Stderr, "PROF %s %d\n", what, time.Since(t).Microseconds())
-	}
 }

@@ -1,0 +1,61 @@
+//go:build integration
+
+package app_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/app"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// TestBench runs the benchmark with a tiny count and checks that it
+// measured what it claims: every run succeeded (Bench fails otherwise),
+// each kind was counted n times, and the figures are positive and ordered.
+// It does not check the performance targets: they depend on the machine.
+func TestBench(t *testing.T) {
+	testenv.RequireBwrap(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const n, clients = 3, 2
+	res, err := app.Bench(ctx, app.BenchOptions{
+		N: n, Concurrency: clients, Warmup: 1,
+		Data: t.TempDir(), WorkerBinary: corralBin,
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.N != n || res.Concurrency != clients || res.Warmup != 1 {
+		t.Errorf("n %d, concurrency %d, warmup %d; want %d, %d, 1", res.N, res.Concurrency, res.Warmup, n, clients)
+	}
+	s := res.Sequential
+	for name, l := range map[string]app.Latency{"task": s.Task, "bwrap": s.Bwrap} {
+		if l.Count != n {
+			t.Errorf("sequential %s: %d runs counted, want %d", name, l.Count, n)
+		}
+		if !(l.Min > 0 && l.Min <= l.Median && l.Median <= l.P90 && l.P90 <= l.Max) {
+			t.Errorf("sequential %s: want 0 < min <= median <= p90 <= max, got %+v", name, l)
+		}
+	}
+	if want := s.Task.Median / s.Bwrap.Median; s.Ratio != want || s.Ratio <= 0 {
+		t.Errorf("ratio %v, want task median over bwrap median %v", s.Ratio, want)
+	}
+	p := s.Phases
+	sum := p.Submit + p.Queue + p.Sandbox + p.Run + p.Deliver
+	if p.Sandbox <= 0 || p.Run <= 0 || sum <= 0 {
+		t.Errorf("phases %+v: want a positive sandbox and run phase", p)
+	}
+	c := res.Concurrent
+	for name, tp := range map[string]app.Throughput{"task": c.Task, "bwrap": c.Bwrap} {
+		if tp.Completed != n || tp.Wall <= 0 || tp.PerSecond <= 0 {
+			t.Errorf("concurrent %s: %+v, want %d completed in a positive time", name, tp, n)
+		}
+	}
+	if res.Host.CPUs < 1 || res.Host.Bwrap == "" {
+		t.Errorf("host %+v: want CPUs and the bwrap version", res.Host)
+	}
+}
