@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"reflect"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -294,7 +293,7 @@ func (d *fileDecoder) expandValues(n *yaml.Node, path string) bool {
 	return true
 }
 
-var varName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*`)
+var varName = lazyRegexp(`^[A-Za-z_][A-Za-z0-9_]*`)
 
 // expand replaces $NAME and ${NAME} with their values from env; $$ is a
 // literal $, and a $ followed by anything else is kept. An unset variable
@@ -324,12 +323,12 @@ func expand(s string, env map[string]string) (string, error) {
 				return "", errors.New("unterminated ${ in value")
 			}
 			name = s[1:end]
-			if varName.FindString(name) != name {
+			if varName().FindString(name) != name {
 				return "", fmt.Errorf("bad variable name %q in ${...}", name)
 			}
 			s = s[end+1:]
 		default:
-			name = varName.FindString(s)
+			name = varName().FindString(s)
 			if name == "" {
 				b.WriteByte('$')
 				continue

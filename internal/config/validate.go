@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -50,7 +51,7 @@ func (c *Config) Validate() error {
 
 	v.oneOf("egress.mode", c.Egress.Mode, EgressModes)
 	for i, h := range c.Egress.Allow {
-		if !hostPattern.MatchString(h) {
+		if !hostPattern().MatchString(h) {
 			v.add(fmt.Sprintf("egress.allow[%d]", i), "must be a host name such as api.example.com or *.example.com (no scheme, port or path), got %q", h)
 		}
 	}
@@ -89,7 +90,7 @@ func (c *Config) Validate() error {
 
 func (v *validator) aiWorker(w *AIWorkerConfig) {
 	const p = "ai_worker_config."
-	if !dnsLabel.MatchString(w.Namespace) {
+	if !dnsLabel().MatchString(w.Namespace) {
 		v.add(p+"namespace", "must be a Kubernetes namespace name (lowercase letters, digits and '-', at most 63), got %q", w.Namespace)
 	}
 	if (v.c.Runtime == "docker" || v.c.Runtime == "kubernetes") && w.AICoderImage == "" {
@@ -161,7 +162,7 @@ func (v *validator) agents(a *Agents) {
 		}
 		for k, val := range ag.Env {
 			switch {
-			case !envName.MatchString(k):
+			case !envName().MatchString(k):
 				v.add(p+".env."+k, "is not a valid environment variable name")
 			case strings.ContainsRune(val, 0):
 				v.add(p+".env."+k, "must not contain a NUL byte")
@@ -200,11 +201,18 @@ func (v *validator) positiveSize(key string, s Size) {
 	}
 }
 
+// The patterns are compiled on first use: package initialisation runs in
+// every corral process, including each sandbox's worker, which never
+// validates a configuration.
 var (
-	dnsLabel    = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
-	envName     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	hostPattern = regexp.MustCompile(`^(\*\.)?([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$`)
+	dnsLabel    = lazyRegexp(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	envName     = lazyRegexp(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	hostPattern = lazyRegexp(`^(\*\.)?([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$`)
 )
+
+func lazyRegexp(expr string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(expr) })
+}
 
 // checkListen checks a host:port address and reports whether it is loopback
 // only. A host name other than localhost, or an empty host (every

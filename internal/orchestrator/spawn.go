@@ -11,6 +11,7 @@ import (
 	"path"
 	"regexp"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -29,7 +30,11 @@ const (
 	maxShortField   = 255
 )
 
-var labelKey = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$`)
+// labelKey is compiled on first use: package initialisation runs in every
+// corral process, including each sandbox's worker, which never needs it.
+var labelKey = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$`)
+})
 
 // Spawn validates req, creates the task directory with prompt.md and the
 // context files, records the task and queues it (SPEC §2).
@@ -242,7 +247,7 @@ func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
 		bad("labels", "has %d labels, over the limit of %d", len(req.Labels), maxLabels)
 	}
 	for k, v := range req.Labels {
-		if !labelKey.MatchString(k) {
+		if !labelKey().MatchString(k) {
 			bad("labels", "key %q must be lowercase letters, digits, '.', '_', '/' or '-', at most 63", truncate(k, 64))
 		}
 		if len(v) > maxShortField || !utf8.ValidString(v) {

@@ -13,7 +13,6 @@ package task
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 
@@ -151,13 +150,14 @@ type Task struct {
 
 const idPrefix = "task-"
 
-var idPattern = regexp.MustCompile(`^task-[0-9a-z]{26}$`)
-
 // NewID returns a new sortable task id.
 func NewID() string { return idPrefix + ids.New() }
 
-// ValidID reports whether id is well formed.
-func ValidID(id string) bool { return idPattern.MatchString(id) }
+// ValidID reports whether id is well formed: "task-" and an id from ids.New.
+func ValidID(id string) bool {
+	rest, ok := strings.CutPrefix(id, idPrefix)
+	return ok && ids.Valid(rest)
+}
 
 // CheckID returns an ErrInvalidArgument naming field if id is malformed.
 func CheckID(id string) error {
