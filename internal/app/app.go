@@ -149,6 +149,7 @@ func (a *App) open(ctx context.Context) error {
 		Runtimes:      a.runtimes,
 		Prepare:       a.orch.Prepare,
 		Collect:       a.orch.Collect,
+		Quota:         a.orch.CheckQuota,
 	}, a.tasks, a.store, a.log.With("subsystem", "scheduler"))
 	a.api = httpapi.New(backend{a.orch, a}, httpapi.Options{
 		Token:           a.token,

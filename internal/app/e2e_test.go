@@ -341,3 +341,34 @@ func TestToolsOverHTTP(t *testing.T) {
 		t.Errorf("metrics: %d %s", code, body)
 	}
 }
+
+func TestDiskFillerStoppedAtQuota(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, func(c *config.Config) {
+		c.Limits.MaxTaskDirBytes = mustSize(t, "2MiB")
+		c.Limits.MaxContextBytes = mustSize(t, "1MiB")
+	})
+	// Many small files: no single write hits a per-file limit, so only the
+	// quota watcher can stop it.
+	tk := s.spawn(t, "fill the disk", "sh", "-c", "i=0; while :; do head -c 262144 /dev/zero > output/f$i; i=$((i+1)); sleep 0.05; done")
+	res := s.wait(t, tk.ID, 60*time.Second)
+	if res.Status != task.Failed || !strings.HasPrefix(res.ErrorMessage, "output quota exceeded") {
+		t.Fatalf("status %s, error %q; want failed with output quota exceeded", res.Status, res.ErrorMessage)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(s.data, "run", "local", tk.ID)); os.IsNotExist(err) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the filler's sandbox still exists: %v", err)
+		}
+	}
+	count := func() int {
+		ents, _ := os.ReadDir(filepath.Join(s.data, "tasks", tk.ID, "output"))
+		return len(ents)
+	}
+	before := count()
+	time.Sleep(500 * time.Millisecond)
+	if after := count(); after != before {
+		t.Errorf("the filler still writes after the task ended: %d files, then %d", before, after)
+	}
+}

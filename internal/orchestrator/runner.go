@@ -166,9 +166,9 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 		c.ErrorMessage = "out of memory: the sandbox reached its memory limit of " + units.FormatSize(t.Resources.MemoryBytes)
 	}
 	if max := o.opts.Limits.MaxTaskDirBytes; max > 0 {
-		if size, err := workspace.Size(dir, "."); err == nil && size > max {
+		if err := quotaError(dir, max); err != nil {
 			c.Status = task.Failed
-			c.ErrorMessage = fmt.Sprintf("output quota exceeded: the task directory holds %s, over the limit of %s", units.FormatSize(size), units.FormatSize(max))
+			c.ErrorMessage = err.Error()
 		}
 	}
 	return c

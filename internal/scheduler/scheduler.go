@@ -49,6 +49,11 @@ type Options struct {
 	// sandbox's exit status, or nil when it is unknown (the sandbox was gone
 	// after a restart).
 	Collect func(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed
+	// Quota, when set, is called every QuotaInterval while a task runs; an
+	// error ends the task as failed with the error's message and stops its
+	// sandbox (the task directory's disk quota).
+	Quota         func(ctx context.Context, t task.Task) error
+	QuotaInterval time.Duration
 	// Now returns the current time; time.Now when nil.
 	Now func() time.Time
 }
@@ -76,6 +81,9 @@ func New(opts Options, tasks *projection.Tasks, store eventstore.Store, log *slo
 	}
 	if opts.ExitGrace == 0 {
 		opts.ExitGrace = 10 * time.Second
+	}
+	if opts.QuotaInterval == 0 {
+		opts.QuotaInterval = 2 * time.Second
 	}
 	return &Scheduler{opts: opts, tasks: tasks, store: store, log: log, running: map[string]bool{}, kick: make(chan struct{}, 1)}
 }
@@ -241,6 +249,12 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 	timeout := time.NewTimer(t.Timeout() - s.opts.Now().Sub(started))
 	defer timeout.Stop()
 	var exitDeadline <-chan time.Time // set once the task ended before its sandbox
+	var quotaTick <-chan time.Time
+	if s.opts.Quota != nil {
+		tk := time.NewTicker(s.opts.QuotaInterval)
+		defer tk.Stop()
+		quotaTick = tk.C
+	}
 	stopped := false
 	stop := func(why string) {
 		if stopped {
@@ -292,6 +306,14 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 				msg := fmt.Sprintf("timed out after %s", t.Timeout())
 				s.complete(ctx, t.ID, task.Completed{Status: task.Timeout, ErrorMessage: msg, Reason: "timeout"})
 				stop("timeout")
+			}
+		case <-quotaTick:
+			if cur.Status.Terminal() {
+				break
+			}
+			if err := s.opts.Quota(ctx, cur); err != nil {
+				s.complete(ctx, t.ID, task.Completed{Status: task.Failed, ErrorMessage: err.Error(), Reason: "quota"})
+				stop("quota")
 			}
 		case <-exitDeadline:
 			stop("ended")

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -566,4 +567,26 @@ func TestRunStoppedDuringReconcile(t *testing.T) {
 	if err := s.Run(ctx); err != nil {
 		t.Errorf("Run with a cancelled context = %v, want nil", err)
 	}
+}
+
+func TestQuotaStopsTask(t *testing.T) {
+	store := MustOpenStore(t)
+	fake := MustNewFake(t, blockUntilStopped)
+	var checks atomic.Int32
+	quota := func(ctx context.Context, tk task.Task) error {
+		if checks.Add(1) < 3 {
+			return nil // under quota for the first checks
+		}
+		return errors.New("output quota exceeded: 2MiB of 1MiB")
+	}
+	h := MustStart(t, store, Options{Quota: quota, QuotaInterval: 20 * time.Millisecond}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{TimeoutMinutes: 1})
+	got := waitStatus(t, h.tasks, id, task.Failed)
+	if got.ErrorMessage != "output quota exceeded: 2MiB of 1MiB" {
+		t.Errorf("error message %q", got.ErrorMessage)
+	}
+	if n := checks.Load(); n < 3 {
+		t.Errorf("quota checked %d times, want at least 3", n)
+	}
+	waitFor(t, "the sandbox to be stopped", func() bool { return slices.Contains(fake.Stopped(), id) })
 }
