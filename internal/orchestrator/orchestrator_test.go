@@ -779,3 +779,16 @@ func TestListPages(t *testing.T) {
 		t.Errorf("List validation fields (-want +got):\n%s", diff)
 	}
 }
+
+func TestCollectRedactsConfiguredSecrets(t *testing.T) {
+	const key = "sk-configured-0123456789"
+	f := MustNew(t, func(opts *Options) {
+		opts.Agents[task.AgentCommand] = AgentConfig{Env: []string{"SOME_API_KEY=" + key}}
+	})
+	tk := f.MustRunning(t)
+	f.MustTaskFile(t, tk.ID, "status.json", statusJSON("failed", 1, "printed "+key, "boom "+key))
+	c := f.o.Collect(context.Background(), tk, &sandbox.ExitStatus{Code: 1})
+	if strings.Contains(c.Summary+c.ErrorMessage, key) || !strings.Contains(c.Summary, "[REDACTED]") || !strings.Contains(c.ErrorMessage, "[REDACTED]") {
+		t.Errorf("summary %q, error %q: the configured key is not redacted", c.Summary, c.ErrorMessage)
+	}
+}

@@ -162,6 +162,11 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 			c.ErrorMessage += " (" + exit.Message + ")"
 		}
 	}
+	// The worker redacts its agent's secrets; a task's sandbox is not
+	// trusted to have done so, so redact the configured ones here too.
+	secrets := worker.Secrets(o.opts.Agents[t.Agent].Env)
+	c.Summary = worker.RedactString(c.Summary, secrets)
+	c.ErrorMessage = worker.RedactString(c.ErrorMessage, secrets)
 	if exit != nil && exit.OOMKilled && c.Status != task.Success {
 		c.ErrorMessage = "out of memory: the sandbox reached its memory limit of " + units.FormatSize(t.Resources.MemoryBytes)
 	}

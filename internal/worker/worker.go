@@ -214,13 +214,20 @@ func (r *run) run(ctx context.Context) Status {
 	parser := adapter.NewParser(onProgress)
 	stderrTail := &tail{max: 4 * stderrTailBytes}
 
-	ex, err := r.start(proc, stdin, io.MultiWriter(stdoutLog, parser), io.MultiWriter(stderrLog, stderrTail))
+	// Secrets the agent holds (its API keys) never reach the transcript,
+	// the summary or the error message, even if the agent prints them.
+	secrets := Secrets(agentEnv(r.opts.Env, proc.Env))
+	stdout := newRedactor(io.MultiWriter(stdoutLog, parser), secrets)
+	stderr := newRedactor(io.MultiWriter(stderrLog, stderrTail), secrets)
+	ex, err := r.start(proc, stdin, stdout, stderr)
 	if err != nil {
 		code, msg := startError(proc, err)
 		return fail(code, msg)
 	}
 	r.log.Info("agent started", "agent", r.opts.Agent, "pid", ex.pid)
 	code, sig, stopped := ex.wait(ctx, r.opts.Grace)
+	stdout.Close()
+	stderr.Close()
 	res := parser.Result()
 	end := r.opts.Now()
 	r.log.Info("agent exited", "exit_code", code, "stopped", stopped)
@@ -231,7 +238,7 @@ func (r *run) run(ctx context.Context) Status {
 	st.CompletedAt = end.UTC().Truncate(time.Second)
 	st.ExitCode = code
 	st.OutputFiles = r.outputFiles()
-	st.Summary = r.summary(proc, res)
+	st.Summary = RedactString(r.summary(proc, res), secrets)
 	for _, l := range []*boundedLog{stdoutLog, stderrLog} {
 		if l.truncated {
 			st.LogsTruncated = true
@@ -247,7 +254,7 @@ func (r *run) run(ctx context.Context) Status {
 		return st
 	}
 	st.Status = "failed"
-	st.ErrorMessage = errorMessage(code, sig, stopped, res.Error, stderrTail.String())
+	st.ErrorMessage = RedactString(errorMessage(code, sig, stopped, res.Error, stderrTail.String()), secrets)
 	return st
 }
 
