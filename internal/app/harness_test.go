@@ -208,3 +208,8 @@ func processRunning(argv ...string) bool {
 	}
 	return false
 }
+
+// resultReq asks for a task's result with some output files' contents.
+func resultReq(id string, files ...string) orchestrator.ResultRequest {
+	return orchestrator.ResultRequest{TaskID: id, IncludeFileContents: files}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"time"
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -49,12 +50,10 @@ func (o *Orchestrator) WriteWorkspace(ctx context.Context, p string, content []b
 	if err := workspace.WriteFileAtomic(o.data.Shared(), c, content, 0o644); err != nil {
 		return workspace.Entry{}, &errdefs.FieldError{Field: "path", Err: err}
 	}
-	info, err := o.data.Shared().Stat(c)
-	if err != nil {
-		return workspace.Entry{}, err
-	}
+	// Not a Stat of the path: it may already be something else (another
+	// writer, a worker's symlink); report what this call wrote.
 	o.log.Info("workspace file written", "path", c, "size", len(content), "actor", ActorFrom(ctx))
-	return workspace.Entry{Path: c, Size: info.Size(), Modified: info.ModTime().UTC()}, nil
+	return workspace.Entry{Path: c, Size: int64(len(content)), Modified: time.Now().UTC()}, nil
 }
 
 // OpenOutput opens a task's output file for download. Symbolic links are
