@@ -27,6 +27,7 @@ Usage:
   corral cancel ID                                 cancel a task
   corral ws ls [PATH] | cat PATH | put PATH [FILE] the shared workspace
   corral tools                                     the tool catalogue as function definitions
+  corral mcp [--server URL]                        the tools over MCP on stdio (starts a server if none runs)
   corral doctor                                    what works on this machine, and what is missing
   corral bench [--n N] [--concurrency C]           measure task overhead against bare bubblewrap
   corral worker run-task ...                       (inside a sandbox) run one task's agent
@@ -63,6 +64,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"doctor": cmdDoctor,
 		"bench":  cmdBench,
 		"worker": cmdWorker,
+		"mcp":    cmdMCP,
 	}
 	f, ok := cmds[args[0]]
 	if !ok {

@@ -18,8 +18,11 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/mcpserver"
+	"github.com/corral-dev/corral/internal/notify"
 	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/sandbox"
@@ -49,6 +52,7 @@ type App struct {
 	orch     *orchestrator.Orchestrator
 	sched    *scheduler.Scheduler
 	api      *httpapi.Server
+	notifier *notify.Dispatcher // nil when notifications are off
 	runtimes map[string]sandbox.Runtime
 
 	ln     net.Listener // the HTTP API
@@ -74,6 +78,10 @@ func (a *App) open(ctx context.Context) error {
 		return err
 	}
 	a.token = secrets.APIToken
+	var tokens []httpapi.Token
+	for _, t := range secrets.APITokens {
+		tokens = append(tokens, httpapi.Token{Name: t.Name, Value: t.Token})
+	}
 	if a.data, err = workspace.Open(cfg.Data); err != nil {
 		return err
 	}
@@ -151,9 +159,34 @@ func (a *App) open(ctx context.Context) error {
 		Collect:       a.orch.Collect,
 		Quota:         a.orch.CheckQuota,
 	}, a.tasks, a.store, a.log.With("subsystem", "scheduler"))
+	var deliveries httpapi.Deliveries
+	if n := cfg.Notify; n.URL != "" {
+		signer, err := notify.NewSigner(string(secrets.NotifySecret))
+		if err != nil {
+			return &errdefs.FieldError{Field: "notify.secret_file", Err: err}
+		}
+		a.notifier, err = notify.New(a.store, notify.Options{
+			URL:            n.URL,
+			Signer:         signer,
+			Events:         n.Events,
+			MaxAttempts:    n.MaxAttempts,
+			InitialBackoff: time.Duration(n.InitialBackoff),
+			MaxBackoff:     time.Duration(n.MaxBackoff),
+			Timeout:        time.Duration(n.Timeout),
+			Concurrency:    n.Concurrency,
+		}, a.log.With("subsystem", "notify"))
+		if err != nil {
+			return err
+		}
+		deliveries = notifyDeliveries{a.notifier}
+	}
+	mcpSrv := mcpserver.New(a.orch, mcpserver.Options{MaxArgumentBytes: lim.MaxRequestBytes.Bytes()}, a.log.With("subsystem", "mcp"))
 	a.api = httpapi.New(backend{a.orch, a}, httpapi.Options{
 		Token:           a.token,
+		Tokens:          tokens,
+		Deliveries:      deliveries,
 		MaxRequestBytes: lim.MaxRequestBytes.Bytes(),
+		MCP:             mcpSrv.Handler(),
 	}, a.log.With("subsystem", "http"))
 
 	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -199,6 +232,10 @@ func (a *App) Addr() string { return a.ln.Addr().String() }
 // Token returns the API bearer token ("" when none is configured).
 func (a *App) Token() string { return a.token }
 
+// Service returns the orchestrator, for a caller in the same process
+// (corral mcp with an embedded server).
+func (a *App) Service() orchestrator.Service { return a.orch }
+
 // Run serves the API and runs the scheduler until ctx is done, then shuts
 // down. Workers keep running; the next start reattaches to them.
 func (a *App) Run(ctx context.Context) error {
@@ -209,7 +246,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	srv := &http.Server{Handler: a.api.Handler(), ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 	sockSrv := &http.Server{Handler: a.api.WebhookHandler(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 4)
+	errc := make(chan error, 8)
 	var wg sync.WaitGroup
 	run := func(f func() error) {
 		wg.Add(1)
@@ -223,6 +260,11 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	run(func() error { return a.tasks.Run(ctx) })
 	run(func() error { return a.sched.Run(ctx) })
+	if a.notifier != nil {
+		run(func() error { return a.notifier.Run(ctx) })
+	} else if err := notify.Disable(ctx, a.store); err != nil {
+		a.log.Warn("cannot record notifications off", "err", err)
+	}
 	run(func() error { return ignoreClosed(srv.Serve(a.ln)) })
 	run(func() error { return ignoreClosed(sockSrv.Serve(a.sockLn)) })
 	a.log.Info("corral serving", "addr", a.Addr(), "data", a.data.Path(), "runtime", a.cfg.Runtime)
@@ -272,4 +314,16 @@ func (b backend) Stats() httpapi.Stats {
 		st.Durations = append(st.Durations, *t.DurationSeconds)
 	}
 	return st
+}
+
+// notifyDeliveries serves /api/deliveries from the dispatcher, recording the
+// caller as the actor of a retry.
+type notifyDeliveries struct{ d *notify.Dispatcher }
+
+func (n notifyDeliveries) List(ctx context.Context, state task.DeliveryState, limit int) ([]task.Delivery, error) {
+	return n.d.List(ctx, state, limit)
+}
+
+func (n notifyDeliveries) Retry(ctx context.Context, id string) (task.Delivery, error) {
+	return n.d.Retry(ctx, id, orchestrator.ActorFrom(ctx))
 }

@@ -34,14 +34,16 @@ var allowed = map[string][]string{
 	"internal/sandbox/sandboxtest":  {"sandbox", "errdefs", "testenv"},
 	"internal/agent":                {"errdefs"},
 	"internal/webhook":              {"task", "errdefs"},
+	"internal/notify":               {"eventstore", "task", "errdefs", "logkey"},
 	"internal/worker":               {"errdefs", "workspace", "webhook", "agent", "logkey"},
 	"internal/projection":           {"eventstore", "task", "errdefs", "logkey"},
 	"internal/scheduler":            {"task", "sandbox", "eventstore", "projection", "errdefs", "logkey"},
 	"internal/orchestrator":         {"task", "sandbox", "eventstore", "projection", "workspace", "errdefs", "logkey", "units", "webhook", "worker"},
-	"internal/tools":                {"orchestrator", "task", "errdefs"},
+	"internal/tools":                {"orchestrator", "task", "errdefs", "workspace"},
 	"internal/httpapi":              {"tools", "orchestrator", "task", "errdefs", "logkey", "eventstore", "workspace"},
+	"internal/mcpserver":            {"tools", "orchestrator", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                  {"*"},
-	"cmd/corral":                    {"app", "config", "errdefs", "httpapi", "orchestrator", "task", "eventstore"},
+	"cmd/corral":                    {"app", "config", "errdefs", "httpapi", "mcpserver", "orchestrator", "task", "eventstore"},
 }
 
 // badDeps are modules some packages must not depend on even indirectly:
@@ -50,8 +52,10 @@ var allowed = map[string][]string{
 var badDeps = map[string][]string{
 	"internal/scheduler":    {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "golang.org/x/sys/unix", "github.com/docker/docker", "k8s.io/client-go"},
 	"internal/orchestrator": {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go"},
-	"internal/httpapi":      {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go"},
+	"internal/httpapi":      {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go", "github.com/modelcontextprotocol/go-sdk"},
+	"internal/mcpserver":    {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite"},
 	"internal/tools":        {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite"},
+	"internal/notify":       {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite"},
 }
 
 type pkg struct {

@@ -46,6 +46,9 @@ type Config struct {
 	apiToken string
 	// APITokenFile names a file holding the bearer token.
 	APITokenFile string `yaml:"api_token_file"`
+	// APITokens are further bearer tokens, each with a name that events
+	// record as their actor. The unnamed token above is "default".
+	APITokens []APIToken `yaml:"api_tokens"`
 
 	Log      Log            `yaml:"log"`
 	AIWorker AIWorkerConfig `yaml:"ai_worker_config"`
@@ -173,11 +176,26 @@ func (a *Agents) ptr(name string) *Agent {
 	return nil
 }
 
+// APIToken is one named bearer token.
+type APIToken struct {
+	Name      string `yaml:"name"`       // the actor recorded on what its caller does
+	TokenFile string `yaml:"token_file"` // the file holding the token (mode 0600)
+}
+
 // Notify configures outbound notifications to the host.
 type Notify struct {
 	URL        string   `yaml:"url"`         // the host's callback; empty turns notifications off
-	SecretFile string   `yaml:"secret_file"` // key for the webhook-signature header
-	Events     []string `yaml:"events"`      // event types to send; empty means task endings only
+	SecretFile string   `yaml:"secret_file"` // whsec_<base64>, the Standard Webhooks signing key
+	Events     []string `yaml:"events"`      // event types to send besides worker_completed
+	// MaxAttempts POSTs a notification gets before it is a dead letter.
+	MaxAttempts int `yaml:"max_attempts"`
+	// InitialBackoff doubles after each failed attempt up to MaxBackoff.
+	InitialBackoff Duration `yaml:"initial_backoff"`
+	MaxBackoff     Duration `yaml:"max_backoff"`
+	// Timeout bounds one POST.
+	Timeout Duration `yaml:"timeout"`
+	// Concurrency bounds the POSTs in flight.
+	Concurrency int `yaml:"concurrency"`
 }
 
 // Limits bound what callers and workers may use.
@@ -237,6 +255,13 @@ func Default() *Config {
 			Codex:    Agent{Binary: "codex"},
 			Opencode: Agent{Binary: "opencode"},
 			Command:  Agent{Binary: "command"},
+		},
+		Notify: Notify{
+			MaxAttempts:    15,
+			InitialBackoff: Duration(time.Second),
+			MaxBackoff:     Duration(time.Hour),
+			Timeout:        Duration(10 * time.Second),
+			Concurrency:    4,
 		},
 		Limits: Limits{
 			MaxPromptBytes:  mustSize("64KiB"),

@@ -224,7 +224,9 @@ agents:
   command: {binary: /usr/bin/env}
 notify:
   url: https://assistant.example/hooks/corral
+  secret_file: /etc/corral/notify.key
   events: [worker_completed]
+  max_attempts: 5
 limits:
   max_prompt_bytes: 128KiB
   stop_grace: 30s
@@ -248,7 +250,7 @@ limits:
 	want.Agents.Default = "gemini"
 	want.Agents.Gemini = Agent{Binary: "gemini", Args: []string{"--yolo"}, Env: map[string]string{"GEMINI_API_KEY": "literal-for-test"}}
 	want.Agents.Command.Binary = "/usr/bin/env"
-	want.Notify = Notify{URL: "https://assistant.example/hooks/corral", Events: []string{"worker_completed"}}
+	want.Notify.URL, want.Notify.SecretFile, want.Notify.Events, want.Notify.MaxAttempts = "https://assistant.example/hooks/corral", "/etc/corral/notify.key", []string{"worker_completed"}, 5
 	want.Limits.MaxPromptBytes = mustSize("128KiB")
 	want.Limits.StopGrace = Duration(30 * time.Second)
 	if diff := cmp.Diff(want, c, cmpConfig...); diff != "" {
@@ -306,6 +308,9 @@ func TestLoadFileErrors(t *testing.T) {
 		{"literal webhook secret", "ai_worker_config:\n  webhook_secret: hunter2\n", "ai_worker_config.webhook_secret", "use ai_worker_config.webhook_secret_file or the AI_WORKER_WEBHOOK_SECRET environment variable"},
 		{"literal api token", "api_token: hunter2\n", "api_token", "use api_token_file or the CORRAL_API_TOKEN"},
 		{"literal notify secret", "notify: {secret: hunter2}\n", "notify.secret", "use notify.secret_file"},
+		{"literal named token", "api_tokens:\n  - {name: a, token: hunter2}\n", "api_tokens[0].token", "use token_file"},
+		{"unknown key in a token", "api_tokens:\n  - {name: a, file: /x}\n", "api_tokens[0].file", "unknown key"},
+		{"tokens not a list", "api_tokens: {name: a}\n", "api_tokens", "must be a list"},
 		{"unsupported version", "version: 2\nnew_format: {}\n", "version", "unsupported config version 2"},
 		{"bad version", "version: one\n", "version", "must be a whole number"},
 	}
@@ -648,10 +653,20 @@ func TestValidate(t *testing.T) {
 		{"agent env name", func(c *Config) { c.Agents.Claude.Env = map[string]string{"BAD-NAME": "x"} }, "agents.claude.env.BAD-NAME", "not a valid environment variable name"},
 		{"agent env NUL", func(c *Config) { c.Agents.Claude.Env = map[string]string{"K": "a\x00b"} }, "agents.claude.env.K", "NUL"},
 		{"agent arg NUL", func(c *Config) { c.Agents.Gemini.Args = []string{"ok", "a\x00"} }, "agents.gemini.args[1]", "NUL"},
-		{"notify scheme", func(c *Config) { c.Notify.URL = "ftp://host/x" }, "notify.url", "http or https URL"},
-		{"notify no host", func(c *Config) { c.Notify.URL = "https:///x" }, "notify.url", "http or https URL"},
-		{"notify relative", func(c *Config) { c.Notify.URL = "/hooks" }, "notify.url", "http or https URL"},
+		{"notify scheme", func(c *Config) { c.Notify.URL, c.Notify.SecretFile = "ftp://host/x", "/k" }, "notify.url", "http or https URL"},
+		{"notify no host", func(c *Config) { c.Notify.URL, c.Notify.SecretFile = "https:///x", "/k" }, "notify.url", "http or https URL"},
+		{"notify relative", func(c *Config) { c.Notify.URL, c.Notify.SecretFile = "/hooks", "/k" }, "notify.url", "http or https URL"},
 		{"notify event", func(c *Config) { c.Notify.Events = []string{""} }, "notify.events[0]", "must not be empty"},
+		{"notify own event", func(c *Config) { c.Notify.Events = []string{"delivery_failed"} }, "notify.events[0]", "cannot be notified"},
+		{"notify unsigned", func(c *Config) { c.Notify.URL = "https://h/x" }, "notify.secret_file", "must be set when notify.url is"},
+		{"notify attempts", func(c *Config) { c.Notify.MaxAttempts = 0 }, "notify.max_attempts", "at least 1"},
+		{"notify backoff", func(c *Config) { c.Notify.MaxBackoff = Duration(time.Millisecond) }, "notify.max_backoff", "at least notify.initial_backoff"},
+		{"notify timeout", func(c *Config) { c.Notify.Timeout = 0 }, "notify.timeout", "must be positive"},
+		{"notify concurrency", func(c *Config) { c.Notify.Concurrency = 0 }, "notify.concurrency", "at least 1"},
+		{"token name", func(c *Config) { c.APITokens = []APIToken{{Name: "Bad Name", TokenFile: "/x"}} }, "api_tokens[0].name", "lowercase letters"},
+		{"token name reserved", func(c *Config) { c.APITokens = []APIToken{{Name: "default", TokenFile: "/x"}} }, "api_tokens[0].name", "reserved"},
+		{"token name twice", func(c *Config) { c.APITokens = []APIToken{{Name: "a", TokenFile: "/x"}, {Name: "a", TokenFile: "/y"}} }, "api_tokens[1].name", "used by another token"},
+		{"token file", func(c *Config) { c.APITokens = []APIToken{{Name: "a"}} }, "api_tokens[0].token_file", "must be set"},
 		{"prompt size", func(c *Config) { c.Limits.MaxPromptBytes = Size{} }, "limits.max_prompt_bytes", "must be positive"},
 		{"task dir size", func(c *Config) { c.Limits.MaxTaskDirBytes = Size{} }, "limits.max_task_dir_bytes", "must be positive"},
 		{"context size", func(c *Config) { c.Limits.MaxContextBytes = Size{} }, "limits.max_context_bytes", "must be positive"},
@@ -689,7 +704,14 @@ func TestValidateAccepts(t *testing.T) {
 		{"nested cgroup", func(c *Config) { c.Local.CgroupParent = "/system.slice/corral/" }},
 		{"wildcard host", func(c *Config) { c.Egress.Allow = []string{"*.googleapis.com", "10.0.0.5"} }},
 		{"empty allowlist", func(c *Config) { c.Egress.Allow = nil }},
-		{"notify http", func(c *Config) { c.Notify.URL = "http://127.0.0.1:9/hook" }},
+		{"notify http", func(c *Config) {
+			c.Notify.URL = "http://127.0.0.1:9/hook"
+			c.Notify.SecretFile = "/etc/corral/notify.key"
+		}},
+		{"public with named token", func(c *Config) {
+			c.Listen = ":7777"
+			c.APITokens = []APIToken{{Name: "assistant", TokenFile: "/etc/corral/a"}, {Name: "ci-bot.2", TokenFile: "/etc/corral/b"}}
+		}},
 		{"zero grace", func(c *Config) { c.Limits.StopGrace = 0 }},
 		{"zero job ttl", func(c *Config) { c.AIWorker.JobTTLSeconds = 0 }},
 		{"local without image", func(c *Config) { c.AIWorker.AICoderImage = "" }},

@@ -121,7 +121,11 @@ var fileSecrets = map[string]string{
 	"api_token":                       "use api_token_file or the CORRAL_API_TOKEN environment variable",
 	"ai_worker_config.webhook_secret": "use ai_worker_config.webhook_secret_file or the AI_WORKER_WEBHOOK_SECRET environment variable",
 	"notify.secret":                   "use notify.secret_file",
+	"api_tokens.token":                "use token_file",
 }
+
+// listIndex matches the [N] of a key inside a list, to look up fileSecrets.
+var listIndex = lazyRegexp(`\[[0-9]+\]`)
 
 // decodeFile decodes a YAML document over c. It walks the node tree itself
 // rather than using yaml.Decoder.KnownFields so that every error names the
@@ -203,6 +207,20 @@ func (d *fileDecoder) decode(n *yaml.Node, v reflect.Value, path string) {
 		d.decodeStruct(n, v, path)
 		return
 	}
+	if v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.Struct && !reflect.PointerTo(v.Type().Elem()).Implements(unmarshalerType) {
+		// A list of structs (api_tokens): each element key by key, so
+		// unknown keys and secrets are caught there too.
+		if n.Kind != yaml.SequenceNode {
+			d.fail(path, n.Line, "must be a list")
+			return
+		}
+		out := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
+		for i, e := range n.Content {
+			d.decode(e, out.Index(i), fmt.Sprintf("%s[%d]", path, i))
+		}
+		v.Set(out)
+		return
+	}
 	if d.expand && !d.expandValues(n, path) {
 		return
 	}
@@ -238,8 +256,8 @@ func (d *fileDecoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 			d.fail(join(path, "?"), k.Line, "keys must be plain names")
 		case seen[k.Value]:
 			d.fail(key, k.Line, "duplicate key")
-		case fileSecrets[key] != "":
-			d.fail(key, k.Line, "a secret may not be written in the config file; %s", fileSecrets[key])
+		case fileSecrets[listIndex().ReplaceAllString(key, "")] != "":
+			d.fail(key, k.Line, "a secret may not be written in the config file; %s", fileSecrets[listIndex().ReplaceAllString(key, "")])
 		default:
 			seen[k.Value] = true
 			idx, ok := fields[k.Value]

@@ -25,6 +25,14 @@ type Secrets struct {
 	// NotifySecret signs outbound notifications; nil when
 	// notify.secret_file is unset.
 	NotifySecret []byte
+	// APITokens are the named bearer tokens of api_tokens, in order.
+	APITokens []NamedToken
+}
+
+// NamedToken is one bearer token and the name events record for its caller.
+type NamedToken struct {
+	Name  string
+	Token string
 }
 
 // Secrets reads the configured secrets. An environment variable
@@ -59,6 +67,22 @@ func (c *Config) Secrets() (Secrets, error) {
 			return Secrets{}, &errdefs.FieldError{Field: "ai_worker_config.webhook_secret_file", Err: err}
 		}
 		s.WebhookSecret = b
+	}
+	seen := map[string]string{}
+	if s.APIToken != "" {
+		seen[s.APIToken] = "default"
+	}
+	for i, t := range c.APITokens {
+		field := fmt.Sprintf("api_tokens[%d].token_file", i)
+		b, err := readSecretFile(t.TokenFile)
+		if err != nil {
+			return Secrets{}, &errdefs.FieldError{Field: field, Err: err}
+		}
+		if other, ok := seen[string(b)]; ok {
+			return Secrets{}, &errdefs.FieldError{Field: field, Err: fmt.Errorf("holds the same token as %s; each caller needs its own: %w", other, errdefs.ErrInvalidArgument)}
+		}
+		seen[string(b)] = t.Name
+		s.APITokens = append(s.APITokens, NamedToken{Name: t.Name, Token: string(b)})
 	}
 	if c.Notify.SecretFile != "" {
 		b, err := readSecretFile(c.Notify.SecretFile)

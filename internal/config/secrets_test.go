@@ -124,3 +124,24 @@ func TestSecretsFollowsSymlink(t *testing.T) {
 		t.Errorf("Secrets() = %q, %v; want the link target's content", s.APIToken, err)
 	}
 }
+
+func TestNamedTokens(t *testing.T) {
+	c := MustLoad(t, "api_tokens:\n  - name: assistant\n    token_file: "+MustWriteSecret(t, "tok-a\n", 0o600)+"\n  - {name: ci, token_file: "+MustWriteSecret(t, "tok-b", 0o400)+"}\n", "CORRAL_API_TOKEN=tok-default")
+	s, err := c.Secrets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []NamedToken{{Name: "assistant", Token: "tok-a"}, {Name: "ci", Token: "tok-b"}}
+	if len(s.APITokens) != 2 || s.APITokens[0] != want[0] || s.APITokens[1] != want[1] || s.APIToken != "tok-default" {
+		t.Errorf("Secrets() = %q %+v, want the default token and %+v", s.APIToken, s.APITokens, want)
+	}
+
+	c = MustLoad(t, "api_tokens: [{name: a, token_file: "+MustWriteSecret(t, "same", 0o600)+"}]\n", "CORRAL_API_TOKEN=same")
+	if _, err := c.Secrets(); err == nil || !strings.Contains(err.Error(), "api_tokens[0].token_file") || !strings.Contains(err.Error(), "same token as default") {
+		t.Errorf("Secrets() with a token used twice = %v", err)
+	}
+	c = MustLoad(t, "api_tokens: [{name: a, token_file: "+MustWriteSecret(t, "x", 0o644)+"}]\n")
+	if _, err := c.Secrets(); err == nil || !strings.Contains(err.Error(), "api_tokens[0].token_file") {
+		t.Errorf("Secrets() with a readable token file = %v", err)
+	}
+}

@@ -33,7 +33,7 @@ func (c *Config) Validate() error {
 	loopback, err := checkListen(c.Listen)
 	if err != nil {
 		v.add("listen", "%v", err)
-	} else if !loopback && c.apiToken == "" && c.APITokenFile == "" {
+	} else if !loopback && c.apiToken == "" && c.APITokenFile == "" && len(c.APITokens) == 0 {
 		v.add("listen", "%s is not a loopback address and no API token is configured; set CORRAL_API_TOKEN or listen on loopback", c.Listen)
 	}
 	v.nonEmpty("data", c.Data)
@@ -65,8 +65,45 @@ func (c *Config) Validate() error {
 		}
 	}
 	for i, e := range c.Notify.Events {
-		if strings.TrimSpace(e) == "" {
+		switch {
+		case strings.TrimSpace(e) == "":
 			v.add(fmt.Sprintf("notify.events[%d]", i), "must not be empty")
+		case strings.HasPrefix(e, "delivery_") || strings.HasPrefix(e, "notify_"):
+			v.add(fmt.Sprintf("notify.events[%d]", i), "%q is a notification's own event and cannot be notified", e)
+		}
+	}
+	if c.Notify.URL != "" && c.Notify.SecretFile == "" {
+		v.add("notify.secret_file", "must be set when notify.url is: notifications are always signed (a file holding whsec_ and a base64 key)")
+	}
+	if c.Notify.MaxAttempts < 1 {
+		v.add("notify.max_attempts", "must be at least 1, got %d", c.Notify.MaxAttempts)
+	}
+	if c.Notify.InitialBackoff <= 0 {
+		v.add("notify.initial_backoff", "must be positive, got %s", c.Notify.InitialBackoff)
+	}
+	if c.Notify.MaxBackoff < c.Notify.InitialBackoff {
+		v.add("notify.max_backoff", "must be at least notify.initial_backoff (%s), got %s", c.Notify.InitialBackoff, c.Notify.MaxBackoff)
+	}
+	if c.Notify.Timeout <= 0 {
+		v.add("notify.timeout", "must be positive, got %s", c.Notify.Timeout)
+	}
+	if c.Notify.Concurrency < 1 {
+		v.add("notify.concurrency", "must be at least 1, got %d", c.Notify.Concurrency)
+	}
+	names := map[string]bool{}
+	for i, t := range c.APITokens {
+		p := fmt.Sprintf("api_tokens[%d]", i)
+		switch {
+		case !tokenName().MatchString(t.Name):
+			v.add(p+".name", "must be 1 to 64 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit, got %q", t.Name)
+		case t.Name == "default" || t.Name == "local" || t.Name == "anonymous":
+			v.add(p+".name", "%q is reserved (default is the unnamed token's; local and anonymous mean no token)", t.Name)
+		case names[t.Name]:
+			v.add(p+".name", "%q is used by another token", t.Name)
+		}
+		names[t.Name] = true
+		if t.TokenFile == "" {
+			v.add(p+".token_file", "must be set")
 		}
 	}
 
@@ -207,6 +244,7 @@ func (v *validator) positiveSize(key string, s Size) {
 var (
 	dnsLabel    = lazyRegexp(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 	envName     = lazyRegexp(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	tokenName   = lazyRegexp(`^[a-z0-9][a-z0-9._-]{0,63}$`)
 	hostPattern = lazyRegexp(`^(\*\.)?([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$`)
 )
 

@@ -8,7 +8,6 @@ package httpapi
 import (
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -18,7 +17,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/logkey"
@@ -54,6 +52,15 @@ type Options struct {
 	MaxRequestBytes int64
 	// MaxWebhookBytes bounds a completion webhook body.
 	MaxWebhookBytes int64
+	// Tokens are further bearer tokens, each named; the caller's name is
+	// the actor of what it does. Token, if set, is named "default".
+	Tokens []Token
+	// Deliveries serves /api/deliveries; nil when notifications are off.
+	Deliveries Deliveries
+	// MCP, when set, is served at /mcp behind the same bearer auth as the
+	// API (the MCP streamable HTTP transport; app passes it in so that this
+	// package does not depend on the MCP SDK).
+	MCP http.Handler
 }
 
 // Server serves the API.
@@ -109,6 +116,14 @@ func (s *Server) routes() {
 	m.Handle("POST /api/tools/{name}", auth(s.callTool))
 	m.Handle("GET /healthz", open(s.healthz))
 	m.Handle("GET /metrics", auth(s.metrics))
+	m.Handle("GET /api/deliveries", auth(s.listDeliveries))
+	m.Handle("POST /api/deliveries/{id}/retry", auth(s.retryDelivery))
+	if s.opts.MCP != nil {
+		m.Handle("/mcp", auth(func(w http.ResponseWriter, r *http.Request) error {
+			s.opts.MCP.ServeHTTP(w, r)
+			return nil
+		}))
+	}
 	m.Handle("/api/", open(func(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound)
 	}))
@@ -124,16 +139,13 @@ func (s *Server) wrap(h handlerFunc, needAuth bool) http.Handler {
 		ctx := r.Context()
 		actor := "anonymous"
 		if needAuth {
-			if err := s.authenticate(r); err != nil {
+			name, err := s.caller(r)
+			if err != nil {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="corral"`)
 				s.writeError(w, r, rid, err)
 				return
 			}
-			if s.opts.Token != "" {
-				actor = "token"
-			} else {
-				actor = "local"
-			}
+			actor = name
 		}
 		ctx = orchestrator.WithActor(ctx, actor)
 		if err := h(w, r.WithContext(ctx)); err != nil {
@@ -143,14 +155,8 @@ func (s *Server) wrap(h handlerFunc, needAuth bool) http.Handler {
 }
 
 func (s *Server) authenticate(r *http.Request) error {
-	if s.opts.Token == "" {
-		return nil
-	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.opts.Token)) != 1 {
-		return fmt.Errorf("missing or wrong bearer token: %w", errdefs.ErrUnauthenticated)
-	}
-	return nil
+	_, err := s.caller(r)
+	return err
 }
 
 // errorBody is every error response.

@@ -25,6 +25,21 @@ const (
 	EventReconciled       = "reconciled"
 )
 
+// Event types of outbound notifications to the host. Each delivery has its
+// own stream (DeliveryStreamID); the notify stream records when
+// notifications were turned on or off, so a restart knows which task ends
+// it still owes the host.
+const (
+	NotifyStream           = "notify"
+	EventNotifyEnabled     = "notify_enabled"
+	EventNotifyDisabled    = "notify_disabled"
+	EventDeliveryScheduled = "delivery_scheduled"
+	EventDeliveryAttempted = "delivery_attempted"
+	EventDeliverySucceeded = "delivery_succeeded"
+	EventDeliveryFailed    = "delivery_failed" // dead letter: retries exhausted
+	EventDeliveryRetried   = "delivery_retried"
+)
+
 // SchemaVersion is the version of every payload below. Bump it when a payload
 // changes incompatibly and keep Apply able to read the old one.
 const SchemaVersion = 1
@@ -138,4 +153,40 @@ func (t *Task) Apply(typ string, data []byte, version int64, at time.Time, pos i
 	t.Version = version
 	t.UpdatedAt = at
 	return nil
+}
+
+// NotifyEnabled is the payload of EventNotifyEnabled: from this event on,
+// events of these types (and every task ending) are delivered.
+type NotifyEnabled struct {
+	Events []string `json:"events"`
+}
+
+// DeliveryScheduled is the payload of EventDeliveryScheduled: one
+// notification, fixed at scheduling so every attempt sends the same body.
+type DeliveryScheduled struct {
+	SourceEventID string          `json:"source_event_id"`
+	EventType     string          `json:"event_type"`
+	TaskID        string          `json:"task_id,omitempty"`
+	Payload       json.RawMessage `json:"payload"`
+}
+
+// DeliveryAttempted is the payload of EventDeliveryAttempted: one POST.
+type DeliveryAttempted struct {
+	Attempt    int     `json:"attempt"`               // 1 for the first, across retries
+	StatusCode int     `json:"status_code,omitempty"` // 0 when no response came
+	Error      string  `json:"error,omitempty"`
+	DurationMS float64 `json:"duration_ms"`
+	// NextAttemptAt is when the next attempt is due, if there is one.
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+}
+
+// DeliveryFailed is the payload of EventDeliveryFailed.
+type DeliveryFailed struct {
+	Reason string `json:"reason"`
+}
+
+// DeliveryRetried is the payload of EventDeliveryRetried: a dead letter
+// queued again by hand, for a new round of attempts.
+type DeliveryRetried struct {
+	By string `json:"by,omitempty"`
 }

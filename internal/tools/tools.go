@@ -8,14 +8,19 @@ package tools
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workspace"
 )
 
 // Tool is one callable tool.
@@ -110,6 +115,17 @@ func decode(args json.RawMessage, v any) error {
 	return nil
 }
 
+// checkPath refuses a path that leaves shared/ before it reaches the
+// service, with the orchestrator's own error: over httpapi.Client a ".."
+// would otherwise be cleaned away by the URL and answer an unrelated 404.
+// os.Root in the orchestrator stays the enforcement.
+func checkPath(p string) error {
+	if _, err := workspace.Clean(p); err != nil {
+		return &errdefs.FieldError{Field: "path", Err: err}
+	}
+	return nil
+}
+
 // Decode is decode for transports that take a request body in a tool's
 // argument format (POST /api/tasks takes spawn_worker's arguments).
 func Decode(args json.RawMessage, v any) error { return decode(args, v) }
@@ -144,6 +160,13 @@ Use read_task_result(task_id) to retrieve the output; it can also wait for the e
 			if err := decode(args, &req); err != nil {
 				return nil, err
 			}
+			// In this schema model is the seed's agent choice, so an explicit
+			// agent wins over it (also over a client filling in model's
+			// default) instead of the agent being handed "claude" as a model
+			// name.
+			if req.Agent != "" && (req.Model == task.AgentClaude || req.Model == task.AgentGemini) {
+				req.Model = ""
+			}
 			t, existing, err := svc.Spawn(ctx, req)
 			if err != nil {
 				return nil, err
@@ -156,7 +179,7 @@ Use read_task_result(task_id) to retrieve the output; it can also wait for the e
 func readTaskResult(svc orchestrator.Service) Tool {
 	return Tool{
 		Name:        "read_task_result",
-		Description: "Read the result of a worker task: status, summary, error, output files, and optionally the content of some output files. Call this after being notified that a worker has completed, or pass wait_seconds to wait for it to end.",
+		Description: "Read the result of a completed worker task. Call this after being notified that a worker has completed, or pass wait_seconds to wait for it to end. The answer has the status, summary, error, output files and, when asked, their contents; a long file is cut with a note saying where the whole file is.",
 		Schema: json.RawMessage(`{"type":"object","properties":{
 "task_id":{"type":"string","description":"The task ID returned by spawn_worker."},
 "include_file_contents":{"type":"array","items":{"type":"string"},"description":"List of output file names to include content for. For large files, consider reading them separately."},
@@ -174,7 +197,12 @@ func readTaskResult(svc orchestrator.Service) Tool {
 			if a.WaitSeconds < 0 || a.WaitSeconds > 600 {
 				return nil, errdefs.Field("wait_seconds", "must be between 0 and 600")
 			}
-			return svc.Result(ctx, orchestrator.ResultRequest{TaskID: a.TaskID, IncludeFileContents: a.IncludeFileContents, Wait: time.Duration(a.WaitSeconds) * time.Second})
+			res, err := svc.Result(ctx, orchestrator.ResultRequest{TaskID: a.TaskID, IncludeFileContents: a.IncludeFileContents, Wait: time.Duration(a.WaitSeconds) * time.Second})
+			if err != nil {
+				return nil, err
+			}
+			fitContents(&res, a.IncludeFileContents, MaxResultContentBytes)
+			return res, nil
 		},
 	}
 }
@@ -229,7 +257,17 @@ func readWorkspace(svc orchestrator.Service) Tool {
 			if err := decode(args, &a); err != nil {
 				return nil, err
 			}
-			return svc.ReadWorkspace(ctx, a.Path)
+			if err := checkPath(a.Path); err != nil {
+				return nil, err
+			}
+			f, err := svc.ReadWorkspace(ctx, a.Path)
+			if err != nil {
+				return nil, err
+			}
+			if f.Truncated {
+				f.Note = fmt.Sprintf("content cut at %d of %d bytes; the whole file: GET /api/workspace/%s", contentBytes(f), f.Size, f.Path)
+			}
+			return f, nil
 		},
 	}
 }
@@ -252,6 +290,9 @@ func writeWorkspace(svc orchestrator.Service) Tool {
 			if a.Content == nil {
 				return nil, errdefs.Field("content", "is required")
 			}
+			if err := checkPath(a.Path); err != nil {
+				return nil, err
+			}
 			return svc.WriteWorkspace(ctx, a.Path, []byte(*a.Content))
 		},
 	}
@@ -272,6 +313,9 @@ func listWorkspace(svc orchestrator.Service) Tool {
 			if err := decode(args, &a); err != nil {
 				return nil, err
 			}
+			if err := checkPath(a.Path); err != nil {
+				return nil, err
+			}
 			ents, err := svc.ListWorkspace(ctx, a.Path, a.Recursive)
 			if err != nil {
 				return nil, err
@@ -284,8 +328,8 @@ func listWorkspace(svc orchestrator.Service) Tool {
 const spawnSchema = `{"type":"object","properties":{
 "task_description":{"type":"string","description":"Detailed description of what the worker should accomplish. Be specific about expected outputs and success criteria."},
 "context_files":{"type":"array","items":{"type":"string"},"description":"List of files from /workspace/shared/ to copy to the task directory. Use paths relative to shared/, e.g., 'data/input.csv'."},
-"model":{"type":"string","description":"Which AI coder to use: 'claude' or 'gemini' (the seed's choice), or a model name passed to the agent."},
-"agent":{"type":"string","enum":["claude","gemini","codex","opencode","command"],"description":"The agent to run; defaults to model, then to the server's default agent."},
+"model":{"type":"string","enum":["claude","gemini"],"default":"claude","description":"Which AI coder to use. Claude Code recommended for most tasks."},
+"agent":{"type":"string","enum":["claude","gemini","codex","opencode","command"],"description":"The agent to run, for the agents model does not name; when given, it wins over model."},
 "command":{"type":"array","items":{"type":"string"},"description":"For agent 'command': the argv to run in /task, with the task description on stdin."},
 "timeout_minutes":{"type":"integer","default":30,"minimum":1,"maximum":120,"description":"Maximum execution time in minutes."},
 "runtime":{"type":"string","enum":["local","gvisor","docker","kubernetes"],"description":"Where the worker runs; defaults to the server's runtime."},
@@ -298,3 +342,54 @@ const spawnSchema = `{"type":"object","properties":{
 "labels":{"type":"object","additionalProperties":{"type":"string"},"description":"Free-form labels."},
 "idempotency_key":{"type":"string","description":"Spawning twice with the same key returns the first task instead of a second one."}},
 "required":["task_description"],"additionalProperties":false}`
+
+// MaxResultContentBytes bounds the file contents one read_task_result
+// answer carries, all files together: the answer goes into a model's
+// context, where 256 KiB is already some 64k tokens. The orchestrator cuts
+// each file at its read limit (256 KiB by default); this cuts the set.
+const MaxResultContentBytes = 256 << 10
+
+// fitContents cuts res's file contents, in the order they were asked for,
+// so that together they stay within max bytes, and points every cut file at
+// the API route that serves it whole.
+func fitContents(res *orchestrator.Result, order []string, max int) {
+	left := max
+	for _, name := range order {
+		f, ok := res.FileContents[name]
+		if !ok || f.Content == "" {
+			continue
+		}
+		if len(f.Content) > left {
+			f.Content = cut(f.Content, f.Encoding, left)
+			f.Truncated = true
+		}
+		left -= len(f.Content)
+		if f.Truncated {
+			f.Note = fmt.Sprintf("content cut at %d of %d bytes; the whole file: GET /api/tasks/%s/files/%s", contentBytes(f), f.Size, res.ID, f.Path)
+		}
+		res.FileContents[name] = f
+	}
+}
+
+// cut shortens content to at most n bytes without splitting a UTF-8
+// sequence or a base64 quantum.
+func cut(content, encoding string, n int) string {
+	if n <= 0 {
+		return ""
+	}
+	if encoding == "base64" {
+		return content[:n/4*4]
+	}
+	for n > 0 && !utf8.RuneStart(content[n]) {
+		n--
+	}
+	return content[:n]
+}
+
+// contentBytes is how many bytes of the file the content holds.
+func contentBytes(f orchestrator.File) int {
+	if f.Encoding == "base64" {
+		return base64.StdEncoding.DecodedLen(len(f.Content)) - strings.Count(f.Content[max(0, len(f.Content)-2):], "=")
+	}
+	return len(f.Content)
+}

@@ -88,10 +88,20 @@ func reservedTarget(target string) bool {
 // exist: CA certificates, the dynamic linker cache, time zone, alternatives.
 var hostEtcBinds = []string{"alternatives", "ssl", "ca-certificates", "ld.so.cache", "localtime"}
 
+// resolvConf is the sandbox's resolv.conf when it has a network. The
+// sandbox's network namespace has only loopback, and names are resolved by
+// the egress proxy, which the agent reaches through HTTP_PROXY; nothing
+// answers DNS inside. The file says so explicitly, so a direct lookup fails
+// at once with "connection refused" instead of after glibc's 5 s timeout
+// times attempts. With network none there is no resolv.conf at all.
+const resolvConf = "# Names are resolved by the egress proxy (HTTP_PROXY); no DNS server answers here.\n" +
+	"nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+
 // writeEtc writes the sandbox's minimal /etc into dir, including empty mount
 // points for the host entries bound over it (the directory itself is bound
-// read-only, so bwrap could not create them inside).
-func writeEtc(dir string, uid, gid int) ([]string, error) {
+// read-only, so bwrap could not create them inside). It writes resolv.conf
+// only when the sandbox has a network.
+func writeEtc(dir string, uid, gid int, network sandbox.Network) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create etc dir: %w", err)
 	}
@@ -102,6 +112,9 @@ func writeEtc(dir string, uid, gid int) ([]string, error) {
 		"hosts":         "127.0.0.1\tlocalhost corral\n::1\tlocalhost ip6-localhost ip6-loopback\n",
 		"hostname":      "corral\n",
 		"nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+	}
+	if network == sandbox.NetworkEgress {
+		files["resolv.conf"] = resolvConf
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
@@ -153,6 +166,18 @@ func rootfsArgs() []string {
 	return args
 }
 
+// seccompFD is the descriptor bwrap reads the seccomp filter from (3 is
+// --json-status-fd). bwrap closes it before it runs the main process.
+const seccompFD = 4
+
+// hardeningArgs are the bwrap arguments that take privileges away: every
+// capability, including the bounding set, so nothing the sandbox runs can
+// gain one (bwrap already sets no_new_privs); and the seccomp filter, which
+// bwrap installs last, just before it execs the main process.
+func hardeningArgs() []string {
+	return []string{"--cap-drop", "ALL", "--seccomp", strconv.Itoa(seccompFD)}
+}
+
 // bwrapArgs builds bwrap's arguments (without the program name) for spec.
 // etcDir is the generated /etc, etcBinds the host entries bound over it.
 func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) []string {
@@ -170,6 +195,7 @@ func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) [
 		"--die-with-parent",
 		"--json-status-fd", "3",
 	}
+	args = append(args, hardeningArgs()...)
 	args = append(args, rootfsArgs()...)
 	args = append(args,
 		"--proc", "/proc",
@@ -228,9 +254,16 @@ func sandboxEnv(env []string) []string {
 	return append(out, env...)
 }
 
-// launcherScript is the sandbox's launcher, run by /bin/sh: it writes its
+// launcherScript is the sandbox's launcher, run by /bin/sh: it sets the
+// resource limits (soft and hard, so nothing in the sandbox can raise them:
+// no core files, nofile from $1, the size of any one file from $2 in
+// 512-byte blocks, as POSIX ulimit -f counts, or "unlimited"), writes its
 // own pid into every cgroup.procs file given as an argument up to "--", then
-// runs the rest (bwrap) as its child and exits with its status.
+// runs the rest (bwrap) as its child and exits with its status. dash takes
+// one limit per ulimit command.
+//
+// The file size limit holds for bwrap too, so it also bounds output.log,
+// the sandbox's stdout and stderr: a process writing past it gets SIGXFSZ.
 //
 // Why a shell, not the server: the server never forks into a cgroup or a
 // user namespace itself (Go would fork instead of vfork, and launch time
@@ -241,12 +274,18 @@ func sandboxEnv(env []string) []string {
 // the launcher is bwrap's parent, in its own session, so the server dying
 // does not take bwrap (and the sandbox) with it. The paths are arguments,
 // never part of the script.
-const launcherScript = `for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 126; shift; done; shift; "$@"; rc=$?; exit $rc`
+const launcherScript = `ulimit -c 0 && ulimit -n "$1" && ulimit -f "$2" || exit 126; shift 2; for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 126; shift; done; shift; "$@"; rc=$?; exit $rc`
 
-// launcher returns the argv that runs argv as a child of a shell inside the
-// cgroups whose cgroup.procs files are procs.
-func launcher(procs []string, argv []string) []string {
-	out := []string{"/bin/sh", "-c", launcherScript, "sh"}
+// launcher returns the argv that runs argv as a child of a shell with the
+// resource limits of o, inside the cgroups whose cgroup.procs files are
+// procs.
+func launcher(o Options, procs []string, argv []string) []string {
+	fsize := "unlimited"
+	if o.FileSizeLimit > 0 {
+		// Rounded up to whole blocks: a limit is never lowered.
+		fsize = strconv.FormatInt((o.FileSizeLimit+511)/512, 10)
+	}
+	out := []string{"/bin/sh", "-c", launcherScript, "sh", strconv.Itoa(o.NoFile), fsize}
 	out = append(out, procs...)
 	out = append(out, "--")
 	return append(out, argv...)

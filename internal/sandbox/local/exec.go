@@ -51,9 +51,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 		// path goes through the sandbox's root as /proc shows it.
 		"--wd=/proc/" + strconv.Itoa(e.st.ChildPID) + "/root" + dir, "--"}
 	argv = append(argv, req.Command...)
-	if len(e.st.Cgroups) > 0 {
-		argv = launcher(procsFiles(e.st.Cgroups), argv)
-	}
+	argv = launcher(r.opts, procsFiles(e.st.Cgroups), argv)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = sandboxEnv(req.Env)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr

@@ -5,13 +5,24 @@
 //
 // Isolation: each sandbox gets new user, mount, pid, network (loopback
 // only), IPC, UTS and (where supported) cgroup namespaces, runs as uid/gid
-// 1000 with no capabilities and no_new_privs, and sees a read-only host /usr
-// (with /bin, /sbin, /lib* as on the host), its own /proc and /dev, a size
-// limited /tmp, a generated read-only /etc and only the mounts its Spec
-// names. The root file system is a read-only tmpfs. Memory, CPU and pids
-// limits use cgroups v1 or v2 when the hierarchy is writable (root, or a
-// delegated subtree); otherwise sandboxes run without limits and
-// Capabilities says so. Seccomp filters are not installed yet.
+// 1000 with every capability dropped (the bounding set too) and
+// no_new_privs, under the seccomp filter of package sandbox/seccomp
+// (ptrace, mount, namespaces, keyrings, bpf, io_uring and more refused),
+// and sees a read-only host /usr (with /bin, /sbin, /lib* as on the host),
+// its own /proc and /dev, a size limited /tmp, a generated read-only /etc
+// (passwd and group with the worker user, hosts, the host's CA
+// certificates, and resolv.conf only when the network is on) and only the
+// mounts its Spec names. The root file system is a read-only tmpfs. The
+// environment is exactly Spec.Env plus PATH, HOME, USER, TMPDIR and LANG
+// defaults. Resource limits: no core files, Options.NoFile open files,
+// Options.FileSizeLimit per file (rlimits set before bwrap starts, hard
+// and soft); memory, CPU and pids limits use cgroups v1 or v2 when the
+// hierarchy is writable (root, or a delegated subtree); otherwise sandboxes
+// run without those and Capabilities says so.
+//
+// Commands run with Exec join the sandbox's namespaces and cgroups with
+// nsenter and get its rlimits, but neither its seccomp filter nor
+// no_new_privs: nsenter can set neither. Tasks never use Exec.
 //
 // Host requirements: Linux with unprivileged or root user namespaces,
 // bubblewrap (apt-get install -y bubblewrap), /bin/sh, and nsenter
@@ -21,7 +32,8 @@
 // parent-death signal, stdin from /dev/null and output to a file. Everything
 // needed to find a sandbox again lives in StateDir/<id>/: state.json (the
 // Handle's state), status.jsonl (bwrap's --json-status-fd: the sandbox's
-// pid 1 at start, its exit code at the end), output.log and etc/.
+// pid 1 at start, its exit code at the end), output.log, etc/ and
+// seccomp.bpf (the filter bwrap loaded).
 //
 // Lifecycle of one sandbox: Create → running → exited (main process ended,
 // by itself or by Stop) → Destroy removes it. Runtime is safe for concurrent
@@ -49,6 +61,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 )
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -80,6 +93,14 @@ type Options struct {
 	TmpSize int64
 	// UID and GID of the sandbox's processes inside it; default 1000.
 	UID, GID int
+	// NoFile is the sandbox's limit on open files per process
+	// (RLIMIT_NOFILE, soft and hard); default 4096.
+	NoFile int
+	// FileSizeLimit bounds the size in bytes of any one file a sandbox's
+	// process writes (RLIMIT_FSIZE, rounded up to 512 bytes), including
+	// the sandbox's output.log; a write past it fails and the writer gets
+	// SIGXFSZ. 0: no limit.
+	FileSizeLimit int64
 }
 
 func (o *Options) setDefaults() {
@@ -104,6 +125,9 @@ func (o *Options) setDefaults() {
 	if o.GID == 0 {
 		o.GID = 1000
 	}
+	if o.NoFile == 0 {
+		o.NoFile = 4096
+	}
 }
 
 // Runtime is the local bubblewrap runtime. Create it with New.
@@ -115,6 +139,12 @@ type Runtime struct {
 
 	capsOnce sync.Once
 	caps     sandbox.Capabilities
+
+	// filter is the encoded seccomp filter every sandbox runs under;
+	// filterErr says why there is none (an unsupported architecture),
+	// and then no sandbox starts.
+	filter    []byte
+	filterErr error
 
 	// locks serialise Create and Destroy per id, striped by a hash of the
 	// id so no per-id lock has to be freed.
@@ -163,6 +193,11 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		log:     log.With(logkey.Runtime, Name),
 		entries: map[string]*entry{},
 	}
+	if prog, err := seccomp.Program(); err != nil {
+		r.filterErr = err
+	} else {
+		r.filter = seccomp.Marshal(prog)
+	}
 	if opts.DisableCgroups {
 		r.cgWarn = "cgroups disabled by configuration: memory, CPU and pids limits are not enforced"
 	} else {
@@ -205,11 +240,27 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 		return c
 	}
 	c.Version = strings.TrimSpace(string(out))
+	if r.filterErr != nil {
+		c.Reason = r.filterErr.Error()
+		return c
+	}
+	// The probe runs with the same hardening as a sandbox, so a kernel
+	// without seccomp or a bwrap without --cap-drop shows here.
 	args := []string{"--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
 		"--uid", "1000", "--gid", "1000"}
+	args = append(args, hardeningArgs()...)
 	args = append(args, rootfsArgs()...)
 	args = append(args, "--proc", "/proc", "--dev", "/dev", "--", "/usr/bin/true")
-	if out, err := exec.CommandContext(ctx, path, args...).CombinedOutput(); err != nil {
+	probe := exec.CommandContext(ctx, path, args...)
+	filter, err := openFilter(r.opts.StateDir, r.filter)
+	if err != nil {
+		c.Reason = err.Error()
+		return c
+	}
+	defer filter.Close()
+	// ExtraFiles[i] is fd 3+i; fd 3 is unused here.
+	probe.ExtraFiles = []*os.File{nil, filter}
+	if out, err := probe.CombinedOutput(); err != nil {
 		c.Reason = fmt.Sprintf("bubblewrap cannot create namespaces (%v: %s); enable user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0)",
 			err, strings.TrimSpace(string(out)))
 		return c
@@ -349,7 +400,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 
 // start launches bwrap for spec in dir and waits for the sandbox's pid 1.
 func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *entry, err error) {
-	etcBinds, err := writeEtc(filepath.Join(dir, "etc"), r.opts.UID, r.opts.GID)
+	etcBinds, err := writeEtc(filepath.Join(dir, "etc"), r.opts.UID, r.opts.GID, spec.Network)
 	if err != nil {
 		return nil, err
 	}
@@ -376,12 +427,17 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	defer out.Close()
 
 	argv := append([]string{r.opts.Bwrap}, bwrapArgs(spec, r.opts, filepath.Join(dir, "etc"), etcBinds)...)
-	argv = launcher(procsFiles(st.Cgroups), argv)
+	argv = launcher(r.opts, procsFiles(st.Cgroups), argv)
 	// Not CommandContext: the sandbox must outlive ctx and this process.
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.ExtraFiles = []*os.File{status} // fd 3: --json-status-fd 3
+	filter, err := openFilter(dir, r.filter)
+	if err != nil {
+		return nil, err
+	}
+	defer filter.Close()
+	cmd.ExtraFiles = []*os.File{status, filter} // fd 3: --json-status-fd 3; fd 4: --seccomp 4
 	// Own session, no Pdeathsig: a server killed with SIGKILL leaves the
 	// sandbox running and a new server recovers it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -444,6 +500,21 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	}
 	e.st = st
 	return e, nil
+}
+
+// openFilter writes the encoded seccomp filter to dir/seccomp.bpf and
+// returns it open for reading from the start: bwrap reads its --seccomp
+// descriptor to the end, so every bwrap needs a fresh one.
+func openFilter(dir string, filter []byte) (*os.File, error) {
+	path := filepath.Join(dir, "seccomp.bpf")
+	if err := os.WriteFile(path, filter, 0o600); err != nil {
+		return nil, fmt.Errorf("write seccomp filter: %w", err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open seccomp filter: %w", err)
+	}
+	return f, nil
 }
 
 // tail returns the last bytes of a log file, for error messages.

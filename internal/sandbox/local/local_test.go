@@ -75,7 +75,16 @@ func TestIsolation(t *testing.T) {
 		name, script, want string
 	}{
 		{"uid", `id -u > out; id -g >> out; id -un >> out`, "1000\n1000\nworker\n"},
-		{"no capabilities", `grep -E '^(CapEff|NoNewPrivs)' /proc/self/status | tr -s '\t' ' ' > out`, "CapEff: 0000000000000000\nNoNewPrivs: 1\n"},
+		{"no capabilities", `grep -E '^(CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\t' ' ' > out`,
+			"CapPrm: 0000000000000000\nCapEff: 0000000000000000\nCapBnd: 0000000000000000\nCapAmb: 0000000000000000\nNoNewPrivs: 1\nSeccomp: 2\n"},
+		// unshare(1) and mount(8) fail in the filter, not on a missing
+		// capability: the user namespace would give them one.
+		{"seccomp", `unshare -U true 2>&1 | grep -c 'Operation not permitted' > out; unshare -rn true 2>/dev/null || echo denied >> out`, "1\ndenied\n"},
+		{"rlimits", `ulimit -c > out; ulimit -n >> out; ulimit -Hn >> out; ulimit -f >> out`, "0\n4096\n4096\nunlimited\n"},
+		// bwrap closes the filter and status descriptors before it runs
+		// the main process.
+		{"no runtime descriptors", `ls -l /proc/self/fd/ | grep -c -e seccomp -e status > out`, "0\n"},
+		{"no resolv.conf without network", `test -e /etc/resolv.conf && echo present > out || echo absent > out`, "absent\n"},
 		// pid 1 is bwrap's init, 2 the shell; nothing of the host.
 		// pid 1 is bwrap's reaper; the rest are this script's own few
 		// processes (how many are alive at the moment ls reads /proc
@@ -266,4 +275,32 @@ func BenchmarkStart(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestRlimitOptions runs a sandbox with a file size limit and a nofile
+// limit: a write past the limit fails, and neither limit can be raised.
+func TestRlimitOptions(t *testing.T) {
+	testenv.RequireBwrap(t)
+	r, err := New(Options{StateDir: filepath.Join(t.TempDir(), "state"), CgroupParent: "corral-test",
+		NoFile: 256, FileSizeLimit: 64 << 10}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, out := run(t, r, `ulimit -n > out; ulimit -f >> out
+(ulimit -n 1024) 2>/dev/null && echo raised >> out
+head -c 100000 /dev/zero > big 2>/dev/null; wc -c < big >> out`, nil)
+	// 64 KiB in 512-byte blocks; the write stops at 65536 bytes.
+	if want := "256\n128\n65536\n"; out != want {
+		t.Errorf("got %q, want %q", out, want)
+	}
+}
+
+// TestResolvConfWithNetwork: a sandbox with a network gets a resolv.conf
+// that points at loopback, where lookups fail at once.
+func TestResolvConfWithNetwork(t *testing.T) {
+	r, _ := MustNew(t)
+	_, out := run(t, r, `grep '^nameserver' /etc/resolv.conf > out`, func(sp *sandbox.Spec) { sp.Network = sandbox.NetworkEgress })
+	if out != "nameserver 127.0.0.1\n" {
+		t.Errorf("resolv.conf nameserver = %q", out)
+	}
 }

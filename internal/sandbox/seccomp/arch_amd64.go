@@ -11,9 +11,10 @@ const auditArch = unix.AUDIT_ARCH_X86_64
 // x32Bit marks a system call of the x32 ABI (__X32_SYSCALL_BIT).
 const x32Bit = 0x40000000
 
-// archDenied are the denied calls only amd64 has: raw I/O ports and
-// legacy calls.
+// archDenied are the denied calls not every architecture has: raw I/O
+// ports, legacy calls and kexec_file_load.
 var archDenied = []syscall{
+	{"kexec_file_load", unix.SYS_KEXEC_FILE_LOAD},
 	{"iopl", unix.SYS_IOPL},
 	{"ioperm", unix.SYS_IOPERM},
 	{"uselib", unix.SYS_USELIB},

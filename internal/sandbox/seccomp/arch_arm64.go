@@ -11,5 +11,8 @@ const auditArch = unix.AUDIT_ARCH_AARCH64
 // x32Bit is zero: arm64 has no x32-style ABI sharing its audit arch.
 const x32Bit = 0
 
-// archDenied is empty: arm64 never had the legacy calls amd64 refuses.
-var archDenied []syscall
+// archDenied are the denied calls not every architecture has; arm64
+// never had the legacy calls amd64 refuses.
+var archDenied = []syscall{
+	{"kexec_file_load", unix.SYS_KEXEC_FILE_LOAD},
+}

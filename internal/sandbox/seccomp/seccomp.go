@@ -139,7 +139,6 @@ var denied = []syscall{
 	{"finit_module", unix.SYS_FINIT_MODULE},
 	{"delete_module", unix.SYS_DELETE_MODULE},
 	{"kexec_load", unix.SYS_KEXEC_LOAD},
-	{"kexec_file_load", unix.SYS_KEXEC_FILE_LOAD},
 	{"reboot", unix.SYS_REBOOT},
 	{"swapon", unix.SYS_SWAPON},
 	{"swapoff", unix.SYS_SWAPOFF},

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/corral-dev/corral/internal/app"
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/mcpserver"
+	"github.com/corral-dev/corral/internal/orchestrator"
+)
+
+// cmdMCP serves the tool catalogue over MCP on stdin and stdout, for a host
+// that starts Corral as a subprocess (Claude Desktop). It talks to the
+// server at --server or the configured address; when none answers there
+// and --server was not given, it runs an embedded server in this process,
+// listening at the configured address like corral serve. stdout carries
+// the protocol alone: every log line goes to stderr.
+func cmdMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf clientFlags
+	cf.lo.RegisterFlags(fs)
+	fs.StringVar(&cf.server, "server", "", "the server's URL (default http:// and the configured listen address; without it, an embedded server starts if none answers)")
+	if err := fs.Parse(args); err != nil {
+		return exitError(2)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalidArgument)
+	}
+	cfg, err := config.Load(cf.lo)
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	log := newLogger(cfg, stderr)
+	client, err := cf.client()
+	if err != nil {
+		return err
+	}
+	var svc orchestrator.Service = client
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	_, err = client.Tools(pctx)
+	cancel()
+	switch {
+	case err == nil:
+		log.Info("mcp: using the running corral server")
+	case errors.Is(err, errdefs.ErrUnavailable) && cf.server == "":
+		log.Info("mcp: no corral server answers; starting an embedded one", "listen", cfg.Listen, "data", cfg.Data)
+		a, err := app.New(ctx, cfg, log, app.Options{})
+		if err != nil {
+			return fmt.Errorf("start an embedded server: %w", err)
+		}
+		defer a.Close()
+		actx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- a.Run(actx) }()
+		defer func() {
+			stop()
+			if err := <-done; err != nil {
+				log.Error("embedded server ended", "err", err)
+			}
+		}()
+		svc = a.Service()
+		ctx = orchestrator.WithActor(ctx, "mcp-stdio")
+	default:
+		return fmt.Errorf("reach the corral server: %w", err)
+	}
+	srv := mcpserver.New(svc, mcpserver.Options{MaxArgumentBytes: cfg.Limits.MaxRequestBytes.Bytes()}, log.With("subsystem", "mcp"))
+	return srv.ServeStdio(ctx, io.NopCloser(os.Stdin), nopWriteCloser{stdout})
+}
+
+// nopWriteCloser keeps the session from closing the process's stdout.
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }

@@ -1,0 +1,161 @@
+//go:build integration
+
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// mcpReport is what test/mcp/client.mjs prints.
+type mcpReport struct {
+	Failures []string `json:"failures"`
+	Tools    []string `json:"tools"`
+	TaskID   string   `json:"task_id"`
+	Status   string   `json:"status"`
+	Rows     string   `json:"rows"`
+	Progress []string `json:"progress"`
+	Outside  struct {
+		IsError bool   `json:"isError"`
+		Text    string `json:"text"`
+	} `json:"outside"`
+}
+
+// requireMCPClient needs node and the TypeScript SDK installed in
+// test/mcp (CI runs npm ci there), and returns that directory.
+func requireMCPClient(t *testing.T) string {
+	t.Helper()
+	testenv.RequireBinary(t, "node", "apt-get install -y nodejs npm")
+	dir, err := filepath.Abs(filepath.Join("..", "..", "test", "mcp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk", "package.json")); err != nil {
+		testenv.Missing(t, "the MCP TypeScript SDK in test/mcp/node_modules (run: cd test/mcp && npm ci)")
+	}
+	return dir
+}
+
+// runMCPClient runs client.mjs with args and decodes its report.
+func runMCPClient(t *testing.T, dir string, env []string, args ...string) mcpReport {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", append([]string{filepath.Join(dir, "client.mjs")}, args...)...)
+	cmd.Dir = t.TempDir() // no corral.yaml from the working directory
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	runErr := cmd.Run()
+	t.Logf("client.mjs stderr:\n%s", stderr.String())
+	var r mcpReport
+	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
+		t.Fatalf("client.mjs (%v) printed %q: %v", runErr, stdout.String(), err)
+	}
+	if runErr != nil || len(r.Failures) > 0 {
+		t.Fatalf("client.mjs %v: %v\nfailures:\n%s", args, runErr, strings.Join(r.Failures, "\n"))
+	}
+	return r
+}
+
+// checkReport checks the parts of a report the Go side can verify against
+// the server itself.
+func checkReport(t *testing.T, s *server, r mcpReport) {
+	t.Helper()
+	if r.Status != "success" || strings.TrimSpace(r.Rows) != "3" {
+		t.Errorf("task %s: status %s rows %q", r.TaskID, r.Status, r.Rows)
+	}
+	if len(r.Tools) != 7 {
+		t.Errorf("tools %v, want the 7 of the catalogue", r.Tools)
+	}
+	if len(r.Progress) == 0 || !strings.HasPrefix(r.Progress[len(r.Progress)-1], "ended") && !strings.Contains(strings.Join(r.Progress, ","), "running") {
+		t.Errorf("progress %q, want the task's status changes", r.Progress)
+	}
+	if !r.Outside.IsError || strings.Contains(r.Outside.Text, "root:") || !strings.Contains(r.Outside.Text, "path") {
+		t.Errorf("read outside the workspace: %+v", r.Outside)
+	}
+	res, err := s.client.Result(context.Background(), orchestrator.ResultRequest{TaskID: r.TaskID, IncludeFileContents: []string{"rows.txt"}})
+	if err != nil || res.FileContents["rows.txt"].Content != r.Rows {
+		t.Errorf("the server's result of %s: %v %+v", r.TaskID, err, res.FileContents)
+	}
+	var actors []string
+	s.client.Events(context.Background(), orchestrator.EventsRequest{TaskID: r.TaskID}, func(e eventstore.Event) error {
+		actors = append(actors, e.Actor)
+		return nil
+	})
+	if len(actors) == 0 || actors[0] == "" || actors[0] == "anonymous" {
+		t.Errorf("the spawn through MCP recorded actor %q, want the authenticated caller", actors)
+	}
+	data, err := os.ReadFile(filepath.Join(s.data, "shared", "data", "in.csv"))
+	if err != nil || string(data) != "a,b\n1,2\n3,4\n" {
+		t.Errorf("shared/data/in.csv: %q %v", data, err)
+	}
+}
+
+const mcpToken = "mcp-test-token-0123456789"
+
+// TestMCPStreamableHTTP drives /mcp with the official TypeScript SDK client
+// over streamable HTTP, with the API's bearer token.
+func TestMCPStreamableHTTP(t *testing.T) {
+	dir := requireMCPClient(t)
+	s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=" + mcpToken}, nil)
+
+	// The same bearer auth as the API.
+	req, _ := http.NewRequest(http.MethodPost, s.url+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if code, body := send(t, req); code != http.StatusUnauthorized {
+		t.Errorf("POST /mcp without a token: %d %s, want 401", code, body)
+	}
+
+	r := runMCPClient(t, dir, []string{"CORRAL_API_TOKEN=" + mcpToken}, "http", s.url+"/mcp")
+	checkReport(t, s, r)
+}
+
+// TestMCPStdio drives `corral mcp --server URL` over stdio with the
+// TypeScript SDK's StdioClientTransport spawning the built binary.
+func TestMCPStdio(t *testing.T) {
+	dir := requireMCPClient(t)
+	s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=" + mcpToken}, nil)
+	r := runMCPClient(t, dir, []string{"CORRAL_API_TOKEN=" + mcpToken}, "stdio", corralBin, "mcp", "--server", s.url)
+	checkReport(t, s, r)
+}
+
+// TestMCPStdioEmbedded runs `corral mcp` with no server at the configured
+// address: it starts an embedded one on that address and data directory.
+func TestMCPStdioEmbedded(t *testing.T) {
+	dir := requireMCPClient(t)
+	testenv.RequireBwrap(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	data := t.TempDir()
+	t.Cleanup(func() { killSandboxes(t, data) })
+	r := runMCPClient(t, dir, []string{"CORRAL_LISTEN=" + addr, "CORRAL_DATA=" + data, "CORRAL_API_TOKEN="}, "stdio", corralBin, "mcp")
+	if r.Status != "success" || strings.TrimSpace(r.Rows) != "3" {
+		t.Errorf("task %s: status %s rows %q", r.TaskID, r.Status, r.Rows)
+	}
+	// The embedded server kept its events and files in the data directory.
+	if _, err := os.Stat(filepath.Join(data, "corral.db")); err != nil {
+		t.Errorf("no event store in the data directory: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(data, "tasks", r.TaskID, "output", "rows.txt")); err != nil || strings.TrimSpace(string(b)) != "3" {
+		t.Errorf("rows.txt in the task directory: %q %v", b, err)
+	}
+}

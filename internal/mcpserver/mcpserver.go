@@ -1,0 +1,263 @@
+// Package mcpserver serves Corral's tool catalogue (internal/tools) over the
+// Model Context Protocol, with the official Go SDK: streamable HTTP through
+// Handler (mounted at /mcp behind the API's bearer auth) and stdio through
+// ServeStdio (corral mcp). It adds no tools of its own: every tool, its
+// schema and its handler come from the catalogue, so MCP and the HTTP
+// function API (/api/tools) cannot drift apart.
+//
+// A tool's failure is a tool result with isError set and the error's
+// message, never a protocol error, so the model sees it and can correct
+// itself. An unclassified error is "internal error" and a request id, its
+// detail only logged: the rule httpapi applies to HTTP answers. A call to a
+// tool that does not exist stays a protocol error (-32602), as the MCP
+// specification says.
+//
+// While read_task_result waits (wait_seconds > 0) for a client that sent a
+// progress token, the task's events become progress notifications.
+package mcpserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/tools"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Version is the server version reported to clients at initialize.
+	Version string
+	// MaxArgumentBytes bounds one tool call's arguments (JSON); a larger
+	// call is a tool error naming the limit, and changes nothing. Default
+	// 1 MiB, the API's request limit.
+	MaxArgumentBytes int64
+	// SessionTimeout closes a streamable HTTP session idle this long.
+	// Default 30 minutes.
+	SessionTimeout time.Duration
+}
+
+// Server is an MCP server over one orchestrator.Service. It is safe for
+// concurrent use: any number of sessions, over both transports, may share
+// it.
+type Server struct {
+	svc  orchestrator.Service
+	cat  *tools.Catalogue
+	opts Options
+	log  *slog.Logger
+	srv  *mcp.Server
+}
+
+// New returns a Server with every tool of tools.New(svc).
+func New(svc orchestrator.Service, opts Options, log *slog.Logger) *Server {
+	if opts.Version == "" {
+		opts.Version = "dev"
+	}
+	if opts.MaxArgumentBytes <= 0 {
+		opts.MaxArgumentBytes = 1 << 20
+	}
+	if opts.SessionTimeout <= 0 {
+		opts.SessionTimeout = 30 * time.Minute
+	}
+	s := &Server{svc: svc, cat: tools.New(svc), opts: opts, log: log}
+	s.srv = mcp.NewServer(&mcp.Implementation{Name: "corral", Title: "Corral", Version: opts.Version}, &mcp.ServerOptions{
+		Logger:       log,
+		Instructions: "Corral runs AI coding agents in sandboxes. spawn_worker starts a task; read_task_result with wait_seconds waits for it and returns its output files.",
+	})
+	for _, t := range s.cat.All() {
+		s.srv.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.Schema}, s.handler(t.Name))
+	}
+	return s
+}
+
+// Handler returns the streamable HTTP transport. The caller mounts it (at
+// /mcp) behind its own authentication; the SDK adds DNS-rebinding
+// protection for loopback listeners.
+func (s *Server) Handler() http.Handler {
+	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.srv }, &mcp.StreamableHTTPOptions{
+		Logger:         s.log,
+		SessionTimeout: s.opts.SessionTimeout,
+		// Twice the argument limit and some room for the envelope, so that
+		// moderately oversize arguments reach the handler and get a tool
+		// error that names the limit rather than a bare 413.
+		MaxRequestBodyBytes: 2*s.opts.MaxArgumentBytes + 64<<10,
+	})
+}
+
+// ServeStdio serves one session over r and w (newline-delimited JSON-RPC)
+// until the client closes r or ctx ends. Nothing else may write to w.
+func (s *Server) ServeStdio(ctx context.Context, r io.ReadCloser, w io.WriteCloser) error {
+	return s.serve(ctx, &mcp.IOTransport{Reader: r, Writer: w})
+}
+
+func (s *Server) serve(ctx context.Context, t mcp.Transport) error {
+	err := s.srv.Run(ctx, t)
+	if ctx.Err() != nil || errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+// handler runs one catalogue tool for MCP.
+func (s *Server) handler(name string) mcp.ToolHandler {
+	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		args := req.Params.Arguments
+		if n := int64(len(args)); n > s.opts.MaxArgumentBytes {
+			return s.errorResult(name, fmt.Errorf("arguments are %d bytes, over the limit of %d: %w", n, s.opts.MaxArgumentBytes, errdefs.ErrTooLarge)), nil
+		}
+		stop := s.followProgress(ctx, req, name, args)
+		res, err := s.cat.Call(ctx, name, args)
+		stop()
+		if err != nil {
+			return s.errorResult(name, err), nil
+		}
+		b, err := marshal(res)
+		if err != nil {
+			return s.errorResult(name, fmt.Errorf("encode the result of %s: %v", name, err)), nil
+		}
+		return &mcp.CallToolResult{
+			Content:           []mcp.Content{&mcp.TextContent{Text: string(b)}},
+			StructuredContent: json.RawMessage(b),
+		}, nil
+	}
+}
+
+func marshal(v any) ([]byte, error) {
+	var buf jsonBuffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.b[:len(buf.b)-1], nil // drop Encode's newline
+}
+
+type jsonBuffer struct{ b []byte }
+
+func (j *jsonBuffer) Write(p []byte) (int, error) { j.b = append(j.b, p...); return len(p), nil }
+
+// errorResult turns a tool's error into an isError result. A classified
+// error carries its message (a FieldError names the argument); anything
+// else is "internal error" with a request id, its detail only logged.
+func (s *Server) errorResult(name string, err error) *mcp.CallToolResult {
+	msg := err.Error()
+	if !classified(err) {
+		rid := newRequestID()
+		s.log.Error("tool call failed", "tool", name, logkey.RequestID, rid, logkey.Error, err)
+		msg = "internal error (request id " + rid + ")"
+	}
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: msg}}}
+}
+
+// classified reports whether err belongs to a class whose message is meant
+// for the caller: httpapi.writeError answers every other error with 500.
+func classified(err error) bool {
+	for _, c := range []error{
+		errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrFailedPrecondition,
+		errdefs.ErrConflict, errdefs.ErrPermissionDenied, errdefs.ErrResourceExhausted, errdefs.ErrUnavailable,
+		errdefs.ErrNotImplemented, errdefs.ErrUnauthenticated, context.Canceled, context.DeadlineExceeded,
+	} {
+		if errors.Is(err, c) {
+			return true
+		}
+	}
+	return false
+}
+
+func newRequestID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// followProgress sends the task's events as progress notifications while
+// read_task_result waits, if the client asked for progress. The returned
+// stop ends the subscription and returns once nothing more will be sent, so
+// no notification follows the result.
+func (s *Server) followProgress(ctx context.Context, req *mcp.CallToolRequest, name string, args json.RawMessage) (stop func()) {
+	token := req.Params.GetProgressToken()
+	if name != "read_task_result" || token == nil || req.Session == nil {
+		return func() {}
+	}
+	var a struct {
+		TaskID      string `json:"task_id"`
+		WaitSeconds int    `json:"wait_seconds"`
+	}
+	// Lenient on purpose: bad arguments are the tool's to report.
+	if json.Unmarshal(args, &a) != nil || a.WaitSeconds <= 0 || !task.ValidID(a.TaskID) {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var n float64
+		err := s.svc.Events(ctx, orchestrator.EventsRequest{TaskID: a.TaskID, Follow: true}, func(e eventstore.Event) error {
+			msg, ok := progressMessage(e)
+			if !ok {
+				return nil
+			}
+			n++
+			return req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: n, Message: msg})
+		})
+		if err != nil && ctx.Err() == nil {
+			s.log.Debug("progress notifications ended", logkey.TaskID, a.TaskID, logkey.Error, err)
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// ProgressEvent is the event type a worker's own progress reports will
+// have; its data's "message" becomes the notification's message.
+const ProgressEvent = "task_progress"
+
+// progressMessage is the progress notification message for an event, if
+// the event is one a waiting client cares about.
+func progressMessage(e eventstore.Event) (string, bool) {
+	switch e.Type {
+	case task.EventCreated:
+		return "created", true
+	case task.EventQueued:
+		return "queued", true
+	case task.EventStarting:
+		return "starting", true
+	case task.EventStarted:
+		return "running", true
+	case task.EventCancelRequested:
+		return "cancel requested", true
+	case task.EventReattached:
+		return "running (reattached after a server restart)", true
+	case task.EventCompleted:
+		var c struct {
+			Status string `json:"status"`
+		}
+		json.Unmarshal(e.Data, &c)
+		return "ended: " + c.Status, true
+	case ProgressEvent:
+		var p struct {
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(e.Data, &p) == nil && p.Message != "" {
+			return p.Message, true
+		}
+		return "progress", true
+	}
+	return "", false
+}

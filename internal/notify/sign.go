@@ -1,0 +1,113 @@
+package notify
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// The Standard Webhooks headers every notification carries.
+const (
+	HeaderID        = "webhook-id"
+	HeaderTimestamp = "webhook-timestamp"
+	HeaderSignature = "webhook-signature"
+)
+
+// SecretPrefix starts a Standard Webhooks secret: "whsec_" and the key in
+// base64.
+const SecretPrefix = "whsec_"
+
+// MinSecretBytes is the shortest key NewSigner accepts; the Standard
+// Webhooks specification asks for 24 to 64 bytes.
+const MinSecretBytes = 24
+
+// Signer signs notifications with one Standard Webhooks secret. It is safe
+// for concurrent use.
+type Signer struct {
+	key []byte
+}
+
+// NewSigner returns a Signer for secret, "whsec_" followed by the key in
+// standard base64 (padding optional). The key is at least MinSecretBytes
+// long. Errors wrap errdefs.ErrInvalidArgument and never echo the secret.
+func NewSigner(secret string) (*Signer, error) {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(secret), SecretPrefix)
+	if !ok {
+		return nil, fmt.Errorf("notification secret must start with %s followed by base64: %w", SecretPrefix, errdefs.ErrInvalidArgument)
+	}
+	key, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(rest, "="))
+	if err != nil {
+		return nil, fmt.Errorf("notification secret after %s is not base64: %w", SecretPrefix, errdefs.ErrInvalidArgument)
+	}
+	if len(key) < MinSecretBytes {
+		return nil, fmt.Errorf("notification secret is %d bytes, want at least %d: %w", len(key), MinSecretBytes, errdefs.ErrInvalidArgument)
+	}
+	return &Signer{key: key}, nil
+}
+
+// NewSecret returns a fresh secret of 32 random bytes in the whsec_ form.
+func NewSecret() string {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return SecretPrefix + base64.StdEncoding.EncodeToString(b)
+}
+
+// Sign returns the webhook-signature value for one message: "v1," and the
+// base64 HMAC-SHA256 of id + "." + unix seconds + "." + body.
+func (s *Signer) Sign(id string, ts time.Time, body []byte) string {
+	return "v1," + base64.StdEncoding.EncodeToString(s.mac(id, ts.Unix(), body))
+}
+
+func (s *Signer) mac(id string, unix int64, body []byte) []byte {
+	m := hmac.New(sha256.New, s.key)
+	m.Write([]byte(id + "." + strconv.FormatInt(unix, 10) + "."))
+	m.Write(body)
+	return m.Sum(nil)
+}
+
+// SetHeaders sets the three Standard Webhooks headers on h.
+func (s *Signer) SetHeaders(h http.Header, id string, ts time.Time, body []byte) {
+	h.Set(HeaderID, id)
+	h.Set(HeaderTimestamp, strconv.FormatInt(ts.Unix(), 10))
+	h.Set(HeaderSignature, s.Sign(id, ts, body))
+}
+
+// Verify checks a received notification as a Standard Webhooks receiver
+// does: the three headers are present, the timestamp is within tolerance
+// of now, and one of the space-separated v1 signatures matches (compared
+// in constant time). Errors wrap errdefs.ErrUnauthenticated. Corral sends
+// notifications and does not receive them; Verify is for tests and for Go
+// hosts.
+func (s *Signer) Verify(h http.Header, body []byte, now time.Time, tolerance time.Duration) error {
+	id, tsv, sigs := h.Get(HeaderID), h.Get(HeaderTimestamp), h.Get(HeaderSignature)
+	if id == "" || tsv == "" || sigs == "" {
+		return fmt.Errorf("missing %s, %s or %s: %w", HeaderID, HeaderTimestamp, HeaderSignature, errdefs.ErrUnauthenticated)
+	}
+	unix, err := strconv.ParseInt(tsv, 10, 64)
+	if err != nil {
+		return fmt.Errorf("%s %q is not unix seconds: %w", HeaderTimestamp, tsv, errdefs.ErrUnauthenticated)
+	}
+	if d := now.Sub(time.Unix(unix, 0)); d > tolerance || d < -tolerance {
+		return fmt.Errorf("%s is %s away from now: %w", HeaderTimestamp, d.Round(time.Second), errdefs.ErrUnauthenticated)
+	}
+	want := s.mac(id, unix, body)
+	for _, sig := range strings.Fields(sigs) {
+		v, b64, ok := strings.Cut(sig, ",")
+		if !ok || v != "v1" {
+			continue
+		}
+		got, err := base64.StdEncoding.DecodeString(b64)
+		if err == nil && hmac.Equal(got, want) {
+			return nil
+		}
+	}
+	return fmt.Errorf("no matching %s: %w", HeaderSignature, errdefs.ErrUnauthenticated)
+}

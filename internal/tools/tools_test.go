@@ -1,0 +1,41 @@
+package tools
+
+import (
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+func TestFitContents(t *testing.T) {
+	res := orchestrator.Result{Task: task.Task{ID: "task-1"}, FileContents: map[string]orchestrator.File{
+		"a.txt": {Path: "a.txt", Size: 6, Encoding: "utf-8", Content: "aaaaaa"},
+		"b.txt": {Path: "b.txt", Size: 8, Encoding: "utf-8", Content: "éééé"}, // 2 bytes a rune
+		"c.bin": {Path: "c.bin", Size: 6, Encoding: "base64", Content: "AAECAwQF"},
+	}}
+	fitContents(&res, []string{"a.txt", "b.txt", "c.bin"}, 11)
+	a, b, c := res.FileContents["a.txt"], res.FileContents["b.txt"], res.FileContents["c.bin"]
+	if a.Content != "aaaaaa" || a.Truncated || a.Note != "" {
+		t.Errorf("a.txt within the budget changed: %+v", a)
+	}
+	if b.Content != "éé" || !b.Truncated || !utf8.ValidString(b.Content) {
+		t.Errorf("b.txt: %+v, want cut to 4 bytes at a rune boundary", b)
+	}
+	if want := "content cut at 4 of 8 bytes; the whole file: GET /api/tasks/task-1/files/b.txt"; b.Note != want {
+		t.Errorf("b.txt note %q, want %q", b.Note, want)
+	}
+	if c.Content != "" || !c.Truncated || !strings.Contains(c.Note, "/api/tasks/task-1/files/c.bin") {
+		t.Errorf("c.bin past the budget: %+v", c)
+	}
+}
+
+func TestCutBase64(t *testing.T) {
+	if got := cut("AAECAwQF", "base64", 7); got != "AAEC" {
+		t.Errorf("cut base64 at 7: %q, want a whole quantum AAEC", got)
+	}
+	if got := contentBytes(orchestrator.File{Encoding: "base64", Content: "AAE="}); got != 2 {
+		t.Errorf("contentBytes of AAE= is %d, want 2", got)
+	}
+}

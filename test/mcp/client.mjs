@@ -1,0 +1,127 @@
+// Drives Corral's MCP server with the official TypeScript SDK client, the
+// way a host assistant would. Run by internal/app/mcp_test.go:
+//
+//   node client.mjs http URL            (CORRAL_API_TOKEN: the bearer token)
+//   node client.mjs stdio BINARY ARGS... (spawns `BINARY ARGS...`, e.g. corral mcp --server URL)
+//
+// It initializes, lists the tools and checks their schemas against seed
+// 000's (seed-tools.json), writes a file, spawns a command worker on it,
+// waits for the result with the file's contents and progress
+// notifications, and expects isError for a path outside the workspace.
+// It prints one JSON report on stdout and exits non-zero on any failure.
+import { readFileSync } from "node:fs";
+import { isDeepStrictEqual } from "node:util";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+
+const [mode, target, ...rest] = process.argv.slice(2);
+const failures = [];
+const report = { mode, failures };
+const check = (ok, what) => {
+  if (!ok) failures.push(what);
+};
+
+// Parameters of the seed that Corral deliberately does not list yet.
+const notBuilt = { spawn_worker: ["save_to_shared"] };
+
+function transport() {
+  if (mode === "http") {
+    const headers = {};
+    if (process.env.CORRAL_API_TOKEN) headers.Authorization = `Bearer ${process.env.CORRAL_API_TOKEN}`;
+    return new StreamableHTTPClientTransport(new URL(target), { requestInit: { headers } });
+  }
+  if (mode === "stdio") {
+    return new StdioClientTransport({ command: target, args: rest, env: { ...process.env }, stderr: "inherit" });
+  }
+  throw new Error(`unknown mode ${mode}`);
+}
+
+function text(res) {
+  return (res.content ?? []).filter((c) => c.type === "text").map((c) => c.text).join("");
+}
+
+async function main() {
+  const client = new Client({ name: "corral-mcp-test", version: "1.0.0" });
+  await client.connect(transport());
+  report.server = client.getServerVersion();
+  report.protocol = client.transport?.protocolVersion ?? null;
+
+  // Tools and their schemas against the seed.
+  const { tools } = await client.listTools();
+  report.tools = tools.map((t) => t.name).sort();
+  const byName = Object.fromEntries(tools.map((t) => [t.name, t]));
+  const seed = JSON.parse(readFileSync(new URL("./seed-tools.json", import.meta.url)));
+  for (const [name, want] of Object.entries(seed)) {
+    if (name.startsWith("_")) continue;
+    const got = byName[name];
+    if (!got) {
+      failures.push(`tool ${name} is not listed`);
+      continue;
+    }
+    check(got.inputSchema.type === "object", `${name}: schema type ${got.inputSchema.type}`);
+    if (want.description) check(got.description === want.description, `${name}: description ${JSON.stringify(got.description)}`);
+    for (const [param, ws] of Object.entries(want.properties)) {
+      const gs = got.inputSchema.properties?.[param];
+      if (!gs) {
+        check((notBuilt[name] ?? []).includes(param), `${name}.${param} is missing`);
+        continue;
+      }
+      for (const key of ["type", "items", "enum", "default", "minimum", "maximum", "description"]) {
+        check(isDeepStrictEqual(gs[key], ws[key]), `${name}.${param}.${key}: ${JSON.stringify(gs[key])}, seed ${JSON.stringify(ws[key])}`);
+      }
+    }
+    check(isDeepStrictEqual(got.inputSchema.required ?? [], want.required ?? []), `${name}: required ${JSON.stringify(got.inputSchema.required)}`);
+  }
+  for (const name of ["list_worker_tasks", "cancel_worker_task"]) check(byName[name], `tool ${name} is not listed`);
+  check(byName.read_task_result?.inputSchema.properties?.wait_seconds?.type === "integer", "read_task_result has no wait_seconds");
+
+  // Write a file, spawn a worker on it, wait for its result.
+  const w = await client.callTool({ name: "write_workspace", arguments: { path: "data/in.csv", content: "a,b\n1,2\n3,4\n" } });
+  check(!w.isError, `write_workspace: ${text(w)}`);
+  const r = await client.callTool({ name: "read_workspace", arguments: { path: "data/in.csv" } });
+  check(!r.isError && JSON.parse(text(r)).content === "a,b\n1,2\n3,4\n", `read_workspace: ${text(r)}`);
+  const s = await client.callTool({
+    name: "spawn_worker",
+    arguments: {
+      task_description: "Count the lines of in.csv",
+      context_files: ["data/in.csv"],
+      agent: "command",
+      command: ["sh", "-c", "wc -l < context/in.csv > output/rows.txt"],
+    },
+  });
+  check(!s.isError, `spawn_worker: ${text(s)}`);
+  const spawned = JSON.parse(text(s));
+  report.task_id = spawned.task_id;
+  check(s.structuredContent?.task_id === spawned.task_id, `spawn_worker structuredContent: ${JSON.stringify(s.structuredContent)}`);
+
+  const progress = [];
+  const res = await client.callTool(
+    { name: "read_task_result", arguments: { task_id: spawned.task_id, wait_seconds: 90, include_file_contents: ["rows.txt"] } },
+    undefined,
+    { timeout: 120000, onprogress: (p) => progress.push(p.message) },
+  );
+  report.progress = progress;
+  check(!res.isError, `read_task_result: ${text(res)}`);
+  const result = JSON.parse(text(res));
+  report.status = result.status;
+  check(result.done === true && result.status === "success", `task ended ${result.status}: ${result.error_message ?? ""}`);
+  report.rows = result.file_contents?.["rows.txt"]?.content;
+  check(report.rows?.trim() === "3", `rows.txt: ${JSON.stringify(report.rows)}`);
+  check(progress.length > 0, "no progress notifications while read_task_result waited");
+
+  // A path outside the workspace is a tool error, not a protocol error.
+  const bad = await client.callTool({ name: "read_workspace", arguments: { path: "../../etc/passwd" } });
+  report.outside = { isError: bad.isError === true, text: text(bad) };
+  check(bad.isError === true && !text(bad).includes("root:"), `read_workspace outside: ${text(bad)}`);
+
+  await client.close();
+}
+
+try {
+  await main();
+} catch (e) {
+  failures.push(`exception: ${e?.stack ?? e}`);
+}
+process.stdout.write(JSON.stringify(report) + "\n");
+process.exit(failures.length ? 1 : 0);
