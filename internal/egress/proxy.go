@@ -367,6 +367,11 @@ func (p *Proxy) pipe(client net.Conn, in io.Reader, up net.Conn, rec *Record) st
 		buf := make([]byte, 32<<10)
 		for {
 			srcConn.SetReadDeadline(p.opts.Now().Add(p.opts.IdleTimeout))
+			// stop marks the pair stopped before it sets its deadline in
+			// the past, so a stop that raced the line above is seen here.
+			if isStopped() {
+				return
+			}
 			k, err := src.Read(buf)
 			if k > 0 {
 				last.Store(p.opts.Now().UnixNano())

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"time"
 
@@ -51,6 +52,12 @@ type Options struct {
 	// variables, plus what its adapter adds.
 	Env []string
 
+	// EgressSocket is the server's egress proxy socket; "" means no
+	// network: no relay and no proxy variables for the agent.
+	EgressSocket string
+	// EgressListen is where the relay listens; default 127.0.0.1:3128.
+	EgressListen string
+
 	MaxLogBytes    int64         // per log file; default 64 MiB
 	MaxOutputFiles int           // listed in status.json; default 1000
 	Grace          time.Duration // SIGTERM → SIGKILL; default 10s
@@ -78,6 +85,9 @@ func (o *Options) defaults() {
 	if o.Source == "" {
 		o.Source = "local"
 	}
+	if o.EgressListen == "" {
+		o.EgressListen = DefaultEgressListen
+	}
 	if o.MaxLogBytes <= 0 {
 		o.MaxLogBytes = DefaultMaxLogBytes
 	}
@@ -97,7 +107,8 @@ func (o *Options) defaults() {
 //
 //	--prompt /task/prompt.md --task-id ID [--webhook URL] [--agent NAME]
 //	[--model M] [--agent-binary PATH] [--task-dir /task] [--source local]
-//	[--max-log-bytes N] [--grace 10s] [-- argv...]
+//	[--max-log-bytes N] [--grace 10s] [--egress-socket PATH]
+//	[--egress-listen 127.0.0.1:3128] [-- argv...]
 //
 // The webhook key comes from CORRAL_WEBHOOK_KEY (hex) in environ. Every
 // problem is returned at once, as errdefs.FieldErrors joined.
@@ -115,6 +126,8 @@ func ParseArgs(args []string, environ []string) (Options, error) {
 	fs.StringVar(&o.Source, "source", "local", "the webhook's source: the runtime that ran the worker")
 	fs.Int64Var(&o.MaxLogBytes, "max-log-bytes", DefaultMaxLogBytes, "the most bytes kept per log file")
 	fs.DurationVar(&o.Grace, "grace", DefaultGrace, "how long the agent gets between SIGTERM and SIGKILL")
+	fs.StringVar(&o.EgressSocket, "egress-socket", "", "the server's egress proxy socket; the agent reaches it through a relay on --egress-listen")
+	fs.StringVar(&o.EgressListen, "egress-listen", DefaultEgressListen, "where the egress relay listens")
 	if err := fs.Parse(args); err != nil {
 		return Options{}, fmt.Errorf("parse run-task arguments: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
@@ -143,6 +156,11 @@ func ParseArgs(args []string, environ []string) (Options, error) {
 	}
 	if o.Grace <= 0 {
 		errs = append(errs, errdefs.Field("--grace", "must be positive"))
+	}
+	if o.EgressSocket != "" {
+		if _, _, err := net.SplitHostPort(o.EgressListen); err != nil {
+			errs = append(errs, errdefs.Field("--egress-listen", "must be host:port"))
+		}
 	}
 	if hexKey, ok := lookupEnv(environ, EnvWebhookKey); ok && hexKey != "" {
 		key, err := hex.DecodeString(strings.TrimSpace(hexKey))

@@ -5,10 +5,11 @@
 //
 // The sequence of Run:
 //
+//	with --egress-socket: start the relay on 127.0.0.1:3128 (Relay), set the proxy variables
 //	start the agent (own process group, prompt on stdin, env without CORRAL_*)
 //	  → on SIGTERM, SIGINT or ctx done: SIGTERM the group, SIGKILL it after Grace
 //	agent exits → SIGTERM what is left of its group, SIGKILL it after Grace
-//	list output/, write status.json, POST the webhook (retrying), return the exit code
+//	stop the relay, list output/, write status.json, POST the webhook (retrying), return the exit code
 //
 // The worker holds the task's webhook key; the agent never sees it.
 package worker
@@ -213,6 +214,19 @@ func (r *run) run(ctx context.Context) Status {
 	}
 	parser := adapter.NewParser(onProgress)
 	stderrTail := &tail{max: 4 * stderrTailBytes}
+
+	// The relay starts before the agent and stops after it: the sandbox has
+	// loopback only, and the relay is its one way to the egress proxy.
+	var proxyEnv []string
+	if r.opts.EgressSocket != "" {
+		relay, err := StartRelay(r.opts.EgressListen, r.opts.EgressSocket, r.log)
+		if err != nil {
+			return fail(ExitSetup, err.Error())
+		}
+		defer relay.Close()
+		proxyEnv = ProxyEnv(relay.Addr())
+	}
+	proc.Env = append(proxyEnv, proc.Env...)
 
 	// Secrets the agent holds (its API keys) never reach the transcript,
 	// the summary or the error message, even if the agent prints them.

@@ -1,0 +1,418 @@
+//go:build linux
+
+package gvisor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/sandbox"
+)
+
+// validateID checks a sandbox id: 1 to 63 lowercase letters, digits and
+// hyphens (it names a directory, a cgroup and a runsc container).
+func validateID(id string) error {
+	if id == "" || len(id) > 63 {
+		return errdefs.Field("id", "must be 1 to 63 characters")
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return errdefs.Field("id", "must contain only lowercase letters, digits and hyphens")
+		}
+	}
+	return nil
+}
+
+// validateSpec returns every problem with spec at once.
+func validateSpec(spec sandbox.Spec) error {
+	var errs []error
+	if err := validateID(spec.ID); err != nil {
+		errs = append(errs, err)
+	} else if spec.ID == "runsc" {
+		errs = append(errs, errdefs.Field("id", "runsc is reserved"))
+	}
+	if len(spec.Command) == 0 || spec.Command[0] == "" {
+		errs = append(errs, errdefs.Field("command", "must not be empty"))
+	}
+	if spec.Dir != "" && !cleanAbs(spec.Dir) {
+		errs = append(errs, errdefs.Field("dir", "must be an absolute, clean path"))
+	}
+	for i, e := range spec.Env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			errs = append(errs, errdefs.Field(fmt.Sprintf("env[%d]", i), "must be KEY=VALUE"))
+		}
+	}
+	for i, m := range spec.Mounts {
+		f := fmt.Sprintf("mounts[%d]", i)
+		if !cleanAbs(m.Target) || m.Target == "/" {
+			errs = append(errs, errdefs.Field(f+".target", "must be an absolute, clean path other than /"))
+		} else if reservedTarget(m.Target) {
+			errs = append(errs, errdefs.Field(f+".target", "must not replace a system directory"))
+		}
+		if !filepath.IsAbs(m.Source) {
+			errs = append(errs, errdefs.Field(f+".source", "must be an absolute host path"))
+		} else if _, err := os.Stat(m.Source); err != nil {
+			errs = append(errs, errdefs.Field(f+".source", "does not exist"))
+		}
+	}
+	if spec.Limits.MemoryBytes < 0 || spec.Limits.CPUMillis < 0 || spec.Limits.Pids < 0 || spec.Limits.WallClock < 0 {
+		errs = append(errs, errdefs.Field("limits", "must not be negative"))
+	}
+	switch spec.Network {
+	case "", sandbox.NetworkNone, sandbox.NetworkEgress:
+	default:
+		errs = append(errs, errdefs.Field("network", "must be none or egress"))
+	}
+	return errors.Join(errs...)
+}
+
+func cleanAbs(p string) bool {
+	return filepath.IsAbs(p) && filepath.Clean(p) == p && !strings.ContainsRune(p, 0)
+}
+
+// reservedTarget reports whether a mount at target would hide or replace
+// what the runtime itself sets up.
+func reservedTarget(target string) bool {
+	for _, r := range []string{"/usr", "/proc", "/dev", "/etc", "/sys", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"} {
+		if target == r || strings.HasPrefix(target, r+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// sandboxEnv is env with defaults for PATH, HOME, USER, TMPDIR and LANG
+// where env does not set them. Later entries win, as with execve.
+func sandboxEnv(env []string) []string {
+	defaults := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=/tmp",
+		"USER=worker",
+		"TMPDIR=/tmp",
+		"LANG=C.UTF-8",
+	}
+	set := map[string]bool{}
+	for _, e := range env {
+		k, _, _ := strings.Cut(e, "=")
+		set[k] = true
+	}
+	var out []string
+	for _, d := range defaults {
+		k, _, _ := strings.Cut(d, "=")
+		if !set[k] {
+			out = append(out, d)
+		}
+	}
+	return append(out, env...)
+}
+
+// The parts of the OCI runtime spec (1.0) Corral writes. runsc reads only
+// what it knows; omitted fields take the spec's defaults.
+type (
+	ociSpec struct {
+		OCIVersion string      `json:"ociVersion"`
+		Process    *ociProcess `json:"process,omitempty"`
+		Root       ociRoot     `json:"root"`
+		Hostname   string      `json:"hostname"`
+		Mounts     []ociMount  `json:"mounts"`
+		Linux      ociLinux    `json:"linux"`
+	}
+	ociProcess struct {
+		Terminal        bool        `json:"terminal"`
+		User            ociUser     `json:"user"`
+		Args            []string    `json:"args"`
+		Env             []string    `json:"env"`
+		Cwd             string      `json:"cwd"`
+		Capabilities    ociCaps     `json:"capabilities"`
+		Rlimits         []ociRlimit `json:"rlimits,omitempty"`
+		NoNewPrivileges bool        `json:"noNewPrivileges"`
+	}
+	ociUser struct {
+		UID uint32 `json:"uid"`
+		GID uint32 `json:"gid"`
+	}
+	// ociCaps has every set present and empty: no capabilities at all.
+	ociCaps struct {
+		Bounding    []string `json:"bounding"`
+		Effective   []string `json:"effective"`
+		Inheritable []string `json:"inheritable"`
+		Permitted   []string `json:"permitted"`
+		Ambient     []string `json:"ambient"`
+	}
+	ociRlimit struct {
+		Type string `json:"type"`
+		Hard uint64 `json:"hard"`
+		Soft uint64 `json:"soft"`
+	}
+	ociRoot struct {
+		Path     string `json:"path"`
+		Readonly bool   `json:"readonly"`
+	}
+	ociMount struct {
+		Destination string   `json:"destination"`
+		Type        string   `json:"type"`
+		Source      string   `json:"source"`
+		Options     []string `json:"options,omitempty"`
+	}
+	ociLinux struct {
+		CgroupsPath string        `json:"cgroupsPath,omitempty"`
+		Resources   *ociResources `json:"resources,omitempty"`
+		Namespaces  []ociNS       `json:"namespaces"`
+	}
+	ociResources struct {
+		Memory *struct {
+			Limit int64 `json:"limit"`
+		} `json:"memory,omitempty"`
+		CPU *struct {
+			Quota  int64  `json:"quota"`
+			Period uint64 `json:"period"`
+		} `json:"cpu,omitempty"`
+		Pids *struct {
+			Limit int64 `json:"limit"`
+		} `json:"pids,omitempty"`
+	}
+	ociNS struct {
+		Type string `json:"type"`
+	}
+)
+
+// newProcess is the OCI process for argv: the sandbox user, no
+// capabilities, no_new_privs, the rlimits every sandbox process gets.
+func newProcess(argv, env []string, dir string, o Options, pids int64) *ociProcess {
+	if dir == "" {
+		dir = "/tmp"
+	}
+	p := &ociProcess{
+		User:            ociUser{UID: uint32(o.UID), GID: uint32(o.GID)},
+		Args:            argv,
+		Env:             sandboxEnv(env),
+		Cwd:             dir,
+		Capabilities:    ociCaps{Bounding: []string{}, Effective: []string{}, Inheritable: []string{}, Permitted: []string{}, Ambient: []string{}},
+		NoNewPrivileges: true,
+		Rlimits: []ociRlimit{
+			{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
+			{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536},
+		},
+	}
+	if pids > 0 {
+		// The sentry counts the tasks of the sandbox user, the only
+		// non-root user in the sandbox: this is the sandbox's pids limit.
+		p.Rlimits = append(p.Rlimits, ociRlimit{Type: "RLIMIT_NPROC", Hard: uint64(pids), Soft: uint64(pids)})
+	}
+	return p
+}
+
+// hostEtcBinds are the host /etc entries a sandbox sees read-only when they
+// exist: CA certificates, the dynamic linker cache, time zone, alternatives.
+var hostEtcBinds = []string{"alternatives", "ssl", "ca-certificates", "ld.so.cache", "localtime"}
+
+// writeBundle writes an OCI bundle for spec into dir: config.json (0600: it
+// holds spec.Env) and rootfs/ with /etc and the mount points. cgroupsPath
+// is the sandbox's cgroup ("" for none).
+func writeBundle(dir string, spec sandbox.Spec, o Options, cgroupsPath string) error {
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		return fmt.Errorf("create bundle rootfs: %w", err)
+	}
+	// The directory holding config.json must be readable by runsc only;
+	// the rootfs is walked by the gofer, which runs as root.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return fmt.Errorf("chmod bundle: %w", err)
+	}
+	for _, d := range []string{"proc", "dev", "tmp", "sys", "usr", "etc"} {
+		if err := os.MkdirAll(filepath.Join(rootfs, d), 0o755); err != nil {
+			return fmt.Errorf("create rootfs/%s: %w", d, err)
+		}
+	}
+	s := ociSpec{
+		OCIVersion: "1.0.2",
+		Process:    newProcess(spec.Command, spec.Env, spec.Dir, o, spec.Limits.Pids),
+		Root:       ociRoot{Path: "rootfs", Readonly: true},
+		Hostname:   "corral",
+		Mounts: []ociMount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(o.TmpSize, 10)}},
+			{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro"}},
+		},
+		Linux: ociLinux{
+			CgroupsPath: cgroupsPath,
+			Namespaces:  []ociNS{{"pid"}, {"network"}, {"ipc"}, {"uts"}, {"mount"}},
+		},
+	}
+	// /bin, /sbin, /lib*: the host's symlinks into /usr, or read-only
+	// binds where they are directories.
+	for _, d := range []string{"/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"} {
+		fi, err := os.Lstat(d)
+		if err != nil {
+			continue
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			target, err := os.Readlink(d)
+			if err != nil {
+				continue
+			}
+			if err := os.Symlink(target, filepath.Join(rootfs, d)); err != nil {
+				return fmt.Errorf("create rootfs%s: %w", d, err)
+			}
+			continue
+		}
+		if fi.IsDir() {
+			if err := os.MkdirAll(filepath.Join(rootfs, d), 0o755); err != nil {
+				return fmt.Errorf("create rootfs%s: %w", d, err)
+			}
+			s.Mounts = append(s.Mounts, ociMount{Destination: d, Type: "bind", Source: d, Options: []string{"rbind", "ro"}})
+		}
+	}
+	binds, err := writeEtc(filepath.Join(rootfs, "etc"), o.UID, o.GID)
+	if err != nil {
+		return err
+	}
+	for _, name := range binds {
+		p := filepath.Join("/etc", name)
+		s.Mounts = append(s.Mounts, ociMount{Destination: p, Type: "bind", Source: p, Options: []string{"rbind", "ro"}})
+	}
+	for _, m := range spec.Mounts {
+		if err := mountPoint(rootfs, m); err != nil {
+			return err
+		}
+		opt := "rw"
+		if m.ReadOnly {
+			opt = "ro"
+		}
+		s.Mounts = append(s.Mounts, ociMount{Destination: m.Target, Type: "bind", Source: m.Source, Options: []string{"rbind", opt}})
+	}
+	if res := resources(spec.Limits); res != nil && cgroupsPath != "" {
+		// The cgroups exist already with the host limits, so runsc does
+		// not apply these; it sizes the sandbox's view (/proc/meminfo,
+		// CPU count) from them.
+		s.Linux.Resources = res
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode bundle config: %w", err)
+	}
+	if err := writeFileSync(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+		return fmt.Errorf("write bundle config: %w", err)
+	}
+	return nil
+}
+
+// resources is the OCI form of lim, or nil if it sets nothing.
+func resources(lim sandbox.Limits) *ociResources {
+	var res ociResources
+	set := false
+	if lim.MemoryBytes > 0 {
+		res.Memory = &struct {
+			Limit int64 `json:"limit"`
+		}{lim.MemoryBytes}
+		set = true
+	}
+	if lim.CPUMillis > 0 {
+		res.CPU = &struct {
+			Quota  int64  `json:"quota"`
+			Period uint64 `json:"period"`
+		}{lim.CPUMillis * cgroupPeriodUs / 1000, cgroupPeriodUs}
+		set = true
+	}
+	if lim.Pids > 0 {
+		res.Pids = &struct {
+			Limit int64 `json:"limit"`
+		}{lim.Pids}
+		set = true
+	}
+	if !set {
+		return nil
+	}
+	return &res
+}
+
+// mountPoint creates the mount point for m in rootfs: a directory, or an
+// empty file when the source is a file, with its parent directories.
+func mountPoint(rootfs string, m sandbox.Mount) error {
+	fi, err := os.Stat(m.Source)
+	if err != nil {
+		return fmt.Errorf("stat mount source %s: %w", m.Source, err)
+	}
+	p := filepath.Join(rootfs, m.Target)
+	if fi.IsDir() {
+		err = os.MkdirAll(p, 0o755)
+	} else if err = os.MkdirAll(filepath.Dir(p), 0o755); err == nil {
+		err = os.WriteFile(p, nil, 0o644)
+	}
+	if err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create mount point %s: %w", m.Target, err)
+	}
+	return nil
+}
+
+// writeEtc writes the sandbox's minimal /etc into dir and the empty mount
+// points for the host entries bound over it, which it returns.
+func writeEtc(dir string, uid, gid int) ([]string, error) {
+	u, g := strconv.Itoa(uid), strconv.Itoa(gid)
+	files := map[string]string{
+		"passwd":        "root:x:0:0:root:/root:/usr/sbin/nologin\nworker:x:" + u + ":" + g + ":worker:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+		"group":         "root:x:0:\nworker:x:" + g + ":\nnogroup:x:65534:\n",
+		"hosts":         "127.0.0.1\tlocalhost corral\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+		"hostname":      "corral\n",
+		"nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return nil, fmt.Errorf("write etc/%s: %w", name, err)
+		}
+	}
+	var binds []string
+	for _, name := range hostEtcBinds {
+		st, err := os.Stat(filepath.Join("/etc", name))
+		if err != nil {
+			continue
+		}
+		mp := filepath.Join(dir, name)
+		if st.IsDir() {
+			err = os.Mkdir(mp, 0o755)
+		} else {
+			err = os.WriteFile(mp, nil, 0o644)
+		}
+		if err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("create etc mount point %s: %w", name, err)
+		}
+		binds = append(binds, name)
+	}
+	return binds, nil
+}
+
+// chownMounts gives the read-write directory mounts (the task directory)
+// to the sandbox user, recursively. gVisor checks permissions against the
+// files' real owners on the host, unlike bubblewrap's user namespace, where
+// uid 1000 inside is the server's uid outside; without this the sandbox
+// user could not write a directory the server created. Symlinks are not
+// followed (Lchown, and WalkDir does not descend into them).
+func chownMounts(mounts []sandbox.Mount, uid, gid int) error {
+	for _, m := range mounts {
+		if m.ReadOnly {
+			continue
+		}
+		fi, err := os.Stat(m.Source)
+		if err != nil || !fi.IsDir() {
+			continue
+		}
+		err = filepath.WalkDir(m.Source, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(p, uid, gid)
+		})
+		if err != nil {
+			return fmt.Errorf("give mount %s to the sandbox user: %w", m.Target, err)
+		}
+	}
+	return nil
+}

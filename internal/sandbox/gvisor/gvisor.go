@@ -1,0 +1,807 @@
+//go:build linux
+
+// Package gvisor runs sandboxes under gVisor's runsc: every system call of
+// the sandboxed processes is served by gVisor's user-space kernel (the
+// sentry), not the host's, and files reach the sandbox through a separate
+// gofer process.
+//
+// Isolation: the same view as the local runtime. The root file system is a
+// read-only directory this package builds per sandbox (an OCI bundle in
+// StateDir/<id>/bundle): the host's /usr read-only with /bin, /sbin, /lib*
+// as on the host, a generated /etc (passwd and group with the user worker,
+// uid/gid 1000, hosts, hostname, nsswitch.conf; the host's CA certificates,
+// ld.so.cache and time zone bound read-only), gVisor's own /proc and /dev, a
+// private tmpfs /tmp, and the Spec's mounts as bind mounts. The process runs
+// as 1000:1000 with no capabilities and no_new_privs, hostname corral, in
+// the Spec's working directory with the Spec's environment and nothing of
+// the server's.
+//
+// runsc flags, chosen for hosts like CI's (a VM or container without
+// /dev/kvm, Debian's runsc 20221219) and kept in one place (globalArgs):
+//
+//   - --platform=ptrace: KVM needs /dev/kvm, and this build has no systrap.
+//     ptrace is the slowest platform (about 0.2 s per sandbox start and
+//     costly system calls) but works nested.
+//   - --network=none: the sandbox's network stack has loopback only. Egress
+//     (Spec.Network "egress") also gets loopback only: the worker reaches
+//     the egress proxy and the completion webhook through unix sockets in a
+//     bind-mounted directory, never through a network device.
+//   - --host-uds=open: lets sandboxed processes connect to host unix sockets
+//     in bind mounts (the webhook and egress sockets under /run/corral). It
+//     does not let them create host sockets. runsc warns that the gofer's
+//     seccomp filter is then a little less strict (it may call connect).
+//   - --root=StateDir/runsc: runsc's own state, apart from any other runsc.
+//   - cgroups: each sandbox gets cgroups that this package creates before
+//     runsc starts, with the memory, CPU and pids limits written in; runsc
+//     joins the sandbox and gofer to a cgroup that exists and leaves its
+//     settings and its removal to its creator, so the OOM counter survives
+//     the sandbox for Wait to read. --ignore-cgroups is passed only when
+//     the cgroup hierarchy is not writable (no root, no delegation); then
+//     limits are not enforced and Capabilities says so.
+//   - rootful: runsc runs as root (it drops privileges itself: the sentry
+//     runs as nobody in its own namespaces, with a seccomp filter).
+//
+// Limits. The sentry and the gofer are charged to the sandbox's cgroups, so
+// the memory cgroup gets Limits.MemoryBytes plus Options.MemoryOverhead; a
+// memory bomb gets the sentry OOM-killed, which ends the whole sandbox, and
+// Wait reports OOMKilled from the cgroup's oom_kill counter. The pids limit
+// is enforced inside the sandbox as RLIMIT_NPROC of the sandbox user (the
+// sentry counts that user's tasks; fork fails with EAGAIN), because with the
+// ptrace platform every sandboxed process costs the host about ten threads,
+// and a host pids cgroup that runs out makes the sentry panic; the host
+// pids cgroup is set to a generous backstop (pidsBackstop). CPU is a CFS
+// quota on the cgroup.
+//
+// Secrets: Spec.Env may hold API keys. They are written only into the
+// bundle's config.json (mode 0600, in the 0700 state dir, which runsc must
+// read) and are never logged; Destroy removes them with the state dir.
+// Exec's environment goes through a process.json of the same mode that is
+// removed when the command ends.
+//
+// Host requirements: Linux, root, runsc (apt-get install -y runsc), /bin/sh.
+//
+// Sandboxes outlive the server: a /bin/sh launcher in its own session runs
+// `runsc run` as its child and writes runsc's exit status (the main
+// process's exit code, 128+n for signal n) to StateDir/<id>/exit when it
+// ends; neither has the server as a parent that matters, so a server
+// killed with SIGKILL leaves them running and a new one finds them in
+// StateDir (state.json: the launcher's pid and start time, the cgroups).
+// `runsc wait` cannot be used after a restart: once the sandbox has exited
+// it no longer knows the exit status.
+//
+// Lifecycle of one sandbox: Create (bundle, cgroups, launcher; returns once
+// runsc reports the container running) → running → exited (the main
+// process ended, by itself or by Stop) → Destroy removes it. Runtime is safe
+// for concurrent use; Create and Destroy on one id are serialised.
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/sandbox"
+)
+
+var _ sandbox.Runtime = (*Runtime)(nil)
+
+// Name is the runtime's name in Handles and configuration.
+const Name = "gvisor"
+
+// stateVersion is the schema version of state, stored in Handle.Version.
+const stateVersion = 1
+
+// Options configure a Runtime. Zero fields take the documented defaults.
+type Options struct {
+	// StateDir is the host directory holding one subdirectory per sandbox
+	// and runsc's root (StateDir/runsc). Required, absolute, and short
+	// enough for runsc's paths. Two Runtimes over one StateDir see the
+	// same sandboxes.
+	StateDir string
+	// Runsc is the runsc binary; default "runsc" from PATH.
+	Runsc string
+	// Platform is runsc's --platform; default "ptrace".
+	Platform string
+	// CgroupRoot is the cgroupfs mount point; default /sys/fs/cgroup.
+	CgroupRoot string
+	// CgroupParent is the parent cgroup of every sandbox's cgroup,
+	// relative to the hierarchy root; default "corral-gvisor".
+	CgroupParent string
+	// DisableCgroups runs sandboxes with --ignore-cgroups (no limits but
+	// the pids rlimit).
+	DisableCgroups bool
+	// MemoryOverhead is added to Limits.MemoryBytes for the memory cgroup,
+	// which also holds the sentry and the gofer; default 64 MiB.
+	MemoryOverhead int64
+	// TmpSize bounds the sandbox's /tmp in bytes; default 256 MiB.
+	TmpSize int64
+	// UID and GID of the sandbox's processes; default 1000.
+	UID, GID int
+}
+
+func (o *Options) setDefaults() {
+	if o.Runsc == "" {
+		o.Runsc = "runsc"
+	}
+	if o.Platform == "" {
+		o.Platform = "ptrace"
+	}
+	if o.CgroupRoot == "" {
+		o.CgroupRoot = "/sys/fs/cgroup"
+	}
+	if o.CgroupParent == "" {
+		o.CgroupParent = "corral-gvisor"
+	}
+	if o.MemoryOverhead == 0 {
+		o.MemoryOverhead = 64 << 20
+	}
+	if o.TmpSize == 0 {
+		o.TmpSize = 256 << 20
+	}
+	if o.UID == 0 {
+		o.UID = 1000
+	}
+	if o.GID == 0 {
+		o.GID = 1000
+	}
+}
+
+// Runtime is the gVisor runtime. Create it with New.
+type Runtime struct {
+	opts   Options
+	log    *slog.Logger
+	cg     *cgroups // nil: --ignore-cgroups, no limits
+	cgWarn string
+
+	capsOnce sync.Once
+	caps     sandbox.Capabilities
+
+	// locks serialise Create and Destroy per id, striped by a hash of the
+	// id so no per-id lock has to be freed.
+	locks [64]sync.Mutex
+
+	mu      sync.Mutex
+	entries map[string]*entry
+}
+
+// entry is one sandbox as this instance knows it.
+type entry struct {
+	dir string
+	st  state
+	// done is closed when this instance reaped the launcher (it started
+	// it); nil when the sandbox was found on disk after a restart.
+	done chan struct{}
+}
+
+// state is Handle.State, version 1, also kept in StateDir/<id>/state.json.
+type state struct {
+	ID        string            `json:"id"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	PID       int               `json:"pid"`       // the launcher on the host
+	PIDStart  uint64            `json:"pid_start"` // its start time, against pid reuse
+	Cgroups   []string          `json:"cgroups,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+}
+
+// New returns a Runtime keeping its state in opts.StateDir. It creates the
+// directory and the parent cgroup; if cgroups are not writable, sandboxes
+// run with --ignore-cgroups and New logs one warning.
+func New(opts Options, log *slog.Logger) (*Runtime, error) {
+	opts.setDefaults()
+	if opts.StateDir == "" || !filepath.IsAbs(opts.StateDir) {
+		return nil, fmt.Errorf("gvisor runtime state dir %q: must be an absolute path: %w", opts.StateDir, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(filepath.Join(opts.StateDir, "runsc"), 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+	r := &Runtime{opts: opts, log: log.With(logkey.Runtime, Name), entries: map[string]*entry{}}
+	if opts.DisableCgroups {
+		r.cgWarn = "cgroups disabled by configuration: memory and CPU limits are not enforced"
+	} else {
+		cg, err := detectCgroups(opts.CgroupRoot, opts.CgroupParent)
+		if err == nil {
+			err = cg.prepare()
+		}
+		if err != nil {
+			r.cgWarn = fmt.Sprintf("cgroups not usable (%v): runsc runs with --ignore-cgroups, memory and CPU limits are not enforced", err)
+		} else {
+			r.cg = cg
+		}
+	}
+	if r.cgWarn != "" {
+		r.log.Warn("sandbox limits disabled", "reason", r.cgWarn)
+	}
+	return r, nil
+}
+
+// globalArgs are runsc's flags for every subcommand: runsc keeps no flags
+// between calls, and start, kill or exec with other flags than create would
+// treat the sandbox differently (without --network=none, runsc start fails).
+func (r *Runtime) globalArgs() []string {
+	args := []string{
+		"--root=" + filepath.Join(r.opts.StateDir, "runsc"),
+		"--platform=" + r.opts.Platform,
+		"--network=none",
+		"--host-uds=open",
+	}
+	if r.cg == nil {
+		args = append(args, "--ignore-cgroups")
+	}
+	return args
+}
+
+// runsc runs one short runsc subcommand and returns its combined output.
+func (r *Runtime) runsc(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, r.opts.Runsc, append(r.globalArgs(), args...)...)
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, strings.TrimSpace(string(out)))
+	}
+	return out, nil
+}
+
+// Capabilities finds runsc and runs one trivial sandbox with the flags
+// Create uses, once; the result is cached.
+func (r *Runtime) Capabilities(ctx context.Context) (sandbox.Capabilities, error) {
+	r.capsOnce.Do(func() { r.caps = r.probe(ctx) })
+	return r.caps, nil
+}
+
+func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
+	c := sandbox.Capabilities{Network: true}
+	if r.cgWarn != "" {
+		c.Warnings = append(c.Warnings, r.cgWarn)
+	}
+	path, err := exec.LookPath(r.opts.Runsc)
+	if err != nil {
+		c.Reason = "runsc not found (install: apt-get install -y runsc)"
+		return c
+	}
+	out, err := exec.CommandContext(ctx, path, "--version").Output()
+	if err != nil {
+		c.Reason = fmt.Sprintf("run %s --version: %v (install: apt-get install -y runsc)", path, err)
+		return c
+	}
+	c.Version = "gVisor " + strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+	if os.Geteuid() != 0 {
+		c.Reason = "the gvisor runtime needs root (runsc runs rootful)"
+		return c
+	}
+	if err := r.probeRun(ctx); err != nil {
+		c.Reason = fmt.Sprintf("runsc cannot run a sandbox here (platform %s): %v", r.opts.Platform, err)
+		return c
+	}
+	c.Available = true
+	c.Limits = r.cg != nil
+	c.Exec = true
+	return c
+}
+
+// probeRun runs /usr/bin/true in a throwaway bundle under StateDir (its
+// name starts with a dot, so List never sees it) with the global flags.
+func (r *Runtime) probeRun(ctx context.Context) error {
+	id := fmt.Sprintf("probe-%d-%d", os.Getpid(), time.Now().UnixNano())
+	dir := filepath.Join(r.opts.StateDir, "."+id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("create probe dir: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	spec := sandbox.Spec{ID: id, Command: []string{"/usr/bin/true"}}
+	if err := writeBundle(filepath.Join(dir, "bundle"), spec, r.opts, ""); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	_, err := r.runsc(ctx, "run", "--bundle", filepath.Join(dir, "bundle"), id)
+	if err != nil {
+		r.runsc(context.Background(), "delete", "--force", id)
+	}
+	return err
+}
+
+// lock locks id's stripe and returns its unlock function.
+func (r *Runtime) lock(id string) func() {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	l := &r.locks[h.Sum32()%uint32(len(r.locks))]
+	l.Lock()
+	return l.Unlock
+}
+
+func (r *Runtime) dir(id string) string { return filepath.Join(r.opts.StateDir, id) }
+
+// lookup returns the sandbox id from memory or, after a restart, from its
+// state dir. It wraps errdefs.ErrNotFound if there is neither.
+func (r *Runtime) lookup(id string) (*entry, error) {
+	if validateID(id) != nil {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	r.mu.Lock()
+	e, ok := r.entries[id]
+	r.mu.Unlock()
+	if ok {
+		return e, nil
+	}
+	st, err := readState(r.dir(id))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.entries[id]; ok {
+		return e, nil
+	}
+	e = &entry{dir: r.dir(id), st: st}
+	r.entries[id] = e
+	return e, nil
+}
+
+func readState(dir string) (state, error) {
+	var st state
+	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return st, errdefs.ErrNotFound
+	}
+	if err != nil {
+		return st, fmt.Errorf("read state: %w", err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("decode state: %w", err)
+	}
+	return st, nil
+}
+
+// writeState replaces dir/state.json atomically.
+func writeState(dir string, st state) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("encode state: %w", err)
+	}
+	if err := writeFileSync(filepath.Join(dir, "state.json"), b, 0o600); err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	return nil
+}
+
+// writeFileSync writes path atomically: a temporary file, fsync, rename.
+func writeFileSync(path string, b []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func handleOf(st state) *sandbox.Handle {
+	b, _ := json.Marshal(st) // a struct of plain fields always encodes
+	return &sandbox.Handle{ID: st.ID, Runtime: Name, Labels: maps.Clone(st.Labels), Version: stateVersion, State: b}
+}
+
+// Create builds the sandbox's bundle and cgroups, starts the launcher and
+// returns once runsc reports the container running (about 0.2 to 0.5 s
+// with the ptrace platform). It is idempotent on spec.ID.
+func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
+	if err := validateSpec(spec); err != nil {
+		return nil, fmt.Errorf("validate sandbox spec: %w", err)
+	}
+	unlock := r.lock(spec.ID)
+	defer unlock()
+	if e, err := r.lookup(spec.ID); err == nil {
+		return handleOf(e.st), nil
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
+	caps, _ := r.Capabilities(ctx)
+	if !caps.Available {
+		return nil, fmt.Errorf("create sandbox %s: %s: %w", spec.ID, caps.Reason, errdefs.ErrFailedPrecondition)
+	}
+	dir := r.dir(spec.ID)
+	// A directory without state.json is a Create that crashed before it
+	// started anything; start over, and forget a container runsc may have
+	// registered for it.
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("clean state dir: %w", err)
+	}
+	r.runsc(ctx, "delete", "--force", spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+	e, err := r.start(ctx, spec, dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	r.mu.Lock()
+	r.entries[spec.ID] = e
+	r.mu.Unlock()
+	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "launcher_pid", e.st.PID)
+	return handleOf(e.st), nil
+}
+
+// launcherScript runs runsc (its arguments after the exit file's path) as
+// a child and records its exit status in the exit file, atomically, when
+// it ends. The paths are arguments, never part of the script.
+const launcherScript = `f=$1; shift; "$@"; rc=$?; echo $rc > "$f.tmp" && mv -f "$f.tmp" "$f"; exit $rc`
+
+// start builds the bundle and cgroups for spec in dir, starts the launcher
+// and waits until the container runs.
+func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *entry, err error) {
+	st := state{ID: spec.ID, Labels: maps.Clone(spec.Labels), CreatedAt: time.Now().UTC()}
+	cgPath := ""
+	if r.cg != nil {
+		if st.Cgroups, err = r.cg.create(spec.ID, r.hostLimits(spec.Limits)); err != nil {
+			return nil, fmt.Errorf("create cgroups: %v: %w", err, errdefs.ErrUnavailable)
+		}
+		defer func() {
+			if err != nil {
+				removeCgroups(st.Cgroups)
+			}
+		}()
+		cgPath = "/" + filepath.Join(r.cg.parent, spec.ID)
+	}
+	if err := chownMounts(spec.Mounts, r.opts.UID, r.opts.GID); err != nil {
+		return nil, err
+	}
+	bundle := filepath.Join(dir, "bundle")
+	if err := writeBundle(bundle, spec, r.opts, cgPath); err != nil {
+		return nil, err
+	}
+	// O_APPEND: the sentry writes stdout and stderr through two host fds
+	// of one file, each at its own offset; without it they overwrite each
+	// other.
+	out, err := os.OpenFile(filepath.Join(dir, "output.log"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create output file: %w", err)
+	}
+	defer out.Close()
+
+	argv := []string{"/bin/sh", "-c", launcherScript, "sh", filepath.Join(dir, "exit"), r.opts.Runsc}
+	argv = append(argv, r.globalArgs()...)
+	argv = append(argv, "--log="+filepath.Join(dir, "runsc.log"), "run", "--bundle", bundle, spec.ID)
+	// Not CommandContext: the sandbox must outlive ctx and this process.
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdout, cmd.Stderr = out, out
+	// Own session, no Pdeathsig: a server killed with SIGKILL leaves the
+	// sandbox running and a new server recovers it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start runsc: %w", err)
+	}
+	st.PID = cmd.Process.Pid
+	// Our unreaped child cannot be replaced by another process with the
+	// same pid, so this start time is the launcher's.
+	st.PIDStart, _ = procStartTime(st.PID)
+	e := &entry{dir: dir, st: st, done: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		close(e.done)
+	}()
+	defer func() {
+		if err != nil {
+			r.runsc(context.Background(), "delete", "--force", spec.ID)
+			syscall.Kill(-st.PID, syscall.SIGKILL)
+			<-e.done
+		}
+	}()
+	if err := writeState(dir, st); err != nil {
+		return nil, err
+	}
+	if err := r.waitRunning(ctx, e); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// hostLimits are the cgroup limits for a sandbox with limits lim: memory
+// with the sentry's overhead, the pids backstop, the CPU quota as is.
+func (r *Runtime) hostLimits(lim sandbox.Limits) sandbox.Limits {
+	out := lim
+	if lim.MemoryBytes > 0 {
+		out.MemoryBytes = lim.MemoryBytes + r.opts.MemoryOverhead
+	}
+	if lim.Pids > 0 {
+		out.Pids = pidsBackstop(lim.Pids)
+	}
+	return out
+}
+
+// pidsBackstop is the host pids cgroup limit for a sandbox whose processes
+// are limited to n inside: measured with the ptrace platform, the sentry
+// and gofer take about 40 host tasks and each sandboxed process about ten
+// more (its stub process and the sentry thread serving it).
+func pidsBackstop(n int64) int64 { return 128 + 16*n }
+
+// waitRunning polls `runsc state` until the container runs or has already
+// exited, or the launcher is gone. Each poll costs about 40 ms of runsc.
+func (r *Runtime) waitRunning(ctx context.Context, e *entry) error {
+	delay := 10 * time.Millisecond
+	for {
+		if _, err := os.Stat(filepath.Join(e.dir, "exit")); err == nil {
+			return nil // ran and exited already
+		}
+		out, err := r.runsc(ctx, "state", e.st.ID)
+		if err == nil {
+			var s struct {
+				Status string `json:"status"`
+			}
+			if json.Unmarshal(out, &s) == nil && (s.Status == "running" || s.Status == "stopped") {
+				return nil
+			}
+		}
+		select {
+		case <-e.done:
+			if _, err := os.Stat(filepath.Join(e.dir, "exit")); err == nil {
+				return nil
+			}
+			return fmt.Errorf("runsc exited: %s", tail(filepath.Join(e.dir, "output.log")))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 50*time.Millisecond)
+	}
+}
+
+// tail returns the last bytes of a log file, for error messages.
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 512 {
+		b = b[len(b)-512:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// Recover reattaches to the sandbox h names. The sandbox's state dir is the
+// source of truth; h must be a gvisor Handle of a known version.
+func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
+	if h == nil || (h.Runtime != "" && h.Runtime != Name) {
+		return fmt.Errorf("recover sandbox: not a %s handle: %w", Name, errdefs.ErrInvalidArgument)
+	}
+	if h.Version != stateVersion {
+		return fmt.Errorf("recover sandbox %s: unknown state version %d: %w", h.ID, h.Version, errdefs.ErrInvalidArgument)
+	}
+	var st state
+	if err := json.Unmarshal(h.State, &st); err != nil {
+		return fmt.Errorf("recover sandbox %s: decode state: %v: %w", h.ID, err, errdefs.ErrInvalidArgument)
+	}
+	e, err := r.lookup(h.ID)
+	if err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
+	if st.PID != 0 && (st.PID != e.st.PID || st.PIDStart != e.st.PIDStart) {
+		return fmt.Errorf("recover sandbox %s: handle names another process than the state dir: %w", h.ID, errdefs.ErrConflict)
+	}
+	r.log.Debug("sandbox recovered", logkey.SandboxID, h.ID, "running", r.running(e))
+	return nil
+}
+
+// running reports whether the sandbox's launcher still runs.
+func (r *Runtime) running(e *entry) bool {
+	if e.done != nil {
+		select {
+		case <-e.done:
+			return false
+		default:
+			return true
+		}
+	}
+	return alive(e.st.PID, e.st.PIDStart)
+}
+
+// waitExit blocks until the launcher exits or ctx is done.
+func (r *Runtime) waitExit(ctx context.Context, e *entry) error {
+	if e.done != nil {
+		select {
+		case <-e.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return waitPidfd(ctx, e.st.PID, e.st.PIDStart)
+}
+
+// exitStatus is how the exited sandbox ended: the launcher's record of
+// runsc's exit status, and the memory cgroup's OOM counter.
+func (r *Runtime) exitStatus(e *entry) sandbox.ExitStatus {
+	es := sandbox.ExitStatus{Code: -1}
+	path := filepath.Join(e.dir, "exit")
+	if b, err := os.ReadFile(path); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			es.Code = n
+		}
+		if fi, err := os.Stat(path); err == nil {
+			es.ExitedAt = fi.ModTime().UTC()
+		}
+	} else {
+		es.Message = "exit status unknown: the launcher ended without recording it"
+		if fi, err := os.Stat(filepath.Join(e.dir, "state.json")); err == nil {
+			es.ExitedAt = fi.ModTime().UTC()
+		}
+	}
+	if oomKilled(e.st.Cgroups) {
+		es.OOMKilled = true
+		es.Message = "OOMKilled"
+		if es.Code == 0 || es.Code == -1 {
+			es.Code = 137
+		}
+	} else if es.Message == "" && es.Code > 128 && es.Code < 128+65 {
+		es.Message = "killed by signal " + syscall.Signal(es.Code-128).String()
+	}
+	return es
+}
+
+// Wait blocks until the sandbox's main process exits or ctx is done.
+func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, error) {
+	e, err := r.lookup(id)
+	if err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("wait: %w", err)
+	}
+	if err := r.waitExit(ctx, e); err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, err)
+	}
+	return r.exitStatus(e), nil
+}
+
+// Status returns the sandbox's observed state from its launcher and state
+// dir, without calling runsc.
+func (r *Runtime) Status(ctx context.Context, id string) (sandbox.Status, error) {
+	e, err := r.lookup(id)
+	if err != nil {
+		return sandbox.Status{}, fmt.Errorf("status: %w", err)
+	}
+	s := sandbox.Status{StartedAt: e.st.CreatedAt}
+	if r.running(e) {
+		s.State = sandbox.StateRunning
+		return s, nil
+	}
+	es := r.exitStatus(e)
+	s.State, s.Exit, s.Message = sandbox.StateExited, &es, es.Message
+	return s, nil
+}
+
+// Stop sends SIGTERM to the main process with `runsc kill`, waits up to
+// grace, then SIGKILLs every process in the sandbox (runsc kill --all).
+// When the main process exits, gVisor ends the whole sandbox.
+func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
+	e, err := r.lookup(id)
+	if err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	if !r.running(e) {
+		return nil
+	}
+	if grace > 0 {
+		// An error here is a container that exited meanwhile.
+		r.runsc(ctx, "kill", id, "TERM")
+		gctx, cancel := context.WithTimeout(ctx, grace)
+		err := r.waitExit(gctx, e)
+		cancel()
+		if err == nil {
+			r.log.Info("sandbox stopped", logkey.SandboxID, id)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("stop sandbox %s: %w", id, ctx.Err())
+		}
+	}
+	if _, err := r.runsc(ctx, "kill", "--all", id, "KILL"); err != nil && r.running(e) {
+		// runsc does not know the container (it is still being created, or
+		// runsc's state is gone): end the launcher's whole session.
+		r.log.Debug("runsc kill failed", logkey.SandboxID, id, "err", err)
+		syscall.Kill(-e.st.PID, syscall.SIGKILL)
+	}
+	// The sandbox ends within a few hundred milliseconds of SIGKILL; give
+	// it 10 s before taking the launcher's session down.
+	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = r.waitExit(kctx, e)
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		syscall.Kill(-e.st.PID, syscall.SIGKILL)
+		err = r.waitExit(ctx, e)
+	}
+	if err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", id, err)
+	}
+	r.log.Info("sandbox killed", logkey.SandboxID, id, "grace", grace)
+	return nil
+}
+
+// List returns the sandboxes in StateDir whose labels include selector.
+func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
+	ents, err := os.ReadDir(r.opts.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	var out []sandbox.Handle
+	for _, d := range ents {
+		if !d.IsDir() || d.Name() == "runsc" || validateID(d.Name()) != nil {
+			continue
+		}
+		st, err := readState(filepath.Join(r.opts.StateDir, d.Name()))
+		if err != nil {
+			continue // being created or destroyed
+		}
+		match := true
+		for k, v := range selector {
+			if got, ok := st.Labels[k]; !ok || got != v {
+				match = false
+			}
+		}
+		if match {
+			out = append(out, *handleOf(st))
+		}
+	}
+	return out, nil
+}
+
+// Destroy kills the sandbox if it runs, makes runsc forget it, and removes
+// its cgroups and state dir (with the bundle and the secrets in it).
+// Unknown ids return nil.
+func (r *Runtime) Destroy(ctx context.Context, id string) error {
+	if validateID(id) != nil || id == "runsc" {
+		return nil
+	}
+	unlock := r.lock(id)
+	defer unlock()
+	e, err := r.lookup(id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		// Also clean a directory left by a crashed Create.
+		os.RemoveAll(r.dir(id))
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	if err := r.Stop(ctx, id, 0); err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	// runsc run deletes its container when it ends; this is for one whose
+	// runsc was killed.
+	if out, err := r.runsc(ctx, "delete", "--force", id); err != nil && !bytes.Contains(out, []byte("does not exist")) {
+		r.log.Debug("runsc delete failed", logkey.SandboxID, id, "err", err)
+	}
+	for _, p := range cgroupPids(e.st.Cgroups) {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	if err := removeCgroups(e.st.Cgroups); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	if err := os.RemoveAll(e.dir); err != nil {
+		return fmt.Errorf("destroy sandbox %s: remove state dir: %w", id, err)
+	}
+	r.mu.Lock()
+	delete(r.entries, id)
+	r.mu.Unlock()
+	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
+	return nil
+}

@@ -1,0 +1,199 @@
+package worker
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// MustUnixEcho serves an echo on a new unix socket and returns its path and
+// a count of the connections it accepted.
+func MustUnixEcho(tb testing.TB) (string, func() int) {
+	tb.Helper()
+	dir, err := os.MkdirTemp("", "relay") // t.TempDir is too long for a socket path
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sock := filepath.Join(dir, "proxy.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var mu sync.Mutex
+	var n int
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			n++
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	tb.Cleanup(func() { ln.Close(); wg.Wait(); os.RemoveAll(dir) })
+	return sock, func() int { mu.Lock(); defer mu.Unlock(); return n }
+}
+
+func TestRelayPipesBothWays(t *testing.T) {
+	sock, accepted := MustUnixEcho(t)
+	r, err := StartRelay("127.0.0.1:0", sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for i := range 3 {
+		c, err := net.Dial("tcp", r.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := strings.Repeat("relay ", 10000)
+		go func() { io.WriteString(c, msg); c.(*net.TCPConn).CloseWrite() }()
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := io.ReadAll(c) // ends when the echo's end comes back as EOF
+		c.Close()
+		if err != nil || string(got) != msg {
+			t.Fatalf("connection %d: got %d bytes, %v; want %d bytes back", i, len(got), err, len(msg))
+		}
+	}
+	if n := accepted(); n != 3 {
+		t.Errorf("the socket accepted %d connections, want one per client connection (3)", n)
+	}
+}
+
+func TestRelayWithoutServerClosesClient(t *testing.T) {
+	r, err := StartRelay("127.0.0.1:0", filepath.Join(t.TempDir(), "absent.sock"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	c, err := net.Dial("tcp", r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("read: %v, want EOF when the proxy is away", err)
+	}
+}
+
+func TestRelayCloseEndsConnections(t *testing.T) {
+	sock, _ := MustUnixEcho(t)
+	r, err := StartRelay("127.0.0.1:0", sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "ping\n")
+	br := bufio.NewReader(c)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if line, err := br.ReadString('\n'); err != nil || line != "ping\n" {
+		t.Fatalf("echo: %q, %v", line, err)
+	}
+	done := make(chan struct{})
+	go func() { r.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return with a connection open")
+	}
+	if _, err := br.ReadByte(); err == nil {
+		t.Errorf("connection still open after Close")
+	}
+	if _, err := net.Dial("tcp", r.Addr()); err == nil {
+		t.Errorf("relay still accepts after Close")
+	}
+}
+
+// TestRunStartsRelayForAgent runs a worker with an egress socket: the agent
+// (bash, through /dev/tcp) finds the relay from HTTPS_PROXY and reaches the
+// socket through it.
+func TestRunStartsRelayForAgent(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("needs bash for /dev/tcp")
+	}
+	sock, accepted := MustUnixEcho(t)
+	dir := MustTaskDir(t)
+	opts := shOptions(dir, "")
+	opts.Command = []string{bash, "-c", `set -e
+env | grep -i -E '^(https?|no)_proxy=' | sort > output/env.txt
+hp=${HTTPS_PROXY#http://}
+exec 3<>/dev/tcp/${hp%:*}/${hp##*:}
+echo through-the-relay >&3
+read -r line <&3
+echo "$line" > output/got.txt`}
+	opts.EgressSocket = sock
+	opts.EgressListen = "127.0.0.1:0"
+	code, st := MustRun(t, opts)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, st.ErrorMessage)
+	}
+	if got := mustReadFile(t, filepath.Join(dir, "output", "got.txt")); got != "through-the-relay\n" {
+		t.Errorf("the agent got %q back", got)
+	}
+	env := mustReadFile(t, filepath.Join(dir, "output", "env.txt"))
+	for _, want := range []string{"HTTPS_PROXY=http://127.0.0.1:", "HTTP_PROXY=http://127.0.0.1:", "https_proxy=http://127.0.0.1:", "http_proxy=http://127.0.0.1:", "NO_PROXY=localhost,127.0.0.1"} {
+		if !strings.Contains(env, want) {
+			t.Errorf("agent environment lacks %s:\n%s", want, env)
+		}
+	}
+	if accepted() != 1 {
+		t.Errorf("socket accepted %d connections, want 1", accepted())
+	}
+}
+
+// TestRunWithoutEgressHasNoProxy checks that a worker without an egress
+// socket gives the agent no proxy variables (network none).
+func TestRunWithoutEgressHasNoProxy(t *testing.T) {
+	dir := MustTaskDir(t)
+	opts := shOptions(dir, `env > output/env.txt`)
+	var env []string
+	for _, kv := range opts.Env {
+		if k, _, _ := strings.Cut(kv, "="); !strings.EqualFold(k, "http_proxy") && !strings.EqualFold(k, "https_proxy") {
+			env = append(env, kv)
+		}
+	}
+	opts.Env = env
+	if code, st := MustRun(t, opts); code != 0 {
+		t.Fatalf("exit %d: %s", code, st.ErrorMessage)
+	}
+	if got := mustReadFile(t, filepath.Join(dir, "output", "env.txt")); strings.Contains(strings.ToLower(got), "_proxy=") {
+		t.Errorf("agent environment has proxy variables:\n%s", got)
+	}
+}
+
+func TestParseArgsEgress(t *testing.T) {
+	o, err := ParseArgs([]string{"--task-id", "t", "--egress-socket", "/run/corral/egress/proxy.sock", "--", "true"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.EgressSocket != "/run/corral/egress/proxy.sock" || o.EgressListen != DefaultEgressListen {
+		t.Errorf("socket %q listen %q", o.EgressSocket, o.EgressListen)
+	}
+	if _, err := ParseArgs([]string{"--task-id", "t", "--egress-socket", "/s", "--egress-listen", "nope", "--", "true"}, nil); err == nil || !strings.Contains(err.Error(), "--egress-listen") {
+		t.Errorf("bad --egress-listen: %v", err)
+	}
+}
