@@ -21,6 +21,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&opts.Warmup, "warmup", 5, "unmeasured runs of each kind first")
 	fs.StringVar(&opts.Data, "data", "", "the server's data root (default: a temporary directory, removed afterwards)")
 	fs.StringVar(&opts.Bwrap, "bwrap", "bwrap", "the bubblewrap binary")
+	fs.BoolVar(&opts.Gvisor, "gvisor", false, "also run each sequential round's task under the gvisor runtime, beside a bare runsc run")
+	fs.StringVar(&opts.Runsc, "runsc", "runsc", "the runsc binary (with --gvisor)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	verbose := fs.Bool("v", false, "show the server's log")
 	if err := fs.Parse(args); err != nil {
@@ -66,8 +68,17 @@ func printBench(w io.Writer, r *app.BenchResult) {
 	row("bare bwrap /bin/echo hi", s.Bwrap)
 	fmt.Fprintf(w, "  ratio of medians: %.2f (target <= 2.0)\n", s.Ratio)
 	p := s.Phases
-	fmt.Fprintf(w, "  task median by phase: submit %.1f, queue %.1f, sandbox create %.1f, worker run %.1f, deliver %.1f ms\n\n",
+	fmt.Fprintf(w, "  task median by phase: submit %.1f, queue %.1f, sandbox create %.1f, worker run %.1f, deliver %.1f ms\n",
 		p.Submit, p.Queue, p.Sandbox, p.Run, p.Deliver)
+	if g := s.Gvisor; g != nil {
+		row("task echo hi, runtime gvisor", g.Task)
+		row("bare runsc run /bin/echo hi", g.Runsc)
+		fmt.Fprintf(w, "  gvisor ratio of medians: %.2f\n", g.Ratio)
+		p := g.Phases
+		fmt.Fprintf(w, "  gvisor task median by phase: submit %.1f, queue %.1f, sandbox create %.1f, worker run %.1f, deliver %.1f ms\n",
+			p.Submit, p.Queue, p.Sandbox, p.Run, p.Deliver)
+	}
+	fmt.Fprintln(w)
 	c := r.Concurrent
 	fmt.Fprintf(w, "concurrent (%d clients)                   done     wall      per second\n", r.Concurrency)
 	trow := func(name string, t app.Throughput) {

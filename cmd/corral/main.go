@@ -19,7 +19,7 @@ const usage = `corral — hand tasks to AI coding agents in sandboxes
 
 Usage:
   corral serve [--config FILE] [--listen ADDR] [--data DIR]   run the server
-  corral run "task" [--follow] [--agent NAME] [--context FILE] [-- CMD ARGS...]
+  corral run "task" [--follow] [--agent NAME] [--context FILE] [--attach FILE] [-- CMD ARGS...]
                                                    spawn a task (CMD runs it with the command agent)
   corral tasks [--status S] [--limit N]            list tasks
   corral result ID [--wait 30s]                    show a task's result
@@ -27,6 +27,8 @@ Usage:
   corral cancel ID                                 cancel a task
   corral ws ls [PATH] | cat PATH | put PATH [FILE] the shared workspace
   corral tools                                     the tool catalogue as function definitions
+  corral attachments get ID [-o FILE] | put FILE...  download or upload attachments
+  corral gc [--dry-run]                            remove ended tasks' directories and unused attachments past retention
   corral mcp [--server URL]                        the tools over MCP on stdio (starts a server if none runs)
   corral doctor                                    what works on this machine, and what is missing
   corral bench [--n N] [--concurrency C]           measure task overhead against bare bubblewrap
@@ -53,18 +55,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
-		"serve":  cmdServe,
-		"run":    cmdRun,
-		"tasks":  cmdTasks,
-		"result": cmdResult,
-		"logs":   cmdLogs,
-		"cancel": cmdCancel,
-		"ws":     cmdWorkspace,
-		"tools":  cmdTools,
-		"doctor": cmdDoctor,
-		"bench":  cmdBench,
-		"worker": cmdWorker,
-		"mcp":    cmdMCP,
+		"serve":       cmdServe,
+		"run":         cmdRun,
+		"tasks":       cmdTasks,
+		"result":      cmdResult,
+		"logs":        cmdLogs,
+		"cancel":      cmdCancel,
+		"ws":          cmdWorkspace,
+		"tools":       cmdTools,
+		"doctor":      cmdDoctor,
+		"bench":       cmdBench,
+		"worker":      cmdWorker,
+		"mcp":         cmdMCP,
+		"attachments": cmdAttachments,
+		"gc":          cmdGC,
 	}
 	f, ok := cmds[args[0]]
 	if !ok {

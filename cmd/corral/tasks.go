@@ -36,6 +36,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.IntVar(&req.TimeoutMinutes, "timeout", 0, "timeout in minutes (default: the server's)")
 	fs.StringVar(&req.IdempotencyKey, "idempotency-key", "", "spawning again with the same key returns the same task")
 	fs.Var(&contexts, "context", "a file under shared/ to copy into the task's context/ (repeatable)")
+	var attach stringList
+	fs.Var(&attach, "attach", "a local file to upload as an attachment into the task's context/ (repeatable)")
+	fs.BoolVar(&req.SaveToShared, "save-to-shared", false, "on success, copy the outputs to shared/outputs/ (and scripts to shared/scripts/)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return exitError(2)
@@ -47,6 +50,15 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	c, err := cf.client()
 	if err != nil {
 		return err
+	}
+	if len(attach) > 0 {
+		atts, err := upload(ctx, c, attach)
+		if err != nil {
+			return err
+		}
+		for _, a := range atts {
+			req.AttachmentIDs = append(req.AttachmentIDs, a.ID)
+		}
 	}
 	t, existing, err := c.Spawn(ctx, req)
 	if err != nil {

@@ -17,7 +17,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-dev/corral/internal/attachment"
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
 	"github.com/corral-dev/corral/internal/httpapi"
@@ -37,6 +39,9 @@ type Options struct {
 	// WorkerBinary is the corral executable that sandboxes run as
 	// `corral worker run-task`; default: this process's executable.
 	WorkerBinary string
+	// Now is the clock of retention and save_to_shared; nil means
+	// time.Now. Tests move it forward to age tasks and attachments.
+	Now func() time.Time
 }
 
 // App is a running Corral server. New opens everything, Run serves until
@@ -48,12 +53,17 @@ type App struct {
 
 	store    *sqlite.Store
 	data     *workspace.DataRoot
+	attRoot  *os.Root // attachments/
 	tasks    *projection.Tasks
 	orch     *orchestrator.Orchestrator
 	sched    *scheduler.Scheduler
 	api      *httpapi.Server
 	notifier *notify.Dispatcher // nil when notifications are off
 	runtimes map[string]sandbox.Runtime
+
+	egress      *egress.Server // the per-task egress proxies
+	egressAllow []egress.Rule
+	egressRec   *egressRecorder
 
 	ln     net.Listener // the HTTP API
 	sockLn net.Listener // the unix socket sandboxes reach
@@ -107,6 +117,9 @@ func (a *App) open(ctx context.Context) error {
 		return err
 	}
 	available, networks := a.availability(ctx)
+	if err := a.openEgress(); err != nil {
+		return err
+	}
 
 	sockDir := a.data.HostPath(workspace.DirRun, "sock")
 	if err := os.MkdirAll(sockDir, 0o755); err != nil {
@@ -114,7 +127,17 @@ func (a *App) open(ctx context.Context) error {
 	}
 	lim := cfg.Limits
 	w := cfg.AIWorker
+	if a.attRoot, err = a.data.Root().OpenRoot(workspace.DirAttachments); err != nil {
+		return fmt.Errorf("open attachments: %w", err)
+	}
 	a.orch = orchestrator.New(orchestrator.Options{
+		Attachments: attachment.New(a.attRoot, attachment.Options{MaxFileBytes: lim.MaxUploadBytes.Bytes(), Now: a.opts.Now}),
+		Retention: orchestrator.Retention{
+			TaskDirs:    time.Duration(w.TaskRetentionHours) * time.Hour,
+			Attachments: time.Duration(w.AttachmentRetentionHours) * time.Hour,
+			Interval:    time.Duration(w.RetentionInterval),
+		},
+		Now:   a.opts.Now,
 		Store: a.store,
 		Tasks: a.tasks,
 		Data:  a.data,
@@ -124,7 +147,8 @@ func (a *App) open(ctx context.Context) error {
 			MaxContextBytes:   lim.MaxContextBytes.Bytes(),
 			MaxLogBytes:       lim.MaxLogBytes.Bytes(),
 			MaxReadBytes:      256 << 10,
-			MaxWriteBytes:     lim.MaxRequestBytes.Bytes(),
+			MaxWriteBytes:     lim.MaxWriteBytes.Bytes(),
+			MaxSharedBytes:    lim.MaxSharedBytes.Bytes(),
 			MaxQueued:         w.MaxQueuedTasks,
 			DefaultTimeoutMin: w.DefaultTimeoutMinutes,
 			MaxTimeoutMin:     w.MaxTimeoutMinutes,
@@ -150,6 +174,7 @@ func (a *App) open(ctx context.Context) error {
 			Secret:    secret,
 		},
 		Verifier: webhook.NewVerifier(secret, time.Duration(lim.WebhookMaxSkew), nil),
+		Egress:   egressProxies{srv: a.egress, allow: a.egressAllow},
 	}, a.log.With("subsystem", "orchestrator"))
 	a.sched = scheduler.New(scheduler.Options{
 		MaxConcurrent: w.MaxConcurrentWorkers,
@@ -187,6 +212,8 @@ func (a *App) open(ctx context.Context) error {
 		Deliveries:      deliveries,
 		MaxRequestBytes: lim.MaxRequestBytes.Bytes(),
 		MCP:             mcpSrv.Handler(),
+		// The multipart framing adds a little to the files' own bytes.
+		MaxUploadRequestBytes: lim.MaxUploadRequestBytes.Bytes() + 64<<10,
 	}, a.log.With("subsystem", "http"))
 
 	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -260,6 +287,9 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	run(func() error { return a.tasks.Run(ctx) })
 	run(func() error { return a.sched.Run(ctx) })
+	run(func() error { return a.orch.RunRetention(ctx) })
+	run(func() error { return a.orch.RunEgress(ctx) })
+	run(func() error { return a.egressRec.Run(ctx) })
 	if a.notifier != nil {
 		run(func() error { return a.notifier.Run(ctx) })
 	} else if err := notify.Disable(ctx, a.store); err != nil {
@@ -269,6 +299,7 @@ func (a *App) Run(ctx context.Context) error {
 	run(func() error { return ignoreClosed(sockSrv.Serve(a.sockLn)) })
 	a.log.Info("corral serving", "addr", a.Addr(), "data", a.data.Path(), "runtime", a.cfg.Runtime)
 	<-ctx.Done()
+	a.egress.Shutdown() // the directories stay: running sandboxes keep them mounted
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
 	srv.Shutdown(sctx)
@@ -287,6 +318,9 @@ func ignoreClosed(err error) error {
 
 // Close releases the store, the data root and the listeners.
 func (a *App) Close() error {
+	if a.egress != nil {
+		a.egress.Shutdown()
+	}
 	for _, l := range []net.Listener{a.ln, a.sockLn} {
 		if l != nil {
 			l.Close()
@@ -294,6 +328,9 @@ func (a *App) Close() error {
 	}
 	if a.store != nil {
 		a.store.Close()
+	}
+	if a.attRoot != nil {
+		a.attRoot.Close()
 	}
 	if a.data != nil {
 		a.data.Close()

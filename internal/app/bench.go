@@ -3,11 +3,13 @@ package app
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -43,6 +45,11 @@ type BenchOptions struct {
 	Bwrap string
 	// TaskTimeout bounds one task or bare run, end to end; default 60 s.
 	TaskTimeout time.Duration
+	// Gvisor adds, to each sequential round, a task under the gvisor
+	// runtime and a bare `runsc run` of /bin/echo hi. It needs runsc.
+	Gvisor bool
+	// Runsc is the runsc binary for the bare runs; default "runsc".
+	Runsc string
 }
 
 func (o *BenchOptions) setDefaults() {
@@ -62,6 +69,9 @@ func (o *BenchOptions) setDefaults() {
 	}
 	if o.TaskTimeout <= 0 {
 		o.TaskTimeout = 60 * time.Second
+	}
+	if o.Runsc == "" {
+		o.Runsc = "runsc"
 	}
 }
 
@@ -93,6 +103,18 @@ type BenchSequential struct {
 	// Ratio is the task's median over bare bwrap's median.
 	Ratio float64 `json:"ratio"`
 	// Phases splits the task's latency by the server's event times.
+	Phases TaskPhases `json:"phases"`
+	// Gvisor is the same task under the gvisor runtime and a bare runsc
+	// run, measured in the same rounds (BenchOptions.Gvisor only).
+	Gvisor *BenchGvisor `json:"gvisor,omitempty"`
+}
+
+// BenchGvisor is the gvisor runtime's sequential latencies.
+type BenchGvisor struct {
+	Task  Latency `json:"task"`
+	Runsc Latency `json:"runsc"`
+	// Ratio is the gvisor task's median over bare runsc run's median.
+	Ratio  float64    `json:"ratio"`
 	Phases TaskPhases `json:"phases"`
 }
 
@@ -190,6 +212,15 @@ func Bench(ctx context.Context, opts BenchOptions, log *slog.Logger) (*BenchResu
 		bwrap:   append([]string{bwrap}, bareBwrapArgs()...),
 		timeout: opts.TaskTimeout,
 	}
+	if opts.Gvisor {
+		runsc, err := exec.LookPath(opts.Runsc)
+		if err != nil {
+			return nil, fmt.Errorf("bench with gvisor needs runsc (install: apt-get install -y runsc): %w", errdefs.ErrFailedPrecondition)
+		}
+		if b.runsc, err = bareRunsc(runsc, filepath.Join(data, "bench-runsc")); err != nil {
+			return nil, err
+		}
+	}
 	if err := b.sequential(ctx, opts, res); err != nil {
 		return nil, err
 	}
@@ -203,6 +234,8 @@ func Bench(ctx context.Context, opts BenchOptions, log *slog.Logger) (*BenchResu
 type bencher struct {
 	client  *httpapi.Client
 	bwrap   []string
+	runsc   []string // runsc and its flags up to "run"; nil without gvisor
+	runs    atomic.Int64
 	timeout time.Duration
 }
 
@@ -212,16 +245,17 @@ type taskRun struct {
 	phases [5]time.Duration // as in TaskPhases
 }
 
-// runTask spawns ["echo","hi"] and long-polls its result until it ends.
-// With phases it then reads the task's events (after the clock stopped)
-// to split the time.
-func (b *bencher) runTask(ctx context.Context, phases bool) (taskRun, error) {
+// runTask spawns ["echo","hi"] on runtime ("" for the default) and
+// long-polls its result until it ends. With phases it then reads the task's
+// events (after the clock stopped) to split the time.
+func (b *bencher) runTask(ctx context.Context, runtime string, phases bool) (taskRun, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	t0 := time.Now()
 	tk, _, err := b.client.Spawn(ctx, orchestrator.SpawnRequest{
 		TaskDescription: "bench: echo hi",
 		Agent:           task.AgentCommand,
+		Runtime:         runtime,
 		Command:         []string{"echo", "hi"},
 	})
 	if err != nil {
@@ -255,6 +289,12 @@ func (b *bencher) runTask(ctx context.Context, phases bool) (taskRun, error) {
 	if err != nil {
 		return taskRun{}, fmt.Errorf("events of bench task %s: %w", tk.ID, err)
 	}
+	if at[task.EventStarted].IsZero() && runtime != "" {
+		// The worker reported before the runtime's Create returned (gvisor
+		// waits for runsc to report the container running), and the
+		// scheduler records no start then: the sandbox phase holds the run.
+		at[task.EventStarted] = at[task.EventCompleted]
+	}
 	cuts := []time.Time{t0, at[task.EventCreated], at[task.EventStarting], at[task.EventStarted], at[task.EventCompleted], t1}
 	for i := range run.phases {
 		if cuts[i].IsZero() || cuts[i+1].IsZero() {
@@ -284,6 +324,66 @@ func (b *bencher) runBwrap(ctx context.Context) (time.Duration, error) {
 	return d, nil
 }
 
+// bareRunsc writes the bundle for bare runsc runs into dir (the host's /usr
+// read-only with the merged-/usr symlinks, /bin/echo hi as root's user
+// 1000, no cgroups) and returns runsc's argv up to the container id.
+func bareRunsc(runsc, dir string) ([]string, error) {
+	rootfs := filepath.Join(dir, "bundle", "rootfs")
+	if err := os.MkdirAll(filepath.Join(rootfs, "usr"), 0o755); err != nil {
+		return nil, fmt.Errorf("create bare runsc bundle: %w", err)
+	}
+	mounts := []map[string]any{{"destination": "/usr", "type": "bind", "source": "/usr", "options": []string{"rbind", "ro"}}}
+	for _, d := range []string{"/bin", "/lib", "/lib64"} {
+		fi, err := os.Lstat(d)
+		switch {
+		case err != nil:
+		case fi.Mode()&os.ModeSymlink != 0:
+			if target, err := os.Readlink(d); err == nil {
+				os.Symlink(target, filepath.Join(rootfs, d))
+			}
+		case fi.IsDir():
+			os.MkdirAll(filepath.Join(rootfs, d), 0o755)
+			mounts = append(mounts, map[string]any{"destination": d, "type": "bind", "source": d, "options": []string{"rbind", "ro"}})
+		}
+	}
+	spec := map[string]any{
+		"ociVersion": "1.0.2",
+		"process":    map[string]any{"user": map[string]int{"uid": 1000, "gid": 1000}, "args": []string{"/bin/echo", "hi"}, "cwd": "/", "env": []string{"PATH=/usr/bin:/bin"}},
+		"root":       map[string]any{"path": "rootfs", "readonly": true},
+		"mounts":     mounts,
+		"linux":      map[string]any{"namespaces": []map[string]string{{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}}},
+	}
+	js, err := json.Marshal(spec)
+	if err != nil {
+		return nil, fmt.Errorf("encode bare runsc bundle: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bundle", "config.json"), js, 0o600); err != nil {
+		return nil, fmt.Errorf("write bare runsc bundle: %w", err)
+	}
+	return []string{runsc, "--root=" + filepath.Join(dir, "root"), "--platform=ptrace", "--network=none",
+		"run", "--bundle", filepath.Join(dir, "bundle")}, nil
+}
+
+// runRunsc runs the bare gVisor sandbox once, from start to exit.
+func (b *bencher) runRunsc(ctx context.Context) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	var out bytes.Buffer
+	argv := append(slices.Clone(b.runsc), fmt.Sprintf("bench-%d-%d", os.Getpid(), b.runs.Add(1)))
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	t0 := time.Now()
+	err := cmd.Run()
+	d := time.Since(t0)
+	if err != nil {
+		return 0, fmt.Errorf("run bare runsc: %w: %s", err, strings.TrimSpace(out.String()))
+	}
+	if got := strings.TrimSpace(out.String()); got != "hi" {
+		return 0, fmt.Errorf("bare runsc printed %q, want hi", got)
+	}
+	return d, nil
+}
+
 // bareBwrapArgs is the sandbox Corral's overhead is measured against: every
 // namespace, the host's /usr read-only with the merged-/usr symlinks (or
 // binds where /bin and /lib* are directories), its own /proc and /dev.
@@ -306,16 +406,32 @@ func bareBwrapArgs() []string {
 
 // sequential runs warm-up and then n task/bwrap pairs, one at a time.
 func (b *bencher) sequential(ctx context.Context, opts BenchOptions, res *BenchResult) error {
-	var tasks, bares []time.Duration
-	var phases [5][]time.Duration
+	var tasks, bares, gtasks, runscs []time.Duration
+	var phases, gphases [5][]time.Duration
 	for i := range opts.Warmup + opts.N {
-		tr, err := b.runTask(ctx, true)
+		tr, err := b.runTask(ctx, "", true)
 		if err != nil {
 			return err
 		}
 		d, err := b.runBwrap(ctx)
 		if err != nil {
 			return err
+		}
+		if b.runsc != nil {
+			gr, err := b.runTask(ctx, "gvisor", true)
+			if err != nil {
+				return err
+			}
+			rd, err := b.runRunsc(ctx)
+			if err != nil {
+				return err
+			}
+			if i >= opts.Warmup {
+				gtasks, runscs = append(gtasks, gr.total), append(runscs, rd)
+				for j, p := range gr.phases {
+					gphases[j] = append(gphases[j], p)
+				}
+			}
 		}
 		if i < opts.Warmup {
 			continue
@@ -330,14 +446,25 @@ func (b *bencher) sequential(ctx context.Context, opts BenchOptions, res *BenchR
 	if s.Bwrap.Median > 0 {
 		s.Ratio = s.Task.Median / s.Bwrap.Median
 	}
-	s.Phases = TaskPhases{
-		Submit:  summarise(phases[0]).Median,
-		Queue:   summarise(phases[1]).Median,
-		Sandbox: summarise(phases[2]).Median,
-		Run:     summarise(phases[3]).Median,
-		Deliver: summarise(phases[4]).Median,
+	s.Phases = medianPhases(phases)
+	if b.runsc != nil {
+		g := &BenchGvisor{Task: summarise(gtasks), Runsc: summarise(runscs), Phases: medianPhases(gphases)}
+		if g.Runsc.Median > 0 {
+			g.Ratio = g.Task.Median / g.Runsc.Median
+		}
+		s.Gvisor = g
 	}
 	return nil
+}
+
+func medianPhases(p [5][]time.Duration) TaskPhases {
+	return TaskPhases{
+		Submit:  summarise(p[0]).Median,
+		Queue:   summarise(p[1]).Median,
+		Sandbox: summarise(p[2]).Median,
+		Run:     summarise(p[3]).Median,
+		Deliver: summarise(p[4]).Median,
+	}
 }
 
 // concurrent runs n tasks, then n bare bwraps, from Concurrency clients.
@@ -345,7 +472,7 @@ func (b *bencher) concurrent(ctx context.Context, opts BenchOptions, res *BenchR
 	c := &res.Concurrent
 	var err error
 	if c.Task, err = fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
-		_, err := b.runTask(ctx, false)
+		_, err := b.runTask(ctx, "", false)
 		return err
 	}); err != nil {
 		return err

@@ -26,24 +26,31 @@ var allowed = map[string][]string{
 	"internal/task":                 {"errdefs", "ids"},
 	"internal/sandbox":              {"errdefs"},
 	"internal/workspace":            {"errdefs"},
+	"internal/attachment":           {"errdefs", "units"},
 	"internal/config":               {"errdefs", "units"},
 	"internal/eventstore":           {"task", "errdefs"},
 	"internal/eventstore/sqlite":    {"eventstore", "task", "errdefs", "ids", "logkey"},
 	"internal/eventstore/storetest": {"eventstore", "task", "errdefs", "testenv"},
-	"internal/sandbox/local":        {"sandbox", "errdefs", "logkey"},
+	"internal/sandbox/local":        {"sandbox", "sandbox/seccomp", "errdefs", "logkey"},
+	"internal/sandbox/gvisor":       {"sandbox", "errdefs", "logkey"},
 	"internal/sandbox/sandboxtest":  {"sandbox", "errdefs", "testenv"},
 	"internal/agent":                {"errdefs"},
 	"internal/webhook":              {"task", "errdefs"},
 	"internal/notify":               {"eventstore", "task", "errdefs", "logkey"},
+	"internal/egress":               {"errdefs", "logkey"},
 	"internal/worker":               {"errdefs", "workspace", "webhook", "agent", "logkey"},
 	"internal/projection":           {"eventstore", "task", "errdefs", "logkey"},
 	"internal/scheduler":            {"task", "sandbox", "eventstore", "projection", "errdefs", "logkey"},
-	"internal/orchestrator":         {"task", "sandbox", "eventstore", "projection", "workspace", "errdefs", "logkey", "units", "webhook", "worker"},
+	"internal/orchestrator":         {"task", "sandbox", "eventstore", "projection", "workspace", "attachment", "errdefs", "logkey", "units", "webhook", "worker"},
 	"internal/tools":                {"orchestrator", "task", "errdefs", "workspace"},
 	"internal/httpapi":              {"tools", "orchestrator", "task", "errdefs", "logkey", "eventstore", "workspace"},
 	"internal/mcpserver":            {"tools", "orchestrator", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                  {"*"},
 	"cmd/corral":                    {"app", "config", "errdefs", "httpapi", "mcpserver", "orchestrator", "task", "eventstore"},
+
+	// The seccomp filter of local sandboxes, and the escape tests' probe.
+	"internal/sandbox/seccomp":           {"errdefs"},
+	"internal/sandbox/sandboxtest/probe": {},
 }
 
 // badDeps are modules some packages must not depend on even indirectly:

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/sandbox/local"
 	"github.com/corral-dev/corral/internal/task"
 )
@@ -59,7 +60,8 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 		c.Fix = "apt-get install -y bubblewrap"
 		out = append(out, c)
 	}
-	for _, name := range []string{"gvisor", "docker", "kubernetes"} {
+	out = append(out, doctorGvisor(ctx, cfg, log))
+	for _, name := range []string{"docker", "kubernetes"} {
 		out = append(out, Check{Name: "runtime " + name, Detail: notBuilt[name], Required: cfg.Runtime == name})
 	}
 	agents := agentConfigs(cfg)
@@ -78,6 +80,37 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	}
 	out = append(out, Check{Name: "agent command", OK: true, Detail: "any program under the host's /usr"})
 	return out
+}
+
+// doctorGvisor checks the gvisor runtime: runsc installed and a trivial
+// sandbox run with the flags tasks use.
+func doctorGvisor(ctx context.Context, cfg *config.Config, log *slog.Logger) Check {
+	c := Check{Name: "runtime gvisor (runsc)", Required: cfg.Runtime == "gvisor", Fix: "apt-get install -y runsc"}
+	stateDir, err := os.MkdirTemp("", "corral-doctor-gvisor-")
+	if err != nil {
+		c.Detail = err.Error()
+		return c
+	}
+	defer os.RemoveAll(stateDir)
+	rt, err := gvisor.New(gvisor.Options{StateDir: stateDir}, log)
+	if err != nil {
+		c.Detail = err.Error()
+		return c
+	}
+	caps, err := rt.Capabilities(ctx)
+	switch {
+	case err != nil:
+		c.Detail = err.Error()
+	case !caps.Available:
+		c.Detail = caps.Reason
+	default:
+		c.OK, c.Fix = true, ""
+		c.Detail = caps.Version
+		if !caps.Limits {
+			c.Detail += "; limits not enforced: " + strings.Join(caps.Warnings, "; ")
+		}
+	}
+	return c
 }
 
 // agentVersion asks an agent's CLI for its version, briefly.

@@ -12,6 +12,7 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/sandbox/local"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -22,7 +23,6 @@ var RuntimeNames = []string{"local", "gvisor", "docker", "kubernetes"}
 
 // notBuilt says why a runtime Corral names cannot be used yet.
 var notBuilt = map[string]string{
-	"gvisor":     "the gvisor runtime is not built yet",
 	"docker":     "the docker runtime is not built yet",
 	"kubernetes": "the kubernetes runtime is not built yet",
 }
@@ -42,6 +42,15 @@ func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, err
 			}, a.log)
 			if err != nil {
 				return nil, fmt.Errorf("open local runtime: %w", err)
+			}
+			out[name] = rt
+		case "gvisor":
+			rt, err := gvisor.New(gvisor.Options{
+				StateDir: a.data.HostPath(workspace.DirRun, "gvisor"),
+				TmpSize:  a.cfg.Local.TmpSize.Bytes(),
+			}, a.log)
+			if err != nil {
+				return nil, fmt.Errorf("open gvisor runtime: %w", err)
 			}
 			out[name] = rt
 		}
@@ -75,10 +84,13 @@ func (a *App) availability(ctx context.Context) (runtimes, networks map[string]s
 			a.log.Error("default runtime unavailable", "runtime", name, "reason", runtimes[name])
 		}
 	}
+	// Every runtime gives a sandbox loopback only; allowlist and open add
+	// the egress proxy (internal/egress), reached through a unix socket
+	// the sandbox mounts.
 	networks = map[string]string{
 		task.NetworkNone:      "",
-		task.NetworkAllowlist: "the egress allowlist proxy is not built yet; use network none",
-		task.NetworkOpen:      "open networking needs the egress proxy, which is not built yet; use network none",
+		task.NetworkAllowlist: "",
+		task.NetworkOpen:      "",
 	}
 	return runtimes, networks
 }

@@ -103,7 +103,12 @@ type AIWorkerConfig struct {
 	WebhookSecretFile string `yaml:"webhook_secret_file"`
 
 	TaskRetentionHours int `yaml:"task_retention_hours"`
-	JobTTLSeconds      int `yaml:"job_ttl_seconds"`
+	// AttachmentRetentionHours is how long an attachment is kept after it
+	// was created or last named by a task that ended.
+	AttachmentRetentionHours int `yaml:"attachment_retention_hours"`
+	// RetentionInterval is the time between two retention sweeps.
+	RetentionInterval Duration `yaml:"retention_interval"`
+	JobTTLSeconds     int      `yaml:"job_ttl_seconds"`
 }
 
 // Resources are a worker's default resource requests and limits.
@@ -200,13 +205,21 @@ type Notify struct {
 
 // Limits bound what callers and workers may use.
 type Limits struct {
-	MaxPromptBytes  Size     `yaml:"max_prompt_bytes"`
-	MaxTaskDirBytes Size     `yaml:"max_task_dir_bytes"`
-	MaxContextBytes Size     `yaml:"max_context_bytes"`
-	MaxRequestBytes Size     `yaml:"max_request_bytes"`
-	MaxLogBytes     Size     `yaml:"max_log_bytes"`
-	WebhookMaxSkew  Duration `yaml:"webhook_max_skew"`
-	StopGrace       Duration `yaml:"stop_grace"`
+	MaxPromptBytes  Size `yaml:"max_prompt_bytes"`
+	MaxTaskDirBytes Size `yaml:"max_task_dir_bytes"`
+	MaxContextBytes Size `yaml:"max_context_bytes"`
+	MaxRequestBytes Size `yaml:"max_request_bytes"`
+	MaxLogBytes     Size `yaml:"max_log_bytes"`
+	// MaxUploadBytes bounds one uploaded attachment (or one made from a
+	// workspace file); MaxUploadRequestBytes a whole upload request.
+	MaxUploadBytes        Size `yaml:"max_upload_bytes"`
+	MaxUploadRequestBytes Size `yaml:"max_upload_request_bytes"`
+	// MaxSharedBytes bounds the total size of shared/ (write_workspace and
+	// save_to_shared); MaxWriteBytes one write_workspace file.
+	MaxSharedBytes Size     `yaml:"max_shared_bytes"`
+	MaxWriteBytes  Size     `yaml:"max_write_bytes"`
+	WebhookMaxSkew Duration `yaml:"webhook_max_skew"`
+	StopGrace      Duration `yaml:"stop_grace"`
 }
 
 // Default returns the configuration used when nothing is set: one machine,
@@ -236,16 +249,17 @@ func Default() *Config {
 				CPULimit:      2000,
 				PidsLimit:     512,
 			},
-			WebhookPath:        "/api/webhooks/worker-complete",
-			TaskRetentionHours: 48,
-			JobTTLSeconds:      3600,
+			WebhookPath:              "/api/webhooks/worker-complete",
+			TaskRetentionHours:       48,
+			AttachmentRetentionHours: 168,
+			RetentionInterval:        Duration(10 * time.Minute),
+			JobTTLSeconds:            3600,
 		},
 		Runtime: "local",
 		Local:   Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB")},
 		Egress: Egress{
-			// "none" until the egress proxy exists; SPEC §4's default is
-			// allowlist, and it becomes the default with the proxy.
-			Mode:  "none",
+			// SPEC §4: the model providers' API hosts, through the proxy.
+			Mode:  "allowlist",
 			Allow: []string{"api.anthropic.com", "generativelanguage.googleapis.com", "api.openai.com"},
 		},
 		Agents: Agents{
@@ -264,13 +278,17 @@ func Default() *Config {
 			Concurrency:    4,
 		},
 		Limits: Limits{
-			MaxPromptBytes:  mustSize("64KiB"),
-			MaxTaskDirBytes: mustSize("1GiB"),
-			MaxContextBytes: mustSize("256MiB"),
-			MaxRequestBytes: mustSize("1MiB"),
-			MaxLogBytes:     mustSize("16MiB"),
-			WebhookMaxSkew:  Duration(5 * time.Minute),
-			StopGrace:       Duration(10 * time.Second),
+			MaxPromptBytes:        mustSize("64KiB"),
+			MaxTaskDirBytes:       mustSize("1GiB"),
+			MaxContextBytes:       mustSize("256MiB"),
+			MaxRequestBytes:       mustSize("1MiB"),
+			MaxLogBytes:           mustSize("16MiB"),
+			MaxUploadBytes:        mustSize("25MiB"),
+			MaxUploadRequestBytes: mustSize("100MiB"),
+			MaxSharedBytes:        mustSize("10GiB"),
+			MaxWriteBytes:         mustSize("1MiB"),
+			WebhookMaxSkew:        Duration(5 * time.Minute),
+			StopGrace:             Duration(10 * time.Second),
 		},
 	}
 }

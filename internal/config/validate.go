@@ -51,8 +51,8 @@ func (c *Config) Validate() error {
 
 	v.oneOf("egress.mode", c.Egress.Mode, EgressModes)
 	for i, h := range c.Egress.Allow {
-		if !hostPattern().MatchString(h) {
-			v.add(fmt.Sprintf("egress.allow[%d]", i), "must be a host name such as api.example.com or *.example.com (no scheme, port or path), got %q", h)
+		if !allowEntry(h) {
+			v.add(fmt.Sprintf("egress.allow[%d]", i), "must be a host name (api.example.com, api.example.com:8443, *.example.com) or an IP address such as 127.0.0.1:8080, with no scheme or path, got %q", h)
 		}
 	}
 
@@ -113,6 +113,10 @@ func (c *Config) Validate() error {
 	v.positiveSize("limits.max_context_bytes", l.MaxContextBytes)
 	v.positiveSize("limits.max_request_bytes", l.MaxRequestBytes)
 	v.positiveSize("limits.max_log_bytes", l.MaxLogBytes)
+	v.positiveSize("limits.max_upload_bytes", l.MaxUploadBytes)
+	v.positiveSize("limits.max_upload_request_bytes", l.MaxUploadRequestBytes)
+	v.positiveSize("limits.max_shared_bytes", l.MaxSharedBytes)
+	v.positiveSize("limits.max_write_bytes", l.MaxWriteBytes)
 	if l.MaxRequestBytes.Bytes() > 0 && l.MaxRequestBytes.Bytes() < l.MaxPromptBytes.Bytes() {
 		v.add("limits.max_request_bytes", "must be at least limits.max_prompt_bytes (%s), since a prompt arrives in a request", l.MaxPromptBytes)
 	}
@@ -178,6 +182,12 @@ func (v *validator) aiWorker(w *AIWorkerConfig) {
 	}
 	if w.TaskRetentionHours < 1 {
 		v.add(p+"task_retention_hours", "must be at least 1, got %d", w.TaskRetentionHours)
+	}
+	if w.AttachmentRetentionHours < 1 {
+		v.add(p+"attachment_retention_hours", "must be at least 1, got %d", w.AttachmentRetentionHours)
+	}
+	if w.RetentionInterval < Duration(1e9) {
+		v.add(p+"retention_interval", "must be at least 1s, got %s", w.RetentionInterval)
 	}
 	if w.JobTTLSeconds < 0 {
 		v.add(p+"job_ttl_seconds", "must not be negative, got %d", w.JobTTLSeconds)
@@ -247,6 +257,23 @@ var (
 	tokenName   = lazyRegexp(`^[a-z0-9][a-z0-9._-]{0,63}$`)
 	hostPattern = lazyRegexp(`^(\*\.)?([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$`)
 )
+
+// allowEntry reports whether h is an egress allow entry: a host name, a
+// *.suffix or an IP address, with an optional :port (internal/egress
+// parses them; config may not import it).
+func allowEntry(h string) bool {
+	if host, port, err := net.SplitHostPort(h); err == nil {
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 1 || n > 65535 {
+			return false
+		}
+		h = host
+	}
+	if a, err := netip.ParseAddr(h); err == nil {
+		return a.Zone() == ""
+	}
+	return hostPattern().MatchString(h)
+}
 
 func lazyRegexp(expr string) func() *regexp.Regexp {
 	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(expr) })

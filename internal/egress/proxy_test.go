@@ -601,3 +601,49 @@ func mustURL(s string) url.URL {
 	}
 	return *u
 }
+
+// TestLongDataRoot opens a proxy whose socket path is longer than a unix
+// socket address holds, as a deep data root makes it.
+func TestLongDataRoot(t *testing.T) {
+	base, err := os.MkdirTemp("", "egress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(base)
+	dir := filepath.Join(base, strings.Repeat("d", 60), strings.Repeat("e", 60))
+	port := echoServer(t)
+	hostport := "127.0.0.1:" + strconv.Itoa(port)
+	s, err := NewServer(dir, Options{}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	tdir, err := s.Open("task-01m8195e9sajg5xacew4wphtxr", Policy{Allow: MustParseRules(hostport)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(tdir, SocketName)
+	if len(sock) <= maxSocketPath {
+		t.Fatalf("socket path %d bytes: not long enough for this test", len(sock))
+	}
+	if fi, err := os.Stat(sock); err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o666 {
+		t.Fatalf("socket %s: %v %v", sock, fi, err)
+	}
+	// A client reaches it the same way (a sandbox mounts the directory at
+	// a short path).
+	d, err := os.Open(tdir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	short := fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), SocketName)
+	c, _, status, body := connect(t, short, hostport)
+	if status != 200 {
+		t.Fatalf("CONNECT: %d %s", status, body)
+	}
+	c.Close()
+	s.Shutdown()
+	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the socket outlived Shutdown: %v", err)
+	}
+}

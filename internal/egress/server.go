@@ -50,6 +50,9 @@ type taskProxy struct {
 	srv   *http.Server
 	ln    net.Listener
 	done  chan struct{}
+	// dirFile holds the directory open while the listener lives, when the
+	// socket was bound through /proc/self/fd (see listenUnix); nil if not.
+	dirFile *os.File
 }
 
 // NewServer returns a server whose task directories live under dir, which
@@ -81,9 +84,6 @@ func (s *Server) Open(id string, policy Policy) (string, error) {
 	}
 	dir := s.TaskDir(id)
 	sock := filepath.Join(dir, SocketName)
-	if len(sock) > maxSocketPath {
-		return "", fmt.Errorf("egress socket path %s is %d bytes, over %d: use a shorter data root: %w", sock, len(sock), maxSocketPath, errdefs.ErrFailedPrecondition)
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down {
@@ -101,7 +101,7 @@ func (s *Server) Open(id string, policy Policy) (string, error) {
 	if err := os.Remove(sock); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return "", fmt.Errorf("remove stale egress socket of task %s: %w", id, err)
 	}
-	ln, err := net.Listen("unix", sock)
+	ln, dirFile, err := listenUnix(dir, SocketName)
 	if err != nil {
 		return "", fmt.Errorf("listen on egress socket of task %s: %w", id, err)
 	}
@@ -109,6 +109,7 @@ func (s *Server) Open(id string, policy Policy) (string, error) {
 	// reachable only by what mounts it or can already read the data root.
 	if err := os.Chmod(sock, 0o666); err != nil {
 		ln.Close()
+		closeFile(dirFile)
 		return "", fmt.Errorf("open egress socket of task %s to its sandbox: %w", id, err)
 	}
 	log := s.log.With(logkey.TaskID, id)
@@ -123,7 +124,8 @@ func (s *Server) Open(id string, policy Policy) (string, error) {
 			MaxHeaderBytes:    s.opts.MaxHeaderBytes,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		},
-		done: make(chan struct{}),
+		done:    make(chan struct{}),
+		dirFile: dirFile,
 	}
 	go func() {
 		defer close(tp.done)
@@ -140,9 +142,39 @@ func (s *Server) Open(id string, policy Policy) (string, error) {
 // waits for Serve to return. Requests being forwarded end on their own
 // deadlines.
 func (tp *taskProxy) stop() {
-	tp.srv.Close()
+	tp.srv.Close() // closes the listener, which removes the socket file
 	tp.proxy.CloseTunnels()
 	<-tp.done
+	closeFile(tp.dirFile)
+}
+
+func closeFile(f *os.File) {
+	if f != nil {
+		f.Close()
+	}
+}
+
+// listenUnix listens on the unix socket name in dir. A socket path holds
+// at most 107 bytes, and a data root deep in the file system with a task
+// id (31 bytes) goes over: then the socket is bound through the short
+// /proc/self/fd/N/name of the directory opened, and the directory stays
+// open (returned) until the listener closes, which removes the socket by
+// that same path.
+func listenUnix(dir, name string) (net.Listener, *os.File, error) {
+	if p := filepath.Join(dir, name); len(p) <= maxSocketPath {
+		ln, err := net.Listen("unix", p)
+		return ln, nil, err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	ln, err := net.Listen("unix", fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), name))
+	if err != nil {
+		d.Close()
+		return nil, nil, err
+	}
+	return ln, d, nil
 }
 
 // Close stops the proxy of task id and removes its directory. Closing a

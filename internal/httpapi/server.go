@@ -52,6 +52,11 @@ type Options struct {
 	MaxRequestBytes int64
 	// MaxWebhookBytes bounds a completion webhook body.
 	MaxWebhookBytes int64
+	// MaxUploadRequestBytes bounds a whole attachment upload request (each
+	// file is bounded by the attachment store); 0 means no limit.
+	MaxUploadRequestBytes int64
+	// MaxUploadFiles bounds the files of one upload request (default 100).
+	MaxUploadFiles int
 	// Tokens are further bearer tokens, each named; the caller's name is
 	// the actor of what it does. Token, if set, is named "default".
 	Tokens []Token
@@ -112,6 +117,9 @@ func (s *Server) routes() {
 	m.Handle("POST /api/webhooks/worker-complete", open(s.workerComplete))
 	m.Handle("GET /api/workspace/{path...}", auth(s.readWorkspace))
 	m.Handle("PUT /api/workspace/{path...}", auth(s.writeWorkspace))
+	m.Handle("POST /api/attachments", auth(s.uploadAttachments))
+	m.Handle("GET /api/attachments/{id}", auth(s.downloadAttachment))
+	m.Handle("POST /api/gc", auth(s.gc))
 	m.Handle("GET /api/tools", auth(s.listTools))
 	m.Handle("POST /api/tools/{name}", auth(s.callTool))
 	m.Handle("GET /healthz", open(s.healthz))

@@ -47,6 +47,9 @@ func (o *Orchestrator) WriteWorkspace(ctx context.Context, p string, content []b
 	if max := o.opts.Limits.MaxWriteBytes; max > 0 && int64(len(content)) > max {
 		return workspace.Entry{}, &errdefs.FieldError{Field: "content", Err: fmt.Errorf("is %d bytes, over the limit of %s: %w", len(content), units.FormatSize(max), errdefs.ErrTooLarge)}
 	}
+	if err := o.checkSharedQuota(int64(len(content))); err != nil {
+		return workspace.Entry{}, err
+	}
 	if err := workspace.WriteFileAtomic(o.data.Shared(), c, content, 0o644); err != nil {
 		return workspace.Entry{}, &errdefs.FieldError{Field: "path", Err: err}
 	}

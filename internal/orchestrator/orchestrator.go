@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-dev/corral/internal/attachment"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/task"
@@ -20,6 +21,7 @@ type Limits struct {
 	MaxLogBytes       int64
 	MaxReadBytes      int64 // file contents returned by read_workspace and results
 	MaxWriteBytes     int64 // content accepted by write_workspace
+	MaxSharedBytes    int64 // total size of shared/; 0 means no limit
 	MaxQueued         int
 	DefaultTimeoutMin int
 	MaxTimeoutMin     int
@@ -60,6 +62,16 @@ type Options struct {
 	Worker WorkerOptions
 	// Verifier checks completion webhooks from workers.
 	Verifier Verifier
+	// Attachments stores attachments; nil turns them off.
+	Attachments *attachment.Store
+	// Retention says how long ended tasks' directories and unused
+	// attachments are kept, and how often the sweeper looks.
+	Retention Retention
+	// Now is the clock of retention and save_to_shared; nil means time.Now.
+	Now func() time.Time
+	// Egress runs the proxies of tasks with network allowlist or open; nil
+	// when the server runs none (such tasks then fail to start).
+	Egress Egress
 }
 
 // Orchestrator implements Service over the event store, the task projection
@@ -72,6 +84,8 @@ type Orchestrator struct {
 	log   *slog.Logger
 
 	spawnMu sync.Mutex // serialises spawns that carry an idempotency key
+	saveMu  sync.Mutex // serialises save_to_shared, so each task saves once
+	gcMu    sync.Mutex // serialises retention sweeps
 }
 
 var _ Service = (*Orchestrator)(nil)

@@ -26,6 +26,10 @@ const (
 	SandboxShared    = "/workspace/shared"
 	SandboxCorral    = "/run/corral/corral"
 	SandboxSocketDir = "/run/corral/sock"
+	// SandboxEgressDir holds the task's egress proxy socket, EgressSocket
+	// (the directory is mounted, not the socket, as with SocketName).
+	SandboxEgressDir = "/run/corral/egress"
+	EgressSocket     = "proxy.sock"
 	// SocketName is the server's unix socket in the socket directory, which
 	// is mounted (the directory, not the socket, so a restarted server's new
 	// socket is seen) read-only into every local sandbox.
@@ -76,6 +80,19 @@ func (o *Orchestrator) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, 
 	if lim := o.opts.Limits.MaxLogBytes; lim > 0 {
 		cmd = append(cmd, "--max-log-bytes", fmt.Sprint(lim))
 	}
+	network := sandbox.NetworkNone
+	var egressDir string
+	if t.Network != "" && t.Network != task.NetworkNone {
+		if o.opts.Egress == nil {
+			return sandbox.Spec{}, fmt.Errorf("network %s needs the egress proxy, which this server does not run: %w", t.Network, errdefs.ErrFailedPrecondition)
+		}
+		dir, err := o.opts.Egress.Open(t.ID, t.Network)
+		if err != nil {
+			return sandbox.Spec{}, fmt.Errorf("open egress proxy: %w", err)
+		}
+		network, egressDir = sandbox.NetworkEgress, dir
+		cmd = append(cmd, "--egress-socket", SandboxEgressDir+"/"+EgressSocket)
+	}
 	if t.Agent == task.AgentCommand {
 		cmd = append(append(cmd, "--"), t.Command...)
 	}
@@ -87,25 +104,29 @@ func (o *Orchestrator) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, 
 		"CORRAL_WEBHOOK_KEY=" + hex.EncodeToString(webhook.DeriveKey(w.Secret, t.ID)),
 	}, w.Env...)
 	env = append(env, ag.Env...)
+	mounts := []sandbox.Mount{
+		{Source: o.data.TaskPath(t.ID), Target: SandboxTaskDir},
+		{Source: o.data.HostPath(workspace.DirShared), Target: SandboxShared, ReadOnly: true},
+		{Source: w.Binary, Target: SandboxCorral, ReadOnly: true},
+		{Source: w.SocketDir, Target: SandboxSocketDir, ReadOnly: true},
+	}
+	if egressDir != "" {
+		mounts = append(mounts, sandbox.Mount{Source: egressDir, Target: SandboxEgressDir, ReadOnly: true})
+	}
 	return sandbox.Spec{
 		ID:      t.ID,
 		Image:   t.Image,
 		Command: cmd,
 		Dir:     SandboxTaskDir,
 		Env:     env,
-		Mounts: []sandbox.Mount{
-			{Source: o.data.TaskPath(t.ID), Target: SandboxTaskDir},
-			{Source: o.data.HostPath(workspace.DirShared), Target: SandboxShared, ReadOnly: true},
-			{Source: w.Binary, Target: SandboxCorral, ReadOnly: true},
-			{Source: w.SocketDir, Target: SandboxSocketDir, ReadOnly: true},
-		},
+		Mounts:  mounts,
 		Limits: sandbox.Limits{
 			MemoryBytes: t.Resources.MemoryBytes,
 			CPUMillis:   t.Resources.CPUMillis,
 			Pids:        t.Resources.Pids,
 			WallClock:   t.Timeout(),
 		},
-		Network: sandbox.NetworkNone,
+		Network: network,
 		Labels:  map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: t.ID},
 	}, nil
 }
@@ -175,6 +196,9 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 			c.Status = task.Failed
 			c.ErrorMessage = err.Error()
 		}
+	}
+	if c.Status == task.Success && t.SaveToShared {
+		o.saveOutputs(ctx, t, c.OutputFiles) // before the terminal event, so the host finds them
 	}
 	return c
 }

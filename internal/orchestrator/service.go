@@ -48,12 +48,35 @@ type Service interface {
 	ReadWorkspace(ctx context.Context, path string) (File, error)
 	// WriteWorkspace writes a file of shared/ atomically.
 	WriteWorkspace(ctx context.Context, path string, content []byte) (workspace.Entry, error)
+	// UploadAttachments stores files as attachments, streaming each. next
+	// returns the files in turn and io.EOF after the last. All or none: if
+	// one file fails (empty, over the per-file limit, a read error), none is
+	// kept and no event is recorded.
+	UploadAttachments(ctx context.Context, next func() (name string, content io.Reader, err error)) ([]Attachment, error)
+	// OpenAttachment returns an attachment and its content; the caller
+	// closes it. ErrNotFound for an unknown id.
+	OpenAttachment(ctx context.Context, id string) (Attachment, io.ReadCloser, error)
+	// CreateAttachmentFromWorkspace makes an attachment of a task's output
+	// file or a shared file (create_attachment_from_workspace).
+	CreateAttachmentFromWorkspace(ctx context.Context, req CreateAttachmentRequest) (Attachment, error)
+	// GC removes ended tasks' directories and unused attachments past their
+	// retention; with req.DryRun it only reports what would go.
+	GC(ctx context.Context, req GCRequest) (GCReport, error)
 }
 
 // SpawnRequest holds the spawn_worker arguments (seed 000 plus SPEC §2).
+//
+// SharedFiles is seed use case 3's name for ContextFiles: both name files
+// of shared/ to copy into context/ and are taken as one list. AttachmentIDs
+// are copied into context/ under their original names. SaveToShared copies
+// a successful task's outputs to shared/outputs/YYYY-MM/<task-id>/, and its
+// scripts also to shared/scripts/.
 type SpawnRequest struct {
 	TaskDescription string            `json:"task_description"`
 	ContextFiles    []string          `json:"context_files,omitempty"`
+	SharedFiles     []string          `json:"shared_files,omitempty"`
+	AttachmentIDs   []string          `json:"attachment_ids,omitempty"`
+	SaveToShared    bool              `json:"save_to_shared,omitempty"`
 	Model           string            `json:"model,omitempty"`
 	Agent           string            `json:"agent,omitempty"`
 	Command         []string          `json:"command,omitempty"`

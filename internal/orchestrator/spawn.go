@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -40,9 +41,11 @@ var labelKey = sync.OnceValue(func() *regexp.Regexp {
 // context files, records the task and queues it (SPEC §2).
 func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, bool, error) {
 	spec, err := o.validate(req)
-	if err != nil {
-		return task.Task{}, false, err
+	atts, attErrs := o.checkAttachments(req.AttachmentIDs)
+	if err != nil || len(attErrs) > 0 {
+		return task.Task{}, false, errors.Join(append([]error{err}, attErrs...)...)
 	}
+	spec.AttachmentIDs = req.AttachmentIDs
 	hash := requestHash(req)
 	if spec.IdempotencyKey != "" {
 		o.spawnMu.Lock()
@@ -73,7 +76,11 @@ func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, 
 	if err := o.copyContext(dir, spec.ContextFiles); err != nil {
 		return task.Task{}, false, err
 	}
-	if err := workspace.WriteFileAtomic(dir, "prompt.md", []byte(Prompt(spec)), 0o644); err != nil {
+	attNames, err := o.copyAttachments(dir, atts, contextNames(spec.ContextFiles), o.contextLeft(dir))
+	if err != nil {
+		return task.Task{}, false, err
+	}
+	if err := workspace.WriteFileAtomic(dir, "prompt.md", []byte(Prompt(spec)+attachmentNote(atts, attNames)), 0o644); err != nil {
 		return task.Task{}, false, fmt.Errorf("write prompt.md: %w", err)
 	}
 	actor := ActorFrom(ctx)
@@ -119,6 +126,7 @@ func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
 		Resources:      o.opts.Defaults.Resources,
 		Labels:         req.Labels,
 		IdempotencyKey: req.IdempotencyKey,
+		SaveToShared:   req.SaveToShared,
 		Origin:         task.Origin{ConversationID: req.ConversationID, InterfaceType: req.InterfaceType, UserName: req.UserName},
 	}
 
@@ -215,12 +223,15 @@ func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
 		}
 	}
 
-	if len(req.ContextFiles) > maxContextFiles {
-		bad("context_files", "has %d files, over the limit of %d", len(req.ContextFiles), maxContextFiles)
+	if n := len(req.ContextFiles) + len(req.SharedFiles); n > maxContextFiles {
+		bad("context_files", "has %d files with shared_files, over the limit of %d", n, maxContextFiles)
 	}
 	seen := map[string]bool{}
-	for i, p := range req.ContextFiles {
+	for i, p := range append(slices.Clip(req.ContextFiles), req.SharedFiles...) {
 		field := fmt.Sprintf("context_files[%d]", i)
+		if i >= len(req.ContextFiles) {
+			field = fmt.Sprintf("shared_files[%d]", i-len(req.ContextFiles))
+		}
 		c, err := workspace.Clean(p)
 		if err != nil {
 			errs = append(errs, &errdefs.FieldError{Field: field, Err: err})

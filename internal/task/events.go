@@ -15,6 +15,10 @@ const (
 	EventCancelRequested = "task_cancel_requested"
 	EventReattached      = "task_reattached"
 	EventCompleted       = "worker_completed" // the seed's name; terminal
+	// EventEgressConnection records one connection attempt through the
+	// egress proxy. It changes nothing of the task but its version, and it
+	// is appended with any expected version, also after the task ended.
+	EventEgressConnection = "egress_connection"
 )
 
 // Event types on the system stream, recorded by start-up reconciliation.
@@ -24,6 +28,131 @@ const (
 	EventUnknownDirectory = "task_directory_unknown"
 	EventReconciled       = "reconciled"
 )
+
+// Event types of the workspace bridges and retention. Attachment events go
+// on the attachment's own stream (AttachmentStreamID); the others on the
+// task's stream, appended with any expected version (also after the task
+// ended) and changing nothing of the task but its version. Orphan files
+// removed from attachments/ are recorded on the system stream.
+const (
+	EventAttachmentCreated = "attachment_created"
+	EventAttachmentRemoved = "attachment_removed"
+	// EventOutputsSaved records save_to_shared copying a successful task's
+	// outputs into shared/; EventOutputsSaveFailed, that it could not.
+	EventOutputsSaved      = "outputs_saved"
+	EventOutputsSaveFailed = "outputs_save_failed"
+	// EventDirectoryRemoved records retention removing an ended task's
+	// directory; its events stay.
+	EventDirectoryRemoved = "task_directory_removed"
+	// EventRemovalFailed records a removal that failed or was partial; the
+	// next sweep retries it.
+	EventRemovalFailed = "removal_failed"
+)
+
+// AttachmentStreamID returns the event stream of an attachment.
+func AttachmentStreamID(id string) string { return "attachment/" + id }
+
+// AttachmentCreated is the payload of EventAttachmentCreated.
+type AttachmentCreated struct {
+	AttachmentID string `json:"attachment_id"`
+	Name         string `json:"name"`
+	Type         string `json:"type"`
+	Size         int64  `json:"size"`
+	SHA256       string `json:"sha256"`
+	// Source is "upload" or the data-root path the attachment was made from
+	// ("tasks/<id>/output/chart.png", "shared/scripts/x.py").
+	Source      string `json:"source"`
+	TaskID      string `json:"task_id,omitempty"`
+	Description string `json:"description,omitempty"`
+}
+
+// AttachmentRemoved is the payload of EventAttachmentRemoved.
+type AttachmentRemoved struct {
+	AttachmentID string `json:"attachment_id,omitempty"`
+	File         string `json:"file"` // relative to attachments/
+	Bytes        int64  `json:"bytes"`
+	Reason       string `json:"reason"` // "retention" or "orphan"
+}
+
+// SavedFile is one file save_to_shared copied.
+type SavedFile struct {
+	From string `json:"from"` // relative to the task's output/
+	To   string `json:"to"`   // relative to shared/
+	Size int64  `json:"size"`
+	// Renamed is set when a file of that name with other content was
+	// already there: To has a suffix and Wanted is the name it would have had.
+	Renamed bool   `json:"renamed,omitempty"`
+	Wanted  string `json:"wanted,omitempty"`
+	// Unchanged is set when an identical file was already at To.
+	Unchanged bool `json:"unchanged,omitempty"`
+}
+
+// OutputsSaved is the payload of EventOutputsSaved and, with Error set,
+// of EventOutputsSaveFailed.
+type OutputsSaved struct {
+	Directory string      `json:"directory"` // shared/outputs/YYYY-MM/<task-id>
+	Files     []SavedFile `json:"files"`
+	Error     string      `json:"error,omitempty"`
+}
+
+// DirectoryRemoved is the payload of EventDirectoryRemoved.
+type DirectoryRemoved struct {
+	Directory string    `json:"directory"` // tasks/<id>
+	Bytes     int64     `json:"bytes"`
+	EndedAt   time.Time `json:"ended_at"`
+}
+
+// RemovalFailed is the payload of EventRemovalFailed.
+type RemovalFailed struct {
+	Path  string `json:"path"` // relative to the data root
+	Error string `json:"error"`
+}
+
+// Event types of the document index and of skills. Each document has its
+// own stream (DocumentStreamID), each skill too (SkillStreamID). A document
+// ingested from a workspace file and a note pushed by the host carry the same
+// payload; the index (package document) is folded from them.
+const (
+	EventDocumentIngested = "document_ingested"
+	EventNoteCreated      = "note_created"
+	EventSkillCreated     = "skill_created"
+)
+
+// DocumentStreamID returns the event stream of a document.
+func DocumentStreamID(id string) string { return "document/" + id }
+
+// SkillStreamID returns the event stream of a skill.
+func SkillStreamID(name string) string { return "skill/" + name }
+
+// DocumentIngested is the payload of EventDocumentIngested and
+// EventNoteCreated. The content is the file documents/<File>, not the event.
+type DocumentIngested struct {
+	DocumentID string `json:"document_id"`
+	Title      string `json:"title"`
+	// SourceType is worker_output, generated, imported or note.
+	SourceType string `json:"source_type"`
+	File       string `json:"file"` // relative to documents/: <id>_<name>
+	Name       string `json:"name"` // the original file name
+	// Source is the data-root path the document was copied from
+	// ("shared/data/x.csv", "tasks/<id>/output/summary.md"); empty for a
+	// note pushed with its content.
+	Source      string          `json:"source,omitempty"`
+	ContentType string          `json:"content_type"`
+	Size        int64           `json:"size"`
+	SHA256      string          `json:"sha256"`
+	Metadata    json.RawMessage `json:"metadata,omitempty"`
+}
+
+// SkillCreated is the payload of EventSkillCreated.
+type SkillCreated struct {
+	Name         string   `json:"name"`
+	Description  string   `json:"description"`
+	DockerImage  string   `json:"docker_image,omitempty"`
+	Dependencies []string `json:"dependencies,omitempty"`
+	Files        []string `json:"files"` // relative to shared/skills/<name>/, SKILL.md included
+	FromTaskID   string   `json:"from_task_id,omitempty"`
+	SHA256       string   `json:"sha256"` // of SKILL.md
+}
 
 // Event types of outbound notifications to the host. Each delivery has its
 // own stream (DeliveryStreamID); the notify stream records when
@@ -73,6 +202,23 @@ type Completed struct {
 	LogsTruncated   bool         `json:"logs_truncated,omitempty"`
 	Reason          string       `json:"reason,omitempty"` // e.g. "lost", "timeout", "webhook", "exit"
 	DurationSeconds *float64     `json:"duration_seconds,omitempty"`
+}
+
+// EgressConnection is the payload of EventEgressConnection: one attempt by
+// the task's worker to reach Host:Port through the egress proxy.
+type EgressConnection struct {
+	Method  string `json:"method"` // CONNECT, or the method of a plain HTTP request
+	Host    string `json:"host"`
+	Port    int    `json:"port"`
+	Address string `json:"address,omitempty"` // the IP and port connected to
+	Allowed bool   `json:"allowed"`
+	Reason  string `json:"reason,omitempty"` // why it was denied
+	Error   string `json:"error,omitempty"`  // why an allowed connection failed or ended early
+	Status  int    `json:"status,omitempty"` // the HTTP status the worker got
+	// BytesUp and BytesDown count bytes sent to and received from Host.
+	BytesUp         int64   `json:"bytes_up"`
+	BytesDown       int64   `json:"bytes_down"`
+	DurationSeconds float64 `json:"duration_seconds"`
 }
 
 // Reattached is the payload of EventReattached.
@@ -126,7 +272,7 @@ func (t *Task) Apply(typ string, data []byte, version int64, at time.Time, pos i
 		t.SandboxName, t.Handle, t.StartedAt = p.SandboxName, p.Handle, &at
 	case EventCancelRequested:
 		t.CancelRequested = true
-	case EventReattached:
+	case EventReattached, EventEgressConnection, EventOutputsSaved, EventOutputsSaveFailed, EventDirectoryRemoved, EventRemovalFailed:
 	case EventCompleted:
 		var p Completed
 		if err := json.Unmarshal(data, &p); err != nil {

@@ -97,6 +97,7 @@ type Origin struct {
 type Spec struct {
 	Description    string            `json:"task_description"`
 	ContextFiles   []string          `json:"context_files,omitempty"`
+	AttachmentIDs  []string          `json:"attachment_ids,omitempty"`
 	Agent          string            `json:"agent"`
 	Model          string            `json:"model,omitempty"`
 	Command        []string          `json:"command,omitempty"`
@@ -106,6 +107,9 @@ type Spec struct {
 	Network        string            `json:"network"`
 	Resources      Resources         `json:"resources"`
 	SaveToShared   bool              `json:"save_to_shared,omitempty"`
+	DocumentIDs    []string          `json:"document_ids,omitempty"` // copied into context/
+	NoteQuery      string            `json:"note_query,omitempty"`   // notes it finds go to context/notes/
+	NoteIDs        []string          `json:"note_ids,omitempty"`     // the notes it found, set at spawn
 	Labels         map[string]string `json:"labels,omitempty"`
 	IdempotencyKey string            `json:"idempotency_key,omitempty"`
 	Origin

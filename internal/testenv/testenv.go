@@ -46,3 +46,10 @@ func RequireBwrap(tb testing.TB) string {
 	RequireRoot(tb)
 	return RequireBinary(tb, "bwrap", "apt-get install -y bubblewrap")
 }
+
+// RequireRunsc needs root and gVisor's runsc, and returns runsc's path.
+func RequireRunsc(tb testing.TB) string {
+	tb.Helper()
+	RequireRoot(tb)
+	return RequireBinary(tb, "runsc", "apt-get install -y runsc")
+}

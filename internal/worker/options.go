@@ -127,7 +127,7 @@ func ParseArgs(args []string, environ []string) (Options, error) {
 	fs.Int64Var(&o.MaxLogBytes, "max-log-bytes", DefaultMaxLogBytes, "the most bytes kept per log file")
 	fs.DurationVar(&o.Grace, "grace", DefaultGrace, "how long the agent gets between SIGTERM and SIGKILL")
 	fs.StringVar(&o.EgressSocket, "egress-socket", "", "the server's egress proxy socket; the agent reaches it through a relay on --egress-listen")
-	fs.StringVar(&o.EgressListen, "egress-listen", DefaultEgressListen, "where the egress relay listens")
+	fs.StringVar(&o.EgressListen, "egress-listen", "", "where the egress relay listens (default "+DefaultEgressListen+")")
 	if err := fs.Parse(args); err != nil {
 		return Options{}, fmt.Errorf("parse run-task arguments: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
@@ -157,7 +157,7 @@ func ParseArgs(args []string, environ []string) (Options, error) {
 	if o.Grace <= 0 {
 		errs = append(errs, errdefs.Field("--grace", "must be positive"))
 	}
-	if o.EgressSocket != "" {
+	if o.EgressListen != "" {
 		if _, _, err := net.SplitHostPort(o.EgressListen); err != nil {
 			errs = append(errs, errdefs.Field("--egress-listen", "must be host:port"))
 		}

@@ -190,7 +190,7 @@ func TestParseArgsEgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.EgressSocket != "/run/corral/egress/proxy.sock" || o.EgressListen != DefaultEgressListen {
+	if o.EgressSocket != "/run/corral/egress/proxy.sock" || o.EgressListen != "" {
 		t.Errorf("socket %q listen %q", o.EgressSocket, o.EgressListen)
 	}
 	if _, err := ParseArgs([]string{"--task-id", "t", "--egress-socket", "/s", "--egress-listen", "nope", "--", "true"}, nil); err == nil || !strings.Contains(err.Error(), "--egress-listen") {

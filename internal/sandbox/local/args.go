@@ -199,6 +199,13 @@ func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) [
 	args = append(args, rootfsArgs()...)
 	args = append(args,
 		"--proc", "/proc",
+		// The sandbox's pid 1 is bwrap's reaper, with the sandbox's uid
+		// and dumpable, so without this its memory could be read and
+		// written through /proc/1/mem, which no seccomp filter sees (it
+		// is an open(2)). /dev/null from a nodev mount cannot even be
+		// opened. bwrap's reaper has one thread.
+		"--ro-bind", "/dev/null", "/proc/1/mem",
+		"--ro-bind", "/dev/null", "/proc/1/task/1/mem",
 		"--dev", "/dev",
 		"--size", strconv.FormatInt(o.TmpSize, 10), "--tmpfs", "/tmp",
 		"--ro-bind", etcDir, "/etc",

@@ -84,6 +84,7 @@ func TestIsolation(t *testing.T) {
 		// bwrap closes the filter and status descriptors before it runs
 		// the main process.
 		{"no runtime descriptors", `ls -l /proc/self/fd/ | grep -c -e seccomp -e status > out`, "0\n"},
+		{"pid 1 memory closed", `for f in /proc/1/mem /proc/1/task/1/mem; do (exec 3<$f) 2>/dev/null && echo open >> out || echo closed >> out; done; cat /proc/1/comm >> out`, "closed\nclosed\nbwrap\n"},
 		{"no resolv.conf without network", `test -e /etc/resolv.conf && echo present > out || echo absent > out`, "absent\n"},
 		// pid 1 is bwrap's init, 2 the shell; nothing of the host.
 		// pid 1 is bwrap's reaper; the rest are this script's own few

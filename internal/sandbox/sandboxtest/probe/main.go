@@ -12,7 +12,11 @@
 // (no_new_privs is set; it can connect to its own loopback listener), so
 // that a check which fails for a broken probe, not a closed sandbox, shows.
 //
-//	probe --read /data/corral.db --write /data/tasks/other/x \
+// It really tries: run outside a sandbox, as root, it writes /usr/x,
+// /etc/x and /x and mounts a tmpfs. So it refuses to run without
+// --sandboxed.
+//
+//	probe --sandboxed --read /data/corral.db --write /data/tasks/other/x \
 //	      --connect 127.0.0.1:8080 --host-marker=MARKER
 //
 // A process on the host is visible if one of its argv elements equals the
@@ -62,7 +66,12 @@ func main() {
 	flag.Var(&connects, "connect", "a host:port to try to connect to over TCP (repeatable)")
 	marker := flag.String("host-marker", "", "an argv element of a host process that must stay invisible")
 	out := flag.String("out", "/task/output/probe.json", "where to write the report too")
+	sandboxed := flag.Bool("sandboxed", false, "confirm that this runs inside a sandbox (required)")
 	flag.Parse()
+	if !*sandboxed {
+		fmt.Fprintln(os.Stderr, "probe: refusing to run without --sandboxed: it tries to write /usr, /etc and / and to mount file systems")
+		os.Exit(2)
+	}
 
 	res := map[string]result{}
 	for _, p := range reads {
@@ -89,7 +98,8 @@ func main() {
 	res["no_new_privs"] = result{OK: nnp == "1", Detail: detail, Control: true}
 	res["ptrace traceme"] = errResult(ptrace(unix.PTRACE_TRACEME, 0))
 	res["ptrace attach pid 1"] = errResult(ptraceAttach(1))
-	res["open /proc/1/mem"] = tryProcMem()
+	res["open /proc/1/mem"] = tryOpen("/proc/1/mem")
+	res["open /proc/1/task/1/mem"] = tryOpen("/proc/1/task/1/mem")
 	res["mount tmpfs"] = tryMount()
 	res["unshare user namespace"] = tryNamespace(unix.CLONE_NEWUSER)
 	res["unshare network namespace"] = tryNamespace(unix.CLONE_NEWNET)
@@ -287,8 +297,10 @@ func ptraceAttach(pid int) error {
 	return nil
 }
 
-func tryProcMem() result {
-	f, err := os.Open("/proc/1/mem")
+// tryOpen opens p for reading: for /proc/PID/mem, the open is the access
+// check (PTRACE_MODE_ATTACH), whatever reading an address would say.
+func tryOpen(p string) result {
+	f, err := os.Open(p)
 	if err != nil {
 		return result{Detail: err.Error()}
 	}

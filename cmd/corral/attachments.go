@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/orchestrator"
+)
+
+// cmdAttachments is `corral attachments get ID [-o FILE]` and
+// `corral attachments put FILE...`.
+func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "get" && args[0] != "put") {
+		fmt.Fprintln(stderr, "usage: corral attachments get ID [-o FILE] | put FILE...")
+		return exitError(2)
+	}
+	fs := flag.NewFlagSet("attachments "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf clientFlags
+	cf.register(fs)
+	out := fs.String("o", "", "write the attachment to FILE (default: its original name in the current directory; - for stdout)")
+	pos, err := parse(fs, args[1:])
+	if err != nil {
+		return exitError(2)
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	if args[0] == "put" {
+		if len(pos) == 0 {
+			return fmt.Errorf("give one or more files: corral attachments put FILE...: %w", errdefs.ErrInvalidArgument)
+		}
+		atts, err := upload(ctx, c, pos)
+		if err != nil {
+			return err
+		}
+		if cf.json {
+			return printJSON(stdout, atts)
+		}
+		for _, a := range atts {
+			fmt.Fprintf(stdout, "%s %s %d %s\n", a.ID, a.Name, a.Size, a.Type)
+		}
+		return nil
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("give one attachment id: corral attachments get ID [-o FILE]: %w", errdefs.ErrInvalidArgument)
+	}
+	m, rc, err := c.OpenAttachment(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	dst := *out
+	if dst == "" {
+		dst = filepath.Base(m.Name)
+		if dst == "." || dst == "/" || dst == "" {
+			dst = m.ID
+		}
+	}
+	if dst == "-" {
+		_, err := io.Copy(stdout, rc)
+		return err
+	}
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if errors.Is(err, os.ErrExist) && *out != "" {
+		f, err = os.Create(dst) // named with -o: the caller asked for that file
+	}
+	if err != nil {
+		return fmt.Errorf("create %s: %w", dst, err)
+	}
+	n, err := io.Copy(f, rc)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(dst)
+		return fmt.Errorf("download attachment %s: %w", m.ID, err)
+	}
+	if cf.json {
+		return printJSON(stdout, map[string]any{"attachment": m, "path": dst, "bytes": n})
+	}
+	fmt.Fprintf(stdout, "%s (%d bytes)\n", dst, n)
+	return nil
+}
+
+// upload sends files as attachments in one streaming request.
+func upload(ctx context.Context, c orchestrator.Service, paths []string) ([]orchestrator.Attachment, error) {
+	var open *os.File
+	defer func() {
+		if open != nil {
+			open.Close()
+		}
+	}()
+	i := 0
+	return c.UploadAttachments(ctx, func() (string, io.Reader, error) {
+		if open != nil {
+			open.Close()
+			open = nil
+		}
+		if i == len(paths) {
+			return "", nil, io.EOF
+		}
+		p := paths[i]
+		i++
+		f, err := os.Open(p)
+		if err != nil {
+			return "", nil, fmt.Errorf("open %s: %w", p, errdefs.ErrInvalidArgument)
+		}
+		open = f
+		return filepath.Base(p), f, nil
+	})
+}

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/corral-dev/corral/internal/orchestrator"
+)
+
+// cmdGC is `corral gc [--dry-run]`: a retention sweep now.
+func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("gc", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf clientFlags
+	cf.register(fs)
+	dry := fs.Bool("dry-run", false, "only show what would be removed")
+	if _, err := parse(fs, args); err != nil {
+		return exitError(2)
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	rep, err := c.GC(ctx, orchestrator.GCRequest{DryRun: *dry})
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(stdout, rep)
+	}
+	verb := "removed"
+	if rep.DryRun {
+		verb = "would remove"
+	}
+	for _, it := range append(rep.TaskDirectories, rep.Attachments...) {
+		fmt.Fprintf(stdout, "%s %s (%d bytes): %s\n", verb, it.Path, it.Bytes, it.Reason)
+	}
+	for _, it := range rep.Failed {
+		fmt.Fprintf(stdout, "failed %s: %s (retried next sweep)\n", it.Path, it.Error)
+	}
+	fmt.Fprintf(stdout, "%s %d task directories and %d attachment files, %d bytes\n", verb, len(rep.TaskDirectories), len(rep.Attachments), rep.Bytes)
+	if len(rep.Failed) > 0 {
+		return exitError(1)
+	}
+	return nil
+}

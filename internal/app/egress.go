@@ -1,0 +1,142 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/corral-dev/corral/internal/egress"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// egressActor is the actor of egress_connection events.
+const egressActor = "corral/egress"
+
+// egressBuffer is how many egress records may wait for the event store.
+// A record is a few hundred bytes; a worker opening connections faster
+// than the store appends them (thousands a second) loses records, counted
+// and logged, rather than slowing its own connections.
+const egressBuffer = 4096
+
+// egressProxies is the orchestrator's Egress over an egress.Server: it
+// turns a task's network policy into an egress.Policy.
+type egressProxies struct {
+	srv   *egress.Server
+	allow []egress.Rule
+}
+
+func (e egressProxies) Open(id, network string) (string, error) {
+	var p egress.Policy
+	switch egress.Mode(network) {
+	case egress.ModeAllowlist:
+		p = egress.Policy{Allow: e.allow}
+	case egress.ModeOpen:
+		p = egress.Policy{Open: true, Allow: e.allow}
+	default:
+		return "", fmt.Errorf("network %q has no egress proxy", network)
+	}
+	return e.srv.Open(id, p)
+}
+
+func (e egressProxies) Close(id string) error    { return e.srv.Close(id) }
+func (e egressProxies) Tasks() ([]string, error) { return e.srv.Tasks() }
+
+// egressRecorder appends each egress.Record to its task's stream as an
+// egress_connection event. Add never blocks the proxy: records go through
+// a buffer to one appender, and a full buffer drops the record and counts
+// it.
+type egressRecorder struct {
+	store   eventstore.Store
+	log     *slog.Logger
+	ch      chan egress.Record
+	dropped atomic.Int64
+}
+
+func newEgressRecorder(store eventstore.Store, log *slog.Logger) *egressRecorder {
+	return &egressRecorder{store: store, log: log, ch: make(chan egress.Record, egressBuffer)}
+}
+
+// Add queues rec, or drops it if the buffer is full.
+func (r *egressRecorder) Add(rec egress.Record) {
+	select {
+	case r.ch <- rec:
+	default:
+		r.dropped.Add(1)
+	}
+}
+
+// Run appends queued records until ctx ends, then what is left for up to
+// two seconds. Drops are logged at most every ten seconds.
+func (r *egressRecorder) Run(ctx context.Context) error {
+	tick := time.NewTicker(10 * time.Second)
+	defer tick.Stop()
+	var reported int64
+	report := func() {
+		if n := r.dropped.Load(); n != reported {
+			r.log.Warn("egress events dropped: the event store is slower than the proxy", "dropped_total", n)
+			reported = n
+		}
+	}
+	for {
+		select {
+		case rec := <-r.ch:
+			r.append(ctx, rec)
+		case <-tick.C:
+			report()
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			defer cancel()
+			for dctx.Err() == nil {
+				select {
+				case rec := <-r.ch:
+					r.append(dctx, rec)
+				default:
+					report()
+					return nil
+				}
+			}
+			report()
+			return nil
+		}
+	}
+}
+
+func (r *egressRecorder) append(ctx context.Context, rec egress.Record) {
+	ev := projection.NewEvent(task.EventEgressConnection, task.EgressConnection{
+		Method:          rec.Method,
+		Host:            rec.Host,
+		Port:            rec.Port,
+		Address:         rec.Address,
+		Allowed:         rec.Allowed,
+		Reason:          rec.Reason,
+		Error:           rec.Error,
+		Status:          rec.Status,
+		BytesUp:         rec.BytesUp,
+		BytesDown:       rec.BytesDown,
+		DurationSeconds: math.Round(rec.Duration.Seconds()*1000) / 1000,
+	}, egressActor)
+	if _, err := r.store.Append(ctx, task.StreamID(rec.TaskID), eventstore.AnyVersion, ev); err != nil && ctx.Err() == nil {
+		r.log.Warn("cannot record egress connection", logkey.TaskID, rec.TaskID, logkey.Error, err)
+	}
+}
+
+// openEgress builds the egress proxies' server over run/egress and the
+// recorder of their connections.
+func (a *App) openEgress() error {
+	allow, err := egress.ParseRules(a.cfg.Egress.Allow)
+	if err != nil {
+		return fmt.Errorf("egress.allow: %w", err)
+	}
+	a.egressAllow = allow
+	log := a.log.With(logkey.Subsystem, "egress")
+	a.egressRec = newEgressRecorder(a.store, log)
+	a.egress, err = egress.NewServer(a.data.HostPath(workspace.DirRun, "egress"), egress.Options{OnConnection: a.egressRec.Add}, log)
+	return err
+}

@@ -1,0 +1,89 @@
+package orchestrator
+
+import (
+	"context"
+	"time"
+
+	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// Egress runs one egress proxy per task with network allowlist or open,
+// each listening on a socket in a host directory of the task's own that
+// Prepare mounts into the sandbox. Implementations are safe for concurrent
+// use.
+type Egress interface {
+	// Open starts the proxy of task id for its network policy ("allowlist"
+	// or "open"), or keeps the one that runs, and returns the host
+	// directory holding its socket. It is idempotent, and after a restart
+	// it listens again in the directory a running sandbox has mounted.
+	Open(id, network string) (dir string, err error)
+	// Close stops the task's proxy and removes its directory. Closing a
+	// task without one does nothing.
+	Close(id string) error
+	// Tasks lists the tasks that have a directory, listening or not (a
+	// stopped server leaves the directories for its successor).
+	Tasks() ([]string, error)
+}
+
+// egressSweepPause is the least time between two sweeps of the egress
+// proxies: every event (egress events included) wakes the loop, and one
+// directory listing per half second is plenty.
+const egressSweepPause = 500 * time.Millisecond
+
+// RunEgress keeps the egress proxies in step with the tasks until ctx
+// ends. First it opens the proxy of every starting or running task that
+// has network: after a restart their sandboxes still run, and their
+// relays dial the socket afresh for each connection. Then, on every change
+// and at least every minute, it closes the proxies of tasks that ended or
+// that no event knows. The caller runs it beside the scheduler; Prepare
+// opens the proxies of tasks that start later.
+func (o *Orchestrator) RunEgress(ctx context.Context) error {
+	eg := o.opts.Egress
+	if eg == nil {
+		return nil
+	}
+	for _, t := range o.tasks.Select(func(t *task.Task) bool {
+		return (t.Status == task.Starting || t.Status == task.Running) && t.Network != "" && t.Network != task.NetworkNone
+	}) {
+		if _, err := eg.Open(t.ID, t.Network); err != nil {
+			o.log.Warn("cannot reopen egress proxy", logkey.TaskID, t.ID, logkey.Error, err)
+		} else {
+			o.log.Info("egress proxy reopened", logkey.TaskID, t.ID)
+		}
+	}
+	tick := time.NewTicker(time.Minute)
+	defer tick.Stop()
+	for {
+		changed := o.tasks.Changed()
+		o.sweepEgress()
+		select {
+		case <-changed:
+		case <-tick.C:
+		case <-ctx.Done():
+			return nil
+		}
+		select {
+		case <-time.After(egressSweepPause):
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// sweepEgress closes the proxies of tasks that ended or are unknown.
+func (o *Orchestrator) sweepEgress() {
+	ids, err := o.opts.Egress.Tasks()
+	if err != nil {
+		o.log.Warn("cannot list egress proxies", logkey.Error, err)
+		return
+	}
+	for _, id := range ids {
+		if t, err := o.tasks.Get(id); err == nil && !t.Status.Terminal() {
+			continue
+		}
+		if err := o.opts.Egress.Close(id); err != nil {
+			o.log.Warn("cannot close egress proxy", logkey.TaskID, id, logkey.Error, err)
+		}
+	}
+}

@@ -1,0 +1,196 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// fakeEgress records Open and Close and keeps a set of task directories.
+type fakeEgress struct {
+	mu     sync.Mutex
+	dirs   map[string]string // task id → network it was opened for
+	opened []string
+	closed []string
+}
+
+func newFakeEgress(ids ...string) *fakeEgress {
+	f := &fakeEgress{dirs: map[string]string{}}
+	for _, id := range ids {
+		f.dirs[id] = "stale"
+	}
+	return f
+}
+
+func (f *fakeEgress) Open(id, network string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.dirs[id] = network
+	f.opened = append(f.opened, id+":"+network)
+	return "/host/egress/" + id, nil
+}
+
+func (f *fakeEgress) Close(id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.dirs, id)
+	f.closed = append(f.closed, id)
+	return nil
+}
+
+func (f *fakeEgress) Tasks() ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	for id := range f.dirs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
+func (f *fakeEgress) state() (dirs []string, opened []string) {
+	ids, _ := f.Tasks()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return ids, slices.Clone(f.opened)
+}
+
+func withNetworks(eg Egress) func(*Options) {
+	return func(o *Options) {
+		o.Networks = map[string]string{task.NetworkNone: "", task.NetworkAllowlist: "", task.NetworkOpen: ""}
+		if eg != nil {
+			o.Egress = eg
+		}
+	}
+}
+
+func TestPrepareWithEgress(t *testing.T) {
+	eg := newFakeEgress()
+	f := MustNew(t, withNetworks(eg))
+	ctx := context.Background()
+	for _, network := range []string{task.NetworkAllowlist, task.NetworkOpen} {
+		tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: network})
+		spec, err := f.o.Prepare(ctx, tk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if spec.Network != sandbox.NetworkEgress {
+			t.Errorf("%s: sandbox network %q, want egress", network, spec.Network)
+		}
+		want := sandbox.Mount{Source: "/host/egress/" + tk.ID, Target: SandboxEgressDir, ReadOnly: true}
+		if !slices.Contains(spec.Mounts, want) {
+			t.Errorf("%s: mounts %v lack %v", network, spec.Mounts, want)
+		}
+		i := slices.Index(spec.Command, "--egress-socket")
+		if i < 0 || spec.Command[i+1] != "/run/corral/egress/proxy.sock" || i > slices.Index(spec.Command, "--") {
+			t.Errorf("%s: argv %q lacks --egress-socket before --", network, spec.Command)
+		}
+	}
+	_, opened := eg.state()
+	if len(opened) != 2 || opened[0][len(opened[0])-len(":allowlist"):] != ":allowlist" || opened[1][len(opened[1])-len(":open"):] != ":open" {
+		t.Errorf("opened %v", opened)
+	}
+
+	none := f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: task.NetworkNone})
+	spec, err := f.o.Prepare(ctx, none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.Network != sandbox.NetworkNone || slices.Contains(spec.Command, "--egress-socket") {
+		t.Errorf("network none: sandbox network %q, argv %q", spec.Network, spec.Command)
+	}
+	for _, m := range spec.Mounts {
+		if m.Target == SandboxEgressDir {
+			t.Errorf("network none mounts the egress directory")
+		}
+	}
+	if _, opened := eg.state(); len(opened) != 2 {
+		t.Errorf("network none opened a proxy: %v", opened)
+	}
+}
+
+func TestPrepareWithoutEgressRefusesNetwork(t *testing.T) {
+	f := MustNew(t, withNetworks(nil))
+	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: task.NetworkAllowlist})
+	if _, err := f.o.Prepare(context.Background(), tk); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("Prepare = %v, want ErrFailedPrecondition", err)
+	}
+}
+
+// TestRunEgressReopensAndSweeps plays a restart: a running task with
+// network gets its proxy back, a stale directory of an ended or unknown
+// task is removed, and a task that ends later loses its proxy.
+func TestRunEgressReopensAndSweeps(t *testing.T) {
+	eg := newFakeEgress("unknown-task")
+	f := MustNew(t, withNetworks(eg))
+	spawn := func(network string) task.Task {
+		return f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: network})
+	}
+	running, noNet, ended := spawn(task.NetworkAllowlist), spawn(task.NetworkNone), spawn(task.NetworkOpen)
+	for _, tk := range []task.Task{running, noNet, ended} {
+		f.MustAppend(t, tk.ID,
+			projection.NewEvent(task.EventStarting, nil, "test"),
+			projection.NewEvent(task.EventStarted, task.Started{SandboxName: tk.ID}, "test"))
+	}
+	f.MustAppend(t, ended.ID, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success}, "test"))
+	eg.mu.Lock()
+	eg.dirs[ended.ID] = "stale"
+	eg.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.o.RunEgress(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	waitDirs := func(want []string) {
+		t.Helper()
+		sort.Strings(want)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			dirs, _ := eg.state()
+			if cmp.Equal(want, dirs) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("egress directories %v, want %v", dirs, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitDirs([]string{running.ID})
+	if _, opened := eg.state(); !slices.Equal(opened, []string{running.ID + ":allowlist"}) {
+		t.Errorf("reopened %v, want only the running task with network", opened)
+	}
+
+	// An egress event on the stream does not end the task, nor its proxy.
+	evs, err := f.store.Append(ctx, task.StreamID(running.ID), eventstore.AnyVersion,
+		projection.NewEvent(task.EventEgressConnection, task.EgressConnection{Host: "h", Port: 443, Allowed: true}, "test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.tasks.CatchUp(ctx, evs[0].Position); err != nil {
+		t.Fatal(err)
+	}
+	if tk, _ := f.tasks.Get(running.ID); tk.Status != task.Running {
+		t.Errorf("after an egress event the task is %s, want running", tk.Status)
+	}
+	time.Sleep(2 * egressSweepPause) // a sweep after the event must keep the proxy
+	if dirs, _ := eg.state(); !slices.Equal(dirs, []string{running.ID}) {
+		t.Errorf("egress directories %v after an egress event", dirs)
+	}
+	f.MustAppend(t, running.ID, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success}, "test"))
+	waitDirs(nil)
+}

@@ -1,0 +1,242 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// Retention says how long things are kept. Zero durations keep forever.
+type Retention struct {
+	// TaskDirs is how long an ended task's directory is kept after it ended
+	// (ai_worker_config.task_retention_hours).
+	TaskDirs time.Duration
+	// Attachments is how long an attachment is kept after it was created or
+	// last named by a task, whichever is later; while a task that names it
+	// has not ended, it is always kept.
+	Attachments time.Duration
+	// Interval is the time between two sweeps of RunRetention.
+	Interval time.Duration
+}
+
+// orphanAge is how old a content or temporary file of attachments/ without
+// metadata must be before the sweeper removes it: older than any upload
+// still being written.
+const orphanAge = 24 * time.Hour
+
+// GCRequest asks for a retention sweep.
+type GCRequest struct {
+	DryRun bool `json:"dry_run,omitempty"`
+}
+
+// GCReport says what a sweep removed (or, dry, would remove) and what it
+// could not.
+type GCReport struct {
+	DryRun          bool      `json:"dry_run"`
+	Now             time.Time `json:"now"`
+	TaskDirectories []GCItem  `json:"task_directories"`
+	Attachments     []GCItem  `json:"attachments"`
+	Failed          []GCItem  `json:"failed,omitempty"`
+	Bytes           int64     `json:"bytes"`
+}
+
+// GCItem is one thing a sweep removes.
+type GCItem struct {
+	Path   string    `json:"path"` // relative to the data root
+	ID     string    `json:"id,omitempty"`
+	Bytes  int64     `json:"bytes"`
+	Since  time.Time `json:"since"` // when the task ended or the attachment was last used
+	Reason string    `json:"reason"`
+	Error  string    `json:"error,omitempty"`
+}
+
+// RunRetention sweeps once at start and then every Retention.Interval
+// until ctx is done. A sweep's failures are recorded as events and
+// retried by the next sweep; they never end the loop.
+func (o *Orchestrator) RunRetention(ctx context.Context) error {
+	every := o.opts.Retention.Interval
+	if every <= 0 {
+		every = 10 * time.Minute
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if rep, err := o.GC(ctx, GCRequest{}); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			o.log.Warn("retention sweep failed", "err", err)
+		} else if n := len(rep.TaskDirectories) + len(rep.Attachments); n > 0 || len(rep.Failed) > 0 {
+			o.log.Info("retention sweep", "removed", n, "bytes", rep.Bytes, "failed", len(rep.Failed))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// GC removes the directories of tasks that ended more than
+// Retention.TaskDirs ago (never one that has not ended, never a directory
+// no event knows) and attachments unused for Retention.Attachments, each
+// with an event; the tasks' events stay. A failed or partial removal is a
+// removal_failed event, and the next sweep tries again.
+func (o *Orchestrator) GC(ctx context.Context, req GCRequest) (GCReport, error) {
+	o.gcMu.Lock()
+	defer o.gcMu.Unlock()
+	now := o.now().UTC()
+	rep := GCReport{DryRun: req.DryRun, Now: now, TaskDirectories: []GCItem{}, Attachments: []GCItem{}}
+	if err := o.gcTasks(ctx, now, req.DryRun, &rep); err != nil {
+		return rep, err
+	}
+	if err := o.gcAttachments(ctx, now, req.DryRun, &rep); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+func (o *Orchestrator) gcTasks(ctx context.Context, now time.Time, dry bool, rep *GCReport) error {
+	keep := o.opts.Retention.TaskDirs
+	if keep <= 0 {
+		return nil
+	}
+	ids, err := o.data.TaskIDs()
+	if err != nil {
+		return fmt.Errorf("list task directories: %w", err)
+	}
+	for _, id := range ids {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		t, err := o.tasks.Get(id)
+		if err != nil || !t.Status.Terminal() || t.CompletedAt == nil || now.Sub(*t.CompletedAt) < keep {
+			continue
+		}
+		item := GCItem{Path: workspace.DirTasks + "/" + id, ID: id, Since: *t.CompletedAt, Reason: fmt.Sprintf("ended %s ago, retention %s", now.Sub(*t.CompletedAt).Round(time.Minute), keep)}
+		if dir, err := o.data.OpenTask(id); err == nil {
+			item.Bytes, _ = workspace.Size(dir, ".")
+			dir.Close()
+		}
+		if dry {
+			rep.TaskDirectories = append(rep.TaskDirectories, item)
+			rep.Bytes += item.Bytes
+			continue
+		}
+		if err := o.data.RemoveTask(id); err != nil {
+			item.Error = err.Error()
+			rep.Failed = append(rep.Failed, item)
+			o.recordFailure(ctx, task.StreamID(id), item.Path, err)
+			continue
+		}
+		rep.TaskDirectories = append(rep.TaskDirectories, item)
+		rep.Bytes += item.Bytes
+		ev := projection.NewEvent(task.EventDirectoryRemoved, task.DirectoryRemoved{Directory: item.Path, Bytes: item.Bytes, EndedAt: *t.CompletedAt}, "corral/retention")
+		if err := o.appendAnyVersion(ctx, task.StreamID(id), ev); err != nil {
+			return fmt.Errorf("record removal of %s: %w", item.Path, err)
+		}
+		o.log.Info("task directory removed", "task_id", id, "bytes", item.Bytes)
+	}
+	return nil
+}
+
+func (o *Orchestrator) gcAttachments(ctx context.Context, now time.Time, dry bool, rep *GCReport) error {
+	keep := o.opts.Retention.Attachments
+	store := o.opts.Attachments
+	if keep <= 0 || store == nil {
+		return nil
+	}
+	// An attachment is in use while a task naming it has not ended, and
+	// was last used when the latest such task ended.
+	inUse := map[string]bool{}
+	lastUse := map[string]time.Time{}
+	for _, t := range o.tasks.Select(func(t *task.Task) bool { return len(t.AttachmentIDs) > 0 }) {
+		for _, id := range t.AttachmentIDs {
+			switch {
+			case !t.Status.Terminal() || t.CompletedAt == nil:
+				inUse[id] = true
+			case t.CompletedAt.After(lastUse[id]):
+				lastUse[id] = *t.CompletedAt
+			}
+		}
+	}
+	atts, err := store.List()
+	if err != nil {
+		return err
+	}
+	for _, m := range atts {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		since := m.CreatedAt
+		if lastUse[m.ID].After(since) {
+			since = lastUse[m.ID]
+		}
+		if inUse[m.ID] || now.Sub(since) < keep {
+			continue
+		}
+		item := GCItem{Path: workspace.DirAttachments + "/" + m.File, ID: m.ID, Bytes: m.Size, Since: since, Reason: fmt.Sprintf("unused for %s, retention %s", now.Sub(since).Round(time.Minute), keep)}
+		if dry {
+			rep.Attachments = append(rep.Attachments, item)
+			rep.Bytes += item.Bytes
+			continue
+		}
+		stream := task.AttachmentStreamID(m.ID)
+		if err := store.Remove(m.ID); err != nil {
+			item.Error = err.Error()
+			rep.Failed = append(rep.Failed, item)
+			o.recordFailure(ctx, stream, item.Path, err)
+			continue
+		}
+		rep.Attachments = append(rep.Attachments, item)
+		rep.Bytes += item.Bytes
+		ev := projection.NewEvent(task.EventAttachmentRemoved, task.AttachmentRemoved{AttachmentID: m.ID, File: m.File, Bytes: m.Size, Reason: "retention"}, "corral/retention")
+		if err := o.appendAnyVersion(ctx, stream, ev); err != nil {
+			return fmt.Errorf("record removal of attachment %s: %w", m.ID, err)
+		}
+		o.log.Info("attachment removed", "attachment_id", m.ID, "bytes", m.Size)
+	}
+	orphans, err := store.Orphans(now.Add(-orphanAge))
+	if err != nil {
+		return fmt.Errorf("list orphan attachment files: %w", err)
+	}
+	for _, p := range orphans {
+		item := GCItem{Path: workspace.DirAttachments + "/" + p, Reason: "content without metadata (an interrupted upload or removal)"}
+		if info, err := store.Root().Stat(p); err == nil {
+			item.Bytes, item.Since = info.Size(), info.ModTime().UTC()
+		}
+		if dry {
+			rep.Attachments = append(rep.Attachments, item)
+			rep.Bytes += item.Bytes
+			continue
+		}
+		if err := store.RemoveFile(p); err != nil {
+			item.Error = err.Error()
+			rep.Failed = append(rep.Failed, item)
+			o.recordFailure(ctx, task.SystemStream, item.Path, err)
+			continue
+		}
+		rep.Attachments = append(rep.Attachments, item)
+		rep.Bytes += item.Bytes
+		ev := projection.NewEvent(task.EventAttachmentRemoved, task.AttachmentRemoved{File: p, Bytes: item.Bytes, Reason: "orphan"}, "corral/retention")
+		if err := o.appendAnyVersion(ctx, task.SystemStream, ev); err != nil {
+			return fmt.Errorf("record removal of %s: %w", item.Path, err)
+		}
+	}
+	return nil
+}
+
+// recordFailure appends removal_failed; the thing stays, and the next
+// sweep tries again.
+func (o *Orchestrator) recordFailure(ctx context.Context, stream, p string, err error) {
+	o.log.Warn("removal failed; retrying next sweep", "path", p, "err", err)
+	ev := projection.NewEvent(task.EventRemovalFailed, task.RemovalFailed{Path: p, Error: err.Error()}, "corral/retention")
+	if aerr := o.appendAnyVersion(ctx, stream, ev); aerr != nil && !errors.Is(aerr, context.Canceled) {
+		o.log.Warn("cannot record failed removal", "path", p, "err", aerr)
+	}
+}

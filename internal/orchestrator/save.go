@@ -1,0 +1,199 @@
+package orchestrator
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/units"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// scriptExts are the extensions save_to_shared also copies to
+// shared/scripts/, where the next task finds them (seed 000 use case 3).
+var scriptExts = map[string]bool{
+	".py": true, ".sh": true, ".bash": true, ".js": true, ".mjs": true, ".ts": true,
+	".rb": true, ".pl": true, ".r": true, ".lua": true, ".php": true, ".go": true,
+}
+
+// IsScript reports whether save_to_shared treats a file as a script.
+func IsScript(name string) bool { return scriptExts[strings.ToLower(path.Ext(name))] }
+
+// checkSharedQuota refuses adding bytes to shared/ if that would take it
+// past the shared/ limit. The measure is a walk of shared/: exact on any
+// filesystem, at the cost of a walk per write (some milliseconds for
+// thousands of files).
+func (o *Orchestrator) checkSharedQuota(adding int64) error {
+	max := o.opts.Limits.MaxSharedBytes
+	if max <= 0 {
+		return nil
+	}
+	size, err := workspace.Size(o.data.Shared(), ".")
+	if err != nil {
+		return fmt.Errorf("measure shared/: %w", err)
+	}
+	if size+adding > max {
+		return fmt.Errorf("shared/ quota exceeded: shared/ holds %s, this adds %s, the limit (limits.max_shared_bytes) is %s: %w",
+			units.FormatSize(size), units.FormatSize(adding), units.FormatSize(max), errdefs.ErrResourceExhausted)
+	}
+	return nil
+}
+
+// saveOutputs copies a successful task's output files to
+// shared/outputs/YYYY-MM/<task-id>/, and scripts among them also to
+// shared/scripts/, then records outputs_saved (or outputs_save_failed).
+// A script whose name is taken by a different file gets a suffix and the
+// event says so; an identical one is left as is. It runs once per task:
+// a second call (the webhook and the sandbox's exit racing, a restart)
+// finds the event and does nothing.
+func (o *Orchestrator) saveOutputs(ctx context.Context, t task.Task, files []task.OutputFile) {
+	o.saveMu.Lock()
+	defer o.saveMu.Unlock()
+	if o.hasEvent(ctx, t.ID, task.EventOutputsSaved, task.EventOutputsSaveFailed) {
+		return
+	}
+	dirName := path.Join("outputs", o.now().UTC().Format("2006-01"), t.ID)
+	res := task.OutputsSaved{Directory: "shared/" + dirName, Files: []task.SavedFile{}}
+	err := o.copyOutputs(t, files, dirName, &res)
+	typ := task.EventOutputsSaved
+	if err != nil {
+		typ, res.Error = task.EventOutputsSaveFailed, err.Error()
+		o.log.Warn("outputs not saved to shared", "task_id", t.ID, "err", err)
+	}
+	if err := o.appendAnyVersion(ctx, task.StreamID(t.ID), projection.NewEvent(typ, res, "corral/save")); err != nil {
+		o.log.Warn("cannot record saved outputs", "task_id", t.ID, "err", err)
+	}
+}
+
+func (o *Orchestrator) copyOutputs(t task.Task, files []task.OutputFile, dirName string, res *task.OutputsSaved) error {
+	if len(files) == 0 {
+		return nil
+	}
+	var total int64
+	for _, f := range files {
+		total += f.Size
+		if IsScript(f.Name) {
+			total += f.Size
+		}
+	}
+	if err := o.checkSharedQuota(total); err != nil {
+		return err
+	}
+	dir, err := o.data.OpenTask(t.ID)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	out, err := dir.OpenRoot("output")
+	if err != nil {
+		return fmt.Errorf("open the task's output: %w", err)
+	}
+	defer out.Close()
+	sh := o.data.Shared()
+	max := o.opts.Limits.MaxTaskDirBytes
+	if max <= 0 {
+		max = 1 << 40
+	}
+	for _, f := range files {
+		to := path.Join(dirName, f.Name)
+		n, err := workspace.CopyFile(out, f.Name, sh, to, max)
+		if err != nil {
+			return fmt.Errorf("copy %s: %w", f.Name, err)
+		}
+		res.Files = append(res.Files, task.SavedFile{From: f.Name, To: to, Size: n})
+		if !IsScript(f.Name) {
+			continue
+		}
+		sf, err := o.saveScript(out, f.Name, max)
+		if err != nil {
+			return fmt.Errorf("copy %s to scripts/: %w", f.Name, err)
+		}
+		res.Files = append(res.Files, sf)
+	}
+	return nil
+}
+
+// saveScript copies a script to scripts/<base name>, never over a different
+// file: a taken name gets "-2", "-3", ... before its extension.
+func (o *Orchestrator) saveScript(out *os.Root, name string, max int64) (task.SavedFile, error) {
+	sh := o.data.Shared()
+	sum, err := fileSum(out, name)
+	if err != nil {
+		return task.SavedFile{}, err
+	}
+	base := path.Base(name)
+	wanted := path.Join("scripts", base)
+	ext := path.Ext(base)
+	stem := strings.TrimSuffix(base, ext)
+	for i := 1; i < 1000; i++ {
+		to := wanted
+		if i > 1 {
+			to = path.Join("scripts", fmt.Sprintf("%s-%d%s", stem, i, ext))
+		}
+		existing, err := fileSum(sh, to)
+		switch {
+		case err == nil && existing == sum:
+			return task.SavedFile{From: name, To: to, Unchanged: true, Renamed: to != wanted, Wanted: wantedIf(to != wanted, wanted)}, nil
+		case err == nil:
+			continue // taken by another file
+		case !errors.Is(err, errdefs.ErrNotFound):
+			if _, lerr := sh.Lstat(to); lerr == nil {
+				continue // a directory or a link: taken
+			}
+			return task.SavedFile{}, err
+		}
+		n, err := workspace.CopyFile(out, name, sh, to, max)
+		if err != nil {
+			return task.SavedFile{}, err
+		}
+		return task.SavedFile{From: name, To: to, Size: n, Renamed: to != wanted, Wanted: wantedIf(to != wanted, wanted)}, nil
+	}
+	return task.SavedFile{}, fmt.Errorf("scripts/%s and 999 suffixed names are taken: %w", base, errdefs.ErrAlreadyExists)
+}
+
+func wantedIf(ok bool, s string) string {
+	if ok {
+		return s
+	}
+	return ""
+}
+
+// fileSum returns the sha256 of a regular file beneath root.
+func fileSum(root *os.Root, name string) ([32]byte, error) {
+	f, _, err := workspace.OpenFile(root, name)
+	if err != nil {
+		return [32]byte{}, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return [32]byte{}, err
+	}
+	var s [32]byte
+	copy(s[:], h.Sum(nil))
+	return s, nil
+}
+
+// hasEvent reports whether a task's stream holds an event of one of types.
+func (o *Orchestrator) hasEvent(ctx context.Context, id string, types ...string) bool {
+	evs, err := o.store.ReadStream(ctx, task.StreamID(id), 0)
+	if err != nil {
+		return false
+	}
+	for _, e := range evs {
+		for _, typ := range types {
+			if e.Type == typ {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,365 @@
+//go:build linux
+
+package gvisor
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// MustNew returns a Runtime over a fresh state dir, with cgroups under a
+// parent unique to this package's tests, and a function that builds another
+// instance over the same state (a restarted server).
+func MustNew(tb testing.TB) (*Runtime, func() *Runtime) {
+	tb.Helper()
+	testenv.RequireRunsc(tb)
+	opts := Options{StateDir: filepath.Join(tb.TempDir(), "state"), CgroupParent: "corral-gvisor-test"}
+	newRuntime := func() *Runtime {
+		r, err := New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			tb.Fatalf("New: %v", err)
+		}
+		return r
+	}
+	return newRuntime(), newRuntime
+}
+
+// mountDir is a host directory the sandbox user can read: t.TempDir() is
+// 0700 and owned by root, and gVisor checks the host's owners and modes.
+// (Read-write mounts are given to the sandbox user by Create.)
+func mountDir(t *testing.T) string {
+	d := t.TempDir()
+	if err := os.Chmod(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestConformance(t *testing.T) {
+	testenv.RequireRunsc(t)
+	sandboxtest.Run(t, sandboxtest.Harness{
+		Setup: func(t *testing.T) func() sandbox.Runtime {
+			_, newRuntime := MustNew(t)
+			return func() sandbox.Runtime { return newRuntime() }
+		},
+		MountDir: mountDir,
+	})
+}
+
+// run creates a sandbox running script with a fresh directory at /out as
+// its working directory, waits for it, and returns its exit status and the
+// content of /out/out.
+func run(t *testing.T, r *Runtime, script string, mod func(*sandbox.Spec)) (sandbox.ExitStatus, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dir := mountDir(t)
+	sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", script}, Dir: "/out",
+		Mounts: []sandbox.Mount{{Source: dir, Target: "/out"}}}
+	if mod != nil {
+		mod(&sp)
+	}
+	if _, err := r.Create(ctx, sp); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), sp.ID) })
+	es, err := r.Wait(ctx, sp.ID)
+	if err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	out, _ := os.ReadFile(filepath.Join(dir, "out"))
+	return es, string(out)
+}
+
+func TestIsolation(t *testing.T) {
+	r, _ := MustNew(t)
+	for _, tc := range []struct {
+		name, script, want string
+	}{
+		{"uid", `id -u > out; id -g >> out; id -un >> out`, "1000\n1000\nworker\n"},
+		{"no capabilities", `grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status | tr -s '\t' ' ' > out`, "CapPrm: 0000000000000000\nCapEff: 0000000000000000\nCapBnd: 0000000000000000\n"},
+		{"loopback only", `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' > out`, "lo\n"},
+		{"hostname", `hostname > out`, "corral\n"},
+		{"worker in passwd", `grep -c '^worker:x:1000:1000:' /etc/passwd > out`, "1\n"},
+		{"read-only root", `if touch /x 2>/dev/null || touch /usr/x 2>/dev/null || touch /etc/x 2>/dev/null; then echo writable > out; else echo ro > out; fi`, "ro\n"},
+		{"tmp writable", `echo ok > /tmp/f && cat /tmp/f > out`, "ok\n"},
+		{"env cleared", `env | grep -c CORRAL_HOST_SECRET > out`, "0\n"},
+		// The shell, its subshell and ls: nothing of the host.
+		{"host processes invisible", `n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; [ "$n" -ge 1 ] && [ "$n" -le 4 ] && echo few > out || echo "$n" > out`, "few\n"},
+		{"pids rlimit", `ulimit -p > out`, "unlimited\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("CORRAL_HOST_SECRET", "x")
+			_, out := run(t, r, tc.script, nil)
+			if tc.want == "" {
+				if strings.TrimSpace(out) == "" || strings.TrimSpace(out) == "0" {
+					t.Errorf("got %q, want a non-zero count", out)
+				}
+				return
+			}
+			if out != tc.want {
+				t.Errorf("got %q, want %q", out, tc.want)
+			}
+		})
+	}
+}
+
+func TestPidsRlimit(t *testing.T) {
+	r, _ := MustNew(t)
+	_, out := run(t, r, `ulimit -p > out`, func(sp *sandbox.Spec) { sp.Limits.Pids = 40 })
+	if out != "40\n" {
+		t.Errorf("ulimit -p = %q, want 40", out)
+	}
+}
+
+// TestSecretsStayInBundle checks that Spec.Env reaches the process and is
+// written nowhere in the state dir but the bundle's config.json, which only
+// root can read.
+func TestSecretsStayInBundle(t *testing.T) {
+	r, _ := MustNew(t)
+	const secret = "sk-corral-test-8c1e5b"
+	var id string
+	es, out := run(t, r, `printf '%s' "$API_KEY" > out`, func(sp *sandbox.Spec) {
+		sp.Env = []string{"API_KEY=" + secret}
+		id = sp.ID
+	})
+	if es.Code != 0 || out != secret {
+		t.Fatalf("exit %d, out %q; want the key in the environment", es.Code, out)
+	}
+	dir := r.dir(id)
+	err := filepath.WalkDir(r.opts.StateDir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Type()&os.ModeType != 0 {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil
+		}
+		if bytes.Contains(b, []byte(secret)) && p != filepath.Join(dir, "bundle", "config.json") {
+			t.Errorf("secret found in %s", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "bundle", "config.json"))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("config.json: %v, mode %v; want 0600", err, fi.Mode())
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("state dir: %v, mode %v; want 0700", err, fi.Mode())
+	}
+}
+
+// TestHostUnixSocket is the path the completion webhook and the egress
+// relay take: a process in the sandbox connects to a unix socket the host
+// listens on, in a directory mounted read-only. The client is this test
+// binary, mounted into the sandbox (TestHelperDial).
+func TestHostUnixSocket(t *testing.T) {
+	r, _ := MustNew(t)
+	sockDir := mountDir(t)
+	sock := filepath.Join(sockDir, "corral.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := os.Chmod(sock, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- "accept: " + err.Error()
+			return
+		}
+		defer c.Close()
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		fmt.Fprintf(c, "ack %s", line)
+		got <- line
+	}()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, out := run(t, r, `/run/probe/client -test.run='^TestHelperDial$' > out 2>&1`, func(sp *sandbox.Spec) {
+		sp.Env = []string{"CORRAL_GVISOR_DIAL=/run/corral/sock/corral.sock"}
+		sp.Mounts = append(sp.Mounts,
+			sandbox.Mount{Source: sockDir, Target: "/run/corral/sock", ReadOnly: true},
+			sandbox.Mount{Source: self, Target: "/run/probe/client", ReadOnly: true})
+	})
+	if es.Code != 0 || !strings.Contains(out, "reply: ack hello from the sandbox") {
+		t.Fatalf("client exit %d, output %q; want the host's reply", es.Code, out)
+	}
+	select {
+	case line := <-got:
+		if line != "hello from the sandbox\n" {
+			t.Errorf("host got %q", line)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("host got no connection")
+	}
+}
+
+// TestHelperDial runs inside the sandbox for TestHostUnixSocket.
+func TestHelperDial(t *testing.T) {
+	path := os.Getenv("CORRAL_GVISOR_DIAL")
+	if path == "" {
+		t.Skip("helper for TestHostUnixSocket")
+	}
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "hello from the sandbox\n")
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil && line == "" {
+		t.Fatalf("read: %v", err)
+	}
+	fmt.Printf("reply: %s\n", line)
+}
+
+// TestSurvivesServerDeath runs a sandbox from a child process that is
+// killed with SIGKILL, then recovers it from this process.
+func TestSurvivesServerDeath(t *testing.T) {
+	testenv.RequireRunsc(t)
+	if os.Getenv("CORRAL_GVISOR_HELPER_STATE") != "" {
+		return // the helper body runs in TestServerHelper
+	}
+	state := filepath.Join(t.TempDir(), "state")
+	dir := mountDir(t)
+	id := sandboxtest.NewID(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServerHelper$", "-test.v")
+	cmd.Env = append(os.Environ(), "CORRAL_GVISOR_HELPER_STATE="+state, "CORRAL_GVISOR_HELPER_DIR="+dir, "CORRAL_GVISOR_HELPER_ID="+id)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("helper did not start the sandbox: %s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cmd.Process.Kill() // the "server" dies with SIGKILL
+	cmd.Wait()
+
+	r, err := New(Options{StateDir: state, CgroupParent: "corral-gvisor-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	t.Cleanup(func() { r.Destroy(context.Background(), id) })
+	hs, err := r.List(ctx, map[string]string{sandbox.LabelManaged: "true"})
+	if err != nil || len(hs) != 1 {
+		t.Fatalf("List after server death = %v, %v; want one sandbox", hs, err)
+	}
+	if err := r.Recover(ctx, &hs[0]); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	if st, err := r.Status(ctx, id); err != nil || st.State != sandbox.StateRunning {
+		t.Fatalf("Status = %+v, %v; want running after the server died", st, err)
+	}
+	os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
+	es, err := r.Wait(ctx, id)
+	if err != nil || es.Code != 9 {
+		t.Errorf("Wait = %+v, %v; want code 9", es, err)
+	}
+}
+
+// TestServerHelper is the "server" process of TestSurvivesServerDeath.
+func TestServerHelper(t *testing.T) {
+	state := os.Getenv("CORRAL_GVISOR_HELPER_STATE")
+	if state == "" {
+		t.Skip("helper process for TestSurvivesServerDeath")
+	}
+	r, err := New(Options{StateDir: state, CgroupParent: "corral-gvisor-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := os.Getenv("CORRAL_GVISOR_HELPER_DIR")
+	_, err = r.Create(context.Background(), sandbox.Spec{
+		ID: os.Getenv("CORRAL_GVISOR_HELPER_ID"), Command: []string{"/bin/sh", "-c", `touch ready; while [ ! -e stop ]; do sleep 0.05; done; exit 9`},
+		Dir: "/out", Mounts: []sandbox.Mount{{Source: dir, Target: "/out"}},
+		Labels: map[string]string{sandbox.LabelManaged: "true"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Minute) // killed by the parent test
+}
+
+func TestCapabilities(t *testing.T) {
+	r, _ := MustNew(t)
+	c, err := r.Capabilities(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Available || !strings.HasPrefix(c.Version, "gVisor runsc version") || !c.Exec || !c.Network {
+		t.Errorf("Capabilities = %+v, want available runsc with exec and network isolation", c)
+	}
+	if !c.Limits {
+		t.Errorf("Capabilities.Limits = false as root: %v", c.Warnings)
+	}
+}
+
+func TestCapabilitiesNoRunsc(t *testing.T) {
+	r, err := New(Options{StateDir: t.TempDir(), Runsc: "/nonexistent/runsc", DisableCgroups: true}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := r.Capabilities(context.Background())
+	if c.Available || !strings.Contains(c.Reason, "apt-get install -y runsc") || c.Limits {
+		t.Errorf("Capabilities = %+v, want unavailable with an install hint", c)
+	}
+	if _, err := r.Create(context.Background(), sandbox.Spec{ID: "x", Command: []string{"true"}}); err == nil {
+		t.Errorf("Create without runsc succeeded")
+	}
+}
+
+// BenchmarkStart compares Create→Wait of /bin/true through the runtime with
+// a bare `runsc run` of the probe's bundle.
+func BenchmarkStart(b *testing.B) {
+	r, _ := MustNew(b)
+	ctx := context.Background()
+	b.Run("runtime", func(b *testing.B) {
+		for b.Loop() {
+			id := sandboxtest.NewID(b)
+			if _, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/true"}}); err != nil {
+				b.Fatal(err)
+			}
+			if es, err := r.Wait(ctx, id); err != nil || es.Code != 0 {
+				b.Fatal(es, err)
+			}
+			b.StopTimer()
+			r.Destroy(ctx, id)
+			b.StartTimer()
+		}
+	})
+}
