@@ -26,6 +26,7 @@ Usage:
   corral logs [-f] ID                              show (and follow) a task's transcript
   corral cancel ID                                 cancel a task
   corral ws ls [PATH] | cat PATH | put PATH [FILE] the shared workspace
+  corral skills [ls] | show NAME | create ...      the skills in shared/skills/ (create --help for more)
   corral tools                                     the tool catalogue as function definitions
   corral attachments get ID [-o FILE] | put FILE...  download or upload attachments
   corral gc [--dry-run]                            remove ended tasks' directories and unused attachments past retention
@@ -67,6 +68,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"bench":       cmdBench,
 		"worker":      cmdWorker,
 		"mcp":         cmdMCP,
+		"skills":      cmdSkills,
 		"attachments": cmdAttachments,
 		"gc":          cmdGC,
 	}

@@ -54,6 +54,7 @@ type App struct {
 	store    *sqlite.Store
 	data     *workspace.DataRoot
 	attRoot  *os.Root // attachments/
+	docs     documentIndex
 	tasks    *projection.Tasks
 	orch     *orchestrator.Orchestrator
 	sched    *scheduler.Scheduler
@@ -102,6 +103,9 @@ func (a *App) open(ctx context.Context) error {
 	if err := a.tasks.Rebuild(ctx); err != nil {
 		return err
 	}
+	if err := a.openDocuments(ctx); err != nil {
+		return err
+	}
 	secret := secrets.WebhookSecret
 	if secret == nil {
 		if secret, err = a.generatedSecret(); err != nil {
@@ -131,6 +135,7 @@ func (a *App) open(ctx context.Context) error {
 		return fmt.Errorf("open attachments: %w", err)
 	}
 	a.orch = orchestrator.New(orchestrator.Options{
+		Documents:   a.docs.ix,
 		Attachments: attachment.New(a.attRoot, attachment.Options{MaxFileBytes: lim.MaxUploadBytes.Bytes(), Now: a.opts.Now}),
 		Retention: orchestrator.Retention{
 			TaskDirs:    time.Duration(w.TaskRetentionHours) * time.Hour,
@@ -326,6 +331,7 @@ func (a *App) Close() error {
 			l.Close()
 		}
 	}
+	a.closeDocuments()
 	if a.store != nil {
 		a.store.Close()
 	}

@@ -126,6 +126,12 @@ func (s *Server) routes() {
 	m.Handle("GET /metrics", auth(s.metrics))
 	m.Handle("GET /api/deliveries", auth(s.listDeliveries))
 	m.Handle("POST /api/deliveries/{id}/retry", auth(s.retryDelivery))
+	m.Handle("POST /api/documents", auth(s.ingestDocument))
+	m.Handle("GET /api/documents", auth(s.searchDocuments))
+	m.Handle("POST /api/documents/export", auth(s.exportNotes))
+	m.Handle("GET /api/skills", auth(s.listSkills))
+	m.Handle("GET /api/skills/{name}", auth(s.getSkill))
+	m.Handle("POST /api/skills", auth(s.createSkill))
 	if s.opts.MCP != nil {
 		m.Handle("/mcp", auth(func(w http.ResponseWriter, r *http.Request) error {
 			s.opts.MCP.ServeHTTP(w, r)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/attachment"
+	"github.com/corral-dev/corral/internal/document"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/task"
@@ -62,6 +63,8 @@ type Options struct {
 	Worker WorkerOptions
 	// Verifier checks completion webhooks from workers.
 	Verifier Verifier
+	// Documents is the document index; nil turns documents and notes off.
+	Documents *document.Index
 	// Attachments stores attachments; nil turns them off.
 	Attachments *attachment.Store
 	// Retention says how long ended tasks' directories and unused
@@ -86,6 +89,7 @@ type Orchestrator struct {
 	spawnMu sync.Mutex // serialises spawns that carry an idempotency key
 	saveMu  sync.Mutex // serialises save_to_shared, so each task saves once
 	gcMu    sync.Mutex // serialises retention sweeps
+	skillMu sync.Mutex // serialises create_skill, so two creates of one name cannot both pass the check
 }
 
 var _ Service = (*Orchestrator)(nil)

@@ -62,6 +62,24 @@ type Service interface {
 	// GC removes ended tasks' directories and unused attachments past their
 	// retention; with req.DryRun it only reports what would go.
 	GC(ctx context.Context, req GCRequest) (GCReport, error)
+	// IngestDocument copies a workspace file into documents/ and indexes it
+	// (ingest_from_workspace), or stores a note pushed with its content.
+	IngestDocument(ctx context.Context, req IngestRequest) (Document, error)
+	// SearchDocuments searches documents and notes, best match first.
+	SearchDocuments(ctx context.Context, req SearchRequest) (SearchResult, error)
+	// ExportNotes writes the notes matching a query as Markdown files under
+	// shared/ (export_notes_to_workspace).
+	ExportNotes(ctx context.Context, req ExportNotesRequest) (ExportNotesResult, error)
+	// ListSkills lists the skills in shared/skills/, by name; a skill whose
+	// SKILL.md does not parse is listed with its error.
+	ListSkills(ctx context.Context) ([]SkillInfo, error)
+	// GetSkill returns a skill's SKILL.md and its files; ErrNotFound for an
+	// unknown name.
+	GetSkill(ctx context.Context, name string) (SkillDetail, error)
+	// CreateSkill writes shared/skills/<name>/ from a SKILL.md (or its
+	// fields) and optionally a finished task's output files. A name taken
+	// is ErrAlreadyExists; nothing is written on any error.
+	CreateSkill(ctx context.Context, req CreateSkillRequest) (SkillDetail, error)
 }
 
 // SpawnRequest holds the spawn_worker arguments (seed 000 plus SPEC §2).
@@ -77,6 +95,8 @@ type SpawnRequest struct {
 	SharedFiles     []string          `json:"shared_files,omitempty"`
 	AttachmentIDs   []string          `json:"attachment_ids,omitempty"`
 	SaveToShared    bool              `json:"save_to_shared,omitempty"`
+	DocumentIDs     []string          `json:"document_ids,omitempty"`
+	NoteQuery       string            `json:"note_query,omitempty"`
 	Model           string            `json:"model,omitempty"`
 	Agent           string            `json:"agent,omitempty"`
 	Command         []string          `json:"command,omitempty"`

@@ -42,10 +42,13 @@ var labelKey = sync.OnceValue(func() *regexp.Regexp {
 func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, bool, error) {
 	spec, err := o.validate(req)
 	atts, attErrs := o.checkAttachments(req.AttachmentIDs)
+	docs, docErrs := o.checkDocuments(ctx, req.DocumentIDs, req.NoteQuery)
+	attErrs = append(attErrs, docErrs...)
 	if err != nil || len(attErrs) > 0 {
 		return task.Task{}, false, errors.Join(append([]error{err}, attErrs...)...)
 	}
 	spec.AttachmentIDs = req.AttachmentIDs
+	specWithDocuments(&spec, req.DocumentIDs, req.NoteQuery, docs)
 	hash := requestHash(req)
 	if spec.IdempotencyKey != "" {
 		o.spawnMu.Lock()
@@ -80,7 +83,11 @@ func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, 
 	if err != nil {
 		return task.Task{}, false, err
 	}
-	if err := workspace.WriteFileAtomic(dir, "prompt.md", []byte(Prompt(spec)+attachmentNote(atts, attNames)), 0o644); err != nil {
+	docNote, err := o.copyDocuments(dir, docs)
+	if err != nil {
+		return task.Task{}, false, err
+	}
+	if err := workspace.WriteFileAtomic(dir, "prompt.md", []byte(Prompt(spec)+attachmentNote(atts, attNames)+docNote+o.skillsNote()), 0o644); err != nil {
 		return task.Task{}, false, fmt.Errorf("write prompt.md: %w", err)
 	}
 	actor := ActorFrom(ctx)

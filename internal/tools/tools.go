@@ -46,6 +46,8 @@ func New(svc orchestrator.Service) *Catalogue {
 		spawnWorker(svc), readTaskResult(svc), listWorkerTasks(svc), cancelWorkerTask(svc),
 		readWorkspace(svc), writeWorkspace(svc), listWorkspace(svc),
 		createAttachmentFromWorkspace(svc),
+		ingestFromWorkspace(svc), exportNotesToWorkspace(svc), searchDocuments(svc),
+		listSkills(svc), getSkill(svc), createSkill(svc),
 	} {
 		c.index[t.Name] = len(c.tools)
 		c.tools = append(c.tools, t)
@@ -331,7 +333,9 @@ const spawnSchema = `{"type":"object","properties":{
 "context_files":{"type":"array","items":{"type":"string"},"description":"List of files from /workspace/shared/ to copy to the task directory. Use paths relative to shared/, e.g., 'data/input.csv'."},
 "shared_files":{"type":"array","items":{"type":"string"},"description":"Files from /workspace/shared/ to include in the task's context/, e.g. 'scripts/resize_images.py' (the same as context_files; both lists are taken)."},
 "attachment_ids":{"type":"array","items":{"type":"string"},"description":"Attachment IDs to make available to the worker. They are copied into the task's context directory under their original names."},
-"save_to_shared":{"type":"boolean","default":false,"description":"If true, copy successful output files to /workspace/shared/outputs/YYYY-MM/<task-id>/ (and scripts also to shared/scripts/) for future reuse."},
+"save_to_shared":{"type":"boolean","default":false,"description":"If true, copy successful output files to /workspace/shared/ for future reuse."},
+"document_ids":{"type":"array","items":{"type":"string"},"description":"Document IDs (from search results) to include. They are copied into the task's context directory."},
+"note_query":{"type":"string","description":"Search query to find notes to export as markdown files into the task's context/notes/ (at most 20, best first)."},
 "model":{"type":"string","enum":["claude","gemini"],"default":"claude","description":"Which AI coder to use. Claude Code recommended for most tasks."},
 "agent":{"type":"string","enum":["claude","gemini","codex","opencode","command"],"description":"The agent to run, for the agents model does not name; when given, it wins over model."},
 "command":{"type":"array","items":{"type":"string"},"description":"For agent 'command': the argv to run in /task, with the task description on stdin."},

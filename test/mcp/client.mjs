@@ -23,7 +23,7 @@ const check = (ok, what) => {
 };
 
 // Parameters of the seed that Corral deliberately does not list yet.
-const notBuilt = { spawn_worker: ["save_to_shared"] };
+const notBuilt = {};
 
 function transport() {
   if (mode === "http") {

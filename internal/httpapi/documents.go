@@ -1,0 +1,98 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/tools"
+)
+
+// ingestDocument serves POST /api/documents: ingest_from_workspace's
+// arguments (source_path), or a note's content.
+func (s *Server) ingestDocument(w http.ResponseWriter, r *http.Request) error {
+	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	if err != nil {
+		return err
+	}
+	var req orchestrator.IngestRequest
+	if err := tools.Decode(body, &req); err != nil {
+		return err
+	}
+	d, err := s.b.IngestDocument(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Location", "/api/documents?q="+url.QueryEscape(d.Title))
+	writeJSON(w, http.StatusCreated, d)
+	return nil
+}
+
+// searchDocuments serves GET /api/documents?q=&type=&limit=.
+func (s *Server) searchDocuments(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	req := orchestrator.SearchRequest{Query: q.Get("q"), Type: q.Get("type")}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return errdefs.Field("limit", "must be a number between 1 and 100")
+		}
+		req.Limit = n
+	}
+	res, err := s.b.SearchDocuments(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// exportNotes serves POST /api/documents/export:
+// export_notes_to_workspace's arguments.
+func (s *Server) exportNotes(w http.ResponseWriter, r *http.Request) error {
+	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	if err != nil {
+		return err
+	}
+	var req orchestrator.ExportNotesRequest
+	if err := tools.Decode(body, &req); err != nil {
+		return err
+	}
+	res, err := s.b.ExportNotes(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// IngestDocument ingests a workspace file or pushes a note.
+func (c *Client) IngestDocument(ctx context.Context, req orchestrator.IngestRequest) (orchestrator.Document, error) {
+	var d orchestrator.Document
+	err := c.call(ctx, http.MethodPost, "/api/documents", req, &d)
+	return d, err
+}
+
+// SearchDocuments searches the document index.
+func (c *Client) SearchDocuments(ctx context.Context, req orchestrator.SearchRequest) (orchestrator.SearchResult, error) {
+	q := url.Values{"q": {req.Query}}
+	if req.Type != "" {
+		q.Set("type", req.Type)
+	}
+	if req.Limit != 0 {
+		q.Set("limit", strconv.Itoa(req.Limit))
+	}
+	var res orchestrator.SearchResult
+	err := c.call(ctx, http.MethodGet, "/api/documents?"+q.Encode(), nil, &res)
+	return res, err
+}
+
+// ExportNotes writes matching notes under shared/.
+func (c *Client) ExportNotes(ctx context.Context, req orchestrator.ExportNotesRequest) (orchestrator.ExportNotesResult, error) {
+	var res orchestrator.ExportNotesResult
+	err := c.call(ctx, http.MethodPost, "/api/documents/export", req, &res)
+	return res, err
+}
