@@ -225,10 +225,14 @@ func (o *Orchestrator) WorkerComplete(ctx context.Context, h http.Header, body [
 	if err != nil {
 		return "", err
 	}
-	if !t.Status.Terminal() {
-		if t.Status == task.Pending || t.Status == task.Queued {
-			return "", fmt.Errorf("task %s has not started: %w", t.ID, errdefs.ErrFailedPrecondition)
-		}
+	if t.Status == task.Pending || t.Status == task.Queued {
+		return "", fmt.Errorf("task %s has not started: %w", t.ID, errdefs.ErrFailedPrecondition)
+	}
+	// A success ends the task at once. A failure is acknowledged but left
+	// to the sandbox's exit, which follows within moments: the runtime knows
+	// what the worker cannot (the memory limit killed the agent, a signal
+	// came from outside), and the task's error should say so.
+	if !t.Status.Terminal() && c.Status == string(task.Success) {
 		res := o.Collect(ctx, t, &sandbox.ExitStatus{Code: c.ExitCode, ExitedAt: time.Now()})
 		res.Reason = "webhook"
 		actor := "worker/" + t.ID

@@ -9,7 +9,8 @@
 // no_new_privs, under the seccomp filter of package sandbox/seccomp
 // (ptrace, mount, namespaces, keyrings, bpf, io_uring and more refused),
 // and sees a read-only host /usr (with /bin, /sbin, /lib* as on the host),
-// its own /proc and /dev, a size limited /tmp, a generated read-only /etc
+// its own /proc (with /proc/1/mem of bwrap's reaper masked) and /dev, a
+// size limited /tmp, a generated read-only /etc
 // (passwd and group with the worker user, hosts, the host's CA
 // certificates, and resolv.conf only when the network is on) and only the
 // mounts its Spec names. The root file system is a read-only tmpfs. The
