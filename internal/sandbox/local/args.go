@@ -223,11 +223,9 @@ func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) [
 	// The root tmpfs (holding the mount points) is made read-only last, so
 	// only /tmp and read-write mounts can be written.
 	args = append(args, "--remount-ro", "/")
-	args = append(args, "--clearenv")
-	for _, e := range sandboxEnv(spec.Env) {
-		k, v, _ := strings.Cut(e, "=")
-		args = append(args, "--setenv", k, v)
-	}
+	// No --setenv: the environment (secrets included) reaches bwrap as its
+	// own environment, which only root can read in /proc, never as
+	// arguments, which every host user can.
 	dir := spec.Dir
 	if dir == "" {
 		dir = "/tmp"

@@ -431,7 +431,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	argv = launcher(r.opts, procsFiles(st.Cgroups), argv)
 	// Not CommandContext: the sandbox must outlive ctx and this process.
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Env = sandboxEnv(spec.Env) // the launcher and bwrap pass it on as it is
 	cmd.Stdout, cmd.Stderr = out, out
 	filter, err := openFilter(dir, r.filter)
 	if err != nil {

@@ -305,3 +305,35 @@ func TestResolvConfWithNetwork(t *testing.T) {
 		t.Errorf("resolv.conf nameserver = %q", out)
 	}
 }
+
+// TestSecretsNotInArguments checks that Spec.Env reaches the sandbox but
+// never a host command line, which every host user can read in /proc.
+func TestSecretsNotInArguments(t *testing.T) {
+	r, _ := MustNew(t)
+	const secret = "sk-argv-leak-check-0123456789"
+	var seen []string
+	scanned := make(chan struct{})
+	_, out := run(t, r, `echo "$SOME_API_KEY" > out; touch ready; sleep 0.5`, func(sp *sandbox.Spec) {
+		sp.Env = []string{"SOME_API_KEY=" + secret}
+		go func() {
+			defer close(scanned)
+			// Scan every command line while the sandbox runs.
+			for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				ents, _ := os.ReadDir("/proc")
+				for _, e := range ents {
+					b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+					if err == nil && strings.Contains(string(b), secret) {
+						seen = append(seen, e.Name())
+					}
+				}
+			}
+		}()
+	})
+	<-scanned
+	if out != secret+"\n" {
+		t.Errorf("the sandbox's environment lacks the secret: %q", out)
+	}
+	if len(seen) > 0 {
+		t.Errorf("the secret is in the command line of pids %v", seen)
+	}
+}
