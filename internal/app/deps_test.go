@@ -34,7 +34,7 @@ var allowed = map[string][]string{
 	"internal/eventstore/sqlite":    {"eventstore", "task", "errdefs", "ids", "logkey"},
 	"internal/eventstore/storetest": {"eventstore", "task", "errdefs", "testenv"},
 	"internal/sandbox/local":        {"sandbox", "sandbox/seccomp", "errdefs", "logkey"},
-	"internal/sandbox/gvisor":       {"sandbox", "errdefs", "logkey"},
+	"internal/sandbox/gvisor":       {"sandbox", "sandbox/seccomp", "errdefs", "logkey"},
 	"internal/sandbox/sandboxtest":  {"sandbox", "errdefs", "testenv"},
 	"internal/agent":                {"errdefs"},
 	"internal/webhook":              {"task", "errdefs"},

@@ -165,6 +165,7 @@ type (
 		CgroupsPath string        `json:"cgroupsPath,omitempty"`
 		Resources   *ociResources `json:"resources,omitempty"`
 		Namespaces  []ociNS       `json:"namespaces"`
+		Seccomp     *ociSeccomp   `json:"seccomp,omitempty"`
 	}
 	ociResources struct {
 		Memory *struct {
@@ -180,6 +181,23 @@ type (
 	}
 	ociNS struct {
 		Type string `json:"type"`
+	}
+	ociSeccomp struct {
+		DefaultAction string           `json:"defaultAction"`
+		Architectures []string         `json:"architectures"`
+		Syscalls      []ociSyscallRule `json:"syscalls"`
+	}
+	ociSyscallRule struct {
+		Names    []string        `json:"names"`
+		Action   string          `json:"action"`
+		ErrnoRet *uint           `json:"errnoRet,omitempty"`
+		Args     []ociSeccompArg `json:"args,omitempty"`
+	}
+	ociSeccompArg struct {
+		Index    uint   `json:"index"`
+		Value    uint64 `json:"value"`
+		ValueTwo uint64 `json:"valueTwo"`
+		Op       string `json:"op"`
 	}
 )
 
@@ -231,6 +249,10 @@ func writeBundle(dir string, spec sandbox.Spec, o Options, cgroupsPath string) e
 			return fmt.Errorf("create rootfs/%s: %w", d, err)
 		}
 	}
+	sc, err := seccompProfile()
+	if err != nil {
+		return err
+	}
 	s := ociSpec{
 		OCIVersion: "1.0.2",
 		Process:    newProcess(spec.Command, spec.Env, spec.Dir, o, spec.Limits.Pids),
@@ -245,6 +267,7 @@ func writeBundle(dir string, spec sandbox.Spec, o Options, cgroupsPath string) e
 		Linux: ociLinux{
 			CgroupsPath: cgroupsPath,
 			Namespaces:  []ociNS{{"pid"}, {"network"}, {"ipc"}, {"uts"}, {"mount"}},
+			Seccomp:     sc,
 		},
 	}
 	// /bin, /sbin, /lib*: the host's symlinks into /usr, or read-only

@@ -25,6 +25,9 @@ import (
 // the sandbox's own Spec.Env is not inherited. It goes to runsc in a
 // process.json (0600, in the state dir) that is removed when the command
 // ends. When ctx is done the command is killed inside the sandbox.
+//
+// The bundle's seccomp profile does not apply to the command: runsc exec
+// (20221219) installs it for the sandbox's first process only.
 func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExitStatus, error) {
 	e, err := r.lookup(id)
 	if err != nil {

@@ -30,6 +30,15 @@
 //     in bind mounts (the webhook and egress sockets under /run/corral). It
 //     does not let them create host sockets. runsc warns that the gofer's
 //     seccomp filter is then a little less strict (it may call connect).
+//   - --oci-seccomp: the bundle's linux.seccomp, the local runtime's
+//     seccomp policy (package seccomp) written as an OCI profile, is
+//     enforced inside the sandbox: gVisor's own kernel then refuses ptrace,
+//     mount, namespaces, keyctl, bpf and the rest the way the host's does
+//     for local sandboxes (see seccompProfile for what this runsc can
+//     express). The filter applies to the sandbox's first process and
+//     what it starts, not to commands started with Exec: runsc exec does
+//     not apply the bundle's profile, so inside gVisor they may ptrace
+//     their children and create user namespaces.
 //   - --root=StateDir/runsc: runsc's own state, apart from any other runsc.
 //   - cgroups: each sandbox gets cgroups that this package creates before
 //     runsc starts, with the memory, CPU and pids limits written in; runsc
@@ -239,6 +248,7 @@ func (r *Runtime) globalArgs() []string {
 		"--platform=" + r.opts.Platform,
 		"--network=none",
 		"--host-uds=open",
+		"--oci-seccomp",
 	}
 	if r.cg == nil {
 		args = append(args, "--ignore-cgroups")

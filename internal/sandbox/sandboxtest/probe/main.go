@@ -12,6 +12,12 @@
 // (no_new_privs is set; it can connect to its own loopback listener), so
 // that a check which fails for a broken probe, not a closed sandbox, shows.
 //
+// No check can hang it: each has a deadline (checkTimeout), and one that
+// does not answer in time is reported as failed the safe way (an escape,
+// or a control that does not hold). PTRACE_TRACEME, after which every
+// execve of the process stops, runs in a child (the probe re-executed with
+// the single argument --ptrace-traceme-child).
+//
 // It really tries: run outside a sandbox, as root, it writes /usr/x,
 // /etc/x and /x and mounts a tmpfs. So it refuses to run without
 // --sandboxed.
@@ -60,6 +66,9 @@ func (l *list) Set(s string) error { *l = append(*l, s); return nil }
 const netTimeout = 3 * time.Second
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == tracemeArg {
+		tracemeChild()
+	}
 	var reads, writes, connects list
 	flag.Var(&reads, "read", "a path to try to read (repeatable)")
 	flag.Var(&writes, "write", "a path to try to create (repeatable)")
@@ -74,40 +83,45 @@ func main() {
 	}
 
 	res := map[string]result{}
+	// check runs one check under a deadline (see run); control marks the
+	// checks where ok means a protection or ability is there.
+	check := func(name string, fn func() result) { res[name] = run(fn, false) }
+	control := func(name string, fn func() result) { res[name] = run(fn, true) }
 	for _, p := range reads {
-		res["read "+p] = tryRead(p)
+		check("read "+p, func() result { return tryRead(p) })
 	}
 	for _, p := range append([]string{"/workspace/shared/x", "/usr/x", "/etc/x", "/x"}, writes...) {
-		res["write "+p] = tryWrite(p)
+		check("write "+p, func() result { return tryWrite(p) })
 	}
-	res["write /tmp/x"] = control(tryWrite("/tmp/x"))
+	control("write /tmp/x", func() result { return tryWrite("/tmp/x") })
 	for _, a := range connects {
-		res["connect "+a] = tryConnect(a)
+		check("connect "+a, func() result { return tryConnect(a) })
 	}
-	res["connect own loopback listener"] = control(ownLoopback())
-	res["dns example.com"] = tryDNS()
-	res["raw socket AF_PACKET"] = trySocket(unix.AF_PACKET, unix.SOCK_RAW, 0)
-	res["raw socket AF_INET"] = trySocket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP)
+	control("connect own loopback listener", ownLoopback)
+	check("dns example.com", tryDNS)
+	check("raw socket AF_PACKET", func() result { return trySocket(unix.AF_PACKET, unix.SOCK_RAW, 0) })
+	check("raw socket AF_INET", func() result { return trySocket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP) })
 	if len(connects) > 0 {
-		res["bash /dev/tcp"] = tryDevTCP(connects[0])
+		check("bash /dev/tcp", func() result { return tryDevTCP(connects[0]) })
 	}
-	res["host processes"] = hostProcesses(*marker)
-	res["capabilities"] = capabilities()
-	res["uid 0"] = result{OK: os.Getuid() == 0 || os.Geteuid() == 0, Detail: fmt.Sprintf("uid %d euid %d gid %d", os.Getuid(), os.Geteuid(), os.Getgid())}
-	nnp, detail := statusField("NoNewPrivs")
-	res["no_new_privs"] = result{OK: nnp == "1", Detail: detail, Control: true}
-	res["ptrace traceme"] = errResult(ptrace(unix.PTRACE_TRACEME, 0))
-	res["ptrace attach pid 1"] = errResult(ptraceAttach(1))
-	res["open /proc/1/mem"] = tryOpen("/proc/1/mem")
-	res["open /proc/1/task/1/mem"] = tryOpen("/proc/1/task/1/mem")
-	res["mount tmpfs"] = tryMount()
-	res["unshare user namespace"] = tryNamespace(unix.CLONE_NEWUSER)
-	res["unshare network namespace"] = tryNamespace(unix.CLONE_NEWNET)
-	res["unshare user and network namespaces"] = tryNamespace(unix.CLONE_NEWUSER | unix.CLONE_NEWNET)
-	res["keyctl"] = tryKeyctl()
-	res["bpf"] = tryBPF()
-	res["io_uring_setup"] = tryIOUring()
-	res["perf_event_open"] = tryPerf()
+	check("host processes", func() result { return hostProcesses(*marker) })
+	check("capabilities", capabilities)
+	check("uid 0", func() result {
+		return result{OK: os.Getuid() == 0 || os.Geteuid() == 0, Detail: fmt.Sprintf("uid %d euid %d gid %d", os.Getuid(), os.Geteuid(), os.Getgid())}
+	})
+	control("no_new_privs", noNewPrivs)
+	check("ptrace traceme", tryTraceme)
+	check("ptrace attach pid 1", func() result { return errResult(ptraceAttach(1)) })
+	check("open /proc/1/mem", func() result { return tryOpen("/proc/1/mem") })
+	check("open /proc/1/task/1/mem", func() result { return tryOpen("/proc/1/task/1/mem") })
+	check("mount tmpfs", tryMount)
+	check("unshare user namespace", func() result { return tryNamespace(unix.CLONE_NEWUSER) })
+	check("unshare network namespace", func() result { return tryNamespace(unix.CLONE_NEWNET) })
+	check("unshare user and network namespaces", func() result { return tryNamespace(unix.CLONE_NEWUSER | unix.CLONE_NEWNET) })
+	check("keyctl", tryKeyctl)
+	check("bpf", tryBPF)
+	check("io_uring_setup", tryIOUring)
+	check("perf_event_open", tryPerf)
 
 	b, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
@@ -123,8 +137,23 @@ func main() {
 	}
 }
 
-func control(r result) result {
-	r.Control = true
+// checkTimeout bounds each check. A check that blocks (a FIFO where a file
+// was expected, a child that stops) must not keep the probe from reporting.
+const checkTimeout = 20 * time.Second
+
+// run runs fn with checkTimeout. A check that does not answer in time is
+// reported the way that fails the escape tests: as an escape, or as a
+// control that does not hold. Its goroutine is left behind, blocked.
+func run(fn func() result, control bool) result {
+	ch := make(chan result, 1)
+	go func() { ch <- fn() }()
+	var r result
+	select {
+	case r = <-ch:
+	case <-time.After(checkTimeout):
+		r = result{OK: !control, Detail: fmt.Sprintf("no answer within %s: inconclusive", checkTimeout)}
+	}
+	r.Control = control
 	return r
 }
 
@@ -265,20 +294,106 @@ func statusField(name string) (string, string) {
 	return "", name + " not found"
 }
 
+// capabilities asks the kernel (capget, prctl) rather than reading
+// /proc/self/status, where gVisor leaves out CapAmb: ok if any set holds a
+// capability. The status fields found are in the detail.
 func capabilities() result {
 	var held []string
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		held = append(held, "capget: "+err.Error())
+	} else {
+		sets := map[string]uint64{
+			"effective":   uint64(data[1].Effective)<<32 | uint64(data[0].Effective),
+			"permitted":   uint64(data[1].Permitted)<<32 | uint64(data[0].Permitted),
+			"inheritable": uint64(data[1].Inheritable)<<32 | uint64(data[0].Inheritable),
+		}
+		for name, v := range sets {
+			if v != 0 {
+				held = append(held, fmt.Sprintf("%s %#x", name, v))
+			}
+		}
+	}
+	// The bounding and ambient sets, one capability at a time until the
+	// kernel no longer knows the number.
+	for c := 0; c < 64; c++ {
+		in, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0)
+		if err != nil {
+			break
+		}
+		if in == 1 {
+			held = append(held, fmt.Sprintf("bounding cap %d", c))
+		}
+	}
+	for c := 0; c < 64; c++ {
+		in, err := unix.PrctlRetInt(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_IS_SET, uintptr(c), 0, 0)
+		if err != nil {
+			break
+		}
+		if in == 1 {
+			held = append(held, fmt.Sprintf("ambient cap %d", c))
+		}
+	}
 	var seen []string
 	for _, name := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"} {
-		v, d := statusField(name)
+		_, d := statusField(name)
 		seen = append(seen, d)
-		if n, err := strconv.ParseUint(v, 16, 64); err != nil || n != 0 {
-			held = append(held, d)
-		}
 	}
 	if len(held) > 0 {
 		return result{OK: true, Detail: strings.Join(held, ", ")}
 	}
-	return result{Detail: strings.Join(seen, ", ")}
+	return result{Detail: "capget and prctl: none; " + strings.Join(seen, ", ")}
+}
+
+// noNewPrivs asks prctl whether no_new_privs is set (gVisor's
+// /proc/self/status has no NoNewPrivs field).
+func noNewPrivs() result {
+	_, detail := statusField("NoNewPrivs")
+	v, err := unix.PrctlRetInt(unix.PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)
+	if err != nil {
+		return result{Detail: "prctl: " + err.Error() + "; " + detail}
+	}
+	return result{OK: v == 1, Detail: fmt.Sprintf("prctl says %d; %s", v, detail)}
+}
+
+// tracemeArg, as the only argument, makes the probe the traceme child.
+const tracemeArg = "--ptrace-traceme-child"
+
+// tryTraceme runs PTRACE_TRACEME in a child: once it succeeds, the process
+// that made it stops at its next execve, and a probe that did it itself
+// would hang at the first command it starts. The child reports and exits
+// at once, execs nothing, and is killed if it does not end in time.
+func tryTraceme() result {
+	self, err := os.Executable()
+	if err != nil {
+		return result{Detail: "find own executable: " + err.Error()}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout/2)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, self, tracemeArg)
+	cmd.WaitDelay = time.Second
+	out, err := cmd.Output()
+	switch line := strings.TrimSpace(string(out)); {
+	case line == "succeeded":
+		return result{OK: true, Detail: "succeeded (in a child)"}
+	case strings.HasPrefix(line, "failed: "):
+		return result{Detail: strings.TrimPrefix(line, "failed: ")}
+	default:
+		// No answer: the child could not be run or did not report.
+		return result{OK: true, Detail: fmt.Sprintf("inconclusive: child said %q: %v", line, err)}
+	}
+}
+
+// tracemeChild is the child of tryTraceme: it reports on stdout whether
+// PTRACE_TRACEME worked.
+func tracemeChild() {
+	if err := ptrace(unix.PTRACE_TRACEME, 0); err != nil {
+		fmt.Println("failed: " + err.Error())
+		os.Exit(0)
+	}
+	fmt.Println("succeeded")
+	os.Exit(0)
 }
 
 func ptrace(req int, pid int) error {
@@ -326,7 +441,9 @@ func tryMount() result {
 // reasons of its own; the clone of a fork is the real path). A child that
 // ran proves the namespaces were created.
 func tryNamespace(flags uintptr) result {
-	cmd := exec.Command("/bin/true")
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout/2)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "/bin/true")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags}
 	if flags&unix.CLONE_NEWUSER != 0 {
 		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
@@ -336,6 +453,9 @@ func tryNamespace(flags uintptr) result {
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {
 		return result{Detail: err.Error()}
+	}
+	if ctx.Err() != nil {
+		return result{OK: true, Detail: fmt.Sprintf("a child started in new namespaces (%#x) but did not end: inconclusive", flags)}
 	}
 	return result{OK: true, Detail: fmt.Sprintf("a child ran in new namespaces (%#x)", flags)}
 }
