@@ -303,6 +303,13 @@ func (r *Runtime) lookup(id string) (*entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	if st.ChildPID == 0 {
+		// A server that died during Create left the state without the
+		// sandbox's pid 1; bwrap has reported it in status.jsonl since.
+		if info, ok := readStatus(r.dir(id)); ok && info.ChildPID > 0 {
+			st.ChildPID, st.PIDNS = info.ChildPID, info.PIDNamespace
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if e, ok := r.entries[id]; ok {

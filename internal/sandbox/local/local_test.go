@@ -5,6 +5,7 @@ package local
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"os"
@@ -335,5 +336,40 @@ func TestSecretsNotInArguments(t *testing.T) {
 	}
 	if len(seen) > 0 {
 		t.Errorf("the secret is in the command line of pids %v", seen)
+	}
+}
+
+// TestRecoverAfterDeathDuringCreate is a server killed after starting
+// bwrap but before recording the sandbox's pid 1: a new server must still
+// see the sandbox running, and be able to stop it.
+func TestRecoverAfterDeathDuringCreate(t *testing.T) {
+	r, newRuntime := MustNew(t)
+	ctx := context.Background()
+	id := sandboxtest.NewID(t)
+	if _, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/sh", "-c", "sleep 1005"}, Labels: map[string]string{sandbox.LabelManaged: "true"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { newRuntime().Destroy(context.Background(), id) })
+	// Rewrite the state as Create had it before it learnt the pid.
+	p := filepath.Join(r.opts.StateDir, id, "state.json")
+	var st map[string]any
+	b, _ := os.ReadFile(p)
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	st["child_pid"] = 0
+	b, _ = json.Marshal(st)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r2 := newRuntime()
+	if s, err := r2.Status(ctx, id); err != nil || s.State != sandbox.StateRunning {
+		t.Fatalf("Status = %+v, %v; want running", s, err)
+	}
+	if err := r2.Stop(ctx, id, 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if es, err := r2.Wait(ctx, id); err != nil || es.Code == 0 {
+		t.Errorf("Wait after Stop = %+v, %v", es, err)
 	}
 }
