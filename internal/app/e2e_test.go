@@ -373,3 +373,22 @@ func TestDiskFillerStoppedAtQuota(t *testing.T) {
 		t.Errorf("the filler still writes after the task ended: %d files, then %d", before, after)
 	}
 }
+
+func TestOneHugeFileStoppedAtQuota(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, func(c *config.Config) {
+		c.Limits.MaxTaskDirBytes = mustSize(t, "2MiB")
+		c.Limits.MaxContextBytes = mustSize(t, "1MiB")
+	})
+	// One write far past the quota: RLIMIT_FSIZE stops it at the limit at
+	// once, before the quota watcher's next look.
+	tk := s.spawn(t, "one huge file", "sh", "-c", "head -c 100000000 /dev/zero > output/huge")
+	res := s.wait(t, tk.ID, 60*time.Second)
+	if res.Status != task.Failed || !strings.HasPrefix(res.ErrorMessage, "output quota exceeded") {
+		t.Fatalf("status %s, error %q; want failed with output quota exceeded", res.Status, res.ErrorMessage)
+	}
+	info, err := os.Stat(filepath.Join(s.data, "tasks", tk.ID, "output", "huge"))
+	if err != nil || info.Size() > 2<<20 {
+		t.Errorf("output/huge: %v, %v; want at most the 2MiB quota", info, err)
+	}
+}

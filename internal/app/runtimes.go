@@ -39,6 +39,10 @@ func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, err
 				Bwrap:        a.cfg.Local.Bwrap,
 				CgroupParent: a.cfg.Local.CgroupParent,
 				TmpSize:      a.cfg.Local.TmpSize.Bytes(),
+				// No single file (an output, a log, the sandbox's own
+				// output.log) may outgrow the task directory's quota,
+				// whatever the quota watcher's timing.
+				FileSizeLimit: a.cfg.Limits.MaxTaskDirBytes.Bytes(),
 			}, a.log)
 			if err != nil {
 				return nil, fmt.Errorf("open local runtime: %w", err)
