@@ -35,6 +35,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&req.Model, "model", "", "model name for the agent")
 	fs.IntVar(&req.TimeoutMinutes, "timeout", 0, "timeout in minutes (default: the server's)")
 	fs.StringVar(&req.IdempotencyKey, "idempotency-key", "", "spawning again with the same key returns the same task")
+	fs.StringVar(&req.FollowUpOf, "follow-up-of", "", "continue this ended task: its output in context/previous/, the agent's session resumed")
 	fs.Var(&contexts, "context", "a file under shared/ to copy into the task's context/ (repeatable)")
 	var attach stringList
 	fs.Var(&attach, "attach", "a local file to upload as an attachment into the task's context/ (repeatable)")

@@ -22,12 +22,24 @@ type Invocation struct {
 	Binary     string   // overrides the agent's default binary name
 	ExtraArgs  []string // appended to the agent's arguments
 	Env        []string // KEY=value added to the agent's environment
+	// Home, if set, is the agent's HOME: a directory beneath the task
+	// directory, so what the agent keeps there (sessions) outlives the run.
+	Home string
+	// Resume is a session of an earlier run to continue, for agents that
+	// can (claude --resume).
+	Resume string
+	// SystemPrompt, if set, is appended to the agent's system prompt where
+	// the agent takes one.
+	SystemPrompt string
 }
 
 // Process is how to start an agent for one Invocation.
 type Process struct {
 	Args []string // argv; Args[0] is looked up on PATH
 	Env  []string // KEY=value added to the worker's environment
+	// DefaultEnv are KEY=value settings used only where the environment
+	// (the worker's, with the agent's configured env) has no KEY.
+	DefaultEnv []string
 	// StdinPath, if set, is a file fed to stdin; otherwise Stdin is.
 	StdinPath string
 	Stdin     string
@@ -62,10 +74,11 @@ type Parser interface {
 
 // Progress is one thing the agent did, for live display.
 type Progress struct {
-	Kind  string // ProgressInit, ProgressText, ProgressToolUse, ProgressResult
-	Text  string // assistant text or result text, bounded
-	Tool  string // tool name, for ProgressToolUse
-	Input string // compact JSON of the tool's input, bounded
+	Kind   string // ProgressInit, ProgressText, ProgressToolUse, ProgressToolResult, ProgressResult
+	Text   string // assistant text, a tool's output or the result text, bounded
+	Tool   string // tool name, for ProgressToolUse and ProgressToolResult
+	Input  string // compact JSON of the tool's input, bounded
+	Status string // "ok" or "error", for ProgressToolResult
 }
 
 // Progress kinds.
@@ -73,7 +86,9 @@ const (
 	ProgressInit    = "init"
 	ProgressText    = "text"
 	ProgressToolUse = "tool_use"
-	ProgressResult  = "result"
+	// ProgressToolResult is a tool call's outcome.
+	ProgressToolResult = "tool_result"
+	ProgressResult     = "result"
 )
 
 // Result is what a run reported about itself.
@@ -83,7 +98,21 @@ type Result struct {
 	SessionID string
 	CostUSD   float64
 	Turns     int
+	Usage     Usage
 	Done      bool // the agent printed its final result
+}
+
+// Usage counts a run's tokens, as the agent reported them.
+type Usage struct {
+	InputTokens         int64 `json:"input_tokens"`
+	OutputTokens        int64 `json:"output_tokens"`
+	CacheReadTokens     int64 `json:"cache_read_tokens,omitempty"`
+	CacheCreationTokens int64 `json:"cache_creation_tokens,omitempty"`
+}
+
+// Total is every token counted.
+func (u Usage) Total() int64 {
+	return u.InputTokens + u.OutputTokens + u.CacheReadTokens + u.CacheCreationTokens
 }
 
 // Limits on what an adapter keeps.

@@ -101,6 +101,7 @@ func TestClaudePrepare(t *testing.T) {
 	want := Process{
 		Args:        []string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions", "--model", "opus", "--max-turns", "5"},
 		Env:         nil,
+		DefaultEnv:  claudeDefaultEnv,
 		Stdin:       "do it",
 		Transcript:  "agent.jsonl",
 		InstallHint: "npm install -g @anthropic-ai/claude-code",
@@ -148,6 +149,7 @@ func TestClaudeStreamSuccess(t *testing.T) {
 			SessionID: "8f1c2a7e-3b4d-4e5f-9a6b-7c8d9e0f1a2b",
 			CostUSD:   0.0421,
 			Turns:     4,
+			Usage:     Usage{InputTokens: 1200, OutputTokens: 420, CacheReadTokens: 3000},
 			Done:      true,
 		}
 		if diff := cmp.Diff(wantRes, res); diff != "" {
@@ -157,6 +159,7 @@ func TestClaudeStreamSuccess(t *testing.T) {
 			{Kind: ProgressInit, Text: "claude-sonnet-4-5-20250929"},
 			{Kind: ProgressText, Text: "I'll start by looking at the context files."},
 			{Kind: ProgressToolUse, Tool: "Bash", Input: `{"command":"ls -la /task/context","description":"List context files"}`},
+			{Kind: ProgressToolResult, Tool: "Bash", Status: "ok", Text: "total 8 -rw-r--r-- 1 worker worker 2048 Jan 25 10:00 statement.csv"},
 			{Kind: ProgressToolUse, Tool: "Write", Input: `{"file_path":"/task/output/summary.md","content":"Spending went up 12% in March."}`},
 			{Kind: ProgressText, Text: "Done: chart and summary are in /task/output."},
 			{Kind: ProgressResult, Text: "Created spending analysis: chart.png and summary.md in /task/output."},

@@ -3,17 +3,38 @@ package agent
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 )
 
 // claudeAdapter runs Claude Code headless:
 //
-//	claude -p --output-format stream-json --verbose --dangerously-skip-permissions [--model M]
+//	claude -p --output-format stream-json --verbose --dangerously-skip-permissions
+//	  [--model M] [--append-system-prompt P] [--resume SESSION]
 //
 // with the prompt on stdin. Permission prompts are skipped because the
 // sandbox, not Claude Code, is the security boundary; nobody is there to
-// answer them. stdout is one JSON object per line (see claudeLine).
+// answer them (the CLI refuses the flag as root, and the sandbox runs it as
+// uid 1000). stdout is one JSON object per line (see claudeLine).
+//
+// HOME is Invocation.Home when set: Claude Code keeps its settings and its
+// sessions (HOME/.claude/projects/-task/<session>.jsonl) there, and a
+// follow-up task resumes a session only if that directory came along.
 type claudeAdapter struct{}
+
+// claudeDefaultEnv runs the CLI unattended in a fresh HOME: no auto-update,
+// no telemetry, error reporting or other traffic than the model's, and
+// fewer retries than the CLI's 10 (about 3.5 minutes of backoff, spent
+// also on a 401): three retries ride out a brief 429 or 5xx in about 4 s,
+// and a bad key fails in seconds. Each is a default: agents.claude.env in
+// the configuration overrides it.
+var claudeDefaultEnv = []string{
+	"DISABLE_AUTOUPDATER=1",
+	"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
+	"DISABLE_TELEMETRY=1",
+	"DISABLE_ERROR_REPORTING=1",
+	"CLAUDE_CODE_MAX_RETRIES=3",
+}
 
 func (claudeAdapter) Prepare(inv Invocation) (Process, error) {
 	bin := inv.Binary
@@ -24,11 +45,21 @@ func (claudeAdapter) Prepare(inv Invocation) (Process, error) {
 	if inv.Model != "" {
 		args = append(args, "--model", inv.Model)
 	}
+	if inv.SystemPrompt != "" {
+		args = append(args, "--append-system-prompt", inv.SystemPrompt)
+	}
+	if inv.Resume != "" {
+		args = append(args, "--resume", inv.Resume)
+	}
 	p := Process{
 		Args:        append(args, inv.ExtraArgs...),
 		Env:         append([]string(nil), inv.Env...),
+		DefaultEnv:  append([]string(nil), claudeDefaultEnv...),
 		Transcript:  "agent.jsonl",
 		InstallHint: "npm install -g @anthropic-ai/claude-code",
+	}
+	if inv.Home != "" {
+		p.Env = append(p.Env, "HOME="+inv.Home)
 	}
 	stdin(&p, inv)
 	return p, nil
@@ -38,7 +69,7 @@ func (claudeAdapter) NewParser(onProgress func(Progress)) Parser {
 	if onProgress == nil {
 		onProgress = func(Progress) {}
 	}
-	c := &claudeParser{progress: onProgress}
+	c := &claudeParser{progress: onProgress, tools: make(map[string]string)}
 	c.lines = lineSplitter{max: maxLineBytes, fn: c.line}
 	return c
 }
@@ -60,17 +91,28 @@ type claudeLine struct {
 	Model     string `json:"model"`
 	Message   struct {
 		Content []struct {
-			Type  string          `json:"type"`
-			Text  string          `json:"text"`
-			Name  string          `json:"name"`
-			Input json.RawMessage `json:"input"`
+			Type      string          `json:"type"`
+			Text      string          `json:"text"`
+			ID        string          `json:"id"`
+			Name      string          `json:"name"`
+			Input     json.RawMessage `json:"input"`
+			ToolUseID string          `json:"tool_use_id"`
+			IsError   bool            `json:"is_error"`
+			Content   json.RawMessage `json:"content"`
 		} `json:"content"`
 	} `json:"message"`
-	IsError  bool            `json:"is_error"`
-	Result   string          `json:"result"`
-	Errors   json.RawMessage `json:"errors"`
-	NumTurns int             `json:"num_turns"`
-	CostUSD  float64         `json:"total_cost_usd"`
+	IsError        bool            `json:"is_error"`
+	APIErrorStatus int             `json:"api_error_status"`
+	Result         string          `json:"result"`
+	Errors         json.RawMessage `json:"errors"`
+	NumTurns       int             `json:"num_turns"`
+	CostUSD        float64         `json:"total_cost_usd"`
+	Usage          struct {
+		InputTokens         int64 `json:"input_tokens"`
+		OutputTokens        int64 `json:"output_tokens"`
+		CacheReadTokens     int64 `json:"cache_read_input_tokens"`
+		CacheCreationTokens int64 `json:"cache_creation_input_tokens"`
+	} `json:"usage"`
 }
 
 type claudeParser struct {
@@ -80,7 +122,13 @@ type claudeParser struct {
 	// lastText is the last assistant text, the summary if no result line
 	// ever comes (the agent was killed).
 	lastText string
+	// tools maps a tool_use id to its tool's name, for the result's
+	// progress item; bounded by maxTools.
+	tools map[string]string
 }
+
+// maxTools bounds the tool_use ids a parser remembers.
+const maxTools = 4096
 
 func (c *claudeParser) Write(p []byte) (int, error) {
 	c.lines.Write(p)
@@ -123,8 +171,24 @@ func (c *claudeParser) line(b []byte, long bool) {
 				c.lastText = Truncate(strings.TrimSpace(part.Text), MaxSummaryBytes)
 				c.progress(Progress{Kind: ProgressText, Text: Truncate(part.Text, MaxProgressBytes)})
 			case "tool_use":
-				c.progress(Progress{Kind: ProgressToolUse, Tool: Truncate(part.Name, 128), Input: inputSummary(part.Input)})
+				name := Truncate(part.Name, 128)
+				if part.ID != "" && len(c.tools) < maxTools {
+					c.tools[part.ID] = name
+				}
+				c.progress(Progress{Kind: ProgressToolUse, Tool: name, Input: inputSummary(part.Input)})
 			}
+		}
+	case "user":
+		for _, part := range l.Message.Content {
+			if part.Type != "tool_result" {
+				continue
+			}
+			status := "ok"
+			if part.IsError {
+				status = "error"
+			}
+			c.progress(Progress{Kind: ProgressToolResult, Tool: c.tools[part.ToolUseID], Status: status, Text: Truncate(oneLine(contentText(part.Content)), MaxProgressBytes)})
+			delete(c.tools, part.ToolUseID)
 		}
 	case "result":
 		if c.res.Done {
@@ -137,6 +201,12 @@ func (c *claudeParser) line(b []byte, long bool) {
 			c.res.SessionID = l.SessionID
 		}
 		c.res.CostUSD, c.res.Turns = l.CostUSD, l.NumTurns
+		c.res.Usage = Usage{
+			InputTokens:         l.Usage.InputTokens,
+			OutputTokens:        l.Usage.OutputTokens,
+			CacheReadTokens:     l.Usage.CacheReadTokens,
+			CacheCreationTokens: l.Usage.CacheCreationTokens,
+		}
 		c.res.Summary = Truncate(strings.TrimSpace(l.Result), MaxSummaryBytes)
 		if l.IsError || strings.HasPrefix(l.Subtype, "error") {
 			c.res.Error = claudeError(l)
@@ -166,11 +236,16 @@ func claudeError(l claudeLine) string {
 	if strings.TrimSpace(msg) == "" {
 		msg = l.Result
 	}
+	msg = oneLine(msg)
+	if why := httpStatusWhy(l.APIErrorStatus); why != "" {
+		// The CLI's own text ("API Error: Request rejected (429) · …")
+		// follows what happened, in words a person reads at a glance.
+		return Truncate("claude: "+why+": "+msg, MaxErrorBytes)
+	}
 	sub := l.Subtype
 	if sub == "" || sub == "success" {
 		sub = "error"
 	}
-	msg = oneLine(msg)
 	if msg == "" {
 		return "claude: " + sub
 	}
@@ -187,4 +262,45 @@ func inputSummary(raw json.RawMessage) string {
 		return ""
 	}
 	return Truncate(buf.String(), MaxInputBytes)
+}
+
+// httpStatusWhy says what an HTTP status from the model endpoint means, or
+// "" for none.
+func httpStatusWhy(status int) string {
+	switch {
+	case status == 0:
+		return ""
+	case status == 401:
+		return "the model endpoint refused the API key (HTTP 401; check ANTHROPIC_API_KEY in agents.claude.env)"
+	case status == 403:
+		return "the model endpoint denied access (HTTP 403)"
+	case status == 429:
+		return "the model endpoint is rate limiting (HTTP 429; retries exhausted)"
+	case status == 529:
+		return "the model endpoint is overloaded (HTTP 529; retries exhausted)"
+	case status >= 500:
+		return fmt.Sprintf("the model endpoint failed with a server error (HTTP %d; retries exhausted)", status)
+	default:
+		return fmt.Sprintf("the model endpoint refused the request (HTTP %d)", status)
+	}
+}
+
+// contentText is a tool result's content as text: a string, or the text of
+// its blocks.
+func contentText(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var blocks []struct {
+		Text string `json:"text"`
+	}
+	json.Unmarshal(raw, &blocks)
+	parts := make([]string, 0, len(blocks))
+	for _, b := range blocks {
+		if b.Text != "" {
+			parts = append(parts, b.Text)
+		}
+	}
+	return strings.Join(parts, " ")
 }

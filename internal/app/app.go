@@ -353,8 +353,20 @@ type backend struct {
 func (b backend) Stats() httpapi.Stats {
 	st := httpapi.Stats{ByStatus: b.a.tasks.Counts(), Running: b.a.sched.Running()}
 	st.QueueDepth = st.ByStatus[task.Queued] + st.ByStatus[task.Pending]
-	for _, t := range b.a.tasks.Select(func(t *task.Task) bool { return t.DurationSeconds != nil }) {
-		st.Durations = append(st.Durations, *t.DurationSeconds)
+	st.Agents = make(map[string]httpapi.AgentUsage)
+	for _, t := range b.a.tasks.Select(func(t *task.Task) bool { return t.DurationSeconds != nil || t.Usage != nil || t.CostUSD > 0 }) {
+		if t.DurationSeconds != nil {
+			st.Durations = append(st.Durations, *t.DurationSeconds)
+		}
+		if t.Usage != nil || t.CostUSD > 0 {
+			u := st.Agents[t.Agent]
+			if t.Usage != nil {
+				u.InputTokens += t.Usage.InputTokens + t.Usage.CacheReadTokens + t.Usage.CacheCreationTokens
+				u.OutputTokens += t.Usage.OutputTokens
+			}
+			u.CostUSD += t.CostUSD
+			st.Agents[t.Agent] = u
+		}
 	}
 	return st
 }

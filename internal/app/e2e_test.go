@@ -392,3 +392,25 @@ func TestOneHugeFileStoppedAtQuota(t *testing.T) {
 		t.Errorf("output/huge: %v, %v; want at most the 2MiB quota", info, err)
 	}
 }
+
+func TestFollowUpSeesPreviousOutput(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, nil)
+	ctx := context.Background()
+	first := s.spawn(t, "count to three", "sh", "-c", "printf '1\\n2\\n3\\n' > output/numbers.txt")
+	if res := s.wait(t, first.ID, 30*time.Second); res.Status != task.Success {
+		t.Fatalf("first task: %s %s", res.Status, res.ErrorMessage)
+	}
+	next, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{
+		TaskDescription: "sum what the previous task counted",
+		FollowUpOf:      first.ID,
+		Command:         []string{"sh", "-c", "awk '{s+=$1} END {print s}' context/previous/numbers.txt > output/sum.txt"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := s.wait(t, next.ID, 30*time.Second, "sum.txt")
+	if res.Status != task.Success || res.FileContents["sum.txt"].Content != "6\n" {
+		t.Errorf("follow-up: %s %q %s", res.Status, res.FileContents["sum.txt"].Content, res.ErrorMessage)
+	}
+}

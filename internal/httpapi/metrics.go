@@ -45,5 +45,21 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 	fmt.Fprintf(w, "corral_task_duration_seconds_bucket{le=\"+Inf\"} %d\n", len(d))
 	fmt.Fprintf(w, "corral_task_duration_seconds_sum %g\n", sum)
 	fmt.Fprintf(w, "corral_task_duration_seconds_count %d\n", len(d))
+	names := make([]string, 0, len(st.Agents))
+	for n := range st.Agents {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fmt.Fprintln(w, "# HELP corral_agent_tokens_total Tokens agents reported, by agent and kind (input, output).")
+	fmt.Fprintln(w, "# TYPE corral_agent_tokens_total counter")
+	for _, n := range names {
+		fmt.Fprintf(w, "corral_agent_tokens_total{agent=%q,kind=\"input\"} %d\n", n, st.Agents[n].InputTokens)
+		fmt.Fprintf(w, "corral_agent_tokens_total{agent=%q,kind=\"output\"} %d\n", n, st.Agents[n].OutputTokens)
+	}
+	fmt.Fprintln(w, "# HELP corral_agent_cost_usd_total Cost in US dollars agents reported, by agent.")
+	fmt.Fprintln(w, "# TYPE corral_agent_cost_usd_total counter")
+	for _, n := range names {
+		fmt.Fprintf(w, "corral_agent_cost_usd_total{agent=%q} %g\n", n, st.Agents[n].CostUSD)
+	}
 	return nil
 }

@@ -40,6 +40,14 @@ type Stats struct {
 	Durations  []float64 // seconds, of ended tasks
 	QueueDepth int
 	Running    int
+	// Agents are the tokens and cost agents reported, by agent name.
+	Agents map[string]AgentUsage
+}
+
+// AgentUsage sums what one agent's ended tasks reported.
+type AgentUsage struct {
+	InputTokens, OutputTokens int64
+	CostUSD                   float64
 }
 
 // Options configure a Server.
@@ -98,6 +106,7 @@ func (s *Server) Handler() http.Handler { return s.mux }
 func (s *Server) WebhookHandler() http.Handler {
 	m := http.NewServeMux()
 	m.Handle("POST /api/webhooks/worker-complete", s.wrap(s.workerComplete, false))
+	m.Handle("POST /api/webhooks/worker-progress", s.wrap(s.workerProgress, false))
 	return m
 }
 
@@ -115,6 +124,7 @@ func (s *Server) routes() {
 	m.Handle("GET /api/tasks/{id}/files/{path...}", auth(s.taskFile))
 	m.Handle("GET /api/events", auth(s.allEvents))
 	m.Handle("POST /api/webhooks/worker-complete", open(s.workerComplete))
+	m.Handle("POST /api/webhooks/worker-progress", open(s.workerProgress))
 	m.Handle("GET /api/workspace/{path...}", auth(s.readWorkspace))
 	m.Handle("PUT /api/workspace/{path...}", auth(s.writeWorkspace))
 	m.Handle("POST /api/attachments", auth(s.uploadAttachments))

@@ -792,3 +792,45 @@ func TestCollectRedactsConfiguredSecrets(t *testing.T) {
 		t.Errorf("summary %q, error %q: the configured key is not redacted", c.Summary, c.ErrorMessage)
 	}
 }
+
+func TestFollowUp(t *testing.T) {
+	f := MustNew(t, nil)
+	ctx := context.Background()
+	prev := f.MustSpawn(t, SpawnRequest{TaskDescription: "first pass", Agent: task.AgentClaude})
+	prev = f.MustAppend(t, prev.ID,
+		projection.NewEvent(task.EventStarting, nil, "test"),
+		projection.NewEvent(task.EventStarted, task.Started{SandboxName: prev.ID}, "test"))
+	if _, _, err := f.o.Spawn(ctx, SpawnRequest{TaskDescription: "more", FollowUpOf: prev.ID}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("follow-up of a running task: %v, want failed precondition", err)
+	}
+	f.MustTaskFile(t, prev.ID, "output/report.md", "# first pass\n")
+	f.MustTaskFile(t, prev.ID, ".home/.claude/projects/-task/s1.jsonl", "{}\n")
+	f.MustAppend(t, prev.ID, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success, SessionID: "s1"}, "test"))
+
+	next := f.MustSpawn(t, SpawnRequest{TaskDescription: "refine the report", FollowUpOf: prev.ID})
+	if next.Agent != prev.Agent || next.FollowUpOf != prev.ID {
+		t.Errorf("follow-up agent %q of %q, want %q of %q", next.Agent, next.FollowUpOf, prev.Agent, prev.ID)
+	}
+	for name, want := range map[string]string{"context/previous/report.md": "# first pass\n", ".home/.claude/projects/-task/s1.jsonl": "{}\n"} {
+		if got, err := os.ReadFile(filepath.Join(f.data.TaskPath(next.ID), name)); err != nil || string(got) != want {
+			t.Errorf("%s = %q, %v; want %q", name, got, err, want)
+		}
+	}
+	if prompt, _ := os.ReadFile(filepath.Join(f.data.TaskPath(next.ID), "prompt.md")); !strings.Contains(string(prompt), "/task/context/previous/") {
+		t.Errorf("prompt.md does not point at the previous output:\n%s", prompt)
+	}
+	spec, err := f.o.Prepare(ctx, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(spec.Command, "--resume") || !slices.Contains(spec.Command, "s1") {
+		t.Errorf("argv %q does not resume session s1", spec.Command)
+	}
+	for _, bad := range []string{"task-00000000000000000000000000", "nonsense"} {
+		_, _, err := f.o.Spawn(ctx, SpawnRequest{TaskDescription: "x", FollowUpOf: bad})
+		var fe *errdefs.FieldError
+		if !errors.As(err, &fe) || fe.Field != "follow_up_of" {
+			t.Errorf("follow_up_of %q: %v, want a field error naming follow_up_of", bad, err)
+		}
+	}
+}

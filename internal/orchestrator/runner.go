@@ -57,6 +57,7 @@ type WorkerOptions struct {
 // uniqueness.
 type Verifier interface {
 	Verify(h http.Header, body []byte) (webhook.Completion, error)
+	VerifyProgress(h http.Header, body []byte) (webhook.ProgressReport, error)
 	Forget(webhookID string)
 }
 
@@ -76,6 +77,11 @@ func (o *Orchestrator) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, 
 	}
 	if t.Model != "" {
 		cmd = append(cmd, "--model", t.Model)
+	}
+	if t.FollowUpOf != "" && t.Agent == task.AgentClaude {
+		if prev, err := o.tasks.Get(t.FollowUpOf); err == nil && prev.SessionID != "" && prev.Agent == t.Agent {
+			cmd = append(cmd, "--resume", prev.SessionID)
+		}
 	}
 	if lim := o.opts.Limits.MaxLogBytes; lim > 0 {
 		cmd = append(cmd, "--max-log-bytes", fmt.Sprint(lim))
@@ -166,6 +172,13 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 		c.Summary = clip(st.Summary)
 		c.ErrorMessage = clip(st.ErrorMessage)
 		c.LogsTruncated = st.LogsTruncated
+		c.SessionID = clip(st.SessionID)
+		if st.Usage != nil && st.Usage.Total() >= 0 && st.Usage.InputTokens >= 0 && st.Usage.OutputTokens >= 0 {
+			c.Usage = &task.Usage{InputTokens: st.Usage.InputTokens, OutputTokens: st.Usage.OutputTokens, CacheReadTokens: max(st.Usage.CacheReadTokens, 0), CacheCreationTokens: max(st.Usage.CacheCreationTokens, 0)}
+		}
+		if st.CostUSD > 0 && st.CostUSD < 1e6 {
+			c.CostUSD = st.CostUSD
+		}
 		if d := st.DurationSeconds; d > 0 {
 			c.DurationSeconds = &d
 		}

@@ -110,6 +110,10 @@ type SpawnRequest struct {
 	UserName        string            `json:"user_name,omitempty"`
 	Labels          map[string]string `json:"labels,omitempty"`
 	IdempotencyKey  string            `json:"idempotency_key,omitempty"`
+	// FollowUpOf continues an ended task: its output is copied into
+	// context/previous/, and the agent's session resumes where the agent
+	// supports it (Claude Code's --resume).
+	FollowUpOf string `json:"follow_up_of,omitempty"`
 }
 
 // ResourceRequest overrides the configured sandbox limits for one task, in

@@ -40,7 +40,15 @@ var labelKey = sync.OnceValue(func() *regexp.Regexp {
 // Spawn validates req, creates the task directory with prompt.md and the
 // context files, records the task and queues it (SPEC §2).
 func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, bool, error) {
+	hash := requestHash(req)
+	var prev task.Task
+	var prevErr error
+	if req.FollowUpOf != "" {
+		prev, prevErr = o.followUp(&req)
+	}
 	spec, err := o.validate(req)
+	err = errors.Join(err, prevErr)
+	spec.FollowUpOf = req.FollowUpOf
 	atts, attErrs := o.checkAttachments(req.AttachmentIDs)
 	docs, docErrs := o.checkDocuments(ctx, req.DocumentIDs, req.NoteQuery)
 	attErrs = append(attErrs, docErrs...)
@@ -49,7 +57,6 @@ func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, 
 	}
 	spec.AttachmentIDs = req.AttachmentIDs
 	specWithDocuments(&spec, req.DocumentIDs, req.NoteQuery, docs)
-	hash := requestHash(req)
 	if spec.IdempotencyKey != "" {
 		o.spawnMu.Lock()
 		defer o.spawnMu.Unlock()
@@ -86,6 +93,12 @@ func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, 
 	docNote, err := o.copyDocuments(dir, docs)
 	if err != nil {
 		return task.Task{}, false, err
+	}
+	if spec.FollowUpOf != "" {
+		if err := o.copyFollowUp(dir, prev, spec.Agent); err != nil {
+			return task.Task{}, false, err
+		}
+		docNote += followUpNote(prev)
 	}
 	if err := workspace.WriteFileAtomic(dir, "prompt.md", []byte(Prompt(spec)+attachmentNote(atts, attNames)+docNote+o.skillsNote()), 0o644); err != nil {
 		return task.Task{}, false, fmt.Errorf("write prompt.md: %w", err)

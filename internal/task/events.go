@@ -19,7 +19,36 @@ const (
 	// egress proxy. It changes nothing of the task but its version, and it
 	// is appended with any expected version, also after the task ended.
 	EventEgressConnection = "egress_connection"
+	// EventProgress records what the agent did (text, a tool call, a tool's
+	// result), as its worker reported it, coalesced. Like egress events it
+	// changes nothing of the task but its version, and is appended with any
+	// expected version.
+	EventProgress = "task_progress"
 )
+
+// Progress is the payload of EventProgress.
+type Progress struct {
+	Kind   string `json:"kind"` // init, text, tool_use, tool_result, result
+	Text   string `json:"text,omitempty"`
+	Tool   string `json:"tool,omitempty"`
+	Input  string `json:"input,omitempty"`  // a bounded summary of the tool's input
+	Status string `json:"status,omitempty"` // ok or error, for tool_result
+	// Coalesced counts items of this kind the worker dropped for this one.
+	Coalesced int `json:"coalesced,omitempty"`
+}
+
+// Usage counts an agent run's tokens, as the agent reported them.
+type Usage struct {
+	InputTokens         int64 `json:"input_tokens"`
+	OutputTokens        int64 `json:"output_tokens"`
+	CacheReadTokens     int64 `json:"cache_read_tokens,omitempty"`
+	CacheCreationTokens int64 `json:"cache_creation_tokens,omitempty"`
+}
+
+// Total is every token counted.
+func (u Usage) Total() int64 {
+	return u.InputTokens + u.OutputTokens + u.CacheReadTokens + u.CacheCreationTokens
+}
 
 // Event types on the system stream, recorded by start-up reconciliation.
 const (
@@ -202,6 +231,9 @@ type Completed struct {
 	LogsTruncated   bool         `json:"logs_truncated,omitempty"`
 	Reason          string       `json:"reason,omitempty"` // e.g. "lost", "timeout", "webhook", "exit"
 	DurationSeconds *float64     `json:"duration_seconds,omitempty"`
+	SessionID       string       `json:"session_id,omitempty"`
+	Usage           *Usage       `json:"usage,omitempty"`
+	CostUSD         float64      `json:"cost_usd,omitempty"`
 }
 
 // EgressConnection is the payload of EventEgressConnection: one attempt by
@@ -272,7 +304,7 @@ func (t *Task) Apply(typ string, data []byte, version int64, at time.Time, pos i
 		t.SandboxName, t.Handle, t.StartedAt = p.SandboxName, p.Handle, &at
 	case EventCancelRequested:
 		t.CancelRequested = true
-	case EventReattached, EventEgressConnection, EventOutputsSaved, EventOutputsSaveFailed, EventDirectoryRemoved, EventRemovalFailed:
+	case EventReattached, EventEgressConnection, EventProgress, EventOutputsSaved, EventOutputsSaveFailed, EventDirectoryRemoved, EventRemovalFailed:
 	case EventCompleted:
 		var p Completed
 		if err := json.Unmarshal(data, &p); err != nil {
@@ -286,6 +318,7 @@ func (t *Task) Apply(typ string, data []byte, version int64, at time.Time, pos i
 		}
 		t.CompletedAt = &at
 		t.ExitCode, t.OutputFiles, t.Summary, t.ErrorMessage, t.LogsTruncated = p.ExitCode, p.OutputFiles, p.Summary, p.ErrorMessage, p.LogsTruncated
+		t.SessionID, t.Usage, t.CostUSD = p.SessionID, p.Usage, p.CostUSD
 		switch {
 		case p.DurationSeconds != nil:
 			t.DurationSeconds = p.DurationSeconds

@@ -112,6 +112,9 @@ type Spec struct {
 	NoteIDs        []string          `json:"note_ids,omitempty"`     // the notes it found, set at spawn
 	Labels         map[string]string `json:"labels,omitempty"`
 	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	// FollowUpOf is the task this one continues: its output is copied into
+	// context/ and, for agents that can, its agent session resumed.
+	FollowUpOf string `json:"follow_up_of,omitempty"`
 	Origin
 }
 
@@ -148,6 +151,11 @@ type Task struct {
 	ErrorMessage    string          `json:"error_message,omitempty"`
 	CancelRequested bool            `json:"cancel_requested,omitempty"`
 	LogsTruncated   bool            `json:"logs_truncated,omitempty"`
+	// SessionID is the agent's session id, which a follow-up resumes.
+	SessionID string `json:"session_id,omitempty"`
+	// Usage and CostUSD are what the agent reported it used.
+	Usage   *Usage  `json:"usage,omitempty"`
+	CostUSD float64 `json:"cost_usd,omitempty"`
 	// QueueSeq orders queued tasks: the store position of the queued event.
 	QueueSeq int64 `json:"-"`
 }

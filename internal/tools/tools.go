@@ -348,7 +348,8 @@ const spawnSchema = `{"type":"object","properties":{
 "interface_type":{"type":"string","description":"The interface the conversation is on (chat, telegram, ...)."},
 "user_name":{"type":"string","description":"Who asked."},
 "labels":{"type":"object","additionalProperties":{"type":"string"},"description":"Free-form labels."},
-"idempotency_key":{"type":"string","description":"Spawning twice with the same key returns the first task instead of a second one."}},
+"idempotency_key":{"type":"string","description":"Spawning twice with the same key returns the first task instead of a second one."},
+"follow_up_of":{"type":"string","description":"The task_id of an ended task to continue: its output files are copied into /task/context/previous/, and Claude Code resumes its session."}},
 "required":["task_description"],"additionalProperties":false}`
 
 // MaxResultContentBytes bounds the file contents one read_task_result

@@ -75,6 +75,8 @@ type Completion struct {
 	ExitCode        int      `json:"exit_code"`
 	OutputFiles     []string `json:"output_files"`  // names relative to output/
 	ErrorMessage    string   `json:"error_message"` // "" is sent as null
+	// SessionID is the agent's session, for a follow-up to resume.
+	SessionID string `json:"session_id,omitempty"`
 	// WebhookID is the same for every attempt to deliver one completion, so
 	// the server can tell a retry from a new message. Post fills it when
 	// empty.

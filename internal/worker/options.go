@@ -40,6 +40,7 @@ type Options struct {
 	Binary     string   // overrides the agent's binary
 	Command    []string // argv of the command agent
 	ExtraArgs  []string // appended to the agent's arguments
+	Resume     string   // an agent session to continue (claude --resume)
 
 	WebhookURL string // "" skips the webhook
 	WebhookKey []byte // webhook.DeriveKey(secret, TaskID)
@@ -61,6 +62,12 @@ type Options struct {
 	MaxLogBytes    int64         // per log file; default 64 MiB
 	MaxOutputFiles int           // listed in status.json; default 1000
 	Grace          time.Duration // SIGTERM → SIGKILL; default 10s
+
+	// ProgressInterval is the least time between two progress reports
+	// posted to the server; default DefaultProgressInterval. NoProgress
+	// turns them off.
+	ProgressInterval time.Duration
+	NoProgress       bool
 
 	// OnProgress, if set, receives the agent's progress items as they come,
 	// from one goroutine that reads the agent's stdout; it must not block.
@@ -100,6 +107,9 @@ func (o *Options) defaults() {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.ProgressInterval <= 0 {
+		o.ProgressInterval = DefaultProgressInterval
+	}
 }
 
 // ParseArgs parses the arguments of `corral worker run-task` (those after
@@ -122,6 +132,7 @@ func ParseArgs(args []string, environ []string) (Options, error) {
 	fs.StringVar(&o.Agent, "agent", "", "the agent: claude or command (default command when argv follows --, else claude)")
 	fs.StringVar(&o.Model, "model", "", "the model to ask the agent for")
 	fs.StringVar(&o.Binary, "agent-binary", "", "the agent's binary, if not its default name")
+	fs.StringVar(&o.Resume, "resume", "", "the agent session to continue (claude)")
 	fs.StringVar(&o.TaskDir, "task-dir", DefaultTaskDir, "the task directory")
 	fs.StringVar(&o.Source, "source", "local", "the webhook's source: the runtime that ran the worker")
 	fs.Int64Var(&o.MaxLogBytes, "max-log-bytes", DefaultMaxLogBytes, "the most bytes kept per log file")

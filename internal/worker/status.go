@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -25,6 +26,11 @@ type Status struct {
 	Summary         string       `json:"summary"`
 	ErrorMessage    string       `json:"error_message"` // "" is written as null
 	LogsTruncated   bool         `json:"logs_truncated"`
+	// SessionID is the agent's session, for a follow-up to resume.
+	SessionID string `json:"session_id,omitempty"`
+	// Usage and CostUSD are what the agent reported it used.
+	Usage   *agent.Usage `json:"usage,omitempty"`
+	CostUSD float64      `json:"cost_usd,omitempty"`
 }
 
 // OutputFile is one regular file beneath the task's output/ directory.

@@ -134,6 +134,7 @@ func deliver(ctx context.Context, opts Options, st Status, log *slog.Logger) {
 		ExitCode:        st.ExitCode,
 		OutputFiles:     names,
 		ErrorMessage:    st.ErrorMessage,
+		SessionID:       st.SessionID,
 	}
 	po := opts.Webhook
 	po.Source = opts.Source
@@ -156,6 +157,32 @@ type run struct {
 	opts Options
 	root *os.Root
 	log  *slog.Logger
+	// closeProgress flushes and stops progress reports, if they are sent.
+	closeProgress func()
+}
+
+// HomeDir is the agent's HOME beneath the task directory (not for the
+// command agent, whose HOME stays the sandbox's /tmp).
+const HomeDir = ".home"
+
+// postProgress sends one progress report with the task's key.
+func (r *run) postProgress(ctx context.Context, items []webhook.ProgressItem) error {
+	po := r.opts.Webhook
+	po.Source = r.opts.Source
+	po.AttemptTimeout = progressTimeout
+	return webhook.PostProgress(ctx, r.opts.WebhookURL, r.opts.WebhookKey, webhook.ProgressReport{TaskID: r.opts.TaskID, Items: items}, po)
+}
+
+// missingDefaults are the defaults whose names environ does not set.
+func missingDefaults(environ, defaults []string) []string {
+	var out []string
+	for _, kv := range defaults {
+		name, _, _ := strings.Cut(kv, "=")
+		if _, ok := lookupEnv(environ, name); !ok {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 func (r *run) run(ctx context.Context) Status {
@@ -169,13 +196,23 @@ func (r *run) run(ctx context.Context) Status {
 	if err != nil {
 		return fail(ExitUsage, err.Error())
 	}
-	proc, err := adapter.Prepare(agent.Invocation{
+	inv := agent.Invocation{
 		PromptPath: r.opts.PromptPath,
 		Model:      r.opts.Model,
 		Command:    r.opts.Command,
 		Binary:     r.opts.Binary,
 		ExtraArgs:  r.opts.ExtraArgs,
-	})
+		Resume:     r.opts.Resume,
+	}
+	if r.opts.Agent != "command" {
+		// A HOME inside the task directory keeps what the agent stores
+		// there (Claude Code's sessions) for a follow-up task.
+		if err := r.root.MkdirAll(HomeDir, 0o700); err != nil {
+			return fail(ExitSetup, fmt.Sprintf("create agent home: %v", err))
+		}
+		inv.Home = strings.TrimRight(r.opts.TaskDir, "/") + "/" + HomeDir
+	}
+	proc, err := adapter.Prepare(inv)
 	if err != nil {
 		return fail(ExitUsage, err.Error())
 	}
@@ -204,15 +241,6 @@ func (r *run) run(ctx context.Context) Status {
 	}
 	defer stderrLog.Close()
 
-	onProgress := r.opts.OnProgress
-	if onProgress == nil {
-		onProgress = func(p agent.Progress) {
-			if p.Kind == agent.ProgressToolUse {
-				r.log.Debug("agent tool use", "tool", p.Tool)
-			}
-		}
-	}
-	parser := adapter.NewParser(onProgress)
 	stderrTail := &tail{max: 4 * stderrTailBytes}
 
 	// The relay starts before the agent and stops after it: the sandbox has
@@ -227,10 +255,31 @@ func (r *run) run(ctx context.Context) Status {
 		proxyEnv = ProxyEnv(relay.Addr())
 	}
 	proc.Env = append(proxyEnv, proc.Env...)
+	proc.Env = append(missingDefaults(r.opts.Env, proc.DefaultEnv), proc.Env...)
 
 	// Secrets the agent holds (its API keys) never reach the transcript,
-	// the summary or the error message, even if the agent prints them.
+	// the summary, the error message or a progress report, even if the
+	// agent prints them.
 	secrets := Secrets(agentEnv(r.opts.Env, proc.Env))
+	onProgress := r.opts.OnProgress
+	if onProgress == nil {
+		onProgress = func(p agent.Progress) {
+			if p.Kind == agent.ProgressToolUse {
+				r.log.Debug("agent tool use", "tool", p.Tool)
+			}
+		}
+	}
+	if r.opts.WebhookURL != "" && len(r.opts.WebhookKey) > 0 && !r.opts.NoProgress {
+		ps := newProgressSender(r.opts.ProgressInterval, func(s string) string { return RedactString(s, secrets) }, r.postProgress, r.log)
+		defer ps.close()
+		local := onProgress
+		onProgress = func(p agent.Progress) {
+			local(p)
+			ps.add(p)
+		}
+		r.closeProgress = ps.close
+	}
+	parser := adapter.NewParser(onProgress)
 	stdout := newRedactor(io.MultiWriter(stdoutLog, parser), secrets)
 	stderr := newRedactor(io.MultiWriter(stderrLog, stderrTail), secrets)
 	ex, err := r.start(proc, stdin, stdout, stderr)
@@ -243,6 +292,9 @@ func (r *run) run(ctx context.Context) Status {
 	stdout.Close()
 	stderr.Close()
 	res := parser.Result()
+	if r.closeProgress != nil {
+		r.closeProgress() // the last report goes before the completion
+	}
 	end := r.opts.Now()
 	r.log.Info("agent exited", "exit_code", code, "stopped", stopped)
 
@@ -253,6 +305,12 @@ func (r *run) run(ctx context.Context) Status {
 	st.ExitCode = code
 	st.OutputFiles = r.outputFiles()
 	st.Summary = RedactString(r.summary(proc, res), secrets)
+	st.SessionID = res.SessionID
+	st.CostUSD = res.CostUSD
+	if res.Usage != (agent.Usage{}) {
+		u := res.Usage
+		st.Usage = &u
+	}
 	for _, l := range []*boundedLog{stdoutLog, stderrLog} {
 		if l.truncated {
 			st.LogsTruncated = true

@@ -1,0 +1,230 @@
+//go:build integration
+
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/agent/agenttest"
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+const claudeTestKey = "sk-ant-test-4f9c1e7a0b2d"
+
+// mustClaudeServer starts a scripted Anthropic endpoint and a server whose
+// claude agent uses it through the egress allowlist. The endpoint listens
+// on 127.0.0.2: the sandbox's NO_PROXY names 127.0.0.1 (its own loopback),
+// and the model must be reached through the proxy, listed by address.
+func mustClaudeServer(t *testing.T, opts agenttest.AnthropicOptions) (*server, *agenttest.Anthropic) {
+	t.Helper()
+	testenv.RequireBinary(t, "claude", "npm install -g @anthropic-ai/claude-code")
+	opts.Key = claudeTestKey
+	opts.Addr = "127.0.0.2:0"
+	ep := agenttest.MustAnthropic(t, opts)
+	s := MustStart(t, func(c *config.Config) {
+		c.Egress.Mode = "allowlist"
+		c.Egress.Allow = []string{ep.Addr}
+		c.Agents.Claude.Env = map[string]string{
+			"ANTHROPIC_BASE_URL":      ep.URL,
+			"ANTHROPIC_API_KEY":       claudeTestKey,
+			"CLAUDE_CODE_MAX_RETRIES": "1",
+		}
+	})
+	return s, ep
+}
+
+func spawnClaude(t *testing.T, s *server, req orchestrator.SpawnRequest) task.Task {
+	t.Helper()
+	req.Agent = "claude"
+	req.Network = "allowlist"
+	if req.Model == "" {
+		req.Model = "claude-sonnet-4-5"
+	}
+	tk, _, err := s.client.Spawn(context.Background(), req)
+	if err != nil {
+		t.Fatalf("spawn claude task: %v", err)
+	}
+	return tk
+}
+
+// taskEvents returns the task's events of type typ.
+func taskEvents(t *testing.T, s *server, id, typ string) []eventstore.Event {
+	t.Helper()
+	var out []eventstore.Event
+	err := s.client.Events(context.Background(), orchestrator.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
+		if typ == "" || e.Type == typ {
+			out = append(out, e)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// assertNoKey fails if the API key is in any file of the task directory,
+// in the task's events or in the server's logs endpoint.
+func assertNoKey(t *testing.T, s *server, id string) {
+	t.Helper()
+	dir := filepath.Join(s.data, "tasks", id)
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), claudeTestKey) {
+			t.Errorf("the API key is in %s", strings.TrimPrefix(p, s.data))
+		}
+		return nil
+	})
+	for _, e := range taskEvents(t, s, id, "") {
+		if strings.Contains(string(e.Data), claudeTestKey) {
+			t.Errorf("the API key is in event %s (%s)", e.ID, e.Type)
+		}
+	}
+	for _, stream := range []string{"", "?stream=stderr"} {
+		if _, body := s.do(t, "GET", "/api/tasks/"+id+"/logs"+stream, "", nil); strings.Contains(body, claudeTestKey) {
+			t.Errorf("the API key is in the logs%s", stream)
+		}
+	}
+}
+
+// TestClaudeCSVChart runs seed 000's first use case with the real Claude
+// Code CLI in a real sandbox: the scripted model asks for a Bash call that
+// totals a CSV by category and draws a PNG chart, then answers with text.
+func TestClaudeCSVChart(t *testing.T) {
+	script, err := os.ReadFile("testdata/claude_chart.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	final := "Totals by category are in output/totals.csv and the chart in output/chart.png."
+	s, ep := mustClaudeServer(t, agenttest.AnthropicOptions{Replies: []agenttest.Reply{
+		{Text: "I'll total the transactions.", Tool: &agenttest.ToolCall{Name: "Bash", Input: map[string]any{
+			"command":     "cd /task && python3 - <<'PY'\n" + string(script) + "PY",
+			"description": "Total by category and chart",
+		}}, InputTokens: 1500, OutputTokens: 120},
+		{Text: final, InputTokens: 1700, OutputTokens: 30},
+	}})
+	shared := filepath.Join(s.data, "shared", "data")
+	if err := os.MkdirAll(shared, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	csv := "date,category,amount\n2026-01-02,groceries,40.50\n2026-01-03,rent,900\n2026-01-05,groceries,22.25\n2026-01-09,transport,15\n"
+	if err := os.WriteFile(filepath.Join(shared, "transactions.csv"), []byte(csv), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spawned := time.Now()
+	tk := spawnClaude(t, s, orchestrator.SpawnRequest{TaskDescription: "Parse my transactions and chart my spending by category", ContextFiles: []string{"data/transactions.csv"}})
+	res := s.wait(t, tk.ID, 120*time.Second, "totals.csv")
+	if res.Status != task.Success {
+		t.Fatalf("task %s: %s", res.Status, res.ErrorMessage)
+	}
+	if got, want := res.Summary, final; got != want {
+		t.Errorf("summary = %q, want %q", got, want)
+	}
+	totals, err := os.ReadFile(filepath.Join(s.data, "tasks", tk.ID, "output", "totals.csv"))
+	if want := "category,total\ngroceries,62.75\nrent,900.00\ntransport,15.00\n"; err != nil || string(totals) != want {
+		t.Errorf("output/totals.csv = %q, %v; want %q", totals, err, want)
+	}
+	png, err := os.ReadFile(filepath.Join(s.data, "tasks", tk.ID, "output", "chart.png"))
+	if err != nil || !strings.HasPrefix(string(png), "\x89PNG\r\n\x1a\n") {
+		t.Errorf("output/chart.png is not a PNG (%d bytes, %v)", len(png), err)
+	}
+
+	got, err := s.client.Get(context.Background(), tk.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Usage == nil || got.Usage.InputTokens < 3200 || got.Usage.OutputTokens < 150 || got.CostUSD <= 0 {
+		t.Errorf("usage %+v cost %v, want at least the scripted 3200 input and 150 output tokens and a cost", got.Usage, got.CostUSD)
+	}
+	if got.SessionID == "" {
+		t.Error("no session id recorded")
+	}
+	var first time.Time
+	var toolUse, toolResult bool
+	for _, e := range taskEvents(t, s, tk.ID, task.EventProgress) {
+		var p task.Progress
+		if err := json.Unmarshal(e.Data, &p); err != nil {
+			t.Fatal(err)
+		}
+		if first.IsZero() {
+			first = e.RecordedAt
+		}
+		switch {
+		case p.Kind == "tool_use" && p.Tool == "Bash" && strings.Contains(p.Input, "python3"):
+			toolUse = true
+		case p.Kind == "tool_result" && p.Tool == "Bash" && p.Status == "ok":
+			toolResult = true
+		}
+	}
+	if !toolUse || !toolResult {
+		t.Errorf("progress events: tool_use Bash %v, tool_result ok %v; want both", toolUse, toolResult)
+	}
+	reqs := ep.Requests()
+	if len(reqs) == 0 {
+		t.Fatal("the endpoint got no request")
+	}
+	for _, r := range reqs {
+		if !r.KeyOK {
+			t.Errorf("request %s without the configured key", r.Path)
+		}
+	}
+	t.Logf("spawn → first model request %v, → first progress event %v, → done %v",
+		reqs[0].At.Sub(spawned).Round(time.Millisecond), first.Sub(spawned).Round(time.Millisecond), time.Since(spawned).Round(time.Millisecond))
+	body := metricsBody(t, s)
+	for _, want := range []string{`corral_agent_tokens_total{agent="claude",kind="input"}`, `corral_agent_cost_usd_total{agent="claude"}`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	assertNoKey(t, s, tk.ID)
+}
+
+func metricsBody(t *testing.T, s *server) string {
+	t.Helper()
+	code, body := s.do(t, "GET", "/metrics", "", nil)
+	if code != 200 {
+		t.Fatalf("/metrics: %d %s", code, body)
+	}
+	return body
+}
+
+// TestClaudeEndpointErrors: the model endpoint refusing the key, rate
+// limiting and failing end the task failed with a line that says so.
+func TestClaudeEndpointErrors(t *testing.T) {
+	tests := []struct {
+		status int
+		want   string
+	}{
+		{401, "refused the API key (HTTP 401"},
+		{429, "rate limiting (HTTP 429"},
+		{500, "server error (HTTP 500"},
+	}
+	for _, tt := range tests {
+		t.Run(http3(tt.status), func(t *testing.T) {
+			t.Parallel()
+			s, _ := mustClaudeServer(t, agenttest.AnthropicOptions{Status: tt.status})
+			tk := spawnClaude(t, s, orchestrator.SpawnRequest{TaskDescription: "Say hello"})
+			res := s.wait(t, tk.ID, 120*time.Second)
+			if res.Status != task.Failed || !strings.Contains(res.ErrorMessage, tt.want) || strings.Contains(res.ErrorMessage, "\n") {
+				t.Errorf("task %s: %q; want failed with one line containing %q", res.Status, res.ErrorMessage, tt.want)
+			}
+			assertNoKey(t, s, tk.ID)
+		})
+	}
+}
+
+func http3(code int) string { return "http_" + strconv.Itoa(code) }

@@ -1,0 +1,61 @@
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/worker"
+)
+
+// WorkerProgress takes a progress report from a worker: it verifies it as
+// a completion is verified (the task's derived key, the timestamp window,
+// a webhook id never seen) and appends one task_progress event per item to
+// the task's stream, with any expected version. A report for a task that
+// has not started is refused with errdefs.ErrFailedPrecondition; one for a
+// task that ended (the last report races the completion) is recorded. It
+// returns the number of events appended.
+func (o *Orchestrator) WorkerProgress(ctx context.Context, h http.Header, body []byte) (int, error) {
+	p, err := o.opts.Verifier.VerifyProgress(h, body)
+	if err != nil {
+		return 0, err
+	}
+	t, err := o.tasks.Get(p.TaskID)
+	if err != nil {
+		return 0, err
+	}
+	if t.Status == task.Pending || t.Status == task.Queued {
+		return 0, fmt.Errorf("task %s has not started: %w", t.ID, errdefs.ErrFailedPrecondition)
+	}
+	// The worker redacts its agent's secrets; the sandbox is not trusted to
+	// have done so.
+	secrets := worker.Secrets(o.opts.Agents[t.Agent].Env)
+	red := func(s string) string { return worker.RedactString(s, secrets) }
+	actor := "worker/" + t.ID
+	evs := make([]eventstore.Proposed, 0, len(p.Items))
+	for _, it := range p.Items {
+		evs = append(evs, projection.NewEvent(task.EventProgress, task.Progress{
+			Kind: clipTo(it.Kind, 32), Text: red(clipTo(it.Text, 1024)), Tool: red(clipTo(it.Tool, 128)),
+			Input: red(clipTo(it.Input, 512)), Status: clipTo(it.Status, 16), Coalesced: max(it.Coalesced, 0),
+		}, actor))
+	}
+	if len(evs) == 0 {
+		return 0, nil
+	}
+	if _, err := o.store.Append(ctx, task.StreamID(t.ID), eventstore.AnyVersion, evs...); err != nil {
+		o.opts.Verifier.Forget(p.WebhookID)
+		return 0, fmt.Errorf("record progress of task %s: %w", t.ID, err)
+	}
+	return len(evs), nil
+}
+
+func clipTo(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,175 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// ProgressPath is the server's HTTP path for worker progress reports; a
+// unix:// webhook URL posts them here.
+const ProgressPath = "/api/webhooks/worker-progress"
+
+// EventWorkerProgress is the event_type of a ProgressReport.
+const EventWorkerProgress = "task_progress"
+
+// MaxProgressItems bounds the items of one report.
+const MaxProgressItems = 32
+
+// ProgressItem is one thing the agent did (agent.Progress, bounded).
+type ProgressItem struct {
+	Kind   string `json:"kind"` // init, text, tool_use, tool_result, result
+	Text   string `json:"text,omitempty"`
+	Tool   string `json:"tool,omitempty"`
+	Input  string `json:"input,omitempty"`
+	Status string `json:"status,omitempty"` // ok or error, for tool_result
+	// Coalesced counts the items of this kind dropped in favour of this one
+	// since the previous report.
+	Coalesced int `json:"coalesced,omitempty"`
+}
+
+// ProgressReport is the body of a progress webhook: what a worker's agent
+// did since the previous report. It is signed with the task's key like a
+// Completion, and carries its own webhook id and timestamp.
+type ProgressReport struct {
+	EventType string         `json:"event_type"` // always EventWorkerProgress
+	Source    string         `json:"source"`
+	TaskID    string         `json:"task_id"`
+	Items     []ProgressItem `json:"items"`
+	WebhookID string         `json:"webhook_id"`
+	Timestamp int64          `json:"timestamp"`
+}
+
+// PostProgress signs p with key and POSTs it to ProgressPath at rawURL (a
+// unix:// socket, or the completion URL of an http(s) server, whose path
+// ends in Path). It makes one attempt bounded by opts.AttemptTimeout:
+// progress is best-effort, and the next report follows within a second.
+// Errors are classed as Post's.
+func PostProgress(ctx context.Context, rawURL string, key []byte, p ProgressReport, opts PostOptions) error {
+	opts.defaults()
+	target, client, err := newClient(rawURL, opts.Client)
+	if err != nil {
+		return err
+	}
+	if opts.Client == nil {
+		defer client.CloseIdleConnections()
+	}
+	base, ok := strings.CutSuffix(target, Path)
+	if !ok {
+		return fmt.Errorf("post progress: webhook url %s does not end in %s: %w", redact(rawURL), Path, errdefs.ErrInvalidArgument)
+	}
+	p.EventType = EventWorkerProgress
+	if p.Source == "" {
+		p.Source = opts.Source
+	}
+	if p.WebhookID == "" {
+		p.WebhookID = NewID()
+	}
+	p.Timestamp = opts.Now().Unix()
+	body, err := json.Marshal(p)
+	if err != nil {
+		return fmt.Errorf("encode progress: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.AttemptTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+ProgressPath, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("build progress request: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(HeaderSignature, Sign(key, body))
+	req.Header.Set(HeaderSource, p.Source)
+	req.Header.Set(HeaderTimestamp, strconv.FormatInt(p.Timestamp, 10))
+	req.Header.Set(HeaderID, p.WebhookID)
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("send progress: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode/100 == 2 {
+		return nil
+	}
+	return fmt.Errorf("post progress: server answered %s: %s: %w", resp.Status, strings.TrimSpace(string(msg)), statusClass(resp.StatusCode))
+}
+
+func statusClass(code int) error {
+	switch {
+	case code == http.StatusTooManyRequests:
+		return errdefs.ErrResourceExhausted
+	case code >= 500:
+		return errdefs.ErrUnavailable
+	case code == http.StatusUnauthorized:
+		return errdefs.ErrUnauthenticated
+	case code == http.StatusForbidden:
+		return errdefs.ErrPermissionDenied
+	case code == http.StatusNotFound:
+		return errdefs.ErrNotFound
+	case code == http.StatusConflict:
+		return errdefs.ErrConflict
+	default:
+		return errdefs.ErrInvalidArgument
+	}
+}
+
+// VerifyProgress authenticates a progress webhook and returns its body,
+// with the checks and error classes of Verify: the signature under the
+// task's derived key, the headers mirroring the body, the timestamp window
+// and the webhook id never seen before (the same replay set as
+// completions). The caller bounds body.
+func (v *Verifier) VerifyProgress(h http.Header, body []byte) (ProgressReport, error) {
+	sig, err := parseSignature(h.Get(HeaderSignature))
+	if err != nil {
+		return ProgressReport{}, err
+	}
+	var p ProgressReport
+	if err := json.Unmarshal(body, &p); err != nil {
+		return ProgressReport{}, fmt.Errorf("decode progress body: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	var bad []string
+	if p.EventType != EventWorkerProgress {
+		bad = append(bad, fmt.Sprintf("event_type %q is not %q", p.EventType, EventWorkerProgress))
+	}
+	if p.TaskID == "" {
+		bad = append(bad, "task_id is empty")
+	}
+	if p.WebhookID == "" {
+		bad = append(bad, "webhook_id is empty")
+	}
+	if p.Timestamp <= 0 {
+		bad = append(bad, "timestamp is missing")
+	}
+	if len(p.Items) > MaxProgressItems {
+		bad = append(bad, fmt.Sprintf("%d items, more than %d", len(p.Items), MaxProgressItems))
+	}
+	if len(bad) > 0 {
+		return ProgressReport{}, fmt.Errorf("check progress body: %s: %w", strings.Join(bad, "; "), errdefs.ErrInvalidArgument)
+	}
+	if !hmac.Equal(sig, mac(DeriveKey(v.secret, p.TaskID), body)) {
+		return ProgressReport{}, fmt.Errorf("check progress signature for task %s: signature does not match: %w", p.TaskID, errdefs.ErrUnauthenticated)
+	}
+	if got := h.Get(HeaderID); got != p.WebhookID {
+		return ProgressReport{}, fmt.Errorf("check progress headers: %s %q differs from body webhook_id %q: %w", HeaderID, got, p.WebhookID, errdefs.ErrInvalidArgument)
+	}
+	if got := h.Get(HeaderTimestamp); got != strconv.FormatInt(p.Timestamp, 10) {
+		return ProgressReport{}, fmt.Errorf("check progress headers: %s %q differs from body timestamp %d: %w", HeaderTimestamp, got, p.Timestamp, errdefs.ErrInvalidArgument)
+	}
+	now := v.now()
+	ts := time.Unix(p.Timestamp, 0)
+	if d := now.Sub(ts); d > v.maxSkew || d < -v.maxSkew {
+		return ProgressReport{}, fmt.Errorf("check progress timestamp: %s is %s from now, outside ±%s: %w", ts.UTC().Format(time.RFC3339), d.Round(time.Second), v.maxSkew, errdefs.ErrPermissionDenied)
+	}
+	if err := v.remember(p.WebhookID, now); err != nil {
+		return ProgressReport{}, err
+	}
+	return p, nil
+}
