@@ -36,6 +36,7 @@ var allowed = map[string][]string{
 	"internal/sandbox/local":        {"sandbox", "sandbox/seccomp", "errdefs", "logkey"},
 	"internal/sandbox/gvisor":       {"sandbox", "sandbox/seccomp", "errdefs", "logkey"},
 	"internal/sandbox/sandboxtest":  {"sandbox", "errdefs", "testenv"},
+	"internal/agent/agenttest":      {},
 	"internal/agent":                {"errdefs"},
 	"internal/webhook":              {"task", "errdefs"},
 	"internal/notify":               {"eventstore", "task", "errdefs", "logkey"},
