@@ -228,3 +228,32 @@ func TestClaudeEndpointErrors(t *testing.T) {
 }
 
 func http3(code int) string { return "http_" + strconv.Itoa(code) }
+
+// TestClaudeFollowUpResumesSession spawns a follow-up of a finished Claude
+// task: the real CLI must resume the first session, so the model sees the
+// earlier exchange in the follow-up's first request.
+func TestClaudeFollowUpResumesSession(t *testing.T) {
+	t.Parallel()
+	s, ep := mustClaudeServer(t, agenttest.AnthropicOptions{Replies: []agenttest.Reply{{Text: "The first answer."}, {Text: "The second answer."}}})
+	first := spawnClaude(t, s, orchestrator.SpawnRequest{TaskDescription: "Say something."})
+	res := s.wait(t, first.ID, 3*time.Minute)
+	if res.Status != task.Success || res.SessionID == "" {
+		t.Fatalf("first task: %s, session %q, %s", res.Status, res.SessionID, res.ErrorMessage)
+	}
+	next := spawnClaude(t, s, orchestrator.SpawnRequest{TaskDescription: "Say more.", FollowUpOf: first.ID})
+	res = s.wait(t, next.ID, 3*time.Minute)
+	if res.Status != task.Success || res.Summary != "The second answer." {
+		t.Fatalf("follow-up: %s %q %s", res.Status, res.Summary, res.ErrorMessage)
+	}
+	var last agenttest.AnthropicRequest
+	for _, r := range ep.Requests() {
+		if r.Main {
+			last = r
+		}
+	}
+	// A fresh session would send one user message; a resumed one sends the
+	// first exchange too.
+	if last.Messages < 3 || !strings.Contains(last.LastUser, "Say more.") {
+		t.Errorf("the follow-up's request has %d messages: the session was not resumed", last.Messages)
+	}
+}
