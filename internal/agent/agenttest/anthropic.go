@@ -68,6 +68,9 @@ type AnthropicOptions struct {
 	Status int
 	// Addr is where to listen; default "127.0.0.1:0".
 	Addr string
+	// Respond, if set, computes the reply to each main request instead of
+	// Replies, for scripts whose next step depends on a tool's result.
+	Respond func(AnthropicRequest) Reply
 }
 
 // Anthropic is a scripted Anthropic Messages API (POST /v1/messages, with
@@ -158,6 +161,10 @@ func (a *Anthropic) serve(w http.ResponseWriter, r *http.Request) {
 	case a.opts.Status != 0:
 		status = a.opts.Status
 	case strings.HasSuffix(r.URL.Path, "/count_tokens"):
+	case req.Main && a.opts.Respond != nil:
+		req.Reply = a.next
+		reply = a.opts.Respond(req)
+		a.next++
 	case req.Main && len(a.opts.Replies) > 0:
 		req.Reply = min(a.next, len(a.opts.Replies)-1)
 		reply = a.opts.Replies[req.Reply]
