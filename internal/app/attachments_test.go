@@ -384,7 +384,7 @@ func vmHWM(tb testing.TB) int64 {
 //	go test -tags integration -run '^$' -bench AttachmentLargeFile -benchtime 1x ./internal/app
 func BenchmarkAttachmentLargeFile(b *testing.B) {
 	const size = 1 << 30
-	s := mustStartTB(b, nil, func(c *config.Config) {
+	s := startServer(b, []string{}, nil, func(c *config.Config) {
 		c.Limits.MaxUploadBytes = mustSizeTB(b, "2GiB")
 		c.Limits.MaxUploadRequestBytes = mustSizeTB(b, "2GiB")
 	})

@@ -26,9 +26,12 @@ import (
 type proc struct {
 	cmd    *exec.Cmd
 	client *httpapi.Client
+	url    string
 }
 
-func startProcess(t *testing.T, data string, maxConcurrent string) *proc {
+// startProcess runs `corral serve` on data and a free loopback port, with
+// extra flags, and without the test's CORRAL_* and AI_WORKER_* variables.
+func startProcess(t *testing.T, data string, extra ...string) *proc {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -36,7 +39,7 @@ func startProcess(t *testing.T, data string, maxConcurrent string) *proc {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	cmd := exec.Command(corralBin, "serve", "--data", data, "--listen", addr, "--max-concurrent", maxConcurrent)
+	cmd := exec.Command(corralBin, append([]string{"serve", "--data", data, "--listen", addr}, extra...)...)
 	cmd.Dir = t.TempDir()
 	var env []string
 	for _, kv := range os.Environ() {
@@ -49,9 +52,9 @@ func startProcess(t *testing.T, data string, maxConcurrent string) *proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, client: httpapi.NewClient("http://"+addr, "")}
+	p := &proc{cmd: cmd, client: httpapi.NewClient("http://"+addr, ""), url: "http://" + addr}
 	t.Cleanup(func() { p.kill() })
-	waitHealthy(t, "http://"+addr)
+	waitHealthy(t, p.url)
 	return p
 }
 
@@ -68,7 +71,7 @@ func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 	data := t.TempDir()
 	t.Cleanup(func() { killSandboxes(t, data) })
 	ctx := context.Background()
-	srv := startProcess(t, data, "2")
+	srv := startProcess(t, data, "--max-concurrent", "2")
 	spawn := func(desc, script string) string {
 		tk, _, err := srv.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: desc, Command: []string{"sh", "-c", script}})
 		if err != nil {
@@ -107,7 +110,7 @@ func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second) // the finisher ends while no server runs
 
-	srv = startProcess(t, data, "2")
+	srv = startProcess(t, data, "--max-concurrent", "2")
 	want := map[string]string{finisher: "finished\n", survivor: "survived\n"}
 	for _, id := range queued {
 		want[id] = "ran\n"

@@ -62,53 +62,61 @@ func MustStart(t *testing.T, edit func(*config.Config)) *server {
 // MustStartEnv is MustStart with the environment the configuration reads.
 func MustStartEnv(t *testing.T, environ []string, edit func(*config.Config)) *server {
 	t.Helper()
-	testenv.RequireBwrap(t)
+	return startServer(t, environ, nil, edit)
+}
+
+// startServer starts a server for any test or benchmark: environ is what
+// the configuration reads, now the server's clock (nil: the real one),
+// edit changes the configuration.
+func startServer(tb testing.TB, environ []string, now func() time.Time, edit func(*config.Config)) *server {
+	tb.Helper()
+	testenv.RequireBwrap(tb)
 	cfg, err := config.Load(config.LoadOptions{Environ: environ})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	cfg.Listen = "127.0.0.1:0"
-	cfg.Data = t.TempDir()
+	cfg.Data = tb.TempDir()
 	cfg.Limits.StopGrace = config.Duration(2 * time.Second)
 	if edit != nil {
 		edit(cfg)
 	}
 	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(slog.NewTextHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.New(ctx, cfg, log, app.Options{WorkerBinary: corralBin})
+	a, err := app.New(ctx, cfg, log, app.Options{WorkerBinary: corralBin, Now: now})
 	if err != nil {
 		cancel()
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("server ended with %v", err)
+			tb.Errorf("server ended with %v", err)
 		}
 		a.Close()
-		killSandboxes(t, cfg.Data)
+		killSandboxes(tb, cfg.Data)
 	})
 	url := "http://" + a.Addr()
-	waitHealthy(t, url)
+	waitHealthy(tb, url)
 	return &server{app: a, client: httpapi.NewClient(url, a.Token()), url: url, data: cfg.Data}
 }
 
 // killSandboxes stops sandboxes a test left running: workers outlive the
 // server by design, so a test must end them itself.
-func killSandboxes(t *testing.T, data string) {
+func killSandboxes(tb testing.TB, data string) {
 	ents, _ := os.ReadDir(filepath.Join(data, "run", "local"))
 	for _, e := range ents {
 		exec.Command("pkill", "-KILL", "-f", e.Name()).Run()
 	}
 }
 
-func waitHealthy(t *testing.T, url string) {
-	t.Helper()
+func waitHealthy(tb testing.TB, url string) {
+	tb.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		resp, err := http.Get(url + "/healthz")
@@ -120,14 +128,14 @@ func waitHealthy(t *testing.T, url string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("server at %s never became healthy", url)
+	tb.Fatalf("server at %s never became healthy", url)
 }
 
 // testWriter sends the server's log to the test's log.
-type testWriter struct{ t *testing.T }
+type testWriter struct{ tb testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
+	w.tb.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
 

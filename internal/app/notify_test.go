@@ -153,39 +153,11 @@ func freePort(t *testing.T) int {
 }
 
 // notifyServer is a corral server process configured to notify.
-type notifyServer struct {
-	cmd    *exec.Cmd
-	client *httpapi.Client
-	url    string
-}
+type notifyServer struct{ *proc }
 
 func startNotifyServer(t *testing.T, data, cfgFile string) *notifyServer {
 	t.Helper()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	cmd := exec.Command(corralBin, "serve", "--config", cfgFile, "--data", data, "--listen", addr)
-	cmd.Dir = t.TempDir()
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "CORRAL_") && !strings.HasPrefix(kv, "AI_WORKER_") {
-			env = append(env, kv)
-		}
-	}
-	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = testWriter{t}, testWriter{t}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &notifyServer{cmd: cmd, client: httpapi.NewClient("http://"+addr, ""), url: "http://" + addr}
-	t.Cleanup(s.kill)
-	waitHealthy(t, s.url)
-	return s
-}
-
-func (s *notifyServer) kill() {
-	if s.cmd.ProcessState == nil {
-		s.cmd.Process.Signal(syscall.SIGKILL)
-		s.cmd.Wait()
-	}
+	return &notifyServer{startProcess(t, data, "--config", cfgFile)}
 }
 
 // deliveries lists the server's deliveries in state.

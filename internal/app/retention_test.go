@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,12 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/app"
-	"github.com/corral-dev/corral/internal/config"
-	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/task"
-	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // clock is a test clock: the real time moved forward by hand.
@@ -40,59 +35,12 @@ func (c *clock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// mustStartTB is MustStart for any testing.TB, with the retention clock
-// set (nil: the real one).
-func mustStartTB(tb testing.TB, now func() time.Time, edit func(*config.Config)) *server {
-	tb.Helper()
-	testenv.RequireBwrap(tb)
-	cfg, err := config.Load(config.LoadOptions{Environ: []string{}})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Data = tb.TempDir()
-	cfg.Limits.StopGrace = config.Duration(2 * time.Second)
-	if edit != nil {
-		edit(cfg)
-	}
-	if err := cfg.Validate(); err != nil {
-		tb.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if t, ok := tb.(*testing.T); ok {
-		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.New(ctx, cfg, log, app.Options{WorkerBinary: corralBin, Now: now})
-	if err != nil {
-		cancel()
-		tb.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	tb.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			tb.Errorf("server ended with %v", err)
-		}
-		a.Close()
-		if t, ok := tb.(*testing.T); ok {
-			killSandboxes(t, cfg.Data)
-		}
-	})
-	url := "http://" + a.Addr()
-	if t, ok := tb.(*testing.T); ok {
-		waitHealthy(t, url)
-	}
-	return &server{app: a, client: httpapi.NewClient(url, a.Token()), url: url, data: cfg.Data}
-}
-
 // Retention with the clock moved forward: old task directories go, a
 // running task's stays, events remain; unused attachments go, one a
 // running task names stays.
 func TestRetention(t *testing.T) {
 	clk := &clock{}
-	s := mustStartTB(t, clk.Now, nil)
+	s := startServer(t, []string{}, clk.Now, nil)
 	ctx := context.Background()
 	upload := func(name string) string {
 		sent := false
