@@ -127,16 +127,19 @@ const (
 )
 
 // Lookup returns the adapter named name. An unknown name returns an error
-// wrapping errdefs.ErrInvalidArgument; an agent Corral knows of but has no
-// adapter for yet returns errdefs.ErrNotImplemented.
+// wrapping errdefs.ErrInvalidArgument.
 func Lookup(name string) (Adapter, error) {
 	switch name {
 	case "command":
 		return commandAdapter{}, nil
 	case "claude":
 		return claudeAdapter{}, nil
-	case "gemini", "codex", "opencode":
-		return nil, fmt.Errorf("look up agent %q: no adapter yet: %w", name, errdefs.ErrNotImplemented)
+	case "gemini":
+		return geminiAdapter{}, nil
+	case "codex":
+		return codexAdapter{}, nil
+	case "opencode":
+		return opencodeAdapter{}, nil
 	default:
 		return nil, fmt.Errorf("look up agent %q: unknown agent (want claude, gemini, codex, opencode or command): %w", name, errdefs.ErrInvalidArgument)
 	}

@@ -70,9 +70,7 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 		c := Check{Name: "agent " + name, Required: cfg.Agents.Default == name}
 		if why := agentMissing(name, ag); why != "" {
 			c.Detail = why
-			if name == task.AgentClaude {
-				c.Fix = installHint[name]
-			}
+			c.Fix = installHint[name]
 		} else {
 			c.OK, c.Detail = true, agentVersion(ctx, ag.Binary, name)
 		}

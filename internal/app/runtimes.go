@@ -132,8 +132,6 @@ func agentMissing(name string, ag orchestrator.AgentConfig) string {
 	switch name {
 	case task.AgentCommand:
 		return ""
-	case task.AgentGemini, task.AgentCodex, task.AgentOpencode:
-		return fmt.Sprintf("the %s adapter is not built yet; use claude or command", name)
 	}
 	bin := ag.Binary
 	if bin == "" {

@@ -1,0 +1,240 @@
+package agenttest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// GeminiRequest is what the Gemini endpoint recorded of one request.
+type GeminiRequest struct {
+	At time.Time
+	// Path is the URL path, e.g. /v1beta/models/gemini-2.5-pro:streamGenerateContent.
+	Path   string
+	Model  string // the model named in the path
+	Stream bool   // streamGenerateContent rather than generateContent
+	// Main is set for the agent loop's requests (those that offer tools).
+	Main bool
+	// Reply is the index of the scripted reply given, -1 for none.
+	Reply int
+	// KeyOK says whether x-goog-api-key (or ?key=) was the expected key.
+	KeyOK bool
+	// Contents is the number of turns in the request's conversation.
+	Contents int
+	// System is the system instruction, flattened to text.
+	System string
+	// LastUser is the text of the last turn (function responses included,
+	// as JSON).
+	LastUser string
+}
+
+// GeminiOptions configure a Gemini endpoint.
+type GeminiOptions struct {
+	// Key is the API key the endpoint accepts; a request with another gets
+	// 401 UNAUTHENTICATED.
+	Key string
+	// Replies answer the main requests in order; past the end, the last one
+	// is repeated.
+	Replies []Reply
+	// Status, if set, answers every request with this HTTP status and an
+	// error body of the API's shape (401, 429, 500, 503, ...).
+	Status int
+	// Addr is where to listen; default "127.0.0.1:0".
+	Addr string
+}
+
+// Gemini is a scripted Gemini API (POST /v1beta/models/M:streamGenerateContent
+// with alt=sse, :generateContent and :countTokens) on loopback.
+type Gemini struct {
+	URL  string // http://ADDR, for GOOGLE_GEMINI_BASE_URL
+	Addr string // host:port, for an egress allowlist
+
+	opts GeminiOptions
+	srv  *http.Server
+
+	mu   sync.Mutex
+	next int
+	reqs []GeminiRequest
+}
+
+// MustGemini starts a Gemini endpoint, stopped when tb ends.
+func MustGemini(tb testing.TB, opts GeminiOptions) *Gemini {
+	tb.Helper()
+	if opts.Addr == "" {
+		opts.Addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", opts.Addr)
+	if err != nil {
+		tb.Fatalf("listen for the gemini endpoint: %v", err)
+	}
+	g := &Gemini{Addr: ln.Addr().String(), opts: opts}
+	g.URL = "http://" + g.Addr
+	g.srv = &http.Server{Handler: http.HandlerFunc(g.serve), ReadHeaderTimeout: 10 * time.Second}
+	go g.srv.Serve(ln)
+	tb.Cleanup(func() { g.srv.Close() })
+	return g
+}
+
+// Requests returns what the endpoint was asked, in order.
+func (g *Gemini) Requests() []GeminiRequest {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]GeminiRequest(nil), g.reqs...)
+}
+
+// geminiBody is the part of a generateContent request the endpoint reads.
+type geminiBody struct {
+	Contents []struct {
+		Role  string            `json:"role"`
+		Parts []json.RawMessage `json:"parts"`
+	} `json:"contents"`
+	SystemInstruction *struct {
+		Parts []json.RawMessage `json:"parts"`
+	} `json:"systemInstruction"`
+	Tools []json.RawMessage `json:"tools"`
+}
+
+func (g *Gemini) serve(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	i := strings.LastIndex(path, ":")
+	if r.Method != http.MethodPost || i < 0 || !strings.Contains(path, "/models/") {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	method := path[i+1:]
+	model := path[strings.LastIndex(path[:i], "/")+1 : i]
+	data, _ := io.ReadAll(io.LimitReader(r.Body, 32<<20))
+	var body geminiBody
+	json.Unmarshal(data, &body)
+	key := r.Header.Get("x-goog-api-key")
+	if key == "" {
+		key = r.URL.Query().Get("key")
+	}
+	req := GeminiRequest{
+		At:       time.Now(),
+		Path:     path,
+		Model:    model,
+		Stream:   method == "streamGenerateContent",
+		Main:     len(body.Tools) > 0,
+		Reply:    -1,
+		KeyOK:    g.opts.Key == "" || key == g.opts.Key,
+		Contents: len(body.Contents),
+	}
+	if body.SystemInstruction != nil {
+		req.System = geminiParts(body.SystemInstruction.Parts)
+	}
+	if n := len(body.Contents); n > 0 {
+		req.LastUser = geminiParts(body.Contents[n-1].Parts)
+	}
+
+	status, reply := 0, Reply{Text: "ok"}
+	g.mu.Lock()
+	switch {
+	case !req.KeyOK:
+		status = http.StatusUnauthorized
+	case g.opts.Status != 0:
+		status = g.opts.Status
+	case method == "countTokens":
+	case req.Main && len(g.opts.Replies) > 0:
+		req.Reply = min(g.next, len(g.opts.Replies)-1)
+		reply = g.opts.Replies[req.Reply]
+		g.next++
+	}
+	g.reqs = append(g.reqs, req)
+	g.mu.Unlock()
+
+	if status != 0 {
+		writeGeminiError(w, status)
+		return
+	}
+	if method == "countTokens" {
+		writeJSON(w, map[string]any{"totalTokens": 100})
+		return
+	}
+	resp := geminiResponse(model, reply)
+	if !req.Stream {
+		writeJSON(w, resp)
+		return
+	}
+	// The CLI asks for alt=sse: each chunk a "data:" line.
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	b, _ := json.Marshal(resp)
+	fmt.Fprintf(w, "data: %s\r\n\r\n", b)
+	if fl, ok := w.(http.Flusher); ok {
+		fl.Flush()
+	}
+}
+
+// geminiResponse is reply as a GenerateContentResponse.
+func geminiResponse(model string, reply Reply) map[string]any {
+	in, out := reply.InputTokens, reply.OutputTokens
+	if in == 0 {
+		in = 100
+	}
+	if out == 0 {
+		out = 20
+	}
+	var parts []map[string]any
+	if reply.Text != "" {
+		parts = append(parts, map[string]any{"text": reply.Text})
+	}
+	if reply.Tool != nil {
+		args := reply.Tool.Input
+		if args == nil {
+			args = map[string]any{}
+		}
+		parts = append(parts, map[string]any{"functionCall": map[string]any{"name": reply.Tool.Name, "args": args}})
+	}
+	return map[string]any{
+		"candidates": []any{map[string]any{
+			"content":      map[string]any{"role": "model", "parts": parts},
+			"finishReason": "STOP",
+			"index":        0,
+		}},
+		"usageMetadata": map[string]any{"promptTokenCount": in, "candidatesTokenCount": out, "totalTokenCount": in + out},
+		"modelVersion":  model,
+	}
+}
+
+// writeGeminiError answers with status and the API's error body.
+func writeGeminiError(w http.ResponseWriter, status int) {
+	code, msg := "INTERNAL", "An internal error has occurred."
+	switch status {
+	case http.StatusUnauthorized:
+		code, msg = "UNAUTHENTICATED", "API key not valid. Please pass a valid API key."
+	case http.StatusForbidden:
+		code, msg = "PERMISSION_DENIED", "Permission denied."
+	case http.StatusTooManyRequests:
+		code, msg = "RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota)."
+	case http.StatusServiceUnavailable:
+		code, msg = "UNAVAILABLE", "The model is overloaded. Please try again later."
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{"code": status, "message": msg, "status": code}})
+	w.Write(b)
+}
+
+// geminiParts is a turn's parts as text: text parts as they are, function
+// calls and responses as their JSON.
+func geminiParts(parts []json.RawMessage) string {
+	var out []string
+	for _, raw := range parts {
+		var p struct {
+			Text string `json:"text"`
+		}
+		if json.Unmarshal(raw, &p) == nil && p.Text != "" {
+			out = append(out, p.Text)
+			continue
+		}
+		out = append(out, string(raw))
+	}
+	return strings.Join(out, "\n")
+}

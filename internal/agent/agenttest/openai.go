@@ -1,0 +1,230 @@
+package agenttest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// OpenAIRequest is what the OpenAI endpoint recorded of one request.
+type OpenAIRequest struct {
+	At     time.Time
+	Path   string
+	Model  string
+	Stream bool
+	// Main is set for the agent loop's requests (those that offer tools).
+	Main bool
+	// Tools are the names of the tools offered.
+	Tools []string
+	// Reply is the index of the scripted reply given, -1 for none.
+	Reply int
+	// KeyOK says whether the bearer token was the expected key.
+	KeyOK bool
+	// Input is the number of items in the request's input.
+	Input int
+}
+
+// OpenAIOptions configure an OpenAI endpoint.
+type OpenAIOptions struct {
+	// Key is the API key the endpoint accepts; a request with another gets
+	// 401, as the real API does.
+	Key string
+	// Replies answer the main requests in order; past the end, the last one
+	// is repeated. A ToolCall's Input is sent as the call's JSON arguments.
+	Replies []Reply
+	// Status, if set, answers every request with this HTTP status and an
+	// error body of the API's shape (401, 429, 500, ...).
+	Status int
+	// Addr is where to listen; default "127.0.0.1:0".
+	Addr string
+}
+
+// OpenAI is a scripted OpenAI Responses API (POST /v1/responses, streamed
+// as server-sent events) on loopback.
+type OpenAI struct {
+	URL  string // http://ADDR/v1, for OPENAI_BASE_URL
+	Addr string // host:port, for an egress allowlist
+
+	opts OpenAIOptions
+	srv  *http.Server
+
+	mu   sync.Mutex
+	next int
+	reqs []OpenAIRequest
+}
+
+// MustOpenAI starts an OpenAI endpoint, stopped when tb ends.
+func MustOpenAI(tb testing.TB, opts OpenAIOptions) *OpenAI {
+	tb.Helper()
+	if opts.Addr == "" {
+		opts.Addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", opts.Addr)
+	if err != nil {
+		tb.Fatalf("listen for the openai endpoint: %v", err)
+	}
+	o := &OpenAI{Addr: ln.Addr().String(), opts: opts}
+	o.URL = "http://" + o.Addr + "/v1"
+	o.srv = &http.Server{Handler: http.HandlerFunc(o.serve), ReadHeaderTimeout: 10 * time.Second}
+	go o.srv.Serve(ln)
+	tb.Cleanup(func() { o.srv.Close() })
+	return o
+}
+
+// Requests returns what the endpoint was asked, in order.
+func (o *OpenAI) Requests() []OpenAIRequest {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]OpenAIRequest(nil), o.reqs...)
+}
+
+// responsesBody is the part of a Responses request the endpoint reads.
+type responsesBody struct {
+	Model  string            `json:"model"`
+	Stream bool              `json:"stream"`
+	Input  []json.RawMessage `json:"input"`
+	Tools  []struct {
+		Type string `json:"type"`
+		Name string `json:"name"`
+	} `json:"tools"`
+}
+
+func (o *OpenAI) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
+		writeJSON(w, map[string]any{"object": "list", "data": []any{}, "models": []any{}})
+		return
+	}
+	if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/responses") {
+		w.WriteHeader(http.StatusNotFound)
+		return
+	}
+	data, _ := io.ReadAll(io.LimitReader(r.Body, 32<<20))
+	var body responsesBody
+	json.Unmarshal(data, &body)
+	req := OpenAIRequest{
+		At:     time.Now(),
+		Path:   r.URL.Path,
+		Model:  body.Model,
+		Stream: body.Stream,
+		Main:   len(body.Tools) > 0,
+		Reply:  -1,
+		KeyOK:  o.opts.Key == "" || r.Header.Get("Authorization") == "Bearer "+o.opts.Key,
+		Input:  len(body.Input),
+	}
+	for _, t := range body.Tools {
+		req.Tools = append(req.Tools, t.Name)
+	}
+
+	status, reply := 0, Reply{Text: "ok"}
+	o.mu.Lock()
+	switch {
+	case !req.KeyOK:
+		status = http.StatusUnauthorized
+	case o.opts.Status != 0:
+		status = o.opts.Status
+	case req.Main && len(o.opts.Replies) > 0:
+		req.Reply = min(o.next, len(o.opts.Replies)-1)
+		reply = o.opts.Replies[req.Reply]
+		o.next++
+	}
+	o.reqs = append(o.reqs, req)
+	n := len(o.reqs)
+	o.mu.Unlock()
+
+	if status != 0 {
+		writeOpenAIError(w, status)
+		return
+	}
+	streamResponses(w, body.Model, reply, n)
+}
+
+// streamResponses writes reply as the Responses API's server-sent events:
+// response.created, per output item added/delta/done, response.completed.
+func streamResponses(w http.ResponseWriter, model string, reply Reply, n int) {
+	in, out := reply.InputTokens, reply.OutputTokens
+	if in == 0 {
+		in = 100
+	}
+	if out == 0 {
+		out = 20
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	fl, _ := w.(http.Flusher)
+	seq := 0
+	send := func(typ string, data map[string]any) {
+		data["type"] = typ
+		data["sequence_number"] = seq
+		seq++
+		b, _ := json.Marshal(data)
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, b)
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	id := fmt.Sprintf("resp_%02d", n)
+	resp := map[string]any{"id": id, "object": "response", "created_at": time.Now().Unix(), "model": model, "status": "in_progress", "output": []any{}}
+	send("response.created", map[string]any{"response": resp})
+	var items []any
+	if reply.Text != "" {
+		msgID := fmt.Sprintf("msg_%02d", n)
+		item := map[string]any{"type": "message", "id": msgID, "role": "assistant", "status": "in_progress", "content": []any{}}
+		idx := len(items)
+		send("response.output_item.added", map[string]any{"output_index": idx, "item": item})
+		send("response.content_part.added", map[string]any{"item_id": msgID, "output_index": idx, "content_index": 0, "part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}}})
+		send("response.output_text.delta", map[string]any{"item_id": msgID, "output_index": idx, "content_index": 0, "delta": reply.Text})
+		send("response.output_text.done", map[string]any{"item_id": msgID, "output_index": idx, "content_index": 0, "text": reply.Text})
+		part := map[string]any{"type": "output_text", "text": reply.Text, "annotations": []any{}}
+		send("response.content_part.done", map[string]any{"item_id": msgID, "output_index": idx, "content_index": 0, "part": part})
+		done := map[string]any{"type": "message", "id": msgID, "role": "assistant", "status": "completed", "content": []any{part}}
+		send("response.output_item.done", map[string]any{"output_index": idx, "item": done})
+		items = append(items, done)
+	}
+	if reply.Tool != nil {
+		args, _ := json.Marshal(reply.Tool.Input)
+		if reply.Tool.Input == nil {
+			args = []byte("{}")
+		}
+		fcID := fmt.Sprintf("fc_%02d", n)
+		callID := fmt.Sprintf("call_%02d", n)
+		idx := len(items)
+		item := map[string]any{"type": "function_call", "id": fcID, "call_id": callID, "name": reply.Tool.Name, "arguments": "", "status": "in_progress"}
+		send("response.output_item.added", map[string]any{"output_index": idx, "item": item})
+		send("response.function_call_arguments.delta", map[string]any{"item_id": fcID, "output_index": idx, "delta": string(args)})
+		send("response.function_call_arguments.done", map[string]any{"item_id": fcID, "output_index": idx, "arguments": string(args)})
+		done := map[string]any{"type": "function_call", "id": fcID, "call_id": callID, "name": reply.Tool.Name, "arguments": string(args), "status": "completed"}
+		send("response.output_item.done", map[string]any{"output_index": idx, "item": done})
+		items = append(items, done)
+	}
+	resp["status"] = "completed"
+	resp["output"] = items
+	resp["usage"] = map[string]any{
+		"input_tokens": in, "input_tokens_details": map[string]any{"cached_tokens": 0},
+		"output_tokens": out, "output_tokens_details": map[string]any{"reasoning_tokens": 0},
+		"total_tokens": in + out,
+	}
+	send("response.completed", map[string]any{"response": resp})
+}
+
+// writeOpenAIError answers with status and the API's error body.
+func writeOpenAIError(w http.ResponseWriter, status int) {
+	typ, code, msg := "server_error", "server_error", "The server had an error while processing your request."
+	switch status {
+	case http.StatusUnauthorized:
+		typ, code, msg = "invalid_request_error", "invalid_api_key", "Incorrect API key provided."
+	case http.StatusTooManyRequests:
+		typ, code, msg = "rate_limit_exceeded", "rate_limit_exceeded", "Rate limit reached for requests."
+		w.Header().Set("Retry-After", "0")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": code}})
+	w.Write(b)
+}
