@@ -107,11 +107,22 @@ func startServer(tb testing.TB, environ []string, now func() time.Time, edit fun
 }
 
 // killSandboxes stops sandboxes a test left running: workers outlive the
-// server by design, so a test must end them itself.
+// server by design, so a test must end them itself, and wait for them to
+// be gone before its temporary directory is removed under them.
 func killSandboxes(tb testing.TB, data string) {
-	ents, _ := os.ReadDir(filepath.Join(data, "run", "local"))
-	for _, e := range ents {
-		exec.Command("pkill", "-KILL", "-f", e.Name()).Run()
+	for _, rt := range []string{"local", "gvisor"} {
+		ents, _ := os.ReadDir(filepath.Join(data, "run", rt))
+		for _, e := range ents {
+			if !strings.HasPrefix(e.Name(), "task-") {
+				continue
+			}
+			exec.Command("pkill", "-KILL", "-f", e.Name()).Run()
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				if exec.Command("pgrep", "-f", e.Name()).Run() != nil {
+					break // no process names it any more
+				}
+			}
+		}
 	}
 }
 

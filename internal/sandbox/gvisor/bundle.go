@@ -14,6 +14,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
+	"github.com/corral-dev/corral/internal/sandbox/guestetc"
 )
 
 // validateID checks a sandbox id: 1 to 63 lowercase letters, digits and
@@ -227,10 +229,6 @@ func newProcess(argv, env []string, dir string, o Options, pids int64) *ociProce
 	return p
 }
 
-// hostEtcBinds are the host /etc entries a sandbox sees read-only when they
-// exist: CA certificates, the dynamic linker cache, time zone, alternatives.
-var hostEtcBinds = []string{"alternatives", "ssl", "ca-certificates", "ld.so.cache", "localtime"}
-
 // writeBundle writes an OCI bundle for spec into dir: config.json (0600: it
 // holds spec.Env) and rootfs/ with /etc and the mount points. cgroupsPath
 // is the sandbox's cgroup ("" for none).
@@ -294,7 +292,7 @@ func writeBundle(dir string, spec sandbox.Spec, o Options, cgroupsPath string) e
 			s.Mounts = append(s.Mounts, ociMount{Destination: d, Type: "bind", Source: d, Options: []string{"rbind", "ro"}})
 		}
 	}
-	binds, err := writeEtc(filepath.Join(rootfs, "etc"), o.UID, o.GID)
+	binds, err := guestetc.Write(filepath.Join(rootfs, "etc"), guestetc.Options{UID: o.UID, GID: o.GID})
 	if err != nil {
 		return err
 	}
@@ -342,7 +340,7 @@ func resources(lim sandbox.Limits) *ociResources {
 		res.CPU = &struct {
 			Quota  int64  `json:"quota"`
 			Period uint64 `json:"period"`
-		}{lim.CPUMillis * cgroupPeriodUs / 1000, cgroupPeriodUs}
+		}{lim.CPUMillis * cgroups.PeriodUs / 1000, cgroups.PeriodUs}
 		set = true
 	}
 	if lim.Pids > 0 {
@@ -374,42 +372,6 @@ func mountPoint(rootfs string, m sandbox.Mount) error {
 		return fmt.Errorf("create mount point %s: %w", m.Target, err)
 	}
 	return nil
-}
-
-// writeEtc writes the sandbox's minimal /etc into dir and the empty mount
-// points for the host entries bound over it, which it returns.
-func writeEtc(dir string, uid, gid int) ([]string, error) {
-	u, g := strconv.Itoa(uid), strconv.Itoa(gid)
-	files := map[string]string{
-		"passwd":        "root:x:0:0:root:/root:/usr/sbin/nologin\nworker:x:" + u + ":" + g + ":worker:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-		"group":         "root:x:0:\nworker:x:" + g + ":\nnogroup:x:65534:\n",
-		"hosts":         "127.0.0.1\tlocalhost corral\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-		"hostname":      "corral\n",
-		"nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
-	}
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			return nil, fmt.Errorf("write etc/%s: %w", name, err)
-		}
-	}
-	var binds []string
-	for _, name := range hostEtcBinds {
-		st, err := os.Stat(filepath.Join("/etc", name))
-		if err != nil {
-			continue
-		}
-		mp := filepath.Join(dir, name)
-		if st.IsDir() {
-			err = os.Mkdir(mp, 0o755)
-		} else {
-			err = os.WriteFile(mp, nil, 0o644)
-		}
-		if err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("create etc mount point %s: %w", name, err)
-		}
-		binds = append(binds, name)
-	}
-	return binds, nil
 }
 
 // chownMounts gives the read-write directory mounts (the task directory)

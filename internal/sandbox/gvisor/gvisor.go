@@ -107,6 +107,8 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
+	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 )
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -175,7 +177,7 @@ func (o *Options) setDefaults() {
 type Runtime struct {
 	opts   Options
 	log    *slog.Logger
-	cg     *cgroups // nil: --ignore-cgroups, no limits
+	cg     *cgroups.Hierarchy // nil: --ignore-cgroups, no limits
 	cgWarn string
 
 	capsOnce sync.Once
@@ -223,9 +225,9 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if opts.DisableCgroups {
 		r.cgWarn = "cgroups disabled by configuration: memory and CPU limits are not enforced"
 	} else {
-		cg, err := detectCgroups(opts.CgroupRoot, opts.CgroupParent)
+		cg, err := cgroups.Detect(opts.CgroupRoot, opts.CgroupParent)
 		if err == nil {
-			err = cg.prepare()
+			err = cg.Prepare()
 		}
 		if err != nil {
 			r.cgWarn = fmt.Sprintf("cgroups not usable (%v): runsc runs with --ignore-cgroups, memory and CPU limits are not enforced", err)
@@ -468,15 +470,15 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	st := state{ID: spec.ID, Labels: maps.Clone(spec.Labels), CreatedAt: time.Now().UTC()}
 	cgPath := ""
 	if r.cg != nil {
-		if st.Cgroups, err = r.cg.create(spec.ID, r.hostLimits(spec.Limits)); err != nil {
+		if st.Cgroups, err = r.cg.Create(spec.ID, r.hostLimits(spec.Limits)); err != nil {
 			return nil, fmt.Errorf("create cgroups: %v: %w", err, errdefs.ErrUnavailable)
 		}
 		defer func() {
 			if err != nil {
-				removeCgroups(st.Cgroups)
+				cgroups.Remove(st.Cgroups)
 			}
 		}()
-		cgPath = "/" + filepath.Join(r.cg.parent, spec.ID)
+		cgPath = r.cg.Path(spec.ID)
 	}
 	if err := chownMounts(spec.Mounts, r.opts.UID, r.opts.GID); err != nil {
 		return nil, err
@@ -510,7 +512,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	st.PID = cmd.Process.Pid
 	// Our unreaped child cannot be replaced by another process with the
 	// same pid, so this start time is the launcher's.
-	st.PIDStart, _ = procStartTime(st.PID)
+	st.PIDStart, _ = hostproc.StartTime(st.PID)
 	e := &entry{dir: dir, st: st, done: make(chan struct{})}
 	go func() {
 		cmd.Wait()
@@ -617,28 +619,12 @@ func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
 
 // running reports whether the sandbox's launcher still runs.
 func (r *Runtime) running(e *entry) bool {
-	if e.done != nil {
-		select {
-		case <-e.done:
-			return false
-		default:
-			return true
-		}
-	}
-	return alive(e.st.PID, e.st.PIDStart)
+	return hostproc.Running(e.done, e.st.PID, e.st.PIDStart)
 }
 
 // waitExit blocks until the launcher exits or ctx is done.
 func (r *Runtime) waitExit(ctx context.Context, e *entry) error {
-	if e.done != nil {
-		select {
-		case <-e.done:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return waitPidfd(ctx, e.st.PID, e.st.PIDStart)
+	return hostproc.WaitExit(ctx, e.done, e.st.PID, e.st.PIDStart)
 }
 
 // exitStatus is how the exited sandbox ended: the launcher's record of
@@ -659,7 +645,7 @@ func (r *Runtime) exitStatus(e *entry) sandbox.ExitStatus {
 			es.ExitedAt = fi.ModTime().UTC()
 		}
 	}
-	if oomKilled(e.st.Cgroups) {
+	if n, _ := cgroups.OOMKills(e.st.Cgroups); n > 0 {
 		es.OOMKilled = true
 		es.Message = "OOMKilled"
 		if es.Code == 0 || es.Code == -1 {
@@ -801,10 +787,10 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if out, err := r.runsc(ctx, "delete", "--force", id); err != nil && !bytes.Contains(out, []byte("does not exist")) {
 		r.log.Debug("runsc delete failed", logkey.SandboxID, id, "err", err)
 	}
-	for _, p := range cgroupPids(e.st.Cgroups) {
+	for _, p := range cgroups.Pids(e.st.Cgroups) {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
-	if err := removeCgroups(e.st.Cgroups); err != nil {
+	if err := cgroups.Remove(e.st.Cgroups); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	if err := os.RemoveAll(e.dir); err != nil {

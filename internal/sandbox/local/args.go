@@ -84,63 +84,6 @@ func reservedTarget(target string) bool {
 	return false
 }
 
-// hostEtcBinds are the host /etc entries a sandbox sees read-only when they
-// exist: CA certificates, the dynamic linker cache, time zone, alternatives.
-var hostEtcBinds = []string{"alternatives", "ssl", "ca-certificates", "ld.so.cache", "localtime"}
-
-// resolvConf is the sandbox's resolv.conf when it has a network. The
-// sandbox's network namespace has only loopback, and names are resolved by
-// the egress proxy, which the agent reaches through HTTP_PROXY; nothing
-// answers DNS inside. The file says so explicitly, so a direct lookup fails
-// at once with "connection refused" instead of after glibc's 5 s timeout
-// times attempts. With network none there is no resolv.conf at all.
-const resolvConf = "# Names are resolved by the egress proxy (HTTP_PROXY); no DNS server answers here.\n" +
-	"nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
-
-// writeEtc writes the sandbox's minimal /etc into dir, including empty mount
-// points for the host entries bound over it (the directory itself is bound
-// read-only, so bwrap could not create them inside). It writes resolv.conf
-// only when the sandbox has a network.
-func writeEtc(dir string, uid, gid int, network sandbox.Network) ([]string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("create etc dir: %w", err)
-	}
-	u, g := strconv.Itoa(uid), strconv.Itoa(gid)
-	files := map[string]string{
-		"passwd":        "root:x:0:0:root:/root:/usr/sbin/nologin\nworker:x:" + u + ":" + g + ":worker:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-		"group":         "root:x:0:\nworker:x:" + g + ":\nnogroup:x:65534:\n",
-		"hosts":         "127.0.0.1\tlocalhost corral\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-		"hostname":      "corral\n",
-		"nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
-	}
-	if network == sandbox.NetworkEgress {
-		files["resolv.conf"] = resolvConf
-	}
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			return nil, fmt.Errorf("write etc/%s: %w", name, err)
-		}
-	}
-	var binds []string
-	for _, name := range hostEtcBinds {
-		st, err := os.Stat(filepath.Join("/etc", name))
-		if err != nil {
-			continue
-		}
-		mp := filepath.Join(dir, name)
-		if st.IsDir() {
-			err = os.Mkdir(mp, 0o755)
-		} else {
-			err = os.WriteFile(mp, nil, 0o644)
-		}
-		if err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("create etc mount point %s: %w", name, err)
-		}
-		binds = append(binds, name)
-	}
-	return binds, nil
-}
-
 // rootfsArgs returns the bwrap arguments for the host system directories:
 // /usr read-only, and /bin, /sbin, /lib* as the same symlinks as on the host
 // when /usr is merged, else read-only binds.

@@ -13,6 +13,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
+	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 )
 
 // Exec runs req.Command inside the running sandbox id with nsenter: in its
@@ -41,7 +43,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	}
 	// The pid namespace check guards against a reused pid: nsenter must
 	// never join some other process's namespaces.
-	if !r.running(e) || e.st.ChildPID == 0 || pidNamespace(e.st.ChildPID) != e.st.PIDNS {
+	if !r.running(e) || e.st.ChildPID == 0 || hostproc.PidNamespace(e.st.ChildPID) != e.st.PIDNS {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: not running: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	argv := []string{r.opts.Nsenter, "--target", strconv.Itoa(e.st.ChildPID),
@@ -51,7 +53,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 		// path goes through the sandbox's root as /proc shows it.
 		"--wd=/proc/" + strconv.Itoa(e.st.ChildPID) + "/root" + dir, "--"}
 	argv = append(argv, req.Command...)
-	argv = launcher(r.opts, procsFiles(e.st.Cgroups), argv)
+	argv = launcher(r.opts, cgroups.ProcsFiles(e.st.Cgroups), argv)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = sandboxEnv(req.Env)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr

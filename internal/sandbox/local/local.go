@@ -62,6 +62,9 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
+	"github.com/corral-dev/corral/internal/sandbox/guestetc"
+	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 )
 
@@ -135,7 +138,7 @@ func (o *Options) setDefaults() {
 type Runtime struct {
 	opts   Options
 	log    *slog.Logger
-	cg     *cgroups // nil: no cgroups, no limits
+	cg     *cgroups.Hierarchy // nil: no cgroups, no limits
 	cgWarn string
 
 	capsOnce sync.Once
@@ -202,9 +205,9 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if opts.DisableCgroups {
 		r.cgWarn = "cgroups disabled by configuration: memory, CPU and pids limits are not enforced"
 	} else {
-		cg, err := detectCgroups(opts.CgroupRoot, opts.CgroupParent)
+		cg, err := cgroups.Detect(opts.CgroupRoot, opts.CgroupParent)
 		if err == nil {
-			err = cg.prepare()
+			err = cg.Prepare()
 		}
 		if err != nil {
 			r.cgWarn = fmt.Sprintf("cgroups not usable (%v): memory, CPU and pids limits are not enforced", err)
@@ -408,18 +411,18 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 
 // start launches bwrap for spec in dir and waits for the sandbox's pid 1.
 func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *entry, err error) {
-	etcBinds, err := writeEtc(filepath.Join(dir, "etc"), r.opts.UID, r.opts.GID, spec.Network)
+	etcBinds, err := guestetc.Write(filepath.Join(dir, "etc"), guestetc.Options{UID: r.opts.UID, GID: r.opts.GID, ResolvConf: spec.Network == sandbox.NetworkEgress})
 	if err != nil {
 		return nil, err
 	}
 	st := state{ID: spec.ID, Labels: maps.Clone(spec.Labels), CreatedAt: time.Now().UTC()}
 	if r.cg != nil {
-		if st.Cgroups, err = r.cg.create(spec.ID, spec.Limits); err != nil {
+		if st.Cgroups, err = r.cg.Create(spec.ID, spec.Limits); err != nil {
 			return nil, fmt.Errorf("create cgroups: %v: %w", err, errdefs.ErrUnavailable)
 		}
 		defer func() {
 			if err != nil {
-				removeCgroups(st.Cgroups)
+				cgroups.Remove(st.Cgroups)
 			}
 		}()
 	}
@@ -435,7 +438,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	defer out.Close()
 
 	argv := append([]string{r.opts.Bwrap}, bwrapArgs(spec, r.opts, filepath.Join(dir, "etc"), etcBinds)...)
-	argv = launcher(r.opts, procsFiles(st.Cgroups), argv)
+	argv = launcher(r.opts, cgroups.ProcsFiles(st.Cgroups), argv)
 	// Not CommandContext: the sandbox must outlive ctx and this process.
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = sandboxEnv(spec.Env) // the launcher and bwrap pass it on as it is
@@ -455,7 +458,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	st.PID = cmd.Process.Pid
 	// Our unreaped child cannot be replaced by another process with the
 	// same pid, so this start time is the launcher's.
-	st.PIDStart, _ = procStartTime(st.PID)
+	st.PIDStart, _ = hostproc.StartTime(st.PID)
 	e := &entry{dir: dir, done: make(chan struct{})}
 	go func() {
 		cmd.Wait()
@@ -484,7 +487,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 				st.ChildPID, st.PIDNS = info.ChildPID, info.PIDNamespace
 			}
 		}
-		ready = st.ChildPID > 0 && hasChildren(st.ChildPID)
+		ready = st.ChildPID > 0 && hostproc.HasChildren(st.ChildPID)
 		if ready {
 			break
 		}
@@ -602,28 +605,12 @@ func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
 
 // running reports whether the sandbox's bwrap still runs.
 func (r *Runtime) running(e *entry) bool {
-	if e.done != nil {
-		select {
-		case <-e.done:
-			return false
-		default:
-			return true
-		}
-	}
-	return alive(e.st.PID, e.st.PIDStart)
+	return hostproc.Running(e.done, e.st.PID, e.st.PIDStart)
 }
 
 // waitExit blocks until bwrap exits or ctx is done.
 func (r *Runtime) waitExit(ctx context.Context, e *entry) error {
-	if e.done != nil {
-		select {
-		case <-e.done:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return waitPidfd(ctx, e.st.PID, e.st.PIDStart)
+	return hostproc.WaitExit(ctx, e.done, e.st.PID, e.st.PIDStart)
 }
 
 // exitStatus is how the exited sandbox ended: bwrap's reported exit code of
@@ -654,6 +641,17 @@ func (r *Runtime) exitStatus(e *entry) sandbox.ExitStatus {
 		es.Message = "killed by signal " + syscall.Signal(es.Code-128).String()
 	}
 	return es
+}
+
+// oomKilled reports whether the kernel's OOM killer killed a process in the
+// sandbox's memory cgroup; on kernels without an oom_kill counter (before
+// 4.13) a v1 memory.failcnt above zero counts as one.
+func oomKilled(dirs []string) bool {
+	n, ok := cgroups.OOMKills(dirs)
+	if !ok {
+		n = cgroups.Failcnt(dirs)
+	}
+	return n > 0
 }
 
 // Wait blocks until the sandbox's main process exits or ctx is done.
@@ -701,7 +699,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	// Every process in the sandbox's pid namespace (no process can leave
 	// it). bwrap's pid 1 has no SIGTERM handler, so the kernel drops the
 	// signal for it; the main process and its children get it.
-	for _, p := range pidsInNamespace(e.st.PIDNS) {
+	for _, p := range hostproc.PidsInNamespace(e.st.PIDNS) {
 		syscall.Kill(p, syscall.SIGTERM)
 	}
 	if grace > 0 {
@@ -718,13 +716,13 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	}
 	// SIGKILL for the sandbox's pid 1 makes the kernel kill everything in
 	// its pid namespace; bwrap then reports exit code 137 and exits.
-	if e.st.ChildPID > 0 && pidNamespace(e.st.ChildPID) == e.st.PIDNS {
+	if e.st.ChildPID > 0 && hostproc.PidNamespace(e.st.ChildPID) == e.st.PIDNS {
 		syscall.Kill(e.st.ChildPID, syscall.SIGKILL)
 	} else if e.st.ChildPID == 0 && r.running(e) {
 		// bwrap never got as far as pid 1; it dies with the launcher.
 		syscall.Kill(e.st.PID, syscall.SIGKILL)
 	}
-	for _, p := range pidsInNamespace(e.st.PIDNS) {
+	for _, p := range hostproc.PidsInNamespace(e.st.PIDNS) {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
 	if err := r.waitExit(ctx, e); err != nil {
@@ -784,10 +782,10 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	}
 	// Anything still in the cgroups (a launcher or nsenter that has not
 	// exited yet) goes too, or the cgroups cannot be removed.
-	for _, p := range cgroupPids(e.st.Cgroups) {
+	for _, p := range cgroups.Pids(e.st.Cgroups) {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
-	if err := removeCgroups(e.st.Cgroups); err != nil {
+	if err := cgroups.Remove(e.st.Cgroups); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	if err := os.RemoveAll(e.dir); err != nil {

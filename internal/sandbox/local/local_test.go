@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/guestetc"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -114,7 +115,7 @@ func TestIsolation(t *testing.T) {
 					switch name {
 					case "passwd", "group", "hosts", "hostname", "nsswitch.conf":
 					default:
-						if !strings.Contains(strings.Join(hostEtcBinds, " "), name) {
+						if !strings.Contains(strings.Join(guestetc.HostBinds, " "), name) {
 							t.Errorf("unexpected /etc entry %q in sandbox", name)
 						}
 					}

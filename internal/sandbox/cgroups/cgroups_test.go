@@ -1,6 +1,6 @@
 //go:build linux
 
-package local
+package cgroups
 
 import (
 	"os"
@@ -34,7 +34,7 @@ func mustFakeCgroupfs(tb testing.TB, v2 bool) string {
 		write(filepath.Join(root, "corral", "cgroup.subtree_control"), "")
 		return root
 	}
-	for _, c := range cgroupV1Controllers {
+	for _, c := range V1Controllers {
 		write(filepath.Join(root, c, "cgroup.procs"), "")
 	}
 	return root
@@ -54,13 +54,13 @@ func readFiles(tb testing.TB, dir string) map[string]string {
 	return got
 }
 
-func TestCgroupsV2Fake(t *testing.T) {
+func TestV2Fake(t *testing.T) {
 	root := mustFakeCgroupfs(t, true)
-	cg, err := detectCgroups(root, "corral")
-	if err != nil || !cg.v2 {
+	cg, err := Detect(root, "corral")
+	if err != nil || !cg.V2() {
 		t.Fatalf("detectCgroups = %+v, %v; want v2", cg, err)
 	}
-	if err := cg.prepare(); err != nil {
+	if err := cg.Prepare(); err != nil {
 		t.Fatalf("prepare: %v", err)
 	}
 	// Only the controllers not yet enabled are added.
@@ -75,9 +75,12 @@ func TestCgroupsV2Fake(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(root, "corral", "sb-1", "memory.swap.max"), []byte("max"), 0o644)
-	dirs, err := cg.create("sb-1", sandbox.Limits{MemoryBytes: 64 << 20, CPUMillis: 1500, Pids: 100})
+	dirs, err := cg.Create("sb-1", sandbox.Limits{MemoryBytes: 64 << 20, CPUMillis: 1500, Pids: 100})
 	if err != nil {
 		t.Fatalf("create: %v", err)
+	}
+	if got, want := cg.Path("sb-1"), "/corral/sb-1"; got != want {
+		t.Errorf("Path = %q, want %q", got, want)
 	}
 	if want := []string{filepath.Join(root, "corral", "sb-1")}; !cmp.Equal(dirs, want) {
 		t.Errorf("dirs = %v, want %v", dirs, want)
@@ -88,29 +91,29 @@ func TestCgroupsV2Fake(t *testing.T) {
 	}
 
 	os.WriteFile(filepath.Join(dirs[0], "memory.events"), []byte("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n"), 0o644)
-	if oomKilled(dirs) {
+	if oomKilled(t, dirs) {
 		t.Errorf("oomKilled with oom_kill 0")
 	}
 	os.WriteFile(filepath.Join(dirs[0], "memory.events"), []byte("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n"), 0o644)
-	if !oomKilled(dirs) {
+	if !oomKilled(t, dirs) {
 		t.Errorf("oomKilled with oom_kill 1 = false")
 	}
 	os.WriteFile(filepath.Join(dirs[0], "cgroup.procs"), []byte("12\n34\n"), 0o644)
-	if got := cgroupPids(dirs); !cmp.Equal(got, []int{12, 34}) {
+	if got := Pids(dirs); !cmp.Equal(got, []int{12, 34}) {
 		t.Errorf("cgroupPids = %v", got)
 	}
 }
 
-func TestCgroupsV1Fake(t *testing.T) {
+func TestV1Fake(t *testing.T) {
 	root := mustFakeCgroupfs(t, false)
-	cg, err := detectCgroups(root, "corral")
-	if err != nil || cg.v2 {
+	cg, err := Detect(root, "corral")
+	if err != nil || cg.V2() {
 		t.Fatalf("detectCgroups = %+v, %v; want v1", cg, err)
 	}
-	if err := cg.prepare(); err != nil {
+	if err := cg.Prepare(); err != nil {
 		t.Fatalf("prepare: %v", err)
 	}
-	dirs, err := cg.create("sb-1", sandbox.Limits{MemoryBytes: 1 << 20, CPUMillis: 250, Pids: 7})
+	dirs, err := cg.Create("sb-1", sandbox.Limits{MemoryBytes: 1 << 20, CPUMillis: 250, Pids: 7})
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
@@ -127,15 +130,15 @@ func TestCgroupsV1Fake(t *testing.T) {
 		}
 	}
 	os.WriteFile(filepath.Join(dirs[0], "memory.oom_control"), []byte("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"), 0o644)
-	if !oomKilled(dirs) {
+	if !oomKilled(t, dirs) {
 		t.Errorf("oomKilled with v1 oom_kill 2 = false")
 	}
 }
 
-func TestCgroupsNoLimitsWritesNothing(t *testing.T) {
+func TestNoLimitsWritesNothing(t *testing.T) {
 	root := mustFakeCgroupfs(t, true)
-	cg, _ := detectCgroups(root, "corral")
-	dirs, err := cg.create("sb-2", sandbox.Limits{})
+	cg, _ := Detect(root, "corral")
+	dirs, err := cg.Create("sb-2", sandbox.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,33 +147,33 @@ func TestCgroupsNoLimitsWritesNothing(t *testing.T) {
 	}
 }
 
-func TestCgroupsDetect(t *testing.T) {
-	if _, err := detectCgroups(t.TempDir(), "corral"); err == nil {
+func TestDetect(t *testing.T) {
+	if _, err := Detect(t.TempDir(), "corral"); err == nil {
 		t.Errorf("detectCgroups of an empty dir succeeded")
 	}
 	for _, parent := range []string{"/abs", "../up", ""} {
-		if _, err := detectCgroups(mustFakeCgroupfs(t, true), parent); err == nil {
+		if _, err := Detect(mustFakeCgroupfs(t, true), parent); err == nil {
 			t.Errorf("detectCgroups with parent %q succeeded", parent)
 		}
 	}
 }
 
-// TestCgroupsReal creates, limits and removes a cgroup on this host's real
+// TestReal creates, limits and removes a cgroup on this host's real
 // hierarchy (v1 here, v2 on most production hosts).
-func TestCgroupsReal(t *testing.T) {
+func TestReal(t *testing.T) {
 	testenv.RequireRoot(t)
-	cg, err := detectCgroups("/sys/fs/cgroup", "corral-test")
+	cg, err := Detect("/sys/fs/cgroup", "corral-test")
 	if err == nil {
-		err = cg.prepare()
+		err = cg.Prepare()
 	}
 	if err != nil {
 		testenv.Missing(t, "writable cgroup hierarchy: "+err.Error())
 	}
-	dirs, err := cg.create("real-1", sandbox.Limits{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 10})
+	dirs, err := cg.Create("real-1", sandbox.Limits{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 10})
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
-	t.Cleanup(func() { removeCgroups(dirs) })
+	t.Cleanup(func() { Remove(dirs) })
 	read := func(name string) string {
 		for _, d := range dirs {
 			if b, err := os.ReadFile(filepath.Join(d, name)); err == nil {
@@ -179,7 +182,7 @@ func TestCgroupsReal(t *testing.T) {
 		}
 		return ""
 	}
-	if cg.v2 {
+	if cg.V2() {
 		if got := read("memory.max"); got != "67108864" {
 			t.Errorf("memory.max = %q", got)
 		}
@@ -197,10 +200,10 @@ func TestCgroupsReal(t *testing.T) {
 	if got := read("pids.max"); got != "10" {
 		t.Errorf("pids.max = %q", got)
 	}
-	if oomKilled(dirs) {
+	if oomKilled(t, dirs) {
 		t.Errorf("fresh cgroup reports an OOM kill")
 	}
-	if err := removeCgroups(dirs); err != nil {
+	if err := Remove(dirs); err != nil {
 		t.Fatalf("removeCgroups: %v", err)
 	}
 	for _, d := range dirs {
@@ -210,28 +213,61 @@ func TestCgroupsReal(t *testing.T) {
 	}
 }
 
-func TestValidateSpec(t *testing.T) {
-	ok := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: t.TempDir(), Target: "/task"}}}
-	if err := validateSpec(ok); err != nil {
-		t.Errorf("valid spec: %v", err)
+// oomKilled reports whether OOMKills finds a counter and it is above zero;
+// a missing counter fails the test.
+func oomKilled(tb testing.TB, dirs []string) bool {
+	tb.Helper()
+	n, ok := OOMKills(dirs)
+	if !ok {
+		tb.Fatalf("OOMKills(%v): no oom_kill counter", dirs)
 	}
-	for name, mod := range map[string]func(*sandbox.Spec){
-		"long id":         func(s *sandbox.Spec) { s.ID = strings.Repeat("a", 64) },
-		"underscore id":   func(s *sandbox.Spec) { s.ID = "a_b" },
-		"unclean target":  func(s *sandbox.Spec) { s.Mounts[0].Target = "/task/../etc" },
-		"root target":     func(s *sandbox.Spec) { s.Mounts[0].Target = "/" },
-		"system target":   func(s *sandbox.Spec) { s.Mounts[0].Target = "/usr/lib" },
-		"missing source":  func(s *sandbox.Spec) { s.Mounts[0].Source = "/nonexistent/x" },
-		"relative dir":    func(s *sandbox.Spec) { s.Dir = "task" },
-		"bad env":         func(s *sandbox.Spec) { s.Env = []string{"NOEQUALS"} },
-		"negative limit":  func(s *sandbox.Spec) { s.Limits.Pids = -1 },
-		"unknown network": func(s *sandbox.Spec) { s.Network = "open" },
-	} {
-		sp := ok
-		sp.Mounts = append([]sandbox.Mount(nil), ok.Mounts...)
-		mod(&sp)
-		if err := validateSpec(sp); err == nil {
-			t.Errorf("%s: validateSpec succeeded", name)
+	return n > 0
+}
+
+func TestOOMKillsWithoutCounterFallsBackToFailcnt(t *testing.T) {
+	dir := t.TempDir()
+	if n, ok := OOMKills([]string{dir}); ok {
+		t.Errorf("OOMKills of a cgroup without counters = %d, true; want false", n)
+	}
+	if got := Failcnt([]string{dir}); got != 0 {
+		t.Errorf("Failcnt without memory.failcnt = %d, want 0", got)
+	}
+	os.WriteFile(filepath.Join(dir, "memory.failcnt"), []byte("5\n"), 0o644)
+	if got := Failcnt([]string{dir}); got != 5 {
+		t.Errorf("Failcnt = %d, want 5", got)
+	}
+}
+
+func TestProcsFilesAndRemove(t *testing.T) {
+	root := mustFakeCgroupfs(t, false)
+	cg, err := Detect(root, "corral")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	dirs, err := cg.Create("sb-3", sandbox.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		filepath.Join(root, "memory", "corral", "sb-3", "cgroup.procs"),
+		filepath.Join(root, "pids", "corral", "sb-3", "cgroup.procs"),
+		filepath.Join(root, "cpu", "corral", "sb-3", "cgroup.procs"),
+	}
+	if diff := cmp.Diff(want, ProcsFiles(dirs)); diff != "" {
+		t.Errorf("ProcsFiles (-want +got):\n%s", diff)
+	}
+	if err := Remove(dirs); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	if err := Remove(dirs); err != nil {
+		t.Errorf("Remove of removed cgroups: %v", err)
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("%s still exists", d)
 		}
 	}
 }

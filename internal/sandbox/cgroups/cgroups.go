@@ -1,0 +1,319 @@
+//go:build linux
+
+// Package cgroups creates, limits, inspects and removes the per-sandbox
+// cgroups of the host runtimes (sandbox/local, sandbox/gvisor), on cgroup v1
+// (one hierarchy per controller) or v2 (one unified hierarchy).
+//
+// A sandbox's cgroups are named by their directories, which Create returns
+// and the runtime persists in its state; the functions that read or remove
+// them take those directories, so they work after a server restart.
+package cgroups
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/sandbox"
+)
+
+// PeriodUs is the CFS period for CPU limits: 100 ms, the kernel default, so
+// a 500-millicore limit is 50 ms of CPU every 100 ms.
+const PeriodUs = 100000
+
+// V1Controllers are the v1 hierarchies a sandbox gets a cgroup in, in the
+// order of the directories Create returns on v1.
+var V1Controllers = []string{"memory", "pids", "cpu"}
+
+// Hierarchy creates per-sandbox cgroups under one parent cgroup. It holds no
+// mutable state and is safe for concurrent use.
+type Hierarchy struct {
+	root   string // cgroupfs mount point, e.g. /sys/fs/cgroup
+	parent string // relative path of the parent cgroup, e.g. "corral"
+	v2     bool
+}
+
+// Detect inspects the cgroupfs mounted at root: v2 if root/cgroup.controllers
+// exists, else v1 hierarchies root/{memory,pids,cpu}. parent is the parent
+// cgroup of every sandbox's cgroup, relative to the hierarchy's root.
+func Detect(root, parent string) (*Hierarchy, error) {
+	parent = filepath.Clean(parent)
+	if parent == "." || !filepath.IsLocal(parent) {
+		return nil, fmt.Errorf("cgroup parent %q: must be a relative path: %w", parent, errdefs.ErrInvalidArgument)
+	}
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
+		return &Hierarchy{root: root, parent: parent, v2: true}, nil
+	}
+	for _, c := range V1Controllers {
+		if _, err := os.Stat(filepath.Join(root, c, "cgroup.procs")); err != nil {
+			return nil, fmt.Errorf("find cgroup v1 %s hierarchy under %s: %w", c, root, errdefs.ErrUnavailable)
+		}
+	}
+	return &Hierarchy{root: root, parent: parent}, nil
+}
+
+// V2 reports whether h is the unified (v2) hierarchy.
+func (h *Hierarchy) V2() bool { return h.v2 }
+
+// Path is the path of sandbox id's cgroup from the hierarchy's root, as an
+// OCI runtime's linux.cgroupsPath wants it: "/<parent>/<id>".
+func (h *Hierarchy) Path(id string) string { return "/" + filepath.Join(h.parent, id) }
+
+// Prepare creates the parent cgroup(s) and, on v2, enables the memory, pids
+// and cpu controllers from the root down to the parent's children. It
+// proves the hierarchy is writable.
+func (h *Hierarchy) Prepare() error {
+	if !h.v2 {
+		for _, ctl := range V1Controllers {
+			if err := os.MkdirAll(filepath.Join(h.root, ctl, h.parent), 0o755); err != nil {
+				return fmt.Errorf("create cgroup %s/%s: %w", ctl, h.parent, err)
+			}
+		}
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Join(h.root, h.parent), 0o755); err != nil {
+		return fmt.Errorf("create cgroup %s: %w", h.parent, err)
+	}
+	// Every cgroup from the root down to the parent must delegate the
+	// controllers to its children: root -> corral -> corral/<id>.
+	dir := h.root
+	for _, elem := range append([]string{""}, strings.Split(h.parent, string(filepath.Separator))...) {
+		dir = filepath.Join(dir, elem)
+		if err := enableControllers(dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// enableControllers writes "+memory +pids +cpu" (those not yet enabled) to
+// dir/cgroup.subtree_control.
+func enableControllers(dir string) error {
+	ctlFile := filepath.Join(dir, "cgroup.subtree_control")
+	cur, err := os.ReadFile(ctlFile)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", ctlFile, err)
+	}
+	enabled := strings.Fields(string(cur))
+	var add []string
+	for _, want := range []string{"memory", "pids", "cpu"} {
+		found := false
+		for _, e := range enabled {
+			found = found || e == want
+		}
+		if !found {
+			add = append(add, "+"+want)
+		}
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	return writeFile(ctlFile, strings.Join(add, " "))
+}
+
+// Create makes the sandbox's cgroup(s) for id and writes the limits lim
+// (memory without swap, pids, CPU quota; zero fields are not limited). It
+// returns the cgroup directories (absolute), which the caller persists: one
+// on v2, the memory, pids and cpu ones on v1.
+func (h *Hierarchy) Create(id string, lim sandbox.Limits) (dirs []string, err error) {
+	if h.v2 {
+		dirs = []string{filepath.Join(h.root, h.parent, id)}
+	} else {
+		for _, ctl := range V1Controllers {
+			dirs = append(dirs, filepath.Join(h.root, ctl, h.parent, id))
+		}
+	}
+	for _, d := range dirs {
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("create cgroup %s: %w", d, err)
+		}
+	}
+	defer func() {
+		if err != nil {
+			Remove(dirs)
+		}
+	}()
+	if h.v2 {
+		err = writeLimitsV2(dirs[0], lim)
+	} else {
+		err = writeLimitsV1(dirs[0], dirs[1], dirs[2], lim)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return dirs, nil
+}
+
+func writeLimitsV2(dir string, lim sandbox.Limits) error {
+	if lim.MemoryBytes > 0 {
+		if err := writeFile(filepath.Join(dir, "memory.max"), strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
+			return err
+		}
+		// Without swap.max=0 a memory-limited sandbox swaps instead of
+		// being OOM-killed. The file exists only with swap accounting.
+		if err := writeIfExists(filepath.Join(dir, "memory.swap.max"), "0"); err != nil {
+			return err
+		}
+	}
+	if lim.Pids > 0 {
+		if err := writeFile(filepath.Join(dir, "pids.max"), strconv.FormatInt(lim.Pids, 10)); err != nil {
+			return err
+		}
+	}
+	if lim.CPUMillis > 0 {
+		quota := lim.CPUMillis * PeriodUs / 1000
+		if err := writeFile(filepath.Join(dir, "cpu.max"), fmt.Sprintf("%d %d", quota, PeriodUs)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeLimitsV1(memDir, pidsDir, cpuDir string, lim sandbox.Limits) error {
+	if lim.MemoryBytes > 0 {
+		v := strconv.FormatInt(lim.MemoryBytes, 10)
+		if err := writeFile(filepath.Join(memDir, "memory.limit_in_bytes"), v); err != nil {
+			return err
+		}
+		// memsw (memory+swap) must be >= limit_in_bytes, so it is written
+		// second; equal values forbid swap. It exists only with swapaccount.
+		if err := writeIfExists(filepath.Join(memDir, "memory.memsw.limit_in_bytes"), v); err != nil {
+			return err
+		}
+	}
+	if lim.Pids > 0 {
+		if err := writeFile(filepath.Join(pidsDir, "pids.max"), strconv.FormatInt(lim.Pids, 10)); err != nil {
+			return err
+		}
+	}
+	if lim.CPUMillis > 0 {
+		if err := writeFile(filepath.Join(cpuDir, "cpu.cfs_period_us"), strconv.Itoa(PeriodUs)); err != nil {
+			return err
+		}
+		quota := lim.CPUMillis * PeriodUs / 1000
+		if err := writeFile(filepath.Join(cpuDir, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeFile writes one value. cgroupfs files exist already; in a fake
+// cgroupfs (tests) the file is created.
+func writeFile(path, value string) error {
+	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("write cgroup file %s: %w", path, err)
+	}
+	return nil
+}
+
+func writeIfExists(path, value string) error {
+	if _, err := os.Stat(path); err != nil {
+		return nil
+	}
+	return writeFile(path, value)
+}
+
+// ProcsFiles returns the cgroup.procs file of each directory, for a
+// launcher to write its own pid into.
+func ProcsFiles(dirs []string) []string {
+	out := make([]string, len(dirs))
+	for i, d := range dirs {
+		out[i] = filepath.Join(d, "cgroup.procs")
+	}
+	return out
+}
+
+// Pids returns the pids in the sandbox's cgroups (deduplicated).
+func Pids(dirs []string) []int {
+	seen := map[int]bool{}
+	var pids []int
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil && !seen[pid] {
+				seen[pid] = true
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// OOMKills returns how many processes the kernel's OOM killer killed in the
+// sandbox's memory cgroup: the "oom_kill" count of v2 memory.events or v1
+// memory.oom_control (kernel 4.13+). ok is false when no cgroup has either
+// counter.
+func OOMKills(dirs []string) (n int64, ok bool) {
+	for _, d := range dirs {
+		for _, f := range []string{"memory.events", "memory.oom_control"} {
+			if n, ok := readKeyed(filepath.Join(d, f), "oom_kill"); ok {
+				return n, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// Failcnt returns the v1 memory.failcnt of the sandbox's memory cgroup: how
+// often usage hit the limit. It is a rough stand-in for OOMKills on kernels
+// older than 4.13, where usage at the limit mostly ends in an OOM kill.
+func Failcnt(dirs []string) int64 {
+	for _, d := range dirs {
+		if b, err := os.ReadFile(filepath.Join(d, "memory.failcnt")); err == nil {
+			n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// readKeyed reads the value of key from a "key value" per line cgroup file.
+func readKeyed(path, key string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, " ")
+		if ok && k == key {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
+
+// Remove removes the sandbox's cgroup directories. The kernel refuses
+// (EBUSY) while a just-killed process is still being torn down, so it
+// retries for up to two seconds.
+func Remove(dirs []string) error {
+	var errs []error
+	for _, d := range dirs {
+		var err error
+		for try := 0; try < 200; try++ {
+			err = os.Remove(d)
+			if err == nil || errors.Is(err, os.ErrNotExist) {
+				err = nil
+				break
+			}
+			if !errors.Is(err, syscall.EBUSY) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}

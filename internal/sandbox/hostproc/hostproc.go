@@ -1,0 +1,171 @@
+//go:build linux
+
+// Package hostproc reads the host's /proc for the host runtimes
+// (sandbox/local, sandbox/gvisor): it names a process by its pid and start
+// time, so that a reused pid is never mistaken for it, tells whether that
+// process still runs, and waits for it to exit although the server did not
+// start it (after a restart).
+package hostproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// stat returns the fields of /proc/pid/stat after the command name: field 3
+// (the state) is [0], field 22 (the start time) is [19].
+func stat(pid int) ([]string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	// comm (field 2) may contain spaces and parentheses; fields after the
+	// last ')' are space separated, starting with field 3.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return nil, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return nil, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	return f, nil
+}
+
+// StartTime returns pid's start time in clock ticks since boot (field 22 of
+// /proc/pid/stat). With the pid it names one process: a reused pid has a
+// different start time.
+func StartTime(pid int) (uint64, error) {
+	f, err := stat(pid)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// Alive reports whether the process pid with start time start still runs
+// (a zombie counts as exited).
+func Alive(pid int, start uint64) bool {
+	if pid <= 0 {
+		return false
+	}
+	f, err := stat(pid)
+	if err != nil || f[19] != strconv.FormatUint(start, 10) {
+		return false
+	}
+	return f[0] != "Z" && f[0] != "X"
+}
+
+// Wait blocks until the process pid (with start time start) exits or ctx is
+// done. It works for processes this process did not start. The start time
+// is checked after the pidfd is open, so a reused pid is never waited for.
+func Wait(ctx context.Context, pid int, start uint64) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return nil
+		}
+		return fmt.Errorf("open pidfd for %d: %w", pid, err)
+	}
+	defer unix.Close(fd)
+	if !Alive(pid, start) {
+		return nil
+	}
+	// Poll in slices so ctx cancellation is noticed within 100 ms without
+	// a second fd to wake the poll.
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 100)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return fmt.Errorf("poll pidfd for %d: %w", pid, err)
+		}
+		if n > 0 {
+			return nil
+		}
+	}
+}
+
+// Running reports whether a runtime's launcher process still runs. done is
+// closed once this server reaped the process it started; it is nil for a
+// process started before a restart (recovered), and then /proc decides.
+func Running(done <-chan struct{}, pid int, start uint64) bool {
+	if done != nil {
+		select {
+		case <-done:
+			return false
+		default:
+			return true
+		}
+	}
+	return Alive(pid, start)
+}
+
+// WaitExit blocks until a runtime's launcher process exits (done, as for
+// Running, is closed or, when nil, Wait returns) or ctx is done.
+func WaitExit(ctx context.Context, done <-chan struct{}, pid int, start uint64) error {
+	if done != nil {
+		select {
+		case <-done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return Wait(ctx, pid, start)
+}
+
+// PidNamespace returns the inode of pid's pid namespace, or 0.
+func PidNamespace(pid int) uint64 {
+	var st syscall.Stat_t
+	if err := syscall.Stat("/proc/"+strconv.Itoa(pid)+"/ns/pid", &st); err != nil {
+		return 0
+	}
+	return st.Ino
+}
+
+// PidsInNamespace returns every host pid whose pid namespace is ns. It
+// scans /proc: a few milliseconds on a host with a thousand processes.
+func PidsInNamespace(ns uint64) []int {
+	if ns == 0 {
+		return nil
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if PidNamespace(pid) == ns {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// HasChildren reports whether pid has forked a child process (or has
+// exited, so that waiting longer is pointless).
+func HasChildren(pid int) bool {
+	p := strconv.Itoa(pid)
+	b, err := os.ReadFile("/proc/" + p + "/task/" + p + "/children")
+	if err != nil {
+		return true
+	}
+	return len(strings.TrimSpace(string(b))) > 0
+}

@@ -1,0 +1,197 @@
+//go:build linux
+
+package hostproc
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// mustStartSleep starts `sleep d` and kills and reaps it at cleanup.
+func mustStartSleep(tb testing.TB, d string) *exec.Cmd {
+	tb.Helper()
+	cmd := exec.Command("sleep", d)
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("start sleep: %v", err)
+	}
+	tb.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return cmd
+}
+
+func TestStartTimeAndAlive(t *testing.T) {
+	pid := os.Getpid()
+	start, err := StartTime(pid)
+	if err != nil || start == 0 {
+		t.Fatalf("StartTime(self) = %d, %v", start, err)
+	}
+	if !Alive(pid, start) {
+		t.Errorf("Alive(self) = false")
+	}
+	if Alive(pid, start+1) {
+		t.Errorf("Alive with another start time = true")
+	}
+	if Alive(0, start) {
+		t.Errorf("Alive(0) = true")
+	}
+	if _, err := StartTime(-1); err == nil {
+		t.Errorf("StartTime(-1) succeeded")
+	}
+}
+
+func TestZombieIsNotAlive(t *testing.T) {
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	pid := cmd.Process.Pid
+	start, err := StartTime(pid)
+	if err != nil {
+		t.Fatalf("StartTime: %v", err)
+	}
+	// Not reaped yet: the exited process stays a zombie.
+	deadline := time.Now().Add(10 * time.Second)
+	for Alive(pid, start) {
+		if time.Now().After(deadline) {
+			t.Fatalf("exited process %d still alive after 10s", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestWait(t *testing.T) {
+	cmd := mustStartSleep(t, "0.2")
+	start, err := StartTime(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := Wait(ctx, cmd.Process.Pid, start); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if Alive(cmd.Process.Pid, start) {
+		t.Errorf("Wait returned while the process runs")
+	}
+}
+
+func TestWaitCanceled(t *testing.T) {
+	cmd := mustStartSleep(t, "60")
+	start, err := StartTime(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := Wait(ctx, cmd.Process.Pid, start); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Wait = %v, want DeadlineExceeded", err)
+	}
+	// Another start time names another process: nothing to wait for.
+	if err := Wait(context.Background(), cmd.Process.Pid, start+1); err != nil {
+		t.Errorf("Wait for a reused pid = %v, want nil", err)
+	}
+}
+
+func TestNamespaceAndChildren(t *testing.T) {
+	ns := PidNamespace(os.Getpid())
+	if ns == 0 {
+		t.Fatalf("PidNamespace(self) = 0")
+	}
+	if PidNamespace(-1) != 0 {
+		t.Errorf("PidNamespace(-1) != 0")
+	}
+	cmd := mustStartSleep(t, "60")
+	pids := PidsInNamespace(ns)
+	for _, want := range []int{os.Getpid(), cmd.Process.Pid} {
+		if !slices.Contains(pids, want) {
+			t.Errorf("PidsInNamespace misses %d", want)
+		}
+	}
+	if PidsInNamespace(0) != nil {
+		t.Errorf("PidsInNamespace(0) != nil")
+	}
+	// A shell is single-threaded: its children file (per thread) lists
+	// the sleep it forks.
+	sh := exec.Command("sh", "-c", "sleep 60 & wait")
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range PidsInNamespace(ns) {
+			if ppid(p) == sh.Process.Pid {
+				syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+		sh.Process.Kill()
+		sh.Wait()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for !HasChildren(sh.Process.Pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("HasChildren(sh) = false 10s after it forked sleep")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if HasChildren(cmd.Process.Pid) {
+		t.Errorf("HasChildren(sleep) = true")
+	}
+}
+
+// ppid returns pid's parent pid (field 4 of /proc/pid/stat), or 0.
+func ppid(pid int) int {
+	f, err := stat(pid)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[1])
+	return n
+}
+
+func TestRunningAndWaitExit(t *testing.T) {
+	cmd := mustStartSleep(t, "60")
+	pid := cmd.Process.Pid
+	start, err := StartTime(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A started process: done decides, not /proc.
+	done := make(chan struct{})
+	if !Running(done, pid, start+1) {
+		t.Errorf("Running with open done = false")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := WaitExit(ctx, done, pid, start); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("WaitExit with open done = %v, want DeadlineExceeded", err)
+	}
+	close(done)
+	if Running(done, pid, start) {
+		t.Errorf("Running with closed done = true")
+	}
+	if err := WaitExit(context.Background(), done, pid, start); err != nil {
+		t.Errorf("WaitExit with closed done = %v", err)
+	}
+	// A recovered process (done nil): /proc decides.
+	if !Running(nil, pid, start) {
+		t.Errorf("Running(nil) of a running process = false")
+	}
+	if Running(nil, pid, start+1) {
+		t.Errorf("Running(nil) with another start time = true")
+	}
+	cmd.Process.Kill()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel2()
+	if err := WaitExit(ctx2, nil, pid, start); err != nil {
+		t.Errorf("WaitExit(nil) of a killed process = %v", err)
+	}
+}
