@@ -33,8 +33,8 @@ var allowed = map[string][]string{
 	"internal/eventstore":           {"task", "errdefs"},
 	"internal/eventstore/sqlite":    {"eventstore", "task", "errdefs", "ids", "logkey"},
 	"internal/eventstore/storetest": {"eventstore", "task", "errdefs", "testenv"},
-	"internal/sandbox/local":        {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "errdefs", "logkey"},
-	"internal/sandbox/gvisor":       {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "errdefs", "logkey"},
+	"internal/sandbox/local":        {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "errdefs", "logkey"},
+	"internal/sandbox/gvisor":       {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "errdefs", "logkey"},
 	"internal/sandbox/sandboxtest":  {"sandbox", "errdefs", "testenv"},
 	"internal/agent/agenttest":      {},
 	"internal/agent":                {"errdefs"},
@@ -56,10 +56,11 @@ var allowed = map[string][]string{
 	"internal/sandbox/sandboxtest/probe": {},
 
 	// What the host runtimes (local, gvisor) share: their cgroups, the
-	// /proc helpers, the minimal /etc they generate.
+	// /proc helpers, the minimal /etc they generate, their state dir.
 	"internal/sandbox/cgroups":  {"sandbox", "errdefs"},
 	"internal/sandbox/hostproc": {},
 	"internal/sandbox/guestetc": {},
+	"internal/sandbox/statedir": {"sandbox", "errdefs"},
 }
 
 // badDeps are modules some packages must not depend on even indirectly:

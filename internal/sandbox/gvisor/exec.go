@@ -36,7 +36,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	if len(req.Command) == 0 || req.Command[0] == "" {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, errdefs.Field("command", "must not be empty"))
 	}
-	if req.Dir != "" && !cleanAbs(req.Dir) {
+	if req.Dir != "" && !sandbox.CleanAbs(req.Dir) {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, errdefs.Field("dir", "must be an absolute, clean path"))
 	}
 	if !r.running(e) {

@@ -92,7 +92,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"maps"
 	"os"
@@ -109,6 +108,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/hostproc"
+	"github.com/corral-dev/corral/internal/sandbox/statedir"
 )
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -183,12 +183,9 @@ type Runtime struct {
 	capsOnce sync.Once
 	caps     sandbox.Capabilities
 
-	// locks serialise Create and Destroy per id, striped by a hash of the
-	// id so no per-id lock has to be freed.
-	locks [64]sync.Mutex
-
-	mu      sync.Mutex
-	entries map[string]*entry
+	// sd is StateDir: state.json per sandbox, the per-id locks that
+	// serialise Create and Destroy, and the sandboxes this instance has seen.
+	sd *statedir.Dir[state, entry]
 }
 
 // entry is one sandbox as this instance knows it.
@@ -221,7 +218,11 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "runsc"), 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
-	r := &Runtime{opts: opts, log: log.With(logkey.Runtime, Name), entries: map[string]*entry{}}
+	r := &Runtime{
+		opts: opts,
+		log:  log.With(logkey.Runtime, Name),
+		sd:   statedir.New[state, entry](opts.StateDir, func(st state) map[string]string { return st.Labels }),
+	}
 	if opts.DisableCgroups {
 		r.cgWarn = "cgroups disabled by configuration: memory and CPU limits are not enforced"
 	} else {
@@ -328,89 +329,20 @@ func (r *Runtime) probeRun(ctx context.Context) error {
 	return err
 }
 
-// lock locks id's stripe and returns its unlock function.
-func (r *Runtime) lock(id string) func() {
-	h := fnv.New32a()
-	h.Write([]byte(id))
-	l := &r.locks[h.Sum32()%uint32(len(r.locks))]
-	l.Lock()
-	return l.Unlock
-}
-
-func (r *Runtime) dir(id string) string { return filepath.Join(r.opts.StateDir, id) }
-
 // lookup returns the sandbox id from memory or, after a restart, from its
 // state dir. It wraps errdefs.ErrNotFound if there is neither.
 func (r *Runtime) lookup(id string) (*entry, error) {
-	if validateID(id) != nil {
+	if sandbox.ValidateID(id) != nil {
 		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	r.mu.Lock()
-	e, ok := r.entries[id]
-	r.mu.Unlock()
-	if ok {
+	if e, ok := r.sd.Cached(id); ok {
 		return e, nil
 	}
-	st, err := readState(r.dir(id))
+	st, err := r.sd.Read(id)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if e, ok := r.entries[id]; ok {
-		return e, nil
-	}
-	e = &entry{dir: r.dir(id), st: st}
-	r.entries[id] = e
-	return e, nil
-}
-
-func readState(dir string) (state, error) {
-	var st state
-	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
-	if errors.Is(err, os.ErrNotExist) {
-		return st, errdefs.ErrNotFound
-	}
-	if err != nil {
-		return st, fmt.Errorf("read state: %w", err)
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		return st, fmt.Errorf("decode state: %w", err)
-	}
-	return st, nil
-}
-
-// writeState replaces dir/state.json atomically.
-func writeState(dir string, st state) error {
-	b, err := json.Marshal(st)
-	if err != nil {
-		return fmt.Errorf("encode state: %w", err)
-	}
-	if err := writeFileSync(filepath.Join(dir, "state.json"), b, 0o600); err != nil {
-		return fmt.Errorf("write state: %w", err)
-	}
-	return nil
-}
-
-// writeFileSync writes path atomically: a temporary file, fsync, rename.
-func writeFileSync(path string, b []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return r.sd.Remember(id, &entry{dir: r.sd.Path(id), st: st}), nil
 }
 
 func handleOf(st state) *sandbox.Handle {
@@ -425,7 +357,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 	if err := validateSpec(spec); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
-	unlock := r.lock(spec.ID)
+	unlock := r.sd.Lock(spec.ID)
 	defer unlock()
 	if e, err := r.lookup(spec.ID); err == nil {
 		return handleOf(e.st), nil
@@ -436,7 +368,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 	if !caps.Available {
 		return nil, fmt.Errorf("create sandbox %s: %s: %w", spec.ID, caps.Reason, errdefs.ErrFailedPrecondition)
 	}
-	dir := r.dir(spec.ID)
+	dir := r.sd.Path(spec.ID)
 	// A directory without state.json is a Create that crashed before it
 	// started anything; start over, and forget a container runsc may have
 	// registered for it.
@@ -452,9 +384,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
-	r.mu.Lock()
-	r.entries[spec.ID] = e
-	r.mu.Unlock()
+	r.sd.Set(spec.ID, e)
 	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "launcher_pid", e.st.PID)
 	return handleOf(e.st), nil
 }
@@ -525,7 +455,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 			<-e.done
 		}
 	}()
-	if err := writeState(dir, st); err != nil {
+	if err := r.sd.Write(spec.ID, st); err != nil {
 		return nil, err
 	}
 	if err := r.waitRunning(ctx, e); err != nil {
@@ -596,15 +526,9 @@ func tail(path string) string {
 // Recover reattaches to the sandbox h names. The sandbox's state dir is the
 // source of truth; h must be a gvisor Handle of a known version.
 func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
-	if h == nil || (h.Runtime != "" && h.Runtime != Name) {
-		return fmt.Errorf("recover sandbox: not a %s handle: %w", Name, errdefs.ErrInvalidArgument)
-	}
-	if h.Version != stateVersion {
-		return fmt.Errorf("recover sandbox %s: unknown state version %d: %w", h.ID, h.Version, errdefs.ErrInvalidArgument)
-	}
-	var st state
-	if err := json.Unmarshal(h.State, &st); err != nil {
-		return fmt.Errorf("recover sandbox %s: decode state: %v: %w", h.ID, err, errdefs.ErrInvalidArgument)
+	st, err := statedir.DecodeHandle[state](h, Name, stateVersion)
+	if err != nil {
+		return fmt.Errorf("recover sandbox: %w", err)
 	}
 	e, err := r.lookup(h.ID)
 	if err != nil {
@@ -734,29 +658,15 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 }
 
 // List returns the sandboxes in StateDir whose labels include selector.
+// runsc's own directory has no state.json and never shows.
 func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
-	ents, err := os.ReadDir(r.opts.StateDir)
+	sts, err := r.sd.List(selector)
 	if err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
+		return nil, err
 	}
 	var out []sandbox.Handle
-	for _, d := range ents {
-		if !d.IsDir() || d.Name() == "runsc" || validateID(d.Name()) != nil {
-			continue
-		}
-		st, err := readState(filepath.Join(r.opts.StateDir, d.Name()))
-		if err != nil {
-			continue // being created or destroyed
-		}
-		match := true
-		for k, v := range selector {
-			if got, ok := st.Labels[k]; !ok || got != v {
-				match = false
-			}
-		}
-		if match {
-			out = append(out, *handleOf(st))
-		}
+	for _, st := range sts {
+		out = append(out, *handleOf(st))
 	}
 	return out, nil
 }
@@ -765,15 +675,15 @@ func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandb
 // its cgroups and state dir (with the bundle and the secrets in it).
 // Unknown ids return nil.
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
-	if validateID(id) != nil || id == "runsc" {
+	if sandbox.ValidateID(id) != nil || id == "runsc" {
 		return nil
 	}
-	unlock := r.lock(id)
+	unlock := r.sd.Lock(id)
 	defer unlock()
 	e, err := r.lookup(id)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// Also clean a directory left by a crashed Create.
-		os.RemoveAll(r.dir(id))
+		os.RemoveAll(r.sd.Path(id))
 		return nil
 	}
 	if err != nil {
@@ -796,9 +706,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := os.RemoveAll(e.dir); err != nil {
 		return fmt.Errorf("destroy sandbox %s: remove state dir: %w", id, err)
 	}
-	r.mu.Lock()
-	delete(r.entries, id)
-	r.mu.Unlock()
+	r.sd.Forget(id)
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
 }

@@ -141,7 +141,7 @@ func TestSecretsStayInBundle(t *testing.T) {
 	if es.Code != 0 || out != secret {
 		t.Fatalf("exit %d, out %q; want the key in the environment", es.Code, out)
 	}
-	dir := r.dir(id)
+	dir := r.sd.Path(id)
 	err := filepath.WalkDir(r.opts.StateDir, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || d.Type()&os.ModeType != 0 {
 			return err

@@ -14,74 +14,18 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox"
 )
 
-// validateID checks a sandbox id: 1 to 63 lowercase letters, digits and
-// hyphens (it names a directory and a cgroup).
-func validateID(id string) error {
-	if id == "" || len(id) > 63 {
-		return errdefs.Field("id", "must be 1 to 63 characters")
-	}
-	for _, r := range id {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
-			return errdefs.Field("id", "must contain only lowercase letters, digits and hyphens")
-		}
-	}
-	return nil
-}
-
-// validateSpec returns every problem with spec at once.
+// validateSpec returns every problem with spec at once: Spec.Validate's
+// and mount sources that do not exist.
 func validateSpec(spec sandbox.Spec) error {
-	var errs []error
-	if err := validateID(spec.ID); err != nil {
-		errs = append(errs, err)
-	}
-	if len(spec.Command) == 0 || spec.Command[0] == "" {
-		errs = append(errs, errdefs.Field("command", "must not be empty"))
-	}
-	if spec.Dir != "" && !cleanAbs(spec.Dir) {
-		errs = append(errs, errdefs.Field("dir", "must be an absolute, clean path"))
-	}
-	for i, e := range spec.Env {
-		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
-			errs = append(errs, errdefs.Field(fmt.Sprintf("env[%d]", i), "must be KEY=VALUE"))
-		}
-	}
+	errs := []error{spec.Validate()}
 	for i, m := range spec.Mounts {
-		f := fmt.Sprintf("mounts[%d]", i)
-		if !cleanAbs(m.Target) || m.Target == "/" {
-			errs = append(errs, errdefs.Field(f+".target", "must be an absolute, clean path other than /"))
-		} else if reservedTarget(m.Target) {
-			errs = append(errs, errdefs.Field(f+".target", "must not replace a system directory"))
+		if filepath.IsAbs(m.Source) {
+			if _, err := os.Stat(m.Source); err != nil {
+				errs = append(errs, errdefs.Field(fmt.Sprintf("mounts[%d].source", i), "does not exist"))
+			}
 		}
-		if !filepath.IsAbs(m.Source) {
-			errs = append(errs, errdefs.Field(f+".source", "must be an absolute host path"))
-		} else if _, err := os.Stat(m.Source); err != nil {
-			errs = append(errs, errdefs.Field(f+".source", "does not exist"))
-		}
-	}
-	if spec.Limits.MemoryBytes < 0 || spec.Limits.CPUMillis < 0 || spec.Limits.Pids < 0 || spec.Limits.WallClock < 0 {
-		errs = append(errs, errdefs.Field("limits", "must not be negative"))
-	}
-	switch spec.Network {
-	case "", sandbox.NetworkNone, sandbox.NetworkEgress:
-	default:
-		errs = append(errs, errdefs.Field("network", "must be none or egress"))
 	}
 	return errors.Join(errs...)
-}
-
-func cleanAbs(p string) bool {
-	return filepath.IsAbs(p) && filepath.Clean(p) == p && !strings.ContainsRune(p, 0)
-}
-
-// reservedTarget reports whether a mount at target would hide or replace
-// what the runtime itself sets up.
-func reservedTarget(target string) bool {
-	for _, r := range []string{"/usr", "/proc", "/dev", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"} {
-		if target == r || strings.HasPrefix(target, r+"/") {
-			return true
-		}
-	}
-	return false
 }
 
 // rootfsArgs returns the bwrap arguments for the host system directories:

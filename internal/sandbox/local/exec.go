@@ -35,7 +35,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	if dir == "" {
 		dir = "/tmp"
 	}
-	if !cleanAbs(dir) {
+	if !sandbox.CleanAbs(dir) {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, errdefs.Field("dir", "must be an absolute, clean path"))
 	}
 	if caps, _ := r.Capabilities(ctx); !caps.Exec {

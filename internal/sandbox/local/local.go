@@ -48,7 +48,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"maps"
 	"os"
@@ -66,6 +65,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/guestetc"
 	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
+	"github.com/corral-dev/corral/internal/sandbox/statedir"
 )
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -150,12 +150,9 @@ type Runtime struct {
 	filter    []byte
 	filterErr error
 
-	// locks serialise Create and Destroy per id, striped by a hash of the
-	// id so no per-id lock has to be freed.
-	locks [64]sync.Mutex
-
-	mu      sync.Mutex
-	entries map[string]*entry // sandboxes this instance has seen
+	// sd is StateDir: state.json per sandbox, the per-id locks that
+	// serialise Create and Destroy, and the sandboxes this instance has seen.
+	sd *statedir.Dir[state, entry]
 }
 
 // entry is one sandbox as this instance knows it.
@@ -193,9 +190,9 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
 	r := &Runtime{
-		opts:    opts,
-		log:     log.With(logkey.Runtime, Name),
-		entries: map[string]*entry{},
+		opts: opts,
+		log:  log.With(logkey.Runtime, Name),
+		sd:   statedir.New[state, entry](opts.StateDir, func(st state) map[string]string { return st.Labels }),
 	}
 	if prog, err := seccomp.Program(); err != nil {
 		r.filterErr = err
@@ -279,91 +276,27 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	return c
 }
 
-// lock locks id's stripe and returns its unlock function.
-func (r *Runtime) lock(id string) func() {
-	h := fnv.New32a()
-	h.Write([]byte(id))
-	l := &r.locks[h.Sum32()%uint32(len(r.locks))]
-	l.Lock()
-	return l.Unlock
-}
-
-func (r *Runtime) dir(id string) string { return filepath.Join(r.opts.StateDir, id) }
-
 // lookup returns the sandbox id from memory or, after a restart, from its
 // state dir. It wraps errdefs.ErrNotFound if there is neither.
 func (r *Runtime) lookup(id string) (*entry, error) {
-	if validateID(id) != nil {
+	if sandbox.ValidateID(id) != nil {
 		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	r.mu.Lock()
-	e, ok := r.entries[id]
-	r.mu.Unlock()
-	if ok {
+	if e, ok := r.sd.Cached(id); ok {
 		return e, nil
 	}
-	st, err := readState(r.dir(id))
+	st, err := r.sd.Read(id)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	if st.ChildPID == 0 {
 		// A server that died during Create left the state without the
 		// sandbox's pid 1; bwrap has reported it in status.jsonl since.
-		if info, ok := readStatus(r.dir(id)); ok && info.ChildPID > 0 {
+		if info, ok := readStatus(r.sd.Path(id)); ok && info.ChildPID > 0 {
 			st.ChildPID, st.PIDNS = info.ChildPID, info.PIDNamespace
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if e, ok := r.entries[id]; ok {
-		return e, nil
-	}
-	e = &entry{dir: r.dir(id), st: st}
-	r.entries[id] = e
-	return e, nil
-}
-
-func readState(dir string) (state, error) {
-	var st state
-	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
-	if errors.Is(err, os.ErrNotExist) {
-		return st, errdefs.ErrNotFound
-	}
-	if err != nil {
-		return st, fmt.Errorf("read state: %w", err)
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		return st, fmt.Errorf("decode state: %w", err)
-	}
-	return st, nil
-}
-
-// writeState replaces dir/state.json atomically.
-func writeState(dir string, st state) error {
-	b, err := json.Marshal(st)
-	if err != nil {
-		return fmt.Errorf("encode state: %w", err)
-	}
-	tmp := filepath.Join(dir, "state.json.tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("write state: %w", err)
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return fmt.Errorf("write state: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync state: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write state: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, "state.json")); err != nil {
-		return fmt.Errorf("rename state: %w", err)
-	}
-	return nil
+	return r.sd.Remember(id, &entry{dir: r.sd.Path(id), st: st}), nil
 }
 
 func handleOf(st state) *sandbox.Handle {
@@ -377,7 +310,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 	if err := validateSpec(spec); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
-	unlock := r.lock(spec.ID)
+	unlock := r.sd.Lock(spec.ID)
 	defer unlock()
 	if e, err := r.lookup(spec.ID); err == nil {
 		return handleOf(e.st), nil
@@ -388,7 +321,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 	if !caps.Available {
 		return nil, fmt.Errorf("create sandbox %s: %s: %w", spec.ID, caps.Reason, errdefs.ErrFailedPrecondition)
 	}
-	dir := r.dir(spec.ID)
+	dir := r.sd.Path(spec.ID)
 	// A directory without state.json is a Create that crashed before it
 	// started anything; start over.
 	if err := os.RemoveAll(dir); err != nil {
@@ -402,9 +335,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
-	r.mu.Lock()
-	r.entries[spec.ID] = e
-	r.mu.Unlock()
+	r.sd.Set(spec.ID, e)
 	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "pid", e.st.ChildPID)
 	return handleOf(e.st), nil
 }
@@ -472,7 +403,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 			<-e.done
 		}
 	}()
-	if err := writeState(dir, st); err != nil {
+	if err := r.sd.Write(spec.ID, st); err != nil {
 		return nil, err
 	}
 
@@ -506,7 +437,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 		}
 		delay = min(2*delay, 10*time.Millisecond)
 	}
-	if err := writeState(dir, st); err != nil {
+	if err := r.sd.Write(spec.ID, st); err != nil {
 		return nil, err
 	}
 	e.st = st
@@ -582,15 +513,9 @@ func readStatus(dir string) (bwrapStatus, bool) {
 // Recover reattaches to the sandbox h names. The sandbox's state dir is the
 // source of truth; h must be a local Handle of a known version.
 func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
-	if h == nil || (h.Runtime != "" && h.Runtime != Name) {
-		return fmt.Errorf("recover sandbox: not a %s handle: %w", Name, errdefs.ErrInvalidArgument)
-	}
-	if h.Version != stateVersion {
-		return fmt.Errorf("recover sandbox %s: unknown state version %d: %w", h.ID, h.Version, errdefs.ErrInvalidArgument)
-	}
-	var st state
-	if err := json.Unmarshal(h.State, &st); err != nil {
-		return fmt.Errorf("recover sandbox %s: decode state: %v: %w", h.ID, err, errdefs.ErrInvalidArgument)
+	st, err := statedir.DecodeHandle[state](h, Name, stateVersion)
+	if err != nil {
+		return fmt.Errorf("recover sandbox: %w", err)
 	}
 	e, err := r.lookup(h.ID)
 	if err != nil {
@@ -734,28 +659,13 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 
 // List returns the sandboxes in StateDir whose labels include selector.
 func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
-	ents, err := os.ReadDir(r.opts.StateDir)
+	sts, err := r.sd.List(selector)
 	if err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
+		return nil, err
 	}
 	var out []sandbox.Handle
-	for _, d := range ents {
-		if !d.IsDir() || validateID(d.Name()) != nil {
-			continue
-		}
-		st, err := readState(filepath.Join(r.opts.StateDir, d.Name()))
-		if err != nil {
-			continue // being created or destroyed
-		}
-		match := true
-		for k, v := range selector {
-			if got, ok := st.Labels[k]; !ok || got != v {
-				match = false
-			}
-		}
-		if match {
-			out = append(out, *handleOf(st))
-		}
+	for _, st := range sts {
+		out = append(out, *handleOf(st))
 	}
 	return out, nil
 }
@@ -763,15 +673,15 @@ func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandb
 // Destroy kills the sandbox if it runs, then removes its cgroups and state
 // dir. Unknown ids return nil.
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
-	if validateID(id) != nil {
+	if sandbox.ValidateID(id) != nil {
 		return nil
 	}
-	unlock := r.lock(id)
+	unlock := r.sd.Lock(id)
 	defer unlock()
 	e, err := r.lookup(id)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// Also clean a directory left by a crashed Create.
-		os.RemoveAll(r.dir(id))
+		os.RemoveAll(r.sd.Path(id))
 		return nil
 	}
 	if err != nil {
@@ -791,9 +701,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := os.RemoveAll(e.dir); err != nil {
 		return fmt.Errorf("destroy sandbox %s: remove state dir: %w", id, err)
 	}
-	r.mu.Lock()
-	delete(r.entries, id)
-	r.mu.Unlock()
+	r.sd.Forget(id)
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
 }

@@ -1,0 +1,37 @@
+//go:build linux
+
+package gvisor
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/sandbox"
+)
+
+func TestValidateSpec(t *testing.T) {
+	ok := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: t.TempDir(), Target: "/task"}}}
+	if err := validateSpec(ok); err != nil {
+		t.Errorf("valid spec: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		mod   func(*sandbox.Spec)
+		field string
+	}{
+		"runsc id":       {func(s *sandbox.Spec) { s.ID = "runsc" }, "id"},
+		"sys target":     {func(s *sandbox.Spec) { s.Mounts[0].Target = "/sys" }, "mounts[0].target"},
+		"under sys":      {func(s *sandbox.Spec) { s.Mounts[0].Target = "/sys/fs" }, "mounts[0].target"},
+		"system target":  {func(s *sandbox.Spec) { s.Mounts[0].Target = "/usr/lib" }, "mounts[0].target"},
+		"missing source": {func(s *sandbox.Spec) { s.Mounts[0].Source = "/nonexistent/x" }, "mounts[0].source"},
+		"bad env":        {func(s *sandbox.Spec) { s.Env = []string{"NOEQUALS"} }, "env[0]"},
+	} {
+		sp := ok
+		sp.Mounts = append([]sandbox.Mount(nil), ok.Mounts...)
+		tc.mod(&sp)
+		var fe *errdefs.FieldError
+		if err := validateSpec(sp); !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("%s: validateSpec = %v, want an error for %s", name, err, tc.field)
+		}
+	}
+}

@@ -1,0 +1,186 @@
+// Package statedir keeps the bookkeeping the host runtimes (sandbox/local,
+// sandbox/gvisor) share over their state directory: one subdirectory per
+// sandbox, named by its id, holding state.json (the runtime's Handle.State);
+// a lock per id; the sandboxes this instance has seen; listing by label;
+// and decoding a Handle's state. What a runtime keeps besides state.json,
+// and how it starts and watches its processes, stay with the runtime.
+package statedir
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/sandbox"
+)
+
+// Dir is a runtime's state directory holding states S, with the entries E
+// (a runtime's in-memory view of one sandbox) this instance knows. It is
+// safe for concurrent use. Create it with New.
+type Dir[S, E any] struct {
+	root   string
+	labels func(S) map[string]string
+
+	// locks serialise a runtime's state changes per id, striped by a hash
+	// of the id so no per-id lock has to be freed.
+	locks [64]sync.Mutex
+
+	mu      sync.Mutex
+	entries map[string]*E
+}
+
+// New returns the Dir at root; labels returns a state's labels, for List.
+func New[S, E any](root string, labels func(S) map[string]string) *Dir[S, E] {
+	return &Dir[S, E]{root: root, labels: labels, entries: map[string]*E{}}
+}
+
+// Path is id's subdirectory.
+func (d *Dir[S, E]) Path(id string) string { return filepath.Join(d.root, id) }
+
+// Lock locks id's stripe and returns its unlock function.
+func (d *Dir[S, E]) Lock(id string) (unlock func()) {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	l := &d.locks[h.Sum32()%uint32(len(d.locks))]
+	l.Lock()
+	return l.Unlock
+}
+
+// Cached returns the entry this instance keeps for id, if any.
+func (d *Dir[S, E]) Cached(id string) (*E, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, ok := d.entries[id]
+	return e, ok
+}
+
+// Remember keeps e as id's entry unless there is one already, and returns
+// the one kept.
+func (d *Dir[S, E]) Remember(id string, e *E) *E {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if old, ok := d.entries[id]; ok {
+		return old
+	}
+	d.entries[id] = e
+	return e
+}
+
+// Set keeps e as id's entry, replacing any.
+func (d *Dir[S, E]) Set(id string, e *E) {
+	d.mu.Lock()
+	d.entries[id] = e
+	d.mu.Unlock()
+}
+
+// Forget drops id's entry.
+func (d *Dir[S, E]) Forget(id string) {
+	d.mu.Lock()
+	delete(d.entries, id)
+	d.mu.Unlock()
+}
+
+// Read returns id's state from its state.json. It returns
+// errdefs.ErrNotFound if there is none.
+func (d *Dir[S, E]) Read(id string) (S, error) {
+	var st S
+	b, err := os.ReadFile(filepath.Join(d.Path(id), "state.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return st, errdefs.ErrNotFound
+	}
+	if err != nil {
+		return st, fmt.Errorf("read state: %w", err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("decode state: %w", err)
+	}
+	return st, nil
+}
+
+// Write replaces id's state.json atomically.
+func (d *Dir[S, E]) Write(id string, st S) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("encode state: %w", err)
+	}
+	if err := WriteFileSync(filepath.Join(d.Path(id), "state.json"), b, 0o600); err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	return nil
+}
+
+// List returns the states of the sandboxes in the directory whose labels
+// include every label in selector. Subdirectories that are not named by a
+// valid id or hold no readable state (being created or destroyed) are
+// skipped.
+func (d *Dir[S, E]) List(selector map[string]string) ([]S, error) {
+	ents, err := os.ReadDir(d.root)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	var out []S
+	for _, de := range ents {
+		if !de.IsDir() || sandbox.ValidateID(de.Name()) != nil {
+			continue
+		}
+		st, err := d.Read(de.Name())
+		if err != nil {
+			continue
+		}
+		if matches(d.labels(st), selector) {
+			out = append(out, st)
+		}
+	}
+	return out, nil
+}
+
+func matches(labels, selector map[string]string) bool {
+	for k, v := range selector {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// DecodeHandle returns the state in h, which must be a Handle of runtime
+// (or name none) at version. Errors wrap errdefs.ErrInvalidArgument.
+func DecodeHandle[S any](h *sandbox.Handle, runtime string, version int) (S, error) {
+	var st S
+	if h == nil || (h.Runtime != "" && h.Runtime != runtime) {
+		return st, fmt.Errorf("not a %s handle: %w", runtime, errdefs.ErrInvalidArgument)
+	}
+	if h.Version != version {
+		return st, fmt.Errorf("sandbox %s: unknown state version %d: %w", h.ID, h.Version, errdefs.ErrInvalidArgument)
+	}
+	if err := json.Unmarshal(h.State, &st); err != nil {
+		return st, fmt.Errorf("sandbox %s: decode state: %v: %w", h.ID, err, errdefs.ErrInvalidArgument)
+	}
+	return st, nil
+}
+
+// WriteFileSync writes path atomically: a temporary file, fsync, rename.
+func WriteFileSync(path string, b []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
