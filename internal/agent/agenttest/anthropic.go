@@ -8,11 +8,8 @@ package agenttest
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -80,36 +77,16 @@ type Anthropic struct {
 	Addr string // host:port, for an egress allowlist
 
 	opts AnthropicOptions
-	srv  *http.Server
-
-	mu   sync.Mutex
-	next int
-	reqs []AnthropicRequest
+	endpoint[AnthropicRequest]
 }
 
 // MustAnthropic starts an Anthropic endpoint, stopped when tb ends.
 func MustAnthropic(tb testing.TB, opts AnthropicOptions) *Anthropic {
 	tb.Helper()
-	if opts.Addr == "" {
-		opts.Addr = "127.0.0.1:0"
-	}
-	ln, err := net.Listen("tcp", opts.Addr)
-	if err != nil {
-		tb.Fatalf("listen for the anthropic endpoint: %v", err)
-	}
-	a := &Anthropic{Addr: ln.Addr().String(), opts: opts}
+	a := &Anthropic{opts: opts}
+	a.Addr = a.start(tb, "anthropic", opts.Addr, a.serve)
 	a.URL = "http://" + a.Addr
-	a.srv = &http.Server{Handler: http.HandlerFunc(a.serve), ReadHeaderTimeout: 10 * time.Second}
-	go a.srv.Serve(ln)
-	tb.Cleanup(func() { a.srv.Close() })
 	return a
-}
-
-// Requests returns what the endpoint was asked, in order.
-func (a *Anthropic) Requests() []AnthropicRequest {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return append([]AnthropicRequest(nil), a.reqs...)
 }
 
 // anthropicBody is the part of a Messages request the endpoint reads.
@@ -130,9 +107,8 @@ func (a *Anthropic) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	data, _ := io.ReadAll(io.LimitReader(r.Body, 32<<20))
 	var body anthropicBody
-	json.Unmarshal(data, &body)
+	readBody(r, &body)
 	key := r.Header.Get("x-api-key")
 	if key == "" {
 		key = strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -153,37 +129,20 @@ func (a *Anthropic) serve(w http.ResponseWriter, r *http.Request) {
 		req.LastUser = flatten(body.Messages[n-1].Content)
 	}
 
-	status, reply := 0, Reply{Text: "ok"}
-	a.mu.Lock()
-	switch {
-	case !req.KeyOK:
-		status = http.StatusUnauthorized
-	case a.opts.Status != 0:
-		status = a.opts.Status
-	case strings.HasSuffix(r.URL.Path, "/count_tokens"):
-	case req.Main && a.opts.Respond != nil:
-		req.Reply = a.next
-		reply = a.opts.Respond(req)
-		a.next++
-	case req.Main && len(a.opts.Replies) > 0:
-		req.Reply = min(a.next, len(a.opts.Replies)-1)
-		reply = a.opts.Replies[req.Reply]
-		a.next++
-	}
-	a.reqs = append(a.reqs, req)
-	a.mu.Unlock()
-
+	count := strings.HasSuffix(r.URL.Path, "/count_tokens")
+	status, reply, _ := a.answer(&req, &req.Reply, req.KeyOK, req.Main && !count,
+		script[AnthropicRequest]{status: a.opts.Status, replies: a.opts.Replies, respond: a.opts.Respond})
 	if status != 0 {
 		writeAnthropicError(w, status)
 		return
 	}
-	if strings.HasSuffix(r.URL.Path, "/count_tokens") {
-		writeJSON(w, map[string]any{"input_tokens": 100})
+	if count {
+		writeJSON(w, http.StatusOK, map[string]any{"input_tokens": 100})
 		return
 	}
 	msg := anthropicMessage(body.Model, reply, req.Reply)
 	if !body.Stream {
-		writeJSON(w, msg)
+		writeJSON(w, http.StatusOK, msg)
 		return
 	}
 	streamAnthropic(w, msg)
@@ -191,24 +150,14 @@ func (a *Anthropic) serve(w http.ResponseWriter, r *http.Request) {
 
 // anthropicMessage is reply as a Messages API response object.
 func anthropicMessage(model string, reply Reply, n int) map[string]any {
-	in, out := reply.InputTokens, reply.OutputTokens
-	if in == 0 {
-		in = 100
-	}
-	if out == 0 {
-		out = 20
-	}
+	in, out := reply.tokens()
 	var content []map[string]any
 	if reply.Text != "" {
 		content = append(content, map[string]any{"type": "text", "text": reply.Text})
 	}
 	stop := "end_turn"
 	if reply.Tool != nil {
-		input := reply.Tool.Input
-		if input == nil {
-			input = map[string]any{}
-		}
-		content = append(content, map[string]any{"type": "tool_use", "id": fmt.Sprintf("toolu_%02d", n), "name": reply.Tool.Name, "input": input})
+		content = append(content, map[string]any{"type": "tool_use", "id": fmt.Sprintf("toolu_%02d", n), "name": reply.Tool.Name, "input": reply.Tool.input()})
 		stop = "tool_use"
 	}
 	if model == "" {
@@ -225,18 +174,7 @@ func anthropicMessage(model string, reply Reply, n int) map[string]any {
 // message_start, per content block start/delta/stop, message_delta,
 // message_stop.
 func streamAnthropic(w http.ResponseWriter, msg map[string]any) {
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	fl, _ := w.(http.Flusher)
-	send := func(typ string, data map[string]any) {
-		data["type"] = typ
-		b, _ := json.Marshal(data)
-		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, b)
-		if fl != nil {
-			fl.Flush()
-		}
-	}
+	send := eventStream(w)
 	usage := msg["usage"].(map[string]any)
 	start := map[string]any{}
 	for k, v := range msg {
@@ -276,17 +214,8 @@ func writeAnthropicError(w http.ResponseWriter, status int) {
 	case 529:
 		typ, msg = "overloaded_error", "Overloaded"
 	}
-	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("request-id", "req_scripted")
-	w.WriteHeader(status)
-	b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}})
-	w.Write(b)
-}
-
-func writeJSON(w http.ResponseWriter, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	b, _ := json.Marshal(v)
-	w.Write(b)
+	writeJSON(w, status, map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}})
 }
 
 // flatten is a system prompt or message content as text: a string as is,

@@ -3,11 +3,8 @@ package agenttest
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -56,36 +53,16 @@ type Gemini struct {
 	Addr string // host:port, for an egress allowlist
 
 	opts GeminiOptions
-	srv  *http.Server
-
-	mu   sync.Mutex
-	next int
-	reqs []GeminiRequest
+	endpoint[GeminiRequest]
 }
 
 // MustGemini starts a Gemini endpoint, stopped when tb ends.
 func MustGemini(tb testing.TB, opts GeminiOptions) *Gemini {
 	tb.Helper()
-	if opts.Addr == "" {
-		opts.Addr = "127.0.0.1:0"
-	}
-	ln, err := net.Listen("tcp", opts.Addr)
-	if err != nil {
-		tb.Fatalf("listen for the gemini endpoint: %v", err)
-	}
-	g := &Gemini{Addr: ln.Addr().String(), opts: opts}
+	g := &Gemini{opts: opts}
+	g.Addr = g.start(tb, "gemini", opts.Addr, g.serve)
 	g.URL = "http://" + g.Addr
-	g.srv = &http.Server{Handler: http.HandlerFunc(g.serve), ReadHeaderTimeout: 10 * time.Second}
-	go g.srv.Serve(ln)
-	tb.Cleanup(func() { g.srv.Close() })
 	return g
-}
-
-// Requests returns what the endpoint was asked, in order.
-func (g *Gemini) Requests() []GeminiRequest {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return append([]GeminiRequest(nil), g.reqs...)
 }
 
 // geminiBody is the part of a generateContent request the endpoint reads.
@@ -109,9 +86,8 @@ func (g *Gemini) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	method := path[i+1:]
 	model := path[strings.LastIndex(path[:i], "/")+1 : i]
-	data, _ := io.ReadAll(io.LimitReader(r.Body, 32<<20))
 	var body geminiBody
-	json.Unmarshal(data, &body)
+	readBody(r, &body)
 	key := r.Header.Get("x-goog-api-key")
 	if key == "" {
 		key = r.URL.Query().Get("key")
@@ -133,33 +109,19 @@ func (g *Gemini) serve(w http.ResponseWriter, r *http.Request) {
 		req.LastUser = geminiParts(body.Contents[n-1].Parts)
 	}
 
-	status, reply := 0, Reply{Text: "ok"}
-	g.mu.Lock()
-	switch {
-	case !req.KeyOK:
-		status = http.StatusUnauthorized
-	case g.opts.Status != 0:
-		status = g.opts.Status
-	case method == "countTokens":
-	case req.Main && len(g.opts.Replies) > 0:
-		req.Reply = min(g.next, len(g.opts.Replies)-1)
-		reply = g.opts.Replies[req.Reply]
-		g.next++
-	}
-	g.reqs = append(g.reqs, req)
-	g.mu.Unlock()
-
+	status, reply, _ := g.answer(&req, &req.Reply, req.KeyOK, req.Main && method != "countTokens",
+		script[GeminiRequest]{status: g.opts.Status, replies: g.opts.Replies})
 	if status != 0 {
 		writeGeminiError(w, status)
 		return
 	}
 	if method == "countTokens" {
-		writeJSON(w, map[string]any{"totalTokens": 100})
+		writeJSON(w, http.StatusOK, map[string]any{"totalTokens": 100})
 		return
 	}
 	resp := geminiResponse(model, reply)
 	if !req.Stream {
-		writeJSON(w, resp)
+		writeJSON(w, http.StatusOK, resp)
 		return
 	}
 	// The CLI asks for alt=sse: each chunk a "data:" line.
@@ -174,23 +136,13 @@ func (g *Gemini) serve(w http.ResponseWriter, r *http.Request) {
 
 // geminiResponse is reply as a GenerateContentResponse.
 func geminiResponse(model string, reply Reply) map[string]any {
-	in, out := reply.InputTokens, reply.OutputTokens
-	if in == 0 {
-		in = 100
-	}
-	if out == 0 {
-		out = 20
-	}
+	in, out := reply.tokens()
 	var parts []map[string]any
 	if reply.Text != "" {
 		parts = append(parts, map[string]any{"text": reply.Text})
 	}
 	if reply.Tool != nil {
-		args := reply.Tool.Input
-		if args == nil {
-			args = map[string]any{}
-		}
-		parts = append(parts, map[string]any{"functionCall": map[string]any{"name": reply.Tool.Name, "args": args}})
+		parts = append(parts, map[string]any{"functionCall": map[string]any{"name": reply.Tool.Name, "args": reply.Tool.input()}})
 	}
 	return map[string]any{
 		"candidates": []any{map[string]any{
@@ -216,10 +168,7 @@ func writeGeminiError(w http.ResponseWriter, status int) {
 	case http.StatusServiceUnavailable:
 		code, msg = "UNAVAILABLE", "The model is overloaded. Please try again later."
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"code": status, "message": msg, "status": code}})
-	w.Write(b)
+	writeJSON(w, status, map[string]any{"error": map[string]any{"code": status, "message": msg, "status": code}})
 }
 
 // geminiParts is a turn's parts as text: text parts as they are, function

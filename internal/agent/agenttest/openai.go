@@ -3,11 +3,8 @@ package agenttest
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -52,36 +49,16 @@ type OpenAI struct {
 	Addr string // host:port, for an egress allowlist
 
 	opts OpenAIOptions
-	srv  *http.Server
-
-	mu   sync.Mutex
-	next int
-	reqs []OpenAIRequest
+	endpoint[OpenAIRequest]
 }
 
 // MustOpenAI starts an OpenAI endpoint, stopped when tb ends.
 func MustOpenAI(tb testing.TB, opts OpenAIOptions) *OpenAI {
 	tb.Helper()
-	if opts.Addr == "" {
-		opts.Addr = "127.0.0.1:0"
-	}
-	ln, err := net.Listen("tcp", opts.Addr)
-	if err != nil {
-		tb.Fatalf("listen for the openai endpoint: %v", err)
-	}
-	o := &OpenAI{Addr: ln.Addr().String(), opts: opts}
+	o := &OpenAI{opts: opts}
+	o.Addr = o.start(tb, "openai", opts.Addr, o.serve)
 	o.URL = "http://" + o.Addr + "/v1"
-	o.srv = &http.Server{Handler: http.HandlerFunc(o.serve), ReadHeaderTimeout: 10 * time.Second}
-	go o.srv.Serve(ln)
-	tb.Cleanup(func() { o.srv.Close() })
 	return o
-}
-
-// Requests returns what the endpoint was asked, in order.
-func (o *OpenAI) Requests() []OpenAIRequest {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return append([]OpenAIRequest(nil), o.reqs...)
 }
 
 // responsesBody is the part of a Responses request the endpoint reads.
@@ -97,16 +74,15 @@ type responsesBody struct {
 
 func (o *OpenAI) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
-		writeJSON(w, map[string]any{"object": "list", "data": []any{}, "models": []any{}})
+		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{}, "models": []any{}})
 		return
 	}
 	if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/responses") {
 		w.WriteHeader(http.StatusNotFound)
 		return
 	}
-	data, _ := io.ReadAll(io.LimitReader(r.Body, 32<<20))
 	var body responsesBody
-	json.Unmarshal(data, &body)
+	readBody(r, &body)
 	req := OpenAIRequest{
 		At:     time.Now(),
 		Path:   r.URL.Path,
@@ -121,22 +97,8 @@ func (o *OpenAI) serve(w http.ResponseWriter, r *http.Request) {
 		req.Tools = append(req.Tools, t.Name)
 	}
 
-	status, reply := 0, Reply{Text: "ok"}
-	o.mu.Lock()
-	switch {
-	case !req.KeyOK:
-		status = http.StatusUnauthorized
-	case o.opts.Status != 0:
-		status = o.opts.Status
-	case req.Main && len(o.opts.Replies) > 0:
-		req.Reply = min(o.next, len(o.opts.Replies)-1)
-		reply = o.opts.Replies[req.Reply]
-		o.next++
-	}
-	o.reqs = append(o.reqs, req)
-	n := len(o.reqs)
-	o.mu.Unlock()
-
+	status, reply, n := o.answer(&req, &req.Reply, req.KeyOK, req.Main,
+		script[OpenAIRequest]{status: o.opts.Status, replies: o.opts.Replies})
 	if status != 0 {
 		writeOpenAIError(w, status)
 		return
@@ -147,27 +109,12 @@ func (o *OpenAI) serve(w http.ResponseWriter, r *http.Request) {
 // streamResponses writes reply as the Responses API's server-sent events:
 // response.created, per output item added/delta/done, response.completed.
 func streamResponses(w http.ResponseWriter, model string, reply Reply, n int) {
-	in, out := reply.InputTokens, reply.OutputTokens
-	if in == 0 {
-		in = 100
-	}
-	if out == 0 {
-		out = 20
-	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	fl, _ := w.(http.Flusher)
-	seq := 0
+	in, out := reply.tokens()
+	event, seq := eventStream(w), 0
 	send := func(typ string, data map[string]any) {
-		data["type"] = typ
 		data["sequence_number"] = seq
 		seq++
-		b, _ := json.Marshal(data)
-		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, b)
-		if fl != nil {
-			fl.Flush()
-		}
+		event(typ, data)
 	}
 	id := fmt.Sprintf("resp_%02d", n)
 	resp := map[string]any{"id": id, "object": "response", "created_at": time.Now().Unix(), "model": model, "status": "in_progress", "output": []any{}}
@@ -188,10 +135,7 @@ func streamResponses(w http.ResponseWriter, model string, reply Reply, n int) {
 		items = append(items, done)
 	}
 	if reply.Tool != nil {
-		args, _ := json.Marshal(reply.Tool.Input)
-		if reply.Tool.Input == nil {
-			args = []byte("{}")
-		}
+		args, _ := json.Marshal(reply.Tool.input())
 		fcID := fmt.Sprintf("fc_%02d", n)
 		callID := fmt.Sprintf("call_%02d", n)
 		idx := len(items)
@@ -223,8 +167,5 @@ func writeOpenAIError(w http.ResponseWriter, status int) {
 		typ, code, msg = "rate_limit_exceeded", "rate_limit_exceeded", "Rate limit reached for requests."
 		w.Header().Set("Retry-After", "0")
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": code}})
-	w.Write(b)
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": code}})
 }
