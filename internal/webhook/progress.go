@@ -3,14 +3,12 @@ package webhook
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -154,21 +152,7 @@ func (v *Verifier) VerifyProgress(h http.Header, body []byte) (ProgressReport, e
 	if len(bad) > 0 {
 		return ProgressReport{}, fmt.Errorf("check progress body: %s: %w", strings.Join(bad, "; "), errdefs.ErrInvalidArgument)
 	}
-	if !hmac.Equal(sig, mac(DeriveKey(v.secret, p.TaskID), body)) {
-		return ProgressReport{}, fmt.Errorf("check progress signature for task %s: signature does not match: %w", p.TaskID, errdefs.ErrUnauthenticated)
-	}
-	if got := h.Get(HeaderID); got != p.WebhookID {
-		return ProgressReport{}, fmt.Errorf("check progress headers: %s %q differs from body webhook_id %q: %w", HeaderID, got, p.WebhookID, errdefs.ErrInvalidArgument)
-	}
-	if got := h.Get(HeaderTimestamp); got != strconv.FormatInt(p.Timestamp, 10) {
-		return ProgressReport{}, fmt.Errorf("check progress headers: %s %q differs from body timestamp %d: %w", HeaderTimestamp, got, p.Timestamp, errdefs.ErrInvalidArgument)
-	}
-	now := v.now()
-	ts := time.Unix(p.Timestamp, 0)
-	if d := now.Sub(ts); d > v.maxSkew || d < -v.maxSkew {
-		return ProgressReport{}, fmt.Errorf("check progress timestamp: %s is %s from now, outside ±%s: %w", ts.UTC().Format(time.RFC3339), d.Round(time.Second), v.maxSkew, errdefs.ErrPermissionDenied)
-	}
-	if err := v.remember(p.WebhookID, now); err != nil {
+	if err := v.authenticate(h, body, sig, "progress", envelope{p.TaskID, p.WebhookID, p.Source, p.Timestamp}); err != nil {
 		return ProgressReport{}, err
 	}
 	return p, nil

@@ -93,27 +93,43 @@ func (v *Verifier) Verify(h http.Header, body []byte) (Completion, error) {
 	if err := validate(c); err != nil {
 		return Completion{}, err
 	}
-	if !hmac.Equal(sig, mac(DeriveKey(v.secret, c.TaskID), body)) {
-		return Completion{}, fmt.Errorf("check webhook signature for task %s: signature does not match: %w", c.TaskID, errdefs.ErrUnauthenticated)
-	}
-	if got := h.Get(HeaderID); got != c.WebhookID {
-		return Completion{}, fmt.Errorf("check webhook headers: %s %q differs from body webhook_id %q: %w", HeaderID, got, c.WebhookID, errdefs.ErrInvalidArgument)
-	}
-	if got := h.Get(HeaderTimestamp); got != strconv.FormatInt(c.Timestamp, 10) {
-		return Completion{}, fmt.Errorf("check webhook headers: %s %q differs from body timestamp %d: %w", HeaderTimestamp, got, c.Timestamp, errdefs.ErrInvalidArgument)
-	}
-	if got := h.Get(HeaderSource); got != "" && got != c.Source {
-		return Completion{}, fmt.Errorf("check webhook headers: %s %q differs from body source %q: %w", HeaderSource, got, c.Source, errdefs.ErrInvalidArgument)
-	}
-	now := v.now()
-	ts := time.Unix(c.Timestamp, 0)
-	if d := now.Sub(ts); d > v.maxSkew || d < -v.maxSkew {
-		return Completion{}, fmt.Errorf("check webhook timestamp: %s is %s from now, outside ±%s: %w", ts.UTC().Format(time.RFC3339), d.Round(time.Second), v.maxSkew, errdefs.ErrPermissionDenied)
-	}
-	if err := v.remember(c.WebhookID, now); err != nil {
+	if err := v.authenticate(h, body, sig, "webhook", envelope{c.TaskID, c.WebhookID, c.Source, c.Timestamp}); err != nil {
 		return Completion{}, err
 	}
 	return c, nil
+}
+
+// envelope is what every signed worker message carries besides its own
+// payload.
+type envelope struct {
+	taskID, webhookID, source string
+	timestamp                 int64
+}
+
+// authenticate runs the checks every worker message shares, once its body
+// is parsed and its own fields checked: the signature under the task's
+// derived key (constant time), the headers mirroring the body, the
+// timestamp window, and the webhook id never seen before. kind names the
+// message in errors ("webhook", "progress").
+func (v *Verifier) authenticate(h http.Header, body, sig []byte, kind string, e envelope) error {
+	if !hmac.Equal(sig, mac(DeriveKey(v.secret, e.taskID), body)) {
+		return fmt.Errorf("check %s signature for task %s: signature does not match: %w", kind, e.taskID, errdefs.ErrUnauthenticated)
+	}
+	if got := h.Get(HeaderID); got != e.webhookID {
+		return fmt.Errorf("check %s headers: %s %q differs from body webhook_id %q: %w", kind, HeaderID, got, e.webhookID, errdefs.ErrInvalidArgument)
+	}
+	if got := h.Get(HeaderTimestamp); got != strconv.FormatInt(e.timestamp, 10) {
+		return fmt.Errorf("check %s headers: %s %q differs from body timestamp %d: %w", kind, HeaderTimestamp, got, e.timestamp, errdefs.ErrInvalidArgument)
+	}
+	if got := h.Get(HeaderSource); got != "" && got != e.source {
+		return fmt.Errorf("check %s headers: %s %q differs from body source %q: %w", kind, HeaderSource, got, e.source, errdefs.ErrInvalidArgument)
+	}
+	now := v.now()
+	ts := time.Unix(e.timestamp, 0)
+	if d := now.Sub(ts); d > v.maxSkew || d < -v.maxSkew {
+		return fmt.Errorf("check %s timestamp: %s is %s from now, outside ±%s: %w", kind, ts.UTC().Format(time.RFC3339), d.Round(time.Second), v.maxSkew, errdefs.ErrPermissionDenied)
+	}
+	return v.remember(e.webhookID, now)
 }
 
 // Forget releases a webhook id that Verify accepted, so that a retry with the
