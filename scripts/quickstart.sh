@@ -21,6 +21,13 @@ echo "==> building bin/corral"
 go build -o bin/corral ./cmd/corral
 
 data=./corral-data
+# As root, sandboxes run as the reserved host identity 1900000000, which
+# must be able to pass through the data root's parents (a checkout under
+# /root, mode 0700, is closed to it): then the data goes to /var/lib/corral.
+if [ "$(id -u)" = 0 ] && ! setpriv --reuid=1900000000 --regid=1900000000 --clear-groups test -x "$PWD"; then
+  data=/var/lib/corral
+  echo "==> $PWD is closed to the sandbox identity; keeping the data in $data"
+fi
 mkdir -p "$data"
 url=http://127.0.0.1:7777
 up() { bin/corral tasks --limit 1 >/dev/null 2>&1; }

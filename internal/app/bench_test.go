@@ -24,7 +24,7 @@ func TestBench(t *testing.T) {
 	const n, clients = 3, 2
 	res, err := app.Bench(ctx, app.BenchOptions{
 		N: n, Concurrency: clients, Warmup: 1,
-		Data: t.TempDir(), WorkerBinary: corralBin,
+		Data: testenv.TempDir(t), WorkerBinary: corralBin,
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -68,7 +68,7 @@ func (p *proc) kill() {
 func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 	testenv.RequireBwrap(t)
 	t.Parallel()
-	data := t.TempDir()
+	data := testenv.TempDir(t)
 	t.Cleanup(func() { killSandboxes(t, data) })
 	ctx := context.Background()
 	srv := startProcess(t, data, "--max-concurrent", "2")

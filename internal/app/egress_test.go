@@ -273,7 +273,7 @@ func TestEgressSurvivesRestart(t *testing.T) {
 	testenv.RequireBwrap(t)
 	up := mustLoopbackServer(t)
 	hostport := fmt.Sprintf("127.0.0.1:%d", up.port)
-	data := t.TempDir()
+	data := testenv.TempDir(t)
 	t.Cleanup(func() { killSandboxes(t, data) })
 	edit := func(c *config.Config) { c.Egress.Allow = []string{hostport} }
 

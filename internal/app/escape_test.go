@@ -5,18 +5,22 @@ package app_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -37,6 +41,7 @@ func TestEscape(t *testing.T) {
 			}
 			t.Run("probe", func(t *testing.T) { t.Parallel(); testProbe(t, rt, probe) })
 			t.Run("symlink out of output", func(t *testing.T) { t.Parallel(); testSymlinkOut(t, rt) })
+			t.Run("host identity", func(t *testing.T) { t.Parallel(); testHostIdentity(t, rt) })
 			if rt == "gvisor" {
 				// gVisor's processes are not host processes, so the fork
 				// bomb's host-side count does not apply; its pids and
@@ -166,6 +171,9 @@ func testProbe(t *testing.T, rt, probe string) {
 		"uid 0", "ptrace traceme", "ptrace attach pid 1", "open /proc/1/mem", "open /proc/1/task/1/mem", "mount tmpfs",
 		"unshare user namespace", "unshare network namespace", "unshare user and network namespaces",
 		"keyctl", "bpf", "io_uring_setup", "perf_event_open",
+		"open /proc/sys/kernel/core_pattern for writing", "open any /proc/sys entry for writing",
+		"list /etc/ssl/private", "read /proc/keys", "read /proc/timer_list", "read /proc/slabinfo",
+		"read /proc/kcore", "read /proc/kallsyms",
 		// Controls: these must hold for the rest to mean anything.
 		"no_new_privs", "write /tmp/x", "connect own loopback listener",
 	}
@@ -186,8 +194,14 @@ func testProbe(t *testing.T, rt, probe string) {
 			t.Logf("%-40s closed: %s", name, r.Detail)
 		}
 	}
-	if d := report["uid 0"].Detail; !strings.HasPrefix(d, "uid 1000 euid 1000") {
-		t.Errorf("probe ran as %q, want uid 1000", d)
+	// gVisor checks files against their host owners, so its sandbox user
+	// is the reserved host identity inside too.
+	wantUID := "uid 1000 euid 1000"
+	if rt == "gvisor" {
+		wantUID = fmt.Sprintf("uid %d euid %d", hostuser.Reserved, hostuser.Reserved)
+	}
+	if d := report["uid 0"].Detail; !strings.HasPrefix(d, wantUID) {
+		t.Errorf("probe ran as %q, want %s", d, wantUID)
 	}
 
 	// And from outside: nothing reached the host.
@@ -352,4 +366,124 @@ func testSymlinkOut(t *testing.T, rt string) {
 	if code, body := s.do(t, "GET", "/api/tasks/"+tk.ID+"/files/real.txt", "", nil); code != 200 || body != "hi\n" {
 		t.Errorf("GET files/real.txt = %d %q", code, body)
 	}
+}
+
+// testHostIdentity: a sandbox's processes run on the host as the reserved
+// identity, never root; and what a worker leaves (a set-uid copy of id, a
+// world-writable directory, a FIFO) carries nothing the host honours once
+// the task ends, in a data root no other host user can enter.
+func testHostIdentity(t *testing.T, rt string) {
+	testenv.RequireRoot(t)
+	s := MustStart(t, nil)
+	ctx := context.Background()
+	marker := "corral-identity-" + rt
+	// The worker makes its files, then waits until the test has looked
+	// at its processes (it removes output/go).
+	script := `cp /usr/bin/id output/suid-id && chmod 6755 output/suid-id && mkdir output/open && chmod 1777 output/open &&
+mkfifo output/fifo && : > output/go && while [ -e output/go ]; do sleep 0.05; done; sh -c 'exit 0' ` + marker
+	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "leave hostile files", Agent: "command", Runtime: rt,
+		Command: []string{"sh", "-c", script}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(s.data, "tasks", tk.ID, "output")
+	waitFor(t, "the worker making its files", func() bool {
+		_, err := os.Stat(filepath.Join(out, "go"))
+		return err == nil
+	})
+	// While it runs: every file it made is the reserved identity's on the
+	// host, and under local so is every process of the sandbox (gVisor's
+	// processes are its own kernel's, not the host's).
+	fi, err := os.Lstat(filepath.Join(out, "suid-id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Uid != hostuser.Reserved || st.Gid != hostuser.Reserved {
+		t.Errorf("a worker's file is owned by %d:%d on the host, want %d", st.Uid, st.Gid, hostuser.Reserved)
+	}
+	if rt == "local" {
+		uids := sandboxUIDs(t, tk.ID)
+		if len(uids) == 0 {
+			t.Errorf("found no process of the sandbox on the host")
+		}
+		for pid, uid := range uids {
+			if uid != hostuser.Reserved {
+				t.Errorf("sandbox process %d runs as host uid %d, want %d", pid, uid, hostuser.Reserved)
+			}
+		}
+	}
+	os.Remove(filepath.Join(out, "go"))
+	if res := s.wait(t, tk.ID, 60*time.Second); res.Status != task.Success {
+		t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
+	}
+	// Once it ended: owned by the server, no set-id, sticky or
+	// group/other write bits, no FIFO; and the data root is closed.
+	waitFor(t, "the task directory taken back", func() bool {
+		fi, err := os.Lstat(filepath.Join(out, "suid-id"))
+		return err == nil && fi.Sys().(*syscall.Stat_t).Uid == 0
+	})
+	for _, name := range []string{"suid-id", "open"} {
+		fi, err := os.Lstat(filepath.Join(out, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if st.Uid != 0 || st.Gid != 0 || fi.Mode()&(os.ModeSetuid|os.ModeSetgid|os.ModeSticky|0o022) != 0 {
+			t.Errorf("%s: %v owned by %d:%d after the task, want no set-id, sticky or group/other write bits, owned by root", name, fi.Mode(), st.Uid, st.Gid)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(out, "fifo")); err == nil {
+		t.Errorf("the worker's FIFO is still in its output")
+	}
+	fi, err = os.Stat(s.data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != 0o710 || st.Gid != hostuser.Reserved {
+		t.Errorf("data root is %v group %d, want 0710 and the sandbox group", fi.Mode().Perm(), st.Gid)
+	}
+	// Another host user cannot even reach the worker's file.
+	cmd := exec.Command(filepath.Join(out, "suid-id"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}}}
+	if b, err := cmd.CombinedOutput(); err == nil {
+		t.Errorf("nobody ran the worker's set-uid file: %s", b)
+	}
+}
+
+// sandboxUIDs returns the host uid of every process of task id's sandbox:
+// those in another pid namespace than the test's whose argv or
+// environment names the task (the worker and its children).
+func sandboxUIDs(t *testing.T, id string) map[int]int {
+	t.Helper()
+	out := map[int]int{}
+	self, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ns, err := os.Readlink(filepath.Join("/proc", e.Name(), "ns", "pid")); err != nil || ns == self {
+			continue
+		}
+		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		argv, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if !strings.Contains(string(env)+string(argv), id) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "Uid:" {
+				uid, _ := strconv.Atoi(f[1])
+				out[pid] = uid
+			}
+		}
+	}
+	return out
 }

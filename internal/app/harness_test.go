@@ -76,7 +76,7 @@ func startServer(tb testing.TB, environ []string, now func() time.Time, edit fun
 		tb.Fatal(err)
 	}
 	cfg.Listen = "127.0.0.1:0"
-	cfg.Data = tb.TempDir()
+	cfg.Data = testenv.TempDir(tb)
 	cfg.Limits.StopGrace = config.Duration(2 * time.Second)
 	if edit != nil {
 		edit(cfg)

@@ -145,7 +145,7 @@ func TestMCPStdioEmbedded(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	data := t.TempDir()
+	data := testenv.TempDir(t)
 	t.Cleanup(func() { killSandboxes(t, data) })
 	r := runMCPClient(t, dir, []string{"CORRAL_LISTEN=" + addr, "CORRAL_DATA=" + data, "CORRAL_API_TOKEN="}, "stdio", corralBin, "mcp")
 	if r.Status != "success" || strings.TrimSpace(r.Rows) != "3" {

@@ -223,7 +223,7 @@ func TestNotificationsSurviveReceiverAndServerCrashes(t *testing.T) {
 	testenv.RequireBwrap(t)
 	requireReceiver(t)
 	t.Parallel()
-	dir := t.TempDir()
+	dir := testenv.TempDir(t)
 	data := filepath.Join(dir, "data")
 	t.Cleanup(func() { killSandboxes(t, data) })
 	secret := notify.NewSecret()

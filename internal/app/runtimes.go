@@ -43,6 +43,7 @@ func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, err
 				// output.log) may outgrow the task directory's quota,
 				// whatever the quota watcher's timing.
 				FileSizeLimit: a.cfg.Limits.MaxTaskDirBytes.Bytes(),
+				Host:          a.sandboxUser,
 			}, a.log)
 			if err != nil {
 				return nil, fmt.Errorf("open local runtime: %w", err)
@@ -52,6 +53,7 @@ func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, err
 			rt, err := gvisor.New(gvisor.Options{
 				StateDir: a.data.HostPath(workspace.DirRun, "gvisor"),
 				TmpSize:  a.cfg.Local.TmpSize.Bytes(),
+				Host:     a.sandboxUser,
 			}, a.log)
 			if err != nil {
 				return nil, fmt.Errorf("open gvisor runtime: %w", err)

@@ -14,8 +14,9 @@ import (
 )
 
 // HostBinds are the host /etc entries a sandbox sees read-only when they
-// exist: CA certificates, the dynamic linker cache, time zone, alternatives.
-var HostBinds = []string{"alternatives", "ssl", "ca-certificates", "ld.so.cache", "localtime"}
+// exist: CA certificates (ssl/certs, never all of ssl/: ssl/private holds
+// the host's keys), the dynamic linker cache, time zone, alternatives.
+var HostBinds = []string{"alternatives", "ssl/certs", "ssl/openssl.cnf", "ca-certificates", "ca-certificates.conf", "ld.so.cache", "localtime"}
 
 // ResolvConf is the sandbox's resolv.conf when it has a network. The
 // sandbox's network namespace has only loopback, and names are resolved by
@@ -67,6 +68,9 @@ func Write(dir string, o Options) ([]string, error) {
 			continue
 		}
 		mp := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(mp), 0o755); err != nil {
+			return nil, fmt.Errorf("create etc mount point %s: %w", name, err)
+		}
 		if st.IsDir() {
 			err = os.Mkdir(mp, 0o755)
 		} else {

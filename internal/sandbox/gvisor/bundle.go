@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -161,7 +160,7 @@ func newProcess(argv, env []string, dir string, o Options, pids int64) *ociProce
 		dir = "/tmp"
 	}
 	p := &ociProcess{
-		User:            ociUser{UID: uint32(o.UID), GID: uint32(o.GID)},
+		User:            ociUser{UID: uint32(o.Host.UID), GID: uint32(o.Host.GID)},
 		Args:            argv,
 		Env:             sandboxEnv(env),
 		Cwd:             dir,
@@ -243,7 +242,7 @@ func writeBundle(dir string, spec sandbox.Spec, o Options, cgroupsPath string) e
 			s.Mounts = append(s.Mounts, ociMount{Destination: d, Type: "bind", Source: d, Options: []string{"rbind", "ro"}})
 		}
 	}
-	binds, err := guestetc.Write(filepath.Join(rootfs, "etc"), guestetc.Options{UID: o.UID, GID: o.GID})
+	binds, err := guestetc.Write(filepath.Join(rootfs, "etc"), guestetc.Options{UID: o.Host.UID, GID: o.Host.GID})
 	if err != nil {
 		return err
 	}
@@ -321,34 +320,6 @@ func mountPoint(rootfs string, m sandbox.Mount) error {
 	}
 	if err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("create mount point %s: %w", m.Target, err)
-	}
-	return nil
-}
-
-// chownMounts gives the read-write directory mounts (the task directory)
-// to the sandbox user, recursively. gVisor checks permissions against the
-// files' real owners on the host, unlike bubblewrap's user namespace, where
-// uid 1000 inside is the server's uid outside; without this the sandbox
-// user could not write a directory the server created. Symlinks are not
-// followed (Lchown, and WalkDir does not descend into them).
-func chownMounts(mounts []sandbox.Mount, uid, gid int) error {
-	for _, m := range mounts {
-		if m.ReadOnly {
-			continue
-		}
-		fi, err := os.Stat(m.Source)
-		if err != nil || !fi.IsDir() {
-			continue
-		}
-		err = filepath.WalkDir(m.Source, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			return os.Lchown(p, uid, gid)
-		})
-		if err != nil {
-			return fmt.Errorf("give mount %s to the sandbox user: %w", m.Target, err)
-		}
 	}
 	return nil
 }

@@ -108,6 +108,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/hostproc"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/statedir"
 )
 
@@ -145,8 +146,12 @@ type Options struct {
 	MemoryOverhead int64
 	// TmpSize bounds the sandbox's /tmp in bytes; default 256 MiB.
 	TmpSize int64
-	// UID and GID of the sandbox's processes; default 1000.
-	UID, GID int
+	// Host is the identity of the sandbox's processes, inside and on the
+	// host alike: gVisor checks a file's access against its owner on the
+	// host, and its gofer creates files owned by the process's uid, so the
+	// two cannot differ. Default hostuser.Default(), a reserved
+	// unprivileged identity (never root, never an id a person owns).
+	Host hostuser.Identity
 }
 
 func (o *Options) setDefaults() {
@@ -165,11 +170,8 @@ func (o *Options) setDefaults() {
 	if o.TmpSize == 0 {
 		o.TmpSize = 256 << 20
 	}
-	if o.UID == 0 {
-		o.UID = 1000
-	}
-	if o.GID == 0 {
-		o.GID = 1000
+	if o.Host == (hostuser.Identity{}) {
+		o.Host = hostuser.Default()
 	}
 }
 
@@ -199,12 +201,15 @@ type entry struct {
 
 // state is Handle.State, version 1, also kept in StateDir/<id>/state.json.
 type state struct {
-	ID        string            `json:"id"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	PID       int               `json:"pid"`       // the launcher on the host
-	PIDStart  uint64            `json:"pid_start"` // its start time, against pid reuse
-	Cgroups   []string          `json:"cgroups,omitempty"`
-	CreatedAt time.Time         `json:"created_at"`
+	ID       string            `json:"id"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	PID      int               `json:"pid"`       // the launcher on the host
+	PIDStart uint64            `json:"pid_start"` // its start time, against pid reuse
+	Cgroups  []string          `json:"cgroups,omitempty"`
+	// Owned are the read-write directories given to the sandbox identity,
+	// taken back by Destroy.
+	Owned     []string  `json:"owned,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // New returns a Runtime keeping its state in opts.StateDir. It creates the
@@ -410,9 +415,15 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 		}()
 		cgPath = r.cg.Path(spec.ID)
 	}
-	if err := chownMounts(spec.Mounts, r.opts.UID, r.opts.GID); err != nil {
+	st.Owned = hostuser.WritableDirs(spec.Mounts)
+	if err := hostuser.Give(st.Owned, r.opts.Host); err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			hostuser.Reclaim(st.Owned)
+		}
+	}()
 	bundle := filepath.Join(dir, "bundle")
 	if err := writeBundle(bundle, spec, r.opts, cgPath); err != nil {
 		return nil, err
@@ -701,6 +712,11 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
 	if err := cgroups.Remove(e.st.Cgroups); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	// Nothing of the sandbox runs any more: its files can be taken back
+	// without a worker changing them underneath.
+	if err := hostuser.Reclaim(e.st.Owned); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	if err := os.RemoveAll(e.dir); err != nil {

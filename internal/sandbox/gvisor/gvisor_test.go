@@ -91,11 +91,11 @@ func TestIsolation(t *testing.T) {
 	for _, tc := range []struct {
 		name, script, want string
 	}{
-		{"uid", `id -u > out; id -g >> out; id -un >> out`, "1000\n1000\nworker\n"},
+		{"uid", `id -u > out; id -g >> out; id -un >> out`, "1900000000\n1900000000\nworker\n"},
 		{"no capabilities", `grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status | tr -s '\t' ' ' > out`, "CapPrm: 0000000000000000\nCapEff: 0000000000000000\nCapBnd: 0000000000000000\n"},
 		{"loopback only", `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' > out`, "lo\n"},
 		{"hostname", `hostname > out`, "corral\n"},
-		{"worker in passwd", `grep -c '^worker:x:1000:1000:' /etc/passwd > out`, "1\n"},
+		{"worker in passwd", `grep -c '^worker:x:1900000000:1900000000:' /etc/passwd > out`, "1\n"},
 		{"read-only root", `if touch /x 2>/dev/null || touch /usr/x 2>/dev/null || touch /etc/x 2>/dev/null; then echo writable > out; else echo ro > out; fi`, "ro\n"},
 		{"tmp writable", `echo ok > /tmp/f && cat /tmp/f > out`, "ok\n"},
 		{"env cleared", `env | grep -c CORRAL_HOST_SECRET > out`, "0\n"},

@@ -5,6 +5,7 @@ package local
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,17 +13,40 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 )
 
-// validateSpec returns every problem with spec at once: Spec.Validate's
-// and mount sources that do not exist.
-func validateSpec(spec sandbox.Spec) error {
+// validateSpec returns every problem with spec at once: Spec.Validate's,
+// mount sources that do not exist, and, when sandboxes run as another host
+// identity than the server, read-only mount sources that identity cannot
+// reach (bwrap, running as it, binds them by path). Read-write sources are
+// given to the identity at start.
+func validateSpec(spec sandbox.Spec, host hostuser.Identity) error {
 	errs := []error{spec.Validate()}
 	for i, m := range spec.Mounts {
-		if filepath.IsAbs(m.Source) {
-			if _, err := os.Stat(m.Source); err != nil {
-				errs = append(errs, errdefs.Field(fmt.Sprintf("mounts[%d].source", i), "does not exist"))
-			}
+		if !filepath.IsAbs(m.Source) {
+			continue
+		}
+		field := fmt.Sprintf("mounts[%d].source", i)
+		fi, err := os.Stat(m.Source)
+		if err != nil {
+			errs = append(errs, errdefs.Field(field, "does not exist"))
+			continue
+		}
+		if !host.Switch() {
+			continue
+		}
+		want := fs.FileMode(0o4)
+		if fi.IsDir() {
+			want = 0o5
+		}
+		if m.ReadOnly {
+			err = host.Reach(m.Source, want)
+		} else {
+			err = host.Reach(filepath.Dir(m.Source), 0o1)
+		}
+		if err != nil {
+			errs = append(errs, errdefs.Field(field, err.Error()))
 		}
 	}
 	return errors.Join(errs...)
@@ -48,6 +72,43 @@ func rootfsArgs() []string {
 		}
 		if fi.IsDir() {
 			args = append(args, "--ro-bind", d, d)
+		}
+	}
+	return args
+}
+
+// procMasked are the /proc files a sandbox sees as empty (/dev/null): the
+// kernel's memory, symbols, log and configuration, keyrings, timers and
+// scheduler and slab statistics. procMaskedDirs are the /proc directories
+// it sees empty, and procReadOnly those it can read but never write
+// (/proc/sys above all: sysctls such as kernel.core_pattern). Not every
+// kernel has every entry; only those the host has are masked.
+var (
+	procMasked = []string{"kcore", "kallsyms", "kmsg", "keys", "key-users", "config.gz", "slabinfo",
+		"latency_stats", "timer_list", "timer_stats", "sched_debug", "sysrq-trigger", "vmallocinfo",
+		"pagetypeinfo", "kpagecount", "kpageflags", "kpagecgroup"}
+	procMaskedDirs = []string{"acpi", "asound", "scsi", "driver"}
+	procReadOnly   = []string{"sys", "bus", "fs", "irq"}
+)
+
+// procArgs are the bwrap arguments that mask and protect /proc entries,
+// after --proc /proc. Read-only entries are the host's own /proc entries
+// bound read-only (the same tables: the sandbox's /proc shows them too).
+func procArgs() []string {
+	var args []string
+	for _, name := range procMasked {
+		if _, err := os.Lstat("/proc/" + name); err == nil {
+			args = append(args, "--ro-bind", "/dev/null", "/proc/"+name)
+		}
+	}
+	for _, name := range procMaskedDirs {
+		if _, err := os.Lstat("/proc/" + name); err == nil {
+			args = append(args, "--tmpfs", "/proc/"+name, "--remount-ro", "/proc/"+name)
+		}
+	}
+	for _, name := range procReadOnly {
+		if _, err := os.Lstat("/proc/" + name); err == nil {
+			args = append(args, "--ro-bind", "/proc/"+name, "/proc/"+name)
 		}
 	}
 	return args
@@ -93,6 +154,9 @@ func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) [
 		// opened. bwrap's reaper has one thread.
 		"--ro-bind", "/dev/null", "/proc/1/mem",
 		"--ro-bind", "/dev/null", "/proc/1/task/1/mem",
+	)
+	args = append(args, procArgs()...)
+	args = append(args,
 		"--dev", "/dev",
 		"--size", strconv.FormatInt(o.TmpSize, 10), "--tmpfs", "/tmp",
 		"--ro-bind", etcDir, "/etc",
@@ -170,8 +234,10 @@ const launcherScript = `ulimit -c 0 && ulimit -n "$1" && ulimit -f "$2" || exit 
 
 // launcher returns the argv that runs argv as a child of a shell with the
 // resource limits of o, inside the cgroups whose cgroup.procs files are
-// procs.
-func launcher(o Options, procs []string, argv []string) []string {
+// procs; with asHost, as the sandbox's host identity (o.Host) when that
+// needs a change from root. Exec's nsenter stays root to join the
+// namespaces and becomes the sandbox user inside them itself.
+func launcher(o Options, procs []string, argv []string, asHost bool) []string {
 	fsize := "unlimited"
 	if o.FileSizeLimit > 0 {
 		// Rounded up to whole blocks: a limit is never lowered.
@@ -180,5 +246,11 @@ func launcher(o Options, procs []string, argv []string) []string {
 	out := []string{"/bin/sh", "-c", launcherScript, "sh", strconv.Itoa(o.NoFile), fsize}
 	out = append(out, procs...)
 	out = append(out, "--")
+	if asHost && o.Host.Switch() {
+		// bwrap, and so everything in the sandbox, runs as the sandbox's
+		// host identity with no supplementary groups and no capabilities
+		// (a uid change from root clears them).
+		out = append(out, o.Setpriv, "--reuid="+strconv.Itoa(o.Host.UID), "--regid="+strconv.Itoa(o.Host.GID), "--clear-groups", "--")
+	}
 	return append(out, argv...)
 }

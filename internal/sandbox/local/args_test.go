@@ -7,11 +7,13 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/testenv"
 )
 
 func TestValidateSpec(t *testing.T) {
-	ok := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: t.TempDir(), Target: "/task"}}}
-	if err := validateSpec(ok); err != nil {
+	ok := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: testenv.TempDir(t), Target: "/task"}}}
+	if err := validateSpec(ok, hostuser.Default()); err != nil {
 		t.Errorf("valid spec: %v", err)
 	}
 	for name, mod := range map[string]func(*sandbox.Spec){
@@ -29,8 +31,23 @@ func TestValidateSpec(t *testing.T) {
 		sp := ok
 		sp.Mounts = append([]sandbox.Mount(nil), ok.Mounts...)
 		mod(&sp)
-		if err := validateSpec(sp); err == nil {
+		if err := validateSpec(sp, hostuser.Default()); err == nil {
 			t.Errorf("%s: validateSpec succeeded", name)
+		}
+	}
+}
+
+// A root server runs bwrap as the sandbox identity, which binds mount
+// sources by path: a source it cannot reach is refused at validation,
+// naming the directory in the way, not left to a bwrap error.
+func TestValidateSpecClosedSource(t *testing.T) {
+	testenv.RequireRoot(t)
+	closed := t.TempDir() // its parent is 0700, the test's own
+	for _, ro := range []bool{true, false} {
+		sp := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: closed, Target: "/in", ReadOnly: ro}}}
+		err := validateSpec(sp, hostuser.Default())
+		if err == nil || !strings.Contains(err.Error(), "closed to the sandbox identity") {
+			t.Errorf("read-only %v: validateSpec = %v, want the source closed to the sandbox identity", ro, err)
 		}
 	}
 }

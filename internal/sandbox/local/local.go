@@ -5,11 +5,14 @@
 //
 // Isolation: each sandbox gets new user, mount, pid, network (loopback
 // only), IPC, UTS and (where supported) cgroup namespaces, runs as uid/gid
-// 1000 with every capability dropped (the bounding set too) and
+// 1000 inside and as Options.Host on the host (under a root server bwrap
+// is started through setpriv as that reserved unprivileged identity, never
+// root), with every capability dropped (the bounding set too) and
 // no_new_privs, under the seccomp filter of package sandbox/seccomp
 // (ptrace, mount, namespaces, keyrings, bpf, io_uring and more refused),
 // and sees a read-only host /usr (with /bin, /sbin, /lib* as on the host),
-// its own /proc (with /proc/1/mem of bwrap's reaper masked) and /dev, a
+// its own /proc (with /proc/1/mem of bwrap's reaper and the kernel's
+// internals masked, /proc/sys read-only) and /dev, a
 // size limited /tmp, a generated read-only /etc
 // (passwd and group with the worker user, hosts, the host's CA
 // certificates, and resolv.conf only when the network is on) and only the
@@ -25,9 +28,11 @@
 // nsenter and get its rlimits, but neither its seccomp filter nor
 // no_new_privs: nsenter can set neither. Tasks never use Exec.
 //
-// Host requirements: Linux with unprivileged or root user namespaces,
-// bubblewrap (apt-get install -y bubblewrap), /bin/sh, and nsenter
-// (util-linux) for Exec.
+// Host requirements: Linux with unprivileged user namespaces, bubblewrap
+// (apt-get install -y bubblewrap), /bin/sh, and setpriv and nsenter
+// (util-linux). Read-write mounts are given to the host identity for the
+// sandbox's life and taken back by Destroy (package sandbox/hostuser);
+// read-only mount sources and the state dir must be reachable by it.
 //
 // Sandboxes outlive the server: bwrap runs in its own session with no
 // parent-death signal, stdin from /dev/null and output to a file. Everything
@@ -64,6 +69,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/guestetc"
 	"github.com/corral-dev/corral/internal/sandbox/hostproc"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 	"github.com/corral-dev/corral/internal/sandbox/statedir"
 )
@@ -85,6 +91,9 @@ type Options struct {
 	Bwrap string
 	// Nsenter is the nsenter binary used by Exec; default "nsenter" from PATH.
 	Nsenter string
+	// Setpriv is the setpriv binary (util-linux) a root server starts bwrap
+	// with as the sandbox's host identity; default "setpriv" from PATH.
+	Setpriv string
 	// CgroupRoot is the cgroupfs mount point; default /sys/fs/cgroup
 	// (v2 if it has cgroup.controllers, else v1 hierarchies under it).
 	CgroupRoot string
@@ -97,6 +106,11 @@ type Options struct {
 	TmpSize int64
 	// UID and GID of the sandbox's processes inside it; default 1000.
 	UID, GID int
+	// Host is the host identity the sandbox's processes run as (what the
+	// kernel checks their access against outside the sandbox); default
+	// hostuser.Default(): a reserved unprivileged identity when the
+	// server runs as root, else the server's own. Never root.
+	Host hostuser.Identity
 	// NoFile is the sandbox's limit on open files per process
 	// (RLIMIT_NOFILE, soft and hard); default 4096.
 	NoFile int
@@ -113,6 +127,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.Nsenter == "" {
 		o.Nsenter = "nsenter"
+	}
+	if o.Setpriv == "" {
+		o.Setpriv = "setpriv"
 	}
 	if o.CgroupRoot == "" {
 		o.CgroupRoot = "/sys/fs/cgroup"
@@ -131,6 +148,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.NoFile == 0 {
 		o.NoFile = 4096
+	}
+	if o.Host == (hostuser.Identity{}) {
+		o.Host = hostuser.Default()
 	}
 }
 
@@ -168,14 +188,17 @@ type entry struct {
 
 // state is Handle.State, version 1, also kept in StateDir/<id>/state.json.
 type state struct {
-	ID        string            `json:"id"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	PID       int               `json:"pid"`       // the launcher (bwrap's parent) on the host
-	PIDStart  uint64            `json:"pid_start"` // its start time, against pid reuse
-	ChildPID  int               `json:"child_pid"` // the sandbox's pid 1, as a host pid
-	PIDNS     uint64            `json:"pid_ns"`    // inode of the sandbox's pid namespace
-	Cgroups   []string          `json:"cgroups,omitempty"`
-	CreatedAt time.Time         `json:"created_at"`
+	ID       string            `json:"id"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	PID      int               `json:"pid"`       // the launcher (bwrap's parent) on the host
+	PIDStart uint64            `json:"pid_start"` // its start time, against pid reuse
+	ChildPID int               `json:"child_pid"` // the sandbox's pid 1, as a host pid
+	PIDNS    uint64            `json:"pid_ns"`    // inode of the sandbox's pid namespace
+	Cgroups  []string          `json:"cgroups,omitempty"`
+	// Owned are the read-write directories given to the sandbox identity,
+	// taken back by Destroy.
+	Owned     []string  `json:"owned,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // New returns a Runtime keeping its state in opts.StateDir. It creates the
@@ -186,8 +209,16 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if opts.StateDir == "" || !filepath.IsAbs(opts.StateDir) {
 		return nil, fmt.Errorf("local runtime state dir %q: must be an absolute path: %w", opts.StateDir, errdefs.ErrInvalidArgument)
 	}
-	if err := os.MkdirAll(opts.StateDir, 0o700); err != nil {
+	if err := checkHost(opts.Host); err != nil {
+		return nil, err
+	}
+	// bwrap runs as the sandbox identity and binds the generated /etc from
+	// here by path: the identity may pass through, not list.
+	if err := os.MkdirAll(opts.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+	if err := os.Chmod(opts.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("open state dir to the sandbox identity: %w", err)
 	}
 	r := &Runtime{
 		opts: opts,
@@ -216,6 +247,18 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		r.log.Warn("sandbox limits disabled", "reason", r.cgWarn)
 	}
 	return r, nil
+}
+
+// checkHost refuses a host identity sandboxes cannot or must not run as.
+func checkHost(id hostuser.Identity) error {
+	if err := id.Validate(""); err != nil {
+		return fmt.Errorf("local runtime: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if os.Geteuid() != 0 && id.UID != os.Geteuid() {
+		return fmt.Errorf("local runtime: sandbox host identity %s: a server not running as root runs sandboxes as its own uid %d: %w",
+			id, os.Geteuid(), errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // Capabilities probes bwrap once: its version and a trivial sandbox run,
@@ -253,6 +296,18 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	args = append(args, rootfsArgs()...)
 	args = append(args, "--proc", "/proc", "--dev", "/dev", "--", "/usr/bin/true")
 	probe := exec.CommandContext(ctx, path, args...)
+	if r.opts.Host.Switch() {
+		if _, err := exec.LookPath(r.opts.Setpriv); err != nil {
+			c.Reason = "setpriv not found: a root server needs it to run sandboxes as their own host identity (install: apt-get install -y util-linux)"
+			return c
+		}
+		if err := r.opts.Host.Reach(r.opts.StateDir, 0o1); err != nil {
+			c.Reason = fmt.Sprintf("the runtime's state directory is closed to the sandbox identity: %v", err)
+			return c
+		}
+		probe.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{
+			Uid: uint32(r.opts.Host.UID), Gid: uint32(r.opts.Host.GID), Groups: []uint32{}}}
+	}
 	filter, err := openFilter(r.opts.StateDir, r.filter)
 	if err != nil {
 		c.Reason = err.Error()
@@ -307,7 +362,7 @@ func handleOf(st state) *sandbox.Handle {
 // Create starts a sandbox for spec and returns once its pid 1 runs (a few
 // milliseconds). It is idempotent on spec.ID.
 func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
-	if err := validateSpec(spec); err != nil {
+	if err := validateSpec(spec, r.opts.Host); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
 	unlock := r.sd.Lock(spec.ID)
@@ -327,7 +382,9 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, fmt.Errorf("clean state dir: %w", err)
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	// 0711: the sandbox identity reaches etc/ through it (bwrap binds it
+	// by path); everything else in it is the server's alone (0600).
+	if err := os.Mkdir(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
 	e, err := r.start(ctx, spec, dir)
@@ -368,8 +425,17 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	}
 	defer out.Close()
 
+	st.Owned = hostuser.WritableDirs(spec.Mounts)
+	if err := hostuser.Give(st.Owned, r.opts.Host); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			hostuser.Reclaim(st.Owned)
+		}
+	}()
 	argv := append([]string{r.opts.Bwrap}, bwrapArgs(spec, r.opts, filepath.Join(dir, "etc"), etcBinds)...)
-	argv = launcher(r.opts, cgroups.ProcsFiles(st.Cgroups), argv)
+	argv = launcher(r.opts, cgroups.ProcsFiles(st.Cgroups), argv, true)
 	// Not CommandContext: the sandbox must outlive ctx and this process.
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = sandboxEnv(spec.Env) // the launcher and bwrap pass it on as it is
@@ -696,6 +762,11 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
 	if err := cgroups.Remove(e.st.Cgroups); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	// Nothing of the sandbox runs any more: its files can be taken back
+	// without a worker changing them underneath.
+	if err := hostuser.Reclaim(e.st.Owned); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	if err := os.RemoveAll(e.dir); err != nil {

@@ -27,7 +27,7 @@ import (
 func MustNew(tb testing.TB) (*Runtime, func() *Runtime) {
 	tb.Helper()
 	testenv.RequireBwrap(tb)
-	opts := Options{StateDir: filepath.Join(tb.TempDir(), "state"), CgroupParent: "corral-test"}
+	opts := Options{StateDir: filepath.Join(testenv.TempDir(tb), "state"), CgroupParent: "corral-test"}
 	newRuntime := func() *Runtime {
 		r, err := New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
@@ -53,7 +53,7 @@ func run(t *testing.T, r *Runtime, script string, mod func(*sandbox.Spec)) (sand
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	dir := t.TempDir()
+	dir := testenv.TempDir(t)
 	sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", script}, Dir: "/out",
 		Mounts: []sandbox.Mount{{Source: dir, Target: "/out"}}}
 	if mod != nil {
@@ -150,8 +150,8 @@ func TestSurvivesServerDeath(t *testing.T) {
 	if os.Getenv("CORRAL_LOCAL_HELPER_STATE") != "" {
 		return // the helper body runs in TestServerHelper
 	}
-	state := filepath.Join(t.TempDir(), "state")
-	dir := t.TempDir()
+	state := filepath.Join(testenv.TempDir(t), "state")
+	dir := testenv.TempDir(t)
 	id := sandboxtest.NewID(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestServerHelper$", "-test.v")
 	cmd.Env = append(os.Environ(), "CORRAL_LOCAL_HELPER_STATE="+state, "CORRAL_LOCAL_HELPER_DIR="+dir, "CORRAL_LOCAL_HELPER_ID="+id)
@@ -284,7 +284,7 @@ func BenchmarkStart(b *testing.B) {
 // limit: a write past the limit fails, and neither limit can be raised.
 func TestRlimitOptions(t *testing.T) {
 	testenv.RequireBwrap(t)
-	r, err := New(Options{StateDir: filepath.Join(t.TempDir(), "state"), CgroupParent: "corral-test",
+	r, err := New(Options{StateDir: filepath.Join(testenv.TempDir(t), "state"), CgroupParent: "corral-test",
 		NoFile: 256, FileSizeLimit: 64 << 10}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

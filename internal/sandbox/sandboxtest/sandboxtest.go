@@ -18,6 +18,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // Harness is what a backend gives the conformance suite.
@@ -30,7 +31,7 @@ type Harness struct {
 	Setup func(t *testing.T) (newRuntime func() sandbox.Runtime)
 
 	// MountDir returns an empty host directory the backend can mount into
-	// a sandbox read-write for uid 1000. Default: t.TempDir().
+	// a sandbox read-write (Create gives it to the sandbox's identity). Default: testenv.TempDir(t).
 	MountDir func(t *testing.T) string
 
 	// Unisolated says the runtime runs commands on the host without
@@ -46,7 +47,7 @@ const Shell = "/bin/sh"
 // takes well under a second unless it waits for a stop grace period.
 func Run(t *testing.T, h Harness) {
 	if h.MountDir == nil {
-		h.MountDir = func(t *testing.T) string { return t.TempDir() }
+		h.MountDir = func(t *testing.T) string { return testenv.TempDir(t) }
 	}
 	s := &suite{h: h}
 	tests := []struct {

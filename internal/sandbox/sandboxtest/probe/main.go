@@ -122,6 +122,16 @@ func main() {
 	check("bpf", tryBPF)
 	check("io_uring_setup", tryIOUring)
 	check("perf_event_open", tryPerf)
+	// What a host-root mapping of the sandbox user gave away: the host's
+	// sysctls (kernel.core_pattern runs a program as host root), its keys,
+	// and the kernel's internals in /proc. Opened for writing, never
+	// written: a probe that got in must not change the host.
+	check("open /proc/sys/kernel/core_pattern for writing", func() result { return tryOpenWrite("/proc/sys/kernel/core_pattern") })
+	check("open any /proc/sys entry for writing", writableSysctls)
+	check("list /etc/ssl/private", func() result { return tryRead("/etc/ssl/private") })
+	for _, p := range procSecrets {
+		check("read "+p, func() result { return tryReadSome(p) })
+	}
 
 	b, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
@@ -174,6 +184,56 @@ func tryRead(p string) result {
 		return result{Detail: err.Error()}
 	}
 	return result{OK: true, Detail: fmt.Sprintf("read %d bytes", len(b))}
+}
+
+// procSecrets are /proc files a sandbox must not read: the kernel's
+// memory, keyrings, timers, slab and scheduler state, and configuration.
+var procSecrets = []string{"/proc/keys", "/proc/key-users", "/proc/timer_list", "/proc/slabinfo",
+	"/proc/config.gz", "/proc/kcore", "/proc/sched_debug", "/proc/kallsyms"}
+
+// tryReadSome reads up to 4 KiB of p: a file that reads as empty (masked
+// with /dev/null) gives nothing away.
+func tryReadSome(p string) result {
+	f, err := os.Open(p)
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	defer f.Close()
+	n, err := f.Read(make([]byte, 4096))
+	if n == 0 {
+		return result{Detail: fmt.Sprintf("read nothing (%v)", err)}
+	}
+	return result{OK: true, Detail: fmt.Sprintf("read %d bytes", n)}
+}
+
+// tryOpenWrite opens p for writing and closes it without writing.
+func tryOpenWrite(p string) result {
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	f.Close()
+	return result{OK: true, Detail: "opened for writing"}
+}
+
+// writableSysctls opens every file under /proc/sys for writing (closing
+// each unwritten) and reports how many opened, and the first few.
+func writableSysctls() result {
+	var opened []string
+	filepath.WalkDir("/proc/sys", func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		if f, err := os.OpenFile(p, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+			f.Close()
+			opened = append(opened, p)
+		}
+		return nil
+	})
+	if len(opened) == 0 {
+		return result{Detail: "none of /proc/sys opens for writing"}
+	}
+	return result{OK: true, Detail: fmt.Sprintf("%d writable, e.g. %s", len(opened), strings.Join(opened[:min(5, len(opened))], " "))}
 }
 
 func tryWrite(p string) result {

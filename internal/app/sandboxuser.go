@@ -1,0 +1,100 @@
+package app
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// sandboxIdentity is the host identity sandboxes run as: the configured
+// sandbox.host_uid and host_gid, or hostuser.Default().
+func sandboxIdentity(cfg *config.Config) (hostuser.Identity, error) {
+	id := hostuser.Default()
+	if c := cfg.Sandbox; c.HostUID != 0 || c.HostGID != 0 {
+		id = hostuser.Identity{UID: c.HostUID, GID: c.HostGID}
+		if id.UID == 0 || id.GID == 0 {
+			return id, &errdefs.FieldError{Field: "sandbox.host_uid", Err: fmt.Errorf("set host_uid and host_gid together (%s): sandboxes never run as root", id)}
+		}
+	}
+	if err := id.Validate(""); err != nil {
+		return id, &errdefs.FieldError{Field: "sandbox.host_uid", Err: err}
+	}
+	return id, nil
+}
+
+// closeDataRoot closes the data root to every host user but the server
+// and the sandbox identity: mode 0710 and, under a root server, group the
+// sandbox's gid, so the identity (bwrap runs as it and binds task
+// directories by path) may pass through it but not list it, and no other
+// host user reaches anything a worker left there, a set-uid file
+// included. A data root the identity cannot reach is refused when the
+// local runtime is the default, with what to do.
+func (a *App) closeDataRoot(id hostuser.Identity) error {
+	root := a.data.Path()
+	if id.Switch() {
+		if err := os.Chown(root, 0, id.GID); err != nil {
+			return fmt.Errorf("give the data root to the sandbox group: %w", err)
+		}
+	}
+	if err := os.Chmod(root, 0o710); err != nil {
+		return fmt.Errorf("close the data root to other users: %w", err)
+	}
+	if !id.Switch() || a.cfg.Runtime != "local" {
+		return nil
+	}
+	if err := id.Reach(root, 0o1); err != nil {
+		return fmt.Errorf("data root %s: sandboxes run as %s and must reach it (bwrap binds their task directories by path): %v; choose a data root outside it (--data /var/lib/corral) or let others search the directory in the way (chmod o+x)",
+			root, id, err)
+	}
+	return nil
+}
+
+// stageWorker places the worker binary at run/bin/corral in the data root
+// (a hard link where the file system allows, else a copy) and returns its
+// path: the sandbox identity reaches the data root, not necessarily the
+// directory the server was started from (a checkout under /root, say). A
+// new binary replaces the old by rename, so running sandboxes keep theirs.
+func (a *App) stageWorker(src string) (string, error) {
+	dir := a.data.HostPath(workspace.DirRun, "bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("stage the worker binary: %w", err)
+	}
+	dst := filepath.Join(dir, "corral")
+	tmp := dst + ".new"
+	os.Remove(tmp)
+	if err := os.Link(src, tmp); err != nil {
+		if err := copyExecutable(src, tmp); err != nil {
+			os.Remove(tmp)
+			return "", fmt.Errorf("stage the worker binary: %w", err)
+		}
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("stage the worker binary: %w", err)
+	}
+	return dst, nil
+}
+
+// copyExecutable copies src to dst, mode 0755.
+func copyExecutable(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
