@@ -49,11 +49,14 @@ type Config struct {
 	// APITokens are further bearer tokens, each with a name that events
 	// record as their actor. The unnamed token above is "default".
 	APITokens []APIToken `yaml:"api_tokens"`
+	// HTTP says which names and pages the HTTP API answers.
+	HTTP HTTP `yaml:"http"`
 
 	Log      Log            `yaml:"log"`
 	AIWorker AIWorkerConfig `yaml:"ai_worker_config"`
 	Runtime  string         `yaml:"runtime"`
 	Local    Local          `yaml:"local"`
+	Sandbox  Sandbox        `yaml:"sandbox"`
 	Egress   Egress         `yaml:"egress"`
 	Agents   Agents         `yaml:"agents"`
 	Notify   Notify         `yaml:"notify"`
@@ -66,6 +69,20 @@ type Config struct {
 	// origin maps a dotted key to the environment variable or flag that
 	// set it last, so validation errors can name where a bad value came from.
 	origin map[string]string
+}
+
+// HTTP says which Host and Origin headers the HTTP API answers besides its
+// own: localhost, loopback addresses and the address a request came in on,
+// with the listen port, and the host of listen. Any other is refused with
+// 403, so that a web page cannot drive the API (DNS rebinding, cross-site
+// requests).
+type HTTP struct {
+	// AllowedHosts are further Host values: host (any port) or host:port,
+	// such as the name a reverse proxy forwards or a LAN name.
+	AllowedHosts []string `yaml:"allowed_hosts"`
+	// AllowedOrigins are further Origin values, scheme://host[:port], whose
+	// pages may call the API.
+	AllowedOrigins []string `yaml:"allowed_origins"`
 }
 
 // Log configures the server's logger.
@@ -118,6 +135,14 @@ type Resources struct {
 	CPURequest    CPU  `yaml:"cpu_request"`
 	CPULimit      CPU  `yaml:"cpu_limit"`
 	PidsLimit     int  `yaml:"pids_limit"`
+}
+
+// Sandbox configures what the host runtimes (local, gvisor) share.
+type Sandbox struct {
+	// HostUID and HostGID are the host identity sandboxes run as under a
+	// root server; 0: 1900000000, an id reserved for sandboxes.
+	HostUID int `yaml:"host_uid"`
+	HostGID int `yaml:"host_gid"`
 }
 
 // Local configures the local (bubblewrap) runtime.

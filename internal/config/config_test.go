@@ -676,6 +676,12 @@ func TestValidate(t *testing.T) {
 		{"skew", func(c *Config) { c.Limits.WebhookMaxSkew = 0 }, "limits.webhook_max_skew", "must be positive"},
 		{"grace", func(c *Config) { c.Limits.StopGrace = -1 }, "limits.stop_grace", "not be negative"},
 		{"version", func(c *Config) { c.Version = 2 }, "version", "unsupported config version 2"},
+		{"http host scheme", func(c *Config) { c.HTTP.AllowedHosts = []string{"corral.lan", "http://corral.lan"} }, "http.allowed_hosts[1]", "no scheme, path or wildcard"},
+		{"http host wildcard", func(c *Config) { c.HTTP.AllowedHosts = []string{"*.example.com"} }, "http.allowed_hosts[0]", "host name or IP address"},
+		{"http host port", func(c *Config) { c.HTTP.AllowedHosts = []string{"corral.lan:0"} }, "http.allowed_hosts[0]", "optional :port"},
+		{"http origin without scheme", func(c *Config) { c.HTTP.AllowedOrigins = []string{"corral.example.com"} }, "http.allowed_origins[0]", "scheme://host[:port]"},
+		{"http origin path", func(c *Config) { c.HTTP.AllowedOrigins = []string{"https://corral.example.com/ui"} }, "http.allowed_origins[0]", "no path"},
+		{"http origin null", func(c *Config) { c.HTTP.AllowedOrigins = []string{"null"} }, "http.allowed_origins[0]", "http or https"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -714,6 +720,10 @@ func TestValidateAccepts(t *testing.T) {
 			c.APITokens = []APIToken{{Name: "assistant", TokenFile: "/etc/corral/a"}, {Name: "ci-bot.2", TokenFile: "/etc/corral/b"}}
 		}},
 		{"zero grace", func(c *Config) { c.Limits.StopGrace = 0 }},
+		{"http names", func(c *Config) {
+			c.HTTP.AllowedHosts = []string{"corral.example.com", "corral.lan:7777", "192.168.1.5", "[fd00::1]:7777", "fd00::2"}
+			c.HTTP.AllowedOrigins = []string{"https://corral.example.com", "http://localhost:5173/", "http://[::1]:8080"}
+		}},
 		{"zero job ttl", func(c *Config) { c.AIWorker.JobTTLSeconds = 0 }},
 		{"local without image", func(c *Config) { c.AIWorker.AICoderImage = "" }},
 		{"expanded env", func(c *Config) { c.expanded = true; c.Agents.Claude.Env = map[string]string{"K": "${literal}"} }},

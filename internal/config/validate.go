@@ -37,6 +37,7 @@ func (c *Config) Validate() error {
 		v.add("listen", "%s is not a loopback address and no API token is configured; set CORRAL_API_TOKEN or listen on loopback", c.Listen)
 	}
 	v.nonEmpty("data", c.Data)
+	v.http(&c.HTTP)
 	v.oneOf("log.level", c.Log.Level, []string{"debug", "info", "warn", "error"})
 	v.oneOf("log.format", c.Log.Format, []string{"text", "json"})
 
@@ -48,6 +49,16 @@ func (c *Config) Validate() error {
 		v.add("local.cgroup_parent", "must be a clean cgroup path such as corral or system.slice/corral, got %q", p)
 	}
 	v.positiveSize("local.tmp_size", c.Local.TmpSize)
+	// Ranges a person may own are refused where the identity is used
+	// (sandbox/hostuser), which reads the host's login.defs.
+	for _, f := range []struct {
+		key string
+		id  int
+	}{{"sandbox.host_uid", c.Sandbox.HostUID}, {"sandbox.host_gid", c.Sandbox.HostGID}} {
+		if f.id < 0 || f.id > 1<<32-2 {
+			v.add(f.key, "must be 0 (the reserved sandbox identity) or a host id up to 4294967294, got %d", f.id)
+		}
+	}
 
 	v.oneOf("egress.mode", c.Egress.Mode, EgressModes)
 	for i, h := range c.Egress.Allow {
@@ -194,6 +205,19 @@ func (v *validator) aiWorker(w *AIWorkerConfig) {
 	}
 }
 
+func (v *validator) http(h *HTTP) {
+	for i, e := range h.AllowedHosts {
+		if !hostEntry(e) {
+			v.add(fmt.Sprintf("http.allowed_hosts[%d]", i), "must be a host name or IP address with an optional :port (corral.example.com, corral.lan:7777, [fd00::1]:7777), with no scheme, path or wildcard, got %q", e)
+		}
+	}
+	for i, e := range h.AllowedOrigins {
+		if !originEntry(e) {
+			v.add(fmt.Sprintf("http.allowed_origins[%d]", i), "must be an origin, scheme://host[:port] with scheme http or https and no path (https://corral.example.com, http://localhost:5173), got %q", e)
+		}
+	}
+}
+
 func (v *validator) agents(a *Agents) {
 	if !known(AgentNames, a.Default) {
 		v.add("agents.default", "must be one of %s, got %q", strings.Join(AgentNames, ", "), a.Default)
@@ -273,6 +297,35 @@ func allowEntry(h string) bool {
 		return a.Zone() == ""
 	}
 	return hostPattern().MatchString(h)
+}
+
+// hostEntry reports whether h is an http.allowed_hosts entry: a host name
+// or an IP address (IPv6 in brackets when a port follows), with an
+// optional :port.
+func hostEntry(h string) bool {
+	if host, port, err := net.SplitHostPort(h); err == nil {
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 1 || n > 65535 {
+			return false
+		}
+		h = host
+	} else {
+		h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
+	}
+	if a, err := netip.ParseAddr(h); err == nil {
+		return a.Zone() == ""
+	}
+	return !strings.HasPrefix(h, "*.") && hostPattern().MatchString(h)
+}
+
+// originEntry reports whether o is an http.allowed_origins entry: what a
+// browser sends as Origin, scheme://host[:port].
+func originEntry(o string) bool {
+	u, err := url.Parse(o)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.User != nil || u.RawQuery != "" || u.Fragment != "" || (u.Path != "" && u.Path != "/") {
+		return false
+	}
+	return u.Host != "" && hostEntry(u.Host)
 }
 
 func lazyRegexp(expr string) func() *regexp.Regexp {

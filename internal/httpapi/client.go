@@ -97,7 +97,7 @@ func decodeError(resp *http.Response) error {
 	}
 	class := map[int]error{
 		400: errdefs.ErrInvalidArgument, 401: errdefs.ErrUnauthenticated, 403: errdefs.ErrPermissionDenied,
-		404: errdefs.ErrNotFound, 409: errdefs.ErrConflict, 413: errdefs.ErrTooLarge,
+		404: errdefs.ErrNotFound, 409: errdefs.ErrConflict, 413: errdefs.ErrTooLarge, 415: errdefs.ErrInvalidArgument,
 		422: errdefs.ErrFailedPrecondition, 429: errdefs.ErrResourceExhausted,
 		501: errdefs.ErrNotImplemented, 503: errdefs.ErrUnavailable,
 	}[resp.StatusCode]

@@ -19,7 +19,7 @@ func (s *Server) workerProgress(w http.ResponseWriter, r *http.Request) error {
 	if !ok {
 		return fmt.Errorf("worker progress: not recorded by this server: %w", errdefs.ErrNotImplemented)
 	}
-	body, err := s.readBody(r, s.opts.MaxWebhookBytes)
+	body, err := s.readBody(r, s.opts.MaxProgressBytes)
 	if err != nil {
 		return err
 	}

@@ -60,6 +60,9 @@ type Options struct {
 	MaxRequestBytes int64
 	// MaxWebhookBytes bounds a completion webhook body.
 	MaxWebhookBytes int64
+	// MaxProgressBytes bounds a worker's progress report body (default
+	// 64 KiB; the worker's largest is about half that).
+	MaxProgressBytes int64
 	// MaxUploadRequestBytes bounds a whole attachment upload request (each
 	// file is bounded by the attachment store); 0 means no limit.
 	MaxUploadRequestBytes int64
@@ -74,6 +77,17 @@ type Options struct {
 	// API (the MCP streamable HTTP transport; app passes it in so that this
 	// package does not depend on the MCP SDK).
 	MCP http.Handler
+	// Listen is the configured listen address. Every route but the
+	// worker's answers only a Host naming the server: localhost, a loopback
+	// address or the address the request came in on, with the port it came
+	// in on; the host of Listen, if it is a name; or one of AllowedHosts
+	// (host, or host:port).
+	Listen       string
+	AllowedHosts []string
+	// AllowedOrigins are the Origins (scheme://host[:port]) besides the
+	// server's own whose pages' requests are answered; any other Origin is
+	// refused.
+	AllowedOrigins []string
 }
 
 // Server serves the API.
@@ -83,6 +97,7 @@ type Server struct {
 	opts  Options
 	log   *slog.Logger
 	mux   *http.ServeMux
+	trust webTrust
 }
 
 // New returns a Server.
@@ -93,7 +108,10 @@ func New(b Backend, opts Options, log *slog.Logger) *Server {
 	if opts.MaxWebhookBytes <= 0 {
 		opts.MaxWebhookBytes = 256 << 10
 	}
-	s := &Server{b: b, tools: tools.New(b), opts: opts, log: log, mux: http.NewServeMux()}
+	if opts.MaxProgressBytes <= 0 {
+		opts.MaxProgressBytes = 64 << 10
+	}
+	s := &Server{b: b, tools: tools.New(b), opts: opts, log: log, mux: http.NewServeMux(), trust: newWebTrust(opts)}
 	s.routes()
 	return s
 }
@@ -105,45 +123,60 @@ func (s *Server) Handler() http.Handler { return s.mux }
 // socket that sandboxes reach.
 func (s *Server) WebhookHandler() http.Handler {
 	m := http.NewServeMux()
-	m.Handle("POST /api/webhooks/worker-complete", s.wrap(s.workerComplete, false))
-	m.Handle("POST /api/webhooks/worker-progress", s.wrap(s.workerProgress, false))
+	m.Handle("POST /api/webhooks/worker-complete", s.wrap(s.workerComplete, fromWorker))
+	m.Handle("POST /api/webhooks/worker-progress", s.wrap(s.workerProgress, fromWorker))
 	return m
 }
 
+// route says what wrap checks before a handler.
+type route int
+
+const (
+	// needAuth: the bearer token, when one is configured.
+	needAuth route = 1 << iota
+	// jsonBody: a POST, PUT or PATCH body must be application/json.
+	jsonBody
+	// fromWorker: the worker webhook, signed per task and reached over the
+	// unix socket: no Host or Origin checks (the socket has no host name).
+	fromWorker
+)
+
 func (s *Server) routes() {
-	auth := func(h handlerFunc) http.Handler { return s.wrap(h, true) }
-	open := func(h handlerFunc) http.Handler { return s.wrap(h, false) }
+	auth := func(h handlerFunc) http.Handler { return s.wrap(h, needAuth) }
+	authJSON := func(h handlerFunc) http.Handler { return s.wrap(h, needAuth|jsonBody) }
+	open := func(h handlerFunc) http.Handler { return s.wrap(h, 0) }
+	worker := func(h handlerFunc) http.Handler { return s.wrap(h, fromWorker) }
 	m := s.mux
-	m.Handle("POST /api/tasks", auth(s.createTask))
+	m.Handle("POST /api/tasks", authJSON(s.createTask))
 	m.Handle("GET /api/tasks", auth(s.listTasks))
 	m.Handle("GET /api/tasks/{id}", auth(s.getTask))
 	m.Handle("GET /api/tasks/{id}/result", auth(s.taskResult))
-	m.Handle("POST /api/tasks/{id}/cancel", auth(s.cancelTask))
+	m.Handle("POST /api/tasks/{id}/cancel", authJSON(s.cancelTask))
 	m.Handle("GET /api/tasks/{id}/logs", auth(s.taskLogs))
 	m.Handle("GET /api/tasks/{id}/events", auth(s.taskEvents))
 	m.Handle("GET /api/tasks/{id}/files/{path...}", auth(s.taskFile))
 	m.Handle("GET /api/events", auth(s.allEvents))
-	m.Handle("POST /api/webhooks/worker-complete", open(s.workerComplete))
-	m.Handle("POST /api/webhooks/worker-progress", open(s.workerProgress))
+	m.Handle("POST /api/webhooks/worker-complete", worker(s.workerComplete))
+	m.Handle("POST /api/webhooks/worker-progress", worker(s.workerProgress))
 	m.Handle("GET /api/workspace/{path...}", auth(s.readWorkspace))
 	m.Handle("PUT /api/workspace/{path...}", auth(s.writeWorkspace))
 	m.Handle("POST /api/attachments", auth(s.uploadAttachments))
 	m.Handle("GET /api/attachments/{id}", auth(s.downloadAttachment))
-	m.Handle("POST /api/gc", auth(s.gc))
+	m.Handle("POST /api/gc", authJSON(s.gc))
 	m.Handle("GET /api/tools", auth(s.listTools))
-	m.Handle("POST /api/tools/{name}", auth(s.callTool))
+	m.Handle("POST /api/tools/{name}", authJSON(s.callTool))
 	m.Handle("GET /healthz", open(s.healthz))
 	m.Handle("GET /metrics", auth(s.metrics))
 	m.Handle("GET /api/deliveries", auth(s.listDeliveries))
-	m.Handle("POST /api/deliveries/{id}/retry", auth(s.retryDelivery))
-	m.Handle("POST /api/documents", auth(s.ingestDocument))
+	m.Handle("POST /api/deliveries/{id}/retry", authJSON(s.retryDelivery))
+	m.Handle("POST /api/documents", authJSON(s.ingestDocument))
 	m.Handle("GET /api/documents", auth(s.searchDocuments))
-	m.Handle("POST /api/documents/export", auth(s.exportNotes))
+	m.Handle("POST /api/documents/export", authJSON(s.exportNotes))
 	m.Handle("GET /api/skills", auth(s.listSkills))
 	m.Handle("GET /api/skills/{name}", auth(s.getSkill))
-	m.Handle("POST /api/skills", auth(s.createSkill))
+	m.Handle("POST /api/skills", authJSON(s.createSkill))
 	if s.opts.MCP != nil {
-		m.Handle("/mcp", auth(func(w http.ResponseWriter, r *http.Request) error {
+		m.Handle("/mcp", authJSON(func(w http.ResponseWriter, r *http.Request) error {
 			s.opts.MCP.ServeHTTP(w, r)
 			return nil
 		}))
@@ -155,14 +188,21 @@ func (s *Server) routes() {
 
 type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 
-// wrap adds the request id, auth, the actor and error mapping to h.
-func (s *Server) wrap(h handlerFunc, needAuth bool) http.Handler {
+// wrap adds the request id, the checks of rt (Host and Origin, auth, the
+// body's type), the actor and error mapping to h.
+func (s *Server) wrap(h handlerFunc, rt route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rid := newRequestID()
 		w.Header().Set("X-Request-Id", rid)
 		ctx := r.Context()
+		if rt&fromWorker == 0 {
+			if err := s.checkWebTrust(r); err != nil {
+				s.writeError(w, r, rid, err)
+				return
+			}
+		}
 		actor := "anonymous"
-		if needAuth {
+		if rt&needAuth != 0 {
 			name, err := s.caller(r)
 			if err != nil {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="corral"`)
@@ -170,6 +210,12 @@ func (s *Server) wrap(h handlerFunc, needAuth bool) http.Handler {
 				return
 			}
 			actor = name
+		}
+		if rt&jsonBody != 0 {
+			if err := checkJSONBody(r); err != nil {
+				s.writeError(w, r, rid, err)
+				return
+			}
 		}
 		ctx = orchestrator.WithActor(ctx, actor)
 		if err := h(w, r.WithContext(ctx)); err != nil {
@@ -216,6 +262,8 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, rid string, 
 
 func statusOf(err error) int {
 	switch {
+	case errors.Is(err, errUnsupportedMediaType):
+		return http.StatusUnsupportedMediaType
 	case errors.Is(err, errdefs.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, errdefs.ErrUnauthenticated):

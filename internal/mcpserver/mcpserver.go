@@ -85,12 +85,15 @@ func New(svc orchestrator.Service, opts Options, log *slog.Logger) *Server {
 }
 
 // Handler returns the streamable HTTP transport. The caller mounts it (at
-// /mcp) behind its own authentication; the SDK adds DNS-rebinding
-// protection for loopback listeners.
+// /mcp) behind its own authentication and its own Host and Origin checks
+// (httpapi's, which also answer the names an operator lists in
+// http.allowed_hosts, such as a reverse proxy's on the same machine), so
+// the SDK's loopback-only Host check is off.
 func (s *Server) Handler() http.Handler {
 	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.srv }, &mcp.StreamableHTTPOptions{
-		Logger:         s.log,
-		SessionTimeout: s.opts.SessionTimeout,
+		Logger:                     s.log,
+		SessionTimeout:             s.opts.SessionTimeout,
+		DisableLocalhostProtection: true,
 		// Twice the argument limit and some room for the envelope, so that
 		// moderately oversize arguments reach the handler and get a tool
 		// error that names the limit rather than a bare 413.

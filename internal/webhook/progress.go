@@ -122,8 +122,14 @@ func statusClass(code int) error {
 // VerifyProgress authenticates a progress webhook and returns its body,
 // with the checks and error classes of Verify: the signature under the
 // task's derived key, the headers mirroring the body, the timestamp window
-// and the webhook id never seen before (the same replay set as
-// completions). The caller bounds body.
+// and the webhook id never seen before (the task's replay set, shared with
+// its completions). The caller bounds body.
+//
+// It then holds the report to the task's progress budget (progressLimits:
+// a rate, and totals over the task's life): a report over it is dropped,
+// counted, and refused with errdefs.ErrResourceExhausted, and the items
+// returned carry a progress_dropped note when reports were dropped (at
+// most one note per task in NoteEvery).
 func (v *Verifier) VerifyProgress(h http.Header, body []byte) (ProgressReport, error) {
 	sig, err := parseSignature(h.Get(HeaderSignature))
 	if err != nil {
@@ -152,7 +158,16 @@ func (v *Verifier) VerifyProgress(h http.Header, body []byte) (ProgressReport, e
 	if len(bad) > 0 {
 		return ProgressReport{}, fmt.Errorf("check progress body: %s: %w", strings.Join(bad, "; "), errdefs.ErrInvalidArgument)
 	}
-	if err := v.authenticate(h, body, sig, "progress", envelope{p.TaskID, p.WebhookID, p.Source, p.Timestamp}); err != nil {
+	now, err := v.authenticate(h, body, sig, "progress", envelope{p.TaskID, p.WebhookID, p.Source, p.Timestamp})
+	if err != nil {
+		return ProgressReport{}, err
+	}
+	err = v.remember(p.TaskID, p.WebhookID, now, func(st *taskState) error {
+		items, err := st.progress.admit(v.limits, now, p.Items, len(body))
+		p.Items = items
+		return err
+	})
+	if err != nil {
 		return ProgressReport{}, err
 	}
 	return p, nil

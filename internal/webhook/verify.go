@@ -21,24 +21,59 @@ import (
 // is useless soon after.
 const DefaultMaxSkew = 5 * time.Minute
 
-// maxSeen bounds the replay set. At 2×maxSkew = 10 min of memory this is
-// over 100 completions a second; past it Verify refuses with
-// ErrResourceExhausted (a retryable 429) rather than forget an id early.
-const maxSeen = 65536
+// The replay set is kept per task, so that one task's traffic (its worker
+// holds its key and can sign as many messages as it likes) never evicts or
+// crowds out another's ids.
+const (
+	// maxSeenPerTask bounds the ids remembered for one task. A task sends
+	// at most a few progress reports a second (see progressLimits) and one
+	// completion; past the bound its own messages are refused with
+	// ErrResourceExhausted (a retryable 429) rather than an id forgotten
+	// early.
+	maxSeenPerTask = 4096
+	// maxTasks bounds the tasks whose state is held at once.
+	maxTasks = 65536
+	// taskStateTTL is how long a task's state (its progress totals) is kept
+	// after its last message: longer than the longest task may run
+	// (config.MaxTimeoutMinutes), so a task cannot wait for its totals to
+	// be forgotten.
+	taskStateTTL = 25 * time.Hour
+	// sweepEvery is the least time between two sweeps of expired state.
+	sweepEvery = time.Minute
+)
 
-// Verifier checks completion webhooks on the server.
+// Verifier checks completion webhooks and progress reports on the server.
 //
 // A Verifier is safe for concurrent use. It remembers every webhook id it
 // accepted for 2×maxSkew, long enough that a replay is caught by either the
-// id or the timestamp check, so it holds at most maxSeen ids in memory.
+// id or the timestamp check, at most maxSeenPerTask per task; and it keeps
+// each task's progress budget (progressLimits).
 type Verifier struct {
 	secret  []byte
 	maxSkew time.Duration
 	now     func() time.Time
+	limits  progressLimits
 
-	mu    sync.Mutex
-	seen  map[string]time.Time // webhook id → when it may be forgotten
-	limit int
+	mu        sync.Mutex
+	tasks     map[string]*taskState
+	lastSweep time.Time
+	maxSeen   int // per task
+}
+
+// taskState is what the Verifier holds for one task.
+type taskState struct {
+	seen       map[string]time.Time // webhook id → when it may be forgotten
+	lastActive time.Time
+	progress   progressBudget
+}
+
+// expire forgets the ids whose time has passed.
+func (st *taskState) expire(now time.Time) {
+	for id, exp := range st.seen {
+		if !now.Before(exp) {
+			delete(st.seen, id)
+		}
+	}
 }
 
 // NewVerifier returns a Verifier for webhooks signed with keys derived from
@@ -54,8 +89,9 @@ func NewVerifier(secret []byte, maxSkew time.Duration, now func() time.Time) *Ve
 		secret:  bytes.Clone(secret),
 		maxSkew: maxSkew,
 		now:     now,
-		seen:    make(map[string]time.Time),
-		limit:   maxSeen,
+		limits:  defaultProgressLimits,
+		tasks:   make(map[string]*taskState),
+		maxSeen: maxSeenPerTask,
 	}
 }
 
@@ -76,8 +112,8 @@ func NewVerifier(secret []byte, maxSkew time.Duration, now func() time.Time) *Ve
 //     is not an authentication failure but a request outside the window we
 //     accept (a clock that drifted, or a captured request played later);
 //     keeping it apart from 401 lets an operator tell the two apart.
-//   - the webhook id was accepted before: errdefs.ErrConflict
-//   - the replay set is full: errdefs.ErrResourceExhausted
+//   - the webhook id was accepted before for this task: errdefs.ErrConflict
+//   - the task's replay set is full: errdefs.ErrResourceExhausted
 //
 // A payload is only parsed, never trusted, before its signature is checked:
 // the task_id is needed to pick the key.
@@ -93,7 +129,11 @@ func (v *Verifier) Verify(h http.Header, body []byte) (Completion, error) {
 	if err := validate(c); err != nil {
 		return Completion{}, err
 	}
-	if err := v.authenticate(h, body, sig, "webhook", envelope{c.TaskID, c.WebhookID, c.Source, c.Timestamp}); err != nil {
+	now, err := v.authenticate(h, body, sig, "webhook", envelope{c.TaskID, c.WebhookID, c.Source, c.Timestamp})
+	if err != nil {
+		return Completion{}, err
+	}
+	if err := v.remember(c.TaskID, c.WebhookID, now, nil); err != nil {
 		return Completion{}, err
 	}
 	return c, nil
@@ -108,28 +148,28 @@ type envelope struct {
 
 // authenticate runs the checks every worker message shares, once its body
 // is parsed and its own fields checked: the signature under the task's
-// derived key (constant time), the headers mirroring the body, the
-// timestamp window, and the webhook id never seen before. kind names the
-// message in errors ("webhook", "progress").
-func (v *Verifier) authenticate(h http.Header, body, sig []byte, kind string, e envelope) error {
+// derived key (constant time), the headers mirroring the body and the
+// timestamp window. It returns the time it checked against, for remember.
+// kind names the message in errors ("webhook", "progress").
+func (v *Verifier) authenticate(h http.Header, body, sig []byte, kind string, e envelope) (time.Time, error) {
 	if !hmac.Equal(sig, mac(DeriveKey(v.secret, e.taskID), body)) {
-		return fmt.Errorf("check %s signature for task %s: signature does not match: %w", kind, e.taskID, errdefs.ErrUnauthenticated)
+		return time.Time{}, fmt.Errorf("check %s signature for task %s: signature does not match: %w", kind, e.taskID, errdefs.ErrUnauthenticated)
 	}
 	if got := h.Get(HeaderID); got != e.webhookID {
-		return fmt.Errorf("check %s headers: %s %q differs from body webhook_id %q: %w", kind, HeaderID, got, e.webhookID, errdefs.ErrInvalidArgument)
+		return time.Time{}, fmt.Errorf("check %s headers: %s %q differs from body webhook_id %q: %w", kind, HeaderID, got, e.webhookID, errdefs.ErrInvalidArgument)
 	}
 	if got := h.Get(HeaderTimestamp); got != strconv.FormatInt(e.timestamp, 10) {
-		return fmt.Errorf("check %s headers: %s %q differs from body timestamp %d: %w", kind, HeaderTimestamp, got, e.timestamp, errdefs.ErrInvalidArgument)
+		return time.Time{}, fmt.Errorf("check %s headers: %s %q differs from body timestamp %d: %w", kind, HeaderTimestamp, got, e.timestamp, errdefs.ErrInvalidArgument)
 	}
 	if got := h.Get(HeaderSource); got != "" && got != e.source {
-		return fmt.Errorf("check %s headers: %s %q differs from body source %q: %w", kind, HeaderSource, got, e.source, errdefs.ErrInvalidArgument)
+		return time.Time{}, fmt.Errorf("check %s headers: %s %q differs from body source %q: %w", kind, HeaderSource, got, e.source, errdefs.ErrInvalidArgument)
 	}
 	now := v.now()
 	ts := time.Unix(e.timestamp, 0)
 	if d := now.Sub(ts); d > v.maxSkew || d < -v.maxSkew {
-		return fmt.Errorf("check %s timestamp: %s is %s from now, outside ±%s: %w", kind, ts.UTC().Format(time.RFC3339), d.Round(time.Second), v.maxSkew, errdefs.ErrPermissionDenied)
+		return time.Time{}, fmt.Errorf("check %s timestamp: %s is %s from now, outside ±%s: %w", kind, ts.UTC().Format(time.RFC3339), d.Round(time.Second), v.maxSkew, errdefs.ErrPermissionDenied)
 	}
-	return v.remember(e.webhookID, now)
+	return now, nil
 }
 
 // Forget releases a webhook id that Verify accepted, so that a retry with the
@@ -138,28 +178,70 @@ func (v *Verifier) authenticate(h http.Header, body, sig []byte, kind string, e 
 // is not refused as a replay.
 func (v *Verifier) Forget(webhookID string) {
 	v.mu.Lock()
-	delete(v.seen, webhookID)
-	v.mu.Unlock()
+	defer v.mu.Unlock()
+	for _, st := range v.tasks {
+		delete(st.seen, webhookID)
+	}
 }
 
-func (v *Verifier) remember(id string, now time.Time) error {
+// remember records a task's webhook id, refusing one already seen. admit,
+// if set, decides under the lock whether the message fits the task's
+// budget; an id it refuses is not remembered.
+func (v *Verifier) remember(taskID, id string, now time.Time, admit func(*taskState) error) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if exp, ok := v.seen[id]; ok && now.Before(exp) {
+	if now.Sub(v.lastSweep) >= sweepEvery {
+		v.sweep(now)
+	}
+	st, err := v.state(taskID, now)
+	if err != nil {
+		return err
+	}
+	st.lastActive = now
+	if exp, ok := st.seen[id]; ok && now.Before(exp) {
 		return fmt.Errorf("check webhook id: %s was already delivered: %w", id, errdefs.ErrConflict)
 	}
-	if len(v.seen) >= v.limit {
-		for k, exp := range v.seen {
-			if !now.Before(exp) {
-				delete(v.seen, k)
-			}
-		}
-		if len(v.seen) >= v.limit {
-			return fmt.Errorf("check webhook id: %d ids remembered, at the limit: %w", len(v.seen), errdefs.ErrResourceExhausted)
+	if len(st.seen) >= v.maxSeen {
+		st.expire(now)
+		if len(st.seen) >= v.maxSeen {
+			return fmt.Errorf("check webhook id: task %s sent %d messages in %s, at the limit: %w", taskID, len(st.seen), 2*v.maxSkew, errdefs.ErrResourceExhausted)
 		}
 	}
-	v.seen[id] = now.Add(2 * v.maxSkew)
+	if admit != nil {
+		if err := admit(st); err != nil {
+			return err
+		}
+	}
+	st.seen[id] = now.Add(2 * v.maxSkew)
 	return nil
+}
+
+// state returns taskID's state, making it if there is room.
+func (v *Verifier) state(taskID string, now time.Time) (*taskState, error) {
+	if st, ok := v.tasks[taskID]; ok {
+		return st, nil
+	}
+	if len(v.tasks) >= maxTasks {
+		v.sweep(now)
+		if len(v.tasks) >= maxTasks {
+			return nil, fmt.Errorf("check webhook id: %d tasks sent messages in the last %s, at the limit: %w", len(v.tasks), taskStateTTL, errdefs.ErrResourceExhausted)
+		}
+	}
+	st := &taskState{seen: make(map[string]time.Time), lastActive: now}
+	v.tasks[taskID] = st
+	return st, nil
+}
+
+// sweep forgets expired ids, and the tasks with none left that have been
+// quiet for taskStateTTL.
+func (v *Verifier) sweep(now time.Time) {
+	v.lastSweep = now
+	for taskID, st := range v.tasks {
+		st.expire(now)
+		if len(st.seen) == 0 && now.Sub(st.lastActive) > taskStateTTL {
+			delete(v.tasks, taskID)
+		}
+	}
 }
 
 func parseSignature(s string) ([]byte, error) {

@@ -271,33 +271,65 @@ func TestVerifyReplay(t *testing.T) {
 	}
 }
 
-func TestVerifyReplaySetIsBounded(t *testing.T) {
+func TestVerifyReplaySetIsBoundedPerTask(t *testing.T) {
 	clk := &clock{t: testNow}
 	v := NewVerifier(testSecret, time.Minute, clk.Now)
-	v.limit = 2
-	key := DeriveKey(testSecret, "task-a")
-	send := func(id string) error {
-		c := testCompletion("task-a")
+	v.maxSeen = 2
+	send := func(taskID, id string) error {
+		c := testCompletion(taskID)
 		c.WebhookID = id
 		c.Timestamp = clk.Now().Unix()
-		_, err := v.Verify(mustSign(t, key, c))
+		_, err := v.Verify(mustSign(t, DeriveKey(testSecret, taskID), c))
 		return err
 	}
 	for _, id := range []string{"a", "b"} {
-		if err := send(id); err != nil {
+		if err := send("task-a", id); err != nil {
 			t.Fatalf("send %s: %v", id, err)
 		}
 	}
-	if err := send("c"); !errors.Is(err, errdefs.ErrResourceExhausted) {
-		t.Fatalf("send c with a full set: err = %v, want ErrResourceExhausted", err)
+	if err := send("task-a", "c"); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("send c with task-a's set full: err = %v, want ErrResourceExhausted", err)
+	}
+	// Another task is not held back by task-a's full set, and the same id
+	// in another task is another message.
+	for _, id := range []string{"a", "c"} {
+		if err := send("task-b", id); err != nil {
+			t.Fatalf("task-b's %s while task-a's set is full: %v", id, err)
+		}
 	}
 	// After 2×maxSkew the old ids expire and make room; by then a replay of
 	// them fails the timestamp check instead.
 	clk.Add(2*time.Minute + time.Second)
-	if err := send("c"); err != nil {
+	if err := send("task-a", "c"); err != nil {
 		t.Fatalf("send c after expiry: %v", err)
 	}
-	if len(v.seen) != 1 {
-		t.Errorf("remembered %d ids, want 1", len(v.seen))
+	if n := len(v.tasks["task-a"].seen); n != 1 {
+		t.Errorf("remembered %d ids of task-a, want 1", n)
+	}
+}
+
+func TestVerifierForgetsQuietTasks(t *testing.T) {
+	clk := &clock{t: testNow}
+	v := NewVerifier(testSecret, time.Minute, clk.Now)
+	for _, id := range []string{"task-a", "task-b"} {
+		c := testCompletion(id)
+		if _, err := v.Verify(mustSign(t, DeriveKey(testSecret, id), c)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Add(taskStateTTL)
+	c := testCompletion("task-b")
+	c.WebhookID, c.Timestamp = "wh_2", clk.Now().Unix()
+	if _, err := v.Verify(mustSign(t, DeriveKey(testSecret, "task-b"), c)); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(time.Hour)
+	v.mu.Lock()
+	v.sweep(clk.Now())
+	_, a := v.tasks["task-a"]
+	_, b := v.tasks["task-b"]
+	v.mu.Unlock()
+	if a || !b {
+		t.Errorf("after the sweep: task-a held %v (quiet for %s), task-b held %v (quiet for 1h); want false, true", a, taskStateTTL+time.Hour, b)
 	}
 }

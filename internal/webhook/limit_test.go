@@ -1,0 +1,152 @@
+package webhook
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// progressSender signs progress reports for one task with fresh ids, as a
+// worker holding the task's key can.
+type progressSender struct {
+	tb     testing.TB
+	v      *Verifier
+	clk    *clock
+	taskID string
+	n      int
+}
+
+// send posts a report of items and returns what the Verifier accepted.
+func (s *progressSender) send(items int) (ProgressReport, error) {
+	s.tb.Helper()
+	s.n++
+	p := ProgressReport{EventType: EventWorkerProgress, Source: "local", TaskID: s.taskID, WebhookID: fmt.Sprintf("wh_%s_%d", s.taskID, s.n), Timestamp: s.clk.Now().Unix()}
+	for i := range items {
+		p.Items = append(p.Items, ProgressItem{Kind: fmt.Sprintf("k%d", i), Text: strings.Repeat("x", 512)})
+	}
+	body, err := json.Marshal(p)
+	if err != nil {
+		s.tb.Fatal(err)
+	}
+	h := http.Header{}
+	h.Set(HeaderSignature, Sign(DeriveKey(testSecret, s.taskID), body))
+	h.Set(HeaderSource, p.Source)
+	h.Set(HeaderTimestamp, strconv.FormatInt(p.Timestamp, 10))
+	h.Set(HeaderID, p.WebhookID)
+	return s.v.VerifyProgress(h, body)
+}
+
+func TestProgressAtTheWorkersPaceIsNeverDropped(t *testing.T) {
+	clk := &clock{t: testNow}
+	v := NewVerifier(testSecret, time.Minute, clk.Now)
+	s := &progressSender{tb: t, v: v, clk: clk, taskID: "task-a"}
+	// The worker's ceiling: one report every 500 ms (the pause after a
+	// report; the post itself only adds to it), one item of each of its
+	// five kinds, for twenty minutes.
+	for i := range 2400 {
+		p, err := s.send(5)
+		if err != nil {
+			t.Fatalf("report %d: %v", i, err)
+		}
+		if len(p.Items) != 5 {
+			t.Fatalf("report %d: %d items recorded, want its 5", i, len(p.Items))
+		}
+		clk.Add(500 * time.Millisecond)
+	}
+}
+
+func TestProgressFloodIsDroppedCountedAndNoted(t *testing.T) {
+	clk := &clock{t: testNow}
+	v := NewVerifier(testSecret, time.Minute, clk.Now)
+	flood := &progressSender{tb: t, v: v, clk: clk, taskID: "task-a"}
+	other := &progressSender{tb: t, v: v, clk: clk, taskID: "task-b"}
+	l := v.limits
+
+	accepted, dropped := 0, 0
+	for range 100 {
+		_, err := flood.send(1)
+		switch {
+		case err == nil:
+			accepted++
+		case errors.Is(err, errdefs.ErrResourceExhausted):
+			dropped++
+		default:
+			t.Fatalf("flood: %v", err)
+		}
+	}
+	if accepted != int(l.Burst) || dropped != 100-int(l.Burst) {
+		t.Fatalf("at one instant: %d accepted, %d dropped; want the burst of %g and the rest", accepted, dropped, l.Burst)
+	}
+	// task-b's budget is its own.
+	if p, err := other.send(5); err != nil || len(p.Items) != 5 {
+		t.Fatalf("another task during the flood: %d items, %v", len(p.Items), err)
+	}
+
+	// One second earns ten items: the next report goes through, and carries
+	// the note of what was dropped.
+	clk.Add(time.Second)
+	p, err := flood.send(1)
+	if err != nil {
+		t.Fatalf("after a second: %v", err)
+	}
+	if len(p.Items) != 2 || p.Items[1].Kind != KindProgressDropped || p.Items[1].Coalesced != dropped || !strings.Contains(p.Items[1].Text, fmt.Sprintf("%d progress reports", dropped)) {
+		t.Fatalf("items after the drops: %+v, want the report's and a note of %d dropped", p.Items, dropped)
+	}
+
+	// More drops within the note window are counted but noted only once
+	// the window has passed.
+	for range 20 {
+		flood.send(1)
+	}
+	clk.Add(time.Second)
+	if p, err := flood.send(1); err != nil || len(p.Items) != 1 {
+		t.Fatalf("within the note window: %+v, %v; want the report alone", p.Items, err)
+	}
+	clk.Add(l.NoteEvery)
+	p, err = flood.send(1)
+	if err != nil || len(p.Items) != 2 || p.Items[1].Kind != KindProgressDropped || p.Items[1].Coalesced < 20-int(l.EventsPerSecond) {
+		t.Fatalf("after the note window: %+v, %v; want a note of the drops", p.Items, err)
+	}
+}
+
+func TestProgressTotalsPerTask(t *testing.T) {
+	clk := &clock{t: testNow}
+	v := NewVerifier(testSecret, time.Minute, clk.Now)
+	v.limits.MaxEvents = 10
+	s := &progressSender{tb: t, v: v, clk: clk, taskID: "task-a"}
+	for i := range 2 {
+		if _, err := s.send(4); err != nil {
+			t.Fatalf("report %d within the total: %v", i, err)
+		}
+	}
+	// The first report over the total is replaced by a note saying so; the
+	// next ones are refused, even after the rate has recovered.
+	p, err := s.send(4)
+	if err != nil || len(p.Items) != 1 || p.Items[0].Kind != KindProgressDropped || !strings.Contains(p.Items[0].Text, "limit of the task reached") {
+		t.Fatalf("over the total: %+v, %v; want only the note", p.Items, err)
+	}
+	clk.Add(time.Minute)
+	if _, err := s.send(1); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("after the total: %v, want ErrResourceExhausted", err)
+	}
+	other := &progressSender{tb: t, v: v, clk: clk, taskID: "task-b"}
+	if _, err := other.send(4); err != nil {
+		t.Fatalf("another task after task-a's total: %v", err)
+	}
+
+	v.limits.MaxEvents, v.limits.MaxBytes = 1000, 4<<10
+	big := &progressSender{tb: t, v: v, clk: clk, taskID: "task-c"}
+	if _, err := big.send(4); err != nil {
+		t.Fatalf("a report within the byte total: %v", err)
+	}
+	if p, err := big.send(4); err != nil || len(p.Items) != 1 || p.Items[0].Kind != KindProgressDropped {
+		t.Fatalf("over the byte total: %+v, %v; want only the note", p.Items, err)
+	}
+}
