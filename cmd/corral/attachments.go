@@ -11,6 +11,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/termsafe"
 )
 
 // cmdAttachments is `corral attachments get ID [-o FILE]` and
@@ -24,7 +25,7 @@ func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.SetOutput(stderr)
 	var cf clientFlags
 	cf.register(fs)
-	out := fs.String("o", "", "write the attachment to FILE (default: its original name in the current directory; - for stdout)")
+	out := fs.String("o", "", "write the attachment to FILE (default: its original name in the current directory; - for stdout: the exact bytes, control characters escaped if stdout is a terminal)")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
 		return exitError(2)
@@ -45,7 +46,7 @@ func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer
 			return printJSON(stdout, atts)
 		}
 		for _, a := range atts {
-			fmt.Fprintf(stdout, "%s %s %d %s\n", a.ID, a.Name, a.Size, a.Type)
+			fmt.Fprintf(stdout, "%s %s %d %s\n", a.ID, termsafe.Name(a.Name), a.Size, termsafe.Line(a.Type))
 		}
 		return nil
 	}
@@ -65,7 +66,11 @@ func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 	}
 	if dst == "-" {
-		_, err := io.Copy(stdout, rc)
+		w := termsafe.ForTerminal(stdout)
+		_, err := io.Copy(w, rc)
+		if cerr := w.Close(); err == nil {
+			err = cerr
+		}
 		return err
 	}
 	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
@@ -73,7 +78,7 @@ func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer
 		f, err = os.Create(dst) // named with -o: the caller asked for that file
 	}
 	if err != nil {
-		return fmt.Errorf("create %s: %w", dst, err)
+		return fmt.Errorf("create %s: %w", termsafe.Name(dst), err)
 	}
 	n, err := io.Copy(f, rc)
 	if cerr := f.Close(); err == nil {
@@ -86,7 +91,7 @@ func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer
 	if cf.json {
 		return printJSON(stdout, map[string]any{"attachment": m, "path": dst, "bytes": n})
 	}
-	fmt.Fprintf(stdout, "%s (%d bytes)\n", dst, n)
+	fmt.Fprintf(stdout, "%s (%d bytes)\n", termsafe.Name(dst), n)
 	return nil
 }
 

@@ -1,15 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/termsafe"
 )
 
 // clientFlags are the flags every client command takes.
@@ -66,17 +69,33 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// printJSON writes v as indented JSON. encoding/json escapes the control
+// characters below 0x20 but leaves DEL, the C1 controls and the bidi
+// overrides raw, which a terminal may act on: those are escaped too, as
+// the same characters in JSON's own \u notation.
 func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(termsafe.JSON(buf.Bytes()))
+	return err
 }
 
+// oneLine is s on one line: its runs of white space made one space, cut to
+// n characters, and anything a terminal could act on escaped.
 func oneLine(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		return s[:n-1] + "…"
+	if utf8.RuneCountInString(s) > n {
+		cut := 0
+		for range n - 1 {
+			_, size := utf8.DecodeRuneInString(s[cut:])
+			cut += size
+		}
+		s = s[:cut] + "…"
 	}
-	return s
+	return termsafe.Line(s)
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/termsafe"
 )
 
 // cmdGC is `corral gc [--dry-run]`: a retention sweep now.
@@ -35,10 +36,10 @@ func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		verb = "would remove"
 	}
 	for _, it := range append(rep.TaskDirectories, rep.Attachments...) {
-		fmt.Fprintf(stdout, "%s %s (%d bytes): %s\n", verb, it.Path, it.Bytes, it.Reason)
+		fmt.Fprintf(stdout, "%s %s (%d bytes): %s\n", verb, termsafe.Name(it.Path), it.Bytes, termsafe.Line(it.Reason))
 	}
 	for _, it := range rep.Failed {
-		fmt.Fprintf(stdout, "failed %s: %s (retried next sweep)\n", it.Path, it.Error)
+		fmt.Fprintf(stdout, "failed %s: %s (retried next sweep)\n", termsafe.Name(it.Path), termsafe.Line(it.Error))
 	}
 	fmt.Fprintf(stdout, "%s %d task directories and %d attachment files, %d bytes\n", verb, len(rep.TaskDirectories), len(rep.Attachments), rep.Bytes)
 	if len(rep.Failed) > 0 {

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/termsafe"
 )
 
 const usage = `corral — hand tasks to AI coding agents in sandboxes
@@ -37,6 +38,12 @@ Usage:
 
 Client commands reach the server at --server (default: http://LISTEN from the
 configuration) with the token in CORRAL_API_TOKEN; --json prints JSON.
+
+What a worker wrote (summaries, errors, file names and contents, logs,
+progress) is printed with control characters and escape sequences shown
+escaped (\x1b, \u009b) and odd names quoted, so that it cannot act on the
+terminal. ws cat and attachments get -o - write a file's exact bytes to a
+pipe or a file, and escape them only when stdout is a terminal.
 `
 
 func main() {
@@ -85,10 +92,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case errors.As(err, &ee):
 		return int(ee)
 	case errors.Is(err, errdefs.ErrInvalidArgument):
-		fmt.Fprintf(stderr, "corral %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "corral %s: %s\n", args[0], termsafe.Text(err.Error()))
 		return 2
 	default:
-		fmt.Fprintf(stderr, "corral %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "corral %s: %s\n", args[0], termsafe.Text(err.Error()))
 		return 1
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/termsafe"
 )
 
 const skillsUsage = `corral skills [ls] | show NAME | create (--file SKILL.md | NAME --description TEXT [--instructions FILE]
@@ -52,11 +53,11 @@ func cmdSkills(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		for _, s := range skills {
-			d := s.Summary(100)
+			d := termsafe.Line(s.Summary(100))
 			if s.Error != "" {
 				d = "(invalid: " + oneLine(s.Error, 90) + ")"
 			}
-			fmt.Fprintf(tw, "%s\t%s\n", s.Name, d)
+			fmt.Fprintf(tw, "%s\t%s\n", termsafe.Name(s.Name), d)
 		}
 		return tw.Flush()
 	case "show":
@@ -70,11 +71,11 @@ func cmdSkills(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if cf.json {
 			return printJSON(stdout, s)
 		}
-		io.WriteString(stdout, s.Content)
+		io.WriteString(stdout, termsafe.Text(s.Content))
 		if len(s.Files) > 1 {
-			fmt.Fprintf(stdout, "\n-- files in shared/skills/%s/:\n", s.Name)
+			fmt.Fprintf(stdout, "\n-- files in shared/skills/%s/:\n", termsafe.Name(s.Name))
 			for _, f := range s.Files {
-				fmt.Fprintf(stdout, "%s\t%d\n", f.Path, f.Size)
+				fmt.Fprintf(stdout, "%s\t%d\n", termsafe.Name(f.Path), f.Size)
 			}
 		}
 		return nil
@@ -110,7 +111,8 @@ func cmdSkills(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if cf.json {
 			return printJSON(stdout, s)
 		}
-		fmt.Fprintf(stdout, "created skill %s in shared/skills/%s/ (%d files)\n", s.Name, s.Name, len(s.Files))
+		name := termsafe.Name(s.Name)
+		fmt.Fprintf(stdout, "created skill %s in shared/skills/%s/ (%d files)\n", name, name, len(s.Files))
 		return nil
 	}
 	return fmt.Errorf("usage: %s: %w", skillsUsage, errdefs.ErrInvalidArgument)

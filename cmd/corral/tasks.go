@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/termsafe"
 )
 
 // stringList is a repeatable string flag.
@@ -125,10 +128,12 @@ func progress(w io.Writer, e eventstore.Event) {
 	case task.EventCompleted:
 		fmt.Fprintf(w, "%s ended\n", at)
 	default:
-		fmt.Fprintf(w, "%s %s %s\n", at, e.Type, oneLine(string(e.Data), 120))
+		fmt.Fprintf(w, "%s %s %s\n", at, termsafe.Line(e.Type), oneLine(string(e.Data), 120))
 	}
 }
 
+// printResult prints a task's result with every text the worker chose
+// escaped for the terminal (termsafe); as JSON, in JSON's own notation.
 func printResult(w io.Writer, res orchestrator.Result, asJSON bool) error {
 	if asJSON {
 		return printJSON(w, res)
@@ -141,19 +146,19 @@ func printResult(w io.Writer, res orchestrator.Result, asJSON bool) error {
 		fmt.Fprintf(w, "exit:     %d\n", *res.ExitCode)
 	}
 	if res.ErrorMessage != "" {
-		fmt.Fprintf(w, "error:    %s\n", res.ErrorMessage)
+		fmt.Fprintf(w, "error:    %s\n", termsafe.Line(res.ErrorMessage))
 	}
 	if len(res.OutputFiles) > 0 {
 		fmt.Fprintln(w, "output:")
 		for _, f := range res.OutputFiles {
-			fmt.Fprintf(w, "  %-30s %8d  %s\n", f.Name, f.Size, f.Type)
+			fmt.Fprintf(w, "  %-30s %8d  %s\n", termsafe.Name(f.Name), f.Size, termsafe.Line(f.Type))
 		}
 	}
 	if res.Summary != "" {
-		fmt.Fprintf(w, "summary:\n%s\n", indent(res.Summary))
+		fmt.Fprintf(w, "summary:\n%s\n", indent(termsafe.Text(res.Summary)))
 	}
-	for name, f := range res.FileContents {
-		fmt.Fprintf(w, "--- %s ---\n%s\n", name, f.Content)
+	for _, name := range slices.Sorted(maps.Keys(res.FileContents)) {
+		fmt.Fprintf(w, "--- %s ---\n%s\n", termsafe.Name(name), termsafe.Text(res.FileContents[name].Content))
 	}
 	return nil
 }
@@ -205,7 +210,7 @@ func cmdResult(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	cf.register(fs)
 	wait := fs.Duration("wait", 0, "wait up to this long for the task to end")
 	var files stringList
-	fs.Var(&files, "file", "include this output file's content (repeatable)")
+	fs.Var(&files, "file", "include this output file's content, control characters shown escaped (repeatable; --json has the exact text)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return exitError(2)
@@ -231,7 +236,7 @@ func cmdLogs(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	cf.register(fs)
 	follow := fs.Bool("f", false, "follow the transcript until the task ends")
 	fs.BoolVar(follow, "follow", false, "same as -f")
-	stream := fs.String("stream", "agent", "agent (the transcript) or stderr")
+	stream := fs.String("stream", "agent", "agent (the transcript) or stderr; control characters but newline and tab are shown escaped")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return exitError(2)
@@ -243,7 +248,12 @@ func cmdLogs(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	return c.Logs(ctx, orchestrator.LogsRequest{TaskID: pos[0], Follow: *follow, Stream: *stream}, stdout)
+	out := termsafe.NewWriter(stdout)
+	err = c.Logs(ctx, orchestrator.LogsRequest{TaskID: pos[0], Follow: *follow, Stream: *stream}, out)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 func cmdCancel(ctx context.Context, args []string, stdout, stderr io.Writer) error {

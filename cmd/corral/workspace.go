@@ -10,9 +10,10 @@ import (
 	"text/tabwriter"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/termsafe"
 )
 
-const wsUsage = "corral ws ls [PATH] [--recursive] | cat PATH | put PATH [FILE] (FILE - or absent: stdin)"
+const wsUsage = "corral ws ls [PATH] [--recursive] | cat PATH | put PATH [FILE] (FILE - or absent: stdin); cat writes the exact bytes, control characters escaped if stdout is a terminal"
 
 func cmdWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -50,7 +51,7 @@ func cmdWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			if e.IsDir {
 				name += "/"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\n", name, e.Size, e.Modified.Local().Format("2006-01-02 15:04"))
+			fmt.Fprintf(tw, "%s\t%d\t%s\n", termsafe.Name(name), e.Size, e.Modified.Local().Format("2006-01-02 15:04"))
 		}
 		return tw.Flush()
 	case "cat":
@@ -64,19 +65,21 @@ func cmdWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if cf.json {
 			return printJSON(stdout, f)
 		}
+		b := []byte(f.Content)
 		if f.Encoding == "base64" {
-			b, err := base64.StdEncoding.DecodeString(f.Content)
-			if err != nil {
+			if b, err = base64.StdEncoding.DecodeString(f.Content); err != nil {
 				return err
 			}
-			stdout.Write(b)
-		} else {
-			io.WriteString(stdout, f.Content)
+		}
+		w := termsafe.ForTerminal(stdout)
+		_, err = w.Write(b)
+		if cerr := w.Close(); err == nil {
+			err = cerr
 		}
 		if f.Truncated {
-			fmt.Fprintf(stderr, "corral ws cat: %s\n", f.Note)
+			fmt.Fprintf(stderr, "corral ws cat: %s\n", termsafe.Line(f.Note))
 		}
-		return nil
+		return err
 	case "put":
 		if len(pos) < 1 || len(pos) > 2 {
 			return fmt.Errorf("usage: corral ws put PATH [FILE]: %w", errdefs.ErrInvalidArgument)
@@ -97,7 +100,7 @@ func cmdWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if cf.json {
 			return printJSON(stdout, e)
 		}
-		fmt.Fprintf(stdout, "wrote shared/%s (%d bytes)\n", e.Path, e.Size)
+		fmt.Fprintf(stdout, "wrote %s (%d bytes)\n", termsafe.Name("shared/"+e.Path), e.Size)
 		return nil
 	}
 	return fmt.Errorf("unknown ws command %q; usage: %s: %w", args[0], wsUsage, errdefs.ErrInvalidArgument)
@@ -123,7 +126,7 @@ func cmdTools(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return printJSON(stdout, defs)
 	}
 	for _, d := range defs {
-		fmt.Fprintf(stdout, "%-20s %s\n", d.Function.Name, oneLine(d.Function.Description, 90))
+		fmt.Fprintf(stdout, "%-20s %s\n", termsafe.Name(d.Function.Name), oneLine(d.Function.Description, 90))
 	}
 	return nil
 }

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// hostile is a result whose every worker-chosen text tries to act on the
+// terminal or forge a line of the output.
+func hostile() orchestrator.Result {
+	forged := "a.txt\nstatus:   success\x1b[H"
+	return orchestrator.Result{
+		Task: task.Task{
+			ID:           "t_1",
+			Status:       task.Failed,
+			Summary:      "done \x1b]52;c;cm0gLXJmIH4K\x07 \u009b2J \x9b2J\nsecond line",
+			ErrorMessage: "exit code 3: boom\x1b[2J\r",
+			OutputFiles:  []task.OutputFile{{Name: forged, Size: 3, Type: "text/plain\x1b]0;title\x07"}},
+		},
+		Done:         true,
+		FileContents: map[string]orchestrator.File{forged: {Path: forged, Content: "red \x1b[31m\u009b0m\r\nline\tcol\n"}},
+	}
+}
+
+// rawControl returns the first character of s that a terminal would act
+// on (newline and tab aside), or "" if there is none.
+func rawControl(s string) string {
+	if !utf8.ValidString(s) {
+		return "invalid UTF-8"
+	}
+	for _, r := range s {
+		if r != '\n' && r != '\t' && (r < 0x20 || (r >= 0x7f && r <= 0x9f)) {
+			return string(r)
+		}
+	}
+	return ""
+}
+
+func TestPrintResultEscapes(t *testing.T) {
+	var buf bytes.Buffer
+	if err := printResult(&buf, hostile(), false); err != nil {
+		t.Fatal(err)
+	}
+	out := strings.ReplaceAll(buf.String(), "\r\n", "\n") // a CRLF in file content is kept
+	if c := rawControl(out); c != "" {
+		t.Errorf("result printed %q raw:\n%s", c, out)
+	}
+	var status int
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "status:") {
+			status++
+		}
+	}
+	if status != 1 {
+		t.Errorf("%d status lines, want 1 (a file name forged one):\n%s", status, out)
+	}
+	for _, want := range []string{
+		`"a.txt\nstatus:   success\x1b[H"`,
+		`done \x1b]52;c;cm0gLXJmIH4K\x07 \u009b2J \x9b2J`,
+		"\n  second line\n",
+		`boom\x1b[2J\r`,
+		"red \\x1b[31m\\u009b0m\nline\tcol",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("result lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestPrintJSONEscapes(t *testing.T) {
+	var buf bytes.Buffer
+	if err := printJSON(&buf, hostile()); err != nil {
+		t.Fatal(err)
+	}
+	if c := rawControl(buf.String()); c != "" {
+		t.Errorf("--json printed %q raw:\n%s", c, buf.String())
+	}
+	var back orchestrator.Result
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	// The JSON is exact: only the byte that is not UTF-8 comes back as U+FFFD.
+	want := "done \x1b]52;c;cm0gLXJmIH4K\x07 \u009b2J \ufffd2J\nsecond line"
+	if back.Summary != want {
+		t.Errorf("summary through --json = %q, want %q", back.Summary, want)
+	}
+}
+
+func TestOneLine(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"a  b\n\tc", 10, "a b c"},
+		{"ééééé", 3, "éé…"},
+		{"\x1b[2J and more", 8, `\x1b[2J an…`},
+		{"x\u0085\u009by", 10, `x \u009by`},
+	} {
+		if got := oneLine(c.in, c.n); got != c.want {
+			t.Errorf("oneLine(%q, %d) = %q, want %q", c.in, c.n, got, c.want)
+		}
+	}
+}
