@@ -27,7 +27,9 @@ import (
 	"github.com/corral-dev/corral/internal/notify"
 	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/scheduler"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/webhook"
@@ -61,6 +63,8 @@ type App struct {
 	api      *httpapi.Server
 	notifier *notify.Dispatcher // nil when notifications are off
 	runtimes map[string]sandbox.Runtime
+	// sandboxUser is the host identity sandboxes run as.
+	sandboxUser hostuser.Identity
 
 	egress      *egress.Server // the per-task egress proxies
 	egressAllow []egress.Rule
@@ -116,6 +120,15 @@ func (a *App) open(ctx context.Context) error {
 		if a.opts.WorkerBinary, err = os.Executable(); err != nil {
 			return fmt.Errorf("find the corral executable for workers: %w", err)
 		}
+	}
+	if a.sandboxUser, err = sandboxIdentity(a.cfg); err != nil {
+		return err
+	}
+	if err := a.closeDataRoot(a.sandboxUser); err != nil {
+		return err
+	}
+	if a.opts.WorkerBinary, err = a.stageWorker(a.opts.WorkerBinary); err != nil {
+		return err
 	}
 	if a.runtimes, err = a.openRuntimes(ctx); err != nil {
 		return err
@@ -187,7 +200,7 @@ func (a *App) open(ctx context.Context) error {
 		Runtimes:      a.runtimes,
 		Prepare:       a.orch.Prepare,
 		Collect:       a.orch.Collect,
-		Quota:         a.orch.CheckQuota,
+		Quota:         a.taskQuota(),
 	}, a.tasks, a.store, a.log.With("subsystem", "scheduler"))
 	var deliveries httpapi.Deliveries
 	if n := cfg.Notify; n.URL != "" {
@@ -217,6 +230,9 @@ func (a *App) open(ctx context.Context) error {
 		Deliveries:      deliveries,
 		MaxRequestBytes: lim.MaxRequestBytes.Bytes(),
 		MCP:             mcpSrv.Handler(),
+		Listen:          cfg.Listen,
+		AllowedHosts:    cfg.HTTP.AllowedHosts,
+		AllowedOrigins:  cfg.HTTP.AllowedOrigins,
 		// The multipart framing adds a little to the files' own bytes.
 		MaxUploadRequestBytes: lim.MaxUploadRequestBytes.Bytes() + 64<<10,
 	}, a.log.With("subsystem", "http"))
@@ -236,6 +252,19 @@ func (a *App) open(ctx context.Context) error {
 		return fmt.Errorf("open socket %s to sandboxes: %w", sock, err)
 	}
 	return nil
+}
+
+// taskQuota holds task directories to limits.max_task_dir_bytes: in the
+// kernel where the data root's filesystem has project quotas, else polled.
+func (a *App) taskQuota() *orchestrator.TaskQuota {
+	projects, err := quota.Open(a.data.HostPath(workspace.DirTasks))
+	q := orchestrator.NewTaskQuota(a.data, a.cfg.Limits.MaxTaskDirBytes.Bytes(), projects, a.log.With("subsystem", "quota"))
+	if err != nil {
+		a.log.Warn("task quota "+q.Mode(), "reason", err)
+	} else {
+		a.log.Info("task quota " + q.Mode())
+	}
+	return q
 }
 
 // generatedSecret returns the webhook secret kept in the data root, making

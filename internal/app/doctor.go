@@ -6,10 +6,13 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/sandbox/local"
 	"github.com/corral-dev/corral/internal/task"
@@ -34,7 +37,17 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	if err == nil {
 		defer os.RemoveAll(stateDir)
 	}
-	rt, err := local.New(local.Options{StateDir: stateDir, Bwrap: cfg.Local.Bwrap, CgroupParent: cfg.Local.CgroupParent}, log)
+	host, err := sandboxIdentity(cfg)
+	idc := Check{Name: "sandbox host identity", OK: err == nil, Required: true}
+	if err != nil {
+		idc.Detail, idc.Fix = err.Error(), "set sandbox.host_uid and sandbox.host_gid to an id no person owns, or leave them unset"
+	} else if host.Switch() {
+		idc.Detail = fmt.Sprintf("sandboxes run as uid %d gid %d on the host, never root", host.UID, host.GID)
+	} else {
+		idc.Detail = fmt.Sprintf("sandboxes run as this server's own uid %d", host.UID)
+	}
+	out = append(out, idc)
+	rt, err := local.New(local.Options{StateDir: stateDir, Bwrap: cfg.Local.Bwrap, CgroupParent: cfg.Local.CgroupParent, Host: host}, log)
 	c := Check{Name: "runtime local (bubblewrap)", Required: cfg.Runtime == "local"}
 	if err != nil {
 		c.Detail = err.Error()
@@ -61,6 +74,7 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 		out = append(out, c)
 	}
 	out = append(out, doctorGvisor(ctx, cfg, log))
+	out = append(out, doctorQuota(cfg))
 	for _, name := range []string{"docker", "kubernetes"} {
 		out = append(out, Check{Name: "runtime " + name, Detail: notBuilt[name], Required: cfg.Runtime == name})
 	}
@@ -108,6 +122,24 @@ func doctorGvisor(ctx context.Context, cfg *config.Config, log *slog.Logger) Che
 			c.Detail += "; limits not enforced: " + strings.Join(caps.Warnings, "; ")
 		}
 	}
+	return c
+}
+
+// doctorQuota says how task directories will be held to their quota on
+// the data root's filesystem (the data root, or the nearest directory
+// above it that exists).
+func doctorQuota(cfg *config.Config) Check {
+	dir, _ := filepath.Abs(cfg.Data)
+	for _, err := os.Stat(dir); err != nil && dir != filepath.Dir(dir); _, err = os.Stat(dir) {
+		dir = filepath.Dir(dir)
+	}
+	c := Check{Name: "task directory quota"}
+	if _, err := quota.Open(dir); err != nil {
+		c.Detail = orchestrator.QuotaMode(false) + ": " + err.Error()
+		c.Fix = "for a hard limit, put the data root on ext4 made with -O quota,project and mounted with prjquota, or on XFS mounted with pquota, and run corral serve as root"
+		return c
+	}
+	c.OK, c.Detail = true, orchestrator.QuotaMode(true)+" on "+dir
 	return c
 }
 

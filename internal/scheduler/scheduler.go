@@ -49,13 +49,28 @@ type Options struct {
 	// sandbox's exit status, or nil when it is unknown (the sandbox was gone
 	// after a restart).
 	Collect func(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed
-	// Quota, when set, is called every QuotaInterval while a task runs; an
-	// error ends the task as failed with the error's message and stops its
-	// sandbox (the task directory's disk quota).
-	Quota         func(ctx context.Context, t task.Task) error
-	QuotaInterval time.Duration
+	// Quota, when set, holds each task's directory to its disk quota from
+	// before its sandbox starts until the sandbox is gone.
+	Quota Quota
 	// Now returns the current time; time.Now when nil.
 	Now func() time.Time
+}
+
+// Quota is a task directory's disk quota, as the scheduler drives it.
+type Quota interface {
+	// Limit is called before a task's sandbox is created, to set a limit
+	// the kernel enforces where the host can. An error is logged and the
+	// task runs with Check alone.
+	Limit(ctx context.Context, t task.Task) error
+	// Check measures a task's directory from its sandbox's start until the
+	// sandbox is gone, also after the task ended, and once more when the
+	// sandbox exits. An error says the directory is over its quota: the
+	// task, if it has not ended, ends as failed with the error's message
+	// (reason "quota"), and the sandbox is killed at once. Otherwise
+	// Check returns how soon to call it again.
+	Check(ctx context.Context, t task.Task) (time.Duration, error)
+	// Release is called once a task's sandbox is gone.
+	Release(ctx context.Context, t task.Task)
 }
 
 // Scheduler runs queued tasks. Create it with New and start it with Run.
@@ -81,9 +96,6 @@ func New(opts Options, tasks *projection.Tasks, store eventstore.Store, log *slo
 	}
 	if opts.ExitGrace == 0 {
 		opts.ExitGrace = 10 * time.Second
-	}
-	if opts.QuotaInterval == 0 {
-		opts.QuotaInterval = 2 * time.Second
 	}
 	return &Scheduler{opts: opts, tasks: tasks, store: store, log: log, running: map[string]bool{}, kick: make(chan struct{}, 1)}
 }
@@ -189,6 +201,11 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 		s.complete(ctx, t.ID, failed("prepare sandbox: "+err.Error(), "start"))
 		return
 	}
+	if s.opts.Quota != nil {
+		if err := s.opts.Quota.Limit(ctx, t); err != nil {
+			log.Warn("task directory quota not enforced by the kernel; polled only", logkey.Error, err)
+		}
+	}
 	var h *sandbox.Handle
 	for attempt := 0; ; attempt++ {
 		h, err = rt.Create(ctx, spec)
@@ -206,6 +223,7 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 			return // shutting down; reconciliation finds the task again
 		}
 		s.complete(ctx, t.ID, failed("start sandbox: "+err.Error(), "start"))
+		s.releaseQuota(ctx, t)
 		return
 	}
 	handle, _ := json.Marshal(h)
@@ -225,7 +243,8 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 	s.supervise(ctx, t, rt, h.ID)
 }
 
-// supervise waits for the sandbox to exit, enforcing the timeout and cancel.
+// supervise waits for the sandbox to exit, enforcing the timeout, cancel
+// and the disk quota; the quota is watched until the sandbox is gone.
 func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runtime, sandboxID string) {
 	log := s.log.With(logkey.TaskID, t.ID, logkey.SandboxID, sandboxID)
 	type waited struct {
@@ -249,22 +268,15 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 	timeout := time.NewTimer(t.Timeout() - s.opts.Now().Sub(started))
 	defer timeout.Stop()
 	var exitDeadline <-chan time.Time // set once the task ended before its sandbox
-	var quotaTick <-chan time.Time
+	var quotaTimer *time.Timer
+	var quotaDue <-chan time.Time
 	if s.opts.Quota != nil {
-		tk := time.NewTicker(s.opts.QuotaInterval)
-		defer tk.Stop()
-		quotaTick = tk.C
+		quotaTimer = time.NewTimer(0)
+		defer quotaTimer.Stop()
+		quotaDue = quotaTimer.C
 	}
-	stopped := false
-	stop := func(why string) {
-		if stopped {
-			return
-		}
-		stopped = true
-		if err := rt.Stop(ctx, sandboxID, s.opts.StopGrace); err != nil && ctx.Err() == nil {
-			log.Warn("cannot stop sandbox", "why", why, logkey.Error, err)
-		}
-	}
+	st := &stopper{rt: rt, id: sandboxID, log: log}
+	defer st.wait()
 
 	for {
 		changed := s.tasks.Changed()
@@ -273,14 +285,14 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 			return
 		}
 		switch {
-		case cur.Status.Terminal() && exitDeadline == nil && !stopped:
+		case cur.Status.Terminal() && exitDeadline == nil && !st.started:
 			exitDeadline = time.After(s.opts.ExitGrace)
 		case cur.CancelRequested && !cur.Status.Terminal():
 			// Record the end first, then stop: the worker reports its own
 			// end when it is stopped, and that report must find the task
 			// already ended as cancelled, not end it as failed.
 			s.complete(ctx, t.ID, task.Completed{Status: task.Cancelled, ErrorMessage: "cancelled", Reason: "cancel"})
-			stop("cancel")
+			st.stop(ctx, "cancel", s.opts.StopGrace)
 			continue
 		}
 		select {
@@ -295,32 +307,106 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 				log.Warn("lost track of sandbox", logkey.Error, w.err)
 			}
 			if cur, err := s.tasks.Get(t.ID); err == nil && !cur.Status.Terminal() {
-				s.complete(ctx, t.ID, s.opts.Collect(ctx, cur, exit))
+				if err := s.overQuota(ctx, cur); err != nil {
+					s.complete(ctx, t.ID, failed(err.Error(), "quota"))
+				} else {
+					s.complete(ctx, t.ID, s.opts.Collect(ctx, cur, exit))
+				}
 			}
+			st.wait()
 			if err := rt.Destroy(ctx, sandboxID); err != nil {
 				log.Warn("cannot destroy sandbox", logkey.Error, err)
 			}
+			s.releaseQuota(ctx, cur)
 			return
 		case <-timeout.C:
 			if !cur.Status.Terminal() {
 				msg := fmt.Sprintf("timed out after %s", t.Timeout())
 				s.complete(ctx, t.ID, task.Completed{Status: task.Timeout, ErrorMessage: msg, Reason: "timeout"})
-				stop("timeout")
+				st.stop(ctx, "timeout", s.opts.StopGrace)
 			}
-		case <-quotaTick:
-			if cur.Status.Terminal() {
+		case <-quotaDue:
+			next, err := s.opts.Quota.Check(ctx, cur)
+			if err == nil {
+				quotaTimer.Reset(next)
 				break
 			}
-			if err := s.opts.Quota(ctx, cur); err != nil {
-				s.complete(ctx, t.ID, task.Completed{Status: task.Failed, ErrorMessage: err.Error(), Reason: "quota"})
-				stop("quota")
+			if cur.Status.Terminal() {
+				log.Warn("sandbox went over its disk quota after its task ended", logkey.Error, err)
+			} else {
+				s.complete(ctx, t.ID, failed(err.Error(), "quota"))
 			}
+			st.stop(ctx, "quota", 0) // nothing left to save: every write counts
+			quotaDue = nil
 		case <-exitDeadline:
-			stop("ended")
+			st.stop(ctx, "ended", s.opts.StopGrace)
 		case <-changed:
 		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// overQuota is the quota's last look at a task whose sandbox exited: a
+// worker that stopped at a write the kernel refused (EDQUOT) ends with the
+// quota's error, not with its own.
+func (s *Scheduler) overQuota(ctx context.Context, t task.Task) error {
+	if s.opts.Quota == nil {
+		return nil
+	}
+	_, err := s.opts.Quota.Check(ctx, t)
+	return err
+}
+
+// releaseQuota tells the quota a task's sandbox is gone.
+func (s *Scheduler) releaseQuota(ctx context.Context, t task.Task) {
+	if s.opts.Quota != nil {
+		s.opts.Quota.Release(ctx, t)
+	}
+}
+
+// stopper stops one sandbox in the background, so that its supervisor
+// keeps watching it (its disk quota above all) while it winds down. Only
+// the supervisor's goroutine calls stop; a kill (grace 0) cuts a graceful
+// stop short.
+type stopper struct {
+	rt  sandbox.Runtime
+	id  string
+	log *slog.Logger
+
+	started bool // a stop was asked for
+	killing bool // the last one has no grace
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// stop stops the sandbox with grace unless a stop at least as quick is
+// under way.
+func (st *stopper) stop(ctx context.Context, why string, grace time.Duration) {
+	if st.killing || (st.started && grace > 0) {
+		return
+	}
+	if st.started {
+		st.cancel()
+		<-st.done
+	}
+	st.started, st.killing = true, grace == 0
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	st.cancel, st.done = cancel, done
+	go func() {
+		defer close(done)
+		defer cancel()
+		if err := st.rt.Stop(sctx, st.id, grace); err != nil && sctx.Err() == nil {
+			st.log.Warn("cannot stop sandbox", "why", why, logkey.Error, err)
+		}
+	}()
+}
+
+// wait waits for the stop under way, if any, to return.
+func (st *stopper) wait() {
+	if st.started {
+		<-st.done
 	}
 }
 
@@ -463,5 +549,6 @@ func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) 
 	if h != nil && rt != nil {
 		rt.Destroy(ctx, h.ID)
 	}
+	s.releaseQuota(ctx, t)
 	return false, nil
 }

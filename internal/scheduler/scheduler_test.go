@@ -569,24 +569,150 @@ func TestRunStoppedDuringReconcile(t *testing.T) {
 	}
 }
 
+// completedReason returns the reason of a task's terminal event.
+func completedReason(tb testing.TB, store eventstore.Store, id string) string {
+	tb.Helper()
+	evs, err := store.ReadStream(context.Background(), task.StreamID(id), 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, e := range evs {
+		if e.Type == task.EventCompleted {
+			var c task.Completed
+			if err := json.Unmarshal(e.Data, &c); err != nil {
+				tb.Fatal(err)
+			}
+			return c.Reason
+		}
+	}
+	return ""
+}
+
+// fakeQuota is a Quota whose Check is a function; it records the calls.
+type fakeQuota struct {
+	check func(t task.Task) error
+	fake  *sandboxtest.Fake
+
+	mu    sync.Mutex
+	calls []string // "limit", "release"; "check" only before the first limit
+	// createdAtLimit is how many sandboxes existed when Limit was called.
+	createdAtLimit int
+}
+
+func (q *fakeQuota) Limit(ctx context.Context, t task.Task) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.calls = append(q.calls, "limit")
+	q.createdAtLimit = len(q.fake.Created())
+	return nil
+}
+
+func (q *fakeQuota) Check(ctx context.Context, t task.Task) (time.Duration, error) {
+	return 10 * time.Millisecond, q.check(t)
+}
+
+func (q *fakeQuota) Release(ctx context.Context, t task.Task) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.calls = append(q.calls, "release")
+}
+
+func (q *fakeQuota) called() []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return slices.Clone(q.calls)
+}
+
 func TestQuotaStopsTask(t *testing.T) {
 	store := MustOpenStore(t)
 	fake := MustNewFake(t, blockUntilStopped)
 	var checks atomic.Int32
-	quota := func(ctx context.Context, tk task.Task) error {
+	q := &fakeQuota{fake: fake, check: func(task.Task) error {
 		if checks.Add(1) < 3 {
 			return nil // under quota for the first checks
 		}
 		return errors.New("output quota exceeded: 2MiB of 1MiB")
-	}
-	h := MustStart(t, store, Options{Quota: quota, QuotaInterval: 20 * time.Millisecond}, fake)
+	}}
+	h := MustStart(t, store, Options{Quota: q}, fake)
 	id := MustEnqueue(t, h.tasks, task.Spec{TimeoutMinutes: 1})
 	got := waitStatus(t, h.tasks, id, task.Failed)
-	if got.ErrorMessage != "output quota exceeded: 2MiB of 1MiB" {
-		t.Errorf("error message %q", got.ErrorMessage)
+	if r := completedReason(t, store, id); got.ErrorMessage != "output quota exceeded: 2MiB of 1MiB" || r != "quota" {
+		t.Errorf("error message %q, reason %q", got.ErrorMessage, r)
 	}
 	if n := checks.Load(); n < 3 {
 		t.Errorf("quota checked %d times, want at least 3", n)
 	}
-	waitFor(t, "the sandbox to be stopped", func() bool { return slices.Contains(fake.Stopped(), id) })
+	waitFor(t, "the quota to be released", func() bool { return len(q.called()) == 2 })
+	if c := q.called(); !slices.Equal(c, []string{"limit", "release"}) || q.createdAtLimit != 0 {
+		t.Errorf("quota calls %v with %d sandboxes created at Limit; want limit before the sandbox, release after", c, q.createdAtLimit)
+	}
+	if !slices.Contains(fake.Destroyed(), id) {
+		t.Errorf("quota released before the sandbox was destroyed")
+	}
+}
+
+// A worker may report its end and write on while its sandbox lives: the
+// quota is watched until the sandbox is gone, and a sandbox over it is
+// killed without waiting for the exit grace or the stop grace.
+func TestQuotaWatchedAfterTaskEnds(t *testing.T) {
+	store := MustOpenStore(t)
+	release := make(chan struct{})
+	defer close(release)
+	// A main process that ignores SIGTERM: only a kill ends it.
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
+		<-release
+		return sandbox.ExitStatus{Code: 0}
+	})
+	var over atomic.Bool
+	q := &fakeQuota{fake: fake, check: func(task.Task) error {
+		if over.Load() {
+			return errors.New("output quota exceeded: written after the end")
+		}
+		return nil
+	}}
+	h := MustStart(t, store, Options{Quota: q, ExitGrace: 100 * time.Millisecond, StopGrace: time.Hour}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{})
+	waitStatus(t, h.tasks, id, task.Running)
+	MustAppend(t, h.tasks, id, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "by webhook", Reason: "webhook"}, "worker"))
+	// The exit grace passes: a graceful stop begins, which the process ignores.
+	waitFor(t, "the graceful stop", func() bool { return slices.Contains(fake.Stopped(), id) })
+	time.Sleep(50 * time.Millisecond)
+	over.Store(true)
+	// Only a kill ends it: the stop grace is an hour.
+	waitFor(t, "the sandbox to be killed and destroyed", func() bool { return slices.Contains(fake.Destroyed(), id) })
+	got, _ := h.tasks.Get(id)
+	if got.Status != task.Success || got.Summary != "by webhook" {
+		t.Errorf("task = %s %q, want the webhook's success kept", got.Status, got.Summary)
+	}
+}
+
+// A worker that stopped at a write the kernel refused ends with the
+// quota's error, not its own exit status.
+func TestQuotaLastLookAtExit(t *testing.T) {
+	store := MustOpenStore(t)
+	exit := make(chan struct{})
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
+		<-exit
+		return sandbox.ExitStatus{Code: 1}
+	})
+	var exited atomic.Bool
+	q := &fakeQuota{fake: fake, check: func(task.Task) error {
+		if exited.Load() {
+			return errors.New("output quota exceeded: at the limit")
+		}
+		return nil
+	}}
+	h := MustStart(t, store, Options{Quota: q}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{})
+	waitStatus(t, h.tasks, id, task.Running)
+	time.Sleep(30 * time.Millisecond) // a few checks under the quota
+	exited.Store(true)
+	close(exit)
+	got := waitStatus(t, h.tasks, id, task.Failed)
+	if r := completedReason(t, store, id); got.ErrorMessage != "output quota exceeded: at the limit" || r != "quota" {
+		t.Errorf("task = %q (%s), want the quota error", got.ErrorMessage, r)
+	}
+	if c := h.collected(); len(c) != 0 {
+		t.Errorf("collected %v, want no collection of a task over its quota", c)
+	}
 }

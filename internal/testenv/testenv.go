@@ -5,8 +5,11 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -52,4 +55,60 @@ func RequireRunsc(tb testing.TB) string {
 	tb.Helper()
 	RequireRoot(tb)
 	return RequireBinary(tb, "runsc", "apt-get install -y runsc")
+}
+
+// TempDir is tb.TempDir() opened for sandboxes: a root server runs them as
+// an unprivileged host identity, and bwrap, running as it, binds mount
+// sources by path, so the test's temporary directory (0700, the test's
+// own) must let others pass through (0711). What is in it keeps its mode.
+func TempDir(tb testing.TB) string {
+	tb.Helper()
+	dir := tb.TempDir()
+	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
+		tb.Fatalf("open the test's temporary directory to sandboxes: %v", err)
+	}
+	return dir
+}
+
+// MountImage makes a filesystem image of size bytes in a temporary
+// directory with mkfs (a program and its arguments; the image's path is
+// added last), mounts it through a loop device with the mount options and
+// returns the mount point, opened for sandboxes as TempDir is; it is
+// unmounted when the test ends. It needs root, the mkfs program and loop
+// devices. A mount the kernel refuses (a filesystem feature it was built
+// without) is an error for the caller to judge, with the kernel's last
+// word on it.
+func MountImage(tb testing.TB, size int64, options string, mkfs ...string) (string, error) {
+	tb.Helper()
+	RequireRoot(tb)
+	RequireBinary(tb, mkfs[0], "apt-get install -y e2fsprogs xfsprogs")
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		Missing(tb, "loop devices (/dev/loop-control): "+err.Error())
+	}
+	img := filepath.Join(tb.TempDir(), "fs.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.Truncate(img, size); err != nil {
+		tb.Fatal(err)
+	}
+	if out, err := exec.Command(mkfs[0], append(mkfs[1:], img)...).CombinedOutput(); err != nil {
+		tb.Fatalf("%s: %v: %s", strings.Join(mkfs, " "), err, out)
+	}
+	dir := filepath.Join(TempDir(tb), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-o", "loop,"+options, img, dir).CombinedOutput(); err != nil {
+		kernel, _ := exec.Command("dmesg").Output()
+		lines := strings.Split(strings.TrimSpace(string(kernel)), "\n")
+		return "", fmt.Errorf("mount -o loop,%s: %v: %s (kernel: %s)", options, err, strings.TrimSpace(string(out)), lines[len(lines)-1])
+	}
+	tb.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			tb.Logf("umount %s: %v: %s; detaching it lazily", dir, err, out)
+			exec.Command("umount", "-l", dir).Run()
+		}
+	})
+	return dir, nil
 }
