@@ -86,13 +86,49 @@ type Orchestrator struct {
 	data  *workspace.DataRoot
 	log   *slog.Logger
 
-	spawnMu sync.Mutex // serialises spawns that carry an idempotency key
-	saveMu  sync.Mutex // serialises save_to_shared, so each task saves once
-	gcMu    sync.Mutex // serialises retention sweeps
-	skillMu sync.Mutex // serialises create_skill, so two creates of one name cannot both pass the check
+	spawnMu   sync.Mutex // serialises spawns that carry an idempotency key
+	saving    keyedMutex // serialises one task's save_to_shared, so it saves once
+	scriptsMu sync.Mutex // serialises choosing names in shared/scripts/
+	gcMu      sync.Mutex // serialises retention sweeps
+	skillMu   sync.Mutex // serialises create_skill, so two creates of one name cannot both pass the check
 }
 
 var _ Service = (*Orchestrator)(nil)
+
+// keyedMutex is a mutex per key, held only while someone holds it.
+type keyedMutex struct {
+	mu   sync.Mutex
+	keys map[string]*keyedEntry
+}
+
+type keyedEntry struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// lock locks key and returns its unlock.
+func (k *keyedMutex) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.keys == nil {
+		k.keys = map[string]*keyedEntry{}
+	}
+	e := k.keys[key]
+	if e == nil {
+		e = &keyedEntry{}
+		k.keys[key] = e
+	}
+	e.refs++
+	k.mu.Unlock()
+	e.mu.Lock()
+	return func() {
+		e.mu.Unlock()
+		k.mu.Lock()
+		if e.refs--; e.refs == 0 {
+			delete(k.keys, key)
+		}
+		k.mu.Unlock()
+	}
+}
 
 // New returns an Orchestrator.
 func New(opts Options, log *slog.Logger) *Orchestrator {

@@ -38,6 +38,11 @@ const (
 	maxStatusBytes = 1 << 20
 	// maxMessage bounds a summary or error message taken from a worker.
 	maxMessage = 8 << 10
+	// maxOutputFiles and maxOutputNameBytes bound the output_files a result
+	// lists (the count, and the bytes of the names): a worker may leave
+	// 100,000 files, and the result goes to a host's model.
+	maxOutputFiles     = 1000
+	maxOutputNameBytes = 64 << 10
 )
 
 // WorkerOptions say how a sandbox starts `corral worker run-task`.
@@ -151,11 +156,13 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 	defer dir.Close()
 
 	files, _, err := workspace.ListFiles(dir, "output")
+	var all []task.OutputFile
 	if err == nil {
 		for _, f := range files {
-			c.OutputFiles = append(c.OutputFiles, task.OutputFile{Name: f.Name, Size: f.Size, Type: f.Type})
+			all = append(all, task.OutputFile{Name: f.Name, Size: f.Size, Type: f.Type})
 		}
 	}
+	c.OutputFiles, c.OutputFilesTotal, c.OutputFilesNote = boundOutputFiles(all)
 	st, stErr := worker.ReadStatus(dir, maxStatusBytes)
 	if exit != nil {
 		code := exit.Code
@@ -211,9 +218,23 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 		}
 	}
 	if c.Status == task.Success && t.SaveToShared {
-		o.saveOutputs(ctx, t, c.OutputFiles) // before the terminal event, so the host finds them
+		o.saveOutputs(ctx, t, all) // before the terminal event, so the host finds them
 	}
 	return c
+}
+
+// boundOutputFiles returns the first of files within maxOutputFiles and
+// maxOutputNameBytes; when some are left out, also how many files there
+// are and a note saying where the rest are.
+func boundOutputFiles(files []task.OutputFile) (listed []task.OutputFile, total int, note string) {
+	size := 0
+	for i, f := range files {
+		size += len(f.Name)
+		if i == maxOutputFiles || size > maxOutputNameBytes {
+			return files[:i], len(files), fmt.Sprintf("%d of the %d output files are listed; all of them are in the task's output/ directory", i, len(files))
+		}
+	}
+	return files, 0, ""
 }
 
 func clip(s string) string {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/projection"
@@ -54,9 +55,15 @@ func (o *Orchestrator) checkSharedQuota(adding int64) error {
 // event says so; an identical one is left as is. It runs once per task:
 // a second call (the webhook and the sandbox's exit racing, a restart)
 // finds the event and does nothing.
+//
+// Only this task's save is serialised (the webhook and the exit may both
+// come here); the worker's files are read without any lock shared with
+// other tasks, and opened so that a FIFO or a link swapped in is refused
+// at once (workspace.OpenFile), so one task's files can never hold up
+// another's save.
 func (o *Orchestrator) saveOutputs(ctx context.Context, t task.Task, files []task.OutputFile) {
-	o.saveMu.Lock()
-	defer o.saveMu.Unlock()
+	unlock := o.saving.lock(t.ID)
+	defer unlock()
 	if o.hasEvent(ctx, t.ID, task.EventOutputsSaved, task.EventOutputsSaveFailed) {
 		return
 	}
@@ -112,7 +119,9 @@ func (o *Orchestrator) copyOutputs(t task.Task, files []task.OutputFile, dirName
 		if !IsScript(f.Name) {
 			continue
 		}
-		sf, err := o.saveScript(out, f.Name, max)
+		// From the copy just made, the server's own file: the worker's
+		// could change in between, and scripts/ is shared by every task.
+		sf, err := o.saveScript(to, f.Name, max)
 		if err != nil {
 			return fmt.Errorf("copy %s to scripts/: %w", f.Name, err)
 		}
@@ -122,13 +131,17 @@ func (o *Orchestrator) copyOutputs(t task.Task, files []task.OutputFile, dirName
 }
 
 // saveScript copies a script to scripts/<base name>, never over a different
-// file: a taken name gets "-2", "-3", ... before its extension.
-func (o *Orchestrator) saveScript(out *os.Root, name string, max int64) (task.SavedFile, error) {
+// file: a taken name gets "-2", "-3", ... before its extension (its stem
+// shortened if the name would pass NAME_MAX). saved is the script's copy
+// in shared/ (under outputs/), name its name in the task's output/.
+func (o *Orchestrator) saveScript(saved, name string, max int64) (task.SavedFile, error) {
 	sh := o.data.Shared()
-	sum, err := fileSum(out, name)
+	sum, err := fileSum(sh, saved)
 	if err != nil {
 		return task.SavedFile{}, err
 	}
+	o.scriptsMu.Lock()
+	defer o.scriptsMu.Unlock()
 	base := path.Base(name)
 	wanted := path.Join("scripts", base)
 	ext := path.Ext(base)
@@ -136,7 +149,8 @@ func (o *Orchestrator) saveScript(out *os.Root, name string, max int64) (task.Sa
 	for i := 1; i < 1000; i++ {
 		to := wanted
 		if i > 1 {
-			to = path.Join("scripts", fmt.Sprintf("%s-%d%s", stem, i, ext))
+			suffix := fmt.Sprintf("-%d%s", i, ext)
+			to = path.Join("scripts", cutName(stem, nameMax-len(suffix))+suffix)
 		}
 		existing, err := fileSum(sh, to)
 		switch {
@@ -150,13 +164,27 @@ func (o *Orchestrator) saveScript(out *os.Root, name string, max int64) (task.Sa
 			}
 			return task.SavedFile{}, err
 		}
-		n, err := workspace.CopyFile(out, name, sh, to, max)
+		n, err := workspace.CopyFile(sh, saved, sh, to, max)
 		if err != nil {
 			return task.SavedFile{}, err
 		}
 		return task.SavedFile{From: name, To: to, Size: n, Renamed: to != wanted, Wanted: wantedIf(to != wanted, wanted)}, nil
 	}
 	return task.SavedFile{}, fmt.Errorf("scripts/%s and 999 suffixed names are taken: %w", base, errdefs.ErrAlreadyExists)
+}
+
+// nameMax is the longest file name Linux file systems take (NAME_MAX).
+const nameMax = 255
+
+// cutName shortens s to at most n bytes, at a character boundary.
+func cutName(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func wantedIf(ok bool, s string) string {

@@ -223,17 +223,20 @@ type CancelRequested struct {
 
 // Completed is the payload of EventCompleted: the task's result.
 type Completed struct {
-	Status          Status       `json:"status"`
-	ExitCode        *int         `json:"exit_code,omitempty"`
-	OutputFiles     []OutputFile `json:"output_files,omitempty"`
-	Summary         string       `json:"summary,omitempty"`
-	ErrorMessage    string       `json:"error_message,omitempty"`
-	LogsTruncated   bool         `json:"logs_truncated,omitempty"`
-	Reason          string       `json:"reason,omitempty"` // e.g. "lost", "timeout", "webhook", "exit"
-	DurationSeconds *float64     `json:"duration_seconds,omitempty"`
-	SessionID       string       `json:"session_id,omitempty"`
-	Usage           *Usage       `json:"usage,omitempty"`
-	CostUSD         float64      `json:"cost_usd,omitempty"`
+	Status      Status       `json:"status"`
+	ExitCode    *int         `json:"exit_code,omitempty"`
+	OutputFiles []OutputFile `json:"output_files,omitempty"`
+	// OutputFilesTotal and OutputFilesNote: see Task.
+	OutputFilesTotal int      `json:"output_files_total,omitempty"`
+	OutputFilesNote  string   `json:"output_files_note,omitempty"`
+	Summary          string   `json:"summary,omitempty"`
+	ErrorMessage     string   `json:"error_message,omitempty"`
+	LogsTruncated    bool     `json:"logs_truncated,omitempty"`
+	Reason           string   `json:"reason,omitempty"` // e.g. "lost", "timeout", "webhook", "exit"
+	DurationSeconds  *float64 `json:"duration_seconds,omitempty"`
+	SessionID        string   `json:"session_id,omitempty"`
+	Usage            *Usage   `json:"usage,omitempty"`
+	CostUSD          float64  `json:"cost_usd,omitempty"`
 }
 
 // EgressConnection is the payload of EventEgressConnection: one attempt by
@@ -319,6 +322,7 @@ func (t *Task) Apply(typ string, data []byte, version int64, at time.Time, pos i
 		t.CompletedAt = &at
 		t.ExitCode, t.OutputFiles, t.Summary, t.ErrorMessage, t.LogsTruncated = p.ExitCode, p.OutputFiles, p.Summary, p.ErrorMessage, p.LogsTruncated
 		t.SessionID, t.Usage, t.CostUSD = p.SessionID, p.Usage, p.CostUSD
+		t.OutputFilesTotal, t.OutputFilesNote = p.OutputFilesTotal, p.OutputFilesNote
 		switch {
 		case p.DurationSeconds != nil:
 			t.DurationSeconds = p.DurationSeconds

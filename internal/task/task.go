@@ -147,10 +147,15 @@ type Task struct {
 	DurationSeconds *float64        `json:"duration_seconds,omitempty"`
 	ExitCode        *int            `json:"exit_code,omitempty"`
 	OutputFiles     []OutputFile    `json:"output_files,omitempty"`
-	Summary         string          `json:"summary,omitempty"`
-	ErrorMessage    string          `json:"error_message,omitempty"`
-	CancelRequested bool            `json:"cancel_requested,omitempty"`
-	LogsTruncated   bool            `json:"logs_truncated,omitempty"`
+	// OutputFilesTotal and OutputFilesNote are set when OutputFiles lists
+	// only some of the output (MaxOutputFiles): how many files there are,
+	// and a sentence saying so for whoever reads the result.
+	OutputFilesTotal int    `json:"output_files_total,omitempty"`
+	OutputFilesNote  string `json:"output_files_note,omitempty"`
+	Summary          string `json:"summary,omitempty"`
+	ErrorMessage     string `json:"error_message,omitempty"`
+	CancelRequested  bool   `json:"cancel_requested,omitempty"`
+	LogsTruncated    bool   `json:"logs_truncated,omitempty"`
 	// SessionID is the agent's session id, which a follow-up resumes.
 	SessionID string `json:"session_id,omitempty"`
 	// Usage and CostUSD are what the agent reported it used.

@@ -148,7 +148,7 @@ func DetectType(root *os.Root, name string) string {
 	case ".csv":
 		return "text/csv; charset=utf-8"
 	}
-	f, err := root.Open(name)
+	f, _, err := OpenFile(root, name)
 	if err != nil {
 		return "application/octet-stream"
 	}
@@ -183,7 +183,10 @@ func ReadFile(root *os.Root, name string, max int64) (data []byte, truncated boo
 
 // OpenFile opens a regular file beneath root for reading. A symbolic link
 // is refused even if it stays inside the root, so a worker cannot make the
-// server read something else in its place.
+// server read something else in its place; so is anything but a regular
+// file, judged on what was opened (a worker may swap a file for a FIFO
+// between a look and the open), and the open never waits (O_NONBLOCK: a
+// FIFO without a writer would otherwise block it for ever).
 func OpenFile(root *os.Root, name string) (*os.File, fs.FileInfo, error) {
 	name, err := Clean(name)
 	if err != nil {
@@ -202,7 +205,7 @@ func OpenFile(root *os.Root, name string) (*os.File, fs.FileInfo, error) {
 	if !li.Mode().IsRegular() {
 		return nil, nil, fmt.Errorf("%s is not a regular file: %w", name, ErrPathEscapes)
 	}
-	f, err := root.OpenFile(name, os.O_RDONLY|noFollow, 0)
+	f, err := root.OpenFile(name, os.O_RDONLY|openFlags, 0)
 	if err != nil {
 		return nil, nil, classify(err)
 	}

@@ -94,7 +94,9 @@ func WriteAtomic(root *os.Root, name string, perm fs.FileMode, fill func(io.Writ
 			return classify(err)
 		}
 	}
-	tmp := path.Join(dir, "."+path.Base(name)+".tmp-"+randSuffix())
+	// A fixed prefix, not the name: a name near NAME_MAX would push a
+	// temporary name built from it past the limit.
+	tmp := path.Join(dir, ".corral-tmp-"+randSuffix())
 	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
 		return classify(err)

@@ -1,0 +1,141 @@
+//go:build integration
+
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// TestFIFOSwapCannotFreezeSaves: workers that keep exchanging an output
+// script and a FIFO while their task ends (testdata/fifoswap) each end in
+// bounded time, save_to_shared keeps working for the next task, and the
+// server shuts down (the harness's cleanup). Before the fix, the server's
+// check-then-open met the FIFO in about one try in five and blocked for
+// ever, holding the lock every save_to_shared waits on.
+func TestFIFOSwapCannotFreezeSaves(t *testing.T) {
+	s := MustStart(t, nil)
+	bin := filepath.Join(s.data, "shared", "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(bin, "fifoswap"), "./testdata/fifoswap")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build fifoswap: %v\n%s", err, out)
+	}
+	spawn := func(desc string, argv ...string) string {
+		tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv, SaveToShared: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk.ID
+	}
+	for i := range 10 {
+		// The worker ends while the swapping goes on: the server collects
+		// and saves its output meanwhile.
+		id := spawn("swap a file and a FIFO", "sh", "-c", "setsid /workspace/shared/bin/fifoswap 3s & sleep 0.3")
+		res := s.wait(t, id, 30*time.Second)
+		t.Logf("swapper %d: %s %s", i, res.Status, res.ErrorMessage)
+	}
+	id := spawn("an honest script", "sh", "-c", "echo 'print(2)' > output/honest.py")
+	if res := s.wait(t, id, 30*time.Second); res.Status != task.Success {
+		t.Fatalf("the honest task after the swappers: %s %s", res.Status, res.ErrorMessage)
+	}
+	if b, err := os.ReadFile(filepath.Join(s.data, "shared", "scripts", "honest.py")); err != nil || string(b) != "print(2)\n" {
+		t.Errorf("the honest task's script was not saved: %q %v", b, err)
+	}
+}
+
+// TestLongOutputName: a name of 250 bytes (NAME_MAX is 255) is saved to
+// shared/, to scripts/ even when the name is taken (the suffix shortens
+// it), carried into a follow-up, and ingested.
+func TestLongOutputName(t *testing.T) {
+	s := MustStart(t, nil)
+	name := strings.Repeat("n", 247) + ".py"
+	ctx := context.Background()
+	var first string
+	for i, body := range []string{"print(1)", "print(2)"} {
+		tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "a long name", Agent: "command",
+			Command: []string{"sh", "-c", "echo '" + body + "' > output/" + name}, SaveToShared: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res := s.wait(t, tk.ID, 30*time.Second); res.Status != task.Success {
+			t.Fatalf("task %d: %s %s", i, res.Status, res.ErrorMessage)
+		}
+		var saved task.OutputsSaved
+		if err := s.client.Events(ctx, orchestrator.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
+			if e.Type == task.EventOutputsSaveFailed {
+				t.Errorf("task %d: outputs not saved: %s", i, e.Data)
+			}
+			if e.Type == task.EventOutputsSaved {
+				return json.Unmarshal(e.Data, &saved)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if len(saved.Files) != 2 {
+			t.Fatalf("task %d saved %+v, want the output and the script", i, saved.Files)
+		}
+		if i == 1 && !saved.Files[1].Renamed {
+			t.Errorf("the second script with the same name was not renamed: %+v", saved.Files[1])
+		}
+		first = tk.ID
+	}
+	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "follow up", Agent: "command",
+		Command: []string{"sh", "-c", "cat context/previous/" + name + " > output/seen.txt"}, FollowUpOf: first})
+	if err != nil {
+		t.Fatalf("follow-up of a task with a long output name: %v", err)
+	}
+	if res := s.wait(t, tk.ID, 30*time.Second, "seen.txt"); res.Status != task.Success || res.FileContents["seen.txt"].Content != "print(2)\n" {
+		t.Fatalf("follow-up: %s %s %+v", res.Status, res.ErrorMessage, res.FileContents)
+	}
+	var doc map[string]any
+	s.callTool(t, "ingest_from_workspace", map[string]any{"source_path": "tasks/" + first + "/output/" + name, "title": "long"}, &doc)
+	if doc["document_id"] == nil {
+		t.Errorf("ingest of a long name: %v", doc)
+	}
+}
+
+// TestManyOutputFilesBounded: a worker leaving 100,000 files gets a result
+// (and an event, and a list page) listing at most 1,000 of them, with the
+// real count and a note.
+func TestManyOutputFilesBounded(t *testing.T) {
+	s := MustStart(t, nil)
+	tk := s.spawn(t, "many files", "sh", "-c", "cd output && seq -w 1 100000 | xargs touch")
+	res := s.wait(t, tk.ID, 120*time.Second)
+	if res.Status != task.Success {
+		t.Fatalf("status %s %s", res.Status, res.ErrorMessage)
+	}
+	if len(res.OutputFiles) != 1000 || res.OutputFilesTotal != 100000 || !strings.Contains(res.OutputFilesNote, "1000 of the 100000") {
+		t.Errorf("output_files has %d entries, total %d, note %q; want 1000 of 100000 with a note", len(res.OutputFiles), res.OutputFilesTotal, res.OutputFilesNote)
+	}
+	var size int
+	if err := s.client.Events(context.Background(), orchestrator.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
+		if e.Type == task.EventCompleted {
+			size = len(e.Data)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if size == 0 || size > 200<<10 {
+		t.Errorf("the completion event is %d bytes, want some and at most 200 KiB", size)
+	}
+	code, body := s.do(t, "GET", "/api/tasks?limit=10", "", nil)
+	if code != 200 || len(body) > 300<<10 {
+		t.Errorf("GET /api/tasks: %d, %d bytes", code, len(body))
+	}
+}
