@@ -23,6 +23,7 @@ var allowed = map[string][]string{
 	"internal/ids":                  {},
 	"internal/units":                {},
 	"internal/testenv":              {},
+	"internal/quota":                {},
 	"internal/task":                 {"errdefs", "ids"},
 	"internal/sandbox":              {"errdefs"},
 	"internal/workspace":            {"errdefs"},
@@ -33,8 +34,8 @@ var allowed = map[string][]string{
 	"internal/eventstore":           {"task", "errdefs"},
 	"internal/eventstore/sqlite":    {"eventstore", "task", "errdefs", "ids", "logkey"},
 	"internal/eventstore/storetest": {"eventstore", "task", "errdefs", "testenv"},
-	"internal/sandbox/local":        {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "errdefs", "logkey"},
-	"internal/sandbox/gvisor":       {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "errdefs", "logkey"},
+	"internal/sandbox/local":        {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "errdefs", "logkey"},
+	"internal/sandbox/gvisor":       {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "errdefs", "logkey"},
 	"internal/sandbox/sandboxtest":  {"sandbox", "errdefs", "testenv"},
 	"internal/agent/agenttest":      {},
 	"internal/agent":                {"errdefs"},
@@ -44,23 +45,26 @@ var allowed = map[string][]string{
 	"internal/worker":               {"errdefs", "workspace", "webhook", "agent", "logkey"},
 	"internal/projection":           {"eventstore", "task", "errdefs", "logkey"},
 	"internal/scheduler":            {"task", "sandbox", "eventstore", "projection", "errdefs", "logkey"},
-	"internal/orchestrator":         {"task", "sandbox", "eventstore", "projection", "workspace", "attachment", "document", "skill", "errdefs", "logkey", "units", "webhook", "worker"},
+	"internal/orchestrator":         {"task", "sandbox", "eventstore", "projection", "workspace", "attachment", "document", "skill", "errdefs", "logkey", "units", "webhook", "worker", "quota"},
 	"internal/tools":                {"orchestrator", "task", "errdefs", "workspace"},
 	"internal/httpapi":              {"tools", "orchestrator", "task", "errdefs", "logkey", "eventstore", "workspace"},
 	"internal/mcpserver":            {"tools", "orchestrator", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                  {"*"},
-	"cmd/corral":                    {"app", "config", "errdefs", "httpapi", "mcpserver", "orchestrator", "task", "eventstore"},
+	"cmd/corral":                    {"app", "config", "errdefs", "httpapi", "mcpserver", "orchestrator", "task", "eventstore", "termsafe"},
+	"internal/termsafe":             {},
 
 	// The seccomp filter of local sandboxes, and the escape tests' probe.
 	"internal/sandbox/seccomp":           {"errdefs"},
 	"internal/sandbox/sandboxtest/probe": {},
 
 	// What the host runtimes (local, gvisor) share: their cgroups, the
-	// /proc helpers, the minimal /etc they generate, their state dir.
+	// /proc helpers, the minimal /etc they generate, their state dir, the
+	// host identity sandboxes run as.
 	"internal/sandbox/cgroups":  {"sandbox", "errdefs"},
 	"internal/sandbox/hostproc": {},
 	"internal/sandbox/guestetc": {},
 	"internal/sandbox/statedir": {"sandbox", "errdefs"},
+	"internal/sandbox/hostuser": {"sandbox"},
 }
 
 // badDeps are modules some packages must not depend on even indirectly:
