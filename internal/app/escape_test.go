@@ -57,16 +57,25 @@ func TestEscape(t *testing.T) {
 	}
 }
 
-// mustBuildProbe builds the probe program into a temporary directory:
-// static, so it runs in any sandbox image.
+// mustBuildStatic builds package pkg into path as a static binary, so it
+// runs in any sandbox image.
+func mustBuildStatic(t *testing.T, pkg, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "build", "-o", path, pkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", pkg, err, out)
+	}
+}
+
+// mustBuildProbe builds the probe program into a temporary directory.
 func mustBuildProbe(t *testing.T) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "probe")
-	cmd := exec.Command("go", "build", "-o", path, "github.com/corral-dev/corral/internal/sandbox/sandboxtest/probe")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build probe: %v\n%s", err, out)
-	}
+	mustBuildStatic(t, "github.com/corral-dev/corral/internal/sandbox/sandboxtest/probe", path)
 	return path
 }
 

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,15 +24,7 @@ import (
 // ever, holding the lock every save_to_shared waits on.
 func TestFIFOSwapCannotFreezeSaves(t *testing.T) {
 	s := MustStart(t, nil)
-	bin := filepath.Join(s.data, "shared", "bin")
-	if err := os.MkdirAll(bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	build := exec.Command("go", "build", "-o", filepath.Join(bin, "fifoswap"), "./testdata/fifoswap")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build fifoswap: %v\n%s", err, out)
-	}
+	mustBuildStatic(t, "./testdata/fifoswap", filepath.Join(s.data, "shared", "bin", "fifoswap"))
 	spawn := func(desc string, argv ...string) string {
 		tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv, SaveToShared: true})
 		if err != nil {

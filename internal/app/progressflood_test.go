@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -25,15 +24,7 @@ import (
 func TestProgressFloodIsBoundedPerTask(t *testing.T) {
 	const floodFor = 5 * time.Second
 	s := MustStart(t, nil)
-	dir := filepath.Join(s.data, "shared", "bin")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	build := exec.Command("go", "build", "-o", filepath.Join(dir, "progressflood"), "./testdata/progressflood")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build progressflood: %v\n%s", err, out)
-	}
+	mustBuildStatic(t, "./testdata/progressflood", filepath.Join(s.data, "shared", "bin", "progressflood"))
 	before := dbBytes(t, s.data)
 
 	flood := s.spawn(t, "flood progress", "/workspace/shared/bin/progressflood", floodFor.String())

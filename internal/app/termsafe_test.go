@@ -11,14 +11,12 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // hostileScript is a worker that puts terminal escapes everywhere the CLI
@@ -119,7 +117,7 @@ func TestCLICatExactUnlessTerminal(t *testing.T) {
 		t.Errorf("ws cat to a pipe: %q, want the exact %q", out, content)
 	}
 
-	pty, tty := openPTY(t)
+	pty, tty := testenv.OpenPTY(t)
 	if _, stderr, err := s.cli(t, tty, "ws", "cat", "--server", s.url, "esc.txt"); err != nil {
 		t.Fatalf("ws cat to a terminal: %v\n%s", err, stderr)
 	}
@@ -160,27 +158,4 @@ func noRawControl(t *testing.T, what, out string) {
 			return
 		}
 	}
-}
-
-// openPTY opens a pseudo-terminal and returns its master and its terminal.
-func openPTY(t *testing.T) (pty, tty *os.File) {
-	t.Helper()
-	pty, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Skipf("no pseudo-terminal here: %v", err)
-	}
-	t.Cleanup(func() { pty.Close() })
-	if err := unix.IoctlSetPointerInt(int(pty.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(pty.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tty, err = os.OpenFile("/dev/pts/"+strconv.Itoa(n), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tty.Close() })
-	return pty, tty
 }

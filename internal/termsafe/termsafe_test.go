@@ -4,12 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
-	"golang.org/x/sys/unix"
+	"github.com/corral-dev/corral/internal/testenv"
 )
 
 func TestLineAndText(t *testing.T) {
@@ -130,7 +129,7 @@ func TestForTerminal(t *testing.T) {
 		t.Errorf("to a file: %q, want the exact bytes %q", b, content)
 	}
 
-	pty, tty := openPTY(t)
+	pty, tty := testenv.OpenPTY(t)
 	if !IsTerminal(tty) || IsTerminal(f) || IsTerminal(&bytes.Buffer{}) {
 		t.Fatalf("IsTerminal: pty %v, file %v, buffer %v; want true, false, false", IsTerminal(tty), IsTerminal(f), IsTerminal(&bytes.Buffer{}))
 	}
@@ -143,27 +142,4 @@ func TestForTerminal(t *testing.T) {
 	if got := string(b[:n]); !strings.Contains(got, `exact \x1b[2J bytes`) || strings.Contains(got, "\x1b") {
 		t.Errorf("to a terminal: %q, want the escape shown as \\x1b", got)
 	}
-}
-
-// openPTY opens a pseudo-terminal and returns its master and its terminal.
-func openPTY(t *testing.T) (pty, tty *os.File) {
-	t.Helper()
-	pty, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Skipf("no pseudo-terminal here: %v", err)
-	}
-	t.Cleanup(func() { pty.Close() })
-	if err := unix.IoctlSetPointerInt(int(pty.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(pty.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tty, err = os.OpenFile("/dev/pts/"+strconv.Itoa(n), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tty.Close() })
-	return pty, tty
 }

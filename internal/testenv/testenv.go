@@ -9,8 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // InCI reports whether the tests run in CI, where every part must be present.
@@ -111,4 +114,28 @@ func MountImage(tb testing.TB, size int64, options string, mkfs ...string) (stri
 		}
 	})
 	return dir, nil
+}
+
+// OpenPTY opens a pseudo-terminal and returns its master and its terminal,
+// both closed when tb ends.
+func OpenPTY(tb testing.TB) (pty, tty *os.File) {
+	tb.Helper()
+	pty, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		Missing(tb, "a pseudo-terminal (/dev/ptmx): "+err.Error())
+	}
+	tb.Cleanup(func() { pty.Close() })
+	if err := unix.IoctlSetPointerInt(int(pty.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		tb.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(pty.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tty, err = os.OpenFile("/dev/pts/"+strconv.Itoa(n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { tty.Close() })
+	return pty, tty
 }
