@@ -42,6 +42,7 @@ func TestEscape(t *testing.T) {
 			t.Run("probe", func(t *testing.T) { t.Parallel(); testProbe(t, rt, probe) })
 			t.Run("symlink out of output", func(t *testing.T) { t.Parallel(); testSymlinkOut(t, rt) })
 			t.Run("host identity", func(t *testing.T) { t.Parallel(); testHostIdentity(t, rt) })
+			t.Run("fifo swap", func(t *testing.T) { t.Parallel(); testFIFOSwap(t, rt) })
 			if rt == "gvisor" {
 				// gVisor's processes are not host processes, so the fork
 				// bomb's host-side count does not apply; its pids and

@@ -16,17 +16,17 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 )
 
-// TestFIFOSwapCannotFreezeSaves: workers that keep exchanging an output
-// script and a FIFO while their task ends (testdata/fifoswap) each end in
-// bounded time, save_to_shared keeps working for the next task, and the
-// server shuts down (the harness's cleanup). Before the fix, the server's
-// check-then-open met the FIFO in about one try in five and blocked for
-// ever, holding the lock every save_to_shared waits on.
-func TestFIFOSwapCannotFreezeSaves(t *testing.T) {
+// testFIFOSwap (in TestEscape, under every runtime): workers that keep
+// exchanging an output script and a FIFO while their task ends
+// (testdata/fifoswap) each end in bounded time, save_to_shared keeps
+// working for the next task, and the server shuts down (the harness's
+// cleanup). Before the fix, the server's check-then-open could meet the
+// FIFO and block for ever, holding the lock every save_to_shared waits on.
+func testFIFOSwap(t *testing.T, rt string) {
 	s := MustStart(t, nil)
 	mustBuildStatic(t, "./testdata/fifoswap", filepath.Join(s.data, "shared", "bin", "fifoswap"))
 	spawn := func(desc string, argv ...string) string {
-		tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv, SaveToShared: true})
+		tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv, SaveToShared: true, Runtime: rt})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -69,7 +70,9 @@ func (o *Orchestrator) saveOutputs(ctx context.Context, t task.Task, files []tas
 	}
 	dirName := path.Join("outputs", o.now().UTC().Format("2006-01"), t.ID)
 	res := task.OutputsSaved{Directory: "shared/" + dirName, Files: []task.SavedFile{}}
-	err := o.copyOutputs(t, files, dirName, &res)
+	cctx, cancel := context.WithTimeout(ctx, maxSaveTime)
+	defer cancel()
+	err := o.copyOutputs(cctx, t, files, dirName, &res)
 	typ := task.EventOutputsSaved
 	if err != nil {
 		typ, res.Error = task.EventOutputsSaveFailed, err.Error()
@@ -80,7 +83,11 @@ func (o *Orchestrator) saveOutputs(ctx context.Context, t task.Task, files []tas
 	}
 }
 
-func (o *Orchestrator) copyOutputs(t task.Task, files []task.OutputFile, dirName string, res *task.OutputsSaved) error {
+// maxSaveTime bounds save_to_shared: a task's end is not held up longer
+// by copying its outputs, however many there are.
+const maxSaveTime = 2 * time.Minute
+
+func (o *Orchestrator) copyOutputs(ctx context.Context, t task.Task, files []task.OutputFile, dirName string, res *task.OutputsSaved) error {
 	if len(files) == 0 {
 		return nil
 	}
@@ -110,6 +117,9 @@ func (o *Orchestrator) copyOutputs(t task.Task, files []task.OutputFile, dirName
 		max = 1 << 40
 	}
 	for _, f := range files {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("saving took longer than %s; %d of %d files saved: %w", maxSaveTime, len(res.Files), len(files), err)
+		}
 		to := path.Join(dirName, f.Name)
 		n, err := workspace.CopyFile(out, f.Name, sh, to, max)
 		if err != nil {
