@@ -147,9 +147,17 @@ func (a *App) open(ctx context.Context) error {
 	if a.attRoot, err = a.data.Root().OpenRoot(workspace.DirAttachments); err != nil {
 		return fmt.Errorf("open attachments: %w", err)
 	}
+	attachments := attachment.New(a.attRoot, attachment.Options{MaxFileBytes: lim.MaxUploadBytes.Bytes(), Now: a.opts.Now})
+	lost, err := attachments.Migrate()
+	if err != nil {
+		return err
+	}
+	for _, id := range lost {
+		a.log.Warn("attachment content lost before this version: a .json file's metadata overwrote it; its download says so", "attachment_id", id)
+	}
 	a.orch = orchestrator.New(orchestrator.Options{
 		Documents:   a.docs.ix,
-		Attachments: attachment.New(a.attRoot, attachment.Options{MaxFileBytes: lim.MaxUploadBytes.Bytes(), Now: a.opts.Now}),
+		Attachments: attachments,
 		Retention: orchestrator.Retention{
 			TaskDirs:    time.Duration(w.TaskRetentionHours) * time.Hour,
 			Attachments: time.Duration(w.AttachmentRetentionHours) * time.Hour,

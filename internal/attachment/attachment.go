@@ -1,8 +1,10 @@
 // Package attachment stores files that enter or leave Corral as attachments
 // (SPEC §1): each is attachments/XX/<id>.<ext> with its metadata beside it
-// in attachments/XX/<id>.json (name, MIME type, size, sha256, created_at),
-// where XX is the first two characters of the id. Ids are random, so the
-// shards fill evenly.
+// in attachments/XX/<id>-meta.json (name, MIME type, size, sha256,
+// created_at), where XX is the first two characters of the id: a name no
+// content file can take, whatever its extension. Ids are random, so the
+// shards fill evenly. Data roots from before keep their metadata in
+// <id>.json, which a .json upload's content overwrote; Migrate moves it.
 //
 // Content is streamed: a file is written to a temporary file in its shard
 // while its sha256 and size are computed and its first 512 bytes sniffed,
@@ -37,7 +39,7 @@ import (
 	"github.com/corral-dev/corral/internal/units"
 )
 
-// Meta is an attachment's metadata, as stored in its .json file.
+// Meta is an attachment's metadata, as stored in its -meta.json file.
 type Meta struct {
 	ID          string    `json:"attachment_id"`
 	Name        string    `json:"name"` // the original file name, as given
@@ -268,7 +270,73 @@ func (s *Store) Create(name string, r io.Reader, description, source string) (Me
 	return st.meta, nil
 }
 
-func metaPath(id string) string { return path.Join(id[:2], id+".json") }
+// metaSuffix ends a metadata file's name: <id>-meta.json. A content file
+// is <id>.<ext>, so no upload can take it.
+const metaSuffix = "-meta.json"
+
+func metaPath(id string) string { return path.Join(id[:2], id+metaSuffix) }
+
+// legacyMetaPath is where data roots before metaSuffix kept metadata.
+func legacyMetaPath(id string) string { return path.Join(id[:2], id+".json") }
+
+// Migrate moves the metadata of a data root from before metaSuffix to
+// <id>-meta.json. It is idempotent and safe to repeat after a crash (the
+// new file is written before the old one is removed). It returns the ids
+// of attachments whose content was already lost: a .json upload's
+// content and metadata shared one path, and the metadata overwrote it.
+// Their metadata is kept, so Open says what happened instead of not
+// knowing the id.
+func (s *Store) Migrate() (lost []string, err error) {
+	shards, err := fs.ReadDir(s.root.FS(), ".")
+	if err != nil {
+		return nil, fmt.Errorf("migrate attachments: %w", err)
+	}
+	for _, sh := range shards {
+		if !sh.IsDir() {
+			continue
+		}
+		ents, err := fs.ReadDir(s.root.FS(), sh.Name())
+		if err != nil {
+			return lost, fmt.Errorf("migrate attachments: %w", err)
+		}
+		for _, e := range ents {
+			id, ok := strings.CutSuffix(e.Name(), ".json")
+			if !ok || !ValidID(id) || id[:2] != sh.Name() {
+				continue
+			}
+			if _, err := s.root.Lstat(metaPath(id)); err == nil {
+				continue // migrated: <id>.json is a .json upload's content
+			}
+			m, err := s.readMeta(legacyMetaPath(id))
+			if err != nil || m.ID != id {
+				continue // not metadata: content whose metadata is gone
+			}
+			b, _ := json.MarshalIndent(m, "", "  ")
+			if err := writeAtomic(s.root, metaPath(id), b); err != nil {
+				return lost, fmt.Errorf("migrate attachment %s: %w", id, err)
+			}
+			if err := s.root.Remove(legacyMetaPath(id)); err != nil {
+				return lost, fmt.Errorf("migrate attachment %s: %w", id, err)
+			}
+			if m.File == legacyMetaPath(id) {
+				lost = append(lost, id)
+			}
+		}
+	}
+	return lost, nil
+}
+
+// readMeta decodes a metadata file.
+func (s *Store) readMeta(p string) (Meta, error) {
+	f, err := s.root.Open(p)
+	if err != nil {
+		return Meta{}, err
+	}
+	defer f.Close()
+	var m Meta
+	err = json.NewDecoder(io.LimitReader(f, 64<<10)).Decode(&m)
+	return m, err
+}
 
 // Get returns an attachment's metadata, or an error of class
 // errdefs.ErrNotFound.
@@ -276,17 +344,12 @@ func (s *Store) Get(id string) (Meta, error) {
 	if !ValidID(id) {
 		return Meta{}, CheckID("attachment_id", id)
 	}
-	f, err := s.root.Open(metaPath(id))
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return Meta{}, fmt.Errorf("attachment %s: %w", id, errdefs.ErrNotFound)
-		}
-		return Meta{}, fmt.Errorf("read attachment %s: %w", id, err)
-	}
-	defer f.Close()
-	var m Meta
-	if err := json.NewDecoder(io.LimitReader(f, 64<<10)).Decode(&m); err != nil {
-		return Meta{}, fmt.Errorf("decode attachment %s metadata: %w", id, err)
+	m, err := s.readMeta(metaPath(id))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return Meta{}, fmt.Errorf("attachment %s: %w", id, errdefs.ErrNotFound)
+	case err != nil:
+		return Meta{}, fmt.Errorf("read attachment %s metadata: %w", id, err)
 	}
 	if m.ID != id || path.Dir(m.File) != id[:2] || !strings.HasPrefix(path.Base(m.File), id+".") {
 		return Meta{}, fmt.Errorf("attachment %s metadata names another file: %w", id, errdefs.ErrFailedPrecondition)
@@ -303,6 +366,9 @@ func (s *Store) Open(id string) (Meta, *os.File, error) {
 	}
 	f, err := s.root.Open(m.File)
 	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) && m.File == legacyMetaPath(id) {
+			return Meta{}, nil, fmt.Errorf("attachment %s (%s): its content was overwritten by its own metadata, a fault of Corral before 2026-11 with .json files; upload it again: %w", id, m.Name, errdefs.ErrNotFound)
+		}
 		if errors.Is(err, fs.ErrNotExist) {
 			return Meta{}, nil, fmt.Errorf("attachment %s content: %w", id, errdefs.ErrNotFound)
 		}
@@ -331,7 +397,7 @@ func (s *Store) List() ([]Meta, error) {
 			}
 			return nil
 		}
-		id, ok := strings.CutSuffix(path.Base(p), ".json")
+		id, ok := strings.CutSuffix(path.Base(p), metaSuffix)
 		if !ok || !ValidID(id) {
 			return nil
 		}
@@ -387,7 +453,7 @@ func (s *Store) Orphans(cutoff time.Time) ([]string, error) {
 			return nil
 		}
 		base := path.Base(p)
-		if strings.HasSuffix(base, ".json") && !strings.HasPrefix(base, ".") {
+		if strings.HasSuffix(base, metaSuffix) && !strings.HasPrefix(base, ".") {
 			return nil
 		}
 		id := strings.TrimPrefix(base, ".")

@@ -3,10 +3,12 @@ package attachment
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -40,7 +42,7 @@ func TestCreateGetOpen(t *testing.T) {
 	if want := m.ID[:2] + "/" + m.ID + ".csv"; m.File != want {
 		t.Errorf("file %s, want %s", m.File, want)
 	}
-	if _, err := os.Stat(filepath.Join(dir, m.ID[:2], m.ID+".json")); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, m.ID[:2], m.ID+"-meta.json")); err != nil {
 		t.Errorf("metadata file: %v", err)
 	}
 	got, f, err := s.Open(m.ID)
@@ -129,7 +131,7 @@ func TestAbortAndRemoveAndOrphans(t *testing.T) {
 		t.Errorf("list %v %v, want only %s", list, err, m.ID)
 	}
 	// Content without metadata is an orphan once old enough.
-	os.Remove(filepath.Join(dir, m.ID[:2], m.ID+".json"))
+	os.Remove(filepath.Join(dir, m.ID[:2], m.ID+"-meta.json"))
 	if o, _ := s.Orphans(now.Add(-time.Hour)); len(o) != 0 {
 		t.Errorf("a fresh file is an orphan: %v", o)
 	}
@@ -145,5 +147,97 @@ func TestAbortAndRemoveAndOrphans(t *testing.T) {
 	}
 	if err := s.Remove(m2.ID); err != nil {
 		t.Errorf("second Remove: %v", err)
+	}
+}
+
+// A .json upload keeps its content: its metadata has a name of its own.
+func TestJSONUploadKeepsItsContent(t *testing.T) {
+	root, err := os.OpenRoot(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	s := New(root, Options{})
+	const content = `{"amount": 12.5, "category": "food"}`
+	m, err := s.Create("expenses.json", strings.NewReader(content), "", "upload")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, f, err := s.Open(m.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if b, _ := io.ReadAll(f); string(b) != content {
+		t.Errorf("a .json upload reads back as %q, want %q", b, content)
+	}
+}
+
+// Migrate moves metadata from <id>.json to <id>-meta.json, keeps every
+// attachment whose content survived, and reports (and keeps explaining)
+// a .json attachment whose content its metadata overwrote.
+func TestMigrateLegacyMetadata(t *testing.T) {
+	dir := t.TempDir()
+	legacy := func(id, ext string, content []byte) Meta {
+		m := Meta{ID: id, Name: "x." + ext, Size: 3, File: id[:2] + "/" + id + "." + ext}
+		if err := os.MkdirAll(filepath.Join(dir, id[:2]), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if content != nil {
+			if err := os.WriteFile(filepath.Join(dir, m.File), content, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b, _ := json.Marshal(m)
+		// The old layout: metadata at <id>.json, over a .json content.
+		if err := os.WriteFile(filepath.Join(dir, id[:2], id+".json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	png := legacy("aa000000000000000000000000000001", "png", []byte("png"))
+	js := legacy("bb000000000000000000000000000002", "json", nil)
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	s := New(root, Options{})
+	for round := range 2 { // idempotent
+		lost, err := s.Migrate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{js.ID}; round == 0 && !slices.Equal(lost, want) || round == 1 && len(lost) != 0 {
+			t.Errorf("round %d: lost %v", round, lost)
+		}
+	}
+	_, f, err := s.Open(png.ID)
+	if err != nil {
+		t.Fatalf("the png after migration: %v", err)
+	}
+	b, _ := io.ReadAll(f)
+	f.Close()
+	if string(b) != "png" {
+		t.Errorf("png content %q", b)
+	}
+	if _, _, err := s.Open(js.ID); err == nil || !strings.Contains(err.Error(), "overwritten by its own metadata") {
+		t.Errorf("the lost .json attachment: %v, want an error saying what happened", err)
+	}
+	if list, _ := s.List(); len(list) != 2 {
+		t.Errorf("list after migration: %v", list)
+	}
+	// A .json upload made after the migration is content, not metadata.
+	m, err := s.Create("new.json", strings.NewReader(`{"attachment_id": "x"}`), "", "upload")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lost, err := s.Migrate(); err != nil || len(lost) != 0 {
+		t.Errorf("Migrate over a new .json upload: %v %v", lost, err)
+	}
+	if _, f, err := s.Open(m.ID); err != nil {
+		t.Errorf("the new .json upload after another Migrate: %v", err)
+	} else {
+		f.Close()
 	}
 }
