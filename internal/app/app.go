@@ -156,6 +156,7 @@ func (a *App) open(ctx context.Context) error {
 		a.log.Warn("attachment content lost before this version: a .json file's metadata overwrote it; its download says so", "attachment_id", id)
 	}
 	a.orch = orchestrator.New(orchestrator.Options{
+		Disabled:    !w.Enabled,
 		Documents:   a.docs.ix,
 		Attachments: attachments,
 		Retention: orchestrator.Retention{

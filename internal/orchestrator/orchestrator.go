@@ -46,6 +46,9 @@ type AgentConfig struct {
 
 // Options configure an Orchestrator.
 type Options struct {
+	// Disabled refuses new tasks (ai_worker_config.enabled: false) with
+	// errdefs.ErrUnavailable; everything else keeps working.
+	Disabled bool
 	Store    eventstore.Store
 	Tasks    *projection.Tasks
 	Data     *workspace.DataRoot

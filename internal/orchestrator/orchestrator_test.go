@@ -326,6 +326,19 @@ func TestSpawnIdempotency(t *testing.T) {
 	}
 }
 
+// ai_worker_config.enabled: false refuses new work, clearly, and makes
+// nothing.
+func TestSpawnDisabled(t *testing.T) {
+	f := MustNew(t, func(o *Options) { o.Disabled = true })
+	_, _, err := f.o.Spawn(context.Background(), SpawnRequest{TaskDescription: "x"})
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "ai_worker_config.enabled") {
+		t.Errorf("spawn while disabled = %v, want unavailable naming ai_worker_config.enabled", err)
+	}
+	if ids, _ := f.data.TaskIDs(); len(ids) != 0 {
+		t.Errorf("task directories %v, want none", ids)
+	}
+}
+
 func TestSpawnQueueFull(t *testing.T) {
 	f := MustNew(t, func(o *Options) { o.Limits.MaxQueued = 2 })
 	f.MustSpawn(t, SpawnRequest{TaskDescription: "1"})

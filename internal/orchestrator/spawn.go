@@ -40,6 +40,9 @@ var labelKey = sync.OnceValue(func() *regexp.Regexp {
 // Spawn validates req, creates the task directory with prompt.md and the
 // context files, records the task and queues it (SPEC §2).
 func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, bool, error) {
+	if o.opts.Disabled {
+		return task.Task{}, false, fmt.Errorf("workers are disabled on this server (ai_worker_config.enabled: false): no new task is taken: %w", errdefs.ErrUnavailable)
+	}
 	hash := requestHash(req)
 	var prev task.Task
 	var prevErr error
