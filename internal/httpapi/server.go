@@ -224,11 +224,6 @@ func (s *Server) wrap(h handlerFunc, rt route) http.Handler {
 	})
 }
 
-func (s *Server) authenticate(r *http.Request) error {
-	_, err := s.caller(r)
-	return err
-}
-
 // errorBody is every error response.
 type errorBody struct {
 	Error     string       `json:"error"`
