@@ -314,8 +314,12 @@ func (a *App) Run(ctx context.Context) error {
 	if err := a.orch.ReconcileDirectories(ctx); err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: a.api.Handler(), ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
-	sockSrv := &http.Server{Handler: a.api.WebhookHandler(), ReadHeaderTimeout: 10 * time.Second}
+	// Headers within 10 s, a body that never stalls for 30 s (httpapi), and
+	// an idle keep-alive connection closed after 2 minutes: a client that
+	// opens connections and sends nothing cannot hold them.
+	srv := &http.Server{Handler: a.api.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
+	sockSrv := &http.Server{Handler: a.api.WebhookHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	errc := make(chan error, 8)
 	var wg sync.WaitGroup
 	run := func(f func() error) {

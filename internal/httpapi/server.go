@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/logkey"
@@ -88,6 +89,9 @@ type Options struct {
 	// server's own whose pages' requests are answered; any other Origin is
 	// refused.
 	AllowedOrigins []string
+	// BodyStall closes a connection whose request body sends nothing for
+	// this long; default DefaultBodyStall.
+	BodyStall time.Duration
 }
 
 // Server serves the API.
@@ -111,13 +115,16 @@ func New(b Backend, opts Options, log *slog.Logger) *Server {
 	if opts.MaxProgressBytes <= 0 {
 		opts.MaxProgressBytes = 64 << 10
 	}
+	if opts.BodyStall <= 0 {
+		opts.BodyStall = DefaultBodyStall
+	}
 	s := &Server{b: b, tools: tools.New(b), opts: opts, log: log, mux: http.NewServeMux(), trust: newWebTrust(opts)}
 	s.routes()
 	return s
 }
 
 // Handler returns the server's root handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return stallGuard(s.mux, s.opts.BodyStall) }
 
 // WebhookHandler serves only the worker completion webhook, for the unix
 // socket that sandboxes reach.
@@ -125,7 +132,7 @@ func (s *Server) WebhookHandler() http.Handler {
 	m := http.NewServeMux()
 	m.Handle("POST /api/webhooks/worker-complete", s.wrap(s.workerComplete, fromWorker))
 	m.Handle("POST /api/webhooks/worker-progress", s.wrap(s.workerProgress, fromWorker))
-	return m
+	return stallGuard(m, s.opts.BodyStall)
 }
 
 // route says what wrap checks before a handler.
