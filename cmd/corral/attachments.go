@@ -28,7 +28,7 @@ func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer
 	out := fs.String("o", "", "write the attachment to FILE (default: its original name in the current directory; - for stdout: the exact bytes, control characters escaped if stdout is a terminal)")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	c, err := cf.client()
 	if err != nil {

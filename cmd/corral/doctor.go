@@ -18,7 +18,7 @@ func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	lo.RegisterFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args); err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	cfg, err := config.Load(lo)
 	if err != nil {

@@ -18,7 +18,7 @@ func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cf.register(fs)
 	dry := fs.Bool("dry-run", false, "only show what would be removed")
 	if _, err := parse(fs, args); err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	c, err := cf.client()
 	if err != nil {

@@ -6,12 +6,14 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
@@ -34,6 +36,7 @@ Usage:
   corral mcp [--server URL]                        the tools over MCP on stdio (starts a server if none runs)
   corral doctor                                    what works on this machine, and what is missing
   corral bench [--n N] [--concurrency C]           measure task overhead against bare bubblewrap
+  corral version                                   this binary's version and build
   corral worker run-task ...                       (inside a sandbox) run one task's agent
 
 Client commands reach the server at --server (default: http://LISTEN from the
@@ -78,6 +81,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"skills":      cmdSkills,
 		"attachments": cmdAttachments,
 		"gc":          cmdGC,
+		"version":     cmdVersion,
 	}
 	f, ok := cmds[args[0]]
 	if !ok {
@@ -100,7 +104,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 }
 
+// flagError is how a command ends when its flags do not parse: 0 after -h
+// or --help (the flag set has printed its usage), else 2.
+func flagError(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return exitError(0)
+	}
+	return exitError(2)
+}
+
 // exitError ends the process with a code and no message.
 type exitError int
 
 func (e exitError) Error() string { return fmt.Sprintf("exit %d", int(e)) }
+
+func cmdVersion(_ context.Context, args []string, stdout, _ io.Writer) error {
+	if len(args) > 0 {
+		return fmt.Errorf("version takes no arguments: %w", errdefs.ErrInvalidArgument)
+	}
+	fmt.Fprintln(stdout, "corral", app.Version())
+	return nil
+}

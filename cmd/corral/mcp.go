@@ -29,7 +29,7 @@ func cmdMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	cf.lo.RegisterFlags(fs)
 	fs.StringVar(&cf.server, "server", "", "the server's URL (default http:// and the configured listen address; without it, an embedded server starts if none answers)")
 	if err := fs.Parse(args); err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalidArgument)

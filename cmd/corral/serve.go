@@ -19,7 +19,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var lo config.LoadOptions
 	lo.RegisterFlags(fs)
 	if err := fs.Parse(args); err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalidArgument)

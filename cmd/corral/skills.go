@@ -36,7 +36,7 @@ func cmdSkills(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	files := fs.String("files", "", "create: comma-separated output files of --from-task (default: all)")
 	pos, err := parse(fs, args)
 	if err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	c, err := cf.client()
 	if err != nil {

@@ -45,7 +45,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.BoolVar(&req.SaveToShared, "save-to-shared", false, "on success, copy the outputs to shared/outputs/ (and scripts to shared/scripts/)")
 	pos, err := parse(fs, args)
 	if err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	if len(pos) == 0 {
 		return fmt.Errorf("give the task description: corral run \"what to do\" [-- CMD ARGS...]: %w", errdefs.ErrInvalidArgument)
@@ -178,7 +178,7 @@ func cmdTasks(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&req.Limit, "limit", 20, "at most this many")
 	fs.StringVar(&req.Cursor, "cursor", "", "next_cursor of the previous page")
 	if _, err := parse(fs, args); err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	c, err := cf.client()
 	if err != nil {
@@ -213,7 +213,7 @@ func cmdResult(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.Var(&files, "file", "include this output file's content, control characters shown escaped (repeatable; --json has the exact text)")
 	pos, err := parse(fs, args)
 	if err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	if len(pos) != 1 {
 		return fmt.Errorf("give one task id: %w", errdefs.ErrInvalidArgument)
@@ -239,7 +239,7 @@ func cmdLogs(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	stream := fs.String("stream", "agent", "agent (the transcript) or stderr; control characters but newline and tab are shown escaped")
 	pos, err := parse(fs, args)
 	if err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	if len(pos) != 1 {
 		return fmt.Errorf("give one task id: %w", errdefs.ErrInvalidArgument)
@@ -263,7 +263,7 @@ func cmdCancel(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	cf.register(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	if len(pos) != 1 {
 		return fmt.Errorf("give one task id: %w", errdefs.ErrInvalidArgument)

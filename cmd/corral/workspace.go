@@ -26,7 +26,7 @@ func cmdWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	recursive := fs.Bool("recursive", false, "list recursively (ls)")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	c, err := cf.client()
 	if err != nil {
@@ -112,7 +112,7 @@ func cmdTools(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var cf clientFlags
 	cf.register(fs)
 	if _, err := parse(fs, args); err != nil {
-		return exitError(2)
+		return flagError(err)
 	}
 	c, err := cf.client()
 	if err != nil {

@@ -232,7 +232,7 @@ func (a *App) open(ctx context.Context) error {
 		}
 		deliveries = notifyDeliveries{a.notifier}
 	}
-	mcpSrv := mcpserver.New(a.orch, mcpserver.Options{MaxArgumentBytes: lim.MaxRequestBytes.Bytes()}, a.log.With("subsystem", "mcp"))
+	mcpSrv := mcpserver.New(a.orch, mcpserver.Options{MaxArgumentBytes: lim.MaxRequestBytes.Bytes(), Version: Version()}, a.log.With("subsystem", "mcp"))
 	a.api = httpapi.New(backend{a.orch, a}, httpapi.Options{
 		Token:           a.token,
 		Tokens:          tokens,

@@ -1,0 +1,43 @@
+package app
+
+import (
+	"runtime/debug"
+	"strings"
+)
+
+// Version is this binary's version as the Go toolchain recorded it: the
+// module version when built from a tagged module, else "devel" with the
+// commit, its time and whether the tree had changes, when known.
+func Version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	if v == "" || v == "(devel)" {
+		v = "devel"
+	}
+	var rev, at string
+	modified := false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.time":
+			at = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	parts := []string{v}
+	if rev != "" {
+		parts = append(parts, rev[:min(12, len(rev))])
+	}
+	if at != "" {
+		parts = append(parts, at)
+	}
+	if modified {
+		parts = append(parts, "(modified)")
+	}
+	return strings.Join(parts, " ")
+}
