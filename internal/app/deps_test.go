@@ -36,7 +36,7 @@ var allowed = map[string][]string{
 	"internal/eventstore/storetest": {"eventstore", "task", "errdefs", "testenv"},
 	"internal/sandbox/local":        {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "errdefs", "logkey"},
 	"internal/sandbox/gvisor":       {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "errdefs", "logkey"},
-	"internal/sandbox/sandboxtest":  {"sandbox", "errdefs", "testenv"},
+	"internal/sandbox/sandboxtest":  {"sandbox", "sandbox/hostproc", "errdefs", "testenv"},
 	"internal/agent/agenttest":      {},
 	"internal/agent":                {"errdefs"},
 	"internal/webhook":              {"task", "errdefs"},

@@ -93,7 +93,11 @@ type Orchestrator struct {
 	saving    keyedMutex // serialises one task's save_to_shared, so it saves once
 	scriptsMu sync.Mutex // serialises choosing names in shared/scripts/
 	gcMu      sync.Mutex // serialises retention sweeps
-	skillMu   sync.Mutex // serialises create_skill, so two creates of one name cannot both pass the check
+	// queueMu guards spawning, the spawns past the queue check whose task
+	// is not created yet.
+	queueMu  sync.Mutex
+	spawning int
+	skillMu  sync.Mutex // serialises create_skill, so two creates of one name cannot both pass the check
 }
 
 var _ Service = (*Orchestrator)(nil)

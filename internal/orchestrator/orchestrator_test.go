@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -336,6 +338,23 @@ func TestSpawnDisabled(t *testing.T) {
 	}
 	if ids, _ := f.data.TaskIDs(); len(ids) != 0 {
 		t.Errorf("task directories %v, want none", ids)
+	}
+}
+
+// Concurrent spawns cannot pass the queue bound together.
+func TestSpawnQueueBoundConcurrent(t *testing.T) {
+	f := MustNew(t, func(o *Options) { o.Limits.MaxQueued = 5 })
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.o.Spawn(context.Background(), SpawnRequest{TaskDescription: fmt.Sprint(i)})
+		}()
+	}
+	wg.Wait()
+	if q := f.o.tasks.Counts(); q[task.Queued] != 5 {
+		t.Errorf("%d tasks queued against a bound of 5", q[task.Queued])
 	}
 }
 

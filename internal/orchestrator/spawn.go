@@ -70,9 +70,11 @@ func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, 
 			return t, true, nil
 		}
 	}
-	if q := o.tasks.Counts(); o.opts.Limits.MaxQueued > 0 && q[task.Pending]+q[task.Queued] >= o.opts.Limits.MaxQueued {
-		return task.Task{}, false, fmt.Errorf("the queue is full (%d tasks waiting); try again later: %w", o.opts.Limits.MaxQueued, errdefs.ErrResourceExhausted)
+	release, err := o.reserveQueueSlot()
+	if err != nil {
+		return task.Task{}, false, err
 	}
+	defer release()
 
 	id := task.NewID()
 	dir, err := o.data.CreateTask(id)
@@ -116,6 +118,29 @@ func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, 
 	ok = true
 	o.log.Info("task queued", "task_id", id, "agent", spec.Agent, "runtime", spec.Runtime)
 	return t, false, nil
+}
+
+// reserveQueueSlot counts a spawn under way against limits.max_queued_tasks
+// until release: the queue's count and the spawns between their check and
+// their task's creation are taken together, so concurrent spawns cannot
+// pass the bound.
+func (o *Orchestrator) reserveQueueSlot() (release func(), err error) {
+	max := o.opts.Limits.MaxQueued
+	if max <= 0 {
+		return func() {}, nil
+	}
+	o.queueMu.Lock()
+	defer o.queueMu.Unlock()
+	q := o.tasks.Counts()
+	if q[task.Pending]+q[task.Queued]+o.spawning >= max {
+		return nil, fmt.Errorf("the queue is full (%d tasks waiting); try again later: %w", max, errdefs.ErrResourceExhausted)
+	}
+	o.spawning++
+	return func() {
+		o.queueMu.Lock()
+		o.spawning--
+		o.queueMu.Unlock()
+	}, nil
 }
 
 // validate checks every field and returns the task's spec with defaults

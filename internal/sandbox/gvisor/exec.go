@@ -17,6 +17,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 )
 
 // Exec runs req.Command in the running sandbox id with `runsc exec`: as the
@@ -98,7 +99,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	}
 	es := sandbox.ExitStatus{Code: cmd.ProcessState.ExitCode(), ExitedAt: time.Now().UTC()}
 	if es.Code > 128 && es.Code < 128+65 {
-		es.Message = "killed by signal " + syscall.Signal(es.Code-128).String()
+		es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
 	}
 	return es, nil
 }

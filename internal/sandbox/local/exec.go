@@ -73,7 +73,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	es := sandbox.ExitStatus{Code: cmd.ProcessState.ExitCode(), ExitedAt: time.Now().UTC()}
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		es.Code = 128 + int(ws.Signal())
-		es.Message = "killed by signal " + ws.Signal().String()
+		es.Message = hostproc.KilledBy(ws.Signal())
 	}
 	return es, nil
 }

@@ -629,7 +629,7 @@ func (r *Runtime) exitStatus(e *entry) sandbox.ExitStatus {
 		es.OOMKilled = true
 		es.Message = "OOMKilled"
 	} else if es.Message == "" && es.Code > 128 && es.Code < 128+65 {
-		es.Message = "killed by signal " + syscall.Signal(es.Code-128).String()
+		es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
 	}
 	return es
 }

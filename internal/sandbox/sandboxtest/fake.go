@@ -18,6 +18,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 )
 
 var _ sandbox.Runtime = (*Fake)(nil)
@@ -265,7 +266,7 @@ func (f *Fake) runHost(ctx context.Context, sb *fakeSandbox) sandbox.ExitStatus 
 	es := sandbox.ExitStatus{Code: cmd.ProcessState.ExitCode()}
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		es.Code = 128 + int(ws.Signal())
-		es.Message = "killed by signal " + ws.Signal().String()
+		es.Message = hostproc.KilledBy(ws.Signal())
 	}
 	return es
 }
