@@ -139,8 +139,8 @@ func printResult(w io.Writer, res orchestrator.Result, asJSON bool) error {
 		return printJSON(w, res)
 	}
 	fmt.Fprintf(w, "task:     %s\nstatus:   %s\n", res.ID, res.Status)
-	if res.DurationSeconds != nil {
-		fmt.Fprintf(w, "duration: %.2fs\n", *res.DurationSeconds)
+	if res.DurationMS != nil {
+		fmt.Fprintf(w, "duration: %.2fs\n", float64(*res.DurationMS)/1000)
 	}
 	if res.ExitCode != nil {
 		fmt.Fprintf(w, "exit:     %d\n", *res.ExitCode)

@@ -396,9 +396,9 @@ func (b backend) Stats() httpapi.Stats {
 	st := httpapi.Stats{ByStatus: b.a.tasks.Counts(), Running: b.a.sched.Running()}
 	st.QueueDepth = st.ByStatus[task.Queued] + st.ByStatus[task.Pending]
 	st.Agents = make(map[string]httpapi.AgentUsage)
-	for _, t := range b.a.tasks.Select(func(t *task.Task) bool { return t.DurationSeconds != nil || t.Usage != nil || t.CostUSD > 0 }) {
-		if t.DurationSeconds != nil {
-			st.Durations = append(st.Durations, *t.DurationSeconds)
+	for _, t := range b.a.tasks.Select(func(t *task.Task) bool { return t.DurationMS != nil || t.Usage != nil || t.CostUSD > 0 }) {
+		if t.DurationMS != nil {
+			st.Durations = append(st.Durations, float64(*t.DurationMS)/1000)
 		}
 		if t.Usage != nil || t.CostUSD > 0 {
 			u := st.Agents[t.Agent]

@@ -226,7 +226,7 @@ func TestDeliversCompletion(t *testing.T) {
 	}
 	want := map[string]any{
 		"event_type": "worker_completed", "source": "local", "task_id": id, "status": "success",
-		"duration_seconds": 2.5, "exit_code": 0.0, "output_files": []any{"chart.png"}, "error_message": nil,
+		"duration_seconds": 3.0, "duration_ms": 2500.0, "exit_code": 0.0, "output_files": []any{"chart.png"}, "error_message": nil,
 		"summary": "made a chart", "reason": "webhook",
 		"conversation_id": "conv-1", "interface_type": "telegram", "user_name": "alice",
 		"labels": map[string]any{"k": "v"}, "event_id": ev.ID, "occurred_at": ev.RecordedAt.UTC().Format(time.RFC3339Nano),

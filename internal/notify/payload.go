@@ -16,8 +16,9 @@ type Completion struct {
 	EventType       string            `json:"event_type"` // always "worker_completed"
 	Source          string            `json:"source"`     // the runtime: "local", "docker", "kubernetes", ...
 	TaskID          string            `json:"task_id"`
-	Status          task.Status       `json:"status"` // success, failed, timeout or cancelled
-	DurationSeconds *float64          `json:"duration_seconds"`
+	Status          task.Status       `json:"status"`           // success, failed, timeout or cancelled
+	DurationSeconds *int64            `json:"duration_seconds"` // whole seconds, as the seed's payload
+	DurationMS      *int64            `json:"duration_ms"`
 	ExitCode        *int              `json:"exit_code"`
 	OutputFiles     []string          `json:"output_files"` // names under the task's output/
 	ErrorMessage    *string           `json:"error_message"`
@@ -56,6 +57,7 @@ func completionBody(t task.Task, eventID string, at time.Time, reason string) Co
 		TaskID:          t.ID,
 		Status:          t.Status,
 		DurationSeconds: t.DurationSeconds,
+		DurationMS:      t.DurationMS,
 		ExitCode:        t.ExitCode,
 		OutputFiles:     []string{},
 		Summary:         t.Summary,

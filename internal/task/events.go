@@ -325,10 +325,9 @@ func (t *Task) Apply(typ string, data []byte, version int64, at time.Time, pos i
 		t.OutputFilesTotal, t.OutputFilesNote = p.OutputFilesTotal, p.OutputFilesNote
 		switch {
 		case p.DurationSeconds != nil:
-			t.DurationSeconds = p.DurationSeconds
+			t.setDuration(time.Duration(*p.DurationSeconds * float64(time.Second)))
 		case t.StartedAt != nil:
-			d := at.Sub(*t.StartedAt).Seconds()
-			t.DurationSeconds = &d
+			t.setDuration(at.Sub(*t.StartedAt))
 		}
 	default:
 		// Unknown event types (from a newer version) change nothing but the version.
@@ -372,4 +371,11 @@ type DeliveryFailed struct {
 // queued again by hand, for a new round of attempts.
 type DeliveryRetried struct {
 	By string `json:"by,omitempty"`
+}
+
+// setDuration sets the task's run time, in whole seconds (rounded) and in
+// milliseconds.
+func (t *Task) setDuration(d time.Duration) {
+	secs, ms := int64(d.Round(time.Second)/time.Second), d.Milliseconds()
+	t.DurationSeconds, t.DurationMS = &secs, &ms
 }

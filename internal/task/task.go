@@ -137,16 +137,20 @@ type Task struct {
 	Status  Status `json:"status"`
 	Version int64  `json:"version"`
 
-	SandboxName     string          `json:"sandbox_name,omitempty"`
-	Handle          json.RawMessage `json:"-"`
-	CreatedAt       time.Time       `json:"created_at"`
-	UpdatedAt       time.Time       `json:"updated_at"`
-	QueuedAt        *time.Time      `json:"queued_at,omitempty"`
-	StartedAt       *time.Time      `json:"started_at,omitempty"`
-	CompletedAt     *time.Time      `json:"completed_at,omitempty"`
-	DurationSeconds *float64        `json:"duration_seconds,omitempty"`
-	ExitCode        *int            `json:"exit_code,omitempty"`
-	OutputFiles     []OutputFile    `json:"output_files,omitempty"`
+	SandboxName string          `json:"sandbox_name,omitempty"`
+	Handle      json.RawMessage `json:"-"`
+	CreatedAt   time.Time       `json:"created_at"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+	QueuedAt    *time.Time      `json:"queued_at,omitempty"`
+	StartedAt   *time.Time      `json:"started_at,omitempty"`
+	CompletedAt *time.Time      `json:"completed_at,omitempty"`
+	// DurationSeconds is the run time in whole seconds (rounded), an
+	// integer as in the seed's payloads; DurationMS the same in
+	// milliseconds. Both are set when the task ended after it started.
+	DurationSeconds *int64       `json:"duration_seconds,omitempty"`
+	DurationMS      *int64       `json:"duration_ms,omitempty"`
+	ExitCode        *int         `json:"exit_code,omitempty"`
+	OutputFiles     []OutputFile `json:"output_files,omitempty"`
 	// OutputFilesTotal and OutputFilesNote are set when OutputFiles lists
 	// only some of the output (MaxOutputFiles): how many files there are,
 	// and a sentence saying so for whoever reads the result.

@@ -161,8 +161,13 @@ func TestApplyCompletedDurationFromPayload(t *testing.T) {
 	if err := tk.Apply(EventCompleted, mustJSON(t, Completed{Status: Success, DurationSeconds: &d}), 5, t0.Add(time.Hour), 30); err != nil {
 		t.Fatal(err)
 	}
-	if tk.DurationSeconds == nil || *tk.DurationSeconds != 42.5 {
-		t.Errorf("duration = %v, want 42.5 from the payload", tk.DurationSeconds)
+	// The seed's integer seconds (rounded), and the milliseconds.
+	if tk.DurationSeconds == nil || *tk.DurationSeconds != 43 || tk.DurationMS == nil || *tk.DurationMS != 42500 {
+		t.Errorf("duration = %v s, %v ms, want 43 and 42500 from the payload's 42.5", tk.DurationSeconds, tk.DurationMS)
+	}
+	b, _ := json.Marshal(tk)
+	if !strings.Contains(string(b), `"duration_seconds":43,`) || !strings.Contains(string(b), `"duration_ms":42500`) {
+		t.Errorf("task JSON %s: want integer duration_seconds and duration_ms", b)
 	}
 }
 
