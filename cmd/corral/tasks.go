@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -127,6 +128,13 @@ func progress(w io.Writer, e eventstore.Event) {
 		fmt.Fprintf(w, "%s server restarted; reattached to the sandbox\n", at)
 	case task.EventCompleted:
 		fmt.Fprintf(w, "%s ended\n", at)
+	case task.EventProgress:
+		var p task.Progress
+		if json.Unmarshal(e.Data, &p) == nil {
+			fmt.Fprintf(w, "%s %s\n", at, oneLine(p.Line(), 160))
+			return
+		}
+		fmt.Fprintf(w, "%s progress %s\n", at, oneLine(string(e.Data), 120))
 	default:
 		fmt.Fprintf(w, "%s %s %s\n", at, termsafe.Line(e.Type), oneLine(string(e.Data), 120))
 	}

@@ -227,8 +227,8 @@ func (s *Server) followProgress(ctx context.Context, req *mcp.CallToolRequest, n
 	}
 }
 
-// ProgressEvent is the event type a worker's own progress reports will
-// have; its data's "message" becomes the notification's message.
+// ProgressEvent is the event type of a worker's own progress reports;
+// task.Progress.Line is the notification's message.
 const ProgressEvent = "task_progress"
 
 // progressMessage is the progress notification message for an event, if
@@ -254,11 +254,11 @@ func progressMessage(e eventstore.Event) (string, bool) {
 		json.Unmarshal(e.Data, &c)
 		return "ended: " + c.Status, true
 	case ProgressEvent:
-		var p struct {
-			Message string `json:"message"`
-		}
-		if json.Unmarshal(e.Data, &p) == nil && p.Message != "" {
-			return p.Message, true
+		var p task.Progress
+		if json.Unmarshal(e.Data, &p) == nil {
+			if line := p.Line(); line != "" {
+				return line, true
+			}
 		}
 		return "progress", true
 	}

@@ -320,7 +320,14 @@ func TestProgressWhileWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { return len(prog.all()) >= 4 })
-	if got, want := prog.all(), []string{"created", "queued", "starting", "running"}; !cmp.Equal(got, want) {
+	// The agent's own progress reads as what it did, not "progress".
+	if _, err := f.tasks.Update(context.Background(), tk.ID, func(task.Task) ([]eventstore.Proposed, error) {
+		return []eventstore.Proposed{projection.NewEvent(task.EventProgress, task.Progress{Kind: "tool_use", Tool: "Bash", Input: "ls"}, "test")}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(prog.all()) >= 5 })
+	if got, want := prog.all(), []string{"created", "queued", "starting", "running", "Bash: ls"}; !cmp.Equal(got, want) {
 		t.Errorf("progress %q, want %q", got, want)
 	}
 	if _, err := f.tasks.Update(context.Background(), tk.ID, func(task.Task) ([]eventstore.Proposed, error) {

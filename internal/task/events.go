@@ -3,6 +3,7 @@ package task
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -35,6 +36,34 @@ type Progress struct {
 	Status string `json:"status,omitempty"` // ok or error, for tool_result
 	// Coalesced counts items of this kind the worker dropped for this one.
 	Coalesced int `json:"coalesced,omitempty"`
+}
+
+// Line says what a progress item reports, on one line, for a person or
+// an MCP progress notification: the agent's text, "Bash: ls -la" for a
+// tool call, "Bash: ok" for its result. The text is the worker's: a
+// terminal needs it escaped.
+func (p Progress) Line() string {
+	var s string
+	switch p.Kind {
+	case "tool_use":
+		s = strings.TrimSpace(p.Tool + ": " + p.Input)
+	case "tool_result":
+		s = strings.TrimSpace(p.Tool + " " + p.Status)
+		if s == "" {
+			s = "tool result"
+		}
+	case "init":
+		s = "agent started"
+	default:
+		s = p.Text
+	}
+	if s == "" {
+		s = p.Kind
+	}
+	if p.Coalesced > 0 {
+		s += fmt.Sprintf(" (+%d more)", p.Coalesced)
+	}
+	return strings.Join(strings.Fields(s), " ")
 }
 
 // Usage counts an agent run's tokens, as the agent reported them.

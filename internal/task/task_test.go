@@ -283,3 +283,23 @@ func TestStreamID(t *testing.T) {
 		t.Errorf("IDFromStream(%q) = %q, want empty", SystemStream, got)
 	}
 }
+
+// A progress item reads as one line of what the agent did, never raw JSON.
+func TestProgressLine(t *testing.T) {
+	for _, tc := range []struct {
+		p    Progress
+		want string
+	}{
+		{Progress{Kind: "text", Text: "Reading the CSV\nnow"}, "Reading the CSV now"},
+		{Progress{Kind: "tool_use", Tool: "Bash", Input: "python3 chart.py"}, "Bash: python3 chart.py"},
+		{Progress{Kind: "tool_result", Tool: "Bash", Status: "ok"}, "Bash ok"},
+		{Progress{Kind: "tool_result", Status: "error"}, "error"},
+		{Progress{Kind: "init"}, "agent started"},
+		{Progress{Kind: "text", Text: "| total |", Coalesced: 6}, "| total | (+6 more)"},
+		{Progress{Kind: "progress_dropped"}, "progress_dropped"},
+	} {
+		if got := tc.p.Line(); got != tc.want {
+			t.Errorf("%+v.Line() = %q, want %q", tc.p, got, tc.want)
+		}
+	}
+}
