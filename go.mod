@@ -3,6 +3,7 @@ module github.com/corral-dev/corral
 go 1.26.8
 
 require (
+	github.com/gabriel-vasile/mimetype v1.4.16
 	github.com/google/go-cmp v0.7.0
 	github.com/modelcontextprotocol/go-sdk v1.8.0
 	go.uber.org/goleak v1.3.0

@@ -26,7 +26,6 @@ import (
 	"io"
 	"io/fs"
 	"mime"
-	"net/http"
 	"os"
 	"path"
 	"sort"
@@ -36,6 +35,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/filetype"
 	"github.com/corral-dev/corral/internal/units"
 )
 
@@ -490,36 +490,14 @@ type sniffer struct {
 }
 
 func (s *sniffer) Write(p []byte) (int, error) {
-	if n := 512 - len(s.buf); n > 0 {
+	if n := filetype.HeadBytes - len(s.buf); n > 0 {
 		s.buf = append(s.buf, p[:min(n, len(p))]...)
 	}
 	return len(p), nil
 }
 
-// typ returns the content's MIME type: sniffed from its first bytes, made
-// more precise by the name's extension where sniffing only says "text" or
-// "binary" (a CSV sniffs as text/plain).
-func (s *sniffer) typ(name string) string {
-	sniffed := http.DetectContentType(s.buf)
-	generic := strings.HasPrefix(sniffed, "text/plain") || sniffed == "application/octet-stream"
-	if !generic {
-		return sniffed
-	}
-	byExt := mime.TypeByExtension(path.Ext(name))
-	switch strings.ToLower(path.Ext(name)) {
-	case ".md":
-		byExt = "text/markdown; charset=utf-8"
-	case ".csv":
-		byExt = "text/csv; charset=utf-8"
-	case ".py":
-		byExt = "text/x-python; charset=utf-8"
-	}
-	// A text extension on binary content is not believed, and the reverse.
-	if byExt != "" && strings.HasPrefix(byExt, "text/") == strings.HasPrefix(sniffed, "text/") {
-		return byExt
-	}
-	return sniffed
-}
+// typ returns the content's MIME type (package filetype).
+func (s *sniffer) typ(name string) string { return filetype.Detect(name, s.buf) }
 
 func writeAtomic(root *os.Root, name string, data []byte) error {
 	tmp := path.Join(path.Dir(name), "."+path.Base(name)+".tmp")

@@ -696,6 +696,43 @@ func signed(id, webhookID string, key []byte) (http.Header, []byte) {
 	return h, body
 }
 
+// A worker that reports before its sandbox is recorded as started ends its
+// task only after: the log reads starting, started, then the end.
+func TestWorkerCompleteWaitsForStarted(t *testing.T) {
+	f := MustNew(t, nil)
+	ctx := context.Background()
+	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "fast", Command: []string{"true"}})
+	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventStarting, nil, "test"))
+	f.MustTaskFile(t, tk.ID, "status.json", statusJSON("success", 0, "quick", ""))
+	done := make(chan error, 1)
+	go func() {
+		h, body := signed(tk.ID, "wh-fast", webhook.DeriveKey(testSecret, tk.ID))
+		_, err := f.o.WorkerComplete(ctx, h, body)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the completion returned before the task started: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventStarted, task.Started{SandboxName: tk.ID}, "test"))
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	evs, err := f.store.ReadStream(ctx, task.StreamID(tk.ID), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, e := range evs {
+		types = append(types, e.Type)
+	}
+	want := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventStarted, task.EventCompleted}
+	if !slices.Equal(types, want) {
+		t.Errorf("events %v, want %v", types, want)
+	}
+}
+
 func TestWorkerComplete(t *testing.T) {
 	f := MustNew(t, nil)
 	ctx := context.Background()

@@ -237,6 +237,30 @@ func boundOutputFiles(files []task.OutputFile) (listed []task.OutputFile, total 
 	return files, 0, ""
 }
 
+// maxStartWait bounds how long a worker's completion waits for its task to
+// be recorded as started.
+const maxStartWait = 10 * time.Second
+
+// waitStarted waits until task id has left starting (or maxStartWait).
+func (o *Orchestrator) waitStarted(ctx context.Context, id string) (task.Task, error) {
+	timer := time.NewTimer(maxStartWait)
+	defer timer.Stop()
+	for {
+		changed := o.tasks.Changed()
+		t, err := o.tasks.Get(id)
+		if err != nil || t.Status != task.Starting {
+			return t, err
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return t, fmt.Errorf("task %s is still starting after %s: %w", id, maxStartWait, errdefs.ErrUnavailable)
+		case <-ctx.Done():
+			return t, ctx.Err()
+		}
+	}
+}
+
 func clip(s string) string {
 	s = strings.TrimSpace(s)
 	if len(s) > maxMessage {
@@ -261,6 +285,15 @@ func (o *Orchestrator) WorkerComplete(ctx context.Context, h http.Header, body [
 	}
 	if t.Status == task.Pending || t.Status == task.Queued {
 		return "", fmt.Errorf("task %s has not started: %w", t.ID, errdefs.ErrFailedPrecondition)
+	}
+	if t.Status == task.Starting {
+		// A fast worker can report before the scheduler has recorded
+		// its sandbox as started: wait for that, so the task's log reads
+		// starting, started, then its end.
+		if t, err = o.waitStarted(ctx, t.ID); err != nil {
+			o.opts.Verifier.Forget(c.WebhookID) // let the worker's retry through
+			return "", err
+		}
 	}
 	// A success ends the task at once. A failure is acknowledged but left
 	// to the sandbox's exit, which follows within moments: the runtime knows

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"mime"
-	"net/http"
 	"os"
 	"path"
 	"sort"
@@ -13,6 +11,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/filetype"
 )
 
 // File describes a regular file beneath a root.
@@ -130,32 +129,18 @@ func walk(root *os.Root, dir string, fn func(rel string, d fs.DirEntry) error) e
 // ErrNotDir is returned when a directory was expected.
 var ErrNotDir = fmt.Errorf("not a directory: %w", errdefs.ErrFailedPrecondition)
 
-// DetectType returns a file's MIME type: from its extension when known,
-// else sniffed from its first 512 bytes.
+// DetectType returns a file's MIME type (package filetype): from its
+// first bytes, with its extension among text types. A file that cannot be
+// opened as a regular file is application/octet-stream.
 func DetectType(root *os.Root, name string) string {
-	if t := mime.TypeByExtension(path.Ext(name)); t != "" {
-		return t
-	}
-	switch path.Ext(name) {
-	case ".md":
-		return "text/markdown; charset=utf-8"
-	case ".py":
-		return "text/x-python; charset=utf-8"
-	case ".sh":
-		return "text/x-shellscript; charset=utf-8"
-	case ".jsonl":
-		return "application/jsonl"
-	case ".csv":
-		return "text/csv; charset=utf-8"
-	}
 	f, _, err := OpenFile(root, name)
 	if err != nil {
 		return "application/octet-stream"
 	}
 	defer f.Close()
-	var buf [512]byte
-	n, _ := io.ReadFull(f, buf[:])
-	return http.DetectContentType(buf[:n])
+	buf := make([]byte, filetype.HeadBytes)
+	n, _ := io.ReadFull(f, buf)
+	return filetype.Detect(name, buf[:n])
 }
 
 // ReadFile reads name beneath root, up to max bytes; truncated says whether
