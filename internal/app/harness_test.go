@@ -161,7 +161,7 @@ func (s *server) spawn(t *testing.T, desc string, argv ...string) task.Task {
 }
 
 // wait waits for a task to end and returns its result.
-func (s *server) wait(t *testing.T, id string, within time.Duration, files ...string) orchestrator.Result {
+func (s *server) wait(t testing.TB, id string, within time.Duration, files ...string) orchestrator.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), within+5*time.Second)
 	defer cancel()

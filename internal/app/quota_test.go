@@ -3,6 +3,7 @@
 package app_test
 
 import (
+	"context"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -25,25 +27,51 @@ const fillerQuota = 64 << 20
 // them, from one process, until something stops it.
 var fastFiller = []string{"split", "-b", "1048576", "-a", "6", "/dev/zero", "output/f"}
 
-// TestQuotaOvershootOfFastFiller measures how far a fast filler gets past
-// a 64 MiB quota the server polls (a filesystem without project quotas):
-// at most twice the quota (2 s apart, the poll used to let 11× through).
-func TestQuotaOvershootOfFastFiller(t *testing.T) {
+// TestQuotaStopsFastFiller: a filler writing as fast as the disk takes it
+// on a file system without project quotas is stopped by the poll: the task
+// fails with the quota error, its sandbox is gone, and nothing grows after.
+// How far past the quota it got depends on the machine's speed and load,
+// so it is logged here and measured by BenchmarkQuotaOvershoot, not
+// asserted.
+func TestQuotaStopsFastFiller(t *testing.T) {
 	s := MustStart(t, withFillerQuota)
-	start := time.Now()
-	tk := s.spawn(t, "fill the disk fast", fastFiller...)
-	res := s.wait(t, tk.ID, 60*time.Second)
-	took := time.Since(start)
+	u := fillPastQuota(t, s)
+	t.Logf("fast filler against a %s polled quota: %s written in %d files (%.2f× the quota)",
+		units.FormatSize(fillerQuota), units.FormatSize(u.bytes), u.files, float64(u.bytes)/fillerQuota)
+}
+
+// BenchmarkQuotaOvershoot reports how far past a 64 MiB polled quota a
+// fast filler gets, as a multiple of the quota (the poll every 2 s that
+// came before let 11× through).
+func BenchmarkQuotaOvershoot(b *testing.B) {
+	s := startServer(b, []string{}, nil, withFillerQuota)
+	var worst float64
+	for b.Loop() {
+		u := fillPastQuota(b, s)
+		worst = max(worst, float64(u.bytes)/fillerQuota)
+	}
+	b.ReportMetric(worst, "x-quota-worst")
+}
+
+// fillPastQuota runs the fast filler to its end and returns what its task
+// directory holds once the sandbox is gone (and stays: measured twice).
+func fillPastQuota(tb testing.TB, s *server) dirUsage {
+	tb.Helper()
+	tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: "fill the disk fast", Agent: "command", Command: fastFiller})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	res := s.wait(tb, tk.ID, 60*time.Second)
 	if res.Status != task.Failed || !strings.HasPrefix(res.ErrorMessage, "output quota exceeded") {
-		t.Fatalf("status %s, error %q; want failed with output quota exceeded", res.Status, res.ErrorMessage)
+		tb.Fatalf("status %s, error %q; want failed with output quota exceeded", res.Status, res.ErrorMessage)
 	}
-	waitSandboxGone(t, s, tk.ID)
-	u := taskDirUsage(t, s, tk.ID)
-	t.Logf("fast filler against a %s polled quota: %s written in %d files (%.2f× the quota), %s of blocks; ended %s after spawn",
-		units.FormatSize(fillerQuota), units.FormatSize(u.bytes), u.files, float64(u.bytes)/fillerQuota, units.FormatSize(u.blocks), took.Round(time.Millisecond))
-	if u.bytes >= 2*fillerQuota {
-		t.Errorf("the filler wrote %s against a %s quota: more than twice the quota", units.FormatSize(u.bytes), units.FormatSize(fillerQuota))
+	waitSandboxGone(tb, s, tk.ID)
+	u := taskDirUsage(tb, s, tk.ID)
+	time.Sleep(200 * time.Millisecond)
+	if again := taskDirUsage(tb, s, tk.ID); again != u {
+		tb.Errorf("the task directory grew after its sandbox was gone: %+v, then %+v", u, again)
 	}
+	return u
 }
 
 // TestQuotaHardWithProjectQuotas runs the filler on a data root that has
@@ -96,7 +124,7 @@ func withFillerQuota(c *config.Config) {
 }
 
 // waitSandboxGone waits for a task's local sandbox to be gone.
-func waitSandboxGone(t *testing.T, s *server, id string) {
+func waitSandboxGone(t testing.TB, s *server, id string) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if _, err := os.Stat(filepath.Join(s.data, "run", "local", id)); os.IsNotExist(err) {
@@ -114,7 +142,7 @@ type dirUsage struct {
 	files         int
 }
 
-func taskDirUsage(t *testing.T, s *server, id string) dirUsage {
+func taskDirUsage(t testing.TB, s *server, id string) dirUsage {
 	t.Helper()
 	var u dirUsage
 	err := filepath.WalkDir(filepath.Join(s.data, "tasks", id), func(p string, d fs.DirEntry, err error) error {
