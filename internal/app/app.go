@@ -21,6 +21,7 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/mcpserver"
@@ -209,6 +210,7 @@ func (a *App) open(ctx context.Context) error {
 		Runtimes:      a.runtimes,
 		Prepare:       a.orch.Prepare,
 		Collect:       a.orch.Collect,
+		Reported:      a.orch.Reported,
 		Quota:         a.taskQuota(),
 	}, a.tasks, a.store, a.log.With("subsystem", "scheduler"))
 	var deliveries httpapi.Deliveries
@@ -311,7 +313,7 @@ func (a *App) Service() orchestrator.Service { return a.orch }
 func (a *App) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := a.orch.ReconcileDirectories(ctx); err != nil {
+	if err := a.orch.ReconcileDirectories(eventstore.Begin(ctx, "start")); err != nil {
 		return err
 	}
 	// Headers within 10 s, a body that never stalls for 30 s (httpapi), and

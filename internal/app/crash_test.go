@@ -141,6 +141,36 @@ func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 	if !slices.Contains(types, task.EventReattached) {
 		t.Errorf("survivor's events %v have no %s", types, task.EventReattached)
 	}
+	// Every task's log reads created, queued, starting, started and one
+	// end, whatever the crash caught it doing.
+	lifecycle := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventStarted, task.EventCompleted}
+	for id := range want {
+		var got []string
+		srv.client.Events(ctx, orchestrator.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
+			if slices.Contains(lifecycle, e.Type) {
+				got = append(got, e.Type)
+			}
+			return nil
+		})
+		if !slices.Equal(got, lifecycle) {
+			t.Errorf("task %s: lifecycle %v, want %v", id, got, lifecycle)
+		}
+	}
+	// The finisher's status.json was on disk when the server came back: it
+	// is recorded during reconciliation, not when its worker next retries.
+	var finished, reconciled int64
+	srv.client.Events(ctx, orchestrator.EventsRequest{}, func(e eventstore.Event) error {
+		switch {
+		case e.Type == task.EventCompleted && e.StreamID == task.StreamID(finisher):
+			finished = e.Position
+		case e.Type == task.EventReconciled:
+			reconciled = e.Position
+		}
+		return nil
+	})
+	if finished == 0 || finished > reconciled {
+		t.Errorf("the finisher ended at position %d, the restart's reconciliation at %d: want it recorded during reconciliation", finished, reconciled)
+	}
 	// The sandbox is destroyed once its worker exits, just after it reports.
 	state := filepath.Join(data, "run", "local", survivor)
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {

@@ -54,13 +54,14 @@ func (e egressProxies) Tasks() ([]string, error) { return e.srv.Tasks() }
 // it.
 type egressRecorder struct {
 	store   eventstore.Store
+	tasks   *projection.Tasks
 	log     *slog.Logger
 	ch      chan egress.Record
 	dropped atomic.Int64
 }
 
-func newEgressRecorder(store eventstore.Store, log *slog.Logger) *egressRecorder {
-	return &egressRecorder{store: store, log: log, ch: make(chan egress.Record, egressBuffer)}
+func newEgressRecorder(store eventstore.Store, tasks *projection.Tasks, log *slog.Logger) *egressRecorder {
+	return &egressRecorder{store: store, tasks: tasks, log: log, ch: make(chan egress.Record, egressBuffer)}
 }
 
 // Add queues rec, or drops it if the buffer is full.
@@ -122,6 +123,9 @@ func (r *egressRecorder) append(ctx context.Context, rec egress.Record) {
 		BytesDown:       rec.BytesDown,
 		DurationSeconds: math.Round(rec.Duration.Seconds()*1000) / 1000,
 	}, egressActor)
+	if t, err := r.tasks.Get(rec.TaskID); err == nil {
+		ctx = projection.TaskCause(ctx, t)
+	}
 	if _, err := r.store.Append(ctx, task.StreamID(rec.TaskID), eventstore.AnyVersion, ev); err != nil && ctx.Err() == nil {
 		r.log.Warn("cannot record egress connection", logkey.TaskID, rec.TaskID, logkey.Error, err)
 	}
@@ -136,7 +140,7 @@ func (a *App) openEgress() error {
 	}
 	a.egressAllow = allow
 	log := a.log.With(logkey.Subsystem, "egress")
-	a.egressRec = newEgressRecorder(a.store, log)
+	a.egressRec = newEgressRecorder(a.store, a.tasks, log)
 	a.egress, err = egress.NewServer(a.data.HostPath(workspace.DirRun, "egress"), egress.Options{OnConnection: a.egressRec.Add}, log)
 	return err
 }

@@ -59,8 +59,11 @@ type Store interface {
 	// none. expected is the stream's current version (0 for a new stream) or
 	// AnyVersion. A mismatch returns an error wrapping ErrVersionConflict and
 	// appends nothing. An empty event list is ErrInvalidArgument. The
-	// returned events carry their ids, versions, positions and times. When
-	// Append returns nil the events are durable.
+	// returned events carry their ids, versions, positions and times. An
+	// event's empty CorrelationID and CausationID are filled from ctx's
+	// Cause (WithCause), if it has one, with Cause.Stamp, in order, so each later event of
+	// the append is caused by the one before it. When Append returns nil the
+	// events are durable.
 	Append(ctx context.Context, stream string, expected int64, events ...Proposed) ([]Event, error)
 
 	// ReadStream returns the events of stream with a version greater than

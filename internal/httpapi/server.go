@@ -7,8 +7,6 @@ package httpapi
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,9 +15,12 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/ids"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/task"
@@ -201,7 +202,15 @@ func (s *Server) wrap(h handlerFunc, rt route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rid := newRequestID()
 		w.Header().Set("X-Request-Id", rid)
-		ctx := r.Context()
+		corr, err := correlationID(r)
+		if err != nil {
+			s.writeError(w, r, rid, err)
+			return
+		}
+		w.Header().Set(HeaderCorrelationID, corr)
+		// Everything the request records shares its correlation id (a
+		// task's events keep the task's) and is caused by the request.
+		ctx := eventstore.WithCause(r.Context(), eventstore.Cause{CorrelationID: corr, CausationID: "request/" + rid})
 		if rt&fromWorker == 0 {
 			if err := s.checkWebTrust(r); err != nil {
 				s.writeError(w, r, rid, err)
@@ -225,9 +234,18 @@ func (s *Server) wrap(h handlerFunc, rt route) http.Handler {
 			}
 		}
 		ctx = orchestrator.WithActor(ctx, actor)
-		if err := h(w, r.WithContext(ctx)); err != nil {
+		start := time.Now()
+		err = h(w, r.WithContext(ctx))
+		if err != nil {
 			s.writeError(w, r, rid, err)
 		}
+		// Changes are logged, reads and the workers' reports only at debug.
+		lvl := slog.LevelInfo
+		if r.Method == http.MethodGet || r.Method == http.MethodHead || rt&fromWorker != 0 {
+			lvl = slog.LevelDebug
+		}
+		s.log.Log(ctx, lvl, "request", "method", r.Method, "path", r.URL.Path, logkey.RequestID, rid,
+			logkey.CorrelationID, corr, "actor", actor, "duration_ms", time.Since(start).Milliseconds(), "failed", err != nil)
 	})
 }
 
@@ -342,8 +360,34 @@ func (s *Server) readBody(r *http.Request, max int64) ([]byte, error) {
 	return body, nil
 }
 
-func newRequestID() string {
-	var b [8]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+func newRequestID() string { return "req_" + ids.New() }
+
+// HeaderCorrelationID is the header that carries a request's correlation
+// id, both ways: a caller may choose it, and every response names it.
+const HeaderCorrelationID = "X-Correlation-ID"
+
+// maxCorrelationID bounds a caller's correlation id.
+const maxCorrelationID = 128
+
+// correlationID returns the request's X-Correlation-ID, or a new one when
+// it has none. A caller's id is 1 to 128 of A-Z a-z 0-9 and . _ : / -, so
+// it can go into logs, headers and event envelopes as it is.
+func correlationID(r *http.Request) (string, error) {
+	v := r.Header.Values(HeaderCorrelationID)
+	switch {
+	case len(v) == 0:
+		return eventstore.NewCorrelationID(), nil
+	case len(v) > 1:
+		return "", fmt.Errorf("%s is given %d times; give it once: %w", HeaderCorrelationID, len(v), errdefs.ErrInvalidArgument)
+	}
+	id := v[0]
+	ok := id != "" && len(id) <= maxCorrelationID
+	for i := 0; ok && i < len(id); i++ {
+		c := id[i]
+		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("._:/-", c) >= 0
+	}
+	if !ok {
+		return "", fmt.Errorf("%s must be 1 to %d characters of letters, digits and . _ : / -: %w", HeaderCorrelationID, maxCorrelationID, errdefs.ErrInvalidArgument)
+	}
+	return id, nil
 }

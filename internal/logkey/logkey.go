@@ -4,13 +4,14 @@ package logkey
 
 // Attribute keys.
 const (
-	TaskID    = "task_id"
-	SandboxID = "sandbox_id"
-	Runtime   = "runtime"
-	Subsystem = "subsystem"
-	RequestID = "request_id"
-	EventID   = "event_id"
-	StreamID  = "stream_id"
-	Status    = "status"
-	Error     = "err"
+	TaskID        = "task_id"
+	SandboxID     = "sandbox_id"
+	Runtime       = "runtime"
+	Subsystem     = "subsystem"
+	RequestID     = "request_id"
+	CorrelationID = "correlation_id"
+	EventID       = "event_id"
+	StreamID      = "stream_id"
+	Status        = "status"
+	Error         = "err"
 )

@@ -329,7 +329,7 @@ func (d *Dispatcher) applyLocked(id string, e eventstore.Event) {
 		return // already applied: Run's own append, seen again in the log
 	}
 	next := *dl
-	if err := next.Apply(e.Type, e.Data, e.StreamVersion, e.RecordedAt); err != nil {
+	if err := next.Apply(e); err != nil {
 		d.log.Error("cannot apply delivery event", "delivery_id", id, logkey.EventID, e.ID, logkey.Error, err)
 		return
 	}
@@ -353,6 +353,18 @@ func (d *Dispatcher) apply(evs []eventstore.Event) {
 	}
 }
 
+// deliveryCause returns ctx carrying the Cause of dl's next events: the
+// reported event's correlation id, and the request ctx names (a retry by
+// hand) or else dl's latest event as causation.
+func deliveryCause(ctx context.Context, dl task.Delivery) context.Context {
+	c := eventstore.CauseOf(ctx)
+	c.CorrelationID = dl.CorrelationID
+	if c.CausationID == "" {
+		c.CausationID = dl.LastEventID
+	}
+	return eventstore.WithCause(ctx, c)
+}
+
 // schedule records the delivery of event e, with the body every attempt
 // will send. Scheduling an event twice finds the first delivery.
 func (d *Dispatcher) schedule(ctx context.Context, e eventstore.Event) error {
@@ -368,7 +380,7 @@ func (d *Dispatcher) schedule(ctx context.Context, e eventstore.Event) error {
 	stream := task.DeliveryStreamID(id)
 	evs, err := d.store.Append(ctx, stream, 0, eventstore.Proposed{
 		Type: task.EventDeliveryScheduled, SchemaVersion: task.SchemaVersion, Data: data,
-		Actor: Actor, CausationID: e.ID, CorrelationID: taskID,
+		Actor: Actor, CausationID: e.ID, CorrelationID: e.CorrelationID,
 	})
 	if errors.Is(err, eventstore.ErrVersionConflict) {
 		evs, err = d.store.ReadStream(ctx, stream, 0)
@@ -393,7 +405,7 @@ func (d *Dispatcher) body(ctx context.Context, e eventstore.Event) (json.RawMess
 			if te.StreamVersion > e.StreamVersion {
 				break
 			}
-			if err := t.Apply(te.Type, te.Data, te.StreamVersion, te.RecordedAt, te.Position); err != nil {
+			if err := t.Apply(te); err != nil {
 				return nil, "", fmt.Errorf("fold task %s: %w", id, err)
 			}
 		}
@@ -402,10 +414,11 @@ func (d *Dispatcher) body(ctx context.Context, e eventstore.Event) (json.RawMess
 	if e.Type == task.EventCompleted && t.ID != "" {
 		var p task.Completed
 		json.Unmarshal(e.Data, &p) // Apply above decoded it already
-		v = completionBody(t, e.ID, e.RecordedAt, p.Reason)
+		v = completionBody(t, e, p.Reason)
 	} else {
 		v = Event{
-			EventType: e.Type, EventID: e.ID, StreamID: e.StreamID, TaskID: t.ID, Status: t.Status,
+			EventType: e.Type, EventID: e.ID, CorrelationID: e.CorrelationID, CausationID: e.CausationID,
+			StreamID: e.StreamID, TaskID: t.ID, Status: t.Status,
 			ConversationID: t.ConversationID, InterfaceType: t.InterfaceType, UserName: t.UserName,
 			OccurredAt: e.RecordedAt.UTC(), Data: e.Data,
 		}
@@ -510,7 +523,7 @@ func (d *Dispatcher) attempt(ctx context.Context, client *http.Client, dl task.D
 		evs = append(evs, d.event(task.EventDeliveryAttempted, a))
 		log.Debug("notification attempt failed", "status_code", code, logkey.Error, err, "next_attempt_at", at)
 	}
-	got, aerr := d.store.Append(ctx, task.DeliveryStreamID(dl.ID), dl.Version, evs...)
+	got, aerr := d.store.Append(deliveryCause(ctx, dl), task.DeliveryStreamID(dl.ID), dl.Version, evs...)
 	if aerr != nil {
 		if ctx.Err() == nil {
 			log.Error("cannot record notification attempt", logkey.Error, aerr)
@@ -640,7 +653,7 @@ func (d *Dispatcher) Retry(ctx context.Context, id, actor string) (task.Delivery
 	}
 	ev := d.event(task.EventDeliveryRetried, task.DeliveryRetried{By: actor})
 	ev.Actor = actor
-	evs, err := d.store.Append(ctx, task.DeliveryStreamID(id), cur.Version, ev)
+	evs, err := d.store.Append(deliveryCause(ctx, cur), task.DeliveryStreamID(id), cur.Version, ev)
 	if errors.Is(err, eventstore.ErrVersionConflict) {
 		return task.Delivery{}, fmt.Errorf("delivery %s changed meanwhile; list it again: %w", id, errdefs.ErrConflict)
 	}

@@ -153,7 +153,8 @@ func (f *fixture) MustEnd(tb testing.TB, res task.Completed) (string, eventstore
 	spec := task.Spec{Description: "chart it", Agent: "command", Runtime: "local", Network: "none", TimeoutMinutes: 5, Origin: origin, Labels: map[string]string{"k": "v"}}
 	c, _ := json.Marshal(task.Created{Spec: spec})
 	r, _ := json.Marshal(res)
-	evs, err := f.store.Append(context.Background(), task.StreamID(id), 0,
+	ctx := eventstore.WithCause(context.Background(), eventstore.Cause{CorrelationID: "corr_test", CausationID: "request/req_test"})
+	evs, err := f.store.Append(ctx, task.StreamID(id), 0,
 		eventstore.Proposed{Type: task.EventCreated, SchemaVersion: 1, Data: c},
 		eventstore.Proposed{Type: task.EventQueued, SchemaVersion: 1, Data: json.RawMessage("{}")},
 		eventstore.Proposed{Type: task.EventCompleted, SchemaVersion: 1, Data: r})
@@ -230,6 +231,7 @@ func TestDeliversCompletion(t *testing.T) {
 		"summary": "made a chart", "reason": "webhook",
 		"conversation_id": "conv-1", "interface_type": "telegram", "user_name": "alice",
 		"labels": map[string]any{"k": "v"}, "event_id": ev.ID, "occurred_at": ev.RecordedAt.UTC().Format(time.RFC3339Nano),
+		"correlation_id": "corr_test", "causation_id": ev.CausationID,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("payload (-want +got):\n%s", diff)
@@ -239,6 +241,16 @@ func TestDeliversCompletion(t *testing.T) {
 	}
 	if dl.Attempts != 1 || dl.LastStatusCode != 200 || dl.TaskID != id || dl.SourceEventID != ev.ID {
 		t.Errorf("delivery = %+v", dl)
+	}
+	// The delivery's events keep the task's correlation; the first is
+	// caused by the reported event, each later one by the one before.
+	devs, _ := f.store.ReadStream(context.Background(), task.DeliveryStreamID(dl.ID), 0)
+	cause := ev.ID
+	for _, e := range devs {
+		if e.CorrelationID != "corr_test" || e.CausationID != cause {
+			t.Errorf("%s: correlation %q causation %q, want corr_test and %q", e.Type, e.CorrelationID, e.CausationID, cause)
+		}
+		cause = e.ID
 	}
 }
 

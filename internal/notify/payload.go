@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -29,6 +30,8 @@ type Completion struct {
 	UserName        string            `json:"user_name"`
 	Labels          map[string]string `json:"labels,omitempty"`
 	EventID         string            `json:"event_id"`
+	CorrelationID   string            `json:"correlation_id,omitempty"` // the task's, as on its events
+	CausationID     string            `json:"causation_id,omitempty"`   // what caused the reported event
 	OccurredAt      time.Time         `json:"occurred_at"`
 }
 
@@ -38,6 +41,8 @@ type Completion struct {
 type Event struct {
 	EventType      string          `json:"event_type"`
 	EventID        string          `json:"event_id"`
+	CorrelationID  string          `json:"correlation_id,omitempty"`
+	CausationID    string          `json:"causation_id,omitempty"`
 	StreamID       string          `json:"stream_id"`
 	TaskID         string          `json:"task_id,omitempty"`
 	Status         task.Status     `json:"status,omitempty"`
@@ -50,7 +55,7 @@ type Event struct {
 
 // completionBody builds the notification of a worker_completed event from
 // the task as folded up to that event.
-func completionBody(t task.Task, eventID string, at time.Time, reason string) Completion {
+func completionBody(t task.Task, e eventstore.Event, reason string) Completion {
 	c := Completion{
 		EventType:       task.EventCompleted,
 		Source:          t.Runtime,
@@ -66,8 +71,10 @@ func completionBody(t task.Task, eventID string, at time.Time, reason string) Co
 		InterfaceType:   t.InterfaceType,
 		UserName:        t.UserName,
 		Labels:          t.Labels,
-		EventID:         eventID,
-		OccurredAt:      at.UTC(),
+		EventID:         e.ID,
+		CorrelationID:   e.CorrelationID,
+		CausationID:     e.CausationID,
+		OccurredAt:      e.RecordedAt.UTC(),
 	}
 	for _, f := range t.OutputFiles {
 		c.OutputFiles = append(c.OutputFiles, f.Name)

@@ -46,7 +46,7 @@ func (o *Orchestrator) WorkerProgress(ctx context.Context, h http.Header, body [
 	if len(evs) == 0 {
 		return 0, nil
 	}
-	if _, err := o.store.Append(ctx, task.StreamID(t.ID), eventstore.AnyVersion, evs...); err != nil {
+	if _, err := o.store.Append(projection.TaskCause(ctx, t), task.StreamID(t.ID), eventstore.AnyVersion, evs...); err != nil {
 		o.opts.Verifier.Forget(p.WebhookID)
 		return 0, fmt.Errorf("record progress of task %s: %w", t.ID, err)
 	}

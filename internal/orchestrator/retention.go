@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -66,7 +67,7 @@ func (o *Orchestrator) RunRetention(ctx context.Context) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		if rep, err := o.GC(ctx, GCRequest{}); err != nil {
+		if rep, err := o.GC(eventstore.Begin(ctx, "retention"), GCRequest{}); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}

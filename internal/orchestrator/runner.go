@@ -164,7 +164,10 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 	}
 	c.OutputFiles, c.OutputFilesTotal, c.OutputFilesNote = boundOutputFiles(all)
 	st, stErr := worker.ReadStatus(dir, maxStatusBytes)
-	if exit != nil {
+	// A sandbox that vanished (gone after a restart, or ended with no exit
+	// status a runtime could read) is lost, not an exit.
+	vanished := exit == nil || (exit.Code < 0 && !exit.OOMKilled)
+	if !vanished {
 		code := exit.Code
 		c.ExitCode = &code
 	}
@@ -189,12 +192,18 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 		if d := st.DurationSeconds; d > 0 {
 			c.DurationSeconds = &d
 		}
-		if exit == nil {
+		if vanished {
 			c.Reason = "recovered"
 		}
 	case exit == nil:
 		c.Reason = "lost"
 		c.ErrorMessage = "lost: the task's sandbox was gone when the server restarted, and it left no status.json"
+	case vanished:
+		c.Reason = "lost"
+		c.ErrorMessage = "lost: the task's sandbox vanished without an exit status or status.json"
+		if exit.Message != "" {
+			c.ErrorMessage += " (" + exit.Message + ")"
+		}
 	case exit.OOMKilled:
 		c.ErrorMessage = "out of memory: the sandbox reached its memory limit of " + units.FormatSize(t.Resources.MemoryBytes)
 	default:
@@ -221,6 +230,22 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 		o.saveOutputs(ctx, t, all) // before the terminal event, so the host finds them
 	}
 	return c
+}
+
+// Reported is Collect for a task whose worker has written its final
+// status.json, and false for one that has not yet (scheduler
+// Options.Reported).
+func (o *Orchestrator) Reported(ctx context.Context, t task.Task) (task.Completed, bool) {
+	dir, err := o.data.OpenTask(t.ID)
+	if err != nil {
+		return task.Completed{}, false
+	}
+	_, err = worker.ReadStatus(dir, maxStatusBytes)
+	dir.Close()
+	if err != nil {
+		return task.Completed{}, false
+	}
+	return o.Collect(ctx, t, nil), true
 }
 
 // boundOutputFiles returns the first of files within maxOutputFiles and

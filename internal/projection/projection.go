@@ -95,7 +95,7 @@ func (p *Tasks) apply(evs ...eventstore.Event) {
 			t = &task.Task{ID: id}
 		}
 		next := *t
-		if err := next.Apply(e.Type, e.Data, e.StreamVersion, e.RecordedAt, e.Position); err != nil {
+		if err := next.Apply(e); err != nil {
 			p.log.Error("cannot apply event", logkey.TaskID, id, logkey.EventID, e.ID, logkey.Error, err)
 			continue
 		}
@@ -233,8 +233,28 @@ func NewEvent(typ string, payload any, actor string) eventstore.Proposed {
 }
 
 // Create appends a new task's first events to a stream that must not exist.
+// They share ctx's correlation id, or a new one when ctx has none; the
+// first is caused by what ctx names.
 func (p *Tasks) Create(ctx context.Context, id string, evs ...eventstore.Proposed) (task.Task, error) {
-	return p.append(ctx, id, 0, evs)
+	c := eventstore.CauseOf(ctx)
+	if c.CorrelationID == "" {
+		c.CorrelationID = eventstore.NewCorrelationID()
+	}
+	return p.append(eventstore.WithCause(ctx, c), id, 0, evs)
+}
+
+// TaskCause returns ctx carrying the Cause of events appended to t's
+// stream: t's correlation id, and as causation the request ctx names, if
+// any, else t's latest event. Every append to a task stream goes under it.
+func TaskCause(ctx context.Context, t task.Task) context.Context {
+	c := eventstore.CauseOf(ctx)
+	if t.CorrelationID != "" {
+		c.CorrelationID = t.CorrelationID
+	}
+	if c.CausationID == "" {
+		c.CausationID = t.LastEventID
+	}
+	return eventstore.WithCause(ctx, c)
 }
 
 // ErrNoChange is returned by an Update decision that has nothing to append.
@@ -258,7 +278,7 @@ func (p *Tasks) Update(ctx context.Context, id string, decide func(task.Task) ([
 		if err != nil {
 			return t, err
 		}
-		nt, err := p.append(ctx, id, t.Version, evs)
+		nt, err := p.append(TaskCause(ctx, t), id, t.Version, evs)
 		if errors.Is(err, eventstore.ErrVersionConflict) && attempt < 50 {
 			// Another writer got there first; wait until we see its event.
 			wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)

@@ -49,6 +49,11 @@ type Options struct {
 	// sandbox's exit status, or nil when it is unknown (the sandbox was gone
 	// after a restart).
 	Collect func(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed
+	// Reported returns a task's result, as Collect does, when its worker
+	// has already written its final status: a task that finished while the
+	// server was down is then recorded at once on reattach, not when its
+	// worker next retries its report. Nil: never.
+	Reported func(ctx context.Context, t task.Task) (task.Completed, bool)
 	// Quota, when set, holds each task's directory to its disk quota from
 	// before its sandbox starts until the sandbox is gone.
 	Quota Quota
@@ -190,7 +195,7 @@ func (s *Scheduler) release(id string) {
 
 // start creates the task's sandbox and supervises it.
 func (s *Scheduler) start(ctx context.Context, t task.Task) {
-	log := s.log.With(logkey.TaskID, t.ID)
+	log := s.log.With(logkey.TaskID, t.ID, logkey.CorrelationID, t.CorrelationID)
 	rt, ok := s.opts.Runtimes[t.Runtime]
 	if !ok {
 		s.complete(ctx, t.ID, failed(fmt.Sprintf("runtime %q is not available on this server", t.Runtime), "start"))
@@ -246,7 +251,7 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 // supervise waits for the sandbox to exit, enforcing the timeout, cancel
 // and the disk quota; the quota is watched until the sandbox is gone.
 func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runtime, sandboxID string) {
-	log := s.log.With(logkey.TaskID, t.ID, logkey.SandboxID, sandboxID)
+	log := s.log.With(logkey.TaskID, t.ID, logkey.CorrelationID, t.CorrelationID, logkey.SandboxID, sandboxID)
 	type waited struct {
 		st  sandbox.ExitStatus
 		err error
@@ -429,7 +434,7 @@ func (s *Scheduler) complete(ctx context.Context, id string, c task.Completed) {
 		if c.Status == task.Failed {
 			lvl = slog.LevelWarn
 		}
-		s.log.Log(ctx, lvl, "task ended", logkey.TaskID, id, logkey.Status, c.Status, "reason", c.Reason, "error_message", c.ErrorMessage)
+		s.log.Log(ctx, lvl, "task ended", logkey.TaskID, id, logkey.CorrelationID, t.CorrelationID, logkey.Status, c.Status, "reason", c.Reason, "error_message", c.ErrorMessage)
 	}
 }
 
@@ -443,6 +448,9 @@ func failed(msg, reason string) task.Completed {
 // ends a task whose sandbox is gone with its status.json or as lost, and
 // stops sandboxes no task owns.
 func (s *Scheduler) Reconcile(ctx context.Context) error {
+	// What reconciliation records is caused by the start; the tasks it
+	// reattaches go on under their own causes.
+	sys := eventstore.Begin(ctx, "start")
 	listed := map[string]listedSandbox{} // by task id
 	for name, rt := range s.opts.Runtimes {
 		hs, err := rt.List(ctx, map[string]string{sandbox.LabelManaged: "true"})
@@ -479,13 +487,13 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 		l.rt.Destroy(ctx, l.h.ID)
 		s.log.Info("orphan sandbox stopped", logkey.SandboxID, l.h.ID, logkey.Runtime, l.name)
 		ev := projection.NewEvent(task.EventOrphanStopped, map[string]string{"sandbox_name": l.h.ID, "runtime": l.name, "task_id": id}, ActorReconciler)
-		if _, err := s.store.Append(ctx, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
+		if _, err := s.store.Append(sys, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
 			return fmt.Errorf("record orphan sandbox: %w", err)
 		}
 		summary.OrphansStopped++
 	}
 	ev := projection.NewEvent(task.EventReconciled, summary, ActorReconciler)
-	if _, err := s.store.Append(ctx, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
+	if _, err := s.store.Append(sys, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
 		return fmt.Errorf("record reconciliation: %w", err)
 	}
 	s.log.Info("reconciled", "reattached", summary.Reattached, "ended", summary.Ended, "orphans_stopped", summary.OrphansStopped)
@@ -507,6 +515,43 @@ type listedSandbox struct {
 	h    sandbox.Handle
 }
 
+// resume supervises the recovered sandbox h of an active task again. A
+// task caught between its sandbox's start and the record of it is recorded
+// started first, so its log has every step; a task whose worker finished
+// while the server was down is recorded ended at once.
+func (s *Scheduler) resume(ctx context.Context, t task.Task, rt sandbox.Runtime, h *sandbox.Handle) error {
+	handle, _ := json.Marshal(h)
+	_, err := s.tasks.Update(ctx, t.ID, func(cur task.Task) ([]eventstore.Proposed, error) {
+		if cur.Status.Terminal() {
+			return nil, projection.ErrNoChange // ended meanwhile (a cancel)
+		}
+		var evs []eventstore.Proposed
+		if cur.Status == task.Starting {
+			evs = append(evs, projection.NewEvent(task.EventStarted, task.Started{SandboxName: h.ID, Handle: handle}, ActorReconciler))
+		}
+		return append(evs, projection.NewEvent(task.EventReattached, task.Reattached{SandboxName: h.ID}, ActorReconciler)), nil
+	})
+	if err != nil {
+		return fmt.Errorf("record reattach of task %s: %w", t.ID, err)
+	}
+	s.log.Info("task reattached", logkey.TaskID, t.ID, logkey.SandboxID, h.ID)
+	// t is the task as it was before: a task reattached while starting
+	// keeps its timeout counting from then, not from now.
+	if s.opts.Reported != nil {
+		if c, ok := s.opts.Reported(ctx, t); ok {
+			s.complete(ctx, t.ID, c) // supervise then stops the sandbox
+		}
+	}
+	s.claim(t.ID)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.release(t.ID)
+		s.supervise(ctx, t, rt, h.ID)
+	}()
+	return nil
+}
+
 // reattach resumes supervising an active task after a restart, or ends it.
 // It reports whether it reattached.
 func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) (bool, error) {
@@ -525,20 +570,7 @@ func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) 
 	if h != nil {
 		err := rt.Recover(ctx, h)
 		if err == nil {
-			if _, err := s.tasks.Update(ctx, t.ID, func(task.Task) ([]eventstore.Proposed, error) {
-				return []eventstore.Proposed{projection.NewEvent(task.EventReattached, task.Reattached{SandboxName: h.ID}, ActorReconciler)}, nil
-			}); err != nil {
-				return false, fmt.Errorf("record reattach of task %s: %w", t.ID, err)
-			}
-			s.log.Info("task reattached", logkey.TaskID, t.ID, logkey.SandboxID, h.ID)
-			s.claim(t.ID)
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				defer s.release(t.ID)
-				s.supervise(ctx, t, rt, h.ID)
-			}()
-			return true, nil
+			return true, s.resume(ctx, t, rt, h)
 		}
 		if !errors.Is(err, errdefs.ErrNotFound) {
 			s.log.Warn("cannot recover sandbox", logkey.TaskID, t.ID, logkey.Error, err)
@@ -546,8 +578,16 @@ func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) 
 	}
 	c := s.opts.Collect(ctx, t, nil)
 	s.complete(ctx, t.ID, c)
-	if h != nil && rt != nil {
-		rt.Destroy(ctx, h.ID)
+	if rt != nil {
+		// The sandbox is named after its task: whatever a crash left of it
+		// (its cgroups, a half-made state dir) goes, handle or not.
+		id := t.ID
+		if h != nil {
+			id = h.ID
+		}
+		if err := rt.Destroy(ctx, id); err != nil {
+			s.log.Warn("cannot destroy sandbox", logkey.TaskID, t.ID, logkey.Error, err)
+		}
 	}
 	s.releaseQuota(ctx, t)
 	return false, nil

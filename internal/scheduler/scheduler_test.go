@@ -716,3 +716,78 @@ func TestQuotaLastLookAtExit(t *testing.T) {
 		t.Errorf("collected %v, want no collection of a task over its quota", c)
 	}
 }
+
+// A server that crashed after creating a task's sandbox but before
+// recording it started: the next one finds the sandbox by its labels and
+// records the start it missed, then the reattach, so the task's log has
+// every step and the task runs on to its end.
+func TestReconcileStartingTaskIsRecordedStarted(t *testing.T) {
+	store := MustOpenStore(t)
+	finish := make(chan struct{})
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
+		select {
+		case <-finish:
+			return sandbox.ExitStatus{Code: 0}
+		case <-ctx.Done():
+			return sandbox.ExitStatus{Code: 143}
+		}
+	})
+	tasks := projection.New(store, discard())
+	if err := tasks.Rebuild(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	id := MustEnqueue(t, tasks, task.Spec{})
+	MustAppend(t, tasks, id, projection.NewEvent(task.EventStarting, nil, ActorScheduler))
+	if _, err := fake.Create(context.Background(), sandbox.Spec{ID: id, Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: id}}); err != nil {
+		t.Fatal(err)
+	}
+
+	h := MustStart(t, store, Options{}, fake.Restart())
+	got := waitStatus(t, h.tasks, id, task.Running)
+	if got.SandboxName != id || len(got.Handle) == 0 {
+		t.Errorf("started task has sandbox %q and handle %s, want both", got.SandboxName, got.Handle)
+	}
+	close(finish)
+	waitStatus(t, h.tasks, id, task.Success)
+	want := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventStarted, task.EventReattached, task.EventCompleted}
+	if diff := cmp.Diff(want, streamTypes(t, store, task.StreamID(id))); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+// A task whose worker finished while the server was down (its status.json
+// written, its report still being retried) is recorded ended during
+// reconciliation, not when the worker's next retry comes, and its sandbox
+// is stopped.
+func TestReconcileRecordsReportedTaskAtOnce(t *testing.T) {
+	store := MustOpenStore(t)
+	fake := MustNewFake(t, blockUntilStopped)
+	id := mustRunUntilRunning(t, store, fake)
+
+	reported := func(ctx context.Context, t task.Task) (task.Completed, bool) {
+		code := 0
+		return task.Completed{Status: task.Success, ExitCode: &code, Summary: "from status.json", Reason: "recovered"}, true
+	}
+	h := MustStart(t, store, Options{Reported: reported, ExitGrace: 10 * time.Millisecond}, fake.Restart())
+	got := waitStatus(t, h.tasks, id, task.Success)
+	if got.Summary != "from status.json" {
+		t.Errorf("summary %q, want the reported one", got.Summary)
+	}
+	evs, err := store.ReadAll(context.Background(), 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, reconciled := -1, -1 // the second server's reconciliation is the last
+	for i, e := range evs {
+		switch e.Type {
+		case task.EventCompleted:
+			done = i
+		case task.EventReconciled:
+			reconciled = i
+		}
+	}
+	if done < 0 || done > reconciled {
+		t.Errorf("task_completed at %d, reconciled at %d: want the task recorded ended during reconciliation", done, reconciled)
+	}
+	waitFor(t, "the sandbox to be destroyed", func() bool { return slices.Contains(fake.Destroyed(), id) })
+}

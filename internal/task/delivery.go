@@ -10,6 +10,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/ids"
+
+	"github.com/corral-dev/corral/internal/eventstore"
 )
 
 // DeliveryState is where one outbound notification is.
@@ -48,6 +50,10 @@ type Delivery struct {
 	DeliveredAt    *time.Time    `json:"delivered_at,omitempty"`
 	FailedAt       *time.Time    `json:"failed_at,omitempty"`
 	Version        int64         `json:"version"`
+	// CorrelationID is the reported event's; LastEventID causes the next
+	// event of the delivery.
+	CorrelationID string `json:"correlation_id,omitempty"`
+	LastEventID   string `json:"-"`
 
 	// Payload is the body every attempt sends.
 	Payload json.RawMessage `json:"-"`
@@ -94,7 +100,8 @@ func DeliveryIDFromStream(stream string) string {
 
 // Apply folds one event of the delivery's stream into d, as Task.Apply does
 // for tasks.
-func (d *Delivery) Apply(typ string, data []byte, version int64, at time.Time) error {
+func (d *Delivery) Apply(e eventstore.Event) error {
+	typ, data, version, at := e.Type, e.Data, e.StreamVersion, e.RecordedAt
 	if version != d.Version+1 {
 		return fmt.Errorf("apply %s to delivery %s: version %d after %d", typ, d.ID, version, d.Version)
 	}
@@ -107,6 +114,7 @@ func (d *Delivery) Apply(typ string, data []byte, version int64, at time.Time) e
 		d.State, d.EventType, d.TaskID, d.SourceEventID, d.Payload = DeliveryPending, p.EventType, p.TaskID, p.SourceEventID, p.Payload
 		d.CreatedAt = at
 		d.NextAttemptAt = &at
+		d.CorrelationID = e.CorrelationID
 	case EventDeliveryAttempted:
 		var p DeliveryAttempted
 		if err := json.Unmarshal(data, &p); err != nil {
@@ -128,5 +136,6 @@ func (d *Delivery) Apply(typ string, data []byte, version int64, at time.Time) e
 	}
 	d.Version = version
 	d.UpdatedAt = at
+	d.LastEventID = e.ID
 	return nil
 }

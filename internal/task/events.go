@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/corral-dev/corral/internal/eventstore"
 )
 
 // Event types on a task's stream.
@@ -290,11 +292,11 @@ type Reattached struct {
 	SandboxName string `json:"sandbox_name"`
 }
 
-// Apply folds one event of the task's stream into t. version is the event's
-// stream version, at its recorded time and pos its global position. Events
-// that would move the status backwards are errors: the store never holds
-// them, because every writer appends with an expected version.
-func (t *Task) Apply(typ string, data []byte, version int64, at time.Time, pos int64) error {
+// Apply folds one event of the task's stream into t. Events that would move
+// the status backwards are errors: the store never holds them, because
+// every writer appends with an expected version.
+func (t *Task) Apply(e eventstore.Event) error {
+	typ, data, version, at, pos := e.Type, e.Data, e.StreamVersion, e.RecordedAt, e.Position
 	if version != t.Version+1 {
 		return fmt.Errorf("apply %s to task %s: version %d after %d", typ, t.ID, version, t.Version)
 	}
@@ -313,6 +315,7 @@ func (t *Task) Apply(typ string, data []byte, version int64, at time.Time, pos i
 		}
 		t.Spec = p.Spec
 		t.CreatedAt = at
+		t.CorrelationID = e.CorrelationID
 		if err := move(Pending); err != nil {
 			return err
 		}
@@ -363,6 +366,7 @@ func (t *Task) Apply(typ string, data []byte, version int64, at time.Time, pos i
 	}
 	t.Version = version
 	t.UpdatedAt = at
+	t.LastEventID = e.ID
 	return nil
 }
 

@@ -136,6 +136,12 @@ type Task struct {
 	Spec    `json:""`
 	Status  Status `json:"status"`
 	Version int64  `json:"version"`
+	// CorrelationID is shared by every event the task brings about; it is
+	// the request's (X-Correlation-ID) or a new one.
+	CorrelationID string `json:"correlation_id,omitempty"`
+	// LastEventID is the id of the task's latest event: what the next one
+	// is caused by, unless a request causes it.
+	LastEventID string `json:"-"`
 
 	SandboxName string          `json:"sandbox_name,omitempty"`
 	Handle      json.RawMessage `json:"-"`

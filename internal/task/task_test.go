@@ -3,6 +3,7 @@ package task
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
 )
 
 var allStatuses = []Status{Pending, Queued, Starting, Running, Success, Failed, Timeout, Cancelled}
@@ -91,7 +93,7 @@ func mustFold(tb testing.TB, t0 time.Time) *Task {
 		{EventStarted, mustJSON(tb, Started{SandboxName: "sb", Handle: json.RawMessage(`{"id":"sb"}`)})},
 	}
 	for i, s := range steps {
-		if err := tk.Apply(s.typ, s.data, int64(i+1), t0.Add(time.Duration(i)*time.Second), int64(10+i)); err != nil {
+		if err := tk.Apply(event(s.typ, s.data, int64(i+1), t0.Add(time.Duration(i)*time.Second), int64(10+i))); err != nil {
 			tb.Fatalf("Apply(%s): %v", s.typ, err)
 		}
 	}
@@ -114,7 +116,7 @@ func TestApplyFold(t *testing.T) {
 		t.Errorf("created fields: %v %q", tk.CreatedAt, tk.Description)
 	}
 
-	if err := tk.Apply(EventCancelRequested, mustJSON(t, CancelRequested{Reason: "r"}), 5, t0.Add(4*time.Second), 20); err != nil {
+	if err := tk.Apply(event(EventCancelRequested, mustJSON(t, CancelRequested{Reason: "r"}), 5, t0.Add(4*time.Second), 20)); err != nil {
 		t.Fatal(err)
 	}
 	if !tk.CancelRequested || tk.Status != Running {
@@ -124,7 +126,7 @@ func TestApplyFold(t *testing.T) {
 	code := 3
 	end := t0.Add(13 * time.Second)
 	c := Completed{Status: Failed, ExitCode: &code, OutputFiles: []OutputFile{{Name: "a.txt", Size: 1, Type: "text/plain"}}, Summary: "s", ErrorMessage: "e", LogsTruncated: true}
-	if err := tk.Apply(EventCompleted, mustJSON(t, c), 6, end, 21); err != nil {
+	if err := tk.Apply(event(EventCompleted, mustJSON(t, c), 6, end, 21)); err != nil {
 		t.Fatal(err)
 	}
 	if tk.Status != Failed || tk.CompletedAt == nil || !tk.CompletedAt.Equal(end) || !tk.UpdatedAt.Equal(end) {
@@ -148,7 +150,7 @@ func TestApplyFold(t *testing.T) {
 		if typ == EventCompleted {
 			data = mustJSON(t, Completed{Status: Success})
 		}
-		if err := cp.Apply(typ, data, 7, end, 22); err == nil {
+		if err := cp.Apply(event(typ, data, 7, end, 22)); err == nil {
 			t.Errorf("Apply(%s) after failed: nil error, status %s", typ, cp.Status)
 		}
 	}
@@ -158,7 +160,7 @@ func TestApplyCompletedDurationFromPayload(t *testing.T) {
 	t0 := time.Now()
 	tk := mustFold(t, t0)
 	d := 42.5
-	if err := tk.Apply(EventCompleted, mustJSON(t, Completed{Status: Success, DurationSeconds: &d}), 5, t0.Add(time.Hour), 30); err != nil {
+	if err := tk.Apply(event(EventCompleted, mustJSON(t, Completed{Status: Success, DurationSeconds: &d}), 5, t0.Add(time.Hour), 30)); err != nil {
 		t.Fatal(err)
 	}
 	// The seed's integer seconds (rounded), and the milliseconds.
@@ -173,10 +175,10 @@ func TestApplyCompletedDurationFromPayload(t *testing.T) {
 
 func TestApplyCancelledBeforeStartHasNoDuration(t *testing.T) {
 	tk := &Task{ID: "task-x"}
-	if err := tk.Apply(EventCreated, mustJSON(t, Created{}), 1, time.Now(), 1); err != nil {
+	if err := tk.Apply(event(EventCreated, mustJSON(t, Created{}), 1, time.Now(), 1)); err != nil {
 		t.Fatal(err)
 	}
-	if err := tk.Apply(EventCompleted, mustJSON(t, Completed{Status: Cancelled}), 2, time.Now(), 2); err != nil {
+	if err := tk.Apply(event(EventCompleted, mustJSON(t, Completed{Status: Cancelled}), 2, time.Now(), 2)); err != nil {
 		t.Fatal(err)
 	}
 	if tk.Status != Cancelled || tk.DurationSeconds != nil {
@@ -204,7 +206,7 @@ func TestApplyRefuses(t *testing.T) {
 		{"bad json", func(tb testing.TB) *Task { return mustFold(tb, t0) }, EventCompleted, []byte("{"), 5},
 		{"skip starting", func(tb testing.TB) *Task {
 			tk := &Task{ID: "t"}
-			if err := tk.Apply(EventCreated, created, 1, t0, 1); err != nil {
+			if err := tk.Apply(event(EventCreated, created, 1, t0, 1)); err != nil {
 				tb.Fatal(err)
 			}
 			return tk
@@ -214,7 +216,7 @@ func TestApplyRefuses(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tk := tt.prep(t)
 			before := *tk
-			if err := tk.Apply(tt.typ, tt.data, tt.ver, t0, 99); err == nil {
+			if err := tk.Apply(event(tt.typ, tt.data, tt.ver, t0, 99)); err == nil {
 				t.Fatalf("Apply(%s, v%d) = nil, want error", tt.typ, tt.ver)
 			}
 			if tk.Version != before.Version {
@@ -228,7 +230,7 @@ func TestApplyUnknownEventOnlyBumpsVersion(t *testing.T) {
 	tk := mustFold(t, time.Now())
 	before := *tk
 	at := time.Now().Add(time.Minute)
-	if err := tk.Apply("from_the_future", []byte(`{"x":1}`), 5, at, 50); err != nil {
+	if err := tk.Apply(event("from_the_future", []byte(`{"x":1}`), 5, at, 50)); err != nil {
 		t.Fatal(err)
 	}
 	if tk.Version != 5 || tk.Status != before.Status || !tk.UpdatedAt.Equal(at) {
@@ -302,4 +304,9 @@ func TestProgressLine(t *testing.T) {
 			t.Errorf("%+v.Line() = %q, want %q", tc.p, got, tc.want)
 		}
 	}
+}
+
+// event is a committed event of a task stream, for Apply.
+func event(typ string, data []byte, version int64, at time.Time, pos int64) eventstore.Event {
+	return eventstore.Event{ID: fmt.Sprintf("evt_%d", pos), Type: typ, Data: data, StreamVersion: version, RecordedAt: at, Position: pos}
 }

@@ -277,6 +277,8 @@ func insertRequest(ctx context.Context, tx *sql.Tx, st *sql.Stmt, r *appendReq, 
 // position head.
 func insertEvents(ctx context.Context, st *sql.Stmt, r *appendReq, cur, head int64, now time.Time, at string) ([]eventstore.Event, error) {
 	evs := make([]eventstore.Event, len(r.events))
+	cause := eventstore.CauseOf(r.ctx)
+	stamp := cause != eventstore.Cause{}
 	for j, p := range r.events {
 		e := eventstore.Event{
 			ID:            p.ID,
@@ -294,6 +296,9 @@ func insertEvents(ctx context.Context, st *sql.Stmt, r *appendReq, cur, head int
 		if e.ID == "" {
 			// Made here, in commit order, so generated ids sort like positions.
 			e.ID = "evt_" + ids.New()
+		}
+		if stamp {
+			cause.Stamp(&e)
 		}
 		var data any // NULL for no data
 		if len(p.Data) > 0 {

@@ -40,6 +40,7 @@ func Run(t *testing.T, newStore func(t *testing.T) eventstore.Store) {
 	}{
 		{"AppendRead", testAppendRead},
 		{"EnvelopeRoundTrip", testEnvelopeRoundTrip},
+		{"Cause", testCause},
 		{"VersionConflict", testVersionConflict},
 		{"AnyVersion", testAnyVersion},
 		{"EmptyAppend", testEmptyAppend},
@@ -56,6 +57,37 @@ func Run(t *testing.T, newStore func(t *testing.T) eventstore.Store) {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.fn(t, newStore(t))
 		})
+	}
+}
+
+// testCause: events appended under a context with a Cause carry its
+// correlation id, the first is caused by its causation and each later one
+// by the event before it; ids and causes the caller sets are kept.
+func testCause(t *testing.T, s eventstore.Store) {
+	ctx := eventstore.WithCause(context.Background(), eventstore.Cause{CorrelationID: "corr_1", CausationID: "request/r1"})
+	own := ev("t.own", `{}`)
+	own.CorrelationID, own.CausationID = "corr_own", "evt_elsewhere"
+	got, err := s.Append(ctx, "s", 0, ev("t.a", `{}`), ev("t.b", `{}`), own, ev("t.c", `{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct{ corr, cause string }{
+		{"corr_1", "request/r1"},
+		{"corr_1", got[0].ID},
+		{"corr_own", "evt_elsewhere"},
+		{"corr_1", got[2].ID},
+	}
+	read := mustReadStream(t, s, "s", 0)
+	for i, w := range want {
+		for _, e := range []eventstore.Event{got[i], read[i]} {
+			if e.CorrelationID != w.corr || e.CausationID != w.cause {
+				t.Errorf("event %d (%s): correlation %q causation %q, want %q %q", i, e.Type, e.CorrelationID, e.CausationID, w.corr, w.cause)
+			}
+		}
+	}
+	plain := MustAppend(t, s, "plain", 0, ev("t.p", `{}`))
+	if plain[0].CorrelationID != "" || plain[0].CausationID != "" {
+		t.Errorf("without a Cause: correlation %q causation %q, want both empty", plain[0].CorrelationID, plain[0].CausationID)
 	}
 }
 

@@ -117,18 +117,25 @@ func enableControllers(dir string) error {
 	return writeFile(ctlFile, strings.Join(add, " "))
 }
 
+// Dirs returns the cgroup directories (absolute) of the sandbox id, as
+// Create makes them: one on v2, the memory, pids and cpu ones on v1.
+func (h *Hierarchy) Dirs(id string) []string {
+	if h.v2 {
+		return []string{filepath.Join(h.root, h.parent, id)}
+	}
+	var dirs []string
+	for _, ctl := range V1Controllers {
+		dirs = append(dirs, filepath.Join(h.root, ctl, h.parent, id))
+	}
+	return dirs
+}
+
 // Create makes the sandbox's cgroup(s) for id and writes the limits lim
 // (memory without swap, pids, CPU quota; zero fields are not limited). It
 // returns the cgroup directories (absolute), which the caller persists: one
 // on v2, the memory, pids and cpu ones on v1.
 func (h *Hierarchy) Create(id string, lim sandbox.Limits) (dirs []string, err error) {
-	if h.v2 {
-		dirs = []string{filepath.Join(h.root, h.parent, id)}
-	} else {
-		for _, ctl := range V1Controllers {
-			dirs = append(dirs, filepath.Join(h.root, ctl, h.parent, id))
-		}
-	}
+	dirs = h.Dirs(id)
 	for _, d := range dirs {
 		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("create cgroup %s: %w", d, err)
@@ -291,6 +298,15 @@ func readKeyed(path, key string) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// KillAndRemove SIGKILLs every process left in dirs (a launcher or nsenter
+// that has not exited yet), then removes them.
+func KillAndRemove(dirs []string) error {
+	for _, p := range Pids(dirs) {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	return Remove(dirs)
 }
 
 // Remove removes the sandbox's cgroup directories. The kernel refuses

@@ -693,7 +693,13 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	defer unlock()
 	e, err := r.lookup(id)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		// Also clean a directory left by a crashed Create.
+		// Also clean what a crashed Create left: the cgroups, named after
+		// the sandbox, and a half-made state dir.
+		if r.cg != nil {
+			if err := cgroups.KillAndRemove(r.cg.Dirs(id)); err != nil {
+				return fmt.Errorf("destroy sandbox %s: %w", id, err)
+			}
+		}
 		os.RemoveAll(r.sd.Path(id))
 		return nil
 	}
@@ -708,10 +714,8 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if out, err := r.runsc(ctx, "delete", "--force", id); err != nil && !bytes.Contains(out, []byte("does not exist")) {
 		r.log.Debug("runsc delete failed", logkey.SandboxID, id, "err", err)
 	}
-	for _, p := range cgroups.Pids(e.st.Cgroups) {
-		syscall.Kill(p, syscall.SIGKILL)
-	}
-	if err := cgroups.Remove(e.st.Cgroups); err != nil {
+	// Anything still in the cgroups goes too, or they cannot be removed.
+	if err := cgroups.KillAndRemove(e.st.Cgroups); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	// Nothing of the sandbox runs any more: its files can be taken back
