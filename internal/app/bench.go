@@ -205,6 +205,11 @@ func Bench(ctx context.Context, opts BenchOptions, log *slog.Logger) (*BenchResu
 	defer func() {
 		stop()
 		<-served
+		// A throwaway server: nothing of its sandboxes may outlive it, even
+		// when the bench stopped half-way.
+		if err := a.DestroySandboxes(context.WithoutCancel(ctx)); err != nil {
+			log.Warn("cannot destroy the bench's sandboxes", "err", err)
+		}
 	}()
 
 	b := &bencher{

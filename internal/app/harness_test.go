@@ -98,6 +98,9 @@ func startServer(tb testing.TB, environ []string, now func() time.Time, edit fun
 		if err := <-done; err != nil {
 			tb.Errorf("server ended with %v", err)
 		}
+		if err := a.DestroySandboxes(context.Background()); err != nil {
+			tb.Errorf("destroy the test's sandboxes: %v", err)
+		}
 		a.Close()
 		killSandboxes(tb, cfg.Data)
 	})

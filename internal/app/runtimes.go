@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -150,4 +151,24 @@ func agentMissing(name string, ag orchestrator.AgentConfig) string {
 		return ""
 	}
 	return fmt.Sprintf("agent binary %q is not installed (install: %s)", bin, installHint[name])
+}
+
+// DestroySandboxes destroys every sandbox the runtimes hold. It is for a
+// throwaway server (corral bench, tests) whose Run has returned: a real
+// server leaves its sandboxes running for the next start to reattach.
+func (a *App) DestroySandboxes(ctx context.Context) error {
+	var errs []error
+	for name, rt := range a.runtimes {
+		hs, err := rt.List(ctx, map[string]string{sandbox.LabelManaged: "true"})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list %s sandboxes: %w", name, err))
+			continue
+		}
+		for _, h := range hs {
+			if err := rt.Destroy(ctx, h.ID); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
