@@ -59,6 +59,9 @@ type Options struct {
 	Quota Quota
 	// Now returns the current time; time.Now when nil.
 	Now func() time.Time
+	// RecordRetry is the first wait before recording a task's end again
+	// after the store refused it; it doubles up to 30 s. Default 1 s.
+	RecordRetry time.Duration
 }
 
 // Quota is a task directory's disk quota, as the scheduler drives it.
@@ -101,6 +104,9 @@ func New(opts Options, tasks *projection.Tasks, store eventstore.Store, log *slo
 	}
 	if opts.ExitGrace == 0 {
 		opts.ExitGrace = 10 * time.Second
+	}
+	if opts.RecordRetry <= 0 {
+		opts.RecordRetry = time.Second
 	}
 	return &Scheduler{opts: opts, tasks: tasks, store: store, log: log, running: map[string]bool{}, kick: make(chan struct{}, 1)}
 }
@@ -198,12 +204,12 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 	log := s.log.With(logkey.TaskID, t.ID, logkey.CorrelationID, t.CorrelationID)
 	rt, ok := s.opts.Runtimes[t.Runtime]
 	if !ok {
-		s.complete(ctx, t.ID, failed(fmt.Sprintf("runtime %q is not available on this server", t.Runtime), "start"))
+		s.completeRetrying(ctx, t.ID, failed(fmt.Sprintf("runtime %q is not available on this server", t.Runtime), "start"))
 		return
 	}
 	spec, err := s.opts.Prepare(ctx, t)
 	if err != nil {
-		s.complete(ctx, t.ID, failed("prepare sandbox: "+err.Error(), "start"))
+		s.completeRetrying(ctx, t.ID, failed("prepare sandbox: "+err.Error(), "start"))
 		return
 	}
 	if s.opts.Quota != nil {
@@ -227,7 +233,7 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 		if ctx.Err() != nil {
 			return // shutting down; reconciliation finds the task again
 		}
-		s.complete(ctx, t.ID, failed("start sandbox: "+err.Error(), "start"))
+		s.completeRetrying(ctx, t.ID, failed("start sandbox: "+err.Error(), "start"))
 		s.releaseQuota(ctx, t)
 		return
 	}
@@ -283,6 +289,29 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 	st := &stopper{rt: rt, id: sandboxID, log: log}
 	defer st.wait()
 
+	// An end the store refused (a full disk) is kept and tried again; the
+	// sandbox, whose state holds the exit status, stays until it is
+	// recorded, so a restart meanwhile still finds it.
+	var unrecorded *task.Completed
+	var retry <-chan time.Time
+	retries := 0
+	end := func(c task.Completed) {
+		if s.complete(ctx, t.ID, c) {
+			unrecorded, retry, retries = nil, nil, 0
+			return
+		}
+		unrecorded, retry = &c, time.After(s.retryDelay(retries))
+		retries++
+	}
+	gone := false // the sandbox exited
+	finish := func(cur task.Task) {
+		st.wait()
+		if err := rt.Destroy(ctx, sandboxID); err != nil {
+			log.Warn("cannot destroy sandbox", logkey.Error, err)
+		}
+		s.releaseQuota(ctx, cur)
+	}
+
 	for {
 		changed := s.tasks.Changed()
 		cur, err := s.tasks.Get(t.ID)
@@ -292,19 +321,22 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 		switch {
 		case cur.Status.Terminal() && exitDeadline == nil && !st.started:
 			exitDeadline = time.After(s.opts.ExitGrace)
-		case cur.CancelRequested && !cur.Status.Terminal():
+		case cur.CancelRequested && !cur.Status.Terminal() && unrecorded == nil:
 			// Record the end first, then stop: the worker reports its own
 			// end when it is stopped, and that report must find the task
 			// already ended as cancelled, not end it as failed.
-			s.complete(ctx, t.ID, task.Completed{Status: task.Cancelled, ErrorMessage: "cancelled", Reason: "cancel"})
+			end(task.Completed{Status: task.Cancelled, ErrorMessage: "cancelled", Reason: "cancel"})
 			st.stop(ctx, "cancel", s.opts.StopGrace)
-			continue
+			if unrecorded == nil {
+				continue
+			}
 		}
 		select {
 		case w := <-exited:
 			if ctx.Err() != nil {
 				return // shutting down: leave the sandbox to the next server
 			}
+			exited, gone = nil, true
 			var exit *sandbox.ExitStatus
 			if w.err == nil {
 				exit = &w.st
@@ -312,22 +344,29 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 				log.Warn("lost track of sandbox", logkey.Error, w.err)
 			}
 			if cur, err := s.tasks.Get(t.ID); err == nil && !cur.Status.Terminal() {
-				if err := s.overQuota(ctx, cur); err != nil {
-					s.complete(ctx, t.ID, failed(err.Error(), "quota"))
-				} else {
-					s.complete(ctx, t.ID, s.opts.Collect(ctx, cur, exit))
+				switch qerr := s.overQuota(ctx, cur); {
+				case unrecorded != nil:
+					end(*unrecorded) // decided before the exit: a timeout, a cancel
+				case qerr != nil:
+					end(failed(qerr.Error(), "quota"))
+				default:
+					end(s.opts.Collect(ctx, cur, exit))
 				}
 			}
-			st.wait()
-			if err := rt.Destroy(ctx, sandboxID); err != nil {
-				log.Warn("cannot destroy sandbox", logkey.Error, err)
+			if unrecorded == nil {
+				finish(cur)
+				return
 			}
-			s.releaseQuota(ctx, cur)
-			return
+		case <-retry:
+			end(*unrecorded)
+			if unrecorded == nil && gone {
+				finish(cur)
+				return
+			}
 		case <-timeout.C:
 			if !cur.Status.Terminal() {
 				msg := fmt.Sprintf("timed out after %s", t.Timeout())
-				s.complete(ctx, t.ID, task.Completed{Status: task.Timeout, ErrorMessage: msg, Reason: "timeout"})
+				end(task.Completed{Status: task.Timeout, ErrorMessage: msg, Reason: "timeout"})
 				st.stop(ctx, "timeout", s.opts.StopGrace)
 			}
 		case <-quotaDue:
@@ -339,7 +378,7 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 			if cur.Status.Terminal() {
 				log.Warn("sandbox went over its disk quota after its task ended", logkey.Error, err)
 			} else {
-				s.complete(ctx, t.ID, failed(err.Error(), "quota"))
+				end(failed(err.Error(), "quota"))
 			}
 			st.stop(ctx, "quota", 0) // nothing left to save: every write counts
 			quotaDue = nil
@@ -415,8 +454,10 @@ func (st *stopper) wait() {
 	}
 }
 
-// complete records a task's terminal event unless it already ended.
-func (s *Scheduler) complete(ctx context.Context, id string, c task.Completed) {
+// complete records a task's terminal event unless it already ended, and
+// reports whether the task has ended. false: the store refused the event
+// (a full disk) or ctx ended; the caller keeps c and tries again.
+func (s *Scheduler) complete(ctx context.Context, id string, c task.Completed) bool {
 	t, err := s.tasks.Update(ctx, id, func(t task.Task) ([]eventstore.Proposed, error) {
 		if t.Status.Terminal() {
 			return nil, projection.ErrNoChange
@@ -425,9 +466,9 @@ func (s *Scheduler) complete(ctx context.Context, id string, c task.Completed) {
 	})
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Error("cannot record task completion", logkey.TaskID, id, logkey.Error, err)
+			s.log.Error("cannot record task completion; keeping it to try again", logkey.TaskID, id, logkey.Error, err)
 		}
-		return
+		return false
 	}
 	if t.Status == c.Status {
 		lvl := slog.LevelInfo
@@ -436,6 +477,27 @@ func (s *Scheduler) complete(ctx context.Context, id string, c task.Completed) {
 		}
 		s.log.Log(ctx, lvl, "task ended", logkey.TaskID, id, logkey.CorrelationID, t.CorrelationID, logkey.Status, c.Status, "reason", c.Reason, "error_message", c.ErrorMessage)
 	}
+	return true
+}
+
+// completeRetrying is complete, tried again with backoff until the store
+// takes the event or ctx ends: for a task with no sandbox to watch
+// meanwhile.
+func (s *Scheduler) completeRetrying(ctx context.Context, id string, c task.Completed) {
+	for n := 0; !s.complete(ctx, id, c); n++ {
+		select {
+		case <-time.After(s.retryDelay(n)):
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// retryDelay is how long to wait before the n-th new try (from 0) to
+// record an end the store refused: RecordRetry doubled each time, at most
+// 30 s.
+func (s *Scheduler) retryDelay(n int) time.Duration {
+	return min(s.opts.RecordRetry<<min(n, 16), 30*time.Second)
 }
 
 func failed(msg, reason string) task.Completed {

@@ -66,7 +66,7 @@ type collectCall struct {
 
 // harness is one server's scheduler over a store shared across restarts.
 type harness struct {
-	store *sqlite.Store
+	store eventstore.Store
 	tasks *projection.Tasks
 	sched *Scheduler
 
@@ -78,7 +78,7 @@ type harness struct {
 // MustStart rebuilds a projection over store and runs it and a scheduler
 // with opts (Runtimes, Prepare and Collect filled in when empty) until the
 // test ends or h.stop is called.
-func MustStart(tb testing.TB, store *sqlite.Store, opts Options, rt sandbox.Runtime) *harness {
+func MustStart(tb testing.TB, store eventstore.Store, opts Options, rt sandbox.Runtime) *harness {
 	tb.Helper()
 	h := &harness{store: store, tasks: projection.New(store, discard())}
 	if err := h.tasks.Rebuild(context.Background()); err != nil {
@@ -773,6 +773,15 @@ func TestReconcileRecordsReportedTaskAtOnce(t *testing.T) {
 	if got.Summary != "from status.json" {
 		t.Errorf("summary %q, want the reported one", got.Summary)
 	}
+	waitFor(t, "the second reconciliation", func() bool {
+		n := 0
+		for _, typ := range streamTypes(t, store, task.SystemStream) {
+			if typ == task.EventReconciled {
+				n++
+			}
+		}
+		return n == 2
+	})
 	evs, err := store.ReadAll(context.Background(), 0, 1000)
 	if err != nil {
 		t.Fatal(err)
@@ -790,4 +799,64 @@ func TestReconcileRecordsReportedTaskAtOnce(t *testing.T) {
 		t.Errorf("task_completed at %d, reconciled at %d: want the task recorded ended during reconciliation", done, reconciled)
 	}
 	waitFor(t, "the sandbox to be destroyed", func() bool { return slices.Contains(fake.Destroyed(), id) })
+}
+
+// fullStore refuses every task_completed while full is set, as a store on
+// a full disk does.
+type fullStore struct {
+	eventstore.Store
+	full atomic.Bool
+}
+
+func (s *fullStore) Append(ctx context.Context, stream string, expected int64, evs ...eventstore.Proposed) ([]eventstore.Event, error) {
+	if s.full.Load() && slices.ContainsFunc(evs, func(e eventstore.Proposed) bool { return e.Type == task.EventCompleted }) {
+		return nil, errors.New("database or disk is full")
+	}
+	return s.Store.Append(ctx, stream, expected, evs...)
+}
+
+// A task whose end the store refuses keeps its sandbox (and so its exit
+// status) and is recorded once the store takes events again, with the
+// result it had, not as lost.
+func TestEndRecordedWhenTheStoreRecovers(t *testing.T) {
+	store := &fullStore{Store: MustOpenStore(t)}
+	store.full.Store(true)
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus { return sandbox.ExitStatus{Code: 0} })
+	h := MustStart(t, store, Options{RecordRetry: 5 * time.Millisecond}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{})
+	waitFor(t, "the sandbox to exit and Collect to run", func() bool { return len(h.collected()) > 0 })
+	time.Sleep(50 * time.Millisecond) // several refused tries
+	if got, _ := h.tasks.Get(id); got.Status != task.Running {
+		t.Fatalf("task is %s while the store refuses its end, want running", got.Status)
+	}
+	if slices.Contains(fake.Destroyed(), id) {
+		t.Fatal("the sandbox was destroyed before the task's end was recorded")
+	}
+	store.full.Store(false)
+	got := waitStatus(t, h.tasks, id, task.Success)
+	if got.Summary != "collected" {
+		t.Errorf("summary %q, want Collect's", got.Summary)
+	}
+	waitFor(t, "the sandbox to be destroyed", func() bool { return slices.Contains(fake.Destroyed(), id) })
+	if n := len(h.collected()); n != 1 {
+		t.Errorf("Collect ran %d times, want once: the result is kept, not collected again", n)
+	}
+}
+
+// A cancel whose end the store refuses still stops the sandbox, does not
+// spin, and is recorded as cancelled once the store recovers.
+func TestCancelRecordedWhenTheStoreRecovers(t *testing.T) {
+	store := &fullStore{Store: MustOpenStore(t)}
+	fake := MustNewFake(t, blockUntilStopped)
+	h := MustStart(t, store, Options{RecordRetry: 5 * time.Millisecond, StopGrace: time.Millisecond}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{})
+	waitStatus(t, h.tasks, id, task.Running)
+	store.full.Store(true)
+	MustAppend(t, h.tasks, id, projection.NewEvent(task.EventCancelRequested, task.CancelRequested{Reason: "test"}, "test"))
+	waitFor(t, "the sandbox to be stopped", func() bool { return slices.Contains(fake.Stopped(), id) })
+	store.full.Store(false)
+	got := waitStatus(t, h.tasks, id, task.Cancelled)
+	if got.ErrorMessage != "cancelled" || len(h.collected()) != 0 {
+		t.Errorf("ended with %q after %d Collect calls, want the cancel's end and none", got.ErrorMessage, len(h.collected()))
+	}
 }
