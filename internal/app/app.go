@@ -177,6 +177,7 @@ func (a *App) open(ctx context.Context) error {
 			MaxReadBytes:      256 << 10,
 			MaxWriteBytes:     lim.MaxWriteBytes.Bytes(),
 			MaxSharedBytes:    lim.MaxSharedBytes.Bytes(),
+			MinFreeBytes:      lim.MinFreeDisk.Bytes(),
 			MaxQueued:         w.MaxQueuedTasks,
 			DefaultTimeoutMin: w.DefaultTimeoutMinutes,
 			MaxTimeoutMin:     w.MaxTimeoutMinutes,
@@ -269,7 +270,7 @@ func (a *App) open(ctx context.Context) error {
 // kernel where the data root's filesystem has project quotas, else polled.
 func (a *App) taskQuota() *orchestrator.TaskQuota {
 	projects, err := quota.Open(a.data.HostPath(workspace.DirTasks))
-	q := orchestrator.NewTaskQuota(a.data, a.cfg.Limits.MaxTaskDirBytes.Bytes(), projects, a.log.With("subsystem", "quota"))
+	q := orchestrator.NewTaskQuota(a.data, a.cfg.Limits.MaxTaskDirBytes.Bytes(), a.cfg.Limits.MinFreeDisk.Bytes(), projects, a.log.With("subsystem", "quota"))
 	if err != nil {
 		a.log.Warn("task quota "+q.Mode(), "reason", err)
 	} else {

@@ -241,8 +241,12 @@ type Limits struct {
 	MaxUploadRequestBytes Size `yaml:"max_upload_request_bytes"`
 	// MaxSharedBytes bounds the total size of shared/ (write_workspace and
 	// save_to_shared); MaxWriteBytes one write_workspace file.
-	MaxSharedBytes Size     `yaml:"max_shared_bytes"`
-	MaxWriteBytes  Size     `yaml:"max_write_bytes"`
+	MaxSharedBytes Size `yaml:"max_shared_bytes"`
+	MaxWriteBytes  Size `yaml:"max_write_bytes"`
+	// MinFreeDisk is the free-space floor of the data root's filesystem:
+	// below it no new work is taken and a task still writing is stopped.
+	// 0 turns it off.
+	MinFreeDisk    Size     `yaml:"min_free_disk"`
 	WebhookMaxSkew Duration `yaml:"webhook_max_skew"`
 	StopGrace      Duration `yaml:"stop_grace"`
 }
@@ -258,7 +262,7 @@ func Default() *Config {
 		AIWorker: AIWorkerConfig{
 			Enabled:               true,
 			Namespace:             "default",
-			AICoderImage:          "ghcr.io/corral-dev/corral-worker:latest",
+			AICoderImage:          "corral-worker:latest",
 			ServiceAccount:        "corral-worker",
 			RuntimeClass:          "gvisor",
 			WorkspacePVC:          "corral-workspace",
@@ -312,6 +316,7 @@ func Default() *Config {
 			MaxUploadRequestBytes: mustSize("100MiB"),
 			MaxSharedBytes:        mustSize("10GiB"),
 			MaxWriteBytes:         mustSize("1MiB"),
+			MinFreeDisk:           mustSize("256MiB"),
 			WebhookMaxSkew:        Duration(5 * time.Minute),
 			StopGrace:             Duration(10 * time.Second),
 		},

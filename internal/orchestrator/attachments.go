@@ -54,6 +54,9 @@ func (o *Orchestrator) attachments() (*attachment.Store, error) {
 // UploadAttachments stores uploaded files, all or none, and records an
 // attachment_created event for each once all are stored.
 func (o *Orchestrator) UploadAttachments(ctx context.Context, next func() (string, io.Reader, error)) ([]Attachment, error) {
+	if err := o.checkFreeSpace(); err != nil {
+		return nil, err
+	}
 	store, err := o.attachments()
 	if err != nil {
 		return nil, err
@@ -138,6 +141,9 @@ func (o *Orchestrator) OpenAttachment(ctx context.Context, id string) (Attachmen
 // CreateAttachmentFromWorkspace streams a task's output file or a shared
 // file into a new attachment. Symbolic links are refused, never followed.
 func (o *Orchestrator) CreateAttachmentFromWorkspace(ctx context.Context, req CreateAttachmentRequest) (Attachment, error) {
+	if err := o.checkFreeSpace(); err != nil {
+		return Attachment{}, err
+	}
 	store, err := o.attachments()
 	if err != nil {
 		return Attachment{}, err

@@ -37,6 +37,9 @@ func (o *Orchestrator) ReadWorkspace(ctx context.Context, p string) (File, error
 
 // WriteWorkspace writes a file of shared/ atomically.
 func (o *Orchestrator) WriteWorkspace(ctx context.Context, p string, content []byte) (workspace.Entry, error) {
+	if err := o.checkFreeSpace(); err != nil {
+		return workspace.Entry{}, err
+	}
 	c, err := workspace.Clean(p)
 	if err != nil {
 		return workspace.Entry{}, &errdefs.FieldError{Field: "path", Err: err}

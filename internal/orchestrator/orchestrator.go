@@ -23,6 +23,7 @@ type Limits struct {
 	MaxReadBytes      int64 // file contents returned by read_workspace and results
 	MaxWriteBytes     int64 // content accepted by write_workspace
 	MaxSharedBytes    int64 // total size of shared/; 0 means no limit
+	MinFreeBytes      int64 // the data root's free-space floor; 0 means none
 	MaxQueued         int
 	DefaultTimeoutMin int
 	MaxTimeoutMin     int

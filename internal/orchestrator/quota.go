@@ -62,6 +62,7 @@ const (
 type TaskQuota struct {
 	data     *workspace.DataRoot
 	max      int64
+	minFree  int64           // the data root's free-space floor; 0: none
 	projects *quota.Projects // nil: soft
 	log      *slog.Logger
 
@@ -76,9 +77,12 @@ type sample struct {
 }
 
 // NewTaskQuota returns the quota of task directories under data, max bytes
-// each (none if max <= 0), enforced by projects where not nil.
-func NewTaskQuota(data *workspace.DataRoot, max int64, projects *quota.Projects, log *slog.Logger) *TaskQuota {
-	return &TaskQuota{data: data, max: max, projects: projects, log: log, last: map[string]sample{}}
+// each (none if max <= 0), enforced by projects where not nil. Below
+// minFree bytes free on the data root's filesystem (0: no floor), a task
+// whose directory grew since its last measure is over its quota too: the
+// task filling the disk stops, the others go on.
+func NewTaskQuota(data *workspace.DataRoot, max, minFree int64, projects *quota.Projects, log *slog.Logger) *TaskQuota {
+	return &TaskQuota{data: data, max: max, minFree: minFree, projects: projects, log: log, last: map[string]sample{}}
 }
 
 // Mode says how the quota is enforced, for a person.
@@ -130,7 +134,21 @@ func (q *TaskQuota) Check(ctx context.Context, t task.Task) (time.Duration, erro
 	if err != nil {
 		return 0, err
 	}
-	return q.next(t.ID, start, bytes, took), nil
+	q.mu.Lock()
+	prev, seen := q.last[t.ID]
+	q.last[t.ID] = sample{at: start, bytes: bytes}
+	q.mu.Unlock()
+	headroom := q.max - bytes
+	if q.minFree > 0 {
+		if free, err := freeBytes(q.data.Path()); err == nil {
+			if free < q.minFree && (!seen || bytes > prev.bytes) {
+				return 0, fmt.Errorf("the data root's disk is down to %s free, below limits.min_free_disk (%s), and this task was still writing (its directory holds %s): stopped so that the server and other tasks can go on: %w",
+					units.FormatSize(free), units.FormatSize(q.minFree), units.FormatSize(bytes), errdefs.ErrNoSpace)
+			}
+			headroom = min(headroom, free-q.minFree)
+		}
+	}
+	return nextGap(prev, seen, start, bytes, headroom, took), nil
 }
 
 // measure returns the bytes a task directory holds, or its quota error.
@@ -147,22 +165,19 @@ func (q *TaskQuota) measure(root *os.Root) (int64, error) {
 	return u.bytes, u.err(q.max, maxEntries(q.max))
 }
 
-// next is how long to wait before measuring a task's directory again:
-// half the time its headroom lasts at the rate it last grew, or at
-// assumedWriteRate if that is faster, so that a writer at that rate
-// overshoots the limit by at most half the headroom it had; within
-// [minQuotaGap, QuotaInterval], and at least minQuotaShare times what
-// the measure took.
-func (q *TaskQuota) next(id string, at time.Time, bytes int64, took time.Duration) time.Duration {
-	q.mu.Lock()
-	prev, ok := q.last[id]
-	q.last[id] = sample{at: at, bytes: bytes}
-	q.mu.Unlock()
+// nextGap is how long to wait before measuring a task's directory again,
+// given its previous measure (if seen) and this one of bytes at at: half
+// the time the headroom (under the limit and above the free-space floor)
+// lasts at the rate it last grew, or at assumedWriteRate if that is
+// faster, so that a writer at that rate overshoots by at most half the
+// headroom it had; within [minQuotaGap, QuotaInterval], and at least
+// minQuotaShare times what the measure took.
+func nextGap(prev sample, seen bool, at time.Time, bytes, headroom int64, took time.Duration) time.Duration {
 	rate := float64(assumedWriteRate)
-	if dt := at.Sub(prev.at).Seconds(); ok && dt > 0 {
+	if dt := at.Sub(prev.at).Seconds(); seen && dt > 0 {
 		rate = max(rate, float64(bytes-prev.bytes)/dt)
 	}
-	gap := time.Duration(float64(q.max-bytes) / rate / 2 * float64(time.Second))
+	gap := time.Duration(float64(headroom) / rate / 2 * float64(time.Second))
 	gap = min(max(gap, minQuotaGap), QuotaInterval)
 	return max(gap, minQuotaShare*took)
 }

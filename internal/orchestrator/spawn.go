@@ -43,6 +43,9 @@ func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, 
 	if o.opts.Disabled {
 		return task.Task{}, false, fmt.Errorf("workers are disabled on this server (ai_worker_config.enabled: false): no new task is taken: %w", errdefs.ErrUnavailable)
 	}
+	if err := o.checkFreeSpace(); err != nil {
+		return task.Task{}, false, err
+	}
 	hash := requestHash(req)
 	var prev task.Task
 	var prevErr error

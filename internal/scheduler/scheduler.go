@@ -348,7 +348,7 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 				case unrecorded != nil:
 					end(*unrecorded) // decided before the exit: a timeout, a cancel
 				case qerr != nil:
-					end(failed(qerr.Error(), "quota"))
+					end(failed(qerr.Error(), quotaReason(qerr)))
 				default:
 					end(s.opts.Collect(ctx, cur, exit))
 				}
@@ -378,7 +378,7 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 			if cur.Status.Terminal() {
 				log.Warn("sandbox went over its disk quota after its task ended", logkey.Error, err)
 			} else {
-				end(failed(err.Error(), "quota"))
+				end(failed(err.Error(), quotaReason(err)))
 			}
 			st.stop(ctx, "quota", 0) // nothing left to save: every write counts
 			quotaDue = nil
@@ -400,6 +400,15 @@ func (s *Scheduler) overQuota(ctx context.Context, t task.Task) error {
 	}
 	_, err := s.opts.Quota.Check(ctx, t)
 	return err
+}
+
+// quotaReason is the reason a task stopped by its quota ends with: "disk"
+// when the data root ran out of space, else "quota".
+func quotaReason(err error) string {
+	if errors.Is(err, errdefs.ErrNoSpace) {
+		return "disk"
+	}
+	return "quota"
 }
 
 // releaseQuota tells the quota a task's sandbox is gone.

@@ -96,6 +96,18 @@ func (s *Store) Append(ctx context.Context, stream string, expected int64, event
 	return res.events, res.err
 }
 
+// classify gives SQLite's "database or disk is full" its class, so that a
+// caller can say the disk is full instead of failing with no reason. The
+// store takes appends again once there is space: the failed transaction
+// was rolled back whole.
+func classify(err error) error {
+	var se *sqlite.Error
+	if errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_FULL {
+		return fmt.Errorf("%w: %w", errdefs.ErrNoSpace, err)
+	}
+	return err
+}
+
 func validate(stream string, expected int64, events []eventstore.Proposed) error {
 	if stream == "" {
 		return fmt.Errorf("empty stream id: %w", errdefs.ErrInvalidArgument)
@@ -159,7 +171,7 @@ func (s *Store) commitBatch(batch []*appendReq) {
 	results := make([]appendRes, len(batch))
 	head, err := s.writeBatch(batch, results)
 	if err != nil {
-		err = fmt.Errorf("commit %d appends: %w", len(batch), err)
+		err = fmt.Errorf("commit %d appends: %w", len(batch), classify(err))
 		for i := range results {
 			if results[i].err == nil {
 				results[i] = appendRes{err: fmt.Errorf("append to stream %s: %w", batch[i].stream, err)}

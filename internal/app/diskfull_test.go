@@ -1,0 +1,148 @@
+//go:build integration
+
+package app_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// mustSmallDisk mounts a tmpfs of size (e.g. "96m") for a data root and
+// returns the path of the data root on it.
+func mustSmallDisk(t *testing.T, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small filesystem needs root")
+	}
+	mnt := testenv.TempDir(t)
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size="+size+",mode=0711"); err != nil {
+		t.Skipf("cannot mount a tmpfs here: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	return filepath.Join(mnt, "data")
+}
+
+// fill writes a file of zeros at path until the filesystem refuses.
+func fill(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+}
+
+func (s *server) spawnRaw(t *testing.T, argv string) (int, string) {
+	t.Helper()
+	return s.do(t, http.MethodPost, "/api/tasks", "application/json",
+		strings.NewReader(`{"task_description":"disk","agent":"command","command":["sh","-c",`+argv+`]}`))
+}
+
+// TestFreeSpaceFloor: a task filling the data root's disk is stopped at
+// the free-space floor, new work is refused with 507 naming the floor
+// while the disk stays below it, and work is taken again by itself once
+// space is freed.
+func TestFreeSpaceFloor(t *testing.T) {
+	t.Parallel()
+	data := mustSmallDisk(t, "128m")
+	s := MustStart(t, func(c *config.Config) {
+		c.Data = data
+		c.Limits.MinFreeDisk = mustSize(t, "48MiB")
+		c.Limits.MaxTaskDirBytes = mustSize(t, "1GiB")
+	})
+	ctx := context.Background()
+	filler, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "fill the disk", Agent: "command",
+		Command: []string{"sh", "-c", "dd if=/dev/zero of=output/big bs=1M count=1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := s.wait(t, filler.ID, 60*time.Second)
+	if res.Status != task.Failed || !strings.Contains(res.ErrorMessage, "below limits.min_free_disk") {
+		t.Fatalf("the disk filler ended %s: %q; want failed at the free-space floor", res.Status, res.ErrorMessage)
+	}
+
+	code, body := s.spawnRaw(t, `"true"`)
+	if code != http.StatusInsufficientStorage || !strings.Contains(body, "min_free_disk") {
+		t.Fatalf("spawn below the floor: %d %s, want 507 naming the floor", code, body)
+	}
+	if _, err := s.client.WriteWorkspace(ctx, "notes.txt", []byte("x")); err == nil || !strings.Contains(err.Error(), "min_free_disk") {
+		t.Errorf("write to shared/ below the floor: %v, want refused naming the floor", err)
+	}
+
+	if err := os.Remove(filepath.Join(data, "tasks", filler.ID, "output", "big")); err != nil {
+		t.Fatal(err)
+	}
+	// The space comes back when the stopped sandbox has closed the file.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(data, &st); err != nil {
+			t.Fatal(err)
+		}
+		if int64(st.Bavail)*st.Bsize >= 48<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the disk stayed below the floor after the file was removed")
+		}
+	}
+	tk := s.spawn(t, "after the space came back", "sh", "-c", "echo ok > output/ok.txt")
+	if res := s.wait(t, tk.ID, 30*time.Second); res.Status != task.Success {
+		t.Errorf("task after space was freed: %s %q, want success", res.Status, res.ErrorMessage)
+	}
+}
+
+// TestDiskFull: with no floor, a disk filled to the last block makes
+// spawns and writes fail with 507 "disk is full", not 500, and loses
+// nothing: once space is freed the same server takes and runs tasks.
+func TestDiskFull(t *testing.T) {
+	t.Parallel()
+	data := mustSmallDisk(t, "96m")
+	s := MustStart(t, func(c *config.Config) {
+		c.Data = data
+		c.Limits.MinFreeDisk = config.Size{}
+	})
+	before := s.spawn(t, "before", "sh", "-c", "echo before > output/r.txt")
+	s.wait(t, before.ID, 30*time.Second)
+
+	filler := filepath.Join(filepath.Dir(data), "filler")
+	fill(t, filler)
+	code, body := s.spawnRaw(t, `"true"`)
+	if code != http.StatusInsufficientStorage || !strings.Contains(body, "disk is full") {
+		t.Errorf("spawn on a full disk: %d %s, want 507 saying the disk is full", code, body)
+	}
+	if strings.Contains(body, data) {
+		t.Errorf("the error names host paths: %s", body)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	after := s.spawn(t, "after", "sh", "-c", "echo after > output/r.txt")
+	if res := s.wait(t, after.ID, 30*time.Second, "r.txt"); res.Status != task.Success || res.FileContents["r.txt"].Content != "after\n" {
+		t.Errorf("task after the disk was freed: %s %q", res.Status, res.ErrorMessage)
+	}
+	if tk, err := s.client.Get(context.Background(), before.ID); err != nil || tk.Status != task.Success {
+		t.Errorf("the task from before the disk filled: %v %v", tk.Status, err)
+	}
+}
