@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/gabriel-vasile/mimetype v1.4.16
+	github.com/go-json-experiment/json v1.27.2
 	github.com/google/go-cmp v0.7.0
 	github.com/modelcontextprotocol/go-sdk v1.8.0
 	go.uber.org/goleak v1.3.0

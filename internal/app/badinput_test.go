@@ -62,7 +62,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"timeout too long", "POST", "/api/tasks", `{"task_description":"x","command":["true"],"timeout_minutes":121}`, 400, "timeout_minutes"},
 		{"timeout negative", "POST", "/api/tasks", `{"task_description":"x","command":["true"],"timeout_minutes":-1}`, 400, "timeout_minutes"},
 		{"dot-dot context", "POST", "/api/tasks", `{"task_description":"x","command":["true"],"context_files":["../corral.db"]}`, 403, "context_files[0]"},
-		{"absolute context", "POST", "/api/tasks", `{"task_description":"x","command":["true"],"context_files":["/etc/passwd"]}`, 422, "context_files[0]"},
+		{"absolute context", "POST", "/api/tasks", `{"task_description":"x","command":["true"],"context_files":["/etc/passwd"]}`, 400, "absolute"},
 		{"NUL context", "POST", "/api/tasks", `{"task_description":"x","command":["true"],"context_files":["data/ok.csv\u0000.txt"]}`, 403, "NUL"},
 		{"symlink out of shared", "POST", "/api/tasks", `{"task_description":"x","command":["true"],"context_files":["data/link"]}`, 403, "symbolic link"},
 		{"oversize prompt", "POST", "/api/tasks", `{"task_description":"` + strings.Repeat("a", 2000) + `","command":["true"]}`, 413, "task_description"},

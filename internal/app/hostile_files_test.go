@@ -130,3 +130,43 @@ func TestManyOutputFilesBounded(t *testing.T) {
 		t.Errorf("GET /api/tasks: %d, %d bytes", code, len(body))
 	}
 }
+
+// TestOutputNameWithControls: save_to_shared leaves out an output whose
+// name shared/ does not take (a newline in it) and says so in the event;
+// the task's other outputs are saved.
+func TestOutputNameWithControls(t *testing.T) {
+	s := MustStart(t, nil)
+	ctx := context.Background()
+	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "a name with a newline", Agent: "command",
+		Command: []string{"sh", "-c", `echo ok > output/ok.txt; echo bad > "output/$(printf 'two\nlines.txt')"`}, SaveToShared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := s.wait(t, tk.ID, 30*time.Second); res.Status != task.Success {
+		t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
+	}
+	var saved task.OutputsSaved
+	if err := s.client.Events(ctx, orchestrator.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
+		if e.Type == task.EventOutputsSaved || e.Type == task.EventOutputsSaveFailed {
+			return json.Unmarshal(e.Data, &saved)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if saved.Error != "" || len(saved.Files) != 1 || saved.Files[0].From != "ok.txt" {
+		t.Errorf("saved %+v, want ok.txt alone", saved)
+	}
+	if len(saved.Skipped) != 1 || saved.Skipped[0].Name != "two\nlines.txt" || !strings.Contains(saved.Skipped[0].Reason, "control character") {
+		t.Errorf("skipped %+v, want the name with a newline, saying why", saved.Skipped)
+	}
+	ents, err := os.ReadDir(filepath.Join(s.data, saved.Directory))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.ContainsRune(e.Name(), '\n') {
+			t.Errorf("shared/ holds %q", e.Name())
+		}
+	}
+}

@@ -32,6 +32,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -127,7 +128,7 @@ func CleanName(name string) (string, error) {
 	switch {
 	case name == "" || name == "." || name == ".." || name == "/":
 		return "", fmt.Errorf("file name is missing: %w", errdefs.ErrInvalidArgument)
-	case !utf8.ValidString(name) || strings.ContainsFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+	case !utf8.ValidString(name) || strings.ContainsFunc(name, unicode.IsControl):
 		return "", fmt.Errorf("file name %q must be UTF-8 without control characters: %w", name, errdefs.ErrInvalidArgument)
 	case len(name) > maxName:
 		return "", fmt.Errorf("file name is %d bytes, over the limit of %d: %w", len(name), maxName, errdefs.ErrInvalidArgument)

@@ -78,6 +78,8 @@ func TestRefusalsLeaveNothing(t *testing.T) {
 		{"empty.txt", "", errdefs.ErrInvalidArgument},
 		{"..", "x", errdefs.ErrInvalidArgument},
 		{"bad\x00name", "x", errdefs.ErrInvalidArgument},
+		{"next\u0085line.txt", "x", errdefs.ErrInvalidArgument}, // C1 control
+		{"csi\u009b31m.txt", "x", errdefs.ErrInvalidArgument},
 	} {
 		if _, err := s.Create(c.name, strings.NewReader(c.content), "", "upload"); !errors.Is(err, c.class) {
 			t.Errorf("%q: %v, want %v", c.name, err, c.class)

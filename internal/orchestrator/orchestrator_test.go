@@ -211,8 +211,8 @@ func TestSpawnValidation(t *testing.T) {
 		{"bad pids", with(func(r *SpawnRequest) { r.Resources = &ResourceRequest{PidsLimit: 2} }), "resources.pids_limit", nil},
 		{"context ..", with(func(r *SpawnRequest) { r.ContextFiles = []string{"../events.db"} }), "context_files[0]", workspace.ErrPathEscapes},
 		{"context NUL", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data/a\x00.txt"} }), "context_files[0]", workspace.ErrPathEscapes},
-		// A leading slash is relative to shared/: this is shared/etc/passwd.
-		{"context /etc/passwd", with(func(r *SpawnRequest) { r.ContextFiles = []string{"/etc/passwd"} }), "context_files[0]", errdefs.ErrNotFound},
+		// An absolute path is refused, not read as relative to shared/.
+		{"context /etc/passwd", with(func(r *SpawnRequest) { r.ContextFiles = []string{"/etc/passwd"} }), "context_files[0]", errdefs.ErrInvalidArgument},
 		{"context symlink out", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data/ok.txt", "data/link"} }), "context_files[1]", workspace.ErrPathEscapes},
 		{"context missing", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data/none.txt"} }), "context_files[0]", errdefs.ErrNotFound},
 		{"context directory", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data"} }), "context_files[0]", workspace.ErrIsDir},

@@ -120,6 +120,12 @@ func (o *Orchestrator) copyOutputs(ctx context.Context, t task.Task, files []tas
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("saving took longer than %s; %d of %d files saved: %w", maxSaveTime, len(res.Files), len(files), err)
 		}
+		// shared/ takes only names every listing can show; a worker's
+		// output/ may hold any.
+		if err := workspace.CheckName(f.Name); err != nil {
+			res.Skipped = append(res.Skipped, task.SkippedFile{Name: f.Name, Reason: errdefs.Message(err)})
+			continue
+		}
 		to := path.Join(dirName, f.Name)
 		n, err := workspace.CopyFile(out, f.Name, sh, to, max)
 		if err != nil {

@@ -199,6 +199,9 @@ func (o *Orchestrator) CreateSkill(ctx context.Context, req CreateSkillRequest) 
 		}
 		defer out.Close()
 		for i, f := range files {
+			if err := workspace.CheckName(f.Name); err != nil {
+				return SkillDetail{}, &errdefs.FieldError{Field: fmt.Sprintf("files[%d]", i), Err: err}
+			}
 			if _, err := workspace.CopyFile(out, f.Name, sh, tmp+"/"+f.Name, maxSkillBytes); err != nil {
 				return SkillDetail{}, &errdefs.FieldError{Field: fmt.Sprintf("files[%d]", i), Err: err}
 			}

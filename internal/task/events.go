@@ -152,7 +152,16 @@ type SavedFile struct {
 type OutputsSaved struct {
 	Directory string      `json:"directory"` // shared/outputs/YYYY-MM/<task-id>
 	Files     []SavedFile `json:"files"`
-	Error     string      `json:"error,omitempty"`
+	// Skipped are the outputs left out because shared/ does not take
+	// their names (control characters, invalid UTF-8).
+	Skipped []SkippedFile `json:"skipped,omitempty"`
+	Error   string        `json:"error,omitempty"`
+}
+
+// SkippedFile is an output file save_to_shared left out, and why.
+type SkippedFile struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
 }
 
 // DirectoryRemoved is the payload of EventDirectoryRemoved.

@@ -10,9 +10,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -93,45 +91,17 @@ func (c *Catalogue) Functions() []Function {
 	return out
 }
 
-// decode strictly decodes tool arguments: unknown fields are errors naming
-// the field, so a typo is not silently ignored.
-func decode(args json.RawMessage, v any) error {
-	d := json.NewDecoder(bytes.NewReader(args))
-	d.DisallowUnknownFields()
-	if err := d.Decode(v); err != nil {
-		var se *json.SyntaxError
-		var te *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &te):
-			return errdefs.Field(te.Field, fmt.Sprintf("must be %s, not %s", te.Type, te.Value))
-		case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
-			return fmt.Errorf("arguments are not valid JSON: %v: %w", err, errdefs.ErrInvalidArgument)
-		}
-		return fmt.Errorf("arguments: %v: %w", err, errdefs.ErrInvalidArgument)
-	}
-	if d.More() {
-		return fmt.Errorf("arguments: trailing data after the JSON object: %w", errdefs.ErrInvalidArgument)
-	}
-	if _, err := d.Token(); err != io.EOF {
-		return fmt.Errorf("arguments: trailing data after the JSON object: %w", errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
-
-// checkPath refuses a path that leaves shared/ before it reaches the
-// service, with the orchestrator's own error: over httpapi.Client a ".."
-// would otherwise be cleaned away by the URL and answer an unrelated 404.
-// os.Root in the orchestrator stays the enforcement.
+// checkPath refuses a path workspace.Clean refuses (one that leaves
+// shared/, is absolute or is too long) before it reaches the service, with
+// the orchestrator's own error, whichever Service the catalogue is over.
+// os.Root in the orchestrator stays the enforcement; a name that may not be
+// created is refused by the write itself (workspace.CheckName).
 func checkPath(p string) error {
 	if _, err := workspace.Clean(p); err != nil {
 		return &errdefs.FieldError{Field: "path", Err: err}
 	}
 	return nil
 }
-
-// Decode is decode for transports that take a request body in a tool's
-// argument format (POST /api/tasks takes spawn_worker's arguments).
-func Decode(args json.RawMessage, v any) error { return decode(args, v) }
 
 func spawnWorker(svc orchestrator.Service) Tool {
 	return Tool{

@@ -207,7 +207,8 @@ var ErrIsDir = fmt.Errorf("is a directory: %w", errdefs.ErrFailedPrecondition)
 
 // CopyFile copies srcName beneath src to dstName beneath dst, atomically,
 // refusing symbolic links and anything over max bytes (ErrTooLarge). It
-// returns the number of bytes copied.
+// returns the number of bytes copied. dstName's characters are not checked
+// (CheckName): a copy may keep the name a worker gave its file.
 func CopyFile(src *os.Root, srcName string, dst *os.Root, dstName string, max int64) (int64, error) {
 	f, info, err := OpenFile(src, srcName)
 	if err != nil {
@@ -218,7 +219,7 @@ func CopyFile(src *os.Root, srcName string, dst *os.Root, dstName string, max in
 		return 0, fmt.Errorf("%s is %d bytes, over the limit of %d: %w", srcName, info.Size(), max, ErrTooLarge)
 	}
 	var n int64
-	err = WriteAtomic(dst, dstName, 0o644, func(w io.Writer) error {
+	err = writeAtomic(dst, dstName, 0o644, func(w io.Writer) error {
 		n, err = io.Copy(w, io.LimitReader(f, max+1))
 		if err == nil && n > max {
 			return fmt.Errorf("%s grew past the limit of %d bytes: %w", srcName, max, ErrTooLarge)

@@ -2,6 +2,7 @@ package workspace
 
 import (
 	"bytes"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,12 +11,14 @@ import (
 
 // FuzzResolve feeds arbitrary paths to every reading and writing entry
 // point over a root that has a symlink pointing outside it. Whatever the
-// path, nothing outside the root is read or written.
+// path, nothing outside the root is read or written, and no name a write
+// creates has a control character or is not UTF-8.
 func FuzzResolve(f *testing.F) {
 	for _, seed := range []string{
 		"", ".", "a.txt", "../outside.txt", "a/../../outside.txt", "/etc/passwd", "/workspace/shared/a.txt",
 		"/workspace/shared-evil/a.txt", "link/outside.txt", "out", "out/x", "dir/../a.txt", "a.txt\x00.png",
 		"..\\outside.txt", "....//outside.txt", "%2e%2e/outside.txt", "dir/./../../outside.txt", "//a.txt",
+		"dir/a\nb.txt", "c1\u0085.txt", "bad\xff.txt",
 	} {
 		f.Add(seed)
 	}
@@ -67,5 +70,11 @@ func FuzzResolve(f *testing.F) {
 		if len(ents) != 1 {
 			t.Fatalf("a write of %q created a file outside the root: %v", p, ents)
 		}
+		filepath.WalkDir(inside, func(name string, _ fs.DirEntry, _ error) error {
+			if err := CheckName(name); err != nil {
+				t.Fatalf("a write of %q created %q: %v", p, name, err)
+			}
+			return nil
+		})
 	})
 }

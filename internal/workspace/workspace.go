@@ -13,6 +13,9 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -23,36 +26,93 @@ var ErrPathEscapes = fmt.Errorf("path escapes workspace: %w", errdefs.ErrPermiss
 // ErrTooLarge is returned when a write or copy would pass a size limit.
 var ErrTooLarge = errdefs.ErrTooLarge
 
+// Limits on a path a caller gives (seed 001 §2.4.1), in bytes: Linux's
+// PATH_MAX for the whole path and NAME_MAX for each name in it. A path
+// over them could never name a file; refused here, it says so instead of
+// ending as "no such file" or a system call's ENAMETOOLONG.
+const (
+	MaxPath = 4096
+	MaxName = 255
+)
+
 // Clean checks a caller's path and returns it as a local, slash-separated
-// path relative to its root ("" or "." for the root itself). A leading "/"
-// or "/workspace/shared/" is taken as relative to the root, since that is how
-// a worker and the seed's tools name shared files. NUL bytes, backslashes,
-// ".." and anything else that is not local are refused with ErrPathEscapes,
-// for a clear error before os.Root enforces the same.
+// path relative to its root ("." for the root itself). "/workspace/shared/"
+// at its start is taken as relative to the root, since that is how a
+// worker and the seed's tools name shared files, and "/" alone names the
+// root (a listing of "/"); any other absolute path is refused with
+// errdefs.ErrInvalidArgument, as is a path over MaxPath or with a name
+// over MaxName. NUL bytes, backslashes, ".." and anything else that is not
+// local are refused with ErrPathEscapes, for a clear error before os.Root
+// enforces the same.
+//
+// Clean does not judge the characters of names (see CheckName): it also
+// serves reads, and a worker may have created any name in its own
+// directory.
 func Clean(p string) (string, error) {
+	if len(p) > MaxPath {
+		return "", fmt.Errorf("path too long: %d bytes, over the limit of %d: %w", len(p), MaxPath, errdefs.ErrInvalidArgument)
+	}
 	if strings.ContainsRune(p, 0) {
 		return "", fmt.Errorf("path contains a NUL byte: %w", ErrPathEscapes)
 	}
 	if strings.ContainsRune(p, '\\') {
-		return "", fmt.Errorf("path %q contains a backslash: %w", p, ErrPathEscapes)
+		return "", fmt.Errorf("path %q contains a backslash: %w", short(p), ErrPathEscapes)
 	}
 	if rest, ok := strings.CutPrefix(p, "/workspace/shared"); ok && (rest == "" || rest[0] == '/') {
-		p = rest
+		p = strings.TrimLeft(rest, "/")
 	}
-	p = strings.TrimLeft(p, "/")
-	if p == "" {
+	if strings.Trim(p, "/") == "" {
 		return ".", nil
 	}
 	for _, part := range strings.Split(p, "/") {
 		if part == ".." {
-			return "", fmt.Errorf("path %q contains \"..\": %w", p, ErrPathEscapes)
+			return "", fmt.Errorf("path %q contains \"..\": %w", short(p), ErrPathEscapes)
 		}
+		if len(part) > MaxName {
+			return "", fmt.Errorf("name too long: %q is %d bytes, over the limit of %d: %w", short(part), len(part), MaxName, errdefs.ErrInvalidArgument)
+		}
+	}
+	if p[0] == '/' {
+		return "", fmt.Errorf("path %q is absolute: absolute paths are not allowed; give a path relative to shared/ (or one under /workspace/shared/): %w", short(p), errdefs.ErrInvalidArgument)
 	}
 	c := path.Clean(p)
 	if !filepath.IsLocal(c) {
-		return "", fmt.Errorf("path %q is not local: %w", p, ErrPathEscapes)
+		return "", fmt.Errorf("path %q is not local: %w", short(p), ErrPathEscapes)
 	}
 	return c, nil
+}
+
+// CheckName refuses a name (a slash-separated path) that must not be
+// created: one that is not UTF-8, or that has a control character in it
+// (C0, DEL or C1: a newline, a tab, an escape sequence). Such names break
+// every listing that shows one name a line, and one that is not UTF-8
+// cannot survive a JSON answer to be named again. Every write of this
+// package checks its name; a copy does not (CopyFile), since it may carry
+// a name a worker gave a file in its own directory, and a caller copying
+// such names to where callers list them checks them itself.
+func CheckName(name string) error {
+	if !utf8.ValidString(name) {
+		return fmt.Errorf("name %q is not valid UTF-8: %w", short(name), errdefs.ErrInvalidArgument)
+	}
+	if i := strings.IndexFunc(name, unicode.IsControl); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(name[i:])
+		return fmt.Errorf("name %q contains the control character U+%04X; names may not contain newlines, tabs or other control characters: %w", short(name), r, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// short cuts a caller's path for an error message: a message need not
+// repeat 4 KiB of it.
+func short(s string) string {
+	const max = 80
+	if len(s) <= max {
+		return s
+	}
+	n := max
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // classify maps errors from os.Root to Corral's classes.
@@ -63,6 +123,9 @@ func classify(err error) error {
 	var pe *fs.PathError
 	if errors.As(err, &pe) && strings.Contains(pe.Err.Error(), "path escapes") {
 		return fmt.Errorf("%s: %w", pe.Path, ErrPathEscapes)
+	}
+	if errors.Is(err, syscall.ENAMETOOLONG) {
+		return fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
@@ -78,7 +141,8 @@ func classify(err error) error {
 
 // WriteFileAtomic writes data to name beneath root: a temporary file in the
 // same directory, fsync, rename, fsync of the directory. Readers see the old
-// content or the new, never a part. Parent directories are created.
+// content or the new, never a part. Parent directories are created. A name
+// CheckName refuses is refused.
 func WriteFileAtomic(root *os.Root, name string, data []byte, perm fs.FileMode) error {
 	return WriteAtomic(root, name, perm, func(w io.Writer) error {
 		_, err := w.Write(data)
@@ -88,6 +152,14 @@ func WriteFileAtomic(root *os.Root, name string, data []byte, perm fs.FileMode) 
 
 // WriteAtomic is WriteFileAtomic with the content written by fill.
 func WriteAtomic(root *os.Root, name string, perm fs.FileMode, fill func(io.Writer) error) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	return writeAtomic(root, name, perm, fill)
+}
+
+// writeAtomic is WriteAtomic whatever the name's characters.
+func writeAtomic(root *os.Root, name string, perm fs.FileMode, fill func(io.Writer) error) error {
 	dir := path.Dir(name)
 	if dir != "." {
 		if err := root.MkdirAll(dir, 0o755); err != nil {

@@ -62,51 +62,151 @@ func mustOutside(tb testing.TB) string {
 }
 
 func TestClean(t *testing.T) {
+	const (
+		ok      = iota
+		escapes // ErrPathEscapes, a permission denied
+		invalid // ErrInvalidArgument: absolute, too long
+	)
 	tests := []struct {
-		in      string
-		want    string
-		escapes bool
+		in   string
+		want string
+		err  int
 	}{
-		{"", ".", false},
-		{"/", ".", false},
-		{".", ".", false},
-		{"a.txt", "a.txt", false},
-		{"a/./b//c", "a/b/c", false},
-		{"a/", "a", false},
-		// A leading "/" is taken as relative to the root, not refused: that
-		// is how workers name shared files.
-		{"/etc/passwd", "etc/passwd", false},
-		{"//etc/passwd", "etc/passwd", false},
-		{"/workspace/shared/x", "x", false},
-		{"/workspace/shared", ".", false},
-		{"/workspace/shared/", ".", false},
-		{"/workspace/shared/data/a.csv", "data/a.csv", false},
-		// A sibling prefix must not be stripped.
-		{"/workspace/shared-evil/x", "workspace/shared-evil/x", false},
-		{"/workspace/sharedx", "workspace/sharedx", false},
-		{"workspace/shared/x", "workspace/shared/x", false},
-		{"..", "", true},
-		{"../x", "", true},
-		{"a/../../x", "", true},
-		{"a/..", "", true},
-		{"/../etc/passwd", "", true},
-		{"/workspace/shared/../x", "", true},
-		{"/workspace/shared/..", "", true},
-		{"a\x00b", "", true},
-		{"a\\b", "", true},
-		{"..\\x", "", true},
-		{"C:\\x", "", true},
+		{"", ".", ok},
+		{"/", ".", ok},
+		{".", ".", ok},
+		{"a.txt", "a.txt", ok},
+		{"a/./b//c", "a/b/c", ok},
+		{"a/", "a", ok},
+		// /workspace/shared/ is how workers name shared files.
+		{"/workspace/shared/x", "x", ok},
+		{"/workspace/shared", ".", ok},
+		{"/workspace/shared/", ".", ok},
+		{"/workspace/shared/data/a.csv", "data/a.csv", ok},
+		{"/workspace/shared//data/a.csv", "data/a.csv", ok},
+		{"workspace/shared/x", "workspace/shared/x", ok},
+		// Any other absolute path is refused, not taken as relative.
+		{"/abs.txt", "", invalid},
+		{"/etc/passwd", "", invalid},
+		{"//etc/passwd", "", invalid},
+		// A sibling prefix is not stripped: it is absolute.
+		{"/workspace/shared-evil/x", "", invalid},
+		{"/workspace/sharedx", "", invalid},
+		{"..", "", escapes},
+		{"../x", "", escapes},
+		{"a/../../x", "", escapes},
+		{"a/..", "", escapes},
+		{"/../etc/passwd", "", escapes},
+		{"/workspace/shared/../x", "", escapes},
+		{"/workspace/shared/..", "", escapes},
+		{"a\x00b", "", escapes},
+		{"a\\b", "", escapes},
+		{"..\\x", "", escapes},
+		{"C:\\x", "", escapes},
+		// Lengths: PATH_MAX for the path, NAME_MAX for each name.
+		{strings.Repeat("a/", MaxPath/2+1), "", invalid},
+		{strings.Repeat("a", 4200), "", invalid},
+		{strings.Repeat("a", MaxName+1), "", invalid},
+		{"d/" + strings.Repeat("a", MaxName+1) + "/x", "", invalid},
+		{strings.Repeat("a", MaxName), strings.Repeat("a", MaxName), ok},
+		{strings.Repeat("d/", (MaxPath-5)/2) + "x.txt", strings.Repeat("d/", (MaxPath-5)/2) + "x.txt", ok},
+		// Control characters are CheckName's to judge: a read of a
+		// worker's file must still work.
+		{"a\nb.txt", "a\nb.txt", ok},
 	}
 	for _, tt := range tests {
 		got, err := Clean(tt.in)
-		if tt.escapes {
+		switch tt.err {
+		case escapes:
 			if !errors.Is(err, ErrPathEscapes) || !errors.Is(err, errdefs.ErrPermissionDenied) {
-				t.Errorf("Clean(%q) = %q, %v; want ErrPathEscapes", tt.in, got, err)
+				t.Errorf("Clean(%.40q) = %.40q, %v; want ErrPathEscapes", tt.in, got, err)
 			}
-			continue
+		case invalid:
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || errors.Is(err, ErrPathEscapes) {
+				t.Errorf("Clean(%.40q) = %.40q, %v; want ErrInvalidArgument", tt.in, got, err)
+			}
+		default:
+			if err != nil || got != tt.want {
+				t.Errorf("Clean(%.40q) = %.40q, %v; want %.40q", tt.in, got, err, tt.want)
+			}
 		}
-		if err != nil || got != tt.want {
-			t.Errorf("Clean(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
+	}
+}
+
+// The errors of Clean say what is wrong in words a caller can act on,
+// without echoing all of a long path.
+func TestCleanMessages(t *testing.T) {
+	for in, want := range map[string]string{
+		"/abs.txt":                       `path "/abs.txt" is absolute: absolute paths are not allowed; give a path relative to shared/`,
+		strings.Repeat("a", 4200):        "path too long: 4200 bytes, over the limit of 4096",
+		"x/" + strings.Repeat("b", 300):  `name too long: "` + strings.Repeat("b", 80) + `…" is 300 bytes, over the limit of 255`,
+		"../" + strings.Repeat("c", 200): `path "../` + strings.Repeat("c", 77) + `…" contains ".."`,
+	} {
+		_, err := Clean(in)
+		if err == nil || !strings.HasPrefix(errdefs.Message(err), want) {
+			t.Errorf("Clean(%.20q…) = %v, want a message starting %q", in, err, want)
+		}
+		if err != nil && len(err.Error()) > 300 {
+			t.Errorf("Clean(%.20q…): a %d-byte message", in, len(err.Error()))
+		}
+	}
+}
+
+func TestCheckName(t *testing.T) {
+	for _, name := range []string{"a.txt", "data/b c.csv", "ünïcödé/日本.md", "emoji-🙂.txt", "-dash", ".hidden"} {
+		if err := CheckName(name); err != nil {
+			t.Errorf("CheckName(%q) = %v, want nil", name, err)
+		}
+	}
+	for _, name := range []string{
+		"a\nb.txt", "a\rb", "tab\there", "esc\x1b[31mred", "bell\a", "del\x7f", "nul\x00",
+		"c1-\u0085-nel", "c1-\u009b-csi", "dir\n/x.txt", "bad-utf8-\xff.txt", "cut-\xc3",
+	} {
+		err := CheckName(name)
+		if !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("CheckName(%q) = %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	if err := CheckName("a\nb.txt"); err == nil || !strings.Contains(err.Error(), "control character U+000A") {
+		t.Errorf("CheckName(a newline) = %v, want it to name U+000A", err)
+	}
+}
+
+// Every write refuses a name with a control character and creates nothing;
+// a copy keeps the name a worker chose for its own file.
+func TestWritesRefuseControlCharacters(t *testing.T) {
+	r, dir := MustOpenRoot(t, map[string]string{"src/a\nb.txt": "worker's"})
+	for _, name := range []string{"a\nb.txt", "sub\u0085dir/x.txt", "x\x1b[2J.txt", "bad\xff.txt"} {
+		if err := WriteFileAtomic(r, name, []byte("x"), 0o644); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("WriteFileAtomic(%q) = %v, want ErrInvalidArgument", name, err)
+		}
+		if err := WriteAtomic(r, name, 0o644, func(io.Writer) error { return nil }); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("WriteAtomic(%q) = %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 || ents[0].Name() != "src" {
+		t.Errorf("refused writes left %v", ents)
+	}
+	if _, err := CopyFile(r, "src/a\nb.txt", r, "dst/a\nb.txt", 100); err != nil {
+		t.Errorf("CopyFile of a worker's name: %v", err)
+	}
+}
+
+// A name the kernel finds too long is a caller's error, not an internal
+// one, whichever entry point meets it.
+func TestNameTooLongClassified(t *testing.T) {
+	r, _ := MustOpenRoot(t, map[string]string{})
+	long := strings.Repeat("n", MaxName+1)
+	if err := WriteFileAtomic(r, long, []byte("x"), 0o644); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("WriteFileAtomic(%d-byte name) = %v, want ErrInvalidArgument", len(long), err)
+	}
+	for _, p := range []string{long, strings.Repeat("a", 4200)} {
+		if _, _, err := ReadFile(r, p, 10); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("ReadFile(%d bytes) = %v, want ErrInvalidArgument", len(p), err)
+		}
+		if _, err := List(r, p, false); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("List(%d bytes) = %v, want ErrInvalidArgument", len(p), err)
 		}
 	}
 }
@@ -176,9 +276,9 @@ func TestSymlinkInsideRefused(t *testing.T) {
 	if _, _, err := ReadFile(r, "missing", 100); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("ReadFile(missing) = %v, want ErrNotFound", err)
 	}
-	data, _, err := ReadFile(r, "/real.txt", 100)
+	data, _, err := ReadFile(r, "/workspace/shared/real.txt", 100)
 	if err != nil || string(data) != "hello" {
-		t.Errorf("ReadFile(/real.txt) = %q, %v; want hello", data, err)
+		t.Errorf("ReadFile(/workspace/shared/real.txt) = %q, %v; want hello", data, err)
 	}
 }
 

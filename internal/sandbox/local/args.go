@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
@@ -231,6 +233,23 @@ func sandboxEnv(env []string) []string {
 // does not take bwrap (and the sandbox) with it. The paths are arguments,
 // never part of the script.
 const launcherScript = `ulimit -c 0 && ulimit -n "$1" && ulimit -f "$2" || exit 126; shift 2; for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 126; shift; done; shift; "$@"; rc=$?; exit $rc`
+
+// fitNoFile returns the open-file limit sandboxes get when want is asked
+// for and the server's own hard RLIMIT_NOFILE is hard, and, when that is
+// less than want, a warning saying so. The launcher sets the limit (soft
+// and hard) as the server, and raising a hard limit takes
+// CAP_SYS_RESOURCE, which a server in a container or under systemd's
+// LimitNOFILE often lacks even as root: asking for more than hard failed
+// every sandbox's start ("ulimit: error setting limit"). Where raising it
+// would work, hard is the limit all the same: a sandbox gets no more open
+// files than the operator let its server have.
+func fitNoFile(want int, hard uint64) (int, string) {
+	if hard == unix.RLIM_INFINITY || uint64(want) <= hard {
+		return want, ""
+	}
+	return int(hard), fmt.Sprintf("sandboxes get %d open files, not %d: the server's hard open-file limit (RLIMIT_NOFILE) is %d; raise it (ulimit -Hn, systemd LimitNOFILE=, docker --ulimit nofile=) to give them more",
+		hard, want, hard)
+}
 
 // launcher returns the argv that runs argv as a child of a shell with the
 // resource limits of o, inside the cgroups whose cgroup.procs files are

@@ -3,8 +3,11 @@
 package local
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
@@ -48,6 +51,29 @@ func TestValidateSpecClosedSource(t *testing.T) {
 		err := validateSpec(sp, hostuser.Default())
 		if err == nil || !strings.Contains(err.Error(), "closed to the sandbox identity") {
 			t.Errorf("read-only %v: validateSpec = %v, want the source closed to the sandbox identity", ro, err)
+		}
+	}
+}
+
+func TestFitNoFile(t *testing.T) {
+	for _, c := range []struct {
+		want int
+		hard uint64
+		got  int
+		warn bool
+	}{
+		{4096, 1 << 20, 4096, false},
+		{4096, 4096, 4096, false},
+		{4096, unix.RLIM_INFINITY, 4096, false},
+		{4096, 1024, 1024, true},
+		{65536, 20000, 20000, true},
+	} {
+		got, warn := fitNoFile(c.want, c.hard)
+		if got != c.got || (warn != "") != c.warn {
+			t.Errorf("fitNoFile(%d, hard %d) = %d, %q; want %d, warning %v", c.want, c.hard, got, warn, c.got, c.warn)
+		}
+		if c.warn && !strings.Contains(warn, fmt.Sprintf("get %d open files, not %d", c.got, c.want)) {
+			t.Errorf("fitNoFile(%d, hard %d): warning %q does not say what sandboxes get", c.want, c.hard, warn)
 		}
 	}
 }

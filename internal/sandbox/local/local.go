@@ -18,7 +18,8 @@
 // certificates, and resolv.conf only when the network is on) and only the
 // mounts its Spec names. The root file system is a read-only tmpfs. The
 // environment is exactly Spec.Env plus PATH, HOME, USER, TMPDIR and LANG
-// defaults. Resource limits: no core files, Options.NoFile open files,
+// defaults. Resource limits: no core files, Options.NoFile open files (at
+// most the server's own hard limit),
 // Options.FileSizeLimit per file (rlimits set before bwrap starts, hard
 // and soft); memory, CPU and pids limits use cgroups v1 or v2 when the
 // hierarchy is writable (root, or a delegated subtree); otherwise sandboxes
@@ -62,6 +63,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/logkey"
@@ -112,7 +115,9 @@ type Options struct {
 	// server runs as root, else the server's own. Never root.
 	Host hostuser.Identity
 	// NoFile is the sandbox's limit on open files per process
-	// (RLIMIT_NOFILE, soft and hard); default 4096.
+	// (RLIMIT_NOFILE, soft and hard); default 4096. A limit above the
+	// server's own hard limit is lowered to it (see fitNoFile), and
+	// Capabilities warns.
 	NoFile int
 	// FileSizeLimit bounds the size in bytes of any one file a sandbox's
 	// process writes (RLIMIT_FSIZE, rounded up to 512 bytes), including
@@ -160,6 +165,9 @@ type Runtime struct {
 	log    *slog.Logger
 	cg     *cgroups.Hierarchy // nil: no cgroups, no limits
 	cgWarn string
+	// noFileWarn says why sandboxes get fewer open files than
+	// Options.NoFile ("" if they do not).
+	noFileWarn string
 
 	capsOnce sync.Once
 	caps     sandbox.Capabilities
@@ -212,6 +220,11 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if err := checkHost(opts.Host); err != nil {
 		return nil, err
 	}
+	var noFileWarn string
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil {
+		opts.NoFile, noFileWarn = fitNoFile(opts.NoFile, rl.Max)
+	}
 	// bwrap runs as the sandbox identity and binds the generated /etc from
 	// here by path: the identity may pass through, not list.
 	if err := os.MkdirAll(opts.StateDir, 0o711); err != nil {
@@ -221,9 +234,10 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		return nil, fmt.Errorf("open state dir to the sandbox identity: %w", err)
 	}
 	r := &Runtime{
-		opts: opts,
-		log:  log.With(logkey.Runtime, Name),
-		sd:   statedir.New[state, entry](opts.StateDir, func(st state) map[string]string { return st.Labels }),
+		opts:       opts,
+		noFileWarn: noFileWarn,
+		log:        log.With(logkey.Runtime, Name),
+		sd:         statedir.New[state, entry](opts.StateDir, func(st state) map[string]string { return st.Labels }),
 	}
 	if prog, err := seccomp.Program(); err != nil {
 		r.filterErr = err
@@ -270,8 +284,10 @@ func (r *Runtime) Capabilities(ctx context.Context) (sandbox.Capabilities, error
 
 func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	c := sandbox.Capabilities{Network: true}
-	if r.cgWarn != "" {
-		c.Warnings = append(c.Warnings, r.cgWarn)
+	for _, w := range []string{r.cgWarn, r.noFileWarn} {
+		if w != "" {
+			c.Warnings = append(c.Warnings, w)
+		}
 	}
 	path, err := exec.LookPath(r.opts.Bwrap)
 	if err != nil {

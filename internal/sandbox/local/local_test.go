@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -15,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/guestetc"
@@ -219,6 +222,44 @@ func TestServerHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Minute) // killed by the parent test
+}
+
+// TestNoFileAboveServerHardLimit runs a sandbox from a server whose hard
+// open-file limit (1024) is below the sandbox's (4096, the default), as
+// under docker --ulimit nofile=1024:1024: the sandbox starts with the
+// server's limit, and Capabilities says why it is lower. The server is a
+// child process that lowers its own limit (which needs no privilege and
+// cannot be undone), so this process keeps its own.
+func TestNoFileAboveServerHardLimit(t *testing.T) {
+	testenv.RequireBwrap(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestNoFileHelper$", "-test.v")
+	cmd.Env = append(os.Environ(), "CORRAL_LOCAL_HELPER_NOFILE=1024")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestNoFileHelper") {
+		t.Errorf("a sandbox under a server with hard nofile 1024: %v\n%s", err, out)
+	}
+}
+
+func TestNoFileHelper(t *testing.T) {
+	limit, err := strconv.ParseUint(os.Getenv("CORRAL_LOCAL_HELPER_NOFILE"), 10, 64)
+	if err != nil {
+		t.Skip("helper process for TestNoFileAboveServerHardLimit")
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := MustNew(t)
+	c, err := r.Capabilities(context.Background())
+	if err != nil || !c.Available {
+		t.Fatalf("Capabilities = %+v, %v", c, err)
+	}
+	if want := fmt.Sprintf("sandboxes get %d open files, not 4096", limit); !strings.Contains(strings.Join(c.Warnings, "; "), want) {
+		t.Errorf("warnings %q, want one saying %q", c.Warnings, want)
+	}
+	es, out := run(t, r, `ulimit -n > out; ulimit -Hn >> out`, nil)
+	if want := fmt.Sprintf("%d\n%d\n", limit, limit); es.Code != 0 || out != want {
+		t.Errorf("sandbox exited %+v with %q, want 0 with %q", es, out, want)
+	}
 }
 
 func TestCapabilities(t *testing.T) {
