@@ -78,7 +78,7 @@ func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer
 		f, err = os.Create(dst) // named with -o: the caller asked for that file
 	}
 	if err != nil {
-		return fmt.Errorf("create %s: %w", termsafe.Name(dst), err)
+		return fileError("create", dst, err)
 	}
 	n, err := io.Copy(f, rc)
 	if cerr := f.Close(); err == nil {
@@ -116,7 +116,7 @@ func upload(ctx context.Context, c orchestrator.Service, paths []string) ([]orch
 		i++
 		f, err := os.Open(p)
 		if err != nil {
-			return "", nil, fmt.Errorf("open %s: %w", p, errdefs.ErrInvalidArgument)
+			return "", nil, fmt.Errorf("%w: %w", fileError("open", p, err), errdefs.ErrInvalidArgument)
 		}
 		open = f
 		return filepath.Base(p), f, nil

@@ -11,11 +11,15 @@ import (
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
-// clientFlags are the flags every client command takes.
+// clientFlags are the flags every client command takes: where the server
+// and the configuration are, and --json. The server's own flags (--listen,
+// --data, --runtime, --max-concurrent) are not among them: a client
+// command that took them could only ignore them.
 type clientFlags struct {
 	lo     config.LoadOptions
 	server string
@@ -23,7 +27,7 @@ type clientFlags struct {
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
-	c.lo.RegisterFlags(fs)
+	c.lo.RegisterClientFlags(fs)
 	fs.StringVar(&c.server, "server", "", "the server's URL (default http:// and the configured listen address)")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
 }
@@ -47,6 +51,14 @@ func (c *clientFlags) client() (*httpapi.Client, error) {
 		url = "http://" + net.JoinHostPort(host, port)
 	}
 	return httpapi.NewClient(url, secrets.APIToken), nil
+}
+
+// reconnecting tells a person following a task that the stream lost the
+// server and is trying to reach it again.
+func reconnecting(w io.Writer) func(error) {
+	return func(cause error) {
+		fmt.Fprintf(w, "corral: lost the server (%s); reconnecting for up to %s\n", oneLine(errdefs.Message(cause), 120), httpapi.DefaultReconnect)
+	}
 }
 
 // parse parses args allowing flags after positional arguments, and returns

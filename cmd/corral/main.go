@@ -9,22 +9,30 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
 const usage = `corral — hand tasks to AI coding agents in sandboxes
 
 Usage:
-  corral serve [--config FILE] [--listen ADDR] [--data DIR]   run the server
-  corral run "task" [--follow] [--agent NAME] [--context FILE] [--attach FILE] [-- CMD ARGS...]
-                                                   spawn a task (CMD runs it with the command agent)
-  corral tasks [--status S] [--limit N]            list tasks
+  corral serve [--config FILE] [--listen ADDR] [--data DIR] [--runtime R] [--max-concurrent N]
+                                                   run the server
+  corral run "task" [--follow] [--agent NAME] [--model M] [--context FILE]... [--attach FILE]...
+             [--runtime R] [--image IMAGE] [--network none|allowlist|open]
+             [--memory 2Gi] [--cpu 2] [--pids N] [--timeout 30m] [--label KEY=VALUE]...
+             [--conversation-id ID] [--document ID]... [--note-query Q] [-- CMD ARGS...]
+                                                   spawn a task (CMD runs it with the command agent;
+                                                   run --help for every flag)
+  corral tasks [--status S] [--limit N] [--conversation-id ID]
+                                                   list tasks
   corral result ID [--wait 30s]                    show a task's result
   corral logs [-f] ID                              show (and follow) a task's transcript
   corral cancel ID                                 cancel a task
@@ -39,8 +47,13 @@ Usage:
   corral version                                   this binary's version and build
   corral worker run-task ...                       (inside a sandbox) run one task's agent
 
-Client commands reach the server at --server (default: http://LISTEN from the
-configuration) with the token in CORRAL_API_TOKEN; --json prints JSON.
+Client commands (all but serve, mcp, doctor, bench and worker) take --server,
+--config and --json: they reach the server at --server (default: http://LISTEN
+from the configuration) with the token in CORRAL_API_TOKEN; --json prints JSON.
+The server's own flags (--listen, --data, --runtime, --max-concurrent) are
+serve's; a task's runtime, network and limits are run's. run --follow and
+logs -f outlive a restart of the server: they reconnect and go on where they
+were, for up to 2 minutes without a server.
 
 What a worker wrote (summaries, errors, file names and contents, logs,
 progress) is printed with control characters and escape sequences shown
@@ -90,18 +103,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	err := f(ctx, args[1:], stdout, stderr)
 	var ee exitError
-	switch {
-	case err == nil:
+	if err == nil {
 		return 0
-	case errors.As(err, &ee):
-		return int(ee)
-	case errors.Is(err, errdefs.ErrInvalidArgument):
-		fmt.Fprintf(stderr, "corral %s: %s\n", args[0], termsafe.Text(err.Error()))
-		return 2
-	default:
-		fmt.Fprintf(stderr, "corral %s: %s\n", args[0], termsafe.Text(err.Error()))
-		return 1
 	}
+	if errors.As(err, &ee) {
+		return int(ee)
+	}
+	fmt.Fprintf(stderr, "corral %s: %s\n", args[0], termsafe.Text(errdefs.Message(err)))
+	if errors.Is(err, httpapi.ErrNoServer) {
+		fmt.Fprintln(stderr, "start one with `corral serve` (from a checkout, ./scripts/quickstart.sh builds and starts one), or give another's URL with --server")
+	}
+	if errors.Is(err, errdefs.ErrInvalidArgument) {
+		return 2
+	}
+	return 1
 }
 
 // flagError is how a command ends when its flags do not parse: 0 after -h
@@ -111,6 +126,17 @@ func flagError(err error) error {
 		return exitError(0)
 	}
 	return exitError(2)
+}
+
+// fileError is an error about a local file, which it names: messages
+// (errdefs.Message) leave out the absolute paths of system calls' errors,
+// which on the server are the host's, so the command says which file.
+func fileError(verb, name string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return fmt.Errorf("%s %s: %w", verb, termsafe.Name(name), err)
 }
 
 // exitError ends the process with a code and no message.

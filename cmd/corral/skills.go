@@ -123,7 +123,11 @@ func readArg(name string) ([]byte, error) {
 	if name == "-" {
 		return io.ReadAll(os.Stdin)
 	}
-	return os.ReadFile(name)
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return nil, fileError("read", name, err)
+	}
+	return b, nil
 }
 
 // multiFlag is a flag that may be repeated.

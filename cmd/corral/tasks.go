@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -37,12 +38,35 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.BoolVar(follow, "f", false, "short for --follow")
 	fs.StringVar(&req.Agent, "agent", "", "agent: claude, gemini, codex, opencode or command (default: command with -- CMD, else the server's)")
 	fs.StringVar(&req.Model, "model", "", "model name for the agent")
-	fs.IntVar(&req.TimeoutMinutes, "timeout", 0, "timeout in minutes (default: the server's)")
+	fs.Func("timeout", "the task's time limit: minutes, or a duration such as 90m or 2h (default: the server's)", func(v string) error {
+		n, err := timeoutMinutes(v)
+		req.TimeoutMinutes = n
+		return err
+	})
+	fs.StringVar(&req.Runtime, "runtime", "", "where the worker runs: local, gvisor, docker or kubernetes (default: the server's)")
+	fs.StringVar(&req.Image, "image", "", "the container image, for the docker and kubernetes runtimes")
+	fs.StringVar(&req.Network, "network", "", "the worker's network: none, allowlist (the server's egress allowlist) or open (default: the server's)")
+	var limits orchestrator.ResourceRequest
+	fs.StringVar(&limits.MemoryLimit, "memory", "", "the sandbox's memory limit, e.g. 512Mi or 2Gi (default: the server's)")
+	fs.StringVar(&limits.CPULimit, "cpu", "", "the sandbox's CPU limit, e.g. 2 or 500m (default: the server's)")
+	fs.Int64Var(&limits.PidsLimit, "pids", 0, "the sandbox's process limit (default: the server's)")
+	labels := map[string]string{}
+	fs.Func("label", "a label KEY=VALUE for the task (repeatable)", func(v string) error {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok || k == "" {
+			return errors.New("want KEY=VALUE")
+		}
+		labels[k] = val
+		return nil
+	})
+	fs.StringVar(&req.ConversationID, "conversation-id", "", "the conversation the task belongs to")
 	fs.StringVar(&req.IdempotencyKey, "idempotency-key", "", "spawning again with the same key returns the same task")
 	fs.StringVar(&req.FollowUpOf, "follow-up-of", "", "continue this ended task: its output in context/previous/, the agent's session resumed")
 	fs.Var(&contexts, "context", "a file under shared/ to copy into the task's context/ (repeatable)")
-	var attach stringList
+	var attach, docs stringList
 	fs.Var(&attach, "attach", "a local file to upload as an attachment into the task's context/ (repeatable)")
+	fs.Var(&docs, "document", "a document id (from a search) to copy into the task's context/ (repeatable)")
+	fs.StringVar(&req.NoteQuery, "note-query", "", "export the notes this query finds (at most 20) into the task's context/notes/")
 	fs.BoolVar(&req.SaveToShared, "save-to-shared", false, "on success, copy the outputs to shared/outputs/ (and scripts to shared/scripts/)")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -51,11 +75,18 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if len(pos) == 0 {
 		return fmt.Errorf("give the task description: corral run \"what to do\" [-- CMD ARGS...]: %w", errdefs.ErrInvalidArgument)
 	}
-	req.TaskDescription, req.Command, req.ContextFiles = pos[0], pos[1:], contexts
+	req.TaskDescription, req.Command, req.ContextFiles, req.DocumentIDs = pos[0], pos[1:], contexts, docs
+	if limits != (orchestrator.ResourceRequest{}) {
+		req.Resources = &limits
+	}
+	if len(labels) > 0 {
+		req.Labels = labels
+	}
 	c, err := cf.client()
 	if err != nil {
 		return err
 	}
+	c.OnReconnect = reconnecting(stderr)
 	if len(attach) > 0 {
 		atts, err := upload(ctx, c, attach)
 		if err != nil {
@@ -112,6 +143,19 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 }
 
 var errDone = errors.New("done")
+
+// timeoutMinutes reads --timeout: a number of minutes, or a duration in
+// whole minutes.
+func timeoutMinutes(v string) (int, error) {
+	if n, err := strconv.Atoi(v); err == nil {
+		return n, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d%time.Minute != 0 {
+		return 0, errors.New("want minutes, or a duration in whole minutes such as 90m or 2h")
+	}
+	return int(d / time.Minute), nil
+}
 
 // progress prints one line for an event of a followed task.
 func progress(w io.Writer, e eventstore.Event) {
@@ -182,7 +226,8 @@ func cmdTasks(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cf.register(fs)
 	var req orchestrator.ListRequest
 	fs.StringVar(&req.Status, "status", "", "only tasks in this status")
-	fs.StringVar(&req.ConversationID, "conversation", "", "only tasks of this conversation")
+	fs.StringVar(&req.ConversationID, "conversation-id", "", "only tasks of this conversation")
+	fs.StringVar(&req.ConversationID, "conversation", "", "same as --conversation-id")
 	fs.IntVar(&req.Limit, "limit", 20, "at most this many")
 	fs.StringVar(&req.Cursor, "cursor", "", "next_cursor of the previous page")
 	if _, err := parse(fs, args); err != nil {
@@ -256,6 +301,7 @@ func cmdLogs(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
+	c.OnReconnect = reconnecting(stderr)
 	out := termsafe.NewWriter(stdout)
 	err = c.Logs(ctx, orchestrator.LogsRequest{TaskID: pos[0], Follow: *follow, Stream: *stream}, out)
 	if cerr := out.Close(); err == nil {

@@ -86,7 +86,9 @@ func cmdWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		var data []byte
 		if len(pos) == 2 && pos[1] != "-" {
-			data, err = os.ReadFile(pos[1])
+			if data, err = os.ReadFile(pos[1]); err != nil {
+				err = fileError("read", pos[1], err)
+			}
 		} else {
 			data, err = io.ReadAll(os.Stdin)
 		}

@@ -51,8 +51,7 @@ type Flags struct {
 // --runtime and --max-concurrent. Flags that are not given leave o alone,
 // so they never override the file or the environment with a default.
 func (o *LoadOptions) RegisterFlags(set *flag.FlagSet) {
-	set.StringVar(&o.Path, "config", o.Path, "configuration file (default $CORRAL_CONFIG, then ./corral.yaml if it exists)")
-	set.BoolVar(&o.ExpandEnv, "config.expand-env", o.ExpandEnv, "expand $VAR and ${VAR} in the configuration file")
+	o.RegisterClientFlags(set)
 	str := func(dst **string) func(string) error {
 		return func(s string) error { *dst = &s; return nil }
 	}
@@ -67,6 +66,15 @@ func (o *LoadOptions) RegisterFlags(set *flag.FlagSet) {
 		o.Flags.MaxConcurrent = &n
 		return nil
 	})
+}
+
+// RegisterClientFlags defines the flags that say where the configuration
+// is, for the commands that are clients of a server (they read its listen
+// address and token): --config and --config.expand-env. The server's own
+// flags are left out, since a client would have to ignore them.
+func (o *LoadOptions) RegisterClientFlags(set *flag.FlagSet) {
+	set.StringVar(&o.Path, "config", o.Path, "configuration file (default $CORRAL_CONFIG, then ./corral.yaml if it exists)")
+	set.BoolVar(&o.ExpandEnv, "config.expand-env", o.ExpandEnv, "expand $VAR and ${VAR} in the configuration file")
 }
 
 // Load builds the configuration from Default(), then the file, then the

@@ -197,7 +197,7 @@ func (c *Client) UploadAttachments(ctx context.Context, next func() (string, io.
 		if werr != nil && !strings.Contains(werr.Error(), "request ended") {
 			return nil, fmt.Errorf("upload: %w", werr)
 		}
-		return nil, fmt.Errorf("reach corral at %s: %v: %w", c.base, err, errdefs.ErrUnavailable)
+		return nil, c.unreachable(err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 400 {

@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
@@ -22,11 +24,31 @@ import (
 )
 
 // Client implements orchestrator.Service over the HTTP API.
+//
+// Events and Logs with Follow outlive a restart of the server: when their
+// stream breaks they reconnect, with backoff, and resume where they
+// stopped, for as long as Reconnect allows without reaching the server.
 type Client struct {
 	base  string
 	token string
 	hc    *http.Client
+	// Reconnect bounds how long a followed stream keeps trying to reach
+	// the server again after it was lost; zero means DefaultReconnect.
+	Reconnect time.Duration
+	// OnReconnect, when set, is called with the cause each time a followed
+	// stream is lost, before it tries to reconnect.
+	OnReconnect func(cause error)
 }
+
+// DefaultReconnect is how long a followed stream tries to reach a server
+// that went away: long enough for a restart, an upgrade or a reboot.
+const DefaultReconnect = 2 * time.Minute
+
+// The backoff between attempts to reconnect a followed stream.
+const (
+	firstBackoff = 100 * time.Millisecond
+	maxBackoff   = 5 * time.Second
+)
 
 var _ orchestrator.Service = (*Client)(nil)
 
@@ -36,7 +58,19 @@ func NewClient(base, token string) *Client {
 	return &Client{base: strings.TrimRight(base, "/"), token: token, hc: &http.Client{}}
 }
 
+// ErrNoServer is the ErrUnavailable of a server address where nothing
+// listens: no corral server runs there.
+var ErrNoServer = errors.New("no corral server is running")
+
 func (c *Client) do(ctx context.Context, method, path string, body io.Reader, accept string) (*http.Response, error) {
+	req, err := c.newRequest(ctx, method, path, body, accept)
+	if err != nil {
+		return nil, err
+	}
+	return c.send(req)
+}
+
+func (c *Client) newRequest(ctx context.Context, method, path string, body io.Reader, accept string) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
@@ -50,15 +84,33 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader, ac
 	if accept != "" {
 		req.Header.Set("Accept", accept)
 	}
+	return req, nil
+}
+
+// send sends req and turns an error answer into a classified error.
+func (c *Client) send(req *http.Request) (*http.Response, error) {
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("reach corral at %s: %v: %w", c.base, err, errdefs.ErrUnavailable)
+		return nil, c.unreachable(err)
 	}
 	if resp.StatusCode >= 400 {
 		defer resp.Body.Close()
 		return nil, decodeError(resp)
 	}
 	return resp, nil
+}
+
+// unreachable is the error of a request that got no answer, said plainly:
+// ErrNoServer when nothing listens at the address.
+func (c *Client) unreachable(err error) error {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("%w at %s: %w", ErrNoServer, c.base, errdefs.ErrUnavailable)
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // "Get URL: " would repeat the address
+	}
+	return fmt.Errorf("cannot reach the corral server at %s: %s: %w", c.base, errdefs.Message(err), errdefs.ErrUnavailable)
 }
 
 // call sends in as JSON (unless nil) and decodes the answer into out.
@@ -95,11 +147,13 @@ func decodeError(resp *http.Response) error {
 			eb.Error = resp.Status
 		}
 	}
+	// 502 and 504 come from a proxy in front of a server that is not
+	// answering (restarting): unavailable, as the server's own 503.
 	class := map[int]error{
 		400: errdefs.ErrInvalidArgument, 401: errdefs.ErrUnauthenticated, 403: errdefs.ErrPermissionDenied,
 		404: errdefs.ErrNotFound, 409: errdefs.ErrConflict, 413: errdefs.ErrTooLarge, 415: errdefs.ErrInvalidArgument,
 		422: errdefs.ErrFailedPrecondition, 429: errdefs.ErrResourceExhausted,
-		501: errdefs.ErrNotImplemented, 503: errdefs.ErrUnavailable,
+		501: errdefs.ErrNotImplemented, 502: errdefs.ErrUnavailable, 503: errdefs.ErrUnavailable, 504: errdefs.ErrUnavailable,
 	}[resp.StatusCode]
 	if class == nil {
 		return fmt.Errorf("%s (HTTP %d, request %s)", eb.Error, resp.StatusCode, eb.RequestID)
@@ -107,15 +161,17 @@ func decodeError(resp *http.Response) error {
 	return &apiError{msg: eb.Error, class: class, fields: eb.Fields}
 }
 
-// apiError is an error answer from the server.
+// apiError is an error answer from the server. Its message is already
+// the one a person should read, so it reports its class through Is rather
+// than wrapping it: errdefs.Message leaves it whole.
 type apiError struct {
 	msg    string
 	class  error
 	fields []fieldError
 }
 
-func (e *apiError) Error() string { return e.msg }
-func (e *apiError) Unwrap() error { return e.class }
+func (e *apiError) Error() string        { return e.msg }
+func (e *apiError) Is(target error) bool { return errors.Is(e.class, target) }
 
 // Spawn creates a task.
 func (c *Client) Spawn(ctx context.Context, req orchestrator.SpawnRequest) (task.Task, bool, error) {
@@ -174,7 +230,9 @@ func (c *Client) Cancel(ctx context.Context, id string) (task.Task, error) {
 	return t, err
 }
 
-// Logs copies a task's transcript to w.
+// Logs copies a task's transcript to w. With req.Follow it copies until
+// the task ends, across restarts of the server: the transcript only grows,
+// so a resumed stream skips what was already copied.
 func (c *Client) Logs(ctx context.Context, req orchestrator.LogsRequest, w io.Writer) error {
 	q := url.Values{}
 	if req.Follow {
@@ -183,19 +241,71 @@ func (c *Client) Logs(ctx context.Context, req orchestrator.LogsRequest, w io.Wr
 	if req.Stream != "" {
 		q.Set("stream", req.Stream)
 	}
-	resp, err := c.do(ctx, http.MethodGet, "/api/tasks/"+url.PathEscape(req.TaskID)+"/logs?"+q.Encode(), nil, "")
-	if err != nil {
+	path := "/api/tasks/" + url.PathEscape(req.TaskID) + "/logs?" + q.Encode()
+	if !req.Follow {
+		resp, err := c.do(ctx, http.MethodGet, path, nil, "")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(w, resp.Body)
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
-	defer resp.Body.Close()
-	_, err = io.Copy(w, resp.Body)
-	if ctx.Err() != nil {
+	out := &countingWriter{w: w}
+	return c.follow(ctx, func(resume bool) error {
+		resp, err := c.do(ctx, http.MethodGet, path, nil, "")
+		if err != nil {
+			return lostIf(resume, false, err)
+		}
+		defer resp.Body.Close()
+		if _, err := io.CopyN(io.Discard, resp.Body, out.n); err != nil && !errors.Is(err, io.EOF) {
+			return &lostError{err: fmt.Errorf("read the transcript: %w", err), reached: true}
+		}
+		_, err = io.Copy(out, resp.Body)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case out.err != nil:
+			return out.err
+		case err != nil:
+			return &lostError{err: fmt.Errorf("read the transcript: %w", err), reached: true}
+		}
+		// The server ends a followed transcript when the task ends, and
+		// when it shuts down: ask which.
+		t, err := c.Get(ctx, req.TaskID)
+		if err != nil {
+			return lostIf(true, true, err)
+		}
+		if !t.Status.Terminal() {
+			return &lostError{err: errors.New("the server ended the transcript before the task ended"), reached: true}
+		}
 		return nil
-	}
-	return err
+	})
 }
 
-// Events calls fn with events; with req.Follow it reads the SSE stream.
+// countingWriter counts what it wrote and keeps the first error, to tell
+// a failing w from a failing stream.
+type countingWriter struct {
+	w   io.Writer
+	n   int64
+	err error
+}
+
+func (cw *countingWriter) Write(p []byte) (int, error) {
+	n, err := cw.w.Write(p)
+	cw.n += int64(n)
+	if err != nil && cw.err == nil {
+		cw.err = err
+	}
+	return n, err
+}
+
+// Events calls fn with events; with req.Follow it reads the SSE stream,
+// across restarts of the server (it resumes after the last event it saw),
+// until fn returns an error or ctx is done.
 func (c *Client) Events(ctx context.Context, req orchestrator.EventsRequest, fn func(eventstore.Event) error) error {
 	path := "/api/events"
 	if req.TaskID != "" {
@@ -218,37 +328,151 @@ func (c *Client) Events(ctx context.Context, req orchestrator.EventsRequest, fn 
 		}
 		return nil
 	}
-	resp, err := c.do(ctx, http.MethodGet, path, nil, "text/event-stream")
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
+	last := ""
+	return c.follow(ctx, func(resume bool) error {
+		hr, err := c.newRequest(ctx, http.MethodGet, path, nil, "text/event-stream")
+		if err != nil {
+			return err
+		}
+		if last != "" {
+			hr.Header.Set("Last-Event-ID", last)
+		}
+		resp, err := c.send(hr)
+		if err != nil {
+			return lostIf(resume, false, err)
+		}
+		defer resp.Body.Close()
+		err = readSSE(resp.Body, func(id string, e eventstore.Event) error {
+			last = id
+			return fn(e)
+		})
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, errStreamBroke):
+			return &lostError{err: err, reached: true}
+		case err != nil:
+			return err
+		}
+		// The server never ends a followed stream but when it shuts down.
+		return &lostError{err: errors.New("the server closed the event stream"), reached: true}
+	})
+}
+
+// errStreamBroke is readSSE's error when the connection failed under it.
+var errStreamBroke = errors.New("the event stream broke")
+
+// readSSE calls fn with each event of an SSE stream and the event's id,
+// until the stream ends (nil) or fn fails. Comment lines (": ping", the
+// server's heartbeat) are skipped.
+func readSSE(r io.Reader, fn func(id string, e eventstore.Event) error) error {
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	var data []byte
+	id := ""
 	for sc.Scan() {
 		line := sc.Bytes()
-		switch {
-		case len(line) == 0 && len(data) > 0:
+		if len(line) == 0 {
+			if len(data) == 0 {
+				continue
+			}
 			var e eventstore.Event
 			if err := json.Unmarshal(data, &e); err != nil {
 				return fmt.Errorf("decode event: %w", err)
 			}
 			data = data[:0]
-			if err := fn(e); err != nil {
+			if id == "" {
+				id = e.ID
+			}
+			if err := fn(id, e); err != nil {
 				return err
 			}
-		case bytes.HasPrefix(line, []byte("data: ")):
-			data = append(data, line[len("data: "):]...)
+			id = ""
+			continue
+		}
+		if line[0] == ':' {
+			continue
+		}
+		field, value, _ := bytes.Cut(line, []byte(":"))
+		value = bytes.TrimPrefix(value, []byte(" "))
+		switch string(field) {
+		case "data":
+			if len(data) > 0 {
+				data = append(data, '\n')
+			}
+			data = append(data, value...)
+		case "id":
+			id = string(value)
 		}
 	}
-	if ctx.Err() != nil {
-		return nil
-	}
-	if err := sc.Err(); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("read events: %w", err)
+	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return fmt.Errorf("read events: %w", err)
+		}
+		return fmt.Errorf("%w: %w", errStreamBroke, err)
 	}
 	return nil
+}
+
+// lostError is how an attempt of a followed stream ends when it may be
+// resumed: the stream broke (reached: the server had answered), or the
+// server could not be reached again.
+type lostError struct {
+	err     error
+	reached bool
+}
+
+func (e *lostError) Error() string { return e.err.Error() }
+func (e *lostError) Unwrap() error { return e.err }
+
+// lostIf returns err as a lostError when it says the server is not there
+// (or not answering) and resume allows it: a followed stream tries again.
+// The first attempt does not resume: with no server at all, it fails at
+// once with the reason.
+func lostIf(resume, reached bool, err error) error {
+	if resume && errors.Is(err, errdefs.ErrUnavailable) {
+		return &lostError{err: err, reached: reached}
+	}
+	return err
+}
+
+// follow calls attempt until it returns anything but a lostError: first
+// with resume false, then, after each loss, with resume true after a
+// backoff. It gives up once the server has not been reached for
+// c.Reconnect.
+func (c *Client) follow(ctx context.Context, attempt func(resume bool) error) error {
+	limit := c.Reconnect
+	if limit <= 0 {
+		limit = DefaultReconnect
+	}
+	wait := firstBackoff
+	var lost time.Time // when the server was lost, while it is
+	for resume := false; ; resume = true {
+		err := attempt(resume)
+		var le *lostError
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !errors.As(err, &le) {
+			return err
+		}
+		if le.reached { // a new loss: only a resumed attempt fails unreached
+			lost, wait = time.Now(), firstBackoff
+			if c.OnReconnect != nil {
+				c.OnReconnect(le.err)
+			}
+		} else if time.Since(lost) >= limit {
+			return fmt.Errorf("gave up: the corral server at %s has not come back within %s: %w", c.base, limit, le.err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		}
+		wait = min(2*wait, maxBackoff)
+	}
 }
 
 // ListWorkspace lists a directory of shared/.
@@ -315,12 +539,29 @@ func (c *Client) Download(ctx context.Context, id, p string, w io.Writer) error 
 	return err
 }
 
+// escapePath puts a caller's path into a URL so that the server sees it
+// as given and decides what it means: what the URL's path cleaning would
+// change ("." and ".." segments, a leading "/", empty segments) is
+// percent-encoded, so "../x" reaches the server as "../x" (and is refused
+// there as escaping the workspace) instead of becoming another route.
 func escapePath(p string) string {
-	parts := strings.Split(strings.TrimLeft(p, "/"), "/")
+	parts := strings.Split(p, "/")
+	var b strings.Builder
 	for i, s := range parts {
-		parts[i] = url.PathEscape(s)
+		if i > 0 {
+			if s == "" || parts[i-1] == "" {
+				b.WriteString("%2F")
+			} else {
+				b.WriteByte('/')
+			}
+		}
+		if s == "." || s == ".." {
+			b.WriteString(strings.ReplaceAll(s, ".", "%2E"))
+		} else {
+			b.WriteString(url.PathEscape(s))
+		}
 	}
-	return strings.Join(parts, "/")
+	return b.String()
 }
 
 // Tools returns the tool catalogue as OpenAI-style function definitions.

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -192,14 +194,58 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, taskID string) e
 	w.WriteHeader(http.StatusOK)
 	fmt.Fprint(w, ": corral events\n\n")
 	rc.Flush()
+	// A stream quiet for the heartbeat interval gets a comment line, which
+	// clients ignore, so that proxies and load balancers that cut idle
+	// connections leave it open. The writes share a lock, and the
+	// heartbeat stops before the handler returns.
+	beat := s.opts.SSEHeartbeat
+	if beat <= 0 {
+		beat = DefaultSSEHeartbeat
+	}
+	var mu sync.Mutex
+	quiet := time.NewTimer(beat)
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-quiet.C:
+			case <-stop:
+				return
+			}
+			mu.Lock()
+			_, err := io.WriteString(w, ": ping\n\n")
+			if err == nil {
+				err = rc.Flush()
+			}
+			quiet.Reset(beat)
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		<-stopped
+		quiet.Stop()
+	}()
 	return s.b.Events(r.Context(), req, func(e eventstore.Event) error {
 		data, _ := json.Marshal(e)
+		mu.Lock()
+		defer mu.Unlock()
+		quiet.Reset(beat)
 		if _, err := fmt.Fprintf(w, "id: %s\nevent: %s\ndata: %s\n\n", e.ID, e.Type, data); err != nil {
 			return err
 		}
 		return rc.Flush()
 	})
 }
+
+// DefaultSSEHeartbeat is how long an event stream stays quiet before the
+// server sends a comment line: well under the 60 s idle timeout that
+// common proxies (nginx's proxy_read_timeout, AWS ALB) apply by default.
+const DefaultSSEHeartbeat = 15 * time.Second
 
 var errAbort = errors.New("abort")
 

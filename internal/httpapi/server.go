@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -93,6 +94,9 @@ type Options struct {
 	// BodyStall closes a connection whose request body sends nothing for
 	// this long; default DefaultBodyStall.
 	BodyStall time.Duration
+	// SSEHeartbeat is how long an event stream may stay quiet before the
+	// server sends a comment line; default DefaultSSEHeartbeat.
+	SSEHeartbeat time.Duration
 }
 
 // Server serves the API.
@@ -237,7 +241,7 @@ func (s *Server) wrap(h handlerFunc, rt route) http.Handler {
 		start := time.Now()
 		err = h(w, r.WithContext(ctx))
 		if err != nil {
-			s.writeError(w, r, rid, err)
+			s.writeError(w, r, rid, s.noSpace(rid, err))
 		}
 		// Changes are logged, reads and the workers' reports only at debug.
 		lvl := slog.LevelInfo
@@ -262,17 +266,18 @@ type fieldError struct {
 }
 
 // writeError maps an error to its HTTP status, in this one place. Client
-// errors carry their message; anything unclassified is a 500 whose detail
-// goes to the log only.
+// errors carry their message as a person should read it (errdefs.Message:
+// no class names, system calls or host paths); anything unclassified is a
+// 500 whose detail goes to the log only.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, rid string, err error) {
 	status := statusOf(err)
-	body := errorBody{Error: err.Error(), RequestID: rid}
+	body := errorBody{Error: errdefs.Message(err), RequestID: rid}
 	if status == http.StatusInternalServerError {
 		body.Error = "internal error"
 		s.log.Error("request failed", logkey.RequestID, rid, "method", r.Method, "path", r.URL.Path, logkey.Error, err)
 	}
 	for _, fe := range fieldErrors(err) {
-		body.Fields = append(body.Fields, fieldError{Field: fe.Field, Message: fe.Err.Error()})
+		body.Fields = append(body.Fields, fieldError{Field: fe.Field, Message: errdefs.Message(fe.Err)})
 	}
 	if status == http.StatusInternalServerError {
 		body.Fields = nil
@@ -286,6 +291,8 @@ func statusOf(err error) int {
 		return http.StatusUnsupportedMediaType
 	case errors.Is(err, errdefs.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, errdefs.ErrNoSpace):
+		return http.StatusInsufficientStorage
 	case errors.Is(err, errdefs.ErrUnauthenticated):
 		return http.StatusUnauthorized
 	case errors.Is(err, errdefs.ErrPermissionDenied):
@@ -347,7 +354,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc.Encode(v)
 }
 
-// readJSON reads a bounded JSON body into raw bytes.
+// readBody reads a bounded request body into raw bytes. A JSON body is then
+// decoded with tools.Decode, which refuses what encoding/json would take
+// silently: text that is not UTF-8, a name given twice, an unknown field.
 func (s *Server) readBody(r *http.Request, max int64) ([]byte, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, max))
 	if err != nil {
@@ -361,6 +370,17 @@ func (s *Server) readBody(r *http.Request, max int64) ([]byte, error) {
 }
 
 func newRequestID() string { return "req_" + ids.New() }
+
+// noSpace gives a write the filesystem refused (ENOSPC) the class of a
+// full disk, with a message a caller can act on; the detail, which names
+// host paths, goes to the log.
+func (s *Server) noSpace(rid string, err error) error {
+	if !errors.Is(err, syscall.ENOSPC) || errors.Is(err, errdefs.ErrNoSpace) {
+		return err
+	}
+	s.log.Error("disk full", logkey.RequestID, rid, logkey.Error, err)
+	return fmt.Errorf("the server's disk is full: free space on the data root (corral gc removes ended tasks' directories past retention): %w", errdefs.ErrNoSpace)
+}
 
 // HeaderCorrelationID is the header that carries a request's correlation
 // id, both ways: a caller may choose it, and every response names it.
