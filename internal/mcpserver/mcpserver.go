@@ -124,7 +124,8 @@ func (s *Server) handler(name string) mcp.ToolHandler {
 		}
 		stop := s.followProgress(ctx, req, name, args)
 		res, err := s.cat.Call(ctx, name, args)
-		stop()
+		r, ok := res.(orchestrator.Result)
+		stop(err == nil && ok && r.Done)
 		if err != nil {
 			return s.errorResult(name, err), nil
 		}
@@ -154,10 +155,11 @@ type jsonBuffer struct{ b []byte }
 func (j *jsonBuffer) Write(p []byte) (int, error) { j.b = append(j.b, p...); return len(p), nil }
 
 // errorResult turns a tool's error into an isError result. A classified
-// error carries its message (a FieldError names the argument); anything
-// else is "internal error" with a request id, its detail only logged.
+// error carries its message as a person should read it (errdefs.Message; a
+// FieldError names the argument); anything else is "internal error" with a
+// request id, its detail only logged.
 func (s *Server) errorResult(name string, err error) *mcp.CallToolResult {
-	msg := err.Error()
+	msg := errdefs.Message(err)
 	if !classified(err) {
 		rid := newRequestID()
 		s.log.Error("tool call failed", "tool", name, logkey.RequestID, rid, logkey.Error, err)
@@ -190,11 +192,15 @@ func newRequestID() string {
 // followProgress sends the task's events as progress notifications while
 // read_task_result waits, if the client asked for progress. The returned
 // stop ends the subscription and returns once nothing more will be sent, so
-// no notification follows the result.
-func (s *Server) followProgress(ctx context.Context, req *mcp.CallToolRequest, name string, args json.RawMessage) (stop func()) {
+// no notification follows the result. stop(true) says the task has ended:
+// its terminal event is committed, and the notifications up to it are sent
+// first (within drainProgress), so a fast task's client still hears every
+// step.
+func (s *Server) followProgress(ctx context.Context, req *mcp.CallToolRequest, name string, args json.RawMessage) (stop func(ended bool)) {
 	token := req.Params.GetProgressToken()
+	nothing := func(bool) {}
 	if name != "read_task_result" || token == nil || req.Session == nil {
-		return func() {}
+		return nothing
 	}
 	var a struct {
 		TaskID      string `json:"task_id"`
@@ -202,7 +208,7 @@ func (s *Server) followProgress(ctx context.Context, req *mcp.CallToolRequest, n
 	}
 	// Lenient on purpose: bad arguments are the tool's to report.
 	if json.Unmarshal(args, &a) != nil || a.WaitSeconds <= 0 || !task.ValidID(a.TaskID) {
-		return func() {}
+		return nothing
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -215,17 +221,37 @@ func (s *Server) followProgress(ctx context.Context, req *mcp.CallToolRequest, n
 				return nil
 			}
 			n++
-			return req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: n, Message: msg})
+			if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: n, Message: msg}); err != nil {
+				return err
+			}
+			if e.Type == task.EventCompleted {
+				return errEnded
+			}
+			return nil
 		})
-		if err != nil && ctx.Err() == nil {
+		if err != nil && ctx.Err() == nil && !errors.Is(err, errEnded) {
 			s.log.Debug("progress notifications ended", logkey.TaskID, a.TaskID, logkey.Error, err)
 		}
 	}()
-	return func() {
+	return func(ended bool) {
+		if ended {
+			select {
+			case <-done:
+			case <-time.After(drainProgress):
+			}
+		}
 		cancel()
 		<-done
 	}
 }
+
+// errEnded stops following a task's events at its terminal event.
+var errEnded = errors.New("task ended")
+
+// drainProgress bounds how long a result waits for the notifications
+// before it: they are read from events already committed, so this is
+// only a guard against a stuck client.
+const drainProgress = 2 * time.Second
 
 // ProgressEvent is the event type of a worker's own progress reports;
 // task.Progress.Line is the notification's message.

@@ -278,12 +278,12 @@ func TestCallEveryTool(t *testing.T) {
 	if !result.Done || result.Status != task.Success || result.FileContents["rows.txt"].Content != "2\n" {
 		t.Errorf("read_task_result: done %v status %s files %+v", result.Done, result.Status, result.FileContents)
 	}
-	// Notifications sent before the result arrive before it (one ordered
-	// stream), so the history up to queued is there now; the end may race
-	// the result and is not required.
-	got := prog.all()
-	if len(got) < 2 || got[0] != "created" || got[1] != "queued" {
-		t.Errorf("progress notifications %q, want created, queued, ...", got)
+	// A result that says the task ended is sent after the notification of
+	// its end, so every step is sent; the client may still be handling the
+	// last one.
+	waitFor(t, func() bool { return len(prog.all()) >= 5 })
+	if got, want := prog.all(), []string{"created", "queued", "starting", "running", "ended: success"}; !cmp.Equal(got, want) {
+		t.Errorf("progress notifications %q, want %q", got, want)
 	}
 
 	var second struct {
@@ -371,7 +371,7 @@ func TestBadInput(t *testing.T) {
 		{"path outside the workspace", "write_workspace", map[string]any{"path": "../escape.txt", "content": "x"}, "path"},
 		{"absolute path outside", "read_workspace", map[string]any{"path": "/etc/passwd"}, "path"},
 		{"dotdot listing", "list_workspace", map[string]any{"path": "data/../../.."}, "path"},
-		{"wrong type", "write_workspace", map[string]any{"path": 5, "content": "x"}, "path: must be string"},
+		{"wrong type", "write_workspace", map[string]any{"path": 5, "content": "x"}, "path: must be a string"},
 		{"wrong type for an integer", "spawn_worker", map[string]any{"task_description": "x", "timeout_minutes": "ten"}, "timeout_minutes"},
 		{"missing required", "write_workspace", map[string]any{"path": "a.txt"}, "content: is required"},
 		{"missing task description", "spawn_worker", map[string]any{"agent": "command", "command": []string{"true"}}, "task_description"},
@@ -455,4 +455,34 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// TestErrorsReadAsMessages: a tool error says what is wrong in words, not
+// in the class it is filed under or the system call that failed.
+func TestErrorsReadAsMessages(t *testing.T) {
+	f := MustFixture(t)
+	cs, _ := MustConnect(t, f.orch, nil)
+	var e workspace.Entry
+	MustOK(t, cs, "write_workspace", map[string]any{"path": "a.txt", "content": "x"}, &e)
+	for _, tc := range []struct {
+		tool string
+		args any
+		want string
+	}{
+		{"read_workspace", map[string]any{"path": "nope.txt"}, "nope.txt: no such file or directory"},
+		{"read_workspace", map[string]any{"path": "a.txt/b"}, "a.txt/b: not a directory"},
+		{"write_workspace", map[string]any{"path": "../x", "content": "x"}, "path escapes workspace"},
+		{"cancel_worker_task", map[string]any{"task_id": "task-00000000000000000000000000"}, "not found"},
+	} {
+		res := call(t, cs, tc.tool, tc.args)
+		msg := text(res)
+		if !res.IsError || !strings.Contains(msg, tc.want) {
+			t.Errorf("%s %v: %v %q, want an error saying %q", tc.tool, tc.args, res.IsError, msg, tc.want)
+		}
+		for _, bad := range []string{"openat", "statat", "invalid argument", "failed precondition", "permission denied", f.data.Path()} {
+			if strings.Contains(msg, bad) {
+				t.Errorf("%s %v: %q says %q", tc.tool, tc.args, msg, bad)
+			}
+		}
+	}
 }
