@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Sets up what the test suite needs on a fresh Debian 12 machine, then runs
+# it. Every install is skipped when its part is already there, so a second
+# run goes straight to the tests. Arguments go to `go test` in place of the
+# default (./...), e.g. ./scripts/test.sh -run TestMCP ./internal/app
+#
+# The suite runs against the real parts: bubblewrap and gVisor sandboxes,
+# the official MCP TypeScript client, a Standard Webhooks receiver and the
+# real agent CLIs. Run it as root (sandbox limits need cgroups).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin"
+sudo=""
+[ "$(id -u)" = 0 ] || sudo="sudo"
+
+command -v go >/dev/null || { echo "Go 1.26 or newer is needed: https://go.dev/dl/" >&2; exit 1; }
+
+# Debian packages: the sandboxes, setpriv (util-linux), ps (procps), and
+# node and npm for the JavaScript clients and agent CLIs.
+missing=()
+for want in bwrap:bubblewrap runsc:runsc setpriv:util-linux ps:procps node:nodejs npm:npm; do
+  command -v "${want%%:*}" >/dev/null || missing+=("${want#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "==> installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The MCP TypeScript SDK client (test/mcp) and the notification receiver
+# (test/notify), each pinned by its package-lock.json.
+for dir in test/mcp test/notify; do
+  if [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
+    echo "==> npm ci in $dir"
+    npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error
+    touch "$dir/node_modules"
+  fi
+done
+
+# The real agent CLIs the agent tests drive, at the versions they were
+# written against; claude's postinstall puts its native binary in place.
+agents=(
+  claude:@anthropic-ai/claude-code@2.1.197
+  gemini:@google/gemini-cli@0.61.0
+  codex:@openai/codex@0.169.0
+  opencode:opencode-ai@1.18.33
+)
+for want in "${agents[@]}"; do
+  bin=${want%%:*} pkg=${want#*:}
+  version=${pkg##*@}
+  if ! "$bin" --version 2>/dev/null | grep -qF "$version"; then
+    echo "==> npm install -g $pkg"
+    allow=()
+    [ "$bin" = claude ] && allow=(--allow-scripts="${pkg%@*}")
+    $sudo npm install -g --no-audit --no-fund --loglevel=error "${allow[@]}" "$pkg"
+  fi
+done
+
+echo "==> go test -race -tags integration"
+if [ $# -eq 0 ]; then
+  set -- ./...
+fi
+CI=${CI:-true} go test -race -tags integration -timeout 30m "$@"
