@@ -147,14 +147,7 @@ func decodeError(resp *http.Response) error {
 			eb.Error = resp.Status
 		}
 	}
-	// 502 and 504 come from a proxy in front of a server that is not
-	// answering (restarting): unavailable, as the server's own 503.
-	class := map[int]error{
-		400: errdefs.ErrInvalidArgument, 401: errdefs.ErrUnauthenticated, 403: errdefs.ErrPermissionDenied,
-		404: errdefs.ErrNotFound, 409: errdefs.ErrConflict, 413: errdefs.ErrTooLarge, 415: errdefs.ErrInvalidArgument,
-		422: errdefs.ErrFailedPrecondition, 429: errdefs.ErrResourceExhausted,
-		501: errdefs.ErrNotImplemented, 502: errdefs.ErrUnavailable, 503: errdefs.ErrUnavailable, 504: errdefs.ErrUnavailable,
-	}[resp.StatusCode]
+	class := errdefs.FromHTTPStatus(resp.StatusCode)
 	if class == nil {
 		return fmt.Errorf("%s (HTTP %d, request %s)", eb.Error, resp.StatusCode, eb.RequestID)
 	}

@@ -285,41 +285,19 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, rid string, 
 	writeJSON(w, status, body)
 }
 
+// statusOf is errdefs.HTTPStatus with this transport's own cases: a body
+// of a type the route does not take, and a FieldError about a missing file,
+// which is the caller's input (422), unless the field is the path itself.
 func statusOf(err error) int {
-	switch {
-	case errors.Is(err, errUnsupportedMediaType):
+	if errors.Is(err, errUnsupportedMediaType) {
 		return http.StatusUnsupportedMediaType
-	case errors.Is(err, errdefs.ErrTooLarge):
-		return http.StatusRequestEntityTooLarge
-	case errors.Is(err, errdefs.ErrNoSpace):
-		return http.StatusInsufficientStorage
-	case errors.Is(err, errdefs.ErrUnauthenticated):
-		return http.StatusUnauthorized
-	case errors.Is(err, errdefs.ErrPermissionDenied):
-		return http.StatusForbidden
-	case errors.Is(err, errdefs.ErrNotFound):
-		// A FieldError about a missing file is the caller's input.
-		var fe *errdefs.FieldError
-		if errors.As(err, &fe) && fe.Field != "path" {
-			return http.StatusUnprocessableEntity
-		}
-		return http.StatusNotFound
-	case errors.Is(err, errdefs.ErrFailedPrecondition):
-		return http.StatusUnprocessableEntity
-	case errors.Is(err, errdefs.ErrInvalidArgument):
-		return http.StatusBadRequest
-	case errors.Is(err, errdefs.ErrAlreadyExists), errors.Is(err, errdefs.ErrConflict):
-		return http.StatusConflict
-	case errors.Is(err, errdefs.ErrResourceExhausted):
-		return http.StatusTooManyRequests
-	case errors.Is(err, errdefs.ErrNotImplemented):
-		return http.StatusNotImplemented
-	case errors.Is(err, errdefs.ErrUnavailable):
-		return http.StatusServiceUnavailable
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return http.StatusServiceUnavailable
 	}
-	return http.StatusInternalServerError
+	status := errdefs.HTTPStatus(err)
+	var fe *errdefs.FieldError
+	if status == http.StatusNotFound && errors.As(err, &fe) && fe.Field != "path" {
+		return http.StatusUnprocessableEntity
+	}
+	return status
 }
 
 // fieldErrors returns every FieldError in err's tree.

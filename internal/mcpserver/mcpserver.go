@@ -160,27 +160,12 @@ func (j *jsonBuffer) Write(p []byte) (int, error) { j.b = append(j.b, p...); ret
 // request id, its detail only logged.
 func (s *Server) errorResult(name string, err error) *mcp.CallToolResult {
 	msg := errdefs.Message(err)
-	if !classified(err) {
+	if !errdefs.Classified(err) {
 		rid := newRequestID()
 		s.log.Error("tool call failed", "tool", name, logkey.RequestID, rid, logkey.Error, err)
 		msg = "internal error (request id " + rid + ")"
 	}
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: msg}}}
-}
-
-// classified reports whether err belongs to a class whose message is meant
-// for the caller: httpapi.writeError answers every other error with 500.
-func classified(err error) bool {
-	for _, c := range []error{
-		errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrFailedPrecondition,
-		errdefs.ErrConflict, errdefs.ErrPermissionDenied, errdefs.ErrResourceExhausted, errdefs.ErrUnavailable,
-		errdefs.ErrNotImplemented, errdefs.ErrUnauthenticated, context.Canceled, context.DeadlineExceeded,
-	} {
-		if errors.Is(err, c) {
-			return true
-		}
-	}
-	return false
 }
 
 func newRequestID() string {

@@ -1,0 +1,52 @@
+package errdefs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"testing"
+)
+
+// Every class's status turns back into a class with the same status, so
+// an error crossing HTTP keeps its status (and, where one class has the
+// status alone, its class).
+func TestClassesRoundTrip(t *testing.T) {
+	for _, c := range Classes {
+		wrapped := fmt.Errorf("something: %w", c.Err)
+		status := HTTPStatus(wrapped)
+		if status != c.HTTPStatus {
+			t.Errorf("%v: status %d, want %d (a class before it in the table took it)", c.Err, status, c.HTTPStatus)
+		}
+		back := FromHTTPStatus(status)
+		if back == nil || HTTPStatus(back) != status {
+			t.Errorf("%v: %d came back as %v", c.Err, status, back)
+		}
+	}
+	for _, c := range []struct {
+		err  error
+		want int
+	}{
+		{errors.New("boom"), http.StatusInternalServerError},
+		{Field("x", "bad"), http.StatusBadRequest},
+		{&FieldError{Field: "f", Err: ErrNotFound}, http.StatusNotFound},
+		{fmt.Errorf("upload: %w", ErrTooLarge), http.StatusRequestEntityTooLarge},
+		{fmt.Errorf("write: %w", ErrNoSpace), http.StatusInsufficientStorage},
+		{ErrResourceExhausted, http.StatusTooManyRequests},
+		{context.Canceled, http.StatusServiceUnavailable},
+	} {
+		if got := HTTPStatus(c.err); got != c.want {
+			t.Errorf("HTTPStatus(%v) = %d, want %d", c.err, got, c.want)
+		}
+	}
+	for code, want := range map[int]error{
+		507: ErrNoSpace, 413: ErrTooLarge, 415: ErrInvalidArgument, 502: ErrUnavailable, 504: ErrUnavailable, 409: ErrConflict,
+	} {
+		if got := FromHTTPStatus(code); got != want {
+			t.Errorf("FromHTTPStatus(%d) = %v, want %v", code, got, want)
+		}
+	}
+	if FromHTTPStatus(500) != nil || Classified(errors.New("boom")) || !Classified(ErrNoSpace) {
+		t.Error("an unclassified error must stay a 500 and unclassified")
+	}
+}
