@@ -7,7 +7,7 @@ import (
 	"io"
 	"log/slog"
 
-	"github.com/corral-dev/corral/internal/app"
+	"github.com/corral-dev/corral/internal/bench"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -15,7 +15,7 @@ import (
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var opts app.BenchOptions
+	var opts bench.Options
 	fs.IntVar(&opts.N, "n", 200, "measured runs of each kind, per phase")
 	fs.IntVar(&opts.Concurrency, "concurrency", 16, "clients in the concurrent phase (and the server's max_concurrent_workers)")
 	fs.IntVar(&opts.Warmup, "warmup", 5, "unmeasured runs of each kind first")
@@ -45,7 +45,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !*asJSON {
 		fmt.Fprintf(stdout, "corral bench: %d runs of each kind per phase, %d concurrent clients, %d warm-up runs\n", opts.N, opts.Concurrency, max(opts.Warmup, 0))
 	}
-	res, err := app.Bench(ctx, opts, log)
+	res, err := bench.Run(ctx, opts, log)
 	if err != nil {
 		return err
 	}
@@ -56,12 +56,12 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-func printBench(w io.Writer, r *app.BenchResult) {
+func printBench(w io.Writer, r *bench.Result) {
 	h := r.Host
 	fmt.Fprintf(w, "host: %d CPUs, kernel %s, %s, load average %s\n\n", h.CPUs, h.Kernel, h.Bwrap, h.LoadAvg)
 	s := r.Sequential
 	fmt.Fprintf(w, "sequential (one at a time, interleaved)   median      p90      min      max\n")
-	row := func(name string, l app.Latency) {
+	row := func(name string, l bench.Latency) {
 		fmt.Fprintf(w, "  %-38s %6.1f ms %6.1f ms %6.1f ms %6.1f ms\n", name, l.Median, l.P90, l.Min, l.Max)
 	}
 	row("task echo hi, POST to result", s.Task)
@@ -81,7 +81,7 @@ func printBench(w io.Writer, r *app.BenchResult) {
 	fmt.Fprintln(w)
 	c := r.Concurrent
 	fmt.Fprintf(w, "concurrent (%d clients)                   done     wall      per second\n", r.Concurrency)
-	trow := func(name string, t app.Throughput) {
+	trow := func(name string, t bench.Throughput) {
 		fmt.Fprintf(w, "  %-38s %4d %7.2f s %9.1f /s\n", name, t.Completed, t.Wall/1000, t.PerSecond)
 	}
 	trow("tasks", c.Task)

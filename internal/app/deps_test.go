@@ -51,7 +51,8 @@ var allowed = map[string][]string{
 	"internal/httpapi":              {"tools", "orchestrator", "task", "errdefs", "ids", "logkey", "eventstore", "workspace"},
 	"internal/mcpserver":            {"tools", "orchestrator", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                  {"*"},
-	"cmd/corral":                    {"app", "config", "errdefs", "httpapi", "mcpserver", "orchestrator", "task", "eventstore", "termsafe"},
+	"internal/bench":                {"app", "config", "errdefs", "eventstore", "httpapi", "orchestrator", "task", "testenv"},
+	"cmd/corral":                    {"app", "bench", "config", "errdefs", "httpapi", "mcpserver", "orchestrator", "task", "eventstore", "termsafe"},
 	"internal/termsafe":             {},
 
 	// The seccomp filter of local sandboxes, and the escape tests' probe.

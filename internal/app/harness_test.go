@@ -28,20 +28,14 @@ import (
 var corralBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "corral-bin-")
+	bin, remove, err := testenv.BuildCorral()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	corralBin = filepath.Join(dir, "corral")
-	build := exec.Command("go", "build", "-o", corralBin, "github.com/corral-dev/corral/cmd/corral")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build corral:", err)
-		os.Exit(1)
-	}
+	corralBin = bin
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 

@@ -139,3 +139,22 @@ func OpenPTY(tb testing.TB) (pty, tty *os.File) {
 	tb.Cleanup(func() { tty.Close() })
 	return pty, tty
 }
+
+// BuildCorral builds the corral binary into a new temporary directory, for
+// a package's TestMain: sandboxes run it as `corral worker run-task`, and
+// some tests run it as the server. It returns the binary and a function
+// that removes it.
+func BuildCorral() (bin string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", "corral-bin-")
+	if err != nil {
+		return "", nil, err
+	}
+	bin = filepath.Join(dir, "corral")
+	build := exec.Command("go", "build", "-o", bin, "github.com/corral-dev/corral/cmd/corral")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("build corral: %w", err)
+	}
+	return bin, func() { os.RemoveAll(dir) }, nil
+}

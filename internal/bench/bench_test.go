@@ -1,6 +1,6 @@
 //go:build integration
 
-package app_test
+package bench_test
 
 import (
 	"context"
@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/app"
+	"github.com/corral-dev/corral/internal/bench"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // TestBench runs the benchmark with a tiny count and checks that it
-// measured what it claims: every run succeeded (Bench fails otherwise),
+// measured what it claims: every run succeeded (Run fails otherwise),
 // each kind was counted n times, and the figures are positive and ordered.
 // It does not check the performance targets: they depend on the machine.
 func TestBench(t *testing.T) {
@@ -22,7 +22,7 @@ func TestBench(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const n, clients = 3, 2
-	res, err := app.Bench(ctx, app.BenchOptions{
+	res, err := bench.Run(ctx, bench.Options{
 		N: n, Concurrency: clients, Warmup: 1,
 		Data: testenv.TempDir(t), WorkerBinary: corralBin,
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -33,7 +33,7 @@ func TestBench(t *testing.T) {
 		t.Errorf("n %d, concurrency %d, warmup %d; want %d, %d, 1", res.N, res.Concurrency, res.Warmup, n, clients)
 	}
 	s := res.Sequential
-	for name, l := range map[string]app.Latency{"task": s.Task, "bwrap": s.Bwrap} {
+	for name, l := range map[string]bench.Latency{"task": s.Task, "bwrap": s.Bwrap} {
 		if l.Count != n {
 			t.Errorf("sequential %s: %d runs counted, want %d", name, l.Count, n)
 		}
@@ -50,7 +50,7 @@ func TestBench(t *testing.T) {
 		t.Errorf("phases %+v: want a positive sandbox and run phase", p)
 	}
 	c := res.Concurrent
-	for name, tp := range map[string]app.Throughput{"task": c.Task, "bwrap": c.Bwrap} {
+	for name, tp := range map[string]bench.Throughput{"task": c.Task, "bwrap": c.Bwrap} {
 		if tp.Completed != n || tp.Wall <= 0 || tp.PerSecond <= 0 {
 			t.Errorf("concurrent %s: %+v, want %d completed in a positive time", name, tp, n)
 		}

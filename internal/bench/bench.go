@@ -1,4 +1,9 @@
-package app
+// Package bench is corral bench: a throwaway server on the local runtime
+// and trivial tasks over HTTP, measured beside the same work done by a bare
+// bubblewrap (and runsc) in the same run, so that the ratios hold on a
+// noisy machine. docs/benchmarks.md has the figures and how to reproduce
+// them.
+package bench
 
 import (
 	"bytes"
@@ -17,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
@@ -25,8 +31,8 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 )
 
-// BenchOptions configure Bench. Zero fields take the documented defaults.
-type BenchOptions struct {
+// Options configure Run. Zero fields take the documented defaults.
+type Options struct {
 	// N is how many runs each phase measures, per kind; default 200.
 	N int
 	// Concurrency is the number of clients in the concurrent phase and the
@@ -52,7 +58,7 @@ type BenchOptions struct {
 	Runsc string
 }
 
-func (o *BenchOptions) setDefaults() {
+func (o *Options) setDefaults() {
 	if o.N <= 0 {
 		o.N = 200
 	}
@@ -75,29 +81,29 @@ func (o *BenchOptions) setDefaults() {
 	}
 }
 
-// BenchResult is what Bench measured. Durations are in milliseconds.
-type BenchResult struct {
-	Host        BenchHost `json:"host"`
-	N           int       `json:"n"`
-	Concurrency int       `json:"concurrency"`
-	Warmup      int       `json:"warmup"`
+// Result is what Run measured. Durations are in milliseconds.
+type Result struct {
+	Host        Host `json:"host"`
+	N           int  `json:"n"`
+	Concurrency int  `json:"concurrency"`
+	Warmup      int  `json:"warmup"`
 	// Sequential runs one task end to end (POST to result) and one bare
 	// bwrap, alternately, n times.
-	Sequential BenchSequential `json:"sequential"`
+	Sequential Sequential `json:"sequential"`
 	// Concurrent runs n tasks, then n bare bwraps, from Concurrency clients.
-	Concurrent BenchConcurrent `json:"concurrent"`
+	Concurrent Concurrent `json:"concurrent"`
 }
 
-// BenchHost describes the machine the figures come from.
-type BenchHost struct {
+// Host describes the machine the figures come from.
+type Host struct {
 	CPUs    int    `json:"cpus"`
 	Kernel  string `json:"kernel"`
 	Bwrap   string `json:"bwrap"`
 	LoadAvg string `json:"loadavg"` // /proc/loadavg at the start: other load skews figures
 }
 
-// BenchSequential is the sequential phase's latencies.
-type BenchSequential struct {
+// Sequential is the sequential phase's latencies.
+type Sequential struct {
 	Task  Latency `json:"task"`
 	Bwrap Latency `json:"bwrap"`
 	// Ratio is the task's median over bare bwrap's median.
@@ -105,12 +111,12 @@ type BenchSequential struct {
 	// Phases splits the task's latency by the server's event times.
 	Phases TaskPhases `json:"phases"`
 	// Gvisor is the same task under the gvisor runtime and a bare runsc
-	// run, measured in the same rounds (BenchOptions.Gvisor only).
-	Gvisor *BenchGvisor `json:"gvisor,omitempty"`
+	// run, measured in the same rounds (Options.Gvisor only).
+	Gvisor *Gvisor `json:"gvisor,omitempty"`
 }
 
-// BenchGvisor is the gvisor runtime's sequential latencies.
-type BenchGvisor struct {
+// Gvisor is the gvisor runtime's sequential latencies.
+type Gvisor struct {
 	Task  Latency `json:"task"`
 	Runsc Latency `json:"runsc"`
 	// Ratio is the gvisor task's median over bare runsc run's median.
@@ -150,22 +156,22 @@ type Throughput struct {
 	PerSecond float64 `json:"per_second"`
 }
 
-// BenchConcurrent is the concurrent phase's throughputs.
-type BenchConcurrent struct {
+// Concurrent is the concurrent phase's throughputs.
+type Concurrent struct {
 	Task  Throughput `json:"task"`
 	Bwrap Throughput `json:"bwrap"`
 	// Ratio is bare bwrap's runs per second over the tasks per second.
 	Ratio float64 `json:"ratio"`
 }
 
-// Bench measures what Corral adds to a bare bubblewrap sandbox: it starts a
+// Run measures what Corral adds to a bare bubblewrap sandbox: it starts a
 // server in this process on 127.0.0.1:0 and runs the command task
 // ["echo","hi"] over its HTTP API beside `bwrap ... /bin/echo hi`, first
 // one at a time, interleaved, then from opts.Concurrency clients at once.
 // Every run must succeed (status success and summary "hi"; echo printing
-// "hi"), or Bench returns an error. It needs root and bubblewrap, and
+// "hi"), or Run returns an error. It needs root and bubblewrap, and
 // returns errdefs.ErrFailedPrecondition without them. Server logs go to log.
-func Bench(ctx context.Context, opts BenchOptions, log *slog.Logger) (*BenchResult, error) {
+func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 	opts.setDefaults()
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("bench needs root (sandboxes use cgroups, as corral serve does): %w", errdefs.ErrFailedPrecondition)
@@ -174,7 +180,7 @@ func Bench(ctx context.Context, opts BenchOptions, log *slog.Logger) (*BenchResu
 	if err != nil {
 		return nil, fmt.Errorf("bench needs bubblewrap (install: apt-get install -y bubblewrap): %w", errdefs.ErrFailedPrecondition)
 	}
-	res := &BenchResult{N: opts.N, Concurrency: opts.Concurrency, Warmup: opts.Warmup, Host: benchHost(bwrap)}
+	res := &Result{N: opts.N, Concurrency: opts.Concurrency, Warmup: opts.Warmup, Host: benchHost(bwrap)}
 
 	data := opts.Data
 	if data == "" {
@@ -195,7 +201,7 @@ func Bench(ctx context.Context, opts BenchOptions, log *slog.Logger) (*BenchResu
 	}
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
-	a, err := New(sctx, cfg, log, Options{WorkerBinary: opts.WorkerBinary})
+	a, err := app.New(sctx, cfg, log, app.Options{WorkerBinary: opts.WorkerBinary})
 	if err != nil {
 		return nil, fmt.Errorf("start bench server: %w", err)
 	}
@@ -410,7 +416,7 @@ func bareBwrapArgs() []string {
 }
 
 // sequential runs warm-up and then n task/bwrap pairs, one at a time.
-func (b *bencher) sequential(ctx context.Context, opts BenchOptions, res *BenchResult) error {
+func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) error {
 	var tasks, bares, gtasks, runscs []time.Duration
 	var phases, gphases [5][]time.Duration
 	for i := range opts.Warmup + opts.N {
@@ -453,7 +459,7 @@ func (b *bencher) sequential(ctx context.Context, opts BenchOptions, res *BenchR
 	}
 	s.Phases = medianPhases(phases)
 	if b.runsc != nil {
-		g := &BenchGvisor{Task: summarise(gtasks), Runsc: summarise(runscs), Phases: medianPhases(gphases)}
+		g := &Gvisor{Task: summarise(gtasks), Runsc: summarise(runscs), Phases: medianPhases(gphases)}
 		if g.Runsc.Median > 0 {
 			g.Ratio = g.Task.Median / g.Runsc.Median
 		}
@@ -473,7 +479,7 @@ func medianPhases(p [5][]time.Duration) TaskPhases {
 }
 
 // concurrent runs n tasks, then n bare bwraps, from Concurrency clients.
-func (b *bencher) concurrent(ctx context.Context, opts BenchOptions, res *BenchResult) error {
+func (b *bencher) concurrent(ctx context.Context, opts Options, res *Result) error {
 	c := &res.Concurrent
 	var err error
 	if c.Task, err = fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
@@ -551,8 +557,8 @@ func summarise(ds []time.Duration) Latency {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func benchHost(bwrap string) BenchHost {
-	h := BenchHost{CPUs: runtime.NumCPU()}
+func benchHost(bwrap string) Host {
+	h := Host{CPUs: runtime.NumCPU()}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		h.Kernel = strings.TrimSpace(string(b))
 	}
