@@ -245,6 +245,7 @@ func (a *App) open(ctx context.Context) error {
 		Listen:          cfg.Listen,
 		AllowedHosts:    cfg.HTTP.AllowedHosts,
 		AllowedOrigins:  cfg.HTTP.AllowedOrigins,
+		Ready:           a.sched.Reconciled(),
 		// The multipart framing adds a little to the files' own bytes.
 		MaxUploadRequestBytes: lim.MaxUploadRequestBytes.Bytes() + 64<<10,
 	}, a.log.With("subsystem", "http"))

@@ -323,7 +323,18 @@ func (s *Server) callTool(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// healthz answers 200 "ok" once the server is ready, and 503 "starting"
+// while it still reconciles the tasks and sandboxes it found at start-up
+// (the API already answers then; new tasks wait in the queue).
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
+	if s.opts.Ready != nil {
+		select {
+		case <-s.opts.Ready:
+		default:
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting"})
+			return nil
+		}
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	return nil
 }

@@ -236,3 +236,17 @@ func contains(s []string, v string) bool {
 	}
 	return false
 }
+
+// /healthz says "starting" (503) until the server has reconciled what it
+// found at start-up, then "ok".
+func TestHealthzWaitsForReady(t *testing.T) {
+	ready := make(chan struct{})
+	url := MustServeOpts(t, Options{Ready: ready})
+	if code, body := call(t, "GET", url+"/healthz", ""); code != http.StatusServiceUnavailable || !strings.Contains(body, `"starting"`) {
+		t.Errorf("before ready: %d %s, want 503 starting", code, body)
+	}
+	close(ready)
+	if code, body := call(t, "GET", url+"/healthz", ""); code != http.StatusOK || !strings.Contains(body, `"ok"`) {
+		t.Errorf("after ready: %d %s, want 200 ok", code, body)
+	}
+}

@@ -97,6 +97,9 @@ type Options struct {
 	// SSEHeartbeat is how long an event stream may stay quiet before the
 	// server sends a comment line; default DefaultSSEHeartbeat.
 	SSEHeartbeat time.Duration
+	// Ready is closed once the server has reconciled what it found at
+	// start-up; until then /healthz answers 503 "starting". Nil: ready.
+	Ready <-chan struct{}
 }
 
 // Server serves the API.

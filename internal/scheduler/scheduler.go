@@ -88,10 +88,11 @@ type Scheduler struct {
 	store eventstore.Store
 	log   *slog.Logger
 
-	mu      sync.Mutex
-	running map[string]bool // tasks this process starts or supervises
-	kick    chan struct{}
-	wg      sync.WaitGroup
+	mu         sync.Mutex
+	running    map[string]bool // tasks this process starts or supervises
+	kick       chan struct{}
+	wg         sync.WaitGroup
+	reconciled chan struct{}
 }
 
 // New returns a scheduler over the task projection.
@@ -108,8 +109,12 @@ func New(opts Options, tasks *projection.Tasks, store eventstore.Store, log *slo
 	if opts.RecordRetry <= 0 {
 		opts.RecordRetry = time.Second
 	}
-	return &Scheduler{opts: opts, tasks: tasks, store: store, log: log, running: map[string]bool{}, kick: make(chan struct{}, 1)}
+	return &Scheduler{opts: opts, tasks: tasks, store: store, log: log, running: map[string]bool{}, kick: make(chan struct{}, 1), reconciled: make(chan struct{})}
 }
+
+// Reconciled is closed once Run's start-up reconciliation is recorded:
+// from then on every task's state is this process's to keep.
+func (s *Scheduler) Reconciled() <-chan struct{} { return s.reconciled }
 
 // Run reconciles, then starts queued tasks as slots free up until ctx is
 // done. Sandboxes keep running when Run returns: the next server reattaches.
@@ -121,6 +126,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	close(s.reconciled)
 	for {
 		ch := s.tasks.Changed()
 		s.fill(ctx)
