@@ -14,6 +14,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/mcpserver"
 	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/tools"
 )
 
 // cmdMCP serves the tool catalogue over MCP on stdin and stdout, for a host
@@ -71,7 +72,11 @@ func cmdMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	default:
 		return fmt.Errorf("reach the corral server: %w", err)
 	}
-	srv := mcpserver.New(svc, mcpserver.Options{MaxArgumentBytes: cfg.Limits.MaxRequestBytes.Bytes()}, log.With("subsystem", "mcp"))
+	// The schemas state this configuration's timeouts: the embedded
+	// server's own, and a remote server's when both read the same file.
+	w := cfg.AIWorker
+	srv := mcpserver.New(svc, mcpserver.Options{MaxArgumentBytes: cfg.Limits.MaxRequestBytes.Bytes(),
+		Limits: tools.Limits{DefaultTimeoutMinutes: w.DefaultTimeoutMinutes, MaxTimeoutMinutes: w.MaxTimeoutMinutes}}, log.With("subsystem", "mcp"))
 	return srv.ServeStdio(ctx, io.NopCloser(os.Stdin), nopWriteCloser{stdout})
 }
 

@@ -33,6 +33,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/scheduler"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/tools"
 	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -235,7 +236,8 @@ func (a *App) open(ctx context.Context) error {
 		}
 		deliveries = notifyDeliveries{a.notifier}
 	}
-	mcpSrv := mcpserver.New(a.orch, mcpserver.Options{MaxArgumentBytes: lim.MaxRequestBytes.Bytes(), Version: Version()}, a.log.With("subsystem", "mcp"))
+	toolLimits := tools.Limits{DefaultTimeoutMinutes: w.DefaultTimeoutMinutes, MaxTimeoutMinutes: w.MaxTimeoutMinutes}
+	mcpSrv := mcpserver.New(a.orch, mcpserver.Options{MaxArgumentBytes: lim.MaxRequestBytes.Bytes(), Version: Version(), Limits: toolLimits}, a.log.With("subsystem", "mcp"))
 	a.api = httpapi.New(backend{a.orch, a}, httpapi.Options{
 		Token:           a.token,
 		Tokens:          tokens,
@@ -246,6 +248,7 @@ func (a *App) open(ctx context.Context) error {
 		AllowedHosts:    cfg.HTTP.AllowedHosts,
 		AllowedOrigins:  cfg.HTTP.AllowedOrigins,
 		Ready:           a.sched.Reconciled(),
+		ToolLimits:      toolLimits,
 		// The multipart framing adds a little to the files' own bytes.
 		MaxUploadRequestBytes: lim.MaxUploadRequestBytes.Bytes() + 64<<10,
 	}, a.log.With("subsystem", "http"))

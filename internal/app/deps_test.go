@@ -52,7 +52,7 @@ var allowed = map[string][]string{
 	"internal/mcpserver":            {"tools", "orchestrator", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                  {"*"},
 	"internal/bench":                {"app", "config", "errdefs", "eventstore", "httpapi", "orchestrator", "task", "testenv"},
-	"cmd/corral":                    {"app", "bench", "config", "errdefs", "httpapi", "mcpserver", "orchestrator", "task", "eventstore", "termsafe"},
+	"cmd/corral":                    {"app", "bench", "config", "errdefs", "httpapi", "mcpserver", "orchestrator", "task", "eventstore", "termsafe", "tools"},
 	"internal/termsafe":             {},
 
 	// The seccomp filter of local sandboxes, and the escape tests' probe.

@@ -97,6 +97,8 @@ type Options struct {
 	// SSEHeartbeat is how long an event stream may stay quiet before the
 	// server sends a comment line; default DefaultSSEHeartbeat.
 	SSEHeartbeat time.Duration
+	// ToolLimits are the server limits the tool schemas state.
+	ToolLimits tools.Limits
 	// Ready is closed once the server has reconciled what it found at
 	// start-up; until then /healthz answers 503 "starting". Nil: ready.
 	Ready <-chan struct{}
@@ -126,7 +128,7 @@ func New(b Backend, opts Options, log *slog.Logger) *Server {
 	if opts.BodyStall <= 0 {
 		opts.BodyStall = DefaultBodyStall
 	}
-	s := &Server{b: b, tools: tools.New(b), opts: opts, log: log, mux: http.NewServeMux(), trust: newWebTrust(opts)}
+	s := &Server{b: b, tools: tools.New(b, opts.ToolLimits), opts: opts, log: log, mux: http.NewServeMux(), trust: newWebTrust(opts)}
 	s.routes()
 	return s
 }

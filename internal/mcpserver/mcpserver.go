@@ -49,6 +49,8 @@ type Options struct {
 	// SessionTimeout closes a streamable HTTP session idle this long.
 	// Default 30 minutes.
 	SessionTimeout time.Duration
+	// Limits are the server limits the tool schemas state.
+	Limits tools.Limits
 }
 
 // Server is an MCP server over one orchestrator.Service. It is safe for
@@ -62,7 +64,7 @@ type Server struct {
 	srv  *mcp.Server
 }
 
-// New returns a Server with every tool of tools.New(svc).
+// New returns a Server with every tool of tools.New(svc, opts.Limits).
 func New(svc orchestrator.Service, opts Options, log *slog.Logger) *Server {
 	if opts.Version == "" {
 		opts.Version = "dev"
@@ -73,7 +75,7 @@ func New(svc orchestrator.Service, opts Options, log *slog.Logger) *Server {
 	if opts.SessionTimeout <= 0 {
 		opts.SessionTimeout = 30 * time.Minute
 	}
-	s := &Server{svc: svc, cat: tools.New(svc), opts: opts, log: log}
+	s := &Server{svc: svc, cat: tools.New(svc, opts.Limits), opts: opts, log: log}
 	s.srv = mcp.NewServer(&mcp.Implementation{Name: "corral", Title: "Corral", Version: opts.Version}, &mcp.ServerOptions{
 		Logger:       log,
 		Instructions: "Corral runs AI coding agents in sandboxes. spawn_worker starts a task; read_task_result with wait_seconds waits for it and returns its output files.",

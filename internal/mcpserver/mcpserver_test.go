@@ -191,7 +191,7 @@ func TestListTools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cat := tools.New(f.orch).All()
+	cat := tools.New(f.orch, tools.Limits{}).All()
 	if len(res.Tools) != len(cat) {
 		t.Fatalf("listed %d tools, the catalogue has %d", len(res.Tools), len(cat))
 	}

@@ -277,6 +277,11 @@ func TestSpawnDefaultsAndAgents(t *testing.T) {
 		{SpawnRequest{TaskDescription: "x", Model: "gemini", TimeoutMinutes: 120}, task.AgentGemini, "", 120},
 		{SpawnRequest{TaskDescription: "x", Model: "claude-opus-4"}, task.AgentClaude, "claude-opus-4", 30},
 		{SpawnRequest{TaskDescription: "x", Command: []string{"ls"}, TimeoutMinutes: 1}, task.AgentCommand, "", 1},
+		// model names an agent (the seed's choice): an explicit agent wins,
+		// and no agent is handed "claude" as a model name, whatever the
+		// transport.
+		{SpawnRequest{TaskDescription: "x", Agent: "gemini", Model: "claude"}, task.AgentGemini, "", 30},
+		{SpawnRequest{TaskDescription: "x", Agent: "claude", Model: "claude"}, task.AgentClaude, "", 30},
 	}
 	for _, tt := range tests {
 		got := f.MustSpawn(t, tt.req)

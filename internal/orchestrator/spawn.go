@@ -181,11 +181,13 @@ func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
 		Origin:         task.Origin{ConversationID: req.ConversationID, InterfaceType: req.InterfaceType, UserName: req.UserName},
 	}
 
-	// The seed's model is the agent choice ("claude" or "gemini"); any other
-	// value is a model name passed to the agent.
-	if spec.Agent == "" && task.KnownAgent(spec.Model) {
-		spec.Agent, spec.Model = spec.Model, ""
-	} else if spec.Agent != "" && spec.Model == spec.Agent {
+	// The seed's model is the agent choice ("claude" or "gemini"), which
+	// an explicit agent wins over (also over a client filling in model's
+	// schema default); any other value is a model name passed to the agent.
+	if task.KnownAgent(spec.Model) {
+		if spec.Agent == "" {
+			spec.Agent = spec.Model
+		}
 		spec.Model = ""
 	}
 	if spec.Agent == "" {

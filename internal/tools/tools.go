@@ -17,7 +17,6 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/orchestrator"
-	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -37,11 +36,24 @@ type Catalogue struct {
 	index map[string]int
 }
 
-// New returns the catalogue of tools over svc.
-func New(svc orchestrator.Service) *Catalogue {
+// Limits are the server's limits a schema states. Zero fields take the
+// seed's values, which are also the server's defaults.
+type Limits struct {
+	DefaultTimeoutMinutes int // 30
+	MaxTimeoutMinutes     int // 120
+}
+
+// New returns the catalogue of tools over svc, its schemas stating lim.
+func New(svc orchestrator.Service, lim Limits) *Catalogue {
+	if lim.DefaultTimeoutMinutes <= 0 {
+		lim.DefaultTimeoutMinutes = 30
+	}
+	if lim.MaxTimeoutMinutes <= 0 {
+		lim.MaxTimeoutMinutes = 120
+	}
 	c := &Catalogue{index: map[string]int{}}
 	for _, t := range []Tool{
-		spawnWorker(svc), readTaskResult(svc), listWorkerTasks(svc), cancelWorkerTask(svc),
+		spawnWorker(svc, lim), readTaskResult(svc), listWorkerTasks(svc), cancelWorkerTask(svc),
 		readWorkspace(svc), writeWorkspace(svc), listWorkspace(svc),
 		createAttachmentFromWorkspace(svc),
 		ingestFromWorkspace(svc), exportNotesToWorkspace(svc), searchDocuments(svc),
@@ -103,7 +115,7 @@ func checkPath(p string) error {
 	return nil
 }
 
-func spawnWorker(svc orchestrator.Service) Tool {
+func spawnWorker(svc orchestrator.Service, lim Limits) Tool {
 	return Tool{
 		Name: "spawn_worker",
 		Description: `Spawn an AI coder worker (Claude Code, Gemini CLI, Codex, opencode, or a plain command) to complete
@@ -127,18 +139,11 @@ The worker runs in an isolated sandbox with:
 
 You will be notified when the worker completes.
 Use read_task_result(task_id) to retrieve the output; it can also wait for the end.`,
-		Schema: json.RawMessage(spawnSchema),
+		Schema: json.RawMessage(fmt.Sprintf(spawnSchema, lim.DefaultTimeoutMinutes, lim.MaxTimeoutMinutes)),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var req orchestrator.SpawnRequest
 			if err := decode(args, &req); err != nil {
 				return nil, err
-			}
-			// In this schema model is the seed's agent choice, so an explicit
-			// agent wins over it (also over a client filling in model's
-			// default) instead of the agent being handed "claude" as a model
-			// name.
-			if req.Agent != "" && (req.Model == task.AgentClaude || req.Model == task.AgentGemini) {
-				req.Model = ""
 			}
 			t, existing, err := svc.Spawn(ctx, req)
 			if err != nil {
@@ -309,7 +314,7 @@ const spawnSchema = `{"type":"object","properties":{
 "model":{"type":"string","enum":["claude","gemini"],"default":"claude","description":"Which AI coder to use. Claude Code recommended for most tasks."},
 "agent":{"type":"string","enum":["claude","gemini","codex","opencode","command"],"description":"The agent to run, for the agents model does not name; when given, it wins over model."},
 "command":{"type":"array","items":{"type":"string"},"description":"For agent 'command': the argv to run in /task, with the task description on stdin."},
-"timeout_minutes":{"type":"integer","default":30,"minimum":1,"maximum":120,"description":"Maximum execution time in minutes."},
+"timeout_minutes":{"type":"integer","default":%d,"minimum":1,"maximum":%d,"description":"Maximum execution time in minutes."},
 "runtime":{"type":"string","enum":["local","gvisor","docker","kubernetes"],"description":"Where the worker runs; defaults to the server's runtime."},
 "image":{"type":"string","description":"Container image, for the docker and kubernetes runtimes."},
 "network":{"type":"string","enum":["none","allowlist","open"],"description":"The worker's network policy."},
