@@ -303,17 +303,14 @@ func uniqueName(name string, taken map[string]bool) string {
 	}
 }
 
-// attachmentNote is the part of prompt.md that lists the attachments.
-func attachmentNote(atts []Attachment, names []string) string {
-	if len(atts) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	b.WriteString("- Attachments from the user, copied into `/task/context/`:\n")
+// promptAttachments lists the attachments for prompt.md, under the names
+// they took in context/.
+func promptAttachments(atts []Attachment, names []string) []PromptFile {
+	var out []PromptFile
 	for i, m := range atts {
-		fmt.Fprintf(&b, "  - `/task/context/%s` (%s, %d bytes)\n", names[i], m.Type, m.Size)
+		out = append(out, PromptFile{Name: names[i], About: fmt.Sprintf("(%s, %d bytes)", m.Type, m.Size)})
 	}
-	return b.String()
+	return out
 }
 
 // appendAnyVersion appends one event to a stream whatever its version:

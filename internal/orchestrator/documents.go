@@ -411,45 +411,38 @@ func (o *Orchestrator) checkDocuments(ctx context.Context, ids []string, noteQue
 // copyDocuments copies the documents into context/ under their names in
 // documents/ (<id>_<name>, so they never collide with other context files)
 // and writes the notes to context/notes/, within what is left of the
-// context limit. It returns the prompt's lines about them.
-func (o *Orchestrator) copyDocuments(dir *os.Root, td taskDocuments) (string, error) {
+// context limit. It returns them as prompt.md lists them.
+func (o *Orchestrator) copyDocuments(dir *os.Root, td taskDocuments) (docs, notes []PromptFile, err error) {
 	if len(td.docs) == 0 && len(td.notes) == 0 {
-		return "", nil
+		return nil, nil, nil
 	}
 	budget := o.contextLeft(dir)
-	var b strings.Builder
-	if len(td.docs) > 0 {
-		b.WriteString("- Documents from the index, copied into `/task/context/`:\n")
-	}
 	for i, d := range td.docs {
 		n, err := workspace.CopyFile(o.data.Root(), workspace.DirDocuments+"/"+d.File, dir, "context/"+d.File, budget)
 		if err != nil {
 			if errors.Is(err, errdefs.ErrTooLarge) {
 				err = fmt.Errorf("%s does not fit in what is left of the context limit: %w", d.DocumentID, errdefs.ErrTooLarge)
 			}
-			return "", &errdefs.FieldError{Field: fmt.Sprintf("document_ids[%d]", i), Err: err}
+			return nil, nil, &errdefs.FieldError{Field: fmt.Sprintf("document_ids[%d]", i), Err: err}
 		}
 		budget -= n
-		fmt.Fprintf(&b, "  - `/task/context/%s`: %s (%s)\n", d.File, oneLine(d.Title, 120), d.ContentType)
+		docs = append(docs, PromptFile{Name: d.File, About: fmt.Sprintf("%s (%s)", oneLine(d.Title, 120), d.ContentType)})
 	}
 	files, err := o.renderNotes(td.notes)
 	if err != nil {
-		return "", err
-	}
-	if len(files) > 0 {
-		fmt.Fprintf(&b, "- Notes matching %q, as Markdown with frontmatter, in `/task/context/notes/`:\n", oneLine(td.noteQuery, 200))
+		return nil, nil, err
 	}
 	for _, f := range files {
 		if int64(len(f.content)) > budget {
-			return "", &errdefs.FieldError{Field: "note_query", Err: fmt.Errorf("the notes found do not fit in what is left of the context limit: %w", errdefs.ErrTooLarge)}
+			return nil, nil, &errdefs.FieldError{Field: "note_query", Err: fmt.Errorf("the notes found do not fit in what is left of the context limit: %w", errdefs.ErrTooLarge)}
 		}
 		if err := workspace.WriteFileAtomic(dir, "context/notes/"+f.name, f.content, 0o644); err != nil {
-			return "", fmt.Errorf("write note %s: %w", f.doc.DocumentID, err)
+			return nil, nil, fmt.Errorf("write note %s: %w", f.doc.DocumentID, err)
 		}
 		budget -= int64(len(f.content))
-		fmt.Fprintf(&b, "  - `/task/context/notes/%s`: %s\n", f.name, oneLine(f.doc.Title, 120))
+		notes = append(notes, PromptFile{Name: f.name, About: oneLine(f.doc.Title, 120)})
 	}
-	return b.String(), nil
+	return docs, notes, nil
 }
 
 // oneLine returns s on one line, cut to n bytes.

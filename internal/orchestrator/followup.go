@@ -63,8 +63,3 @@ func (o *Orchestrator) copyFollowUp(dir *os.Root, prev task.Task, agent string) 
 	}
 	return nil
 }
-
-// followUpNote tells the agent where the previous task's work is.
-func followUpNote(prev task.Task) string {
-	return fmt.Sprintf("\n## Follow-up\n\nThis task continues task %s (%s). Its output files are in `/task/%s/`.\n", prev.ID, prev.Status, followUpDir)
-}

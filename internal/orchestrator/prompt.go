@@ -8,10 +8,37 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 )
 
+// PromptInput is everything prompt.md tells a worker: the task, and what
+// Spawn placed in its task directory for it.
+type PromptInput struct {
+	Spec task.Spec
+	// Attachments are the attachments copied into context/, under the
+	// names they took there.
+	Attachments []PromptFile
+	// Documents are the indexed documents copied into context/.
+	Documents []PromptFile
+	// Notes are the notes note_query found, written to context/notes/.
+	Notes []PromptFile
+	// FollowUp is the task this one continues, if any.
+	FollowUp *task.Task
+	// Skills are the valid skills, listed with their summaries; MoreSkills
+	// says there are more than listed.
+	Skills     []PromptFile
+	MoreSkills bool
+}
+
+// PromptFile is one file the prompt lists: its name where the worker
+// finds it, and a short description (a type and size, a title, a summary).
+type PromptFile struct {
+	Name, About string
+}
+
 // Prompt returns prompt.md for a task: the task description and a short
 // standard preamble telling the agent where its context is and where its
-// results go (SPEC §2).
-func Prompt(spec task.Spec) string {
+// results go (SPEC §2). This is the one place that says what a worker
+// reads.
+func Prompt(in PromptInput) string {
+	spec := in.Spec
 	var b strings.Builder
 	b.WriteString("# Task\n\n")
 	b.WriteString(strings.TrimSpace(spec.Description))
@@ -29,5 +56,24 @@ func Prompt(spec task.Spec) string {
 	b.WriteString("- `/workspace/shared/` holds persistent files (scripts, data, skills) from earlier work; it is read-only.\n")
 	b.WriteString("- Put every result file in `/task/output/`. A short `/task/output/summary.md` saying what you did and found is welcome.\n")
 	b.WriteString("- The network may be unavailable; do not depend on downloading anything.\n")
+	list := func(heading, dir string, files []PromptFile, sep string) {
+		if len(files) == 0 {
+			return
+		}
+		b.WriteString(heading)
+		for _, f := range files {
+			fmt.Fprintf(&b, "  - `%s%s`%s%s\n", dir, f.Name, sep, f.About)
+		}
+	}
+	list("- Attachments from the user, copied into `/task/context/`:\n", "/task/context/", in.Attachments, " ")
+	list("- Documents from the index, copied into `/task/context/`:\n", "/task/context/", in.Documents, ": ")
+	list(fmt.Sprintf("- Notes matching %q, as Markdown with frontmatter, in `/task/context/notes/`:\n", oneLine(spec.NoteQuery, 200)), "/task/context/notes/", in.Notes, ": ")
+	list("- Skills (read a skill's SKILL.md before using it; its scripts are beside it):\n", "/workspace/shared/skills/", in.Skills, ": ")
+	if in.MoreSkills {
+		b.WriteString("  - … and more in `/workspace/shared/skills/`\n")
+	}
+	if prev := in.FollowUp; prev != nil {
+		fmt.Fprintf(&b, "\n## Follow-up\n\nThis task continues task %s (%s). Its output files are in `/task/%s/`.\n", prev.ID, prev.Status, followUpDir)
+	}
 	return b.String()
 }

@@ -326,29 +326,23 @@ func (o *Orchestrator) skillSource(ctx context.Context, req CreateSkillRequest) 
 	return def, files, req.TaskID, nil
 }
 
-// skillsNote returns the prompt's lines listing the valid skills with their
-// one-line descriptions (SPEC §5), or "" when there are none.
-func (o *Orchestrator) skillsNote() string {
+// promptSkills lists the valid skills with their one-line descriptions
+// for prompt.md (SPEC §5), at most maxSkillsInPrompt; more says there are
+// more.
+func (o *Orchestrator) promptSkills() (files []PromptFile, more bool) {
 	skills, err := o.ListSkills(context.Background())
 	if err != nil {
 		o.log.Warn("cannot list skills for the prompt", "err", err)
-		return ""
+		return nil, false
 	}
-	var b strings.Builder
-	n := 0
 	for _, s := range skills {
 		if s.Error != "" {
 			continue
 		}
-		if n == 0 {
-			b.WriteString("- Skills (read a skill's SKILL.md before using it; its scripts are beside it):\n")
+		if len(files) == maxSkillsInPrompt {
+			return files, true
 		}
-		if n == maxSkillsInPrompt {
-			fmt.Fprintf(&b, "  - … and more in `/workspace/shared/skills/`\n")
-			break
-		}
-		fmt.Fprintf(&b, "  - `/workspace/shared/skills/%s/SKILL.md`: %s\n", s.Name, s.Summary(skillSummaryLength))
-		n++
+		files = append(files, PromptFile{Name: s.Name + "/SKILL.md", About: s.Summary(skillSummaryLength)})
 	}
-	return b.String()
+	return files, false
 }

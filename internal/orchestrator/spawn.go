@@ -98,17 +98,18 @@ func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, 
 	if err != nil {
 		return task.Task{}, false, err
 	}
-	docNote, err := o.copyDocuments(dir, docs)
-	if err != nil {
+	in := PromptInput{Spec: spec, Attachments: promptAttachments(atts, attNames)}
+	if in.Documents, in.Notes, err = o.copyDocuments(dir, docs); err != nil {
 		return task.Task{}, false, err
 	}
 	if spec.FollowUpOf != "" {
 		if err := o.copyFollowUp(dir, prev, spec.Agent); err != nil {
 			return task.Task{}, false, err
 		}
-		docNote += followUpNote(prev)
+		in.FollowUp = &prev
 	}
-	if err := workspace.WriteFileAtomic(dir, "prompt.md", []byte(Prompt(spec)+attachmentNote(atts, attNames)+docNote+o.skillsNote()), 0o644); err != nil {
+	in.Skills, in.MoreSkills = o.promptSkills()
+	if err := workspace.WriteFileAtomic(dir, "prompt.md", []byte(Prompt(in)), 0o644); err != nil {
 		return task.Task{}, false, fmt.Errorf("write prompt.md: %w", err)
 	}
 	actor := ActorFrom(ctx)
