@@ -21,6 +21,7 @@ package document
 import (
 	"bytes"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"mime"
 	"path"
 	"strings"
@@ -107,7 +108,7 @@ func NewID() string { return "doc-" + ids.New() }
 func CheckID(field, id string) error {
 	rest, ok := strings.CutPrefix(id, "doc-")
 	if !ok || !ids.Valid(rest) {
-		return errdefs.Field(field, fmt.Sprintf("%q is not a document id (want doc- and 26 lowercase letters or digits)", truncate(id, 64)))
+		return errdefs.Field(field, fmt.Sprintf("%q is not a document id (want doc- and 26 lowercase letters or digits)", clip.String(id, 64)))
 	}
 	return nil
 }
@@ -247,11 +248,4 @@ func trimPartialRune(b []byte, cut bool) []byte {
 		b = b[:len(b)-1]
 	}
 	return b
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"log/slog"
 	"os"
 	"sort"
@@ -318,7 +319,7 @@ func (ix *Index) Search(ctx context.Context, q Query) ([]Hit, error) {
 	switch q.Kind {
 	case "", KindNote, KindDocument:
 	default:
-		return nil, errdefs.Field("type", fmt.Sprintf("%q is not a document type (note or document)", truncate(q.Kind, 32)))
+		return nil, errdefs.Field("type", fmt.Sprintf("%q is not a document type (note or document)", clip.String(q.Kind, 32)))
 	}
 	// The kind is filtered in the join, not in the MATCH: a "kind : note"
 	// term intersects every match with the posting list of nearly every

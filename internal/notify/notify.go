@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -585,7 +586,7 @@ func (d *Dispatcher) post(ctx context.Context, client *http.Client, id string, b
 		if errors.Is(err, context.DeadlineExceeded) {
 			return 0, fmt.Errorf("no answer within %s", d.opts.Timeout)
 		}
-		return 0, errors.New(truncate(err.Error(), 200))
+		return 0, errors.New(clip.String(err.Error(), 200))
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
@@ -595,18 +596,11 @@ func (d *Dispatcher) post(ctx context.Context, client *http.Client, id string, b
 	return resp.StatusCode, nil
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
 // List returns the deliveries in state (all of them for ""), newest first,
 // at most limit (all for limit ≤ 0). It waits for Run to fold the log.
 func (d *Dispatcher) List(ctx context.Context, state task.DeliveryState, limit int) ([]task.Delivery, error) {
 	if state != "" && !state.Valid() {
-		return nil, errdefs.Field("state", fmt.Sprintf("must be pending, delivered or failed, got %q", truncate(string(state), 32)))
+		return nil, errdefs.Field("state", fmt.Sprintf("must be pending, delivered or failed, got %q", clip.String(string(state), 32)))
 	}
 	if err := d.waitRecovered(ctx); err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"io"
 	"os"
 	"path"
@@ -186,11 +187,11 @@ func (o *Orchestrator) resolveSource(ctx context.Context, p string) (taskID stri
 	if rest, ok := strings.CutPrefix(p, "tasks/"); ok {
 		id, inTask, _ := strings.Cut(rest, "/")
 		if err := task.CheckID(id); err != nil {
-			return "", nil, "", "", fmt.Errorf("%q does not name a task: %w", truncate(id, 64), errdefs.ErrInvalidArgument)
+			return "", nil, "", "", fmt.Errorf("%q does not name a task: %w", clip.String(id, 64), errdefs.ErrInvalidArgument)
 		}
 		out, ok := strings.CutPrefix(inTask, "output/")
 		if !ok {
-			return "", nil, "", "", fmt.Errorf("only a task's output/ can be made an attachment, not %q: %w", truncate(inTask, 64), errdefs.ErrPermissionDenied)
+			return "", nil, "", "", fmt.Errorf("only a task's output/ can be made an attachment, not %q: %w", clip.String(inTask, 64), errdefs.ErrPermissionDenied)
 		}
 		c, err := workspace.Clean(out)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"io"
 	"os"
 	"path"
@@ -131,11 +132,11 @@ func (o *Orchestrator) IngestDocument(ctx context.Context, req IngestRequest) (D
 	case "":
 	case document.SourceNote:
 		if st != "" && st != document.SourceNote {
-			bad("document_type", "note contradicts source_type %q", truncate(st, 32))
+			bad("document_type", "note contradicts source_type %q", clip.String(st, 32))
 		}
 		st = document.SourceNote
 	default:
-		bad("document_type", "%q is not a document type (note, or leave it out and use source_type)", truncate(req.DocumentType, 32))
+		bad("document_type", "%q is not a document type (note, or leave it out and use source_type)", clip.String(req.DocumentType, 32))
 	}
 	if st == "" {
 		st = document.SourceWorkerOutput
@@ -144,7 +145,7 @@ func (o *Orchestrator) IngestDocument(ctx context.Context, req IngestRequest) (D
 		}
 	}
 	if !slices.Contains(document.SourceTypes, st) {
-		bad("source_type", "%q is not a source type (one of: %s)", truncate(st, 32), strings.Join(document.SourceTypes, ", "))
+		bad("source_type", "%q is not a source type (one of: %s)", clip.String(st, 32), strings.Join(document.SourceTypes, ", "))
 	}
 	meta, err := checkMetadata(req.Metadata)
 	if err != nil {
@@ -426,7 +427,7 @@ func (o *Orchestrator) copyDocuments(dir *os.Root, td taskDocuments) (docs, note
 			return nil, nil, &errdefs.FieldError{Field: fmt.Sprintf("document_ids[%d]", i), Err: err}
 		}
 		budget -= n
-		docs = append(docs, PromptFile{Name: d.File, About: fmt.Sprintf("%s (%s)", oneLine(d.Title, 120), d.ContentType)})
+		docs = append(docs, PromptFile{Name: d.File, About: fmt.Sprintf("%s (%s)", clip.Line(d.Title, 120), d.ContentType)})
 	}
 	files, err := o.renderNotes(td.notes)
 	if err != nil {
@@ -440,21 +441,9 @@ func (o *Orchestrator) copyDocuments(dir *os.Root, td taskDocuments) (docs, note
 			return nil, nil, fmt.Errorf("write note %s: %w", f.doc.DocumentID, err)
 		}
 		budget -= int64(len(f.content))
-		notes = append(notes, PromptFile{Name: f.name, About: oneLine(f.doc.Title, 120)})
+		notes = append(notes, PromptFile{Name: f.name, About: clip.Line(f.doc.Title, 120)})
 	}
 	return docs, notes, nil
-}
-
-// oneLine returns s on one line, cut to n bytes.
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
 }
 
 // specWithDocuments records in spec what document_ids and note_query brought.

@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"path"
 	"strings"
 
@@ -67,7 +68,7 @@ func Prompt(in PromptInput) string {
 	}
 	list("- Attachments from the user, copied into `/task/context/`:\n", "/task/context/", in.Attachments, " ")
 	list("- Documents from the index, copied into `/task/context/`:\n", "/task/context/", in.Documents, ": ")
-	list(fmt.Sprintf("- Notes matching %q, as Markdown with frontmatter, in `/task/context/notes/`:\n", oneLine(spec.NoteQuery, 200)), "/task/context/notes/", in.Notes, ": ")
+	list(fmt.Sprintf("- Notes matching %q, as Markdown with frontmatter, in `/task/context/notes/`:\n", clip.Line(spec.NoteQuery, 200)), "/task/context/notes/", in.Notes, ": ")
 	list("- Skills (read a skill's SKILL.md before using it; its scripts are beside it):\n", "/workspace/shared/skills/", in.Skills, ": ")
 	if in.MoreSkills {
 		b.WriteString("  - … and more in `/workspace/shared/skills/`\n")

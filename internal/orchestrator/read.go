@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"io"
 	"io/fs"
 	"os"
@@ -28,7 +29,7 @@ func (o *Orchestrator) List(ctx context.Context, req ListRequest) (ListPage, err
 	var errs []error
 	st := task.Status(req.Status)
 	if st != "" && !st.Valid() {
-		errs = append(errs, errdefs.Field("status", fmt.Sprintf("%q is not a status (pending, queued, starting, running, success, failed, timeout, cancelled)", truncate(req.Status, 32))))
+		errs = append(errs, errdefs.Field("status", fmt.Sprintf("%q is not a status (pending, queued, starting, running, success, failed, timeout, cancelled)", clip.String(req.Status, 32))))
 	}
 	limit := req.Limit
 	if limit == 0 {
@@ -204,7 +205,7 @@ func (o *Orchestrator) Events(ctx context.Context, req EventsRequest, fn func(ev
 	if req.After != "" {
 		pos, err := o.store.Position(ctx, req.After)
 		if err != nil {
-			return &errdefs.FieldError{Field: "after", Err: fmt.Errorf("no event %q: %w", truncate(req.After, 64), errdefs.ErrNotFound)}
+			return &errdefs.FieldError{Field: "after", Err: fmt.Errorf("no event %q: %w", clip.String(req.After, 64), errdefs.ErrNotFound)}
 		}
 		after = pos
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"net/http"
 	"strings"
 	"time"
@@ -179,10 +180,10 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 		}
 		code := st.ExitCode
 		c.ExitCode = &code
-		c.Summary = clip(st.Summary)
-		c.ErrorMessage = clip(st.ErrorMessage)
+		c.Summary = message(st.Summary)
+		c.ErrorMessage = message(st.ErrorMessage)
 		c.LogsTruncated = st.LogsTruncated
-		c.SessionID = clip(st.SessionID)
+		c.SessionID = message(st.SessionID)
 		if st.Usage != nil && st.Usage.Total() >= 0 && st.Usage.InputTokens >= 0 && st.Usage.OutputTokens >= 0 {
 			c.Usage = &task.Usage{InputTokens: st.Usage.InputTokens, OutputTokens: st.Usage.OutputTokens, CacheReadTokens: max(st.Usage.CacheReadTokens, 0), CacheCreationTokens: max(st.Usage.CacheCreationTokens, 0)}
 		}
@@ -286,13 +287,9 @@ func (o *Orchestrator) waitStarted(ctx context.Context, id string) (task.Task, e
 	}
 }
 
-func clip(s string) string {
-	s = strings.TrimSpace(s)
-	if len(s) > maxMessage {
-		return s[:maxMessage] + "…"
-	}
-	return s
-}
+// message is a worker's text for an event: trimmed, at most maxMessage
+// bytes.
+func message(s string) string { return clip.String(strings.TrimSpace(s), maxMessage) }
 
 // WorkerComplete takes a completion webhook from a worker: it verifies the
 // signature with the task's derived key, the timestamp and the webhook id,

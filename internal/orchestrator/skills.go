@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"io/fs"
 	"path"
 	"slices"
@@ -300,7 +301,7 @@ func (o *Orchestrator) skillSource(ctx context.Context, req CreateSkillRequest) 
 			j := slices.IndexFunc(outputs, func(o task.OutputFile) bool { return o.Name == c })
 			switch {
 			case j < 0:
-				errs = append(errs, &errdefs.FieldError{Field: field, Err: fmt.Errorf("%q is not an output file of task %s: %w", truncate(c, 64), req.TaskID, errdefs.ErrNotFound)})
+				errs = append(errs, &errdefs.FieldError{Field: field, Err: fmt.Errorf("%q is not an output file of task %s: %w", clip.String(c, 64), req.TaskID, errdefs.ErrNotFound)})
 			case c == skill.FileName:
 				errs = append(errs, errdefs.Field(field, "SKILL.md is the definition, not a file to copy"))
 			case seen[c]:

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"os"
 	"path"
 	"regexp"
@@ -199,7 +200,7 @@ func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
 	}
 	switch {
 	case !task.KnownAgent(spec.Agent):
-		bad("agent", "%q is not an agent (one of: claude, gemini, codex, opencode, command)", truncate(spec.Agent, 64))
+		bad("agent", "%q is not an agent (one of: claude, gemini, codex, opencode, command)", clip.String(spec.Agent, 64))
 	case o.opts.Agents != nil && o.opts.AgentMissing != nil:
 		if why := o.opts.AgentMissing(spec.Agent, o.opts.Agents[spec.Agent]); why != "" {
 			errs = append(errs, &errdefs.FieldError{Field: "agent", Err: fmt.Errorf("%s: %w", why, errdefs.ErrFailedPrecondition)})
@@ -238,7 +239,7 @@ func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
 		spec.Runtime = o.opts.Defaults.Runtime
 	}
 	if why, ok := o.opts.Runtimes[spec.Runtime]; !ok {
-		bad("runtime", "%q is not a runtime (one of: local, gvisor, docker, kubernetes)", truncate(spec.Runtime, 64))
+		bad("runtime", "%q is not a runtime (one of: local, gvisor, docker, kubernetes)", clip.String(spec.Runtime, 64))
 	} else if why != "" {
 		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", spec.Runtime, why, errdefs.ErrFailedPrecondition)})
 	}
@@ -249,7 +250,7 @@ func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
 		spec.Network = o.opts.Defaults.Network
 	}
 	if why, ok := o.opts.Networks[spec.Network]; !ok {
-		bad("network", "%q is not a network policy (one of: none, allowlist, open)", truncate(spec.Network, 64))
+		bad("network", "%q is not a network policy (one of: none, allowlist, open)", clip.String(spec.Network, 64))
 	} else if why != "" {
 		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q is not available: %s: %w", spec.Network, why, errdefs.ErrFailedPrecondition)})
 	}
@@ -258,14 +259,14 @@ func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
 		if r.MemoryLimit != "" {
 			n, err := units.ParseSize(r.MemoryLimit)
 			if err != nil || n < 16<<20 {
-				bad("resources.memory_limit", "must be a size of at least 16Mi (e.g. 512Mi, 2Gi), got %q", truncate(r.MemoryLimit, 32))
+				bad("resources.memory_limit", "must be a size of at least 16Mi (e.g. 512Mi, 2Gi), got %q", clip.String(r.MemoryLimit, 32))
 			}
 			spec.Resources.MemoryBytes = n
 		}
 		if r.CPULimit != "" {
 			n, err := units.ParseCPU(r.CPULimit)
 			if err != nil || n < 10 {
-				bad("resources.cpu_limit", "must be a CPU amount of at least 10m (e.g. 2, 0.5, 500m), got %q", truncate(r.CPULimit, 32))
+				bad("resources.cpu_limit", "must be a CPU amount of at least 10m (e.g. 2, 0.5, 500m), got %q", clip.String(r.CPULimit, 32))
 			}
 			spec.Resources.CPUMillis = n
 		}
@@ -313,7 +314,7 @@ func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
 	}
 	for k, v := range req.Labels {
 		if !labelKey().MatchString(k) {
-			bad("labels", "key %q must be lowercase letters, digits, '.', '_', '/' or '-', at most 63", truncate(k, 64))
+			bad("labels", "key %q must be lowercase letters, digits, '.', '_', '/' or '-', at most 63", clip.String(k, 64))
 		}
 		if len(v) > maxShortField || !utf8.ValidString(v) {
 			bad("labels."+k, "must be UTF-8 of at most %d bytes", maxShortField)
@@ -354,11 +355,4 @@ func (o *Orchestrator) requestHashOf(ctx context.Context, id string) string {
 	var c task.Created
 	json.Unmarshal(evs[0].Data, &c)
 	return c.RequestHash
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"regexp"
 	"strings"
 	"sync"
@@ -64,7 +65,7 @@ func CheckName(name string) error {
 	case len(name) > MaxNameLen:
 		return errdefs.Field("name", fmt.Sprintf("is %d characters, over the limit of %d", len(name), MaxNameLen))
 	case !nameRE().MatchString(name):
-		return errdefs.Field("name", fmt.Sprintf("%q must be lowercase letters, digits and hyphens, starting with a letter or digit", truncate(name, 80)))
+		return errdefs.Field("name", fmt.Sprintf("%q must be lowercase letters, digits and hyphens, starting with a letter or digit", clip.String(name, 80)))
 	}
 	return nil
 }
@@ -234,11 +235,4 @@ func Render(s Skill) []byte {
 // yamlMessage shortens a YAML library error to its message.
 func yamlMessage(err error) string {
 	return strings.TrimPrefix(err.Error(), "yaml: ")
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"strings"
 	"time"
 
@@ -80,7 +81,7 @@ func DeliveryIDFor(eventID string) string {
 func CheckDeliveryID(id string) error {
 	rest, ok := strings.CutPrefix(id, deliveryPrefix)
 	if !ok || len(rest) != 26 || strings.Trim(rest, "0123456789abcdefghjkmnpqrstvwxyz") != "" {
-		return errdefs.Field("delivery_id", fmt.Sprintf("%q is not a delivery id (want dlv_ and 26 lowercase letters or digits)", truncate(id, 64)))
+		return errdefs.Field("delivery_id", fmt.Sprintf("%q is not a delivery id (want dlv_ and 26 lowercase letters or digits)", clip.String(id, 64)))
 	}
 	return nil
 }

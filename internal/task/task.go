@@ -13,6 +13,7 @@ package task
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"strings"
 	"time"
 
@@ -189,7 +190,7 @@ func ValidID(id string) bool {
 // CheckID returns an ErrInvalidArgument naming field if id is malformed.
 func CheckID(id string) error {
 	if !ValidID(id) {
-		return errdefs.Field("task_id", fmt.Sprintf("%q is not a task id (want task- and 26 lowercase letters or digits)", truncate(id, 64)))
+		return errdefs.Field("task_id", fmt.Sprintf("%q is not a task id (want task- and 26 lowercase letters or digits)", clip.String(id, 64)))
 	}
 	return nil
 }
@@ -204,11 +205,4 @@ func IDFromStream(stream string) string {
 		return ""
 	}
 	return id
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

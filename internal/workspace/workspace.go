@@ -7,6 +7,7 @@ package workspace
 import (
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/clip"
 	"io"
 	"io/fs"
 	"os"
@@ -103,17 +104,7 @@ func CheckName(name string) error {
 
 // short cuts a caller's path for an error message: a message need not
 // repeat 4 KiB of it.
-func short(s string) string {
-	const max = 80
-	if len(s) <= max {
-		return s
-	}
-	n := max
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
-}
+func short(s string) string { return clip.String(s, 80) }
 
 // classify maps errors from os.Root to Corral's classes.
 func classify(err error) error {

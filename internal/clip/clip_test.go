@@ -1,0 +1,32 @@
+package clip
+
+import (
+	"testing"
+	"unicode/utf8"
+)
+
+func TestString(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"short", 10, "short"},
+		{"exactly", 7, "exactly"},
+		{"too long", 3, "too…"},
+		{"héllo", 2, "h…"}, // é is two bytes: not cut in half
+		{"日本語", 4, "日…"},
+		{"", 0, ""},
+	} {
+		got := String(c.in, c.n)
+		if got != c.want || !utf8.ValidString(got) {
+			t.Errorf("String(%q, %d) = %q, want %q", c.in, c.n, got, c.want)
+		}
+	}
+	if got := Line(" a\n\tb  c ", 100); got != "a b c" {
+		t.Errorf("Line = %q", got)
+	}
+	if got := Line("one\ntwo three", 7); got != "one two…" {
+		t.Errorf("Line cut = %q", got)
+	}
+}
