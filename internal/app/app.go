@@ -55,7 +55,7 @@ type App struct {
 	log  *slog.Logger
 	opts Options
 
-	store    *sqlite.Store
+	store    eventstore.Store
 	data     *workspace.DataRoot
 	attRoot  *os.Root // attachments/
 	docs     documentIndex
@@ -102,9 +102,13 @@ func (a *App) open(ctx context.Context) error {
 	if a.data, err = workspace.Open(cfg.Data); err != nil {
 		return err
 	}
-	if a.store, err = sqlite.Open(ctx, filepath.Join(a.data.Path(), "corral.db"), a.log.With("subsystem", "eventstore")); err != nil {
+	// The event store, behind its interface: SQLite in the data root is
+	// the one built so far.
+	store, err := sqlite.Open(ctx, filepath.Join(a.data.Path(), "corral.db"), a.log.With("subsystem", "eventstore"))
+	if err != nil {
 		return err
 	}
+	a.store = store
 	a.tasks = projection.New(a.store, a.log.With("subsystem", "projection"))
 	if err := a.tasks.Rebuild(ctx); err != nil {
 		return err

@@ -41,11 +41,7 @@ func BenchmarkSearch100k(b *testing.B) {
 	words := benchWords(5000)
 	rng := rand.New(rand.NewPCG(1, 2))
 	zipf := rand.NewZipf(rand.New(rand.NewPCG(3, 4)), 1.07, 2, uint64(len(words)-1))
-	w, err := e.store.OpenReadModelWriter(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close()
+	w := e.db.Write
 	if _, err := w.ExecContext(ctx, `CREATE TABLE bench_notes (title TEXT, body TEXT)`); err != nil {
 		b.Fatal(err)
 	}
@@ -85,7 +81,7 @@ func BenchmarkSearch100k(b *testing.B) {
 	// Pick words by how many notes hold them.
 	df := func(w string) int {
 		var n int
-		e.store.DB().QueryRowContext(ctx, `SELECT count(*) FROM docindex_fts WHERE docindex_fts MATCH ?`, `"`+w+`"`).Scan(&n)
+		e.db.Read.QueryRowContext(ctx, `SELECT count(*) FROM docindex_fts WHERE docindex_fts MATCH ?`, `"`+w+`"`).Scan(&n)
 		return n
 	}
 	pick := func(lo, hi int) string {
@@ -136,7 +132,7 @@ func BenchmarkSearch100k(b *testing.B) {
 				conds = append(conds, "title LIKE ? OR body LIKE ?")
 				args = append(args, "%"+w+"%", "%"+w+"%")
 			}
-			rows, err := e.store.DB().QueryContext(ctx, `SELECT title, substr(body, 1, 200) FROM bench_notes WHERE `+strings.Join(conds, " OR ")+` LIMIT 20`, args...)
+			rows, err := e.db.Read.QueryContext(ctx, `SELECT title, substr(body, 1, 200) FROM bench_notes WHERE `+strings.Join(conds, " OR ")+` LIMIT 20`, args...)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -22,7 +22,7 @@ import (
 type env struct {
 	once  sync.Once
 	store *sqlite.Store
-	write interface{ Close() error }
+	db    *sqlite.ReadModel
 	files *os.Root
 	dir   string
 	ix    *Index
@@ -40,7 +40,7 @@ func MustOpen(tb testing.TB, dir string) *env {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	w, err := st.OpenReadModelWriter(ctx)
+	db, err := sqlite.OpenReadModel(ctx, filepath.Join(dir, "documents.db"))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -48,18 +48,18 @@ func MustOpen(tb testing.TB, dir string) *env {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ix, err := Open(ctx, Options{Read: st.DB(), Write: w, Events: st, Files: files}, log)
+	ix, err := Open(ctx, Options{Read: db.Read, Write: db.Write, Events: st, Files: files}, log)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	e := &env{store: st, write: w, files: files, dir: dir, ix: ix}
+	e := &env{store: st, db: db, files: files, dir: dir, ix: ix}
 	tb.Cleanup(e.close)
 	return e
 }
 
 func (e *env) close() {
 	e.once.Do(func() {
-		e.write.Close()
+		e.db.Close()
 		e.store.Close()
 		e.files.Close()
 	})
@@ -208,11 +208,9 @@ func TestRebuild(t *testing.T) {
 		t.Fatalf("after reopen: %v, %v", titles(hits), err)
 	}
 	// An old schema version: the tables are dropped and rebuilt.
-	w, _ := e2.store.OpenReadModelWriter(ctx)
-	if _, err := w.ExecContext(ctx, `UPDATE docindex_meta SET value = '0' WHERE key = 'schema_version'`); err != nil {
+	if _, err := e2.db.Write.ExecContext(ctx, `UPDATE docindex_meta SET value = '0' WHERE key = 'schema_version'`); err != nil {
 		t.Fatal(err)
 	}
-	w.Close()
 	e2.close()
 	e3 := MustOpen(t, dir)
 	if got := e3.ix.Position(); got != 0 {

@@ -175,11 +175,6 @@ func (s *Store) open(ctx context.Context) error {
 	return nil
 }
 
-// DB returns the read-only connection pool, for read models that query the
-// events table (or their own tables in the same file) directly. Writes
-// through it fail.
-func (s *Store) DB() *sql.DB { return s.rdb }
-
 // Close stops the writer, closes the database and releases the lock. Appends
 // waiting to be written fail with ErrClosed; appends already in a batch are
 // committed (or failed) and answered first.

@@ -111,11 +111,11 @@ func TestReopenKeepsEventsAndHead(t *testing.T) {
 		t.Errorf("first append after reopen at position %d, want 3", next[0].Position)
 	}
 	var version int
-	if err := s.DB().QueryRow("SELECT MAX(version) FROM schema_version").Scan(&version); err != nil {
+	if err := s.rdb.QueryRow("SELECT MAX(version) FROM schema_version").Scan(&version); err != nil {
 		t.Fatalf("read schema version: %v", err)
 	}
-	if version != 1 {
-		t.Errorf("schema version = %d, want 1", version)
+	if version != 2 {
+		t.Errorf("schema version = %d, want 2", version)
 	}
 }
 
@@ -143,7 +143,7 @@ func TestClosed(t *testing.T) {
 
 func TestDBIsReadOnly(t *testing.T) {
 	s := MustOpenTemp(t)
-	if _, err := s.DB().Exec("INSERT INTO events (event_id, stream_id, stream_version, type, schema_version, recorded_at) VALUES ('x','s',1,'t',1,'now')"); err == nil {
+	if _, err := s.rdb.Exec("INSERT INTO events (event_id, stream_id, stream_version, type, schema_version, recorded_at) VALUES ('x','s',1,'t',1,'now')"); err == nil {
 		t.Errorf("write through DB() succeeded, want it refused")
 	}
 }
@@ -287,5 +287,33 @@ func TestRefusesNewerSchema(t *testing.T) {
 	}
 	if err := l.release(); err != nil {
 		t.Errorf("release: %v", err)
+	}
+}
+
+// A store from before the document index moved out (schema version 1,
+// with the index's tables in it) loses those tables at the next Open.
+func TestMigrationDropsTheOldDocumentIndex(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "corral.db")
+	s, err := Open(context.Background(), path, discardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE TABLE docindex_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT`,
+		`CREATE VIRTUAL TABLE docindex_fts USING fts5(title, body)`,
+		`DELETE FROM schema_version WHERE version = 2`,
+	} {
+		if _, err := s.wdb.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	if s, err = Open(context.Background(), path, discardLogger()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var n int
+	if err := s.rdb.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name LIKE 'docindex%'`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d docindex tables left (%v), want none", n, err)
 	}
 }
