@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
@@ -96,7 +96,7 @@ func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer
 }
 
 // upload sends files as attachments in one streaming request.
-func upload(ctx context.Context, c orchestrator.Service, paths []string) ([]orchestrator.Attachment, error) {
+func upload(ctx context.Context, c service.Service, paths []string) ([]service.Attachment, error) {
 	var open *os.File
 	defer func() {
 		if open != nil {

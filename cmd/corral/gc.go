@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
@@ -24,7 +24,7 @@ func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	rep, err := c.GC(ctx, orchestrator.GCRequest{DryRun: *dry})
+	rep, err := c.GC(ctx, service.GCRequest{DryRun: *dry})
 	if err != nil {
 		return err
 	}

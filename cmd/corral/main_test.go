@@ -18,7 +18,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/corral-dev/corral/internal/httpapi"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -83,7 +83,7 @@ func TestClientCommandsTakeNoServerFlags(t *testing.T) {
 // TestRunSendsTheTaskSettings: every spawn_worker field a person sets has
 // a flag of corral run, and reaches the server.
 func TestRunSendsTheTaskSettings(t *testing.T) {
-	var got orchestrator.SpawnRequest
+	var got service.SpawnRequest
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/tasks", func(w http.ResponseWriter, r *http.Request) {
 		json.NewDecoder(r.Body).Decode(&got)
@@ -105,10 +105,10 @@ func TestRunSendsTheTaskSettings(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("corral run: exit %d: %s", code, stderr.String())
 	}
-	want := orchestrator.SpawnRequest{
+	want := service.SpawnRequest{
 		TaskDescription: "count the rows", Command: []string{"wc", "-l"}, Agent: "command", ContextFiles: []string{"data/a.csv"},
 		Runtime: "gvisor", Image: "python:3.13", Network: "open",
-		Resources:      &orchestrator.ResourceRequest{MemoryLimit: "2Gi", CPULimit: "500m", PidsLimit: 64},
+		Resources:      &service.ResourceRequest{MemoryLimit: "2Gi", CPULimit: "500m", PidsLimit: 64},
 		TimeoutMinutes: 120, Labels: map[string]string{"team": "data", "ticket": "42"}, ConversationID: "conv-1",
 		DocumentIDs: []string{"doc-1"}, NoteQuery: "budget",
 	}
@@ -147,7 +147,7 @@ func TestErrorsEndInWords(t *testing.T) {
 
 // workspaceBackend is a server backend whose workspace checks paths as the
 // orchestrator does; nothing else of it is called.
-type workspaceBackend struct{ orchestrator.Service }
+type workspaceBackend struct{ service.Service }
 
 func (workspaceBackend) ListWorkspace(_ context.Context, p string, _ bool) ([]workspace.Entry, error) {
 	_, err := workspace.Clean(p)

@@ -13,7 +13,7 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/mcpserver"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/tools"
 )
 
@@ -44,7 +44,7 @@ func cmdMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	var svc orchestrator.Service = client
+	var svc service.Service = client
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	_, err = client.Tools(pctx)
 	cancel()
@@ -68,7 +68,7 @@ func cmdMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			}
 		}()
 		svc = a.Service()
-		ctx = orchestrator.WithActor(ctx, "mcp-stdio")
+		ctx = service.WithActor(ctx, "mcp-stdio")
 	default:
 		return fmt.Errorf("reach the corral server: %w", err)
 	}

@@ -7,15 +7,15 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
 // hostile is a result whose every worker-chosen text tries to act on the
 // terminal or forge a line of the output.
-func hostile() orchestrator.Result {
+func hostile() service.Result {
 	forged := "a.txt\nstatus:   success\x1b[H"
-	return orchestrator.Result{
+	return service.Result{
 		Task: task.Task{
 			ID:           "t_1",
 			Status:       task.Failed,
@@ -24,7 +24,7 @@ func hostile() orchestrator.Result {
 			OutputFiles:  []task.OutputFile{{Name: forged, Size: 3, Type: "text/plain\x1b]0;title\x07"}},
 		},
 		Done:         true,
-		FileContents: map[string]orchestrator.File{forged: {Path: forged, Content: "red \x1b[31m\u009b0m\r\nline\tcol\n"}},
+		FileContents: map[string]service.File{forged: {Path: forged, Content: "red \x1b[31m\u009b0m\r\nline\tcol\n"}},
 	}
 }
 
@@ -81,7 +81,7 @@ func TestPrintJSONEscapes(t *testing.T) {
 	if c := rawControl(buf.String()); c != "" {
 		t.Errorf("--json printed %q raw:\n%s", c, buf.String())
 	}
-	var back orchestrator.Result
+	var back service.Result
 	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
@@ -80,7 +80,7 @@ func cmdSkills(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		return nil
 	case "create":
-		req := orchestrator.CreateSkillRequest{Description: *desc, DockerImage: *image, Dependencies: deps, TaskID: *fromTask}
+		req := service.CreateSkillRequest{Description: *desc, DockerImage: *image, Dependencies: deps, TaskID: *fromTask}
 		if *files != "" {
 			req.Files = strings.Split(*files, ",")
 		}

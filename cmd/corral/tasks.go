@@ -16,7 +16,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
@@ -32,7 +32,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.SetOutput(stderr)
 	var cf clientFlags
 	cf.register(fs)
-	var req orchestrator.SpawnRequest
+	var req service.SpawnRequest
 	var contexts stringList
 	follow := fs.Bool("follow", false, "show progress until the task ends, then its result")
 	fs.BoolVar(follow, "f", false, "short for --follow")
@@ -46,7 +46,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&req.Runtime, "runtime", "", "where the worker runs: local, gvisor, docker or kubernetes (default: the server's)")
 	fs.StringVar(&req.Image, "image", "", "the container image, for the docker and kubernetes runtimes")
 	fs.StringVar(&req.Network, "network", "", "the worker's network: none, allowlist (the server's egress allowlist) or open (default: the server's)")
-	var limits orchestrator.ResourceRequest
+	var limits service.ResourceRequest
 	fs.StringVar(&limits.MemoryLimit, "memory", "", "the sandbox's memory limit, e.g. 512Mi or 2Gi (default: the server's)")
 	fs.StringVar(&limits.CPULimit, "cpu", "", "the sandbox's CPU limit, e.g. 2 or 500m (default: the server's)")
 	fs.Int64Var(&limits.PidsLimit, "pids", 0, "the sandbox's process limit (default: the server's)")
@@ -76,7 +76,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("give the task description: corral run \"what to do\" [-- CMD ARGS...]: %w", errdefs.ErrInvalidArgument)
 	}
 	req.TaskDescription, req.Command, req.ContextFiles, req.DocumentIDs = pos[0], pos[1:], contexts, docs
-	if limits != (orchestrator.ResourceRequest{}) {
+	if limits != (service.ResourceRequest{}) {
 		req.Resources = &limits
 	}
 	if len(labels) > 0 {
@@ -114,7 +114,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if !cf.json {
 		fmt.Fprintf(stderr, "task %s queued\n", t.ID)
 	}
-	err = c.Events(ctx, orchestrator.EventsRequest{TaskID: t.ID, Follow: true}, func(e eventstore.Event) error {
+	err = c.Events(ctx, service.EventsRequest{TaskID: t.ID, Follow: true}, func(e eventstore.Event) error {
 		if !cf.json {
 			progress(stderr, e)
 		}
@@ -129,7 +129,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	res, err := c.Result(ctx, orchestrator.ResultRequest{TaskID: t.ID})
+	res, err := c.Result(ctx, service.ResultRequest{TaskID: t.ID})
 	if err != nil {
 		return err
 	}
@@ -186,7 +186,7 @@ func progress(w io.Writer, e eventstore.Event) {
 
 // printResult prints a task's result with every text the worker chose
 // escaped for the terminal (termsafe); as JSON, in JSON's own notation.
-func printResult(w io.Writer, res orchestrator.Result, asJSON bool) error {
+func printResult(w io.Writer, res service.Result, asJSON bool) error {
 	if asJSON {
 		return printJSON(w, res)
 	}
@@ -224,7 +224,7 @@ func cmdTasks(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.SetOutput(stderr)
 	var cf clientFlags
 	cf.register(fs)
-	var req orchestrator.ListRequest
+	var req service.ListRequest
 	fs.StringVar(&req.Status, "status", "", "only tasks in this status")
 	fs.StringVar(&req.ConversationID, "conversation-id", "", "only tasks of this conversation")
 	fs.StringVar(&req.ConversationID, "conversation", "", "same as --conversation-id")
@@ -275,7 +275,7 @@ func cmdResult(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	res, err := c.Result(ctx, orchestrator.ResultRequest{TaskID: pos[0], Wait: *wait, IncludeFileContents: files})
+	res, err := c.Result(ctx, service.ResultRequest{TaskID: pos[0], Wait: *wait, IncludeFileContents: files})
 	if err != nil {
 		return err
 	}
@@ -303,7 +303,7 @@ func cmdLogs(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	c.OnReconnect = reconnecting(stderr)
 	out := termsafe.NewWriter(stdout)
-	err = c.Logs(ctx, orchestrator.LogsRequest{TaskID: pos[0], Follow: *follow, Stream: *stream}, out)
+	err = c.Logs(ctx, service.LogsRequest{TaskID: pos[0], Follow: *follow, Stream: *stream}, out)
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/scheduler"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/tools"
 	"github.com/corral-dev/corral/internal/webhook"
@@ -315,7 +316,7 @@ func (a *App) Token() string { return a.token }
 
 // Service returns the orchestrator, for a caller in the same process
 // (corral mcp with an embedded server).
-func (a *App) Service() orchestrator.Service { return a.orch }
+func (a *App) Service() service.Service { return a.orch }
 
 // Run serves the API and runs the scheduler until ctx is done, then shuts
 // down. Workers keep running; the next start reattaches to them.
@@ -433,5 +434,5 @@ func (n notifyDeliveries) List(ctx context.Context, state task.DeliveryState, li
 }
 
 func (n notifyDeliveries) Retry(ctx context.Context, id string) (task.Delivery, error) {
-	return n.d.Retry(ctx, id, orchestrator.ActorFrom(ctx))
+	return n.d.Retry(ctx, id, service.ActorFrom(ctx))
 }

@@ -24,7 +24,7 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -53,7 +53,7 @@ func (s *server) runCLI(t *testing.T, args ...string) string {
 func (s *server) eventTypes(t *testing.T, stream string) []string {
 	t.Helper()
 	var types []string
-	err := s.client.Events(context.Background(), orchestrator.EventsRequest{}, func(e eventstore.Event) error {
+	err := s.client.Events(context.Background(), service.EventsRequest{}, func(e eventstore.Event) error {
 		if e.StreamID == stream {
 			types = append(types, e.Type)
 		}
@@ -69,7 +69,7 @@ func (s *server) eventTypes(t *testing.T, stream string) []string {
 func (s *server) taskEvent(t *testing.T, id, typ string) json.RawMessage {
 	t.Helper()
 	var data json.RawMessage
-	s.client.Events(context.Background(), orchestrator.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
+	s.client.Events(context.Background(), service.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
 		if e.Type == typ && data == nil {
 			data = e.Data
 		}
@@ -123,7 +123,7 @@ func TestBankStatementAnalysis(t *testing.T) {
 		t.Errorf("prompt.md does not list the attachment:\n%s", prompt)
 	}
 
-	att, err := s.client.CreateAttachmentFromWorkspace(context.Background(), orchestrator.CreateAttachmentRequest{SourcePath: "tasks/" + tk.ID + "/output/chart.png", Description: "spending by category"})
+	att, err := s.client.CreateAttachmentFromWorkspace(context.Background(), service.CreateAttachmentRequest{SourcePath: "tasks/" + tk.ID + "/output/chart.png", Description: "spending by category"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestBankStatementAnalysis(t *testing.T) {
 func TestReusableScript(t *testing.T) {
 	s := MustStart(t, nil)
 	ctx := context.Background()
-	spawn := func(req orchestrator.SpawnRequest) task.Task {
+	spawn := func(req service.SpawnRequest) task.Task {
 		t.Helper()
 		req.Agent = "command"
 		tk, _, err := s.client.Spawn(ctx, req)
@@ -162,7 +162,7 @@ func TestReusableScript(t *testing.T) {
 		}
 		return tk
 	}
-	first := spawn(orchestrator.SpawnRequest{TaskDescription: "Write a greeting script", SaveToShared: true,
+	first := spawn(service.SpawnRequest{TaskDescription: "Write a greeting script", SaveToShared: true,
 		Command: []string{"sh", "-c", `printf '#!/bin/sh\necho "hello, $1"\n' > output/greet.sh && echo done > output/notes.md`}})
 	month := time.Now().UTC().Format("2006-01")
 	for _, p := range []string{"scripts/greet.sh", "outputs/" + month + "/" + first.ID + "/greet.sh", "outputs/" + month + "/" + first.ID + "/notes.md"} {
@@ -179,14 +179,14 @@ func TestReusableScript(t *testing.T) {
 		t.Errorf("outputs_saved %+v", saved)
 	}
 
-	second := spawn(orchestrator.SpawnRequest{TaskDescription: "Greet the world with the saved script", SharedFiles: []string{"scripts/greet.sh"},
+	second := spawn(service.SpawnRequest{TaskDescription: "Greet the world with the saved script", SharedFiles: []string{"scripts/greet.sh"},
 		Command: []string{"sh", "-c", "sh context/greet.sh world > output/greeting.txt"}})
 	res := s.wait(t, second.ID, time.Second, "greeting.txt")
 	if got := res.FileContents["greeting.txt"].Content; got != "hello, world\n" {
 		t.Errorf("greeting %q", got)
 	}
 
-	third := spawn(orchestrator.SpawnRequest{TaskDescription: "Another greeting script", SaveToShared: true,
+	third := spawn(service.SpawnRequest{TaskDescription: "Another greeting script", SaveToShared: true,
 		Command: []string{"sh", "-c", `printf '#!/bin/sh\necho "hi, $1"\n' > output/greet.sh`}})
 	json.Unmarshal(s.taskEvent(t, third.ID, task.EventOutputsSaved), &saved)
 	var script task.SavedFile
@@ -226,7 +226,7 @@ func TestBatchOfFiveUploads(t *testing.T) {
 	for _, a := range atts {
 		ids = append(ids, a.ID)
 	}
-	tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: "Sum the receipts", Agent: "command", AttachmentIDs: ids,
+	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "Sum the receipts", Agent: "command", AttachmentIDs: ids,
 		Command: []string{"sh", "-c", `ls context > output/files.txt && cat context/*.txt | awk '{s+=$2} END{printf "%.2f\n", s}' > output/total.txt`}})
 	if err != nil {
 		t.Fatal(err)
@@ -280,7 +280,7 @@ func TestAttachmentBadInput(t *testing.T) {
 
 	// Unknown and malformed ids.
 	unknown := strings.Repeat("ab", 16)
-	_, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "x", Agent: "command", Command: []string{"true"}, AttachmentIDs: []string{unknown, "../../etc/passwd"}})
+	_, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Agent: "command", Command: []string{"true"}, AttachmentIDs: []string{unknown, "../../etc/passwd"}})
 	if err == nil || !strings.Contains(err.Error(), "attachment_ids[0]") || !strings.Contains(err.Error(), "attachment_ids[1]") {
 		t.Errorf("unknown and malformed ids: %v, want both named", err)
 	}
@@ -310,7 +310,7 @@ func TestAttachmentBadInput(t *testing.T) {
 		{"/etc/passwd", errdefs.ErrFailedPrecondition}, // shared/etc/passwd: a missing input file is a 422
 		{"", errdefs.ErrInvalidArgument},
 	} {
-		_, err := s.client.CreateAttachmentFromWorkspace(ctx, orchestrator.CreateAttachmentRequest{SourcePath: c.path})
+		_, err := s.client.CreateAttachmentFromWorkspace(ctx, service.CreateAttachmentRequest{SourcePath: c.path})
 		if !errors.Is(err, c.code) {
 			t.Errorf("source_path %q: %v, want %v", c.path, err, c.code)
 		}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agent/agenttest"
 	"github.com/corral-dev/corral/internal/config"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -39,7 +39,7 @@ func BenchmarkClaudeFirstRequest(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			var firsts []float64
 			for i := 0; i < b.N; i++ {
-				req := orchestrator.SpawnRequest{TaskDescription: "Say done.", Network: "allowlist", Model: "claude-sonnet-4-5", Agent: "claude"}
+				req := service.SpawnRequest{TaskDescription: "Say done.", Network: "allowlist", Model: "claude-sonnet-4-5", Agent: "claude"}
 				if mode == "by-hand" {
 					req.Agent, req.Model = "command", ""
 					req.Command = []string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions", "--model", "claude-sonnet-4-5"}
@@ -50,7 +50,7 @@ func BenchmarkClaudeFirstRequest(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				res, err := s.client.Result(context.Background(), orchestrator.ResultRequest{TaskID: tk.ID, Wait: 3 * time.Minute})
+				res, err := s.client.Result(context.Background(), service.ResultRequest{TaskID: tk.ID, Wait: 3 * time.Minute})
 				if err != nil || res.Status != task.Success {
 					b.Fatalf("%s run: %s %v %s", mode, res.Status, err, res.ErrorMessage)
 				}

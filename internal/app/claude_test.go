@@ -16,7 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/agent/agenttest"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -45,7 +45,7 @@ func mustClaudeServer(t *testing.T, opts agenttest.AnthropicOptions) (*server, *
 	return s, ep
 }
 
-func spawnClaude(t *testing.T, s *server, req orchestrator.SpawnRequest) task.Task {
+func spawnClaude(t *testing.T, s *server, req service.SpawnRequest) task.Task {
 	t.Helper()
 	req.Agent = "claude"
 	req.Network = "allowlist"
@@ -63,7 +63,7 @@ func spawnClaude(t *testing.T, s *server, req orchestrator.SpawnRequest) task.Ta
 func taskEvents(t *testing.T, s *server, id, typ string) []eventstore.Event {
 	t.Helper()
 	var out []eventstore.Event
-	err := s.client.Events(context.Background(), orchestrator.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
+	err := s.client.Events(context.Background(), service.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
 		if typ == "" || e.Type == typ {
 			out = append(out, e)
 		}
@@ -126,7 +126,7 @@ func TestClaudeCSVChart(t *testing.T) {
 		t.Fatal(err)
 	}
 	spawned := time.Now()
-	tk := spawnClaude(t, s, orchestrator.SpawnRequest{TaskDescription: "Parse my transactions and chart my spending by category", ContextFiles: []string{"data/transactions.csv"}})
+	tk := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Parse my transactions and chart my spending by category", ContextFiles: []string{"data/transactions.csv"}})
 	res := s.wait(t, tk.ID, 120*time.Second, "totals.csv")
 	if res.Status != task.Success {
 		t.Fatalf("task %s: %s", res.Status, res.ErrorMessage)
@@ -217,7 +217,7 @@ func TestClaudeEndpointErrors(t *testing.T) {
 		t.Run(http3(tt.status), func(t *testing.T) {
 			t.Parallel()
 			s, _ := mustClaudeServer(t, agenttest.AnthropicOptions{Status: tt.status})
-			tk := spawnClaude(t, s, orchestrator.SpawnRequest{TaskDescription: "Say hello"})
+			tk := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Say hello"})
 			res := s.wait(t, tk.ID, 120*time.Second)
 			if res.Status != task.Failed || !strings.Contains(res.ErrorMessage, tt.want) || strings.Contains(res.ErrorMessage, "\n") {
 				t.Errorf("task %s: %q; want failed with one line containing %q", res.Status, res.ErrorMessage, tt.want)
@@ -235,12 +235,12 @@ func http3(code int) string { return "http_" + strconv.Itoa(code) }
 func TestClaudeFollowUpResumesSession(t *testing.T) {
 	t.Parallel()
 	s, ep := mustClaudeServer(t, agenttest.AnthropicOptions{Replies: []agenttest.Reply{{Text: "The first answer."}, {Text: "The second answer."}}})
-	first := spawnClaude(t, s, orchestrator.SpawnRequest{TaskDescription: "Say something."})
+	first := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Say something."})
 	res := s.wait(t, first.ID, 3*time.Minute)
 	if res.Status != task.Success || res.SessionID == "" {
 		t.Fatalf("first task: %s, session %q, %s", res.Status, res.SessionID, res.ErrorMessage)
 	}
-	next := spawnClaude(t, s, orchestrator.SpawnRequest{TaskDescription: "Say more.", FollowUpOf: first.ID})
+	next := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Say more.", FollowUpOf: first.ID})
 	res = s.wait(t, next.ID, 3*time.Minute)
 	if res.Status != task.Success || res.Summary != "The second answer." {
 		t.Fatalf("follow-up: %s %q %s", res.Status, res.Summary, res.ErrorMessage)

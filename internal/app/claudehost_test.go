@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/agent/agenttest"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -86,7 +86,7 @@ func TestClaudeCodeAsHost(t *testing.T) {
 	if spawned == "" {
 		t.Fatalf("the model never saw a task id from spawn_worker; claude said:\n%s", out)
 	}
-	res, err := s.client.Result(context.Background(), orchestrator.ResultRequest{TaskID: spawned, IncludeFileContents: []string{"count.txt"}})
+	res, err := s.client.Result(context.Background(), service.ResultRequest{TaskID: spawned, IncludeFileContents: []string{"count.txt"}})
 	if err != nil {
 		t.Fatal(err)
 	}

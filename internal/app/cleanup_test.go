@@ -14,7 +14,7 @@ import (
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/httpapi"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -43,7 +43,7 @@ func TestDestroySandboxesLeavesNothing(t *testing.T) {
 	url := "http://" + a.Addr()
 	waitHealthy(t, url)
 	s := &server{app: a, client: httpapi.NewClient(url, a.Token()), url: url, data: cfg.Data}
-	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "long", Agent: "command", Command: []string{"sleep", "60.02"}})
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "long", Agent: "command", Command: []string{"sleep", "60.02"}})
 	if err != nil {
 		t.Fatal(err)
 	}

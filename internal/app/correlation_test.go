@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -76,7 +76,7 @@ func TestEventsCarryCorrelationAndCausation(t *testing.T) {
 		}
 	}
 	var listed []eventstore.Event
-	if err := s.client.Events(ctx, orchestrator.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
+	if err := s.client.Events(ctx, service.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
 		listed = append(listed, e)
 		return nil
 	}); err != nil {
@@ -86,7 +86,7 @@ func TestEventsCarryCorrelationAndCausation(t *testing.T) {
 	var streamed []eventstore.Event
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	s.client.Events(sctx, orchestrator.EventsRequest{TaskID: id, Follow: true}, func(e eventstore.Event) error {
+	s.client.Events(sctx, service.EventsRequest{TaskID: id, Follow: true}, func(e eventstore.Event) error {
 		streamed = append(streamed, e)
 		if e.Type == task.EventCompleted {
 			return errStop
@@ -117,7 +117,7 @@ func TestEventsCarryCorrelationAndCausation(t *testing.T) {
 	}
 	s.wait(t, tk3.ID, 20*time.Second)
 	var cancelEvents []eventstore.Event
-	s.client.Events(ctx, orchestrator.EventsRequest{TaskID: tk3.ID}, func(e eventstore.Event) error {
+	s.client.Events(ctx, service.EventsRequest{TaskID: tk3.ID}, func(e eventstore.Event) error {
 		cancelEvents = append(cancelEvents, e)
 		return nil
 	})

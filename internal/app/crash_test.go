@@ -16,7 +16,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -73,7 +73,7 @@ func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 	ctx := context.Background()
 	srv := startProcess(t, data, "--max-concurrent", "2")
 	spawn := func(desc, script string) string {
-		tk, _, err := srv.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: desc, Command: []string{"sh", "-c", script}})
+		tk, _, err := srv.client.Spawn(ctx, service.SpawnRequest{TaskDescription: desc, Command: []string{"sh", "-c", script}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,7 +116,7 @@ func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 		want[id] = "ran\n"
 	}
 	for id, content := range want {
-		res, err := srv.client.Result(ctx, orchestrator.ResultRequest{TaskID: id, Wait: 60 * time.Second, IncludeFileContents: []string{"result.txt"}})
+		res, err := srv.client.Result(ctx, service.ResultRequest{TaskID: id, Wait: 60 * time.Second, IncludeFileContents: []string{"result.txt"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +124,7 @@ func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 			t.Errorf("task %s: %s %q (%s), want success with %q", id, res.Status, res.FileContents["result.txt"].Content, res.ErrorMessage, content)
 		}
 	}
-	page, err := srv.client.List(ctx, orchestrator.ListRequest{})
+	page, err := srv.client.List(ctx, service.ListRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 		}
 	}
 	var types []string
-	srv.client.Events(ctx, orchestrator.EventsRequest{TaskID: survivor}, func(e eventstore.Event) error {
+	srv.client.Events(ctx, service.EventsRequest{TaskID: survivor}, func(e eventstore.Event) error {
 		types = append(types, e.Type)
 		return nil
 	})
@@ -146,7 +146,7 @@ func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 	lifecycle := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventStarted, task.EventCompleted}
 	for id := range want {
 		var got []string
-		srv.client.Events(ctx, orchestrator.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
+		srv.client.Events(ctx, service.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
 			if slices.Contains(lifecycle, e.Type) {
 				got = append(got, e.Type)
 			}
@@ -159,7 +159,7 @@ func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 	// The finisher's status.json was on disk when the server came back: it
 	// is recorded during reconciliation, not when its worker next retries.
 	var finished, reconciled int64
-	srv.client.Events(ctx, orchestrator.EventsRequest{}, func(e eventstore.Event) error {
+	srv.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
 		switch {
 		case e.Type == task.EventCompleted && e.StreamID == task.StreamID(finisher):
 			finished = e.Position

@@ -47,13 +47,15 @@ var allowed = map[string][]string{
 	"internal/worker":               {"errdefs", "workspace", "webhook", "agent", "logkey"},
 	"internal/projection":           {"eventstore", "task", "errdefs", "logkey"},
 	"internal/scheduler":            {"task", "sandbox", "eventstore", "projection", "errdefs", "logkey"},
-	"internal/orchestrator":         {"task", "sandbox", "eventstore", "projection", "workspace", "attachment", "document", "skill", "errdefs", "logkey", "units", "webhook", "worker", "quota", "clip"},
-	"internal/tools":                {"orchestrator", "task", "errdefs", "workspace"},
-	"internal/httpapi":              {"tools", "orchestrator", "task", "errdefs", "ids", "logkey", "eventstore", "workspace"},
-	"internal/mcpserver":            {"tools", "orchestrator", "task", "errdefs", "logkey", "eventstore"},
+	"internal/orchestrator":         {"task", "sandbox", "eventstore", "projection", "workspace", "attachment", "document", "skill", "errdefs", "logkey", "units", "webhook", "worker", "quota", "clip", "service"},
+	"internal/service":              {"task", "eventstore", "workspace", "attachment", "document", "skill"},
+	"internal/service/servicetest":  {"service", "orchestrator", "eventstore", "eventstore/sqlite", "projection", "attachment", "workspace", "task", "errdefs"},
+	"internal/tools":                {"service", "errdefs", "workspace"},
+	"internal/httpapi":              {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace"},
+	"internal/mcpserver":            {"tools", "service", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                  {"*"},
-	"internal/bench":                {"app", "config", "errdefs", "eventstore", "httpapi", "orchestrator", "task", "testenv"},
-	"cmd/corral":                    {"app", "bench", "config", "errdefs", "httpapi", "mcpserver", "orchestrator", "task", "eventstore", "termsafe", "tools"},
+	"internal/bench":                {"app", "config", "errdefs", "eventstore", "httpapi", "service", "task", "testenv"},
+	"cmd/corral":                    {"app", "bench", "config", "errdefs", "httpapi", "mcpserver", "service", "task", "eventstore", "termsafe", "tools"},
 	"internal/termsafe":             {},
 
 	// The seccomp filter of local sandboxes, and the escape tests' probe.
@@ -72,14 +74,16 @@ var allowed = map[string][]string{
 
 // badDeps are modules some packages must not depend on even indirectly:
 // the scheduler, the orchestrator and the transports know runtimes and
-// stores only by their interfaces.
+// stores only by their interfaces, and the transports know the use cases
+// only by the service contract (not the orchestrator, the in-sandbox
+// worker or the agent adapters).
 var badDeps = map[string][]string{
 	"internal/scheduler":    {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "golang.org/x/sys/unix", "github.com/docker/docker", "k8s.io/client-go"},
 	"internal/orchestrator": {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go"},
 	"internal/document":     {"internal/eventstore/sqlite", "modernc.org/sqlite"},
-	"internal/httpapi":      {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go", "github.com/modelcontextprotocol/go-sdk"},
-	"internal/mcpserver":    {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite"},
-	"internal/tools":        {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite"},
+	"internal/httpapi":      {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go", "github.com/modelcontextprotocol/go-sdk", "internal/orchestrator", "internal/worker", "internal/agent"},
+	"internal/mcpserver":    {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "internal/orchestrator", "internal/worker", "internal/agent"},
+	"internal/tools":        {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "internal/orchestrator", "internal/worker", "internal/agent"},
 	"internal/notify":       {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite"},
 }
 

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -72,7 +72,7 @@ func TestFreeSpaceFloor(t *testing.T) {
 		c.Limits.MaxTaskDirBytes = mustSize(t, "1GiB")
 	})
 	ctx := context.Background()
-	filler, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "fill the disk", Agent: "command",
+	filler, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "fill the disk", Agent: "command",
 		Command: []string{"sh", "-c", "dd if=/dev/zero of=output/big bs=1M count=1000"}})
 	if err != nil {
 		t.Fatal(err)

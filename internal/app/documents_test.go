@@ -14,14 +14,14 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
 // pushNote pushes a note as a host would, with POST /api/documents.
-func (s *server) pushNote(t *testing.T, title, content string, meta string) orchestrator.Document {
+func (s *server) pushNote(t *testing.T, title, content string, meta string) service.Document {
 	t.Helper()
-	req := orchestrator.IngestRequest{Title: title, Content: &content}
+	req := service.IngestRequest{Title: title, Content: &content}
 	if meta != "" {
 		req.Metadata = json.RawMessage(meta)
 	}
@@ -45,7 +45,7 @@ func (s *server) callTool(t *testing.T, name string, args any, out any) {
 	}
 }
 
-func hitTitles(res orchestrator.SearchResult) []string {
+func hitTitles(res service.SearchResult) []string {
 	var out []string
 	for _, h := range res.Documents {
 		out = append(out, h.Title)
@@ -67,7 +67,7 @@ func TestNoteCompilation(t *testing.T) {
 		t.Fatalf("pushed note %+v", a)
 	}
 
-	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{
 		TaskDescription: "Compile the Project Alpha notes into one summary",
 		NoteQuery:       "project alpha",
 		Agent:           "command",
@@ -106,7 +106,7 @@ grep -q 'Notes matching .* in ./task/context/notes/' /task/prompt.md && echo "su
 	}
 
 	// The LLM ingests the summary as a note (the seed's document_type).
-	var doc orchestrator.Document
+	var doc service.Document
 	s.callTool(t, "ingest_from_workspace", map[string]any{
 		"source_path": "tasks/" + tk.ID + "/output/project_alpha_summary.md", "title": "Project Alpha Summary",
 		"document_type": "note", "metadata": map[string]any{"source_task_id": tk.ID},
@@ -114,7 +114,7 @@ grep -q 'Notes matching .* in ./task/context/notes/' /task/prompt.md && echo "su
 	if doc.SourceType != "note" || doc.Source != "tasks/"+tk.ID+"/output/project_alpha_summary.md" || !doc.Indexed {
 		t.Errorf("ingested %+v", doc)
 	}
-	found, err := s.client.SearchDocuments(ctx, orchestrator.SearchRequest{Query: "alpha summary", Type: "note"})
+	found, err := s.client.SearchDocuments(ctx, service.SearchRequest{Query: "alpha summary", Type: "note"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,13 +122,13 @@ grep -q 'Notes matching .* in ./task/context/notes/' /task/prompt.md && echo "su
 		t.Errorf("search for the summary: %v, want it first", hitTitles(found))
 	}
 	// Its metadata is searchable too.
-	found, err = s.client.SearchDocuments(ctx, orchestrator.SearchRequest{Query: tk.ID})
+	found, err = s.client.SearchDocuments(ctx, service.SearchRequest{Query: tk.ID})
 	if err != nil || len(found.Documents) != 1 || found.Documents[0].DocumentID != doc.DocumentID {
 		t.Errorf("search by source task id: %v, %v", hitTitles(found), err)
 	}
 
 	// export_notes_to_workspace writes the same notes under shared/.
-	var exp orchestrator.ExportNotesResult
+	var exp service.ExportNotesResult
 	// (the summary also has these words; the original note ranks first)
 	s.callTool(t, "export_notes_to_workspace", map[string]any{"query": "vendor delay", "destination_dir": "context/alpha/", "max_notes": 1}, &exp)
 	if len(exp.Notes) != 1 || exp.Notes[0].Path != "context/alpha/alpha-risks.md" {
@@ -171,7 +171,7 @@ func TestDocumentsIntoContext(t *testing.T) {
 	if _, err := s.client.WriteWorkspace(ctx, "data/statement.pdf", []byte("%PDF-1.4\n1 0 obj <<>> endobj\n\x00\x01binary")); err != nil {
 		t.Fatal(err)
 	}
-	d, err := s.client.IngestDocument(ctx, orchestrator.IngestRequest{SourcePath: "/workspace/shared/data/revenue report.csv", Title: "Revenue by quarter", SourceType: "imported"})
+	d, err := s.client.IngestDocument(ctx, service.IngestRequest{SourcePath: "/workspace/shared/data/revenue report.csv", Title: "Revenue by quarter", SourceType: "imported"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestDocumentsIntoContext(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(s.data, "documents", d.File)); err != nil || string(b) != csv {
 		t.Errorf("documents/%s: %q, %v", d.File, b, err)
 	}
-	pdf, err := s.client.IngestDocument(ctx, orchestrator.IngestRequest{SourcePath: "shared/data/statement.pdf", Title: "Bank statement March"})
+	pdf, err := s.client.IngestDocument(ctx, service.IngestRequest{SourcePath: "shared/data/statement.pdf", Title: "Bank statement March"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,13 +189,13 @@ func TestDocumentsIntoContext(t *testing.T) {
 		t.Errorf("pdf: indexed %v, note %q, type %q", pdf.Indexed, pdf.IndexNote, pdf.ContentType)
 	}
 	for q, want := range map[string]string{"Q2 revenue": d.DocumentID, "statement": pdf.DocumentID} {
-		res, err := s.client.SearchDocuments(ctx, orchestrator.SearchRequest{Query: q})
+		res, err := s.client.SearchDocuments(ctx, service.SearchRequest{Query: q})
 		if err != nil || len(res.Documents) == 0 || res.Documents[0].DocumentID != want {
 			t.Errorf("search %q: %v, %v", q, hitTitles(res), err)
 		}
 	}
 
-	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{
 		TaskDescription: "sum the revenue", DocumentIDs: []string{d.DocumentID}, Agent: "command",
 		Command: []string{"sh", "-c", `awk -F, 'NR>1{s+=$2} END{print s}' context/` + d.File + ` > output/sum.txt`},
 	})
@@ -222,7 +222,7 @@ func TestDataTransformation(t *testing.T) {
 	if _, err := s.client.WriteWorkspace(ctx, "data/messy_data.csv", []byte(messy)); err != nil {
 		t.Fatal(err)
 	}
-	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{
 		TaskDescription: "Read data/messy_data.csv. Clean: remove empty rows, normalize dates, trim whitespace. Output as cleaned_data.csv with summary of changes.",
 		ContextFiles:    []string{"data/messy_data.csv"}, Agent: "command",
 		Command: []string{"sh", "-c", `awk -F, 'BEGIN{OFS=","} {for(i=1;i<=NF;i++){gsub(/^ +| +$/,"",$i)} line=$0; gsub(/[ ,]/,"",line); if(line==""){dropped++; next} if(NR>1){split($2,d,"/"); $2=sprintf("%04d-%02d-%02d",d[1],d[2],d[3])} print} END{print dropped > "output/dropped.txt"}' context/messy_data.csv > output/cleaned_data.csv
@@ -243,12 +243,12 @@ printf '# Cleaning report\n\nRows removed: %s\n' "$(cat output/dropped.txt)" > o
 		t.Errorf("cleaning_report.md = %q", got)
 	}
 	// b. ingest the CSV for search; c. save it for later.
-	var doc orchestrator.Document
+	var doc service.Document
 	s.callTool(t, "ingest_from_workspace", map[string]any{"source_path": "tasks/" + tk.ID + "/output/cleaned_data.csv", "title": "Cleaned data"}, &doc)
 	if doc.SourceType != "worker_output" || !doc.Indexed {
 		t.Errorf("ingested %+v", doc)
 	}
-	found, err := s.client.SearchDocuments(ctx, orchestrator.SearchRequest{Query: "Alice", Type: "document"})
+	found, err := s.client.SearchDocuments(ctx, service.SearchRequest{Query: "Alice", Type: "document"})
 	if err != nil || len(found.Documents) != 1 || found.Documents[0].DocumentID != doc.DocumentID || !strings.Contains(found.Documents[0].Snippet, "**Alice**") {
 		t.Errorf("search Alice: %+v, %v", found, err)
 	}
@@ -327,7 +327,7 @@ func TestDocumentsBadInput(t *testing.T) {
 		t.Errorf("export wrote shared/context/x: %v", err)
 	}
 	// The client maps them back to their classes.
-	_, err := s.client.IngestDocument(ctx, orchestrator.IngestRequest{SourcePath: "../x", Title: "x"})
+	_, err := s.client.IngestDocument(ctx, service.IngestRequest{SourcePath: "../x", Title: "x"})
 	if !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Errorf("client: %v", err)
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -30,7 +30,7 @@ func TestTaskWithContextAndOutput(t *testing.T) {
 	if _, err := s.client.WriteWorkspace(ctx, "data/tx.csv", []byte(csv)); err != nil {
 		t.Fatal(err)
 	}
-	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{
 		TaskDescription: "total the food spending",
 		ContextFiles:    []string{"data/tx.csv"},
 		Command: []string{"sh", "-c", `awk -F, '$2=="food"{s+=$3} END{printf "%.2f\n", s}' context/tx.csv > output/food.txt
@@ -94,7 +94,7 @@ func TestFailingCommand(t *testing.T) {
 func TestTimeoutKillsTheTree(t *testing.T) {
 	t.Parallel()
 	s := MustStart(t, nil)
-	tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{
+	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
 		TaskDescription: "sleep past the timeout", TimeoutMinutes: 1,
 		Command: []string{"sh", "-c", "sleep 1001 & sleep 1001"},
 	})
@@ -186,7 +186,7 @@ func TestIdempotentSpawn(t *testing.T) {
 	t.Parallel()
 	s := MustStart(t, nil)
 	ctx := context.Background()
-	req := orchestrator.SpawnRequest{TaskDescription: "once", Command: []string{"true"}, IdempotencyKey: "chat-42-msg-7"}
+	req := service.SpawnRequest{TaskDescription: "once", Command: []string{"true"}, IdempotencyKey: "chat-42-msg-7"}
 	a, existing, err := s.client.Spawn(ctx, req)
 	if err != nil || existing {
 		t.Fatalf("first spawn: %v existing=%v", err, existing)
@@ -199,7 +199,7 @@ func TestIdempotentSpawn(t *testing.T) {
 	if _, _, err := s.client.Spawn(ctx, req); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("same key, other arguments: %v, want a conflict", err)
 	}
-	page, err := s.client.List(ctx, orchestrator.ListRequest{})
+	page, err := s.client.List(ctx, service.ListRequest{})
 	if err != nil || len(page.Tasks) != 1 {
 		t.Errorf("%d tasks, want 1 (%v)", len(page.Tasks), err)
 	}
@@ -210,7 +210,7 @@ func TestListFiltersAndCursor(t *testing.T) {
 	s := MustStart(t, nil)
 	ctx := context.Background()
 	for i := 0; i < 3; i++ {
-		_, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "t", Command: []string{"true"}, ConversationID: "conv-a"})
+		_, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "t", Command: []string{"true"}, ConversationID: "conv-a"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,7 +220,7 @@ func TestListFiltersAndCursor(t *testing.T) {
 	var seen []string
 	cursor := ""
 	for {
-		page, err := s.client.List(ctx, orchestrator.ListRequest{ConversationID: "conv-a", Limit: 2, Cursor: cursor})
+		page, err := s.client.List(ctx, service.ListRequest{ConversationID: "conv-a", Limit: 2, Cursor: cursor})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -235,7 +235,7 @@ func TestListFiltersAndCursor(t *testing.T) {
 	if len(seen) != 3 || !slices.IsSortedFunc(seen, func(a, b string) int { return strings.Compare(b, a) }) {
 		t.Errorf("conversation pages gave %v, want 3 ids newest first", seen)
 	}
-	page, err := s.client.List(ctx, orchestrator.ListRequest{Status: "failed"})
+	page, err := s.client.List(ctx, service.ListRequest{Status: "failed"})
 	if err != nil || len(page.Tasks) != 1 || page.Tasks[0].ID != other.ID {
 		t.Errorf("status=failed gave %v, %v", page.Tasks, err)
 	}
@@ -247,7 +247,7 @@ func TestLogsFollowAndEvents(t *testing.T) {
 	ctx := context.Background()
 	tk := s.spawn(t, "chatty", "sh", "-c", "for i in 1 2 3 4 5; do echo line $i; sleep 0.2; done")
 	var logs bytes.Buffer
-	if err := s.client.Logs(ctx, orchestrator.LogsRequest{TaskID: tk.ID, Follow: true}, &logs); err != nil {
+	if err := s.client.Logs(ctx, service.LogsRequest{TaskID: tk.ID, Follow: true}, &logs); err != nil {
 		t.Fatal(err)
 	}
 	if want := "line 1\nline 2\nline 3\nline 4\nline 5\n"; logs.String() != want {
@@ -266,7 +266,7 @@ func TestLogsFollowAndEvents(t *testing.T) {
 		}
 		return true
 	}
-	err := s.client.Events(ctx, orchestrator.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
+	err := s.client.Events(ctx, service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
 		if first == "" {
 			first = e.ID
 		}
@@ -286,7 +286,7 @@ func TestLogsFollowAndEvents(t *testing.T) {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var resumed []string
-	err = s.client.Events(sctx, orchestrator.EventsRequest{TaskID: tk.ID, After: first, Follow: true}, func(e eventstore.Event) error {
+	err = s.client.Events(sctx, service.EventsRequest{TaskID: tk.ID, After: first, Follow: true}, func(e eventstore.Event) error {
 		if lifecycle(e) {
 			resumed = append(resumed, e.Type)
 		}
@@ -416,7 +416,7 @@ func TestFollowUpSeesPreviousOutput(t *testing.T) {
 	if res := s.wait(t, first.ID, 30*time.Second); res.Status != task.Success {
 		t.Fatalf("first task: %s %s", res.Status, res.ErrorMessage)
 	}
-	next, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{
+	next, _, err := s.client.Spawn(ctx, service.SpawnRequest{
 		TaskDescription: "sum what the previous task counted",
 		FollowUpOf:      first.ID,
 		Command:         []string{"sh", "-c", "awk '{s+=$1} END {print s}' context/previous/numbers.txt > output/sum.txt"},

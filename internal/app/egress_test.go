@@ -21,7 +21,7 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -87,7 +87,7 @@ func mustInstallFetch(t *testing.T, data string) string {
 // spawnNet spawns a command-agent task with a network policy.
 func spawnNet(t *testing.T, c *httpapi.Client, network string, argv ...string) task.Task {
 	t.Helper()
-	tk, _, err := c.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: "egress " + network, Agent: "command", Command: argv, Network: network})
+	tk, _, err := c.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "egress " + network, Agent: "command", Command: argv, Network: network})
 	if err != nil {
 		t.Fatalf("spawn: %v", err)
 	}
@@ -117,7 +117,7 @@ func egressEvents(t *testing.T, c *httpapi.Client, id string, want func([]task.E
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		var got []task.EgressConnection
-		err := c.Events(context.Background(), orchestrator.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
+		err := c.Events(context.Background(), service.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
 			if e.Type != task.EventEgressConnection {
 				return nil
 			}
@@ -294,7 +294,7 @@ func TestEgressSurvivesRestart(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 95*time.Second)
 	defer cancel()
-	res, err := second.Result(ctx, orchestrator.ResultRequest{TaskID: tk.ID, Wait: 90 * time.Second})
+	res, err := second.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: 90 * time.Second})
 	if err != nil || res.Status != task.Success {
 		t.Fatalf("task after restart: %+v, %v", res, err)
 	}

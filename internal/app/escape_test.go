@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -154,7 +154,7 @@ func testProbe(t *testing.T, rt, probe string) {
 		"--connect", "1.1.1.1:443",
 		"--host-marker=" + marker,
 	}
-	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "try to get out", Agent: "command", Command: argv, Runtime: rt})
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "try to get out", Agent: "command", Command: argv, Runtime: rt})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,11 +268,11 @@ func testForkBomb(t *testing.T, rt string) {
 	s := MustStart(t, nil)
 	ctx := context.Background()
 	const pids = 40
-	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{
 		TaskDescription: "fork bomb", Agent: "command", Runtime: rt, TimeoutMinutes: 5,
 		// bash, unlike dash, survives a failed fork and keeps trying.
 		Command:   []string{"bash", "-c", "while :; do sleep 1004 & done"},
-		Resources: &orchestrator.ResourceRequest{PidsLimit: pids, CPULimit: "500m"},
+		Resources: &service.ResourceRequest{PidsLimit: pids, CPULimit: "500m"},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -324,11 +324,11 @@ func testForkBomb(t *testing.T, rt string) {
 // fails saying so.
 func testMemoryBomb(t *testing.T, rt string) {
 	s := MustStart(t, nil)
-	tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{
+	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
 		TaskDescription: "memory bomb", Agent: "command", Runtime: rt, TimeoutMinutes: 2,
 		// The shell holds 400 MB of "a" in a variable.
 		Command:   []string{"sh", "-c", `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo survived ${#x} > output/survived.txt`},
-		Resources: &orchestrator.ResourceRequest{MemoryLimit: "64Mi"},
+		Resources: &service.ResourceRequest{MemoryLimit: "64Mi"},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -349,7 +349,7 @@ func testMemoryBomb(t *testing.T, rt string) {
 // nor served.
 func testSymlinkOut(t *testing.T, rt string) {
 	s := MustStart(t, nil)
-	tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{
+	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
 		TaskDescription: "symlinks out", Agent: "command", Runtime: rt,
 		Command: []string{"sh", "-c", "ln -s /etc/passwd output/link && ln -s ../../../corral.db output/db && echo hi > output/real.txt"},
 	})
@@ -391,7 +391,7 @@ func testHostIdentity(t *testing.T, rt string) {
 	// at its processes (it removes output/go).
 	script := `cp /usr/bin/id output/suid-id && chmod 6755 output/suid-id && mkdir output/open && chmod 1777 output/open &&
 mkfifo output/fifo && : > output/go && while [ -e output/go ]; do sleep 0.05; done; sh -c 'exit 0' ` + marker
-	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "leave hostile files", Agent: "command", Runtime: rt,
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "leave hostile files", Agent: "command", Runtime: rt,
 		Command: []string{"sh", "-c", script}})
 	if err != nil {
 		t.Fatal(err)

@@ -18,7 +18,7 @@ import (
 	"github.com/corral-dev/corral/internal/agent/agenttest"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -56,7 +56,7 @@ func mustStartForAgent(t *testing.T, name, endpoint string, env map[string]strin
 // spawnAgent spawns a task for the named agent with network allowlist.
 func spawnAgent(t *testing.T, s *server, name, desc, model string) task.Task {
 	t.Helper()
-	tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: desc, Agent: name, Model: model, Network: task.NetworkAllowlist})
+	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: desc, Agent: name, Model: model, Network: task.NetworkAllowlist})
 	if err != nil {
 		t.Fatalf("spawn %s: %v", name, err)
 	}
@@ -67,7 +67,7 @@ func spawnAgent(t *testing.T, s *server, name, desc, model string) task.Task {
 func taskProgress(t *testing.T, s *server, id string) []task.Progress {
 	t.Helper()
 	var out []task.Progress
-	err := s.client.Events(context.Background(), orchestrator.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
+	err := s.client.Events(context.Background(), service.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
 		if e.Type != task.EventProgress {
 			return nil
 		}
@@ -140,7 +140,7 @@ func scriptedNoKey(t *testing.T, s *server, id, key string) {
 		t.Errorf("no files in %s", dir)
 	}
 	n := 0
-	err := s.client.Events(context.Background(), orchestrator.EventsRequest{}, func(e eventstore.Event) error {
+	err := s.client.Events(context.Background(), service.EventsRequest{}, func(e eventstore.Event) error {
 		n++
 		if bytes.Contains(e.Data, []byte(key)) {
 			t.Errorf("the API key is in event %s (%s)", e.ID, e.Type)

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -21,7 +21,7 @@ func TestGvisorTask(t *testing.T) {
 	testenv.RequireRunsc(t)
 	t.Parallel()
 	s := MustStart(t, func(c *config.Config) { c.Runtime = "gvisor" })
-	tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{
+	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
 		TaskDescription: "write a file under gVisor",
 		Agent:           task.AgentCommand,
 		Runtime:         "gvisor",

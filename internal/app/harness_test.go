@@ -18,7 +18,7 @@ import (
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/httpapi"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -150,7 +150,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 // spawn spawns a command-agent task running argv.
 func (s *server) spawn(t *testing.T, desc string, argv ...string) task.Task {
 	t.Helper()
-	tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv})
+	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv})
 	if err != nil {
 		t.Fatalf("spawn %q: %v", desc, err)
 	}
@@ -158,11 +158,11 @@ func (s *server) spawn(t *testing.T, desc string, argv ...string) task.Task {
 }
 
 // wait waits for a task to end and returns its result.
-func (s *server) wait(t testing.TB, id string, within time.Duration, files ...string) orchestrator.Result {
+func (s *server) wait(t testing.TB, id string, within time.Duration, files ...string) service.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), within+5*time.Second)
 	defer cancel()
-	res, err := s.client.Result(ctx, orchestrator.ResultRequest{TaskID: id, Wait: within, IncludeFileContents: files})
+	res, err := s.client.Result(ctx, service.ResultRequest{TaskID: id, Wait: within, IncludeFileContents: files})
 	if err != nil {
 		t.Fatalf("result of %s: %v", id, err)
 	}
@@ -226,6 +226,6 @@ func processRunning(argv ...string) bool {
 }
 
 // resultReq asks for a task's result with some output files' contents.
-func resultReq(id string, files ...string) orchestrator.ResultRequest {
-	return orchestrator.ResultRequest{TaskID: id, IncludeFileContents: files}
+func resultReq(id string, files ...string) service.ResultRequest {
+	return service.ResultRequest{TaskID: id, IncludeFileContents: files}
 }

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -26,7 +26,7 @@ func testFIFOSwap(t *testing.T, rt string) {
 	s := MustStart(t, nil)
 	mustBuildStatic(t, "./testdata/fifoswap", filepath.Join(s.data, "shared", "bin", "fifoswap"))
 	spawn := func(desc string, argv ...string) string {
-		tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv, SaveToShared: true, Runtime: rt})
+		tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv, SaveToShared: true, Runtime: rt})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,7 +57,7 @@ func TestLongOutputName(t *testing.T) {
 	ctx := context.Background()
 	var first string
 	for i, body := range []string{"print(1)", "print(2)"} {
-		tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "a long name", Agent: "command",
+		tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "a long name", Agent: "command",
 			Command: []string{"sh", "-c", "echo '" + body + "' > output/" + name}, SaveToShared: true})
 		if err != nil {
 			t.Fatal(err)
@@ -66,7 +66,7 @@ func TestLongOutputName(t *testing.T) {
 			t.Fatalf("task %d: %s %s", i, res.Status, res.ErrorMessage)
 		}
 		var saved task.OutputsSaved
-		if err := s.client.Events(ctx, orchestrator.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
+		if err := s.client.Events(ctx, service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
 			if e.Type == task.EventOutputsSaveFailed {
 				t.Errorf("task %d: outputs not saved: %s", i, e.Data)
 			}
@@ -85,7 +85,7 @@ func TestLongOutputName(t *testing.T) {
 		}
 		first = tk.ID
 	}
-	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "follow up", Agent: "command",
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "follow up", Agent: "command",
 		Command: []string{"sh", "-c", "cat context/previous/" + name + " > output/seen.txt"}, FollowUpOf: first})
 	if err != nil {
 		t.Fatalf("follow-up of a task with a long output name: %v", err)
@@ -114,7 +114,7 @@ func TestManyOutputFilesBounded(t *testing.T) {
 		t.Errorf("output_files has %d entries, total %d, note %q; want 1000 of 100000 with a note", len(res.OutputFiles), res.OutputFilesTotal, res.OutputFilesNote)
 	}
 	var size int
-	if err := s.client.Events(context.Background(), orchestrator.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
+	if err := s.client.Events(context.Background(), service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
 		if e.Type == task.EventCompleted {
 			size = len(e.Data)
 		}
@@ -137,7 +137,7 @@ func TestManyOutputFilesBounded(t *testing.T) {
 func TestOutputNameWithControls(t *testing.T) {
 	s := MustStart(t, nil)
 	ctx := context.Background()
-	tk, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "a name with a newline", Agent: "command",
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "a name with a newline", Agent: "command",
 		Command: []string{"sh", "-c", `echo ok > output/ok.txt; echo bad > "output/$(printf 'two\nlines.txt')"`}, SaveToShared: true})
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +146,7 @@ func TestOutputNameWithControls(t *testing.T) {
 		t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
 	}
 	var saved task.OutputsSaved
-	if err := s.client.Events(ctx, orchestrator.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
+	if err := s.client.Events(ctx, service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
 		if e.Type == task.EventOutputsSaved || e.Type == task.EventOutputsSaveFailed {
 			return json.Unmarshal(e.Data, &saved)
 		}

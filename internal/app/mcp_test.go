@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -87,12 +87,12 @@ func checkReport(t *testing.T, s *server, r mcpReport) {
 	if !r.Outside.IsError || strings.Contains(r.Outside.Text, "root:") || !strings.Contains(r.Outside.Text, "path") {
 		t.Errorf("read outside the workspace: %+v", r.Outside)
 	}
-	res, err := s.client.Result(context.Background(), orchestrator.ResultRequest{TaskID: r.TaskID, IncludeFileContents: []string{"rows.txt"}})
+	res, err := s.client.Result(context.Background(), service.ResultRequest{TaskID: r.TaskID, IncludeFileContents: []string{"rows.txt"}})
 	if err != nil || res.FileContents["rows.txt"].Content != r.Rows {
 		t.Errorf("the server's result of %s: %v %+v", r.TaskID, err, res.FileContents)
 	}
 	var actors []string
-	s.client.Events(context.Background(), orchestrator.EventsRequest{TaskID: r.TaskID}, func(e eventstore.Event) error {
+	s.client.Events(context.Background(), service.EventsRequest{TaskID: r.TaskID}, func(e eventstore.Event) error {
 		actors = append(actors, e.Actor)
 		return nil
 	})

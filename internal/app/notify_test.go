@@ -22,7 +22,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/notify"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -180,7 +180,7 @@ func (s *notifyServer) spawnEnded(t *testing.T, n int, conv string) []string {
 	t.Helper()
 	var ids []string
 	for i := range n {
-		tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{
+		tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
 			TaskDescription: fmt.Sprintf("task %d", i), Command: []string{"sh", "-c", "echo hi > output/a.txt"},
 			ConversationID: conv, InterfaceType: "test", UserName: "alice",
 		})
@@ -190,7 +190,7 @@ func (s *notifyServer) spawnEnded(t *testing.T, n int, conv string) []string {
 		ids = append(ids, tk.ID)
 	}
 	for _, id := range ids {
-		res, err := s.client.Result(context.Background(), orchestrator.ResultRequest{TaskID: id, Wait: 60 * time.Second})
+		res, err := s.client.Result(context.Background(), service.ResultRequest{TaskID: id, Wait: 60 * time.Second})
 		if err != nil || !res.Done {
 			t.Fatalf("task %s did not end: %v", id, err)
 		}
@@ -313,7 +313,7 @@ func TestNotificationsSurviveReceiverAndServerCrashes(t *testing.T) {
 	}
 	// Each attempt is an event every subscriber sees.
 	var attempts int
-	srv.client.Events(context.Background(), orchestrator.EventsRequest{}, func(e eventstore.Event) error {
+	srv.client.Events(context.Background(), service.EventsRequest{}, func(e eventstore.Event) error {
 		if e.Type == task.EventDeliveryAttempted {
 			attempts++
 		}
@@ -343,12 +343,12 @@ func TestDeadLetterRetryOverHTTP(t *testing.T) {
 		c.APITokens = []config.APIToken{{Name: "assistant", TokenFile: tokFile}}
 	})
 	client := httpapi.NewClient(s.url, "assistant-token")
-	tk, _, err := client.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: "x", Command: []string{"true"}})
+	tk, _, err := client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var created eventstore.Event
-	client.Events(context.Background(), orchestrator.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
+	client.Events(context.Background(), service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
 		if e.Type == task.EventCreated {
 			created = e
 		}

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/webhook"
 )
@@ -59,7 +59,7 @@ func TestProgressFloodIsBoundedPerTask(t *testing.T) {
 	// The budget: a burst of 64 items and 10 a second, and one note per
 	// 10 s, over the flood and a second of slack.
 	items, notes := 0, 0
-	err = s.client.Events(context.Background(), orchestrator.EventsRequest{TaskID: flood.ID}, func(e eventstore.Event) error {
+	err = s.client.Events(context.Background(), service.EventsRequest{TaskID: flood.ID}, func(e eventstore.Event) error {
 		if e.Type != task.EventProgress {
 			return nil
 		}
@@ -107,7 +107,7 @@ func dbBytes(t *testing.T, data string) int64 {
 func completedBy(t *testing.T, s *server, id string) string {
 	t.Helper()
 	reason := ""
-	err := s.client.Events(context.Background(), orchestrator.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
+	err := s.client.Events(context.Background(), service.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
 		if e.Type == task.EventCompleted {
 			var c task.Completed
 			if err := json.Unmarshal(e.Data, &c); err != nil {

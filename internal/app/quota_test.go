@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
-	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/quota"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 	"github.com/corral-dev/corral/internal/units"
@@ -57,7 +57,7 @@ func BenchmarkQuotaOvershoot(b *testing.B) {
 // directory holds once the sandbox is gone (and stays: measured twice).
 func fillPastQuota(tb testing.TB, s *server) dirUsage {
 	tb.Helper()
-	tk, _, err := s.client.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: "fill the disk fast", Agent: "command", Command: fastFiller})
+	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "fill the disk fast", Agent: "command", Command: fastFiller})
 	if err != nil {
 		tb.Fatal(err)
 	}

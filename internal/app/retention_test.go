@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -62,7 +62,7 @@ func TestRetention(t *testing.T) {
 	if res := s.wait(t, done.ID, 30*time.Second); res.Status != task.Success {
 		t.Fatalf("quick task: %s %s", res.Status, res.ErrorMessage)
 	}
-	running, _, err := s.client.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "slow", Agent: "command", Command: []string{"sleep", "120"}, AttachmentIDs: []string{used}})
+	running, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "slow", Agent: "command", Command: []string{"sleep", "120"}, AttachmentIDs: []string{used}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,14 +70,14 @@ func TestRetention(t *testing.T) {
 	eventsBefore := len(s.eventTypes(t, task.StreamID(done.ID)))
 
 	// Nothing is old yet.
-	rep, err := s.client.GC(ctx, orchestrator.GCRequest{})
+	rep, err := s.client.GC(ctx, service.GCRequest{})
 	if err != nil || len(rep.TaskDirectories)+len(rep.Attachments) != 0 {
 		t.Fatalf("fresh sweep: %+v %v, want nothing removed", rep, err)
 	}
 
 	clk.Advance(49 * time.Hour) // past task_retention_hours (48), not attachment_retention_hours (168)
 	out := s.runCLI(t, "gc", "--server", s.url, "--dry-run", "--json")
-	var dry orchestrator.GCReport
+	var dry service.GCReport
 	if err := json.Unmarshal([]byte(out), &dry); err != nil {
 		t.Fatalf("corral gc --dry-run --json: %v: %s", err, out)
 	}
@@ -88,7 +88,7 @@ func TestRetention(t *testing.T) {
 		t.Errorf("a dry run removed %s: %v", done.ID, err)
 	}
 
-	rep, err = s.client.GC(ctx, orchestrator.GCRequest{})
+	rep, err = s.client.GC(ctx, service.GCRequest{})
 	if err != nil || len(rep.TaskDirectories) != 1 || rep.TaskDirectories[0].ID != done.ID {
 		t.Fatalf("sweep %+v %v, want %s removed", rep, err, done.ID)
 	}
@@ -107,7 +107,7 @@ func TestRetention(t *testing.T) {
 	}
 
 	clk.Advance(200 * time.Hour)
-	rep, err = s.client.GC(ctx, orchestrator.GCRequest{})
+	rep, err = s.client.GC(ctx, service.GCRequest{})
 	if err != nil || len(rep.Attachments) != 1 || rep.Attachments[0].ID != unused || len(rep.TaskDirectories) != 0 {
 		t.Fatalf("sweep %+v %v, want only attachment %s removed", rep, err, unused)
 	}

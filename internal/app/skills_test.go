@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -37,7 +37,7 @@ func TestSkills(t *testing.T) {
 	t.Parallel()
 	s := MustStart(t, nil)
 	ctx := context.Background()
-	sk, err := s.client.CreateSkill(ctx, orchestrator.CreateSkillRequest{
+	sk, err := s.client.CreateSkill(ctx, service.CreateSkillRequest{
 		Name: "csv-totals", Description: "Total a CSV column by category.\nLonger explanation.",
 		Dependencies: []string{"awk"}, Instructions: "# CSV totals\n\nRun `awk -F, '{t[$1]+=$2}'`.\n",
 	})
@@ -99,7 +99,7 @@ echo scratch > output/notes.txt`)
 	if res := s.wait(t, maker.ID, 60*time.Second); res.Status != task.Success {
 		t.Fatalf("maker: %s %s", res.Status, res.ErrorMessage)
 	}
-	sk, err := s.client.CreateSkill(ctx, orchestrator.CreateSkillRequest{TaskID: maker.ID, Files: []string{"greet.sh"}})
+	sk, err := s.client.CreateSkill(ctx, service.CreateSkillRequest{TaskID: maker.ID, Files: []string{"greet.sh"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ echo scratch > output/notes.txt`)
 	// A task that did not succeed cannot make a skill.
 	failed := s.spawn(t, "fail", "sh", "-c", `printf -- '---\nname: broken\ndescription: x\n---\n' > output/SKILL.md; exit 3`)
 	s.wait(t, failed.ID, 60*time.Second)
-	_, err = s.client.CreateSkill(ctx, orchestrator.CreateSkillRequest{TaskID: failed.ID})
+	_, err = s.client.CreateSkill(ctx, service.CreateSkillRequest{TaskID: failed.ID})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "succeeded") {
 		t.Errorf("skill from a failed task: %v", err)
 	}

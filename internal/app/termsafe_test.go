@@ -15,7 +15,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -88,7 +88,7 @@ func TestCLIEscapesWorkerText(t *testing.T) {
 	// --json escapes, in JSON's own notation: the values are exact.
 	out := s.runCLI(t, "result", "--server", s.url, "--json", id)
 	noRawControl(t, "result --json", out)
-	var r orchestrator.Result
+	var r service.Result
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("result --json: %v\n%s", err, out)
 	}

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -59,7 +59,7 @@ func TestWebPagesCannotDriveTheAPI(t *testing.T) {
 			t.Errorf("%s: body %s is not the API's error format", c.name, body)
 		}
 	}
-	page, err := s.client.List(context.Background(), orchestrator.ListRequest{})
+	page, err := s.client.List(context.Background(), service.ListRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -263,7 +263,7 @@ func (b *bencher) runTask(ctx context.Context, runtime string, phases bool) (tas
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	t0 := time.Now()
-	tk, _, err := b.client.Spawn(ctx, orchestrator.SpawnRequest{
+	tk, _, err := b.client.Spawn(ctx, service.SpawnRequest{
 		TaskDescription: "bench: echo hi",
 		Agent:           task.AgentCommand,
 		Runtime:         runtime,
@@ -272,9 +272,9 @@ func (b *bencher) runTask(ctx context.Context, runtime string, phases bool) (tas
 	if err != nil {
 		return taskRun{}, fmt.Errorf("spawn bench task: %w", err)
 	}
-	var r orchestrator.Result
+	var r service.Result
 	for !r.Done {
-		r, err = b.client.Result(ctx, orchestrator.ResultRequest{TaskID: tk.ID, Wait: min(b.timeout, orchestrator.MaxWait)})
+		r, err = b.client.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: min(b.timeout, service.MaxWait)})
 		if err != nil {
 			return taskRun{}, fmt.Errorf("result of bench task %s: %w", tk.ID, err)
 		}
@@ -291,7 +291,7 @@ func (b *bencher) runTask(ctx context.Context, runtime string, phases bool) (tas
 		return run, nil
 	}
 	at := map[string]time.Time{}
-	err = b.client.Events(ctx, orchestrator.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
+	err = b.client.Events(ctx, service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
 		if _, ok := at[e.Type]; !ok {
 			at[e.Type] = e.RecordedAt
 		}

@@ -80,6 +80,22 @@ func HTTPStatus(err error) int {
 // is meant for the caller.
 func Classified(err error) bool { return HTTPStatus(err) != http.StatusInternalServerError }
 
+// HTTPStatusIs reports whether an error answer with status code may be of
+// class target: whether target is, or wraps, a class with that status. A
+// 409 is both ErrConflict and ErrAlreadyExists, as the server could have
+// meant either.
+func HTTPStatusIs(code int, target error) bool {
+	if c := FromHTTPStatus(code); c != nil && errors.Is(c, target) {
+		return true
+	}
+	for _, c := range Classes {
+		if c.HTTPStatus == code && errors.Is(c.Err, target) {
+			return true
+		}
+	}
+	return false
+}
+
 // FromHTTPStatus is the class of an error answer with status code, or nil
 // for a status no class has (a 500). 415 is a request the server cannot
 // read (invalid); 502 and 504 come from a proxy in front of a server that

@@ -50,3 +50,21 @@ func TestClassesRoundTrip(t *testing.T) {
 		t.Error("an unclassified error must stay a 500 and unclassified")
 	}
 }
+
+// An error answer is of every class its status carries.
+func TestHTTPStatusIs(t *testing.T) {
+	for _, c := range []struct {
+		code int
+		err  error
+		want bool
+	}{
+		{409, ErrConflict, true}, {409, ErrAlreadyExists, true}, {409, ErrNotFound, false},
+		{413, ErrTooLarge, true}, {413, ErrResourceExhausted, true}, {507, ErrNoSpace, true},
+		{429, ErrNoSpace, false}, {415, ErrInvalidArgument, true}, {502, ErrUnavailable, true},
+		{500, ErrUnavailable, false},
+	} {
+		if got := HTTPStatusIs(c.code, c.err); got != c.want {
+			t.Errorf("HTTPStatusIs(%d, %v) = %v, want %v", c.code, c.err, got, c.want)
+		}
+	}
+}

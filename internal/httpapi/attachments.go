@@ -15,16 +15,16 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/tools"
 )
 
 // UploadResponse is POST /api/attachments's answer: the first (usually
 // only) attachment's fields, and every attachment of the request.
 type UploadResponse struct {
-	orchestrator.Attachment
-	DownloadPath string                    `json:"download_path"`
-	Attachments  []orchestrator.Attachment `json:"attachments"`
+	service.Attachment
+	DownloadPath string               `json:"download_path"`
+	Attachments  []service.Attachment `json:"attachments"`
 }
 
 // defaultMaxUploadFiles bounds the files of one upload request.
@@ -144,7 +144,7 @@ func (s *Server) downloadAttachment(w http.ResponseWriter, r *http.Request) erro
 
 // gc runs a retention sweep; ?dry_run=1 only reports.
 func (s *Server) gc(w http.ResponseWriter, r *http.Request) error {
-	rep, err := s.b.GC(r.Context(), orchestrator.GCRequest{DryRun: isTrue(r.URL.Query().Get("dry_run"))})
+	rep, err := s.b.GC(r.Context(), service.GCRequest{DryRun: isTrue(r.URL.Query().Get("dry_run"))})
 	if err != nil {
 		return err
 	}
@@ -154,7 +154,7 @@ func (s *Server) gc(w http.ResponseWriter, r *http.Request) error {
 
 // UploadAttachments uploads files as one multipart request, streaming
 // them through a pipe: nothing is held in memory.
-func (c *Client) UploadAttachments(ctx context.Context, next func() (string, io.Reader, error)) ([]orchestrator.Attachment, error) {
+func (c *Client) UploadAttachments(ctx context.Context, next func() (string, io.Reader, error)) ([]service.Attachment, error) {
 	pr, pw := io.Pipe()
 	mw := multipart.NewWriter(pw)
 	done := make(chan error, 1)
@@ -212,12 +212,12 @@ func (c *Client) UploadAttachments(ctx context.Context, next func() (string, io.
 
 // OpenAttachment downloads an attachment; the metadata comes from the
 // response headers. The caller closes the content.
-func (c *Client) OpenAttachment(ctx context.Context, id string) (orchestrator.Attachment, io.ReadCloser, error) {
+func (c *Client) OpenAttachment(ctx context.Context, id string) (service.Attachment, io.ReadCloser, error) {
 	resp, err := c.do(ctx, http.MethodGet, "/api/attachments/"+url.PathEscape(id), nil, "")
 	if err != nil {
-		return orchestrator.Attachment{}, nil, err
+		return service.Attachment{}, nil, err
 	}
-	m := orchestrator.Attachment{ID: id, Type: resp.Header.Get("Content-Type"), Size: resp.ContentLength}
+	m := service.Attachment{ID: id, Type: resp.Header.Get("Content-Type"), Size: resp.ContentLength}
 	if _, params, err := mime.ParseMediaType(resp.Header.Get("Content-Disposition")); err == nil {
 		m.Name = params["filename"]
 	}
@@ -231,19 +231,19 @@ func (c *Client) OpenAttachment(ctx context.Context, id string) (orchestrator.At
 }
 
 // CreateAttachmentFromWorkspace calls the create_attachment_from_workspace tool.
-func (c *Client) CreateAttachmentFromWorkspace(ctx context.Context, req orchestrator.CreateAttachmentRequest) (orchestrator.Attachment, error) {
+func (c *Client) CreateAttachmentFromWorkspace(ctx context.Context, req service.CreateAttachmentRequest) (service.Attachment, error) {
 	var r tools.AttachmentResult
 	err := c.call(ctx, http.MethodPost, "/api/tools/create_attachment_from_workspace", req, &r)
 	return r.Attachment, err
 }
 
 // GC runs a retention sweep on the server.
-func (c *Client) GC(ctx context.Context, req orchestrator.GCRequest) (orchestrator.GCReport, error) {
+func (c *Client) GC(ctx context.Context, req service.GCRequest) (service.GCReport, error) {
 	p := "/api/gc"
 	if req.DryRun {
 		p += "?dry_run=1"
 	}
-	var rep orchestrator.GCReport
+	var rep service.GCReport
 	err := c.call(ctx, http.MethodPost, p, nil, &rep)
 	return rep, err
 }

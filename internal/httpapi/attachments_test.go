@@ -13,15 +13,15 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 )
 
 // The stub's attachment methods: uploads are drained and counted, the one
 // downloadable attachment is downloadID.
 const downloadID = "0123456789abcdef0123456789abcdef"
 
-func (s *stub) UploadAttachments(_ context.Context, next func() (string, io.Reader, error)) ([]orchestrator.Attachment, error) {
-	var out []orchestrator.Attachment
+func (s *stub) UploadAttachments(_ context.Context, next func() (string, io.Reader, error)) ([]service.Attachment, error) {
+	var out []service.Attachment
 	for {
 		name, r, err := next()
 		if errors.Is(err, io.EOF) {
@@ -34,7 +34,7 @@ func (s *stub) UploadAttachments(_ context.Context, next func() (string, io.Read
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, orchestrator.Attachment{ID: fmt.Sprintf("%032x", len(out)+1), Name: name, Size: n})
+		out = append(out, service.Attachment{ID: fmt.Sprintf("%032x", len(out)+1), Name: name, Size: n})
 	}
 	if len(out) == 0 {
 		return nil, errdefs.Field("files", "no file")
@@ -46,20 +46,20 @@ type readSeekCloser struct{ *strings.Reader }
 
 func (readSeekCloser) Close() error { return nil }
 
-func (s *stub) OpenAttachment(_ context.Context, id string) (orchestrator.Attachment, io.ReadCloser, error) {
+func (s *stub) OpenAttachment(_ context.Context, id string) (service.Attachment, io.ReadCloser, error) {
 	if id != downloadID {
-		return orchestrator.Attachment{}, nil, fmt.Errorf("attachment %s: %w", id, errdefs.ErrNotFound)
+		return service.Attachment{}, nil, fmt.Errorf("attachment %s: %w", id, errdefs.ErrNotFound)
 	}
-	m := orchestrator.Attachment{ID: id, Name: "relevé de compte.csv", Type: "text/csv; charset=utf-8", Size: 11, SHA256: "abc", CreatedAt: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}
+	m := service.Attachment{ID: id, Name: "relevé de compte.csv", Type: "text/csv; charset=utf-8", Size: 11, SHA256: "abc", CreatedAt: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}
 	return m, readSeekCloser{strings.NewReader("date,amount")}, nil
 }
 
-func (s *stub) CreateAttachmentFromWorkspace(context.Context, orchestrator.CreateAttachmentRequest) (orchestrator.Attachment, error) {
-	return orchestrator.Attachment{}, errUnset
+func (s *stub) CreateAttachmentFromWorkspace(context.Context, service.CreateAttachmentRequest) (service.Attachment, error) {
+	return service.Attachment{}, errUnset
 }
 
-func (s *stub) GC(_ context.Context, req orchestrator.GCRequest) (orchestrator.GCReport, error) {
-	return orchestrator.GCReport{DryRun: req.DryRun}, nil
+func (s *stub) GC(_ context.Context, req service.GCRequest) (service.GCReport, error) {
+	return service.GCReport{DryRun: req.DryRun}, nil
 }
 
 // files returns a next function over name/content pairs.

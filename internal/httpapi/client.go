@@ -17,13 +17,13 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/tools"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
-// Client implements orchestrator.Service over the HTTP API.
+// Client implements service.Service over the HTTP API.
 //
 // Events and Logs with Follow outlive a restart of the server: when their
 // stream breaks they reconnect, with backoff, and resume where they
@@ -50,7 +50,7 @@ const (
 	maxBackoff   = 5 * time.Second
 )
 
-var _ orchestrator.Service = (*Client)(nil)
+var _ service.Service = (*Client)(nil)
 
 // NewClient returns a client for the server at base (e.g.
 // "http://127.0.0.1:7777"), sending token as a bearer token when set.
@@ -147,11 +147,10 @@ func decodeError(resp *http.Response) error {
 			eb.Error = resp.Status
 		}
 	}
-	class := errdefs.FromHTTPStatus(resp.StatusCode)
-	if class == nil {
+	if errdefs.FromHTTPStatus(resp.StatusCode) == nil {
 		return fmt.Errorf("%s (HTTP %d, request %s)", eb.Error, resp.StatusCode, eb.RequestID)
 	}
-	return &apiError{msg: eb.Error, class: class, fields: eb.Fields}
+	return &apiError{msg: eb.Error, status: resp.StatusCode, fields: eb.Fields}
 }
 
 // apiError is an error answer from the server. Its message is already
@@ -159,15 +158,15 @@ func decodeError(resp *http.Response) error {
 // than wrapping it: errdefs.Message leaves it whole.
 type apiError struct {
 	msg    string
-	class  error
+	status int
 	fields []fieldError
 }
 
 func (e *apiError) Error() string        { return e.msg }
-func (e *apiError) Is(target error) bool { return errors.Is(e.class, target) }
+func (e *apiError) Is(target error) bool { return errdefs.HTTPStatusIs(e.status, target) }
 
 // Spawn creates a task.
-func (c *Client) Spawn(ctx context.Context, req orchestrator.SpawnRequest) (task.Task, bool, error) {
+func (c *Client) Spawn(ctx context.Context, req service.SpawnRequest) (task.Task, bool, error) {
 	var r SpawnResponse
 	if err := c.call(ctx, http.MethodPost, "/api/tasks", req, &r); err != nil {
 		return task.Task{}, false, err
@@ -184,7 +183,7 @@ func (c *Client) Get(ctx context.Context, id string) (task.Task, error) {
 }
 
 // List returns a page of tasks.
-func (c *Client) List(ctx context.Context, req orchestrator.ListRequest) (orchestrator.ListPage, error) {
+func (c *Client) List(ctx context.Context, req service.ListRequest) (service.ListPage, error) {
 	q := url.Values{}
 	set := func(k, v string) {
 		if v != "" {
@@ -197,13 +196,13 @@ func (c *Client) List(ctx context.Context, req orchestrator.ListRequest) (orches
 	if req.Limit != 0 {
 		q.Set("limit", strconv.Itoa(req.Limit))
 	}
-	var page orchestrator.ListPage
+	var page service.ListPage
 	err := c.call(ctx, http.MethodGet, "/api/tasks?"+q.Encode(), nil, &page)
 	return page, err
 }
 
 // Result returns a task's result, waiting up to req.Wait.
-func (c *Client) Result(ctx context.Context, req orchestrator.ResultRequest) (orchestrator.Result, error) {
+func (c *Client) Result(ctx context.Context, req service.ResultRequest) (service.Result, error) {
 	q := url.Values{}
 	if req.Wait > 0 {
 		q.Set("wait", req.Wait.String())
@@ -211,7 +210,7 @@ func (c *Client) Result(ctx context.Context, req orchestrator.ResultRequest) (or
 	for _, f := range req.IncludeFileContents {
 		q.Add("include_file_contents", f)
 	}
-	var r orchestrator.Result
+	var r service.Result
 	err := c.call(ctx, http.MethodGet, "/api/tasks/"+url.PathEscape(req.TaskID)+"/result?"+q.Encode(), nil, &r)
 	return r, err
 }
@@ -226,7 +225,7 @@ func (c *Client) Cancel(ctx context.Context, id string) (task.Task, error) {
 // Logs copies a task's transcript to w. With req.Follow it copies until
 // the task ends, across restarts of the server: the transcript only grows,
 // so a resumed stream skips what was already copied.
-func (c *Client) Logs(ctx context.Context, req orchestrator.LogsRequest, w io.Writer) error {
+func (c *Client) Logs(ctx context.Context, req service.LogsRequest, w io.Writer) error {
 	q := url.Values{}
 	if req.Follow {
 		q.Set("follow", "1")
@@ -299,7 +298,7 @@ func (cw *countingWriter) Write(p []byte) (int, error) {
 // Events calls fn with events; with req.Follow it reads the SSE stream,
 // across restarts of the server (it resumes after the last event it saw),
 // until fn returns an error or ctx is done.
-func (c *Client) Events(ctx context.Context, req orchestrator.EventsRequest, fn func(eventstore.Event) error) error {
+func (c *Client) Events(ctx context.Context, req service.EventsRequest, fn func(eventstore.Event) error) error {
 	path := "/api/events"
 	if req.TaskID != "" {
 		path = "/api/tasks/" + url.PathEscape(req.TaskID) + "/events"
@@ -481,15 +480,15 @@ func (c *Client) ListWorkspace(ctx context.Context, p string, recursive bool) ([
 		return nil, err
 	}
 	if r.Entries == nil {
-		return nil, fmt.Errorf("%s is a file, not a directory: %w", p, orchestrator.ErrNotDir)
+		return nil, fmt.Errorf("%s is a file, not a directory: %w", p, workspace.ErrNotDir)
 	}
 	return r.Entries, nil
 }
 
 // ReadWorkspace reads a file of shared/.
-func (c *Client) ReadWorkspace(ctx context.Context, p string) (orchestrator.File, error) {
+func (c *Client) ReadWorkspace(ctx context.Context, p string) (service.File, error) {
 	var r struct {
-		orchestrator.File
+		service.File
 		Entries []workspace.Entry `json:"entries"`
 	}
 	err := c.call(ctx, http.MethodGet, "/api/workspace/"+escapePath(p), nil, &r)

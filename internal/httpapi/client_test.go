@@ -23,7 +23,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -74,8 +74,8 @@ func (s *wsStub) ListWorkspace(_ context.Context, p string, _ bool) ([]workspace
 	return []workspace.Entry{}, nil
 }
 
-func (s *wsStub) ReadWorkspace(_ context.Context, p string) (orchestrator.File, error) {
-	return orchestrator.File{}, s.saw(p)
+func (s *wsStub) ReadWorkspace(_ context.Context, p string) (service.File, error) {
+	return service.File{}, s.saw(p)
 }
 
 func (s *wsStub) WriteWorkspace(_ context.Context, p string, _ []byte) (workspace.Entry, error) {
@@ -110,7 +110,7 @@ func TestWorkspacePathsReachTheServerAsGiven(t *testing.T) {
 // the class it is filed under, the system call that failed or a host path.
 func TestErrorAnswersReadAsMessages(t *testing.T) {
 	pathErr := &fs.PathError{Op: "openat", Path: "/var/lib/corral/shared/notes/x", Err: syscall.ENOENT}
-	b := &stub{spawn: func(orchestrator.SpawnRequest) (task.Task, bool, error) {
+	b := &stub{spawn: func(service.SpawnRequest) (task.Task, bool, error) {
 		return task.Task{}, false, errors.Join(
 			&errdefs.FieldError{Field: "context_files[0]", Err: fmt.Errorf("%w: %w", pathErr, errdefs.ErrNotFound)},
 			errdefs.Field("timeout_minutes", "must be at most 120"),
@@ -148,7 +148,7 @@ func TestNoServerSaysSo(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	_, err = NewClient("http://"+addr, "").List(context.Background(), orchestrator.ListRequest{})
+	_, err = NewClient("http://"+addr, "").List(context.Background(), service.ListRequest{})
 	if !errors.Is(err, ErrNoServer) || !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("no server: %v, want ErrNoServer and unavailable", err)
 	}
@@ -178,7 +178,7 @@ func (l *eventLog) add(id string) {
 
 // follow is the backend's Events: what follows after, then new events as
 // they come, until ctx is done or end is closed (a graceful shutdown).
-func (l *eventLog) follow(ctx context.Context, end <-chan struct{}, r orchestrator.EventsRequest, fn func(eventstore.Event) error) error {
+func (l *eventLog) follow(ctx context.Context, end <-chan struct{}, r service.EventsRequest, fn func(eventstore.Event) error) error {
 	l.mu.Lock()
 	l.afters = append(l.afters, r.After)
 	l.mu.Unlock()
@@ -219,7 +219,7 @@ type eventsBackend struct {
 	end chan struct{}
 }
 
-func (b *eventsBackend) Events(ctx context.Context, r orchestrator.EventsRequest, fn func(eventstore.Event) error) error {
+func (b *eventsBackend) Events(ctx context.Context, r service.EventsRequest, fn func(eventstore.Event) error) error {
 	return b.log.follow(ctx, b.end, r, fn)
 }
 
@@ -245,7 +245,7 @@ func TestEventsFollowAcrossRestarts(t *testing.T) {
 	got := make(chan string)
 	done := make(chan error, 1)
 	go func() {
-		done <- cl.Events(context.Background(), orchestrator.EventsRequest{TaskID: "task-a", Follow: true}, func(e eventstore.Event) error {
+		done <- cl.Events(context.Background(), service.EventsRequest{TaskID: "task-a", Follow: true}, func(e eventstore.Event) error {
 			got <- e.ID
 			if e.ID == "e5" {
 				return errStop
@@ -326,7 +326,7 @@ type logsBackend struct {
 	logs func(ctx context.Context, w io.Writer) error
 }
 
-func (b *logsBackend) Logs(ctx context.Context, _ orchestrator.LogsRequest, w io.Writer) error {
+func (b *logsBackend) Logs(ctx context.Context, _ service.LogsRequest, w io.Writer) error {
 	return b.logs(ctx, w)
 }
 
@@ -349,7 +349,7 @@ func TestLogsFollowAcrossRestarts(t *testing.T) {
 	var out syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- NewClient(hs.URL, "").Logs(context.Background(), orchestrator.LogsRequest{TaskID: "task-a", Follow: true}, &out)
+		done <- NewClient(hs.URL, "").Logs(context.Background(), service.LogsRequest{TaskID: "task-a", Follow: true}, &out)
 	}()
 	for deadline := time.Now().Add(10 * time.Second); out.String() == ""; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -385,7 +385,7 @@ func TestFollowGivesUp(t *testing.T) {
 	cl.Reconnect = 300 * time.Millisecond
 	done := make(chan error, 1)
 	go func() {
-		done <- cl.Events(context.Background(), orchestrator.EventsRequest{Follow: true}, func(eventstore.Event) error { return nil })
+		done <- cl.Events(context.Background(), service.EventsRequest{Follow: true}, func(eventstore.Event) error { return nil })
 	}()
 	time.Sleep(100 * time.Millisecond) // the stream is open
 	kill(hs)
@@ -433,7 +433,7 @@ func TestSSEHeartbeat(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		log.add("e2")
 	}()
-	err = NewClient(hs.URL, "").Events(ctx, orchestrator.EventsRequest{Follow: true}, func(e eventstore.Event) error {
+	err = NewClient(hs.URL, "").Events(ctx, service.EventsRequest{Follow: true}, func(e eventstore.Event) error {
 		got = append(got, e.ID)
 		if len(got) == 2 {
 			return errStop

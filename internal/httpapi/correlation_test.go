@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -13,7 +13,7 @@ import (
 // back on the response and in the server's log line for the request; a
 // request without one gets a new one; a malformed one is a 400.
 func TestCorrelationIDInResponseAndLog(t *testing.T) {
-	b := &stub{spawn: func(orchestrator.SpawnRequest) (task.Task, bool, error) {
+	b := &stub{spawn: func(service.SpawnRequest) (task.Task, bool, error) {
 		return task.Task{ID: "task-1", Status: task.Queued}, false, nil
 	}}
 	_, url, logs := MustServe(t, b, "")

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -17,7 +17,7 @@ import (
 // which field and what is wrong. The bodies are raw bytes on the wire.
 func TestJSONBodiesRefuseBadUTF8AndRepeatedNames(t *testing.T) {
 	spawned := false
-	b := &stub{spawn: func(orchestrator.SpawnRequest) (task.Task, bool, error) {
+	b := &stub{spawn: func(service.SpawnRequest) (task.Task, bool, error) {
 		spawned = true
 		return task.Task{ID: "task-x", Status: task.Queued}, false, nil
 	}}

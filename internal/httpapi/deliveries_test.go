@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -29,7 +29,7 @@ func (f *fakeDeliveries) List(_ context.Context, state task.DeliveryState, limit
 }
 
 func (f *fakeDeliveries) Retry(ctx context.Context, id string) (task.Delivery, error) {
-	f.actor = orchestrator.ActorFrom(ctx)
+	f.actor = service.ActorFrom(ctx)
 	if f.err != nil {
 		return task.Delivery{}, f.err
 	}

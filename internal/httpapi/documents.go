@@ -7,7 +7,7 @@ import (
 	"strconv"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/tools"
 )
 
@@ -18,7 +18,7 @@ func (s *Server) ingestDocument(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req orchestrator.IngestRequest
+	var req service.IngestRequest
 	if err := tools.Decode(body, &req); err != nil {
 		return err
 	}
@@ -34,7 +34,7 @@ func (s *Server) ingestDocument(w http.ResponseWriter, r *http.Request) error {
 // searchDocuments serves GET /api/documents?q=&type=&limit=.
 func (s *Server) searchDocuments(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	req := orchestrator.SearchRequest{Query: q.Get("q"), Type: q.Get("type")}
+	req := service.SearchRequest{Query: q.Get("q"), Type: q.Get("type")}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
@@ -57,7 +57,7 @@ func (s *Server) exportNotes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req orchestrator.ExportNotesRequest
+	var req service.ExportNotesRequest
 	if err := tools.Decode(body, &req); err != nil {
 		return err
 	}
@@ -70,14 +70,14 @@ func (s *Server) exportNotes(w http.ResponseWriter, r *http.Request) error {
 }
 
 // IngestDocument ingests a workspace file or pushes a note.
-func (c *Client) IngestDocument(ctx context.Context, req orchestrator.IngestRequest) (orchestrator.Document, error) {
-	var d orchestrator.Document
+func (c *Client) IngestDocument(ctx context.Context, req service.IngestRequest) (service.Document, error) {
+	var d service.Document
 	err := c.call(ctx, http.MethodPost, "/api/documents", req, &d)
 	return d, err
 }
 
 // SearchDocuments searches the document index.
-func (c *Client) SearchDocuments(ctx context.Context, req orchestrator.SearchRequest) (orchestrator.SearchResult, error) {
+func (c *Client) SearchDocuments(ctx context.Context, req service.SearchRequest) (service.SearchResult, error) {
 	q := url.Values{"q": {req.Query}}
 	if req.Type != "" {
 		q.Set("type", req.Type)
@@ -85,14 +85,14 @@ func (c *Client) SearchDocuments(ctx context.Context, req orchestrator.SearchReq
 	if req.Limit != 0 {
 		q.Set("limit", strconv.Itoa(req.Limit))
 	}
-	var res orchestrator.SearchResult
+	var res service.SearchResult
 	err := c.call(ctx, http.MethodGet, "/api/documents?"+q.Encode(), nil, &res)
 	return res, err
 }
 
 // ExportNotes writes matching notes under shared/.
-func (c *Client) ExportNotes(ctx context.Context, req orchestrator.ExportNotesRequest) (orchestrator.ExportNotesResult, error) {
-	var res orchestrator.ExportNotesResult
+func (c *Client) ExportNotes(ctx context.Context, req service.ExportNotesRequest) (service.ExportNotesResult, error) {
+	var res service.ExportNotesResult
 	err := c.call(ctx, http.MethodPost, "/api/documents/export", req, &res)
 	return res, err
 }

@@ -13,8 +13,9 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/tools"
+	"github.com/corral-dev/corral/internal/workspace"
 )
 
 // SpawnResponse is POST /api/tasks's answer.
@@ -29,7 +30,7 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req orchestrator.SpawnRequest
+	var req service.SpawnRequest
 	if err := tools.Decode(body, &req); err != nil {
 		return err
 	}
@@ -48,7 +49,7 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	req := orchestrator.ListRequest{Status: q.Get("status"), ConversationID: q.Get("conversation_id"), Cursor: q.Get("cursor")}
+	req := service.ListRequest{Status: q.Get("status"), ConversationID: q.Get("conversation_id"), Cursor: q.Get("cursor")}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
@@ -75,7 +76,7 @@ func (s *Server) getTask(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) taskResult(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	req := orchestrator.ResultRequest{TaskID: r.PathValue("id"), IncludeFileContents: q["include_file_contents"]}
+	req := service.ResultRequest{TaskID: r.PathValue("id"), IncludeFileContents: q["include_file_contents"]}
 	if v := q.Get("wait"); v != "" {
 		d, err := parseWait(v)
 		if err != nil {
@@ -114,7 +115,7 @@ func (s *Server) cancelTask(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) taskLogs(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	req := orchestrator.LogsRequest{TaskID: r.PathValue("id"), Follow: isTrue(q.Get("follow")), Stream: q.Get("stream")}
+	req := service.LogsRequest{TaskID: r.PathValue("id"), Follow: isTrue(q.Get("follow")), Stream: q.Get("stream")}
 	if _, err := s.b.Get(r.Context(), req.TaskID); err != nil {
 		return err
 	}
@@ -152,7 +153,7 @@ func (s *Server) allEvents(w http.ResponseWriter, r *http.Request) error {
 // text/event-stream; SSE resumes after Last-Event-ID or ?after=.
 func (s *Server) events(w http.ResponseWriter, r *http.Request, taskID string) error {
 	q := r.URL.Query()
-	req := orchestrator.EventsRequest{TaskID: taskID, After: q.Get("after")}
+	req := service.EventsRequest{TaskID: taskID, After: q.Get("after")}
 	if id := r.Header.Get("Last-Event-ID"); id != "" {
 		req.After = id
 	}
@@ -183,7 +184,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, taskID string) e
 	}
 	if req.After != "" {
 		// Check the cursor before the stream starts, so a bad one is a 4xx.
-		if err := s.b.Events(r.Context(), orchestrator.EventsRequest{After: req.After, TaskID: taskID}, func(eventstore.Event) error { return errAbort }); err != nil && !errors.Is(err, errAbort) {
+		if err := s.b.Events(r.Context(), service.EventsRequest{After: req.After, TaskID: taskID}, func(eventstore.Event) error { return errAbort }); err != nil && !errors.Is(err, errAbort) {
 			return err
 		}
 	}
@@ -281,7 +282,7 @@ func (s *Server) readWorkspace(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, map[string]any{"path": p, "entries": ents})
 		return nil
 	}
-	if !errors.Is(err, orchestrator.ErrNotDir) {
+	if !errors.Is(err, workspace.ErrNotDir) {
 		return err
 	}
 	f, err := s.b.ReadWorkspace(r.Context(), p)

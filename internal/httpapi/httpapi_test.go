@@ -18,22 +18,22 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
 // stub is a Backend whose methods are function fields; nil ones fail.
 type stub struct {
-	spawn  func(orchestrator.SpawnRequest) (task.Task, bool, error)
+	spawn  func(service.SpawnRequest) (task.Task, bool, error)
 	get    func(string) (task.Task, error)
-	events func(orchestrator.EventsRequest, func(eventstore.Event) error) error
-	logs   func(orchestrator.LogsRequest, io.Writer) error
+	events func(service.EventsRequest, func(eventstore.Event) error) error
+	logs   func(service.LogsRequest, io.Writer) error
 }
 
 var errUnset = errors.New("stub: not set")
 
-func (s *stub) Spawn(_ context.Context, r orchestrator.SpawnRequest) (task.Task, bool, error) {
+func (s *stub) Spawn(_ context.Context, r service.SpawnRequest) (task.Task, bool, error) {
 	if s.spawn == nil {
 		return task.Task{}, false, errUnset
 	}
@@ -45,20 +45,20 @@ func (s *stub) Get(_ context.Context, id string) (task.Task, error) {
 	}
 	return s.get(id)
 }
-func (s *stub) List(context.Context, orchestrator.ListRequest) (orchestrator.ListPage, error) {
-	return orchestrator.ListPage{}, errUnset
+func (s *stub) List(context.Context, service.ListRequest) (service.ListPage, error) {
+	return service.ListPage{}, errUnset
 }
-func (s *stub) Result(context.Context, orchestrator.ResultRequest) (orchestrator.Result, error) {
-	return orchestrator.Result{}, errUnset
+func (s *stub) Result(context.Context, service.ResultRequest) (service.Result, error) {
+	return service.Result{}, errUnset
 }
 func (s *stub) Cancel(context.Context, string) (task.Task, error) { return task.Task{}, errUnset }
-func (s *stub) Logs(_ context.Context, r orchestrator.LogsRequest, w io.Writer) error {
+func (s *stub) Logs(_ context.Context, r service.LogsRequest, w io.Writer) error {
 	if s.logs == nil {
 		return errUnset
 	}
 	return s.logs(r, w)
 }
-func (s *stub) Events(_ context.Context, r orchestrator.EventsRequest, fn func(eventstore.Event) error) error {
+func (s *stub) Events(_ context.Context, r service.EventsRequest, fn func(eventstore.Event) error) error {
 	if s.events == nil {
 		return errUnset
 	}
@@ -67,8 +67,8 @@ func (s *stub) Events(_ context.Context, r orchestrator.EventsRequest, fn func(e
 func (s *stub) ListWorkspace(context.Context, string, bool) ([]workspace.Entry, error) {
 	return nil, errUnset
 }
-func (s *stub) ReadWorkspace(context.Context, string) (orchestrator.File, error) {
-	return orchestrator.File{}, errUnset
+func (s *stub) ReadWorkspace(context.Context, string) (service.File, error) {
+	return service.File{}, errUnset
 }
 func (s *stub) WriteWorkspace(context.Context, string, []byte) (workspace.Entry, error) {
 	return workspace.Entry{}, errUnset
@@ -105,9 +105,9 @@ func TestErrorsRoundTripThroughTheClient(t *testing.T) {
 		{&errdefs.FieldError{Field: "agent", Err: fmt.Errorf("not installed: %w", errdefs.ErrFailedPrecondition)}, 422, errdefs.ErrFailedPrecondition},
 		{fmt.Errorf("escapes: %w", errdefs.ErrPermissionDenied), 403, errdefs.ErrPermissionDenied},
 	} {
-		b := &stub{spawn: func(orchestrator.SpawnRequest) (task.Task, bool, error) { return task.Task{}, false, c.err }}
+		b := &stub{spawn: func(service.SpawnRequest) (task.Task, bool, error) { return task.Task{}, false, c.err }}
 		cl, url, _ := MustServe(t, b, "")
-		_, _, err := cl.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: "x"})
+		_, _, err := cl.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "x"})
 		if !errors.Is(err, c.class) || err.Error() != errdefs.Message(c.err) {
 			t.Errorf("%v: client got %v, want %q of class %v", c.err, err, errdefs.Message(c.err), c.class)
 		}
@@ -133,7 +133,7 @@ func TestInternalErrorsHideTheirDetail(t *testing.T) {
 
 func TestRequestBodyLimit(t *testing.T) {
 	called := false
-	b := &stub{spawn: func(orchestrator.SpawnRequest) (task.Task, bool, error) {
+	b := &stub{spawn: func(service.SpawnRequest) (task.Task, bool, error) {
 		called = true
 		return task.Task{}, false, nil
 	}}
@@ -172,7 +172,7 @@ func TestEventsOverSSE(t *testing.T) {
 		{ID: "evt_2", StreamID: "task/a", StreamVersion: 2, Type: "task_queued", Data: []byte(`{}`), RecordedAt: now, Position: 2},
 	}
 	var gotAfter []string
-	b := &stub{events: func(r orchestrator.EventsRequest, fn func(eventstore.Event) error) error {
+	b := &stub{events: func(r service.EventsRequest, fn func(eventstore.Event) error) error {
 		gotAfter = append(gotAfter, r.After)
 		for _, e := range all {
 			if r.After != "" && e.ID <= r.After {
@@ -186,7 +186,7 @@ func TestEventsOverSSE(t *testing.T) {
 	}}
 	cl, _, _ := MustServe(t, b, "")
 	var got []eventstore.Event
-	err := cl.Events(context.Background(), orchestrator.EventsRequest{Follow: true, After: "evt_1"}, func(e eventstore.Event) error {
+	err := cl.Events(context.Background(), service.EventsRequest{Follow: true, After: "evt_1"}, func(e eventstore.Event) error {
 		got = append(got, e)
 		if e.ID == all[len(all)-1].ID {
 			return errStop // a followed stream goes on until its reader stops
@@ -207,7 +207,7 @@ func TestEventsOverSSE(t *testing.T) {
 func TestLogsStream(t *testing.T) {
 	b := &stub{
 		get: func(id string) (task.Task, error) { return task.Task{ID: id, Status: task.Success}, nil },
-		logs: func(r orchestrator.LogsRequest, w io.Writer) error {
+		logs: func(r service.LogsRequest, w io.Writer) error {
 			if !r.Follow || r.Stream != "stderr" {
 				return fmt.Errorf("request %+v: %w", r, errdefs.ErrInvalidArgument)
 			}
@@ -218,7 +218,7 @@ func TestLogsStream(t *testing.T) {
 	}
 	cl, _, _ := MustServe(t, b, "")
 	var out bytes.Buffer
-	if err := cl.Logs(context.Background(), orchestrator.LogsRequest{TaskID: "task-1", Follow: true, Stream: "stderr"}, &out); err != nil {
+	if err := cl.Logs(context.Background(), service.LogsRequest{TaskID: "task-1", Follow: true, Stream: "stderr"}, &out); err != nil {
 		t.Fatal(err)
 	}
 	if out.String() != "one\ntwo\n" {

@@ -1,7 +1,7 @@
 // Package httpapi is Corral's HTTP transport: the JSON API of SPEC §7
 // (tasks, events over SSE, workspace files, tools, the worker webhook,
 // health and metrics) with bearer-token auth, and Client, which implements
-// orchestrator.Service over that API for the CLI. Handlers only parse
+// service.Service over that API for the CLI. Handlers only parse
 // input, call the orchestrator and map errors, in one function (writeError).
 package httpapi
 
@@ -23,15 +23,15 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/ids"
 	"github.com/corral-dev/corral/internal/logkey"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/tools"
 )
 
-// Backend is what the server needs beyond orchestrator.Service: the
+// Backend is what the server needs beyond service.Service: the
 // server-only operations that no client calls through Service.
 type Backend interface {
-	orchestrator.Service
+	service.Service
 	WorkerComplete(ctx context.Context, h http.Header, body []byte) (string, error)
 	OpenOutput(ctx context.Context, id, path string) (*os.File, fs.FileInfo, error)
 	Stats() Stats
@@ -242,7 +242,7 @@ func (s *Server) wrap(h handlerFunc, rt route) http.Handler {
 				return
 			}
 		}
-		ctx = orchestrator.WithActor(ctx, actor)
+		ctx = service.WithActor(ctx, actor)
 		start := time.Now()
 		err = h(w, r.WithContext(ctx))
 		if err != nil {

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"net/url"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/tools"
 )
 
@@ -35,7 +35,7 @@ func (s *Server) createSkill(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req orchestrator.CreateSkillRequest
+	var req service.CreateSkillRequest
 	if err := tools.Decode(body, &req); err != nil {
 		return err
 	}
@@ -49,24 +49,24 @@ func (s *Server) createSkill(w http.ResponseWriter, r *http.Request) error {
 }
 
 // ListSkills lists the skills.
-func (c *Client) ListSkills(ctx context.Context) ([]orchestrator.SkillInfo, error) {
+func (c *Client) ListSkills(ctx context.Context) ([]service.SkillInfo, error) {
 	var r struct {
-		Skills []orchestrator.SkillInfo `json:"skills"`
+		Skills []service.SkillInfo `json:"skills"`
 	}
 	err := c.call(ctx, http.MethodGet, "/api/skills", nil, &r)
 	return r.Skills, err
 }
 
 // GetSkill returns a skill.
-func (c *Client) GetSkill(ctx context.Context, name string) (orchestrator.SkillDetail, error) {
-	var sk orchestrator.SkillDetail
+func (c *Client) GetSkill(ctx context.Context, name string) (service.SkillDetail, error) {
+	var sk service.SkillDetail
 	err := c.call(ctx, http.MethodGet, "/api/skills/"+url.PathEscape(name), nil, &sk)
 	return sk, err
 }
 
 // CreateSkill creates a skill.
-func (c *Client) CreateSkill(ctx context.Context, req orchestrator.CreateSkillRequest) (orchestrator.SkillDetail, error) {
-	var sk orchestrator.SkillDetail
+func (c *Client) CreateSkill(ctx context.Context, req service.CreateSkillRequest) (service.SkillDetail, error) {
+	var sk service.SkillDetail
 	err := c.call(ctx, http.MethodPost, "/api/skills", req, &sk)
 	return sk, err
 }

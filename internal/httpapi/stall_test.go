@@ -11,14 +11,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
 // A body that stops arriving closes its connection after BodyStall; one
 // that keeps arriving, however slowly overall, is read to its end.
 func TestStalledBodyIsCut(t *testing.T) {
-	b := &stub{spawn: func(r orchestrator.SpawnRequest) (task.Task, bool, error) {
+	b := &stub{spawn: func(r service.SpawnRequest) (task.Task, bool, error) {
 		return task.Task{ID: "task-1", Status: task.Queued}, false, nil
 	}}
 	var logs strings.Builder

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -38,14 +38,14 @@ func (b *reached) take() []string {
 	return h
 }
 
-func (b *reached) Spawn(context.Context, orchestrator.SpawnRequest) (task.Task, bool, error) {
+func (b *reached) Spawn(context.Context, service.SpawnRequest) (task.Task, bool, error) {
 	b.mark("spawn")
 	return task.Task{ID: "task-1", Status: task.Queued}, false, nil
 }
 
-func (b *reached) List(context.Context, orchestrator.ListRequest) (orchestrator.ListPage, error) {
+func (b *reached) List(context.Context, service.ListRequest) (service.ListPage, error) {
 	b.mark("list")
-	return orchestrator.ListPage{}, nil
+	return service.ListPage{}, nil
 }
 
 func (b *reached) Cancel(_ context.Context, id string) (task.Task, error) {
@@ -175,7 +175,7 @@ func TestTheClientPassesTheChecks(t *testing.T) {
 	if _, err := cl.WriteWorkspace(ctx, "a.txt", []byte("not json")); err != nil {
 		t.Errorf("write workspace: %v", err)
 	}
-	if _, err := cl.List(ctx, orchestrator.ListRequest{}); err != nil {
+	if _, err := cl.List(ctx, service.ListRequest{}); err != nil {
 		t.Errorf("list: %v", err)
 	}
 	if got := b.take(); len(got) != 3 {

@@ -9,8 +9,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -32,7 +32,7 @@ func BenchmarkWaitReturn(b *testing.B) {
 	ctx := context.Background()
 	var fromCommit, fromAppend []float64
 	for b.Loop() {
-		tk, _, err := f.orch.Spawn(ctx, orchestrator.SpawnRequest{TaskDescription: "bench", Agent: "command", Command: []string{"true"}})
+		tk, _, err := f.orch.Spawn(ctx, service.SpawnRequest{TaskDescription: "bench", Agent: "command", Command: []string{"true"}})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -33,7 +33,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/logkey"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/tools"
 )
@@ -53,11 +53,11 @@ type Options struct {
 	Limits tools.Limits
 }
 
-// Server is an MCP server over one orchestrator.Service. It is safe for
+// Server is an MCP server over one service.Service. It is safe for
 // concurrent use: any number of sessions, over both transports, may share
 // it.
 type Server struct {
-	svc  orchestrator.Service
+	svc  service.Service
 	cat  *tools.Catalogue
 	opts Options
 	log  *slog.Logger
@@ -65,7 +65,7 @@ type Server struct {
 }
 
 // New returns a Server with every tool of tools.New(svc, opts.Limits).
-func New(svc orchestrator.Service, opts Options, log *slog.Logger) *Server {
+func New(svc service.Service, opts Options, log *slog.Logger) *Server {
 	if opts.Version == "" {
 		opts.Version = "dev"
 	}
@@ -126,7 +126,7 @@ func (s *Server) handler(name string) mcp.ToolHandler {
 		}
 		stop := s.followProgress(ctx, req, name, args)
 		res, err := s.cat.Call(ctx, name, args)
-		r, ok := res.(orchestrator.Result)
+		r, ok := res.(service.Result)
 		stop(err == nil && ok && r.Done)
 		if err != nil {
 			return s.errorResult(name, err), nil
@@ -202,7 +202,7 @@ func (s *Server) followProgress(ctx context.Context, req *mcp.CallToolRequest, n
 	go func() {
 		defer close(done)
 		var n float64
-		err := s.svc.Events(ctx, orchestrator.EventsRequest{TaskID: a.TaskID, Follow: true}, func(e eventstore.Event) error {
+		err := s.svc.Events(ctx, service.EventsRequest{TaskID: a.TaskID, Follow: true}, func(e eventstore.Event) error {
 			msg, ok := progressMessage(e)
 			if !ok {
 				return nil

@@ -17,9 +17,10 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/eventstore/sqlite"
 	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/service/servicetest"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/tools"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -35,42 +36,8 @@ type fixture struct {
 
 func MustFixture(tb testing.TB) *fixture {
 	tb.Helper()
-	log := slog.New(slog.DiscardHandler)
-	dir := tb.TempDir()
-	store, err := sqlite.Open(context.Background(), filepath.Join(dir, "events.db"), log)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { store.Close() })
-	data, err := workspace.Open(filepath.Join(dir, "data"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { data.Close() })
-	tasks := projection.New(store, log)
-	o := orchestrator.New(orchestrator.Options{
-		Store: store,
-		Tasks: tasks,
-		Data:  data,
-		Limits: orchestrator.Limits{
-			MaxPromptBytes:    10000,
-			MaxTaskDirBytes:   1 << 20,
-			MaxContextBytes:   1 << 20,
-			MaxLogBytes:       1 << 20,
-			MaxReadBytes:      256 << 10,
-			MaxWriteBytes:     1 << 20,
-			MaxQueued:         500,
-			DefaultTimeoutMin: 30,
-			MaxTimeoutMin:     120,
-			StopGrace:         100 * time.Millisecond,
-		},
-		Defaults: orchestrator.Defaults{Agent: task.AgentClaude, Runtime: "local", Network: task.NetworkNone},
-		Runtimes: map[string]string{"local": ""},
-		Networks: map[string]string{task.NetworkNone: ""},
-		Agents:   map[string]orchestrator.AgentConfig{task.AgentClaude: {Binary: "/usr/local/bin/claude"}, task.AgentCommand: {}},
-		Worker:   orchestrator.WorkerOptions{Binary: "/usr/local/bin/corral", SocketDir: data.HostPath("run", "sock"), Secret: []byte("0123456789abcdef0123456789abcdef")},
-	}, log)
-	return &fixture{orch: o, tasks: tasks, data: data}
+	f := servicetest.NewOrchestrator(tb, nil)
+	return &fixture{orch: f.Orch, tasks: f.Tasks, data: f.Data}
 }
 
 // MustComplete ends a task with status success and writes its output files.
@@ -116,7 +83,7 @@ func (p *progressLog) all() []string {
 
 // MustConnect serves svc over the SDK's in-memory transport and returns a
 // connected client session.
-func MustConnect(tb testing.TB, svc orchestrator.Service, log *slog.Logger) (*mcp.ClientSession, *progressLog) {
+func MustConnect(tb testing.TB, svc service.Service, log *slog.Logger) (*mcp.ClientSession, *progressLog) {
 	tb.Helper()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -229,7 +196,7 @@ func TestCallEveryTool(t *testing.T) {
 	if written.Path != "data/in.csv" || written.Size != 8 {
 		t.Errorf("write_workspace: %+v", written)
 	}
-	var file orchestrator.File
+	var file service.File
 	MustOK(t, cs, "read_workspace", map[string]any{"path": "data/in.csv"}, &file)
 	if file.Content != "a,b\n1,2\n" {
 		t.Errorf("read_workspace content %q", file.Content)
@@ -254,7 +221,7 @@ func TestCallEveryTool(t *testing.T) {
 	if !task.ValidID(spawned.TaskID) || spawned.Status != string(task.Queued) {
 		t.Fatalf("spawn_worker: %+v", spawned)
 	}
-	var page orchestrator.ListPage
+	var page service.ListPage
 	MustOK(t, cs, "list_worker_tasks", map[string]any{"limit": 10}, &page)
 	if len(page.Tasks) != 1 || page.Tasks[0].ID != spawned.TaskID {
 		t.Errorf("list_worker_tasks: %+v", page.Tasks)
@@ -271,7 +238,7 @@ func TestCallEveryTool(t *testing.T) {
 	if err != nil || res.IsError {
 		t.Fatalf("read_task_result: %v %s", err, text(res))
 	}
-	var result orchestrator.Result
+	var result service.Result
 	if err := json.Unmarshal([]byte(text(res)), &result); err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +267,7 @@ func TestCallEveryTool(t *testing.T) {
 func TestProgressWhileWaiting(t *testing.T) {
 	f := MustFixture(t)
 	cs, prog := MustConnect(t, f.orch, nil)
-	tk, _, err := f.orch.Spawn(context.Background(), orchestrator.SpawnRequest{TaskDescription: "x", Agent: "command", Command: []string{"true"}})
+	tk, _, err := f.orch.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "x", Agent: "command", Command: []string{"true"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +370,7 @@ func TestBadInput(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(f.data.Path(), "escape.txt")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("escape.txt outside shared/: %v", err)
 	}
-	page, err := f.orch.List(context.Background(), orchestrator.ListRequest{})
+	page, err := f.orch.List(context.Background(), service.ListRequest{})
 	if err != nil || len(page.Tasks) != 0 {
 		t.Errorf("a bad call created tasks: %v %v", page.Tasks, err)
 	}
@@ -420,12 +387,12 @@ func TestUnknownTool(t *testing.T) {
 
 // brokenService fails ReadWorkspace with an unclassified error.
 type brokenService struct {
-	orchestrator.Service
+	service.Service
 	err error
 }
 
-func (b brokenService) ReadWorkspace(context.Context, string) (orchestrator.File, error) {
-	return orchestrator.File{}, b.err
+func (b brokenService) ReadWorkspace(context.Context, string) (service.File, error) {
+	return service.File{}, b.err
 }
 
 func TestInternalErrorIsHidden(t *testing.T) {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/clip"
 	"io"
 	"os"
 	"path"
 	"strings"
 	"time"
+
+	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/service"
 
 	"github.com/corral-dev/corral/internal/attachment"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -18,19 +20,6 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
 )
-
-// Attachment is an attachment's metadata (SPEC §1 attachments/XX/<id>.json).
-type Attachment = attachment.Meta
-
-// CreateAttachmentRequest holds create_attachment_from_workspace's
-// arguments.
-type CreateAttachmentRequest struct {
-	// SourcePath names a task's output file, "tasks/<task-id>/output/<path>",
-	// or a shared file, "shared/<path>" or a path relative to shared/. A
-	// leading "/workspace/" (the seed's view of the volume) is ignored.
-	SourcePath  string `json:"source_path"`
-	Description string `json:"description,omitempty"`
-}
 
 // maxAttachmentsPerSpawn bounds attachment_ids.
 const maxAttachmentsPerSpawn = 100
@@ -54,7 +43,7 @@ func (o *Orchestrator) attachments() (*attachment.Store, error) {
 
 // UploadAttachments stores uploaded files, all or none, and records an
 // attachment_created event for each once all are stored.
-func (o *Orchestrator) UploadAttachments(ctx context.Context, next func() (string, io.Reader, error)) ([]Attachment, error) {
+func (o *Orchestrator) UploadAttachments(ctx context.Context, next func() (string, io.Reader, error)) ([]service.Attachment, error) {
 	if err := o.checkFreeSpace(); err != nil {
 		return nil, err
 	}
@@ -91,7 +80,7 @@ func (o *Orchestrator) UploadAttachments(ctx context.Context, next func() (strin
 	if len(staged) == 0 {
 		return nil, errdefs.Field("files", "no file in the request (send multipart/form-data with one or more file parts)")
 	}
-	out := make([]Attachment, 0, len(staged))
+	out := make([]service.Attachment, 0, len(staged))
 	for i, st := range staged {
 		if err := st.Commit(); err != nil {
 			for _, later := range staged[i+1:] {
@@ -104,7 +93,7 @@ func (o *Orchestrator) UploadAttachments(ctx context.Context, next func() (strin
 		}
 		out = append(out, st.Meta())
 	}
-	actor := ActorFrom(ctx)
+	actor := service.ActorFrom(ctx)
 	for _, m := range out {
 		if err := o.recordAttachment(ctx, m, "", actor); err != nil {
 			return nil, err
@@ -114,7 +103,7 @@ func (o *Orchestrator) UploadAttachments(ctx context.Context, next func() (strin
 }
 
 // recordAttachment appends attachment_created to the attachment's stream.
-func (o *Orchestrator) recordAttachment(ctx context.Context, m Attachment, taskID, actor string) error {
+func (o *Orchestrator) recordAttachment(ctx context.Context, m service.Attachment, taskID, actor string) error {
 	ev := projection.NewEvent(task.EventAttachmentCreated, task.AttachmentCreated{
 		AttachmentID: m.ID, Name: m.Name, Type: m.Type, Size: m.Size, SHA256: m.SHA256,
 		Source: m.Source, TaskID: taskID, Description: m.Description,
@@ -127,48 +116,48 @@ func (o *Orchestrator) recordAttachment(ctx context.Context, m Attachment, taskI
 }
 
 // OpenAttachment returns an attachment and its content.
-func (o *Orchestrator) OpenAttachment(ctx context.Context, id string) (Attachment, io.ReadCloser, error) {
+func (o *Orchestrator) OpenAttachment(ctx context.Context, id string) (service.Attachment, io.ReadCloser, error) {
 	store, err := o.attachments()
 	if err != nil {
-		return Attachment{}, nil, err
+		return service.Attachment{}, nil, err
 	}
 	m, f, err := store.Open(id)
 	if err != nil {
-		return Attachment{}, nil, err
+		return service.Attachment{}, nil, err
 	}
 	return m, f, nil
 }
 
 // CreateAttachmentFromWorkspace streams a task's output file or a shared
 // file into a new attachment. Symbolic links are refused, never followed.
-func (o *Orchestrator) CreateAttachmentFromWorkspace(ctx context.Context, req CreateAttachmentRequest) (Attachment, error) {
+func (o *Orchestrator) CreateAttachmentFromWorkspace(ctx context.Context, req service.CreateAttachmentRequest) (service.Attachment, error) {
 	if err := o.checkFreeSpace(); err != nil {
-		return Attachment{}, err
+		return service.Attachment{}, err
 	}
 	store, err := o.attachments()
 	if err != nil {
-		return Attachment{}, err
+		return service.Attachment{}, err
 	}
 	if len(req.Description) > maxDescription || strings.ContainsRune(req.Description, 0) {
-		return Attachment{}, errdefs.Field("description", fmt.Sprintf("must be text of at most %d bytes", maxDescription))
+		return service.Attachment{}, errdefs.Field("description", fmt.Sprintf("must be text of at most %d bytes", maxDescription))
 	}
 	taskID, root, rel, source, err := o.resolveSource(ctx, req.SourcePath)
 	if err != nil {
-		return Attachment{}, &errdefs.FieldError{Field: "source_path", Err: err}
+		return service.Attachment{}, &errdefs.FieldError{Field: "source_path", Err: err}
 	}
 	defer root.Close()
 	f, _, err := workspace.OpenFile(root, rel)
 	if err != nil {
-		return Attachment{}, &errdefs.FieldError{Field: "source_path", Err: err}
+		return service.Attachment{}, &errdefs.FieldError{Field: "source_path", Err: err}
 	}
 	defer f.Close()
 	m, err := store.Create(path.Base(rel), f, req.Description, source)
 	if err != nil {
-		return Attachment{}, &errdefs.FieldError{Field: "source_path", Err: err}
+		return service.Attachment{}, &errdefs.FieldError{Field: "source_path", Err: err}
 	}
-	if err := o.recordAttachment(ctx, m, taskID, ActorFrom(ctx)); err != nil {
+	if err := o.recordAttachment(ctx, m, taskID, service.ActorFrom(ctx)); err != nil {
 		store.Remove(m.ID)
-		return Attachment{}, err
+		return service.Attachment{}, err
 	}
 	return m, nil
 }
@@ -231,7 +220,7 @@ func (o *Orchestrator) resolveSource(ctx context.Context, p string) (taskID stri
 
 // checkAttachments validates attachment_ids: well formed, known, no
 // repeats. It returns the field errors and the attachments in order.
-func (o *Orchestrator) checkAttachments(ids []string) ([]Attachment, []error) {
+func (o *Orchestrator) checkAttachments(ids []string) ([]service.Attachment, []error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
@@ -243,7 +232,7 @@ func (o *Orchestrator) checkAttachments(ids []string) ([]Attachment, []error) {
 		return nil, []error{errdefs.Field("attachment_ids", fmt.Sprintf("has %d ids, over the limit of %d", len(ids), maxAttachmentsPerSpawn))}
 	}
 	var errs []error
-	var out []Attachment
+	var out []service.Attachment
 	seen := map[string]bool{}
 	for i, id := range ids {
 		field := fmt.Sprintf("attachment_ids[%d]", i)
@@ -271,7 +260,7 @@ func (o *Orchestrator) checkAttachments(ids []string) ([]Attachment, []error) {
 // resolve inside the sandbox, which sees only /task and shared/, and a hard
 // link would share the inode the worker can write, changing the stored
 // attachment. It returns the names used, in order.
-func (o *Orchestrator) copyAttachments(dir *os.Root, atts []Attachment, taken map[string]bool, budget int64) ([]string, error) {
+func (o *Orchestrator) copyAttachments(dir *os.Root, atts []service.Attachment, taken map[string]bool, budget int64) ([]string, error) {
 	var names []string
 	for i, m := range atts {
 		name := uniqueName(m.Name, taken)
@@ -306,7 +295,7 @@ func uniqueName(name string, taken map[string]bool) string {
 
 // promptAttachments lists the attachments for prompt.md, under the names
 // they took in context/.
-func promptAttachments(atts []Attachment, names []string) []PromptFile {
+func promptAttachments(atts []service.Attachment, names []string) []PromptFile {
 	var out []PromptFile
 	for i, m := range atts {
 		out = append(out, PromptFile{Name: names[i], About: fmt.Sprintf("(%s, %d bytes)", m.Type, m.Size)})

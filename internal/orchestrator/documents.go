@@ -7,13 +7,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/clip"
 	"io"
 	"os"
 	"path"
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/service"
 
 	"github.com/corral-dev/corral/internal/document"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -22,13 +24,6 @@ import (
 	"github.com/corral-dev/corral/internal/units"
 	"github.com/corral-dev/corral/internal/workspace"
 )
-
-// Document is a document of the index (a file ingested into documents/, or
-// a note).
-type Document = document.Doc
-
-// DocumentHit is one search result.
-type DocumentHit = document.Hit
 
 // Document limits that are not configurable.
 const (
@@ -41,60 +36,6 @@ const (
 	defaultExportMax  = 20
 )
 
-// IngestRequest holds ingest_from_workspace's arguments, or a note pushed
-// by the host with its content (POST /api/documents with content).
-type IngestRequest struct {
-	// SourcePath is a file of shared/ ("data/x.csv", "shared/data/x.csv",
-	// "/workspace/shared/data/x.csv") or a task's output file
-	// ("tasks/<id>/output/summary.md").
-	SourcePath string `json:"source_path,omitempty"`
-	// Content is a note's Markdown text, instead of SourcePath.
-	Content *string `json:"content,omitempty"`
-	Title   string  `json:"title"`
-	// SourceType is worker_output (the default for a file), generated,
-	// imported or note (the default for content).
-	SourceType string `json:"source_type,omitempty"`
-	// DocumentType is the seed's use case 2 spelling: "note" makes the
-	// document a note.
-	DocumentType string          `json:"document_type,omitempty"`
-	Metadata     json.RawMessage `json:"metadata,omitempty"`
-}
-
-// SearchRequest is a document search.
-type SearchRequest struct {
-	Query string `json:"q"`
-	// Type is "note", "document" or empty for both.
-	Type  string `json:"type,omitempty"`
-	Limit int    `json:"limit,omitempty"`
-}
-
-// SearchResult is a search's answer, best match first.
-type SearchResult struct {
-	Query     string        `json:"q"`
-	Documents []DocumentHit `json:"documents"`
-}
-
-// ExportNotesRequest holds export_notes_to_workspace's arguments.
-type ExportNotesRequest struct {
-	Query          string `json:"query"`
-	DestinationDir string `json:"destination_dir"`
-	MaxNotes       int    `json:"max_notes,omitempty"`
-}
-
-// ExportedNote is one note written by ExportNotes.
-type ExportedNote struct {
-	DocumentID string `json:"document_id"`
-	Title      string `json:"title"`
-	Path       string `json:"path"` // relative to shared/
-	Size       int64  `json:"size"`
-}
-
-// ExportNotesResult is export_notes_to_workspace's answer.
-type ExportNotesResult struct {
-	DestinationDir string         `json:"destination_dir"`
-	Notes          []ExportedNote `json:"notes"`
-}
-
 func (o *Orchestrator) documents() (*document.Index, error) {
 	if o.opts.Documents == nil {
 		return nil, fmt.Errorf("the document index is not enabled on this server: %w", errdefs.ErrNotImplemented)
@@ -105,10 +46,10 @@ func (o *Orchestrator) documents() (*document.Index, error) {
 // IngestDocument copies a workspace file into documents/ (or writes a
 // pushed note there), records document_ingested (note_created for a pushed
 // note) and indexes it. Nothing is written when the input is bad.
-func (o *Orchestrator) IngestDocument(ctx context.Context, req IngestRequest) (Document, error) {
+func (o *Orchestrator) IngestDocument(ctx context.Context, req service.IngestRequest) (service.Document, error) {
 	ix, err := o.documents()
 	if err != nil {
-		return Document{}, err
+		return service.Document{}, err
 	}
 	var errs []error
 	bad := func(field, format string, args ...any) {
@@ -160,7 +101,7 @@ func (o *Orchestrator) IngestDocument(ctx context.Context, req IngestRequest) (D
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return Document{}, err
+		return service.Document{}, err
 	}
 
 	id := document.NewID()
@@ -175,36 +116,36 @@ func (o *Orchestrator) IngestDocument(ctx context.Context, req IngestRequest) (D
 		sum := sha256.Sum256([]byte(*c))
 		p.SHA256 = hex.EncodeToString(sum[:])
 		if err := workspace.WriteFileAtomic(o.data.Root(), workspace.DirDocuments+"/"+p.File, []byte(*c), 0o644); err != nil {
-			return Document{}, fmt.Errorf("write note %s: %w", id, err)
+			return service.Document{}, fmt.Errorf("write note %s: %w", id, err)
 		}
 	} else {
 		_, root, rel, source, err := o.resolveSource(ctx, req.SourcePath)
 		if err != nil {
-			return Document{}, &errdefs.FieldError{Field: "source_path", Err: err}
+			return service.Document{}, &errdefs.FieldError{Field: "source_path", Err: err}
 		}
 		defer root.Close()
 		p.Name, p.Source = path.Base(rel), source
 		p.File = document.FileName(id, p.Name)
 		if p.Size, err = workspace.CopyFile(root, rel, o.data.Root(), workspace.DirDocuments+"/"+p.File, maxDocumentBytes); err != nil {
-			return Document{}, &errdefs.FieldError{Field: "source_path", Err: err}
+			return service.Document{}, &errdefs.FieldError{Field: "source_path", Err: err}
 		}
 		if p.SHA256, p.ContentType, err = o.hashDocument(p.File, p.Name); err != nil {
 			o.removeDocumentFile(p.File)
-			return Document{}, err
+			return service.Document{}, err
 		}
 	}
 	data, _ := json.Marshal(p)
 	if _, err := o.store.Append(ctx, task.DocumentStreamID(id), 0, eventstore.Proposed{
-		Type: typ, SchemaVersion: task.SchemaVersion, Data: data, Actor: ActorFrom(ctx),
+		Type: typ, SchemaVersion: task.SchemaVersion, Data: data, Actor: service.ActorFrom(ctx),
 	}); err != nil {
 		o.removeDocumentFile(p.File)
-		return Document{}, fmt.Errorf("record document %s: %w", id, err)
+		return service.Document{}, fmt.Errorf("record document %s: %w", id, err)
 	}
-	o.log.Info("document ingested", "document_id", id, "source_type", st, "size", p.Size, "source", p.Source, "actor", ActorFrom(ctx))
+	o.log.Info("document ingested", "document_id", id, "source_type", st, "size", p.Size, "source", p.Source, "actor", service.ActorFrom(ctx))
 	if err := ix.Sync(ctx); err != nil {
 		// The document is recorded; the next Sync indexes it.
 		o.log.Warn("document index behind", "document_id", id, "err", err)
-		return Document{DocumentIngested: p, IndexNote: "recorded; indexing is pending"}, nil
+		return service.Document{DocumentIngested: p, IndexNote: "recorded; indexing is pending"}, nil
 	}
 	return ix.Get(ctx, id)
 }
@@ -249,29 +190,29 @@ func (o *Orchestrator) removeDocumentFile(file string) {
 }
 
 // SearchDocuments searches the index, best match first.
-func (o *Orchestrator) SearchDocuments(ctx context.Context, req SearchRequest) (SearchResult, error) {
+func (o *Orchestrator) SearchDocuments(ctx context.Context, req service.SearchRequest) (service.SearchResult, error) {
 	ix, err := o.documents()
 	if err != nil {
-		return SearchResult{}, err
+		return service.SearchResult{}, err
 	}
 	if len(req.Query) > maxQueryBytes {
-		return SearchResult{}, errdefs.Field("q", fmt.Sprintf("is over %d bytes", maxQueryBytes))
+		return service.SearchResult{}, errdefs.Field("q", fmt.Sprintf("is over %d bytes", maxQueryBytes))
 	}
 	hits, err := ix.Search(ctx, document.Query{Text: req.Query, Kind: req.Type, Limit: req.Limit})
 	if err != nil {
-		return SearchResult{}, err
+		return service.SearchResult{}, err
 	}
-	return SearchResult{Query: req.Query, Documents: hits}, nil
+	return service.SearchResult{Query: req.Query, Documents: hits}, nil
 }
 
 // ExportNotes writes the notes matching req.Query as Markdown files with
 // YAML frontmatter under shared/<destination_dir>/, one per note, named
 // after its title. A file of that name there is replaced: an export is
 // regenerated content. Nothing is written when no note matches.
-func (o *Orchestrator) ExportNotes(ctx context.Context, req ExportNotesRequest) (ExportNotesResult, error) {
+func (o *Orchestrator) ExportNotes(ctx context.Context, req service.ExportNotesRequest) (service.ExportNotesResult, error) {
 	ix, err := o.documents()
 	if err != nil {
-		return ExportNotesResult{}, err
+		return service.ExportNotesResult{}, err
 	}
 	var errs []error
 	if strings.TrimSpace(req.Query) == "" {
@@ -294,45 +235,45 @@ func (o *Orchestrator) ExportNotes(ctx context.Context, req ExportNotesRequest) 
 		errs = append(errs, errdefs.Field("max_notes", fmt.Sprintf("must be between 1 and %d", document.MaxLimit)))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return ExportNotesResult{}, err
+		return service.ExportNotesResult{}, err
 	}
 	hits, err := ix.Search(ctx, document.Query{Text: req.Query, Kind: document.KindNote, Limit: max})
 	if err != nil {
-		return ExportNotesResult{}, renameField(err, "q", "query")
+		return service.ExportNotesResult{}, renameField(err, "q", "query")
 	}
 	files, err := o.renderNotes(hits)
 	if err != nil {
-		return ExportNotesResult{}, err
+		return service.ExportNotesResult{}, err
 	}
 	var total int64
 	for _, f := range files {
 		total += int64(len(f.content))
 	}
 	if err := o.checkSharedQuota(total); err != nil {
-		return ExportNotesResult{}, err
+		return service.ExportNotesResult{}, err
 	}
-	res := ExportNotesResult{DestinationDir: dest, Notes: []ExportedNote{}}
+	res := service.ExportNotesResult{DestinationDir: dest, Notes: []service.ExportedNote{}}
 	for _, f := range files {
 		p := dest + "/" + f.name
 		if err := workspace.WriteFileAtomic(o.data.Shared(), p, f.content, 0o644); err != nil {
 			return res, &errdefs.FieldError{Field: "destination_dir", Err: err}
 		}
-		res.Notes = append(res.Notes, ExportedNote{DocumentID: f.doc.DocumentID, Title: f.doc.Title, Path: p, Size: int64(len(f.content))})
+		res.Notes = append(res.Notes, service.ExportedNote{DocumentID: f.doc.DocumentID, Title: f.doc.Title, Path: p, Size: int64(len(f.content))})
 	}
-	o.log.Info("notes exported", "count", len(res.Notes), "destination", dest, "actor", ActorFrom(ctx))
+	o.log.Info("notes exported", "count", len(res.Notes), "destination", dest, "actor", service.ActorFrom(ctx))
 	return res, nil
 }
 
 // noteFile is a note rendered as a Markdown file.
 type noteFile struct {
-	doc     Document
+	doc     service.Document
 	name    string // <slug>.md, unique among the set
 	content []byte
 }
 
 // renderNotes renders notes as Markdown with frontmatter, each named after
 // its title ("-2", "-3" for titles that repeat).
-func (o *Orchestrator) renderNotes(hits []DocumentHit) ([]noteFile, error) {
+func (o *Orchestrator) renderNotes(hits []service.DocumentHit) ([]noteFile, error) {
 	taken := map[string]bool{}
 	var out []noteFile
 	for _, h := range hits {
@@ -360,9 +301,9 @@ func renameField(err error, from, to string) error {
 // taskDocuments is what spawn_worker's document_ids and note_query bring
 // into a task.
 type taskDocuments struct {
-	docs      []Document
+	docs      []service.Document
 	noteQuery string
-	notes     []DocumentHit
+	notes     []service.DocumentHit
 }
 
 // checkDocuments validates document_ids and note_query and finds what they

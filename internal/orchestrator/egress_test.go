@@ -15,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -82,7 +83,7 @@ func TestPrepareWithEgress(t *testing.T) {
 	f := MustNew(t, withNetworks(eg))
 	ctx := context.Background()
 	for _, network := range []string{task.NetworkAllowlist, task.NetworkOpen} {
-		tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: network})
+		tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: network})
 		spec, err := f.o.Prepare(ctx, tk)
 		if err != nil {
 			t.Fatal(err)
@@ -104,7 +105,7 @@ func TestPrepareWithEgress(t *testing.T) {
 		t.Errorf("opened %v", opened)
 	}
 
-	none := f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: task.NetworkNone})
+	none := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: task.NetworkNone})
 	spec, err := f.o.Prepare(ctx, none)
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +125,7 @@ func TestPrepareWithEgress(t *testing.T) {
 
 func TestPrepareWithoutEgressRefusesNetwork(t *testing.T) {
 	f := MustNew(t, withNetworks(nil))
-	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: task.NetworkAllowlist})
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: task.NetworkAllowlist})
 	if _, err := f.o.Prepare(context.Background(), tk); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("Prepare = %v, want ErrFailedPrecondition", err)
 	}
@@ -137,7 +138,7 @@ func TestRunEgressReopensAndSweeps(t *testing.T) {
 	eg := newFakeEgress("unknown-task")
 	f := MustNew(t, withNetworks(eg))
 	spawn := func(network string) task.Task {
-		return f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: network})
+		return f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: network})
 	}
 	running, noNet, ended := spawn(task.NetworkAllowlist), spawn(task.NetworkNone), spawn(task.NetworkOpen)
 	for _, tk := range []task.Task{running, noNet, ended} {

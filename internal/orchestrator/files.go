@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/units"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -27,10 +28,10 @@ func (o *Orchestrator) ListWorkspace(ctx context.Context, p string, recursive bo
 }
 
 // ReadWorkspace reads a file of shared/.
-func (o *Orchestrator) ReadWorkspace(ctx context.Context, p string) (File, error) {
+func (o *Orchestrator) ReadWorkspace(ctx context.Context, p string) (service.File, error) {
 	f, err := o.readFile(o.data.Shared(), p)
 	if err != nil {
-		return File{}, &errdefs.FieldError{Field: "path", Err: err}
+		return service.File{}, &errdefs.FieldError{Field: "path", Err: err}
 	}
 	return f, nil
 }
@@ -58,7 +59,7 @@ func (o *Orchestrator) WriteWorkspace(ctx context.Context, p string, content []b
 	}
 	// Not a Stat of the path: it may already be something else (another
 	// writer, a worker's symlink); report what this call wrote.
-	o.log.Info("workspace file written", "path", c, "size", len(content), "actor", ActorFrom(ctx))
+	o.log.Info("workspace file written", "path", c, "size", len(content), "actor", service.ActorFrom(ctx))
 	return workspace.Entry{Path: c, Size: int64(len(content)), Modified: time.Now().UTC()}, nil
 }
 
@@ -87,21 +88,21 @@ func (o *Orchestrator) OpenOutput(ctx context.Context, id, p string) (*os.File, 
 
 // readFile reads a file beneath root for a caller: text as is, other
 // content base64-encoded, both cut at the read limit.
-func (o *Orchestrator) readFile(root *os.Root, p string) (File, error) {
+func (o *Orchestrator) readFile(root *os.Root, p string) (service.File, error) {
 	c, err := workspace.Clean(p)
 	if err != nil {
-		return File{}, err
+		return service.File{}, err
 	}
 	max := o.opts.Limits.MaxReadBytes
 	data, truncated, err := workspace.ReadFile(root, c, max)
 	if err != nil {
-		return File{}, err
+		return service.File{}, err
 	}
 	info, err := root.Stat(c)
 	if err != nil {
-		return File{}, err
+		return service.File{}, err
 	}
-	f := File{Path: c, Size: info.Size(), Type: workspace.DetectType(root, c), Truncated: truncated}
+	f := service.File{Path: c, Size: info.Size(), Type: workspace.DetectType(root, c), Truncated: truncated}
 	if utf8.Valid(data) || truncated && utf8.Valid(trimPartialRune(data)) {
 		f.Encoding, f.Content = "utf-8", string(trimPartialRune(data))
 	} else {

@@ -6,6 +6,7 @@ import (
 	"path"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/worker"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -16,7 +17,7 @@ const followUpDir = "context/previous"
 
 // followUp checks follow_up_of and returns the task it continues. A
 // follow-up that names no agent (nor a command) takes the previous task's.
-func (o *Orchestrator) followUp(req *SpawnRequest) (task.Task, error) {
+func (o *Orchestrator) followUp(req *service.SpawnRequest) (task.Task, error) {
 	if err := task.CheckID(req.FollowUpOf); err != nil {
 		return task.Task{}, &errdefs.FieldError{Field: "follow_up_of", Err: err}
 	}

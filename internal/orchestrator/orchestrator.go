@@ -10,6 +10,7 @@ import (
 	"github.com/corral-dev/corral/internal/document"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -101,7 +102,7 @@ type Orchestrator struct {
 	skillMu  sync.Mutex // serialises create_skill, so two creates of one name cannot both pass the check
 }
 
-var _ Service = (*Orchestrator)(nil)
+var _ service.Service = (*Orchestrator)(nil)
 
 // keyedMutex is a mutex per key, held only while someone holds it.
 type keyedMutex struct {
@@ -141,22 +142,6 @@ func (k *keyedMutex) lock(key string) (unlock func()) {
 // New returns an Orchestrator.
 func New(opts Options, log *slog.Logger) *Orchestrator {
 	return &Orchestrator{opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log}
-}
-
-type actorKey struct{}
-
-// WithActor returns a context that names the caller recorded as the actor of
-// the events a request causes.
-func WithActor(ctx context.Context, actor string) context.Context {
-	return context.WithValue(ctx, actorKey{}, actor)
-}
-
-// ActorFrom returns the caller named by WithActor, or "anonymous".
-func ActorFrom(ctx context.Context) string {
-	if a, ok := ctx.Value(actorKey{}).(string); ok && a != "" {
-		return a
-	}
-	return "anonymous"
 }
 
 // Get returns a task.

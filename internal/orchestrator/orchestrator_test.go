@@ -26,6 +26,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -102,7 +103,7 @@ func (f *fixture) MustShared(tb testing.TB, name, content string) {
 }
 
 // MustSpawn spawns a task that must be accepted.
-func (f *fixture) MustSpawn(tb testing.TB, req SpawnRequest) task.Task {
+func (f *fixture) MustSpawn(tb testing.TB, req service.SpawnRequest) task.Task {
 	tb.Helper()
 	t, existing, err := f.o.Spawn(context.Background(), req)
 	if err != nil || existing {
@@ -124,7 +125,7 @@ func (f *fixture) MustAppend(tb testing.TB, id string, evs ...eventstore.Propose
 // MustRunning spawns a command task and moves it to running.
 func (f *fixture) MustRunning(tb testing.TB) task.Task {
 	tb.Helper()
-	t := f.MustSpawn(tb, SpawnRequest{TaskDescription: "run", Command: []string{"true"}})
+	t := f.MustSpawn(tb, service.SpawnRequest{TaskDescription: "run", Command: []string{"true"}})
 	return f.MustAppend(tb, t.ID,
 		projection.NewEvent(task.EventStarting, nil, "test"),
 		projection.NewEvent(task.EventStarted, task.Started{SandboxName: t.ID}, "test"))
@@ -181,45 +182,45 @@ func TestSpawnValidation(t *testing.T) {
 	for i := 0; i < 33; i++ {
 		many["k"+strconv.Itoa(i)] = "v"
 	}
-	ok := SpawnRequest{TaskDescription: "do it"}
-	with := func(edit func(*SpawnRequest)) SpawnRequest { r := ok; edit(&r); return r }
+	ok := service.SpawnRequest{TaskDescription: "do it"}
+	with := func(edit func(*service.SpawnRequest)) service.SpawnRequest { r := ok; edit(&r); return r }
 	tests := []struct {
 		name  string
-		req   SpawnRequest
+		req   service.SpawnRequest
 		field string
 		class error // besides ErrInvalidArgument
 	}{
-		{"missing description", with(func(r *SpawnRequest) { r.TaskDescription = "" }), "task_description", nil},
-		{"blank description", with(func(r *SpawnRequest) { r.TaskDescription = " \n\t " }), "task_description", nil},
-		{"oversize description", with(func(r *SpawnRequest) { r.TaskDescription = strings.Repeat("x", 1001) }), "task_description", errdefs.ErrTooLarge},
-		{"NUL in description", with(func(r *SpawnRequest) { r.TaskDescription = "a\x00b" }), "task_description", nil},
-		{"unknown agent", with(func(r *SpawnRequest) { r.Agent = "gpt" }), "agent", nil},
-		{"command agent without command", with(func(r *SpawnRequest) { r.Agent = task.AgentCommand }), "command", nil},
-		{"command with claude", with(func(r *SpawnRequest) { r.Agent = task.AgentClaude; r.Command = []string{"ls"} }), "command", nil},
-		{"command with model gemini", with(func(r *SpawnRequest) { r.Model = "gemini"; r.Command = []string{"ls"} }), "command", nil},
-		{"empty program", with(func(r *SpawnRequest) { r.Command = []string{" "} }), "command[0]", nil},
-		{"timeout 121", with(func(r *SpawnRequest) { r.TimeoutMinutes = 121 }), "timeout_minutes", nil},
-		{"timeout -1", with(func(r *SpawnRequest) { r.TimeoutMinutes = -1 }), "timeout_minutes", nil},
-		{"unknown runtime", with(func(r *SpawnRequest) { r.Runtime = "nope" }), "runtime", nil},
-		{"unavailable runtime", with(func(r *SpawnRequest) { r.Runtime = "gvisor" }), "runtime", errdefs.ErrFailedPrecondition},
-		{"image with local", with(func(r *SpawnRequest) { r.Image = "alpine" }), "image", nil},
-		{"unknown network", with(func(r *SpawnRequest) { r.Network = "open" }), "network", nil},
-		{"bad memory", with(func(r *SpawnRequest) { r.Resources = &ResourceRequest{MemoryLimit: "lots"} }), "resources.memory_limit", nil},
-		{"tiny memory", with(func(r *SpawnRequest) { r.Resources = &ResourceRequest{MemoryLimit: "1Mi"} }), "resources.memory_limit", nil},
-		{"bad cpu", with(func(r *SpawnRequest) { r.Resources = &ResourceRequest{CPULimit: "fast"} }), "resources.cpu_limit", nil},
-		{"zero cpu", with(func(r *SpawnRequest) { r.Resources = &ResourceRequest{CPULimit: "0"} }), "resources.cpu_limit", nil},
-		{"bad pids", with(func(r *SpawnRequest) { r.Resources = &ResourceRequest{PidsLimit: 2} }), "resources.pids_limit", nil},
-		{"context ..", with(func(r *SpawnRequest) { r.ContextFiles = []string{"../events.db"} }), "context_files[0]", workspace.ErrPathEscapes},
-		{"context NUL", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data/a\x00.txt"} }), "context_files[0]", workspace.ErrPathEscapes},
+		{"missing description", with(func(r *service.SpawnRequest) { r.TaskDescription = "" }), "task_description", nil},
+		{"blank description", with(func(r *service.SpawnRequest) { r.TaskDescription = " \n\t " }), "task_description", nil},
+		{"oversize description", with(func(r *service.SpawnRequest) { r.TaskDescription = strings.Repeat("x", 1001) }), "task_description", errdefs.ErrTooLarge},
+		{"NUL in description", with(func(r *service.SpawnRequest) { r.TaskDescription = "a\x00b" }), "task_description", nil},
+		{"unknown agent", with(func(r *service.SpawnRequest) { r.Agent = "gpt" }), "agent", nil},
+		{"command agent without command", with(func(r *service.SpawnRequest) { r.Agent = task.AgentCommand }), "command", nil},
+		{"command with claude", with(func(r *service.SpawnRequest) { r.Agent = task.AgentClaude; r.Command = []string{"ls"} }), "command", nil},
+		{"command with model gemini", with(func(r *service.SpawnRequest) { r.Model = "gemini"; r.Command = []string{"ls"} }), "command", nil},
+		{"empty program", with(func(r *service.SpawnRequest) { r.Command = []string{" "} }), "command[0]", nil},
+		{"timeout 121", with(func(r *service.SpawnRequest) { r.TimeoutMinutes = 121 }), "timeout_minutes", nil},
+		{"timeout -1", with(func(r *service.SpawnRequest) { r.TimeoutMinutes = -1 }), "timeout_minutes", nil},
+		{"unknown runtime", with(func(r *service.SpawnRequest) { r.Runtime = "nope" }), "runtime", nil},
+		{"unavailable runtime", with(func(r *service.SpawnRequest) { r.Runtime = "gvisor" }), "runtime", errdefs.ErrFailedPrecondition},
+		{"image with local", with(func(r *service.SpawnRequest) { r.Image = "alpine" }), "image", nil},
+		{"unknown network", with(func(r *service.SpawnRequest) { r.Network = "open" }), "network", nil},
+		{"bad memory", with(func(r *service.SpawnRequest) { r.Resources = &service.ResourceRequest{MemoryLimit: "lots"} }), "resources.memory_limit", nil},
+		{"tiny memory", with(func(r *service.SpawnRequest) { r.Resources = &service.ResourceRequest{MemoryLimit: "1Mi"} }), "resources.memory_limit", nil},
+		{"bad cpu", with(func(r *service.SpawnRequest) { r.Resources = &service.ResourceRequest{CPULimit: "fast"} }), "resources.cpu_limit", nil},
+		{"zero cpu", with(func(r *service.SpawnRequest) { r.Resources = &service.ResourceRequest{CPULimit: "0"} }), "resources.cpu_limit", nil},
+		{"bad pids", with(func(r *service.SpawnRequest) { r.Resources = &service.ResourceRequest{PidsLimit: 2} }), "resources.pids_limit", nil},
+		{"context ..", with(func(r *service.SpawnRequest) { r.ContextFiles = []string{"../events.db"} }), "context_files[0]", workspace.ErrPathEscapes},
+		{"context NUL", with(func(r *service.SpawnRequest) { r.ContextFiles = []string{"data/a\x00.txt"} }), "context_files[0]", workspace.ErrPathEscapes},
 		// An absolute path is refused, not read as relative to shared/.
-		{"context /etc/passwd", with(func(r *SpawnRequest) { r.ContextFiles = []string{"/etc/passwd"} }), "context_files[0]", errdefs.ErrInvalidArgument},
-		{"context symlink out", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data/ok.txt", "data/link"} }), "context_files[1]", workspace.ErrPathEscapes},
-		{"context missing", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data/none.txt"} }), "context_files[0]", errdefs.ErrNotFound},
-		{"context directory", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data"} }), "context_files[0]", workspace.ErrIsDir},
-		{"context root", with(func(r *SpawnRequest) { r.ContextFiles = []string{"/workspace/shared/"} }), "context_files[0]", nil},
-		{"context duplicate names", with(func(r *SpawnRequest) { r.ContextFiles = []string{"data/ok.txt", "scripts/ok.txt"} }), "context_files[1]", nil},
-		{"too many labels", with(func(r *SpawnRequest) { r.Labels = many }), "labels", nil},
-		{"bad label key", with(func(r *SpawnRequest) { r.Labels = map[string]string{"Bad Key": "v"} }), "labels", nil},
+		{"context /etc/passwd", with(func(r *service.SpawnRequest) { r.ContextFiles = []string{"/etc/passwd"} }), "context_files[0]", errdefs.ErrInvalidArgument},
+		{"context symlink out", with(func(r *service.SpawnRequest) { r.ContextFiles = []string{"data/ok.txt", "data/link"} }), "context_files[1]", workspace.ErrPathEscapes},
+		{"context missing", with(func(r *service.SpawnRequest) { r.ContextFiles = []string{"data/none.txt"} }), "context_files[0]", errdefs.ErrNotFound},
+		{"context directory", with(func(r *service.SpawnRequest) { r.ContextFiles = []string{"data"} }), "context_files[0]", workspace.ErrIsDir},
+		{"context root", with(func(r *service.SpawnRequest) { r.ContextFiles = []string{"/workspace/shared/"} }), "context_files[0]", nil},
+		{"context duplicate names", with(func(r *service.SpawnRequest) { r.ContextFiles = []string{"data/ok.txt", "scripts/ok.txt"} }), "context_files[1]", nil},
+		{"too many labels", with(func(r *service.SpawnRequest) { r.Labels = many }), "labels", nil},
+		{"bad label key", with(func(r *service.SpawnRequest) { r.Labels = map[string]string{"Bad Key": "v"} }), "labels", nil},
 	}
 	f := MustNew(t, nil)
 	f.MustShared(t, "data/ok.txt", "ok")
@@ -251,7 +252,7 @@ func TestSpawnValidation(t *testing.T) {
 
 func TestSpawnReportsEveryProblem(t *testing.T) {
 	f := MustNew(t, nil)
-	_, _, err := f.o.Spawn(context.Background(), SpawnRequest{
+	_, _, err := f.o.Spawn(context.Background(), service.SpawnRequest{
 		TaskDescription: "",
 		Agent:           "gpt",
 		TimeoutMinutes:  500,
@@ -268,20 +269,20 @@ func TestSpawnDefaultsAndAgents(t *testing.T) {
 	f := MustNew(t, nil)
 	f.MustShared(t, "data/in.csv", "a,b\n1,2\n")
 	tests := []struct {
-		req          SpawnRequest
+		req          service.SpawnRequest
 		agent, model string
 		timeout      int
 	}{
-		{SpawnRequest{TaskDescription: "x"}, task.AgentClaude, "", 30},
-		{SpawnRequest{TaskDescription: "x", Model: "claude"}, task.AgentClaude, "", 30},
-		{SpawnRequest{TaskDescription: "x", Model: "gemini", TimeoutMinutes: 120}, task.AgentGemini, "", 120},
-		{SpawnRequest{TaskDescription: "x", Model: "claude-opus-4"}, task.AgentClaude, "claude-opus-4", 30},
-		{SpawnRequest{TaskDescription: "x", Command: []string{"ls"}, TimeoutMinutes: 1}, task.AgentCommand, "", 1},
+		{service.SpawnRequest{TaskDescription: "x"}, task.AgentClaude, "", 30},
+		{service.SpawnRequest{TaskDescription: "x", Model: "claude"}, task.AgentClaude, "", 30},
+		{service.SpawnRequest{TaskDescription: "x", Model: "gemini", TimeoutMinutes: 120}, task.AgentGemini, "", 120},
+		{service.SpawnRequest{TaskDescription: "x", Model: "claude-opus-4"}, task.AgentClaude, "claude-opus-4", 30},
+		{service.SpawnRequest{TaskDescription: "x", Command: []string{"ls"}, TimeoutMinutes: 1}, task.AgentCommand, "", 1},
 		// model names an agent (the seed's choice): an explicit agent wins,
 		// and no agent is handed "claude" as a model name, whatever the
 		// transport.
-		{SpawnRequest{TaskDescription: "x", Agent: "gemini", Model: "claude"}, task.AgentGemini, "", 30},
-		{SpawnRequest{TaskDescription: "x", Agent: "claude", Model: "claude"}, task.AgentClaude, "", 30},
+		{service.SpawnRequest{TaskDescription: "x", Agent: "gemini", Model: "claude"}, task.AgentGemini, "", 30},
+		{service.SpawnRequest{TaskDescription: "x", Agent: "claude", Model: "claude"}, task.AgentClaude, "", 30},
 	}
 	for _, tt := range tests {
 		got := f.MustSpawn(t, tt.req)
@@ -293,8 +294,8 @@ func TestSpawnDefaultsAndAgents(t *testing.T) {
 		}
 	}
 
-	got := f.MustSpawn(t, SpawnRequest{TaskDescription: "with context", ContextFiles: []string{"/workspace/shared/data/in.csv"},
-		Resources: &ResourceRequest{MemoryLimit: "512Mi", CPULimit: "500m", PidsLimit: 64}})
+	got := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "with context", ContextFiles: []string{"/workspace/shared/data/in.csv"},
+		Resources: &service.ResourceRequest{MemoryLimit: "512Mi", CPULimit: "500m", PidsLimit: 64}})
 	if diff := cmp.Diff([]string{"data/in.csv"}, got.ContextFiles); diff != "" {
 		t.Errorf("context files (-want +got):\n%s", diff)
 	}
@@ -314,7 +315,7 @@ func TestSpawnDefaultsAndAgents(t *testing.T) {
 func TestSpawnIdempotency(t *testing.T) {
 	f := MustNew(t, nil)
 	ctx := context.Background()
-	req := SpawnRequest{TaskDescription: "once", IdempotencyKey: "key-1"}
+	req := service.SpawnRequest{TaskDescription: "once", IdempotencyKey: "key-1"}
 	first := f.MustSpawn(t, req)
 	again, existing, err := f.o.Spawn(ctx, req)
 	if err != nil || !existing || again.ID != first.ID {
@@ -337,7 +338,7 @@ func TestSpawnIdempotency(t *testing.T) {
 // nothing.
 func TestSpawnDisabled(t *testing.T) {
 	f := MustNew(t, func(o *Options) { o.Disabled = true })
-	_, _, err := f.o.Spawn(context.Background(), SpawnRequest{TaskDescription: "x"})
+	_, _, err := f.o.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "x"})
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "ai_worker_config.enabled") {
 		t.Errorf("spawn while disabled = %v, want unavailable naming ai_worker_config.enabled", err)
 	}
@@ -354,7 +355,7 @@ func TestSpawnQueueBoundConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			f.o.Spawn(context.Background(), SpawnRequest{TaskDescription: fmt.Sprint(i)})
+			f.o.Spawn(context.Background(), service.SpawnRequest{TaskDescription: fmt.Sprint(i)})
 		}()
 	}
 	wg.Wait()
@@ -365,9 +366,9 @@ func TestSpawnQueueBoundConcurrent(t *testing.T) {
 
 func TestSpawnQueueFull(t *testing.T) {
 	f := MustNew(t, func(o *Options) { o.Limits.MaxQueued = 2 })
-	f.MustSpawn(t, SpawnRequest{TaskDescription: "1"})
-	f.MustSpawn(t, SpawnRequest{TaskDescription: "2"})
-	_, _, err := f.o.Spawn(context.Background(), SpawnRequest{TaskDescription: "3"})
+	f.MustSpawn(t, service.SpawnRequest{TaskDescription: "1"})
+	f.MustSpawn(t, service.SpawnRequest{TaskDescription: "2"})
+	_, _, err := f.o.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "3"})
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || errors.Is(err, errdefs.ErrTooLarge) {
 		t.Errorf("third spawn = %v, want ErrResourceExhausted", err)
 	}
@@ -379,8 +380,8 @@ func TestSpawnQueueFull(t *testing.T) {
 func TestPrepare(t *testing.T) {
 	f := MustNew(t, nil)
 	ctx := context.Background()
-	cmdTask := f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Command: []string{"sh", "-c", "echo hi"}, TimeoutMinutes: 7,
-		Resources: &ResourceRequest{MemoryLimit: "1Gi"}})
+	cmdTask := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"sh", "-c", "echo hi"}, TimeoutMinutes: 7,
+		Resources: &service.ResourceRequest{MemoryLimit: "1Gi"}})
 	spec, err := f.o.Prepare(ctx, cmdTask)
 	if err != nil {
 		t.Fatal(err)
@@ -419,7 +420,7 @@ func TestPrepare(t *testing.T) {
 		t.Errorf("labels (-want +got):\n%s", diff)
 	}
 
-	claude := f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Model: "claude-opus-4"})
+	claude := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Model: "claude-opus-4"})
 	spec, err = f.o.Prepare(ctx, claude)
 	if err != nil {
 		t.Fatal(err)
@@ -481,7 +482,7 @@ func TestCollect(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tk := f.MustSpawn(t, SpawnRequest{TaskDescription: tt.name, Resources: &ResourceRequest{MemoryLimit: "512Mi"}})
+			tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: tt.name, Resources: &service.ResourceRequest{MemoryLimit: "512Mi"}})
 			for name, content := range tt.files {
 				f.MustTaskFile(t, tk.ID, name, content)
 			}
@@ -498,7 +499,7 @@ func TestCollect(t *testing.T) {
 
 func TestCollectSkipsSymlinks(t *testing.T) {
 	f := MustNew(t, nil)
-	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x"})
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x"})
 	f.MustTaskFile(t, tk.ID, "output/real.txt", "r")
 	dir := f.data.TaskPath(tk.ID)
 	for link, target := range map[string]string{"output/passwd": "/etc/passwd", "output/alias.txt": "real.txt"} {
@@ -523,7 +524,7 @@ func TestCollectSkipsSymlinks(t *testing.T) {
 
 func TestCollectDirectoryGone(t *testing.T) {
 	f := MustNew(t, nil)
-	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x"})
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x"})
 	if err := f.data.RemoveTask(tk.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -536,7 +537,7 @@ func TestCollectDirectoryGone(t *testing.T) {
 func TestCancel(t *testing.T) {
 	f := MustNew(t, nil)
 	ctx := context.Background()
-	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x"})
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x"})
 	got, err := f.o.Cancel(ctx, tk.ID)
 	if err != nil || got.Status != task.Cancelled || got.ErrorMessage != "cancelled before it started" {
 		t.Fatalf("Cancel(queued) = %s %q, %v", got.Status, got.ErrorMessage, err)
@@ -575,10 +576,10 @@ func TestCancel(t *testing.T) {
 func TestResultWait(t *testing.T) {
 	f := MustNew(t, nil)
 	ctx := context.Background()
-	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x"})
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x"})
 
 	start := time.Now()
-	res, err := f.o.Result(ctx, ResultRequest{TaskID: tk.ID, Wait: 100 * time.Millisecond})
+	res, err := f.o.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: 100 * time.Millisecond})
 	if err != nil || res.Done || res.Status != task.Queued {
 		t.Errorf("Result(queued, short wait) = done %v %s, %v", res.Done, res.Status, err)
 	}
@@ -593,7 +594,7 @@ func TestResultWait(t *testing.T) {
 		f.MustAppend(t, tk.ID, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Failed, ErrorMessage: "nope"}, "test"))
 	}()
 	start = time.Now()
-	res, err = f.o.Result(ctx, ResultRequest{TaskID: tk.ID, Wait: 30 * time.Second})
+	res, err = f.o.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: 30 * time.Second})
 	<-done
 	if err != nil || !res.Done || res.Status != task.Failed || res.ErrorMessage != "nope" {
 		t.Errorf("Result(wait) = done %v %s %q, %v", res.Done, res.Status, res.ErrorMessage, err)
@@ -601,17 +602,17 @@ func TestResultWait(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("Result took %s, want it back as soon as the task ended", d)
 	}
-	if _, err := f.o.Result(ctx, ResultRequest{TaskID: tk.ID, Wait: time.Hour}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := f.o.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: time.Hour}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("Result(wait 1h) = %v, want ErrInvalidArgument", err)
 	}
 }
 
 func TestResultFileContents(t *testing.T) {
 	f := MustNew(t, nil)
-	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x"})
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x"})
 	f.MustTaskFile(t, tk.ID, "output/summary.md", "all good")
 	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success}, "test"))
-	res, err := f.o.Result(context.Background(), ResultRequest{TaskID: tk.ID, IncludeFileContents: []string{"summary.md", "../prompt.md"}})
+	res, err := f.o.Result(context.Background(), service.ResultRequest{TaskID: tk.ID, IncludeFileContents: []string{"summary.md", "../prompt.md"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -710,7 +711,7 @@ func signed(id, webhookID string, key []byte) (http.Header, []byte) {
 func TestWorkerCompleteWaitsForStarted(t *testing.T) {
 	f := MustNew(t, nil)
 	ctx := context.Background()
-	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "fast", Command: []string{"true"}})
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "fast", Command: []string{"true"}})
 	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventStarting, nil, "test"))
 	f.MustTaskFile(t, tk.ID, "status.json", statusJSON("success", 0, "quick", ""))
 	done := make(chan error, 1)
@@ -796,7 +797,7 @@ func TestWorkerComplete(t *testing.T) {
 		t.Errorf("%d events after repeats, want %d", len(evs2), len(evs))
 	}
 
-	queued := f.MustSpawn(t, SpawnRequest{TaskDescription: "waiting"})
+	queued := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "waiting"})
 	h, body = signed(queued.ID, "wh-3", webhook.DeriveKey(testSecret, queued.ID))
 	if _, err := f.o.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("completion of a queued task = %v, want ErrFailedPrecondition", err)
@@ -809,7 +810,7 @@ func TestWorkerComplete(t *testing.T) {
 func TestReconcileDirectories(t *testing.T) {
 	f := MustNew(t, nil)
 	ctx := context.Background()
-	known := f.MustSpawn(t, SpawnRequest{TaskDescription: "x"})
+	known := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x"})
 	stray, err := f.data.CreateTask("task-stray")
 	if err != nil {
 		t.Fatal(err)
@@ -842,17 +843,17 @@ func TestListPages(t *testing.T) {
 	ctx := context.Background()
 	var made []string
 	for i := 0; i < 3; i++ {
-		made = append(made, f.MustSpawn(t, SpawnRequest{TaskDescription: "x"}).ID)
+		made = append(made, f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x"}).ID)
 	}
-	page, err := f.o.List(ctx, ListRequest{Limit: 2})
+	page, err := f.o.List(ctx, service.ListRequest{Limit: 2})
 	if err != nil || len(page.Tasks) != 2 || page.NextCursor != made[1] {
 		t.Fatalf("first page = %d tasks, cursor %q, %v", len(page.Tasks), page.NextCursor, err)
 	}
-	page, err = f.o.List(ctx, ListRequest{Limit: 2, Cursor: page.NextCursor})
+	page, err = f.o.List(ctx, service.ListRequest{Limit: 2, Cursor: page.NextCursor})
 	if err != nil || len(page.Tasks) != 1 || page.Tasks[0].ID != made[0] || page.NextCursor != "" {
 		t.Errorf("second page = %+v, %v", page, err)
 	}
-	_, err = f.o.List(ctx, ListRequest{Status: "done", Limit: 1000, Cursor: "x"})
+	_, err = f.o.List(ctx, service.ListRequest{Status: "done", Limit: 1000, Cursor: "x"})
 	if diff := cmp.Diff([]string{"cursor", "limit", "status"}, fields(err)); diff != "" {
 		t.Errorf("List validation fields (-want +got):\n%s", diff)
 	}
@@ -874,18 +875,18 @@ func TestCollectRedactsConfiguredSecrets(t *testing.T) {
 func TestFollowUp(t *testing.T) {
 	f := MustNew(t, nil)
 	ctx := context.Background()
-	prev := f.MustSpawn(t, SpawnRequest{TaskDescription: "first pass", Agent: task.AgentClaude})
+	prev := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "first pass", Agent: task.AgentClaude})
 	prev = f.MustAppend(t, prev.ID,
 		projection.NewEvent(task.EventStarting, nil, "test"),
 		projection.NewEvent(task.EventStarted, task.Started{SandboxName: prev.ID}, "test"))
-	if _, _, err := f.o.Spawn(ctx, SpawnRequest{TaskDescription: "more", FollowUpOf: prev.ID}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, _, err := f.o.Spawn(ctx, service.SpawnRequest{TaskDescription: "more", FollowUpOf: prev.ID}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("follow-up of a running task: %v, want failed precondition", err)
 	}
 	f.MustTaskFile(t, prev.ID, "output/report.md", "# first pass\n")
 	f.MustTaskFile(t, prev.ID, ".home/.claude/projects/-task/s1.jsonl", "{}\n")
 	f.MustAppend(t, prev.ID, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success, SessionID: "s1"}, "test"))
 
-	next := f.MustSpawn(t, SpawnRequest{TaskDescription: "refine the report", FollowUpOf: prev.ID})
+	next := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "refine the report", FollowUpOf: prev.ID})
 	if next.Agent != prev.Agent || next.FollowUpOf != prev.ID {
 		t.Errorf("follow-up agent %q of %q, want %q of %q", next.Agent, next.FollowUpOf, prev.Agent, prev.ID)
 	}
@@ -905,7 +906,7 @@ func TestFollowUp(t *testing.T) {
 		t.Errorf("argv %q does not resume session s1", spec.Command)
 	}
 	for _, bad := range []string{"task-00000000000000000000000000", "nonsense"} {
-		_, _, err := f.o.Spawn(ctx, SpawnRequest{TaskDescription: "x", FollowUpOf: bad})
+		_, _, err := f.o.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", FollowUpOf: bad})
 		var fe *errdefs.FieldError
 		if !errors.As(err, &fe) || fe.Field != "follow_up_of" {
 			t.Errorf("follow_up_of %q: %v, want a field error naming follow_up_of", bad, err)

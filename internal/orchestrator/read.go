@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/clip"
 	"io"
 	"io/fs"
 	"os"
 	"time"
+
+	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/service"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
@@ -20,12 +22,10 @@ import (
 const (
 	defaultListLimit = 50
 	maxListLimit     = 500
-	// MaxWait bounds a long poll.
-	MaxWait = 10 * time.Minute
 )
 
 // List returns a page of tasks, newest first.
-func (o *Orchestrator) List(ctx context.Context, req ListRequest) (ListPage, error) {
+func (o *Orchestrator) List(ctx context.Context, req service.ListRequest) (service.ListPage, error) {
 	var errs []error
 	st := task.Status(req.Status)
 	if st != "" && !st.Valid() {
@@ -42,10 +42,10 @@ func (o *Orchestrator) List(ctx context.Context, req ListRequest) (ListPage, err
 		errs = append(errs, errdefs.Field("cursor", "is not a cursor this server returned"))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return ListPage{}, err
+		return service.ListPage{}, err
 	}
 	ts, more := o.tasks.List(projection.Filter{Status: st, ConversationID: req.ConversationID, Before: req.Cursor, Limit: limit})
-	page := ListPage{Tasks: ts}
+	page := service.ListPage{Tasks: ts}
 	if more {
 		page.NextCursor = ts[len(ts)-1].ID
 	}
@@ -53,34 +53,34 @@ func (o *Orchestrator) List(ctx context.Context, req ListRequest) (ListPage, err
 }
 
 // Result returns a task's result, waiting up to req.Wait for it to end.
-func (o *Orchestrator) Result(ctx context.Context, req ResultRequest) (Result, error) {
+func (o *Orchestrator) Result(ctx context.Context, req service.ResultRequest) (service.Result, error) {
 	if err := task.CheckID(req.TaskID); err != nil {
-		return Result{}, err
+		return service.Result{}, err
 	}
-	if req.Wait < 0 || req.Wait > MaxWait {
-		return Result{}, errdefs.Field("wait", fmt.Sprintf("must be between 0 and %s", MaxWait))
+	if req.Wait < 0 || req.Wait > service.MaxWait {
+		return service.Result{}, errdefs.Field("wait", fmt.Sprintf("must be between 0 and %s", service.MaxWait))
 	}
 	t, err := o.waitEnded(ctx, req.TaskID, req.Wait)
 	if err != nil {
-		return Result{}, err
+		return service.Result{}, err
 	}
-	res := Result{Task: t, Done: t.Status.Terminal()}
+	res := service.Result{Task: t, Done: t.Status.Terminal()}
 	if len(req.IncludeFileContents) > 0 && res.Done {
 		dir, err := o.data.OpenTask(t.ID)
 		if err != nil {
-			return Result{}, err
+			return service.Result{}, err
 		}
 		defer dir.Close()
 		out, err := dir.OpenRoot("output")
 		if err != nil {
-			return Result{}, fmt.Errorf("open output of task %s: %w", t.ID, errdefs.ErrNotFound)
+			return service.Result{}, fmt.Errorf("open output of task %s: %w", t.ID, errdefs.ErrNotFound)
 		}
 		defer out.Close()
-		res.FileContents = map[string]File{}
+		res.FileContents = map[string]service.File{}
 		for _, name := range req.IncludeFileContents {
 			f, err := o.readFile(out, name)
 			if err != nil {
-				res.FileContents[name] = File{Path: name, Note: err.Error()}
+				res.FileContents[name] = service.File{Path: name, Note: err.Error()}
 				continue
 			}
 			f.Note = fmt.Sprintf("full file: GET /api/tasks/%s/files/%s", t.ID, f.Path)
@@ -117,7 +117,7 @@ func (o *Orchestrator) Cancel(ctx context.Context, id string) (task.Task, error)
 	if err := task.CheckID(id); err != nil {
 		return task.Task{}, err
 	}
-	actor := ActorFrom(ctx)
+	actor := service.ActorFrom(ctx)
 	t, err := o.tasks.Update(ctx, id, func(t task.Task) ([]eventstore.Proposed, error) {
 		switch {
 		case t.Status.Terminal():
@@ -136,7 +136,7 @@ func (o *Orchestrator) Cancel(ctx context.Context, id string) (task.Task, error)
 }
 
 // Logs writes a task's transcript to w.
-func (o *Orchestrator) Logs(ctx context.Context, req LogsRequest, w io.Writer) error {
+func (o *Orchestrator) Logs(ctx context.Context, req service.LogsRequest, w io.Writer) error {
 	t, err := o.Get(ctx, req.TaskID)
 	if err != nil {
 		return err
@@ -193,7 +193,7 @@ func (o *Orchestrator) Logs(ctx context.Context, req LogsRequest, w io.Writer) e
 }
 
 // Events calls fn with the events req selects.
-func (o *Orchestrator) Events(ctx context.Context, req EventsRequest, fn func(eventstore.Event) error) error {
+func (o *Orchestrator) Events(ctx context.Context, req service.EventsRequest, fn func(eventstore.Event) error) error {
 	var stream string
 	if req.TaskID != "" {
 		if _, err := o.Get(ctx, req.TaskID); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -30,32 +31,6 @@ type Retention struct {
 // still being written.
 const orphanAge = 24 * time.Hour
 
-// GCRequest asks for a retention sweep.
-type GCRequest struct {
-	DryRun bool `json:"dry_run,omitempty"`
-}
-
-// GCReport says what a sweep removed (or, dry, would remove) and what it
-// could not.
-type GCReport struct {
-	DryRun          bool      `json:"dry_run"`
-	Now             time.Time `json:"now"`
-	TaskDirectories []GCItem  `json:"task_directories"`
-	Attachments     []GCItem  `json:"attachments"`
-	Failed          []GCItem  `json:"failed,omitempty"`
-	Bytes           int64     `json:"bytes"`
-}
-
-// GCItem is one thing a sweep removes.
-type GCItem struct {
-	Path   string    `json:"path"` // relative to the data root
-	ID     string    `json:"id,omitempty"`
-	Bytes  int64     `json:"bytes"`
-	Since  time.Time `json:"since"` // when the task ended or the attachment was last used
-	Reason string    `json:"reason"`
-	Error  string    `json:"error,omitempty"`
-}
-
 // RunRetention sweeps once at start and then every Retention.Interval
 // until ctx is done. A sweep's failures are recorded as events and
 // retried by the next sweep; they never end the loop.
@@ -67,7 +42,7 @@ func (o *Orchestrator) RunRetention(ctx context.Context) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		if rep, err := o.GC(eventstore.Begin(ctx, "retention"), GCRequest{}); err != nil {
+		if rep, err := o.GC(eventstore.Begin(ctx, "retention"), service.GCRequest{}); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -88,11 +63,11 @@ func (o *Orchestrator) RunRetention(ctx context.Context) error {
 // no event knows) and attachments unused for Retention.Attachments, each
 // with an event; the tasks' events stay. A failed or partial removal is a
 // removal_failed event, and the next sweep tries again.
-func (o *Orchestrator) GC(ctx context.Context, req GCRequest) (GCReport, error) {
+func (o *Orchestrator) GC(ctx context.Context, req service.GCRequest) (service.GCReport, error) {
 	o.gcMu.Lock()
 	defer o.gcMu.Unlock()
 	now := o.now().UTC()
-	rep := GCReport{DryRun: req.DryRun, Now: now, TaskDirectories: []GCItem{}, Attachments: []GCItem{}}
+	rep := service.GCReport{DryRun: req.DryRun, Now: now, TaskDirectories: []service.GCItem{}, Attachments: []service.GCItem{}}
 	if err := o.gcTasks(ctx, now, req.DryRun, &rep); err != nil {
 		return rep, err
 	}
@@ -102,7 +77,7 @@ func (o *Orchestrator) GC(ctx context.Context, req GCRequest) (GCReport, error) 
 	return rep, nil
 }
 
-func (o *Orchestrator) gcTasks(ctx context.Context, now time.Time, dry bool, rep *GCReport) error {
+func (o *Orchestrator) gcTasks(ctx context.Context, now time.Time, dry bool, rep *service.GCReport) error {
 	keep := o.opts.Retention.TaskDirs
 	if keep <= 0 {
 		return nil
@@ -119,7 +94,7 @@ func (o *Orchestrator) gcTasks(ctx context.Context, now time.Time, dry bool, rep
 		if err != nil || !t.Status.Terminal() || t.CompletedAt == nil || now.Sub(*t.CompletedAt) < keep {
 			continue
 		}
-		item := GCItem{Path: workspace.DirTasks + "/" + id, ID: id, Since: *t.CompletedAt, Reason: fmt.Sprintf("ended %s ago, retention %s", now.Sub(*t.CompletedAt).Round(time.Minute), keep)}
+		item := service.GCItem{Path: workspace.DirTasks + "/" + id, ID: id, Since: *t.CompletedAt, Reason: fmt.Sprintf("ended %s ago, retention %s", now.Sub(*t.CompletedAt).Round(time.Minute), keep)}
 		if dir, err := o.data.OpenTask(id); err == nil {
 			item.Bytes, _ = workspace.Size(dir, ".")
 			dir.Close()
@@ -146,7 +121,7 @@ func (o *Orchestrator) gcTasks(ctx context.Context, now time.Time, dry bool, rep
 	return nil
 }
 
-func (o *Orchestrator) gcAttachments(ctx context.Context, now time.Time, dry bool, rep *GCReport) error {
+func (o *Orchestrator) gcAttachments(ctx context.Context, now time.Time, dry bool, rep *service.GCReport) error {
 	keep := o.opts.Retention.Attachments
 	store := o.opts.Attachments
 	if keep <= 0 || store == nil {
@@ -181,7 +156,7 @@ func (o *Orchestrator) gcAttachments(ctx context.Context, now time.Time, dry boo
 		if inUse[m.ID] || now.Sub(since) < keep {
 			continue
 		}
-		item := GCItem{Path: workspace.DirAttachments + "/" + m.File, ID: m.ID, Bytes: m.Size, Since: since, Reason: fmt.Sprintf("unused for %s, retention %s", now.Sub(since).Round(time.Minute), keep)}
+		item := service.GCItem{Path: workspace.DirAttachments + "/" + m.File, ID: m.ID, Bytes: m.Size, Since: since, Reason: fmt.Sprintf("unused for %s, retention %s", now.Sub(since).Round(time.Minute), keep)}
 		if dry {
 			rep.Attachments = append(rep.Attachments, item)
 			rep.Bytes += item.Bytes
@@ -207,7 +182,7 @@ func (o *Orchestrator) gcAttachments(ctx context.Context, now time.Time, dry boo
 		return fmt.Errorf("list orphan attachment files: %w", err)
 	}
 	for _, p := range orphans {
-		item := GCItem{Path: workspace.DirAttachments + "/" + p, Reason: "content without metadata (an interrupted upload or removal)"}
+		item := service.GCItem{Path: workspace.DirAttachments + "/" + p, Reason: "content without metadata (an interrupted upload or removal)"}
 		if info, err := store.Root().Stat(p); err == nil {
 			item.Bytes, item.Since = info.Size(), info.ModTime().UTC()
 		}

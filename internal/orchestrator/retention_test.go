@@ -11,6 +11,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -58,8 +59,8 @@ func TestFailedRemovalIsRecordedAndRetried(t *testing.T) {
 		o.Retention = Retention{TaskDirs: time.Hour}
 	})
 	ctx := context.Background()
-	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}})
-	pending := f.MustSpawn(t, SpawnRequest{TaskDescription: "y", Agent: task.AgentCommand, Command: []string{"true"}})
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}})
+	pending := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "y", Agent: task.AgentCommand, Command: []string{"true"}})
 	f.MustEnd(t, tk.ID, task.Success)
 	stuck := filepath.Join(f.data.TaskPath(tk.ID), "output", "stuck.txt")
 	os.WriteFile(stuck, []byte("x"), 0o644)
@@ -69,7 +70,7 @@ func TestFailedRemovalIsRecordedAndRetried(t *testing.T) {
 	t.Cleanup(func() { exec.Command("chattr", "-i", stuck).Run() })
 
 	clk.Advance(2 * time.Hour)
-	rep, err := f.o.GC(ctx, GCRequest{})
+	rep, err := f.o.GC(ctx, service.GCRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +82,7 @@ func TestFailedRemovalIsRecordedAndRetried(t *testing.T) {
 	}
 
 	exec.Command("chattr", "-i", stuck).Run()
-	rep, err = f.o.GC(ctx, GCRequest{})
+	rep, err = f.o.GC(ctx, service.GCRequest{})
 	if err != nil || len(rep.TaskDirectories) != 1 || len(rep.Failed) != 0 {
 		t.Fatalf("retry: %+v %v, want the directory removed", rep, err)
 	}
@@ -103,7 +104,7 @@ func TestRunRetentionSweepsOnItsInterval(t *testing.T) {
 		o.Now = clk.Now
 		o.Retention = Retention{TaskDirs: time.Hour, Interval: 20 * time.Millisecond}
 	})
-	tk := f.MustSpawn(t, SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}})
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}})
 	f.MustEnd(t, tk.ID, task.Failed)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -8,11 +8,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/clip"
 	"io/fs"
 	"path"
 	"slices"
 	"strings"
+
+	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/service"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
@@ -33,46 +35,16 @@ const (
 	skillSummaryLength = 200
 )
 
-// SkillInfo is a skill as listed: its frontmatter, or why it cannot be read.
-type SkillInfo struct {
-	skill.Skill
-	Path  string `json:"path"` // of SKILL.md, relative to shared/
-	Error string `json:"error,omitempty"`
-}
-
-// SkillDetail is a skill with its SKILL.md and the files beside it.
-type SkillDetail struct {
-	SkillInfo
-	Content string            `json:"content"` // SKILL.md
-	Files   []workspace.Entry `json:"files"`   // relative to the skill's directory
-}
-
-// CreateSkillRequest holds create_skill's arguments. The SKILL.md comes
-// from Content, or is built from Name, Description, DockerImage,
-// Dependencies and Instructions, or (with TaskID and neither) is the task's
-// output/SKILL.md. With TaskID, the task must have succeeded and its output
-// files (Files, or all) are copied beside SKILL.md.
-type CreateSkillRequest struct {
-	Content      string   `json:"content,omitempty"`
-	Name         string   `json:"name,omitempty"`
-	Description  string   `json:"description,omitempty"`
-	DockerImage  string   `json:"docker_image,omitempty"`
-	Dependencies []string `json:"dependencies,omitempty"`
-	Instructions string   `json:"instructions,omitempty"`
-	TaskID       string   `json:"task_id,omitempty"`
-	Files        []string `json:"files,omitempty"`
-}
-
 // ListSkills lists shared/skills/*/SKILL.md by name.
-func (o *Orchestrator) ListSkills(ctx context.Context) ([]SkillInfo, error) {
+func (o *Orchestrator) ListSkills(ctx context.Context) ([]service.SkillInfo, error) {
 	ents, err := workspace.List(o.data.Shared(), skillsDir, false)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
-			return []SkillInfo{}, nil
+			return []service.SkillInfo{}, nil
 		}
 		return nil, fmt.Errorf("list skills: %w", err)
 	}
-	out := []SkillInfo{}
+	out := []service.SkillInfo{}
 	for _, e := range ents {
 		name := path.Base(e.Path)
 		if !e.IsDir || strings.HasPrefix(name, ".") {
@@ -84,20 +56,20 @@ func (o *Orchestrator) ListSkills(ctx context.Context) ([]SkillInfo, error) {
 		}
 		out = append(out, info)
 	}
-	slices.SortFunc(out, func(a, b SkillInfo) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b service.SkillInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
 // readSkill reads and parses a skill's SKILL.md. A SKILL.md that does not
 // parse is returned with Error set and a nil error; a missing one is
 // ErrNotFound.
-func (o *Orchestrator) readSkill(dirName string) (SkillInfo, string, error) {
+func (o *Orchestrator) readSkill(dirName string) (service.SkillInfo, string, error) {
 	p := skillsDir + "/" + dirName + "/" + skill.FileName
 	data, truncated, err := workspace.ReadFile(o.data.Shared(), p, skill.MaxFileBytes)
 	if err != nil {
-		return SkillInfo{}, "", err
+		return service.SkillInfo{}, "", err
 	}
-	info := SkillInfo{Path: p}
+	info := service.SkillInfo{Path: p}
 	info.Name = dirName
 	if truncated {
 		info.Error = fmt.Sprintf("SKILL.md is over %d bytes", skill.MaxFileBytes)
@@ -116,20 +88,20 @@ func (o *Orchestrator) readSkill(dirName string) (SkillInfo, string, error) {
 }
 
 // GetSkill returns a skill.
-func (o *Orchestrator) GetSkill(ctx context.Context, name string) (SkillDetail, error) {
+func (o *Orchestrator) GetSkill(ctx context.Context, name string) (service.SkillDetail, error) {
 	if err := skill.CheckName(name); err != nil {
-		return SkillDetail{}, err
+		return service.SkillDetail{}, err
 	}
 	info, content, err := o.readSkill(name)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return SkillDetail{}, fmt.Errorf("no skill %q: %w", name, errdefs.ErrNotFound)
+		return service.SkillDetail{}, fmt.Errorf("no skill %q: %w", name, errdefs.ErrNotFound)
 	}
 	if err != nil {
-		return SkillDetail{}, fmt.Errorf("read skill %s: %w", name, err)
+		return service.SkillDetail{}, fmt.Errorf("read skill %s: %w", name, err)
 	}
 	files, err := workspace.List(o.data.Shared(), skillsDir+"/"+name, true)
 	if err != nil {
-		return SkillDetail{}, fmt.Errorf("list skill %s: %w", name, err)
+		return service.SkillDetail{}, fmt.Errorf("list skill %s: %w", name, err)
 	}
 	for i := range files {
 		files[i].Path = strings.TrimPrefix(files[i].Path, skillsDir+"/"+name+"/")
@@ -137,39 +109,39 @@ func (o *Orchestrator) GetSkill(ctx context.Context, name string) (SkillDetail, 
 	if files == nil {
 		files = []workspace.Entry{}
 	}
-	return SkillDetail{SkillInfo: info, Content: content, Files: files}, nil
+	return service.SkillDetail{SkillInfo: info, Content: content, Files: files}, nil
 }
 
 // CreateSkill writes shared/skills/<name>/ atomically: the files go into a
 // hidden directory beside it, which is renamed into place once complete, so
 // a reader never sees half a skill and a failure leaves nothing.
-func (o *Orchestrator) CreateSkill(ctx context.Context, req CreateSkillRequest) (SkillDetail, error) {
+func (o *Orchestrator) CreateSkill(ctx context.Context, req service.CreateSkillRequest) (service.SkillDetail, error) {
 	def, files, srcTask, err := o.skillSource(ctx, req)
 	if err != nil {
-		return SkillDetail{}, err
+		return service.SkillDetail{}, err
 	}
 	s, err := skill.Parse(def)
 	if err != nil {
-		return SkillDetail{}, err
+		return service.SkillDetail{}, err
 	}
 	var total int64 = int64(len(def))
 	for _, f := range files {
 		total += f.Size
 	}
 	if total > maxSkillBytes {
-		return SkillDetail{}, &errdefs.FieldError{Field: "files", Err: fmt.Errorf("the skill is %s, over the limit of %s: %w", units.FormatSize(total), units.FormatSize(maxSkillBytes), errdefs.ErrTooLarge)}
+		return service.SkillDetail{}, &errdefs.FieldError{Field: "files", Err: fmt.Errorf("the skill is %s, over the limit of %s: %w", units.FormatSize(total), units.FormatSize(maxSkillBytes), errdefs.ErrTooLarge)}
 	}
 	if err := o.checkSharedQuota(total); err != nil {
-		return SkillDetail{}, err
+		return service.SkillDetail{}, err
 	}
 
 	o.skillMu.Lock()
 	defer o.skillMu.Unlock()
 	final := skillsDir + "/" + s.Name
 	if _, err := o.data.Shared().Lstat(final); err == nil {
-		return SkillDetail{}, fmt.Errorf("a skill named %q exists: %w", s.Name, errdefs.ErrAlreadyExists)
+		return service.SkillDetail{}, fmt.Errorf("a skill named %q exists: %w", s.Name, errdefs.ErrAlreadyExists)
 	} else if !errors.Is(err, fs.ErrNotExist) {
-		return SkillDetail{}, fmt.Errorf("create skill %s: %w", s.Name, err)
+		return service.SkillDetail{}, fmt.Errorf("create skill %s: %w", s.Name, err)
 	}
 	var rnd [6]byte
 	rand.Read(rnd[:])
@@ -182,29 +154,29 @@ func (o *Orchestrator) CreateSkill(ctx context.Context, req CreateSkillRequest) 
 		}
 	}()
 	if err := sh.MkdirAll(tmp, 0o755); err != nil {
-		return SkillDetail{}, fmt.Errorf("create skill %s: %w", s.Name, err)
+		return service.SkillDetail{}, fmt.Errorf("create skill %s: %w", s.Name, err)
 	}
 	if err := workspace.WriteFileAtomic(sh, tmp+"/"+skill.FileName, def, 0o644); err != nil {
-		return SkillDetail{}, fmt.Errorf("create skill %s: %w", s.Name, err)
+		return service.SkillDetail{}, fmt.Errorf("create skill %s: %w", s.Name, err)
 	}
 	names := []string{skill.FileName}
 	if len(files) > 0 {
 		dir, err := o.data.OpenTask(srcTask)
 		if err != nil {
-			return SkillDetail{}, &errdefs.FieldError{Field: "task_id", Err: err}
+			return service.SkillDetail{}, &errdefs.FieldError{Field: "task_id", Err: err}
 		}
 		defer dir.Close()
 		out, err := dir.OpenRoot("output")
 		if err != nil {
-			return SkillDetail{}, &errdefs.FieldError{Field: "task_id", Err: fmt.Errorf("task %s has no output directory: %w", srcTask, errdefs.ErrNotFound)}
+			return service.SkillDetail{}, &errdefs.FieldError{Field: "task_id", Err: fmt.Errorf("task %s has no output directory: %w", srcTask, errdefs.ErrNotFound)}
 		}
 		defer out.Close()
 		for i, f := range files {
 			if err := workspace.CheckName(f.Name); err != nil {
-				return SkillDetail{}, &errdefs.FieldError{Field: fmt.Sprintf("files[%d]", i), Err: err}
+				return service.SkillDetail{}, &errdefs.FieldError{Field: fmt.Sprintf("files[%d]", i), Err: err}
 			}
 			if _, err := workspace.CopyFile(out, f.Name, sh, tmp+"/"+f.Name, maxSkillBytes); err != nil {
-				return SkillDetail{}, &errdefs.FieldError{Field: fmt.Sprintf("files[%d]", i), Err: err}
+				return service.SkillDetail{}, &errdefs.FieldError{Field: fmt.Sprintf("files[%d]", i), Err: err}
 			}
 			names = append(names, f.Name)
 		}
@@ -212,27 +184,27 @@ func (o *Orchestrator) CreateSkill(ctx context.Context, req CreateSkillRequest) 
 	if err := sh.Rename(tmp, final); err != nil {
 		// Another writer (write_workspace) made the directory meanwhile.
 		if _, serr := sh.Lstat(final); serr == nil {
-			return SkillDetail{}, fmt.Errorf("a skill named %q exists: %w", s.Name, errdefs.ErrAlreadyExists)
+			return service.SkillDetail{}, fmt.Errorf("a skill named %q exists: %w", s.Name, errdefs.ErrAlreadyExists)
 		}
-		return SkillDetail{}, fmt.Errorf("create skill %s: %w", s.Name, err)
+		return service.SkillDetail{}, fmt.Errorf("create skill %s: %w", s.Name, err)
 	}
 	ok = true
 	sum := sha256.Sum256(def)
 	data, _ := json.Marshal(task.SkillCreated{Name: s.Name, Description: s.Description, DockerImage: s.DockerImage,
 		Dependencies: s.Dependencies, Files: names, FromTaskID: srcTask, SHA256: hex.EncodeToString(sum[:])})
 	if _, err := o.store.Append(ctx, task.SkillStreamID(s.Name), eventstore.AnyVersion, eventstore.Proposed{
-		Type: task.EventSkillCreated, SchemaVersion: task.SchemaVersion, Data: data, Actor: ActorFrom(ctx),
+		Type: task.EventSkillCreated, SchemaVersion: task.SchemaVersion, Data: data, Actor: service.ActorFrom(ctx),
 	}); err != nil {
 		sh.RemoveAll(final) // unrecorded: take it back
-		return SkillDetail{}, fmt.Errorf("record skill %s: %w", s.Name, err)
+		return service.SkillDetail{}, fmt.Errorf("record skill %s: %w", s.Name, err)
 	}
-	o.log.Info("skill created", "skill", s.Name, "files", len(names), "from_task", srcTask, "actor", ActorFrom(ctx))
+	o.log.Info("skill created", "skill", s.Name, "files", len(names), "from_task", srcTask, "actor", service.ActorFrom(ctx))
 	return o.GetSkill(ctx, s.Name)
 }
 
 // skillSource returns the SKILL.md a create request means and the task
 // output files to copy beside it, after checking every argument.
-func (o *Orchestrator) skillSource(ctx context.Context, req CreateSkillRequest) ([]byte, []task.OutputFile, string, error) {
+func (o *Orchestrator) skillSource(ctx context.Context, req service.CreateSkillRequest) ([]byte, []task.OutputFile, string, error) {
 	var errs []error
 	fields := req.Name != "" || req.Description != "" || req.DockerImage != "" || len(req.Dependencies) > 0 || req.Instructions != ""
 	if req.Content != "" && fields {

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/clip"
 	"os"
 	"path"
 	"regexp"
@@ -15,6 +14,9 @@ import (
 	"strings"
 	"sync"
 	"unicode/utf8"
+
+	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/service"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/projection"
@@ -40,7 +42,7 @@ var labelKey = sync.OnceValue(func() *regexp.Regexp {
 
 // Spawn validates req, creates the task directory with prompt.md and the
 // context files, records the task and queues it (SPEC §2).
-func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, bool, error) {
+func (o *Orchestrator) Spawn(ctx context.Context, req service.SpawnRequest) (task.Task, bool, error) {
 	if o.opts.Disabled {
 		return task.Task{}, false, fmt.Errorf("workers are disabled on this server (ai_worker_config.enabled: false): no new task is taken: %w", errdefs.ErrUnavailable)
 	}
@@ -113,7 +115,7 @@ func (o *Orchestrator) Spawn(ctx context.Context, req SpawnRequest) (task.Task, 
 	if err := workspace.WriteFileAtomic(dir, "prompt.md", []byte(Prompt(in)), 0o644); err != nil {
 		return task.Task{}, false, fmt.Errorf("write prompt.md: %w", err)
 	}
-	actor := ActorFrom(ctx)
+	actor := service.ActorFrom(ctx)
 	t, err := o.tasks.Create(ctx, id,
 		projection.NewEvent(task.EventCreated, task.Created{Spec: spec, RequestHash: hash}, actor),
 		projection.NewEvent(task.EventQueued, nil, actor))
@@ -150,7 +152,7 @@ func (o *Orchestrator) reserveQueueSlot() (release func(), err error) {
 
 // validate checks every field and returns the task's spec with defaults
 // filled in, or every problem at once.
-func (o *Orchestrator) validate(req SpawnRequest) (task.Spec, error) {
+func (o *Orchestrator) validate(req service.SpawnRequest) (task.Spec, error) {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, errdefs.Field(field, fmt.Sprintf(format, args...)))
@@ -339,7 +341,7 @@ func (o *Orchestrator) copyContext(dir *os.Root, files []string) error {
 }
 
 // requestHash identifies a spawn request's arguments, without the key.
-func requestHash(req SpawnRequest) string {
+func requestHash(req service.SpawnRequest) string {
 	req.IdempotencyKey = ""
 	b, _ := json.Marshal(req)
 	sum := sha256.Sum256(b)

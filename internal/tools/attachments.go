@@ -4,17 +4,17 @@ import (
 	"context"
 	"encoding/json"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 )
 
 // AttachmentResult is create_attachment_from_workspace's answer: the
 // attachment and where to download it.
 type AttachmentResult struct {
-	orchestrator.Attachment
+	service.Attachment
 	DownloadPath string `json:"download_path"`
 }
 
-func createAttachmentFromWorkspace(svc orchestrator.Service) Tool {
+func createAttachmentFromWorkspace(svc service.Service) Tool {
 	return Tool{
 		Name: "create_attachment_from_workspace",
 		Description: `Create an attachment from a workspace file so it can be sent in messages.
@@ -26,7 +26,7 @@ Returns an attachment_id that can be used with send_message or included in respo
 "description":{"type":"string","description":"Description of the attachment for accessibility."}},
 "required":["source_path"],"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req orchestrator.CreateAttachmentRequest
+			var req service.CreateAttachmentRequest
 			if err := decode(args, &req); err != nil {
 				return nil, err
 			}

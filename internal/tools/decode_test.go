@@ -9,23 +9,23 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 )
 
 func TestDecodeAccepts(t *testing.T) {
 	in := `{"task_description":"naïve ✓ \u00e9 \ud83d\ude00","timeout_minutes":5,"resources":{"memory_limit":"1Gi"},
 		"labels":{"a":"1","b":"2"},"context_files":["x","y"]}`
-	var got orchestrator.SpawnRequest
+	var got service.SpawnRequest
 	if err := decode(json.RawMessage(in), &got); err != nil {
 		t.Fatal(err)
 	}
-	want := orchestrator.SpawnRequest{TaskDescription: "naïve ✓ é 😀", TimeoutMinutes: 5,
-		Resources: &orchestrator.ResourceRequest{MemoryLimit: "1Gi"}, Labels: map[string]string{"a": "1", "b": "2"},
+	want := service.SpawnRequest{TaskDescription: "naïve ✓ é 😀", TimeoutMinutes: 5,
+		Resources: &service.ResourceRequest{MemoryLimit: "1Gi"}, Labels: map[string]string{"a": "1", "b": "2"},
 		ContextFiles: []string{"x", "y"}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("decoded (-want +got):\n%s", diff)
 	}
-	var ing orchestrator.IngestRequest
+	var ing service.IngestRequest
 	if err := decode(json.RawMessage(`{"source_path":"a","title":"t","metadata":{"tags":["x"],"n":1}}`), &ing); err != nil {
 		t.Errorf("metadata object: %v", err)
 	} else if string(ing.Metadata) != `{"tags":["x"],"n":1}` {
@@ -67,7 +67,7 @@ func TestDecodeRefuses(t *testing.T) {
 		{"trailing data", `{"task_description":"x"} {"task_description":"y"}`, "", "invalid JSON at byte 25"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var req orchestrator.SpawnRequest
+			var req service.SpawnRequest
 			err := decode(json.RawMessage(c.in), &req)
 			if !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Fatalf("decode(%q) = %v, want ErrInvalidArgument", c.in, err)
@@ -85,7 +85,7 @@ func TestDecodeRefuses(t *testing.T) {
 		})
 	}
 	// A field that keeps its JSON as it came is checked all the same.
-	var ing orchestrator.IngestRequest
+	var ing service.IngestRequest
 	for _, in := range []string{`{"title":"t","metadata":{"k":1,"k":2}}`, "{\"title\":\"t\",\"metadata\":{\"k\":\"\xff\"}}"} {
 		var fe *errdefs.FieldError
 		if err := decode(json.RawMessage(in), &ing); !errors.As(err, &fe) || fe.Field != "metadata.k" {

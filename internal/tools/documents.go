@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 )
 
-func ingestFromWorkspace(svc orchestrator.Service) Tool {
+func ingestFromWorkspace(svc service.Service) Tool {
 	return Tool{
 		Name: "ingest_from_workspace",
 		Description: `Ingest a file from the workspace into the document index.
@@ -25,7 +25,7 @@ found by their title and metadata only, and the answer says so.`,
 "metadata":{"type":"object","description":"Optional metadata to attach (tags, source_task_id, etc.)."}},
 "required":["source_path","title"],"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req orchestrator.IngestRequest
+			var req service.IngestRequest
 			if err := decode(args, &req); err != nil {
 				return nil, err
 			}
@@ -37,7 +37,7 @@ found by their title and metadata only, and the answer says so.`,
 	}
 }
 
-func exportNotesToWorkspace(svc orchestrator.Service) Tool {
+func exportNotesToWorkspace(svc service.Service) Tool {
 	return Tool{
 		Name: "export_notes_to_workspace",
 		Description: `Export notes matching a search query to the workspace as markdown files.
@@ -50,7 +50,7 @@ Each note is exported as a separate .md file with frontmatter containing metadat
 "max_notes":{"type":"integer","default":20,"minimum":1,"maximum":100,"description":"Maximum number of notes to export."}},
 "required":["query","destination_dir"],"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req orchestrator.ExportNotesRequest
+			var req service.ExportNotesRequest
 			if err := decode(args, &req); err != nil {
 				return nil, err
 			}
@@ -59,7 +59,7 @@ Each note is exported as a separate .md file with frontmatter containing metadat
 	}
 }
 
-func searchDocuments(svc orchestrator.Service) Tool {
+func searchDocuments(svc service.Service) Tool {
 	return Tool{
 		Name:        "search_documents",
 		Description: "Search the document index (ingested files and notes), best match first. Every word of the query counts; documents with more of them rank higher. Returns document IDs for spawn_worker's document_ids.",
@@ -69,7 +69,7 @@ func searchDocuments(svc orchestrator.Service) Tool {
 "limit":{"type":"integer","default":20,"minimum":1,"maximum":100,"description":"At most this many results."}},
 "required":["q"],"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req orchestrator.SearchRequest
+			var req service.SearchRequest
 			if err := decode(args, &req); err != nil {
 				return nil, err
 			}

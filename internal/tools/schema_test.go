@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 )
 
 // The schemas are written for people and models to read, so they are
@@ -16,13 +16,13 @@ import (
 // required fields as the type's non-omitempty ones.
 func TestSchemasMatchRequestTypes(t *testing.T) {
 	types := map[string]any{
-		"spawn_worker":                     orchestrator.SpawnRequest{},
-		"list_worker_tasks":                orchestrator.ListRequest{},
-		"create_attachment_from_workspace": orchestrator.CreateAttachmentRequest{},
-		"ingest_from_workspace":            orchestrator.IngestRequest{},
-		"export_notes_to_workspace":        orchestrator.ExportNotesRequest{},
-		"search_documents":                 orchestrator.SearchRequest{},
-		"create_skill":                     orchestrator.CreateSkillRequest{},
+		"spawn_worker":                     service.SpawnRequest{},
+		"list_worker_tasks":                service.ListRequest{},
+		"create_attachment_from_workspace": service.CreateAttachmentRequest{},
+		"ingest_from_workspace":            service.IngestRequest{},
+		"export_notes_to_workspace":        service.ExportNotesRequest{},
+		"search_documents":                 service.SearchRequest{},
+		"create_skill":                     service.CreateSkillRequest{},
 	}
 	cat := New(nil, Limits{})
 	for name, v := range types {

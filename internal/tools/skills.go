@@ -4,10 +4,10 @@ import (
 	"context"
 	"encoding/json"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 )
 
-func listSkills(svc orchestrator.Service) Tool {
+func listSkills(svc service.Service) Tool {
 	return Tool{
 		Name:        "list_skills",
 		Description: "List the skills in /workspace/shared/skills/: reusable capabilities (instructions in SKILL.md, scripts beside it) that workers can use. Each has a name and a one-line description.",
@@ -26,7 +26,7 @@ func listSkills(svc orchestrator.Service) Tool {
 	}
 }
 
-func getSkill(svc orchestrator.Service) Tool {
+func getSkill(svc service.Service) Tool {
 	return Tool{
 		Name:        "get_skill",
 		Description: "Read a skill: its SKILL.md (frontmatter and instructions) and the list of files beside it.",
@@ -44,7 +44,7 @@ func getSkill(svc orchestrator.Service) Tool {
 	}
 }
 
-func createSkill(svc orchestrator.Service) Tool {
+func createSkill(svc service.Service) Tool {
 	return Tool{
 		Name: "create_skill",
 		Description: `Create a reusable skill in /workspace/shared/skills/<name>/. Give either content (a whole
@@ -63,7 +63,7 @@ Names are lowercase letters, digits and hyphens (at most 64); a name that exists
 "files":{"type":"array","items":{"type":"string"},"description":"Which of the task's output files to copy (default: all)."}},
 "additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req orchestrator.CreateSkillRequest
+			var req service.CreateSkillRequest
 			if err := decode(args, &req); err != nil {
 				return nil, err
 			}

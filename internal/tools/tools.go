@@ -16,7 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -44,7 +44,7 @@ type Limits struct {
 }
 
 // New returns the catalogue of tools over svc, its schemas stating lim.
-func New(svc orchestrator.Service, lim Limits) *Catalogue {
+func New(svc service.Service, lim Limits) *Catalogue {
 	if lim.DefaultTimeoutMinutes <= 0 {
 		lim.DefaultTimeoutMinutes = 30
 	}
@@ -115,7 +115,7 @@ func checkPath(p string) error {
 	return nil
 }
 
-func spawnWorker(svc orchestrator.Service, lim Limits) Tool {
+func spawnWorker(svc service.Service, lim Limits) Tool {
 	return Tool{
 		Name: "spawn_worker",
 		Description: `Spawn an AI coder worker (Claude Code, Gemini CLI, Codex, opencode, or a plain command) to complete
@@ -141,7 +141,7 @@ You will be notified when the worker completes.
 Use read_task_result(task_id) to retrieve the output; it can also wait for the end.`,
 		Schema: json.RawMessage(fmt.Sprintf(spawnSchema, lim.DefaultTimeoutMinutes, lim.MaxTimeoutMinutes)),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req orchestrator.SpawnRequest
+			var req service.SpawnRequest
 			if err := decode(args, &req); err != nil {
 				return nil, err
 			}
@@ -154,7 +154,7 @@ Use read_task_result(task_id) to retrieve the output; it can also wait for the e
 	}
 }
 
-func readTaskResult(svc orchestrator.Service) Tool {
+func readTaskResult(svc service.Service) Tool {
 	return Tool{
 		Name:        "read_task_result",
 		Description: "Read the result of a completed worker task. Call this after being notified that a worker has completed, or pass wait_seconds to wait for it to end. The answer has the status, summary, error, output files and, when asked, their contents; a long file is cut with a note saying where the whole file is.",
@@ -175,7 +175,7 @@ func readTaskResult(svc orchestrator.Service) Tool {
 			if a.WaitSeconds < 0 || a.WaitSeconds > 600 {
 				return nil, errdefs.Field("wait_seconds", "must be between 0 and 600")
 			}
-			res, err := svc.Result(ctx, orchestrator.ResultRequest{TaskID: a.TaskID, IncludeFileContents: a.IncludeFileContents, Wait: time.Duration(a.WaitSeconds) * time.Second})
+			res, err := svc.Result(ctx, service.ResultRequest{TaskID: a.TaskID, IncludeFileContents: a.IncludeFileContents, Wait: time.Duration(a.WaitSeconds) * time.Second})
 			if err != nil {
 				return nil, err
 			}
@@ -185,7 +185,7 @@ func readTaskResult(svc orchestrator.Service) Tool {
 	}
 }
 
-func listWorkerTasks(svc orchestrator.Service) Tool {
+func listWorkerTasks(svc service.Service) Tool {
 	return Tool{
 		Name:        "list_worker_tasks",
 		Description: "List worker tasks, newest first, optionally only those of one conversation or in one status.",
@@ -195,7 +195,7 @@ func listWorkerTasks(svc orchestrator.Service) Tool {
 "limit":{"type":"integer","minimum":1,"maximum":500,"default":50,"description":"At most this many tasks."},
 "cursor":{"type":"string","description":"next_cursor from the previous page."}},"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req orchestrator.ListRequest
+			var req service.ListRequest
 			if err := decode(args, &req); err != nil {
 				return nil, err
 			}
@@ -204,7 +204,7 @@ func listWorkerTasks(svc orchestrator.Service) Tool {
 	}
 }
 
-func cancelWorkerTask(svc orchestrator.Service) Tool {
+func cancelWorkerTask(svc service.Service) Tool {
 	return Tool{
 		Name:        "cancel_worker_task",
 		Description: "Cancel a worker task that has not ended: a queued task never starts, a running one is stopped with everything it started.",
@@ -222,7 +222,7 @@ func cancelWorkerTask(svc orchestrator.Service) Tool {
 	}
 }
 
-func readWorkspace(svc orchestrator.Service) Tool {
+func readWorkspace(svc service.Service) Tool {
 	return Tool{
 		Name:        "read_workspace",
 		Description: "Read a file from /workspace/shared/. Use this to access persistent files like scripts, data, or worker outputs that were saved to shared.",
@@ -250,7 +250,7 @@ func readWorkspace(svc orchestrator.Service) Tool {
 	}
 }
 
-func writeWorkspace(svc orchestrator.Service) Tool {
+func writeWorkspace(svc service.Service) Tool {
 	return Tool{
 		Name:        "write_workspace",
 		Description: "Write a file to /workspace/shared/. Use this to store data for workers to access, or to save scripts/outputs for future use.",
@@ -276,7 +276,7 @@ func writeWorkspace(svc orchestrator.Service) Tool {
 	}
 }
 
-func listWorkspace(svc orchestrator.Service) Tool {
+func listWorkspace(svc service.Service) Tool {
 	return Tool{
 		Name:        "list_workspace",
 		Description: "List files and directories in /workspace/shared/.",
@@ -336,7 +336,7 @@ const MaxResultContentBytes = 256 << 10
 // fitContents cuts res's file contents, in the order they were asked for,
 // so that together they stay within max bytes, and points every cut file at
 // the API route that serves it whole.
-func fitContents(res *orchestrator.Result, order []string, max int) {
+func fitContents(res *service.Result, order []string, max int) {
 	left := max
 	for _, name := range order {
 		f, ok := res.FileContents[name]
@@ -371,7 +371,7 @@ func cut(content, encoding string, n int) string {
 }
 
 // contentBytes is how many bytes of the file the content holds.
-func contentBytes(f orchestrator.File) int {
+func contentBytes(f service.File) int {
 	if f.Encoding == "base64" {
 		return base64.StdEncoding.DecodedLen(len(f.Content)) - strings.Count(f.Content[max(0, len(f.Content)-2):], "=")
 	}

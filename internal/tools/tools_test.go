@@ -5,12 +5,12 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
 func TestFitContents(t *testing.T) {
-	res := orchestrator.Result{Task: task.Task{ID: "task-1"}, FileContents: map[string]orchestrator.File{
+	res := service.Result{Task: task.Task{ID: "task-1"}, FileContents: map[string]service.File{
 		"a.txt": {Path: "a.txt", Size: 6, Encoding: "utf-8", Content: "aaaaaa"},
 		"b.txt": {Path: "b.txt", Size: 8, Encoding: "utf-8", Content: "éééé"}, // 2 bytes a rune
 		"c.bin": {Path: "c.bin", Size: 6, Encoding: "base64", Content: "AAECAwQF"},
@@ -35,7 +35,7 @@ func TestCutBase64(t *testing.T) {
 	if got := cut("AAECAwQF", "base64", 7); got != "AAEC" {
 		t.Errorf("cut base64 at 7: %q, want a whole quantum AAEC", got)
 	}
-	if got := contentBytes(orchestrator.File{Encoding: "base64", Content: "AAE="}); got != 2 {
+	if got := contentBytes(service.File{Encoding: "base64", Content: "AAE="}); got != 2 {
 		t.Errorf("contentBytes of AAE= is %d, want 2", got)
 	}
 }

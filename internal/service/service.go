@@ -1,0 +1,104 @@
+// Package service is Corral's service contract: the use cases every
+// transport offers (tasks, and the library of workspace files,
+// attachments, documents and skills) and their request and answer types.
+// The orchestrator implements it in process and httpapi.Client over HTTP;
+// the HTTP API, the tools catalogue, the MCP server and the CLI are written
+// against it, and servicetest checks that both implementations answer
+// alike.
+package service
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// Service is what a caller can do with Corral. httpapi.Client implements it
+// over HTTP, so the CLI and the server share one contract.
+//
+// Errors are classified with errdefs: ErrInvalidArgument (a FieldError
+// naming the field) for bad input, ErrNotFound for unknown ids and paths,
+// ErrConflict for an idempotency key reused with other arguments or a
+// cancel of an ended task, ErrTooLarge for input over a size limit,
+// ErrResourceExhausted when the queue is full.
+type Service interface {
+	// Spawn validates req, prepares the task directory and queues the task.
+	// With an idempotency key it returns the task already spawned with that
+	// key (existing=true) instead of a second one.
+	Spawn(ctx context.Context, req SpawnRequest) (t task.Task, existing bool, err error)
+	// Get returns a task as projected from its events.
+	Get(ctx context.Context, id string) (task.Task, error)
+	// List returns tasks newest first, a page at a time.
+	List(ctx context.Context, req ListRequest) (ListPage, error)
+	// Result returns a task's result, waiting up to req.Wait for it to end.
+	Result(ctx context.Context, req ResultRequest) (Result, error)
+	// Cancel stops a task in any non-terminal state.
+	Cancel(ctx context.Context, id string) (task.Task, error)
+	// Logs writes a task's transcript to w; with follow it keeps writing
+	// until the task ends.
+	Logs(ctx context.Context, req LogsRequest, w io.Writer) error
+	// Events calls fn with each event after req.After (an event id), of one
+	// task or of all; with follow it waits for new ones until ctx is done.
+	Events(ctx context.Context, req EventsRequest, fn func(eventstore.Event) error) error
+	// ListWorkspace lists a directory of shared/.
+	ListWorkspace(ctx context.Context, path string, recursive bool) ([]workspace.Entry, error)
+	// ReadWorkspace reads a file of shared/, up to the read limit.
+	ReadWorkspace(ctx context.Context, path string) (File, error)
+	// WriteWorkspace writes a file of shared/ atomically.
+	WriteWorkspace(ctx context.Context, path string, content []byte) (workspace.Entry, error)
+	// UploadAttachments stores files as attachments, streaming each. next
+	// returns the files in turn and io.EOF after the last. All or none: if
+	// one file fails (empty, over the per-file limit, a read error), none is
+	// kept and no event is recorded.
+	UploadAttachments(ctx context.Context, next func() (name string, content io.Reader, err error)) ([]Attachment, error)
+	// OpenAttachment returns an attachment and its content; the caller
+	// closes it. ErrNotFound for an unknown id.
+	OpenAttachment(ctx context.Context, id string) (Attachment, io.ReadCloser, error)
+	// CreateAttachmentFromWorkspace makes an attachment of a task's output
+	// file or a shared file (create_attachment_from_workspace).
+	CreateAttachmentFromWorkspace(ctx context.Context, req CreateAttachmentRequest) (Attachment, error)
+	// GC removes ended tasks' directories and unused attachments past their
+	// retention; with req.DryRun it only reports what would go.
+	GC(ctx context.Context, req GCRequest) (GCReport, error)
+	// IngestDocument copies a workspace file into documents/ and indexes it
+	// (ingest_from_workspace), or stores a note pushed with its content.
+	IngestDocument(ctx context.Context, req IngestRequest) (Document, error)
+	// SearchDocuments searches documents and notes, best match first.
+	SearchDocuments(ctx context.Context, req SearchRequest) (SearchResult, error)
+	// ExportNotes writes the notes matching a query as Markdown files under
+	// shared/ (export_notes_to_workspace).
+	ExportNotes(ctx context.Context, req ExportNotesRequest) (ExportNotesResult, error)
+	// ListSkills lists the skills in shared/skills/, by name; a skill whose
+	// SKILL.md does not parse is listed with its error.
+	ListSkills(ctx context.Context) ([]SkillInfo, error)
+	// GetSkill returns a skill's SKILL.md and its files; ErrNotFound for an
+	// unknown name.
+	GetSkill(ctx context.Context, name string) (SkillDetail, error)
+	// CreateSkill writes shared/skills/<name>/ from a SKILL.md (or its
+	// fields) and optionally a finished task's output files. A name taken
+	// is ErrAlreadyExists; nothing is written on any error.
+	CreateSkill(ctx context.Context, req CreateSkillRequest) (SkillDetail, error)
+}
+
+// MaxWait bounds a long poll (ResultRequest.Wait).
+const MaxWait = 10 * time.Minute
+
+type actorKey struct{}
+
+// WithActor returns a context that names the caller recorded as the actor of
+// the events a request causes.
+func WithActor(ctx context.Context, actor string) context.Context {
+	return context.WithValue(ctx, actorKey{}, actor)
+}
+
+// ActorFrom returns the caller named by WithActor, or "anonymous".
+func ActorFrom(ctx context.Context) string {
+	if a, ok := ctx.Value(actorKey{}).(string); ok && a != "" {
+		return a
+	}
+	return "anonymous"
+}

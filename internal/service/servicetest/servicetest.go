@@ -1,0 +1,247 @@
+// Package servicetest checks that an implementation of service.Service
+// answers as the contract says, and that every implementation answers
+// alike: Run drives the same calls against each one it is given (the
+// orchestrator in process and httpapi.Client over the HTTP API) and
+// compares what they say, error classes included. NewOrchestrator makes
+// the in-process one, without a scheduler: tasks stay queued.
+package servicetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/attachment"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/eventstore/sqlite"
+	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// Fixture is a real orchestrator over a SQLite store and a data root,
+// without a scheduler.
+type Fixture struct {
+	Orch  *orchestrator.Orchestrator
+	Tasks *projection.Tasks
+	Store eventstore.Store
+	Data  *workspace.DataRoot
+}
+
+// NewOrchestrator makes a Fixture in a temporary directory; edit may change
+// the orchestrator's options before it is built.
+func NewOrchestrator(tb testing.TB, edit func(*orchestrator.Options)) *Fixture {
+	tb.Helper()
+	log := slog.New(slog.DiscardHandler)
+	dir := tb.TempDir()
+	store, err := sqlite.Open(context.Background(), filepath.Join(dir, "events.db"), log)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { store.Close() })
+	data, err := workspace.Open(filepath.Join(dir, "data"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { data.Close() })
+	tasks := projection.New(store, log)
+	attRoot, err := data.Root().OpenRoot(workspace.DirAttachments)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { attRoot.Close() })
+	opts := orchestrator.Options{
+		Attachments: attachment.New(attRoot, attachment.Options{MaxFileBytes: 1 << 20}),
+		Store:       store,
+		Tasks:       tasks,
+		Data:        data,
+		Limits: orchestrator.Limits{
+			MaxPromptBytes:    10000,
+			MaxTaskDirBytes:   1 << 20,
+			MaxContextBytes:   1 << 20,
+			MaxLogBytes:       1 << 20,
+			MaxReadBytes:      256 << 10,
+			MaxWriteBytes:     1 << 20,
+			MaxQueued:         500,
+			DefaultTimeoutMin: 30,
+			MaxTimeoutMin:     120,
+			StopGrace:         100 * time.Millisecond,
+		},
+		Defaults: orchestrator.Defaults{Agent: task.AgentClaude, Runtime: "local", Network: task.NetworkNone},
+		Runtimes: map[string]string{"local": ""},
+		Networks: map[string]string{task.NetworkNone: ""},
+		Agents:   map[string]orchestrator.AgentConfig{task.AgentClaude: {Binary: "/usr/local/bin/claude"}, task.AgentCommand: {}},
+		Worker:   orchestrator.WorkerOptions{Binary: "/usr/local/bin/corral", SocketDir: data.HostPath("run", "sock"), Secret: []byte("0123456789abcdef0123456789abcdef")},
+	}
+	if edit != nil {
+		edit(&opts)
+	}
+	return &Fixture{Orch: orchestrator.New(opts, log), Tasks: tasks, Store: store, Data: data}
+}
+
+// Run runs the contract's checks against each implementation; newImpl
+// returns a fresh one for each check.
+func Run(t *testing.T, impls map[string]func(*testing.T) service.Service) {
+	checks := map[string]func(*testing.T, service.Service){
+		"Workspace":   checkWorkspace,
+		"Tasks":       checkTasks,
+		"Attachments": checkAttachments,
+		"Skills":      checkSkills,
+	}
+	for impl, newImpl := range impls {
+		for name, check := range checks {
+			t.Run(impl+"/"+name, func(t *testing.T) { check(t, newImpl(t)) })
+		}
+	}
+}
+
+// wantClass fails unless err is of class want.
+func wantClass(t *testing.T, what string, err, want error) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Errorf("%s: %v, want an error of class %v", what, err, want)
+	}
+}
+
+func checkWorkspace(t *testing.T, svc service.Service) {
+	ctx := context.Background()
+	e, err := svc.WriteWorkspace(ctx, "data/a.csv", []byte("a,b\n1,2\n"))
+	if err != nil || e.Path != "data/a.csv" || e.Size != 8 {
+		t.Fatalf("WriteWorkspace: %+v, %v", e, err)
+	}
+	f, err := svc.ReadWorkspace(ctx, "/workspace/shared/data/a.csv")
+	if err != nil || f.Content != "a,b\n1,2\n" || f.Size != 8 {
+		t.Errorf("ReadWorkspace: %+v, %v", f, err)
+	}
+	ents, err := svc.ListWorkspace(ctx, "data", false)
+	if err != nil || len(ents) != 1 || ents[0].Path != "data/a.csv" {
+		t.Errorf("ListWorkspace(data): %+v, %v", ents, err)
+	}
+	_, err = svc.ReadWorkspace(ctx, "data/none.csv")
+	wantClass(t, "read of a missing file", err, errdefs.ErrNotFound)
+	_, err = svc.WriteWorkspace(ctx, "../escape", []byte("x"))
+	wantClass(t, "write outside shared/", err, errdefs.ErrPermissionDenied)
+	_, err = svc.WriteWorkspace(ctx, "/abs.txt", []byte("x"))
+	wantClass(t, "write of an absolute path", err, errdefs.ErrInvalidArgument)
+	_, err = svc.ListWorkspace(ctx, "data/a.csv", false)
+	wantClass(t, "listing a file", err, errdefs.ErrFailedPrecondition)
+}
+
+func checkTasks(t *testing.T, svc service.Service) {
+	ctx := context.Background()
+	req := service.SpawnRequest{TaskDescription: "count", Agent: task.AgentCommand, Command: []string{"true"}, IdempotencyKey: "k1", Labels: map[string]string{"team": "a"}}
+	tk, existing, err := svc.Spawn(ctx, req)
+	if err != nil || existing || tk.Status != task.Queued || tk.Agent != task.AgentCommand {
+		t.Fatalf("Spawn: %+v existing %v, %v", tk, existing, err)
+	}
+	again, existing, err := svc.Spawn(ctx, req)
+	if err != nil || !existing || again.ID != tk.ID {
+		t.Errorf("Spawn with the same idempotency key: %s existing %v, %v; want %s again", again.ID, existing, err, tk.ID)
+	}
+	req.TaskDescription = "another"
+	_, _, err = svc.Spawn(ctx, req)
+	wantClass(t, "the same key with other arguments", err, errdefs.ErrConflict)
+	_, _, err = svc.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}, TimeoutMinutes: 500})
+	wantClass(t, "Spawn with a bad timeout", err, errdefs.ErrInvalidArgument)
+
+	got, err := svc.Get(ctx, tk.ID)
+	if err != nil || got.ID != tk.ID || got.Description != "count" || got.Labels["team"] != "a" {
+		t.Errorf("Get: %+v, %v", got, err)
+	}
+	_, err = svc.Get(ctx, "task-00000000000000000000000000")
+	wantClass(t, "Get of an unknown task", err, errdefs.ErrNotFound)
+	_, err = svc.Get(ctx, "../etc")
+	wantClass(t, "Get of a malformed id", err, errdefs.ErrInvalidArgument)
+	page, err := svc.List(ctx, service.ListRequest{Status: string(task.Queued)})
+	if err != nil || len(page.Tasks) != 1 || page.Tasks[0].ID != tk.ID {
+		t.Errorf("List(queued): %+v, %v", page, err)
+	}
+	res, err := svc.Result(ctx, service.ResultRequest{TaskID: tk.ID})
+	if err != nil || res.Done || res.Status != task.Queued {
+		t.Errorf("Result of a queued task: done %v status %s, %v", res.Done, res.Status, err)
+	}
+
+	cancelled, err := svc.Cancel(ctx, tk.ID)
+	if err != nil || cancelled.Status != task.Cancelled {
+		t.Fatalf("Cancel: %+v, %v", cancelled, err)
+	}
+	res, err = svc.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: time.Second})
+	if err != nil || !res.Done || res.Status != task.Cancelled {
+		t.Errorf("Result after cancel: done %v status %s, %v", res.Done, res.Status, err)
+	}
+	var types []string
+	if err := svc.Events(ctx, service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
+		types = append(types, e.Type)
+		if e.CorrelationID == "" {
+			t.Errorf("event %s has no correlation id", e.Type)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A queued task ends at once: nothing runs to be asked to stop.
+	if !slices.Equal(types, []string{task.EventCreated, task.EventQueued, task.EventCompleted}) {
+		t.Errorf("events %v", types)
+	}
+}
+
+func checkAttachments(t *testing.T, svc service.Service) {
+	ctx := context.Background()
+	files := []struct{ name, content string }{{"notes.json", `{"a": 1}`}, {"report.md", "# Report\n"}}
+	i := 0
+	atts, err := svc.UploadAttachments(ctx, func() (string, io.Reader, error) {
+		if i == len(files) {
+			return "", nil, io.EOF
+		}
+		f := files[i]
+		i++
+		return f.name, bytes.NewReader([]byte(f.content)), nil
+	})
+	if err != nil || len(atts) != 2 {
+		t.Fatalf("UploadAttachments: %+v, %v", atts, err)
+	}
+	for k, a := range atts {
+		m, rc, err := svc.OpenAttachment(ctx, a.ID)
+		if err != nil {
+			t.Errorf("OpenAttachment(%s): %v", a.ID, err)
+			continue
+		}
+		b, _ := io.ReadAll(rc)
+		rc.Close()
+		if string(b) != files[k].content || m.Name != files[k].name || m.Size != int64(len(files[k].content)) {
+			t.Errorf("attachment %d: %+v %q", k, m, b)
+		}
+	}
+	_, _, err = svc.OpenAttachment(ctx, "0123456789abcdef0123456789abcdef")
+	wantClass(t, "OpenAttachment of an unknown id", err, errdefs.ErrNotFound)
+}
+
+func checkSkills(t *testing.T, svc service.Service) {
+	ctx := context.Background()
+	req := service.CreateSkillRequest{Name: "csv-totals", Description: "Total a CSV column.", Instructions: "Run totals.py."}
+	d, err := svc.CreateSkill(ctx, req)
+	if err != nil || d.Name != "csv-totals" || d.Path != "skills/csv-totals/SKILL.md" {
+		t.Fatalf("CreateSkill: %+v, %v", d, err)
+	}
+	_, err = svc.CreateSkill(ctx, req)
+	wantClass(t, "CreateSkill of a taken name", err, errdefs.ErrAlreadyExists)
+	list, err := svc.ListSkills(ctx)
+	if err != nil || len(list) != 1 || list[0].Name != "csv-totals" {
+		t.Errorf("ListSkills: %+v, %v", list, err)
+	}
+	got, err := svc.GetSkill(ctx, "csv-totals")
+	if err != nil || got.Content != d.Content || got.Description != "Total a CSV column." {
+		t.Errorf("GetSkill: %+v, %v", got, err)
+	}
+	_, err = svc.GetSkill(ctx, "none")
+	wantClass(t, "GetSkill of an unknown name", err, errdefs.ErrNotFound)
+}

@@ -1,0 +1,108 @@
+package service
+
+import (
+	"time"
+
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// SpawnRequest holds the spawn_worker arguments (seed 000 plus SPEC §2).
+//
+// SharedFiles is seed use case 3's name for ContextFiles: both name files
+// of shared/ to copy into context/ and are taken as one list. AttachmentIDs
+// are copied into context/ under their original names. SaveToShared copies
+// a successful task's outputs to shared/outputs/YYYY-MM/<task-id>/, and its
+// scripts also to shared/scripts/.
+type SpawnRequest struct {
+	TaskDescription string            `json:"task_description"`
+	ContextFiles    []string          `json:"context_files,omitempty"`
+	SharedFiles     []string          `json:"shared_files,omitempty"`
+	AttachmentIDs   []string          `json:"attachment_ids,omitempty"`
+	SaveToShared    bool              `json:"save_to_shared,omitempty"`
+	DocumentIDs     []string          `json:"document_ids,omitempty"`
+	NoteQuery       string            `json:"note_query,omitempty"`
+	Model           string            `json:"model,omitempty"`
+	Agent           string            `json:"agent,omitempty"`
+	Command         []string          `json:"command,omitempty"`
+	TimeoutMinutes  int               `json:"timeout_minutes,omitempty"`
+	Runtime         string            `json:"runtime,omitempty"`
+	Image           string            `json:"image,omitempty"`
+	Network         string            `json:"network,omitempty"`
+	Resources       *ResourceRequest  `json:"resources,omitempty"`
+	ConversationID  string            `json:"conversation_id,omitempty"`
+	InterfaceType   string            `json:"interface_type,omitempty"`
+	UserName        string            `json:"user_name,omitempty"`
+	Labels          map[string]string `json:"labels,omitempty"`
+	IdempotencyKey  string            `json:"idempotency_key,omitempty"`
+	// FollowUpOf continues an ended task: its output is copied into
+	// context/previous/, and the agent's session resumes where the agent
+	// supports it (Claude Code's --resume).
+	FollowUpOf string `json:"follow_up_of,omitempty"`
+}
+
+// ResourceRequest overrides the configured sandbox limits for one task, in
+// the configuration's units ("2Gi", "500m").
+type ResourceRequest struct {
+	MemoryLimit string `json:"memory_limit,omitempty"`
+	CPULimit    string `json:"cpu_limit,omitempty"`
+	PidsLimit   int64  `json:"pids_limit,omitempty"`
+}
+
+// ListRequest filters and pages List.
+type ListRequest struct {
+	Status         string `json:"status,omitempty"`
+	ConversationID string `json:"conversation_id,omitempty"`
+	Limit          int    `json:"limit,omitempty"`
+	Cursor         string `json:"cursor,omitempty"`
+}
+
+// ListPage is one page of tasks; NextCursor is empty on the last page.
+type ListPage struct {
+	Tasks      []task.Task `json:"tasks"`
+	NextCursor string      `json:"next_cursor,omitempty"`
+}
+
+// ResultRequest asks for a task's result.
+type ResultRequest struct {
+	TaskID string `json:"task_id"`
+	// Wait long-polls up to this long for the task to end.
+	Wait time.Duration `json:"-"`
+	// IncludeFileContents names output files whose content to include.
+	IncludeFileContents []string `json:"include_file_contents,omitempty"`
+}
+
+// Result is read_task_result's answer: the task and, when asked, the
+// contents of some of its output files.
+type Result struct {
+	task.Task
+	Done         bool            `json:"done"`
+	FileContents map[string]File `json:"file_contents,omitempty"`
+}
+
+// File is a file's content as returned to a caller: text as is, anything
+// else base64-encoded, cut at the read limit.
+type File struct {
+	Path      string `json:"path"`
+	Size      int64  `json:"size"`
+	Type      string `json:"type"`
+	Encoding  string `json:"encoding"` // "utf-8" or "base64"
+	Content   string `json:"content"`
+	Truncated bool   `json:"truncated,omitempty"`
+	Note      string `json:"note,omitempty"`
+}
+
+// LogsRequest asks for a task's transcript.
+type LogsRequest struct {
+	TaskID string
+	Follow bool
+	// Stream is "agent" (the agent's stdout or JSON transcript, the default)
+	// or "stderr".
+	Stream string
+}
+
+// EventsRequest selects events.
+type EventsRequest struct {
+	TaskID string // empty for every stream
+	After  string // an event id; empty for the beginning
+	Follow bool
+}
