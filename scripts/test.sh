@@ -2,7 +2,7 @@
 # Sets up what the test suite needs on a fresh Debian 12 machine, then runs
 # it. Every install is skipped when its part is already there, so a second
 # run goes straight to the tests. Arguments go to `go test` in place of the
-# default (./...), e.g. ./scripts/test.sh -run TestMCP ./internal/app
+# default (./...), e.g. ./scripts/test.sh -run TestMCP ./internal/e2e
 #
 # The suite runs against the real parts: bubblewrap and gVisor sandboxes,
 # the official MCP TypeScript client, a Standard Webhooks receiver and the

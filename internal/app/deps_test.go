@@ -54,6 +54,7 @@ var allowed = map[string][]string{
 	"internal/httpapi":              {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace"},
 	"internal/mcpserver":            {"tools", "service", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                  {"*"},
+	"internal/e2e":                  {}, // end-to-end suites: tests only
 	"internal/bench":                {"app", "config", "errdefs", "eventstore", "httpapi", "service", "task", "testenv"},
 	"cmd/corral":                    {"app", "bench", "config", "errdefs", "httpapi", "mcpserver", "service", "task", "eventstore", "termsafe", "tools"},
 	"internal/termsafe":             {},

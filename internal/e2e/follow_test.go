@@ -1,6 +1,6 @@
 //go:build integration
 
-package app_test
+package e2e_test
 
 import (
 	"bytes"
