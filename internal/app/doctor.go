@@ -13,8 +13,7 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/quota"
-	"github.com/corral-dev/corral/internal/sandbox/gvisor"
-	"github.com/corral-dev/corral/internal/sandbox/local"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -33,9 +32,12 @@ type Check struct {
 // limits, and the agents.
 func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	var out []Check
+	// The runtimes' state directories, as serve's under run/: passable by
+	// the sandbox identity (MkdirTemp makes them owner-only).
 	stateDir, err := os.MkdirTemp("", "corral-doctor-")
 	if err == nil {
 		defer os.RemoveAll(stateDir)
+		os.Chmod(stateDir, 0o711)
 	}
 	host, err := sandboxIdentity(cfg)
 	idc := Check{Name: "sandbox host identity", OK: err == nil, Required: true}
@@ -47,37 +49,10 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 		idc.Detail = fmt.Sprintf("sandboxes run as this server's own uid %d", host.UID)
 	}
 	out = append(out, idc)
-	rt, err := local.New(local.Options{StateDir: stateDir, Bwrap: cfg.Local.Bwrap, CgroupParent: cfg.Local.CgroupParent, Host: host}, log)
-	c := Check{Name: "runtime local (bubblewrap)", Required: cfg.Runtime == "local"}
-	if err != nil {
-		c.Detail = err.Error()
-	} else if caps, err := rt.Capabilities(ctx); err != nil {
-		c.Detail = err.Error()
-	} else {
-		c.OK, c.Detail = caps.Available, caps.Version
-		if !caps.Available {
-			c.Detail = caps.Reason
-			c.Fix = "apt-get install -y bubblewrap"
-		}
-		out = append(out, c)
-		lim := Check{Name: "sandbox limits (cgroups: memory, cpu, pids)", OK: caps.Limits}
-		lim.Detail = "enforced"
-		if !caps.Limits {
-			lim.Detail = strings.Join(caps.Warnings, "; ")
-			lim.Fix = "run corral serve as root on a host with cgroups mounted (v1 or v2)"
-		}
-		out = append(out, lim)
-		c = Check{}
+	for _, name := range config.Runtimes {
+		out = append(out, doctorRuntime(ctx, name, cfg, filepath.Join(stateDir, name), host, log)...)
 	}
-	if c.Name != "" {
-		c.Fix = "apt-get install -y bubblewrap"
-		out = append(out, c)
-	}
-	out = append(out, doctorGvisor(ctx, cfg, log))
 	out = append(out, doctorQuota(cfg))
-	for _, name := range []string{"docker", "kubernetes"} {
-		out = append(out, Check{Name: "runtime " + name, Detail: notBuilt[name], Required: cfg.Runtime == name})
-	}
 	agents := agentConfigs(cfg)
 	for _, name := range []string{task.AgentClaude, task.AgentGemini, task.AgentCodex, task.AgentOpencode} {
 		ag := agents[name]
@@ -94,35 +69,44 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	return out
 }
 
-// doctorGvisor checks the gvisor runtime: runsc installed and a trivial
-// sandbox run with the flags tasks use.
-func doctorGvisor(ctx context.Context, cfg *config.Config, log *slog.Logger) Check {
-	c := Check{Name: "runtime gvisor (runsc)", Required: cfg.Runtime == "gvisor", Fix: "apt-get install -y runsc"}
-	stateDir, err := os.MkdirTemp("", "corral-doctor-gvisor-")
-	if err != nil {
-		c.Detail = err.Error()
-		return c
+// doctorRuntime checks a runtime built exactly as corral serve builds it:
+// whether it runs here (for gvisor, a trivial sandbox run with the flags
+// tasks use) and, for the default runtime, whether it enforces limits.
+func doctorRuntime(ctx context.Context, name string, cfg *config.Config, stateDir string, host hostuser.Identity, log *slog.Logger) []Check {
+	c := Check{Name: "runtime " + name, Required: cfg.Runtime == name}
+	rt, err := openRuntime(name, cfg, stateDir, host, log)
+	if rt == nil && err == nil {
+		c.Detail = notBuilt[name]
+		return []Check{c}
 	}
-	defer os.RemoveAll(stateDir)
-	rt, err := gvisor.New(gvisor.Options{StateDir: stateDir}, log)
 	if err != nil {
 		c.Detail = err.Error()
-		return c
+		return []Check{c}
 	}
 	caps, err := rt.Capabilities(ctx)
 	switch {
 	case err != nil:
 		c.Detail = err.Error()
+		return []Check{c}
 	case !caps.Available:
-		c.Detail = caps.Reason
-	default:
-		c.OK, c.Fix = true, ""
-		c.Detail = caps.Version
-		if !caps.Limits {
-			c.Detail += "; limits not enforced: " + strings.Join(caps.Warnings, "; ")
-		}
+		c.Detail, c.Fix = caps.Reason, runtimeFix[name]
+		return []Check{c}
 	}
-	return c
+	c.OK, c.Detail = true, caps.Version
+	out := []Check{c}
+	if name == cfg.Runtime {
+		lim := Check{Name: "sandbox limits (cgroups: memory, cpu, pids)", OK: caps.Limits, Detail: "enforced"}
+		if !caps.Limits {
+			lim.Fix = "run corral serve as root on a host with cgroups mounted (v1 or v2)"
+		}
+		if len(caps.Warnings) > 0 {
+			lim.Detail = strings.Join(caps.Warnings, "; ")
+		}
+		out = append(out, lim)
+	} else if len(caps.Warnings) > 0 {
+		out[0].Detail += "; " + strings.Join(caps.Warnings, "; ")
+	}
+	return out
 }
 
 // doctorQuota says how task directories will be held to their quota on

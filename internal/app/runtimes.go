@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,13 +15,17 @@ import (
 	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/local"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
-// RuntimeNames are every runtime a task may name.
-var RuntimeNames = []string{"local", "gvisor", "docker", "kubernetes"}
+// runtimeFix is how to make each runtime available on Debian.
+var runtimeFix = map[string]string{
+	local.Name:  "apt-get install -y bubblewrap",
+	gvisor.Name: "apt-get install -y runsc",
+}
 
 // notBuilt says why a runtime Corral names cannot be used yet.
 var notBuilt = map[string]string{
@@ -28,37 +33,45 @@ var notBuilt = map[string]string{
 	"kubernetes": "the kubernetes runtime is not built yet",
 }
 
-// openRuntimes builds the runtimes this server offers. This is the one place
-// that names concrete backends.
+// openRuntime builds the runtime name (one of config.Runtimes) as cfg
+// configures it, keeping its state under stateDir, or returns nil for one
+// not built yet. corral serve and corral doctor both build their runtimes
+// here, so doctor checks what serve runs. This is the one place that names
+// concrete backends.
+func openRuntime(name string, cfg *config.Config, stateDir string, host hostuser.Identity, log *slog.Logger) (sandbox.Runtime, error) {
+	switch name {
+	case local.Name:
+		return local.New(local.Options{
+			StateDir:     stateDir,
+			Bwrap:        cfg.Local.Bwrap,
+			CgroupParent: cfg.Local.CgroupParent,
+			TmpSize:      cfg.Local.TmpSize.Bytes(),
+			// No single file (an output, a log, the sandbox's own
+			// output.log) may outgrow the task directory's quota,
+			// whatever the quota watcher's timing.
+			FileSizeLimit: cfg.Limits.MaxTaskDirBytes.Bytes(),
+			Host:          host,
+		}, log)
+	case gvisor.Name:
+		return gvisor.New(gvisor.Options{
+			StateDir: stateDir,
+			TmpSize:  cfg.Local.TmpSize.Bytes(),
+			Host:     host,
+		}, log)
+	}
+	return nil, nil
+}
+
+// openRuntimes builds the runtimes this server offers, each keeping its
+// state in run/<name>.
 func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, error) {
 	out := map[string]sandbox.Runtime{}
-	for _, name := range RuntimeNames {
-		switch name {
-		case "local":
-			rt, err := local.New(local.Options{
-				StateDir:     a.data.HostPath(workspace.DirRun, "local"),
-				Bwrap:        a.cfg.Local.Bwrap,
-				CgroupParent: a.cfg.Local.CgroupParent,
-				TmpSize:      a.cfg.Local.TmpSize.Bytes(),
-				// No single file (an output, a log, the sandbox's own
-				// output.log) may outgrow the task directory's quota,
-				// whatever the quota watcher's timing.
-				FileSizeLimit: a.cfg.Limits.MaxTaskDirBytes.Bytes(),
-				Host:          a.sandboxUser,
-			}, a.log)
-			if err != nil {
-				return nil, fmt.Errorf("open local runtime: %w", err)
-			}
-			out[name] = rt
-		case "gvisor":
-			rt, err := gvisor.New(gvisor.Options{
-				StateDir: a.data.HostPath(workspace.DirRun, "gvisor"),
-				TmpSize:  a.cfg.Local.TmpSize.Bytes(),
-				Host:     a.sandboxUser,
-			}, a.log)
-			if err != nil {
-				return nil, fmt.Errorf("open gvisor runtime: %w", err)
-			}
+	for _, name := range config.Runtimes {
+		rt, err := openRuntime(name, a.cfg, a.data.HostPath(workspace.DirRun, name), a.sandboxUser, a.log)
+		if err != nil {
+			return nil, fmt.Errorf("open %s runtime: %w", name, err)
+		}
+		if rt != nil {
 			out[name] = rt
 		}
 	}
@@ -69,7 +82,7 @@ func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, err
 // use it ("" if it can).
 func (a *App) availability(ctx context.Context) (runtimes, networks map[string]string) {
 	runtimes = map[string]string{}
-	for _, name := range RuntimeNames {
+	for _, name := range config.Runtimes {
 		rt, ok := a.runtimes[name]
 		if !ok {
 			runtimes[name] = notBuilt[name]
