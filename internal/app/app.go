@@ -24,6 +24,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/mcpserver"
 	"github.com/corral-dev/corral/internal/notify"
 	"github.com/corral-dev/corral/internal/orchestrator"
@@ -166,7 +167,7 @@ func (a *App) open(ctx context.Context) error {
 		Disabled:    !w.Enabled,
 		Documents:   a.docs.ix,
 		Attachments: attachments,
-		Retention: orchestrator.Retention{
+		Retention: library.Retention{
 			TaskDirs:    time.Duration(w.TaskRetentionHours) * time.Hour,
 			Attachments: time.Duration(w.AttachmentRetentionHours) * time.Hour,
 			Interval:    time.Duration(w.RetentionInterval),

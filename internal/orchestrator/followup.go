@@ -48,7 +48,7 @@ func (o *Orchestrator) copyFollowUp(dir *os.Root, prev task.Task, agent string) 
 	if agent == prev.Agent {
 		trees = append(trees, struct{ from, to string }{worker.HomeDir, worker.HomeDir})
 	}
-	budget := o.contextLeft(dir)
+	budget := o.ContextLeft(dir)
 	for _, tr := range trees {
 		files, _, err := workspace.ListFiles(src, tr.from)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/corral-dev/corral/internal/attachment"
 	"github.com/corral-dev/corral/internal/document"
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
@@ -74,7 +75,7 @@ type Options struct {
 	Attachments *attachment.Store
 	// Retention says how long ended tasks' directories and unused
 	// attachments are kept, and how often the sweeper looks.
-	Retention Retention
+	Retention library.Retention
 	// Now is the clock of retention and save_to_shared; nil means time.Now.
 	Now func() time.Time
 	// Egress runs the proxies of tasks with network allowlist or open; nil
@@ -82,66 +83,37 @@ type Options struct {
 	Egress Egress
 }
 
-// Orchestrator implements Service over the event store, the task projection
-// and the data root. It is safe for concurrent use.
+// Orchestrator implements service.Service over the event store, the task
+// projection and the data root: the tasks' use cases here, the library's
+// (files, attachments, documents, skills, retention) through the embedded
+// Library. It is safe for concurrent use.
 type Orchestrator struct {
+	*library.Library
 	opts  Options
 	store eventstore.Store
 	tasks *projection.Tasks
 	data  *workspace.DataRoot
 	log   *slog.Logger
 
-	spawnMu   sync.Mutex // serialises spawns that carry an idempotency key
-	saving    keyedMutex // serialises one task's save_to_shared, so it saves once
-	scriptsMu sync.Mutex // serialises choosing names in shared/scripts/
-	gcMu      sync.Mutex // serialises retention sweeps
+	spawnMu sync.Mutex // serialises spawns that carry an idempotency key
 	// queueMu guards spawning, the spawns past the queue check whose task
 	// is not created yet.
 	queueMu  sync.Mutex
 	spawning int
-	skillMu  sync.Mutex // serialises create_skill, so two creates of one name cannot both pass the check
 }
 
 var _ service.Service = (*Orchestrator)(nil)
 
-// keyedMutex is a mutex per key, held only while someone holds it.
-type keyedMutex struct {
-	mu   sync.Mutex
-	keys map[string]*keyedEntry
-}
-
-type keyedEntry struct {
-	mu   sync.Mutex
-	refs int
-}
-
-// lock locks key and returns its unlock.
-func (k *keyedMutex) lock(key string) (unlock func()) {
-	k.mu.Lock()
-	if k.keys == nil {
-		k.keys = map[string]*keyedEntry{}
-	}
-	e := k.keys[key]
-	if e == nil {
-		e = &keyedEntry{}
-		k.keys[key] = e
-	}
-	e.refs++
-	k.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
-		k.mu.Lock()
-		if e.refs--; e.refs == 0 {
-			delete(k.keys, key)
-		}
-		k.mu.Unlock()
-	}
-}
-
 // New returns an Orchestrator.
 func New(opts Options, log *slog.Logger) *Orchestrator {
-	return &Orchestrator{opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log}
+	l := opts.Limits
+	lib := library.New(library.Options{
+		Store: opts.Store, Tasks: opts.Tasks, Data: opts.Data,
+		Limits: library.Limits{MaxTaskDirBytes: l.MaxTaskDirBytes, MaxContextBytes: l.MaxContextBytes, MaxReadBytes: l.MaxReadBytes,
+			MaxWriteBytes: l.MaxWriteBytes, MaxSharedBytes: l.MaxSharedBytes, MinFreeBytes: l.MinFreeBytes},
+		Documents: opts.Documents, Attachments: opts.Attachments, Retention: opts.Retention, Now: opts.Now,
+	}, log)
+	return &Orchestrator{Library: lib, opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log}
 }
 
 // Get returns a task.

@@ -2,9 +2,11 @@ package orchestrator
 
 import (
 	"fmt"
-	"github.com/corral-dev/corral/internal/clip"
 	"path"
 	"strings"
+
+	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/library"
 
 	"github.com/corral-dev/corral/internal/task"
 )
@@ -15,23 +17,17 @@ type PromptInput struct {
 	Spec task.Spec
 	// Attachments are the attachments copied into context/, under the
 	// names they took there.
-	Attachments []PromptFile
+	Attachments []library.ContextFile
 	// Documents are the indexed documents copied into context/.
-	Documents []PromptFile
+	Documents []library.ContextFile
 	// Notes are the notes note_query found, written to context/notes/.
-	Notes []PromptFile
+	Notes []library.ContextFile
 	// FollowUp is the task this one continues, if any.
 	FollowUp *task.Task
 	// Skills are the valid skills, listed with their summaries; MoreSkills
 	// says there are more than listed.
-	Skills     []PromptFile
+	Skills     []library.ContextFile
 	MoreSkills bool
-}
-
-// PromptFile is one file the prompt lists: its name where the worker
-// finds it, and a short description (a type and size, a title, a summary).
-type PromptFile struct {
-	Name, About string
 }
 
 // Prompt returns prompt.md for a task: the task description and a short
@@ -57,7 +53,7 @@ func Prompt(in PromptInput) string {
 	b.WriteString("- `/workspace/shared/` holds persistent files (scripts, data, skills) from earlier work; it is read-only.\n")
 	b.WriteString("- Put every result file in `/task/output/`. A short `/task/output/summary.md` saying what you did and found is welcome.\n")
 	b.WriteString("- The network may be unavailable; do not depend on downloading anything.\n")
-	list := func(heading, dir string, files []PromptFile, sep string) {
+	list := func(heading, dir string, files []library.ContextFile, sep string) {
 		if len(files) == 0 {
 			return
 		}

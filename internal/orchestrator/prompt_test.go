@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -13,11 +14,11 @@ import (
 func TestPromptHasEveryPartInOrder(t *testing.T) {
 	got := Prompt(PromptInput{
 		Spec:        task.Spec{Description: "  Chart the spending.\n", ContextFiles: []string{"data/bank.csv"}, NoteQuery: "budget\nplans"},
-		Attachments: []PromptFile{{Name: "statement.pdf", About: "(application/pdf, 1234 bytes)"}},
-		Documents:   []PromptFile{{Name: "doc_1_report.md", About: "Last report (text/markdown)"}},
-		Notes:       []PromptFile{{Name: "note-1.md", About: "Budget"}},
+		Attachments: []library.ContextFile{{Name: "statement.pdf", About: "(application/pdf, 1234 bytes)"}},
+		Documents:   []library.ContextFile{{Name: "doc_1_report.md", About: "Last report (text/markdown)"}},
+		Notes:       []library.ContextFile{{Name: "note-1.md", About: "Budget"}},
 		FollowUp:    &task.Task{ID: "task-01", Status: task.Success},
-		Skills:      []PromptFile{{Name: "csv-totals/SKILL.md", About: "Total a CSV column."}},
+		Skills:      []library.ContextFile{{Name: "csv-totals/SKILL.md", About: "Total a CSV column."}},
 		MoreSkills:  true,
 	})
 	want := []string{

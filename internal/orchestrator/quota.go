@@ -140,7 +140,7 @@ func (q *TaskQuota) Check(ctx context.Context, t task.Task) (time.Duration, erro
 	q.mu.Unlock()
 	headroom := q.max - bytes
 	if q.minFree > 0 {
-		if free, err := freeBytes(q.data.Path()); err == nil {
+		if free, err := q.data.FreeBytes(); err == nil {
 			if free < q.minFree && (!seen || bytes > prev.bytes) {
 				return 0, fmt.Errorf("the data root's disk is down to %s free, below limits.min_free_disk (%s), and this task was still writing (its directory holds %s): stopped so that the server and other tasks can go on: %w",
 					units.FormatSize(free), units.FormatSize(q.minFree), units.FormatSize(bytes), errdefs.ErrNoSpace)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
@@ -56,7 +57,7 @@ func TestFailedRemovalIsRecordedAndRetried(t *testing.T) {
 	clk := &testClock{t: time.Now()}
 	f := MustNew(t, func(o *Options) {
 		o.Now = clk.Now
-		o.Retention = Retention{TaskDirs: time.Hour}
+		o.Retention = library.Retention{TaskDirs: time.Hour}
 	})
 	ctx := context.Background()
 	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}})
@@ -102,7 +103,7 @@ func TestRunRetentionSweepsOnItsInterval(t *testing.T) {
 	clk := &testClock{t: time.Now()}
 	f := MustNew(t, func(o *Options) {
 		o.Now = clk.Now
-		o.Retention = Retention{TaskDirs: time.Hour, Interval: 20 * time.Millisecond}
+		o.Retention = library.Retention{TaskDirs: time.Hour, Interval: 20 * time.Millisecond}
 	})
 	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}})
 	f.MustEnd(t, tk.ID, task.Failed)

@@ -5,10 +5,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/clip"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/corral-dev/corral/internal/clip"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
@@ -228,7 +229,7 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 		}
 	}
 	if c.Status == task.Success && t.SaveToShared {
-		o.saveOutputs(ctx, t, all) // before the terminal event, so the host finds them
+		o.SaveOutputs(ctx, t, all) // before the terminal event, so the host finds them
 	}
 	return c
 }

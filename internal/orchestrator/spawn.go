@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/service"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -46,7 +47,7 @@ func (o *Orchestrator) Spawn(ctx context.Context, req service.SpawnRequest) (tas
 	if o.opts.Disabled {
 		return task.Task{}, false, fmt.Errorf("workers are disabled on this server (ai_worker_config.enabled: false): no new task is taken: %w", errdefs.ErrUnavailable)
 	}
-	if err := o.checkFreeSpace(); err != nil {
+	if err := o.CheckFreeSpace(); err != nil {
 		return task.Task{}, false, err
 	}
 	hash := requestHash(req)
@@ -58,14 +59,14 @@ func (o *Orchestrator) Spawn(ctx context.Context, req service.SpawnRequest) (tas
 	spec, err := o.validate(req)
 	err = errors.Join(err, prevErr)
 	spec.FollowUpOf = req.FollowUpOf
-	atts, attErrs := o.checkAttachments(req.AttachmentIDs)
-	docs, docErrs := o.checkDocuments(ctx, req.DocumentIDs, req.NoteQuery)
+	atts, attErrs := o.CheckAttachments(req.AttachmentIDs)
+	docs, docErrs := o.CheckDocuments(ctx, req.DocumentIDs, req.NoteQuery)
 	attErrs = append(attErrs, docErrs...)
 	if err != nil || len(attErrs) > 0 {
 		return task.Task{}, false, errors.Join(append([]error{err}, attErrs...)...)
 	}
 	spec.AttachmentIDs = req.AttachmentIDs
-	specWithDocuments(&spec, req.DocumentIDs, req.NoteQuery, docs)
+	library.SpecWithDocuments(&spec, req.DocumentIDs, req.NoteQuery, docs)
 	if spec.IdempotencyKey != "" {
 		o.spawnMu.Lock()
 		defer o.spawnMu.Unlock()
@@ -97,12 +98,12 @@ func (o *Orchestrator) Spawn(ctx context.Context, req service.SpawnRequest) (tas
 	if err := o.copyContext(dir, spec.ContextFiles); err != nil {
 		return task.Task{}, false, err
 	}
-	attNames, err := o.copyAttachments(dir, atts, contextNames(spec.ContextFiles), o.contextLeft(dir))
+	attNames, err := o.CopyAttachments(dir, atts, library.ContextNames(spec.ContextFiles), o.ContextLeft(dir))
 	if err != nil {
 		return task.Task{}, false, err
 	}
-	in := PromptInput{Spec: spec, Attachments: promptAttachments(atts, attNames)}
-	if in.Documents, in.Notes, err = o.copyDocuments(dir, docs); err != nil {
+	in := PromptInput{Spec: spec, Attachments: library.PromptAttachments(atts, attNames)}
+	if in.Documents, in.Notes, err = o.CopyDocuments(dir, docs); err != nil {
 		return task.Task{}, false, err
 	}
 	if spec.FollowUpOf != "" {
@@ -111,7 +112,7 @@ func (o *Orchestrator) Spawn(ctx context.Context, req service.SpawnRequest) (tas
 		}
 		in.FollowUp = &prev
 	}
-	in.Skills, in.MoreSkills = o.promptSkills()
+	in.Skills, in.MoreSkills = o.PromptSkills()
 	if err := workspace.WriteFileAtomic(dir, "prompt.md", []byte(Prompt(in)), 0o644); err != nil {
 		return task.Task{}, false, fmt.Errorf("write prompt.md: %w", err)
 	}

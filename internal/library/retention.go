@@ -1,4 +1,4 @@
-package orchestrator
+package library
 
 import (
 	"context"
@@ -34,7 +34,7 @@ const orphanAge = 24 * time.Hour
 // RunRetention sweeps once at start and then every Retention.Interval
 // until ctx is done. A sweep's failures are recorded as events and
 // retried by the next sweep; they never end the loop.
-func (o *Orchestrator) RunRetention(ctx context.Context) error {
+func (o *Library) RunRetention(ctx context.Context) error {
 	every := o.opts.Retention.Interval
 	if every <= 0 {
 		every = 10 * time.Minute
@@ -63,7 +63,7 @@ func (o *Orchestrator) RunRetention(ctx context.Context) error {
 // no event knows) and attachments unused for Retention.Attachments, each
 // with an event; the tasks' events stay. A failed or partial removal is a
 // removal_failed event, and the next sweep tries again.
-func (o *Orchestrator) GC(ctx context.Context, req service.GCRequest) (service.GCReport, error) {
+func (o *Library) GC(ctx context.Context, req service.GCRequest) (service.GCReport, error) {
 	o.gcMu.Lock()
 	defer o.gcMu.Unlock()
 	now := o.now().UTC()
@@ -77,7 +77,7 @@ func (o *Orchestrator) GC(ctx context.Context, req service.GCRequest) (service.G
 	return rep, nil
 }
 
-func (o *Orchestrator) gcTasks(ctx context.Context, now time.Time, dry bool, rep *service.GCReport) error {
+func (o *Library) gcTasks(ctx context.Context, now time.Time, dry bool, rep *service.GCReport) error {
 	keep := o.opts.Retention.TaskDirs
 	if keep <= 0 {
 		return nil
@@ -121,7 +121,7 @@ func (o *Orchestrator) gcTasks(ctx context.Context, now time.Time, dry bool, rep
 	return nil
 }
 
-func (o *Orchestrator) gcAttachments(ctx context.Context, now time.Time, dry bool, rep *service.GCReport) error {
+func (o *Library) gcAttachments(ctx context.Context, now time.Time, dry bool, rep *service.GCReport) error {
 	keep := o.opts.Retention.Attachments
 	store := o.opts.Attachments
 	if keep <= 0 || store == nil {
@@ -209,7 +209,7 @@ func (o *Orchestrator) gcAttachments(ctx context.Context, now time.Time, dry boo
 
 // recordFailure appends removal_failed; the thing stays, and the next
 // sweep tries again.
-func (o *Orchestrator) recordFailure(ctx context.Context, stream, p string, err error) {
+func (o *Library) recordFailure(ctx context.Context, stream, p string, err error) {
 	o.log.Warn("removal failed; retrying next sweep", "path", p, "err", err)
 	ev := projection.NewEvent(task.EventRemovalFailed, task.RemovalFailed{Path: p, Error: err.Error()}, "corral/retention")
 	if aerr := o.appendAnyVersion(ctx, stream, ev); aerr != nil && !errors.Is(aerr, context.Canceled) {

@@ -1,4 +1,4 @@
-package orchestrator
+package library
 
 import (
 	"context"
@@ -27,14 +27,14 @@ const maxAttachmentsPerSpawn = 100
 // maxDescription bounds an attachment's description.
 const maxDescription = 1024
 
-func (o *Orchestrator) now() time.Time {
+func (o *Library) now() time.Time {
 	if o.opts.Now != nil {
 		return o.opts.Now()
 	}
 	return time.Now()
 }
 
-func (o *Orchestrator) attachments() (*attachment.Store, error) {
+func (o *Library) attachments() (*attachment.Store, error) {
 	if o.opts.Attachments == nil {
 		return nil, fmt.Errorf("attachments are not enabled on this server: %w", errdefs.ErrNotImplemented)
 	}
@@ -43,8 +43,8 @@ func (o *Orchestrator) attachments() (*attachment.Store, error) {
 
 // UploadAttachments stores uploaded files, all or none, and records an
 // attachment_created event for each once all are stored.
-func (o *Orchestrator) UploadAttachments(ctx context.Context, next func() (string, io.Reader, error)) ([]service.Attachment, error) {
-	if err := o.checkFreeSpace(); err != nil {
+func (o *Library) UploadAttachments(ctx context.Context, next func() (string, io.Reader, error)) ([]service.Attachment, error) {
+	if err := o.CheckFreeSpace(); err != nil {
 		return nil, err
 	}
 	store, err := o.attachments()
@@ -103,7 +103,7 @@ func (o *Orchestrator) UploadAttachments(ctx context.Context, next func() (strin
 }
 
 // recordAttachment appends attachment_created to the attachment's stream.
-func (o *Orchestrator) recordAttachment(ctx context.Context, m service.Attachment, taskID, actor string) error {
+func (o *Library) recordAttachment(ctx context.Context, m service.Attachment, taskID, actor string) error {
 	ev := projection.NewEvent(task.EventAttachmentCreated, task.AttachmentCreated{
 		AttachmentID: m.ID, Name: m.Name, Type: m.Type, Size: m.Size, SHA256: m.SHA256,
 		Source: m.Source, TaskID: taskID, Description: m.Description,
@@ -116,7 +116,7 @@ func (o *Orchestrator) recordAttachment(ctx context.Context, m service.Attachmen
 }
 
 // OpenAttachment returns an attachment and its content.
-func (o *Orchestrator) OpenAttachment(ctx context.Context, id string) (service.Attachment, io.ReadCloser, error) {
+func (o *Library) OpenAttachment(ctx context.Context, id string) (service.Attachment, io.ReadCloser, error) {
 	store, err := o.attachments()
 	if err != nil {
 		return service.Attachment{}, nil, err
@@ -130,8 +130,8 @@ func (o *Orchestrator) OpenAttachment(ctx context.Context, id string) (service.A
 
 // CreateAttachmentFromWorkspace streams a task's output file or a shared
 // file into a new attachment. Symbolic links are refused, never followed.
-func (o *Orchestrator) CreateAttachmentFromWorkspace(ctx context.Context, req service.CreateAttachmentRequest) (service.Attachment, error) {
-	if err := o.checkFreeSpace(); err != nil {
+func (o *Library) CreateAttachmentFromWorkspace(ctx context.Context, req service.CreateAttachmentRequest) (service.Attachment, error) {
+	if err := o.CheckFreeSpace(); err != nil {
 		return service.Attachment{}, err
 	}
 	store, err := o.attachments()
@@ -164,7 +164,7 @@ func (o *Orchestrator) CreateAttachmentFromWorkspace(ctx context.Context, req se
 
 // resolveSource opens the root a source path is in and returns the path
 // within it: a task's output/ or shared/. The caller closes the root.
-func (o *Orchestrator) resolveSource(ctx context.Context, p string) (taskID string, root *os.Root, rel, source string, err error) {
+func (o *Library) resolveSource(ctx context.Context, p string) (taskID string, root *os.Root, rel, source string, err error) {
 	if strings.TrimSpace(p) == "" {
 		return "", nil, "", "", fmt.Errorf("is required: %w", errdefs.ErrInvalidArgument)
 	}
@@ -189,7 +189,7 @@ func (o *Orchestrator) resolveSource(ctx context.Context, p string) (taskID stri
 		if c == "." {
 			return "", nil, "", "", fmt.Errorf("must name a file in the task's output/: %w", errdefs.ErrInvalidArgument)
 		}
-		if _, err := o.Get(ctx, id); err != nil {
+		if _, err := o.task(id); err != nil {
 			return "", nil, "", "", err
 		}
 		dir, err := o.data.OpenTask(id)
@@ -218,9 +218,9 @@ func (o *Orchestrator) resolveSource(ctx context.Context, p string) (taskID stri
 	return "", sh, c, "shared/" + c, nil
 }
 
-// checkAttachments validates attachment_ids: well formed, known, no
+// CheckAttachments validates attachment_ids: well formed, known, no
 // repeats. It returns the field errors and the attachments in order.
-func (o *Orchestrator) checkAttachments(ids []string) ([]service.Attachment, []error) {
+func (o *Library) CheckAttachments(ids []string) ([]service.Attachment, []error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
@@ -254,13 +254,13 @@ func (o *Orchestrator) checkAttachments(ids []string) ([]service.Attachment, []e
 	return out, errs
 }
 
-// copyAttachments copies attachments into the task's context/ under their
+// CopyAttachments copies attachments into the task's context/ under their
 // original names, a suffix added where a name is taken, within budget
 // bytes. Copies, not links: a symbolic link to attachments/ would not
 // resolve inside the sandbox, which sees only /task and shared/, and a hard
 // link would share the inode the worker can write, changing the stored
 // attachment. It returns the names used, in order.
-func (o *Orchestrator) copyAttachments(dir *os.Root, atts []service.Attachment, taken map[string]bool, budget int64) ([]string, error) {
+func (o *Library) CopyAttachments(dir *os.Root, atts []service.Attachment, taken map[string]bool, budget int64) ([]string, error) {
 	var names []string
 	for i, m := range atts {
 		name := uniqueName(m.Name, taken)
@@ -293,25 +293,25 @@ func uniqueName(name string, taken map[string]bool) string {
 	}
 }
 
-// promptAttachments lists the attachments for prompt.md, under the names
+// PromptAttachments lists the attachments for prompt.md, under the names
 // they took in context/.
-func promptAttachments(atts []service.Attachment, names []string) []PromptFile {
-	var out []PromptFile
+func PromptAttachments(atts []service.Attachment, names []string) []ContextFile {
+	var out []ContextFile
 	for i, m := range atts {
-		out = append(out, PromptFile{Name: names[i], About: fmt.Sprintf("(%s, %d bytes)", m.Type, m.Size)})
+		out = append(out, ContextFile{Name: names[i], About: fmt.Sprintf("(%s, %d bytes)", m.Type, m.Size)})
 	}
 	return out
 }
 
 // appendAnyVersion appends one event to a stream whatever its version:
 // bridge and retention events on a task's stream change nothing of it.
-func (o *Orchestrator) appendAnyVersion(ctx context.Context, stream string, ev eventstore.Proposed) error {
+func (o *Library) appendAnyVersion(ctx context.Context, stream string, ev eventstore.Proposed) error {
 	_, err := o.store.Append(ctx, stream, eventstore.AnyVersion, ev)
 	return err
 }
 
-// contextNames returns the names context files take in context/.
-func contextNames(files []string) map[string]bool {
+// ContextNames returns the names context files take in context/.
+func ContextNames(files []string) map[string]bool {
 	taken := map[string]bool{}
 	for _, f := range files {
 		taken[path.Base(f)] = true
@@ -319,9 +319,9 @@ func contextNames(files []string) map[string]bool {
 	return taken
 }
 
-// contextLeft returns what is left of the context limit after the context
+// ContextLeft returns what is left of the context limit after the context
 // files already copied into dir.
-func (o *Orchestrator) contextLeft(dir *os.Root) int64 {
+func (o *Library) ContextLeft(dir *os.Root) int64 {
 	max := o.opts.Limits.MaxContextBytes
 	if max <= 0 {
 		return 1 << 40

@@ -1,4 +1,4 @@
-package orchestrator
+package library
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 )
 
 // ListWorkspace lists a directory of shared/.
-func (o *Orchestrator) ListWorkspace(ctx context.Context, p string, recursive bool) ([]workspace.Entry, error) {
+func (o *Library) ListWorkspace(ctx context.Context, p string, recursive bool) ([]workspace.Entry, error) {
 	ents, err := workspace.List(o.data.Shared(), p, recursive)
 	if err != nil {
 		return nil, &errdefs.FieldError{Field: "path", Err: err}
@@ -28,8 +28,8 @@ func (o *Orchestrator) ListWorkspace(ctx context.Context, p string, recursive bo
 }
 
 // ReadWorkspace reads a file of shared/.
-func (o *Orchestrator) ReadWorkspace(ctx context.Context, p string) (service.File, error) {
-	f, err := o.readFile(o.data.Shared(), p)
+func (o *Library) ReadWorkspace(ctx context.Context, p string) (service.File, error) {
+	f, err := o.ReadFile(o.data.Shared(), p)
 	if err != nil {
 		return service.File{}, &errdefs.FieldError{Field: "path", Err: err}
 	}
@@ -37,8 +37,8 @@ func (o *Orchestrator) ReadWorkspace(ctx context.Context, p string) (service.Fil
 }
 
 // WriteWorkspace writes a file of shared/ atomically.
-func (o *Orchestrator) WriteWorkspace(ctx context.Context, p string, content []byte) (workspace.Entry, error) {
-	if err := o.checkFreeSpace(); err != nil {
+func (o *Library) WriteWorkspace(ctx context.Context, p string, content []byte) (workspace.Entry, error) {
+	if err := o.CheckFreeSpace(); err != nil {
 		return workspace.Entry{}, err
 	}
 	c, err := workspace.Clean(p)
@@ -65,8 +65,8 @@ func (o *Orchestrator) WriteWorkspace(ctx context.Context, p string, content []b
 
 // OpenOutput opens a task's output file for download. Symbolic links are
 // refused, never followed.
-func (o *Orchestrator) OpenOutput(ctx context.Context, id, p string) (*os.File, fs.FileInfo, error) {
-	if _, err := o.Get(ctx, id); err != nil {
+func (o *Library) OpenOutput(ctx context.Context, id, p string) (*os.File, fs.FileInfo, error) {
+	if _, err := o.task(id); err != nil {
 		return nil, nil, err
 	}
 	dir, err := o.data.OpenTask(id)
@@ -86,9 +86,9 @@ func (o *Orchestrator) OpenOutput(ctx context.Context, id, p string) (*os.File, 
 	return f, info, nil
 }
 
-// readFile reads a file beneath root for a caller: text as is, other
+// ReadFile reads a file beneath root for a caller: text as is, other
 // content base64-encoded, both cut at the read limit.
-func (o *Orchestrator) readFile(root *os.Root, p string) (service.File, error) {
+func (o *Library) ReadFile(root *os.Root, p string) (service.File, error) {
 	c, err := workspace.Clean(p)
 	if err != nil {
 		return service.File{}, err

@@ -1,4 +1,4 @@
-package orchestrator
+package library
 
 import (
 	"context"
@@ -33,7 +33,7 @@ func IsScript(name string) bool { return scriptExts[strings.ToLower(path.Ext(nam
 // past the shared/ limit. The measure is a walk of shared/: exact on any
 // filesystem, at the cost of a walk per write (some milliseconds for
 // thousands of files).
-func (o *Orchestrator) checkSharedQuota(adding int64) error {
+func (o *Library) checkSharedQuota(adding int64) error {
 	max := o.opts.Limits.MaxSharedBytes
 	if max <= 0 {
 		return nil
@@ -49,7 +49,7 @@ func (o *Orchestrator) checkSharedQuota(adding int64) error {
 	return nil
 }
 
-// saveOutputs copies a successful task's output files to
+// SaveOutputs copies a successful task's output files to
 // shared/outputs/YYYY-MM/<task-id>/, and scripts among them also to
 // shared/scripts/, then records outputs_saved (or outputs_save_failed).
 // A script whose name is taken by a different file gets a suffix and the
@@ -62,7 +62,7 @@ func (o *Orchestrator) checkSharedQuota(adding int64) error {
 // other tasks, and opened so that a FIFO or a link swapped in is refused
 // at once (workspace.OpenFile), so one task's files can never hold up
 // another's save.
-func (o *Orchestrator) saveOutputs(ctx context.Context, t task.Task, files []task.OutputFile) {
+func (o *Library) SaveOutputs(ctx context.Context, t task.Task, files []task.OutputFile) {
 	unlock := o.saving.lock(t.ID)
 	defer unlock()
 	if o.hasEvent(ctx, t.ID, task.EventOutputsSaved, task.EventOutputsSaveFailed) {
@@ -87,7 +87,7 @@ func (o *Orchestrator) saveOutputs(ctx context.Context, t task.Task, files []tas
 // by copying its outputs, however many there are.
 const maxSaveTime = 2 * time.Minute
 
-func (o *Orchestrator) copyOutputs(ctx context.Context, t task.Task, files []task.OutputFile, dirName string, res *task.OutputsSaved) error {
+func (o *Library) copyOutputs(ctx context.Context, t task.Task, files []task.OutputFile, dirName string, res *task.OutputsSaved) error {
 	if len(files) == 0 {
 		return nil
 	}
@@ -150,7 +150,7 @@ func (o *Orchestrator) copyOutputs(ctx context.Context, t task.Task, files []tas
 // file: a taken name gets "-2", "-3", ... before its extension (its stem
 // shortened if the name would pass NAME_MAX). saved is the script's copy
 // in shared/ (under outputs/), name its name in the task's output/.
-func (o *Orchestrator) saveScript(saved, name string, max int64) (task.SavedFile, error) {
+func (o *Library) saveScript(saved, name string, max int64) (task.SavedFile, error) {
 	sh := o.data.Shared()
 	sum, err := fileSum(sh, saved)
 	if err != nil {
@@ -227,7 +227,7 @@ func fileSum(root *os.Root, name string) ([32]byte, error) {
 }
 
 // hasEvent reports whether a task's stream holds an event of one of types.
-func (o *Orchestrator) hasEvent(ctx context.Context, id string, types ...string) bool {
+func (o *Library) hasEvent(ctx context.Context, id string, types ...string) bool {
 	evs, err := o.store.ReadStream(ctx, task.StreamID(id), 0)
 	if err != nil {
 		return false

@@ -1,4 +1,4 @@
-package orchestrator
+package library
 
 import (
 	"context"
@@ -36,7 +36,7 @@ const (
 	defaultExportMax  = 20
 )
 
-func (o *Orchestrator) documents() (*document.Index, error) {
+func (o *Library) documents() (*document.Index, error) {
 	if o.opts.Documents == nil {
 		return nil, fmt.Errorf("the document index is not enabled on this server: %w", errdefs.ErrNotImplemented)
 	}
@@ -46,7 +46,7 @@ func (o *Orchestrator) documents() (*document.Index, error) {
 // IngestDocument copies a workspace file into documents/ (or writes a
 // pushed note there), records document_ingested (note_created for a pushed
 // note) and indexes it. Nothing is written when the input is bad.
-func (o *Orchestrator) IngestDocument(ctx context.Context, req service.IngestRequest) (service.Document, error) {
+func (o *Library) IngestDocument(ctx context.Context, req service.IngestRequest) (service.Document, error) {
 	ix, err := o.documents()
 	if err != nil {
 		return service.Document{}, err
@@ -167,7 +167,7 @@ func checkMetadata(raw json.RawMessage) (json.RawMessage, error) {
 }
 
 // hashDocument returns the sha256 and content type of a file in documents/.
-func (o *Orchestrator) hashDocument(file, name string) (string, string, error) {
+func (o *Library) hashDocument(file, name string) (string, string, error) {
 	f, _, err := workspace.OpenFile(o.data.Root(), workspace.DirDocuments+"/"+file)
 	if err != nil {
 		return "", "", fmt.Errorf("read document %s: %w", file, err)
@@ -183,14 +183,14 @@ func (o *Orchestrator) hashDocument(file, name string) (string, string, error) {
 	return hex.EncodeToString(h.Sum(nil)), document.ContentType(name, head[:n]), nil
 }
 
-func (o *Orchestrator) removeDocumentFile(file string) {
+func (o *Library) removeDocumentFile(file string) {
 	if err := o.data.Root().Remove(workspace.DirDocuments + "/" + file); err != nil {
 		o.log.Warn("cannot remove document file", "file", file, "err", err)
 	}
 }
 
 // SearchDocuments searches the index, best match first.
-func (o *Orchestrator) SearchDocuments(ctx context.Context, req service.SearchRequest) (service.SearchResult, error) {
+func (o *Library) SearchDocuments(ctx context.Context, req service.SearchRequest) (service.SearchResult, error) {
 	ix, err := o.documents()
 	if err != nil {
 		return service.SearchResult{}, err
@@ -209,7 +209,7 @@ func (o *Orchestrator) SearchDocuments(ctx context.Context, req service.SearchRe
 // YAML frontmatter under shared/<destination_dir>/, one per note, named
 // after its title. A file of that name there is replaced: an export is
 // regenerated content. Nothing is written when no note matches.
-func (o *Orchestrator) ExportNotes(ctx context.Context, req service.ExportNotesRequest) (service.ExportNotesResult, error) {
+func (o *Library) ExportNotes(ctx context.Context, req service.ExportNotesRequest) (service.ExportNotesResult, error) {
 	ix, err := o.documents()
 	if err != nil {
 		return service.ExportNotesResult{}, err
@@ -273,7 +273,7 @@ type noteFile struct {
 
 // renderNotes renders notes as Markdown with frontmatter, each named after
 // its title ("-2", "-3" for titles that repeat).
-func (o *Orchestrator) renderNotes(hits []service.DocumentHit) ([]noteFile, error) {
+func (o *Library) renderNotes(hits []service.DocumentHit) ([]noteFile, error) {
 	taken := map[string]bool{}
 	var out []noteFile
 	for _, h := range hits {
@@ -298,18 +298,18 @@ func renameField(err error, from, to string) error {
 	return err
 }
 
-// taskDocuments is what spawn_worker's document_ids and note_query bring
+// TaskDocuments is what spawn_worker's document_ids and note_query bring
 // into a task.
-type taskDocuments struct {
+type TaskDocuments struct {
 	docs      []service.Document
 	noteQuery string
 	notes     []service.DocumentHit
 }
 
-// checkDocuments validates document_ids and note_query and finds what they
+// CheckDocuments validates document_ids and note_query and finds what they
 // name. It returns every problem at once.
-func (o *Orchestrator) checkDocuments(ctx context.Context, ids []string, noteQuery string) (taskDocuments, []error) {
-	td := taskDocuments{noteQuery: noteQuery}
+func (o *Library) CheckDocuments(ctx context.Context, ids []string, noteQuery string) (TaskDocuments, []error) {
+	td := TaskDocuments{noteQuery: noteQuery}
 	if len(ids) == 0 && noteQuery == "" {
 		return td, nil
 	}
@@ -350,15 +350,15 @@ func (o *Orchestrator) checkDocuments(ctx context.Context, ids []string, noteQue
 	return td, errs
 }
 
-// copyDocuments copies the documents into context/ under their names in
+// CopyDocuments copies the documents into context/ under their names in
 // documents/ (<id>_<name>, so they never collide with other context files)
 // and writes the notes to context/notes/, within what is left of the
 // context limit. It returns them as prompt.md lists them.
-func (o *Orchestrator) copyDocuments(dir *os.Root, td taskDocuments) (docs, notes []PromptFile, err error) {
+func (o *Library) CopyDocuments(dir *os.Root, td TaskDocuments) (docs, notes []ContextFile, err error) {
 	if len(td.docs) == 0 && len(td.notes) == 0 {
 		return nil, nil, nil
 	}
-	budget := o.contextLeft(dir)
+	budget := o.ContextLeft(dir)
 	for i, d := range td.docs {
 		n, err := workspace.CopyFile(o.data.Root(), workspace.DirDocuments+"/"+d.File, dir, "context/"+d.File, budget)
 		if err != nil {
@@ -368,7 +368,7 @@ func (o *Orchestrator) copyDocuments(dir *os.Root, td taskDocuments) (docs, note
 			return nil, nil, &errdefs.FieldError{Field: fmt.Sprintf("document_ids[%d]", i), Err: err}
 		}
 		budget -= n
-		docs = append(docs, PromptFile{Name: d.File, About: fmt.Sprintf("%s (%s)", clip.Line(d.Title, 120), d.ContentType)})
+		docs = append(docs, ContextFile{Name: d.File, About: fmt.Sprintf("%s (%s)", clip.Line(d.Title, 120), d.ContentType)})
 	}
 	files, err := o.renderNotes(td.notes)
 	if err != nil {
@@ -382,13 +382,13 @@ func (o *Orchestrator) copyDocuments(dir *os.Root, td taskDocuments) (docs, note
 			return nil, nil, fmt.Errorf("write note %s: %w", f.doc.DocumentID, err)
 		}
 		budget -= int64(len(f.content))
-		notes = append(notes, PromptFile{Name: f.name, About: clip.Line(f.doc.Title, 120)})
+		notes = append(notes, ContextFile{Name: f.name, About: clip.Line(f.doc.Title, 120)})
 	}
 	return docs, notes, nil
 }
 
-// specWithDocuments records in spec what document_ids and note_query brought.
-func specWithDocuments(spec *task.Spec, ids []string, noteQuery string, td taskDocuments) {
+// SpecWithDocuments records in spec what document_ids and note_query brought.
+func SpecWithDocuments(spec *task.Spec, ids []string, noteQuery string, td TaskDocuments) {
 	spec.DocumentIDs, spec.NoteQuery = ids, noteQuery
 	for _, n := range td.notes {
 		spec.NoteIDs = append(spec.NoteIDs, n.DocumentID)

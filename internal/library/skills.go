@@ -1,4 +1,4 @@
-package orchestrator
+package library
 
 import (
 	"context"
@@ -36,7 +36,7 @@ const (
 )
 
 // ListSkills lists shared/skills/*/SKILL.md by name.
-func (o *Orchestrator) ListSkills(ctx context.Context) ([]service.SkillInfo, error) {
+func (o *Library) ListSkills(ctx context.Context) ([]service.SkillInfo, error) {
 	ents, err := workspace.List(o.data.Shared(), skillsDir, false)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
@@ -63,7 +63,7 @@ func (o *Orchestrator) ListSkills(ctx context.Context) ([]service.SkillInfo, err
 // readSkill reads and parses a skill's SKILL.md. A SKILL.md that does not
 // parse is returned with Error set and a nil error; a missing one is
 // ErrNotFound.
-func (o *Orchestrator) readSkill(dirName string) (service.SkillInfo, string, error) {
+func (o *Library) readSkill(dirName string) (service.SkillInfo, string, error) {
 	p := skillsDir + "/" + dirName + "/" + skill.FileName
 	data, truncated, err := workspace.ReadFile(o.data.Shared(), p, skill.MaxFileBytes)
 	if err != nil {
@@ -88,7 +88,7 @@ func (o *Orchestrator) readSkill(dirName string) (service.SkillInfo, string, err
 }
 
 // GetSkill returns a skill.
-func (o *Orchestrator) GetSkill(ctx context.Context, name string) (service.SkillDetail, error) {
+func (o *Library) GetSkill(ctx context.Context, name string) (service.SkillDetail, error) {
 	if err := skill.CheckName(name); err != nil {
 		return service.SkillDetail{}, err
 	}
@@ -115,7 +115,7 @@ func (o *Orchestrator) GetSkill(ctx context.Context, name string) (service.Skill
 // CreateSkill writes shared/skills/<name>/ atomically: the files go into a
 // hidden directory beside it, which is renamed into place once complete, so
 // a reader never sees half a skill and a failure leaves nothing.
-func (o *Orchestrator) CreateSkill(ctx context.Context, req service.CreateSkillRequest) (service.SkillDetail, error) {
+func (o *Library) CreateSkill(ctx context.Context, req service.CreateSkillRequest) (service.SkillDetail, error) {
 	def, files, srcTask, err := o.skillSource(ctx, req)
 	if err != nil {
 		return service.SkillDetail{}, err
@@ -204,7 +204,7 @@ func (o *Orchestrator) CreateSkill(ctx context.Context, req service.CreateSkillR
 
 // skillSource returns the SKILL.md a create request means and the task
 // output files to copy beside it, after checking every argument.
-func (o *Orchestrator) skillSource(ctx context.Context, req service.CreateSkillRequest) ([]byte, []task.OutputFile, string, error) {
+func (o *Library) skillSource(ctx context.Context, req service.CreateSkillRequest) ([]byte, []task.OutputFile, string, error) {
 	var errs []error
 	fields := req.Name != "" || req.Description != "" || req.DockerImage != "" || len(req.Dependencies) > 0 || req.Instructions != ""
 	if req.Content != "" && fields {
@@ -212,7 +212,7 @@ func (o *Orchestrator) skillSource(ctx context.Context, req service.CreateSkillR
 	}
 	var outputs []task.OutputFile
 	if req.TaskID != "" {
-		t, err := o.Get(ctx, req.TaskID)
+		t, err := o.task(req.TaskID)
 		switch {
 		case err != nil:
 			errs = append(errs, &errdefs.FieldError{Field: "task_id", Err: err})
@@ -299,10 +299,10 @@ func (o *Orchestrator) skillSource(ctx context.Context, req service.CreateSkillR
 	return def, files, req.TaskID, nil
 }
 
-// promptSkills lists the valid skills with their one-line descriptions
+// PromptSkills lists the valid skills with their one-line descriptions
 // for prompt.md (SPEC §5), at most maxSkillsInPrompt; more says there are
 // more.
-func (o *Orchestrator) promptSkills() (files []PromptFile, more bool) {
+func (o *Library) PromptSkills() (files []ContextFile, more bool) {
 	skills, err := o.ListSkills(context.Background())
 	if err != nil {
 		o.log.Warn("cannot list skills for the prompt", "err", err)
@@ -315,7 +315,7 @@ func (o *Orchestrator) promptSkills() (files []PromptFile, more bool) {
 		if len(files) == maxSkillsInPrompt {
 			return files, true
 		}
-		files = append(files, PromptFile{Name: s.Name + "/SKILL.md", About: s.Summary(skillSummaryLength)})
+		files = append(files, ContextFile{Name: s.Name + "/SKILL.md", About: s.Summary(skillSummaryLength)})
 	}
 	return files, false
 }

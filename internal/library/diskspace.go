@@ -1,0 +1,7 @@
+package library
+
+// CheckFreeSpace refuses new work while the data root is below its
+// free-space floor (workspace.DataRoot.CheckFreeSpace).
+func (o *Library) CheckFreeSpace() error {
+	return o.data.CheckFreeSpace(o.opts.Limits.MinFreeBytes)
+}
