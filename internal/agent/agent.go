@@ -62,6 +62,20 @@ type Adapter interface {
 	// NewParser returns a parser for one run's stdout. onProgress, if not
 	// nil, is called from the parser's Write for each progress item.
 	NewParser(onProgress func(Progress)) Parser
+	// Credentials says what the agent authenticates with. The sandbox's
+	// HOME is fresh, so a CLI's own login is never there: only the
+	// environment the task gets (agents.<name>.env) counts.
+	Credentials() Credentials
+}
+
+// Credentials are the environment variables an agent authenticates with.
+type Credentials struct {
+	// AnyOf are variables of which one, set and not empty, is enough;
+	// none means the agent needs no credentials.
+	AnyOf []string
+	// BaseURL is the variable that points the agent at another model
+	// endpoint (a gateway, a local model server), if it has one.
+	BaseURL string
 }
 
 // Parser reads one run of an agent. Write is fed the agent's stdout as it

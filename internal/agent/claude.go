@@ -65,6 +65,12 @@ func (claudeAdapter) Prepare(inv Invocation) (Process, error) {
 	return p, nil
 }
 
+// Credentials: an API key, a bearer token for a gateway, or a Claude
+// subscription's OAuth token (claude setup-token).
+func (claudeAdapter) Credentials() Credentials {
+	return Credentials{AnyOf: []string{"ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"}, BaseURL: "ANTHROPIC_BASE_URL"}
+}
+
 func (claudeAdapter) NewParser(onProgress func(Progress)) Parser {
 	if onProgress == nil {
 		onProgress = func(Progress) {}

@@ -52,6 +52,12 @@ func (codexAdapter) Prepare(inv Invocation) (Process, error) {
 	return p, nil
 }
 
+// Credentials: an OpenAI API key, also the key of the endpoint
+// OPENAI_BASE_URL names.
+func (codexAdapter) Credentials() Credentials {
+	return Credentials{AnyOf: []string{"OPENAI_API_KEY"}, BaseURL: "OPENAI_BASE_URL"}
+}
+
 func (codexAdapter) NewParser(onProgress func(Progress)) Parser {
 	if onProgress == nil {
 		onProgress = func(Progress) {}

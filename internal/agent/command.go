@@ -32,6 +32,9 @@ func (commandAdapter) Prepare(inv Invocation) (Process, error) {
 	return p, nil
 }
 
+// Credentials: a command needs none of Corral's choosing.
+func (commandAdapter) Credentials() Credentials { return Credentials{} }
+
 func (commandAdapter) NewParser(onProgress func(Progress)) Parser {
 	c := &commandParser{tail: tailBuffer{max: 2 * commandSummaryBytes}}
 	c.lines = lineSplitter{max: MaxProgressBytes, fn: func(line []byte, long bool) {

@@ -77,6 +77,11 @@ func (geminiAdapter) Prepare(inv Invocation) (Process, error) {
 	return p, nil
 }
 
+// Credentials: a Gemini API key (GOOGLE_API_KEY for Vertex AI express).
+func (geminiAdapter) Credentials() Credentials {
+	return Credentials{AnyOf: []string{"GEMINI_API_KEY", "GOOGLE_API_KEY"}, BaseURL: "GOOGLE_GEMINI_BASE_URL"}
+}
+
 func (geminiAdapter) NewParser(onProgress func(Progress)) Parser {
 	if onProgress == nil {
 		onProgress = func(Progress) {}

@@ -52,6 +52,11 @@ func (opencodeAdapter) Prepare(inv Invocation) (Process, error) {
 	return p, nil
 }
 
+// Credentials: a provider's key, or a whole configuration with its own.
+func (opencodeAdapter) Credentials() Credentials {
+	return Credentials{AnyOf: []string{"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENCODE_CONFIG_CONTENT"}, BaseURL: "OPENAI_BASE_URL"}
+}
+
 func (opencodeAdapter) NewParser(onProgress func(Progress)) Parser {
 	if onProgress == nil {
 		onProgress = func(Progress) {}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/quota"
@@ -61,7 +64,11 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 			c.Detail = why
 			c.Fix = installHint[name]
 		} else {
-			c.OK, c.Detail = true, agentVersion(ctx, ag.Binary, name)
+			creds, ok := credentialCheck(name, ag.Env)
+			c.OK, c.Detail = ok, agentVersion(ctx, ag.Binary, name)+"; "+creds
+			if !ok {
+				c.Fix = credentialFix(name)
+			}
 		}
 		out = append(out, c)
 	}
@@ -139,4 +146,55 @@ func agentVersion(ctx context.Context, bin, name string) string {
 		return "installed (version unknown: " + err.Error() + ")"
 	}
 	return fmt.Sprintf("installed, %s", strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]))
+}
+
+// credentialCheck says whether an agent's environment (KEY=VALUE, the
+// task's, from agents.<name>.env) holds what it authenticates with. It
+// names variables, never their values; a base URL is shown without its
+// user information, query or fragment.
+func credentialCheck(name string, env []string) (detail string, ok bool) {
+	ad, err := agent.Lookup(name)
+	if err != nil {
+		return err.Error(), false
+	}
+	creds := ad.Credentials()
+	set := map[string]string{}
+	for _, kv := range env {
+		if k, v, found := strings.Cut(kv, "="); found && v != "" {
+			set[k] = v
+		}
+	}
+	if len(creds.AnyOf) == 0 {
+		return "needs no credentials", true
+	}
+	i := slices.IndexFunc(creds.AnyOf, func(k string) bool { return set[k] != "" })
+	if i < 0 {
+		which := creds.AnyOf[0]
+		if len(creds.AnyOf) > 1 {
+			which = "one of " + strings.Join(creds.AnyOf, ", ")
+		}
+		return fmt.Sprintf("no credentials: set %s in agents.%s.env", which, name), false
+	}
+	detail = "credentials: " + creds.AnyOf[i] + " set"
+	if u := set[creds.BaseURL]; u != "" {
+		detail += "; " + creds.BaseURL + " points at " + redactURL(u)
+	}
+	return detail, true
+}
+
+// credentialFix is how to give an agent its credentials.
+func credentialFix(name string) string {
+	ad, _ := agent.Lookup(name)
+	k := ad.Credentials().AnyOf[0]
+	return fmt.Sprintf("in the configuration file, agents: {%s: {env: {%s: \"${%s}\"}}}, and run with --config.expand-env", name, k, k)
+}
+
+// redactURL is a URL with no user information, query or fragment, which
+// may carry secrets; what does not parse as a URL is not shown.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" {
+		return "(not a URL)"
+	}
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }

@@ -1,0 +1,45 @@
+package app
+
+import (
+	"strings"
+	"testing"
+)
+
+// Doctor says whether an agent's environment holds its credentials, by
+// the variable's name, never its value, and shows a base URL without what
+// may be secret in it.
+func TestCredentialCheck(t *testing.T) {
+	const secret = "sk-ant-very-secret-0123456789"
+	for _, c := range []struct {
+		agent   string
+		env     []string
+		ok      bool
+		mention []string
+	}{
+		{"claude", nil, false, []string{"no credentials", "ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "agents.claude.env"}},
+		{"claude", []string{"ANTHROPIC_API_KEY="}, false, []string{"no credentials"}},
+		{"claude", []string{"ANTHROPIC_API_KEY=" + secret}, true, []string{"ANTHROPIC_API_KEY set"}},
+		{"claude", []string{"CLAUDE_CODE_OAUTH_TOKEN=" + secret, "ANTHROPIC_BASE_URL=http://user:" + secret + "@127.0.0.1:8080/v1?key=" + secret},
+			true, []string{"CLAUDE_CODE_OAUTH_TOKEN set", "ANTHROPIC_BASE_URL points at http://127.0.0.1:8080/v1"}},
+		{"gemini", []string{"OPENAI_API_KEY=" + secret}, false, []string{"GEMINI_API_KEY, GOOGLE_API_KEY", "agents.gemini.env"}},
+		{"codex", []string{"OPENAI_API_KEY=" + secret}, true, []string{"OPENAI_API_KEY set"}},
+		{"opencode", []string{"OPENCODE_CONFIG_CONTENT={}"}, true, []string{"OPENCODE_CONFIG_CONTENT set"}},
+		{"command", nil, true, []string{"needs no credentials"}},
+	} {
+		detail, ok := credentialCheck(c.agent, c.env)
+		if ok != c.ok {
+			t.Errorf("%s %q: ok %v, want %v (%s)", c.agent, c.env, ok, c.ok, detail)
+		}
+		for _, m := range c.mention {
+			if !strings.Contains(detail, m) {
+				t.Errorf("%s: %q does not say %q", c.agent, detail, m)
+			}
+		}
+		if strings.Contains(detail, secret) || strings.Contains(detail, "very-secret") {
+			t.Errorf("%s: %q shows the secret", c.agent, detail)
+		}
+	}
+	if fix := credentialFix("claude"); !strings.Contains(fix, `ANTHROPIC_API_KEY: "${ANTHROPIC_API_KEY}"`) || !strings.Contains(fix, "--config.expand-env") {
+		t.Errorf("fix %q", fix)
+	}
+}
