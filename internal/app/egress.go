@@ -47,6 +47,7 @@ func (e egressProxies) Open(id, network string) (string, error) {
 
 func (e egressProxies) Close(id string) error    { return e.srv.Close(id) }
 func (e egressProxies) Tasks() ([]string, error) { return e.srv.Tasks() }
+func (e egressProxies) Forwards() []string       { return egress.LoopbackForwards(e.allow) }
 
 // egressRecorder appends each egress.Record to its task's stream as an
 // egress_connection event. Add never blocks the proxy: records go through

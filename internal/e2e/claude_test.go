@@ -25,17 +25,30 @@ const claudeTestKey = "sk-ant-test-4f9c1e7a0b2d"
 
 // mustClaudeServer starts a scripted Anthropic endpoint and a server whose
 // claude agent uses it through the egress allowlist. The endpoint listens
-// on 127.0.0.2: the sandbox's NO_PROXY names 127.0.0.1 (its own loopback),
-// and the model must be reached through the proxy, listed by address.
+// on opts.Addr, by default 127.0.0.2 (reached through the proxy: the
+// sandbox's NO_PROXY names only 127.0.0.1); on 127.0.0.1 the worker
+// forwards it (TestClaudeModelOnHostLoopback).
 func mustClaudeServer(t *testing.T, opts agenttest.AnthropicOptions) (*server, *agenttest.Anthropic) {
+	t.Helper()
+	return mustClaudeServerAllowing(t, opts, true)
+}
+
+// mustClaudeServerAllowing is mustClaudeServer with the endpoint in the
+// allowlist or not.
+func mustClaudeServerAllowing(t *testing.T, opts agenttest.AnthropicOptions, allow bool) (*server, *agenttest.Anthropic) {
 	t.Helper()
 	testenv.RequireBinary(t, "claude", "npm install -g @anthropic-ai/claude-code")
 	opts.Key = claudeTestKey
-	opts.Addr = "127.0.0.2:0"
+	if opts.Addr == "" {
+		opts.Addr = "127.0.0.2:0"
+	}
 	ep := agenttest.MustAnthropic(t, opts)
 	s := MustStart(t, func(c *config.Config) {
 		c.Egress.Mode = "allowlist"
-		c.Egress.Allow = []string{ep.Addr}
+		c.Egress.Allow = []string{"api.anthropic.com"}
+		if allow {
+			c.Egress.Allow = append(c.Egress.Allow, ep.Addr)
+		}
 		c.Agents.Claude.Env = map[string]string{
 			"ANTHROPIC_BASE_URL":      ep.URL,
 			"ANTHROPIC_API_KEY":       claudeTestKey,
@@ -256,4 +269,53 @@ func TestClaudeFollowUpResumesSession(t *testing.T) {
 	if last.Messages < 3 || !strings.Contains(last.LastUser, "Say more.") {
 		t.Errorf("the follow-up's request has %d messages: the session was not resumed", last.Messages)
 	}
+}
+
+// TestClaudeModelOnHostLoopback: a model server on the host's own
+// loopback, ANTHROPIC_BASE_URL=http://127.0.0.1:PORT and 127.0.0.1:PORT in
+// egress.allow, as people run local model servers and gateways. The real
+// CLI sends 127.0.0.1 past the proxy (NO_PROXY), to the sandbox's own
+// loopback, where the worker forwards that address through the proxy to
+// the host's. Unlisted, the address has nothing behind it in the sandbox.
+func TestClaudeModelOnHostLoopback(t *testing.T) {
+	for _, rt := range []string{"local", "gvisor"} {
+		t.Run(rt, func(t *testing.T) {
+			if rt == "gvisor" {
+				testenv.RequireRunsc(t)
+			}
+			t.Parallel()
+			s, ep := mustClaudeServer(t, agenttest.AnthropicOptions{Addr: "127.0.0.1:0", Replies: []agenttest.Reply{{Text: "Hello from the host's loopback."}}})
+			tk := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Say hello", Runtime: rt})
+			res := s.wait(t, tk.ID, 3*time.Minute)
+			if res.Status != task.Success || !strings.Contains(res.Summary, "Hello from the host's loopback.") {
+				t.Fatalf("task %s: %q %q", res.Status, res.ErrorMessage, res.Summary)
+			}
+			if len(ep.Requests()) == 0 {
+				t.Error("the model endpoint saw no request")
+			}
+			var connects int
+			for _, e := range taskEvents(t, s, tk.ID, task.EventEgressConnection) {
+				var c task.EgressConnection
+				json.Unmarshal(e.Data, &c)
+				if c.Method == "CONNECT" && c.Address == ep.Addr && c.Allowed {
+					connects++
+				}
+			}
+			if connects == 0 {
+				t.Errorf("no allowed CONNECT to %s was recorded", ep.Addr)
+			}
+			assertNoKey(t, s, tk.ID)
+		})
+	}
+	t.Run("unlisted", func(t *testing.T) {
+		t.Parallel()
+		s, ep := mustClaudeServerAllowing(t, agenttest.AnthropicOptions{Addr: "127.0.0.1:0", Replies: []agenttest.Reply{{Text: "unreachable"}}}, false)
+		tk := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Say hello"})
+		if res := s.wait(t, tk.ID, 3*time.Minute); res.Status != task.Failed {
+			t.Errorf("task %s, want failed: the model is not listed", res.Status)
+		}
+		if n := len(ep.Requests()); n != 0 {
+			t.Errorf("the unlisted model endpoint saw %d requests", n)
+		}
+	})
 }

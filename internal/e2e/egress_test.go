@@ -162,6 +162,7 @@ func TestEgressAllowlist(t *testing.T) {
 	t.Parallel()
 	up := mustLoopbackServer(t)
 	hostport := fmt.Sprintf("127.0.0.1:%d", up.port)
+	unlisted := mustLoopbackServer(t)
 	s := MustStart(t, func(c *config.Config) {
 		c.Egress.Mode = "allowlist"
 		c.Egress.Allow = []string{"api.anthropic.com", hostport}
@@ -176,7 +177,8 @@ func TestEgressAllowlist(t *testing.T) {
 		"get", "http://unlisted.example/",
 		"get", denied,
 		"connect", "api.anthropic.com:22",
-		"dial", hostport,
+		"dial", fmt.Sprintf("127.0.0.1:%d", unlisted.port),
+		"direct", "http://"+hostport+"/forwarded",
 	)
 	if res := s.wait(t, tk.ID, 90*time.Second); res.Status != task.Success {
 		t.Fatalf("task %s: %s", res.Status, res.ErrorMessage)
@@ -199,15 +201,29 @@ func TestEgressAllowlist(t *testing.T) {
 			t.Errorf("%s: %+v, want 403 from the proxy", k, g)
 		}
 	}
-	if d := r["dial "+hostport]; d.OK {
-		t.Errorf("a direct TCP connection to the host's loopback server succeeded")
+	// The listed loopback address is forwarded inside the sandbox, at the
+	// same address, through the proxy (a CONNECT it records), so a client
+	// that sends loopback past the proxy (NO_PROXY) reaches the host's
+	// server; an unlisted port has nothing behind it: the sandbox's
+	// loopback is its own.
+	if d := r["direct http://"+hostport+"/forwarded"]; !d.OK || d.Body != "hello from the host: /forwarded" {
+		t.Errorf("a direct GET of the listed loopback address inside the sandbox: %+v", d)
+	}
+	if d := r[fmt.Sprintf("dial 127.0.0.1:%d", unlisted.port)]; d.OK {
+		t.Errorf("a connection to an unlisted port of the host's loopback succeeded")
+	}
+	if got := unlisted.served(); len(got) != 0 {
+		t.Errorf("the unlisted server served %v", got)
 	}
 	got := up.served()
-	if strings.Join(got, ",") != "/plain,/tunnel" {
-		t.Errorf("the host's server served %v, want exactly /plain and /tunnel", got)
+	if strings.Join(got, ",") != "/plain,/tunnel,/forwarded" {
+		t.Errorf("the host's server served %v, want exactly /plain, /tunnel and /forwarded", got)
 	}
 
-	evs := egressEvents(t, s.client, tk.ID, func(evs []task.EgressConnection) bool { return len(evs) >= 5 })
+	evs := egressEvents(t, s.client, tk.ID, func(evs []task.EgressConnection) bool { return len(evs) >= 6 })
+	if n := countEvents(evs, "CONNECT", "127.0.0.1", true); n != 2 {
+		t.Errorf("%d allowed CONNECTs to 127.0.0.1, want 2 (the tunnel and the forwarded GET): %+v", n, evs)
+	}
 	if e, ok := findEvent(evs, "GET", "127.0.0.1", true); !ok || e.Port != up.port || e.Status != 200 || e.BytesDown == 0 || e.BytesUp == 0 || e.Address != hostport {
 		t.Errorf("allowed GET event: %+v (found %v)", e, ok)
 	}
@@ -361,4 +377,15 @@ func waitNoDir(t *testing.T, dir string) {
 		_, err := os.Stat(dir)
 		return os.IsNotExist(err)
 	})
+}
+
+// countEvents counts the egress events of method to host with allowed.
+func countEvents(evs []task.EgressConnection, method, host string, allowed bool) int {
+	n := 0
+	for _, e := range evs {
+		if e.Method == method && e.Host == host && e.Allowed == allowed {
+			n++
+		}
+	}
+	return n
 }

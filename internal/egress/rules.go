@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -231,4 +232,22 @@ func canonicalHost(host string) (string, bool) {
 		return a.Unmap().String(), true
 	}
 	return normalizeHost(host)
+}
+
+// LoopbackForwards returns the loopback addresses with a port that rules
+// name literally (127.0.0.1:8080, [::1]:11434), as host:port: a sandbox
+// has a loopback of its own, so its worker forwards each of these through
+// the proxy to the server's host, where the operator's model server or
+// gateway listens.
+func LoopbackForwards(rules []Rule) []string {
+	var out []string
+	for _, r := range rules {
+		if r.Addr.IsValid() && r.Addr.IsLoopback() && r.Port != 0 && !r.Wildcard {
+			a := netip.AddrPortFrom(r.Addr, uint16(r.Port)).String()
+			if !slices.Contains(out, a) {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
 }

@@ -3,6 +3,7 @@ package egress
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -133,5 +134,18 @@ func TestSpecial(t *testing.T) {
 		if Special(netip.MustParseAddr(s)) {
 			t.Errorf("Special(%s) = true, want false", s)
 		}
+	}
+}
+
+// Only loopback literals with a port are forwarded, each once.
+func TestLoopbackForwards(t *testing.T) {
+	rules, err := ParseRules([]string{"api.anthropic.com", "127.0.0.1:8080", "127.0.0.1", "[::1]:11434", "localhost:9000", "10.0.0.5:80", "127.0.0.1:8080", "127.0.0.2:7000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := LoopbackForwards(rules)
+	want := []string{"127.0.0.1:8080", "[::1]:11434", "127.0.0.2:7000"}
+	if !slices.Equal(got, want) {
+		t.Errorf("LoopbackForwards = %v, want %v", got, want)
 	}
 }

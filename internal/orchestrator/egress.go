@@ -24,6 +24,10 @@ type Egress interface {
 	// Tasks lists the tasks that have a directory, listening or not (a
 	// stopped server leaves the directories for its successor).
 	Tasks() ([]string, error)
+	// Forwards are the loopback host:port addresses the allowlist names,
+	// which a task's worker forwards through its proxy
+	// (egress.LoopbackForwards).
+	Forwards() []string
 }
 
 // egressSweepPause is the least time between two sweeps of the egress

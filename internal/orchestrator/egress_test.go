@@ -17,6 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/worker"
 )
 
 // fakeEgress records Open and Close and keeps a set of task directories.
@@ -50,6 +51,10 @@ func (f *fakeEgress) Close(id string) error {
 	f.closed = append(f.closed, id)
 	return nil
 }
+
+// Forwards are two loopback addresses, as an allowlist naming a model
+// server on the host's loopback gives them.
+func (f *fakeEgress) Forwards() []string { return []string{"127.0.0.1:8080", "[::1]:11434"} }
 
 func (f *fakeEgress) Tasks() ([]string, error) {
 	f.mu.Lock()
@@ -98,6 +103,14 @@ func TestPrepareWithEgress(t *testing.T) {
 		i := slices.Index(spec.Command, "--egress-socket")
 		if i < 0 || spec.Command[i+1] != "/run/corral/egress/proxy.sock" || i > slices.Index(spec.Command, "--") {
 			t.Errorf("%s: argv %q lacks --egress-socket before --", network, spec.Command)
+		}
+		// The worker reads the argv as it was meant.
+		opts, err := worker.ParseArgs(spec.Command[3:], spec.Env)
+		if err != nil {
+			t.Fatalf("%s: the worker refuses its argv %q: %v", network, spec.Command, err)
+		}
+		if !slices.Equal(opts.EgressForward, eg.Forwards()) || opts.EgressSocket != "/run/corral/egress/proxy.sock" {
+			t.Errorf("%s: worker options forward %v over %q", network, opts.EgressForward, opts.EgressSocket)
 		}
 	}
 	_, opened := eg.state()

@@ -105,6 +105,9 @@ func (o *Orchestrator) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, 
 		}
 		network, egressDir = sandbox.NetworkEgress, dir
 		cmd = append(cmd, "--egress-socket", SandboxEgressDir+"/"+EgressSocket)
+		for _, addr := range o.opts.Egress.Forwards() {
+			cmd = append(cmd, "--egress-forward", addr)
+		}
 	}
 	if t.Agent == task.AgentCommand {
 		cmd = append(append(cmd, "--"), t.Command...)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -58,6 +59,11 @@ type Options struct {
 	EgressSocket string
 	// EgressListen is where the relay listens; default 127.0.0.1:3128.
 	EgressListen string
+	// EgressForward are loopback addresses (host:port) the egress policy
+	// names: each is forwarded, at the same address inside the sandbox,
+	// through the proxy to that address on the server's host
+	// (StartForward).
+	EgressForward []string
 
 	MaxLogBytes    int64         // per log file; default 64 MiB
 	MaxOutputFiles int           // listed in status.json; default 1000
@@ -118,7 +124,8 @@ func (o *Options) defaults() {
 //	--prompt /task/prompt.md --task-id ID [--webhook URL] [--agent NAME]
 //	[--model M] [--agent-binary PATH] [--task-dir /task] [--source local]
 //	[--max-log-bytes N] [--grace 10s] [--egress-socket PATH]
-//	[--egress-listen 127.0.0.1:3128] [-- argv...]
+//	[--egress-listen 127.0.0.1:3128] [--egress-forward 127.0.0.1:PORT ...]
+//	[-- argv...]
 //
 // The webhook key comes from CORRAL_WEBHOOK_KEY (hex) in environ. Every
 // problem is returned at once, as errdefs.FieldErrors joined.
@@ -139,6 +146,10 @@ func ParseArgs(args []string, environ []string) (Options, error) {
 	fs.DurationVar(&o.Grace, "grace", DefaultGrace, "how long the agent gets between SIGTERM and SIGKILL")
 	fs.StringVar(&o.EgressSocket, "egress-socket", "", "the server's egress proxy socket; the agent reaches it through a relay on --egress-listen")
 	fs.StringVar(&o.EgressListen, "egress-listen", "", "where the egress relay listens (default "+DefaultEgressListen+")")
+	fs.Func("egress-forward", "a loopback host:port to forward, at the same address, through the egress proxy to the server's host (repeatable)", func(s string) error {
+		o.EgressForward = append(o.EgressForward, s)
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return Options{}, fmt.Errorf("parse run-task arguments: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
@@ -172,6 +183,18 @@ func ParseArgs(args []string, environ []string) (Options, error) {
 		if _, _, err := net.SplitHostPort(o.EgressListen); err != nil {
 			errs = append(errs, errdefs.Field("--egress-listen", "must be host:port"))
 		}
+	}
+	listen := o.EgressListen
+	if listen == "" {
+		listen = DefaultEgressListen
+	}
+	for _, f := range o.EgressForward {
+		if err := checkForward(f, listen); err != nil {
+			errs = append(errs, &errdefs.FieldError{Field: "--egress-forward", Err: err})
+		}
+	}
+	if len(o.EgressForward) > 0 && o.EgressSocket == "" {
+		errs = append(errs, errdefs.Field("--egress-forward", "needs --egress-socket"))
 	}
 	if hexKey, ok := lookupEnv(environ, EnvWebhookKey); ok && hexKey != "" {
 		key, err := hex.DecodeString(strings.TrimSpace(hexKey))
@@ -211,3 +234,16 @@ func agentEnv(environ, extra []string) []string {
 
 // discard is a logger for a nil *slog.Logger.
 var discard = slog.New(slog.DiscardHandler)
+
+// checkForward checks a forwarded address: a loopback IP literal with a
+// port, other than the relay's own address.
+func checkForward(addr, relay string) error {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || !ap.Addr().IsLoopback() || ap.Port() == 0 {
+		return fmt.Errorf("%q must be a loopback address with a port, e.g. 127.0.0.1:8080: %w", addr, errdefs.ErrInvalidArgument)
+	}
+	if r, err := netip.ParseAddrPort(relay); err == nil && r == ap {
+		return fmt.Errorf("%q is where the egress relay listens: %w", addr, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}

@@ -1,11 +1,14 @@
 package worker
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/url"
 	"sync"
 	"time"
 
@@ -30,13 +33,14 @@ const (
 // socket is dialled per connection, so a server that restarts (and
 // listens on the same path again) is reached by the next connection.
 //
-// Start it with StartRelay; Close stops accepting, ends every open
-// connection and waits for them. It is safe for concurrent use.
+// Start it with StartRelay, or StartForward for one host:port; Close
+// stops accepting, ends every open connection and waits for them. It is
+// safe for concurrent use.
 type Relay struct {
-	ln     net.Listener
-	socket string
-	log    *slog.Logger
-	sem    chan struct{}
+	ln   net.Listener
+	dial func() (net.Conn, error) // the upstream of one connection
+	log  *slog.Logger
+	sem  chan struct{}
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -45,19 +49,79 @@ type Relay struct {
 }
 
 // StartRelay listens on addr (host:port) and relays to the unix socket at
-// socket.
+// socket: the agent's HTTP proxy.
 func StartRelay(addr, socket string, log *slog.Logger) (*Relay, error) {
+	return startRelay(addr, func() (net.Conn, error) { return net.DialTimeout("unix", socket, relayDialTimeout) }, log)
+}
+
+// StartForward listens on addr, a loopback host:port inside the sandbox,
+// and carries each connection to the same address as the server sees it
+// (a model server on the host's loopback) through the egress proxy at
+// socket, with an HTTP CONNECT: the proxy decides and records it as any
+// other connection. An agent pointed at http://127.0.0.1:PORT reaches the
+// host's 127.0.0.1:PORT this way although its sandbox has a loopback of
+// its own.
+func StartForward(addr, socket string, log *slog.Logger) (*Relay, error) {
+	return startRelay(addr, func() (net.Conn, error) { return dialConnect(socket, addr) }, log)
+}
+
+func startRelay(addr string, dial func() (net.Conn, error), log *slog.Logger) (*Relay, error) {
 	if log == nil {
 		log = discard
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("listen for the egress relay: %w", err)
+		return nil, fmt.Errorf("listen for the egress relay on %s: %w", addr, err)
 	}
-	r := &Relay{ln: ln, socket: socket, log: log, sem: make(chan struct{}, relayMaxConns), conns: map[net.Conn]struct{}{}}
+	r := &Relay{ln: ln, dial: dial, log: log, sem: make(chan struct{}, relayMaxConns), conns: map[net.Conn]struct{}{}}
 	r.wg.Add(1)
 	go r.accept()
 	return r, nil
+}
+
+// dialConnect opens a tunnel to target through the HTTP proxy on socket.
+// A refusal (the target is not allowed) is an error: the client's
+// connection is then closed.
+func dialConnect(socket, target string) (net.Conn, error) {
+	c, err := net.DialTimeout("unix", socket, relayDialTimeout)
+	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(relayDialTimeout))
+	req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: target}, Host: target, Header: http.Header{}}
+	if err := req.Write(c); err != nil {
+		c.Close()
+		return nil, err
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		c.Close()
+		return nil, fmt.Errorf("the egress proxy refused %s: %s", target, resp.Status)
+	}
+	c.SetDeadline(time.Time{})
+	return &bufferedConn{Conn: c, r: br}, nil
+}
+
+// bufferedConn is a connection whose first bytes may already sit in r.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// CloseWrite passes a half-close on to the unix socket.
+func (c *bufferedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
 }
 
 // Addr returns the address the relay listens on.
@@ -114,11 +178,11 @@ func (r *Relay) untrack(c net.Conn) {
 // passing each side's end of stream on as a half-close.
 func (r *Relay) serve(c net.Conn) {
 	defer c.Close()
-	up, err := net.DialTimeout("unix", r.socket, relayDialTimeout)
+	up, err := r.dial()
 	if err != nil {
-		// The server is away (restarting): the client sees its connection
-		// closed and may retry.
-		r.log.Debug("egress proxy unreachable", logkey.Error, err)
+		// The server is away (restarting), or its proxy refused: the
+		// client sees its connection closed and may retry.
+		r.log.Debug("egress proxy unreachable or refusing", logkey.Error, err)
 		return
 	}
 	defer up.Close()

@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -195,5 +197,130 @@ func TestParseArgsEgress(t *testing.T) {
 	}
 	if _, err := ParseArgs([]string{"--task-id", "t", "--egress-socket", "/s", "--egress-listen", "nope", "--", "true"}, nil); err == nil || !strings.Contains(err.Error(), "--egress-listen") {
 		t.Errorf("bad --egress-listen: %v", err)
+	}
+}
+
+// MustConnectProxy serves a fake egress proxy on a new unix socket: it
+// answers CONNECT to allowed with 200 and then echoes, and any other
+// CONNECT with 403. It returns the socket's path and the targets asked.
+func MustConnectProxy(tb testing.TB, allowed string) (string, func() []string) {
+	tb.Helper()
+	dir, err := os.MkdirTemp("", "fwd")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sock := filepath.Join(dir, "proxy.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var mu sync.Mutex
+	var asked []string
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				asked = append(asked, req.Method+" "+req.Host)
+				mu.Unlock()
+				if req.Method != http.MethodConnect || req.Host != allowed {
+					io.WriteString(c, "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+					return
+				}
+				// The greeting after the 200, in the same write, must reach
+				// the client too.
+				io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\nhello ")
+				io.Copy(c, br)
+			}()
+		}
+	}()
+	tb.Cleanup(func() { ln.Close(); os.RemoveAll(dir) })
+	return sock, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), asked...)
+	}
+}
+
+// freeLoopback returns a 127.0.0.1 address with a port nothing listens on.
+func freeLoopback(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// A forward carries a connection to its own address through the proxy
+// with a CONNECT, bytes both ways; a CONNECT the proxy refuses closes the
+// client's connection.
+func TestForwardTunnelsThroughTheProxy(t *testing.T) {
+	addr := freeLoopback(t)
+	sock, asked := MustConnectProxy(t, addr)
+	fwd, err := StartForward(addr, sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fwd.Close()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "ping\n")
+	c.(*net.TCPConn).CloseWrite()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	b, _ := io.ReadAll(c)
+	if string(b) != "hello ping\n" {
+		t.Errorf("through the forward: %q, want %q", b, "hello ping\n")
+	}
+	if got := asked(); len(got) != 1 || got[0] != "CONNECT "+addr {
+		t.Errorf("the proxy was asked %q, want CONNECT %s", got, addr)
+	}
+
+	other := freeLoopback(t)
+	refused, err := StartForward(other, sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer refused.Close()
+	c2, err := net.Dial("tcp", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	c2.SetDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(c2); len(b) != 0 || err != nil {
+		t.Errorf("a refused forward: read %q, %v; want the connection closed", b, err)
+	}
+}
+
+func TestParseArgsEgressForward(t *testing.T) {
+	o, err := ParseArgs([]string{"--task-id", "t", "--egress-socket", "/s", "--egress-forward", "127.0.0.1:8080", "--egress-forward", "[::1]:11434", "--", "true"}, nil)
+	if err != nil || !slices.Equal(o.EgressForward, []string{"127.0.0.1:8080", "[::1]:11434"}) {
+		t.Fatalf("forwards %v, %v", o.EgressForward, err)
+	}
+	for _, bad := range [][]string{
+		{"--egress-socket", "/s", "--egress-forward", "10.0.0.1:80"},    // not loopback
+		{"--egress-socket", "/s", "--egress-forward", "localhost:80"},   // not a literal
+		{"--egress-socket", "/s", "--egress-forward", "127.0.0.1"},      // no port
+		{"--egress-socket", "/s", "--egress-forward", "127.0.0.1:3128"}, // the relay's own
+		{"--egress-forward", "127.0.0.1:8080"},                          // no proxy to go through
+	} {
+		args := append(append([]string{"--task-id", "t"}, bad...), "--", "true")
+		if _, err := ParseArgs(args, nil); err == nil || !strings.Contains(err.Error(), "--egress-forward") {
+			t.Errorf("%q: %v, want an --egress-forward error", bad, err)
+		}
 	}
 }

@@ -253,6 +253,13 @@ func (r *run) run(ctx context.Context) Status {
 		}
 		defer relay.Close()
 		proxyEnv = ProxyEnv(relay.Addr())
+		for _, addr := range r.opts.EgressForward {
+			fwd, err := StartForward(addr, r.opts.EgressSocket, r.log)
+			if err != nil {
+				return fail(ExitSetup, err.Error())
+			}
+			defer fwd.Close()
+		}
 	}
 	proc.Env = append(proxyEnv, proc.Env...)
 	proc.Env = append(missingDefaults(r.opts.Env, proc.DefaultEnv), proc.Env...)

@@ -74,7 +74,11 @@ func run(r *result) {
 		if err != nil {
 			r.Error = err.Error()
 		}
-	case "get":
+	case "get", "direct":
+		if r.Step == "direct" {
+			// As a client honouring NO_PROXY reaches a loopback URL.
+			client.Transport = &http.Transport{}
+		}
 		resp, err := client.Get(r.Arg)
 		if err != nil {
 			r.Error = err.Error()
