@@ -96,10 +96,10 @@ type Orchestrator struct {
 	log   *slog.Logger
 
 	spawnMu sync.Mutex // serialises spawns that carry an idempotency key
-	// queueMu guards spawning, the spawns past the queue check whose task
-	// is not created yet.
+	// queueMu guards spawning, the tasks of spawns past the queue check
+	// (reserveQueueSlot).
 	queueMu  sync.Mutex
-	spawning int
+	spawning map[string]bool
 }
 
 var _ service.Service = (*Orchestrator)(nil)

@@ -77,13 +77,13 @@ func (o *Orchestrator) Spawn(ctx context.Context, req service.SpawnRequest) (tas
 			return t, true, nil
 		}
 	}
-	release, err := o.reserveQueueSlot()
+	id := task.NewID()
+	release, err := o.reserveQueueSlot(id)
 	if err != nil {
 		return task.Task{}, false, err
 	}
 	defer release()
 
-	id := task.NewID()
 	dir, err := o.data.CreateTask(id)
 	if err != nil {
 		return task.Task{}, false, err
@@ -128,11 +128,12 @@ func (o *Orchestrator) Spawn(ctx context.Context, req service.SpawnRequest) (tas
 	return t, false, nil
 }
 
-// reserveQueueSlot counts a spawn under way against limits.max_queued_tasks
-// until release: the queue's count and the spawns between their check and
-// their task's creation are taken together, so concurrent spawns cannot
-// pass the bound.
-func (o *Orchestrator) reserveQueueSlot() (release func(), err error) {
+// reserveQueueSlot counts the spawn of task id against
+// limits.max_queued_tasks until release: the queue's count and the spawns
+// between their check and their task's creation never pass the bound
+// together. A spawn whose task the projection already holds is counted
+// there only, so the bound is reached exactly, not one short.
+func (o *Orchestrator) reserveQueueSlot(id string) (release func(), err error) {
 	max := o.opts.Limits.MaxQueued
 	if max <= 0 {
 		return func() {}, nil
@@ -140,13 +141,22 @@ func (o *Orchestrator) reserveQueueSlot() (release func(), err error) {
 	o.queueMu.Lock()
 	defer o.queueMu.Unlock()
 	q := o.tasks.Counts()
-	if q[task.Pending]+q[task.Queued]+o.spawning >= max {
+	n := q[task.Pending] + q[task.Queued]
+	for other := range o.spawning {
+		if _, err := o.tasks.Get(other); err != nil {
+			n++
+		}
+	}
+	if n >= max {
 		return nil, fmt.Errorf("the queue is full (%d tasks waiting); try again later: %w", max, errdefs.ErrResourceExhausted)
 	}
-	o.spawning++
+	if o.spawning == nil {
+		o.spawning = map[string]bool{}
+	}
+	o.spawning[id] = true
 	return func() {
 		o.queueMu.Lock()
-		o.spawning--
+		delete(o.spawning, id)
 		o.queueMu.Unlock()
 	}, nil
 }
