@@ -37,6 +37,7 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/tools"
 	"github.com/corral-dev/corral/internal/webhook"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -262,7 +263,7 @@ func (a *App) open(ctx context.Context) error {
 	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	sock := filepath.Join(sockDir, orchestrator.SocketName)
+	sock := filepath.Join(sockDir, workerproto.SocketName)
 	if len(sock) > 100 {
 		return fmt.Errorf("socket path %s is too long for a unix socket (%d bytes, at most 100): use a shorter data root", sock, len(sock))
 	}

@@ -44,10 +44,11 @@ var allowed = map[string][]string{
 	"internal/webhook":              {"task", "errdefs"},
 	"internal/notify":               {"eventstore", "task", "errdefs", "logkey", "clip"},
 	"internal/egress":               {"errdefs", "logkey"},
-	"internal/worker":               {"errdefs", "workspace", "webhook", "agent", "logkey"},
+	"internal/worker":               {"errdefs", "workspace", "webhook", "agent", "logkey", "task", "workerproto"},
+	"internal/workerproto":          {"errdefs", "workspace", "task"},
 	"internal/projection":           {"eventstore", "task", "errdefs", "logkey"},
 	"internal/scheduler":            {"task", "sandbox", "eventstore", "projection", "errdefs", "logkey"},
-	"internal/orchestrator":         {"task", "sandbox", "eventstore", "projection", "workspace", "attachment", "document", "errdefs", "logkey", "units", "webhook", "worker", "quota", "clip", "service", "library"},
+	"internal/orchestrator":         {"task", "sandbox", "eventstore", "projection", "workspace", "attachment", "document", "errdefs", "logkey", "units", "webhook", "workerproto", "quota", "clip", "service", "library"},
 	"internal/service":              {"task", "eventstore", "workspace", "attachment", "document", "skill"},
 	"internal/service/servicetest":  {"service", "orchestrator", "eventstore", "eventstore/sqlite", "projection", "attachment", "workspace", "task", "errdefs"},
 	"internal/library":              {"task", "eventstore", "projection", "workspace", "attachment", "document", "skill", "errdefs", "units", "clip", "service"},
@@ -81,7 +82,7 @@ var allowed = map[string][]string{
 // worker or the agent adapters).
 var badDeps = map[string][]string{
 	"internal/scheduler":    {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "golang.org/x/sys/unix", "github.com/docker/docker", "k8s.io/client-go"},
-	"internal/orchestrator": {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go"},
+	"internal/orchestrator": {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go", "internal/worker", "internal/agent"},
 	"internal/library":      {"internal/sandbox", "internal/scheduler", "internal/worker", "internal/agent", "internal/eventstore/sqlite", "modernc.org/sqlite"},
 	"internal/document":     {"internal/eventstore/sqlite", "modernc.org/sqlite"},
 	"internal/httpapi":      {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go", "github.com/modelcontextprotocol/go-sdk", "internal/orchestrator", "internal/worker", "internal/agent"},

@@ -17,7 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
-	"github.com/corral-dev/corral/internal/worker"
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 // fakeEgress records Open and Close and keeps a set of task directories.
@@ -96,7 +96,7 @@ func TestPrepareWithEgress(t *testing.T) {
 		if spec.Network != sandbox.NetworkEgress {
 			t.Errorf("%s: sandbox network %q, want egress", network, spec.Network)
 		}
-		want := sandbox.Mount{Source: "/host/egress/" + tk.ID, Target: SandboxEgressDir, ReadOnly: true}
+		want := sandbox.Mount{Source: "/host/egress/" + tk.ID, Target: workerproto.EgressDir, ReadOnly: true}
 		if !slices.Contains(spec.Mounts, want) {
 			t.Errorf("%s: mounts %v lack %v", network, spec.Mounts, want)
 		}
@@ -105,7 +105,7 @@ func TestPrepareWithEgress(t *testing.T) {
 			t.Errorf("%s: argv %q lacks --egress-socket before --", network, spec.Command)
 		}
 		// The worker reads the argv as it was meant.
-		opts, err := worker.ParseArgs(spec.Command[3:], spec.Env)
+		opts, err := workerproto.ParseArgs(spec.Command[3:])
 		if err != nil {
 			t.Fatalf("%s: the worker refuses its argv %q: %v", network, spec.Command, err)
 		}
@@ -127,7 +127,7 @@ func TestPrepareWithEgress(t *testing.T) {
 		t.Errorf("network none: sandbox network %q, argv %q", spec.Network, spec.Command)
 	}
 	for _, m := range spec.Mounts {
-		if m.Target == SandboxEgressDir {
+		if m.Target == workerproto.EgressDir {
 			t.Errorf("network none mounts the egress directory")
 		}
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
-	"github.com/corral-dev/corral/internal/worker"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -46,7 +46,7 @@ func (o *Orchestrator) copyFollowUp(dir *os.Root, prev task.Task, agent string) 
 	defer src.Close()
 	trees := []struct{ from, to string }{{"output", followUpDir}}
 	if agent == prev.Agent {
-		trees = append(trees, struct{ from, to string }{worker.HomeDir, worker.HomeDir})
+		trees = append(trees, struct{ from, to string }{workerproto.HomeDir, workerproto.HomeDir})
 	}
 	budget := o.ContextLeft(dir)
 	for _, tr := range trees {

@@ -29,6 +29,7 @@ import (
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/webhook"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -389,13 +390,13 @@ func TestPrepare(t *testing.T) {
 	wantMounts := []sandbox.Mount{
 		{Source: f.data.TaskPath(cmdTask.ID), Target: "/task"},
 		{Source: f.data.HostPath("shared"), Target: "/workspace/shared", ReadOnly: true},
-		{Source: "/usr/local/bin/corral", Target: SandboxCorral, ReadOnly: true},
-		{Source: f.data.HostPath("run", "sock"), Target: SandboxSocketDir, ReadOnly: true},
+		{Source: "/usr/local/bin/corral", Target: workerproto.CorralBinary, ReadOnly: true},
+		{Source: f.data.HostPath("run", "sock"), Target: workerproto.SocketDir, ReadOnly: true},
 	}
 	if diff := cmp.Diff(wantMounts, spec.Mounts); diff != "" {
 		t.Errorf("mounts (-want +got):\n%s", diff)
 	}
-	if spec.ID != cmdTask.ID || spec.Dir != "/task" || spec.Command[0] != SandboxCorral {
+	if spec.ID != cmdTask.ID || spec.Dir != "/task" || spec.Command[0] != workerproto.CorralBinary {
 		t.Errorf("spec id %q dir %q argv[0] %q", spec.ID, spec.Dir, spec.Command[0])
 	}
 	if n := len(spec.Command); n < 4 || !slices.Equal(spec.Command[n-4:], []string{"--", "sh", "-c", "echo hi"}) {

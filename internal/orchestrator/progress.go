@@ -9,7 +9,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/task"
-	"github.com/corral-dev/corral/internal/worker"
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 // WorkerProgress takes a progress report from a worker: it verifies it as
@@ -33,8 +33,8 @@ func (o *Orchestrator) WorkerProgress(ctx context.Context, h http.Header, body [
 	}
 	// The worker redacts its agent's secrets; the sandbox is not trusted to
 	// have done so.
-	secrets := worker.Secrets(o.opts.Agents[t.Agent].Env)
-	red := func(s string) string { return worker.RedactString(s, secrets) }
+	secrets := workerproto.Secrets(o.opts.Agents[t.Agent].Env)
+	red := func(s string) string { return workerproto.RedactString(s, secrets) }
 	actor := "worker/" + t.ID
 	evs := make([]eventstore.Proposed, 0, len(p.Items))
 	for _, it := range p.Items {

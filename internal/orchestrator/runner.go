@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/workerproto"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
@@ -18,24 +19,10 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/units"
 	"github.com/corral-dev/corral/internal/webhook"
-	"github.com/corral-dev/corral/internal/worker"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
-// Paths inside every sandbox.
 const (
-	SandboxTaskDir   = "/task"
-	SandboxShared    = "/workspace/shared"
-	SandboxCorral    = "/run/corral/corral"
-	SandboxSocketDir = "/run/corral/sock"
-	// SandboxEgressDir holds the task's egress proxy socket, EgressSocket
-	// (the directory is mounted, not the socket, as with SocketName).
-	SandboxEgressDir = "/run/corral/egress"
-	EgressSocket     = "proxy.sock"
-	// SocketName is the server's unix socket in the socket directory, which
-	// is mounted (the directory, not the socket, so a restarted server's new
-	// socket is seen) read-only into every local sandbox.
-	SocketName = "corral.sock"
 	// maxStatusBytes bounds the status.json the server reads from a worker.
 	maxStatusBytes = 1 << 20
 	// maxMessage bounds a summary or error message taken from a worker.
@@ -73,25 +60,21 @@ type Verifier interface {
 func (o *Orchestrator) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error) {
 	w := o.opts.Worker
 	ag := o.opts.Agents[t.Agent]
-	cmd := []string{SandboxCorral, "worker", "run-task",
-		"--prompt", SandboxTaskDir + "/prompt.md",
-		"--task-id", t.ID,
-		"--webhook", "unix://" + SandboxSocketDir + "/" + SocketName,
-		"--agent", t.Agent,
+	args := workerproto.Args{
+		PromptPath:  workerproto.TaskDir + "/" + workerproto.PromptFile,
+		TaskID:      t.ID,
+		WebhookURL:  "unix://" + workerproto.SocketDir + "/" + workerproto.SocketName,
+		Agent:       t.Agent,
+		Model:       t.Model,
+		MaxLogBytes: o.opts.Limits.MaxLogBytes,
 	}
 	if ag.Binary != "" && t.Agent != task.AgentCommand {
-		cmd = append(cmd, "--agent-binary", ag.Binary)
-	}
-	if t.Model != "" {
-		cmd = append(cmd, "--model", t.Model)
+		args.Binary = ag.Binary
 	}
 	if t.FollowUpOf != "" && t.Agent == task.AgentClaude {
 		if prev, err := o.tasks.Get(t.FollowUpOf); err == nil && prev.SessionID != "" && prev.Agent == t.Agent {
-			cmd = append(cmd, "--resume", prev.SessionID)
+			args.Resume = prev.SessionID
 		}
-	}
-	if lim := o.opts.Limits.MaxLogBytes; lim > 0 {
-		cmd = append(cmd, "--max-log-bytes", fmt.Sprint(lim))
 	}
 	network := sandbox.NetworkNone
 	var egressDir string
@@ -104,36 +87,35 @@ func (o *Orchestrator) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, 
 			return sandbox.Spec{}, fmt.Errorf("open egress proxy: %w", err)
 		}
 		network, egressDir = sandbox.NetworkEgress, dir
-		cmd = append(cmd, "--egress-socket", SandboxEgressDir+"/"+EgressSocket)
-		for _, addr := range o.opts.Egress.Forwards() {
-			cmd = append(cmd, "--egress-forward", addr)
-		}
+		args.EgressSocket = workerproto.EgressDir + "/" + workerproto.EgressSocket
+		args.EgressForward = o.opts.Egress.Forwards()
 	}
 	if t.Agent == task.AgentCommand {
-		cmd = append(append(cmd, "--"), t.Command...)
+		args.Command = t.Command
 	}
+	cmd := append([]string{workerproto.CorralBinary}, args.Argv()...)
 	env := append([]string{
 		"HOME=/tmp",
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"LANG=C.UTF-8",
-		"CORRAL_TASK_ID=" + t.ID,
-		"CORRAL_WEBHOOK_KEY=" + hex.EncodeToString(webhook.DeriveKey(w.Secret, t.ID)),
+		workerproto.EnvTaskID + "=" + t.ID,
+		workerproto.EnvWebhookKey + "=" + hex.EncodeToString(webhook.DeriveKey(w.Secret, t.ID)),
 	}, w.Env...)
 	env = append(env, ag.Env...)
 	mounts := []sandbox.Mount{
-		{Source: o.data.TaskPath(t.ID), Target: SandboxTaskDir},
-		{Source: o.data.HostPath(workspace.DirShared), Target: SandboxShared, ReadOnly: true},
-		{Source: w.Binary, Target: SandboxCorral, ReadOnly: true},
-		{Source: w.SocketDir, Target: SandboxSocketDir, ReadOnly: true},
+		{Source: o.data.TaskPath(t.ID), Target: workerproto.TaskDir},
+		{Source: o.data.HostPath(workspace.DirShared), Target: workerproto.SharedDir, ReadOnly: true},
+		{Source: w.Binary, Target: workerproto.CorralBinary, ReadOnly: true},
+		{Source: w.SocketDir, Target: workerproto.SocketDir, ReadOnly: true},
 	}
 	if egressDir != "" {
-		mounts = append(mounts, sandbox.Mount{Source: egressDir, Target: SandboxEgressDir, ReadOnly: true})
+		mounts = append(mounts, sandbox.Mount{Source: egressDir, Target: workerproto.EgressDir, ReadOnly: true})
 	}
 	return sandbox.Spec{
 		ID:      t.ID,
 		Image:   t.Image,
 		Command: cmd,
-		Dir:     SandboxTaskDir,
+		Dir:     workerproto.TaskDir,
 		Env:     env,
 		Mounts:  mounts,
 		Limits: sandbox.Limits{
@@ -168,7 +150,7 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 		}
 	}
 	c.OutputFiles, c.OutputFilesTotal, c.OutputFilesNote = boundOutputFiles(all)
-	st, stErr := worker.ReadStatus(dir, maxStatusBytes)
+	st, stErr := workerproto.ReadStatus(dir, maxStatusBytes)
 	// A sandbox that vanished (gone after a restart, or ended with no exit
 	// status a runtime could read) is lost, not an exit.
 	vanished := exit == nil || (exit.Code < 0 && !exit.OOMKilled)
@@ -219,9 +201,9 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 	}
 	// The worker redacts its agent's secrets; a task's sandbox is not
 	// trusted to have done so, so redact the configured ones here too.
-	secrets := worker.Secrets(o.opts.Agents[t.Agent].Env)
-	c.Summary = worker.RedactString(c.Summary, secrets)
-	c.ErrorMessage = worker.RedactString(c.ErrorMessage, secrets)
+	secrets := workerproto.Secrets(o.opts.Agents[t.Agent].Env)
+	c.Summary = workerproto.RedactString(c.Summary, secrets)
+	c.ErrorMessage = workerproto.RedactString(c.ErrorMessage, secrets)
 	if exit != nil && exit.OOMKilled && c.Status != task.Success {
 		c.ErrorMessage = "out of memory: the sandbox reached its memory limit of " + units.FormatSize(t.Resources.MemoryBytes)
 	}
@@ -245,7 +227,7 @@ func (o *Orchestrator) Reported(ctx context.Context, t task.Task) (task.Complete
 	if err != nil {
 		return task.Completed{}, false
 	}
-	_, err = worker.ReadStatus(dir, maxStatusBytes)
+	_, err = workerproto.ReadStatus(dir, maxStatusBytes)
 	dir.Close()
 	if err != nil {
 		return task.Completed{}, false

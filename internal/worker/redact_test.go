@@ -6,11 +6,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/google/go-cmp/cmp"
 )
 
 func TestSecretsPicksSecretNames(t *testing.T) {
-	got := Secrets([]string{
+	got := workerproto.Secrets([]string{
 		"ANTHROPIC_API_KEY=sk-ant-0123456789",
 		"GITHUB_TOKEN=ghp_abcdefghijkl",
 		"DB_PASSWORD=hunter2hunter2",
@@ -79,10 +80,10 @@ func TestRunRedactsAgentSecrets(t *testing.T) {
 			t.Errorf("%s holds the key: %s", name, b)
 		}
 	}
-	if !strings.Contains(mustReadFile(t, filepath.Join(dir, "logs/stdout.log")), "my key is "+Redacted) {
+	if !strings.Contains(mustReadFile(t, filepath.Join(dir, "logs/stdout.log")), "my key is "+workerproto.Redacted) {
 		t.Errorf("stdout.log lost the text around the key")
 	}
-	if st.Summary != "summary "+Redacted || !strings.Contains(st.ErrorMessage, "stderr "+Redacted) {
+	if st.Summary != "summary "+workerproto.Redacted || !strings.Contains(st.ErrorMessage, "stderr "+workerproto.Redacted) {
 		t.Errorf("summary %q, error %q; want the key redacted", st.Summary, st.ErrorMessage)
 	}
 }

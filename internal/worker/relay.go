@@ -17,9 +17,6 @@ import (
 
 // Egress relay defaults.
 const (
-	// DefaultEgressListen is where the relay listens inside the sandbox;
-	// the agent's HTTP_PROXY points there.
-	DefaultEgressListen = "127.0.0.1:3128"
 	// relayMaxConns bounds the relay's concurrent connections; the
 	// server's proxy has its own, lower, per-task bound.
 	relayMaxConns = 256

@@ -192,7 +192,7 @@ func TestParseArgsEgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.EgressSocket != "/run/corral/egress/proxy.sock" || o.EgressListen != "" {
+	if o.EgressSocket != "/run/corral/egress/proxy.sock" || o.EgressListen != DefaultEgressListen {
 		t.Errorf("socket %q listen %q", o.EgressSocket, o.EgressListen)
 	}
 	if _, err := ParseArgs([]string{"--task-id", "t", "--egress-socket", "/s", "--egress-listen", "nope", "--", "true"}, nil); err == nil || !strings.Contains(err.Error(), "--egress-listen") {

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/corral-dev/corral/internal/webhook"
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 var testSecret = []byte("the server's webhook secret")
@@ -67,7 +68,7 @@ func webhookOptions(dir, script, url string) Options {
 }
 
 // checkCompletion compares what the server accepted with status.json.
-func checkCompletion(t *testing.T, srv *server, st Status) {
+func checkCompletion(t *testing.T, srv *server, st workerproto.Status) {
 	t.Helper()
 	srv.mu.Lock()
 	defer srv.mu.Unlock()

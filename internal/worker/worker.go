@@ -38,7 +38,9 @@ import (
 	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/webhook"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -73,7 +75,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) int {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	st := Status{StartedAt: opts.Now()}
+	st := workerproto.Status{StartedAt: opts.Now()}
 	root, err := os.OpenRoot(opts.TaskDir)
 	if err != nil {
 		log.Error("cannot open task directory", "dir", opts.TaskDir, logkey.Error, err)
@@ -87,7 +89,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) int {
 	st = r.run(ctx)
 	data, err := json.MarshalIndent(st, "", "  ")
 	if err == nil {
-		err = workspace.WriteFileAtomic(root, StatusFile, append(data, '\n'), 0o644)
+		err = workspace.WriteFileAtomic(root, workerproto.StatusFile, append(data, '\n'), 0o644)
 	}
 	if err != nil {
 		log.Error("cannot write status file", logkey.Error, err)
@@ -98,7 +100,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) int {
 }
 
 // finish fills the end of st for a run that failed with msg.
-func finish(st *Status, opts Options, code int, msg string) {
+func finish(st *workerproto.Status, opts Options, code int, msg string) {
 	end := opts.Now()
 	st.CompletedAt = end
 	st.DurationSeconds = seconds(end.Sub(st.StartedAt))
@@ -113,7 +115,7 @@ func seconds(d time.Duration) float64 { return math.Round(d.Seconds()*1000) / 10
 
 // deliver POSTs st as the completion webhook, if a URL is set. After a
 // stop signal it gets Grace to try, since the sandbox is going away.
-func deliver(ctx context.Context, opts Options, st Status, log *slog.Logger) {
+func deliver(ctx context.Context, opts Options, st workerproto.Status, log *slog.Logger) {
 	if opts.WebhookURL == "" {
 		return
 	}
@@ -161,10 +163,6 @@ type run struct {
 	closeProgress func()
 }
 
-// HomeDir is the agent's HOME beneath the task directory (not for the
-// command agent, whose HOME stays the sandbox's /tmp).
-const HomeDir = ".home"
-
 // postProgress sends one progress report with the task's key.
 func (r *run) postProgress(ctx context.Context, items []webhook.ProgressItem) error {
 	po := r.opts.Webhook
@@ -185,9 +183,9 @@ func missingDefaults(environ, defaults []string) []string {
 	return out
 }
 
-func (r *run) run(ctx context.Context) Status {
-	st := Status{StartedAt: r.opts.Now()}
-	fail := func(code int, msg string) Status {
+func (r *run) run(ctx context.Context) workerproto.Status {
+	st := workerproto.Status{StartedAt: r.opts.Now()}
+	fail := func(code int, msg string) workerproto.Status {
 		finish(&st, r.opts, code, msg)
 		return st
 	}
@@ -207,10 +205,10 @@ func (r *run) run(ctx context.Context) Status {
 	if r.opts.Agent != "command" {
 		// A HOME inside the task directory keeps what the agent stores
 		// there (Claude Code's sessions) for a follow-up task.
-		if err := r.root.MkdirAll(HomeDir, 0o700); err != nil {
+		if err := r.root.MkdirAll(workerproto.HomeDir, 0o700); err != nil {
 			return fail(ExitSetup, fmt.Sprintf("create agent home: %v", err))
 		}
-		inv.Home = strings.TrimRight(r.opts.TaskDir, "/") + "/" + HomeDir
+		inv.Home = strings.TrimRight(r.opts.TaskDir, "/") + "/" + workerproto.HomeDir
 	}
 	proc, err := adapter.Prepare(inv)
 	if err != nil {
@@ -267,7 +265,7 @@ func (r *run) run(ctx context.Context) Status {
 	// Secrets the agent holds (its API keys) never reach the transcript,
 	// the summary, the error message or a progress report, even if the
 	// agent prints them.
-	secrets := Secrets(agentEnv(r.opts.Env, proc.Env))
+	secrets := workerproto.Secrets(agentEnv(r.opts.Env, proc.Env))
 	onProgress := r.opts.OnProgress
 	if onProgress == nil {
 		onProgress = func(p agent.Progress) {
@@ -277,7 +275,7 @@ func (r *run) run(ctx context.Context) Status {
 		}
 	}
 	if r.opts.WebhookURL != "" && len(r.opts.WebhookKey) > 0 && !r.opts.NoProgress {
-		ps := newProgressSender(r.opts.ProgressInterval, func(s string) string { return RedactString(s, secrets) }, r.postProgress, r.log)
+		ps := newProgressSender(r.opts.ProgressInterval, func(s string) string { return workerproto.RedactString(s, secrets) }, r.postProgress, r.log)
 		defer ps.close()
 		local := onProgress
 		onProgress = func(p agent.Progress) {
@@ -311,11 +309,11 @@ func (r *run) run(ctx context.Context) Status {
 	st.CompletedAt = end.UTC().Truncate(time.Second)
 	st.ExitCode = code
 	st.OutputFiles = r.outputFiles()
-	st.Summary = RedactString(r.summary(proc, res), secrets)
+	st.Summary = workerproto.RedactString(r.summary(proc, res), secrets)
 	st.SessionID = res.SessionID
 	st.CostUSD = res.CostUSD
 	if res.Usage != (agent.Usage{}) {
-		u := res.Usage
+		u := task.Usage(res.Usage)
 		st.Usage = &u
 	}
 	for _, l := range []*boundedLog{stdoutLog, stderrLog} {
@@ -333,7 +331,7 @@ func (r *run) run(ctx context.Context) Status {
 		return st
 	}
 	st.Status = "failed"
-	st.ErrorMessage = RedactString(errorMessage(code, sig, stopped, res.Error, stderrTail.String()), secrets)
+	st.ErrorMessage = workerproto.RedactString(errorMessage(code, sig, stopped, res.Error, stderrTail.String()), secrets)
 	return st
 }
 
@@ -383,7 +381,7 @@ func (r *run) summary(proc agent.Process, res agent.Result) string {
 
 // outputFiles lists the regular files beneath output/, never following a
 // symbolic link.
-func (r *run) outputFiles() []OutputFile {
+func (r *run) outputFiles() []workerproto.OutputFile {
 	files, skipped, err := workspace.ListFiles(r.root, "output")
 	if err != nil {
 		if !errors.Is(err, errdefs.ErrNotFound) {
@@ -398,13 +396,13 @@ func (r *run) outputFiles() []OutputFile {
 		r.log.Warn("output files not all listed", "files", len(files), "listed", r.opts.MaxOutputFiles)
 		files = files[:r.opts.MaxOutputFiles]
 	}
-	out := make([]OutputFile, len(files))
+	out := make([]workerproto.OutputFile, len(files))
 	for i, f := range files {
 		typ := f.Type
 		if mt, _, err := mime.ParseMediaType(typ); err == nil {
 			typ = mt
 		}
-		out[i] = OutputFile{Name: f.Name, Size: f.Size, Type: typ}
+		out[i] = workerproto.OutputFile{Name: f.Name, Size: f.Size, Type: typ}
 	}
 	return out
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -38,29 +39,26 @@ func MustTaskDir(tb testing.TB) string {
 // shOptions are Options for running script with sh -c in dir.
 func shOptions(dir, script string) Options {
 	return Options{
-		TaskID:  "task-1",
-		TaskDir: dir,
-		Command: []string{"sh", "-c", script},
-		Env:     os.Environ(),
-		Grace:   2 * time.Second,
+		Args: workerproto.Args{TaskID: "task-1", TaskDir: dir, Command: []string{"sh", "-c", script}, Grace: 2 * time.Second},
+		Env:  os.Environ(),
 	}
 }
 
 // MustRun runs opts and returns the exit code and the status.json it wrote.
-func MustRun(tb testing.TB, opts Options) (int, Status) {
+func MustRun(tb testing.TB, opts Options) (int, workerproto.Status) {
 	tb.Helper()
 	code := Run(tb.Context(), opts, nil)
 	return code, mustReadStatus(tb, opts.TaskDir)
 }
 
-func mustReadStatus(tb testing.TB, dir string) Status {
+func mustReadStatus(tb testing.TB, dir string) workerproto.Status {
 	tb.Helper()
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer root.Close()
-	st, err := ReadStatus(root, 1<<20)
+	st, err := workerproto.ReadStatus(root, 1<<20)
 	if err != nil {
 		tb.Fatalf("ReadStatus: %v", err)
 	}
@@ -98,10 +96,10 @@ echo "a warning" >&2
 	if code != 0 {
 		t.Fatalf("exit code %d, status %+v", code, st)
 	}
-	want := Status{
+	want := workerproto.Status{
 		Status:   "success",
 		ExitCode: 0,
-		OutputFiles: []OutputFile{
+		OutputFiles: []workerproto.OutputFile{
 			{Name: "chart.png", Size: 16, Type: "image/png"},
 			{Name: "noext", Size: 11, Type: "text/plain"},
 			{Name: "prompt-copy.txt", Size: int64(len(testPrompt)), Type: "text/plain"},
@@ -234,7 +232,7 @@ func TestRunLogTruncation(t *testing.T) {
 func TestRunMissingBinary(t *testing.T) {
 	t.Setenv("PATH", t.TempDir()) // nothing to find
 	dir := MustTaskDir(t)
-	opts := Options{TaskID: "task-1", TaskDir: dir, Agent: "claude", Env: os.Environ()}
+	opts := Options{Args: workerproto.Args{TaskID: "task-1", TaskDir: dir, Agent: "claude"}, Env: os.Environ()}
 	code, st := MustRun(t, opts)
 	want := `agent binary "claude" not found in the sandbox (install: npm install -g @anthropic-ai/claude-code)`
 	if code != ExitNotFound || st.ExitCode != ExitNotFound || st.Status != "failed" || st.ErrorMessage != want {
@@ -256,7 +254,7 @@ func TestRunCommandNotRunnable(t *testing.T) {
 		{[]string{"./script.sh"}, ExitCannotExecute, `agent binary "./script.sh" cannot be executed`},
 	}
 	for _, tt := range tests {
-		opts := Options{TaskID: "task-1", TaskDir: dir, Command: tt.argv, Env: os.Environ()}
+		opts := Options{Args: workerproto.Args{TaskID: "task-1", TaskDir: dir, Command: tt.argv}, Env: os.Environ()}
 		code, st := MustRun(t, opts)
 		if code != tt.code || !strings.HasPrefix(st.ErrorMessage, tt.msg) {
 			t.Errorf("%q: exit %d, error %q; want %d, %q", tt.argv, code, st.ErrorMessage, tt.code, tt.msg)
@@ -296,7 +294,7 @@ echo '{"type":"result","subtype":"success","is_error":false,"result":"Wrote a.tx
 		t.Fatal(err)
 	}
 	var tools []string
-	opts := Options{TaskID: "task-1", TaskDir: dir, Agent: "claude", Binary: bin, Model: "opus", Env: os.Environ()}
+	opts := Options{Args: workerproto.Args{TaskID: "task-1", TaskDir: dir, Agent: "claude", Binary: bin, Model: "opus"}, Env: os.Environ()}
 	opts.OnProgress = func(p agent.Progress) { tools = append(tools, p.Kind+":"+p.Tool) }
 	code, st := MustRun(t, opts)
 	if code != 0 || st.Status != "success" || st.Summary != "Wrote a.txt." {
@@ -318,7 +316,7 @@ func TestRunClaudeReportedError(t *testing.T) {
 	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	opts := Options{TaskID: "task-1", TaskDir: dir, Agent: "claude", Binary: bin, Env: os.Environ()}
+	opts := Options{Args: workerproto.Args{TaskID: "task-1", TaskDir: dir, Agent: "claude", Binary: bin}, Env: os.Environ()}
 	code, st := MustRun(t, opts)
 	if code != 0 || st.Status != "failed" || st.ErrorMessage != "claude: error: Invalid API key · Please run /login" {
 		t.Errorf("exit %d, status %q, error %q", code, st.Status, st.ErrorMessage)
@@ -361,42 +359,42 @@ func TestReadStatusRejects(t *testing.T) {
 	}
 	defer root.Close()
 	write := func(s string) {
-		os.Remove(filepath.Join(dir, StatusFile))
-		if err := os.WriteFile(filepath.Join(dir, StatusFile), []byte(s), 0o644); err != nil {
+		os.Remove(filepath.Join(dir, workerproto.StatusFile))
+		if err := os.WriteFile(filepath.Join(dir, workerproto.StatusFile), []byte(s), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := ReadStatus(root, 1024); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := workerproto.ReadStatus(root, 1024); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("missing: err = %v, want ErrNotFound", err)
 	}
 	write(`{"status":"success","summary":"` + strings.Repeat("x", 2000) + `"}`)
-	if _, err := ReadStatus(root, 1024); !errors.Is(err, workspace.ErrTooLarge) {
+	if _, err := workerproto.ReadStatus(root, 1024); !errors.Is(err, workspace.ErrTooLarge) {
 		t.Errorf("too large: err = %v, want ErrTooLarge", err)
 	}
 	write(`{"status":"running"}`)
-	if _, err := ReadStatus(root, 1024); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := workerproto.ReadStatus(root, 1024); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("bad status: err = %v, want ErrInvalidArgument", err)
 	}
 	write(`not json`)
-	if _, err := ReadStatus(root, 1024); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := workerproto.ReadStatus(root, 1024); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("not json: err = %v, want ErrInvalidArgument", err)
 	}
 	// A worker may not point the server at another file.
 	os.WriteFile(filepath.Join(dir, "other.json"), []byte(`{"status":"success"}`), 0o644)
-	os.Remove(filepath.Join(dir, StatusFile))
-	if err := os.Symlink("other.json", filepath.Join(dir, StatusFile)); err != nil {
+	os.Remove(filepath.Join(dir, workerproto.StatusFile))
+	if err := os.Symlink("other.json", filepath.Join(dir, workerproto.StatusFile)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReadStatus(root, 1024); !errors.Is(err, errdefs.ErrPermissionDenied) {
+	if _, err := workerproto.ReadStatus(root, 1024); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Errorf("symlink: err = %v, want ErrPermissionDenied", err)
 	}
 	write(`{"status":"failed","started_at":"2025-01-25T10:00:00Z","completed_at":"2025-01-25T10:02:25Z","duration_seconds":145,"exit_code":2,"output_files":[{"name":"a.png","size":3,"type":"image/png"}],"summary":"s","error_message":"boom","logs_truncated":true}`)
-	got, err := ReadStatus(root, 1024)
+	got, err := workerproto.ReadStatus(root, 1024)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Status{Status: "failed", StartedAt: time.Date(2025, 1, 25, 10, 0, 0, 0, time.UTC), CompletedAt: time.Date(2025, 1, 25, 10, 2, 25, 0, time.UTC),
-		DurationSeconds: 145, ExitCode: 2, OutputFiles: []OutputFile{{"a.png", 3, "image/png"}}, Summary: "s", ErrorMessage: "boom", LogsTruncated: true}
+	want := workerproto.Status{Status: "failed", StartedAt: time.Date(2025, 1, 25, 10, 0, 0, 0, time.UTC), CompletedAt: time.Date(2025, 1, 25, 10, 2, 25, 0, time.UTC),
+		DurationSeconds: 145, ExitCode: 2, OutputFiles: []workerproto.OutputFile{{Name: "a.png", Size: 3, Type: "image/png"}}, Summary: "s", ErrorMessage: "boom", LogsTruncated: true}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("status (-want +got):\n%s", diff)
 	}
@@ -409,10 +407,14 @@ func TestParseArgs(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Options{
-		TaskID: "t1", TaskDir: "/task", PromptPath: "/task/prompt.md", Agent: "command",
-		Command: []string{"python3", "-c", "print(1)"}, WebhookURL: "unix:///run/corral.sock",
+		Args: workerproto.Args{
+			TaskID: "t1", TaskDir: "/task", PromptPath: "/task/prompt.md", Agent: "command",
+			Command: []string{"python3", "-c", "print(1)"}, WebhookURL: "unix:///run/corral.sock",
+			Source: "local", MaxLogBytes: workerproto.DefaultMaxLogBytes, Grace: 3 * time.Second,
+			EgressListen: workerproto.DefaultEgressListen,
+		},
 		WebhookKey: []byte{0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff},
-		Source:     "local", Env: env, MaxLogBytes: DefaultMaxLogBytes, Grace: 3 * time.Second,
+		Env:        env,
 	}
 	if diff := cmp.Diff(want, got, cmp.FilterPath(func(p cmp.Path) bool {
 		s := p.String()

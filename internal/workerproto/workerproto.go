@@ -1,0 +1,47 @@
+// Package workerproto is the contract between the server and the worker
+// that runs in every sandbox (`corral worker run-task`): where things are
+// inside the sandbox, the worker's arguments (built by the server with
+// Args.Argv and read by the worker with ParseArgs, one tested pair), the
+// environment variables it reads, the status.json it leaves, and which
+// values are secrets to redact. The server side and the worker import it;
+// neither imports the other.
+package workerproto
+
+// Paths inside every sandbox.
+const (
+	// TaskDir is the task's directory, read-write.
+	TaskDir = "/task"
+	// PromptFile is the prompt, in TaskDir.
+	PromptFile = "prompt.md"
+	// StatusFile is what the worker leaves in TaskDir when its agent ends.
+	StatusFile = "status.json"
+	// HomeDir is the agent's HOME beneath TaskDir (not for the task's
+	// results), kept so a follow-up can resume the agent's session.
+	HomeDir = ".home"
+	// SharedDir is shared/, read-only.
+	SharedDir = "/workspace/shared"
+	// CorralBinary is the corral executable, mounted read-only.
+	CorralBinary = "/run/corral/corral"
+	// SocketDir holds the server's unix socket, SocketName; the directory
+	// is mounted, not the socket, so a restarted server's new socket is
+	// seen.
+	SocketDir  = "/run/corral/sock"
+	SocketName = "corral.sock"
+	// EgressDir holds the task's egress proxy socket, EgressSocket, mounted
+	// the same way.
+	EgressDir    = "/run/corral/egress"
+	EgressSocket = "proxy.sock"
+)
+
+// The worker's environment.
+const (
+	// EnvPrefix starts every variable the worker reads; the agent gets
+	// none of them.
+	EnvPrefix = "CORRAL_"
+	// EnvTaskID is the task's id.
+	EnvTaskID = "CORRAL_TASK_ID"
+	// EnvWebhookKey holds the task's webhook key, hex-encoded. It is the
+	// only way the key reaches the worker (not a flag, which ps would
+	// show).
+	EnvWebhookKey = "CORRAL_WEBHOOK_KEY"
+)
