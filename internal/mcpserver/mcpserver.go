@@ -240,10 +240,6 @@ var errEnded = errors.New("task ended")
 // only a guard against a stuck client.
 const drainProgress = 2 * time.Second
 
-// ProgressEvent is the event type of a worker's own progress reports;
-// task.Progress.Line is the notification's message.
-const ProgressEvent = "task_progress"
-
 // progressMessage is the progress notification message for an event, if
 // the event is one a waiting client cares about.
 func progressMessage(e eventstore.Event) (string, bool) {
@@ -266,7 +262,7 @@ func progressMessage(e eventstore.Event) (string, bool) {
 		}
 		json.Unmarshal(e.Data, &c)
 		return "ended: " + c.Status, true
-	case ProgressEvent:
+	case task.EventProgress:
 		var p task.Progress
 		if json.Unmarshal(e.Data, &p) == nil {
 			if line := p.Line(); line != "" {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/task"
 )
 
 // progressSender signs progress reports for one task with fresh ids, as a
@@ -27,7 +28,7 @@ type progressSender struct {
 func (s *progressSender) send(items int) (ProgressReport, error) {
 	s.tb.Helper()
 	s.n++
-	p := ProgressReport{EventType: EventWorkerProgress, Source: "local", TaskID: s.taskID, WebhookID: fmt.Sprintf("wh_%s_%d", s.taskID, s.n), Timestamp: s.clk.Now().Unix()}
+	p := ProgressReport{EventType: task.EventProgress, Source: "local", TaskID: s.taskID, WebhookID: fmt.Sprintf("wh_%s_%d", s.taskID, s.n), Timestamp: s.clk.Now().Unix()}
 	for i := range items {
 		p.Items = append(p.Items, ProgressItem{Kind: fmt.Sprintf("k%d", i), Text: strings.Repeat("x", 512)})
 	}

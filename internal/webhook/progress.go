@@ -11,14 +11,12 @@ import (
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/task"
 )
 
 // ProgressPath is the server's HTTP path for worker progress reports; a
 // unix:// webhook URL posts them here.
 const ProgressPath = "/api/webhooks/worker-progress"
-
-// EventWorkerProgress is the event_type of a ProgressReport.
-const EventWorkerProgress = "task_progress"
 
 // MaxProgressItems bounds the items of one report.
 const MaxProgressItems = 32
@@ -39,7 +37,7 @@ type ProgressItem struct {
 // did since the previous report. It is signed with the task's key like a
 // Completion, and carries its own webhook id and timestamp.
 type ProgressReport struct {
-	EventType string         `json:"event_type"` // always EventWorkerProgress
+	EventType string         `json:"event_type"` // always task.EventProgress
 	Source    string         `json:"source"`
 	TaskID    string         `json:"task_id"`
 	Items     []ProgressItem `json:"items"`
@@ -65,7 +63,7 @@ func PostProgress(ctx context.Context, rawURL string, key []byte, p ProgressRepo
 	if !ok {
 		return fmt.Errorf("post progress: webhook url %s does not end in %s: %w", redact(rawURL), Path, errdefs.ErrInvalidArgument)
 	}
-	p.EventType = EventWorkerProgress
+	p.EventType = task.EventProgress
 	if p.Source == "" {
 		p.Source = opts.Source
 	}
@@ -140,8 +138,8 @@ func (v *Verifier) VerifyProgress(h http.Header, body []byte) (ProgressReport, e
 		return ProgressReport{}, fmt.Errorf("decode progress body: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	var bad []string
-	if p.EventType != EventWorkerProgress {
-		bad = append(bad, fmt.Sprintf("event_type %q is not %q", p.EventType, EventWorkerProgress))
+	if p.EventType != task.EventProgress {
+		bad = append(bad, fmt.Sprintf("event_type %q is not %q", p.EventType, task.EventProgress))
 	}
 	if p.TaskID == "" {
 		bad = append(bad, "task_id is empty")
