@@ -3,8 +3,6 @@
 package bench_test
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/corral-dev/corral/internal/testenv"
@@ -13,14 +11,4 @@ import (
 // corralBin is the corral binary the bench's sandboxes run as the worker.
 var corralBin string
 
-func TestMain(m *testing.M) {
-	bin, remove, err := testenv.BuildCorral()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	corralBin = bin
-	code := m.Run()
-	remove()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.MainWithCorral(m, &corralBin) }

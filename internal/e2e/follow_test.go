@@ -3,14 +3,12 @@
 package e2e_test
 
 import (
-	"bytes"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -103,7 +101,7 @@ func withoutCorralEnv() []string {
 // cli is a corral CLI command running in the background.
 type cli struct {
 	args           []string
-	stdout, stderr syncBuffer
+	stdout, stderr testenv.SyncBuffer
 	done           chan error
 }
 
@@ -137,7 +135,7 @@ func (c *cli) wait(within time.Duration) error {
 
 // waitMatch waits for re to match what b holds, and returns its first
 // group.
-func waitMatch(t *testing.T, b *syncBuffer, re *regexp.Regexp) string {
+func waitMatch(t *testing.T, b *testenv.SyncBuffer, re *regexp.Regexp) string {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if m := re.FindStringSubmatch(b.String()); m != nil {
@@ -146,23 +144,4 @@ func waitMatch(t *testing.T, b *syncBuffer, re *regexp.Regexp) string {
 	}
 	t.Fatalf("no %s in %q", re, b.String())
 	return ""
-}
-
-// syncBuffer is a bytes.Buffer that the test reads while a process writes
-// it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

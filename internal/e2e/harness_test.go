@@ -4,7 +4,6 @@ package e2e_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -27,17 +26,7 @@ import (
 // it as `corral worker run-task`, and the crash tests run it as the server.
 var corralBin string
 
-func TestMain(m *testing.M) {
-	bin, remove, err := testenv.BuildCorral()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	corralBin = bin
-	code := m.Run()
-	remove()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.MainWithCorral(m, &corralBin) }
 
 // server is a Corral server running in the test process on 127.0.0.1:0.
 type server struct {

@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,6 +24,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/testenv"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -302,24 +302,6 @@ func TestEventsFollowAcrossRestarts(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer that a test may read while it is written.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // logsBackend serves a transcript with logs, and tasks with status.
 type logsBackend struct {
 	stub
@@ -346,7 +328,7 @@ func TestLogsFollowAcrossRestarts(t *testing.T) {
 		return nil
 	}), Options{})
 	addr := hs.Listener.Addr().String()
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- NewClient(hs.URL, "").Logs(context.Background(), service.LogsRequest{TaskID: "task-a", Follow: true}, &out)

@@ -5,12 +5,14 @@
 package testenv
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -140,21 +142,44 @@ func OpenPTY(tb testing.TB) (pty, tty *os.File) {
 	return pty, tty
 }
 
-// BuildCorral builds the corral binary into a new temporary directory, for
-// a package's TestMain: sandboxes run it as `corral worker run-task`, and
-// some tests run it as the server. It returns the binary and a function
-// that removes it.
-func BuildCorral() (bin string, remove func(), err error) {
+// MainWithCorral is a TestMain for packages whose tests run the corral
+// binary: it builds it into *bin (sandboxes run it as `corral worker
+// run-task`; some tests run it as the server), runs the tests and removes
+// it.
+func MainWithCorral(m *testing.M, bin *string) {
 	dir, err := os.MkdirTemp("", "corral-bin-")
 	if err != nil {
-		return "", nil, err
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	bin = filepath.Join(dir, "corral")
-	build := exec.Command("go", "build", "-o", bin, "github.com/corral-dev/corral/cmd/corral")
+	*bin = filepath.Join(dir, "corral")
+	build := exec.Command("go", "build", "-o", *bin, "github.com/corral-dev/corral/cmd/corral")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		os.RemoveAll(dir)
-		return "", nil, fmt.Errorf("build corral: %w", err)
+		fmt.Fprintln(os.Stderr, "build corral:", err)
+		os.Exit(1)
 	}
-	return bin, func() { os.RemoveAll(dir) }, nil
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// SyncBuffer is a bytes.Buffer that a test may read while a process or a
+// goroutine writes it.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
