@@ -35,6 +35,7 @@ import (
 	"github.com/corral-dev/corral/internal/scheduler"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/taskrun"
 	"github.com/corral-dev/corral/internal/tools"
 	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workerproto"
@@ -64,6 +65,7 @@ type App struct {
 	docs     documentIndex
 	tasks    *projection.Tasks
 	orch     *orchestrator.Orchestrator
+	runner   *taskrun.Runner
 	sched    *scheduler.Scheduler
 	api      *httpapi.Server
 	notifier *notify.Dispatcher // nil when notifications are off
@@ -205,21 +207,30 @@ func (a *App) open(ctx context.Context) error {
 		Networks:     networks,
 		Agents:       agentConfigs(cfg),
 		AgentMissing: agentMissing,
-		Worker: orchestrator.WorkerOptions{
+	}, a.log.With("subsystem", "orchestrator"))
+	a.runner = taskrun.New(taskrun.Options{
+		Store:  a.store,
+		Tasks:  a.tasks,
+		Data:   a.data,
+		Agents: agentConfigs(cfg),
+		Worker: taskrun.WorkerOptions{
 			Binary:    a.opts.WorkerBinary,
 			SocketDir: sockDir,
 			Secret:    secret,
 		},
-		Verifier: webhook.NewVerifier(secret, time.Duration(lim.WebhookMaxSkew), nil),
-		Egress:   egressProxies{srv: a.egress, allow: a.egressAllow},
-	}, a.log.With("subsystem", "orchestrator"))
+		Verifier:        webhook.NewVerifier(secret, time.Duration(lim.WebhookMaxSkew), nil),
+		Egress:          egressProxies{srv: a.egress, allow: a.egressAllow},
+		Saver:           a.orch,
+		MaxLogBytes:     lim.MaxLogBytes.Bytes(),
+		MaxTaskDirBytes: lim.MaxTaskDirBytes.Bytes(),
+	}, a.log.With("subsystem", "taskrun"))
 	a.sched = scheduler.New(scheduler.Options{
 		MaxConcurrent: w.MaxConcurrentWorkers,
 		StopGrace:     time.Duration(lim.StopGrace),
 		Runtimes:      a.runtimes,
-		Prepare:       a.orch.Prepare,
-		Collect:       a.orch.Collect,
-		Reported:      a.orch.Reported,
+		Prepare:       a.runner.Prepare,
+		Collect:       a.runner.Collect,
+		Reported:      a.runner.Reported,
 		Quota:         a.taskQuota(),
 	}, a.tasks, a.store, a.log.With("subsystem", "scheduler"))
 	var deliveries httpapi.Deliveries
@@ -279,9 +290,9 @@ func (a *App) open(ctx context.Context) error {
 
 // taskQuota holds task directories to limits.max_task_dir_bytes: in the
 // kernel where the data root's filesystem has project quotas, else polled.
-func (a *App) taskQuota() *orchestrator.TaskQuota {
+func (a *App) taskQuota() *taskrun.TaskQuota {
 	projects, err := quota.Open(a.data.HostPath(workspace.DirTasks))
-	q := orchestrator.NewTaskQuota(a.data, a.cfg.Limits.MaxTaskDirBytes.Bytes(), a.cfg.Limits.MinFreeDisk.Bytes(), projects, a.log.With("subsystem", "quota"))
+	q := taskrun.NewTaskQuota(a.data, a.cfg.Limits.MaxTaskDirBytes.Bytes(), a.cfg.Limits.MinFreeDisk.Bytes(), projects, a.log.With("subsystem", "quota"))
 	if err != nil {
 		a.log.Warn("task quota "+q.Mode(), "reason", err)
 	} else {
@@ -325,7 +336,7 @@ func (a *App) Service() service.Service { return a.orch }
 func (a *App) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := a.orch.ReconcileDirectories(eventstore.Begin(ctx, "start")); err != nil {
+	if err := a.runner.ReconcileDirectories(eventstore.Begin(ctx, "start")); err != nil {
 		return err
 	}
 	// Headers within 10 s, a body that never stalls for 30 s (httpapi), and
@@ -349,7 +360,7 @@ func (a *App) Run(ctx context.Context) error {
 	run(func() error { return a.tasks.Run(ctx) })
 	run(func() error { return a.sched.Run(ctx) })
 	run(func() error { return a.orch.RunRetention(ctx) })
-	run(func() error { return a.orch.RunEgress(ctx) })
+	run(func() error { return a.runner.RunEgress(ctx) })
 	run(func() error { return a.egressRec.Run(ctx) })
 	if a.notifier != nil {
 		run(func() error { return a.notifier.Run(ctx) })
@@ -404,6 +415,16 @@ func (a *App) Close() error {
 type backend struct {
 	*orchestrator.Orchestrator
 	a *App
+}
+
+// WorkerComplete and WorkerProgress are the workers' webhooks, which the
+// task runner takes.
+func (b backend) WorkerComplete(ctx context.Context, h http.Header, body []byte) (string, error) {
+	return b.a.runner.WorkerComplete(ctx, h, body)
+}
+
+func (b backend) WorkerProgress(ctx context.Context, h http.Header, body []byte) (int, error) {
+	return b.a.runner.WorkerProgress(ctx, h, body)
 }
 
 func (b backend) Stats() httpapi.Stats {

@@ -14,10 +14,10 @@ import (
 
 	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/config"
-	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/taskrun"
 )
 
 // Check is one line of `corral doctor`: what was checked, whether it
@@ -126,11 +126,11 @@ func doctorQuota(cfg *config.Config) Check {
 	}
 	c := Check{Name: "task directory quota"}
 	if _, err := quota.Open(dir); err != nil {
-		c.Detail = orchestrator.QuotaMode(false) + ": " + err.Error()
+		c.Detail = taskrun.QuotaMode(false) + ": " + err.Error()
 		c.Fix = "for a hard limit, put the data root on ext4 made with -O quota,project and mounted with prjquota, or on XFS mounted with pquota, and run corral serve as root"
 		return c
 	}
-	c.OK, c.Detail = true, orchestrator.QuotaMode(true)+" on "+dir
+	c.OK, c.Detail = true, taskrun.QuotaMode(true)+" on "+dir
 	return c
 }
 

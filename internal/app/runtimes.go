@@ -12,12 +12,12 @@ import (
 	"strings"
 
 	"github.com/corral-dev/corral/internal/config"
-	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/local"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -116,11 +116,11 @@ func (a *App) availability(ctx context.Context) (runtimes, networks map[string]s
 }
 
 // agentConfigs turns the agents section into the orchestrator's form.
-func agentConfigs(cfg *config.Config) map[string]orchestrator.AgentConfig {
-	out := map[string]orchestrator.AgentConfig{}
+func agentConfigs(cfg *config.Config) map[string]workerproto.AgentConfig {
+	out := map[string]workerproto.AgentConfig{}
 	for _, name := range []string{task.AgentClaude, task.AgentGemini, task.AgentCodex, task.AgentOpencode, task.AgentCommand} {
 		ag, _ := cfg.Agents.Get(name)
-		ac := orchestrator.AgentConfig{Binary: ag.Binary, Args: ag.Args}
+		ac := workerproto.AgentConfig{Binary: ag.Binary, Args: ag.Args}
 		keys := make([]string, 0, len(ag.Env))
 		for k := range ag.Env {
 			keys = append(keys, k)
@@ -144,7 +144,7 @@ var installHint = map[string]string{
 
 // agentMissing says why an agent cannot start in a local sandbox, which
 // sees the host's /usr: its binary must be found there.
-func agentMissing(name string, ag orchestrator.AgentConfig) string {
+func agentMissing(name string, ag workerproto.AgentConfig) string {
 	switch name {
 	case task.AgentCommand:
 		return ""

@@ -23,6 +23,11 @@ type orchBackend struct{ *orchestrator.Orchestrator }
 
 func (orchBackend) Stats() Stats { return Stats{} }
 
+// WorkerComplete: no worker reports to this backend.
+func (orchBackend) WorkerComplete(context.Context, http.Header, []byte) (string, error) {
+	return "", errdefs.ErrNotImplemented
+}
+
 // MustServeWorkspace serves a real orchestrator's workspace over the real
 // handler and returns the server's URL, a client and shared/'s host path.
 func MustServeWorkspace(t *testing.T) (string, *Client, string) {

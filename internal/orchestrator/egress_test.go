@@ -17,6 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/taskrun"
 	"github.com/corral-dev/corral/internal/workerproto"
 )
 
@@ -74,9 +75,14 @@ func (f *fakeEgress) state() (dirs []string, opened []string) {
 	return ids, slices.Clone(f.opened)
 }
 
-func withNetworks(eg Egress) func(*Options) {
-	return func(o *Options) {
-		o.Networks = map[string]string{task.NetworkNone: "", task.NetworkAllowlist: "", task.NetworkOpen: ""}
+// withNetworks offers every network policy.
+func withNetworks(o *Options) {
+	o.Networks = map[string]string{task.NetworkNone: "", task.NetworkAllowlist: "", task.NetworkOpen: ""}
+}
+
+// withEgress runs the task runner's proxies through eg (none when nil).
+func withEgress(eg taskrun.Egress) func(*taskrun.Options) {
+	return func(o *taskrun.Options) {
 		if eg != nil {
 			o.Egress = eg
 		}
@@ -85,11 +91,11 @@ func withNetworks(eg Egress) func(*Options) {
 
 func TestPrepareWithEgress(t *testing.T) {
 	eg := newFakeEgress()
-	f := MustNew(t, withNetworks(eg))
+	f := MustNew(t, withNetworks, withEgress(eg))
 	ctx := context.Background()
 	for _, network := range []string{task.NetworkAllowlist, task.NetworkOpen} {
 		tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: network})
-		spec, err := f.o.Prepare(ctx, tk)
+		spec, err := f.r.Prepare(ctx, tk)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +125,7 @@ func TestPrepareWithEgress(t *testing.T) {
 	}
 
 	none := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: task.NetworkNone})
-	spec, err := f.o.Prepare(ctx, none)
+	spec, err := f.r.Prepare(ctx, none)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,9 +143,9 @@ func TestPrepareWithEgress(t *testing.T) {
 }
 
 func TestPrepareWithoutEgressRefusesNetwork(t *testing.T) {
-	f := MustNew(t, withNetworks(nil))
+	f := MustNew(t, withNetworks)
 	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: task.NetworkAllowlist})
-	if _, err := f.o.Prepare(context.Background(), tk); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, err := f.r.Prepare(context.Background(), tk); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("Prepare = %v, want ErrFailedPrecondition", err)
 	}
 }
@@ -149,7 +155,7 @@ func TestPrepareWithoutEgressRefusesNetwork(t *testing.T) {
 // task is removed, and a task that ends later loses its proxy.
 func TestRunEgressReopensAndSweeps(t *testing.T) {
 	eg := newFakeEgress("unknown-task")
-	f := MustNew(t, withNetworks(eg))
+	f := MustNew(t, withNetworks, withEgress(eg))
 	spawn := func(network string) task.Task {
 		return f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: network})
 	}
@@ -166,7 +172,7 @@ func TestRunEgressReopensAndSweeps(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- f.o.RunEgress(ctx) }()
+	go func() { done <- f.r.RunEgress(ctx) }()
 	defer func() { cancel(); <-done }()
 
 	waitDirs := func(want []string) {
@@ -201,7 +207,7 @@ func TestRunEgressReopensAndSweeps(t *testing.T) {
 	if tk, _ := f.tasks.Get(running.ID); tk.Status != task.Running {
 		t.Errorf("after an egress event the task is %s, want running", tk.Status)
 	}
-	time.Sleep(2 * egressSweepPause) // a sweep after the event must keep the proxy
+	time.Sleep(time.Second) // two of the runner's sweep pauses: a sweep after the event must keep the proxy
 	if dirs, _ := eg.state(); !slices.Equal(dirs, []string{running.ID}) {
 		t.Errorf("egress directories %v after an egress event", dirs)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -40,13 +41,6 @@ type Defaults struct {
 	Resources task.Resources
 }
 
-// AgentConfig is how one agent is started.
-type AgentConfig struct {
-	Binary string
-	Args   []string
-	Env    []string // KEY=VALUE, secrets included; never logged
-}
-
 // Options configure an Orchestrator.
 type Options struct {
 	// Disabled refuses new tasks (ai_worker_config.enabled: false) with
@@ -61,14 +55,10 @@ type Options struct {
 	Runtimes map[string]string
 	// Networks maps each network policy to why it cannot be used ("" if it can).
 	Networks map[string]string
-	Agents   map[string]AgentConfig
+	Agents   map[string]workerproto.AgentConfig
 	// AgentMissing says why an agent cannot run here ("" if it can), e.g. its
 	// binary is not installed; checked at spawn.
-	AgentMissing func(name string, cfg AgentConfig) string
-	// Worker is how the scheduler starts the in-sandbox entrypoint.
-	Worker WorkerOptions
-	// Verifier checks completion webhooks from workers.
-	Verifier Verifier
+	AgentMissing func(name string, cfg workerproto.AgentConfig) string
 	// Documents is the document index; nil turns documents and notes off.
 	Documents *document.Index
 	// Attachments stores attachments; nil turns them off.
@@ -78,9 +68,6 @@ type Options struct {
 	Retention library.Retention
 	// Now is the clock of retention and save_to_shared; nil means time.Now.
 	Now func() time.Time
-	// Egress runs the proxies of tasks with network allowlist or open; nil
-	// when the server runs none (such tasks then fail to start).
-	Egress Egress
 }
 
 // Orchestrator implements service.Service over the event store, the task

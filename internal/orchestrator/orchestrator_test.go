@@ -28,6 +28,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/taskrun"
 	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -37,14 +38,16 @@ var testSecret = []byte("test webhook secret")
 
 type fixture struct {
 	o     *Orchestrator
+	r     *taskrun.Runner // the tasks' sandbox lives, over the same store
 	store *sqlite.Store
 	tasks *projection.Tasks
 	data  *workspace.DataRoot
 }
 
-// MustNew builds an Orchestrator over a real SQLite store and data root in
-// temporary directories; edit changes the options first.
-func MustNew(tb testing.TB, edit func(*Options)) *fixture {
+// MustNew builds an Orchestrator, and a task runner beside it, over a real
+// SQLite store and data root in temporary directories; edit and runEdit
+// change their options first.
+func MustNew(tb testing.TB, edit func(*Options), runEdit ...func(*taskrun.Options)) *fixture {
 	tb.Helper()
 	log := slog.New(slog.DiscardHandler)
 	dir := tb.TempDir()
@@ -78,17 +81,26 @@ func MustNew(tb testing.TB, edit func(*Options)) *fixture {
 		Defaults: Defaults{Agent: task.AgentClaude, Runtime: "local", Network: task.NetworkNone},
 		Runtimes: map[string]string{"local": "", "gvisor": "runsc is not installed"},
 		Networks: map[string]string{task.NetworkNone: ""},
-		Agents: map[string]AgentConfig{
+		Agents: map[string]workerproto.AgentConfig{
 			task.AgentClaude:  {Binary: "/usr/local/bin/claude", Env: []string{"ANTHROPIC_API_KEY=k"}},
 			task.AgentCommand: {},
 		},
-		Worker:   WorkerOptions{Binary: "/usr/local/bin/corral", SocketDir: data.HostPath("run", "sock"), Secret: testSecret},
-		Verifier: webhook.NewVerifier(testSecret, 0, nil),
 	}
 	if edit != nil {
 		edit(&opts)
 	}
-	return &fixture{o: New(opts, log), store: store, tasks: tasks, data: data}
+	o := New(opts, log)
+	ropts := taskrun.Options{
+		Store: store, Tasks: tasks, Data: data, Agents: opts.Agents,
+		Worker:      taskrun.WorkerOptions{Binary: "/usr/local/bin/corral", SocketDir: data.HostPath("run", "sock"), Secret: testSecret},
+		Verifier:    webhook.NewVerifier(testSecret, 0, nil),
+		Saver:       o,
+		MaxLogBytes: opts.Limits.MaxLogBytes, MaxTaskDirBytes: opts.Limits.MaxTaskDirBytes,
+	}
+	for _, e := range runEdit {
+		e(&ropts)
+	}
+	return &fixture{o: o, r: taskrun.New(ropts, log), store: store, tasks: tasks, data: data}
 }
 
 // MustShared writes a file beneath shared/.
@@ -383,7 +395,7 @@ func TestPrepare(t *testing.T) {
 	ctx := context.Background()
 	cmdTask := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"sh", "-c", "echo hi"}, TimeoutMinutes: 7,
 		Resources: &service.ResourceRequest{MemoryLimit: "1Gi"}})
-	spec, err := f.o.Prepare(ctx, cmdTask)
+	spec, err := f.r.Prepare(ctx, cmdTask)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -422,7 +434,7 @@ func TestPrepare(t *testing.T) {
 	}
 
 	claude := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Model: "claude-opus-4"})
-	spec, err = f.o.Prepare(ctx, claude)
+	spec, err = f.r.Prepare(ctx, claude)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,7 +499,7 @@ func TestCollect(t *testing.T) {
 			for name, content := range tt.files {
 				f.MustTaskFile(t, tk.ID, name, content)
 			}
-			got := f.o.Collect(ctx, tk, tt.exit)
+			got := f.r.Collect(ctx, tk, tt.exit)
 			if strings.HasPrefix(got.ErrorMessage, "output quota exceeded") && strings.HasPrefix(got.ErrorMessage, tt.want.ErrorMessage) {
 				got.ErrorMessage = tt.want.ErrorMessage
 			}
@@ -514,7 +526,7 @@ func TestCollectSkipsSymlinks(t *testing.T) {
 	if err := os.Symlink("elsewhere.json", filepath.Join(dir, "status.json")); err != nil {
 		t.Fatal(err)
 	}
-	got := f.o.Collect(context.Background(), tk, &sandbox.ExitStatus{Code: 1})
+	got := f.r.Collect(context.Background(), tk, &sandbox.ExitStatus{Code: 1})
 	if diff := cmp.Diff([]task.OutputFile{{Name: "real.txt", Size: 1, Type: "text/plain; charset=utf-8"}}, got.OutputFiles); diff != "" {
 		t.Errorf("output files (-want +got):\n%s", diff)
 	}
@@ -529,7 +541,7 @@ func TestCollectDirectoryGone(t *testing.T) {
 	if err := f.data.RemoveTask(tk.ID); err != nil {
 		t.Fatal(err)
 	}
-	got := f.o.Collect(context.Background(), tk, &sandbox.ExitStatus{Code: 0})
+	got := f.r.Collect(context.Background(), tk, &sandbox.ExitStatus{Code: 0})
 	if got.Status != task.Failed || !strings.HasPrefix(got.ErrorMessage, "task directory is gone") {
 		t.Errorf("Collect = %+v", got)
 	}
@@ -718,7 +730,7 @@ func TestWorkerCompleteWaitsForStarted(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		h, body := signed(tk.ID, "wh-fast", webhook.DeriveKey(testSecret, tk.ID))
-		_, err := f.o.WorkerComplete(ctx, h, body)
+		_, err := f.r.WorkerComplete(ctx, h, body)
 		done <- err
 	}()
 	select {
@@ -753,7 +765,7 @@ func TestWorkerComplete(t *testing.T) {
 
 	// A bad signature (another task's key) changes nothing.
 	h, body := signed(run.ID, "wh-bad", webhook.DeriveKey(testSecret, task.NewID()))
-	if _, err := f.o.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrUnauthenticated) {
+	if _, err := f.r.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrUnauthenticated) {
 		t.Errorf("bad signature = %v, want ErrUnauthenticated", err)
 	}
 	if got, _ := f.tasks.Get(run.ID); got.Status != task.Running || got.Version != run.Version {
@@ -762,7 +774,7 @@ func TestWorkerComplete(t *testing.T) {
 
 	key := webhook.DeriveKey(testSecret, run.ID)
 	h, body = signed(run.ID, "wh-1", key)
-	evID, err := f.o.WorkerComplete(ctx, h, body)
+	evID, err := f.r.WorkerComplete(ctx, h, body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -785,13 +797,13 @@ func TestWorkerComplete(t *testing.T) {
 
 	// A second completion (a new delivery) is accepted and changes nothing.
 	h, body = signed(run.ID, "wh-2", key)
-	evID2, err := f.o.WorkerComplete(ctx, h, body)
+	evID2, err := f.r.WorkerComplete(ctx, h, body)
 	if err != nil || evID2 != evID {
 		t.Errorf("second completion = %s, %v; want %s, nil", evID2, err, evID)
 	}
 	// A replay of the first delivery is refused by the verifier.
 	h, body = signed(run.ID, "wh-1", key)
-	if _, err := f.o.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrConflict) {
+	if _, err := f.r.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("replayed webhook id = %v, want ErrConflict", err)
 	}
 	if evs2, _ := f.store.ReadStream(ctx, task.StreamID(run.ID), 0); len(evs2) != len(evs) {
@@ -800,7 +812,7 @@ func TestWorkerComplete(t *testing.T) {
 
 	queued := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "waiting"})
 	h, body = signed(queued.ID, "wh-3", webhook.DeriveKey(testSecret, queued.ID))
-	if _, err := f.o.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, err := f.r.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("completion of a queued task = %v, want ErrFailedPrecondition", err)
 	}
 	if got, _ := f.tasks.Get(queued.ID); got.Status != task.Queued {
@@ -817,7 +829,7 @@ func TestReconcileDirectories(t *testing.T) {
 		t.Fatal(err)
 	}
 	stray.Close()
-	if err := f.o.ReconcileDirectories(ctx); err != nil {
+	if err := f.r.ReconcileDirectories(ctx); err != nil {
 		t.Fatal(err)
 	}
 	evs, err := f.store.ReadStream(ctx, task.SystemStream, 0)
@@ -863,11 +875,11 @@ func TestListPages(t *testing.T) {
 func TestCollectRedactsConfiguredSecrets(t *testing.T) {
 	const key = "sk-configured-0123456789"
 	f := MustNew(t, func(opts *Options) {
-		opts.Agents[task.AgentCommand] = AgentConfig{Env: []string{"SOME_API_KEY=" + key}}
+		opts.Agents[task.AgentCommand] = workerproto.AgentConfig{Env: []string{"SOME_API_KEY=" + key}}
 	})
 	tk := f.MustRunning(t)
 	f.MustTaskFile(t, tk.ID, "status.json", statusJSON("failed", 1, "printed "+key, "boom "+key))
-	c := f.o.Collect(context.Background(), tk, &sandbox.ExitStatus{Code: 1})
+	c := f.r.Collect(context.Background(), tk, &sandbox.ExitStatus{Code: 1})
 	if strings.Contains(c.Summary+c.ErrorMessage, key) || !strings.Contains(c.Summary, "[REDACTED]") || !strings.Contains(c.ErrorMessage, "[REDACTED]") {
 		t.Errorf("summary %q, error %q: the configured key is not redacted", c.Summary, c.ErrorMessage)
 	}
@@ -899,7 +911,7 @@ func TestFollowUp(t *testing.T) {
 	if prompt, _ := os.ReadFile(filepath.Join(f.data.TaskPath(next.ID), "prompt.md")); !strings.Contains(string(prompt), "/task/context/previous/") {
 		t.Errorf("prompt.md does not point at the previous output:\n%s", prompt)
 	}
-	spec, err := f.o.Prepare(ctx, next)
+	spec, err := f.r.Prepare(ctx, next)
 	if err != nil {
 		t.Fatal(err)
 	}

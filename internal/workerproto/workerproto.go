@@ -45,3 +45,11 @@ const (
 	// show).
 	EnvWebhookKey = "CORRAL_WEBHOOK_KEY"
 )
+
+// AgentConfig is how the server has the worker start one agent: its
+// binary, extra arguments, and environment.
+type AgentConfig struct {
+	Binary string
+	Args   []string
+	Env    []string // KEY=VALUE, secrets included; never logged
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -79,8 +80,7 @@ func NewOrchestrator(tb testing.TB, edit func(*orchestrator.Options)) *Fixture {
 		Defaults: orchestrator.Defaults{Agent: task.AgentClaude, Runtime: "local", Network: task.NetworkNone},
 		Runtimes: map[string]string{"local": ""},
 		Networks: map[string]string{task.NetworkNone: ""},
-		Agents:   map[string]orchestrator.AgentConfig{task.AgentClaude: {Binary: "/usr/local/bin/claude"}, task.AgentCommand: {}},
-		Worker:   orchestrator.WorkerOptions{Binary: "/usr/local/bin/corral", SocketDir: data.HostPath("run", "sock"), Secret: []byte("0123456789abcdef0123456789abcdef")},
+		Agents:   map[string]workerproto.AgentConfig{task.AgentClaude: {Binary: "/usr/local/bin/claude"}, task.AgentCommand: {}},
 	}
 	if edit != nil {
 		edit(&opts)

@@ -1,4 +1,4 @@
-package orchestrator
+package taskrun
 
 import (
 	"context"
@@ -42,7 +42,7 @@ const egressSweepPause = 500 * time.Millisecond
 // and at least every minute, it closes the proxies of tasks that ended or
 // that no event knows. The caller runs it beside the scheduler; Prepare
 // opens the proxies of tasks that start later.
-func (o *Orchestrator) RunEgress(ctx context.Context) error {
+func (o *Runner) RunEgress(ctx context.Context) error {
 	eg := o.opts.Egress
 	if eg == nil {
 		return nil
@@ -76,7 +76,7 @@ func (o *Orchestrator) RunEgress(ctx context.Context) error {
 }
 
 // sweepEgress closes the proxies of tasks that ended or are unknown.
-func (o *Orchestrator) sweepEgress() {
+func (o *Runner) sweepEgress() {
 	ids, err := o.opts.Egress.Tasks()
 	if err != nil {
 		o.log.Warn("cannot list egress proxies", logkey.Error, err)

@@ -1,4 +1,4 @@
-package orchestrator
+package taskrun
 
 import (
 	"context"
@@ -57,7 +57,7 @@ type Verifier interface {
 
 // Prepare builds the sandbox spec for a starting task: the worker entrypoint
 // with the task's agent, its mounts, environment and limits.
-func (o *Orchestrator) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error) {
+func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error) {
 	w := o.opts.Worker
 	ag := o.opts.Agents[t.Agent]
 	args := workerproto.Args{
@@ -66,7 +66,7 @@ func (o *Orchestrator) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, 
 		WebhookURL:  "unix://" + workerproto.SocketDir + "/" + workerproto.SocketName,
 		Agent:       t.Agent,
 		Model:       t.Model,
-		MaxLogBytes: o.opts.Limits.MaxLogBytes,
+		MaxLogBytes: o.opts.MaxLogBytes,
 	}
 	if ag.Binary != "" && t.Agent != task.AgentCommand {
 		args.Binary = ag.Binary
@@ -133,7 +133,7 @@ func (o *Orchestrator) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, 
 // as the worker wrote it, the output files as they are on disk (never the
 // worker's own list), and the sandbox's exit status. exit is nil when the
 // sandbox was gone after a restart.
-func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed {
+func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed {
 	c := task.Completed{Status: task.Failed, Reason: "exit"}
 	dir, err := o.data.OpenTask(t.ID)
 	if err != nil {
@@ -207,14 +207,14 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 	if exit != nil && exit.OOMKilled && c.Status != task.Success {
 		c.ErrorMessage = "out of memory: the sandbox reached its memory limit of " + units.FormatSize(t.Resources.MemoryBytes)
 	}
-	if max := o.opts.Limits.MaxTaskDirBytes; max > 0 {
+	if max := o.opts.MaxTaskDirBytes; max > 0 {
 		if err := quotaError(dir, max); err != nil {
 			c.Status = task.Failed
 			c.ErrorMessage = err.Error()
 		}
 	}
 	if c.Status == task.Success && t.SaveToShared {
-		o.SaveOutputs(ctx, t, all) // before the terminal event, so the host finds them
+		o.opts.Saver.SaveOutputs(ctx, t, all) // before the terminal event, so the host finds them
 	}
 	return c
 }
@@ -222,7 +222,7 @@ func (o *Orchestrator) Collect(ctx context.Context, t task.Task, exit *sandbox.E
 // Reported is Collect for a task whose worker has written its final
 // status.json, and false for one that has not yet (scheduler
 // Options.Reported).
-func (o *Orchestrator) Reported(ctx context.Context, t task.Task) (task.Completed, bool) {
+func (o *Runner) Reported(ctx context.Context, t task.Task) (task.Completed, bool) {
 	dir, err := o.data.OpenTask(t.ID)
 	if err != nil {
 		return task.Completed{}, false
@@ -254,7 +254,7 @@ func boundOutputFiles(files []task.OutputFile) (listed []task.OutputFile, total 
 const maxStartWait = 10 * time.Second
 
 // waitStarted waits until task id has left starting (or maxStartWait).
-func (o *Orchestrator) waitStarted(ctx context.Context, id string) (task.Task, error) {
+func (o *Runner) waitStarted(ctx context.Context, id string) (task.Task, error) {
 	timer := time.NewTimer(maxStartWait)
 	defer timer.Stop()
 	for {
@@ -282,7 +282,7 @@ func message(s string) string { return clip.String(strings.TrimSpace(s), maxMess
 // then ends the task with the result it reads from the task directory.
 // A completion for a task that already ended is accepted and changes
 // nothing. It returns the id of the task's last event.
-func (o *Orchestrator) WorkerComplete(ctx context.Context, h http.Header, body []byte) (string, error) {
+func (o *Runner) WorkerComplete(ctx context.Context, h http.Header, body []byte) (string, error) {
 	c, err := o.opts.Verifier.Verify(h, body)
 	if err != nil {
 		return "", err
@@ -332,7 +332,7 @@ func (o *Orchestrator) WorkerComplete(ctx context.Context, h http.Header, body [
 
 // ReconcileDirectories reports task directories that no event knows, as
 // system events (SPEC §3). It never deletes them: a person decides.
-func (o *Orchestrator) ReconcileDirectories(ctx context.Context) error {
+func (o *Runner) ReconcileDirectories(ctx context.Context) error {
 	ids, err := o.data.TaskIDs()
 	if err != nil {
 		return fmt.Errorf("list task directories: %w", err)

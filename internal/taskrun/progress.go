@@ -1,4 +1,4 @@
-package orchestrator
+package taskrun
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // has not started is refused with errdefs.ErrFailedPrecondition; one for a
 // task that ended (the last report races the completion) is recorded. It
 // returns the number of events appended.
-func (o *Orchestrator) WorkerProgress(ctx context.Context, h http.Header, body []byte) (int, error) {
+func (o *Runner) WorkerProgress(ctx context.Context, h http.Header, body []byte) (int, error) {
 	p, err := o.opts.Verifier.VerifyProgress(h, body)
 	if err != nil {
 		return 0, err

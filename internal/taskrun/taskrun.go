@@ -1,0 +1,61 @@
+// Package taskrun is a task's life in a sandbox, as the scheduler drives
+// it: the sandbox's spec (Prepare), its disk quota (TaskQuota), its egress
+// proxy (RunEgress), the worker's reports (WorkerComplete, WorkerProgress)
+// and its result (Collect, Reported), and the task directories found at
+// start-up (ReconcileDirectories). The orchestrator spawns tasks; the
+// scheduler starts them through a Runner.
+package taskrun
+
+import (
+	"log/slog"
+
+	"context"
+
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workerproto"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// Options configure a Runner.
+type Options struct {
+	Store  eventstore.Store
+	Tasks  *projection.Tasks
+	Data   *workspace.DataRoot
+	Agents map[string]workerproto.AgentConfig
+	// Worker is how a sandbox starts the in-sandbox entrypoint.
+	Worker WorkerOptions
+	// Verifier checks the workers' webhooks.
+	Verifier Verifier
+	// Egress runs the proxies of tasks with network allowlist or open; nil
+	// when the server runs none (such tasks then fail to start).
+	Egress Egress
+	// Saver copies a successful task's outputs to shared/ when it asked
+	// (save_to_shared), before its end is recorded.
+	Saver Saver
+	// MaxLogBytes bounds each of a worker's log files.
+	MaxLogBytes int64
+	// MaxTaskDirBytes is a task directory's quota, checked once more when
+	// its result is collected.
+	MaxTaskDirBytes int64
+}
+
+// Saver is save_to_shared (library.Library).
+type Saver interface {
+	SaveOutputs(ctx context.Context, t task.Task, files []task.OutputFile)
+}
+
+// Runner runs tasks' sandboxes' lives. It is safe for concurrent use.
+type Runner struct {
+	opts  Options
+	store eventstore.Store
+	tasks *projection.Tasks
+	data  *workspace.DataRoot
+	log   *slog.Logger
+}
+
+// New returns a Runner.
+func New(opts Options, log *slog.Logger) *Runner {
+	return &Runner{opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log}
+}
