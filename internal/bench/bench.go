@@ -318,19 +318,25 @@ func (b *bencher) runTask(ctx context.Context, runtime string, phases bool) (tas
 
 // runBwrap runs the bare sandbox once, from start to exit.
 func (b *bencher) runBwrap(ctx context.Context) (time.Duration, error) {
+	return b.timeEcho(ctx, "bwrap", b.bwrap)
+}
+
+// timeEcho runs argv, a bare sandbox running /bin/echo hi, once, and
+// times it; the run must print hi.
+func (b *bencher) timeEcho(ctx context.Context, name string, argv []string) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, b.bwrap[0], b.bwrap[1:]...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	t0 := time.Now()
 	err := cmd.Run()
 	d := time.Since(t0)
 	if err != nil {
-		return 0, fmt.Errorf("run bare bwrap: %w: %s", err, strings.TrimSpace(out.String()))
+		return 0, fmt.Errorf("run bare %s: %w: %s", name, err, strings.TrimSpace(out.String()))
 	}
 	if got := strings.TrimSpace(out.String()); got != "hi" {
-		return 0, fmt.Errorf("bare bwrap printed %q, want hi", got)
+		return 0, fmt.Errorf("bare %s printed %q, want hi", name, got)
 	}
 	return d, nil
 }
@@ -377,22 +383,7 @@ func bareRunsc(runsc, dir string) ([]string, error) {
 
 // runRunsc runs the bare gVisor sandbox once, from start to exit.
 func (b *bencher) runRunsc(ctx context.Context) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, b.timeout)
-	defer cancel()
-	var out bytes.Buffer
-	argv := append(slices.Clone(b.runsc), fmt.Sprintf("bench-%d-%d", os.Getpid(), b.runs.Add(1)))
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	t0 := time.Now()
-	err := cmd.Run()
-	d := time.Since(t0)
-	if err != nil {
-		return 0, fmt.Errorf("run bare runsc: %w: %s", err, strings.TrimSpace(out.String()))
-	}
-	if got := strings.TrimSpace(out.String()); got != "hi" {
-		return 0, fmt.Errorf("bare runsc printed %q, want hi", got)
-	}
-	return d, nil
+	return b.timeEcho(ctx, "runsc", append(slices.Clone(b.runsc), fmt.Sprintf("bench-%d-%d", os.Getpid(), b.runs.Add(1))))
 }
 
 // bareBwrapArgs is the sandbox Corral's overhead is measured against: every

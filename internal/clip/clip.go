@@ -25,3 +25,16 @@ func String(s string, n int) string {
 func Line(s string, n int) string {
 	return String(strings.Join(strings.Fields(s), " "), n)
 }
+
+// TrimPartialRune drops an incomplete UTF-8 sequence at the end of b, as
+// cutting text at a byte limit leaves one.
+func TrimPartialRune(b []byte) []byte {
+	for i := 0; i < utf8.UTFMax && len(b) > 0; i++ {
+		r, size := utf8.DecodeLastRune(b)
+		if r != utf8.RuneError || size > 1 {
+			return b
+		}
+		b = b[:len(b)-1]
+	}
+	return b
+}

@@ -30,3 +30,13 @@ func TestString(t *testing.T) {
 		t.Errorf("Line cut = %q", got)
 	}
 }
+
+func TestTrimPartialRune(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"abc", "abc"}, {"ab\xc3", "ab"}, {"日本\xe8\xaa", "日本"}, {"é", "é"}, {"", ""}, {"\xff\xfe", "\xff\xfe"[:0]},
+	} {
+		if got := string(TrimPartialRune([]byte(c.in))); got != c.want {
+			t.Errorf("TrimPartialRune(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}

@@ -21,13 +21,14 @@ package document
 import (
 	"bytes"
 	"fmt"
-	"github.com/corral-dev/corral/internal/clip"
 	"mime"
 	"path"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/corral-dev/corral/internal/clip"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/ids"
@@ -216,11 +217,11 @@ func Extract(contentType string, data []byte, truncated bool) (text string, inde
 		return "", true, ""
 	}
 	probe := data[:min(len(data), 8192)]
-	if bytes.IndexByte(probe, 0) >= 0 || !utf8.Valid(trimPartialRune(probe, len(data) > len(probe) || truncated)) {
+	if bytes.IndexByte(probe, 0) >= 0 || !utf8.Valid(trimIf(probe, len(data) > len(probe) || truncated)) {
 		return "", false, fmt.Sprintf("binary content (%s) is stored but not indexed; the title and metadata are searchable", base)
 	}
 	if truncated {
-		data = trimPartialRune(data, true)
+		data = clip.TrimPartialRune(data)
 		note = fmt.Sprintf("only the first %d MiB of the text is indexed", MaxIndexedText>>20)
 	}
 	return strings.ToValidUTF8(string(data), "\uFFFD"), true, note
@@ -228,24 +229,16 @@ func Extract(contentType string, data []byte, truncated bool) (text string, inde
 
 func sniff(data []byte) string {
 	probe := data[:min(len(data), 8192)]
-	if bytes.IndexByte(probe, 0) < 0 && utf8.Valid(trimPartialRune(probe, len(data) > len(probe))) {
+	if bytes.IndexByte(probe, 0) < 0 && utf8.Valid(trimIf(probe, len(data) > len(probe))) {
 		return "text/plain; charset=utf-8"
 	}
 	return "application/octet-stream"
 }
 
-// trimPartialRune drops an incomplete UTF-8 sequence at the end of b when
-// b was cut from something longer.
-func trimPartialRune(b []byte, cut bool) []byte {
+// trimIf is clip.TrimPartialRune when b was cut from something longer.
+func trimIf(b []byte, cut bool) []byte {
 	if !cut {
 		return b
 	}
-	for i := 0; i < utf8.UTFMax && len(b) > 0; i++ {
-		r, size := utf8.DecodeLastRune(b)
-		if r != utf8.RuneError || size > 1 {
-			return b
-		}
-		b = b[:len(b)-1]
-	}
-	return b
+	return clip.TrimPartialRune(b)
 }

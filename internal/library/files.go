@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/units"
@@ -103,8 +104,8 @@ func (o *Library) ReadFile(root *os.Root, p string) (service.File, error) {
 		return service.File{}, err
 	}
 	f := service.File{Path: c, Size: info.Size(), Type: workspace.DetectType(root, c), Truncated: truncated}
-	if utf8.Valid(data) || truncated && utf8.Valid(trimPartialRune(data)) {
-		f.Encoding, f.Content = "utf-8", string(trimPartialRune(data))
+	if utf8.Valid(data) || truncated && utf8.Valid(clip.TrimPartialRune(data)) {
+		f.Encoding, f.Content = "utf-8", string(clip.TrimPartialRune(data))
 	} else {
 		f.Encoding, f.Content = "base64", base64.StdEncoding.EncodeToString(data)
 	}
@@ -112,19 +113,6 @@ func (o *Library) ReadFile(root *os.Root, p string) (service.File, error) {
 		f.Note = fmt.Sprintf("content cut at %s of %s", units.FormatSize(max), units.FormatSize(f.Size))
 	}
 	return f, nil
-}
-
-// trimPartialRune drops an incomplete UTF-8 sequence at the end of b, left
-// by cutting a file at a byte limit.
-func trimPartialRune(b []byte) []byte {
-	for i := 0; i < utf8.UTFMax && len(b) > 0; i++ {
-		r, size := utf8.DecodeLastRune(b)
-		if r != utf8.RuneError || size > 1 {
-			return b
-		}
-		b = b[:len(b)-1]
-	}
-	return b
 }
 
 // ErrNotDir is returned by ListWorkspace for a path that is a file, so a
