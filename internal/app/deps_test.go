@@ -72,7 +72,7 @@ var allowed = map[string][]string{
 	"internal/sandbox/cgroups":  {"sandbox", "errdefs"},
 	"internal/sandbox/hostproc": {},
 	"internal/sandbox/guestetc": {},
-	"internal/sandbox/statedir": {"sandbox", "errdefs"},
+	"internal/sandbox/statedir": {"sandbox", "sandbox/cgroups", "sandbox/hostuser", "errdefs"},
 	"internal/sandbox/hostuser": {"sandbox"},
 }
 

@@ -201,15 +201,7 @@ type entry struct {
 
 // state is Handle.State, version 1, also kept in StateDir/<id>/state.json.
 type state struct {
-	ID       string            `json:"id"`
-	Labels   map[string]string `json:"labels,omitempty"`
-	PID      int               `json:"pid"`       // the launcher on the host
-	PIDStart uint64            `json:"pid_start"` // its start time, against pid reuse
-	Cgroups  []string          `json:"cgroups,omitempty"`
-	// Owned are the read-write directories given to the sandbox identity,
-	// taken back by Destroy.
-	Owned     []string  `json:"owned,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	statedir.Launch
 }
 
 // New returns a Runtime keeping its state in opts.StateDir. It creates the
@@ -350,10 +342,7 @@ func (r *Runtime) lookup(id string) (*entry, error) {
 	return r.sd.Remember(id, &entry{dir: r.sd.Path(id), st: st}), nil
 }
 
-func handleOf(st state) *sandbox.Handle {
-	b, _ := json.Marshal(st) // a struct of plain fields always encodes
-	return &sandbox.Handle{ID: st.ID, Runtime: Name, Labels: maps.Clone(st.Labels), Version: stateVersion, State: b}
-}
+func handleOf(st state) *sandbox.Handle { return statedir.Handle(Name, stateVersion, st) }
 
 // Create builds the sandbox's bundle and cgroups, starts the launcher and
 // returns once runsc reports the container running (about 0.2 to 0.5 s
@@ -402,7 +391,7 @@ const launcherScript = `f=$1; shift; "$@"; rc=$?; echo $rc > "$f.tmp" && mv -f "
 // start builds the bundle and cgroups for spec in dir, starts the launcher
 // and waits until the container runs.
 func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *entry, err error) {
-	st := state{ID: spec.ID, Labels: maps.Clone(spec.Labels), CreatedAt: time.Now().UTC()}
+	st := state{Launch: statedir.Launch{ID: spec.ID, Labels: maps.Clone(spec.Labels), CreatedAt: time.Now().UTC()}}
 	cgPath := ""
 	if r.cg != nil {
 		if st.Cgroups, err = r.cg.Create(spec.ID, r.hostLimits(spec.Limits)); err != nil {
@@ -537,16 +526,12 @@ func tail(path string) string {
 // Recover reattaches to the sandbox h names. The sandbox's state dir is the
 // source of truth; h must be a gvisor Handle of a known version.
 func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
-	st, err := statedir.DecodeHandle[state](h, Name, stateVersion)
-	if err != nil {
-		return fmt.Errorf("recover sandbox: %w", err)
-	}
 	e, err := r.lookup(h.ID)
 	if err != nil {
 		return fmt.Errorf("recover: %w", err)
 	}
-	if st.PID != 0 && (st.PID != e.st.PID || st.PIDStart != e.st.PIDStart) {
-		return fmt.Errorf("recover sandbox %s: handle names another process than the state dir: %w", h.ID, errdefs.ErrConflict)
+	if err := statedir.CheckRecover(h, Name, stateVersion, e.st); err != nil {
+		return err
 	}
 	r.log.Debug("sandbox recovered", logkey.SandboxID, h.ID, "running", r.running(e))
 	return nil
@@ -671,15 +656,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 // List returns the sandboxes in StateDir whose labels include selector.
 // runsc's own directory has no state.json and never shows.
 func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
-	sts, err := r.sd.List(selector)
-	if err != nil {
-		return nil, err
-	}
-	var out []sandbox.Handle
-	for _, st := range sts {
-		out = append(out, *handleOf(st))
-	}
-	return out, nil
+	return statedir.Handles(r.sd, Name, stateVersion, selector)
 }
 
 // Destroy kills the sandbox if it runs, makes runsc forget it, and removes
@@ -693,14 +670,9 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	defer unlock()
 	e, err := r.lookup(id)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		// Also clean what a crashed Create left: the cgroups, named after
-		// the sandbox, and a half-made state dir.
-		if r.cg != nil {
-			if err := cgroups.KillAndRemove(r.cg.Dirs(id)); err != nil {
-				return fmt.Errorf("destroy sandbox %s: %w", id, err)
-			}
+		if err := r.sd.RemoveLeftovers(r.cg, id); err != nil {
+			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
-		os.RemoveAll(r.sd.Path(id))
 		return nil
 	}
 	if err != nil {
@@ -714,17 +686,8 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if out, err := r.runsc(ctx, "delete", "--force", id); err != nil && !bytes.Contains(out, []byte("does not exist")) {
 		r.log.Debug("runsc delete failed", logkey.SandboxID, id, "err", err)
 	}
-	// Anything still in the cgroups goes too, or they cannot be removed.
-	if err := cgroups.KillAndRemove(e.st.Cgroups); err != nil {
+	if err := statedir.Remove(e.st.Launch, e.dir); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
-	}
-	// Nothing of the sandbox runs any more: its files can be taken back
-	// without a worker changing them underneath.
-	if err := hostuser.Reclaim(e.st.Owned); err != nil {
-		return fmt.Errorf("destroy sandbox %s: %w", id, err)
-	}
-	if err := os.RemoveAll(e.dir); err != nil {
-		return fmt.Errorf("destroy sandbox %s: remove state dir: %w", id, err)
 	}
 	r.sd.Forget(id)
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)

@@ -195,18 +195,11 @@ type entry struct {
 }
 
 // state is Handle.State, version 1, also kept in StateDir/<id>/state.json.
+// Launch.PID is bwrap's parent, the launcher.
 type state struct {
-	ID       string            `json:"id"`
-	Labels   map[string]string `json:"labels,omitempty"`
-	PID      int               `json:"pid"`       // the launcher (bwrap's parent) on the host
-	PIDStart uint64            `json:"pid_start"` // its start time, against pid reuse
-	ChildPID int               `json:"child_pid"` // the sandbox's pid 1, as a host pid
-	PIDNS    uint64            `json:"pid_ns"`    // inode of the sandbox's pid namespace
-	Cgroups  []string          `json:"cgroups,omitempty"`
-	// Owned are the read-write directories given to the sandbox identity,
-	// taken back by Destroy.
-	Owned     []string  `json:"owned,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	statedir.Launch
+	ChildPID int    `json:"child_pid"` // the sandbox's pid 1, as a host pid
+	PIDNS    uint64 `json:"pid_ns"`    // inode of the sandbox's pid namespace
 }
 
 // New returns a Runtime keeping its state in opts.StateDir. It creates the
@@ -370,10 +363,7 @@ func (r *Runtime) lookup(id string) (*entry, error) {
 	return r.sd.Remember(id, &entry{dir: r.sd.Path(id), st: st}), nil
 }
 
-func handleOf(st state) *sandbox.Handle {
-	b, _ := json.Marshal(st) // a struct of plain fields always encodes
-	return &sandbox.Handle{ID: st.ID, Runtime: Name, Labels: maps.Clone(st.Labels), Version: stateVersion, State: b}
-}
+func handleOf(st state) *sandbox.Handle { return statedir.Handle(Name, stateVersion, st) }
 
 // Create starts a sandbox for spec and returns once its pid 1 runs (a few
 // milliseconds). It is idempotent on spec.ID.
@@ -419,7 +409,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	if err != nil {
 		return nil, err
 	}
-	st := state{ID: spec.ID, Labels: maps.Clone(spec.Labels), CreatedAt: time.Now().UTC()}
+	st := state{Launch: statedir.Launch{ID: spec.ID, Labels: maps.Clone(spec.Labels), CreatedAt: time.Now().UTC()}}
 	if r.cg != nil {
 		if st.Cgroups, err = r.cg.Create(spec.ID, spec.Limits); err != nil {
 			return nil, fmt.Errorf("create cgroups: %v: %w", err, errdefs.ErrUnavailable)
@@ -595,16 +585,12 @@ func readStatus(dir string) (bwrapStatus, bool) {
 // Recover reattaches to the sandbox h names. The sandbox's state dir is the
 // source of truth; h must be a local Handle of a known version.
 func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
-	st, err := statedir.DecodeHandle[state](h, Name, stateVersion)
-	if err != nil {
-		return fmt.Errorf("recover sandbox: %w", err)
-	}
 	e, err := r.lookup(h.ID)
 	if err != nil {
 		return fmt.Errorf("recover: %w", err)
 	}
-	if st.PID != 0 && (st.PID != e.st.PID || st.PIDStart != e.st.PIDStart) {
-		return fmt.Errorf("recover sandbox %s: handle names another process than the state dir: %w", h.ID, errdefs.ErrConflict)
+	if err := statedir.CheckRecover(h, Name, stateVersion, e.st); err != nil {
+		return err
 	}
 	r.log.Debug("sandbox recovered", logkey.SandboxID, h.ID, "running", r.running(e))
 	return nil
@@ -741,15 +727,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 
 // List returns the sandboxes in StateDir whose labels include selector.
 func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
-	sts, err := r.sd.List(selector)
-	if err != nil {
-		return nil, err
-	}
-	var out []sandbox.Handle
-	for _, st := range sts {
-		out = append(out, *handleOf(st))
-	}
-	return out, nil
+	return statedir.Handles(r.sd, Name, stateVersion, selector)
 }
 
 // Destroy kills the sandbox if it runs, then removes its cgroups and state
@@ -762,14 +740,9 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	defer unlock()
 	e, err := r.lookup(id)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		// Also clean what a crashed Create left: the cgroups, named after
-		// the sandbox, and a half-made state dir.
-		if r.cg != nil {
-			if err := cgroups.KillAndRemove(r.cg.Dirs(id)); err != nil {
-				return fmt.Errorf("destroy sandbox %s: %w", id, err)
-			}
+		if err := r.sd.RemoveLeftovers(r.cg, id); err != nil {
+			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
-		os.RemoveAll(r.sd.Path(id))
 		return nil
 	}
 	if err != nil {
@@ -778,17 +751,8 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := r.Stop(ctx, id, 0); err != nil {
 		return fmt.Errorf("destroy: %w", err)
 	}
-	// Anything still in the cgroups goes too, or they cannot be removed.
-	if err := cgroups.KillAndRemove(e.st.Cgroups); err != nil {
+	if err := statedir.Remove(e.st.Launch, e.dir); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
-	}
-	// Nothing of the sandbox runs any more: its files can be taken back
-	// without a worker changing them underneath.
-	if err := hostuser.Reclaim(e.st.Owned); err != nil {
-		return fmt.Errorf("destroy sandbox %s: %w", id, err)
-	}
-	if err := os.RemoveAll(e.dir); err != nil {
-		return fmt.Errorf("destroy sandbox %s: remove state dir: %w", id, err)
 	}
 	r.sd.Forget(id)
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)

@@ -11,12 +11,16 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 )
 
 // Dir is a runtime's state directory holding states S, with the entries E
@@ -183,4 +187,91 @@ func WriteFileSync(path string, b []byte, mode os.FileMode) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// Launch is the part of a sandbox's state both host runtimes keep: its id
+// and labels, the launcher process on the host (with its start time,
+// against pid reuse), the cgroups and read-write directories it was given,
+// and when. A runtime's state embeds it.
+type Launch struct {
+	ID       string            `json:"id"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	PID      int               `json:"pid"`       // the launcher on the host
+	PIDStart uint64            `json:"pid_start"` // its start time, against pid reuse
+	Cgroups  []string          `json:"cgroups,omitempty"`
+	// Owned are the read-write directories given to the sandbox identity,
+	// taken back by Remove.
+	Owned     []string  `json:"owned,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func (l Launch) launch() Launch { return l }
+
+// Launched is a runtime's state: one that embeds a Launch.
+type Launched interface{ launch() Launch }
+
+// Handle is st as a Handle of runtime at version.
+func Handle[S Launched](runtime string, version int, st S) *sandbox.Handle {
+	b, _ := json.Marshal(st) // a struct of plain fields always encodes
+	l := st.launch()
+	return &sandbox.Handle{ID: l.ID, Runtime: runtime, Labels: maps.Clone(l.Labels), Version: version, State: b}
+}
+
+// Handles lists the sandboxes in d whose labels include selector, as
+// Handles of runtime at version.
+func Handles[S Launched, E any](d *Dir[S, E], runtime string, version int, selector map[string]string) ([]sandbox.Handle, error) {
+	sts, err := d.List(selector)
+	if err != nil {
+		return nil, err
+	}
+	var out []sandbox.Handle
+	for _, st := range sts {
+		out = append(out, *Handle(runtime, version, st))
+	}
+	return out, nil
+}
+
+// CheckRecover checks that h, a Handle of runtime at version, names the
+// launcher the state dir knows (found): the state dir is the source of
+// truth, and a handle naming another process is a conflict.
+func CheckRecover[S Launched](h *sandbox.Handle, runtime string, version int, found S) error {
+	st, err := DecodeHandle[S](h, runtime, version)
+	if err != nil {
+		return fmt.Errorf("recover sandbox: %w", err)
+	}
+	l, f := st.launch(), found.launch()
+	if l.PID != 0 && (l.PID != f.PID || l.PIDStart != f.PIDStart) {
+		return fmt.Errorf("recover sandbox %s: handle names another process than the state dir: %w", h.ID, errdefs.ErrConflict)
+	}
+	return nil
+}
+
+// Remove is the end of destroying a sandbox whose processes are gone: its
+// cgroups, with anything still in them (or they cannot be removed); the
+// directories it was given, taken back now that nothing of it can change
+// them underneath; and its state dir.
+func Remove(l Launch, dir string) error {
+	if err := cgroups.KillAndRemove(l.Cgroups); err != nil {
+		return err
+	}
+	if err := hostuser.Reclaim(l.Owned); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove state dir: %w", err)
+	}
+	return nil
+}
+
+// RemoveLeftovers cleans what a Create that crashed before writing its
+// state left of sandbox id: the cgroups named after it (under cg, nil
+// when the runtime runs without cgroups) and a half-made state dir.
+func (d *Dir[S, E]) RemoveLeftovers(cg *cgroups.Hierarchy, id string) error {
+	if cg != nil {
+		if err := cgroups.KillAndRemove(cg.Dirs(id)); err != nil {
+			return err
+		}
+	}
+	os.RemoveAll(d.Path(id))
+	return nil
 }

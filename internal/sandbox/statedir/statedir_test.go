@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -194,5 +195,55 @@ func TestDecodeHandle(t *testing.T) {
 		if _, err := statedir.DecodeHandle[state](h, "local", 1); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
 		}
+	}
+}
+
+// launched is a runtime's state as the host runtimes keep theirs.
+type launched struct {
+	statedir.Launch
+	Extra int `json:"extra"`
+}
+
+// A Handle carries the whole state; Handles lists by label; CheckRecover
+// refuses a handle that names another launcher; Remove and
+// RemoveLeftovers clear a state dir.
+func TestLaunchHelpers(t *testing.T) {
+	root := t.TempDir()
+	d := statedir.New[launched, struct{}](root, func(st launched) map[string]string { return st.Labels })
+	st := launched{Launch: statedir.Launch{ID: "a", Labels: map[string]string{"task": "1"}, PID: 7, PIDStart: 99}, Extra: 3}
+	if err := os.MkdirAll(d.Path("a"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Write("a", st); err != nil {
+		t.Fatal(err)
+	}
+	h := statedir.Handle("rt", 1, st)
+	if h.ID != "a" || h.Runtime != "rt" || h.Labels["task"] != "1" || !strings.Contains(string(h.State), `"extra":3`) || !strings.Contains(string(h.State), `"pid":7`) {
+		t.Errorf("handle %+v %s", h, h.State)
+	}
+	hs, err := statedir.Handles(d, "rt", 1, map[string]string{"task": "1"})
+	if err != nil || len(hs) != 1 || hs[0].ID != "a" {
+		t.Errorf("Handles: %+v, %v", hs, err)
+	}
+	if err := statedir.CheckRecover(h, "rt", 1, st); err != nil {
+		t.Errorf("CheckRecover of its own handle: %v", err)
+	}
+	other := st
+	other.PIDStart = 100
+	if err := statedir.CheckRecover(statedir.Handle("rt", 1, other), "rt", 1, st); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("CheckRecover of another launcher: %v, want a conflict", err)
+	}
+	if err := statedir.Remove(st.Launch, d.Path("a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(d.Path("a")); !os.IsNotExist(err) {
+		t.Errorf("state dir left: %v", err)
+	}
+	os.MkdirAll(d.Path("b"), 0o700)
+	if err := d.RemoveLeftovers(nil, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(d.Path("b")); !os.IsNotExist(err) {
+		t.Errorf("half-made state dir left: %v", err)
 	}
 }
