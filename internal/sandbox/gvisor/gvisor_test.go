@@ -256,7 +256,11 @@ func TestSurvivesServerDeath(t *testing.T) {
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
+		// The sandbox runs and Create returned: a server killed before
+		// Create recorded the sandbox leaves nothing for List.
+		_, rerr := os.Stat(filepath.Join(dir, "ready"))
+		_, cerr := os.Stat(filepath.Join(dir, "created"))
+		if rerr == nil && cerr == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -312,6 +316,7 @@ func TestServerHelper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	os.WriteFile(filepath.Join(dir, "created"), nil, 0o644)
 	time.Sleep(2 * time.Minute) // killed by the parent test
 }
 

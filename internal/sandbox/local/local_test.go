@@ -165,7 +165,13 @@ func TestSurvivesServerDeath(t *testing.T) {
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
+		// The sandbox runs (it wrote ready) and Create returned (the helper
+		// wrote created): the sandbox's command can run before Create has
+		// recorded it, and a server killed in between leaves no state for
+		// List (the scheduler then destroys the sandbox by its id).
+		_, rerr := os.Stat(filepath.Join(dir, "ready"))
+		_, cerr := os.Stat(filepath.Join(dir, "created"))
+		if rerr == nil && cerr == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -221,6 +227,7 @@ func TestServerHelper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	os.WriteFile(filepath.Join(dir, "created"), nil, 0o644)
 	time.Sleep(time.Minute) // killed by the parent test
 }
 
