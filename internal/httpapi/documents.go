@@ -8,7 +8,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/service"
-	"github.com/corral-dev/corral/internal/tools"
+	"github.com/corral-dev/corral/internal/strictjson"
 )
 
 // ingestDocument serves POST /api/documents: ingest_from_workspace's
@@ -19,7 +19,7 @@ func (s *Server) ingestDocument(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	var req service.IngestRequest
-	if err := tools.Decode(body, &req); err != nil {
+	if err := strictjson.Decode(body, &req); err != nil {
 		return err
 	}
 	d, err := s.b.IngestDocument(r.Context(), req)
@@ -58,7 +58,7 @@ func (s *Server) exportNotes(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	var req service.ExportNotesRequest
-	if err := tools.Decode(body, &req); err != nil {
+	if err := strictjson.Decode(body, &req); err != nil {
 		return err
 	}
 	res, err := s.b.ExportNotes(r.Context(), req)

@@ -14,7 +14,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/service"
-	"github.com/corral-dev/corral/internal/tools"
+	"github.com/corral-dev/corral/internal/strictjson"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -31,7 +31,7 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	var req service.SpawnRequest
-	if err := tools.Decode(body, &req); err != nil {
+	if err := strictjson.Decode(body, &req); err != nil {
 		return err
 	}
 	t, existing, err := s.b.Spawn(r.Context(), req)

@@ -6,7 +6,7 @@ import (
 	"net/url"
 
 	"github.com/corral-dev/corral/internal/service"
-	"github.com/corral-dev/corral/internal/tools"
+	"github.com/corral-dev/corral/internal/strictjson"
 )
 
 // listSkills serves GET /api/skills.
@@ -36,7 +36,7 @@ func (s *Server) createSkill(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	var req service.CreateSkillRequest
-	if err := tools.Decode(body, &req); err != nil {
+	if err := strictjson.Decode(body, &req); err != nil {
 		return err
 	}
 	sk, err := s.b.CreateSkill(r.Context(), req)

@@ -1,4 +1,9 @@
-package tools
+// Package strictjson decodes JSON Corral reads from outside (request
+// bodies, tool arguments, a worker's reports) one way only: encoding/json
+// would take a name given twice, a name in the wrong case or text that is
+// not UTF-8 silently, and two readers could then disagree on what was
+// sent. Errors are errdefs.ErrInvalidArgument naming the field.
+package strictjson
 
 import (
 	"encoding/json"
@@ -14,7 +19,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-// decode strictly decodes a JSON object of arguments into v. It uses
+// Decode strictly decodes a JSON object into v. It uses
 // encoding/json/v2's rules (github.com/go-json-experiment/json, its
 // upstream, which is an alias of the standard library's from Go 1.27 on):
 // names match fields exactly, case included, and a name v has no field
@@ -24,7 +29,7 @@ import (
 // encoding/json would take each of these silently: the last of two names
 // wins, a name matches any field that differs only in case (so two names
 // can also collide that way), and bad UTF-8 becomes U+FFFD.
-func decode(args json.RawMessage, v any) error {
+func Decode(args json.RawMessage, v any) error {
 	err := jsonv2.Unmarshal(args, v, jsonv2.RejectUnknownMembers(true))
 	if err == nil {
 		return nil
@@ -39,11 +44,6 @@ func decode(args json.RawMessage, v any) error {
 	}
 	return fmt.Errorf("decode the JSON: %v: %w", err, errdefs.ErrInvalidArgument)
 }
-
-// Decode is decode for transports that take a request body in a tool's
-// argument format (POST /api/tasks takes spawn_worker's arguments). Every
-// JSON body Corral's API reads goes through it.
-func Decode(args json.RawMessage, v any) error { return decode(args, v) }
 
 // syntaxError says what is wrong with JSON that does not parse, and where.
 func syntaxError(args []byte, se *jsontext.SyntacticError) error {

@@ -1,4 +1,4 @@
-package tools
+package strictjson
 
 import (
 	"encoding/json"
@@ -16,7 +16,7 @@ func TestDecodeAccepts(t *testing.T) {
 	in := `{"task_description":"naïve ✓ \u00e9 \ud83d\ude00","timeout_minutes":5,"resources":{"memory_limit":"1Gi"},
 		"labels":{"a":"1","b":"2"},"context_files":["x","y"]}`
 	var got service.SpawnRequest
-	if err := decode(json.RawMessage(in), &got); err != nil {
+	if err := Decode(json.RawMessage(in), &got); err != nil {
 		t.Fatal(err)
 	}
 	want := service.SpawnRequest{TaskDescription: "naïve ✓ é 😀", TimeoutMinutes: 5,
@@ -26,7 +26,7 @@ func TestDecodeAccepts(t *testing.T) {
 		t.Errorf("decoded (-want +got):\n%s", diff)
 	}
 	var ing service.IngestRequest
-	if err := decode(json.RawMessage(`{"source_path":"a","title":"t","metadata":{"tags":["x"],"n":1}}`), &ing); err != nil {
+	if err := Decode(json.RawMessage(`{"source_path":"a","title":"t","metadata":{"tags":["x"],"n":1}}`), &ing); err != nil {
 		t.Errorf("metadata object: %v", err)
 	} else if string(ing.Metadata) != `{"tags":["x"],"n":1}` {
 		t.Errorf("metadata = %s", ing.Metadata)
@@ -68,19 +68,19 @@ func TestDecodeRefuses(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var req service.SpawnRequest
-			err := decode(json.RawMessage(c.in), &req)
+			err := Decode(json.RawMessage(c.in), &req)
 			if !errors.Is(err, errdefs.ErrInvalidArgument) {
-				t.Fatalf("decode(%q) = %v, want ErrInvalidArgument", c.in, err)
+				t.Fatalf("Decode(%q) = %v, want ErrInvalidArgument", c.in, err)
 			}
 			var fe *errdefs.FieldError
 			switch {
 			case c.field == "" && errors.As(err, &fe):
-				t.Errorf("decode(%q) = %v, a field error; want one about the whole JSON", c.in, err)
+				t.Errorf("Decode(%q) = %v, a field error; want one about the whole JSON", c.in, err)
 			case c.field != "" && (!errors.As(err, &fe) || fe.Field != c.field):
-				t.Errorf("decode(%q) = %v, want an error of field %q", c.in, err, c.field)
+				t.Errorf("Decode(%q) = %v, want an error of field %q", c.in, err, c.field)
 			}
 			if msg := errdefs.Message(err); !strings.Contains(msg, c.message) {
-				t.Errorf("decode(%q): message %q, want it to contain %q", c.in, msg, c.message)
+				t.Errorf("Decode(%q): message %q, want it to contain %q", c.in, msg, c.message)
 			}
 		})
 	}
@@ -88,8 +88,8 @@ func TestDecodeRefuses(t *testing.T) {
 	var ing service.IngestRequest
 	for _, in := range []string{`{"title":"t","metadata":{"k":1,"k":2}}`, "{\"title\":\"t\",\"metadata\":{\"k\":\"\xff\"}}"} {
 		var fe *errdefs.FieldError
-		if err := decode(json.RawMessage(in), &ing); !errors.As(err, &fe) || fe.Field != "metadata.k" {
-			t.Errorf("decode(%q) = %v, want an error of field metadata.k", in, err)
+		if err := Decode(json.RawMessage(in), &ing); !errors.As(err, &fe) || fe.Field != "metadata.k" {
+			t.Errorf("Decode(%q) = %v, want an error of field metadata.k", in, err)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/strictjson"
 )
 
 // AttachmentResult is create_attachment_from_workspace's answer: the
@@ -27,7 +28,7 @@ Returns an attachment_id that can be used with send_message or included in respo
 "required":["source_path"],"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var req service.CreateAttachmentRequest
-			if err := decode(args, &req); err != nil {
+			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
 			m, err := svc.CreateAttachmentFromWorkspace(ctx, req)

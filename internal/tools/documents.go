@@ -6,6 +6,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/strictjson"
 )
 
 func ingestFromWorkspace(svc service.Service) Tool {
@@ -26,7 +27,7 @@ found by their title and metadata only, and the answer says so.`,
 "required":["source_path","title"],"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var req service.IngestRequest
-			if err := decode(args, &req); err != nil {
+			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
 			if req.Content != nil {
@@ -51,7 +52,7 @@ Each note is exported as a separate .md file with frontmatter containing metadat
 "required":["query","destination_dir"],"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var req service.ExportNotesRequest
-			if err := decode(args, &req); err != nil {
+			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
 			return svc.ExportNotes(ctx, req)
@@ -70,7 +71,7 @@ func searchDocuments(svc service.Service) Tool {
 "required":["q"],"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var req service.SearchRequest
-			if err := decode(args, &req); err != nil {
+			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
 			return svc.SearchDocuments(ctx, req)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/strictjson"
 )
 
 func listSkills(svc service.Service) Tool {
@@ -14,7 +15,7 @@ func listSkills(svc service.Service) Tool {
 		Schema:      json.RawMessage(`{"type":"object","properties":{},"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var a struct{}
-			if err := decode(args, &a); err != nil {
+			if err := strictjson.Decode(args, &a); err != nil {
 				return nil, err
 			}
 			skills, err := svc.ListSkills(ctx)
@@ -36,7 +37,7 @@ func getSkill(svc service.Service) Tool {
 			var a struct {
 				Name string `json:"name"`
 			}
-			if err := decode(args, &a); err != nil {
+			if err := strictjson.Decode(args, &a); err != nil {
 				return nil, err
 			}
 			return svc.GetSkill(ctx, a.Name)
@@ -64,7 +65,7 @@ Names are lowercase letters, digits and hyphens (at most 64); a name that exists
 "additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var req service.CreateSkillRequest
-			if err := decode(args, &req); err != nil {
+			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
 			return svc.CreateSkill(ctx, req)

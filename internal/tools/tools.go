@@ -17,6 +17,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/strictjson"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -142,7 +143,7 @@ Use read_task_result(task_id) to retrieve the output; it can also wait for the e
 		Schema: json.RawMessage(fmt.Sprintf(spawnSchema, lim.DefaultTimeoutMinutes, lim.MaxTimeoutMinutes)),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var req service.SpawnRequest
-			if err := decode(args, &req); err != nil {
+			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
 			t, existing, err := svc.Spawn(ctx, req)
@@ -169,7 +170,7 @@ func readTaskResult(svc service.Service) Tool {
 				IncludeFileContents []string `json:"include_file_contents"`
 				WaitSeconds         int      `json:"wait_seconds"`
 			}
-			if err := decode(args, &a); err != nil {
+			if err := strictjson.Decode(args, &a); err != nil {
 				return nil, err
 			}
 			if a.WaitSeconds < 0 || a.WaitSeconds > 600 {
@@ -196,7 +197,7 @@ func listWorkerTasks(svc service.Service) Tool {
 "cursor":{"type":"string","description":"next_cursor from the previous page."}},"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var req service.ListRequest
-			if err := decode(args, &req); err != nil {
+			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
 			return svc.List(ctx, req)
@@ -214,7 +215,7 @@ func cancelWorkerTask(svc service.Service) Tool {
 			var a struct {
 				TaskID string `json:"task_id"`
 			}
-			if err := decode(args, &a); err != nil {
+			if err := strictjson.Decode(args, &a); err != nil {
 				return nil, err
 			}
 			return svc.Cancel(ctx, a.TaskID)
@@ -232,7 +233,7 @@ func readWorkspace(svc service.Service) Tool {
 			var a struct {
 				Path string `json:"path"`
 			}
-			if err := decode(args, &a); err != nil {
+			if err := strictjson.Decode(args, &a); err != nil {
 				return nil, err
 			}
 			if err := checkPath(a.Path); err != nil {
@@ -262,7 +263,7 @@ func writeWorkspace(svc service.Service) Tool {
 				Path    string  `json:"path"`
 				Content *string `json:"content"`
 			}
-			if err := decode(args, &a); err != nil {
+			if err := strictjson.Decode(args, &a); err != nil {
 				return nil, err
 			}
 			if a.Content == nil {
@@ -288,7 +289,7 @@ func listWorkspace(svc service.Service) Tool {
 				Path      string `json:"path"`
 				Recursive bool   `json:"recursive"`
 			}
-			if err := decode(args, &a); err != nil {
+			if err := strictjson.Decode(args, &a); err != nil {
 				return nil, err
 			}
 			if err := checkPath(a.Path); err != nil {

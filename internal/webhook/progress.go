@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/strictjson"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -134,8 +135,8 @@ func (v *Verifier) VerifyProgress(h http.Header, body []byte) (ProgressReport, e
 		return ProgressReport{}, err
 	}
 	var p ProgressReport
-	if err := json.Unmarshal(body, &p); err != nil {
-		return ProgressReport{}, fmt.Errorf("decode progress body: %v: %w", err, errdefs.ErrInvalidArgument)
+	if err := strictjson.Decode(body, &p); err != nil {
+		return ProgressReport{}, fmt.Errorf("decode progress body: %w", err)
 	}
 	var bad []string
 	if p.EventType != task.EventProgress {

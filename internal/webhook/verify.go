@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/hmac"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/strictjson"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -123,8 +123,8 @@ func (v *Verifier) Verify(h http.Header, body []byte) (Completion, error) {
 		return Completion{}, err
 	}
 	var c Completion
-	if err := json.Unmarshal(body, &c); err != nil {
-		return Completion{}, fmt.Errorf("decode webhook body: %v: %w", err, errdefs.ErrInvalidArgument)
+	if err := strictjson.Decode(body, &c); err != nil {
+		return Completion{}, fmt.Errorf("decode webhook body: %w", err)
 	}
 	if err := validate(c); err != nil {
 		return Completion{}, err

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -331,5 +332,27 @@ func TestVerifierForgetsQuietTasks(t *testing.T) {
 	v.mu.Unlock()
 	if a || !b {
 		t.Errorf("after the sweep: task-a held %v (quiet for %s), task-b held %v (quiet for 1h); want false, true", a, taskStateTTL+time.Hour, b)
+	}
+}
+
+// A body a second reader could read another way is refused, signed or
+// not: a name given twice (which status?), a name in another case, text
+// that is not UTF-8.
+func TestVerifyRefusesAmbiguousBodies(t *testing.T) {
+	v := NewVerifier(testSecret, time.Minute, func() time.Time { return testNow })
+	key := DeriveKey(testSecret, "task-a")
+	h, body := mustSign(t, key, testCompletion("task-a"))
+	for name, bad := range map[string][]byte{
+		"duplicate": bytes.Replace(body, []byte(`"status":"success"`), []byte(`"status":"success","status":"failed"`), 1),
+		"case":      bytes.Replace(body, []byte(`"status":"success"`), []byte(`"Status":"success"`), 1),
+		"utf8":      bytes.Replace(body, []byte(`"status":"success"`), []byte("\"status\":\"succ\xffess\""), 1),
+	} {
+		if bytes.Equal(bad, body) {
+			t.Fatalf("%s: the body was not changed", name)
+		}
+		h.Set(HeaderSignature, Sign(key, bad))
+		if _, err := v.Verify(h, bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want invalid argument", name, err)
+		}
 	}
 }
