@@ -228,9 +228,7 @@ func (a *App) open(ctx context.Context) error {
 		MaxConcurrent: w.MaxConcurrentWorkers,
 		StopGrace:     time.Duration(lim.StopGrace),
 		Runtimes:      a.runtimes,
-		Prepare:       a.runner.Prepare,
-		Collect:       a.runner.Collect,
-		Reported:      a.runner.Reported,
+		Runner:        a.runner,
 		Quota:         a.taskQuota(),
 	}, a.tasks, a.store, a.log.With("subsystem", "scheduler"))
 	var deliveries httpapi.Deliveries
@@ -336,9 +334,6 @@ func (a *App) Service() service.Service { return a.orch }
 func (a *App) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := a.runner.ReconcileDirectories(eventstore.Begin(ctx, "start")); err != nil {
-		return err
-	}
 	// Headers within 10 s, a body that never stalls for 30 s (httpapi), and
 	// an idle keep-alive connection closed after 2 minutes: a client that
 	// opens connections and sends nothing cannot hold them.

@@ -150,10 +150,10 @@ func TestPrepareWithoutEgressRefusesNetwork(t *testing.T) {
 	}
 }
 
-// TestRunEgressReopensAndSweeps plays a restart: a running task with
+// TestReconcileReopensAndRunEgressSweeps plays a restart: a running task with
 // network gets its proxy back, a stale directory of an ended or unknown
 // task is removed, and a task that ends later loses its proxy.
-func TestRunEgressReopensAndSweeps(t *testing.T) {
+func TestReconcileReopensAndRunEgressSweeps(t *testing.T) {
 	eg := newFakeEgress("unknown-task")
 	f := MustNew(t, withNetworks, withEgress(eg))
 	spawn := func(network string) task.Task {
@@ -170,6 +170,11 @@ func TestRunEgressReopensAndSweeps(t *testing.T) {
 	eg.dirs[ended.ID] = "stale"
 	eg.mu.Unlock()
 
+	// A restart: the runner's part of reconciliation reopens the proxies
+	// of the tasks still running; RunEgress sweeps the rest.
+	if err := f.r.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- f.r.RunEgress(ctx) }()

@@ -829,7 +829,7 @@ func TestReconcileDirectories(t *testing.T) {
 		t.Fatal(err)
 	}
 	stray.Close()
-	if err := f.r.ReconcileDirectories(ctx); err != nil {
+	if err := f.r.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
 	evs, err := f.store.ReadStream(ctx, task.SystemStream, 0)

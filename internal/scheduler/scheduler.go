@@ -43,17 +43,8 @@ type Options struct {
 	ExitGrace time.Duration
 	// Runtimes are the available backends by name.
 	Runtimes map[string]sandbox.Runtime
-	// Prepare builds the sandbox spec for a task that is starting.
-	Prepare func(ctx context.Context, t task.Task) (sandbox.Spec, error)
-	// Collect reads a finished task's result from its directory. exit is the
-	// sandbox's exit status, or nil when it is unknown (the sandbox was gone
-	// after a restart).
-	Collect func(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed
-	// Reported returns a task's result, as Collect does, when its worker
-	// has already written its final status: a task that finished while the
-	// server was down is then recorded at once on reattach, not when its
-	// worker next retries its report. Nil: never.
-	Reported func(ctx context.Context, t task.Task) (task.Completed, bool)
+	// Runner is the rest of a task's life in a sandbox (taskrun.Runner).
+	Runner Runner
 	// Quota, when set, holds each task's directory to its disk quota from
 	// before its sandbox starts until the sandbox is gone.
 	Quota Quota
@@ -62,6 +53,26 @@ type Options struct {
 	// RecordRetry is the first wait before recording a task's end again
 	// after the store refused it; it doubles up to 30 s. Default 1 s.
 	RecordRetry time.Duration
+}
+
+// Runner is what the scheduler asks of a task's life in a sandbox beyond
+// starting, watching and stopping it: taskrun.Runner.
+type Runner interface {
+	// Reconcile is the runner's part of the one start-up reconciliation,
+	// done first: task directories no event knows, and the egress proxies
+	// of the tasks still running.
+	Reconcile(ctx context.Context) error
+	// Prepare builds the sandbox spec for a task that is starting.
+	Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
+	// Collect reads a finished task's result from its directory. exit is
+	// the sandbox's exit status, or nil when it is unknown (the sandbox was
+	// gone after a restart).
+	Collect(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed
+	// Reported returns a task's result, as Collect does, when its worker
+	// has already written its final status: a task that finished while the
+	// server was down is then recorded at once on reattach, not when its
+	// worker next retries its report.
+	Reported(ctx context.Context, t task.Task) (task.Completed, bool)
 }
 
 // Quota is a task directory's disk quota, as the scheduler drives it.
@@ -213,7 +224,7 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 		s.completeRetrying(ctx, t.ID, failed(fmt.Sprintf("runtime %q is not available on this server", t.Runtime), "start"))
 		return
 	}
-	spec, err := s.opts.Prepare(ctx, t)
+	spec, err := s.opts.Runner.Prepare(ctx, t)
 	if err != nil {
 		s.completeRetrying(ctx, t.ID, failed("prepare sandbox: "+err.Error(), "start"))
 		return
@@ -356,7 +367,7 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 				case qerr != nil:
 					end(failed(qerr.Error(), quotaReason(qerr)))
 				default:
-					end(s.opts.Collect(ctx, cur, exit))
+					end(s.opts.Runner.Collect(ctx, cur, exit))
 				}
 			}
 			if unrecorded == nil {
@@ -528,6 +539,9 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 	// What reconciliation records is caused by the start; the tasks it
 	// reattaches go on under their own causes.
 	sys := eventstore.Begin(ctx, "start")
+	if err := s.opts.Runner.Reconcile(sys); err != nil {
+		return err
+	}
 	listed := map[string]listedSandbox{} // by task id
 	for name, rt := range s.opts.Runtimes {
 		hs, err := rt.List(ctx, map[string]string{sandbox.LabelManaged: "true"})
@@ -614,10 +628,8 @@ func (s *Scheduler) resume(ctx context.Context, t task.Task, rt sandbox.Runtime,
 	s.log.Info("task reattached", logkey.TaskID, t.ID, logkey.SandboxID, h.ID)
 	// t is the task as it was before: a task reattached while starting
 	// keeps its timeout counting from then, not from now.
-	if s.opts.Reported != nil {
-		if c, ok := s.opts.Reported(ctx, t); ok {
-			s.complete(ctx, t.ID, c) // supervise then stops the sandbox
-		}
+	if c, ok := s.opts.Runner.Reported(ctx, t); ok {
+		s.complete(ctx, t.ID, c) // supervise then stops the sandbox
 	}
 	s.claim(t.ID)
 	s.wg.Add(1)
@@ -653,7 +665,7 @@ func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) 
 			s.log.Warn("cannot recover sandbox", logkey.TaskID, t.ID, logkey.Error, err)
 		}
 	}
-	c := s.opts.Collect(ctx, t, nil)
+	c := s.opts.Runner.Collect(ctx, t, nil)
 	s.complete(ctx, t.ID, c)
 	if rt != nil {
 		// The sandbox is named after its task: whatever a crash left of it

@@ -75,9 +75,44 @@ type harness struct {
 	stop     func()
 }
 
+// testRunner is the scheduler's Runner for these tests: a spec that runs
+// true, a Collect that records its calls on the harness and ends the task
+// by the exit code, and Reported when a test sets it.
+type testRunner struct {
+	h        *harness
+	reported func(ctx context.Context, t task.Task) (task.Completed, bool)
+}
+
+func (r *testRunner) Reconcile(ctx context.Context) error { return nil }
+
+func (r *testRunner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error) {
+	return sandbox.Spec{ID: t.ID, Command: []string{"true"}, Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: t.ID}}, nil
+}
+
+func (r *testRunner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed {
+	r.h.mu.Lock()
+	r.h.collects = append(r.h.collects, collectCall{t.ID, exit})
+	r.h.mu.Unlock()
+	if exit == nil {
+		return task.Completed{Status: task.Failed, ErrorMessage: "lost", Reason: "lost"}
+	}
+	code := exit.Code
+	if code == 0 {
+		return task.Completed{Status: task.Success, ExitCode: &code, Summary: "collected"}
+	}
+	return task.Completed{Status: task.Failed, ExitCode: &code, ErrorMessage: fmt.Sprintf("exit %d", code)}
+}
+
+func (r *testRunner) Reported(ctx context.Context, t task.Task) (task.Completed, bool) {
+	if r.reported == nil {
+		return task.Completed{}, false
+	}
+	return r.reported(ctx, t)
+}
+
 // MustStart rebuilds a projection over store and runs it and a scheduler
-// with opts (Runtimes, Prepare and Collect filled in when empty) until the
-// test ends or h.stop is called.
+// with opts (Runtimes and Runner filled in when empty; a *testRunner given
+// is bound to the harness) until the test ends or h.stop is called.
 func MustStart(tb testing.TB, store eventstore.Store, opts Options, rt sandbox.Runtime) *harness {
 	tb.Helper()
 	h := &harness{store: store, tasks: projection.New(store, discard())}
@@ -87,25 +122,11 @@ func MustStart(tb testing.TB, store eventstore.Store, opts Options, rt sandbox.R
 	if opts.Runtimes == nil {
 		opts.Runtimes = map[string]sandbox.Runtime{"fake": rt}
 	}
-	if opts.Prepare == nil {
-		opts.Prepare = func(ctx context.Context, t task.Task) (sandbox.Spec, error) {
-			return sandbox.Spec{ID: t.ID, Command: []string{"true"}, Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: t.ID}}, nil
-		}
+	if opts.Runner == nil {
+		opts.Runner = &testRunner{}
 	}
-	if opts.Collect == nil {
-		opts.Collect = func(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed {
-			h.mu.Lock()
-			h.collects = append(h.collects, collectCall{t.ID, exit})
-			h.mu.Unlock()
-			if exit == nil {
-				return task.Completed{Status: task.Failed, ErrorMessage: "lost", Reason: "lost"}
-			}
-			code := exit.Code
-			if code == 0 {
-				return task.Completed{Status: task.Success, ExitCode: &code, Summary: "collected"}
-			}
-			return task.Completed{Status: task.Failed, ExitCode: &code, ErrorMessage: fmt.Sprintf("exit %d", code)}
-		}
+	if tr, ok := opts.Runner.(*testRunner); ok {
+		tr.h = h
 	}
 	h.sched = New(opts, h.tasks, store, discard())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -561,7 +582,7 @@ func TestRunStoppedDuringReconcile(t *testing.T) {
 		t.Fatal(err)
 	}
 	tasks := projection.New(store, discard())
-	s := New(Options{Runtimes: map[string]sandbox.Runtime{"fake": fake}}, tasks, store, discard())
+	s := New(Options{Runtimes: map[string]sandbox.Runtime{"fake": fake}, Runner: &testRunner{}}, tasks, store, discard())
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := s.Run(ctx); err != nil {
@@ -768,7 +789,7 @@ func TestReconcileRecordsReportedTaskAtOnce(t *testing.T) {
 		code := 0
 		return task.Completed{Status: task.Success, ExitCode: &code, Summary: "from status.json", Reason: "recovered"}, true
 	}
-	h := MustStart(t, store, Options{Reported: reported, ExitGrace: 10 * time.Millisecond}, fake.Restart())
+	h := MustStart(t, store, Options{Runner: &testRunner{reported: reported}, ExitGrace: 10 * time.Millisecond}, fake.Restart())
 	got := waitStatus(t, h.tasks, id, task.Success)
 	if got.Summary != "from status.json" {
 		t.Errorf("summary %q, want the reported one", got.Summary)

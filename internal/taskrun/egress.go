@@ -36,25 +36,13 @@ type Egress interface {
 const egressSweepPause = 500 * time.Millisecond
 
 // RunEgress keeps the egress proxies in step with the tasks until ctx
-// ends. First it opens the proxy of every starting or running task that
-// has network: after a restart their sandboxes still run, and their
-// relays dial the socket afresh for each connection. Then, on every change
-// and at least every minute, it closes the proxies of tasks that ended or
-// that no event knows. The caller runs it beside the scheduler; Prepare
-// opens the proxies of tasks that start later.
+// ends: on every change and at least every minute, it closes the proxies
+// of tasks that ended or that no event knows. The caller runs it beside
+// the scheduler; Prepare opens the proxies of tasks that start, and
+// Reconcile those of tasks still running after a restart.
 func (o *Runner) RunEgress(ctx context.Context) error {
-	eg := o.opts.Egress
-	if eg == nil {
+	if o.opts.Egress == nil {
 		return nil
-	}
-	for _, t := range o.tasks.Select(func(t *task.Task) bool {
-		return (t.Status == task.Starting || t.Status == task.Running) && t.Network != "" && t.Network != task.NetworkNone
-	}) {
-		if _, err := eg.Open(t.ID, t.Network); err != nil {
-			o.log.Warn("cannot reopen egress proxy", logkey.TaskID, t.ID, logkey.Error, err)
-		} else {
-			o.log.Info("egress proxy reopened", logkey.TaskID, t.ID)
-		}
 	}
 	tick := time.NewTicker(time.Minute)
 	defer tick.Stop()
@@ -88,6 +76,25 @@ func (o *Runner) sweepEgress() {
 		}
 		if err := o.opts.Egress.Close(id); err != nil {
 			o.log.Warn("cannot close egress proxy", logkey.TaskID, id, logkey.Error, err)
+		}
+	}
+}
+
+// reopenEgress opens the proxy of every starting or running task that has
+// network: after a restart their sandboxes still run, and their relays
+// dial the socket afresh for each connection.
+func (o *Runner) reopenEgress() {
+	eg := o.opts.Egress
+	if eg == nil {
+		return
+	}
+	for _, t := range o.tasks.Select(func(t *task.Task) bool {
+		return (t.Status == task.Starting || t.Status == task.Running) && t.Network != "" && t.Network != task.NetworkNone
+	}) {
+		if _, err := eg.Open(t.ID, t.Network); err != nil {
+			o.log.Warn("cannot reopen egress proxy", logkey.TaskID, t.ID, logkey.Error, err)
+		} else {
+			o.log.Info("egress proxy reopened", logkey.TaskID, t.ID)
 		}
 	}
 }

@@ -330,9 +330,19 @@ func (o *Runner) WorkerComplete(ctx context.Context, h http.Header, body []byte)
 	return evs[len(evs)-1].ID, nil
 }
 
-// ReconcileDirectories reports task directories that no event knows, as
-// system events (SPEC §3). It never deletes them: a person decides.
-func (o *Runner) ReconcileDirectories(ctx context.Context) error {
+// Reconcile is the runner's part of start-up reconciliation, which the
+// scheduler does first: it reports task directories that no event knows,
+// as system events (SPEC §3), never deleting them (a person decides), and
+// reopens the egress proxies of the tasks still running.
+func (o *Runner) Reconcile(ctx context.Context) error {
+	if err := o.reconcileDirectories(ctx); err != nil {
+		return err
+	}
+	o.reopenEgress()
+	return nil
+}
+
+func (o *Runner) reconcileDirectories(ctx context.Context) error {
 	ids, err := o.data.TaskIDs()
 	if err != nil {
 		return fmt.Errorf("list task directories: %w", err)
