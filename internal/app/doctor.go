@@ -81,7 +81,8 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 // tasks use) and, for the default runtime, whether it enforces limits.
 func doctorRuntime(ctx context.Context, name string, cfg *config.Config, stateDir string, host hostuser.Identity, log *slog.Logger) []Check {
 	c := Check{Name: "runtime " + name, Required: cfg.Runtime == name}
-	rt, err := openRuntime(name, cfg, stateDir, host, log)
+	dataRoot, _ := filepath.Abs(cfg.Data)
+	rt, err := openRuntime(name, cfg, dataRoot, stateDir, host, log)
 	if rt == nil && err == nil {
 		c.Detail = notBuilt[name]
 		return []Check{c}

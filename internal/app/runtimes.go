@@ -38,11 +38,12 @@ var notBuilt = map[string]string{
 // not built yet. corral serve and corral doctor both build their runtimes
 // here, so doctor checks what serve runs. This is the one place that names
 // concrete backends.
-func openRuntime(name string, cfg *config.Config, stateDir string, host hostuser.Identity, log *slog.Logger) (sandbox.Runtime, error) {
+func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, host hostuser.Identity, log *slog.Logger) (sandbox.Runtime, error) {
 	switch name {
 	case local.Name:
 		return local.New(local.Options{
 			StateDir:     stateDir,
+			DataRoot:     dataRoot,
 			Bwrap:        cfg.Local.Bwrap,
 			CgroupParent: cfg.Local.CgroupParent,
 			TmpSize:      cfg.Local.TmpSize.Bytes(),
@@ -55,6 +56,7 @@ func openRuntime(name string, cfg *config.Config, stateDir string, host hostuser
 	case gvisor.Name:
 		return gvisor.New(gvisor.Options{
 			StateDir: stateDir,
+			DataRoot: dataRoot,
 			TmpSize:  cfg.Local.TmpSize.Bytes(),
 			Host:     host,
 		}, log)
@@ -67,7 +69,7 @@ func openRuntime(name string, cfg *config.Config, stateDir string, host hostuser
 func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, error) {
 	out := map[string]sandbox.Runtime{}
 	for _, name := range config.Runtimes {
-		rt, err := openRuntime(name, a.cfg, a.data.HostPath(workspace.DirRun, name), a.sandboxUser, a.log)
+		rt, err := openRuntime(name, a.cfg, a.data.Path(), a.data.HostPath(workspace.DirRun, name), a.sandboxUser, a.log)
 		if err != nil {
 			return nil, fmt.Errorf("open %s runtime: %w", name, err)
 		}

@@ -17,7 +17,7 @@ import (
 func TestRuntimeNamesAgree(t *testing.T) {
 	cfg := config.Default()
 	for _, name := range config.Runtimes {
-		rt, err := openRuntime(name, cfg, t.TempDir(), hostuser.Default(), slog.New(slog.DiscardHandler))
+		rt, err := openRuntime(name, cfg, t.TempDir(), t.TempDir(), hostuser.Default(), slog.New(slog.DiscardHandler))
 		if rt == nil && err == nil && notBuilt[name] == "" {
 			t.Errorf("runtime %s is neither built nor said to be not built", name)
 		}

@@ -3,8 +3,10 @@ package orchestrator
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +25,7 @@ import (
 
 // fakeEgress records Open and Close and keeps a set of task directories.
 type fakeEgress struct {
+	root   string // the data root its directories are in
 	mu     sync.Mutex
 	dirs   map[string]string // task id → network it was opened for
 	opened []string
@@ -42,7 +45,7 @@ func (f *fakeEgress) Open(id, network string) (string, error) {
 	defer f.mu.Unlock()
 	f.dirs[id] = network
 	f.opened = append(f.opened, id+":"+network)
-	return "/host/egress/" + id, nil
+	return filepath.Join(f.root, "run", "egress", id), nil
 }
 
 func (f *fakeEgress) Close(id string) error {
@@ -92,6 +95,7 @@ func withEgress(eg taskrun.Egress) func(*taskrun.Options) {
 func TestPrepareWithEgress(t *testing.T) {
 	eg := newFakeEgress()
 	f := MustNew(t, withNetworks, withEgress(eg))
+	eg.root = f.data.Path()
 	ctx := context.Background()
 	for _, network := range []string{task.NetworkAllowlist, task.NetworkOpen} {
 		tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: network})
@@ -102,7 +106,7 @@ func TestPrepareWithEgress(t *testing.T) {
 		if spec.Network != sandbox.NetworkEgress {
 			t.Errorf("%s: sandbox network %q, want egress", network, spec.Network)
 		}
-		want := sandbox.Mount{Source: "/host/egress/" + tk.ID, Target: workerproto.EgressDir, ReadOnly: true}
+		want := sandbox.Mount{Source: "run/egress/" + tk.ID, Target: workerproto.EgressDir, ReadOnly: true}
 		if !slices.Contains(spec.Mounts, want) {
 			t.Errorf("%s: mounts %v lack %v", network, spec.Mounts, want)
 		}
@@ -218,4 +222,14 @@ func TestReconcileReopensAndRunEgressSweeps(t *testing.T) {
 	}
 	f.MustAppend(t, running.ID, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success}, "test"))
 	waitDirs(nil)
+}
+
+// Mounts are paths of the data root: a worker binary elsewhere cannot be
+// mounted, and Prepare says so.
+func TestPrepareRefusesPathsOutsideTheDataRoot(t *testing.T) {
+	f := MustNew(t, nil, func(o *taskrun.Options) { o.Worker.Binary = "/usr/local/bin/corral" })
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}})
+	if _, err := f.r.Prepare(context.Background(), tk); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "not within the data root") {
+		t.Errorf("Prepare = %v, want the binary refused as outside the data root", err)
+	}
 }

@@ -92,7 +92,7 @@ func MustNew(tb testing.TB, edit func(*Options), runEdit ...func(*taskrun.Option
 	o := New(opts, log)
 	ropts := taskrun.Options{
 		Store: store, Tasks: tasks, Data: data, Agents: opts.Agents,
-		Worker:      taskrun.WorkerOptions{Binary: "/usr/local/bin/corral", SocketDir: data.HostPath("run", "sock"), Secret: testSecret},
+		Worker:      taskrun.WorkerOptions{Binary: data.HostPath("run", "bin", "corral"), SocketDir: data.HostPath("run", "sock"), Secret: testSecret},
 		Verifier:    webhook.NewVerifier(testSecret, 0, nil),
 		Saver:       o,
 		MaxLogBytes: opts.Limits.MaxLogBytes, MaxTaskDirBytes: opts.Limits.MaxTaskDirBytes,
@@ -399,11 +399,12 @@ func TestPrepare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Paths of the data root, which each runtime exposes its own way.
 	wantMounts := []sandbox.Mount{
-		{Source: f.data.TaskPath(cmdTask.ID), Target: "/task"},
-		{Source: f.data.HostPath("shared"), Target: "/workspace/shared", ReadOnly: true},
-		{Source: "/usr/local/bin/corral", Target: workerproto.CorralBinary, ReadOnly: true},
-		{Source: f.data.HostPath("run", "sock"), Target: workerproto.SocketDir, ReadOnly: true},
+		{Source: "tasks/" + cmdTask.ID, Target: "/task"},
+		{Source: "shared", Target: "/workspace/shared", ReadOnly: true},
+		{Source: "run/bin/corral", Target: workerproto.CorralBinary, ReadOnly: true},
+		{Source: "run/sock", Target: workerproto.SocketDir, ReadOnly: true},
 	}
 	if diff := cmp.Diff(wantMounts, spec.Mounts); diff != "" {
 		t.Errorf("mounts (-want +got):\n%s", diff)

@@ -8,6 +8,8 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"path/filepath"
+	"slices"
 	"time"
 )
 
@@ -67,11 +69,24 @@ type Handle struct {
 	State   json.RawMessage   `json:"state"`   // backend-private: container ID, pid, pod name
 }
 
-// Mount makes a host path visible inside the sandbox.
+// Mount makes a directory or file of the data root visible inside the
+// sandbox. Each runtime decides how: the host runtimes bind
+// <data root>/<Source>; a runtime on another machine mounts the same path
+// of the volume holding the data root.
 type Mount struct {
-	Source   string // host path (a directory or file)
+	Source   string // relative to the data root, slash-separated, within it
 	Target   string // absolute path inside the sandbox
 	ReadOnly bool
+}
+
+// Resolve returns s with each mount's Source joined to root, the data
+// root's path on this host, for a runtime that binds host paths.
+func (s Spec) Resolve(root string) Spec {
+	s.Mounts = slices.Clone(s.Mounts)
+	for i := range s.Mounts {
+		s.Mounts[i].Source = filepath.Join(root, filepath.FromSlash(s.Mounts[i].Source))
+	}
+	return s
 }
 
 // Network is a sandbox's network policy.

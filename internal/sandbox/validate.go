@@ -55,8 +55,8 @@ func (s Spec) Validate() error {
 		} else if underAny(m.Target, systemDirs) {
 			errs = append(errs, errdefs.Field(f+".target", "must not replace a system directory"))
 		}
-		if !filepath.IsAbs(m.Source) {
-			errs = append(errs, errdefs.Field(f+".source", "must be an absolute host path"))
+		if !filepath.IsLocal(filepath.FromSlash(m.Source)) || strings.ContainsRune(m.Source, 0) {
+			errs = append(errs, errdefs.Field(f+".source", "must be a path within the data root (relative, no ..)"))
 		}
 	}
 	if s.Limits.MemoryBytes < 0 || s.Limits.CPUMillis < 0 || s.Limits.Pids < 0 || s.Limits.WallClock < 0 {

@@ -15,7 +15,7 @@ func TestSpecValidate(t *testing.T) {
 		Command: []string{"true"},
 		Dir:     "/task",
 		Env:     []string{"A=1", "B="},
-		Mounts:  []sandbox.Mount{{Source: "/nonexistent/is/fine/here", Target: "/task"}},
+		Mounts:  []sandbox.Mount{{Source: "nonexistent/is/fine/here", Target: "/task"}},
 		Network: sandbox.NetworkEgress,
 	}
 	if err := ok.Validate(); err != nil {
@@ -37,7 +37,9 @@ func TestSpecValidate(t *testing.T) {
 		"root target":       {func(s *sandbox.Spec) { s.Mounts[0].Target = "/" }, "mounts[0].target"},
 		"system target":     {func(s *sandbox.Spec) { s.Mounts[0].Target = "/usr/lib" }, "mounts[0].target"},
 		"etc target":        {func(s *sandbox.Spec) { s.Mounts[0].Target = "/etc" }, "mounts[0].target"},
-		"relative source":   {func(s *sandbox.Spec) { s.Mounts[0].Source = "src" }, "mounts[0].source"},
+		"absolute source":   {func(s *sandbox.Spec) { s.Mounts[0].Source = "/etc" }, "mounts[0].source"},
+		"escaping source":   {func(s *sandbox.Spec) { s.Mounts[0].Source = "tasks/../../etc" }, "mounts[0].source"},
+		"empty source":      {func(s *sandbox.Spec) { s.Mounts[0].Source = "" }, "mounts[0].source"},
 		"negative limit":    {func(s *sandbox.Spec) { s.Limits.Pids = -1 }, "limits"},
 		"negative wall":     {func(s *sandbox.Spec) { s.Limits.WallClock = -1 }, "limits"},
 		"unknown network":   {func(s *sandbox.Spec) { s.Network = "open" }, "network"},

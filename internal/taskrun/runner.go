@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -102,14 +103,28 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		workerproto.EnvWebhookKey + "=" + hex.EncodeToString(webhook.DeriveKey(w.Secret, t.ID)),
 	}, w.Env...)
 	env = append(env, ag.Env...)
+	// Mounts name paths of the data root; each runtime decides how to
+	// expose them.
+	binary, err := o.inDataRoot(w.Binary)
+	if err != nil {
+		return sandbox.Spec{}, fmt.Errorf("the worker binary: %w", err)
+	}
+	sockets, err := o.inDataRoot(w.SocketDir)
+	if err != nil {
+		return sandbox.Spec{}, fmt.Errorf("the socket directory: %w", err)
+	}
 	mounts := []sandbox.Mount{
-		{Source: o.data.TaskPath(t.ID), Target: workerproto.TaskDir},
-		{Source: o.data.HostPath(workspace.DirShared), Target: workerproto.SharedDir, ReadOnly: true},
-		{Source: w.Binary, Target: workerproto.CorralBinary, ReadOnly: true},
-		{Source: w.SocketDir, Target: workerproto.SocketDir, ReadOnly: true},
+		{Source: workspace.DirTasks + "/" + t.ID, Target: workerproto.TaskDir},
+		{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},
+		{Source: binary, Target: workerproto.CorralBinary, ReadOnly: true},
+		{Source: sockets, Target: workerproto.SocketDir, ReadOnly: true},
 	}
 	if egressDir != "" {
-		mounts = append(mounts, sandbox.Mount{Source: egressDir, Target: workerproto.EgressDir, ReadOnly: true})
+		dir, err := o.inDataRoot(egressDir)
+		if err != nil {
+			return sandbox.Spec{}, fmt.Errorf("the egress proxy's directory: %w", err)
+		}
+		mounts = append(mounts, sandbox.Mount{Source: dir, Target: workerproto.EgressDir, ReadOnly: true})
 	}
 	return sandbox.Spec{
 		ID:      t.ID,
@@ -358,4 +373,14 @@ func (o *Runner) reconcileDirectories(ctx context.Context) error {
 		o.log.Warn("task directory without events", "directory", "tasks/"+id)
 	}
 	return nil
+}
+
+// inDataRoot is host path p relative to the data root, slash-separated;
+// a path outside it cannot be mounted.
+func (o *Runner) inDataRoot(p string) (string, error) {
+	rel, err := filepath.Rel(o.data.Path(), p)
+	if err != nil || !filepath.IsLocal(rel) {
+		return "", fmt.Errorf("%s is not within the data root %s: %w", p, o.data.Path(), errdefs.ErrFailedPrecondition)
+	}
+	return filepath.ToSlash(rel), nil
 }

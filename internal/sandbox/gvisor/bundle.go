@@ -21,17 +21,18 @@ import (
 // validateSpec returns every problem with spec at once: Spec.Validate's,
 // the id runsc (runsc's own directory in StateDir), mounts over /sys
 // (which runsc sets up) and mount sources that do not exist.
-func validateSpec(spec sandbox.Spec) error {
+func validateSpec(spec sandbox.Spec, root string) error {
 	errs := []error{spec.Validate()}
+	resolved := spec.Resolve(root)
 	if spec.ID == "runsc" {
 		errs = append(errs, errdefs.Field("id", "runsc is reserved"))
 	}
-	for i, m := range spec.Mounts {
+	for i, m := range resolved.Mounts {
 		f := fmt.Sprintf("mounts[%d]", i)
 		if sandbox.CleanAbs(m.Target) && (m.Target == "/sys" || strings.HasPrefix(m.Target, "/sys/")) {
 			errs = append(errs, errdefs.Field(f+".target", "must not replace a system directory"))
 		}
-		if filepath.IsAbs(m.Source) {
+		if filepath.IsLocal(filepath.FromSlash(spec.Mounts[i].Source)) {
 			if _, err := os.Stat(m.Source); err != nil {
 				errs = append(errs, errdefs.Field(f+".source", "does not exist"))
 			}

@@ -127,6 +127,9 @@ type Options struct {
 	// enough for runsc's paths. Two Runtimes over one StateDir see the
 	// same sandboxes.
 	StateDir string
+	// DataRoot is the host directory mounts are relative to (Mount.Source).
+	// Required, absolute.
+	DataRoot string
 	// Runsc is the runsc binary; default "runsc" from PATH.
 	Runsc string
 	// Platform is runsc's --platform; default "ptrace".
@@ -209,6 +212,9 @@ type state struct {
 // run with --ignore-cgroups and New logs one warning.
 func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	opts.setDefaults()
+	if !filepath.IsAbs(opts.DataRoot) {
+		return nil, fmt.Errorf("gvisor runtime data root %q: must be an absolute path: %w", opts.DataRoot, errdefs.ErrInvalidArgument)
+	}
 	if opts.StateDir == "" || !filepath.IsAbs(opts.StateDir) {
 		return nil, fmt.Errorf("gvisor runtime state dir %q: must be an absolute path: %w", opts.StateDir, errdefs.ErrInvalidArgument)
 	}
@@ -348,9 +354,10 @@ func handleOf(st state) *sandbox.Handle { return statedir.Handle(Name, stateVers
 // returns once runsc reports the container running (about 0.2 to 0.5 s
 // with the ptrace platform). It is idempotent on spec.ID.
 func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
-	if err := validateSpec(spec); err != nil {
+	if err := validateSpec(spec, r.opts.DataRoot); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
+	spec = spec.Resolve(r.opts.DataRoot) // from here on, mounts are host paths
 	unlock := r.sd.Lock(spec.ID)
 	defer unlock()
 	if e, err := r.lookup(spec.ID); err == nil {

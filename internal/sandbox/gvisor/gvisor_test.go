@@ -28,7 +28,7 @@ import (
 func MustNew(tb testing.TB) (*Runtime, func() *Runtime) {
 	tb.Helper()
 	testenv.RequireRunsc(tb)
-	opts := Options{StateDir: filepath.Join(tb.TempDir(), "state"), CgroupParent: "corral-gvisor-test"}
+	opts := Options{DataRoot: sandboxtest.DataRoot, StateDir: filepath.Join(tb.TempDir(), "state"), CgroupParent: "corral-gvisor-test"}
 	newRuntime := func() *Runtime {
 		r, err := New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
@@ -70,7 +70,7 @@ func run(t *testing.T, r *Runtime, script string, mod func(*sandbox.Spec)) (sand
 	defer cancel()
 	dir := mountDir(t)
 	sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", script}, Dir: "/out",
-		Mounts: []sandbox.Mount{{Source: dir, Target: "/out"}}}
+		Mounts: []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}}}
 	if mod != nil {
 		mod(&sp)
 	}
@@ -202,8 +202,8 @@ func TestHostUnixSocket(t *testing.T) {
 	es, out := run(t, r, `/run/probe/client -test.run='^TestHelperDial$' > out 2>&1`, func(sp *sandbox.Spec) {
 		sp.Env = []string{"CORRAL_GVISOR_DIAL=/run/corral/sock/corral.sock"}
 		sp.Mounts = append(sp.Mounts,
-			sandbox.Mount{Source: sockDir, Target: "/run/corral/sock", ReadOnly: true},
-			sandbox.Mount{Source: self, Target: "/run/probe/client", ReadOnly: true})
+			sandbox.Mount{Source: sandboxtest.MountSource(sockDir), Target: "/run/corral/sock", ReadOnly: true},
+			sandbox.Mount{Source: sandboxtest.MountSource(self), Target: "/run/probe/client", ReadOnly: true})
 	})
 	if es.Code != 0 || !strings.Contains(out, "reply: ack hello from the sandbox") {
 		t.Fatalf("client exit %d, output %q; want the host's reply", es.Code, out)
@@ -273,7 +273,7 @@ func TestSurvivesServerDeath(t *testing.T) {
 	cmd.Process.Kill() // the "server" dies with SIGKILL
 	cmd.Wait()
 
-	r, err := New(Options{StateDir: state, CgroupParent: "corral-gvisor-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: "corral-gvisor-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,14 +303,14 @@ func TestServerHelper(t *testing.T) {
 	if state == "" {
 		t.Skip("helper process for TestSurvivesServerDeath")
 	}
-	r, err := New(Options{StateDir: state, CgroupParent: "corral-gvisor-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: "corral-gvisor-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := os.Getenv("CORRAL_GVISOR_HELPER_DIR")
 	_, err = r.Create(context.Background(), sandbox.Spec{
 		ID: os.Getenv("CORRAL_GVISOR_HELPER_ID"), Command: []string{"/bin/sh", "-c", `touch ready; while [ ! -e stop ]; do sleep 0.05; done; exit 9`},
-		Dir: "/out", Mounts: []sandbox.Mount{{Source: dir, Target: "/out"}},
+		Dir: "/out", Mounts: []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
 		Labels: map[string]string{sandbox.LabelManaged: "true"},
 	})
 	if err != nil {
@@ -335,7 +335,7 @@ func TestCapabilities(t *testing.T) {
 }
 
 func TestCapabilitiesNoRunsc(t *testing.T) {
-	r, err := New(Options{StateDir: t.TempDir(), Runsc: "/nonexistent/runsc", DisableCgroups: true}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: t.TempDir(), Runsc: "/nonexistent/runsc", DisableCgroups: true}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 )
 
@@ -104,7 +105,7 @@ func TestSeccompEnforced(t *testing.T) {
 	}
 	es, out := run(t, r, `/run/probe/helper -test.run='^TestHelperSeccomp$' > out 2>&1`, func(sp *sandbox.Spec) {
 		sp.Env = []string{"CORRAL_GVISOR_SECCOMP=1"}
-		sp.Mounts = append(sp.Mounts, sandbox.Mount{Source: self, Target: "/run/probe/helper", ReadOnly: true})
+		sp.Mounts = append(sp.Mounts, sandbox.Mount{Source: sandboxtest.MountSource(self), Target: "/run/probe/helper", ReadOnly: true})
 	})
 	if es.Code != 0 {
 		t.Fatalf("helper exit %d: %s", es.Code, out)

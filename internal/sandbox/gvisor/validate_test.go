@@ -4,6 +4,8 @@ package gvisor
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -11,8 +13,12 @@ import (
 )
 
 func TestValidateSpec(t *testing.T) {
-	ok := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: t.TempDir(), Target: "/task"}}}
-	if err := validateSpec(ok); err != nil {
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "task"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ok := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: "task", Target: "/task"}}}
+	if err := validateSpec(ok, root); err != nil {
 		t.Errorf("valid spec: %v", err)
 	}
 	for name, tc := range map[string]struct {
@@ -23,14 +29,15 @@ func TestValidateSpec(t *testing.T) {
 		"sys target":     {func(s *sandbox.Spec) { s.Mounts[0].Target = "/sys" }, "mounts[0].target"},
 		"under sys":      {func(s *sandbox.Spec) { s.Mounts[0].Target = "/sys/fs" }, "mounts[0].target"},
 		"system target":  {func(s *sandbox.Spec) { s.Mounts[0].Target = "/usr/lib" }, "mounts[0].target"},
-		"missing source": {func(s *sandbox.Spec) { s.Mounts[0].Source = "/nonexistent/x" }, "mounts[0].source"},
+		"missing source": {func(s *sandbox.Spec) { s.Mounts[0].Source = "nonexistent/x" }, "mounts[0].source"},
+		"host path":      {func(s *sandbox.Spec) { s.Mounts[0].Source = root + "/task" }, "mounts[0].source"},
 		"bad env":        {func(s *sandbox.Spec) { s.Env = []string{"NOEQUALS"} }, "env[0]"},
 	} {
 		sp := ok
 		sp.Mounts = append([]sandbox.Mount(nil), ok.Mounts...)
 		tc.mod(&sp)
 		var fe *errdefs.FieldError
-		if err := validateSpec(sp); !errors.As(err, &fe) || fe.Field != tc.field {
+		if err := validateSpec(sp, root); !errors.As(err, &fe) || fe.Field != tc.field {
 			t.Errorf("%s: validateSpec = %v, want an error for %s", name, err, tc.field)
 		}
 	}

@@ -19,14 +19,14 @@ import (
 )
 
 // validateSpec returns every problem with spec at once: Spec.Validate's,
-// mount sources that do not exist, and, when sandboxes run as another host
-// identity than the server, read-only mount sources that identity cannot
-// reach (bwrap, running as it, binds them by path). Read-write sources are
-// given to the identity at start.
-func validateSpec(spec sandbox.Spec, host hostuser.Identity) error {
+// mount sources that do not exist under root (the data root), and, when
+// sandboxes run as another host identity than the server, read-only mount
+// sources that identity cannot reach (bwrap, running as it, binds them by
+// path). Read-write sources are given to the identity at start.
+func validateSpec(spec sandbox.Spec, root string, host hostuser.Identity) error {
 	errs := []error{spec.Validate()}
-	for i, m := range spec.Mounts {
-		if !filepath.IsAbs(m.Source) {
+	for i, m := range spec.Resolve(root).Mounts {
+		if !filepath.IsLocal(filepath.FromSlash(spec.Mounts[i].Source)) {
 			continue
 		}
 		field := fmt.Sprintf("mounts[%d].source", i)

@@ -4,6 +4,8 @@ package local
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -15,8 +17,12 @@ import (
 )
 
 func TestValidateSpec(t *testing.T) {
-	ok := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: testenv.TempDir(t), Target: "/task"}}}
-	if err := validateSpec(ok, hostuser.Default()); err != nil {
+	root := testenv.TempDir(t)
+	if err := os.Mkdir(filepath.Join(root, "task"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ok := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: "task", Target: "/task"}}}
+	if err := validateSpec(ok, root, hostuser.Default()); err != nil {
 		t.Errorf("valid spec: %v", err)
 	}
 	for name, mod := range map[string]func(*sandbox.Spec){
@@ -25,7 +31,8 @@ func TestValidateSpec(t *testing.T) {
 		"unclean target":  func(s *sandbox.Spec) { s.Mounts[0].Target = "/task/../etc" },
 		"root target":     func(s *sandbox.Spec) { s.Mounts[0].Target = "/" },
 		"system target":   func(s *sandbox.Spec) { s.Mounts[0].Target = "/usr/lib" },
-		"missing source":  func(s *sandbox.Spec) { s.Mounts[0].Source = "/nonexistent/x" },
+		"missing source":  func(s *sandbox.Spec) { s.Mounts[0].Source = "nonexistent/x" },
+		"host path":       func(s *sandbox.Spec) { s.Mounts[0].Source = root + "/task" },
 		"relative dir":    func(s *sandbox.Spec) { s.Dir = "task" },
 		"bad env":         func(s *sandbox.Spec) { s.Env = []string{"NOEQUALS"} },
 		"negative limit":  func(s *sandbox.Spec) { s.Limits.Pids = -1 },
@@ -34,7 +41,7 @@ func TestValidateSpec(t *testing.T) {
 		sp := ok
 		sp.Mounts = append([]sandbox.Mount(nil), ok.Mounts...)
 		mod(&sp)
-		if err := validateSpec(sp, hostuser.Default()); err == nil {
+		if err := validateSpec(sp, root, hostuser.Default()); err == nil {
 			t.Errorf("%s: validateSpec succeeded", name)
 		}
 	}
@@ -45,10 +52,13 @@ func TestValidateSpec(t *testing.T) {
 // naming the directory in the way, not left to a bwrap error.
 func TestValidateSpecClosedSource(t *testing.T) {
 	testenv.RequireRoot(t)
-	closed := t.TempDir() // its parent is 0700, the test's own
+	root := t.TempDir() // 0700, the test's own
+	if err := os.Mkdir(filepath.Join(root, "closed"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, ro := range []bool{true, false} {
-		sp := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: closed, Target: "/in", ReadOnly: ro}}}
-		err := validateSpec(sp, hostuser.Default())
+		sp := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: "closed", Target: "/in", ReadOnly: ro}}}
+		err := validateSpec(sp, root, hostuser.Default())
 		if err == nil || !strings.Contains(err.Error(), "closed to the sandbox identity") {
 			t.Errorf("read-only %v: validateSpec = %v, want the source closed to the sandbox identity", ro, err)
 		}

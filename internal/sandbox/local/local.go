@@ -90,6 +90,9 @@ type Options struct {
 	// StateDir is the host directory holding one subdirectory per sandbox.
 	// Required. Two Runtimes over one StateDir see the same sandboxes.
 	StateDir string
+	// DataRoot is the host directory mounts are relative to (Mount.Source).
+	// Required, absolute.
+	DataRoot string
 	// Bwrap is the bubblewrap binary; default "bwrap" from PATH.
 	Bwrap string
 	// Nsenter is the nsenter binary used by Exec; default "nsenter" from PATH.
@@ -207,6 +210,9 @@ type state struct {
 // sandboxes without limits and logs one warning.
 func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	opts.setDefaults()
+	if !filepath.IsAbs(opts.DataRoot) {
+		return nil, fmt.Errorf("local runtime data root %q: must be an absolute path: %w", opts.DataRoot, errdefs.ErrInvalidArgument)
+	}
 	if opts.StateDir == "" || !filepath.IsAbs(opts.StateDir) {
 		return nil, fmt.Errorf("local runtime state dir %q: must be an absolute path: %w", opts.StateDir, errdefs.ErrInvalidArgument)
 	}
@@ -368,9 +374,10 @@ func handleOf(st state) *sandbox.Handle { return statedir.Handle(Name, stateVers
 // Create starts a sandbox for spec and returns once its pid 1 runs (a few
 // milliseconds). It is idempotent on spec.ID.
 func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
-	if err := validateSpec(spec, r.opts.Host); err != nil {
+	if err := validateSpec(spec, r.opts.DataRoot, r.opts.Host); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
+	spec = spec.Resolve(r.opts.DataRoot) // from here on, mounts are host paths
 	unlock := r.sd.Lock(spec.ID)
 	defer unlock()
 	if e, err := r.lookup(spec.ID); err == nil {

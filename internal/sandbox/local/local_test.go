@@ -30,7 +30,7 @@ import (
 func MustNew(tb testing.TB) (*Runtime, func() *Runtime) {
 	tb.Helper()
 	testenv.RequireBwrap(tb)
-	opts := Options{StateDir: filepath.Join(testenv.TempDir(tb), "state"), CgroupParent: "corral-test"}
+	opts := Options{DataRoot: sandboxtest.DataRoot, StateDir: filepath.Join(testenv.TempDir(tb), "state"), CgroupParent: "corral-test"}
 	newRuntime := func() *Runtime {
 		r, err := New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
@@ -58,7 +58,7 @@ func run(t *testing.T, r *Runtime, script string, mod func(*sandbox.Spec)) (sand
 	defer cancel()
 	dir := testenv.TempDir(t)
 	sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", script}, Dir: "/out",
-		Mounts: []sandbox.Mount{{Source: dir, Target: "/out"}}}
+		Mounts: []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}}}
 	if mod != nil {
 		mod(&sp)
 	}
@@ -184,7 +184,7 @@ func TestSurvivesServerDeath(t *testing.T) {
 	cmd.Process.Kill() // the "server" dies with SIGKILL
 	cmd.Wait()
 
-	r, err := New(Options{StateDir: state, CgroupParent: "corral-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: "corral-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,14 +214,14 @@ func TestServerHelper(t *testing.T) {
 	if state == "" {
 		t.Skip("helper process for TestSurvivesServerDeath")
 	}
-	r, err := New(Options{StateDir: state, CgroupParent: "corral-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: "corral-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := os.Getenv("CORRAL_LOCAL_HELPER_DIR")
 	_, err = r.Create(context.Background(), sandbox.Spec{
 		ID: os.Getenv("CORRAL_LOCAL_HELPER_ID"), Command: []string{"/bin/sh", "-c", `touch ready; while [ ! -e stop ]; do sleep 0.02; done; exit 9`},
-		Dir: "/out", Mounts: []sandbox.Mount{{Source: dir, Target: "/out"}},
+		Dir: "/out", Mounts: []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
 		Labels: map[string]string{sandbox.LabelManaged: "true"},
 	})
 	if err != nil {
@@ -284,7 +284,7 @@ func TestCapabilities(t *testing.T) {
 }
 
 func TestCapabilitiesNoBwrap(t *testing.T) {
-	r, err := New(Options{StateDir: t.TempDir(), Bwrap: "/nonexistent/bwrap", DisableCgroups: true}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: t.TempDir(), Bwrap: "/nonexistent/bwrap", DisableCgroups: true}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,7 +332,7 @@ func BenchmarkStart(b *testing.B) {
 // limit: a write past the limit fails, and neither limit can be raised.
 func TestRlimitOptions(t *testing.T) {
 	testenv.RequireBwrap(t)
-	r, err := New(Options{StateDir: filepath.Join(testenv.TempDir(t), "state"), CgroupParent: "corral-test",
+	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: filepath.Join(testenv.TempDir(t), "state"), CgroupParent: "corral-test",
 		NoFile: 256, FileSizeLimit: 64 << 10}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

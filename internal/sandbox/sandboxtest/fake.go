@@ -187,7 +187,15 @@ func hostDir(mounts []sandbox.Mount, dir string) string {
 }
 
 // Create starts spec's main process; idempotent on spec.ID.
+// Its data root is "/": a mount's Source is a host path without its
+// leading slash (MountSource).
 func (f *Fake) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
+	for i, m := range spec.Mounts {
+		if !filepath.IsLocal(m.Source) {
+			return nil, fmt.Errorf("validate sandbox spec: %w", errdefs.Field(fmt.Sprintf("mounts[%d].source", i), "must be a path within the data root"))
+		}
+	}
+	spec = spec.Resolve("/")
 	if err := validate(spec, f.Run == nil); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}

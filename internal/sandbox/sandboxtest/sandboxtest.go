@@ -40,6 +40,13 @@ type Harness struct {
 	Unisolated bool
 }
 
+// DataRoot is the data root the suite's runtimes are given: "/", so that
+// any host directory can be mounted (MountSource).
+const DataRoot = "/"
+
+// MountSource is a host path as a mount's Source under DataRoot.
+func MountSource(hostPath string) string { return strings.TrimPrefix(hostPath, "/") }
+
 // Shell is the shell every suite command runs with.
 const Shell = "/bin/sh"
 
@@ -117,7 +124,7 @@ func (e *env) spec(script, dir string) sandbox.Spec {
 	}
 	if dir != "" {
 		sp.Dir = "/out"
-		sp.Mounts = []sandbox.Mount{{Source: dir, Target: "/out"}}
+		sp.Mounts = []sandbox.Mount{{Source: MountSource(dir), Target: "/out"}}
 	}
 	return sp
 }
@@ -235,7 +242,7 @@ func (s *suite) testReadOnlyMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	sp := e.spec(`cat /in/data > copy; if echo x > /in/written; then exit 1; fi; exit 0`, out)
-	sp.Mounts = append(sp.Mounts, sandbox.Mount{Source: in, Target: "/in", ReadOnly: true})
+	sp.Mounts = append(sp.Mounts, sandbox.Mount{Source: MountSource(in), Target: "/in", ReadOnly: true})
 	e.create(sp)
 	if es := e.wait(sp.ID); es.Code != 0 {
 		t.Errorf("exit code %d, want 0 (write to read-only mount must fail)", es.Code)
@@ -433,7 +440,7 @@ func (s *suite) testInvalidSpec(t *testing.T) {
 		"empty id":       {Command: []string{"true"}},
 		"uppercase id":   {ID: "Bad-ID", Command: []string{"true"}},
 		"no command":     {ID: NewID(t)},
-		"relative mount": {ID: NewID(t), Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: t.TempDir(), Target: "out"}}},
+		"relative mount": {ID: NewID(t), Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: MountSource(t.TempDir()), Target: "out"}}},
 	} {
 		if _, err := e.rt.Create(e.ctx, sp); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%s: Create = %v, want ErrInvalidArgument", name, err)
