@@ -335,17 +335,7 @@ func (r *Runtime) probeRun(ctx context.Context) error {
 // lookup returns the sandbox id from memory or, after a restart, from its
 // state dir. It wraps errdefs.ErrNotFound if there is neither.
 func (r *Runtime) lookup(id string) (*entry, error) {
-	if sandbox.ValidateID(id) != nil {
-		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
-	}
-	if e, ok := r.sd.Cached(id); ok {
-		return e, nil
-	}
-	st, err := r.sd.Read(id)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	return r.sd.Remember(id, &entry{dir: r.sd.Path(id), st: st}), nil
+	return r.sd.Lookup(id, func(dir string, st state) *entry { return &entry{dir: dir, st: st} })
 }
 
 func handleOf(st state) *sandbox.Handle { return statedir.Handle(Name, stateVersion, st) }

@@ -349,24 +349,16 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 // lookup returns the sandbox id from memory or, after a restart, from its
 // state dir. It wraps errdefs.ErrNotFound if there is neither.
 func (r *Runtime) lookup(id string) (*entry, error) {
-	if sandbox.ValidateID(id) != nil {
-		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
-	}
-	if e, ok := r.sd.Cached(id); ok {
-		return e, nil
-	}
-	st, err := r.sd.Read(id)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	if st.ChildPID == 0 {
-		// A server that died during Create left the state without the
-		// sandbox's pid 1; bwrap has reported it in status.jsonl since.
-		if info, ok := readStatus(r.sd.Path(id)); ok && info.ChildPID > 0 {
-			st.ChildPID, st.PIDNS = info.ChildPID, info.PIDNamespace
+	return r.sd.Lookup(id, func(dir string, st state) *entry {
+		if st.ChildPID == 0 {
+			// A server that died during Create left the state without the
+			// sandbox's pid 1; bwrap has reported it in status.jsonl since.
+			if info, ok := readStatus(dir); ok && info.ChildPID > 0 {
+				st.ChildPID, st.PIDNS = info.ChildPID, info.PIDNamespace
+			}
 		}
-	}
-	return r.sd.Remember(id, &entry{dir: r.sd.Path(id), st: st}), nil
+		return &entry{dir: dir, st: st}
+	})
 }
 
 func handleOf(st state) *sandbox.Handle { return statedir.Handle(Name, stateVersion, st) }

@@ -63,6 +63,23 @@ func (d *Dir[S, E]) Cached(id string) (*E, bool) {
 	return e, ok
 }
 
+// Lookup returns id's entry from memory or, after a restart, one built by
+// newEntry from its state dir and remembered. It wraps errdefs.ErrNotFound
+// if there is neither (an id that is not valid is never found).
+func (d *Dir[S, E]) Lookup(id string, newEntry func(dir string, st S) *E) (*E, error) {
+	if sandbox.ValidateID(id) != nil {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	if e, ok := d.Cached(id); ok {
+		return e, nil
+	}
+	st, err := d.Read(id)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return d.Remember(id, newEntry(d.Path(id), st)), nil
+}
+
 // Remember keeps e as id's entry unless there is one already, and returns
 // the one kept.
 func (d *Dir[S, E]) Remember(id string, e *E) *E {
