@@ -45,8 +45,8 @@ else
   up || { echo "the server did not start:" >&2; cat "$data/serve.log" >&2; exit 1; }
 fi
 
-echo "==> bin/corral doctor"
-bin/corral doctor || true
+echo "==> bin/corral doctor (the sample task runs a command worker: an agent without credentials does not stop it)"
+bin/corral doctor | sed 's/^/    /' || true
 
 echo "==> putting a sample bank statement in shared/data/transactions.csv"
 bin/corral ws put data/transactions.csv <<'CSV'
