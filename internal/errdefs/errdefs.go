@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"syscall"
 )
 
 // The error classes. Wrap one with fmt.Errorf("...: %w", ErrX) to classify an
@@ -49,6 +50,8 @@ type Class struct {
 var Classes = []Class{
 	{ErrTooLarge, http.StatusRequestEntityTooLarge},
 	{ErrNoSpace, http.StatusInsufficientStorage},
+	// A write the file system refused for want of space, wherever it was.
+	{syscall.ENOSPC, http.StatusInsufficientStorage},
 	{ErrUnauthenticated, http.StatusUnauthorized},
 	{ErrPermissionDenied, http.StatusForbidden},
 	{ErrNotFound, http.StatusNotFound},

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"syscall"
 	"testing"
 )
 
@@ -66,5 +68,14 @@ func TestHTTPStatusIs(t *testing.T) {
 		if got := HTTPStatusIs(c.code, c.err); got != c.want {
 			t.Errorf("HTTPStatusIs(%d, %v) = %v, want %v", c.code, c.err, got, c.want)
 		}
+	}
+}
+
+// A write the file system refused for want of space is the class of a
+// full disk wherever it is answered (MCP, HTTP), not an internal error.
+func TestNoSpaceFromTheFileSystem(t *testing.T) {
+	err := fmt.Errorf("write output: %w", &os.PathError{Op: "write", Path: "/data/tasks/t/output/x", Err: syscall.ENOSPC})
+	if got := HTTPStatus(err); got != http.StatusInsufficientStorage || !Classified(err) {
+		t.Errorf("HTTPStatus = %d, classified %v; want 507 and classified", got, Classified(err))
 	}
 }
