@@ -17,8 +17,13 @@ import (
 // cmdAttachments is `corral attachments get ID [-o FILE]` and
 // `corral attachments put FILE...`.
 func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	const usage = "usage: corral attachments get ID [-o FILE] | put FILE..."
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Fprintln(stdout, usage)
+		return nil
+	}
 	if len(args) == 0 || (args[0] != "get" && args[0] != "put") {
-		fmt.Fprintln(stderr, "usage: corral attachments get ID [-o FILE] | put FILE...")
+		fmt.Fprintln(stderr, usage)
 		return exitError(2)
 	}
 	fs := flag.NewFlagSet("attachments "+args[0], flag.ContinueOnError)

@@ -71,7 +71,7 @@ func main() {
 
 // run dispatches a subcommand and returns the process exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 || isHelp(args[0]) || args[0] == "help" {
 		fmt.Fprint(stdout, usage)
 		if len(args) == 0 {
 			return 2
@@ -151,3 +151,6 @@ func cmdVersion(_ context.Context, args []string, stdout, _ io.Writer) error {
 	fmt.Fprintln(stdout, "corral", app.Version())
 	return nil
 }
+
+// isHelp reports whether arg asks for a command's usage.
+func isHelp(arg string) bool { return arg == "-h" || arg == "--help" }

@@ -35,6 +35,8 @@ func TestHelpAndVersion(t *testing.T) {
 		{[]string{"tasks", "-h"}, 0, "-status"},
 		{[]string{"serve", "--help"}, 0, "-listen"},
 		{[]string{"ws", "ls", "--help"}, 0, "-json"},
+		{[]string{"ws", "--help"}, 0, "corral ws ls"},
+		{[]string{"attachments", "-h"}, 0, "corral attachments get"},
 		{[]string{"tasks", "--bogus"}, 2, "bogus"},
 		{[]string{"version"}, 0, "corral "},
 	} {

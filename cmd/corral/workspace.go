@@ -19,6 +19,10 @@ func cmdWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if len(args) == 0 {
 		return fmt.Errorf("usage: %s: %w", wsUsage, errdefs.ErrInvalidArgument)
 	}
+	if isHelp(args[0]) {
+		fmt.Fprintln(stdout, "usage: "+wsUsage)
+		return nil
+	}
 	fs := flag.NewFlagSet("ws "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cf clientFlags
