@@ -183,7 +183,6 @@ func (a *App) open(ctx context.Context) error {
 			MaxPromptBytes:    lim.MaxPromptBytes.Bytes(),
 			MaxTaskDirBytes:   lim.MaxTaskDirBytes.Bytes(),
 			MaxContextBytes:   lim.MaxContextBytes.Bytes(),
-			MaxLogBytes:       lim.MaxLogBytes.Bytes(),
 			MaxReadBytes:      256 << 10,
 			MaxWriteBytes:     lim.MaxWriteBytes.Bytes(),
 			MaxSharedBytes:    lim.MaxSharedBytes.Bytes(),

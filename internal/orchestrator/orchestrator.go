@@ -22,7 +22,6 @@ type Limits struct {
 	MaxPromptBytes    int64
 	MaxTaskDirBytes   int64
 	MaxContextBytes   int64
-	MaxLogBytes       int64
 	MaxReadBytes      int64 // file contents returned by read_workspace and results
 	MaxWriteBytes     int64 // content accepted by write_workspace
 	MaxSharedBytes    int64 // total size of shared/; 0 means no limit

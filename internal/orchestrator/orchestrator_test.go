@@ -70,7 +70,6 @@ func MustNew(tb testing.TB, edit func(*Options), runEdit ...func(*taskrun.Option
 			MaxPromptBytes:    1000,
 			MaxTaskDirBytes:   1 << 20,
 			MaxContextBytes:   1 << 20,
-			MaxLogBytes:       1 << 20,
 			MaxReadBytes:      100,
 			MaxWriteBytes:     1000,
 			MaxQueued:         50,
@@ -95,7 +94,7 @@ func MustNew(tb testing.TB, edit func(*Options), runEdit ...func(*taskrun.Option
 		Worker:      taskrun.WorkerOptions{Binary: data.HostPath("run", "bin", "corral"), SocketDir: data.HostPath("run", "sock"), Secret: testSecret},
 		Verifier:    webhook.NewVerifier(testSecret, 0, nil),
 		Saver:       o,
-		MaxLogBytes: opts.Limits.MaxLogBytes, MaxTaskDirBytes: opts.Limits.MaxTaskDirBytes,
+		MaxLogBytes: 1 << 20, MaxTaskDirBytes: opts.Limits.MaxTaskDirBytes,
 	}
 	for _, e := range runEdit {
 		e(&ropts)

@@ -13,13 +13,9 @@ import (
 	"github.com/corral-dev/corral/internal/workerproto"
 )
 
-// Defaults.
-const (
-	DefaultMaxOutputFiles = 1000
-	// DefaultEgressListen is where the relay listens inside the sandbox;
-	// the agent's HTTP_PROXY points there.
-	DefaultEgressListen = workerproto.DefaultEgressListen
-)
+// DefaultMaxOutputFiles is how many output files status.json lists by
+// default.
+const DefaultMaxOutputFiles = 1000
 
 // Options configure one worker run: the arguments the server gave
 // (workerproto.Args) and what the worker adds. ParseArgs builds them from
@@ -69,7 +65,7 @@ func (o *Options) defaults() {
 		o.Source = workerproto.DefaultSource
 	}
 	if o.EgressListen == "" {
-		o.EgressListen = DefaultEgressListen
+		o.EgressListen = workerproto.DefaultEgressListen
 	}
 	if o.MaxLogBytes <= 0 {
 		o.MaxLogBytes = workerproto.DefaultMaxLogBytes

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 // MustUnixEcho serves an echo on a new unix socket and returns its path and
@@ -192,7 +194,7 @@ func TestParseArgsEgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.EgressSocket != "/run/corral/egress/proxy.sock" || o.EgressListen != DefaultEgressListen {
+	if o.EgressSocket != "/run/corral/egress/proxy.sock" || o.EgressListen != workerproto.DefaultEgressListen {
 		t.Errorf("socket %q listen %q", o.EgressSocket, o.EgressListen)
 	}
 	if _, err := ParseArgs([]string{"--task-id", "t", "--egress-socket", "/s", "--egress-listen", "nope", "--", "true"}, nil); err == nil || !strings.Contains(err.Error(), "--egress-listen") {

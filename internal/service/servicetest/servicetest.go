@@ -69,7 +69,6 @@ func NewOrchestrator(tb testing.TB, edit func(*orchestrator.Options)) *Fixture {
 			MaxPromptBytes:    10000,
 			MaxTaskDirBytes:   1 << 20,
 			MaxContextBytes:   1 << 20,
-			MaxLogBytes:       1 << 20,
 			MaxReadBytes:      256 << 10,
 			MaxWriteBytes:     1 << 20,
 			MaxQueued:         500,
