@@ -19,6 +19,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -155,7 +156,7 @@ func (workspaceBackend) ListWorkspace(_ context.Context, p string, _ bool) ([]wo
 	_, err := workspace.Clean(p)
 	return []workspace.Entry{}, err
 }
-func (workspaceBackend) WorkerComplete(context.Context, http.Header, []byte) (string, error) {
+func (workspaceBackend) WorkerComplete(context.Context, webhook.Signed) (string, error) {
 	return "", nil
 }
 func (workspaceBackend) OpenOutput(context.Context, string, string) (*os.File, fs.FileInfo, error) {

@@ -413,12 +413,12 @@ type backend struct {
 
 // WorkerComplete and WorkerProgress are the workers' webhooks, which the
 // task runner takes.
-func (b backend) WorkerComplete(ctx context.Context, h http.Header, body []byte) (string, error) {
-	return b.a.runner.WorkerComplete(ctx, h, body)
+func (b backend) WorkerComplete(ctx context.Context, m webhook.Signed) (string, error) {
+	return b.a.runner.WorkerComplete(ctx, m)
 }
 
-func (b backend) WorkerProgress(ctx context.Context, h http.Header, body []byte) (int, error) {
-	return b.a.runner.WorkerProgress(ctx, h, body)
+func (b backend) WorkerProgress(ctx context.Context, m webhook.Signed) (int, error) {
+	return b.a.runner.WorkerProgress(ctx, m)
 }
 
 func (b backend) Stats() httpapi.Stats {

@@ -55,7 +55,7 @@ var allowed = map[string][]string{
 	"internal/library":              {"task", "eventstore", "projection", "workspace", "attachment", "document", "skill", "errdefs", "units", "clip", "service"},
 	"internal/taskrun":              {"task", "sandbox", "eventstore", "projection", "workspace", "errdefs", "logkey", "units", "clip", "webhook", "workerproto", "quota"},
 	"internal/tools":                {"service", "errdefs", "workspace", "strictjson"},
-	"internal/httpapi":              {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson"},
+	"internal/httpapi":              {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson", "webhook"},
 	"internal/mcpserver":            {"tools", "service", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                  {"*"},
 	"internal/e2e":                  {}, // end-to-end suites: tests only
@@ -73,7 +73,7 @@ var allowed = map[string][]string{
 	"internal/sandbox/cgroups":  {"sandbox", "errdefs"},
 	"internal/sandbox/hostproc": {},
 	"internal/sandbox/guestetc": {},
-	"internal/sandbox/statedir": {"sandbox", "sandbox/cgroups", "sandbox/hostuser", "errdefs"},
+	"internal/sandbox/statedir": {"sandbox", "sandbox/cgroups", "sandbox/hostuser", "sandbox/hostproc", "errdefs", "logkey"},
 	"internal/sandbox/hostuser": {"sandbox"},
 }
 

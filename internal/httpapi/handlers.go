@@ -15,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/strictjson"
+	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -267,7 +268,7 @@ func (s *Server) workerComplete(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	id, err := s.b.WorkerComplete(r.Context(), r.Header, body)
+	id, err := s.b.WorkerComplete(r.Context(), webhook.Received(r.Header, body))
 	if err != nil {
 		return err
 	}

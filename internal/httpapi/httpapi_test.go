@@ -20,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -73,7 +74,7 @@ func (s *stub) ReadWorkspace(context.Context, string) (service.File, error) {
 func (s *stub) WriteWorkspace(context.Context, string, []byte) (workspace.Entry, error) {
 	return workspace.Entry{}, errUnset
 }
-func (s *stub) WorkerComplete(context.Context, http.Header, []byte) (string, error) {
+func (s *stub) WorkerComplete(context.Context, webhook.Signed) (string, error) {
 	return "", errUnset
 }
 func (s *stub) OpenOutput(context.Context, string, string) (*os.File, fs.FileInfo, error) {

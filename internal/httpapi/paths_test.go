@@ -14,6 +14,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -24,7 +25,7 @@ type orchBackend struct{ *orchestrator.Orchestrator }
 func (orchBackend) Stats() Stats { return Stats{} }
 
 // WorkerComplete: no worker reports to this backend.
-func (orchBackend) WorkerComplete(context.Context, http.Header, []byte) (string, error) {
+func (orchBackend) WorkerComplete(context.Context, webhook.Signed) (string, error) {
 	return "", errdefs.ErrNotImplemented
 }
 

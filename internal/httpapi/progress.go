@@ -6,12 +6,13 @@ import (
 	"net/http"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/webhook"
 )
 
 // progressBackend is implemented by a Backend that records worker progress
 // reports (the orchestrator does).
 type progressBackend interface {
-	WorkerProgress(ctx context.Context, h http.Header, body []byte) (int, error)
+	WorkerProgress(ctx context.Context, m webhook.Signed) (int, error)
 }
 
 func (s *Server) workerProgress(w http.ResponseWriter, r *http.Request) error {
@@ -23,7 +24,7 @@ func (s *Server) workerProgress(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	n, err := pb.WorkerProgress(r.Context(), r.Header, body)
+	n, err := pb.WorkerProgress(r.Context(), webhook.Received(r.Header, body))
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/corral-dev/corral/internal/webhook"
 )
 
 // progressRecorder is a Backend that records progress reports.
@@ -15,7 +17,7 @@ type progressRecorder struct {
 	bodies int
 }
 
-func (b *progressRecorder) WorkerProgress(_ context.Context, _ http.Header, body []byte) (int, error) {
+func (b *progressRecorder) WorkerProgress(context.Context, webhook.Signed) (int, error) {
 	b.bodies++
 	return 1, nil
 }

@@ -26,13 +26,14 @@ import (
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/tools"
+	"github.com/corral-dev/corral/internal/webhook"
 )
 
 // Backend is what the server needs beyond service.Service: the
 // server-only operations that no client calls through Service.
 type Backend interface {
 	service.Service
-	WorkerComplete(ctx context.Context, h http.Header, body []byte) (string, error)
+	WorkerComplete(ctx context.Context, m webhook.Signed) (string, error)
 	OpenOutput(ctx context.Context, id, path string) (*os.File, fs.FileInfo, error)
 	Stats() Stats
 }

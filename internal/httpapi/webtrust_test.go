@@ -13,6 +13,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -58,7 +59,7 @@ func (b *reached) WriteWorkspace(context.Context, string, []byte) (workspace.Ent
 	return workspace.Entry{}, nil
 }
 
-func (b *reached) WorkerComplete(context.Context, http.Header, []byte) (string, error) {
+func (b *reached) WorkerComplete(context.Context, webhook.Signed) (string, error) {
 	b.mark("complete")
 	return "evt_1", nil
 }

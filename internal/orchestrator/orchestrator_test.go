@@ -730,7 +730,7 @@ func TestWorkerCompleteWaitsForStarted(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		h, body := signed(tk.ID, "wh-fast", webhook.DeriveKey(testSecret, tk.ID))
-		_, err := f.r.WorkerComplete(ctx, h, body)
+		_, err := f.r.WorkerComplete(ctx, webhook.Received(h, body))
 		done <- err
 	}()
 	select {
@@ -765,7 +765,7 @@ func TestWorkerComplete(t *testing.T) {
 
 	// A bad signature (another task's key) changes nothing.
 	h, body := signed(run.ID, "wh-bad", webhook.DeriveKey(testSecret, task.NewID()))
-	if _, err := f.r.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrUnauthenticated) {
+	if _, err := f.r.WorkerComplete(ctx, webhook.Received(h, body)); !errors.Is(err, errdefs.ErrUnauthenticated) {
 		t.Errorf("bad signature = %v, want ErrUnauthenticated", err)
 	}
 	if got, _ := f.tasks.Get(run.ID); got.Status != task.Running || got.Version != run.Version {
@@ -774,7 +774,7 @@ func TestWorkerComplete(t *testing.T) {
 
 	key := webhook.DeriveKey(testSecret, run.ID)
 	h, body = signed(run.ID, "wh-1", key)
-	evID, err := f.r.WorkerComplete(ctx, h, body)
+	evID, err := f.r.WorkerComplete(ctx, webhook.Received(h, body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -797,13 +797,13 @@ func TestWorkerComplete(t *testing.T) {
 
 	// A second completion (a new delivery) is accepted and changes nothing.
 	h, body = signed(run.ID, "wh-2", key)
-	evID2, err := f.r.WorkerComplete(ctx, h, body)
+	evID2, err := f.r.WorkerComplete(ctx, webhook.Received(h, body))
 	if err != nil || evID2 != evID {
 		t.Errorf("second completion = %s, %v; want %s, nil", evID2, err, evID)
 	}
 	// A replay of the first delivery is refused by the verifier.
 	h, body = signed(run.ID, "wh-1", key)
-	if _, err := f.r.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrConflict) {
+	if _, err := f.r.WorkerComplete(ctx, webhook.Received(h, body)); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("replayed webhook id = %v, want ErrConflict", err)
 	}
 	if evs2, _ := f.store.ReadStream(ctx, task.StreamID(run.ID), 0); len(evs2) != len(evs) {
@@ -812,7 +812,7 @@ func TestWorkerComplete(t *testing.T) {
 
 	queued := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "waiting"})
 	h, body = signed(queued.ID, "wh-3", webhook.DeriveKey(testSecret, queued.ID))
-	if _, err := f.r.WorkerComplete(ctx, h, body); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, err := f.r.WorkerComplete(ctx, webhook.Received(h, body)); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("completion of a queued task = %v, want ErrFailedPrecondition", err)
 	}
 	if got, _ := f.tasks.Get(queued.ID); got.Status != task.Queued {

@@ -3,12 +3,12 @@ package taskrun
 import (
 	"context"
 	"fmt"
-	"net/http"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workerproto"
 )
 
@@ -19,8 +19,8 @@ import (
 // has not started is refused with errdefs.ErrFailedPrecondition; one for a
 // task that ended (the last report races the completion) is recorded. It
 // returns the number of events appended.
-func (o *Runner) WorkerProgress(ctx context.Context, h http.Header, body []byte) (int, error) {
-	p, err := o.opts.Verifier.VerifyProgress(h, body)
+func (o *Runner) WorkerProgress(ctx context.Context, m webhook.Signed) (int, error) {
+	p, err := o.opts.Verifier.VerifyProgress(m)
 	if err != nil {
 		return 0, err
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/http"
 	"path/filepath"
 	"strings"
 	"time"
@@ -51,8 +50,8 @@ type WorkerOptions struct {
 // Verifier checks a completion webhook's signature, freshness and
 // uniqueness.
 type Verifier interface {
-	Verify(h http.Header, body []byte) (webhook.Completion, error)
-	VerifyProgress(h http.Header, body []byte) (webhook.ProgressReport, error)
+	Verify(m webhook.Signed) (webhook.Completion, error)
+	VerifyProgress(m webhook.Signed) (webhook.ProgressReport, error)
 	Forget(webhookID string)
 }
 
@@ -297,8 +296,8 @@ func message(s string) string { return clip.String(strings.TrimSpace(s), maxMess
 // then ends the task with the result it reads from the task directory.
 // A completion for a task that already ended is accepted and changes
 // nothing. It returns the id of the task's last event.
-func (o *Runner) WorkerComplete(ctx context.Context, h http.Header, body []byte) (string, error) {
-	c, err := o.opts.Verifier.Verify(h, body)
+func (o *Runner) WorkerComplete(ctx context.Context, m webhook.Signed) (string, error) {
+	c, err := o.opts.Verifier.Verify(m)
 	if err != nil {
 		return "", err
 	}

@@ -41,7 +41,7 @@ func (s *progressSender) send(items int) (ProgressReport, error) {
 	h.Set(HeaderSource, p.Source)
 	h.Set(HeaderTimestamp, strconv.FormatInt(p.Timestamp, 10))
 	h.Set(HeaderID, p.WebhookID)
-	return s.v.VerifyProgress(h, body)
+	return s.v.VerifyProgress(Received(h, body))
 }
 
 func TestProgressAtTheWorkersPaceIsNeverDropped(t *testing.T) {

@@ -43,7 +43,7 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "scripted", code)
 		return
 	}
-	c, err := r.v.Verify(req.Header, body)
+	c, err := r.v.Verify(Received(req.Header, body))
 	if err != nil {
 		r.errs = append(r.errs, err)
 		http.Error(w, err.Error(), http.StatusUnauthorized)

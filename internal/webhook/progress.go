@@ -129,13 +129,13 @@ func statusClass(code int) error {
 // counted, and refused with errdefs.ErrResourceExhausted, and the items
 // returned carry a progress_dropped note when reports were dropped (at
 // most one note per task in NoteEvery).
-func (v *Verifier) VerifyProgress(h http.Header, body []byte) (ProgressReport, error) {
-	sig, err := parseSignature(h.Get(HeaderSignature))
+func (v *Verifier) VerifyProgress(m Signed) (ProgressReport, error) {
+	sig, err := parseSignature(m.Signature)
 	if err != nil {
 		return ProgressReport{}, err
 	}
 	var p ProgressReport
-	if err := strictjson.Decode(body, &p); err != nil {
+	if err := strictjson.Decode(m.Body, &p); err != nil {
 		return ProgressReport{}, fmt.Errorf("decode progress body: %w", err)
 	}
 	var bad []string
@@ -157,12 +157,12 @@ func (v *Verifier) VerifyProgress(h http.Header, body []byte) (ProgressReport, e
 	if len(bad) > 0 {
 		return ProgressReport{}, fmt.Errorf("check progress body: %s: %w", strings.Join(bad, "; "), errdefs.ErrInvalidArgument)
 	}
-	now, err := v.authenticate(h, body, sig, "progress", envelope{p.TaskID, p.WebhookID, p.Source, p.Timestamp})
+	now, err := v.authenticate(m, sig, "progress", envelope{p.TaskID, p.WebhookID, p.Source, p.Timestamp})
 	if err != nil {
 		return ProgressReport{}, err
 	}
 	err = v.remember(p.TaskID, p.WebhookID, now, func(st *taskState) error {
-		items, err := st.progress.admit(v.limits, now, p.Items, len(body))
+		items, err := st.progress.admit(v.limits, now, p.Items, len(m.Body))
 		p.Items = items
 		return err
 	})

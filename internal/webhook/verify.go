@@ -5,7 +5,6 @@ import (
 	"crypto/hmac"
 	"encoding/hex"
 	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -117,19 +116,19 @@ func NewVerifier(secret []byte, maxSkew time.Duration, now func() time.Time) *Ve
 //
 // A payload is only parsed, never trusted, before its signature is checked:
 // the task_id is needed to pick the key.
-func (v *Verifier) Verify(h http.Header, body []byte) (Completion, error) {
-	sig, err := parseSignature(h.Get(HeaderSignature))
+func (v *Verifier) Verify(m Signed) (Completion, error) {
+	sig, err := parseSignature(m.Signature)
 	if err != nil {
 		return Completion{}, err
 	}
 	var c Completion
-	if err := strictjson.Decode(body, &c); err != nil {
+	if err := strictjson.Decode(m.Body, &c); err != nil {
 		return Completion{}, fmt.Errorf("decode webhook body: %w", err)
 	}
 	if err := validate(c); err != nil {
 		return Completion{}, err
 	}
-	now, err := v.authenticate(h, body, sig, "webhook", envelope{c.TaskID, c.WebhookID, c.Source, c.Timestamp})
+	now, err := v.authenticate(m, sig, "webhook", envelope{c.TaskID, c.WebhookID, c.Source, c.Timestamp})
 	if err != nil {
 		return Completion{}, err
 	}
@@ -151,17 +150,17 @@ type envelope struct {
 // derived key (constant time), the headers mirroring the body and the
 // timestamp window. It returns the time it checked against, for remember.
 // kind names the message in errors ("webhook", "progress").
-func (v *Verifier) authenticate(h http.Header, body, sig []byte, kind string, e envelope) (time.Time, error) {
-	if !hmac.Equal(sig, mac(DeriveKey(v.secret, e.taskID), body)) {
+func (v *Verifier) authenticate(m Signed, sig []byte, kind string, e envelope) (time.Time, error) {
+	if !hmac.Equal(sig, mac(DeriveKey(v.secret, e.taskID), m.Body)) {
 		return time.Time{}, fmt.Errorf("check %s signature for task %s: signature does not match: %w", kind, e.taskID, errdefs.ErrUnauthenticated)
 	}
-	if got := h.Get(HeaderID); got != e.webhookID {
+	if got := m.ID; got != e.webhookID {
 		return time.Time{}, fmt.Errorf("check %s headers: %s %q differs from body webhook_id %q: %w", kind, HeaderID, got, e.webhookID, errdefs.ErrInvalidArgument)
 	}
-	if got := h.Get(HeaderTimestamp); got != strconv.FormatInt(e.timestamp, 10) {
+	if got := m.Timestamp; got != strconv.FormatInt(e.timestamp, 10) {
 		return time.Time{}, fmt.Errorf("check %s headers: %s %q differs from body timestamp %d: %w", kind, HeaderTimestamp, got, e.timestamp, errdefs.ErrInvalidArgument)
 	}
-	if got := h.Get(HeaderSource); got != "" && got != e.source {
+	if got := m.Source; got != "" && got != e.source {
 		return time.Time{}, fmt.Errorf("check %s headers: %s %q differs from body source %q: %w", kind, HeaderSource, got, e.source, errdefs.ErrInvalidArgument)
 	}
 	now := v.now()

@@ -121,7 +121,7 @@ func TestVerifyAcceptsValid(t *testing.T) {
 	v := NewVerifier(testSecret, time.Minute, func() time.Time { return testNow })
 	c := testCompletion("task-a")
 	h, body := mustSign(t, DeriveKey(testSecret, "task-a"), c)
-	got, err := v.Verify(h, body)
+	got, err := v.Verify(Received(h, body))
 	if err != nil {
 		t.Fatalf("Verify: %v", err)
 	}
@@ -221,7 +221,7 @@ func TestVerifyRejects(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			v := NewVerifier(testSecret, time.Minute, func() time.Time { return testNow })
 			h, body := tt.build()
-			_, err := v.Verify(h, body)
+			_, err := v.Verify(Received(h, body))
 			if !errors.Is(err, tt.class) {
 				t.Fatalf("Verify error = %v, want class %v", err, tt.class)
 			}
@@ -238,7 +238,7 @@ func TestVerifyTimestampWindowEdges(t *testing.T) {
 		v := NewVerifier(testSecret, time.Minute, func() time.Time { return testNow })
 		c := testCompletion("task-a")
 		c.Timestamp = testNow.Add(off).Unix()
-		if _, err := v.Verify(mustSign(t, key, c)); err != nil {
+		if _, err := v.Verify(Received(mustSign(t, key, c))); err != nil {
 			t.Errorf("offset %s: Verify: %v", off, err)
 		}
 	}
@@ -249,10 +249,10 @@ func TestVerifyReplay(t *testing.T) {
 	v := NewVerifier(testSecret, time.Minute, clk.Now)
 	key := DeriveKey(testSecret, "task-a")
 	h, body := mustSign(t, key, testCompletion("task-a"))
-	if _, err := v.Verify(h, body); err != nil {
+	if _, err := v.Verify(Received(h, body)); err != nil {
 		t.Fatalf("first Verify: %v", err)
 	}
-	_, err := v.Verify(h, body)
+	_, err := v.Verify(Received(h, body))
 	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "already delivered") {
 		t.Fatalf("replay: err = %v, want ErrConflict saying already delivered", err)
 	}
@@ -261,13 +261,13 @@ func TestVerifyReplay(t *testing.T) {
 	clk.Add(30 * time.Second)
 	c := testCompletion("task-a")
 	c.Timestamp = clk.Now().Unix()
-	if _, err := v.Verify(mustSign(t, key, c)); !errors.Is(err, errdefs.ErrConflict) {
+	if _, err := v.Verify(Received(mustSign(t, key, c))); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("re-signed retry: err = %v, want ErrConflict", err)
 	}
 
 	// After Forget (the handler could not record it) the retry is accepted.
 	v.Forget(c.WebhookID)
-	if _, err := v.Verify(mustSign(t, key, c)); err != nil {
+	if _, err := v.Verify(Received(mustSign(t, key, c))); err != nil {
 		t.Fatalf("retry after Forget: %v", err)
 	}
 }
@@ -280,7 +280,7 @@ func TestVerifyReplaySetIsBoundedPerTask(t *testing.T) {
 		c := testCompletion(taskID)
 		c.WebhookID = id
 		c.Timestamp = clk.Now().Unix()
-		_, err := v.Verify(mustSign(t, DeriveKey(testSecret, taskID), c))
+		_, err := v.Verify(Received(mustSign(t, DeriveKey(testSecret, taskID), c)))
 		return err
 	}
 	for _, id := range []string{"a", "b"} {
@@ -314,14 +314,14 @@ func TestVerifierForgetsQuietTasks(t *testing.T) {
 	v := NewVerifier(testSecret, time.Minute, clk.Now)
 	for _, id := range []string{"task-a", "task-b"} {
 		c := testCompletion(id)
-		if _, err := v.Verify(mustSign(t, DeriveKey(testSecret, id), c)); err != nil {
+		if _, err := v.Verify(Received(mustSign(t, DeriveKey(testSecret, id), c))); err != nil {
 			t.Fatal(err)
 		}
 	}
 	clk.Add(taskStateTTL)
 	c := testCompletion("task-b")
 	c.WebhookID, c.Timestamp = "wh_2", clk.Now().Unix()
-	if _, err := v.Verify(mustSign(t, DeriveKey(testSecret, "task-b"), c)); err != nil {
+	if _, err := v.Verify(Received(mustSign(t, DeriveKey(testSecret, "task-b"), c))); err != nil {
 		t.Fatal(err)
 	}
 	clk.Add(time.Hour)
@@ -351,7 +351,7 @@ func TestVerifyRefusesAmbiguousBodies(t *testing.T) {
 			t.Fatalf("%s: the body was not changed", name)
 		}
 		h.Set(HeaderSignature, Sign(key, bad))
-		if _, err := v.Verify(h, bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := v.Verify(Received(h, bad)); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%s: %v, want invalid argument", name, err)
 		}
 	}

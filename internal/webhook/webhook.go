@@ -18,6 +18,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"net/http"
 )
 
 // Headers of a completion webhook.
@@ -27,6 +28,25 @@ const (
 	HeaderTimestamp = "X-Webhook-Timestamp"
 	HeaderID        = "X-Webhook-Id"
 )
+
+// Signed is a worker message as it arrived: its body and the headers that
+// sign and describe it. Verify and VerifyProgress take it.
+type Signed struct {
+	Signature, ID, Timestamp, Source string
+	Body                             []byte
+}
+
+// Received is the worker message of an HTTP request with header h and
+// body.
+func Received(h http.Header, body []byte) Signed {
+	return Signed{
+		Signature: h.Get(HeaderSignature),
+		ID:        h.Get(HeaderID),
+		Timestamp: h.Get(HeaderTimestamp),
+		Source:    h.Get(HeaderSource),
+		Body:      body,
+	}
+}
 
 // Path is the server's HTTP path for worker completions; a unix:// webhook
 // URL is always posted here.

@@ -49,7 +49,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "scripted", code)
 		return
 	}
-	c, err := s.v.Verify(r.Header, body)
+	c, err := s.v.Verify(webhook.Received(r.Header, body))
 	if err != nil {
 		s.errs = append(s.errs, err)
 		http.Error(w, err.Error(), http.StatusUnauthorized)

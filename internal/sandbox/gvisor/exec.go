@@ -30,7 +30,7 @@ import (
 // The bundle's seccomp profile does not apply to the command: runsc exec
 // (20221219) installs it for the sandbox's first process only.
 func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExitStatus, error) {
-	e, err := r.lookup(id)
+	e, err := r.Lookup(id)
 	if err != nil {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec: %w", err)
 	}
@@ -40,16 +40,16 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	if req.Dir != "" && !sandbox.CleanAbs(req.Dir) {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, errdefs.Field("dir", "must be an absolute, clean path"))
 	}
-	if !r.running(e) {
+	if !e.Running() {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: not running: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	tmp, err := os.MkdirTemp(e.dir, "exec-")
+	tmp, err := os.MkdirTemp(e.Dir, "exec-")
 	if err != nil {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, err)
 	}
 	defer os.RemoveAll(tmp)
 	var pids int64
-	if b, err := os.ReadFile(filepath.Join(e.dir, "bundle", "config.json")); err == nil {
+	if b, err := os.ReadFile(filepath.Join(e.Dir, "bundle", "config.json")); err == nil {
 		var s ociSpec
 		if json.Unmarshal(b, &s) == nil && s.Process != nil {
 			for _, rl := range s.Process.Rlimits {
@@ -94,7 +94,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	if err != nil && !errors.As(err, &xe) {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, err)
 	}
-	if err != nil && !r.running(e) {
+	if err != nil && !e.Running() {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: sandbox exited: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	es := sandbox.ExitStatus{Code: cmd.ProcessState.ExitCode(), ExitedAt: time.Now().UTC()}

@@ -188,18 +188,11 @@ type Runtime struct {
 	capsOnce sync.Once
 	caps     sandbox.Capabilities
 
-	// sd is StateDir: state.json per sandbox, the per-id locks that
-	// serialise Create and Destroy, and the sandboxes this instance has seen.
-	sd *statedir.Dir[state, entry]
-}
-
-// entry is one sandbox as this instance knows it.
-type entry struct {
-	dir string
-	st  state
-	// done is closed when this instance reaped the launcher (it started
-	// it); nil when the sandbox was found on disk after a restart.
-	done chan struct{}
+	// Sandboxes is StateDir (state.json per sandbox, the per-id locks
+	// that serialise Create and Destroy, the sandboxes this instance has
+	// seen) and the lifecycle methods shared with the local runtime.
+	// runsc's own directory, StateDir/runsc, is reserved.
+	*statedir.Sandboxes[state]
 }
 
 // state is Handle.State, version 1, also kept in StateDir/<id>/state.json.
@@ -224,7 +217,6 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	r := &Runtime{
 		opts: opts,
 		log:  log.With(logkey.Runtime, Name),
-		sd:   statedir.New[state, entry](opts.StateDir, func(st state) map[string]string { return st.Labels }),
 	}
 	if opts.DisableCgroups {
 		r.cgWarn = "cgroups disabled by configuration: memory and CPU limits are not enforced"
@@ -242,6 +234,12 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if r.cgWarn != "" {
 		r.log.Warn("sandbox limits disabled", "reason", r.cgWarn)
 	}
+	r.Sandboxes = statedir.NewSandboxes(Name, stateVersion, opts.StateDir, "runsc", r.cg, r.log, statedir.Ops[state]{
+		ExitStatus: r.exitStatus,
+		Term:       r.term,
+		Kill:       r.kill,
+		Release:    r.release,
+	})
 	return r, nil
 }
 
@@ -332,14 +330,6 @@ func (r *Runtime) probeRun(ctx context.Context) error {
 	return err
 }
 
-// lookup returns the sandbox id from memory or, after a restart, from its
-// state dir. It wraps errdefs.ErrNotFound if there is neither.
-func (r *Runtime) lookup(id string) (*entry, error) {
-	return r.sd.Lookup(id, func(dir string, st state) *entry { return &entry{dir: dir, st: st} })
-}
-
-func handleOf(st state) *sandbox.Handle { return statedir.Handle(Name, stateVersion, st) }
-
 // Create builds the sandbox's bundle and cgroups, starts the launcher and
 // returns once runsc reports the container running (about 0.2 to 0.5 s
 // with the ptrace platform). It is idempotent on spec.ID.
@@ -348,10 +338,10 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
 	spec = spec.Resolve(r.opts.DataRoot) // from here on, mounts are host paths
-	unlock := r.sd.Lock(spec.ID)
+	unlock := r.Dir.Lock(spec.ID)
 	defer unlock()
-	if e, err := r.lookup(spec.ID); err == nil {
-		return handleOf(e.st), nil
+	if e, err := r.Lookup(spec.ID); err == nil {
+		return r.Handle(e.St), nil
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, err
 	}
@@ -359,7 +349,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 	if !caps.Available {
 		return nil, fmt.Errorf("create sandbox %s: %s: %w", spec.ID, caps.Reason, errdefs.ErrFailedPrecondition)
 	}
-	dir := r.sd.Path(spec.ID)
+	dir := r.Dir.Path(spec.ID)
 	// A directory without state.json is a Create that crashed before it
 	// started anything; start over, and forget a container runsc may have
 	// registered for it.
@@ -375,9 +365,9 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
-	r.sd.Set(spec.ID, e)
-	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "launcher_pid", e.st.PID)
-	return handleOf(e.st), nil
+	r.Dir.Set(spec.ID, e)
+	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "launcher_pid", e.St.PID)
+	return r.Handle(e.St), nil
 }
 
 // launcherScript runs runsc (its arguments after the exit file's path) as
@@ -387,7 +377,7 @@ const launcherScript = `f=$1; shift; "$@"; rc=$?; echo $rc > "$f.tmp" && mv -f "
 
 // start builds the bundle and cgroups for spec in dir, starts the launcher
 // and waits until the container runs.
-func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *entry, err error) {
+func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *statedir.Entry[state], err error) {
 	st := state{Launch: statedir.Launch{ID: spec.ID, Labels: maps.Clone(spec.Labels), CreatedAt: time.Now().UTC()}}
 	cgPath := ""
 	if r.cg != nil {
@@ -440,19 +430,16 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	// Our unreaped child cannot be replaced by another process with the
 	// same pid, so this start time is the launcher's.
 	st.PIDStart, _ = hostproc.StartTime(st.PID)
-	e := &entry{dir: dir, st: st, done: make(chan struct{})}
-	go func() {
-		cmd.Wait()
-		close(e.done)
-	}()
+	e := statedir.Started[state](dir, cmd)
+	e.St = st
 	defer func() {
 		if err != nil {
 			r.runsc(context.Background(), "delete", "--force", spec.ID)
 			syscall.Kill(-st.PID, syscall.SIGKILL)
-			<-e.done
+			<-e.Done()
 		}
 	}()
-	if err := r.sd.Write(spec.ID, st); err != nil {
+	if err := r.Dir.Write(spec.ID, st); err != nil {
 		return nil, err
 	}
 	if err := r.waitRunning(ctx, e); err != nil {
@@ -482,13 +469,13 @@ func pidsBackstop(n int64) int64 { return 128 + 16*n }
 
 // waitRunning polls `runsc state` until the container runs or has already
 // exited, or the launcher is gone. Each poll costs about 40 ms of runsc.
-func (r *Runtime) waitRunning(ctx context.Context, e *entry) error {
+func (r *Runtime) waitRunning(ctx context.Context, e *statedir.Entry[state]) error {
 	delay := 10 * time.Millisecond
 	for {
-		if _, err := os.Stat(filepath.Join(e.dir, "exit")); err == nil {
+		if _, err := os.Stat(filepath.Join(e.Dir, "exit")); err == nil {
 			return nil // ran and exited already
 		}
-		out, err := r.runsc(ctx, "state", e.st.ID)
+		out, err := r.runsc(ctx, "state", e.St.ID)
 		if err == nil {
 			var s struct {
 				Status string `json:"status"`
@@ -498,11 +485,11 @@ func (r *Runtime) waitRunning(ctx context.Context, e *entry) error {
 			}
 		}
 		select {
-		case <-e.done:
-			if _, err := os.Stat(filepath.Join(e.dir, "exit")); err == nil {
+		case <-e.Done():
+			if _, err := os.Stat(filepath.Join(e.Dir, "exit")); err == nil {
 				return nil
 			}
-			return fmt.Errorf("runsc exited: %s", tail(filepath.Join(e.dir, "output.log")))
+			return fmt.Errorf("runsc exited: %s", tail(filepath.Join(e.Dir, "output.log")))
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(delay):
@@ -520,35 +507,11 @@ func tail(path string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// Recover reattaches to the sandbox h names. The sandbox's state dir is the
-// source of truth; h must be a gvisor Handle of a known version.
-func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
-	e, err := r.lookup(h.ID)
-	if err != nil {
-		return fmt.Errorf("recover: %w", err)
-	}
-	if err := statedir.CheckRecover(h, Name, stateVersion, e.st); err != nil {
-		return err
-	}
-	r.log.Debug("sandbox recovered", logkey.SandboxID, h.ID, "running", r.running(e))
-	return nil
-}
-
-// running reports whether the sandbox's launcher still runs.
-func (r *Runtime) running(e *entry) bool {
-	return hostproc.Running(e.done, e.st.PID, e.st.PIDStart)
-}
-
-// waitExit blocks until the launcher exits or ctx is done.
-func (r *Runtime) waitExit(ctx context.Context, e *entry) error {
-	return hostproc.WaitExit(ctx, e.done, e.st.PID, e.st.PIDStart)
-}
-
 // exitStatus is how the exited sandbox ended: the launcher's record of
 // runsc's exit status, and the memory cgroup's OOM counter.
-func (r *Runtime) exitStatus(e *entry) sandbox.ExitStatus {
+func (r *Runtime) exitStatus(e *statedir.Entry[state]) sandbox.ExitStatus {
 	es := sandbox.ExitStatus{Code: -1}
-	path := filepath.Join(e.dir, "exit")
+	path := filepath.Join(e.Dir, "exit")
 	if b, err := os.ReadFile(path); err == nil {
 		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
 			es.Code = n
@@ -558,11 +521,11 @@ func (r *Runtime) exitStatus(e *entry) sandbox.ExitStatus {
 		}
 	} else {
 		es.Message = "exit status unknown: the launcher ended without recording it"
-		if fi, err := os.Stat(filepath.Join(e.dir, "state.json")); err == nil {
+		if fi, err := os.Stat(filepath.Join(e.Dir, "state.json")); err == nil {
 			es.ExitedAt = fi.ModTime().UTC()
 		}
 	}
-	if n, _ := cgroups.OOMKills(e.st.Cgroups); n > 0 {
+	if n, _ := cgroups.OOMKills(e.St.Cgroups); n > 0 {
 		es.OOMKilled = true
 		es.Message = "OOMKilled"
 		if es.Code == 0 || es.Code == -1 {
@@ -574,119 +537,38 @@ func (r *Runtime) exitStatus(e *entry) sandbox.ExitStatus {
 	return es
 }
 
-// Wait blocks until the sandbox's main process exits or ctx is done.
-func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, error) {
-	e, err := r.lookup(id)
-	if err != nil {
-		return sandbox.ExitStatus{}, fmt.Errorf("wait: %w", err)
-	}
-	if err := r.waitExit(ctx, e); err != nil {
-		return sandbox.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, err)
-	}
-	return r.exitStatus(e), nil
+// term sends SIGTERM to the main process with `runsc kill`; when it exits,
+// gVisor ends the whole sandbox. An error is a container that exited
+// meanwhile.
+func (r *Runtime) term(ctx context.Context, e *statedir.Entry[state]) {
+	r.runsc(ctx, "kill", e.St.ID, "TERM")
 }
 
-// Status returns the sandbox's observed state from its launcher and state
-// dir, without calling runsc.
-func (r *Runtime) Status(ctx context.Context, id string) (sandbox.Status, error) {
-	e, err := r.lookup(id)
-	if err != nil {
-		return sandbox.Status{}, fmt.Errorf("status: %w", err)
-	}
-	s := sandbox.Status{StartedAt: e.st.CreatedAt}
-	if r.running(e) {
-		s.State = sandbox.StateRunning
-		return s, nil
-	}
-	es := r.exitStatus(e)
-	s.State, s.Exit, s.Message = sandbox.StateExited, &es, es.Message
-	return s, nil
-}
-
-// Stop sends SIGTERM to the main process with `runsc kill`, waits up to
-// grace, then SIGKILLs every process in the sandbox (runsc kill --all).
-// When the main process exits, gVisor ends the whole sandbox.
-func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
-	e, err := r.lookup(id)
-	if err != nil {
-		return fmt.Errorf("stop: %w", err)
-	}
-	if !r.running(e) {
-		return nil
-	}
-	if grace > 0 {
-		// An error here is a container that exited meanwhile.
-		r.runsc(ctx, "kill", id, "TERM")
-		gctx, cancel := context.WithTimeout(ctx, grace)
-		err := r.waitExit(gctx, e)
-		cancel()
-		if err == nil {
-			r.log.Info("sandbox stopped", logkey.SandboxID, id)
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("stop sandbox %s: %w", id, ctx.Err())
-		}
-	}
-	if _, err := r.runsc(ctx, "kill", "--all", id, "KILL"); err != nil && r.running(e) {
+// kill SIGKILLs every process in the sandbox (runsc kill --all) and waits
+// for the launcher, taking the launcher's session down when runsc cannot.
+func (r *Runtime) kill(ctx context.Context, e *statedir.Entry[state]) error {
+	if _, err := r.runsc(ctx, "kill", "--all", e.St.ID, "KILL"); err != nil && e.Running() {
 		// runsc does not know the container (it is still being created, or
 		// runsc's state is gone): end the launcher's whole session.
-		r.log.Debug("runsc kill failed", logkey.SandboxID, id, "err", err)
-		syscall.Kill(-e.st.PID, syscall.SIGKILL)
+		r.log.Debug("runsc kill failed", logkey.SandboxID, e.St.ID, "err", err)
+		syscall.Kill(-e.St.PID, syscall.SIGKILL)
 	}
 	// The sandbox ends within a few hundred milliseconds of SIGKILL; give
 	// it 10 s before taking the launcher's session down.
 	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	err = r.waitExit(kctx, e)
+	err := e.WaitExit(kctx)
 	cancel()
 	if err != nil && ctx.Err() == nil {
-		syscall.Kill(-e.st.PID, syscall.SIGKILL)
-		err = r.waitExit(ctx, e)
+		syscall.Kill(-e.St.PID, syscall.SIGKILL)
+		err = e.WaitExit(ctx)
 	}
-	if err != nil {
-		return fmt.Errorf("stop sandbox %s: %w", id, err)
-	}
-	r.log.Info("sandbox killed", logkey.SandboxID, id, "grace", grace)
-	return nil
+	return err
 }
 
-// List returns the sandboxes in StateDir whose labels include selector.
-// runsc's own directory has no state.json and never shows.
-func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
-	return statedir.Handles(r.sd, Name, stateVersion, selector)
-}
-
-// Destroy kills the sandbox if it runs, makes runsc forget it, and removes
-// its cgroups and state dir (with the bundle and the secrets in it).
-// Unknown ids return nil.
-func (r *Runtime) Destroy(ctx context.Context, id string) error {
-	if sandbox.ValidateID(id) != nil || id == "runsc" {
-		return nil
-	}
-	unlock := r.sd.Lock(id)
-	defer unlock()
-	e, err := r.lookup(id)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		if err := r.sd.RemoveLeftovers(r.cg, id); err != nil {
-			return fmt.Errorf("destroy sandbox %s: %w", id, err)
-		}
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("destroy: %w", err)
-	}
-	if err := r.Stop(ctx, id, 0); err != nil {
-		return fmt.Errorf("destroy: %w", err)
-	}
-	// runsc run deletes its container when it ends; this is for one whose
-	// runsc was killed.
+// release makes runsc forget the sandbox: runsc run deletes its container
+// when it ends; this is for one whose runsc was killed.
+func (r *Runtime) release(ctx context.Context, id string) {
 	if out, err := r.runsc(ctx, "delete", "--force", id); err != nil && !bytes.Contains(out, []byte("does not exist")) {
 		r.log.Debug("runsc delete failed", logkey.SandboxID, id, "err", err)
 	}
-	if err := statedir.Remove(e.st.Launch, e.dir); err != nil {
-		return fmt.Errorf("destroy sandbox %s: %w", id, err)
-	}
-	r.sd.Forget(id)
-	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
-	return nil
 }

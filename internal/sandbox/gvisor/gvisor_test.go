@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -141,7 +140,7 @@ func TestSecretsStayInBundle(t *testing.T) {
 	if es.Code != 0 || out != secret {
 		t.Fatalf("exit %d, out %q; want the key in the environment", es.Code, out)
 	}
-	dir := r.sd.Path(id)
+	dir := r.Dir.Path(id)
 	err := filepath.WalkDir(r.opts.StateDir, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || d.Type()&os.ModeType != 0 {
 			return err
@@ -241,83 +240,13 @@ func TestHelperDial(t *testing.T) {
 // killed with SIGKILL, then recovers it from this process.
 func TestSurvivesServerDeath(t *testing.T) {
 	testenv.RequireRunsc(t)
-	if os.Getenv("CORRAL_GVISOR_HELPER_STATE") != "" {
-		return // the helper body runs in TestServerHelper
-	}
-	state := filepath.Join(t.TempDir(), "state")
-	dir := mountDir(t)
-	id := sandboxtest.NewID(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestServerHelper$", "-test.v")
-	cmd.Env = append(os.Environ(), "CORRAL_GVISOR_HELPER_STATE="+state, "CORRAL_GVISOR_HELPER_DIR="+dir, "CORRAL_GVISOR_HELPER_ID="+id)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		// The sandbox runs and Create returned: a server killed before
-		// Create recorded the sandbox leaves nothing for List.
-		_, rerr := os.Stat(filepath.Join(dir, "ready"))
-		_, cerr := os.Stat(filepath.Join(dir, "created"))
-		if rerr == nil && cerr == nil {
-			break
+	sandboxtest.ServerDeath(t, filepath.Join(t.TempDir(), "state"), mountDir(t), func(tb testing.TB, state string) sandbox.Runtime {
+		r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: "corral-gvisor-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			tb.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			cmd.Wait()
-			t.Fatalf("helper did not start the sandbox: %s", out.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cmd.Process.Kill() // the "server" dies with SIGKILL
-	cmd.Wait()
-
-	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: "corral-gvisor-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	t.Cleanup(func() { r.Destroy(context.Background(), id) })
-	hs, err := r.List(ctx, map[string]string{sandbox.LabelManaged: "true"})
-	if err != nil || len(hs) != 1 {
-		t.Fatalf("List after server death = %v, %v; want one sandbox", hs, err)
-	}
-	if err := r.Recover(ctx, &hs[0]); err != nil {
-		t.Fatalf("Recover: %v", err)
-	}
-	if st, err := r.Status(ctx, id); err != nil || st.State != sandbox.StateRunning {
-		t.Fatalf("Status = %+v, %v; want running after the server died", st, err)
-	}
-	os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
-	es, err := r.Wait(ctx, id)
-	if err != nil || es.Code != 9 {
-		t.Errorf("Wait = %+v, %v; want code 9", es, err)
-	}
-}
-
-// TestServerHelper is the "server" process of TestSurvivesServerDeath.
-func TestServerHelper(t *testing.T) {
-	state := os.Getenv("CORRAL_GVISOR_HELPER_STATE")
-	if state == "" {
-		t.Skip("helper process for TestSurvivesServerDeath")
-	}
-	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: "corral-gvisor-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := os.Getenv("CORRAL_GVISOR_HELPER_DIR")
-	_, err = r.Create(context.Background(), sandbox.Spec{
-		ID: os.Getenv("CORRAL_GVISOR_HELPER_ID"), Command: []string{"/bin/sh", "-c", `touch ready; while [ ! -e stop ]; do sleep 0.05; done; exit 9`},
-		Dir: "/out", Mounts: []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
-		Labels: map[string]string{sandbox.LabelManaged: "true"},
+		return r
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(dir, "created"), nil, 0o644)
-	time.Sleep(2 * time.Minute) // killed by the parent test
 }
 
 func TestCapabilities(t *testing.T) {

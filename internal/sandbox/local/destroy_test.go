@@ -35,7 +35,7 @@ func TestDestroyWithoutStateRemovesCgroups(t *testing.T) {
 			t.Fatalf("cgroup %s of a created sandbox: %v", d, err)
 		}
 	}
-	if err := os.RemoveAll(r.sd.Path(id)); err != nil {
+	if err := os.RemoveAll(r.Dir.Path(id)); err != nil {
 		t.Fatal(err)
 	}
 	if err := newRuntime().Destroy(ctx, id); err != nil {

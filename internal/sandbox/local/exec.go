@@ -24,7 +24,7 @@ import (
 // and is never written to disk). When ctx is done the command's process
 // group is killed.
 func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExitStatus, error) {
-	e, err := r.lookup(id)
+	e, err := r.Lookup(id)
 	if err != nil {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec: %w", err)
 	}
@@ -43,17 +43,17 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	}
 	// The pid namespace check guards against a reused pid: nsenter must
 	// never join some other process's namespaces.
-	if !r.running(e) || e.st.ChildPID == 0 || hostproc.PidNamespace(e.st.ChildPID) != e.st.PIDNS {
+	if !e.Running() || e.St.ChildPID == 0 || hostproc.PidNamespace(e.St.ChildPID) != e.St.PIDNS {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: not running: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	argv := []string{r.opts.Nsenter, "--target", strconv.Itoa(e.st.ChildPID),
+	argv := []string{r.opts.Nsenter, "--target", strconv.Itoa(e.St.ChildPID),
 		"--user", "--mount", "--pid", "--net", "--ipc", "--uts",
 		"--setuid", strconv.Itoa(r.opts.UID), "--setgid", strconv.Itoa(r.opts.GID),
 		// nsenter opens --wd before it enters the mount namespace, so the
 		// path goes through the sandbox's root as /proc shows it.
-		"--wd=/proc/" + strconv.Itoa(e.st.ChildPID) + "/root" + dir, "--"}
+		"--wd=/proc/" + strconv.Itoa(e.St.ChildPID) + "/root" + dir, "--"}
 	argv = append(argv, req.Command...)
-	argv = launcher(r.opts, cgroups.ProcsFiles(e.st.Cgroups), argv, false)
+	argv = launcher(r.opts, cgroups.ProcsFiles(e.St.Cgroups), argv, false)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = sandboxEnv(req.Env)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr

@@ -181,20 +181,10 @@ type Runtime struct {
 	filter    []byte
 	filterErr error
 
-	// sd is StateDir: state.json per sandbox, the per-id locks that
-	// serialise Create and Destroy, and the sandboxes this instance has seen.
-	sd *statedir.Dir[state, entry]
-}
-
-// entry is one sandbox as this instance knows it.
-type entry struct {
-	dir string
-	st  state
-	// done is closed when this instance reaped bwrap (it started it);
-	// nil when the sandbox was found on disk (after a restart).
-	done   chan struct{}
-	ps     *os.ProcessState // valid after done is closed
-	exitAt time.Time        // when done was closed
+	// Sandboxes is StateDir (state.json per sandbox, the per-id locks
+	// that serialise Create and Destroy, the sandboxes this instance has
+	// seen) and the lifecycle methods shared with the gvisor runtime.
+	*statedir.Sandboxes[state]
 }
 
 // state is Handle.State, version 1, also kept in StateDir/<id>/state.json.
@@ -236,7 +226,6 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		opts:       opts,
 		noFileWarn: noFileWarn,
 		log:        log.With(logkey.Runtime, Name),
-		sd:         statedir.New[state, entry](opts.StateDir, func(st state) map[string]string { return st.Labels }),
 	}
 	if prog, err := seccomp.Program(); err != nil {
 		r.filterErr = err
@@ -259,6 +248,13 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if r.cgWarn != "" {
 		r.log.Warn("sandbox limits disabled", "reason", r.cgWarn)
 	}
+	r.Sandboxes = statedir.NewSandboxes(Name, stateVersion, opts.StateDir, "", r.cg, r.log, statedir.Ops[state]{
+		Load:       loadState,
+		ExitStatus: r.exitStatus,
+		Creating:   func(e *statedir.Entry[state]) bool { return e.St.ChildPID == 0 },
+		Term:       r.term,
+		Kill:       r.kill,
+	})
 	return r, nil
 }
 
@@ -346,22 +342,17 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	return c
 }
 
-// lookup returns the sandbox id from memory or, after a restart, from its
-// state dir. It wraps errdefs.ErrNotFound if there is neither.
-func (r *Runtime) lookup(id string) (*entry, error) {
-	return r.sd.Lookup(id, func(dir string, st state) *entry {
-		if st.ChildPID == 0 {
-			// A server that died during Create left the state without the
-			// sandbox's pid 1; bwrap has reported it in status.jsonl since.
-			if info, ok := readStatus(dir); ok && info.ChildPID > 0 {
-				st.ChildPID, st.PIDNS = info.ChildPID, info.PIDNamespace
-			}
+// loadState completes the state of a sandbox found on disk: a server that
+// died during Create left it without the sandbox's pid 1, which bwrap has
+// reported in status.jsonl since.
+func loadState(dir string, st state) state {
+	if st.ChildPID == 0 {
+		if info, ok := readStatus(dir); ok && info.ChildPID > 0 {
+			st.ChildPID, st.PIDNS = info.ChildPID, info.PIDNamespace
 		}
-		return &entry{dir: dir, st: st}
-	})
+	}
+	return st
 }
-
-func handleOf(st state) *sandbox.Handle { return statedir.Handle(Name, stateVersion, st) }
 
 // Create starts a sandbox for spec and returns once its pid 1 runs (a few
 // milliseconds). It is idempotent on spec.ID.
@@ -370,10 +361,10 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
 	spec = spec.Resolve(r.opts.DataRoot) // from here on, mounts are host paths
-	unlock := r.sd.Lock(spec.ID)
+	unlock := r.Dir.Lock(spec.ID)
 	defer unlock()
-	if e, err := r.lookup(spec.ID); err == nil {
-		return handleOf(e.st), nil
+	if e, err := r.Lookup(spec.ID); err == nil {
+		return r.Handle(e.St), nil
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, err
 	}
@@ -381,7 +372,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 	if !caps.Available {
 		return nil, fmt.Errorf("create sandbox %s: %s: %w", spec.ID, caps.Reason, errdefs.ErrFailedPrecondition)
 	}
-	dir := r.sd.Path(spec.ID)
+	dir := r.Dir.Path(spec.ID)
 	// A directory without state.json is a Create that crashed before it
 	// started anything; start over.
 	if err := os.RemoveAll(dir); err != nil {
@@ -397,13 +388,13 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
-	r.sd.Set(spec.ID, e)
-	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "pid", e.st.ChildPID)
-	return handleOf(e.st), nil
+	r.Dir.Set(spec.ID, e)
+	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "pid", e.St.ChildPID)
+	return r.Handle(e.St), nil
 }
 
 // start launches bwrap for spec in dir and waits for the sandbox's pid 1.
-func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *entry, err error) {
+func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *statedir.Entry[state], err error) {
 	etcBinds, err := guestetc.Write(filepath.Join(dir, "etc"), guestetc.Options{UID: r.opts.UID, GID: r.opts.GID, ResolvConf: spec.Network == sandbox.NetworkEgress})
 	if err != nil {
 		return nil, err
@@ -461,20 +452,14 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	// Our unreaped child cannot be replaced by another process with the
 	// same pid, so this start time is the launcher's.
 	st.PIDStart, _ = hostproc.StartTime(st.PID)
-	e := &entry{dir: dir, done: make(chan struct{})}
-	go func() {
-		cmd.Wait()
-		e.ps = cmd.ProcessState
-		e.exitAt = time.Now().UTC()
-		close(e.done)
-	}()
+	e := statedir.Started[state](dir, cmd)
 	defer func() {
 		if err != nil {
 			cmd.Process.Kill()
-			<-e.done
+			<-e.Done()
 		}
 	}()
-	if err := r.sd.Write(spec.ID, st); err != nil {
+	if err := r.Dir.Write(spec.ID, st); err != nil {
 		return nil, err
 	}
 
@@ -494,24 +479,25 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 			break
 		}
 		select {
-		case <-e.done:
+		case <-e.Done():
 			if info, ok := readStatus(dir); ok && info.ChildPID > 0 {
 				// The main process ran and exited already.
 				st.ChildPID, st.PIDNS = info.ChildPID, info.PIDNamespace
 				ready = true
 				break
 			}
-			return nil, fmt.Errorf("bwrap exited (%v): %s", e.ps, tail(filepath.Join(dir, "output.log")))
+			ps, _ := e.Reaped()
+			return nil, fmt.Errorf("bwrap exited (%v): %s", ps, tail(filepath.Join(dir, "output.log")))
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 10*time.Millisecond)
 	}
-	if err := r.sd.Write(spec.ID, st); err != nil {
+	if err := r.Dir.Write(spec.ID, st); err != nil {
 		return nil, err
 	}
-	e.st = st
+	e.St = st
 	return e, nil
 }
 
@@ -581,42 +567,19 @@ func readStatus(dir string) (bwrapStatus, bool) {
 	return s, found
 }
 
-// Recover reattaches to the sandbox h names. The sandbox's state dir is the
-// source of truth; h must be a local Handle of a known version.
-func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
-	e, err := r.lookup(h.ID)
-	if err != nil {
-		return fmt.Errorf("recover: %w", err)
-	}
-	if err := statedir.CheckRecover(h, Name, stateVersion, e.st); err != nil {
-		return err
-	}
-	r.log.Debug("sandbox recovered", logkey.SandboxID, h.ID, "running", r.running(e))
-	return nil
-}
-
-// running reports whether the sandbox's bwrap still runs.
-func (r *Runtime) running(e *entry) bool {
-	return hostproc.Running(e.done, e.st.PID, e.st.PIDStart)
-}
-
-// waitExit blocks until bwrap exits or ctx is done.
-func (r *Runtime) waitExit(ctx context.Context, e *entry) error {
-	return hostproc.WaitExit(ctx, e.done, e.st.PID, e.st.PIDStart)
-}
-
 // exitStatus is how the exited sandbox ended: bwrap's reported exit code of
 // the sandbox's main process, else bwrap's own wait status, else -1.
-func (r *Runtime) exitStatus(e *entry) sandbox.ExitStatus {
+func (r *Runtime) exitStatus(e *statedir.Entry[state]) sandbox.ExitStatus {
 	es := sandbox.ExitStatus{Code: -1}
-	if s, _ := readStatus(e.dir); s.Exited {
+	ps, exitAt := e.Reaped()
+	if s, _ := readStatus(e.Dir); s.Exited {
 		es.Code = s.ExitCode
-		if fi, err := os.Stat(filepath.Join(e.dir, "status.jsonl")); err == nil {
+		if fi, err := os.Stat(filepath.Join(e.Dir, "status.jsonl")); err == nil {
 			es.ExitedAt = fi.ModTime().UTC()
 		}
-	} else if e.ps != nil {
-		es.Code = e.ps.ExitCode()
-		if ws, ok := e.ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+	} else if ps != nil {
+		es.Code = ps.ExitCode()
+		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			es.Code = 128 + int(ws.Signal())
 			es.Message = "bwrap killed by signal " + ws.Signal().String()
 		}
@@ -624,9 +587,9 @@ func (r *Runtime) exitStatus(e *entry) sandbox.ExitStatus {
 		es.Message = "exit status unknown"
 	}
 	if es.ExitedAt.IsZero() {
-		es.ExitedAt = e.exitAt
+		es.ExitedAt = exitAt
 	}
-	if oomKilled(e.st.Cgroups) {
+	if oomKilled(e.St.Cgroups) {
 		es.OOMKilled = true
 		es.Message = "OOMKilled"
 	} else if es.Message == "" && es.Code > 128 && es.Code < 128+65 {
@@ -646,114 +609,27 @@ func oomKilled(dirs []string) bool {
 	return n > 0
 }
 
-// Wait blocks until the sandbox's main process exits or ctx is done.
-func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, error) {
-	e, err := r.lookup(id)
-	if err != nil {
-		return sandbox.ExitStatus{}, fmt.Errorf("wait: %w", err)
-	}
-	if err := r.waitExit(ctx, e); err != nil {
-		return sandbox.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, err)
-	}
-	return r.exitStatus(e), nil
-}
-
-// Status returns the sandbox's observed state from /proc and its state dir.
-func (r *Runtime) Status(ctx context.Context, id string) (sandbox.Status, error) {
-	e, err := r.lookup(id)
-	if err != nil {
-		return sandbox.Status{}, fmt.Errorf("status: %w", err)
-	}
-	s := sandbox.Status{StartedAt: e.st.CreatedAt}
-	switch {
-	case r.running(e) && e.st.ChildPID == 0:
-		s.State = sandbox.StateCreating
-	case r.running(e):
-		s.State = sandbox.StateRunning
-	default:
-		es := r.exitStatus(e)
-		s.State, s.Exit, s.Message = sandbox.StateExited, &es, es.Message
-	}
-	return s, nil
-}
-
-// Stop sends SIGTERM to every process in the sandbox, waits up to grace,
-// then SIGKILLs the sandbox's pid 1, which makes the kernel kill every
-// process in its pid namespace, and any process left in its cgroups.
-func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
-	e, err := r.lookup(id)
-	if err != nil {
-		return fmt.Errorf("stop: %w", err)
-	}
-	if !r.running(e) {
-		return nil
-	}
-	// Every process in the sandbox's pid namespace (no process can leave
-	// it). bwrap's pid 1 has no SIGTERM handler, so the kernel drops the
-	// signal for it; the main process and its children get it.
-	for _, p := range hostproc.PidsInNamespace(e.st.PIDNS) {
+// term sends SIGTERM to every process in the sandbox's pid namespace (no
+// process can leave it). bwrap's pid 1 has no SIGTERM handler, so the
+// kernel drops the signal for it; the main process and its children get it.
+func (r *Runtime) term(ctx context.Context, e *statedir.Entry[state]) {
+	for _, p := range hostproc.PidsInNamespace(e.St.PIDNS) {
 		syscall.Kill(p, syscall.SIGTERM)
 	}
-	if grace > 0 {
-		gctx, cancel := context.WithTimeout(ctx, grace)
-		err := r.waitExit(gctx, e)
-		cancel()
-		if err == nil {
-			r.log.Info("sandbox stopped", logkey.SandboxID, id)
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("stop sandbox %s: %w", id, ctx.Err())
-		}
-	}
-	// SIGKILL for the sandbox's pid 1 makes the kernel kill everything in
-	// its pid namespace; bwrap then reports exit code 137 and exits.
-	if e.st.ChildPID > 0 && hostproc.PidNamespace(e.st.ChildPID) == e.st.PIDNS {
-		syscall.Kill(e.st.ChildPID, syscall.SIGKILL)
-	} else if e.st.ChildPID == 0 && r.running(e) {
+}
+
+// kill SIGKILLs the sandbox's pid 1, which makes the kernel kill every
+// process in its pid namespace (bwrap then reports exit code 137 and
+// exits), and waits for bwrap.
+func (r *Runtime) kill(ctx context.Context, e *statedir.Entry[state]) error {
+	if e.St.ChildPID > 0 && hostproc.PidNamespace(e.St.ChildPID) == e.St.PIDNS {
+		syscall.Kill(e.St.ChildPID, syscall.SIGKILL)
+	} else if e.St.ChildPID == 0 && e.Running() {
 		// bwrap never got as far as pid 1; it dies with the launcher.
-		syscall.Kill(e.st.PID, syscall.SIGKILL)
+		syscall.Kill(e.St.PID, syscall.SIGKILL)
 	}
-	for _, p := range hostproc.PidsInNamespace(e.st.PIDNS) {
+	for _, p := range hostproc.PidsInNamespace(e.St.PIDNS) {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
-	if err := r.waitExit(ctx, e); err != nil {
-		return fmt.Errorf("stop sandbox %s: %w", id, err)
-	}
-	r.log.Info("sandbox killed", logkey.SandboxID, id, "grace", grace)
-	return nil
-}
-
-// List returns the sandboxes in StateDir whose labels include selector.
-func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
-	return statedir.Handles(r.sd, Name, stateVersion, selector)
-}
-
-// Destroy kills the sandbox if it runs, then removes its cgroups and state
-// dir. Unknown ids return nil.
-func (r *Runtime) Destroy(ctx context.Context, id string) error {
-	if sandbox.ValidateID(id) != nil {
-		return nil
-	}
-	unlock := r.sd.Lock(id)
-	defer unlock()
-	e, err := r.lookup(id)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		if err := r.sd.RemoveLeftovers(r.cg, id); err != nil {
-			return fmt.Errorf("destroy sandbox %s: %w", id, err)
-		}
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("destroy: %w", err)
-	}
-	if err := r.Stop(ctx, id, 0); err != nil {
-		return fmt.Errorf("destroy: %w", err)
-	}
-	if err := statedir.Remove(e.st.Launch, e.dir); err != nil {
-		return fmt.Errorf("destroy sandbox %s: %w", id, err)
-	}
-	r.sd.Forget(id)
-	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
-	return nil
+	return e.WaitExit(ctx)
 }

@@ -3,7 +3,6 @@
 package local
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -150,85 +149,13 @@ func TestHostProcessesInvisible(t *testing.T) {
 // killed with SIGKILL, then recovers it from this process.
 func TestSurvivesServerDeath(t *testing.T) {
 	testenv.RequireBwrap(t)
-	if os.Getenv("CORRAL_LOCAL_HELPER_STATE") != "" {
-		return // the helper body runs in TestServerHelper
-	}
-	state := filepath.Join(testenv.TempDir(t), "state")
-	dir := testenv.TempDir(t)
-	id := sandboxtest.NewID(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestServerHelper$", "-test.v")
-	cmd.Env = append(os.Environ(), "CORRAL_LOCAL_HELPER_STATE="+state, "CORRAL_LOCAL_HELPER_DIR="+dir, "CORRAL_LOCAL_HELPER_ID="+id)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		// The sandbox runs (it wrote ready) and Create returned (the helper
-		// wrote created): the sandbox's command can run before Create has
-		// recorded it, and a server killed in between leaves no state for
-		// List (the scheduler then destroys the sandbox by its id).
-		_, rerr := os.Stat(filepath.Join(dir, "ready"))
-		_, cerr := os.Stat(filepath.Join(dir, "created"))
-		if rerr == nil && cerr == nil {
-			break
+	sandboxtest.ServerDeath(t, filepath.Join(testenv.TempDir(t), "state"), testenv.TempDir(t), func(tb testing.TB, state string) sandbox.Runtime {
+		r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: "corral-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			tb.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			cmd.Wait()
-			t.Fatalf("helper did not start the sandbox: %s", out.String())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	cmd.Process.Kill() // the "server" dies with SIGKILL
-	cmd.Wait()
-
-	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: "corral-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	t.Cleanup(func() { r.Destroy(context.Background(), id) })
-	hs, err := r.List(ctx, map[string]string{sandbox.LabelManaged: "true"})
-	if err != nil || len(hs) != 1 {
-		t.Fatalf("List after server death = %v, %v; want one sandbox", hs, err)
-	}
-	if err := r.Recover(ctx, &hs[0]); err != nil {
-		t.Fatalf("Recover: %v", err)
-	}
-	if st, err := r.Status(ctx, id); err != nil || st.State != sandbox.StateRunning {
-		t.Fatalf("Status = %+v, %v; want running after the server died", st, err)
-	}
-	os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
-	es, err := r.Wait(ctx, id)
-	if err != nil || es.Code != 9 {
-		t.Errorf("Wait = %+v, %v; want code 9", es, err)
-	}
-}
-
-// TestServerHelper is the "server" process of TestSurvivesServerDeath.
-func TestServerHelper(t *testing.T) {
-	state := os.Getenv("CORRAL_LOCAL_HELPER_STATE")
-	if state == "" {
-		t.Skip("helper process for TestSurvivesServerDeath")
-	}
-	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: "corral-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := os.Getenv("CORRAL_LOCAL_HELPER_DIR")
-	_, err = r.Create(context.Background(), sandbox.Spec{
-		ID: os.Getenv("CORRAL_LOCAL_HELPER_ID"), Command: []string{"/bin/sh", "-c", `touch ready; while [ ! -e stop ]; do sleep 0.02; done; exit 9`},
-		Dir: "/out", Mounts: []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
-		Labels: map[string]string{sandbox.LabelManaged: "true"},
+		return r
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(dir, "created"), nil, 0o644)
-	time.Sleep(time.Minute) // killed by the parent test
 }
 
 // TestNoFileAboveServerHardLimit runs a sandbox from a server whose hard

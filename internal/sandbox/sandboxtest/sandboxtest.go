@@ -9,7 +9,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -600,4 +602,90 @@ func (s *suite) testMemoryLimit(t *testing.T) {
 	if err != nil || st.Exit == nil || !st.Exit.OOMKilled {
 		t.Errorf("Status = %+v, %v; want Exit.OOMKilled", st, err)
 	}
+}
+
+// The environment of ServerDeath's helper process.
+const (
+	envHelperState = "CORRAL_SANDBOXTEST_SERVER_STATE"
+	envHelperDir   = "CORRAL_SANDBOXTEST_SERVER_DIR"
+	envHelperID    = "CORRAL_SANDBOXTEST_SERVER_ID"
+)
+
+// ServerDeath checks that a sandbox outlives the server that created it. A
+// helper process (this test binary, run again for the calling test alone)
+// creates a sandbox with newRuntime and is killed with SIGKILL once Create
+// has returned; this process then builds a new Runtime over the same state,
+// finds the sandbox with List, recovers it, sees it running and sees it end
+// with its own exit code. state is a host path both processes use for the
+// runtime's state; dir is a host directory the sandbox gets read-write.
+// In the helper process ServerDeath creates the sandbox and never returns.
+func ServerDeath(t *testing.T, state, dir string, newRuntime func(tb testing.TB, state string) sandbox.Runtime) {
+	if s := os.Getenv(envHelperState); s != "" {
+		serverDeathHelper(t, newRuntime(t, s), os.Getenv(envHelperDir), os.Getenv(envHelperID))
+		return
+	}
+	id := NewID(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.v")
+	cmd.Env = append(os.Environ(), envHelperState+"="+state, envHelperDir+"="+dir, envHelperID+"="+id)
+	var out testenv.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		// The sandbox runs (it wrote ready) and Create returned (the helper
+		// wrote created): the sandbox's command can run before Create has
+		// recorded it, and a server killed in between leaves nothing for
+		// List (the scheduler then destroys the sandbox by its id).
+		_, rerr := os.Stat(filepath.Join(dir, "ready"))
+		_, cerr := os.Stat(filepath.Join(dir, "created"))
+		if rerr == nil && cerr == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("helper did not start the sandbox: %s", out.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cmd.Process.Kill() // the "server" dies with SIGKILL
+	cmd.Wait()
+
+	r := newRuntime(t, state)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	t.Cleanup(func() { r.Destroy(context.Background(), id) })
+	hs, err := r.List(ctx, map[string]string{sandbox.LabelManaged: "true", "test": id})
+	if err != nil || len(hs) != 1 {
+		t.Fatalf("List after server death = %v, %v; want one sandbox", hs, err)
+	}
+	if err := r.Recover(ctx, &hs[0]); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	if st, err := r.Status(ctx, id); err != nil || st.State != sandbox.StateRunning {
+		t.Fatalf("Status = %+v, %v; want running after the server died", st, err)
+	}
+	os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
+	es, err := r.Wait(ctx, id)
+	if err != nil || es.Code != 9 {
+		t.Errorf("Wait = %+v, %v; want code 9", es, err)
+	}
+}
+
+// serverDeathHelper is ServerDeath's "server": it creates the sandbox,
+// says so, and waits to be killed.
+func serverDeathHelper(t *testing.T, r sandbox.Runtime, dir, id string) {
+	_, err := r.Create(context.Background(), sandbox.Spec{
+		ID: id, Command: []string{Shell, "-c", `touch ready; while [ ! -e stop ]; do sleep 0.02; done; exit 9`},
+		Dir: "/out", Mounts: []sandbox.Mount{{Source: MountSource(dir), Target: "/out"}},
+		Labels: map[string]string{sandbox.LabelManaged: "true", "test": id},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "created"), nil, 0o644)
+	time.Sleep(2 * time.Minute) // killed by the parent test
+	t.Fatal("not killed by the parent test")
 }

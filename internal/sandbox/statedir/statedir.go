@@ -2,8 +2,11 @@
 // sandbox/gvisor) share over their state directory: one subdirectory per
 // sandbox, named by its id, holding state.json (the runtime's Handle.State);
 // a lock per id; the sandboxes this instance has seen; listing by label;
-// and decoding a Handle's state. What a runtime keeps besides state.json,
-// and how it starts and watches its processes, stay with the runtime.
+// and decoding a Handle's state; and (Sandboxes) the lifecycle methods
+// both runtimes share around a launcher process: Recover, Wait, Status,
+// Stop, List and Destroy. What a runtime keeps besides state.json, how it
+// starts its launcher, reads an exit status and signals its processes
+// stay with the runtime (Ops).
 package statedir
 
 import (
