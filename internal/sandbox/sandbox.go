@@ -10,6 +10,7 @@ import (
 	"io"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -173,3 +174,29 @@ const (
 	LabelManaged = "corral.managed"
 	LabelTaskID  = "corral.task-id"
 )
+
+// DefaultEnv is env with defaults for PATH, HOME (/tmp), USER, TMPDIR and
+// LANG where env does not set them: a sandbox's process gets exactly this
+// environment, nothing of the server's. Later entries win, as with execve.
+func DefaultEnv(env []string) []string {
+	defaults := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=/tmp",
+		"USER=worker",
+		"TMPDIR=/tmp",
+		"LANG=C.UTF-8",
+	}
+	set := map[string]bool{}
+	for _, e := range env {
+		k, _, _ := strings.Cut(e, "=")
+		set[k] = true
+	}
+	var out []string
+	for _, d := range defaults {
+		k, _, _ := strings.Cut(d, "=")
+		if !set[k] {
+			out = append(out, d)
+		}
+	}
+	return append(out, env...)
+}

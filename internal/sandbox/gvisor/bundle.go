@@ -41,31 +41,6 @@ func validateSpec(spec sandbox.Spec, root string) error {
 	return errors.Join(errs...)
 }
 
-// sandboxEnv is env with defaults for PATH, HOME, USER, TMPDIR and LANG
-// where env does not set them. Later entries win, as with execve.
-func sandboxEnv(env []string) []string {
-	defaults := []string{
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"HOME=/tmp",
-		"USER=worker",
-		"TMPDIR=/tmp",
-		"LANG=C.UTF-8",
-	}
-	set := map[string]bool{}
-	for _, e := range env {
-		k, _, _ := strings.Cut(e, "=")
-		set[k] = true
-	}
-	var out []string
-	for _, d := range defaults {
-		k, _, _ := strings.Cut(d, "=")
-		if !set[k] {
-			out = append(out, d)
-		}
-	}
-	return append(out, env...)
-}
-
 // The parts of the OCI runtime spec (1.0) Corral writes. runsc reads only
 // what it knows; omitted fields take the spec's defaults.
 type (
@@ -163,7 +138,7 @@ func newProcess(argv, env []string, dir string, o Options, pids int64) *ociProce
 	p := &ociProcess{
 		User:            ociUser{UID: uint32(o.Host.UID), GID: uint32(o.Host.GID)},
 		Args:            argv,
-		Env:             sandboxEnv(env),
+		Env:             sandbox.DefaultEnv(env),
 		Cwd:             dir,
 		Capabilities:    ociCaps{Bounding: []string{}, Effective: []string{}, Inheritable: []string{}, Permitted: []string{}, Ambient: []string{}},
 		NoNewPrivileges: true,

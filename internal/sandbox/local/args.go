@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -185,31 +184,6 @@ func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) [
 	}
 	args = append(args, "--chdir", dir, "--")
 	return append(args, spec.Command...)
-}
-
-// sandboxEnv is env with defaults for PATH, HOME, USER and TMPDIR where env
-// does not set them. Later entries win, as with execve.
-func sandboxEnv(env []string) []string {
-	defaults := []string{
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"HOME=/tmp",
-		"USER=worker",
-		"TMPDIR=/tmp",
-		"LANG=C.UTF-8",
-	}
-	set := map[string]bool{}
-	for _, e := range env {
-		k, _, _ := strings.Cut(e, "=")
-		set[k] = true
-	}
-	var out []string
-	for _, d := range defaults {
-		k, _, _ := strings.Cut(d, "=")
-		if !set[k] {
-			out = append(out, d)
-		}
-	}
-	return append(out, env...)
 }
 
 // launcherScript is the sandbox's launcher, run by /bin/sh: it sets the

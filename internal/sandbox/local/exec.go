@@ -55,7 +55,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	argv = append(argv, req.Command...)
 	argv = launcher(r.opts, cgroups.ProcsFiles(e.St.Cgroups), argv, false)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = sandboxEnv(req.Env)
+	cmd.Env = sandbox.DefaultEnv(req.Env)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
 	// Its own process group, so cancelling kills nsenter and the command
 	// it forked (which stays in the group across the namespace change).

@@ -434,7 +434,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	argv = launcher(r.opts, cgroups.ProcsFiles(st.Cgroups), argv, true)
 	// Not CommandContext: the sandbox must outlive ctx and this process.
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = sandboxEnv(spec.Env) // the launcher and bwrap pass it on as it is
+	cmd.Env = sandbox.DefaultEnv(spec.Env) // the launcher and bwrap pass it on as it is
 	cmd.Stdout, cmd.Stderr = out, out
 	filter, err := openFilter(dir, r.filter)
 	if err != nil {
