@@ -15,10 +15,11 @@ sudo=""
 
 command -v go >/dev/null || { echo "Go 1.26 or newer is needed: https://go.dev/dl/" >&2; exit 1; }
 
-# Debian packages: the sandboxes, setpriv (util-linux), ps (procps), and
-# node and npm for the JavaScript clients and agent CLIs.
+# Debian packages: the sandboxes, setpriv (util-linux), ps (procps), node
+# and npm for the JavaScript clients and agent CLIs, and a Docker engine
+# with mmdebstrap to build its test image.
 missing=()
-for want in bwrap:bubblewrap runsc:runsc setpriv:util-linux ps:procps node:nodejs npm:npm; do
+for want in bwrap:bubblewrap runsc:runsc setpriv:util-linux ps:procps node:nodejs npm:npm dockerd:docker.io mmdebstrap:mmdebstrap; do
   command -v "${want%%:*}" >/dev/null || missing+=("${want#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -26,6 +27,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+./scripts/test-docker.sh
 
 # The MCP TypeScript SDK client (test/mcp) and the notification receiver
 # (test/notify), each pinned by its package-lock.json.

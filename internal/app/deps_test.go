@@ -40,6 +40,7 @@ var allowed = map[string][]string{
 	"internal/sandbox/local":        {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "errdefs", "logkey"},
 	"internal/sandbox/gvisor":       {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "errdefs", "logkey"},
 	"internal/sandbox/sandboxtest":  {"sandbox", "sandbox/hostproc", "errdefs", "testenv"},
+	"internal/sandbox/docker":       {"sandbox", "sandbox/hostproc", "sandbox/hostuser", "sandbox/gvisor", "errdefs", "logkey"},
 	"internal/agent/agenttest":      {},
 	"internal/agent":                {"errdefs"},
 	"internal/webhook":              {"task", "errdefs", "strictjson"},
@@ -74,7 +75,7 @@ var allowed = map[string][]string{
 	"internal/sandbox/hostproc": {},
 	"internal/sandbox/guestetc": {},
 	"internal/sandbox/statedir": {"sandbox", "sandbox/cgroups", "sandbox/hostuser", "sandbox/hostproc", "errdefs", "logkey"},
-	"internal/sandbox/hostuser": {"sandbox"},
+	"internal/sandbox/hostuser": {"sandbox", "errdefs"},
 }
 
 // badDeps are modules some packages must not depend on even indirectly:
@@ -83,12 +84,12 @@ var allowed = map[string][]string{
 // only by the service contract (not the orchestrator, the in-sandbox
 // worker or the agent adapters).
 var badDeps = map[string][]string{
-	"internal/scheduler":    {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "golang.org/x/sys/unix", "github.com/docker/docker", "k8s.io/client-go"},
-	"internal/orchestrator": {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go", "internal/worker", "internal/agent", "internal/sandbox", "internal/taskrun"},
+	"internal/scheduler":    {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "golang.org/x/sys/unix", "github.com/moby/moby/client", "k8s.io/client-go"},
+	"internal/orchestrator": {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "github.com/moby/moby/client", "k8s.io/client-go", "internal/worker", "internal/agent", "internal/sandbox", "internal/taskrun"},
 	"internal/library":      {"internal/sandbox", "internal/scheduler", "internal/worker", "internal/agent", "internal/eventstore/sqlite", "modernc.org/sqlite"},
-	"internal/taskrun":      {"internal/orchestrator", "internal/worker", "internal/agent", "internal/eventstore/sqlite", "modernc.org/sqlite", "internal/sandbox/local", "internal/sandbox/gvisor"},
+	"internal/taskrun":      {"internal/orchestrator", "internal/worker", "internal/agent", "internal/eventstore/sqlite", "modernc.org/sqlite", "internal/sandbox/local", "internal/sandbox/gvisor", "internal/sandbox/docker", "github.com/moby/moby/client"},
 	"internal/document":     {"internal/eventstore/sqlite", "modernc.org/sqlite"},
-	"internal/httpapi":      {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "github.com/docker/docker", "k8s.io/client-go", "github.com/modelcontextprotocol/go-sdk", "internal/orchestrator", "internal/worker", "internal/agent"},
+	"internal/httpapi":      {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "github.com/moby/moby/client", "k8s.io/client-go", "github.com/modelcontextprotocol/go-sdk", "internal/orchestrator", "internal/worker", "internal/agent"},
 	"internal/mcpserver":    {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "internal/orchestrator", "internal/worker", "internal/agent"},
 	"internal/tools":        {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "internal/orchestrator", "internal/worker", "internal/agent"},
 	"internal/notify":       {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite"},

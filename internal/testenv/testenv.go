@@ -6,7 +6,12 @@ package testenv
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -60,6 +66,65 @@ func RequireRunsc(tb testing.TB) string {
 	tb.Helper()
 	RequireRoot(tb)
 	return RequireBinary(tb, "runsc", "apt-get install -y runsc")
+}
+
+// DockerImage is the image the tests run Docker sandboxes from: a Debian
+// 12 minbase root file system that ./scripts/test.sh builds with
+// mmdebstrap and imports, since no registry is reachable.
+const DockerImage = "corral-test/debian:bookworm"
+
+// DockerSocket is the engine the tests use.
+const DockerSocket = "/var/run/docker.sock"
+
+// RequireDocker needs root, a Docker engine at DockerSocket, and
+// DockerImage on it.
+func RequireDocker(tb testing.TB) {
+	tb.Helper()
+	RequireRoot(tb)
+	if _, err := dockerGet("/_ping"); err != nil {
+		Missing(tb, "no Docker engine at "+DockerSocket+" ("+err.Error()+"; ./scripts/test.sh installs and starts one)")
+	}
+	if _, err := dockerGet("/images/" + DockerImage + "/json"); err != nil {
+		Missing(tb, "image "+DockerImage+" is not on the Docker engine ("+err.Error()+"; ./scripts/test.sh builds it)")
+	}
+}
+
+// RequireDockerRuntime needs RequireDocker and the OCI runtime name
+// registered with the engine.
+func RequireDockerRuntime(tb testing.TB, name string) {
+	tb.Helper()
+	RequireDocker(tb)
+	b, err := dockerGet("/info")
+	var info struct{ Runtimes map[string]json.RawMessage }
+	if err == nil {
+		err = json.Unmarshal(b, &info)
+	}
+	if _, ok := info.Runtimes[name]; !ok {
+		Missing(tb, fmt.Sprintf("the Docker engine has no runtime %q (%v; ./scripts/test.sh registers runsc)", name, err))
+	}
+}
+
+// dockerGet GETs path from the engine's API and returns the body of a 200.
+func dockerGet(path string) ([]byte, error) {
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", DockerSocket)
+		},
+	}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Get("http://docker" + path)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %s", path, resp.Status, bytes.TrimSpace(b))
+	}
+	return b, nil
 }
 
 // TempDir is tb.TempDir() opened for sandboxes: a root server runs them as

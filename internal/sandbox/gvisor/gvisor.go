@@ -456,16 +456,16 @@ func (r *Runtime) hostLimits(lim sandbox.Limits) sandbox.Limits {
 		out.MemoryBytes = lim.MemoryBytes + r.opts.MemoryOverhead
 	}
 	if lim.Pids > 0 {
-		out.Pids = pidsBackstop(lim.Pids)
+		out.Pids = PidsBackstop(lim.Pids)
 	}
 	return out
 }
 
-// pidsBackstop is the host pids cgroup limit for a sandbox whose processes
+// PidsBackstop is the host pids cgroup limit for a sandbox whose processes
 // are limited to n inside: measured with the ptrace platform, the sentry
 // and gofer take about 40 host tasks and each sandboxed process about ten
 // more (its stub process and the sentry thread serving it).
-func pidsBackstop(n int64) int64 { return 128 + 16*n }
+func PidsBackstop(n int64) int64 { return 128 + 16*n }
 
 // waitRunning polls `runsc state` until the container runs or has already
 // exited, or the launcher is gone. Each poll costs about 40 ms of runsc.

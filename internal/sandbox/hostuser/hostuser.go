@@ -28,6 +28,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
 )
 
@@ -251,4 +252,40 @@ func (id Identity) allowed(path string, want fs.FileMode) error {
 		return fmt.Errorf("%s (owner %d:%d, mode %v) is closed to the sandbox identity %s", path, st.Uid, st.Gid, perm, id)
 	}
 	return nil
+}
+
+// ValidateSpec returns every problem with spec at once: Spec.Validate's,
+// mount sources that do not exist under root (the data root), and, when
+// sandboxes run as another host identity than the server, read-only mount
+// sources that identity cannot reach (a runtime running as it binds them by
+// path). Read-write sources are given to the identity at start.
+func (host Identity) ValidateSpec(spec sandbox.Spec, root string) error {
+	errs := []error{spec.Validate()}
+	for i, m := range spec.Resolve(root).Mounts {
+		if !filepath.IsLocal(filepath.FromSlash(spec.Mounts[i].Source)) {
+			continue
+		}
+		field := fmt.Sprintf("mounts[%d].source", i)
+		fi, err := os.Stat(m.Source)
+		if err != nil {
+			errs = append(errs, errdefs.Field(field, "does not exist"))
+			continue
+		}
+		if !host.Switch() {
+			continue
+		}
+		want := fs.FileMode(0o4)
+		if fi.IsDir() {
+			want = 0o5
+		}
+		if m.ReadOnly {
+			err = host.Reach(m.Source, want)
+		} else {
+			err = host.Reach(filepath.Dir(m.Source), 0o1)
+		}
+		if err != nil {
+			errs = append(errs, errdefs.Field(field, err.Error()))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -3,55 +3,15 @@
 package local
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
-	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 )
-
-// validateSpec returns every problem with spec at once: Spec.Validate's,
-// mount sources that do not exist under root (the data root), and, when
-// sandboxes run as another host identity than the server, read-only mount
-// sources that identity cannot reach (bwrap, running as it, binds them by
-// path). Read-write sources are given to the identity at start.
-func validateSpec(spec sandbox.Spec, root string, host hostuser.Identity) error {
-	errs := []error{spec.Validate()}
-	for i, m := range spec.Resolve(root).Mounts {
-		if !filepath.IsLocal(filepath.FromSlash(spec.Mounts[i].Source)) {
-			continue
-		}
-		field := fmt.Sprintf("mounts[%d].source", i)
-		fi, err := os.Stat(m.Source)
-		if err != nil {
-			errs = append(errs, errdefs.Field(field, "does not exist"))
-			continue
-		}
-		if !host.Switch() {
-			continue
-		}
-		want := fs.FileMode(0o4)
-		if fi.IsDir() {
-			want = 0o5
-		}
-		if m.ReadOnly {
-			err = host.Reach(m.Source, want)
-		} else {
-			err = host.Reach(filepath.Dir(m.Source), 0o1)
-		}
-		if err != nil {
-			errs = append(errs, errdefs.Field(field, err.Error()))
-		}
-	}
-	return errors.Join(errs...)
-}
 
 // rootfsArgs returns the bwrap arguments for the host system directories:
 // /usr read-only, and /bin, /sbin, /lib* as the same symlinks as on the host

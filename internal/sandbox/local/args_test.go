@@ -22,7 +22,7 @@ func TestValidateSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	ok := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: "task", Target: "/task"}}}
-	if err := validateSpec(ok, root, hostuser.Default()); err != nil {
+	if err := hostuser.Default().ValidateSpec(ok, root); err != nil {
 		t.Errorf("valid spec: %v", err)
 	}
 	for name, mod := range map[string]func(*sandbox.Spec){
@@ -41,8 +41,8 @@ func TestValidateSpec(t *testing.T) {
 		sp := ok
 		sp.Mounts = append([]sandbox.Mount(nil), ok.Mounts...)
 		mod(&sp)
-		if err := validateSpec(sp, root, hostuser.Default()); err == nil {
-			t.Errorf("%s: validateSpec succeeded", name)
+		if err := hostuser.Default().ValidateSpec(sp, root); err == nil {
+			t.Errorf("%s: ValidateSpec succeeded", name)
 		}
 	}
 }
@@ -58,9 +58,9 @@ func TestValidateSpecClosedSource(t *testing.T) {
 	}
 	for _, ro := range []bool{true, false} {
 		sp := sandbox.Spec{ID: "a-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: "closed", Target: "/in", ReadOnly: ro}}}
-		err := validateSpec(sp, root, hostuser.Default())
+		err := hostuser.Default().ValidateSpec(sp, root)
 		if err == nil || !strings.Contains(err.Error(), "closed to the sandbox identity") {
-			t.Errorf("read-only %v: validateSpec = %v, want the source closed to the sandbox identity", ro, err)
+			t.Errorf("read-only %v: ValidateSpec = %v, want the source closed to the sandbox identity", ro, err)
 		}
 	}
 }

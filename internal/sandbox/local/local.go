@@ -357,7 +357,7 @@ func loadState(dir string, st state) state {
 // Create starts a sandbox for spec and returns once its pid 1 runs (a few
 // milliseconds). It is idempotent on spec.ID.
 func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
-	if err := validateSpec(spec, r.opts.DataRoot, r.opts.Host); err != nil {
+	if err := r.opts.Host.ValidateSpec(spec, r.opts.DataRoot); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
 	spec = spec.Resolve(r.opts.DataRoot) // from here on, mounts are host paths

@@ -1,0 +1,719 @@
+//go:build linux
+
+// Package docker runs sandboxes as containers of a Docker Engine, through
+// its API (github.com/moby/moby/client, API 1.40 or newer: Docker 19.03+).
+//
+// Isolation: one container per sandbox, from the Spec's image (or
+// Options.DefaultImage), with a read-only root file system, a private
+// size-limited tmpfs /tmp, the Spec's mounts as bind mounts of data root
+// paths, no network at all (network mode none: loopback only; egress goes
+// through Corral's proxy over a unix socket in a mounted directory, as for
+// the other runtimes), every capability dropped, no_new_privs, the
+// engine's default seccomp profile, docker-init as pid 1 (it forwards
+// signals and reaps orphans), hostname corral, memory (without swap), CPU
+// and pids limits, and rlimits for open files, core files and file size.
+// The engine's own OCI runtime runs it (runc), or another one it has
+// registered (Options.Runtime: runsc for gVisor).
+//
+// Identity: the container's processes run as Options.Host, the reserved
+// host identity (uid and gid 1900000000 under a root server), inside as on
+// the host: without user namespace remapping, an engine cannot tell the
+// two apart, and uid 1000 inside would be uid 1000 on the host, which is a
+// person's account on most machines. Read-write mounts are given to that
+// identity for the sandbox's life and taken back by Destroy (package
+// sandbox/hostuser), as for the other host runtimes.
+//
+// State: the engine is the source of truth. A container is named
+// corral-<instance>-<id> and labelled with its sandbox id, the runtime and
+// the instance (a hash of the data root), so that two Corral servers on one
+// engine never see each other's sandboxes; List and Recover find
+// containers by label and name after a restart. Containers are not
+// removed when they exit (their exit code and OOM flag stay readable);
+// Destroy removes them.
+//
+// Exec uses the engine's exec API, as the sandbox's identity, under the
+// container's seccomp profile and capability set. The engine cannot stop
+// an exec'd command: when Exec's context ends it kills the command's host
+// process (possible only with an engine on this machine).
+package docker
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/client"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/gvisor"
+	"github.com/corral-dev/corral/internal/sandbox/hostproc"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+)
+
+var _ sandbox.Runtime = (*Runtime)(nil)
+
+// Name is the runtime's name in Handles and configuration.
+const Name = "docker"
+
+// stateVersion is the schema version of state, stored in Handle.Version.
+const stateVersion = 1
+
+// Labels Corral puts on its containers besides the Spec's.
+const (
+	labelRuntime  = "corral.runtime"
+	labelInstance = "corral.instance"
+	labelSandbox  = "corral.sandbox-id"
+)
+
+// Options configure a Runtime. Zero fields take the documented defaults.
+type Options struct {
+	// DataRoot is the data root's path on the engine's host, which mounts
+	// are relative to (Mount.Source). Required, absolute.
+	DataRoot string
+	// Host is the engine's address; default DOCKER_HOST, else
+	// unix:///var/run/docker.sock.
+	Host string
+	// Runtime is the OCI runtime the engine runs containers with, by the
+	// name the engine registered it under (runsc); default the engine's.
+	Runtime string
+	// DefaultImage is the image of a Spec without one.
+	DefaultImage string
+	// Pull lets Create pull an image the engine does not have; otherwise
+	// a missing image is an error that says so.
+	Pull bool
+	// TmpSize bounds the sandbox's /tmp in bytes; default 256 MiB.
+	TmpSize int64
+	// NoFile is the open files limit (RLIMIT_NOFILE); default 4096.
+	NoFile int64
+	// FileSizeLimit bounds any one file a sandbox's process writes
+	// (RLIMIT_FSIZE); 0: no limit.
+	FileSizeLimit int64
+	// User is the identity of the container's processes, inside and on
+	// the host; default hostuser.Default(). Never root.
+	User hostuser.Identity
+	// Instance tells this server's containers from those of other servers
+	// on the same engine; default a hash of DataRoot.
+	Instance string
+}
+
+func (o *Options) setDefaults() {
+	if o.TmpSize == 0 {
+		o.TmpSize = 256 << 20
+	}
+	if o.NoFile == 0 {
+		o.NoFile = 4096
+	}
+	if o.User == (hostuser.Identity{}) {
+		o.User = hostuser.Default()
+	}
+	if o.Instance == "" {
+		sum := sha256.Sum256([]byte(o.DataRoot))
+		o.Instance = hex.EncodeToString(sum[:6])
+	}
+}
+
+// Runtime is the Docker runtime. Create it with New.
+type Runtime struct {
+	opts Options
+	cli  *client.Client
+	log  *slog.Logger
+
+	capsOnce sync.Once
+	caps     sandbox.Capabilities
+}
+
+// state is Handle.State, version 1.
+type state struct {
+	ContainerID string `json:"container_id"`
+}
+
+// New returns a Runtime for the engine at opts.Host. It does not contact
+// the engine: Capabilities does, and says when it cannot be reached.
+func New(opts Options, log *slog.Logger) (*Runtime, error) {
+	opts.setDefaults()
+	if !filepath.IsAbs(opts.DataRoot) {
+		return nil, fmt.Errorf("docker runtime data root %q: must be an absolute path: %w", opts.DataRoot, errdefs.ErrInvalidArgument)
+	}
+	if err := opts.User.Validate(""); err != nil {
+		return nil, fmt.Errorf("docker runtime: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	copts := []client.Opt{client.WithHostFromEnv(), client.WithAPIVersionNegotiation()}
+	if opts.Host != "" {
+		copts = append(copts, client.WithHost(opts.Host))
+	}
+	cli, err := client.New(copts...)
+	if err != nil {
+		return nil, fmt.Errorf("docker runtime: engine address: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return &Runtime{opts: opts, cli: cli, log: log.With(logkey.Runtime, Name)}, nil
+}
+
+// Close releases the client's connections.
+func (r *Runtime) Close() error { return r.cli.Close() }
+
+// name is the container name of sandbox id.
+func (r *Runtime) name(id string) string { return "corral-" + r.opts.Instance + "-" + id }
+
+// Capabilities asks the engine once for its version and runtimes.
+func (r *Runtime) Capabilities(ctx context.Context) (sandbox.Capabilities, error) {
+	r.capsOnce.Do(func() { r.caps = r.probe(ctx) })
+	return r.caps, nil
+}
+
+func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
+	c := sandbox.Capabilities{Network: true, Limits: true, Exec: true}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	v, err := r.cli.ServerVersion(ctx, client.ServerVersionOptions{})
+	if err != nil {
+		c.Reason = fmt.Sprintf("the Docker engine at %s cannot be reached: %v (install: apt-get install -y docker.io, and start dockerd)", r.cli.DaemonHost(), err)
+		return c
+	}
+	c.Version = fmt.Sprintf("Docker Engine %s (API %s)", v.Version, r.cli.ClientVersion())
+	if r.opts.Runtime != "" {
+		info, err := r.cli.Info(ctx, client.InfoOptions{})
+		if err != nil {
+			c.Reason = fmt.Sprintf("read the engine's runtimes: %v", err)
+			return c
+		}
+		if _, ok := info.Info.Runtimes[r.opts.Runtime]; !ok {
+			c.Reason = fmt.Sprintf("the engine has no runtime %q (it has %s); register it in /etc/docker/daemon.json, e.g. {\"runtimes\": {\"runsc\": {\"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--network=none\"]}}}",
+				r.opts.Runtime, strings.Join(slices.Sorted(maps.Keys(info.Info.Runtimes)), ", "))
+			return c
+		}
+		c.Version += ", runtime " + r.opts.Runtime
+	}
+	c.Available = true
+	return c
+}
+
+// classify turns an engine error into Corral's classes: a connection
+// failure is ErrUnavailable (the scheduler may retry).
+func classify(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case cerrdefs.IsNotFound(err):
+		return fmt.Errorf("%s: %v: %w", op, err, errdefs.ErrNotFound)
+	case client.IsErrConnectionFailed(err), cerrdefs.IsUnavailable(err):
+		return fmt.Errorf("%s: %v: %w", op, err, errdefs.ErrUnavailable)
+	case cerrdefs.IsConflict(err):
+		return fmt.Errorf("%s: %v: %w", op, err, errdefs.ErrConflict)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// inspect returns the container of sandbox id. It wraps errdefs.ErrNotFound
+// if there is none (or id is not valid).
+func (r *Runtime) inspect(ctx context.Context, id string) (container.InspectResponse, error) {
+	if sandbox.ValidateID(id) != nil {
+		return container.InspectResponse{}, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	res, err := r.cli.ContainerInspect(ctx, r.name(id), client.ContainerInspectOptions{})
+	if err != nil {
+		return container.InspectResponse{}, classify("sandbox "+id, err)
+	}
+	c := res.Container
+	if c.State == nil || c.Config == nil || c.Config.Labels[labelInstance] != r.opts.Instance {
+		return container.InspectResponse{}, fmt.Errorf("sandbox %s: container %s is not this server's: %w", id, r.name(id), errdefs.ErrNotFound)
+	}
+	return c, nil
+}
+
+func (r *Runtime) handle(id, containerID string, labels map[string]string) *sandbox.Handle {
+	b, _ := json.Marshal(state{ContainerID: containerID})
+	own := maps.Clone(labels)
+	for _, k := range []string{labelRuntime, labelInstance, labelSandbox} {
+		delete(own, k)
+	}
+	return &sandbox.Handle{ID: id, Runtime: Name, Labels: own, Version: stateVersion, State: b}
+}
+
+// Create makes and starts the sandbox's container. It is idempotent on
+// spec.ID: a container that exists is started if it has not been, and its
+// handle returned.
+func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
+	if err := r.opts.User.ValidateSpec(spec, r.opts.DataRoot); err != nil {
+		return nil, fmt.Errorf("validate sandbox spec: %w", err)
+	}
+	if c, err := r.inspect(ctx, spec.ID); err == nil {
+		if err := r.start(ctx, c.ID); err != nil {
+			return nil, err
+		}
+		return r.handle(spec.ID, c.ID, c.Config.Labels), nil
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
+	caps, _ := r.Capabilities(ctx)
+	if !caps.Available {
+		return nil, fmt.Errorf("create sandbox %s: %s: %w", spec.ID, caps.Reason, errdefs.ErrFailedPrecondition)
+	}
+	image := spec.Image
+	if image == "" {
+		image = r.opts.DefaultImage
+	}
+	if image == "" {
+		return nil, fmt.Errorf("create sandbox %s: no image, and no default image configured: %w", spec.ID, errdefs.ErrInvalidArgument)
+	}
+	if err := r.ensureImage(ctx, image); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	spec = spec.Resolve(r.opts.DataRoot)
+	owned := hostuser.WritableDirs(spec.Mounts)
+	if err := hostuser.Give(owned, r.opts.User); err != nil {
+		return nil, err
+	}
+	cfg, host := r.containerConfig(spec, image)
+	res, err := r.cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: r.name(spec.ID), Config: cfg, HostConfig: host})
+	if err != nil {
+		hostuser.Reclaim(owned)
+		return nil, classify("create sandbox "+spec.ID, err)
+	}
+	if err := r.start(ctx, res.ID); err != nil {
+		r.cli.ContainerRemove(context.WithoutCancel(ctx), res.ID, client.ContainerRemoveOptions{Force: true})
+		hostuser.Reclaim(owned)
+		return nil, err
+	}
+	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "container", res.ID[:12], "image", image)
+	return r.handle(spec.ID, res.ID, cfg.Labels), nil
+}
+
+// start starts a created container; one that runs or ran is left alone.
+func (r *Runtime) start(ctx context.Context, containerID string) error {
+	res, err := r.cli.ContainerInspect(ctx, containerID, client.ContainerInspectOptions{})
+	if err != nil {
+		return classify("start sandbox", err)
+	}
+	if res.Container.State.Status != container.StateCreated {
+		return nil
+	}
+	if _, err := r.cli.ContainerStart(ctx, containerID, client.ContainerStartOptions{}); err != nil {
+		return classify("start sandbox", err)
+	}
+	return nil
+}
+
+// ensureImage makes sure the engine has image, pulling it if allowed.
+func (r *Runtime) ensureImage(ctx context.Context, image string) error {
+	_, err := r.cli.ImageInspect(ctx, image)
+	if err == nil {
+		return nil
+	}
+	if !cerrdefs.IsNotFound(err) {
+		return classify("inspect image "+image, err)
+	}
+	if !r.opts.Pull {
+		return fmt.Errorf("image %s is not on the Docker engine, and pulling is off (docker.pull: false): load it with docker load or docker pull first: %w", image, errdefs.ErrFailedPrecondition)
+	}
+	resp, err := r.cli.ImagePull(ctx, image, client.ImagePullOptions{})
+	if err != nil {
+		return classify("pull image "+image, err)
+	}
+	defer resp.Close()
+	if err := resp.Wait(ctx); err != nil {
+		return fmt.Errorf("pull image %s: %v: %w", image, err, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// containerConfig is the container for spec (mounts resolved to host
+// paths) from image.
+func (r *Runtime) containerConfig(spec sandbox.Spec, image string) (*container.Config, *container.HostConfig) {
+	labels := maps.Clone(spec.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[labelRuntime] = Name
+	labels[labelInstance] = r.opts.Instance
+	labels[labelSandbox] = spec.ID
+	dir := spec.Dir
+	if dir == "" {
+		dir = "/"
+	}
+	cfg := &container.Config{
+		Image:      image,
+		Entrypoint: spec.Command, // the image's entrypoint and command are not used
+		Cmd:        nil,
+		WorkingDir: dir,
+		Env:        sandbox.DefaultEnv(spec.Env),
+		User:       r.opts.User.String(),
+		Hostname:   "corral",
+		Labels:     labels,
+		StopSignal: "SIGTERM",
+	}
+	var mounts []mount.Mount
+	for _, m := range spec.Mounts {
+		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
+	}
+	ulimits := []*container.Ulimit{
+		{Name: "nofile", Soft: r.opts.NoFile, Hard: r.opts.NoFile},
+		{Name: "core", Soft: 0, Hard: 0},
+	}
+	if r.opts.FileSizeLimit > 0 {
+		ulimits = append(ulimits, &container.Ulimit{Name: "fsize", Soft: r.opts.FileSizeLimit, Hard: r.opts.FileSizeLimit})
+	}
+	res := container.Resources{Ulimits: ulimits}
+	if l := spec.Limits; l.MemoryBytes > 0 {
+		res.Memory, res.MemorySwap = l.MemoryBytes, l.MemoryBytes
+	}
+	if l := spec.Limits; l.CPUMillis > 0 {
+		res.NanoCPUs = l.CPUMillis * 1_000_000
+	}
+	if l := spec.Limits; l.Pids > 0 && r.opts.Runtime == "runsc" {
+		// gVisor's sentry and gofer are in the container's cgroup and take
+		// many host tasks: the limit is enforced inside, as RLIMIT_NPROC of
+		// the sandbox user (gVisor counts per sandbox), with a host
+		// backstop, as the gvisor runtime does.
+		backstop := gvisor.PidsBackstop(l.Pids)
+		res.PidsLimit = &backstop
+		res.Ulimits = append(res.Ulimits, &container.Ulimit{Name: "nproc", Soft: l.Pids, Hard: l.Pids})
+	} else if l.Pids > 0 {
+		pids := l.Pids + 1 // docker-init is one of them
+		res.PidsLimit = &pids
+	}
+	init := true
+	host := &container.HostConfig{
+		NetworkMode:    "none",
+		Mounts:         mounts,
+		ReadonlyRootfs: true,
+		Tmpfs:          map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%d", r.opts.TmpSize)},
+		CapDrop:        []string{"ALL"},
+		SecurityOpt:    []string{"no-new-privileges:true"},
+		Init:           &init,
+		Runtime:        r.opts.Runtime,
+		Resources:      res,
+		LogConfig:      container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "1m", "max-file": "1"}},
+	}
+	return cfg, host
+}
+
+// Recover reattaches to the sandbox h names: its container must still
+// exist and be the one h recorded.
+func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
+	if h == nil || (h.Runtime != "" && h.Runtime != Name) {
+		return fmt.Errorf("recover sandbox: not a %s handle: %w", Name, errdefs.ErrInvalidArgument)
+	}
+	if h.Version != stateVersion {
+		return fmt.Errorf("recover sandbox %s: unknown state version %d: %w", h.ID, h.Version, errdefs.ErrInvalidArgument)
+	}
+	var st state
+	if err := json.Unmarshal(h.State, &st); err != nil {
+		return fmt.Errorf("recover sandbox %s: decode state: %v: %w", h.ID, err, errdefs.ErrInvalidArgument)
+	}
+	c, err := r.inspect(ctx, h.ID)
+	if err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
+	if st.ContainerID != "" && st.ContainerID != c.ID {
+		return fmt.Errorf("recover sandbox %s: handle names another container than the engine: %w", h.ID, errdefs.ErrConflict)
+	}
+	r.log.Debug("sandbox recovered", logkey.SandboxID, h.ID, "running", c.State.Running)
+	return nil
+}
+
+// exitStatus is how the exited container c ended.
+func exitStatus(c container.InspectResponse) sandbox.ExitStatus {
+	es := sandbox.ExitStatus{Code: c.State.ExitCode}
+	if t, err := time.Parse(time.RFC3339Nano, c.State.FinishedAt); err == nil && t.Year() > 1 {
+		es.ExitedAt = t.UTC()
+	}
+	switch {
+	case c.State.OOMKilled:
+		es.OOMKilled = true
+		es.Message = "OOMKilled"
+		if es.Code == 0 {
+			es.Code = 137
+		}
+	case c.State.Error != "":
+		es.Message = c.State.Error
+	case es.Code > 128 && es.Code < 128+65:
+		es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
+	}
+	return es
+}
+
+// running reports whether the container's main process runs (or is being
+// started or restarted by the engine).
+func running(c container.InspectResponse) bool {
+	return c.State.Running || c.State.Restarting || c.State.Paused || c.State.Status == container.StateCreated
+}
+
+// Wait blocks until the sandbox's main process exits or ctx is done.
+func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, error) {
+	c, err := r.inspect(ctx, id)
+	if err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("wait: %w", err)
+	}
+	if err := r.waitExit(ctx, c.ID); err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, err)
+	}
+	if c, err = r.inspect(ctx, id); err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("wait: %w", err)
+	}
+	return r.exitStatus(ctx, c), nil
+}
+
+// exitStatus is how the exited container c ended, with an OOM kill the
+// engine's flag missed (see oomEvent).
+func (r *Runtime) exitStatus(ctx context.Context, c container.InspectResponse) sandbox.ExitStatus {
+	es := exitStatus(c)
+	if !es.OOMKilled && es.Code == 137 && c.HostConfig != nil && c.HostConfig.Memory > 0 && r.oomEvent(ctx, c) {
+		es.OOMKilled, es.Message = true, "OOMKilled"
+	}
+	return es
+}
+
+// oomEvent reports whether the engine logged an OOM event for the exited
+// container c. Its State.OOMKilled is not enough: the engine sets it from
+// the OOM event and resets it from the exit event, and under load the two
+// come in either order.
+func (r *Runtime) oomEvent(ctx context.Context, c container.InspectResponse) bool {
+	f := client.Filters{}
+	f.Add("type", "container")
+	f.Add("container", c.ID)
+	f.Add("event", "oom")
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ev := r.cli.Events(ctx, client.EventsListOptions{Since: c.Created, Until: strconv.FormatInt(time.Now().Add(time.Second).Unix(), 10), Filters: f})
+	for {
+		select {
+		case m := <-ev.Messages:
+			if m.Action == "oom" {
+				return true
+			}
+		case <-ev.Err:
+			return false
+		}
+	}
+}
+
+// waitExit blocks until the container is not running or ctx is done.
+func (r *Runtime) waitExit(ctx context.Context, containerID string) error {
+	w := r.cli.ContainerWait(ctx, containerID, client.ContainerWaitOptions{Condition: container.WaitConditionNotRunning})
+	select {
+	case <-w.Result:
+		return nil
+	case err := <-w.Error:
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return classify("wait for container", err)
+	}
+}
+
+// Status returns the sandbox's state as the engine sees it.
+func (r *Runtime) Status(ctx context.Context, id string) (sandbox.Status, error) {
+	c, err := r.inspect(ctx, id)
+	if err != nil {
+		return sandbox.Status{}, fmt.Errorf("status: %w", err)
+	}
+	s := sandbox.Status{}
+	if t, err := time.Parse(time.RFC3339Nano, c.Created); err == nil {
+		s.StartedAt = t.UTC()
+	}
+	switch {
+	case c.State.Status == container.StateCreated:
+		s.State = sandbox.StateCreating
+	case running(c):
+		s.State = sandbox.StateRunning
+	default:
+		es := r.exitStatus(ctx, c)
+		s.State, s.Exit, s.Message = sandbox.StateExited, &es, es.Message
+	}
+	return s, nil
+}
+
+// Stop sends SIGTERM to the main process (docker-init passes it on), waits
+// up to grace, then SIGKILLs it, which ends every process in the
+// container.
+func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
+	c, err := r.inspect(ctx, id)
+	if err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	if !running(c) {
+		return nil
+	}
+	if grace > 0 {
+		if _, err := r.cli.ContainerKill(ctx, c.ID, client.ContainerKillOptions{Signal: "SIGTERM"}); err == nil {
+			gctx, cancel := context.WithTimeout(ctx, grace)
+			err := r.waitExit(gctx, c.ID)
+			cancel()
+			if err == nil {
+				r.log.Info("sandbox stopped", logkey.SandboxID, id)
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("stop sandbox %s: %w", id, ctx.Err())
+		}
+	}
+	// An error here is a container that exited meanwhile.
+	r.cli.ContainerKill(ctx, c.ID, client.ContainerKillOptions{Signal: "SIGKILL"})
+	if err := r.waitExit(ctx, c.ID); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", id, err)
+	}
+	r.log.Info("sandbox killed", logkey.SandboxID, id, "grace", grace)
+	return nil
+}
+
+// List returns this server's containers whose labels include selector.
+func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
+	f := client.Filters{}
+	f.Add("label", labelRuntime+"="+Name, labelInstance+"="+r.opts.Instance)
+	for k, v := range selector {
+		f.Add("label", k+"="+v)
+	}
+	res, err := r.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	if err != nil {
+		return nil, classify("list sandboxes", err)
+	}
+	var out []sandbox.Handle
+	for _, c := range res.Items {
+		id := c.Labels[labelSandbox]
+		if sandbox.ValidateID(id) != nil || c.State == container.StateRemoving || c.State == container.StateDead {
+			continue
+		}
+		out = append(out, *r.handle(id, c.ID, c.Labels))
+	}
+	return out, nil
+}
+
+// Destroy removes the sandbox's container (killing what runs in it) and
+// takes back the directories it was given. Unknown ids return nil.
+func (r *Runtime) Destroy(ctx context.Context, id string) error {
+	c, err := r.inspect(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	if _, err := r.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+		return classify("destroy sandbox "+id, err)
+	}
+	var owned []string
+	for _, m := range c.Mounts {
+		if m.Type == mount.TypeBind && m.RW {
+			owned = append(owned, m.Source)
+		}
+	}
+	if err := hostuser.Reclaim(owned); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
+	return nil
+}
+
+// Exec runs req.Command in the running sandbox id through the engine's exec
+// API and streams its output.
+func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExitStatus, error) {
+	c, err := r.inspect(ctx, id)
+	if err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("exec: %w", err)
+	}
+	if len(req.Command) == 0 {
+		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: empty command: %w", id, errdefs.ErrInvalidArgument)
+	}
+	if !c.State.Running {
+		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: not running: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	ex, err := r.cli.ExecCreate(ctx, c.ID, client.ExecCreateOptions{
+		User:         r.opts.User.String(),
+		Cmd:          req.Command,
+		Env:          sandbox.DefaultEnv(req.Env),
+		WorkingDir:   req.Dir,
+		AttachStdin:  req.Stdin != nil,
+		AttachStdout: true,
+		AttachStderr: true,
+	})
+	if err != nil {
+		if cerrdefs.IsConflict(err) {
+			return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: not running: %w", id, errdefs.ErrFailedPrecondition)
+		}
+		return sandbox.ExitStatus{}, classify("exec in sandbox "+id, err)
+	}
+	att, err := r.cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{})
+	if err != nil {
+		return sandbox.ExitStatus{}, classify("exec in sandbox "+id, err)
+	}
+	defer att.Close()
+	if req.Stdin != nil {
+		go func() {
+			io.Copy(att.Conn, req.Stdin)
+			att.CloseWrite()
+		}()
+	}
+	stdout, stderr := req.Stdout, req.Stderr
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	copied := make(chan error, 1)
+	go func() {
+		_, err := stdcopy.StdCopy(stdout, stderr, att.Reader)
+		copied <- err
+	}()
+	select {
+	case err := <-copied:
+		if err != nil {
+			return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: read output: %w", id, err)
+		}
+	case <-ctx.Done():
+		r.killExec(ex.ID)
+		att.Close()
+		<-copied
+		return sandbox.ExitStatus{}, ctx.Err()
+	}
+	// The output ends a moment before the engine records the exit code.
+	for {
+		in, err := r.cli.ExecInspect(ctx, ex.ID, client.ExecInspectOptions{})
+		if err != nil {
+			return sandbox.ExitStatus{}, classify("exec in sandbox "+id, err)
+		}
+		if !in.Running {
+			es := sandbox.ExitStatus{Code: in.ExitCode, ExitedAt: time.Now().UTC()}
+			if es.Code > 128 && es.Code < 128+65 {
+				es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
+			}
+			return es, nil
+		}
+		select {
+		case <-ctx.Done():
+			r.killExec(ex.ID)
+			return sandbox.ExitStatus{}, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// killExec kills an exec'd command through its host process: the engine
+// has no API for it. It does nothing for an engine on another machine.
+func (r *Runtime) killExec(execID string) {
+	in, err := r.cli.ExecInspect(context.Background(), execID, client.ExecInspectOptions{})
+	if err != nil || !in.Running || in.PID <= 0 || !strings.HasPrefix(r.cli.DaemonHost(), "unix://") {
+		return
+	}
+	syscall.Kill(in.PID, syscall.SIGKILL)
+}

@@ -1,0 +1,241 @@
+//go:build linux
+
+package docker
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// oci names the engine runtimes the tests run under: the engine's default
+// (runc) and gVisor.
+var oci = []string{"", "runsc"}
+
+func require(tb testing.TB, runtime string) {
+	tb.Helper()
+	if runtime == "" {
+		testenv.RequireDocker(tb)
+	} else {
+		testenv.RequireDockerRuntime(tb, runtime)
+	}
+}
+
+// mustNew returns a Runtime on the test engine with its own instance, so
+// tests never see each other's containers.
+func mustNew(tb testing.TB, runtime, instance string) *Runtime {
+	tb.Helper()
+	r, err := New(Options{
+		DataRoot:     sandboxtest.DataRoot,
+		Host:         "unix://" + testenv.DockerSocket,
+		Runtime:      runtime,
+		DefaultImage: testenv.DockerImage,
+		Instance:     instance,
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { r.Close() })
+	return r
+}
+
+func name(runtime string) string {
+	if runtime == "" {
+		return "runc"
+	}
+	return runtime
+}
+
+func TestConformance(t *testing.T) {
+	for _, rt := range oci {
+		t.Run(name(rt), func(t *testing.T) {
+			require(t, rt)
+			sandboxtest.Run(t, sandboxtest.Harness{
+				Setup: func(t *testing.T) func() sandbox.Runtime {
+					inst := sandboxtest.NewID(t)
+					return func() sandbox.Runtime { return mustNew(t, rt, inst) }
+				},
+			})
+		})
+	}
+}
+
+func TestSurvivesServerDeath(t *testing.T) {
+	for _, rt := range oci {
+		t.Run(name(rt), func(t *testing.T) {
+			require(t, rt)
+			// The instance travels to the helper process as the "state".
+			sandboxtest.ServerDeath(t, sandboxtest.NewID(t), testenv.TempDir(t), func(tb testing.TB, inst string) sandbox.Runtime {
+				return mustNew(tb, rt, inst)
+			})
+		})
+	}
+}
+
+// run creates a sandbox running script with a fresh directory at /out as
+// its working directory, waits for it, destroys it and returns its exit
+// status and what it wrote to /out/out.
+func run(t *testing.T, r *Runtime, script string, mod func(*sandbox.Spec)) (sandbox.ExitStatus, string) {
+	t.Helper()
+	dir := testenv.TempDir(t)
+	sp := sandbox.Spec{
+		ID:      sandboxtest.NewID(t),
+		Command: []string{"/bin/sh", "-c", script},
+		Dir:     "/out",
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
+	}
+	if mod != nil {
+		mod(&sp)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := r.Create(ctx, sp); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	defer r.Destroy(context.Background(), sp.ID)
+	es, err := r.Wait(ctx, sp.ID)
+	if err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	out, _ := os.ReadFile(filepath.Join(dir, "out"))
+	return es, string(out)
+}
+
+// TestHardening checks what a sandbox's process is under each engine
+// runtime: the host identity, no capabilities, no_new_privs, a read-only
+// root, a bounded /tmp and no network but loopback.
+func TestHardening(t *testing.T) {
+	for _, rt := range oci {
+		t.Run(name(rt), func(t *testing.T) {
+			t.Parallel()
+			require(t, rt)
+			r := mustNew(t, rt, sandboxtest.NewID(t))
+			script := `exec > out 2>&1
+id -u; id -g
+grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status
+touch /root-write && echo root writable || echo root read-only
+df -k /tmp | tail -1 | awk '{print "tmp", $2}'
+echo nets: $(awk 'NR>2{sub(":","",$1); print $1}' /proc/net/dev)
+hostname`
+			es, out := run(t, r, script, nil)
+			if es.Code != 0 {
+				t.Fatalf("exit %d: %s", es.Code, out)
+			}
+			for _, want := range []string{
+				"1900000000\n1900000000\n",
+				"CapEff:\t0000000000000000", "CapBnd:\t0000000000000000",
+				"root read-only", "tmp 262144", "nets: lo\n", "corral\n",
+			} {
+				if !strings.Contains(out, want) {
+					t.Errorf("sandbox reported %q, want %q in it", out, want)
+				}
+			}
+			if rt == "" && !strings.Contains(out, "NoNewPrivs:\t1") {
+				// gVisor's /proc does not show NoNewPrivs.
+				t.Errorf("sandbox reported %q, want NoNewPrivs 1", out)
+			}
+		})
+	}
+}
+
+// TestImages: a Spec's image wins over the default; a missing image is a
+// clear error while pulling is off.
+func TestImages(t *testing.T) {
+	require(t, "")
+	r := mustNew(t, "", sandboxtest.NewID(t))
+	es, out := run(t, r, `. /etc/os-release; echo $VERSION_CODENAME > out`, func(sp *sandbox.Spec) { sp.Image = testenv.DockerImage })
+	if es.Code != 0 || out != "bookworm\n" {
+		t.Errorf("explicit image: exit %d, %q; want bookworm", es.Code, out)
+	}
+	ctx := context.Background()
+	_, err := r.Create(ctx, sandbox.Spec{ID: sandboxtest.NewID(t), Image: "corral-test/no-such-image:1", Command: []string{"true"}})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "not on the Docker engine") {
+		t.Errorf("Create with a missing image = %v, want a failed precondition saying the image is missing", err)
+	}
+}
+
+// TestOtherInstancesInvisible: two servers on one engine never see each
+// other's sandboxes.
+func TestOtherInstancesInvisible(t *testing.T) {
+	require(t, "")
+	a, b := mustNew(t, "", sandboxtest.NewID(t)), mustNew(t, "", sandboxtest.NewID(t))
+	ctx := context.Background()
+	id := sandboxtest.NewID(t)
+	if _, err := a.Create(ctx, sandbox.Spec{ID: id, Command: []string{"sleep", "30"}, Labels: map[string]string{sandbox.LabelManaged: "true"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Destroy(context.Background(), id) })
+	if hs, err := b.List(ctx, map[string]string{sandbox.LabelManaged: "true"}); err != nil || len(hs) != 0 {
+		t.Errorf("other instance's List = %v, %v; want nothing", hs, err)
+	}
+	if _, err := b.Status(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("other instance's Status = %v, want ErrNotFound", err)
+	}
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := a.Status(ctx, id); err != nil || st.State != sandbox.StateRunning {
+		t.Errorf("after the other instance's Destroy: %+v, %v; want running", st, err)
+	}
+}
+
+func TestCapabilities(t *testing.T) {
+	require(t, "")
+	c, err := mustNew(t, "", "caps").Capabilities(context.Background())
+	if err != nil || !c.Available || !strings.HasPrefix(c.Version, "Docker Engine ") || !c.Limits || !c.Exec {
+		t.Errorf("Capabilities = %+v, %v; want an available engine with limits and exec", c, err)
+	}
+	c, _ = mustNew(t, "no-such-runtime", "caps").Capabilities(context.Background())
+	if c.Available || !strings.Contains(c.Reason, `no runtime "no-such-runtime"`) {
+		t.Errorf("Capabilities with an unregistered runtime = %+v, want unavailable saying so", c)
+	}
+	r, err := New(Options{DataRoot: "/", Host: "unix:///nonexistent/docker.sock"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ = r.Capabilities(context.Background())
+	if c.Available || !strings.Contains(c.Reason, "cannot be reached") {
+		t.Errorf("Capabilities with no engine = %+v, want unavailable saying the engine cannot be reached", c)
+	}
+}
+
+// TestOOMEvent: the engine's OOM event is found for a container its memory
+// limit killed, and not for one killed otherwise (Wait and Status fall
+// back on it when the engine's OOMKilled flag misses the kill).
+func TestOOMEvent(t *testing.T) {
+	require(t, "")
+	r := mustNew(t, "", sandboxtest.NewID(t))
+	ctx := context.Background()
+	for script, want := range map[string]bool{
+		`x=$(head -c 268435456 /dev/zero | tr '\0' a); echo ${#x}`: true,
+		`kill -9 $$`: false,
+	} {
+		sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", script}, Limits: sandbox.Limits{MemoryBytes: 32 << 20}}
+		if _, err := r.Create(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Destroy(context.Background(), sp.ID) })
+		es, err := r.Wait(ctx, sp.ID)
+		if err != nil || es.Code != 137 || es.OOMKilled != want {
+			t.Errorf("%s: Wait = %+v, %v; want 137, OOMKilled %v", script, es, err, want)
+		}
+		c, err := r.inspect(ctx, sp.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.oomEvent(ctx, c); got != want {
+			t.Errorf("%s: oomEvent = %v, want %v", script, got, want)
+		}
+	}
+}
