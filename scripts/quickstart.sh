@@ -18,7 +18,7 @@ fi
 command -v go >/dev/null || { echo "Go 1.26 or newer is needed: https://go.dev/dl/" >&2; exit 1; }
 
 echo "==> building bin/corral"
-go build -o bin/corral ./cmd/corral
+CGO_ENABLED=0 go build -o bin/corral ./cmd/corral
 
 data=./corral-data
 # As root, sandboxes run as the reserved host identity 1900000000, which

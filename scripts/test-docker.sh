@@ -14,11 +14,13 @@ sudo=""
 if ! $sudo docker info >/dev/null 2>&1; then
   echo "==> starting dockerd (log: $cache/dockerd.log)"
   $sudo mkdir -p "$cache"
-  # runsc gets --network=none: the containers Corral makes have no network
-  # but loopback, and gVisor's own network stack would refuse to start
-  # without an interface in a root network namespace.
+  # runsc gets what Corral's docker runtime needs of it (it says so when a
+  # flag is missing): --oci-seccomp, so gVisor applies the seccomp profile
+  # inside its kernel; --host-uds=open, so a worker reaches the server's
+  # unix sockets in its bind mounts; --network=none, as Corral's containers
+  # have no network but loopback.
   cat <<'JSON' | $sudo tee "$cache/daemon.json" >/dev/null
-{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}}
+{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp", "--host-uds=open"]}}}
 JSON
   # No bridge and no iptables rules: no container of Corral's has a
   # network interface besides loopback.

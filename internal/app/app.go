@@ -204,6 +204,7 @@ func (a *App) open(ctx context.Context) error {
 		},
 		Runtimes:     available,
 		Networks:     networks,
+		Images:       orchestrator.Images{Default: w.AICoderImage, Allowed: w.AllowedImages},
 		Agents:       agentConfigs(cfg),
 		AgentMissing: agentMissing,
 	}, a.log.With("subsystem", "orchestrator"))

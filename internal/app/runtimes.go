@@ -13,6 +13,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/docker"
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/local"
@@ -25,11 +26,11 @@ import (
 var runtimeFix = map[string]string{
 	local.Name:  "apt-get install -y bubblewrap",
 	gvisor.Name: "apt-get install -y runsc",
+	docker.Name: "apt-get install -y docker.io, start dockerd, and load the image (docker load)",
 }
 
 // notBuilt says why a runtime Corral names cannot be used yet.
 var notBuilt = map[string]string{
-	"docker":     "the docker runtime is not built yet",
 	"kubernetes": "the kubernetes runtime is not built yet",
 }
 
@@ -59,6 +60,17 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 			DataRoot: dataRoot,
 			TmpSize:  cfg.Local.TmpSize.Bytes(),
 			Host:     host,
+		}, log)
+	case docker.Name:
+		return docker.New(docker.Options{
+			DataRoot:      dataRoot,
+			Host:          cfg.Docker.Host,
+			Runtime:       cfg.Docker.Runtime,
+			DefaultImage:  cfg.AIWorker.AICoderImage,
+			Pull:          cfg.Docker.Pull,
+			TmpSize:       cfg.Local.TmpSize.Bytes(),
+			FileSizeLimit: cfg.Limits.MaxTaskDirBytes.Bytes(),
+			User:          host,
 		}, log)
 	}
 	return nil, nil

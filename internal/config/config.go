@@ -56,6 +56,7 @@ type Config struct {
 	AIWorker AIWorkerConfig `yaml:"ai_worker_config"`
 	Runtime  string         `yaml:"runtime"`
 	Local    Local          `yaml:"local"`
+	Docker   Docker         `yaml:"docker"`
 	Sandbox  Sandbox        `yaml:"sandbox"`
 	Egress   Egress         `yaml:"egress"`
 	Agents   Agents         `yaml:"agents"`
@@ -98,6 +99,11 @@ type AIWorkerConfig struct {
 	// Kubernetes settings, used by the kubernetes runtime.
 	Namespace          string `yaml:"namespace"`
 	AICoderImage       string `yaml:"ai_coder_image"`
+	// AllowedImages are glob patterns (path.Match: "python:*",
+	// "corral/*") one of which every image a task names must match, on
+	// the runtimes that run images; empty: any image. ai_coder_image, the
+	// default, must match too.
+	AllowedImages []string `yaml:"allowed_images"`
 	ServiceAccount     string `yaml:"service_account"`
 	RuntimeClass       string `yaml:"runtime_class"`
 	WorkspacePVC       string `yaml:"workspace_pvc"`
@@ -150,6 +156,22 @@ type Local struct {
 	Bwrap        string `yaml:"bwrap"`         // bubblewrap binary, looked up on PATH if not absolute
 	CgroupParent string `yaml:"cgroup_parent"` // cgroup under which each sandbox gets its own
 	TmpSize      Size   `yaml:"tmp_size"`      // size of the sandbox's private /tmp
+}
+
+// Docker configures the docker runtime. The image a task runs is its own
+// or ai_worker_config.ai_coder_image, checked against
+// ai_worker_config.allowed_images.
+type Docker struct {
+	// Host is the engine's address; default DOCKER_HOST, else
+	// unix:///var/run/docker.sock.
+	Host string `yaml:"host"`
+	// Runtime is the OCI runtime the engine runs sandboxes with, by the
+	// name it registered it under (runsc for gVisor); empty: the
+	// engine's default (runc).
+	Runtime string `yaml:"runtime"`
+	// Pull lets the engine pull an image it does not have; off, a missing
+	// image is an error that says so.
+	Pull bool `yaml:"pull"`
 }
 
 // Egress configures the network workers reach through the egress proxy.
@@ -286,6 +308,7 @@ func Default() *Config {
 		},
 		Runtime: "local",
 		Local:   Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB")},
+		Docker:  Docker{Host: "unix:///var/run/docker.sock"},
 		Egress: Egress{
 			// SPEC §4: the model providers' API hosts, through the proxy.
 			Mode:  "allowlist",

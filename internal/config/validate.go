@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/task"
 )
 
 // MaxTimeoutMinutes is the highest task timeout Corral accepts: one day.
@@ -147,6 +148,14 @@ func (v *validator) aiWorker(w *AIWorkerConfig) {
 	}
 	if (v.c.Runtime == "docker" || v.c.Runtime == "kubernetes") && w.AICoderImage == "" {
 		v.add(p+"ai_coder_image", "must be set for the %s runtime", v.c.Runtime)
+	}
+	for i, pat := range w.AllowedImages {
+		if _, err := path.Match(pat, ""); err != nil || pat == "" {
+			v.add(fmt.Sprintf("%sallowed_images[%d]", p, i), "must be a glob pattern such as python:* (path.Match syntax), got %q", pat)
+		}
+	}
+	if w.AICoderImage != "" && !task.ImageAllowed(w.AllowedImages, w.AICoderImage) {
+		v.add(p+"ai_coder_image", "%q, the default image, must match one of allowed_images %v", w.AICoderImage, w.AllowedImages)
 	}
 	if !path.IsAbs(w.WorkspaceMountPath) {
 		v.add(p+"workspace_mount_path", "must be an absolute path, got %q", w.WorkspaceMountPath)

@@ -19,35 +19,52 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
+// escapeRuntime is one way a task can be sandboxed: a runtime, and the
+// configuration that picks its variant.
+type escapeRuntime struct {
+	name    string // the subtest's
+	runtime string // the task's
+	edit    func(*config.Config)
+	require func(testing.TB)
+}
+
 // escapeRuntimes are the runtimes the escape suite runs under. A runtime
-// joins by adding its name here: every subtest then runs under it too.
-var escapeRuntimes = []string{"local", "gvisor"}
+// joins by adding itself here: every subtest then runs under it too.
+var escapeRuntimes = []escapeRuntime{
+	{name: "local", runtime: "local", require: func(tb testing.TB) { testenv.RequireBwrap(tb) }},
+	{name: "gvisor", runtime: "gvisor", require: func(tb testing.TB) { testenv.RequireRunsc(tb) }},
+	{name: "docker", runtime: "docker", require: testenv.RequireDocker},
+	{name: "docker+runsc", runtime: "docker", require: func(tb testing.TB) { testenv.RequireDockerRuntime(tb, "runsc") },
+		edit: func(c *config.Config) { c.Docker.Runtime = "runsc" }},
+}
+
+// gvisorKernel reports whether rt's processes run on gVisor's kernel.
+func (rt escapeRuntime) gvisorKernel() bool { return rt.name == "gvisor" || rt.name == "docker+runsc" }
 
 // TestEscape runs the escape probe and the resource limit checks under
 // every runtime in escapeRuntimes, through the whole server.
 func TestEscape(t *testing.T) {
 	probe := mustBuildProbe(t)
 	for _, rt := range escapeRuntimes {
-		t.Run(rt, func(t *testing.T) {
+		t.Run(rt.name, func(t *testing.T) {
 			t.Parallel()
-			if rt == "gvisor" {
-				testenv.RequireRunsc(t)
-			}
+			rt.require(t)
 			t.Run("probe", func(t *testing.T) { t.Parallel(); testProbe(t, rt, probe) })
 			t.Run("symlink out of output", func(t *testing.T) { t.Parallel(); testSymlinkOut(t, rt) })
 			t.Run("host identity", func(t *testing.T) { t.Parallel(); testHostIdentity(t, rt) })
 			t.Run("fifo swap", func(t *testing.T) { t.Parallel(); testFIFOSwap(t, rt) })
-			if rt == "gvisor" {
+			if rt.gvisorKernel() {
 				// gVisor's processes are not host processes, so the fork
 				// bomb's host-side count does not apply; its pids and
-				// memory limits are in the runtime's conformance suite
-				// (internal/sandbox/gvisor).
+				// memory limits are in the runtimes' conformance suites
+				// (internal/sandbox/gvisor, internal/sandbox/docker).
 				return
 			}
 			t.Run("fork bomb", func(t *testing.T) { t.Parallel(); testForkBomb(t, rt) })
@@ -87,8 +104,8 @@ type probeResult struct {
 	Control bool   `json:"control"`
 }
 
-func testProbe(t *testing.T, rt, probe string) {
-	s := MustStart(t, nil)
+func testProbe(t *testing.T, rt escapeRuntime, probe string) {
+	s := MustStart(t, rt.edit)
 	ctx := context.Background()
 
 	// The probe runs from the shared workspace, which the sandbox sees
@@ -154,7 +171,7 @@ func testProbe(t *testing.T, rt, probe string) {
 		"--connect", "1.1.1.1:443",
 		"--host-marker=" + marker,
 	}
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "try to get out", Agent: "command", Command: argv, Runtime: rt})
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "try to get out", Agent: "command", Command: argv, Runtime: rt.runtime})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,9 +222,10 @@ func testProbe(t *testing.T, rt, probe string) {
 		}
 	}
 	// gVisor checks files against their host owners, so its sandbox user
-	// is the reserved host identity inside too.
+	// is the reserved host identity inside too; so is Docker's, which
+	// without user namespace remapping cannot tell inside from outside.
 	wantUID := "uid 1000 euid 1000"
-	if rt == "gvisor" {
+	if rt.name != "local" {
 		wantUID = fmt.Sprintf("uid %d euid %d", hostuser.Reserved, hostuser.Reserved)
 	}
 	if d := report["uid 0"].Detail; !strings.HasPrefix(d, wantUID) {
@@ -264,12 +282,12 @@ func countProcesses(argv ...string) int {
 
 // testForkBomb: processes stop at the pids limit, and the server answers
 // while the bomb runs.
-func testForkBomb(t *testing.T, rt string) {
-	s := MustStart(t, nil)
+func testForkBomb(t *testing.T, rt escapeRuntime) {
+	s := MustStart(t, rt.edit)
 	ctx := context.Background()
 	const pids = 40
 	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{
-		TaskDescription: "fork bomb", Agent: "command", Runtime: rt, TimeoutMinutes: 5,
+		TaskDescription: "fork bomb", Agent: "command", Runtime: rt.runtime, TimeoutMinutes: 5,
 		// bash, unlike dash, survives a failed fork and keeps trying.
 		Command:   []string{"bash", "-c", "while :; do sleep 1004 & done"},
 		Resources: &service.ResourceRequest{PidsLimit: pids, CPULimit: "500m"},
@@ -322,10 +340,10 @@ func testForkBomb(t *testing.T, rt string) {
 
 // testMemoryBomb: a process past the memory limit is killed and the task
 // fails saying so.
-func testMemoryBomb(t *testing.T, rt string) {
-	s := MustStart(t, nil)
+func testMemoryBomb(t *testing.T, rt escapeRuntime) {
+	s := MustStart(t, rt.edit)
 	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
-		TaskDescription: "memory bomb", Agent: "command", Runtime: rt, TimeoutMinutes: 2,
+		TaskDescription: "memory bomb", Agent: "command", Runtime: rt.runtime, TimeoutMinutes: 2,
 		// The shell holds 400 MB of "a" in a variable.
 		Command:   []string{"sh", "-c", `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo survived ${#x} > output/survived.txt`},
 		Resources: &service.ResourceRequest{MemoryLimit: "64Mi"},
@@ -347,10 +365,10 @@ func testMemoryBomb(t *testing.T, rt string) {
 
 // testSymlinkOut: a symlink in output/ pointing outside is neither listed
 // nor served.
-func testSymlinkOut(t *testing.T, rt string) {
-	s := MustStart(t, nil)
+func testSymlinkOut(t *testing.T, rt escapeRuntime) {
+	s := MustStart(t, rt.edit)
 	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
-		TaskDescription: "symlinks out", Agent: "command", Runtime: rt,
+		TaskDescription: "symlinks out", Agent: "command", Runtime: rt.runtime,
 		Command: []string{"sh", "-c", "ln -s /etc/passwd output/link && ln -s ../../../corral.db output/db && echo hi > output/real.txt"},
 	})
 	if err != nil {
@@ -382,16 +400,16 @@ func testSymlinkOut(t *testing.T, rt string) {
 // identity, never root; and what a worker leaves (a set-uid copy of id, a
 // world-writable directory, a FIFO) carries nothing the host honours once
 // the task ends, in a data root no other host user can enter.
-func testHostIdentity(t *testing.T, rt string) {
+func testHostIdentity(t *testing.T, rt escapeRuntime) {
 	testenv.RequireRoot(t)
-	s := MustStart(t, nil)
+	s := MustStart(t, rt.edit)
 	ctx := context.Background()
-	marker := "corral-identity-" + rt
+	marker := "corral-identity-" + strings.ReplaceAll(rt.name, "+", "-")
 	// The worker makes its files, then waits until the test has looked
 	// at its processes (it removes output/go).
 	script := `cp /usr/bin/id output/suid-id && chmod 6755 output/suid-id && mkdir output/open && chmod 1777 output/open &&
 mkfifo output/fifo && : > output/go && while [ -e output/go ]; do sleep 0.05; done; sh -c 'exit 0' ` + marker
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "leave hostile files", Agent: "command", Runtime: rt,
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "leave hostile files", Agent: "command", Runtime: rt.runtime,
 		Command: []string{"sh", "-c", script}})
 	if err != nil {
 		t.Fatal(err)
@@ -411,7 +429,7 @@ mkfifo output/fifo && : > output/go && while [ -e output/go ]; do sleep 0.05; do
 	if st := fi.Sys().(*syscall.Stat_t); st.Uid != hostuser.Reserved || st.Gid != hostuser.Reserved {
 		t.Errorf("a worker's file is owned by %d:%d on the host, want %d", st.Uid, st.Gid, hostuser.Reserved)
 	}
-	if rt == "local" {
+	if rt.name == "local" {
 		uids := sandboxUIDs(t, tk.ID)
 		if len(uids) == 0 {
 			t.Errorf("found no process of the sandbox on the host")

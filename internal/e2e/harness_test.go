@@ -61,6 +61,10 @@ func startServer(tb testing.TB, environ []string, now func() time.Time, edit fun
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Data = testenv.TempDir(tb)
 	cfg.Limits.StopGrace = config.Duration(2 * time.Second)
+	// Tasks on the docker runtime run the tests' image from the tests'
+	// engine.
+	cfg.AIWorker.AICoderImage = testenv.DockerImage
+	cfg.Docker.Host = "unix://" + testenv.DockerSocket
 	if edit != nil {
 		edit(cfg)
 	}

@@ -22,11 +22,11 @@ import (
 // working for the next task, and the server shuts down (the harness's
 // cleanup). Before the fix, the server's check-then-open could meet the
 // FIFO and block for ever, holding the lock every save_to_shared waits on.
-func testFIFOSwap(t *testing.T, rt string) {
-	s := MustStart(t, nil)
+func testFIFOSwap(t *testing.T, rt escapeRuntime) {
+	s := MustStart(t, rt.edit)
 	mustBuildStatic(t, "./testdata/fifoswap", filepath.Join(s.data, "shared", "bin", "fifoswap"))
 	spawn := func(desc string, argv ...string) string {
-		tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv, SaveToShared: true, Runtime: rt})
+		tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv, SaveToShared: true, Runtime: rt.runtime})
 		if err != nil {
 			t.Fatal(err)
 		}

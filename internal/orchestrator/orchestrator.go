@@ -54,9 +54,13 @@ type Options struct {
 	Runtimes map[string]string
 	// Networks maps each network policy to why it cannot be used ("" if it can).
 	Networks map[string]string
-	Agents   map[string]workerproto.AgentConfig
+	// Images are the images tasks on the image runtimes (docker,
+	// kubernetes) run.
+	Images Images
+	Agents map[string]workerproto.AgentConfig
 	// AgentMissing says why an agent cannot run here ("" if it can), e.g. its
-	// binary is not installed; checked at spawn.
+	// binary is not installed; checked at spawn on the host runtimes (the
+	// image runtimes find out when the task starts, and say so).
 	AgentMissing func(name string, cfg workerproto.AgentConfig) string
 	// Documents is the document index; nil turns documents and notes off.
 	Documents *document.Index
@@ -68,6 +72,18 @@ type Options struct {
 	// Now is the clock of retention and save_to_shared; nil means time.Now.
 	Now func() time.Time
 }
+
+// Images are the images tasks on the image runtimes run: Default for a task
+// that names none, and the glob patterns (path.Match) one of which every
+// image must match (none: any image).
+type Images struct {
+	Default string
+	Allowed []string
+}
+
+// imageRuntimes are the runtimes that run a task in an image rather than
+// on the host's /usr.
+var imageRuntimes = []string{"docker", "kubernetes"}
 
 // Orchestrator implements service.Service over the event store, the task
 // projection and the data root: the tasks' use cases here, the library's

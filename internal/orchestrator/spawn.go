@@ -211,13 +211,8 @@ func (o *Orchestrator) validate(req service.SpawnRequest) (task.Spec, error) {
 			spec.Agent = task.AgentCommand
 		}
 	}
-	switch {
-	case !task.KnownAgent(spec.Agent):
+	if !task.KnownAgent(spec.Agent) {
 		bad("agent", "%q is not an agent (one of: claude, gemini, codex, opencode, command)", clip.String(spec.Agent, 64))
-	case o.opts.Agents != nil && o.opts.AgentMissing != nil:
-		if why := o.opts.AgentMissing(spec.Agent, o.opts.Agents[spec.Agent]); why != "" {
-			errs = append(errs, &errdefs.FieldError{Field: "agent", Err: fmt.Errorf("%s: %w", why, errdefs.ErrFailedPrecondition)})
-		}
 	}
 	if len(spec.Model) > maxShortField || strings.ContainsAny(spec.Model, "\x00\n") {
 		bad("model", "must be a model name of at most %d bytes", maxShortField)
@@ -256,8 +251,26 @@ func (o *Orchestrator) validate(req service.SpawnRequest) (task.Spec, error) {
 	} else if why != "" {
 		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", spec.Runtime, why, errdefs.ErrFailedPrecondition)})
 	}
-	if spec.Image != "" && (spec.Runtime == "local" || spec.Runtime == "gvisor") {
-		bad("image", "applies only to the docker and kubernetes runtimes; %q runs the host's /usr", spec.Runtime)
+	if slices.Contains(imageRuntimes, spec.Runtime) {
+		// The agent is looked for in the image when the task starts.
+		if spec.Image == "" {
+			spec.Image = o.opts.Images.Default
+		}
+		if len(spec.Image) > maxShortField || strings.ContainsAny(spec.Image, "\x00\n ") {
+			bad("image", "must be an image reference of at most %d bytes", maxShortField)
+		} else if !task.ImageAllowed(o.opts.Images.Allowed, spec.Image) {
+			errs = append(errs, &errdefs.FieldError{Field: "image", Err: fmt.Errorf("%q is not allowed: it must match one of ai_worker_config.allowed_images %v: %w",
+				clip.String(spec.Image, 64), o.opts.Images.Allowed, errdefs.ErrFailedPrecondition)})
+		}
+	} else {
+		if spec.Image != "" {
+			bad("image", "applies only to the docker and kubernetes runtimes; %q runs the host's /usr", spec.Runtime)
+		}
+		if task.KnownAgent(spec.Agent) && o.opts.Agents != nil && o.opts.AgentMissing != nil {
+			if why := o.opts.AgentMissing(spec.Agent, o.opts.Agents[spec.Agent]); why != "" {
+				errs = append(errs, &errdefs.FieldError{Field: "agent", Err: fmt.Errorf("%s: %w", why, errdefs.ErrFailedPrecondition)})
+			}
+		}
 	}
 	if spec.Network == "" {
 		spec.Network = o.opts.Defaults.Network

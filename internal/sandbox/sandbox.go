@@ -200,3 +200,17 @@ func DefaultEnv(env []string) []string {
 	}
 	return append(out, env...)
 }
+
+// ProcMasked are the /proc files every sandbox sees as empty (/dev/null):
+// the kernel's memory, symbols, log and configuration, keyrings, timers
+// and scheduler and slab statistics. ProcMaskedDirs are the /proc
+// directories it sees empty, and ProcReadOnly those it can read but never
+// write (/proc/sys above all: sysctls such as kernel.core_pattern). Not
+// every kernel has every entry.
+var (
+	ProcMasked = []string{"kcore", "kallsyms", "kmsg", "keys", "key-users", "config.gz", "slabinfo",
+		"latency_stats", "timer_list", "timer_stats", "sched_debug", "sysrq-trigger", "vmallocinfo",
+		"pagetypeinfo", "kpagecount", "kpageflags", "kpagecgroup"}
+	ProcMaskedDirs = []string{"acpi", "asound", "scsi", "driver"}
+	ProcReadOnly   = []string{"sys", "bus", "fs", "irq"}
+)

@@ -13,9 +13,11 @@ package task
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/corral-dev/corral/internal/clip"
+	"path"
 	"strings"
 	"time"
+
+	"github.com/corral-dev/corral/internal/clip"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/ids"
@@ -205,4 +207,18 @@ func IDFromStream(stream string) string {
 		return ""
 	}
 	return id
+}
+
+// ImageAllowed reports whether image matches one of patterns (path.Match
+// globs such as "python:*"); no patterns allow any image.
+func ImageAllowed(patterns []string, image string) bool {
+	if len(patterns) == 0 {
+		return true
+	}
+	for _, p := range patterns {
+		if ok, _ := path.Match(p, image); ok {
+			return true
+		}
+	}
+	return false
 }

@@ -101,6 +101,9 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		workerproto.EnvTaskID + "=" + t.ID,
 		workerproto.EnvWebhookKey + "=" + hex.EncodeToString(webhook.DeriveKey(w.Secret, t.ID)),
 	}, w.Env...)
+	if t.Image != "" {
+		env = append(env, workerproto.EnvImage+"="+t.Image)
+	}
 	env = append(env, ag.Env...)
 	// Mounts name paths of the data root; each runtime decides how to
 	// expose them.

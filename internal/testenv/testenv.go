@@ -218,7 +218,9 @@ func MainWithCorral(m *testing.M, bin *string) {
 		os.Exit(1)
 	}
 	*bin = filepath.Join(dir, "corral")
+	// Static, as a release is: the worker runs from it in any image.
 	build := exec.Command("go", "build", "-o", *bin, "github.com/corral-dev/corral/cmd/corral")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		os.RemoveAll(dir)

@@ -25,6 +25,9 @@ type Options struct {
 	ExtraArgs []string // appended to the agent's arguments
 
 	WebhookKey []byte // webhook.DeriveKey(secret, TaskID)
+	// Image is the image the sandbox runs (CORRAL_IMAGE); "" for a sandbox
+	// on the host's /usr.
+	Image string
 	// Webhook tunes delivery (retries, backoff, clock); Source and Log are
 	// filled in from the fields above.
 	Webhook webhook.PostOptions
@@ -113,6 +116,7 @@ func ParseArgs(args []string, environ []string) (Options, error) {
 		}
 		o.WebhookKey = key
 	}
+	o.Image, _ = lookupEnv(environ, workerproto.EnvImage)
 	if o.WebhookURL != "" && len(o.WebhookKey) == 0 {
 		errs = append(errs, errdefs.Field(workerproto.EnvWebhookKey, "is required with --webhook"))
 	}

@@ -289,7 +289,7 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 	stderr := newRedactor(io.MultiWriter(stderrLog, stderrTail), secrets)
 	ex, err := r.start(proc, stdin, stdout, stderr)
 	if err != nil {
-		code, msg := startError(proc, err)
+		code, msg := startError(proc, r.opts.Image, err)
 		return fail(code, msg)
 	}
 	r.log.Info("agent started", "agent", r.opts.Agent, "pid", ex.pid)
@@ -344,11 +344,14 @@ func (r *run) openLog(name string) (*boundedLog, error) {
 }
 
 // startError turns a failure to start the agent into an exit code and a
-// message.
-func startError(proc agent.Process, err error) (int, string) {
+// message; image is the sandbox's image, "" for the host's /usr.
+func startError(proc agent.Process, image string, err error) (int, string) {
 	bin := proc.Args[0]
 	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
 		msg := fmt.Sprintf("agent binary %q not found in the sandbox", bin)
+		if image != "" {
+			msg = fmt.Sprintf("%s is not installed in image %s", bin, image)
+		}
 		if proc.InstallHint != "" {
 			msg += " (install: " + proc.InstallHint + ")"
 		}

@@ -44,6 +44,9 @@ const (
 	// only way the key reaches the worker (not a flag, which ps would
 	// show).
 	EnvWebhookKey = "CORRAL_WEBHOOK_KEY"
+	// EnvImage names the image the sandbox runs, on the runtimes that run
+	// images, so the worker can say an agent is missing from it.
+	EnvImage = "CORRAL_IMAGE"
 )
 
 // AgentConfig is how the server has the worker start one agent: its

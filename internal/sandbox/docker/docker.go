@@ -89,8 +89,9 @@ type Options struct {
 	// DataRoot is the data root's path on the engine's host, which mounts
 	// are relative to (Mount.Source). Required, absolute.
 	DataRoot string
-	// Host is the engine's address; default DOCKER_HOST, else
-	// unix:///var/run/docker.sock.
+	// Host is the engine's address; default unix:///var/run/docker.sock.
+	// The engine must run on this machine: mounts are its host paths, and
+	// read-write ones are handed to the sandbox identity here.
 	Host string
 	// Runtime is the OCI runtime the engine runs containers with, by the
 	// name the engine registered it under (runsc); default the engine's.
@@ -116,6 +117,9 @@ type Options struct {
 }
 
 func (o *Options) setDefaults() {
+	if o.Host == "" {
+		o.Host = "unix:///var/run/docker.sock"
+	}
 	if o.TmpSize == 0 {
 		o.TmpSize = 256 << 20
 	}
@@ -136,6 +140,8 @@ type Runtime struct {
 	opts Options
 	cli  *client.Client
 	log  *slog.Logger
+	// seccomp is the profile every container runs under (seccompProfile).
+	seccomp string
 
 	capsOnce sync.Once
 	caps     sandbox.Capabilities
@@ -156,15 +162,15 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if err := opts.User.Validate(""); err != nil {
 		return nil, fmt.Errorf("docker runtime: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
-	copts := []client.Opt{client.WithHostFromEnv(), client.WithAPIVersionNegotiation()}
-	if opts.Host != "" {
-		copts = append(copts, client.WithHost(opts.Host))
-	}
-	cli, err := client.New(copts...)
+	cli, err := client.New(client.WithHost(opts.Host), client.WithAPIVersionNegotiation())
 	if err != nil {
 		return nil, fmt.Errorf("docker runtime: engine address: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	return &Runtime{opts: opts, cli: cli, log: log.With(logkey.Runtime, Name)}, nil
+	profile, err := seccompProfile()
+	if err != nil {
+		return nil, err
+	}
+	return &Runtime{opts: opts, cli: cli, log: log.With(logkey.Runtime, Name), seccomp: profile}, nil
 }
 
 // Close releases the client's connections.
@@ -189,21 +195,48 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 		return c
 	}
 	c.Version = fmt.Sprintf("Docker Engine %s (API %s)", v.Version, r.cli.ClientVersion())
-	if r.opts.Runtime != "" {
-		info, err := r.cli.Info(ctx, client.InfoOptions{})
-		if err != nil {
-			c.Reason = fmt.Sprintf("read the engine's runtimes: %v", err)
-			return c
-		}
-		if _, ok := info.Info.Runtimes[r.opts.Runtime]; !ok {
-			c.Reason = fmt.Sprintf("the engine has no runtime %q (it has %s); register it in /etc/docker/daemon.json, e.g. {\"runtimes\": {\"runsc\": {\"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--network=none\"]}}}",
-				r.opts.Runtime, strings.Join(slices.Sorted(maps.Keys(info.Info.Runtimes)), ", "))
-			return c
-		}
-		c.Version += ", runtime " + r.opts.Runtime
+	info, err := r.cli.Info(ctx, client.InfoOptions{})
+	if err != nil {
+		c.Reason = fmt.Sprintf("read the engine's runtimes: %v", err)
+		return c
 	}
+	runtimes := slices.Sorted(maps.Keys(info.Info.Runtimes))
+	if r.opts.Runtime != "" && !slices.Contains(runtimes, r.opts.Runtime) {
+		c.Reason = fmt.Sprintf("the engine has no runtime %q (it has %s); register it in /etc/docker/daemon.json: %s",
+			r.opts.Runtime, strings.Join(runtimes, ", "), runscHint)
+		return c
+	}
+	rt := r.opts.Runtime
+	if rt == "" {
+		rt = info.Info.DefaultRuntime
+	}
+	if missing := missingRunscArgs(info.Info.Runtimes[rt].Path, info.Info.Runtimes[rt].Args); len(missing) > 0 {
+		c.Reason = fmt.Sprintf("the engine runs runtime %q (gVisor) without %s in its runtimeArgs (/etc/docker/daemon.json): %s",
+			rt, strings.Join(missing, " "), runscHint)
+		return c
+	}
+	c.Version += fmt.Sprintf(", sandboxes under %s (registered: %s)", rt, strings.Join(runtimes, ", "))
 	c.Available = true
 	return c
+}
+
+// runscHint is how to register gVisor with an engine the way Corral needs.
+const runscHint = `{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp", "--host-uds=open"]}}}`
+
+// missingRunscArgs are the flags Corral needs that a runsc runtime (by its
+// path) lacks: --oci-seccomp (else gVisor ignores the seccomp profile) and
+// --host-uds=open (else the worker cannot reach the server's sockets).
+func missingRunscArgs(path string, args []string) []string {
+	if filepath.Base(path) != "runsc" {
+		return nil
+	}
+	var missing []string
+	for _, want := range []string{"--oci-seccomp", "--host-uds=open"} {
+		if !slices.ContainsFunc(args, func(a string) bool { return a == want || a == want+"=true" || (want == "--host-uds=open" && a == "--host-uds=all") }) {
+			missing = append(missing, want)
+		}
+	}
+	return missing
 }
 
 // classify turns an engine error into Corral's classes: a connection
@@ -397,7 +430,9 @@ func (r *Runtime) containerConfig(spec sandbox.Spec, image string) (*container.C
 		ReadonlyRootfs: true,
 		Tmpfs:          map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%d", r.opts.TmpSize)},
 		CapDrop:        []string{"ALL"},
-		SecurityOpt:    []string{"no-new-privileges:true"},
+		SecurityOpt:    []string{"no-new-privileges:true", "seccomp=" + r.seccomp},
+		MaskedPaths:    maskedPaths(),
+		ReadonlyPaths:  readonlyPaths(),
 		Init:           &init,
 		Runtime:        r.opts.Runtime,
 		Resources:      res,

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -236,6 +237,23 @@ func TestOOMEvent(t *testing.T) {
 		}
 		if got := r.oomEvent(ctx, c); got != want {
 			t.Errorf("%s: oomEvent = %v, want %v", script, got, want)
+		}
+	}
+}
+
+func TestMissingRunscArgs(t *testing.T) {
+	for _, tc := range []struct {
+		path string
+		args []string
+		want []string
+	}{
+		{"/usr/bin/runc", nil, nil},
+		{"/usr/bin/runsc", nil, []string{"--oci-seccomp", "--host-uds=open"}},
+		{"/usr/bin/runsc", []string{"--network=none", "--oci-seccomp"}, []string{"--host-uds=open"}},
+		{"/usr/local/bin/runsc", []string{"--oci-seccomp=true", "--host-uds=all"}, nil},
+	} {
+		if got := missingRunscArgs(tc.path, tc.args); !slices.Equal(got, tc.want) {
+			t.Errorf("missingRunscArgs(%s, %q) = %q, want %q", tc.path, tc.args, got, tc.want)
 		}
 	}
 }

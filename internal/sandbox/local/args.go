@@ -38,36 +38,22 @@ func rootfsArgs() []string {
 	return args
 }
 
-// procMasked are the /proc files a sandbox sees as empty (/dev/null): the
-// kernel's memory, symbols, log and configuration, keyrings, timers and
-// scheduler and slab statistics. procMaskedDirs are the /proc directories
-// it sees empty, and procReadOnly those it can read but never write
-// (/proc/sys above all: sysctls such as kernel.core_pattern). Not every
-// kernel has every entry; only those the host has are masked.
-var (
-	procMasked = []string{"kcore", "kallsyms", "kmsg", "keys", "key-users", "config.gz", "slabinfo",
-		"latency_stats", "timer_list", "timer_stats", "sched_debug", "sysrq-trigger", "vmallocinfo",
-		"pagetypeinfo", "kpagecount", "kpageflags", "kpagecgroup"}
-	procMaskedDirs = []string{"acpi", "asound", "scsi", "driver"}
-	procReadOnly   = []string{"sys", "bus", "fs", "irq"}
-)
-
 // procArgs are the bwrap arguments that mask and protect /proc entries,
 // after --proc /proc. Read-only entries are the host's own /proc entries
 // bound read-only (the same tables: the sandbox's /proc shows them too).
 func procArgs() []string {
 	var args []string
-	for _, name := range procMasked {
+	for _, name := range sandbox.ProcMasked {
 		if _, err := os.Lstat("/proc/" + name); err == nil {
 			args = append(args, "--ro-bind", "/dev/null", "/proc/"+name)
 		}
 	}
-	for _, name := range procMaskedDirs {
+	for _, name := range sandbox.ProcMaskedDirs {
 		if _, err := os.Lstat("/proc/" + name); err == nil {
 			args = append(args, "--tmpfs", "/proc/"+name, "--remount-ro", "/proc/"+name)
 		}
 	}
-	for _, name := range procReadOnly {
+	for _, name := range sandbox.ProcReadOnly {
 		if _, err := os.Lstat("/proc/" + name); err == nil {
 			args = append(args, "--ro-bind", "/proc/"+name, "/proc/"+name)
 		}

@@ -112,8 +112,8 @@ func main() {
 	control("no_new_privs", noNewPrivs)
 	check("ptrace traceme", tryTraceme)
 	check("ptrace attach pid 1", func() result { return errResult(ptraceAttach(1)) })
-	check("open /proc/1/mem", func() result { return tryOpen("/proc/1/mem") })
-	check("open /proc/1/task/1/mem", func() result { return tryOpen("/proc/1/task/1/mem") })
+	check("open /proc/1/mem", func() result { return tryOpenMem("/proc/1/mem") })
+	check("open /proc/1/task/1/mem", func() result { return tryOpenMem("/proc/1/task/1/mem") })
 	check("mount tmpfs", tryMount)
 	check("unshare user namespace", func() result { return tryNamespace(unix.CLONE_NEWUSER) })
 	check("unshare network namespace", func() result { return tryNamespace(unix.CLONE_NEWNET) })
@@ -472,14 +472,17 @@ func ptraceAttach(pid int) error {
 	return nil
 }
 
-// tryOpen opens p for reading: for /proc/PID/mem, the open is the access
-// check (PTRACE_MODE_ATTACH), whatever reading an address would say.
-func tryOpen(p string) result {
+// tryOpenMem opens a process's memory file: a runtime may mask it with a
+// bind of /dev/null (a character device), which opens but holds nothing.
+func tryOpenMem(p string) result {
 	f, err := os.Open(p)
 	if err != nil {
 		return result{Detail: err.Error()}
 	}
-	f.Close()
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		return result{Detail: "masked: opens a character device (/dev/null), not the memory"}
+	}
 	return result{OK: true, Detail: "opened"}
 }
 
