@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Starts a Docker engine for the tests, with gVisor's runsc registered as
 # the runtime "runsc", unless one already answers at /var/run/docker.sock,
-# and puts the tests' image on it: corral-test/debian:bookworm, a Debian 12
-# minbase root file system built with mmdebstrap from Debian's mirror (no
-# image registry is needed) and cached in $CORRAL_TEST_CACHE, so a later
-# run on the same machine only imports it.
+# and puts the tests' images on it: corral-test/debian:bookworm and
+# corral-test/python:bookworm (with matplotlib), Debian 12 minbase root file
+# systems built with mmdebstrap from Debian's mirror (no image registry is
+# needed) and cached in $CORRAL_TEST_CACHE, so a later run on the same
+# machine only imports them.
 set -euo pipefail
 cache=${CORRAL_TEST_CACHE:-/var/cache/corral-test}
-image=corral-test/debian:bookworm
 sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
 
@@ -32,14 +32,20 @@ JSON
   $sudo docker info >/dev/null || { tail -20 "$cache/dockerd.log" >&2; exit 1; }
 fi
 
-if ! $sudo docker image inspect "$image" >/dev/null 2>&1; then
-  tar="$cache/debian-bookworm.tar"
+# image NAME TAR PACKAGES: NAME on the engine, from a Debian 12 minbase
+# root file system with PACKAGES, built once into $cache/TAR.
+image() {
+  local name=$1 tar=$cache/$2 packages=$3
+  $sudo docker image inspect "$name" >/dev/null 2>&1 && return
   if [ ! -s "$tar" ]; then
-    echo "==> building $image with mmdebstrap (cached in $tar)"
+    echo "==> building $name with mmdebstrap (cached in $tar)"
     $sudo mkdir -p "$cache"
-    $sudo mmdebstrap --quiet --variant=minbase --include=ca-certificates bookworm "$tar.tmp"
+    $sudo mmdebstrap --quiet --format=tar --variant=minbase --include="$packages" bookworm "$tar.tmp"
     $sudo mv "$tar.tmp" "$tar"
   fi
-  echo "==> docker import $image"
-  $sudo docker import "$tar" "$image" >/dev/null
-fi
+  echo "==> docker import $name"
+  $sudo docker import "$tar" "$name" >/dev/null
+}
+image corral-test/debian:bookworm debian-bookworm.tar ca-certificates
+# seed 004's chart from a CSV, end to end.
+image corral-test/python:bookworm python-bookworm.tar ca-certificates,python3-matplotlib

@@ -31,6 +31,9 @@ Usage:
              [--conversation-id ID] [--document ID]... [--note-query Q] [-- CMD ARGS...]
                                                    spawn a task (CMD runs it with the command agent;
                                                    run --help for every flag)
+  corral exec-once [--image IMAGE] [--runtime R] [--timeout SECONDS] [--network] [--attach ID]... -- CMD...
+                                                   run a command once in a fresh sandbox (code_execute)
+                                                   and print its output; output files become attachments
   corral tasks [--status S] [--limit N] [--conversation-id ID]
                                                    list tasks
   corral result ID [--wait 30s]                    show a task's result
@@ -81,6 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
 		"serve":       cmdServe,
 		"run":         cmdRun,
+		"exec-once":   cmdExecOnce,
 		"tasks":       cmdTasks,
 		"result":      cmdResult,
 		"logs":        cmdLogs,

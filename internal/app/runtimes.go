@@ -62,9 +62,13 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 			Host:     host,
 		}, log)
 	case docker.Name:
+		engine := cfg.Docker.Host
+		if cfg.Execution.DockerSocket != "" {
+			engine = "unix://" + cfg.Execution.DockerSocket // seed 004's key
+		}
 		return docker.New(docker.Options{
 			DataRoot:      dataRoot,
-			Host:          cfg.Docker.Host,
+			Host:          engine,
 			Runtime:       cfg.Docker.Runtime,
 			DefaultImage:  cfg.AIWorker.AICoderImage,
 			Pull:          cfg.Docker.Pull,
@@ -186,6 +190,9 @@ func agentMissing(name string, ag workerproto.AgentConfig) string {
 func (a *App) DestroySandboxes(ctx context.Context) error {
 	var errs []error
 	for name, rt := range a.runtimes {
+		if caps, err := rt.Capabilities(ctx); err != nil || !caps.Available {
+			continue // it could never have made a sandbox
+		}
 		hs, err := rt.List(ctx, map[string]string{sandbox.LabelManaged: "true"})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("list %s sandboxes: %w", name, err))

@@ -52,16 +52,17 @@ type Config struct {
 	// HTTP says which names and pages the HTTP API answers.
 	HTTP HTTP `yaml:"http"`
 
-	Log      Log            `yaml:"log"`
-	AIWorker AIWorkerConfig `yaml:"ai_worker_config"`
-	Runtime  string         `yaml:"runtime"`
-	Local    Local          `yaml:"local"`
-	Docker   Docker         `yaml:"docker"`
-	Sandbox  Sandbox        `yaml:"sandbox"`
-	Egress   Egress         `yaml:"egress"`
-	Agents   Agents         `yaml:"agents"`
-	Notify   Notify         `yaml:"notify"`
-	Limits   Limits         `yaml:"limits"`
+	Log       Log            `yaml:"log"`
+	AIWorker  AIWorkerConfig `yaml:"ai_worker_config"`
+	Runtime   string         `yaml:"runtime"`
+	Local     Local          `yaml:"local"`
+	Docker    Docker         `yaml:"docker"`
+	Execution Execution      `yaml:"execution"`
+	Sandbox   Sandbox        `yaml:"sandbox"`
+	Egress    Egress         `yaml:"egress"`
+	Agents    Agents         `yaml:"agents"`
+	Notify    Notify         `yaml:"notify"`
+	Limits    Limits         `yaml:"limits"`
 
 	// file is the path Load read, "" if none.
 	file string
@@ -97,17 +98,17 @@ type AIWorkerConfig struct {
 	Enabled bool `yaml:"enabled"`
 
 	// Kubernetes settings, used by the kubernetes runtime.
-	Namespace          string `yaml:"namespace"`
-	AICoderImage       string `yaml:"ai_coder_image"`
+	Namespace    string `yaml:"namespace"`
+	AICoderImage string `yaml:"ai_coder_image"`
 	// AllowedImages are glob patterns (path.Match: "python:*",
 	// "corral/*") one of which every image a task names must match, on
 	// the runtimes that run images; empty: any image. ai_coder_image, the
 	// default, must match too.
-	AllowedImages []string `yaml:"allowed_images"`
-	ServiceAccount     string `yaml:"service_account"`
-	RuntimeClass       string `yaml:"runtime_class"`
-	WorkspacePVC       string `yaml:"workspace_pvc"`
-	WorkspaceMountPath string `yaml:"workspace_mount_path"`
+	AllowedImages      []string `yaml:"allowed_images"`
+	ServiceAccount     string   `yaml:"service_account"`
+	RuntimeClass       string   `yaml:"runtime_class"`
+	WorkspacePVC       string   `yaml:"workspace_pvc"`
+	WorkspaceMountPath string   `yaml:"workspace_mount_path"`
 
 	DefaultTimeoutMinutes int `yaml:"default_timeout_minutes"`
 	MaxTimeoutMinutes     int `yaml:"max_timeout_minutes"`
@@ -172,6 +173,32 @@ type Docker struct {
 	// Pull lets the engine pull an image it does not have; off, a missing
 	// image is an error that says so.
 	Pull bool `yaml:"pull"`
+}
+
+// Execution configures code_execute (seed 004's section): a command run
+// once in a fresh sandbox on the default runtime.
+type Execution struct {
+	// Enabled offers code_execute; EXECUTION_ENABLED sets it.
+	Enabled bool `yaml:"enabled"`
+	// DockerSocket is the seed's engine socket path; when set it is the
+	// docker runtime's engine (docker.host unix://<path>).
+	DockerSocket string `yaml:"docker_socket"`
+	// DefaultImage is a call's image on an image runtime when it names
+	// none; empty: ai_worker_config.ai_coder_image. EXECUTION_DEFAULT_IMAGE
+	// sets it.
+	DefaultImage string `yaml:"default_image"`
+	// Timeout is a call's limit in seconds when it gives none (at most
+	// 300).
+	Timeout int `yaml:"timeout"`
+	// MaxMemory is a call's memory limit; 0: the workers' memory_limit.
+	MaxMemory Size `yaml:"max_memory"`
+	// NetworkEnabled lets a call ask for the network (network: true).
+	NetworkEnabled bool `yaml:"network_enabled"`
+	// MaxOutputSize bounds the stdout and the stderr a call returns, each.
+	MaxOutputSize Size `yaml:"max_output_size"`
+	// AllowedImages are the glob patterns a call's image must match;
+	// empty: ai_worker_config.allowed_images.
+	AllowedImages []string `yaml:"allowed_images"`
 }
 
 // Egress configures the network workers reach through the egress proxy.
@@ -306,9 +333,10 @@ func Default() *Config {
 			RetentionInterval:        Duration(10 * time.Minute),
 			JobTTLSeconds:            3600,
 		},
-		Runtime: "local",
-		Local:   Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB")},
-		Docker:  Docker{Host: "unix:///var/run/docker.sock"},
+		Runtime:   "local",
+		Local:     Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB")},
+		Docker:    Docker{Host: "unix:///var/run/docker.sock"},
+		Execution: Execution{Enabled: true, Timeout: 60, MaxOutputSize: mustSize("1MiB")},
 		Egress: Egress{
 			// SPEC §4: the model providers' API hosts, through the proxy.
 			Mode:  "allowlist",

@@ -31,6 +31,8 @@ var envVars = []envVar{
 	{"AI_WORKER_DEFAULT_TIMEOUT", "ai_worker_config.default_timeout_minutes", setInt(func(c *Config) *int { return &c.AIWorker.DefaultTimeoutMinutes })},
 	{"AI_WORKER_MAX_CONCURRENT", "ai_worker_config.max_concurrent_workers", setInt(func(c *Config) *int { return &c.AIWorker.MaxConcurrentWorkers })},
 
+	{"EXECUTION_ENABLED", "execution.enabled", setBool(func(c *Config) *bool { return &c.Execution.Enabled })},
+	{"EXECUTION_DEFAULT_IMAGE", "execution.default_image", setString(func(c *Config) *string { return &c.Execution.DefaultImage })},
 	{"DOCKER_HOST", "docker.host", setString(func(c *Config) *string { return &c.Docker.Host })},
 
 	{"CORRAL_LISTEN", "listen", setString(func(c *Config) *string { return &c.Listen })},

@@ -43,6 +43,7 @@ func (c *Config) Validate() error {
 	v.oneOf("log.format", c.Log.Format, []string{"text", "json"})
 
 	v.aiWorker(&c.AIWorker)
+	v.execution(&c.Execution)
 
 	v.oneOf("runtime", c.Runtime, Runtimes)
 	v.nonEmpty("local.bwrap", c.Local.Bwrap)
@@ -149,11 +150,7 @@ func (v *validator) aiWorker(w *AIWorkerConfig) {
 	if (v.c.Runtime == "docker" || v.c.Runtime == "kubernetes") && w.AICoderImage == "" {
 		v.add(p+"ai_coder_image", "must be set for the %s runtime", v.c.Runtime)
 	}
-	for i, pat := range w.AllowedImages {
-		if _, err := path.Match(pat, ""); err != nil || pat == "" {
-			v.add(fmt.Sprintf("%sallowed_images[%d]", p, i), "must be a glob pattern such as python:* (path.Match syntax), got %q", pat)
-		}
-	}
+	v.imagePatterns(p+"allowed_images", w.AllowedImages)
 	if w.AICoderImage != "" && !task.ImageAllowed(w.AllowedImages, w.AICoderImage) {
 		v.add(p+"ai_coder_image", "%q, the default image, must match one of allowed_images %v", w.AICoderImage, w.AllowedImages)
 	}
@@ -212,6 +209,21 @@ func (v *validator) aiWorker(w *AIWorkerConfig) {
 	if w.JobTTLSeconds < 0 {
 		v.add(p+"job_ttl_seconds", "must not be negative, got %d", w.JobTTLSeconds)
 	}
+}
+
+func (v *validator) execution(e *Execution) {
+	const p = "execution."
+	if e.Timeout < 1 || e.Timeout > 300 {
+		v.add(p+"timeout", "must be between 1 and 300 seconds, got %d", e.Timeout)
+	}
+	v.positiveSize(p+"max_output_size", e.MaxOutputSize)
+	if e.MaxMemory.Bytes() < 0 || (e.MaxMemory.Bytes() > 0 && e.MaxMemory.Bytes() < 16<<20) {
+		v.add(p+"max_memory", "must be at least 16Mi, got %s", e.MaxMemory)
+	}
+	if e.DockerSocket != "" && !path.IsAbs(e.DockerSocket) {
+		v.add(p+"docker_socket", "must be an absolute path, got %q", e.DockerSocket)
+	}
+	v.imagePatterns(p+"allowed_images", e.AllowedImages)
 }
 
 func (v *validator) http(h *HTTP) {
@@ -357,4 +369,13 @@ func checkListen(addr string) (loopback bool, err error) {
 	}
 	ip, err := netip.ParseAddr(host)
 	return err == nil && ip.IsLoopback(), nil
+}
+
+// imagePatterns checks a list of image glob patterns.
+func (v *validator) imagePatterns(key string, patterns []string) {
+	for i, pat := range patterns {
+		if _, err := path.Match(pat, ""); err != nil || pat == "" {
+			v.add(fmt.Sprintf("%s[%d]", key, i), "must be a glob pattern such as python:* (path.Match syntax), got %q", pat)
+		}
+	}
 }

@@ -175,6 +175,13 @@ func (c *Client) Spawn(ctx context.Context, req service.SpawnRequest) (task.Task
 	return t, r.Existing, err
 }
 
+// Execute runs a code_execute call (POST /api/exec) and waits for its end.
+func (c *Client) Execute(ctx context.Context, req service.ExecRequest) (service.ExecResult, error) {
+	var r service.ExecResult
+	err := c.call(ctx, http.MethodPost, "/api/exec", req, &r)
+	return r, err
+}
+
 // Get returns a task.
 func (c *Client) Get(ctx context.Context, id string) (task.Task, error) {
 	var t task.Task

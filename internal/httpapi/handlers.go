@@ -48,6 +48,25 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// execute runs a code_execute call and answers when it ends: 200 with the
+// result, whether the command succeeded or not (success says which).
+func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
+	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	if err != nil {
+		return err
+	}
+	var req service.ExecRequest
+	if err := strictjson.Decode(body, &req); err != nil {
+		return err
+	}
+	res, err := s.b.Execute(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
 func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	req := service.ListRequest{Status: q.Get("status"), ConversationID: q.Get("conversation_id"), Cursor: q.Get("cursor")}

@@ -166,6 +166,7 @@ func (s *Server) routes() {
 	worker := func(h handlerFunc) http.Handler { return s.wrap(h, fromWorker) }
 	m := s.mux
 	m.Handle("POST /api/tasks", authJSON(s.createTask))
+	m.Handle("POST /api/exec", authJSON(s.execute))
 	m.Handle("GET /api/tasks", auth(s.listTasks))
 	m.Handle("GET /api/tasks/{id}", auth(s.getTask))
 	m.Handle("GET /api/tasks/{id}/result", auth(s.taskResult))

@@ -39,6 +39,10 @@ func (b *reached) take() []string {
 	return h
 }
 
+func (b *reached) Execute(context.Context, service.ExecRequest) (service.ExecResult, error) {
+	b.mark("exec")
+	return service.ExecResult{}, nil
+}
 func (b *reached) Spawn(context.Context, service.SpawnRequest) (task.Task, bool, error) {
 	b.mark("spawn")
 	return task.Task{ID: "task-1", Status: task.Queued}, false, nil

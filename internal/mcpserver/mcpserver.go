@@ -81,7 +81,7 @@ func New(svc service.Service, opts Options, log *slog.Logger) *Server {
 		Instructions: "Corral runs AI coding agents in sandboxes. spawn_worker starts a task; read_task_result with wait_seconds waits for it and returns its output files.",
 	})
 	for _, t := range s.cat.All() {
-		s.srv.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.Schema}, s.handler(t.Name))
+		s.srv.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.Schema, Annotations: annotations(t.Effect)}, s.handler(t.Name))
 	}
 	return s
 }
@@ -272,4 +272,19 @@ func progressMessage(e eventstore.Event) (string, bool) {
 		return "progress", true
 	}
 	return "", false
+}
+
+// annotations tell a client what a tool does: reads only, writes Corral's
+// state (nothing it cannot take back is destroyed), or runs code in a
+// sandbox that may reach the network the server allows.
+func annotations(e tools.Effect) *mcp.ToolAnnotations {
+	no, yes := false, true
+	switch e {
+	case tools.Reads:
+		return &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no}
+	case tools.Writes:
+		return &mcp.ToolAnnotations{DestructiveHint: &no, OpenWorldHint: &no}
+	default:
+		return &mcp.ToolAnnotations{DestructiveHint: &yes, OpenWorldHint: &yes}
+	}
 }

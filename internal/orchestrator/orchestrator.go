@@ -57,6 +57,8 @@ type Options struct {
 	// Images are the images tasks on the image runtimes (docker,
 	// kubernetes) run.
 	Images Images
+	// Exec configures code_execute.
+	Exec   Exec
 	Agents map[string]workerproto.AgentConfig
 	// AgentMissing says why an agent cannot run here ("" if it can), e.g. its
 	// binary is not installed; checked at spawn on the host runtimes (the

@@ -44,6 +44,12 @@ var labelKey = sync.OnceValue(func() *regexp.Regexp {
 // Spawn validates req, creates the task directory with prompt.md and the
 // context files, records the task and queues it (SPEC §2).
 func (o *Orchestrator) Spawn(ctx context.Context, req service.SpawnRequest) (task.Task, bool, error) {
+	return o.spawn(ctx, req, o.opts.Images.Allowed, nil)
+}
+
+// spawn is Spawn with the image allowlist given, and mod, when not nil,
+// changing the validated spec (a code_execute call's kind and timeout).
+func (o *Orchestrator) spawn(ctx context.Context, req service.SpawnRequest, allowed []string, mod func(*task.Spec)) (task.Task, bool, error) {
 	if o.opts.Disabled {
 		return task.Task{}, false, fmt.Errorf("workers are disabled on this server (ai_worker_config.enabled: false): no new task is taken: %w", errdefs.ErrUnavailable)
 	}
@@ -56,8 +62,11 @@ func (o *Orchestrator) Spawn(ctx context.Context, req service.SpawnRequest) (tas
 	if req.FollowUpOf != "" {
 		prev, prevErr = o.followUp(&req)
 	}
-	spec, err := o.validate(req)
+	spec, err := o.validate(req, allowed)
 	err = errors.Join(err, prevErr)
+	if mod != nil {
+		mod(&spec)
+	}
 	spec.FollowUpOf = req.FollowUpOf
 	atts, attErrs := o.CheckAttachments(req.AttachmentIDs)
 	docs, docErrs := o.CheckDocuments(ctx, req.DocumentIDs, req.NoteQuery)
@@ -163,7 +172,7 @@ func (o *Orchestrator) reserveQueueSlot(id string) (release func(), err error) {
 
 // validate checks every field and returns the task's spec with defaults
 // filled in, or every problem at once.
-func (o *Orchestrator) validate(req service.SpawnRequest) (task.Spec, error) {
+func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (task.Spec, error) {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, errdefs.Field(field, fmt.Sprintf(format, args...)))
@@ -258,9 +267,9 @@ func (o *Orchestrator) validate(req service.SpawnRequest) (task.Spec, error) {
 		}
 		if len(spec.Image) > maxShortField || strings.ContainsAny(spec.Image, "\x00\n ") {
 			bad("image", "must be an image reference of at most %d bytes", maxShortField)
-		} else if !task.ImageAllowed(o.opts.Images.Allowed, spec.Image) {
-			errs = append(errs, &errdefs.FieldError{Field: "image", Err: fmt.Errorf("%q is not allowed: it must match one of ai_worker_config.allowed_images %v: %w",
-				clip.String(spec.Image, 64), o.opts.Images.Allowed, errdefs.ErrFailedPrecondition)})
+		} else if !task.ImageAllowed(allowed, spec.Image) {
+			errs = append(errs, &errdefs.FieldError{Field: "image", Err: fmt.Errorf("%q is not allowed: it must match one of the allowed images %v: %w",
+				clip.String(spec.Image, 64), allowed, errdefs.ErrFailedPrecondition)})
 		}
 	} else {
 		if spec.Image != "" {

@@ -30,6 +30,10 @@ type Service interface {
 	// With an idempotency key it returns the task already spawned with that
 	// key (existing=true) instead of a second one.
 	Spawn(ctx context.Context, req SpawnRequest) (t task.Task, existing bool, err error)
+	// Execute runs a command once in a fresh sandbox (code_execute) and
+	// returns its output when it ends; the call is recorded as a task of
+	// kind exec.
+	Execute(ctx context.Context, req ExecRequest) (ExecResult, error)
 	// Get returns a task as projected from its events.
 	Get(ctx context.Context, id string) (task.Task, error)
 	// List returns tasks newest first, a page at a time.

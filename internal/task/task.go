@@ -98,13 +98,18 @@ type Origin struct {
 // Spec is what a task was asked to do; it never changes after the task is
 // created.
 type Spec struct {
-	Description    string            `json:"task_description"`
-	ContextFiles   []string          `json:"context_files,omitempty"`
-	AttachmentIDs  []string          `json:"attachment_ids,omitempty"`
-	Agent          string            `json:"agent"`
-	Model          string            `json:"model,omitempty"`
-	Command        []string          `json:"command,omitempty"`
-	TimeoutMinutes int               `json:"timeout_minutes"`
+	// Kind is "" for a worker task and KindExec for a code_execute call.
+	Kind           string   `json:"kind,omitempty"`
+	Description    string   `json:"task_description"`
+	ContextFiles   []string `json:"context_files,omitempty"`
+	AttachmentIDs  []string `json:"attachment_ids,omitempty"`
+	Agent          string   `json:"agent"`
+	Model          string   `json:"model,omitempty"`
+	Command        []string `json:"command,omitempty"`
+	TimeoutMinutes int      `json:"timeout_minutes"`
+	// TimeoutSeconds, when set, is the wall-clock limit instead of
+	// TimeoutMinutes (code_execute counts in seconds).
+	TimeoutSeconds int               `json:"timeout_seconds,omitempty"`
 	Runtime        string            `json:"runtime"`
 	Image          string            `json:"image,omitempty"`
 	Network        string            `json:"network"`
@@ -121,8 +126,17 @@ type Spec struct {
 	Origin
 }
 
+// KindExec is the Kind of a code_execute call: a command run once, its
+// output returned.
+const KindExec = "exec"
+
 // Timeout returns the task's wall-clock limit.
-func (s Spec) Timeout() time.Duration { return time.Duration(s.TimeoutMinutes) * time.Minute }
+func (s Spec) Timeout() time.Duration {
+	if s.TimeoutSeconds > 0 {
+		return time.Duration(s.TimeoutSeconds) * time.Second
+	}
+	return time.Duration(s.TimeoutMinutes) * time.Minute
+}
 
 // OutputFile is one file a worker produced.
 type OutputFile struct {

@@ -121,6 +121,17 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		{Source: binary, Target: workerproto.CorralBinary, ReadOnly: true},
 		{Source: sockets, Target: workerproto.SocketDir, ReadOnly: true},
 	}
+	if t.Kind == task.KindExec {
+		// A code_execute call sees its inputs and outputs under
+		// /workspace, beside shared/ (seed 004's layout).
+		if err := o.execDirs(t.ID); err != nil {
+			return sandbox.Spec{}, err
+		}
+		taskDir := workspace.DirTasks + "/" + t.ID
+		mounts = append(mounts,
+			sandbox.Mount{Source: taskDir + "/context", Target: workerproto.ExecInputDir, ReadOnly: true},
+			sandbox.Mount{Source: taskDir + "/output", Target: workerproto.ExecOutputDir})
+	}
 	if egressDir != "" {
 		dir, err := o.inDataRoot(egressDir)
 		if err != nil {
@@ -144,6 +155,22 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		Network: network,
 		Labels:  map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: t.ID},
 	}, nil
+}
+
+// execDirs makes the input and output directories a code_execute call's
+// sandbox mounts.
+func (o *Runner) execDirs(id string) error {
+	dir, err := o.data.OpenTask(id)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	for _, d := range []string{"context", "output"} {
+		if err := dir.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("create %s of task %s: %w", d, id, err)
+		}
+	}
+	return nil
 }
 
 // Collect reads a finished task's result from its directory: status.json

@@ -73,6 +73,10 @@ func RequireRunsc(tb testing.TB) string {
 // mmdebstrap and imports, since no registry is reachable.
 const DockerImage = "corral-test/debian:bookworm"
 
+// DockerPythonImage is DockerImage with Python 3 and matplotlib, for
+// code_execute's chart from a CSV (seed 004).
+const DockerPythonImage = "corral-test/python:bookworm"
+
 // DockerSocket is the engine the tests use.
 const DockerSocket = "/var/run/docker.sock"
 

@@ -23,6 +23,7 @@ func TestSchemasMatchRequestTypes(t *testing.T) {
 		"export_notes_to_workspace":        service.ExportNotesRequest{},
 		"search_documents":                 service.SearchRequest{},
 		"create_skill":                     service.CreateSkillRequest{},
+		"code_execute":                     service.ExecRequest{},
 	}
 	cat := New(nil, Limits{})
 	for name, v := range types {
@@ -114,6 +115,14 @@ func TestSpawnSchemaStatesTheTimeouts(t *testing.T) {
 		}
 		if got := s.Properties.Timeout; got.Default != c.deflt || got.Maximum != c.maxMinutes {
 			t.Errorf("%+v: default %d maximum %d, want %d %d", c.lim, got.Default, got.Maximum, c.deflt, c.maxMinutes)
+		}
+	}
+}
+
+func TestEveryToolHasAnEffect(t *testing.T) {
+	for _, tool := range New(nil, Limits{}).All() {
+		if tool.Effect != Reads && tool.Effect != Writes && tool.Effect != Runs {
+			t.Errorf("%s: effect %q, want reads, writes or runs", tool.Name, tool.Effect)
 		}
 	}
 }

@@ -25,10 +25,34 @@ import (
 type Tool struct {
 	Name        string
 	Description string
+	// Effect says what calling the tool does: reads, writes or runs code
+	// (MCP annotations, GET /api/tools).
+	Effect Effect
 	// Schema is the JSON schema of the arguments object.
 	Schema json.RawMessage
 	// Call runs the tool with its JSON arguments.
 	Call func(ctx context.Context, args json.RawMessage) (any, error)
+}
+
+// Effect is what a tool does to the world.
+type Effect string
+
+// Effects. Reads changes nothing; Writes changes Corral's state (files,
+// attachments, documents, a task's cancellation); Runs runs code in a
+// sandbox, which may reach the network the server allows.
+const (
+	Reads  Effect = "reads"
+	Writes Effect = "writes"
+	Runs   Effect = "runs"
+)
+
+// effects are the tools' Effects by name; every tool has one (tested).
+var effects = map[string]Effect{
+	"spawn_worker": Runs, "code_execute": Runs,
+	"read_task_result": Reads, "list_worker_tasks": Reads, "read_workspace": Reads, "list_workspace": Reads,
+	"search_documents": Reads, "list_skills": Reads, "get_skill": Reads,
+	"cancel_worker_task": Writes, "write_workspace": Writes, "create_attachment_from_workspace": Writes,
+	"ingest_from_workspace": Writes, "export_notes_to_workspace": Writes, "create_skill": Writes,
 }
 
 // Catalogue is the list of tools over one Service.
@@ -59,7 +83,9 @@ func New(svc service.Service, lim Limits) *Catalogue {
 		createAttachmentFromWorkspace(svc),
 		ingestFromWorkspace(svc), exportNotesToWorkspace(svc), searchDocuments(svc),
 		listSkills(svc), getSkill(svc), createSkill(svc),
+		codeExecute(svc),
 	} {
+		t.Effect = effects[t.Name]
 		c.index[t.Name] = len(c.tools)
 		c.tools = append(c.tools, t)
 	}

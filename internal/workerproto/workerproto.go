@@ -27,6 +27,11 @@ const (
 	// seen.
 	SocketDir  = "/run/corral/sock"
 	SocketName = "corral.sock"
+	// ExecInputDir and ExecOutputDir are where a code_execute call finds
+	// its attachments and context files (the task's context/, read-only)
+	// and leaves its output files (the task's output/).
+	ExecInputDir  = "/workspace/input"
+	ExecOutputDir = "/workspace/output"
 	// EgressDir holds the task's egress proxy socket, EgressSocket, mounted
 	// the same way.
 	EgressDir    = "/run/corral/egress"

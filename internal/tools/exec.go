@@ -1,0 +1,46 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/strictjson"
+)
+
+func codeExecute(svc service.Service) Tool {
+	return Tool{
+		Name: "code_execute",
+		Description: `Run a shell command once in a fresh, isolated sandbox and get its output back: stdout, stderr,
+the exit code, and the files it wrote to /workspace/output/ as attachments you can download or pass on.
+
+The command runs with sh -c in /workspace (or working_dir), where:
+- /workspace/input/ holds the attachments and context files you name (read-only)
+- /workspace/output/ is collected when the command ends
+- /workspace/shared/ is the persistent shared workspace (read-only)
+There is no network unless network is true, and then only what the server allows.
+It waits for the end (at most timeout_seconds) and is recorded as a task of kind exec.`,
+		Schema: json.RawMessage(fmt.Sprintf(execSchema, service.MaxExecTimeout)),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var req service.ExecRequest
+			if err := strictjson.Decode(args, &req); err != nil {
+				return nil, err
+			}
+			return svc.Execute(ctx, req)
+		},
+	}
+}
+
+const execSchema = `{"type":"object","properties":{
+"command":{"type":"string","description":"Shell command, run with sh -c."},
+"image":{"type":"string","description":"Image to run in (docker and kubernetes runtimes; must match the server's allowed images). Default: the server's execution.default_image."},
+"working_dir":{"type":"string","description":"Absolute directory inside the sandbox to start in. Default /workspace."},
+"timeout_seconds":{"type":"integer","minimum":1,"maximum":%d,"description":"Wall-clock limit. Default: the server's execution.timeout (60)."},
+"network":{"type":"boolean","default":false,"description":"Give the command the server's egress policy (its allowlist by default)."},
+"attachment_ids":{"type":"array","items":{"type":"string"},"description":"Attachments to place in /workspace/input/."},
+"context_files":{"type":"array","items":{"type":"string"},"description":"Paths in the shared workspace to copy into /workspace/input/."},
+"runtime":{"type":"string","enum":["local","gvisor","docker","kubernetes"],"description":"Sandbox runtime. Default: the server's."},
+"conversation_id":{"type":"string","description":"The conversation this call belongs to."},
+"labels":{"type":"object","additionalProperties":{"type":"string"},"description":"Labels recorded with the call."}},
+"required":["command"],"additionalProperties":false}`
