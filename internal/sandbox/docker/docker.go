@@ -232,7 +232,9 @@ func missingRunscArgs(path string, args []string) []string {
 	}
 	var missing []string
 	for _, want := range []string{"--oci-seccomp", "--host-uds=open"} {
-		if !slices.ContainsFunc(args, func(a string) bool { return a == want || a == want+"=true" || (want == "--host-uds=open" && a == "--host-uds=all") }) {
+		if !slices.ContainsFunc(args, func(a string) bool {
+			return a == want || a == want+"=true" || (want == "--host-uds=open" && a == "--host-uds=all")
+		}) {
 			missing = append(missing, want)
 		}
 	}
