@@ -110,6 +110,23 @@ async function main() {
   check(report.rows?.trim() === "3", `rows.txt: ${JSON.stringify(report.rows)}`);
   check(progress.length > 0, "no progress notifications while read_task_result waited");
 
+  // Tools say what they do; code_execute runs code and returns its output.
+  check(byName.read_workspace?.annotations?.readOnlyHint === true, `read_workspace annotations: ${JSON.stringify(byName.read_workspace?.annotations)}`);
+  check(byName.write_workspace?.annotations?.destructiveHint === false && !byName.write_workspace?.annotations?.readOnlyHint, `write_workspace annotations: ${JSON.stringify(byName.write_workspace?.annotations)}`);
+  for (const name of ["code_execute", "spawn_worker"]) {
+    const a = byName[name]?.annotations;
+    check(a?.destructiveHint === true && a?.openWorldHint === true && !a?.readOnlyHint, `${name} annotations: ${JSON.stringify(a)}`);
+  }
+  const x = await client.callTool(
+    { name: "code_execute", arguments: { command: "wc -l < input/in.csv; echo done > output/done.txt", context_files: ["data/in.csv"] } },
+    undefined,
+    { timeout: 120000 },
+  );
+  check(!x.isError, `code_execute: ${text(x)}`);
+  const executed = JSON.parse(text(x));
+  report.exec = { stdout: executed.stdout, files: executed.output_files?.map((f) => f.name) };
+  check(executed.success === true && executed.stdout.trim() === "3" && executed.output_files?.[0]?.attachment_id, `code_execute result: ${text(x)}`);
+
   // A path outside the workspace is a tool error, not a protocol error.
   const bad = await client.callTool({ name: "read_workspace", arguments: { path: "../../etc/passwd" } });
   report.outside = { isError: bad.isError === true, text: text(bad) };

@@ -95,6 +95,7 @@ func Run(t *testing.T, impls map[string]func(*testing.T) service.Service) {
 		"Tasks":       checkTasks,
 		"Attachments": checkAttachments,
 		"Skills":      checkSkills,
+		"Execute":     checkExecute,
 	}
 	for impl, newImpl := range impls {
 		for name, check := range checks {
@@ -191,6 +192,20 @@ func checkTasks(t *testing.T, svc service.Service) {
 	if !slices.Equal(types, []string{task.EventCreated, task.EventQueued, task.EventCompleted}) {
 		t.Errorf("events %v", types)
 	}
+}
+
+// checkExecute checks code_execute's refusals, which come before anything
+// runs (the fixture runs no sandbox).
+func checkExecute(t *testing.T, svc service.Service) {
+	ctx := context.Background()
+	_, err := svc.Execute(ctx, service.ExecRequest{Command: "  "})
+	wantClass(t, "Execute of a blank command", err, errdefs.ErrInvalidArgument)
+	_, err = svc.Execute(ctx, service.ExecRequest{Command: "true", TimeoutSeconds: 301})
+	wantClass(t, "Execute with a timeout over 300 s", err, errdefs.ErrInvalidArgument)
+	_, err = svc.Execute(ctx, service.ExecRequest{Command: "true", WorkingDir: "relative"})
+	wantClass(t, "Execute in a relative directory", err, errdefs.ErrInvalidArgument)
+	_, err = svc.Execute(ctx, service.ExecRequest{Command: "true", Image: "python:3"})
+	wantClass(t, "Execute with an image on local", err, errdefs.ErrFailedPrecondition)
 }
 
 func checkAttachments(t *testing.T, svc service.Service) {
