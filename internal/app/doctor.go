@@ -15,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/quota"
+	"github.com/corral-dev/corral/internal/sandbox/docker"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/taskrun"
@@ -113,6 +114,33 @@ func doctorRuntime(ctx context.Context, name string, cfg *config.Config, stateDi
 		out = append(out, lim)
 	} else if len(caps.Warnings) > 0 {
 		out[0].Detail += "; " + strings.Join(caps.Warnings, "; ")
+	}
+	if d, ok := rt.(*docker.Runtime); ok {
+		out = append(out, doctorImages(ctx, d, cfg)...)
+	}
+	return out
+}
+
+// doctorImages checks that the engine has the images tasks and
+// code_execute run by default (or may pull them).
+func doctorImages(ctx context.Context, d *docker.Runtime, cfg *config.Config) []Check {
+	images := []string{cfg.AIWorker.AICoderImage}
+	if img := cfg.Execution.DefaultImage; img != "" && img != images[0] {
+		images = append(images, img)
+	}
+	var out []Check
+	for _, img := range images {
+		c := Check{Name: "docker image " + img, Required: cfg.Runtime == docker.Name}
+		switch err := d.HasImage(ctx, img); {
+		case err == nil:
+			c.OK, c.Detail = true, "on the engine"
+		case cfg.Docker.Pull:
+			c.OK, c.Detail = true, "not on the engine; pulled when first used (docker.pull: true)"
+		default:
+			c.Detail = err.Error()
+			c.Fix = "docker load -i IMAGE.tar (or docker pull " + img + "), or set docker.pull: true"
+		}
+		out = append(out, c)
 	}
 	return out
 }

@@ -347,6 +347,16 @@ func (r *Runtime) start(ctx context.Context, containerID string) error {
 	return nil
 }
 
+// HasImage returns nil if the engine has image, else an error saying it
+// does not (errdefs.ErrNotFound) or why it cannot tell.
+func (r *Runtime) HasImage(ctx context.Context, image string) error {
+	_, err := r.cli.ImageInspect(ctx, image)
+	if cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("image %s is not on the Docker engine: %w", image, errdefs.ErrNotFound)
+	}
+	return classify("image "+image, err)
+}
+
 // ensureImage makes sure the engine has image, pulling it if allowed.
 func (r *Runtime) ensureImage(ctx context.Context, image string) error {
 	_, err := r.cli.ImageInspect(ctx, image)
