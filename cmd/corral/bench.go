@@ -23,6 +23,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&opts.Bwrap, "bwrap", "bwrap", "the bubblewrap binary")
 	fs.BoolVar(&opts.Gvisor, "gvisor", false, "also run each sequential round's task under the gvisor runtime, beside a bare runsc run")
 	fs.StringVar(&opts.Runsc, "runsc", "runsc", "the runsc binary (with --gvisor)")
+	fs.StringVar(&opts.DockerImage, "docker", "", "also run code_execute of echo hi on local and on docker in this image each round, beside a bare docker run --rm of it")
 	asJSON := fs.Bool("json", false, "print JSON")
 	verbose := fs.Bool("v", false, "show the server's log")
 	if err := fs.Parse(args); err != nil {
@@ -77,6 +78,12 @@ func printBench(w io.Writer, r *bench.Result) {
 		p := g.Phases
 		fmt.Fprintf(w, "  gvisor task median by phase: submit %.1f, queue %.1f, sandbox create %.1f, worker run %.1f, deliver %.1f ms\n",
 			p.Submit, p.Queue, p.Sandbox, p.Run, p.Deliver)
+	}
+	if e := r.Exec; e != nil {
+		row("code_execute echo hi, runtime local", e.Local)
+		row("code_execute echo hi, runtime docker", e.Docker)
+		row("bare docker run --rm IMAGE echo hi", e.DockerRun)
+		fmt.Fprintf(w, "  code_execute local over bare bwrap: %.2f; docker over bare docker run: %.2f (target <= 1.2)\n", e.LocalRatio, e.DockerRatio)
 	}
 	fmt.Fprintln(w)
 	c := r.Concurrent

@@ -56,6 +56,14 @@ type Options struct {
 	Gvisor bool
 	// Runsc is the runsc binary for the bare runs; default "runsc".
 	Runsc string
+	// DockerImage adds, to each sequential round, code_execute of echo hi
+	// on the local runtime and on the docker runtime in this image, and a
+	// bare `docker run --rm` of the same image and command. It needs a
+	// Docker engine with the image, and the docker CLI.
+	DockerImage string
+	// DockerHost is the engine's address; default
+	// unix:///var/run/docker.sock.
+	DockerHost string
 }
 
 func (o *Options) setDefaults() {
@@ -90,6 +98,8 @@ type Result struct {
 	// Sequential runs one task end to end (POST to result) and one bare
 	// bwrap, alternately, n times.
 	Sequential Sequential `json:"sequential"`
+	// Exec is code_execute against bare sandboxes (Options.DockerImage).
+	Exec *Exec `json:"exec,omitempty"`
 	// Concurrent runs n tasks, then n bare bwraps, from Concurrency clients.
 	Concurrent Concurrent `json:"concurrent"`
 }
@@ -113,6 +123,20 @@ type Sequential struct {
 	// Gvisor is the same task under the gvisor runtime and a bare runsc
 	// run, measured in the same rounds (Options.Gvisor only).
 	Gvisor *Gvisor `json:"gvisor,omitempty"`
+}
+
+// Exec is code_execute's sequential latencies (Options.DockerImage only):
+// a call of echo hi on each runtime, POST /api/exec to its answer, beside
+// the bare sandbox of the same command.
+type Exec struct {
+	Local     Latency `json:"local"`
+	Docker    Latency `json:"docker"`
+	DockerRun Latency `json:"docker_run"` // bare docker run --rm IMAGE echo hi
+	// LocalRatio is the local call's median over bare bwrap's median (the
+	// bwrap of the same rounds), DockerRatio the docker call's over bare
+	// docker run's.
+	LocalRatio  float64 `json:"local_ratio"`
+	DockerRatio float64 `json:"docker_ratio"`
 }
 
 // Gvisor is the gvisor runtime's sequential latencies.
@@ -196,6 +220,12 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 	cfg.AIWorker.MaxConcurrentWorkers = opts.Concurrency
 	cfg.AIWorker.MaxQueuedTasks = max(cfg.AIWorker.MaxQueuedTasks, 2*opts.Concurrency)
 	cfg.Agents.Default = task.AgentCommand
+	if opts.DockerImage != "" {
+		cfg.Execution.DefaultImage = opts.DockerImage
+		if opts.DockerHost != "" {
+			cfg.Docker.Host = opts.DockerHost
+		}
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("bench configuration: %w", err)
 	}
@@ -232,6 +262,13 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 			return nil, err
 		}
 	}
+	if opts.DockerImage != "" {
+		docker, err := exec.LookPath("docker")
+		if err != nil {
+			return nil, fmt.Errorf("bench with docker needs the docker CLI (install: apt-get install -y docker.io): %w", errdefs.ErrFailedPrecondition)
+		}
+		b.dockerRun = []string{docker, "-H", cfg.Docker.Host, "run", "--rm", "--network", "none", opts.DockerImage, "/bin/echo", "hi"}
+	}
 	if err := b.sequential(ctx, opts, res); err != nil {
 		return nil, err
 	}
@@ -246,6 +283,8 @@ type bencher struct {
 	client  *httpapi.Client
 	bwrap   []string
 	runsc   []string // runsc and its flags up to "run"; nil without gvisor
+	// dockerRun is the bare docker run of echo hi; nil without docker.
+	dockerRun []string
 	runs    atomic.Int64
 	timeout time.Duration
 }
@@ -314,6 +353,22 @@ func (b *bencher) runTask(ctx context.Context, runtime string, phases bool) (tas
 		run.phases[i] = cuts[i+1].Sub(cuts[i])
 	}
 	return run, nil
+}
+
+// runExec runs code_execute of echo hi on runtime, POST to answer.
+func (b *bencher) runExec(ctx context.Context, runtime string) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	t0 := time.Now()
+	res, err := b.client.Execute(ctx, service.ExecRequest{Command: "echo hi", Runtime: runtime})
+	if err != nil {
+		return 0, fmt.Errorf("bench code_execute on %s: %w", runtime, err)
+	}
+	d := time.Since(t0)
+	if !res.Success || res.Stdout != "hi\n" {
+		return 0, fmt.Errorf("bench code_execute on %s (%s): %s, stdout %q (%s), want success and hi", runtime, res.TaskID, res.Status, res.Stdout, res.Error)
+	}
+	return d, nil
 }
 
 // runBwrap runs the bare sandbox once, from start to exit.
@@ -410,6 +465,7 @@ func bareBwrapArgs() []string {
 func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) error {
 	var tasks, bares, gtasks, runscs []time.Duration
 	var phases, gphases [5][]time.Duration
+	var execs [3][]time.Duration // local, docker, bare docker run
 	for i := range opts.Warmup + opts.N {
 		tr, err := b.runTask(ctx, "", true)
 		if err != nil {
@@ -435,6 +491,24 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 				}
 			}
 		}
+		if b.dockerRun != nil {
+			var ds [3]time.Duration
+			var err error
+			if ds[0], err = b.runExec(ctx, "local"); err != nil {
+				return err
+			}
+			if ds[1], err = b.runExec(ctx, "docker"); err != nil {
+				return err
+			}
+			if ds[2], err = b.timeEcho(ctx, "docker run", b.dockerRun); err != nil {
+				return err
+			}
+			if i >= opts.Warmup {
+				for j, d := range ds {
+					execs[j] = append(execs[j], d)
+				}
+			}
+		}
 		if i < opts.Warmup {
 			continue
 		}
@@ -455,6 +529,16 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 			g.Ratio = g.Task.Median / g.Runsc.Median
 		}
 		s.Gvisor = g
+	}
+	if b.dockerRun != nil {
+		e := &Exec{Local: summarise(execs[0]), Docker: summarise(execs[1]), DockerRun: summarise(execs[2])}
+		if s.Bwrap.Median > 0 {
+			e.LocalRatio = e.Local.Median / s.Bwrap.Median
+		}
+		if e.DockerRun.Median > 0 {
+			e.DockerRatio = e.Docker.Median / e.DockerRun.Median
+		}
+		res.Exec = e
 	}
 	return nil
 }

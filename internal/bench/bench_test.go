@@ -59,3 +59,30 @@ func TestBench(t *testing.T) {
 		t.Errorf("host %+v: want CPUs and the bwrap version", res.Host)
 	}
 }
+
+// TestBenchExec runs the code_execute rows against a real engine with a
+// tiny count and checks they were measured.
+func TestBenchExec(t *testing.T) {
+	testenv.RequireDocker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := bench.Run(ctx, bench.Options{
+		N: 2, Concurrency: 1, Warmup: 1, Data: testenv.TempDir(t), WorkerBinary: corralBin,
+		DockerImage: testenv.DockerImage, DockerHost: "unix://" + testenv.DockerSocket,
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := res.Exec
+	if e == nil {
+		t.Fatal("no code_execute figures")
+	}
+	for name, l := range map[string]bench.Latency{"local": e.Local, "docker": e.Docker, "docker run": e.DockerRun} {
+		if l.Count != 2 || l.Min <= 0 {
+			t.Errorf("%s: %+v, want 2 positive runs", name, l)
+		}
+	}
+	if e.DockerRatio != e.Docker.Median/e.DockerRun.Median || e.LocalRatio <= 0 {
+		t.Errorf("ratios %+v", e)
+	}
+}
