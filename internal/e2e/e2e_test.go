@@ -321,7 +321,8 @@ func TestToolsOverHTTP(t *testing.T) {
 		names = append(names, d.Function.Name)
 	}
 	want := []string{"spawn_worker", "read_task_result", "list_worker_tasks", "cancel_worker_task", "read_workspace", "write_workspace", "list_workspace",
-		"create_attachment_from_workspace", "ingest_from_workspace", "export_notes_to_workspace", "search_documents", "list_skills", "get_skill", "create_skill"}
+		"create_attachment_from_workspace", "ingest_from_workspace", "export_notes_to_workspace", "search_documents", "list_skills", "get_skill", "create_skill",
+		"code_execute"}
 	if !slices.Equal(names, want) {
 		t.Errorf("tools %v, want %v", names, want)
 	}
