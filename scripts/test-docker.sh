@@ -46,6 +46,17 @@ image() {
   echo "==> docker import $name"
   $sudo docker import "$tar" "$name" >/dev/null
 }
+# An image with no libc, no /etc and no /usr: Debian's static busybox alone,
+# to show a task runs in any image.
+if ! $sudo docker image inspect corral-test/busybox:1 >/dev/null 2>&1; then
+  echo "==> docker import corral-test/busybox:1"
+  dir=$(mktemp -d)
+  mkdir "$dir/bin"
+  cp "$(command -v busybox)" "$dir/bin/busybox"
+  for app in sh echo cat ls id; do ln -s busybox "$dir/bin/$app"; done
+  tar -C "$dir" -c bin | $sudo docker import - corral-test/busybox:1 >/dev/null
+  rm -rf "$dir"
+fi
 image corral-test/debian:bookworm debian-bookworm.tar ca-certificates
 # seed 004's chart from a CSV, end to end.
 image corral-test/python:bookworm python-bookworm.tar ca-certificates,python3-matplotlib

@@ -368,6 +368,9 @@ func TestEnvOverrides(t *testing.T) {
 		"CORRAL_EGRESS_MODE=open",
 		"CORRAL_DEFAULT_AGENT=codex",
 		"CORRAL_LISTEN_UNRELATED=x",
+		"EXECUTION_ENABLED=false",
+		"EXECUTION_DEFAULT_IMAGE=python:3.12-slim",
+		"DOCKER_HOST=unix:///run/other.sock",
 	)
 	want := Default()
 	want.Listen = "127.0.0.1:2"
@@ -376,6 +379,8 @@ func TestEnvOverrides(t *testing.T) {
 	want.Log = Log{Level: "warn", Format: "json"}
 	want.Egress.Mode = "open"
 	want.Agents.Default = "codex"
+	want.Execution.Enabled, want.Execution.DefaultImage = false, "python:3.12-slim"
+	want.Docker.Host = "unix:///run/other.sock"
 	w := &want.AIWorker
 	w.Enabled, w.Namespace, w.AICoderImage, w.WorkspacePVC = false, "fromenv", "img:1", "pvc1"
 	w.DefaultTimeoutMinutes, w.MaxConcurrentWorkers = 7, 4

@@ -58,6 +58,26 @@ func TestDockerImages(t *testing.T) {
 	}
 }
 
+// TestDockerAnyImage: the worker reaches the container as Corral's own
+// static binary, bind-mounted, so a task runs in an image with no libc and
+// nothing of Corral's.
+func TestDockerAnyImage(t *testing.T) {
+	testenv.RequireDocker(t)
+	t.Parallel()
+	s := MustStart(t, nil)
+	ctx := context.Background()
+	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "busybox only", Runtime: "docker", Image: testenv.DockerBusyboxImage,
+		Command: []string{"sh", "-c", "ls / > output/root.txt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := s.wait(t, tk.ID, 60*time.Second)
+	b, _ := os.ReadFile(filepath.Join(s.data, "tasks", tk.ID, "output", "root.txt"))
+	if res.Status != task.Success || strings.Contains(string(b), "usr") || !strings.Contains(string(b), "task") {
+		t.Errorf("task in %s: %s %s, / holds %q; want success in a root without /usr", testenv.DockerBusyboxImage, res.Status, res.ErrorMessage, b)
+	}
+}
+
 // TestDockerKill9: a server killed with SIGKILL while a docker task runs
 // finds the task's container after a restart, records its real result, and
 // leaves no container behind.

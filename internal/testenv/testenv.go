@@ -77,6 +77,10 @@ const DockerImage = "corral-test/debian:bookworm"
 // code_execute's chart from a CSV (seed 004).
 const DockerPythonImage = "corral-test/python:bookworm"
 
+// DockerBusyboxImage holds Debian's static busybox and nothing else (no
+// libc, no /usr): the image that shows any image runs a task.
+const DockerBusyboxImage = "corral-test/busybox:1"
+
 // DockerSocket is the engine the tests use.
 const DockerSocket = "/var/run/docker.sock"
 
