@@ -280,13 +280,13 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 
 // bencher runs single measured operations.
 type bencher struct {
-	client  *httpapi.Client
-	bwrap   []string
-	runsc   []string // runsc and its flags up to "run"; nil without gvisor
+	client *httpapi.Client
+	bwrap  []string
+	runsc  []string // runsc and its flags up to "run"; nil without gvisor
 	// dockerRun is the bare docker run of echo hi; nil without docker.
 	dockerRun []string
-	runs    atomic.Int64
-	timeout time.Duration
+	runs      atomic.Int64
+	timeout   time.Duration
 }
 
 // taskRun is one task's measured run.
