@@ -34,6 +34,10 @@ Usage:
   corral exec-once [--image IMAGE] [--runtime R] [--timeout SECONDS] [--network] [--attach ID]... -- CMD...
                                                    run a command once in a fresh sandbox (code_execute)
                                                    and print its output; output files become attachments
+  corral sessions [ls] | create [--runtime R] [--image IMAGE] [--idle 30m] | rm ID
+                                                   long-lived sandboxes (create prints the session's token)
+  corral exec [-i] [--cwd DIR] [--timeout D] SESSION -- CMD ARGS...
+                                                   run a command in a session, its output streamed
   corral tasks [--status S] [--limit N] [--conversation-id ID]
                                                    list tasks
   corral result ID [--wait 30s]                    show a task's result
@@ -85,6 +89,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"serve":       cmdServe,
 		"run":         cmdRun,
 		"exec-once":   cmdExecOnce,
+		"sessions":    cmdSessions,
+		"exec":        cmdExec,
 		"tasks":       cmdTasks,
 		"result":      cmdResult,
 		"logs":        cmdLogs,

@@ -34,6 +34,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/scheduler"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/taskrun"
 	"github.com/corral-dev/corral/internal/tools"
@@ -70,6 +71,7 @@ type App struct {
 	api      *httpapi.Server
 	notifier *notify.Dispatcher // nil when notifications are off
 	runtimes map[string]sandbox.Runtime
+	sessions *session.Manager
 	// sandboxUser is the host identity sandboxes run as.
 	sandboxUser hostuser.Identity
 
@@ -261,12 +263,41 @@ func (a *App) open(ctx context.Context) error {
 		}
 		deliveries = notifyDeliveries{a.notifier}
 	}
+	binary, err := filepath.Rel(a.data.Path(), a.opts.WorkerBinary)
+	if err != nil || !filepath.IsLocal(binary) {
+		return fmt.Errorf("the worker binary %s is not in the data root", a.opts.WorkerBinary)
+	}
+	sessionRuntimes := map[string]sandbox.Runtime{}
+	for name, rt := range a.runtimes {
+		if available[name] == "" {
+			sessionRuntimes[name] = rt
+		}
+	}
+	a.sessions = session.New(session.Options{
+		Store:          a.store,
+		Data:           a.data,
+		Runtimes:       sessionRuntimes,
+		Unavailable:    available,
+		DefaultRuntime: cfg.Runtime,
+		WorkerBinary:   filepath.ToSlash(binary),
+		Image:          w.AICoderImage,
+		AllowedImages:  w.AllowedImages,
+		Limits: sandbox.Limits{
+			MemoryBytes: w.Resources.MemoryLimit.Bytes(),
+			CPUMillis:   w.Resources.CPULimit.Millis(),
+			Pids:        int64(w.Resources.PidsLimit),
+		},
+		MaxSessions: cfg.Sessions.MaxSessions,
+		IdleTimeout: time.Duration(cfg.Sessions.IdleTimeout),
+		MaxLifetime: time.Duration(cfg.Sessions.MaxLifetime),
+	}, a.log.With("subsystem", "sessions"))
 	toolLimits := tools.Limits{DefaultTimeoutMinutes: w.DefaultTimeoutMinutes, MaxTimeoutMinutes: w.MaxTimeoutMinutes}
 	mcpSrv := mcpserver.New(a.orch, mcpserver.Options{MaxArgumentBytes: lim.MaxRequestBytes.Bytes(), Version: Version(), Limits: toolLimits}, a.log.With("subsystem", "mcp"))
 	a.api = httpapi.New(backend{a.orch, a}, httpapi.Options{
 		Token:           a.token,
 		Tokens:          tokens,
 		Deliveries:      deliveries,
+		Sessions:        a.sessions,
 		MaxRequestBytes: lim.MaxRequestBytes.Bytes(),
 		MCP:             mcpSrv.Handler(),
 		Listen:          cfg.Listen,
@@ -371,6 +402,12 @@ func (a *App) Run(ctx context.Context) error {
 	} else if err := notify.Disable(ctx, a.store); err != nil {
 		a.log.Warn("cannot record notifications off", "err", err)
 	}
+	if err := a.sessions.Start(ctx); err != nil {
+		cancel()
+		wg.Wait()
+		return err
+	}
+	run(func() error { return a.sessions.Reap(ctx) })
 	run(func() error { return ignoreClosed(srv.Serve(a.ln)) })
 	run(func() error { return ignoreClosed(sockSrv.Serve(a.sockLn)) })
 	a.log.Info("corral serving", "addr", a.Addr(), "data", a.data.Path(), "runtime", a.cfg.Runtime)

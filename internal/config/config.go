@@ -58,6 +58,7 @@ type Config struct {
 	Local     Local          `yaml:"local"`
 	Docker    Docker         `yaml:"docker"`
 	Execution Execution      `yaml:"execution"`
+	Sessions  Sessions       `yaml:"sessions"`
 	Sandbox   Sandbox        `yaml:"sandbox"`
 	Egress    Egress         `yaml:"egress"`
 	Agents    Agents         `yaml:"agents"`
@@ -201,6 +202,16 @@ type Execution struct {
 	AllowedImages []string `yaml:"allowed_images"`
 }
 
+// Sessions configures sessions: long-lived sandboxes commands run in.
+type Sessions struct {
+	// MaxSessions bounds the sessions running at once (429 past it).
+	MaxSessions int `yaml:"max_sessions"`
+	// IdleTimeout and MaxLifetime are a session's defaults and upper
+	// bounds.
+	IdleTimeout Duration `yaml:"idle_timeout"`
+	MaxLifetime Duration `yaml:"max_lifetime"`
+}
+
 // Egress configures the network workers reach through the egress proxy.
 type Egress struct {
 	Mode  string   `yaml:"mode"`  // none | allowlist | open
@@ -337,6 +348,7 @@ func Default() *Config {
 		Local:     Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB")},
 		Docker:    Docker{Host: "unix:///var/run/docker.sock"},
 		Execution: Execution{Enabled: true, Timeout: 60, MaxOutputSize: mustSize("1MiB")},
+		Sessions:  Sessions{MaxSessions: 8, IdleTimeout: Duration(30 * time.Minute), MaxLifetime: Duration(8 * time.Hour)},
 		Egress: Egress{
 			// SPEC §4: the model providers' API hosts, through the proxy.
 			Mode:  "allowlist",

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/task"
@@ -44,6 +45,12 @@ func (c *Config) Validate() error {
 
 	v.aiWorker(&c.AIWorker)
 	v.execution(&c.Execution)
+	if c.Sessions.MaxSessions < 0 {
+		v.add("sessions.max_sessions", "must not be negative, got %d", c.Sessions.MaxSessions)
+	}
+	if c.Sessions.IdleTimeout < Duration(time.Second) || c.Sessions.MaxLifetime < Duration(time.Second) {
+		v.add("sessions", "idle_timeout and max_lifetime must be at least 1s")
+	}
 
 	v.oneOf("runtime", c.Runtime, Runtimes)
 	v.nonEmpty("local.bwrap", c.Local.Bwrap)

@@ -24,6 +24,7 @@ import (
 	"github.com/corral-dev/corral/internal/ids"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/tools"
 	"github.com/corral-dev/corral/internal/webhook"
@@ -75,6 +76,8 @@ type Options struct {
 	// Tokens are further bearer tokens, each named; the caller's name is
 	// the actor of what it does. Token, if set, is named "default".
 	Tokens []Token
+	// Sessions serves /api/sessions; nil when sessions are off.
+	Sessions *session.Manager
 	// Deliveries serves /api/deliveries; nil when notifications are off.
 	Deliveries Deliveries
 	// MCP, when set, is served at /mcp behind the same bearer auth as the
@@ -167,6 +170,12 @@ func (s *Server) routes() {
 	m := s.mux
 	m.Handle("POST /api/tasks", authJSON(s.createTask))
 	m.Handle("POST /api/exec", authJSON(s.execute))
+	m.Handle("POST /api/sessions", authJSON(s.createSession))
+	m.Handle("GET /api/sessions", auth(s.listSessions))
+	// A session's own token reaches these: sessionCaller checks it.
+	m.Handle("GET /api/sessions/{id}", open(s.getSession))
+	m.Handle("DELETE /api/sessions/{id}", open(s.deleteSession))
+	m.Handle("POST /api/sessions/{id}/exec", s.wrap(s.execSession, jsonBody))
 	m.Handle("GET /api/tasks", auth(s.listTasks))
 	m.Handle("GET /api/tasks/{id}", auth(s.getTask))
 	m.Handle("GET /api/tasks/{id}/result", auth(s.taskResult))

@@ -550,7 +550,11 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 			continue
 		}
 		for _, h := range hs {
-			listed[h.Labels[sandbox.LabelTaskID]] = listedSandbox{rt: rt, name: name, h: h}
+			id := h.Labels[sandbox.LabelTaskID]
+			if id == "" {
+				continue // not a task's (a session's: the session manager keeps those)
+			}
+			listed[id] = listedSandbox{rt: rt, name: name, h: h}
 		}
 	}
 	active := s.tasks.Select(func(t *task.Task) bool { return t.Status == task.Starting || t.Status == task.Running })

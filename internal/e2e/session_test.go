@@ -1,0 +1,267 @@
+//go:build integration
+
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/session"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// sessionRuntimes are the runtimes the session tests run on.
+var sessionRuntimes = []escapeRuntime{escapeRuntimes[0], escapeRuntimes[1], escapeRuntimes[2]}
+
+func command(argv ...string) json.RawMessage {
+	b, _ := json.Marshal(argv)
+	return b
+}
+
+func shell(s string) json.RawMessage {
+	b, _ := json.Marshal(s)
+	return b
+}
+
+// TestSessions: on each runtime, a session streams a command's output as
+// it comes, keeps stdout and stderr apart, returns exit codes, runs
+// commands at once, times one out, and ends on DELETE.
+func TestSessions(t *testing.T) {
+	for _, rt := range sessionRuntimes {
+		t.Run(rt.name, func(t *testing.T) {
+			t.Parallel()
+			rt.require(t)
+			s := MustStart(t, rt.edit)
+			ctx := context.Background()
+			created, err := s.client.CreateSession(ctx, session.CreateRequest{Runtime: rt.runtime, Labels: map[string]string{"who": "test"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := created.SessionID
+			if !strings.HasPrefix(created.Token, session.TokenPrefix) || created.Session.Status != session.StatusRunning {
+				t.Fatalf("created %+v", created)
+			}
+
+			// Streaming is real: the first line arrives before the second is
+			// printed (the command waits a second in between).
+			var chunks []httpapi.ExecChunk
+			var firstAt time.Time
+			start := time.Now()
+			end, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell("echo one; sleep 1; echo two; echo err >&2; exit 3")}, func(ch httpapi.ExecChunk) error {
+				if firstAt.IsZero() {
+					firstAt = time.Now()
+				}
+				chunks = append(chunks, ch)
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stdout, stderr bytes.Buffer
+			for _, ch := range chunks {
+				if ch.Type == "stdout" {
+					stdout.Write(ch.Bytes())
+				} else {
+					stderr.Write(ch.Bytes())
+				}
+			}
+			if end.ExitCode != 3 || stdout.String() != "one\ntwo\n" || stderr.String() != "err\n" {
+				t.Errorf("exec: code %d, stdout %q, stderr %q; want 3, one two, err", end.ExitCode, stdout.String(), stderr.String())
+			}
+			if firstAt.Sub(start) > time.Since(start)-700*time.Millisecond {
+				t.Errorf("the first chunk came %s after the start, the exec took %s: not streamed", firstAt.Sub(start), time.Since(start))
+			}
+
+			// The session keeps its files between commands; cwd and env apply.
+			if _, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: command("sh", "-c", "echo $GREETING > kept.txt"), Env: map[string]string{"GREETING": "hi"}}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			var out bytes.Buffer
+			if _, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: command("cat", "kept.txt"), Cwd: session.Dir}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || out.String() != "hi\n" {
+				t.Errorf("a file from the last command: %q, %v", out.String(), err)
+			}
+
+			// Several at once; and one timed out.
+			var wg sync.WaitGroup
+			codes := make([]int, 3)
+			for i := range codes {
+				wg.Go(func() {
+					e, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell("sleep 0.5; exit " + string(rune('4'+i)))}, func(httpapi.ExecChunk) error { return nil })
+					if err != nil {
+						t.Error(err)
+					}
+					codes[i] = e.ExitCode
+				})
+			}
+			wg.Wait()
+			if codes[0] != 4 || codes[1] != 5 || codes[2] != 6 {
+				t.Errorf("concurrent execs ended %v, want 4 5 6", codes)
+			}
+			e, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: command("sleep", "30"), TimeoutSeconds: 1}, func(httpapi.ExecChunk) error { return nil })
+			if err != nil || e.ExitCode != 124 || !strings.Contains(e.Error, "timed out") {
+				t.Errorf("a timed-out exec: %+v, %v; want 124, timed out", e, err)
+			}
+
+			got, err := s.client.GetSession(ctx, id)
+			if err != nil || got.Execs != 7 || got.Labels["who"] != "test" {
+				t.Errorf("session after 7 execs: %+v, %v", got, err)
+			}
+			if _, err := s.client.DeleteSession(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: command("true")}, func(httpapi.ExecChunk) error { return nil })
+			if !errors.Is(err, errdefs.ErrNotFound) {
+				t.Errorf("exec after DELETE: %v, want 404", err)
+			}
+			if got, _ := s.client.GetSession(ctx, id); got.Status != session.StatusEnded || got.EndReason != "deleted" {
+				t.Errorf("after DELETE: %+v, want ended, deleted", got)
+			}
+		})
+	}
+}
+
+// TestSessionTokens: a session's token runs commands in its session and
+// nothing else.
+func TestSessionTokens(t *testing.T) {
+	t.Parallel()
+	s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=admin-token-0123456789"}, nil)
+	ctx := context.Background()
+	a, err := s.client.CreateSession(ctx, session.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.client.CreateSession(ctx, session.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	asA := s.client.WithToken(a.Token)
+	if _, err := asA.ExecSession(ctx, a.SessionID, httpapi.ExecBody{Command: command("true")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+		t.Errorf("a session's token in its session: %v", err)
+	}
+	_, err = asA.ExecSession(ctx, b.SessionID, httpapi.ExecBody{Command: command("true")}, func(httpapi.ExecChunk) error { return nil })
+	if !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Errorf("a session's token in another session: %v, want 403", err)
+	}
+	if _, err := asA.ListSessions(ctx); !errors.Is(err, errdefs.ErrUnauthenticated) {
+		t.Errorf("a session's token listing sessions: %v, want 401", err)
+	}
+	if _, err := asA.List(ctx, service.ListRequest{}); !errors.Is(err, errdefs.ErrUnauthenticated) {
+		t.Errorf("a session's token listing tasks: %v, want 401", err)
+	}
+	if _, err := s.client.WithToken("sess_wrong").GetSession(ctx, a.SessionID); !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Errorf("a wrong session token: %v, want 403", err)
+	}
+	// SSE for a client that asks for it.
+	req, _ := http.NewRequest("POST", s.url+"/api/sessions/"+a.SessionID+"/exec", strings.NewReader(`{"command":"echo sse"}`))
+	req.Header.Set("Authorization", "Bearer "+a.Token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body bytes.Buffer
+	body.ReadFrom(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(body.String(), "event: stdout\ndata: {\"type\":\"stdout\",\"data\":\"sse\\n\"}") || !strings.Contains(body.String(), "event: exit") {
+		t.Errorf("SSE exec: %s", body.String())
+	}
+}
+
+// TestSessionLimits: max_sessions and the idle timeout.
+func TestSessionLimits(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, func(c *config.Config) { c.Sessions.MaxSessions = 1 })
+	ctx := context.Background()
+	a, err := s.client.CreateSession(ctx, session.CreateRequest{IdleTimeout: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.CreateSession(ctx, session.CreateRequest{}); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Errorf("a second session over max_sessions 1: %v, want 429", err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		got, _ := s.client.GetSession(ctx, a.SessionID)
+		if got.Status == session.StatusEnded {
+			if got.EndReason != "idle_timeout" {
+				t.Errorf("ended %s, want idle_timeout", got.EndReason)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the idle session did not end")
+		}
+	}
+	if _, err := s.client.CreateSession(ctx, session.CreateRequest{}); err != nil {
+		t.Errorf("a session once the idle one ended: %v", err)
+	}
+}
+
+// TestSessionSurvivesKill9: a server killed with SIGKILL finds its session
+// again after a restart, and the session keeps its files.
+func TestSessionSurvivesKill9(t *testing.T) {
+	testenv.RequireBwrap(t)
+	t.Parallel()
+	data := testenv.TempDir(t)
+	t.Cleanup(func() { killSandboxes(t, data) })
+	ctx := context.Background()
+	srv := startProcess(t, data)
+	created, err := srv.client.CreateSession(ctx, session.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo before > f.txt")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	srv.kill()
+	srv = startProcess(t, data)
+	var out bytes.Buffer
+	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("cat f.txt")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || out.String() != "before\n" {
+		t.Errorf("after the restart: %q, %v; want the session reattached with its file", out.String(), err)
+	}
+	if _, err := os.Stat(filepath.Join(data, "sessions", created.SessionID, "f.txt")); err != nil {
+		t.Errorf("the session's directory: %v", err)
+	}
+	srv.client.DeleteSession(ctx, created.SessionID)
+}
+
+// TestSessionCLI: corral sessions create, corral exec (streamed, -i, its
+// exit code) and corral sessions rm.
+func TestSessionCLI(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, nil)
+	var created httpapi.SessionCreated
+	if err := json.Unmarshal([]byte(s.runCLI(t, "sessions", "create", "--server", s.url, "--json")), &created); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(corralBin, "exec", "-i", "--server", s.url, created.SessionID, "--", "sh", "-c", "cat; echo to-err >&2; exit 7")
+	cmd.Env = append(os.Environ(), "CORRAL_API_TOKEN="+created.Token) // the session's own token is enough
+	cmd.Stdin = strings.NewReader("from stdin\n")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 || out.String() != "from stdin\n" || errb.String() != "to-err\n" {
+		t.Errorf("corral exec: %v, stdout %q, stderr %q; want exit 7, the stdin back, to-err", err, out.String(), errb.String())
+	}
+	if got := s.runCLI(t, "sessions", "rm", "--server", s.url, created.SessionID); got != created.SessionID+" ended\n" {
+		t.Errorf("sessions rm: %q", got)
+	}
+	if got := s.runCLI(t, "sessions", "--server", s.url); !strings.Contains(got, created.SessionID) || !strings.Contains(got, "ended (deleted)") {
+		t.Errorf("sessions ls: %q", got)
+	}
+}

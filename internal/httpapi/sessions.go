@@ -1,0 +1,310 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/session"
+	"github.com/corral-dev/corral/internal/strictjson"
+)
+
+// SessionCreated is POST /api/sessions's answer: the token is shown once.
+type SessionCreated struct {
+	SessionID string          `json:"session_id"`
+	Token     string          `json:"token"`
+	Session   session.Session `json:"session"`
+}
+
+// ExecBody is POST /api/sessions/{id}/exec's body. Command is an argv (a
+// JSON array) or one string run with sh -c.
+type ExecBody struct {
+	Command        json.RawMessage   `json:"command"`
+	Cwd            string            `json:"cwd,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	Stdin          string            `json:"stdin,omitempty"`
+	TimeoutSeconds int               `json:"timeout_seconds,omitempty"`
+}
+
+// ExecChunk is one line of an exec's stream: output as it comes
+// (type stdout or stderr; Data when it is UTF-8, else DataBase64), then
+// one "exit" with the command's end.
+type ExecChunk struct {
+	Type       string `json:"type"`
+	Data       string `json:"data,omitempty"`
+	DataBase64 string `json:"data_base64,omitempty"`
+	*session.ExecEnd
+}
+
+var errSessionsOff = fmt.Errorf("sessions are not served here: %w", errdefs.ErrNotImplemented)
+
+// sessionCaller allows the admin token or session id's own token: another
+// session's token is refused with 403, anything else with 401.
+func (s *Server) sessionCaller(r *http.Request) error {
+	if s.opts.Sessions == nil {
+		return errSessionsOff
+	}
+	if _, err := s.caller(r); err == nil {
+		return nil
+	}
+	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	id := r.PathValue("id")
+	if s.opts.Sessions.Authorize(id, token) {
+		return nil
+	}
+	if strings.HasPrefix(token, session.TokenPrefix) {
+		return fmt.Errorf("a session token reaches its own session only: %w", errdefs.ErrPermissionDenied)
+	}
+	return fmt.Errorf("missing or wrong bearer token: %w", errdefs.ErrUnauthenticated)
+}
+
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
+	if s.opts.Sessions == nil {
+		return errSessionsOff
+	}
+	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	if err != nil {
+		return err
+	}
+	var req session.CreateRequest
+	if err := strictjson.Decode(body, &req); err != nil {
+		return err
+	}
+	sess, token, err := s.opts.Sessions.Create(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Location", "/api/sessions/"+sess.ID)
+	writeJSON(w, http.StatusCreated, SessionCreated{SessionID: sess.ID, Token: token, Session: sess})
+	return nil
+}
+
+func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) error {
+	if s.opts.Sessions == nil {
+		return errSessionsOff
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sessions": s.opts.Sessions.List()})
+	return nil
+}
+
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request) error {
+	if err := s.sessionCaller(r); err != nil {
+		return err
+	}
+	sess, err := s.opts.Sessions.Get(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sess)
+	return nil
+}
+
+func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) error {
+	if err := s.sessionCaller(r); err != nil {
+		return err
+	}
+	if err := s.opts.Sessions.Delete(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
+	sess, err := s.opts.Sessions.Get(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sess)
+	return nil
+}
+
+// execSession runs a command in a session and streams its output as it
+// comes: NDJSON (one ExecChunk a line), or server-sent events (event:
+// stdout|stderr|exit) with Accept: text/event-stream. A client that goes
+// away stops the command.
+func (s *Server) execSession(w http.ResponseWriter, r *http.Request) error {
+	if err := s.sessionCaller(r); err != nil {
+		return err
+	}
+	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	if err != nil {
+		return err
+	}
+	var b ExecBody
+	if err := strictjson.Decode(body, &b); err != nil {
+		return err
+	}
+	req := session.ExecRequest{Dir: b.Cwd, Timeout: time.Duration(b.TimeoutSeconds) * time.Second}
+	if b.TimeoutSeconds < 0 || b.TimeoutSeconds > 24*3600 {
+		return errdefs.Field("timeout_seconds", "must be between 0 (none) and 86400")
+	}
+	if err := json.Unmarshal(b.Command, &req.Shell); err != nil {
+		if err := json.Unmarshal(b.Command, &req.Command); err != nil {
+			return errdefs.Field("command", "must be an argv (an array of strings) or a string run with sh -c")
+		}
+	}
+	for k, v := range b.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return errdefs.Field("env", "names must be non-empty without = or NUL, values without NUL")
+		}
+		req.Env = append(req.Env, k+"="+v)
+	}
+	if b.Stdin != "" {
+		req.Stdin = strings.NewReader(b.Stdin)
+	}
+	sse := strings.Contains(r.Header.Get("Accept"), "text/event-stream")
+	st := &execStream{w: w, sse: sse}
+	if sse {
+		w.Header().Set("Content-Type", "text/event-stream")
+	} else {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	// The command is checked and recorded before the first byte: errors
+	// before it runs are plain HTTP errors; after, they end the stream.
+	end, err := s.opts.Sessions.Exec(r.Context(), r.PathValue("id"), req, st.writer("stdout"), st.writer("stderr"))
+	if err != nil && !st.started() {
+		return err
+	}
+	st.send(ExecChunk{Type: "exit", ExecEnd: &end})
+	return nil
+}
+
+// execStream writes an exec's chunks to the client, flushing each.
+type execStream struct {
+	w   http.ResponseWriter
+	sse bool
+
+	mu   sync.Mutex
+	sent bool
+}
+
+func (st *execStream) started() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.sent
+}
+
+func (st *execStream) send(c ExecChunk) error {
+	b, _ := json.Marshal(c)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.sent {
+		st.w.WriteHeader(http.StatusOK)
+		st.sent = true
+	}
+	var err error
+	if st.sse {
+		_, err = fmt.Fprintf(st.w, "event: %s\ndata: %s\n\n", c.Type, b)
+	} else {
+		_, err = fmt.Fprintf(st.w, "%s\n", b)
+	}
+	if f, ok := st.w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return err
+}
+
+type chunkWriter struct {
+	st  *execStream
+	typ string
+}
+
+func (st *execStream) writer(typ string) *chunkWriter { return &chunkWriter{st: st, typ: typ} }
+
+func (c *chunkWriter) Write(p []byte) (int, error) {
+	ch := ExecChunk{Type: c.typ}
+	if utf8.Valid(p) {
+		ch.Data = string(p)
+	} else {
+		ch.DataBase64 = base64.StdEncoding.EncodeToString(p)
+	}
+	if err := c.st.send(ch); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// WithToken returns a client like c that sends token instead (a session's
+// own token, say).
+func (c *Client) WithToken(token string) *Client {
+	cc := *c
+	cc.token = token
+	return &cc
+}
+
+// CreateSession starts a session (POST /api/sessions).
+func (c *Client) CreateSession(ctx context.Context, req session.CreateRequest) (SessionCreated, error) {
+	var r SessionCreated
+	err := c.call(ctx, http.MethodPost, "/api/sessions", req, &r)
+	return r, err
+}
+
+// ListSessions lists the sessions, newest first.
+func (c *Client) ListSessions(ctx context.Context) ([]session.Session, error) {
+	var r struct {
+		Sessions []session.Session `json:"sessions"`
+	}
+	err := c.call(ctx, http.MethodGet, "/api/sessions", nil, &r)
+	return r.Sessions, err
+}
+
+// GetSession returns a session.
+func (c *Client) GetSession(ctx context.Context, id string) (session.Session, error) {
+	var s session.Session
+	err := c.call(ctx, http.MethodGet, "/api/sessions/"+url.PathEscape(id), nil, &s)
+	return s, err
+}
+
+// DeleteSession ends a session.
+func (c *Client) DeleteSession(ctx context.Context, id string) (session.Session, error) {
+	var s session.Session
+	err := c.call(ctx, http.MethodDelete, "/api/sessions/"+url.PathEscape(id), nil, &s)
+	return s, err
+}
+
+// ExecSession runs a command in a session and calls fn with each chunk as
+// it arrives; it returns the command's end (the last chunk).
+func (c *Client) ExecSession(ctx context.Context, id string, body ExecBody, fn func(ExecChunk) error) (session.ExecEnd, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return session.ExecEnd{}, err
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/api/sessions/"+url.PathEscape(id)+"/exec", bytes.NewReader(b), "application/x-ndjson")
+	if err != nil {
+		return session.ExecEnd{}, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ch ExecChunk
+		if err := dec.Decode(&ch); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return session.ExecEnd{}, fmt.Errorf("read the exec's stream: %w", err)
+		}
+		if ch.Type == "exit" && ch.ExecEnd != nil {
+			return *ch.ExecEnd, nil
+		}
+		if err := fn(ch); err != nil {
+			return session.ExecEnd{}, err
+		}
+	}
+}
+
+// Bytes is the chunk's output as bytes, whichever way it was sent.
+func (ch ExecChunk) Bytes() []byte {
+	if ch.DataBase64 != "" {
+		b, _ := base64.StdEncoding.DecodeString(ch.DataBase64)
+		return b
+	}
+	return []byte(ch.Data)
+}

@@ -1,0 +1,566 @@
+// Package session runs sessions (seed 003): long-lived sandboxes on a
+// chosen runtime and image in which callers run commands, streaming their
+// output. A session is an event stream (session/<id>): session_created
+// (with the sandbox's handle), exec_started and exec_ended per command,
+// and session_ended with the reason. The Manager folds those streams at
+// start, reattaches to the sandboxes that still run (or ends their
+// sessions as lost), and ends sessions past their idle timeout or
+// lifetime.
+//
+// Each session has a token of its own: it can run commands in that session
+// and nothing else (the HTTP API checks it with Authorize).
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/ids"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workerproto"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// Event types of a session's stream.
+const (
+	EventCreated    = "session_created"
+	EventExecStart  = "exec_started"
+	EventExecEnd    = "exec_ended"
+	EventEnded      = "session_ended"
+	streamPrefix    = "session/"
+	idPrefix        = "sess-"
+	labelSession    = "corral.session-id"
+	sessionDirRoot  = "sessions"
+	defaultIdle     = 30 * time.Minute
+	defaultLifetime = 8 * time.Hour
+)
+
+// TokenPrefix starts every session token, so the API can tell one used
+// out of its session (403) from a wrong token (401).
+const TokenPrefix = "sess_"
+
+// Dir is where a session's sandbox starts, its own read-write directory
+// (sessions/<id>/ in the data root); shared/ is read-only beside it.
+const Dir = "/workspace/session"
+
+// Options configure a Manager.
+type Options struct {
+	Store eventstore.Store
+	Data  *workspace.DataRoot
+	// Runtimes are the runtimes sessions may use, by name; Unavailable
+	// says why one that exists cannot be used ("" if it can).
+	Runtimes    map[string]sandbox.Runtime
+	Unavailable map[string]string
+	// DefaultRuntime is a session's runtime when it names none.
+	DefaultRuntime string
+	// WorkerBinary is the corral binary's path in the data root, which a
+	// session's sandbox runs as its idle pid 1 (`corral worker idle`).
+	WorkerBinary string
+	// Image is a session's image on an image runtime when it names none;
+	// AllowedImages the glob patterns one must match (none: any).
+	Image         string
+	AllowedImages []string
+	// Limits are a session's sandbox limits when it gives none.
+	Limits sandbox.Limits
+	// MaxSessions bounds the sessions that run at once (429 past it).
+	MaxSessions int
+	// IdleTimeout and MaxLifetime are a session's when it gives none, and
+	// their upper bounds.
+	IdleTimeout, MaxLifetime time.Duration
+	Now                      func() time.Time
+}
+
+// CreateRequest is POST /api/sessions.
+type CreateRequest struct {
+	Image   string            `json:"image,omitempty"`
+	Runtime string            `json:"runtime,omitempty"`
+	Network string            `json:"network,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	// IdleTimeout and MaxLifetime are in seconds.
+	IdleTimeout int `json:"idle_timeout,omitempty"`
+	MaxLifetime int `json:"max_lifetime,omitempty"`
+}
+
+// Session is a session's current state.
+type Session struct {
+	ID          string            `json:"session_id"`
+	Runtime     string            `json:"runtime"`
+	Image       string            `json:"image,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Status      string            `json:"status"` // running | ended
+	EndReason   string            `json:"end_reason,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
+	LastUsedAt  time.Time         `json:"last_used_at"`
+	EndedAt     *time.Time        `json:"ended_at,omitempty"`
+	Execs       int               `json:"execs"`
+	IdleTimeout int               `json:"idle_timeout"`
+	MaxLifetime int               `json:"max_lifetime"`
+
+	tokenHash string
+	handle    sandbox.Handle
+	running   int // execs running now
+}
+
+// Statuses.
+const (
+	StatusRunning = "running"
+	StatusEnded   = "ended"
+)
+
+// created is session_created's payload.
+type created struct {
+	Session
+	TokenHash string         `json:"token_hash"`
+	Handle    sandbox.Handle `json:"handle"`
+}
+
+// ExecRequest is a command to run in a session.
+type ExecRequest struct {
+	// Command is the argv, or, with Shell, one string run with sh -c.
+	Command []string `json:"-"`
+	Shell   string   `json:"-"`
+	Dir     string   `json:"cwd,omitempty"`
+	Env     []string `json:"-"`
+	Stdin   io.Reader
+	// Timeout bounds the command; 0: until the client goes away.
+	Timeout time.Duration
+}
+
+// ExecEnd is exec_ended's payload and an exec's answer.
+type ExecEnd struct {
+	ExecID      string `json:"exec_id"`
+	ExitCode    int    `json:"exit_code"`
+	DurationMS  int64  `json:"duration_ms"`
+	StdoutBytes int64  `json:"stdout_bytes"`
+	StderrBytes int64  `json:"stderr_bytes"`
+	Error       string `json:"error,omitempty"`
+}
+
+// Manager runs sessions. It is safe for concurrent use.
+type Manager struct {
+	opts Options
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[string]*Session
+}
+
+// New returns a Manager; Start folds the recorded sessions.
+func New(opts Options, log *slog.Logger) *Manager {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = defaultIdle
+	}
+	if opts.MaxLifetime <= 0 {
+		opts.MaxLifetime = defaultLifetime
+	}
+	return &Manager{opts: opts, log: log, sessions: map[string]*Session{}}
+}
+
+// ValidID reports whether id is well formed: "sess-" and an ids.New id.
+func ValidID(id string) bool {
+	rest, ok := strings.CutPrefix(id, idPrefix)
+	return ok && ids.Valid(rest)
+}
+
+func (m *Manager) notFound(id string) error {
+	return fmt.Errorf("session %q: %w", clip.String(id, 64), errdefs.ErrNotFound)
+}
+
+// Start folds the recorded sessions, reattaches to the sandboxes of those
+// still running (ending the others as lost) and destroys sandboxes no
+// session owns. Run Reap beside it to end sessions past their limits.
+func (m *Manager) Start(ctx context.Context) error {
+	var after int64
+	for {
+		evs, err := m.opts.Store.ReadAll(ctx, after, 1024)
+		if err != nil {
+			return fmt.Errorf("read sessions: %w", err)
+		}
+		if len(evs) == 0 {
+			break
+		}
+		for _, e := range evs {
+			after = e.Position
+			m.apply(e)
+		}
+	}
+	for _, s := range m.List() {
+		if s.Status != StatusRunning {
+			continue
+		}
+		rt := m.opts.Runtimes[s.Runtime]
+		h := m.handleOf(s.ID)
+		if rt == nil || rt.Recover(ctx, &h) != nil {
+			m.end(ctx, s.ID, "lost")
+			continue
+		}
+		if st, err := rt.Status(ctx, s.ID); err != nil || st.State == sandbox.StateExited {
+			m.end(ctx, s.ID, "lost")
+		}
+	}
+	for name, rt := range m.opts.Runtimes {
+		if m.opts.Unavailable[name] != "" {
+			continue
+		}
+		hs, err := rt.List(ctx, map[string]string{sandbox.LabelManaged: "true", labelSession: "true"})
+		if err != nil {
+			m.log.Warn("cannot list session sandboxes", "runtime", name, "err", err)
+			continue
+		}
+		for _, h := range hs {
+			if s, err := m.Get(h.ID); err != nil || s.Status != StatusRunning {
+				rt.Destroy(ctx, h.ID)
+			}
+		}
+	}
+	return nil
+}
+
+// Reap ends sessions past their idle timeout or lifetime, checking every
+// second, until ctx is done.
+func (m *Manager) Reap(ctx context.Context) error {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		now := m.opts.Now()
+		for _, s := range m.List() {
+			if s.Status != StatusRunning {
+				continue
+			}
+			m.mu.Lock()
+			busy := m.sessions[s.ID].running > 0
+			m.mu.Unlock()
+			switch {
+			case now.Sub(s.CreatedAt) > time.Duration(s.MaxLifetime)*time.Second:
+				m.end(ctx, s.ID, "max_lifetime")
+			case !busy && now.Sub(s.LastUsedAt) > time.Duration(s.IdleTimeout)*time.Second:
+				m.end(ctx, s.ID, "idle_timeout")
+			}
+		}
+	}
+}
+
+// apply folds one event of any stream.
+func (m *Manager) apply(e eventstore.Event) {
+	id, ok := strings.CutPrefix(e.StreamID, streamPrefix)
+	if !ok {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch e.Type {
+	case EventCreated:
+		var c created
+		if json.Unmarshal(e.Data, &c) != nil {
+			return
+		}
+		s := c.Session
+		s.tokenHash, s.handle = c.TokenHash, c.Handle
+		m.sessions[id] = &s
+	case EventExecEnd:
+		if s := m.sessions[id]; s != nil {
+			s.Execs++
+			s.LastUsedAt = e.RecordedAt
+		}
+	case EventEnded:
+		if s := m.sessions[id]; s != nil {
+			var p struct {
+				Reason string `json:"reason"`
+			}
+			json.Unmarshal(e.Data, &p)
+			at := e.RecordedAt
+			s.Status, s.EndReason, s.EndedAt = StatusEnded, p.Reason, &at
+		}
+	}
+}
+
+func (m *Manager) handleOf(id string) sandbox.Handle {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sessions[id].handle
+}
+
+// Get returns a session.
+func (m *Manager) Get(id string) (Session, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sessions[id]
+	if !ok {
+		return Session{}, m.notFound(id)
+	}
+	return *s, nil
+}
+
+// List returns every session, newest first.
+func (m *Manager) List() []Session {
+	m.mu.Lock()
+	out := make([]Session, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		out = append(out, *s)
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b Session) int { return strings.Compare(b.ID, a.ID) })
+	return out
+}
+
+// Authorize reports whether token is session id's own.
+func (m *Manager) Authorize(id, token string) bool {
+	s, err := m.Get(id)
+	if err != nil || token == "" {
+		return false
+	}
+	sum := sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(s.tokenHash)) == 1
+}
+
+func (m *Manager) append(ctx context.Context, id, typ string, payload any) error {
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return err
+	}
+	evs, err := m.opts.Store.Append(ctx, streamPrefix+id, eventstore.AnyVersion, eventstore.Proposed{Type: typ, SchemaVersion: task.SchemaVersion, Data: b})
+	for _, e := range evs {
+		m.apply(e)
+	}
+	return err
+}
+
+// Create starts a session's sandbox and records it. It returns the session
+// and its token, which is shown once and stored only hashed.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, string, error) {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, errdefs.Field(field, fmt.Sprintf(format, args...)))
+	}
+	rtName := req.Runtime
+	if rtName == "" {
+		rtName = m.opts.DefaultRuntime
+	}
+	rt := m.opts.Runtimes[rtName]
+	switch why, known := m.opts.Unavailable[rtName]; {
+	case !known:
+		bad("runtime", "%q is not a runtime (one of: local, gvisor, docker, kubernetes)", clip.String(rtName, 64))
+	case why != "" || rt == nil:
+		if why == "" {
+			why = "not built yet"
+		}
+		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", rtName, why, errdefs.ErrFailedPrecondition)})
+	}
+	image := req.Image
+	if rtName == "docker" || rtName == "kubernetes" {
+		if image == "" {
+			image = m.opts.Image
+		}
+		if !task.ImageAllowed(m.opts.AllowedImages, image) {
+			errs = append(errs, &errdefs.FieldError{Field: "image", Err: fmt.Errorf("%q is not allowed: it must match one of the allowed images %v: %w", clip.String(image, 64), m.opts.AllowedImages, errdefs.ErrFailedPrecondition)})
+		}
+	} else if image != "" {
+		errs = append(errs, &errdefs.FieldError{Field: "image", Err: fmt.Errorf("the %s runtime runs the host's /usr and takes no image: %w", rtName, errdefs.ErrFailedPrecondition)})
+	}
+	if req.Network != "" && req.Network != task.NetworkNone {
+		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("sessions have no network yet (only none): %w", errdefs.ErrNotImplemented)})
+	}
+	idle, life := time.Duration(req.IdleTimeout)*time.Second, time.Duration(req.MaxLifetime)*time.Second
+	if idle == 0 {
+		idle = m.opts.IdleTimeout
+	}
+	if life == 0 {
+		life = m.opts.MaxLifetime
+	}
+	if idle < time.Second || idle > m.opts.IdleTimeout {
+		bad("idle_timeout", "must be between 1 and %d seconds", int(m.opts.IdleTimeout/time.Second))
+	}
+	if life < time.Second || life > m.opts.MaxLifetime {
+		bad("max_lifetime", "must be between 1 and %d seconds", int(m.opts.MaxLifetime/time.Second))
+	}
+	for k, v := range req.Labels {
+		if len(k) == 0 || len(k) > 63 || len(v) > 255 || strings.ContainsAny(k+v, "\x00\n") || strings.HasPrefix(k, "corral.") {
+			bad("labels", "keys of 1 to 63 characters not starting with corral., values of at most 255, no NUL or newline")
+			break
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Session{}, "", err
+	}
+	m.mu.Lock()
+	n := 0
+	for _, s := range m.sessions {
+		if s.Status == StatusRunning {
+			n++
+		}
+	}
+	m.mu.Unlock()
+	if m.opts.MaxSessions > 0 && n >= m.opts.MaxSessions {
+		return Session{}, "", fmt.Errorf("%d sessions run already, the limit (sessions.max_sessions); end one first: %w", n, errdefs.ErrResourceExhausted)
+	}
+
+	id := idPrefix + ids.New()
+	dir := sessionDirRoot + "/" + id
+	if err := m.opts.Data.Root().MkdirAll(dir, 0o755); err != nil {
+		return Session{}, "", fmt.Errorf("create the session's directory: %w", err)
+	}
+	labels := map[string]string{sandbox.LabelManaged: "true", labelSession: "true"}
+	spec := sandbox.Spec{
+		ID:      id,
+		Image:   image,
+		Command: []string{workerproto.CorralBinary, "worker", "idle"},
+		Dir:     Dir,
+		Mounts: []sandbox.Mount{
+			{Source: dir, Target: Dir},
+			{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},
+			{Source: m.opts.WorkerBinary, Target: workerproto.CorralBinary, ReadOnly: true},
+		},
+		Limits:  m.opts.Limits,
+		Network: sandbox.NetworkNone,
+		Labels:  labels,
+	}
+	h, err := rt.Create(ctx, spec)
+	if err != nil {
+		return Session{}, "", fmt.Errorf("start the session's sandbox: %w", err)
+	}
+	var raw [24]byte
+	rand.Read(raw[:])
+	token := TokenPrefix + hex.EncodeToString(raw[:])
+	sum := sha256.Sum256([]byte(token))
+	now := m.opts.Now().UTC()
+	s := Session{ID: id, Runtime: rtName, Image: image, Labels: maps.Clone(req.Labels), Status: StatusRunning,
+		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second)}
+	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hex.EncodeToString(sum[:]), Handle: *h}); err != nil {
+		rt.Destroy(context.WithoutCancel(ctx), id)
+		return Session{}, "", err
+	}
+	m.log.Info("session created", "session_id", id, "runtime", rtName, "image", image)
+	got, err := m.Get(id)
+	return got, token, err
+}
+
+// Delete ends a session and destroys its sandbox. Deleting an ended
+// session is a no-op.
+func (m *Manager) Delete(ctx context.Context, id string) error {
+	s, err := m.Get(id)
+	if err != nil {
+		return err
+	}
+	if s.Status == StatusRunning {
+		m.end(ctx, id, "deleted")
+	}
+	return nil
+}
+
+// end destroys a session's sandbox and records its end.
+func (m *Manager) end(ctx context.Context, id, reason string) {
+	s, err := m.Get(id)
+	if err != nil || s.Status != StatusRunning {
+		return
+	}
+	if rt := m.opts.Runtimes[s.Runtime]; rt != nil {
+		if err := rt.Destroy(ctx, id); err != nil {
+			m.log.Warn("cannot destroy a session's sandbox", "session_id", id, "err", err)
+		}
+	}
+	if err := m.append(ctx, id, EventEnded, map[string]string{"reason": reason}); err != nil {
+		m.log.Error("cannot record a session's end", "session_id", id, "err", err)
+		return
+	}
+	m.log.Info("session ended", "session_id", id, "reason", reason)
+}
+
+// Exec runs a command in a running session, streaming its output to stdout
+// and stderr, and records its start and end. A command still running when
+// ctx ends (the client went away) is stopped.
+func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (ExecEnd, error) {
+	s, err := m.Get(id)
+	if err != nil {
+		return ExecEnd{}, err
+	}
+	if s.Status != StatusRunning {
+		return ExecEnd{}, fmt.Errorf("session %s ended (%s): %w", id, s.EndReason, errdefs.ErrNotFound)
+	}
+	argv := req.Command
+	if req.Shell != "" {
+		argv = []string{"/bin/sh", "-c", req.Shell}
+	}
+	if len(argv) == 0 || argv[0] == "" {
+		return ExecEnd{}, errdefs.Field("command", "is required: an argv, or a string run with sh -c")
+	}
+	dir := req.Dir
+	if dir == "" {
+		dir = Dir
+	}
+	if !sandbox.CleanAbs(dir) {
+		return ExecEnd{}, errdefs.Field("cwd", "must be an absolute, clean path inside the session")
+	}
+	end := ExecEnd{ExecID: "exec-" + ids.New()}
+	if err := m.append(ctx, id, EventExecStart, map[string]any{"exec_id": end.ExecID, "command": clip.String(strings.Join(argv, " "), 4096)}); err != nil {
+		return ExecEnd{}, err
+	}
+	m.mu.Lock()
+	m.sessions[id].running++
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.sessions[id].running--
+		m.mu.Unlock()
+	}()
+	ectx := ctx
+	if req.Timeout > 0 {
+		var cancel context.CancelFunc
+		ectx, cancel = context.WithTimeout(ctx, req.Timeout)
+		defer cancel()
+	}
+	out, errw := &counter{w: stdout}, &counter{w: stderr}
+	start := time.Now()
+	es, err := m.opts.Runtimes[s.Runtime].Exec(ectx, id, sandbox.ExecRequest{Command: argv, Dir: dir, Env: req.Env, Stdin: req.Stdin, Stdout: out, Stderr: errw})
+	end.DurationMS, end.StdoutBytes, end.StderrBytes = time.Since(start).Milliseconds(), out.n, errw.n
+	end.ExitCode = es.Code
+	switch {
+	case err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		end.ExitCode, end.Error = 124, fmt.Sprintf("timed out after %s", req.Timeout)
+		err = nil
+	case err != nil:
+		end.ExitCode, end.Error = -1, errdefs.Message(err)
+	}
+	if aerr := m.append(context.WithoutCancel(ctx), id, EventExecEnd, end); aerr != nil {
+		m.log.Error("cannot record an exec's end", "session_id", id, "err", aerr)
+	}
+	return end, err
+}
+
+// counter counts what it passes on.
+type counter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *counter) Write(p []byte) (int, error) {
+	c.n += int64(len(p))
+	if c.w == nil {
+		return len(p), nil
+	}
+	return c.w.Write(p)
+}
