@@ -168,6 +168,34 @@ func (a *App) open(ctx context.Context) error {
 	for _, id := range lost {
 		a.log.Warn("attachment content lost before this version: a .json file's metadata overwrote it; its download says so", "attachment_id", id)
 	}
+	binary, err := filepath.Rel(a.data.Path(), a.opts.WorkerBinary)
+	if err != nil || !filepath.IsLocal(binary) {
+		return fmt.Errorf("the worker binary %s is not in the data root", a.opts.WorkerBinary)
+	}
+	sessionRuntimes := map[string]sandbox.Runtime{}
+	for name, rt := range a.runtimes {
+		if available[name] == "" {
+			sessionRuntimes[name] = rt
+		}
+	}
+	a.sessions = session.New(session.Options{
+		Store:          a.store,
+		Data:           a.data,
+		Runtimes:       sessionRuntimes,
+		Unavailable:    available,
+		DefaultRuntime: cfg.Runtime,
+		WorkerBinary:   filepath.ToSlash(binary),
+		Image:          w.AICoderImage,
+		AllowedImages:  w.AllowedImages,
+		Limits: sandbox.Limits{
+			MemoryBytes: w.Resources.MemoryLimit.Bytes(),
+			CPUMillis:   w.Resources.CPULimit.Millis(),
+			Pids:        int64(w.Resources.PidsLimit),
+		},
+		MaxSessions: cfg.Sessions.MaxSessions,
+		IdleTimeout: time.Duration(cfg.Sessions.IdleTimeout),
+		MaxLifetime: time.Duration(cfg.Sessions.MaxLifetime),
+	}, a.log.With("subsystem", "sessions"))
 	a.orch = orchestrator.New(orchestrator.Options{
 		Disabled:    !w.Enabled,
 		Documents:   a.docs.ix,
@@ -207,6 +235,7 @@ func (a *App) open(ctx context.Context) error {
 		Runtimes: available,
 		Networks: networks,
 		Images:   orchestrator.Images{Default: w.AICoderImage, Allowed: w.AllowedImages},
+		Sessions: a.sessions,
 		Exec: orchestrator.Exec{
 			Disabled:       !cfg.Execution.Enabled,
 			DefaultImage:   cfg.Execution.DefaultImage,
@@ -263,34 +292,6 @@ func (a *App) open(ctx context.Context) error {
 		}
 		deliveries = notifyDeliveries{a.notifier}
 	}
-	binary, err := filepath.Rel(a.data.Path(), a.opts.WorkerBinary)
-	if err != nil || !filepath.IsLocal(binary) {
-		return fmt.Errorf("the worker binary %s is not in the data root", a.opts.WorkerBinary)
-	}
-	sessionRuntimes := map[string]sandbox.Runtime{}
-	for name, rt := range a.runtimes {
-		if available[name] == "" {
-			sessionRuntimes[name] = rt
-		}
-	}
-	a.sessions = session.New(session.Options{
-		Store:          a.store,
-		Data:           a.data,
-		Runtimes:       sessionRuntimes,
-		Unavailable:    available,
-		DefaultRuntime: cfg.Runtime,
-		WorkerBinary:   filepath.ToSlash(binary),
-		Image:          w.AICoderImage,
-		AllowedImages:  w.AllowedImages,
-		Limits: sandbox.Limits{
-			MemoryBytes: w.Resources.MemoryLimit.Bytes(),
-			CPUMillis:   w.Resources.CPULimit.Millis(),
-			Pids:        int64(w.Resources.PidsLimit),
-		},
-		MaxSessions: cfg.Sessions.MaxSessions,
-		IdleTimeout: time.Duration(cfg.Sessions.IdleTimeout),
-		MaxLifetime: time.Duration(cfg.Sessions.MaxLifetime),
-	}, a.log.With("subsystem", "sessions"))
 	toolLimits := tools.Limits{DefaultTimeoutMinutes: w.DefaultTimeoutMinutes, MaxTimeoutMinutes: w.MaxTimeoutMinutes}
 	mcpSrv := mcpserver.New(a.orch, mcpserver.Options{MaxArgumentBytes: lim.MaxRequestBytes.Bytes(), Version: Version(), Limits: toolLimits}, a.log.With("subsystem", "mcp"))
 	a.api = httpapi.New(backend{a.orch, a}, httpapi.Options{

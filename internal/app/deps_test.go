@@ -57,12 +57,12 @@ var allowed = map[string][]string{
 	"internal/taskrun":              {"task", "sandbox", "eventstore", "projection", "workspace", "errdefs", "logkey", "units", "clip", "webhook", "workerproto", "quota"},
 	"internal/tools":                {"service", "errdefs", "workspace", "strictjson"},
 	"internal/httpapi":              {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson", "webhook", "session"},
-	"internal/session":              {"sandbox", "eventstore", "task", "workspace", "workerproto", "errdefs", "ids", "clip"},
+	"internal/session":              {"sandbox", "eventstore", "task", "workspace", "workerproto", "errdefs", "ids", "clip", "service"},
 	"internal/mcpserver":            {"tools", "service", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                  {"*"},
 	"internal/e2e":                  {}, // end-to-end suites: tests only
 	"internal/bench":                {"app", "config", "errdefs", "eventstore", "httpapi", "service", "task", "testenv"},
-	"cmd/corral":                    {"app", "bench", "config", "errdefs", "httpapi", "mcpserver", "service", "task", "eventstore", "termsafe", "tools"},
+	"cmd/corral":                    {"app", "bench", "config", "errdefs", "httpapi", "mcpserver", "service", "task", "eventstore", "termsafe", "tools", "session"},
 	"internal/termsafe":             {},
 
 	// The seccomp filter of local sandboxes, and the escape tests' probe.

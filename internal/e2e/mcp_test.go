@@ -17,6 +17,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -121,7 +122,7 @@ func TestMCPStreamableHTTP(t *testing.T) {
 		t.Errorf("POST /mcp without a token: %d %s, want 401", code, body)
 	}
 
-	r := runMCPClient(t, dir, []string{"CORRAL_API_TOKEN=" + mcpToken}, "http", s.url+"/mcp")
+	r := runMCPClient(t, dir, []string{"CORRAL_API_TOKEN=" + mcpToken, "CORRAL_SESSION_ID=" + mustSession(t, s)}, "http", s.url+"/mcp")
 	checkReport(t, s, r)
 }
 
@@ -130,7 +131,7 @@ func TestMCPStreamableHTTP(t *testing.T) {
 func TestMCPStdio(t *testing.T) {
 	dir := requireMCPClient(t)
 	s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=" + mcpToken}, nil)
-	r := runMCPClient(t, dir, []string{"CORRAL_API_TOKEN=" + mcpToken}, "stdio", corralBin, "mcp", "--server", s.url)
+	r := runMCPClient(t, dir, []string{"CORRAL_API_TOKEN=" + mcpToken, "CORRAL_SESSION_ID=" + mustSession(t, s)}, "stdio", corralBin, "mcp", "--server", s.url)
 	checkReport(t, s, r)
 }
 
@@ -158,4 +159,14 @@ func TestMCPStdioEmbedded(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(data, "tasks", r.TaskID, "output", "rows.txt")); err != nil || strings.TrimSpace(string(b)) != "3" {
 		t.Errorf("rows.txt in the task directory: %q %v", b, err)
 	}
+}
+
+// mustSession creates a session on s for the MCP client's workspace_exec.
+func mustSession(t *testing.T, s *server) string {
+	t.Helper()
+	created, err := s.client.CreateSession(context.Background(), session.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return created.SessionID
 }

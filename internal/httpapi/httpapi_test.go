@@ -43,6 +43,9 @@ func (s *stub) Spawn(_ context.Context, r service.SpawnRequest) (task.Task, bool
 func (s *stub) Execute(context.Context, service.ExecRequest) (service.ExecResult, error) {
 	return service.ExecResult{}, errUnset
 }
+func (s *stub) SessionExec(context.Context, service.SessionExecRequest, func(string, []byte)) (service.SessionExecResult, error) {
+	return service.SessionExecResult{}, errUnset
+}
 func (s *stub) Get(_ context.Context, id string) (task.Task, error) {
 	if s.get == nil {
 		return task.Task{}, errUnset

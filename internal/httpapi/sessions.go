@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/strictjson"
 )
@@ -307,4 +308,38 @@ func (ch ExecChunk) Bytes() []byte {
 		return b
 	}
 	return []byte(ch.Data)
+}
+
+// SessionExec runs workspace_exec over POST /api/sessions/{id}/exec,
+// keeping at most service.MaxSessionExecOutput bytes of each stream.
+func (c *Client) SessionExec(ctx context.Context, req service.SessionExecRequest, onOutput func(stream string, data []byte)) (service.SessionExecResult, error) {
+	cmd, _ := json.Marshal(req.Command)
+	var out, errb strings.Builder
+	var cutOut, cutErr bool
+	keep := func(b *strings.Builder, cut *bool, p []byte) {
+		if room := service.MaxSessionExecOutput - b.Len(); room < len(p) {
+			b.Write(p[:max(room, 0)])
+			*cut = true
+		} else {
+			b.Write(p)
+		}
+	}
+	end, err := c.ExecSession(ctx, req.SessionID, ExecBody{Command: cmd, Cwd: req.Cwd, TimeoutSeconds: req.TimeoutSeconds}, func(ch ExecChunk) error {
+		p := ch.Bytes()
+		if onOutput != nil {
+			onOutput(ch.Type, p)
+		}
+		if ch.Type == "stderr" {
+			keep(&errb, &cutErr, p)
+		} else {
+			keep(&out, &cutOut, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return service.SessionExecResult{}, err
+	}
+	return service.SessionExecResult{ExitCode: end.ExitCode, DurationMS: end.DurationMS, Error: end.Error,
+		Stdout: strings.ToValidUTF8(out.String(), "\uFFFD"), Stderr: strings.ToValidUTF8(errb.String(), "\uFFFD"),
+		StdoutTruncated: cutOut, StderrTruncated: cutErr}, nil
 }

@@ -39,6 +39,9 @@ func (b *reached) take() []string {
 	return h
 }
 
+func (b *reached) SessionExec(context.Context, service.SessionExecRequest, func(string, []byte)) (service.SessionExecResult, error) {
+	return service.SessionExecResult{}, nil
+}
 func (b *reached) Execute(context.Context, service.ExecRequest) (service.ExecResult, error) {
 	b.mark("exec")
 	return service.ExecResult{}, nil

@@ -26,6 +26,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -125,6 +126,7 @@ func (s *Server) handler(name string) mcp.ToolHandler {
 			return s.errorResult(name, fmt.Errorf("arguments are %d bytes, over the limit of %d: %w", n, s.opts.MaxArgumentBytes, errdefs.ErrTooLarge)), nil
 		}
 		stop := s.followProgress(ctx, req, name, args)
+		ctx = s.outputProgress(ctx, req)
 		res, err := s.cat.Call(ctx, name, args)
 		r, ok := res.(service.Result)
 		stop(err == nil && ok && r.Done)
@@ -174,6 +176,29 @@ func newRequestID() string {
 	var b [8]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// outputProgress makes a command's output (workspace_exec) progress
+// notifications as it comes, if the client asked for progress: the
+// message is the chunk, prefixed "stderr: " for standard error. They are
+// sent in order, each before the next chunk is read, so all precede the
+// result.
+func (s *Server) outputProgress(ctx context.Context, req *mcp.CallToolRequest) context.Context {
+	token := req.Params.GetProgressToken()
+	if token == nil || req.Session == nil {
+		return ctx
+	}
+	var n float64
+	return tools.WithOutput(ctx, func(stream string, data []byte) {
+		n++
+		msg := strings.ToValidUTF8(string(data), "\uFFFD")
+		if stream == "stderr" {
+			msg = "stderr: " + msg
+		}
+		if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: n, Message: msg}); err != nil {
+			s.log.Debug("output notification not sent", logkey.Error, err)
+		}
+	})
 }
 
 // followProgress sends the task's events as progress notifications while

@@ -2,12 +2,14 @@ package orchestrator
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/attachment"
 	"github.com/corral-dev/corral/internal/document"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/projection"
@@ -58,8 +60,10 @@ type Options struct {
 	// kubernetes) run.
 	Images Images
 	// Exec configures code_execute.
-	Exec   Exec
-	Agents map[string]workerproto.AgentConfig
+	Exec Exec
+	// Sessions runs workspace_exec; nil: sessions are off.
+	Sessions SessionExecutor
+	Agents   map[string]workerproto.AgentConfig
 	// AgentMissing says why an agent cannot run here ("" if it can), e.g. its
 	// binary is not installed; checked at spawn on the host runtimes (the
 	// image runtimes find out when the task starts, and say so).
@@ -73,6 +77,19 @@ type Options struct {
 	Retention library.Retention
 	// Now is the clock of retention and save_to_shared; nil means time.Now.
 	Now func() time.Time
+}
+
+// SessionExecutor runs a command in a session (the session manager).
+type SessionExecutor interface {
+	ExecBounded(ctx context.Context, req service.SessionExecRequest, max int, onOutput func(stream string, data []byte)) (service.SessionExecResult, error)
+}
+
+// SessionExec runs workspace_exec through the session manager.
+func (o *Orchestrator) SessionExec(ctx context.Context, req service.SessionExecRequest, onOutput func(stream string, data []byte)) (service.SessionExecResult, error) {
+	if o.opts.Sessions == nil {
+		return service.SessionExecResult{}, fmt.Errorf("sessions are not served here: %w", errdefs.ErrNotImplemented)
+	}
+	return o.opts.Sessions.ExecBounded(ctx, req, service.MaxSessionExecOutput, onOutput)
 }
 
 // Images are the images tasks on the image runtimes run: Default for a task

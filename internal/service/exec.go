@@ -58,3 +58,28 @@ type ExecFile struct {
 	// Note says why a file has no attachment (over the size limit).
 	Note string `json:"note,omitempty"`
 }
+
+// SessionExecRequest is workspace_exec: a command run with sh -c in a
+// running session.
+type SessionExecRequest struct {
+	SessionID      string `json:"session_id"`
+	Command        string `json:"command"`
+	Cwd            string `json:"cwd,omitempty"`
+	TimeoutSeconds int    `json:"timeout_seconds,omitempty"`
+}
+
+// SessionExecResult is how a workspace_exec command ended, with its output
+// cut at the server's limit (and saying so).
+type SessionExecResult struct {
+	ExitCode        int    `json:"exit_code"`
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	DurationMS      int64  `json:"duration_ms"`
+	Error           string `json:"error,omitempty"`
+}
+
+// MaxSessionExecOutput bounds the stdout and the stderr a workspace_exec
+// answer holds, each.
+const MaxSessionExecOutput = 1 << 20

@@ -34,6 +34,10 @@ type Service interface {
 	// returns its output when it ends; the call is recorded as a task of
 	// kind exec.
 	Execute(ctx context.Context, req ExecRequest) (ExecResult, error)
+	// SessionExec runs a command in a running session (workspace_exec) and
+	// returns its end and bounded output; onOutput, when not nil, gets each
+	// chunk as it comes ("stdout" or "stderr").
+	SessionExec(ctx context.Context, req SessionExecRequest, onOutput func(stream string, data []byte)) (SessionExecResult, error)
 	// Get returns a task as projected from its events.
 	Get(ctx context.Context, id string) (task.Task, error)
 	// List returns tasks newest first, a page at a time.

@@ -33,6 +33,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/ids"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -563,4 +564,50 @@ func (c *counter) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	return c.w.Write(p)
+}
+
+// ExecBounded runs req.Command with sh -c in session req.SessionID and
+// returns its end with at most max bytes of each stream; onOutput, when
+// not nil, gets every chunk as it comes.
+func (m *Manager) ExecBounded(ctx context.Context, req service.SessionExecRequest, max int, onOutput func(stream string, data []byte)) (service.SessionExecResult, error) {
+	if req.TimeoutSeconds < 0 || req.TimeoutSeconds > 24*3600 {
+		return service.SessionExecResult{}, errdefs.Field("timeout_seconds", "must be between 0 (none) and 86400")
+	}
+	if strings.TrimSpace(req.Command) == "" {
+		return service.SessionExecResult{}, errdefs.Field("command", "is required: a command run with sh -c")
+	}
+	out := &bounded{stream: "stdout", max: max, on: onOutput}
+	errw := &bounded{stream: "stderr", max: max, on: onOutput}
+	end, err := m.Exec(ctx, req.SessionID, ExecRequest{Shell: req.Command, Dir: req.Cwd, Timeout: time.Duration(req.TimeoutSeconds) * time.Second}, out, errw)
+	if err != nil {
+		return service.SessionExecResult{}, err
+	}
+	return service.SessionExecResult{
+		ExitCode: end.ExitCode, DurationMS: end.DurationMS, Error: end.Error,
+		Stdout: strings.ToValidUTF8(out.b.String(), "\uFFFD"), Stderr: strings.ToValidUTF8(errw.b.String(), "\uFFFD"),
+		StdoutTruncated: out.cut, StderrTruncated: errw.cut,
+	}, nil
+}
+
+// bounded keeps the first max bytes written to it and passes every chunk
+// on.
+type bounded struct {
+	stream string
+	max    int
+	on     func(string, []byte)
+	b      strings.Builder
+	cut    bool
+}
+
+func (w *bounded) Write(p []byte) (int, error) {
+	if w.on != nil {
+		w.on(w.stream, p)
+	}
+	if room := w.max - w.b.Len(); room < len(p) {
+		w.b.Write(p[:max(room, 0)])
+		w.cut = true
+	} else {
+		w.b.Write(p)
+	}
+	return len(p), nil
 }

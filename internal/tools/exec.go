@@ -44,3 +44,40 @@ const execSchema = `{"type":"object","properties":{
 "conversation_id":{"type":"string","description":"The conversation this call belongs to."},
 "labels":{"type":"object","additionalProperties":{"type":"string"},"description":"Labels recorded with the call."}},
 "required":["command"],"additionalProperties":false}`
+
+func workspaceExec(svc service.Service) Tool {
+	return Tool{
+		Name: "workspace_exec",
+		Description: `Run a shell command (sh -c) in a running session: a long-lived sandbox on the image the session
+was created with, whose files stay between commands. Returns the exit code and the output (each stream
+cut at 1 MiB, and said so); over MCP the output also arrives as progress notifications while it runs.
+Commands start in /workspace/session (the session's own directory) unless cwd says otherwise.`,
+		Schema: json.RawMessage(`{"type":"object","properties":{
+"session_id":{"type":"string","description":"The session to run in (POST /api/sessions)."},
+"command":{"type":"string","description":"Shell command, run with sh -c."},
+"cwd":{"type":"string","description":"Absolute directory inside the session. Default /workspace/session."},
+"timeout_seconds":{"type":"integer","minimum":0,"maximum":86400,"description":"Stop the command after this long (exit code 124); 0: no limit but the session's."}},
+"required":["session_id","command"],"additionalProperties":false}`),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var req service.SessionExecRequest
+			if err := strictjson.Decode(args, &req); err != nil {
+				return nil, err
+			}
+			return svc.SessionExec(ctx, req, outputFrom(ctx))
+		},
+	}
+}
+
+type outputKey struct{}
+
+// WithOutput returns ctx carrying fn, which a tool that runs a command
+// calls with each chunk of its output as it comes (the MCP server sends
+// them as progress notifications).
+func WithOutput(ctx context.Context, fn func(stream string, data []byte)) context.Context {
+	return context.WithValue(ctx, outputKey{}, fn)
+}
+
+func outputFrom(ctx context.Context) func(string, []byte) {
+	fn, _ := ctx.Value(outputKey{}).(func(string, []byte))
+	return fn
+}

@@ -24,6 +24,7 @@ func TestSchemasMatchRequestTypes(t *testing.T) {
 		"search_documents":                 service.SearchRequest{},
 		"create_skill":                     service.CreateSkillRequest{},
 		"code_execute":                     service.ExecRequest{},
+		"workspace_exec":                   service.SessionExecRequest{},
 	}
 	cat := New(nil, Limits{})
 	for name, v := range types {

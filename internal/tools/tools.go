@@ -48,7 +48,7 @@ const (
 
 // effects are the tools' Effects by name; every tool has one (tested).
 var effects = map[string]Effect{
-	"spawn_worker": Runs, "code_execute": Runs,
+	"spawn_worker": Runs, "code_execute": Runs, "workspace_exec": Runs,
 	"read_task_result": Reads, "list_worker_tasks": Reads, "read_workspace": Reads, "list_workspace": Reads,
 	"search_documents": Reads, "list_skills": Reads, "get_skill": Reads,
 	"cancel_worker_task": Writes, "write_workspace": Writes, "create_attachment_from_workspace": Writes,
@@ -83,7 +83,7 @@ func New(svc service.Service, lim Limits) *Catalogue {
 		createAttachmentFromWorkspace(svc),
 		ingestFromWorkspace(svc), exportNotesToWorkspace(svc), searchDocuments(svc),
 		listSkills(svc), getSkill(svc), createSkill(svc),
-		codeExecute(svc),
+		codeExecute(svc), workspaceExec(svc),
 	} {
 		t.Effect = effects[t.Name]
 		c.index[t.Name] = len(c.tools)

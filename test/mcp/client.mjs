@@ -127,6 +127,25 @@ async function main() {
   report.exec = { stdout: executed.stdout, files: executed.output_files?.map((f) => f.name) };
   check(executed.success === true && executed.stdout.trim() === "3" && executed.output_files?.[0]?.attachment_id, `code_execute result: ${text(x)}`);
 
+  // workspace_exec streams: with a session (CORRAL_SESSION_ID), the first
+  // line's progress notification comes well before the command ends.
+  if (process.env.CORRAL_SESSION_ID) {
+    const started = Date.now();
+    const notes = [];
+    const we = await client.callTool(
+      { name: "workspace_exec", arguments: { session_id: process.env.CORRAL_SESSION_ID, command: "echo one; sleep 1; echo two >&2; exit 2" } },
+      undefined,
+      { timeout: 120000, onprogress: (p) => notes.push({ at: Date.now() - started, message: p.message }) },
+    );
+    const total = Date.now() - started;
+    check(!we.isError, `workspace_exec: ${text(we)}`);
+    const r = JSON.parse(text(we));
+    report.workspace_exec = { notes, total, result: r };
+    check(r.exit_code === 2 && r.stdout === "one\n" && r.stderr === "two\n", `workspace_exec result: ${text(we)}`);
+    check(notes[0]?.message === "one\n" && notes[0].at < total - 700, `workspace_exec progress ${JSON.stringify(notes)} in ${total} ms: the first line came late`);
+    check(notes.some((n) => n.message === "stderr: two\n"), `workspace_exec progress has no stderr: ${JSON.stringify(notes)}`);
+  }
+
   // A path outside the workspace is a tool error, not a protocol error.
   const bad = await client.callTool({ name: "read_workspace", arguments: { path: "../../etc/passwd" } });
   report.outside = { isError: bad.isError === true, text: text(bad) };

@@ -206,6 +206,8 @@ func checkExecute(t *testing.T, svc service.Service) {
 	wantClass(t, "Execute in a relative directory", err, errdefs.ErrInvalidArgument)
 	_, err = svc.Execute(ctx, service.ExecRequest{Command: "true", Image: "python:3"})
 	wantClass(t, "Execute with an image on local", err, errdefs.ErrFailedPrecondition)
+	_, err = svc.SessionExec(ctx, service.SessionExecRequest{SessionID: "sess-x", Command: "true"}, nil)
+	wantClass(t, "SessionExec where sessions are off", err, errdefs.ErrNotImplemented)
 }
 
 func checkAttachments(t *testing.T, svc service.Service) {
