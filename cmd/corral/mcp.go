@@ -28,7 +28,8 @@ func cmdMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.SetOutput(stderr)
 	var cf clientFlags
 	cf.lo.RegisterFlags(fs)
-	fs.StringVar(&cf.server, "server", "", "the server's URL (default http:// and the configured listen address; without it, an embedded server starts if none answers)")
+	fs.StringVar(&cf.server, "server", "", "the server's URL (default http:// and the configured listen address; without it, an embedded server starts if none answers); unix:///path for its unix socket")
+	sessionID := fs.String("session", "", "serve workspace_exec alone, bound to this session (the MCP server of an agent working through a session; needs --server and the session's token in CORRAL_API_TOKEN)")
 	if err := fs.Parse(args); err != nil {
 		return flagError(err)
 	}
@@ -43,6 +44,13 @@ func cmdMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	client, err := cf.client()
 	if err != nil {
 		return err
+	}
+	if *sessionID != "" {
+		if cf.server == "" {
+			return fmt.Errorf("--session needs --server: %w", errdefs.ErrInvalidArgument)
+		}
+		srv := mcpserver.New(client, mcpserver.Options{MaxArgumentBytes: cfg.Limits.MaxRequestBytes.Bytes(), Session: *sessionID}, log.With("subsystem", "mcp"))
+		return srv.ServeStdio(ctx, io.NopCloser(os.Stdin), nopWriteCloser{stdout})
 	}
 	var svc service.Service = client
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)

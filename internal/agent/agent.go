@@ -31,6 +31,11 @@ type Invocation struct {
 	// SystemPrompt, if set, is appended to the agent's system prompt where
 	// the agent takes one.
 	SystemPrompt string
+	// SessionMCP, if set, is an MCP configuration file whose one server
+	// offers workspace_exec: the agent's own shell tool is turned off and
+	// its commands run through that tool. Only claude supports it; the
+	// others refuse.
+	SessionMCP string
 }
 
 // Process is how to start an agent for one Invocation.
@@ -198,3 +203,12 @@ func truncateStart(s string, n int) string {
 
 // oneLine collapses whitespace runs, newlines included, into single spaces.
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// noSession refuses an Invocation with SessionMCP for an agent that cannot
+// turn its own shell off for an MCP tool.
+func noSession(agent string, inv Invocation) error {
+	if inv.SessionMCP == "" {
+		return nil
+	}
+	return fmt.Errorf("the %s agent cannot run its commands in a session (claude can): %w", agent, errdefs.ErrInvalidArgument)
+}

@@ -244,3 +244,24 @@ func TestTruncate(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionMCP: claude turns its shell off for the session's MCP server;
+// every other agent refuses a session.
+func TestSessionMCP(t *testing.T) {
+	inv := Invocation{PromptPath: "/task/prompt.md", SessionMCP: "/tmp/corral-mcp-1.json"}
+	claude, _ := Lookup("claude")
+	p, err := claude.Prepare(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(p.Args, " ")
+	if !strings.Contains(args, "--mcp-config /tmp/corral-mcp-1.json --strict-mcp-config --disallowedTools Bash") {
+		t.Errorf("claude args %q: want the session's MCP config alone and Bash denied", args)
+	}
+	for _, name := range []string{"gemini", "codex", "opencode", "command"} {
+		a, _ := Lookup(name)
+		if _, err := a.Prepare(Invocation{PromptPath: "/task/prompt.md", Command: []string{"true"}, SessionMCP: "x"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s with a session: %v, want refused", name, err)
+		}
+	}
+}

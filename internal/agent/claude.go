@@ -51,6 +51,11 @@ func (claudeAdapter) Prepare(inv Invocation) (Process, error) {
 	if inv.Resume != "" {
 		args = append(args, "--resume", inv.Resume)
 	}
+	if inv.SessionMCP != "" {
+		// Only the session's server, and no shell of the CLI's own: every
+		// command goes through mcp__corral__workspace_exec.
+		args = append(args, "--mcp-config", inv.SessionMCP, "--strict-mcp-config", "--disallowedTools", "Bash")
+	}
 	p := Process{
 		Args:        append(args, inv.ExtraArgs...),
 		Env:         append([]string(nil), inv.Env...),

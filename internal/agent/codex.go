@@ -32,6 +32,9 @@ fi
 exec "$@" -`
 
 func (codexAdapter) Prepare(inv Invocation) (Process, error) {
+	if err := noSession("codex", inv); err != nil {
+		return Process{}, err
+	}
 	bin := inv.Binary
 	if bin == "" {
 		bin = "codex"

@@ -15,6 +15,9 @@ type commandAdapter struct{}
 const commandSummaryBytes = 2 << 10
 
 func (commandAdapter) Prepare(inv Invocation) (Process, error) {
+	if err := noSession("command", inv); err != nil {
+		return Process{}, err
+	}
 	if len(inv.Command) == 0 || inv.Command[0] == "" {
 		return Process{}, fmt.Errorf("prepare command agent: command: empty argv: %w", errdefs.ErrInvalidArgument)
 	}

@@ -53,6 +53,9 @@ var geminiDefaultEnv = []string{
 }
 
 func (geminiAdapter) Prepare(inv Invocation) (Process, error) {
+	if err := noSession("gemini", inv); err != nil {
+		return Process{}, err
+	}
 	bin := inv.Binary
 	if bin == "" {
 		bin = "gemini"

@@ -33,6 +33,9 @@ var opencodeDefaultEnv = []string{
 }
 
 func (opencodeAdapter) Prepare(inv Invocation) (Process, error) {
+	if err := noSession("opencode", inv); err != nil {
+		return Process{}, err
+	}
 	bin := inv.Binary
 	if bin == "" {
 		bin = "opencode"

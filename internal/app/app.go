@@ -258,6 +258,7 @@ func (a *App) open(ctx context.Context) error {
 			SocketDir: sockDir,
 			Secret:    secret,
 		},
+		Sessions:        a.sessions,
 		Verifier:        webhook.NewVerifier(secret, time.Duration(lim.WebhookMaxSkew), nil),
 		Egress:          egressProxies{srv: a.egress, allow: a.egressAllow},
 		Saver:           a.orch,

@@ -11,16 +11,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/agent/agenttest"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
+	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -165,6 +168,17 @@ func TestSessionTokens(t *testing.T) {
 	if _, err := s.client.WithToken("sess_wrong").GetSession(ctx, a.SessionID); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Errorf("a wrong session token: %v, want 403", err)
 	}
+	// The unix socket every sandbox reaches takes a session's own token
+	// alone: not another session's, not the API token.
+	sock := "unix://" + filepath.Join(s.data, "run", "sock", "corral.sock")
+	if _, err := httpapi.NewClient(sock, a.Token).ExecSession(ctx, a.SessionID, httpapi.ExecBody{Command: command("true")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+		t.Errorf("a session's token on the socket: %v", err)
+	}
+	for name, c := range map[string]*httpapi.Client{"another session's token": httpapi.NewClient(sock, b.Token), "the API token": httpapi.NewClient(sock, "admin-token-0123456789")} {
+		if _, err := c.ExecSession(ctx, a.SessionID, httpapi.ExecBody{Command: command("true")}, func(httpapi.ExecChunk) error { return nil }); !errors.Is(err, errdefs.ErrPermissionDenied) {
+			t.Errorf("%s on the socket: %v, want 403", name, err)
+		}
+	}
 	// SSE for a client that asks for it.
 	req, _ := http.NewRequest("POST", s.url+"/api/sessions/"+a.SessionID+"/exec", strings.NewReader(`{"command":"echo sse"}`))
 	req.Header.Set("Authorization", "Bearer "+a.Token)
@@ -264,4 +278,52 @@ func TestSessionCLI(t *testing.T) {
 	if got := s.runCLI(t, "sessions", "--server", s.url); !strings.Contains(got, created.SessionID) || !strings.Contains(got, "ended (deleted)") {
 		t.Errorf("sessions ls: %q", got)
 	}
+}
+
+// TestClaudeThroughSession: the real Claude Code CLI, given a session,
+// is offered no shell of its own but workspace_exec, and the command it
+// runs with it runs in the session (it reads a file only the session has).
+func TestClaudeThroughSession(t *testing.T) {
+	s, ep := mustClaudeServer(t, agenttest.AnthropicOptions{Replies: []agenttest.Reply{
+		{Text: "Reading the marker.", Tool: &agenttest.ToolCall{Name: "mcp__corral__workspace_exec", Input: map[string]any{"command": "cat /workspace/session/marker.txt"}}},
+		{Text: "The marker says hello."},
+	}})
+	ctx := context.Background()
+	created, err := s.client.CreateSession(ctx, session.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo only-in-the-session > marker.txt")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	tk := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "What does the marker say?", SessionID: created.SessionID})
+	res := s.wait(t, tk.ID, 3*time.Minute)
+	if res.Status != task.Success {
+		t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
+	}
+	var sawTools, sawResult bool
+	for _, r := range ep.Requests() {
+		if !r.Main {
+			continue
+		}
+		sawTools = true
+		if slices.Contains(r.Tools, "Bash") || !slices.Contains(r.Tools, "mcp__corral__workspace_exec") {
+			t.Errorf("request %d offers tools %v: want workspace_exec and no Bash", r.Reply, r.Tools)
+		}
+		if strings.Contains(r.LastUser, "only-in-the-session") {
+			sawResult = true
+		}
+	}
+	if !sawTools || !sawResult {
+		t.Errorf("the model never saw the session's file through workspace_exec (requests: %d)", len(ep.Requests()))
+	}
+	if got, err := s.client.GetSession(ctx, created.SessionID); err != nil || got.Execs != 2 {
+		t.Errorf("session after the agent's command: %+v, %v; want 2 execs", got, err)
+	}
+	// Another agent cannot take a session.
+	_, _, err = s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Agent: "codex", SessionID: created.SessionID})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "claude can") {
+		t.Errorf("codex with a session: %v, want 422 saying only claude can", err)
+	}
+	assertNoKey(t, s, tk.ID)
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -54,7 +55,15 @@ var _ service.Service = (*Client)(nil)
 
 // NewClient returns a client for the server at base (e.g.
 // "http://127.0.0.1:7777"), sending token as a bearer token when set.
+// A base of unix:///path reaches the server's unix socket (the one
+// sandboxes reach, which serves the worker routes and a session's exec).
 func NewClient(base, token string) *Client {
+	if sock, ok := strings.CutPrefix(base, "unix://"); ok {
+		var d net.Dialer
+		return &Client{base: "http://corral", token: token, hc: &http.Client{Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", sock) },
+		}}}
+	}
 	return &Client{base: strings.TrimRight(base, "/"), token: token, hc: &http.Client{}}
 }
 

@@ -146,6 +146,11 @@ func (s *Server) WebhookHandler() http.Handler {
 	m := http.NewServeMux()
 	m.Handle("POST /api/webhooks/worker-complete", s.wrap(s.workerComplete, fromWorker))
 	m.Handle("POST /api/webhooks/worker-progress", s.wrap(s.workerProgress, fromWorker))
+	// An agent working through a session runs its commands here, with that
+	// session's token alone: every sandbox reaches this socket.
+	m.Handle("POST /api/sessions/{id}/exec", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+		return s.execSession(w, r, s.sessionTokenCaller)
+	}, fromWorker|jsonBody))
 	return stallGuard(m, s.opts.BodyStall)
 }
 
@@ -175,7 +180,9 @@ func (s *Server) routes() {
 	// A session's own token reaches these: sessionCaller checks it.
 	m.Handle("GET /api/sessions/{id}", open(s.getSession))
 	m.Handle("DELETE /api/sessions/{id}", open(s.deleteSession))
-	m.Handle("POST /api/sessions/{id}/exec", s.wrap(s.execSession, jsonBody))
+	m.Handle("POST /api/sessions/{id}/exec", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+		return s.execSession(w, r, s.sessionCaller)
+	}, jsonBody))
 	m.Handle("GET /api/tasks", auth(s.listTasks))
 	m.Handle("GET /api/tasks/{id}", auth(s.getTask))
 	m.Handle("GET /api/tasks/{id}/result", auth(s.taskResult))

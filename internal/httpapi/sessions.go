@@ -70,6 +70,19 @@ func (s *Server) sessionCaller(r *http.Request) error {
 	return fmt.Errorf("missing or wrong bearer token: %w", errdefs.ErrUnauthenticated)
 }
 
+// sessionTokenCaller allows session id's own token and nothing else (the
+// unix socket sandboxes reach).
+func (s *Server) sessionTokenCaller(r *http.Request) error {
+	if s.opts.Sessions == nil {
+		return errSessionsOff
+	}
+	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if s.opts.Sessions.Authorize(r.PathValue("id"), token) {
+		return nil
+	}
+	return fmt.Errorf("this socket takes a session's own token only: %w", errdefs.ErrPermissionDenied)
+}
+
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
 	if s.opts.Sessions == nil {
 		return errSessionsOff
@@ -130,8 +143,8 @@ func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) error {
 // comes: NDJSON (one ExecChunk a line), or server-sent events (event:
 // stdout|stderr|exit) with Accept: text/event-stream. A client that goes
 // away stops the command.
-func (s *Server) execSession(w http.ResponseWriter, r *http.Request) error {
-	if err := s.sessionCaller(r); err != nil {
+func (s *Server) execSession(w http.ResponseWriter, r *http.Request, check func(*http.Request) error) error {
+	if err := check(r); err != nil {
 		return err
 	}
 	body, err := s.readBody(r, s.opts.MaxRequestBytes)

@@ -52,6 +52,9 @@ type Options struct {
 	SessionTimeout time.Duration
 	// Limits are the server limits the tool schemas state.
 	Limits tools.Limits
+	// Session, when set, serves workspace_exec alone, bound to that
+	// session: the MCP server an agent working through a session gets.
+	Session string
 }
 
 // Server is an MCP server over one service.Service. It is safe for
@@ -76,7 +79,11 @@ func New(svc service.Service, opts Options, log *slog.Logger) *Server {
 	if opts.SessionTimeout <= 0 {
 		opts.SessionTimeout = 30 * time.Minute
 	}
-	s := &Server{svc: svc, cat: tools.New(svc, opts.Limits), opts: opts, log: log}
+	cat := tools.New(svc, opts.Limits)
+	if opts.Session != "" {
+		cat = tools.NewSession(svc, opts.Session)
+	}
+	s := &Server{svc: svc, cat: cat, opts: opts, log: log}
 	s.srv = mcp.NewServer(&mcp.Implementation{Name: "corral", Title: "Corral", Version: opts.Version}, &mcp.ServerOptions{
 		Logger:       log,
 		Instructions: "Corral runs AI coding agents in sandboxes. spawn_worker starts a task; read_task_result with wait_seconds waits for it and returns its output files.",

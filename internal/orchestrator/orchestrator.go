@@ -81,6 +81,8 @@ type Options struct {
 
 // SessionExecutor runs a command in a session (the session manager).
 type SessionExecutor interface {
+	// Running returns nil if the session runs, else why not.
+	Running(id string) error
 	ExecBounded(ctx context.Context, req service.SessionExecRequest, max int, onOutput func(stream string, data []byte)) (service.SessionExecResult, error)
 }
 

@@ -201,6 +201,7 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 		Resources:      o.opts.Defaults.Resources,
 		Labels:         req.Labels,
 		IdempotencyKey: req.IdempotencyKey,
+		ExecSession:    req.SessionID,
 		SaveToShared:   req.SaveToShared,
 		Origin:         task.Origin{ConversationID: req.ConversationID, InterfaceType: req.InterfaceType, UserName: req.UserName},
 	}
@@ -222,6 +223,18 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 	}
 	if !task.KnownAgent(spec.Agent) {
 		bad("agent", "%q is not an agent (one of: claude, gemini, codex, opencode, command)", clip.String(spec.Agent, 64))
+	}
+	if spec.ExecSession != "" {
+		switch {
+		case spec.Agent != task.AgentClaude:
+			errs = append(errs, &errdefs.FieldError{Field: "session_id", Err: fmt.Errorf("the %s agent cannot run its commands in a session; claude can (its shell tool is turned off and workspace_exec put in its place): %w", clip.String(spec.Agent, 32), errdefs.ErrFailedPrecondition)})
+		case o.opts.Sessions == nil:
+			errs = append(errs, &errdefs.FieldError{Field: "session_id", Err: fmt.Errorf("sessions are not served here: %w", errdefs.ErrNotImplemented)})
+		default:
+			if err := o.opts.Sessions.Running(spec.ExecSession); err != nil {
+				errs = append(errs, &errdefs.FieldError{Field: "session_id", Err: err})
+			}
+		}
 	}
 	if len(spec.Model) > maxShortField || strings.ContainsAny(spec.Model, "\x00\n") {
 		bad("model", "must be a model name of at most %d bytes", maxShortField)

@@ -38,6 +38,10 @@ type SpawnRequest struct {
 	// context/previous/, and the agent's session resumes where the agent
 	// supports it (Claude Code's --resume).
 	FollowUpOf string `json:"follow_up_of,omitempty"`
+	// SessionID runs the agent's commands in that session: its own shell
+	// tool is off, and a workspace_exec tool bound to the session is its
+	// way to run anything (claude only).
+	SessionID string `json:"session_id,omitempty"`
 }
 
 // ResourceRequest overrides the configured sandbox limits for one task, in

@@ -45,6 +45,7 @@ const (
 	EventExecStart  = "exec_started"
 	EventExecEnd    = "exec_ended"
 	EventEnded      = "session_ended"
+	EventGranted    = "session_token_granted"
 	streamPrefix    = "session/"
 	idPrefix        = "sess-"
 	labelSession    = "corral.session-id"
@@ -114,9 +115,9 @@ type Session struct {
 	IdleTimeout int               `json:"idle_timeout"`
 	MaxLifetime int               `json:"max_lifetime"`
 
-	tokenHash string
-	handle    sandbox.Handle
-	running   int // execs running now
+	tokenHashes []string // the session's token's, then those granted to tasks
+	handle      sandbox.Handle
+	running     int // execs running now
 }
 
 // Statuses.
@@ -281,8 +282,13 @@ func (m *Manager) apply(e eventstore.Event) {
 			return
 		}
 		s := c.Session
-		s.tokenHash, s.handle = c.TokenHash, c.Handle
+		s.tokenHashes, s.handle = []string{c.TokenHash}, c.Handle
 		m.sessions[id] = &s
+	case EventGranted:
+		var g granted
+		if s := m.sessions[id]; s != nil && json.Unmarshal(e.Data, &g) == nil {
+			s.tokenHashes = append(s.tokenHashes, g.TokenHash)
+		}
 	case EventExecEnd:
 		if s := m.sessions[id]; s != nil {
 			s.Execs++
@@ -329,14 +335,63 @@ func (m *Manager) List() []Session {
 	return out
 }
 
-// Authorize reports whether token is session id's own.
+// Authorize reports whether token is session id's own, or one granted to
+// a task working through it.
 func (m *Manager) Authorize(id, token string) bool {
 	s, err := m.Get(id)
 	if err != nil || token == "" {
 		return false
 	}
+	h := []byte(hashToken(token))
+	ok := false
+	for _, want := range s.tokenHashes {
+		if subtle.ConstantTimeCompare(h, []byte(want)) == 1 {
+			ok = true
+		}
+	}
+	return ok
+}
+
+func hashToken(token string) string {
 	sum := sha256.Sum256([]byte(token))
-	return subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(s.tokenHash)) == 1
+	return hex.EncodeToString(sum[:])
+}
+
+func newToken() string {
+	var raw [24]byte
+	rand.Read(raw[:])
+	return TokenPrefix + hex.EncodeToString(raw[:])
+}
+
+// granted is session_token_granted's payload.
+type granted struct {
+	TaskID    string `json:"task_id"`
+	TokenHash string `json:"token_hash"`
+}
+
+// Running returns nil if session id runs, else an error saying why not.
+func (m *Manager) Running(id string) error {
+	s, err := m.Get(id)
+	if err != nil {
+		return err
+	}
+	if s.Status != StatusRunning {
+		return fmt.Errorf("session %s ended (%s): %w", id, s.EndReason, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// Grant gives task taskID a token of session id's own: it runs commands in
+// that session and nothing else, for the session's life.
+func (m *Manager) Grant(ctx context.Context, id, taskID string) (string, error) {
+	if err := m.Running(id); err != nil {
+		return "", err
+	}
+	token := newToken()
+	if err := m.append(ctx, id, EventGranted, granted{TaskID: taskID, TokenHash: hashToken(token)}); err != nil {
+		return "", err
+	}
+	return token, nil
 }
 
 func (m *Manager) append(ctx context.Context, id, typ string, payload any) error {
@@ -444,14 +499,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	if err != nil {
 		return Session{}, "", fmt.Errorf("start the session's sandbox: %w", err)
 	}
-	var raw [24]byte
-	rand.Read(raw[:])
-	token := TokenPrefix + hex.EncodeToString(raw[:])
-	sum := sha256.Sum256([]byte(token))
+	token := newToken()
 	now := m.opts.Now().UTC()
 	s := Session{ID: id, Runtime: rtName, Image: image, Labels: maps.Clone(req.Labels), Status: StatusRunning,
 		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second)}
-	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hex.EncodeToString(sum[:]), Handle: *h}); err != nil {
+	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), Handle: *h}); err != nil {
 		rt.Destroy(context.WithoutCancel(ctx), id)
 		return Session{}, "", err
 	}

@@ -123,6 +123,9 @@ type Spec struct {
 	// FollowUpOf is the task this one continues: its output is copied into
 	// context/ and, for agents that can, its agent session resumed.
 	FollowUpOf string `json:"follow_up_of,omitempty"`
+	// ExecSession is the session the agent runs its commands in
+	// (spawn_worker's session_id; Task.SessionID is the agent's own).
+	ExecSession string `json:"exec_session_id,omitempty"`
 	Origin
 }
 

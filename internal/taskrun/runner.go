@@ -104,6 +104,16 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	if t.Image != "" {
 		env = append(env, workerproto.EnvImage+"="+t.Image)
 	}
+	if t.ExecSession != "" {
+		if o.opts.Sessions == nil {
+			return sandbox.Spec{}, fmt.Errorf("task %s works through session %s, and sessions are not served here: %w", t.ID, t.ExecSession, errdefs.ErrFailedPrecondition)
+		}
+		token, err := o.opts.Sessions.Grant(ctx, t.ExecSession, t.ID)
+		if err != nil {
+			return sandbox.Spec{}, fmt.Errorf("task %s: its session: %w", t.ID, err)
+		}
+		env = append(env, workerproto.EnvSessionID+"="+t.ExecSession, workerproto.EnvSessionToken+"="+token)
+	}
 	env = append(env, ag.Env...)
 	// Mounts name paths of the data root; each runtime decides how to
 	// expose them.

@@ -26,6 +26,9 @@ type Options struct {
 	Agents map[string]workerproto.AgentConfig
 	// Worker is how a sandbox starts the in-sandbox entrypoint.
 	Worker WorkerOptions
+	// Sessions grants a task working through a session a token of it;
+	// nil: sessions are off.
+	Sessions Sessions
 	// Verifier checks the workers' webhooks.
 	Verifier Verifier
 	// Egress runs the proxies of tasks with network allowlist or open; nil
@@ -58,4 +61,9 @@ type Runner struct {
 // New returns a Runner.
 func New(opts Options, log *slog.Logger) *Runner {
 	return &Runner{opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log}
+}
+
+// Sessions is what taskrun needs of the session manager.
+type Sessions interface {
+	Grant(ctx context.Context, sessionID, taskID string) (string, error)
 }

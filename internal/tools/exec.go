@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/strictjson"
 )
@@ -80,4 +81,32 @@ func WithOutput(ctx context.Context, fn func(stream string, data []byte)) contex
 func outputFrom(ctx context.Context) func(string, []byte) {
 	fn, _ := ctx.Value(outputKey{}).(func(string, []byte))
 	return fn
+}
+
+// NewSession returns the catalogue an agent working through session id
+// gets: workspace_exec alone, bound to that session (its schema has no
+// session_id).
+func NewSession(svc service.Service, id string) *Catalogue {
+	t := workspaceExec(svc)
+	t.Effect = Runs
+	t.Schema = json.RawMessage(`{"type":"object","properties":{
+"command":{"type":"string","description":"Shell command, run with sh -c in the session."},
+"cwd":{"type":"string","description":"Absolute directory inside the session. Default /workspace/session."},
+"timeout_seconds":{"type":"integer","minimum":0,"maximum":86400,"description":"Stop the command after this long (exit code 124)."}},
+"required":["command"],"additionalProperties":false}`)
+	t.Description = "Run a shell command (sh -c) in the session this task works in: every command runs there, in the session's image, and its files stay between commands. Returns the exit code and the output."
+	call := t.Call
+	t.Call = func(ctx context.Context, args json.RawMessage) (any, error) {
+		var req service.SessionExecRequest
+		if err := strictjson.Decode(args, &req); err != nil {
+			return nil, err
+		}
+		if req.SessionID != "" {
+			return nil, errdefs.Field("session_id", "is set by the session this task works in")
+		}
+		req.SessionID = id
+		b, _ := json.Marshal(req)
+		return call(ctx, b)
+	}
+	return &Catalogue{tools: []Tool{t}, index: map[string]int{t.Name: 0}}
 }

@@ -351,7 +351,8 @@ const spawnSchema = `{"type":"object","properties":{
 "user_name":{"type":"string","description":"Who asked."},
 "labels":{"type":"object","additionalProperties":{"type":"string"},"description":"Free-form labels."},
 "idempotency_key":{"type":"string","description":"Spawning twice with the same key returns the first task instead of a second one."},
-"follow_up_of":{"type":"string","description":"The task_id of an ended task to continue: its output files are copied into /task/context/previous/, and Claude Code resumes its session."}},
+"follow_up_of":{"type":"string","description":"The task_id of an ended task to continue: its output files are copied into /task/context/previous/, and Claude Code resumes its session."},
+"session_id":{"type":"string","description":"A running session (POST /api/sessions) the agent runs every command in: its own shell tool is off and workspace_exec, bound to the session, is its way to run anything. claude only."}},
 "required":["task_description"],"additionalProperties":false}`
 
 // MaxResultContentBytes bounds the file contents one read_task_result

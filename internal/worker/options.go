@@ -28,6 +28,9 @@ type Options struct {
 	// Image is the image the sandbox runs (CORRAL_IMAGE); "" for a sandbox
 	// on the host's /usr.
 	Image string
+	// SessionID and SessionToken (CORRAL_SESSION_ID, CORRAL_SESSION_TOKEN)
+	// are the session the agent runs its commands in, and a token of it.
+	SessionID, SessionToken string
 	// Webhook tunes delivery (retries, backoff, clock); Source and Log are
 	// filled in from the fields above.
 	Webhook webhook.PostOptions
@@ -117,6 +120,11 @@ func ParseArgs(args []string, environ []string) (Options, error) {
 		o.WebhookKey = key
 	}
 	o.Image, _ = lookupEnv(environ, workerproto.EnvImage)
+	o.SessionID, _ = lookupEnv(environ, workerproto.EnvSessionID)
+	o.SessionToken, _ = lookupEnv(environ, workerproto.EnvSessionToken)
+	if (o.SessionID == "") != (o.SessionToken == "") {
+		errs = append(errs, errdefs.Field(workerproto.EnvSessionID, "and "+workerproto.EnvSessionToken+" go together"))
+	}
 	if o.WebhookURL != "" && len(o.WebhookKey) == 0 {
 		errs = append(errs, errdefs.Field(workerproto.EnvWebhookKey, "is required with --webhook"))
 	}

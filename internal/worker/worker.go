@@ -210,6 +210,14 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 		}
 		inv.Home = strings.TrimRight(r.opts.TaskDir, "/") + "/" + workerproto.HomeDir
 	}
+	if r.opts.SessionID != "" {
+		path, err := writeSessionMCP(r.opts.SessionID, r.opts.SessionToken)
+		if err != nil {
+			return fail(ExitSetup, err.Error())
+		}
+		defer os.Remove(path)
+		inv.SessionMCP = path
+	}
 	proc, err := adapter.Prepare(inv)
 	if err != nil {
 		return fail(ExitUsage, err.Error())
@@ -266,6 +274,9 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 	// the summary, the error message or a progress report, even if the
 	// agent prints them.
 	secrets := workerproto.Secrets(agentEnv(r.opts.Env, proc.Env))
+	if r.opts.SessionToken != "" {
+		secrets = append([]string{r.opts.SessionToken}, secrets...)
+	}
 	onProgress := r.opts.OnProgress
 	if onProgress == nil {
 		onProgress = func(p agent.Progress) {
@@ -630,4 +641,34 @@ func exitCode(ps *os.ProcessState, err error) (int, syscall.Signal) {
 		return ExitSetup, 0
 	}
 	return code, 0
+}
+
+// writeSessionMCP writes the MCP configuration of an agent that runs its
+// commands in session id: one server, `corral mcp --session`, which offers
+// workspace_exec bound to the session and reaches the server over the
+// unix socket with the session's token. The file is private (0600, in the
+// sandbox's own /tmp) and removed when the agent ends.
+func writeSessionMCP(id, token string) (string, error) {
+	cfg := map[string]any{"mcpServers": map[string]any{"corral": map[string]any{
+		"command": workerproto.CorralBinary,
+		"args":    []string{"mcp", "--server", "unix://" + workerproto.SocketDir + "/" + workerproto.SocketName, "--session", id},
+		"env":     map[string]string{"CORRAL_API_TOKEN": token},
+	}}}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return "", err
+	}
+	f, err := os.CreateTemp("", "corral-mcp-*.json")
+	if err != nil {
+		return "", fmt.Errorf("write the session's MCP configuration: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return "", fmt.Errorf("write the session's MCP configuration: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return "", fmt.Errorf("write the session's MCP configuration: %w", err)
+	}
+	return f.Name(), nil
 }

@@ -52,6 +52,10 @@ const (
 	// EnvImage names the image the sandbox runs, on the runtimes that run
 	// images, so the worker can say an agent is missing from it.
 	EnvImage = "CORRAL_IMAGE"
+	// EnvSessionID and EnvSessionToken name the session an agent runs its
+	// commands in and a token of that session's own (a secret).
+	EnvSessionID    = "CORRAL_SESSION_ID"
+	EnvSessionToken = "CORRAL_SESSION_TOKEN"
 )
 
 // AgentConfig is how the server has the worker start one agent: its

@@ -50,6 +50,8 @@ type AnthropicRequest struct {
 	System string
 	// LastUser is the text of the last user message (tool results included).
 	LastUser string
+	// Tools are the names of the tools the request offers the model.
+	Tools []string
 }
 
 // AnthropicOptions configure an Anthropic endpoint.
@@ -127,6 +129,14 @@ func (a *Anthropic) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if n := len(body.Messages); n > 0 {
 		req.LastUser = flatten(body.Messages[n-1].Content)
+	}
+	for _, raw := range body.Tools {
+		var t struct {
+			Name string `json:"name"`
+		}
+		if json.Unmarshal(raw, &t) == nil {
+			req.Tools = append(req.Tools, t.Name)
+		}
 	}
 
 	count := strings.HasSuffix(r.URL.Path, "/count_tokens")
