@@ -11,12 +11,14 @@ import (
 )
 
 // cmdWorker is the entrypoint inside a sandbox: corral worker run-task,
-// or corral worker idle in a session's.
+// or corral worker session in a session's.
 func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 1 && args[0] == "idle" {
-		// A session sandbox's main process: it holds the sandbox up until
-		// it is stopped (SIGTERM or SIGINT), and commands run beside it.
-		<-ctx.Done()
+	if len(args) == 1 && args[0] == "session" {
+		// A session sandbox's main process, its exec agent: it holds the
+		// sandbox up until it is stopped (SIGTERM or SIGINT).
+		if code := app.RunSessionAgent(ctx, os.Environ(), stderr); code != 0 {
+			return exitError(code)
+		}
 		return nil
 	}
 	if len(args) == 0 || args[0] != "run-task" {

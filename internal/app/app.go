@@ -185,6 +185,7 @@ func (a *App) open(ctx context.Context) error {
 		Unavailable:    available,
 		DefaultRuntime: cfg.Runtime,
 		WorkerBinary:   filepath.ToSlash(binary),
+		SocketDir:      workspace.DirRun + "/sock",
 		Image:          w.AICoderImage,
 		AllowedImages:  w.AllowedImages,
 		Limits: sandbox.Limits{

@@ -56,8 +56,9 @@ var allowed = map[string][]string{
 	"internal/library":              {"task", "eventstore", "projection", "workspace", "attachment", "document", "skill", "errdefs", "units", "clip", "service"},
 	"internal/taskrun":              {"task", "sandbox", "eventstore", "projection", "workspace", "errdefs", "logkey", "units", "clip", "webhook", "workerproto", "quota"},
 	"internal/tools":                {"service", "errdefs", "workspace", "strictjson"},
-	"internal/httpapi":              {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson", "webhook", "session"},
-	"internal/session":              {"sandbox", "eventstore", "task", "workspace", "workerproto", "errdefs", "ids", "clip", "service"},
+	"internal/httpapi":              {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson", "webhook", "session", "execagent"},
+	"internal/session":              {"sandbox", "eventstore", "task", "workspace", "workerproto", "errdefs", "ids", "clip", "service", "execagent"},
+	"internal/execagent":            {"errdefs"},
 	"internal/mcpserver":            {"tools", "service", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                  {"*"},
 	"internal/e2e":                  {}, // end-to-end suites: tests only

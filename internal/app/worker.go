@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 
+	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/worker"
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 // RunWorker is `corral worker run-task` inside a sandbox: it reads no
@@ -20,4 +23,35 @@ func RunWorker(ctx context.Context, args, environ []string, stderr io.Writer) in
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil)).With("task_id", opts.TaskID)
 	return worker.Run(ctx, opts, log)
+}
+
+// RunSessionAgent is a session sandbox's main process, corral worker
+// session: the exec agent, dialling the server's unix socket with the
+// session's id and token from environ, and running the commands it is
+// sent with environ's other variables, until ctx ends. Without a session
+// in environ it only waits.
+func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) int {
+	var id, token string
+	var env []string
+	for _, kv := range environ {
+		switch k, v, _ := strings.Cut(kv, "="); {
+		case k == workerproto.EnvSessionID:
+			id = v
+		case k == workerproto.EnvSessionToken:
+			token = v
+		case !strings.HasPrefix(k, workerproto.EnvPrefix):
+			env = append(env, kv) // the token never reaches a command
+		}
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if id == "" || token == "" {
+		<-ctx.Done()
+		return 0
+	}
+	sock := workerproto.SocketDir + "/" + workerproto.SocketName
+	if err := execagent.Run(ctx, sock, "/api/sessions/"+id+"/agent", token, env, log); err != nil {
+		fmt.Fprintf(stderr, "corral worker session: %v\n", err)
+		return 1
+	}
+	return 0
 }

@@ -89,6 +89,20 @@ func TestSessions(t *testing.T) {
 				t.Errorf("the first chunk came %s after the start, the exec took %s: not streamed", firstAt.Sub(start), time.Since(start))
 			}
 
+			// Commands run as children of the session's exec agent, inside
+			// the sandbox (not entered from outside with nsenter or the
+			// engine's exec), so under its seccomp filter and no_new_privs.
+			var who bytes.Buffer
+			if _, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell(`tr '\0' ' ' < /proc/$PPID/cmdline; echo; grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status`)}, func(ch httpapi.ExecChunk) error { who.Write(ch.Bytes()); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(who.String(), "worker session") {
+				t.Errorf("the command's parent and status: %q, want the exec agent (corral worker session)", who.String())
+			}
+			if rt.name == "local" && (!strings.Contains(who.String(), "Seccomp:\t2") || !strings.Contains(who.String(), "NoNewPrivs:\t1")) {
+				t.Errorf("a session command's status: %q, want the sandbox's seccomp filter and no_new_privs", who.String())
+			}
+
 			// The session keeps its files between commands; cwd and env apply.
 			if _, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: command("sh", "-c", "echo $GREETING > kept.txt"), Env: map[string]string{"GREETING": "hi"}}, func(httpapi.ExecChunk) error { return nil }); err != nil {
 				t.Fatal(err)
@@ -119,9 +133,26 @@ func TestSessions(t *testing.T) {
 				t.Errorf("a timed-out exec: %+v, %v; want 124, timed out", e, err)
 			}
 
+			// A client that goes away stops its command.
+			cctx, cancel := context.WithCancel(ctx)
+			dir := filepath.Join(s.data, "sessions", id)
+			go func() {
+				for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+					if _, err := os.Stat(filepath.Join(dir, "started")); err == nil {
+						break
+					}
+				}
+				cancel()
+			}()
+			s.client.ExecSession(cctx, id, httpapi.ExecBody{Command: shell("touch started; sleep 2; touch finished")}, func(httpapi.ExecChunk) error { return nil })
+			time.Sleep(3 * time.Second)
+			if _, err := os.Stat(filepath.Join(dir, "finished")); err == nil {
+				t.Error("the command went on after its client went away")
+			}
+
 			got, err := s.client.GetSession(ctx, id)
-			if err != nil || got.Execs != 7 || got.Labels["who"] != "test" {
-				t.Errorf("session after 7 execs: %+v, %v", got, err)
+			if err != nil || got.Execs != 9 || got.Labels["who"] != "test" {
+				t.Errorf("session after 9 execs: %+v, %v", got, err)
 			}
 			if _, err := s.client.DeleteSession(ctx, id); err != nil {
 				t.Fatal(err)

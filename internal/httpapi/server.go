@@ -151,6 +151,8 @@ func (s *Server) WebhookHandler() http.Handler {
 	m.Handle("POST /api/sessions/{id}/exec", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
 		return s.execSession(w, r, s.sessionTokenCaller)
 	}, fromWorker|jsonBody))
+	// A session's exec agent dials in here from inside its sandbox.
+	m.Handle("POST /api/sessions/{id}/agent", s.wrap(s.attachAgent, fromWorker))
 	return stallGuard(m, s.opts.BodyStall)
 }
 

@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/strictjson"
@@ -81,6 +82,30 @@ func (s *Server) sessionTokenCaller(r *http.Request) error {
 		return nil
 	}
 	return fmt.Errorf("this socket takes a session's own token only: %w", errdefs.ErrPermissionDenied)
+}
+
+// attachAgent upgrades a session's exec agent's request to the stream its
+// commands run over (package execagent).
+func (s *Server) attachAgent(w http.ResponseWriter, r *http.Request) error {
+	if err := s.sessionTokenCaller(r); err != nil {
+		return err
+	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), execagent.Upgrade) {
+		return fmt.Errorf("want Upgrade: %s: %w", execagent.Upgrade, errdefs.ErrInvalidArgument)
+	}
+	conn, rw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return fmt.Errorf("take over the agent's connection: %w", err)
+	}
+	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+execagent.Upgrade+"\r\n\r\n"); err != nil {
+		conn.Close()
+		return nil
+	}
+	conn.SetDeadline(time.Time{})
+	if err := s.opts.Sessions.AttachAgent(r.PathValue("id"), conn, rw.Reader); err != nil {
+		s.log.Warn("session exec agent refused", "err", err)
+	}
+	return nil
 }
 
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {

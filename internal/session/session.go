@@ -12,6 +12,7 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -23,6 +24,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -31,6 +33,7 @@ import (
 	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/ids"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
@@ -73,8 +76,12 @@ type Options struct {
 	// DefaultRuntime is a session's runtime when it names none.
 	DefaultRuntime string
 	// WorkerBinary is the corral binary's path in the data root, which a
-	// session's sandbox runs as its idle pid 1 (`corral worker idle`).
+	// session's sandbox runs as its main process, the exec agent (`corral
+	// worker session`).
 	WorkerBinary string
+	// SocketDir is the data root's directory holding the server's unix
+	// socket, which the exec agent dials.
+	SocketDir string
 	// Image is a session's image on an image runtime when it names none;
 	// AllowedImages the glob patterns one must match (none: any).
 	Image         string
@@ -129,8 +136,9 @@ const (
 // created is session_created's payload.
 type created struct {
 	Session
-	TokenHash string         `json:"token_hash"`
-	Handle    sandbox.Handle `json:"handle"`
+	TokenHash      string         `json:"token_hash"`
+	AgentTokenHash string         `json:"agent_token_hash"`
+	Handle         sandbox.Handle `json:"handle"`
 }
 
 // ExecRequest is a command to run in a session.
@@ -162,6 +170,8 @@ type Manager struct {
 
 	mu       sync.Mutex
 	sessions map[string]*Session
+	agents   map[string]*execagent.Conn
+	attached chan struct{} // closed and replaced when an agent attaches
 }
 
 // New returns a Manager; Start folds the recorded sessions.
@@ -175,7 +185,7 @@ func New(opts Options, log *slog.Logger) *Manager {
 	if opts.MaxLifetime <= 0 {
 		opts.MaxLifetime = defaultLifetime
 	}
-	return &Manager{opts: opts, log: log, sessions: map[string]*Session{}}
+	return &Manager{opts: opts, log: log, sessions: map[string]*Session{}, agents: map[string]*execagent.Conn{}, attached: make(chan struct{})}
 }
 
 // ValidID reports whether id is well formed: "sess-" and an ids.New id.
@@ -282,7 +292,7 @@ func (m *Manager) apply(e eventstore.Event) {
 			return
 		}
 		s := c.Session
-		s.tokenHashes, s.handle = []string{c.TokenHash}, c.Handle
+		s.tokenHashes, s.handle = []string{c.TokenHash, c.AgentTokenHash}, c.Handle
 		m.sessions[id] = &s
 	case EventGranted:
 		var g granted
@@ -481,15 +491,18 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		return Session{}, "", fmt.Errorf("create the session's directory: %w", err)
 	}
 	labels := map[string]string{sandbox.LabelManaged: "true", labelSession: "true"}
+	agentToken := newToken()
 	spec := sandbox.Spec{
 		ID:      id,
 		Image:   image,
-		Command: []string{workerproto.CorralBinary, "worker", "idle"},
+		Command: []string{workerproto.CorralBinary, "worker", "session"},
 		Dir:     Dir,
+		Env:     []string{workerproto.EnvSessionID + "=" + id, workerproto.EnvSessionToken + "=" + agentToken},
 		Mounts: []sandbox.Mount{
 			{Source: dir, Target: Dir},
 			{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},
 			{Source: m.opts.WorkerBinary, Target: workerproto.CorralBinary, ReadOnly: true},
+			{Source: m.opts.SocketDir, Target: workerproto.SocketDir, ReadOnly: true},
 		},
 		Limits:  m.opts.Limits,
 		Network: sandbox.NetworkNone,
@@ -501,11 +514,19 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	}
 	token := newToken()
 	now := m.opts.Now().UTC()
+	m.mu.Lock()
+	attached := m.attached
+	m.mu.Unlock()
 	s := Session{ID: id, Runtime: rtName, Image: image, Labels: maps.Clone(req.Labels), Status: StatusRunning,
 		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second)}
-	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), Handle: *h}); err != nil {
+	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), AgentTokenHash: hashToken(agentToken), Handle: *h}); err != nil {
 		rt.Destroy(context.WithoutCancel(ctx), id)
 		return Session{}, "", err
+	}
+	// The agent dials in a few milliseconds after its sandbox starts (more
+	// under gVisor); until it has, commands go through the runtime.
+	if !m.waitAgent(ctx, id, attached, 10*time.Second) {
+		m.log.Warn("the session's exec agent has not dialled in; commands go through the runtime until it does", "session_id", id)
 	}
 	m.log.Info("session created", "session_id", id, "runtime", rtName, "image", image)
 	got, err := m.Get(id)
@@ -580,6 +601,12 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 		m.sessions[id].running--
 		m.mu.Unlock()
 	}()
+	var stdin []byte
+	if req.Stdin != nil {
+		if stdin, err = io.ReadAll(io.LimitReader(req.Stdin, maxStdin+1)); err != nil || len(stdin) > maxStdin {
+			return ExecEnd{}, errdefs.Field("stdin", fmt.Sprintf("must be at most %d bytes", maxStdin))
+		}
+	}
 	ectx := ctx
 	if req.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -588,7 +615,12 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 	}
 	out, errw := &counter{w: stdout}, &counter{w: stderr}
 	start := time.Now()
-	es, err := m.opts.Runtimes[s.Runtime].Exec(ectx, id, sandbox.ExecRequest{Command: argv, Dir: dir, Env: req.Env, Stdin: req.Stdin, Stdout: out, Stderr: errw})
+	var es sandbox.ExitStatus
+	if a := m.agent(id); a != nil {
+		es.Code, err = a.Exec(ectx, argv, dir, req.Env, stdin, out, errw)
+	} else {
+		es, err = m.opts.Runtimes[s.Runtime].Exec(ectx, id, sandbox.ExecRequest{Command: argv, Dir: dir, Env: req.Env, Stdin: bytes.NewReader(stdin), Stdout: out, Stderr: errw})
+	}
 	end.DurationMS, end.StdoutBytes, end.StderrBytes = time.Since(start).Milliseconds(), out.n, errw.n
 	end.ExitCode = es.Code
 	switch {
@@ -662,4 +694,65 @@ func (w *bounded) Write(p []byte) (int, error) {
 		w.b.Write(p)
 	}
 	return len(p), nil
+}
+
+// maxStdin bounds the stdin an exec is given.
+const maxStdin = 16 << 20
+
+// agent returns session id's connected exec agent, or nil.
+func (m *Manager) agent(id string) *execagent.Conn {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := m.agents[id]
+	if a == nil {
+		return nil
+	}
+	select {
+	case <-a.Done():
+		delete(m.agents, id)
+		return nil
+	default:
+		return a
+	}
+}
+
+// AttachAgent takes the connection session id's exec agent dialled in on
+// (already upgraded; r reads from it), replacing any earlier one.
+func (m *Manager) AttachAgent(id string, conn net.Conn, r io.Reader) error {
+	if err := m.Running(id); err != nil {
+		conn.Close()
+		return err
+	}
+	c := execagent.NewConn(conn, r)
+	m.mu.Lock()
+	old := m.agents[id]
+	m.agents[id] = c
+	close(m.attached)
+	m.attached = make(chan struct{})
+	m.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	m.log.Debug("session exec agent attached", "session_id", id)
+	return nil
+}
+
+// waitAgent waits up to d for session id's exec agent to attach; attached
+// is the Manager's attach signal from before the sandbox started.
+func (m *Manager) waitAgent(ctx context.Context, id string, attached <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for m.agent(id) == nil {
+		select {
+		case <-attached:
+			m.mu.Lock()
+			attached = m.attached
+			m.mu.Unlock()
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }
