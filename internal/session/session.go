@@ -590,9 +590,13 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 		return ExecEnd{}, errdefs.Field("cwd", "must be an absolute, clean path inside the session")
 	}
 	end := ExecEnd{ExecID: "exec-" + ids.New()}
-	if err := m.append(ctx, id, EventExecStart, map[string]any{"exec_id": end.ExecID, "command": clip.String(strings.Join(argv, " "), 4096)}); err != nil {
-		return ExecEnd{}, err
-	}
+	// exec_started is committed while the command starts, not before: its
+	// fsync would otherwise come before the first byte. exec_ended waits
+	// for it, so the two are in order.
+	started := make(chan error, 1)
+	go func() {
+		started <- m.append(context.WithoutCancel(ctx), id, EventExecStart, map[string]any{"exec_id": end.ExecID, "command": clip.String(strings.Join(argv, " "), 4096)})
+	}()
 	m.mu.Lock()
 	m.sessions[id].running++
 	m.mu.Unlock()
@@ -629,6 +633,9 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 		err = nil
 	case err != nil:
 		end.ExitCode, end.Error = -1, errdefs.Message(err)
+	}
+	if serr := <-started; serr != nil {
+		m.log.Error("cannot record an exec's start", "session_id", id, "err", serr)
 	}
 	if aerr := m.append(context.WithoutCancel(ctx), id, EventExecEnd, end); aerr != nil {
 		m.log.Error("cannot record an exec's end", "session_id", id, "err", aerr)
