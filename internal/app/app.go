@@ -186,6 +186,8 @@ func (a *App) open(ctx context.Context) error {
 		DefaultRuntime: cfg.Runtime,
 		WorkerBinary:   filepath.ToSlash(binary),
 		SocketDir:      workspace.DirRun + "/sock",
+		Egress:         egressProxies{srv: a.egress, allow: a.egressAllow},
+		Networks:       networks,
 		Image:          w.AICoderImage,
 		AllowedImages:  w.AllowedImages,
 		Limits: sandbox.Limits{

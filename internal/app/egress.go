@@ -12,6 +12,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -124,10 +125,13 @@ func (r *egressRecorder) append(ctx context.Context, rec egress.Record) {
 		BytesDown:       rec.BytesDown,
 		DurationSeconds: math.Round(rec.Duration.Seconds()*1000) / 1000,
 	}, egressActor)
-	if t, err := r.tasks.Get(rec.TaskID); err == nil {
+	stream := task.StreamID(rec.TaskID)
+	if session.ValidID(rec.TaskID) {
+		stream = session.StreamID(rec.TaskID)
+	} else if t, err := r.tasks.Get(rec.TaskID); err == nil {
 		ctx = projection.TaskCause(ctx, t)
 	}
-	if _, err := r.store.Append(ctx, task.StreamID(rec.TaskID), eventstore.AnyVersion, ev); err != nil && ctx.Err() == nil {
+	if _, err := r.store.Append(ctx, stream, eventstore.AnyVersion, ev); err != nil && ctx.Err() == nil {
 		r.log.Warn("cannot record egress connection", logkey.TaskID, rec.TaskID, logkey.Error, err)
 	}
 }

@@ -32,6 +32,7 @@ func RunWorker(ctx context.Context, args, environ []string, stderr io.Writer) in
 // in environ it only waits.
 func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) int {
 	var id, token string
+	var egress bool
 	var env []string
 	for _, kv := range environ {
 		switch k, v, _ := strings.Cut(kv, "="); {
@@ -39,6 +40,8 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 			id = v
 		case k == workerproto.EnvSessionToken:
 			token = v
+		case k == workerproto.EnvSessionEgress:
+			egress = v != ""
 		case !strings.HasPrefix(k, workerproto.EnvPrefix):
 			env = append(env, kv) // the token never reaches a command
 		}
@@ -47,6 +50,17 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 	if id == "" || token == "" {
 		<-ctx.Done()
 		return 0
+	}
+	if egress {
+		// The sandbox has loopback only: the relay is its one way to the
+		// session's egress proxy, as a task's worker does it.
+		relay, err := worker.StartRelay(workerproto.DefaultEgressListen, workerproto.EgressDir+"/"+workerproto.EgressSocket, log)
+		if err != nil {
+			fmt.Fprintf(stderr, "corral worker session: %v\n", err)
+			return 1
+		}
+		defer relay.Close()
+		env = append(env, worker.ProxyEnv(relay.Addr())...)
 	}
 	sock := workerproto.SocketDir + "/" + workerproto.SocketName
 	if err := execagent.Run(ctx, sock, "/api/sessions/"+id+"/agent", token, env, log); err != nil {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 	"github.com/corral-dev/corral/internal/agent/agenttest"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
@@ -357,4 +359,64 @@ func TestClaudeThroughSession(t *testing.T) {
 		t.Errorf("codex with a session: %v, want 422 saying only claude can", err)
 	}
 	assertNoKey(t, s, tk.ID)
+}
+
+// TestSessionNetwork: a session with network allowlist reaches a listed
+// host through its own egress proxy (recorded on the session's stream) and
+// nothing else; one without a network reaches nothing.
+func TestSessionNetwork(t *testing.T) {
+	t.Parallel()
+	up := mustLoopbackServer(t)
+	hostport := fmt.Sprintf("127.0.0.1:%d", up.port)
+	s := MustStart(t, func(c *config.Config) { c.Egress.Allow = []string{hostport} })
+	fetch := mustInstallFetch(t, s.data)
+	ctx := context.Background()
+	run := func(network string) map[string]fetchResult {
+		created, err := s.client.CreateSession(ctx, session.CreateRequest{Network: network})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.client.DeleteSession(context.Background(), created.SessionID) })
+		if created.Session.Network != network {
+			t.Errorf("session network %q, want %q", created.Session.Network, network)
+		}
+		end, err := s.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("mkdir -p output && " + fetch + " get http://" + hostport + "/from-session get http://unlisted.example/")}, func(httpapi.ExecChunk) error { return nil })
+		if err != nil || end.ExitCode != 0 {
+			t.Fatalf("egressfetch in a %s session: %+v, %v", network, end, err)
+		}
+		b, err := os.ReadFile(filepath.Join(s.data, "sessions", created.SessionID, "output", "result.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rs []fetchResult
+		json.Unmarshal(b, &rs)
+		out := map[string]fetchResult{}
+		for _, r := range rs {
+			out[r.Step+" "+r.Arg] = r
+		}
+		if network == "allowlist" {
+			var hosts []string
+			s.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
+				if e.StreamID == session.StreamID(created.SessionID) && e.Type == task.EventEgressConnection {
+					hosts = append(hosts, string(e.Data))
+				}
+				return nil
+			})
+			if len(hosts) < 2 {
+				t.Errorf("the session's stream has %d egress connections, want both attempts", len(hosts))
+			}
+		}
+		return out
+	}
+	r := run("allowlist")
+	if g := r["get http://"+hostport+"/from-session"]; !g.OK || g.Body != "hello from the host: /from-session" {
+		t.Errorf("a listed host from an allowlist session: %+v", g)
+	}
+	if g := r["get http://unlisted.example/"]; g.OK {
+		t.Errorf("an unlisted host from an allowlist session: %+v", g)
+	}
+	r = run("none")
+	if g := r["get http://"+hostport+"/from-session"]; g.OK {
+		t.Errorf("a listed host from a session without a network: %+v", g)
+	}
 }

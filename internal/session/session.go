@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -82,6 +83,11 @@ type Options struct {
 	// SocketDir is the data root's directory holding the server's unix
 	// socket, which the exec agent dials.
 	SocketDir string
+	// Egress runs the proxy of a session with network allowlist or open
+	// (the tasks' one); nil: sessions have no network. Networks says which
+	// policies this server offers ("" if it can).
+	Egress   Egress
+	Networks map[string]string
 	// Image is a session's image on an image runtime when it names none;
 	// AllowedImages the glob patterns one must match (none: any).
 	Image         string
@@ -112,6 +118,7 @@ type Session struct {
 	ID          string            `json:"session_id"`
 	Runtime     string            `json:"runtime"`
 	Image       string            `json:"image,omitempty"`
+	Network     string            `json:"network"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	Status      string            `json:"status"` // running | ended
 	EndReason   string            `json:"end_reason,omitempty"`
@@ -188,6 +195,16 @@ func New(opts Options, log *slog.Logger) *Manager {
 	return &Manager{opts: opts, log: log, sessions: map[string]*Session{}, agents: map[string]*execagent.Conn{}, attached: make(chan struct{})}
 }
 
+// Egress runs per-session egress proxies (taskrun's Egress, keyed by the
+// session id).
+type Egress interface {
+	Open(id, network string) (dir string, err error)
+	Close(id string) error
+}
+
+// StreamID is session id's event stream.
+func StreamID(id string) string { return streamPrefix + id }
+
 // ValidID reports whether id is well formed: "sess-" and an ids.New id.
 func ValidID(id string) bool {
 	rest, ok := strings.CutPrefix(id, idPrefix)
@@ -225,6 +242,12 @@ func (m *Manager) Start(ctx context.Context) error {
 		if rt == nil || rt.Recover(ctx, &h) != nil {
 			m.end(ctx, s.ID, "lost")
 			continue
+		}
+		if s.Network != "" && s.Network != task.NetworkNone && m.opts.Egress != nil {
+			// The proxy listens again where the sandbox has it mounted.
+			if _, err := m.opts.Egress.Open(s.ID, s.Network); err != nil {
+				m.log.Warn("cannot reopen a session's egress proxy", "session_id", s.ID, "err", err)
+			}
 		}
 		if st, err := rt.Status(ctx, s.ID); err != nil || st.State == sandbox.StateExited {
 			m.end(ctx, s.ID, "lost")
@@ -448,8 +471,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	} else if image != "" {
 		errs = append(errs, &errdefs.FieldError{Field: "image", Err: fmt.Errorf("the %s runtime runs the host's /usr and takes no image: %w", rtName, errdefs.ErrFailedPrecondition)})
 	}
-	if req.Network != "" && req.Network != task.NetworkNone {
-		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("sessions have no network yet (only none): %w", errdefs.ErrNotImplemented)})
+	network := req.Network
+	if network == "" {
+		network = task.NetworkNone
+	}
+	switch why, ok := m.opts.Networks[network]; {
+	case !ok && network != task.NetworkNone:
+		bad("network", "%q is not a network policy (one of: none, allowlist, open)", clip.String(network, 32))
+	case why != "":
+		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q is not available: %s: %w", network, why, errdefs.ErrFailedPrecondition)})
+	case network != task.NetworkNone && m.opts.Egress == nil:
+		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q needs the egress proxy, which this server does not run: %w", network, errdefs.ErrFailedPrecondition)})
 	}
 	idle, life := time.Duration(req.IdleTimeout)*time.Second, time.Duration(req.MaxLifetime)*time.Second
 	if idle == 0 {
@@ -508,8 +540,27 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		Network: sandbox.NetworkNone,
 		Labels:  labels,
 	}
+	if network != task.NetworkNone {
+		// As for tasks: loopback only in the sandbox, and the agent relays
+		// 127.0.0.1:3128 to this session's proxy over a mounted socket.
+		hostDir, err := m.opts.Egress.Open(id, network)
+		if err != nil {
+			return Session{}, "", fmt.Errorf("start the session's egress proxy: %w", err)
+		}
+		rel, err := filepath.Rel(m.opts.Data.Path(), hostDir)
+		if err != nil || !filepath.IsLocal(rel) {
+			m.opts.Egress.Close(id)
+			return Session{}, "", fmt.Errorf("the egress proxy's directory %s is not in the data root: %w", hostDir, errdefs.ErrFailedPrecondition)
+		}
+		spec.Network = sandbox.NetworkEgress
+		spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: filepath.ToSlash(rel), Target: workerproto.EgressDir, ReadOnly: true})
+		spec.Env = append(spec.Env, workerproto.EnvSessionEgress+"=1")
+	}
 	h, err := rt.Create(ctx, spec)
 	if err != nil {
+		if network != task.NetworkNone {
+			m.opts.Egress.Close(id)
+		}
 		return Session{}, "", fmt.Errorf("start the session's sandbox: %w", err)
 	}
 	token := newToken()
@@ -517,7 +568,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	m.mu.Lock()
 	attached := m.attached
 	m.mu.Unlock()
-	s := Session{ID: id, Runtime: rtName, Image: image, Labels: maps.Clone(req.Labels), Status: StatusRunning,
+	s := Session{ID: id, Runtime: rtName, Image: image, Network: network, Labels: maps.Clone(req.Labels), Status: StatusRunning,
 		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second)}
 	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), AgentTokenHash: hashToken(agentToken), Handle: *h}); err != nil {
 		rt.Destroy(context.WithoutCancel(ctx), id)
@@ -556,6 +607,9 @@ func (m *Manager) end(ctx context.Context, id, reason string) {
 		if err := rt.Destroy(ctx, id); err != nil {
 			m.log.Warn("cannot destroy a session's sandbox", "session_id", id, "err", err)
 		}
+	}
+	if m.opts.Egress != nil && s.Network != "" && s.Network != task.NetworkNone {
+		m.opts.Egress.Close(id)
 	}
 	if err := m.append(ctx, id, EventEnded, map[string]string{"reason": reason}); err != nil {
 		m.log.Error("cannot record a session's end", "session_id", id, "err", err)

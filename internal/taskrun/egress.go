@@ -71,6 +71,9 @@ func (o *Runner) sweepEgress() {
 		return
 	}
 	for _, id := range ids {
+		if !task.ValidID(id) {
+			continue // a session's: the session manager closes it
+		}
 		if t, err := o.tasks.Get(id); err == nil && !t.Status.Terminal() {
 			continue
 		}

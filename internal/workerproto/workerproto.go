@@ -56,6 +56,9 @@ const (
 	// commands in and a token of that session's own (a secret).
 	EnvSessionID    = "CORRAL_SESSION_ID"
 	EnvSessionToken = "CORRAL_SESSION_TOKEN"
+	// EnvSessionEgress says a session's sandbox has its egress proxy
+	// mounted at EgressDir: its exec agent relays to it.
+	EnvSessionEgress = "CORRAL_SESSION_EGRESS"
 )
 
 // AgentConfig is how the server has the worker start one agent: its
