@@ -114,6 +114,11 @@ func TestSessions(t *testing.T) {
 				t.Errorf("a file from the last command: %q, %v", out.String(), err)
 			}
 
+			// A program that is not there: exit 127, saying so.
+			if e, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: command("/no/such/program")}, func(httpapi.ExecChunk) error { return nil }); err != nil || e.ExitCode != 127 || e.Error == "" {
+				t.Errorf("a missing program: %+v, %v; want 127 and why", e, err)
+			}
+
 			// Several at once; and one timed out.
 			var wg sync.WaitGroup
 			codes := make([]int, 3)
@@ -153,8 +158,8 @@ func TestSessions(t *testing.T) {
 			}
 
 			got, err := s.client.GetSession(ctx, id)
-			if err != nil || got.Execs != 9 || got.Labels["who"] != "test" {
-				t.Errorf("session after 9 execs: %+v, %v", got, err)
+			if err != nil || got.Execs != 10 || got.Labels["who"] != "test" {
+				t.Errorf("session after 10 execs: %+v, %v", got, err)
 			}
 			if _, err := s.client.DeleteSession(ctx, id); err != nil {
 				t.Fatal(err)

@@ -676,6 +676,11 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 	var es sandbox.ExitStatus
 	if a := m.agent(id); a != nil {
 		es.Code, err = a.Exec(ectx, argv, dir, req.Env, stdin, out, errw)
+		if err != nil && errors.Is(err, errdefs.ErrFailedPrecondition) {
+			// The command did not start (not found, not executable): an
+			// exit code and a message, as a shell gives them.
+			end.Error, err = errdefs.Message(err), nil
+		}
 	} else {
 		es, err = m.opts.Runtimes[s.Runtime].Exec(ectx, id, sandbox.ExecRequest{Command: argv, Dir: dir, Env: req.Env, Stdin: bytes.NewReader(stdin), Stdout: out, Stderr: errw})
 	}

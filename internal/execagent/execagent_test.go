@@ -1,0 +1,107 @@
+package execagent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// mustAgent runs the agent against a unix socket served here and returns
+// the server's side of its connection, once it dialled in.
+func mustAgent(t *testing.T) *Conn {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		Run(ctx, sock, "/api/sessions/s/agent", "tok", []string{"PATH=/usr/bin:/bin", "BASE=1"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		close(done)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	conn, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	req, err := http.ReadRequest(br)
+	if err != nil || req.URL.Path != "/api/sessions/s/agent" || req.Header.Get("Authorization") != "Bearer tok" || req.Header.Get("Upgrade") != Upgrade {
+		t.Fatalf("the agent's request: %+v, %v", req, err)
+	}
+	io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+Upgrade+"\r\n\r\n")
+	c := NewConn(conn, br)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestExec(t *testing.T) {
+	c := mustAgent(t)
+	ctx := context.Background()
+	var out, errb bytes.Buffer
+	code, err := c.Exec(ctx, []string{"/bin/sh", "-c", `read l; echo "$l $BASE $EXTRA $(pwd)"; echo oops >&2; exit 3`}, "/tmp", []string{"EXTRA=2"}, []byte("hi\n"), &out, &errb)
+	if err != nil || code != 3 || out.String() != "hi 1 2 /tmp\n" || errb.String() != "oops\n" {
+		t.Errorf("Exec = %d, %v, stdout %q, stderr %q", code, err, out.String(), errb.String())
+	}
+	// Several at once, each its own output.
+	results := make(chan string, 3)
+	for _, w := range []string{"a", "b", "c"} {
+		go func() {
+			var o bytes.Buffer
+			c.Exec(ctx, []string{"/bin/sh", "-c", "sleep 0.2; echo " + w}, "/", nil, nil, &o, nil)
+			results <- o.String()
+		}()
+	}
+	got := map[string]bool{}
+	for range 3 {
+		got[<-results] = true
+	}
+	if !got["a\n"] || !got["b\n"] || !got["c\n"] {
+		t.Errorf("concurrent outputs %v", got)
+	}
+	if code, err := c.Exec(ctx, []string{"/no/such/program"}, "/", nil, nil, nil, nil); code != 127 || err == nil {
+		t.Errorf("a missing program: %d, %v; want 127 and an error", code, err)
+	}
+}
+
+// TestKill: a cancelled Exec kills the command and what it started.
+func TestKill(t *testing.T) {
+	c := mustAgent(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Exec(ctx, []string{"/bin/sh", "-c", "(sleep 2; touch " + dir + "/child) & sleep 2; touch " + dir + "/parent"}, "/", nil, nil, nil, nil)
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 1500*time.Millisecond {
+		t.Fatalf("Exec = %v after %s, want the deadline soon", err, time.Since(start))
+	}
+	time.Sleep(2500 * time.Millisecond)
+	if m, _ := filepath.Glob(filepath.Join(dir, "*")); len(m) != 0 {
+		t.Errorf("the killed command's processes went on: %v", m)
+	}
+}
+
+// TestAgentGone: an Exec whose agent goes away ends with ErrUnavailable.
+func TestAgentGone(t *testing.T) {
+	c := mustAgent(t)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		c.Close()
+	}()
+	_, err := c.Exec(context.Background(), []string{"sleep", "5"}, "/", nil, nil, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "went away") {
+		t.Errorf("Exec on a closed connection: %v", err)
+	}
+}
