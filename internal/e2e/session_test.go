@@ -234,11 +234,23 @@ func TestSessionTokens(t *testing.T) {
 	}
 }
 
-// TestSessionLimits: max_sessions and the idle timeout.
+// TestSessionLimits: resources, max_sessions and the idle timeout.
 func TestSessionLimits(t *testing.T) {
 	t.Parallel()
 	s := MustStart(t, func(c *config.Config) { c.Sessions.MaxSessions = 1 })
 	ctx := context.Background()
+	if _, err := s.client.CreateSession(ctx, session.CreateRequest{Resources: &service.ResourceRequest{MemoryLimit: "1Ki"}}); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "resources.memory_limit") {
+		t.Errorf("a session with 1Ki of memory: %v, want 400 naming resources.memory_limit", err)
+	}
+	small, err := s.client.CreateSession(ctx, session.CreateRequest{Resources: &service.ResourceRequest{PidsLimit: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := s.client.ExecSession(ctx, small.SessionID, httpapi.ExecBody{Command: shell("n=0; while [ $n -lt 40 ]; do sleep 5 & n=$((n+1)); done")}, func(httpapi.ExecChunk) error { return nil })
+	if err != nil || e.ExitCode == 0 {
+		t.Errorf("40 processes in a session of 16 pids: %+v, %v; want refused forks", e, err)
+	}
+	s.client.DeleteSession(ctx, small.SessionID)
 	a, err := s.client.CreateSession(ctx, session.CreateRequest{IdleTimeout: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -279,6 +291,9 @@ func TestSessionSurvivesKill9(t *testing.T) {
 	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo before > f.txt")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
+	// The server dies during a long command; the session outlives both.
+	go srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("sleep 30")}, func(httpapi.ExecChunk) error { return nil })
+	time.Sleep(300 * time.Millisecond)
 	srv.kill()
 	srv = startProcess(t, data)
 	var out bytes.Buffer

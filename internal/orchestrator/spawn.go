@@ -304,26 +304,9 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 	}
 
 	if r := req.Resources; r != nil {
-		if r.MemoryLimit != "" {
-			n, err := units.ParseSize(r.MemoryLimit)
-			if err != nil || n < 16<<20 {
-				bad("resources.memory_limit", "must be a size of at least 16Mi (e.g. 512Mi, 2Gi), got %q", clip.String(r.MemoryLimit, 32))
-			}
-			spec.Resources.MemoryBytes = n
-		}
-		if r.CPULimit != "" {
-			n, err := units.ParseCPU(r.CPULimit)
-			if err != nil || n < 10 {
-				bad("resources.cpu_limit", "must be a CPU amount of at least 10m (e.g. 2, 0.5, 500m), got %q", clip.String(r.CPULimit, 32))
-			}
-			spec.Resources.CPUMillis = n
-		}
-		if r.PidsLimit != 0 {
-			if r.PidsLimit < 8 || r.PidsLimit > 1<<20 {
-				bad("resources.pids_limit", "must be between 8 and 1048576, got %d", r.PidsLimit)
-			}
-			spec.Resources.Pids = r.PidsLimit
-		}
+		var err error
+		spec.Resources, err = r.Apply(spec.Resources)
+		errs = append(errs, err)
 	}
 
 	if n := len(req.ContextFiles) + len(req.SharedFiles); n > maxContextFiles {

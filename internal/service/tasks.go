@@ -1,9 +1,14 @@
 package service
 
 import (
+	"errors"
+	"fmt"
 	"time"
 
+	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/units"
 )
 
 // SpawnRequest holds the spawn_worker arguments (seed 000 plus SPEC §2).
@@ -50,6 +55,36 @@ type ResourceRequest struct {
 	MemoryLimit string `json:"memory_limit,omitempty"`
 	CPULimit    string `json:"cpu_limit,omitempty"`
 	PidsLimit   int64  `json:"pids_limit,omitempty"`
+}
+
+// Apply returns base with the limits r gives, or every problem with them
+// as errdefs.FieldErrors joined.
+func (r *ResourceRequest) Apply(base task.Resources) (task.Resources, error) {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, errdefs.Field(field, fmt.Sprintf(format, args...)))
+	}
+	if r.MemoryLimit != "" {
+		n, err := units.ParseSize(r.MemoryLimit)
+		if err != nil || n < 16<<20 {
+			bad("resources.memory_limit", "must be a size of at least 16Mi (e.g. 512Mi, 2Gi), got %q", clip.String(r.MemoryLimit, 32))
+		}
+		base.MemoryBytes = n
+	}
+	if r.CPULimit != "" {
+		n, err := units.ParseCPU(r.CPULimit)
+		if err != nil || n < 10 {
+			bad("resources.cpu_limit", "must be a CPU amount of at least 10m (e.g. 2, 0.5, 500m), got %q", clip.String(r.CPULimit, 32))
+		}
+		base.CPUMillis = n
+	}
+	if r.PidsLimit != 0 {
+		if r.PidsLimit < 8 || r.PidsLimit > 1<<20 {
+			bad("resources.pids_limit", "must be between 8 and 1048576, got %d", r.PidsLimit)
+		}
+		base.Pids = r.PidsLimit
+	}
+	return base, errors.Join(errs...)
 }
 
 // ListRequest filters and pages List.

@@ -108,6 +108,9 @@ type CreateRequest struct {
 	Runtime string            `json:"runtime,omitempty"`
 	Network string            `json:"network,omitempty"`
 	Labels  map[string]string `json:"labels,omitempty"`
+	// Resources override the configured sandbox limits, in the
+	// configuration's units ("2Gi", "500m"), as spawn_worker's do.
+	Resources *service.ResourceRequest `json:"resources,omitempty"`
 	// IdleTimeout and MaxLifetime are in seconds.
 	IdleTimeout int `json:"idle_timeout,omitempty"`
 	MaxLifetime int `json:"max_lifetime,omitempty"`
@@ -483,6 +486,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	case network != task.NetworkNone && m.opts.Egress == nil:
 		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q needs the egress proxy, which this server does not run: %w", network, errdefs.ErrFailedPrecondition)})
 	}
+	limits := m.opts.Limits
+	if r := req.Resources; r != nil {
+		res, err := r.Apply(task.Resources{MemoryBytes: limits.MemoryBytes, CPUMillis: limits.CPUMillis, Pids: limits.Pids})
+		errs = append(errs, err)
+		limits.MemoryBytes, limits.CPUMillis, limits.Pids = res.MemoryBytes, res.CPUMillis, res.Pids
+	}
 	idle, life := time.Duration(req.IdleTimeout)*time.Second, time.Duration(req.MaxLifetime)*time.Second
 	if idle == 0 {
 		idle = m.opts.IdleTimeout
@@ -536,7 +545,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 			{Source: m.opts.WorkerBinary, Target: workerproto.CorralBinary, ReadOnly: true},
 			{Source: m.opts.SocketDir, Target: workerproto.SocketDir, ReadOnly: true},
 		},
-		Limits:  m.opts.Limits,
+		Limits:  limits,
 		Network: sandbox.NetworkNone,
 		Labels:  labels,
 	}

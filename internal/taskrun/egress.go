@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -71,8 +72,8 @@ func (o *Runner) sweepEgress() {
 		return
 	}
 	for _, id := range ids {
-		if !task.ValidID(id) {
-			continue // a session's: the session manager closes it
+		if session.ValidID(id) {
+			continue // the session manager closes a session's
 		}
 		if t, err := o.tasks.Get(id); err == nil && !t.Status.Terminal() {
 			continue
