@@ -138,25 +138,26 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getSession(w http.ResponseWriter, r *http.Request) error {
-	if err := s.sessionCaller(r); err != nil {
-		return err
-	}
-	sess, err := s.opts.Sessions.Get(r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, sess)
-	return nil
+	return s.answerSession(w, r, nil)
 }
 
 func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) error {
+	return s.answerSession(w, r, s.opts.Sessions.Delete)
+}
+
+// answerSession checks the caller, does act (if any) to the session the
+// path names, and answers with the session.
+func (s *Server) answerSession(w http.ResponseWriter, r *http.Request, act func(context.Context, string) error) error {
 	if err := s.sessionCaller(r); err != nil {
 		return err
 	}
-	if err := s.opts.Sessions.Delete(r.Context(), r.PathValue("id")); err != nil {
-		return err
+	id := r.PathValue("id")
+	if act != nil {
+		if err := act(r.Context(), id); err != nil {
+			return err
+		}
 	}
-	sess, err := s.opts.Sessions.Get(r.PathValue("id"))
+	sess, err := s.opts.Sessions.Get(id)
 	if err != nil {
 		return err
 	}
