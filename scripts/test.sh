@@ -19,7 +19,7 @@ command -v go >/dev/null || { echo "Go 1.26 or newer is needed: https://go.dev/d
 # and npm for the JavaScript clients and agent CLIs, and a Docker engine
 # with mmdebstrap to build its test image.
 missing=()
-for want in bwrap:bubblewrap runsc:runsc setpriv:util-linux ps:procps node:nodejs npm:npm dockerd:docker.io mmdebstrap:mmdebstrap busybox:busybox-static; do
+for want in bwrap:bubblewrap runsc:runsc setpriv:util-linux ps:procps node:nodejs npm:npm dockerd:docker.io mmdebstrap:mmdebstrap busybox:busybox-static git:git; do
   command -v "${want%%:*}" >/dev/null || missing+=("${want#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -34,6 +34,8 @@ Usage:
   corral exec-once [--image IMAGE] [--runtime R] [--timeout SECONDS] [--network] [--attach ID]... -- CMD...
                                                    run a command once in a fresh sandbox (code_execute)
                                                    and print its output; output files become attachments
+  corral workspaces [ls] | ls NAME [PATH] | create NAME [--git] | cat NAME PATH
+                                                   the named workspaces under projects/
   corral sessions [ls] | create [--runtime R] [--image IMAGE] [--idle 30m] | rm ID
                                                    long-lived sandboxes (create prints the session's token)
   corral exec [-i] [--cwd DIR] [--timeout D] SESSION -- CMD ARGS...
@@ -90,6 +92,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"run":         cmdRun,
 		"exec-once":   cmdExecOnce,
 		"sessions":    cmdSessions,
+		"workspaces":  cmdWorkspaces,
 		"exec":        cmdExec,
 		"tasks":       cmdTasks,
 		"result":      cmdResult,

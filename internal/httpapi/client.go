@@ -485,6 +485,11 @@ func (c *Client) follow(ctx context.Context, attempt func(resume bool) error) er
 
 // ListWorkspace lists a directory of shared/.
 func (c *Client) ListWorkspace(ctx context.Context, p string, recursive bool) ([]workspace.Entry, error) {
+	return c.listFiles(ctx, "/api/workspace/", p, recursive)
+}
+
+// listFiles lists directory p of the file tree served at base.
+func (c *Client) listFiles(ctx context.Context, base, p string, recursive bool) ([]workspace.Entry, error) {
 	q := ""
 	if recursive {
 		q = "?recursive=1"
@@ -492,7 +497,7 @@ func (c *Client) ListWorkspace(ctx context.Context, p string, recursive bool) ([
 	var r struct {
 		Entries []workspace.Entry `json:"entries"`
 	}
-	if err := c.call(ctx, http.MethodGet, "/api/workspace/"+escapePath(p)+q, nil, &r); err != nil {
+	if err := c.call(ctx, http.MethodGet, base+escapePath(p)+q, nil, &r); err != nil {
 		return nil, err
 	}
 	if r.Entries == nil {
@@ -503,11 +508,16 @@ func (c *Client) ListWorkspace(ctx context.Context, p string, recursive bool) ([
 
 // ReadWorkspace reads a file of shared/.
 func (c *Client) ReadWorkspace(ctx context.Context, p string) (service.File, error) {
+	return c.readFile(ctx, "/api/workspace/", p)
+}
+
+// readFile reads file p of the file tree served at base.
+func (c *Client) readFile(ctx context.Context, base, p string) (service.File, error) {
 	var r struct {
 		service.File
 		Entries []workspace.Entry `json:"entries"`
 	}
-	err := c.call(ctx, http.MethodGet, "/api/workspace/"+escapePath(p), nil, &r)
+	err := c.call(ctx, http.MethodGet, base+escapePath(p), nil, &r)
 	if err == nil && r.Entries != nil {
 		return r.File, fmt.Errorf("%s is a directory: %w", p, errdefs.ErrFailedPrecondition)
 	}

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -296,8 +297,15 @@ func (s *Server) workerComplete(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) readWorkspace(w http.ResponseWriter, r *http.Request) error {
-	p := r.PathValue("path")
-	ents, err := s.b.ListWorkspace(r.Context(), p, isTrue(r.URL.Query().Get("recursive")))
+	return serveFiles(w, r, r.PathValue("path"), s.b.ListWorkspace, s.b.ReadWorkspace)
+}
+
+// serveFiles answers a GET of path p of a file tree: a directory's entries
+// (recursive=true for all below it), or a file's content.
+func serveFiles(w http.ResponseWriter, r *http.Request, p string,
+	list func(context.Context, string, bool) ([]workspace.Entry, error),
+	read func(context.Context, string) (service.File, error)) error {
+	ents, err := list(r.Context(), p, isTrue(r.URL.Query().Get("recursive")))
 	if err == nil {
 		writeJSON(w, http.StatusOK, map[string]any{"path": p, "entries": ents})
 		return nil
@@ -305,7 +313,7 @@ func (s *Server) readWorkspace(w http.ResponseWriter, r *http.Request) error {
 	if !errors.Is(err, workspace.ErrNotDir) {
 		return err
 	}
-	f, err := s.b.ReadWorkspace(r.Context(), p)
+	f, err := read(r.Context(), p)
 	if err != nil {
 		return err
 	}

@@ -257,3 +257,14 @@ func TestHealthzWaitsForReady(t *testing.T) {
 		t.Errorf("after ready: %d %s, want 200 ok", code, body)
 	}
 }
+
+func (s *stub) ListProjects(context.Context) ([]service.Project, error) { return nil, errUnset }
+func (s *stub) CreateProject(context.Context, service.CreateProjectRequest) (service.Project, error) {
+	return service.Project{}, errUnset
+}
+func (s *stub) ListProjectFiles(context.Context, string, string, bool) ([]service.ProjectEntry, error) {
+	return nil, errUnset
+}
+func (s *stub) ReadProjectFile(context.Context, string, string) (service.File, error) {
+	return service.File{}, errUnset
+}

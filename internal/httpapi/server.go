@@ -177,6 +177,9 @@ func (s *Server) routes() {
 	m := s.mux
 	m.Handle("POST /api/tasks", authJSON(s.createTask))
 	m.Handle("POST /api/exec", authJSON(s.execute))
+	m.Handle("GET /api/workspaces", auth(s.listProjects))
+	m.Handle("POST /api/workspaces", authJSON(s.createProject))
+	m.Handle("GET /api/workspaces/{name}/files/{path...}", auth(s.projectFiles))
 	m.Handle("POST /api/sessions", authJSON(s.createSession))
 	m.Handle("GET /api/sessions", auth(s.listSessions))
 	// A session's own token reaches these: sessionCaller checks it.

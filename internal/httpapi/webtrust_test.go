@@ -218,3 +218,14 @@ func webCall(t *testing.T, base string, c webReq) (int, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+func (b *reached) ListProjects(context.Context) ([]service.Project, error) { return nil, nil }
+func (b *reached) CreateProject(context.Context, service.CreateProjectRequest) (service.Project, error) {
+	return service.Project{}, nil
+}
+func (b *reached) ListProjectFiles(context.Context, string, string, bool) ([]service.ProjectEntry, error) {
+	return nil, nil
+}
+func (b *reached) ReadProjectFile(context.Context, string, string) (service.File, error) {
+	return service.File{}, nil
+}

@@ -38,6 +38,14 @@ type Service interface {
 	// returns its end and bounded output; onOutput, when not nil, gets each
 	// chunk as it comes ("stdout" or "stderr").
 	SessionExec(ctx context.Context, req SessionExecRequest, onOutput func(stream string, data []byte)) (SessionExecResult, error)
+	// ListProjects lists the named workspaces (projects/).
+	ListProjects(ctx context.Context) ([]Project, error)
+	// CreateProject makes a named workspace, with git when asked.
+	CreateProject(ctx context.Context, req CreateProjectRequest) (Project, error)
+	// ListProjectFiles lists a directory of a named workspace.
+	ListProjectFiles(ctx context.Context, name, path string, recursive bool) ([]ProjectEntry, error)
+	// ReadProjectFile reads a file of a named workspace.
+	ReadProjectFile(ctx context.Context, name, path string) (File, error)
 	// Get returns a task as projected from its events.
 	Get(ctx context.Context, id string) (task.Task, error)
 	// List returns tasks newest first, a page at a time.

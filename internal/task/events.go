@@ -96,6 +96,9 @@ const (
 // removed from attachments/ are recorded on the system stream.
 const (
 	EventAttachmentCreated = "attachment_created"
+	// EventWorkspaceCreated records a named workspace (projects/<name>/) made
+	// by POST /api/workspaces, on stream workspace/<name>.
+	EventWorkspaceCreated  = "workspace_created"
 	EventAttachmentRemoved = "attachment_removed"
 	// EventOutputsSaved records save_to_shared copying a successful task's
 	// outputs into shared/; EventOutputsSaveFailed, that it could not.
