@@ -31,6 +31,9 @@ type Invocation struct {
 	// SystemPrompt, if set, is appended to the agent's system prompt where
 	// the agent takes one.
 	SystemPrompt string
+	// Continue continues the agent's last conversation in its working
+	// directory, for agents that can (claude --continue).
+	Continue bool
 	// SessionMCP, if set, is an MCP configuration file whose one server
 	// offers workspace_exec: the agent's own shell tool is turned off and
 	// its commands run through that tool. Only claude supports it; the

@@ -50,6 +50,8 @@ func (claudeAdapter) Prepare(inv Invocation) (Process, error) {
 	}
 	if inv.Resume != "" {
 		args = append(args, "--resume", inv.Resume)
+	} else if inv.Continue {
+		args = append(args, "--continue")
 	}
 	if inv.SessionMCP != "" {
 		// Only the session's server, and no shell of the CLI's own: every

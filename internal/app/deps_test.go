@@ -53,7 +53,7 @@ var allowed = map[string][]string{
 	"internal/orchestrator":         {"task", "eventstore", "projection", "workspace", "attachment", "document", "errdefs", "units", "clip", "service", "library", "workerproto"},
 	"internal/service":              {"task", "eventstore", "workspace", "attachment", "document", "skill", "units", "clip", "errdefs"},
 	"internal/service/servicetest":  {"service", "orchestrator", "eventstore", "eventstore/sqlite", "projection", "attachment", "workspace", "task", "errdefs", "workerproto"},
-	"internal/library":              {"task", "eventstore", "projection", "workspace", "attachment", "document", "skill", "errdefs", "units", "clip", "service"},
+	"internal/library":              {"task", "eventstore", "projection", "workspace", "attachment", "document", "skill", "errdefs", "units", "clip", "service", "workerproto"},
 	"internal/taskrun":              {"task", "sandbox", "eventstore", "projection", "workspace", "errdefs", "logkey", "units", "clip", "webhook", "workerproto", "quota", "session"},
 	"internal/tools":                {"service", "errdefs", "workspace", "strictjson"},
 	"internal/httpapi":              {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson", "webhook", "session", "execagent"},

@@ -9,9 +9,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/corral-dev/corral/internal/agent/agenttest"
+	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/task"
 )
 
 // TestWorkspaces: named workspaces are created (with git when asked),
@@ -93,5 +97,118 @@ func TestWorkspaces(t *testing.T) {
 	ents2, _ := os.ReadDir(filepath.Join(s.data, "projects"))
 	if len(ents2) != 2 { // myapp and the evil link
 		t.Errorf("projects/ holds %d entries after the refusals, want 2", len(ents2))
+	}
+}
+
+// TestWorkspaceTasks: spawn_workspace_task creates the workspace (with
+// git), the agent works in it, and tasks on one workspace run one after
+// another while a task on another workspace runs beside them.
+func TestWorkspaceTasks(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, func(c *config.Config) { c.AIWorker.MaxConcurrentWorkers = 3 })
+	ctx := context.Background()
+	var first struct {
+		TaskID           string `json:"task_id"`
+		Workspace        string `json:"workspace"`
+		WorkspaceCreated bool   `json:"workspace_created"`
+	}
+	s.callTool(t, "spawn_workspace_task", map[string]any{
+		"workspace_path": "/workspace/projects/app", "task_description": "Start the app", "query": "Write hello.txt",
+		"init_git": true, "agent": "command", "command": []string{"sh", "-c", "pwd > where.txt; echo hello > hello.txt; sleep 1"},
+	}, &first)
+	if first.Workspace != "app" || !first.WorkspaceCreated {
+		t.Fatalf("spawn_workspace_task = %+v, want workspace app created", first)
+	}
+	spawn := func(ws, script string) string {
+		tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "work in " + ws, Workspace: ws, Agent: "command", Command: []string{"sh", "-c", script}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk.ID
+	}
+	second := spawn("app", "cat hello.txt > seen.txt; sleep 1")
+	if _, err := s.client.CreateProject(ctx, service.CreateProjectRequest{Name: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	other := spawn("other", "sleep 1")
+	for _, id := range []string{first.TaskID, second, other} {
+		if res := s.wait(t, id, 60*time.Second); res.Status != task.Success {
+			t.Fatalf("task %s: %s %s", id, res.Status, res.ErrorMessage)
+		}
+	}
+	if f, err := s.client.ReadProjectFile(ctx, "app", "where.txt"); err != nil || f.Content != "/workspace/project\n" {
+		t.Errorf("the agent's working directory: %q, %v", f.Content, err)
+	}
+	if f, err := s.client.ReadProjectFile(ctx, "app", "seen.txt"); err != nil || f.Content != "hello\n" {
+		t.Errorf("the second task did not see the first one's file: %q, %v", f.Content, err)
+	}
+	if _, err := os.Stat(filepath.Join(s.data, "projects", "app", ".git")); err != nil {
+		t.Errorf("the workspace has no git repository: %v", err)
+	}
+	span := func(id string) (start, end time.Time) {
+		for _, e := range taskEvents(t, s, id, "") {
+			switch e.Type {
+			case task.EventStarting:
+				start = e.RecordedAt
+			case task.EventCompleted:
+				end = e.RecordedAt
+			}
+		}
+		return start, end
+	}
+	s1, e1 := span(first.TaskID)
+	s2, _ := span(second)
+	so, eo := span(other)
+	if s2.Before(e1) {
+		t.Errorf("two tasks on workspace app overlapped: the first ran %s–%s, the second started %s", s1.Format(time.StampMilli), e1.Format(time.StampMilli), s2.Format(time.StampMilli))
+	}
+	if !so.Before(e1) || !s1.Before(eo) {
+		t.Errorf("the task on another workspace waited: app ran %s–%s, other %s–%s", s1.Format(time.StampMilli), e1.Format(time.StampMilli), so.Format(time.StampMilli), eo.Format(time.StampMilli))
+	}
+	// A task naming a workspace that is not there is refused.
+	if _, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Workspace: "nowhere", Agent: "command", Command: []string{"true"}}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("a task in a missing workspace: %v, want 422", err)
+	}
+}
+
+// TestClaudeWorkspaceTasks: the real Claude Code CLI edits a file in a new
+// workspace, and the next task there continues its conversation.
+func TestClaudeWorkspaceTasks(t *testing.T) {
+	s, ep := mustClaudeServer(t, agenttest.AnthropicOptions{Replies: []agenttest.Reply{
+		{Text: "Writing the notes.", Tool: &agenttest.ToolCall{Name: "Write", Input: map[string]any{"file_path": "/workspace/project/NOTES.md", "content": "# Notes\nfirst pass\n"}}},
+		{Text: "Wrote NOTES.md."},
+		{Text: "I remember: NOTES.md holds the first pass."},
+	}})
+	ctx := context.Background()
+	if _, err := s.client.CreateProject(ctx, service.CreateProjectRequest{Name: "notes", InitGit: true}); err != nil {
+		t.Fatal(err)
+	}
+	first := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Write NOTES.md", Workspace: "notes"})
+	if res := s.wait(t, first.ID, 3*time.Minute); res.Status != task.Success {
+		t.Fatalf("first task: %s %s", res.Status, res.ErrorMessage)
+	}
+	if f, err := s.client.ReadProjectFile(ctx, "notes", "NOTES.md"); err != nil || f.Content != "# Notes\nfirst pass\n" {
+		t.Fatalf("NOTES.md in the workspace: %q, %v", f.Content, err)
+	}
+	before := len(ep.Requests())
+	second := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "What did you write last time?", Workspace: "notes"})
+	if res := s.wait(t, second.ID, 3*time.Minute); res.Status != task.Success {
+		t.Fatalf("second task: %s %s", res.Status, res.ErrorMessage)
+	}
+	var firstMain *agenttest.AnthropicRequest
+	for _, r := range ep.Requests()[before:] {
+		if r.Main {
+			firstMain = &r
+			break
+		}
+	}
+	if firstMain != nil {
+		t.Logf("the second task's first request: %d messages", firstMain.Messages)
+	}
+	// The first task's conversation had a user turn, a tool call, its
+	// result and an answer; continued, the second's first request holds
+	// them before its own question.
+	if firstMain == nil || firstMain.Messages < 4 {
+		t.Errorf("the second task's first model request holds %v messages, want the first task's conversation continued", firstMain)
 	}
 }

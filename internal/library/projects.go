@@ -18,11 +18,9 @@ import (
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
-
-// ProjectDir is where a workspace task sees its project, read-write.
-const ProjectDir = "/workspace/project"
 
 var projectName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`) })
 
@@ -74,6 +72,13 @@ func (o *Library) openProject(name string) (*os.Root, error) {
 	return r, nil
 }
 
+// ProjectExists reports whether workspace name is there (a directory under
+// projects/, not a link).
+func (o *Library) ProjectExists(name string) bool {
+	fi, err := o.data.Root().Lstat(workspace.DirProjects + "/" + name)
+	return err == nil && fi.IsDir()
+}
+
 // ListProjects lists the projects, by name.
 func (o *Library) ListProjects(ctx context.Context) ([]service.Project, error) {
 	ents, err := fs.ReadDir(o.data.Root().FS(), workspace.DirProjects)
@@ -91,7 +96,7 @@ func (o *Library) ListProjects(ctx context.Context) ([]service.Project, error) {
 }
 
 func (o *Library) project(name string) service.Project {
-	p := service.Project{Name: name, Path: ProjectDir}
+	p := service.Project{Name: name, Path: workerproto.ProjectDir}
 	if fi, err := o.data.Root().Stat(workspace.DirProjects + "/" + name); err == nil {
 		p.Modified = fi.ModTime().UTC()
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/library"
+	"github.com/corral-dev/corral/internal/workerproto"
 
 	"github.com/corral-dev/corral/internal/task"
 )
@@ -41,7 +42,12 @@ func Prompt(in PromptInput) string {
 	b.WriteString(strings.TrimSpace(spec.Description))
 	b.WriteString("\n\n---\n\n## How you work here\n\n")
 	b.WriteString("You are a Corral worker running in an isolated sandbox. Work without asking questions: nobody will answer.\n\n")
-	b.WriteString("- Your working directory is `/task`; it is yours to write.\n")
+	if spec.Workspace != "" {
+		fmt.Fprintf(&b, "- Your working directory is `%s`, the workspace %q: a project that outlives this task. Make your changes there; the next task in this workspace continues from them.\n", workerproto.ProjectDir, spec.Workspace)
+		b.WriteString("- `/task` is this task's own directory (prompt, logs), yours to write too.\n")
+	} else {
+		b.WriteString("- Your working directory is `/task`; it is yours to write.\n")
+	}
 	if len(spec.ContextFiles) > 0 {
 		b.WriteString("- Input files for this task are in `/task/context/`:\n")
 		for _, f := range spec.ContextFiles {

@@ -202,6 +202,7 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 		Labels:         req.Labels,
 		IdempotencyKey: req.IdempotencyKey,
 		ExecSession:    req.SessionID,
+		Workspace:      req.Workspace,
 		SaveToShared:   req.SaveToShared,
 		Origin:         task.Origin{ConversationID: req.ConversationID, InterfaceType: req.InterfaceType, UserName: req.UserName},
 	}
@@ -223,6 +224,15 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 	}
 	if !task.KnownAgent(spec.Agent) {
 		bad("agent", "%q is not an agent (one of: claude, gemini, codex, opencode, command)", clip.String(spec.Agent, 64))
+	}
+	if spec.Workspace != "" {
+		if name, err := library.ProjectName(spec.Workspace); err != nil {
+			errs = append(errs, err)
+		} else if !o.ProjectExists(name) {
+			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("no workspace %q: create it first (POST /api/workspaces, or spawn_workspace_task with init_git): %w", name, errdefs.ErrFailedPrecondition)})
+		} else {
+			spec.Workspace = name
+		}
 	}
 	if spec.ExecSession != "" {
 		switch {

@@ -171,9 +171,20 @@ func (s *Scheduler) fill(ctx context.Context) {
 		return
 	}
 	queued := s.tasks.Select(func(t *task.Task) bool { return t.Status == task.Queued })
+	// One writer per workspace: a task waits while another on its
+	// workspace starts or runs; tasks on other workspaces pass it.
+	busy := map[string]bool{}
+	for _, t := range s.tasks.Select(func(t *task.Task) bool {
+		return t.Workspace != "" && (t.Status == task.Starting || t.Status == task.Running)
+	}) {
+		busy[t.Workspace] = true
+	}
 	for _, t := range queued {
 		if s.Running() >= s.opts.MaxConcurrent || ctx.Err() != nil {
 			return
+		}
+		if t.Workspace != "" && busy[t.Workspace] {
+			continue
 		}
 		nt, err := s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
 			if t.Status != task.Queued {
@@ -189,6 +200,9 @@ func (s *Scheduler) fill(ctx context.Context) {
 		}
 		if nt.Status != task.Starting || !s.claim(nt.ID) {
 			continue
+		}
+		if nt.Workspace != "" {
+			busy[nt.Workspace] = true
 		}
 		s.wg.Add(1)
 		go func() {

@@ -47,6 +47,10 @@ type SpawnRequest struct {
 	// tool is off, and a workspace_exec tool bound to the session is its
 	// way to run anything (claude only).
 	SessionID string `json:"session_id,omitempty"`
+	// Workspace runs the agent in a named workspace (projects/<name>/,
+	// POST /api/workspaces), read-write as its working directory; tasks on
+	// one workspace run one at a time.
+	Workspace string `json:"workspace,omitempty"`
 }
 
 // ResourceRequest overrides the configured sandbox limits for one task, in

@@ -126,6 +126,9 @@ type Spec struct {
 	// ExecSession is the session the agent runs its commands in
 	// (spawn_worker's session_id; Task.SessionID is the agent's own).
 	ExecSession string `json:"exec_session_id,omitempty"`
+	// Workspace is the named workspace (projects/<name>/) the agent works
+	// in; tasks on one workspace run one at a time.
+	Workspace string `json:"workspace,omitempty"`
 	Origin
 }
 

@@ -71,6 +71,16 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	if ag.Binary != "" && t.Agent != task.AgentCommand {
 		args.Binary = ag.Binary
 	}
+	if t.Workspace != "" {
+		args.WorkDir = workerproto.ProjectDir
+		// Claude Code keeps a conversation per working directory under its
+		// HOME, the workspace's: the next task there continues it.
+		if t.Agent == task.AgentClaude {
+			if fi, err := o.data.Root().Stat(workspace.DirRun + "/homes/" + t.Workspace + "/.claude/projects/" + claudeProjectKey(workerproto.ProjectDir)); err == nil && fi.IsDir() {
+				args.Continue = true
+			}
+		}
+	}
 	if t.FollowUpOf != "" && t.Agent == task.AgentClaude {
 		if prev, err := o.tasks.Get(t.FollowUpOf); err == nil && prev.SessionID != "" && prev.Agent == t.Agent {
 			args.Resume = prev.SessionID
@@ -131,6 +141,18 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		{Source: binary, Target: workerproto.CorralBinary, ReadOnly: true},
 		{Source: sockets, Target: workerproto.SocketDir, ReadOnly: true},
 	}
+	if t.Workspace != "" {
+		// The agent works in the project; its HOME (Claude Code's
+		// conversations) is the workspace's own, so the next task there
+		// continues the conversation.
+		home := workspace.DirRun + "/homes/" + t.Workspace
+		if err := o.workspaceDirs(t.ID, home); err != nil {
+			return sandbox.Spec{}, err
+		}
+		mounts = append(mounts,
+			sandbox.Mount{Source: workspace.DirProjects + "/" + t.Workspace, Target: workerproto.ProjectDir},
+			sandbox.Mount{Source: home, Target: workerproto.TaskDir + "/" + workerproto.HomeDir})
+	}
 	if t.Kind == task.KindExec {
 		// A code_execute call sees its inputs and outputs under
 		// /workspace, beside shared/ (seed 004's layout).
@@ -165,6 +187,23 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		Network: network,
 		Labels:  map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: t.ID},
 	}, nil
+}
+
+// workspaceDirs makes a workspace task's HOME in the data root (home) and
+// its mount point in the task directory.
+func (o *Runner) workspaceDirs(id, home string) error {
+	if err := o.data.Root().MkdirAll(home, 0o755); err != nil {
+		return fmt.Errorf("create the workspace's agent home: %w", err)
+	}
+	dir, err := o.data.OpenTask(id)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	if err := dir.MkdirAll(workerproto.HomeDir, 0o700); err != nil {
+		return fmt.Errorf("create %s of task %s: %w", workerproto.HomeDir, id, err)
+	}
+	return nil
 }
 
 // execDirs makes the input and output directories a code_execute call's
@@ -423,3 +462,7 @@ func (o *Runner) inDataRoot(p string) (string, error) {
 	}
 	return filepath.ToSlash(rel), nil
 }
+
+// claudeProjectKey is the directory name Claude Code keeps a working
+// directory's conversations under (its path with / as -).
+func claudeProjectKey(dir string) string { return strings.ReplaceAll(dir, "/", "-") }

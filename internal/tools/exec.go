@@ -3,6 +3,7 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -109,4 +110,47 @@ func NewSession(svc service.Service, id string) *Catalogue {
 		return call(ctx, b)
 	}
 	return &Catalogue{tools: []Tool{t}, index: map[string]int{t.Name: 0}}
+}
+
+func spawnWorkspaceTask(svc service.Service) Tool {
+	return Tool{
+		Name: "spawn_workspace_task",
+		Description: `Spawn a background AI task in a named workspace: a project directory that outlives the task, created
+if it does not exist (with a git repository when init_git is true). The agent works in the workspace as
+its working directory; its conversation is kept with the workspace, so the next task there continues it.
+Tasks on one workspace run one after another. Use read_task_result(task_id) for the outcome.`,
+		Schema: json.RawMessage(`{"type":"object","properties":{
+"workspace_path":{"type":"string","description":"The workspace: a name (lowercase letters, digits, '.', '_' and '-'), or /workspace/projects/NAME. Will be created if it does not exist."},
+"task_description":{"type":"string","description":"Brief human-readable description of the task"},
+"query":{"type":"string","description":"The detailed prompt/instructions for the workspace task"},
+"context":{"type":"string","description":"Additional context from the current conversation"},
+"init_git":{"type":"boolean","description":"If creating a new directory, initialize a git repository. Default: false"},
+"agent":{"type":"string","enum":["claude","gemini","codex","opencode","command"],"description":"The agent. Default: the server's."},
+"model":{"type":"string","description":"The model the agent uses."},
+"command":{"type":"array","items":{"type":"string"},"description":"For the command agent: the argv to run in the workspace."},
+"timeout_minutes":{"type":"integer","minimum":1,"description":"Wall-clock limit."},
+"runtime":{"type":"string","enum":["local","gvisor","docker","kubernetes"],"description":"Sandbox runtime."},
+"image":{"type":"string","description":"Image (docker)."},
+"network":{"type":"string","enum":["none","allowlist","open"],"description":"Network policy."},
+"conversation_id":{"type":"string","description":"The conversation to report back to."},
+"labels":{"type":"object","additionalProperties":{"type":"string"},"description":"Labels recorded with the task."}},
+"required":["workspace_path","task_description","query"],"additionalProperties":false}`),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var req service.WorkspaceTaskRequest
+			if err := strictjson.Decode(args, &req); err != nil {
+				return nil, err
+			}
+			created := false
+			if _, err := svc.CreateProject(ctx, service.CreateProjectRequest{Name: req.WorkspacePath, InitGit: req.InitGit}); err == nil {
+				created = true
+			} else if !errors.Is(err, errdefs.ErrAlreadyExists) {
+				return nil, err
+			}
+			t, _, err := svc.Spawn(ctx, req.Spawn())
+			if err != nil {
+				return nil, err
+			}
+			return map[string]any{"task_id": t.ID, "status": t.Status, "workspace": t.Workspace, "workspace_created": created}, nil
+		},
+	}
 }

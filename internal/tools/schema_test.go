@@ -25,6 +25,7 @@ func TestSchemasMatchRequestTypes(t *testing.T) {
 		"create_skill":                     service.CreateSkillRequest{},
 		"code_execute":                     service.ExecRequest{},
 		"workspace_exec":                   service.SessionExecRequest{},
+		"spawn_workspace_task":             service.WorkspaceTaskRequest{},
 	}
 	cat := New(nil, Limits{})
 	for name, v := range types {

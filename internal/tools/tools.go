@@ -48,7 +48,7 @@ const (
 
 // effects are the tools' Effects by name; every tool has one (tested).
 var effects = map[string]Effect{
-	"spawn_worker": Runs, "code_execute": Runs, "workspace_exec": Runs,
+	"spawn_worker": Runs, "code_execute": Runs, "workspace_exec": Runs, "spawn_workspace_task": Runs,
 	"read_task_result": Reads, "list_worker_tasks": Reads, "read_workspace": Reads, "list_workspace": Reads,
 	"search_documents": Reads, "list_skills": Reads, "get_skill": Reads,
 	"cancel_worker_task": Writes, "write_workspace": Writes, "create_attachment_from_workspace": Writes,
@@ -83,7 +83,7 @@ func New(svc service.Service, lim Limits) *Catalogue {
 		createAttachmentFromWorkspace(svc),
 		ingestFromWorkspace(svc), exportNotesToWorkspace(svc), searchDocuments(svc),
 		listSkills(svc), getSkill(svc), createSkill(svc),
-		codeExecute(svc), workspaceExec(svc),
+		codeExecute(svc), workspaceExec(svc), spawnWorkspaceTask(svc),
 	} {
 		t.Effect = effects[t.Name]
 		c.index[t.Name] = len(c.tools)
@@ -352,7 +352,8 @@ const spawnSchema = `{"type":"object","properties":{
 "labels":{"type":"object","additionalProperties":{"type":"string"},"description":"Free-form labels."},
 "idempotency_key":{"type":"string","description":"Spawning twice with the same key returns the first task instead of a second one."},
 "follow_up_of":{"type":"string","description":"The task_id of an ended task to continue: its output files are copied into /task/context/previous/, and Claude Code resumes its session."},
-"session_id":{"type":"string","description":"A running session (POST /api/sessions) the agent runs every command in: its own shell tool is off and workspace_exec, bound to the session, is its way to run anything. claude only."}},
+"session_id":{"type":"string","description":"A running session (POST /api/sessions) the agent runs every command in: its own shell tool is off and workspace_exec, bound to the session, is its way to run anything. claude only."},
+"workspace":{"type":"string","description":"A named workspace (POST /api/workspaces) the agent works in, read-write, as its working directory; tasks on one workspace run one at a time."}},
 "required":["task_description"],"additionalProperties":false}`
 
 // MaxResultContentBytes bounds the file contents one read_task_result

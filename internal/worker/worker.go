@@ -201,6 +201,7 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 		Binary:     r.opts.Binary,
 		ExtraArgs:  r.opts.ExtraArgs,
 		Resume:     r.opts.Resume,
+		Continue:   r.opts.Continue,
 	}
 	if r.opts.Agent != "command" {
 		// A HOME inside the task directory keeps what the agent stores
@@ -523,6 +524,9 @@ func (r *run) start(proc agent.Process, stdin io.Reader, stdout, stderr io.Write
 		return nil, cmd.Err
 	}
 	cmd.Dir = r.opts.TaskDir
+	if r.opts.WorkDir != "" {
+		cmd.Dir = r.opts.WorkDir
+	}
 	cmd.Env = agentEnv(r.opts.Env, proc.Env)
 	cmd.Stdin = stdin
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

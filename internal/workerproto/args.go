@@ -32,6 +32,8 @@ type Args struct {
 	Model      string   // passed to the agent
 	Binary     string   // overrides the agent's binary
 	Resume     string   // an agent session to continue (claude --resume)
+	Continue   bool     // continue the agent's last conversation in WorkDir (claude --continue)
+	WorkDir    string   // where the agent runs; default TaskDir
 	Command    []string // argv of the command agent, after --
 
 	WebhookURL string // http(s)://host/path or unix:///path; "" skips the webhook
@@ -69,6 +71,10 @@ func (a Args) Argv() []string {
 	str("agent-binary", a.Binary)
 	str("model", a.Model)
 	str("resume", a.Resume)
+	str("work-dir", a.WorkDir)
+	if a.Continue {
+		argv = append(argv, "--continue")
+	}
 	if a.MaxLogBytes > 0 {
 		str("max-log-bytes", strconv.FormatInt(a.MaxLogBytes, 10))
 	}
@@ -100,6 +106,8 @@ func ParseArgs(argv []string) (Args, error) {
 	fs.StringVar(&a.Model, "model", "", "the model to ask the agent for")
 	fs.StringVar(&a.Binary, "agent-binary", "", "the agent's binary, if not its default name")
 	fs.StringVar(&a.Resume, "resume", "", "the agent session to continue (claude)")
+	fs.StringVar(&a.WorkDir, "work-dir", "", "where the agent runs (default TASK_DIR): a workspace task's project")
+	fs.BoolVar(&a.Continue, "continue", false, "continue the agent's last conversation in the work dir (claude)")
 	fs.StringVar(&a.TaskDir, "task-dir", TaskDir, "the task directory")
 	fs.StringVar(&a.Source, "source", DefaultSource, "the webhook's source: the runtime that ran the worker")
 	fs.Int64Var(&a.MaxLogBytes, "max-log-bytes", DefaultMaxLogBytes, "the most bytes kept per log file")

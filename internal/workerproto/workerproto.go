@@ -30,7 +30,10 @@ const (
 	// ExecInputDir and ExecOutputDir are where a code_execute call finds
 	// its attachments and context files (the task's context/, read-only)
 	// and leaves its output files (the task's output/).
-	ExecInputDir  = "/workspace/input"
+	ExecInputDir = "/workspace/input"
+	// ProjectDir is where a workspace task finds its named workspace,
+	// read-write: the agent's working directory.
+	ProjectDir    = "/workspace/project"
 	ExecOutputDir = "/workspace/output"
 	// EgressDir holds the task's egress proxy socket, EgressSocket, mounted
 	// the same way.
