@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,6 +166,25 @@ func TestWorkspaceTasks(t *testing.T) {
 	if !so.Before(e1) || !s1.Before(eo) {
 		t.Errorf("the task on another workspace waited: app ran %s–%s, other %s–%s", s1.Format(time.StampMilli), e1.Format(time.StampMilli), so.Format(time.StampMilli), eo.Format(time.StampMilli))
 	}
+	// What each task changed in the git workspace comes with its result.
+	res, _ := s.client.Result(ctx, service.ResultRequest{TaskID: first.TaskID})
+	if c := res.Changes; c == nil || !slices.Contains(c.Added, "hello.txt") || !slices.Contains(c.Added, "where.txt") {
+		t.Errorf("the first task's changes: %+v, want hello.txt and where.txt added", res.Changes)
+	}
+	third := spawn("app", "git add -A && git -c user.name=T -c user.email=t@example.com commit -qm 'Add the first files'")
+	if res := s.wait(t, third, 60*time.Second); res.Status != task.Success || res.Changes == nil ||
+		len(res.Changes.Commits) != 1 || res.Changes.Commits[0].Subject != "Add the first files" || !slices.Contains(res.Changes.Added, "seen.txt") {
+		t.Errorf("a committing task: %s %s, changes %+v; want its commit and the files it added", res.Status, res.ErrorMessage, res.Changes)
+	}
+	fourth := spawn("app", "echo bye > hello.txt; rm where.txt")
+	if res := s.wait(t, fourth, 60*time.Second); res.Changes == nil ||
+		!slices.Equal(res.Changes.Modified, []string{"hello.txt"}) || !slices.Equal(res.Changes.Deleted, []string{"where.txt"}) || len(res.Changes.Commits) != 0 {
+		t.Errorf("an editing task's changes: %+v, want hello.txt modified and where.txt deleted", res.Changes)
+	}
+	if res, _ := s.client.Result(ctx, service.ResultRequest{TaskID: other}); res.Changes != nil {
+		t.Errorf("a task in a workspace without git reports changes: %+v", res.Changes)
+	}
+
 	// A task naming a workspace that is not there is refused.
 	if _, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Workspace: "nowhere", Agent: "command", Command: []string{"true"}}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("a task in a missing workspace: %v, want 422", err)

@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -172,12 +174,17 @@ func (s *Scheduler) fill(ctx context.Context) {
 	}
 	queued := s.tasks.Select(func(t *task.Task) bool { return t.Status == task.Queued })
 	// One writer per workspace: a task waits while another on its
-	// workspace starts or runs; tasks on other workspaces pass it.
+	// workspace is in this scheduler's hands (starting, running, or ended
+	// with its sandbox not yet destroyed, which gives the workspace back);
+	// tasks on other workspaces pass it.
 	busy := map[string]bool{}
-	for _, t := range s.tasks.Select(func(t *task.Task) bool {
-		return t.Workspace != "" && (t.Status == task.Starting || t.Status == task.Running)
-	}) {
-		busy[t.Workspace] = true
+	s.mu.Lock()
+	held := slices.Collect(maps.Keys(s.running))
+	s.mu.Unlock()
+	for _, id := range held {
+		if t, err := s.tasks.Get(id); err == nil && t.Workspace != "" {
+			busy[t.Workspace] = true
+		}
 	}
 	for _, t := range queued {
 		if s.Running() >= s.opts.MaxConcurrent || ctx.Err() != nil {

@@ -280,6 +280,25 @@ type Completed struct {
 	SessionID        string   `json:"session_id,omitempty"`
 	Usage            *Usage   `json:"usage,omitempty"`
 	CostUSD          float64  `json:"cost_usd,omitempty"`
+	// Changes is what a task in a git workspace changed there.
+	Changes *Changes `json:"changes,omitempty"`
+}
+
+// Changes is what a task changed in its git workspace since it started:
+// files added, modified and deleted (committed or not) and the commits it
+// made. Lists are bounded; Truncated says some were left out.
+type Changes struct {
+	Added     []string `json:"added"`
+	Modified  []string `json:"modified"`
+	Deleted   []string `json:"deleted"`
+	Commits   []Commit `json:"commits"`
+	Truncated bool     `json:"truncated,omitempty"`
+}
+
+// Commit is one commit a task made.
+type Commit struct {
+	Hash    string `json:"hash"`
+	Subject string `json:"subject"`
 }
 
 // EgressConnection is the payload of EventEgressConnection: one attempt by
@@ -365,7 +384,7 @@ func (t *Task) Apply(e eventstore.Event) error {
 		}
 		t.CompletedAt = &at
 		t.ExitCode, t.OutputFiles, t.Summary, t.ErrorMessage, t.LogsTruncated = p.ExitCode, p.OutputFiles, p.Summary, p.ErrorMessage, p.LogsTruncated
-		t.SessionID, t.Usage, t.CostUSD = p.SessionID, p.Usage, p.CostUSD
+		t.SessionID, t.Usage, t.CostUSD, t.Changes = p.SessionID, p.Usage, p.CostUSD, p.Changes
 		t.OutputFilesTotal, t.OutputFilesNote = p.OutputFilesTotal, p.OutputFilesNote
 		switch {
 		case p.DurationSeconds != nil:

@@ -194,6 +194,8 @@ type Task struct {
 	// Usage and CostUSD are what the agent reported it used.
 	Usage   *Usage  `json:"usage,omitempty"`
 	CostUSD float64 `json:"cost_usd,omitempty"`
+	// Changes is what a task in a git workspace changed there.
+	Changes *Changes `json:"changes,omitempty"`
 	// QueueSeq orders queued tasks: the store position of the queued event.
 	QueueSeq int64 `json:"-"`
 }

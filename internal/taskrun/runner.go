@@ -263,6 +263,9 @@ func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitSta
 		c.ErrorMessage = message(st.ErrorMessage)
 		c.LogsTruncated = st.LogsTruncated
 		c.SessionID = message(st.SessionID)
+		if t.Workspace != "" {
+			c.Changes = boundChanges(st.Changes)
+		}
 		if st.Usage != nil && st.Usage.Total() >= 0 && st.Usage.InputTokens >= 0 && st.Usage.OutputTokens >= 0 {
 			c.Usage = &task.Usage{InputTokens: st.Usage.InputTokens, OutputTokens: st.Usage.OutputTokens, CacheReadTokens: max(st.Usage.CacheReadTokens, 0), CacheCreationTokens: max(st.Usage.CacheCreationTokens, 0)}
 		}
@@ -466,3 +469,33 @@ func (o *Runner) inDataRoot(p string) (string, error) {
 // claudeProjectKey is the directory name Claude Code keeps a working
 // directory's conversations under (its path with / as -).
 func claudeProjectKey(dir string) string { return strings.ReplaceAll(dir, "/", "-") }
+
+// boundChanges is a worker's report of its workspace changes, held to what
+// a result may carry: at most 1,000 names in each list (4 KiB each, valid
+// UTF-8) and 100 commits; Truncated says when some were left out.
+func boundChanges(in *task.Changes) *task.Changes {
+	if in == nil {
+		return nil
+	}
+	out := &task.Changes{Truncated: in.Truncated, Added: []string{}, Modified: []string{}, Deleted: []string{}, Commits: []task.Commit{}}
+	names := func(dst *[]string, src []string) {
+		for _, n := range src {
+			if len(*dst) >= 1000 {
+				out.Truncated = true
+				return
+			}
+			*dst = append(*dst, clip.String(strings.ToValidUTF8(n, "\uFFFD"), 4096))
+		}
+	}
+	names(&out.Added, in.Added)
+	names(&out.Modified, in.Modified)
+	names(&out.Deleted, in.Deleted)
+	for _, c := range in.Commits {
+		if len(out.Commits) >= 100 {
+			out.Truncated = true
+			break
+		}
+		out.Commits = append(out.Commits, task.Commit{Hash: clip.String(c.Hash, 64), Subject: message(c.Subject)})
+	}
+	return out
+}

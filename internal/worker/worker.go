@@ -299,6 +299,10 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 	parser := adapter.NewParser(onProgress)
 	stdout := newRedactor(io.MultiWriter(stdoutLog, parser), secrets)
 	stderr := newRedactor(io.MultiWriter(stderrLog, stderrTail), secrets)
+	// A workspace with git: what HEAD was, to report what the agent
+	// changed. git runs here, in the sandbox, never on the host: the
+	// repository's configuration is the agent's to write.
+	gitStart := gitHead(r.opts.WorkDir)
 	ex, err := r.start(proc, stdin, stdout, stderr)
 	if err != nil {
 		code, msg := startError(proc, r.opts.Image, err)
@@ -306,6 +310,9 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 	}
 	r.log.Info("agent started", "agent", r.opts.Agent, "pid", ex.pid)
 	code, sig, stopped := ex.wait(ctx, r.opts.Grace)
+	if gitStart != "" {
+		st.Changes = gitChanges(r.opts.WorkDir, gitStart)
+	}
 	stdout.Close()
 	stderr.Close()
 	res := parser.Result()

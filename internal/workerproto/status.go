@@ -28,6 +28,9 @@ type Status struct {
 	// Usage and CostUSD are what the agent reported it used.
 	Usage   *task.Usage `json:"usage,omitempty"`
 	CostUSD float64     `json:"cost_usd,omitempty"`
+	// Changes is what the agent changed in its git workspace, as git
+	// inside the sandbox saw it.
+	Changes *task.Changes `json:"changes,omitempty"`
 }
 
 // OutputFile is one regular file beneath the task's output/ directory.
