@@ -30,6 +30,7 @@ import (
 	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/quota"
+	"github.com/corral-dev/corral/internal/report"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/scheduler"
@@ -402,6 +403,7 @@ func (a *App) Run(ctx context.Context) error {
 	run(func() error { return a.orch.RunRetention(ctx) })
 	run(func() error { return a.runner.RunEgress(ctx) })
 	run(func() error { return a.egressRec.Run(ctx) })
+	run(func() error { return report.Run(ctx, a.store, a.log.With("subsystem", "report")) })
 	if a.notifier != nil {
 		run(func() error { return a.notifier.Run(ctx) })
 	} else if err := notify.Disable(ctx, a.store); err != nil {

@@ -59,6 +59,7 @@ var allowed = map[string][]string{
 	"internal/httpapi":              {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson", "webhook", "session", "execagent"},
 	"internal/session":              {"sandbox", "eventstore", "task", "workspace", "workerproto", "errdefs", "ids", "clip", "service", "execagent"},
 	"internal/execagent":            {"errdefs"},
+	"internal/report":               {"eventstore", "projection", "task"},
 	"internal/mcpserver":            {"tools", "service", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                  {"*"},
 	"internal/e2e":                  {}, // end-to-end suites: tests only

@@ -185,6 +185,10 @@ func TestWorkspaceTasks(t *testing.T) {
 		t.Errorf("a task in a workspace without git reports changes: %+v", res.Changes)
 	}
 
+	if page, err := s.client.List(ctx, service.ListRequest{Workspace: "app"}); err != nil || len(page.Tasks) != 4 {
+		t.Errorf("tasks in workspace app: %d, %v; want 4", len(page.Tasks), err)
+	}
+
 	// A task naming a workspace that is not there is refused.
 	if _, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Workspace: "nowhere", Agent: "command", Command: []string{"true"}}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("a task in a missing workspace: %v, want 422", err)

@@ -208,6 +208,7 @@ func (c *Client) List(ctx context.Context, req service.ListRequest) (service.Lis
 	}
 	set("status", req.Status)
 	set("conversation_id", req.ConversationID)
+	set("workspace", req.Workspace)
 	set("cursor", req.Cursor)
 	if req.Limit != 0 {
 		q.Set("limit", strconv.Itoa(req.Limit))
@@ -318,6 +319,8 @@ func (c *Client) Events(ctx context.Context, req service.EventsRequest, fn func(
 	path := "/api/events"
 	if req.TaskID != "" {
 		path = "/api/tasks/" + url.PathEscape(req.TaskID) + "/events"
+	} else if req.ConversationID != "" {
+		path = "/api/conversations/" + url.PathEscape(req.ConversationID) + "/events"
 	}
 	if req.After != "" {
 		path += "?after=" + url.QueryEscape(req.After)

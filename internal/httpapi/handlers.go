@@ -70,7 +70,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	req := service.ListRequest{Status: q.Get("status"), ConversationID: q.Get("conversation_id"), Cursor: q.Get("cursor")}
+	req := service.ListRequest{Status: q.Get("status"), ConversationID: q.Get("conversation_id"), Workspace: q.Get("workspace"), Cursor: q.Get("cursor")}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
@@ -163,18 +163,24 @@ func (f *flushWriter) Write(p []byte) (int, error) {
 func (f *flushWriter) Flush() { f.rc.Flush() }
 
 func (s *Server) taskEvents(w http.ResponseWriter, r *http.Request) error {
-	return s.events(w, r, r.PathValue("id"))
+	return s.events(w, r, service.EventsRequest{TaskID: r.PathValue("id")})
 }
 
 func (s *Server) allEvents(w http.ResponseWriter, r *http.Request) error {
-	return s.events(w, r, "")
+	return s.events(w, r, service.EventsRequest{})
+}
+
+// conversationEvents serves GET /api/conversations/{id}/events: the
+// reports of the workspace tasks that conversation asked for.
+func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) error {
+	return s.events(w, r, service.EventsRequest{ConversationID: r.PathValue("id")})
 }
 
 // events answers with JSON, or with SSE when the client accepts
 // text/event-stream; SSE resumes after Last-Event-ID or ?after=.
-func (s *Server) events(w http.ResponseWriter, r *http.Request, taskID string) error {
+func (s *Server) events(w http.ResponseWriter, r *http.Request, req service.EventsRequest) error {
 	q := r.URL.Query()
-	req := service.EventsRequest{TaskID: taskID, After: q.Get("after")}
+	req.After = q.Get("after")
 	if id := r.Header.Get("Last-Event-ID"); id != "" {
 		req.After = id
 	}
@@ -198,14 +204,14 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, taskID string) e
 		return nil
 	}
 	req.Follow = true
-	if taskID != "" {
-		if _, err := s.b.Get(r.Context(), taskID); err != nil {
+	if req.TaskID != "" {
+		if _, err := s.b.Get(r.Context(), req.TaskID); err != nil {
 			return err
 		}
 	}
 	if req.After != "" {
 		// Check the cursor before the stream starts, so a bad one is a 4xx.
-		if err := s.b.Events(r.Context(), service.EventsRequest{After: req.After, TaskID: taskID}, func(eventstore.Event) error { return errAbort }); err != nil && !errors.Is(err, errAbort) {
+		if err := s.b.Events(r.Context(), service.EventsRequest{After: req.After, TaskID: req.TaskID, ConversationID: req.ConversationID}, func(eventstore.Event) error { return errAbort }); err != nil && !errors.Is(err, errAbort) {
 			return err
 		}
 	}

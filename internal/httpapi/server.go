@@ -196,6 +196,7 @@ func (s *Server) routes() {
 	m.Handle("GET /api/tasks/{id}/events", auth(s.taskEvents))
 	m.Handle("GET /api/tasks/{id}/files/{path...}", auth(s.taskFile))
 	m.Handle("GET /api/events", auth(s.allEvents))
+	m.Handle("GET /api/conversations/{id}/events", auth(s.conversationEvents))
 	m.Handle("POST /api/webhooks/worker-complete", worker(s.workerComplete))
 	m.Handle("POST /api/webhooks/worker-progress", worker(s.workerProgress))
 	m.Handle("GET /api/workspace/{path...}", auth(s.readWorkspace))

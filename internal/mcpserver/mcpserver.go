@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -61,11 +62,13 @@ type Options struct {
 // concurrent use: any number of sessions, over both transports, may share
 // it.
 type Server struct {
-	svc  service.Service
-	cat  *tools.Catalogue
-	opts Options
-	log  *slog.Logger
-	srv  *mcp.Server
+	mu       sync.Mutex
+	watching map[string]bool // session id and conversation: watched
+	svc      service.Service
+	cat      *tools.Catalogue
+	opts     Options
+	log      *slog.Logger
+	srv      *mcp.Server
 }
 
 // New returns a Server with every tool of tools.New(svc, opts.Limits).
@@ -134,7 +137,11 @@ func (s *Server) handler(name string) mcp.ToolHandler {
 		}
 		stop := s.followProgress(ctx, req, name, args)
 		ctx = s.outputProgress(ctx, req)
+		watch := s.beforeSpawn(ctx, req, name, args)
 		res, err := s.cat.Call(ctx, name, args)
+		if err == nil {
+			watch()
+		}
 		r, ok := res.(service.Result)
 		stop(err == nil && ok && r.Done)
 		if err != nil {
@@ -183,6 +190,85 @@ func newRequestID() string {
 	var b [8]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// beforeSpawn, for a call that spawns a workspace task reporting to a
+// conversation, notes where that conversation's stream is now, and
+// returns what starts telling the calling session of the reports that
+// follow (as MCP logging notifications, while the session is connected:
+// the client sets a log level to receive them). Otherwise it returns a
+// no-op.
+func (s *Server) beforeSpawn(ctx context.Context, req *mcp.CallToolRequest, name string, args json.RawMessage) (watch func()) {
+	nothing := func() {}
+	if req.Session == nil || (name != "spawn_workspace_task" && name != "spawn_worker") {
+		return nothing
+	}
+	var a struct {
+		Workspace          string `json:"workspace"`
+		WorkspacePath      string `json:"workspace_path"`
+		ConversationID     string `json:"conversation_id"`
+		OriginConversation string `json:"origin_conversation"`
+	}
+	// Lenient on purpose: bad arguments are the tool's to report.
+	if json.Unmarshal(args, &a) != nil || (a.Workspace == "" && a.WorkspacePath == "") {
+		return nothing
+	}
+	conv := a.OriginConversation
+	if conv == "" {
+		conv = a.ConversationID
+	}
+	if conv == "" {
+		return nothing
+	}
+	var last string
+	if err := s.svc.Events(ctx, service.EventsRequest{ConversationID: conv}, func(e eventstore.Event) error {
+		last = e.ID
+		return nil
+	}); err != nil {
+		return nothing
+	}
+	return func() { s.watchConversation(req.Session, conv, last) }
+}
+
+// watchConversation sends session ss the workspace task reports on
+// conversation conv after event after, until ss closes. One watch per
+// session and conversation.
+func (s *Server) watchConversation(ss *mcp.ServerSession, conv, after string) {
+	key := ss.ID() + "\x00" + conv
+	s.mu.Lock()
+	if s.watching == nil {
+		s.watching = map[string]bool{}
+	}
+	if s.watching[key] {
+		s.mu.Unlock()
+		return
+	}
+	s.watching[key] = true
+	s.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		ss.Wait()
+		cancel()
+	}()
+	go func() {
+		defer func() {
+			cancel()
+			s.mu.Lock()
+			delete(s.watching, key)
+			s.mu.Unlock()
+		}()
+		err := s.svc.Events(ctx, service.EventsRequest{ConversationID: conv, After: after, Follow: true}, func(e eventstore.Event) error {
+			if e.Type != task.EventWorkspaceTaskCompleted && e.Type != task.EventWorkspaceTaskFailed {
+				return nil
+			}
+			return ss.Log(ctx, &mcp.LoggingMessageParams{Level: "notice", Logger: "corral", Data: map[string]any{
+				"event_type": e.Type, "event_id": e.ID, "conversation_id": conv, "report": json.RawMessage(e.Data),
+			}})
+		})
+		if err != nil && ctx.Err() == nil {
+			s.log.Debug("conversation notifications ended", "conversation_id", conv, logkey.Error, err)
+		}
+	}()
 }
 
 // outputProgress makes a command's output (workspace_exec) progress

@@ -140,7 +140,7 @@ func New(store eventstore.Store, opts Options, log *slog.Logger) (*Dispatcher, e
 	if opts.Signer == nil {
 		return nil, fmt.Errorf("notifications need a signing secret: %w", errdefs.ErrInvalidArgument)
 	}
-	types := []string{task.EventCompleted}
+	types := []string{task.EventCompleted, task.EventWorkspaceTaskCompleted, task.EventWorkspaceTaskFailed}
 	for _, e := range opts.Events {
 		if e = strings.TrimSpace(e); e != "" && !internal(e) {
 			types = append(types, e)

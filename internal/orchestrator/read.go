@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/clip"
@@ -44,7 +45,7 @@ func (o *Orchestrator) List(ctx context.Context, req service.ListRequest) (servi
 	if err := errors.Join(errs...); err != nil {
 		return service.ListPage{}, err
 	}
-	ts, more := o.tasks.List(projection.Filter{Status: st, ConversationID: req.ConversationID, Before: req.Cursor, Limit: limit})
+	ts, more := o.tasks.List(projection.Filter{Status: st, ConversationID: req.ConversationID, Workspace: req.Workspace, Before: req.Cursor, Limit: limit})
 	page := service.ListPage{Tasks: ts}
 	if more {
 		page.NextCursor = ts[len(ts)-1].ID
@@ -200,6 +201,11 @@ func (o *Orchestrator) Events(ctx context.Context, req service.EventsRequest, fn
 			return err
 		}
 		stream = task.StreamID(req.TaskID)
+	} else if req.ConversationID != "" {
+		if len(req.ConversationID) > 255 || strings.ContainsAny(req.ConversationID, "\x00\n") {
+			return errdefs.Field("conversation_id", "must be at most 255 bytes, without NUL or newline")
+		}
+		stream = task.ConversationStreamID(req.ConversationID)
 	}
 	var after int64
 	if req.After != "" {

@@ -204,7 +204,8 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 		ExecSession:    req.SessionID,
 		Workspace:      req.Workspace,
 		SaveToShared:   req.SaveToShared,
-		Origin:         task.Origin{ConversationID: req.ConversationID, InterfaceType: req.InterfaceType, UserName: req.UserName},
+		Origin: task.Origin{ConversationID: req.ConversationID, InterfaceType: req.InterfaceType, UserName: req.UserName,
+			OriginWorkspace: req.OriginWorkspace, OriginConversation: req.OriginConversation},
 	}
 
 	// The seed's model is the agent choice ("claude" or "gemini"), which

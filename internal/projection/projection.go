@@ -165,6 +165,7 @@ func (p *Tasks) ByIdempotencyKey(key string) (task.Task, bool) {
 type Filter struct {
 	Status         task.Status
 	ConversationID string
+	Workspace      string
 	Before         string // only tasks with an id (creation order) before this one
 	Limit          int
 }
@@ -176,6 +177,7 @@ func (p *Tasks) List(f Filter) ([]task.Task, bool) {
 	for _, t := range p.tasks {
 		if (f.Status == "" || t.Status == f.Status) &&
 			(f.ConversationID == "" || t.ConversationID == f.ConversationID) &&
+			(f.Workspace == "" || t.Workspace == f.Workspace) &&
 			(f.Before == "" || t.ID < f.Before) {
 			out = append(out, *t)
 		}

@@ -46,6 +46,9 @@ type WorkspaceTaskRequest struct {
 	Network        string            `json:"network,omitempty"`
 	ConversationID string            `json:"conversation_id,omitempty"`
 	Labels         map[string]string `json:"labels,omitempty"`
+	// OriginWorkspace and OriginConversation: see SpawnRequest.
+	OriginWorkspace    string `json:"origin_workspace,omitempty"`
+	OriginConversation string `json:"origin_conversation,omitempty"`
 }
 
 // Spawn is the task req asks for, in workspace name: the description,
@@ -60,5 +63,6 @@ func (req WorkspaceTaskRequest) Spawn() SpawnRequest {
 		Agent: req.Agent, Model: req.Model, Command: req.Command, TimeoutMinutes: req.TimeoutMinutes,
 		Runtime: req.Runtime, Image: req.Image, Network: req.Network,
 		ConversationID: req.ConversationID, Labels: req.Labels,
+		OriginWorkspace: req.OriginWorkspace, OriginConversation: req.OriginConversation,
 	}
 }

@@ -51,6 +51,10 @@ type SpawnRequest struct {
 	// POST /api/workspaces), read-write as its working directory; tasks on
 	// one workspace run one at a time.
 	Workspace string `json:"workspace,omitempty"`
+	// OriginWorkspace and OriginConversation say where a workspace task
+	// was asked from; its end is reported to that conversation.
+	OriginWorkspace    string `json:"origin_workspace,omitempty"`
+	OriginConversation string `json:"origin_conversation,omitempty"`
 }
 
 // ResourceRequest overrides the configured sandbox limits for one task, in
@@ -95,6 +99,7 @@ func (r *ResourceRequest) Apply(base task.Resources) (task.Resources, error) {
 type ListRequest struct {
 	Status         string `json:"status,omitempty"`
 	ConversationID string `json:"conversation_id,omitempty"`
+	Workspace      string `json:"workspace,omitempty"`
 	Limit          int    `json:"limit,omitempty"`
 	Cursor         string `json:"cursor,omitempty"`
 }
@@ -146,6 +151,9 @@ type LogsRequest struct {
 // EventsRequest selects events.
 type EventsRequest struct {
 	TaskID string // empty for every stream
-	After  string // an event id; empty for the beginning
-	Follow bool
+	// ConversationID selects the conversation's stream instead, where
+	// workspace tasks report their ends.
+	ConversationID string
+	After          string // an event id; empty for the beginning
+	Follow         bool
 }

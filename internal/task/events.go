@@ -98,8 +98,13 @@ const (
 	EventAttachmentCreated = "attachment_created"
 	// EventWorkspaceCreated records a named workspace (projects/<name>/) made
 	// by POST /api/workspaces, on stream workspace/<name>.
-	EventWorkspaceCreated  = "workspace_created"
-	EventAttachmentRemoved = "attachment_removed"
+	EventWorkspaceCreated = "workspace_created"
+	// EventWorkspaceTaskCompleted and EventWorkspaceTaskFailed report a
+	// workspace task's end on its origin conversation's stream
+	// (WorkspaceTaskReport), once.
+	EventWorkspaceTaskCompleted = "workspace_task_completed"
+	EventWorkspaceTaskFailed    = "workspace_task_failed"
+	EventAttachmentRemoved      = "attachment_removed"
 	// EventOutputsSaved records save_to_shared copying a successful task's
 	// outputs into shared/; EventOutputsSaveFailed, that it could not.
 	EventOutputsSaved      = "outputs_saved"
@@ -282,6 +287,18 @@ type Completed struct {
 	CostUSD          float64  `json:"cost_usd,omitempty"`
 	// Changes is what a task in a git workspace changed there.
 	Changes *Changes `json:"changes,omitempty"`
+}
+
+// WorkspaceTaskReport is the payload of EventWorkspaceTaskCompleted and
+// EventWorkspaceTaskFailed.
+type WorkspaceTaskReport struct {
+	TaskID       string   `json:"task_id"`
+	Workspace    string   `json:"workspace"`
+	Status       Status   `json:"status"`
+	Summary      string   `json:"summary,omitempty"`
+	ErrorMessage string   `json:"error_message,omitempty"`
+	Changes      *Changes `json:"changes,omitempty"`
+	Origin
 }
 
 // Changes is what a task changed in its git workspace since it started:

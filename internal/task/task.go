@@ -93,7 +93,25 @@ type Origin struct {
 	ConversationID string `json:"conversation_id,omitempty"`
 	InterfaceType  string `json:"interface_type,omitempty"`
 	UserName       string `json:"user_name,omitempty"`
+	// OriginWorkspace and OriginConversation are where a workspace task
+	// was asked from (seed 002): its end is reported on the origin
+	// conversation's stream (OriginConversation, else ConversationID).
+	OriginWorkspace    string `json:"origin_workspace,omitempty"`
+	OriginConversation string `json:"origin_conversation,omitempty"`
 }
+
+// ReportConversation is the conversation a workspace task's end is
+// reported to, "" for none.
+func (o Origin) ReportConversation() string {
+	if o.OriginConversation != "" {
+		return o.OriginConversation
+	}
+	return o.ConversationID
+}
+
+// ConversationStreamID is conversation id's event stream, where workspace
+// tasks report.
+func ConversationStreamID(id string) string { return "conversation/" + id }
 
 // Spec is what a task was asked to do; it never changes after the task is
 // created.

@@ -133,7 +133,9 @@ Tasks on one workspace run one after another. Use read_task_result(task_id) for 
 "image":{"type":"string","description":"Image (docker)."},
 "network":{"type":"string","enum":["none","allowlist","open"],"description":"Network policy."},
 "conversation_id":{"type":"string","description":"The conversation to report back to."},
-"labels":{"type":"object","additionalProperties":{"type":"string"},"description":"Labels recorded with the task."}},
+"labels":{"type":"object","additionalProperties":{"type":"string"},"description":"Labels recorded with the task."},
+"origin_workspace":{"type":"string","description":"The workspace this conversation works in, recorded with the report."},
+"origin_conversation":{"type":"string","description":"The conversation the task's end is reported to (default conversation_id): a workspace_task_completed or workspace_task_failed event on its stream."}},
 "required":["workspace_path","task_description","query"],"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var req service.WorkspaceTaskRequest

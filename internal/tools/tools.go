@@ -215,9 +215,10 @@ func readTaskResult(svc service.Service) Tool {
 func listWorkerTasks(svc service.Service) Tool {
 	return Tool{
 		Name:        "list_worker_tasks",
-		Description: "List worker tasks, newest first, optionally only those of one conversation or in one status.",
+		Description: "List worker tasks, newest first, optionally only those of one conversation, one workspace or in one status.",
 		Schema: json.RawMessage(`{"type":"object","properties":{
 "conversation_id":{"type":"string","description":"Only tasks spawned for this conversation."},
+"workspace":{"type":"string","description":"Only tasks in this named workspace."},
 "status":{"type":"string","enum":["pending","queued","starting","running","success","failed","timeout","cancelled"],"description":"Only tasks in this status."},
 "limit":{"type":"integer","minimum":1,"maximum":500,"default":50,"description":"At most this many tasks."},
 "cursor":{"type":"string","description":"next_cursor from the previous page."}},"additionalProperties":false}`),
@@ -353,7 +354,9 @@ const spawnSchema = `{"type":"object","properties":{
 "idempotency_key":{"type":"string","description":"Spawning twice with the same key returns the first task instead of a second one."},
 "follow_up_of":{"type":"string","description":"The task_id of an ended task to continue: its output files are copied into /task/context/previous/, and Claude Code resumes its session."},
 "session_id":{"type":"string","description":"A running session (POST /api/sessions) the agent runs every command in: its own shell tool is off and workspace_exec, bound to the session, is its way to run anything. claude only."},
-"workspace":{"type":"string","description":"A named workspace (POST /api/workspaces) the agent works in, read-write, as its working directory; tasks on one workspace run one at a time."}},
+"workspace":{"type":"string","description":"A named workspace (POST /api/workspaces) the agent works in, read-write, as its working directory; tasks on one workspace run one at a time."},
+"origin_workspace":{"type":"string","description":"The workspace the asking conversation works in, recorded with the report of a workspace task's end."},
+"origin_conversation":{"type":"string","description":"The conversation a workspace task's end is reported to (default conversation_id)."}},
 "required":["task_description"],"additionalProperties":false}`
 
 // MaxResultContentBytes bounds the file contents one read_task_result

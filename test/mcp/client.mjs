@@ -14,6 +14,7 @@ import { isDeepStrictEqual } from "node:util";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { LoggingMessageNotificationSchema } from "@modelcontextprotocol/sdk/types.js";
 
 const [mode, target, ...rest] = process.argv.slice(2);
 const failures = [];
@@ -144,6 +145,30 @@ async function main() {
     check(r.exit_code === 2 && r.stdout === "one\n" && r.stderr === "two\n", `workspace_exec result: ${text(we)}`);
     check(notes[0]?.message === "one\n" && notes[0].at < total - 700, `workspace_exec progress ${JSON.stringify(notes)} in ${total} ms: the first line came late`);
     check(notes.some((n) => n.message === "stderr: two\n"), `workspace_exec progress has no stderr: ${JSON.stringify(notes)}`);
+  }
+
+  // A workspace task reports its end to the session that spawned it, as a
+  // logging notification (the client asks for them by setting a level).
+  if (process.env.CORRAL_SESSION_ID) {
+    const reports = [];
+    client.setNotificationHandler(LoggingMessageNotificationSchema, (n) => {
+      if (n.params?.data?.event_type?.startsWith("workspace_task_")) reports.push(n.params.data);
+    });
+    await client.setLoggingLevel("notice");
+    const ws = await client.callTool({
+      name: "spawn_workspace_task",
+      arguments: {
+        workspace_path: "mcp-ws", task_description: "Say ok", query: "Write ok.txt",
+        agent: "command", command: ["sh", "-c", "echo ok > ok.txt"], conversation_id: "mcp-conv", origin_workspace: "host",
+      },
+    });
+    check(!ws.isError, `spawn_workspace_task: ${text(ws)}`);
+    const wsTask = JSON.parse(text(ws)).task_id;
+    for (let i = 0; i < 600 && !reports.some((r) => r.report?.task_id === wsTask); i++) await new Promise((r) => setTimeout(r, 100));
+    const got = reports.find((r) => r.report?.task_id === wsTask);
+    report.workspace_report = got ?? null;
+    check(got?.event_type === "workspace_task_completed" && got.report.origin_workspace === "host" && got.report.workspace === "mcp-ws",
+      `no workspace_task_completed notification for ${wsTask}: ${JSON.stringify(reports)}`);
   }
 
   // A path outside the workspace is a tool error, not a protocol error.

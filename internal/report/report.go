@@ -1,0 +1,111 @@
+// Package report tells the conversation a workspace task came from that it
+// ended (seed 002 §8, by event): for every workspace task with an origin
+// conversation, a workspace_task_completed or workspace_task_failed event
+// on that conversation's stream, once, whatever crashes come between. The
+// host hears it through every channel that follows events: the signed
+// callback, SSE on /api/conversations/{id}/events, and MCP.
+package report
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// Actor is who reports.
+const Actor = "corral/report"
+
+// Run reports every ended workspace task not reported yet (from the start
+// of the log), then each as it ends, until ctx is done.
+func Run(ctx context.Context, store eventstore.Store, log *slog.Logger) error {
+	var after int64
+	for {
+		evs, err := store.ReadAll(ctx, after, 1024)
+		if err != nil {
+			return fmt.Errorf("read events to report: %w", err)
+		}
+		if len(evs) == 0 {
+			break
+		}
+		for _, e := range evs {
+			after = e.Position
+			handle(ctx, store, e, log)
+		}
+	}
+	sub := eventstore.Subscribe(store, after)
+	for {
+		e, err := sub.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("follow events to report: %w", err)
+		}
+		handle(ctx, store, e, log)
+	}
+}
+
+func handle(ctx context.Context, store eventstore.Store, e eventstore.Event, log *slog.Logger) {
+	if e.Type != task.EventCompleted || task.IDFromStream(e.StreamID) == "" {
+		return
+	}
+	if err := report(ctx, store, e); err != nil && ctx.Err() == nil {
+		log.Warn("cannot report a workspace task's end", "event_id", e.ID, "err", err)
+	}
+}
+
+// report appends the report of the task whose terminal event is e, unless
+// its conversation has it already.
+func report(ctx context.Context, store eventstore.Store, e eventstore.Event) error {
+	evs, err := store.ReadStream(ctx, e.StreamID, 0)
+	if err != nil {
+		return err
+	}
+	t := task.Task{ID: task.IDFromStream(e.StreamID)}
+	for _, te := range evs {
+		if te.StreamVersion > e.StreamVersion {
+			break
+		}
+		if err := t.Apply(te); err != nil {
+			return err
+		}
+	}
+	conv := t.ReportConversation()
+	if t.Workspace == "" || conv == "" {
+		return nil
+	}
+	stream := task.ConversationStreamID(conv)
+	// The conversation's stream is read and appended at its version: a
+	// report another append raced is seen on the retry.
+	for {
+		evs, err := store.ReadStream(ctx, stream, 0)
+		if err != nil {
+			return err
+		}
+		for _, ce := range evs {
+			var r task.WorkspaceTaskReport
+			if (ce.Type == task.EventWorkspaceTaskCompleted || ce.Type == task.EventWorkspaceTaskFailed) && json.Unmarshal(ce.Data, &r) == nil && r.TaskID == t.ID {
+				return nil // reported already
+			}
+		}
+		typ := task.EventWorkspaceTaskFailed
+		if t.Status == task.Success {
+			typ = task.EventWorkspaceTaskCompleted
+		}
+		ev := projection.NewEvent(typ, task.WorkspaceTaskReport{
+			TaskID: t.ID, Workspace: t.Workspace, Status: t.Status, Summary: t.Summary,
+			ErrorMessage: t.ErrorMessage, Changes: t.Changes, Origin: t.Origin,
+		}, Actor)
+		ev.CausationID, ev.CorrelationID = e.ID, e.CorrelationID
+		_, err = store.Append(ctx, stream, int64(len(evs)), ev)
+		if err == nil || !errors.Is(err, eventstore.ErrVersionConflict) {
+			return err
+		}
+	}
+}
