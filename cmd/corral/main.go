@@ -26,7 +26,7 @@ Usage:
   corral serve [--config FILE] [--listen ADDR] [--data DIR] [--runtime R] [--max-concurrent N]
                                                    run the server
   corral run "task" [--follow] [--agent NAME] [--model M] [--context FILE]... [--attach FILE]...
-             [--runtime R] [--image IMAGE] [--network none|allowlist|open]
+             [--runtime R] [--image IMAGE] [--network none|allowlist|open] [--workspace NAME] [--session ID]
              [--memory 2Gi] [--cpu 2] [--pids N] [--timeout 30m] [--label KEY=VALUE]...
              [--conversation-id ID] [--document ID]... [--note-query Q] [-- CMD ARGS...]
                                                    spawn a task (CMD runs it with the command agent;

@@ -45,6 +45,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	})
 	fs.StringVar(&req.Runtime, "runtime", "", "where the worker runs: local, gvisor, docker or kubernetes (default: the server's)")
 	fs.StringVar(&req.Image, "image", "", "the container image, for the docker and kubernetes runtimes")
+	fs.StringVar(&req.Workspace, "workspace", "", "a named workspace to work in (corral workspaces create NAME)")
+	fs.StringVar(&req.SessionID, "session", "", "a session to run every command in (claude only)")
 	fs.StringVar(&req.Network, "network", "", "the worker's network: none, allowlist (the server's egress allowlist) or open (default: the server's)")
 	var limits service.ResourceRequest
 	fs.StringVar(&limits.MemoryLimit, "memory", "", "the sandbox's memory limit, e.g. 512Mi or 2Gi (default: the server's)")

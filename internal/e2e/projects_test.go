@@ -55,6 +55,12 @@ func TestWorkspaces(t *testing.T) {
 	if f, err := s.client.ReadProjectFile(ctx, "myapp", "README.md"); err != nil || f.Content != "# my app\n" {
 		t.Errorf("README.md: %+v, %v", f, err)
 	}
+	if got := s.runCLI(t, "run", "--server", s.url, "--follow", "--workspace", "myapp", "list the workspace", "--", "sh", "-c", "ls > listing.txt"); !strings.Contains(got, "success") {
+		t.Errorf("corral run --workspace: %q", got)
+	}
+	if f, err := s.client.ReadProjectFile(ctx, "myapp", "listing.txt"); err != nil || !strings.Contains(f.Content, "README.md") {
+		t.Errorf("the CLI's workspace task: %q, %v", f.Content, err)
+	}
 	if got := s.runCLI(t, "workspaces", "cat", "--server", s.url, "myapp", "README.md"); got != "# my app\n" {
 		t.Errorf("corral workspaces cat: %q", got)
 	}
