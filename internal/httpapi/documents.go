@@ -8,18 +8,13 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/service"
-	"github.com/corral-dev/corral/internal/strictjson"
 )
 
 // ingestDocument serves POST /api/documents: ingest_from_workspace's
 // arguments (source_path), or a note's content.
 func (s *Server) ingestDocument(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	req, err := decodeBody[service.IngestRequest](s, r)
 	if err != nil {
-		return err
-	}
-	var req service.IngestRequest
-	if err := strictjson.Decode(body, &req); err != nil {
 		return err
 	}
 	d, err := s.b.IngestDocument(r.Context(), req)
@@ -53,12 +48,8 @@ func (s *Server) searchDocuments(w http.ResponseWriter, r *http.Request) error {
 // exportNotes serves POST /api/documents/export:
 // export_notes_to_workspace's arguments.
 func (s *Server) exportNotes(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	req, err := decodeBody[service.ExportNotesRequest](s, r)
 	if err != nil {
-		return err
-	}
-	var req service.ExportNotesRequest
-	if err := strictjson.Decode(body, &req); err != nil {
 		return err
 	}
 	res, err := s.b.ExportNotes(r.Context(), req)

@@ -28,12 +28,8 @@ type SpawnResponse struct {
 }
 
 func (s *Server) createTask(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	req, err := decodeBody[service.SpawnRequest](s, r)
 	if err != nil {
-		return err
-	}
-	var req service.SpawnRequest
-	if err := strictjson.Decode(body, &req); err != nil {
 		return err
 	}
 	t, existing, err := s.b.Spawn(r.Context(), req)
@@ -52,12 +48,8 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) error {
 // execute runs a code_execute call and answers when it ends: 200 with the
 // result, whether the command succeeded or not (success says which).
 func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	req, err := decodeBody[service.ExecRequest](s, r)
 	if err != nil {
-		return err
-	}
-	var req service.ExecRequest
-	if err := strictjson.Decode(body, &req); err != nil {
 		return err
 	}
 	res, err := s.b.Execute(r.Context(), req)
@@ -372,4 +364,16 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	return nil
+}
+
+// decodeBody reads r's JSON body, at most MaxRequestBytes, strictly into a
+// T (strictjson: one way to read it only).
+func decodeBody[T any](s *Server, r *http.Request) (T, error) {
+	var v T
+	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	if err != nil {
+		return v, err
+	}
+	err = strictjson.Decode(body, &v)
+	return v, err
 }

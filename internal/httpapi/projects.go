@@ -6,7 +6,6 @@ import (
 	"net/url"
 
 	"github.com/corral-dev/corral/internal/service"
-	"github.com/corral-dev/corral/internal/strictjson"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -20,12 +19,8 @@ func (s *Server) listProjects(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) createProject(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	req, err := decodeBody[service.CreateProjectRequest](s, r)
 	if err != nil {
-		return err
-	}
-	var req service.CreateProjectRequest
-	if err := strictjson.Decode(body, &req); err != nil {
 		return err
 	}
 	p, err := s.b.CreateProject(r.Context(), req)

@@ -19,7 +19,6 @@ import (
 	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
-	"github.com/corral-dev/corral/internal/strictjson"
 )
 
 // SessionCreated is POST /api/sessions's answer: the token is shown once.
@@ -112,12 +111,8 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
 	if s.opts.Sessions == nil {
 		return errSessionsOff
 	}
-	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	req, err := decodeBody[session.CreateRequest](s, r)
 	if err != nil {
-		return err
-	}
-	var req session.CreateRequest
-	if err := strictjson.Decode(body, &req); err != nil {
 		return err
 	}
 	sess, token, err := s.opts.Sessions.Create(r.Context(), req)
@@ -173,12 +168,8 @@ func (s *Server) execSession(w http.ResponseWriter, r *http.Request, check func(
 	if err := check(r); err != nil {
 		return err
 	}
-	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	b, err := decodeBody[ExecBody](s, r)
 	if err != nil {
-		return err
-	}
-	var b ExecBody
-	if err := strictjson.Decode(body, &b); err != nil {
 		return err
 	}
 	req := session.ExecRequest{Dir: b.Cwd, Timeout: time.Duration(b.TimeoutSeconds) * time.Second}

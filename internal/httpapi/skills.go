@@ -6,7 +6,6 @@ import (
 	"net/url"
 
 	"github.com/corral-dev/corral/internal/service"
-	"github.com/corral-dev/corral/internal/strictjson"
 )
 
 // listSkills serves GET /api/skills.
@@ -31,12 +30,8 @@ func (s *Server) getSkill(w http.ResponseWriter, r *http.Request) error {
 
 // createSkill serves POST /api/skills: create_skill's arguments.
 func (s *Server) createSkill(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.readBody(r, s.opts.MaxRequestBytes)
+	req, err := decodeBody[service.CreateSkillRequest](s, r)
 	if err != nil {
-		return err
-	}
-	var req service.CreateSkillRequest
-	if err := strictjson.Decode(body, &req); err != nil {
 		return err
 	}
 	sk, err := s.b.CreateSkill(r.Context(), req)
