@@ -131,7 +131,10 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	res, err := c.Result(ctx, service.ResultRequest{TaskID: t.ID})
+	// The end came on the event stream; the result is read from the
+	// server's view of the task, which may apply that event a moment
+	// later: wait for it there too.
+	res, err := c.Result(ctx, service.ResultRequest{TaskID: t.ID, Wait: time.Minute})
 	if err != nil {
 		return err
 	}

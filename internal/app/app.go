@@ -179,6 +179,8 @@ func (a *App) open(ctx context.Context) error {
 			sessionRuntimes[name] = rt
 		}
 	}
+	// One writer per named workspace, tasks and sessions alike.
+	writers := &task.Writers{}
 	a.sessions = session.New(session.Options{
 		Store:          a.store,
 		Data:           a.data,
@@ -189,6 +191,7 @@ func (a *App) open(ctx context.Context) error {
 		SocketDir:      workspace.DirRun + "/sock",
 		Egress:         egressProxies{srv: a.egress, allow: a.egressAllow},
 		Networks:       networks,
+		Writers:        writers,
 		Image:          w.AICoderImage,
 		AllowedImages:  w.AllowedImages,
 		Limits: sandbox.Limits{
@@ -270,6 +273,7 @@ func (a *App) open(ctx context.Context) error {
 		MaxTaskDirBytes: lim.MaxTaskDirBytes.Bytes(),
 	}, a.log.With("subsystem", "taskrun"))
 	a.sched = scheduler.New(scheduler.Options{
+		Writers:       writers,
 		MaxConcurrent: w.MaxConcurrentWorkers,
 		StopGrace:     time.Duration(lim.StopGrace),
 		Runtimes:      a.runtimes,

@@ -3,6 +3,7 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -15,7 +16,9 @@ import (
 	"github.com/corral-dev/corral/internal/agent/agenttest"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -64,6 +67,52 @@ func TestWorkspaces(t *testing.T) {
 	if got := s.runCLI(t, "workspaces", "cat", "--server", s.url, "myapp", "README.md"); got != "# my app\n" {
 		t.Errorf("corral workspaces cat: %q", got)
 	}
+
+	// A session can work in a named workspace, as its one writer: a task
+	// there waits for the session's end, and a second session is refused.
+	sess, err := s.client.CreateSession(ctx, session.CreateRequest{Workspace: "myapp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if _, err := s.client.ExecSession(ctx, sess.SessionID, httpapi.ExecBody{Command: shell("cat README.md; echo from-session > s.txt")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || out.String() != "# my app\n" {
+		t.Errorf("a session in workspace myapp: %q, %v", out.String(), err)
+	}
+	if _, err := s.client.CreateSession(ctx, session.CreateRequest{Workspace: "myapp"}); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("a second session on myapp: %v, want 409", err)
+	}
+	waiting, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "after the session", Workspace: "myapp", Agent: "command", Command: []string{"sh", "-c", "cat s.txt > after.txt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if tk, _ := s.client.Get(ctx, waiting.ID); tk.Status != task.Queued {
+		t.Errorf("a task on a workspace a session writes: %s, want queued", tk.Status)
+	}
+	if _, err := s.client.DeleteSession(ctx, sess.SessionID); err != nil {
+		t.Fatal(err)
+	}
+	if res := s.wait(t, waiting.ID, 60*time.Second); res.Status != task.Success {
+		t.Fatalf("the waiting task: %s %s", res.Status, res.ErrorMessage)
+	}
+	if f, err := s.client.ReadProjectFile(ctx, "myapp", "after.txt"); err != nil || f.Content != "from-session\n" {
+		t.Errorf("the task after the session: %q, %v", f.Content, err)
+	}
+	// And the other way round: no session while a task writes it.
+	busy, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "busy", Workspace: "myapp", Agent: "command", Command: []string{"sleep", "60"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if tk, _ := s.client.Get(ctx, busy.ID); tk.Status == task.Running || time.Now().After(deadline) {
+			break
+		}
+	}
+	if _, err := s.client.CreateSession(ctx, session.CreateRequest{Workspace: "myapp"}); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), busy.ID) {
+		t.Errorf("a session on a workspace a task writes: %v, want 409 naming the task", err)
+	}
+	s.client.Cancel(ctx, busy.ID)
+	s.wait(t, busy.ID, 60*time.Second)
 
 	// A link out of projects/ is no workspace, and a link inside one leads
 	// nowhere outside it.

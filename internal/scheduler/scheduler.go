@@ -15,8 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"slices"
 	"sync"
 	"time"
 
@@ -47,6 +45,11 @@ type Options struct {
 	Runtimes map[string]sandbox.Runtime
 	// Runner is the rest of a task's life in a sandbox (taskrun.Runner).
 	Runner Runner
+	// Writers is who writes each named workspace, shared with the session
+	// manager: a workspace task starts only when it can hold its
+	// workspace, and holds it until its sandbox is gone. Nil: the
+	// scheduler's own.
+	Writers *task.Writers
 	// Quota, when set, holds each task's directory to its disk quota from
 	// before its sandbox starts until the sandbox is gone.
 	Quota Quota
@@ -122,6 +125,9 @@ func New(opts Options, tasks *projection.Tasks, store eventstore.Store, log *slo
 	if opts.RecordRetry <= 0 {
 		opts.RecordRetry = time.Second
 	}
+	if opts.Writers == nil {
+		opts.Writers = &task.Writers{}
+	}
 	return &Scheduler{opts: opts, tasks: tasks, store: store, log: log, running: map[string]bool{}, kick: make(chan struct{}, 1), reconciled: make(chan struct{})}
 }
 
@@ -173,25 +179,17 @@ func (s *Scheduler) fill(ctx context.Context) {
 		return
 	}
 	queued := s.tasks.Select(func(t *task.Task) bool { return t.Status == task.Queued })
-	// One writer per workspace: a task waits while another on its
-	// workspace is in this scheduler's hands (starting, running, or ended
-	// with its sandbox not yet destroyed, which gives the workspace back);
-	// tasks on other workspaces pass it.
-	busy := map[string]bool{}
-	s.mu.Lock()
-	held := slices.Collect(maps.Keys(s.running))
-	s.mu.Unlock()
-	for _, id := range held {
-		if t, err := s.tasks.Get(id); err == nil && t.Workspace != "" {
-			busy[t.Workspace] = true
-		}
-	}
 	for _, t := range queued {
 		if s.Running() >= s.opts.MaxConcurrent || ctx.Err() != nil {
 			return
 		}
-		if t.Workspace != "" && busy[t.Workspace] {
-			continue
+		// One writer per workspace: a task waits while another task (until
+		// its sandbox, destroyed, gives the workspace back) or a session
+		// writes its workspace; tasks on other workspaces pass it.
+		if t.Workspace != "" {
+			if _, ok := s.opts.Writers.Acquire(t.Workspace, t.ID); !ok {
+				continue
+			}
 		}
 		nt, err := s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
 			if t.Status != task.Queued {
@@ -203,13 +201,12 @@ func (s *Scheduler) fill(ctx context.Context) {
 			if ctx.Err() == nil {
 				s.log.Warn("cannot claim task", logkey.TaskID, t.ID, logkey.Error, err)
 			}
+			s.releaseWorkspace(t)
 			continue
 		}
 		if nt.Status != task.Starting || !s.claim(nt.ID) {
+			s.releaseWorkspace(t)
 			continue
-		}
-		if nt.Workspace != "" {
-			busy[nt.Workspace] = true
 		}
 		s.wg.Add(1)
 		go func() {
@@ -234,7 +231,17 @@ func (s *Scheduler) release(id string) {
 	s.mu.Lock()
 	delete(s.running, id)
 	s.mu.Unlock()
+	if t, err := s.tasks.Get(id); err == nil {
+		s.releaseWorkspace(t)
+	}
 	s.wake()
+}
+
+// releaseWorkspace gives up t's hold on its workspace, if it has one.
+func (s *Scheduler) releaseWorkspace(t task.Task) {
+	if t.Workspace != "" {
+		s.opts.Writers.Release(t.Workspace, t.ID)
+	}
 }
 
 // start creates the task's sandbox and supervises it.
@@ -655,6 +662,11 @@ func (s *Scheduler) resume(ctx context.Context, t task.Task, rt sandbox.Runtime,
 	// keeps its timeout counting from then, not from now.
 	if c, ok := s.opts.Runner.Reported(ctx, t); ok {
 		s.complete(ctx, t.ID, c) // supervise then stops the sandbox
+	}
+	if t.Workspace != "" {
+		if holder, ok := s.opts.Writers.Acquire(t.Workspace, t.ID); !ok {
+			s.log.Warn("a reattached task's workspace is held by another", logkey.TaskID, t.ID, "workspace", t.Workspace, "holder", holder)
+		}
 	}
 	s.claim(t.ID)
 	s.wg.Add(1)

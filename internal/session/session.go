@@ -36,6 +36,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/ids"
+	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
@@ -88,6 +89,9 @@ type Options struct {
 	// policies this server offers ("" if it can).
 	Egress   Egress
 	Networks map[string]string
+	// Writers is who writes each named workspace, shared with the
+	// scheduler; nil: the manager's own.
+	Writers *task.Writers
 	// Image is a session's image on an image runtime when it names none;
 	// AllowedImages the glob patterns one must match (none: any).
 	Image         string
@@ -108,6 +112,11 @@ type CreateRequest struct {
 	Runtime string            `json:"runtime,omitempty"`
 	Network string            `json:"network,omitempty"`
 	Labels  map[string]string `json:"labels,omitempty"`
+	// Workspace, when set, is a named workspace (projects/<name>/) the
+	// session works in, read-write at Dir, instead of a directory of its
+	// own. The session is its one writer while it runs: creating one while
+	// a task or another session writes it is a conflict.
+	Workspace string `json:"workspace,omitempty"`
 	// Resources override the configured sandbox limits, in the
 	// configuration's units ("2Gi", "500m"), as spawn_worker's do.
 	Resources *service.ResourceRequest `json:"resources,omitempty"`
@@ -122,6 +131,7 @@ type Session struct {
 	Runtime     string            `json:"runtime"`
 	Image       string            `json:"image,omitempty"`
 	Network     string            `json:"network"`
+	Workspace   string            `json:"workspace,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	Status      string            `json:"status"` // running | ended
 	EndReason   string            `json:"end_reason,omitempty"`
@@ -192,6 +202,9 @@ func New(opts Options, log *slog.Logger) *Manager {
 	if opts.IdleTimeout <= 0 {
 		opts.IdleTimeout = defaultIdle
 	}
+	if opts.Writers == nil {
+		opts.Writers = &task.Writers{}
+	}
 	if opts.MaxLifetime <= 0 {
 		opts.MaxLifetime = defaultLifetime
 	}
@@ -245,6 +258,9 @@ func (m *Manager) Start(ctx context.Context) error {
 		if rt == nil || rt.Recover(ctx, &h) != nil {
 			m.end(ctx, s.ID, "lost")
 			continue
+		}
+		if s.Workspace != "" {
+			m.opts.Writers.Acquire(s.Workspace, s.ID)
 		}
 		if s.Network != "" && s.Network != task.NetworkNone && m.opts.Egress != nil {
 			// The proxy listens again where the sandbox has it mounted.
@@ -511,6 +527,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 			break
 		}
 	}
+	if req.Workspace != "" {
+		name, err := library.ProjectName(req.Workspace)
+		if err != nil {
+			errs = append(errs, err)
+		} else if fi, err := m.opts.Data.Root().Lstat(workspace.DirProjects + "/" + name); err != nil || !fi.IsDir() {
+			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("no workspace %q (POST /api/workspaces): %w", name, errdefs.ErrFailedPrecondition)})
+		}
+		req.Workspace = name
+	}
 	if err := errors.Join(errs...); err != nil {
 		return Session{}, "", err
 	}
@@ -528,9 +553,27 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 
 	id := idPrefix + ids.New()
 	dir := sessionDirRoot + "/" + id
-	if err := m.opts.Data.Root().MkdirAll(dir, 0o755); err != nil {
+	if req.Workspace != "" {
+		// A task that just ended holds its workspace until its sandbox is
+		// gone, a moment later: wait for that, not for a running writer.
+		holder, ok := m.opts.Writers.Acquire(req.Workspace, id)
+		for deadline := time.Now().Add(writerWait); !ok && time.Now().Before(deadline) && ctx.Err() == nil; {
+			time.Sleep(50 * time.Millisecond)
+			holder, ok = m.opts.Writers.Acquire(req.Workspace, id)
+		}
+		if !ok {
+			return Session{}, "", fmt.Errorf("workspace %q is being written by %s; one writer at a time: %w", req.Workspace, holder, errdefs.ErrConflict)
+		}
+		dir = workspace.DirProjects + "/" + req.Workspace
+	} else if err := m.opts.Data.Root().MkdirAll(dir, 0o755); err != nil {
 		return Session{}, "", fmt.Errorf("create the session's directory: %w", err)
 	}
+	made := false
+	defer func() {
+		if !made && req.Workspace != "" {
+			m.opts.Writers.Release(req.Workspace, id)
+		}
+	}()
 	labels := map[string]string{sandbox.LabelManaged: "true", labelSession: "true"}
 	agentToken := newToken()
 	spec := sandbox.Spec{
@@ -577,7 +620,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	m.mu.Lock()
 	attached := m.attached
 	m.mu.Unlock()
-	s := Session{ID: id, Runtime: rtName, Image: image, Network: network, Labels: maps.Clone(req.Labels), Status: StatusRunning,
+	s := Session{ID: id, Runtime: rtName, Image: image, Network: network, Workspace: req.Workspace, Labels: maps.Clone(req.Labels), Status: StatusRunning,
 		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second)}
 	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), AgentTokenHash: hashToken(agentToken), Handle: *h}); err != nil {
 		rt.Destroy(context.WithoutCancel(ctx), id)
@@ -589,6 +632,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		m.log.Warn("the session's exec agent has not dialled in; commands go through the runtime until it does", "session_id", id)
 	}
 	m.log.Info("session created", "session_id", id, "runtime", rtName, "image", image)
+	made = true
 	got, err := m.Get(id)
 	return got, token, err
 }
@@ -619,6 +663,11 @@ func (m *Manager) end(ctx context.Context, id, reason string) {
 	}
 	if m.opts.Egress != nil && s.Network != "" && s.Network != task.NetworkNone {
 		m.opts.Egress.Close(id)
+	}
+	if s.Workspace != "" {
+		// Before the end is recorded: the record wakes the scheduler,
+		// which may start a task waiting for the workspace.
+		m.opts.Writers.Release(s.Workspace, id)
 	}
 	if err := m.append(ctx, id, EventEnded, map[string]string{"reason": reason}); err != nil {
 		m.log.Error("cannot record a session's end", "session_id", id, "err", err)
@@ -770,6 +819,10 @@ func (w *bounded) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// writerWait is how long a session on a named workspace waits for the
+// workspace's writer to let go before it is refused.
+const writerWait = 3 * time.Second
 
 // maxStdin bounds the stdin an exec is given.
 const maxStdin = 16 << 20

@@ -656,7 +656,14 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		return fmt.Errorf("destroy: %w", err)
 	}
 	if _, err := r.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
-		return classify("destroy sandbox "+id, err)
+		if !cerrdefs.IsConflict(err) {
+			return classify("destroy sandbox "+id, err)
+		}
+		// Another Destroy's removal is under way (one cut short by a
+		// shutdown, say): the container is gone when it ends.
+		if err := r.waitRemoved(ctx, c.ID); err != nil {
+			return fmt.Errorf("destroy sandbox %s: %w", id, err)
+		}
 	}
 	var owned []string
 	for _, m := range c.Mounts {
@@ -669,6 +676,22 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	}
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
+}
+
+// waitRemoved waits until the engine no longer knows containerID.
+func (r *Runtime) waitRemoved(ctx context.Context, containerID string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		if _, err := r.cli.ContainerInspect(ctx, containerID, client.ContainerInspectOptions{}); cerrdefs.IsNotFound(err) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the container's removal: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // Exec runs req.Command in the running sandbox id through the engine's exec
