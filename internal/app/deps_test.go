@@ -58,7 +58,7 @@ var allowed = map[string][]string{
 	"internal/tools":                {"service", "errdefs", "workspace", "strictjson"},
 	"internal/httpapi":              {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson", "webhook", "session", "execagent"},
 	"internal/session":              {"sandbox", "eventstore", "task", "workspace", "workerproto", "errdefs", "ids", "clip", "service", "execagent", "library"},
-	"internal/execagent":            {"errdefs"},
+	"internal/execagent":            {"errdefs", "clip"},
 	"internal/report":               {"eventstore", "projection", "task"},
 	"internal/mcpserver":            {"tools", "service", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                  {"*"},

@@ -3,11 +3,13 @@
 package e2e_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -217,6 +219,25 @@ func TestSessionTokens(t *testing.T) {
 			t.Errorf("%s on the socket: %v, want 403", name, err)
 		}
 	}
+	// Only the session's own exec agent attaches as it: the owner's token
+	// (or a task's granted one) would otherwise see every command run in
+	// the session.
+	for name, token := range map[string]string{"the session's token": a.Token, "the API token": "admin-token-0123456789"} {
+		conn, err := net.Dial("unix", strings.TrimPrefix(sock, "unix://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST /api/sessions/%s/agent HTTP/1.1\r\nHost: corral\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: corral-exec/1\r\nContent-Length: 0\r\n\r\n", a.SessionID, token)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil || resp.StatusCode != http.StatusForbidden {
+			t.Errorf("%s attaching as the agent: %v, %v; want 403", name, resp.Status, err)
+		}
+		conn.Close()
+	}
+	if _, err := asA.ExecSession(ctx, a.SessionID, httpapi.ExecBody{Command: command("true")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+		t.Errorf("the session after the refused attaches: %v", err)
+	}
+
 	// SSE for a client that asks for it.
 	req, _ := http.NewRequest("POST", s.url+"/api/sessions/"+a.SessionID+"/exec", strings.NewReader(`{"command":"echo sse"}`))
 	req.Header.Set("Authorization", "Bearer "+a.Token)

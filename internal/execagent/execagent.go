@@ -28,8 +28,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
+
+// MaxFrame bounds one frame from the agent: its output comes in chunks of
+// 32 KiB, base64-encoded in a line of JSON.
+const MaxFrame = 1 << 20
+
+// maxError bounds the error text an exit frame carries.
+const maxError = 1024
 
 // Upgrade is the protocol name of the upgraded connection.
 const Upgrade = "corral-exec/1"
@@ -218,15 +226,21 @@ type Conn struct {
 
 	mu     sync.Mutex // guards enc, execs, next
 	enc    *json.Encoder
-	execs  map[string]chan Frame
+	execs  map[string]*pending
 	next   int
 	closed chan struct{}
+}
+
+// pending is one Exec's frames, and done, closed when it has returned.
+type pending struct {
+	frames chan Frame
+	done   chan struct{}
 }
 
 // NewConn serves an agent's upgraded connection; r reads what the agent
 // sends (the hijacked connection's buffered reader).
 func NewConn(conn net.Conn, r io.Reader) *Conn {
-	c := &Conn{conn: conn, enc: json.NewEncoder(conn), execs: map[string]chan Frame{}, closed: make(chan struct{})}
+	c := &Conn{conn: conn, enc: json.NewEncoder(conn), execs: map[string]*pending{}, closed: make(chan struct{})}
 	go c.read(r)
 	return c
 }
@@ -240,20 +254,23 @@ func (c *Conn) Close() error { return c.conn.Close() }
 func (c *Conn) read(r io.Reader) {
 	defer close(c.closed)
 	defer c.conn.Close()
-	dec := json.NewDecoder(r)
-	for {
+	// The agent is inside the sandbox: what it sends is hostile. A frame is
+	// one line of at most MaxFrame bytes; a longer one ends the connection.
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), MaxFrame)
+	for sc.Scan() {
 		var f Frame
-		if err := dec.Decode(&f); err != nil {
+		if err := json.Unmarshal(sc.Bytes(), &f); err != nil {
 			return
 		}
+		f.Error = clip.String(strings.ToValidUTF8(f.Error, "\uFFFD"), maxError)
 		c.mu.Lock()
-		ch := c.execs[f.ID]
+		p := c.execs[f.ID]
 		c.mu.Unlock()
-		if ch != nil {
+		if p != nil {
 			select {
-			case ch <- f:
-			case <-c.closed:
-				return
+			case p.frames <- f:
+			case <-p.done: // its Exec has returned: nobody reads on
 			}
 		}
 	}
@@ -269,16 +286,18 @@ func (c *Conn) send(f Frame) error {
 // output to stdout and stderr; it returns the exit code. When ctx ends the
 // command is killed and Exec returns ctx's error.
 func (c *Conn) Exec(ctx context.Context, argv []string, dir string, env []string, stdin []byte, stdout, stderr io.Writer) (int, error) {
-	ch := make(chan Frame, 64)
+	p := &pending{frames: make(chan Frame, 64), done: make(chan struct{})}
+	ch := p.frames
 	c.mu.Lock()
 	c.next++
 	id := fmt.Sprintf("e%d", c.next)
-	c.execs[id] = ch
+	c.execs[id] = p
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
 		delete(c.execs, id)
 		c.mu.Unlock()
+		close(p.done)
 	}()
 	if err := c.send(Frame{Op: "start", ID: id, Argv: argv, Dir: dir, Env: env, Stdin: stdin}); err != nil {
 		return -1, fmt.Errorf("the session's exec agent: %v: %w", err, errdefs.ErrUnavailable)

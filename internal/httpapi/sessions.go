@@ -86,8 +86,12 @@ func (s *Server) sessionTokenCaller(r *http.Request) error {
 // attachAgent upgrades a session's exec agent's request to the stream its
 // commands run over (package execagent).
 func (s *Server) attachAgent(w http.ResponseWriter, r *http.Request) error {
-	if err := s.sessionTokenCaller(r); err != nil {
-		return err
+	if s.opts.Sessions == nil {
+		return errSessionsOff
+	}
+	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !s.opts.Sessions.AuthorizeAgent(r.PathValue("id"), token) {
+		return fmt.Errorf("only the session's exec agent attaches here: %w", errdefs.ErrPermissionDenied)
 	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), execagent.Upgrade) {
 		return fmt.Errorf("want Upgrade: %s: %w", execagent.Upgrade, errdefs.ErrInvalidArgument)

@@ -142,8 +142,9 @@ type Session struct {
 	IdleTimeout int               `json:"idle_timeout"`
 	MaxLifetime int               `json:"max_lifetime"`
 
-	tokenHashes []string // the session's token's, then those granted to tasks
-	handle      sandbox.Handle
+	tokenHashes    []string // the session's token's, its agent's, then those granted to tasks
+	agentTokenHash string   // the exec agent's: the only one that may attach as it
+	handle         sandbox.Handle
 	running     int // execs running now
 }
 
@@ -334,7 +335,7 @@ func (m *Manager) apply(e eventstore.Event) {
 			return
 		}
 		s := c.Session
-		s.tokenHashes, s.handle = []string{c.TokenHash, c.AgentTokenHash}, c.Handle
+		s.tokenHashes, s.agentTokenHash, s.handle = []string{c.TokenHash, c.AgentTokenHash}, c.AgentTokenHash, c.Handle
 		m.sessions[id] = &s
 	case EventGranted:
 		var g granted
@@ -402,6 +403,17 @@ func (m *Manager) Authorize(id, token string) bool {
 		}
 	}
 	return ok
+}
+
+// AuthorizeAgent reports whether token is session id's exec agent's own:
+// no other token of the session (its owner's, a task's) may stand in for
+// the agent, which sees every command run in the session.
+func (m *Manager) AuthorizeAgent(id, token string) bool {
+	s, err := m.Get(id)
+	if err != nil || token == "" || s.agentTokenHash == "" {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(hashToken(token)), []byte(s.agentTokenHash)) == 1
 }
 
 func hashToken(token string) string {
