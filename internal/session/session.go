@@ -145,7 +145,7 @@ type Session struct {
 	tokenHashes    []string // the session's token's, its agent's, then those granted to tasks
 	agentTokenHash string   // the exec agent's: the only one that may attach as it
 	handle         sandbox.Handle
-	running     int // execs running now
+	running        int // execs running now
 }
 
 // Statuses.
