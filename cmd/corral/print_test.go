@@ -22,6 +22,7 @@ func hostile() service.Result {
 			Summary:      "done \x1b]52;c;cm0gLXJmIH4K\x07 \u009b2J \x9b2J\nsecond line",
 			ErrorMessage: "exit code 3: boom\x1b[2J\r",
 			OutputFiles:  []task.OutputFile{{Name: forged, Size: 3, Type: "text/plain\x1b]0;title\x07"}},
+			Changes:      &task.Changes{Added: []string{forged}, Commits: []task.Commit{{Hash: "abc\x1b[2J", Subject: "fix\nstatus:   success"}}},
 		},
 		Done:         true,
 		FileContents: map[string]service.File{forged: {Path: forged, Content: "red \x1b[31m\u009b0m\r\nline\tcol\n"}},
@@ -66,6 +67,8 @@ func TestPrintResultEscapes(t *testing.T) {
 		"\n  second line\n",
 		`boom\x1b[2J\r`,
 		"red \\x1b[31m\\u009b0m\nline\tcol",
+		`  A "a.txt\nstatus:   success\x1b[H"`,
+		`  commit abc\x1b[2J fix\nstatus:   success`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("result lacks %q:\n%s", want, out)

@@ -211,6 +211,23 @@ func printResult(w io.Writer, res service.Result, asJSON bool) error {
 			fmt.Fprintf(w, "  %-30s %8d  %s\n", termsafe.Name(f.Name), f.Size, termsafe.Line(f.Type))
 		}
 	}
+	if c := res.Changes; c != nil {
+		fmt.Fprintln(w, "changes:")
+		for _, l := range []struct {
+			mark  string
+			names []string
+		}{{"A", c.Added}, {"M", c.Modified}, {"D", c.Deleted}} {
+			for _, n := range l.names {
+				fmt.Fprintf(w, "  %s %s\n", l.mark, termsafe.Name(n))
+			}
+		}
+		for _, cm := range c.Commits {
+			fmt.Fprintf(w, "  commit %s %s\n", termsafe.Line(cm.Hash), termsafe.Line(cm.Subject))
+		}
+		if c.Truncated {
+			fmt.Fprintln(w, "  (more than the result holds)")
+		}
+	}
 	if res.Summary != "" {
 		fmt.Fprintf(w, "summary:\n%s\n", indent(termsafe.Text(res.Summary)))
 	}
