@@ -38,3 +38,24 @@ func TrimPartialRune(b []byte) []byte {
 	}
 	return b
 }
+
+// Writer keeps the first Max bytes written to it and drops the rest,
+// setting Cut; a write never fails. String is what it kept, as valid UTF-8.
+type Writer struct {
+	Max int
+	Cut bool
+	b   strings.Builder
+}
+
+func (w *Writer) Write(p []byte) (int, error) {
+	if room := w.Max - w.b.Len(); room < len(p) {
+		w.b.Write(p[:max(room, 0)])
+		w.Cut = true
+	} else {
+		w.b.Write(p)
+	}
+	return len(p), nil
+}
+
+// String is what w kept, with invalid UTF-8 (a rune cut at Max) replaced.
+func (w *Writer) String() string { return strings.ToValidUTF8(w.b.String(), "\uFFFD") }

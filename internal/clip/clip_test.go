@@ -40,3 +40,20 @@ func TestTrimPartialRune(t *testing.T) {
 		}
 	}
 }
+
+func TestWriter(t *testing.T) {
+	w := &Writer{Max: 5}
+	for _, p := range []string{"ab", "cd", "éf"} {
+		if n, err := w.Write([]byte(p)); n != len(p) || err != nil {
+			t.Fatalf("Write(%q) = %d, %v", p, n, err)
+		}
+	}
+	if w.String() != "abcd\uFFFD" || !w.Cut {
+		t.Errorf("kept %q, cut %v; want the first 5 bytes (a rune cut in two replaced) and cut", w.String(), w.Cut)
+	}
+	small := &Writer{Max: 10}
+	small.Write([]byte("hi"))
+	if small.String() != "hi" || small.Cut {
+		t.Errorf("kept %q, cut %v", small.String(), small.Cut)
+	}
+}

@@ -152,6 +152,32 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// notifySetup is a data root and a configuration for a server process that
+// notifies a receiver on port with secret, which records to out.
+type notifySetup struct {
+	data, cfgFile, secret, out string
+	port                       int
+}
+
+// mustNotifySetup writes the notify key and configuration (quick retries;
+// extra lines are added under notify:) in a fresh directory.
+func mustNotifySetup(t *testing.T, extra string) notifySetup {
+	t.Helper()
+	dir := testenv.TempDir(t)
+	n := notifySetup{data: filepath.Join(dir, "data"), cfgFile: filepath.Join(dir, "corral.yaml"), secret: notify.NewSecret(),
+		out: filepath.Join(dir, "received.jsonl"), port: freePort(t)}
+	t.Cleanup(func() { killSandboxes(t, n.data) })
+	keyFile := filepath.Join(dir, "notify.key")
+	if err := os.WriteFile(keyFile, []byte(n.secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf("notify:\n  url: http://127.0.0.1:%d/hooks/corral\n  secret_file: %s\n  initial_backoff: 100ms\n  max_backoff: 500ms\n%s", n.port, keyFile, extra)
+	if err := os.WriteFile(n.cfgFile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // notifyServer is a corral server process configured to notify.
 type notifyServer struct{ *proc }
 
@@ -223,21 +249,8 @@ func TestNotificationsSurviveReceiverAndServerCrashes(t *testing.T) {
 	testenv.RequireBwrap(t)
 	requireReceiver(t)
 	t.Parallel()
-	dir := testenv.TempDir(t)
-	data := filepath.Join(dir, "data")
-	t.Cleanup(func() { killSandboxes(t, data) })
-	secret := notify.NewSecret()
-	keyFile := filepath.Join(dir, "notify.key")
-	if err := os.WriteFile(keyFile, []byte(secret+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	port := freePort(t)
-	cfgFile := filepath.Join(dir, "corral.yaml")
-	cfg := fmt.Sprintf("notify:\n  url: http://127.0.0.1:%d/hooks/corral\n  secret_file: %s\n  initial_backoff: 100ms\n  max_backoff: 500ms\n  max_attempts: 1000\n  timeout: 2s\n", port, keyFile)
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "received.jsonl")
+	n := mustNotifySetup(t, "  max_attempts: 1000\n  timeout: 2s\n")
+	data, cfgFile, secret, port, out := n.data, n.cfgFile, n.secret, n.port, n.out
 
 	recv := startReceiver(t, port, secret, out)
 	srv := startNotifyServer(t, data, cfgFile)

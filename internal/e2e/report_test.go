@@ -5,7 +5,6 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/notify"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -47,22 +45,9 @@ func TestWorkspaceTaskReports(t *testing.T) {
 	testenv.RequireBwrap(t)
 	requireReceiver(t)
 	t.Parallel()
-	dir := testenv.TempDir(t)
-	data := filepath.Join(dir, "data")
-	t.Cleanup(func() { killSandboxes(t, data) })
-	secret := notify.NewSecret()
-	keyFile := filepath.Join(dir, "notify.key")
-	if err := os.WriteFile(keyFile, []byte(secret+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	port := freePort(t)
-	cfgFile := filepath.Join(dir, "corral.yaml")
-	cfg := fmt.Sprintf("notify:\n  url: http://127.0.0.1:%d/hooks/corral\n  secret_file: %s\n  initial_backoff: 100ms\n  max_backoff: 500ms\n", port, keyFile)
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "received.jsonl")
-	startReceiver(t, port, secret, out)
+	setup := mustNotifySetup(t, "")
+	data, cfgFile, out := setup.data, setup.cfgFile, setup.out
+	startReceiver(t, setup.port, setup.secret, out)
 	srv := startNotifyServer(t, data, cfgFile)
 	ctx := context.Background()
 	if _, err := srv.client.CreateProject(ctx, service.CreateProjectRequest{Name: "site"}); err != nil {

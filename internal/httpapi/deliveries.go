@@ -44,7 +44,7 @@ func (s *Server) caller(r *http.Request) (string, error) {
 	if len(tokens) == 0 {
 		return "local", nil
 	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	got, ok := bearer(r)
 	sum := sha256.Sum256([]byte(got))
 	name := ""
 	for _, t := range tokens {
@@ -57,6 +57,11 @@ func (s *Server) caller(r *http.Request) (string, error) {
 		return "", fmt.Errorf("missing or wrong bearer token: %w", errdefs.ErrUnauthenticated)
 	}
 	return name, nil
+}
+
+// bearer is r's bearer token, and whether it has one.
+func bearer(r *http.Request) (string, bool) {
+	return strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 }
 
 // listDeliveries serves GET /api/deliveries?state=failed|pending|delivered&limit=N.

@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/service"
@@ -59,7 +60,7 @@ func (s *Server) sessionCaller(r *http.Request) error {
 	if _, err := s.caller(r); err == nil {
 		return nil
 	}
-	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	token, _ := bearer(r)
 	id := r.PathValue("id")
 	if s.opts.Sessions.Authorize(id, token) {
 		return nil
@@ -76,7 +77,7 @@ func (s *Server) sessionTokenCaller(r *http.Request) error {
 	if s.opts.Sessions == nil {
 		return errSessionsOff
 	}
-	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	token, _ := bearer(r)
 	if s.opts.Sessions.Authorize(r.PathValue("id"), token) {
 		return nil
 	}
@@ -89,7 +90,7 @@ func (s *Server) attachAgent(w http.ResponseWriter, r *http.Request) error {
 	if s.opts.Sessions == nil {
 		return errSessionsOff
 	}
-	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	token, _ := bearer(r)
 	if !s.opts.Sessions.AuthorizeAgent(r.PathValue("id"), token) {
 		return fmt.Errorf("only the session's exec agent attaches here: %w", errdefs.ErrPermissionDenied)
 	}
@@ -348,25 +349,16 @@ func (ch ExecChunk) Bytes() []byte {
 // keeping at most service.MaxSessionExecOutput bytes of each stream.
 func (c *Client) SessionExec(ctx context.Context, req service.SessionExecRequest, onOutput func(stream string, data []byte)) (service.SessionExecResult, error) {
 	cmd, _ := json.Marshal(req.Command)
-	var out, errb strings.Builder
-	var cutOut, cutErr bool
-	keep := func(b *strings.Builder, cut *bool, p []byte) {
-		if room := service.MaxSessionExecOutput - b.Len(); room < len(p) {
-			b.Write(p[:max(room, 0)])
-			*cut = true
-		} else {
-			b.Write(p)
-		}
-	}
+	out, errb := &clip.Writer{Max: service.MaxSessionExecOutput}, &clip.Writer{Max: service.MaxSessionExecOutput}
 	end, err := c.ExecSession(ctx, req.SessionID, ExecBody{Command: cmd, Cwd: req.Cwd, TimeoutSeconds: req.TimeoutSeconds}, func(ch ExecChunk) error {
 		p := ch.Bytes()
 		if onOutput != nil {
 			onOutput(ch.Type, p)
 		}
 		if ch.Type == "stderr" {
-			keep(&errb, &cutErr, p)
+			errb.Write(p)
 		} else {
-			keep(&out, &cutOut, p)
+			out.Write(p)
 		}
 		return nil
 	})
@@ -374,6 +366,5 @@ func (c *Client) SessionExec(ctx context.Context, req service.SessionExecRequest
 		return service.SessionExecResult{}, err
 	}
 	return service.SessionExecResult{ExitCode: end.ExitCode, DurationMS: end.DurationMS, Error: end.Error,
-		Stdout: strings.ToValidUTF8(out.String(), "\uFFFD"), Stderr: strings.ToValidUTF8(errb.String(), "\uFFFD"),
-		StdoutTruncated: cutOut, StderrTruncated: cutErr}, nil
+		Stdout: out.String(), Stderr: errb.String(), StdoutTruncated: out.Cut, StderrTruncated: errb.Cut}, nil
 }

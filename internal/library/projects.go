@@ -24,8 +24,12 @@ import (
 
 var projectName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`) })
 
-// systemDirs are refused as workspaces by name, whatever else is allowed.
-var systemDirs = []string{"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var"}
+// systemDirs are refused as workspaces by name, and systemTrees with
+// everything beneath them, whatever else is allowed.
+var (
+	systemDirs  = []string{"/", "/home", "/opt", "/root", "/run", "/srv", "/tmp", "/var"}
+	systemTrees = []string{"/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys", "/usr"}
+)
 
 // ProjectName returns the project a workspace_path names: NAME,
 // projects/NAME or /workspace/projects/NAME. Anything else is refused with
@@ -46,10 +50,8 @@ func ProjectName(p string) (string, error) {
 		name = rest
 	} else if strings.HasPrefix(p, "/") {
 		clean := path.Clean(p)
-		for _, d := range systemDirs {
-			if clean == d || (d != "/" && strings.HasPrefix(clean, d+"/") && slices.Contains([]string{"/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys", "/usr"}, d)) {
-				return "", &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("%q is a system directory, never a workspace: %w", clip.String(p, 64), errdefs.ErrPermissionDenied)}
-			}
+		if slices.Contains(systemDirs, clean) || slices.ContainsFunc(systemTrees, func(d string) bool { return clean == d || strings.HasPrefix(clean, d+"/") }) {
+			return "", &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("%q is a system directory, never a workspace: %w", clip.String(p, 64), errdefs.ErrPermissionDenied)}
 		}
 		return "", &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("%q is outside the data root: a workspace is a name under projects/ (directories elsewhere are not taken): %w", clip.String(p, 64), errdefs.ErrPermissionDenied)}
 	}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path"
-	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -78,7 +77,7 @@ func (o *Orchestrator) Execute(ctx context.Context, req service.ExecRequest) (se
 	if runtime == "" {
 		runtime = o.opts.Defaults.Runtime
 	}
-	if sreq.Image == "" && slices.Contains(imageRuntimes, runtime) {
+	if sreq.Image == "" && task.RunsImages(runtime) {
 		sreq.Image = o.opts.Exec.DefaultImage
 	}
 	allowed := o.opts.Exec.AllowedImages
@@ -141,7 +140,7 @@ func (o *Orchestrator) checkExec(req *service.ExecRequest) (time.Duration, error
 	if runtime == "" {
 		runtime = o.opts.Defaults.Runtime
 	}
-	if req.Image != "" && !slices.Contains(imageRuntimes, runtime) {
+	if req.Image != "" && !task.RunsImages(runtime) {
 		errs = append(errs, &errdefs.FieldError{Field: "image", Err: fmt.Errorf("the %s runtime runs commands on the host's /usr and takes no image; use runtime docker for an image: %w", runtime, errdefs.ErrFailedPrecondition)})
 	}
 	return timeout, errors.Join(errs...)

@@ -102,10 +102,6 @@ type Images struct {
 	Allowed []string
 }
 
-// imageRuntimes are the runtimes that run a task in an image rather than
-// on the host's /usr.
-var imageRuntimes = []string{"docker", "kubernetes"}
-
 // Orchestrator implements service.Service over the event store, the task
 // projection and the data root: the tasks' use cases here, the library's
 // (files, attachments, documents, skills, retention) through the embedded

@@ -284,7 +284,7 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 	} else if why != "" {
 		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", spec.Runtime, why, errdefs.ErrFailedPrecondition)})
 	}
-	if slices.Contains(imageRuntimes, spec.Runtime) {
+	if task.RunsImages(spec.Runtime) {
 		// The agent is looked for in the image when the task starts.
 		if spec.Image == "" {
 			spec.Image = o.opts.Images.Default

@@ -492,7 +492,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", rtName, why, errdefs.ErrFailedPrecondition)})
 	}
 	image := req.Image
-	if rtName == "docker" || rtName == "kubernetes" {
+	if task.RunsImages(rtName) {
 		if image == "" {
 			image = m.opts.Image
 		}
@@ -796,40 +796,31 @@ func (m *Manager) ExecBounded(ctx context.Context, req service.SessionExecReques
 	if strings.TrimSpace(req.Command) == "" {
 		return service.SessionExecResult{}, errdefs.Field("command", "is required: a command run with sh -c")
 	}
-	out := &bounded{stream: "stdout", max: max, on: onOutput}
-	errw := &bounded{stream: "stderr", max: max, on: onOutput}
+	out := &bounded{stream: "stdout", kept: clip.Writer{Max: max}, on: onOutput}
+	errw := &bounded{stream: "stderr", kept: clip.Writer{Max: max}, on: onOutput}
 	end, err := m.Exec(ctx, req.SessionID, ExecRequest{Shell: req.Command, Dir: req.Cwd, Timeout: time.Duration(req.TimeoutSeconds) * time.Second}, out, errw)
 	if err != nil {
 		return service.SessionExecResult{}, err
 	}
 	return service.SessionExecResult{
 		ExitCode: end.ExitCode, DurationMS: end.DurationMS, Error: end.Error,
-		Stdout: strings.ToValidUTF8(out.b.String(), "\uFFFD"), Stderr: strings.ToValidUTF8(errw.b.String(), "\uFFFD"),
-		StdoutTruncated: out.cut, StderrTruncated: errw.cut,
+		Stdout: out.kept.String(), Stderr: errw.kept.String(),
+		StdoutTruncated: out.kept.Cut, StderrTruncated: errw.kept.Cut,
 	}, nil
 }
 
-// bounded keeps the first max bytes written to it and passes every chunk
-// on.
+// bounded keeps the first bytes of a stream and passes every chunk on.
 type bounded struct {
 	stream string
-	max    int
+	kept   clip.Writer
 	on     func(string, []byte)
-	b      strings.Builder
-	cut    bool
 }
 
 func (w *bounded) Write(p []byte) (int, error) {
 	if w.on != nil {
 		w.on(w.stream, p)
 	}
-	if room := w.max - w.b.Len(); room < len(p) {
-		w.b.Write(p[:max(room, 0)])
-		w.cut = true
-	} else {
-		w.b.Write(p)
-	}
-	return len(p), nil
+	return w.kept.Write(p)
 }
 
 // writerWait is how long a session on a named workspace waits for the

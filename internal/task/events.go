@@ -301,6 +301,12 @@ type WorkspaceTaskReport struct {
 	Origin
 }
 
+// The most a Changes holds: names in each list, and commits.
+const (
+	MaxChangedFiles = 1000
+	MaxCommits      = 100
+)
+
 // Changes is what a task changed in its git workspace since it started:
 // files added, modified and deleted (committed or not) and the commits it
 // made. Lists are bounded; Truncated says some were left out.

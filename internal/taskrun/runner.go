@@ -480,7 +480,7 @@ func boundChanges(in *task.Changes) *task.Changes {
 	out := &task.Changes{Truncated: in.Truncated, Added: []string{}, Modified: []string{}, Deleted: []string{}, Commits: []task.Commit{}}
 	names := func(dst *[]string, src []string) {
 		for _, n := range src {
-			if len(*dst) >= 1000 {
+			if len(*dst) >= task.MaxChangedFiles {
 				out.Truncated = true
 				return
 			}
@@ -491,7 +491,7 @@ func boundChanges(in *task.Changes) *task.Changes {
 	names(&out.Modified, in.Modified)
 	names(&out.Deleted, in.Deleted)
 	for _, c := range in.Commits {
-		if len(out.Commits) >= 100 {
+		if len(out.Commits) >= task.MaxCommits {
 			out.Truncated = true
 			break
 		}

@@ -5,13 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/corral-dev/corral/internal/task"
 )
-
-// maxChanges bounds each list of a task's changes.
-const maxChanges = 1000
 
 // git runs git in dir with a fixed environment and returns its stdout.
 func git(dir string, args ...string) ([]byte, error) {
@@ -42,7 +40,7 @@ func gitHead(dir string) string {
 func gitChanges(dir, start string) *task.Changes {
 	c := &task.Changes{Added: []string{}, Modified: []string{}, Deleted: []string{}, Commits: []task.Commit{}}
 	add := func(list *[]string, name string) {
-		if len(*list) >= maxChanges {
+		if len(*list) >= task.MaxChangedFiles {
 			c.Truncated = true
 			return
 		}
@@ -68,10 +66,10 @@ func gitChanges(dir, start string) *task.Changes {
 			}
 		}
 	}
-	if out, err := git(dir, "log", "--format=%H%x00%s%x00", "-n", "101", start+"..HEAD"); err == nil {
+	if out, err := git(dir, "log", "--format=%H%x00%s%x00", "-n", strconv.Itoa(task.MaxCommits+1), start+"..HEAD"); err == nil {
 		f := bytes.Split(bytes.TrimRight(out, "\x00\n"), []byte{0})
 		for i := 0; i+1 < len(f); i += 2 {
-			if len(c.Commits) >= 100 {
+			if len(c.Commits) >= task.MaxCommits {
 				c.Truncated = true
 				break
 			}

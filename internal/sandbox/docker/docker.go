@@ -67,6 +67,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/sandbox/statedir"
 )
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -456,15 +457,9 @@ func (r *Runtime) containerConfig(spec sandbox.Spec, image string) (*container.C
 // Recover reattaches to the sandbox h names: its container must still
 // exist and be the one h recorded.
 func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
-	if h == nil || (h.Runtime != "" && h.Runtime != Name) {
-		return fmt.Errorf("recover sandbox: not a %s handle: %w", Name, errdefs.ErrInvalidArgument)
-	}
-	if h.Version != stateVersion {
-		return fmt.Errorf("recover sandbox %s: unknown state version %d: %w", h.ID, h.Version, errdefs.ErrInvalidArgument)
-	}
-	var st state
-	if err := json.Unmarshal(h.State, &st); err != nil {
-		return fmt.Errorf("recover sandbox %s: decode state: %v: %w", h.ID, err, errdefs.ErrInvalidArgument)
+	st, err := statedir.DecodeHandle[state](h, Name, stateVersion)
+	if err != nil {
+		return fmt.Errorf("recover sandbox: %w", err)
 	}
 	c, err := r.inspect(ctx, h.ID)
 	if err != nil {
