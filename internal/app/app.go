@@ -179,11 +179,16 @@ func (a *App) open(ctx context.Context) error {
 			sessionRuntimes[name] = rt
 		}
 	}
+	projects, err := workspace.NewProjects(a.data, cfg.Workspaces.Roots)
+	if err != nil {
+		return err
+	}
 	// One writer per named workspace, tasks and sessions alike.
 	writers := &task.Writers{}
 	a.sessions = session.New(session.Options{
 		Store:          a.store,
 		Data:           a.data,
+		Projects:       projects,
 		Runtimes:       sessionRuntimes,
 		Unavailable:    available,
 		DefaultRuntime: cfg.Runtime,
@@ -205,6 +210,7 @@ func (a *App) open(ctx context.Context) error {
 	}, a.log.With("subsystem", "sessions"))
 	a.orch = orchestrator.New(orchestrator.Options{
 		Disabled:    !w.Enabled,
+		Projects:    projects,
 		Documents:   a.docs.ix,
 		Attachments: attachments,
 		Retention: library.Retention{
@@ -256,10 +262,11 @@ func (a *App) open(ctx context.Context) error {
 		AgentMissing: agentMissing,
 	}, a.log.With("subsystem", "orchestrator"))
 	a.runner = taskrun.New(taskrun.Options{
-		Store:  a.store,
-		Tasks:  a.tasks,
-		Data:   a.data,
-		Agents: agentConfigs(cfg),
+		Store:    a.store,
+		Tasks:    a.tasks,
+		Data:     a.data,
+		Projects: projects,
+		Agents:   agentConfigs(cfg),
 		Worker: taskrun.WorkerOptions{
 			Binary:    a.opts.WorkerBinary,
 			SocketDir: sockDir,

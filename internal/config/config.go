@@ -52,18 +52,19 @@ type Config struct {
 	// HTTP says which names and pages the HTTP API answers.
 	HTTP HTTP `yaml:"http"`
 
-	Log       Log            `yaml:"log"`
-	AIWorker  AIWorkerConfig `yaml:"ai_worker_config"`
-	Runtime   string         `yaml:"runtime"`
-	Local     Local          `yaml:"local"`
-	Docker    Docker         `yaml:"docker"`
-	Execution Execution      `yaml:"execution"`
-	Sessions  Sessions       `yaml:"sessions"`
-	Sandbox   Sandbox        `yaml:"sandbox"`
-	Egress    Egress         `yaml:"egress"`
-	Agents    Agents         `yaml:"agents"`
-	Notify    Notify         `yaml:"notify"`
-	Limits    Limits         `yaml:"limits"`
+	Log        Log            `yaml:"log"`
+	AIWorker   AIWorkerConfig `yaml:"ai_worker_config"`
+	Runtime    string         `yaml:"runtime"`
+	Local      Local          `yaml:"local"`
+	Docker     Docker         `yaml:"docker"`
+	Execution  Execution      `yaml:"execution"`
+	Sessions   Sessions       `yaml:"sessions"`
+	Workspaces Workspaces     `yaml:"workspaces"`
+	Sandbox    Sandbox        `yaml:"sandbox"`
+	Egress     Egress         `yaml:"egress"`
+	Agents     Agents         `yaml:"agents"`
+	Notify     Notify         `yaml:"notify"`
+	Limits     Limits         `yaml:"limits"`
 
 	// file is the path Load read, "" if none.
 	file string
@@ -210,6 +211,16 @@ type Sessions struct {
 	// bounds.
 	IdleTimeout Duration `yaml:"idle_timeout"`
 	MaxLifetime Duration `yaml:"max_lifetime"`
+}
+
+// Workspaces configures the named workspaces workspace tasks work in.
+type Workspaces struct {
+	// Roots are directories outside the data root whose direct
+	// subdirectories are workspaces too, named by their absolute path
+	// (e.g. /srv/repos, so that /srv/repos/app is one). Tasks there run as
+	// the sandbox identity, which owns the directory while they do; it
+	// goes back to its owner afterwards.
+	Roots []string `yaml:"roots"`
 }
 
 // Egress configures the network workers reach through the egress proxy.

@@ -626,6 +626,8 @@ func TestValidate(t *testing.T) {
 		{"namespace", func(c *Config) { c.AIWorker.Namespace = "" }, "ai_worker_config.namespace", "Kubernetes namespace"},
 		{"image for kubernetes", func(c *Config) { c.Runtime = "kubernetes"; c.AIWorker.AICoderImage = "" }, "ai_worker_config.ai_coder_image", "must be set for the kubernetes runtime"},
 		{"mount path", func(c *Config) { c.AIWorker.WorkspaceMountPath = "workspace" }, "ai_worker_config.workspace_mount_path", "absolute"},
+		{"workspace root relative", func(c *Config) { c.Workspaces.Roots = []string{"/srv/repos", "repos"} }, "workspaces.roots[1]", "absolute, clean directory"},
+		{"workspace root /", func(c *Config) { c.Workspaces.Roots = []string{"/"} }, "workspaces.roots[0]", "other than /"},
 		{"memory zero", func(c *Config) { c.AIWorker.Resources.MemoryLimit = Size{} }, "ai_worker_config.resources.memory_limit", "must be positive"},
 		{"memory request above limit", func(c *Config) { c.AIWorker.Resources.MemoryRequest = mustSize("4Gi") }, "ai_worker_config.resources.memory_request", "must not exceed memory_limit (2Gi)"},
 		{"cpu zero", func(c *Config) { c.AIWorker.Resources.CPULimit = 0 }, "ai_worker_config.resources.cpu_limit", "must be positive"},

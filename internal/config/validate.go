@@ -52,6 +52,11 @@ func (c *Config) Validate() error {
 		v.add("sessions", "idle_timeout and max_lifetime must be at least 1s")
 	}
 
+	for i, r := range c.Workspaces.Roots {
+		if !filepath.IsAbs(r) || filepath.Clean(r) != r || strings.ContainsRune(r, 0) || r == "/" {
+			v.add(fmt.Sprintf("workspaces.roots[%d]", i), "must be an absolute, clean directory other than /, got %q", r)
+		}
+	}
 	v.oneOf("runtime", c.Runtime, Runtimes)
 	v.nonEmpty("local.bwrap", c.Local.Bwrap)
 	if p := strings.Trim(c.Local.CgroupParent, "/"); !filepath.IsLocal(p) || path.Clean(p) != p || strings.ContainsRune(p, 0) {

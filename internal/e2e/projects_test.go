@@ -6,10 +6,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // TestWorkspaces: named workspaces are created (with git when asked),
@@ -138,7 +141,7 @@ func TestWorkspaces(t *testing.T) {
 		{"/usr", errdefs.ErrPermissionDenied, "system directory"},
 		{"/etc", errdefs.ErrPermissionDenied, "system directory"},
 		{"/srv/repos/app", errdefs.ErrPermissionDenied, "outside the data root"},
-		{"../x", errdefs.ErrInvalidArgument, "no .. or /"},
+		{"../x", errdefs.ErrInvalidArgument, "goes up with .."},
 		{"a/b", errdefs.ErrInvalidArgument, "no .. or /"},
 		{"Bad", errdefs.ErrInvalidArgument, "lowercase"},
 		{"a\x00b", errdefs.ErrInvalidArgument, "NUL"},
@@ -153,6 +156,124 @@ func TestWorkspaces(t *testing.T) {
 	ents2, _ := os.ReadDir(filepath.Join(s.data, "projects"))
 	if len(ents2) != 2 { // myapp and the evil link
 		t.Errorf("projects/ holds %d entries after the refusals, want 2", len(ents2))
+	}
+}
+
+// TestWorkspaceRoots: a directory directly under an operator's root
+// (workspaces.roots) is a workspace named by its path: a person's
+// repository there is worked in and stays the person's, one can be created
+// there with git, and everything else under or beside a root is refused
+// with the rule it breaks, nothing created.
+func TestWorkspaceRoots(t *testing.T) {
+	t.Parallel()
+	testenv.RequireRoot(t)
+	const person = 1000
+	roots := testenv.TempDir(t)
+	if err := os.Chmod(roots, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	repos := filepath.Join(roots, "repos")
+	app := filepath.Join(repos, "App")
+	for _, d := range []string{repos, app, filepath.Join(app, "deeper")} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(app, "main.go"), []byte("package main\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{repos, app, filepath.Join(app, "deeper"), filepath.Join(app, "main.go")} {
+		if err := os.Chown(p, person, person); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("/etc", filepath.Join(repos, "etc-link")); err != nil {
+		t.Fatal(err)
+	}
+	s := MustStart(t, func(c *config.Config) { c.Workspaces.Roots = []string{repos} })
+	ctx := context.Background()
+
+	id, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "edit the app", Workspace: app, Agent: "command",
+		Command: []string{"sh", "-c", "pwd > where.txt; echo '// edited' >> main.go"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := s.wait(t, id.ID, 60*time.Second); res.Status != task.Success {
+		t.Fatalf("task in %s: %s %s", app, res.Status, res.ErrorMessage)
+	}
+	if tk, _ := s.client.Get(ctx, id.ID); tk.Workspace != app {
+		t.Errorf("the task's workspace = %q, want %q", tk.Workspace, app)
+	}
+	if f, err := s.client.ReadProjectFile(ctx, app, "where.txt"); err != nil || f.Content != "/workspace/project\n" {
+		t.Errorf("where.txt through the API: %q, %v", f.Content, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(app, "main.go")); string(b) != "package main\n// edited\n" {
+		t.Errorf("main.go = %q", b)
+	}
+	// All of it is the person's again once the sandbox is gone (a moment
+	// after the result), what the task wrote too.
+	notPersons := func() (bad []string) {
+		filepath.WalkDir(app, func(p string, d os.DirEntry, err error) error {
+			if fi, err := os.Lstat(p); err == nil {
+				if st := fi.Sys().(*syscall.Stat_t); st.Uid != person || st.Gid != person {
+					bad = append(bad, fmt.Sprintf("%s (%d:%d)", p, st.Uid, st.Gid))
+				}
+			}
+			return nil
+		})
+		return bad
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(notPersons()) > 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if bad := notPersons(); len(bad) > 0 {
+		t.Errorf("not the person's (%d:%d) after the task: %v", person, person, bad)
+	}
+
+	fresh := filepath.Join(repos, "fresh")
+	p, err := s.client.CreateProject(ctx, service.CreateProjectRequest{Name: fresh, InitGit: true})
+	if err != nil || p.Name != fresh || !p.Git {
+		t.Fatalf("create %s: %+v, %v", fresh, p, err)
+	}
+	if fi, err := os.Stat(filepath.Join(fresh, ".git", "HEAD")); err != nil || fi.Sys().(*syscall.Stat_t).Uid != person {
+		t.Errorf("the new repository is not the root's owner's: %v", err)
+	}
+	ps, err := s.client.ListProjects(ctx)
+	var names []string
+	for _, p := range ps {
+		names = append(names, p.Name)
+	}
+	if err != nil || !slices.Contains(names, app) || !slices.Contains(names, fresh) || slices.Contains(names, filepath.Join(repos, "etc-link")) {
+		t.Errorf("ListProjects = %v, %v; want %s and %s, not the link", names, err, app, fresh)
+	}
+
+	before, _ := os.ReadDir(repos)
+	for _, tc := range []struct {
+		name string
+		want error
+		rule string
+	}{
+		{repos, errdefs.ErrPermissionDenied, "under none of the workspace roots"},
+		{filepath.Join(app, "deeper"), errdefs.ErrInvalidArgument, "directly under the workspace root"},
+		{filepath.Join(repos, "etc-link"), errdefs.ErrPermissionDenied, "symbolic link"},
+		{repos + "/../../etc", errdefs.ErrInvalidArgument, "goes up with .."},
+		{filepath.Join(roots, "elsewhere"), errdefs.ErrPermissionDenied, "under none of the workspace roots"},
+		{"/etc/app", errdefs.ErrPermissionDenied, "system directory"},
+		{"/", errdefs.ErrPermissionDenied, "system directory"},
+	} {
+		_, err := s.client.CreateProject(ctx, service.CreateProjectRequest{Name: tc.name})
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.rule) {
+			t.Errorf("create %q: %v, want %v naming %q", tc.name, err, tc.want, tc.rule)
+		}
+		if _, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Workspace: tc.name, Agent: "command", Command: []string{"true"}}); !errors.Is(err, tc.want) {
+			t.Errorf("spawn in %q: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if after, _ := os.ReadDir(repos); len(after) != len(before) {
+		t.Errorf("%s holds %d entries after the refusals, %d before", repos, len(after), len(before))
+	}
+	if _, err := os.Stat(filepath.Join(roots, "elsewhere")); err == nil {
+		t.Errorf("a workspace was created outside the roots")
 	}
 }
 

@@ -27,7 +27,7 @@ func (s *Server) createProject(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	w.Header().Set("Location", "/api/workspaces/"+p.Name+"/files/")
+	w.Header().Set("Location", projectBase(p.Name))
 	writeJSON(w, http.StatusCreated, p)
 	return nil
 }

@@ -31,10 +31,13 @@ type Limits struct {
 
 // Options configure a Library.
 type Options struct {
-	Store  eventstore.Store
-	Tasks  *projection.Tasks
-	Data   *workspace.DataRoot
-	Limits Limits
+	Store eventstore.Store
+	Tasks *projection.Tasks
+	Data  *workspace.DataRoot
+	// Projects are the named workspaces; nil: projects/ of the data root
+	// alone.
+	Projects *workspace.Projects
+	Limits   Limits
 	// Documents is the document index; nil turns documents and notes off.
 	Documents *document.Index
 	// Attachments stores attachments; nil turns them off.
@@ -63,6 +66,9 @@ type Library struct {
 
 // New returns a Library.
 func New(opts Options, log *slog.Logger) *Library {
+	if opts.Projects == nil {
+		opts.Projects, _ = workspace.NewProjects(opts.Data, nil) // no roots: nothing to refuse
+	}
 	return &Library{opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log}
 }
 

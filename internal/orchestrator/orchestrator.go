@@ -75,6 +75,9 @@ type Options struct {
 	// Retention says how long ended tasks' directories and unused
 	// attachments are kept, and how often the sweeper looks.
 	Retention library.Retention
+	// Projects are the named workspaces; nil: projects/ of the data root
+	// alone.
+	Projects *workspace.Projects
 	// Now is the clock of retention and save_to_shared; nil means time.Now.
 	Now func() time.Time
 }
@@ -127,7 +130,7 @@ var _ service.Service = (*Orchestrator)(nil)
 func New(opts Options, log *slog.Logger) *Orchestrator {
 	l := opts.Limits
 	lib := library.New(library.Options{
-		Store: opts.Store, Tasks: opts.Tasks, Data: opts.Data,
+		Store: opts.Store, Tasks: opts.Tasks, Data: opts.Data, Projects: opts.Projects,
 		Limits: library.Limits{MaxTaskDirBytes: l.MaxTaskDirBytes, MaxContextBytes: l.MaxContextBytes, MaxReadBytes: l.MaxReadBytes,
 			MaxWriteBytes: l.MaxWriteBytes, MaxSharedBytes: l.MaxSharedBytes, MinFreeBytes: l.MinFreeBytes},
 		Documents: opts.Documents, Attachments: opts.Attachments, Retention: opts.Retention, Now: opts.Now,

@@ -227,12 +227,12 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 		bad("agent", "%q is not an agent (one of: claude, gemini, codex, opencode, command)", clip.String(spec.Agent, 64))
 	}
 	if spec.Workspace != "" {
-		if name, err := library.ProjectName(spec.Workspace); err != nil {
+		if pr, err := o.ResolveWorkspace(spec.Workspace); err != nil {
 			errs = append(errs, err)
-		} else if !o.ProjectExists(name) {
-			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("no workspace %q: create it first (POST /api/workspaces, or spawn_workspace_task with init_git): %w", name, errdefs.ErrFailedPrecondition)})
+		} else if !o.ProjectExists(pr) {
+			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("no workspace %q: create it first (POST /api/workspaces, or spawn_workspace_task with init_git): %w", pr.Name, errdefs.ErrFailedPrecondition)})
 		} else {
-			spec.Workspace = name
+			spec.Workspace = pr.Name
 		}
 	}
 	if spec.ExecSession != "" {

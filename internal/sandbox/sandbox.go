@@ -75,17 +75,25 @@ type Handle struct {
 // <data root>/<Source>; a runtime on another machine mounts the same path
 // of the volume holding the data root.
 type Mount struct {
-	Source   string // relative to the data root, slash-separated, within it
+	Source   string // relative to the data root, slash-separated, within it; absolute when HostDir
 	Target   string // absolute path inside the sandbox
 	ReadOnly bool
+	// HostDir marks Source as an absolute directory of the server's host
+	// outside the data root: a workspace under an operator's
+	// workspaces.roots. Only the runtimes on the server's host can mount
+	// one; a runtime elsewhere refuses the spec.
+	HostDir bool
 }
 
 // Resolve returns s with each mount's Source joined to root, the data
-// root's path on this host, for a runtime that binds host paths.
+// root's path on this host, for a runtime that binds host paths. A HostDir
+// mount's Source is a host path already.
 func (s Spec) Resolve(root string) Spec {
 	s.Mounts = slices.Clone(s.Mounts)
-	for i := range s.Mounts {
-		s.Mounts[i].Source = filepath.Join(root, filepath.FromSlash(s.Mounts[i].Source))
+	for i, m := range s.Mounts {
+		if !m.HostDir {
+			s.Mounts[i].Source = filepath.Join(root, filepath.FromSlash(m.Source))
+		}
 	}
 	return s
 }
@@ -138,6 +146,10 @@ type ExitStatus struct {
 	OOMKilled bool      `json:"oom_killed"`        // the memory limit killed it
 	ExitedAt  time.Time `json:"exited_at"`         // zero if unknown
 	Message   string    `json:"message,omitempty"` // e.g. "OOMKilled", "killed by signal 9"
+	// DeadlineExceeded says the backend's own wall-clock limit
+	// (Limits.WallClock) ended the sandbox, as a Kubernetes Job's
+	// activeDeadlineSeconds does.
+	DeadlineExceeded bool `json:"deadline_exceeded,omitempty"`
 }
 
 // Status is a sandbox's observed state.
@@ -163,10 +175,14 @@ type Capabilities struct {
 	Available bool   // false: the backend cannot run sandboxes here; Reason says why
 	Reason    string // what is missing and how to install it
 	Limits    bool   // memory/CPU/pids limits are enforced
-	Network   bool   // network isolation is enforced
-	Exec      bool   // Exec is supported
-	Version   string // backend version, e.g. "bubblewrap 0.8.0"
-	Warnings  []string
+	// NoPidsLimit says Limits holds for memory and CPU only: the backend
+	// cannot bound one sandbox's processes (Kubernetes: the node's
+	// podPidsLimit applies).
+	NoPidsLimit bool
+	Network     bool   // network isolation is enforced
+	Exec        bool   // Exec is supported
+	Version     string // backend version, e.g. "bubblewrap 0.8.0"
+	Warnings    []string
 }
 
 // Labels every Corral sandbox carries, so reconciliation finds them.

@@ -55,7 +55,12 @@ func (s Spec) Validate() error {
 		} else if underAny(m.Target, systemDirs) {
 			errs = append(errs, errdefs.Field(f+".target", "must not replace a system directory"))
 		}
-		if !filepath.IsLocal(filepath.FromSlash(m.Source)) || strings.ContainsRune(m.Source, 0) {
+		switch {
+		case m.HostDir:
+			if !CleanAbs(m.Source) || m.Source == "/" {
+				errs = append(errs, errdefs.Field(f+".source", "must be an absolute, clean host path other than / (a host directory)"))
+			}
+		case !filepath.IsLocal(filepath.FromSlash(m.Source)) || strings.ContainsRune(m.Source, 0):
 			errs = append(errs, errdefs.Field(f+".source", "must be a path within the data root (relative, no ..)"))
 		}
 	}

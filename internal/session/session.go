@@ -36,7 +36,6 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/ids"
-	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
@@ -71,6 +70,9 @@ const Dir = "/workspace/session"
 type Options struct {
 	Store eventstore.Store
 	Data  *workspace.DataRoot
+	// Projects are the named workspaces a session may work in; nil:
+	// projects/ of Data alone.
+	Projects *workspace.Projects
 	// Runtimes are the runtimes sessions may use, by name; Unavailable
 	// says why one that exists cannot be used ("" if it can).
 	Runtimes    map[string]sandbox.Runtime
@@ -205,6 +207,9 @@ func New(opts Options, log *slog.Logger) *Manager {
 	}
 	if opts.Writers == nil {
 		opts.Writers = &task.Writers{}
+	}
+	if opts.Projects == nil && opts.Data != nil {
+		opts.Projects, _ = workspace.NewProjects(opts.Data, nil) // no roots: nothing to refuse
 	}
 	if opts.MaxLifetime <= 0 {
 		opts.MaxLifetime = defaultLifetime
@@ -539,14 +544,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 			break
 		}
 	}
+	var project workspace.Project
 	if req.Workspace != "" {
-		name, err := library.ProjectName(req.Workspace)
+		pr, err := m.opts.Projects.Resolve(req.Workspace)
 		if err != nil {
 			errs = append(errs, err)
-		} else if fi, err := m.opts.Data.Root().Lstat(workspace.DirProjects + "/" + name); err != nil || !fi.IsDir() {
-			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("no workspace %q (POST /api/workspaces): %w", name, errdefs.ErrFailedPrecondition)})
+		} else if !m.opts.Projects.Exists(pr) {
+			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("no workspace %q (POST /api/workspaces): %w", pr.Name, errdefs.ErrFailedPrecondition)})
 		}
-		req.Workspace = name
+		project, req.Workspace = pr, pr.Name
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Session{}, "", err
@@ -576,7 +582,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		if !ok {
 			return Session{}, "", fmt.Errorf("workspace %q is being written by %s; one writer at a time: %w", req.Workspace, holder, errdefs.ErrConflict)
 		}
-		dir = workspace.DirProjects + "/" + req.Workspace
+		dir = project.Source()
 	} else if err := m.opts.Data.Root().MkdirAll(dir, 0o755); err != nil {
 		return Session{}, "", fmt.Errorf("create the session's directory: %w", err)
 	}
@@ -595,7 +601,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		Dir:     Dir,
 		Env:     []string{workerproto.EnvSessionID + "=" + id, workerproto.EnvSessionToken + "=" + agentToken},
 		Mounts: []sandbox.Mount{
-			{Source: dir, Target: Dir},
+			{Source: dir, Target: Dir, HostDir: req.Workspace != "" && !project.InDataRoot()},
 			{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},
 			{Source: m.opts.WorkerBinary, Target: workerproto.CorralBinary, ReadOnly: true},
 			{Source: m.opts.SocketDir, Target: workerproto.SocketDir, ReadOnly: true},

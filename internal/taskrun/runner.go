@@ -71,12 +71,23 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	if ag.Binary != "" && t.Agent != task.AgentCommand {
 		args.Binary = ag.Binary
 	}
+	var project workspace.Project
 	if t.Workspace != "" {
+		// Checked again: a directory under a workspace root may have
+		// been replaced (by a link, say) since the spawn.
+		pr, err := o.opts.Projects.Resolve(t.Workspace)
+		if err != nil {
+			return sandbox.Spec{}, fmt.Errorf("task %s: %w", t.ID, err)
+		}
+		if !o.opts.Projects.Exists(pr) {
+			return sandbox.Spec{}, fmt.Errorf("task %s: workspace %q is gone: %w", t.ID, pr.Name, errdefs.ErrFailedPrecondition)
+		}
+		project = pr
 		args.WorkDir = workerproto.ProjectDir
 		// Claude Code keeps a conversation per working directory under its
 		// HOME, the workspace's: the next task there continues it.
 		if t.Agent == task.AgentClaude {
-			if fi, err := o.data.Root().Stat(workspace.DirRun + "/homes/" + t.Workspace + "/.claude/projects/" + claudeProjectKey(workerproto.ProjectDir)); err == nil && fi.IsDir() {
+			if fi, err := o.data.Root().Stat(workspaceHome(project) + "/.claude/projects/" + claudeProjectKey(workerproto.ProjectDir)); err == nil && fi.IsDir() {
 				args.Continue = true
 			}
 		}
@@ -145,12 +156,12 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		// The agent works in the project; its HOME (Claude Code's
 		// conversations) is the workspace's own, so the next task there
 		// continues the conversation.
-		home := workspace.DirRun + "/homes/" + t.Workspace
+		home := workspaceHome(project)
 		if err := o.workspaceDirs(t.ID, home); err != nil {
 			return sandbox.Spec{}, err
 		}
 		mounts = append(mounts,
-			sandbox.Mount{Source: workspace.DirProjects + "/" + t.Workspace, Target: workerproto.ProjectDir},
+			sandbox.Mount{Source: project.Source(), Target: workerproto.ProjectDir, HostDir: !project.InDataRoot()},
 			sandbox.Mount{Source: home, Target: workerproto.TaskDir + "/" + workerproto.HomeDir})
 	}
 	if t.Kind == task.KindExec {
@@ -188,6 +199,9 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		Labels:  map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: t.ID},
 	}, nil
 }
+
+// workspaceHome is the HOME of workspace pr's agents, in the data root.
+func workspaceHome(pr workspace.Project) string { return workspace.DirRun + "/homes/" + pr.HomeKey() }
 
 // workspaceDirs makes a workspace task's HOME in the data root (home) and
 // its mount point in the task directory.

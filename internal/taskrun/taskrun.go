@@ -20,10 +20,13 @@ import (
 
 // Options configure a Runner.
 type Options struct {
-	Store  eventstore.Store
-	Tasks  *projection.Tasks
-	Data   *workspace.DataRoot
-	Agents map[string]workerproto.AgentConfig
+	Store eventstore.Store
+	Tasks *projection.Tasks
+	Data  *workspace.DataRoot
+	// Projects are the named workspaces tasks work in; nil: projects/ of
+	// Data alone.
+	Projects *workspace.Projects
+	Agents   map[string]workerproto.AgentConfig
 	// Worker is how a sandbox starts the in-sandbox entrypoint.
 	Worker WorkerOptions
 	// Sessions grants a task working through a session a token of it;
@@ -60,6 +63,9 @@ type Runner struct {
 
 // New returns a Runner.
 func New(opts Options, log *slog.Logger) *Runner {
+	if opts.Projects == nil && opts.Data != nil {
+		opts.Projects, _ = workspace.NewProjects(opts.Data, nil) // no roots: nothing to refuse
+	}
 	return &Runner{opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log}
 }
 

@@ -47,6 +47,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -83,6 +84,9 @@ const (
 	labelRuntime  = "corral.runtime"
 	labelInstance = "corral.instance"
 	labelSandbox  = "corral.sandbox-id"
+	// labelOwned holds the read-write directories given to the sandbox
+	// identity and their owners before (JSON), for Destroy to give back.
+	labelOwned = "corral.owned"
 )
 
 // Options configure a Runtime. Zero fields take the documented defaults.
@@ -314,11 +318,18 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	spec = spec.Resolve(r.opts.DataRoot)
-	owned := hostuser.WritableDirs(spec.Mounts)
-	if err := hostuser.Give(owned, r.opts.User); err != nil {
+	owned, err := hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.User)
+	if err != nil {
+		hostuser.Reclaim(owned)
 		return nil, err
 	}
 	cfg, host := r.containerConfig(spec, image)
+	trees, err := json.Marshal(owned)
+	if err != nil {
+		hostuser.Reclaim(owned)
+		return nil, err
+	}
+	cfg.Labels[labelOwned] = string(trees)
 	res, err := r.cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: r.name(spec.ID), Config: cfg, HostConfig: host})
 	if err != nil {
 		hostuser.Reclaim(owned)
@@ -618,6 +629,22 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	return nil
 }
 
+// ownedTrees are the directories container c was given, as its label
+// records them; a container made before the label existed was given its
+// read-write binds by the server.
+func ownedTrees(c container.InspectResponse) []hostuser.Tree {
+	var trees []hostuser.Tree
+	if c.Config != nil && json.Unmarshal([]byte(c.Config.Labels[labelOwned]), &trees) == nil {
+		return trees
+	}
+	for _, m := range c.Mounts {
+		if m.Type == mount.TypeBind && m.RW {
+			trees = append(trees, hostuser.Tree{Dir: m.Source, Owner: hostuser.Identity{UID: os.Geteuid(), GID: os.Getegid()}})
+		}
+	}
+	return trees
+}
+
 // List returns this server's containers whose labels include selector.
 func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
 	f := client.Filters{}
@@ -660,13 +687,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
 	}
-	var owned []string
-	for _, m := range c.Mounts {
-		if m.Type == mount.TypeBind && m.RW {
-			owned = append(owned, m.Source)
-		}
-	}
-	if err := hostuser.Reclaim(owned); err != nil {
+	if err := hostuser.Reclaim(ownedTrees(c)); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)

@@ -333,7 +333,7 @@ func (r *Runtime) probeRun(ctx context.Context) error {
 // Create builds the sandbox's bundle and cgroups, starts the launcher and
 // returns once runsc reports the container running (about 0.2 to 0.5 s
 // with the ptrace platform). It is idempotent on spec.ID.
-func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
+func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Handle, err error) {
 	if err := validateSpec(spec, r.opts.DataRoot); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
@@ -391,15 +391,15 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 		}()
 		cgPath = r.cg.Path(spec.ID)
 	}
-	st.Owned = hostuser.WritableDirs(spec.Mounts)
-	if err := hostuser.Give(st.Owned, r.opts.Host); err != nil {
-		return nil, err
-	}
+	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.Host)
 	defer func() {
 		if err != nil {
 			hostuser.Reclaim(st.Owned)
 		}
 	}()
+	if err != nil {
+		return nil, err
+	}
 	bundle := filepath.Join(dir, "bundle")
 	if err := writeBundle(bundle, spec, r.opts, cgPath); err != nil {
 		return nil, err

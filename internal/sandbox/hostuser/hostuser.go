@@ -12,13 +12,15 @@
 // host's processes.
 //
 // Give hands a sandbox's read-write directories to the identity before it
-// starts; Reclaim takes them back once it is gone: owned by the server
-// again, with no set-uid, set-gid or sticky bit and no group or other
-// write permission left, so nothing a worker wrote carries mode bits or
-// ownership the host would honour.
+// starts; Reclaim takes them back once it is gone: owned by whoever owned
+// each directory before (the server for its data root, the owner of a
+// workspace under an operator's root) again, with no set-uid, set-gid or
+// sticky bit and no group or other write permission left, so nothing a
+// worker wrote carries mode bits or ownership the host would honour.
 package hostuser
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -128,36 +130,73 @@ func WritableDirs(mounts []sandbox.Mount) []string {
 	return dirs
 }
 
+// Tree is a directory tree given to the sandbox identity, and who owned
+// its top before: Reclaim gives the whole tree back to Owner.
+type Tree struct {
+	Dir   string   `json:"dir"`
+	Owner Identity `json:"owner"`
+}
+
+// UnmarshalJSON also reads a bare directory, as state written before trees
+// had owners records it: the server owned those.
+func (t *Tree) UnmarshalJSON(b []byte) error {
+	var dir string
+	if json.Unmarshal(b, &dir) == nil {
+		*t = Tree{Dir: dir, Owner: server()}
+		return nil
+	}
+	type plain Tree
+	return json.Unmarshal(b, (*plain)(t))
+}
+
+// server is the server's own identity.
+func server() Identity { return Identity{UID: os.Geteuid(), GID: os.Getegid()} }
+
 // Give makes each directory tree in dirs owned by id, so the sandbox can
-// write what the server prepared. Symbolic links are not followed (the
-// trees are the server's own at this point). A missing directory is
-// skipped.
-func Give(dirs []string, id Identity) error {
+// write what the server prepared, and returns the trees with their owners
+// before, for Reclaim: also on error, the trees it changed. A tree that id
+// owns already (left by a server that died before taking it back) goes
+// back to the server. Symbolic links are not followed (the trees are the
+// server's own at this point). A missing directory is skipped.
+func Give(dirs []string, id Identity) ([]Tree, error) {
+	var trees []Tree
 	for _, dir := range dirs {
-		err := walk(dir, func(p string, d fs.DirEntry) error { return os.Lchown(p, id.UID, id.GID) })
+		fi, err := os.Lstat(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if err != nil || !ok {
+			return trees, fmt.Errorf("give %s to the sandbox identity %s: %v", dir, id, err)
+		}
+		owner := Identity{UID: int(st.Uid), GID: int(st.Gid)}
+		if owner == id && id.Switch() {
+			owner = server()
+		}
+		trees = append(trees, Tree{Dir: dir, Owner: owner})
+		err = walk(dir, func(p string, d fs.DirEntry) error { return os.Lchown(p, id.UID, id.GID) })
 		if err != nil {
-			return fmt.Errorf("give %s to the sandbox identity %s: %w", dir, id, err)
+			return trees, fmt.Errorf("give %s to the sandbox identity %s: %w", dir, id, err)
 		}
 	}
-	return nil
+	return trees, nil
 }
 
 // unsafeBits are the mode bits Reclaim removes: set-uid, set-gid, sticky,
 // and write permission for group and others.
 const unsafeBits = fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky | 0o022
 
-// Reclaim takes each directory tree in dirs back from a sandbox that is
-// gone: every entry's set-uid, set-gid and sticky bits and group and other
-// write permission are removed, and every entry is owned by the server
-// (its effective uid and gid). Symbolic links are not followed and keep no
-// meaning (their mode is not used by Linux). Special files (FIFOs,
-// sockets, devices a worker could not have made) are removed: nothing on
-// the host reads them. A missing directory is skipped; errors are joined
-// and the walk goes on.
-func Reclaim(dirs []string) error {
-	uid, gid := os.Geteuid(), os.Getegid()
+// Reclaim takes each tree back from a sandbox that is gone: every entry's
+// set-uid, set-gid and sticky bits and group and other write permission
+// are removed, and every entry is owned by the tree's owner. Symbolic
+// links are not followed and keep no meaning (their mode is not used by
+// Linux). Special files (FIFOs, sockets, devices a worker could not have
+// made) are removed: nothing on the host reads them. A missing directory
+// is skipped; errors are joined and the walk goes on.
+func Reclaim(trees []Tree) error {
 	var errs []error
-	for _, dir := range dirs {
+	for _, t := range trees {
+		dir, uid, gid := t.Dir, t.Owner.UID, t.Owner.GID
 		err := walk(dir, func(p string, d fs.DirEntry) error {
 			info, err := d.Info()
 			if err != nil {
@@ -262,7 +301,7 @@ func (id Identity) allowed(path string, want fs.FileMode) error {
 func (host Identity) ValidateSpec(spec sandbox.Spec, root string) error {
 	errs := []error{spec.Validate()}
 	for i, m := range spec.Resolve(root).Mounts {
-		if !filepath.IsLocal(filepath.FromSlash(spec.Mounts[i].Source)) {
+		if !spec.Mounts[i].HostDir && !filepath.IsLocal(filepath.FromSlash(spec.Mounts[i].Source)) {
 			continue
 		}
 		field := fmt.Sprintf("mounts[%d].source", i)

@@ -1,8 +1,10 @@
 package hostuser
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -86,7 +88,8 @@ func TestGiveReclaim(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := Give([]string{dir, filepath.Join(dir, "missing")}, id); err != nil {
+	trees, err := Give([]string{dir, filepath.Join(dir, "missing")}, id)
+	if err != nil {
 		t.Fatalf("Give: %v", err)
 	}
 	for _, p := range []string{dir, filepath.Join(dir, "sub")} {
@@ -111,7 +114,7 @@ func TestGiveReclaim(t *testing.T) {
 	if err := os.Symlink(outside, filepath.Join(dir, "link")); err != nil {
 		t.Fatal(err)
 	}
-	if err := Reclaim([]string{dir}); err != nil {
+	if err := Reclaim(trees); err != nil {
 		t.Fatalf("Reclaim: %v", err)
 	}
 	for _, p := range []string{dir, filepath.Join(dir, "sub"), suid, filepath.Join(dir, "link")} {
@@ -131,6 +134,57 @@ func TestGiveReclaim(t *testing.T) {
 	}
 	if fi, err := os.Stat(outside); err != nil || fi.Mode()&os.ModeSetuid == 0 {
 		t.Errorf("Reclaim changed the link's target outside: %v %v", fi.Mode(), err)
+	}
+}
+
+// A tree goes back to whoever owned its top before Give (a person's
+// repository under an operator's workspace root, say), all of it; a tree
+// the sandbox identity held already, left by a server that died, goes to
+// the server.
+func TestReclaimGivesBackToTheOwner(t *testing.T) {
+	testenv.RequireRoot(t)
+	id := Identity{Reserved, Reserved}
+	person, left := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(person, "main.go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for p, uid := range map[string]int{person: 1000, filepath.Join(person, "main.go"): 0, left: Reserved} {
+		if err := os.Lchown(p, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trees, err := Give([]string{person, left}, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Tree{{Dir: person, Owner: Identity{1000, 1000}}, {Dir: left, Owner: Identity{0, 0}}}
+	if !slices.Equal(trees, want) {
+		t.Fatalf("Give = %+v, want %+v", trees, want)
+	}
+	// What a worker writes there is the person's afterwards.
+	if err := os.WriteFile(filepath.Join(person, "new.txt"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Reclaim(trees); err != nil {
+		t.Fatal(err)
+	}
+	for p, uid := range map[string]uint32{person: 1000, filepath.Join(person, "main.go"): 1000, filepath.Join(person, "new.txt"): 1000, left: 0} {
+		if got := owner(t, p); got != uid {
+			t.Errorf("%s owned by %d after Reclaim, want %d", p, got, uid)
+		}
+	}
+}
+
+// State written before trees had owners lists bare directories: the
+// server's.
+func TestTreeReadsBareDirectory(t *testing.T) {
+	var trees []Tree
+	if err := json.Unmarshal([]byte(`["/data/tasks/t1",{"dir":"/srv/repos/app","owner":{"UID":1000,"GID":1001}}]`), &trees); err != nil {
+		t.Fatal(err)
+	}
+	want := []Tree{{Dir: "/data/tasks/t1", Owner: Identity{os.Geteuid(), os.Getegid()}}, {Dir: "/srv/repos/app", Owner: Identity{1000, 1001}}}
+	if !slices.Equal(trees, want) {
+		t.Errorf("got %+v, want %+v", trees, want)
 	}
 }
 

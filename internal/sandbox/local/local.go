@@ -356,7 +356,7 @@ func loadState(dir string, st state) state {
 
 // Create starts a sandbox for spec and returns once its pid 1 runs (a few
 // milliseconds). It is idempotent on spec.ID.
-func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
+func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Handle, err error) {
 	if err := r.opts.Host.ValidateSpec(spec, r.opts.DataRoot); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
@@ -421,15 +421,15 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	}
 	defer out.Close()
 
-	st.Owned = hostuser.WritableDirs(spec.Mounts)
-	if err := hostuser.Give(st.Owned, r.opts.Host); err != nil {
-		return nil, err
-	}
+	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.Host)
 	defer func() {
 		if err != nil {
 			hostuser.Reclaim(st.Owned)
 		}
 	}()
+	if err != nil {
+		return nil, err
+	}
 	argv := append([]string{r.opts.Bwrap}, bwrapArgs(spec, r.opts, filepath.Join(dir, "etc"), etcBinds)...)
 	argv = launcher(r.opts, cgroups.ProcsFiles(st.Cgroups), argv, true)
 	// Not CommandContext: the sandbox must outlive ctx and this process.

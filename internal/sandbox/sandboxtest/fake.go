@@ -191,8 +191,8 @@ func hostDir(mounts []sandbox.Mount, dir string) string {
 // leading slash (MountSource).
 func (f *Fake) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
 	for i, m := range spec.Mounts {
-		if !filepath.IsLocal(m.Source) {
-			return nil, fmt.Errorf("validate sandbox spec: %w", errdefs.Field(fmt.Sprintf("mounts[%d].source", i), "must be a path within the data root"))
+		if m.HostDir && !sandbox.CleanAbs(m.Source) || !m.HostDir && !filepath.IsLocal(m.Source) {
+			return nil, fmt.Errorf("validate sandbox spec: %w", errdefs.Field(fmt.Sprintf("mounts[%d].source", i), "must be a path within the data root, or an absolute host directory"))
 		}
 	}
 	spec = spec.Resolve("/")

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,6 +67,7 @@ func Run(t *testing.T, h Harness) {
 		{"ExitCodes", s.testExitCodes},
 		{"ReadWriteMount", s.testReadWriteMount},
 		{"ReadOnlyMount", s.testReadOnlyMount},
+		{"HostDirMount", s.testHostDirMount},
 		{"CreateIdempotent", s.testCreateIdempotent},
 		{"WaitMany", s.testWaitMany},
 		{"WaitContext", s.testWaitContext},
@@ -231,6 +233,48 @@ func (s *suite) testReadWriteMount(t *testing.T) {
 	}
 	if string(got) != "hello from the sandbox\n" {
 		t.Errorf("output = %q, want %q", got, "hello from the sandbox\n")
+	}
+}
+
+// A host directory outside the data root (a workspace under an
+// operator's root) is mounted read-write from its absolute path, and once
+// the sandbox is destroyed all of it belongs to its owner again, a person
+// (uid 1000) here.
+func (s *suite) testHostDirMount(t *testing.T) {
+	e := s.env(t)
+	dir := s.h.MountDir(t)
+	const person = 1000
+	owned := os.Geteuid() == 0 && !s.h.Unisolated
+	if owned {
+		if err := os.Chown(dir, person, person); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sp := e.spec(`echo written > result`, "")
+	sp.Dir = "/out"
+	sp.Mounts = []sandbox.Mount{{Source: dir, Target: "/out", HostDir: true}}
+	e.create(sp)
+	if es := e.wait(sp.ID); es.Code != 0 {
+		t.Fatalf("exit code %d, want 0", es.Code)
+	}
+	if err := e.rt.Destroy(e.ctx, sp.ID); err != nil {
+		t.Fatal(err)
+	}
+	result := filepath.Join(dir, "result")
+	if got, err := os.ReadFile(result); err != nil || string(got) != "written\n" {
+		t.Fatalf("result = %q, %v", got, err)
+	}
+	if !owned {
+		return
+	}
+	for _, p := range []string{dir, result} {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != person || st.Gid != person {
+			t.Errorf("%s owned by %d:%d after Destroy, want the person's %d:%d", p, st.Uid, st.Gid, person, person)
+		}
 	}
 }
 
@@ -571,8 +615,8 @@ func (s *suite) testExec(t *testing.T) {
 
 func (s *suite) testPidsLimit(t *testing.T) {
 	e := s.env(t)
-	if !e.caps().Limits {
-		t.Skip("runtime does not enforce limits")
+	if c := e.caps(); !c.Limits || c.NoPidsLimit {
+		t.Skip("runtime does not enforce a pids limit")
 	}
 	dir := s.h.MountDir(t)
 	sp := e.spec(`n=0; while [ $n -lt 64 ]; do sleep 10 & n=$((n+1)); done; touch forked-all`, dir)

@@ -221,8 +221,8 @@ type Launch struct {
 	Cgroups  []string          `json:"cgroups,omitempty"`
 	// Owned are the read-write directories given to the sandbox identity,
 	// taken back by Remove.
-	Owned     []string  `json:"owned,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	Owned     []hostuser.Tree `json:"owned,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
 }
 
 func (l Launch) launch() Launch { return l }
