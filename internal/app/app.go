@@ -33,6 +33,7 @@ import (
 	"github.com/corral-dev/corral/internal/report"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
 	"github.com/corral-dev/corral/internal/scheduler"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
@@ -268,9 +269,10 @@ func (a *App) open(ctx context.Context) error {
 		Projects: projects,
 		Agents:   agentConfigs(cfg),
 		Worker: taskrun.WorkerOptions{
-			Binary:    a.opts.WorkerBinary,
-			SocketDir: sockDir,
-			Secret:    secret,
+			Binary:     a.opts.WorkerBinary,
+			SocketDir:  sockDir,
+			Secret:     secret,
+			ServerURLs: map[string]string{kubernetes.Name: cfg.Kubernetes.ServerURL},
 		},
 		Sessions:        a.sessions,
 		Verifier:        webhook.NewVerifier(secret, time.Duration(lim.WebhookMaxSkew), nil),

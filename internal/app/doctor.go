@@ -85,7 +85,7 @@ func doctorRuntime(ctx context.Context, name string, cfg *config.Config, stateDi
 	dataRoot, _ := filepath.Abs(cfg.Data)
 	rt, err := openRuntime(name, cfg, dataRoot, stateDir, host, log)
 	if rt == nil && err == nil {
-		c.Detail = notBuilt[name]
+		c.Detail = unconfigured(name, cfg)
 		return []Check{c}
 	}
 	if err != nil {

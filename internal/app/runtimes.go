@@ -10,16 +10,20 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/docker"
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
 	"github.com/corral-dev/corral/internal/sandbox/local"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // runtimeFix is how to make each runtime available on Debian.
@@ -29,14 +33,40 @@ var runtimeFix = map[string]string{
 	docker.Name: "apt-get install -y docker.io, start dockerd, and load the image (docker load)",
 }
 
-// notBuilt says why a runtime Corral names cannot be used yet.
-var notBuilt = map[string]string{
-	"kubernetes": "the kubernetes runtime is not built yet",
+// unconfigured says why openRuntime opened no runtime name.
+func unconfigured(name string, cfg *config.Config) string {
+	if name != kubernetes.Name {
+		return ""
+	}
+	if cfg.Kubernetes.ServerURL == "" {
+		return "kubernetes.server_url is not set: the URL worker pods reach this server at (its Service)"
+	}
+	return "no cluster: set kubernetes.kubeconfig or KUBECONFIG, or run the server in the cluster (corral k8s render)"
+}
+
+// clusterConfig is how to reach the cluster: kubernetes.kubeconfig, else
+// the pod's service account in a cluster, else $KUBECONFIG; nil if none.
+func clusterConfig(cfg *config.Config) (*rest.Config, error) {
+	path := cfg.Kubernetes.Kubeconfig
+	if path == "" {
+		if c, err := rest.InClusterConfig(); err == nil {
+			return c, nil
+		}
+		path = os.Getenv("KUBECONFIG")
+	}
+	if path == "" {
+		return nil, nil
+	}
+	c, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	return c, nil
 }
 
 // openRuntime builds the runtime name (one of config.Runtimes) as cfg
 // configures it, keeping its state under stateDir, or returns nil for one
-// not built yet. corral serve and corral doctor both build their runtimes
+// not configured (unconfigured says why). corral serve and corral doctor both build their runtimes
 // here, so doctor checks what serve runs. This is the one place that names
 // concrete backends.
 func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, host hostuser.Identity, log *slog.Logger) (sandbox.Runtime, error) {
@@ -76,6 +106,31 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 			FileSizeLimit: cfg.Limits.MaxTaskDirBytes.Bytes(),
 			User:          host,
 		}, log)
+	case kubernetes.Name:
+		k := cfg.Kubernetes
+		if k.ServerURL == "" {
+			return nil, nil
+		}
+		cluster, err := clusterConfig(cfg)
+		if cluster == nil || err != nil {
+			return nil, err
+		}
+		w := cfg.AIWorker
+		return kubernetes.New(kubernetes.Options{
+			Config:           cluster,
+			Namespace:        w.Namespace,
+			DataRoot:         dataRoot,
+			Claim:            w.WorkspacePVC,
+			RuntimeClass:     w.RuntimeClass,
+			ServiceAccount:   w.ServiceAccount,
+			DefaultImage:     w.AICoderImage,
+			PullPolicy:       k.PullPolicy,
+			MemoryRequest:    w.Resources.MemoryRequest.Bytes(),
+			CPURequestMillis: w.Resources.CPURequest.Millis(),
+			TmpSize:          cfg.Local.TmpSize.Bytes(),
+			JobTTL:           time.Duration(w.JobTTLSeconds) * time.Second,
+			SecretName:       k.SecretName,
+		}, log)
 	}
 	return nil, nil
 }
@@ -103,7 +158,7 @@ func (a *App) availability(ctx context.Context) (runtimes, networks map[string]s
 	for _, name := range config.Runtimes {
 		rt, ok := a.runtimes[name]
 		if !ok {
-			runtimes[name] = notBuilt[name]
+			runtimes[name] = unconfigured(name, a.cfg)
 			continue
 		}
 		caps, err := rt.Capabilities(ctx)

@@ -57,6 +57,7 @@ type Config struct {
 	Runtime    string         `yaml:"runtime"`
 	Local      Local          `yaml:"local"`
 	Docker     Docker         `yaml:"docker"`
+	Kubernetes Kubernetes     `yaml:"kubernetes"`
 	Execution  Execution      `yaml:"execution"`
 	Sessions   Sessions       `yaml:"sessions"`
 	Workspaces Workspaces     `yaml:"workspaces"`
@@ -175,6 +176,26 @@ type Docker struct {
 	// Pull lets the engine pull an image it does not have; off, a missing
 	// image is an error that says so.
 	Pull bool `yaml:"pull"`
+}
+
+// Kubernetes has Corral's own keys of the kubernetes runtime; seed 000's
+// (namespace, runtime_class, workspace_pvc, ...) are in ai_worker_config.
+type Kubernetes struct {
+	// Kubeconfig is the kubeconfig file that reaches the cluster; empty:
+	// the pod's service account when the server runs in a cluster, else
+	// $KUBECONFIG. With neither the runtime is unavailable and says so.
+	Kubeconfig string `yaml:"kubeconfig"`
+	// ServerURL is where worker pods reach this server (its Service, e.g.
+	// http://corral.corral.svc:7777): their signed webhooks go there.
+	// Required by the runtime.
+	ServerURL string `yaml:"server_url"`
+	// SecretName is the operator's Secret of API keys, passed to every
+	// worker as environment variables by reference (a missing Secret
+	// passes none).
+	SecretName string `yaml:"secret_name"`
+	// PullPolicy is the workers' imagePullPolicy: IfNotPresent, Always or
+	// Never.
+	PullPolicy string `yaml:"pull_policy"`
 }
 
 // Execution configures code_execute (seed 004's section): a command run
@@ -355,11 +376,12 @@ func Default() *Config {
 			RetentionInterval:        Duration(10 * time.Minute),
 			JobTTLSeconds:            3600,
 		},
-		Runtime:   "local",
-		Local:     Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB")},
-		Docker:    Docker{Host: "unix:///var/run/docker.sock"},
-		Execution: Execution{Enabled: true, Timeout: 60, MaxOutputSize: mustSize("1MiB")},
-		Sessions:  Sessions{MaxSessions: 8, IdleTimeout: Duration(30 * time.Minute), MaxLifetime: Duration(8 * time.Hour)},
+		Runtime:    "local",
+		Local:      Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB")},
+		Docker:     Docker{Host: "unix:///var/run/docker.sock"},
+		Kubernetes: Kubernetes{SecretName: "ai-worker-secrets", PullPolicy: "IfNotPresent"},
+		Execution:  Execution{Enabled: true, Timeout: 60, MaxOutputSize: mustSize("1MiB")},
+		Sessions:   Sessions{MaxSessions: 8, IdleTimeout: Duration(30 * time.Minute), MaxLifetime: Duration(8 * time.Hour)},
 		Egress: Egress{
 			// SPEC §4: the model providers' API hosts, through the proxy.
 			Mode:  "allowlist",

@@ -57,6 +57,7 @@ func (c *Config) Validate() error {
 			v.add(fmt.Sprintf("workspaces.roots[%d]", i), "must be an absolute, clean directory other than /, got %q", r)
 		}
 	}
+	v.kubernetes(&c.Kubernetes)
 	v.oneOf("runtime", c.Runtime, Runtimes)
 	v.nonEmpty("local.bwrap", c.Local.Bwrap)
 	if p := strings.Trim(c.Local.CgroupParent, "/"); !filepath.IsLocal(p) || path.Clean(p) != p || strings.ContainsRune(p, 0) {
@@ -152,6 +153,19 @@ func (c *Config) Validate() error {
 		v.add("limits.stop_grace", "must not be negative, got %s", l.StopGrace)
 	}
 	return errors.Join(v.errs...)
+}
+
+func (v *validator) kubernetes(k *Kubernetes) {
+	if k.ServerURL != "" {
+		u, err := url.Parse(k.ServerURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			v.add("kubernetes.server_url", "must be an http(s) URL with a host and nothing after the path (where worker pods reach this server), got %q", k.ServerURL)
+		}
+	}
+	if k.SecretName != "" && !dnsSubdomain().MatchString(k.SecretName) {
+		v.add("kubernetes.secret_name", "must be a Kubernetes object name (lowercase letters, digits, '-' and '.'), got %q", k.SecretName)
+	}
+	v.oneOf("kubernetes.pull_policy", k.PullPolicy, []string{"IfNotPresent", "Always", "Never"})
 }
 
 func (v *validator) aiWorker(w *AIWorkerConfig) {
@@ -309,10 +323,11 @@ func (v *validator) positiveSize(key string, s Size) {
 // every corral process, including each sandbox's worker, which never
 // validates a configuration.
 var (
-	dnsLabel    = lazyRegexp(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
-	envName     = lazyRegexp(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	tokenName   = lazyRegexp(`^[a-z0-9][a-z0-9._-]{0,63}$`)
-	hostPattern = lazyRegexp(`^(\*\.)?([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$`)
+	dnsLabel     = lazyRegexp(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	dnsSubdomain = lazyRegexp(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+	envName      = lazyRegexp(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	tokenName    = lazyRegexp(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	hostPattern  = lazyRegexp(`^(\*\.)?([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$`)
 )
 
 // allowEntry reports whether h is an egress allow entry: a host name, a

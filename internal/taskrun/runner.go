@@ -43,8 +43,13 @@ type WorkerOptions struct {
 	// Secret is the server's webhook secret; each task gets a key derived
 	// from it.
 	Secret []byte
-	// Source names the runtime in the webhook's X-Webhook-Source.
-	Env []string // extra environment for every worker (PATH, LANG, ...)
+	// Env is extra environment for every worker (PATH, LANG, ...).
+	Env []string
+	// ServerURLs are, for each runtime whose sandboxes run on other
+	// machines (kubernetes), the base URL its workers reach the server at
+	// (its Service): their webhooks go there over the network, signed as
+	// ever, and no unix socket is mounted.
+	ServerURLs map[string]string
 }
 
 // Verifier checks a completion webhook's signature, freshness and
@@ -67,6 +72,13 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		Agent:       t.Agent,
 		Model:       t.Model,
 		MaxLogBytes: o.opts.MaxLogBytes,
+	}
+	serverURL, remote := w.ServerURLs[t.Runtime]
+	if remote {
+		args.WebhookURL = strings.TrimSuffix(serverURL, "/") + webhook.Path
+		if t.ExecSession != "" {
+			return sandbox.Spec{}, fmt.Errorf("task %s: a task on the %s runtime cannot work through a session (sessions run on this server's host): %w", t.ID, t.Runtime, errdefs.ErrFailedPrecondition)
+		}
 	}
 	if ag.Binary != "" && t.Agent != task.AgentCommand {
 		args.Binary = ag.Binary
@@ -100,6 +112,9 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	network := sandbox.NetworkNone
 	var egressDir string
 	if t.Network != "" && t.Network != task.NetworkNone {
+		if remote {
+			return sandbox.Spec{}, fmt.Errorf("network %s on the %s runtime: the egress proxy is not reachable from other machines yet; run it with network none: %w", t.Network, t.Runtime, errdefs.ErrNotImplemented)
+		}
 		if o.opts.Egress == nil {
 			return sandbox.Spec{}, fmt.Errorf("network %s needs the egress proxy, which this server does not run: %w", t.Network, errdefs.ErrFailedPrecondition)
 		}
@@ -142,15 +157,17 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	if err != nil {
 		return sandbox.Spec{}, fmt.Errorf("the worker binary: %w", err)
 	}
-	sockets, err := o.inDataRoot(w.SocketDir)
-	if err != nil {
-		return sandbox.Spec{}, fmt.Errorf("the socket directory: %w", err)
-	}
 	mounts := []sandbox.Mount{
 		{Source: workspace.DirTasks + "/" + t.ID, Target: workerproto.TaskDir},
 		{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},
 		{Source: binary, Target: workerproto.CorralBinary, ReadOnly: true},
-		{Source: sockets, Target: workerproto.SocketDir, ReadOnly: true},
+	}
+	if !remote {
+		sockets, err := o.inDataRoot(w.SocketDir)
+		if err != nil {
+			return sandbox.Spec{}, fmt.Errorf("the socket directory: %w", err)
+		}
+		mounts = append(mounts, sandbox.Mount{Source: sockets, Target: workerproto.SocketDir, ReadOnly: true})
 	}
 	if t.Workspace != "" {
 		// The agent works in the project; its HOME (Claude Code's
@@ -314,6 +331,10 @@ func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitSta
 	secrets := workerproto.Secrets(o.opts.Agents[t.Agent].Env)
 	c.Summary = workerproto.RedactString(c.Summary, secrets)
 	c.ErrorMessage = workerproto.RedactString(c.ErrorMessage, secrets)
+	if exit != nil && exit.DeadlineExceeded && c.Status != task.Success {
+		c.Status, c.Reason = task.Timeout, "timeout"
+		c.ErrorMessage = fmt.Sprintf("timed out after %s (the runtime's deadline)", t.Timeout())
+	}
 	if exit != nil && exit.OOMKilled && c.Status != task.Success {
 		c.ErrorMessage = "out of memory: the sandbox reached its memory limit of " + units.FormatSize(t.Resources.MemoryBytes)
 	}

@@ -37,6 +37,10 @@ type Harness struct {
 	// a sandbox read-write (Create gives it to the sandbox's identity). Default: testenv.TempDir(t).
 	MountDir func(t *testing.T) string
 
+	// NoHostDirs says the runtime refuses HostDir mounts (it runs
+	// sandboxes on other machines): the check expects the refusal.
+	NoHostDirs bool
+
 	// Unisolated says the runtime runs commands on the host without
 	// isolation (Fake): checks that need a read-only mount to be enforced
 	// or a path to exist only inside the sandbox are skipped.
@@ -253,6 +257,12 @@ func (s *suite) testHostDirMount(t *testing.T) {
 	sp := e.spec(`echo written > result`, "")
 	sp.Dir = "/out"
 	sp.Mounts = []sandbox.Mount{{Source: dir, Target: "/out", HostDir: true}}
+	if s.h.NoHostDirs {
+		if _, err := e.rt.Create(e.ctx, sp); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("Create with a host directory = %v, want ErrInvalidArgument", err)
+		}
+		return
+	}
 	e.create(sp)
 	if es := e.wait(sp.ID); es.Code != 0 {
 		t.Fatalf("exit code %d, want 0", es.Code)

@@ -1,0 +1,112 @@
+package kubernetes
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+)
+
+// client is the little of the API the runtime uses: Jobs, pods and
+// Secrets in one namespace. It speaks REST with a scheme of batch/v1 and
+// core/v1 alone, rather than through client-go's clientset, whose scheme
+// registers every API group when the package loads: that would run in
+// every corral process, each sandbox's worker included.
+type client struct {
+	batch, core rest.Interface
+	ns          string
+	params      runtime.ParameterCodec
+}
+
+func newClient(cfg *rest.Config, ns string) (*client, error) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{batchv1.AddToScheme, corev1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			return nil, err
+		}
+	}
+	codecs := serializer.NewCodecFactory(scheme).WithoutConversion()
+	restFor := func(gv schema.GroupVersion, apiPath string) (rest.Interface, error) {
+		c := rest.CopyConfig(cfg)
+		c.GroupVersion, c.APIPath, c.NegotiatedSerializer = &gv, apiPath, codecs
+		if c.UserAgent == "" {
+			c.UserAgent = "corral"
+		}
+		return rest.RESTClientFor(c)
+	}
+	batch, err := restFor(batchv1.SchemeGroupVersion, "/apis")
+	if err != nil {
+		return nil, err
+	}
+	core, err := restFor(corev1.SchemeGroupVersion, "/api")
+	if err != nil {
+		return nil, err
+	}
+	return &client{batch: batch, core: core, ns: ns, params: runtime.NewParameterCodec(scheme)}, nil
+}
+
+// version is the API server's version (GET /version).
+func (c *client) version(ctx context.Context) (string, error) {
+	b, err := c.core.Get().AbsPath("/version").DoRaw(ctx)
+	if err != nil {
+		return "", err
+	}
+	var v struct {
+		GitVersion string `json:"gitVersion"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return "", fmt.Errorf("read /version: %w", err)
+	}
+	return v.GitVersion, nil
+}
+
+// api is the REST client of resource's group.
+func (c *client) api(resource string) rest.Interface {
+	if resource == "jobs" {
+		return c.batch
+	}
+	return c.core
+}
+
+func (c *client) get(ctx context.Context, resource, name string, into runtime.Object) error {
+	return c.api(resource).Get().Namespace(c.ns).Resource(resource).Name(name).Do(ctx).Into(into)
+}
+
+func (c *client) create(ctx context.Context, resource string, obj, into runtime.Object) error {
+	return c.api(resource).Post().Namespace(c.ns).Resource(resource).Body(obj).Do(ctx).Into(into)
+}
+
+func (c *client) update(ctx context.Context, resource, name string, obj, into runtime.Object) error {
+	return c.api(resource).Put().Namespace(c.ns).Resource(resource).Name(name).Body(obj).Do(ctx).Into(into)
+}
+
+func (c *client) delete(ctx context.Context, resource, name string, opts metav1.DeleteOptions) error {
+	return c.api(resource).Delete().Namespace(c.ns).Resource(resource).Name(name).Body(&opts).Do(ctx).Error()
+}
+
+// deleteAll deletes the resources selector picks.
+func (c *client) deleteAll(ctx context.Context, resource, selector string, opts metav1.DeleteOptions) error {
+	return c.api(resource).Delete().Namespace(c.ns).Resource(resource).
+		VersionedParams(&metav1.ListOptions{LabelSelector: selector}, c.params).Body(&opts).Do(ctx).Error()
+}
+
+func (c *client) listPods(ctx context.Context, selector string) (*corev1.PodList, error) {
+	var l corev1.PodList
+	err := c.core.Get().Namespace(c.ns).Resource("pods").
+		VersionedParams(&metav1.ListOptions{LabelSelector: selector}, c.params).Do(ctx).Into(&l)
+	return &l, err
+}
+
+// informer watches the resources selector picks.
+func (c *client) informer(resource, selector string, obj runtime.Object) cache.SharedIndexInformer {
+	lw := cache.NewFilteredListWatchFromClient(c.api(resource), resource, c.ns, func(o *metav1.ListOptions) { o.LabelSelector = selector })
+	return cache.NewSharedIndexInformer(lw, obj, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+}

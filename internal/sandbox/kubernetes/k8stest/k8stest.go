@@ -1,0 +1,140 @@
+// Package k8stest gives tests the single-node cluster scripts/k8s/up.sh
+// starts on the test machine (a real kubelet, containerd, runc and gVisor):
+// its configuration, a namespace per test and a volume over a host
+// directory, all removed when the test ends.
+package k8stest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// Names scripts/k8s/lib.sh gives the cluster's parts.
+const (
+	// Kubeconfig is where up.sh writes the admin kubeconfig, unless
+	// CORRAL_TEST_KUBECONFIG names another.
+	Kubeconfig = "/run/corral-k8s/kubeconfig"
+	// NodeIP is the node's address: pods reach the host there.
+	NodeIP = "10.88.0.1"
+	// BusyboxImage holds Debian's static busybox and an /etc/passwd with
+	// uid 1000; up.sh imports it.
+	BusyboxImage = "localhost/corral-busybox:1"
+	// GVisor is the RuntimeClass that runs pods under gVisor's runsc.
+	GVisor = "gvisor"
+)
+
+// Require returns the test cluster's configuration, or skips tb (fails it
+// in CI) when no cluster is up.
+func Require(tb testing.TB) *rest.Config {
+	tb.Helper()
+	testenv.RequireRoot(tb)
+	path := os.Getenv("CORRAL_TEST_KUBECONFIG")
+	if path == "" {
+		path = Kubeconfig
+	}
+	if _, err := os.Stat(path); err != nil {
+		testenv.Missing(tb, "no Kubernetes test cluster ("+path+"): scripts/k8s/build.sh, then scripts/k8s/up.sh")
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return cfg
+}
+
+// Clientset is a client of cfg's cluster.
+func Clientset(tb testing.TB, cfg *rest.Config) kubernetes.Interface {
+	tb.Helper()
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return cs
+}
+
+// Name returns prefix and a random suffix: a fresh object name.
+func Name(prefix string) string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	return prefix + "-" + hex.EncodeToString(b)
+}
+
+// Namespace makes a namespace for tb, deleted (with all in it) when tb
+// ends; the test waits until it is gone, so no pod outlives it.
+func Namespace(tb testing.TB, cs kubernetes.Interface) string {
+	tb.Helper()
+	ctx := context.Background()
+	ns, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Name("corral-test")}}, metav1.CreateOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := cs.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{}); err != nil {
+			tb.Errorf("delete namespace %s: %v", ns.Name, err)
+			return
+		}
+		for ctx.Err() == nil {
+			if _, err := cs.CoreV1().Namespaces().Get(ctx, ns.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+				return
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		tb.Errorf("namespace %s still there 2 minutes after its deletion", ns.Name)
+	})
+	return ns.Name
+}
+
+// Claim makes a PersistentVolume over the host directory dir and a claim
+// in namespace ns bound to it, and returns the claim's name: the
+// single-node cluster's stand-in for a ReadWriteMany volume.
+func Claim(tb testing.TB, cs kubernetes.Interface, ns, dir string) string {
+	tb.Helper()
+	ctx := context.Background()
+	name := Name("corral-data")
+	size := resource.MustParse("1Gi")
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: size},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              "",
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}},
+			ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: name},
+		},
+	}
+	if _, err := cs.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cs.CoreV1().PersistentVolumes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	empty := ""
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			StorageClassName: &empty,
+			VolumeName:       name,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
+		},
+	}
+	if _, err := cs.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+		tb.Fatal(err)
+	}
+	return name
+}

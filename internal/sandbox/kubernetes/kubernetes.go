@@ -1,0 +1,828 @@
+// Package kubernetes runs sandboxes as Kubernetes Jobs, through client-go:
+// one batch/v1 Job per sandbox, for when one machine is not enough (seed
+// 000).
+//
+// Shape (seed 000's manifest): backoffLimit 0, activeDeadlineSeconds from
+// the wall-clock limit, ttlSecondsAfterFinished, restartPolicy Never, the
+// RuntimeClass (gvisor by default), a non-root pod (uid and gid 1000,
+// fsGroup) whose container drops every capability, cannot gain privileges,
+// runs under the runtime's default seccomp profile with a read-only root
+// file system and a size-limited /tmp, requests and limits for memory and
+// CPU, and no service account token. The Spec's mounts are subPaths of the
+// one volume that holds the data root (a ReadWriteMany claim), so a mount
+// names the same path on every node. The environment is never a literal in
+// the Job: it goes into a Secret of the sandbox's own, owned by the Job,
+// beside the operator's Secret of API keys (both by reference).
+//
+// State: the API server is the source of truth. Jobs and pods carry
+// Corral's labels (runtime, instance, sandbox id); informers watch them,
+// filtered to this server's instance, so Wait, Status and List answer from
+// a cache kept current by watches, never by polling, and a restarted
+// server finds its Jobs by label. A Job's deadline ends Wait as soon as
+// the Job controller marks it (the FailureTarget condition), not after the
+// pod's grace period.
+//
+// Identity: read-write mounts are handed to uid/gid 1000 on the volume for
+// the sandbox's life and taken back by Destroy (package sandbox/hostuser),
+// which needs the server to see the volume at its data root (the server's
+// pod mounts the same claim). Mounts of host directories outside the data
+// root (HostDir) are refused: they do not exist on other nodes.
+//
+// Not supported: Exec (sessions run on the host runtimes), a pids limit
+// per pod (the node's podPidsLimit applies), network isolation without a
+// NetworkPolicy and a CNI that enforces it.
+package kubernetes
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+	batchlisters "k8s.io/client-go/listers/batch/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+)
+
+var _ sandbox.Runtime = (*Runtime)(nil)
+
+// Name is the runtime's name in Handles and configuration.
+const Name = "kubernetes"
+
+// stateVersion is the schema version of state, stored in Handle.Version.
+const stateVersion = 1
+
+// Labels and annotations Corral puts on its Jobs and pods besides the
+// Spec's labels; app and task-id are seed 000's.
+const (
+	labelApp      = "app"
+	labelTask     = "task-id"
+	labelRuntime  = "corral.runtime"
+	labelInstance = "corral.instance"
+	labelSandbox  = "corral.sandbox-id"
+	// annotationOwned holds the read-write directories given to the pod's
+	// identity and their owners before (JSON), for Destroy to give back.
+	annotationOwned = "corral.dev/owned"
+	// AppWorker is the app label of every worker pod (the NetworkPolicy
+	// selects it).
+	AppWorker = "corral-worker"
+	// container is the worker container's name.
+	container = "worker"
+	// dataVolume is the volume holding the data root.
+	dataVolume = "data"
+)
+
+// Options configure a Runtime. Zero fields take the documented defaults.
+type Options struct {
+	// Config reaches the API server (in the cluster: rest.InClusterConfig;
+	// else a kubeconfig). Required.
+	Config *rest.Config
+	// Namespace the Jobs run in; default "default".
+	Namespace string
+	// DataRoot is the data root's path as this server sees it: the mount
+	// point of Claim. Required, absolute.
+	DataRoot string
+	// Claim is the PersistentVolumeClaim holding the data root; mounts are
+	// its subPaths. Required.
+	Claim string
+	// RuntimeClass is the pods' runtimeClassName; "" runs them under the
+	// node's default runtime.
+	RuntimeClass string
+	// ServiceAccount the pods run as; "" is the namespace's default. Its
+	// token is never mounted.
+	ServiceAccount string
+	// DefaultImage is the image of a Spec without one.
+	DefaultImage string
+	// PullPolicy is the containers' imagePullPolicy (IfNotPresent, Always,
+	// Never); default IfNotPresent.
+	PullPolicy string
+	// User is the pods' uid and gid (and fsGroup); default 1000:1000.
+	// Never root.
+	User hostuser.Identity
+	// MemoryRequest and CPURequestMillis are the containers' requests,
+	// each at most the Spec's limit; zero requests nothing.
+	MemoryRequest    int64
+	CPURequestMillis int64
+	// TmpSize bounds the pod's /tmp (an emptyDir); default 256 MiB.
+	TmpSize int64
+	// JobTTL is ttlSecondsAfterFinished: how long a finished Job the
+	// server did not destroy (it was down) stays; 0 removes it at once.
+	JobTTL time.Duration
+	// SecretName is the operator's Secret of API keys, passed to every
+	// worker as environment variables by reference (optional: a missing
+	// Secret passes none); "" for none.
+	SecretName string
+	// Instance tells this server's Jobs from those of other servers in the
+	// namespace; default a hash of the namespace and DataRoot.
+	Instance string
+	// SyncTimeout bounds the first listing of Jobs and pods; default 15s.
+	SyncTimeout time.Duration
+}
+
+func (o *Options) setDefaults() {
+	if o.Namespace == "" {
+		o.Namespace = "default"
+	}
+	if o.PullPolicy == "" {
+		o.PullPolicy = string(corev1.PullIfNotPresent)
+	}
+	if o.User == (hostuser.Identity{}) {
+		o.User = hostuser.Identity{UID: 1000, GID: 1000}
+	}
+	if o.TmpSize == 0 {
+		o.TmpSize = 256 << 20
+	}
+	if o.Instance == "" {
+		sum := sha256.Sum256([]byte(o.Namespace + "\x00" + o.DataRoot))
+		o.Instance = hex.EncodeToString(sum[:6])
+	}
+	if o.SyncTimeout == 0 {
+		o.SyncTimeout = 15 * time.Second
+	}
+}
+
+// Runtime is the Kubernetes runtime. Create it with New.
+type Runtime struct {
+	opts Options
+	api  *client
+	log  *slog.Logger
+
+	startMu sync.Mutex
+	started bool
+	stop    chan struct{}
+	jobs    batchlisters.JobNamespaceLister
+	pods    corelisters.PodNamespaceLister
+
+	mu      sync.Mutex
+	changed chan struct{}                 // closed and replaced on every watched change
+	exits   map[string]sandbox.ExitStatus // the last exit seen of each sandbox's pod
+
+	capsOnce sync.Once
+	caps     sandbox.Capabilities
+}
+
+// state is Handle.State, version 1.
+type state struct {
+	Job string `json:"job"`
+	UID string `json:"uid,omitempty"`
+}
+
+// New returns a Runtime for the cluster opts.Config reaches. It does not
+// contact the API server: Capabilities does, and says when it cannot.
+func New(opts Options, log *slog.Logger) (*Runtime, error) {
+	opts.setDefaults()
+	bad := func(format string, args ...any) (*Runtime, error) {
+		return nil, fmt.Errorf("kubernetes runtime: "+format+": %w", append(args, errdefs.ErrInvalidArgument)...)
+	}
+	switch {
+	case opts.Config == nil:
+		return bad("no cluster configuration (a kubeconfig, or the pod's service account)")
+	case !filepath.IsAbs(opts.DataRoot):
+		return bad("data root %q must be an absolute path", opts.DataRoot)
+	case opts.Claim == "":
+		return bad("no workspace claim (ai_worker_config.workspace_pvc)")
+	case opts.User.UID <= 0 || opts.User.GID <= 0:
+		return bad("the pods' identity %s must not be root", opts.User)
+	}
+	if errs := validation.IsDNS1123Label(opts.Namespace); len(errs) > 0 {
+		return bad("namespace %q: %s", opts.Namespace, strings.Join(errs, "; "))
+	}
+	api, err := newClient(opts.Config, opts.Namespace)
+	if err != nil {
+		return bad("%v", err)
+	}
+	return &Runtime{opts: opts, api: api, log: log.With(logkey.Runtime, Name), changed: make(chan struct{}), exits: map[string]sandbox.ExitStatus{}}, nil
+}
+
+// Close stops the watches.
+func (r *Runtime) Close() error {
+	r.startMu.Lock()
+	defer r.startMu.Unlock()
+	if r.started {
+		close(r.stop)
+		r.started = false
+	}
+	return nil
+}
+
+// ready starts the informers once and waits for their first listing.
+func (r *Runtime) ready(ctx context.Context) error {
+	r.startMu.Lock()
+	defer r.startMu.Unlock()
+	if r.started {
+		return nil
+	}
+	sel := labels.SelectorFromSet(labels.Set{labelRuntime: Name, labelInstance: r.opts.Instance}).String()
+	jobs, pods := r.api.informer("jobs", sel, &batchv1.Job{}), r.api.informer("pods", sel, &corev1.Pod{})
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { r.observe(obj) },
+		UpdateFunc: func(_, obj any) { r.observe(obj) },
+		DeleteFunc: func(obj any) { r.observe(obj) },
+	}
+	if _, err := jobs.AddEventHandler(h); err != nil {
+		return err
+	}
+	if _, err := pods.AddEventHandler(h); err != nil {
+		return err
+	}
+	stop := make(chan struct{})
+	go jobs.Run(stop)
+	go pods.Run(stop)
+	sctx, cancel := context.WithTimeout(ctx, r.opts.SyncTimeout)
+	defer cancel()
+	if !cache.WaitForCacheSync(sctx.Done(), jobs.HasSynced, pods.HasSynced) {
+		close(stop)
+		return fmt.Errorf("list Jobs and pods in namespace %s of %s: not done within %s (is the API server reachable, and may this server list and watch jobs and pods there?): %w",
+			r.opts.Namespace, r.opts.Config.Host, r.opts.SyncTimeout, errdefs.ErrUnavailable)
+	}
+	r.stop, r.started = stop, true
+	r.jobs = batchlisters.NewJobLister(jobs.GetIndexer()).Jobs(r.opts.Namespace)
+	r.pods = corelisters.NewPodLister(pods.GetIndexer()).Pods(r.opts.Namespace)
+	return nil
+}
+
+// observe records what a watch saw: a pod's exit, which must outlive the
+// pod, and wakes every waiter.
+func (r *Runtime) observe(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if pod, ok := obj.(*corev1.Pod); ok {
+		if es, ok := podExit(pod); ok {
+			r.exits[pod.Labels[labelSandbox]] = es
+		}
+	}
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// changes is closed at the next watched change.
+func (r *Runtime) changes() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.changed
+}
+
+// Capabilities asks the API server once for its version and lists this
+// server's Jobs and pods.
+func (r *Runtime) Capabilities(ctx context.Context) (sandbox.Capabilities, error) {
+	r.capsOnce.Do(func() { r.caps = r.probe(ctx) })
+	return r.caps, nil
+}
+
+func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
+	c := sandbox.Capabilities{Limits: true, NoPidsLimit: true}
+	v, err := r.api.version(ctx)
+	if err != nil {
+		c.Reason = fmt.Sprintf("the Kubernetes API server at %s cannot be reached: %v", r.opts.Config.Host, err)
+		return c
+	}
+	if err := r.ready(ctx); err != nil {
+		c.Reason = err.Error()
+		return c
+	}
+	c.Version = fmt.Sprintf("Kubernetes %s, namespace %s, claim %s", v, r.opts.Namespace, r.opts.Claim)
+	if r.opts.RuntimeClass != "" {
+		c.Version += ", RuntimeClass " + r.opts.RuntimeClass
+	}
+	c.Warnings = append(c.Warnings,
+		"network isolation of worker pods is the NetworkPolicy's, which only a CNI that enforces NetworkPolicies applies",
+		"no pids limit per pod: the node's podPidsLimit applies")
+	c.Available = true
+	return c
+}
+
+// handle is sandbox id's Handle for job.
+func handle(id string, job *batchv1.Job) *sandbox.Handle {
+	b, _ := json.Marshal(state{Job: job.Name, UID: string(job.UID)})
+	own := maps.Clone(job.Labels)
+	for _, k := range []string{labelApp, labelTask, labelRuntime, labelInstance, labelSandbox} {
+		delete(own, k)
+	}
+	return &sandbox.Handle{ID: id, Runtime: Name, Labels: own, Version: stateVersion, State: b}
+}
+
+// job returns sandbox id's Job from the API server (not the cache: a Job
+// just made may not be there yet). It wraps errdefs.ErrNotFound if there
+// is none of this server's.
+func (r *Runtime) job(ctx context.Context, id string) (*batchv1.Job, error) {
+	if sandbox.ValidateID(id) != nil {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	job := &batchv1.Job{}
+	if err := r.api.get(ctx, "jobs", id, job); err != nil {
+		return nil, classify("sandbox "+id, err)
+	}
+	if job.Labels[labelInstance] != r.opts.Instance || job.Labels[labelRuntime] != Name {
+		return nil, fmt.Errorf("sandbox %s: Job %s/%s is not this server's: %w", id, r.opts.Namespace, id, errdefs.ErrNotFound)
+	}
+	return job, nil
+}
+
+// classify turns an API error into Corral's classes.
+func classify(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%s: %v: %w", op, err, errdefs.ErrNotFound)
+	case apierrors.IsAlreadyExists(err), apierrors.IsConflict(err):
+		return fmt.Errorf("%s: %v: %w", op, err, errdefs.ErrConflict)
+	case apierrors.IsForbidden(err):
+		return fmt.Errorf("%s: %v: %w", op, err, errdefs.ErrPermissionDenied)
+	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
+		return fmt.Errorf("%s: %v: %w", op, err, errdefs.ErrInvalidArgument)
+	case apierrors.IsServerTimeout(err), apierrors.IsTimeout(err), apierrors.IsServiceUnavailable(err), apierrors.IsTooManyRequests(err), apierrors.IsInternalError(err):
+		return fmt.Errorf("%s: %v: %w", op, err, errdefs.ErrUnavailable)
+	}
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return fmt.Errorf("%s: %v: %w", op, err, errdefs.ErrUnavailable) // no answer: the network, a restart
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// Create makes the sandbox's Secret and Job. It is idempotent on spec.ID:
+// a Job that exists is returned.
+func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Handle, err error) {
+	if err := r.validate(spec); err != nil {
+		return nil, fmt.Errorf("validate sandbox spec: %w", err)
+	}
+	if job, err := r.job(ctx, spec.ID); err == nil {
+		return handle(spec.ID, job), nil
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
+	if err := r.ready(ctx); err != nil {
+		return nil, err
+	}
+	trees, err := hostuser.Give(hostuser.WritableDirs(spec.Resolve(r.opts.DataRoot).Mounts), r.opts.User)
+	defer func() {
+		if err != nil {
+			hostuser.Reclaim(trees)
+		}
+	}()
+	if err != nil {
+		return nil, err
+	}
+	owned, err := json.Marshal(trees)
+	if err != nil {
+		return nil, err
+	}
+	secret := &corev1.Secret{}
+	err = r.api.create(ctx, "secrets", r.secret(spec), secret)
+	if apierrors.IsAlreadyExists(err) { // left by a Create cut short: made again from this spec
+		r.api.delete(ctx, "secrets", envSecret(spec.ID), metav1.DeleteOptions{})
+		err = r.api.create(ctx, "secrets", r.secret(spec), secret)
+	}
+	if err != nil {
+		return nil, classify("create the sandbox's environment secret", err)
+	}
+	defer func() {
+		if err != nil {
+			r.api.delete(context.WithoutCancel(ctx), "secrets", secret.Name, metav1.DeleteOptions{})
+		}
+	}()
+	job := &batchv1.Job{}
+	if err = r.api.create(ctx, "jobs", r.jobFor(spec, string(owned)), job); err != nil {
+		return nil, classify("create Job "+spec.ID, err)
+	}
+	// The Secret goes when the Job goes (the server's Destroy, or the
+	// Job's TTL after a server that died).
+	secret.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: job.Name, UID: job.UID}}
+	if uerr := r.api.update(ctx, "secrets", secret.Name, secret, &corev1.Secret{}); uerr != nil {
+		r.log.Warn("cannot make the Job own its environment secret; Destroy removes it", logkey.SandboxID, spec.ID, logkey.Error, uerr)
+	}
+	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "job", r.opts.Namespace+"/"+job.Name, "image", job.Spec.Template.Spec.Containers[0].Image)
+	return handle(spec.ID, job), nil
+}
+
+// validate refuses what a Job cannot carry.
+func (r *Runtime) validate(spec sandbox.Spec) error {
+	errs := []error{spec.Validate()}
+	if len(spec.ID) > validation.DNS1123LabelMaxLength {
+		errs = append(errs, errdefs.Field("id", "must be at most 63 characters on kubernetes (a Job name and label)"))
+	}
+	if spec.Image == "" && r.opts.DefaultImage == "" {
+		errs = append(errs, errdefs.Field("image", "is required: the kubernetes runtime has no default image (ai_worker_config.ai_coder_image)"))
+	}
+	for i, m := range spec.Mounts {
+		if m.HostDir {
+			errs = append(errs, errdefs.Field(fmt.Sprintf("mounts[%d].source", i), "is a directory of the server's host outside the data root, which pods on other nodes cannot mount: workspaces under workspaces.roots need a runtime on the server's host (local, gvisor, docker)"))
+		}
+	}
+	for k, v := range spec.Labels {
+		if len(validation.IsQualifiedName(k)) > 0 || len(validation.IsValidLabelValue(v)) > 0 {
+			errs = append(errs, errdefs.Field("labels", fmt.Sprintf("%q=%q is not a Kubernetes label", k, v)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// envSecret names sandbox id's environment Secret.
+func envSecret(id string) string { return id + "-env" }
+
+// labelsFor are the labels of sandbox spec's Job, pod and Secret.
+func (r *Runtime) labelsFor(spec sandbox.Spec) map[string]string {
+	l := maps.Clone(spec.Labels)
+	if l == nil {
+		l = map[string]string{}
+	}
+	l[labelApp] = AppWorker
+	l[labelTask] = spec.ID
+	l[labelRuntime] = Name
+	l[labelInstance] = r.opts.Instance
+	l[labelSandbox] = spec.ID
+	return l
+}
+
+// secret holds spec's environment: the worker's keys are never a literal
+// in the Job.
+func (r *Runtime) secret(spec sandbox.Spec) *corev1.Secret {
+	data := map[string][]byte{}
+	for _, kv := range sandbox.DefaultEnv(spec.Env) {
+		k, v, _ := strings.Cut(kv, "=")
+		data[k] = []byte(v)
+	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: envSecret(spec.ID), Labels: r.labelsFor(spec)},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       data,
+	}
+}
+
+// jobFor is spec as a Job: seed 000's manifest.
+func (r *Runtime) jobFor(spec sandbox.Spec, owned string) *batchv1.Job {
+	image := spec.Image
+	if image == "" {
+		image = r.opts.DefaultImage
+	}
+	l := r.labelsFor(spec)
+	mounts := []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}}
+	for _, m := range spec.Mounts {
+		mounts = append(mounts, corev1.VolumeMount{Name: dataVolume, MountPath: m.Target, SubPath: path.Clean(m.Source), ReadOnly: m.ReadOnly})
+	}
+	limits, requests := corev1.ResourceList{}, corev1.ResourceList{}
+	if b := spec.Limits.MemoryBytes; b > 0 {
+		limits[corev1.ResourceMemory] = *resource.NewQuantity(b, resource.BinarySI)
+		if q := min(r.opts.MemoryRequest, b); q > 0 {
+			requests[corev1.ResourceMemory] = *resource.NewQuantity(q, resource.BinarySI)
+		}
+	}
+	if m := spec.Limits.CPUMillis; m > 0 {
+		limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(m, resource.DecimalSI)
+		if q := min(r.opts.CPURequestMillis, m); q > 0 {
+			requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(q, resource.DecimalSI)
+		}
+	}
+	env := []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: envSecret(spec.ID)}}}}
+	if r.opts.SecretName != "" {
+		env = slices.Insert(env, 0, corev1.EnvFromSource{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: r.opts.SecretName}, Optional: new(true)}})
+	}
+	uid, gid := int64(r.opts.User.UID), int64(r.opts.User.GID)
+	pod := corev1.PodSpec{
+		RestartPolicy:                 corev1.RestartPolicyNever,
+		ServiceAccountName:            r.opts.ServiceAccount,
+		AutomountServiceAccountToken:  new(false),
+		EnableServiceLinks:            new(false),
+		TerminationGracePeriodSeconds: new(int64(10)),
+		SecurityContext: &corev1.PodSecurityContext{
+			RunAsUser: &uid, RunAsGroup: &gid, FSGroup: &gid, RunAsNonRoot: new(true),
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		Containers: []corev1.Container{{
+			Name:            container,
+			Image:           image,
+			ImagePullPolicy: corev1.PullPolicy(r.opts.PullPolicy),
+			Command:         spec.Command,
+			WorkingDir:      spec.Dir,
+			EnvFrom:         env,
+			Resources:       corev1.ResourceRequirements{Limits: limits, Requests: requests},
+			VolumeMounts:    mounts,
+			SecurityContext: &corev1.SecurityContext{
+				AllowPrivilegeEscalation: new(false),
+				Privileged:               new(false),
+				RunAsNonRoot:             new(true),
+				ReadOnlyRootFilesystem:   new(true),
+				Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			},
+		}},
+		Volumes: []corev1.Volume{
+			{Name: dataVolume, VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: r.opts.Claim}}},
+			{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: resource.NewQuantity(r.opts.TmpSize, resource.BinarySI)}}},
+		},
+	}
+	if r.opts.RuntimeClass != "" {
+		pod.RuntimeClassName = new(r.opts.RuntimeClass)
+	}
+	js := batchv1.JobSpec{
+		BackoffLimit:            new(int32(0)),
+		TTLSecondsAfterFinished: new(int32(r.opts.JobTTL / time.Second)),
+		Template:                corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: l}, Spec: pod},
+	}
+	if d := spec.Limits.WallClock; d > 0 {
+		js.ActiveDeadlineSeconds = new(int64((d + time.Second - 1) / time.Second))
+	}
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: spec.ID, Labels: l, Annotations: map[string]string{annotationOwned: owned}},
+		Spec:       js,
+	}
+}
+
+// Recover finds the sandbox's Job after a restart.
+func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
+	if h.Runtime != Name {
+		return fmt.Errorf("recover: handle is for runtime %q: %w", h.Runtime, errdefs.ErrInvalidArgument)
+	}
+	if _, err := r.job(ctx, h.ID); err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
+	return r.ready(ctx)
+}
+
+// Exec is not supported: a command in a running pod needs the API
+// server's exec, which sessions do not use.
+func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExitStatus, error) {
+	return sandbox.ExitStatus{Code: -1}, fmt.Errorf("exec in sandbox %s: the kubernetes runtime runs no commands in a running sandbox: %w", id, errdefs.ErrNotImplemented)
+}
+
+// observed is sandbox id's Job and newest pod in the cache; job is nil if
+// the cache has none.
+func (r *Runtime) observed(id string) (*batchv1.Job, *corev1.Pod) {
+	job, err := r.jobs.Get(id)
+	if err != nil {
+		return nil, nil
+	}
+	pods, _ := r.pods.List(labels.SelectorFromSet(labels.Set{labelSandbox: id}))
+	var newest *corev1.Pod
+	for _, p := range pods {
+		if newest == nil || p.CreationTimestamp.After(newest.CreationTimestamp.Time) {
+			newest = p
+		}
+	}
+	return job, newest
+}
+
+// exit is how sandbox id ended, if it has: its pod's container's end, a
+// deadline the Job controller marked, or the Job's end.
+func (r *Runtime) exit(id string, job *batchv1.Job, pod *corev1.Pod) (sandbox.ExitStatus, bool) {
+	deadline := deadlineExceeded(job)
+	es, ok := sandbox.ExitStatus{}, false
+	if pod != nil {
+		es, ok = podExit(pod)
+	}
+	if !ok {
+		r.mu.Lock()
+		es, ok = r.exits[id]
+		r.mu.Unlock()
+	}
+	switch {
+	case ok:
+		es.DeadlineExceeded = deadline
+		return es, true
+	case deadline:
+		return sandbox.ExitStatus{Code: -1, DeadlineExceeded: true, Message: "DeadlineExceeded: the Job ran past its activeDeadlineSeconds"}, true
+	}
+	for _, c := range job.Status.Conditions {
+		if c.Status != corev1.ConditionTrue {
+			continue
+		}
+		switch c.Type {
+		case batchv1.JobComplete:
+			return sandbox.ExitStatus{Code: 0, ExitedAt: c.LastTransitionTime.UTC(), Message: "Job complete"}, true
+		case batchv1.JobFailed:
+			return sandbox.ExitStatus{Code: -1, ExitedAt: c.LastTransitionTime.UTC(), Message: c.Reason + ": " + c.Message}, true
+		}
+	}
+	return sandbox.ExitStatus{}, false
+}
+
+// deadlineExceeded reports whether the Job controller ended job for its
+// activeDeadlineSeconds: FailureTarget comes at the deadline, Failed only
+// once the pod is gone.
+func deadlineExceeded(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if (c.Type == batchv1.JobFailureTarget || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue && c.Reason == batchv1.JobReasonDeadlineExceeded {
+			return true
+		}
+	}
+	return false
+}
+
+// startFailures are the waiting reasons of a container that will not
+// start: its sandbox has ended.
+var startFailures = []string{"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+
+// podExit is how pod's worker container ended, if it has.
+func podExit(pod *corev1.Pod) (sandbox.ExitStatus, bool) {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name != container {
+			continue
+		}
+		if t := cs.State.Terminated; t != nil {
+			es := sandbox.ExitStatus{Code: int(t.ExitCode), OOMKilled: t.Reason == "OOMKilled", ExitedAt: t.FinishedAt.UTC(), Message: t.Reason}
+			if t.Message != "" {
+				es.Message += ": " + t.Message
+			}
+			return es, true
+		}
+		if w := cs.State.Waiting; w != nil && slices.Contains(startFailures, w.Reason) {
+			return sandbox.ExitStatus{Code: -1, Message: strings.TrimSuffix(w.Reason+": "+w.Message, ": ")}, true
+		}
+	}
+	if pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+		return sandbox.ExitStatus{Code: -1, Message: strings.TrimSuffix(pod.Status.Reason+": "+pod.Status.Message, ": ")}, true
+	}
+	return sandbox.ExitStatus{}, false
+}
+
+// Wait blocks until the sandbox has ended, watching, not polling.
+func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, error) {
+	if _, err := r.job(ctx, id); err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("wait: %w", err)
+	}
+	if err := r.ready(ctx); err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("wait: %w", err)
+	}
+	seen := false
+	for {
+		changed := r.changes()
+		job, pod := r.observed(id)
+		switch {
+		case job != nil:
+			seen = true
+			if es, ok := r.exit(id, job, pod); ok {
+				return es, nil
+			}
+		case seen:
+			// Gone from the cache after it was there: deleted meanwhile.
+			if _, err := r.job(ctx, id); errors.Is(err, errdefs.ErrNotFound) {
+				return sandbox.ExitStatus{}, fmt.Errorf("wait: sandbox %s was destroyed: %w", id, errdefs.ErrNotFound)
+			}
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return sandbox.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, ctx.Err())
+		}
+	}
+}
+
+// Status returns the sandbox's state as last watched.
+func (r *Runtime) Status(ctx context.Context, id string) (sandbox.Status, error) {
+	if err := r.ready(ctx); err != nil {
+		return sandbox.Status{}, fmt.Errorf("status: %w", err)
+	}
+	job, pod := r.observed(id)
+	if job == nil {
+		// Not watched yet, or not there: the API server says which.
+		j, err := r.job(ctx, id)
+		if err != nil {
+			return sandbox.Status{}, fmt.Errorf("status: %w", err)
+		}
+		return sandbox.Status{State: sandbox.StateCreating, StartedAt: j.CreationTimestamp.UTC()}, nil
+	}
+	s := sandbox.Status{State: sandbox.StateCreating, StartedAt: job.CreationTimestamp.UTC()}
+	if es, ok := r.exit(id, job, pod); ok {
+		s.State, s.Exit, s.Message = sandbox.StateExited, &es, es.Message
+	} else if pod != nil && pod.Status.Phase == corev1.PodRunning {
+		s.State = sandbox.StateRunning
+	}
+	return s, nil
+}
+
+// Stop deletes the sandbox's pod with grace as its grace period: the
+// kubelet sends SIGTERM, waits, then kills. The Job (backoffLimit 0)
+// starts no other. It returns once the pod has ended.
+func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
+	if _, err := r.job(ctx, id); err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	if err := r.ready(ctx); err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	secs := int64(grace / time.Second)
+	for {
+		changed := r.changes()
+		job, pod := r.observed(id)
+		if job == nil {
+			return nil
+		}
+		if _, ended := r.exit(id, job, pod); ended {
+			return nil
+		}
+		if pod != nil && pod.DeletionTimestamp == nil {
+			err := r.api.delete(ctx, "pods", pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &secs})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return classify("stop sandbox "+id, err)
+			}
+			r.log.Info("sandbox stopping", logkey.SandboxID, id, "grace", grace)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("stop sandbox %s: %w", id, ctx.Err())
+		}
+	}
+}
+
+// List returns this server's Jobs whose labels include selector.
+func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
+	if err := r.ready(ctx); err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	jobs, err := r.jobs.List(labels.SelectorFromSet(selector))
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	var out []sandbox.Handle
+	for _, j := range jobs {
+		id := j.Labels[labelSandbox]
+		if sandbox.ValidateID(id) != nil || j.DeletionTimestamp != nil {
+			continue
+		}
+		out = append(out, *handle(id, j))
+	}
+	return out, nil
+}
+
+// Destroy deletes the sandbox's Job, its pod and its Secret, waits until
+// the pod is gone (nothing writes to its mounts any more) and takes back
+// the directories it was given. Unknown ids return nil.
+func (r *Runtime) Destroy(ctx context.Context, id string) error {
+	job, err := r.job(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	if err := r.ready(ctx); err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	var trees []hostuser.Tree
+	if err := json.Unmarshal([]byte(job.Annotations[annotationOwned]), &trees); err != nil {
+		r.log.Warn("a Job without its owned directories; none taken back", logkey.SandboxID, id, logkey.Error, err)
+	}
+	background, now := metav1.DeletePropagationBackground, int64(0)
+	err = r.api.delete(ctx, "jobs", job.Name, metav1.DeleteOptions{PropagationPolicy: &background, Preconditions: &metav1.Preconditions{UID: &job.UID}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return classify("destroy sandbox "+id, err)
+	}
+	sel := labels.SelectorFromSet(labels.Set{labelSandbox: id, labelInstance: r.opts.Instance}).String()
+	if err := r.api.deleteAll(ctx, "pods", sel, metav1.DeleteOptions{GracePeriodSeconds: &now}); err != nil && !apierrors.IsNotFound(err) {
+		return classify("destroy sandbox "+id, err)
+	}
+	for {
+		changed := r.changes()
+		left, err := r.api.listPods(ctx, sel)
+		if err != nil {
+			return classify("destroy sandbox "+id, err)
+		}
+		if len(left.Items) == 0 {
+			break
+		}
+		select {
+		case <-changed:
+		case <-time.After(time.Second): // a pod's removal is watched, this is a backstop
+		case <-ctx.Done():
+			return fmt.Errorf("destroy sandbox %s: its pod is still there: %w", id, ctx.Err())
+		}
+	}
+	if err := r.api.delete(ctx, "secrets", envSecret(id), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return classify("destroy sandbox "+id, err)
+	}
+	if err := hostuser.Reclaim(trees); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	r.mu.Lock()
+	delete(r.exits, id)
+	r.mu.Unlock()
+	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
+	return nil
+}

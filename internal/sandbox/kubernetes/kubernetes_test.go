@@ -1,0 +1,226 @@
+package kubernetes
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// classes are the RuntimeClasses the tests run under: the node's default
+// (runc) and gVisor.
+var classes = []string{"", k8stest.GVisor}
+
+func className(c string) string {
+	if c == "" {
+		return "runc"
+	}
+	return c
+}
+
+// cluster is one test's namespace and claim (a volume over the host's
+// root, so any host directory is a subPath: sandboxtest.DataRoot).
+type cluster struct {
+	cfg       *rest.Config
+	ns, claim string
+}
+
+func newCluster(t *testing.T) cluster {
+	t.Helper()
+	cfg := k8stest.Require(t)
+	cs := k8stest.Clientset(t, cfg)
+	ns := k8stest.Namespace(t, cs)
+	return cluster{cfg: cfg, ns: ns, claim: k8stest.Claim(t, cs, ns, sandboxtest.DataRoot)}
+}
+
+// mustNew returns a Runtime in c's namespace under RuntimeClass class,
+// with its own instance.
+func (c cluster) mustNew(tb testing.TB, class, instance string) *Runtime {
+	tb.Helper()
+	r, err := New(Options{
+		Config:       c.cfg,
+		Namespace:    c.ns,
+		DataRoot:     sandboxtest.DataRoot,
+		Claim:        c.claim,
+		RuntimeClass: class,
+		DefaultImage: k8stest.BusyboxImage,
+		PullPolicy:   "Never",
+		JobTTL:       time.Hour,
+		Instance:     instance,
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { r.Close() })
+	return r
+}
+
+func TestConformance(t *testing.T) {
+	for _, class := range classes {
+		t.Run(className(class), func(t *testing.T) {
+			c := newCluster(t)
+			sandboxtest.Run(t, sandboxtest.Harness{
+				Setup: func(t *testing.T) func() sandbox.Runtime {
+					inst := sandboxtest.NewID(t)
+					return func() sandbox.Runtime { return c.mustNew(t, class, inst) }
+				},
+				NoHostDirs: true,
+			})
+		})
+	}
+}
+
+func TestSurvivesServerDeath(t *testing.T) {
+	c := newCluster(t)
+	// The instance travels to the helper process as the "state"; the
+	// helper makes its own cluster connection to the same namespace.
+	sandboxtest.ServerDeath(t, sandboxtest.NewID(t), testenv.TempDir(t), func(tb testing.TB, inst string) sandbox.Runtime {
+		return c.mustNew(tb, "", inst)
+	})
+}
+
+// run creates a sandbox running script with a fresh directory at /out,
+// waits for it and returns its exit status, what it wrote to /out/out and
+// the sandbox's id (destroyed when the test ends).
+func run(t *testing.T, r *Runtime, script string, mod func(*sandbox.Spec)) (sandbox.ExitStatus, string, string) {
+	t.Helper()
+	dir := testenv.TempDir(t)
+	sp := sandbox.Spec{
+		ID:      sandboxtest.NewID(t),
+		Command: []string{"/bin/sh", "-c", script},
+		Dir:     "/out",
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
+		Env:     []string{"CORRAL_SECRET_TEST=s3cret-value"},
+	}
+	if mod != nil {
+		mod(&sp)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := r.Create(ctx, sp); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), sp.ID) })
+	es, err := r.Wait(ctx, sp.ID)
+	if err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	out, _ := os.ReadFile(filepath.Join(dir, "out"))
+	return es, string(out), sp.ID
+}
+
+// TestHardening checks what a pod's process is under each RuntimeClass:
+// uid and gid 1000, no capabilities, no_new_privs, a read-only root, its
+// environment from the Secret, and no service account token.
+func TestHardening(t *testing.T) {
+	for _, class := range classes {
+		t.Run(className(class), func(t *testing.T) {
+			t.Parallel()
+			c := newCluster(t)
+			r := c.mustNew(t, class, sandboxtest.NewID(t))
+			script := `exec > out 2>&1
+id -u; id -g
+grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status
+touch /root-write && echo root writable || echo root read-only
+ls /var/run/secrets/kubernetes.io 2>/dev/null && echo token mounted || echo no token
+echo "env $CORRAL_SECRET_TEST"`
+			es, out, _ := run(t, r, script, nil)
+			if es.Code != 0 {
+				t.Fatalf("exit %+v: %s", es, out)
+			}
+			for _, want := range []string{"1000\n1000\n", "CapEff:\t0000000000000000", "root read-only", "no token", "env s3cret-value"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("sandbox reported %q, want %q in it", out, want)
+				}
+			}
+			if class == "" && !strings.Contains(out, "NoNewPrivs:\t1") {
+				t.Errorf("sandbox reported %q, want NoNewPrivs 1", out) // gVisor's /proc does not show it
+			}
+		})
+	}
+}
+
+// TestJobShape: the Job is seed 000's manifest, and no value of the
+// environment is a literal in it.
+func TestJobShape(t *testing.T) {
+	c := newCluster(t)
+	r := c.mustNew(t, "", sandboxtest.NewID(t))
+	_, _, id := run(t, r, "true", func(sp *sandbox.Spec) {
+		sp.Limits = sandbox.Limits{MemoryBytes: 64 << 20, CPUMillis: 500, WallClock: 90 * time.Second}
+	})
+	job, err := k8stest.Clientset(t, c.cfg).BatchV1().Jobs(c.ns).Get(context.Background(), id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := job.Spec.Template.Spec
+	ctr := p.Containers[0]
+	sc := ctr.SecurityContext
+	checks := map[string]bool{
+		"backoffLimit 0":                   *job.Spec.BackoffLimit == 0,
+		"activeDeadlineSeconds 90":         *job.Spec.ActiveDeadlineSeconds == 90,
+		"ttlSecondsAfterFinished 3600":     *job.Spec.TTLSecondsAfterFinished == 3600,
+		"restartPolicy Never":              p.RestartPolicy == corev1.RestartPolicyNever,
+		"labels app, task-id":              job.Labels["app"] == AppWorker && job.Labels["task-id"] == id && p.Containers != nil,
+		"uid/gid 1000, fsGroup, non-root":  *p.SecurityContext.RunAsUser == 1000 && *p.SecurityContext.RunAsGroup == 1000 && *p.SecurityContext.FSGroup == 1000 && *p.SecurityContext.RunAsNonRoot,
+		"seccomp RuntimeDefault":           p.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
+		"no token":                         !*p.AutomountServiceAccountToken,
+		"no privilege escalation, no caps": !*sc.AllowPrivilegeEscalation && len(sc.Capabilities.Drop) == 1 && sc.Capabilities.Drop[0] == "ALL",
+		"read-only root":                   *sc.ReadOnlyRootFilesystem,
+		"memory limit 64Mi":                ctr.Resources.Limits.Memory().String() == "64Mi",
+		"cpu limit 500m":                   ctr.Resources.Limits.Cpu().String() == "500m",
+		"no env literal":                   len(ctr.Env) == 0 && len(ctr.EnvFrom) == 1 && ctr.EnvFrom[0].SecretRef.Name == id+"-env",
+		"subPath mount":                    ctr.VolumeMounts[1].SubPath != "" && ctr.VolumeMounts[1].MountPath == "/out",
+	}
+	for what, ok := range checks {
+		if !ok {
+			t.Errorf("the Job lacks %s", what)
+		}
+	}
+	if b, _ := job.Marshal(); strings.Contains(string(b), "s3cret-value") {
+		t.Errorf("the Job holds the environment's value")
+	}
+}
+
+// TestDeadline: a sandbox that runs past its wall-clock limit ends when
+// the Job controller marks the deadline, not after the pod's grace period.
+func TestDeadline(t *testing.T) {
+	c := newCluster(t)
+	r := c.mustNew(t, "", sandboxtest.NewID(t))
+	start := time.Now()
+	es, _, _ := run(t, r, "trap '' TERM; sleep 600", func(sp *sandbox.Spec) { sp.Limits.WallClock = 3 * time.Second })
+	took := time.Since(start)
+	if !es.DeadlineExceeded {
+		t.Errorf("ExitStatus = %+v, want DeadlineExceeded", es)
+	}
+	// The pod's grace period is 10 s: an end after it means Wait waited
+	// for the Job's Failed condition instead.
+	if took > 12*time.Second {
+		t.Errorf("the deadline of 3 s ended Wait after %s", took)
+	}
+}
+
+// TestHostDirRefused: a directory of the server's host outside the data
+// root cannot be mounted on other nodes.
+func TestHostDirRefused(t *testing.T) {
+	r, err := New(Options{Config: &rest.Config{Host: "https://127.0.0.1:1"}, DataRoot: "/data", Claim: "c", DefaultImage: "x"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.validate(sandbox.Spec{ID: "t-1", Command: []string{"true"}, Mounts: []sandbox.Mount{{Source: "/srv/repos/app", Target: "/workspace/project", HostDir: true}}})
+	if err == nil || !strings.Contains(err.Error(), "runtime on the server's host") {
+		t.Errorf("validate = %v, want the host directory refused", err)
+	}
+}
