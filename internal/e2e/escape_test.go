@@ -31,8 +31,17 @@ import (
 type escapeRuntime struct {
 	name    string // the subtest's
 	runtime string // the task's
-	edit    func(*config.Config)
+	edit    func(testing.TB, *config.Config)
 	require func(testing.TB)
+}
+
+// config is what MustStart changes in the configuration for rt.
+func (rt escapeRuntime) config(tb testing.TB) func(*config.Config) {
+	return func(c *config.Config) {
+		if rt.edit != nil {
+			rt.edit(tb, c)
+		}
+	}
 }
 
 // escapeRuntimes are the runtimes the escape suite runs under. A runtime
@@ -42,7 +51,7 @@ var escapeRuntimes = []escapeRuntime{
 	{name: "gvisor", runtime: "gvisor", require: func(tb testing.TB) { testenv.RequireRunsc(tb) }},
 	{name: "docker", runtime: "docker", require: testenv.RequireDocker},
 	{name: "docker+runsc", runtime: "docker", require: func(tb testing.TB) { testenv.RequireDockerRuntime(tb, "runsc") },
-		edit: func(c *config.Config) { c.Docker.Runtime = "runsc" }},
+		edit: func(_ testing.TB, c *config.Config) { c.Docker.Runtime = "runsc" }},
 }
 
 // gvisorKernel reports whether rt's processes run on gVisor's kernel.
@@ -105,7 +114,7 @@ type probeResult struct {
 }
 
 func testProbe(t *testing.T, rt escapeRuntime, probe string) {
-	s := MustStart(t, rt.edit)
+	s := MustStart(t, rt.config(t))
 	ctx := context.Background()
 
 	// The probe runs from the shared workspace, which the sandbox sees
@@ -283,7 +292,7 @@ func countProcesses(argv ...string) int {
 // testForkBomb: processes stop at the pids limit, and the server answers
 // while the bomb runs.
 func testForkBomb(t *testing.T, rt escapeRuntime) {
-	s := MustStart(t, rt.edit)
+	s := MustStart(t, rt.config(t))
 	ctx := context.Background()
 	const pids = 40
 	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{
@@ -341,7 +350,7 @@ func testForkBomb(t *testing.T, rt escapeRuntime) {
 // testMemoryBomb: a process past the memory limit is killed and the task
 // fails saying so.
 func testMemoryBomb(t *testing.T, rt escapeRuntime) {
-	s := MustStart(t, rt.edit)
+	s := MustStart(t, rt.config(t))
 	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
 		TaskDescription: "memory bomb", Agent: "command", Runtime: rt.runtime, TimeoutMinutes: 2,
 		// The shell holds 400 MB of "a" in a variable.
@@ -366,7 +375,7 @@ func testMemoryBomb(t *testing.T, rt escapeRuntime) {
 // testSymlinkOut: a symlink in output/ pointing outside is neither listed
 // nor served.
 func testSymlinkOut(t *testing.T, rt escapeRuntime) {
-	s := MustStart(t, rt.edit)
+	s := MustStart(t, rt.config(t))
 	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
 		TaskDescription: "symlinks out", Agent: "command", Runtime: rt.runtime,
 		Command: []string{"sh", "-c", "ln -s /etc/passwd output/link && ln -s ../../../corral.db output/db && echo hi > output/real.txt"},
@@ -402,7 +411,7 @@ func testSymlinkOut(t *testing.T, rt escapeRuntime) {
 // the task ends, in a data root no other host user can enter.
 func testHostIdentity(t *testing.T, rt escapeRuntime) {
 	testenv.RequireRoot(t)
-	s := MustStart(t, rt.edit)
+	s := MustStart(t, rt.config(t))
 	ctx := context.Background()
 	marker := "corral-identity-" + strings.ReplaceAll(rt.name, "+", "-")
 	// The worker makes its files, then waits until the test has looked

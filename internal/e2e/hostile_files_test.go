@@ -23,7 +23,7 @@ import (
 // cleanup). Before the fix, the server's check-then-open could meet the
 // FIFO and block for ever, holding the lock every save_to_shared waits on.
 func testFIFOSwap(t *testing.T, rt escapeRuntime) {
-	s := MustStart(t, rt.edit)
+	s := MustStart(t, rt.config(t))
 	mustBuildStatic(t, "./testdata/fifoswap", filepath.Join(s.data, "shared", "bin", "fifoswap"))
 	spawn := func(desc string, argv ...string) string {
 		tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv, SaveToShared: true, Runtime: rt.runtime})

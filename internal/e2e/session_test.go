@@ -52,7 +52,7 @@ func TestSessions(t *testing.T) {
 		t.Run(rt.name, func(t *testing.T) {
 			t.Parallel()
 			rt.require(t)
-			s := MustStart(t, rt.edit)
+			s := MustStart(t, rt.config(t))
 			ctx := context.Background()
 			created, err := s.client.CreateSession(ctx, session.CreateRequest{Runtime: rt.runtime, Labels: map[string]string{"who": "test"}})
 			if err != nil {
