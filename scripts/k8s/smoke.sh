@@ -15,8 +15,10 @@ need_root
 runtimes=("$@")
 [ ${#runtimes[@]} -gt 0 ] || runtimes=(runc gvisor)
 ns=corral-smoke
-pv=corral-smoke
 dir=$(mktemp -d /tmp/corral-k8s-smoke.XXXXXX)
+# A fresh PV name each run: the PV controller may still hold a deleted PV
+# of the same name, and the claim then waits for its resync.
+pv=corral-smoke-$(tr 'A-Z' 'a-z' <<<"${dir##*.}")
 chmod 0777 "$dir"
 listeners=()
 cleanup() {
@@ -33,7 +35,6 @@ img=$K8S_BUSYBOX_IMAGE
 "$K8S_LIB_DIR/import.sh" "$(busybox_image)" >/dev/null
 
 kubectl_ delete namespace "$ns" --ignore-not-found --wait=true >/dev/null
-kubectl_ delete pv "$pv" --ignore-not-found --wait=true >/dev/null
 kubectl_ create namespace "$ns" >/dev/null
 # A new namespace gets its default ServiceAccount from the controller
 # manager a moment later; pods are refused until then.
