@@ -43,6 +43,7 @@ func onKubernetes(class string) func(testing.TB, *config.Config) {
 		c.AIWorker.Namespace = ns
 		c.AIWorker.WorkspacePVC = k8stest.Claim(tb, cs, ns, c.Data)
 		c.AIWorker.RuntimeClass = class
+		c.AIWorker.ServiceAccount = "" // the namespace's default
 		c.AIWorker.AICoderImage = k8stest.BusyboxImage
 	}
 }

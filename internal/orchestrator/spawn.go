@@ -305,8 +305,16 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 			}
 		}
 	}
-	if spec.Network == "" {
+	// Worker pods cannot reach the egress proxy yet: tasks on kubernetes
+	// run with network none, by default and only.
+	const podsNetwork = task.NetworkNone
+	switch {
+	case spec.Network == "" && spec.Runtime == "kubernetes":
+		spec.Network = podsNetwork
+	case spec.Network == "":
 		spec.Network = o.opts.Defaults.Network
+	case spec.Runtime == "kubernetes" && spec.Network != podsNetwork:
+		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q on the kubernetes runtime: worker pods cannot reach the egress proxy yet; only none: %w", clip.String(spec.Network, 64), errdefs.ErrNotImplemented)})
 	}
 	if why, ok := o.opts.Networks[spec.Network]; !ok {
 		bad("network", "%q is not a network policy (one of: none, allowlist, open)", clip.String(spec.Network, 64))

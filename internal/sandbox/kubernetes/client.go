@@ -7,6 +7,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -109,4 +110,47 @@ func (c *client) listPods(ctx context.Context, selector string) (*corev1.PodList
 func (c *client) informer(resource, selector string, obj runtime.Object) cache.SharedIndexInformer {
 	lw := cache.NewFilteredListWatchFromClient(c.api(resource), resource, c.ns, func(o *metav1.ListOptions) { o.LabelSelector = selector })
 	return cache.NewSharedIndexInformer(lw, obj, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+}
+
+// exists reports whether the object at the API path p is there; an
+// answer other than found or not found is the error.
+func (c *client) exists(ctx context.Context, p string) (bool, error) {
+	err := c.core.Get().AbsPath(p).Do(ctx).Error()
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	}
+	return false, err
+}
+
+// allowed asks the API server whether this client may do verb on
+// resource (of group) in its namespace.
+func (c *client) allowed(ctx context.Context, verb, group, resource string) (bool, error) {
+	review := map[string]any{
+		"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+		"spec": map[string]any{"resourceAttributes": map[string]string{"namespace": c.ns, "verb": verb, "group": group, "resource": resource}},
+	}
+	body, _ := json.Marshal(review)
+	b, err := c.core.Post().AbsPath("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews").SetHeader("Content-Type", "application/json").Body(body).DoRaw(ctx)
+	if err != nil {
+		return false, err
+	}
+	var res struct {
+		Status struct {
+			Allowed bool `json:"allowed"`
+		} `json:"status"`
+	}
+	return res.Status.Allowed, json.Unmarshal(b, &res)
+}
+
+// claimPhase is the phase of claim name ("" if it is not there).
+func (c *client) claimPhase(ctx context.Context, name string) (string, error) {
+	var pvc corev1.PersistentVolumeClaim
+	err := c.get(ctx, "persistentvolumeclaims", name, &pvc)
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	return string(pvc.Status.Phase), err
 }

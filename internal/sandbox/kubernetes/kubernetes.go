@@ -306,6 +306,10 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 		c.Reason = err.Error()
 		return c
 	}
+	if why := r.cluster(ctx); why != "" {
+		c.Reason = why
+		return c
+	}
 	c.Version = fmt.Sprintf("Kubernetes %s, namespace %s, claim %s", v, r.opts.Namespace, r.opts.Claim)
 	if r.opts.RuntimeClass != "" {
 		c.Version += ", RuntimeClass " + r.opts.RuntimeClass
@@ -315,6 +319,41 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 		"no pids limit per pod: the node's podPidsLimit applies")
 	c.Available = true
 	return c
+}
+
+// cluster says what in the cluster keeps Jobs from running ("" if
+// nothing): this server may not create Jobs, pods or Secrets there, or the
+// claim, the service account or the RuntimeClass is missing.
+func (r *Runtime) cluster(ctx context.Context) string {
+	ns := r.opts.Namespace
+	for _, want := range [][3]string{{"create", "batch", "jobs"}, {"delete", "", "pods"}, {"create", "", "secrets"}} {
+		ok, err := r.api.allowed(ctx, want[0], want[1], want[2])
+		if err != nil {
+			return fmt.Sprintf("ask the API server what this server may do: %v", err)
+		}
+		if !ok {
+			return fmt.Sprintf("this server may not %s %s in namespace %s (RBAC: corral k8s render has the Role it needs)", want[0], want[2], ns)
+		}
+	}
+	switch phase, err := r.api.claimPhase(ctx, r.opts.Claim); {
+	case err != nil:
+		return fmt.Sprintf("read the claim %s: %v", r.opts.Claim, err)
+	case phase == "":
+		return fmt.Sprintf("the claim %s (ai_worker_config.workspace_pvc) is not in namespace %s", r.opts.Claim, ns)
+	case phase != string(corev1.ClaimBound):
+		return fmt.Sprintf("the claim %s is %s, not Bound", r.opts.Claim, phase)
+	}
+	if sa := r.opts.ServiceAccount; sa != "" {
+		if ok, err := r.api.exists(ctx, "/api/v1/namespaces/"+ns+"/serviceaccounts/"+sa); err == nil && !ok {
+			return fmt.Sprintf("the service account %s (ai_worker_config.service_account) is not in namespace %s", sa, ns)
+		}
+	}
+	if rc := r.opts.RuntimeClass; rc != "" {
+		if ok, err := r.api.exists(ctx, "/apis/node.k8s.io/v1/runtimeclasses/"+rc); err == nil && !ok {
+			return fmt.Sprintf("the cluster has no RuntimeClass %s (ai_worker_config.runtime_class; empty runs pods under the node's default runtime)", rc)
+		}
+	}
+	return ""
 }
 
 // handle is sandbox id's Handle for job.
@@ -511,6 +550,10 @@ func (r *Runtime) jobFor(spec sandbox.Spec, owned string) *batchv1.Job {
 		AutomountServiceAccountToken:  new(false),
 		EnableServiceLinks:            new(false),
 		TerminationGracePeriodSeconds: new(int64(10)),
+		// The pod's pause process is pid 1, not the worker: a signal
+		// the worker does not handle ends it, as on the other runtimes,
+		// and orphans are reaped.
+		ShareProcessNamespace: new(true),
 		SecurityContext: &corev1.PodSecurityContext{
 			RunAsUser: &uid, RunAsGroup: &gid, FSGroup: &gid, RunAsNonRoot: new(true),
 			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
@@ -519,7 +562,7 @@ func (r *Runtime) jobFor(spec sandbox.Spec, owned string) *batchv1.Job {
 			Name:            container,
 			Image:           image,
 			ImagePullPolicy: corev1.PullPolicy(r.opts.PullPolicy),
-			Command:         spec.Command,
+			Command:         literal(spec.Command),
 			WorkingDir:      spec.Dir,
 			EnvFrom:         env,
 			Resources:       corev1.ResourceRequirements{Limits: limits, Requests: requests},
@@ -554,6 +597,16 @@ func (r *Runtime) jobFor(spec sandbox.Spec, owned string) *batchv1.Job {
 	}
 }
 
+// literal escapes args from the kubelet's expansion of $(VAR) references
+// ("$$" is a "$"), so the command runs as given.
+func literal(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = strings.ReplaceAll(a, "$", "$$")
+	}
+	return out
+}
+
 // Recover finds the sandbox's Job after a restart.
 func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
 	if h.Runtime != Name {
@@ -568,6 +621,9 @@ func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
 // Exec is not supported: a command in a running pod needs the API
 // server's exec, which sessions do not use.
 func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExitStatus, error) {
+	if _, err := r.job(ctx, id); err != nil {
+		return sandbox.ExitStatus{Code: -1}, fmt.Errorf("exec: %w", err)
+	}
 	return sandbox.ExitStatus{Code: -1}, fmt.Errorf("exec in sandbox %s: the kubernetes runtime runs no commands in a running sandbox: %w", id, errdefs.ErrNotImplemented)
 }
 
@@ -588,38 +644,53 @@ func (r *Runtime) observed(id string) (*batchv1.Job, *corev1.Pod) {
 	return job, newest
 }
 
-// exit is how sandbox id ended, if it has: its pod's container's end, a
-// deadline the Job controller marked, or the Job's end.
+// exit is how sandbox id ended, if it has: its pod's container's end (or
+// the last one watched, once the pod is gone), a deadline the Job
+// controller marked, or, with no pod, the Job's end.
 func (r *Runtime) exit(id string, job *batchv1.Job, pod *corev1.Pod) (sandbox.ExitStatus, bool) {
 	deadline := deadlineExceeded(job)
-	es, ok := sandbox.ExitStatus{}, false
 	if pod != nil {
-		es, ok = podExit(pod)
+		es, ok := podExit(pod)
+		switch {
+		case ok:
+			es.DeadlineExceeded = deadline
+			return es, true
+		case deadline: // at once, not after the pod's grace period
+			return sandbox.ExitStatus{Code: -1, DeadlineExceeded: true, Message: "DeadlineExceeded: the Job ran past its activeDeadlineSeconds"}, true
+		}
+		return sandbox.ExitStatus{}, false // it runs, or stops: its end comes
 	}
-	if !ok {
-		r.mu.Lock()
-		es, ok = r.exits[id]
-		r.mu.Unlock()
-	}
-	switch {
-	case ok:
+	r.mu.Lock()
+	es, ok := r.exits[id]
+	r.mu.Unlock()
+	if ok {
 		es.DeadlineExceeded = deadline
 		return es, true
-	case deadline:
-		return sandbox.ExitStatus{Code: -1, DeadlineExceeded: true, Message: "DeadlineExceeded: the Job ran past its activeDeadlineSeconds"}, true
 	}
 	for _, c := range job.Status.Conditions {
 		if c.Status != corev1.ConditionTrue {
 			continue
 		}
-		switch c.Type {
-		case batchv1.JobComplete:
+		switch {
+		case deadline:
+			return sandbox.ExitStatus{Code: -1, DeadlineExceeded: true, ExitedAt: c.LastTransitionTime.UTC(), Message: "DeadlineExceeded: the Job ran past its activeDeadlineSeconds"}, true
+		case c.Type == batchv1.JobComplete:
 			return sandbox.ExitStatus{Code: 0, ExitedAt: c.LastTransitionTime.UTC(), Message: "Job complete"}, true
-		case batchv1.JobFailed:
+		case c.Type == batchv1.JobFailed:
 			return sandbox.ExitStatus{Code: -1, ExitedAt: c.LastTransitionTime.UTC(), Message: c.Reason + ": " + c.Message}, true
 		}
 	}
 	return sandbox.ExitStatus{}, false
+}
+
+// jobEnded reports whether job is Complete or Failed.
+func (r *Runtime) jobEnded(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }
 
 // deadlineExceeded reports whether the Job controller ended job for its
@@ -726,15 +797,19 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	if err := r.ready(ctx); err != nil {
 		return fmt.Errorf("stop: %w", err)
 	}
-	secs := int64(grace / time.Second)
+	// Whole seconds, at least one: a grace period of 0 would remove the
+	// pod from the API at once, before the node has stopped it.
+	secs := max(int64((grace+time.Second-1)/time.Second), 1)
 	for {
 		changed := r.changes()
 		job, pod := r.observed(id)
-		if job == nil {
+		if job == nil || pod == nil && r.jobEnded(job) {
 			return nil
 		}
-		if _, ended := r.exit(id, job, pod); ended {
-			return nil
+		if pod != nil {
+			if _, ended := podExit(pod); ended {
+				return nil // its processes are gone with its container
+			}
 		}
 		if pod != nil && pod.DeletionTimestamp == nil {
 			err := r.api.delete(ctx, "pods", pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &secs})
@@ -789,13 +864,16 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := json.Unmarshal([]byte(job.Annotations[annotationOwned]), &trees); err != nil {
 		r.log.Warn("a Job without its owned directories; none taken back", logkey.SandboxID, id, logkey.Error, err)
 	}
-	background, now := metav1.DeletePropagationBackground, int64(0)
+	// One second of grace, not 0: 0 removes the pod from the API before
+	// the node has stopped it, and its processes could still write to
+	// the directories taken back below.
+	background, grace := metav1.DeletePropagationBackground, int64(1)
 	err = r.api.delete(ctx, "jobs", job.Name, metav1.DeleteOptions{PropagationPolicy: &background, Preconditions: &metav1.Preconditions{UID: &job.UID}})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return classify("destroy sandbox "+id, err)
 	}
 	sel := labels.SelectorFromSet(labels.Set{labelSandbox: id, labelInstance: r.opts.Instance}).String()
-	if err := r.api.deleteAll(ctx, "pods", sel, metav1.DeleteOptions{GracePeriodSeconds: &now}); err != nil && !apierrors.IsNotFound(err) {
+	if err := r.api.deleteAll(ctx, "pods", sel, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil && !apierrors.IsNotFound(err) {
 		return classify("destroy sandbox "+id, err)
 	}
 	for {

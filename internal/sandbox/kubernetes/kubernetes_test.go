@@ -84,12 +84,18 @@ func TestConformance(t *testing.T) {
 }
 
 func TestSurvivesServerDeath(t *testing.T) {
-	c := newCluster(t)
-	// The instance travels to the helper process as the "state"; the
-	// helper makes its own cluster connection to the same namespace.
-	sandboxtest.ServerDeath(t, sandboxtest.NewID(t), testenv.TempDir(t), func(tb testing.TB, inst string) sandbox.Runtime {
-		return c.mustNew(tb, "", inst)
-	})
+	// The namespace, claim and instance travel to the helper process as
+	// the "state"; the helper connects to the same namespace.
+	newRuntime := func(tb testing.TB, state string) sandbox.Runtime {
+		f := strings.SplitN(state, "/", 3)
+		return cluster{cfg: k8stest.Require(tb), ns: f[0], claim: f[1]}.mustNew(tb, "", f[2])
+	}
+	state := ""
+	if !sandboxtest.InServerDeathHelper() {
+		c := newCluster(t)
+		state = c.ns + "/" + c.claim + "/" + sandboxtest.NewID(t)
+	}
+	sandboxtest.ServerDeath(t, state, testenv.TempDir(t), newRuntime)
 }
 
 // run creates a sandbox running script with a fresh directory at /out,

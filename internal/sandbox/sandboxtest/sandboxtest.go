@@ -371,9 +371,22 @@ func (s *suite) testWaitContext(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Wait with expiring ctx = %v, want context.DeadlineExceeded", err)
 	}
-	st, err := e.rt.Status(e.ctx, sp.ID)
-	if err != nil || st.State != sandbox.StateRunning {
+	if st, err := running(e.ctx, e.rt, sp.ID); err != nil || st.State != sandbox.StateRunning {
 		t.Errorf("Status = %+v, %v; want running", st, err)
+	}
+}
+
+// running returns sandbox id's Status once it is running. A runtime on a
+// cluster reports its pod's state as the node last told the API server,
+// a moment late: it gets until ctx ends, not one look; one that says
+// exited meanwhile is answered at once.
+func running(ctx context.Context, rt sandbox.Runtime, id string) (sandbox.Status, error) {
+	for {
+		st, err := rt.Status(ctx, id)
+		if err != nil || st.State == sandbox.StateRunning || st.State == sandbox.StateExited || ctx.Err() != nil {
+			return st, err
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -525,8 +538,7 @@ func (s *suite) testRecover(t *testing.T) {
 	if err := e.rt.Recover(e.ctx, h); err != nil {
 		t.Fatalf("Recover from Create's handle: %v", err)
 	}
-	st, err := e.rt.Status(e.ctx, sp.ID)
-	if err != nil || st.State != sandbox.StateRunning {
+	if st, err := running(e.ctx, e.rt, sp.ID); err != nil || st.State != sandbox.StateRunning {
 		t.Fatalf("Status after Recover = %+v, %v; want running", st, err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644); err != nil {
@@ -673,6 +685,11 @@ const (
 // with its own exit code. state is a host path both processes use for the
 // runtime's state; dir is a host directory the sandbox gets read-write.
 // In the helper process ServerDeath creates the sandbox and never returns.
+// InServerDeathHelper reports whether this process is ServerDeath's
+// helper: a test whose state lives outside the host (a namespace it
+// makes) must not make it again there.
+func InServerDeathHelper() bool { return os.Getenv(envHelperState) != "" }
+
 func ServerDeath(t *testing.T, state, dir string, newRuntime func(tb testing.TB, state string) sandbox.Runtime) {
 	if s := os.Getenv(envHelperState); s != "" {
 		serverDeathHelper(t, newRuntime(t, s), os.Getenv(envHelperDir), os.Getenv(envHelperID))
@@ -718,7 +735,7 @@ func ServerDeath(t *testing.T, state, dir string, newRuntime func(tb testing.TB,
 	if err := r.Recover(ctx, &hs[0]); err != nil {
 		t.Fatalf("Recover: %v", err)
 	}
-	if st, err := r.Status(ctx, id); err != nil || st.State != sandbox.StateRunning {
+	if st, err := running(ctx, r, id); err != nil || st.State != sandbox.StateRunning {
 		t.Fatalf("Status = %+v, %v; want running after the server died", st, err)
 	}
 	os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
