@@ -56,7 +56,7 @@ var allowed = map[string][]string{
 	"internal/library":              {"task", "eventstore", "projection", "workspace", "attachment", "document", "skill", "errdefs", "units", "clip", "service", "workerproto"},
 	"internal/taskrun":              {"task", "sandbox", "eventstore", "projection", "workspace", "errdefs", "logkey", "units", "clip", "webhook", "workerproto", "quota", "session"},
 	"internal/tools":                {"service", "errdefs", "workspace", "strictjson"},
-	"internal/httpapi":              {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson", "webhook", "session", "execagent", "clip"},
+	"internal/httpapi":              {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson", "webhook", "session", "execagent", "clip", "filetype"},
 	"internal/session":              {"sandbox", "eventstore", "task", "workspace", "workerproto", "errdefs", "ids", "clip", "service", "execagent", "library"},
 	"internal/execagent":            {"errdefs", "clip"},
 	"internal/report":               {"eventstore", "projection", "task"},
