@@ -10,10 +10,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox/docker"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
@@ -75,6 +77,32 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	}
 	out = append(out, Check{Name: "agent command", OK: true, Detail: "any program under the host's /usr"})
 	return out
+}
+
+// doctorCache runs Doctor for the web UI's health page (GET /api/health)
+// at most once per ttl: a run starts a gVisor sandbox and every agent CLI,
+// seconds of work that a page reload must not repeat. Callers during a run
+// wait for its findings.
+type doctorCache struct {
+	run func(context.Context) []Check // Doctor, for this server's configuration
+	ttl time.Duration
+
+	mu  sync.Mutex
+	at  time.Time
+	out []httpapi.Check
+}
+
+func (d *doctorCache) checks(ctx context.Context) ([]httpapi.Check, time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.out == nil || time.Since(d.at) > d.ttl {
+		d.out = d.out[:0]
+		for _, c := range d.run(ctx) {
+			d.out = append(d.out, httpapi.Check(c))
+		}
+		d.at = time.Now().UTC()
+	}
+	return slices.Clone(d.out), d.at
 }
 
 // doctorRuntime checks a runtime built exactly as corral serve builds it:

@@ -391,13 +391,9 @@ func (s *Server) callTool(w http.ResponseWriter, r *http.Request) error {
 // while it still reconciles the tasks and sandboxes it found at start-up
 // (the API already answers then; new tasks wait in the queue).
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
-	if s.opts.Ready != nil {
-		select {
-		case <-s.opts.Ready:
-		default:
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting"})
-			return nil
-		}
+	if !s.ready() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting"})
+		return nil
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	return nil

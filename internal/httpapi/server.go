@@ -106,6 +106,11 @@ type Options struct {
 	// Ready is closed once the server has reconciled what it found at
 	// start-up; until then /healthz answers 503 "starting". Nil: ready.
 	Ready <-chan struct{}
+	// Version is the server's version, which /api/health reports.
+	Version string
+	// Doctor returns corral doctor's findings for /api/health and when they
+	// were made; nil: none.
+	Doctor func(context.Context) ([]Check, time.Time)
 }
 
 // Server serves the API.
@@ -207,6 +212,7 @@ func (s *Server) routes() {
 	m.Handle("GET /api/tools", auth(s.listTools))
 	m.Handle("POST /api/tools/{name}", authJSON(s.callTool))
 	m.Handle("GET /healthz", open(s.healthz))
+	m.Handle("GET /api/health", auth(s.health))
 	m.Handle("GET /metrics", auth(s.metrics))
 	m.Handle("GET /api/deliveries", auth(s.listDeliveries))
 	m.Handle("POST /api/deliveries/{id}/retry", authJSON(s.retryDelivery))
