@@ -28,6 +28,7 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/tools"
 	"github.com/corral-dev/corral/internal/webhook"
+	"github.com/corral-dev/corral/internal/webui"
 )
 
 // Backend is what the server needs beyond service.Service: the
@@ -231,9 +232,25 @@ func (s *Server) routes() {
 	m.Handle("/api/", open(func(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound)
 	}))
+	// The web UI: its pages and assets need no token (the app asks for it
+	// and sends it to the API); the Host and Origin checks apply as
+	// everywhere.
+	m.Handle("/", open(s.ui(webui.Handler())))
 }
 
 type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// ui serves the web UI (package webui) at every path it knows; any other
+// path outside the API's routes is a 404 like an unknown API route.
+func (s *Server) ui(ui http.Handler) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if !webui.Serves(r.URL.Path) {
+			return fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound)
+		}
+		ui.ServeHTTP(w, r)
+		return nil
+	}
+}
 
 // wrap adds the request id, the checks of rt (Host and Origin, auth, the
 // body's type), the actor and error mapping to h.
