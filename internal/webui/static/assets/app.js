@@ -2,7 +2,7 @@
 // can share), the token prompt, and the live-update indicator.
 
 import { h, replace, errorBox } from './dom.js';
-import { onUnauthorized, setToken, forgetToken, token, APIError } from './api.js';
+import { onUnauthorized, setToken, forgetToken, token, get, APIError } from './api.js';
 import { tasksPage } from './pages/tasks.js';
 import { taskPage } from './pages/task.js';
 import { spawnPage } from './pages/spawn.js';
@@ -75,7 +75,10 @@ export function render() {
 export function navigate(path, { replace: rep } = {}) {
   if (rep) history.replaceState(null, '', path);
   else history.pushState(null, '', path);
-  render();
+  // A server with a token asks for it at once, whatever the page: some
+// pages (the spawn form) read nothing before the user acts.
+get('/api/tasks?limit=1').catch(() => {});
+render();
   window.scrollTo(0, 0);
 }
 
@@ -113,14 +116,20 @@ document.getElementById('token-form').addEventListener('submit', () => {
   document.getElementById('token-input').value = '';
   tokenError.hidden = true;
   forget.hidden = false;
-  render();
+  // A server with a token asks for it at once, whatever the page: some
+// pages (the spawn form) read nothing before the user acts.
+get('/api/tasks?limit=1').catch(() => {});
+render();
 });
 dialog.addEventListener('cancel', (e) => e.preventDefault());
 forget.hidden = !token();
 forget.addEventListener('click', () => {
   forgetToken();
   forget.hidden = true;
-  render();
+  // A server with a token asks for it at once, whatever the page: some
+// pages (the spawn form) read nothing before the user acts.
+get('/api/tasks?limit=1').catch(() => {});
+render();
 });
 
 // setLive shows the state of the page's live stream in the sidebar.
@@ -130,4 +139,7 @@ export function setLive(state) {
   el.className = 'live live-' + state;
 }
 
+// A server with a token asks for it at once, whatever the page: some
+// pages (the spawn form) read nothing before the user acts.
+get('/api/tasks?limit=1').catch(() => {});
 render();

@@ -37,7 +37,7 @@ export async function deliveriesPage(main, { signal, query }) {
       return h('tr', {},
         h('td', {}, h('span', { class: 'badge delivery-' + d.state }, d.state)),
         h('td', { class: 'mono' }, d.event_type),
-        h('td', { class: 'mono' }, d.task_id ? h('a', { href: '/tasks/' + encodeURIComponent(d.task_id) }, d.task_id) : ''),
+        h('td', { class: 'mono nowrap' }, d.task_id ? h('a', { href: '/tasks/' + encodeURIComponent(d.task_id) }, d.task_id) : ''),
         h('td', {}, String(d.attempts), d.next_attempt_at ? h('div', { class: 'muted small' }, 'next ' + fmtTime(d.next_attempt_at)) : null),
         h('td', { class: 'small' }, d.last_status_code ? `HTTP ${d.last_status_code} ` : '', d.last_error || ''),
         h('td', { class: 'nowrap' }, time(d.created_at)),

@@ -29,7 +29,7 @@ export async function taskPage(main, { signal, params }) {
   const tabsBar = h('div', { class: 'tabs', role: 'tablist' });
   const panel = h('div', { class: 'tab-panel' });
 
-  const overview = h('div', { class: 'overview' }, result, outputs, feedCard, followUp);
+  const overview = h('div', { class: 'overview' }, h('div', { class: 'overview-main' }, result, outputs, followUp), h('div', { class: 'overview-side' }, feedCard));
   const tabs = {
     overview: ['Overview', () => overview],
     transcript: ['Transcript', () => logView('agent')],
@@ -173,7 +173,10 @@ export async function taskPage(main, { signal, params }) {
     } }, h('h2', {}, 'Follow up'), text, err, h('div', { class: 'actions' }, h('button', { class: 'btn btn-primary', type: 'submit' }, 'Send follow-up'))));
   }
 
-  function drawAll() { drawHead(); drawMeta(); drawResult(); drawOutputs(); drawFollowUp(); }
+  // A task that ended without reporting progress (the command agent
+  // reports none) needs no empty feed.
+  function drawFeed() { feedCard.hidden = terminal.has(t.status) && !!feed.querySelector('.empty-feed'); }
+  function drawAll() { drawHead(); drawMeta(); drawResult(); drawOutputs(); drawFollowUp(); drawFeed(); }
 
   // Events: the table, the progress feed, and a re-read of the task when
   // one changes it.
@@ -245,16 +248,18 @@ export async function taskPage(main, { signal, params }) {
 
 function progressItem(e) {
   const p = e.data || {};
-  const when = h('span', { class: 'feed-time' }, new Date(e.recorded_at).toLocaleTimeString());
   const more = p.coalesced ? h('span', { class: 'muted small' }, ` (+${p.coalesced} more)`) : null;
+  const item = (cls, kind, ...body) => h('li', { class: 'feed-item ' + cls },
+    h('span', { class: 'feed-time' }, new Date(e.recorded_at).toLocaleTimeString(undefined, { hour12: false })),
+    h('span', { class: 'feed-kind' }, kind), h('span', { class: 'feed-body' }, body, more));
   switch (p.kind) {
     case 'tool_use':
-      return h('li', { class: 'feed-item feed-tool' }, when, h('span', { class: 'feed-kind' }, 'tool'), h('span', {}, h('code', {}, p.tool || 'tool'), ' ', h('span', { class: 'mono' }, p.input || '')), more);
+      return item('feed-tool', 'tool', h('code', {}, p.tool || 'tool'), ' ', h('span', { class: 'mono' }, p.input || ''));
     case 'tool_result':
-      return h('li', { class: 'feed-item feed-result' }, when, h('span', { class: 'feed-kind' }, 'result'), h('span', {}, h('code', {}, p.tool || 'tool'), ' ', h('span', { class: p.status === 'error' ? 'badge status-failed' : 'badge status-success' }, p.status || 'done')), more);
+      return item('feed-result', 'result', h('code', {}, p.tool || 'tool'), ' ', h('span', { class: 'badge ' + (p.status === 'error' ? 'status-failed' : 'status-success') }, p.status || 'done'));
     case 'init':
-      return h('li', { class: 'feed-item' }, when, h('span', { class: 'feed-kind' }, 'start'), h('span', {}, 'agent started'), more);
+      return item('', 'start', 'agent started');
     default:
-      return h('li', { class: 'feed-item feed-text' }, when, h('span', { class: 'feed-kind' }, p.kind || 'text'), h('span', { class: 'feed-body' }, p.text || ''), more);
+      return item('feed-text', p.kind || 'text', p.text || '');
   }
 }
