@@ -23,16 +23,9 @@ import (
 	"github.com/corral-dev/corral/internal/taskrun"
 )
 
-// Check is one line of `corral doctor`: what was checked, whether it
-// works, and if not, how to fix it.
-type Check struct {
-	Name   string `json:"name"`
-	OK     bool   `json:"ok"`
-	Detail string `json:"detail"`
-	Fix    string `json:"fix,omitempty"`
-	// Required checks must pass for the default configuration to run tasks.
-	Required bool `json:"required"`
-}
+// Check is one line of `corral doctor`, the type /api/health answers
+// with: what was checked, whether it works, and if not, how to fix it.
+type Check = httpapi.Check
 
 // Doctor checks what works on this machine for cfg: the runtimes, their
 // limits, and the agents.
@@ -89,18 +82,14 @@ type doctorCache struct {
 
 	mu  sync.Mutex
 	at  time.Time
-	out []httpapi.Check
+	out []Check
 }
 
-func (d *doctorCache) checks(ctx context.Context) ([]httpapi.Check, time.Time) {
+func (d *doctorCache) checks(ctx context.Context) ([]Check, time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.out == nil || time.Since(d.at) > d.ttl {
-		d.out = d.out[:0]
-		for _, c := range d.run(ctx) {
-			d.out = append(d.out, httpapi.Check(c))
-		}
-		d.at = time.Now().UTC()
+		d.out, d.at = d.run(ctx), time.Now().UTC()
 	}
 	return slices.Clone(d.out), d.at
 }

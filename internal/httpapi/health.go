@@ -11,11 +11,12 @@ import (
 // Check is one finding of corral doctor: what was checked, whether it
 // works, and if not, how to fix it.
 type Check struct {
-	Name     string `json:"name"`
-	OK       bool   `json:"ok"`
-	Detail   string `json:"detail"`
-	Fix      string `json:"fix,omitempty"`
-	Required bool   `json:"required"`
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"`
+	// Required checks must pass for the default configuration to run tasks.
+	Required bool `json:"required"`
 }
 
 // Health is GET /api/health's answer: what the web UI's health page shows.
