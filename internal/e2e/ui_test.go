@@ -139,7 +139,8 @@ func (b *browser) wait(what, expr string, within time.Duration) {
 	deadline := time.Now().Add(within)
 	for !eval[bool](b, "!!("+expr+")") {
 		if time.Now().After(deadline) {
-			b.t.Fatalf("waited %s for %s; the page says:\n%.2000s", within, what, eval[string](b, `document.querySelector('main').innerText`))
+			b.t.Fatalf("waited %s for %s at %s; the page says:\n%.2000s", within, what,
+				eval[string](b, `location.href + ' (' + document.readyState + ')'`), eval[string](b, `document.body ? document.body.innerText : ''`))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -160,10 +161,13 @@ func (b *browser) set(sel, value string) {
 	}
 }
 
-// click clicks the first element sel matches, once it is visible.
+// click clicks the first element sel matches once it is visible, with the
+// element's own click(): a mouse click at its coordinates could land on
+// another element while the page lays out what a fetch just brought.
 func (b *browser) click(sel string) {
 	b.t.Helper()
-	b.do(chromedp.Click(chromedp.CSS(sel), chromedp.NodeVisible))
+	b.do(chromedp.WaitVisible(chromedp.CSS(sel)))
+	b.exec(fmt.Sprintf(`document.querySelector(%s).click()`, js(sel)))
 }
 
 // signIn waits for the token prompt and answers it.
