@@ -3,6 +3,8 @@ module github.com/corral-dev/corral
 go 1.26.8
 
 require (
+	github.com/chromedp/cdproto v0.159.0
+	github.com/chromedp/chromedp v0.23.0
 	github.com/containerd/errdefs v1.0.0
 	github.com/gabriel-vasile/mimetype v1.4.16
 	github.com/go-json-experiment/json v1.27.2

@@ -324,6 +324,10 @@ func (a *App) open(ctx context.Context) error {
 		AllowedOrigins:  cfg.HTTP.AllowedOrigins,
 		Ready:           a.sched.Reconciled(),
 		ToolLimits:      toolLimits,
+		Version:         Version(),
+		Doctor: (&doctorCache{ttl: time.Minute, run: func(ctx context.Context) []Check {
+			return Doctor(ctx, cfg, slog.New(slog.DiscardHandler))
+		}}).checks,
 		// The multipart framing adds a little to the files' own bytes.
 		MaxUploadRequestBytes: lim.MaxUploadRequestBytes.Bytes() + 64<<10,
 	}, a.log.With("subsystem", "http"))

@@ -10,10 +10,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox/docker"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
@@ -21,16 +23,9 @@ import (
 	"github.com/corral-dev/corral/internal/taskrun"
 )
 
-// Check is one line of `corral doctor`: what was checked, whether it
-// works, and if not, how to fix it.
-type Check struct {
-	Name   string `json:"name"`
-	OK     bool   `json:"ok"`
-	Detail string `json:"detail"`
-	Fix    string `json:"fix,omitempty"`
-	// Required checks must pass for the default configuration to run tasks.
-	Required bool `json:"required"`
-}
+// Check is one line of `corral doctor`, the type /api/health answers
+// with: what was checked, whether it works, and if not, how to fix it.
+type Check = httpapi.Check
 
 // Doctor checks what works on this machine for cfg: the runtimes, their
 // limits, and the agents.
@@ -75,6 +70,28 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	}
 	out = append(out, Check{Name: "agent command", OK: true, Detail: "any program under the host's /usr"})
 	return out
+}
+
+// doctorCache runs Doctor for the web UI's health page (GET /api/health)
+// at most once per ttl: a run starts a gVisor sandbox and every agent CLI,
+// seconds of work that a page reload must not repeat. Callers during a run
+// wait for its findings.
+type doctorCache struct {
+	run func(context.Context) []Check // Doctor, for this server's configuration
+	ttl time.Duration
+
+	mu  sync.Mutex
+	at  time.Time
+	out []Check
+}
+
+func (d *doctorCache) checks(ctx context.Context) ([]Check, time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.out == nil || time.Since(d.at) > d.ttl {
+		d.out, d.at = d.run(ctx), time.Now().UTC()
+	}
+	return slices.Clone(d.out), d.at
 }
 
 // doctorRuntime checks a runtime built exactly as corral serve builds it:

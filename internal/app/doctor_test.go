@@ -1,8 +1,10 @@
 package app
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Doctor says whether an agent's environment holds its credentials, by
@@ -41,5 +43,24 @@ func TestCredentialCheck(t *testing.T) {
 	}
 	if fix := credentialFix("claude"); !strings.Contains(fix, `ANTHROPIC_API_KEY: "${ANTHROPIC_API_KEY}"`) || !strings.Contains(fix, "--config.expand-env") {
 		t.Errorf("fix %q", fix)
+	}
+}
+
+// The health page's doctor runs once per ttl, however often it is asked.
+func TestDoctorCache(t *testing.T) {
+	runs := 0
+	d := &doctorCache{ttl: time.Hour, run: func(context.Context) []Check {
+		runs++
+		return []Check{{Name: "runtime local", OK: true}}
+	}}
+	first, at := d.checks(context.Background())
+	again, at2 := d.checks(context.Background())
+	if runs != 1 || len(first) != 1 || len(again) != 1 || first[0].Name != "runtime local" || !at.Equal(at2) {
+		t.Errorf("two calls within the ttl: %d runs, %+v at %v and %+v at %v", runs, first, at, again, at2)
+	}
+	d.ttl = 0
+	d.checks(context.Background())
+	if runs != 2 {
+		t.Errorf("past the ttl: %d runs, want 2", runs)
 	}
 }

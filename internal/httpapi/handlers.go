@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/filetype"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/strictjson"
 	"github.com/corral-dev/corral/internal/webhook"
@@ -269,16 +271,51 @@ const DefaultSSEHeartbeat = 15 * time.Second
 
 var errAbort = errors.New("abort")
 
+// taskFile serves a task's output file. A worker chose its name and its
+// bytes, so the browser must never run it: its type is what its content
+// is (not its name), nosniff holds the browser to that type, the CSP
+// sandboxes anything opened anyway, and every file but a PNG, JPEG, GIF or
+// WebP image is a download (Content-Disposition: attachment), never a
+// page of this origin. SVG, which can carry script, is a download too.
 func (s *Server) taskFile(w http.ResponseWriter, r *http.Request) error {
 	f, info, err := s.b.OpenOutput(r.Context(), r.PathValue("id"), r.PathValue("path"))
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.Header().Set("Content-Security-Policy", "sandbox")
+	head := make([]byte, filetype.HeadBytes)
+	n, err := io.ReadFull(f, head)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("read output file: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("read output file: %w", err)
+	}
+	typ := filetype.Detect(info.Name(), head[:n])
+	h := w.Header()
+	h.Set("Content-Type", typ)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Security-Policy", "default-src 'none'; sandbox")
+	if !InlineImage(typ) {
+		disp := mime.FormatMediaType("attachment", map[string]string{"filename": info.Name()})
+		if disp == "" {
+			disp = "attachment"
+		}
+		h.Set("Content-Disposition", disp)
+	}
 	http.ServeContent(w, r, info.Name(), info.ModTime(), f)
 	return nil
+}
+
+// InlineImage reports whether a file of MIME type typ may be shown inline:
+// the raster image types browsers decode without running anything.
+func InlineImage(typ string) bool {
+	mt, _, _ := mime.ParseMediaType(typ)
+	switch mt {
+	case "image/png", "image/jpeg", "image/gif", "image/webp":
+		return true
+	}
+	return false
 }
 
 func (s *Server) workerComplete(w http.ResponseWriter, r *http.Request) error {
@@ -354,13 +391,9 @@ func (s *Server) callTool(w http.ResponseWriter, r *http.Request) error {
 // while it still reconciles the tasks and sandboxes it found at start-up
 // (the API already answers then; new tasks wait in the queue).
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
-	if s.opts.Ready != nil {
-		select {
-		case <-s.opts.Ready:
-		default:
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting"})
-			return nil
-		}
+	if !s.ready() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting"})
+		return nil
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	return nil

@@ -28,6 +28,7 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/tools"
 	"github.com/corral-dev/corral/internal/webhook"
+	"github.com/corral-dev/corral/internal/webui"
 )
 
 // Backend is what the server needs beyond service.Service: the
@@ -106,6 +107,11 @@ type Options struct {
 	// Ready is closed once the server has reconciled what it found at
 	// start-up; until then /healthz answers 503 "starting". Nil: ready.
 	Ready <-chan struct{}
+	// Version is the server's version, which /api/health reports.
+	Version string
+	// Doctor returns corral doctor's findings for /api/health and when they
+	// were made; nil: none.
+	Doctor func(context.Context) ([]Check, time.Time)
 }
 
 // Server serves the API.
@@ -207,6 +213,7 @@ func (s *Server) routes() {
 	m.Handle("GET /api/tools", auth(s.listTools))
 	m.Handle("POST /api/tools/{name}", authJSON(s.callTool))
 	m.Handle("GET /healthz", open(s.healthz))
+	m.Handle("GET /api/health", auth(s.health))
 	m.Handle("GET /metrics", auth(s.metrics))
 	m.Handle("GET /api/deliveries", auth(s.listDeliveries))
 	m.Handle("POST /api/deliveries/{id}/retry", authJSON(s.retryDelivery))
@@ -225,9 +232,25 @@ func (s *Server) routes() {
 	m.Handle("/api/", open(func(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound)
 	}))
+	// The web UI: its pages and assets need no token (the app asks for it
+	// and sends it to the API); the Host and Origin checks apply as
+	// everywhere.
+	m.Handle("/", open(s.ui(webui.Handler())))
 }
 
 type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// ui serves the web UI (package webui) at every path it knows; any other
+// path outside the API's routes is a 404 like an unknown API route.
+func (s *Server) ui(ui http.Handler) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if !webui.Serves(r.URL.Path) {
+			return fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound)
+		}
+		ui.ServeHTTP(w, r)
+		return nil
+	}
+}
 
 // wrap adds the request id, the checks of rt (Host and Origin, auth, the
 // body's type), the actor and error mapping to h.

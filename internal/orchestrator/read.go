@@ -17,6 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -148,8 +149,10 @@ func (o *Orchestrator) Logs(ctx context.Context, req service.LogsRequest, w io.W
 		names = []string{"logs/agent.jsonl", "logs/stdout.log"}
 	case "stderr":
 		names = []string{"logs/stderr.log"}
+	case "prompt":
+		names = []string{workerproto.PromptFile}
 	default:
-		return errdefs.Field("stream", "must be agent or stderr")
+		return errdefs.Field("stream", "must be agent, stderr or prompt")
 	}
 	dir, err := o.data.OpenTask(t.ID)
 	if err != nil {
@@ -208,7 +211,9 @@ func (o *Orchestrator) Events(ctx context.Context, req service.EventsRequest, fn
 		stream = task.ConversationStreamID(req.ConversationID)
 	}
 	var after int64
-	if req.After != "" {
+	if req.After == service.AfterNow {
+		after = o.tasks.Position()
+	} else if req.After != "" {
 		pos, err := o.store.Position(ctx, req.After)
 		if err != nil {
 			return &errdefs.FieldError{Field: "after", Err: fmt.Errorf("no event %q: %w", clip.String(req.After, 64), errdefs.ErrNotFound)}

@@ -28,6 +28,9 @@ func Run(ctx context.Context, store eventstore.Store, log *slog.Logger) error {
 	for {
 		evs, err := store.ReadAll(ctx, after, 1024)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("read events to report: %w", err)
 		}
 		if len(evs) == 0 {

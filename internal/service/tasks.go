@@ -143,8 +143,8 @@ type File struct {
 type LogsRequest struct {
 	TaskID string
 	Follow bool
-	// Stream is "agent" (the agent's stdout or JSON transcript, the default)
-	// or "stderr".
+	// Stream is "agent" (the agent's stdout or JSON transcript, the default),
+	// "stderr", or "prompt" (prompt.md, as the worker reads it).
 	Stream string
 }
 
@@ -154,6 +154,14 @@ type EventsRequest struct {
 	// ConversationID selects the conversation's stream instead, where
 	// workspace tasks report their ends.
 	ConversationID string
-	After          string // an event id; empty for the beginning
-	Follow         bool
+	// After is an event id, AfterNow for only the events recorded from
+	// now on, or empty for the beginning.
+	After  string
+	Follow bool
 }
+
+// AfterNow is the EventsRequest.After that skips the events the server's
+// current state already reflects (its task list's position in the log): a
+// live view that reads the state follows the changes from there without
+// replaying the whole log.
+const AfterNow = "now"

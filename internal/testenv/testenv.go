@@ -1,5 +1,5 @@
 // Package testenv gates tests on the real parts they need (root, bubblewrap,
-// runsc, Docker, a kube-apiserver, PostgreSQL). Outside CI a missing part
+// runsc, Docker, a kube-apiserver, PostgreSQL, Chromium). Outside CI a missing part
 // skips the test; in CI (CI=true) it fails it, so a gate never hides a
 // missing install step there.
 package testenv
@@ -66,6 +66,13 @@ func RequireRunsc(tb testing.TB) string {
 	tb.Helper()
 	RequireRoot(tb)
 	return RequireBinary(tb, "runsc", "apt-get install -y runsc")
+}
+
+// RequireChromium needs Debian's headless-capable Chromium and returns
+// its path: the web UI's tests drive it (nothing downloads a browser).
+func RequireChromium(tb testing.TB) string {
+	tb.Helper()
+	return RequireBinary(tb, "chromium", "apt-get install -y chromium")
 }
 
 // DockerImage is the image the tests run Docker sandboxes from: a Debian

@@ -96,6 +96,7 @@ func Run(t *testing.T, impls map[string]func(*testing.T) service.Service) {
 		"Attachments": checkAttachments,
 		"Skills":      checkSkills,
 		"Execute":     checkExecute,
+		"EventsNow":   checkEventsAfterNow,
 	}
 	for impl, newImpl := range impls {
 		for name, check := range checks {
@@ -170,6 +171,13 @@ func checkTasks(t *testing.T, svc service.Service) {
 		t.Errorf("Result of a queued task: done %v status %s, %v", res.Done, res.Status, err)
 	}
 
+	var prompt bytes.Buffer
+	if err := svc.Logs(ctx, service.LogsRequest{TaskID: tk.ID, Stream: "prompt"}, &prompt); err != nil || !bytes.Contains(prompt.Bytes(), []byte("count")) {
+		t.Errorf("Logs(prompt): %q, %v; want prompt.md with the description", prompt.String(), err)
+	}
+	err = svc.Logs(ctx, service.LogsRequest{TaskID: tk.ID, Stream: "status.json"}, io.Discard)
+	wantClass(t, "Logs of another file", err, errdefs.ErrInvalidArgument)
+
 	cancelled, err := svc.Cancel(ctx, tk.ID)
 	if err != nil || cancelled.Status != task.Cancelled {
 		t.Fatalf("Cancel: %+v, %v", cancelled, err)
@@ -191,6 +199,59 @@ func checkTasks(t *testing.T, svc service.Service) {
 	// A queued task ends at once: nothing runs to be asked to stop.
 	if !slices.Equal(types, []string{task.EventCreated, task.EventQueued, task.EventCompleted}) {
 		t.Errorf("events %v", types)
+	}
+}
+
+// checkEventsAfterNow checks that a stream following from AfterNow skips
+// what is already recorded and delivers what comes after.
+func checkEventsAfterNow(t *testing.T, svc service.Service) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	spawn := func(desc string) task.Task {
+		tk, _, err := svc.Spawn(ctx, service.SpawnRequest{TaskDescription: desc, Agent: task.AgentCommand, Command: []string{"true"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	old := spawn("before")
+	var none []eventstore.Event
+	if err := svc.Events(ctx, service.EventsRequest{After: service.AfterNow}, func(e eventstore.Event) error {
+		none = append(none, e)
+		return nil
+	}); err != nil || len(none) != 0 {
+		t.Errorf("Events after now, not followed: %d events, %v; want none", len(none), err)
+	}
+	first := make(chan eventstore.Event, 1)
+	fctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- svc.Events(fctx, service.EventsRequest{After: service.AfterNow, Follow: true}, func(e eventstore.Event) error {
+			select {
+			case first <- e:
+			default:
+			}
+			return nil
+		})
+	}()
+	// The stream may start after a spawn: spawn until one shows, each of
+	// them after the old task.
+	var got eventstore.Event
+	for got.ID == "" {
+		spawn("after")
+		select {
+		case got = <-first:
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+			t.Fatal("no event after now")
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("Events followed: %v", err)
+	}
+	if got.StreamID == task.StreamID(old.ID) {
+		t.Errorf("the stream after now began with %s of the task spawned before", got.Type)
 	}
 }
 

@@ -1,0 +1,69 @@
+package httpapi
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/corral-dev/corral/internal/session"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// Check is one finding of corral doctor: what was checked, whether it
+// works, and if not, how to fix it.
+type Check struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"`
+	// Required checks must pass for the default configuration to run tasks.
+	Required bool `json:"required"`
+}
+
+// Health is GET /api/health's answer: what the web UI's health page shows.
+type Health struct {
+	Version    string              `json:"version"`
+	Ready      bool                `json:"ready"`
+	Tasks      map[task.Status]int `json:"tasks"`
+	QueueDepth int                 `json:"queue_depth"`
+	Running    int                 `json:"running"`
+	// Sessions counts the sessions running.
+	Sessions int `json:"sessions"`
+	// Checks are corral doctor's findings, as of CheckedAt.
+	Checks    []Check   `json:"checks"`
+	CheckedAt time.Time `json:"checked_at"`
+}
+
+// health serves GET /api/health: the server's state, its queue and the
+// doctor's findings (Options.Doctor, which may answer from a cache).
+func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
+	st := s.b.Stats()
+	h := Health{Version: s.opts.Version, Ready: s.ready(), Tasks: st.ByStatus, QueueDepth: st.QueueDepth, Running: st.Running, Checks: []Check{}}
+	if h.Tasks == nil {
+		h.Tasks = map[task.Status]int{}
+	}
+	if s.opts.Sessions != nil {
+		for _, sess := range s.opts.Sessions.List() {
+			if sess.Status == session.StatusRunning {
+				h.Sessions++
+			}
+		}
+	}
+	if s.opts.Doctor != nil {
+		h.Checks, h.CheckedAt = s.opts.Doctor(r.Context())
+	}
+	writeJSON(w, http.StatusOK, h)
+	return nil
+}
+
+// ready reports whether the server has reconciled what it found at start.
+func (s *Server) ready() bool {
+	if s.opts.Ready == nil {
+		return true
+	}
+	select {
+	case <-s.opts.Ready:
+		return true
+	default:
+		return false
+	}
+}

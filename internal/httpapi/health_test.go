@@ -1,0 +1,41 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// /api/health reports the queue and the doctor's findings, with a token.
+func TestHealthRoute(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	hs := httptest.NewServer(New(&stats{}, Options{Token: "tok", Version: "v9",
+		Doctor: func(context.Context) ([]Check, time.Time) {
+			return []Check{{Name: "runtime local", OK: true, Detail: "bwrap 0.8", Required: true}}, at
+		}}, slogTo(io.Discard)).Handler())
+	t.Cleanup(hs.Close)
+	if code, _ := call(t, "GET", hs.URL+"/api/health", ""); code != http.StatusUnauthorized {
+		t.Errorf("without the token: %d, want 401", code)
+	}
+	code, body := call(t, "GET", hs.URL+"/api/health", "tok")
+	var h Health
+	if err := json.Unmarshal([]byte(body), &h); err != nil || code != 200 {
+		t.Fatalf("%d %s: %v", code, body, err)
+	}
+	if h.Version != "v9" || !h.Ready || h.QueueDepth != 2 || h.Running != 1 || h.Tasks[task.Queued] != 2 ||
+		len(h.Checks) != 1 || h.Checks[0].Name != "runtime local" || !h.CheckedAt.Equal(at) {
+		t.Errorf("health %+v", h)
+	}
+}
+
+type stats struct{ stub }
+
+func (*stats) Stats() Stats {
+	return Stats{ByStatus: map[task.Status]int{task.Queued: 2, task.Running: 1}, QueueDepth: 2, Running: 1}
+}

@@ -1,0 +1,130 @@
+// Sessions: the list, a form to start one, and a console that streams an
+// exec's output as the command prints it.
+
+import { h, replace, field, select, errorBox, statusBadge, time, labelChips, copyButton, parseLabels, fmtDuration } from '../dom.js';
+import { api, get, request, readLines } from '../api.js';
+import { navigate } from '../app.js';
+
+// created holds a new session's token until its page has shown it once:
+// it is never put in a URL.
+let created = null;
+
+const runtimes = [['', 'server default'], 'local', 'gvisor', 'docker'];
+const networks = [['', 'none (default)'], 'none', 'allowlist', 'open'];
+
+export async function sessionsPage(main, { signal }) {
+  const f = {
+    runtime: select('runtime', runtimes, ''),
+    image: h('input', { type: 'text', name: 'image', placeholder: 'for docker, e.g. python:3.12-slim' }),
+    network: select('network', networks, ''),
+    workspace: h('input', { type: 'text', name: 'workspace', placeholder: 'a named workspace (optional)' }),
+    idle: h('input', { type: 'number', name: 'idle_timeout', min: 1, placeholder: 'seconds' }),
+    labels: h('input', { type: 'text', name: 'labels', placeholder: 'k=v, k2=v2' }),
+  };
+  const err = h('div');
+  const form = h('form', { class: 'form card', id: 'create-session', onsubmit: async (e) => {
+    e.preventDefault();
+    try {
+      const req = {};
+      if (f.runtime.value) req.runtime = f.runtime.value;
+      if (f.image.value.trim()) req.image = f.image.value.trim();
+      if (f.network.value) req.network = f.network.value;
+      if (f.workspace.value.trim()) req.workspace = f.workspace.value.trim();
+      if (f.idle.value) req.idle_timeout = Number(f.idle.value);
+      const labels = parseLabels(f.labels.value);
+      if (Object.keys(labels).length) req.labels = labels;
+      const r = await api('POST', '/api/sessions', req, { signal });
+      created = { id: r.session_id, token: r.token };
+      navigate('/sessions/' + encodeURIComponent(r.session_id));
+    } catch (ex) { replace(err, errorBox(ex)); }
+  } },
+  h('h2', {}, 'Start a session'),
+  h('div', { class: 'grid-3' }, field('Runtime', f.runtime), field('Image', f.image), field('Network', f.network)),
+  h('div', { class: 'grid-3' }, field('Workspace', f.workspace), field('Idle timeout', f.idle), field('Labels', f.labels)),
+  err, h('div', { class: 'actions' }, h('button', { class: 'btn btn-primary', type: 'submit' }, 'Start session')));
+
+  const list = (await get('/api/sessions', { signal })).sessions || [];
+  replace(main, h('header', { class: 'page-head' }, h('h1', {}, 'Sessions'), h('span', { class: 'muted' }, String(list.length))),
+    h('div', { class: 'table-wrap' }, h('table', { class: 'table' },
+      h('thead', {}, h('tr', {}, ['Status', 'Session', 'Runtime', 'Image', 'Workspace', 'Execs', 'Created', 'Last used', 'Labels'].map((c) => h('th', {}, c)))),
+      h('tbody', {}, list.length ? list.map((s) => h('tr', {},
+        h('td', {}, statusBadge(s.status === 'running' ? 'running' : 'ended'), s.end_reason ? h('div', { class: 'muted small' }, s.end_reason) : null),
+        h('td', { class: 'mono' }, h('a', { href: '/sessions/' + encodeURIComponent(s.session_id) }, s.session_id)),
+        h('td', {}, s.runtime), h('td', {}, s.image || ''), h('td', {}, s.workspace || ''),
+        h('td', {}, String(s.execs)), h('td', { class: 'nowrap' }, time(s.created_at)), h('td', { class: 'nowrap' }, time(s.last_used_at)),
+        h('td', {}, labelChips(s.labels)))) : h('tr', {}, h('td', { colspan: 9, class: 'empty' }, 'No sessions.'))))),
+    form);
+}
+
+export async function sessionPage(main, { signal, params }) {
+  const id = params.id;
+  const base = '/api/sessions/' + encodeURIComponent(id);
+  let s = await get(base, { signal });
+  const fresh = created && created.id === id ? created.token : '';
+  created = null;
+
+  const head = h('header', { class: 'page-head' });
+  const drawHead = () => {
+    const del = h('button', { type: 'button', class: 'btn btn-danger', hidden: s.status !== 'running' }, 'End session');
+    del.addEventListener('click', async () => {
+      if (!confirm('End this session? Its sandbox is removed.')) return;
+      try { s = await api('DELETE', base, undefined, { signal }); drawHead(); input.disabled = true; } catch (ex) { head.append(errorBox(ex)); }
+    });
+    replace(head, statusBadge(s.status === 'running' ? 'running' : 'ended'), h('h1', { class: 'mono' }, s.session_id), h('div', { class: 'spacer' }), del);
+  };
+  drawHead();
+  const screen = h('pre', { class: 'console', 'aria-live': 'polite' });
+  const input = h('input', { type: 'text', name: 'command', class: 'mono', placeholder: s.status === 'running' ? 'a command, run with sh -c' : 'the session has ended', autocomplete: 'off', disabled: s.status !== 'running' });
+  const run = h('button', { class: 'btn btn-primary', type: 'submit' }, 'Run');
+  const history = [];
+  let hi = 0;
+  input.addEventListener('keydown', (e) => {
+    if (e.key === 'ArrowUp' && hi > 0) { input.value = history[--hi]; e.preventDefault(); }
+    if (e.key === 'ArrowDown' && hi < history.length) { input.value = history[++hi] || ''; e.preventDefault(); }
+  });
+  const form = h('form', { class: 'console-input', onsubmit: async (e) => {
+    e.preventDefault();
+    const cmd = input.value;
+    if (!cmd.trim()) return;
+    history.push(cmd);
+    hi = history.length;
+    input.value = '';
+    run.disabled = true;
+    screen.append(h('span', { class: 'console-cmd' }, '$ ' + cmd + '\n'));
+    try {
+      const r = await request('POST', base + '/exec', { body: { command: cmd }, headers: { Accept: 'application/x-ndjson' }, signal });
+      await readLines(r, (line) => {
+        if (!line) return;
+        const c = JSON.parse(line);
+        if (c.type === 'exit') {
+          screen.append(h('span', { class: 'console-exit' + (c.exit_code ? ' failed' : '') },
+            `[exit ${c.exit_code}, ${fmtDuration(c.duration_ms)}${c.error ? ', ' + c.error : ''}]\n`));
+        } else {
+          const text = c.data_base64 ? atob(c.data_base64) : c.data || '';
+          screen.append(c.type === 'stderr' ? h('span', { class: 'console-err' }, text) : text);
+        }
+        screen.scrollTop = screen.scrollHeight;
+      });
+    } catch (ex) {
+      screen.append(h('span', { class: 'console-err' }, (ex.message || String(ex)) + '\n'));
+    } finally {
+      run.disabled = false;
+      input.focus();
+      s = await get(base, { signal }).catch(() => s);
+    }
+  } }, h('span', { class: 'prompt mono' }, '$'), input, run);
+
+  replace(main, head,
+    fresh ? h('div', { class: 'alert alert-info' }, h('strong', {}, 'Session token (shown once): '), h('code', {}, fresh), ' ', copyButton(fresh),
+      h('div', { class: 'small' }, 'It runs commands in this session and nothing else.')) : null,
+    h('section', { class: 'card meta' }, h('dl', { class: 'meta-grid' },
+      h('dt', {}, 'Runtime'), h('dd', {}, s.runtime + (s.image ? ' · ' + s.image : '')),
+      h('dt', {}, 'Network'), h('dd', {}, s.network),
+      h('dt', {}, 'Workspace'), h('dd', {}, s.workspace || 'its own directory'),
+      h('dt', {}, 'Created'), h('dd', {}, time(s.created_at)),
+      h('dt', {}, 'Idle timeout'), h('dd', {}, fmtDuration(s.idle_timeout * 1000)),
+      h('dt', {}, 'Max lifetime'), h('dd', {}, fmtDuration(s.max_lifetime * 1000)),
+      h('dt', {}, 'Labels'), h('dd', {}, labelChips(s.labels) || ''))),
+    h('section', { class: 'card' }, h('h2', {}, 'Console'), h('p', { class: 'muted small' }, 'Commands start in /workspace/session; output streams as it is printed.'), screen, form));
+  input.focus();
+}
