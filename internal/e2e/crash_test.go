@@ -39,6 +39,13 @@ func startProcess(t *testing.T, data string, extra ...string) *proc {
 	}
 	addr := l.Addr().String()
 	l.Close()
+	return startProcessAt(t, data, addr, "", extra...)
+}
+
+// startProcessAt is startProcess listening on addr, its client sending
+// token.
+func startProcessAt(t *testing.T, data, addr, token string, extra ...string) *proc {
+	t.Helper()
 	cmd := exec.Command(corralBin, append([]string{"serve", "--data", data, "--listen", addr}, extra...)...)
 	cmd.Dir = t.TempDir()
 	var env []string
@@ -52,7 +59,7 @@ func startProcess(t *testing.T, data string, extra ...string) *proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, client: httpapi.NewClient("http://"+addr, ""), url: "http://" + addr}
+	p := &proc{cmd: cmd, client: httpapi.NewClient("http://"+addr, token), url: "http://" + addr}
 	t.Cleanup(func() { p.kill() })
 	waitHealthy(t, p.url)
 	return p

@@ -4,16 +4,24 @@ package e2e_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // onKubernetes returns a configuration change that runs tasks of runtime
@@ -98,4 +106,108 @@ func className(c string) string {
 		return "runc"
 	}
 	return c
+}
+
+// TestKubernetesKill9: a server killed with SIGKILL while a task's Job runs
+// finds the Job after a restart and records the task's real result; a Job
+// of this server's with no task (an orphan) is removed; no Job or pod is
+// left.
+func TestKubernetesKill9(t *testing.T) {
+	t.Parallel()
+	cfg := k8stest.Require(t)
+	cs := k8stest.Clientset(t, cfg)
+	ns := k8stest.Namespace(t, cs)
+	data := testenv.TempDir(t)
+	claim := k8stest.Claim(t, cs, ns, data)
+	ln, err := net.Listen("tcp", k8stest.NodeIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	token := k8stest.Name("token")
+	dir := t.TempDir()
+	tokenFile, cfgFile := filepath.Join(dir, "token"), filepath.Join(dir, "corral.yaml")
+	yaml := fmt.Sprintf(`api_token_file: %s
+runtime: kubernetes
+kubernetes:
+  kubeconfig: %s
+  server_url: http://%s
+  pull_policy: Never
+ai_worker_config:
+  namespace: %s
+  workspace_pvc: %s
+  runtime_class: ""
+  service_account: ""
+  ai_coder_image: %s
+`, tokenFile, kubeconfig(), addr, ns, claim, k8stest.BusyboxImage)
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgFile, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	srv := startProcessAt(t, data, addr, token, "--config", cfgFile)
+	tk, _, err := srv.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "runs across the restart",
+		Command: []string{"sh", "-c", "while [ ! -e /task/go ]; do sleep 0.05; done; echo survived > output/result.txt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		got, err := srv.client.Get(ctx, tk.ID)
+		if err == nil && got.Status == task.Running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task never ran: %v %v", got.Status, err)
+		}
+	}
+	srv.kill()
+	jobs := func(selector string) int {
+		l, err := cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(l.Items)
+	}
+	if n := jobs("corral.task-id=" + tk.ID); n != 1 {
+		t.Fatalf("%d Jobs for the task after the server died, want its one", n)
+	}
+	// An orphan: a Job of this server's (same namespace and data root)
+	// that no task owns.
+	absData, _ := filepath.Abs(data)
+	rt, err := kubernetes.New(kubernetes.Options{Config: cfg, Namespace: ns, DataRoot: absData, Claim: claim, DefaultImage: k8stest.BusyboxImage, PullPolicy: "Never"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan := "task-orphan" + strings.TrimPrefix(k8stest.Name(""), "-")
+	if _, err := rt.Create(ctx, sandbox.Spec{ID: orphan, Command: []string{"sleep", "600"}, Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: orphan}}); err != nil {
+		t.Fatal(err)
+	}
+	rt.Close()
+	// The worker finishes while no server runs.
+	if err := os.WriteFile(filepath.Join(data, "tasks", tk.ID, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv = startProcessAt(t, data, addr, token, "--config", cfgFile)
+	res, err := srv.client.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: 90 * time.Second, IncludeFileContents: []string{"result.txt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != task.Success || res.FileContents["result.txt"].Content != "survived\n" {
+		t.Errorf("after the restart: %s %q (%s), want success with survived", res.Status, res.FileContents["result.txt"].Content, res.ErrorMessage)
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if jobs("") == 0 && len(pods.Items) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d Jobs and %d pods left in %s, want none (the task's and the orphan's removed)", jobs(""), len(pods.Items), ns)
+		}
+	}
 }
