@@ -9,9 +9,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -209,5 +213,91 @@ ai_worker_config:
 		if time.Now().After(deadline) {
 			t.Fatalf("%d Jobs and %d pods left in %s, want none (the task's and the orphan's removed)", jobs(""), len(pods.Items), ns)
 		}
+	}
+}
+
+// BenchmarkKubernetesTask measures, in one run and interleaved, a trivial
+// task (echo hi) on the kubernetes runtime from POST /api/tasks to its
+// result, beside a bare Job of the same image and command from its
+// creation to its container's end (and to the Job's Complete, which comes
+// later), as a client of the API would see them; both under runc on the
+// test node. It reports the medians and the ratio of the first two.
+func BenchmarkKubernetesTask(b *testing.B) {
+	var ns string
+	s := startServer(b, nil, nil, func(c *config.Config) { onKubernetes("")(b, c); ns = c.AIWorker.Namespace })
+	cs := k8stest.Clientset(b, k8stest.Require(b))
+	ctx := context.Background()
+	var corral, bare, complete []float64
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "echo", Agent: "command", Runtime: "kubernetes", Command: []string{"echo", "hi"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		res, err := s.client.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: 2 * time.Minute})
+		if err != nil || res.Status != task.Success {
+			b.Fatalf("task: %v %s %s", err, res.Status, res.ErrorMessage)
+		}
+		corral = append(corral, float64(time.Since(start).Microseconds())/1000)
+
+		start = time.Now()
+		name := k8stest.Name("bare")
+		if _, err := cs.BatchV1().Jobs(ns).Create(ctx, bareJob(name), metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		// The earliest a client of the API can know echo ended: its
+		// container's terminated state; then the Job's Complete.
+		pods, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: "job-name=" + name})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for ev := range pods.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok && slices.ContainsFunc(p.Status.ContainerStatuses, func(c corev1.ContainerStatus) bool { return c.State.Terminated != nil }) {
+				break
+			}
+		}
+		pods.Stop()
+		bare = append(bare, float64(time.Since(start).Microseconds())/1000)
+		jobs, err := cs.BatchV1().Jobs(ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for ev := range jobs.ResultChan() {
+			if j, ok := ev.Object.(*batchv1.Job); ok && slices.ContainsFunc(j.Status.Conditions, func(c batchv1.JobCondition) bool {
+				return c.Type == batchv1.JobComplete && c.Status == corev1.ConditionTrue
+			}) {
+				break
+			}
+		}
+		jobs.Stop()
+		complete = append(complete, float64(time.Since(start).Microseconds())/1000)
+		background := metav1.DeletePropagationBackground
+		cs.BatchV1().Jobs(ns).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &background})
+	}
+	median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
+	c, m := median(corral), median(bare)
+	b.ReportMetric(c, "corral-ms")
+	b.ReportMetric(m, "bare-job-ended-ms")
+	b.ReportMetric(median(complete), "bare-job-complete-ms")
+	b.ReportMetric(c/m, "ratio")
+}
+
+// bareJob is a Job of the test image running echo hi, as a person would
+// write one: the same security context Corral's pods have, no volumes.
+func bareJob(name string) *batchv1.Job {
+	uid := int64(1000)
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: batchv1.JobSpec{
+			BackoffLimit: new(int32(0)),
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				RestartPolicy:   corev1.RestartPolicyNever,
+				SecurityContext: &corev1.PodSecurityContext{RunAsUser: &uid, RunAsGroup: &uid, RunAsNonRoot: new(true)},
+				Containers: []corev1.Container{{
+					Name: "bare", Image: k8stest.BusyboxImage, ImagePullPolicy: corev1.PullNever, Command: []string{"echo", "hi"},
+					SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: new(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
+				}},
+			}},
+		},
 	}
 }
