@@ -65,7 +65,7 @@ var allowed = map[string][]string{
 	"internal/app":                  {"*"},
 	"internal/e2e":                  {}, // end-to-end suites: tests only
 	"internal/bench":                {"app", "config", "errdefs", "eventstore", "httpapi", "service", "task", "testenv"},
-	"cmd/corral":                    {"app", "bench", "config", "errdefs", "httpapi", "mcpserver", "service", "task", "eventstore", "termsafe", "tools", "session"},
+	"cmd/corral":                    {"app", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "service", "task", "eventstore", "termsafe", "tools", "session"},
 	"internal/termsafe":             {},
 
 	// The seccomp filter of local sandboxes, and the escape tests' probe.
@@ -80,6 +80,11 @@ var allowed = map[string][]string{
 	"internal/sandbox/guestetc": {},
 	"internal/sandbox/statedir": {"sandbox", "sandbox/cgroups", "sandbox/hostuser", "sandbox/hostproc", "errdefs", "logkey"},
 	"internal/sandbox/hostuser": {"sandbox", "errdefs"},
+
+	// corral k8s render: manifests from the whole configuration, as app
+	// builds the server from it; and the kubernetes tests' cluster helpers.
+	"internal/k8srender":                  {"config", "errdefs", "sandbox/kubernetes"},
+	"internal/sandbox/kubernetes/k8stest": {"testenv"},
 }
 
 // badDeps are modules some packages must not depend on even indirectly:
