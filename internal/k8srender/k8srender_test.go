@@ -29,7 +29,7 @@ import (
 const custom = `
 ai_worker_config:
   namespace: ai
-  ai_coder_image: registry.example/ai-coder:v1
+  ai_coder_image: images.example.org/ai-coder:v1
   service_account: ai-worker
   runtime_class: gvisor
   workspace_pvc: ai-workspace
@@ -433,7 +433,7 @@ func TestServerConfigLoads(t *testing.T) {
 	}
 	// The rest is the source's.
 	w := cfg.AIWorker
-	if w.Namespace != "ai" || w.AICoderImage != "registry.example/ai-coder:v1" || w.MaxConcurrentWorkers != 7 || w.WorkspacePVC != "ai-workspace" || cfg.Kubernetes.SecretName != "ai-keys" {
+	if w.Namespace != "ai" || w.AICoderImage != "images.example.org/ai-coder:v1" || w.MaxConcurrentWorkers != 7 || w.WorkspacePVC != "ai-workspace" || cfg.Kubernetes.SecretName != "ai-keys" {
 		t.Errorf("the source's values are lost: %+v, secret_name %q", w, cfg.Kubernetes.SecretName)
 	}
 	if len(cfg.Agents.Claude.Env) != 0 {
