@@ -54,13 +54,9 @@ for dir in test/mcp test/notify; do
 done
 
 # The real agent CLIs the agent tests drive, at the versions they were
-# written against; claude's postinstall puts its native binary in place.
-agents=(
-  claude:@anthropic-ai/claude-code@2.1.197
-  gemini:@google/gemini-cli@0.61.0
-  codex:@openai/codex@0.169.0
-  opencode:opencode-ai@1.18.33
-)
+# written against (the worker image installs the same list); claude's
+# postinstall puts its native binary in place.
+mapfile -t agents < <(grep -v -e '^#' -e '^$' scripts/agent-clis.txt)
 for want in "${agents[@]}"; do
   bin=${want%%:*} pkg=${want#*:}
   version=${pkg##*@}

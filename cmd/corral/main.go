@@ -52,11 +52,14 @@ Usage:
   corral gc [--dry-run]                            remove ended tasks' directories and unused attachments past retention
   corral mcp [--server URL]                        the tools over MCP on stdio (starts a server if none runs)
   corral doctor                                    what works on this machine, and what is missing
+  corral k8s render [--config FILE] [--server-image IMG] [--storage 10Gi] [--storage-class NAME] [--no-secrets]
+                                                   the manifests that run the server and its workers in a
+                                                   Kubernetes cluster, on stdout (what to edit is at the top)
   corral bench [--n N] [--concurrency C]           measure task overhead against bare bubblewrap
   corral version                                   this binary's version and build
   corral worker run-task ...                       (inside a sandbox) run one task's agent
 
-Client commands (all but serve, mcp, doctor, bench and worker) take --server,
+Client commands (all but serve, mcp, doctor, bench, k8s and worker) take --server,
 --config and --json: they reach the server at --server (default: http://LISTEN
 from the configuration) with the token in CORRAL_API_TOKEN; --json prints JSON.
 The server's own flags (--listen, --data, --runtime, --max-concurrent) are
@@ -107,6 +110,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"skills":      cmdSkills,
 		"attachments": cmdAttachments,
 		"gc":          cmdGC,
+		"k8s":         cmdK8s,
 		"version":     cmdVersion,
 	}
 	f, ok := cmds[args[0]]

@@ -39,6 +39,11 @@ func TestHelpAndVersion(t *testing.T) {
 		{[]string{"ws", "--help"}, 0, "corral ws ls"},
 		{[]string{"attachments", "-h"}, 0, "corral attachments get"},
 		{[]string{"tasks", "--bogus"}, 2, "bogus"},
+		{[]string{"k8s", "--help"}, 0, "corral k8s render"},
+		{[]string{"k8s", "render", "--help"}, 0, "-server-image"},
+		{[]string{"k8s"}, 2, "usage: corral k8s render"},
+		{[]string{"k8s", "apply"}, 2, `unknown k8s command "apply"`},
+		{[]string{"k8s", "render", "--storage", "lots"}, 2, "--storage: must be a positive quantity"},
 		{[]string{"version"}, 0, "corral "},
 	} {
 		var stdout, stderr bytes.Buffer
@@ -189,5 +194,33 @@ func TestLocalFileErrorsNameTheFile(t *testing.T) {
 		if want := "read " + missing + ": no such file or directory\n"; !strings.HasSuffix(stderr.String(), want) {
 			t.Errorf("corral %s: %q, want it to end in %q", strings.Join(args, " "), stderr.String(), want)
 		}
+	}
+}
+
+// corral k8s render writes the stream to stdout, from --config.
+func TestK8sRender(t *testing.T) {
+	cfg := t.TempDir() + "/corral.yaml"
+	if err := os.WriteFile(cfg, []byte("ai_worker_config: {namespace: corral-ns}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"k8s", "render", "--config", cfg, "--server-image", "corral:v1", "--storage-class", "rwx"}, &stdout, &stderr)
+	out := stdout.String()
+	if code != 0 || !strings.HasPrefix(out, "# Corral on Kubernetes, rendered by `corral k8s render` from "+cfg) {
+		t.Fatalf("exit %d, stderr %q, stdout %.200q", code, stderr.String(), out)
+	}
+	for _, want := range []string{"kind: Deployment", "namespace: corral-ns", "image: corral:v1", "storageClassName: rwx"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the stream has no %q", want)
+		}
+	}
+	// A configuration that names a missing file is an error, as for every command.
+	code = run(context.Background(), []string{"k8s", "render", "--config", cfg + ".missing"}, &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "corral k8s: configuration: read config file") {
+		t.Errorf("missing config: exit %d, %q", code, stderr.String())
+	}
+	// The default image is this binary's version.
+	if img := defaultServerImage(); !strings.HasPrefix(img, "corral:") || strings.ContainsAny(img, " ()") {
+		t.Errorf("default server image %q", img)
 	}
 }

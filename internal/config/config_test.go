@@ -435,6 +435,9 @@ func TestEnvBadValues(t *testing.T) {
 		{"CORRAL_DEFAULT_AGENT=aider", "CORRAL_DEFAULT_AGENT", "must be one of claude"},
 		{"CORRAL_LISTEN=7777", "CORRAL_LISTEN", "must be host:port"},
 		{"AI_WORKER_NAMESPACE=Bad_NS", "AI_WORKER_NAMESPACE", "Kubernetes namespace"},
+		// A Secret of corral k8s render's applied unedited.
+		{"CORRAL_API_TOKEN=REPLACE_ME", "CORRAL_API_TOKEN", "placeholder REPLACE_ME"},
+		{"AI_WORKER_WEBHOOK_SECRET=REPLACE_ME", "AI_WORKER_WEBHOOK_SECRET", "placeholder REPLACE_ME"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {

@@ -18,6 +18,11 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 )
 
+// Placeholder is the value corral k8s render gives every secret in the
+// Secrets it writes. A secret that still holds it was never filled in, and
+// the server refuses it rather than run with a token anyone can read here.
+const Placeholder = "REPLACE_ME"
+
 // MaxTimeoutMinutes is the highest task timeout Corral accepts: one day.
 const MaxTimeoutMinutes = 1440
 
@@ -37,6 +42,13 @@ func (c *Config) Validate() error {
 		v.add("listen", "%v", err)
 	} else if !loopback && c.apiToken == "" && c.APITokenFile == "" && len(c.APITokens) == 0 {
 		v.add("listen", "%s is not a loopback address and no API token is configured; set CORRAL_API_TOKEN or listen on loopback", c.Listen)
+	}
+	// A Secret rendered by corral k8s render and applied unedited.
+	if c.apiToken == Placeholder {
+		v.add("api_token", "is the placeholder %s from corral k8s render: put a real token in the server's Secret", Placeholder)
+	}
+	if c.AIWorker.webhookSecret == Placeholder {
+		v.add("ai_worker_config.webhook_secret", "is the placeholder %s from corral k8s render: put a real secret in the server's Secret", Placeholder)
 	}
 	v.nonEmpty("data", c.Data)
 	v.http(&c.HTTP)

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/app"
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/k8srender"
+)
+
+const k8sUsage = "corral k8s render [--config FILE] [--server-image IMG] [--storage 10Gi] [--storage-class NAME] [--no-secrets] > corral.yaml"
+
+// cmdK8s is `corral k8s render`: the manifests that run Corral in a
+// cluster, from the configuration, on stdout.
+func cmdK8s(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("usage: %s: %w", k8sUsage, errdefs.ErrInvalidArgument)
+	}
+	if isHelp(args[0]) {
+		fmt.Fprintln(stdout, "usage: "+k8sUsage)
+		return nil
+	}
+	if args[0] != "render" {
+		return fmt.Errorf("unknown k8s command %q; usage: %s: %w", args[0], k8sUsage, errdefs.ErrInvalidArgument)
+	}
+	fs := flag.NewFlagSet("k8s render", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: %s\n\n", k8sUsage)
+		fmt.Fprintln(stderr, "Writes the manifests that run Corral in a Kubernetes cluster to stdout, from the configuration: the server (corral serve on the kubernetes runtime) and what its workers need. The stream opens with what to edit before `kubectl apply -f`.")
+		fmt.Fprintln(stderr)
+		fs.PrintDefaults()
+	}
+	var lo config.LoadOptions
+	lo.RegisterClientFlags(fs)
+	var opts k8srender.Options
+	fs.StringVar(&opts.ServerImage, "server-image", defaultServerImage(), "the server's image")
+	fs.StringVar(&opts.Storage, "storage", "10Gi", "size of the workspace claim (ai_worker_config.workspace_pvc)")
+	fs.StringVar(&opts.StorageClass, "storage-class", "", "storage class of the workspace claim, one that offers ReadWriteMany (default: the cluster's default class)")
+	fs.BoolVar(&opts.NoSecrets, "no-secrets", false, "leave out the Secret templates (to apply again once they are filled in)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return flagError(err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalidArgument)
+	}
+	cfg, err := config.Load(lo)
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	if f := cfg.File(); f != "" {
+		opts.Source = f
+	}
+	out, err := k8srender.Render(cfg, opts)
+	if err != nil {
+		return err
+	}
+	_, err = stdout.Write(out)
+	return err
+}
+
+// notTag is what an image tag cannot hold.
+var notTag = regexp.MustCompile(`[^A-Za-z0-9_.-]`)
+
+// defaultServerImage is corral:<this binary's version>, e.g. corral:v1.2.0,
+// or corral:devel for a build from a checkout.
+func defaultServerImage() string {
+	v := strings.Fields(app.Version())[0]
+	return "corral:" + notTag.ReplaceAllString(v, "-")
+}

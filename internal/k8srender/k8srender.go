@@ -1,0 +1,585 @@
+// Package k8srender renders, from Corral's configuration, the manifests
+// that run Corral in a Kubernetes cluster (corral k8s render): one
+// multi-document YAML stream with the namespace, the server's Deployment,
+// Service, ServiceAccount and least RBAC, the workers' ServiceAccount,
+// RuntimeClass and NetworkPolicies, the workspace claim, the server's
+// configuration as a ConfigMap, and Secret templates whose values are
+// config.Placeholder.
+//
+// The server runs `corral serve` with the kubernetes runtime, its data root
+// on the claim the worker pods mount subPaths of, as uid and gid 1000, the
+// identity of the runtime's pods, so that files on the volume need no
+// change of owner between the two.
+//
+// Nothing here contacts a cluster, and no secret value is ever rendered:
+// agents.*.env values (which may hold API keys) become keys of the
+// workers' Secret, with placeholder values.
+package k8srender
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"path"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	nodev1 "k8s.io/api/node/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
+	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
+)
+
+// Names of the server's objects. Server is the name of its Deployment,
+// Service, ServiceAccount, Role, RoleBinding, Secret and ConfigMap, and
+// the app label of its pods.
+const (
+	Server = "corral"
+	// Port is where the server listens in its pod and its Service.
+	Port = 7777
+	// ConfigDir is where the ConfigMap is mounted; ConfigFile is the
+	// server's configuration file in it.
+	ConfigDir  = "/etc/corral"
+	ConfigFile = ConfigDir + "/corral.yaml"
+	// TokenKey and WebhookKey are the keys of the server's Secret.
+	TokenKey   = "api-token"
+	WebhookKey = "webhook-secret"
+	// WorkerEgress and WorkerIngress are the workers' NetworkPolicies.
+	WorkerEgress  = "corral-worker-egress"
+	WorkerIngress = "corral-worker-ingress"
+)
+
+// uid is the server's uid and gid: the kubernetes runtime's pods run as
+// 1000:1000 (its Options.User default, which app leaves alone).
+const uid = 1000
+
+// APIKeys are the keys of the workers' Secret besides those agents.*.env
+// names: the API keys of the agents Corral has adapters for.
+var APIKeys = []string{"ANTHROPIC_API_KEY", "GEMINI_API_KEY", "OPENAI_API_KEY"}
+
+// partOf labels every object, so `kubectl get -l` finds them all.
+var partOf = map[string]string{"app.kubernetes.io/part-of": "corral"}
+
+// Options are what the configuration does not say.
+type Options struct {
+	// ServerImage is the server's image (corral serve runs in it).
+	// Required.
+	ServerImage string
+	// Storage is the workspace claim's size; "" is 10Gi.
+	Storage string
+	// StorageClass is the claim's storageClassName; "" leaves it out, for
+	// the cluster's default class.
+	StorageClass string
+	// NoSecrets leaves the Secret templates out, so that applying the
+	// stream again does not put the placeholders back.
+	NoSecrets bool
+	// Source names what was rendered (a file, "the defaults"), for the
+	// header.
+	Source string
+}
+
+// Render returns the manifests for cfg as one YAML stream, a comment
+// saying what to edit first. Errors are errdefs.ErrInvalidArgument, every
+// problem at once, each naming its key or flag.
+func Render(cfg *config.Config, opts Options) ([]byte, error) {
+	if opts.Storage == "" {
+		opts.Storage = "10Gi"
+	}
+	if err := validate(cfg, opts); err != nil {
+		return nil, err
+	}
+	serverCfg, err := serverConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	b.WriteString(header(cfg, opts))
+	for _, obj := range objects(cfg, opts, serverCfg) {
+		doc, err := toYAML(obj)
+		if err != nil {
+			return nil, err
+		}
+		b.WriteString("---\n")
+		b.Write(doc)
+	}
+	return b.Bytes(), nil
+}
+
+// validate refuses what the cluster would refuse, or what would collide
+// with the server's own objects.
+func validate(cfg *config.Config, opts Options) error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &errdefs.FieldError{Field: field, Err: fmt.Errorf(format, args...)})
+	}
+	w, k := cfg.AIWorker, cfg.Kubernetes
+	names := []struct{ field, name string }{
+		{"ai_worker_config.service_account", w.ServiceAccount},
+		{"ai_worker_config.workspace_pvc", w.WorkspacePVC},
+		{"ai_worker_config.runtime_class", w.RuntimeClass},
+		{"kubernetes.secret_name", k.SecretName},
+	}
+	for _, n := range names {
+		if n.name == "" {
+			continue
+		}
+		if e := validation.IsDNS1123Subdomain(n.name); len(e) > 0 {
+			bad(n.field, "%q is not a Kubernetes object name: %s", n.name, strings.Join(e, "; "))
+		}
+	}
+	if w.RuntimeClass != "" && len(validation.IsDNS1123Label(w.RuntimeClass)) > 0 {
+		bad("ai_worker_config.runtime_class", "%q cannot be a RuntimeClass handler (the same name): lowercase letters, digits and '-', at most 63", w.RuntimeClass)
+	}
+	if w.WorkspacePVC == "" {
+		bad("ai_worker_config.workspace_pvc", "must be set: the claim holding the data root")
+	}
+	if w.ServiceAccount == Server {
+		bad("ai_worker_config.service_account", "must not be %q, the server's ServiceAccount: workers get no rights", Server)
+	}
+	if k.SecretName == Server {
+		bad("kubernetes.secret_name", "must not be %q, the server's Secret: workers would get its token", Server)
+	}
+	if mp := w.WorkspaceMountPath; mp == "/" || path.Clean(mp) != mp || overlaps(mp, "/tmp") || overlaps(mp, ConfigDir) {
+		bad("ai_worker_config.workspace_mount_path", "must be a clean absolute directory other than /, outside /tmp and %s (the server's), got %q", ConfigDir, mp)
+	}
+	if len(cfg.Workspaces.Roots) > 0 {
+		bad("workspaces.roots", "names directories of one host, which the kubernetes runtime refuses: leave it out of the configuration rendered for a cluster")
+	}
+	if len(cfg.APITokens) > 0 {
+		bad("api_tokens", "not rendered yet: their token files would need a volume; use the one token of the server's Secret (CORRAL_API_TOKEN)")
+	}
+	if cfg.Notify.SecretFile != "" {
+		bad("notify.secret_file", "not rendered yet: the file would need a volume the non-root server can read at mode 0400; leave notify out of the configuration rendered for a cluster")
+	}
+	if k.SecretName == "" {
+		for _, name := range config.AgentNames {
+			if ag, _ := cfg.Agents.Get(name); len(ag.Env) > 0 {
+				bad("agents."+name+".env", "would go in clear into a ConfigMap: set kubernetes.secret_name, and its keys become that Secret's")
+			}
+		}
+	}
+	if strings.TrimSpace(opts.ServerImage) == "" || strings.ContainsAny(opts.ServerImage, " \t\n") {
+		bad("--server-image", "must be an image reference, got %q", opts.ServerImage)
+	}
+	if q, err := resource.ParseQuantity(opts.Storage); err != nil || q.Sign() <= 0 {
+		bad("--storage", "must be a positive quantity such as 10Gi, got %q", opts.Storage)
+	}
+	if opts.StorageClass != "" {
+		if e := validation.IsDNS1123Subdomain(opts.StorageClass); len(e) > 0 {
+			bad("--storage-class", "%q is not a StorageClass name: %s", opts.StorageClass, strings.Join(e, "; "))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// overlaps reports whether directory a is b, or one holds the other.
+func overlaps(a, b string) bool {
+	return a == b || strings.HasPrefix(a, b+"/") || strings.HasPrefix(b, a+"/")
+}
+
+// ServerURL is where worker pods reach the server: its Service.
+func ServerURL(namespace string) string {
+	return fmt.Sprintf("http://%s.%s.svc:%d", Server, namespace, Port)
+}
+
+// serverConfig is the server's configuration file: cfg as the server in
+// the cluster needs it. Secrets come from the environment (the Secret), so
+// the secret-file keys are cleared, and agents' environments (which may
+// hold keys) are left out: their names are keys of the workers' Secret.
+func serverConfig(cfg *config.Config) ([]byte, error) {
+	c := *cfg
+	ns := c.AIWorker.Namespace
+	c.Listen = fmt.Sprintf("0.0.0.0:%d", Port)
+	c.Data = c.AIWorker.WorkspaceMountPath
+	c.Runtime = kubernetes.Name
+	c.Kubernetes.ServerURL = ServerURL(ns)
+	c.Kubernetes.Kubeconfig = "" // the pod's service account
+	c.APITokenFile = ""
+	c.AIWorker.WebhookSecretFile = ""
+	// The egress proxy is not reachable from worker pods yet: a task
+	// asking for allowlist or open would be refused.
+	c.Egress.Mode = "none"
+	// Callers reach the server by its Service's names.
+	hosts := slices.Clone(c.HTTP.AllowedHosts)
+	for _, h := range []string{Server, Server + "." + ns, Server + "." + ns + ".svc", Server + "." + ns + ".svc.cluster.local"} {
+		if !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	c.HTTP.AllowedHosts = hosts
+	c.Agents.Claude.Env, c.Agents.Gemini.Env, c.Agents.Codex.Env, c.Agents.Opencode.Env, c.Agents.Command.Env = nil, nil, nil, nil, nil
+	var b bytes.Buffer
+	b.WriteString("# corral serve's configuration, rendered by corral k8s render. Secrets come from\n# the environment (Secret " + Server + "), never from this file.\n")
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(&c); err != nil {
+		return nil, fmt.Errorf("encode the server's configuration: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("encode the server's configuration: %w", err)
+	}
+	return b.Bytes(), nil
+}
+
+// workerKeys are the keys of the workers' Secret: APIKeys and the names
+// agents.*.env sets, sorted.
+func workerKeys(cfg *config.Config) []string {
+	keys := slices.Clone(APIKeys)
+	for _, name := range config.AgentNames {
+		ag, _ := cfg.Agents.Get(name)
+		for k := range ag.Env {
+			if !slices.Contains(keys, k) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// object is one manifest.
+type object interface {
+	runtime.Object
+	metav1.Object
+}
+
+// meta is an object's metadata in the namespace ns ("" for a cluster-wide
+// object).
+func meta(name, ns string, labels map[string]string) metav1.ObjectMeta {
+	l := maps.Clone(partOf)
+	maps.Copy(l, labels)
+	return metav1.ObjectMeta{Name: name, Namespace: ns, Labels: l}
+}
+
+func typeMeta(apiVersion, kind string) metav1.TypeMeta {
+	return metav1.TypeMeta{APIVersion: apiVersion, Kind: kind}
+}
+
+// objects are the manifests, in the order kubectl must apply them (the
+// namespace first).
+func objects(cfg *config.Config, opts Options, serverCfg []byte) []object {
+	w, k := cfg.AIWorker, cfg.Kubernetes
+	ns := w.Namespace
+	serverLabels := map[string]string{"app": Server}
+	// Not labelled part of Corral: it may be the cluster's default.
+	out := []object{&corev1.Namespace{TypeMeta: typeMeta("v1", "Namespace"), ObjectMeta: metav1.ObjectMeta{Name: ns}}}
+	if w.RuntimeClass != "" {
+		out = append(out, &nodev1.RuntimeClass{TypeMeta: typeMeta("node.k8s.io/v1", "RuntimeClass"), ObjectMeta: meta(w.RuntimeClass, "", nil), Handler: w.RuntimeClass})
+	}
+	out = append(out, &corev1.ServiceAccount{TypeMeta: typeMeta("v1", "ServiceAccount"), ObjectMeta: meta(Server, ns, serverLabels)})
+	if w.ServiceAccount != "" {
+		// Workers never talk to the API server: no token, no rights.
+		out = append(out, &corev1.ServiceAccount{
+			TypeMeta: typeMeta("v1", "ServiceAccount"), ObjectMeta: meta(w.ServiceAccount, ns, map[string]string{"app": kubernetes.AppWorker}),
+			AutomountServiceAccountToken: new(false),
+		})
+	}
+	out = append(out,
+		&rbacv1.Role{TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "Role"), ObjectMeta: meta(Server, ns, serverLabels), Rules: Rules()},
+		&rbacv1.RoleBinding{
+			TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "RoleBinding"), ObjectMeta: meta(Server, ns, serverLabels),
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: Server, Namespace: ns}},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: Server},
+		})
+	if !opts.NoSecrets {
+		out = append(out, secret(Server, ns, serverLabels, []string{TokenKey, WebhookKey}))
+		if k.SecretName != "" {
+			out = append(out, secret(k.SecretName, ns, map[string]string{"app": kubernetes.AppWorker}, workerKeys(cfg)))
+		}
+	}
+	out = append(out,
+		&corev1.ConfigMap{TypeMeta: typeMeta("v1", "ConfigMap"), ObjectMeta: meta(Server, ns, serverLabels), Data: map[string]string{path.Base(ConfigFile): string(serverCfg)}},
+		claim(cfg, opts))
+	out = append(out, networkPolicies(ns)...)
+	out = append(out,
+		&corev1.Service{
+			TypeMeta: typeMeta("v1", "Service"), ObjectMeta: meta(Server, ns, serverLabels),
+			Spec: corev1.ServiceSpec{
+				Type:     corev1.ServiceTypeClusterIP,
+				Selector: serverLabels,
+				Ports:    []corev1.ServicePort{{Name: "http", Port: Port, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP}},
+			},
+		},
+		deployment(cfg, opts, serverCfg))
+	return out
+}
+
+// Rules are the server's rights in its namespace: exactly what the
+// kubernetes runtime calls (internal/sandbox/kubernetes), nothing more.
+func Rules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		// Create makes a Job, job() gets it, the informer lists and
+		// watches them, Destroy deletes it.
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch", "delete"}},
+		// The informer lists and watches pods, Destroy lists what is left;
+		// Stop deletes one, Destroy deletes a sandbox's by label. The Job
+		// controller makes them: the server never creates a pod.
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch", "delete", "deletecollection"}},
+		// Each sandbox's environment Secret: made, then updated to be
+		// owned by its Job, deleted by Destroy. No get or list: the server
+		// cannot read the workers' API keys.
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create", "update", "delete"}},
+	}
+}
+
+// secret is a Secret template: every key's value is the placeholder.
+func secret(name, ns string, labels map[string]string, keys []string) *corev1.Secret {
+	data := map[string]string{}
+	for _, k := range keys {
+		data[k] = config.Placeholder
+	}
+	return &corev1.Secret{TypeMeta: typeMeta("v1", "Secret"), ObjectMeta: meta(name, ns, labels), Type: corev1.SecretTypeOpaque, StringData: data}
+}
+
+// claim is the volume that holds the data root.
+func claim(cfg *config.Config, opts Options) *corev1.PersistentVolumeClaim {
+	pvc := &corev1.PersistentVolumeClaim{
+		TypeMeta: typeMeta("v1", "PersistentVolumeClaim"), ObjectMeta: meta(cfg.AIWorker.WorkspacePVC, cfg.AIWorker.Namespace, nil),
+		Spec: corev1.PersistentVolumeClaimSpec{
+			// The server and every worker pod, on any node, mount it.
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(opts.Storage)}},
+		},
+	}
+	if opts.StorageClass != "" {
+		pvc.Spec.StorageClassName = new(opts.StorageClass)
+	}
+	return pvc
+}
+
+// networkPolicies keep worker pods to DNS and the server (seed 000's
+// policy less its open port 443: the server's egress proxy is the way out,
+// once workers can reach it), and let nothing reach them.
+func networkPolicies(ns string) []object {
+	workers := metav1.LabelSelector{MatchLabels: map[string]string{"app": kubernetes.AppWorker}}
+	udp, tcp := corev1.ProtocolUDP, corev1.ProtocolTCP
+	dns, server := intstr.FromInt32(53), intstr.FromInt32(Port)
+	return []object{
+		&networkingv1.NetworkPolicy{
+			TypeMeta: typeMeta("networking.k8s.io/v1", "NetworkPolicy"), ObjectMeta: meta(WorkerEgress, ns, nil),
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: workers,
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+				Egress: []networkingv1.NetworkPolicyEgressRule{
+					{
+						// The cluster's DNS, in kube-system only: a pod
+						// labelled k8s-app=kube-dns elsewhere is anyone's.
+						To: []networkingv1.NetworkPolicyPeer{{
+							NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}},
+							PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"k8s-app": "kube-dns"}},
+						}},
+						Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &dns}, {Protocol: &tcp, Port: &dns}},
+					},
+					{
+						// The server: workers' webhooks.
+						To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": Server}}}},
+						Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &server}},
+					},
+				},
+			},
+		},
+		&networkingv1.NetworkPolicy{
+			TypeMeta: typeMeta("networking.k8s.io/v1", "NetworkPolicy"), ObjectMeta: meta(WorkerIngress, ns, nil),
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: workers,
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			},
+		},
+	}
+}
+
+// deployment is the server: one replica, replaced by Recreate (the event
+// store has one writer), non-root, its data root on the claim.
+func deployment(cfg *config.Config, opts Options, serverCfg []byte) *appsv1.Deployment {
+	labels := map[string]string{"app": Server}
+	mount := cfg.AIWorker.WorkspaceMountPath
+	id := int64(uid)
+	sum := sha256.Sum256(serverCfg)
+	fromSecret := func(name, key string) corev1.EnvVar {
+		return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: Server}, Key: key}}}
+	}
+	probe := func(period, failures int32) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("http")}},
+			PeriodSeconds:    period,
+			FailureThreshold: failures,
+			TimeoutSeconds:   5,
+		}
+	}
+	restricted := &corev1.SecurityContext{
+		AllowPrivilegeEscalation: new(false),
+		Privileged:               new(false),
+		ReadOnlyRootFilesystem:   new(true),
+		RunAsNonRoot:             new(true),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
+	pod := corev1.PodSpec{
+		ServiceAccountName:           Server,
+		AutomountServiceAccountToken: new(true), // it creates the workers' Jobs
+		EnableServiceLinks:           new(false),
+		SecurityContext: &corev1.PodSecurityContext{
+			RunAsUser: &id, RunAsGroup: &id, FSGroup: &id, RunAsNonRoot: new(true),
+			FSGroupChangePolicy: new(corev1.FSGroupChangeOnRootMismatch),
+			SeccompProfile:      &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		// The server closes its data root to other users (mode 0710),
+		// which only the directory's owner may do, and a new volume's
+		// root is usually root's: this gives it to uid 1000, with the
+		// one capability that takes, before the server starts.
+		InitContainers: []corev1.Container{{
+			Name:         "own-data-root",
+			Image:        opts.ServerImage,
+			Command:      []string{"chown", fmt.Sprintf("%d:%d", uid, uid), mount},
+			VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: mount}},
+			SecurityContext: &corev1.SecurityContext{
+				RunAsUser: new(int64(0)), RunAsGroup: new(int64(0)), RunAsNonRoot: new(false),
+				AllowPrivilegeEscalation: new(false),
+				Privileged:               new(false),
+				ReadOnlyRootFilesystem:   new(true),
+				Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"CHOWN"}},
+			},
+		}},
+		Containers: []corev1.Container{{
+			Name:  Server,
+			Image: opts.ServerImage,
+			Args:  []string{"serve", "--config", ConfigFile},
+			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: Port, Protocol: corev1.ProtocolTCP}},
+			Env:   []corev1.EnvVar{fromSecret("CORRAL_API_TOKEN", TokenKey), fromSecret("AI_WORKER_WEBHOOK_SECRET", WebhookKey)},
+			VolumeMounts: []corev1.VolumeMount{
+				{Name: "data", MountPath: mount},
+				{Name: "config", MountPath: ConfigDir, ReadOnly: true},
+				{Name: "tmp", MountPath: "/tmp"},
+			},
+			Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
+				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
+			},
+			// Start-up rebuilds the projections from the event store:
+			// up to 5 minutes before liveness counts.
+			StartupProbe:    probe(5, 60),
+			LivenessProbe:   probe(10, 3),
+			ReadinessProbe:  probe(5, 3),
+			SecurityContext: restricted,
+		}},
+		Volumes: []corev1.Volume{
+			{Name: "data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: cfg.AIWorker.WorkspacePVC}}},
+			{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: Server}}}},
+			{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: new(resource.MustParse("1Gi"))}}},
+		},
+	}
+	return &appsv1.Deployment{
+		TypeMeta: typeMeta("apps/v1", "Deployment"), ObjectMeta: meta(Server, cfg.AIWorker.Namespace, labels),
+		Spec: appsv1.DeploymentSpec{
+			Replicas: new(int32(1)),
+			// Never two servers on one data root, not even for a moment.
+			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{
+					Labels: labels,
+					// A changed configuration restarts the server.
+					Annotations: map[string]string{"corral.dev/config-sha256": hex.EncodeToString(sum[:])},
+				},
+				Spec: pod,
+			},
+		},
+	}
+}
+
+// toYAML is obj as a YAML document, without the empty status and
+// creationTimestamp a typed object always carries.
+func toYAML(obj object) ([]byte, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, fmt.Errorf("convert %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err)
+	}
+	delete(m, "status")
+	if md, ok := m["metadata"].(map[string]any); ok {
+		delete(md, "creationTimestamp")
+	}
+	if spec, ok := m["spec"].(map[string]any); ok {
+		if tmpl, ok := spec["template"].(map[string]any); ok {
+			if md, ok := tmpl["metadata"].(map[string]any); ok {
+				delete(md, "creationTimestamp")
+			}
+		}
+	}
+	return sigsyaml.Marshal(m)
+}
+
+// header is the comment that opens the stream: what to edit before
+// applying, and what is not done yet.
+func header(cfg *config.Config, opts Options) string {
+	w, k := cfg.AIWorker, cfg.Kubernetes
+	src := opts.Source
+	if src == "" {
+		src = "the default configuration"
+	}
+	var b strings.Builder
+	p := func(format string, args ...any) {
+		fmt.Fprintln(&b, strings.TrimSpace("# "+fmt.Sprintf(format, args...)))
+	}
+	p("Corral on Kubernetes, rendered by `corral k8s render` from %s.", src)
+	p("Namespace %s; server %s (Deployment, Service, ServiceAccount, Role, Secret and", w.Namespace, Server)
+	p("ConfigMap %s); workers run image %s.", Server, w.AICoderImage)
+	p("")
+	p("Before applying:")
+	if opts.NoSecrets {
+		p("- Secrets: left out (--no-secrets); Secret %s (keys %s, %s) must exist.", Server, TokenKey, WebhookKey)
+	} else {
+		p("- Secrets: replace every %s. Secret %s: %s is the API's bearer token,", config.Placeholder, Server, TokenKey)
+		p("  %s signs workers' completions (e.g. `openssl rand -hex 32` each); the", WebhookKey)
+		p("  server refuses to start while either is %s.", config.Placeholder)
+		if k.SecretName != "" {
+			p("  Secret %s: the agents' API keys, given to every worker; delete", k.SecretName)
+			p("  the keys you do not use.")
+		}
+		p("  Applying this file again puts %s back: render with --no-secrets", config.Placeholder)
+		p("  once the Secrets are filled in, or leave them out.")
+	}
+	p("- Images: the nodes must be able to pull (or have loaded) %s and %s.", opts.ServerImage, w.AICoderImage)
+	p("- Storage: claim %s (%s, ReadWriteMany) needs a storage class that offers", w.WorkspacePVC, opts.Storage)
+	if opts.StorageClass != "" {
+		p("  ReadWriteMany: %s.", opts.StorageClass)
+	} else {
+		p("  ReadWriteMany; none named (--storage-class), so the cluster's default.")
+	}
+	if w.RuntimeClass != "" {
+		p("- RuntimeClass %s uses the nodes' runtime handler %q; change the handler", w.RuntimeClass, w.RuntimeClass)
+		p("  to the name your nodes give it (gVisor's is often runsc), or delete the")
+		p("  RuntimeClass if the cluster has one.")
+	}
+	p("")
+	p("NetworkPolicies: worker pods (app=%s) may reach only the cluster DNS and", kubernetes.AppWorker)
+	p("the server's port %d, and nothing may reach them. Only a CNI that enforces", Port)
+	p("NetworkPolicies applies them; with one that does not, workers reach any address.")
+	p("")
+	p("Not done yet: the egress proxy is not reachable from worker pods, so tasks")
+	p("run with network none (egress.mode none in the ConfigMap), and an agent cannot")
+	p("reach its model's API through the NetworkPolicy above.")
+	p("")
+	p("The ConfigMap holds the configuration as rendered, with these set for the")
+	p("cluster: listen 0.0.0.0:%d, data %s (the claim), runtime kubernetes,", Port, w.WorkspaceMountPath)
+	p("kubernetes.server_url %s, the Service's names in http.allowed_hosts,", ServerURL(w.Namespace))
+	p("no kubeconfig (the pod's ServiceAccount), no secret files, and no agents.*.env")
+	p("(their names are keys of the workers' Secret).")
+	p("")
+	p("Apply: kubectl apply -f FILE. `kubectl delete -f FILE` deletes the claim too,")
+	p("and everything on it.")
+	return b.String()
+}
