@@ -65,6 +65,20 @@ func startProcessAt(t *testing.T, data, addr, token string, extra ...string) *pr
 	return p
 }
 
+// waitRunning waits until task id runs.
+func (p *proc) waitRunning(t *testing.T, id string, within time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
+		got, err := p.client.Get(context.Background(), id)
+		if err == nil && got.Status == task.Running {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task never ran: %v %v", got.Status, err)
+		}
+	}
+}
+
 func (p *proc) kill() {
 	if p.cmd.ProcessState == nil {
 		p.cmd.Process.Signal(syscall.SIGKILL)

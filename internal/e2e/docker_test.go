@@ -99,15 +99,7 @@ func TestDockerKill9(t *testing.T) {
 	if tk.Runtime != "docker" {
 		t.Fatalf("task runtime %q, want docker", tk.Runtime)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		got, err := srv.client.Get(ctx, tk.ID)
-		if err == nil && got.Status == task.Running {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task never ran: %v %v", got.Status, err)
-		}
-	}
+	srv.waitRunning(t, tk.ID, 30*time.Second)
 	srv.kill()
 	if n := containers(t, tk.ID); n != 1 {
 		t.Fatalf("%d containers for the task after the server died, want its one still running", n)

@@ -158,15 +158,7 @@ ai_worker_config:
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		got, err := srv.client.Get(ctx, tk.ID)
-		if err == nil && got.Status == task.Running {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task never ran: %v %v", got.Status, err)
-		}
-	}
+	srv.waitRunning(t, tk.ID, 60*time.Second)
 	srv.kill()
 	jobs := func(selector string) int {
 		l, err := cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
