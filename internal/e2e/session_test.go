@@ -436,13 +436,18 @@ func TestSessionNetwork(t *testing.T) {
 			out[r.Step+" "+r.Arg] = r
 		}
 		if network == "allowlist" {
+			// The proxy records a connection once it has ended, which can
+			// be just after the command saw its answer and exited.
 			var hosts []string
-			s.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
-				if e.StreamID == session.StreamID(created.SessionID) && e.Type == task.EventEgressConnection {
-					hosts = append(hosts, string(e.Data))
-				}
-				return nil
-			})
+			for deadline := time.Now().Add(10 * time.Second); len(hosts) < 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				hosts = nil
+				s.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
+					if e.StreamID == session.StreamID(created.SessionID) && e.Type == task.EventEgressConnection {
+						hosts = append(hosts, string(e.Data))
+					}
+					return nil
+				})
+			}
 			if len(hosts) < 2 {
 				t.Errorf("the session's stream has %d egress connections, want both attempts", len(hosts))
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"sync"
@@ -327,8 +328,8 @@ func (w *walker) dir(d *os.File, depth int) error {
 				}
 			}
 		}
-		if err == io.EOF {
-			return nil
+		if err == io.EOF || errors.Is(err, fs.ErrNotExist) {
+			return nil // read to the end, or removed while read: nothing more of it counts
 		}
 		if err != nil {
 			return err
