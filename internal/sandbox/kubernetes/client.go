@@ -99,6 +99,13 @@ func (c *client) deleteAll(ctx context.Context, resource, selector string, opts 
 		VersionedParams(&metav1.ListOptions{LabelSelector: selector}, c.params).Body(&opts).Do(ctx).Error()
 }
 
+func (c *client) listJobs(ctx context.Context, selector string) (*batchv1.JobList, error) {
+	var l batchv1.JobList
+	err := c.batch.Get().Namespace(c.ns).Resource("jobs").
+		VersionedParams(&metav1.ListOptions{LabelSelector: selector}, c.params).Do(ctx).Into(&l)
+	return &l, err
+}
+
 func (c *client) listPods(ctx context.Context, selector string) (*corev1.PodList, error) {
 	var l corev1.PodList
 	err := c.core.Get().Namespace(c.ns).Resource("pods").

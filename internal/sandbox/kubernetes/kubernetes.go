@@ -806,7 +806,12 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	for {
 		changed := r.changes()
 		job, pod := r.observed(id)
-		if job == nil || pod == nil && r.jobEnded(job) {
+		if job == nil {
+			// Not watched yet (just made), or gone: the API server says.
+			if _, err := r.job(ctx, id); errors.Is(err, errdefs.ErrNotFound) {
+				return nil
+			}
+		} else if pod == nil && r.jobEnded(job) {
 			return nil
 		}
 		if pod != nil {
@@ -829,17 +834,23 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	}
 }
 
-// List returns this server's Jobs whose labels include selector.
+// List returns this server's Jobs whose labels include selector. It asks
+// the API server, not the watch's cache, which may not have a Job that
+// Create has just made.
 func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
-	if err := r.ready(ctx); err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
+	sel := labels.Set{labelRuntime: Name, labelInstance: r.opts.Instance}
+	for k, v := range selector {
+		if _, mine := sel[k]; !mine {
+			sel[k] = v
+		}
 	}
-	jobs, err := r.jobs.List(labels.SelectorFromSet(selector))
+	jobs, err := r.api.listJobs(ctx, labels.SelectorFromSet(sel).String())
 	if err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
+		return nil, classify("list sandboxes", err)
 	}
 	var out []sandbox.Handle
-	for _, j := range jobs {
+	for i := range jobs.Items {
+		j := &jobs.Items[i]
 		id := j.Labels[labelSandbox]
 		if sandbox.ValidateID(id) != nil || j.DeletionTimestamp != nil {
 			continue
