@@ -8,12 +8,16 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -40,6 +44,14 @@ func TestDestroySandboxesLeavesNothing(t *testing.T) {
 	defer a.Close()
 	served := make(chan error, 1)
 	go func() { served <- a.Run(ctx) }()
+	runErr := sync.OnceValue(func() error { return <-served })
+	// Whatever fails below, the sandbox does not outlive the test: a
+	// leftover would run on into the next test (-count) and fail it.
+	defer func() {
+		stop()
+		runErr()
+		a.DestroySandboxes(context.Background())
+	}()
 	url := "http://" + a.Addr()
 	waitHealthy(t, url)
 	s := &server{app: a, client: httpapi.NewClient(url, a.Token()), url: url, data: cfg.Data}
@@ -50,22 +62,32 @@ func TestDestroySandboxesLeavesNothing(t *testing.T) {
 	s.waitStatus(t, tk.ID, task.Running, 20*time.Second)
 	var st struct {
 		Cgroups []string `json:"cgroups"`
+		PIDNS   uint64   `json:"pid_ns"`
 	}
 	b, err := os.ReadFile(filepath.Join(cfg.Data, "run", "local", tk.ID, "state.json"))
-	if err != nil || json.Unmarshal(b, &st) != nil {
+	if err != nil || json.Unmarshal(b, &st) != nil || st.PIDNS == 0 {
 		t.Fatalf("sandbox state: %v %s", err, b)
 	}
+	// Running means the sandbox started, not that the worker has started
+	// the agent yet (a loaded machine takes a while): the server stops
+	// once the agent runs.
+	agent := []string{"sleep", "60.02"}
+	for deadline := time.Now().Add(20 * time.Second); !runningIn(st.PIDNS, agent...); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the task's agent never started")
+		}
+	}
 	stop()
-	if err := <-served; err != nil {
+	if err := runErr(); err != nil {
 		t.Fatal(err)
 	}
-	if !processRunning("sleep", "60.02") {
+	if !runningIn(st.PIDNS, agent...) {
 		t.Fatal("the worker died with the server; the test proves nothing")
 	}
 	if err := a.DestroySandboxes(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if processRunning("sleep", "60.02") {
+	if runningIn(st.PIDNS, agent...) {
 		t.Error("the task's process outlived DestroySandboxes")
 	}
 	for _, d := range st.Cgroups {
@@ -73,4 +95,18 @@ func TestDestroySandboxesLeavesNothing(t *testing.T) {
 			t.Errorf("cgroup %s left behind: %v", d, err)
 		}
 	}
+}
+
+// runningIn reports whether a process whose argv is exactly argv runs in
+// the pid namespace ns (a sandbox's): on a shared machine other tests run
+// the same command in their own sandboxes.
+func runningIn(ns uint64, argv ...string) bool {
+	want := strings.Join(argv, "\x00") + "\x00"
+	for _, pid := range hostproc.PidsInNamespace(ns) {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		if err == nil && string(b) == want {
+			return true
+		}
+	}
+	return false
 }

@@ -133,17 +133,36 @@ func (b *browser) exec(expr string) {
 	eval[any](b, "void ("+expr+")")
 }
 
-// wait polls a JavaScript expression until it is true.
+// wait polls a JavaScript expression until it is true. The page may be
+// between two documents meanwhile (the app loads the page again when a
+// module of it did not load): a poll that finds no document to evaluate
+// in counts as not yet.
 func (b *browser) wait(what, expr string, within time.Duration) {
 	b.t.Helper()
 	deadline := time.Now().Add(within)
-	for !eval[bool](b, "!!("+expr+")") {
+	for {
+		ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool]("!!("+expr+")"))
+		cancel()
+		if err != nil && !betweenDocuments(err) {
+			b.t.Fatalf("evaluate %.200s: %v", expr, err)
+		}
+		if ok {
+			return
+		}
 		if time.Now().After(deadline) {
 			b.t.Fatalf("waited %s for %s at %s; the page says:\n%.2000s", within, what,
 				eval[string](b, `location.href + ' (' + document.readyState + ')'`), eval[string](b, `document.body ? document.body.innerText : ''`))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// betweenDocuments reports whether an evaluation failed for want of a
+// document to run in: the page was navigating.
+func betweenDocuments(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "Execution context was destroyed") || strings.Contains(msg, "Cannot find default execution context")
 }
 
 // text is the text content of the first element sel matches ("" if none).
@@ -173,7 +192,8 @@ func (b *browser) click(sel string) {
 // signIn waits for the token prompt and answers it.
 func (b *browser) signIn(token string) {
 	b.t.Helper()
-	b.wait("the token prompt", `document.getElementById('token-dialog').open`, 20*time.Second)
+	// (While the page loads, or loads again, there is no dialog yet.)
+	b.wait("the token prompt", `document.getElementById('token-dialog')?.open`, 20*time.Second)
 	b.do(chromedp.SendKeys(chromedp.CSS("#token-input"), token), chromedp.Click(chromedp.CSS(`#token-form button[type=submit]`)))
 	b.wait("the prompt to close", `!document.getElementById('token-dialog').open`, 10*time.Second)
 }

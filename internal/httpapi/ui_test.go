@@ -16,8 +16,8 @@ func TestUIRoutesLeaveTheAPIAlone(t *testing.T) {
 		code                int
 		body                string
 	}{
-		{"GET", "/", "", 200, `src="/assets/app.js"`},
-		{"GET", "/tasks/task-01abc", "", 200, `src="/assets/app.js"`},
+		{"GET", "/", "", 200, `src="/assets/boot.js"`},
+		{"GET", "/tasks/task-01abc", "", 200, `src="/assets/boot.js"`},
 		{"GET", "/assets/app.js", "", 200, "import "},
 		{"POST", "/tasks", "", 405, ""},
 		{"GET", "/nowhere", "", 404, `"error"`},

@@ -38,8 +38,8 @@ func TestHandler(t *testing.T) {
 	for _, c := range []struct {
 		path, typ, body string
 	}{
-		{"/", "text/html; charset=utf-8", `<script type="module" src="/assets/app.js">`},
-		{"/tasks/task-01x", "text/html; charset=utf-8", `<script type="module" src="/assets/app.js">`},
+		{"/", "text/html; charset=utf-8", `<script type="module" src="/assets/boot.js">`},
+		{"/tasks/task-01x", "text/html; charset=utf-8", `<script type="module" src="/assets/boot.js">`},
 		{"/assets/app.js", "text/javascript; charset=utf-8", "import "},
 		{"/assets/app.css", "text/css; charset=utf-8", ":root"},
 		{"/assets/icon.svg", "image/svg+xml", "<svg"},
@@ -82,7 +82,7 @@ func TestAssetsFollowTheCSP(t *testing.T) {
 		}
 	}
 	sinks := regexp.MustCompile(`innerHTML|outerHTML|insertAdjacentHTML|document\.write|\beval\(|new Function|\.style\.|setAttribute\('style'|srcdoc`)
-	imports := regexp.MustCompile(`(?m)^import .* from '([^']+)';|^\} from '([^']+)';`)
+	imports := regexp.MustCompile(`(?m)^import .* from '([^']+)';|^\} from '([^']+)';|\bimport\('([^']+)'\)`)
 	fs.WalkDir(static, "static", func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || path.Ext(p) != ".js" {
 			return err
@@ -93,7 +93,7 @@ func TestAssetsFollowTheCSP(t *testing.T) {
 		}
 		// Every module it imports is embedded.
 		for _, m := range imports.FindAllSubmatch(b, -1) {
-			dep := string(m[1]) + string(m[2])
+			dep := string(m[1]) + string(m[2]) + string(m[3])
 			if _, err := fs.Stat(static, path.Join(path.Dir(p), dep)); err != nil {
 				t.Errorf("%s imports %s, which is not embedded", p, dep)
 			}

@@ -32,6 +32,23 @@ function headers(extra) {
   return hd;
 }
 
+// send is fetch, with a GET or HEAD sent again (twice at most) when it got
+// no answer at all: Chromium aborts every request in flight when the
+// host's network changes (net::ERR_NETWORK_CHANGED; see boot.js), and
+// fetch then rejects with a TypeError. Those methods change nothing, so
+// sending one again is safe; any other method fails at once, and so does
+// a request its signal aborted.
+async function send(path, init) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await fetch(path, init);
+    } catch (err) {
+      if (!(err instanceof TypeError) || (init.method !== 'GET' && init.method !== 'HEAD') || attempt > 2 || init.signal?.aborted) throw err;
+      await new Promise((res) => setTimeout(res, 100 * attempt));
+    }
+  }
+}
+
 // request sends a request and returns the Response of a 2xx; anything else
 // throws an APIError with the server's message.
 export async function request(method, path, { body, headers: extra, signal } = {}) {
@@ -41,7 +58,7 @@ export async function request(method, path, { body, headers: extra, signal } = {
     hd.set('Content-Type', 'application/json');
     payload = JSON.stringify(body);
   }
-  const r = await fetch(path, { method, headers: hd, body: payload, signal, cache: 'no-store', credentials: 'omit' });
+  const r = await send(path, { method, headers: hd, body: payload, signal, cache: 'no-store', credentials: 'omit' });
   if (r.ok) return r;
   let msg = r.status + ' ' + r.statusText;
   let fields = [];
