@@ -12,12 +12,14 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/k8srender"
+	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 )
 
-const k8sUsage = "corral k8s render [--config FILE] [--server-image IMG] [--storage 10Gi] [--storage-class NAME] [--no-secrets] > corral.yaml"
+const k8sUsage = "corral k8s render [--config FILE] [--server-image IMG] [--storage 10Gi] [--storage-class NAME] [--no-secrets] > corral.yaml\n       corral k8s seccomp > corral.json"
 
 // cmdK8s is `corral k8s render`: the manifests that run Corral in a
-// cluster, from the configuration, on stdout.
+// cluster, from the configuration, on stdout; and `corral k8s seccomp`:
+// the seccomp profile to install on its nodes.
 func cmdK8s(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return fmt.Errorf("usage: %s: %w", k8sUsage, errdefs.ErrInvalidArgument)
@@ -25,6 +27,19 @@ func cmdK8s(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if isHelp(args[0]) {
 		fmt.Fprintln(stdout, "usage: "+k8sUsage)
 		return nil
+	}
+	if args[0] == "seccomp" {
+		if len(args) > 1 {
+			return fmt.Errorf("unexpected argument %q; usage: %s: %w", args[1], k8sUsage, errdefs.ErrInvalidArgument)
+		}
+		// Corral's seccomp profile, for each node's kubelet seccomp
+		// directory (kubernetes.seccomp_profile names it there).
+		p, err := seccomp.OCIProfile()
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(stdout, p)
+		return err
 	}
 	if args[0] != "render" {
 		return fmt.Errorf("unknown k8s command %q; usage: %s: %w", args[0], k8sUsage, errdefs.ErrInvalidArgument)

@@ -70,7 +70,7 @@ var allowed = map[string][]string{
 	"internal/app":                 {"*"},
 	"internal/e2e":                 {}, // end-to-end suites: tests only
 	"internal/bench":               {"app", "config", "errdefs", "eventstore", "httpapi", "service", "task", "testenv"},
-	"cmd/corral":                   {"app", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "service", "task", "eventstore", "termsafe", "tools", "session"},
+	"cmd/corral":                   {"app", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "session"},
 	"internal/termsafe":            {},
 
 	// The seccomp filter of local sandboxes, and the escape tests' probe.

@@ -130,6 +130,7 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 			TmpSize:          cfg.Local.TmpSize.Bytes(),
 			JobTTL:           time.Duration(w.JobTTLSeconds) * time.Second,
 			SecretName:       k.SecretName,
+			SeccompProfile:   k.SeccompProfile,
 		}, log)
 	}
 	return nil, nil

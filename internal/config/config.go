@@ -196,6 +196,11 @@ type Kubernetes struct {
 	// PullPolicy is the workers' imagePullPolicy: IfNotPresent, Always or
 	// Never.
 	PullPolicy string `yaml:"pull_policy"`
+	// SeccompProfile is Corral's seccomp profile as installed on every
+	// node (corral k8s seccomp prints it), relative to the kubelet's
+	// seccomp directory, e.g. corral.json; empty: the container runtime's
+	// default, which allows ptrace and io_uring.
+	SeccompProfile string `yaml:"seccomp_profile"`
 }
 
 // Execution configures code_execute (seed 004's section): a command run

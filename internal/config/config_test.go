@@ -633,6 +633,7 @@ func TestValidate(t *testing.T) {
 		{"server url with a token", func(c *Config) { c.Kubernetes.ServerURL = "http://u:p@corral:7777" }, "kubernetes.server_url", "http(s) URL"},
 		{"secret name", func(c *Config) { c.Kubernetes.SecretName = "Keys" }, "kubernetes.secret_name", "object name"},
 		{"pull policy", func(c *Config) { c.Kubernetes.PullPolicy = "sometimes" }, "kubernetes.pull_policy", "one of"},
+		{"seccomp profile", func(c *Config) { c.Kubernetes.SeccompProfile = "/var/lib/kubelet/seccomp/corral.json" }, "kubernetes.seccomp_profile", "relative"},
 		{"workspace root relative", func(c *Config) { c.Workspaces.Roots = []string{"/srv/repos", "repos"} }, "workspaces.roots[1]", "absolute, clean directory"},
 		{"workspace root /", func(c *Config) { c.Workspaces.Roots = []string{"/"} }, "workspaces.roots[0]", "other than /"},
 		{"memory zero", func(c *Config) { c.AIWorker.Resources.MemoryLimit = Size{} }, "ai_worker_config.resources.memory_limit", "must be positive"},

@@ -178,6 +178,9 @@ func (v *validator) kubernetes(k *Kubernetes) {
 		v.add("kubernetes.secret_name", "must be a Kubernetes object name (lowercase letters, digits, '-' and '.'), got %q", k.SecretName)
 	}
 	v.oneOf("kubernetes.pull_policy", k.PullPolicy, []string{"IfNotPresent", "Always", "Never"})
+	if p := k.SeccompProfile; p != "" && (!filepath.IsLocal(p) || filepath.Clean(p) != p) {
+		v.add("kubernetes.seccomp_profile", "must be a clean path relative to the kubelet's seccomp directory, got %q", p)
+	}
 }
 
 func (v *validator) aiWorker(w *AIWorkerConfig) {

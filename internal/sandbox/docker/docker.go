@@ -68,6 +68,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 	"github.com/corral-dev/corral/internal/sandbox/statedir"
 )
 
@@ -145,7 +146,7 @@ type Runtime struct {
 	opts Options
 	cli  *client.Client
 	log  *slog.Logger
-	// seccomp is the profile every container runs under (seccompProfile).
+	// seccomp is the profile every container runs under (seccomp.OCIProfile).
 	seccomp string
 
 	capsOnce sync.Once
@@ -171,7 +172,7 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker runtime: engine address: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	profile, err := seccompProfile()
+	profile, err := seccomp.OCIProfile()
 	if err != nil {
 		return nil, err
 	}

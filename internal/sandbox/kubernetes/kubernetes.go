@@ -6,7 +6,8 @@
 // the wall-clock limit, ttlSecondsAfterFinished, restartPolicy Never, the
 // RuntimeClass (gvisor by default), a non-root pod (uid and gid 1000,
 // fsGroup) whose container drops every capability, cannot gain privileges,
-// runs under the runtime's default seccomp profile with a read-only root
+// runs under Corral's seccomp profile (Options.SeccompProfile, installed on
+// the nodes) or the runtime's default, with a read-only root
 // file system and a size-limited /tmp, requests and limits for memory and
 // CPU, and no service account token. The Spec's mounts are subPaths of the
 // one volume that holds the data root (a ReadWriteMany claim), so a mount
@@ -131,6 +132,12 @@ type Options struct {
 	// JobTTL is ttlSecondsAfterFinished: how long a finished Job the
 	// server did not destroy (it was down) stays; 0 removes it at once.
 	JobTTL time.Duration
+	// SeccompProfile is a Localhost seccomp profile every pod runs under,
+	// relative to the kubelet's seccomp directory on each node (corral k8s
+	// seccomp prints Corral's: the container runtime's default without the
+	// calls Corral refuses everywhere, ptrace and io_uring among them);
+	// "" is the runtime's default (RuntimeDefault), which allows those.
+	SeccompProfile string
 	// SecretName is the operator's Secret of API keys, passed to every
 	// worker as environment variables by reference (optional: a missing
 	// Secret passes none); "" for none.
@@ -204,6 +211,8 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		return bad("data root %q must be an absolute path", opts.DataRoot)
 	case opts.Claim == "":
 		return bad("no workspace claim (ai_worker_config.workspace_pvc)")
+	case opts.SeccompProfile != "" && (!filepath.IsLocal(opts.SeccompProfile) || filepath.Clean(opts.SeccompProfile) != opts.SeccompProfile):
+		return bad("seccomp profile %q must be a clean path relative to the kubelet's seccomp directory", opts.SeccompProfile)
 	case opts.User.UID <= 0 || opts.User.GID <= 0:
 		return bad("the pods' identity %s must not be root", opts.User)
 	}
@@ -559,7 +568,7 @@ func (r *Runtime) jobFor(spec sandbox.Spec, owned string) *batchv1.Job {
 		ShareProcessNamespace: new(true),
 		SecurityContext: &corev1.PodSecurityContext{
 			RunAsUser: &uid, RunAsGroup: &gid, FSGroup: &gid, RunAsNonRoot: new(true),
-			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			SeccompProfile: r.seccomp(),
 		},
 		Containers: []corev1.Container{{
 			Name:            container,
@@ -598,6 +607,14 @@ func (r *Runtime) jobFor(spec sandbox.Spec, owned string) *batchv1.Job {
 		ObjectMeta: metav1.ObjectMeta{Name: spec.ID, Labels: l, Annotations: map[string]string{annotationOwned: owned}},
 		Spec:       js,
 	}
+}
+
+// seccomp is the pods' seccomp profile.
+func (r *Runtime) seccomp() *corev1.SeccompProfile {
+	if p := r.opts.SeccompProfile; p != "" {
+		return &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &p}
+	}
+	return &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
 }
 
 // literal escapes args from the kubelet's expansion of $(VAR) references

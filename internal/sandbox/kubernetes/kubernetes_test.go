@@ -2,9 +2,11 @@ package kubernetes
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -229,4 +232,78 @@ func TestHostDirRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "runtime on the server's host") {
 		t.Errorf("validate = %v, want the host directory refused", err)
 	}
+}
+
+// TestSeccompProfile: under runc, the container runtime's default profile
+// lets a pod ptrace and use io_uring (the escape probe's findings); with
+// Corral's profile installed on the node as a Localhost profile, both are
+// refused.
+func TestSeccompProfile(t *testing.T) {
+	c := newCluster(t)
+	bin := testenv.TempDir(t)
+	build := exec.Command("go", "build", "-o", filepath.Join(bin, "probe"), "github.com/corral-dev/corral/internal/sandbox/sandboxtest/probe")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the probe: %v\n%s", err, out)
+	}
+	profile, err := seccomp.OCIProfile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []string{"ptrace traceme", "io_uring_setup", "keyctl", "bpf", "unshare user namespace"}
+	for _, tc := range []struct {
+		name    string
+		profile string
+		closed  bool
+	}{
+		{"RuntimeDefault", "", false},
+		{"Corral's", k8stest.SeccompProfile(t, profile), true},
+	} {
+		r := c.mustNew(t, "", sandboxtest.NewID(t))
+		r.opts.SeccompProfile = tc.profile
+		dir := testenv.TempDir(t)
+		sp := sandbox.Spec{
+			ID:      sandboxtest.NewID(t),
+			Command: []string{"/probe/probe", "--sandboxed", "--out", "/out/probe.json"},
+			Dir:     "/out",
+			Mounts: []sandbox.Mount{
+				{Source: sandboxtest.MountSource(dir), Target: "/out"},
+				{Source: sandboxtest.MountSource(bin), Target: "/probe", ReadOnly: true},
+			},
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		if _, err := r.Create(ctx, sp); err != nil {
+			t.Fatalf("%s: Create: %v", tc.name, err)
+		}
+		if _, err := r.Wait(ctx, sp.ID); err != nil {
+			t.Fatalf("%s: Wait: %v", tc.name, err)
+		}
+		r.Destroy(ctx, sp.ID)
+		cancel()
+		b, err := os.ReadFile(filepath.Join(dir, "probe.json"))
+		var report map[string]probeResult
+		if err != nil || json.Unmarshal(b, &report) != nil {
+			t.Fatalf("%s: the probe's report: %v %s", tc.name, err, b)
+		}
+		for _, check := range checks {
+			got, ok := report[check]
+			if !ok {
+				t.Errorf("%s: the probe did not try %q", tc.name, check)
+				continue
+			}
+			if tc.closed && got.OK { // OK: the probe did it
+				t.Errorf("%s: %s is open: %s", tc.name, check, got.Detail)
+			}
+		}
+		if !tc.closed && !report["ptrace traceme"].OK {
+			t.Errorf("%s: ptrace traceme closed without Corral's profile: the control shows nothing", tc.name)
+		}
+	}
+}
+
+// probeResult is one check of the escape probe's report: OK says the
+// probe managed what the check tries.
+type probeResult struct {
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
 }

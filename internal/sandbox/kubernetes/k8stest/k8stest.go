@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -35,7 +36,26 @@ const (
 	BusyboxImage = "localhost/corral-busybox:1"
 	// GVisor is the RuntimeClass that runs pods under gVisor's runsc.
 	GVisor = "gvisor"
+	// SeccompDir is the node's kubelet seccomp directory, where Localhost
+	// profiles live.
+	SeccompDir = "/run/corral-k8s/kubelet/seccomp"
 )
+
+// SeccompProfile installs profile (JSON) on the node for tb and returns
+// its name relative to SeccompDir.
+func SeccompProfile(tb testing.TB, profile string) string {
+	tb.Helper()
+	name := Name("corral-test") + ".json"
+	if err := os.MkdirAll(SeccompDir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	path := filepath.Join(SeccompDir, name)
+	if err := os.WriteFile(path, []byte(profile), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.Remove(path) })
+	return name
+}
 
 // Require returns the test cluster's configuration, or skips tb (fails it
 // in CI) when no cluster is up.

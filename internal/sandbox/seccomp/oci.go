@@ -1,0 +1,66 @@
+//go:build linux
+
+package seccomp
+
+import (
+	"encoding/json"
+	"fmt"
+	"runtime"
+	"slices"
+
+	profiles "github.com/moby/profiles/seccomp"
+)
+
+// OCIProfile is Docker's default seccomp profile (the one Docker
+// ships, which allows a list of calls and refuses the rest) without the
+// calls Corral refuses in every sandbox (Denied: ptrace, io_uring,
+// keyrings, bpf, ...). Docker's own profile allows some of those
+// (ptrace on kernels from 4.8, io_uring on engines before 25), which the
+// escape probe reaches; its rules that depend on capabilities or the
+// architecture are resolved for a sandbox without any capability on this
+// machine's architecture (runtime.GOARCH). It is the JSON a Docker engine takes as
+// "seccomp=<profile>", and a kubelet as a Localhost profile.
+func OCIProfile() (string, error) {
+	p := profiles.DefaultProfile()
+	denied := Denied()
+	var kept []*profiles.Syscall
+	for _, s := range p.Syscalls {
+		// Corral's sandboxes hold no capability: a rule for holders of
+		// one never applies, and one for those without always does. A
+		// runtime that does not read these conditions (containerd's
+		// Localhost profiles) would otherwise allow, say, unshare to
+		// every container.
+		// So are the rules for other architectures than this one:
+		// containerd ignores those conditions too, and applied the s390
+		// form of clone's flags rule (flags in the second argument) on
+		// amd64, which let any clone through.
+		if s.Includes != nil && (len(s.Includes.Caps) > 0 || len(s.Includes.Arches) > 0 && !slices.Contains(s.Includes.Arches, runtime.GOARCH)) {
+			continue
+		}
+		if s.Excludes != nil && slices.Contains(s.Excludes.Arches, runtime.GOARCH) {
+			continue
+		}
+		if s.Includes != nil {
+			s.Includes.Arches = nil
+		}
+		if s.Excludes != nil {
+			s.Excludes.Caps, s.Excludes.Arches = nil, nil
+		}
+		s.Names = slices.DeleteFunc(s.Names, func(n string) bool {
+			_, refused := slices.BinarySearch(denied, n)
+			return refused
+		})
+		if _, refused := slices.BinarySearch(denied, s.Name); refused {
+			s.Name = ""
+		}
+		if len(s.Names) > 0 || s.Name != "" {
+			kept = append(kept, s)
+		}
+	}
+	p.Syscalls = kept
+	b, err := json.Marshal(p)
+	if err != nil {
+		return "", fmt.Errorf("encode the seccomp profile: %w", err)
+	}
+	return string(b), nil
+}
