@@ -181,6 +181,10 @@ binary_name = "$K8S_BIN/runsc"
 root = "$R/runsc"
 [runsc_config]
   platform = "systrap"
+  # Apply a pod's seccomp profile inside gVisor's kernel too (runsc
+  # ignores it otherwise): Corral's refuses ptrace, keyrings and user
+  # namespaces there as under runc.
+  oci-seccomp = "true"
 EOF
 cat >"$R/containerd.toml" <<EOF
 version = 2

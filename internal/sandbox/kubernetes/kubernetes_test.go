@@ -237,8 +237,18 @@ func TestHostDirRefused(t *testing.T) {
 // TestSeccompProfile: under runc, the container runtime's default profile
 // lets a pod ptrace and use io_uring (the escape probe's findings); with
 // Corral's profile installed on the node as a Localhost profile, both are
-// refused.
+// refused, and so are keyrings, bpf and user namespaces, under runc and
+// under gVisor (whose runsc applies it with oci-seccomp).
 func TestSeccompProfile(t *testing.T) {
+	for _, class := range classes {
+		t.Run(className(class), func(t *testing.T) {
+			t.Parallel()
+			testSeccompProfile(t, class)
+		})
+	}
+}
+
+func testSeccompProfile(t *testing.T, class string) {
 	c := newCluster(t)
 	bin := testenv.TempDir(t)
 	build := exec.Command("go", "build", "-o", filepath.Join(bin, "probe"), "github.com/corral-dev/corral/internal/sandbox/sandboxtest/probe")
@@ -251,15 +261,18 @@ func TestSeccompProfile(t *testing.T) {
 		t.Fatal(err)
 	}
 	checks := []string{"ptrace traceme", "io_uring_setup", "keyctl", "bpf", "unshare user namespace"}
-	for _, tc := range []struct {
+	type seccompCase struct {
 		name    string
 		profile string
 		closed  bool
-	}{
-		{"RuntimeDefault", "", false},
-		{"Corral's", k8stest.SeccompProfile(t, profile), true},
-	} {
-		r := c.mustNew(t, "", sandboxtest.NewID(t))
+	}
+	cases := []seccompCase{{"Corral's", k8stest.SeccompProfile(t, profile), true}}
+	if class == "" {
+		// The control: without the profile the probe gets through.
+		cases = append(cases, seccompCase{"RuntimeDefault", "", false})
+	}
+	for _, tc := range cases {
+		r := c.mustNew(t, class, sandboxtest.NewID(t))
 		r.opts.SeccompProfile = tc.profile
 		dir := testenv.TempDir(t)
 		sp := sandbox.Spec{
