@@ -736,11 +736,9 @@ func podExit(pod *corev1.Pod) (sandbox.ExitStatus, bool) {
 			continue
 		}
 		if t := cs.State.Terminated; t != nil {
-			es := sandbox.ExitStatus{Code: int(t.ExitCode), OOMKilled: t.Reason == "OOMKilled", ExitedAt: t.FinishedAt.UTC(), Message: t.Reason}
-			if t.Message != "" {
-				es.Message += ": " + t.Message
-			}
-			return es, true
+			// The reason is the node's; the message is not used: the
+			// worker writes it (its termination log, /dev/termination-log).
+			return sandbox.ExitStatus{Code: int(t.ExitCode), OOMKilled: t.Reason == "OOMKilled", ExitedAt: t.FinishedAt.UTC(), Message: t.Reason}, true
 		}
 		if w := cs.State.Waiting; w != nil && slices.Contains(startFailures, w.Reason) {
 			return sandbox.ExitStatus{Code: -1, Message: strings.TrimSuffix(w.Reason+": "+w.Message, ": ")}, true
@@ -877,6 +875,24 @@ func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandb
 	return out, nil
 }
 
+// ownedTrees are the directories job's sandbox was given, as its
+// annotation records them: only directories of the data root, which is all
+// a Job mounts, whatever else an annotation someone edited names.
+func (r *Runtime) ownedTrees(job *batchv1.Job) []hostuser.Tree {
+	var trees []hostuser.Tree
+	if err := json.Unmarshal([]byte(job.Annotations[annotationOwned]), &trees); err != nil {
+		r.log.Warn("a Job without its owned directories; none taken back", logkey.SandboxID, job.Name, logkey.Error, err)
+	}
+	return slices.DeleteFunc(trees, func(t hostuser.Tree) bool {
+		rel, err := filepath.Rel(r.opts.DataRoot, t.Dir)
+		outside := err != nil || !filepath.IsLocal(rel)
+		if outside {
+			r.log.Warn("a Job names a directory outside the data root as its own; not taken back", logkey.SandboxID, job.Name, "dir", t.Dir)
+		}
+		return outside
+	})
+}
+
 // Destroy deletes the sandbox's Job, its pod and its Secret, waits until
 // the pod is gone (nothing writes to its mounts any more) and takes back
 // the directories it was given. Unknown ids return nil.
@@ -891,10 +907,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := r.ready(ctx); err != nil {
 		return fmt.Errorf("destroy: %w", err)
 	}
-	var trees []hostuser.Tree
-	if err := json.Unmarshal([]byte(job.Annotations[annotationOwned]), &trees); err != nil {
-		r.log.Warn("a Job without its owned directories; none taken back", logkey.SandboxID, id, logkey.Error, err)
-	}
+	trees := r.ownedTrees(job)
 	// One second of grace, not 0: 0 removes the pod from the API before
 	// the node has stopped it, and its processes could still write to
 	// the directories taken back below.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -319,4 +320,32 @@ func testSeccompProfile(t *testing.T, class string) {
 type probeResult struct {
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"`
+}
+
+// The worker writes its container's termination message: none of it
+// reaches the exit status (and so the task's error message).
+func TestTerminationMessageIgnored(t *testing.T) {
+	c := newCluster(t)
+	r := c.mustNew(t, "", sandboxtest.NewID(t))
+	es, _, _ := run(t, r, "printf 'forged: <script>alert(1)</script>' > /dev/termination-log; exit 3", nil)
+	if es.Code != 3 || strings.Contains(es.Message, "forged") {
+		t.Errorf("ExitStatus = %+v, want code 3 and none of the worker's message", es)
+	}
+}
+
+// A Job's owned-directories annotation names what Destroy gives back; one
+// naming a directory outside the data root (edited by someone who may
+// edit Jobs) is not followed.
+func TestOwnedTreesStayInTheDataRoot(t *testing.T) {
+	r, err := New(Options{Config: &rest.Config{Host: "https://127.0.0.1:1"}, DataRoot: "/data", Claim: "c", DefaultImage: "x"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := &batchv1.Job{}
+	job.Name = "t-1"
+	job.Annotations = map[string]string{annotationOwned: `[{"dir":"/data/tasks/t-1","owner":{"UID":0,"GID":0}},{"dir":"/etc","owner":{"UID":1000,"GID":1000}},{"dir":"/data/../etc","owner":{"UID":1000,"GID":1000}}]`}
+	got := r.ownedTrees(job)
+	if len(got) != 1 || got[0].Dir != "/data/tasks/t-1" {
+		t.Errorf("ownedTrees = %+v, want the task directory alone", got)
+	}
 }
