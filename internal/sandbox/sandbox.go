@@ -191,6 +191,16 @@ const (
 	LabelTaskID  = "corral.task-id"
 )
 
+// Labels the runtimes on a shared engine or cluster (docker, kubernetes)
+// put on their sandboxes besides the Spec's: the runtime, the server
+// instance that owns it (two servers on one engine never touch each
+// other's) and the sandbox id.
+const (
+	LabelRuntime  = "corral.runtime"
+	LabelInstance = "corral.instance"
+	LabelSandbox  = "corral.sandbox-id"
+)
+
 // DefaultEnv is env with defaults for PATH, HOME (/tmp), USER, TMPDIR and
 // LANG where env does not set them: a sandbox's process gets exactly this
 // environment, nothing of the server's. Later entries win, as with execve.

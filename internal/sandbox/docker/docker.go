@@ -80,15 +80,11 @@ const Name = "docker"
 // stateVersion is the schema version of state, stored in Handle.Version.
 const stateVersion = 1
 
-// Labels Corral puts on its containers besides the Spec's.
-const (
-	labelRuntime  = "corral.runtime"
-	labelInstance = "corral.instance"
-	labelSandbox  = "corral.sandbox-id"
-	// labelOwned holds the read-write directories given to the sandbox
-	// identity and their owners before (JSON), for Destroy to give back.
-	labelOwned = "corral.owned"
-)
+// labelOwned holds the read-write directories given to the sandbox
+// identity and their owners before (JSON), for Destroy to give back; the
+// other labels Corral puts on its containers are sandbox.LabelRuntime,
+// LabelInstance and LabelSandbox.
+const labelOwned = "corral.owned"
 
 // Options configure a Runtime. Zero fields take the documented defaults.
 type Options struct {
@@ -274,7 +270,7 @@ func (r *Runtime) inspect(ctx context.Context, id string) (container.InspectResp
 		return container.InspectResponse{}, classify("sandbox "+id, err)
 	}
 	c := res.Container
-	if c.State == nil || c.Config == nil || c.Config.Labels[labelInstance] != r.opts.Instance {
+	if c.State == nil || c.Config == nil || c.Config.Labels[sandbox.LabelInstance] != r.opts.Instance {
 		return container.InspectResponse{}, fmt.Errorf("sandbox %s: container %s is not this server's: %w", id, r.name(id), errdefs.ErrNotFound)
 	}
 	return c, nil
@@ -283,7 +279,7 @@ func (r *Runtime) inspect(ctx context.Context, id string) (container.InspectResp
 func (r *Runtime) handle(id, containerID string, labels map[string]string) *sandbox.Handle {
 	b, _ := json.Marshal(state{ContainerID: containerID})
 	own := maps.Clone(labels)
-	for _, k := range []string{labelRuntime, labelInstance, labelSandbox} {
+	for _, k := range []string{sandbox.LabelRuntime, sandbox.LabelInstance, sandbox.LabelSandbox} {
 		delete(own, k)
 	}
 	return &sandbox.Handle{ID: id, Runtime: Name, Labels: own, Version: stateVersion, State: b}
@@ -400,9 +396,9 @@ func (r *Runtime) containerConfig(spec sandbox.Spec, image string) (*container.C
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	labels[labelRuntime] = Name
-	labels[labelInstance] = r.opts.Instance
-	labels[labelSandbox] = spec.ID
+	labels[sandbox.LabelRuntime] = Name
+	labels[sandbox.LabelInstance] = r.opts.Instance
+	labels[sandbox.LabelSandbox] = spec.ID
 	dir := spec.Dir
 	if dir == "" {
 		dir = "/"
@@ -649,7 +645,7 @@ func ownedTrees(c container.InspectResponse) []hostuser.Tree {
 // List returns this server's containers whose labels include selector.
 func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
 	f := client.Filters{}
-	f.Add("label", labelRuntime+"="+Name, labelInstance+"="+r.opts.Instance)
+	f.Add("label", sandbox.LabelRuntime+"="+Name, sandbox.LabelInstance+"="+r.opts.Instance)
 	for k, v := range selector {
 		f.Add("label", k+"="+v)
 	}
@@ -659,7 +655,7 @@ func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandb
 	}
 	var out []sandbox.Handle
 	for _, c := range res.Items {
-		id := c.Labels[labelSandbox]
+		id := c.Labels[sandbox.LabelSandbox]
 		if sandbox.ValidateID(id) != nil || c.State == container.StateRemoving || c.State == container.StateDead {
 			continue
 		}

@@ -77,13 +77,11 @@ const Name = "kubernetes"
 const stateVersion = 1
 
 // Labels and annotations Corral puts on its Jobs and pods besides the
-// Spec's labels; app and task-id are seed 000's.
+// Spec's labels and sandbox.LabelRuntime, LabelInstance and LabelSandbox;
+// app and task-id are seed 000's.
 const (
-	labelApp      = "app"
-	labelTask     = "task-id"
-	labelRuntime  = "corral.runtime"
-	labelInstance = "corral.instance"
-	labelSandbox  = "corral.sandbox-id"
+	labelApp  = "app"
+	labelTask = "task-id"
 	// annotationOwned holds the read-write directories given to the pod's
 	// identity and their owners before (JSON), for Destroy to give back.
 	annotationOwned = "corral.dev/owned"
@@ -244,7 +242,7 @@ func (r *Runtime) ready(ctx context.Context) error {
 	if r.started {
 		return nil
 	}
-	sel := labels.SelectorFromSet(labels.Set{labelRuntime: Name, labelInstance: r.opts.Instance}).String()
+	sel := labels.SelectorFromSet(labels.Set{sandbox.LabelRuntime: Name, sandbox.LabelInstance: r.opts.Instance}).String()
 	jobs, pods := r.api.informer("jobs", sel, &batchv1.Job{}), r.api.informer("pods", sel, &corev1.Pod{})
 	h := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { r.observe(obj) },
@@ -283,7 +281,7 @@ func (r *Runtime) observe(obj any) {
 	defer r.mu.Unlock()
 	if pod, ok := obj.(*corev1.Pod); ok {
 		if es, ok := podExit(pod); ok {
-			r.exits[pod.Labels[labelSandbox]] = es
+			r.exits[pod.Labels[sandbox.LabelSandbox]] = es
 		}
 	}
 	close(r.changed)
@@ -372,7 +370,7 @@ func (r *Runtime) cluster(ctx context.Context) string {
 func handle(id string, job *batchv1.Job) *sandbox.Handle {
 	b, _ := json.Marshal(state{Job: job.Name, UID: string(job.UID)})
 	own := maps.Clone(job.Labels)
-	for _, k := range []string{labelApp, labelTask, labelRuntime, labelInstance, labelSandbox} {
+	for _, k := range []string{labelApp, labelTask, sandbox.LabelRuntime, sandbox.LabelInstance, sandbox.LabelSandbox} {
 		delete(own, k)
 	}
 	return &sandbox.Handle{ID: id, Runtime: Name, Labels: own, Version: stateVersion, State: b}
@@ -389,7 +387,7 @@ func (r *Runtime) job(ctx context.Context, id string) (*batchv1.Job, error) {
 	if err := r.api.get(ctx, "jobs", id, job); err != nil {
 		return nil, classify("sandbox "+id, err)
 	}
-	if job.Labels[labelInstance] != r.opts.Instance || job.Labels[labelRuntime] != Name {
+	if job.Labels[sandbox.LabelInstance] != r.opts.Instance || job.Labels[sandbox.LabelRuntime] != Name {
 		return nil, fmt.Errorf("sandbox %s: Job %s/%s is not this server's: %w", id, r.opts.Namespace, id, errdefs.ErrNotFound)
 	}
 	return job, nil
@@ -506,9 +504,9 @@ func (r *Runtime) labelsFor(spec sandbox.Spec) map[string]string {
 	}
 	l[labelApp] = AppWorker
 	l[labelTask] = spec.ID
-	l[labelRuntime] = Name
-	l[labelInstance] = r.opts.Instance
-	l[labelSandbox] = spec.ID
+	l[sandbox.LabelRuntime] = Name
+	l[sandbox.LabelInstance] = r.opts.Instance
+	l[sandbox.LabelSandbox] = spec.ID
 	return l
 }
 
@@ -654,7 +652,7 @@ func (r *Runtime) observed(id string) (*batchv1.Job, *corev1.Pod) {
 	if err != nil {
 		return nil, nil
 	}
-	pods, _ := r.pods.List(labels.SelectorFromSet(labels.Set{labelSandbox: id}))
+	pods, _ := r.pods.List(labels.SelectorFromSet(labels.Set{sandbox.LabelSandbox: id}))
 	var newest *corev1.Pod
 	for _, p := range pods {
 		if newest == nil || p.CreationTimestamp.After(newest.CreationTimestamp.Time) {
@@ -853,7 +851,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 // the API server, not the watch's cache, which may not have a Job that
 // Create has just made.
 func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
-	sel := labels.Set{labelRuntime: Name, labelInstance: r.opts.Instance}
+	sel := labels.Set{sandbox.LabelRuntime: Name, sandbox.LabelInstance: r.opts.Instance}
 	for k, v := range selector {
 		if _, mine := sel[k]; !mine {
 			sel[k] = v
@@ -866,7 +864,7 @@ func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandb
 	var out []sandbox.Handle
 	for i := range jobs.Items {
 		j := &jobs.Items[i]
-		id := j.Labels[labelSandbox]
+		id := j.Labels[sandbox.LabelSandbox]
 		if sandbox.ValidateID(id) != nil || j.DeletionTimestamp != nil {
 			continue
 		}
@@ -916,7 +914,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return classify("destroy sandbox "+id, err)
 	}
-	sel := labels.SelectorFromSet(labels.Set{labelSandbox: id, labelInstance: r.opts.Instance}).String()
+	sel := labels.SelectorFromSet(labels.Set{sandbox.LabelSandbox: id, sandbox.LabelInstance: r.opts.Instance}).String()
 	if err := r.api.deleteAll(ctx, "pods", sel, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil && !apierrors.IsNotFound(err) {
 		return classify("destroy sandbox "+id, err)
 	}
