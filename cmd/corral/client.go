@@ -32,6 +32,33 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.json, "json", false, "print JSON")
 }
 
+// subcommand splits the arguments of a command with subcommands (corral
+// workspaces, sessions, skills) into its subcommand, "ls" when they name
+// none, and the rest, and returns the subcommand's flag set with the
+// client flags registered.
+func subcommand(command string, args []string, stderr io.Writer) (sub string, rest []string, fs *flag.FlagSet, cf *clientFlags) {
+	sub = "ls"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		sub, args = args[0], args[1:]
+	}
+	fs = flag.NewFlagSet(command+" "+sub, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cf = &clientFlags{}
+	cf.register(fs)
+	return sub, args, fs, cf
+}
+
+// parse parses args with fs and returns the positional arguments and a
+// client for the configured server.
+func (c *clientFlags) parse(fs *flag.FlagSet, args []string) ([]string, *httpapi.Client, error) {
+	pos, err := parse(fs, args)
+	if err != nil {
+		return nil, nil, flagError(err)
+	}
+	cl, err := c.client()
+	return pos, cl, err
+}
+
 // client returns an API client for the configured server.
 func (c *clientFlags) client() (*httpapi.Client, error) {
 	cfg, err := config.Load(c.lo)

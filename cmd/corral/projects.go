@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -16,21 +14,10 @@ import (
 // cmdWorkspaces is corral workspaces [ls] | ls NAME [PATH] | create NAME
 // [--git] | cat NAME PATH: the named workspaces under projects/.
 func cmdWorkspaces(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub := "ls"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		sub, args = args[0], args[1:]
-	}
-	fs := flag.NewFlagSet("workspaces "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	sub, args, fs, cf := subcommand("workspaces", args, stderr)
 	git := fs.Bool("git", false, "create: git init with an empty first commit")
 	recursive := fs.Bool("r", false, "ls NAME: everything below the directory")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return flagError(err)
-	}
-	c, err := cf.client()
+	pos, c, err := cf.parse(fs, args)
 	if err != nil {
 		return err
 	}

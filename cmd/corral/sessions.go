@@ -19,14 +19,7 @@ import (
 
 // cmdSessions is corral sessions [ls] | create | rm ID.
 func cmdSessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub := "ls"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		sub, args = args[0], args[1:]
-	}
-	fs := flag.NewFlagSet("sessions "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	sub, args, fs, cf := subcommand("sessions", args, stderr)
 	var req session.CreateRequest
 	fs.StringVar(&req.Runtime, "runtime", "", "create: the runtime (default: the server's)")
 	fs.StringVar(&req.Image, "image", "", "create: the image (docker)")
@@ -34,11 +27,7 @@ func cmdSessions(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	life := fs.Duration("lifetime", 0, "create: end the session after this long (default: the server's)")
 	var labels multiFlag
 	fs.Var(&labels, "label", "create: KEY=VALUE (repeat for more)")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return flagError(err)
-	}
-	c, err := cf.client()
+	pos, c, err := cf.parse(fs, args)
 	if err != nil {
 		return err
 	}

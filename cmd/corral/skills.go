@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -18,14 +17,7 @@ const skillsUsage = `corral skills [ls] | show NAME | create (--file SKILL.md | 
        [--docker-image IMAGE] [--dependency DEP]...) [--from-task ID [--files a,b]]`
 
 func cmdSkills(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub := "ls"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		sub, args = args[0], args[1:]
-	}
-	fs := flag.NewFlagSet("skills "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	sub, args, fs, cf := subcommand("skills", args, stderr)
 	file := fs.String("file", "", "create: a whole SKILL.md (- for stdin)")
 	desc := fs.String("description", "", "create: the one-line description")
 	instr := fs.String("instructions", "", "create: a Markdown file with the instructions (- for stdin)")
@@ -34,11 +26,7 @@ func cmdSkills(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.Var(&deps, "dependency", "create: a dependency (repeat for more)")
 	fromTask := fs.String("from-task", "", "create: a task that succeeded, whose output files join the skill")
 	files := fs.String("files", "", "create: comma-separated output files of --from-task (default: all)")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return flagError(err)
-	}
-	c, err := cf.client()
+	pos, c, err := cf.parse(fs, args)
 	if err != nil {
 		return err
 	}
