@@ -81,9 +81,12 @@ type App struct {
 	egressAllow []egress.Rule
 	egressRec   *egressRecorder
 
-	ln     net.Listener // the HTTP API
-	sockLn net.Listener // the unix socket sandboxes reach
-	token  string
+	ln       net.Listener // the HTTP API
+	sockLn   net.Listener // the unix socket sandboxes reach
+	egressLn net.Listener // the egress of sandboxes on other machines; nil if off
+	// egressKey is the key a connection to egressLn proves its task with.
+	egressKey func(id string) []byte
+	token     string
 }
 
 // New opens the data root and the event store, rebuilds the task
@@ -150,6 +153,10 @@ func (a *App) open(ctx context.Context) error {
 	}
 	available, networks := a.availability(ctx)
 	if err := a.openEgress(); err != nil {
+		return err
+	}
+	egressAddrs, err := a.listenEgress(secret)
+	if err != nil {
 		return err
 	}
 
@@ -248,6 +255,7 @@ func (a *App) open(ctx context.Context) error {
 		},
 		Runtimes: available,
 		Networks: networks,
+		NoEgress: noEgress(egressAddrs),
 		Images:   orchestrator.Images{Default: w.AICoderImage, Allowed: w.AllowedImages},
 		Sessions: a.sessions,
 		Exec: orchestrator.Exec{
@@ -269,10 +277,11 @@ func (a *App) open(ctx context.Context) error {
 		Projects: projects,
 		Agents:   agentConfigs(cfg),
 		Worker: taskrun.WorkerOptions{
-			Binary:     a.opts.WorkerBinary,
-			SocketDir:  sockDir,
-			Secret:     secret,
-			ServerURLs: map[string]string{kubernetes.Name: cfg.Kubernetes.ServerURL},
+			Binary:      a.opts.WorkerBinary,
+			SocketDir:   sockDir,
+			Secret:      secret,
+			ServerURLs:  map[string]string{kubernetes.Name: cfg.Kubernetes.ServerURL},
+			EgressAddrs: egressAddrs,
 		},
 		Sessions:        a.sessions,
 		Verifier:        webhook.NewVerifier(secret, time.Duration(lim.WebhookMaxSkew), nil),
@@ -434,8 +443,14 @@ func (a *App) Run(ctx context.Context) error {
 	run(func() error { return a.sessions.Reap(ctx) })
 	run(func() error { return ignoreClosed(srv.Serve(a.ln)) })
 	run(func() error { return ignoreClosed(sockSrv.Serve(a.sockLn)) })
+	if a.egressLn != nil {
+		run(func() error { return a.egress.ServeTCP(a.egressLn, a.egressKey) })
+	}
 	a.log.Info("corral serving", "addr", a.Addr(), "data", a.data.Path(), "runtime", a.cfg.Runtime)
 	<-ctx.Done()
+	if a.egressLn != nil {
+		a.egressLn.Close()
+	}
 	a.egress.Shutdown() // the directories stay: running sandboxes keep them mounted
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
@@ -458,7 +473,7 @@ func (a *App) Close() error {
 	if a.egress != nil {
 		a.egress.Shutdown()
 	}
-	for _, l := range []net.Listener{a.ln, a.sockLn} {
+	for _, l := range []net.Listener{a.ln, a.sockLn, a.egressLn} {
 		if l != nil {
 			l.Close()
 		}

@@ -52,7 +52,7 @@ var allowed = map[string][]string{
 	"internal/webhook":             {"task", "errdefs", "strictjson"},
 	"internal/notify":              {"eventstore", "task", "errdefs", "logkey", "clip"},
 	"internal/egress":              {"errdefs", "logkey"},
-	"internal/worker":              {"errdefs", "workspace", "webhook", "agent", "logkey", "task", "workerproto"},
+	"internal/worker":              {"errdefs", "workspace", "webhook", "agent", "logkey", "task", "workerproto", "egress"},
 	"internal/workerproto":         {"errdefs", "workspace", "task"},
 	"internal/projection":          {"eventstore", "task", "errdefs", "logkey"},
 	"internal/scheduler":           {"task", "sandbox", "eventstore", "projection", "errdefs", "logkey"},

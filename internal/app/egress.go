@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
+	"net/url"
 	"sync/atomic"
 	"time"
 
@@ -12,8 +14,10 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -49,6 +53,15 @@ func (e egressProxies) Open(id, network string) (string, error) {
 func (e egressProxies) Close(id string) error    { return e.srv.Close(id) }
 func (e egressProxies) Tasks() ([]string, error) { return e.srv.Tasks() }
 func (e egressProxies) Forwards() []string       { return egress.LoopbackForwards(e.allow) }
+
+// noEgress says, for each runtime whose sandboxes run on other machines,
+// why they cannot reach the egress proxy, if they cannot.
+func noEgress(addrs map[string]string) map[string]string {
+	if addrs[kubernetes.Name] != "" {
+		return nil
+	}
+	return map[string]string{kubernetes.Name: "worker pods reach the egress proxy only when kubernetes.egress_listen is set"}
+}
 
 // egressRecorder appends each egress.Record to its task's stream as an
 // egress_connection event. Add never blocks the proxy: records go through
@@ -148,4 +161,31 @@ func (a *App) openEgress() error {
 	a.egressRec = newEgressRecorder(a.store, a.tasks, log)
 	a.egress, err = egress.NewServer(a.data.HostPath(workspace.DirRun, "egress"), egress.Options{OnConnection: a.egressRec.Add}, log)
 	return err
+}
+
+// listenEgress listens for the egress of worker pods on
+// kubernetes.egress_listen and returns where pods reach it, by runtime
+// (none when it is not set: tasks there run with network none). A pod
+// proves its task with the task's webhook key, derived from secret.
+func (a *App) listenEgress(secret []byte) (map[string]string, error) {
+	k := a.cfg.Kubernetes
+	if k.EgressListen == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", k.EgressListen)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes.egress_listen: %w", err)
+	}
+	a.egressLn = ln
+	a.egressKey = func(id string) []byte { return webhook.DeriveKey(secret, id) }
+	addr := k.EgressAddr
+	if addr == "" {
+		u, err := url.Parse(k.ServerURL)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes.server_url: %w", err)
+		}
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		addr = net.JoinHostPort(u.Hostname(), port)
+	}
+	return map[string]string{kubernetes.Name: addr}, nil
 }

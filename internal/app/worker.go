@@ -54,7 +54,7 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 	if egress {
 		// The sandbox has loopback only: the relay is its one way to the
 		// session's egress proxy, as a task's worker does it.
-		relay, err := worker.StartRelay(workerproto.DefaultEgressListen, workerproto.EgressDir+"/"+workerproto.EgressSocket, log)
+		relay, err := worker.StartRelay(workerproto.DefaultEgressListen, worker.SocketUpstream(workerproto.EgressDir+"/"+workerproto.EgressSocket), log)
 		if err != nil {
 			fmt.Fprintf(stderr, "corral worker session: %v\n", err)
 			return 1

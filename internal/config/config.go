@@ -189,6 +189,15 @@ type Kubernetes struct {
 	// http://corral.corral.svc:7777): their signed webhooks go there.
 	// Required by the runtime.
 	ServerURL string `yaml:"server_url"`
+	// EgressListen is where the server listens (host:port, e.g. :7778)
+	// for the egress of worker pods, which cannot mount the proxy's
+	// socket: each connection proves its task with the task's key
+	// (package egress). Empty: tasks on kubernetes run with network none.
+	EgressListen string `yaml:"egress_listen"`
+	// EgressAddr is where worker pods reach EgressListen (host:port, e.g.
+	// corral.corral.svc:7778); empty: server_url's host with
+	// egress_listen's port.
+	EgressAddr string `yaml:"egress_addr"`
 	// SecretName is the operator's Secret of API keys, passed to every
 	// worker as environment variables by reference (a missing Secret
 	// passes none).

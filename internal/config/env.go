@@ -43,6 +43,8 @@ var envVars = []envVar{
 	{"CORRAL_LOG_FORMAT", "log.format", setString(func(c *Config) *string { return &c.Log.Format })},
 	{"CORRAL_MAX_CONCURRENT", "ai_worker_config.max_concurrent_workers", setInt(func(c *Config) *int { return &c.AIWorker.MaxConcurrentWorkers })},
 	{"CORRAL_KUBERNETES_SERVER_URL", "kubernetes.server_url", setString(func(c *Config) *string { return &c.Kubernetes.ServerURL })},
+	{"CORRAL_KUBERNETES_EGRESS_LISTEN", "kubernetes.egress_listen", setString(func(c *Config) *string { return &c.Kubernetes.EgressListen })},
+	{"CORRAL_KUBERNETES_EGRESS_ADDR", "kubernetes.egress_addr", setString(func(c *Config) *string { return &c.Kubernetes.EgressAddr })},
 	{"CORRAL_EGRESS_MODE", "egress.mode", setString(func(c *Config) *string { return &c.Egress.Mode })},
 	{"CORRAL_DEFAULT_AGENT", "agents.default", setString(func(c *Config) *string { return &c.Agents.Default })},
 }

@@ -174,6 +174,23 @@ func (v *validator) kubernetes(k *Kubernetes) {
 			v.add("kubernetes.server_url", "must be an http(s) URL with a host and nothing after the path (where worker pods reach this server), got %q", k.ServerURL)
 		}
 	}
+	if k.EgressListen != "" {
+		if _, err := checkListen(k.EgressListen); err != nil {
+			v.add("kubernetes.egress_listen", "%v", err)
+		}
+		if k.EgressAddr == "" && k.ServerURL == "" {
+			v.add("kubernetes.egress_listen", "needs kubernetes.egress_addr, or kubernetes.server_url for its host: where worker pods reach it")
+		}
+	}
+	if k.EgressAddr != "" {
+		host, port, _ := net.SplitHostPort(k.EgressAddr)
+		if _, err := checkListen(k.EgressAddr); err != nil || host == "" || port == "0" {
+			v.add("kubernetes.egress_addr", "must be host:port with a host and a port (where worker pods reach kubernetes.egress_listen), got %q", k.EgressAddr)
+		}
+		if k.EgressListen == "" {
+			v.add("kubernetes.egress_addr", "is where worker pods reach kubernetes.egress_listen, which is not set")
+		}
+	}
 	if k.SecretName != "" && !dnsSubdomain().MatchString(k.SecretName) {
 		v.add("kubernetes.secret_name", "must be a Kubernetes object name (lowercase letters, digits, '-' and '.'), got %q", k.SecretName)
 	}

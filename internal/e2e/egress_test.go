@@ -21,6 +21,7 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -157,13 +158,34 @@ func findEvent(evs []task.EgressConnection, method, host string, allowed bool) (
 // allowlist and the host's loopback server listed by address: the listed
 // server is reached through the proxy (plain HTTP and CONNECT), an
 // unlisted host and the same server under another name are refused with
-// 403, a direct connection fails, and every attempt is an event.
+// 403, a direct connection fails, and every attempt is an event. On the
+// default runtime the sandbox mounts the proxy's socket; on kubernetes the
+// pod reaches the proxy over TCP (kubernetes.egress_listen) with the
+// task's key.
 func TestEgressAllowlist(t *testing.T) {
 	t.Parallel()
+	t.Run("default runtime", func(t *testing.T) {
+		t.Parallel()
+		testEgressAllowlist(t, true, func(testing.TB, *config.Config) {})
+	})
+	t.Run("kubernetes", func(t *testing.T) {
+		t.Parallel()
+		testEgressAllowlist(t, false, func(tb testing.TB, c *config.Config) {
+			onKubernetes("")(tb, c)
+			c.Runtime = "kubernetes"
+			c.Kubernetes.EgressListen = k8stest.NodeIP + ":0"
+		})
+	})
+}
+
+// testEgressAllowlist is TestEgressAllowlist on the runtime edit sets up;
+// socket: its sandboxes mount the proxy's socket.
+func testEgressAllowlist(t *testing.T, socket bool, edit func(testing.TB, *config.Config)) {
 	up := mustLoopbackServer(t)
 	hostport := fmt.Sprintf("127.0.0.1:%d", up.port)
 	unlisted := mustLoopbackServer(t)
 	s := MustStart(t, func(c *config.Config) {
+		edit(t, c)
 		c.Egress.Mode = "allowlist"
 		c.Egress.Allow = []string{"api.anthropic.com", hostport}
 	})
@@ -187,8 +209,8 @@ func TestEgressAllowlist(t *testing.T) {
 	if e := r["env "]; !strings.Contains(e.Body, "HTTP_PROXY=http://127.0.0.1:3128") || !strings.Contains(e.Body, "HTTPS_PROXY=http://127.0.0.1:3128") || !strings.Contains(e.Body, "NO_PROXY=localhost,127.0.0.1") {
 		t.Errorf("agent proxy environment:\n%s", e.Body)
 	}
-	if st := r["stat /run/corral/egress/proxy.sock"]; !st.OK {
-		t.Errorf("the proxy socket is not in the sandbox: %s", st.Error)
+	if st := r["stat /run/corral/egress/proxy.sock"]; st.OK != socket {
+		t.Errorf("the proxy socket in the sandbox: %v (%s), want %v", st.OK, st.Error, socket)
 	}
 	if g := r["get http://"+hostport+"/plain"]; !g.OK || g.Body != "hello from the host: /plain" {
 		t.Errorf("allowed GET through the proxy: %+v", g)

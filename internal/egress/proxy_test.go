@@ -147,6 +147,12 @@ func connect(t *testing.T, sock, hostport string) (net.Conn, *bufio.Reader, int,
 	if err != nil {
 		t.Fatal(err)
 	}
+	return connectOn(t, c, hostport)
+}
+
+// connectOn sends CONNECT for hostport over c, a connection to a proxy.
+func connectOn(t *testing.T, c net.Conn, hostport string) (net.Conn, *bufio.Reader, int, string) {
+	t.Helper()
 	t.Cleanup(func() { c.Close() })
 	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", hostport, hostport)
 	br := bufio.NewReader(c)

@@ -49,6 +49,7 @@ type taskProxy struct {
 	proxy *Proxy
 	srv   *http.Server
 	ln    net.Listener
+	join  *joinListener // ln's source: the socket and ServeTCP's connections
 	done  chan struct{}
 	// dirFile holds the directory open while the listener lives, when the
 	// socket was bound through /proc/self/fd (see listenUnix); nil if not.
@@ -114,9 +115,11 @@ func (s *Server) Open(id string, policy Policy) (string, error) {
 	}
 	log := s.log.With(logkey.TaskID, id)
 	p := NewProxy(id, policy, s.opts, s.log)
+	join := newJoinListener(ln)
 	tp := &taskProxy{
 		proxy: p,
-		ln:    &limitListener{Listener: ln, sem: make(chan struct{}, 2*s.opts.MaxConns)},
+		join:  join,
+		ln:    &limitListener{Listener: join, sem: make(chan struct{}, 2*s.opts.MaxConns)},
 		srv: &http.Server{
 			Handler:           p,
 			ReadHeaderTimeout: s.opts.ReadHeaderTimeout,

@@ -52,6 +52,9 @@ const (
 	Server = "corral"
 	// Port is where the server listens in its pod and its Service.
 	Port = 7777
+	// EgressPort is where it listens for the egress of worker pods
+	// (kubernetes.egress_listen), in its pod and its Service.
+	EgressPort = 7778
 	// ConfigDir is where the ConfigMap is mounted; ConfigFile is the
 	// server's configuration file in it.
 	ConfigDir  = "/etc/corral"
@@ -211,9 +214,10 @@ func serverConfig(cfg *config.Config) ([]byte, error) {
 	c.Kubernetes.Kubeconfig = "" // the pod's service account
 	c.APITokenFile = ""
 	c.AIWorker.WebhookSecretFile = ""
-	// The egress proxy is not reachable from worker pods yet: a task
-	// asking for allowlist or open would be refused.
-	c.Egress.Mode = "none"
+	// Worker pods reach the egress proxies at the Service's egress port
+	// (kubernetes.egress_addr follows from server_url).
+	c.Kubernetes.EgressListen = fmt.Sprintf("0.0.0.0:%d", EgressPort)
+	c.Kubernetes.EgressAddr = ""
 	// Callers reach the server by its Service's names.
 	hosts := slices.Clone(c.HTTP.AllowedHosts)
 	for _, h := range []string{Server, Server + "." + ns, Server + "." + ns + ".svc", Server + "." + ns + ".svc.cluster.local"} {
@@ -312,7 +316,10 @@ func objects(cfg *config.Config, opts Options, serverCfg []byte) []object {
 			Spec: corev1.ServiceSpec{
 				Type:     corev1.ServiceTypeClusterIP,
 				Selector: serverLabels,
-				Ports:    []corev1.ServicePort{{Name: "http", Port: Port, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP}},
+				Ports: []corev1.ServicePort{
+					{Name: "http", Port: Port, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP},
+					{Name: "egress", Port: EgressPort, TargetPort: intstr.FromString("egress"), Protocol: corev1.ProtocolTCP},
+				},
 			},
 		},
 		deployment(cfg, opts, serverCfg))
@@ -363,12 +370,12 @@ func claim(cfg *config.Config, opts Options) *corev1.PersistentVolumeClaim {
 }
 
 // networkPolicies keep worker pods to DNS and the server (seed 000's
-// policy less its open port 443: the server's egress proxy is the way out,
-// once workers can reach it), and let nothing reach them.
+// policy less its open port 443: the server's egress proxy is the way
+// out), and let nothing reach them.
 func networkPolicies(ns string) []object {
 	workers := metav1.LabelSelector{MatchLabels: map[string]string{"app": kubernetes.AppWorker}}
 	udp, tcp := corev1.ProtocolUDP, corev1.ProtocolTCP
-	dns, server := intstr.FromInt32(53), intstr.FromInt32(Port)
+	dns, server, proxy := intstr.FromInt32(53), intstr.FromInt32(Port), intstr.FromInt32(EgressPort)
 	return []object{
 		&networkingv1.NetworkPolicy{
 			TypeMeta: typeMeta("networking.k8s.io/v1", "NetworkPolicy"), ObjectMeta: meta(WorkerEgress, ns, nil),
@@ -386,9 +393,10 @@ func networkPolicies(ns string) []object {
 						Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &dns}, {Protocol: &tcp, Port: &dns}},
 					},
 					{
-						// The server: workers' webhooks.
+						// The server: workers' webhooks, and their egress
+						// through its proxies.
 						To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": Server}}}},
-						Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &server}},
+						Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &server}, {Protocol: &tcp, Port: &proxy}},
 					},
 				},
 			},
@@ -458,8 +466,11 @@ func deployment(cfg *config.Config, opts Options, serverCfg []byte) *appsv1.Depl
 			Name:  Server,
 			Image: opts.ServerImage,
 			Args:  []string{"serve", "--config", ConfigFile},
-			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: Port, Protocol: corev1.ProtocolTCP}},
-			Env:   []corev1.EnvVar{fromSecret("CORRAL_API_TOKEN", TokenKey), fromSecret("AI_WORKER_WEBHOOK_SECRET", WebhookKey)},
+			Ports: []corev1.ContainerPort{
+				{Name: "http", ContainerPort: Port, Protocol: corev1.ProtocolTCP},
+				{Name: "egress", ContainerPort: EgressPort, Protocol: corev1.ProtocolTCP},
+			},
+			Env: []corev1.EnvVar{fromSecret("CORRAL_API_TOKEN", TokenKey), fromSecret("AI_WORKER_WEBHOOK_SECRET", WebhookKey)},
 			VolumeMounts: []corev1.VolumeMount{
 				{Name: "data", MountPath: mount},
 				{Name: "config", MountPath: ConfigDir, ReadOnly: true},
@@ -566,15 +577,14 @@ func header(cfg *config.Config, opts Options) string {
 	}
 	p("")
 	p("NetworkPolicies: worker pods (app=%s) may reach only the cluster DNS and", kubernetes.AppWorker)
-	p("the server's port %d, and nothing may reach them. Only a CNI that enforces", Port)
-	p("NetworkPolicies applies them; with one that does not, workers reach any address.")
-	p("")
-	p("Not done yet: the egress proxy is not reachable from worker pods, so tasks")
-	p("run with network none (egress.mode none in the ConfigMap), and an agent cannot")
-	p("reach its model's API through the NetworkPolicy above.")
+	p("the server's ports %d (webhooks) and %d (the egress proxies, which allow", Port, EgressPort)
+	p("what egress.mode and egress.allow say), and nothing may reach them. Only a")
+	p("CNI that enforces NetworkPolicies applies them; with one that does not,")
+	p("workers reach any address directly, past the proxies.")
 	p("")
 	p("The ConfigMap holds the configuration as rendered, with these set for the")
-	p("cluster: listen 0.0.0.0:%d, data %s (the claim), runtime kubernetes,", Port, w.WorkspaceMountPath)
+	p("cluster: listen 0.0.0.0:%d, kubernetes.egress_listen 0.0.0.0:%d,", Port, EgressPort)
+	p("data %s (the claim), runtime kubernetes,", w.WorkspaceMountPath)
 	p("kubernetes.server_url %s, the Service's names in http.allowed_hosts,", ServerURL(w.Namespace))
 	p("no kubeconfig (the pod's ServiceAccount), no secret files, and no agents.*.env")
 	p("(their names are keys of the workers' Secret).")

@@ -261,8 +261,8 @@ func TestDeployment(t *testing.T) {
 			t.Errorf("probe %+v, want GET /healthz on http", p)
 		}
 	}
-	if len(c.Ports) != 1 || c.Ports[0].ContainerPort != Port || c.Ports[0].Name != "http" {
-		t.Errorf("ports %+v, want http %d", c.Ports, Port)
+	if len(c.Ports) != 2 || c.Ports[0].ContainerPort != Port || c.Ports[0].Name != "http" || c.Ports[1].ContainerPort != EgressPort || c.Ports[1].Name != "egress" {
+		t.Errorf("ports %+v, want http %d and egress %d", c.Ports, Port, EgressPort)
 	}
 	mounts := map[string]corev1.VolumeMount{}
 	for _, vm := range c.VolumeMounts {
@@ -307,7 +307,7 @@ func TestDeployment(t *testing.T) {
 
 	var svc corev1.Service
 	m.get(t, "Service/corral", &svc)
-	if svc.Spec.Type != corev1.ServiceTypeClusterIP || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != Port {
+	if svc.Spec.Type != corev1.ServiceTypeClusterIP || len(svc.Spec.Ports) != 2 || svc.Spec.Ports[0].Port != Port || svc.Spec.Ports[1].Port != EgressPort || svc.Spec.Ports[1].TargetPort.StrVal != "egress" {
 		t.Errorf("service %+v, want ClusterIP on %d", svc.Spec, Port)
 	}
 	if !cmp.Equal(svc.Spec.Selector, d.Spec.Template.Labels) || !cmp.Equal(d.Spec.Selector.MatchLabels, d.Spec.Template.Labels) || svc.Spec.Selector["app"] != Server {
@@ -324,7 +324,7 @@ func TestNetworkPolicies(t *testing.T) {
 	m.get(t, "NetworkPolicy/"+WorkerIngress, &ingress)
 	workers := metav1.LabelSelector{MatchLabels: map[string]string{"app": kubernetes.AppWorker}}
 	udp, tcp := corev1.ProtocolUDP, corev1.ProtocolTCP
-	dns, server := intstr.FromInt32(53), intstr.FromInt32(7777)
+	dns, server, proxy := intstr.FromInt32(53), intstr.FromInt32(7777), intstr.FromInt32(7778)
 	want := networkingv1.NetworkPolicySpec{
 		PodSelector: workers,
 		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
@@ -338,7 +338,7 @@ func TestNetworkPolicies(t *testing.T) {
 			},
 			{
 				To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": Server}}}},
-				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &server}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &server}, {Protocol: &tcp, Port: &proxy}},
 			},
 		},
 	}
@@ -422,8 +422,8 @@ func TestServerConfigLoads(t *testing.T) {
 		t.Fatalf("ConfigMap data keys %v, want corral.yaml", sortedKeys(cm.Data))
 	}
 	cfg := load(t, cm.Data["corral.yaml"], "CORRAL_API_TOKEN=t")
-	if cfg.Listen != "0.0.0.0:7777" || cfg.Data != "/srv/corral" || cfg.Runtime != "kubernetes" || cfg.Kubernetes.Kubeconfig != "" || cfg.Egress.Mode != "none" {
-		t.Errorf("listen %q data %q runtime %q kubeconfig %q egress %q", cfg.Listen, cfg.Data, cfg.Runtime, cfg.Kubernetes.Kubeconfig, cfg.Egress.Mode)
+	if cfg.Listen != "0.0.0.0:7777" || cfg.Data != "/srv/corral" || cfg.Runtime != "kubernetes" || cfg.Kubernetes.Kubeconfig != "" || cfg.Kubernetes.EgressListen != "0.0.0.0:7778" || cfg.Kubernetes.EgressAddr != "" {
+		t.Errorf("listen %q data %q runtime %q kubeconfig %q egress_listen %q egress_addr %q", cfg.Listen, cfg.Data, cfg.Runtime, cfg.Kubernetes.Kubeconfig, cfg.Kubernetes.EgressListen, cfg.Kubernetes.EgressAddr)
 	}
 	if got := cfg.Kubernetes.ServerURL; got != "http://corral.ai.svc:7777" {
 		t.Errorf("server_url %q", got)
@@ -454,7 +454,7 @@ func TestServerConfigLoads(t *testing.T) {
 func TestHeader(t *testing.T) {
 	_, out := mustRender(t, load(t, custom), Options{})
 	head, _, _ := strings.Cut(string(out), "\n---\n")
-	for _, want := range []string{"REPLACE_ME", "CNI that enforces", "egress proxy is not reachable", "ReadWriteMany", "handler", "kubectl apply"} {
+	for _, want := range []string{"REPLACE_ME", "CNI that enforces", "the egress proxies", "ReadWriteMany", "handler", "kubectl apply"} {
 		if !strings.Contains(head, want) {
 			t.Errorf("the header does not say %q:\n%s", want, head)
 		}

@@ -233,3 +233,79 @@ func TestPrepareRefusesPathsOutsideTheDataRoot(t *testing.T) {
 		t.Errorf("Prepare = %v, want the binary refused as outside the data root", err)
 	}
 }
+
+// onRemoteRuntime offers every network policy, allowlist by default, and
+// the kubernetes runtime, whose workers reach the server at a URL and,
+// with egressAddr, the egress proxies over TCP.
+func onRemoteRuntime(egressAddr string) (func(*Options), func(*taskrun.Options)) {
+	return func(o *Options) {
+			withNetworks(o)
+			o.Defaults.Network = task.NetworkAllowlist
+			o.Runtimes["kubernetes"] = ""
+			o.Images.Default = "busybox"
+			if egressAddr == "" {
+				o.NoEgress = map[string]string{"kubernetes": "kubernetes.egress_listen is not set"}
+			}
+		}, func(o *taskrun.Options) {
+			o.Worker.ServerURLs = map[string]string{"kubernetes": "http://corral:7777"}
+			if egressAddr != "" {
+				o.Worker.EgressAddrs = map[string]string{"kubernetes": egressAddr}
+			}
+		}
+}
+
+// A task on a remote runtime gets the default network and reaches its
+// proxy at the egress address, with nothing mounted; the forwards still
+// apply.
+func TestPrepareRemoteEgress(t *testing.T) {
+	eg := newFakeEgress()
+	remote, remoteRun := onRemoteRuntime("corral:7778")
+	f := MustNew(t, remote, withEgress(eg), remoteRun)
+	eg.root = f.data.Path()
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Runtime: "kubernetes"})
+	if tk.Network != task.NetworkAllowlist {
+		t.Errorf("default network on kubernetes with egress: %q, want the server's default allowlist", tk.Network)
+	}
+	spec, err := f.r.Prepare(context.Background(), tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.Network != sandbox.NetworkEgress {
+		t.Errorf("sandbox network %q, want egress", spec.Network)
+	}
+	for _, m := range spec.Mounts {
+		if m.Target == workerproto.EgressDir {
+			t.Errorf("a remote sandbox mounts the egress directory: %v", m)
+		}
+	}
+	opts, err := workerproto.ParseArgs(spec.Command[3:])
+	if err != nil {
+		t.Fatalf("the worker refuses its argv %q: %v", spec.Command, err)
+	}
+	if opts.EgressAddr != "corral:7778" || opts.EgressSocket != "" || !slices.Equal(opts.EgressForward, eg.Forwards()) {
+		t.Errorf("worker egress: addr %q socket %q forwards %v", opts.EgressAddr, opts.EgressSocket, opts.EgressForward)
+	}
+	if _, opened := eg.state(); len(opened) != 1 || !strings.HasSuffix(opened[0], ":allowlist") {
+		t.Errorf("opened %v", opened)
+	}
+}
+
+// Without an egress address, tasks on a remote runtime run with network
+// none: by default, and a request for more is refused with the reason; a
+// task that asked for more under another configuration does not start.
+func TestRemoteRuntimeWithoutEgress(t *testing.T) {
+	remote, remoteRun := onRemoteRuntime("")
+	f := MustNew(t, remote, remoteRun)
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Runtime: "kubernetes"})
+	if tk.Network != task.NetworkNone {
+		t.Errorf("default network: %q, want none", tk.Network)
+	}
+	_, _, err := f.o.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Runtime: "kubernetes", Network: task.NetworkAllowlist})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "kubernetes.egress_listen is not set") {
+		t.Errorf("allowlist on kubernetes without egress: %v", err)
+	}
+	tk.Network = task.NetworkAllowlist
+	if _, err := f.r.Prepare(context.Background(), tk); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("Prepare of a task with network on kubernetes without egress: %v", err)
+	}
+}

@@ -56,6 +56,10 @@ type Options struct {
 	Runtimes map[string]string
 	// Networks maps each network policy to why it cannot be used ("" if it can).
 	Networks map[string]string
+	// NoEgress maps each runtime whose sandboxes cannot reach the egress
+	// proxy to why: tasks there run with network none, by default and
+	// only.
+	NoEgress map[string]string
 	// Images are the images tasks on the image runtimes (docker,
 	// kubernetes) run.
 	Images Images

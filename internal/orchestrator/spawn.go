@@ -305,16 +305,14 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 			}
 		}
 	}
-	// Worker pods cannot reach the egress proxy yet: tasks on kubernetes
-	// run with network none, by default and only.
-	const podsNetwork = task.NetworkNone
+	noEgress := o.opts.NoEgress[spec.Runtime]
 	switch {
-	case spec.Network == "" && spec.Runtime == "kubernetes":
-		spec.Network = podsNetwork
+	case spec.Network == "" && noEgress != "":
+		spec.Network = task.NetworkNone
 	case spec.Network == "":
 		spec.Network = o.opts.Defaults.Network
-	case spec.Runtime == "kubernetes" && spec.Network != podsNetwork:
-		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q on the kubernetes runtime: worker pods cannot reach the egress proxy yet; only none: %w", clip.String(spec.Network, 64), errdefs.ErrNotImplemented)})
+	case spec.Network != task.NetworkNone && noEgress != "":
+		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q on the %s runtime: %s; only none: %w", clip.String(spec.Network, 64), spec.Runtime, noEgress, errdefs.ErrFailedPrecondition)})
 	}
 	if why, ok := o.opts.Networks[spec.Network]; !ok {
 		bad("network", "%q is not a network policy (one of: none, allowlist, open)", clip.String(spec.Network, 64))

@@ -50,6 +50,10 @@ type WorkerOptions struct {
 	// (its Service): their webhooks go there over the network, signed as
 	// ever, and no unix socket is mounted.
 	ServerURLs map[string]string
+	// EgressAddrs are, for such runtimes, where their workers reach the
+	// egress proxies (host:port; egress.Server.ServeTCP); a runtime
+	// without one runs tasks with network none only.
+	EgressAddrs map[string]string
 }
 
 // Verifier checks a completion webhook's signature, freshness and
@@ -112,8 +116,8 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	network := sandbox.NetworkNone
 	var egressDir string
 	if t.Network != "" && t.Network != task.NetworkNone {
-		if remote {
-			return sandbox.Spec{}, fmt.Errorf("network %s on the %s runtime: the egress proxy is not reachable from other machines yet; run it with network none: %w", t.Network, t.Runtime, errdefs.ErrNotImplemented)
+		if remote && w.EgressAddrs[t.Runtime] == "" {
+			return sandbox.Spec{}, fmt.Errorf("network %s on the %s runtime: its sandboxes reach the egress proxy only with kubernetes.egress_listen set; run it with network none: %w", t.Network, t.Runtime, errdefs.ErrFailedPrecondition)
 		}
 		if o.opts.Egress == nil {
 			return sandbox.Spec{}, fmt.Errorf("network %s needs the egress proxy, which this server does not run: %w", t.Network, errdefs.ErrFailedPrecondition)
@@ -122,9 +126,14 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		if err != nil {
 			return sandbox.Spec{}, fmt.Errorf("open egress proxy: %w", err)
 		}
-		network, egressDir = sandbox.NetworkEgress, dir
-		args.EgressSocket = workerproto.EgressDir + "/" + workerproto.EgressSocket
-		args.EgressForward = o.opts.Egress.Forwards()
+		network, args.EgressForward = sandbox.NetworkEgress, o.opts.Egress.Forwards()
+		if remote {
+			// Over the network, with the task's key; nothing to mount.
+			args.EgressAddr = w.EgressAddrs[t.Runtime]
+		} else {
+			egressDir = dir
+			args.EgressSocket = workerproto.EgressDir + "/" + workerproto.EgressSocket
+		}
 	}
 	if t.Agent == task.AgentCommand {
 		args.Command = t.Command

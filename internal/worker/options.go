@@ -128,6 +128,9 @@ func ParseArgs(args []string, environ []string) (Options, error) {
 	if o.WebhookURL != "" && len(o.WebhookKey) == 0 {
 		errs = append(errs, errdefs.Field(workerproto.EnvWebhookKey, "is required with --webhook"))
 	}
+	if o.EgressAddr != "" && len(o.WebhookKey) == 0 {
+		errs = append(errs, errdefs.Field(workerproto.EnvWebhookKey, "is required with --egress-addr"))
+	}
 	if len(errs) > 0 {
 		return Options{}, errors.Join(errs...)
 	}

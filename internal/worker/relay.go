@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/logkey"
 )
 
@@ -20,7 +21,7 @@ const (
 	// relayMaxConns bounds the relay's concurrent connections; the
 	// server's proxy has its own, lower, per-task bound.
 	relayMaxConns = 256
-	// relayDialTimeout bounds connecting to the server's socket.
+	// relayDialTimeout bounds connecting to the server's proxy.
 	relayDialTimeout = 5 * time.Second
 )
 
@@ -35,7 +36,7 @@ const (
 // safe for concurrent use.
 type Relay struct {
 	ln   net.Listener
-	dial func() (net.Conn, error) // the upstream of one connection
+	dial Upstream // the upstream of one connection
 	log  *slog.Logger
 	sem  chan struct{}
 
@@ -45,24 +46,34 @@ type Relay struct {
 	wg     sync.WaitGroup
 }
 
-// StartRelay listens on addr (host:port) and relays to the unix socket at
-// socket: the agent's HTTP proxy.
-func StartRelay(addr, socket string, log *slog.Logger) (*Relay, error) {
-	return startRelay(addr, func() (net.Conn, error) { return net.DialTimeout("unix", socket, relayDialTimeout) }, log)
+// Upstream dials the server's egress proxy, once per connection.
+type Upstream func() (net.Conn, error)
+
+// SocketUpstream dials the proxy's unix socket, mounted in the sandbox.
+func SocketUpstream(socket string) Upstream {
+	return func() (net.Conn, error) { return net.DialTimeout("unix", socket, relayDialTimeout) }
+}
+
+// TCPUpstream dials the server's egress listener at addr as task id with
+// its key, for a sandbox on another machine.
+func TCPUpstream(addr, id string, key []byte) Upstream {
+	return func() (net.Conn, error) { return egress.DialTask(addr, id, key, relayDialTimeout) }
 }
 
 // StartForward listens on addr, a loopback host:port inside the sandbox,
 // and carries each connection to the same address as the server sees it
-// (a model server on the host's loopback) through the egress proxy at
-// socket, with an HTTP CONNECT: the proxy decides and records it as any
+// (a model server on the host's loopback) through the egress proxy up
+// reaches, with an HTTP CONNECT: the proxy decides and records it as any
 // other connection. An agent pointed at http://127.0.0.1:PORT reaches the
 // host's 127.0.0.1:PORT this way although its sandbox has a loopback of
 // its own.
-func StartForward(addr, socket string, log *slog.Logger) (*Relay, error) {
-	return startRelay(addr, func() (net.Conn, error) { return dialConnect(socket, addr) }, log)
+func StartForward(addr string, up Upstream, log *slog.Logger) (*Relay, error) {
+	return StartRelay(addr, func() (net.Conn, error) { return dialConnect(up, addr) }, log)
 }
 
-func startRelay(addr string, dial func() (net.Conn, error), log *slog.Logger) (*Relay, error) {
+// StartRelay listens on addr (host:port) and relays each connection to the
+// proxy dial reaches: the agent's HTTP proxy.
+func StartRelay(addr string, dial Upstream, log *slog.Logger) (*Relay, error) {
 	if log == nil {
 		log = discard
 	}
@@ -76,11 +87,11 @@ func startRelay(addr string, dial func() (net.Conn, error), log *slog.Logger) (*
 	return r, nil
 }
 
-// dialConnect opens a tunnel to target through the HTTP proxy on socket.
+// dialConnect opens a tunnel to target through the HTTP proxy up dials.
 // A refusal (the target is not allowed) is an error: the client's
 // connection is then closed.
-func dialConnect(socket, target string) (net.Conn, error) {
-	c, err := net.DialTimeout("unix", socket, relayDialTimeout)
+func dialConnect(up Upstream, target string) (net.Conn, error) {
+	c, err := up()
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +124,7 @@ type bufferedConn struct {
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
-// CloseWrite passes a half-close on to the unix socket.
+// CloseWrite passes a half-close on to the proxy.
 func (c *bufferedConn) CloseWrite() error {
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()

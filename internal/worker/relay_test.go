@@ -58,7 +58,7 @@ func MustUnixEcho(tb testing.TB) (string, func() int) {
 
 func TestRelayPipesBothWays(t *testing.T) {
 	sock, accepted := MustUnixEcho(t)
-	r, err := StartRelay("127.0.0.1:0", sock, nil)
+	r, err := StartRelay("127.0.0.1:0", SocketUpstream(sock), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestRelayPipesBothWays(t *testing.T) {
 }
 
 func TestRelayWithoutServerClosesClient(t *testing.T) {
-	r, err := StartRelay("127.0.0.1:0", filepath.Join(t.TempDir(), "absent.sock"), nil)
+	r, err := StartRelay("127.0.0.1:0", SocketUpstream(filepath.Join(t.TempDir(), "absent.sock")), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestRelayWithoutServerClosesClient(t *testing.T) {
 
 func TestRelayCloseEndsConnections(t *testing.T) {
 	sock, _ := MustUnixEcho(t)
-	r, err := StartRelay("127.0.0.1:0", sock, nil)
+	r, err := StartRelay("127.0.0.1:0", SocketUpstream(sock), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +270,7 @@ func freeLoopback(tb testing.TB) string {
 func TestForwardTunnelsThroughTheProxy(t *testing.T) {
 	addr := freeLoopback(t)
 	sock, asked := MustConnectProxy(t, addr)
-	fwd, err := StartForward(addr, sock, nil)
+	fwd, err := StartForward(addr, SocketUpstream(sock), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestForwardTunnelsThroughTheProxy(t *testing.T) {
 	}
 
 	other := freeLoopback(t)
-	refused, err := StartForward(other, sock, nil)
+	refused, err := StartForward(other, SocketUpstream(sock), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

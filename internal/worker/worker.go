@@ -5,7 +5,7 @@
 //
 // The sequence of Run:
 //
-//	with --egress-socket: start the relay on 127.0.0.1:3128 (Relay), set the proxy variables
+//	with --egress-socket or --egress-addr: start the relay on 127.0.0.1:3128 (Relay), set the proxy variables
 //	start the agent (own process group, prompt on stdin, env without CORRAL_*)
 //	  → on SIGTERM, SIGINT or ctx done: SIGTERM the group, SIGKILL it after Grace
 //	agent exits → SIGTERM what is left of its group, SIGKILL it after Grace
@@ -253,15 +253,15 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 	// The relay starts before the agent and stops after it: the sandbox has
 	// loopback only, and the relay is its one way to the egress proxy.
 	var proxyEnv []string
-	if r.opts.EgressSocket != "" {
-		relay, err := StartRelay(r.opts.EgressListen, r.opts.EgressSocket, r.log)
+	if up := r.upstream(); up != nil {
+		relay, err := StartRelay(r.opts.EgressListen, up, r.log)
 		if err != nil {
 			return fail(ExitSetup, err.Error())
 		}
 		defer relay.Close()
 		proxyEnv = ProxyEnv(relay.Addr())
 		for _, addr := range r.opts.EgressForward {
-			fwd, err := StartForward(addr, r.opts.EgressSocket, r.log)
+			fwd, err := StartForward(addr, up, r.log)
 			if err != nil {
 				return fail(ExitSetup, err.Error())
 			}
@@ -352,6 +352,18 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 	st.Status = "failed"
 	st.ErrorMessage = workerproto.RedactString(errorMessage(code, sig, stopped, res.Error, stderrTail.String()), secrets)
 	return st
+}
+
+// upstream is how the relay reaches the server's egress proxy: its socket,
+// or its listener across the network; nil: the task has no network.
+func (r *run) upstream() Upstream {
+	switch {
+	case r.opts.EgressSocket != "":
+		return SocketUpstream(r.opts.EgressSocket)
+	case r.opts.EgressAddr != "":
+		return TCPUpstream(r.opts.EgressAddr, r.opts.TaskID, r.opts.WebhookKey)
+	}
+	return nil
 }
 
 func (r *run) openLog(name string) (*boundedLog, error) {

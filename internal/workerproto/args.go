@@ -42,6 +42,11 @@ type Args struct {
 	// EgressSocket is the server's egress proxy socket; "" means no
 	// network: no relay and no proxy variables for the agent.
 	EgressSocket string
+	// EgressAddr is, for a sandbox on another machine (a Kubernetes
+	// pod), the server's egress listener (host:port), in place of
+	// EgressSocket: the relay dials it and proves the task with the
+	// webhook key (egress.DialTask).
+	EgressAddr string
 	// EgressListen is where the relay listens; default 127.0.0.1:3128.
 	EgressListen string
 	// EgressForward are loopback addresses (host:port) the egress policy
@@ -82,6 +87,7 @@ func (a Args) Argv() []string {
 		str("grace", a.Grace.String())
 	}
 	str("egress-socket", a.EgressSocket)
+	str("egress-addr", a.EgressAddr)
 	str("egress-listen", a.EgressListen)
 	for _, f := range a.EgressForward {
 		str("egress-forward", f)
@@ -113,6 +119,7 @@ func ParseArgs(argv []string) (Args, error) {
 	fs.Int64Var(&a.MaxLogBytes, "max-log-bytes", DefaultMaxLogBytes, "the most bytes kept per log file")
 	fs.DurationVar(&a.Grace, "grace", DefaultGrace, "how long the agent gets between SIGTERM and SIGKILL")
 	fs.StringVar(&a.EgressSocket, "egress-socket", "", "the server's egress proxy socket; the agent reaches it through a relay on --egress-listen")
+	fs.StringVar(&a.EgressAddr, "egress-addr", "", "the server's egress listener (host:port), for a sandbox on another machine; instead of --egress-socket")
 	fs.StringVar(&a.EgressListen, "egress-listen", DefaultEgressListen, "where the egress relay listens")
 	fs.Func("egress-forward", "a loopback host:port to forward, at the same address, through the egress proxy to the server's host (repeatable)", func(s string) error {
 		a.EgressForward = append(a.EgressForward, s)
@@ -148,8 +155,16 @@ func ParseArgs(argv []string) (Args, error) {
 			errs = append(errs, &errdefs.FieldError{Field: "--egress-forward", Err: err})
 		}
 	}
-	if len(a.EgressForward) > 0 && a.EgressSocket == "" {
-		errs = append(errs, errdefs.Field("--egress-forward", "needs --egress-socket"))
+	if a.EgressAddr != "" {
+		if a.EgressSocket != "" {
+			errs = append(errs, errdefs.Field("--egress-addr", "and --egress-socket exclude each other"))
+		}
+		if _, port, err := net.SplitHostPort(a.EgressAddr); err != nil || port == "" {
+			errs = append(errs, errdefs.Field("--egress-addr", "must be host:port"))
+		}
+	}
+	if len(a.EgressForward) > 0 && a.EgressSocket == "" && a.EgressAddr == "" {
+		errs = append(errs, errdefs.Field("--egress-forward", "needs --egress-socket or --egress-addr"))
 	}
 	return a, errors.Join(errs...)
 }

@@ -1,0 +1,168 @@
+package egress
+
+import (
+	"bufio"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// remoteServer is a Server with task-a and task-b open under policy,
+// serving TCP on loopback with key for task-a and task-c (which has no
+// proxy) and none for the others.
+func remoteServer(t *testing.T, policy Policy, key []byte) string {
+	t.Helper()
+	s, err := NewServer(t.TempDir(), Options{}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Open("task-a", policy); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Open("task-b", policy); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- s.ServeTCP(ln, func(id string) []byte {
+			if id == "task-a" || id == "task-c" {
+				return key
+			}
+			return nil
+		})
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		if err := <-done; err != nil {
+			t.Errorf("ServeTCP: %v", err)
+		}
+		s.Shutdown()
+	})
+	return ln.Addr().String()
+}
+
+func TestRemoteTaskReachesItsProxy(t *testing.T) {
+	port := echoServer(t)
+	hostport := "127.0.0.1:" + strconv.Itoa(port)
+	key := []byte("0123456789abcdef0123456789abcdef")
+	addr := remoteServer(t, Policy{Allow: MustParseRules(hostport)}, key)
+
+	c, err := DialTask(addr, "task-a", key, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, br, status, body := connectOn(t, c, hostport)
+	if status != 200 {
+		t.Fatalf("CONNECT: %d %s", status, body)
+	}
+	fmt.Fprint(c, "ping\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "ping\n" {
+		t.Fatalf("echo: %q, %v", line, err)
+	}
+	// The task's policy applies as on its socket.
+	c2, err := DialTask(addr, "task-a", key, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, status, _ := connectOn(t, c2, "127.0.0.1:1"); status != 403 {
+		t.Errorf("CONNECT to an address not allowed: %d, want 403", status)
+	}
+}
+
+func TestRemoteHandshakeRefusals(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	addr := remoteServer(t, Policy{Open: true}, key)
+	for _, tc := range []struct {
+		name, id string
+		key      []byte
+	}{
+		{"wrong key", "task-a", []byte("another key of 32 bytes, really!")},
+		{"a task without a key", "task-b", key},
+		{"a task without a proxy", "task-c", key},
+		{"a path as the id", "../task-a", key},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if c, err := DialTask(addr, tc.id, tc.key, 5*time.Second); err == nil {
+				c.Close()
+				t.Fatalf("DialTask(%q) succeeded", tc.id)
+			}
+		})
+	}
+
+	// A recorded answer does not open another connection: each greeting
+	// has its own nonce.
+	first, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	greeting, err := bufio.NewReader(first).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce := strings.TrimSpace(strings.TrimPrefix(greeting, handshakeGreeting))
+	replay := "task-a " + hex.EncodeToString(handshakeMAC(key, nonce)) + "\n"
+	second, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	second.SetDeadline(time.Now().Add(5 * time.Second))
+	g2, err := bufio.NewReader(second).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g2 == greeting {
+		t.Fatalf("two connections got the same greeting %q", g2)
+	}
+	fmt.Fprint(second, replay)
+	if rest, _ := io.ReadAll(second); len(rest) != 0 {
+		t.Errorf("a replayed answer got %q, want the connection closed", rest)
+	}
+
+	// Junk and endless lines are refused.
+	for _, junk := range []string{"\n", "task-a zz\n", strings.Repeat("x", 2*maxHandshakeLine)} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		br := bufio.NewReader(c)
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprint(c, junk)
+		if rest, _ := io.ReadAll(br); len(rest) != 0 {
+			t.Errorf("answer %.20q got %q, want the connection closed", junk, rest)
+		}
+		c.Close()
+	}
+}
+
+func TestNotAnEgressListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			fmt.Fprint(c, "HTTP/1.1 400 Bad Request\r\n\r\n")
+			c.Close()
+		}
+	}()
+	if _, err := DialTask(ln.Addr().String(), "task-a", []byte("k"), 5*time.Second); err == nil || !strings.Contains(err.Error(), "not a Corral egress listener") {
+		t.Errorf("DialTask to an HTTP server: %v", err)
+	}
+}
