@@ -15,7 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 )
 
-const k8sUsage = "corral k8s render [--config FILE] [--server-image IMG] [--storage 10Gi] [--storage-class NAME] [--no-secrets] > corral.yaml\n       corral k8s seccomp > corral.json"
+const k8sUsage = "corral k8s render [--config FILE] [--server-image IMG] [--storage 10Gi] [--storage-class NAME] [--no-secrets] > corral.yaml\n       corral k8s seccomp [--gvisor] > corral.json"
 
 // cmdK8s is `corral k8s render`: the manifests that run Corral in a
 // cluster, from the configuration, on stdout; and `corral k8s seccomp`:
@@ -29,12 +29,17 @@ func cmdK8s(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	if args[0] == "seccomp" {
-		if len(args) > 1 {
+		// Corral's seccomp profile, for each node's kubelet seccomp
+		// directory (kubernetes.seccomp_profile names it there); with
+		// --gvisor, the form runsc --oci-seccomp can apply.
+		profile := seccomp.OCIProfile
+		switch {
+		case len(args) == 2 && args[1] == "--gvisor":
+			profile = seccomp.GVisorOCIProfile
+		case len(args) > 1:
 			return fmt.Errorf("unexpected argument %q; usage: %s: %w", args[1], k8sUsage, errdefs.ErrInvalidArgument)
 		}
-		// Corral's seccomp profile, for each node's kubelet seccomp
-		// directory (kubernetes.seccomp_profile names it there).
-		p, err := seccomp.OCIProfile()
+		p, err := profile()
 		if err != nil {
 			return err
 		}

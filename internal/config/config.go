@@ -206,9 +206,10 @@ type Kubernetes struct {
 	// Never.
 	PullPolicy string `yaml:"pull_policy"`
 	// SeccompProfile is Corral's seccomp profile as installed on every
-	// node (corral k8s seccomp prints it), relative to the kubelet's
-	// seccomp directory, e.g. corral.json; empty: the container runtime's
-	// default, which allows ptrace and io_uring.
+	// node (corral k8s seccomp prints it; with --gvisor, the form for a
+	// gVisor RuntimeClass), relative to the kubelet's seccomp directory,
+	// e.g. corral.json; empty: the container runtime's default, which
+	// allows ptrace and io_uring.
 	SeccompProfile string `yaml:"seccomp_profile"`
 }
 

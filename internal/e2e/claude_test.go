@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/agent/agenttest"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -30,12 +32,12 @@ const claudeTestKey = "sk-ant-test-4f9c1e7a0b2d"
 // forwards it (TestClaudeModelOnHostLoopback).
 func mustClaudeServer(t *testing.T, opts agenttest.AnthropicOptions) (*server, *agenttest.Anthropic) {
 	t.Helper()
-	return mustClaudeServerAllowing(t, opts, true)
+	return mustClaudeServerAllowing(t, opts, true, nil)
 }
 
 // mustClaudeServerAllowing is mustClaudeServer with the endpoint in the
-// allowlist or not.
-func mustClaudeServerAllowing(t *testing.T, opts agenttest.AnthropicOptions, allow bool) (*server, *agenttest.Anthropic) {
+// allowlist or not, and the configuration edited by edit (unless nil).
+func mustClaudeServerAllowing(t *testing.T, opts agenttest.AnthropicOptions, allow bool, edit func(testing.TB, *config.Config)) (*server, *agenttest.Anthropic) {
 	t.Helper()
 	testenv.RequireBinary(t, "claude", "npm install -g @anthropic-ai/claude-code")
 	opts.Key = claudeTestKey
@@ -44,6 +46,9 @@ func mustClaudeServerAllowing(t *testing.T, opts agenttest.AnthropicOptions, all
 	}
 	ep := agenttest.MustAnthropic(t, opts)
 	s := MustStart(t, func(c *config.Config) {
+		if edit != nil {
+			edit(t, c)
+		}
 		c.Egress.Mode = "allowlist"
 		c.Egress.Allow = []string{"api.anthropic.com"}
 		if allow {
@@ -117,19 +122,36 @@ func assertNoKey(t *testing.T, s *server, id string) {
 // TestClaudeCSVChart runs seed 000's first use case with the real Claude
 // Code CLI in a real sandbox: the scripted model asks for a Bash call that
 // totals a CSV by category and draws a PNG chart, then answers with text.
+// On kubernetes the CLI runs in a worker pod under gVisor, from an image
+// (k8stest.ClaudeImage), and reaches the scripted endpoint on the host's
+// 127.0.0.2 only through the egress proxy, over TCP.
 func TestClaudeCSVChart(t *testing.T) {
+	t.Run("default runtime", func(t *testing.T) { t.Parallel(); testClaudeCSVChart(t, nil) })
+	t.Run("kubernetes", func(t *testing.T) {
+		t.Parallel()
+		testClaudeCSVChart(t, func(tb testing.TB, c *config.Config) {
+			onKubernetes(k8stest.GVisor)(tb, c)
+			k8stest.RequireImage(tb, k8stest.ClaudeImage)
+			c.Runtime = "kubernetes"
+			c.AIWorker.AICoderImage = k8stest.ClaudeImage
+			c.Kubernetes.EgressListen = k8stest.NodeIP + ":0"
+		})
+	})
+}
+
+func testClaudeCSVChart(t *testing.T, edit func(testing.TB, *config.Config)) {
 	script, err := os.ReadFile("testdata/claude_chart.py")
 	if err != nil {
 		t.Fatal(err)
 	}
 	final := "Totals by category are in output/totals.csv and the chart in output/chart.png."
-	s, ep := mustClaudeServer(t, agenttest.AnthropicOptions{Replies: []agenttest.Reply{
+	s, ep := mustClaudeServerAllowing(t, agenttest.AnthropicOptions{Replies: []agenttest.Reply{
 		{Text: "I'll total the transactions.", Tool: &agenttest.ToolCall{Name: "Bash", Input: map[string]any{
 			"command":     "cd /task && python3 - <<'PY'\n" + string(script) + "PY",
 			"description": "Total by category and chart",
 		}}, InputTokens: 1500, OutputTokens: 120},
 		{Text: final, InputTokens: 1700, OutputTokens: 30},
-	}})
+	}}, true, edit)
 	shared := filepath.Join(s.data, "shared", "data")
 	if err := os.MkdirAll(shared, 0o755); err != nil {
 		t.Fatal(err)
@@ -142,6 +164,11 @@ func TestClaudeCSVChart(t *testing.T) {
 	tk := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Parse my transactions and chart my spending by category", ContextFiles: []string{"data/transactions.csv"}})
 	res := s.wait(t, tk.ID, 120*time.Second, "totals.csv")
 	if res.Status != task.Success {
+		logs, _ := filepath.Glob(filepath.Join(s.data, "tasks", tk.ID, "logs", "*"))
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			t.Logf("%s:\n%s", filepath.Base(l), b[max(0, len(b)-4096):])
+		}
 		t.Fatalf("task %s: %s", res.Status, res.ErrorMessage)
 	}
 	if got, want := res.Summary, final; got != want {
@@ -195,6 +222,11 @@ func TestClaudeCSVChart(t *testing.T) {
 			t.Errorf("request %s without the configured key", r.Path)
 		}
 	}
+	// The endpoint was reached through the task's egress proxy (the
+	// sandbox has no other way to the host's 127.0.0.2).
+	egressEvents(t, s.client, tk.ID, func(evs []task.EgressConnection) bool {
+		return slices.ContainsFunc(evs, func(e task.EgressConnection) bool { return e.Allowed && e.Address == ep.Addr })
+	})
 	t.Logf("spawn → first model request %v, → first progress event %v, → done %v",
 		reqs[0].At.Sub(spawned).Round(time.Millisecond), first.Sub(spawned).Round(time.Millisecond), time.Since(spawned).Round(time.Millisecond))
 	body := metricsBody(t, s)
@@ -309,7 +341,7 @@ func TestClaudeModelOnHostLoopback(t *testing.T) {
 	}
 	t.Run("unlisted", func(t *testing.T) {
 		t.Parallel()
-		s, ep := mustClaudeServerAllowing(t, agenttest.AnthropicOptions{Addr: "127.0.0.1:0", Replies: []agenttest.Reply{{Text: "unreachable"}}}, false)
+		s, ep := mustClaudeServerAllowing(t, agenttest.AnthropicOptions{Addr: "127.0.0.1:0", Replies: []agenttest.Reply{{Text: "unreachable"}}}, false, nil)
 		tk := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Say hello"})
 		if res := s.wait(t, tk.ID, 3*time.Minute); res.Status != task.Failed {
 			t.Errorf("task %s, want failed: the model is not listed", res.Status)

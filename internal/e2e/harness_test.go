@@ -34,6 +34,7 @@ type server struct {
 	client *httpapi.Client
 	url    string
 	data   string
+	token  string // the API token, "" when the server asks for none
 }
 
 // MustStart starts a server on a fresh data root with cfg changed by edit.
@@ -93,7 +94,7 @@ func startServer(tb testing.TB, environ []string, now func() time.Time, edit fun
 	})
 	url := "http://" + a.Addr()
 	waitHealthy(tb, url)
-	return &server{app: a, client: httpapi.NewClient(url, a.Token()), url: url, data: cfg.Data}
+	return &server{app: a, client: httpapi.NewClient(url, a.Token()), url: url, data: cfg.Data, token: a.Token()}
 }
 
 // killSandboxes stops sandboxes a test left running: workers outlive the
@@ -180,12 +181,16 @@ func (s *server) waitStatus(t *testing.T, id string, want task.Status, within ti
 	t.Fatalf("task %s: status %s, want %s within %s", id, tk.Status, want, within)
 }
 
-// do sends a raw request and returns the status and body.
+// do sends a raw request, with the API token if there is one, and returns
+// the status and body.
 func (s *server) do(t *testing.T, method, path, contentType string, body io.Reader) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, s.url+path, body)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if s.token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.token)
 	}
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)

@@ -23,6 +23,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
+	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -57,7 +58,22 @@ func onKubernetes(class string) func(testing.TB, *config.Config) {
 		c.AIWorker.RuntimeClass = class
 		c.AIWorker.ServiceAccount = "" // the namespace's default
 		c.AIWorker.AICoderImage = k8stest.BusyboxImage
+		c.Kubernetes.SeccompProfile = k8stest.SeccompProfile(tb, seccompProfile(tb, class))
 	}
+}
+
+// seccompProfile is the seccomp profile `corral k8s seccomp` prints for
+// pods of RuntimeClass class: the gVisor form for k8stest.GVisor.
+func seccompProfile(tb testing.TB, class string) string {
+	tb.Helper()
+	profile, err := seccomp.OCIProfile()
+	if class == k8stest.GVisor {
+		profile, err = seccomp.GVisorOCIProfile()
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return profile
 }
 
 func kubeconfig() string {

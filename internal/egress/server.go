@@ -27,7 +27,8 @@ const maxSocketPath = 104
 // Server runs one Proxy per task, each on a unix socket of its own at
 // Dir/<task id>/proxy.sock. The task's directory, not the socket, is what a
 // sandbox mounts: a restarted server makes a new socket in the same
-// directory, and the sandbox sees it.
+// directory, and the sandbox sees it. Sandboxes on other machines reach
+// the same proxies over TCP instead (ServeTCP).
 //
 // Lifecycle of a task's listener: Open creates the directory and starts
 // listening (again, after a restart: Open is idempotent and replaces a

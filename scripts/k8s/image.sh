@@ -16,6 +16,9 @@
 #   image.sh busybox [NAME:TAG [OUT]]   Debian's static busybox with a uid 1000
 #                                       user "worker" and /tmp 1777 (cached),
 #                                       prints its path
+#   image.sh claude [NAME:TAG [OUT]]    Debian 12 with python3-matplotlib and
+#                                       the host's Claude Code (cached), prints
+#                                       its path
 #
 # Names: an image is called exactly what its RepoTags say; a NAME without a
 # host part gets "localhost/" (worker:1 -> localhost/worker:1), and pods
@@ -30,6 +33,7 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 case "${1:-}" in
   pause) pause_image; exit ;;
   busybox) shift; busybox_image "$@"; exit ;;
+  claude) shift; claude_image "$@"; exit ;;
   "" | -h | --help) usage ;;
 esac
 

@@ -34,6 +34,7 @@ K8S_NODE_NAME=corral-node
 K8S_RUNTIME_CLASS=gvisor
 K8S_PAUSE_IMAGE=localhost/corral-pause:1
 K8S_BUSYBOX_IMAGE=localhost/corral-busybox:1
+K8S_CLAUDE_IMAGE=localhost/corral-claude:1
 
 # The binaries build.sh makes; up.sh needs all of them.
 K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd runsc containerd-shim-runsc-v1)
@@ -261,6 +262,48 @@ busybox_image() {
   chmod 700 "$root/root"
   chown 1000:1000 "$root/home/worker"
   mkimage "$name" "$root" "$out" "" '["/bin/sh"]'
+  rm -rf "$root"
+  echo "$out"
+}
+
+# claude_image [NAME:TAG [OUT.tar]]: seed 000's worker for the Claude Code
+# tests: a Debian 12 minbase root file system (mmdebstrap, no recommends)
+# with bash, python3-matplotlib and ca-certificates, the host's Claude Code
+# binary (a self-contained executable that needs only glibc) as
+# /usr/local/bin/claude, and a uid 1000 user "worker". The root file system
+# is built once into $K8S_IMAGES_DIR/claude-rootfs.tar; the image again
+# when the binary changes. Default $K8S_CLAUDE_IMAGE into
+# $K8S_IMAGES_DIR/claude.tar; prints the path.
+claude_image() {
+  local name=${1:-$K8S_CLAUDE_IMAGE} out=${2:-$K8S_IMAGES_DIR/claude.tar}
+  local rootfs=$K8S_IMAGES_DIR/claude-rootfs.tar claude
+  claude=$(command -v claude) && claude=$(readlink -f "$claude") ||
+    die "claude is not installed (scripts/test.sh installs it from scripts/agent-clis.txt)"
+  # The npm package's entry point is a small launcher beside the binary.
+  case "$claude" in *.exe) ;; *) claude=$(dirname "$claude")/claude.exe ;; esac
+  [ -x "$claude" ] || die "no Claude Code executable at $claude"
+  if [ -s "$out" ] && [ "$out" -nt "$claude" ] && [ "$out" -nt "$K8S_LIB_DIR/lib.sh" ] &&
+    [ "$(image_names "$out")" = "$(image_name "$name")" ]; then
+    echo "$out"; return
+  fi
+  if [ ! -s "$rootfs" ]; then
+    command -v mmdebstrap >/dev/null || die "mmdebstrap is not installed (apt-get install mmdebstrap)"
+    say "building a Debian 12 root file system with python3-matplotlib (cached in $rootfs)" >&2
+    mkdir -p "$K8S_IMAGES_DIR"
+    mmdebstrap --quiet --format=tar --variant=minbase --aptopt='APT::Install-Recommends "false"' \
+      --include=bash,ca-certificates,python3-matplotlib bookworm "$rootfs.tmp" >&2
+    mv "$rootfs.tmp" "$rootfs"
+  fi
+  say "building the image $(image_name "$name") with $claude" >&2
+  local root
+  root=$(mktemp -d)
+  tar -C "$root" -xf "$rootfs"
+  install -m 0755 "$claude" "$root/usr/local/bin/claude"
+  echo 'worker:x:1000:1000:worker:/home/worker:/bin/bash' >>"$root/etc/passwd"
+  echo 'worker:x:1000:' >>"$root/etc/group"
+  mkdir -p "$root/home/worker"
+  chown 1000:1000 "$root/home/worker"
+  mkimage "$name" "$root" "$out" "" '["/bin/bash"]'
   rm -rf "$root"
   echo "$out"
 }

@@ -258,6 +258,9 @@ func testSeccompProfile(t *testing.T, class string) {
 		t.Fatalf("build the probe: %v\n%s", err, out)
 	}
 	profile, err := seccomp.OCIProfile()
+	if class == k8stest.GVisor {
+		profile, err = seccomp.GVisorOCIProfile()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

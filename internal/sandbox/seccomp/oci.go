@@ -9,6 +9,8 @@ import (
 	"slices"
 
 	profiles "github.com/moby/profiles/seccomp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // OCIProfile is Docker's default seccomp profile (the one Docker
@@ -20,7 +22,19 @@ import (
 // architecture are resolved for a sandbox without any capability on this
 // machine's architecture (runtime.GOARCH). It is the JSON a Docker engine takes as
 // "seccomp=<profile>", and a kubelet as a Localhost profile.
-func OCIProfile() (string, error) {
+func OCIProfile() (string, error) { return ociProfile(false) }
+
+// GVisorOCIProfile is OCIProfile for runsc with --oci-seccomp (a gVisor
+// RuntimeClass), which applies a profile inside gVisor's kernel but
+// returns EPERM for every refusal, whatever errnoRet asks. Docker's
+// profile refuses clone3 with ENOSYS, on which glibc falls back to clone;
+// EPERM instead stops every glibc program from starting a thread (Claude
+// Code's runtime dies of SIGTRAP at once). So clone3 is allowed here: it is
+// served by gVisor's kernel, never the host's, and its namespace flags
+// reach only gVisor's own namespaces.
+func GVisorOCIProfile() (string, error) { return ociProfile(true) }
+
+func ociProfile(gvisor bool) (string, error) {
 	p := profiles.DefaultProfile()
 	denied := Denied()
 	var kept []*profiles.Syscall
@@ -52,6 +66,12 @@ func OCIProfile() (string, error) {
 		})
 		if _, refused := slices.BinarySearch(denied, s.Name); refused {
 			s.Name = ""
+		}
+		if gvisor && s.ErrnoRet != nil && *s.ErrnoRet != uint(unix.EPERM) {
+			if *s.ErrnoRet != uint(unix.ENOSYS) {
+				return "", fmt.Errorf("the seccomp profile refuses %v with errno %d, which runsc cannot return", s.Names, *s.ErrnoRet)
+			}
+			s.Action, s.ErrnoRet, s.Excludes = specs.ActAllow, nil, nil
 		}
 		if len(s.Names) > 0 || s.Name != "" {
 			kept = append(kept, s)

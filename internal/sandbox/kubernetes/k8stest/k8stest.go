@@ -8,8 +8,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,6 +38,10 @@ const (
 	// BusyboxImage holds Debian's static busybox and an /etc/passwd with
 	// uid 1000; up.sh imports it.
 	BusyboxImage = "localhost/corral-busybox:1"
+	// ClaudeImage is Debian 12 with python3-matplotlib and the host's
+	// Claude Code; `scripts/k8s/image.sh claude` builds it and
+	// scripts/test.sh imports it (RequireImage).
+	ClaudeImage = "localhost/corral-claude:1"
 	// GVisor is the RuntimeClass that runs pods under gVisor's runsc.
 	GVisor = "gvisor"
 	// SeccompDir is the node's kubelet seccomp directory, where Localhost
@@ -55,6 +63,22 @@ func SeccompProfile(tb testing.TB, profile string) string {
 	}
 	tb.Cleanup(func() { os.Remove(path) })
 	return name
+}
+
+// containerdSocket is the test node's containerd (scripts/k8s/lib.sh).
+const containerdSocket = "/run/corral-k8s/containerd.sock"
+
+// RequireImage skips tb (fails it in CI) unless the node has image, which
+// the tests cannot pull: there is no registry.
+func RequireImage(tb testing.TB, image string) {
+	tb.Helper()
+	out, err := exec.Command("ctr", "--address", containerdSocket, "--namespace", "k8s.io", "images", "ls", "--quiet").Output()
+	if err != nil {
+		testenv.Missing(tb, fmt.Sprintf("cannot list the test node's images: %v", err))
+	}
+	if !slices.Contains(strings.Fields(string(out)), image) {
+		testenv.Missing(tb, "the test node has no image "+image+": scripts/k8s/import.sh with the tarball scripts/k8s/image.sh makes for it")
+	}
 }
 
 // Require returns the test cluster's configuration, or skips tb (fails it
