@@ -1,0 +1,152 @@
+//go:build integration
+
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// BenchmarkLongPollWake: 1 and 500 (issue 17's figures) clients long-poll one task's
+// result (GET /api/tasks/ID/result?wait=1m, each on a connection of its
+// own) while it runs; each round reports, per client, the time from the
+// task's terminal event to the response, as the client sees it. The
+// event's recorded_at is taken before its commit, so the figure includes
+// the commit's fsync. Beside it, in the same run, the floor: as many long
+// polls on a plain net/http server, answered with a small JSON body when a
+// channel closes, timed from the close. The metrics are the p50 and p99
+// over every client of every round.
+//
+//	go test -tags integration -run '^$' -bench LongPollWake -benchtime 10x ./internal/e2e/
+func BenchmarkLongPollWake(b *testing.B) {
+	s := startServer(b, []string{}, nil, nil)
+	for _, n := range []int{1, 500} {
+		b.Run(fmt.Sprintf("waiters=%d", n), func(b *testing.B) { benchLongPollWake(b, s, n) })
+	}
+}
+
+func benchLongPollWake(b *testing.B, s *server, waiters int) {
+	ctx := context.Background()
+	var corral, floor []time.Duration
+	for b.Loop() {
+		tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "long poll", Agent: "command", Command: []string{"sleep", "2"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		url := s.url + "/api/tasks/" + tk.ID + "/result?wait=1m"
+		lastSent, got := longPolls(b, url, waiters, func() {})
+		end := terminalEvent(b, s, tk.ID)
+		if !lastSent.Before(end) {
+			b.Fatalf("a long poll was sent %v after the task ended: the task is too short for %d clients", lastSent.Sub(end), waiters)
+		}
+		for _, at := range got {
+			corral = append(corral, at.Sub(end))
+		}
+
+		release := make(chan struct{})
+		var closed time.Time
+		url = plainLongPoll(b, release)
+		_, got = longPolls(b, url, waiters, func() { closed = time.Now(); close(release) })
+		for _, at := range got {
+			floor = append(floor, at.Sub(closed))
+		}
+	}
+	p := func(ds []time.Duration, q float64) float64 {
+		slices.Sort(ds)
+		return float64(ds[int(q*float64(len(ds)-1))]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(p(corral, 0.5), "corral-p50-ms")
+	b.ReportMetric(p(corral, 0.99), "corral-p99-ms")
+	b.ReportMetric(p(floor, 0.5), "plain-p50-ms")
+	b.ReportMetric(p(floor, 0.99), "plain-p99-ms")
+}
+
+// longPolls starts n GETs of url, each on its own
+// connection, calls release once every one of them has sent its request,
+// and returns when the last request was sent and when each response was
+// read whole.
+func longPolls(b *testing.B, url string, n int, release func()) (lastSent time.Time, at []time.Time) {
+	b.Helper()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	var sent, done sync.WaitGroup
+	sent.Add(n)
+	done.Add(n)
+	at = make([]time.Time, n)
+	sentAt := make([]time.Time, n)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			defer done.Done()
+			var once sync.Once
+			wrote := func() { once.Do(func() { sentAt[i] = time.Now(); sent.Done() }) }
+			ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote() }})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			resp, err := client.Do(req)
+			wrote()
+			if err != nil {
+				errs <- err
+				return
+			}
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			at[i] = time.Now()
+			if err != nil || resp.StatusCode != http.StatusOK {
+				errs <- fmt.Errorf("long poll: %d, %v", resp.StatusCode, err)
+			}
+		}()
+	}
+	sent.Wait()
+	release()
+	done.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	return slices.MaxFunc(sentAt, time.Time.Compare), at
+}
+
+// terminalEvent is when task id's terminal event was recorded.
+func terminalEvent(b *testing.B, s *server, id string) time.Time {
+	b.Helper()
+	var at time.Time
+	err := s.client.Events(context.Background(), service.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
+		if e.Type == task.EventCompleted {
+			at = e.RecordedAt
+		}
+		return nil
+	})
+	if err != nil || at.IsZero() {
+		b.Fatalf("the terminal event of %s: %v", id, err)
+	}
+	return at
+}
+
+// plainLongPoll serves long polls on loopback that answer when release
+// closes, and returns their URL.
+func plainLongPoll(b *testing.B, release <-chan struct{}) string {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"task_id":"task-x","status":"success","done":true}`)
+	})}
+	go srv.Serve(ln)
+	b.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String() + "/"
+}
