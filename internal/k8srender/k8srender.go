@@ -575,6 +575,15 @@ func header(cfg *config.Config, opts Options) string {
 		p("  to the name your nodes give it (gVisor's is often runsc), or delete the")
 		p("  RuntimeClass if the cluster has one.")
 	}
+	if sp := cfg.Kubernetes.SeccompProfile; sp != "" {
+		p("- Seccomp: worker pods run under the Localhost profile %s, which must be on", sp)
+		p("  every node first: `corral k8s seccomp > /var/lib/kubelet/seccomp/%s`", sp)
+		p("  (`corral k8s seccomp --gvisor` for a gVisor RuntimeClass whose runsc runs")
+		p("  with oci-seccomp). A node without it cannot start a worker.")
+	} else {
+		p("- Seccomp: worker pods run under the runtime's default profile, which allows")
+		p("  ptrace and io_uring; kubernetes.seccomp_profile names Corral's stricter one.")
+	}
 	p("")
 	p("NetworkPolicies: worker pods (app=%s) may reach only the cluster DNS and", kubernetes.AppWorker)
 	p("the server's ports %d (webhooks) and %d (the egress proxies, which allow", Port, EgressPort)

@@ -464,6 +464,15 @@ func TestHeader(t *testing.T) {
 			t.Errorf("header line %q is not a comment", line)
 		}
 	}
+	// A Localhost seccomp profile must be installed on the nodes first.
+	if !strings.Contains(head, "runtime's default profile") {
+		t.Errorf("without kubernetes.seccomp_profile the header does not say the default applies:\n%s", head)
+	}
+	_, out = mustRender(t, load(t, strings.Replace(custom, "  secret_name: ai-keys\n", "  secret_name: ai-keys\n  seccomp_profile: corral.json\n", 1)), Options{})
+	head, _, _ = strings.Cut(string(out), "\n---\n")
+	if !strings.Contains(head, "corral k8s seccomp > /var/lib/kubelet/seccomp/corral.json") {
+		t.Errorf("the header does not say how to install the seccomp profile:\n%s", head)
+	}
 }
 
 func TestRenderErrors(t *testing.T) {
