@@ -73,9 +73,10 @@ var allowed = map[string][]string{
 	"cmd/corral":                   {"app", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "session"},
 	"internal/termsafe":            {},
 
-	// The seccomp filter of local sandboxes, and the escape tests' probe.
+	// The seccomp filter of local sandboxes, and the escape tests' probe
+	// (which looks for the worker's secrets by their names).
 	"internal/sandbox/seccomp":           {"errdefs"},
-	"internal/sandbox/sandboxtest/probe": {},
+	"internal/sandbox/sandboxtest/probe": {"workerproto"},
 
 	// What the host runtimes (local, gvisor) share: their cgroups, the
 	// /proc helpers, the minimal /etc they generate, their state dir, the

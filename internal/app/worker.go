@@ -16,6 +16,13 @@ import (
 // configuration, only its arguments and the environment the runtime set,
 // and returns the process exit code (the agent's).
 func RunWorker(ctx context.Context, args, environ []string, stderr io.Writer) int {
+	// First: the webhook key and a session's token are in the
+	// environment already, and the agent to come runs as this uid.
+	environ, err := worker.HideFromAgent(environ, workerproto.EnvWebhookKey, workerproto.EnvSessionToken)
+	if err != nil {
+		fmt.Fprintf(stderr, "corral worker run-task: hide the task's secrets from the agent: %v\n", err)
+		return worker.ExitSetup
+	}
 	opts, err := worker.ParseArgs(args, environ)
 	if err != nil {
 		fmt.Fprintf(stderr, "corral worker run-task: %v\n", err)
@@ -31,6 +38,14 @@ func RunWorker(ctx context.Context, args, environ []string, stderr io.Writer) in
 // sent with environ's other variables, until ctx ends. Without a session
 // in environ it only waits.
 func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) int {
+	// The session's token is in the environment, and the commands this
+	// process runs are of its uid: as a task's worker does, it keeps the
+	// token from them.
+	environ, err := worker.HideFromAgent(environ, workerproto.EnvSessionToken)
+	if err != nil {
+		fmt.Fprintf(stderr, "corral worker session: hide the session's token from its commands: %v\n", err)
+		return 1
+	}
 	var id, token string
 	var egress bool
 	var env []string

@@ -29,6 +29,7 @@ import (
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 // sessionRuntimes are the runtimes the session tests run on.
@@ -107,6 +108,18 @@ func TestSessions(t *testing.T) {
 				t.Errorf("a session command's status: %q, want the sandbox's seccomp filter and no_new_privs", who.String())
 			}
 
+			// The exec agent's token, with which it answers for the session,
+			// is out of its commands' reach (they run as its uid): its
+			// memory is closed, and its environment too, or holds no token
+			// (gVisor shows every process's environment to all).
+			var peek bytes.Buffer
+			if _, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell(`tr '\0' '\n' < /proc/$PPID/environ; (exec 3< /proc/$PPID/mem) && echo mem open || echo mem closed`)}, func(ch httpapi.ExecChunk) error { peek.Write(ch.Bytes()); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(peek.String(), workerproto.EnvSessionToken+"=") || !strings.Contains(peek.String(), "mem closed") {
+				t.Errorf("a command read its exec agent's environment and memory: %q, want neither the token nor the memory", peek.String())
+			}
+
 			// The session keeps its files between commands; cwd and env apply.
 			if _, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: command("sh", "-c", "echo $GREETING > kept.txt"), Env: map[string]string{"GREETING": "hi"}}, func(httpapi.ExecChunk) error { return nil }); err != nil {
 				t.Fatal(err)
@@ -160,8 +173,8 @@ func TestSessions(t *testing.T) {
 			}
 
 			got, err := s.client.GetSession(ctx, id)
-			if err != nil || got.Execs != 10 || got.Labels["who"] != "test" {
-				t.Errorf("session after 10 execs: %+v, %v", got, err)
+			if err != nil || got.Execs != 11 || got.Labels["who"] != "test" {
+				t.Errorf("session after 11 execs: %+v, %v", got, err)
 			}
 			if _, err := s.client.DeleteSession(ctx, id); err != nil {
 				t.Fatal(err)

@@ -17,6 +17,9 @@ import (
 const helperArgsEnv = "WORKER_TEST_HELPER_ARGS"
 
 func TestMain(m *testing.M) {
+	if name := os.Getenv(hideHelperEnv); name != "" {
+		hideHelper(name)
+	}
 	if raw := os.Getenv(helperArgsEnv); raw != "" {
 		var args []string
 		if err := json.Unmarshal([]byte(raw), &args); err != nil {

@@ -11,7 +11,9 @@
 //	agent exits → SIGTERM what is left of its group, SIGKILL it after Grace
 //	stop the relay, list output/, write status.json, POST the webhook (retrying), return the exit code
 //
-// The worker holds the task's webhook key; the agent never sees it.
+// The worker holds the task's webhook key; the agent never sees it: not
+// in its environment, nor through /proc in the worker's (the entrypoint
+// calls HideFromAgent first).
 package worker
 
 import (

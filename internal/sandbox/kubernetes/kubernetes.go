@@ -29,6 +29,20 @@
 // pod mounts the same claim). Mounts of host directories outside the data
 // root (HostDir) are refused: they do not exist on other nodes.
 //
+// The pod's pid 1 is its pause process (the pod shares one process
+// namespace), which runs as PauseUser, not as the worker: the worker and
+// its agent cannot open its memory, ptrace or signal it.
+//
+// Under runc, a pod reads three /proc files that every other runtime
+// masks: /proc/kallsyms (symbol names; the kernel zeroes every address
+// for a process without CAP_SYSLOG), /proc/config.gz (the node kernel's
+// build configuration) and /proc/key-users (how many keys each uid of the
+// node holds). Containerd's default masked paths leave them out, a pod
+// spec cannot add masked paths, and runc refuses mounts over /proc files.
+// They tell an attacker about the node's kernel; the gvisor RuntimeClass,
+// whose /proc is its own, shows none of them, and is the one to use for
+// untrusted work.
+//
 // Not supported: Exec (sessions run on the host runtimes), a pids limit
 // per pod (the node's podPidsLimit applies), network isolation without a
 // NetworkPolicy and a CNI that enforces it.
@@ -93,6 +107,12 @@ const (
 	// dataVolume is the volume holding the data root.
 	dataVolume = "data"
 )
+
+// PauseUser is the identity of a pod's pause process, its pid 1: the
+// pause image's own user (registry.k8s.io/pause runs as 65535), set in the
+// pod spec so that it holds whatever the image says. It must not be the
+// worker's (Options.User): see jobFor.
+var PauseUser = hostuser.Identity{UID: 65535, GID: 65535}
 
 // Options configure a Runtime. Zero fields take the documented defaults.
 type Options struct {
@@ -213,6 +233,8 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		return bad("seccomp profile %q must be a clean path relative to the kubelet's seccomp directory", opts.SeccompProfile)
 	case opts.User.UID <= 0 || opts.User.GID <= 0:
 		return bad("the pods' identity %s must not be root", opts.User)
+	case opts.User.UID == PauseUser.UID || opts.User.GID == PauseUser.GID:
+		return bad("the pods' identity %s must not be the pause process's, %s", opts.User, PauseUser)
 	}
 	if errs := validation.IsDNS1123Label(opts.Namespace); len(errs) > 0 {
 		return bad("namespace %q: %s", opts.Namespace, strings.Join(errs, "; "))
@@ -554,6 +576,7 @@ func (r *Runtime) jobFor(spec sandbox.Spec, owned string) *batchv1.Job {
 		env = slices.Insert(env, 0, corev1.EnvFromSource{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: r.opts.SecretName}, Optional: new(true)}})
 	}
 	uid, gid := int64(r.opts.User.UID), int64(r.opts.User.GID)
+	pauseUID, pauseGID := int64(PauseUser.UID), int64(PauseUser.GID)
 	pod := corev1.PodSpec{
 		RestartPolicy:                 corev1.RestartPolicyNever,
 		ServiceAccountName:            r.opts.ServiceAccount,
@@ -564,8 +587,15 @@ func (r *Runtime) jobFor(spec sandbox.Spec, owned string) *batchv1.Job {
 		// the worker does not handle ends it, as on the other runtimes,
 		// and orphans are reaped.
 		ShareProcessNamespace: new(true),
+		// The pod's identity is the pause process's (the kubelet gives
+		// it the pod's runAsUser): PauseUser, not the worker's. As the
+		// worker's uid, pause would be open to the worker and its agent
+		// through /proc/1/mem, ptrace and signals (a pod spec cannot
+		// mask /proc/1/mem); as another, the kernel refuses them all
+		// without CAP_SYS_PTRACE or CAP_KILL, whatever the seccomp
+		// profile. fsGroup is the worker's group, for the volumes.
 		SecurityContext: &corev1.PodSecurityContext{
-			RunAsUser: &uid, RunAsGroup: &gid, FSGroup: &gid, RunAsNonRoot: new(true),
+			RunAsUser: &pauseUID, RunAsGroup: &pauseGID, FSGroup: &gid, RunAsNonRoot: new(true),
 			SeccompProfile: r.seccomp(),
 		},
 		Containers: []corev1.Container{{
@@ -578,6 +608,8 @@ func (r *Runtime) jobFor(spec sandbox.Spec, owned string) *batchv1.Job {
 			Resources:       corev1.ResourceRequirements{Limits: limits, Requests: requests},
 			VolumeMounts:    mounts,
 			SecurityContext: &corev1.SecurityContext{
+				RunAsUser:                &uid,
+				RunAsGroup:               &gid,
 				AllowPrivilegeEscalation: new(false),
 				Privileged:               new(false),
 				RunAsNonRoot:             new(true),

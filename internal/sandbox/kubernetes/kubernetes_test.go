@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -134,7 +135,10 @@ func run(t *testing.T, r *Runtime, script string, mod func(*sandbox.Spec)) (sand
 
 // TestHardening checks what a pod's process is under each RuntimeClass:
 // uid and gid 1000, no capabilities, no_new_privs, a read-only root, its
-// environment from the Secret, and no service account token.
+// environment from the Secret, and no service account token; and that
+// the pod's pid 1, its pause process, is another user's, whose memory it
+// cannot open (under the runtime's default seccomp profile: the kernel
+// refuses it, not a filter).
 func TestHardening(t *testing.T) {
 	for _, class := range classes {
 		t.Run(className(class), func(t *testing.T) {
@@ -146,12 +150,16 @@ id -u; id -g
 grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status
 touch /root-write && echo root writable || echo root read-only
 ls /var/run/secrets/kubernetes.io 2>/dev/null && echo token mounted || echo no token
-echo "env $CORRAL_SECRET_TEST"`
+echo "env $CORRAL_SECRET_TEST"
+echo "pid 1 $(cat /proc/1/comm) $(grep '^Uid:' /proc/1/status)"
+for f in /proc/1/mem /proc/1/task/1/mem; do (exec 3<$f) 2>/dev/null && echo "$f open" || echo "$f closed"; done`
 			es, out, _ := run(t, r, script, nil)
 			if es.Code != 0 {
 				t.Fatalf("exit %+v: %s", es, out)
 			}
-			for _, want := range []string{"1000\n1000\n", "CapEff:\t0000000000000000", "root read-only", "no token", "env s3cret-value"} {
+			pause := fmt.Sprintf("pid 1 pause Uid:\t%d\t%[1]d\t%[1]d\t%[1]d\n", PauseUser.UID)
+			for _, want := range []string{"1000\n1000\n", "CapEff:\t0000000000000000", "root read-only", "no token", "env s3cret-value",
+				pause, "/proc/1/mem closed", "/proc/1/task/1/mem closed"} {
 				if !strings.Contains(out, want) {
 					t.Errorf("sandbox reported %q, want %q in it", out, want)
 				}
@@ -184,7 +192,8 @@ func TestJobShape(t *testing.T) {
 		"ttlSecondsAfterFinished 3600":     *job.Spec.TTLSecondsAfterFinished == 3600,
 		"restartPolicy Never":              p.RestartPolicy == corev1.RestartPolicyNever,
 		"labels app, task-id":              job.Labels["app"] == AppWorker && job.Labels["task-id"] == id && p.Containers != nil,
-		"uid/gid 1000, fsGroup, non-root":  *p.SecurityContext.RunAsUser == 1000 && *p.SecurityContext.RunAsGroup == 1000 && *p.SecurityContext.FSGroup == 1000 && *p.SecurityContext.RunAsNonRoot,
+		"uid/gid 1000, fsGroup, non-root":  *sc.RunAsUser == 1000 && *sc.RunAsGroup == 1000 && *p.SecurityContext.FSGroup == 1000 && *p.SecurityContext.RunAsNonRoot,
+		"pause as 65535":                   *p.SecurityContext.RunAsUser == 65535 && *p.SecurityContext.RunAsGroup == 65535,
 		"seccomp RuntimeDefault":           p.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
 		"no token":                         !*p.AutomountServiceAccountToken,
 		"no privilege escalation, no caps": !*sc.AllowPrivilegeEscalation && len(sc.Capabilities.Drop) == 1 && sc.Capabilities.Drop[0] == "ALL",

@@ -41,6 +41,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -48,6 +49,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 // result is one check's outcome.
@@ -114,6 +117,15 @@ func main() {
 	check("ptrace attach pid 1", func() result { return errResult(ptraceAttach(1)) })
 	check("open /proc/1/mem", func() result { return tryOpenMem("/proc/1/mem") })
 	check("open /proc/1/task/1/mem", func() result { return tryOpenMem("/proc/1/task/1/mem") })
+	// Run as a task's command agent, the probe is the worker's child: the
+	// worker holds the task's webhook key (and a session's token) in its
+	// environment and memory; with the key a forged completion would be
+	// signed. The control shows whose they are (its command line, which
+	// anyone may read).
+	ppid := os.Getppid()
+	control("read the worker's command line", func() result { return tryReadCmdline(fmt.Sprintf("/proc/%d/cmdline", ppid)) })
+	check("read the worker's environment", func() result { return tryReadEnviron(fmt.Sprintf("/proc/%d/environ", ppid)) })
+	check("open the worker's memory", func() result { return tryOpenMem(fmt.Sprintf("/proc/%d/mem", ppid)) })
 	check("mount tmpfs", tryMount)
 	check("unshare user namespace", func() result { return tryNamespace(unix.CLONE_NEWUSER) })
 	check("unshare network namespace", func() result { return tryNamespace(unix.CLONE_NEWNET) })
@@ -132,6 +144,7 @@ func main() {
 	for _, p := range procSecrets {
 		check("read "+p, func() result { return tryReadSome(p) })
 	}
+	check("kernel addresses in /proc/kallsyms", kallsymsAddresses)
 
 	b, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
@@ -204,6 +217,30 @@ func tryReadSome(p string) result {
 		return result{Detail: fmt.Sprintf("read nothing (%v)", err)}
 	}
 	return result{OK: true, Detail: fmt.Sprintf("read %d bytes", n)}
+}
+
+// kallsymsAddresses reads /proc/kallsyms: ok if a symbol's address is
+// not zero, which locates the kernel (KASLR). Where the file is not
+// masked (a runc pod's), the kernel shows a process without CAP_SYSLOG
+// zeros (kptr_restrict, perf_event_paranoid), and the names alone locate
+// nothing.
+func kallsymsAddresses() result {
+	f, err := os.Open("/proc/kallsyms")
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	n := 0
+	for ; sc.Scan(); n++ {
+		if addr, _, _ := strings.Cut(sc.Text(), " "); strings.Trim(addr, "0") != "" {
+			return result{OK: true, Detail: fmt.Sprintf("symbol %d has an address: %s", n+1, sc.Text())}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return result{Detail: fmt.Sprintf("%d symbols read, every address zero, then %v", n, err)}
+	}
+	return result{Detail: fmt.Sprintf("%d symbols, every address zero", n)}
 }
 
 // tryOpenWrite opens p for writing and closes it without writing.
@@ -484,6 +521,47 @@ func tryOpenMem(p string) result {
 		return result{Detail: "masked: opens a character device (/dev/null), not the memory"}
 	}
 	return result{OK: true, Detail: "opened"}
+}
+
+// tryReadCmdline reads a process's command line; the detail is its argv
+// joined by spaces.
+func tryReadCmdline(p string) result {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	if len(b) == 0 {
+		return result{Detail: "empty"}
+	}
+	return result{OK: true, Detail: strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))}
+}
+
+// workerSecrets are the variables of the worker's environment that must
+// not reach the agent.
+var workerSecrets = []string{workerproto.EnvWebhookKey, workerproto.EnvSessionToken}
+
+// tryReadEnviron reads a process's environment: ok if it holds one of
+// workerSecrets. (gVisor lets any process read any other's environment,
+// so the worker's must hold none.) The detail names the variables found,
+// never their values: the report lands in the task's output.
+func tryReadEnviron(p string) result {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	var names, found []string
+	for _, kv := range strings.Split(string(b), "\x00") {
+		if k, _, ok := strings.Cut(kv, "="); ok {
+			names = append(names, k)
+			if slices.Contains(workerSecrets, k) {
+				found = append(found, k)
+			}
+		}
+	}
+	if len(found) == 0 {
+		return result{Detail: fmt.Sprintf("read %d bytes without %s: %s", len(b), strings.Join(workerSecrets, " or "), strings.Join(names, " "))}
+	}
+	return result{OK: true, Detail: fmt.Sprintf("read %d bytes with %s: %s", len(b), strings.Join(found, " "), strings.Join(names, " "))}
 }
 
 func tryMount() result {
