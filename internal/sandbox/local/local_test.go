@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,7 +20,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/guestetc"
+	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -142,6 +145,42 @@ func TestHostProcessesInvisible(t *testing.T) {
 	_, out := run(t, r, `cat /proc/*/cmdline 2>/dev/null | tr '\0' ' ' > out`, nil)
 	if strings.Contains(out, "local.test") || strings.Contains(out, "go test") {
 		t.Errorf("sandbox sees host processes: %q", out)
+	}
+}
+
+// TestProcessesInTheirCgroups checks that the launcher and every process
+// of the sandbox are in each of its cgroups: the launcher joins them
+// itself (cgroups.JoinFiles) before it forks bwrap.
+func TestProcessesInTheirCgroups(t *testing.T) {
+	r, _ := MustNew(t)
+	if r.cg == nil {
+		testenv.Missing(t, "writable cgroups: "+r.cgWarn)
+	}
+	ctx := context.Background()
+	id := sandboxtest.NewID(t)
+	if _, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/sh", "-c", "sleep 1006"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), id) })
+	e, err := r.Lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// bwrap's pid 1 and the main process, at least.
+	inside := hostproc.PidsInNamespace(e.St.PIDNS)
+	if len(inside) < 2 {
+		t.Fatalf("pids in the sandbox's namespace: %v, want pid 1 and the main process", inside)
+	}
+	if len(e.St.Cgroups) == 0 {
+		t.Fatal("the sandbox has no cgroups")
+	}
+	for _, dir := range e.St.Cgroups {
+		in := cgroups.Pids([]string{dir})
+		for _, p := range append([]int{e.St.PID}, inside...) {
+			if !slices.Contains(in, p) {
+				t.Errorf("pid %d not in %s (which has %v)", p, dir, in)
+			}
+		}
 	}
 }
 
