@@ -39,8 +39,10 @@
 // parent-death signal, stdin from /dev/null and output to a file. Everything
 // needed to find a sandbox again lives in StateDir/<id>/: state.json (the
 // Handle's state), status.jsonl (bwrap's --json-status-fd: the sandbox's
-// pid 1 at start, its exit code at the end), output.log, etc/ and
-// seccomp.bpf (the filter bwrap loaded).
+// pid 1 at start, its exit code at the end), output.log and seccomp.bpf
+// (the filter bwrap loaded). The generated /etc is the same for every
+// sandbox with the same network, so New writes it once per variant, in
+// StateDir/_etc/<network>/ (not a sandbox id), and every sandbox binds it.
 //
 // Lifecycle of one sandbox: Create → running → exited (main process ended,
 // by itself or by Stop) → Destroy removes it. Runtime is safe for concurrent
@@ -222,6 +224,14 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if err := os.Chmod(opts.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("open state dir to the sandbox identity: %w", err)
 	}
+	// Written at every start, so a new version's content replaces an
+	// older one's; sandboxes running meanwhile see each file replaced
+	// whole.
+	for _, n := range []sandbox.Network{sandbox.NetworkNone, sandbox.NetworkEgress} {
+		if _, err := guestetc.Write(etcDir(opts.StateDir, n), guestetc.Options{UID: opts.UID, GID: opts.GID, ResolvConf: n == sandbox.NetworkEgress}); err != nil {
+			return nil, fmt.Errorf("write the sandboxes' /etc: %w", err)
+		}
+	}
 	r := &Runtime{
 		opts:       opts,
 		noFileWarn: noFileWarn,
@@ -256,6 +266,16 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		Kill:       r.kill,
 	})
 	return r, nil
+}
+
+// etcDir is the generated /etc of the sandboxes with network n, in
+// stateDir: resolv.conf is there only with a network. A name no sandbox id
+// can take.
+func etcDir(stateDir string, n sandbox.Network) string {
+	if n != sandbox.NetworkEgress {
+		n = sandbox.NetworkNone
+	}
+	return filepath.Join(stateDir, "_etc", string(n))
 }
 
 // checkHost refuses a host identity sandboxes cannot or must not run as.
@@ -378,9 +398,8 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, fmt.Errorf("clean state dir: %w", err)
 	}
-	// 0711: the sandbox identity reaches etc/ through it (bwrap binds it
-	// by path); everything else in it is the server's alone (0600).
-	if err := os.Mkdir(dir, 0o711); err != nil {
+	// The server's alone: bwrap gets what it needs of it as open files.
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
 	e, err := r.start(ctx, spec, dir)
@@ -395,7 +414,8 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 
 // start launches bwrap for spec in dir and waits for the sandbox's pid 1.
 func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *statedir.Entry[state], err error) {
-	etcBinds, err := guestetc.Write(filepath.Join(dir, "etc"), guestetc.Options{UID: r.opts.UID, GID: r.opts.GID, ResolvConf: spec.Network == sandbox.NetworkEgress})
+	etc := etcDir(r.opts.StateDir, spec.Network)
+	etcBinds, err := guestetc.MountPoints(etc)
 	if err != nil {
 		return nil, err
 	}
@@ -430,7 +450,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	if err != nil {
 		return nil, err
 	}
-	argv := append([]string{r.opts.Bwrap}, bwrapArgs(spec, r.opts, filepath.Join(dir, "etc"), etcBinds)...)
+	argv := append([]string{r.opts.Bwrap}, bwrapArgs(spec, r.opts, etc, etcBinds)...)
 	argv = launcher(r.opts, cgroups.JoinFiles(st.Cgroups), argv, true)
 	// Not CommandContext: the sandbox must outlive ctx and this process.
 	cmd := exec.Command(argv[0], argv[1:]...)
