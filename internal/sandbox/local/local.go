@@ -39,8 +39,7 @@
 // parent-death signal, stdin from /dev/null and output to a file. Everything
 // needed to find a sandbox again lives in StateDir/<id>/: state.json (the
 // Handle's state), status.jsonl (bwrap's --json-status-fd: the sandbox's
-// pid 1 at start, its exit code at the end), output.log and seccomp.bpf
-// (the filter bwrap loaded). The generated /etc is the same for every
+// pid 1 at start, its exit code at the end) and output.log. The generated /etc is the same for every
 // sandbox with the same network, so New writes it once per variant, in
 // StateDir/_etc/<network>/ (not a sandbox id), and every sandbox binds it.
 //
@@ -56,6 +55,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
@@ -339,7 +339,7 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 		probe.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{
 			Uid: uint32(r.opts.Host.UID), Gid: uint32(r.opts.Host.GID), Groups: []uint32{}}}
 	}
-	filter, err := openFilter(r.opts.StateDir, r.filter)
+	filter, err := openFilter(r.filter)
 	if err != nil {
 		c.Reason = err.Error()
 		return c
@@ -456,7 +456,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = sandbox.DefaultEnv(spec.Env) // the launcher and bwrap pass it on as it is
 	cmd.Stdout, cmd.Stderr = out, out
-	filter, err := openFilter(dir, r.filter)
+	filter, err := openFilter(r.filter)
 	if err != nil {
 		return nil, err
 	}
@@ -521,17 +521,28 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	return e, nil
 }
 
-// openFilter writes the encoded seccomp filter to dir/seccomp.bpf and
-// returns it open for reading from the start: bwrap reads its --seccomp
-// descriptor to the end, so every bwrap needs a fresh one.
-func openFilter(dir string, filter []byte) (*os.File, error) {
-	path := filepath.Join(dir, "seccomp.bpf")
-	if err := os.WriteFile(path, filter, 0o600); err != nil {
+// openFilter returns the encoded seccomp filter in a sealed memory file
+// (memfd), open for reading from the start: bwrap reads its --seccomp
+// descriptor to the end, so every bwrap needs a fresh one. In memory, not
+// in the state dir: one file fewer made and deleted on disk per sandbox.
+// Sealed, so that nothing holding the descriptor can change it.
+func openFilter(filter []byte) (*os.File, error) {
+	fd, err := unix.MemfdCreate("corral-seccomp", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("create seccomp filter file: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "corral-seccomp")
+	if _, err := f.Write(filter); err != nil {
+		f.Close()
 		return nil, fmt.Errorf("write seccomp filter: %w", err)
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("open seccomp filter: %w", err)
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("seal seccomp filter: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("rewind seccomp filter: %w", err)
 	}
 	return f, nil
 }
