@@ -189,8 +189,9 @@ type Runtime struct {
 	*statedir.Sandboxes[state]
 }
 
-// state is Handle.State, version 1, also kept in StateDir/<id>/state.json.
-// Launch.PID is bwrap's parent, the launcher.
+// state is Handle.State, version 1, also kept in StateDir/<id>/state.json
+// (there without ChildPID and PIDNS, which loadState reads from
+// status.jsonl). Launch.PID is bwrap's parent, the launcher.
 type state struct {
 	statedir.Launch
 	ChildPID int    `json:"child_pid"` // the sandbox's pid 1, as a host pid
@@ -362,9 +363,10 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	return c
 }
 
-// loadState completes the state of a sandbox found on disk: a server that
-// died during Create left it without the sandbox's pid 1, which bwrap has
-// reported in status.jsonl since.
+// loadState completes the state of a sandbox found on disk with the
+// sandbox's pid 1, which bwrap reports in status.jsonl: state.json is
+// written before bwrap has started it (and after a server that died during
+// Create, there is no other record of it).
 func loadState(dir string, st state) state {
 	if st.ChildPID == 0 {
 		if info, ok := readStatus(dir); ok && info.ChildPID > 0 {
@@ -514,9 +516,9 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 		}
 		delay = min(2*delay, 10*time.Millisecond)
 	}
-	if err := r.Dir.Write(spec.ID, st); err != nil {
-		return nil, err
-	}
+	// Not written to state.json: loadState reads the pid 1 back from
+	// status.jsonl, which bwrap wrote it to, and a second write would be a
+	// second file made, fsynced and renamed per sandbox.
 	e.St = st
 	return e, nil
 }

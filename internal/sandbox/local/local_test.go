@@ -4,7 +4,6 @@ package local
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -354,10 +353,11 @@ func TestSecretsNotInArguments(t *testing.T) {
 	}
 }
 
-// TestRecoverAfterDeathDuringCreate is a server killed after starting
-// bwrap but before recording the sandbox's pid 1: a new server must still
-// see the sandbox running, and be able to stop it.
-func TestRecoverAfterDeathDuringCreate(t *testing.T) {
+// TestRecoverFromStatus is a new server finding a running sandbox: its
+// state.json never holds the sandbox's pid 1 (Create writes it before bwrap
+// has one), so the new server must learn it from status.jsonl to see the
+// sandbox running and stop it.
+func TestRecoverFromStatus(t *testing.T) {
 	r, newRuntime := MustNew(t)
 	ctx := context.Background()
 	id := sandboxtest.NewID(t)
@@ -365,26 +365,16 @@ func TestRecoverAfterDeathDuringCreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { newRuntime().Destroy(context.Background(), id) })
-	// Rewrite the state as Create had it before it learnt the pid.
-	p := filepath.Join(r.opts.StateDir, id, "state.json")
-	var st map[string]any
-	b, _ := os.ReadFile(p)
-	if err := json.Unmarshal(b, &st); err != nil {
-		t.Fatal(err)
-	}
-	st["child_pid"] = 0
-	b, _ = json.Marshal(st)
-	if err := os.WriteFile(p, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	r2 := newRuntime()
 	if s, err := r2.Status(ctx, id); err != nil || s.State != sandbox.StateRunning {
 		t.Fatalf("Status = %+v, %v; want running", s, err)
 	}
-	if err := r2.Stop(ctx, id, 100*time.Millisecond); err != nil {
+	// A SIGTERM to the sandbox's processes, which only its pid namespace
+	// (from status.jsonl) finds, ends sleep within the grace: 128+15.
+	if err := r2.Stop(ctx, id, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if es, err := r2.Wait(ctx, id); err != nil || es.Code == 0 {
-		t.Errorf("Wait after Stop = %+v, %v", es, err)
+	if es, err := r2.Wait(ctx, id); err != nil || es.Code != 143 {
+		t.Errorf("Wait after Stop = %+v, %v; want code 143 (SIGTERM)", es, err)
 	}
 }
