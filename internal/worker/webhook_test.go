@@ -163,3 +163,50 @@ func TestRunWebhookWithAnotherTasksKeyIsRejected(t *testing.T) {
 		t.Errorf("%d requests, %d accepted, errors %v; want one rejected request", srv.requests, len(srv.got), srv.errs)
 	}
 }
+
+// The last progress report is still in flight when the agent exits (the
+// worker writes status.json meanwhile); the completion must not overtake
+// it. The server here takes its time over each report, as a server
+// committing the report's event does.
+func TestRunLastProgressBeforeCompletion(t *testing.T) {
+	v := webhook.NewVerifier(testSecret, time.Minute, nil)
+	var mu sync.Mutex
+	var order []string
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		m := webhook.Received(r.Header, body)
+		switch r.URL.Path {
+		case webhook.ProgressPath:
+			p, err := v.VerifyProgress(m)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusUnauthorized)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+			mu.Lock()
+			for _, it := range p.Items {
+				order = append(order, "progress "+it.Text)
+			}
+			mu.Unlock()
+		case webhook.Path:
+			if _, err := v.Verify(m); err != nil {
+				http.Error(w, err.Error(), http.StatusUnauthorized)
+				return
+			}
+			mu.Lock()
+			order = append(order, "completion")
+			mu.Unlock()
+		}
+		w.Write([]byte(`{"status":"accepted"}`))
+	}))
+	defer hs.Close()
+	opts := webhookOptions(MustTaskDir(t), `echo last`, hs.URL+webhook.Path)
+	if code, _ := MustRun(t, opts); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if diff := cmp.Diff([]string{"progress last", "completion"}, order); diff != "" {
+		t.Errorf("what the server saw, in order (-want +got):\n%s", diff)
+	}
+}

@@ -96,6 +96,12 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) int {
 	if err != nil {
 		log.Error("cannot write status file", logkey.Error, err)
 	}
+	// The last progress report was in flight while status.json was
+	// written (two fsyncs, as long as the report's own commit on the
+	// server); it goes before the completion.
+	if r.closeProgress != nil {
+		r.closeProgress()
+	}
 	log.Info("task finished", logkey.Status, st.Status, "exit_code", st.ExitCode, "duration_seconds", st.DurationSeconds, "output_files", len(st.OutputFiles))
 	deliver(ctx, opts, st, log)
 	return st.ExitCode
@@ -161,7 +167,8 @@ type run struct {
 	opts Options
 	root *os.Root
 	log  *slog.Logger
-	// closeProgress flushes and stops progress reports, if they are sent.
+	// closeProgress flushes and stops progress reports, if they are sent:
+	// Run calls it before the completion webhook.
 	closeProgress func()
 }
 
@@ -290,7 +297,6 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 	}
 	if r.opts.WebhookURL != "" && len(r.opts.WebhookKey) > 0 && !r.opts.NoProgress {
 		ps := newProgressSender(r.opts.ProgressInterval, func(s string) string { return workerproto.RedactString(s, secrets) }, r.postProgress, r.log)
-		defer ps.close()
 		local := onProgress
 		onProgress = func(p agent.Progress) {
 			local(p)
@@ -318,9 +324,6 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 	stdout.Close()
 	stderr.Close()
 	res := parser.Result()
-	if r.closeProgress != nil {
-		r.closeProgress() // the last report goes before the completion
-	}
 	end := r.opts.Now()
 	r.log.Info("agent exited", "exit_code", code, "stopped", stopped)
 

@@ -238,7 +238,7 @@ func TestOOMKillsWithoutCounterFallsBackToFailcnt(t *testing.T) {
 	}
 }
 
-func TestProcsFilesAndRemove(t *testing.T) {
+func TestJoinFilesAndRemove(t *testing.T) {
 	root := mustFakeCgroupfs(t, false)
 	cg, err := Detect(root, "corral")
 	if err != nil {
@@ -251,13 +251,24 @@ func TestProcsFilesAndRemove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The kernel gives every v1 cgroup a tasks file; the fake has it in
+	// the memory and pids cgroups only, and the cpu one stands for a v2
+	// cgroup, which has cgroup.procs and no tasks.
+	for _, d := range dirs[:2] {
+		if err := os.WriteFile(filepath.Join(d, "tasks"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	want := []string{
-		filepath.Join(root, "memory", "corral", "sb-3", "cgroup.procs"),
-		filepath.Join(root, "pids", "corral", "sb-3", "cgroup.procs"),
+		filepath.Join(root, "memory", "corral", "sb-3", "tasks"),
+		filepath.Join(root, "pids", "corral", "sb-3", "tasks"),
 		filepath.Join(root, "cpu", "corral", "sb-3", "cgroup.procs"),
 	}
-	if diff := cmp.Diff(want, ProcsFiles(dirs)); diff != "" {
-		t.Errorf("ProcsFiles (-want +got):\n%s", diff)
+	if diff := cmp.Diff(want, JoinFiles(dirs)); diff != "" {
+		t.Errorf("JoinFiles (-want +got):\n%s", diff)
+	}
+	for _, d := range dirs[:2] {
+		os.Remove(filepath.Join(d, "tasks")) // the kernel's files go with the cgroup
 	}
 	if err := Remove(dirs); err != nil {
 		t.Fatalf("Remove: %v", err)

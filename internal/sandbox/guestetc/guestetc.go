@@ -37,10 +37,11 @@ type Options struct {
 }
 
 // Write writes the sandbox's minimal /etc into dir (created if missing),
-// including empty mount points for the entries of HostBinds that exist on
-// the host: the directory itself is bound read-only, so a runtime could not
-// create them inside. It returns the names of those entries, for the
-// runtime to bind /etc/<name> read-only over them.
+// then its mount points (MountPoints), and returns the names of the entries
+// for the runtime to bind /etc/<name> read-only over them. Each file is
+// replaced atomically (a temporary file renamed over it), so that Write
+// may refresh a dir that running sandboxes have bound: they see the old
+// file or the new one, never a part of one.
 func Write(dir string, o Options) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create etc dir: %w", err)
@@ -57,10 +58,38 @@ func Write(dir string, o Options) ([]string, error) {
 		files["resolv.conf"] = ResolvConf
 	}
 	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+		if err := replaceFile(dir, name, content); err != nil {
 			return nil, fmt.Errorf("write etc/%s: %w", name, err)
 		}
 	}
+	return MountPoints(dir)
+}
+
+// replaceFile writes content to dir/name through a temporary file of its
+// own (two writers never share one) renamed over it.
+func replaceFile(dir, name, content string) error {
+	f, err := os.CreateTemp(dir, "."+name+"-*")
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(content)
+	err = errors.Join(err, f.Chmod(0o644), f.Close())
+	if err == nil {
+		err = os.Rename(f.Name(), filepath.Join(dir, name))
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
+// MountPoints makes sure dir holds an empty mount point for each entry of
+// HostBinds that exists on the host now (dir itself is bound read-only, so
+// a runtime could not create them inside), and returns their names. It
+// only looks when they exist already, so a runtime calls it for every
+// sandbox, and an entry that appears on the host later is bound from then
+// on.
+func MountPoints(dir string) ([]string, error) {
 	var binds []string
 	for _, name := range HostBinds {
 		st, err := os.Stat(filepath.Join("/etc", name))
@@ -68,18 +97,33 @@ func Write(dir string, o Options) ([]string, error) {
 			continue
 		}
 		mp := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(mp), 0o755); err != nil {
-			return nil, fmt.Errorf("create etc mount point %s: %w", name, err)
-		}
-		if st.IsDir() {
-			err = os.Mkdir(mp, 0o755)
-		} else {
-			err = os.WriteFile(mp, nil, 0o644)
-		}
-		if err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("create etc mount point %s: %w", name, err)
+		if _, err := os.Lstat(mp); err != nil {
+			if err := mountPoint(mp, st.IsDir()); err != nil {
+				return nil, fmt.Errorf("create etc mount point %s: %w", name, err)
+			}
 		}
 		binds = append(binds, name)
 	}
 	return binds, nil
+}
+
+// mountPoint creates an empty directory or file at mp; one that exists
+// already (made meanwhile by another caller) will do.
+func mountPoint(mp string, isDir bool) error {
+	if err := os.MkdirAll(filepath.Dir(mp), 0o755); err != nil {
+		return err
+	}
+	var err error
+	if isDir {
+		err = os.Mkdir(mp, 0o755)
+	} else {
+		var f *os.File
+		if f, err = os.OpenFile(mp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644); err == nil {
+			err = f.Close()
+		}
+	}
+	if errors.Is(err, os.ErrExist) {
+		return nil
+	}
+	return err
 }

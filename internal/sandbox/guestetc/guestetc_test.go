@@ -75,3 +75,55 @@ func TestWriteResolvConf(t *testing.T) {
 		t.Errorf("second Write: %v", err)
 	}
 }
+
+// A dir shared by sandboxes is written again at each start of a runtime:
+// the files take the new content and no temporary file is left behind.
+func TestWriteReplaces(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Write(dir, Options{UID: 1000, GID: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadDir(dir)
+	if _, err := Write(dir, Options{UID: 1234, GID: 5678}); err != nil {
+		t.Fatal(err)
+	}
+	passwd, _ := os.ReadFile(filepath.Join(dir, "passwd"))
+	if !strings.Contains(string(passwd), "\nworker:x:1234:5678:") {
+		t.Errorf("passwd after the second Write:\n%s", passwd)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "passwd")); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("passwd: %v, %v; want mode 0644", fi, err)
+	}
+	after, _ := os.ReadDir(dir)
+	if len(after) != len(before) {
+		t.Errorf("entries %v after the second Write, %v before", after, before)
+	}
+}
+
+// MountPoints makes again a mount point that is missing (a host entry that
+// appeared after the dir was written), and keeps those that exist.
+func TestMountPointsMakesMissing(t *testing.T) {
+	dir := t.TempDir()
+	binds, err := Write(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(binds) == 0 {
+		t.Skip("no entry of HostBinds on this host")
+	}
+	if err := os.RemoveAll(filepath.Join(dir, binds[0])); err != nil {
+		t.Fatal(err)
+	}
+	again, err := MountPoints(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(binds, again); diff != "" {
+		t.Errorf("MountPoints (-first +again):\n%s", diff)
+	}
+	fi, err := os.Stat(filepath.Join(dir, binds[0]))
+	host, herr := os.Stat(filepath.Join("/etc", binds[0]))
+	if err != nil || herr != nil || fi.IsDir() != host.IsDir() {
+		t.Errorf("mount point %s: %v, %v; want the kind of the host entry", binds[0], err, herr)
+	}
+}

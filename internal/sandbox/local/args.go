@@ -135,10 +135,11 @@ func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) [
 // launcherScript is the sandbox's launcher, run by /bin/sh: it sets the
 // resource limits (soft and hard, so nothing in the sandbox can raise them:
 // no core files, nofile from $1, the size of any one file from $2 in
-// 512-byte blocks, as POSIX ulimit -f counts, or "unlimited"), writes its
-// own pid into every cgroup.procs file given as an argument up to "--", then
-// runs the rest (bwrap) as its child and exits with its status. dash takes
-// one limit per ulimit command.
+// 512-byte blocks, as POSIX ulimit -f counts, or "unlimited"), joins the
+// cgroups by writing 0 (itself: echo is a builtin, so the shell, which has
+// one thread and has not forked yet) into every file given as an argument
+// up to "--" (cgroups.JoinFiles), then runs the rest (bwrap) as its child
+// and exits with its status. dash takes one limit per ulimit command.
 //
 // The file size limit holds for bwrap too, so it also bounds output.log,
 // the sandbox's stdout and stderr: a process writing past it gets SIGXFSZ.
@@ -152,7 +153,7 @@ func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) [
 // the launcher is bwrap's parent, in its own session, so the server dying
 // does not take bwrap (and the sandbox) with it. The paths are arguments,
 // never part of the script.
-const launcherScript = `ulimit -c 0 && ulimit -n "$1" && ulimit -f "$2" || exit 126; shift 2; for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 126; shift; done; shift; "$@"; rc=$?; exit $rc`
+const launcherScript = `ulimit -c 0 && ulimit -n "$1" && ulimit -f "$2" || exit 126; shift 2; for f; do [ "$f" = -- ] && break; echo 0 > "$f" || exit 126; shift; done; shift; "$@"; rc=$?; exit $rc`
 
 // fitNoFile returns the open-file limit sandboxes get when want is asked
 // for and the server's own hard RLIMIT_NOFILE is hard, and, when that is
@@ -172,18 +173,18 @@ func fitNoFile(want int, hard uint64) (int, string) {
 }
 
 // launcher returns the argv that runs argv as a child of a shell with the
-// resource limits of o, inside the cgroups whose cgroup.procs files are
-// procs; with asHost, as the sandbox's host identity (o.Host) when that
+// resource limits of o, inside the cgroups whose JoinFiles are join; with
+// asHost, as the sandbox's host identity (o.Host) when that
 // needs a change from root. Exec's nsenter stays root to join the
 // namespaces and becomes the sandbox user inside them itself.
-func launcher(o Options, procs []string, argv []string, asHost bool) []string {
+func launcher(o Options, join []string, argv []string, asHost bool) []string {
 	fsize := "unlimited"
 	if o.FileSizeLimit > 0 {
 		// Rounded up to whole blocks: a limit is never lowered.
 		fsize = strconv.FormatInt((o.FileSizeLimit+511)/512, 10)
 	}
 	out := []string{"/bin/sh", "-c", launcherScript, "sh", strconv.Itoa(o.NoFile), fsize}
-	out = append(out, procs...)
+	out = append(out, join...)
 	out = append(out, "--")
 	if asHost && o.Host.Switch() {
 		// bwrap, and so everything in the sandbox, runs as the sandbox's

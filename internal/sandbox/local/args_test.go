@@ -3,7 +3,9 @@
 package local
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,5 +87,28 @@ func TestFitNoFile(t *testing.T) {
 		if c.warn && !strings.Contains(warn, fmt.Sprintf("get %d open files, not %d", c.got, c.want)) {
 			t.Errorf("fitNoFile(%d, hard %d): warning %q does not say what sandboxes get", c.want, c.hard, warn)
 		}
+	}
+}
+
+// The filter bwrap reads is the runtime's, whole, and sealed: no holder of
+// the descriptor can change it before bwrap has read it.
+func TestOpenFilterSealed(t *testing.T) {
+	want := []byte("a filter of some bytes")
+	f, err := openFilter(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Write([]byte("x")); err == nil {
+		t.Errorf("writing to the sealed filter succeeded")
+	}
+	got, err := io.ReadAll(f)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Errorf("read %q, %v; want %q", got, err, want)
 	}
 }

@@ -53,7 +53,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 		// path goes through the sandbox's root as /proc shows it.
 		"--wd=/proc/" + strconv.Itoa(e.St.ChildPID) + "/root" + dir, "--"}
 	argv = append(argv, req.Command...)
-	argv = launcher(r.opts, cgroups.ProcsFiles(e.St.Cgroups), argv, false)
+	argv = launcher(r.opts, cgroups.JoinFiles(e.St.Cgroups), argv, false)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = sandbox.DefaultEnv(req.Env)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr

@@ -39,8 +39,9 @@
 // parent-death signal, stdin from /dev/null and output to a file. Everything
 // needed to find a sandbox again lives in StateDir/<id>/: state.json (the
 // Handle's state), status.jsonl (bwrap's --json-status-fd: the sandbox's
-// pid 1 at start, its exit code at the end), output.log, etc/ and
-// seccomp.bpf (the filter bwrap loaded).
+// pid 1 at start, its exit code at the end) and output.log. The generated /etc is the same for every
+// sandbox with the same network, so New writes it once per variant, in
+// StateDir/_etc/<network>/ (not a sandbox id), and every sandbox binds it.
 //
 // Lifecycle of one sandbox: Create → running → exited (main process ended,
 // by itself or by Stop) → Destroy removes it. Runtime is safe for concurrent
@@ -54,6 +55,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
@@ -187,8 +189,9 @@ type Runtime struct {
 	*statedir.Sandboxes[state]
 }
 
-// state is Handle.State, version 1, also kept in StateDir/<id>/state.json.
-// Launch.PID is bwrap's parent, the launcher.
+// state is Handle.State, version 1, also kept in StateDir/<id>/state.json
+// (there without ChildPID and PIDNS, which loadState reads from
+// status.jsonl). Launch.PID is bwrap's parent, the launcher.
 type state struct {
 	statedir.Launch
 	ChildPID int    `json:"child_pid"` // the sandbox's pid 1, as a host pid
@@ -221,6 +224,14 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	}
 	if err := os.Chmod(opts.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("open state dir to the sandbox identity: %w", err)
+	}
+	// Written at every start, so a new version's content replaces an
+	// older one's; sandboxes running meanwhile see each file replaced
+	// whole.
+	for _, n := range []sandbox.Network{sandbox.NetworkNone, sandbox.NetworkEgress} {
+		if _, err := guestetc.Write(etcDir(opts.StateDir, n), guestetc.Options{UID: opts.UID, GID: opts.GID, ResolvConf: n == sandbox.NetworkEgress}); err != nil {
+			return nil, fmt.Errorf("write the sandboxes' /etc: %w", err)
+		}
 	}
 	r := &Runtime{
 		opts:       opts,
@@ -256,6 +267,16 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		Kill:       r.kill,
 	})
 	return r, nil
+}
+
+// etcDir is the generated /etc of the sandboxes with network n, in
+// stateDir: resolv.conf is there only with a network. A name no sandbox id
+// can take.
+func etcDir(stateDir string, n sandbox.Network) string {
+	if n != sandbox.NetworkEgress {
+		n = sandbox.NetworkNone
+	}
+	return filepath.Join(stateDir, "_etc", string(n))
 }
 
 // checkHost refuses a host identity sandboxes cannot or must not run as.
@@ -319,7 +340,7 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 		probe.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{
 			Uid: uint32(r.opts.Host.UID), Gid: uint32(r.opts.Host.GID), Groups: []uint32{}}}
 	}
-	filter, err := openFilter(r.opts.StateDir, r.filter)
+	filter, err := openFilter(r.filter)
 	if err != nil {
 		c.Reason = err.Error()
 		return c
@@ -342,9 +363,10 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	return c
 }
 
-// loadState completes the state of a sandbox found on disk: a server that
-// died during Create left it without the sandbox's pid 1, which bwrap has
-// reported in status.jsonl since.
+// loadState completes the state of a sandbox found on disk with the
+// sandbox's pid 1, which bwrap reports in status.jsonl: state.json is
+// written before bwrap has started it (and after a server that died during
+// Create, there is no other record of it).
 func loadState(dir string, st state) state {
 	if st.ChildPID == 0 {
 		if info, ok := readStatus(dir); ok && info.ChildPID > 0 {
@@ -378,9 +400,8 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, fmt.Errorf("clean state dir: %w", err)
 	}
-	// 0711: the sandbox identity reaches etc/ through it (bwrap binds it
-	// by path); everything else in it is the server's alone (0600).
-	if err := os.Mkdir(dir, 0o711); err != nil {
+	// The server's alone: bwrap gets what it needs of it as open files.
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
 	e, err := r.start(ctx, spec, dir)
@@ -395,7 +416,8 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 
 // start launches bwrap for spec in dir and waits for the sandbox's pid 1.
 func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *statedir.Entry[state], err error) {
-	etcBinds, err := guestetc.Write(filepath.Join(dir, "etc"), guestetc.Options{UID: r.opts.UID, GID: r.opts.GID, ResolvConf: spec.Network == sandbox.NetworkEgress})
+	etc := etcDir(r.opts.StateDir, spec.Network)
+	etcBinds, err := guestetc.MountPoints(etc)
 	if err != nil {
 		return nil, err
 	}
@@ -430,13 +452,13 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	if err != nil {
 		return nil, err
 	}
-	argv := append([]string{r.opts.Bwrap}, bwrapArgs(spec, r.opts, filepath.Join(dir, "etc"), etcBinds)...)
-	argv = launcher(r.opts, cgroups.ProcsFiles(st.Cgroups), argv, true)
+	argv := append([]string{r.opts.Bwrap}, bwrapArgs(spec, r.opts, etc, etcBinds)...)
+	argv = launcher(r.opts, cgroups.JoinFiles(st.Cgroups), argv, true)
 	// Not CommandContext: the sandbox must outlive ctx and this process.
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = sandbox.DefaultEnv(spec.Env) // the launcher and bwrap pass it on as it is
 	cmd.Stdout, cmd.Stderr = out, out
-	filter, err := openFilter(dir, r.filter)
+	filter, err := openFilter(r.filter)
 	if err != nil {
 		return nil, err
 	}
@@ -466,8 +488,14 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	// bwrap writes the child pid to status.jsonl once the namespaces exist,
 	// before it has set up the mounts; its pid 1 forks the main process
 	// only after that. Waiting for the fork means Exec never sees a half
-	// built sandbox. Both take 3 to 10 ms together.
-	delay := time.Millisecond
+	// built sandbox. Both take 5 to 15 ms together. Nothing signals the
+	// fork, so it is polled every millisecond: a task's worker runs from
+	// that moment, and its completion waits for the task_started recorded
+	// after this returns, so any lateness here is the task's. (A 1 -> 10 ms
+	// back-off cost 3 to 8 ms per task once the worker was that fast.) A
+	// poll after the first few reads one small /proc file.
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
 	for ready := false; !ready; {
 		if st.ChildPID == 0 {
 			if info, ok := readStatus(dir); ok && info.ChildPID > 0 {
@@ -490,28 +518,38 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 			return nil, fmt.Errorf("bwrap exited (%v): %s", ps, tail(filepath.Join(dir, "output.log")))
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(delay):
+		case <-tick.C:
 		}
-		delay = min(2*delay, 10*time.Millisecond)
 	}
-	if err := r.Dir.Write(spec.ID, st); err != nil {
-		return nil, err
-	}
+	// Not written to state.json: loadState reads the pid 1 back from
+	// status.jsonl, which bwrap wrote it to, and a second write would be a
+	// second file made, fsynced and renamed per sandbox.
 	e.St = st
 	return e, nil
 }
 
-// openFilter writes the encoded seccomp filter to dir/seccomp.bpf and
-// returns it open for reading from the start: bwrap reads its --seccomp
-// descriptor to the end, so every bwrap needs a fresh one.
-func openFilter(dir string, filter []byte) (*os.File, error) {
-	path := filepath.Join(dir, "seccomp.bpf")
-	if err := os.WriteFile(path, filter, 0o600); err != nil {
+// openFilter returns the encoded seccomp filter in a sealed memory file
+// (memfd), open for reading from the start: bwrap reads its --seccomp
+// descriptor to the end, so every bwrap needs a fresh one. In memory, not
+// in the state dir: one file fewer made and deleted on disk per sandbox.
+// Sealed, so that nothing holding the descriptor can change it.
+func openFilter(filter []byte) (*os.File, error) {
+	fd, err := unix.MemfdCreate("corral-seccomp", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("create seccomp filter file: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "corral-seccomp")
+	if _, err := f.Write(filter); err != nil {
+		f.Close()
 		return nil, fmt.Errorf("write seccomp filter: %w", err)
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("open seccomp filter: %w", err)
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("seal seccomp filter: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("rewind seccomp filter: %w", err)
 	}
 	return f, nil
 }

@@ -4,13 +4,13 @@ package local
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,7 +19,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/guestetc"
+	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -142,6 +144,42 @@ func TestHostProcessesInvisible(t *testing.T) {
 	_, out := run(t, r, `cat /proc/*/cmdline 2>/dev/null | tr '\0' ' ' > out`, nil)
 	if strings.Contains(out, "local.test") || strings.Contains(out, "go test") {
 		t.Errorf("sandbox sees host processes: %q", out)
+	}
+}
+
+// TestProcessesInTheirCgroups checks that the launcher and every process
+// of the sandbox are in each of its cgroups: the launcher joins them
+// itself (cgroups.JoinFiles) before it forks bwrap.
+func TestProcessesInTheirCgroups(t *testing.T) {
+	r, _ := MustNew(t)
+	if r.cg == nil {
+		testenv.Missing(t, "writable cgroups: "+r.cgWarn)
+	}
+	ctx := context.Background()
+	id := sandboxtest.NewID(t)
+	if _, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/sh", "-c", "sleep 1006"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), id) })
+	e, err := r.Lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// bwrap's pid 1 and the main process, at least.
+	inside := hostproc.PidsInNamespace(e.St.PIDNS)
+	if len(inside) < 2 {
+		t.Fatalf("pids in the sandbox's namespace: %v, want pid 1 and the main process", inside)
+	}
+	if len(e.St.Cgroups) == 0 {
+		t.Fatal("the sandbox has no cgroups")
+	}
+	for _, dir := range e.St.Cgroups {
+		in := cgroups.Pids([]string{dir})
+		for _, p := range append([]int{e.St.PID}, inside...) {
+			if !slices.Contains(in, p) {
+				t.Errorf("pid %d not in %s (which has %v)", p, dir, in)
+			}
+		}
 	}
 }
 
@@ -315,10 +353,11 @@ func TestSecretsNotInArguments(t *testing.T) {
 	}
 }
 
-// TestRecoverAfterDeathDuringCreate is a server killed after starting
-// bwrap but before recording the sandbox's pid 1: a new server must still
-// see the sandbox running, and be able to stop it.
-func TestRecoverAfterDeathDuringCreate(t *testing.T) {
+// TestRecoverFromStatus is a new server finding a running sandbox: its
+// state.json never holds the sandbox's pid 1 (Create writes it before bwrap
+// has one), so the new server must learn it from status.jsonl to see the
+// sandbox running and stop it.
+func TestRecoverFromStatus(t *testing.T) {
 	r, newRuntime := MustNew(t)
 	ctx := context.Background()
 	id := sandboxtest.NewID(t)
@@ -326,26 +365,16 @@ func TestRecoverAfterDeathDuringCreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { newRuntime().Destroy(context.Background(), id) })
-	// Rewrite the state as Create had it before it learnt the pid.
-	p := filepath.Join(r.opts.StateDir, id, "state.json")
-	var st map[string]any
-	b, _ := os.ReadFile(p)
-	if err := json.Unmarshal(b, &st); err != nil {
-		t.Fatal(err)
-	}
-	st["child_pid"] = 0
-	b, _ = json.Marshal(st)
-	if err := os.WriteFile(p, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	r2 := newRuntime()
 	if s, err := r2.Status(ctx, id); err != nil || s.State != sandbox.StateRunning {
 		t.Fatalf("Status = %+v, %v; want running", s, err)
 	}
-	if err := r2.Stop(ctx, id, 100*time.Millisecond); err != nil {
+	// A SIGTERM to the sandbox's processes, which only its pid namespace
+	// (from status.jsonl) finds, ends sleep within the grace: 128+15.
+	if err := r2.Stop(ctx, id, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if es, err := r2.Wait(ctx, id); err != nil || es.Code == 0 {
-		t.Errorf("Wait after Stop = %+v, %v", es, err)
+	if es, err := r2.Wait(ctx, id); err != nil || es.Code != 143 {
+		t.Errorf("Wait after Stop = %+v, %v; want code 143 (SIGTERM)", es, err)
 	}
 }
