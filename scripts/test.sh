@@ -69,8 +69,8 @@ for want in "${agents[@]}"; do
 done
 
 # Seed 000's worker for the Claude Code tests on the cluster: Debian 12 with
-# python3-matplotlib and the Claude Code just installed (image.sh claude;
-# the root file system, 1.2 GB, is built once into the cache).
+# python3 and the Claude Code just installed (image.sh claude; the root
+# file system is built once into the cache).
 $sudo ./scripts/k8s/import.sh "$($sudo ./scripts/k8s/image.sh claude)"
 
 echo "==> go test -race -tags integration"

@@ -139,6 +139,34 @@ func TestClaudeCSVChart(t *testing.T) {
 	})
 }
 
+// writeTransactions puts seed 000's bank statement in the shared
+// workspace, as data/transactions.csv.
+func writeTransactions(t *testing.T, data string) {
+	t.Helper()
+	shared := filepath.Join(data, "shared", "data")
+	if err := os.MkdirAll(shared, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	csv := "date,category,amount\n2026-01-02,groceries,40.50\n2026-01-03,rent,900\n2026-01-05,groceries,22.25\n2026-01-09,transport,15\n"
+	if err := os.WriteFile(filepath.Join(shared, "transactions.csv"), []byte(csv), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkChart checks what testdata/claude_chart.py makes of the statement
+// in task id's output: the totals by category and a PNG chart.
+func checkChart(t *testing.T, data, id string) {
+	t.Helper()
+	totals, err := os.ReadFile(filepath.Join(data, "tasks", id, "output", "totals.csv"))
+	if want := "category,total\ngroceries,62.75\nrent,900.00\ntransport,15.00\n"; err != nil || string(totals) != want {
+		t.Errorf("output/totals.csv = %q, %v; want %q", totals, err, want)
+	}
+	png, err := os.ReadFile(filepath.Join(data, "tasks", id, "output", "chart.png"))
+	if err != nil || !strings.HasPrefix(string(png), "\x89PNG\r\n\x1a\n") {
+		t.Errorf("output/chart.png is not a PNG (%d bytes, %v)", len(png), err)
+	}
+}
+
 func testClaudeCSVChart(t *testing.T, edit func(testing.TB, *config.Config)) {
 	script, err := os.ReadFile("testdata/claude_chart.py")
 	if err != nil {
@@ -152,14 +180,7 @@ func testClaudeCSVChart(t *testing.T, edit func(testing.TB, *config.Config)) {
 		}}, InputTokens: 1500, OutputTokens: 120},
 		{Text: final, InputTokens: 1700, OutputTokens: 30},
 	}}, true, edit)
-	shared := filepath.Join(s.data, "shared", "data")
-	if err := os.MkdirAll(shared, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	csv := "date,category,amount\n2026-01-02,groceries,40.50\n2026-01-03,rent,900\n2026-01-05,groceries,22.25\n2026-01-09,transport,15\n"
-	if err := os.WriteFile(filepath.Join(shared, "transactions.csv"), []byte(csv), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTransactions(t, s.data)
 	spawned := time.Now()
 	tk := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Parse my transactions and chart my spending by category", ContextFiles: []string{"data/transactions.csv"}})
 	res := s.wait(t, tk.ID, 120*time.Second, "totals.csv")
@@ -174,14 +195,7 @@ func testClaudeCSVChart(t *testing.T, edit func(testing.TB, *config.Config)) {
 	if got, want := res.Summary, final; got != want {
 		t.Errorf("summary = %q, want %q", got, want)
 	}
-	totals, err := os.ReadFile(filepath.Join(s.data, "tasks", tk.ID, "output", "totals.csv"))
-	if want := "category,total\ngroceries,62.75\nrent,900.00\ntransport,15.00\n"; err != nil || string(totals) != want {
-		t.Errorf("output/totals.csv = %q, %v; want %q", totals, err, want)
-	}
-	png, err := os.ReadFile(filepath.Join(s.data, "tasks", tk.ID, "output", "chart.png"))
-	if err != nil || !strings.HasPrefix(string(png), "\x89PNG\r\n\x1a\n") {
-		t.Errorf("output/chart.png is not a PNG (%d bytes, %v)", len(png), err)
-	}
+	checkChart(t, s.data, tk.ID)
 
 	got, err := s.client.Get(context.Background(), tk.ID)
 	if err != nil {

@@ -62,17 +62,17 @@ func TestDestroySandboxesLeavesNothing(t *testing.T) {
 	s.waitStatus(t, tk.ID, task.Running, 20*time.Second)
 	var st struct {
 		Cgroups []string `json:"cgroups"`
-		PIDNS   uint64   `json:"pid_ns"`
 	}
 	b, err := os.ReadFile(filepath.Join(cfg.Data, "run", "local", tk.ID, "state.json"))
-	if err != nil || json.Unmarshal(b, &st) != nil || st.PIDNS == 0 {
+	if err != nil || json.Unmarshal(b, &st) != nil || len(st.Cgroups) == 0 {
 		t.Fatalf("sandbox state: %v %s", err, b)
 	}
+	_, pidNS := localSandboxPID(t, cfg.Data, tk.ID)
 	// Running means the sandbox started, not that the worker has started
 	// the agent yet (a loaded machine takes a while): the server stops
 	// once the agent runs.
 	agent := []string{"sleep", "60.02"}
-	for deadline := time.Now().Add(20 * time.Second); !runningIn(st.PIDNS, agent...); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); !runningIn(pidNS, agent...); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the task's agent never started")
 		}
@@ -81,13 +81,13 @@ func TestDestroySandboxesLeavesNothing(t *testing.T) {
 	if err := runErr(); err != nil {
 		t.Fatal(err)
 	}
-	if !runningIn(st.PIDNS, agent...) {
+	if !runningIn(pidNS, agent...) {
 		t.Fatal("the worker died with the server; the test proves nothing")
 	}
 	if err := a.DestroySandboxes(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if runningIn(st.PIDNS, agent...) {
+	if runningIn(pidNS, agent...) {
 		t.Error("the task's process outlived DestroySandboxes")
 	}
 	for _, d := range st.Cgroups {
@@ -100,6 +100,27 @@ func TestDestroySandboxesLeavesNothing(t *testing.T) {
 // runningIn reports whether a process whose argv is exactly argv runs in
 // the pid namespace ns (a sandbox's): on a shared machine other tests run
 // the same command in their own sandboxes.
+// localSandboxPID returns the pid (on the host) of local sandbox id's
+// pid 1 and its pid namespace, as bwrap reported them in the sandbox's
+// status.jsonl, waiting for bwrap to report them.
+func localSandboxPID(tb testing.TB, data, id string) (pid int, pidNS uint64) {
+	tb.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		b, _ := os.ReadFile(filepath.Join(data, "run", "local", id, "status.jsonl"))
+		for _, line := range strings.Split(string(b), "\n") {
+			var st struct {
+				ChildPID int    `json:"child-pid"`
+				PIDNS    uint64 `json:"pid-namespace"`
+			}
+			if json.Unmarshal([]byte(line), &st) == nil && st.ChildPID != 0 && st.PIDNS != 0 {
+				return st.ChildPID, st.PIDNS
+			}
+		}
+	}
+	tb.Fatalf("bwrap never reported sandbox %s's pid 1", id)
+	return 0, 0
+}
+
 func runningIn(ns uint64, argv ...string) bool {
 	want := strings.Join(argv, "\x00") + "\x00"
 	for _, pid := range hostproc.PidsInNamespace(ns) {

@@ -124,6 +124,32 @@ func TestKubernetesTasks(t *testing.T) {
 	}
 }
 
+// TestKubernetesCSVChart: seed 000's use case with the command agent in a
+// gVisor worker pod: a Python script totals a bank statement from the
+// shared workspace by category and draws a chart into the task's output.
+func TestKubernetesCSVChart(t *testing.T) {
+	t.Parallel()
+	script, err := os.ReadFile("testdata/claude_chart.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := MustStart(t, escapeRuntime{edit: func(tb testing.TB, c *config.Config) {
+		onKubernetes(k8stest.GVisor)(tb, c)
+		k8stest.RequireImage(tb, k8stest.ClaudeImage)
+		c.AIWorker.AICoderImage = k8stest.ClaudeImage
+	}}.config(t))
+	writeTransactions(t, s.data)
+	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "Parse my transactions and chart my spending by category",
+		Agent: "command", Runtime: "kubernetes", ContextFiles: []string{"data/transactions.csv"}, Command: []string{"python3", "-c", string(script)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := s.wait(t, tk.ID, 90*time.Second); res.Status != task.Success {
+		t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
+	}
+	checkChart(t, s.data, tk.ID)
+}
+
 func className(c string) string {
 	if c == "" {
 		return "runc"

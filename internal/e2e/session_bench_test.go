@@ -5,10 +5,7 @@ package e2e_test
 import (
 	"bufio"
 	"context"
-	"encoding/json"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,19 +38,13 @@ func BenchmarkSessionExec(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var st struct {
-		ChildPID int `json:"child_pid"`
-	}
-	raw, err := os.ReadFile(filepath.Join(s.data, "run", "local", local.SessionID, "state.json"))
-	if err != nil || json.Unmarshal(raw, &st) != nil || st.ChildPID == 0 {
-		b.Fatalf("the local session's pid 1: %v", err)
-	}
+	childPID, _ := localSandboxPID(b, s.data, local.SessionID)
 	out, err := exec.Command("docker", "-H", "unix://"+testenv.DockerSocket, "ps", "-q", "--filter", "label=corral.sandbox-id="+dock.SessionID).Output()
 	container := strings.TrimSpace(string(out))
 	if err != nil || container == "" {
 		b.Fatalf("the docker session's container: %v", err)
 	}
-	nsenter := []string{"nsenter", "--target", strconv.Itoa(st.ChildPID), "--user", "--mount", "--pid", "--net", "--ipc", "--uts", "--setuid", "1000", "--setgid", "1000", "--", "echo", "hi"}
+	nsenter := []string{"nsenter", "--target", strconv.Itoa(childPID), "--user", "--mount", "--pid", "--net", "--ipc", "--uts", "--setuid", "1000", "--setgid", "1000", "--", "echo", "hi"}
 	dockerExec := []string{"docker", "-H", "unix://" + testenv.DockerSocket, "exec", container, "echo", "hi"}
 
 	var localFirst, localTotal, dockFirst, dockTotal, nsFirst, nsTotal, dxFirst, dxTotal []time.Duration

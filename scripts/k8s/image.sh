@@ -16,9 +16,8 @@
 #   image.sh busybox [NAME:TAG [OUT]]   Debian's static busybox with a uid 1000
 #                                       user "worker" and /tmp 1777 (cached),
 #                                       prints its path
-#   image.sh claude [NAME:TAG [OUT]]    Debian 12 with python3-matplotlib and
-#                                       the host's Claude Code (cached), prints
-#                                       its path
+#   image.sh claude [NAME:TAG [OUT]]    Debian 12 with python3 and the host's
+#                                       Claude Code (cached), prints its path
 #
 # Names: an image is called exactly what its RepoTags say; a NAME without a
 # host part gets "localhost/" (worker:1 -> localhost/worker:1), and pods

@@ -38,8 +38,7 @@ const (
 	// BusyboxImage holds Debian's static busybox and an /etc/passwd with
 	// uid 1000; up.sh imports it.
 	BusyboxImage = "localhost/corral-busybox:1"
-	// ClaudeImage is Debian 12 with python3-matplotlib and the host's
-	// Claude Code; `scripts/k8s/image.sh claude` builds it and
+	// ClaudeImage is Debian 12 with python3 and the host's Claude Code; `scripts/k8s/image.sh claude` builds it and
 	// scripts/test.sh imports it (RequireImage).
 	ClaudeImage = "localhost/corral-claude:1"
 	// GVisor is the RuntimeClass that runs pods under gVisor's runsc.
