@@ -98,7 +98,7 @@ func NewVerifier(secret []byte, maxSkew time.Duration, now func() time.Time) *Ve
 // bounds body (MaxBodyBytes). The checks, in order, and what their failure
 // returns:
 //
-//   - the X-Webhook-Signature header is missing or not "sha256=<64 hex>":
+//   - the X-Webhook-Signature header is missing or not "sha256=<64 lower-case hex>":
 //     errdefs.ErrUnauthenticated
 //   - the body is not a Completion with task_id, webhook_id, timestamp and a
 //     terminal status: errdefs.ErrInvalidArgument
@@ -251,9 +251,11 @@ func parseSignature(s string) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("check webhook signature: %s is not \"sha256=<hex>\": %w", HeaderSignature, errdefs.ErrUnauthenticated)
 	}
+	// Lower-case digits only, as Sign writes them: a signature has one
+	// spelling, so no two headers carry the same MAC.
 	sig, err := hex.DecodeString(hexSig)
-	if err != nil || len(sig) != 32 {
-		return nil, fmt.Errorf("check webhook signature: %s is not 64 hex digits: %w", HeaderSignature, errdefs.ErrUnauthenticated)
+	if err != nil || len(sig) != 32 || hex.EncodeToString(sig) != hexSig {
+		return nil, fmt.Errorf("check webhook signature: %s is not 64 lower-case hex digits: %w", HeaderSignature, errdefs.ErrUnauthenticated)
 	}
 	return sig, nil
 }

@@ -152,7 +152,12 @@ func TestVerifyRejects(t *testing.T) {
 			h, b := mustSign(t, keyA, testCompletion("task-a"))
 			h.Set(HeaderSignature, "sha256=zz")
 			return h, b
-		}, errdefs.ErrUnauthenticated, "not 64 hex digits"},
+		}, errdefs.ErrUnauthenticated, "not 64 lower-case hex digits"},
+		{"the right signature in upper case", func() (http.Header, []byte) {
+			h, b := mustSign(t, keyA, testCompletion("task-a"))
+			h.Set(HeaderSignature, "sha256="+strings.ToUpper(strings.TrimPrefix(h.Get(HeaderSignature), "sha256=")))
+			return h, b
+		}, errdefs.ErrUnauthenticated, "not 64 lower-case hex digits"},
 		{"bad signature", func() (http.Header, []byte) {
 			h, b := mustSign(t, keyA, testCompletion("task-a"))
 			h.Set(HeaderSignature, Sign([]byte("guess"), b))
