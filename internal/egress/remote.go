@@ -33,14 +33,17 @@ const (
 	handshakeGreeting = "CORRAL-EGRESS/1 "
 	handshakeContext  = "corral-egress\n"
 	handshakeOK       = "OK\n"
-	// handshakeTimeout bounds the whole exchange.
-	handshakeTimeout = 10 * time.Second
+	// handshakeTimeout bounds the whole exchange: one round trip.
+	handshakeTimeout = 5 * time.Second
 	// maxHandshakeLine bounds a line of the exchange: a task id and a
 	// hex MAC fit well within it.
 	maxHandshakeLine = 256
 	// maxHandshakes bounds the connections in the handshake at once, so
-	// that connections which never finish it cannot pile up.
-	maxHandshakes = 256
+	// that connections which never finish it cannot pile up; and
+	// maxHandshakesPerHost those from one address, so that one pod that
+	// holds its share open does not keep the other pods' out.
+	maxHandshakes        = 256
+	maxHandshakesPerHost = 16
 )
 
 // ServeTCP accepts connections from remote sandboxes on ln until ln is
@@ -52,6 +55,7 @@ func (s *Server) ServeTCP(ln net.Listener, key func(id string) []byte) error {
 	var (
 		mu      sync.Mutex
 		pending = map[net.Conn]struct{}{}
+		perHost = map[string]int{}
 		wg      sync.WaitGroup
 	)
 	defer func() {
@@ -74,10 +78,12 @@ func (s *Server) ServeTCP(ln net.Listener, key func(id string) []byte) error {
 			}
 			return fmt.Errorf("accept egress connections: %w", err)
 		}
+		host := remoteHost(c)
 		mu.Lock()
-		full := len(pending) >= maxHandshakes
+		full := len(pending) >= maxHandshakes || perHost[host] >= maxHandshakesPerHost
 		if !full {
 			pending[c] = struct{}{}
+			perHost[host]++
 		}
 		mu.Unlock()
 		if full {
@@ -90,9 +96,21 @@ func (s *Server) ServeTCP(ln net.Listener, key func(id string) []byte) error {
 			s.handshake(c, key)
 			mu.Lock()
 			delete(pending, c)
+			if perHost[host]--; perHost[host] == 0 {
+				delete(perHost, host)
+			}
 			mu.Unlock()
 		}()
 	}
+}
+
+// remoteHost is the address c comes from, without its port.
+func remoteHost(c net.Conn) string {
+	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return c.RemoteAddr().String()
+	}
+	return host
 }
 
 // handshake authenticates c and passes it to its task's proxy, or closes

@@ -166,3 +166,37 @@ func TestNotAnEgressListener(t *testing.T) {
 		t.Errorf("DialTask to an HTTP server: %v", err)
 	}
 }
+
+// Connections that never answer hold at most maxHandshakesPerHost slots
+// of their address: one more from there is closed at once, while another
+// address still gets through.
+func TestHandshakesPerHostAreBounded(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	addr := remoteServer(t, Policy{Open: true}, key)
+	dial := func(from string) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	for range maxHandshakesPerHost {
+		c := dial("127.0.0.1")
+		// Each is in its handshake once its greeting came.
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	over := dial("127.0.0.1")
+	over.SetDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(over); len(b) != 0 || err != nil {
+		t.Errorf("a connection over the address's share got %q, %v; want it closed", b, err)
+	}
+	other := dial("127.0.0.2")
+	if err := clientHandshake(other, "task-a", key, 5*time.Second); err != nil {
+		t.Errorf("another address was kept out: %v", err)
+	}
+}
