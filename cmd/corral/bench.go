@@ -26,11 +26,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&opts.DockerImage, "docker", "", "also run code_execute of echo hi on local and on docker in this image each round, beside a bare docker run --rm of it")
 	asJSON := fs.Bool("json", false, "print JSON")
 	verbose := fs.Bool("v", false, "show the server's log")
-	if err := fs.Parse(args); err != nil {
-		return flagError(err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalidArgument)
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
 	}
 	if opts.N < 1 || opts.Concurrency < 1 || opts.Warmup < 0 {
 		return fmt.Errorf("--n and --concurrency must be at least 1, --warmup at least 0: %w", errdefs.ErrInvalidArgument)

@@ -64,11 +64,8 @@ func cmdK8s(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&opts.Storage, "storage", "10Gi", "size of the workspace claim (ai_worker_config.workspace_pvc)")
 	fs.StringVar(&opts.StorageClass, "storage-class", "", "storage class of the workspace claim, one that offers ReadWriteMany (default: the cluster's default class)")
 	fs.BoolVar(&opts.NoSecrets, "no-secrets", false, "leave out the Secret templates (to apply again once they are filled in)")
-	if err := fs.Parse(args[1:]); err != nil {
-		return flagError(err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalidArgument)
+	if err := parseNoArgs(fs, args[1:]); err != nil {
+		return err
 	}
 	cfg, err := config.Load(lo)
 	if err != nil {

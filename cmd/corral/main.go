@@ -145,6 +145,19 @@ func flagError(err error) error {
 	return exitError(2)
 }
 
+// parseNoArgs parses args into fs for a command that takes flags only:
+// a bad flag or -h ends it as flagError says, and any argument left over
+// is refused.
+func parseNoArgs(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return flagError(err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
 // fileError is an error about a local file, which it names: messages
 // (errdefs.Message) leave out the absolute paths of system calls' errors,
 // which on the server are the host's, so the command says which file.

@@ -30,11 +30,8 @@ func cmdMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	cf.lo.RegisterFlags(fs)
 	fs.StringVar(&cf.server, "server", "", "the server's URL (default http:// and the configured listen address; without it, an embedded server starts if none answers); unix:///path for its unix socket")
 	sessionID := fs.String("session", "", "serve workspace_exec alone, bound to this session (the MCP server of an agent working through a session; needs --server and the session's token in CORRAL_API_TOKEN)")
-	if err := fs.Parse(args); err != nil {
-		return flagError(err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalidArgument)
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
 	}
 	cfg, err := config.Load(cf.lo)
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
-	"github.com/corral-dev/corral/internal/errdefs"
 )
 
 func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -18,11 +17,8 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.SetOutput(stderr)
 	var lo config.LoadOptions
 	lo.RegisterFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return flagError(err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalidArgument)
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
 	}
 	cfg, err := config.Load(lo)
 	if err != nil {

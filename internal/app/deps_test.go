@@ -42,7 +42,7 @@ var allowed = map[string][]string{
 	"internal/sandbox/sandboxtest":        {"sandbox", "sandbox/hostproc", "errdefs", "testenv"},
 	"internal/sandbox/docker":             {"sandbox", "sandbox/hostproc", "sandbox/hostuser", "sandbox/gvisor", "sandbox/seccomp", "sandbox/statedir", "errdefs", "logkey"},
 	"internal/sandbox/kubernetes":         {"sandbox", "sandbox/hostuser", "errdefs", "logkey"},
-	"internal/sandbox/kubernetes/k8stest": {"testenv"},
+	"internal/sandbox/kubernetes/k8stest": {"testenv", "sandbox/seccomp"},
 	// corral k8s render: manifests from the whole configuration, as app
 	// builds the server from it.
 	"internal/k8srender":           {"config", "errdefs", "sandbox/kubernetes"},

@@ -23,7 +23,6 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
-	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -61,22 +60,8 @@ func onKubernetes(class string) func(testing.TB, *config.Config) {
 		// Corral's profile for the class, as a deployment that follows
 		// the README runs it: the runtime's default lets a pod ptrace
 		// and use io_uring.
-		c.Kubernetes.SeccompProfile = k8stest.SeccompProfile(tb, seccompProfile(tb, class))
+		c.Kubernetes.SeccompProfile = k8stest.SeccompProfile(tb, class)
 	}
-}
-
-// seccompProfile is the seccomp profile `corral k8s seccomp` prints for
-// pods of RuntimeClass class: the gVisor form for k8stest.GVisor.
-func seccompProfile(tb testing.TB, class string) string {
-	tb.Helper()
-	profile, err := seccomp.OCIProfile()
-	if class == k8stest.GVisor {
-		profile, err = seccomp.GVisorOCIProfile()
-	}
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return profile
 }
 
 func kubeconfig() string {

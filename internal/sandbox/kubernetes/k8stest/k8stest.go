@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -48,10 +49,18 @@ const (
 	SeccompDir = "/run/corral-k8s/kubelet/seccomp"
 )
 
-// SeccompProfile installs profile (JSON) on the node for tb and returns
-// its name relative to SeccompDir.
-func SeccompProfile(tb testing.TB, profile string) string {
+// SeccompProfile installs Corral's seccomp profile for pods of
+// RuntimeClass class on the node for tb (`corral k8s seccomp`, with
+// --gvisor for GVisor) and returns its name relative to SeccompDir.
+func SeccompProfile(tb testing.TB, class string) string {
 	tb.Helper()
+	profile, err := seccomp.OCIProfile()
+	if class == GVisor {
+		profile, err = seccomp.GVisorOCIProfile()
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
 	name := Name("corral-test") + ".json"
 	if err := os.MkdirAll(SeccompDir, 0o755); err != nil {
 		tb.Fatal(err)
