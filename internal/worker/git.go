@@ -5,16 +5,25 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 // git runs git in dir with a fixed environment and returns its stdout.
+// The environment is the worker's without the task's secrets: the
+// repository is the agent's to configure, and git runs what its
+// configuration names (core.fsmonitor, diff drivers).
 func git(dir string, args ...string) ([]byte, error) {
 	cmd := exec.Command("git", append([]string{"-C", dir, "-c", "core.quotepath=false"}, args...)...)
-	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "GIT_OPTIONAL_LOCKS=0")
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		return k == workerproto.EnvWebhookKey || k == workerproto.EnvSessionToken
+	})
+	cmd.Env = append(env, "GIT_TERMINAL_PROMPT=0", "GIT_OPTIONAL_LOCKS=0")
 	return cmd.Output()
 }
 
