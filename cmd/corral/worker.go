@@ -11,12 +11,20 @@ import (
 )
 
 // cmdWorker is the entrypoint inside a sandbox: corral worker run-task,
-// or corral worker session in a session's.
+// corral worker warm in a warm one (until a task claims it), or corral
+// worker session in a session's.
 func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 1 && args[0] == "session" {
 		// A session sandbox's main process, its exec agent: it holds the
 		// sandbox up until it is stopped (SIGTERM or SIGINT).
 		if code := app.RunSessionAgent(ctx, os.Environ(), stderr); code != 0 {
+			return exitError(code)
+		}
+		return nil
+	}
+	if len(args) == 1 && args[0] == "warm" {
+		// A warm sandbox's main process: it waits for its task.
+		if code := app.RunWarm(ctx, stderr); code != 0 {
 			return exitError(code)
 		}
 		return nil

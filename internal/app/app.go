@@ -428,6 +428,7 @@ func (a *App) Run(ctx context.Context) error {
 	run(func() error { return a.sched.Run(ctx) })
 	run(func() error { return a.orch.RunRetention(ctx) })
 	run(func() error { return a.runner.RunEgress(ctx) })
+	a.keepWarm(ctx, run)
 	run(func() error { return a.egressRec.Run(ctx) })
 	run(func() error { return report.Run(ctx, a.store, a.log.With("subsystem", "report")) })
 	if a.notifier != nil {
@@ -508,7 +509,7 @@ func (b backend) WorkerProgress(ctx context.Context, m webhook.Signed) (int, err
 }
 
 func (b backend) Stats() httpapi.Stats {
-	st := httpapi.Stats{ByStatus: b.a.tasks.Counts(), Running: b.a.sched.Running()}
+	st := httpapi.Stats{ByStatus: b.a.tasks.Counts(), Running: b.a.sched.Running(), Warm: b.a.WarmStats()}
 	st.QueueDepth = st.ByStatus[task.Queued] + st.ByStatus[task.Pending]
 	st.Agents = make(map[string]httpapi.AgentUsage)
 	for _, t := range b.a.tasks.Select(func(t *task.Task) bool { return t.DurationMS != nil || t.Usage != nil || t.CostUSD > 0 }) {

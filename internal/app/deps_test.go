@@ -37,7 +37,7 @@ var allowed = map[string][]string{
 	"internal/eventstore":                 {"errdefs", "ids"},
 	"internal/eventstore/sqlite":          {"eventstore", "task", "errdefs", "ids", "logkey"},
 	"internal/eventstore/storetest":       {"eventstore", "task", "errdefs", "testenv"},
-	"internal/sandbox/local":              {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "errdefs", "logkey"},
+	"internal/sandbox/local":              {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmstart", "errdefs", "logkey"},
 	"internal/sandbox/gvisor":             {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "errdefs", "logkey"},
 	"internal/sandbox/sandboxtest":        {"sandbox", "sandbox/hostproc", "errdefs", "testenv"},
 	"internal/sandbox/docker":             {"sandbox", "sandbox/hostproc", "sandbox/hostuser", "sandbox/gvisor", "sandbox/seccomp", "sandbox/statedir", "errdefs", "logkey"},
@@ -86,6 +86,8 @@ var allowed = map[string][]string{
 	"internal/sandbox/guestetc": {},
 	"internal/sandbox/statedir": {"sandbox", "sandbox/cgroups", "sandbox/hostuser", "sandbox/hostproc", "errdefs", "logkey"},
 	"internal/sandbox/hostuser": {"sandbox", "errdefs"},
+	// How a warm sandbox's main process gets its task.
+	"internal/sandbox/warmstart": {},
 }
 
 // badDeps are modules some packages must not depend on even indirectly:

@@ -51,7 +51,7 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	for _, name := range config.Runtimes {
 		out = append(out, doctorRuntime(ctx, name, cfg, filepath.Join(stateDir, name), host, log)...)
 	}
-	out = append(out, doctorQuota(cfg))
+	out = append(out, doctorQuota(cfg), doctorWarm(cfg))
 	agents := agentConfigs(cfg)
 	for _, name := range []string{task.AgentClaude, task.AgentGemini, task.AgentCodex, task.AgentOpencode} {
 		ag := agents[name]
@@ -243,4 +243,21 @@ func redactURL(s string) string {
 		return "(not a URL)"
 	}
 	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+}
+
+// doctorWarm says how many sandboxes the local runtime keeps warm, and
+// why.
+func doctorWarm(cfg *config.Config) Check {
+	c := Check{Name: "warm sandboxes (local runtime)", OK: true}
+	mem := memTotal()
+	n := cfg.Local.WarmPoolSize(mem)
+	switch {
+	case cfg.Local.WarmPool < 0 && n == 0:
+		c.Detail = fmt.Sprintf("none: automatic (local.warm_pool -1), and this machine has %d MiB of memory, under %d MiB; every task starts cold", mem>>20, config.AutoWarmMemory>>20)
+	case n == 0:
+		c.Detail = "none: local.warm_pool is 0; every task starts cold"
+	default:
+		c.Detail = fmt.Sprintf("%d per shape (network none; with an egress proxy), for tasks with the default resources outside a workspace; each serves one task and is destroyed; /metrics shows the pools (corral_warm_*)", n)
+	}
+	return c
 }

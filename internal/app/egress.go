@@ -50,6 +50,7 @@ func (e egressProxies) Open(id, network string) (string, error) {
 	return e.srv.Open(id, p)
 }
 
+func (e egressProxies) Dir(id string) string     { return e.srv.Dir(id) }
 func (e egressProxies) Close(id string) error    { return e.srv.Close(id) }
 func (e egressProxies) Tasks() ([]string, error) { return e.srv.Tasks() }
 func (e egressProxies) Forwards() []string       { return egress.LoopbackForwards(e.allow) }

@@ -2,12 +2,18 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
+	"runtime/debug"
 	"strings"
+	"syscall"
 
 	"github.com/corral-dev/corral/internal/execagent"
+	"github.com/corral-dev/corral/internal/sandbox/warmstart"
 	"github.com/corral-dev/corral/internal/worker"
 	"github.com/corral-dev/corral/internal/workerproto"
 )
@@ -30,6 +36,60 @@ func RunWorker(ctx context.Context, args, environ []string, stderr io.Writer) in
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil)).With("task_id", opts.TaskID)
 	return worker.Run(ctx, opts, log)
+}
+
+// RunWarm is `corral worker warm`, a warm sandbox's main process: it waits
+// on warmstart.FD for the task that claims the sandbox and runs it, as
+// the sandbox would have run it cold, in the task's directory with exactly
+// the task's environment. The worker (corral worker run-task) runs in
+// this process, without a second start of this binary, which is what a
+// warm sandbox saves besides bubblewrap's set-up; any other argv is
+// executed. The pipe closing with no task (the server destroyed the
+// sandbox, or died) ends the process and so the sandbox.
+func RunWarm(ctx context.Context, stderr io.Writer) int {
+	f := os.NewFile(warmstart.FD, "warmstart")
+	if f == nil {
+		fmt.Fprintf(stderr, "corral worker warm: no descriptor %d to wait for a task on\n", warmstart.FD)
+		return worker.ExitUsage
+	}
+	// Idle until a task comes, maybe for long, and one of many: give the
+	// heap that package initialisation left behind back to the system.
+	debug.FreeOSMemory()
+	st, err := warmstart.Receive(f)
+	f.Close()
+	if errors.Is(err, warmstart.ErrNoTask) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "corral worker warm: %v\n", err)
+		return worker.ExitSetup
+	}
+	dir := st.Dir
+	if dir == "" {
+		dir = "/tmp"
+	}
+	if err := os.Chdir(dir); err != nil {
+		fmt.Fprintf(stderr, "corral worker warm: %v\n", err)
+		return worker.ExitSetup
+	}
+	// What this process's children inherit, as from a cold sandbox's
+	// environment. /proc/self/environ keeps the warm sandbox's, which
+	// holds no secret.
+	os.Clearenv()
+	for _, kv := range st.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			os.Setenv(k, v)
+		}
+	}
+	if len(st.Argv) >= 3 && st.Argv[0] == workerproto.CorralBinary && st.Argv[1] == "worker" && st.Argv[2] == "run-task" {
+		return RunWorker(ctx, st.Argv[3:], st.Env, stderr)
+	}
+	path, err := exec.LookPath(st.Argv[0])
+	if err == nil {
+		err = syscall.Exec(path, st.Argv, st.Env)
+	}
+	fmt.Fprintf(stderr, "corral worker warm: run %s: %v\n", st.Argv[0], err)
+	return 127
 }
 
 // RunSessionAgent is a session sandbox's main process, corral worker

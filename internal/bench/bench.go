@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -64,6 +65,11 @@ type Options struct {
 	// DockerHost is the engine's address; default
 	// unix:///var/run/docker.sock.
 	DockerHost string
+	// Warm is how many sandboxes of each shape the server keeps warm
+	// (local.warm_pool); default config.AutoWarmPool, -1 for none. With
+	// a pool each sequential round also runs the task into a full pool,
+	// and the concurrent phase runs as many tasks with the pool.
+	Warm int
 }
 
 func (o *Options) setDefaults() {
@@ -86,6 +92,11 @@ func (o *Options) setDefaults() {
 	}
 	if o.Runsc == "" {
 		o.Runsc = "runsc"
+	}
+	if o.Warm == 0 {
+		o.Warm = config.AutoWarmPool
+	} else if o.Warm < 0 {
+		o.Warm = 0
 	}
 }
 
@@ -114,12 +125,20 @@ type Host struct {
 
 // Sequential is the sequential phase's latencies.
 type Sequential struct {
+	// Task is the cold path: a task that no warm sandbox fits (its memory
+	// limit 1 MiB under the default), in a sandbox started for it.
 	Task  Latency `json:"task"`
 	Bwrap Latency `json:"bwrap"`
 	// Ratio is the task's median over bare bwrap's median.
 	Ratio float64 `json:"ratio"`
 	// Phases splits the task's latency by the server's event times.
 	Phases TaskPhases `json:"phases"`
+	// Warm is the same task with the default resources, which claims a
+	// warm sandbox from a full pool (Options.Warm only), its ratio to
+	// bare bwrap's median and its phases.
+	Warm       *Latency    `json:"warm,omitempty"`
+	WarmRatio  float64     `json:"warm_ratio,omitempty"`
+	WarmPhases *TaskPhases `json:"warm_phases,omitempty"`
 	// Gvisor is the same task under the gvisor runtime and a bare runsc
 	// run, measured in the same rounds (Options.Gvisor only).
 	Gvisor *Gvisor `json:"gvisor,omitempty"`
@@ -182,8 +201,11 @@ type Throughput struct {
 
 // Concurrent is the concurrent phase's throughputs.
 type Concurrent struct {
-	Task  Throughput `json:"task"`
-	Bwrap Throughput `json:"bwrap"`
+	// Task are cold tasks, Warm tasks of the warm pools' shape (each
+	// claims a warm sandbox if one is ready; the pool refills meanwhile).
+	Task  Throughput  `json:"task"`
+	Warm  *Throughput `json:"warm,omitempty"`
+	Bwrap Throughput  `json:"bwrap"`
 	// Ratio is bare bwrap's runs per second over the tasks per second.
 	Ratio float64 `json:"ratio"`
 }
@@ -220,6 +242,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 	cfg.AIWorker.MaxConcurrentWorkers = opts.Concurrency
 	cfg.AIWorker.MaxQueuedTasks = max(cfg.AIWorker.MaxQueuedTasks, 2*opts.Concurrency)
 	cfg.Agents.Default = task.AgentCommand
+	cfg.Local.WarmPool, cfg.Local.WarmIdle = opts.Warm, 0
 	if opts.DockerImage != "" {
 		cfg.Execution.DefaultImage = opts.DockerImage
 		if opts.DockerHost != "" {
@@ -252,6 +275,11 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 		client:  httpapi.NewClient("http://"+a.Addr(), a.Token()),
 		bwrap:   append([]string{bwrap}, bareBwrapArgs()...),
 		timeout: opts.TaskTimeout,
+		// 1 MiB under the default memory limit: no warm shape fits it.
+		cold: &service.ResourceRequest{MemoryLimit: fmt.Sprintf("%dMi", cfg.AIWorker.Resources.MemoryLimit.Bytes()>>20-1)},
+	}
+	if opts.Warm > 0 {
+		b.warm = a.WarmStats
 	}
 	if opts.Gvisor {
 		runsc, err := exec.LookPath(opts.Runsc)
@@ -287,6 +315,44 @@ type bencher struct {
 	dockerRun []string
 	runs      atomic.Int64
 	timeout   time.Duration
+	// cold are the resources of a task that no warm sandbox fits.
+	cold *service.ResourceRequest
+	// warm reports the server's warm pools; nil without them.
+	warm func() []httpapi.WarmPool
+}
+
+// claims is how many tasks the warm pools have handed sandboxes to.
+func (b *bencher) claims() uint64 {
+	var n uint64
+	for _, p := range b.warm() {
+		n += p.Claims
+	}
+	return n
+}
+
+// waitWarm waits until every warm pool holds its target, as on a server
+// that had a moment since its last task; at once without pools.
+func (b *bencher) waitWarm(ctx context.Context) error {
+	if b.warm == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	for {
+		pools := b.warm()
+		full := len(pools) > 0 // none yet: the server is starting them
+		for _, p := range pools {
+			full = full && p.Ready >= p.Target && p.Target > 0
+		}
+		if full {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the warm pools did not fill within %s: %+v", b.timeout, b.warm())
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 // taskRun is one task's measured run.
@@ -295,19 +361,24 @@ type taskRun struct {
 	phases [5]time.Duration // as in TaskPhases
 }
 
-// runTask spawns ["echo","hi"] on runtime ("" for the default) and
-// long-polls its result until it ends. With phases it then reads the task's
-// events (after the clock stopped) to split the time.
-func (b *bencher) runTask(ctx context.Context, runtime string, phases bool) (taskRun, error) {
+// runTask spawns ["echo","hi"] on runtime ("" for the default), with the
+// default resources or, cold, b.cold, and long-polls its result until it
+// ends. With phases it then reads the task's events (after the clock
+// stopped) to split the time.
+func (b *bencher) runTask(ctx context.Context, runtime string, cold, phases bool) (taskRun, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
-	t0 := time.Now()
-	tk, _, err := b.client.Spawn(ctx, service.SpawnRequest{
+	req := service.SpawnRequest{
 		TaskDescription: "bench: echo hi",
 		Agent:           task.AgentCommand,
 		Runtime:         runtime,
 		Command:         []string{"echo", "hi"},
-	})
+	}
+	if cold {
+		req.Resources = b.cold
+	}
+	t0 := time.Now()
+	tk, _, err := b.client.Spawn(ctx, req)
 	if err != nil {
 		return taskRun{}, fmt.Errorf("spawn bench task: %w", err)
 	}
@@ -463,11 +534,35 @@ func bareBwrapArgs() []string {
 
 // sequential runs warm-up and then n task/bwrap pairs, one at a time.
 func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) error {
-	var tasks, bares, gtasks, runscs []time.Duration
-	var phases, gphases [5][]time.Duration
+	var tasks, warms, bares, gtasks, runscs []time.Duration
+	var phases, wphases, gphases [5][]time.Duration
 	var execs [3][]time.Duration // local, docker, bare docker run
 	for i := range opts.Warmup + opts.N {
-		tr, err := b.runTask(ctx, "", true)
+		if b.warm != nil {
+			// Into a full pool; the refill it starts ends before the
+			// next measurement.
+			if err := b.waitWarm(ctx); err != nil {
+				return err
+			}
+			claims := b.claims()
+			wr, err := b.runTask(ctx, "", false, true)
+			if err != nil {
+				return err
+			}
+			if b.claims() != claims+1 {
+				return errors.New("the warm bench task started cold: no warm sandbox's shape fits it")
+			}
+			if err := b.waitWarm(ctx); err != nil {
+				return err
+			}
+			if i >= opts.Warmup {
+				warms = append(warms, wr.total)
+				for j, p := range wr.phases {
+					wphases[j] = append(wphases[j], p)
+				}
+			}
+		}
+		tr, err := b.runTask(ctx, "", true, true)
 		if err != nil {
 			return err
 		}
@@ -476,7 +571,7 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 			return err
 		}
 		if b.runsc != nil {
-			gr, err := b.runTask(ctx, "gvisor", true)
+			gr, err := b.runTask(ctx, "gvisor", false, true)
 			if err != nil {
 				return err
 			}
@@ -523,6 +618,13 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 		s.Ratio = s.Task.Median / s.Bwrap.Median
 	}
 	s.Phases = medianPhases(phases)
+	if b.warm != nil {
+		w, wp := summarise(warms), medianPhases(wphases)
+		s.Warm, s.WarmPhases = &w, &wp
+		if s.Bwrap.Median > 0 {
+			s.WarmRatio = w.Median / s.Bwrap.Median
+		}
+	}
 	if b.runsc != nil {
 		g := &Gvisor{Task: summarise(gtasks), Runsc: summarise(runscs), Phases: medianPhases(gphases)}
 		if g.Runsc.Median > 0 {
@@ -558,10 +660,23 @@ func (b *bencher) concurrent(ctx context.Context, opts Options, res *Result) err
 	c := &res.Concurrent
 	var err error
 	if c.Task, err = fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
-		_, err := b.runTask(ctx, "", false)
+		_, err := b.runTask(ctx, "", true, false)
 		return err
 	}); err != nil {
 		return err
+	}
+	if b.warm != nil {
+		if err := b.waitWarm(ctx); err != nil {
+			return err
+		}
+		w, err := fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
+			_, err := b.runTask(ctx, "", false, false)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		c.Warm = &w
 	}
 	if c.Bwrap, err = fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
 		_, err := b.runBwrap(ctx)

@@ -49,8 +49,21 @@ func TestBench(t *testing.T) {
 	if p.Sandbox <= 0 || p.Run <= 0 || sum <= 0 {
 		t.Errorf("phases %+v: want a positive sandbox and run phase", p)
 	}
+	// Warm: Run fails if a warm round's task did not claim a sandbox.
+	if s.Warm == nil || s.WarmPhases == nil || res.Concurrent.Warm == nil {
+		t.Fatal("no warm figures with the default pool")
+	}
+	if w := *s.Warm; w.Count != n || !(w.Min > 0 && w.Min <= w.Median && w.Median <= w.P90 && w.P90 <= w.Max) {
+		t.Errorf("sequential warm: %+v, want %d ordered positive runs", w, n)
+	}
+	if want := s.Warm.Median / s.Bwrap.Median; s.WarmRatio != want || s.WarmRatio <= 0 {
+		t.Errorf("warm ratio %v, want warm median over bwrap median %v", s.WarmRatio, want)
+	}
+	if s.WarmPhases.Sandbox <= 0 || s.WarmPhases.Run <= 0 {
+		t.Errorf("warm phases %+v: want a positive sandbox and run phase", *s.WarmPhases)
+	}
 	c := res.Concurrent
-	for name, tp := range map[string]bench.Throughput{"task": c.Task, "bwrap": c.Bwrap} {
+	for name, tp := range map[string]bench.Throughput{"task": c.Task, "warm": *c.Warm, "bwrap": c.Bwrap} {
 		if tp.Completed != n || tp.Wall <= 0 || tp.PerSecond <= 0 {
 			t.Errorf("concurrent %s: %+v, want %d completed in a positive time", name, tp, n)
 		}

@@ -160,6 +160,36 @@ type Local struct {
 	Bwrap        string `yaml:"bwrap"`         // bubblewrap binary, looked up on PATH if not absolute
 	CgroupParent string `yaml:"cgroup_parent"` // cgroup under which each sandbox gets its own
 	TmpSize      Size   `yaml:"tmp_size"`      // size of the sandbox's private /tmp
+	// WarmPool is how many sandboxes of each shape (network none, and
+	// with an egress proxy) the runtime keeps warm, started ahead of the
+	// tasks that will claim them, each for one task only. -1 (the
+	// default): AutoWarmPool on a machine with at least AutoWarmMemory of
+	// memory, else 0. 0: none, every task starts cold.
+	WarmPool int `yaml:"warm_pool"`
+	// WarmIdle is how long a pool keeps its sandboxes without a task
+	// claiming one; then it empties until the next task of its shape.
+	// 0: always kept.
+	WarmIdle Duration `yaml:"warm_idle"`
+}
+
+// The automatic warm pool: AutoWarmPool sandboxes of each shape where the
+// machine has at least AutoWarmMemory bytes of memory. An idle warm
+// sandbox costs about 4 MiB (docs/benchmarks.md).
+const (
+	AutoWarmPool   = 4
+	AutoWarmMemory = 4 << 30
+)
+
+// WarmPoolSize is local.warm_pool with -1 resolved for a machine with
+// memTotal bytes of memory.
+func (l Local) WarmPoolSize(memTotal uint64) int {
+	if l.WarmPool >= 0 {
+		return l.WarmPool
+	}
+	if memTotal >= AutoWarmMemory {
+		return AutoWarmPool
+	}
+	return 0
 }
 
 // Docker configures the docker runtime. The image a task runs is its own
@@ -392,7 +422,7 @@ func Default() *Config {
 			JobTTLSeconds:            3600,
 		},
 		Runtime:    "local",
-		Local:      Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB")},
+		Local:      Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB"), WarmPool: -1, WarmIdle: Duration(10 * time.Minute)},
 		Docker:     Docker{Host: "unix:///var/run/docker.sock"},
 		Kubernetes: Kubernetes{SecretName: "ai-worker-secrets", PullPolicy: "IfNotPresent"},
 		Execution:  Execution{Enabled: true, Timeout: 60, MaxOutputSize: mustSize("1MiB")},

@@ -663,6 +663,9 @@ func TestValidate(t *testing.T) {
 		{"cgroup parent unclean", func(c *Config) { c.Local.CgroupParent = "a//b" }, "local.cgroup_parent", "clean cgroup path"},
 		{"cgroup parent empty", func(c *Config) { c.Local.CgroupParent = "/" }, "local.cgroup_parent", "clean cgroup path"},
 		{"tmp size", func(c *Config) { c.Local.TmpSize = Size{} }, "local.tmp_size", "must be positive"},
+		{"warm pool below -1", func(c *Config) { c.Local.WarmPool = -2 }, "local.warm_pool", "must be -1 (automatic)"},
+		{"warm pool too large", func(c *Config) { c.Local.WarmPool = 1001 }, "local.warm_pool", "up to 1000"},
+		{"warm idle negative", func(c *Config) { c.Local.WarmIdle = -1 }, "local.warm_idle", "must not be negative"},
 		{"egress mode", func(c *Config) { c.Egress.Mode = "strict" }, "egress.mode", "must be one of none, allowlist, open"},
 		{"egress scheme", func(c *Config) { c.Egress.Allow = []string{"a.com", "https://api.openai.com"} }, "egress.allow[1]", "no scheme or path"},
 		{"egress port", func(c *Config) { c.Egress.Allow = []string{"api.openai.com:443", "api.openai.com:99999"} }, "egress.allow[1]", "host name"},
@@ -803,6 +806,24 @@ func TestEnvVars(t *testing.T) {
 	for _, name := range []string{"CORRAL_CONFIG", "AI_WORKER_ENABLED", "AI_WORKER_WEBHOOK_SECRET", "CORRAL_API_TOKEN", "CORRAL_DEFAULT_AGENT"} {
 		if !slices.Contains(got, name) {
 			t.Errorf("EnvVars() lacks %s", name)
+		}
+	}
+}
+
+func TestWarmPoolSize(t *testing.T) {
+	for _, tt := range []struct {
+		pool int
+		mem  uint64
+		want int
+	}{
+		{-1, AutoWarmMemory, AutoWarmPool},
+		{-1, AutoWarmMemory - 1, 0},
+		{-1, 0, 0},
+		{0, 64 << 30, 0},
+		{7, 1 << 30, 7},
+	} {
+		if got := (Local{WarmPool: tt.pool}).WarmPoolSize(tt.mem); got != tt.want {
+			t.Errorf("warm_pool %d with %d bytes of memory: %d sandboxes, want %d", tt.pool, tt.mem, got, tt.want)
 		}
 	}
 }

@@ -76,6 +76,12 @@ func (c *Config) Validate() error {
 		v.add("local.cgroup_parent", "must be a clean cgroup path such as corral or system.slice/corral, got %q", p)
 	}
 	v.positiveSize("local.tmp_size", c.Local.TmpSize)
+	if c.Local.WarmPool < -1 || c.Local.WarmPool > maxWarmPool {
+		v.add("local.warm_pool", "must be -1 (automatic), 0 (none) or up to %d sandboxes per shape, got %d", maxWarmPool, c.Local.WarmPool)
+	}
+	if c.Local.WarmIdle < 0 {
+		v.add("local.warm_idle", "must not be negative, got %s", time.Duration(c.Local.WarmIdle))
+	}
 	// Ranges a person may own are refused where the identity is used
 	// (sandbox/hostuser), which reads the host's login.defs.
 	for _, f := range []struct {
@@ -166,6 +172,10 @@ func (c *Config) Validate() error {
 	}
 	return errors.Join(v.errs...)
 }
+
+// maxWarmPool bounds local.warm_pool: each warm sandbox is processes and
+// a cgroup held for as long as it waits.
+const maxWarmPool = 1000
 
 func (v *validator) kubernetes(k *Kubernetes) {
 	if k.ServerURL != "" {

@@ -41,6 +41,9 @@ type escapeRuntime struct {
 	// accepted are the probe's checks that may succeed under this
 	// runtime, each with the reason, which the documentation gives too.
 	accepted map[string]string
+	// warm: the runtime keeps sandboxes warm, and the probe's task must
+	// claim one.
+	warm bool
 }
 
 // config is what MustStart changes in the configuration for rt.
@@ -55,7 +58,12 @@ func (rt escapeRuntime) config(tb testing.TB) func(*config.Config) {
 // escapeRuntimes are the runtimes the escape suite runs under. A runtime
 // joins by adding itself here: every subtest then runs under it too.
 var escapeRuntimes = []escapeRuntime{
-	{name: "local", runtime: "local", require: func(tb testing.TB) { testenv.RequireBwrap(tb) }},
+	{name: "local", runtime: "local", require: func(tb testing.TB) { testenv.RequireBwrap(tb) },
+		edit: func(_ testing.TB, c *config.Config) { c.Local.WarmPool = 0 }},
+	// Tasks claim warm sandboxes, started before them (the probe checks
+	// that it ran in one).
+	{name: "local+warm", runtime: "local", require: func(tb testing.TB) { testenv.RequireBwrap(tb) },
+		edit: func(_ testing.TB, c *config.Config) { c.Local.WarmPool = 2; c.Local.WarmIdle = 0 }, warm: true},
 	{name: "gvisor", runtime: "gvisor", require: func(tb testing.TB) { testenv.RequireRunsc(tb) }},
 	{name: "docker", runtime: "docker", require: testenv.RequireDocker},
 	{name: "docker+runsc", runtime: "docker", require: func(tb testing.TB) { testenv.RequireDockerRuntime(tb, "runsc") },
@@ -244,6 +252,11 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 		"--host-marker=" + marker,
 	}
 	argv = append(argv, nodeTarget...)
+	var claims uint64
+	if rt.warm {
+		waitWarm(t, s, 2)
+		claims = warmPools(t, s, "corral_warm_claims_total")["egress"]
+	}
 	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "try to get out", Agent: "command", Command: argv, Runtime: rt.runtime})
 	if err != nil {
 		t.Fatal(err)
@@ -251,6 +264,9 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 	res := s.wait(t, tk.ID, 90*time.Second)
 	if res.Status != task.Success {
 		t.Fatalf("probe task: %s %s", res.Status, res.ErrorMessage)
+	}
+	if rt.warm && warmPools(t, s, "corral_warm_claims_total")["egress"] != claims+1 {
+		t.Fatalf("the probe's task did not claim a warm sandbox")
 	}
 	raw, err := os.ReadFile(filepath.Join(s.data, "tasks", tk.ID, "output", "probe.json"))
 	if err != nil {
@@ -309,9 +325,14 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 	if d := report["uid 0"].Detail; !strings.HasPrefix(d, wantUID) {
 		t.Errorf("probe ran as %q, want %s", d, wantUID)
 	}
-	// The worker's checks tried the worker, not some other process.
-	if d := report["read the worker's command line"].Detail; !strings.Contains(d, " worker run-task ") {
-		t.Errorf("the probe's parent is %q, want the worker (corral worker run-task)", d)
+	// The worker's checks tried the worker, not some other process: in a
+	// warm sandbox it runs in the process that waited for the task.
+	worker := " worker run-task "
+	if rt.warm {
+		worker = " worker warm"
+	}
+	if d := report["read the worker's command line"].Detail; !strings.Contains(d+" ", worker) {
+		t.Errorf("the probe's parent is %q, want the worker (corral%s)", d, worker)
 	}
 
 	// And from outside: nothing reached the host.

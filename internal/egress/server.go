@@ -67,8 +67,8 @@ func NewServer(dir string, opts Options, log *slog.Logger) (*Server, error) {
 	return &Server{dir: dir, opts: opts, log: log, tasks: map[string]*taskProxy{}}, nil
 }
 
-// TaskDir returns the host directory holding the socket of task id.
-func (s *Server) TaskDir(id string) string { return filepath.Join(s.dir, id) }
+// Dir returns the host directory holding the socket of task id.
+func (s *Server) Dir(id string) string { return filepath.Join(s.dir, id) }
 
 func checkID(id string) error {
 	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\\\x00") {
@@ -84,7 +84,7 @@ func (s *Server) Open(id string, policy Policy) (string, error) {
 	if err := checkID(id); err != nil {
 		return "", err
 	}
-	dir := s.TaskDir(id)
+	dir := s.Dir(id)
 	sock := filepath.Join(dir, SocketName)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -194,7 +194,7 @@ func (s *Server) Close(id string) error {
 	if tp != nil {
 		tp.stop()
 	}
-	if err := os.RemoveAll(s.TaskDir(id)); err != nil {
+	if err := os.RemoveAll(s.Dir(id)); err != nil {
 		return fmt.Errorf("remove egress directory of task %s: %w", id, err)
 	}
 	return nil

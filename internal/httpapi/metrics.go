@@ -10,7 +10,7 @@ import (
 
 var durationBuckets = []float64{1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200}
 
-// metrics writes the Prometheus text exposition format by hand: three
+// metrics writes the Prometheus text exposition format by hand: a dozen
 // families do not justify a client library.
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 	st := s.b.Stats()
@@ -60,6 +60,24 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 	fmt.Fprintln(w, "# TYPE corral_agent_cost_usd_total counter")
 	for _, n := range names {
 		fmt.Fprintf(w, "corral_agent_cost_usd_total{agent=%q} %g\n", n, st.Agents[n].CostUSD)
+	}
+	warm := []struct {
+		name, help, kind string
+		value            func(WarmPool) uint64
+	}{
+		{"corral_warm_sandboxes", "Warm sandboxes ready for a task, by runtime and shape.", "gauge", func(p WarmPool) uint64 { return uint64(p.Ready) }},
+		{"corral_warm_target", "Warm sandboxes each pool keeps (0 while emptied after an idle time).", "gauge", func(p WarmPool) uint64 { return uint64(p.Target) }},
+		{"corral_warm_claims_total", "Tasks that started in a warm sandbox.", "counter", func(p WarmPool) uint64 { return p.Claims }},
+		{"corral_warm_misses_total", "Tasks of a pool's shape that found no warm sandbox and started cold.", "counter", func(p WarmPool) uint64 { return p.Misses }},
+		{"corral_warm_started_total", "Warm sandboxes started.", "counter", func(p WarmPool) uint64 { return p.Started }},
+		{"corral_warm_failed_total", "Warm sandboxes that failed to start.", "counter", func(p WarmPool) uint64 { return p.Failed }},
+		{"corral_warm_destroyed_total", "Warm sandboxes destroyed without a task (idle, shutdown).", "counter", func(p WarmPool) uint64 { return p.Destroyed }},
+	}
+	for _, m := range warm {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help, m.name, m.kind)
+		for _, p := range st.Warm {
+			fmt.Fprintf(w, "%s{runtime=%q,shape=%q} %d\n", m.name, p.Runtime, p.Shape, m.value(p))
+		}
 	}
 	return nil
 }

@@ -48,6 +48,15 @@ type Stats struct {
 	Running    int
 	// Agents are the tokens and cost agents reported, by agent name.
 	Agents map[string]AgentUsage
+	// Warm are the runtimes' pools of warm sandboxes.
+	Warm []WarmPool
+}
+
+// WarmPool is one pool of warm sandboxes (sandbox.WarmStats).
+type WarmPool struct {
+	Runtime, Shape                             string
+	Ready, Target                              int
+	Claims, Misses, Started, Failed, Destroyed uint64
 }
 
 // AgentUsage sums what one agent's ended tasks reported.

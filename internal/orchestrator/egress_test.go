@@ -45,8 +45,10 @@ func (f *fakeEgress) Open(id, network string) (string, error) {
 	defer f.mu.Unlock()
 	f.dirs[id] = network
 	f.opened = append(f.opened, id+":"+network)
-	return filepath.Join(f.root, "run", "egress", id), nil
+	return f.Dir(id), nil
 }
+
+func (f *fakeEgress) Dir(id string) string { return filepath.Join(f.root, "run", "egress", id) }
 
 func (f *fakeEgress) Close(id string) error {
 	f.mu.Lock()

@@ -19,6 +19,8 @@ type Egress interface {
 	// directory holding its socket. It is idempotent, and after a restart
 	// it listens again in the directory a running sandbox has mounted.
 	Open(id, network string) (dir string, err error)
+	// Dir is the host directory Open makes for task id, without making it.
+	Dir(id string) string
 	// Close stops the task's proxy and removes its directory. Closing a
 	// task without one does nothing.
 	Close(id string) error

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -160,23 +161,9 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		env = append(env, workerproto.EnvSessionID+"="+t.ExecSession, workerproto.EnvSessionToken+"="+token)
 	}
 	env = append(env, ag.Env...)
-	// Mounts name paths of the data root; each runtime decides how to
-	// expose them.
-	binary, err := o.inDataRoot(w.Binary)
+	mounts, err := o.baseMounts(t.ID, remote)
 	if err != nil {
-		return sandbox.Spec{}, fmt.Errorf("the worker binary: %w", err)
-	}
-	mounts := []sandbox.Mount{
-		{Source: workspace.DirTasks + "/" + t.ID, Target: workerproto.TaskDir},
-		{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},
-		{Source: binary, Target: workerproto.CorralBinary, ReadOnly: true},
-	}
-	if !remote {
-		sockets, err := o.inDataRoot(w.SocketDir)
-		if err != nil {
-			return sandbox.Spec{}, fmt.Errorf("the socket directory: %w", err)
-		}
-		mounts = append(mounts, sandbox.Mount{Source: sockets, Target: workerproto.SocketDir, ReadOnly: true})
+		return sandbox.Spec{}, err
 	}
 	if t.Workspace != "" {
 		// The agent works in the project; its HOME (Claude Code's
@@ -202,12 +189,14 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 			sandbox.Mount{Source: taskDir + "/output", Target: workerproto.ExecOutputDir})
 	}
 	if egressDir != "" {
-		dir, err := o.inDataRoot(egressDir)
+		m, err := o.egressMount(egressDir)
 		if err != nil {
-			return sandbox.Spec{}, fmt.Errorf("the egress proxy's directory: %w", err)
+			return sandbox.Spec{}, err
 		}
-		mounts = append(mounts, sandbox.Mount{Source: dir, Target: workerproto.EgressDir, ReadOnly: true})
+		mounts = append(mounts, m)
 	}
+	limits := limitsOf(t.Resources)
+	limits.WallClock = t.Timeout()
 	return sandbox.Spec{
 		ID:      t.ID,
 		Image:   t.Image,
@@ -215,15 +204,81 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		Dir:     workerproto.TaskDir,
 		Env:     env,
 		Mounts:  mounts,
-		Limits: sandbox.Limits{
-			MemoryBytes: t.Resources.MemoryBytes,
-			CPUMillis:   t.Resources.CPUMillis,
-			Pids:        t.Resources.Pids,
-			WallClock:   t.Timeout(),
-		},
+		Limits:  limits,
 		Network: network,
 		Labels:  map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: t.ID},
 	}, nil
+}
+
+// baseMounts are the mounts of every sandbox of task id: its directory,
+// shared/, the corral binary and, on this host (not remote), the server's
+// socket directory. They name paths of the data root; each runtime
+// decides how to expose them.
+func (o *Runner) baseMounts(id string, remote bool) ([]sandbox.Mount, error) {
+	w := o.opts.Worker
+	binary, err := o.inDataRoot(w.Binary)
+	if err != nil {
+		return nil, fmt.Errorf("the worker binary: %w", err)
+	}
+	mounts := []sandbox.Mount{
+		{Source: workspace.DirTasks + "/" + id, Target: workerproto.TaskDir},
+		{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},
+		{Source: binary, Target: workerproto.CorralBinary, ReadOnly: true},
+	}
+	if !remote {
+		sockets, err := o.inDataRoot(w.SocketDir)
+		if err != nil {
+			return nil, fmt.Errorf("the socket directory: %w", err)
+		}
+		mounts = append(mounts, sandbox.Mount{Source: sockets, Target: workerproto.SocketDir, ReadOnly: true})
+	}
+	return mounts, nil
+}
+
+// egressMount mounts the egress proxy's directory dir (a host path).
+func (o *Runner) egressMount(dir string) (sandbox.Mount, error) {
+	rel, err := o.inDataRoot(dir)
+	if err != nil {
+		return sandbox.Mount{}, fmt.Errorf("the egress proxy's directory: %w", err)
+	}
+	return sandbox.Mount{Source: rel, Target: workerproto.EgressDir, ReadOnly: true}, nil
+}
+
+func limitsOf(r task.Resources) sandbox.Limits {
+	return sandbox.Limits{MemoryBytes: r.MemoryBytes, CPUMillis: r.CPUMillis, Pids: r.Pids}
+}
+
+// WarmShapes are the sandboxes worth keeping warm on a runtime of this
+// host: those of a task with resources res (the defaults) outside any
+// workspace, a code_execute call excepted (it mounts more), with network
+// none and, when the server runs egress proxies, with a proxy. Prepare's
+// spec of such a task fits one (sandbox.WarmShape.Fits). Their main
+// process is `corral worker warm`, which runs the task's worker when the
+// task comes.
+func (o *Runner) WarmShapes(res task.Resources) ([]sandbox.WarmShape, error) {
+	mounts, err := o.baseMounts(sandbox.WarmTaskID, false)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := sandbox.Spec{
+		Command: []string{workerproto.CorralBinary, "worker", "warm"},
+		Dir:     workerproto.TaskDir,
+		Env:     []string{"HOME=/tmp", "LANG=C.UTF-8"},
+		Mounts:  mounts,
+		Limits:  limitsOf(res),
+		Network: sandbox.NetworkNone,
+	}
+	shapes := []sandbox.WarmShape{{Name: string(sandbox.NetworkNone), Template: tmpl}}
+	if o.opts.Egress != nil {
+		m, err := o.egressMount(o.opts.Egress.Dir(sandbox.WarmTaskID))
+		if err != nil {
+			return nil, err
+		}
+		tmpl.Mounts = append(slices.Clone(mounts), m)
+		tmpl.Network = sandbox.NetworkEgress
+		shapes = append(shapes, sandbox.WarmShape{Name: string(sandbox.NetworkEgress), Template: tmpl})
+	}
+	return shapes, nil
 }
 
 // workspaceHome is the HOME of workspace pr's agents, in the data root.

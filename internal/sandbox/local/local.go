@@ -183,6 +183,10 @@ type Runtime struct {
 	filter    []byte
 	filterErr error
 
+	// warmMu guards pools, the warm sandboxes' pools (KeepWarm).
+	warmMu sync.Mutex
+	pools  []*pool
+
 	// Sandboxes is StateDir (state.json per sandbox, the per-id locks
 	// that serialise Create and Destroy, the sandboxes this instance has
 	// seen) and the lifecycle methods shared with the gvisor runtime.
@@ -266,6 +270,8 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		Term:       r.term,
 		Kill:       r.kill,
 	})
+	// Never reattached: a new server starts its own.
+	r.destroyLeftoverWarm(context.Background())
 	return r, nil
 }
 
@@ -377,18 +383,35 @@ func loadState(dir string, st state) state {
 }
 
 // Create starts a sandbox for spec and returns once its pid 1 runs (a few
-// milliseconds). It is idempotent on spec.ID.
-func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Handle, err error) {
+// milliseconds), or hands spec to a warm sandbox of its shape (see
+// KeepWarm). It is idempotent on spec.ID.
+func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
+	return r.create(ctx, spec, nil)
+}
+
+// create is Create; a warm sandbox's main process also gets start, the
+// read end of the pipe its task will come through, as warmstart.FD.
+func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, start *os.File) (_ *sandbox.Handle, err error) {
 	if err := r.opts.Host.ValidateSpec(spec, r.opts.DataRoot); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
+	box := r.claimWarm(spec, start)
 	spec = spec.Resolve(r.opts.DataRoot) // from here on, mounts are host paths
 	unlock := r.Dir.Lock(spec.ID)
 	defer unlock()
 	if e, err := r.Lookup(spec.ID); err == nil {
+		r.releaseWarm(box)
 		return r.Handle(e.St), nil
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		r.releaseWarm(box)
 		return nil, err
+	}
+	if box != nil {
+		h, err := r.adopt(ctx, spec, box)
+		if err == nil {
+			return h, nil
+		}
+		r.log.Warn("warm sandbox not usable; starting the task's cold", logkey.SandboxID, spec.ID, "warm_id", box.id, logkey.Error, err)
 	}
 	caps, _ := r.Capabilities(ctx)
 	if !caps.Available {
@@ -404,7 +427,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
-	e, err := r.start(ctx, spec, dir)
+	e, err := r.start(ctx, spec, dir, start)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
@@ -414,8 +437,9 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	return r.Handle(e.St), nil
 }
 
-// start launches bwrap for spec in dir and waits for the sandbox's pid 1.
-func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *statedir.Entry[state], err error) {
+// start launches bwrap for spec in dir and waits for the sandbox's pid 1;
+// start, if not nil, is passed on to the main process as warmstart.FD.
+func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, start *os.File) (_ *statedir.Entry[state], err error) {
 	etc := etcDir(r.opts.StateDir, spec.Network)
 	etcBinds, err := guestetc.MountPoints(etc)
 	if err != nil {
@@ -464,6 +488,9 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	}
 	defer filter.Close()
 	cmd.ExtraFiles = []*os.File{status, filter} // fd 3: --json-status-fd 3; fd 4: --seccomp 4
+	if start != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, start) // fd 5: warmstart.FD, through bwrap to the main process
+	}
 	// Own session, no Pdeathsig: a server killed with SIGKILL leaves the
 	// sandbox running and a new server recovers it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

@@ -1,0 +1,89 @@
+package app
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// memTotal is this machine's memory in bytes, 0 if unknown.
+func memTotal() uint64 {
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) != nil {
+		return 0
+	}
+	return uint64(si.Totalram) * uint64(si.Unit)
+}
+
+// warmPolicy is what the runtimes keep warm under cfg: local.warm_pool
+// sandboxes of each of the task runner's shapes (tasks with the default
+// resources), for local.warm_idle.
+func (a *App) warmPolicy() (sandbox.WarmPolicy, error) {
+	w := a.cfg.AIWorker
+	p := sandbox.WarmPolicy{
+		Size: a.cfg.Local.WarmPoolSize(memTotal()),
+		Idle: time.Duration(a.cfg.Local.WarmIdle),
+	}
+	if p.Size == 0 {
+		return p, nil
+	}
+	var err error
+	p.Shapes, err = a.runner.WarmShapes(task.Resources{
+		MemoryBytes: w.Resources.MemoryLimit.Bytes(),
+		CPUMillis:   w.Resources.CPULimit.Millis(),
+		Pids:        int64(w.Resources.PidsLimit),
+	})
+	return p, err
+}
+
+// keepWarm has every runtime that can keep sandboxes warm do so under
+// run, until ctx ends. A pool that cannot start is logged, never fatal:
+// tasks then start cold.
+func (a *App) keepWarm(ctx context.Context, run func(func() error)) {
+	p, err := a.warmPolicy()
+	if err != nil {
+		a.log.Warn("no warm sandboxes", "err", err)
+		return
+	}
+	if p.Size == 0 {
+		return
+	}
+	for name, rt := range a.runtimes {
+		w, ok := rt.(sandbox.Warmer)
+		if !ok {
+			continue
+		}
+		if caps, err := rt.Capabilities(ctx); err != nil || !caps.Available {
+			continue
+		}
+		run(func() error {
+			if err := w.KeepWarm(ctx, p); err != nil {
+				a.log.Warn("no warm sandboxes", "runtime", name, "err", err)
+			}
+			return nil
+		})
+	}
+}
+
+// WarmStats are the runtimes' warm pools (/metrics), in a fixed order.
+func (a *App) WarmStats() []httpapi.WarmPool {
+	var out []httpapi.WarmPool
+	for _, name := range slices.Sorted(maps.Keys(a.runtimes)) {
+		w, ok := a.runtimes[name].(sandbox.Warmer)
+		if !ok {
+			continue
+		}
+		for _, s := range w.WarmStats() {
+			out = append(out, httpapi.WarmPool{Runtime: s.Runtime, Shape: s.Shape, Ready: s.Ready, Target: s.Target,
+				Claims: s.Claims, Misses: s.Misses, Started: s.Started, Failed: s.Failed, Destroyed: s.Destroyed})
+		}
+	}
+	return out
+}

@@ -1,0 +1,532 @@
+//go:build linux
+
+package local
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/sandbox/statedir"
+	"github.com/corral-dev/corral/internal/sandbox/warmstart"
+)
+
+// Warm sandboxes (sandbox.Warmer).
+//
+// A warm sandbox is a sandbox of a shape's Template started ahead of need:
+// bwrap has set it up and its main process (the Template's Command, the
+// worker waiting in `corral worker warm`) waits on warmstart.FD. Each of
+// the Template's per-task mounts is bound from an empty slot directory,
+// StateDir/_warm/<warm id>/<mount index>, given to the sandbox identity.
+// The sandbox holds nothing of any task.
+//
+// A task whose spec fits the shape claims one (Create): its directories,
+// prepared by the server, become the slots (their entries are moved into
+// the slot, which then replaces the task's directory by rename, so the
+// sandbox, which bound the slot's inode, sees them where the task's
+// mounts say), the sandbox's state directory is renamed to the task's id,
+// and the task's argv, environment and working directory go down the pipe.
+// From then on it is the task's sandbox, destroyed after it like any
+// other; the pool starts another. A warm sandbox is taken out of its pool
+// before it is handed over, so no two tasks ever get the same one.
+//
+// A warm sandbox is never reattached: its main process exits when the
+// pipe closes empty, which it does when the server that made it dies, and
+// New destroys what is left of warm sandboxes in the state dir (putting a
+// task's entries back into its directories if the server died while
+// moving them).
+
+// warmPrefix begins every warm sandbox's id; no task's sandbox has it.
+const warmPrefix = "warm-"
+
+// labelWarm marks a warm sandbox not yet claimed.
+const labelWarm = "corral.warm"
+
+// warmDir holds the slots of the warm sandboxes, in the state dir: a name
+// no sandbox id can take.
+func warmDir(stateDir string) string { return filepath.Join(stateDir, "_warm") }
+
+// warmBox is a warm sandbox in a pool.
+type warmBox struct {
+	id    string
+	pool  *pool
+	slots []string // the host dir bound for each per-task mount of the template, by mount index; "" for the others
+	start *os.File // the pipe's write end
+}
+
+// slotMap is b.slots by mount index, without the shared mounts.
+func (b *warmBox) slotMap() map[int]string {
+	m := map[int]string{}
+	for i, s := range b.slots {
+		if s != "" {
+			m[i] = s
+		}
+	}
+	return m
+}
+
+// claim is what a claim writes before it moves a task's entries, so that
+// New can put them back if the server dies in between.
+type claim struct {
+	Task string `json:"task"`
+	// Moves are the task directories, by mount index as the slots.
+	Moves map[int]string `json:"moves"`
+}
+
+// pool keeps one shape's warm sandboxes.
+type pool struct {
+	r     *Runtime
+	shape sandbox.WarmShape
+	size  int
+	idle  time.Duration
+	kick  chan struct{} // wakes run: a claim, a miss
+
+	mu      sync.Mutex
+	ready   []*warmBox
+	target  int
+	lastUse time.Time
+	stats   sandbox.WarmStats
+	stopped bool // run has returned: nothing goes back into ready
+}
+
+// KeepWarm implements sandbox.Warmer: one pool per shape, each filled to
+// p.Size and refilled after every claim. A pool that has had no claim for
+// p.Idle destroys its sandboxes and fills again at the next task of its
+// shape, which starts cold. When ctx ends the pools destroy the sandboxes
+// they hold, and KeepWarm returns.
+func (r *Runtime) KeepWarm(ctx context.Context, p sandbox.WarmPolicy) error {
+	if p.Size <= 0 || len(p.Shapes) == 0 {
+		return nil
+	}
+	if caps, _ := r.Capabilities(ctx); !caps.Available {
+		return fmt.Errorf("keep sandboxes warm: %s", caps.Reason)
+	}
+	r.warmMu.Lock()
+	defer r.warmMu.Unlock()
+	if r.pools != nil {
+		return errors.New("keep sandboxes warm: already keeping them")
+	}
+	for _, sh := range p.Shapes {
+		for _, m := range sh.Template.Mounts {
+			if m.PerTask() && m.HostDir {
+				return fmt.Errorf("warm shape %s: the per-task mount %s must be in the data root", sh.Name, m.Target)
+			}
+		}
+		pl := &pool{r: r, shape: sh, size: p.Size, idle: p.Idle, target: p.Size, kick: make(chan struct{}, 1), lastUse: time.Now()}
+		pl.stats = sandbox.WarmStats{Runtime: Name, Shape: sh.Name}
+		r.pools = append(r.pools, pl)
+	}
+	pools := r.pools
+	r.warmMu.Unlock()
+	var wg sync.WaitGroup
+	for _, pl := range pools {
+		wg.Go(func() { pl.run(ctx) })
+	}
+	wg.Wait()
+	r.warmMu.Lock()
+	r.pools = nil
+	return nil
+}
+
+// WarmStats implements sandbox.Warmer.
+func (r *Runtime) WarmStats() []sandbox.WarmStats {
+	r.warmMu.Lock()
+	pools := slices.Clone(r.pools)
+	r.warmMu.Unlock()
+	var out []sandbox.WarmStats
+	for _, pl := range pools {
+		pl.mu.Lock()
+		st := pl.stats
+		st.Ready, st.Target = len(pl.ready), pl.target
+		pl.mu.Unlock()
+		out = append(out, st)
+	}
+	return out
+}
+
+// claimWarm takes a warm sandbox for spec out of its pool, or returns nil:
+// for a spec no pool's shape fits, or when the pool has none ready (a
+// miss, which has the pool fill). A warm sandbox's own spec (start set)
+// claims nothing.
+func (r *Runtime) claimWarm(spec sandbox.Spec, start *os.File) *warmBox {
+	if start != nil {
+		return nil
+	}
+	r.warmMu.Lock()
+	pools := r.pools
+	r.warmMu.Unlock()
+	for _, pl := range pools {
+		if pl.shape.Fits(spec) {
+			return pl.take()
+		}
+	}
+	return nil
+}
+
+// releaseWarm gives an unused box back to its pool.
+func (r *Runtime) releaseWarm(b *warmBox) {
+	if b == nil {
+		return
+	}
+	p := b.pool
+	p.mu.Lock()
+	keep := !p.stopped
+	if keep {
+		p.ready = append([]*warmBox{b}, p.ready...)
+		p.stats.Claims--
+	}
+	p.mu.Unlock()
+	if !keep {
+		r.destroyWarm(context.Background(), b)
+	}
+}
+
+func (p *pool) take() *warmBox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer p.wake()
+	// A miss is a use too: the pool fills again and waits its idle time.
+	p.lastUse = time.Now()
+	if len(p.ready) == 0 {
+		p.stats.Misses++
+		p.target = p.size
+		return nil
+	}
+	b := p.ready[0]
+	p.ready = p.ready[1:]
+	p.stats.Claims++
+	return b
+}
+
+func (p *pool) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run fills the pool to its target whenever it is kicked, shrinks it
+// after an idle time, and empties it when ctx ends.
+func (p *pool) run(ctx context.Context) {
+	var idle <-chan time.Time
+	if p.idle > 0 {
+		t := time.NewTicker(max(p.idle/4, 10*time.Millisecond))
+		defer t.Stop()
+		idle = t.C
+	}
+	failures := 0
+	for {
+		if n := p.fill(ctx); n < 0 {
+			// A start failed: try again later, not in a loop.
+			failures++
+			select {
+			case <-ctx.Done():
+			case <-time.After(min(time.Second<<min(failures, 6), time.Minute)):
+			}
+		} else {
+			failures = 0
+		}
+		select {
+		case <-ctx.Done():
+			p.mu.Lock()
+			p.stopped = true
+			p.mu.Unlock()
+			p.empty(context.WithoutCancel(ctx))
+			return
+		case <-p.kick:
+		case <-idle:
+			p.mu.Lock()
+			shrink := p.target > 0 && time.Since(p.lastUse) >= p.idle
+			if shrink {
+				p.target = 0
+			}
+			p.mu.Unlock()
+			if shrink {
+				p.r.log.Info("warm pool idle: emptied until the next task of its shape", "shape", p.shape.Name, "idle", p.idle)
+				p.empty(ctx)
+			}
+		}
+	}
+}
+
+// fill starts warm sandboxes until the pool holds its target. It returns
+// how many it started, or -1 if a start failed.
+func (p *pool) fill(ctx context.Context) int {
+	n := 0
+	for ctx.Err() == nil {
+		p.mu.Lock()
+		need := len(p.ready) < p.target
+		p.mu.Unlock()
+		if !need {
+			return n
+		}
+		b, err := p.r.startWarm(ctx, p)
+		p.mu.Lock()
+		if err != nil {
+			p.stats.Failed++
+			p.mu.Unlock()
+			if ctx.Err() == nil {
+				p.r.log.Warn("cannot start a warm sandbox", "shape", p.shape.Name, logkey.Error, err)
+			}
+			return -1
+		}
+		p.stats.Started++
+		keep := len(p.ready) < p.target && ctx.Err() == nil
+		if keep {
+			p.ready = append(p.ready, b)
+		}
+		p.mu.Unlock()
+		if !keep {
+			p.r.destroyWarm(context.WithoutCancel(ctx), b)
+		}
+		n++
+	}
+	return n
+}
+
+// empty destroys every ready sandbox of the pool.
+func (p *pool) empty(ctx context.Context) {
+	p.mu.Lock()
+	boxes := p.ready
+	p.ready = nil
+	p.mu.Unlock()
+	for _, b := range boxes {
+		p.r.destroyWarm(ctx, b)
+	}
+}
+
+// startWarm starts a sandbox of p's shape with empty slots for its
+// per-task mounts.
+func (r *Runtime) startWarm(ctx context.Context, p *pool) (*warmBox, error) {
+	var rnd [10]byte
+	rand.Read(rnd[:])
+	id := warmPrefix + strings.ToLower(base32.StdEncoding.EncodeToString(rnd[:]))
+	b := &warmBox{id: id, pool: p, slots: make([]string, len(p.shape.Template.Mounts))}
+	spec := p.shape.Template
+	spec.ID = id
+	spec.Labels = map[string]string{sandbox.LabelManaged: "true", labelWarm: "true"}
+	spec.Mounts = slices.Clone(spec.Mounts)
+	root := filepath.Join(warmDir(r.opts.StateDir), id)
+	// The sandbox identity binds the slots by path: it may pass through.
+	if err := os.MkdirAll(root, 0o711); err != nil {
+		return nil, fmt.Errorf("create warm slots: %w", err)
+	}
+	if err := os.Chmod(filepath.Dir(root), 0o711); err != nil {
+		return nil, fmt.Errorf("open warm slots to the sandbox identity: %w", err)
+	}
+	for i, m := range spec.Mounts {
+		if !m.PerTask() {
+			continue
+		}
+		slot := filepath.Join(root, strconv.Itoa(i))
+		if err := os.Mkdir(slot, 0o755); err != nil {
+			os.RemoveAll(root)
+			return nil, fmt.Errorf("create warm slot: %w", err)
+		}
+		b.slots[i] = slot
+		spec.Mounts[i].Source, spec.Mounts[i].HostDir = slot, true
+	}
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		os.RemoveAll(root)
+		return nil, fmt.Errorf("create warm start pipe: %w", err)
+	}
+	_, err = r.create(ctx, spec, rd)
+	rd.Close()
+	if err != nil {
+		wr.Close()
+		os.RemoveAll(root)
+		return nil, err
+	}
+	b.start = wr
+	return b, nil
+}
+
+// destroyWarm destroys an unclaimed warm sandbox and its slots.
+func (r *Runtime) destroyWarm(ctx context.Context, b *warmBox) {
+	b.start.Close() // its main process ends, and so the sandbox
+	if err := r.Destroy(ctx, b.id); err != nil {
+		r.log.Warn("cannot destroy a warm sandbox", logkey.SandboxID, b.id, logkey.Error, err)
+		return
+	}
+	os.RemoveAll(filepath.Join(warmDir(r.opts.StateDir), b.id))
+	b.pool.mu.Lock()
+	b.pool.stats.Destroyed++
+	b.pool.mu.Unlock()
+}
+
+// adopt hands spec's task (mounts resolved, its id locked) to the warm
+// sandbox b. On error the sandbox is destroyed; the task's directories are
+// where they were, or are the slots with every entry moved in.
+func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *sandbox.Handle, err error) {
+	e, ok := r.Dir.Cached(b.id)
+	if !ok || !e.Running() {
+		r.destroyWarm(ctx, b)
+		return nil, errors.New("its sandbox has ended")
+	}
+	root := filepath.Join(warmDir(r.opts.StateDir), b.id)
+	c := claim{Task: spec.ID, Moves: map[int]string{}}
+	for i, slot := range b.slots {
+		if slot != "" {
+			c.Moves[i] = spec.Mounts[i].Source
+		}
+	}
+	cb, _ := json.Marshal(c)
+	if err := os.WriteFile(filepath.Join(root, "claim"), cb, 0o600); err != nil {
+		r.destroyWarm(ctx, b)
+		return nil, fmt.Errorf("record the claim: %w", err)
+	}
+	for i, dst := range c.Moves {
+		if err := moveInto(dst, b.slots[i]); err != nil {
+			restore(c, b.slotMap())
+			r.destroyWarm(ctx, b)
+			return nil, err
+		}
+	}
+	// The task's directories are the slots now, its entries in them. The
+	// sandbox is the task's from here; on error it is destroyed as such.
+	st := e.St
+	st.ID = spec.ID
+	st.Labels = maps.Clone(spec.Labels)
+	// The slots' own trees are the task's directories now: Give takes
+	// them over.
+	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.Host)
+	if err == nil {
+		err = r.Dir.Write(b.id, st)
+	}
+	dir := r.Dir.Path(spec.ID)
+	if err == nil {
+		os.RemoveAll(dir) // a Create that crashed before it started anything
+		err = os.Rename(r.Dir.Path(b.id), dir)
+	}
+	if err != nil {
+		hostuser.Reclaim(st.Owned)
+		r.destroyWarm(ctx, b)
+		return nil, fmt.Errorf("hand the warm sandbox over: %w", err)
+	}
+	r.Dir.Forget(b.id)
+	e.Dir, e.St = dir, st
+	r.Dir.Set(spec.ID, e)
+	os.RemoveAll(root)
+	err = warmstart.Send(b.start, warmstart.Start{Argv: spec.Command, Env: sandbox.DefaultEnv(spec.Env), Dir: spec.Dir})
+	if cerr := b.start.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		r.Stop(ctx, spec.ID, 0)
+		statedir.Remove(st.Launch, dir)
+		r.Dir.Forget(spec.ID)
+		return nil, fmt.Errorf("start the task in the warm sandbox: %w", err)
+	}
+	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "pid", st.ChildPID, "warm_id", b.id)
+	return r.Handle(st), nil
+}
+
+// moveInto moves every entry of the directory src into the empty
+// directory slot, gives slot src's mode, and renames slot over src, so
+// that src's path names slot's inode with src's entries in it.
+func moveInto(src, slot string) error {
+	fi, err := os.Lstat(src)
+	if err != nil {
+		return fmt.Errorf("the task's directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("the task's %s is not a directory", src)
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, ent := range ents {
+		if err := os.Rename(filepath.Join(src, ent.Name()), filepath.Join(slot, ent.Name())); err != nil {
+			return fmt.Errorf("move the task's entry into the warm sandbox: %w", err)
+		}
+	}
+	if err := os.Chmod(slot, fi.Mode().Perm()); err != nil {
+		return err
+	}
+	// rename(2) itself: os.Rename refuses to replace a directory.
+	if err := unix.Rename(slot, src); err != nil {
+		return fmt.Errorf("place the warm sandbox's directory %s as the task's %s: %w", slot, src, err)
+	}
+	return nil
+}
+
+// restore moves a claim's entries back from the slots that are still
+// slots into the task's directories, where a claim stopped half way.
+func restore(c claim, slots map[int]string) error {
+	var errs []error
+	for i, dst := range c.Moves {
+		if slots[i] == "" {
+			continue
+		}
+		ents, err := os.ReadDir(slots[i])
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // renamed: the task's directory already
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, ent := range ents {
+			if err := os.Rename(filepath.Join(slots[i], ent.Name()), filepath.Join(dst, ent.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// destroyLeftoverWarm destroys the warm sandboxes an earlier process left
+// in the state dir, after putting back a half-claimed task's entries, and
+// their slots. A slot directory whose entries could not be put back stays.
+func (r *Runtime) destroyLeftoverWarm(ctx context.Context) {
+	ids := map[string]bool{}
+	for _, dir := range []string{r.opts.StateDir, warmDir(r.opts.StateDir)} {
+		ents, _ := os.ReadDir(dir)
+		for _, ent := range ents {
+			if id := ent.Name(); strings.HasPrefix(id, warmPrefix) && sandbox.ValidateID(id) == nil {
+				ids[id] = true
+			}
+		}
+	}
+	for id := range ids {
+		if err := r.Destroy(ctx, id); err != nil {
+			r.log.Warn("cannot destroy a warm sandbox left by an earlier server", logkey.SandboxID, id, logkey.Error, err)
+			continue
+		}
+		root := filepath.Join(warmDir(r.opts.StateDir), id)
+		if b, err := os.ReadFile(filepath.Join(root, "claim")); err == nil {
+			var c claim
+			if err := json.Unmarshal(b, &c); err == nil {
+				slots := map[int]string{}
+				for i := range c.Moves {
+					slots[i] = filepath.Join(root, strconv.Itoa(i))
+				}
+				err = restore(c, slots)
+			}
+			if err != nil {
+				r.log.Warn("cannot put a task's entries back from a warm sandbox's slot", "task_id", c.Task, "slot", root, logkey.Error, err)
+				continue
+			}
+		}
+		os.RemoveAll(root)
+	}
+}

@@ -1,0 +1,248 @@
+//go:build linux
+
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/sandbox/warmstart"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// warmRuntime keeps one sandbox warm whose main process writes the Start
+// it is sent into its per-task mount /out, from a shape over tasksDir.
+func warmRuntime(t *testing.T) (r *Runtime, tasksDir string, stop func()) {
+	return warmRuntimeIdle(t, 0)
+}
+
+// warmRuntimeIdle is warmRuntime with a pool that empties after idle.
+func warmRuntimeIdle(t *testing.T, idle time.Duration) (r *Runtime, tasksDir string, stop func()) {
+	t.Helper()
+	r, _ = MustNew(t)
+	tasksDir = testenv.TempDir(t)
+	shape := sandbox.WarmShape{Name: "test", Template: sandbox.Spec{
+		Command: []string{"/bin/sh", "-c", "cat <&5 > /out/start.json"},
+		Dir:     "/out",
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(tasksDir) + "/" + sandbox.WarmTaskID, Target: "/out"}},
+		Network: sandbox.NetworkNone,
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- r.KeepWarm(ctx, sandbox.WarmPolicy{Size: 1, Idle: idle, Shapes: []sandbox.WarmShape{shape}})
+	}()
+	stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("KeepWarm: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		if ctx.Err() == nil {
+			stop()
+		}
+	})
+	waitReady(t, r, 1)
+	return r, tasksDir, stop
+}
+
+func waitReady(t *testing.T, r *Runtime, n int) {
+	t.Helper()
+	waitStats(t, r, fmt.Sprintf("%d ready", n), func(st sandbox.WarmStats) bool { return st.Ready == n })
+}
+
+func waitStats(t *testing.T, r *Runtime, what string, ok func(sandbox.WarmStats) bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st := r.WarmStats()
+		if len(st) == 1 && ok(st[0]) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("warm pool: %+v, want %s", st, what)
+		}
+	}
+}
+
+// TestWarmClaim: a spec that fits the shape is handed to the warm
+// sandbox: the task's directory, with what the server put in it, is the
+// sandbox's per-task mount, and its main process gets the task's argv,
+// environment and working directory. A spec that does not fit starts
+// cold and leaves the pool alone.
+func TestWarmClaim(t *testing.T) {
+	r, tasksDir, _ := warmRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	id := sandboxtest.NewID(t)
+	dir := filepath.Join(tasksDir, id)
+	if err := os.MkdirAll(filepath.Join(dir, "input"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "prompt.md"), []byte("hello"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spec := sandbox.Spec{ID: id, Command: []string{"/bin/echo", "hi"}, Env: []string{"A=B"}, Dir: "/out",
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
+		Network: sandbox.NetworkNone, Labels: map[string]string{"test": id}}
+	h, err := r.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.ID != id || h.Labels["test"] != id {
+		t.Errorf("handle %+v: want the task's id and labels", h)
+	}
+	if es, err := r.Wait(ctx, id); err != nil || es.Code != 0 {
+		t.Fatalf("wait: %+v %v", es, err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "start.json"))
+	if err != nil {
+		t.Fatalf("the warm sandbox's main process wrote nothing into the task's directory: %v", err)
+	}
+	var got warmstart.Start
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.Argv, spec.Command) || !slices.Contains(got.Env, "A=B") || got.Dir != "/out" {
+		t.Errorf("start %+v: want the task's argv, environment and directory", got)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "prompt.md")); err != nil || string(b) != "hello" {
+		t.Errorf("prompt.md after the claim: %q %v", b, err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "input")); err != nil || !fi.IsDir() {
+		t.Errorf("input/ after the claim: %v", err)
+	}
+	if hs, _ := r.List(ctx, map[string]string{"test": id}); len(hs) != 1 || hs[0].ID != id {
+		t.Errorf("List by the task's label: %+v", hs)
+	}
+	if st := r.WarmStats()[0]; st.Claims != 1 || st.Misses != 0 {
+		t.Errorf("stats %+v: want 1 claim", st)
+	}
+	if err := r.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(r.Dir.Path(id)); !os.IsNotExist(err) {
+		t.Errorf("state dir after Destroy: %v", err)
+	}
+
+	// Not the shape (a memory limit): cold, and the pool keeps its one.
+	waitReady(t, r, 1)
+	cold := sandboxtest.NewID(t)
+	cdir := filepath.Join(tasksDir, cold)
+	if err := os.Mkdir(cdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec = sandbox.Spec{ID: cold, Command: []string{"/bin/sh", "-c", "echo cold > /out/cold.txt"}, Dir: "/out",
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(cdir), Target: "/out"}},
+		Network: sandbox.NetworkNone, Limits: sandbox.Limits{MemoryBytes: 64 << 20}}
+	if _, err := r.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), cold) })
+	if es, err := r.Wait(ctx, cold); err != nil || es.Code != 0 {
+		t.Fatalf("wait: %+v %v", es, err)
+	}
+	if _, err := os.Stat(filepath.Join(cdir, "cold.txt")); err != nil {
+		t.Errorf("the cold sandbox ran nothing: %v", err)
+	}
+	if st := r.WarmStats()[0]; st.Claims != 1 || st.Misses != 0 || st.Ready != 1 {
+		t.Errorf("stats %+v after a spec of another shape: want the pool untouched", st)
+	}
+}
+
+// TestWarmEndsWithKeepWarm: when KeepWarm returns, its sandboxes and
+// their slots are gone.
+func TestWarmEndsWithKeepWarm(t *testing.T) {
+	r, _, stop := warmRuntime(t)
+	ids := r.warmIDs(t)
+	if len(ids) != 1 {
+		t.Fatalf("warm sandboxes %v, want 1", ids)
+	}
+	stop()
+	if ids := r.warmIDs(t); len(ids) != 0 {
+		t.Errorf("warm sandboxes %v after KeepWarm returned", ids)
+	}
+	if ents, _ := os.ReadDir(warmDir(r.opts.StateDir)); len(ents) != 0 {
+		t.Errorf("warm slots left: %v", ents)
+	}
+}
+
+func (r *Runtime) warmIDs(t *testing.T) []string {
+	hs, err := r.List(context.Background(), map[string]string{labelWarm: "true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, h := range hs {
+		ids = append(ids, h.ID)
+	}
+	return ids
+}
+
+// TestLeftoverClaimPutBack: a server that died while it moved a task's
+// entries into a warm sandbox's slot left them there; the next runtime
+// puts them back into the task's directory and removes the rest.
+func TestLeftoverClaimPutBack(t *testing.T) {
+	r, newRuntime := MustNew(t)
+	task := testenv.TempDir(t)
+	if err := os.WriteFile(filepath.Join(task, "prompt.md"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(warmDir(r.opts.StateDir), "warm-left")
+	slot := filepath.Join(root, "0")
+	if err := os.MkdirAll(filepath.Join(slot, "input"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(slot, "input", "data.csv"), []byte("a,b"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := json.Marshal(claim{Task: "task-x", Moves: map[int]string{0: task}})
+	if err := os.WriteFile(filepath.Join(root, "claim"), c, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	newRuntime()
+	if b, err := os.ReadFile(filepath.Join(task, "input", "data.csv")); err != nil || string(b) != "a,b" {
+		t.Errorf("the moved entry is not back in the task's directory: %q %v", b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(task, "prompt.md")); err != nil || string(b) != "kept" {
+		t.Errorf("the entry not yet moved: %q %v", b, err)
+	}
+	if _, err := os.Stat(root); !os.IsNotExist(err) {
+		t.Errorf("the warm sandbox's slots are still there: %v", err)
+	}
+}
+
+// TestWarmPoolShrinksWhenIdle: a pool with no claim for its idle time
+// destroys its sandboxes; the next task of its shape finds none, starts
+// cold, and has the pool fill again.
+func TestWarmPoolShrinksWhenIdle(t *testing.T) {
+	r, tasksDir, _ := warmRuntimeIdle(t, 300*time.Millisecond)
+	waitStats(t, r, "emptied", func(st sandbox.WarmStats) bool { return st.Ready == 0 && st.Target == 0 && st.Destroyed == 1 })
+	if ids := r.warmIDs(t); len(ids) != 0 {
+		t.Errorf("warm sandboxes %v after the pool emptied", ids)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	id := sandboxtest.NewID(t)
+	dir := filepath.Join(tasksDir, id)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec := sandbox.Spec{ID: id, Command: []string{"/bin/true"}, Dir: "/out",
+		Mounts: []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}}, Network: sandbox.NetworkNone}
+	if _, err := r.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), id) })
+	waitStats(t, r, "a miss and a refill", func(st sandbox.WarmStats) bool {
+		return st.Misses == 1 && st.Claims == 0 && st.Ready == 1 && st.Target == 1
+	})
+}
