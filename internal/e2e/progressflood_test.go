@@ -4,6 +4,7 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -16,8 +17,9 @@ import (
 	"github.com/corral-dev/corral/internal/webhook"
 )
 
-// TestProgressFloodIsBoundedPerTask runs a worker that reads its own key,
-// as any agent can, and posts signed progress reports with fresh ids as
+// TestProgressFloodIsBoundedPerTask runs a task that has its own key (the
+// test gives it, as if a worker's had got out: the agent cannot read it),
+// and posts signed progress reports with fresh ids as
 // fast as the server answers for a few seconds (testdata/progressflood),
 // while another task runs. What the flood stores is bounded by the task's
 // progress budget, and the other task's completion webhook gets through.
@@ -28,6 +30,14 @@ func TestProgressFloodIsBoundedPerTask(t *testing.T) {
 	before := dbBytes(t, s.data)
 
 	flood := s.spawn(t, "flood progress", "/workspace/shared/bin/progressflood", floodFor.String())
+	secret, err := os.ReadFile(filepath.Join(s.data, "run", "webhook.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := flood.ID + " " + hex.EncodeToString(webhook.DeriveKey(secret, flood.ID))
+	if err := os.WriteFile(filepath.Join(s.data, "tasks", flood.ID, "flood-key"), []byte(key), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	s.waitStatus(t, flood.ID, task.Running, 30*time.Second)
 	honest := s.spawn(t, "an honest task", "sh", "-c", "sleep 1; echo done > output/done.txt")
 	if res := s.wait(t, honest.ID, 60*time.Second); res.Status != task.Success {

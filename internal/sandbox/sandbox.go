@@ -227,6 +227,15 @@ func DefaultEnv(env []string) []string {
 	return append(out, env...)
 }
 
+// Pid1Masked are the files of the sandbox's pid 1 under /proc/1 that a
+// runtime whose pid 1 is a helper running as the sandbox's user (bwrap's
+// reaper, docker-init) masks: the helper is dumpable, so without this the
+// sandbox could write its memory (which no seccomp filter sees: it is an
+// open(2)), and read its environment, which holds the worker's secrets
+// (the task's webhook key), as the helper was started with them. The
+// helper has one thread.
+var Pid1Masked = []string{"mem", "task/1/mem", "environ", "task/1/environ"}
+
 // ProcMasked are the /proc files every sandbox sees as empty (/dev/null):
 // the kernel's memory, symbols, log and configuration, keyrings, timers
 // and scheduler and slab statistics. ProcMaskedDirs are the /proc

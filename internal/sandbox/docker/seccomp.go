@@ -7,11 +7,13 @@ import (
 )
 
 // maskedPaths are the paths the container sees empty: the /proc entries
-// every sandbox has masked, and the memory of its pid 1 (docker-init, which
-// runs as the sandbox's user, so the kernel would let the sandbox read and
-// write it).
+// every sandbox has masked, and the memory and environment of its pid 1
+// (docker-init, which runs as the sandbox's user: sandbox.Pid1Masked).
 func maskedPaths() []string {
-	out := []string{"/proc/1/mem", "/proc/1/task/1/mem", "/sys/firmware", "/sys/devices/virtual/powercap"}
+	out := []string{"/sys/firmware", "/sys/devices/virtual/powercap"}
+	for _, n := range sandbox.Pid1Masked {
+		out = append(out, "/proc/1/"+n)
+	}
 	for _, n := range sandbox.ProcMasked {
 		out = append(out, "/proc/"+n)
 	}

@@ -92,16 +92,14 @@ func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) [
 	}
 	args = append(args, hardeningArgs()...)
 	args = append(args, rootfsArgs()...)
-	args = append(args,
-		"--proc", "/proc",
-		// The sandbox's pid 1 is bwrap's reaper, with the sandbox's uid
-		// and dumpable, so without this its memory could be read and
-		// written through /proc/1/mem, which no seccomp filter sees (it
-		// is an open(2)). /dev/null from a nodev mount cannot even be
-		// opened. bwrap's reaper has one thread.
-		"--ro-bind", "/dev/null", "/proc/1/mem",
-		"--ro-bind", "/dev/null", "/proc/1/task/1/mem",
-	)
+	// The sandbox's pid 1 is bwrap's reaper, with the sandbox's uid and
+	// dumpable, started with the worker's environment: its memory and
+	// environment are masked (sandbox.Pid1Masked). /dev/null from a nodev
+	// mount cannot even be opened.
+	args = append(args, "--proc", "/proc")
+	for _, n := range sandbox.Pid1Masked {
+		args = append(args, "--ro-bind", "/dev/null", "/proc/1/"+n)
+	}
 	args = append(args, procArgs()...)
 	args = append(args,
 		"--dev", "/dev",

@@ -1,21 +1,20 @@
 // Command progressflood is built by internal/app's progress flood test and
-// run inside a sandbox as a command agent. It finds its task's id and
-// webhook key where any agent can (the worker's environment, in /proc),
-// then posts signed progress reports of 32 large items, each with a fresh
+// run inside a sandbox as a command agent. It reads its task's id and
+// webhook key from keyFile in its task directory, which the test writes
+// (playing a worker whose key got out: an agent cannot read it), then
+// posts signed progress reports of 32 large items, each with a fresh
 // webhook id, from 8 goroutines as fast as the server answers, for the
 // duration its argument names. It writes how the server answered to
 // output/flood.json.
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -90,28 +89,19 @@ func run() error {
 	return os.WriteFile("output/flood.json", b, 0o644)
 }
 
-// findKey reads CORRAL_TASK_ID and CORRAL_WEBHOOK_KEY from the environment
-// of a process of the sandbox: the worker's.
+// keyFile holds "TASK_ID HEX_KEY", written by the test after the spawn.
+const keyFile = "flood-key"
+
+// findKey waits up to 30 s for keyFile and reads the task's id and key.
 func findKey() (string, []byte, error) {
-	envs, _ := filepath.Glob("/proc/[0-9]*/environ")
-	for _, p := range envs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		b, err := os.ReadFile(keyFile)
+		if f := strings.Fields(string(b)); err == nil && len(f) == 2 {
+			key, err := hex.DecodeString(f[1])
+			return f[0], key, err
 		}
-		var taskID, hexKey string
-		for _, kv := range bytes.Split(b, []byte{0}) {
-			if v, ok := bytes.CutPrefix(kv, []byte("CORRAL_TASK_ID=")); ok {
-				taskID = string(v)
-			}
-			if v, ok := bytes.CutPrefix(kv, []byte("CORRAL_WEBHOOK_KEY=")); ok {
-				hexKey = string(v)
-			}
-		}
-		if taskID != "" && hexKey != "" {
-			key, err := hex.DecodeString(hexKey)
-			return taskID, key, err
+		if time.Now().After(deadline) {
+			return "", nil, fmt.Errorf("no task id and key in %s after 30 s: %v", keyFile, err)
 		}
 	}
-	return "", nil, errors.New("no process of the sandbox shows CORRAL_TASK_ID and CORRAL_WEBHOOK_KEY")
 }

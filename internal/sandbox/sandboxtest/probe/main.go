@@ -126,6 +126,12 @@ func main() {
 	control("read the worker's command line", func() result { return tryReadCmdline(fmt.Sprintf("/proc/%d/cmdline", ppid)) })
 	check("read the worker's environment", func() result { return tryReadEnviron(fmt.Sprintf("/proc/%d/environ", ppid)) })
 	check("open the worker's memory", func() result { return tryOpenMem(fmt.Sprintf("/proc/%d/mem", ppid)) })
+	// The sandbox's pid 1 (bwrap's reaper, docker-init, runsc's first
+	// process) was started with the same environment as the worker, and
+	// runs as the sandbox's user.
+	check("read pid 1's environment", func() result { return tryReadEnviron("/proc/1/environ") })
+	check("read pid 1's thread's environment", func() result { return tryReadEnviron("/proc/1/task/1/environ") })
+	check("read every process's environment", anyEnviron)
 	check("mount tmpfs", tryMount)
 	check("unshare user namespace", func() result { return tryNamespace(unix.CLONE_NEWUSER) })
 	check("unshare network namespace", func() result { return tryNamespace(unix.CLONE_NEWNET) })
@@ -562,6 +568,20 @@ func tryReadEnviron(p string) result {
 		return result{Detail: fmt.Sprintf("read %d bytes without %s: %s", len(b), strings.Join(workerSecrets, " or "), strings.Join(names, " "))}
 	}
 	return result{OK: true, Detail: fmt.Sprintf("read %d bytes with %s: %s", len(b), strings.Join(found, " "), strings.Join(names, " "))}
+}
+
+// anyEnviron reads the environment of every process it can see and
+// reports one that holds a worker secret.
+func anyEnviron() result {
+	paths, _ := filepath.Glob("/proc/[0-9]*/environ")
+	tasks, _ := filepath.Glob("/proc/[0-9]*/task/[0-9]*/environ")
+	for _, p := range append(paths, tasks...) {
+		if r := tryReadEnviron(p); r.OK {
+			r.Detail = p + ": " + r.Detail
+			return r
+		}
+	}
+	return result{Detail: fmt.Sprintf("none of %d environments holds %s", len(paths)+len(tasks), strings.Join(workerSecrets, " or "))}
 }
 
 func tryMount() result {
