@@ -118,22 +118,34 @@ func (r *Runtime) KeepWarm(ctx context.Context, p sandbox.WarmPolicy) error {
 	if caps, _ := r.Capabilities(ctx); !caps.Available {
 		return fmt.Errorf("keep sandboxes warm: %s", caps.Reason)
 	}
-	r.warmMu.Lock()
-	defer r.warmMu.Unlock()
-	if r.pools != nil {
-		return errors.New("keep sandboxes warm: already keeping them")
+	if err := os.MkdirAll(warmDir(r.opts.StateDir), 0o711); err != nil {
+		return fmt.Errorf("keep sandboxes warm: %w", err)
 	}
+	var pools []*pool
 	for _, sh := range p.Shapes {
 		for _, m := range sh.Template.Mounts {
-			if m.PerTask() && m.HostDir {
+			if !m.PerTask() {
+				continue
+			}
+			if m.HostDir {
 				return fmt.Errorf("warm shape %s: the per-task mount %s must be in the data root", sh.Name, m.Target)
+			}
+			// A claim renames the slot over the task's directory.
+			parent := filepath.Dir(filepath.Join(r.opts.DataRoot, filepath.FromSlash(m.Source)))
+			if !sameFS(parent, warmDir(r.opts.StateDir)) {
+				return fmt.Errorf("warm shape %s: %s and the state dir %s are not on one file system, and a claim renames from one to the other", sh.Name, parent, r.opts.StateDir)
 			}
 		}
 		pl := &pool{r: r, shape: sh, size: p.Size, idle: p.Idle, target: p.Size, kick: make(chan struct{}, 1), lastUse: time.Now()}
 		pl.stats = sandbox.WarmStats{Runtime: Name, Shape: sh.Name}
-		r.pools = append(r.pools, pl)
+		pools = append(pools, pl)
 	}
-	pools := r.pools
+	r.warmMu.Lock()
+	if r.pools != nil {
+		r.warmMu.Unlock()
+		return errors.New("keep sandboxes warm: already keeping them")
+	}
+	r.pools = pools
 	r.warmMu.Unlock()
 	var wg sync.WaitGroup
 	for _, pl := range pools {
@@ -142,6 +154,7 @@ func (r *Runtime) KeepWarm(ctx context.Context, p sandbox.WarmPolicy) error {
 	wg.Wait()
 	r.warmMu.Lock()
 	r.pools = nil
+	r.warmMu.Unlock()
 	return nil
 }
 
@@ -529,4 +542,11 @@ func (r *Runtime) destroyLeftoverWarm(ctx context.Context) {
 		}
 		os.RemoveAll(root)
 	}
+}
+
+// sameFS reports whether a and b are on the same file system (a missing
+// one is not).
+func sameFS(a, b string) bool {
+	var sa, sb unix.Stat_t
+	return unix.Stat(a, &sa) == nil && unix.Stat(b, &sb) == nil && sa.Dev == sb.Dev
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -245,4 +246,25 @@ func TestWarmPoolShrinksWhenIdle(t *testing.T) {
 	waitStats(t, r, "a miss and a refill", func(st sandbox.WarmStats) bool {
 		return st.Misses == 1 && st.Claims == 0 && st.Ready == 1 && st.Target == 1
 	})
+}
+
+// TestWarmRefusesAnotherFileSystem: a claim renames a slot in the state
+// dir over the task's directory, which cannot cross file systems; a shape
+// whose task directories are on another one keeps nothing warm, and says
+// why.
+func TestWarmRefusesAnotherFileSystem(t *testing.T) {
+	r, _ := MustNew(t)
+	other, err := os.MkdirTemp("/dev/shm", "corral-warm-")
+	if err != nil || sameFS(other, r.opts.StateDir) {
+		t.Skip("no second file system (/dev/shm) here")
+	}
+	t.Cleanup(func() { os.RemoveAll(other) })
+	shape := sandbox.WarmShape{Name: "elsewhere", Template: sandbox.Spec{
+		Command: []string{"/bin/true"},
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(other) + "/" + sandbox.WarmTaskID, Target: "/out"}},
+	}}
+	err = r.KeepWarm(context.Background(), sandbox.WarmPolicy{Size: 1, Shapes: []sandbox.WarmShape{shape}})
+	if err == nil || !strings.Contains(err.Error(), "not on one file system") {
+		t.Fatalf("KeepWarm: %v, want a refusal naming the file systems", err)
+	}
 }
