@@ -154,17 +154,19 @@ func (o *Orchestrator) Logs(ctx context.Context, req service.LogsRequest, w io.W
 	default:
 		return errdefs.Field("stream", "must be agent, stderr or prompt")
 	}
-	dir, err := o.data.OpenTask(t.ID)
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
 	var f *os.File
 	for {
 		ch := o.tasks.Changed()
 		t, _ = o.tasks.Get(t.ID)
 		ended := t.Status.Terminal()
 		if f == nil {
+			// The directory is opened anew each time: a task that claims
+			// a warm sandbox gets another directory inode at the same
+			// path, with its entries moved in.
+			dir, err := o.data.OpenTask(t.ID)
+			if err != nil {
+				return err
+			}
 			for _, n := range names {
 				if g, _, err := workspace.OpenFile(dir, n); err == nil {
 					f = g
@@ -172,6 +174,7 @@ func (o *Orchestrator) Logs(ctx context.Context, req service.LogsRequest, w io.W
 					break
 				}
 			}
+			dir.Close()
 		}
 		if f != nil {
 			n, err := io.Copy(w, f)

@@ -241,6 +241,24 @@ func Project(f *os.File) (uint32, error) {
 	return x.Projid, err
 }
 
+// CopyProject gives the directory dst the project of the directory src,
+// inherited by what is created in it, as Assign gave src: for a directory
+// that takes src's place (its entries moved in, then renamed over it).
+// Nothing to do where src has no project of its own.
+func CopyProject(dst, src *os.File) error {
+	x, err := getXattr(int(src.Fd()))
+	if err != nil || x.Projid == 0 {
+		return nil // no project quotas here, or none on src
+	}
+	y, err := getXattr(int(dst.Fd()))
+	if err != nil {
+		return err
+	}
+	y.Projid = x.Projid
+	y.Xflags |= x.Xflags & fsXflagProjInherit
+	return ioctlPtr(int(dst.Fd()), fsIocFsSetXattr, unsafe.Pointer(&y))
+}
+
 // setTree gives dir and what is beneath it project id.
 func setTree(dir *os.File, id uint32) error {
 	return walkFDs(int(dir.Fd()), func(fd int, isDir bool) error {

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/logkey"
+	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/statedir"
@@ -453,8 +454,9 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 }
 
 // moveInto moves every entry of the directory src into the empty
-// directory slot, gives slot src's mode, and renames slot over src, so
-// that src's path names slot's inode with src's entries in it.
+// directory slot, gives slot src's mode and project quota, and renames
+// slot over src, so that src's path names slot's inode with src's entries
+// in it, held to the same quota.
 func moveInto(src, slot string) error {
 	fi, err := os.Lstat(src)
 	if err != nil {
@@ -462,6 +464,9 @@ func moveInto(src, slot string) error {
 	}
 	if !fi.IsDir() {
 		return fmt.Errorf("the task's %s is not a directory", src)
+	}
+	if err := copyProject(slot, src); err != nil {
+		return fmt.Errorf("give the warm sandbox's directory the task's project quota: %w", err)
 	}
 	ents, err := os.ReadDir(src)
 	if err != nil {
@@ -480,6 +485,23 @@ func moveInto(src, slot string) error {
 		return fmt.Errorf("place the warm sandbox's directory %s as the task's %s: %w", slot, src, err)
 	}
 	return nil
+}
+
+// copyProject is quota.CopyProject on two directories' paths. It comes
+// first: a directory whose project is inherited refuses entries of
+// another project (EXDEV).
+func copyProject(dst, src string) error {
+	d, err := os.Open(dst)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	s, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return quota.CopyProject(d, s)
 }
 
 // restore moves a claim's entries back from the slots that are still
