@@ -159,15 +159,27 @@ func PidsInNamespace(ns uint64) []int {
 	return pids
 }
 
-// HasChildren reports whether pid has forked a child process (or has
-// exited, so that waiting longer is pointless).
-func HasChildren(pid int) bool {
+// ChildExeced reports whether pid has a child that has executed another
+// program than pid's own (its command name differs), or pid is gone, so
+// that waiting longer is pointless. A forked child that has not executed
+// yet may still be setting itself up.
+func ChildExeced(pid int) bool {
 	p := strconv.Itoa(pid)
 	b, err := os.ReadFile("/proc/" + p + "/task/" + p + "/children")
 	if err != nil {
 		return true
 	}
-	return len(strings.TrimSpace(string(b))) > 0
+	own, err := os.ReadFile("/proc/" + p + "/comm")
+	if err != nil {
+		return true
+	}
+	for _, c := range strings.Fields(string(b)) {
+		comm, err := os.ReadFile("/proc/" + c + "/comm")
+		if err == nil && string(comm) != string(own) {
+			return true
+		}
+	}
+	return false
 }
 
 // KilledBy is sandbox.ExitStatus.Message for a process a signal ended: "killed by

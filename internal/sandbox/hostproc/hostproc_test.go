@@ -136,14 +136,37 @@ func TestNamespaceAndChildren(t *testing.T) {
 		sh.Wait()
 	})
 	deadline := time.Now().Add(10 * time.Second)
-	for !HasChildren(sh.Process.Pid) {
+	for !ChildExeced(sh.Process.Pid) {
 		if time.Now().After(deadline) {
-			t.Fatalf("HasChildren(sh) = false 10s after it forked sleep")
+			t.Fatalf("ChildExeced(sh) = false 10s after it forked sleep")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if HasChildren(cmd.Process.Pid) {
-		t.Errorf("HasChildren(sleep) = true")
+	if ChildExeced(cmd.Process.Pid) {
+		t.Errorf("ChildExeced(sleep) = true: it has no child")
+	}
+	// A child that runs the parent's program (as a forked child has until
+	// it executes another) does not count.
+	sub := exec.Command("sh", "-c", "sh -c 'sleep 60; :' & wait")
+	if err := sub.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range PidsInNamespace(ns) {
+			if ppid(p) == sub.Process.Pid {
+				syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+		sub.Process.Kill()
+		sub.Wait()
+	})
+	for deadline := time.Now().Add(10 * time.Second); !slices.ContainsFunc(PidsInNamespace(ns), func(p int) bool { return ppid(p) == sub.Process.Pid }); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("sh forked no child in 10s")
+		}
+	}
+	if ChildExeced(sub.Process.Pid) {
+		t.Errorf("ChildExeced(sh) = true for a child that runs sh too")
 	}
 }
 

@@ -514,13 +514,18 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 
 	// bwrap writes the child pid to status.jsonl once the namespaces exist,
 	// before it has set up the mounts; its pid 1 forks the main process
-	// only after that. Waiting for the fork means Exec never sees a half
-	// built sandbox. Both take 5 to 15 ms together. Nothing signals the
-	// fork, so it is polled every millisecond: a task's worker runs from
-	// that moment, and its completion waits for the task_started recorded
-	// after this returns, so any lateness here is the task's. (A 1 -> 10 ms
-	// back-off cost 3 to 8 ms per task once the worker was that fast.) A
-	// poll after the first few reads one small /proc file.
+	// only after that, and the main process installs the seccomp filter,
+	// tells bwrap its set-up is done and executes the command. Waiting for
+	// that execve means Exec never sees a half built sandbox, and a Stop
+	// right after Create finds the main process past the point from which
+	// bwrap reports its exit code (killed before it, the sandbox ended with
+	// no exit status: TestStopRightAfterCreate, and TestRecoverFromStatus in
+	// CI under load). All of it takes 5 to 15 ms. Nothing signals it, so it
+	// is polled every millisecond: a task's worker runs from that moment,
+	// and its completion waits for the task_started recorded after this
+	// returns, so any lateness here is the task's. (A 1 -> 10 ms back-off
+	// cost 3 to 8 ms per task once the worker was that fast.) A poll after
+	// the first few reads three small /proc files.
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for ready := false; !ready; {
@@ -529,7 +534,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 				st.ChildPID, st.PIDNS = info.ChildPID, info.PIDNamespace
 			}
 		}
-		ready = st.ChildPID > 0 && hostproc.HasChildren(st.ChildPID)
+		ready = st.ChildPID > 0 && hostproc.ChildExeced(st.ChildPID)
 		if ready {
 			break
 		}

@@ -378,3 +378,27 @@ func TestRecoverFromStatus(t *testing.T) {
 		t.Errorf("Wait after Stop = %+v, %v; want code 143 (SIGTERM)", es, err)
 	}
 }
+
+// TestStopRightAfterCreate: a sandbox stopped the moment Create returns,
+// by another runtime instance (a restarted server), still reports how its
+// main process ended: Create returns once the main process runs its
+// program, past the point from which bwrap reports the exit code.
+func TestStopRightAfterCreate(t *testing.T) {
+	r, newRuntime := MustNew(t)
+	r2 := newRuntime()
+	ctx := context.Background()
+	for i := range 20 {
+		id := sandboxtest.NewID(t)
+		if _, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/sh", "-c", "sleep 1005"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r2.Stop(ctx, id, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		es, err := r2.Wait(ctx, id)
+		r.Destroy(ctx, id)
+		if err != nil || es.Code != 143 {
+			t.Fatalf("run %d: Wait after Stop = %+v, %v; want code 143 (SIGTERM)", i, es, err)
+		}
+	}
+}
