@@ -4,9 +4,9 @@ package e2e_test
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -34,22 +34,17 @@ func mustSmallDisk(t *testing.T, size string) string {
 	return filepath.Join(mnt, "data")
 }
 
-// fill writes a file of zeros at path until the filesystem refuses.
+// fill writes a file of zeros at path until the filesystem refuses, from
+// a process of its own, as anything else on the host filling the disk
+// would. (Written from this process, which is the server's, the file
+// could outlive its removal for a moment: a child the server forks, a
+// warm sandbox's launcher, holds a copy of its descriptor table until it
+// executes.)
 func fill(t *testing.T, path string) {
 	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 1<<20)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			return
-		}
+	out, err := exec.Command("dd", "if=/dev/zero", "of="+path, "bs=1M").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "No space left on device") {
+		t.Fatalf("dd filling the disk: %v %s; want it stopped by a full disk", err, out)
 	}
 }
 
