@@ -122,19 +122,7 @@ func TestNamespaceAndChildren(t *testing.T) {
 	}
 	// A shell is single-threaded: its children file (per thread) lists
 	// the sleep it forks.
-	sh := exec.Command("sh", "-c", "sleep 60 & wait")
-	if err := sh.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, p := range PidsInNamespace(ns) {
-			if ppid(p) == sh.Process.Pid {
-				syscall.Kill(p, syscall.SIGKILL)
-			}
-		}
-		sh.Process.Kill()
-		sh.Wait()
-	})
+	sh := startShell(t, ns, "sleep 60 & wait")
 	deadline := time.Now().Add(10 * time.Second)
 	for !ChildExeced(sh.Process.Pid) {
 		if time.Now().After(deadline) {
@@ -147,19 +135,7 @@ func TestNamespaceAndChildren(t *testing.T) {
 	}
 	// A child that runs the parent's program (as a forked child has until
 	// it executes another) does not count.
-	sub := exec.Command("sh", "-c", "sh -c 'sleep 60; :' & wait")
-	if err := sub.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, p := range PidsInNamespace(ns) {
-			if ppid(p) == sub.Process.Pid {
-				syscall.Kill(p, syscall.SIGKILL)
-			}
-		}
-		sub.Process.Kill()
-		sub.Wait()
-	})
+	sub := startShell(t, ns, "sh -c 'sleep 60; :' & wait")
 	for deadline := time.Now().Add(10 * time.Second); !slices.ContainsFunc(PidsInNamespace(ns), func(p int) bool { return ppid(p) == sub.Process.Pid }); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("sh forked no child in 10s")
@@ -168,6 +144,26 @@ func TestNamespaceAndChildren(t *testing.T) {
 	if ChildExeced(sub.Process.Pid) {
 		t.Errorf("ChildExeced(sh) = true for a child that runs sh too")
 	}
+}
+
+// startShell runs sh -c script, and kills it and its children (in pid
+// namespace ns) when the test ends.
+func startShell(t *testing.T, ns uint64, script string) *exec.Cmd {
+	t.Helper()
+	sh := exec.Command("sh", "-c", script)
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range PidsInNamespace(ns) {
+			if ppid(p) == sh.Process.Pid {
+				syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+		sh.Process.Kill()
+		sh.Wait()
+	})
+	return sh
 }
 
 // ppid returns pid's parent pid (field 4 of /proc/pid/stat), or 0.
