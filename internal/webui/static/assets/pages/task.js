@@ -15,8 +15,12 @@ const terminal = new Set(['success', 'failed', 'timeout', 'cancelled']);
 export async function taskPage(main, { signal, params }) {
   const id = params.id;
   const base = '/api/tasks/' + encodeURIComponent(id);
-  let t = await get(base, { signal });
+  // The events first, then the task: the task is then at least as new as
+  // the last event read, and every later event comes over the stream and
+  // has the task read again. (The other way round, an event between the
+  // two reads, task_started say, left the page on "starting".)
   const evs = (await get(base + '/events', { signal })).events || [];
+  let t = await get(base, { signal });
 
   const head = h('header', { class: 'page-head task-head' });
   const meta = h('section', { class: 'card meta' });
