@@ -37,7 +37,7 @@ var allowed = map[string][]string{
 	"internal/eventstore":                 {"errdefs", "ids"},
 	"internal/eventstore/sqlite":          {"eventstore", "task", "errdefs", "ids", "logkey"},
 	"internal/eventstore/storetest":       {"eventstore", "task", "errdefs", "testenv"},
-	"internal/sandbox/local":              {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmstart", "quota", "errdefs", "logkey"},
+	"internal/sandbox/local":              {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmstart", "quota", "ids", "errdefs", "logkey"},
 	"internal/sandbox/gvisor":             {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "errdefs", "logkey"},
 	"internal/sandbox/sandboxtest":        {"sandbox", "sandbox/hostproc", "errdefs", "testenv"},
 	"internal/sandbox/docker":             {"sandbox", "sandbox/hostproc", "sandbox/hostuser", "sandbox/gvisor", "sandbox/seccomp", "sandbox/statedir", "errdefs", "logkey"},

@@ -395,7 +395,10 @@ func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, start *os.File)
 	if err := r.opts.Host.ValidateSpec(spec, r.opts.DataRoot); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
-	box := r.claimWarm(spec, start)
+	var box *warmBox
+	if start == nil { // a warm sandbox's own spec claims nothing
+		box = r.claimWarm(spec)
+	}
 	spec = spec.Resolve(r.opts.DataRoot) // from here on, mounts are host paths
 	unlock := r.Dir.Lock(spec.ID)
 	defer unlock()

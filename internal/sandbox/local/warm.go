@@ -4,8 +4,6 @@ package local
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base32"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/internal/ids"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox"
@@ -177,12 +176,8 @@ func (r *Runtime) WarmStats() []sandbox.WarmStats {
 
 // claimWarm takes a warm sandbox for spec out of its pool, or returns nil:
 // for a spec no pool's shape fits, or when the pool has none ready (a
-// miss, which has the pool fill). A warm sandbox's own spec (start set)
-// claims nothing.
-func (r *Runtime) claimWarm(spec sandbox.Spec, start *os.File) *warmBox {
-	if start != nil {
-		return nil
-	}
+// miss, which has the pool fill).
+func (r *Runtime) claimWarm(spec sandbox.Spec) *warmBox {
 	r.warmMu.Lock()
 	pools := r.pools
 	r.warmMu.Unlock()
@@ -329,9 +324,7 @@ func (p *pool) empty(ctx context.Context) {
 // startWarm starts a sandbox of p's shape with empty slots for its
 // per-task mounts.
 func (r *Runtime) startWarm(ctx context.Context, p *pool) (*warmBox, error) {
-	var rnd [10]byte
-	rand.Read(rnd[:])
-	id := warmPrefix + strings.ToLower(base32.StdEncoding.EncodeToString(rnd[:]))
+	id := warmPrefix + ids.New()
 	b := &warmBox{id: id, pool: p, slots: make([]string, len(p.shape.Template.Mounts))}
 	spec := p.shape.Template
 	spec.ID = id
