@@ -38,13 +38,54 @@ function transport() {
   throw new Error(`unknown mode ${mode}`);
 }
 
+// Every message on the wire, in the order it was sent or read. The SDK
+// hands a notification to its handler a microtask after reading it but a
+// response at once, and a response retires its request's progress
+// handler: a progress notification read in the same chunk as its
+// response never reaches onprogress (typescript-sdk#2580, open upstream).
+// A fast task's last notifications come just before the result, so what
+// the server sent is checked here, where the SDK cannot drop it.
+const wire = [];
+function observed(t) {
+  const send = t.send.bind(t);
+  t.send = (message, options) => {
+    wire.push({ out: true, at: Date.now(), message });
+    return send(message, options);
+  };
+  t.onmessage = (message) => wire.push({ out: false, at: Date.now(), message });
+  return t;
+}
+
+// callWithProgress calls a tool with a progress token and returns its
+// result and the progress notifications the server sent for the call:
+// before its response (with the time each was read), and after it.
+async function callWithProgress(client, params) {
+  const from = wire.length;
+  const res = await client.callTool(params, undefined, { timeout: 120000, onprogress: () => {} });
+  const sent = wire.slice(from);
+  const req = sent.find((w) => w.out && w.message.method === "tools/call" && w.message.params?.name === params.name);
+  const token = req?.message.params?._meta?.progressToken;
+  const before = [];
+  const after = [];
+  let answered = false;
+  for (const w of sent) {
+    if (w.out) continue;
+    if (w.message.id === req?.message.id && w.message.method === undefined) answered = true;
+    else if (w.message.method === "notifications/progress" && w.message.params?.progressToken === token) {
+      (answered ? after : before).push({ at: w.at, message: w.message.params.message });
+    }
+  }
+  check(token !== undefined && answered, `${params.name}: no request with a progress token, or no response on the wire`);
+  return { res, before, after };
+}
+
 function text(res) {
   return (res.content ?? []).filter((c) => c.type === "text").map((c) => c.text).join("");
 }
 
 async function main() {
   const client = new Client({ name: "corral-mcp-test", version: "1.0.0" });
-  await client.connect(transport());
+  await client.connect(observed(transport()));
   report.server = client.getServerVersion();
   report.protocol = client.transport?.protocolVersion ?? null;
 
@@ -96,20 +137,16 @@ async function main() {
   report.task_id = spawned.task_id;
   check(s.structuredContent?.task_id === spawned.task_id, `spawn_worker structuredContent: ${JSON.stringify(s.structuredContent)}`);
 
-  const progress = [];
-  const res = await client.callTool(
-    { name: "read_task_result", arguments: { task_id: spawned.task_id, wait_seconds: 90, include_file_contents: ["rows.txt"] } },
-    undefined,
-    { timeout: 120000, onprogress: (p) => progress.push(p.message) },
-  );
-  report.progress = progress;
+  const { res, before, after } = await callWithProgress(client,
+    { name: "read_task_result", arguments: { task_id: spawned.task_id, wait_seconds: 90, include_file_contents: ["rows.txt"] } });
+  report.progress = before.map((p) => p.message);
+  check(after.length === 0, `progress notifications after the result: ${JSON.stringify(after)}`);
   check(!res.isError, `read_task_result: ${text(res)}`);
   const result = JSON.parse(text(res));
   report.status = result.status;
   check(result.done === true && result.status === "success", `task ended ${result.status}: ${result.error_message ?? ""}`);
   report.rows = result.file_contents?.["rows.txt"]?.content;
   check(report.rows?.trim() === "3", `rows.txt: ${JSON.stringify(report.rows)}`);
-  check(progress.length > 0, "no progress notifications while read_task_result waited");
 
   // Tools say what they do; code_execute runs code and returns its output.
   check(byName.read_workspace?.annotations?.readOnlyHint === true, `read_workspace annotations: ${JSON.stringify(byName.read_workspace?.annotations)}`);
@@ -132,13 +169,11 @@ async function main() {
   // line's progress notification comes well before the command ends.
   if (process.env.CORRAL_SESSION_ID) {
     const started = Date.now();
-    const notes = [];
-    const we = await client.callTool(
-      { name: "workspace_exec", arguments: { session_id: process.env.CORRAL_SESSION_ID, command: "echo one; sleep 1; echo two >&2; exit 2" } },
-      undefined,
-      { timeout: 120000, onprogress: (p) => notes.push({ at: Date.now() - started, message: p.message }) },
-    );
+    const { res: we, before, after } = await callWithProgress(client,
+      { name: "workspace_exec", arguments: { session_id: process.env.CORRAL_SESSION_ID, command: "echo one; sleep 1; echo two >&2; exit 2" } });
     const total = Date.now() - started;
+    const notes = before.map((p) => ({ at: p.at - started, message: p.message }));
+    check(after.length === 0, `workspace_exec progress after the result: ${JSON.stringify(after)}`);
     check(!we.isError, `workspace_exec: ${text(we)}`);
     const r = JSON.parse(text(we));
     report.workspace_exec = { notes, total, result: r };
