@@ -17,8 +17,8 @@ if ! command -v bwrap >/dev/null; then
 fi
 command -v go >/dev/null || { echo "Go 1.26 or newer is needed: https://go.dev/dl/" >&2; exit 1; }
 
-echo "==> building bin/corral"
-CGO_ENABLED=0 go build -o bin/corral ./cmd/corral
+echo "==> building bin/corral and bin/corral-worker (what sandboxes run)"
+CGO_ENABLED=0 go build -o bin/ ./cmd/corral ./cmd/corral-worker
 
 data=./corral-data
 # As root, sandboxes run as the reserved host identity 1900000000, which

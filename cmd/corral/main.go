@@ -1,6 +1,7 @@
-// Command corral is Corral's one binary: the server (corral serve), the CLI
-// client for people and scripts, the MCP server, and the entrypoint that
-// runs inside every sandbox (corral worker run-task).
+// Command corral is Corral's binary: the server (corral serve), the CLI
+// client for people and scripts, the MCP server, and the worker's
+// entrypoint (corral worker run-task), which sandboxes run from
+// corral-worker, built from the same code without the rest.
 package main
 
 import (

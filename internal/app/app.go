@@ -47,9 +47,10 @@ import (
 
 // Options are what a caller of New decides beyond the configuration.
 type Options struct {
-	// WorkerBinary is the corral executable that sandboxes run as
-	// `corral worker run-task`; default: this process's executable.
-	WorkerBinary string
+	// Binary is the corral executable that sandboxes mount for their
+	// agents; corral-worker, which they run, must be beside it, from the
+	// same build. Default: this process's executable.
+	Binary string
 	// Now is the clock of retention and save_to_shared; nil means
 	// time.Now. Tests move it forward to age tasks and attachments.
 	Now func() time.Time
@@ -134,8 +135,8 @@ func (a *App) open(ctx context.Context) error {
 			return err
 		}
 	}
-	if a.opts.WorkerBinary == "" {
-		if a.opts.WorkerBinary, err = os.Executable(); err != nil {
+	if a.opts.Binary == "" {
+		if a.opts.Binary, err = os.Executable(); err != nil {
 			return fmt.Errorf("find the corral executable for workers: %w", err)
 		}
 	}
@@ -145,7 +146,8 @@ func (a *App) open(ctx context.Context) error {
 	if err := a.closeDataRoot(a.sandboxUser); err != nil {
 		return err
 	}
-	if a.opts.WorkerBinary, err = a.stageWorker(a.opts.WorkerBinary); err != nil {
+	binDir, err := a.stageBinaries(a.opts.Binary)
+	if err != nil {
 		return err
 	}
 	if a.runtimes, err = a.openRuntimes(ctx); err != nil {
@@ -177,9 +179,9 @@ func (a *App) open(ctx context.Context) error {
 	for _, id := range lost {
 		a.log.Warn("attachment content lost before this version: a .json file's metadata overwrote it; its download says so", "attachment_id", id)
 	}
-	binary, err := filepath.Rel(a.data.Path(), a.opts.WorkerBinary)
-	if err != nil || !filepath.IsLocal(binary) {
-		return fmt.Errorf("the worker binary %s is not in the data root", a.opts.WorkerBinary)
+	bin, err := filepath.Rel(a.data.Path(), binDir)
+	if err != nil || !filepath.IsLocal(bin) {
+		return fmt.Errorf("the worker binaries' directory %s is not in the data root", binDir)
 	}
 	sessionRuntimes := map[string]sandbox.Runtime{}
 	for name, rt := range a.runtimes {
@@ -200,7 +202,7 @@ func (a *App) open(ctx context.Context) error {
 		Runtimes:       sessionRuntimes,
 		Unavailable:    available,
 		DefaultRuntime: cfg.Runtime,
-		WorkerBinary:   filepath.ToSlash(binary),
+		BinDir:         filepath.ToSlash(bin),
 		SocketDir:      workspace.DirRun + "/sock",
 		Egress:         egressProxies{srv: a.egress, allow: a.egressAllow},
 		Networks:       networks,
@@ -277,7 +279,7 @@ func (a *App) open(ctx context.Context) error {
 		Projects: projects,
 		Agents:   agentConfigs(cfg),
 		Worker: taskrun.WorkerOptions{
-			Binary:      a.opts.WorkerBinary,
+			BinDir:      binDir,
 			SocketDir:   sockDir,
 			Secret:      secret,
 			ServerURLs:  map[string]string{kubernetes.Name: cfg.Kubernetes.ServerURL},

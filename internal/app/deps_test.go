@@ -70,8 +70,11 @@ var allowed = map[string][]string{
 	"internal/app":                 {"*"},
 	"internal/e2e":                 {}, // end-to-end suites: tests only
 	"internal/bench":               {"app", "config", "errdefs", "eventstore", "httpapi", "service", "task", "testenv"},
-	"cmd/corral":                   {"app", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "session"},
-	"internal/termsafe":            {},
+	"cmd/corral":                   {"app", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "session", "workercmd"},
+	// What every sandbox runs, and nothing of the server (badDeps).
+	"internal/workercmd": {"worker", "execagent", "sandbox/warmstart", "workerproto"},
+	"cmd/corral-worker":  {"workercmd"},
+	"internal/termsafe":  {},
 
 	// The seccomp filter of local sandboxes, and the escape tests' probe
 	// (which looks for the worker's secrets by their names).
@@ -101,11 +104,14 @@ var badDeps = map[string][]string{
 	"internal/library":      {"internal/sandbox", "internal/scheduler", "internal/worker", "internal/agent", "internal/eventstore/sqlite", "modernc.org/sqlite"},
 	"internal/taskrun":      {"internal/orchestrator", "internal/worker", "internal/agent", "internal/eventstore/sqlite", "modernc.org/sqlite", "internal/sandbox/local", "internal/sandbox/gvisor", "internal/sandbox/docker", "internal/sandbox/kubernetes", "github.com/moby/moby/client", "k8s.io/client-go"},
 	"internal/worker":       {"k8s.io/client-go", "github.com/moby/moby/client", "modernc.org/sqlite"},
-	"internal/document":     {"internal/eventstore/sqlite", "modernc.org/sqlite"},
-	"internal/httpapi":      {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "github.com/moby/moby/client", "k8s.io/client-go", "github.com/modelcontextprotocol/go-sdk", "internal/orchestrator", "internal/worker", "internal/agent"},
-	"internal/mcpserver":    {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "internal/orchestrator", "internal/worker", "internal/agent"},
-	"internal/tools":        {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "internal/orchestrator", "internal/worker", "internal/agent"},
-	"internal/notify":       {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite"},
+	// corral-worker starts in every sandbox and idles in every warm one:
+	// what it links is what each of them pays for.
+	"cmd/corral-worker":  {"k8s.io", "github.com/moby", "github.com/distribution", "modernc.org/sqlite", "github.com/modelcontextprotocol/go-sdk", "internal/app", "internal/httpapi", "internal/eventstore/sqlite", "internal/orchestrator", "internal/sandbox/local", "internal/webui"},
+	"internal/document":  {"internal/eventstore/sqlite", "modernc.org/sqlite"},
+	"internal/httpapi":   {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "github.com/moby/moby/client", "k8s.io/client-go", "github.com/modelcontextprotocol/go-sdk", "internal/orchestrator", "internal/worker", "internal/agent"},
+	"internal/mcpserver": {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "internal/orchestrator", "internal/worker", "internal/agent"},
+	"internal/tools":     {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "internal/orchestrator", "internal/worker", "internal/agent"},
+	"internal/notify":    {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite"},
 }
 
 type pkg struct {

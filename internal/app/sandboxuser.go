@@ -1,14 +1,20 @@
 package app
 
 import (
+	"debug/buildinfo"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"strings"
 
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -55,30 +61,71 @@ func (a *App) closeDataRoot(id hostuser.Identity) error {
 	return nil
 }
 
-// stageWorker places the worker binary at run/bin/corral in the data root
-// (a hard link where the file system allows, else a copy) and returns its
-// path: the sandbox identity reaches the data root, not necessarily the
-// directory the server was started from (a checkout under /root, say). A
-// new binary replaces the old by rename, so running sandboxes keep theirs.
-func (a *App) stageWorker(src string) (string, error) {
+// stageBinaries places corral and the corral-worker beside it in run/bin
+// of the data root (hard links where the file system allows, else copies)
+// and returns that directory: the sandbox identity reaches the data root,
+// not necessarily the directory the server was started from (a checkout
+// under /root, say). A new binary replaces the old by rename, so running
+// sandboxes keep theirs. The two must be one build: a worker from another
+// version would not speak this server's protocol.
+func (a *App) stageBinaries(corral string) (string, error) {
+	worker := filepath.Join(filepath.Dir(corral), workerproto.WorkerName)
+	if err := sameBuild(corral, worker); err != nil {
+		return "", err
+	}
 	dir := a.data.HostPath(workspace.DirRun, "bin")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("stage the worker binary: %w", err)
+		return "", fmt.Errorf("stage the worker binaries: %w", err)
 	}
-	dst := filepath.Join(dir, "corral")
-	tmp := dst + ".new"
-	os.Remove(tmp)
-	if err := os.Link(src, tmp); err != nil {
-		if err := copyExecutable(src, tmp); err != nil {
+	for name, src := range map[string]string{workerproto.CorralName: corral, workerproto.WorkerName: worker} {
+		dst := filepath.Join(dir, name)
+		tmp := dst + ".new"
+		os.Remove(tmp)
+		if err := os.Link(src, tmp); err != nil {
+			if err := copyExecutable(src, tmp); err != nil {
+				os.Remove(tmp)
+				return "", fmt.Errorf("stage %s: %w", src, err)
+			}
+		}
+		if err := os.Rename(tmp, dst); err != nil {
 			os.Remove(tmp)
-			return "", fmt.Errorf("stage the worker binary: %w", err)
+			return "", fmt.Errorf("stage %s: %w", src, err)
 		}
 	}
-	if err := os.Rename(tmp, dst); err != nil {
-		os.Remove(tmp)
-		return "", fmt.Errorf("stage the worker binary: %w", err)
+	return dir, nil
+}
+
+// sameBuild checks that worker is corral-worker from corral's build, as
+// far as the Go toolchain recorded it: the same module version, source
+// revision and toolchain. Two builds of unrecorded source ("devel", no
+// revision) look alike.
+func sameBuild(corral, worker string) error {
+	cb, err := buildinfo.ReadFile(corral)
+	if err != nil {
+		return fmt.Errorf("read the build of %s: %w", corral, err)
 	}
-	return dst, nil
+	wb, err := buildinfo.ReadFile(worker)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s is missing: sandboxes run it, and it must be beside %s (build both: go build -o DIR ./cmd/corral ./cmd/corral-worker): %w", worker, corral, errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
+		return fmt.Errorf("read the build of %s: %w", worker, err)
+	}
+	if got, want := buildOf(wb), buildOf(cb); got != want || wb.Path != workerproto.WorkerPackage {
+		return fmt.Errorf("%s (%s %s) is not from the build of %s (%s): build both from the same source: %w", worker, wb.Path, got, corral, want, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// buildOf is what says which build a binary is of.
+func buildOf(bi *debug.BuildInfo) string {
+	s := []string{bi.GoVersion, bi.Main.Path, bi.Main.Version, bi.Main.Sum}
+	for _, kv := range bi.Settings {
+		if strings.HasPrefix(kv.Key, "vcs.") {
+			s = append(s, kv.Key+"="+kv.Value)
+		}
+	}
+	return strings.Join(s, " ")
 }
 
 // copyExecutable copies src to dst, mode 0755.

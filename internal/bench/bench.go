@@ -45,9 +45,9 @@ type Options struct {
 	// Data is the server's data root; "" makes a temporary one that is
 	// removed afterwards.
 	Data string
-	// WorkerBinary is the corral executable sandboxes run; default this
-	// process's executable.
-	WorkerBinary string
+	// Binary is the corral executable, with corral-worker beside it, that
+	// sandboxes run (app.Options.Binary); default this process's executable.
+	Binary string
 	// Bwrap is the bubblewrap binary for the bare runs; default "bwrap".
 	Bwrap string
 	// TaskTimeout bounds one task or bare run, end to end; default 60 s.
@@ -254,7 +254,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 	}
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
-	a, err := app.New(sctx, cfg, log, app.Options{WorkerBinary: opts.WorkerBinary})
+	a, err := app.New(sctx, cfg, log, app.Options{Binary: opts.Binary})
 	if err != nil {
 		return nil, fmt.Errorf("start bench server: %w", err)
 	}

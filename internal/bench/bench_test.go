@@ -24,7 +24,7 @@ func TestBench(t *testing.T) {
 	const n, clients = 3, 2
 	res, err := bench.Run(ctx, bench.Options{
 		N: n, Concurrency: clients, Warmup: 1,
-		Data: testenv.TempDir(t), WorkerBinary: corralBin,
+		Data: testenv.TempDir(t), Binary: corralBin,
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func TestBenchExec(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	res, err := bench.Run(ctx, bench.Options{
-		N: 2, Concurrency: 1, Warmup: 1, Data: testenv.TempDir(t), WorkerBinary: corralBin,
+		N: 2, Concurrency: 1, Warmup: 1, Data: testenv.TempDir(t), Binary: corralBin,
 		DockerImage: testenv.DockerImage, DockerHost: "unix://" + testenv.DockerSocket,
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {

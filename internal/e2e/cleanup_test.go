@@ -37,7 +37,7 @@ func TestDestroySandboxesLeavesNothing(t *testing.T) {
 	cfg.Listen, cfg.Data = "127.0.0.1:0", testenv.TempDir(t)
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	a, err := app.New(ctx, cfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)), app.Options{WorkerBinary: corralBin})
+	a, err := app.New(ctx, cfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)), app.Options{Binary: corralBin})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -360,7 +360,7 @@ func startOn(t *testing.T, data string, edit func(*config.Config)) (*httpapi.Cli
 	edit(cfg)
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.New(ctx, cfg, log, app.Options{WorkerBinary: corralBin})
+	a, err := app.New(ctx, cfg, log, app.Options{Binary: corralBin})
 	if err != nil {
 		cancel()
 		t.Fatal(err)

@@ -22,8 +22,9 @@ import (
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
-// corralBin is the corral binary built once for the package: sandboxes run
-// it as `corral worker run-task`, and the crash tests run it as the server.
+// corralBin is the corral binary built once for the package, with
+// corral-worker beside it for the sandboxes; the crash tests run corral
+// as the server.
 var corralBin string
 
 func TestMain(m *testing.M) { testenv.MainWithCorral(m, &corralBin) }
@@ -74,7 +75,7 @@ func startServer(tb testing.TB, environ []string, now func() time.Time, edit fun
 	}
 	log := slog.New(slog.NewTextHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.New(ctx, cfg, log, app.Options{WorkerBinary: corralBin, Now: now})
+	a, err := app.New(ctx, cfg, log, app.Options{Binary: corralBin, Now: now})
 	if err != nil {
 		cancel()
 		tb.Fatal(err)

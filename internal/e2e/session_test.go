@@ -101,8 +101,8 @@ func TestSessions(t *testing.T) {
 			if _, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell(`tr '\0' ' ' < /proc/$PPID/cmdline; echo; grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status`)}, func(ch httpapi.ExecChunk) error { who.Write(ch.Bytes()); return nil }); err != nil {
 				t.Fatal(err)
 			}
-			if !strings.Contains(who.String(), "worker session") {
-				t.Errorf("the command's parent and status: %q, want the exec agent (corral worker session)", who.String())
+			if !strings.Contains(who.String(), "/run/corral/corral-worker worker session") {
+				t.Errorf("the command's parent and status: %q, want the exec agent (corral-worker worker session)", who.String())
 			}
 			if rt.name == "local" && (!strings.Contains(who.String(), "Seccomp:\t2") || !strings.Contains(who.String(), "NoNewPrivs:\t1")) {
 				t.Errorf("a session command's status: %q, want the sandbox's seccomp filter and no_new_privs", who.String())

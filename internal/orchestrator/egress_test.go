@@ -226,10 +226,10 @@ func TestReconcileReopensAndRunEgressSweeps(t *testing.T) {
 	waitDirs(nil)
 }
 
-// Mounts are paths of the data root: a worker binary elsewhere cannot be
+// Mounts are paths of the data root: worker binaries elsewhere cannot be
 // mounted, and Prepare says so.
 func TestPrepareRefusesPathsOutsideTheDataRoot(t *testing.T) {
-	f := MustNew(t, nil, func(o *taskrun.Options) { o.Worker.Binary = "/usr/local/bin/corral" })
+	f := MustNew(t, nil, func(o *taskrun.Options) { o.Worker.BinDir = "/usr/local/bin" })
 	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}})
 	if _, err := f.r.Prepare(context.Background(), tk); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "not within the data root") {
 		t.Errorf("Prepare = %v, want the binary refused as outside the data root", err)

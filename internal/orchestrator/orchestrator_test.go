@@ -91,7 +91,7 @@ func MustNew(tb testing.TB, edit func(*Options), runEdit ...func(*taskrun.Option
 	o := New(opts, log)
 	ropts := taskrun.Options{
 		Store: store, Tasks: tasks, Data: data, Agents: opts.Agents,
-		Worker:      taskrun.WorkerOptions{Binary: data.HostPath("run", "bin", "corral"), SocketDir: data.HostPath("run", "sock"), Secret: testSecret},
+		Worker:      taskrun.WorkerOptions{BinDir: data.HostPath("run", "bin"), SocketDir: data.HostPath("run", "sock"), Secret: testSecret},
 		Verifier:    webhook.NewVerifier(testSecret, 0, nil),
 		Saver:       o,
 		MaxLogBytes: 1 << 20, MaxTaskDirBytes: opts.Limits.MaxTaskDirBytes,
@@ -403,12 +403,13 @@ func TestPrepare(t *testing.T) {
 		{Source: "tasks/" + cmdTask.ID, Target: "/task"},
 		{Source: "shared", Target: "/workspace/shared", ReadOnly: true},
 		{Source: "run/bin/corral", Target: workerproto.CorralBinary, ReadOnly: true},
+		{Source: "run/bin/corral-worker", Target: workerproto.WorkerBinary, ReadOnly: true},
 		{Source: "run/sock", Target: workerproto.SocketDir, ReadOnly: true},
 	}
 	if diff := cmp.Diff(wantMounts, spec.Mounts); diff != "" {
 		t.Errorf("mounts (-want +got):\n%s", diff)
 	}
-	if spec.ID != cmdTask.ID || spec.Dir != "/task" || spec.Command[0] != workerproto.CorralBinary {
+	if spec.ID != cmdTask.ID || spec.Dir != "/task" || spec.Command[0] != workerproto.WorkerBinary {
 		t.Errorf("spec id %q dir %q argv[0] %q", spec.ID, spec.Dir, spec.Command[0])
 	}
 	if n := len(spec.Command); n < 4 || !slices.Equal(spec.Command[n-4:], []string{"--", "sh", "-c", "echo hi"}) {

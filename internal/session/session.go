@@ -79,10 +79,10 @@ type Options struct {
 	Unavailable map[string]string
 	// DefaultRuntime is a session's runtime when it names none.
 	DefaultRuntime string
-	// WorkerBinary is the corral binary's path in the data root, which a
-	// session's sandbox runs as its main process, the exec agent (`corral
-	// worker session`).
-	WorkerBinary string
+	// BinDir is the data root's directory holding corral and
+	// corral-worker: a session's sandbox runs corral-worker as its main
+	// process, the exec agent (`corral-worker worker session`).
+	BinDir string
 	// SocketDir is the data root's directory holding the server's unix
 	// socket, which the exec agent dials.
 	SocketDir string
@@ -597,13 +597,14 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	spec := sandbox.Spec{
 		ID:      id,
 		Image:   image,
-		Command: []string{workerproto.CorralBinary, "worker", "session"},
+		Command: []string{workerproto.WorkerBinary, "worker", "session"},
 		Dir:     Dir,
 		Env:     []string{workerproto.EnvSessionID + "=" + id, workerproto.EnvSessionToken + "=" + agentToken},
 		Mounts: []sandbox.Mount{
 			{Source: dir, Target: Dir, HostDir: req.Workspace != "" && !project.InDataRoot()},
 			{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},
-			{Source: m.opts.WorkerBinary, Target: workerproto.CorralBinary, ReadOnly: true},
+			{Source: m.opts.BinDir + "/" + workerproto.CorralName, Target: workerproto.CorralBinary, ReadOnly: true},
+			{Source: m.opts.BinDir + "/" + workerproto.WorkerName, Target: workerproto.WorkerBinary, ReadOnly: true},
 			{Source: m.opts.SocketDir, Target: workerproto.SocketDir, ReadOnly: true},
 		},
 		Limits:  limits,

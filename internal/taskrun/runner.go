@@ -37,8 +37,10 @@ const (
 
 // WorkerOptions say how a sandbox starts `corral worker run-task`.
 type WorkerOptions struct {
-	// Binary is the host path of the corral executable, mounted read-only.
-	Binary string
+	// BinDir is the host directory holding the corral and corral-worker
+	// executables (workerproto.CorralName, WorkerName), each mounted
+	// read-only.
+	BinDir string
 	// SocketDir is the host directory holding the server's unix socket.
 	SocketDir string
 	// Secret is the server's webhook secret; each task gets a key derived
@@ -139,7 +141,7 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	if t.Agent == task.AgentCommand {
 		args.Command = t.Command
 	}
-	cmd := append([]string{workerproto.CorralBinary}, args.Argv()...)
+	cmd := append([]string{workerproto.WorkerBinary}, args.Argv()...)
 	env := append([]string{
 		"HOME=/tmp",
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -216,14 +218,15 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 // decides how to expose them.
 func (o *Runner) baseMounts(id string, remote bool) ([]sandbox.Mount, error) {
 	w := o.opts.Worker
-	binary, err := o.inDataRoot(w.Binary)
+	bin, err := o.inDataRoot(w.BinDir)
 	if err != nil {
 		return nil, fmt.Errorf("the worker binary: %w", err)
 	}
 	mounts := []sandbox.Mount{
 		{Source: workspace.DirTasks + "/" + id, Target: workerproto.TaskDir},
 		{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},
-		{Source: binary, Target: workerproto.CorralBinary, ReadOnly: true},
+		{Source: bin + "/" + workerproto.CorralName, Target: workerproto.CorralBinary, ReadOnly: true},
+		{Source: bin + "/" + workerproto.WorkerName, Target: workerproto.WorkerBinary, ReadOnly: true},
 	}
 	if !remote {
 		sockets, err := o.inDataRoot(w.SocketDir)
@@ -253,7 +256,7 @@ func limitsOf(r task.Resources) sandbox.Limits {
 // workspace, a code_execute call excepted (it mounts more), with network
 // none and, when the server runs egress proxies, with a proxy. Prepare's
 // spec of such a task fits one (sandbox.WarmShape.Fits). Their main
-// process is `corral worker warm`, which runs the task's worker when the
+// process is `corral-worker worker warm`, which runs the task's worker when the
 // task comes.
 func (o *Runner) WarmShapes(res task.Resources) ([]sandbox.WarmShape, error) {
 	mounts, err := o.baseMounts(sandbox.WarmTaskID, false)
@@ -261,7 +264,7 @@ func (o *Runner) WarmShapes(res task.Resources) ([]sandbox.WarmShape, error) {
 		return nil, err
 	}
 	tmpl := sandbox.Spec{
-		Command: []string{workerproto.CorralBinary, "worker", "warm"},
+		Command: []string{workerproto.WorkerBinary, "worker", "warm"},
 		Dir:     workerproto.TaskDir,
 		Env:     []string{"HOME=/tmp", "LANG=C.UTF-8"},
 		Mounts:  mounts,

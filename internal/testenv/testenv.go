@@ -223,9 +223,9 @@ func OpenPTY(tb testing.TB) (pty, tty *os.File) {
 }
 
 // MainWithCorral is a TestMain for packages whose tests run the corral
-// binary: it builds it into *bin (sandboxes run it as `corral worker
-// run-task`; some tests run it as the server), runs the tests and removes
-// it.
+// binary: it builds it into *bin, with corral-worker beside it (sandboxes
+// run that; some tests run corral as the server), runs the tests and
+// removes them.
 func MainWithCorral(m *testing.M, bin *string) {
 	dir, err := os.MkdirTemp("", "corral-bin-")
 	if err != nil {
@@ -234,7 +234,8 @@ func MainWithCorral(m *testing.M, bin *string) {
 	}
 	*bin = filepath.Join(dir, "corral")
 	// Static, as a release is: the worker runs from it in any image.
-	build := exec.Command("go", "build", "-o", *bin, "github.com/corral-dev/corral/cmd/corral")
+	// corral-worker, which sandboxes run, goes beside it.
+	build := exec.Command("go", "build", "-o", dir, "github.com/corral-dev/corral/cmd/corral", "github.com/corral-dev/corral/cmd/corral-worker")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {

@@ -1,5 +1,6 @@
 // Package workerproto is the contract between the server and the worker
-// that runs in every sandbox (`corral worker run-task`): where things are
+// that runs in every sandbox (`corral worker run-task`, run from
+// corral-worker): where things are
 // inside the sandbox, the worker's arguments (built by the server with
 // Args.Argv and read by the worker with ParseArgs, one tested pair), the
 // environment variables it reads, the status.json it leaves, and which
@@ -20,8 +21,20 @@ const (
 	HomeDir = ".home"
 	// SharedDir is shared/, read-only.
 	SharedDir = "/workspace/shared"
-	// CorralBinary is the corral executable, mounted read-only.
-	CorralBinary = "/run/corral/corral"
+	// CorralBinary is the corral executable, mounted read-only, for the
+	// agent's own use of it (`corral mcp --session`).
+	CorralBinary = "/run/corral/" + CorralName
+	// WorkerBinary is corral-worker, mounted read-only: the sandbox's main
+	// process, `corral-worker worker run-task|warm|session`. It is the
+	// corral binary's `worker` command built without the server's
+	// packages, which starts faster and idles smaller.
+	WorkerBinary = "/run/corral/" + WorkerName
+	// CorralName and WorkerName are the two executables' file names, on
+	// the host (side by side) and in the sandbox.
+	CorralName = "corral"
+	WorkerName = "corral-worker"
+	// WorkerPackage is corral-worker's main package.
+	WorkerPackage = "github.com/corral-dev/corral/cmd/corral-worker"
 	// SocketDir holds the server's unix socket, SocketName; the directory
 	// is mounted, not the socket, so a restarted server's new socket is
 	// seen.

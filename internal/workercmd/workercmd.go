@@ -1,4 +1,8 @@
-package app
+// Package workercmd is the worker's command line, `corral worker
+// run-task|warm|session`: what a sandbox's main process runs. corral
+// and corral-worker (the binary sandboxes start, which links only this)
+// both call Main.
+package workercmd
 
 import (
 	"context"
@@ -17,6 +21,22 @@ import (
 	"github.com/corral-dev/corral/internal/worker"
 	"github.com/corral-dev/corral/internal/workerproto"
 )
+
+// Main runs `corral worker ARGS...` and returns the exit code: run-task,
+// warm in a warm sandbox (until a task claims it), or session in a
+// session's.
+func Main(ctx context.Context, args []string, stderr io.Writer) int {
+	switch {
+	case len(args) == 1 && args[0] == "session":
+		return RunSessionAgent(ctx, os.Environ(), stderr)
+	case len(args) == 1 && args[0] == "warm":
+		return RunWarm(ctx, stderr)
+	case len(args) > 0 && args[0] == "run-task":
+		return RunWorker(ctx, args[1:], os.Environ(), stderr)
+	}
+	fmt.Fprintln(stderr, "usage: corral worker run-task --prompt FILE --task-id ID --webhook URL [--agent NAME] [-- CMD ARGS...]")
+	return worker.ExitUsage
+}
 
 // RunWorker is `corral worker run-task` inside a sandbox: it reads no
 // configuration, only its arguments and the environment the runtime set,
@@ -81,7 +101,7 @@ func RunWarm(ctx context.Context, stderr io.Writer) int {
 			os.Setenv(k, v)
 		}
 	}
-	if len(st.Argv) >= 3 && st.Argv[0] == workerproto.CorralBinary && st.Argv[1] == "worker" && st.Argv[2] == "run-task" {
+	if len(st.Argv) >= 3 && st.Argv[0] == workerproto.WorkerBinary && st.Argv[1] == "worker" && st.Argv[2] == "run-task" {
 		return RunWorker(ctx, st.Argv[3:], st.Env, stderr)
 	}
 	path, err := exec.LookPath(st.Argv[0])
