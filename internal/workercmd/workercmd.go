@@ -54,8 +54,8 @@ func RunWorker(ctx context.Context, args, environ []string, stderr io.Writer) in
 		fmt.Fprintf(stderr, "corral worker run-task: %v\n", err)
 		return worker.ExitUsage
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil)).With("task_id", opts.TaskID)
-	return worker.Run(ctx, opts, log)
+	// worker.Run adds the task's id to every line.
+	return worker.Run(ctx, opts, slog.New(slog.NewTextHandler(stderr, nil)))
 }
 
 // RunWarm is `corral worker warm`, a warm sandbox's main process: it waits
