@@ -67,7 +67,7 @@ var escapeRuntimes = []escapeRuntime{
 	{name: "gvisor", runtime: "gvisor", require: func(tb testing.TB) { testenv.RequireRunsc(tb) }},
 	{name: "docker", runtime: "docker", require: testenv.RequireDocker},
 	{name: "docker+runsc", runtime: "docker", require: func(tb testing.TB) { testenv.RequireDockerRuntime(tb, "runsc") },
-		edit: func(_ testing.TB, c *config.Config) { c.Docker.Runtime = "runsc" }, accepted: runscInitEnviron},
+		edit: func(_ testing.TB, c *config.Config) { c.Docker.Runtime = "runsc" }},
 	{name: "kubernetes", runtime: "kubernetes", require: requireKubernetes, edit: onKubernetes(""), accepted: runcPodLeaks},
 	{name: "kubernetes+gvisor", runtime: "kubernetes", require: requireKubernetes, edit: onKubernetes(k8stest.GVisor)},
 }
@@ -82,18 +82,6 @@ var runcPodLeaks = map[string]string{
 		`"kernel addresses in /proc/kallsyms" checks that`,
 	"read /proc/config.gz": "the node kernel's build configuration",
 	"read /proc/key-users": "how many kernel keys each uid of the node holds",
-}
-
-// runscInitEnviron is what docker's runsc leaves open that runc closes:
-// the container's pid 1, docker-init, runs as the sandbox's user with the
-// worker's environment, and runsc does not apply the masked paths under
-// /proc/1 that hide it under runc. The agent can read its own task's
-// webhook key there (and sign that task's reports, no other's);
-// docs/security.md says so.
-var runscInitEnviron = map[string]string{
-	"read pid 1's environment":          "docker-init's environment holds the worker's; runsc does not mask /proc/1/environ",
-	"read pid 1's thread's environment": "the same, through /proc/1/task/1",
-	"read every process's environment":  "the same: docker-init's",
 }
 
 // gvisorKernel reports whether rt's processes run on gVisor's kernel.
