@@ -68,9 +68,10 @@ type Store struct {
 	writerDone chan struct{}   // closed when the writer goroutine returns
 	w          writer          // state owned by the writer goroutine
 
-	mu   sync.Mutex
-	head int64         // highest committed position
-	wake chan struct{} // closed and replaced on each commit
+	mu     sync.Mutex
+	head   int64         // highest committed position
+	wake   chan struct{} // closed and replaced on each commit
+	recent recent        // the last committed events, up to head
 
 	closeOnce sync.Once
 	closeErr  error
@@ -236,6 +237,19 @@ func (s *Store) ReadAll(ctx context.Context, after int64, limit int) ([]eventsto
 	if limit < 1 {
 		return nil, fmt.Errorf("read events after %d: limit %d: %w", after, limit, errdefs.ErrInvalidArgument)
 	}
+	if ctx.Err() == nil && !s.isClosed() {
+		s.mu.Lock()
+		evs, ok := s.recent.after(after, limit)
+		s.mu.Unlock()
+		if ok {
+			return evs, nil
+		}
+	}
+	return s.readAll(ctx, after, limit)
+}
+
+// readAll is ReadAll from SQLite.
+func (s *Store) readAll(ctx context.Context, after int64, limit int) ([]eventstore.Event, error) {
 	rows, err := s.rdb.QueryContext(ctx, selectEvent+
 		"WHERE position > ? ORDER BY position LIMIT ?", after, limit)
 	if err != nil {
@@ -282,10 +296,21 @@ func (s *Store) WaitFor(ctx context.Context, after int64) error {
 	}
 }
 
-// published records a commit up to head and wakes every WaitFor.
-func (s *Store) published(head int64) {
+// isClosed reports whether Close has begun.
+func (s *Store) isClosed() bool {
+	select {
+	case <-s.quit:
+		return true
+	default:
+		return false
+	}
+}
+
+// published records a commit of evs, up to head, and wakes every WaitFor.
+func (s *Store) published(head int64, evs []eventstore.Event) {
 	s.mu.Lock()
 	s.head = head
+	s.recent.add(evs)
 	close(s.wake)
 	s.wake = make(chan struct{})
 	s.mu.Unlock()

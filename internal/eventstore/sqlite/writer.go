@@ -179,7 +179,11 @@ func (s *Store) commitBatch(batch []*appendReq) {
 		}
 	} else if head != s.w.head {
 		s.w.head = head
-		s.published(head)
+		var evs []eventstore.Event // in position order: the batch's order
+		for _, r := range results {
+			evs = append(evs, r.events...)
+		}
+		s.published(head, evs)
 	}
 	for i, r := range batch {
 		r.res <- results[i]
