@@ -10,7 +10,9 @@
 // through Corral's proxy over a unix socket in a mounted directory, as for
 // the other runtimes), every capability dropped, no_new_privs, the
 // engine's default seccomp profile, docker-init as pid 1 (it forwards
-// signals and reaps orphans), hostname corral, memory (without swap), CPU
+// signals and reaps orphans; not under runsc, which would leave its
+// environment, the worker's, readable: the worker is pid 1 there, as in
+// the gvisor runtime), hostname corral, memory (without swap), CPU
 // and pids limits, and rlimits for open files, core files and file size.
 // The engine's own OCI runtime runs it (runc), or another one it has
 // registered (Options.Runtime: runsc for gVisor).
@@ -444,7 +446,12 @@ func (r *Runtime) containerConfig(spec sandbox.Spec, image string) (*container.C
 		pids := l.Pids + 1 // docker-init is one of them
 		res.PidsLimit = &pids
 	}
-	init := true
+	// docker-init starts with the worker's environment, secrets and all,
+	// and runs as the sandbox's user: runc masks its /proc/1/environ
+	// (maskedPaths), runsc applies no masked paths. Under runsc the
+	// worker is pid 1 itself, as in the gvisor runtime, and executes
+	// itself again without its secrets in its environment.
+	init := r.opts.Runtime != "runsc"
 	host := &container.HostConfig{
 		NetworkMode:    "none",
 		Mounts:         mounts,
