@@ -91,14 +91,13 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) int {
 	st = r.run(ctx)
 	data, err := json.MarshalIndent(st, "", "  ")
 	if err == nil {
-		err = workspace.WriteFileAtomic(root, workerproto.StatusFile, append(data, '\n'), 0o644)
+		err = workspace.WriteFileAtomicNoSync(root, workerproto.StatusFile, append(data, '\n'), 0o644)
 	}
 	if err != nil {
 		log.Error("cannot write status file", logkey.Error, err)
 	}
 	// The last progress report was in flight while status.json was
-	// written (two fsyncs, as long as the report's own commit on the
-	// server); it goes before the completion.
+	// written; it goes before the completion.
 	if r.closeProgress != nil {
 		r.closeProgress()
 	}

@@ -219,7 +219,7 @@ func CopyFile(src *os.Root, srcName string, dst *os.Root, dstName string, max in
 		return 0, fmt.Errorf("%s is %d bytes, over the limit of %d: %w", srcName, info.Size(), max, ErrTooLarge)
 	}
 	var n int64
-	err = writeAtomic(dst, dstName, 0o644, func(w io.Writer) error {
+	err = writeAtomic(dst, dstName, 0o644, true, func(w io.Writer) error {
 		n, err = io.Copy(w, io.LimitReader(f, max+1))
 		if err == nil && n > max {
 			return fmt.Errorf("%s grew past the limit of %d bytes: %w", srcName, max, ErrTooLarge)

@@ -141,16 +141,33 @@ func WriteFileAtomic(root *os.Root, name string, data []byte, perm fs.FileMode) 
 	})
 }
 
+// WriteFileAtomicNoSync is WriteFileAtomic without the two fsyncs: readers
+// still see the old content or the new, but a power loss may leave
+// neither. For a file whose durability buys nothing: the worker's
+// status.json, which the server reads at once, before it commits the
+// task's end, and which a power loss would leave beside output files
+// nothing made durable either.
+func WriteFileAtomicNoSync(root *os.Root, name string, data []byte, perm fs.FileMode) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	return writeAtomic(root, name, perm, false, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	})
+}
+
 // WriteAtomic is WriteFileAtomic with the content written by fill.
 func WriteAtomic(root *os.Root, name string, perm fs.FileMode, fill func(io.Writer) error) error {
 	if err := CheckName(name); err != nil {
 		return err
 	}
-	return writeAtomic(root, name, perm, fill)
+	return writeAtomic(root, name, perm, true, fill)
 }
 
-// writeAtomic is WriteAtomic whatever the name's characters.
-func writeAtomic(root *os.Root, name string, perm fs.FileMode, fill func(io.Writer) error) error {
+// writeAtomic is WriteAtomic whatever the name's characters; durable
+// fsyncs the file before the rename and the directory after it.
+func writeAtomic(root *os.Root, name string, perm fs.FileMode, durable bool, fill func(io.Writer) error) error {
 	dir := path.Dir(name)
 	if dir != "." {
 		if err := root.MkdirAll(dir, 0o755); err != nil {
@@ -174,8 +191,10 @@ func writeAtomic(root *os.Root, name string, perm fs.FileMode, fill func(io.Writ
 	if err := fill(f); err != nil {
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		return err
+	if durable {
+		if err := f.Sync(); err != nil {
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
@@ -184,6 +203,9 @@ func writeAtomic(root *os.Root, name string, perm fs.FileMode, fill func(io.Writ
 		return classify(err)
 	}
 	ok = true
+	if !durable {
+		return nil
+	}
 	if d, err := root.Open(dir); err == nil {
 		d.Sync()
 		d.Close()

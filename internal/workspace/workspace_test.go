@@ -586,18 +586,57 @@ func TestDataRoot(t *testing.T) {
 
 // Writing over an existing symbolic link replaces the link; its target,
 // outside the root, is untouched.
+// A link where the file goes (the worker's status.json, in a directory the
+// agent writes) is replaced, never followed, durable write or not.
 func TestWriteFileAtomicReplacesSymlink(t *testing.T) {
-	outside := mustOutside(t)
-	r, dir := MustOpenRoot(t, map[string]string{})
-	MustSymlink(t, dir, "f.txt", filepath.Join(outside, "secret.txt"))
-	if err := WriteFileAtomic(r, "f.txt", []byte("mine"), 0o644); err != nil {
-		t.Fatal(err)
+	for name, write := range map[string]func(*os.Root, string, []byte, fs.FileMode) error{
+		"WriteFileAtomic": WriteFileAtomic, "WriteFileAtomicNoSync": WriteFileAtomicNoSync,
+	} {
+		t.Run(name, func(t *testing.T) {
+			outside := mustOutside(t)
+			r, dir := MustOpenRoot(t, map[string]string{})
+			MustSymlink(t, dir, "f.txt", filepath.Join(outside, "secret.txt"))
+			if err := write(r, "f.txt", []byte("mine"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := os.ReadFile(filepath.Join(outside, "secret.txt")); string(b) != "secret" {
+				t.Errorf("the link's target outside became %q", b)
+			}
+			info, err := os.Lstat(filepath.Join(dir, "f.txt"))
+			if err != nil || !info.Mode().IsRegular() {
+				t.Errorf("f.txt after the write: %v, %v; want a regular file", info, err)
+			}
+			if b, _ := os.ReadFile(filepath.Join(dir, "f.txt")); string(b) != "mine" {
+				t.Errorf("f.txt holds %q, want mine", b)
+			}
+			mustNoTemp(t, dir)
+			if err := write(r, "../f.txt", []byte("x"), 0o644); err == nil {
+				t.Error("a name out of the root was written")
+			}
+		})
 	}
-	if b, _ := os.ReadFile(filepath.Join(outside, "secret.txt")); string(b) != "secret" {
-		t.Errorf("the link's target outside became %q", b)
-	}
-	info, err := os.Lstat(filepath.Join(dir, "f.txt"))
-	if err != nil || !info.Mode().IsRegular() {
-		t.Errorf("f.txt after the write: %v, %v; want a regular file", info, err)
+}
+
+// BenchmarkWriteFileAtomic writes a status.json-sized file the two ways,
+// on the file system of the test's temporary directory (TMPDIR).
+//
+//	go test -run '^$' -bench WriteFileAtomic ./internal/workspace
+func BenchmarkWriteFileAtomic(b *testing.B) {
+	data := []byte(strings.Repeat("x", 300))
+	for name, write := range map[string]func(*os.Root, string, []byte, fs.FileMode) error{
+		"durable": WriteFileAtomic, "no-sync": WriteFileAtomicNoSync,
+	} {
+		b.Run(name, func(b *testing.B) {
+			r, err := os.OpenRoot(b.TempDir())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			for b.Loop() {
+				if err := write(r, "status.json", data, 0o644); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
