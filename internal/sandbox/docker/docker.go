@@ -599,7 +599,8 @@ func (r *Runtime) Status(ctx context.Context, id string) (sandbox.Status, error)
 	return s, nil
 }
 
-// Stop sends SIGTERM to the main process (docker-init passes it on), waits
+// Stop sends SIGTERM to the main process (docker-init passes it on; under
+// runsc the main process is pid 1 and gets it itself), waits
 // up to grace, then SIGKILLs it, which ends every process in the
 // container.
 func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
