@@ -213,7 +213,7 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 }
 
 // baseMounts are the mounts of every sandbox of task id: its directory,
-// shared/, the corral binary and, on this host (not remote), the server's
+// shared/, corral and corral-worker and, on this host (not remote), the server's
 // socket directory. They name paths of the data root; each runtime
 // decides how to expose them.
 func (o *Runner) baseMounts(id string, remote bool) ([]sandbox.Mount, error) {

@@ -135,10 +135,7 @@ func classify(err error) error {
 // content or the new, never a part. Parent directories are created. A name
 // CheckName refuses is refused.
 func WriteFileAtomic(root *os.Root, name string, data []byte, perm fs.FileMode) error {
-	return WriteAtomic(root, name, perm, func(w io.Writer) error {
-		_, err := w.Write(data)
-		return err
-	})
+	return WriteAtomic(root, name, perm, fillWith(data))
 }
 
 // WriteFileAtomicNoSync is WriteFileAtomic without the two fsyncs: readers
@@ -151,10 +148,15 @@ func WriteFileAtomicNoSync(root *os.Root, name string, data []byte, perm fs.File
 	if err := CheckName(name); err != nil {
 		return err
 	}
-	return writeAtomic(root, name, perm, false, func(w io.Writer) error {
+	return writeAtomic(root, name, perm, false, fillWith(data))
+}
+
+// fillWith is the fill of a write whose content is data.
+func fillWith(data []byte) func(io.Writer) error {
+	return func(w io.Writer) error {
 		_, err := w.Write(data)
 		return err
-	})
+	}
 }
 
 // WriteAtomic is WriteFileAtomic with the content written by fill.
