@@ -455,7 +455,9 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 		}
 		defer func() {
 			if err != nil {
-				cgroups.Remove(st.Cgroups)
+				// After the launcher's group is dead: a sandbox pid 1
+				// that outlived it is killed here.
+				cgroups.KillAndRemove(st.Cgroups)
 			}
 		}()
 	}
@@ -507,7 +509,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	e := statedir.Started[state](dir, cmd)
 	defer func() {
 		if err != nil {
-			cmd.Process.Kill()
+			killLauncher(st.PID)
 			<-e.Done()
 		}
 	}()
@@ -682,6 +684,15 @@ func oomKilled(dirs []string) bool {
 	return n > 0
 }
 
+// killLauncher SIGKILLs the launcher pid and its process group (it is a
+// session leader): the shell, and bwrap, its child. The shell alone is
+// not enough: bwrap asks to die with its parent (--die-with-parent) only
+// once it runs, so a launcher killed before that left bwrap setting up
+// the sandbox, unsupervised, its cgroups busy for good.
+func killLauncher(pid int) {
+	syscall.Kill(-pid, syscall.SIGKILL)
+}
+
 // term sends SIGTERM to every process in the sandbox's pid namespace (no
 // process can leave it). bwrap's pid 1 has no SIGTERM handler, so the
 // kernel drops the signal for it; the main process and its children get it.
@@ -698,8 +709,8 @@ func (r *Runtime) kill(ctx context.Context, e *statedir.Entry[state]) error {
 	if e.St.ChildPID > 0 && hostproc.PidNamespace(e.St.ChildPID) == e.St.PIDNS {
 		syscall.Kill(e.St.ChildPID, syscall.SIGKILL)
 	} else if e.St.ChildPID == 0 && e.Running() {
-		// bwrap never got as far as pid 1; it dies with the launcher.
-		syscall.Kill(e.St.PID, syscall.SIGKILL)
+		// bwrap never got as far as pid 1.
+		killLauncher(e.St.PID)
 	}
 	for _, p := range hostproc.PidsInNamespace(e.St.PIDNS) {
 		syscall.Kill(p, syscall.SIGKILL)

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -400,5 +401,84 @@ func TestStopRightAfterCreate(t *testing.T) {
 		if err != nil || es.Code != 143 {
 			t.Fatalf("run %d: Wait after Stop = %+v, %v; want code 143 (SIGTERM)", i, es, err)
 		}
+	}
+}
+
+// TestCreateCanceledLeavesNothing cancels a Create whose bwrap has not yet
+// reached the sandbox's pid 1 and never will: a stand-in that sleeps, as a
+// real bwrap setting up when the server shuts down, before it has asked
+// to die with its parent. Nothing of the sandbox may outlive the failed
+// Create: killing only the launcher's shell left bwrap running and its
+// cgroups busy for good (a warm sandbox being started at every shutdown
+// leaked its cgroups).
+func TestCreateCanceledLeavesNothing(t *testing.T) {
+	testenv.RequireBwrap(t)
+	real, err := exec.LookPath("bwrap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, withCgroups := range []bool{true, false} {
+		t.Run(fmt.Sprintf("cgroups=%v", withCgroups), func(t *testing.T) {
+			dir := testenv.TempDir(t)
+			pidFile := filepath.Join(dir, "pid")
+			stand := filepath.Join(dir, "bwrap")
+			// The probe (ending in /usr/bin/true) and --version go to the
+			// real bwrap; a sandbox's bwrap records its pid and sleeps.
+			script := "#!/bin/sh\nfor a; do last=$a; done\n" +
+				"if [ \"$1\" = --version ] || [ \"$last\" = /usr/bin/true ]; then exec " + real + " \"$@\"; fi\n" +
+				"echo $$ > " + pidFile + "\nexec sleep 1007\n"
+			if err := os.WriteFile(stand, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(dir, 0o777); err != nil { // the sandbox identity writes the pid
+				t.Fatal(err)
+			}
+			opts := Options{DataRoot: sandboxtest.DataRoot, StateDir: filepath.Join(testenv.TempDir(t), "state"), CgroupParent: "corral-test", Bwrap: stand, DisableCgroups: !withCgroups}
+			r, err := New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if withCgroups && r.cg == nil {
+				testenv.Missing(t, "writable cgroups: "+r.cgWarn)
+			}
+			id := sandboxtest.NewID(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				_, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/true"}})
+				done <- err
+			}()
+			var pid int
+			for deadline := time.Now().Add(10 * time.Second); pid == 0; {
+				b, _ := os.ReadFile(pidFile)
+				pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+				if pid == 0 && time.Now().After(deadline) {
+					t.Fatal("the stand-in bwrap never ran")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			start, err := hostproc.StartTime(pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cancel()
+			if err := <-done; err == nil {
+				t.Fatal("Create returned no error after its context was canceled")
+			}
+			if hostproc.Alive(pid, start) {
+				syscall.Kill(pid, syscall.SIGKILL)
+				t.Fatalf("bwrap (pid %d) outlived the failed Create", pid)
+			}
+			if withCgroups {
+				for _, d := range r.cg.Dirs(id) {
+					if _, err := os.Stat(d); err == nil {
+						t.Errorf("cgroup %s outlived the failed Create", d)
+					}
+				}
+			}
+			if _, err := os.Stat(r.Dir.Path(id)); err == nil {
+				t.Errorf("state dir %s outlived the failed Create", r.Dir.Path(id))
+			}
+		})
 	}
 }
