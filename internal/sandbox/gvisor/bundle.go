@@ -246,7 +246,7 @@ func writeBundle(dir string, spec sandbox.Spec, o Options, cgroupsPath string) e
 	if err != nil {
 		return fmt.Errorf("encode bundle config: %w", err)
 	}
-	if err := statedir.WriteFileSync(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+	if err := statedir.WriteFileAtomic(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
 		return fmt.Errorf("write bundle config: %w", err)
 	}
 	return nil

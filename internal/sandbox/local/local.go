@@ -560,7 +560,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	}
 	// Not written to state.json: loadState reads the pid 1 back from
 	// status.jsonl, which bwrap wrote it to, and a second write would be a
-	// second file made, fsynced and renamed per sandbox.
+	// second file made and renamed per sandbox.
 	e.St = st
 	return e, nil
 }
