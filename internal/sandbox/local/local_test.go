@@ -465,9 +465,13 @@ func TestCreateCanceledLeavesNothing(t *testing.T) {
 			if err := <-done; err == nil {
 				t.Fatal("Create returned no error after its context was canceled")
 			}
-			if hostproc.Alive(pid, start) {
-				syscall.Kill(pid, syscall.SIGKILL)
-				t.Fatalf("bwrap (pid %d) outlived the failed Create", pid)
+			// SIGKILLed, it is gone within moments; left alone, it would
+			// sleep for 1007 s.
+			for deadline := time.Now().Add(10 * time.Second); hostproc.Alive(pid, start); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					syscall.Kill(pid, syscall.SIGKILL)
+					t.Fatalf("bwrap (pid %d) outlived the failed Create by 10 s", pid)
+				}
 			}
 			if withCgroups {
 				for _, d := range r.cg.Dirs(id) {
