@@ -159,27 +159,43 @@ func PidsInNamespace(ns uint64) []int {
 	return pids
 }
 
-// ChildExeced reports whether pid has a child that has executed another
-// program than pid's own (its command name differs), or pid is gone, so
-// that waiting longer is pointless. A forked child that has not executed
-// yet may still be setting itself up.
-func ChildExeced(pid int) bool {
-	p := strconv.Itoa(pid)
-	b, err := os.ReadFile("/proc/" + p + "/task/" + p + "/children")
-	if err != nil {
-		return true
-	}
-	own, err := os.ReadFile("/proc/" + p + "/comm")
-	if err != nil {
-		return true
-	}
-	for _, c := range strings.Fields(string(b)) {
-		comm, err := os.ReadFile("/proc/" + c + "/comm")
-		if err == nil && string(comm) != string(own) {
+// ExecWatch polls whether a process's child has executed another program
+// than the process's own (its command name differs), as a forked child
+// does once it is set up. Once the child is known, a poll reads one small
+// /proc file.
+type ExecWatch struct {
+	pid   int
+	own   string // pid's command name, read at the first poll
+	child string // the first child's pid, once pid has one
+}
+
+// WatchExec watches pid's first child; pid should have no other.
+func WatchExec(pid int) *ExecWatch { return &ExecWatch{pid: pid} }
+
+// Done reports whether the child has executed another program, or pid or
+// the child is gone, so that waiting longer is pointless.
+func (w *ExecWatch) Done() bool {
+	p := strconv.Itoa(w.pid)
+	if w.own == "" {
+		own, err := os.ReadFile("/proc/" + p + "/comm")
+		if err != nil {
 			return true
 		}
+		w.own = string(own)
 	}
-	return false
+	if w.child == "" {
+		b, err := os.ReadFile("/proc/" + p + "/task/" + p + "/children")
+		if err != nil {
+			return true
+		}
+		kids := strings.Fields(string(b))
+		if len(kids) == 0 {
+			return false
+		}
+		w.child = kids[0]
+	}
+	comm, err := os.ReadFile("/proc/" + w.child + "/comm")
+	return err != nil || string(comm) != w.own
 }
 
 // KilledBy is sandbox.ExitStatus.Message for a process a signal ended: "killed by

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"syscall"
@@ -123,15 +124,9 @@ func TestNamespaceAndChildren(t *testing.T) {
 	// A shell is single-threaded: its children file (per thread) lists
 	// the sleep it forks.
 	sh := startShell(t, ns, "sleep 60 & wait")
-	deadline := time.Now().Add(10 * time.Second)
-	for !ChildExeced(sh.Process.Pid) {
-		if time.Now().After(deadline) {
-			t.Fatalf("ChildExeced(sh) = false 10s after it forked sleep")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if ChildExeced(cmd.Process.Pid) {
-		t.Errorf("ChildExeced(sleep) = true: it has no child")
+	waitDone(t, WatchExec(sh.Process.Pid), "sh that forked sleep")
+	if WatchExec(cmd.Process.Pid).Done() {
+		t.Errorf("WatchExec(sleep).Done() = true: it has no child")
 	}
 	// A child that runs the parent's program (as a forked child has until
 	// it executes another) does not count.
@@ -141,8 +136,38 @@ func TestNamespaceAndChildren(t *testing.T) {
 			t.Fatal("sh forked no child in 10s")
 		}
 	}
-	if ChildExeced(sub.Process.Pid) {
-		t.Errorf("ChildExeced(sh) = true for a child that runs sh too")
+	if WatchExec(sub.Process.Pid).Done() {
+		t.Errorf("WatchExec(sh).Done() = true for a child that runs sh too")
+	}
+	// One watch, polled: the child is a subshell (sh) first, found and
+	// kept, then, once go exists, executes sleep.
+	gate := filepath.Join(t.TempDir(), "go")
+	later := startShell(t, ns, "(while [ ! -e "+gate+" ]; do sleep 0.01; done; exec sleep 60) & wait")
+	w := WatchExec(later.Process.Pid)
+	for deadline := time.Now().Add(10 * time.Second); w.child == ""; time.Sleep(time.Millisecond) {
+		if w.Done() {
+			t.Fatal("WatchExec(sh).Done() = true while its child is a subshell")
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sh forked no subshell in 10s")
+		}
+	}
+	if w.Done() {
+		t.Fatal("WatchExec(sh).Done() = true while its child is a subshell")
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, w, "sh whose subshell executes sleep")
+}
+
+// waitDone polls w for up to 10 s.
+func waitDone(t *testing.T, w *ExecWatch, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !w.Done(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("WatchExec(%s).Done() = false after 10 s", what)
+		}
 	}
 }
 

@@ -530,16 +530,18 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	// and its completion waits for the task_started recorded after this
 	// returns, so any lateness here is the task's. (A 1 -> 10 ms back-off
 	// cost 3 to 8 ms per task once the worker was that fast.) A poll after
-	// the first few reads three small /proc files.
+	// the first few reads one small /proc file.
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
+	var watch *hostproc.ExecWatch
 	for ready := false; !ready; {
 		if st.ChildPID == 0 {
 			if info, ok := readStatus(dir); ok && info.ChildPID > 0 {
 				st.ChildPID, st.PIDNS = info.ChildPID, info.PIDNamespace
+				watch = hostproc.WatchExec(st.ChildPID)
 			}
 		}
-		ready = st.ChildPID > 0 && hostproc.ChildExeced(st.ChildPID)
+		ready = watch != nil && watch.Done()
 		if ready {
 			break
 		}
