@@ -486,3 +486,32 @@ func TestCreateCanceledLeavesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestDestroyTornState destroys a sandbox whose state.json does not
+// decode, as a power loss can leave it (it is not fsynced): its cgroups
+// and state dir go by its name, where Destroy used to fail and leave them.
+func TestDestroyTornState(t *testing.T) {
+	r, _ := MustNew(t)
+	id := sandboxtest.NewID(t)
+	if err := os.MkdirAll(r.Dir.Path(id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(r.Dir.Path(id), "state.json"), []byte(`{"id":"`+id), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var dirs []string
+	if r.cg != nil {
+		var err error
+		if dirs, err = r.cg.Create(id, sandbox.Limits{Pids: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Destroy(context.Background(), id); err != nil {
+		t.Fatalf("Destroy of a torn state: %v", err)
+	}
+	for _, d := range append(dirs, r.Dir.Path(id)) {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("%s outlived Destroy", d)
+		}
+	}
+}

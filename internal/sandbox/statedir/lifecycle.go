@@ -225,7 +225,9 @@ func (s *Sandboxes[S]) List(ctx context.Context, selector map[string]string) ([]
 
 // Destroy kills the sandbox if it runs, releases it, and removes its
 // cgroups, the directories it was given and its state dir. Unknown ids
-// return nil, after removing what a crashed Create may have left.
+// return nil, after removing what a crashed Create may have left; so does
+// a sandbox whose state.json a power loss tore (its cgroups and state dir
+// go by its name; the directories it was given stay its identity's).
 func (s *Sandboxes[S]) Destroy(ctx context.Context, id string) error {
 	if sandbox.ValidateID(id) != nil || id == s.reserved {
 		return nil
@@ -233,7 +235,10 @@ func (s *Sandboxes[S]) Destroy(ctx context.Context, id string) error {
 	unlock := s.Dir.Lock(id)
 	defer unlock()
 	e, err := s.Lookup(id)
-	if errors.Is(err, errdefs.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errTorn) {
+		if errors.Is(err, errTorn) {
+			s.log.Warn("sandbox state unreadable; removing what is named after it", logkey.SandboxID, id, logkey.Error, err)
+		}
 		if err := s.Dir.RemoveLeftovers(s.cg, id); err != nil {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}

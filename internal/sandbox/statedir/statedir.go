@@ -121,10 +121,15 @@ func (d *Dir[S, E]) Read(id string) (S, error) {
 		return st, fmt.Errorf("read state: %w", err)
 	}
 	if err := json.Unmarshal(b, &st); err != nil {
-		return st, fmt.Errorf("decode state: %w", err)
+		return st, fmt.Errorf("decode state: %v: %w", err, errTorn)
 	}
 	return st, nil
 }
+
+// errTorn is a state.json that does not decode: one a power loss tore,
+// since it is not fsynced (WriteFileAtomic), and so one whose processes
+// are gone.
+var errTorn = errors.New("state.json is torn")
 
 // Write replaces id's state.json atomically.
 func (d *Dir[S, E]) Write(id string, st S) error {
