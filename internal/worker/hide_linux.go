@@ -49,6 +49,35 @@ func HideFromAgent(environ []string, names ...string) ([]string, error) {
 	if environGuarded() {
 		return environ, nil
 	}
+	kept, r, err := SecretsPipe(environ, names...)
+	if err != nil {
+		return nil, err
+	}
+	if r == nil {
+		return environ, nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		r.Close()
+		return nil, fmt.Errorf("find own executable: %w", err)
+	}
+	// The read end goes through the execve, at its number. Nothing else
+	// runs in the process yet.
+	if _, err := unix.FcntlInt(r.Fd(), unix.F_SETFD, 0); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("pass the secrets' pipe on: %w", err)
+	}
+	err = unix.Exec(self, os.Args, append(kept, SecretsFDVar(int(r.Fd()))))
+	r.Close()
+	return nil, fmt.Errorf("execute %s again without the secrets in its environment: %w", self, err)
+}
+
+// SecretsPipe splits environ into the variables names and the rest, and
+// returns the rest and the read end of a pipe that holds the named ones,
+// all written (they fit in its buffer): for a process started with it,
+// and SecretsFDVar of its descriptor, whose HideFromAgent reads them from
+// there. With none of them in environ the pipe is nil.
+func SecretsPipe(environ []string, names ...string) ([]string, *os.File, error) {
 	var kept, secrets []string
 	for _, kv := range environ {
 		if k, _, _ := strings.Cut(kv, "="); slices.Contains(names, k) {
@@ -58,32 +87,30 @@ func HideFromAgent(environ []string, names ...string) ([]string, error) {
 		}
 	}
 	if len(secrets) == 0 {
-		return environ, nil
+		return environ, nil, nil
 	}
 	payload := strings.Join(secrets, "\x00")
 	if len(payload) > maxSecrets {
-		return nil, fmt.Errorf("the secrets in the environment take %d bytes, over %d", len(payload), maxSecrets)
+		return nil, nil, fmt.Errorf("the secrets in the environment take %d bytes, over %d", len(payload), maxSecrets)
 	}
-	self, err := os.Executable()
+	r, w, err := os.Pipe()
 	if err != nil {
-		return nil, fmt.Errorf("find own executable: %w", err)
+		return nil, nil, fmt.Errorf("pipe: %w", err)
 	}
-	// Without O_CLOEXEC: the read end goes through the execve; the write
-	// end is closed before it. Nothing else runs in the process yet.
-	var p [2]int
-	if err := unix.Pipe2(p[:], 0); err != nil {
-		return nil, fmt.Errorf("pipe: %w", err)
+	_, err = io.WriteString(w, payload)
+	if cerr := w.Close(); err == nil {
+		err = cerr
 	}
-	_, err = unix.Write(p[1], []byte(payload))
-	unix.Close(p[1])
 	if err != nil {
-		unix.Close(p[0])
-		return nil, fmt.Errorf("write the secrets to a pipe: %w", err)
+		r.Close()
+		return nil, nil, fmt.Errorf("write the secrets to a pipe: %w", err)
 	}
-	err = unix.Exec(self, os.Args, append(kept, secretsFDEnv+"="+strconv.Itoa(p[0])))
-	unix.Close(p[0])
-	return nil, fmt.Errorf("execute %s again without the secrets in its environment: %w", self, err)
+	return kept, r, nil
 }
+
+// SecretsFDVar is the environment variable that tells a process started
+// with SecretsPipe's read end at descriptor fd where its secrets are.
+func SecretsFDVar(fd int) string { return secretsFDEnv + "=" + strconv.Itoa(fd) }
 
 // environGuarded reports whether this kernel's /proc/<pid>/environ obeys
 // dumpability (a variable, for the tests of the other path): Linux's does (it reads the process's memory through the

@@ -24,8 +24,12 @@ import (
 
 // Main runs `corral worker ARGS...` and returns the exit code: run-task,
 // warm in a warm sandbox (until a task claims it), or session in a
-// session's.
+// session's. As its sandbox's pid 1 it is the reaper of orphans, and
+// runs the worker as its child (reap).
 func Main(ctx context.Context, args []string, stderr io.Writer) int {
+	if os.Getpid() == 1 {
+		return reap(os.Environ(), stderr)
+	}
 	switch {
 	case len(args) == 1 && args[0] == "session":
 		return RunSessionAgent(ctx, os.Environ(), stderr)

@@ -72,6 +72,13 @@ func main() {
 	if len(os.Args) == 2 && os.Args[1] == tracemeArg {
 		tracemeChild()
 	}
+	if len(os.Args) == 2 && os.Args[1] == orphanArg {
+		orphanParent()
+	}
+	if len(os.Args) == 2 && os.Args[1] == orphanSleepArg {
+		time.Sleep(100 * time.Millisecond)
+		os.Exit(0)
+	}
 	var reads, writes, connects list
 	flag.Var(&reads, "read", "a path to try to read (repeatable)")
 	flag.Var(&writes, "write", "a path to try to create (repeatable)")
@@ -132,6 +139,9 @@ func main() {
 	check("read pid 1's environment", func() result { return tryReadEnviron("/proc/1/environ") })
 	check("read pid 1's thread's environment", func() result { return tryReadEnviron("/proc/1/task/1/environ") })
 	check("read every process's environment", anyEnviron)
+	// Not an escape, but a task's limit spent: a zombie holds one of the
+	// sandbox's pids until the sandbox ends.
+	check("orphan left a zombie", orphanZombie)
 	check("mount tmpfs", tryMount)
 	check("unshare user namespace", func() result { return tryNamespace(unix.CLONE_NEWUSER) })
 	check("unshare network namespace", func() result { return tryNamespace(unix.CLONE_NEWNET) })
@@ -458,6 +468,55 @@ func noNewPrivs() result {
 		return result{Detail: "prctl: " + err.Error() + "; " + detail}
 	}
 	return result{OK: v == 1, Detail: fmt.Sprintf("prctl says %d; %s", v, detail)}
+}
+
+// orphanArg and orphanSleepArg, as the only argument, make the probe
+// orphanZombie's child and grandchild.
+const (
+	orphanArg      = "--orphan-parent"
+	orphanSleepArg = "--orphan-sleep"
+)
+
+// orphanZombie orphans a process (its parent exits at once) that exits
+// 100 ms later, and reports whether it is still a zombie 5 s after that:
+// nothing in the sandbox reaped it.
+func orphanZombie() result {
+	self, err := os.Executable()
+	if err != nil {
+		return result{Detail: "find own executable: " + err.Error()}
+	}
+	out, err := exec.Command(self, orphanArg).Output()
+	pid, perr := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil || perr != nil {
+		return result{OK: true, Detail: fmt.Sprintf("inconclusive: the orphan's parent said %q: %v", out, err)}
+	}
+	stat := fmt.Sprintf("/proc/%d/stat", pid)
+	deadline := time.Now().Add(5100 * time.Millisecond)
+	for {
+		b, err := os.ReadFile(stat)
+		if errors.Is(err, os.ErrNotExist) {
+			return result{Detail: fmt.Sprintf("orphan %d reaped", pid)}
+		}
+		if time.Now().After(deadline) {
+			return result{OK: true, Detail: fmt.Sprintf("orphan %d still there 5 s after it exited: %q (%v)", pid, b, err)}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// orphanParent is orphanZombie's child: it starts the grandchild, prints
+// its pid and exits without waiting for it.
+func orphanParent() {
+	self, err := os.Executable()
+	if err == nil {
+		cmd := exec.Command(self, orphanSleepArg)
+		if err = cmd.Start(); err == nil {
+			fmt.Println(cmd.Process.Pid)
+			os.Exit(0)
+		}
+	}
+	fmt.Println("failed: " + err.Error())
+	os.Exit(0)
 }
 
 // tracemeArg, as the only argument, makes the probe the traceme child.
