@@ -49,13 +49,14 @@ func HideFromAgent(environ []string, names ...string) ([]string, error) {
 	if environGuarded() {
 		return environ, nil
 	}
-	kept, r, err := SecretsPipe(environ, names...)
+	kept, r, w, err := SecretsPipe(environ, names...)
 	if err != nil {
 		return nil, err
 	}
 	if r == nil {
 		return environ, nil
 	}
+	w.Close()
 	self, err := os.Executable()
 	if err != nil {
 		r.Close()
@@ -73,12 +74,13 @@ func HideFromAgent(environ []string, names ...string) ([]string, error) {
 }
 
 // SecretsPipe splits environ into the variables names and the rest, and
-// returns the rest and the read end of a pipe that holds the named ones,
-// all written (they fit in its buffer): for a process started with it,
-// and SecretsFDVar of its descriptor, whose HideFromAgent reads them from
-// there. With none of them in environ the pipe is nil.
-func SecretsPipe(environ []string, names ...string) ([]string, *os.File, error) {
-	var kept, secrets []string
+// returns the rest and a pipe holding the named ones, all written (they
+// fit in its buffer): for a process started with its read end and
+// SecretsFDVar of that descriptor, whose HideFromAgent reads them there,
+// up to the end of the pipe, which comes when the caller closes the write
+// end. With none of the names in environ the pipe is nil.
+func SecretsPipe(environ []string, names ...string) (kept []string, r, w *os.File, err error) {
+	var secrets []string
 	for _, kv := range environ {
 		if k, _, _ := strings.Cut(kv, "="); slices.Contains(names, k) {
 			secrets = append(secrets, kv)
@@ -87,25 +89,21 @@ func SecretsPipe(environ []string, names ...string) ([]string, *os.File, error) 
 		}
 	}
 	if len(secrets) == 0 {
-		return environ, nil, nil
+		return environ, nil, nil, nil
 	}
 	payload := strings.Join(secrets, "\x00")
 	if len(payload) > maxSecrets {
-		return nil, nil, fmt.Errorf("the secrets in the environment take %d bytes, over %d", len(payload), maxSecrets)
+		return nil, nil, nil, fmt.Errorf("the secrets in the environment take %d bytes, over %d", len(payload), maxSecrets)
 	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, nil, fmt.Errorf("pipe: %w", err)
+	if r, w, err = os.Pipe(); err != nil {
+		return nil, nil, nil, fmt.Errorf("pipe: %w", err)
 	}
-	_, err = io.WriteString(w, payload)
-	if cerr := w.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if _, err = io.WriteString(w, payload); err != nil {
 		r.Close()
-		return nil, nil, fmt.Errorf("write the secrets to a pipe: %w", err)
+		w.Close()
+		return nil, nil, nil, fmt.Errorf("write the secrets to a pipe: %w", err)
 	}
-	return kept, r, nil
+	return kept, r, w, nil
 }
 
 // SecretsFDVar is the environment variable that tells a process started

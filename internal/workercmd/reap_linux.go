@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -14,6 +15,13 @@ import (
 	"github.com/corral-dev/corral/internal/worker"
 	"github.com/corral-dev/corral/internal/workerproto"
 )
+
+// reaperName is pid 1's command name once it forwards signals.
+const reaperName = "corral-reaper"
+
+// reapChildEnv names, in pid 1's environment after reap re-executed it,
+// the worker it waits for.
+const reapChildEnv = workerproto.EnvPrefix + "REAP_CHILD"
 
 // forwarded are the signals pid 1 passes on to the worker: the runtimes'
 // stop (SIGTERM) and a terminal's.
@@ -24,54 +32,72 @@ var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, sys
 // exits becomes pid 1's child; if pid 1 does not wait for it, its zombie
 // holds one of the sandbox's pids until the sandbox ends, and an agent
 // that leaves many orphans spends its pids limit on them. So pid 1 starts
-// the worker again as its child, with the same arguments, and waits for
-// every child that exits until the worker does; then it exits as the
-// worker did (128+n for signal n), which ends the sandbox. The signals of
-// forwarded go on to the worker.
+// the worker again as its child, with the same arguments, then executes
+// itself again as the reaper (waitAll), which waits for every child that
+// exits until the worker does, and exits as the worker did.
 //
-// The secrets stay out of the agent's reach as in the worker: pid 1 hides
-// them first (worker.HideFromAgent: non-dumpable, and out of its
-// environment where the kernel shows that to all), and passes them to the
-// worker on a pipe.
+// The secrets never reach the agent: the worker gets them on a pipe, and
+// reads up to its end before it runs anything. The write end stays open
+// in pid 1 until its execve closes it (close-on-exec): by then pid 1's
+// environment and memory are the new program's, which never held the
+// secrets. The worker's start and pid 1's execve overlap, so a task waits
+// for no more process starts than before. A signal that comes before the
+// reaper has asked for it (the milliseconds of a process start) is not
+// forwarded: it ends pid 1, and so the sandbox, at once (Go's default),
+// or, early in the program's start, is dropped, and the runtime's stop
+// goes on to SIGKILL after its grace period. Either way the agent had not
+// run yet. Once it forwards signals, pid 1 is named reaperName.
 func reap(environ []string, stderr io.Writer) int {
-	names := []string{workerproto.EnvWebhookKey, workerproto.EnvSessionToken}
-	environ, err := worker.HideFromAgent(environ, names...)
-	if err == nil {
-		var cmd *exec.Cmd
-		if cmd, err = startWorker(environ, names); err == nil {
-			return waitAll(cmd.Process.Pid, stderr)
+	if v, ok := os.LookupEnv(reapChildEnv); ok {
+		child, err := strconv.Atoi(v)
+		if err != nil || child <= 1 {
+			fmt.Fprintf(stderr, "corral worker (pid 1): %s=%q is not a pid\n", reapChildEnv, v)
+			return worker.ExitSetup
 		}
+		return waitAll(child, stderr)
 	}
-	fmt.Fprintf(stderr, "corral worker (pid 1): start the worker: %v\n", err)
+	// Until the execve, as a worker is: no /proc/1/mem or environ for
+	// the sandbox's user (Linux; gVisor shows environ regardless).
+	err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	if err == nil {
+		err = startWorker(environ, workerproto.EnvWebhookKey, workerproto.EnvSessionToken)
+	}
+	fmt.Fprintf(stderr, "corral worker (pid 1): %v\n", err)
 	return worker.ExitSetup
 }
 
 // startWorker starts this executable again, with its arguments and
-// environ, the variables names passed on a pipe instead (read by the
-// child's worker.HideFromAgent).
-func startWorker(environ, names []string) (*exec.Cmd, error) {
+// environ, the variables names on a pipe instead, then executes itself as
+// the reaper of that child. It returns only on error.
+func startWorker(environ []string, names ...string) error {
 	self, err := os.Executable()
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("find own executable: %w", err)
 	}
-	kept, secrets, err := worker.SecretsPipe(environ, names...)
+	kept, r, w, err := worker.SecretsPipe(environ, names...)
+	if err == nil && r == nil {
+		r, w, err = os.Pipe() // nothing to pass; the worker still waits for the execve
+	}
 	if err != nil {
-		return nil, err
+		return err
 	}
+	defer w.Close() // only if the execve below fails
 	cmd := exec.Command(self)
 	cmd.Args = os.Args
-	cmd.Env = kept
-	if secrets != nil {
-		defer secrets.Close()
-		cmd.ExtraFiles = []*os.File{secrets} // fd 3
-		cmd.Env = append(kept, worker.SecretsFDVar(3))
-	}
+	cmd.Env = append(kept, worker.SecretsFDVar(3))
+	cmd.ExtraFiles = []*os.File{r} // fd 3
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	return cmd, cmd.Start()
+	err = cmd.Start()
+	r.Close()
+	if err != nil {
+		return fmt.Errorf("start the worker: %w", err)
+	}
+	err = unix.Exec(self, os.Args, append(kept, reapChildEnv+"="+strconv.Itoa(cmd.Process.Pid)))
+	return fmt.Errorf("execute %s again as the reaper: %w", self, err)
 }
 
 // waitAll reaps every child until child exits, forwarding signals to it,
-// and returns child's exit code.
+// and returns child's exit code (128+n for signal n).
 func waitAll(child int, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
@@ -80,6 +106,7 @@ func waitAll(child int, stderr io.Writer) int {
 			syscall.Kill(child, sig.(syscall.Signal))
 		}
 	}()
+	os.WriteFile("/proc/self/comm", []byte(reaperName), 0) // for ps, and the tests
 	for {
 		var ws unix.WaitStatus
 		pid, err := unix.Wait4(-1, &ws, 0, nil)

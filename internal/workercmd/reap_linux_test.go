@@ -41,14 +41,21 @@ func TestMain(m *testing.M) {
 
 // reapTestWorker is the worker under reap, for mode: "orphans" leaves 8
 // orphans that exit, then exits 7 once all are reaped (3 if one is not
-// after 5 s); "sigterm" says "ready", waits for
-// SIGTERM and exits 42. Both first check that the webhook key came on the
-// pipe, out of the environment (exit 5 if not).
+// after 5 s); "sigterm" says "ready" once pid 1 forwards signals, waits
+// for SIGTERM and exits 42. Both first check that the webhook key came on the
+// pipe, out of the environment (exit 5 if not), and that pid 1 had
+// executed itself again, without it, by then (exit 4 if not).
 func reapTestWorker(mode string) int {
 	env, err := worker.HideFromAgent(os.Environ(), workerproto.EnvWebhookKey)
 	if err != nil || os.Getenv(workerproto.EnvWebhookKey) != "" || !slices.Contains(env, workerproto.EnvWebhookKey+"="+reapTestKey) {
 		fmt.Fprintf(os.Stderr, "the key: %v; in the environment: %q\n", err, os.Getenv(workerproto.EnvWebhookKey))
 		return 5
+	}
+	// The key arrived: pid 1 (whose environment root reads) holds it no
+	// more.
+	if b, err := os.ReadFile("/proc/1/environ"); err != nil || bytes.Contains(b, []byte(reapTestKey)) || !bytes.Contains(b, []byte(reapChildEnv+"=")) {
+		fmt.Fprintf(os.Stderr, "pid 1's environment once the key arrived: %q, %v\n", b, err)
+		return 4
 	}
 	switch mode {
 	case "orphans":
@@ -76,6 +83,16 @@ func reapTestWorker(mode string) int {
 	case "sigterm":
 		ch := make(chan os.Signal, 1)
 		signal.Notify(ch, syscall.SIGTERM)
+		// Ready once pid 1 forwards signals.
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if b, _ := os.ReadFile("/proc/1/comm"); string(b) == reaperName+"\n" {
+				break
+			}
+			if time.Now().After(deadline) {
+				fmt.Fprintln(os.Stderr, "pid 1 is not named "+reaperName+" 5 s on")
+				return 8
+			}
+		}
 		fmt.Println("ready")
 		<-ch
 		return 42
@@ -112,7 +129,10 @@ func startAsPid1(t *testing.T, mode string) (*exec.Cmd, int, *bufio.Reader) {
 		t.Fatal(err)
 	}
 	infoW.Close()
+	// A pid 1 that hangs is killed: bwrap's children die with it.
+	stop := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
 	t.Cleanup(func() {
+		stop.Stop()
 		cmd.Process.Kill()
 		cmd.Wait()
 		if t.Failed() {
