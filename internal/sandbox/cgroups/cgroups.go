@@ -130,6 +130,35 @@ func (h *Hierarchy) Dirs(id string) []string {
 	return dirs
 }
 
+// Leftovers returns the ids of the sandbox cgroups under the parent that
+// hold no process and were made more than minAge ago. A sandbox has a
+// process in its cgroups from the moment its launcher joins them until it
+// is destroyed, so these are what a destroy could not remove, or what an
+// older build leaked when a start failed. On v1 every write of a CPU
+// quota walks all cpu cgroups, so many of them slow every sandbox's start.
+func (h *Hierarchy) Leftovers(minAge time.Duration) []string {
+	base := filepath.Dir(h.Dirs("x")[0])
+	ents, err := os.ReadDir(base)
+	if err != nil {
+		return nil
+	}
+	var ids []string
+	for _, e := range ents {
+		if !e.IsDir() || sandbox.ValidateID(e.Name()) != nil {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil || time.Since(fi.ModTime()) < minAge {
+			continue
+		}
+		dirs := h.Dirs(e.Name())
+		if _, err := os.Stat(filepath.Join(dirs[0], "cgroup.procs")); err == nil && len(Pids(dirs)) == 0 {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids
+}
+
 // Create makes the sandbox's cgroup(s) for id and writes the limits lim
 // (memory without swap, pids, CPU quota; zero fields are not limited). It
 // returns the cgroup directories (absolute), which the caller persists: one

@@ -5,8 +5,10 @@ package cgroups
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -279,6 +281,40 @@ func TestJoinFilesAndRemove(t *testing.T) {
 	for _, d := range dirs {
 		if _, err := os.Stat(d); err == nil {
 			t.Errorf("%s still exists", d)
+		}
+	}
+}
+
+// TestLeftovers finds the sandbox cgroups that hold no process and are
+// older than the age given, on v1 and v2.
+func TestLeftovers(t *testing.T) {
+	for _, v2 := range []bool{false, true} {
+		root := mustFakeCgroupfs(t, v2)
+		cg, err := Detect(root, "corral")
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := time.Now().Add(-time.Hour)
+		// Made by hand, as Create makes them: "not an id" is no sandbox's.
+		for _, id := range []string{"task-empty", "task-busy", "task-new", "not an id"} {
+			for _, d := range cg.Dirs(id) {
+				procs := ""
+				if id == "task-busy" {
+					procs = "4242\n"
+				}
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(procs), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if id != "task-new" {
+					os.Chtimes(d, old, old)
+				}
+			}
+		}
+		if got := cg.Leftovers(time.Minute); !slices.Equal(got, []string{"task-empty"}) {
+			t.Errorf("v2=%v: Leftovers = %q, want [task-empty]", v2, got)
 		}
 	}
 }

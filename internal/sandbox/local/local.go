@@ -311,6 +311,12 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 			c.Warnings = append(c.Warnings, w)
 		}
 	}
+	if r.cg != nil {
+		if n := len(r.cg.Leftovers(time.Minute)); n > 0 {
+			c.Warnings = append(c.Warnings, fmt.Sprintf("%d empty sandbox cgroups are left (a destroy could not remove them, or a Corral before 2026-11-27 leaked them when a start failed); many of them slow every sandbox's start; with the server stopped, remove them: rmdir %s",
+				n, strings.Join(r.cg.Dirs("*"), " ")))
+		}
+	}
 	path, err := exec.LookPath(r.opts.Bwrap)
 	if err != nil {
 		c.Reason = "bubblewrap not found (install: apt-get install -y bubblewrap)"
