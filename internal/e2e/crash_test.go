@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -31,6 +30,8 @@ type proc struct {
 
 // startProcess runs `corral serve` on data and a free loopback port, with
 // extra flags, and without the test's CORRAL_* and AI_WORKER_* variables.
+// When the test ends the server is killed, and the sandboxes on data with
+// it (killSandboxes).
 func startProcess(t *testing.T, data string, extra ...string) *proc {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -48,19 +49,16 @@ func startProcessAt(t *testing.T, data, addr, token string, extra ...string) *pr
 	t.Helper()
 	cmd := exec.Command(corralBin, append([]string{"serve", "--data", data, "--listen", addr}, extra...)...)
 	cmd.Dir = t.TempDir()
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "CORRAL_") && !strings.HasPrefix(kv, "AI_WORKER_") {
-			env = append(env, kv)
-		}
-	}
-	cmd.Env = env
+	cmd.Env = withoutCorralEnv()
 	cmd.Stdout, cmd.Stderr = testWriter{t}, testWriter{t}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	p := &proc{cmd: cmd, client: httpapi.NewClient("http://"+addr, token), url: "http://" + addr}
-	t.Cleanup(func() { p.kill() })
+	t.Cleanup(func() {
+		p.kill()
+		killSandboxes(t, data)
+	})
 	waitHealthy(t, p.url)
 	return p
 }
@@ -90,7 +88,6 @@ func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 	testenv.RequireBwrap(t)
 	t.Parallel()
 	data := testenv.TempDir(t)
-	t.Cleanup(func() { killSandboxes(t, data) })
 	ctx := context.Background()
 	srv := startProcess(t, data, "--max-concurrent", "2")
 	spawn := func(desc, script string) string {

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -26,14 +25,13 @@ func TestFollowSurvivesRestart(t *testing.T) {
 	testenv.RequireBwrap(t)
 	t.Parallel()
 	data := testenv.TempDir(t)
-	t.Cleanup(func() { killSandboxes(t, data) })
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
 	l.Close()
-	srv := serveAt(t, data, addr)
+	srv := startProcessAt(t, data, addr, "")
 
 	run := startCLI(t, "run", "--follow", "--server", srv.url, "crosses a restart",
 		"--", "sh", "-c", "echo one; sleep 5; echo two; sleep 5; echo three; echo survived > output/result.txt")
@@ -43,7 +41,7 @@ func TestFollowSurvivesRestart(t *testing.T) {
 
 	srv.kill() // the streams are cut
 	time.Sleep(time.Second)
-	srv = serveAt(t, data, addr)
+	srv = startProcessAt(t, data, addr, "")
 	waitMatch(t, &logs.stdout, regexp.MustCompile(`two\n`))
 
 	// The server ends the streams itself and exits.
@@ -51,7 +49,7 @@ func TestFollowSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.cmd.Wait()
-	serveAt(t, data, addr)
+	startProcessAt(t, data, addr, "")
 
 	for _, c := range []*cli{run, logs} {
 		if err := c.wait(60 * time.Second); err != nil {
@@ -67,23 +65,6 @@ func TestFollowSurvivesRestart(t *testing.T) {
 	if out := logs.stdout.String(); out != "one\ntwo\nthree\n" {
 		t.Errorf("corral logs -f printed %q, want \"one\\ntwo\\nthree\\n\"", out)
 	}
-}
-
-// serveAt runs `corral serve` on data at addr, as startProcess does at a
-// port of its own.
-func serveAt(t *testing.T, data, addr string) *proc {
-	t.Helper()
-	cmd := exec.Command(corralBin, "serve", "--data", data, "--listen", addr)
-	cmd.Dir = t.TempDir()
-	cmd.Env = withoutCorralEnv()
-	cmd.Stdout, cmd.Stderr = testWriter{t}, testWriter{t}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, client: httpapi.NewClient("http://"+addr, ""), url: "http://" + addr}
-	t.Cleanup(p.kill)
-	waitHealthy(t, p.url)
-	return p
 }
 
 // withoutCorralEnv is the test's environment without CORRAL_* and

@@ -4,6 +4,7 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -17,6 +18,8 @@ import (
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -100,17 +103,41 @@ func startServer(tb testing.TB, environ []string, now func() time.Time, edit fun
 
 // killSandboxes stops sandboxes a test left running: workers outlive the
 // server by design, so a test must end them itself, and wait for them to
-// be gone before its temporary directory is removed under them.
+// be gone before its temporary directory is removed under them. Every
+// sandbox of the local and gvisor runtimes goes (tasks', sessions', warm
+// ones), with its cgroups (those its state names, and those named after
+// it under the default parent, as the tests' servers use it), which
+// stayed for good after a killed server.
 func killSandboxes(tb testing.TB, data string) {
+	cg, _ := cgroups.Detect("/sys/fs/cgroup", "corral")
 	for _, rt := range []string{"local", "gvisor"} {
-		ents, _ := os.ReadDir(filepath.Join(data, "run", rt))
-		for _, e := range ents {
-			if !strings.HasPrefix(e.Name(), "task-") {
-				continue
+		var ids []string
+		for _, dir := range []string{filepath.Join(data, "run", rt), filepath.Join(data, "run", rt, "_warm")} {
+			ents, _ := os.ReadDir(dir)
+			for _, e := range ents {
+				if e.IsDir() && sandbox.ValidateID(e.Name()) == nil {
+					ids = append(ids, e.Name())
+				}
 			}
-			exec.Command("pkill", "-KILL", "-f", e.Name()).Run()
+		}
+		for _, id := range ids {
+			exec.Command("pkill", "-KILL", "-f", id).Run()
+			// A task's sandbox that was warm keeps the warm one's cgroups:
+			// its state names them.
+			var st struct {
+				Cgroups []string `json:"cgroups"`
+			}
+			if b, err := os.ReadFile(filepath.Join(data, "run", rt, id, "state.json")); err == nil {
+				json.Unmarshal(b, &st)
+			}
+			if cg != nil {
+				st.Cgroups = append(st.Cgroups, cg.Dirs(id)...)
+			}
+			if err := cgroups.KillAndRemove(st.Cgroups); err != nil {
+				tb.Logf("sandbox %s: %v", id, err)
+			}
 			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-				if exec.Command("pgrep", "-f", e.Name()).Run() != nil {
+				if exec.Command("pgrep", "-f", id).Run() != nil {
 					break // no process names it any more
 				}
 			}

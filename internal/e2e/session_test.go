@@ -315,7 +315,6 @@ func TestSessionSurvivesKill9(t *testing.T) {
 	testenv.RequireBwrap(t)
 	t.Parallel()
 	data := testenv.TempDir(t)
-	t.Cleanup(func() { killSandboxes(t, data) })
 	ctx := context.Background()
 	srv := startProcess(t, data)
 	created, err := srv.client.CreateSession(ctx, session.CreateRequest{})

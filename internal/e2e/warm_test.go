@@ -208,7 +208,6 @@ func TestWarmSandboxesRebuiltAfterRestart(t *testing.T) {
 	testenv.RequireBwrap(t)
 	t.Parallel()
 	data := testenv.TempDir(t)
-	t.Cleanup(func() { killSandboxes(t, data) })
 	cfgFile := filepath.Join(t.TempDir(), "corral.yaml")
 	if err := os.WriteFile(cfgFile, []byte("local:\n  warm_pool: 2\n"), 0o600); err != nil {
 		t.Fatal(err)
