@@ -18,9 +18,9 @@ import (
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/httpapi"
-	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -115,7 +115,10 @@ func killSandboxes(tb testing.TB, data string) {
 		for _, dir := range []string{filepath.Join(data, "run", rt), filepath.Join(data, "run", rt, "_warm")} {
 			ents, _ := os.ReadDir(dir)
 			for _, e := range ents {
-				if e.IsDir() && sandbox.ValidateID(e.Name()) == nil {
+				// Sandboxes' only: a name is matched against every process's
+				// command line (pkill -f), and runsc's own directory is
+				// run/gvisor/runsc.
+				if e.IsDir() && (task.ValidID(e.Name()) || session.ValidID(e.Name()) || strings.HasPrefix(e.Name(), "warm-")) {
 					ids = append(ids, e.Name())
 				}
 			}
