@@ -137,7 +137,10 @@ func (h *Hierarchy) Dirs(id string) []string {
 // older build leaked when a start failed. On v1 every write of a CPU
 // quota walks all cpu cgroups, so many of them slow every sandbox's start.
 func (h *Hierarchy) Leftovers(minAge time.Duration) []string {
-	base := filepath.Dir(h.Dirs("x")[0])
+	base := filepath.Join(h.root, h.parent)
+	if !h.v2 {
+		base = filepath.Join(h.root, V1Controllers[0], h.parent) // as any controller's
+	}
 	ents, err := os.ReadDir(base)
 	if err != nil {
 		return nil

@@ -12,7 +12,7 @@
 // engine's default seccomp profile, docker-init as pid 1 (it forwards
 // signals and reaps orphans; not under runsc, which would leave its
 // environment, the worker's, readable: the worker is pid 1 there, as in
-// the gvisor runtime), hostname corral, memory (without swap), CPU
+// the gvisor runtime, and reaps orphans itself), hostname corral, memory (without swap), CPU
 // and pids limits, and rlimits for open files, core files and file size.
 // The engine's own OCI runtime runs it (runc), or another one it has
 // registered (Options.Runtime: runsc for gVisor).
@@ -449,8 +449,9 @@ func (r *Runtime) containerConfig(spec sandbox.Spec, image string) (*container.C
 	// docker-init starts with the worker's environment, secrets and all,
 	// and runs as the sandbox's user: runc masks its /proc/1/environ
 	// (maskedPaths), runsc applies no masked paths. Under runsc the
-	// worker is pid 1 itself, as in the gvisor runtime, and executes
-	// itself again without its secrets in its environment.
+	// worker is pid 1 itself, as in the gvisor runtime: it reaps orphans
+	// and forwards signals as docker-init would, and holds no secret in
+	// its environment (workercmd's reap).
 	init := r.opts.Runtime != "runsc"
 	host := &container.HostConfig{
 		NetworkMode:    "none",
@@ -600,7 +601,7 @@ func (r *Runtime) Status(ctx context.Context, id string) (sandbox.Status, error)
 }
 
 // Stop sends SIGTERM to the main process (docker-init passes it on; under
-// runsc the main process is pid 1 and gets it itself), waits
+// runsc the worker, pid 1, passes it on to its child), waits
 // up to grace, then SIGKILLs it, which ends every process in the
 // container.
 func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
