@@ -15,11 +15,11 @@ sudo=""
 
 command -v go >/dev/null || { echo "Go 1.26 or newer is needed: https://go.dev/dl/" >&2; exit 1; }
 
-# Debian packages: the sandboxes, setpriv (util-linux), ps (procps), node
+# Debian packages: the sandboxes, nsenter (util-linux), ps (procps), node
 # and npm for the JavaScript clients and agent CLIs, a Docker engine with
 # mmdebstrap to build its test image, and Chromium for the web UI's tests.
 missing=()
-for want in bwrap:bubblewrap runsc:runsc setpriv:util-linux ps:procps node:nodejs npm:npm dockerd:docker.io mmdebstrap:mmdebstrap busybox:busybox-static git:git chromium:chromium; do
+for want in bwrap:bubblewrap runsc:runsc nsenter:util-linux ps:procps node:nodejs npm:npm dockerd:docker.io mmdebstrap:mmdebstrap busybox:busybox-static git:git chromium:chromium; do
   command -v "${want%%:*}" >/dev/null || missing+=("${want#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then

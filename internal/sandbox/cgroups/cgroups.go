@@ -259,28 +259,70 @@ func writeIfExists(path, value string) error {
 	return writeFile(path, value)
 }
 
-// JoinFiles returns, for each directory, the file a single-threaded
-// launcher writes "0" (itself) into to join that cgroup before it forks:
-// on v1 the cgroup's tasks file, on v2 its cgroup.procs.
+// Join holds what a launcher needs to start in a sandbox's cgroups, and
+// works for a launcher that already runs as the sandbox's host identity
+// (the server changes identity as it starts it, with no setuid helper):
 //
-// Why tasks on v1: moving a process through cgroup.procs, or any task named
-// by its pid, write-locks the kernel's global threadgroup semaphore, which
-// first waits for an RCU grace period: 5 to 10 ms per sandbox, measured on
-// a busy 2-core host, the largest single cost of a trivial task's start.
-// A thread that moves itself ("0" into tasks) takes no such lock (kernel
-// commit 9a3284fad42f, "cgroup: Optimize single thread migration"; older
-// kernels lock either way), and for a process with one thread that moves
-// the whole process. v2 has no per-thread file outside threaded cgroups, so
-// there cgroup.procs pays the lock.
-func JoinFiles(dirs []string) []string {
-	out := make([]string, len(dirs))
-	for i, d := range dirs {
-		out[i] = filepath.Join(d, "cgroup.procs")
-		if _, err := os.Stat(filepath.Join(d, "tasks")); err == nil {
-			out[i] = filepath.Join(d, "tasks")
+//   - v2: Dir, the cgroup's directory, for SysProcAttr.CgroupFD. The kernel
+//     starts the launcher in the cgroup (clone3's CLONE_INTO_CGROUP, Linux
+//     5.7+), so it never moves, and the permission check is the server's.
+//   - v1: Tasks, each cgroup's tasks file, open for writing, for the
+//     launcher to write "0" (itself) into before it forks, then close. The
+//     kernel checks a cgroup file write against the credentials of whoever
+//     opened the file (the server), and a process may always move itself.
+//
+// Why tasks, by the thread itself, on v1: moving a process through
+// cgroup.procs, or any task named by its pid, write-locks the kernel's
+// global threadgroup semaphore, which first waits for an RCU grace period:
+// 5 to 10 ms per sandbox, measured on a busy 2-core host, the largest
+// single cost of a trivial task's start. A thread that moves itself ("0"
+// into tasks) takes no such lock (kernel commit 9a3284fad42f, "cgroup:
+// Optimize single thread migration"; older kernels lock either way), and
+// for a process with one thread that moves the whole process. On v2 a
+// process born in its cgroup takes no lock either.
+type Join struct {
+	Dir   *os.File   // v2: the cgroup directory; nil on v1
+	Tasks []*os.File // v1: each cgroup's tasks file, write-only
+}
+
+// OpenJoin opens what a launcher needs to join the cgroups dirs (see Join):
+// a directory with a tasks file is a v1 cgroup, one without is the single
+// v2 cgroup. No dirs (a runtime without cgroups) is an empty Join. The
+// caller closes it once the launcher has started.
+func OpenJoin(dirs []string) (_ *Join, err error) {
+	j := &Join{}
+	defer func() {
+		if err != nil {
+			j.Close()
+		}
+	}()
+	for _, d := range dirs {
+		f, err := os.OpenFile(filepath.Join(d, "tasks"), os.O_WRONLY, 0)
+		if err == nil {
+			j.Tasks = append(j.Tasks, f)
+			continue
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("open cgroup %s: %w", d, err)
+		}
+		if j.Dir != nil || len(dirs) != 1 {
+			return nil, fmt.Errorf("cgroup %s has no tasks file (v2), but the sandbox has %d cgroups: %w", d, len(dirs), errdefs.ErrFailedPrecondition)
+		}
+		if j.Dir, err = os.OpenFile(d, os.O_RDONLY|syscall.O_DIRECTORY, 0); err != nil {
+			return nil, fmt.Errorf("open cgroup %s: %w", d, err)
 		}
 	}
-	return out
+	return j, nil
+}
+
+// Close closes the files j holds.
+func (j *Join) Close() {
+	if j.Dir != nil {
+		j.Dir.Close()
+	}
+	for _, f := range j.Tasks {
+		f.Close()
+	}
 }
 
 // Pids returns the pids in the sandbox's cgroups (deduplicated).

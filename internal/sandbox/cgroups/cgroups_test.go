@@ -4,9 +4,12 @@ package cgroups
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -240,7 +243,9 @@ func TestOOMKillsWithoutCounterFallsBackToFailcnt(t *testing.T) {
 	}
 }
 
-func TestJoinFilesAndRemove(t *testing.T) {
+// TestOpenJoinAndRemove opens a fake v1 sandbox's tasks files and a fake
+// v2 sandbox's directory, and refuses a mix.
+func TestOpenJoinAndRemove(t *testing.T) {
 	root := mustFakeCgroupfs(t, false)
 	cg, err := Detect(root, "corral")
 	if err != nil {
@@ -253,22 +258,41 @@ func TestJoinFilesAndRemove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The kernel gives every v1 cgroup a tasks file; the fake has it in
-	// the memory and pids cgroups only, and the cpu one stands for a v2
-	// cgroup, which has cgroup.procs and no tasks.
+	// The kernel gives every v1 cgroup a tasks file; the fake has none
+	// until the test writes them, and a v2 cgroup never has one.
+	if _, err := OpenJoin(dirs); err == nil {
+		t.Error("OpenJoin of three cgroups without tasks files succeeded")
+	}
+	j, err := OpenJoin(dirs[2:])
+	if err != nil || j.Dir == nil || len(j.Tasks) != 0 {
+		t.Errorf("OpenJoin of one cgroup without tasks = %+v, %v; want its directory (v2)", j, err)
+	} else {
+		j.Close()
+	}
 	for _, d := range dirs[:2] {
 		if err := os.WriteFile(filepath.Join(d, "tasks"), nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
+	if _, err := OpenJoin(dirs); err == nil {
+		t.Error("OpenJoin of v1 cgroups and one without a tasks file succeeded")
+	}
+	j, err = OpenJoin(dirs[:2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range j.Tasks {
+		names = append(names, f.Name())
+	}
 	want := []string{
 		filepath.Join(root, "memory", "corral", "sb-3", "tasks"),
 		filepath.Join(root, "pids", "corral", "sb-3", "tasks"),
-		filepath.Join(root, "cpu", "corral", "sb-3", "cgroup.procs"),
 	}
-	if diff := cmp.Diff(want, JoinFiles(dirs)); diff != "" {
-		t.Errorf("JoinFiles (-want +got):\n%s", diff)
+	if diff := cmp.Diff(want, names); diff != "" || j.Dir != nil {
+		t.Errorf("OpenJoin: Dir %v, Tasks (-want +got):\n%s", j.Dir, diff)
 	}
+	j.Close()
 	for _, d := range dirs[:2] {
 		os.Remove(filepath.Join(d, "tasks")) // the kernel's files go with the cgroup
 	}
@@ -283,6 +307,132 @@ func TestJoinFilesAndRemove(t *testing.T) {
 			t.Errorf("%s still exists", d)
 		}
 	}
+}
+
+// joinUID is the unprivileged identity the join tests start processes as.
+const joinUID = 1900000000
+
+// TestJoinAsAnotherUser starts a process as an unprivileged identity
+// inside real cgroups the way a launcher does (see Join), and reads where
+// it ended up from its own /proc/self/cgroup: on this host's hierarchy (v1
+// or v2), and on a v2 hierarchy mounted beside v1 where there is one. A
+// v1 launcher that opens the tasks file itself is refused, which is why
+// the server opens it.
+func TestJoinAsAnotherUser(t *testing.T) {
+	testenv.RequireRoot(t)
+	cred := &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: joinUID, Gid: joinUID, Groups: []uint32{}}}
+	// launch runs the v1 join of launcherScript's kind, then prints the
+	// process's cgroups.
+	launch := func(t *testing.T, j *Join) string {
+		t.Helper()
+		args := []string{"-c", `for fd; do echo 0 >&"$fd" || exit 1; done; cat /proc/self/cgroup`, "sh"}
+		cmd := exec.Command("/bin/sh", args...)
+		for i, f := range j.Tasks {
+			cmd.Args = append(cmd.Args, strconv.Itoa(3+i))
+			cmd.ExtraFiles = append(cmd.ExtraFiles, f)
+		}
+		attr := *cred
+		if j.Dir != nil {
+			attr.UseCgroupFD, attr.CgroupFD = true, int(j.Dir.Fd())
+		}
+		cmd.SysProcAttr = &attr
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %v: %s", cmd.Args, err, out)
+		}
+		return string(out)
+	}
+
+	t.Run("host", func(t *testing.T) {
+		cg, err := Detect("/sys/fs/cgroup", "corral-test")
+		if err == nil {
+			err = cg.Prepare()
+		}
+		if err != nil {
+			testenv.Missing(t, "writable cgroup hierarchy: "+err.Error())
+		}
+		dirs, err := cg.Create("join-1", sandbox.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { Remove(dirs) })
+		j, err := OpenJoin(dirs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer j.Close()
+		in := inCgroups(launch(t, j))
+		want := map[string]string{"": "/corral-test/join-1"}
+		if !cg.V2() {
+			want = map[string]string{"memory": "/corral-test/join-1", "pids": "/corral-test/join-1", "cpu": "/corral-test/join-1"}
+			// The control: the same identity cannot open a tasks file.
+			cmd := exec.Command("/bin/sh", "-c", `echo 0 > "$1"`, "sh", filepath.Join(dirs[0], "tasks"))
+			cmd.SysProcAttr = cred
+			if out, err := cmd.CombinedOutput(); err == nil {
+				t.Errorf("an unprivileged shell joined %s by its path (%s)", dirs[0], out)
+			}
+		}
+		for c, path := range want {
+			if in[c] != path {
+				t.Errorf("in cgroup %q of controller %q, want %q (all: %v)", in[c], c, path, in)
+			}
+		}
+	})
+
+	t.Run("v2 beside v1", func(t *testing.T) {
+		mnt := cgroup2Mount(t)
+		if mnt == "" || mnt == "/sys/fs/cgroup" {
+			t.Skip("no cgroup v2 hierarchy mounted beside v1 (the host subtest covers a v2 host)")
+		}
+		dir := filepath.Join(mnt, "corral-test", "join-2")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			testenv.Missing(t, "writable cgroup v2 hierarchy: "+err.Error())
+		}
+		t.Cleanup(func() { Remove([]string{dir}) })
+		j, err := OpenJoin([]string{dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer j.Close()
+		if j.Dir == nil {
+			t.Fatalf("OpenJoin(%s) did not take it as v2: %+v", dir, j)
+		}
+		if in := inCgroups(launch(t, j)); in[""] != "/corral-test/join-2" {
+			t.Errorf("in v2 cgroup %q, want /corral-test/join-2 (all: %v)", in[""], in)
+		}
+	})
+}
+
+// inCgroups maps each controller (v1) and "" (v2) to the cgroup a
+// /proc/PID/cgroup puts the process in.
+func inCgroups(procCgroup string) map[string]string {
+	in := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(f[1], ",") {
+			in[c] = f[2]
+		}
+	}
+	return in
+}
+
+// cgroup2Mount returns where a cgroup v2 hierarchy is mounted, or "".
+func cgroup2Mount(tb testing.TB) string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// ... mount point ... - fstype source options
+		pre, post, ok := strings.Cut(line, " - ")
+		if f := strings.Fields(pre); ok && len(f) > 4 && strings.HasPrefix(post, "cgroup2 ") {
+			return f[4]
+		}
+	}
+	return ""
 }
 
 // TestLeftovers finds the sandbox cgroups that hold no process and are

@@ -58,6 +58,13 @@ func Default() Identity {
 // server runs as root; id is another identity).
 func (id Identity) Switch() bool { return os.Geteuid() == 0 && id.UID != 0 }
 
+// Credential is id for SysProcAttr.Credential: a process started with it
+// runs as id with no supplementary groups, and, as a uid change from root
+// clears them, no capabilities.
+func (id Identity) Credential() *syscall.Credential {
+	return &syscall.Credential{Uid: uint32(id.UID), Gid: uint32(id.GID), Groups: []uint32{}}
+}
+
 // Validate refuses an identity a sandbox must never have: host root, and,
 // under a root server, an id in a range the host gives to people: their
 // accounts (login.defs' UID_MIN..UID_MAX, GID_MIN..GID_MAX; 1000..60000

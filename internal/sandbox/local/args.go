@@ -5,12 +5,15 @@ package local
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 )
 
 // rootfsArgs returns the bwrap arguments for the host system directories:
@@ -134,24 +137,26 @@ func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) [
 // resource limits (soft and hard, so nothing in the sandbox can raise them:
 // no core files, nofile from $1, the size of any one file from $2 in
 // 512-byte blocks, as POSIX ulimit -f counts, or "unlimited"), joins the
-// cgroups by writing 0 (itself: echo is a builtin, so the shell, which has
-// one thread and has not forked yet) into every file given as an argument
-// up to "--" (cgroups.JoinFiles), then runs the rest (bwrap) as its child
-// and exits with its status. dash takes one limit per ulimit command.
+// v1 cgroups by writing 0 (itself: echo is a builtin, so the shell, which
+// has one thread and has not forked yet) into every descriptor given as an
+// argument up to "--" (cgroups.Join's tasks files), closing each, then runs
+// the rest (bwrap) as its child and exits with its status. dash takes one
+// limit per ulimit command, and a descriptor number from a variable only
+// through eval (the numbers are the server's, never input).
 //
 // The file size limit holds for bwrap too, so it also bounds output.log,
 // the sandbox's stdout and stderr: a process writing past it gets SIGXFSZ.
 //
-// Why a shell, not the server: the server never forks into a cgroup or a
-// user namespace itself (Go would fork instead of vfork, and launch time
-// would grow with the heap), and bwrap starts inside the sandbox's cgroups
-// before it forks anything. Why bwrap is a child, not exec'd: bwrap runs
-// with --die-with-parent, so when the main process exits, bwrap exits and
-// the kernel kills the sandbox's pid 1 and with it every leftover process;
-// the launcher is bwrap's parent, in its own session, so the server dying
-// does not take bwrap (and the sandbox) with it. The paths are arguments,
-// never part of the script.
-const launcherScript = `ulimit -c 0 && ulimit -n "$1" && ulimit -f "$2" || exit 126; shift 2; for f; do [ "$f" = -- ] && break; echo 0 > "$f" || exit 126; shift; done; shift; "$@"; rc=$?; exit $rc`
+// Why a shell, not the server: the server never forks into a user
+// namespace itself (Go would fork instead of vfork, and launch time would
+// grow with the heap), and cannot set another process's limits without
+// CAP_SYS_RESOURCE. Why bwrap is a child, not exec'd: bwrap runs with
+// --die-with-parent, so when the main process exits, bwrap exits and the
+// kernel kills the sandbox's pid 1 and with it every leftover process; the
+// launcher is bwrap's parent, in its own session, so the server dying does
+// not take bwrap (and the sandbox) with it. Paths are never part of the
+// script.
+const launcherScript = `ulimit -c 0 && ulimit -n "$1" && ulimit -f "$2" || exit 126; shift 2; for fd; do [ "$fd" = -- ] && break; echo 0 >&"$fd" && eval "exec $fd>&-" || exit 126; shift; done; shift; "$@"; rc=$?; exit $rc`
 
 // fitNoFile returns the open-file limit sandboxes get when want is asked
 // for and the server's own hard RLIMIT_NOFILE is hard, and, when that is
@@ -170,25 +175,35 @@ func fitNoFile(want int, hard uint64) (int, string) {
 		hard, want, hard)
 }
 
-// launcher returns the argv that runs argv as a child of a shell with the
-// resource limits of o, inside the cgroups whose JoinFiles are join; with
-// asHost, as the sandbox's host identity (o.Host) when that
-// needs a change from root. Exec's nsenter stays root to join the
-// namespaces and becomes the sandbox user inside them itself.
-func launcher(o Options, join []string, argv []string, asHost bool) []string {
+// underLauncher makes cmd, built for bwrap or nsenter with its ExtraFiles
+// and SysProcAttr, run as the child of the launcher (launcherScript) with
+// the resource limits of o, inside the cgroups j opened; with asHost, as
+// the sandbox's host identity (o.Host) when that needs a change from root:
+// the server's fork changes it, no supplementary groups and no
+// capabilities (a uid change from root clears them), before the launcher
+// starts. Exec's nsenter stays root to join the namespaces and becomes the
+// sandbox user inside them itself. cmd.Path stays the program the
+// launcher runs, resolved already.
+func underLauncher(cmd *exec.Cmd, o Options, j *cgroups.Join, asHost bool) {
 	fsize := "unlimited"
 	if o.FileSizeLimit > 0 {
 		// Rounded up to whole blocks: a limit is never lowered.
 		fsize = strconv.FormatInt((o.FileSizeLimit+511)/512, 10)
 	}
-	out := []string{"/bin/sh", "-c", launcherScript, "sh", strconv.Itoa(o.NoFile), fsize}
-	out = append(out, join...)
-	out = append(out, "--")
-	if asHost && o.Host.Switch() {
-		// bwrap, and so everything in the sandbox, runs as the sandbox's
-		// host identity with no supplementary groups and no capabilities
-		// (a uid change from root clears them).
-		out = append(out, o.Setpriv, "--reuid="+strconv.Itoa(o.Host.UID), "--regid="+strconv.Itoa(o.Host.GID), "--clear-groups", "--")
+	args := []string{"/bin/sh", "-c", launcherScript, "sh", strconv.Itoa(o.NoFile), fsize}
+	for _, f := range j.Tasks {
+		args = append(args, strconv.Itoa(3+len(cmd.ExtraFiles)))
+		cmd.ExtraFiles = append(cmd.ExtraFiles, f)
 	}
-	return append(out, argv...)
+	args = append(append(args, "--", cmd.Path), cmd.Args[1:]...)
+	cmd.Path, cmd.Args = "/bin/sh", args
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	if j.Dir != nil {
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(j.Dir.Fd())
+	}
+	if asHost && o.Host.Switch() {
+		cmd.SysProcAttr.Credential = o.Host.Credential()
+	}
 }

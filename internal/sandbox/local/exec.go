@@ -53,13 +53,18 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 		// path goes through the sandbox's root as /proc shows it.
 		"--wd=/proc/" + strconv.Itoa(e.St.ChildPID) + "/root" + dir, "--"}
 	argv = append(argv, req.Command...)
-	argv = launcher(r.opts, cgroups.JoinFiles(e.St.Cgroups), argv, false)
+	join, err := cgroups.OpenJoin(e.St.Cgroups)
+	if err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, err)
+	}
+	defer join.Close()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = sandbox.DefaultEnv(req.Env)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
 	// Its own process group, so cancelling kills nsenter and the command
 	// it forked (which stays in the group across the namespace change).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	underLauncher(cmd, r.opts, join, false)
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = time.Second
 	err = cmd.Run()

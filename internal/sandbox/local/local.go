@@ -5,9 +5,9 @@
 //
 // Isolation: each sandbox gets new user, mount, pid, network (loopback
 // only), IPC, UTS and (where supported) cgroup namespaces, runs as uid/gid
-// 1000 inside and as Options.Host on the host (under a root server bwrap
-// is started through setpriv as that reserved unprivileged identity, never
-// root), with every capability dropped (the bounding set too) and
+// 1000 inside and as Options.Host on the host (under a root server the
+// launcher, and so bwrap, starts as that reserved unprivileged identity,
+// never root), with every capability dropped (the bounding set too) and
 // no_new_privs, under the seccomp filter of package sandbox/seccomp
 // (ptrace, mount, namespaces, keyrings, bpf, io_uring and more refused),
 // and sees a read-only host /usr (with /bin, /sbin, /lib* as on the host),
@@ -30,8 +30,8 @@
 // no_new_privs: nsenter can set neither. Tasks never use Exec.
 //
 // Host requirements: Linux with unprivileged user namespaces, bubblewrap
-// (apt-get install -y bubblewrap), /bin/sh, and setpriv and nsenter
-// (util-linux). Read-write mounts are given to the host identity for the
+// (apt-get install -y bubblewrap), /bin/sh, and nsenter (util-linux) for
+// Exec; on cgroup v2, Linux 5.7 or later (a sandbox starts in its cgroup). Read-write mounts are given to the host identity for the
 // sandbox's life and taken back by Destroy (package sandbox/hostuser);
 // read-only mount sources and the state dir must be reachable by it.
 //
@@ -99,9 +99,6 @@ type Options struct {
 	Bwrap string
 	// Nsenter is the nsenter binary used by Exec; default "nsenter" from PATH.
 	Nsenter string
-	// Setpriv is the setpriv binary (util-linux) a root server starts bwrap
-	// with as the sandbox's host identity; default "setpriv" from PATH.
-	Setpriv string
 	// CgroupRoot is the cgroupfs mount point; default /sys/fs/cgroup
 	// (v2 if it has cgroup.controllers, else v1 hierarchies under it).
 	CgroupRoot string
@@ -137,9 +134,6 @@ func (o *Options) setDefaults() {
 	}
 	if o.Nsenter == "" {
 		o.Nsenter = "nsenter"
-	}
-	if o.Setpriv == "" {
-		o.Setpriv = "setpriv"
 	}
 	if o.CgroupRoot == "" {
 		o.CgroupRoot = "/sys/fs/cgroup"
@@ -341,16 +335,11 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	args = append(args, "--proc", "/proc", "--dev", "/dev", "--", "/usr/bin/true")
 	probe := exec.CommandContext(ctx, path, args...)
 	if r.opts.Host.Switch() {
-		if _, err := exec.LookPath(r.opts.Setpriv); err != nil {
-			c.Reason = "setpriv not found: a root server needs it to run sandboxes as their own host identity (install: apt-get install -y util-linux)"
-			return c
-		}
 		if err := r.opts.Host.Reach(r.opts.StateDir, 0o1); err != nil {
 			c.Reason = fmt.Sprintf("the runtime's state directory is closed to the sandbox identity: %v", err)
 			return c
 		}
-		probe.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{
-			Uid: uint32(r.opts.Host.UID), Gid: uint32(r.opts.Host.GID), Groups: []uint32{}}}
+		probe.SysProcAttr = &syscall.SysProcAttr{Credential: r.opts.Host.Credential()}
 	}
 	filter, err := openFilter(r.filter)
 	if err != nil {
@@ -487,17 +476,20 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	if err != nil {
 		return nil, err
 	}
-	argv := append([]string{r.opts.Bwrap}, bwrapArgs(spec, r.opts, etc, etcBinds)...)
-	argv = launcher(r.opts, cgroups.JoinFiles(st.Cgroups), argv, true)
-	// Not CommandContext: the sandbox must outlive ctx and this process.
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = sandbox.DefaultEnv(spec.Env) // the launcher and bwrap pass it on as it is
-	cmd.Stdout, cmd.Stderr = out, out
+	join, err := cgroups.OpenJoin(st.Cgroups)
+	if err != nil {
+		return nil, err
+	}
+	defer join.Close()
 	filter, err := openFilter(r.filter)
 	if err != nil {
 		return nil, err
 	}
 	defer filter.Close()
+	// Not CommandContext: the sandbox must outlive ctx and this process.
+	cmd := exec.Command(r.opts.Bwrap, bwrapArgs(spec, r.opts, etc, etcBinds)...)
+	cmd.Env = sandbox.DefaultEnv(spec.Env) // the launcher and bwrap pass it on as it is
+	cmd.Stdout, cmd.Stderr = out, out
 	cmd.ExtraFiles = []*os.File{status, filter} // fd 3: --json-status-fd 3; fd 4: --seccomp 4
 	if start != nil {
 		cmd.ExtraFiles = append(cmd.ExtraFiles, start) // fd 5: warmstart.FD, through bwrap to the main process
@@ -505,7 +497,11 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	// Own session, no Pdeathsig: a server killed with SIGKILL leaves the
 	// sandbox running and a new server recovers it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	underLauncher(cmd, r.opts, join, true)
 	if err := cmd.Start(); err != nil {
+		if join.Dir != nil && errors.Is(err, syscall.ENOSYS) {
+			return nil, fmt.Errorf("start bwrap in its cgroup (clone3 with CLONE_INTO_CGROUP, Linux 5.7 or later on cgroup v2): %w", err)
+		}
 		return nil, fmt.Errorf("start bwrap: %w", err)
 	}
 	st.PID = cmd.Process.Pid

@@ -184,6 +184,56 @@ func TestProcessesInTheirCgroups(t *testing.T) {
 	}
 }
 
+// TestLauncherAsHostIdentity checks that, under a root server, the
+// sandbox's processes on the host outside its namespaces (the launcher and
+// bwrap's outer process) run as the host identity, with no supplementary
+// groups and no capabilities: the server's fork changes identity before
+// the launcher starts.
+func TestLauncherAsHostIdentity(t *testing.T) {
+	testenv.RequireRoot(t)
+	r, _ := MustNew(t)
+	ctx := context.Background()
+	id := sandboxtest.NewID(t)
+	if _, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/sh", "-c", "sleep 1005"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), id) })
+	e, err := r.Lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	children, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", e.St.PID, e.St.PID))
+	if err != nil || len(strings.Fields(string(children))) != 1 {
+		t.Fatalf("the launcher's children: %q, %v; want bwrap", children, err)
+	}
+	bwrap, _ := strconv.Atoi(strings.Fields(string(children))[0])
+	uid, gid := strconv.Itoa(r.opts.Host.UID), strconv.Itoa(r.opts.Host.GID)
+	want := map[string][]string{
+		"Uid:": {uid, uid, uid, uid}, "Gid:": {gid, gid, gid, gid}, "Groups:": nil,
+		"CapInh:": {"0000000000000000"}, "CapPrm:": {"0000000000000000"}, "CapEff:": {"0000000000000000"}, "CapAmb:": {"0000000000000000"},
+	}
+	for name, pid := range map[string]int{"launcher": e.St.PID, "bwrap": bwrap} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if w, ok := want[f0(f)]; ok && !slices.Equal(f[1:], w) {
+				t.Errorf("%s (pid %d): %q, want %v", name, pid, line, w)
+			}
+		}
+	}
+}
+
+// f0 is the first of fields, or "".
+func f0(fields []string) string {
+	if len(fields) == 0 {
+		return ""
+	}
+	return fields[0]
+}
+
 // TestSurvivesServerDeath runs a sandbox from a child process that is
 // killed with SIGKILL, then recovers it from this process.
 func TestSurvivesServerDeath(t *testing.T) {

@@ -142,6 +142,10 @@ func main() {
 	// Not an escape, but a task's limit spent: a zombie holds one of the
 	// sandbox's pids until the sandbox ends.
 	check("orphan left a zombie", orphanZombie)
+	// A descriptor the launcher, the runtime or the worker left open on a
+	// host file (a cgroup's tasks file opened by the server as root, the
+	// server's database) is a way out that no mount shows.
+	check("descriptor on a file outside the sandbox", outsideDescriptors)
 	check("mount tmpfs", tryMount)
 	check("unshare user namespace", func() result { return tryNamespace(unix.CLONE_NEWUSER) })
 	check("unshare network namespace", func() result { return tryNamespace(unix.CLONE_NEWNET) })
@@ -472,6 +476,42 @@ func noNewPrivs() result {
 
 // orphanArg and orphanSleepArg, as the only argument, make the probe
 // orphanZombie's child and grandchild.
+// outsideDescriptors reports the probe's open descriptors on files, file
+// systems' directories and devices that its path for them does not reach
+// inside the sandbox (the kernel shows a file outside the sandbox's root,
+// or deleted, by a path that leads elsewhere or nowhere). Pipes, sockets
+// and anonymous inodes have no path to check.
+func outsideDescriptors() result {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	var found []string
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) != nil {
+			continue // the listing's own descriptor, closed since
+		}
+		target, _ := os.Readlink("/proc/self/fd/" + e.Name())
+		var in unix.Stat_t
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFCHR, unix.S_IFBLK: // the same device by another node is fine
+			if unix.Stat(target, &in) != nil || in.Rdev != st.Rdev {
+				found = append(found, fmt.Sprintf("fd %d: %s", fd, target))
+			}
+		case unix.S_IFREG, unix.S_IFDIR, unix.S_IFLNK:
+			if unix.Stat(target, &in) != nil || in.Dev != st.Dev || in.Ino != st.Ino {
+				found = append(found, fmt.Sprintf("fd %d: %s", fd, target))
+			}
+		}
+	}
+	return result{OK: len(found) > 0, Detail: strings.Join(found, "; ")}
+}
+
 const (
 	orphanArg      = "--orphan-parent"
 	orphanSleepArg = "--orphan-sleep"
