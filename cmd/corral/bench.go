@@ -95,9 +95,9 @@ func printBench(w io.Writer, r *bench.Result) {
 	}
 	fmt.Fprintln(w)
 	c := r.Concurrent
-	fmt.Fprintf(w, "concurrent (%d clients)                   done     wall      per second\n", r.Concurrency)
+	fmt.Fprintf(w, "concurrent (%d clients)                   done     wall      per second   CPU per run\n", r.Concurrency)
 	trow := func(name string, t bench.Throughput) {
-		fmt.Fprintf(w, "  %-38s %4d %7.2f s %9.1f /s\n", name, t.Completed, t.Wall/1000, t.PerSecond)
+		fmt.Fprintf(w, "  %-38s %4d %7.2f s %9.1f /s %10.1f ms\n", name, t.Completed, t.Wall/1000, t.PerSecond, t.CPU)
 	}
 	if c.Warm != nil {
 		trow("warm tasks (claims and refills)", *c.Warm)
@@ -105,4 +105,5 @@ func printBench(w io.Writer, r *bench.Result) {
 	trow("cold tasks", c.Task)
 	trow("bare bwrap", c.Bwrap)
 	fmt.Fprintf(w, "  bare over cold tasks: %.2f; tasks per second target (issue 17, 16 clients on 2 cores): >= 100\n", c.Ratio)
+	fmt.Fprintf(w, "  CPU per run bounds runs per second on %d cores at %d000 / CPU ms; 100 tasks/s there takes <= %.1f ms\n", r.Host.CPUs, r.Host.CPUs, float64(r.Host.CPUs)*10)
 }

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -192,11 +193,18 @@ type Latency struct {
 	Max    float64 `json:"max_ms"`
 }
 
-// Throughput is what a concurrent phase completed in how long.
+// Throughput is what a concurrent phase completed in how long, and the
+// host's CPU time per run: every CPU's busy time (/proc/stat) from the
+// phase's start until its sandboxes are gone, so the kernel's deferred
+// work counts (namespaces torn down in workqueues and RCU callbacks:
+// processes' own times, getrusage, showed 37 % of a bare bwrap's cost
+// here), and so does any other load on the host. On C cores runs per
+// second is at most C * 1000 / CPU ms per run.
 type Throughput struct {
 	Completed int     `json:"completed"`
 	Wall      float64 `json:"wall_ms"`
 	PerSecond float64 `json:"per_second"`
+	CPU       float64 `json:"cpu_ms_per_run"`
 }
 
 // Concurrent is the concurrent phase's throughputs.
@@ -659,17 +667,14 @@ func medianPhases(p [5][]time.Duration) TaskPhases {
 func (b *bencher) concurrent(ctx context.Context, opts Options, res *Result) error {
 	c := &res.Concurrent
 	var err error
-	if c.Task, err = fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
+	if c.Task, err = b.fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
 		_, err := b.runTask(ctx, "", true, false)
 		return err
 	}); err != nil {
 		return err
 	}
 	if b.warm != nil {
-		if err := b.waitWarm(ctx); err != nil {
-			return err
-		}
-		w, err := fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
+		w, err := b.fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
 			_, err := b.runTask(ctx, "", false, false)
 			return err
 		})
@@ -678,7 +683,7 @@ func (b *bencher) concurrent(ctx context.Context, opts Options, res *Result) err
 		}
 		c.Warm = &w
 	}
-	if c.Bwrap, err = fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
+	if c.Bwrap, err = b.fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
 		_, err := b.runBwrap(ctx)
 		return err
 	}); err != nil {
@@ -688,6 +693,68 @@ func (b *bencher) concurrent(ctx context.Context, opts Options, res *Result) err
 		c.Ratio = c.Bwrap.PerSecond / c.Task.PerSecond
 	}
 	return nil
+}
+
+// fanOut runs f n times from workers goroutines and measures the wall time
+// and the CPU time (see Throughput). It starts with the warm pools full and
+// ends once they are full again and every sandbox started meanwhile is
+// gone but theirs, so that the CPU counted is the phase's: the launcher of
+// each sandbox the phase ended is reaped, and a sandbox the pools started
+// during it stands for one of theirs from before that a task took.
+func (b *bencher) fanOut(ctx context.Context, n, workers int, f func(context.Context) error) (Throughput, error) {
+	if err := b.waitWarm(ctx); err != nil {
+		return Throughput{}, err
+	}
+	kids, cpu0 := children(), cpuTime()
+	tp, err := fanOut(ctx, n, workers, f)
+	if err != nil {
+		return tp, err
+	}
+	if err := b.waitWarm(ctx); err != nil {
+		return Throughput{}, err
+	}
+	settle, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	for children() > kids {
+		select {
+		case <-settle.Done():
+			return Throughput{}, fmt.Errorf("%d sandboxes of the phase are still there after %s", children()-kids, b.timeout)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	tp.CPU = ms(cpuTime()-cpu0) / float64(tp.Completed)
+	return tp, nil
+}
+
+// children counts this process's child processes: the launchers of the
+// server's sandboxes, and the bare sandboxes running.
+func children() int {
+	n := 0
+	threads, _ := filepath.Glob("/proc/self/task/*/children")
+	for _, t := range threads {
+		b, _ := os.ReadFile(t)
+		n += len(strings.Fields(string(b)))
+	}
+	return n
+}
+
+// cpuTime is the busy time of all the host's CPUs since boot: user, nice,
+// system, irq and softirq time in /proc/stat, counted in USER_HZ (100)
+// ticks; 0 if it cannot be read.
+func cpuTime() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq ...
+	var ticks int64
+	for i, v := range f {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && (i == 1 || i == 2 || i == 3 || i == 6 || i == 7) {
+			ticks += n
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
 // fanOut runs f n times from workers goroutines and measures the wall time.
