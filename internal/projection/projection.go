@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -24,12 +26,22 @@ import (
 )
 
 // Tasks is the current state of every task. It is safe for concurrent use.
+//
+// A server holds every task it has run, ended ones by far the most, so
+// what runs on every event, spawn or page of the list goes by an index,
+// not a walk over them all: the tasks that have not ended (SelectLive),
+// the count in each status (Counts), and the ids in creation order (List).
+// With 100,000 ended tasks a walk took 4 ms, a count 17 ms and a list
+// page 158 ms (BenchmarkScale).
 type Tasks struct {
 	store eventstore.Store
 	log   *slog.Logger
 
 	mu      sync.RWMutex
 	tasks   map[string]*task.Task
+	live    map[string]*task.Task // the tasks not ended yet
+	counts  map[task.Status]int
+	order   []string          // every task's id, sorted: ids sort in creation order
 	byKey   map[string]string // idempotency key → task id
 	pos     int64             // position of the last applied event
 	changed chan struct{}     // closed and replaced on every apply
@@ -37,7 +49,8 @@ type Tasks struct {
 
 // New returns an empty projection over store. Call Rebuild, then Run.
 func New(store eventstore.Store, log *slog.Logger) *Tasks {
-	return &Tasks{store: store, log: log, tasks: map[string]*task.Task{}, byKey: map[string]string{}, changed: make(chan struct{})}
+	return &Tasks{store: store, log: log, tasks: map[string]*task.Task{}, live: map[string]*task.Task{},
+		counts: map[task.Status]int{}, byKey: map[string]string{}, changed: make(chan struct{})}
 }
 
 // Rebuild applies every event in the store up to its current end.
@@ -100,12 +113,34 @@ func (p *Tasks) apply(evs ...eventstore.Event) {
 			continue
 		}
 		p.tasks[id] = &next
-		if t.Version == 0 && next.IdempotencyKey != "" {
-			p.byKey[next.IdempotencyKey] = id
-		}
+		p.index(t, &next)
 	}
 	close(p.changed)
 	p.changed = make(chan struct{})
+}
+
+// index files next, which replaces prev (a new task's is the zero Task),
+// in the indexes. Under p.mu.
+func (p *Tasks) index(prev, next *task.Task) {
+	if prev.Version == 0 {
+		if next.IdempotencyKey != "" {
+			p.byKey[next.IdempotencyKey] = next.ID
+		}
+		// A new id is almost always the largest: it goes at the end.
+		i := len(p.order)
+		if i > 0 && p.order[i-1] > next.ID {
+			i, _ = slices.BinarySearch(p.order, next.ID)
+		}
+		p.order = slices.Insert(p.order, i, next.ID)
+	} else if p.counts[prev.Status]--; p.counts[prev.Status] == 0 {
+		delete(p.counts, prev.Status)
+	}
+	p.counts[next.Status]++
+	if next.Status.Terminal() {
+		delete(p.live, next.ID)
+	} else {
+		p.live[next.ID] = next
+	}
 }
 
 // Position returns the position of the last applied event.
@@ -171,31 +206,46 @@ type Filter struct {
 }
 
 // List returns the tasks matching f, newest first, and whether more match.
+// It walks back from the newest (or from f.Before) and stops once it has
+// one more than f.Limit.
 func (p *Tasks) List(f Filter) ([]task.Task, bool) {
 	p.mu.RLock()
-	out := make([]task.Task, 0, len(p.tasks))
-	for _, t := range p.tasks {
+	defer p.mu.RUnlock()
+	end := len(p.order)
+	if f.Before != "" {
+		end, _ = slices.BinarySearch(p.order, f.Before)
+	}
+	out := []task.Task{} // an empty page is a list, not null
+	for i := end - 1; i >= 0; i-- {
+		t := p.tasks[p.order[i]]
 		if (f.Status == "" || t.Status == f.Status) &&
 			(f.ConversationID == "" || t.ConversationID == f.ConversationID) &&
-			(f.Workspace == "" || t.Workspace == f.Workspace) &&
-			(f.Before == "" || t.ID < f.Before) {
+			(f.Workspace == "" || t.Workspace == f.Workspace) {
+			if f.Limit > 0 && len(out) == f.Limit {
+				return out, true
+			}
 			out = append(out, *t)
 		}
-	}
-	p.mu.RUnlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].ID > out[j].ID })
-	if f.Limit > 0 && len(out) > f.Limit {
-		return out[:f.Limit], true
 	}
 	return out, false
 }
 
 // Select returns the tasks for which keep is true, in queue order (the
-// position of their queued event), then creation order.
+// position of their queued event), then creation order. It looks at every
+// task the server has run: for those that have not ended, SelectLive.
 func (p *Tasks) Select(keep func(*task.Task) bool) []task.Task {
+	return p.selectFrom(p.tasks, keep)
+}
+
+// SelectLive is Select over the tasks that have not ended.
+func (p *Tasks) SelectLive(keep func(*task.Task) bool) []task.Task {
+	return p.selectFrom(p.live, keep)
+}
+
+func (p *Tasks) selectFrom(from map[string]*task.Task, keep func(*task.Task) bool) []task.Task {
 	p.mu.RLock()
 	var out []task.Task
-	for _, t := range p.tasks {
+	for _, t := range from {
 		if keep(t) {
 			out = append(out, *t)
 		}
@@ -210,15 +260,11 @@ func (p *Tasks) Select(keep func(*task.Task) bool) []task.Task {
 	return out
 }
 
-// Counts returns how many tasks are in each status.
+// Counts returns how many tasks are in each status (none: absent).
 func (p *Tasks) Counts() map[task.Status]int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	c := map[task.Status]int{}
-	for _, t := range p.tasks {
-		c[t.Status]++
-	}
-	return c
+	return maps.Clone(p.counts)
 }
 
 // NewEvent makes an event to append, marshalling payload (nil for none).

@@ -178,7 +178,7 @@ func (s *Scheduler) fill(ctx context.Context) {
 	if s.Running() >= s.opts.MaxConcurrent {
 		return
 	}
-	queued := s.tasks.Select(func(t *task.Task) bool { return t.Status == task.Queued })
+	queued := s.tasks.SelectLive(func(t *task.Task) bool { return t.Status == task.Queued })
 	for _, t := range queued {
 		if s.Running() >= s.opts.MaxConcurrent || ctx.Err() != nil {
 			return
@@ -585,7 +585,7 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 			listed[id] = listedSandbox{rt: rt, name: name, h: h}
 		}
 	}
-	active := s.tasks.Select(func(t *task.Task) bool { return t.Status == task.Starting || t.Status == task.Running })
+	active := s.tasks.SelectLive(func(t *task.Task) bool { return t.Status == task.Starting || t.Status == task.Running })
 	owned := map[string]bool{}
 	var summary Reconciled
 	for _, t := range active {

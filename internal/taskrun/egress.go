@@ -94,7 +94,7 @@ func (o *Runner) reopenEgress() {
 	if eg == nil {
 		return
 	}
-	for _, t := range o.tasks.Select(func(t *task.Task) bool {
+	for _, t := range o.tasks.SelectLive(func(t *task.Task) bool {
 		return (t.Status == task.Starting || t.Status == task.Running) && t.Network != "" && t.Network != task.NetworkNone
 	}) {
 		if _, err := eg.Open(t.ID, t.Network); err != nil {

@@ -1,0 +1,164 @@
+package projection
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+// fill applies, without a store, the events of ended tasks that ended and
+// of queued ones that wait, as a server that has run that many holds them.
+func fillTasks(tb testing.TB, p *Tasks, ended, queued int) {
+	tb.Helper()
+	pos := p.Position()
+	at := time.Now()
+	add := func(id string, evs ...eventstore.Proposed) {
+		for i, e := range evs {
+			pos++
+			p.apply(eventstore.Event{ID: fmt.Sprint(pos), StreamID: task.StreamID(id), StreamVersion: int64(i + 1),
+				Type: e.Type, Data: e.Data, RecordedAt: at, Position: pos})
+		}
+	}
+	for range ended {
+		add(task.NewID(), created(task.Spec{Description: "chart my spending"}), ev(task.EventQueued), ev(task.EventStarting),
+			NewEvent(task.EventStarted, task.Started{SandboxName: "sb", Handle: []byte(`{}`)}, "test"),
+			NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "done"}, "test"))
+	}
+	for range queued {
+		add(task.NewID(), created(task.Spec{Description: "wait"}), ev(task.EventQueued))
+	}
+	if c := p.Counts(); c[task.Success] != ended || c[task.Queued] != queued {
+		tb.Fatalf("Counts after filling = %v, want %d success and %d queued", c, ended, queued)
+	}
+}
+
+// BenchmarkScale measures what a server that has run 100,000 tasks pays on
+// each event and spawn (the scheduler's look for queued tasks, the queue's
+// count) and on each page of the task list, beside a plain walk over the
+// same 100,000 tasks.
+func BenchmarkScale(b *testing.B) {
+	const ended, queued = 100_000, 16
+	p := New(nil, discard())
+	fillTasks(b, p, ended, queued)
+	b.Run("select-queued", func(b *testing.B) {
+		for b.Loop() {
+			if got := p.SelectLive(func(t *task.Task) bool { return t.Status == task.Queued }); len(got) != queued {
+				b.Fatalf("%d queued, want %d", len(got), queued)
+			}
+		}
+	})
+	b.Run("counts", func(b *testing.B) {
+		for b.Loop() {
+			if c := p.Counts(); c[task.Queued] != queued {
+				b.Fatal(c)
+			}
+		}
+	})
+	b.Run("list-first-page", func(b *testing.B) {
+		for b.Loop() {
+			if got, more := p.List(Filter{Limit: 50}); len(got) != 50 || !more {
+				b.Fatal(len(got), more)
+			}
+		}
+	})
+	b.Run("walk-all", func(b *testing.B) {
+		for b.Loop() {
+			p.mu.RLock()
+			n := 0
+			for _, t := range p.tasks {
+				if t.Status == task.Queued {
+					n++
+				}
+			}
+			p.mu.RUnlock()
+			if n != queued {
+				b.Fatal(n)
+			}
+		}
+	})
+}
+
+// TestIndexes moves tasks through their lifecycle in a random order, some
+// with ids older than the newest, and checks the
+// indexes against a walk over every task after each step: Counts,
+// SelectLive and List, with and without a cursor and a filter.
+func TestIndexes(t *testing.T) {
+	p := New(nil, discard())
+	rng := rand.New(rand.NewPCG(17, 17))
+	var pos int64
+	type stream struct {
+		id      string
+		version int64
+	}
+	var made []*stream
+	// Ids made before the others, used among them: as a clock set back,
+	// or a server on another machine, would make them.
+	var older []string
+	for range 50 {
+		older = append(older, task.NewID())
+	}
+	step := func(s *stream, e eventstore.Proposed) {
+		pos++
+		s.version++
+		p.apply(eventstore.Event{ID: fmt.Sprint(pos), StreamID: task.StreamID(s.id), StreamVersion: s.version,
+			Type: e.Type, Data: e.Data, RecordedAt: time.Now(), Position: pos})
+	}
+	life := []eventstore.Proposed{ev(task.EventQueued), ev(task.EventStarting),
+		NewEvent(task.EventStarted, task.Started{SandboxName: "sb", Handle: []byte(`{}`)}, "test"),
+		NewEvent(task.EventCompleted, task.Completed{Status: task.Failed, ErrorMessage: "x"}, "test")}
+	for i := range 400 {
+		if i%3 == 0 || len(made) == 0 {
+			id := task.NewID()
+			if rng.IntN(5) == 0 && len(older) > 0 {
+				id, older = older[0], older[1:]
+			}
+			s := &stream{id: id}
+			made = append(made, s)
+			step(s, created(task.Spec{Description: "t", Origin: task.Origin{ConversationID: []string{"a", "b"}[rng.IntN(2)]}}))
+			continue
+		}
+		if s := made[rng.IntN(len(made))]; int(s.version) <= len(life) {
+			step(s, life[s.version-1])
+		}
+
+		var all []task.Task
+		counts := map[task.Status]int{}
+		for _, t := range p.tasks {
+			all = append(all, *t)
+			counts[t.Status]++
+		}
+		if diff := cmp.Diff(counts, p.Counts()); diff != "" {
+			t.Fatalf("step %d: Counts (-walk +index):\n%s", i, diff)
+		}
+		live := p.Select(func(t *task.Task) bool { return !t.Status.Terminal() })
+		if diff := cmp.Diff(ids(live), ids(p.SelectLive(func(*task.Task) bool { return true }))); diff != "" {
+			t.Fatalf("step %d: SelectLive (-walk +index):\n%s", i, diff)
+		}
+		slices.SortFunc(all, func(a, b task.Task) int { return strings.Compare(b.ID, a.ID) })
+		before := all[rng.IntN(len(all))].ID
+		for _, f := range []Filter{{Limit: 7}, {Before: before, Limit: 5}, {ConversationID: "b", Limit: 3}, {Status: task.Queued}} {
+			var want []string
+			for _, t := range all {
+				if (f.Before == "" || t.ID < f.Before) && (f.ConversationID == "" || t.ConversationID == f.ConversationID) && (f.Status == "" || t.Status == f.Status) {
+					want = append(want, t.ID)
+				}
+			}
+			wantMore := f.Limit > 0 && len(want) > f.Limit
+			if wantMore {
+				want = want[:f.Limit]
+			}
+			got, more := p.List(f)
+			if diff := cmp.Diff(want, ids(got), cmpopts.EquateEmpty()); diff != "" || more != wantMore {
+				t.Fatalf("step %d: List(%+v): more %v, want %v; (-walk +index):\n%s", i, f, more, wantMore, diff)
+			}
+		}
+	}
+}
