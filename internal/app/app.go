@@ -513,20 +513,11 @@ func (b backend) WorkerProgress(ctx context.Context, m webhook.Signed) (int, err
 func (b backend) Stats() httpapi.Stats {
 	st := httpapi.Stats{ByStatus: b.a.tasks.Counts(), Running: b.a.sched.Running(), Warm: b.a.WarmStats()}
 	st.QueueDepth = st.ByStatus[task.Queued] + st.ByStatus[task.Pending]
-	st.Agents = make(map[string]httpapi.AgentUsage)
-	for _, t := range b.a.tasks.Select(func(t *task.Task) bool { return t.DurationMS != nil || t.Usage != nil || t.CostUSD > 0 }) {
-		if t.DurationMS != nil {
-			st.Durations = append(st.Durations, float64(*t.DurationMS)/1000)
-		}
-		if t.Usage != nil || t.CostUSD > 0 {
-			u := st.Agents[t.Agent]
-			if t.Usage != nil {
-				u.InputTokens += t.Usage.InputTokens + t.Usage.CacheReadTokens + t.Usage.CacheCreationTokens
-				u.OutputTokens += t.Usage.OutputTokens
-			}
-			u.CostUSD += t.CostUSD
-			st.Agents[t.Agent] = u
-		}
+	e := b.a.tasks.Ended()
+	st.Durations = httpapi.Histogram{Bounds: projection.DurationBuckets, Within: e.Within, Count: e.Timed, Sum: e.Seconds}
+	st.Agents = make(map[string]httpapi.AgentUsage, len(e.Agents))
+	for name, u := range e.Agents {
+		st.Agents[name] = httpapi.AgentUsage(u)
 	}
 	return st
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,5 +38,33 @@ func TestHealthRoute(t *testing.T) {
 type stats struct{ stub }
 
 func (*stats) Stats() Stats {
-	return Stats{ByStatus: map[task.Status]int{task.Queued: 2, task.Running: 1}, QueueDepth: 2, Running: 1}
+	return Stats{ByStatus: map[task.Status]int{task.Queued: 2, task.Running: 1}, QueueDepth: 2, Running: 1,
+		Durations: Histogram{Bounds: []float64{1, 5}, Within: []uint64{1, 3}, Count: 4, Sum: 12.5},
+		Agents:    map[string]AgentUsage{"claude": {InputTokens: 10, OutputTokens: 20, CostUSD: 0.5}}}
+}
+
+// /metrics writes the backend's histogram of run times and agent usage in
+// Prometheus's text format.
+func TestMetricsRoute(t *testing.T) {
+	hs := httptest.NewServer(New(&stats{}, Options{Token: "tok"}, slogTo(io.Discard)).Handler())
+	t.Cleanup(hs.Close)
+	code, body := call(t, "GET", hs.URL+"/metrics", "tok")
+	if code != 200 {
+		t.Fatalf("%d %s", code, body)
+	}
+	for _, want := range []string{
+		`corral_tasks{status="queued"} 2`,
+		`corral_task_duration_seconds_bucket{le="1"} 1`,
+		`corral_task_duration_seconds_bucket{le="5"} 3`,
+		`corral_task_duration_seconds_bucket{le="+Inf"} 4`,
+		`corral_task_duration_seconds_sum 12.5`,
+		`corral_task_duration_seconds_count 4`,
+		`corral_agent_tokens_total{agent="claude",kind="input"} 10`,
+		`corral_agent_tokens_total{agent="claude",kind="output"} 20`,
+		`corral_agent_cost_usd_total{agent="claude"} 0.5`,
+	} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("/metrics has no line %s:\n%s", want, body)
+		}
+	}
 }

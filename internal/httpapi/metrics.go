@@ -8,8 +8,6 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 )
 
-var durationBuckets = []float64{1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200}
-
 // metrics writes the Prometheus text exposition format by hand: a dozen
 // families do not justify a client library.
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
@@ -29,22 +27,13 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 	fmt.Fprintf(w, "corral_workers_running %d\n", st.Running)
 	fmt.Fprintln(w, "# HELP corral_task_duration_seconds How long ended tasks ran.")
 	fmt.Fprintln(w, "# TYPE corral_task_duration_seconds histogram")
-	d := append([]float64(nil), st.Durations...)
-	sort.Float64s(d)
-	var sum float64
-	for _, v := range d {
-		sum += v
+	d := st.Durations
+	for i, b := range d.Bounds {
+		fmt.Fprintf(w, "corral_task_duration_seconds_bucket{le=\"%g\"} %d\n", b, d.Within[i])
 	}
-	i := 0
-	for _, b := range durationBuckets {
-		for i < len(d) && d[i] <= b {
-			i++
-		}
-		fmt.Fprintf(w, "corral_task_duration_seconds_bucket{le=\"%g\"} %d\n", b, i)
-	}
-	fmt.Fprintf(w, "corral_task_duration_seconds_bucket{le=\"+Inf\"} %d\n", len(d))
-	fmt.Fprintf(w, "corral_task_duration_seconds_sum %g\n", sum)
-	fmt.Fprintf(w, "corral_task_duration_seconds_count %d\n", len(d))
+	fmt.Fprintf(w, "corral_task_duration_seconds_bucket{le=\"+Inf\"} %d\n", d.Count)
+	fmt.Fprintf(w, "corral_task_duration_seconds_sum %g\n", d.Sum)
+	fmt.Fprintf(w, "corral_task_duration_seconds_count %d\n", d.Count)
 	names := make([]string, 0, len(st.Agents))
 	for n := range st.Agents {
 		names = append(names, n)

@@ -43,7 +43,7 @@ type Backend interface {
 // Stats are the figures /metrics exports.
 type Stats struct {
 	ByStatus   map[task.Status]int
-	Durations  []float64 // seconds, of ended tasks
+	Durations  Histogram // of ended tasks' run times, in seconds
 	QueueDepth int
 	Running    int
 	// Agents are the tokens and cost agents reported, by agent name.
@@ -57,6 +57,15 @@ type WarmPool struct {
 	Runtime, Shape                             string
 	Ready, Target                              int
 	Claims, Misses, Started, Failed, Destroyed uint64
+}
+
+// Histogram is a histogram of observed values: Within[i] of them are at
+// most Bounds[i], Count in all, summing to Sum.
+type Histogram struct {
+	Bounds []float64
+	Within []uint64
+	Count  uint64
+	Sum    float64
 }
 
 // AgentUsage sums what one agent's ended tasks reported.

@@ -42,7 +42,8 @@ func fillTasks(tb testing.TB, p *Tasks, ended, queued int) {
 
 // BenchmarkScale measures what a server that has run 100,000 tasks pays on
 // each event and spawn (the scheduler's look for queued tasks, the queue's
-// count) and on each page of the task list, beside a plain walk over the
+// count), on each page of the task list and each look at /metrics or
+// /api/health (what ended tasks reported), beside a plain walk over the
 // same 100,000 tasks.
 func BenchmarkScale(b *testing.B) {
 	const ended, queued = 100_000, 16
@@ -66,6 +67,13 @@ func BenchmarkScale(b *testing.B) {
 		for b.Loop() {
 			if got, more := p.List(Filter{Limit: 50}); len(got) != 50 || !more {
 				b.Fatal(len(got), more)
+			}
+		}
+	})
+	b.Run("ended", func(b *testing.B) {
+		for b.Loop() {
+			if e := p.Ended(); e.Timed != ended {
+				b.Fatal(e.Timed)
 			}
 		}
 	})
@@ -113,7 +121,8 @@ func TestIndexes(t *testing.T) {
 	}
 	life := []eventstore.Proposed{ev(task.EventQueued), ev(task.EventStarting),
 		NewEvent(task.EventStarted, task.Started{SandboxName: "sb", Handle: []byte(`{}`)}, "test"),
-		NewEvent(task.EventCompleted, task.Completed{Status: task.Failed, ErrorMessage: "x"}, "test")}
+		NewEvent(task.EventCompleted, task.Completed{Status: task.Failed, ErrorMessage: "x", CostUSD: 0.25,
+			Usage: &task.Usage{InputTokens: 3, OutputTokens: 5, CacheReadTokens: 7}}, "test")}
 	for i := range 400 {
 		if i%3 == 0 || len(made) == 0 {
 			id := task.NewID()
@@ -122,7 +131,7 @@ func TestIndexes(t *testing.T) {
 			}
 			s := &stream{id: id}
 			made = append(made, s)
-			step(s, created(task.Spec{Description: "t", Origin: task.Origin{ConversationID: []string{"a", "b"}[rng.IntN(2)]}}))
+			step(s, created(task.Spec{Description: "t", Agent: []string{"claude", "codex"}[rng.IntN(2)], Origin: task.Origin{ConversationID: []string{"a", "b"}[rng.IntN(2)]}}))
 			continue
 		}
 		if s := made[rng.IntN(len(made))]; int(s.version) <= len(life) {
@@ -137,6 +146,15 @@ func TestIndexes(t *testing.T) {
 		}
 		if diff := cmp.Diff(counts, p.Counts()); diff != "" {
 			t.Fatalf("step %d: Counts (-walk +index):\n%s", i, diff)
+		}
+		ended := newEnded()
+		for _, t := range p.tasks {
+			if t.Status.Terminal() {
+				ended.add(t)
+			}
+		}
+		if diff := cmp.Diff(ended, p.Ended(), cmpopts.EquateApprox(0, 1e-9)); diff != "" { // sums in another order
+			t.Fatalf("step %d: Ended (-walk +index):\n%s", i, diff)
 		}
 		live := p.Select(func(t *task.Task) bool { return !t.Status.Terminal() })
 		if diff := cmp.Diff(ids(live), ids(p.SelectLive(func(*task.Task) bool { return true }))); diff != "" {
