@@ -97,7 +97,7 @@ func (o *Orchestrator) waitEnded(ctx context.Context, id string, wait time.Durat
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
-		ch := o.tasks.Changed()
+		ch := o.tasks.TaskChanged(id)
 		t, err := o.tasks.Get(id)
 		if err != nil || t.Status.Terminal() {
 			return t, err
@@ -156,7 +156,7 @@ func (o *Orchestrator) Logs(ctx context.Context, req service.LogsRequest, w io.W
 	}
 	var f *os.File
 	for {
-		ch := o.tasks.Changed()
+		ch := o.tasks.TaskChanged(t.ID)
 		t, _ = o.tasks.Get(t.ID)
 		ended := t.Status.Terminal()
 		if f == nil {

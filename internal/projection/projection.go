@@ -47,12 +47,16 @@ type Tasks struct {
 	byKey   map[string]string // idempotency key → task id
 	pos     int64             // position of the last applied event
 	changed chan struct{}     // closed and replaced on every apply
+	// waits holds, for a live task someone waits on, the channel its next
+	// event closes (TaskChanged).
+	waits map[string]chan struct{}
 }
 
 // New returns an empty projection over store. Call Rebuild, then Run.
 func New(store eventstore.Store, log *slog.Logger) *Tasks {
 	return &Tasks{store: store, log: log, tasks: map[string]*task.Task{}, live: map[string]*task.Task{},
-		counts: map[task.Status]int{}, ended: newEnded(), byKey: map[string]string{}, changed: make(chan struct{})}
+		counts: map[task.Status]int{}, ended: newEnded(), byKey: map[string]string{}, changed: make(chan struct{}),
+		waits: map[string]chan struct{}{}}
 }
 
 // DurationBuckets are the upper bounds, in seconds, of Ended's histogram
@@ -166,6 +170,10 @@ func (p *Tasks) apply(evs ...eventstore.Event) {
 		}
 		p.tasks[id] = &next
 		p.index(t, &next)
+		if ch, ok := p.waits[id]; ok {
+			close(ch)
+			delete(p.waits, id)
+		}
 	}
 	close(p.changed)
 	p.changed = make(chan struct{})
@@ -205,11 +213,32 @@ func (p *Tasks) Position() int64 {
 	return p.pos
 }
 
-// Changed returns a channel closed at the next apply.
+// Changed returns a channel closed at the next apply, of any task's
+// events. To wait for one task, TaskChanged.
 func (p *Tasks) Changed() <-chan struct{} {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return p.changed
+}
+
+// TaskChanged returns a channel closed at the next event of task id, or
+// nil (never ready) when the task has ended or does not exist: nothing
+// left to wait for. Take it before reading the task (Get), so that an
+// event between the two is not missed. A waiter on one task wakes for
+// that task's events only: with Changed, every waiter woke on every
+// event of every task (BenchmarkWaiters).
+func (p *Tasks) TaskChanged(id string) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.live[id] == nil {
+		return nil
+	}
+	ch, ok := p.waits[id]
+	if !ok {
+		ch = make(chan struct{})
+		p.waits[id] = ch
+	}
+	return ch
 }
 
 // WaitPosition blocks until events up to pos are applied or ctx is done.

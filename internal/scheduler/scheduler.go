@@ -358,7 +358,7 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 	}
 
 	for {
-		changed := s.tasks.Changed()
+		changed := s.tasks.TaskChanged(t.ID) // nil once it has ended
 		cur, err := s.tasks.Get(t.ID)
 		if err != nil {
 			return

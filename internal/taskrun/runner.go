@@ -456,7 +456,7 @@ func (o *Runner) waitStarted(ctx context.Context, id string) (task.Task, error) 
 	timer := time.NewTimer(maxStartWait)
 	defer timer.Stop()
 	for {
-		changed := o.tasks.Changed()
+		changed := o.tasks.TaskChanged(id)
 		t, err := o.tasks.Get(id)
 		if err != nil || t.Status != task.Starting {
 			return t, err
