@@ -1,12 +1,10 @@
 package projection
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/task"
@@ -14,27 +12,20 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
-// fill applies, without a store, the events of ended tasks that ended and
-// of queued ones that wait, as a server that has run that many holds them.
+// fillTasks applies, without a store, the events of ended tasks and of
+// queued ones, as a server that has run that many holds them.
 func fillTasks(tb testing.TB, p *Tasks, ended, queued int) {
 	tb.Helper()
-	pos := p.Position()
-	at := time.Now()
-	add := func(id string, evs ...eventstore.Proposed) {
-		for i, e := range evs {
-			pos++
-			p.apply(eventstore.Event{ID: fmt.Sprint(pos), StreamID: task.StreamID(id), StreamVersion: int64(i + 1),
-				Type: e.Type, Data: e.Data, RecordedAt: at, Position: pos})
+	a := &applier{p: p, version: map[string]int64{}}
+	for range ended {
+		id := task.NewID()
+		for _, e := range []eventstore.Proposed{created(task.Spec{Description: "chart my spending"}), ev(task.EventQueued), ev(task.EventStarting),
+			NewEvent(task.EventStarted, task.Started{SandboxName: "sb", Handle: []byte(`{}`)}, "test"),
+			NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "done"}, "test")} {
+			a.apply(id, e)
 		}
 	}
-	for range ended {
-		add(task.NewID(), created(task.Spec{Description: "chart my spending"}), ev(task.EventQueued), ev(task.EventStarting),
-			NewEvent(task.EventStarted, task.Started{SandboxName: "sb", Handle: []byte(`{}`)}, "test"),
-			NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "done"}, "test"))
-	}
-	for range queued {
-		add(task.NewID(), created(task.Spec{Description: "wait"}), ev(task.EventQueued))
-	}
+	a.queued(queued)
 	if c := p.Counts(); c[task.Success] != ended || c[task.Queued] != queued {
 		tb.Fatalf("Counts after filling = %v, want %d success and %d queued", c, ended, queued)
 	}
@@ -99,25 +90,15 @@ func BenchmarkScale(b *testing.B) {
 // indexes against a walk over every task after each step: Counts,
 // SelectLive and List, with and without a cursor and a filter.
 func TestIndexes(t *testing.T) {
-	p := New(nil, discard())
+	a := &applier{p: New(nil, discard()), version: map[string]int64{}}
+	p := a.p
 	rng := rand.New(rand.NewPCG(17, 17))
-	var pos int64
-	type stream struct {
-		id      string
-		version int64
-	}
-	var made []*stream
+	var made []string
 	// Ids made before the others, used among them: as a clock set back,
 	// or a server on another machine, would make them.
 	var older []string
 	for range 50 {
 		older = append(older, task.NewID())
-	}
-	step := func(s *stream, e eventstore.Proposed) {
-		pos++
-		s.version++
-		p.apply(eventstore.Event{ID: fmt.Sprint(pos), StreamID: task.StreamID(s.id), StreamVersion: s.version,
-			Type: e.Type, Data: e.Data, RecordedAt: time.Now(), Position: pos})
 	}
 	life := []eventstore.Proposed{ev(task.EventQueued), ev(task.EventStarting),
 		NewEvent(task.EventStarted, task.Started{SandboxName: "sb", Handle: []byte(`{}`)}, "test"),
@@ -129,13 +110,12 @@ func TestIndexes(t *testing.T) {
 			if rng.IntN(5) == 0 && len(older) > 0 {
 				id, older = older[0], older[1:]
 			}
-			s := &stream{id: id}
-			made = append(made, s)
-			step(s, created(task.Spec{Description: "t", Agent: []string{"claude", "codex"}[rng.IntN(2)], Origin: task.Origin{ConversationID: []string{"a", "b"}[rng.IntN(2)]}}))
+			made = append(made, id)
+			a.apply(id, created(task.Spec{Description: "t", Agent: []string{"claude", "codex"}[rng.IntN(2)], Origin: task.Origin{ConversationID: []string{"a", "b"}[rng.IntN(2)]}}))
 			continue
 		}
-		if s := made[rng.IntN(len(made))]; int(s.version) <= len(life) {
-			step(s, life[s.version-1])
+		if id := made[rng.IntN(len(made))]; int(a.version[id]) <= len(life) {
+			a.apply(id, life[a.version[id]-1])
 		}
 
 		var all []task.Task
