@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 
 	"github.com/corral-dev/corral/internal/bench"
 	"github.com/corral-dev/corral/internal/config"
@@ -26,6 +27,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&opts.Runsc, "runsc", "runsc", "the runsc binary (with --gvisor)")
 	fs.StringVar(&opts.DockerImage, "docker", "", "also run code_execute of echo hi on local and on docker in this image each round, beside a bare docker run --rm of it")
 	fs.IntVar(&opts.Warm, "warm", config.AutoWarmPool, "warm sandboxes per shape the server keeps (-1: none, and no warm figures)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the server and the clients over the concurrent cold tasks to this file (go tool pprof)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	verbose := fs.Bool("v", false, "show the server's log")
 	if err := parseNoArgs(fs, args); err != nil {
@@ -44,6 +46,14 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	if !*asJSON {
 		fmt.Fprintf(stdout, "corral bench: %d runs of each kind per phase, %d concurrent clients, %d warm-up runs\n", opts.N, opts.Concurrency, max(opts.Warmup, 0))
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer f.Close()
+		opts.CPUProfile = f
 	}
 	res, err := bench.Run(ctx, opts, log)
 	if err != nil {

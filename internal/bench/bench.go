@@ -11,12 +11,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,6 +73,10 @@ type Options struct {
 	// a pool each sequential round also runs the task into a full pool,
 	// and the concurrent phase runs as many tasks with the pool.
 	Warm int
+	// CPUProfile, if set, gets a CPU profile (runtime/pprof) of this
+	// process, the server and the bench's clients, over the concurrent
+	// phase's cold tasks: where the server's share of a task goes.
+	CPUProfile io.Writer
 }
 
 func (o *Options) setDefaults() {
@@ -666,11 +672,20 @@ func medianPhases(p [5][]time.Duration) TaskPhases {
 // concurrent runs n tasks, then n bare bwraps, from Concurrency clients.
 func (b *bencher) concurrent(ctx context.Context, opts Options, res *Result) error {
 	c := &res.Concurrent
+	if opts.CPUProfile != nil {
+		if err := pprof.StartCPUProfile(opts.CPUProfile); err != nil {
+			return fmt.Errorf("start the CPU profile: %w", err)
+		}
+	}
 	var err error
-	if c.Task, err = b.fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
+	c.Task, err = b.fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
 		_, err := b.runTask(ctx, "", true, false)
 		return err
-	}); err != nil {
+	})
+	if opts.CPUProfile != nil {
+		pprof.StopCPUProfile()
+	}
+	if err != nil {
 		return err
 	}
 	if b.warm != nil {

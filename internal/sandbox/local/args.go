@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -18,8 +20,10 @@ import (
 
 // rootfsArgs returns the bwrap arguments for the host system directories:
 // /usr read-only, and /bin, /sbin, /lib* as the same symlinks as on the host
-// when /usr is merged, else read-only binds.
-func rootfsArgs() []string {
+// when /usr is merged, else read-only binds. The host's layout is looked at
+// once, not at every sandbox's start; the slice is shared (clipped, so an
+// append copies it).
+var rootfsArgs = sync.OnceValue(func() []string {
 	args := []string{"--ro-bind", "/usr", "/usr"}
 	for _, d := range []string{"/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"} {
 		fi, err := os.Lstat(d)
@@ -38,13 +42,14 @@ func rootfsArgs() []string {
 			args = append(args, "--ro-bind", d, d)
 		}
 	}
-	return args
-}
+	return slices.Clip(args)
+})
 
 // procArgs are the bwrap arguments that mask and protect /proc entries,
 // after --proc /proc. Read-only entries are the host's own /proc entries
 // bound read-only (the same tables: the sandbox's /proc shows them too).
-func procArgs() []string {
+// Which entries this kernel has is looked at once; the slice is shared.
+var procArgs = sync.OnceValue(func() []string {
 	var args []string
 	for _, name := range sandbox.ProcMasked {
 		if _, err := os.Lstat("/proc/" + name); err == nil {
@@ -61,8 +66,8 @@ func procArgs() []string {
 			args = append(args, "--ro-bind", "/proc/"+name, "/proc/"+name)
 		}
 	}
-	return args
-}
+	return slices.Clip(args)
+})
 
 // seccompFD is the descriptor bwrap reads the seccomp filter from (3 is
 // --json-status-fd). bwrap closes it before it runs the main process.
