@@ -390,10 +390,13 @@ func testForkBomb(t *testing.T, rt escapeRuntime) {
 	s := MustStart(t, rt.config(t))
 	ctx := context.Background()
 	const pids = 40
+	// The bombs of the runtimes run at once: each sleeps its own number of
+	// seconds, so that each counts only its own sleeps.
+	secs := strconv.Itoa(2000 + slices.IndexFunc(escapeRuntimes, func(r escapeRuntime) bool { return r.name == rt.name }))
 	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{
 		TaskDescription: "fork bomb", Agent: "command", Runtime: rt.runtime, TimeoutMinutes: 5,
 		// bash, unlike dash, survives a failed fork and keeps trying.
-		Command:   []string{"bash", "-c", "while :; do sleep 1004 & done"},
+		Command:   []string{"bash", "-c", "while :; do sleep " + secs + " & done"},
 		Resources: &service.ResourceRequest{PidsLimit: pids, CPULimit: "500m"},
 	})
 	if err != nil {
@@ -402,14 +405,14 @@ func testForkBomb(t *testing.T, rt escapeRuntime) {
 	s.waitStatus(t, tk.ID, task.Running, 20*time.Second)
 	t.Cleanup(func() {
 		s.client.Cancel(context.Background(), tk.ID)
-		waitGone(t, "sleep", "1004")
+		waitGone(t, "sleep", secs)
 	})
 	// For 5 s after the first sleep shows, the count never passes the
 	// limit (the worker, bash and bwrap's reaper count too) and the
 	// server answers every health check within 2 s.
 	client := &http.Client{Timeout: 2 * time.Second}
 	deadline := time.Now().Add(30 * time.Second)
-	for countProcesses("sleep", "1004") == 0 {
+	for countProcesses("sleep", secs) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the bomb never started")
 		}
@@ -426,7 +429,7 @@ func testForkBomb(t *testing.T, rt escapeRuntime) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("healthz during the fork bomb: %d after %s", resp.StatusCode, time.Since(start))
 		}
-		n := countProcesses("sleep", "1004")
+		n := countProcesses("sleep", secs)
 		if n > pids {
 			t.Fatalf("%d sleeps run, over the pids limit of %d", n, pids)
 		}
