@@ -65,9 +65,11 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
@@ -528,13 +530,17 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	// bwrap reports its exit code (killed before it, the sandbox ended with
 	// no exit status: TestStopRightAfterCreate, and TestRecoverFromStatus in
 	// CI under load). All of it takes 5 to 15 ms. Nothing signals it, so it
-	// is polled every millisecond: a task's worker runs from that moment,
-	// and its completion waits for the task_started recorded after this
-	// returns, so any lateness here is the task's. (A 1 -> 10 ms back-off
-	// cost 3 to 8 ms per task once the worker was that fast.) A poll after
-	// the first few reads one small /proc file.
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
+	// is polled, every millisecond for the first 20 ms: a task's worker
+	// runs from that moment, and its completion waits for the task_started
+	// recorded after this returns, so any lateness here is the task's. (A
+	// 1 -> 10 ms back-off cost 3 to 8 ms per task once the worker was that
+	// fast.) Past 20 ms the machine is busy, and every poll takes CPU from
+	// the sandboxes being started: from then on the poll waits a twentieth
+	// of the time waited so far (at most 10 ms), which adds at most 5 % to
+	// the wait. A poll after the first few reads one small /proc file.
+	began := time.Now()
+	poll := time.NewTimer(time.Millisecond)
+	defer poll.Stop()
 	var watch *hostproc.ExecWatch
 	for ready := false; !ready; {
 		if st.ChildPID == 0 {
@@ -559,7 +565,8 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 			return nil, fmt.Errorf("bwrap exited (%v): %s", ps, tail(filepath.Join(dir, "output.log")))
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-tick.C:
+		case <-poll.C:
+			poll.Reset(min(max(time.Since(began)/20, time.Millisecond), 10*time.Millisecond))
 		}
 	}
 	// Not written to state.json: loadState reads the pid 1 back from
@@ -673,8 +680,51 @@ func (r *Runtime) exitStatus(e *statedir.Entry[state]) sandbox.ExitStatus {
 		es.Message = "OOMKilled"
 	} else if es.Message == "" && es.Code > 128 && es.Code < 128+65 {
 		es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
+	} else if es.Message == "" && es.Code > 0 {
+		es.Message = lastWords(filepath.Join(e.Dir, "output.log"))
 	}
 	return es
+}
+
+// lastWords is what a sandbox's main process (or bwrap) said last about
+// why it ended, from the end of output.log, their stderr: a Go program's
+// "panic:" or "fatal error:" line, with the "runtime:" lines just before
+// it (a worker that could not start a thread says why there), else the
+// last line. On one line, valid UTF-8, at most 300 bytes; "" for none.
+// The sandbox wrote it: it is a message, never parsed.
+func lastWords(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	const window = 64 << 10
+	if fi, err := f.Stat(); err == nil && fi.Size() > window {
+		f.Seek(fi.Size()-window, io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, window))
+	lines := strings.Split(strings.ToValidUTF8(string(b), "\uFFFD"), "\n")
+	said := ""
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := strings.TrimSpace(lines[i])
+		if strings.HasPrefix(l, "panic: ") || strings.HasPrefix(l, "fatal error: ") {
+			j := i
+			for j > 0 && strings.HasPrefix(lines[j-1], "runtime: ") {
+				j--
+			}
+			said = strings.Join(lines[j:i+1], "; ")
+			break
+		}
+		if said == "" && l != "" {
+			said = l
+		}
+	}
+	return clip.Line(strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, said), 300)
 }
 
 // oomKilled reports whether the kernel's OOM killer killed a process in the
