@@ -644,7 +644,7 @@ func TestValidate(t *testing.T) {
 		{"memory request above limit", func(c *Config) { c.AIWorker.Resources.MemoryRequest = mustSize("4Gi") }, "ai_worker_config.resources.memory_request", "must not exceed memory_limit (2Gi)"},
 		{"cpu zero", func(c *Config) { c.AIWorker.Resources.CPULimit = 0 }, "ai_worker_config.resources.cpu_limit", "must be positive"},
 		{"cpu request above limit", func(c *Config) { c.AIWorker.Resources.CPURequest = 3000 }, "ai_worker_config.resources.cpu_request", "must not exceed cpu_limit (2)"},
-		{"pids", func(c *Config) { c.AIWorker.Resources.PidsLimit = 0 }, "ai_worker_config.resources.pids_limit", "at least 1"},
+		{"pids", func(c *Config) { c.AIWorker.Resources.PidsLimit = 0 }, "ai_worker_config.resources.pids_limit", "at least 32"},
 		{"webhook path", func(c *Config) { c.AIWorker.WebhookPath = "api/hook" }, "ai_worker_config.webhook_path", "must start with /"},
 		{"retention", func(c *Config) { c.AIWorker.TaskRetentionHours = 0 }, "ai_worker_config.task_retention_hours", "at least 1"},
 		{"job ttl", func(c *Config) { c.AIWorker.JobTTLSeconds = -1 }, "ai_worker_config.job_ttl_seconds", "not be negative"},

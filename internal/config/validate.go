@@ -258,8 +258,8 @@ func (v *validator) aiWorker(w *AIWorkerConfig) {
 	if r.CPULimit > 0 && r.CPURequest > r.CPULimit {
 		v.add(p+"resources.cpu_request", "must not exceed cpu_limit (%s), got %s", r.CPULimit, r.CPURequest)
 	}
-	if r.PidsLimit < 1 {
-		v.add(p+"resources.pids_limit", "must be at least 1, got %d", r.PidsLimit)
+	if r.PidsLimit < task.MinPids {
+		v.add(p+"resources.pids_limit", "must be at least %d (the sandbox's own processes and the worker's threads take about 16), got %d", task.MinPids, r.PidsLimit)
 	}
 
 	if !strings.HasPrefix(w.WebhookPath, "/") {

@@ -276,13 +276,13 @@ func TestSessionLimits(t *testing.T) {
 	if _, err := s.client.CreateSession(ctx, session.CreateRequest{Resources: &service.ResourceRequest{MemoryLimit: "1Ki"}}); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "resources.memory_limit") {
 		t.Errorf("a session with 1Ki of memory: %v, want 400 naming resources.memory_limit", err)
 	}
-	small, err := s.client.CreateSession(ctx, session.CreateRequest{Resources: &service.ResourceRequest{PidsLimit: 16}})
+	small, err := s.client.CreateSession(ctx, session.CreateRequest{Resources: &service.ResourceRequest{PidsLimit: 32}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := s.client.ExecSession(ctx, small.SessionID, httpapi.ExecBody{Command: shell("n=0; while [ $n -lt 40 ]; do sleep 5 & n=$((n+1)); done")}, func(httpapi.ExecChunk) error { return nil })
+	e, err := s.client.ExecSession(ctx, small.SessionID, httpapi.ExecBody{Command: shell("n=0; while [ $n -lt 60 ]; do sleep 5 & n=$((n+1)); done")}, func(httpapi.ExecChunk) error { return nil })
 	if err != nil || e.ExitCode == 0 {
-		t.Errorf("40 processes in a session of 16 pids: %+v, %v; want refused forks", e, err)
+		t.Errorf("60 processes in a session of 32 pids: %+v, %v; want refused forks", e, err)
 	}
 	s.client.DeleteSession(ctx, small.SessionID)
 	a, err := s.client.CreateSession(ctx, session.CreateRequest{IdleTimeout: 1})

@@ -87,8 +87,8 @@ func (r *ResourceRequest) Apply(base task.Resources) (task.Resources, error) {
 		base.CPUMillis = n
 	}
 	if r.PidsLimit != 0 {
-		if r.PidsLimit < 8 || r.PidsLimit > 1<<20 {
-			bad("resources.pids_limit", "must be between 8 and 1048576, got %d", r.PidsLimit)
+		if r.PidsLimit < task.MinPids || r.PidsLimit > 1<<20 {
+			bad("resources.pids_limit", "must be between %d and 1048576 (the sandbox's own processes and the worker's threads take about 16), got %d", task.MinPids, r.PidsLimit)
 		}
 		base.Pids = r.PidsLimit
 	}

@@ -79,6 +79,12 @@ const (
 	NetworkOpen      = "open"
 )
 
+// MinPids is the smallest pids limit a sandbox may have. The limit counts
+// every process and thread in it: the runtime's own (bwrap's, docker-init)
+// and the worker's threads take about 16, and the worker keeps threads in
+// reserve so that an agent spending the rest cannot leave it without one.
+const MinPids = 32
+
 // Resources are the limits of one worker's sandbox. Zero means the
 // configured default.
 type Resources struct {

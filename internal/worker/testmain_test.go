@@ -20,6 +20,9 @@ func TestMain(m *testing.M) {
 	if name := os.Getenv(hideHelperEnv); name != "" {
 		hideHelper(name)
 	}
+	if mode := os.Getenv(threadsHelperEnv); mode != "" {
+		threadsHelper(mode)
+	}
 	if raw := os.Getenv(helperArgsEnv); raw != "" {
 		var args []string
 		if err := json.Unmarshal([]byte(raw), &args); err != nil {

@@ -310,6 +310,7 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 	// changed. git runs here, in the sandbox, never on the host: the
 	// repository's configuration is the agent's to write.
 	gitStart := gitHead(r.opts.WorkDir)
+	ReserveThreads()
 	ex, err := r.start(proc, stdin, stdout, stderr)
 	if err != nil {
 		code, msg := startError(proc, r.opts.Image, err)

@@ -161,6 +161,8 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 		defer relay.Close()
 		env = append(env, worker.ProxyEnv(relay.Addr())...)
 	}
+	// Its commands share the session's pids limit with it.
+	worker.ReserveThreads()
 	sock := workerproto.SocketDir + "/" + workerproto.SocketName
 	if err := execagent.Run(ctx, sock, "/api/sessions/"+id+"/agent", token, env, log); err != nil {
 		fmt.Fprintf(stderr, "corral worker session: %v\n", err)

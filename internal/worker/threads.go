@@ -1,0 +1,45 @@
+package worker
+
+import (
+	"runtime"
+	"sync"
+)
+
+// spareThreads is how many threads ReserveThreads makes sure the process
+// has beyond GOMAXPROCS: enough for every goroutine of a run that can block
+// in a system call at once (waiting for the agent, writing its two logs,
+// status.json). A worker that died for want of one had 7 threads in all;
+// with the reserve it has about 11.
+const spareThreads = 6
+
+// ReserveThreads makes the Go runtime start, now, the threads this
+// process will need, and keep them idle (it never ends an idle thread),
+// and caps GOMAXPROCS at 2, which is all the worker uses. Call it before
+// starting what shares the sandbox's pids limit with it: an agent that
+// spends the limit (a fork bomb, or just many processes) would otherwise
+// leave the runtime unable to start a thread the moment it needs one,
+// and it would die ("failed to create new OS thread", exit code 2)
+// without reporting the task's end. The reserve counts against the limit
+// like any thread.
+func ReserveThreads() {
+	if runtime.GOMAXPROCS(0) > 2 {
+		runtime.GOMAXPROCS(2)
+	}
+	n := runtime.GOMAXPROCS(0) + spareThreads
+	// Each goroutine holds a thread of its own while it waits (a locked
+	// goroutine's thread waits with it), so the runtime starts one for
+	// every other; unlocked before they return, the threads stay.
+	var locked, release sync.WaitGroup
+	release.Add(1)
+	for range n {
+		locked.Add(1)
+		go func() {
+			runtime.LockOSThread()
+			locked.Done()
+			release.Wait()
+			runtime.UnlockOSThread()
+		}()
+	}
+	locked.Wait()
+	release.Done()
+}
