@@ -489,22 +489,13 @@ func (r *Runtime) waitRunning(ctx context.Context, e *statedir.Entry[state]) err
 			if _, err := os.Stat(filepath.Join(e.Dir, "exit")); err == nil {
 				return nil
 			}
-			return fmt.Errorf("runsc exited: %s", tail(filepath.Join(e.Dir, "output.log")))
+			return fmt.Errorf("runsc exited: %s", statedir.Tail(filepath.Join(e.Dir, "output.log")))
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 50*time.Millisecond)
 	}
-}
-
-// tail returns the last bytes of a log file, for error messages.
-func tail(path string) string {
-	b, _ := os.ReadFile(path)
-	if len(b) > 512 {
-		b = b[len(b)-512:]
-	}
-	return strings.TrimSpace(string(b))
 }
 
 // exitStatus is how the exited sandbox ended: the launcher's record of
@@ -533,6 +524,8 @@ func (r *Runtime) exitStatus(e *statedir.Entry[state]) sandbox.ExitStatus {
 		}
 	} else if es.Message == "" && es.Code > 128 && es.Code < 128+65 {
 		es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
+	} else if es.Message == "" && es.Code > 0 {
+		es.Message = statedir.LastWords(filepath.Join(e.Dir, "output.log"))
 	}
 	return es
 }

@@ -65,11 +65,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unicode"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
@@ -562,7 +560,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 				break
 			}
 			ps, _ := e.Reaped()
-			return nil, fmt.Errorf("bwrap exited (%v): %s", ps, tail(filepath.Join(dir, "output.log")))
+			return nil, fmt.Errorf("bwrap exited (%v): %s", ps, statedir.Tail(filepath.Join(dir, "output.log")))
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-poll.C:
@@ -600,15 +598,6 @@ func openFilter(filter []byte) (*os.File, error) {
 		return nil, fmt.Errorf("rewind seccomp filter: %w", err)
 	}
 	return f, nil
-}
-
-// tail returns the last bytes of a log file, for error messages.
-func tail(path string) string {
-	b, _ := os.ReadFile(path)
-	if len(b) > 512 {
-		b = b[len(b)-512:]
-	}
-	return strings.TrimSpace(string(b))
 }
 
 // bwrapStatus is what bwrap reports on --json-status-fd.
@@ -681,50 +670,9 @@ func (r *Runtime) exitStatus(e *statedir.Entry[state]) sandbox.ExitStatus {
 	} else if es.Message == "" && es.Code > 128 && es.Code < 128+65 {
 		es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
 	} else if es.Message == "" && es.Code > 0 {
-		es.Message = lastWords(filepath.Join(e.Dir, "output.log"))
+		es.Message = statedir.LastWords(filepath.Join(e.Dir, "output.log"))
 	}
 	return es
-}
-
-// lastWords is what a sandbox's main process (or bwrap) said last about
-// why it ended, from the end of output.log, their stderr: a Go program's
-// "panic:" or "fatal error:" line, with the "runtime:" lines just before
-// it (a worker that could not start a thread says why there), else the
-// last line. On one line, valid UTF-8, at most 300 bytes; "" for none.
-// The sandbox wrote it: it is a message, never parsed.
-func lastWords(path string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	const window = 64 << 10
-	if fi, err := f.Stat(); err == nil && fi.Size() > window {
-		f.Seek(fi.Size()-window, io.SeekStart)
-	}
-	b, _ := io.ReadAll(io.LimitReader(f, window))
-	lines := strings.Split(strings.ToValidUTF8(string(b), "\uFFFD"), "\n")
-	said := ""
-	for i := len(lines) - 1; i >= 0; i-- {
-		l := strings.TrimSpace(lines[i])
-		if strings.HasPrefix(l, "panic: ") || strings.HasPrefix(l, "fatal error: ") {
-			j := i
-			for j > 0 && strings.HasPrefix(lines[j-1], "runtime: ") {
-				j--
-			}
-			said = strings.Join(lines[j:i+1], "; ")
-			break
-		}
-		if said == "" && l != "" {
-			said = l
-		}
-	}
-	return clip.Line(strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, said), 300)
 }
 
 // oomKilled reports whether the kernel's OOM killer killed a process in the
