@@ -87,7 +87,7 @@ var allowed = map[string][]string{
 	"internal/sandbox/cgroups":  {"sandbox", "errdefs"},
 	"internal/sandbox/hostproc": {},
 	"internal/sandbox/guestetc": {},
-	"internal/sandbox/statedir": {"sandbox", "sandbox/cgroups", "sandbox/hostuser", "sandbox/hostproc", "errdefs", "logkey"},
+	"internal/sandbox/statedir": {"sandbox", "sandbox/cgroups", "sandbox/hostuser", "sandbox/hostproc", "errdefs", "logkey", "clip"},
 	"internal/sandbox/hostuser": {"sandbox", "errdefs"},
 	// How a warm sandbox's main process gets its task.
 	"internal/sandbox/warmstart": {},
