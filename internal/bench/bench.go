@@ -678,7 +678,7 @@ func (b *bencher) concurrent(ctx context.Context, opts Options, res *Result) err
 		}
 	}
 	var err error
-	c.Task, err = b.fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
+	c.Task, err = b.phase(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
 		_, err := b.runTask(ctx, "", true, false)
 		return err
 	})
@@ -689,7 +689,7 @@ func (b *bencher) concurrent(ctx context.Context, opts Options, res *Result) err
 		return err
 	}
 	if b.warm != nil {
-		w, err := b.fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
+		w, err := b.phase(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
 			_, err := b.runTask(ctx, "", false, false)
 			return err
 		})
@@ -698,7 +698,7 @@ func (b *bencher) concurrent(ctx context.Context, opts Options, res *Result) err
 		}
 		c.Warm = &w
 	}
-	if c.Bwrap, err = b.fanOut(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
+	if c.Bwrap, err = b.phase(ctx, opts.N, opts.Concurrency, func(ctx context.Context) error {
 		_, err := b.runBwrap(ctx)
 		return err
 	}); err != nil {
@@ -710,13 +710,13 @@ func (b *bencher) concurrent(ctx context.Context, opts Options, res *Result) err
 	return nil
 }
 
-// fanOut runs f n times from workers goroutines and measures the wall time
-// and the CPU time (see Throughput). It starts with the warm pools full and
+// phase runs f n times from workers goroutines (fanOut) and measures the
+// wall time and the CPU time (see Throughput). It starts with the warm pools full and
 // ends once they are full again and every sandbox started meanwhile is
 // gone but theirs, so that the CPU counted is the phase's: the launcher of
 // each sandbox the phase ended is reaped, and a sandbox the pools started
 // during it stands for one of theirs from before that a task took.
-func (b *bencher) fanOut(ctx context.Context, n, workers int, f func(context.Context) error) (Throughput, error) {
+func (b *bencher) phase(ctx context.Context, n, workers int, f func(context.Context) error) (Throughput, error) {
 	if err := b.waitWarm(ctx); err != nil {
 		return Throughput{}, err
 	}

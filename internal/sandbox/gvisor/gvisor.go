@@ -522,10 +522,8 @@ func (r *Runtime) exitStatus(e *statedir.Entry[state]) sandbox.ExitStatus {
 		if es.Code == 0 || es.Code == -1 {
 			es.Code = 137
 		}
-	} else if es.Message == "" && es.Code > 128 && es.Code < 128+65 {
-		es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
-	} else if es.Message == "" && es.Code > 0 {
-		es.Message = statedir.LastWords(filepath.Join(e.Dir, "output.log"))
+	} else {
+		statedir.Explain(&es, e.Dir)
 	}
 	return es
 }

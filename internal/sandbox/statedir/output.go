@@ -3,10 +3,14 @@ package statedir
 import (
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"unicode"
 
 	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 )
 
 // Tail returns the last bytes of a log file, for error messages.
@@ -16,6 +20,19 @@ func Tail(path string) string {
 		b = b[len(b)-512:]
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// Explain gives es, of a sandbox whose state dir is dir, a Message when it
+// has none: the signal that ended the main process, or, for another
+// failure, what it said last in dir's output.log (LastWords).
+func Explain(es *sandbox.ExitStatus, dir string) {
+	switch {
+	case es.Message != "" || es.Code <= 0:
+	case es.Code > 128 && es.Code < 128+65:
+		es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
+	default:
+		es.Message = LastWords(filepath.Join(dir, "output.log"))
+	}
 }
 
 // LastWords is what a sandbox's main process (or bwrap) said last about
