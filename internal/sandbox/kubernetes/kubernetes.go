@@ -780,6 +780,37 @@ func podExit(pod *corev1.Pod) (sandbox.ExitStatus, bool) {
 	return sandbox.ExitStatus{}, false
 }
 
+// settleWait bounds how long Wait waits for the kubelet to read a killed
+// container's reason again (see settling).
+const settleWait = 10 * time.Second
+
+// settling reports whether es, how pod's worker container ended, may still
+// turn into an OOM kill. Before 2.3, containerd's CRI can handle a
+// container's OOM event after its exit event (containerd issue 8180), and
+// the kubelet, reading in between, reports the SIGKILL as "Error". It
+// reads the reason again once it has stopped the pod's sandbox, in the
+// status whose PodReadyToStartContainers condition turns False.
+func settling(pod *corev1.Pod, es sandbox.ExitStatus) bool {
+	if es.OOMKilled || es.Code != 137 {
+		return false
+	}
+	limited := false
+	for _, c := range pod.Spec.Containers {
+		if c.Name == container && !c.Resources.Limits.Memory().IsZero() {
+			limited = true
+		}
+	}
+	if !limited {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReadyToStartContainers {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
 // Wait blocks until the sandbox has ended, watching, not polling.
 func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, error) {
 	if _, err := r.job(ctx, id); err != nil {
@@ -789,14 +820,23 @@ func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, erro
 		return sandbox.ExitStatus{}, fmt.Errorf("wait: %w", err)
 	}
 	seen := false
+	var settle <-chan time.Time // set once an exit may still become an OOM kill
+	settled := false
 	for {
 		changed := r.changes()
 		job, pod := r.observed(id)
 		switch {
 		case job != nil:
 			seen = true
-			if es, ok := r.exit(id, job, pod); ok {
+			es, ok := r.exit(id, job, pod)
+			if !ok {
+				break
+			}
+			if settled || pod == nil || !settling(pod, es) {
 				return es, nil
+			}
+			if settle == nil {
+				settle = time.After(settleWait)
 			}
 		case seen:
 			// Gone from the cache after it was there: deleted meanwhile.
@@ -806,6 +846,8 @@ func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, erro
 		}
 		select {
 		case <-changed:
+		case <-settle:
+			settled = true
 		case <-ctx.Done():
 			return sandbox.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, ctx.Err())
 		}

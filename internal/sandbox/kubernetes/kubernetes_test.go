@@ -15,6 +15,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
@@ -351,5 +352,130 @@ func TestOwnedTreesStayInTheDataRoot(t *testing.T) {
 	got := r.ownedTrees(job)
 	if len(got) != 1 || got[0].Dir != "/data/tasks/t-1" {
 		t.Errorf("ownedTrees = %+v, want the task directory alone", got)
+	}
+}
+
+// TestSettling: a memory-limited container killed by SIGKILL whose node
+// says "Error" may be an OOM kill that containerd (before 2.3) handled
+// after the exit, which the kubelet reports once it has stopped the pod's
+// sandbox. Wait waits for that status, and no longer than settleWait. The
+// pods are bound to a node that does not exist, so no kubelet writes
+// their status but the test.
+func TestSettling(t *testing.T) {
+	c := newCluster(t)
+	cs := k8stest.Clientset(t, c.cfg)
+	r := c.mustNew(t, "", sandboxtest.NewID(t))
+	ctx := context.Background()
+	if err := r.ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// status gives the pod of sandbox id the worker's exit (code 137,
+	// reason) and the sandbox condition.
+	status := func(t *testing.T, id, reason string, sandboxUp corev1.ConditionStatus) {
+		t.Helper()
+		pods, err := cs.CoreV1().Pods(c.ns).List(ctx, metav1.ListOptions{LabelSelector: sandbox.LabelSandbox + "=" + id})
+		if err != nil || len(pods.Items) != 1 {
+			t.Fatalf("pods of %s: %v, %v", id, pods, err)
+		}
+		pod := pods.Items[0]
+		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReadyToStartContainers, Status: sandboxUp, LastTransitionTime: metav1.Now()}}
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: container, Image: k8stest.BusyboxImage, State: corev1.ContainerState{
+			Terminated: &corev1.ContainerStateTerminated{ExitCode: 137, Reason: reason, StartedAt: metav1.Now(), FinishedAt: metav1.Now()},
+		}}}
+		if _, err := cs.CoreV1().Pods(c.ns).UpdateStatus(ctx, &pod, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		k8stest.WaitFor(t, "the watch to see the status", func() bool {
+			_, p := r.observed(id)
+			return p != nil && len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Terminated.Reason == reason
+		})
+	}
+	// start makes sandbox id's Job, its pod on no node, and a Wait for it.
+	start := func(t *testing.T) (string, chan sandbox.ExitStatus) {
+		id := sandboxtest.NewID(t)
+		sp := sandbox.Spec{ID: id, Command: []string{"true"}, Dir: "/", Limits: sandbox.Limits{MemoryBytes: 32 << 20}}
+		job := r.jobFor(sp, "[]")
+		job.Spec.Template.Spec.NodeName = "corral-no-node"
+		if _, err := cs.BatchV1().Jobs(c.ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			bg := metav1.DeletePropagationBackground
+			cs.BatchV1().Jobs(c.ns).Delete(ctx, id, metav1.DeleteOptions{PropagationPolicy: &bg})
+			cs.CoreV1().Pods(c.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}, metav1.ListOptions{LabelSelector: sandbox.LabelSandbox + "=" + id})
+		})
+		k8stest.WaitFor(t, "the Job's pod", func() bool {
+			_, p := r.observed(id)
+			return p != nil
+		})
+		ended := make(chan sandbox.ExitStatus, 1)
+		go func() {
+			es, err := r.Wait(ctx, id)
+			if err != nil {
+				t.Error(err)
+			}
+			ended <- es
+		}()
+		return id, ended
+	}
+
+	t.Run("oom after the exit", func(t *testing.T) {
+		t.Parallel()
+		id, ended := start(t)
+		status(t, id, "Error", corev1.ConditionTrue)
+		select {
+		case es := <-ended:
+			t.Fatalf("Wait ended with %+v while the sandbox was up", es)
+		case <-time.After(time.Second):
+		}
+		status(t, id, "OOMKilled", corev1.ConditionFalse)
+		if es := <-ended; !es.OOMKilled || es.Code != 137 {
+			t.Errorf("ExitStatus = %+v, want the OOM kill", es)
+		}
+	})
+	t.Run("no status after", func(t *testing.T) {
+		t.Parallel()
+		id, ended := start(t)
+		begin := time.Now()
+		status(t, id, "Error", corev1.ConditionTrue)
+		es := <-ended
+		if es.OOMKilled || es.Code != 137 || es.Message != "Error" {
+			t.Errorf("ExitStatus = %+v, want the node's Error", es)
+		}
+		if took := time.Since(begin); took < settleWait-time.Second {
+			t.Errorf("Wait ended %s after the exit, want about %s", took, settleWait)
+		}
+	})
+}
+
+func TestSettlingRule(t *testing.T) {
+	pod := func(limit string, sandboxUp corev1.ConditionStatus) *corev1.Pod {
+		p := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: container}}}}
+		if limit != "" {
+			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(limit)}
+		}
+		if sandboxUp != "" {
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReadyToStartContainers, Status: sandboxUp}}
+		}
+		return p
+	}
+	killed := sandbox.ExitStatus{Code: 137, Message: "Error"}
+	for _, c := range []struct {
+		what string
+		pod  *corev1.Pod
+		es   sandbox.ExitStatus
+		want bool
+	}{
+		{"killed, limited, sandbox up", pod("32Mi", corev1.ConditionTrue), killed, true},
+		{"sandbox stopped", pod("32Mi", corev1.ConditionFalse), killed, false},
+		{"no sandbox condition (an older kubelet)", pod("32Mi", ""), killed, false},
+		{"no memory limit", pod("", corev1.ConditionTrue), killed, false},
+		{"already an OOM kill", pod("32Mi", corev1.ConditionTrue), sandbox.ExitStatus{Code: 137, OOMKilled: true}, false},
+		{"exit code 1", pod("32Mi", corev1.ConditionTrue), sandbox.ExitStatus{Code: 1, Message: "Error"}, false},
+		{"SIGTERM", pod("32Mi", corev1.ConditionTrue), sandbox.ExitStatus{Code: 143, Message: "Error"}, false},
+	} {
+		if got := settling(c.pod, c.es); got != c.want {
+			t.Errorf("%s: settling = %v, want %v", c.what, got, c.want)
+		}
 	}
 }

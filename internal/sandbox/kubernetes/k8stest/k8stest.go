@@ -177,7 +177,7 @@ func Claim(tb testing.TB, cs kubernetes.Interface, ns, dir string) string {
 	tb.Cleanup(func() { cs.CoreV1().PersistentVolumes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
 	// A claim made before the PV controller has seen its volume waits
 	// for the controller's next sync, 10 to 15 s later.
-	waitFor(tb, "volume "+name+" available", func() bool {
+	WaitFor(tb, "volume "+name+" available", func() bool {
 		v, err := cs.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
 		return err == nil && v.Status.Phase == corev1.VolumeAvailable
 	})
@@ -194,15 +194,15 @@ func Claim(tb testing.TB, cs kubernetes.Interface, ns, dir string) string {
 	if _, err := cs.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
 		tb.Fatal(err)
 	}
-	waitFor(tb, "claim "+name+" bound", func() bool {
+	WaitFor(tb, "claim "+name+" bound", func() bool {
 		c, err := cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
 		return err == nil && c.Status.Phase == corev1.ClaimBound
 	})
 	return name
 }
 
-// waitFor waits up to 30 s for done.
-func waitFor(tb testing.TB, what string, done func() bool) {
+// WaitFor waits up to 30 s for done.
+func WaitFor(tb testing.TB, what string, done func() bool) {
 	tb.Helper()
 	for deadline := time.Now().Add(30 * time.Second); !done(); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
