@@ -27,7 +27,7 @@ var allowed = map[string][]string{
 	"internal/testenv":                    {},
 	"internal/quota":                      {},
 	"internal/task":                       {"eventstore", "errdefs", "ids", "clip"},
-	"internal/sandbox":                    {"errdefs"},
+	"internal/sandbox":                    {"errdefs", "clip"},
 	"internal/workspace":                  {"errdefs", "filetype", "clip", "units"},
 	"internal/filetype":                   {},
 	"internal/attachment":                 {"errdefs", "units", "filetype"},
@@ -87,7 +87,7 @@ var allowed = map[string][]string{
 	"internal/sandbox/cgroups":  {"sandbox", "errdefs"},
 	"internal/sandbox/hostproc": {},
 	"internal/sandbox/guestetc": {},
-	"internal/sandbox/statedir": {"sandbox", "sandbox/cgroups", "sandbox/hostuser", "sandbox/hostproc", "errdefs", "logkey", "clip"},
+	"internal/sandbox/statedir": {"sandbox", "sandbox/cgroups", "sandbox/hostuser", "sandbox/hostproc", "errdefs", "logkey"},
 	"internal/sandbox/hostuser": {"sandbox", "errdefs"},
 	// How a warm sandbox's main process gets its task.
 	"internal/sandbox/warmstart": {},

@@ -40,6 +40,7 @@
 package docker
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -531,13 +532,33 @@ func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, erro
 }
 
 // exitStatus is how the exited container c ended, with an OOM kill the
-// engine's flag missed (see oomEvent).
+// engine's flag missed (see oomEvent) and, for a failure, what its main
+// process said last.
 func (r *Runtime) exitStatus(ctx context.Context, c container.InspectResponse) sandbox.ExitStatus {
 	es := exitStatus(c)
 	if !es.OOMKilled && es.Code == 137 && c.HostConfig != nil && c.HostConfig.Memory > 0 && r.oomEvent(ctx, c) {
 		es.OOMKilled, es.Message = true, "OOMKilled"
 	}
+	if es.Message == "" && es.Code > 0 {
+		es.Message = r.lastWords(ctx, c.ID)
+	}
 	return es
+}
+
+// lastWords is sandbox.LastWords of the end of the container's output, as
+// the engine logged it (at most 1 MiB: see LogConfig); "" for none.
+func (r *Runtime) lastWords(ctx context.Context, containerID string) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	logs, err := r.cli.ContainerLogs(ctx, containerID, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true, Tail: "100"})
+	if err != nil {
+		return ""
+	}
+	defer logs.Close()
+	var out bytes.Buffer
+	stdcopy.StdCopy(&out, &out, io.LimitReader(logs, 2<<20)) // what came before an error is still its output
+	b := out.Bytes()
+	return sandbox.LastWords(b[max(len(b)-sandbox.LastWordsWindow, 0):])
 }
 
 // oomEvent reports whether the engine logged an OOM event for the exited

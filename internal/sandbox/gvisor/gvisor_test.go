@@ -297,13 +297,3 @@ func BenchmarkStart(b *testing.B) {
 		}
 	})
 }
-
-// TestExitMessage: a sandbox whose main process fails says why in its
-// exit status.
-func TestExitMessage(t *testing.T) {
-	r, _ := MustNew(t)
-	es, _ := run(t, r, `echo "panic: boom" >&2; echo "goroutine 1 [running]:" >&2; exit 2`, nil)
-	if es.Code != 2 || es.Message != "panic: boom" {
-		t.Errorf("exit status %+v, want code 2 with message %q", es, "panic: boom")
-	}
-}

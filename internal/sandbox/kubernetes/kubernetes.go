@@ -607,6 +607,9 @@ func (r *Runtime) jobFor(spec sandbox.Spec, owned string) *batchv1.Job {
 			EnvFrom:         env,
 			Resources:       corev1.ResourceRequirements{Limits: limits, Requests: requests},
 			VolumeMounts:    mounts,
+			// The end of the output becomes the message of a failed
+			// container that wrote no termination log (podExit).
+			TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			SecurityContext: &corev1.SecurityContext{
 				RunAsUser:                &uid,
 				RunAsGroup:               &gid,
@@ -766,9 +769,15 @@ func podExit(pod *corev1.Pod) (sandbox.ExitStatus, bool) {
 			continue
 		}
 		if t := cs.State.Terminated; t != nil {
-			// The reason is the node's; the message is not used: the
-			// worker writes it (its termination log, /dev/termination-log).
-			return sandbox.ExitStatus{Code: int(t.ExitCode), OOMKilled: t.Reason == "OOMKilled", ExitedAt: t.FinishedAt.UTC(), Message: t.Reason}, true
+			// The reason is the node's. The message is the sandbox's (its
+			// termination log, else the end of its output: the kubelet's
+			// FallbackToLogsOnError): for a failure not by a signal, its
+			// last words.
+			es := sandbox.ExitStatus{Code: int(t.ExitCode), OOMKilled: t.Reason == "OOMKilled", ExitedAt: t.FinishedAt.UTC(), Message: t.Reason}
+			if said := sandbox.LastWords([]byte(t.Message)); said != "" && es.Code > 0 && es.Code <= 128 {
+				es.Message = said
+			}
+			return es, true
 		}
 		if w := cs.State.Waiting; w != nil && slices.Contains(startFailures, w.Reason) {
 			return sandbox.ExitStatus{Code: -1, Message: strings.TrimSuffix(w.Reason+": "+w.Message, ": ")}, true

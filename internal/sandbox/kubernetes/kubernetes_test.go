@@ -202,6 +202,7 @@ func TestJobShape(t *testing.T) {
 		"cpu limit 500m":                   ctr.Resources.Limits.Cpu().String() == "500m",
 		"no env literal":                   len(ctr.Env) == 0 && len(ctr.EnvFrom) == 1 && ctr.EnvFrom[0].SecretRef.Name == id+"-env",
 		"subPath mount":                    ctr.VolumeMounts[1].SubPath != "" && ctr.VolumeMounts[1].MountPath == "/out",
+		"output as a failure's message":    ctr.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError,
 	}
 	for what, ok := range checks {
 		if !ok {
@@ -327,14 +328,15 @@ type probeResult struct {
 	Detail string `json:"detail"`
 }
 
-// The worker writes its container's termination message: none of it
-// reaches the exit status (and so the task's error message).
-func TestTerminationMessageIgnored(t *testing.T) {
+// The worker may write its container's termination log: a failure's
+// message is then that, not the end of its output, made one safe line
+// like the output's last words.
+func TestTerminationMessage(t *testing.T) {
 	c := newCluster(t)
 	r := c.mustNew(t, "", sandboxtest.NewID(t))
-	es, _, _ := run(t, r, "printf 'forged: <script>alert(1)</script>' > /dev/termination-log; exit 3", nil)
-	if es.Code != 3 || strings.Contains(es.Message, "forged") {
-		t.Errorf("ExitStatus = %+v, want code 3 and none of the worker's message", es)
+	es, _, _ := run(t, r, "echo 'the output' >&2; printf 'earlier\\nfor the \\033[2Jlog' > /dev/termination-log; exit 3", nil)
+	if want := "for the [2Jlog"; es.Code != 3 || es.Message != want {
+		t.Errorf("ExitStatus = %+v, want code 3 and message %q", es, want)
 	}
 }
 

@@ -69,6 +69,7 @@ func Run(t *testing.T, h Harness) {
 		fn   func(t *testing.T)
 	}{
 		{"ExitCodes", s.testExitCodes},
+		{"ExitMessage", s.testExitMessage},
 		{"ReadWriteMount", s.testReadWriteMount},
 		{"ReadOnlyMount", s.testReadOnlyMount},
 		{"HostDirMount", s.testHostDirMount},
@@ -218,6 +219,23 @@ func (s *suite) testExitCodes(t *testing.T) {
 		}
 		if st.State != sandbox.StateExited || st.Exit == nil || st.Exit.Code != tc.want {
 			t.Errorf("%q: Status = %+v, want exited with code %d", tc.script, st, tc.want)
+		}
+	}
+}
+
+// testExitMessage: a main process that fails says why in its exit
+// status: what it wrote last (a Go panic's line, not the trace after it),
+// made one safe line.
+func (s *suite) testExitMessage(t *testing.T) {
+	e := s.env(t)
+	for _, tc := range []struct{ script, want string }{
+		{`echo "panic: boom" >&2; echo "goroutine 1 [running]:" >&2; echo "main.main()" >&2; exit 2`, "panic: boom"},
+		{`printf 'starting\n\033]52;c;AAAA\007 gave up\n' >&2; exit 3`, "]52;c;AAAA gave up"},
+	} {
+		sp := e.spec(tc.script, "")
+		e.create(sp)
+		if es := e.wait(sp.ID); es.Code == 0 || es.Message != tc.want {
+			t.Errorf("%q: ExitStatus = %+v, want a failure with message %q", tc.script, es, tc.want)
 		}
 	}
 }

@@ -6,33 +6,34 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/statedir"
 )
 
-// TestLastWords finds why a sandbox's main process ended in what it wrote
-// last to output.log.
-func TestLastWords(t *testing.T) {
-	crash := "time=x level=INFO msg=\"agent started\"\n" +
-		"runtime: failed to create new OS thread (have 7 already; errno=11)\n" +
-		"runtime: may need to increase max user processes (ulimit -u)\n" +
-		"fatal error: newosproc\n\ngoroutine 1 [running]:\nruntime.throw(...)\n\t/usr/local/go/src/runtime/panic.go:1 +0x1\n"
-	for _, tc := range []struct{ name, log, want string }{
-		{"go crash", crash, "runtime: failed to create new OS thread (have 7 already; errno=11); runtime: may need to increase max user processes (ulimit -u); fatal error: newosproc"},
-		{"panic", "starting\npanic: boom\n\ngoroutine 1 [running]:\nmain.main()\n", "panic: boom"},
-		{"last line", "bwrap: Can't mount proc on /newroot/proc: Operation not permitted\n\n", "bwrap: Can't mount proc on /newroot/proc: Operation not permitted"},
-		{"controls and bad UTF-8", "\x1b]52;c;AAAA\x07 evil\xff\n", "]52;c;AAAA evil\uFFFD"},
-		{"long", strings.Repeat("x", 1000), strings.Repeat("x", 300) + "…"},
-		{"empty", "", ""},
-	} {
-		path := filepath.Join(t.TempDir(), "output.log")
-		if err := os.WriteFile(path, []byte(tc.log), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if got := statedir.LastWords(path); got != tc.want {
-			t.Errorf("%s: LastWords = %q, want %q", tc.name, got, tc.want)
-		}
+// TestExplain gives a failed main process the signal that ended it or its
+// last words from the end of output.log, however long the log.
+func TestExplain(t *testing.T) {
+	dir := t.TempDir()
+	long := strings.Repeat("noise\n", 100<<10) + "panic: boom\n\ngoroutine 1 [running]:\n"
+	if err := os.WriteFile(filepath.Join(dir, "output.log"), []byte(long), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	if got := statedir.LastWords(filepath.Join(t.TempDir(), "none")); got != "" {
-		t.Errorf("lastWords of no file = %q", got)
+	for _, tc := range []struct {
+		name string
+		es   sandbox.ExitStatus
+		dir  string
+		want string
+	}{
+		{"last words", sandbox.ExitStatus{Code: 2}, dir, "panic: boom"},
+		{"signal", sandbox.ExitStatus{Code: 137}, dir, "killed by SIGKILL (signal 9)"},
+		{"message kept", sandbox.ExitStatus{Code: 2, Message: "OOMKilled"}, dir, "OOMKilled"},
+		{"success", sandbox.ExitStatus{Code: 0}, dir, ""},
+		{"no output.log", sandbox.ExitStatus{Code: 2}, t.TempDir(), ""},
+	} {
+		es := tc.es
+		statedir.Explain(&es, tc.dir)
+		if es.Message != tc.want {
+			t.Errorf("%s: Message = %q, want %q", tc.name, es.Message, tc.want)
+		}
 	}
 }
