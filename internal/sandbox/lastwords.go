@@ -12,8 +12,10 @@ import (
 // error:" line, with the "runtime:" lines just before it (a worker that
 // could not start a thread says why there), else the last line. On one
 // line, valid UTF-8, without control characters, at most 300 bytes; ""
-// for none. The sandbox wrote it: it is a message, never parsed.
+// for none. Only the last LastWordsWindow bytes of out are read. The
+// sandbox wrote them: it is a message, never parsed.
 func LastWords(out []byte) string {
+	out = out[max(len(out)-LastWordsWindow, 0):]
 	lines := strings.Split(strings.ToValidUTF8(string(out), "\uFFFD"), "\n")
 	said := ""
 	for i := len(lines) - 1; i >= 0; i-- {
@@ -39,5 +41,5 @@ func LastWords(out []byte) string {
 }
 
 // LastWordsWindow is how much of the end of a sandbox's output LastWords
-// needs at most.
+// reads.
 const LastWordsWindow = 64 << 10

@@ -21,6 +21,7 @@ func TestLastWords(t *testing.T) {
 		{"controls and bad UTF-8", "\x1b]52;c;AAAA\x07 evil\xff\n", "]52;c;AAAA evil\uFFFD"},
 		{"long", strings.Repeat("x", 1000), strings.Repeat("x", 300) + "…"},
 		{"empty", "", ""},
+		{"only the window", "panic: early\n" + strings.Repeat("more\n", sandbox.LastWordsWindow/5), "more"},
 	} {
 		if got := sandbox.LastWords([]byte(tc.log)); got != tc.want {
 			t.Errorf("%s: LastWords = %q, want %q", tc.name, got, tc.want)

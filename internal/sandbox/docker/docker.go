@@ -557,8 +557,7 @@ func (r *Runtime) lastWords(ctx context.Context, containerID string) string {
 	defer logs.Close()
 	var out bytes.Buffer
 	stdcopy.StdCopy(&out, &out, io.LimitReader(logs, 2<<20)) // what came before an error is still its output
-	b := out.Bytes()
-	return sandbox.LastWords(b[max(len(b)-sandbox.LastWordsWindow, 0):])
+	return sandbox.LastWords(out.Bytes())
 }
 
 // oomEvent reports whether the engine logged an OOM event for the exited

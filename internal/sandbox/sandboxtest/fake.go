@@ -275,6 +275,10 @@ func (f *Fake) runHost(ctx context.Context, sb *fakeSandbox) sandbox.ExitStatus 
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		es.Code = 128 + int(ws.Signal())
 		es.Message = hostproc.KilledBy(ws.Signal())
+	} else if es.Code > 0 {
+		f.st.mu.Lock()
+		es.Message = sandbox.LastWords(sb.output.Bytes())
+		f.st.mu.Unlock()
 	}
 	return es
 }
