@@ -21,11 +21,24 @@ const spareThreads = 6
 // and it would die ("failed to create new OS thread", exit code 2)
 // without reporting the task's end. The reserve counts against the limit
 // like any thread.
-func ReserveThreads() {
-	if runtime.GOMAXPROCS(0) > 2 {
-		runtime.GOMAXPROCS(2)
+func ReserveThreads() { reserveThreads(2, spareThreads) }
+
+// ReserveReaperThreads is ReserveThreads for a sandbox's pid 1, which
+// only waits for its children and forwards signals: one P, and a spare
+// thread for the goroutine that forwards a signal while the main one
+// waits. Uncapped, GOMAXPROCS is the host's CPUs (gVisor shows them all),
+// and the first garbage collection (forced after two minutes) starts a
+// mark worker for each: on a large host, more threads than an agent that
+// spent the pids limit left, and pid 1's death ends the sandbox.
+func ReserveReaperThreads() { reserveThreads(1, 2) }
+
+// reserveThreads caps GOMAXPROCS at procs and has the runtime start procs
+// plus spare threads.
+func reserveThreads(procs, spare int) {
+	if runtime.GOMAXPROCS(0) > procs {
+		runtime.GOMAXPROCS(procs)
 	}
-	n := runtime.GOMAXPROCS(0) + spareThreads
+	n := runtime.GOMAXPROCS(0) + spare
 	// Each goroutine holds a thread of its own while it waits (a locked
 	// goroutine's thread waits with it), so the runtime starts one for
 	// every other; unlocked before they return, the threads stay.

@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,22 +21,45 @@ import (
 )
 
 // threadsHelperEnv makes the test binary the process of
-// TestReserveThreads: "reserve" or "none".
+// TestReserveThreads, in one of threadCases' modes.
 const threadsHelperEnv = "WORKER_TEST_THREADS_HELPER"
 
-// blockers is how many goroutines threadsHelper blocks in system calls at
-// once once its pids limit is spent: no more than spareThreads.
-const blockers = spareThreads
+type threadCase struct {
+	mode     string
+	reserve  func() // nil: none (a control)
+	blockers int
+	gc       bool
+	env      string
+}
 
-// threadsHelper reserves threads (mode "reserve") or not, says "ready",
-// waits for "go" (by then it is in a cgroup whose pids limit is spent),
-// blocks goroutines in system calls, each holding a thread, releases them
-// and says "done".
+// threadCases are TestReserveThreads' helper processes: the worker's
+// reserve and the reaper's, each with its control, which reserves none.
+// Once its pids limit is spent, a worker blocks as many goroutines in
+// system calls as it has spare threads; a reaper, on a host of 16 CPUs,
+// blocks one (its wait) and collects garbage, which starts a mark worker
+// per P.
+var threadCases = []threadCase{
+	{"worker", ReserveThreads, spareThreads, false, ""},
+	{"worker-control", nil, spareThreads, false, ""},
+	{"reaper", ReserveReaperThreads, 1, true, "GOMAXPROCS=16"},
+	{"reaper-control", nil, 1, true, "GOMAXPROCS=16"},
+}
+
+// threadsHelper reserves threads as its mode says, says "ready", waits
+// for "go" (by then it is in a cgroup whose pids limit is spent), blocks
+// goroutines in system calls, each holding a thread, collects garbage if
+// its mode says, releases them and says "done".
 func threadsHelper(mode string) {
-	if mode == "reserve" {
-		ReserveThreads()
+	i := slices.IndexFunc(threadCases, func(c threadCase) bool { return c.mode == mode })
+	if i < 0 {
+		fmt.Println("no mode", mode)
+		os.Exit(1)
 	}
-	var fds [blockers][2]int
+	c := threadCases[i]
+	if c.reserve != nil {
+		c.reserve()
+	}
+	fds := make([][2]int, c.blockers)
 	for i := range fds {
 		if err := syscall.Pipe(fds[i][:]); err != nil {
 			fmt.Println("pipe:", err)
@@ -56,6 +81,9 @@ func threadsHelper(mode string) {
 		}()
 	}
 	time.Sleep(200 * time.Millisecond)
+	if c.gc {
+		runtime.GC()
+	}
 	for i := range fds {
 		syscall.Write(fds[i][1], []byte{1})
 	}
@@ -65,9 +93,10 @@ func threadsHelper(mode string) {
 }
 
 // TestReserveThreads runs a process in a cgroup whose pids limit it has
-// spent, as an agent's fork bomb leaves its worker, and blocks goroutines
-// in system calls: with ReserveThreads the runtime has idle threads for
-// them; without (the control), it dies unable to start one.
+// spent, as an agent's fork bomb leaves its worker and pid 1, and blocks
+// goroutines in system calls (and, as pid 1, collects garbage): with
+// ReserveThreads or ReserveReaperThreads the runtime has idle threads
+// for them; without (the controls), it dies unable to start one.
 func TestReserveThreads(t *testing.T) {
 	testenv.RequireRoot(t)
 	cg, err := cgroups.Detect("/sys/fs/cgroup", "corral-test")
@@ -77,9 +106,9 @@ func TestReserveThreads(t *testing.T) {
 	if err != nil {
 		testenv.Missing(t, "writable cgroup hierarchy: "+err.Error())
 	}
-	for _, mode := range []string{"reserve", "none"} {
-		t.Run(mode, func(t *testing.T) {
-			dirs, err := cg.Create("threads-"+mode, sandbox.Limits{})
+	for _, c := range threadCases {
+		t.Run(c.mode, func(t *testing.T) {
+			dirs, err := cg.Create("threads-"+c.mode, sandbox.Limits{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -89,7 +118,10 @@ func TestReserveThreads(t *testing.T) {
 				pidsDir = dirs[1] // v1: memory, pids, cpu
 			}
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), threadsHelperEnv+"="+mode)
+			cmd.Env = append(os.Environ(), threadsHelperEnv+"="+c.mode)
+			if c.env != "" {
+				cmd.Env = append(cmd.Env, c.env)
+			}
 			stdin, _ := cmd.StdinPipe()
 			stdout, _ := cmd.StdoutPipe()
 			var stderr strings.Builder
@@ -120,12 +152,12 @@ func TestReserveThreads(t *testing.T) {
 			fmt.Fprintln(stdin, "go")
 			l, _ := out.ReadString('\n')
 			err = cmd.Wait()
-			switch mode {
-			case "reserve":
+			switch {
+			case c.reserve != nil:
 				if l != "done\n" || err != nil {
 					t.Errorf("with threads reserved: %q, %v; stderr:\n%s", l, err, clipLines(stderr.String()))
 				}
-			case "none":
+			default:
 				// The message of a static build, and of one with cgo.
 				if err == nil || !strings.Contains(stderr.String(), "failed to create new OS thread") && !strings.Contains(stderr.String(), "pthread_create failed") {
 					t.Errorf("the control, without a reserve, did not fail starting a thread: %q, %v; stderr:\n%s", l, err, clipLines(stderr.String()))

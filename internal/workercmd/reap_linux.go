@@ -99,6 +99,7 @@ func startWorker(environ []string, names ...string) error {
 // waitAll reaps every child until child exits, forwarding signals to it,
 // and returns child's exit code (128+n for signal n).
 func waitAll(child int, stderr io.Writer) int {
+	worker.ReserveReaperThreads() // the agent shares the pids limit
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	go func() {
