@@ -795,8 +795,9 @@ const settleWait = 10 * time.Second
 
 // settling reports whether es, how pod's worker container ended, may still
 // turn into an OOM kill. Before 2.3, containerd's CRI can handle a
-// container's OOM event after its exit event (containerd issue 8180), and
-// the kubelet, reading in between, reports the SIGKILL as "Error". It
+// container's OOM event after its exit event (the shim sends them from two
+// goroutines), and the kubelet, reading in between, reports the SIGKILL
+// as "Error". It
 // reads the reason again once it has stopped the pod's sandbox, in the
 // status whose PodReadyToStartContainers condition turns False.
 func settling(pod *corev1.Pod, es sandbox.ExitStatus) bool {
