@@ -284,6 +284,9 @@ func (r *Runtime) ready(ctx context.Context) error {
 	defer cancel()
 	if !cache.WaitForCacheSync(sctx.Done(), jobs.HasSynced, pods.HasSynced) {
 		close(stop)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("list Jobs and pods in namespace %s: %w", r.opts.Namespace, err)
+		}
 		return fmt.Errorf("list Jobs and pods in namespace %s of %s: not done within %s (is the API server reachable, and may this server list and watch jobs and pods there?): %w",
 			r.opts.Namespace, r.opts.Config.Host, r.opts.SyncTimeout, errdefs.ErrUnavailable)
 	}
@@ -433,7 +436,9 @@ func classify(op string, err error) error {
 	}
 	var status apierrors.APIStatus
 	if !errors.As(err, &status) {
-		return fmt.Errorf("%s: %v: %w", op, err, errdefs.ErrUnavailable) // no answer: the network, a restart
+		// No answer: the network, a restart, or the caller's context,
+		// which its error still says.
+		return fmt.Errorf("%s: %w: %w", op, err, errdefs.ErrUnavailable)
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }

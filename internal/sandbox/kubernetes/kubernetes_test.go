@@ -3,9 +3,11 @@ package kubernetes
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
@@ -479,5 +482,14 @@ func TestSettlingRule(t *testing.T) {
 		if got := settling(c.pod, c.es); got != c.want {
 			t.Errorf("%s: settling = %v, want %v", c.what, got, c.want)
 		}
+	}
+}
+
+// A request cut short by its context says so (a Wait whose context ends
+// during its first request is the context's error), and is unavailable.
+func TestClassifyContext(t *testing.T) {
+	err := classify("sandbox t-1", &url.Error{Op: "Get", URL: "https://127.0.0.1:6443/apis/batch/v1/namespaces/n/jobs/t-1", Err: context.DeadlineExceeded})
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("classify = %v, want context.DeadlineExceeded and ErrUnavailable", err)
 	}
 }
