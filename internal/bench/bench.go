@@ -711,11 +711,12 @@ func (b *bencher) concurrent(ctx context.Context, opts Options, res *Result) err
 }
 
 // phase runs f n times from workers goroutines (fanOut) and measures the
-// wall time and the CPU time (see Throughput). It starts with the warm pools full and
-// ends once they are full again and every sandbox started meanwhile is
-// gone but theirs, so that the CPU counted is the phase's: the launcher of
-// each sandbox the phase ended is reaped, and a sandbox the pools started
-// during it stands for one of theirs from before that a task took.
+// wall time and the CPU time (see Throughput). It starts with the warm
+// pools full and ends once they are full again and every sandbox started
+// meanwhile is gone but theirs, so that the CPU counted is the phase's:
+// the launcher of each sandbox the phase ended is reaped, and a sandbox
+// the pools started during it stands for one of theirs from before that
+// a task took.
 func (b *bencher) phase(ctx context.Context, n, workers int, f func(context.Context) error) (Throughput, error) {
 	if err := b.waitWarm(ctx); err != nil {
 		return Throughput{}, err

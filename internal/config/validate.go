@@ -259,7 +259,7 @@ func (v *validator) aiWorker(w *AIWorkerConfig) {
 		v.add(p+"resources.cpu_request", "must not exceed cpu_limit (%s), got %s", r.CPULimit, r.CPURequest)
 	}
 	if r.PidsLimit < task.MinPids {
-		v.add(p+"resources.pids_limit", "must be at least %d (the sandbox's own processes and the worker's threads take about 16), got %d", task.MinPids, r.PidsLimit)
+		v.add(p+"resources.pids_limit", "must be at least %d (%s), got %d", task.MinPids, task.MinPidsReason, r.PidsLimit)
 	}
 
 	if !strings.HasPrefix(w.WebhookPath, "/") {

@@ -88,7 +88,7 @@ func (r *ResourceRequest) Apply(base task.Resources) (task.Resources, error) {
 	}
 	if r.PidsLimit != 0 {
 		if r.PidsLimit < task.MinPids || r.PidsLimit > 1<<20 {
-			bad("resources.pids_limit", "must be between %d and 1048576 (the sandbox's own processes and the worker's threads take about 16), got %d", task.MinPids, r.PidsLimit)
+			bad("resources.pids_limit", "must be between %d and 1048576 (%s), got %d", task.MinPids, task.MinPidsReason, r.PidsLimit)
 		}
 		base.Pids = r.PidsLimit
 	}

@@ -85,6 +85,9 @@ const (
 // reserve so that an agent spending the rest cannot leave it without one.
 const MinPids = 32
 
+// MinPidsReason says, in an error about a pids limit, why MinPids.
+const MinPidsReason = "the sandbox's own processes and the worker's threads take about 16"
+
 // Resources are the limits of one worker's sandbox. Zero means the
 // configured default.
 type Resources struct {
