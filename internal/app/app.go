@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -471,8 +472,14 @@ func ignoreClosed(err error) error {
 	return err
 }
 
-// Close releases the store, the data root and the listeners.
+// Close releases the store, the data root, the listeners and the runtimes
+// that hold something (a client, a thread).
 func (a *App) Close() error {
+	for _, rt := range a.runtimes {
+		if c, ok := rt.(io.Closer); ok {
+			c.Close()
+		}
+	}
 	if a.egress != nil {
 		a.egress.Shutdown()
 	}

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"os"
@@ -108,6 +109,9 @@ func doctorRuntime(ctx context.Context, name string, cfg *config.Config, stateDi
 	if err != nil {
 		c.Detail = err.Error()
 		return []Check{c}
+	}
+	if cl, ok := rt.(io.Closer); ok {
+		defer cl.Close()
 	}
 	caps, err := rt.Capabilities(ctx)
 	switch {

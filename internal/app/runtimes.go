@@ -75,6 +75,7 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 		return local.New(local.Options{
 			StateDir:     stateDir,
 			DataRoot:     dataRoot,
+			HostRoots:    cfg.Workspaces.Roots,
 			Bwrap:        cfg.Local.Bwrap,
 			CgroupParent: cfg.Local.CgroupParent,
 			TmpSize:      cfg.Local.TmpSize.Bytes(),

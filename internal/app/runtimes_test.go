@@ -2,6 +2,7 @@ package app
 
 import (
 	"encoding/json"
+	"io"
 	"log/slog"
 	"slices"
 	"testing"
@@ -21,6 +22,9 @@ func TestRuntimeNamesAgree(t *testing.T) {
 		rt, err := openRuntime(name, cfg, t.TempDir(), t.TempDir(), hostuser.Default(), slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Errorf("runtime %s: %v", name, err)
+		}
+		if c, ok := rt.(io.Closer); ok {
+			c.Close()
 		}
 		if rt == nil && unconfigured(name, cfg) == "" {
 			t.Errorf("runtime %s is neither built nor said why not", name)

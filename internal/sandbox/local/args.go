@@ -18,28 +18,44 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 )
 
-// rootfsArgs returns the bwrap arguments for the host system directories:
-// /usr read-only, and /bin, /sbin, /lib* as the same symlinks as on the host
-// when /usr is merged, else read-only binds. The host's layout is looked at
-// once, not at every sandbox's start; the slice is shared (clipped, so an
-// append copies it).
-var rootfsArgs = sync.OnceValue(func() []string {
-	args := []string{"--ro-bind", "/usr", "/usr"}
+// systemDir is one of the host's top-level system directories (/bin,
+// /sbin, /lib*): a symlink to link where /usr is merged, else (link "")
+// a directory.
+type systemDir struct{ path, link string }
+
+// systemDirs are the host's top-level system directories, looked at once,
+// not at every sandbox's start.
+var systemDirs = sync.OnceValue(func() []systemDir {
+	var dirs []systemDir
 	for _, d := range []string{"/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"} {
 		fi, err := os.Lstat(d)
 		if err != nil {
 			continue
 		}
 		if fi.Mode()&os.ModeSymlink != 0 {
-			target, err := os.Readlink(d)
-			if err != nil {
-				continue
+			if target, err := os.Readlink(d); err == nil {
+				dirs = append(dirs, systemDir{d, target})
 			}
-			args = append(args, "--symlink", target, d)
 			continue
 		}
 		if fi.IsDir() {
-			args = append(args, "--ro-bind", d, d)
+			dirs = append(dirs, systemDir{path: d})
+		}
+	}
+	return dirs
+})
+
+// rootfsArgs returns the bwrap arguments for the host system directories:
+// /usr read-only, and /bin, /sbin, /lib* as the same symlinks as on the host
+// when /usr is merged, else read-only binds. The slice is shared (clipped,
+// so an append copies it).
+var rootfsArgs = sync.OnceValue(func() []string {
+	args := []string{"--ro-bind", "/usr", "/usr"}
+	for _, d := range systemDirs() {
+		if d.link != "" {
+			args = append(args, "--symlink", d.link, d.path)
+		} else {
+			args = append(args, "--ro-bind", d.path, d.path)
 		}
 	}
 	return slices.Clip(args)

@@ -95,6 +95,9 @@ type Options struct {
 	// DataRoot is the host directory mounts are relative to (Mount.Source).
 	// Required, absolute.
 	DataRoot string
+	// HostRoots are host directories outside DataRoot that sandboxes bind
+	// from (workspaces.roots): the launch namespace shows them too.
+	HostRoots []string
 	// Bwrap is the bubblewrap binary; default "bwrap" from PATH.
 	Bwrap string
 	// Nsenter is the nsenter binary used by Exec; default "nsenter" from PATH.
@@ -126,6 +129,10 @@ type Options struct {
 	// the sandbox's output.log; a write past it fails and the writer gets
 	// SIGXFSZ. 0: no limit.
 	FileSizeLimit int64
+
+	// hostNamespace starts every launcher from the server's own mount
+	// namespace, without a launch namespace (launchNS); for benchmarks.
+	hostNamespace bool
 }
 
 func (o *Options) setDefaults() {
@@ -176,6 +183,11 @@ type Runtime struct {
 	// and then no sandbox starts.
 	filter    []byte
 	filterErr error
+
+	// launch is the namespace launchers start in (nil: the server's own),
+	// and launchWarn why there is none when there should be.
+	launch     *launchNS
+	launchWarn string
 
 	// warmMu guards pools, the warm sandboxes' pools (KeepWarm).
 	warmMu sync.Mutex
@@ -257,6 +269,14 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if r.cgWarn != "" {
 		r.log.Warn("sandbox limits disabled", "reason", r.cgWarn)
 	}
+	if !opts.hostNamespace {
+		bwrap, _ := exec.LookPath(opts.Bwrap)
+		var err error
+		if r.launch, err = newLaunchNS(launchRoots(opts, bwrap)); err != nil {
+			r.launchWarn = fmt.Sprintf("no launch namespace (%v): each sandbox's start reads the host's whole mount table, once per bind", err)
+			r.log.Warn("sandboxes start from the server's mount namespace", logkey.Error, err)
+		}
+	}
 	r.Sandboxes = statedir.NewSandboxes(Name, stateVersion, opts.StateDir, "", r.cg, r.log, statedir.Ops[state]{
 		Load:       loadState,
 		ExitStatus: r.exitStatus,
@@ -300,7 +320,7 @@ func (r *Runtime) Capabilities(ctx context.Context) (sandbox.Capabilities, error
 
 func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	c := sandbox.Capabilities{Network: true}
-	for _, w := range []string{r.cgWarn, r.noFileWarn} {
+	for _, w := range []string{r.cgWarn, r.noFileWarn, r.launchWarn} {
 		if w != "" {
 			c.Warnings = append(c.Warnings, w)
 		}
@@ -349,9 +369,15 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	defer filter.Close()
 	// ExtraFiles[i] is fd 3+i; fd 3 is unused here.
 	probe.ExtraFiles = []*os.File{nil, filter}
-	if out, err := probe.CombinedOutput(); err != nil {
+	var probeOut bytes.Buffer
+	probe.Stdout, probe.Stderr = &probeOut, &probeOut
+	err = r.startLauncher(probe, append(bindSources(args), probe.Path))
+	if err == nil {
+		err = probe.Wait()
+	}
+	if err != nil {
 		c.Reason = fmt.Sprintf("bubblewrap cannot create namespaces (%v: %s); enable user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0)",
-			err, strings.TrimSpace(string(out)))
+			err, strings.TrimSpace(probeOut.String()))
 		return c
 	}
 	c.Available = true
@@ -487,7 +513,10 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	}
 	defer filter.Close()
 	// Not CommandContext: the sandbox must outlive ctx and this process.
-	cmd := exec.Command(r.opts.Bwrap, bwrapArgs(spec, r.opts, etc, etcBinds)...)
+	args := bwrapArgs(spec, r.opts, etc, etcBinds)
+	cmd := exec.Command(r.opts.Bwrap, args...)
+	// bwrap's path, before the launcher takes its place.
+	paths := append(bindSources(args), cmd.Path)
 	cmd.Env = sandbox.DefaultEnv(spec.Env) // the launcher and bwrap pass it on as it is
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.ExtraFiles = []*os.File{status, filter} // fd 3: --json-status-fd 3; fd 4: --seccomp 4
@@ -498,7 +527,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	// sandbox running and a new server recovers it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	underLauncher(cmd, r.opts, join, true)
-	if err := cmd.Start(); err != nil {
+	if err := r.startLauncher(cmd, append(paths, cmd.Path)); err != nil {
 		if join.Dir != nil && errors.Is(err, syscall.ENOSYS) {
 			return nil, fmt.Errorf("start bwrap in its cgroup (clone3 with CLONE_INTO_CGROUP, Linux 5.7 or later on cgroup v2): %w", err)
 		}
@@ -572,6 +601,28 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	// second file made and renamed per sandbox.
 	e.St = st
 	return e, nil
+}
+
+// startLauncher starts cmd, a launcher binding paths from the host, in the
+// launch namespace if every path is the same file there, else from the
+// server's own.
+func (r *Runtime) startLauncher(cmd *exec.Cmd, paths []string) error {
+	if r.launch != nil {
+		if started, err := r.launch.start(cmd, paths); started {
+			return err
+		}
+		r.log.Debug("launcher started from the server's mount namespace: a path it binds differs in the launch namespace", "paths", paths)
+	}
+	return cmd.Start()
+}
+
+// Close ends the launch namespace. Sandboxes keep running; launchers
+// started after Close start from the server's own namespace.
+func (r *Runtime) Close() error {
+	if r.launch != nil {
+		r.launch.close()
+	}
+	return nil
 }
 
 // openFilter returns the encoded seccomp filter in a sealed memory file

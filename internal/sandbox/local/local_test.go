@@ -29,15 +29,21 @@ import (
 
 // MustNew returns a Runtime over a fresh state dir, with cgroups under a
 // parent unique to the test binary so parallel packages do not collide.
+// The tests' temporary directories are a host root, so the sandboxes that
+// bind from them start in the launch namespace.
 func MustNew(tb testing.TB) (*Runtime, func() *Runtime) {
 	tb.Helper()
 	testenv.RequireBwrap(tb)
-	opts := Options{DataRoot: sandboxtest.DataRoot, StateDir: filepath.Join(testenv.TempDir(tb), "state"), CgroupParent: "corral-test"}
+	opts := Options{DataRoot: sandboxtest.DataRoot, HostRoots: []string{os.TempDir()}, StateDir: filepath.Join(testenv.TempDir(tb), "state"), CgroupParent: "corral-test"}
 	newRuntime := func() *Runtime {
 		r, err := New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
 			tb.Fatalf("New: %v", err)
 		}
+		if r.launch == nil {
+			tb.Fatalf("no launch namespace: %s", r.launchWarn)
+		}
+		tb.Cleanup(func() { r.Close() })
 		return r
 	}
 	return newRuntime(), newRuntime
@@ -318,30 +324,34 @@ func TestCapabilitiesNoBwrap(t *testing.T) {
 // a bare bwrap run of the same namespaces.
 func BenchmarkStart(b *testing.B) {
 	r, _ := MustNew(b)
+	b.Run("runtime", func(b *testing.B) { benchStart(b, r) })
+	b.Run("bare-bwrap", benchBareBwrap)
+}
+
+func benchStart(b *testing.B, r *Runtime) {
 	ctx := context.Background()
-	b.Run("runtime", func(b *testing.B) {
-		for i := 0; b.Loop(); i++ {
-			id := sandboxtest.NewID(b)
-			if _, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/true"}}); err != nil {
-				b.Fatal(err)
-			}
-			if es, err := r.Wait(ctx, id); err != nil || es.Code != 0 {
-				b.Fatal(es, err)
-			}
-			b.StopTimer()
-			r.Destroy(ctx, id)
-			b.StartTimer()
+	for b.Loop() {
+		id := sandboxtest.NewID(b)
+		if _, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/true"}}); err != nil {
+			b.Fatal(err)
 		}
-	})
-	b.Run("bare-bwrap", func(b *testing.B) {
-		args := append([]string{"--unshare-all", "--uid", "1000", "--gid", "1000"}, rootfsArgs()...)
-		args = append(args, "--proc", "/proc", "--dev", "/dev", "--", "/bin/true")
-		for b.Loop() {
-			if out, err := exec.Command("bwrap", args...).CombinedOutput(); err != nil {
-				b.Fatal(err, string(out))
-			}
+		if es, err := r.Wait(ctx, id); err != nil || es.Code != 0 {
+			b.Fatal(es, err)
 		}
-	})
+		b.StopTimer()
+		r.Destroy(ctx, id)
+		b.StartTimer()
+	}
+}
+
+func benchBareBwrap(b *testing.B) {
+	args := append([]string{"--unshare-all", "--uid", "1000", "--gid", "1000"}, rootfsArgs()...)
+	args = append(args, "--proc", "/proc", "--dev", "/dev", "--", "/bin/true")
+	for b.Loop() {
+		if out, err := exec.Command("bwrap", args...).CombinedOutput(); err != nil {
+			b.Fatal(err, string(out))
+		}
+	}
 }
 
 // TestRlimitOptions runs a sandbox with a file size limit and a nofile
