@@ -277,23 +277,9 @@ func TestCapabilitiesNoRunsc(t *testing.T) {
 	}
 }
 
-// BenchmarkStart compares Create→Wait of /bin/true through the runtime with
-// a bare `runsc run` of the probe's bundle.
+// BenchmarkStart times Create→Wait of /bin/true through the runtime
+// (`corral bench --gvisor` runs a bare `runsc run` beside a task).
 func BenchmarkStart(b *testing.B) {
 	r, _ := MustNew(b)
-	ctx := context.Background()
-	b.Run("runtime", func(b *testing.B) {
-		for b.Loop() {
-			id := sandboxtest.NewID(b)
-			if _, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/true"}}); err != nil {
-				b.Fatal(err)
-			}
-			if es, err := r.Wait(ctx, id); err != nil || es.Code != 0 {
-				b.Fatal(es, err)
-			}
-			b.StopTimer()
-			r.Destroy(ctx, id)
-			b.StartTimer()
-		}
-	})
+	b.Run("runtime", func(b *testing.B) { sandboxtest.BenchStart(b, r) })
 }

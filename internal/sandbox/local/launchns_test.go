@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -121,7 +122,7 @@ func TestLaunchNamespace(t *testing.T) {
 				t.Errorf("the launcher sees the host's mount %s", p)
 			}
 		}
-		if !containsPath(points, data) || len(points) >= hostMounts {
+		if !slices.Contains(points, data) || len(points) >= hostMounts {
 			t.Errorf("the launcher's mounts %v: want the data root's, and fewer than the host's %d", points, hostMounts)
 		}
 	})
@@ -130,7 +131,7 @@ func TestLaunchNamespace(t *testing.T) {
 		if said != "from another mount" {
 			t.Errorf("the sandbox read %q", said)
 		}
-		if !containsPath(points, other) {
+		if !slices.Contains(points, other) {
 			t.Errorf("the launcher's mounts %v: want the host's, %s among them", points, other)
 		}
 	})
@@ -144,15 +145,6 @@ func TestLaunchNamespace(t *testing.T) {
 			t.Errorf("the sandbox read %q", said)
 		}
 	})
-}
-
-func containsPath(points []string, p string) bool {
-	for _, q := range points {
-		if q == p {
-			return true
-		}
-	}
-	return false
 }
 
 func TestLaunchRoots(t *testing.T) {
@@ -213,7 +205,7 @@ func BenchmarkStartHostMounts(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { r.Close() })
-		b.Run(c.name, func(b *testing.B) { benchStart(b, r) })
+		b.Run(c.name, func(b *testing.B) { sandboxtest.BenchStart(b, r) })
 	}
 	b.Run("bare-bwrap", benchBareBwrap)
 }

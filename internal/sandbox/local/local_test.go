@@ -324,24 +324,8 @@ func TestCapabilitiesNoBwrap(t *testing.T) {
 // a bare bwrap run of the same namespaces.
 func BenchmarkStart(b *testing.B) {
 	r, _ := MustNew(b)
-	b.Run("runtime", func(b *testing.B) { benchStart(b, r) })
+	b.Run("runtime", func(b *testing.B) { sandboxtest.BenchStart(b, r) })
 	b.Run("bare-bwrap", benchBareBwrap)
-}
-
-func benchStart(b *testing.B, r *Runtime) {
-	ctx := context.Background()
-	for b.Loop() {
-		id := sandboxtest.NewID(b)
-		if _, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/true"}}); err != nil {
-			b.Fatal(err)
-		}
-		if es, err := r.Wait(ctx, id); err != nil || es.Code != 0 {
-			b.Fatal(es, err)
-		}
-		b.StopTimer()
-		r.Destroy(ctx, id)
-		b.StartTimer()
-	}
 }
 
 func benchBareBwrap(b *testing.B) {

@@ -122,6 +122,24 @@ func NewID(tb testing.TB) string {
 	return "t-" + hex.EncodeToString(b)
 }
 
+// BenchStart times Create→Wait of /bin/true on r, each sandbox destroyed
+// outside the timer: a runtime's BenchmarkStart.
+func BenchStart(b *testing.B, r sandbox.Runtime) {
+	ctx := context.Background()
+	for b.Loop() {
+		id := NewID(b)
+		if _, err := r.Create(ctx, sandbox.Spec{ID: id, Command: []string{"/bin/true"}}); err != nil {
+			b.Fatal(err)
+		}
+		if es, err := r.Wait(ctx, id); err != nil || es.Code != 0 {
+			b.Fatal(es, err)
+		}
+		b.StopTimer()
+		r.Destroy(ctx, id)
+		b.StartTimer()
+	}
+}
+
 // spec returns a spec running script in the shell with dir mounted at /out
 // as the working directory.
 func (e *env) spec(script, dir string) sandbox.Spec {
