@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -38,8 +39,9 @@ import (
 // sandbox binds is the same file there as on the host; otherwise it starts
 // from the server's own namespace, as it would without one.
 type launchNS struct {
-	reqs chan launchReq
-	stop chan struct{}
+	reqs     chan launchReq
+	stop     chan struct{}
+	stopOnce sync.Once
 }
 
 type launchReq struct {
@@ -189,7 +191,7 @@ func (l *launchNS) start(cmd *exec.Cmd, paths []string) (bool, error) {
 }
 
 // close ends the namespace's thread; start then declines.
-func (l *launchNS) close() { close(l.stop) }
+func (l *launchNS) close() { l.stopOnce.Do(func() { close(l.stop) }) }
 
 // launchTop is where the namespace's root is built before it becomes the
 // root: /sys, which no sandbox binds from, so covering it there hides

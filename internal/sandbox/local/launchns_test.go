@@ -97,7 +97,7 @@ func TestLaunchNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { r.Close() })
+	t.Cleanup(func() { r.Close(); r.Close() }) // twice does no harm
 	if r.launch == nil {
 		t.Fatalf("no launch namespace: %s", r.launchWarn)
 	}
@@ -143,6 +143,13 @@ func TestLaunchNamespace(t *testing.T) {
 		said, _ := launcherMounts(t, r, []sandbox.Mount{{Source: "late", Target: "/in", ReadOnly: true}})
 		if said != "from a later mount" {
 			t.Errorf("the sandbox read %q", said)
+		}
+	})
+	t.Run("after Close", func(t *testing.T) {
+		r.Close()
+		said, points := launcherMounts(t, r, []sandbox.Mount{{Source: "in", Target: "/in", ReadOnly: true}})
+		if said != "from the data root" || !slices.Contains(points, other) {
+			t.Errorf("the sandbox read %q, its launcher saw %v: want it started from the host's namespace", said, points)
 		}
 	})
 }
