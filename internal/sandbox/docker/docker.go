@@ -69,7 +69,6 @@ import (
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
-	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 	"github.com/corral-dev/corral/internal/sandbox/statedir"
@@ -504,8 +503,6 @@ func exitStatus(c container.InspectResponse) sandbox.ExitStatus {
 		}
 	case c.State.Error != "":
 		es.Message = c.State.Error
-	case es.Code > 128 && es.Code < 128+65:
-		es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
 	}
 	return es
 }
@@ -539,25 +536,25 @@ func (r *Runtime) exitStatus(ctx context.Context, c container.InspectResponse) s
 	if !es.OOMKilled && es.Code == 137 && c.HostConfig != nil && c.HostConfig.Memory > 0 && r.oomEvent(ctx, c) {
 		es.OOMKilled, es.Message = true, "OOMKilled"
 	}
-	if es.Message == "" && es.Code > 0 {
-		es.Message = r.lastWords(ctx, c.ID)
+	if es.Message == "" {
+		es.Message = sandbox.ExitMessage(es.Code, func() []byte { return r.outputEnd(ctx, c.ID) })
 	}
 	return es
 }
 
-// lastWords is sandbox.LastWords of the end of the container's output, as
-// the engine logged it (at most 1 MiB: see LogConfig); "" for none.
-func (r *Runtime) lastWords(ctx context.Context, containerID string) string {
+// outputEnd is the end of the container's output, as the engine logged it
+// (at most 1 MiB: see LogConfig); nil for none.
+func (r *Runtime) outputEnd(ctx context.Context, containerID string) []byte {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	logs, err := r.cli.ContainerLogs(ctx, containerID, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true, Tail: "100"})
 	if err != nil {
-		return ""
+		return nil
 	}
 	defer logs.Close()
 	var out bytes.Buffer
 	stdcopy.StdCopy(&out, &out, io.LimitReader(logs, 2<<20)) // what came before an error is still its output
-	return sandbox.LastWords(out.Bytes())
+	return out.Bytes()
 }
 
 // oomEvent reports whether the engine logged an OOM event for the exited
@@ -805,11 +802,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 			return sandbox.ExitStatus{}, classify("exec in sandbox "+id, err)
 		}
 		if !in.Running {
-			es := sandbox.ExitStatus{Code: in.ExitCode, ExitedAt: time.Now().UTC()}
-			if es.Code > 128 && es.Code < 128+65 {
-				es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
-			}
-			return es, nil
+			return sandbox.ExitStatus{Code: in.ExitCode, ExitedAt: time.Now().UTC(), Message: sandbox.ExitMessage(in.ExitCode, nil)}, nil
 		}
 		select {
 		case <-ctx.Done():

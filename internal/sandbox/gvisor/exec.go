@@ -17,7 +17,6 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
-	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 )
 
 // Exec runs req.Command in the running sandbox id with `runsc exec`: as the
@@ -97,9 +96,6 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	if err != nil && !e.Running() {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: sandbox exited: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	es := sandbox.ExitStatus{Code: cmd.ProcessState.ExitCode(), ExitedAt: time.Now().UTC()}
-	if es.Code > 128 && es.Code < 128+65 {
-		es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
-	}
-	return es, nil
+	code := cmd.ProcessState.ExitCode()
+	return sandbox.ExitStatus{Code: code, ExitedAt: time.Now().UTC(), Message: sandbox.ExitMessage(code, nil)}, nil
 }

@@ -197,13 +197,3 @@ func (w *ExecWatch) Done() bool {
 	comm, err := os.ReadFile("/proc/" + w.child + "/comm")
 	return err != nil || string(comm) != w.own
 }
-
-// KilledBy is sandbox.ExitStatus.Message for a process a signal ended: "killed by
-// SIGKILL (signal 9)", not Go's "killed by signal killed".
-func KilledBy(sig syscall.Signal) string {
-	name := unix.SignalName(sig)
-	if name == "" {
-		return fmt.Sprintf("killed by signal %d", int(sig))
-	}
-	return fmt.Sprintf("killed by %s (signal %d)", name, int(sig))
-}

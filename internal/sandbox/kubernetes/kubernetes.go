@@ -776,11 +776,11 @@ func podExit(pod *corev1.Pod) (sandbox.ExitStatus, bool) {
 		if t := cs.State.Terminated; t != nil {
 			// The reason is the node's. The message is the sandbox's (its
 			// termination log, else the end of its output: the kubelet's
-			// FallbackToLogsOnError): for a failure not by a signal, its
-			// last words.
+			// FallbackToLogsOnError): its last words, as under every
+			// runtime, when the node's reason is no OOM kill.
 			es := sandbox.ExitStatus{Code: int(t.ExitCode), OOMKilled: t.Reason == "OOMKilled", ExitedAt: t.FinishedAt.UTC(), Message: t.Reason}
-			if said := sandbox.LastWords([]byte(t.Message)); said != "" && es.Code > 0 && es.Code <= 128 {
-				es.Message = said
+			if m := sandbox.ExitMessage(es.Code, func() []byte { return []byte(t.Message) }); m != "" && !es.OOMKilled {
+				es.Message = m
 			}
 			return es, true
 		}

@@ -444,8 +444,8 @@ func TestSettling(t *testing.T) {
 		begin := time.Now()
 		status(t, id, "Error", corev1.ConditionTrue)
 		es := <-ended
-		if es.OOMKilled || es.Code != 137 || es.Message != "Error" {
-			t.Errorf("ExitStatus = %+v, want the node's Error", es)
+		if es.OOMKilled || es.Code != 137 || es.Message != "killed by SIGKILL (signal 9)" {
+			t.Errorf("ExitStatus = %+v, want a SIGKILL that was no OOM kill", es)
 		}
 		if took := time.Since(begin); took < settleWait-time.Second {
 			t.Errorf("Wait ended %s after the exit, want about %s", took, settleWait)
@@ -464,7 +464,7 @@ func TestSettlingRule(t *testing.T) {
 		}
 		return p
 	}
-	killed := sandbox.ExitStatus{Code: 137, Message: "Error"}
+	killed := sandbox.ExitStatus{Code: 137, Message: "killed by SIGKILL (signal 9)"}
 	for _, c := range []struct {
 		what string
 		pod  *corev1.Pod
@@ -477,10 +477,38 @@ func TestSettlingRule(t *testing.T) {
 		{"no memory limit", pod("", corev1.ConditionTrue), killed, false},
 		{"already an OOM kill", pod("32Mi", corev1.ConditionTrue), sandbox.ExitStatus{Code: 137, OOMKilled: true}, false},
 		{"exit code 1", pod("32Mi", corev1.ConditionTrue), sandbox.ExitStatus{Code: 1, Message: "Error"}, false},
-		{"SIGTERM", pod("32Mi", corev1.ConditionTrue), sandbox.ExitStatus{Code: 143, Message: "Error"}, false},
+		{"SIGTERM", pod("32Mi", corev1.ConditionTrue), sandbox.ExitStatus{Code: 143, Message: "killed by SIGTERM (signal 15)"}, false},
 	} {
 		if got := settling(c.pod, c.es); got != c.want {
 			t.Errorf("%s: settling = %v, want %v", c.what, got, c.want)
+		}
+	}
+}
+
+// TestPodExit: a terminated worker's exit says what it would say under
+// every other runtime (sandbox.ExitMessage), from the pod's termination
+// message, unless the node's reason is an OOM kill.
+func TestPodExit(t *testing.T) {
+	pod := func(code int32, reason, message string) *corev1.Pod {
+		return &corev1.Pod{Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: container,
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code, Reason: reason, Message: message}}}}}}
+	}
+	for _, c := range []struct {
+		what string
+		pod  *corev1.Pod
+		want sandbox.ExitStatus
+	}{
+		{"success", pod(0, "Completed", "done\n"), sandbox.ExitStatus{Code: 0, Message: "Completed"}},
+		{"failure with last words", pod(2, "Error", "panic: boom\ngoroutine 1 [running]:\n"), sandbox.ExitStatus{Code: 2, Message: "panic: boom"}},
+		{"failure without", pod(1, "Error", ""), sandbox.ExitStatus{Code: 1, Message: "Error"}},
+		{"a signal", pod(137, "Error", "last line\n"), sandbox.ExitStatus{Code: 137, Message: "killed by SIGKILL (signal 9)"}},
+		{"an OOM kill", pod(137, "OOMKilled", "last line\n"), sandbox.ExitStatus{Code: 137, OOMKilled: true, Message: "OOMKilled"}},
+		{"above the signals", pod(255, "Error", "gave up\n"), sandbox.ExitStatus{Code: 255, Message: "gave up"}},
+	} {
+		es, ended := podExit(c.pod)
+		es.ExitedAt = time.Time{}
+		if !ended || es != c.want {
+			t.Errorf("%s: podExit = %+v, %v; want %+v", c.what, es, ended, c.want)
 		}
 	}
 }

@@ -75,10 +75,9 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	if err != nil && !errors.As(err, &xe) {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, err)
 	}
-	es := sandbox.ExitStatus{Code: cmd.ProcessState.ExitCode(), ExitedAt: time.Now().UTC()}
+	code := cmd.ProcessState.ExitCode()
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		es.Code = 128 + int(ws.Signal())
-		es.Message = hostproc.KilledBy(ws.Signal())
+		code = 128 + int(ws.Signal())
 	}
-	return es, nil
+	return sandbox.ExitStatus{Code: code, ExitedAt: time.Now().UTC(), Message: sandbox.ExitMessage(code, nil)}, nil
 }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
-	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 )
 
 var _ sandbox.Runtime = (*Fake)(nil)
@@ -274,12 +273,12 @@ func (f *Fake) runHost(ctx context.Context, sb *fakeSandbox) sandbox.ExitStatus 
 	es := sandbox.ExitStatus{Code: cmd.ProcessState.ExitCode()}
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		es.Code = 128 + int(ws.Signal())
-		es.Message = hostproc.KilledBy(ws.Signal())
-	} else if es.Code > 0 {
-		f.st.mu.Lock()
-		es.Message = sandbox.LastWords(sb.output.Bytes())
-		f.st.mu.Unlock()
 	}
+	es.Message = sandbox.ExitMessage(es.Code, func() []byte {
+		f.st.mu.Lock()
+		defer f.st.mu.Unlock()
+		return bytes.Clone(sb.output.Bytes())
+	})
 	return es
 }
 

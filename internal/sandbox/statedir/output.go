@@ -5,10 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/corral-dev/corral/internal/sandbox"
-	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 )
 
 // Tail returns the last bytes of a log file, for error messages.
@@ -17,15 +15,12 @@ func Tail(path string) string {
 }
 
 // Explain gives es, of a sandbox whose state dir is dir, a Message when it
-// has none: the signal that ended the main process, or, for another
-// failure, what it said last in dir's output.log (sandbox.LastWords).
+// has none (sandbox.ExitMessage), from the end of dir's output.log.
 func Explain(es *sandbox.ExitStatus, dir string) {
-	switch {
-	case es.Message != "" || es.Code <= 0:
-	case es.Code > 128 && es.Code < 128+65:
-		es.Message = hostproc.KilledBy(syscall.Signal(es.Code - 128))
-	default:
-		es.Message = sandbox.LastWords(readTail(filepath.Join(dir, "output.log"), sandbox.LastWordsWindow))
+	if es.Message == "" {
+		es.Message = sandbox.ExitMessage(es.Code, func() []byte {
+			return readTail(filepath.Join(dir, "output.log"), sandbox.LastWordsWindow)
+		})
 	}
 }
 
