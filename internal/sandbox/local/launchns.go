@@ -23,12 +23,12 @@ import (
 // the data root and the host roots, at their host paths, on an empty root.
 //
 // Why: bwrap (0.8, Debian 12's) reads the whole mount table,
-// /proc/self/mountinfo, once for every bind it makes, some 45 times per
+// /proc/self/mountinfo, once for every bind it makes, 44 times for a task's
 // sandbox, and until it has built the sandbox's root that table holds every
 // mount of the namespace bwrap started in. On a host with many mounts (a
 // container engine's layers, a node's pod volumes, snaps) each sandbox's
-// start costs that many lines 45 times over: with 200 more mounts on this
-// machine, 21 ms of CPU instead of 9 (BenchmarkStartHostMounts).
+// start read all of them 44 times: with 200 more mounts on this machine,
+// Create→Wait took 30 ms instead of 10 (BenchmarkStartHostMounts).
 //
 // The namespace belongs to one OS thread, locked to the goroutine that made
 // it (a process forked from that thread starts in it; the server's other
