@@ -83,9 +83,14 @@ func CleanAbs(p string) bool {
 // underAny reports whether p is one of dirs or lies under one of them.
 func underAny(p string, dirs []string) bool {
 	for _, d := range dirs {
-		if p == d || strings.HasPrefix(p, d+"/") {
+		if Within(p, d) {
 			return true
 		}
 	}
 	return false
+}
+
+// Within reports whether the clean path p is dir or lies under it.
+func Within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
 }

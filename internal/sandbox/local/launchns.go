@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/corral-dev/corral/internal/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -97,16 +98,11 @@ func launchRoots(opts Options, bwrap string) []launchRoot {
 	slices.SortFunc(roots, func(a, b launchRoot) int { return strings.Compare(a.path, b.path) })
 	var out []launchRoot
 	for _, r := range roots {
-		if !slices.ContainsFunc(out, func(o launchRoot) bool { return within(r.path, o.path) && (o.rec || o.path == r.path) }) {
+		if !slices.ContainsFunc(out, func(o launchRoot) bool { return sandbox.Within(r.path, o.path) && (o.rec || o.path == r.path) }) {
 			out = append(out, r)
 		}
 	}
 	return out
-}
-
-// within reports whether path is dir or under it.
-func within(path, dir string) bool {
-	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
 
 // newLaunchNS makes a launch namespace showing roots; it needs
@@ -285,7 +281,7 @@ func bindSources(args []string) []string {
 	var paths []string
 	for i := 0; i < len(args)-1 && args[i] != "--"; i++ {
 		if a := args[i]; a == "--bind" || a == "--ro-bind" {
-			if p := args[i+1]; !within(p, "/proc") && !within(p, "/dev") {
+			if p := args[i+1]; !sandbox.Within(p, "/proc") && !sandbox.Within(p, "/dev") {
 				paths = append(paths, p)
 			}
 		}

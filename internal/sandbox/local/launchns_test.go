@@ -118,7 +118,7 @@ func TestLaunchNamespace(t *testing.T) {
 			t.Errorf("the sandbox read %q", said)
 		}
 		for _, p := range points {
-			if within(p, other) {
+			if sandbox.Within(p, other) {
 				t.Errorf("the launcher sees the host's mount %s", p)
 			}
 		}

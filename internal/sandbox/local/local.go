@@ -611,7 +611,7 @@ func (r *Runtime) startLauncher(cmd *exec.Cmd, paths []string) error {
 		if started, err := r.launch.start(cmd, paths); started {
 			return err
 		}
-		r.log.Debug("launcher started from the server's mount namespace: a path it binds differs in the launch namespace", "paths", paths)
+		r.log.Debug("launcher started from the server's mount namespace: a path it binds differs in the launch namespace, or that is closed", "paths", paths)
 	}
 	return cmd.Start()
 }
