@@ -448,6 +448,42 @@ func TestPrepare(t *testing.T) {
 	}
 }
 
+// TestPreparePromptLost: prompt.md reaches the disk beside the task's
+// first events, so a crash can leave it missing, empty or torn; such a
+// task must not start on what is left, and says why.
+func TestPreparePromptLost(t *testing.T) {
+	f := MustNew(t, nil)
+	ctx := context.Background()
+	for name, damage := range map[string]func(path string) error{
+		"missing": os.Remove,
+		"empty":   func(p string) error { return os.Truncate(p, 0) },
+		"torn":    func(p string) error { return os.Truncate(p, 5) },
+		"other":   func(p string) error { return os.WriteFile(p, []byte("something else"), 0o644) },
+	} {
+		tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "the task", Command: []string{"true"}})
+		if tk.PromptSHA256 == "" {
+			t.Fatal("the spawned task records no prompt hash")
+		}
+		if _, err := f.r.Prepare(ctx, tk); err != nil {
+			t.Fatalf("%s: before the damage: %v", name, err)
+		}
+		if err := damage(filepath.Join(f.data.TaskPath(tk.ID), workerproto.PromptFile)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.r.Prepare(ctx, tk)
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "prompt.md did not survive") {
+			t.Errorf("%s: Prepare: %v, want prompt.md did not survive (failed precondition)", name, err)
+		}
+	}
+	// A task recorded before the hash was starts as before.
+	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "old", Command: []string{"true"}})
+	tk.PromptSHA256 = ""
+	os.Remove(filepath.Join(f.data.TaskPath(tk.ID), workerproto.PromptFile))
+	if _, err := f.r.Prepare(ctx, tk); err != nil {
+		t.Errorf("a task without a recorded hash: %v", err)
+	}
+}
+
 func statusJSON(status string, code int, summary, errMsg string) string {
 	b, _ := json.Marshal(map[string]any{"status": status, "exit_code": code, "summary": summary, "error_message": errMsg, "duration_seconds": 2.5})
 	return string(b)

@@ -22,7 +22,9 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/units"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -122,15 +124,28 @@ func (o *Orchestrator) spawn(ctx context.Context, req service.SpawnRequest, allo
 		in.FollowUp = &prev
 	}
 	in.Skills, in.MoreSkills = o.PromptSkills()
-	if err := workspace.WriteFileAtomic(dir, "prompt.md", []byte(Prompt(in)), 0o644); err != nil {
+	prompt := []byte(Prompt(in))
+	if err := workspace.WriteFileAtomicNoSync(dir, workerproto.PromptFile, prompt, 0o644); err != nil {
 		return task.Task{}, false, fmt.Errorf("write prompt.md: %w", err)
 	}
+	// prompt.md reaches the disk while the task's first events do, not
+	// before them: the answer waits for both, and a task whose prompt.md a
+	// crash in between left other than its hash does not start (Prepare).
+	synced := make(chan error, 1)
+	go func() { synced <- workspace.Sync(dir, workerproto.PromptFile) }()
+	sum := sha256.Sum256(prompt)
 	actor := service.ActorFrom(ctx)
 	t, err := o.tasks.Create(ctx, id,
-		projection.NewEvent(task.EventCreated, task.Created{Spec: spec, RequestHash: hash}, actor),
+		projection.NewEvent(task.EventCreated, task.Created{Spec: spec, RequestHash: hash, PromptSHA256: hex.EncodeToString(sum[:])}, actor),
 		projection.NewEvent(task.EventQueued, nil, actor))
+	serr := <-synced
 	if err != nil {
 		return task.Task{}, false, err
+	}
+	if serr != nil {
+		// The task is recorded and will start, or fail at its start if a
+		// crash takes its prompt.md.
+		o.log.Warn("prompt.md not synced to disk", "task_id", id, logkey.Error, serr)
 	}
 	ok = true
 	o.log.Info("task queued", "task_id", id, "agent", spec.Agent, "runtime", spec.Runtime)

@@ -256,6 +256,11 @@ type Created struct {
 	// RequestHash identifies the spawn arguments, to tell a retried spawn
 	// with the same idempotency key from a different one.
 	RequestHash string `json:"request_hash,omitempty"`
+	// PromptSHA256 is the hex SHA-256 of the prompt.md written for the
+	// task. The file reaches the disk while this event does, so a crash
+	// can leave one without the other: a task whose prompt.md is not this
+	// does not start.
+	PromptSHA256 string `json:"prompt_sha256,omitempty"`
 }
 
 // Started is the payload of EventStarted.
@@ -368,6 +373,7 @@ func (t *Task) Apply(e eventstore.Event) error {
 			return fmt.Errorf("decode %s: %w", typ, err)
 		}
 		t.Spec = p.Spec
+		t.PromptSHA256 = p.PromptSHA256
 		t.CreatedAt = at
 		t.CorrelationID = e.CorrelationID
 		if err := move(Pending); err != nil {

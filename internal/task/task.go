@@ -192,6 +192,9 @@ type Task struct {
 	// LastEventID is the id of the task's latest event: what the next one
 	// is caused by, unless a request causes it.
 	LastEventID string `json:"-"`
+	// PromptSHA256 is Created's: what the task's prompt.md must be for it
+	// to start ("" for a task created before it was recorded).
+	PromptSHA256 string `json:"-"`
 
 	SandboxName string          `json:"sandbox_name,omitempty"`
 	Handle      json.RawMessage `json:"-"`

@@ -2,6 +2,7 @@ package taskrun
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -70,6 +71,9 @@ type Verifier interface {
 // Prepare builds the sandbox spec for a starting task: the worker entrypoint
 // with the task's agent, its mounts, environment and limits.
 func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error) {
+	if err := o.checkPrompt(t); err != nil {
+		return sandbox.Spec{}, err
+	}
 	w := o.opts.Worker
 	ag := o.opts.Agents[t.Agent]
 	args := workerproto.Args{
@@ -526,6 +530,30 @@ func (o *Runner) WorkerComplete(ctx context.Context, m webhook.Signed) (string, 
 		return "", errors.Join(err, errors.New("read the task's last event"))
 	}
 	return evs[len(evs)-1].ID, nil
+}
+
+// checkPrompt refuses a task whose prompt.md is not the one written at its
+// spawn. The file reaches the disk beside the task's first events, not
+// before them, so a crash (a power loss) in between can leave a task whose
+// prompt.md is missing, empty or torn: it must not run on what is left.
+func (o *Runner) checkPrompt(t task.Task) error {
+	if t.PromptSHA256 == "" {
+		return nil // created before the hash was recorded
+	}
+	dir, err := o.data.OpenTask(t.ID)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	b, err := dir.ReadFile(workerproto.PromptFile)
+	if err == nil {
+		sum := sha256.Sum256(b)
+		if hex.EncodeToString(sum[:]) == t.PromptSHA256 {
+			return nil
+		}
+		err = errors.New("its content is not what was written")
+	}
+	return fmt.Errorf("task %s: its %s did not survive (a crash before it reached the disk?): %v; spawn the task again: %w", t.ID, workerproto.PromptFile, err, errdefs.ErrFailedPrecondition)
 }
 
 // Reconcile is the runner's part of start-up reconciliation, which the

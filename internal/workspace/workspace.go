@@ -208,9 +208,33 @@ func writeAtomic(root *os.Root, name string, perm fs.FileMode, durable bool, fil
 	if !durable {
 		return nil
 	}
+	syncDir(root, dir)
+	return nil
+}
+
+// Sync makes name beneath root, and its entry in its directory, durable:
+// an fsync of each, for a file written with WriteFileAtomicNoSync whose
+// durability is waited for later, beside other work.
+func Sync(root *os.Root, name string) error {
+	f, err := root.Open(name)
+	if err != nil {
+		return classify(err)
+	}
+	err = f.Sync()
+	f.Close()
+	if err != nil {
+		return err
+	}
+	syncDir(root, path.Dir(name))
+	return nil
+}
+
+// syncDir fsyncs directory dir beneath root, as far as the file system
+// allows: some refuse an fsync of a directory, and nothing better is
+// possible there.
+func syncDir(root *os.Root, dir string) {
 	if d, err := root.Open(dir); err == nil {
 		d.Sync()
 		d.Close()
 	}
-	return nil
 }
