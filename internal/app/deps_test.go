@@ -56,7 +56,7 @@ var allowed = map[string][]string{
 	"internal/workerproto":         {"errdefs", "workspace", "task"},
 	"internal/projection":          {"eventstore", "task", "errdefs", "logkey"},
 	"internal/scheduler":           {"task", "sandbox", "eventstore", "projection", "errdefs", "logkey"},
-	"internal/orchestrator":        {"task", "eventstore", "projection", "workspace", "attachment", "document", "errdefs", "units", "clip", "service", "library", "workerproto"},
+	"internal/orchestrator":        {"task", "eventstore", "projection", "workspace", "attachment", "document", "errdefs", "logkey", "units", "clip", "service", "library", "workerproto"},
 	"internal/service":             {"task", "eventstore", "workspace", "attachment", "document", "skill", "units", "clip", "errdefs"},
 	"internal/service/servicetest": {"service", "orchestrator", "eventstore", "eventstore/sqlite", "projection", "attachment", "workspace", "task", "errdefs", "workerproto"},
 	"internal/library":             {"task", "eventstore", "projection", "workspace", "attachment", "document", "skill", "errdefs", "units", "clip", "service", "workerproto"},

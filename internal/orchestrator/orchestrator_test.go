@@ -745,8 +745,11 @@ func TestWriteWorkspace(t *testing.T) {
 }
 
 // signed returns a signed completion webhook for id.
-func signed(id, webhookID string, key []byte) (http.Header, []byte) {
+func signed(id, webhookID string, key []byte, edit ...func(*webhook.Completion)) (http.Header, []byte) {
 	c := webhook.Completion{EventType: webhook.EventWorkerCompleted, Source: "local", TaskID: id, Status: "success", WebhookID: webhookID, Timestamp: time.Now().Unix()}
+	for _, e := range edit {
+		e(&c)
+	}
 	body, _ := json.Marshal(c)
 	h := http.Header{}
 	h.Set(webhook.HeaderSignature, webhook.Sign(key, body))
@@ -854,6 +857,72 @@ func TestWorkerComplete(t *testing.T) {
 	}
 	if got, _ := f.tasks.Get(queued.ID); got.Status != task.Queued {
 		t.Errorf("queued task became %s", got.Status)
+	}
+}
+
+// TestWorkerCompleteProgress: the progress a completion carries (what the
+// worker's agent did since its last report) is recorded before the task's
+// end, in the same commit; a failure's is recorded too, and more items than
+// a report may hold are refused.
+func TestWorkerCompleteProgress(t *testing.T) {
+	f := MustNew(t, nil)
+	ctx := context.Background()
+	items := []webhook.ProgressItem{{Kind: "tool_use", Tool: "Write"}, {Kind: "text", Text: "done", Coalesced: 3}}
+	withItems := func(items []webhook.ProgressItem) func(*webhook.Completion) {
+		return func(c *webhook.Completion) { c.Progress = items }
+	}
+
+	run := f.MustRunning(t)
+	f.MustTaskFile(t, run.ID, "status.json", statusJSON("success", 0, "done", ""))
+	key := webhook.DeriveKey(testSecret, run.ID)
+	h, body := signed(run.ID, "wh-1", key, withItems(items))
+	if _, err := f.r.WorkerComplete(ctx, webhook.Received(h, body)); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := f.store.ReadStream(ctx, task.StreamID(run.ID), run.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range evs {
+		got = append(got, e.Type+" "+string(e.Data))
+		if !e.RecordedAt.Equal(evs[0].RecordedAt) {
+			t.Errorf("%s recorded at %s, the first at %s: want one commit", e.Type, e.RecordedAt, evs[0].RecordedAt)
+		}
+	}
+	want := []string{
+		task.EventProgress + ` {"kind":"tool_use","tool":"Write"}`,
+		task.EventProgress + ` {"kind":"text","text":"done","coalesced":3}`,
+	}
+	if len(got) != 3 || !strings.HasPrefix(got[2], task.EventCompleted) {
+		t.Fatalf("events after the completion: %q, want 2 progress then %s", got, task.EventCompleted)
+	}
+	if diff := cmp.Diff(want, got[:2]); diff != "" {
+		t.Errorf("progress events (-want +got):\n%s", diff)
+	}
+
+	// A failure is left to the sandbox's exit; its progress is recorded.
+	run = f.MustRunning(t)
+	key = webhook.DeriveKey(testSecret, run.ID)
+	h, body = signed(run.ID, "wh-2", key, withItems(items[:1]), func(c *webhook.Completion) { c.Status, c.ExitCode = "failed", 1 })
+	if _, err := f.r.WorkerComplete(ctx, webhook.Received(h, body)); err != nil {
+		t.Fatal(err)
+	}
+	evs, _ = f.store.ReadStream(ctx, task.StreamID(run.ID), run.Version)
+	if len(evs) != 1 || evs[0].Type != task.EventProgress {
+		t.Errorf("after a failure's completion: %d events, want its one progress event", len(evs))
+	}
+	if got, _ := f.tasks.Get(run.ID); got.Status != task.Running {
+		t.Errorf("after a failure's completion the task is %s, want running until its sandbox exits", got.Status)
+	}
+
+	// More items than a report may hold: refused, nothing recorded.
+	h, body = signed(run.ID, "wh-3", key, withItems(make([]webhook.ProgressItem, webhook.MaxProgressItems+1)))
+	if _, err := f.r.WorkerComplete(ctx, webhook.Received(h, body)); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("%d progress items: %v, want invalid argument", webhook.MaxProgressItems+1, err)
+	}
+	if evs2, _ := f.store.ReadStream(ctx, task.StreamID(run.ID), run.Version); len(evs2) != len(evs) {
+		t.Errorf("a refused completion recorded %d events", len(evs2)-len(evs))
 	}
 }
 

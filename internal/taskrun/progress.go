@@ -31,18 +31,7 @@ func (o *Runner) WorkerProgress(ctx context.Context, m webhook.Signed) (int, err
 	if t.Status == task.Pending || t.Status == task.Queued {
 		return 0, fmt.Errorf("task %s has not started: %w", t.ID, errdefs.ErrFailedPrecondition)
 	}
-	// The worker redacts its agent's secrets; the sandbox is not trusted to
-	// have done so.
-	secrets := workerproto.Secrets(o.opts.Agents[t.Agent].Env)
-	red := func(s string) string { return workerproto.RedactString(s, secrets) }
-	actor := "worker/" + t.ID
-	evs := make([]eventstore.Proposed, 0, len(p.Items))
-	for _, it := range p.Items {
-		evs = append(evs, projection.NewEvent(task.EventProgress, task.Progress{
-			Kind: clipTo(it.Kind, 32), Text: red(clipTo(it.Text, 1024)), Tool: red(clipTo(it.Tool, 128)),
-			Input: red(clipTo(it.Input, 512)), Status: clipTo(it.Status, 16), Coalesced: max(it.Coalesced, 0),
-		}, actor))
-	}
+	evs := o.progressEvents(t, p.Items)
 	if len(evs) == 0 {
 		return 0, nil
 	}
@@ -51,6 +40,23 @@ func (o *Runner) WorkerProgress(ctx context.Context, m webhook.Signed) (int, err
 		return 0, fmt.Errorf("record progress of task %s: %w", t.ID, err)
 	}
 	return len(evs), nil
+}
+
+// progressEvents are the task_progress events of a worker's progress
+// items, each clipped and redacted: the worker redacts its agent's
+// secrets, and the sandbox is not trusted to have done so.
+func (o *Runner) progressEvents(t task.Task, items []webhook.ProgressItem) []eventstore.Proposed {
+	secrets := workerproto.Secrets(o.opts.Agents[t.Agent].Env)
+	red := func(s string) string { return workerproto.RedactString(s, secrets) }
+	actor := "worker/" + t.ID
+	evs := make([]eventstore.Proposed, 0, len(items))
+	for _, it := range items {
+		evs = append(evs, projection.NewEvent(task.EventProgress, task.Progress{
+			Kind: clipTo(it.Kind, 32), Text: red(clipTo(it.Text, 1024)), Tool: red(clipTo(it.Tool, 128)),
+			Input: red(clipTo(it.Input, 512)), Status: clipTo(it.Status, 16), Coalesced: max(it.Coalesced, 0),
+		}, actor))
+	}
+	return evs
 }
 
 func clipTo(s string, n int) string {

@@ -505,6 +505,9 @@ func (o *Runner) WorkerComplete(ctx context.Context, m webhook.Signed) (string, 
 			return "", err
 		}
 	}
+	// The progress no report took goes first, in the completion's commit
+	// when the completion ends the task.
+	progress := o.progressEvents(t, c.Progress)
 	// A success ends the task at once. A failure is acknowledged but left
 	// to the sandbox's exit, which follows within moments: the runtime knows
 	// what the worker cannot (the memory limit killed the agent, a signal
@@ -515,15 +518,23 @@ func (o *Runner) WorkerComplete(ctx context.Context, m webhook.Signed) (string, 
 		actor := "worker/" + t.ID
 		t, err = o.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
 			if t.Status.Terminal() {
-				return nil, projection.ErrNoChange
+				if len(progress) == 0 {
+					return nil, projection.ErrNoChange
+				}
+				return progress, nil
 			}
-			return []eventstore.Proposed{projection.NewEvent(task.EventCompleted, res, actor)}, nil
+			return append(progress, projection.NewEvent(task.EventCompleted, res, actor)), nil
 		})
 		if err != nil {
 			o.opts.Verifier.Forget(c.WebhookID) // let the worker's retry through
 			return "", err
 		}
 		o.log.Info("task completed by webhook", "task_id", t.ID, "status", t.Status)
+	} else if len(progress) > 0 {
+		if _, err := o.store.Append(projection.TaskCause(ctx, t), task.StreamID(t.ID), eventstore.AnyVersion, progress...); err != nil {
+			o.opts.Verifier.Forget(c.WebhookID)
+			return "", fmt.Errorf("record progress of task %s: %w", t.ID, err)
+		}
 	}
 	evs, err := o.store.ReadStream(ctx, task.StreamID(t.ID), t.Version-1)
 	if err != nil || len(evs) == 0 {

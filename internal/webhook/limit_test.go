@@ -151,3 +151,47 @@ func TestProgressTotalsPerTask(t *testing.T) {
 		t.Fatalf("over the byte total: %+v, %v; want only the note", p.Items, err)
 	}
 }
+
+// TestCompletionProgressShareTheBudget: the progress a completion carries
+// is charged to the task's budget like a report's, so completions signed
+// with fresh ids are no way around it; over the budget the items are
+// dropped and the completion is still accepted.
+func TestCompletionProgressShareTheBudget(t *testing.T) {
+	clk := &clock{t: testNow}
+	v := NewVerifier(testSecret, time.Minute, clk.Now)
+	s := &progressSender{tb: t, v: v, clk: clk, taskID: "task-a"}
+	complete := func(n int) (Completion, error) {
+		s.n++
+		c := Completion{EventType: EventWorkerCompleted, Source: "local", TaskID: s.taskID, Status: "success", WebhookID: fmt.Sprintf("wh_c_%d", s.n), Timestamp: clk.Now().Unix()}
+		for i := range n {
+			c.Progress = append(c.Progress, ProgressItem{Kind: fmt.Sprintf("k%d", i), Text: "x"})
+		}
+		body, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := http.Header{}
+		h.Set(HeaderSignature, Sign(DeriveKey(testSecret, s.taskID), body))
+		h.Set(HeaderSource, c.Source)
+		h.Set(HeaderTimestamp, strconv.FormatInt(c.Timestamp, 10))
+		h.Set(HeaderID, c.WebhookID)
+		return v.Verify(Received(h, body))
+	}
+	recorded := 0
+	for i := range 10 {
+		c, err := complete(MaxProgressItems)
+		if err != nil {
+			t.Fatalf("completion %d: %v; want it accepted whatever its progress", i, err)
+		}
+		recorded += len(c.Progress)
+	}
+	// Two full completions fit the burst of 64; the rest of the instant's
+	// are dropped.
+	if want := 2 * MaxProgressItems; recorded != want {
+		t.Errorf("10 completions of %d items recorded %d items, want the burst's %d", MaxProgressItems, recorded, want)
+	}
+	// And a report after them finds the budget spent.
+	if _, err := s.send(1); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Errorf("a report after the completions: %v, want it over the rate", err)
+	}
+}

@@ -132,7 +132,21 @@ func (v *Verifier) Verify(m Signed) (Completion, error) {
 	if err != nil {
 		return Completion{}, err
 	}
-	if err := v.remember(c.TaskID, c.WebhookID, now, nil); err != nil {
+	// The progress a completion carries is held to the task's progress
+	// budget like a report's, or repeated completions would be a way
+	// around it; over the budget it is dropped, never the completion.
+	var admit func(*taskState) error
+	if len(c.Progress) > 0 {
+		admit = func(st *taskState) error {
+			items, err := st.progress.admit(v.limits, now, c.Progress, len(m.Body))
+			if err != nil {
+				items = nil
+			}
+			c.Progress = items
+			return nil
+		}
+	}
+	if err := v.remember(c.TaskID, c.WebhookID, now, admit); err != nil {
 		return Completion{}, err
 	}
 	return c, nil
@@ -276,6 +290,9 @@ func validate(c Completion) error {
 	}
 	if !task.Status(c.Status).Terminal() {
 		missing = append(missing, fmt.Sprintf("status %q is not a final status", c.Status))
+	}
+	if len(c.Progress) > MaxProgressItems {
+		missing = append(missing, fmt.Sprintf("%d progress items, more than %d", len(c.Progress), MaxProgressItems))
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("check webhook body: %s: %w", strings.Join(missing, "; "), errdefs.ErrInvalidArgument)

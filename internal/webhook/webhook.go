@@ -97,6 +97,11 @@ type Completion struct {
 	ErrorMessage    string   `json:"error_message"` // "" is sent as null
 	// SessionID is the agent's session, for a follow-up to resume.
 	SessionID string `json:"session_id,omitempty"`
+	// Progress is what the agent did since the worker's last progress
+	// report (at most MaxProgressItems): the server records it before the
+	// completion, in the same commit, instead of one more report's round
+	// trip and commit at the end of every task.
+	Progress []ProgressItem `json:"progress,omitempty"`
 	// WebhookID is the same for every attempt to deliver one completion, so
 	// the server can tell a retry from a new message. Post fills it when
 	// empty.

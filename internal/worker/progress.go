@@ -26,10 +26,14 @@ const (
 
 // progressSender coalesces an agent's progress items and posts them as
 // signed reports. add is called from the goroutine that parses stdout and
-// never blocks on the network; a goroutine of its own posts.
+// never blocks on the network; a goroutine of its own posts. A report goes
+// out an interval after the first item it holds, and the next an interval
+// after that at the soonest: what an agent does in less time than that
+// (a short task, all of it) rides on the completion instead.
 //
-// Lifecycle: newProgressSender starts the poster; close flushes what is
-// pending (one last report) and stops it. add after close does nothing.
+// Lifecycle: newProgressSender starts the poster; finish stops it, once
+// a report in flight has been answered, and returns what is pending for
+// the completion. add after finish does nothing.
 type progressSender struct {
 	post     func(ctx context.Context, items []webhook.ProgressItem) error
 	interval time.Duration
@@ -102,8 +106,7 @@ func (s *progressSender) run() {
 		case <-s.stop:
 			return
 		}
-		s.send(s.take())
-		// The pause after a report is what bounds the rate.
+		// The wait before a report is what bounds the rate.
 		t := time.NewTimer(s.interval)
 		select {
 		case <-t.C:
@@ -111,6 +114,7 @@ func (s *progressSender) run() {
 			t.Stop()
 			return
 		}
+		s.send(s.take())
 	}
 }
 
@@ -125,16 +129,18 @@ func (s *progressSender) send(items []webhook.ProgressItem) {
 	}
 }
 
-// close stops the poster and sends what is pending.
-func (s *progressSender) close() {
+// finish stops the poster, after the report in flight if there is one,
+// and returns what is pending: the completion carries it, after every
+// report.
+func (s *progressSender) finish() []webhook.ProgressItem {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return
+		return nil
 	}
 	s.closed = true
 	s.mu.Unlock()
 	close(s.stop)
 	<-s.done
-	s.send(s.take())
+	return s.take()
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -168,10 +169,14 @@ func TestRunWebhookWithAnotherTasksKeyIsRejected(t *testing.T) {
 // worker writes status.json meanwhile); the completion must not overtake
 // it. The server here takes its time over each report, as a server
 // committing the report's event does.
+// TestRunLastProgressBeforeCompletion: a report in flight when the agent
+// exits is answered before the completion goes, and what no report took
+// rides on the completion.
 func TestRunLastProgressBeforeCompletion(t *testing.T) {
 	v := webhook.NewVerifier(testSecret, time.Minute, nil)
 	var mu sync.Mutex
 	var order []string
+	var flag string // created when a progress report arrives
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		m := webhook.Received(r.Header, body)
@@ -182,31 +187,53 @@ func TestRunLastProgressBeforeCompletion(t *testing.T) {
 				http.Error(w, err.Error(), http.StatusUnauthorized)
 				return
 			}
-			time.Sleep(50 * time.Millisecond)
+			// Tell the agent, and be still in flight when it exits.
+			os.WriteFile(flag, nil, 0o644)
+			time.Sleep(400 * time.Millisecond)
 			mu.Lock()
 			for _, it := range p.Items {
 				order = append(order, "progress "+it.Text)
 			}
 			mu.Unlock()
 		case webhook.Path:
-			if _, err := v.Verify(m); err != nil {
+			c, err := v.Verify(m)
+			if err != nil {
 				http.Error(w, err.Error(), http.StatusUnauthorized)
 				return
 			}
 			mu.Lock()
+			for _, it := range c.Progress {
+				order = append(order, "completion's progress "+it.Text)
+			}
 			order = append(order, "completion")
 			mu.Unlock()
 		}
 		w.Write([]byte(`{"status":"accepted"}`))
 	}))
 	defer hs.Close()
-	opts := webhookOptions(MustTaskDir(t), `echo last`, hs.URL+webhook.Path)
-	if code, _ := MustRun(t, opts); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if diff := cmp.Diff([]string{"progress last", "completion"}, order); diff != "" {
-		t.Errorf("what the server saw, in order (-want +got):\n%s", diff)
+	for _, tt := range []struct {
+		script   string
+		interval time.Duration
+		want     []string
+	}{
+		// Over before the first report was due: no report at all.
+		{`echo last`, time.Hour, []string{"completion's progress last", "completion"}},
+		// The last line comes once the first is being reported.
+		{`echo first; while [ ! -e "$FLAG" ]; do sleep 0.01; done; echo last`, 10 * time.Millisecond, []string{"progress first", "completion's progress last", "completion"}},
+	} {
+		order = nil
+		dir := MustTaskDir(t)
+		flag = filepath.Join(dir, "reported")
+		opts := webhookOptions(dir, tt.script, hs.URL+webhook.Path)
+		opts.Env = append(opts.Env, "FLAG="+flag)
+		opts.ProgressInterval = tt.interval
+		if code, _ := MustRun(t, opts); code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+		mu.Lock()
+		if diff := cmp.Diff(tt.want, order); diff != "" {
+			t.Errorf("%s: what the server saw, in order (-want +got):\n%s", tt.script, diff)
+		}
+		mu.Unlock()
 	}
 }

@@ -82,7 +82,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) int {
 	if err != nil {
 		log.Error("cannot open task directory", "dir", opts.TaskDir, logkey.Error, err)
 		finish(&st, opts, ExitSetup, fmt.Sprintf("open task directory %s: %v", opts.TaskDir, err))
-		deliver(ctx, opts, st, log)
+		deliver(ctx, opts, st, nil, log)
 		return st.ExitCode
 	}
 	defer root.Close()
@@ -96,13 +96,14 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) int {
 	if err != nil {
 		log.Error("cannot write status file", logkey.Error, err)
 	}
-	// The last progress report was in flight while status.json was
-	// written; it goes before the completion.
-	if r.closeProgress != nil {
-		r.closeProgress()
+	// A progress report in flight while status.json was written goes
+	// before the completion, and what no report took goes with it.
+	var progress []webhook.ProgressItem
+	if r.finishProgress != nil {
+		progress = r.finishProgress()
 	}
 	log.Info("task finished", logkey.Status, st.Status, "exit_code", st.ExitCode, "duration_seconds", st.DurationSeconds, "output_files", len(st.OutputFiles))
-	deliver(ctx, opts, st, log)
+	deliver(ctx, opts, st, progress, log)
 	return st.ExitCode
 }
 
@@ -120,9 +121,10 @@ func finish(st *workerproto.Status, opts Options, code int, msg string) {
 
 func seconds(d time.Duration) float64 { return math.Round(d.Seconds()*1000) / 1000 }
 
-// deliver POSTs st as the completion webhook, if a URL is set. After a
-// stop signal it gets Grace to try, since the sandbox is going away.
-func deliver(ctx context.Context, opts Options, st workerproto.Status, log *slog.Logger) {
+// deliver POSTs st as the completion webhook, with the progress no report
+// took, if a URL is set. After a stop signal it gets Grace to try, since
+// the sandbox is going away.
+func deliver(ctx context.Context, opts Options, st workerproto.Status, progress []webhook.ProgressItem, log *slog.Logger) {
 	if opts.WebhookURL == "" {
 		return
 	}
@@ -144,6 +146,7 @@ func deliver(ctx context.Context, opts Options, st workerproto.Status, log *slog
 		OutputFiles:     names,
 		ErrorMessage:    st.ErrorMessage,
 		SessionID:       st.SessionID,
+		Progress:        progress,
 	}
 	po := opts.Webhook
 	po.Source = opts.Source
@@ -166,9 +169,9 @@ type run struct {
 	opts Options
 	root *os.Root
 	log  *slog.Logger
-	// closeProgress flushes and stops progress reports, if they are sent:
-	// Run calls it before the completion webhook.
-	closeProgress func()
+	// finishProgress stops progress reports, if they are sent, and returns
+	// what none took: Run calls it before the completion webhook.
+	finishProgress func() []webhook.ProgressItem
 }
 
 // postProgress sends one progress report with the task's key.
@@ -301,7 +304,7 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 			local(p)
 			ps.add(p)
 		}
-		r.closeProgress = ps.close
+		r.finishProgress = ps.finish
 	}
 	parser := adapter.NewParser(onProgress)
 	stdout := newRedactor(io.MultiWriter(stdoutLog, parser), secrets)
