@@ -189,6 +189,20 @@ func (h *Hierarchy) Create(id string, lim sandbox.Limits) (dirs []string, err er
 	return dirs, nil
 }
 
+// Background sets whether the sandbox of dirs (Create's) runs in the
+// background: with the least CPU weight there is (v1 cpu.shares 2, v2
+// cpu.weight 1), so that when CPU is short it gets what the host's other
+// work leaves, or, on false, with the default weight again (1024, 100). A
+// warm sandbox starts in the background, so the sandboxes started ahead of
+// need never take CPU from the tasks running now, and leaves it when a
+// task claims it.
+func (h *Hierarchy) Background(dirs []string, on bool) error {
+	if h.v2 {
+		return writeFile(filepath.Join(dirs[0], "cpu.weight"), map[bool]string{true: "1", false: "100"}[on])
+	}
+	return writeFile(filepath.Join(dirs[2], "cpu.shares"), map[bool]string{true: "2", false: "1024"}[on])
+}
+
 func writeLimitsV2(dir string, lim sandbox.Limits) error {
 	if lim.MemoryBytes > 0 {
 		if err := writeFile(filepath.Join(dir, "memory.max"), strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {

@@ -140,6 +140,40 @@ func TestV1Fake(t *testing.T) {
 	}
 }
 
+// TestBackgroundFake: a sandbox in the background has the least CPU
+// weight of its hierarchy's kind, and the default again in the fore.
+func TestBackgroundFake(t *testing.T) {
+	for _, tt := range []struct {
+		v2               bool
+		file, back, fore string
+	}{
+		{true, "cpu.weight", "1", "100"},
+		{false, "cpu.shares", "2", "1024"},
+	} {
+		cg, err := Detect(mustFakeCgroupfs(t, tt.v2), "corral")
+		if err == nil {
+			err = cg.Prepare()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		dirs, err := cg.Create("sb-1", sandbox.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cpuDir := dirs[len(dirs)-1]
+		for _, on := range []bool{true, false} {
+			if err := cg.Background(dirs, on); err != nil {
+				t.Fatalf("v2 %v: Background(%v): %v", tt.v2, on, err)
+			}
+			want := map[bool]string{true: tt.back, false: tt.fore}[on]
+			if got, _ := os.ReadFile(filepath.Join(cpuDir, tt.file)); string(got) != want {
+				t.Errorf("v2 %v: Background(%v): %s = %q, want %q", tt.v2, on, tt.file, got, want)
+			}
+		}
+	}
+}
+
 func TestNoLimitsWritesNothing(t *testing.T) {
 	root := mustFakeCgroupfs(t, true)
 	cg, _ := Detect(root, "corral")

@@ -133,6 +133,9 @@ type Options struct {
 	// hostNamespace starts every launcher from the server's own mount
 	// namespace, without a launch namespace (launchNS); for benchmarks.
 	hostNamespace bool
+	// foreWarm starts warm sandboxes at the default CPU weight, not in
+	// the background; for benchmarks.
+	foreWarm bool
 }
 
 func (o *Options) setDefaults() {
@@ -481,6 +484,11 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 				cgroups.KillAndRemove(st.Cgroups)
 			}
 		}()
+		if start != nil && !r.opts.foreWarm { // a warm sandbox: adopt brings it to the fore
+			if err = r.cg.Background(st.Cgroups, true); err != nil {
+				return nil, fmt.Errorf("start a warm sandbox in the background: %w", err)
+			}
+		}
 	}
 	status, err := os.OpenFile(filepath.Join(dir, "status.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
 	if err != nil {

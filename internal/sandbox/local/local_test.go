@@ -31,10 +31,13 @@ import (
 // parent unique to the test binary so parallel packages do not collide.
 // The tests' temporary directories are a host root, so the sandboxes that
 // bind from them start in the launch namespace.
-func MustNew(tb testing.TB) (*Runtime, func() *Runtime) {
+func MustNew(tb testing.TB, edit ...func(*Options)) (*Runtime, func() *Runtime) {
 	tb.Helper()
 	testenv.RequireBwrap(tb)
 	opts := Options{DataRoot: sandboxtest.DataRoot, HostRoots: []string{os.TempDir()}, StateDir: filepath.Join(testenv.TempDir(tb), "state"), CgroupParent: "corral-test"}
+	for _, e := range edit {
+		e(&opts)
+	}
 	newRuntime := func() *Runtime {
 		r, err := New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {

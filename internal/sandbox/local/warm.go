@@ -388,6 +388,13 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 		r.destroyWarm(ctx, b)
 		return nil, errors.New("its sandbox has ended")
 	}
+	if r.cg != nil {
+		// It started in the background; the task runs in the fore.
+		if err := r.cg.Background(e.St.Cgroups, false); err != nil {
+			r.destroyWarm(ctx, b)
+			return nil, fmt.Errorf("bring it to the fore: %w", err)
+		}
+	}
 	root := filepath.Join(warmDir(r.opts.StateDir), b.id)
 	c := claim{Task: spec.ID, Moves: map[int]string{}}
 	for i, slot := range b.slots {

@@ -56,12 +56,12 @@ func warmRuntimeIdle(t *testing.T, idle time.Duration) (r *Runtime, tasksDir str
 	return r, tasksDir, stop
 }
 
-func waitReady(t *testing.T, r *Runtime, n int) {
+func waitReady(t testing.TB, r *Runtime, n int) {
 	t.Helper()
 	waitStats(t, r, fmt.Sprintf("%d ready", n), func(st sandbox.WarmStats) bool { return st.Ready == n })
 }
 
-func waitStats(t *testing.T, r *Runtime, what string, ok func(sandbox.WarmStats) bool) {
+func waitStats(t testing.TB, r *Runtime, what string, ok func(sandbox.WarmStats) bool) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		st := r.WarmStats()
@@ -94,9 +94,20 @@ func TestWarmClaim(t *testing.T) {
 	spec := sandbox.Spec{ID: id, Command: []string{"/bin/echo", "hi"}, Env: []string{"A=B"}, Dir: "/out",
 		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
 		Network: sandbox.NetworkNone, Labels: map[string]string{"test": id}}
+	if r.cg != nil {
+		// Started ahead of need, it runs in the background.
+		if got := r.cpuWeight(t, r.warmIDs(t)[0]); got != "2" && got != "1" {
+			t.Errorf("the warm sandbox's CPU weight is %s, want the least (v1 2, v2 1)", got)
+		}
+	}
 	h, err := r.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if r.cg != nil {
+		if got := r.cpuWeight(t, id); got != "1024" && got != "100" {
+			t.Errorf("the claimed sandbox's CPU weight is %s, want the default (v1 1024, v2 100)", got)
+		}
 	}
 	if h.ID != id || h.Labels["test"] != id {
 		t.Errorf("handle %+v: want the task's id and labels", h)
@@ -151,6 +162,11 @@ func TestWarmClaim(t *testing.T) {
 	if es, err := r.Wait(ctx, cold); err != nil || es.Code != 0 {
 		t.Fatalf("wait: %+v %v", es, err)
 	}
+	if r.cg != nil {
+		if got := r.cpuWeight(t, cold); got != "1024" && got != "100" {
+			t.Errorf("the cold sandbox's CPU weight is %s, want the default (v1 1024, v2 100)", got)
+		}
+	}
 	if _, err := os.Stat(filepath.Join(cdir, "cold.txt")); err != nil {
 		t.Errorf("the cold sandbox ran nothing: %v", err)
 	}
@@ -174,6 +190,25 @@ func TestWarmEndsWithKeepWarm(t *testing.T) {
 	if ents, _ := os.ReadDir(warmDir(r.opts.StateDir)); len(ents) != 0 {
 		t.Errorf("warm slots left: %v", ents)
 	}
+}
+
+// cpuWeight reads sandbox id's CPU weight: cpu.shares on v1, cpu.weight
+// on v2.
+func (r *Runtime) cpuWeight(t *testing.T, id string) string {
+	t.Helper()
+	e, ok := r.Dir.Cached(id)
+	if !ok {
+		t.Fatalf("sandbox %s is not known", id)
+	}
+	for _, name := range []string{"cpu.shares", "cpu.weight"} {
+		for _, d := range e.St.Cgroups {
+			if b, err := os.ReadFile(filepath.Join(d, name)); err == nil {
+				return strings.TrimSpace(string(b))
+			}
+		}
+	}
+	t.Fatalf("sandbox %s: no CPU weight in its cgroups %v", id, e.St.Cgroups)
+	return ""
 }
 
 func (r *Runtime) warmIDs(t *testing.T) []string {
@@ -267,4 +302,76 @@ func TestWarmRefusesAnotherFileSystem(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not on one file system") {
 		t.Fatalf("KeepWarm: %v, want a refusal naming the file systems", err)
 	}
+}
+
+// BenchmarkWarmClaim: a claimed warm sandbox's run (Create, then Wait for
+// its main process, which forks eight short processes) while its pool
+// starts the next sandbox. One runtime starts that next one in the
+// background (as New does), the other at the default CPU weight (as
+// before); they take turns, claim by claim, so both share whatever else
+// the host is doing. It reports each one's median and their ratio. Run
+// as root with cgroups, or both are the same.
+func BenchmarkWarmClaim(b *testing.B) {
+	testenv.RequireRoot(b)
+	type side struct {
+		name  string
+		r     *Runtime
+		tasks string
+		times []time.Duration
+	}
+	var sides []*side
+	for _, fore := range []bool{false, true} {
+		r, _ := MustNew(b, func(o *Options) { o.foreWarm = fore })
+		if r.cg == nil {
+			b.Skip("no cgroups: " + r.cgWarn)
+		}
+		tasks := testenv.TempDir(b)
+		shape := sandbox.WarmShape{Name: "bench", Template: sandbox.Spec{
+			Command: []string{"/bin/sh", "-c", "cat <&5 >/dev/null; i=0; while [ $i -lt 8 ]; do /bin/true; i=$((i+1)); done"},
+			Dir:     "/out",
+			Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(tasks) + "/" + sandbox.WarmTaskID, Target: "/out"}},
+			Network: sandbox.NetworkNone,
+		}}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.KeepWarm(ctx, sandbox.WarmPolicy{Size: 1, Shapes: []sandbox.WarmShape{shape}}) }()
+		b.Cleanup(func() { cancel(); <-done })
+		waitReady(b, r, 1)
+		sides = append(sides, &side{name: map[bool]string{false: "background", true: "fore"}[fore], r: r, tasks: tasks})
+	}
+	ctx := context.Background()
+	for b.Loop() {
+		for _, s := range sides {
+			id := sandboxtest.NewID(b)
+			dir := filepath.Join(s.tasks, id)
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				b.Fatal(err)
+			}
+			spec := sandbox.Spec{ID: id, Command: []string{"/bin/true"}, Dir: "/out",
+				Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
+				Network: sandbox.NetworkNone}
+			t0 := time.Now()
+			if _, err := s.r.Create(ctx, spec); err != nil {
+				b.Fatal(err)
+			}
+			if es, err := s.r.Wait(ctx, id); err != nil || es.Code != 0 {
+				b.Fatalf("%s: wait: %+v %v", s.name, es, err)
+			}
+			s.times = append(s.times, time.Since(t0))
+			b.StopTimer()
+			if err := s.r.Destroy(ctx, id); err != nil {
+				b.Fatal(err)
+			}
+			waitStats(b, s.r, "refilled", func(st sandbox.WarmStats) bool { return st.Ready == 1 })
+			b.StartTimer()
+		}
+	}
+	median := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds()) / 1000
+	}
+	bg, fg := median(sides[0].times), median(sides[1].times)
+	b.ReportMetric(bg, "background-ms")
+	b.ReportMetric(fg, "fore-ms")
+	b.ReportMetric(bg/fg, "background/fore")
 }
