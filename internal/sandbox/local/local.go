@@ -435,6 +435,7 @@ func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, start *os.File)
 	}
 	if box != nil {
 		h, err := r.adopt(ctx, spec, box)
+		box.pool.wake() // for the next box, now the claim is done
 		if err == nil {
 			return h, nil
 		}

@@ -207,15 +207,19 @@ func (r *Runtime) releaseWarm(b *warmBox) {
 	}
 }
 
+// take takes a ready box, or counts a miss and wakes the pool to fill.
+// After a take the caller wakes the pool (wake) once it is done with the
+// box: the next box's start, much of it this process's own work, does not
+// compete with the claim.
 func (p *pool) take() *warmBox {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	defer p.wake()
 	// A miss is a use too: the pool fills again and waits its idle time.
 	p.lastUse = time.Now()
 	if len(p.ready) == 0 {
 		p.stats.Misses++
 		p.target = p.size
+		p.wake()
 		return nil
 	}
 	b := p.ready[0]
