@@ -29,9 +29,18 @@ func warmRuntime(t *testing.T) (r *Runtime, tasksDir string, stop func()) {
 func warmRuntimeIdle(t *testing.T, idle time.Duration) (r *Runtime, tasksDir string, stop func()) {
 	t.Helper()
 	r, _ = MustNew(t)
-	tasksDir = testenv.TempDir(t)
+	tasksDir, stop = keepWarm(t, r, "cat <&5 > /out/start.json", idle)
+	return r, tasksDir, stop
+}
+
+// keepWarm keeps one sandbox warm in r, of a shape over a new tasks
+// directory whose main process runs script, until stop (or the test's
+// end); its pool empties after idle (0: never).
+func keepWarm(tb testing.TB, r *Runtime, script string, idle time.Duration) (tasksDir string, stop func()) {
+	tb.Helper()
+	tasksDir = testenv.TempDir(tb)
 	shape := sandbox.WarmShape{Name: "test", Template: sandbox.Spec{
-		Command: []string{"/bin/sh", "-c", "cat <&5 > /out/start.json"},
+		Command: []string{"/bin/sh", "-c", script},
 		Dir:     "/out",
 		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(tasksDir) + "/" + sandbox.WarmTaskID, Target: "/out"}},
 		Network: sandbox.NetworkNone,
@@ -44,16 +53,16 @@ func warmRuntimeIdle(t *testing.T, idle time.Duration) (r *Runtime, tasksDir str
 	stop = func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("KeepWarm: %v", err)
+			tb.Errorf("KeepWarm: %v", err)
 		}
 	}
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		if ctx.Err() == nil {
 			stop()
 		}
 	})
-	waitReady(t, r, 1)
-	return r, tasksDir, stop
+	waitReady(tb, r, 1)
+	return tasksDir, stop
 }
 
 func waitReady(t testing.TB, r *Runtime, n int) {
@@ -325,18 +334,7 @@ func BenchmarkWarmClaim(b *testing.B) {
 		if r.cg == nil {
 			b.Skip("no cgroups: " + r.cgWarn)
 		}
-		tasks := testenv.TempDir(b)
-		shape := sandbox.WarmShape{Name: "bench", Template: sandbox.Spec{
-			Command: []string{"/bin/sh", "-c", "cat <&5 >/dev/null; i=0; while [ $i -lt 8 ]; do /bin/true; i=$((i+1)); done"},
-			Dir:     "/out",
-			Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(tasks) + "/" + sandbox.WarmTaskID, Target: "/out"}},
-			Network: sandbox.NetworkNone,
-		}}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- r.KeepWarm(ctx, sandbox.WarmPolicy{Size: 1, Shapes: []sandbox.WarmShape{shape}}) }()
-		b.Cleanup(func() { cancel(); <-done })
-		waitReady(b, r, 1)
+		tasks, _ := keepWarm(b, r, "cat <&5 >/dev/null; i=0; while [ $i -lt 8 ]; do /bin/true; i=$((i+1)); done", 0)
 		sides = append(sides, &side{name: map[bool]string{false: "background", true: "fore"}[fore], r: r, tasks: tasks})
 	}
 	ctx := context.Background()
