@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"regexp"
@@ -164,14 +165,7 @@ func (o *Orchestrator) reserveQueueSlot(id string) (release func(), err error) {
 	}
 	o.queueMu.Lock()
 	defer o.queueMu.Unlock()
-	q := o.tasks.Counts()
-	n := q[task.Pending] + q[task.Queued]
-	for other := range o.spawning {
-		if _, err := o.tasks.Get(other); err != nil {
-			n++
-		}
-	}
-	if n >= max {
+	if n := o.tasks.Waiting(maps.Keys(o.spawning)); n >= max {
 		return nil, fmt.Errorf("the queue is full (%d tasks waiting); try again later: %w", max, errdefs.ErrResourceExhausted)
 	}
 	if o.spawning == nil {

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"maps"
 	"slices"
@@ -356,6 +357,22 @@ func (p *Tasks) Counts() map[task.Status]int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return maps.Clone(p.counts)
+}
+
+// Waiting is the number of tasks pending or queued, plus each of ids the
+// projection does not hold yet (tasks being created), taken at one
+// instant: a task whose events are applied between two separate reads
+// would be counted by neither.
+func (p *Tasks) Waiting(ids iter.Seq[string]) int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	n := p.counts[task.Pending] + p.counts[task.Queued]
+	for id := range ids {
+		if _, ok := p.tasks[id]; !ok {
+			n++
+		}
+	}
+	return n
 }
 
 // NewEvent makes an event to append, marshalling payload (nil for none).
