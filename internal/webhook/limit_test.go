@@ -48,7 +48,7 @@ func TestProgressAtTheWorkersPaceIsNeverDropped(t *testing.T) {
 	clk := &clock{t: testNow}
 	v := NewVerifier(testSecret, time.Minute, clk.Now)
 	s := &progressSender{tb: t, v: v, clk: clk, taskID: "task-a"}
-	// The worker's ceiling: one report every 500 ms (the pause after a
+	// The worker's ceiling: one report every 500 ms (the wait before a
 	// report; the post itself only adds to it), one item of each of its
 	// five kinds, for twenty minutes.
 	for i := range 2400 {
