@@ -524,9 +524,12 @@ func testHostIdentity(t *testing.T, rt escapeRuntime) {
 	ctx := context.Background()
 	marker := "corral-identity-" + strings.ReplaceAll(rt.name, "+", "-")
 	// The worker makes its files, then waits until the test has looked
-	// at its processes (it removes output/go).
+	// at its processes (it removes output/go). The test waits for
+	// output/ready, made after output/go: under gVisor a create is the
+	// gofer's create on the host and then more steps in the sandbox, and
+	// removing the file between them fails the create with ENOENT.
 	script := `cp /bin/id output/suid-id && chmod 6755 output/suid-id && mkdir output/open && chmod 1777 output/open &&
-mkfifo output/fifo && : > output/go && while [ -e output/go ]; do sleep 0.05; done; sh -c 'exit 0' ` + marker
+mkfifo output/fifo && : > output/go && : > output/ready && while [ -e output/go ]; do sleep 0.05; done; sh -c 'exit 0' ` + marker
 	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "leave hostile files", Agent: "command", Runtime: rt.runtime,
 		Command: []string{"sh", "-c", script}})
 	if err != nil {
@@ -534,7 +537,7 @@ mkfifo output/fifo && : > output/go && while [ -e output/go ]; do sleep 0.05; do
 	}
 	out := filepath.Join(s.data, "tasks", tk.ID, "output")
 	waitFor(t, "the worker making its files", func() bool {
-		_, err := os.Stat(filepath.Join(out, "go"))
+		_, err := os.Stat(filepath.Join(out, "ready"))
 		return err == nil
 	})
 	// While it runs: every file it made is the reserved identity's on the
