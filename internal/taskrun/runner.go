@@ -516,20 +516,24 @@ func (o *Runner) WorkerComplete(ctx context.Context, m webhook.Signed) (string, 
 		res := o.Collect(ctx, t, &sandbox.ExitStatus{Code: c.ExitCode, ExitedAt: time.Now()})
 		res.Reason = "webhook"
 		actor := "worker/" + t.ID
+		ended := false
 		t, err = o.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
-			if t.Status.Terminal() {
-				if len(progress) == 0 {
-					return nil, projection.ErrNoChange
-				}
-				return progress, nil
+			ended = !t.Status.Terminal()
+			switch {
+			case ended:
+				return append(progress, projection.NewEvent(task.EventCompleted, res, actor)), nil
+			case len(progress) > 0:
+				return progress, nil // the exit ended it first
 			}
-			return append(progress, projection.NewEvent(task.EventCompleted, res, actor)), nil
+			return nil, projection.ErrNoChange
 		})
 		if err != nil {
 			o.opts.Verifier.Forget(c.WebhookID) // let the worker's retry through
 			return "", err
 		}
-		o.log.Info("task completed by webhook", "task_id", t.ID, "status", t.Status)
+		if ended {
+			o.log.Info("task completed by webhook", "task_id", t.ID, "status", t.Status)
+		}
 	} else if len(progress) > 0 {
 		if _, err := o.store.Append(projection.TaskCause(ctx, t), task.StreamID(t.ID), eventstore.AnyVersion, progress...); err != nil {
 			o.opts.Verifier.Forget(c.WebhookID)

@@ -197,10 +197,14 @@ func (h *Hierarchy) Create(id string, lim sandbox.Limits) (dirs []string, err er
 // need never take CPU from the tasks running now, and leaves it when a
 // task claims it.
 func (h *Hierarchy) Background(dirs []string, on bool) error {
-	if h.v2 {
-		return writeFile(filepath.Join(dirs[0], "cpu.weight"), map[bool]string{true: "1", false: "100"}[on])
+	file, least, normal := filepath.Join(dirs[0], "cpu.weight"), "1", "100"
+	if !h.v2 {
+		file, least, normal = filepath.Join(dirs[2], "cpu.shares"), "2", "1024"
 	}
-	return writeFile(filepath.Join(dirs[2], "cpu.shares"), map[bool]string{true: "2", false: "1024"}[on])
+	if on {
+		return writeFile(file, least)
+	}
+	return writeFile(file, normal)
 }
 
 func writeLimitsV2(dir string, lim sandbox.Limits) error {
