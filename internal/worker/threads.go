@@ -41,18 +41,25 @@ func reserveThreads(procs, spare int) {
 	n := runtime.GOMAXPROCS(0) + spare
 	// Each goroutine holds a thread of its own while it waits (a locked
 	// goroutine's thread waits with it), so the runtime starts one for
-	// every other; unlocked before they return, the threads stay.
-	var locked, release sync.WaitGroup
+	// every other; unlocked before they return, the threads stay. The
+	// reserve is not made until every goroutine has unlocked: until then
+	// its thread is kept for it, not idle, and a busy host can leave it
+	// waiting for the CPU well after release (a reaper that blocked in a
+	// system call then needed a thread more than it had).
+	var locked, release, unlocked sync.WaitGroup
 	release.Add(1)
 	for range n {
 		locked.Add(1)
+		unlocked.Add(1)
 		go func() {
 			runtime.LockOSThread()
 			locked.Done()
 			release.Wait()
 			runtime.UnlockOSThread()
+			unlocked.Done()
 		}()
 	}
 	locked.Wait()
 	release.Done()
+	unlocked.Wait()
 }
