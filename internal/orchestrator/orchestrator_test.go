@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
@@ -1031,4 +1032,81 @@ func TestFollowUp(t *testing.T) {
 			t.Errorf("follow_up_of %q: %v, want a field error naming follow_up_of", bad, err)
 		}
 	}
+}
+
+// claimingStore is a store that, before it records a task's creation,
+// moves the task's entries out of its directory into a new one renamed
+// over it, as a warm sandbox's claim does once the task is recorded: on a
+// busy host that can come before the spawn's fsync of prompt.md runs.
+type claimingStore struct {
+	eventstore.Store
+	data *workspace.DataRoot
+}
+
+func (s claimingStore) Append(ctx context.Context, stream string, expected int64, evs ...eventstore.Proposed) ([]eventstore.Event, error) {
+	if len(evs) > 0 && evs[0].Type == task.EventCreated {
+		dir := s.data.TaskPath(task.IDFromStream(stream))
+		slot := dir + ".slot"
+		if err := os.Mkdir(slot, 0o755); err != nil {
+			return nil, err
+		}
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range ents {
+			if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(slot, e.Name())); err != nil {
+				return nil, err
+			}
+		}
+		if err := unix.Rename(slot, dir); err != nil {
+			return nil, err
+		}
+	}
+	return s.Store.Append(ctx, stream, expected, evs...)
+}
+
+// TestSpawnSyncsPromptMoved: prompt.md's fsync, beside the task's first
+// commit, reaches the file the spawn wrote even when a claim has moved it
+// by then (it once opened prompt.md only when its goroutine ran, found
+// nothing there, and warned "prompt.md not synced to disk").
+func TestSpawnSyncsPromptMoved(t *testing.T) {
+	var opts Options
+	MustNew(t, func(o *Options) {
+		o.Store = claimingStore{Store: o.Store, data: o.Data}
+		o.Tasks = projection.New(o.Store, slog.New(slog.DiscardHandler))
+		opts = *o
+	})
+	var logs syncBuffer
+	o := New(opts, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	for range 5 {
+		tk, _, err := o.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "the task", Command: []string{"true"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(filepath.Join(opts.Data.TaskPath(tk.ID), workerproto.PromptFile)); err != nil || !strings.Contains(string(b), "the task") {
+			t.Fatalf("prompt.md after the move: %q, %v", b, err)
+		}
+	}
+	if s := logs.String(); s != "" {
+		t.Errorf("the spawns warned:\n%s", s)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

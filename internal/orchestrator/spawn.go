@@ -132,8 +132,12 @@ func (o *Orchestrator) spawn(ctx context.Context, req service.SpawnRequest, allo
 	// prompt.md reaches the disk while the task's first events do, not
 	// before them: the answer waits for both, and a task whose prompt.md a
 	// crash in between left other than its hash does not start (Prepare).
+	syncPrompt, err := workspace.SyncLater(dir, workerproto.PromptFile)
+	if err != nil {
+		return task.Task{}, false, fmt.Errorf("open prompt.md: %w", err)
+	}
 	synced := make(chan error, 1)
-	go func() { synced <- workspace.Sync(dir, workerproto.PromptFile) }()
+	go func() { synced <- syncPrompt() }()
 	sum := sha256.Sum256(prompt)
 	actor := service.ActorFrom(ctx)
 	t, err := o.tasks.Create(ctx, id,

@@ -212,21 +212,32 @@ func writeAtomic(root *os.Root, name string, perm fs.FileMode, durable bool, fil
 	return nil
 }
 
-// Sync makes name beneath root, and its entry in its directory, durable:
-// an fsync of each, for a file written with WriteFileAtomicNoSync whose
-// durability is waited for later, beside other work.
-func Sync(root *os.Root, name string) error {
+// SyncLater opens name beneath root, and the directory it is in, and
+// returns what makes both durable (an fsync of each), for a file written
+// with WriteFileAtomicNoSync whose durability is waited for later, beside
+// other work. Opened first, they are the file and the directory it was
+// written in even if it has been moved or renamed over since: a warm
+// sandbox's claim moves a task's entries out of its directory as soon as
+// the task is recorded, which can be before the fsync runs.
+func SyncLater(root *os.Root, name string) (sync func() error, err error) {
 	f, err := root.Open(name)
 	if err != nil {
-		return classify(err)
+		return nil, classify(err)
 	}
-	err = f.Sync()
-	f.Close()
-	if err != nil {
-		return err
-	}
-	syncDir(root, path.Dir(name))
-	return nil
+	d, _ := root.Open(path.Dir(name)) // see syncDir
+	return func() error {
+		defer f.Close()
+		if d != nil {
+			defer d.Close()
+		}
+		if err := f.Sync(); err != nil {
+			return err
+		}
+		if d != nil {
+			d.Sync()
+		}
+		return nil
+	}, nil
 }
 
 // syncDir fsyncs directory dir beneath root, as far as the file system

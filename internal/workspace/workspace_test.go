@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -495,6 +496,49 @@ func TestWriteFileAtomic(t *testing.T) {
 	mustNoTemp(t, filepath.Join(dir, "a", "b"))
 	if b, _ := os.ReadFile(p); !bytes.Equal(b, []byte("second")) {
 		t.Errorf("f.txt changed to %q", b)
+	}
+}
+
+// TestSyncLater: the file and directory SyncLater opened are the ones
+// synced, even after the file was moved out and its directory replaced
+// (as a warm sandbox's claim moves a task's entries); a missing file is
+// refused at once.
+func TestSyncLater(t *testing.T) {
+	base := t.TempDir()
+	taskDir := filepath.Join(base, "task")
+	if err := os.Mkdir(taskDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, err := os.OpenRoot(taskDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := WriteFileAtomicNoSync(r, "prompt.md", []byte("the prompt"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sync, err := SyncLater(r, "prompt.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := filepath.Join(base, "slot")
+	if err := os.Mkdir(slot, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(taskDir, "prompt.md"), filepath.Join(slot, "prompt.md")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Rename(slot, taskDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := sync(); err != nil {
+		t.Errorf("sync after the move: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(taskDir, "prompt.md")); err != nil || string(b) != "the prompt" {
+		t.Errorf("prompt.md = %q, %v", b, err)
+	}
+	if _, err := SyncLater(r, "missing.md"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("SyncLater of a missing file: %v, want not found", err)
 	}
 }
 
