@@ -30,6 +30,7 @@ import (
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/taskrun"
+	"github.com/corral-dev/corral/internal/testenv"
 	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -1077,7 +1078,7 @@ func TestSpawnSyncsPromptMoved(t *testing.T) {
 		o.Tasks = projection.New(o.Store, slog.New(slog.DiscardHandler))
 		opts = *o
 	})
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	o := New(opts, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	for range 5 {
 		tk, _, err := o.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "the task", Command: []string{"true"}})
@@ -1091,22 +1092,4 @@ func TestSpawnSyncsPromptMoved(t *testing.T) {
 	if s := logs.String(); s != "" {
 		t.Errorf("the spawns warned:\n%s", s)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
