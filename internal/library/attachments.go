@@ -259,13 +259,14 @@ func (o *Library) CheckAttachments(ids []string) ([]service.Attachment, []error)
 // bytes. Copies, not links: a symbolic link to attachments/ would not
 // resolve inside the sandbox, which sees only /task and shared/, and a hard
 // link would share the inode the worker can write, changing the stored
-// attachment. It returns the names used, in order.
+// attachment. It returns the names used, in order. Nothing is synced: the
+// caller makes the task's directory durable (workspace.SyncTreeLater).
 func (o *Library) CopyAttachments(dir *os.Root, atts []service.Attachment, taken map[string]bool, budget int64) ([]string, error) {
 	var names []string
 	for i, m := range atts {
 		name := uniqueName(m.Name, taken)
 		taken[name] = true
-		n, err := workspace.CopyFile(o.opts.Attachments.Root(), m.File, dir, "context/"+name, budget)
+		n, err := workspace.CopyFileNoSync(o.opts.Attachments.Root(), m.File, dir, "context/"+name, budget)
 		if err != nil {
 			if errors.Is(err, errdefs.ErrTooLarge) {
 				err = fmt.Errorf("%s does not fit in what is left of the context limit: %w", m.Name, errdefs.ErrTooLarge)

@@ -353,14 +353,16 @@ func (o *Library) CheckDocuments(ctx context.Context, ids []string, noteQuery st
 // CopyDocuments copies the documents into context/ under their names in
 // documents/ (<id>_<name>, so they never collide with other context files)
 // and writes the notes to context/notes/, within what is left of the
-// context limit. It returns them as prompt.md lists them.
+// context limit. It returns them as prompt.md lists them. Nothing is
+// synced: the caller makes the task's directory durable
+// (workspace.SyncTreeLater).
 func (o *Library) CopyDocuments(dir *os.Root, td TaskDocuments) (docs, notes []ContextFile, err error) {
 	if len(td.docs) == 0 && len(td.notes) == 0 {
 		return nil, nil, nil
 	}
 	budget := o.ContextLeft(dir)
 	for i, d := range td.docs {
-		n, err := workspace.CopyFile(o.data.Root(), workspace.DirDocuments+"/"+d.File, dir, "context/"+d.File, budget)
+		n, err := workspace.CopyFileNoSync(o.data.Root(), workspace.DirDocuments+"/"+d.File, dir, "context/"+d.File, budget)
 		if err != nil {
 			if errors.Is(err, errdefs.ErrTooLarge) {
 				err = fmt.Errorf("%s does not fit in what is left of the context limit: %w", d.DocumentID, errdefs.ErrTooLarge)
@@ -378,7 +380,7 @@ func (o *Library) CopyDocuments(dir *os.Root, td TaskDocuments) (docs, notes []C
 		if int64(len(f.content)) > budget {
 			return nil, nil, &errdefs.FieldError{Field: "note_query", Err: fmt.Errorf("the notes found do not fit in what is left of the context limit: %w", errdefs.ErrTooLarge)}
 		}
-		if err := workspace.WriteFileAtomic(dir, "context/notes/"+f.name, f.content, 0o644); err != nil {
+		if err := workspace.WriteFileAtomicNoSync(dir, "context/notes/"+f.name, f.content, 0o644); err != nil {
 			return nil, nil, fmt.Errorf("write note %s: %w", f.doc.DocumentID, err)
 		}
 		budget -= int64(len(f.content))

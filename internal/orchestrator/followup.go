@@ -37,7 +37,8 @@ func (o *Orchestrator) followUp(req *service.SpawnRequest) (task.Task, error) {
 // copyFollowUp brings the previous task's output into context/previous/
 // and, for the same agent, its HOME (where Claude Code keeps the session
 // that --resume continues), within what is left of the context budget.
-// Symbolic links are skipped, never followed.
+// Symbolic links are skipped, never followed. Nothing is synced: the spawn
+// makes the task's directory durable.
 func (o *Orchestrator) copyFollowUp(dir *os.Root, prev task.Task, agent string) error {
 	src, err := o.data.OpenTask(prev.ID)
 	if err != nil {
@@ -55,7 +56,7 @@ func (o *Orchestrator) copyFollowUp(dir *os.Root, prev task.Task, agent string) 
 			continue // an empty or missing tree
 		}
 		for _, f := range files {
-			n, err := workspace.CopyFile(src, path.Join(tr.from, f.Name), dir, path.Join(tr.to, f.Name), budget)
+			n, err := workspace.CopyFileNoSync(src, path.Join(tr.from, f.Name), dir, path.Join(tr.to, f.Name), budget)
 			if err != nil {
 				return &errdefs.FieldError{Field: "follow_up_of", Err: fmt.Errorf("copy %s of task %s: %w", path.Join(tr.from, f.Name), prev.ID, err)}
 			}

@@ -1038,7 +1038,7 @@ func TestFollowUp(t *testing.T) {
 // claimingStore is a store that, before it records a task's creation,
 // moves the task's entries out of its directory into a new one renamed
 // over it, as a warm sandbox's claim does once the task is recorded: on a
-// busy host that can come before the spawn's fsync of prompt.md runs.
+// busy host that can come before the spawn's fsyncs of its files run.
 type claimingStore struct {
 	eventstore.Store
 	data *workspace.DataRoot
@@ -1067,29 +1067,52 @@ func (s claimingStore) Append(ctx context.Context, stream string, expected int64
 	return s.Store.Append(ctx, stream, expected, evs...)
 }
 
-// TestSpawnSyncsPromptMoved: prompt.md's fsync, beside the task's first
-// commit, reaches the file the spawn wrote even when a claim has moved it
-// by then (it once opened prompt.md only when its goroutine ran, found
-// nothing there, and warned "prompt.md not synced to disk").
-func TestSpawnSyncsPromptMoved(t *testing.T) {
+// TestSpawnSyncsInputsMoved: the fsyncs of what a spawn wrote (prompt.md,
+// context files), beside the task's first commit, reach the files even
+// when a claim has moved them by then (they were once opened only when
+// the goroutine ran, found nothing there, and the spawn warned "prompt.md
+// not synced to disk").
+func TestSpawnSyncsInputsMoved(t *testing.T) {
 	var opts Options
-	MustNew(t, func(o *Options) {
+	f := MustNew(t, func(o *Options) {
 		o.Store = claimingStore{Store: o.Store, data: o.Data}
 		o.Tasks = projection.New(o.Store, slog.New(slog.DiscardHandler))
 		opts = *o
 	})
+	f.MustShared(t, "in.csv", "1,2")
 	var logs testenv.SyncBuffer
 	o := New(opts, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	for range 5 {
-		tk, _, err := o.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "the task", Command: []string{"true"}})
+		tk, _, err := o.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "the task", Command: []string{"true"}, ContextFiles: []string{"in.csv"}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b, err := os.ReadFile(filepath.Join(opts.Data.TaskPath(tk.ID), workerproto.PromptFile)); err != nil || !strings.Contains(string(b), "the task") {
+		dir := opts.Data.TaskPath(tk.ID)
+		if b, err := os.ReadFile(filepath.Join(dir, workerproto.PromptFile)); err != nil || !strings.Contains(string(b), "the task") {
 			t.Fatalf("prompt.md after the move: %q, %v", b, err)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "context", "in.csv")); err != nil || string(b) != "1,2" {
+			t.Fatalf("context/in.csv after the move: %q, %v", b, err)
 		}
 	}
 	if s := logs.String(); s != "" {
 		t.Errorf("the spawns warned:\n%s", s)
+	}
+}
+
+// BenchmarkSpawnContext: a spawn that copies three context files of 16 KiB
+// from shared/, to its answer (the files and the task's first events
+// durable).
+func BenchmarkSpawnContext(b *testing.B) {
+	f := MustNew(b, func(o *Options) { o.Limits.MaxQueued = 0 })
+	names := []string{"a.csv", "b.csv", "c.csv"}
+	for _, n := range names {
+		f.MustShared(b, n, strings.Repeat("x", 16<<10))
+	}
+	req := service.SpawnRequest{TaskDescription: "the task", Command: []string{"true"}, ContextFiles: names}
+	for b.Loop() {
+		if _, _, err := f.o.Spawn(context.Background(), req); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -129,15 +129,16 @@ func (o *Orchestrator) spawn(ctx context.Context, req service.SpawnRequest, allo
 	if err := workspace.WriteFileAtomicNoSync(dir, workerproto.PromptFile, prompt, 0o644); err != nil {
 		return task.Task{}, false, fmt.Errorf("write prompt.md: %w", err)
 	}
-	// prompt.md reaches the disk while the task's first events do, not
-	// before them: the answer waits for both, and a task whose prompt.md a
-	// crash in between left other than its hash does not start (Prepare).
-	syncPrompt, err := workspace.SyncLater(dir, workerproto.PromptFile)
+	// What the spawn wrote (prompt.md, the context files) reaches the
+	// disk while the task's first events do, not before them: the answer
+	// waits for both, and a task whose prompt.md a crash in between left
+	// other than its hash does not start (Prepare).
+	syncInputs, err := workspace.SyncTreeLater(dir)
 	if err != nil {
-		return task.Task{}, false, fmt.Errorf("open prompt.md: %w", err)
+		return task.Task{}, false, fmt.Errorf("open the task's files to sync them: %w", err)
 	}
 	synced := make(chan error, 1)
-	go func() { synced <- syncPrompt() }()
+	go func() { synced <- syncInputs() }()
 	sum := sha256.Sum256(prompt)
 	actor := service.ActorFrom(ctx)
 	t, err := o.tasks.Create(ctx, id,
@@ -150,7 +151,7 @@ func (o *Orchestrator) spawn(ctx context.Context, req service.SpawnRequest, allo
 	if serr != nil {
 		// The task is recorded and will start, or fail at its start if a
 		// crash takes its prompt.md.
-		o.log.Warn("prompt.md not synced to disk", "task_id", id, logkey.Error, serr)
+		o.log.Warn("the task's files not synced to disk", "task_id", id, logkey.Error, serr)
 	}
 	ok = true
 	o.log.Info("task queued", "task_id", id, "agent", spec.Agent, "runtime", spec.Runtime)
@@ -390,7 +391,7 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 func (o *Orchestrator) copyContext(dir *os.Root, files []string) error {
 	budget := o.opts.Limits.MaxContextBytes
 	for i, f := range files {
-		n, err := workspace.CopyFile(o.data.Shared(), f, dir, "context/"+path.Base(f), budget)
+		n, err := workspace.CopyFileNoSync(o.data.Shared(), f, dir, "context/"+path.Base(f), budget)
 		if err != nil {
 			return &errdefs.FieldError{Field: fmt.Sprintf("context_files[%d]", i), Err: err}
 		}

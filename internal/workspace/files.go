@@ -210,6 +210,16 @@ var ErrIsDir = fmt.Errorf("is a directory: %w", errdefs.ErrFailedPrecondition)
 // returns the number of bytes copied. dstName's characters are not checked
 // (CheckName): a copy may keep the name a worker gave its file.
 func CopyFile(src *os.Root, srcName string, dst *os.Root, dstName string, max int64) (int64, error) {
+	return copyFile(src, srcName, dst, dstName, max, true)
+}
+
+// CopyFileNoSync is CopyFile without the two fsyncs, for a file made
+// durable later with the rest of its tree (SyncTreeLater).
+func CopyFileNoSync(src *os.Root, srcName string, dst *os.Root, dstName string, max int64) (int64, error) {
+	return copyFile(src, srcName, dst, dstName, max, false)
+}
+
+func copyFile(src *os.Root, srcName string, dst *os.Root, dstName string, max int64, durable bool) (int64, error) {
 	f, info, err := OpenFile(src, srcName)
 	if err != nil {
 		return 0, err
@@ -219,7 +229,7 @@ func CopyFile(src *os.Root, srcName string, dst *os.Root, dstName string, max in
 		return 0, fmt.Errorf("%s is %d bytes, over the limit of %d: %w", srcName, info.Size(), max, ErrTooLarge)
 	}
 	var n int64
-	err = writeAtomic(dst, dstName, 0o644, true, func(w io.Writer) error {
+	err = writeAtomic(dst, dstName, 0o644, durable, func(w io.Writer) error {
 		n, err = io.Copy(w, io.LimitReader(f, max+1))
 		if err == nil && n > max {
 			return fmt.Errorf("%s grew past the limit of %d bytes: %w", srcName, max, ErrTooLarge)

@@ -140,10 +140,11 @@ func WriteFileAtomic(root *os.Root, name string, data []byte, perm fs.FileMode) 
 
 // WriteFileAtomicNoSync is WriteFileAtomic without the two fsyncs: readers
 // still see the old content or the new, but a power loss may leave
-// neither. For a file whose durability buys nothing: the worker's
+// neither. For a file whose durability buys nothing (the worker's
 // status.json, which the server reads at once, before it commits the
 // task's end, and which a power loss would leave beside output files
-// nothing made durable either.
+// nothing made durable either), or that is made durable later with the
+// rest of its tree (SyncTreeLater).
 func WriteFileAtomicNoSync(root *os.Root, name string, data []byte, perm fs.FileMode) error {
 	if err := CheckName(name); err != nil {
 		return err
@@ -212,29 +213,66 @@ func writeAtomic(root *os.Root, name string, perm fs.FileMode, durable bool, fil
 	return nil
 }
 
-// SyncLater opens name beneath root, and the directory it is in, and
-// returns what makes both durable (an fsync of each), for a file written
-// with WriteFileAtomicNoSync whose durability is waited for later, beside
-// other work. Opened first, they are the file and the directory it was
-// written in even if it has been moved or renamed over since: a warm
-// sandbox's claim moves a task's entries out of its directory as soon as
-// the task is recorded, which can be before the fsync runs.
-func SyncLater(root *os.Root, name string) (sync func() error, err error) {
-	f, err := root.Open(name)
-	if err != nil {
-		return nil, classify(err)
-	}
-	d, _ := root.Open(path.Dir(name)) // see syncDir
-	return func() error {
-		defer f.Close()
-		if d != nil {
-			defer d.Close()
+// maxSyncLater bounds the files SyncTreeLater holds open; it syncs those
+// past it at once.
+const maxSyncLater = 256
+
+// SyncTreeLater opens every regular file beneath root, and every directory
+// that has entries, and returns what makes them all durable (an fsync of
+// each, files first, then directories deepest first): for a tree written
+// without fsyncs (WriteFileAtomicNoSync, CopyFileNoSync) whose durability
+// is waited for later, beside other work. Opened first, they are the files
+// and directories written even if they have been moved or renamed over
+// since: a warm sandbox's claim moves a task's entries out of its directory
+// as soon as the task is recorded, which can be before the fsyncs run.
+// Symbolic links are not followed. Past maxSyncLater files, the rest are
+// synced at once, before it returns.
+func SyncTreeLater(root *os.Root) (sync func() error, err error) {
+	var files, dirs []*os.File
+	closeAll := func() {
+		for _, f := range append(files, dirs...) {
+			f.Close()
 		}
-		if err := f.Sync(); err != nil {
+	}
+	err = fs.WalkDir(root.FS(), ".", func(name string, d fs.DirEntry, err error) error {
+		if err != nil {
 			return err
 		}
-		if d != nil {
-			d.Sync()
+		if !d.Type().IsRegular() && !d.IsDir() {
+			return nil
+		}
+		f, err := root.Open(name)
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			if ents, _ := f.ReadDir(1); len(ents) == 0 {
+				f.Close() // nothing in it to make durable
+				return nil
+			}
+			dirs = append(dirs, f)
+		case len(files) < maxSyncLater:
+			files = append(files, f)
+		default:
+			err = f.Sync()
+			f.Close()
+		}
+		return err
+	})
+	if err != nil {
+		closeAll()
+		return nil, classify(err)
+	}
+	return func() error {
+		defer closeAll()
+		for _, f := range files {
+			if err := f.Sync(); err != nil {
+				return err
+			}
+		}
+		for i := len(dirs) - 1; i >= 0; i-- {
+			dirs[i].Sync() // see syncDir
 		}
 		return nil
 	}, nil

@@ -3,6 +3,7 @@ package workspace
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -499,25 +500,37 @@ func TestWriteFileAtomic(t *testing.T) {
 	}
 }
 
-// TestSyncLater: the file and directory SyncLater opened are the ones
-// synced, even after the file was moved out and its directory replaced
-// (as a warm sandbox's claim moves a task's entries); a missing file is
-// refused at once.
-func TestSyncLater(t *testing.T) {
+// TestSyncTreeLater: the files and directories SyncTreeLater opened are
+// the ones synced, even after they were moved out and their directory
+// replaced (as a warm sandbox's claim moves a task's entries); past
+// maxSyncLater files it syncs the rest at once; a symbolic link is not
+// followed.
+func TestSyncTreeLater(t *testing.T) {
 	base := t.TempDir()
 	taskDir := filepath.Join(base, "task")
-	if err := os.Mkdir(taskDir, 0o755); err != nil {
-		t.Fatal(err)
+	for _, d := range []string{"context/notes", "output"} {
+		if err := os.MkdirAll(filepath.Join(taskDir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	r, err := os.OpenRoot(taskDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if err := WriteFileAtomicNoSync(r, "prompt.md", []byte("the prompt"), 0o644); err != nil {
+	files := map[string]string{"prompt.md": "the prompt", "context/a.csv": "1,2", "context/notes/n.md": "a note"}
+	for i := range maxSyncLater {
+		files[fmt.Sprintf("context/many-%d", i)] = "x"
+	}
+	for name, content := range files {
+		if err := WriteFileAtomicNoSync(r, name, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("/etc/passwd", filepath.Join(taskDir, "context", "link")); err != nil {
 		t.Fatal(err)
 	}
-	sync, err := SyncLater(r, "prompt.md")
+	sync, err := SyncTreeLater(r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -525,8 +538,14 @@ func TestSyncLater(t *testing.T) {
 	if err := os.Mkdir(slot, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Rename(filepath.Join(taskDir, "prompt.md"), filepath.Join(slot, "prompt.md")); err != nil {
+	ents, err := os.ReadDir(taskDir)
+	if err != nil {
 		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if err := os.Rename(filepath.Join(taskDir, e.Name()), filepath.Join(slot, e.Name())); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := unix.Rename(slot, taskDir); err != nil {
 		t.Fatal(err)
@@ -534,11 +553,10 @@ func TestSyncLater(t *testing.T) {
 	if err := sync(); err != nil {
 		t.Errorf("sync after the move: %v", err)
 	}
-	if b, err := os.ReadFile(filepath.Join(taskDir, "prompt.md")); err != nil || string(b) != "the prompt" {
-		t.Errorf("prompt.md = %q, %v", b, err)
-	}
-	if _, err := SyncLater(r, "missing.md"); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Errorf("SyncLater of a missing file: %v, want not found", err)
+	for name, content := range files {
+		if b, err := os.ReadFile(filepath.Join(taskDir, name)); err != nil || string(b) != content {
+			t.Errorf("%s = %q, %v", name, b, err)
+		}
 	}
 }
 
