@@ -209,7 +209,12 @@ func writeAtomic(root *os.Root, name string, perm fs.FileMode, durable bool, fil
 	if !durable {
 		return nil
 	}
-	syncDir(root, dir)
+	// As far as the file system allows: some refuse an fsync of a
+	// directory, and nothing better is possible there.
+	if d, err := root.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
 	return nil
 }
 
@@ -272,18 +277,8 @@ func SyncTreeLater(root *os.Root) (sync func() error, err error) {
 			}
 		}
 		for i := len(dirs) - 1; i >= 0; i-- {
-			dirs[i].Sync() // see syncDir
+			dirs[i].Sync() // some file systems refuse it; nothing better is possible there
 		}
 		return nil
 	}, nil
-}
-
-// syncDir fsyncs directory dir beneath root, as far as the file system
-// allows: some refuse an fsync of a directory, and nothing better is
-// possible there.
-func syncDir(root *os.Root, dir string) {
-	if d, err := root.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }
