@@ -77,7 +77,8 @@ func TestSurvivesServerDeath(t *testing.T) {
 		t.Run(name(rt), func(t *testing.T) {
 			require(t, rt)
 			// The instance travels to the helper process as the "state".
-			sandboxtest.ServerDeath(t, sandboxtest.NewID(t), testenv.TempDir(t), func(tb testing.TB, inst string) sandbox.Runtime {
+			setup := func(t *testing.T) (string, string) { return sandboxtest.NewID(t), testenv.TempDir(t) }
+			sandboxtest.ServerDeath(t, setup, func(tb testing.TB, inst string) sandbox.Runtime {
 				return mustNew(tb, rt, inst)
 			})
 		})

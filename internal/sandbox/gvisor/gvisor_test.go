@@ -240,7 +240,8 @@ func TestHelperDial(t *testing.T) {
 // killed with SIGKILL, then recovers it from this process.
 func TestSurvivesServerDeath(t *testing.T) {
 	testenv.RequireRunsc(t)
-	sandboxtest.ServerDeath(t, filepath.Join(t.TempDir(), "state"), mountDir(t), func(tb testing.TB, state string) sandbox.Runtime {
+	setup := func(t *testing.T) (string, string) { return filepath.Join(t.TempDir(), "state"), mountDir(t) }
+	sandboxtest.ServerDeath(t, setup, func(tb testing.TB, state string) sandbox.Runtime {
 		r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: "corral-gvisor-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
 			tb.Fatal(err)

@@ -98,12 +98,11 @@ func TestSurvivesServerDeath(t *testing.T) {
 		f := strings.SplitN(state, "/", 3)
 		return cluster{cfg: k8stest.Require(tb), ns: f[0], claim: f[1]}.mustNew(tb, "", f[2])
 	}
-	state := ""
-	if !sandboxtest.InServerDeathHelper() {
+	setup := func(t *testing.T) (string, string) {
 		c := newCluster(t)
-		state = c.ns + "/" + c.claim + "/" + sandboxtest.NewID(t)
+		return c.ns + "/" + c.claim + "/" + sandboxtest.NewID(t), testenv.TempDir(t)
 	}
-	sandboxtest.ServerDeath(t, state, testenv.TempDir(t), newRuntime)
+	sandboxtest.ServerDeath(t, setup, newRuntime)
 }
 
 // run creates a sandbox running script with a fresh directory at /out,

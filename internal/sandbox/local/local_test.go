@@ -247,7 +247,10 @@ func f0(fields []string) string {
 // killed with SIGKILL, then recovers it from this process.
 func TestSurvivesServerDeath(t *testing.T) {
 	testenv.RequireBwrap(t)
-	sandboxtest.ServerDeath(t, filepath.Join(testenv.TempDir(t), "state"), testenv.TempDir(t), func(tb testing.TB, state string) sandbox.Runtime {
+	setup := func(t *testing.T) (string, string) {
+		return filepath.Join(testenv.TempDir(t), "state"), testenv.TempDir(t)
+	}
+	sandboxtest.ServerDeath(t, setup, func(tb testing.TB, state string) sandbox.Runtime {
 		r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: "corral-test"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
 			tb.Fatal(err)

@@ -722,19 +722,17 @@ const (
 // creates a sandbox with newRuntime and is killed with SIGKILL once Create
 // has returned; this process then builds a new Runtime over the same state,
 // finds the sandbox with List, recovers it, sees it running and sees it end
-// with its own exit code. state is a host path both processes use for the
-// runtime's state; dir is a host directory the sandbox gets read-write.
+// with its own exit code. setup, run in this process only, returns state,
+// what both processes give newRuntime (a host path for the runtime's state,
+// say), and dir, a host directory the sandbox gets read-write: the helper
+// makes nothing of its own that its SIGKILL would leave behind.
 // In the helper process ServerDeath creates the sandbox and never returns.
-// InServerDeathHelper reports whether this process is ServerDeath's
-// helper: a test whose state lives outside the host (a namespace it
-// makes) must not make it again there.
-func InServerDeathHelper() bool { return os.Getenv(envHelperState) != "" }
-
-func ServerDeath(t *testing.T, state, dir string, newRuntime func(tb testing.TB, state string) sandbox.Runtime) {
+func ServerDeath(t *testing.T, setup func(t *testing.T) (state, dir string), newRuntime func(tb testing.TB, state string) sandbox.Runtime) {
 	if s := os.Getenv(envHelperState); s != "" {
 		serverDeathHelper(t, newRuntime(t, s), os.Getenv(envHelperDir), os.Getenv(envHelperID))
 		return
 	}
+	state, dir := setup(t)
 	id := NewID(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.v")
 	cmd.Env = append(os.Environ(), envHelperState+"="+state, envHelperDir+"="+dir, envHelperID+"="+id)
