@@ -907,12 +907,13 @@ func TestWorkerCompleteProgress(t *testing.T) {
 	run = f.MustRunning(t)
 	key = webhook.DeriveKey(testSecret, run.ID)
 	h, body = signed(run.ID, "wh-2", key, withItems(items[:1]), func(c *webhook.Completion) { c.Status, c.ExitCode = "failed", 1 })
-	if _, err := f.r.WorkerComplete(ctx, webhook.Received(h, body)); err != nil {
+	evID, err := f.r.WorkerComplete(ctx, webhook.Received(h, body))
+	if err != nil {
 		t.Fatal(err)
 	}
 	evs, _ = f.store.ReadStream(ctx, task.StreamID(run.ID), run.Version)
-	if len(evs) != 1 || evs[0].Type != task.EventProgress {
-		t.Errorf("after a failure's completion: %d events, want its one progress event", len(evs))
+	if len(evs) != 1 || evs[0].Type != task.EventProgress || evs[0].ID != evID {
+		t.Errorf("after a failure's completion: %d events, want its one progress event, whose id (not %s) it returns", len(evs), evID)
 	}
 	if got, _ := f.tasks.Get(run.ID); got.Status != task.Running {
 		t.Errorf("after a failure's completion the task is %s, want running until its sandbox exits", got.Status)

@@ -483,7 +483,8 @@ func message(s string) string { return clip.String(strings.TrimSpace(s), maxMess
 // signature with the task's derived key, the timestamp and the webhook id,
 // then ends the task with the result it reads from the task directory.
 // A completion for a task that already ended is accepted and changes
-// nothing. It returns the id of the task's last event.
+// nothing. It returns the id of the task's last event: the one it
+// appended, if any, else the last the task had when it looked.
 func (o *Runner) WorkerComplete(ctx context.Context, m webhook.Signed) (string, error) {
 	c, err := o.opts.Verifier.Verify(m)
 	if err != nil {
@@ -535,16 +536,14 @@ func (o *Runner) WorkerComplete(ctx context.Context, m webhook.Signed) (string, 
 			o.log.Info("task completed by webhook", "task_id", t.ID, "status", t.Status)
 		}
 	} else if len(progress) > 0 {
-		if _, err := o.store.Append(projection.TaskCause(ctx, t), task.StreamID(t.ID), eventstore.AnyVersion, progress...); err != nil {
+		evs, err := o.store.Append(projection.TaskCause(ctx, t), task.StreamID(t.ID), eventstore.AnyVersion, progress...)
+		if err != nil {
 			o.opts.Verifier.Forget(c.WebhookID)
 			return "", fmt.Errorf("record progress of task %s: %w", t.ID, err)
 		}
+		return evs[len(evs)-1].ID, nil
 	}
-	evs, err := o.store.ReadStream(ctx, task.StreamID(t.ID), t.Version-1)
-	if err != nil || len(evs) == 0 {
-		return "", errors.Join(err, errors.New("read the task's last event"))
-	}
-	return evs[len(evs)-1].ID, nil
+	return t.LastEventID, nil
 }
 
 // checkPrompt refuses a task whose prompt.md is not the one written at its
