@@ -28,7 +28,14 @@ type progressSender struct {
 func (s *progressSender) send(items int) (ProgressReport, error) {
 	s.tb.Helper()
 	s.n++
-	p := ProgressReport{EventType: task.EventProgress, Source: "local", TaskID: s.taskID, WebhookID: fmt.Sprintf("wh_%s_%d", s.taskID, s.n), Timestamp: s.clk.Now().Unix()}
+	return s.sendAs(fmt.Sprintf("wh_%s_%d", s.taskID, s.n), items)
+}
+
+// sendAs posts a report of items with webhook id id: a retry of an earlier
+// one when id is that one's.
+func (s *progressSender) sendAs(id string, items int) (ProgressReport, error) {
+	s.tb.Helper()
+	p := ProgressReport{EventType: task.EventProgress, Source: "local", TaskID: s.taskID, WebhookID: id, Timestamp: s.clk.Now().Unix()}
 	for i := range items {
 		p.Items = append(p.Items, ProgressItem{Kind: fmt.Sprintf("k%d", i), Text: strings.Repeat("x", 512)})
 	}
@@ -193,5 +200,73 @@ func TestCompletionProgressShareTheBudget(t *testing.T) {
 	// And a report after them finds the budget spent.
 	if _, err := s.send(1); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Errorf("a report after the completions: %v, want it over the rate", err)
+	}
+}
+
+// TestForgottenProgressIsRefunded: a message the server verified but could
+// not record is forgotten (Forget), and the worker's retry, with the same
+// id, is charged again: what the first attempt took from the task's
+// budget (rate, totals, the exhaustion it caused and the drops its note
+// reported) is given back, so a retry is judged as the first attempt was.
+func TestForgottenProgressIsRefunded(t *testing.T) {
+	clk := &clock{t: testNow}
+	v := NewVerifier(testSecret, time.Minute, clk.Now)
+
+	// The rate: two full reports spend the burst; the second, forgotten,
+	// is accepted again.
+	rate := &progressSender{tb: t, v: v, clk: clk, taskID: "task-rate"}
+	if _, err := rate.sendAs("a", 32); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rate.sendAs("b", 32); err != nil {
+		t.Fatal(err)
+	}
+	v.Forget("b")
+	if p, err := rate.sendAs("b", 32); err != nil || len(p.Items) != 32 {
+		t.Errorf("retry of a forgotten report at the burst: %d items, %v; want its 32", len(p.Items), err)
+	}
+
+	// The totals, and the exhaustion a report caused.
+	v.limits.MaxEvents = 10
+	total := &progressSender{tb: t, v: v, clk: clk, taskID: "task-total"}
+	if _, err := total.sendAs("a", 4); err != nil {
+		t.Fatal(err)
+	}
+	v.Forget("a")
+	for _, id := range []string{"a", "b"} {
+		if p, err := total.sendAs(id, 4); err != nil || len(p.Items) != 4 {
+			t.Fatalf("report %s after a forgotten one: %d items, %v; want its 4 within the total of 10", id, len(p.Items), err)
+		}
+	}
+	if p, err := total.sendAs("c", 4); err != nil || len(p.Items) != 1 || p.Items[0].Kind != KindProgressDropped {
+		t.Fatalf("over the total: %+v, %v; want only the note", p.Items, err)
+	}
+	v.Forget("c")
+	if p, err := total.sendAs("c", 4); err != nil || len(p.Items) != 1 || p.Items[0].Kind != KindProgressDropped {
+		t.Errorf("retry of the forgotten report that reached the total: %+v, %v; want the note again", p.Items, err)
+	}
+	if _, err := total.sendAs("d", 1); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Errorf("after the total: %v, want ErrResourceExhausted", err)
+	}
+
+	// The drops a forgotten note reported are reported by the retry's.
+	v.limits.MaxEvents = 1000
+	drops := &progressSender{tb: t, v: v, clk: clk, taskID: "task-drops"}
+	for _, id := range []string{"a", "b"} {
+		if _, err := drops.sendAs(id, 32); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := drops.sendAs("dropped", 5); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("over the rate: %v, want it dropped", err)
+	}
+	clk.Add(time.Minute)
+	p, err := drops.sendAs("e", 1)
+	if err != nil || len(p.Items) != 2 || p.Items[1].Coalesced != 5 {
+		t.Fatalf("report after a drop: %+v, %v; want its item and a note of 5 dropped", p.Items, err)
+	}
+	v.Forget("e")
+	if p, err := drops.sendAs("e", 1); err != nil || len(p.Items) != 2 || p.Items[1].Coalesced != 5 {
+		t.Errorf("retry of the forgotten report with the note: %+v, %v; want the note of 5 again", p.Items, err)
 	}
 }

@@ -161,10 +161,10 @@ func (v *Verifier) VerifyProgress(m Signed) (ProgressReport, error) {
 	if err != nil {
 		return ProgressReport{}, err
 	}
-	err = v.remember(p.TaskID, p.WebhookID, now, func(st *taskState) error {
-		items, err := st.progress.admit(v.limits, now, p.Items, len(m.Body))
+	err = v.remember(p.TaskID, p.WebhookID, now, func(st *taskState) (charge, error) {
+		items, ch, err := st.progress.admit(v.limits, now, p.Items, len(m.Body))
 		p.Items = items
-		return err
+		return ch, err
 	})
 	if err != nil {
 		return ProgressReport{}, err

@@ -64,6 +64,7 @@ type taskState struct {
 	seen       map[string]time.Time // webhook id → when it may be forgotten
 	lastActive time.Time
 	progress   progressBudget
+	charged    map[string]charge // webhook id → what its progress took, while seen
 }
 
 // expire forgets the ids whose time has passed.
@@ -71,6 +72,7 @@ func (st *taskState) expire(now time.Time) {
 	for id, exp := range st.seen {
 		if !now.Before(exp) {
 			delete(st.seen, id)
+			delete(st.charged, id)
 		}
 	}
 }
@@ -135,15 +137,15 @@ func (v *Verifier) Verify(m Signed) (Completion, error) {
 	// The progress a completion carries is held to the task's progress
 	// budget like a report's, or repeated completions would be a way
 	// around it; over the budget it is dropped, never the completion.
-	var admit func(*taskState) error
+	var admit func(*taskState) (charge, error)
 	if len(c.Progress) > 0 {
-		admit = func(st *taskState) error {
-			items, err := st.progress.admit(v.limits, now, c.Progress, len(m.Body))
+		admit = func(st *taskState) (charge, error) {
+			items, ch, err := st.progress.admit(v.limits, now, c.Progress, len(m.Body))
 			if err != nil {
 				items = nil
 			}
 			c.Progress = items
-			return nil
+			return ch, nil
 		}
 	}
 	if err := v.remember(c.TaskID, c.WebhookID, now, admit); err != nil {
@@ -185,22 +187,28 @@ func (v *Verifier) authenticate(m Signed, sig []byte, kind string, e envelope) (
 	return now, nil
 }
 
-// Forget releases a webhook id that Verify accepted, so that a retry with the
-// same id is accepted again. A handler calls it when it could not record a
-// verified completion (its store was down), so the worker's next attempt
-// is not refused as a replay.
+// Forget releases a webhook id that Verify or VerifyProgress accepted, so
+// that a retry with the same id is accepted again, and gives back what its
+// progress took from the task's budget, which the retry takes again. A
+// handler calls it when it could not record a verified message (its store
+// was down), so the worker's next attempt is neither refused as a replay
+// nor charged twice.
 func (v *Verifier) Forget(webhookID string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, st := range v.tasks {
+		if ch, ok := st.charged[webhookID]; ok {
+			st.progress.refund(v.limits, ch)
+			delete(st.charged, webhookID)
+		}
 		delete(st.seen, webhookID)
 	}
 }
 
 // remember records a task's webhook id, refusing one already seen. admit,
 // if set, decides under the lock whether the message fits the task's
-// budget; an id it refuses is not remembered.
-func (v *Verifier) remember(taskID, id string, now time.Time, admit func(*taskState) error) error {
+// budget and returns what it charged; an id it refuses is not remembered.
+func (v *Verifier) remember(taskID, id string, now time.Time, admit func(*taskState) (charge, error)) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if now.Sub(v.lastSweep) >= sweepEvery {
@@ -221,8 +229,12 @@ func (v *Verifier) remember(taskID, id string, now time.Time, admit func(*taskSt
 		}
 	}
 	if admit != nil {
-		if err := admit(st); err != nil {
+		ch, err := admit(st)
+		if err != nil {
 			return err
+		}
+		if ch != (charge{}) {
+			st.charged[id] = ch
 		}
 	}
 	st.seen[id] = now.Add(2 * v.maxSkew)
@@ -240,7 +252,7 @@ func (v *Verifier) state(taskID string, now time.Time) (*taskState, error) {
 			return nil, fmt.Errorf("check webhook id: %d tasks sent messages in the last %s, at the limit: %w", len(v.tasks), taskStateTTL, errdefs.ErrResourceExhausted)
 		}
 	}
-	st := &taskState{seen: make(map[string]time.Time), lastActive: now}
+	st := &taskState{seen: make(map[string]time.Time), charged: make(map[string]charge), lastActive: now}
 	v.tasks[taskID] = st
 	return st, nil
 }
