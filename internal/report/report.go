@@ -24,6 +24,7 @@ const Actor = "corral/report"
 // Run reports every ended workspace task not reported yet (from the start
 // of the log), then each as it ends, until ctx is done.
 func Run(ctx context.Context, store eventstore.Store, log *slog.Logger) error {
+	r := &reporter{store: store, log: log, reports: map[string]bool{}}
 	var after int64
 	for {
 		evs, err := store.ReadAll(ctx, after, 1024)
@@ -38,7 +39,7 @@ func Run(ctx context.Context, store eventstore.Store, log *slog.Logger) error {
 		}
 		for _, e := range evs {
 			after = e.Position
-			handle(ctx, store, e, log)
+			r.handle(ctx, e)
 		}
 	}
 	sub := eventstore.Subscribe(store, after)
@@ -50,16 +51,42 @@ func Run(ctx context.Context, store eventstore.Store, log *slog.Logger) error {
 			}
 			return fmt.Errorf("follow events to report: %w", err)
 		}
-		handle(ctx, store, e, log)
+		r.handle(ctx, e)
 	}
 }
 
-func handle(ctx context.Context, store eventstore.Store, e eventstore.Event, log *slog.Logger) {
-	if e.Type != task.EventCompleted || task.IDFromStream(e.StreamID) == "" {
+// reporter is Run's state: the tasks created and not ended whose end it
+// reports, workspace tasks with an origin conversation, learnt from their
+// task_created events. Run reads the log from its start, so it sees every
+// task's creation before its end, and the end of any other task costs no
+// read of its stream.
+type reporter struct {
+	store   eventstore.Store
+	log     *slog.Logger
+	reports map[string]bool // task id → its end is reported
+}
+
+func (r *reporter) handle(ctx context.Context, e eventstore.Event) {
+	id := task.IDFromStream(e.StreamID)
+	if id == "" {
 		return
 	}
-	if err := report(ctx, store, e); err != nil && ctx.Err() == nil {
-		log.Warn("cannot report a workspace task's end", "event_id", e.ID, "err", err)
+	switch e.Type {
+	case task.EventCreated:
+		var c task.Created
+		// One that does not decode is looked at whole at its end, where
+		// the error shows.
+		if err := json.Unmarshal(e.Data, &c); err != nil || (c.Spec.Workspace != "" && c.Spec.ReportConversation() != "") {
+			r.reports[id] = true
+		}
+	case task.EventCompleted:
+		if !r.reports[id] {
+			return
+		}
+		delete(r.reports, id)
+		if err := report(ctx, r.store, e); err != nil && ctx.Err() == nil {
+			r.log.Warn("cannot report a workspace task's end", "event_id", e.ID, "err", err)
+		}
 	}
 }
 
