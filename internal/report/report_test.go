@@ -20,16 +20,24 @@ import (
 // to report: context canceled").
 func TestRunEndsQuietlyWhenCancelled(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
-	store, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "events.db"), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := mustOpen(t, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := Run(ctx, store, log); err != nil {
 		t.Errorf("Run with its context cancelled: %v, want nil", err)
 	}
+}
+
+// mustOpen opens an event store in a temporary directory, closed when the
+// test ends.
+func mustOpen(tb testing.TB, log *slog.Logger) *sqlite.Store {
+	tb.Helper()
+	store, err := sqlite.Open(context.Background(), filepath.Join(tb.TempDir(), "events.db"), log)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { store.Close() })
+	return store
 }
 
 // countingStore counts the reads of single streams.
@@ -50,11 +58,7 @@ func (s *countingStore) ReadStream(ctx context.Context, stream string, after int
 func TestReportsWorkspaceTasksOnly(t *testing.T) {
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
-	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "events.db"), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := mustOpen(t, log)
 	store := &countingStore{Store: db}
 	end := func(spec task.Spec) string {
 		t.Helper()
@@ -77,6 +81,7 @@ func TestReportsWorkspaceTasksOnly(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, store, log) }()
 	var evs []eventstore.Event
+	var err error
 	for deadline := time.Now().Add(10 * time.Second); len(evs) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if evs, err = db.ReadStream(ctx, task.ConversationStreamID("c1"), 0); err != nil {
 			t.Fatal(err)
@@ -120,11 +125,7 @@ func (s caughtUp) ReadAll(ctx context.Context, after int64, limit int) ([]events
 func BenchmarkCatchUp(b *testing.B) {
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
-	db, err := sqlite.Open(ctx, filepath.Join(b.TempDir(), "events.db"), log)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer db.Close()
+	db := mustOpen(b, log)
 	const tasks = 1000
 	for range tasks {
 		created := projection.NewEvent(task.EventCreated, task.Created{Spec: task.Spec{Description: "plain", Agent: "command", Command: []string{"echo", "hi"}}}, "test")
