@@ -76,7 +76,7 @@ func (r *reporter) handle(ctx context.Context, e eventstore.Event) {
 		var c task.Created
 		// One that does not decode is looked at whole at its end, where
 		// the error shows.
-		if err := json.Unmarshal(e.Data, &c); err != nil || (c.Spec.Workspace != "" && c.Spec.ReportConversation() != "") {
+		if err := json.Unmarshal(e.Data, &c); err != nil || reportTo(c.Spec) != "" {
 			r.reports[id] = true
 		}
 	case task.EventCompleted:
@@ -88,6 +88,15 @@ func (r *reporter) handle(ctx context.Context, e eventstore.Event) {
 			r.log.Warn("cannot report a workspace task's end", "event_id", e.ID, "err", err)
 		}
 	}
+}
+
+// reportTo is the conversation the end of a task with spec s is reported
+// to: a workspace task's origin conversation; "" for none.
+func reportTo(s task.Spec) string {
+	if s.Workspace == "" {
+		return ""
+	}
+	return s.ReportConversation()
 }
 
 // report appends the report of the task whose terminal event is e, unless
@@ -106,8 +115,8 @@ func report(ctx context.Context, store eventstore.Store, e eventstore.Event) err
 			return err
 		}
 	}
-	conv := t.ReportConversation()
-	if t.Workspace == "" || conv == "" {
+	conv := reportTo(t.Spec)
+	if conv == "" {
 		return nil
 	}
 	stream := task.ConversationStreamID(conv)
