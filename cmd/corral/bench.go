@@ -103,6 +103,10 @@ func printBench(w io.Writer, r *bench.Result) {
 		row("bare docker run --rm IMAGE echo hi", e.DockerRun)
 		fmt.Fprintf(w, "  code_execute local over bare bwrap: %.2f; docker over bare docker run: %.2f (target <= 1.2)\n", e.LocalRatio, e.DockerRatio)
 	}
+	commits := func(c bench.Commits) {
+		fmt.Fprintf(w, "  event log: %d commits of %.1f events on average, %.2f ms each with its fsync\n", c.Commits, c.EventsPerCommit, c.MeanMS)
+	}
+	commits(r.SequentialCommits)
 	fmt.Fprintln(w)
 	c := r.Concurrent
 	fmt.Fprintf(w, "concurrent (%d clients)                   done     wall      per second   CPU per run\n", r.Concurrency)
@@ -115,5 +119,6 @@ func printBench(w io.Writer, r *bench.Result) {
 	trow("cold tasks", c.Task)
 	trow("bare bwrap", c.Bwrap)
 	fmt.Fprintf(w, "  bare over cold tasks: %.2f; tasks per second target (issue 17, 16 clients on 2 cores): >= 100\n", c.Ratio)
+	commits(r.ConcurrentCommits)
 	fmt.Fprintf(w, "  CPU per run bounds runs per second on %d cores at %d000 / CPU ms; 100 tasks/s there takes <= %.1f ms\n", r.Host.CPUs, r.Host.CPUs, float64(r.Host.CPUs)*10)
 }

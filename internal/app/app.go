@@ -65,6 +65,7 @@ type App struct {
 	opts Options
 
 	store    eventstore.Store
+	commits  func() sqlite.CommitStats // the store's commits, for /metrics
 	data     *workspace.DataRoot
 	attRoot  *os.Root // attachments/
 	docs     documentIndex
@@ -122,7 +123,7 @@ func (a *App) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.store = store
+	a.store, a.commits = store, store.Commits
 	a.tasks = projection.New(a.store, a.log.With("subsystem", "projection"))
 	if err := a.tasks.Rebuild(ctx); err != nil {
 		return err
@@ -522,12 +523,18 @@ func (b backend) Stats() httpapi.Stats {
 	st.QueueDepth = st.ByStatus[task.Queued] + st.ByStatus[task.Pending]
 	e := b.a.tasks.Ended()
 	st.Durations = httpapi.Histogram{Bounds: projection.DurationBuckets, Within: e.Within, Count: e.Timed, Sum: e.Seconds}
+	c := b.a.Commits()
+	st.Commits = httpapi.Histogram{Bounds: sqlite.CommitBuckets, Within: c.Within, Count: c.Commits, Sum: c.Seconds}
+	st.EventsCommitted = c.Events
 	st.Agents = make(map[string]httpapi.AgentUsage, len(e.Agents))
 	for name, u := range e.Agents {
 		st.Agents[name] = httpapi.AgentUsage(u)
 	}
 	return st
 }
+
+// Commits are the event log's commits since the server started.
+func (a *App) Commits() sqlite.CommitStats { return a.commits() }
 
 // notifyDeliveries serves /api/deliveries from the dispatcher, recording the
 // caller as the actor of a retry.

@@ -120,6 +120,36 @@ type Result struct {
 	Exec *Exec `json:"exec,omitempty"`
 	// Concurrent runs n tasks, then n bare bwraps, from Concurrency clients.
 	Concurrent Concurrent `json:"concurrent"`
+	// SequentialCommits and ConcurrentCommits are the server's event log
+	// commits over each phase, warm-up runs included.
+	SequentialCommits Commits `json:"sequential_commits"`
+	ConcurrentCommits Commits `json:"concurrent_commits"`
+}
+
+// Commits are the event log's commits over a phase (the server's
+// corral_event_commit_seconds): how many, the events each held and the
+// time each took (a transaction and an fsync), on average. A task waits
+// for several one after another.
+type Commits struct {
+	Commits         uint64  `json:"commits"`
+	EventsPerCommit float64 `json:"events_per_commit"`
+	MeanMS          float64 `json:"mean_ms"`
+}
+
+// commitCount is the server's commit counters at one time.
+type commitCount struct {
+	commits, events uint64
+	seconds         float64
+}
+
+// commitsBetween are the commits from before to after.
+func commitsBetween(before, after commitCount) Commits {
+	c := Commits{Commits: after.commits - before.commits}
+	if c.Commits > 0 {
+		c.EventsPerCommit = float64(after.events-before.events) / float64(c.Commits)
+		c.MeanMS = (after.seconds - before.seconds) * 1000 / float64(c.Commits)
+	}
+	return c
 }
 
 // Host describes the machine the figures come from.
@@ -311,12 +341,19 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 		}
 		b.dockerRun = []string{docker, "-H", cfg.Docker.Host, "run", "--rm", "--network", "none", opts.DockerImage, "/bin/echo", "hi"}
 	}
+	commits := func() commitCount {
+		c := a.Commits()
+		return commitCount{c.Commits, c.Events, c.Seconds}
+	}
+	start := commits()
 	if err := b.sequential(ctx, opts, res); err != nil {
 		return nil, err
 	}
+	mid := commits()
 	if err := b.concurrent(ctx, opts, res); err != nil {
 		return nil, err
 	}
+	res.SequentialCommits, res.ConcurrentCommits = commitsBetween(start, mid), commitsBetween(mid, commits())
 	return res, nil
 }
 

@@ -73,6 +73,17 @@ func TestBench(t *testing.T) {
 			t.Errorf("concurrent %s: CPU per run %v ms, want a positive figure", name, tp.CPU)
 		}
 	}
+	// The sequential phase ran a warm and a cold task per round, warm-up
+	// included, one at a time: each commits at least its creation and
+	// its end. The concurrent one ran 2n tasks.
+	for name, c := range map[string]struct {
+		bench.Commits
+		min uint64
+	}{"sequential": {res.SequentialCommits, 2 * 2 * (n + 1)}, "concurrent": {res.ConcurrentCommits, 2}} {
+		if c.Commits.Commits < c.min || c.EventsPerCommit < 1 || c.MeanMS <= 0 {
+			t.Errorf("%s commits %+v: want at least %d, of one event or more, in a positive time", name, c.Commits, c.min)
+		}
+	}
 	if res.Host.CPUs < 1 || res.Host.Bwrap == "" {
 		t.Errorf("host %+v: want CPUs and the bwrap version", res.Host)
 	}

@@ -357,6 +357,28 @@ func TestToolsOverHTTP(t *testing.T) {
 	if code != 200 || !strings.Contains(body, `corral_tasks{status="success"} 1`) || !strings.Contains(body, "corral_task_duration_seconds_count 1") {
 		t.Errorf("metrics: %d %s", code, body)
 	}
+	// The task's life took commits of the event log (created, starting,
+	// started, completed at least), each holding one event or more.
+	commits, events := metricValue(t, body, "corral_event_commit_seconds_count"), metricValue(t, body, "corral_events_committed_total")
+	if commits < 4 || events < commits {
+		t.Errorf("metrics: %d commits of %d events, want 4 or more commits of at least one event each", commits, events)
+	}
+}
+
+// metricValue is the value of the unlabelled metric name in a /metrics body.
+func metricValue(t *testing.T, body, name string) uint64 {
+	t.Helper()
+	for line := range strings.Lines(body) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				t.Fatalf("/metrics: bad value in %q", line)
+			}
+			return n
+		}
+	}
+	t.Fatalf("/metrics has no %s", name)
+	return 0
 }
 
 func TestDiskFillerStoppedAtQuota(t *testing.T) {

@@ -39,12 +39,14 @@ type stats struct{ stub }
 
 func (*stats) Stats() Stats {
 	return Stats{ByStatus: map[task.Status]int{task.Queued: 2, task.Running: 1}, QueueDepth: 2, Running: 1,
-		Durations: Histogram{Bounds: []float64{1, 5}, Within: []uint64{1, 3}, Count: 4, Sum: 12.5},
-		Agents:    map[string]AgentUsage{"claude": {InputTokens: 10, OutputTokens: 20, CostUSD: 0.5}}}
+		Durations:       Histogram{Bounds: []float64{1, 5}, Within: []uint64{1, 3}, Count: 4, Sum: 12.5},
+		Agents:          map[string]AgentUsage{"claude": {InputTokens: 10, OutputTokens: 20, CostUSD: 0.5}},
+		Commits:         Histogram{Bounds: []float64{0.0005, 0.001}, Within: []uint64{2, 5}, Count: 6, Sum: 0.0071},
+		EventsCommitted: 9}
 }
 
-// /metrics writes the backend's histogram of run times and agent usage in
-// Prometheus's text format.
+// /metrics writes the backend's histograms of run times and commits, and
+// agent usage, in Prometheus's text format.
 func TestMetricsRoute(t *testing.T) {
 	hs := httptest.NewServer(New(&stats{}, Options{Token: "tok"}, slogTo(io.Discard)).Handler())
 	t.Cleanup(hs.Close)
@@ -62,6 +64,13 @@ func TestMetricsRoute(t *testing.T) {
 		`corral_agent_tokens_total{agent="claude",kind="input"} 10`,
 		`corral_agent_tokens_total{agent="claude",kind="output"} 20`,
 		`corral_agent_cost_usd_total{agent="claude"} 0.5`,
+		`# TYPE corral_event_commit_seconds histogram`,
+		`corral_event_commit_seconds_bucket{le="0.0005"} 2`,
+		`corral_event_commit_seconds_bucket{le="0.001"} 5`,
+		`corral_event_commit_seconds_bucket{le="+Inf"} 6`,
+		`corral_event_commit_seconds_sum 0.0071`,
+		`corral_event_commit_seconds_count 6`,
+		`corral_events_committed_total 9`,
 	} {
 		if !strings.Contains(body, want+"\n") {
 			t.Errorf("/metrics has no line %s:\n%s", want, body)

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"sort"
 
@@ -25,15 +26,11 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 	fmt.Fprintln(w, "# HELP corral_workers_running Tasks this server is starting or supervising.")
 	fmt.Fprintln(w, "# TYPE corral_workers_running gauge")
 	fmt.Fprintf(w, "corral_workers_running %d\n", st.Running)
-	fmt.Fprintln(w, "# HELP corral_task_duration_seconds How long ended tasks ran.")
-	fmt.Fprintln(w, "# TYPE corral_task_duration_seconds histogram")
-	d := st.Durations
-	for i, b := range d.Bounds {
-		fmt.Fprintf(w, "corral_task_duration_seconds_bucket{le=\"%g\"} %d\n", b, d.Within[i])
-	}
-	fmt.Fprintf(w, "corral_task_duration_seconds_bucket{le=\"+Inf\"} %d\n", d.Count)
-	fmt.Fprintf(w, "corral_task_duration_seconds_sum %g\n", d.Sum)
-	fmt.Fprintf(w, "corral_task_duration_seconds_count %d\n", d.Count)
+	writeHistogram(w, "corral_task_duration_seconds", "How long ended tasks ran.", st.Durations)
+	writeHistogram(w, "corral_event_commit_seconds", "Event log commits (a transaction and an fsync each; concurrent appends share one), from BEGIN until on disk. Every task waits for several.", st.Commits)
+	fmt.Fprintln(w, "# HELP corral_events_committed_total Events the event log committed: over corral_event_commit_seconds_count, how many a commit holds.")
+	fmt.Fprintln(w, "# TYPE corral_events_committed_total counter")
+	fmt.Fprintf(w, "corral_events_committed_total %d\n", st.EventsCommitted)
 	names := make([]string, 0, len(st.Agents))
 	for n := range st.Agents {
 		names = append(names, n)
@@ -69,4 +66,15 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	return nil
+}
+
+// writeHistogram writes h as the histogram family name.
+func writeHistogram(w io.Writer, name, help string, h Histogram) {
+	fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name)
+	for i, b := range h.Bounds {
+		fmt.Fprintf(w, "%s_bucket{le=\"%g\"} %d\n", name, b, h.Within[i])
+	}
+	fmt.Fprintf(w, "%s_bucket{le=\"+Inf\"} %d\n", name, h.Count)
+	fmt.Fprintf(w, "%s_sum %g\n", name, h.Sum)
+	fmt.Fprintf(w, "%s_count %d\n", name, h.Count)
 }

@@ -50,6 +50,10 @@ type Stats struct {
 	Agents map[string]AgentUsage
 	// Warm are the runtimes' pools of warm sandboxes.
 	Warm []WarmPool
+	// Commits are the event log's commits (one fsync each), in seconds,
+	// and EventsCommitted the events they held.
+	Commits         Histogram
+	EventsCommitted uint64
 }
 
 // WarmPool is one pool of warm sandboxes (sandbox.WarmStats).

@@ -68,10 +68,11 @@ type Store struct {
 	writerDone chan struct{}   // closed when the writer goroutine returns
 	w          writer          // state owned by the writer goroutine
 
-	mu     sync.Mutex
-	head   int64         // highest committed position
-	wake   chan struct{} // closed and replaced on each commit
-	recent recent        // the last committed events, up to head
+	mu      sync.Mutex
+	head    int64         // highest committed position
+	wake    chan struct{} // closed and replaced on each commit
+	recent  recent        // the last committed events, up to head
+	commits CommitStats
 
 	closeOnce sync.Once
 	closeErr  error
@@ -306,10 +307,12 @@ func (s *Store) isClosed() bool {
 	}
 }
 
-// published records a commit of evs, up to head, and wakes every WaitFor.
-func (s *Store) published(head int64, evs []eventstore.Event) {
+// published records a commit of evs, up to head, and how long it took, and
+// wakes every WaitFor.
+func (s *Store) published(head int64, evs []eventstore.Event, took time.Duration) {
 	s.mu.Lock()
 	s.head = head
+	s.commits.add(took, len(evs))
 	s.recent.add(evs)
 	close(s.wake)
 	s.wake = make(chan struct{})

@@ -169,7 +169,9 @@ func (s *Store) runWriter() {
 // alone. If the transaction itself fails, every request in it fails.
 func (s *Store) commitBatch(batch []*appendReq) {
 	results := make([]appendRes, len(batch))
+	start := time.Now()
 	head, err := s.writeBatch(batch, results)
+	took := time.Since(start)
 	if err != nil {
 		err = fmt.Errorf("commit %d appends: %w", len(batch), classify(err))
 		for i := range results {
@@ -183,7 +185,7 @@ func (s *Store) commitBatch(batch []*appendReq) {
 		for _, r := range results {
 			evs = append(evs, r.events...)
 		}
-		s.published(head, evs)
+		s.published(head, evs, took)
 	}
 	for i, r := range batch {
 		r.res <- results[i]
