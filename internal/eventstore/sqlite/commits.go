@@ -23,9 +23,6 @@ type CommitStats struct {
 
 // add counts a commit of events that took d.
 func (c *CommitStats) add(d time.Duration, events int) {
-	if c.Within == nil {
-		c.Within = make([]uint64, len(CommitBuckets))
-	}
 	sec := d.Seconds()
 	c.Commits++
 	c.Events += uint64(events)
@@ -43,8 +40,5 @@ func (s *Store) Commits() CommitStats {
 	defer s.mu.Unlock()
 	c := s.commits
 	c.Within = slices.Clone(c.Within)
-	if c.Within == nil {
-		c.Within = make([]uint64, len(CommitBuckets))
-	}
 	return c
 }

@@ -53,7 +53,7 @@ func TestCommitsCount(t *testing.T) {
 
 // TestCommitBuckets: a commit counts in every bucket its time fits.
 func TestCommitBuckets(t *testing.T) {
-	var c CommitStats
+	c := CommitStats{Within: make([]uint64, len(CommitBuckets))}
 	c.add(300*time.Microsecond, 1) // every bucket
 	c.add(3*time.Millisecond, 2)   // from 5 ms on
 	c.add(2*time.Second, 1)        // none

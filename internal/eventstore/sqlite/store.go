@@ -110,6 +110,7 @@ func Open(ctx context.Context, path string, log *slog.Logger) (*Store, error) {
 		quit:       make(chan struct{}),
 		writerDone: make(chan struct{}),
 		wake:       make(chan struct{}),
+		commits:    CommitStats{Within: make([]uint64, len(CommitBuckets))},
 	}
 	if err := s.open(ctx); err != nil {
 		s.closeDBs()
