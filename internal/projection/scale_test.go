@@ -1,7 +1,9 @@
 package projection
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -159,4 +161,41 @@ func TestIndexes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// BenchmarkEndedMemory reports the heap a server's projection keeps per
+// ended task, for tasks as a real one leaves them: a prompt of a few
+// lines, a local sandbox's handle (a copy of one from corral bench, with
+// cgroup v1's three paths), a summary and ten output files. Beside it, the
+// handle's own size.
+func BenchmarkEndedMemory(b *testing.B) {
+	const n = 20_000
+	handle := []byte(`{"id":"task-01m8fj20fgfj8jz57wg2678a2x","runtime":"local","labels":{"corral.managed":"true","corral.task-id":"task-01m8fj20fgfj8jz57wg2678a2x"},"version":1,"state":{"id":"task-01m8fj20fgfj8jz57wg2678a2x","labels":{"corral.managed":"true","corral.task-id":"task-01m8fj20fgfj8jz57wg2678a2x"},"pid":30697,"pid_start":2117968,"cgroups":["/sys/fs/cgroup/memory/corral/warm-01m8fj203f1s3d87chq49a4m56","/sys/fs/cgroup/pids/corral/warm-01m8fj203f1s3d87chq49a4m56","/sys/fs/cgroup/cpu/corral/warm-01m8fj203f1s3d87chq49a4m56"],"owned":[{"dir":"/var/lib/corral/tasks/task-01m8fj20fgfj8jz57wg2678a2x","owner":{"UID":0,"GID":0}}],"created_at":"2026-11-27T22:29:46.229631453Z","child_pid":30699,"pid_ns":4026532185}}`)
+	var files []task.OutputFile
+	for i := range 10 {
+		files = append(files, task.OutputFile{Name: fmt.Sprintf("chart-%d.png", i), Size: 48_213, Type: "image/png"})
+	}
+	spec := task.Spec{Description: "Parse the bank statement in context/ and chart my spending by month and by category.", Agent: "claude"}
+	var perTask float64
+	for b.Loop() {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		p := New(nil, discard())
+		a := &applier{p: p, version: map[string]int64{}}
+		for range n {
+			id := task.NewID()
+			for _, e := range []eventstore.Proposed{created(spec), ev(task.EventQueued), ev(task.EventStarting),
+				NewEvent(task.EventStarted, task.Started{SandboxName: id, Handle: handle}, "test"),
+				NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "Spending charted: groceries and rent lead; see chart-0.png.", OutputFiles: files}, "test")} {
+				a.apply(id, e)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perTask = float64(after.HeapAlloc-before.HeapAlloc) / n
+		runtime.KeepAlive(p)
+	}
+	b.ReportMetric(perTask, "B/ended-task")
+	b.ReportMetric(float64(len(handle)), "B/handle")
 }

@@ -412,6 +412,10 @@ func (t *Task) Apply(e eventstore.Event) error {
 			return err
 		}
 		t.CompletedAt = &at
+		// What only a live task needs goes: its sandbox's handle (to
+		// reattach after a restart) and its prompt's hash (checked at its
+		// start). A server holds every ended task.
+		t.Handle, t.PromptSHA256 = nil, ""
 		t.ExitCode, t.OutputFiles, t.Summary, t.ErrorMessage, t.LogsTruncated = p.ExitCode, p.OutputFiles, p.Summary, p.ErrorMessage, p.LogsTruncated
 		t.SessionID, t.Usage, t.CostUSD, t.Changes = p.SessionID, p.Usage, p.CostUSD, p.Changes
 		t.OutputFilesTotal, t.OutputFilesNote = p.OutputFilesTotal, p.OutputFilesNote

@@ -87,7 +87,7 @@ func mustFold(tb testing.TB, t0 time.Time) *Task {
 		typ  string
 		data []byte
 	}{
-		{EventCreated, mustJSON(tb, Created{Spec: Spec{Description: "d", Agent: AgentCommand, TimeoutMinutes: 5}})},
+		{EventCreated, mustJSON(tb, Created{Spec: Spec{Description: "d", Agent: AgentCommand, TimeoutMinutes: 5}, PromptSHA256: "ab12"})},
 		{EventQueued, []byte("{}")},
 		{EventStarting, []byte("{}")},
 		{EventStarted, mustJSON(tb, Started{SandboxName: "sb", Handle: json.RawMessage(`{"id":"sb"}`)})},
@@ -112,8 +112,8 @@ func TestApplyFold(t *testing.T) {
 	if tk.SandboxName != "sb" || string(tk.Handle) != `{"id":"sb"}` || tk.StartedAt == nil || !tk.StartedAt.Equal(t0.Add(3*time.Second)) {
 		t.Errorf("started fields: %q %s %v", tk.SandboxName, tk.Handle, tk.StartedAt)
 	}
-	if !tk.CreatedAt.Equal(t0) || tk.Description != "d" {
-		t.Errorf("created fields: %v %q", tk.CreatedAt, tk.Description)
+	if !tk.CreatedAt.Equal(t0) || tk.Description != "d" || tk.PromptSHA256 != "ab12" {
+		t.Errorf("created fields: %v %q %q", tk.CreatedAt, tk.Description, tk.PromptSHA256)
 	}
 
 	if err := tk.Apply(event(EventCancelRequested, mustJSON(t, CancelRequested{Reason: "r"}), 5, t0.Add(4*time.Second), 20)); err != nil {
@@ -137,6 +137,10 @@ func TestApplyFold(t *testing.T) {
 	}
 	if diff := cmp.Diff(c.OutputFiles, tk.OutputFiles); diff != "" {
 		t.Errorf("output files (-want +got):\n%s", diff)
+	}
+	// What only a live task needs is gone; its sandbox's name stays.
+	if tk.Handle != nil || tk.PromptSHA256 != "" || tk.SandboxName != "sb" {
+		t.Errorf("ended task: handle %s, prompt hash %q, sandbox %q; want neither, and the name", tk.Handle, tk.PromptSHA256, tk.SandboxName)
 	}
 	// Duration from StartedAt (t0+3s) to the completion (t0+13s).
 	if tk.DurationSeconds == nil || *tk.DurationSeconds != 10 {
