@@ -2,8 +2,10 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
@@ -52,7 +54,7 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	for _, name := range config.Runtimes {
 		out = append(out, doctorRuntime(ctx, name, cfg, filepath.Join(stateDir, name), host, log)...)
 	}
-	out = append(out, doctorQuota(cfg), doctorWarm(cfg))
+	out = append(out, doctorQuota(cfg), doctorDisk(cfg.Data), doctorWarm(cfg))
 	agents := agentConfigs(cfg)
 	for _, name := range []string{task.AgentClaude, task.AgentGemini, task.AgentCodex, task.AgentOpencode} {
 		ag := agents[name]
@@ -247,6 +249,62 @@ func redactURL(s string) string {
 		return "(not a URL)"
 	}
 	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+}
+
+// slowFsync is the fsync time from which doctorDisk calls the data root's
+// disk slow: a task waits for about four, so 40 ms or more a task.
+const slowFsync = 10 * time.Millisecond
+
+// doctorDisk times fsyncs of a small file in the data root, as the event
+// log's commits make them (corral.db is there): every task waits for about
+// four, one after another.
+func doctorDisk(dataRoot string) Check {
+	median, err := fsyncMedian(dataRoot)
+	return diskCheck(dataRoot, median, err)
+}
+
+// diskCheck is doctorDisk's line for a median fsync time, or for the error
+// that kept it from being measured.
+func diskCheck(dataRoot string, median time.Duration, err error) Check {
+	c := Check{Name: "data root disk"}
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		c.OK, c.Detail = true, "not measured: the data root "+dataRoot+" does not exist yet"
+	case err != nil:
+		c.Detail, c.Fix = "cannot write in the data root: "+err.Error(), "make the data root a directory the user corral serve runs as can write"
+	default:
+		c.OK = median < slowFsync
+		c.Detail = fmt.Sprintf("a write and fsync takes %.2f ms at the median; each task waits for about four (the event log's commits, corral_event_commit_seconds in /metrics)", float64(median)/float64(time.Millisecond))
+		if !c.OK {
+			c.Fix = "put the data root on a local SSD: tasks wait for its fsyncs one after another"
+		}
+	}
+	return c
+}
+
+// fsyncMedian writes a page to a new file in dir and fsyncs it, ten
+// times, and returns the median time of one; the file is removed.
+func fsyncMedian(dir string) (time.Duration, error) {
+	f, err := os.CreateTemp(dir, ".doctor-fsync-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	page := make([]byte, 4096)
+	var took []time.Duration
+	for i := range 10 {
+		start := time.Now()
+		if _, err := f.WriteAt(page, int64(i)*int64(len(page))); err != nil {
+			return 0, err
+		}
+		if err := f.Sync(); err != nil {
+			return 0, err
+		}
+		took = append(took, time.Since(start))
+	}
+	slices.Sort(took)
+	return took[len(took)/2], nil
 }
 
 // doctorWarm says how many sandboxes the local runtime keeps warm, and

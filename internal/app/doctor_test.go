@@ -2,7 +2,12 @@ package app
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -62,5 +67,43 @@ func TestDoctorCache(t *testing.T) {
 	d.checks(context.Background())
 	if runs != 2 {
 		t.Errorf("past the ttl: %d runs, want 2", runs)
+	}
+}
+
+// Doctor times the data root's fsyncs, leaving nothing behind, and calls a
+// disk slow from 10 ms.
+func TestDoctorDisk(t *testing.T) {
+	dir := t.TempDir()
+	median, err := fsyncMedian(dir)
+	if err != nil || median <= 0 {
+		t.Fatalf("fsyncMedian = %v, %v; want a time", median, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("fsyncMedian left %v", ents)
+	}
+	for _, c := range []struct {
+		median time.Duration
+		err    error
+		ok     bool
+		says   string
+	}{
+		{300 * time.Microsecond, nil, true, "0.30 ms at the median"},
+		{25 * time.Millisecond, nil, false, "25.00 ms at the median"},
+		{0, fs.ErrNotExist, true, "does not exist yet"},
+		{0, syscall.ENOTDIR, false, "cannot write in the data root"},
+	} {
+		got := diskCheck(dir, c.median, c.err)
+		if got.OK != c.ok || !strings.Contains(got.Detail, c.says) || got.OK != (got.Fix == "") {
+			t.Errorf("diskCheck(%v, %v) = %+v; want OK %v, a fix only when not, and %q", c.median, c.err, got, c.ok, c.says)
+		}
+	}
+	// A data root that is not there yet, or is a file.
+	if _, err := fsyncMedian(filepath.Join(dir, "none")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("fsyncMedian of a missing dir: %v, want ErrNotExist", err)
+	}
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, nil, 0o600)
+	if c := doctorDisk(file); c.OK || !strings.Contains(c.Detail, "cannot write") {
+		t.Errorf("doctorDisk of a file = %+v, want a failure", c)
 	}
 }
