@@ -1,12 +1,15 @@
 package projection
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/task"
@@ -170,11 +173,7 @@ func TestIndexes(t *testing.T) {
 // handle's own size.
 func BenchmarkEndedMemory(b *testing.B) {
 	const n = 20_000
-	handle := []byte(`{"id":"task-01m8fj20fgfj8jz57wg2678a2x","runtime":"local","labels":{"corral.managed":"true","corral.task-id":"task-01m8fj20fgfj8jz57wg2678a2x"},"version":1,"state":{"id":"task-01m8fj20fgfj8jz57wg2678a2x","labels":{"corral.managed":"true","corral.task-id":"task-01m8fj20fgfj8jz57wg2678a2x"},"pid":30697,"pid_start":2117968,"cgroups":["/sys/fs/cgroup/memory/corral/warm-01m8fj203f1s3d87chq49a4m56","/sys/fs/cgroup/pids/corral/warm-01m8fj203f1s3d87chq49a4m56","/sys/fs/cgroup/cpu/corral/warm-01m8fj203f1s3d87chq49a4m56"],"owned":[{"dir":"/var/lib/corral/tasks/task-01m8fj20fgfj8jz57wg2678a2x","owner":{"UID":0,"GID":0}}],"created_at":"2026-11-27T22:29:46.229631453Z","child_pid":30699,"pid_ns":4026532185}}`)
-	var files []task.OutputFile
-	for i := range 10 {
-		files = append(files, task.OutputFile{Name: fmt.Sprintf("chart-%d.png", i), Size: 48_213, Type: "image/png"})
-	}
+	files := tenFiles()
 	spec := task.Spec{Description: "Parse the bank statement in context/ and chart my spending by month and by category.", Agent: "claude"}
 	var perTask float64
 	for b.Loop() {
@@ -186,7 +185,7 @@ func BenchmarkEndedMemory(b *testing.B) {
 		for range n {
 			id := task.NewID()
 			for _, e := range []eventstore.Proposed{created(spec), ev(task.EventQueued), ev(task.EventStarting),
-				NewEvent(task.EventStarted, task.Started{SandboxName: id, Handle: handle}, "test"),
+				NewEvent(task.EventStarted, task.Started{SandboxName: id, Handle: realHandle}, "test"),
 				NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "Spending charted: groceries and rent lead; see chart-0.png.", OutputFiles: files}, "test")} {
 				a.apply(id, e)
 			}
@@ -197,5 +196,82 @@ func BenchmarkEndedMemory(b *testing.B) {
 		runtime.KeepAlive(p)
 	}
 	b.ReportMetric(perTask, "B/ended-task")
-	b.ReportMetric(float64(len(handle)), "B/handle")
+	b.ReportMetric(float64(len(realHandle)), "B/handle")
+}
+
+// BenchmarkRebuild measures a server's start over a log of 20,000 ended
+// tasks (the events corral bench's tasks leave, a real sandbox's handle
+// among them): Rebuild, which reads the whole log and folds every task,
+// per 1,000 tasks. Beside it, the same read of the log alone.
+func BenchmarkRebuild(b *testing.B) {
+	const n = 20_000
+	ctx := context.Background()
+	s := MustOpenStore(b)
+	var wg sync.WaitGroup
+	ids := make(chan string)
+	for range 16 { // concurrent appends share commits
+		wg.Go(func() {
+			for id := range ids {
+				evs := []eventstore.Proposed{created(task.Spec{Description: "Parse the bank statement in context/ and chart my spending by month and by category.", Agent: "claude"}),
+					ev(task.EventQueued), ev(task.EventStarting),
+					NewEvent(task.EventStarted, task.Started{SandboxName: id, Handle: realHandle}, "test"),
+					NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "Spending charted: groceries and rent lead; see chart-0.png.", OutputFiles: tenFiles()}, "test")}
+				if _, err := s.Append(ctx, task.StreamID(id), 0, evs...); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	}
+	for range n {
+		ids <- task.NewID()
+	}
+	close(ids)
+	wg.Wait()
+	var rebuild, read time.Duration
+	for b.Loop() {
+		start := time.Now()
+		p := New(s, discard())
+		if err := p.Rebuild(ctx); err != nil {
+			b.Fatal(err)
+		}
+		rebuild += time.Since(start)
+		if c := p.Counts(); c[task.Success] != n {
+			b.Fatalf("rebuilt %v, want %d successes", c, n)
+		}
+		start = time.Now()
+		events := 0
+		for after := int64(0); ; {
+			evs, err := s.ReadAll(ctx, after, 1024)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(evs) == 0 {
+				break
+			}
+			events += len(evs)
+			after = evs[len(evs)-1].Position
+		}
+		read += time.Since(start)
+		if events != 5*n {
+			b.Fatalf("read %d events, want %d", events, 5*n)
+		}
+	}
+	per1k := func(d time.Duration) float64 {
+		return float64(d) / float64(b.N) / (n / 1000) / float64(time.Millisecond)
+	}
+	b.ReportMetric(per1k(rebuild), "rebuild-ms/1k-tasks")
+	b.ReportMetric(per1k(read), "read-ms/1k-tasks")
+}
+
+// realHandle is a local sandbox's handle as a task_started event holds it
+// (a copy of one from corral bench, with cgroup v1's three paths).
+var realHandle = []byte(`{"id":"task-01m8fj20fgfj8jz57wg2678a2x","runtime":"local","labels":{"corral.managed":"true","corral.task-id":"task-01m8fj20fgfj8jz57wg2678a2x"},"version":1,"state":{"id":"task-01m8fj20fgfj8jz57wg2678a2x","labels":{"corral.managed":"true","corral.task-id":"task-01m8fj20fgfj8jz57wg2678a2x"},"pid":30697,"pid_start":2117968,"cgroups":["/sys/fs/cgroup/memory/corral/warm-01m8fj203f1s3d87chq49a4m56","/sys/fs/cgroup/pids/corral/warm-01m8fj203f1s3d87chq49a4m56","/sys/fs/cgroup/cpu/corral/warm-01m8fj203f1s3d87chq49a4m56"],"owned":[{"dir":"/var/lib/corral/tasks/task-01m8fj20fgfj8jz57wg2678a2x","owner":{"UID":0,"GID":0}}],"created_at":"2026-11-27T22:29:46.229631453Z","child_pid":30699,"pid_ns":4026532185}}`)
+
+// tenFiles are the output files of a task that charted something.
+func tenFiles() []task.OutputFile {
+	var files []task.OutputFile
+	for i := range 10 {
+		files = append(files, task.OutputFile{Name: fmt.Sprintf("chart-%d.png", i), Size: 48_213, Type: "image/png"})
+	}
+	return files
 }
