@@ -270,6 +270,8 @@ func diskCheck(dataRoot string, median time.Duration, err error) Check {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		c.OK, c.Detail = true, "not measured: the data root "+dataRoot+" does not exist yet"
+	case errors.Is(err, fs.ErrPermission):
+		c.OK, c.Detail = true, "not measured: this user cannot write in the data root "+dataRoot+"; run corral doctor as the user corral serve runs as"
 	case err != nil:
 		c.Detail, c.Fix = "cannot write in the data root: "+err.Error(), "make the data root a directory the user corral serve runs as can write"
 	default:

@@ -90,6 +90,7 @@ func TestDoctorDisk(t *testing.T) {
 		{300 * time.Microsecond, nil, true, "0.30 ms at the median"},
 		{25 * time.Millisecond, nil, false, "25.00 ms at the median"},
 		{0, fs.ErrNotExist, true, "does not exist yet"},
+		{0, syscall.EACCES, true, "run corral doctor as the user corral serve runs as"},
 		{0, syscall.ENOTDIR, false, "cannot write in the data root"},
 	} {
 		got := diskCheck(dir, c.median, c.err)
