@@ -55,9 +55,9 @@ func (s *server) spawnRaw(t *testing.T, argv string) (int, string) {
 }
 
 // TestFreeSpaceFloor: a task filling the data root's disk is stopped at
-// the free-space floor, new work is refused with 507 naming the floor
-// while the disk stays below it, and work is taken again by itself once
-// space is freed.
+// the free-space floor (or, faster than its polls, ends on the full disk),
+// new work is refused with 507 naming the floor while the disk stays below
+// it, and work is taken again by itself once space is freed.
 func TestFreeSpaceFloor(t *testing.T) {
 	t.Parallel()
 	data := mustSmallDisk(t, "128m")
@@ -72,9 +72,16 @@ func TestFreeSpaceFloor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The floor is polled: a filler faster than the polls, on a busy
+	// host, can fill the disk before one sees it. Then the server gives
+	// back its event store's reserve and still records the filler's end.
 	res := s.wait(t, filler.ID, 60*time.Second)
-	if res.Status != task.Failed || !strings.Contains(res.ErrorMessage, "below limits.min_free_disk") {
-		t.Fatalf("the disk filler ended %s: %q; want failed at the free-space floor", res.Status, res.ErrorMessage)
+	atFloor := strings.Contains(res.ErrorMessage, "below limits.min_free_disk")
+	if res.Status != task.Failed || !atFloor && !strings.Contains(res.ErrorMessage, "disk is full") {
+		t.Fatalf("the disk filler ended %s: %q; want failed at the free-space floor, or on the full disk", res.Status, res.ErrorMessage)
+	}
+	if !atFloor {
+		t.Logf("the disk filler filled the disk before a poll saw it pass the floor: %q", res.ErrorMessage)
 	}
 
 	code, body := s.spawnRaw(t, `"true"`)

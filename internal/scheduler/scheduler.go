@@ -283,18 +283,30 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 		return
 	}
 	handle, _ := json.Marshal(h)
-	t, err = s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
+	started, err := s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
 		if t.Status != task.Starting {
 			return nil, projection.ErrNoChange // completed by webhook or cancelled meanwhile
 		}
 		return []eventstore.Proposed{projection.NewEvent(task.EventStarted, task.Started{SandboxName: h.ID, Handle: handle}, ActorScheduler)}, nil
 	})
 	if err != nil {
-		if ctx.Err() == nil {
-			log.Error("cannot record task start", logkey.Error, err)
+		if ctx.Err() != nil {
+			return // shutting down; reconciliation finds the task and its sandbox
 		}
+		// Unrecorded, the start leaves the task starting with no one
+		// watching its sandbox: stop it, and end the task.
+		log.Error("cannot record task start; stopping its sandbox", logkey.Error, err)
+		if serr := rt.Stop(ctx, h.ID, 0); serr != nil {
+			log.Warn("cannot stop sandbox", logkey.SandboxID, h.ID, logkey.Error, serr)
+		}
+		if derr := rt.Destroy(ctx, h.ID); derr != nil {
+			log.Warn("cannot destroy sandbox", logkey.SandboxID, h.ID, logkey.Error, derr)
+		}
+		s.completeRetrying(ctx, t.ID, failed("record the sandbox's start: "+err.Error(), "start"))
+		s.releaseQuota(ctx, t)
 		return
 	}
+	t = started
 	log.Info("task started", logkey.SandboxID, h.ID, logkey.Runtime, t.Runtime)
 	s.supervise(ctx, t, rt, h.ID)
 }

@@ -822,18 +822,41 @@ func TestReconcileRecordsReportedTaskAtOnce(t *testing.T) {
 	waitFor(t, "the sandbox to be destroyed", func() bool { return slices.Contains(fake.Destroyed(), id) })
 }
 
-// fullStore refuses every task_completed while full is set, as a store on
-// a full disk does.
+// fullStore refuses every task_completed (or every event of refused's
+// types) while full is set, as a store on a full disk does.
 type fullStore struct {
 	eventstore.Store
-	full atomic.Bool
+	full    atomic.Bool
+	refused []string
 }
 
 func (s *fullStore) Append(ctx context.Context, stream string, expected int64, evs ...eventstore.Proposed) ([]eventstore.Event, error) {
-	if s.full.Load() && slices.ContainsFunc(evs, func(e eventstore.Proposed) bool { return e.Type == task.EventCompleted }) {
+	refused := s.refused
+	if refused == nil {
+		refused = []string{task.EventCompleted}
+	}
+	if s.full.Load() && slices.ContainsFunc(evs, func(e eventstore.Proposed) bool { return slices.Contains(refused, e.Type) }) {
 		return nil, errors.New("database or disk is full")
 	}
 	return s.Store.Append(ctx, stream, expected, evs...)
+}
+
+// A task whose start the store refuses (its sandbox filled the disk at
+// once) does not stay starting with no one watching its sandbox: the
+// sandbox is stopped and destroyed, and the task ends failed, saying why.
+func TestStartNotRecordedEndsTheTask(t *testing.T) {
+	store := &fullStore{Store: MustOpenStore(t), refused: []string{task.EventStarted}}
+	store.full.Store(true)
+	fake := MustNewFake(t, blockUntilStopped)
+	h := MustStart(t, store, Options{RecordRetry: 5 * time.Millisecond}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{})
+	got := waitStatus(t, h.tasks, id, task.Failed)
+	if !strings.Contains(got.ErrorMessage, "record the sandbox's start") || got.StartedAt != nil {
+		t.Errorf("ended with %q, started at %v; want the unrecorded start named, and no start", got.ErrorMessage, got.StartedAt)
+	}
+	if !slices.Contains(fake.Stopped(), id) || !slices.Contains(fake.Destroyed(), id) {
+		t.Errorf("stopped %v, destroyed %v: want the task's sandbox stopped and destroyed", fake.Stopped(), fake.Destroyed())
+	}
 }
 
 // A task whose end the store refuses keeps its sandbox (and so its exit

@@ -30,6 +30,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/logkey"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 )
@@ -67,6 +68,7 @@ type Store struct {
 	quit       chan struct{}   // closed by Close
 	writerDone chan struct{}   // closed when the writer goroutine returns
 	w          writer          // state owned by the writer goroutine
+	reserveAt  time.Time       // when the reserve was given back or last tried; zero when kept (writer goroutine's)
 
 	mu      sync.Mutex
 	head    int64         // highest committed position
@@ -115,6 +117,10 @@ func Open(ctx context.Context, path string, log *slog.Logger) (*Store, error) {
 	if err := s.open(ctx); err != nil {
 		s.closeDBs()
 		return nil, fmt.Errorf("open event store %s: %w", path, err)
+	}
+	if err := s.keepReserve(); err != nil {
+		// The store works without it, as it did before the disk filled.
+		log.Warn("cannot make the event store's reserve", logkey.Error, err)
 	}
 	go s.runWriter()
 	return s, nil

@@ -174,6 +174,7 @@ func (s *Store) commitBatch(batch []*appendReq) {
 	took := time.Since(start)
 	if err != nil {
 		err = fmt.Errorf("commit %d appends: %w", len(batch), classify(err))
+		s.releaseReserve(err)
 		for i := range results {
 			if results[i].err == nil {
 				results[i] = appendRes{err: fmt.Errorf("append to stream %s: %w", batch[i].stream, err)}
@@ -186,6 +187,7 @@ func (s *Store) commitBatch(batch []*appendReq) {
 			evs = append(evs, r.events...)
 		}
 		s.published(head, evs, took)
+		s.retryReserve()
 	}
 	for i, r := range batch {
 		r.res <- results[i]
