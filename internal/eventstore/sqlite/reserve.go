@@ -28,23 +28,24 @@ const (
 func (s *Store) reservePath() string { return s.path + ".reserve" }
 
 // keepReserve makes the reserve if it is missing and the disk has room for
-// it twice over; otherwise it does nothing, and the next try does.
-func (s *Store) keepReserve() error {
+// it twice over, and reports whether the store has it now; without room
+// it does nothing, and the next try does.
+func (s *Store) keepReserve() (bool, error) {
 	path := s.reservePath()
 	if _, err := os.Lstat(path); err == nil {
-		return nil
+		return true, nil
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(filepath.Dir(path), &st); err != nil {
-		return fmt.Errorf("free space for the event store's reserve: %w", err)
+		return false, fmt.Errorf("free space for the event store's reserve: %w", err)
 	}
 	if int64(st.Bavail)*st.Bsize < 2*reserveBytes {
-		return nil
+		return false, nil
 	}
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return fmt.Errorf("make the event store's reserve: %w", err)
+		return false, fmt.Errorf("make the event store's reserve: %w", err)
 	}
 	// Written, not allocated sparse: its blocks are the disk's, to give back.
 	_, err = f.Write(make([]byte, reserveBytes))
@@ -59,9 +60,9 @@ func (s *Store) keepReserve() error {
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("make the event store's reserve: %w", err)
+		return false, fmt.Errorf("make the event store's reserve: %w", err)
 	}
-	return nil
+	return true, nil
 }
 
 // releaseReserve gives the reserve's space back after err, a commit that
@@ -85,11 +86,11 @@ func (s *Store) retryReserve() {
 		return
 	}
 	s.reserveAt = time.Now()
-	if err := s.keepReserve(); err != nil {
+	kept, err := s.keepReserve()
+	if err != nil {
 		s.log.Warn("cannot make the event store's reserve", logkey.Error, err)
-		return
 	}
-	if _, err := os.Lstat(s.reservePath()); err == nil {
+	if kept {
 		s.reserveAt = time.Time{}
 		s.log.Info("the event store's reserve is made again", "reserve_bytes", reserveBytes)
 	}

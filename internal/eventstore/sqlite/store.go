@@ -118,7 +118,7 @@ func Open(ctx context.Context, path string, log *slog.Logger) (*Store, error) {
 		s.closeDBs()
 		return nil, fmt.Errorf("open event store %s: %w", path, err)
 	}
-	if err := s.keepReserve(); err != nil {
+	if _, err := s.keepReserve(); err != nil {
 		// The store works without it, as it did before the disk filled.
 		log.Warn("cannot make the event store's reserve", logkey.Error, err)
 	}
