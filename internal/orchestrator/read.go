@@ -46,7 +46,10 @@ func (o *Orchestrator) List(ctx context.Context, req service.ListRequest) (servi
 	if err := errors.Join(errs...); err != nil {
 		return service.ListPage{}, err
 	}
-	ts, more := o.tasks.List(projection.Filter{Status: st, ConversationID: req.ConversationID, Workspace: req.Workspace, Before: req.Cursor, Limit: limit})
+	ts, more, err := o.tasks.List(projection.Filter{Status: st, ConversationID: req.ConversationID, Workspace: req.Workspace, Before: req.Cursor, Limit: limit})
+	if err != nil {
+		return service.ListPage{}, err
+	}
 	page := service.ListPage{Tasks: ts}
 	if more {
 		page.NextCursor = ts[len(ts)-1].ID

@@ -82,7 +82,11 @@ func (o *Orchestrator) spawn(ctx context.Context, req service.SpawnRequest, allo
 	if spec.IdempotencyKey != "" {
 		o.spawnMu.Lock()
 		defer o.spawnMu.Unlock()
-		if t, ok := o.tasks.ByIdempotencyKey(spec.IdempotencyKey); ok {
+		t, ok, err := o.tasks.ByIdempotencyKey(spec.IdempotencyKey)
+		if err != nil {
+			return task.Task{}, false, err
+		}
+		if ok {
 			if h := o.requestHashOf(ctx, t.ID); h != "" && h != hash {
 				return task.Task{}, false, fmt.Errorf("idempotency_key %q was used for a task with other arguments (%s): %w", spec.IdempotencyKey, t.ID, errdefs.ErrConflict)
 			}

@@ -35,12 +35,22 @@ import (
 // creation order (List) and what ended tasks reported (Ended). With
 // 100,000 ended tasks the walks took 4 ms, 17 ms, 158 ms and 425 ms
 // (BenchmarkScale).
+//
+// Nor does it hold every ended task whole: past the keepEnded that ended
+// last, a task is kept in part (endedTask: what the indexes, List's
+// filters and Select read), and Get, List and ByIdempotencyKey fold it
+// again from its events. So a server's memory grows by about 200 bytes an
+// ended task, not by its prompt, summary and output list
+// (BenchmarkEndedMemory).
 type Tasks struct {
 	store eventstore.Store
 	log   *slog.Logger
 
 	mu      sync.RWMutex
-	tasks   map[string]*task.Task
+	tasks   map[string]*task.Task // every task held whole
+	old     map[string]endedTask  // the ended tasks held in part
+	recent  []string              // the tasks in tasks that ended, in the order they did
+	keep    int                   // how many ended tasks are held whole: keepEnded
 	live    map[string]*task.Task // the tasks not ended yet
 	counts  map[task.Status]int
 	ended   Ended
@@ -55,9 +65,46 @@ type Tasks struct {
 
 // New returns an empty projection over store. Call Rebuild, then Run.
 func New(store eventstore.Store, log *slog.Logger) *Tasks {
-	return &Tasks{store: store, log: log, tasks: map[string]*task.Task{}, live: map[string]*task.Task{},
+	return &Tasks{store: store, log: log, tasks: map[string]*task.Task{}, old: map[string]endedTask{}, keep: keepEnded, live: map[string]*task.Task{},
 		counts: map[task.Status]int{}, ended: newEnded(), byKey: map[string]string{}, changed: make(chan struct{}),
 		waits: map[string]chan struct{}{}}
+}
+
+// keepEnded is how many of the tasks that ended last are held whole: those
+// whose result a client is still likely to read, or a host to be told.
+// At the prompt's size limit (64 KiB), some 70 MB at most.
+const keepEnded = 1000
+
+// endedTask is what the projection holds of an ended task past the
+// keepEnded that ended last.
+type endedTask struct {
+	status       task.Status
+	version      int64
+	queueSeq     int64
+	completedAt  time.Time
+	conversation string
+	workspace    string
+	attachments  []string
+}
+
+func inPart(t *task.Task) endedTask {
+	e := endedTask{status: t.Status, version: t.Version, queueSeq: t.QueueSeq, conversation: t.ConversationID,
+		workspace: t.Workspace, attachments: t.AttachmentIDs}
+	if t.CompletedAt != nil {
+		e.completedAt = *t.CompletedAt
+	}
+	return e
+}
+
+// task is e as a Task with only the fields endedTask holds.
+func (e endedTask) task(id string) *task.Task {
+	t := &task.Task{ID: id, Status: e.status, Version: e.version, QueueSeq: e.queueSeq,
+		Spec: task.Spec{Workspace: e.workspace, AttachmentIDs: e.attachments, Origin: task.Origin{ConversationID: e.conversation}}}
+	if !e.completedAt.IsZero() {
+		at := e.completedAt
+		t.CompletedAt = &at
+	}
+	return t
 }
 
 // DurationBuckets are the upper bounds, in seconds, of Ended's histogram
@@ -156,7 +203,12 @@ func (p *Tasks) apply(evs ...eventstore.Event) {
 		if id == "" {
 			continue
 		}
-		t := p.tasks[id]
+		t, held := p.tasks[id], true
+		if t == nil {
+			if o, ok := p.old[id]; ok {
+				t, held = o.task(id), false
+			}
+		}
 		if t == nil {
 			if e.Type != task.EventCreated {
 				p.log.Warn("event for unknown task", logkey.TaskID, id, logkey.EventID, e.ID)
@@ -169,7 +221,11 @@ func (p *Tasks) apply(evs ...eventstore.Event) {
 			p.log.Error("cannot apply event", logkey.TaskID, id, logkey.EventID, e.ID, logkey.Error, err)
 			continue
 		}
-		p.tasks[id] = &next
+		if held {
+			p.tasks[id] = &next
+		} else {
+			p.old[id] = inPart(&next) // an event after its end: the version moves
+		}
 		p.index(t, &next)
 		if ch, ok := p.waits[id]; ok {
 			close(ch)
@@ -200,6 +256,14 @@ func (p *Tasks) index(prev, next *task.Task) {
 	if next.Status.Terminal() {
 		if !prev.Status.Terminal() {
 			p.ended.add(next)
+			p.recent = append(p.recent, next.ID)
+			if len(p.recent) > p.keep {
+				id := p.recent[0]
+				p.recent[0] = ""
+				p.recent = p.recent[1:]
+				p.old[id] = inPart(p.tasks[id])
+				delete(p.tasks, id)
+			}
 		}
 		delete(p.live, next.ID)
 	} else {
@@ -262,23 +326,50 @@ func (p *Tasks) WaitPosition(ctx context.Context, pos int64) error {
 // Get returns a task, or an error of class errdefs.ErrNotFound.
 func (p *Tasks) Get(id string) (task.Task, error) {
 	p.mu.RLock()
-	defer p.mu.RUnlock()
 	t, ok := p.tasks[id]
-	if !ok {
-		return task.Task{}, fmt.Errorf("task %s: %w", id, errdefs.ErrNotFound)
+	_, old := p.old[id]
+	p.mu.RUnlock()
+	switch {
+	case ok:
+		return *t, nil
+	case old:
+		return p.load(id)
 	}
-	return *t, nil
+	return task.Task{}, fmt.Errorf("task %s: %w", id, errdefs.ErrNotFound)
 }
 
-// ByIdempotencyKey returns the task spawned with key.
-func (p *Tasks) ByIdempotencyKey(key string) (task.Task, bool) {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	id, ok := p.byKey[key]
-	if !ok {
-		return task.Task{}, false
+// load folds an ended task held in part again from its events, as apply
+// folded it: an event that does not apply is skipped (apply logged it).
+// The store may hold events apply has not seen yet: the task is then newer
+// than the projection, never older.
+func (p *Tasks) load(id string) (task.Task, error) {
+	evs, err := p.store.ReadStream(context.Background(), task.StreamID(id), 0)
+	if err != nil {
+		return task.Task{}, fmt.Errorf("read the events of task %s: %w", id, err)
 	}
-	return *p.tasks[id], true
+	t := task.Task{ID: id}
+	for _, e := range evs {
+		next := t
+		if next.Apply(e) == nil {
+			t = next
+		}
+	}
+	if !t.Status.Terminal() {
+		return task.Task{}, fmt.Errorf("task %s: its %d events fold to status %q, not an end", id, len(evs), t.Status)
+	}
+	return t, nil
+}
+
+// ByIdempotencyKey returns the task spawned with key, if any.
+func (p *Tasks) ByIdempotencyKey(key string) (task.Task, bool, error) {
+	p.mu.RLock()
+	id, ok := p.byKey[key]
+	p.mu.RUnlock()
+	if !ok {
+		return task.Task{}, false, nil
+	}
+	t, err := p.Get(id)
+	return t, true, err
 }
 
 // Filter selects tasks for List.
@@ -292,47 +383,86 @@ type Filter struct {
 
 // List returns the tasks matching f, newest first, and whether more match.
 // It walks back from the newest (or from f.Before) and stops once it has
-// one more than f.Limit.
-func (p *Tasks) List(f Filter) ([]task.Task, bool) {
+// one more than f.Limit; the ended tasks held in part are folded again
+// after the walk, outside the lock.
+func (p *Tasks) List(f Filter) ([]task.Task, bool, error) {
+	match := func(status task.Status, conversation, workspace string) bool {
+		return (f.Status == "" || status == f.Status) &&
+			(f.ConversationID == "" || conversation == f.ConversationID) &&
+			(f.Workspace == "" || workspace == f.Workspace)
+	}
+	type found struct {
+		id string
+		t  *task.Task // nil: held in part
+	}
+	var page []found
+	more := false
 	p.mu.RLock()
-	defer p.mu.RUnlock()
 	end := len(p.order)
 	if f.Before != "" {
 		end, _ = slices.BinarySearch(p.order, f.Before)
 	}
-	out := []task.Task{} // an empty page is a list, not null
 	for i := end - 1; i >= 0; i-- {
-		t := p.tasks[p.order[i]]
-		if (f.Status == "" || t.Status == f.Status) &&
-			(f.ConversationID == "" || t.ConversationID == f.ConversationID) &&
-			(f.Workspace == "" || t.Workspace == f.Workspace) {
-			if f.Limit > 0 && len(out) == f.Limit {
-				return out, true
-			}
-			out = append(out, *t)
+		id := p.order[i]
+		t, ok := p.tasks[id]
+		if ok && !match(t.Status, t.ConversationID, t.Workspace) {
+			continue
 		}
+		if !ok {
+			if o := p.old[id]; !match(o.status, o.conversation, o.workspace) {
+				continue
+			}
+		}
+		if f.Limit > 0 && len(page) == f.Limit {
+			more = true
+			break
+		}
+		page = append(page, found{id, t})
 	}
-	return out, false
+	p.mu.RUnlock()
+	out := make([]task.Task, 0, len(page)) // an empty page is a list, not null
+	for _, e := range page {
+		if e.t != nil {
+			out = append(out, *e.t)
+			continue
+		}
+		t, err := p.load(e.id)
+		if err != nil {
+			return nil, false, err
+		}
+		out = append(out, t)
+	}
+	return out, more, nil
 }
 
 // Select returns the tasks for which keep is true, in queue order (the
 // position of their queued event), then creation order. It looks at every
-// task the server has run: for those that have not ended, SelectLive.
+// task the server has run (for those that have not ended, SelectLive), as
+// the projection holds them: an ended task past the keepEnded that ended
+// last has only its id, status, version, queue position, end, conversation
+// id, workspace and attachment ids. Get returns it whole.
 func (p *Tasks) Select(keep func(*task.Task) bool) []task.Task {
-	return p.selectFrom(p.tasks, keep)
+	return p.selectFrom(p.tasks, true, keep)
 }
 
 // SelectLive is Select over the tasks that have not ended.
 func (p *Tasks) SelectLive(keep func(*task.Task) bool) []task.Task {
-	return p.selectFrom(p.live, keep)
+	return p.selectFrom(p.live, false, keep)
 }
 
-func (p *Tasks) selectFrom(from map[string]*task.Task, keep func(*task.Task) bool) []task.Task {
+func (p *Tasks) selectFrom(from map[string]*task.Task, old bool, keep func(*task.Task) bool) []task.Task {
 	p.mu.RLock()
 	var out []task.Task
 	for _, t := range from {
 		if keep(t) {
 			out = append(out, *t)
+		}
+	}
+	if old {
+		for id, o := range p.old {
+			if t := o.task(id); keep(t) {
+				out = append(out, *t)
+			}
 		}
 	}
 	p.mu.RUnlock()
@@ -368,7 +498,9 @@ func (p *Tasks) Waiting(ids iter.Seq[string]) int {
 	defer p.mu.RUnlock()
 	n := p.counts[task.Pending] + p.counts[task.Queued]
 	for id := range ids {
-		if _, ok := p.tasks[id]; !ok {
+		_, held := p.tasks[id]
+		_, old := p.old[id]
+		if !held && !old {
 			n++
 		}
 	}

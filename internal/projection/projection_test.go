@@ -61,6 +61,16 @@ func MustCreate(tb testing.TB, p *Tasks, spec task.Spec) task.Task {
 	return t
 }
 
+// mustList is p.List, failing the test on an error.
+func mustList(tb testing.TB, p *Tasks, f Filter) ([]task.Task, bool) {
+	tb.Helper()
+	ts, more, err := p.List(f)
+	if err != nil {
+		tb.Fatalf("List(%+v): %v", f, err)
+	}
+	return ts, more
+}
+
 func ids(ts []task.Task) []string {
 	var out []string
 	for _, t := range ts {
@@ -130,16 +140,16 @@ func TestRebuild(t *testing.T) {
 	if q.Position() != p.Position()+1 || q.Position() != 10 {
 		t.Errorf("rebuilt position %d, live %d; want 10", q.Position(), p.Position())
 	}
-	want, _ := p.List(Filter{})
-	got, _ := q.List(Filter{})
+	want, _ := mustList(t, p, Filter{})
+	got, _ := mustList(t, q, Filter{})
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("rebuilt state differs (-live +rebuilt):\n%s", diff)
 	}
 	if diff := cmp.Diff(map[task.Status]int{task.Queued: 1, task.Running: 1, task.Cancelled: 1}, q.Counts()); diff != "" {
 		t.Errorf("Counts (-want +got):\n%s", diff)
 	}
-	if k, ok := q.ByIdempotencyKey("ka"); !ok || k.ID != a.ID {
-		t.Errorf("ByIdempotencyKey(ka) after rebuild = %s, %v; want %s", k.ID, ok, a.ID)
+	if k, ok, err := q.ByIdempotencyKey("ka"); !ok || err != nil || k.ID != a.ID {
+		t.Errorf("ByIdempotencyKey(ka) after rebuild = %s, %v, %v; want %s", k.ID, ok, err, a.ID)
 	}
 	if bt, _ := q.Get(b.ID); bt.Status != task.Running || bt.SandboxName != "sb" {
 		t.Errorf("rebuilt b = %+v", bt)
@@ -168,7 +178,7 @@ func TestUnknownTaskEventsSkipped(t *testing.T) {
 	if p.Position() != 5 {
 		t.Errorf("position = %d, want 5 (skipped events still advance it)", p.Position())
 	}
-	if got, _ := p.List(Filter{}); len(got) != 1 || got[0].ID != kept.ID {
+	if got, _ := mustList(t, p, Filter{}); len(got) != 1 || got[0].ID != kept.ID {
 		t.Errorf("List = %v, want only %s", ids(got), kept.ID)
 	}
 }
@@ -269,31 +279,31 @@ func TestListAndCursor(t *testing.T) {
 	}
 	newestFirst := []string{all[4].ID, all[3].ID, all[2].ID, all[1].ID, all[0].ID}
 
-	got, more := p.List(Filter{})
+	got, more := mustList(t, p, Filter{})
 	if diff := cmp.Diff(newestFirst, ids(got)); diff != "" || more {
 		t.Errorf("List all, more=%v (-want +got):\n%s", more, diff)
 	}
-	got, more = p.List(Filter{Limit: 2})
+	got, more = mustList(t, p, Filter{Limit: 2})
 	if diff := cmp.Diff(newestFirst[:2], ids(got)); diff != "" || !more {
 		t.Errorf("List limit 2, more=%v (-want +got):\n%s", more, diff)
 	}
-	got, more = p.List(Filter{Limit: 2, Before: got[1].ID})
+	got, more = mustList(t, p, Filter{Limit: 2, Before: got[1].ID})
 	if diff := cmp.Diff(newestFirst[2:4], ids(got)); diff != "" || !more {
 		t.Errorf("second page, more=%v (-want +got):\n%s", more, diff)
 	}
-	got, more = p.List(Filter{Limit: 2, Before: got[1].ID})
+	got, more = mustList(t, p, Filter{Limit: 2, Before: got[1].ID})
 	if diff := cmp.Diff(newestFirst[4:], ids(got)); diff != "" || more {
 		t.Errorf("last page, more=%v (-want +got):\n%s", more, diff)
 	}
-	got, _ = p.List(Filter{ConversationID: "c2"})
+	got, _ = mustList(t, p, Filter{ConversationID: "c2"})
 	if diff := cmp.Diff([]string{all[3].ID, all[1].ID}, ids(got)); diff != "" {
 		t.Errorf("conversation c2 (-want +got):\n%s", diff)
 	}
-	got, _ = p.List(Filter{Status: task.Queued, ConversationID: "c2"})
+	got, _ = mustList(t, p, Filter{Status: task.Queued, ConversationID: "c2"})
 	if diff := cmp.Diff([]string{all[3].ID}, ids(got)); diff != "" {
 		t.Errorf("queued in c2 (-want +got):\n%s", diff)
 	}
-	got, _ = p.List(Filter{Status: task.Cancelled})
+	got, _ = mustList(t, p, Filter{Status: task.Cancelled})
 	if diff := cmp.Diff([]string{all[1].ID}, ids(got)); diff != "" {
 		t.Errorf("cancelled (-want +got):\n%s", diff)
 	}
@@ -306,14 +316,17 @@ func TestByIdempotencyKey(t *testing.T) {
 	p := New(MustOpenStore(t), discard())
 	a := MustCreate(t, p, task.Spec{IdempotencyKey: "k1"})
 	MustCreate(t, p, task.Spec{})
-	got, ok := p.ByIdempotencyKey("k1")
+	got, ok, err := p.ByIdempotencyKey("k1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !ok || got.ID != a.ID {
 		t.Errorf("ByIdempotencyKey(k1) = %s, %v; want %s", got.ID, ok, a.ID)
 	}
-	if _, ok := p.ByIdempotencyKey("k2"); ok {
+	if _, ok, _ := p.ByIdempotencyKey("k2"); ok {
 		t.Error("ByIdempotencyKey(k2) found a task")
 	}
-	if _, ok := p.ByIdempotencyKey(""); ok {
+	if _, ok, _ := p.ByIdempotencyKey(""); ok {
 		t.Error("ByIdempotencyKey(\"\") found a task without a key")
 	}
 }

@@ -61,7 +61,7 @@ func BenchmarkScale(b *testing.B) {
 	})
 	b.Run("list-first-page", func(b *testing.B) {
 		for b.Loop() {
-			if got, more := p.List(Filter{Limit: 50}); len(got) != 50 || !more {
+			if got, more := mustList(b, p, Filter{Limit: 50}); len(got) != 50 || !more {
 				b.Fatal(len(got), more)
 			}
 		}
@@ -92,11 +92,13 @@ func BenchmarkScale(b *testing.B) {
 
 // TestIndexes moves tasks through their lifecycle in a random order, some
 // with ids older than the newest, and checks the
-// indexes against a walk over every task after each step: Counts,
-// SelectLive and List, with and without a cursor and a filter.
+// indexes against a walk over every task (Get of each) after each step:
+// Counts, Ended, SelectLive and List, with and without a cursor and a
+// filter. All but the last 10 tasks to end are held in part.
 func TestIndexes(t *testing.T) {
-	a := &applier{p: New(nil, discard()), version: map[string]int64{}}
+	a := &applier{p: New(MustOpenStore(t), discard()), version: map[string]int64{}}
 	p := a.p
+	p.keep = 10
 	rng := rand.New(rand.NewPCG(17, 17))
 	var made []string
 	// Ids made before the others, used among them: as a clock set back,
@@ -125,17 +127,21 @@ func TestIndexes(t *testing.T) {
 
 		var all []task.Task
 		counts := map[task.Status]int{}
-		for _, t := range p.tasks {
-			all = append(all, *t)
-			counts[t.Status]++
+		for _, id := range p.order {
+			tk, err := p.Get(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, tk)
+			counts[tk.Status]++
 		}
 		if diff := cmp.Diff(counts, p.Counts()); diff != "" {
 			t.Fatalf("step %d: Counts (-walk +index):\n%s", i, diff)
 		}
 		ended := newEnded()
-		for _, t := range p.tasks {
+		for _, t := range all {
 			if t.Status.Terminal() {
-				ended.add(t)
+				ended.add(&t)
 			}
 		}
 		if diff := cmp.Diff(ended, p.Ended(), cmpopts.EquateApprox(0, 1e-9)); diff != "" { // sums in another order
@@ -158,45 +164,54 @@ func TestIndexes(t *testing.T) {
 			if wantMore {
 				want = want[:f.Limit]
 			}
-			got, more := p.List(f)
+			got, more := mustList(t, p, f)
 			if diff := cmp.Diff(want, ids(got), cmpopts.EquateEmpty()); diff != "" || more != wantMore {
 				t.Fatalf("step %d: List(%+v): more %v, want %v; (-walk +index):\n%s", i, f, more, wantMore, diff)
 			}
 		}
 	}
+	if len(p.old) == 0 || len(p.recent) != p.keep {
+		t.Errorf("%d tasks held in part, %d ended held whole; want some and %d", len(p.old), len(p.recent), p.keep)
+	}
 }
 
 // BenchmarkEndedMemory reports the heap a server's projection keeps per
-// ended task, for tasks as a real one leaves them: a prompt of a few
-// lines, a local sandbox's handle (a copy of one from corral bench, with
-// cgroup v1's three paths), a summary and ten output files. Beside it, the
-// handle's own size.
+// ended task, over 20,000 tasks as a real one leaves them: a prompt of a
+// sentence (or of 4 KiB, as an assistant handing over a document's worth
+// of instructions writes), a local sandbox's handle (a copy of one from
+// corral bench, with cgroup v1's three paths), a summary and ten output
+// files. Beside it, the handle's own size.
 func BenchmarkEndedMemory(b *testing.B) {
 	const n = 20_000
 	files := tenFiles()
-	spec := task.Spec{Description: "Parse the bank statement in context/ and chart my spending by month and by category.", Agent: "claude"}
-	var perTask float64
-	for b.Loop() {
-		runtime.GC()
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		p := New(nil, discard())
-		a := &applier{p: p, version: map[string]int64{}}
-		for range n {
-			id := task.NewID()
-			for _, e := range []eventstore.Proposed{created(spec), ev(task.EventQueued), ev(task.EventStarting),
-				NewEvent(task.EventStarted, task.Started{SandboxName: id, Handle: realHandle}, "test"),
-				NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "Spending charted: groceries and rent lead; see chart-0.png.", OutputFiles: files}, "test")} {
-				a.apply(id, e)
+	sentence := "Parse the bank statement in context/ and chart my spending by month and by category."
+	for _, prompt := range []string{sentence, strings.Repeat(sentence+"\n", 4096/(len(sentence)+1))} {
+		b.Run(fmt.Sprintf("prompt=%dB", len(prompt)), func(b *testing.B) {
+			spec := task.Spec{Description: prompt, Agent: "claude"}
+			var perTask float64
+			for b.Loop() {
+				runtime.GC()
+				var before, after runtime.MemStats
+				runtime.ReadMemStats(&before)
+				p := New(nil, discard())
+				a := &applier{p: p, version: map[string]int64{}}
+				for range n {
+					id := task.NewID()
+					for _, e := range []eventstore.Proposed{created(spec), ev(task.EventQueued), ev(task.EventStarting),
+						NewEvent(task.EventStarted, task.Started{SandboxName: id, Handle: realHandle}, "test"),
+						NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "Spending charted: groceries and rent lead; see chart-0.png.", OutputFiles: files}, "test")} {
+						a.apply(id, e)
+					}
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				perTask = float64(after.HeapAlloc-before.HeapAlloc) / n
+				runtime.KeepAlive(p)
 			}
-		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		perTask = float64(after.HeapAlloc-before.HeapAlloc) / n
-		runtime.KeepAlive(p)
+			b.ReportMetric(perTask, "B/ended-task")
+			b.ReportMetric(float64(len(realHandle)), "B/handle")
+		})
 	}
-	b.ReportMetric(perTask, "B/ended-task")
-	b.ReportMetric(float64(len(realHandle)), "B/handle")
 }
 
 // BenchmarkRebuild measures a server's start over a log of 20,000 ended
@@ -207,26 +222,7 @@ func BenchmarkRebuild(b *testing.B) {
 	const n = 20_000
 	ctx := context.Background()
 	s := MustOpenStore(b)
-	var wg sync.WaitGroup
-	ids := make(chan string)
-	for range 16 { // concurrent appends share commits
-		wg.Go(func() {
-			for id := range ids {
-				evs := []eventstore.Proposed{created(task.Spec{Description: "Parse the bank statement in context/ and chart my spending by month and by category.", Agent: "claude"}),
-					ev(task.EventQueued), ev(task.EventStarting),
-					NewEvent(task.EventStarted, task.Started{SandboxName: id, Handle: realHandle}, "test"),
-					NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "Spending charted: groceries and rent lead; see chart-0.png.", OutputFiles: tenFiles()}, "test")}
-				if _, err := s.Append(ctx, task.StreamID(id), 0, evs...); err != nil {
-					b.Error(err)
-				}
-			}
-		})
-	}
-	for range n {
-		ids <- task.NewID()
-	}
-	close(ids)
-	wg.Wait()
+	fillStore(b, s, n)
 	var rebuild, read time.Duration
 	for b.Loop() {
 		start := time.Now()
@@ -261,6 +257,66 @@ func BenchmarkRebuild(b *testing.B) {
 	}
 	b.ReportMetric(per1k(rebuild), "rebuild-ms/1k-tasks")
 	b.ReportMetric(per1k(read), "read-ms/1k-tasks")
+}
+
+// fillStore appends the events of n tasks as corral bench's leave them,
+// 16 appenders at a time (they share commits), and returns their ids in
+// the order they were created.
+func fillStore(b *testing.B, s eventstore.Store, n int) []string {
+	var wg sync.WaitGroup
+	ids := make(chan string)
+	for range 16 {
+		wg.Go(func() {
+			for id := range ids {
+				evs := []eventstore.Proposed{created(task.Spec{Description: "Parse the bank statement in context/ and chart my spending by month and by category.", Agent: "claude"}),
+					ev(task.EventQueued), ev(task.EventStarting),
+					NewEvent(task.EventStarted, task.Started{SandboxName: id, Handle: realHandle}, "test"),
+					NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "Spending charted: groceries and rent lead; see chart-0.png.", OutputFiles: tenFiles()}, "test")}
+				if _, err := s.Append(context.Background(), task.StreamID(id), 0, evs...); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	}
+	var made []string
+	for range n {
+		id := task.NewID()
+		made = append(made, id)
+		ids <- id
+	}
+	close(ids)
+	wg.Wait()
+	return made
+}
+
+// BenchmarkGetEnded measures Get of an ended task held whole (one of the
+// keepEnded that ended last) and of one held in part, which Get folds
+// again from its five events, over a log of 2,000 such tasks.
+func BenchmarkGetEnded(b *testing.B) {
+	s := MustOpenStore(b)
+	ids := fillStore(b, s, 2*keepEnded)
+	p := New(s, discard())
+	if err := p.Rebuild(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		id   string
+	}{{"whole", ids[len(ids)-1]}, {"in-part", ids[0]}} {
+		b.Run(c.name, func(b *testing.B) {
+			p.mu.RLock()
+			_, old := p.old[c.id]
+			p.mu.RUnlock()
+			if old != (c.name == "in-part") {
+				b.Fatalf("%s is held in part: %v", c.id, old)
+			}
+			for b.Loop() {
+				if t, err := p.Get(c.id); err != nil || len(t.OutputFiles) != 10 {
+					b.Fatal(t, err)
+				}
+			}
+		})
+	}
 }
 
 // realHandle is a local sandbox's handle as a task_started event holds it

@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"syscall"
@@ -11,7 +12,8 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 )
 
-// applier applies events straight to a projection without a store.
+// applier applies events straight to a projection without a store, or,
+// when its projection has one, appends them there and catches up.
 type applier struct {
 	p       *Tasks
 	pos     int64
@@ -19,6 +21,17 @@ type applier struct {
 }
 
 func (a *applier) apply(id string, e eventstore.Proposed) {
+	if a.p.store != nil {
+		got, err := a.p.store.Append(context.Background(), task.StreamID(id), a.version[id], e)
+		if err != nil {
+			panic(err)
+		}
+		a.version[id]++
+		if err := a.p.CatchUp(context.Background(), got[0].Position); err != nil {
+			panic(err)
+		}
+		return
+	}
 	a.pos++
 	a.version[id]++
 	a.p.apply(eventstore.Event{ID: fmt.Sprint(a.pos), StreamID: task.StreamID(id), StreamVersion: a.version[id],
