@@ -39,7 +39,7 @@ import (
 // Nor does it hold every ended task whole: past the keepEnded that ended
 // last, a task is kept in part (endedTask: what the indexes, List's
 // filters and Select read), and Get, List and ByIdempotencyKey fold it
-// again from its events. So a server's memory grows by about 200 bytes an
+// again from its events. So a server's memory grows by about 300 bytes an
 // ended task, not by its prompt, summary and output list
 // (BenchmarkEndedMemory).
 type Tasks struct {
@@ -97,8 +97,8 @@ func inPart(t *task.Task) endedTask {
 }
 
 // task is e as a Task with only the fields endedTask holds.
-func (e endedTask) task(id string) *task.Task {
-	t := &task.Task{ID: id, Status: e.status, Version: e.version, QueueSeq: e.queueSeq,
+func (e endedTask) task(id string) task.Task {
+	t := task.Task{ID: id, Status: e.status, Version: e.version, QueueSeq: e.queueSeq,
 		Spec: task.Spec{Workspace: e.workspace, AttachmentIDs: e.attachments, Origin: task.Origin{ConversationID: e.conversation}}}
 	if !e.completedAt.IsZero() {
 		at := e.completedAt
@@ -206,7 +206,8 @@ func (p *Tasks) apply(evs ...eventstore.Event) {
 		t, held := p.tasks[id], true
 		if t == nil {
 			if o, ok := p.old[id]; ok {
-				t, held = o.task(id), false
+				ot := o.task(id)
+				t, held = &ot, false
 			}
 		}
 		if t == nil {
@@ -459,9 +460,10 @@ func (p *Tasks) selectFrom(from map[string]*task.Task, old bool, keep func(*task
 		}
 	}
 	if old {
+		var t task.Task // one for every call of keep: a server holds many
 		for id, o := range p.old {
-			if t := o.task(id); keep(t) {
-				out = append(out, *t)
+			if t = o.task(id); keep(&t) {
+				out = append(out, t)
 			}
 		}
 	}
