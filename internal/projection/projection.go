@@ -39,7 +39,7 @@ import (
 // Nor does it hold every ended task whole: past the keepEnded that ended
 // last, a task is kept in part (endedTask: what the indexes, List's
 // filters and Select read), and Get, List and ByIdempotencyKey fold it
-// again from its events. So a server's memory grows by about 300 bytes an
+// again from its events. So a server's memory grows by about 400 bytes an
 // ended task, not by its prompt, summary and output list
 // (BenchmarkEndedMemory).
 type Tasks struct {
