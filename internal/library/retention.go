@@ -90,11 +90,11 @@ func (o *Library) gcTasks(ctx context.Context, now time.Time, dry bool, rep *ser
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		t, err := o.tasks.Get(id)
-		if err != nil || !t.Status.Terminal() || t.CompletedAt == nil || now.Sub(*t.CompletedAt) < keep {
+		st, ended, ok := o.tasks.Status(id)
+		if !ok || !st.Terminal() || ended.IsZero() || now.Sub(ended) < keep {
 			continue
 		}
-		item := service.GCItem{Path: workspace.DirTasks + "/" + id, ID: id, Since: *t.CompletedAt, Reason: fmt.Sprintf("ended %s ago, retention %s", now.Sub(*t.CompletedAt).Round(time.Minute), keep)}
+		item := service.GCItem{Path: workspace.DirTasks + "/" + id, ID: id, Since: ended, Reason: fmt.Sprintf("ended %s ago, retention %s", now.Sub(ended).Round(time.Minute), keep)}
 		if dir, err := o.data.OpenTask(id); err == nil {
 			item.Bytes, _ = workspace.Size(dir, ".")
 			dir.Close()
@@ -112,7 +112,7 @@ func (o *Library) gcTasks(ctx context.Context, now time.Time, dry bool, rep *ser
 		}
 		rep.TaskDirectories = append(rep.TaskDirectories, item)
 		rep.Bytes += item.Bytes
-		ev := projection.NewEvent(task.EventDirectoryRemoved, task.DirectoryRemoved{Directory: item.Path, Bytes: item.Bytes, EndedAt: *t.CompletedAt}, "corral/retention")
+		ev := projection.NewEvent(task.EventDirectoryRemoved, task.DirectoryRemoved{Directory: item.Path, Bytes: item.Bytes, EndedAt: ended}, "corral/retention")
 		if err := o.appendAnyVersion(ctx, task.StreamID(id), ev); err != nil {
 			return fmt.Errorf("record removal of %s: %w", item.Path, err)
 		}

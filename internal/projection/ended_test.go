@@ -32,7 +32,7 @@ func runToEnd(tb testing.TB, p *Tasks, id string) task.Task {
 
 // TestEndedTasksHeldInPart: past the last keep that ended, an ended task is
 // held in part, and Get, List, ByIdempotencyKey and a rebuilt projection
-// still give it whole, as it was at its end; an event after its end moves
+// still give it whole, as it was at its end, and Status its status and end; an event after its end moves
 // its version; a task that has not ended is always held whole.
 func TestEndedTasksHeldInPart(t *testing.T) {
 	store := MustOpenStore(t)
@@ -100,6 +100,18 @@ func TestEndedTasksHeldInPart(t *testing.T) {
 				t.Errorf("%s: Select's %s = %s v%d ended %v %v %q; want %s v%d ended %v %v %q", what, s.ID, s.Status, s.Version, s.CompletedAt, s.AttachmentIDs, s.ConversationID,
 					e.Status, e.Version, e.CompletedAt, e.AttachmentIDs, e.ConversationID)
 			}
+		}
+		for _, id := range order {
+			st, at, ok := p.Status(id)
+			if !ok || st != ended[id].Status || !at.Equal(*ended[id].CompletedAt) {
+				t.Errorf("%s: Status(%s) = %s, %v, %v; want %s, %v, true", what, id, st, at, ok, ended[id].Status, ended[id].CompletedAt)
+			}
+		}
+		if st, at, ok := p.Status(live.ID); !ok || st != task.Queued || !at.IsZero() {
+			t.Errorf("%s: Status of the queued task = %s, %v, %v; want queued, no end, true", what, st, at, ok)
+		}
+		if _, _, ok := p.Status(task.NewID()); ok {
+			t.Errorf("%s: Status of an unknown task is ok", what)
 		}
 		if c := p.Counts(); c[task.Success] != 5 || c[task.Queued] != 1 {
 			t.Errorf("%s: Counts = %v", what, c)

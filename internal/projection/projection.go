@@ -339,6 +339,23 @@ func (p *Tasks) Get(id string) (task.Task, error) {
 	return task.Task{}, fmt.Errorf("task %s: %w", id, errdefs.ErrNotFound)
 }
 
+// Status returns task id's status and, once it has ended, when it did,
+// without reading the log: for the scans over every task directory or
+// proxy, where Get would read back each task held in part. ok is false
+// for a task the projection does not know.
+func (p *Tasks) Status(id string) (st task.Status, ended time.Time, ok bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if t, held := p.tasks[id]; held {
+		if t.CompletedAt != nil {
+			ended = *t.CompletedAt
+		}
+		return t.Status, ended, true
+	}
+	o, ok := p.old[id]
+	return o.status, o.completedAt, ok
+}
+
 // load folds an ended task held in part again from its events, as apply
 // folded it: an event that does not apply is skipped (apply logged it).
 // The store may hold events apply has not seen yet: the task is then newer

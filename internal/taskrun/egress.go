@@ -77,7 +77,7 @@ func (o *Runner) sweepEgress() {
 		if session.ValidID(id) {
 			continue // the session manager closes a session's
 		}
-		if t, err := o.tasks.Get(id); err == nil && !t.Status.Terminal() {
+		if st, _, ok := o.tasks.Status(id); ok && !st.Terminal() {
 			continue
 		}
 		if err := o.opts.Egress.Close(id); err != nil {

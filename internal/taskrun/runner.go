@@ -588,7 +588,7 @@ func (o *Runner) reconcileDirectories(ctx context.Context) error {
 		return fmt.Errorf("list task directories: %w", err)
 	}
 	for _, id := range ids {
-		if _, err := o.tasks.Get(id); err == nil {
+		if _, _, ok := o.tasks.Status(id); ok {
 			continue
 		}
 		ev := projection.NewEvent(task.EventUnknownDirectory, map[string]string{"directory": "tasks/" + id}, "corral/reconciler")
