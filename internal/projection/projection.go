@@ -157,21 +157,35 @@ func (e *Ended) add(t *task.Task) {
 	}
 }
 
-// Rebuild applies every event in the store up to its current end.
+// Rebuild applies every event in the store up to its current end. The log
+// is read a batch ahead of the fold, in a goroutine of its own: reading
+// and folding take about the same time (BenchmarkRebuild), and a server
+// waits for both before it serves.
 func (p *Tasks) Rebuild(ctx context.Context) error {
-	for {
-		p.mu.RLock()
-		after := p.pos
-		p.mu.RUnlock()
-		evs, err := p.store.ReadAll(ctx, after, 1024)
-		if err != nil {
-			return fmt.Errorf("rebuild tasks: %w", err)
+	p.mu.RLock()
+	after := p.pos
+	p.mu.RUnlock()
+	batches := make(chan []eventstore.Event, 1)
+	var readErr error
+	go func() {
+		defer close(batches)
+		for {
+			evs, err := p.store.ReadAll(ctx, after, 1024)
+			if err != nil || len(evs) == 0 {
+				readErr = err
+				return
+			}
+			after = evs[len(evs)-1].Position
+			batches <- evs
 		}
-		if len(evs) == 0 {
-			return nil
-		}
+	}()
+	for evs := range batches {
 		p.apply(evs...)
 	}
+	if readErr != nil {
+		return fmt.Errorf("rebuild tasks: %w", readErr)
+	}
+	return nil
 }
 
 // Run applies new events as the store commits them until ctx is done.

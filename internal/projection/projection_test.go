@@ -156,6 +156,37 @@ func TestRebuild(t *testing.T) {
 	}
 }
 
+// failingReads is a store whose ReadAll fails from its nth call on.
+type failingReads struct {
+	eventstore.Store
+	n, calls int
+}
+
+var errRead = errors.New("disk read error")
+
+func (s *failingReads) ReadAll(ctx context.Context, after int64, limit int) ([]eventstore.Event, error) {
+	if s.calls++; s.calls >= s.n {
+		return nil, errRead
+	}
+	return s.Store.ReadAll(ctx, after, limit)
+}
+
+// TestRebuildReadError: a read that fails while the log is read ahead of
+// the fold fails the rebuild, after the batches read before it are
+// applied, and leaves no goroutine behind (TestMain's goleak).
+func TestRebuildReadError(t *testing.T) {
+	store := MustOpenStore(t)
+	p := New(store, discard())
+	MustCreate(t, p, task.Spec{Description: "a"})
+	q := New(&failingReads{Store: store, n: 2}, discard())
+	if err := q.Rebuild(context.Background()); !errors.Is(err, errRead) {
+		t.Fatalf("Rebuild = %v, want the read's error", err)
+	}
+	if q.Position() != p.Position() {
+		t.Errorf("position %d after the failed rebuild, want %d: the first batch applied", q.Position(), p.Position())
+	}
+}
+
 func TestUnknownTaskEventsSkipped(t *testing.T) {
 	store := MustOpenStore(t)
 	ctx := context.Background()
