@@ -244,6 +244,18 @@ func (s *Scheduler) releaseWorkspace(t task.Task) {
 	}
 }
 
+// stopAndDestroy kills sandbox id at once and removes what is left of it,
+// for a sandbox no task will have: an orphan, or one whose start could not
+// be recorded. Failures are logged; reconciliation tries again.
+func stopAndDestroy(ctx context.Context, rt sandbox.Runtime, id string, log *slog.Logger) {
+	if err := rt.Stop(ctx, id, 0); err != nil {
+		log.Warn("cannot stop sandbox", logkey.SandboxID, id, logkey.Error, err)
+	}
+	if err := rt.Destroy(ctx, id); err != nil {
+		log.Warn("cannot destroy sandbox", logkey.SandboxID, id, logkey.Error, err)
+	}
+}
+
 // start creates the task's sandbox and supervises it.
 func (s *Scheduler) start(ctx context.Context, t task.Task) {
 	log := s.log.With(logkey.TaskID, t.ID, logkey.CorrelationID, t.CorrelationID)
@@ -296,12 +308,7 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 		// Unrecorded, the start leaves the task starting with no one
 		// watching its sandbox: stop it, and end the task.
 		log.Error("cannot record task start; stopping its sandbox", logkey.Error, err)
-		if serr := rt.Stop(ctx, h.ID, 0); serr != nil {
-			log.Warn("cannot stop sandbox", logkey.SandboxID, h.ID, logkey.Error, serr)
-		}
-		if derr := rt.Destroy(ctx, h.ID); derr != nil {
-			log.Warn("cannot destroy sandbox", logkey.SandboxID, h.ID, logkey.Error, derr)
-		}
+		stopAndDestroy(ctx, rt, h.ID, log)
 		s.completeRetrying(ctx, t.ID, failed("record the sandbox's start: "+err.Error(), "start"))
 		s.releaseQuota(ctx, t)
 		return
@@ -616,10 +623,7 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 		if owned[id] {
 			continue
 		}
-		if err := l.rt.Stop(ctx, l.h.ID, 0); err != nil {
-			s.log.Warn("cannot stop orphan sandbox", logkey.SandboxID, l.h.ID, logkey.Error, err)
-		}
-		l.rt.Destroy(ctx, l.h.ID)
+		stopAndDestroy(ctx, l.rt, l.h.ID, s.log)
 		s.log.Info("orphan sandbox stopped", logkey.SandboxID, l.h.ID, logkey.Runtime, l.name)
 		ev := projection.NewEvent(task.EventOrphanStopped, map[string]string{"sandbox_name": l.h.ID, "runtime": l.name, "task_id": id}, ActorReconciler)
 		if _, err := s.store.Append(sys, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
