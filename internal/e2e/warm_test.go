@@ -88,8 +88,27 @@ func warmIDs(tb testing.TB, data string) []string {
 
 // seenScript is a task's command: it reports what its sandbox's /tmp held
 // before it (a warm sandbox that served an earlier task would hold that
-// task's mark), then marks /tmp with its own id.
-const seenScript = `ls -A /tmp > /task/output/seen.txt && touch "/tmp/mark-$CORRAL_TASK_ID" && echo ok`
+// task's mark) and its environment, then marks /tmp with its own id.
+const seenScript = `ls -A /tmp > /task/output/seen.txt && env > /task/output/env.txt && touch "/tmp/mark-$CORRAL_TASK_ID" && echo ok`
+
+// warmWorkersEnv returns the environment of every warm sandbox's main
+// process running (its first environment, which a claim does not change).
+func warmWorkersEnv(t *testing.T) [][]string {
+	t.Helper()
+	want := workerproto.WorkerBinary + "\x00worker\x00warm\x00"
+	var envs [][]string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || string(b) != want {
+			continue
+		}
+		if b, err = os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil {
+			envs = append(envs, strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00"))
+		}
+	}
+	return envs
+}
 
 // TestWarmSandboxes: with a pool of warm sandboxes, tasks of the pool's
 // shapes start in them, with the whole lifecycle, and no sandbox ever
@@ -113,6 +132,24 @@ func TestWarmSandboxes(t *testing.T) {
 		}
 		if seen := strings.TrimSpace(string(b)); seen != "" {
 			t.Errorf("task %s found another task's files in its sandbox's /tmp: %q", id, seen)
+		}
+		// The warm sandbox's own environment is not the task's.
+		if b, err = os.ReadFile(filepath.Join(s.data, "tasks", id, "output", "env.txt")); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains("\n"+string(b), "\nGOMAXPROCS=") {
+			t.Errorf("task %s's command has the warm sandbox's GOMAXPROCS: %q", id, b)
+		}
+	}
+
+	// Idle warm workers run with the worker's Ps, whatever the host's CPUs.
+	envs := warmWorkersEnv(t)
+	if len(envs) == 0 {
+		t.Fatal("no warm sandbox's main process found")
+	}
+	for _, env := range envs {
+		if !slices.Contains(env, "GOMAXPROCS="+strconv.Itoa(workerproto.WorkerProcs)) {
+			t.Errorf("a warm sandbox's main process has environment %q: want GOMAXPROCS=%d", env, workerproto.WorkerProcs)
 		}
 	}
 

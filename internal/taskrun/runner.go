@@ -8,12 +8,11 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/clip"
-	"github.com/corral-dev/corral/internal/workerproto"
-
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
@@ -21,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/units"
 	"github.com/corral-dev/corral/internal/webhook"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -260,8 +260,10 @@ func limitsOf(r task.Resources) sandbox.Limits {
 // workspace, a code_execute call excepted (it mounts more), with network
 // none and, when the server runs egress proxies, with a proxy. Prepare's
 // spec of such a task fits one (sandbox.WarmShape.Fits). Their main
-// process is `corral-worker worker warm`, which runs the task's worker when the
-// task comes.
+// process is `corral-worker worker warm`, which runs the task's worker
+// when the task comes. It starts with GOMAXPROCS at
+// workerproto.WorkerProcs, as the Go runtime would size itself for the
+// host's CPUs; the task's worker and agent get the task's environment.
 func (o *Runner) WarmShapes(res task.Resources) ([]sandbox.WarmShape, error) {
 	mounts, err := o.baseMounts(sandbox.WarmTaskID, false)
 	if err != nil {
@@ -270,7 +272,7 @@ func (o *Runner) WarmShapes(res task.Resources) ([]sandbox.WarmShape, error) {
 	tmpl := sandbox.Spec{
 		Command: []string{workerproto.WorkerBinary, "worker", "warm"},
 		Dir:     workerproto.TaskDir,
-		Env:     []string{"HOME=/tmp", "LANG=C.UTF-8"},
+		Env:     []string{"HOME=/tmp", "LANG=C.UTF-8", "GOMAXPROCS=" + strconv.Itoa(workerproto.WorkerProcs)},
 		Mounts:  mounts,
 		Limits:  limitsOf(res),
 		Network: sandbox.NetworkNone,

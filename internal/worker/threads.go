@@ -3,6 +3,8 @@ package worker
 import (
 	"runtime"
 	"sync"
+
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 // spareThreads is how many threads ReserveThreads makes sure the process
@@ -12,16 +14,24 @@ import (
 // with the reserve it has about 11.
 const spareThreads = 6
 
+// CapProcs caps GOMAXPROCS at workerproto.WorkerProcs. Call it first
+// thing in a sandbox's process. A garbage collection starts a mark worker
+// for each P, each on a thread of its own, and the runtime never ends an
+// idle thread: uncapped, a warm worker collecting its start-up garbage
+// before it waits (RunWarm) had 20 threads as on a host of 64 CPUs, not
+// 5, and every thread counts against the sandbox's pids limit.
+func CapProcs() { capProcs(workerproto.WorkerProcs) }
+
 // ReserveThreads makes the Go runtime start, now, the threads this
 // process will need, and keep them idle (it never ends an idle thread),
-// and caps GOMAXPROCS at 2, which is all the worker uses. Call it before
+// and caps GOMAXPROCS at workerproto.WorkerProcs. Call it before
 // starting what shares the sandbox's pids limit with it: an agent that
 // spends the limit (a fork bomb, or just many processes) would otherwise
 // leave the runtime unable to start a thread the moment it needs one,
 // and it would die ("failed to create new OS thread", exit code 2)
 // without reporting the task's end. The reserve counts against the limit
 // like any thread.
-func ReserveThreads() { reserveThreads(2, spareThreads) }
+func ReserveThreads() { reserveThreads(workerproto.WorkerProcs, spareThreads) }
 
 // ReserveReaperThreads is ReserveThreads for a sandbox's pid 1, which
 // only waits for its children and forwards signals: one P, and a spare
@@ -32,12 +42,17 @@ func ReserveThreads() { reserveThreads(2, spareThreads) }
 // spent the pids limit left, and pid 1's death ends the sandbox.
 func ReserveReaperThreads() { reserveThreads(1, 2) }
 
-// reserveThreads caps GOMAXPROCS at procs and has the runtime start procs
-// plus spare threads.
-func reserveThreads(procs, spare int) {
+// capProcs caps GOMAXPROCS at procs.
+func capProcs(procs int) {
 	if runtime.GOMAXPROCS(0) > procs {
 		runtime.GOMAXPROCS(procs)
 	}
+}
+
+// reserveThreads caps GOMAXPROCS at procs and has the runtime start procs
+// plus spare threads.
+func reserveThreads(procs, spare int) {
+	capProcs(procs)
 	n := runtime.GOMAXPROCS(0) + spare
 	// Each goroutine holds a thread of its own while it waits (a locked
 	// goroutine's thread waits with it), so the runtime starts one for

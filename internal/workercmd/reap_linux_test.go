@@ -3,6 +3,7 @@ package workercmd
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,6 +36,9 @@ func TestMain(m *testing.M) {
 			os.Exit(reap(os.Environ(), os.Stderr))
 		}
 		os.Exit(reapTestWorker(mode))
+	}
+	if os.Getenv(warmIdleTestEnv) != "" {
+		os.Exit(Main(context.Background(), []string{"warm"}, os.Stderr))
 	}
 	os.Exit(m.Run())
 }

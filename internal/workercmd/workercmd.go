@@ -27,6 +27,7 @@ import (
 // session's. As its sandbox's pid 1 it is the reaper of orphans, and
 // runs the worker as its child (reap).
 func Main(ctx context.Context, args []string, stderr io.Writer) int {
+	worker.CapProcs() // before anything here collects garbage
 	if os.Getpid() == 1 {
 		return reap(os.Environ(), stderr)
 	}

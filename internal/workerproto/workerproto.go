@@ -54,6 +54,15 @@ const (
 	EgressSocket = "proxy.sock"
 )
 
+// WorkerProcs is the most Ps (GOMAXPROCS) a worker runs with: all it
+// uses. Go sizes its runtime for GOMAXPROCS Ps before main runs, and sets
+// it from the host's CPUs: a sandbox has no /sys/fs/cgroup to show its CPU
+// limit, and gVisor shows every host CPU. So a warm sandbox's main
+// process, which idles for long and one of many, starts with GOMAXPROCS
+// set to this in its environment (the task it runs gets the task's own
+// environment, not that one), and every worker caps it as it starts.
+const WorkerProcs = 2
+
 // The worker's environment.
 const (
 	// EnvPrefix starts every variable the worker reads; the agent gets
