@@ -20,6 +20,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/attachment"
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/connlimit"
 	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
@@ -353,9 +354,12 @@ func (a *App) open(ctx context.Context) error {
 		return fmt.Errorf("socket path %s is too long for a unix socket (%d bytes, at most 100): use a shorter data root", sock, len(sock))
 	}
 	os.Remove(sock) // a stale socket from a server that died
-	if a.sockLn, err = net.Listen("unix", sock); err != nil {
+	sockLn, err := net.Listen("unix", sock)
+	if err != nil {
 		return fmt.Errorf("listen on %s: %w", sock, err)
 	}
+	// Every sandbox reaches it: none may take the server's descriptors.
+	a.sockLn = connlimit.New(sockLn, connlimit.PerSandbox, a.log.With("subsystem", "socket"))
 	if err := os.Chmod(sock, 0o666); err != nil {
 		return fmt.Errorf("open socket %s to sandboxes: %w", sock, err)
 	}

@@ -52,6 +52,7 @@ var allowed = map[string][]string{
 	"internal/webhook":             {"task", "errdefs", "strictjson"},
 	"internal/notify":              {"eventstore", "task", "errdefs", "logkey", "clip"},
 	"internal/egress":              {"errdefs", "logkey"},
+	"internal/connlimit":           {"sandbox/hostproc"},
 	"internal/worker":              {"errdefs", "workspace", "webhook", "agent", "logkey", "task", "workerproto", "egress"},
 	"internal/workerproto":         {"errdefs", "workspace", "task"},
 	"internal/projection":          {"eventstore", "task", "errdefs", "logkey"},
@@ -79,7 +80,7 @@ var allowed = map[string][]string{
 	// The seccomp filter of local sandboxes, and the escape tests' probe
 	// (which looks for the worker's secrets by their names).
 	"internal/sandbox/seccomp":           {"errdefs"},
-	"internal/sandbox/sandboxtest/probe": {"workerproto"},
+	"internal/sandbox/sandboxtest/probe": {"workerproto", "connlimit"},
 
 	// What the host runtimes (local, gvisor) share: their cgroups, the
 	// /proc helpers, the minimal /etc they generate, their state dir, the

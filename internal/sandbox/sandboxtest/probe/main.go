@@ -38,6 +38,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,6 +51,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/internal/connlimit"
 	"github.com/corral-dev/corral/internal/workerproto"
 )
 
@@ -146,6 +148,12 @@ func main() {
 	// host file (a cgroup's tasks file opened by the server as root, the
 	// server's database) is a way out that no mount shows.
 	check("descriptor on a file outside the sandbox", outsideDescriptors)
+	// The server's unix socket, which every sandbox reaches: connections
+	// held open until the server has no descriptor left would stop every
+	// other task.
+	check(holdSocketCheck, func() result {
+		return holdConnections(workerproto.SocketDir+"/"+workerproto.SocketName, holdSocketConns)
+	})
 	check("mount tmpfs", tryMount)
 	check("unshare user namespace", func() result { return tryNamespace(unix.CLONE_NEWUSER) })
 	check("unshare network namespace", func() result { return tryNamespace(unix.CLONE_NEWNET) })
@@ -304,6 +312,49 @@ func tryWrite(p string) result {
 		return result{OK: true, Detail: "created, but write failed: " + err.Error()}
 	}
 	return result{OK: true, Detail: "created " + p}
+}
+
+// holdSocketConns is how many connections holdSocketCheck opens: a few
+// times as many as the server lets one sandbox hold.
+const holdSocketConns = 4 * connlimit.PerSandbox
+
+var holdSocketCheck = fmt.Sprintf("hold %d connections to the server's socket", holdSocketConns)
+
+// holdConnections opens n connections to the unix socket sock, sends a
+// request on each and reads its answer, so that each counts only once the
+// server has taken it: it holds those answered open together (keep-alive),
+// and the server ends those it refused. More than connlimit.PerSandbox
+// held at once is an escape.
+func holdConnections(sock string, n int) result {
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range n {
+		c, err := net.DialTimeout("unix", sock, netTimeout)
+		if err != nil {
+			if len(conns) == 0 {
+				return result{Detail: err.Error()}
+			}
+			break
+		}
+		conns = append(conns, c)
+		c.SetDeadline(time.Now().Add(checkTimeout / 2))
+		c.Write([]byte("GET / HTTP/1.1\r\nHost: corral\r\n\r\n"))
+	}
+	held, refused := 0, 0
+	for _, c := range conns {
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			refused++
+			continue
+		}
+		resp.Body.Close()
+		held++
+	}
+	return result{OK: held > connlimit.PerSandbox, Detail: fmt.Sprintf("%d of %d connections answered and held open at once, %d ended by the server", held, len(conns), refused)}
 }
 
 func tryConnect(addr string) result {

@@ -1,0 +1,161 @@
+package connlimit
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// dialEnv makes this test binary a process that dials the socket its
+// value names, max+extra times, and prints how many it held and how many
+// were closed on it.
+const dialEnv = "CONNLIMIT_TEST_DIAL"
+
+const (
+	max   = 4
+	extra = 6
+)
+
+func TestMain(m *testing.M) {
+	if sock := os.Getenv(dialEnv); sock != "" {
+		held, refused, err := dial(sock, max+extra)
+		if err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+		fmt.Println(len(held), refused)
+		closeAll(held)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// dial opens n connections to sock and reads one byte from each: the
+// server sends one on every connection it keeps; one it refused ends. It
+// returns those kept, and closes the others.
+func dial(sock string, n int) (held []net.Conn, refused int, err error) {
+	var conns []net.Conn
+	for range n {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			closeAll(conns)
+			return nil, 0, err
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		var b [1]byte
+		switch _, err := c.Read(b[:]); {
+		case err == nil:
+			held = append(held, c)
+		case err == io.EOF || strings.Contains(err.Error(), "reset"):
+			refused++
+			c.Close()
+		default:
+			closeAll(conns)
+			return nil, 0, err
+		}
+	}
+	return held, refused, nil
+}
+
+// waitClosed waits for the test's server to have seen n connections end.
+func waitClosed(t *testing.T, closed <-chan struct{}, n int) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for range n {
+		select {
+		case <-closed:
+		case <-timeout:
+			t.Fatalf("the server did not see %d connections end in 10 s", n)
+		}
+	}
+}
+
+func closeAll(conns []net.Conn) {
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// TestPerSandbox: a process holds at most max connections open; a
+// process in another pid namespace (another sandbox) gets its own max,
+// whatever the first holds; a connection closed gives its place back.
+func TestPerSandbox(t *testing.T) {
+	testenv.RequireRoot(t) // a new pid namespace
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(ln, max, slog.New(slog.DiscardHandler))
+	defer l.Close()
+	// The server: greets each connection it keeps, closes it at EOF.
+	closed := make(chan struct{}, 100)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				c.Write([]byte{'A'})
+				io.Copy(io.Discard, c)
+				c.Close()
+				closed <- struct{}{}
+			}()
+		}
+	}()
+
+	held, refused, err := dial(sock, max+extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { closeAll(held) }()
+	if len(held) != max || refused != extra {
+		t.Fatalf("one process, %d connections: %d held, %d refused; want %d and %d", max+extra, len(held), refused, max, extra)
+	}
+
+	// Another sandbox, while this one holds its max.
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), dialEnv+"="+sock)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the process in a pid namespace of its own: %v: %s", err, out)
+	}
+	got := strings.TrimSpace(string(out))
+	if want := strconv.Itoa(max) + " " + strconv.Itoa(extra); got != want {
+		t.Errorf("a process in another pid namespace: held and refused %q, want %q", got, want)
+	}
+	if strings.HasPrefix(got, strconv.Itoa(max)+" ") {
+		waitClosed(t, closed, max) // the server saw each of its connections end
+	}
+
+	// Two closed here: two more fit, and no third.
+	for _, c := range held[:2] {
+		c.Close()
+		waitClosed(t, closed, 1)
+	}
+	held = held[2:]
+	more, refused, err := dial(sock, 3)
+	held = append(held, more...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(more) != 2 || refused != 1 {
+		t.Errorf("after two of its %d closed: %d more held, %d refused; want 2 and 1", max, len(more), refused)
+	}
+}
