@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"runtime"
 	"strings"
 
 	"github.com/corral-dev/corral/internal/app"
@@ -15,7 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 )
 
-const k8sUsage = "corral k8s render [--config FILE] [--server-image IMG] [--storage 10Gi] [--storage-class NAME] [--no-secrets] > corral.yaml\n       corral k8s seccomp [--gvisor] > corral.json"
+const k8sUsage = "corral k8s render [--config FILE] [--server-image IMG] [--storage 10Gi] [--storage-class NAME] [--no-secrets] > corral.yaml\n       corral k8s seccomp [--gvisor] [--arch amd64|arm64] > corral.json"
 
 // cmdK8s is `corral k8s render`: the manifests that run Corral in a
 // cluster, from the configuration, on stdout; and `corral k8s seccomp`:
@@ -32,14 +33,18 @@ func cmdK8s(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		// Corral's seccomp profile, for each node's kubelet seccomp
 		// directory (kubernetes.seccomp_profile names it there); with
 		// --gvisor, the form runsc --oci-seccomp can apply.
-		profile := seccomp.OCIProfile
-		switch {
-		case len(args) == 2 && args[1] == "--gvisor":
-			profile = seccomp.GVisorOCIProfile
-		case len(args) > 1:
-			return fmt.Errorf("unexpected argument %q; usage: %s: %w", args[1], k8sUsage, errdefs.ErrInvalidArgument)
+		fs := flag.NewFlagSet("k8s seccomp", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		gvisor := fs.Bool("gvisor", false, "the form runsc --oci-seccomp applies (a gVisor RuntimeClass)")
+		arch := fs.String("arch", runtime.GOARCH, "the nodes' architecture: "+strings.Join(seccomp.OCIArches, " or "))
+		if err := parseNoArgs(fs, args[1:]); err != nil {
+			return err
 		}
-		p, err := profile()
+		profile := seccomp.OCIProfile
+		if *gvisor {
+			profile = seccomp.GVisorOCIProfile
+		}
+		p, err := profile(*arch)
 		if err != nil {
 			return err
 		}

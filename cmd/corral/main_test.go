@@ -44,6 +44,9 @@ func TestHelpAndVersion(t *testing.T) {
 		{[]string{"k8s"}, 2, "usage: corral k8s render"},
 		{[]string{"k8s", "apply"}, 2, `unknown k8s command "apply"`},
 		{[]string{"k8s", "render", "--storage", "lots"}, 2, "--storage: must be a positive quantity"},
+		{[]string{"k8s", "seccomp", "--arch", "mips"}, 2, `no seccomp profile for architecture "mips" (one of amd64, arm64)`},
+		{[]string{"k8s", "seccomp", "--arch", "arm64"}, 0, `"sync_file_range2"`},
+		{[]string{"k8s", "seccomp", "extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"version"}, 0, "corral "},
 	} {
 		var stdout, stderr bytes.Buffer

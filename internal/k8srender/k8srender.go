@@ -579,7 +579,8 @@ func header(cfg *config.Config, opts Options) string {
 		p("- Seccomp: worker pods run under the Localhost profile %s, which must be on", sp)
 		p("  every node first: `corral k8s seccomp > /var/lib/kubelet/seccomp/%s`", sp)
 		p("  (`corral k8s seccomp --gvisor` for a gVisor RuntimeClass whose runsc runs")
-		p("  with oci-seccomp). A node without it cannot start a worker.")
+		p("  with oci-seccomp; --arch amd64 or arm64 for the nodes' architecture, if not")
+		p("  this machine's). A node without it cannot start a worker.")
 	} else {
 		p("- Seccomp: worker pods run under the runtime's default profile, which allows")
 		p("  ptrace and io_uring; kubernetes.seccomp_profile names Corral's stricter one.")

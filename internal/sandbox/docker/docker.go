@@ -52,6 +52,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -170,7 +171,8 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker runtime: engine address: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	profile, err := seccomp.OCIProfile()
+	// The engine runs containers of this machine's architecture.
+	profile, err := seccomp.OCIProfile(runtime.GOARCH)
 	if err != nil {
 		return nil, err
 	}

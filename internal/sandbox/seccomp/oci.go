@@ -5,12 +5,14 @@ package seccomp
 import (
 	"encoding/json"
 	"fmt"
-	"runtime"
 	"slices"
+	"strings"
 
 	profiles "github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/errdefs"
 )
 
 // OCIProfile is Docker's default seccomp profile (the one Docker
@@ -19,10 +21,11 @@ import (
 // keyrings, bpf, ...). Docker's own profile allows some of those
 // (ptrace on kernels from 4.8, io_uring on engines before 25), which the
 // escape probe reaches; its rules that depend on capabilities or the
-// architecture are resolved for a sandbox without any capability on this
-// machine's architecture (runtime.GOARCH). It is the JSON a Docker engine takes as
-// "seccomp=<profile>", and a kubelet as a Localhost profile.
-func OCIProfile() (string, error) { return ociProfile(false) }
+// architecture are resolved for a sandbox without any capability on
+// architecture arch (a GOARCH: amd64 or arm64), the nodes'. It is the JSON
+// a Docker engine takes as "seccomp=<profile>", and a kubelet as a
+// Localhost profile.
+func OCIProfile(arch string) (string, error) { return ociProfile(arch, false) }
 
 // GVisorOCIProfile is OCIProfile for runsc with --oci-seccomp (a gVisor
 // RuntimeClass), which applies a profile inside gVisor's kernel but
@@ -32,9 +35,19 @@ func OCIProfile() (string, error) { return ociProfile(false) }
 // Code's runtime dies of SIGTRAP at once). So clone3 is allowed here: it is
 // served by gVisor's kernel, never the host's, and its namespace flags
 // reach only gVisor's own namespaces.
-func GVisorOCIProfile() (string, error) { return ociProfile(true) }
+func GVisorOCIProfile(arch string) (string, error) { return ociProfile(arch, true) }
 
-func ociProfile(gvisor bool) (string, error) {
+// OCIArches are the architectures OCIProfile makes profiles for.
+var OCIArches = []string{"amd64", "arm64"}
+
+func ociProfile(arch string, gvisor bool) (string, error) {
+	// Docker's profile allows calls some architectures need under a
+	// condition on the architecture (arch_prctl, which every amd64
+	// program starts with, on amd64 and x32 only): resolved for another,
+	// the profile stops every program.
+	if !slices.Contains(OCIArches, arch) {
+		return "", fmt.Errorf("no seccomp profile for architecture %q (one of %s): %w", arch, strings.Join(OCIArches, ", "), errdefs.ErrInvalidArgument)
+	}
 	p := profiles.DefaultProfile()
 	denied := Denied()
 	var kept []*profiles.Syscall
@@ -44,14 +57,14 @@ func ociProfile(gvisor bool) (string, error) {
 		// runtime that does not read these conditions (containerd's
 		// Localhost profiles) would otherwise allow, say, unshare to
 		// every container.
-		// So are the rules for other architectures than this one:
+		// So are the rules for other architectures than arch:
 		// containerd ignores those conditions too, and applied the s390
 		// form of clone's flags rule (flags in the second argument) on
 		// amd64, which let any clone through.
-		if s.Includes != nil && (len(s.Includes.Caps) > 0 || len(s.Includes.Arches) > 0 && !slices.Contains(s.Includes.Arches, runtime.GOARCH)) {
+		if s.Includes != nil && (len(s.Includes.Caps) > 0 || len(s.Includes.Arches) > 0 && !slices.Contains(s.Includes.Arches, arch)) {
 			continue
 		}
-		if s.Excludes != nil && slices.Contains(s.Excludes.Arches, runtime.GOARCH) {
+		if s.Excludes != nil && slices.Contains(s.Excludes.Arches, arch) {
 			continue
 		}
 		if s.Includes != nil {

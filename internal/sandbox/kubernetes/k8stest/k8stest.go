@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -54,9 +55,10 @@ const (
 // --gvisor for GVisor) and returns its name relative to SeccompDir.
 func SeccompProfile(tb testing.TB, class string) string {
 	tb.Helper()
-	profile, err := seccomp.OCIProfile()
+	// The node is this machine.
+	profile, err := seccomp.OCIProfile(runtime.GOARCH)
 	if class == GVisor {
-		profile, err = seccomp.GVisorOCIProfile()
+		profile, err = seccomp.GVisorOCIProfile(runtime.GOARCH)
 	}
 	if err != nil {
 		tb.Fatal(err)
