@@ -892,8 +892,13 @@ func (r *Runtime) Status(ctx context.Context, id string) (sandbox.Status, error)
 	return s, nil
 }
 
+// MinGrace is the shortest grace period a kubelet gives a container it
+// stops (its minimumGracePeriodInSeconds): a Stop with less waits this.
+const MinGrace = 2 * time.Second
+
 // Stop deletes the sandbox's pod with grace as its grace period: the
-// kubelet sends SIGTERM, waits, then kills. The Job (backoffLimit 0)
+// kubelet sends SIGTERM, waits, then kills. The kubelet waits at least
+// MinGrace, whatever the pod's deletion asks. The Job (backoffLimit 0)
 // starts no other. It returns once the pod has ended.
 func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
 	if _, err := r.job(ctx, id); err != nil {

@@ -86,6 +86,7 @@ func TestConformance(t *testing.T) {
 					return func() sandbox.Runtime { return c.mustNew(t, class, inst) }
 				},
 				NoHostDirs: true,
+				MinGrace:   MinGrace,
 			})
 		})
 	}
