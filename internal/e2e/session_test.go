@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -119,6 +120,28 @@ func TestSessions(t *testing.T) {
 			if strings.Contains(peek.String(), workerproto.EnvSessionToken+"=") || !strings.Contains(peek.String(), "mem closed") {
 				t.Errorf("a command read its exec agent's environment and memory: %q, want neither the token nor the memory", peek.String())
 			}
+			// The exec agent runs with the worker's Ps, whatever the host's
+			// CPUs (its environment, read from the host, where gVisor's
+			// processes are not); its commands do not inherit that.
+			maxProcs := workerproto.EnvMaxProcs + "=" + strconv.Itoa(workerproto.WorkerProcs)
+			if !rt.gvisorKernel() {
+				agents := workerEnvs(t, "session")
+				if len(agents) == 0 {
+					t.Fatal("no session's exec agent found")
+				}
+				for _, env := range agents {
+					if !slices.Contains(env, maxProcs) {
+						t.Errorf("a session's exec agent has environment %q: want %s", env, maxProcs)
+					}
+				}
+			}
+			var env bytes.Buffer
+			if _, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: command("env")}, func(ch httpapi.ExecChunk) error { env.Write(ch.Bytes()); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains("\n"+env.String(), "\n"+workerproto.EnvMaxProcs+"=") {
+				t.Errorf("a session command's environment: %q, want no %s", env.String(), workerproto.EnvMaxProcs)
+			}
 
 			// The session keeps its files between commands; cwd and env apply.
 			if _, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: command("sh", "-c", "echo $GREETING > kept.txt"), Env: map[string]string{"GREETING": "hi"}}, func(httpapi.ExecChunk) error { return nil }); err != nil {
@@ -173,8 +196,8 @@ func TestSessions(t *testing.T) {
 			}
 
 			got, err := s.client.GetSession(ctx, id)
-			if err != nil || got.Execs != 11 || got.Labels["who"] != "test" {
-				t.Errorf("session after 11 execs: %+v, %v", got, err)
+			if err != nil || got.Execs != 12 || got.Labels["who"] != "test" {
+				t.Errorf("session after 12 execs: %+v, %v", got, err)
 			}
 			if _, err := s.client.DeleteSession(ctx, id); err != nil {
 				t.Fatal(err)

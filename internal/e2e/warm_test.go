@@ -91,11 +91,13 @@ func warmIDs(tb testing.TB, data string) []string {
 // task's mark) and its environment, then marks /tmp with its own id.
 const seenScript = `ls -A /tmp > /task/output/seen.txt && env > /task/output/env.txt && touch "/tmp/mark-$CORRAL_TASK_ID" && echo ok`
 
-// warmWorkersEnv returns the environment of every warm sandbox's main
-// process running (its first environment, which a claim does not change).
-func warmWorkersEnv(t *testing.T) [][]string {
+// workerEnvs returns the environment of every running corral-worker
+// whose command is `worker MODE` (warm: a warm sandbox's main process;
+// session: a session's exec agent): the one it started with, which a
+// warm sandbox's claim does not change.
+func workerEnvs(t *testing.T, mode string) [][]string {
 	t.Helper()
-	want := workerproto.WorkerBinary + "\x00worker\x00warm\x00"
+	want := workerproto.WorkerBinary + "\x00worker\x00" + mode + "\x00"
 	var envs [][]string
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -143,7 +145,7 @@ func TestWarmSandboxes(t *testing.T) {
 	}
 
 	// Idle warm workers run with the worker's Ps, whatever the host's CPUs.
-	envs := warmWorkersEnv(t)
+	envs := workerEnvs(t, "warm")
 	if len(envs) == 0 {
 		t.Fatal("no warm sandbox's main process found")
 	}

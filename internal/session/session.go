@@ -27,6 +27,7 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -599,7 +600,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		Image:   image,
 		Command: []string{workerproto.WorkerBinary, "worker", "session"},
 		Dir:     Dir,
-		Env:     []string{workerproto.EnvSessionID + "=" + id, workerproto.EnvSessionToken + "=" + agentToken},
+		// Its exec agent lives as long as the session: sized for the
+		// host's CPUs, it would hold every P's structures all that time.
+		Env: []string{workerproto.EnvSessionID + "=" + id, workerproto.EnvSessionToken + "=" + agentToken,
+			workerproto.EnvMaxProcs + "=" + strconv.Itoa(workerproto.WorkerProcs)},
 		Mounts: []sandbox.Mount{
 			{Source: dir, Target: Dir, HostDir: req.Workspace != "" && !project.InDataRoot()},
 			{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},

@@ -142,6 +142,9 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 			token = v
 		case k == workerproto.EnvSessionEgress:
 			egress = v != ""
+		case k == workerproto.EnvMaxProcs:
+			// The server's, for this process; a command that wants
+			// another says so in its own environment.
 		case !strings.HasPrefix(k, workerproto.EnvPrefix):
 			env = append(env, kv) // the token never reaches a command
 		}

@@ -57,10 +57,11 @@ const (
 // WorkerProcs is the most Ps (GOMAXPROCS) a worker runs with: all it
 // uses. Go sizes its runtime for GOMAXPROCS Ps before main runs, and sets
 // it from the host's CPUs: a sandbox has no /sys/fs/cgroup to show its CPU
-// limit, and gVisor shows every host CPU. So a warm sandbox's main
-// process, which idles for long and one of many, starts with GOMAXPROCS
-// set to this in its environment (the task it runs gets the task's own
-// environment, not that one), and every worker caps it as it starts.
+// limit, and gVisor shows every host CPU. So the sandboxes whose main
+// process lives long (a warm sandbox's, which idles and is one of many;
+// a session's) start it with EnvMaxProcs set to this, and every worker
+// caps it as it starts. What they run gets its own environment (a task's,
+// a command's), never this variable.
 const WorkerProcs = 2
 
 // The worker's environment.
@@ -81,6 +82,9 @@ const (
 	// commands in and a token of that session's own (a secret).
 	EnvSessionID    = "CORRAL_SESSION_ID"
 	EnvSessionToken = "CORRAL_SESSION_TOKEN"
+	// EnvMaxProcs is Go's GOMAXPROCS (WorkerProcs), which the server sets
+	// for a warm sandbox's and a session's main process.
+	EnvMaxProcs = "GOMAXPROCS"
 	// EnvSessionEgress says a session's sandbox has its egress proxy
 	// mounted at EgressDir: its exec agent relays to it.
 	EnvSessionEgress = "CORRAL_SESSION_EGRESS"
