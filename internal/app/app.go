@@ -349,6 +349,11 @@ func (a *App) open(ctx context.Context) error {
 	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
+	if k, ok := a.runtimes[kubernetes.Name].(*kubernetes.Runtime); ok {
+		// Worker pods post here, and what runs in them is hostile: none
+		// may take the server's descriptors. Clients are not bounded.
+		a.ln = connlimit.Pods(a.ln, connlimit.PerSandbox, k.PodAddr, a.log.With("subsystem", "http"))
+	}
 	sock := filepath.Join(sockDir, workerproto.SocketName)
 	if len(sock) > 100 {
 		return fmt.Errorf("socket path %s is too long for a unix socket (%d bytes, at most 100): use a shorter data root", sock, len(sock))
@@ -359,7 +364,7 @@ func (a *App) open(ctx context.Context) error {
 		return fmt.Errorf("listen on %s: %w", sock, err)
 	}
 	// Every sandbox reaches it: none may take the server's descriptors.
-	a.sockLn = connlimit.New(sockLn, connlimit.PerSandbox, a.log.With("subsystem", "socket"))
+	a.sockLn = connlimit.Sandboxes(sockLn, connlimit.PerSandbox, a.log.With("subsystem", "socket"))
 	if err := os.Chmod(sock, 0o666); err != nil {
 		return fmt.Errorf("open socket %s to sandboxes: %w", sock, err)
 	}

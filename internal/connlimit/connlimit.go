@@ -1,16 +1,16 @@
 // Package connlimit bounds the connections each sandbox holds open to the
-// server's unix socket. Every sandbox reaches that socket (its worker posts
+// server. What runs in a sandbox is hostile, and it reaches the server:
+// every local, gVisor and Docker sandbox its unix socket (its worker posts
 // its progress and its completion there, a session's agent and commands
-// dial in), and what runs in a sandbox is hostile: without a bound, one
-// task's processes could open connections until the server has no file
-// descriptor left for any other task. The peer of a connection is known by
-// its process's pid namespace, which is the sandbox's own on every runtime
-// that mounts the socket.
+// dial in), every worker pod its HTTP listener. Without a bound, one task's
+// processes could open connections until the server has no file descriptor
+// left for any other task.
 package connlimit
 
 import (
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -24,71 +24,89 @@ import (
 // it runs.
 const PerSandbox = 64
 
-// Listener is a unix socket listener that closes, as soon as it accepts
-// it, a connection whose peer's sandbox holds max open already.
-// Connections whose peer it cannot tell (the process has exited, or is not
-// visible) share one count, with the same bound.
+// Listener closes, as soon as it accepts it, a connection whose peer's
+// sandbox holds max open already.
 type Listener struct {
 	net.Listener
 	max int
-	log *slog.Logger
+	// peer says whose a connection is, and whether that peer is bounded.
+	peer func(net.Conn) (key string, bounded bool)
+	log  *slog.Logger
 
 	mu   sync.Mutex
-	open map[uint64]int // by the peer's pid namespace; an entry at 0 is removed
+	open map[string]int // by peer; an entry at 0 is removed
 }
 
-// New wraps ln, a unix socket listener, so that each sandbox holds at most
-// max of its connections open.
-func New(ln net.Listener, max int, log *slog.Logger) *Listener {
-	return &Listener{Listener: ln, max: max, log: log, open: map[uint64]int{}}
+// Sandboxes wraps ln, the unix socket sandboxes reach, so that each
+// sandbox holds at most max of its connections open. A peer is known by
+// the pid namespace of the process that connected, which is its
+// sandbox's own on every runtime that mounts the socket; peers it cannot
+// tell (the process has exited) share one count, with the same bound.
+func Sandboxes(ln net.Listener, max int, log *slog.Logger) *Listener {
+	return newListener(ln, max, pidNamespace, log)
 }
 
-// Accept returns the next connection whose peer's sandbox is under its
-// bound, closing the others.
+// Pods wraps ln, a TCP listener, so that each address that pod says is a
+// sandbox's (a worker pod's) holds at most max connections open. Others
+// (the server's clients) are not bounded. Connections are counted by
+// address from the first, so that those opened before pod knew the
+// address count against it once it does.
+func Pods(ln net.Listener, max int, pod func(ip string) bool, log *slog.Logger) *Listener {
+	return newListener(ln, max, func(c net.Conn) (string, bool) {
+		host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+		if err != nil {
+			return c.RemoteAddr().String(), false
+		}
+		return host, pod(host)
+	}, log)
+}
+
+func newListener(ln net.Listener, max int, peer func(net.Conn) (string, bool), log *slog.Logger) *Listener {
+	return &Listener{Listener: ln, max: max, peer: peer, log: log, open: map[string]int{}}
+}
+
+// Accept returns the next connection whose peer is under its bound,
+// closing the others.
 func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
-		pid := peerPID(c)
-		ns := uint64(0)
-		if pid > 0 {
-			ns = hostproc.PidNamespace(pid)
-		}
-		if l.take(ns, pid) {
-			return &conn{Conn: c, release: sync.OnceFunc(func() { l.release(ns) })}, nil
+		key, bounded := l.peer(c)
+		if l.take(key, bounded) {
+			return &conn{Conn: c, release: sync.OnceFunc(func() { l.release(key) })}, nil
 		}
 		c.Close()
 	}
 }
 
-// take counts a connection of ns, if ns holds fewer than max.
-func (l *Listener) take(ns uint64, pid int) bool {
+// take counts a connection of key, unless key is bounded and holds max.
+func (l *Listener) take(key string, bounded bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.open[ns] >= l.max {
+	if bounded && l.open[key] >= l.max {
 		return false
 	}
-	l.open[ns]++
-	if l.open[ns] == l.max {
+	l.open[key]++
+	if bounded && l.open[key] == l.max {
 		// Once per time a sandbox reaches the bound, not per connection
 		// refused: the log is not for its processes to fill.
-		l.log.Warn("a sandbox holds as many connections to the server's socket as it may: refusing more until some close",
-			"max", l.max, "pid", pid, "pid_namespace", ns)
+		l.log.Warn("a sandbox holds as many connections to the server as it may: refusing more until some close",
+			"max", l.max, "peer", key)
 	}
 	return true
 }
 
-func (l *Listener) release(ns uint64) {
+func (l *Listener) release(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.open[ns]--; l.open[ns] <= 0 {
-		delete(l.open, ns)
+	if l.open[key]--; l.open[key] <= 0 {
+		delete(l.open, key)
 	}
 }
 
-// conn gives its sandbox's place back when it is closed, once.
+// conn gives its peer's place back when it is closed, once.
 type conn struct {
 	net.Conn
 	release func()
@@ -99,23 +117,28 @@ func (c *conn) Close() error {
 	return c.Conn.Close()
 }
 
-// peerPID returns the pid (in this process's pid namespace) of the
-// process that connected c, or 0.
-func peerPID(c net.Conn) int {
+// pidNamespace is the peer of a unix socket connection: "pidns:" and the
+// pid namespace of the process that connected (SO_PEERCRED), or "" when
+// it cannot be told.
+func pidNamespace(c net.Conn) (string, bool) {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
-		return 0
+		return "", true
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return 0
+		return "", true
 	}
 	var cred *unix.Ucred
 	var credErr error
 	if err := raw.Control(func(fd uintptr) {
 		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil || credErr != nil {
-		return 0
+	}); err != nil || credErr != nil || cred.Pid <= 0 {
+		return "", true
 	}
-	return int(cred.Pid)
+	ns := hostproc.PidNamespace(int(cred.Pid))
+	if ns == 0 {
+		return "", true
+	}
+	return "pidns:" + strconv.FormatUint(ns, 10), true
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ const (
 
 func TestMain(m *testing.M) {
 	if sock := os.Getenv(dialEnv); sock != "" {
-		held, refused, err := dial(sock, max+extra)
+		held, refused, err := dial("unix", sock, max+extra)
 		if err != nil {
 			fmt.Println(err)
 			os.Exit(1)
@@ -41,13 +42,13 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// dial opens n connections to sock and reads one byte from each: the
+// dial opens n connections to addr and reads one byte from each: the
 // server sends one on every connection it keeps; one it refused ends. It
 // returns those kept, and closes the others.
-func dial(sock string, n int) (held []net.Conn, refused int, err error) {
+func dial(network, addr string, n int) (held []net.Conn, refused int, err error) {
 	var conns []net.Conn
 	for range n {
-		c, err := net.Dial("unix", sock)
+		c, err := net.Dial(network, addr)
 		if err != nil {
 			closeAll(conns)
 			return nil, 0, err
@@ -100,7 +101,7 @@ func TestPerSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := New(ln, max, slog.New(slog.DiscardHandler))
+	l := Sandboxes(ln, max, slog.New(slog.DiscardHandler))
 	defer l.Close()
 	// The server: greets each connection it keeps, closes it at EOF.
 	closed := make(chan struct{}, 100)
@@ -119,7 +120,7 @@ func TestPerSandbox(t *testing.T) {
 		}
 	}()
 
-	held, refused, err := dial(sock, max+extra)
+	held, refused, err := dial("unix", sock, max+extra)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,12 +151,55 @@ func TestPerSandbox(t *testing.T) {
 		waitClosed(t, closed, 1)
 	}
 	held = held[2:]
-	more, refused, err := dial(sock, 3)
+	more, refused, err := dial("unix", sock, 3)
 	held = append(held, more...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(more) != 2 || refused != 1 {
 		t.Errorf("after two of its %d closed: %d more held, %d refused; want 2 and 1", max, len(more), refused)
+	}
+}
+
+// TestPods: over TCP, only the addresses the runtime says are pods' are
+// bounded, and a pod's connections count from the first, even those made
+// before it was known as one.
+func TestPods(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var known atomic.Bool
+	l := Pods(ln, max, func(ip string) bool { return known.Load() && ip == "127.0.0.1" }, slog.New(slog.DiscardHandler))
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte{'A'})
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	addr := ln.Addr().String()
+	// Not (yet) a pod's address: a client, not bounded.
+	early, refused, err := dial("tcp", addr, max+extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { closeAll(early) }()
+	if len(early) != max+extra || refused != 0 {
+		t.Fatalf("a client's %d connections: %d held, %d refused; want all held", max+extra, len(early), refused)
+	}
+	// Known as a pod's now, and over its bound already: refused.
+	known.Store(true)
+	more, refused, err := dial("tcp", addr, 2)
+	closeAll(more)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(more) != 0 || refused != 2 {
+		t.Errorf("a pod holding %d connections, bound %d: %d more held, %d refused; want none held", max+extra, max, len(more), refused)
 	}
 }

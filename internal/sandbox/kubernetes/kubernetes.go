@@ -62,6 +62,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -200,6 +201,10 @@ type Runtime struct {
 	stop    chan struct{}
 	jobs    batchlisters.JobNamespaceLister
 	pods    corelisters.PodNamespaceLister
+	// podsByAddr indexes the watched pods by address (PodAddr), once the
+	// informers run; read without startMu, which ready holds while they
+	// sync.
+	podsByAddr atomic.Pointer[cache.Indexer]
 
 	mu      sync.Mutex
 	changed chan struct{}                 // closed and replaced on every watched change
@@ -277,6 +282,9 @@ func (r *Runtime) ready(ctx context.Context) error {
 	if _, err := pods.AddEventHandler(h); err != nil {
 		return err
 	}
+	if err := pods.AddIndexers(cache.Indexers{podAddrIndex: podAddrs}); err != nil {
+		return err
+	}
 	stop := make(chan struct{})
 	go jobs.Run(stop)
 	go pods.Run(stop)
@@ -293,7 +301,39 @@ func (r *Runtime) ready(ctx context.Context) error {
 	r.stop, r.started = stop, true
 	r.jobs = batchlisters.NewJobLister(jobs.GetIndexer()).Jobs(r.opts.Namespace)
 	r.pods = corelisters.NewPodLister(pods.GetIndexer()).Pods(r.opts.Namespace)
+	idx := pods.GetIndexer()
+	r.podsByAddr.Store(&idx)
 	return nil
+}
+
+// podAddrIndex indexes pods by their addresses (podAddrs).
+const podAddrIndex = "addr"
+
+func podAddrs(obj any) ([]string, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	var addrs []string
+	for _, ip := range pod.Status.PodIPs {
+		addrs = append(addrs, ip.IP)
+	}
+	if len(addrs) == 0 && pod.Status.PodIP != "" {
+		addrs = append(addrs, pod.Status.PodIP)
+	}
+	return addrs, nil
+}
+
+// PodAddr reports whether ip is the address of one of this server's
+// worker pods, as its watch has seen them: what runs there is a task's,
+// and its connections to the server are bounded (connlimit.Pods).
+func (r *Runtime) PodAddr(ip string) bool {
+	idx := r.podsByAddr.Load()
+	if idx == nil {
+		return false // no pod of this server's yet
+	}
+	pods, err := (*idx).ByIndex(podAddrIndex, ip)
+	return err == nil && len(pods) > 0
 }
 
 // observe records what a watch saw: a pod's exit, which must outlive the

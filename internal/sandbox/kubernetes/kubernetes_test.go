@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -340,6 +341,28 @@ func TestTerminationMessage(t *testing.T) {
 	es, _, _ := run(t, r, "echo 'the output' >&2; printf 'earlier\\nfor the \\033[2Jlog' > /dev/termination-log; exit 3", nil)
 	if want := "for the [2Jlog"; es.Code != 3 || es.Message != want {
 		t.Errorf("ExitStatus = %+v, want code 3 and message %q", es, want)
+	}
+}
+
+// PodAddr knows the addresses of this server's pods, and no other.
+func TestPodAddr(t *testing.T) {
+	c := newCluster(t)
+	r := c.mustNew(t, "", sandboxtest.NewID(t))
+	if r.PodAddr("127.0.0.1") {
+		t.Error("PodAddr(127.0.0.1) before any pod: true")
+	}
+	_, _, id := run(t, r, "true", nil)
+	pods, err := r.pods.List(labels.SelectorFromSet(labels.Set{sandbox.LabelSandbox: id}))
+	if err != nil || len(pods) != 1 || pods[0].Status.PodIP == "" {
+		t.Fatalf("the sandbox's pod: %v, %v", pods, err)
+	}
+	if ip := pods[0].Status.PodIP; !r.PodAddr(ip) {
+		t.Errorf("PodAddr(%s), its pod's address: false", ip)
+	}
+	for _, ip := range []string{"127.0.0.1", "192.0.2.1", ""} {
+		if r.PodAddr(ip) {
+			t.Errorf("PodAddr(%q): true", ip)
+		}
 	}
 }
 

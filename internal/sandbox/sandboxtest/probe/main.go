@@ -39,6 +39,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -148,12 +149,11 @@ func main() {
 	// host file (a cgroup's tasks file opened by the server as root, the
 	// server's database) is a way out that no mount shows.
 	check("descriptor on a file outside the sandbox", outsideDescriptors)
-	// The server's unix socket, which every sandbox reaches: connections
-	// held open until the server has no descriptor left would stop every
-	// other task.
-	check(holdSocketCheck, func() result {
-		return holdConnections(workerproto.SocketDir+"/"+workerproto.SocketName, holdSocketConns)
-	})
+	// The server, which every sandbox reaches where its worker posts (a
+	// unix socket, or a worker pod's HTTP listener): connections held
+	// open until the server has no descriptor left would stop every other
+	// task.
+	check(holdCheck, func() result { return holdConnections(webhookOf(ppid), holdConns) })
 	check("mount tmpfs", tryMount)
 	check("unshare user namespace", func() result { return tryNamespace(unix.CLONE_NEWUSER) })
 	check("unshare network namespace", func() result { return tryNamespace(unix.CLONE_NEWNET) })
@@ -314,18 +314,43 @@ func tryWrite(p string) result {
 	return result{OK: true, Detail: "created " + p}
 }
 
-// holdSocketConns is how many connections holdSocketCheck opens: a few
-// times as many as the server lets one sandbox hold.
-const holdSocketConns = 4 * connlimit.PerSandbox
+// holdConns is how many connections holdCheck opens: a few times as many
+// as the server lets one sandbox hold.
+const holdConns = 4 * connlimit.PerSandbox
 
-var holdSocketCheck = fmt.Sprintf("hold %d connections to the server's socket", holdSocketConns)
+var holdCheck = fmt.Sprintf("hold %d connections to the server", holdConns)
 
-// holdConnections opens n connections to the unix socket sock, sends a
-// request on each and reads its answer, so that each counts only once the
-// server has taken it: it holds those answered open together (keep-alive),
-// and the server ends those it refused. More than connlimit.PerSandbox
-// held at once is an escape.
-func holdConnections(sock string, n int) result {
+// webhookOf is the URL the worker, process pid, posts its completion to:
+// its --webhook argument, else (a warm sandbox's worker, whose command
+// line is the warm sandbox's) the unix socket every sandbox of the other
+// runtimes has.
+func webhookOf(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	args := strings.Split(string(b), "\x00")
+	if i := slices.Index(args, "--webhook"); i >= 0 && i+1 < len(args) {
+		return args[i+1]
+	}
+	return "unix://" + workerproto.SocketDir + "/" + workerproto.SocketName
+}
+
+// holdConnections opens n connections to the server at webhook (the
+// worker's: unix://PATH or http://HOST:PORT), sends a request on each and
+// reads its answer, so that each counts only once the server has taken
+// it: it holds those answered open together (keep-alive), and the server
+// ends those it refused. More than connlimit.PerSandbox held at once is
+// an escape.
+func holdConnections(webhook string, n int) result {
+	network, addr, host := "unix", strings.TrimPrefix(webhook, "unix://"), "corral"
+	if !strings.HasPrefix(webhook, "unix://") {
+		u, err := url.Parse(webhook)
+		if err != nil || u.Host == "" {
+			return result{Detail: fmt.Sprintf("the worker's webhook %q: %v", webhook, err)}
+		}
+		network, addr, host = "tcp", u.Host, u.Host
+		if u.Port() == "" {
+			addr = net.JoinHostPort(u.Hostname(), "80")
+		}
+	}
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
@@ -333,7 +358,7 @@ func holdConnections(sock string, n int) result {
 		}
 	}()
 	for range n {
-		c, err := net.DialTimeout("unix", sock, netTimeout)
+		c, err := net.DialTimeout(network, addr, netTimeout)
 		if err != nil {
 			if len(conns) == 0 {
 				return result{Detail: err.Error()}
@@ -342,7 +367,7 @@ func holdConnections(sock string, n int) result {
 		}
 		conns = append(conns, c)
 		c.SetDeadline(time.Now().Add(checkTimeout / 2))
-		c.Write([]byte("GET / HTTP/1.1\r\nHost: corral\r\n\r\n"))
+		fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: %s\r\n\r\n", host)
 	}
 	held, refused := 0, 0
 	for _, c := range conns {
@@ -354,7 +379,7 @@ func holdConnections(sock string, n int) result {
 		resp.Body.Close()
 		held++
 	}
-	return result{OK: held > connlimit.PerSandbox, Detail: fmt.Sprintf("%d of %d connections answered and held open at once, %d ended by the server", held, len(conns), refused)}
+	return result{OK: held > connlimit.PerSandbox, Detail: fmt.Sprintf("%s %s: %d of %d connections answered and held open at once, %d ended by the server", network, addr, held, len(conns), refused)}
 }
 
 func tryConnect(addr string) result {
