@@ -27,7 +27,6 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -602,8 +601,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		Dir:     Dir,
 		// Its exec agent lives as long as the session: sized for the
 		// host's CPUs, it would hold every P's structures all that time.
-		Env: []string{workerproto.EnvSessionID + "=" + id, workerproto.EnvSessionToken + "=" + agentToken,
-			workerproto.EnvMaxProcs + "=" + strconv.Itoa(workerproto.WorkerProcs)},
+		Env: []string{workerproto.EnvSessionID + "=" + id, workerproto.EnvSessionToken + "=" + agentToken, workerproto.MaxProcsEnv()},
 		Mounts: []sandbox.Mount{
 			{Source: dir, Target: Dir, HostDir: req.Workspace != "" && !project.InDataRoot()},
 			{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},

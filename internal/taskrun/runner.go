@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -272,7 +271,7 @@ func (o *Runner) WarmShapes(res task.Resources) ([]sandbox.WarmShape, error) {
 	tmpl := sandbox.Spec{
 		Command: []string{workerproto.WorkerBinary, "worker", "warm"},
 		Dir:     workerproto.TaskDir,
-		Env:     []string{"HOME=/tmp", "LANG=C.UTF-8", workerproto.EnvMaxProcs + "=" + strconv.Itoa(workerproto.WorkerProcs)},
+		Env:     []string{"HOME=/tmp", "LANG=C.UTF-8", workerproto.MaxProcsEnv()},
 		Mounts:  mounts,
 		Limits:  limitsOf(res),
 		Network: sandbox.NetworkNone,

@@ -8,6 +8,8 @@
 // neither imports the other.
 package workerproto
 
+import "strconv"
+
 // Paths inside every sandbox.
 const (
 	// TaskDir is the task's directory, read-write.
@@ -63,6 +65,10 @@ const (
 // caps it as it starts. What they run gets its own environment (a task's,
 // a command's), never this variable.
 const WorkerProcs = 2
+
+// MaxProcsEnv is the environment entry that starts a long-lived worker
+// with WorkerProcs Ps (EnvMaxProcs).
+func MaxProcsEnv() string { return EnvMaxProcs + "=" + strconv.Itoa(WorkerProcs) }
 
 // The worker's environment.
 const (
