@@ -99,6 +99,7 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 		}
 		return docker.New(docker.Options{
 			DataRoot:      dataRoot,
+			StateDir:      stateDir,
 			Host:          engine,
 			Runtime:       cfg.Docker.Runtime,
 			DefaultImage:  cfg.AIWorker.AICoderImage,

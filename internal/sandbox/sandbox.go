@@ -7,6 +7,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"path/filepath"
 	"slices"
@@ -57,9 +58,16 @@ type Runtime interface {
 	List(ctx context.Context, selector map[string]string) ([]Handle, error)
 
 	// Destroy releases everything the sandbox holds: processes, mounts,
-	// containers, pods, network, cgroups. Destroying an unknown id returns nil.
+	// containers, pods, network, cgroups, and gives back the directories
+	// it was given. Destroying an unknown id returns nil. A directory that
+	// could not be given back whole is quarantined (ErrQuarantined).
 	Destroy(ctx context.Context, id string) error
 }
+
+// ErrQuarantined wraps a Destroy error for a directory the sandbox was given
+// (a task's, a session's, a workspace) that could not be given back whole:
+// it is left closed to all but the server until an operator looks.
+var ErrQuarantined = errors.New("quarantined: the directory could not be given back whole, and is closed to all but the server")
 
 // Handle is what the store persists to find a sandbox again after a restart.
 type Handle struct {

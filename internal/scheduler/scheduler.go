@@ -256,6 +256,23 @@ func stopAndDestroy(ctx context.Context, rt sandbox.Runtime, id string, log *slo
 	}
 }
 
+// destroy destroys task taskID's sandbox id after the task's end. A
+// failure is logged and, as what the task left may not be where its owner
+// expects it (a workspace quarantined), recorded on the task's stream.
+func (s *Scheduler) destroy(ctx context.Context, rt sandbox.Runtime, taskID, id string) {
+	err := rt.Destroy(ctx, id)
+	if err == nil {
+		return
+	}
+	s.log.Warn("cannot destroy sandbox", logkey.TaskID, taskID, logkey.SandboxID, id, logkey.Error, err)
+	ev := projection.NewEvent(task.EventSandboxDestroyFailed, task.SandboxDestroyFailed{
+		SandboxName: id, Error: err.Error(), Quarantined: errors.Is(err, sandbox.ErrQuarantined),
+	}, ActorScheduler)
+	if _, aerr := s.store.Append(context.WithoutCancel(ctx), task.StreamID(taskID), eventstore.AnyVersion, ev); aerr != nil {
+		s.log.Warn("cannot record the sandbox's failed destroy", logkey.TaskID, taskID, logkey.Error, aerr)
+	}
+}
+
 // start creates the task's sandbox and supervises it.
 func (s *Scheduler) start(ctx context.Context, t task.Task) {
 	log := s.log.With(logkey.TaskID, t.ID, logkey.CorrelationID, t.CorrelationID)
@@ -370,9 +387,7 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 	gone := false // the sandbox exited
 	finish := func(cur task.Task) {
 		st.wait()
-		if err := rt.Destroy(ctx, sandboxID); err != nil {
-			log.Warn("cannot destroy sandbox", logkey.Error, err)
-		}
+		s.destroy(ctx, rt, t.ID, sandboxID)
 		s.releaseQuota(ctx, cur)
 	}
 
@@ -727,9 +742,7 @@ func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) 
 		if h != nil {
 			id = h.ID
 		}
-		if err := rt.Destroy(ctx, id); err != nil {
-			s.log.Warn("cannot destroy sandbox", logkey.TaskID, t.ID, logkey.Error, err)
-		}
+		s.destroy(ctx, rt, t.ID, id)
 	}
 	s.releaseQuota(ctx, t)
 	return false, nil

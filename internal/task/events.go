@@ -115,7 +115,21 @@ const (
 	// EventRemovalFailed records a removal that failed or was partial; the
 	// next sweep retries it.
 	EventRemovalFailed = "removal_failed"
+	// EventSandboxDestroyFailed records that the task's sandbox, after the
+	// task's end, could not be destroyed whole: above all, a directory it
+	// was given (the task's, a workspace) not given back whole and so
+	// quarantined (closed to all but the server until an operator looks).
+	EventSandboxDestroyFailed = "sandbox_destroy_failed"
 )
+
+// SandboxDestroyFailed is the payload of EventSandboxDestroyFailed.
+type SandboxDestroyFailed struct {
+	SandboxName string `json:"sandbox_name"`
+	Error       string `json:"error"`
+	// Quarantined: a directory the sandbox was given is closed to all
+	// but the server; an operator must look at it and give it back.
+	Quarantined bool `json:"quarantined"`
+}
 
 // AttachmentStreamID returns the event stream of an attachment.
 func AttachmentStreamID(id string) string { return "attachment/" + id }
@@ -399,7 +413,7 @@ func (t *Task) Apply(e eventstore.Event) error {
 		t.SandboxName, t.Handle, t.StartedAt = p.SandboxName, p.Handle, &at
 	case EventCancelRequested:
 		t.CancelRequested = true
-	case EventReattached, EventEgressConnection, EventProgress, EventOutputsSaved, EventOutputsSaveFailed, EventDirectoryRemoved, EventRemovalFailed:
+	case EventReattached, EventEgressConnection, EventProgress, EventOutputsSaved, EventOutputsSaveFailed, EventDirectoryRemoved, EventRemovalFailed, EventSandboxDestroyFailed:
 	case EventCompleted:
 		var p Completed
 		if err := json.Unmarshal(data, &p); err != nil {

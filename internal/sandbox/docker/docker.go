@@ -119,6 +119,10 @@ type Options struct {
 	// Instance tells this server's containers from those of other servers
 	// on the same engine; default a hash of DataRoot.
 	Instance string
+	// StateDir is a directory of the server's where workspaces under an
+	// operator's roots are pinned for the containers that bind them
+	// (hostuser.Pin), StateDir/.pins/<id>; default DataRoot/run/docker.
+	StateDir string
 }
 
 func (o *Options) setDefaults() {
@@ -133,6 +137,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.User == (hostuser.Identity{}) {
 		o.User = hostuser.Default()
+	}
+	if o.StateDir == "" {
+		o.StateDir = filepath.Join(o.DataRoot, "run", Name)
 	}
 	if o.Instance == "" {
 		sum := sha256.Sum256([]byte(o.DataRoot))
@@ -319,26 +326,38 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	spec = spec.Resolve(r.opts.DataRoot)
-	owned, err := hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.User)
+	pins := r.pins(spec.ID)
+	if err := hostuser.Unpin(pins); err != nil { // a Create that crashed
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	spec, err := hostuser.Pin(spec, pins, r.opts.User)
 	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	owned, err := hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.User)
+	undo := func() {
 		hostuser.Reclaim(owned)
+		hostuser.Unpin(pins)
+	}
+	if err != nil {
+		undo()
 		return nil, err
 	}
 	cfg, host := r.containerConfig(spec, image)
 	trees, err := json.Marshal(owned)
 	if err != nil {
-		hostuser.Reclaim(owned)
+		undo()
 		return nil, err
 	}
 	cfg.Labels[labelOwned] = string(trees)
 	res, err := r.cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: r.name(spec.ID), Config: cfg, HostConfig: host})
 	if err != nil {
-		hostuser.Reclaim(owned)
+		undo()
 		return nil, classify("create sandbox "+spec.ID, err)
 	}
 	if err := r.start(ctx, res.ID); err != nil {
 		r.cli.ContainerRemove(context.WithoutCancel(ctx), res.ID, client.ContainerRemoveOptions{Force: true})
-		hostuser.Reclaim(owned)
+		undo()
 		return nil, err
 	}
 	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "container", res.ID[:12], "image", image)
@@ -692,12 +711,13 @@ func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandb
 	return out, nil
 }
 
-// Destroy removes the sandbox's container (killing what runs in it) and
-// takes back the directories it was given. Unknown ids return nil.
+// Destroy removes the sandbox's container (killing what runs in it),
+// takes back the directories it was given and removes its pins. Unknown
+// ids return nil.
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	c, err := r.inspect(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil
+		return hostuser.Unpin(r.pins(id)) // a Create that crashed after its pins
 	}
 	if err != nil {
 		return fmt.Errorf("destroy: %w", err)
@@ -715,9 +735,15 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := hostuser.Reclaim(ownedTrees(c)); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
+	if err := hostuser.Unpin(r.pins(id)); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
 }
+
+// pins is where sandbox id's workspaces are pinned.
+func (r *Runtime) pins(id string) string { return filepath.Join(r.opts.StateDir, ".pins", id) }
 
 // waitRemoved waits until the engine no longer knows containerID.
 func (r *Runtime) waitRemoved(ctx context.Context, containerID string) error {

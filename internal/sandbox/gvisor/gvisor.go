@@ -353,7 +353,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	// A directory without state.json is a Create that crashed before it
 	// started anything; start over, and forget a container runsc may have
 	// registered for it.
-	if err := os.RemoveAll(dir); err != nil {
+	if err := r.Dir.RemoveLeftovers(nil, spec.ID); err != nil {
 		return nil, fmt.Errorf("clean state dir: %w", err)
 	}
 	r.runsc(ctx, "delete", "--force", spec.ID)
@@ -391,6 +391,14 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 		}()
 		cgPath = r.cg.Path(spec.ID)
 	}
+	if spec, err = hostuser.Pin(spec, r.Dir.Pins(spec.ID), r.opts.Host); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			hostuser.Unpin(r.Dir.Pins(spec.ID))
+		}
+	}()
 	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.Host)
 	defer func() {
 		if err != nil {

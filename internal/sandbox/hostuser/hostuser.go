@@ -32,6 +32,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 // Reserved is the default host uid and gid of sandboxes under a root server.
@@ -137,11 +138,18 @@ func WritableDirs(mounts []sandbox.Mount) []string {
 	return dirs
 }
 
-// Tree is a directory tree given to the sandbox identity, and who owned
-// its top before: Reclaim gives the whole tree back to Owner.
+// Tree is a directory tree given to the sandbox identity To, and who
+// owned its top before: Reclaim gives back to Owner what To owns in it.
 type Tree struct {
 	Dir   string   `json:"dir"`
 	Owner Identity `json:"owner"`
+	// To is the sandbox identity; zero in state written before trees
+	// recorded it, and then every entry is taken back.
+	To Identity `json:"to,omitzero"`
+	// Dev and Ino identify the directory given, so Reclaim takes back
+	// that one or none (zero in older state).
+	Dev uint64 `json:"dev,omitempty"`
+	Ino uint64 `json:"ino,omitempty"`
 }
 
 // UnmarshalJSON also reads a bare directory, as state written before trees
@@ -161,27 +169,48 @@ func server() Identity { return Identity{UID: os.Geteuid(), GID: os.Getegid()} }
 
 // Give makes each directory tree in dirs owned by id, so the sandbox can
 // write what the server prepared, and returns the trees with their owners
-// before, for Reclaim: also on error, the trees it changed. A tree that id
-// owns already (left by a server that died before taking it back) goes
-// back to the server. Symbolic links are not followed (the trees are the
-// server's own at this point). A missing directory is skipped.
+// before, for Reclaim: also on error, the trees it changed. Only what the
+// top's owner owns changes hands: a file of a third person in a person's
+// workspace stays theirs. A tree that id owns already (left by a server
+// that died before taking it back) goes back to the server. The tree is
+// walked by descriptor (walkTree): no link is followed, at any component,
+// however its owner changes it meanwhile. A missing directory is skipped;
+// a link in place of one is refused.
 func Give(dirs []string, id Identity) ([]Tree, error) {
 	var trees []Tree
 	for _, dir := range dirs {
-		fi, err := os.Lstat(dir)
-		if errors.Is(err, fs.ErrNotExist) {
+		fd, err := openDir(dir)
+		if errors.Is(err, unix.ENOENT) {
 			continue
 		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if err != nil || !ok {
-			return trees, fmt.Errorf("give %s to the sandbox identity %s: %v", dir, id, err)
+		if err != nil {
+			return trees, fmt.Errorf("give %s to the sandbox identity %s: %w", dir, id, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return trees, fmt.Errorf("give %s to the sandbox identity %s: %w", dir, id, err)
 		}
 		owner := Identity{UID: int(st.Uid), GID: int(st.Gid)}
 		if owner == id && id.Switch() {
 			owner = server()
 		}
-		trees = append(trees, Tree{Dir: dir, Owner: owner})
-		err = walk(dir, func(p string, d fs.DirEntry) error { return os.Lchown(p, id.UID, id.GID) })
+		trees = append(trees, Tree{Dir: dir, Owner: owner, To: id, Dev: st.Dev, Ino: st.Ino})
+		give := func(fd int, name string, st *unix.Stat_t) error {
+			if int(st.Uid) != owner.UID || (int(st.Uid) == id.UID && int(st.Gid) == id.GID) {
+				return nil
+			}
+			if name == "" {
+				return unix.Fchown(fd, id.UID, id.GID)
+			}
+			return unix.Fchownat(fd, name, id.UID, id.GID, unix.AT_SYMLINK_NOFOLLOW)
+		}
+		err = walkTree(fd, dir, visitor{
+			enter: func(fd int, st *unix.Stat_t) error { return give(fd, "", st) },
+			leave: func(int, *unix.Stat_t) error { return nil },
+			entry: give,
+		})
+		unix.Close(fd)
 		if err != nil {
 			return trees, fmt.Errorf("give %s to the sandbox identity %s: %w", dir, id, err)
 		}
@@ -193,58 +222,122 @@ func Give(dirs []string, id Identity) ([]Tree, error) {
 // and write permission for group and others.
 const unsafeBits = fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky | 0o022
 
-// Reclaim takes each tree back from a sandbox that is gone: every entry's
-// set-uid, set-gid and sticky bits and group and other write permission
-// are removed, and every entry is owned by the tree's owner. Symbolic
+// unsafeMode is unsafeBits as the kernel's st_mode bits.
+const unsafeMode = unix.S_ISUID | unix.S_ISGID | unix.S_ISVTX | 0o022
+
+// Reclaim takes each tree back from a sandbox that is gone. Of every entry
+// the sandbox identity owns, the set-uid, set-gid and sticky bits and group
+// and other write permission are removed and the tree's owner becomes its
+// owner; special files it made (FIFOs, sockets) are removed: nothing on the
+// host reads them. Entries of anyone else are left as they are. Symbolic
 // links are not followed and keep no meaning (their mode is not used by
-// Linux). Special files (FIFOs, sockets, devices a worker could not have
-// made) are removed: nothing on the host reads them. A missing directory
-// is skipped; errors are joined and the walk goes on.
+// Linux).
+//
+// The walk is by descriptor (walkTree) and safe against the owner racing
+// it: a directory is closed to group and others before its entries are
+// walked and given to the owner only after them, so nothing beneath can
+// be renamed by anyone but root while the walk is there, and the top goes
+// back last. An entry that cannot be taken back does not stop the walk;
+// a tree with any such entry is quarantined (sandbox.ErrQuarantined): its
+// top left to the server alone (mode 0700). A missing
+// directory is skipped.
 func Reclaim(trees []Tree) error {
 	var errs []error
 	for _, t := range trees {
-		dir, uid, gid := t.Dir, t.Owner.UID, t.Owner.GID
-		err := walk(dir, func(p string, d fs.DirEntry) error {
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			mode := info.Mode()
-			switch {
-			case mode&fs.ModeSymlink != 0:
-				return os.Lchown(p, uid, gid)
-			case mode&(fs.ModeNamedPipe|fs.ModeSocket|fs.ModeDevice|fs.ModeCharDevice) != 0:
-				return os.Remove(p)
-			}
-			// Chmod before chown, and on a path the worker can no
-			// longer change: the sandbox is gone.
-			if mode&unsafeBits != 0 {
-				if err := os.Chmod(p, mode.Perm()&^0o022); err != nil {
-					return err
-				}
-			}
-			return os.Lchown(p, uid, gid)
-		})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("reclaim %s from the sandbox identity: %w", dir, err))
+		if err := t.reclaim(); err != nil {
+			errs = append(errs, fmt.Errorf("reclaim %s from the sandbox identity: %w", t.Dir, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// walk calls fn for dir and everything beneath it, without following
-// symbolic links; a missing dir is no error.
-func walk(dir string, fn func(string, fs.DirEntry) error) error {
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if p == dir && errors.Is(err, fs.ErrNotExist) {
-				return fs.SkipAll
+func (t Tree) reclaim() error {
+	fd, err := openDir(t.Dir)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if t.Ino != 0 && (st.Dev != t.Dev || st.Ino != t.Ino) {
+		// A pin lost with a restart of the host, or a directory replaced
+		// by root: what the sandbox was given is not here to take back.
+		return fmt.Errorf("not the directory the sandbox was given (device %d inode %d, not %d %d); not taken back: %w", st.Dev, st.Ino, t.Dev, t.Ino, errReplaced)
+	}
+	uid, gid := t.Owner.UID, t.Owner.GID
+	mine := func(st *unix.Stat_t) bool { return t.To == (Identity{}) || int(st.Uid) == t.To.UID }
+	err = walkTree(fd, t.Dir, visitor{
+		enter: func(fd int, st *unix.Stat_t) error {
+			if !mine(st) || st.Mode&unsafeMode == 0 {
+				return nil
 			}
+			return unix.Fchmod(fd, st.Mode&0o7777&^unsafeMode)
+		},
+		leave: func(fd int, st *unix.Stat_t) error {
+			if !mine(st) || (int(st.Uid) == uid && int(st.Gid) == gid) {
+				return nil
+			}
+			return unix.Fchown(fd, uid, gid)
+		},
+		entry: func(dirfd int, name string, st *unix.Stat_t) error {
+			if !mine(st) {
+				return nil
+			}
+			switch st.Mode & unix.S_IFMT {
+			case unix.S_IFLNK:
+				return unix.Fchownat(dirfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW)
+			case unix.S_IFREG:
+				return reclaimFile(dirfd, name, st, uid, gid)
+			default: // FIFOs, sockets, devices
+				return unix.Unlinkat(dirfd, name, 0)
+			}
+		},
+	})
+	if err != nil {
+		return errors.Join(err, quarantine(fd))
+	}
+	return nil
+}
+
+// reclaimFile takes a regular file back: held by an O_PATH descriptor,
+// checked to be the file the walk saw, its unsafe bits removed first
+// (chmod before chown) and then its owner changed.
+func reclaimFile(dirfd int, name string, st *unix.Stat_t, uid, gid int) error {
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var held unix.Stat_t
+	if err := unix.Fstat(fd, &held); err != nil {
+		return err
+	}
+	if held.Dev != st.Dev || held.Ino != st.Ino || held.Mode&unix.S_IFMT != unix.S_IFREG {
+		return errReplaced
+	}
+	if held.Mode&unsafeMode != 0 {
+		if err := chmodHeld(fd, held.Mode&0o7777&^unsafeMode); err != nil {
 			return err
 		}
-		return fn(p, d)
-	})
-	return err
+	}
+	return unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH)
+}
+
+// quarantine closes the tree open at fd to all but the server, and says so.
+func quarantine(fd int) error {
+	s := server()
+	if err := unix.Fchown(fd, s.UID, s.GID); err != nil {
+		return fmt.Errorf("quarantine: %w", err)
+	}
+	if err := unix.Fchmod(fd, 0o700); err != nil {
+		return fmt.Errorf("quarantine: %w", err)
+	}
+	return sandbox.ErrQuarantined
 }
 
 // Reach returns nil if id can reach path the way a sandbox's runtime

@@ -114,6 +114,11 @@ func TestGiveReclaim(t *testing.T) {
 	if err := os.Symlink(outside, filepath.Join(dir, "link")); err != nil {
 		t.Fatal(err)
 	}
+	for _, p := range []string{suid, filepath.Join(dir, "fifo"), filepath.Join(dir, "link")} {
+		if err := os.Lchown(p, Reserved, Reserved); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := Reclaim(trees); err != nil {
 		t.Fatalf("Reclaim: %v", err)
 	}
@@ -138,9 +143,10 @@ func TestGiveReclaim(t *testing.T) {
 }
 
 // A tree goes back to whoever owned its top before Give (a person's
-// repository under an operator's workspace root, say), all of it; a tree
-// the sandbox identity held already, left by a server that died, goes to
-// the server.
+// repository under an operator's workspace root, say): what the person
+// owned and what the sandbox made. A third person's file in it is
+// neither given nor taken: it stays theirs. A tree the sandbox identity
+// held already, left by a server that died, goes to the server.
 func TestReclaimGivesBackToTheOwner(t *testing.T) {
 	testenv.RequireRoot(t)
 	id := Identity{Reserved, Reserved}
@@ -148,7 +154,11 @@ func TestReclaimGivesBackToTheOwner(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(person, "main.go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for p, uid := range map[string]int{person: 1000, filepath.Join(person, "main.go"): 0, left: Reserved} {
+	third := filepath.Join(person, "third.txt")
+	if err := os.WriteFile(third, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	for p, uid := range map[string]int{person: 1000, filepath.Join(person, "main.go"): 1000, third: 1001, left: Reserved} {
 		if err := os.Lchown(p, uid, uid); err != nil {
 			t.Fatal(err)
 		}
@@ -157,18 +167,28 @@ func TestReclaimGivesBackToTheOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Tree{{Dir: person, Owner: Identity{1000, 1000}}, {Dir: left, Owner: Identity{0, 0}}}
-	if !slices.Equal(trees, want) {
-		t.Fatalf("Give = %+v, want %+v", trees, want)
+	if got := owner(t, third); got != 1001 {
+		t.Errorf("a third person's file given to the sandbox: owned by %d", got)
+	}
+	want := []Tree{{Dir: person, Owner: Identity{1000, 1000}, To: id}, {Dir: left, Owner: Identity{0, 0}, To: id}}
+	got := slices.Clone(trees)
+	for i := range got {
+		got[i].Dev, got[i].Ino = 0, 0
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Give = %+v, want %+v", got, want)
 	}
 	// What a worker writes there is the person's afterwards.
 	if err := os.WriteFile(filepath.Join(person, "new.txt"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Lchown(filepath.Join(person, "new.txt"), Reserved, Reserved); err != nil {
+		t.Fatal(err)
+	}
 	if err := Reclaim(trees); err != nil {
 		t.Fatal(err)
 	}
-	for p, uid := range map[string]uint32{person: 1000, filepath.Join(person, "main.go"): 1000, filepath.Join(person, "new.txt"): 1000, left: 0} {
+	for p, uid := range map[string]uint32{person: 1000, filepath.Join(person, "main.go"): 1000, filepath.Join(person, "new.txt"): 1000, third: 1001, left: 0} {
 		if got := owner(t, p); got != uid {
 			t.Errorf("%s owned by %d after Reclaim, want %d", p, got, uid)
 		}

@@ -57,6 +57,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"path"
 	"path/filepath"
 	"slices"
@@ -1014,6 +1015,11 @@ func (r *Runtime) ownedTrees(job *batchv1.Job) []hostuser.Tree {
 	var trees []hostuser.Tree
 	if err := json.Unmarshal([]byte(job.Annotations[annotationOwned]), &trees); err != nil {
 		r.log.Warn("a Job without its owned directories; none taken back", logkey.SandboxID, job.Name, logkey.Error, err)
+	}
+	// The data root is the server's, and the sandbox's identity is the
+	// runtime's: an annotation names neither.
+	for i := range trees {
+		trees[i].Owner, trees[i].To = hostuser.Identity{UID: os.Geteuid(), GID: os.Getegid()}, r.opts.User
 	}
 	return slices.DeleteFunc(trees, func(t hostuser.Tree) bool {
 		rel, err := filepath.Rel(r.opts.DataRoot, t.Dir)

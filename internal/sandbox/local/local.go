@@ -448,7 +448,7 @@ func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, start *os.File)
 	dir := r.Dir.Path(spec.ID)
 	// A directory without state.json is a Create that crashed before it
 	// started anything; start over.
-	if err := os.RemoveAll(dir); err != nil {
+	if err := r.Dir.RemoveLeftovers(nil, spec.ID); err != nil {
 		return nil, fmt.Errorf("clean state dir: %w", err)
 	}
 	// The server's alone: bwrap gets what it needs of it as open files.
@@ -502,6 +502,14 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	}
 	defer out.Close()
 
+	if spec, err = hostuser.Pin(spec, r.Dir.Pins(spec.ID), r.opts.Host); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			hostuser.Unpin(r.Dir.Pins(spec.ID))
+		}
+	}()
 	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.Host)
 	defer func() {
 		if err != nil {

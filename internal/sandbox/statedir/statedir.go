@@ -49,6 +49,14 @@ func New[S, E any](root string, labels func(S) map[string]string) *Dir[S, E] {
 // Path is id's subdirectory.
 func (d *Dir[S, E]) Path(id string) string { return filepath.Join(d.root, id) }
 
+// Pins is where sandbox id's host directories are pinned (hostuser.Pin):
+// beside the state dirs, in a directory that is no sandbox's (List skips
+// it), so that no removal of a state dir can reach a workspace through a
+// pin.
+func (d *Dir[S, E]) Pins(id string) string { return pinsOf(d.Path(id)) }
+
+func pinsOf(dir string) string { return filepath.Join(filepath.Dir(dir), ".pins", filepath.Base(dir)) }
+
 // Lock locks id's stripe and returns its unlock function.
 func (d *Dir[S, E]) Lock(id string) (unlock func()) {
 	h := fnv.New32a()
@@ -276,12 +284,15 @@ func CheckRecover[S Launched](h *sandbox.Handle, runtime string, version int, fo
 // Remove is the end of destroying a sandbox whose processes are gone: its
 // cgroups, with anything still in them (or they cannot be removed); the
 // directories it was given, taken back now that nothing of it can change
-// them underneath; and its state dir.
+// them underneath; its pins; and its state dir.
 func Remove(l Launch, dir string) error {
 	if err := cgroups.KillAndRemove(l.Cgroups); err != nil {
 		return err
 	}
 	if err := hostuser.Reclaim(l.Owned); err != nil {
+		return err
+	}
+	if err := hostuser.Unpin(pinsOf(dir)); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(dir); err != nil {
@@ -294,6 +305,9 @@ func Remove(l Launch, dir string) error {
 // state left of sandbox id: the cgroups named after it (under cg, nil
 // when the runtime runs without cgroups) and a half-made state dir.
 func (d *Dir[S, E]) RemoveLeftovers(cg *cgroups.Hierarchy, id string) error {
+	if err := hostuser.Unpin(d.Pins(id)); err != nil {
+		return err
+	}
 	if cg != nil {
 		if err := cgroups.KillAndRemove(cg.Dirs(id)); err != nil {
 			return err
