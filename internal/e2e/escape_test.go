@@ -104,6 +104,10 @@ func TestEscape(t *testing.T) {
 			t.Run("symlink out of output", func(t *testing.T) { t.Parallel(); testSymlinkOut(t, rt) })
 			t.Run("host identity", func(t *testing.T) { t.Parallel(); testHostIdentity(t, rt) })
 			t.Run("fifo swap", func(t *testing.T) { t.Parallel(); testFIFOSwap(t, rt) })
+			if rt.runtime != "kubernetes" && !rt.warm { // no workspaces under roots there; no warm sandbox serves one
+				t.Run("workspace hand-back", func(t *testing.T) { t.Parallel(); testHandBack(t, rt) })
+				t.Run("workspace swap", func(t *testing.T) { t.Parallel(); testWorkspaceSwap(t, rt) })
+			}
 			switch {
 			case rt.runtime == "kubernetes":
 				// The pod's memory limit is the container's, under

@@ -502,14 +502,19 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	}
 	defer out.Close()
 
-	if spec, err = hostuser.Pin(spec, r.Dir.Pins(spec.ID), r.opts.Host); err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			hostuser.Unpin(r.Dir.Pins(spec.ID))
+	// A workspace under a root is pinned; a warm sandbox's slots, its
+	// only host directories, are the server's own and need no pin (and
+	// its state dir takes a task's name when claimed).
+	if start == nil {
+		if spec, err = hostuser.Pin(spec, r.Dir.Pins(spec.ID), r.opts.Host); err != nil {
+			return nil, err
 		}
-	}()
+		defer func() {
+			if err != nil {
+				hostuser.Unpin(r.Dir.Pins(spec.ID))
+			}
+		}()
+	}
 	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.Host)
 	defer func() {
 		if err != nil {
