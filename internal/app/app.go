@@ -220,6 +220,10 @@ func (a *App) open(ctx context.Context) error {
 		MaxSessions: cfg.Sessions.MaxSessions,
 		IdleTimeout: time.Duration(cfg.Sessions.IdleTimeout),
 		MaxLifetime: time.Duration(cfg.Sessions.MaxLifetime),
+		TaskEnded: func(id string) bool {
+			st, _, ok := a.tasks.Status(id)
+			return !ok || st.Terminal()
+		},
 	}, a.log.With("subsystem", "sessions"))
 	a.orch = orchestrator.New(orchestrator.Options{
 		Disabled:    !w.Enabled,

@@ -344,7 +344,8 @@ func TestSessionSurvivesKill9(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo before > f.txt")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+	// A link to /etc, which inside the sandbox is its own small /etc.
+	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo before > f.txt; ln -s /etc etc-link")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	// The server dies during a long command; the session outlives both.
@@ -352,9 +353,14 @@ func TestSessionSurvivesKill9(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	srv.kill()
 	srv = startProcess(t, data)
+	// At once, before the session's exec agent has dialled the new server
+	// in: the command waits for it and runs inside the sandbox's view. It
+	// ran from the host (nsenter, its working directory resolved through
+	// /proc/PID/root, where the session's absolute link leads to the
+	// host's /etc, shadow and all) until the agent came back.
 	var out bytes.Buffer
-	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("cat f.txt")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || out.String() != "before\n" {
-		t.Errorf("after the restart: %q, %v; want the session reattached with its file", out.String(), err)
+	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("cat " + session.Dir + "/f.txt; test -e shadow && echo host-etc || echo own-etc"), Cwd: session.Dir + "/etc-link"}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || out.String() != "before\nown-etc\n" {
+		t.Errorf("after the restart: %q, %v; want the session reattached with its file, in its own /etc", out.String(), err)
 	}
 	if _, err := os.Stat(filepath.Join(data, "sessions", created.SessionID, "f.txt")); err != nil {
 		t.Errorf("the session's directory: %v", err)

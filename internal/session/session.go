@@ -12,7 +12,6 @@
 package session
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -106,6 +105,9 @@ type Options struct {
 	// their upper bounds.
 	IdleTimeout, MaxLifetime time.Duration
 	Now                      func() time.Time
+	// TaskEnded reports whether task id has ended (or is unknown): a token
+	// granted to a task dies with it. Nil: granted tokens are refused.
+	TaskEnded func(id string) bool
 }
 
 // CreateRequest is POST /api/sessions.
@@ -144,8 +146,9 @@ type Session struct {
 	IdleTimeout int               `json:"idle_timeout"`
 	MaxLifetime int               `json:"max_lifetime"`
 
-	tokenHashes    []string // the session's token's, its agent's, then those granted to tasks
-	agentTokenHash string   // the exec agent's: the only one that may attach as it
+	tokenHashes    []string          // the session's token's and its agent's
+	grants         map[string]string // tokens granted to tasks: hash -> task id
+	agentTokenHash string            // the exec agent's: the only one that may attach as it
 	handle         sandbox.Handle
 	running        int // execs running now
 }
@@ -345,7 +348,10 @@ func (m *Manager) apply(e eventstore.Event) {
 	case EventGranted:
 		var g granted
 		if s := m.sessions[id]; s != nil && json.Unmarshal(e.Data, &g) == nil {
-			s.tokenHashes = append(s.tokenHashes, g.TokenHash)
+			if s.grants == nil {
+				s.grants = map[string]string{}
+			}
+			s.grants[g.TokenHash] = g.TaskID
 		}
 	case EventExecEnd:
 		if s := m.sessions[id]; s != nil {
@@ -394,20 +400,30 @@ func (m *Manager) List() []Session {
 }
 
 // Authorize reports whether token is session id's own, or one granted to
-// a task working through it.
+// a task working through it that has not ended: a granted token dies with
+// its task, so one the task left in a file (an output saved to shared/,
+// say) reaches nothing afterwards.
 func (m *Manager) Authorize(id, token string) bool {
 	s, err := m.Get(id)
 	if err != nil || token == "" {
 		return false
 	}
-	h := []byte(hashToken(token))
+	h := hashToken(token)
 	ok := false
 	for _, want := range s.tokenHashes {
-		if subtle.ConstantTimeCompare(h, []byte(want)) == 1 {
+		if subtle.ConstantTimeCompare([]byte(h), []byte(want)) == 1 {
 			ok = true
 		}
 	}
-	return ok
+	if ok {
+		return true
+	}
+	// The map's lookup compares the hash, not the token: no timing of
+	// the comparison tells anything of a token.
+	m.mu.Lock()
+	taskID, granted := m.sessions[id].grants[h]
+	m.mu.Unlock()
+	return granted && m.opts.TaskEnded != nil && !m.opts.TaskEnded(taskID)
 }
 
 // AuthorizeAgent reports whether token is session id's exec agent's own:
@@ -451,7 +467,8 @@ func (m *Manager) Running(id string) error {
 }
 
 // Grant gives task taskID a token of session id's own: it runs commands in
-// that session and nothing else, for the session's life.
+// that session and nothing else, while the session runs and the task has
+// not ended.
 func (m *Manager) Grant(ctx context.Context, id, taskID string) (string, error) {
 	if err := m.Running(id); err != nil {
 		return "", err
@@ -648,9 +665,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		return Session{}, "", err
 	}
 	// The agent dials in a few milliseconds after its sandbox starts (more
-	// under gVisor); until it has, commands go through the runtime.
-	if !m.waitAgent(ctx, id, attached, 10*time.Second) {
-		m.log.Warn("the session's exec agent has not dialled in; commands go through the runtime until it does", "session_id", id)
+	// under gVisor). Every command runs through it, inside the sandbox's
+	// own view: a session that never gets one is no session.
+	if !m.waitAgent(ctx, id, attached, agentWait) {
+		m.end(context.WithoutCancel(ctx), id, "agent_not_connected")
+		return Session{}, "", fmt.Errorf("the session's exec agent did not connect within %s; the session is ended: %w", agentWait, errdefs.ErrUnavailable)
 	}
 	m.log.Info("session created", "session_id", id, "runtime", rtName, "image", image)
 	made = true
@@ -722,6 +741,29 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 	if !sandbox.CleanAbs(dir) {
 		return ExecEnd{}, errdefs.Field("cwd", "must be an absolute, clean path inside the session")
 	}
+	// Read before exec_started: a refusal leaves no exec open in the log.
+	var stdin []byte
+	if req.Stdin != nil {
+		if stdin, err = io.ReadAll(io.LimitReader(req.Stdin, maxStdin+1)); err != nil || len(stdin) > maxStdin {
+			return ExecEnd{}, errdefs.Field("stdin", fmt.Sprintf("must be at most %d bytes", maxStdin))
+		}
+	}
+	// Only through the exec agent, never from the host (nsenter with a
+	// working directory resolved on the host, where a link the session
+	// left leads out; a process no one owns if the server dies). After a
+	// restart the agent dials in again: wait for it a while.
+	a := m.agent(id)
+	if a == nil {
+		m.mu.Lock()
+		attached := m.attached
+		m.mu.Unlock()
+		if m.waitAgent(ctx, id, attached, agentWait) {
+			a = m.agent(id)
+		}
+	}
+	if a == nil {
+		return ExecEnd{}, fmt.Errorf("session %s: its exec agent is not connected (the sandbox may be restarting or gone); try again: %w", id, errdefs.ErrUnavailable)
+	}
 	end := ExecEnd{ExecID: "exec-" + ids.New()}
 	// exec_started is committed while the command starts, not before: its
 	// fsync would otherwise come before the first byte. exec_ended waits
@@ -738,12 +780,6 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 		m.sessions[id].running--
 		m.mu.Unlock()
 	}()
-	var stdin []byte
-	if req.Stdin != nil {
-		if stdin, err = io.ReadAll(io.LimitReader(req.Stdin, maxStdin+1)); err != nil || len(stdin) > maxStdin {
-			return ExecEnd{}, errdefs.Field("stdin", fmt.Sprintf("must be at most %d bytes", maxStdin))
-		}
-	}
 	ectx := ctx
 	if req.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -753,15 +789,11 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 	out, errw := &counter{w: stdout}, &counter{w: stderr}
 	start := time.Now()
 	var es sandbox.ExitStatus
-	if a := m.agent(id); a != nil {
-		es.Code, err = a.Exec(ectx, argv, dir, req.Env, stdin, out, errw)
-		if err != nil && errors.Is(err, errdefs.ErrFailedPrecondition) {
-			// The command did not start (not found, not executable): an
-			// exit code and a message, as a shell gives them.
-			end.Error, err = errdefs.Message(err), nil
-		}
-	} else {
-		es, err = m.opts.Runtimes[s.Runtime].Exec(ectx, id, sandbox.ExecRequest{Command: argv, Dir: dir, Env: req.Env, Stdin: bytes.NewReader(stdin), Stdout: out, Stderr: errw})
+	es.Code, err = a.Exec(ectx, argv, dir, req.Env, stdin, out, errw)
+	if err != nil && errors.Is(err, errdefs.ErrFailedPrecondition) {
+		// The command did not start (not found, not executable): an
+		// exit code and a message, as a shell gives them.
+		end.Error, err = errdefs.Message(err), nil
 	}
 	end.DurationMS, end.StdoutBytes, end.StderrBytes = time.Since(start).Milliseconds(), out.n, errw.n
 	end.ExitCode = es.Code
@@ -835,6 +867,10 @@ func (w *bounded) Write(p []byte) (int, error) {
 // writerWait is how long a session on a named workspace waits for the
 // workspace's writer to let go before it is refused.
 const writerWait = 3 * time.Second
+
+// agentWait is how long a session's creation, or a command, waits for its
+// exec agent to dial in.
+const agentWait = 30 * time.Second
 
 // maxStdin bounds the stdin an exec is given.
 const maxStdin = 16 << 20
