@@ -198,6 +198,8 @@ func (a *App) open(ctx context.Context) error {
 	}
 	// One writer per named workspace, tasks and sessions alike.
 	writers := &task.Writers{}
+	// One quota for task and session directories.
+	dirQuota := a.taskQuota()
 	a.sessions = session.New(session.Options{
 		Store:          a.store,
 		Data:           a.data,
@@ -224,6 +226,8 @@ func (a *App) open(ctx context.Context) error {
 			st, _, ok := a.tasks.Status(id)
 			return !ok || st.Terminal()
 		},
+		Quota:     sessionQuota{dirQuota},
+		Retention: time.Duration(w.TaskRetentionHours) * time.Hour,
 	}, a.log.With("subsystem", "sessions"))
 	a.orch = orchestrator.New(orchestrator.Options{
 		Disabled:    !w.Enabled,
@@ -305,7 +309,7 @@ func (a *App) open(ctx context.Context) error {
 		StopGrace:     time.Duration(lim.StopGrace),
 		Runtimes:      a.runtimes,
 		Runner:        a.runner,
-		Quota:         a.taskQuota(),
+		Quota:         dirQuota,
 	}, a.tasks, a.store, a.log.With("subsystem", "scheduler"))
 	var deliveries httpapi.Deliveries
 	if n := cfg.Notify; n.URL != "" {
@@ -348,6 +352,7 @@ func (a *App) open(ctx context.Context) error {
 		}}).checks,
 		// The multipart framing adds a little to the files' own bytes.
 		MaxUploadRequestBytes: lim.MaxUploadRequestBytes.Bytes() + 64<<10,
+		RateLimit:             httpapi.RateLimit{Rate: lim.APIRate, Burst: lim.APIBurst},
 	}, a.log.With("subsystem", "http"))
 
 	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -387,6 +392,24 @@ func (a *App) taskQuota() *taskrun.TaskQuota {
 	}
 	return q
 }
+
+// sessionQuota holds sessions' own directories to the task directories'
+// quota.
+type sessionQuota struct{ q *taskrun.TaskQuota }
+
+func sessionDir(id, rel string) taskrun.QuotaDir {
+	return taskrun.QuotaDir{Key: id, Rel: rel, Noun: "session directory"}
+}
+
+func (s sessionQuota) Limit(ctx context.Context, id, rel string) error {
+	return s.q.LimitDir(ctx, sessionDir(id, rel))
+}
+
+func (s sessionQuota) Check(ctx context.Context, id, rel string) (time.Duration, error) {
+	return s.q.CheckDir(ctx, sessionDir(id, rel))
+}
+
+func (s sessionQuota) Release(ctx context.Context, id, rel string) { s.q.ReleaseDir(ctx, sessionDir(id, rel)) }
 
 // generatedSecret returns the webhook secret kept in the data root, making
 // it on first start. It must survive restarts: running workers hold keys

@@ -507,3 +507,72 @@ func TestSessionNetwork(t *testing.T) {
 		t.Errorf("a listed host from a session without a network: %+v", g)
 	}
 }
+
+// TestSessionDiskQuota: a session's own directory is held to the task
+// directories' quota (an exec wrote 287 MiB with max_task_dir_bytes 64MiB
+// before): a command filling it ends the session as disk_quota, with the
+// quota's error, and stops growing. An ended session's directory stays for
+// the retention; a deleted one's is removed, and the removal recorded.
+func TestSessionDiskQuota(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, func(c *config.Config) {
+		c.Limits.MaxTaskDirBytes, _ = config.ParseSize("16MiB")
+	})
+	ctx := context.Background()
+	full, err := s.client.CreateSession(ctx, session.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(s.data, "sessions", full.SessionID)
+	// As fast as the disk takes it, in 1 MiB files (each under the
+	// sandbox's file size limit, which alone would stop one big file).
+	e, err := s.client.ExecSession(ctx, full.SessionID, httpapi.ExecBody{Command: command("split", "-b", "1048576", "-a", "6", "/dev/zero", "f")}, func(httpapi.ExecChunk) error { return nil })
+	t.Logf("the filler's exec: %+v, %v", e, err)
+	var got session.Session
+	waitFor(t, "the full session ended", func() bool {
+		got, _ = s.client.GetSession(ctx, full.SessionID)
+		return got.Status == session.StatusEnded
+	})
+	if got.EndReason != "disk_quota" || !strings.HasPrefix(got.EndError, "output quota exceeded: the session directory holds") {
+		t.Fatalf("the full session ended %q: %q; want disk_quota with the quota's error", got.EndReason, got.EndError)
+	}
+	size := func() (n int64) {
+		filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() {
+				n += fi.Size()
+			}
+			return nil
+		})
+		return n
+	}
+	first := size()
+	time.Sleep(300 * time.Millisecond)
+	if again := size(); again != first {
+		t.Errorf("the session's directory grew from %d to %d bytes after its end", first, again)
+	}
+	t.Logf("a fast filler against a 16 MiB polled quota: %d MiB written", first>>20)
+	// Ended by its quota, its directory stays for the retention (48 h).
+	time.Sleep(1500 * time.Millisecond)
+	if _, err := os.Stat(dir); err != nil {
+		t.Errorf("an ended session's directory is gone before its retention: %v", err)
+	}
+
+	deleted, err := s.client.CreateSession(ctx, session.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.ExecSession(ctx, deleted.SessionID, httpapi.ExecBody{Command: shell("echo x > kept.txt")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.DeleteSession(ctx, deleted.SessionID); err != nil {
+		t.Fatal(err)
+	}
+	gone := filepath.Join(s.data, "sessions", deleted.SessionID)
+	waitFor(t, "the deleted session's directory removed", func() bool {
+		_, err := os.Stat(gone)
+		return errors.Is(err, os.ErrNotExist)
+	})
+	if types := s.eventTypes(t, session.StreamID(deleted.SessionID)); types[len(types)-1] != session.EventDirRemoved || !slices.Contains(types, session.EventEnded) {
+		t.Errorf("the deleted session's events %v, want its end and then %s", types, session.EventDirRemoved)
+	}
+}

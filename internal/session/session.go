@@ -49,6 +49,9 @@ const (
 	EventExecEnd    = "exec_ended"
 	EventEnded      = "session_ended"
 	EventGranted    = "session_token_granted"
+	// EventDirRemoved records an ended session's own directory removed
+	// (sessions/<id>): at once when it was deleted, else after Retention.
+	EventDirRemoved = "session_directory_removed"
 	streamPrefix    = "session/"
 	idPrefix        = "sess-"
 	labelSession    = "corral.session-id"
@@ -108,6 +111,23 @@ type Options struct {
 	// TaskEnded reports whether task id has ended (or is unknown): a token
 	// granted to a task dies with it. Nil: granted tokens are refused.
 	TaskEnded func(id string) bool
+	// Quota holds a session's own directory (sessions/<id>; not a
+	// workspace it works in, as a workspace task's) to the task
+	// directories' quota and the data root's free-space floor; nil: none.
+	Quota Quota
+	// Retention is how long an ended session's own directory is kept
+	// (one deleted goes at once); 0: kept.
+	Retention time.Duration
+}
+
+// Quota is the disk quota of session directories: Limit before the
+// session's sandbox starts, Check while it runs (an error ends the
+// session; else when to check again), Release once it has ended. rel is
+// the directory's path in the data root.
+type Quota interface {
+	Limit(ctx context.Context, id, rel string) error
+	Check(ctx context.Context, id, rel string) (time.Duration, error)
+	Release(ctx context.Context, id, rel string)
 }
 
 // CreateRequest is POST /api/sessions.
@@ -139,6 +159,7 @@ type Session struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	Status      string            `json:"status"` // running | ended
 	EndReason   string            `json:"end_reason,omitempty"`
+	EndError    string            `json:"end_error,omitempty"` // what ended it, for a person, when it failed
 	CreatedAt   time.Time         `json:"created_at"`
 	LastUsedAt  time.Time         `json:"last_used_at"`
 	EndedAt     *time.Time        `json:"ended_at,omitempty"`
@@ -149,6 +170,7 @@ type Session struct {
 	tokenHashes    []string          // the session's token's and its agent's
 	grants         map[string]string // tokens granted to tasks: hash -> task id
 	agentTokenHash string            // the exec agent's: the only one that may attach as it
+	dirRemoved     bool              // its own directory is gone (EventDirRemoved)
 	handle         sandbox.Handle
 	running        int // execs running now
 }
@@ -227,6 +249,10 @@ type Egress interface {
 	Close(id string) error
 }
 
+// ownDir is session id's own directory in the data root, where it works
+// unless it works in a workspace.
+func ownDir(id string) string { return sessionDirRoot + "/" + id }
+
 // StreamID is session id's event stream.
 func StreamID(id string) string { return streamPrefix + id }
 
@@ -299,17 +325,27 @@ func (m *Manager) Start(ctx context.Context) error {
 	return nil
 }
 
-// Reap ends sessions past their idle timeout or lifetime, checking every
-// second, until ctx is done.
+// Reap ends sessions past their idle timeout or lifetime (checked every
+// second) or their directory's quota (as often as Quota says), and
+// removes ended sessions' own directories once their retention has
+// passed, until ctx is done.
 func (m *Manager) Reap(ctx context.Context) error {
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(quotaTick)
 	defer t.Stop()
+	var reaped time.Time
+	nextCheck := map[string]time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
+		m.checkQuotas(ctx, nextCheck)
+		if time.Since(reaped) < time.Second {
+			continue
+		}
+		reaped = time.Now()
+		m.removeDirs(ctx)
 		now := m.opts.Now()
 		for _, s := range m.List() {
 			if s.Status != StatusRunning {
@@ -362,10 +398,15 @@ func (m *Manager) apply(e eventstore.Event) {
 		if s := m.sessions[id]; s != nil {
 			var p struct {
 				Reason string `json:"reason"`
+				Error  string `json:"error"`
 			}
 			json.Unmarshal(e.Data, &p)
 			at := e.RecordedAt
-			s.Status, s.EndReason, s.EndedAt = StatusEnded, p.Reason, &at
+			s.Status, s.EndReason, s.EndError, s.EndedAt = StatusEnded, p.Reason, p.Error, &at
+		}
+	case EventDirRemoved:
+		if s := m.sessions[id]; s != nil {
+			s.dirRemoved = true
 		}
 	}
 }
@@ -587,7 +628,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	}
 
 	id := idPrefix + ids.New()
-	dir := sessionDirRoot + "/" + id
+	dir := ownDir(id)
 	if req.Workspace != "" {
 		// A task that just ended holds its workspace until its sandbox is
 		// gone, a moment later: wait for that, not for a running writer.
@@ -602,6 +643,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		dir = project.Source()
 	} else if err := m.opts.Data.Root().MkdirAll(dir, 0o755); err != nil {
 		return Session{}, "", fmt.Errorf("create the session's directory: %w", err)
+	} else if m.opts.Quota != nil {
+		if err := m.opts.Quota.Limit(ctx, id, dir); err != nil {
+			m.log.Warn("the session's directory has the polled quota alone", "session_id", id, "err", err)
+		}
 	}
 	made := false
 	defer func() {
@@ -677,6 +722,69 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	return got, token, err
 }
 
+// quotaTick is how often Reap looks for session directories due a quota
+// check; each is checked as soon as Quota asked.
+const quotaTick = 25 * time.Millisecond
+
+// checkQuotas checks the directories of running sessions due a check
+// (next holds when), ending a session whose directory is over its quota
+// or grew while the disk is below its floor.
+func (m *Manager) checkQuotas(ctx context.Context, next map[string]time.Time) {
+	if m.opts.Quota == nil {
+		return
+	}
+	now := time.Now()
+	running := map[string]bool{}
+	m.mu.Lock()
+	for id, s := range m.sessions {
+		if s.Status == StatusRunning && s.Workspace == "" {
+			running[id] = true
+		}
+	}
+	m.mu.Unlock()
+	for id := range running {
+		if now.Before(next[id]) {
+			continue
+		}
+		gap, err := m.opts.Quota.Check(ctx, id, ownDir(id))
+		if err != nil {
+			m.log.Warn("session over its disk quota", "session_id", id, "err", err)
+			m.endWith(ctx, id, "disk_quota", err)
+			continue
+		}
+		next[id] = now.Add(gap)
+	}
+	for id := range next {
+		if !running[id] {
+			delete(next, id)
+		}
+	}
+}
+
+// removeDirs removes the own directories of ended sessions whose
+// retention has passed (a deleted session's at once), and records each.
+func (m *Manager) removeDirs(ctx context.Context) {
+	now := m.opts.Now()
+	for _, s := range m.List() {
+		m.mu.Lock()
+		gone := m.sessions[s.ID].dirRemoved
+		m.mu.Unlock()
+		if s.Status != StatusEnded || s.Workspace != "" || gone || s.EndedAt == nil {
+			continue
+		}
+		if s.EndReason != "deleted" && (m.opts.Retention <= 0 || now.Sub(*s.EndedAt) < m.opts.Retention) {
+			continue
+		}
+		if err := m.opts.Data.Root().RemoveAll(ownDir(s.ID)); err != nil {
+			m.log.Warn("cannot remove an ended session's directory", "session_id", s.ID, "err", err)
+			continue
+		}
+		if err := m.append(ctx, s.ID, EventDirRemoved, map[string]string{"directory": ownDir(s.ID)}); err != nil {
+			m.log.Warn("cannot record an ended session's directory removed", "session_id", s.ID, "err", err)
+		}
+	}
+}
+
 // Delete ends a session and destroys its sandbox. Deleting an ended
 // session is a no-op.
 func (m *Manager) Delete(ctx context.Context, id string) error {
@@ -691,7 +799,10 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 }
 
 // end destroys a session's sandbox and records its end.
-func (m *Manager) end(ctx context.Context, id, reason string) {
+func (m *Manager) end(ctx context.Context, id, reason string) { m.endWith(ctx, id, reason, nil) }
+
+// endWith is end, with the error that ended the session, if any.
+func (m *Manager) endWith(ctx context.Context, id, reason string, cause error) {
 	s, err := m.Get(id)
 	if err != nil || s.Status != StatusRunning {
 		return
@@ -709,7 +820,14 @@ func (m *Manager) end(ctx context.Context, id, reason string) {
 		// which may start a task waiting for the workspace.
 		m.opts.Writers.Release(s.Workspace, id)
 	}
-	if err := m.append(ctx, id, EventEnded, map[string]string{"reason": reason}); err != nil {
+	if m.opts.Quota != nil && s.Workspace == "" {
+		m.opts.Quota.Release(ctx, id, ownDir(id))
+	}
+	end := map[string]string{"reason": reason}
+	if cause != nil {
+		end["error"] = errdefs.Message(cause)
+	}
+	if err := m.append(ctx, id, EventEnded, end); err != nil {
 		m.log.Error("cannot record a session's end", "session_id", id, "err", err)
 		return
 	}

@@ -102,49 +102,72 @@ func QuotaMode(hard bool) string {
 // starts, where the filesystem has project quotas; elsewhere it does
 // nothing. An error leaves the task with the soft quota alone.
 func (q *TaskQuota) Limit(ctx context.Context, t task.Task) error {
+	return q.LimitDir(ctx, taskDir(t.ID))
+}
+
+// QuotaDir is a directory of the data root held to the quota: a task's or
+// a session's.
+type QuotaDir struct {
+	Key  string // the task's or session's id
+	Rel  string // its path in the data root
+	Noun string // what it is, for a person: "task directory", "session directory"
+}
+
+// taskDir is task id's directory.
+func taskDir(id string) QuotaDir {
+	return QuotaDir{Key: id, Rel: workspace.DirTasks + "/" + id, Noun: "task directory"}
+}
+
+// LimitDir is Limit for any directory the quota holds.
+func (q *TaskQuota) LimitDir(ctx context.Context, d QuotaDir) error {
 	if q.projects == nil || q.max <= 0 {
 		return nil
 	}
-	dir, err := q.openDir(t.ID)
+	dir, err := q.openDir(d)
 	if err != nil {
 		return err
 	}
 	defer dir.Close()
-	id, err := q.projects.Assign(dir, t.ID, quota.Limits{Bytes: q.max, Inodes: maxEntries(q.max)})
+	id, err := q.projects.Assign(dir, d.Key, quota.Limits{Bytes: q.max, Inodes: maxEntries(q.max)})
 	if err != nil {
-		return fmt.Errorf("hold task directory %s to its quota: %w", t.ID, err)
+		return fmt.Errorf("hold %s %s to its quota: %w", d.Noun, d.Key, err)
 	}
-	q.log.Debug("task directory quota set", logkey.TaskID, t.ID, "project", id)
+	q.log.Debug("directory quota set", "dir", d.Rel, "project", id)
 	return nil
 }
 
 // Check measures a task's directory: an error over the limit (the task
 // ends with it), else how soon to measure again.
 func (q *TaskQuota) Check(ctx context.Context, t task.Task) (time.Duration, error) {
+	return q.CheckDir(ctx, taskDir(t.ID))
+}
+
+// CheckDir is Check for any directory the quota holds.
+func (q *TaskQuota) CheckDir(ctx context.Context, d QuotaDir) (time.Duration, error) {
 	if q.max <= 0 {
 		return QuotaInterval, nil
 	}
-	root, err := q.data.OpenTask(t.ID)
+	root, err := q.data.Root().OpenRoot(d.Rel)
 	if err != nil {
 		return QuotaInterval, nil // gone: Collect reports it
 	}
 	defer root.Close()
 	start := time.Now()
-	bytes, err := q.measure(root)
+	bytes, err := q.measure(root, d.Noun)
 	took := time.Since(start)
 	if err != nil {
 		return 0, err
 	}
 	q.mu.Lock()
-	prev, seen := q.last[t.ID]
-	q.last[t.ID] = sample{at: start, bytes: bytes}
+	prev, seen := q.last[d.Key]
+	q.last[d.Key] = sample{at: start, bytes: bytes}
 	q.mu.Unlock()
 	headroom := q.max - bytes
 	if q.minFree > 0 {
 		if free, err := q.data.FreeBytes(); err == nil {
 			if free < q.minFree && (!seen || bytes > prev.bytes) {
-				return 0, fmt.Errorf("the data root's disk is down to %s free, below limits.min_free_disk (%s), and this task was still writing (its directory holds %s): stopped so that the server and other tasks can go on: %w",
-					units.FormatSize(free), units.FormatSize(q.minFree), units.FormatSize(bytes), errdefs.ErrNoSpace)
+				return 0, fmt.Errorf("the data root's disk is down to %s free, below limits.min_free_disk (%s), and this %s was still growing (it holds %s): stopped so that the server and other tasks can go on: %w",
+					units.FormatSize(free), units.FormatSize(q.minFree), d.Noun, units.FormatSize(bytes), errdefs.ErrNoSpace)
 			}
 			headroom = min(headroom, free-q.minFree)
 		}
@@ -153,17 +176,17 @@ func (q *TaskQuota) Check(ctx context.Context, t task.Task) (time.Duration, erro
 }
 
 // measure returns the bytes a task directory holds, or its quota error.
-func (q *TaskQuota) measure(root *os.Root) (int64, error) {
+func (q *TaskQuota) measure(root *os.Root, noun string) (int64, error) {
 	if q.projects != nil {
 		if u, lim, ok := projectUsage(root); ok {
-			return u.Bytes, hardQuotaError(u, lim)
+			return u.Bytes, hardQuotaError(u, lim, noun)
 		}
 	}
 	u, err := walkUsage(root, q.max, maxEntries(q.max))
 	if err != nil {
 		return 0, err
 	}
-	return u.bytes, u.err(q.max, maxEntries(q.max))
+	return u.bytes, u.err(q.max, maxEntries(q.max), noun)
 }
 
 // nextGap is how long to wait before measuring a task's directory again,
@@ -187,24 +210,29 @@ func nextGap(prev sample, seen bool, at time.Time, bytes, headroom int64, took t
 // directory keeps its project id, and the id is free again when the
 // directory is removed.
 func (q *TaskQuota) Release(ctx context.Context, t task.Task) {
+	q.ReleaseDir(ctx, taskDir(t.ID))
+}
+
+// ReleaseDir is Release for any directory the quota holds.
+func (q *TaskQuota) ReleaseDir(ctx context.Context, d QuotaDir) {
 	q.mu.Lock()
-	delete(q.last, t.ID)
+	delete(q.last, d.Key)
 	q.mu.Unlock()
 	if q.projects == nil {
 		return
 	}
-	dir, err := q.openDir(t.ID)
+	dir, err := q.openDir(d)
 	if err != nil {
 		return
 	}
 	defer dir.Close()
 	if err := q.projects.Clear(dir); err != nil {
-		q.log.Warn("cannot clear the task directory's quota", logkey.TaskID, t.ID, logkey.Error, err)
+		q.log.Warn("cannot clear a directory's quota", "dir", d.Rel, logkey.Error, err)
 	}
 }
 
-func (q *TaskQuota) openDir(id string) (*os.File, error) {
-	root, err := q.data.OpenTask(id)
+func (q *TaskQuota) openDir(d QuotaDir) (*os.File, error) {
+	root, err := q.data.Root().OpenRoot(d.Rel)
 	if err != nil {
 		return nil, err
 	}
@@ -231,15 +259,15 @@ func projectUsage(root *os.Root) (quota.Usage, quota.Limits, bool) {
 }
 
 // hardQuotaError says whether a project's usage has reached its limits.
-func hardQuotaError(u quota.Usage, lim quota.Limits) error {
+func hardQuotaError(u quota.Usage, lim quota.Limits, noun string) error {
 	if lim.Inodes > 0 && u.Inodes >= lim.Inodes {
-		return fmt.Errorf("%s: the task directory holds %d files and directories, the limit is %d (one per %s of limits.max_task_dir_bytes): %w",
-			errQuota, u.Inodes, lim.Inodes, units.FormatSize(bytesPerEntry), errdefs.ErrResourceExhausted)
+		return fmt.Errorf("%s: the %s holds %d files and directories, the limit is %d (one per %s of limits.max_task_dir_bytes): %w",
+			errQuota, noun, u.Inodes, lim.Inodes, units.FormatSize(bytesPerEntry), errdefs.ErrResourceExhausted)
 	}
 	if u.Bytes+hardSlack < lim.Bytes {
 		return nil
 	}
-	return fmt.Errorf("%s: the task directory holds %s, the limit is %s: %w", errQuota, units.FormatSize(u.Bytes), units.FormatSize(lim.Bytes), errdefs.ErrResourceExhausted)
+	return fmt.Errorf("%s: the %s holds %s, the limit is %s: %w", errQuota, noun, units.FormatSize(u.Bytes), units.FormatSize(lim.Bytes), errdefs.ErrResourceExhausted)
 }
 
 // errQuota starts every quota error message, so a person and a test can
@@ -254,7 +282,7 @@ func quotaError(dir *os.Root, max int64) error {
 	if err != nil {
 		return nil // unreadable: Collect reports what it can
 	}
-	return u.err(max, maxEntries(max))
+	return u.err(max, maxEntries(max), "task directory")
 }
 
 // dirUsage is what a walk of a task directory found before it stopped.
@@ -264,15 +292,15 @@ type dirUsage struct {
 	tooDeep bool
 }
 
-func (u dirUsage) err(max, maxEntries int64) error {
+func (u dirUsage) err(max, maxEntries int64, noun string) error {
 	switch {
 	case u.tooDeep:
-		return fmt.Errorf("%s: the task directory nests deeper than %d directories: %w", errQuota, maxDepth, errdefs.ErrResourceExhausted)
+		return fmt.Errorf("%s: the %s nests deeper than %d directories: %w", errQuota, noun, maxDepth, errdefs.ErrResourceExhausted)
 	case u.bytes >= max:
-		return fmt.Errorf("%s: the task directory holds %s or more, the limit is %s: %w", errQuota, units.FormatSize(u.bytes), units.FormatSize(max), errdefs.ErrResourceExhausted)
+		return fmt.Errorf("%s: the %s holds %s or more, the limit is %s: %w", errQuota, noun, units.FormatSize(u.bytes), units.FormatSize(max), errdefs.ErrResourceExhausted)
 	case u.entries > maxEntries:
-		return fmt.Errorf("%s: the task directory holds more than %d files and directories, the limit is %d (one per %s of limits.max_task_dir_bytes): %w",
-			errQuota, maxEntries, maxEntries, units.FormatSize(bytesPerEntry), errdefs.ErrResourceExhausted)
+		return fmt.Errorf("%s: the %s holds more than %d files and directories, the limit is %d (one per %s of limits.max_task_dir_bytes): %w",
+			errQuota, noun, maxEntries, maxEntries, units.FormatSize(bytesPerEntry), errdefs.ErrResourceExhausted)
 	}
 	return nil
 }
