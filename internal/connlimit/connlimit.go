@@ -40,8 +40,12 @@ type Listener struct {
 // Sandboxes wraps ln, the unix socket sandboxes reach, so that each
 // sandbox holds at most max of its connections open. A peer is known by
 // the pid namespace of the process that connected, which is its
-// sandbox's own on every runtime that mounts the socket; peers it cannot
-// tell (the process has exited) share one count, with the same bound.
+// sandbox's own on every runtime that mounts the socket. A connection
+// whose peer cannot be told (the process that connected has exited,
+// handing the connection to another, or its pid is gone) is closed at
+// once: counted in a bucket of its own, such connections escaped every
+// sandbox's bound, and no client of Corral's connects and exits before
+// its answer.
 func Sandboxes(ln net.Listener, max int, log *slog.Logger) *Listener {
 	return newListener(ln, max, pidNamespace, log)
 }
@@ -74,6 +78,11 @@ func (l *Listener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		key, bounded := l.peer(c)
+		if key == "" && bounded {
+			l.log.Debug("a connection whose peer has exited: closed")
+			c.Close()
+			continue
+		}
 		if l.take(key, bounded) {
 			return &conn{Conn: c, release: sync.OnceFunc(func() { l.release(key) })}, nil
 		}
@@ -119,7 +128,7 @@ func (c *conn) Close() error {
 
 // pidNamespace is the peer of a unix socket connection: "pidns:" and the
 // pid namespace of the process that connected (SO_PEERCRED), or "" when
-// it cannot be told.
+// it cannot be told (a connection Accept closes).
 func pidNamespace(c net.Conn) (string, bool) {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {

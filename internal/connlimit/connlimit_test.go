@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -23,12 +25,41 @@ import (
 // were closed on it.
 const dialEnv = "CONNLIMIT_TEST_DIAL"
 
+// handOffEnv makes this test binary dial the socket its value names
+// max+extra times, hand the connections to a child that keeps them open,
+// and exit: connections whose peer is gone by the time they are accepted.
+const handOffEnv = "CONNLIMIT_TEST_HANDOFF"
+
 const (
 	max   = 4
 	extra = 6
 )
 
 func TestMain(m *testing.M) {
+	if sock := os.Getenv(handOffEnv); sock != "" {
+		var files []*os.File
+		for range max + extra {
+			c, err := net.Dial("unix", sock)
+			if err != nil {
+				fmt.Println(err)
+				os.Exit(1)
+			}
+			f, err := c.(*net.UnixConn).File()
+			if err != nil {
+				fmt.Println(err)
+				os.Exit(1)
+			}
+			files = append(files, f)
+		}
+		child := exec.Command("sleep", "30")
+		child.ExtraFiles = files
+		if err := child.Start(); err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+		fmt.Println(child.Process.Pid)
+		os.Exit(0)
+	}
 	if sock := os.Getenv(dialEnv); sock != "" {
 		held, refused, err := dial("unix", sock, max+extra)
 		if err != nil {
@@ -202,4 +233,66 @@ func TestPods(t *testing.T) {
 	if len(more) != 0 || refused != 2 {
 		t.Errorf("a pod holding %d connections, bound %d: %d more held, %d refused; want none held", max+extra, max, len(more), refused)
 	}
+}
+
+// TestPeerGone: connections whose process handed them to another and
+// exited before the server accepted them are closed, all of them. They
+// shared one bucket before, with its own bound, outside every sandbox's:
+// a sandbox held that many more open (1 more on local, 19 on docker).
+func TestPeerGone(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := Sandboxes(ln, max, slog.New(slog.DiscardHandler))
+	defer l.Close()
+	// Nothing is accepted until the dialler has exited.
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), handOffEnv+"="+sock)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the dialler: %v: %s", err, out)
+	}
+	if pid, err := strconv.Atoi(strings.TrimSpace(string(out))); err == nil {
+		defer syscall.Kill(pid, syscall.SIGKILL) // the child holding them
+	}
+	// A connection of this live process after them: once it is accepted,
+	// every one before it was looked at.
+	marker, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer marker.Close()
+	kept := 0
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if isOwn(t, c) {
+			break
+		}
+		kept++
+	}
+	if kept != 0 {
+		t.Errorf("%d connections of a peer that exited kept, want none", kept)
+	}
+}
+
+// isOwn reports whether c's peer is this process.
+func isOwn(t *testing.T, c net.Conn) bool {
+	t.Helper()
+	raw, err := c.(*conn).Conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := int32(0)
+	raw.Control(func(fd uintptr) {
+		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			pid = cred.Pid
+		}
+	})
+	return int(pid) == os.Getpid()
 }

@@ -298,6 +298,7 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 		"list /etc/ssl/private", "read /proc/keys", "read /proc/timer_list", "read /proc/slabinfo",
 		"read /proc/kcore", "read /proc/kallsyms", "kernel addresses in /proc/kallsyms",
 		fmt.Sprintf("hold %d connections to the server", 4*connlimit.PerSandbox),
+		fmt.Sprintf("hold %d connections dialled by a process that exited", 4*connlimit.PerSandbox),
 		// Controls: these must hold for the rest to mean anything.
 		"no_new_privs", "write /tmp/x", "connect own loopback listener", "read the worker's command line",
 	}

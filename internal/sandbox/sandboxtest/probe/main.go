@@ -78,6 +78,9 @@ func main() {
 	if len(os.Args) == 2 && os.Args[1] == orphanArg {
 		orphanParent()
 	}
+	if len(os.Args) == 4 && os.Args[1] == handOffArg {
+		handOffChild(os.Args[2], os.Args[3])
+	}
 	if len(os.Args) == 2 && os.Args[1] == orphanSleepArg {
 		time.Sleep(100 * time.Millisecond)
 		os.Exit(0)
@@ -154,6 +157,9 @@ func main() {
 	// open until the server has no descriptor left would stop every other
 	// task.
 	check(holdCheck, func() result { return holdConnections(webhookOf(ppid), holdConns) })
+	// The same, with connections a process dials and hands over before
+	// it exits: a peer the server cannot tell any more.
+	check(handOffCheck, func() result { return handedOffConnections(webhookOf(ppid), holdConns) })
 	check("mount tmpfs", tryMount)
 	check("unshare user namespace", func() result { return tryNamespace(unix.CLONE_NEWUSER) })
 	check("unshare network namespace", func() result { return tryNamespace(unix.CLONE_NEWNET) })
@@ -340,16 +346,9 @@ func webhookOf(pid int) string {
 // ends those it refused. More than connlimit.PerSandbox held at once is
 // an escape.
 func holdConnections(webhook string, n int) result {
-	network, addr, host := "unix", strings.TrimPrefix(webhook, "unix://"), "corral"
-	if !strings.HasPrefix(webhook, "unix://") {
-		u, err := url.Parse(webhook)
-		if err != nil || u.Host == "" {
-			return result{Detail: fmt.Sprintf("the worker's webhook %q: %v", webhook, err)}
-		}
-		network, addr, host = "tcp", u.Host, u.Host
-		if u.Port() == "" {
-			addr = net.JoinHostPort(u.Hostname(), "80")
-		}
+	network, addr, host, err := serverAddr(webhook)
+	if err != nil {
+		return result{Detail: err.Error()}
 	}
 	var conns []net.Conn
 	defer func() {
@@ -380,6 +379,132 @@ func holdConnections(webhook string, n int) result {
 		held++
 	}
 	return result{OK: held > connlimit.PerSandbox, Detail: fmt.Sprintf("%s %s: %d of %d connections answered and held open at once, %d ended by the server", network, addr, held, len(conns), refused)}
+}
+
+// handOffArg runs the probe as handOffChild.
+const handOffArg = "--hand-off-connections"
+
+var handOffCheck = fmt.Sprintf("hold %d connections dialled by a process that exited", holdConns)
+
+// handOffChild dials n connections to webhook, sends them over fd 3 (a
+// socket pair of its parent's) and exits at once.
+func handOffChild(webhook, n string) {
+	count, _ := strconv.Atoi(n)
+	network, addr, _, err := serverAddr(webhook)
+	if err != nil {
+		os.Exit(1)
+	}
+	var fds []int
+	for range count {
+		c, err := net.DialTimeout(network, addr, netTimeout)
+		if err != nil {
+			break
+		}
+		f, err := c.(interface{ File() (*os.File, error) }).File()
+		if err != nil {
+			break
+		}
+		fds = append(fds, int(f.Fd()))
+	}
+	for len(fds) > 0 {
+		batch := fds[:min(len(fds), 200)] // SCM_MAX_FD is 253
+		fds = fds[len(batch):]
+		if err := unix.Sendmsg(3, []byte{'c'}, unix.UnixRights(batch...), nil, 0); err != nil {
+			os.Exit(1)
+		}
+	}
+	os.Exit(0)
+}
+
+// handedOffConnections has a child process dial n connections to the
+// server at webhook and hand them over before it exits; it then sends a
+// request on each and holds those answered open together. More than
+// connlimit.PerSandbox held at once is an escape.
+func handedOffConnections(webhook string, n int) result {
+	_, _, host, err := serverAddr(webhook)
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	defer unix.Close(pair[0])
+	theirs := os.NewFile(uintptr(pair[1]), "pair")
+	child := exec.Command("/proc/self/exe", handOffArg, webhook, strconv.Itoa(n))
+	child.ExtraFiles = []*os.File{theirs}
+	if err := child.Start(); err != nil {
+		theirs.Close()
+		return result{Detail: err.Error()}
+	}
+	theirs.Close()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	oob := make([]byte, unix.CmsgSpace(200*4))
+	for {
+		_, oobn, _, _, err := unix.Recvmsg(pair[0], make([]byte, 1), oob, 0)
+		if err != nil || oobn == 0 {
+			break
+		}
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			break
+		}
+		for _, m := range msgs {
+			fds, err := unix.ParseUnixRights(&m)
+			if err != nil {
+				continue
+			}
+			for _, fd := range fds {
+				f := os.NewFile(uintptr(fd), "conn")
+				c, err := net.FileConn(f)
+				f.Close()
+				if err == nil {
+					conns = append(conns, c)
+				}
+			}
+		}
+	}
+	child.Wait()
+	if len(conns) == 0 {
+		return result{Detail: "the child handed over no connection"}
+	}
+	for _, c := range conns {
+		c.SetDeadline(time.Now().Add(checkTimeout / 2))
+		fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+	}
+	held, refused := 0, 0
+	for _, c := range conns {
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			refused++
+			continue
+		}
+		resp.Body.Close()
+		held++
+	}
+	return result{OK: held > connlimit.PerSandbox, Detail: fmt.Sprintf("%d of %d connections handed over by a process that exited answered and held open at once, %d ended by the server", held, len(conns), refused)}
+}
+
+// serverAddr is where webhook (unix://PATH or http://HOST:PORT) is
+// dialled, and the Host header a request there carries.
+func serverAddr(webhook string) (network, addr, host string, err error) {
+	if p, ok := strings.CutPrefix(webhook, "unix://"); ok {
+		return "unix", p, "corral", nil
+	}
+	u, err := url.Parse(webhook)
+	if err != nil || u.Host == "" {
+		return "", "", "", fmt.Errorf("the worker's webhook %q: %v", webhook, err)
+	}
+	addr = u.Host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), "80")
+	}
+	return "tcp", addr, u.Host, nil
 }
 
 func tryConnect(addr string) result {
