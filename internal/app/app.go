@@ -299,7 +299,6 @@ func (a *App) open(ctx context.Context) error {
 		Sessions:        a.sessions,
 		Verifier:        webhook.NewVerifier(secret, time.Duration(lim.WebhookMaxSkew), nil),
 		Egress:          egressProxies{srv: a.egress, allow: a.egressAllow},
-		Saver:           a.orch,
 		MaxLogBytes:     lim.MaxLogBytes.Bytes(),
 		MaxTaskDirBytes: lim.MaxTaskDirBytes.Bytes(),
 	}, a.log.With("subsystem", "taskrun"))
@@ -409,7 +408,9 @@ func (s sessionQuota) Check(ctx context.Context, id, rel string) (time.Duration,
 	return s.q.CheckDir(ctx, sessionDir(id, rel))
 }
 
-func (s sessionQuota) Release(ctx context.Context, id, rel string) { s.q.ReleaseDir(ctx, sessionDir(id, rel)) }
+func (s sessionQuota) Release(ctx context.Context, id, rel string) {
+	s.q.ReleaseDir(ctx, sessionDir(id, rel))
+}
 
 // generatedSecret returns the webhook secret kept in the data root, making
 // it on first start. It must survive restarts: running workers hold keys
@@ -467,6 +468,7 @@ func (a *App) Run(ctx context.Context) error {
 	run(func() error { return a.tasks.Run(ctx) })
 	run(func() error { return a.sched.Run(ctx) })
 	run(func() error { return a.orch.RunRetention(ctx) })
+	run(func() error { return a.orch.RunSaves(ctx) })
 	run(func() error { return a.runner.RunEgress(ctx) })
 	a.keepWarm(ctx, run)
 	run(func() error { return a.egressRec.Run(ctx) })

@@ -44,11 +44,11 @@ import (
 
 // Event types of a session's stream.
 const (
-	EventCreated    = "session_created"
-	EventExecStart  = "exec_started"
-	EventExecEnd    = "exec_ended"
-	EventEnded      = "session_ended"
-	EventGranted    = "session_token_granted"
+	EventCreated   = "session_created"
+	EventExecStart = "exec_started"
+	EventExecEnd   = "exec_ended"
+	EventEnded     = "session_ended"
+	EventGranted   = "session_token_granted"
 	// EventDirRemoved records an ended session's own directory removed
 	// (sessions/<id>): at once when it was deleted, else after Retention.
 	EventDirRemoved = "session_directory_removed"
