@@ -287,6 +287,9 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 	cfg.AIWorker.MaxQueuedTasks = max(cfg.AIWorker.MaxQueuedTasks, 2*opts.Concurrency)
 	cfg.Agents.Default = task.AgentCommand
 	cfg.Local.WarmPool, cfg.Local.WarmIdle = opts.Warm, 0
+	// The bench's clients make hundreds of requests a second through one
+	// caller: what it measures is the tasks, not limits.api_rate.
+	cfg.Limits.APIRate = 0
 	if opts.DockerImage != "" {
 		cfg.Execution.DefaultImage = opts.DockerImage
 		if opts.DockerHost != "" {

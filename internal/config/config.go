@@ -386,6 +386,14 @@ type Limits struct {
 	MinFreeDisk    Size     `yaml:"min_free_disk"`
 	WebhookMaxSkew Duration `yaml:"webhook_max_skew"`
 	StopGrace      Duration `yaml:"stop_grace"`
+	// APIRate and APIBurst are a token bucket per caller of the API and
+	// MCP: each API token (with none configured, the local caller) and
+	// each session token may make APIRate requests a second on average
+	// and APIBurst at once; past them a 429 with Retry-After. An event
+	// stream is one request however long it stays open. 0 APIRate turns
+	// the limit off.
+	APIRate  float64 `yaml:"api_rate"`
+	APIBurst int     `yaml:"api_burst"`
 }
 
 // Default returns the configuration used when nothing is set: one machine,
@@ -460,6 +468,8 @@ func Default() *Config {
 			MinFreeDisk:           mustSize("256MiB"),
 			WebhookMaxSkew:        Duration(5 * time.Minute),
 			StopGrace:             Duration(10 * time.Second),
+			APIRate:               50,
+			APIBurst:              200,
 		},
 	}
 }

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"flag"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -103,6 +104,8 @@ func TestDefaultIsValid(t *testing.T) {
 		{"max_prompt_bytes", c.Limits.MaxPromptBytes.Bytes(), int64(64 << 10)},
 		{"stop_grace", time.Duration(c.Limits.StopGrace), 10 * time.Second},
 		{"webhook_max_skew", time.Duration(c.Limits.WebhookMaxSkew), 5 * time.Minute},
+		{"api_rate", c.Limits.APIRate, 50.0},
+		{"api_burst", c.Limits.APIBurst, 200},
 	}
 	for _, ck := range checks {
 		if ck.got != ck.want {
@@ -230,6 +233,8 @@ notify:
 limits:
   max_prompt_bytes: 128KiB
   stop_grace: 30s
+  api_rate: 2.5
+  api_burst: 10
 `)
 	want := Default()
 	want.Listen = "127.0.0.1:9000"
@@ -253,6 +258,7 @@ limits:
 	want.Notify.URL, want.Notify.SecretFile, want.Notify.Events, want.Notify.MaxAttempts = "https://assistant.example/hooks/corral", "/etc/corral/notify.key", []string{"worker_completed"}, 5
 	want.Limits.MaxPromptBytes = mustSize("128KiB")
 	want.Limits.StopGrace = Duration(30 * time.Second)
+	want.Limits.APIRate, want.Limits.APIBurst = 2.5, 10
 	if diff := cmp.Diff(want, c, cmpConfig...); diff != "" {
 		t.Errorf("loaded config differs (-want +got):\n%s", diff)
 	}
@@ -697,6 +703,11 @@ func TestValidate(t *testing.T) {
 		{"request below prompt", func(c *Config) { c.Limits.MaxRequestBytes = mustSize("1KiB") }, "limits.max_request_bytes", "at least limits.max_prompt_bytes (64KiB)"},
 		{"skew", func(c *Config) { c.Limits.WebhookMaxSkew = 0 }, "limits.webhook_max_skew", "must be positive"},
 		{"grace", func(c *Config) { c.Limits.StopGrace = -1 }, "limits.stop_grace", "not be negative"},
+		{"api rate negative", func(c *Config) { c.Limits.APIRate = -1 }, "limits.api_rate", "0 (no limit) or more, got -1"},
+		{"api rate NaN", func(c *Config) { c.Limits.APIRate = math.NaN() }, "limits.api_rate", "got NaN"},
+		{"api rate infinite", func(c *Config) { c.Limits.APIRate = math.Inf(1) }, "limits.api_rate", "got +Inf"},
+		{"api burst zero", func(c *Config) { c.Limits.APIBurst = 0 }, "limits.api_burst", "must be at least 1 (the requests a caller may make at once), got 0"},
+		{"api burst negative", func(c *Config) { c.Limits.APIBurst = -5 }, "limits.api_burst", "must be at least 1"},
 		{"version", func(c *Config) { c.Version = 2 }, "version", "unsupported config version 2"},
 		{"http host scheme", func(c *Config) { c.HTTP.AllowedHosts = []string{"corral.lan", "http://corral.lan"} }, "http.allowed_hosts[1]", "no scheme, path or wildcard"},
 		{"http host wildcard", func(c *Config) { c.HTTP.AllowedHosts = []string{"*.example.com"} }, "http.allowed_hosts[0]", "host name or IP address"},
@@ -742,6 +753,8 @@ func TestValidateAccepts(t *testing.T) {
 			c.APITokens = []APIToken{{Name: "assistant", TokenFile: "/etc/corral/a"}, {Name: "ci-bot.2", TokenFile: "/etc/corral/b"}}
 		}},
 		{"zero grace", func(c *Config) { c.Limits.StopGrace = 0 }},
+		{"no rate limit", func(c *Config) { c.Limits.APIRate = 0 }},
+		{"a request a minute", func(c *Config) { c.Limits.APIRate, c.Limits.APIBurst = 1.0/60, 1 }},
 		{"http names", func(c *Config) {
 			c.HTTP.AllowedHosts = []string{"corral.example.com", "corral.lan:7777", "192.168.1.5", "[fd00::1]:7777", "fd00::2"}
 			c.HTTP.AllowedOrigins = []string{"https://corral.example.com", "http://localhost:5173/", "http://[::1]:8080"}

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"net/url"
@@ -169,6 +170,12 @@ func (c *Config) Validate() error {
 	}
 	if l.StopGrace < 0 {
 		v.add("limits.stop_grace", "must not be negative, got %s", l.StopGrace)
+	}
+	if l.APIRate < 0 || math.IsNaN(l.APIRate) || math.IsInf(l.APIRate, 0) {
+		v.add("limits.api_rate", "must be a number of requests a second, 0 (no limit) or more, got %g", l.APIRate)
+	}
+	if l.APIBurst < 1 {
+		v.add("limits.api_burst", "must be at least 1 (the requests a caller may make at once), got %d", l.APIBurst)
 	}
 	return errors.Join(v.errs...)
 }

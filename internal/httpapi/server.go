@@ -134,6 +134,10 @@ type Options struct {
 	// Doctor returns corral doctor's findings for /api/health and when they
 	// were made; nil: none.
 	Doctor func(context.Context) ([]Check, time.Time)
+	// RateLimit is each caller's token bucket: each API token's (the local
+	// caller's when there is none) and each session token's; see
+	// ratelimit.go for what has none. Zero: no limit.
+	RateLimit RateLimit
 }
 
 // Server serves the API.
@@ -144,6 +148,7 @@ type Server struct {
 	log   *slog.Logger
 	mux   *http.ServeMux
 	trust webTrust
+	rate  *limiter
 }
 
 // New returns a Server.
@@ -160,7 +165,8 @@ func New(b Backend, opts Options, log *slog.Logger) *Server {
 	if opts.BodyStall <= 0 {
 		opts.BodyStall = DefaultBodyStall
 	}
-	s := &Server{b: b, tools: tools.New(b, opts.ToolLimits), opts: opts, log: log, mux: http.NewServeMux(), trust: newWebTrust(opts)}
+	s := &Server{b: b, tools: tools.New(b, opts.ToolLimits), opts: opts, log: log, mux: http.NewServeMux(), trust: newWebTrust(opts),
+		rate: newLimiter(opts.RateLimit, log)}
 	s.routes()
 	return s
 }
@@ -304,6 +310,12 @@ func (s *Server) wrap(h handlerFunc, rt route) http.Handler {
 				return
 			}
 			actor = name
+			// After authentication: only a caller that holds a token has
+			// a bucket (ratelimit.go).
+			if err := s.rate.allow(apiCaller(name)); err != nil {
+				s.writeError(w, r, rid, err)
+				return
+			}
 		}
 		if rt&jsonBody != 0 {
 			if err := checkJSONBody(r); err != nil {
@@ -355,6 +367,10 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, rid string, 
 	}
 	if status == http.StatusInternalServerError {
 		body.Fields = nil
+	}
+	var rl *rateLimitError
+	if errors.As(err, &rl) {
+		w.Header().Set("Retry-After", rl.RetryAfter())
 	}
 	writeJSON(w, status, body)
 }

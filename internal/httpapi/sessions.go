@@ -52,18 +52,21 @@ type ExecChunk struct {
 var errSessionsOff = fmt.Errorf("sessions are not served here: %w", errdefs.ErrNotImplemented)
 
 // sessionCaller allows the admin token or session id's own token: another
-// session's token is refused with 403, anything else with 401.
+// session's token is refused with 403, anything else with 401. Each takes
+// its request from its own rate bucket: the session's token is looked at
+// first, so that it has its bucket also where no API token is configured
+// (and every loopback caller is the local one).
 func (s *Server) sessionCaller(r *http.Request) error {
 	if s.opts.Sessions == nil {
 		return errSessionsOff
 	}
-	if _, err := s.caller(r); err == nil {
-		return nil
-	}
 	token, _ := bearer(r)
 	id := r.PathValue("id")
 	if s.opts.Sessions.Authorize(id, token) {
-		return nil
+		return s.rate.allow(sessionCallerKey(id, token))
+	}
+	if name, err := s.caller(r); err == nil {
+		return s.rate.allow(apiCaller(name))
 	}
 	if strings.HasPrefix(token, session.TokenPrefix) {
 		return fmt.Errorf("a session token reaches its own session only: %w", errdefs.ErrPermissionDenied)
@@ -78,8 +81,8 @@ func (s *Server) sessionTokenCaller(r *http.Request) error {
 		return errSessionsOff
 	}
 	token, _ := bearer(r)
-	if s.opts.Sessions.Authorize(r.PathValue("id"), token) {
-		return nil
+	if id := r.PathValue("id"); s.opts.Sessions.Authorize(id, token) {
+		return s.rate.allow(sessionCallerKey(id, token))
 	}
 	return fmt.Errorf("this socket takes a session's own token only: %w", errdefs.ErrPermissionDenied)
 }

@@ -157,7 +157,8 @@ export function subscribe(path, { after, signal, onEvent, onOpen, onState = () =
         }));
       } catch (err) {
         if (signal.aborted) return;
-        if (err instanceof APIError && err.status !== 503 && err.status !== 502) {
+        // A 429 (the token's request rate) passes like a restart's 503.
+        if (err instanceof APIError && err.status !== 503 && err.status !== 502 && err.status !== 429) {
           onState('error', err);
           return;
         }
