@@ -69,7 +69,7 @@ func clusterConfig(cfg *config.Config) (*rest.Config, error) {
 // not configured (unconfigured says why). corral serve and corral doctor both build their runtimes
 // here, so doctor checks what serve runs. This is the one place that names
 // concrete backends.
-func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, host hostuser.Identity, log *slog.Logger) (sandbox.Runtime, error) {
+func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, host hostuser.Identity, ids *hostuser.Identities, log *slog.Logger) (sandbox.Runtime, error) {
 	switch name {
 	case local.Name:
 		return local.New(local.Options{
@@ -84,13 +84,15 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 			// whatever the quota watcher's timing.
 			FileSizeLimit: cfg.Limits.MaxTaskDirBytes.Bytes(),
 			Host:          host,
+			Identities:    ids,
 		}, log)
 	case gvisor.Name:
 		return gvisor.New(gvisor.Options{
-			StateDir: stateDir,
-			DataRoot: dataRoot,
-			TmpSize:  cfg.Local.TmpSize.Bytes(),
-			Host:     host,
+			StateDir:   stateDir,
+			DataRoot:   dataRoot,
+			TmpSize:    cfg.Local.TmpSize.Bytes(),
+			Host:       host,
+			Identities: ids,
 		}, log)
 	case docker.Name:
 		engine := cfg.Docker.Host
@@ -107,6 +109,7 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 			TmpSize:       cfg.Local.TmpSize.Bytes(),
 			FileSizeLimit: cfg.Limits.MaxTaskDirBytes.Bytes(),
 			User:          host,
+			Identities:    ids,
 		}, log)
 	case kubernetes.Name:
 		k := cfg.Kubernetes
@@ -142,8 +145,10 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 // state in run/<name>.
 func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, error) {
 	out := map[string]sandbox.Runtime{}
+	// One range of identities for the sandboxes of every runtime here.
+	ids := hostuser.NewIdentities(a.sandboxUser, a.data.HostPath(workspace.DirRun, "identities"))
 	for _, name := range config.Runtimes {
-		rt, err := openRuntime(name, a.cfg, a.data.Path(), a.data.HostPath(workspace.DirRun, name), a.sandboxUser, a.log)
+		rt, err := openRuntime(name, a.cfg, a.data.Path(), a.data.HostPath(workspace.DirRun, name), a.sandboxUser, ids, a.log)
 		if err != nil {
 			return nil, fmt.Errorf("open %s runtime: %w", name, err)
 		}

@@ -19,7 +19,7 @@ func TestRuntimeNamesAgree(t *testing.T) {
 	t.Setenv("KUBECONFIG", "")
 	cfg := config.Default()
 	for _, name := range config.Runtimes {
-		rt, err := openRuntime(name, cfg, t.TempDir(), t.TempDir(), hostuser.Default(), slog.New(slog.DiscardHandler))
+		rt, err := openRuntime(name, cfg, t.TempDir(), t.TempDir(), hostuser.Default(), nil, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Errorf("runtime %s: %v", name, err)
 		}

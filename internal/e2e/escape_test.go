@@ -104,6 +104,9 @@ func TestEscape(t *testing.T) {
 			t.Run("symlink out of output", func(t *testing.T) { t.Parallel(); testSymlinkOut(t, rt) })
 			t.Run("host identity", func(t *testing.T) { t.Parallel(); testHostIdentity(t, rt) })
 			t.Run("fifo swap", func(t *testing.T) { t.Parallel(); testFIFOSwap(t, rt) })
+			if rt.runtime != "kubernetes" { // every pod runs as the runtime's one identity
+				t.Run("own identities", func(t *testing.T) { t.Parallel(); testOwnIdentities(t, rt) })
+			}
 			if rt.runtime != "kubernetes" && !rt.warm { // no workspaces under roots there; no warm sandbox serves one
 				t.Run("workspace hand-back", func(t *testing.T) { t.Parallel(); testHandBack(t, rt) })
 				t.Run("workspace swap", func(t *testing.T) { t.Parallel(); testWorkspaceSwap(t, rt) })
@@ -547,20 +550,22 @@ mkfifo output/fifo && : > output/go && : > output/ready && while [ -e output/go 
 		_, err := os.Stat(filepath.Join(out, "ready"))
 		return err == nil
 	})
-	// While it runs: every file it made is the reserved identity's on the
-	// host (a pod's: the kubernetes runtime's identity, 1000, on every
-	// node), and under local so is every process of the sandbox (gVisor's
-	// processes are its own kernel's, not the host's).
-	want := uint32(hostuser.Reserved)
-	if rt.runtime == "kubernetes" {
-		want = 1000
-	}
+	// While it runs: every file it made is the sandbox's own identity's
+	// on the host, one of the range above the reserved one with the
+	// sandboxes' group (a pod's: the kubernetes runtime's identity, 1000,
+	// on every node), and under local so is every process of the sandbox
+	// (gVisor's processes are its own kernel's, not the host's).
 	fi, err := os.Lstat(filepath.Join(out, "suid-id"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := fi.Sys().(*syscall.Stat_t); st.Uid != want || st.Gid != want {
-		t.Errorf("a worker's file is owned by %d:%d on the host, want %d", st.Uid, st.Gid, want)
+	st := fi.Sys().(*syscall.Stat_t)
+	want := st.Uid
+	switch {
+	case rt.runtime == "kubernetes" && (st.Uid != 1000 || st.Gid != 1000):
+		t.Errorf("a worker's file is owned by %d:%d on the node, want 1000:1000", st.Uid, st.Gid)
+	case rt.runtime != "kubernetes" && (!hostuser.InRange(int(st.Uid)) || st.Uid == hostuser.Reserved || st.Gid != hostuser.Reserved):
+		t.Errorf("a worker's file is owned by %d:%d on the host, want a uid of its own above %d, gid %d", st.Uid, st.Gid, hostuser.Reserved, hostuser.Reserved)
 	}
 	if rt.runtime == "kubernetes" && !rt.gvisorKernel() {
 		// A runc pod's processes are the node's: the worker's as 1000,
@@ -586,8 +591,8 @@ mkfifo output/fifo && : > output/go && : > output/ready && while [ -e output/go 
 			t.Errorf("found no process of the sandbox on the host")
 		}
 		for pid, uid := range uids {
-			if uid != hostuser.Reserved {
-				t.Errorf("sandbox process %d runs as host uid %d, want %d", pid, uid, hostuser.Reserved)
+			if uid != int(want) {
+				t.Errorf("sandbox process %d runs as host uid %d, want its own %d", pid, uid, want)
 			}
 		}
 	}

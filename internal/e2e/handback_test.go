@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -214,4 +215,66 @@ func testWorkspaceSwap(t *testing.T, rt escapeRuntime) {
 		t.Errorf("%d tasks started, %d refused, %s: the race did not happen", started, refused, swaps)
 	}
 	t.Logf("%d started, %d refused, %s", started, refused, swaps)
+}
+
+// testOwnIdentities: two tasks run at once; each sandbox runs as a host
+// identity of its own, and one's identity is refused at the other's task
+// directory, as a process that escaped its sandbox's namespaces would be.
+// Before, every sandbox ran as one identity, which owned every running
+// task's and session's directory: one escape reached them all.
+func testOwnIdentities(t *testing.T, rt escapeRuntime) {
+	testenv.RequireRoot(t)
+	s := MustStart(t, rt.config(t))
+	ctx := context.Background()
+	script := `echo secret > output/secret.txt && : > output/go && while [ -e output/go ]; do sleep 0.05; done`
+	var ids [2]string
+	for i := range ids {
+		tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "hold a secret", Agent: "command", Runtime: rt.runtime,
+			Command: []string{"sh", "-c", script}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = tk.ID
+	}
+	var uids [2]uint32
+	for i, id := range ids {
+		dir := filepath.Join(s.data, "tasks", id)
+		waitFor(t, "the worker holding its secret", func() bool {
+			_, err := os.Stat(filepath.Join(dir, "output", "go"))
+			return err == nil
+		})
+		fi, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uids[i] = fi.Sys().(*syscall.Stat_t).Uid
+		if fi.Mode().Perm() != 0o700 {
+			t.Errorf("task %s's directory is %v while its sandbox runs, want 0700", id, fi.Mode().Perm())
+		}
+	}
+	if uids[0] == uids[1] {
+		t.Fatalf("two sandboxes run as one host identity, %d", uids[0])
+	}
+	secret := filepath.Join(s.data, "tasks", ids[0], "output", "secret.txt")
+	as := func(uid uint32, args ...string) (string, error) {
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: hostuser.Reserved, Groups: []uint32{}}}
+		b, err := cmd.CombinedOutput()
+		return string(b), err
+	}
+	// The control: the first sandbox's identity reads its own secret.
+	if out, err := as(uids[0], "cat", secret); err != nil || out != "secret\n" {
+		t.Fatalf("the first sandbox's identity reading its own secret: %q %v", out, err)
+	}
+	for _, try := range [][]string{{"cat", secret}, {"ls", filepath.Join(s.data, "tasks", ids[0])}, {"touch", filepath.Join(s.data, "tasks", ids[0], "output", "x")}} {
+		if out, err := as(uids[1], try...); err == nil || !strings.Contains(out, "Permission denied") {
+			t.Errorf("the second sandbox's identity: %v: %q %v, want permission denied", try, out, err)
+		}
+	}
+	for _, id := range ids {
+		os.Remove(filepath.Join(s.data, "tasks", id, "output", "go"))
+		if res := s.wait(t, id, 60*time.Second); res.Status != task.Success {
+			t.Errorf("task %s: %s %s", id, res.Status, res.ErrorMessage)
+		}
+	}
 }

@@ -114,8 +114,13 @@ type Options struct {
 	// (RLIMIT_FSIZE); 0: no limit.
 	FileSizeLimit int64
 	// User is the identity of the container's processes, inside and on
-	// the host; default hostuser.Default(). Never root.
+	// the host; default hostuser.Default(). Never root. Under a root
+	// server with the default, each container has one of its own from the
+	// range above it (Identities).
 	User hostuser.Identity
+	// Identities leases each container its identity; default one over
+	// StateDir/identities. Runtimes of one server share theirs.
+	Identities *hostuser.Identities
 	// Instance tells this server's containers from those of other servers
 	// on the same engine; default a hash of DataRoot.
 	Instance string
@@ -140,6 +145,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.StateDir == "" {
 		o.StateDir = filepath.Join(o.DataRoot, "run", Name)
+	}
+	if o.Identities == nil {
+		o.Identities = hostuser.NewIdentities(o.User, filepath.Join(o.StateDir, "identities"))
 	}
 	if o.Instance == "" {
 		sum := sha256.Sum256([]byte(o.DataRoot))
@@ -330,20 +338,26 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 	if err := hostuser.Unpin(pins); err != nil { // a Create that crashed
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
-	spec, err := hostuser.Pin(spec, pins, r.opts.User)
+	user, err := r.opts.Identities.Take(spec.ID)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
-	owned, err := hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.User)
+	spec, err = hostuser.Pin(spec, pins, user)
+	if err != nil {
+		r.opts.Identities.Release(spec.ID)
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	owned, err := hostuser.Give(hostuser.WritableDirs(spec.Mounts), user)
 	undo := func() {
 		hostuser.Reclaim(owned)
 		hostuser.Unpin(pins)
+		r.opts.Identities.Release(spec.ID)
 	}
 	if err != nil {
 		undo()
 		return nil, err
 	}
-	cfg, host := r.containerConfig(spec, image)
+	cfg, host := r.containerConfig(spec, image, user)
 	trees, err := json.Marshal(owned)
 	if err != nil {
 		undo()
@@ -414,7 +428,7 @@ func (r *Runtime) ensureImage(ctx context.Context, image string) error {
 
 // containerConfig is the container for spec (mounts resolved to host
 // paths) from image.
-func (r *Runtime) containerConfig(spec sandbox.Spec, image string) (*container.Config, *container.HostConfig) {
+func (r *Runtime) containerConfig(spec sandbox.Spec, image string, user hostuser.Identity) (*container.Config, *container.HostConfig) {
 	labels := maps.Clone(spec.Labels)
 	if labels == nil {
 		labels = map[string]string{}
@@ -432,7 +446,7 @@ func (r *Runtime) containerConfig(spec sandbox.Spec, image string) (*container.C
 		Cmd:        nil,
 		WorkingDir: dir,
 		Env:        sandbox.DefaultEnv(spec.Env),
-		User:       r.opts.User.String(),
+		User:       user.String(),
 		Hostname:   "corral",
 		Labels:     labels,
 		StopSignal: "SIGTERM",
@@ -717,7 +731,8 @@ func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandb
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	c, err := r.inspect(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return hostuser.Unpin(r.pins(id)) // a Create that crashed after its pins
+		// A Create that crashed after its pins or its identity's lease.
+		return errors.Join(hostuser.Unpin(r.pins(id)), r.opts.Identities.Release(id))
 	}
 	if err != nil {
 		return fmt.Errorf("destroy: %w", err)
@@ -736,6 +751,9 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	if err := hostuser.Unpin(r.pins(id)); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	if err := r.opts.Identities.Release(id); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
@@ -775,7 +793,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: not running: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	ex, err := r.cli.ExecCreate(ctx, c.ID, client.ExecCreateOptions{
-		User:         r.opts.User.String(),
+		User:         c.Config.User, // the container's own identity
 		Cmd:          req.Command,
 		Env:          sandbox.DefaultEnv(req.Env),
 		WorkingDir:   req.Dir,

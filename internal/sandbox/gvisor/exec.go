@@ -17,6 +17,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 )
 
 // Exec runs req.Command in the running sandbox id with `runsc exec`: as the
@@ -58,7 +59,11 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 			}
 		}
 	}
-	b, err := json.Marshal(newProcess(req.Command, req.Env, req.Dir, r.opts, pids))
+	o := r.opts
+	if e.St.Identity != (hostuser.Identity{}) {
+		o.Host = e.St.Identity // the sandbox's own
+	}
+	b, err := json.Marshal(newProcess(req.Command, req.Env, req.Dir, o, pids))
 	if err != nil {
 		return sandbox.ExitStatus{}, fmt.Errorf("encode exec process: %w", err)
 	}

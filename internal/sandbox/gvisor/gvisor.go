@@ -154,7 +154,12 @@ type Options struct {
 	// host, and its gofer creates files owned by the process's uid, so the
 	// two cannot differ. Default hostuser.Default(), a reserved
 	// unprivileged identity (never root, never an id a person owns).
+	// Under a root server with the default, each sandbox has one of its
+	// own from the range above it (Identities).
 	Host hostuser.Identity
+	// Identities leases each sandbox its host identity; default one over
+	// StateDir/identities. Runtimes of one server share theirs.
+	Identities *hostuser.Identities
 }
 
 func (o *Options) setDefaults() {
@@ -175,6 +180,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.Host == (hostuser.Identity{}) {
 		o.Host = hostuser.Default()
+	}
+	if o.Identities == nil {
+		o.Identities = hostuser.NewIdentities(o.Host, filepath.Join(o.StateDir, "identities"))
 	}
 }
 
@@ -234,7 +242,7 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if r.cgWarn != "" {
 		r.log.Warn("sandbox limits disabled", "reason", r.cgWarn)
 	}
-	r.Sandboxes = statedir.NewSandboxes(Name, stateVersion, opts.StateDir, "runsc", r.cg, r.log, statedir.Ops[state]{
+	r.Sandboxes = statedir.NewSandboxes(Name, stateVersion, opts.StateDir, "runsc", r.cg, opts.Identities, r.log, statedir.Ops[state]{
 		ExitStatus: r.exitStatus,
 		Term:       r.term,
 		Kill:       r.kill,
@@ -379,6 +387,14 @@ const launcherScript = `f=$1; shift; "$@"; rc=$?; echo $rc > "$f.tmp" && mv -f "
 // and waits until the container runs.
 func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *statedir.Entry[state], err error) {
 	st := state{Launch: statedir.Launch{ID: spec.ID, Labels: maps.Clone(spec.Labels), CreatedAt: time.Now().UTC()}}
+	if st.Identity, err = r.opts.Identities.Take(spec.ID); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			r.opts.Identities.Release(spec.ID)
+		}
+	}()
 	cgPath := ""
 	if r.cg != nil {
 		if st.Cgroups, err = r.cg.Create(spec.ID, r.hostLimits(spec.Limits)); err != nil {
@@ -391,7 +407,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 		}()
 		cgPath = r.cg.Path(spec.ID)
 	}
-	if spec, err = hostuser.Pin(spec, r.Dir.Pins(spec.ID), r.opts.Host); err != nil {
+	if spec, err = hostuser.Pin(spec, r.Dir.Pins(spec.ID), st.Identity); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -399,7 +415,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 			hostuser.Unpin(r.Dir.Pins(spec.ID))
 		}
 	}()
-	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.Host)
+	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), st.Identity)
 	defer func() {
 		if err != nil {
 			hostuser.Reclaim(st.Owned)
@@ -409,7 +425,9 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 		return nil, err
 	}
 	bundle := filepath.Join(dir, "bundle")
-	if err := writeBundle(bundle, spec, r.opts, cgPath); err != nil {
+	o := r.opts
+	o.Host = st.Identity // the sandbox's own: its process's uid, its files'
+	if err := writeBundle(bundle, spec, o, cgPath); err != nil {
 		return nil, err
 	}
 	// O_APPEND: the sentry writes stdout and stderr through two host fds

@@ -90,11 +90,13 @@ func TestIsolation(t *testing.T) {
 	for _, tc := range []struct {
 		name, script, want string
 	}{
-		{"uid", `id -u > out; id -g >> out; id -un >> out`, "1900000000\n1900000000\nworker\n"},
+		// Its own uid of the range above the reserved one, the sandboxes'
+		// group.
+		{"uid", `u=$(id -u); [ "$u" -gt 1900000000 ] && [ "$u" -le 1900065535 ] && echo own > out; id -g >> out; id -un >> out`, "own\n1900000000\nworker\n"},
 		{"no capabilities", `grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status | tr -s '\t' ' ' > out`, "CapPrm: 0000000000000000\nCapEff: 0000000000000000\nCapBnd: 0000000000000000\n"},
 		{"loopback only", `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' > out`, "lo\n"},
 		{"hostname", `hostname > out`, "corral\n"},
-		{"worker in passwd", `grep -c '^worker:x:1900000000:1900000000:' /etc/passwd > out`, "1\n"},
+		{"worker in passwd", `grep -c "^worker:x:$(id -u):1900000000:" /etc/passwd > out`, "1\n"},
 		{"read-only root", `if touch /x 2>/dev/null || touch /usr/x 2>/dev/null || touch /etc/x 2>/dev/null; then echo writable > out; else echo ro > out; fi`, "ro\n"},
 		{"tmp writable", `echo ok > /tmp/f && cat /tmp/f > out`, "ok\n"},
 		{"env cleared", `env | grep -c CORRAL_HOST_SECRET > out`, "0\n"},

@@ -150,6 +150,9 @@ type Tree struct {
 	// that one or none (zero in older state).
 	Dev uint64 `json:"dev,omitempty"`
 	Ino uint64 `json:"ino,omitempty"`
+	// Mode is the top's permissions before Give closed it to the sandbox
+	// alone, which Reclaim puts back (zero in older state: left as is).
+	Mode uint32 `json:"mode,omitempty"`
 }
 
 // UnmarshalJSON also reads a bare directory, as state written before trees
@@ -170,12 +173,15 @@ func server() Identity { return Identity{UID: os.Geteuid(), GID: os.Getegid()} }
 // Give makes each directory tree in dirs owned by id, so the sandbox can
 // write what the server prepared, and returns the trees with their owners
 // before, for Reclaim: also on error, the trees it changed. Only what the
-// top's owner owns changes hands: a file of a third person in a person's
-// workspace stays theirs. A tree that id owns already (left by a server
-// that died before taking it back) goes back to the server. The tree is
-// walked by descriptor (walkTree): no link is followed, at any component,
-// however its owner changes it meanwhile. A missing directory is skipped;
-// a link in place of one is refused.
+// top's owner owns changes hands (and what a sandbox's identity owns, left
+// by one before): a file of a third person in a person's workspace stays
+// theirs. A tree a sandbox identity owns already (left by a server that
+// died before taking it back) goes back to the server. The top is closed
+// to all but id (mode 0700) while it is id's: sandboxes each of their own
+// identity reach none of each other's trees. The tree is walked by
+// descriptor (walkTree): no link is followed, at any component, however
+// its owner changes it meanwhile. A missing directory is skipped; a link
+// in place of one is refused.
 func Give(dirs []string, id Identity) ([]Tree, error) {
 	var trees []Tree
 	for _, dir := range dirs {
@@ -192,12 +198,14 @@ func Give(dirs []string, id Identity) ([]Tree, error) {
 			return trees, fmt.Errorf("give %s to the sandbox identity %s: %w", dir, id, err)
 		}
 		owner := Identity{UID: int(st.Uid), GID: int(st.Gid)}
-		if owner == id && id.Switch() {
+		left := id.Switch() && (owner == id || InRange(owner.UID))
+		if left {
 			owner = server()
 		}
-		trees = append(trees, Tree{Dir: dir, Owner: owner, To: id, Dev: st.Dev, Ino: st.Ino})
+		trees = append(trees, Tree{Dir: dir, Owner: owner, To: id, Dev: st.Dev, Ino: st.Ino, Mode: st.Mode & 0o7777})
 		give := func(fd int, name string, st *unix.Stat_t) error {
-			if int(st.Uid) != owner.UID || (int(st.Uid) == id.UID && int(st.Gid) == id.GID) {
+			uid := int(st.Uid)
+			if (uid != owner.UID && !(id.Switch() && InRange(uid))) || (uid == id.UID && int(st.Gid) == id.GID) {
 				return nil
 			}
 			if name == "" {
@@ -210,6 +218,9 @@ func Give(dirs []string, id Identity) ([]Tree, error) {
 			leave: func(int, *unix.Stat_t) error { return nil },
 			entry: give,
 		})
+		if err == nil {
+			err = unix.Fchmod(fd, 0o700)
+		}
 		unix.Close(fd)
 		if err != nil {
 			return trees, fmt.Errorf("give %s to the sandbox identity %s: %w", dir, id, err)
@@ -279,6 +290,13 @@ func (t Tree) reclaim() error {
 			return unix.Fchmod(fd, st.Mode&0o7777&^unsafeMode)
 		},
 		leave: func(fd int, st *unix.Stat_t) error {
+			if t.Mode != 0 && st.Dev == t.Dev && st.Ino == t.Ino {
+				// The top: its permissions from before Give, its
+				// owner's choice.
+				if err := unix.Fchmod(fd, t.Mode); err != nil {
+					return err
+				}
+			}
 			if !mine(st) || (int(st.Uid) == uid && int(st.Gid) == gid) {
 				return nil
 			}

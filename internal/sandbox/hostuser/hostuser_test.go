@@ -154,6 +154,9 @@ func TestReclaimGivesBackToTheOwner(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(person, "main.go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Chmod(person, 0o751); err != nil {
+		t.Fatal(err)
+	}
 	third := filepath.Join(person, "third.txt")
 	if err := os.WriteFile(third, nil, 0o666); err != nil {
 		t.Fatal(err)
@@ -173,7 +176,13 @@ func TestReclaimGivesBackToTheOwner(t *testing.T) {
 	want := []Tree{{Dir: person, Owner: Identity{1000, 1000}, To: id}, {Dir: left, Owner: Identity{0, 0}, To: id}}
 	got := slices.Clone(trees)
 	for i := range got {
-		got[i].Dev, got[i].Ino = 0, 0
+		got[i].Dev, got[i].Ino, got[i].Mode = 0, 0, 0
+	}
+	// Closed to all but the sandbox while it is the sandbox's.
+	for _, p := range []string{person, left} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Errorf("%s after Give: %v %v, want 0700", p, fi.Mode(), err)
+		}
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("Give = %+v, want %+v", got, want)
@@ -187,6 +196,9 @@ func TestReclaimGivesBackToTheOwner(t *testing.T) {
 	}
 	if err := Reclaim(trees); err != nil {
 		t.Fatal(err)
+	}
+	if fi, err := os.Stat(person); err != nil || fi.Mode().Perm() != 0o751 {
+		t.Errorf("the person's top after Reclaim: %v %v, want its 0751 back", fi.Mode(), err)
 	}
 	for p, uid := range map[string]uint32{person: 1000, filepath.Join(person, "main.go"): 1000, filepath.Join(person, "new.txt"): 1000, third: 1001, left: 0} {
 		if got := owner(t, p); got != uid {

@@ -21,7 +21,8 @@ import (
 // was checked, whatever happens to the path meanwhile, and Give and
 // Reclaim walk the same directory; Unpin(pins) undoes it. A directory the
 // sandbox identity id owns already is held by another sandbox (or left
-// by a server that died, until its restart takes it back), and refused.
+// by a server that died, until its restart takes it back), as is one any
+// sandbox identity of the range owns, and refused.
 //
 // pins must be a directory only the server writes, on a path the
 // sandbox identity may pass through (a runtime launching as that
@@ -54,7 +55,7 @@ func pin(src, at, pins string, id Identity) (string, error) {
 	if err := unix.Fstat(fd, &held); err != nil {
 		return "", fmt.Errorf("pin workspace %s: %w", src, err)
 	}
-	if id.Switch() && int(held.Uid) == id.UID {
+	if id.Switch() && (int(held.Uid) == id.UID || InRange(int(held.Uid))) {
 		return "", fmt.Errorf("workspace %s is held by another sandbox (the sandbox identity %s owns it): %w", src, id, errdefs.ErrConflict)
 	}
 	if err := os.MkdirAll(pins, 0o711); err != nil {

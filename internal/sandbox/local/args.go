@@ -16,6 +16,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 )
 
 // systemDir is one of the host's top-level system directories (/bin,
@@ -198,14 +199,14 @@ func fitNoFile(want int, hard uint64) (int, string) {
 
 // underLauncher makes cmd, built for bwrap or nsenter with its ExtraFiles
 // and SysProcAttr, run as the child of the launcher (launcherScript) with
-// the resource limits of o, inside the cgroups j opened; with asHost, as
-// the sandbox's host identity (o.Host) when that needs a change from root:
+// the resource limits of o, inside the cgroups j opened; with as, as the
+// sandbox's host identity when that needs a change from root:
 // the server's fork changes it, no supplementary groups and no
 // capabilities (a uid change from root clears them), before the launcher
 // starts. Exec's nsenter stays root to join the namespaces and becomes the
 // sandbox user inside them itself. cmd.Path stays the program the
 // launcher runs, resolved already.
-func underLauncher(cmd *exec.Cmd, o Options, j *cgroups.Join, asHost bool) {
+func underLauncher(cmd *exec.Cmd, o Options, j *cgroups.Join, as *hostuser.Identity) {
 	fsize := "unlimited"
 	if o.FileSizeLimit > 0 {
 		// Rounded up to whole blocks: a limit is never lowered.
@@ -224,7 +225,7 @@ func underLauncher(cmd *exec.Cmd, o Options, j *cgroups.Join, asHost bool) {
 	if j.Dir != nil {
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(j.Dir.Fd())
 	}
-	if asHost && o.Host.Switch() {
-		cmd.SysProcAttr.Credential = o.Host.Credential()
+	if as != nil && as.Switch() {
+		cmd.SysProcAttr.Credential = as.Credential()
 	}
 }

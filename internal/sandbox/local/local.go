@@ -117,8 +117,13 @@ type Options struct {
 	// Host is the host identity the sandbox's processes run as (what the
 	// kernel checks their access against outside the sandbox); default
 	// hostuser.Default(): a reserved unprivileged identity when the
-	// server runs as root, else the server's own. Never root.
+	// server runs as root, else the server's own. Never root. Under a
+	// root server with the default, each sandbox has one of its own from
+	// the range above it (Identities); Host is what they have in common.
 	Host hostuser.Identity
+	// Identities leases each sandbox its host identity; default one over
+	// StateDir/identities. Runtimes of one server share theirs.
+	Identities *hostuser.Identities
 	// NoFile is the sandbox's limit on open files per process
 	// (RLIMIT_NOFILE, soft and hard); default 4096. A limit above the
 	// server's own hard limit is lowered to it (see fitNoFile), and
@@ -165,6 +170,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.Host == (hostuser.Identity{}) {
 		o.Host = hostuser.Default()
+	}
+	if o.Identities == nil {
+		o.Identities = hostuser.NewIdentities(o.Host, filepath.Join(o.StateDir, "identities"))
 	}
 }
 
@@ -280,7 +288,7 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 			r.log.Warn("sandboxes start from the server's mount namespace", logkey.Error, err)
 		}
 	}
-	r.Sandboxes = statedir.NewSandboxes(Name, stateVersion, opts.StateDir, "", r.cg, r.log, statedir.Ops[state]{
+	r.Sandboxes = statedir.NewSandboxes(Name, stateVersion, opts.StateDir, "", r.cg, opts.Identities, r.log, statedir.Ops[state]{
 		Load:       loadState,
 		ExitStatus: r.exitStatus,
 		Creating:   func(e *statedir.Entry[state]) bool { return e.St.ChildPID == 0 },
@@ -474,6 +482,14 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 		return nil, err
 	}
 	st := state{Launch: statedir.Launch{ID: spec.ID, Labels: maps.Clone(spec.Labels), CreatedAt: time.Now().UTC()}}
+	if st.Identity, err = r.opts.Identities.Take(spec.ID); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			r.opts.Identities.Release(spec.ID)
+		}
+	}()
 	if r.cg != nil {
 		if st.Cgroups, err = r.cg.Create(spec.ID, spec.Limits); err != nil {
 			return nil, fmt.Errorf("create cgroups: %v: %w", err, errdefs.ErrUnavailable)
@@ -506,7 +522,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	// only host directories, are the server's own and need no pin (and
 	// its state dir takes a task's name when claimed).
 	if start == nil {
-		if spec, err = hostuser.Pin(spec, r.Dir.Pins(spec.ID), r.opts.Host); err != nil {
+		if spec, err = hostuser.Pin(spec, r.Dir.Pins(spec.ID), st.Identity); err != nil {
 			return nil, err
 		}
 		defer func() {
@@ -515,7 +531,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 			}
 		}()
 	}
-	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.Host)
+	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), st.Identity)
 	defer func() {
 		if err != nil {
 			hostuser.Reclaim(st.Owned)
@@ -548,7 +564,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	// Own session, no Pdeathsig: a server killed with SIGKILL leaves the
 	// sandbox running and a new server recovers it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	underLauncher(cmd, r.opts, join, true)
+	underLauncher(cmd, r.opts, join, &st.Identity)
 	if err := r.startLauncher(cmd, append(paths, cmd.Path)); err != nil {
 		if join.Dir != nil && errors.Is(err, syscall.ENOSYS) {
 			return nil, fmt.Errorf("start bwrap in its cgroup (clone3 with CLONE_INTO_CGROUP, Linux 5.7 or later on cgroup v2): %w", err)

@@ -23,6 +23,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/guestetc"
 	"github.com/corral-dev/corral/internal/sandbox/hostproc"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -216,7 +217,11 @@ func TestLauncherAsHostIdentity(t *testing.T) {
 		t.Fatalf("the launcher's children: %q, %v; want bwrap", children, err)
 	}
 	bwrap, _ := strconv.Atoi(strings.Fields(string(children))[0])
-	uid, gid := strconv.Itoa(r.opts.Host.UID), strconv.Itoa(r.opts.Host.GID)
+	// Its own identity, of the range above the reserved one.
+	if !hostuser.InRange(e.St.Identity.UID) || e.St.Identity.UID == hostuser.Reserved || e.St.Identity.GID != hostuser.Reserved {
+		t.Errorf("the sandbox's identity %v, want one of its own above %d", e.St.Identity, hostuser.Reserved)
+	}
+	uid, gid := strconv.Itoa(e.St.Identity.UID), strconv.Itoa(e.St.Identity.GID)
 	want := map[string][]string{
 		"Uid:": {uid, uid, uid, uid}, "Gid:": {gid, gid, gid, gid}, "Groups:": nil,
 		"CapInh:": {"0000000000000000"}, "CapPrm:": {"0000000000000000"}, "CapEff:": {"0000000000000000"}, "CapAmb:": {"0000000000000000"},

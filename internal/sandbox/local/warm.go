@@ -24,7 +24,6 @@ import (
 	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
-	"github.com/corral-dev/corral/internal/sandbox/statedir"
 	"github.com/corral-dev/corral/internal/sandbox/warmstart"
 )
 
@@ -425,9 +424,12 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	st.Labels = maps.Clone(spec.Labels)
 	// The slots' own trees are the task's directories now: Give takes
 	// them over.
-	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), r.opts.Host)
+	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), st.Identity)
 	if err == nil {
 		err = r.Dir.Write(b.id, st)
+	}
+	if err == nil {
+		err = r.opts.Identities.Rename(b.id, spec.ID)
 	}
 	dir := r.Dir.Path(spec.ID)
 	if err == nil {
@@ -449,7 +451,7 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	}
 	if err != nil {
 		r.Stop(ctx, spec.ID, 0)
-		statedir.Remove(st.Launch, dir)
+		r.Dir.Remove(st.Launch, dir)
 		r.Dir.Forget(spec.ID)
 		return nil, fmt.Errorf("start the task in the warm sandbox: %w", err)
 	}

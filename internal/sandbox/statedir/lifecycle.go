@@ -16,6 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/hostproc"
+	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 )
 
 // Entry is one sandbox as a host runtime instance knows it: its state dir,
@@ -110,11 +111,14 @@ type Sandboxes[S Launched] struct {
 
 // NewSandboxes returns the lifecycle of runtime name's sandboxes (states of
 // the given version) in the state directory root; cg holds their cgroups
-// (nil: none); reserved names a subdirectory of root that is the runtime's
-// own, never a sandbox ("" for none).
-func NewSandboxes[S Launched](name string, version int, root, reserved string, cg *cgroups.Hierarchy, log *slog.Logger, ops Ops[S]) *Sandboxes[S] {
+// (nil: none); ids leases their host identities; reserved names a
+// subdirectory of root that is the runtime's own, never a sandbox ("" for
+// none).
+func NewSandboxes[S Launched](name string, version int, root, reserved string, cg *cgroups.Hierarchy, ids *hostuser.Identities, log *slog.Logger, ops Ops[S]) *Sandboxes[S] {
+	d := New[S, Entry[S]](root, func(st S) map[string]string { return st.launch().Labels })
+	d.ids = ids
 	return &Sandboxes[S]{
-		Dir:      New[S, Entry[S]](root, func(st S) map[string]string { return st.launch().Labels }),
+		Dir:      d,
 		name:     name,
 		version:  version,
 		log:      log,
@@ -253,7 +257,7 @@ func (s *Sandboxes[S]) Destroy(ctx context.Context, id string) error {
 	if s.ops.Release != nil {
 		s.ops.Release(ctx, id)
 	}
-	if err := Remove(e.St.launch(), e.Dir); err != nil {
+	if err := s.Dir.Remove(e.St.launch(), e.Dir); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	s.Dir.Forget(id)

@@ -32,6 +32,7 @@ import (
 type Dir[S, E any] struct {
 	root   string
 	labels func(S) map[string]string
+	ids    *hostuser.Identities // nil: sandboxes lease no identity here
 
 	// locks serialise a runtime's state changes per id, striped by a hash
 	// of the id so no per-id lock has to be freed.
@@ -236,8 +237,11 @@ type Launch struct {
 	Cgroups  []string          `json:"cgroups,omitempty"`
 	// Owned are the read-write directories given to the sandbox identity,
 	// taken back by Remove.
-	Owned     []hostuser.Tree `json:"owned,omitempty"`
-	CreatedAt time.Time       `json:"created_at"`
+	Owned []hostuser.Tree `json:"owned,omitempty"`
+	// Identity is the sandbox's host identity (zero in state of before
+	// each sandbox had its own).
+	Identity  hostuser.Identity `json:"identity,omitzero"`
+	CreatedAt time.Time         `json:"created_at"`
 }
 
 func (l Launch) launch() Launch { return l }
@@ -284,8 +288,8 @@ func CheckRecover[S Launched](h *sandbox.Handle, runtime string, version int, fo
 // Remove is the end of destroying a sandbox whose processes are gone: its
 // cgroups, with anything still in them (or they cannot be removed); the
 // directories it was given, taken back now that nothing of it can change
-// them underneath; its pins; and its state dir.
-func Remove(l Launch, dir string) error {
+// them underneath; its pins; its state dir; and its identity's lease.
+func (d *Dir[S, E]) Remove(l Launch, dir string) error {
 	if err := cgroups.KillAndRemove(l.Cgroups); err != nil {
 		return err
 	}
@@ -298,7 +302,15 @@ func Remove(l Launch, dir string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove state dir: %w", err)
 	}
-	return nil
+	return d.release(l.ID)
+}
+
+// release ends sandbox id's lease of its identity.
+func (d *Dir[S, E]) release(id string) error {
+	if d.ids == nil {
+		return nil
+	}
+	return d.ids.Release(id)
 }
 
 // RemoveLeftovers cleans what a Create that crashed before writing its
@@ -314,5 +326,5 @@ func (d *Dir[S, E]) RemoveLeftovers(cg *cgroups.Hierarchy, id string) error {
 		}
 	}
 	os.RemoveAll(d.Path(id))
-	return nil
+	return d.release(id)
 }

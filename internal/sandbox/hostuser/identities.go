@@ -1,0 +1,161 @@
+package hostuser
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Span is how many host uids above Reserved the sandboxes of a root server
+// take, one each: Reserved+1 to Reserved+Span. Their gid is Reserved, the
+// group the data root lets pass, for all of them.
+const Span = 65535
+
+// InRange reports whether uid is one a sandbox runs as under a root server
+// with the default identities: Reserved itself (what sandboxes ran as
+// before each had its own) or one of Span above it.
+func InRange(uid int) bool { return uid >= Reserved && uid <= Reserved+Span }
+
+// Identities leases every sandbox a host identity of its own, so that what
+// escapes one sandbox's namespaces is still another host user than every
+// other sandbox, and reaches none of their directories (Give closes the top
+// of each tree it gives to its owner alone). A lease is a file in a
+// directory of the server's, named by the uid and holding the sandbox's
+// id, made with O_EXCL: two sandboxes never hold one uid, whichever runtime
+// starts them, and a lease outlives a restart of the server as its sandbox
+// does. Under a server that is not root, or with an identity an operator
+// configured, every sandbox gets that one identity (Fixed).
+//
+// It is safe for concurrent use.
+type Identities struct {
+	fixed Identity // zero: one of the range for each sandbox
+	dir   string
+	salt  uint32 // where this server's sandboxes start looking in the range
+
+	mu sync.Mutex
+}
+
+// NewIdentities returns identities for sandboxes: each its own from the
+// range above Reserved, with leases in dir, when base is Default() under a
+// root server; else base for every one.
+func NewIdentities(base Identity, dir string) *Identities {
+	if !base.Switch() || base != Default() {
+		return &Identities{fixed: base}
+	}
+	h := fnv.New32a()
+	h.Write([]byte(dir))
+	return &Identities{dir: dir, salt: h.Sum32()}
+}
+
+// Fixed is the one identity of every sandbox, or zero when each has its
+// own.
+func (p *Identities) Fixed() Identity { return p.fixed }
+
+// Base is what every sandbox's identity has in common, for checks of what
+// they may reach: the fixed identity, or Reserved with its group.
+func (p *Identities) Base() Identity {
+	if p.fixed != (Identity{}) {
+		return p.fixed
+	}
+	return Identity{UID: Reserved, GID: Reserved}
+}
+
+// Take returns sandbox id's identity, leasing it one if it has none.
+func (p *Identities) Take(id string) (Identity, error) {
+	if p.fixed != (Identity{}) {
+		return p.fixed, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if uid, ok, err := p.find(id); err != nil || ok {
+		return Identity{UID: uid, GID: Reserved}, err
+	}
+	if err := os.MkdirAll(p.dir, 0o700); err != nil {
+		return Identity{}, fmt.Errorf("lease a sandbox identity: %w", err)
+	}
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	start := (h.Sum32() ^ p.salt) % Span
+	for i := range uint32(Span) {
+		uid := Reserved + 1 + int((start+i)%Span)
+		f, err := os.OpenFile(filepath.Join(p.dir, strconv.Itoa(uid)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return Identity{}, fmt.Errorf("lease a sandbox identity: %w", err)
+		}
+		_, err = f.WriteString(id)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(f.Name())
+			return Identity{}, fmt.Errorf("lease a sandbox identity: %w", err)
+		}
+		return Identity{UID: uid, GID: Reserved}, nil
+	}
+	return Identity{}, fmt.Errorf("lease a sandbox identity: all %d are leased (%s)", Span, p.dir)
+}
+
+// Rename moves sandbox old's lease to sandbox new (a warm sandbox that a
+// task claimed takes the task's name).
+func (p *Identities) Rename(old, new string) error {
+	if p.fixed != (Identity{}) {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	uid, ok, err := p.find(old)
+	if err != nil || !ok {
+		return err
+	}
+	return os.WriteFile(filepath.Join(p.dir, strconv.Itoa(uid)), []byte(new), 0o600)
+}
+
+// Release ends sandbox id's lease, once nothing of it runs or is owned by
+// its identity any more. A sandbox without one is no error.
+func (p *Identities) Release(id string) error {
+	if p.fixed != (Identity{}) {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	uid, ok, err := p.find(id)
+	if err != nil || !ok {
+		return err
+	}
+	if err := os.Remove(filepath.Join(p.dir, strconv.Itoa(uid))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("release the identity of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// find returns the uid sandbox id leases, if it does. Leases are as many
+// as sandboxes run, so a look at each is cheap.
+func (p *Identities) find(id string) (int, bool, error) {
+	ents, err := os.ReadDir(p.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("read the sandbox identities' leases: %w", err)
+	}
+	for _, e := range ents {
+		uid, err := strconv.Atoi(e.Name())
+		if err != nil || !InRange(uid) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(p.dir, e.Name()))
+		if err == nil && strings.TrimSpace(string(b)) == id {
+			return uid, true, nil
+		}
+	}
+	return 0, false, nil
+}
