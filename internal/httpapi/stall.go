@@ -17,10 +17,17 @@ const DefaultBodyStall = 30 * time.Second
 // that keeps sending is never cut and a response that streams (SSE) is
 // not bounded. Header reads are bounded by the http.Server's
 // ReadHeaderTimeout, idle keep-alive connections by its IdleTimeout.
+//
+// The deadline is set before the handler runs too: a request refused
+// before its body is read (a Host the web trust check refuses, say) is
+// drained by the server after the handler, and without a deadline a body
+// that never comes would hold the connection for ever.
 func stallGuard(next http.Handler, stall time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body != nil && r.Body != http.NoBody {
-			r.Body = &stallBody{ReadCloser: r.Body, rc: http.NewResponseController(w), stall: stall}
+			rc := http.NewResponseController(w)
+			rc.SetReadDeadline(time.Now().Add(stall))
+			r.Body = &stallBody{ReadCloser: r.Body, rc: rc, stall: stall}
 		}
 		next.ServeHTTP(w, r)
 	})

@@ -2,9 +2,11 @@ package httpapi
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -76,5 +78,37 @@ func TestStalledBodyIsCut(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {
 		t.Errorf("a trickling body got %d, want 201", resp.StatusCode)
+	}
+}
+
+// A request refused before its body is read (here, a Host header with no
+// port, which the web trust check refuses) with a body that stalls is cut
+// after BodyStall too. The server answered, then waited for ever to drain
+// the rest of the body, without any deadline: such requests held a
+// descriptor each until the server had none left.
+func TestStalledUnreadBodyIsCut(t *testing.T) {
+	srv := New(&stub{}, Options{BodyStall: 300 * time.Millisecond}, slogTo(io.Discard))
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	addr := strings.TrimPrefix(hs.URL, "http://")
+	for _, path := range []string{"/api/tasks", "/api/tools/spawn_worker", "/api/attachments"} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"a\":", path)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		start := time.Now()
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			_, err = br.ReadByte() // the close
+		}
+		if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("%s: the connection is still open after %s (%v)", path, time.Since(start), err)
+		}
+		c.Close()
 	}
 }
