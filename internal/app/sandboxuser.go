@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"debug/buildinfo"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"syscall"
 
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -78,21 +80,74 @@ func (a *App) stageBinaries(corral string) (string, error) {
 		return "", fmt.Errorf("stage the worker binaries: %w", err)
 	}
 	for name, src := range map[string]string{workerproto.CorralName: corral, workerproto.WorkerName: worker} {
-		dst := filepath.Join(dir, name)
-		tmp := dst + ".new"
-		os.Remove(tmp)
-		if err := os.Link(src, tmp); err != nil {
-			if err := copyExecutable(src, tmp); err != nil {
-				os.Remove(tmp)
-				return "", fmt.Errorf("stage %s: %w", src, err)
-			}
-		}
-		if err := os.Rename(tmp, dst); err != nil {
-			os.Remove(tmp)
-			return "", fmt.Errorf("stage %s: %w", src, err)
+		if err := stage(src, filepath.Join(dir, name)); err != nil {
+			return "", err
 		}
 	}
 	return dir, nil
+}
+
+// stage places src at dst: a hard link where the file system allows;
+// else nothing, when dst holds the same bytes already (a restart of the
+// same build, which needs no room for a second copy on a full disk); else
+// a copy, renamed over dst.
+func stage(src, dst string) error {
+	tmp := dst + ".new"
+	os.Remove(tmp)
+	if err := os.Link(src, tmp); err != nil {
+		if same, _ := sameContent(src, dst); same {
+			return nil
+		}
+		if err := copyExecutable(src, tmp); err != nil {
+			os.Remove(tmp)
+			if errors.Is(err, syscall.ENOSPC) {
+				fi, _ := os.Stat(src)
+				return fmt.Errorf("stage %s: the data root's file system has no room for a copy of it (%d MiB): free that much there, or keep the data root on the binary's file system, where it is linked: %w", src, fi.Size()>>20, errdefs.ErrNoSpace)
+			}
+			return fmt.Errorf("stage %s: %w", src, err)
+		}
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("stage %s: %w", src, err)
+	}
+	return nil
+}
+
+// sameContent reports whether files a and b hold the same bytes.
+func sameContent(a, b string) (bool, error) {
+	fa, err := os.Open(a)
+	if err != nil {
+		return false, err
+	}
+	defer fa.Close()
+	fb, err := os.Open(b)
+	if err != nil {
+		return false, err
+	}
+	defer fb.Close()
+	sa, err := fa.Stat()
+	if err != nil {
+		return false, err
+	}
+	sb, err := fb.Stat()
+	if err != nil || sa.Size() != sb.Size() || !sb.Mode().IsRegular() {
+		return false, err
+	}
+	ba, bb := make([]byte, 1<<20), make([]byte, 1<<20)
+	for {
+		na, erra := io.ReadFull(fa, ba)
+		nb, errb := io.ReadFull(fb, bb)
+		if na != nb || !bytes.Equal(ba[:na], bb[:nb]) {
+			return false, nil
+		}
+		if erra == io.EOF || erra == io.ErrUnexpectedEOF {
+			return errb == erra, nil
+		}
+		if erra != nil || errb != nil {
+			return false, errors.Join(erra, errb)
+		}
+	}
 }
 
 // sameBuild checks that worker is corral-worker from corral's build, as
