@@ -69,7 +69,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Var(&attach, "attach", "a local file to upload as an attachment into the task's context/ (repeatable)")
 	fs.Var(&docs, "document", "a document id (from a search) to copy into the task's context/ (repeatable)")
 	fs.StringVar(&req.NoteQuery, "note-query", "", "export the notes this query finds (at most 20) into the task's context/notes/")
-	fs.BoolVar(&req.SaveToShared, "save-to-shared", false, "on success, copy the outputs to shared/outputs/ (and scripts to shared/scripts/)")
+	fs.BoolVar(&req.SaveToShared, "save-to-shared", false, "on success, copy the outputs to shared/outputs/ (and scripts to shared/scripts/), after the task's end")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return flagError(err)

@@ -226,8 +226,9 @@ func (a *App) open(ctx context.Context) error {
 			st, _, ok := a.tasks.Status(id)
 			return !ok || st.Terminal()
 		},
-		Quota:     sessionQuota{dirQuota},
-		Retention: time.Duration(w.TaskRetentionHours) * time.Hour,
+		Quota:      sessionQuota{dirQuota},
+		AllowHooks: cfg.Workspaces.AllowHooks,
+		Retention:  time.Duration(w.TaskRetentionHours) * time.Hour,
 	}, a.log.With("subsystem", "sessions"))
 	a.orch = orchestrator.New(orchestrator.Options{
 		Disabled:    !w.Enabled,
@@ -301,6 +302,7 @@ func (a *App) open(ctx context.Context) error {
 		Egress:          egressProxies{srv: a.egress, allow: a.egressAllow},
 		MaxLogBytes:     lim.MaxLogBytes.Bytes(),
 		MaxTaskDirBytes: lim.MaxTaskDirBytes.Bytes(),
+		AllowHooks:      cfg.Workspaces.AllowHooks,
 	}, a.log.With("subsystem", "taskrun"))
 	a.sched = scheduler.New(scheduler.Options{
 		Writers:       writers,

@@ -287,6 +287,12 @@ type Workspaces struct {
 	// the sandbox identity, which owns the directory while they do; it
 	// goes back to its owner afterwards.
 	Roots []string `yaml:"roots"`
+	// AllowHooks leaves the git hooks a task or session creates or
+	// changes in a workspace executable. By default they lose their
+	// execute bits once the sandbox is gone (a linked hook is removed):
+	// git would run them as the workspace's owner, outside any sandbox.
+	// Either way they are listed in the result.
+	AllowHooks bool `yaml:"allow_hooks"`
 }
 
 // Egress configures the network workers reach through the egress proxy.

@@ -164,6 +164,7 @@ func TestReusableScript(t *testing.T) {
 	}
 	first := spawn(service.SpawnRequest{TaskDescription: "Write a greeting script", SaveToShared: true,
 		Command: []string{"sh", "-c", `printf '#!/bin/sh\necho "hello, $1"\n' > output/greet.sh && echo done > output/notes.md`}})
+	s.waitSaved(t, first.ID) // the copy follows the end
 	month := time.Now().UTC().Format("2006-01")
 	for _, p := range []string{"scripts/greet.sh", "outputs/" + month + "/" + first.ID + "/greet.sh", "outputs/" + month + "/" + first.ID + "/notes.md"} {
 		if _, err := os.Stat(filepath.Join(s.data, "shared", p)); err != nil {
@@ -188,7 +189,7 @@ func TestReusableScript(t *testing.T) {
 
 	third := spawn(service.SpawnRequest{TaskDescription: "Another greeting script", SaveToShared: true,
 		Command: []string{"sh", "-c", `printf '#!/bin/sh\necho "hi, $1"\n' > output/greet.sh`}})
-	json.Unmarshal(s.taskEvent(t, third.ID, task.EventOutputsSaved), &saved)
+	saved = s.waitSaved(t, third.ID)
 	var script task.SavedFile
 	for _, f := range saved.Files {
 		if strings.HasPrefix(f.To, "scripts/") {

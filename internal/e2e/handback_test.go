@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -275,6 +276,56 @@ func testOwnIdentities(t *testing.T, rt escapeRuntime) {
 		os.Remove(filepath.Join(s.data, "tasks", id, "output", "go"))
 		if res := s.wait(t, id, 60*time.Second); res.Status != task.Success {
 			t.Errorf("task %s: %s %s", id, res.Status, res.ErrorMessage)
+		}
+	}
+}
+
+// TestWorkspaceHooks: a task leaves a pre-commit hook, changes an existing
+// hook and sets core.fsmonitor in its workspace's repository, all of which
+// git would run as the workspace's owner at their next command. Once its
+// sandbox is gone the hooks are listed in its result and not executable
+// any more, the owner's own hook is untouched, and the configuration key
+// is listed; with workspaces.allow_hooks the hooks are listed and left.
+func TestWorkspaceHooks(t *testing.T) {
+	t.Parallel()
+	for _, allow := range []bool{false, true} {
+		s := MustStart(t, func(c *config.Config) { c.Workspaces.AllowHooks = allow })
+		ctx := context.Background()
+		if _, err := s.client.CreateProject(ctx, service.CreateProjectRequest{Name: "app", InitGit: true}); err != nil {
+			t.Fatal(err)
+		}
+		hooks := filepath.Join(s.data, "projects", "app", ".git", "hooks")
+		for name, body := range map[string]string{"pre-push": "#!/bin/sh\necho owner\n", "post-checkout": "#!/bin/sh\necho owner\n"} {
+			if err := os.WriteFile(filepath.Join(hooks, name), []byte(body), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		script := `printf '#!/bin/sh\necho pwned\n' > .git/hooks/pre-commit && chmod 755 .git/hooks/pre-commit &&
+printf '#!/bin/sh\necho pwned\n' > .git/hooks/post-checkout && printf '[core]\n\tfsmonitor = /tmp/x\n' >> .git/config`
+		tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "leave hooks", Workspace: "app", Agent: "command", Command: []string{"sh", "-c", script}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res := s.wait(t, tk.ID, 60*time.Second); res.Status != task.Success {
+			t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
+		}
+		var got *task.WorkspaceGit
+		waitFor(t, "the workspace's repository checked", func() bool {
+			tk, err := s.client.Get(ctx, tk.ID)
+			got = tk.WorkspaceGit
+			return err == nil && got != nil
+		})
+		if !slices.Equal(got.Hooks, []string{"post-checkout", "pre-commit"}) || got.HooksDisabled == allow || !slices.Equal(got.Config, []string{"core.fsmonitor"}) {
+			t.Errorf("allow %v: the result's workspace_git %+v, want the two hooks (disabled: %v) and core.fsmonitor", allow, got, !allow)
+		}
+		for name, wantX := range map[string]bool{"pre-commit": allow, "post-checkout": allow, "pre-push": true} {
+			fi, err := os.Stat(filepath.Join(hooks, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if x := fi.Mode().Perm()&0o111 != 0; x != wantX {
+				t.Errorf("allow %v: %s executable %v, want %v", allow, name, x, wantX)
+			}
 		}
 	}
 }

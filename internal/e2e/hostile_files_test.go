@@ -4,7 +4,6 @@ package e2e_test
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,6 +42,7 @@ func testFIFOSwap(t *testing.T, rt escapeRuntime) {
 	if res := s.wait(t, id, 30*time.Second); res.Status != task.Success {
 		t.Fatalf("the honest task after the swappers: %s %s", res.Status, res.ErrorMessage)
 	}
+	s.waitSaved(t, id)
 	if b, err := os.ReadFile(filepath.Join(s.data, "shared", "scripts", "honest.py")); err != nil || string(b) != "print(2)\n" {
 		t.Errorf("the honest task's script was not saved: %q %v", b, err)
 	}
@@ -65,18 +65,7 @@ func TestLongOutputName(t *testing.T) {
 		if res := s.wait(t, tk.ID, 30*time.Second); res.Status != task.Success {
 			t.Fatalf("task %d: %s %s", i, res.Status, res.ErrorMessage)
 		}
-		var saved task.OutputsSaved
-		if err := s.client.Events(ctx, service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
-			if e.Type == task.EventOutputsSaveFailed {
-				t.Errorf("task %d: outputs not saved: %s", i, e.Data)
-			}
-			if e.Type == task.EventOutputsSaved {
-				return json.Unmarshal(e.Data, &saved)
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
+		saved := s.waitSaved(t, tk.ID)
 		if len(saved.Files) != 2 {
 			t.Fatalf("task %d saved %+v, want the output and the script", i, saved.Files)
 		}
@@ -145,15 +134,7 @@ func TestOutputNameWithControls(t *testing.T) {
 	if res := s.wait(t, tk.ID, 30*time.Second); res.Status != task.Success {
 		t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
 	}
-	var saved task.OutputsSaved
-	if err := s.client.Events(ctx, service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
-		if e.Type == task.EventOutputsSaved || e.Type == task.EventOutputsSaveFailed {
-			return json.Unmarshal(e.Data, &saved)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	saved := s.waitSaved(t, tk.ID)
 	if saved.Error != "" || len(saved.Files) != 1 || saved.Files[0].From != "ok.txt" {
 		t.Errorf("saved %+v, want ok.txt alone", saved)
 	}

@@ -7,6 +7,7 @@
 package library
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"time"
@@ -58,10 +59,15 @@ type Library struct {
 	data  *workspace.DataRoot
 	log   *slog.Logger
 
-	saving    keyedMutex // serialises one task's save_to_shared, so it saves once
+	saving    keyedMutex // held by a task's save_to_shared copy, and by retention removing its directory
 	scriptsMu sync.Mutex // serialises choosing names in shared/scripts/
 	gcMu      sync.Mutex // serialises retention sweeps
 	skillMu   sync.Mutex // serialises create_skill, so two creates of one name cannot both pass the check
+
+	// For tests: saveTime replaces maxSaveTime when set, and copyHook is
+	// called as each save_to_shared copy starts, with the copy's context.
+	saveTime time.Duration
+	copyHook func(ctx context.Context, id string)
 }
 
 // New returns a Library.

@@ -60,7 +60,8 @@ func (o *Library) RunRetention(ctx context.Context) error {
 
 // GC removes the directories of tasks that ended more than
 // Retention.TaskDirs ago (never one that has not ended, never a directory
-// no event knows) and attachments unused for Retention.Attachments, each
+// no event knows, never one whose save_to_shared copy is still to be
+// recorded) and attachments unused for Retention.Attachments, each
 // with an event; the tasks' events stay. A failed or partial removal is a
 // removal_failed event, and the next sweep tries again.
 func (o *Library) GC(ctx context.Context, req service.GCRequest) (service.GCReport, error) {
@@ -94,30 +95,51 @@ func (o *Library) gcTasks(ctx context.Context, now time.Time, dry bool, rep *ser
 		if !ok || !st.Terminal() || ended.IsZero() || now.Sub(ended) < keep {
 			continue
 		}
-		item := service.GCItem{Path: workspace.DirTasks + "/" + id, ID: id, Since: ended, Reason: fmt.Sprintf("ended %s ago, retention %s", now.Sub(ended).Round(time.Minute), keep)}
-		if dir, err := o.data.OpenTask(id); err == nil {
-			item.Bytes, _ = workspace.Size(dir, ".")
-			dir.Close()
-		}
-		if dry {
-			rep.TaskDirectories = append(rep.TaskDirectories, item)
-			rep.Bytes += item.Bytes
+		// save_to_shared reads the directory after the task's end: it
+		// stays until the copy is recorded, and is never removed while
+		// a copy reads it (the copy holds the task's lock throughout).
+		if o.tasks.SavePending(id) {
 			continue
 		}
-		if err := o.data.RemoveTask(id); err != nil {
-			item.Error = err.Error()
-			rep.Failed = append(rep.Failed, item)
-			o.recordFailure(ctx, task.StreamID(id), item.Path, err)
-			continue
+		if err := o.gcTask(ctx, id, ended, now, keep, dry, rep); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// gcTask removes the directory of task id, which ended at ended, under the
+// task's save lock; unless, looked at again under it, its save_to_shared
+// copy is pending.
+func (o *Library) gcTask(ctx context.Context, id string, ended, now time.Time, keep time.Duration, dry bool, rep *service.GCReport) error {
+	unlock := o.saving.lock(id)
+	defer unlock()
+	if o.tasks.SavePending(id) {
+		return nil
+	}
+	item := service.GCItem{Path: workspace.DirTasks + "/" + id, ID: id, Since: ended, Reason: fmt.Sprintf("ended %s ago, retention %s", now.Sub(ended).Round(time.Minute), keep)}
+	if dir, err := o.data.OpenTask(id); err == nil {
+		item.Bytes, _ = workspace.Size(dir, ".")
+		dir.Close()
+	}
+	if dry {
 		rep.TaskDirectories = append(rep.TaskDirectories, item)
 		rep.Bytes += item.Bytes
-		ev := projection.NewEvent(task.EventDirectoryRemoved, task.DirectoryRemoved{Directory: item.Path, Bytes: item.Bytes, EndedAt: ended}, "corral/retention")
-		if err := o.appendAnyVersion(ctx, task.StreamID(id), ev); err != nil {
-			return fmt.Errorf("record removal of %s: %w", item.Path, err)
-		}
-		o.log.Info("task directory removed", "task_id", id, "bytes", item.Bytes)
+		return nil
 	}
+	if err := o.data.RemoveTask(id); err != nil {
+		item.Error = err.Error()
+		rep.Failed = append(rep.Failed, item)
+		o.recordFailure(ctx, task.StreamID(id), item.Path, err)
+		return nil
+	}
+	rep.TaskDirectories = append(rep.TaskDirectories, item)
+	rep.Bytes += item.Bytes
+	ev := projection.NewEvent(task.EventDirectoryRemoved, task.DirectoryRemoved{Directory: item.Path, Bytes: item.Bytes, EndedAt: ended}, "corral/retention")
+	if err := o.appendAnyVersion(ctx, task.StreamID(id), ev); err != nil {
+		return fmt.Errorf("record removal of %s: %w", item.Path, err)
+	}
+	o.log.Info("task directory removed", "task_id", id, "bytes", item.Bytes)
 	return nil
 }
 

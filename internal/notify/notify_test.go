@@ -266,6 +266,41 @@ func TestFailedTaskPayload(t *testing.T) {
 	}
 }
 
+// TestCompletionSaysOutputsPending: the end of a task that asked
+// save_to_shared is sent at once, saying its outputs are pending (their
+// copy follows the end, with an event of its own); other tasks' ends say
+// nothing of it.
+func TestCompletionSaysOutputsPending(t *testing.T) {
+	f := MustFixture(t)
+	d, _ := f.MustRun(t, nil)
+	id := task.NewID()
+	c, _ := json.Marshal(task.Created{Spec: task.Spec{Description: "save it", Agent: "command", SaveToShared: true}})
+	r, _ := json.Marshal(success())
+	evs, err := f.store.Append(context.Background(), task.StreamID(id), 0,
+		eventstore.Proposed{Type: task.EventCreated, SchemaVersion: 1, Data: c},
+		eventstore.Proposed{Type: task.EventCompleted, SchemaVersion: 1, Data: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, other := f.MustEnd(t, success())
+	waitDelivery(t, d, evs[1].ID, task.DeliveryDelivered, 10*time.Second)
+	waitDelivery(t, d, other.ID, task.DeliveryDelivered, 10*time.Second)
+	for _, h := range f.recv.Hits() {
+		var got struct {
+			TaskID        string          `json:"task_id"`
+			SharedOutputs json.RawMessage `json:"shared_outputs"`
+		}
+		json.Unmarshal(h.body, &got)
+		want := ""
+		if got.TaskID == id {
+			want = `{"state":"pending"}`
+		}
+		if string(got.SharedOutputs) != want {
+			t.Errorf("task %s: shared_outputs %s, want %q", got.TaskID, got.SharedOutputs, want)
+		}
+	}
+}
+
 func TestRetriesThenSucceeds(t *testing.T) {
 	f := MustFixture(t, 500, 404, 302)
 	d, _ := f.MustRun(t, func(o *Options) { o.Jitter = func() float64 { return 0.5 } })

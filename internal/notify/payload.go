@@ -33,6 +33,12 @@ type Completion struct {
 	CorrelationID   string            `json:"correlation_id,omitempty"` // the task's, as on its events
 	CausationID     string            `json:"causation_id,omitempty"`   // what caused the reported event
 	OccurredAt      time.Time         `json:"occurred_at"`
+
+	// SharedOutputs is {"state": "pending"} for a task that asked
+	// save_to_shared and succeeded: the copy follows the end, and its own
+	// event (outputs_saved or outputs_save_failed, notify.events) says
+	// when it is done. Absent otherwise.
+	SharedOutputs *task.SharedOutputs `json:"shared_outputs,omitempty"`
 }
 
 // Event is the body of a notification for any other subscribed event
@@ -67,6 +73,7 @@ func completionBody(t task.Task, e eventstore.Event, reason string) Completion {
 		OutputFiles:     []string{},
 		Summary:         t.Summary,
 		Reason:          reason,
+		SharedOutputs:   t.SharedOutputs,
 		ConversationID:  t.ConversationID,
 		InterfaceType:   t.InterfaceType,
 		UserName:        t.UserName,

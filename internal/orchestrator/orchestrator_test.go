@@ -95,7 +95,6 @@ func MustNew(tb testing.TB, edit func(*Options), runEdit ...func(*taskrun.Option
 		Store: store, Tasks: tasks, Data: data, Agents: opts.Agents,
 		Worker:      taskrun.WorkerOptions{BinDir: data.HostPath("run", "bin"), SocketDir: data.HostPath("run", "sock"), Secret: testSecret},
 		Verifier:    webhook.NewVerifier(testSecret, 0, nil),
-		Saver:       o,
 		MaxLogBytes: 1 << 20, MaxTaskDirBytes: opts.Limits.MaxTaskDirBytes,
 	}
 	for _, e := range runEdit {

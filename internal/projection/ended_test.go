@@ -150,3 +150,61 @@ func TestEndedTasksHeldInPart(t *testing.T) {
 	}
 	check(q, "rebuilt")
 }
+
+// TestPendingSaves: the tasks that ended with a save_to_shared copy to do
+// are listed in the order they ended, also once held in part (an event
+// after the end keeps them listed) and after a rebuild; the copy's event
+// takes a task off the list, held whole or in part.
+func TestPendingSaves(t *testing.T) {
+	store := MustOpenStore(t)
+	ctx := context.Background()
+	p := New(store, discard())
+	p.keep = 1
+	var saving []string
+	for i := range 4 {
+		tk := MustCreate(t, p, task.Spec{Description: "d", Agent: task.AgentCommand, SaveToShared: i != 2})
+		runToEnd(t, p, tk.ID)
+		if i != 2 {
+			saving = append(saving, tk.ID)
+		}
+	}
+	if got := p.PendingSaves(); !slices.Equal(got, saving) {
+		t.Fatalf("PendingSaves = %v, want %v", got, saving)
+	}
+	if _, ok := p.old[saving[0]]; !ok {
+		t.Fatalf("%s is not held in part", saving[0])
+	}
+	// An event after the end of a task held in part keeps its copy pending.
+	if _, err := p.Update(ctx, saving[0], func(task.Task) ([]eventstore.Proposed, error) {
+		return []eventstore.Proposed{NewEvent(task.EventRemovalFailed, task.RemovalFailed{Path: "x", Error: "e"}, "test")}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sel := p.Select(func(t *task.Task) bool { return t.SavePending() })
+	if len(sel) != 3 || !p.SavePending(saving[0]) {
+		t.Errorf("after an event past the end: Select by pending save gave %d, SavePending %v; want 3, true", len(sel), p.SavePending(saving[0]))
+	}
+	// The copies' events: one held in part, one held whole.
+	for _, id := range []string{saving[0], saving[2]} {
+		if _, err := p.Update(ctx, id, func(task.Task) ([]eventstore.Proposed, error) {
+			return []eventstore.Proposed{NewEvent(task.EventOutputsSaved, task.OutputsSaved{Directory: "shared/outputs/x/" + id}, "test")}, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{saving[1]}
+	if got := p.PendingSaves(); !slices.Equal(got, want) {
+		t.Errorf("after two copies: PendingSaves = %v, want %v", got, want)
+	}
+	if got, err := p.Get(saving[0]); err != nil || got.SharedOutputs == nil || got.SharedOutputs.State != task.SaveSaved {
+		t.Errorf("Get of a copied task held in part: %+v, %v", got.SharedOutputs, err)
+	}
+	q := New(store, discard())
+	q.keep = 1
+	if err := q.Rebuild(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := q.PendingSaves(); !slices.Equal(got, want) || !q.SavePending(saving[1]) || q.SavePending(saving[0]) {
+		t.Errorf("rebuilt: PendingSaves = %v, want %v", got, want)
+	}
+}

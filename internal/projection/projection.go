@@ -61,12 +61,15 @@ type Tasks struct {
 	// waits holds, for a live task someone waits on, the channel its next
 	// event closes (TaskChanged).
 	waits map[string]chan struct{}
+	// saves holds the ended tasks whose save_to_shared copy is pending,
+	// with when they ended (PendingSaves).
+	saves map[string]time.Time
 }
 
 // New returns an empty projection over store. Call Rebuild, then Run.
 func New(store eventstore.Store, log *slog.Logger) *Tasks {
 	return &Tasks{store: store, log: log, tasks: map[string]*task.Task{}, old: map[string]endedTask{}, keep: keepEnded, live: map[string]*task.Task{},
-		counts: map[task.Status]int{}, ended: newEnded(), byKey: map[string]string{}, changed: make(chan struct{}),
+		counts: map[task.Status]int{}, ended: newEnded(), byKey: map[string]string{}, saves: map[string]time.Time{}, changed: make(chan struct{}),
 		waits: map[string]chan struct{}{}}
 }
 
@@ -85,11 +88,12 @@ type endedTask struct {
 	conversation string
 	workspace    string
 	attachments  []string
+	savePending  bool // its save_to_shared copy is still to be done
 }
 
 func inPart(t *task.Task) endedTask {
 	e := endedTask{status: t.Status, version: t.Version, queueSeq: t.QueueSeq, conversation: t.ConversationID,
-		workspace: t.Workspace, attachments: t.AttachmentIDs}
+		workspace: t.Workspace, attachments: t.AttachmentIDs, savePending: t.SavePending()}
 	if t.CompletedAt != nil {
 		e.completedAt = *t.CompletedAt
 	}
@@ -103,6 +107,9 @@ func (e endedTask) task(id string) task.Task {
 	if !e.completedAt.IsZero() {
 		at := e.completedAt
 		t.CompletedAt = &at
+	}
+	if e.savePending {
+		t.SharedOutputs = &task.SharedOutputs{State: task.SavePending}
 	}
 	return t
 }
@@ -283,6 +290,11 @@ func (p *Tasks) index(prev, next *task.Task) {
 		delete(p.live, next.ID)
 	} else {
 		p.live[next.ID] = next
+	}
+	if next.SavePending() && next.CompletedAt != nil {
+		p.saves[next.ID] = *next.CompletedAt
+	} else {
+		delete(p.saves, next.ID)
 	}
 }
 
@@ -472,7 +484,8 @@ func (p *Tasks) List(f Filter) ([]task.Task, bool, error) {
 // task the server has run (for those that have not ended, SelectLive), as
 // the projection holds them: an ended task past the keepEnded that ended
 // last has only its id, status, version, queue position, end, conversation
-// id, workspace and attachment ids. Get returns it whole.
+// id, workspace, attachment ids and, if its save_to_shared copy is
+// pending, that. Get returns it whole.
 func (p *Tasks) Select(keep func(*task.Task) bool) []task.Task {
 	return p.selectFrom(p.tasks, true, keep)
 }
@@ -506,6 +519,42 @@ func (p *Tasks) selectFrom(from map[string]*task.Task, old bool, keep func(*task
 		return out[i].ID < out[j].ID
 	})
 	return out
+}
+
+// PendingSaves returns the ended tasks whose save_to_shared copy is still
+// to be done (task.Task.SavePending), in the order they ended: the
+// copies' queue. A server holds few: a copy is bounded in time.
+func (p *Tasks) PendingSaves() []string {
+	type pending struct {
+		id    string
+		ended time.Time
+	}
+	p.mu.RLock()
+	all := make([]pending, 0, len(p.saves))
+	for id, at := range p.saves {
+		all = append(all, pending{id, at})
+	}
+	p.mu.RUnlock()
+	sort.Slice(all, func(i, j int) bool {
+		if !all[i].ended.Equal(all[j].ended) {
+			return all[i].ended.Before(all[j].ended)
+		}
+		return all[i].id < all[j].id
+	})
+	ids := make([]string, len(all))
+	for i, e := range all {
+		ids[i] = e.id
+	}
+	return ids
+}
+
+// SavePending reports whether task id has ended with its save_to_shared
+// copy still to be done, without reading the log.
+func (p *Tasks) SavePending(id string) bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	_, ok := p.saves[id]
+	return ok
 }
 
 // Ended returns what the ended tasks reported.

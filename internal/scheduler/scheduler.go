@@ -71,13 +71,18 @@ type Runner interface {
 	Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	// Collect reads a finished task's result from its directory. exit is
 	// the sandbox's exit status, or nil when it is unknown (the sandbox was
-	// gone after a restart).
+	// gone after a restart). It runs in the supervision that holds the
+	// task's slot, so it does no more than read: save_to_shared's copy
+	// follows the end, outside the scheduler (library.RunSaves).
 	Collect(ctx context.Context, t task.Task, exit *sandbox.ExitStatus) task.Completed
 	// Reported returns a task's result, as Collect does, when its worker
 	// has already written its final status: a task that finished while the
 	// server was down is then recorded at once on reattach, not when its
 	// worker next retries its report.
 	Reported(ctx context.Context, t task.Task) (task.Completed, bool)
+	// Released is called once a task's sandbox is destroyed (nothing of it
+	// can change its directories any more), after the task's end.
+	Released(ctx context.Context, t task.Task)
 }
 
 // Quota is a task directory's disk quota, as the scheduler drives it.
@@ -388,6 +393,7 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 	finish := func(cur task.Task) {
 		st.wait()
 		s.destroy(ctx, rt, t.ID, sandboxID)
+		s.opts.Runner.Released(ctx, cur)
 		s.releaseQuota(ctx, cur)
 	}
 
@@ -743,6 +749,7 @@ func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) 
 			id = h.ID
 		}
 		s.destroy(ctx, rt, t.ID, id)
+		s.opts.Runner.Released(ctx, t)
 	}
 	s.releaseQuota(ctx, t)
 	return false, nil

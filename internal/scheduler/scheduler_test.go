@@ -103,6 +103,8 @@ func (r *testRunner) Collect(ctx context.Context, t task.Task, exit *sandbox.Exi
 	return task.Completed{Status: task.Failed, ExitCode: &code, ErrorMessage: fmt.Sprintf("exit %d", code)}
 }
 
+func (r *testRunner) Released(ctx context.Context, t task.Task) {}
+
 func (r *testRunner) Reported(ctx context.Context, t task.Task) (task.Completed, bool) {
 	if r.reported == nil {
 		return task.Completed{}, false

@@ -17,7 +17,9 @@ import (
 // of shared/ to copy into context/ and are taken as one list. AttachmentIDs
 // are copied into context/ under their original names. SaveToShared copies
 // a successful task's outputs to shared/outputs/YYYY-MM/<task-id>/, and its
-// scripts also to shared/scripts/.
+// scripts also to shared/scripts/, after its end (the task's
+// shared_outputs says "pending" until outputs_saved or
+// outputs_save_failed is recorded).
 type SpawnRequest struct {
 	TaskDescription string            `json:"task_description"`
 	ContextFiles    []string          `json:"context_files,omitempty"`
@@ -120,7 +122,9 @@ type ResultRequest struct {
 }
 
 // Result is read_task_result's answer: the task and, when asked, the
-// contents of some of its output files.
+// contents of some of its output files. Done is set at the task's end,
+// which does not wait for save_to_shared's copy: until the copy's event,
+// the task's SharedOutputs says "pending".
 type Result struct {
 	task.Task
 	Done         bool            `json:"done"`

@@ -49,6 +49,10 @@ const (
 	EventExecEnd   = "exec_ended"
 	EventEnded     = "session_ended"
 	EventGranted   = "session_token_granted"
+	// EventWorkspaceGit records what a session left in its workspace's
+	// repository that git runs as the workspace's owner (task.WorkspaceGit),
+	// once its sandbox is gone.
+	EventWorkspaceGit = "session_workspace_git_checked"
 	// EventDirRemoved records an ended session's own directory removed
 	// (sessions/<id>): at once when it was deleted, else after Retention.
 	EventDirRemoved = "session_directory_removed"
@@ -118,6 +122,10 @@ type Options struct {
 	// Retention is how long an ended session's own directory is kept
 	// (one deleted goes at once); 0: kept.
 	Retention time.Duration
+	// AllowHooks leaves executable the git hooks a session leaves in the
+	// workspace it works in (workspaces.allow_hooks); they are listed on
+	// its stream either way.
+	AllowHooks bool
 }
 
 // Quota is the disk quota of session directories: Limit before the
@@ -247,6 +255,44 @@ func New(opts Options, log *slog.Logger) *Manager {
 type Egress interface {
 	Open(id, network string) (dir string, err error)
 	Close(id string) error
+}
+
+// snapshotGit keeps what the repository of the workspace session id works
+// in runs (hooks, .git/config) before its sandbox starts, for checkGit.
+func (m *Manager) snapshotGit(id string, project workspace.Project) error {
+	root, err := m.opts.Projects.Open(project)
+	if err != nil {
+		return fmt.Errorf("open the session's workspace: %w", err)
+	}
+	defer root.Close()
+	return m.opts.Data.SaveGitSnapshot(id, root)
+}
+
+// checkGit looks, once session s's sandbox is gone, at what it left in its
+// workspace's repository for the workspace's owner to run: the hooks it
+// created or changed lose their execute bits (unless allowed), and what it
+// found is recorded on its stream.
+func (m *Manager) checkGit(ctx context.Context, s Session) {
+	pr, err := m.opts.Projects.Resolve(s.Workspace)
+	if err != nil {
+		return
+	}
+	root, err := m.opts.Projects.Open(pr)
+	if err != nil {
+		return
+	}
+	defer root.Close()
+	found, ok, err := m.opts.Data.CheckSavedGit(s.ID, root, m.opts.AllowHooks)
+	if err != nil {
+		m.log.Warn("cannot disable the hooks a session left in its workspace", "session_id", s.ID, "err", err)
+	}
+	if !ok || len(found.Hooks)+len(found.Config) == 0 {
+		return
+	}
+	got := task.WorkspaceGit{Hooks: found.Hooks, HooksDisabled: len(found.Hooks) > 0 && !m.opts.AllowHooks && err == nil, Config: found.Config}
+	if err := m.append(ctx, s.ID, EventWorkspaceGit, got); err != nil {
+		m.log.Warn("cannot record what a session left in its workspace's repository", "session_id", s.ID, "err", err)
+	}
 }
 
 // ownDir is session id's own directory in the data root, where it works
@@ -641,6 +687,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 			return Session{}, "", fmt.Errorf("workspace %q is being written by %s; one writer at a time: %w", req.Workspace, holder, errdefs.ErrConflict)
 		}
 		dir = project.Source()
+		if err := m.snapshotGit(id, project); err != nil {
+			m.opts.Writers.Release(req.Workspace, id)
+			return Session{}, "", err
+		}
 	} else if err := m.opts.Data.Root().MkdirAll(dir, 0o755); err != nil {
 		return Session{}, "", fmt.Errorf("create the session's directory: %w", err)
 	} else if m.opts.Quota != nil {
@@ -816,6 +866,7 @@ func (m *Manager) endWith(ctx context.Context, id, reason string, cause error) {
 		m.opts.Egress.Close(id)
 	}
 	if s.Workspace != "" {
+		m.checkGit(ctx, s)
 		// Before the end is recorded: the record wakes the scheduler,
 		// which may start a task waiting for the workspace.
 		m.opts.Writers.Release(s.Workspace, id)

@@ -107,6 +107,7 @@ const (
 	EventAttachmentRemoved      = "attachment_removed"
 	// EventOutputsSaved records save_to_shared copying a successful task's
 	// outputs into shared/; EventOutputsSaveFailed, that it could not.
+	// Either comes once, after the task's end (Task.SharedOutputs).
 	EventOutputsSaved      = "outputs_saved"
 	EventOutputsSaveFailed = "outputs_save_failed"
 	// EventDirectoryRemoved records retention removing an ended task's
@@ -172,13 +173,23 @@ type SavedFile struct {
 // OutputsSaved is the payload of EventOutputsSaved and, with Error set,
 // of EventOutputsSaveFailed.
 type OutputsSaved struct {
-	Directory string      `json:"directory"` // shared/outputs/YYYY-MM/<task-id>
+	Directory string      `json:"directory"` // shared/outputs/YYYY-MM/<task-id>, YYYY-MM of the task's end
 	Files     []SavedFile `json:"files"`
-	// Skipped are the outputs left out because shared/ does not take
-	// their names (control characters, invalid UTF-8).
+	// Skipped are the outputs left out: names shared/ does not take
+	// (control characters, invalid UTF-8), files that were no longer
+	// regular files when copied, or scripts whose name and 999 suffixed
+	// ones were taken in scripts/ (those are still under Directory).
 	Skipped []SkippedFile `json:"skipped,omitempty"`
-	Error   string        `json:"error,omitempty"`
+	// FilesTotal and SkippedTotal are set when Files or Skipped lists
+	// only some (MaxSavedListed): how many entries there are.
+	FilesTotal   int    `json:"files_total,omitempty"`
+	SkippedTotal int    `json:"skipped_total,omitempty"`
+	Error        string `json:"error,omitempty"`
 }
+
+// MaxSavedListed bounds each of OutputsSaved's lists, so that a task
+// leaving 100,000 files does not make an event of megabytes.
+const MaxSavedListed = 1000
 
 // SkippedFile is an output file save_to_shared left out, and why.
 type SkippedFile struct {
@@ -413,7 +424,23 @@ func (t *Task) Apply(e eventstore.Event) error {
 		t.SandboxName, t.Handle, t.StartedAt = p.SandboxName, p.Handle, &at
 	case EventCancelRequested:
 		t.CancelRequested = true
-	case EventReattached, EventEgressConnection, EventProgress, EventOutputsSaved, EventOutputsSaveFailed, EventDirectoryRemoved, EventRemovalFailed, EventSandboxDestroyFailed:
+	case EventReattached, EventEgressConnection, EventProgress, EventDirectoryRemoved, EventRemovalFailed, EventSandboxDestroyFailed:
+	case EventWorkspaceGit:
+		var p WorkspaceGit
+		if err := json.Unmarshal(data, &p); err != nil {
+			return fmt.Errorf("decode %s: %w", typ, err)
+		}
+		t.WorkspaceGit = &p
+	case EventOutputsSaved, EventOutputsSaveFailed:
+		// The copy happened, whatever its payload says: one that does not
+		// decode still ends the wait.
+		var p OutputsSaved
+		_ = json.Unmarshal(data, &p)
+		s := &SharedOutputs{State: SaveSaved, Directory: p.Directory}
+		if typ == EventOutputsSaveFailed {
+			s.State, s.Error = SaveFailed, p.Error
+		}
+		t.SharedOutputs = s
 	case EventCompleted:
 		var p Completed
 		if err := json.Unmarshal(data, &p); err != nil {
@@ -433,6 +460,12 @@ func (t *Task) Apply(e eventstore.Event) error {
 		t.ExitCode, t.OutputFiles, t.Summary, t.ErrorMessage, t.LogsTruncated = p.ExitCode, p.OutputFiles, p.Summary, p.ErrorMessage, p.LogsTruncated
 		t.SessionID, t.Usage, t.CostUSD, t.Changes = p.SessionID, p.Usage, p.CostUSD, p.Changes
 		t.OutputFilesTotal, t.OutputFilesNote = p.OutputFilesTotal, p.OutputFilesNote
+		// save_to_shared copies a successful task's outputs after its end.
+		// A log from before the copy followed the end has the copy's event
+		// first: that one stands.
+		if p.Status == Success && t.SaveToShared && t.SharedOutputs == nil {
+			t.SharedOutputs = &SharedOutputs{State: SavePending, After: e.ID}
+		}
 		switch {
 		case p.DurationSeconds != nil:
 			t.setDuration(time.Duration(*p.DurationSeconds * float64(time.Second)))

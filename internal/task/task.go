@@ -226,8 +226,52 @@ type Task struct {
 	CostUSD float64 `json:"cost_usd,omitempty"`
 	// Changes is what a task in a git workspace changed there.
 	Changes *Changes `json:"changes,omitempty"`
+	// WorkspaceGit is what a workspace task left in the repository that
+	// git runs as the workspace's owner (hooks, configuration), once its
+	// sandbox is gone; nil when nothing.
+	WorkspaceGit *WorkspaceGit `json:"workspace_git,omitempty"`
+	// SharedOutputs is what became of the outputs of a task that asked
+	// save_to_shared and succeeded: they are copied after its end, so
+	// it says "pending" from the end until the copy's event.
+	SharedOutputs *SharedOutputs `json:"shared_outputs,omitempty"`
 	// QueueSeq orders queued tasks: the store position of the queued event.
 	QueueSeq int64 `json:"-"`
+}
+
+// SaveState is where a task's save_to_shared copy stands.
+type SaveState string
+
+// The states of SharedOutputs.
+const (
+	// SavePending: the task has ended; its outputs are not copied yet
+	// (queued behind other copies, being copied, or interrupted by a
+	// crash and to be done again at the next start).
+	SavePending SaveState = "pending"
+	// SaveSaved: outputs_saved is recorded; the files are in Directory.
+	SaveSaved SaveState = "saved"
+	// SaveFailed: outputs_save_failed is recorded; Error says why.
+	SaveFailed SaveState = "failed"
+)
+
+// SharedOutputs is Task.SharedOutputs, folded from the task's end and its
+// outputs_saved or outputs_save_failed event (which carries the list of
+// files). It is never changed once set: a new event sets a new one.
+type SharedOutputs struct {
+	State SaveState `json:"state"`
+	// Directory is shared/outputs/YYYY-MM/<task-id>, once the copy's
+	// event is recorded.
+	Directory string `json:"directory,omitempty"`
+	// Error says why the copy failed.
+	Error string `json:"error,omitempty"`
+	// After is the id of the event the copy follows, the task's end: the
+	// copy's event is caused by it.
+	After string `json:"-"`
+}
+
+// SavePending reports whether t ended with its save_to_shared copy still
+// to be done.
+func (t *Task) SavePending() bool {
+	return t.SharedOutputs != nil && t.SharedOutputs.State == SavePending
 }
 
 const idPrefix = "task-"

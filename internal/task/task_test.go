@@ -314,3 +314,83 @@ func TestProgressLine(t *testing.T) {
 func event(typ string, data []byte, version int64, at time.Time, pos int64) eventstore.Event {
 	return eventstore.Event{ID: fmt.Sprintf("evt_%d", pos), Type: typ, Data: data, StreamVersion: version, RecordedAt: at, Position: pos}
 }
+
+// TestApplySharedOutputs: a successful task that asked save_to_shared ends
+// with its copy pending, caused by its end; the copy's event settles it,
+// saved or failed, with a new value (a copy of the task made before keeps
+// "pending"). A log from before the copy followed the end (the copy's event
+// first) keeps what the copy said; a task that failed or did not ask has
+// nothing pending.
+func TestApplySharedOutputs(t *testing.T) {
+	t0 := time.Now()
+	saving := func(tb testing.TB) *Task {
+		tk := &Task{ID: "task-x"}
+		if err := tk.Apply(event(EventCreated, mustJSON(tb, Created{Spec: Spec{SaveToShared: true}}), 1, t0, 1)); err != nil {
+			tb.Fatal(err)
+		}
+		return tk
+	}
+	success := mustJSON(t, Completed{Status: Success})
+	saved := mustJSON(t, OutputsSaved{Directory: "shared/outputs/2026-01/task-x", Files: []SavedFile{{From: "a", To: "outputs/2026-01/task-x/a"}}})
+	failed := mustJSON(t, OutputsSaved{Directory: "shared/outputs/2026-01/task-x", Error: "shared/ quota exceeded"})
+
+	tk := saving(t)
+	if err := tk.Apply(event(EventCompleted, success, 2, t0, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if !tk.SavePending() || tk.SharedOutputs.After != "evt_2" {
+		t.Fatalf("after the end: %+v, want pending after evt_2", tk.SharedOutputs)
+	}
+	if b := mustJSON(t, tk); !strings.Contains(string(b), `"shared_outputs":{"state":"pending"}`) {
+		t.Errorf("task JSON %s: want shared_outputs pending", b)
+	}
+	before := *tk
+	if err := tk.Apply(event(EventOutputsSaved, saved, 3, t0, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(&SharedOutputs{State: SaveSaved, Directory: "shared/outputs/2026-01/task-x"}, tk.SharedOutputs); diff != "" || tk.SavePending() {
+		t.Errorf("after outputs_saved (-want +got):\n%s", diff)
+	}
+	if !before.SavePending() {
+		t.Errorf("a copy made before outputs_saved changed with it: %+v", before.SharedOutputs)
+	}
+
+	tk = saving(t)
+	for i, typ := range []string{EventCompleted, EventOutputsSaveFailed} {
+		data := map[string][]byte{EventCompleted: success, EventOutputsSaveFailed: failed}[typ]
+		if err := tk.Apply(event(typ, data, int64(i+2), t0, int64(i+2))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := tk.SharedOutputs; s == nil || s.State != SaveFailed || s.Error != "shared/ quota exceeded" {
+		t.Errorf("after outputs_save_failed: %+v", s)
+	}
+
+	// The old order: the copy, then the end.
+	tk = saving(t)
+	for i, typ := range []string{EventOutputsSaved, EventCompleted} {
+		data := map[string][]byte{EventCompleted: success, EventOutputsSaved: saved}[typ]
+		if err := tk.Apply(event(typ, data, int64(i+2), t0, int64(i+2))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := tk.SharedOutputs; s == nil || s.State != SaveSaved {
+		t.Errorf("copy before the end: %+v, want saved", s)
+	}
+
+	for name, c := range map[string]struct {
+		save   bool
+		status Status
+	}{"failed": {true, Failed}, "cancelled": {true, Cancelled}, "not asked": {false, Success}} {
+		tk := &Task{ID: "task-x"}
+		if err := tk.Apply(event(EventCreated, mustJSON(t, Created{Spec: Spec{SaveToShared: c.save}}), 1, t0, 1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := tk.Apply(event(EventCompleted, mustJSON(t, Completed{Status: c.status}), 2, t0, 2)); err != nil {
+			t.Fatal(err)
+		}
+		if tk.SharedOutputs != nil {
+			t.Errorf("%s: shared outputs %+v, want none", name, tk.SharedOutputs)
+		}
+	}
+}

@@ -105,6 +105,9 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 			return sandbox.Spec{}, fmt.Errorf("task %s: workspace %q is gone: %w", t.ID, pr.Name, errdefs.ErrFailedPrecondition)
 		}
 		project = pr
+		if err := o.snapshotGit(t, pr); err != nil {
+			return sandbox.Spec{}, fmt.Errorf("task %s: %w", t.ID, err)
+		}
 		args.WorkDir = workerproto.ProjectDir
 		// Claude Code keeps a conversation per working directory under its
 		// HOME, the workspace's: the next task there continues it.
@@ -416,9 +419,8 @@ func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitSta
 			c.ErrorMessage = err.Error()
 		}
 	}
-	if c.Status == task.Success && t.SaveToShared {
-		o.opts.Saver.SaveOutputs(ctx, t, all) // before the terminal event, so the host finds them
-	}
+	// save_to_shared's copy follows the end (library.RunSaves): the end,
+	// and the sandbox's slot, never wait for it.
 	return c
 }
 

@@ -13,7 +13,6 @@ import (
 
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
-	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -37,19 +36,14 @@ type Options struct {
 	// Egress runs the proxies of tasks with network allowlist or open; nil
 	// when the server runs none (such tasks then fail to start).
 	Egress Egress
-	// Saver copies a successful task's outputs to shared/ when it asked
-	// (save_to_shared), before its end is recorded.
-	Saver Saver
 	// MaxLogBytes bounds each of a worker's log files.
 	MaxLogBytes int64
 	// MaxTaskDirBytes is a task directory's quota, checked once more when
 	// its result is collected.
 	MaxTaskDirBytes int64
-}
-
-// Saver is save_to_shared (library.Library).
-type Saver interface {
-	SaveOutputs(ctx context.Context, t task.Task, files []task.OutputFile)
+	// AllowHooks leaves executable the git hooks a task leaves in its
+	// workspace (workspaces.allow_hooks); they are listed either way.
+	AllowHooks bool
 }
 
 // Runner runs tasks' sandboxes' lives. It is safe for concurrent use.
