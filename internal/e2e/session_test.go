@@ -365,6 +365,29 @@ func TestSessionSurvivesKill9(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(data, "sessions", created.SessionID, "f.txt")); err != nil {
 		t.Errorf("the session's directory: %v", err)
 	}
+	// The exec the kill cut is closed in the log, as lost; every other
+	// has its end.
+	open, lost := map[string]bool{}, 0
+	err = srv.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
+		if e.StreamID != session.StreamID(created.SessionID) {
+			return nil
+		}
+		var p session.ExecEnd
+		json.Unmarshal(e.Data, &p)
+		switch e.Type {
+		case session.EventExecStart:
+			open[p.ExecID] = true
+		case session.EventExecEnd:
+			delete(open, p.ExecID)
+			if p.Reason == "lost" {
+				lost++
+			}
+		}
+		return nil
+	})
+	if err != nil || len(open) != 0 || lost != 1 {
+		t.Errorf("the session's execs after a kill -9: %d never ended, %d ended as lost (%v); want 0 and 1", len(open), lost, err)
+	}
 	srv.client.DeleteSession(ctx, created.SessionID)
 }
 

@@ -179,6 +179,7 @@ type Session struct {
 	grants         map[string]string // tokens granted to tasks: hash -> task id
 	agentTokenHash string            // the exec agent's: the only one that may attach as it
 	dirRemoved     bool              // its own directory is gone (EventDirRemoved)
+	openExecs      map[string]bool   // execs started and not ended, by id
 	handle         sandbox.Handle
 	running        int // execs running now
 }
@@ -217,6 +218,10 @@ type ExecEnd struct {
 	StdoutBytes int64  `json:"stdout_bytes"`
 	StderrBytes int64  `json:"stderr_bytes"`
 	Error       string `json:"error,omitempty"`
+	// Reason is "lost" for an exec the server's crash cut: its end was
+	// recorded by the next start, and its command ended with the
+	// connection to the session's agent.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Manager runs sessions. It is safe for concurrent use.
@@ -330,6 +335,9 @@ func (m *Manager) Start(ctx context.Context) error {
 			m.apply(e)
 		}
 	}
+	if err := m.closeLostExecs(ctx); err != nil {
+		return err
+	}
 	for _, s := range m.List() {
 		if s.Status != StatusRunning {
 			continue
@@ -365,6 +373,32 @@ func (m *Manager) Start(ctx context.Context) error {
 		for _, h := range hs {
 			if s, err := m.Get(h.ID); err != nil || s.Status != StatusRunning {
 				rt.Destroy(ctx, h.ID)
+			}
+		}
+	}
+	return nil
+}
+
+// closeLostExecs records the end of every exec a crash cut (started, never
+// ended): its command ended when the server's connection to the session's
+// agent did (the agent kills a connection's commands when it ends), so
+// each is lost, and said so.
+func (m *Manager) closeLostExecs(ctx context.Context) error {
+	m.mu.Lock()
+	lost := map[string][]string{}
+	for id, s := range m.sessions {
+		for ex := range s.openExecs {
+			lost[id] = append(lost[id], ex)
+		}
+	}
+	m.mu.Unlock()
+	for id, execs := range lost {
+		slices.Sort(execs)
+		for _, ex := range execs {
+			end := ExecEnd{ExecID: ex, ExitCode: -1, Reason: "lost",
+				Error: "lost: the server stopped while it ran, and its command ended with the server's connection to the session"}
+			if err := m.append(ctx, id, EventExecEnd, end); err != nil {
+				return fmt.Errorf("record an exec the crash cut: %w", err)
 			}
 		}
 	}
@@ -435,10 +469,22 @@ func (m *Manager) apply(e eventstore.Event) {
 			}
 			s.grants[g.TokenHash] = g.TaskID
 		}
+	case EventExecStart:
+		var p ExecEnd // its exec_id
+		if s := m.sessions[id]; s != nil && json.Unmarshal(e.Data, &p) == nil {
+			if s.openExecs == nil {
+				s.openExecs = map[string]bool{}
+			}
+			s.openExecs[p.ExecID] = true
+		}
 	case EventExecEnd:
 		if s := m.sessions[id]; s != nil {
 			s.Execs++
 			s.LastUsedAt = e.RecordedAt
+			var p ExecEnd
+			if json.Unmarshal(e.Data, &p) == nil {
+				delete(s.openExecs, p.ExecID)
+			}
 		}
 	case EventEnded:
 		if s := m.sessions[id]; s != nil {
@@ -937,9 +983,18 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 	// exec_started is committed while the command starts, not before: its
 	// fsync would otherwise come before the first byte. exec_ended waits
 	// for it, so the two are in order.
+	// A command whose start cannot be recorded (a full disk) is killed
+	// as soon as that is known, and answers the error: no exec runs
+	// unrecorded.
+	cmdCtx, cancelCmd := context.WithCancelCause(ctx)
+	defer cancelCmd(nil)
 	started := make(chan error, 1)
 	go func() {
-		started <- m.append(context.WithoutCancel(ctx), id, EventExecStart, map[string]any{"exec_id": end.ExecID, "command": clip.String(strings.Join(argv, " "), 4096)})
+		err := m.append(context.WithoutCancel(ctx), id, EventExecStart, map[string]any{"exec_id": end.ExecID, "command": clip.String(strings.Join(argv, " "), 4096)})
+		if err != nil {
+			cancelCmd(err)
+		}
+		started <- err
 	}()
 	m.mu.Lock()
 	m.sessions[id].running++
@@ -949,7 +1004,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 		m.sessions[id].running--
 		m.mu.Unlock()
 	}()
-	ectx := ctx
+	ectx := cmdCtx
 	if req.Timeout > 0 {
 		var cancel context.CancelFunc
 		ectx, cancel = context.WithTimeout(ctx, req.Timeout)
@@ -974,7 +1029,8 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 		end.ExitCode, end.Error = -1, errdefs.Message(err)
 	}
 	if serr := <-started; serr != nil {
-		m.log.Error("cannot record an exec's start", "session_id", id, "err", serr)
+		m.log.Error("cannot record an exec's start; its command was killed", "session_id", id, "err", serr)
+		return ExecEnd{}, fmt.Errorf("the command's start could not be recorded, and it was stopped: %w", serr)
 	}
 	if aerr := m.append(context.WithoutCancel(ctx), id, EventExecEnd, end); aerr != nil {
 		m.log.Error("cannot record an exec's end", "session_id", id, "err", aerr)
