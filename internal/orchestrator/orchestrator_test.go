@@ -513,6 +513,13 @@ func TestCollect(t *testing.T) {
 			task.Completed{Status: task.Failed, ExitCode: code(3), Reason: "exit",
 				ErrorMessage: "the worker ended with exit code 3 without writing status.json (boom)",
 				OutputFiles:  []task.OutputFile{{Name: "a.txt", Size: 1, Type: "text/plain; charset=utf-8"}}}},
+		// A full disk kept the worker from writing status.json; its exit
+		// 0, a success's alone, still says how it ended.
+		{"no status.json, exit 0", map[string]string{"output/a.txt": "a"},
+			&sandbox.ExitStatus{Code: 0},
+			task.Completed{Status: task.Success, ExitCode: code(0), Reason: "exit",
+				Summary:     "(the worker succeeded, but could not write status.json: its summary is lost; was the disk full?)",
+				OutputFiles: []task.OutputFile{{Name: "a.txt", Size: 1, Type: "text/plain; charset=utf-8"}}}},
 		{"lost", nil, nil,
 			task.Completed{Status: task.Failed, Reason: "lost", ErrorMessage: "lost: the task's sandbox was gone when the server restarted, and it left no status.json"}},
 		{"vanished", nil, &sandbox.ExitStatus{Code: -1, Message: "exit status unknown"},

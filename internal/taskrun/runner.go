@@ -395,6 +395,11 @@ func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitSta
 		}
 	case exit.OOMKilled:
 		c.ErrorMessage = "out of memory: the sandbox reached its memory limit of " + units.FormatSize(t.Resources.MemoryBytes)
+	case exit.Code == 0:
+		// The worker exits 0 for a success alone: its status.json could
+		// not be written (a full disk), but its result is known.
+		c.Status = task.Success
+		c.Summary = "(the worker succeeded, but could not write status.json: its summary is lost; was the disk full?)"
 	default:
 		c.ErrorMessage = fmt.Sprintf("the worker ended with exit code %d without writing status.json", exit.Code)
 		if exit.Message != "" {

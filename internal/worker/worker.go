@@ -64,8 +64,8 @@ const (
 )
 
 // Run runs the task described by opts and returns the agent's exit code
-// (0..255, 128+signal if it was killed), or one of the Exit* codes if it
-// never ran. It handles SIGTERM and SIGINT itself for its duration. A
+// (0..255, 128+signal if it was killed; 0 only for a success), or one of
+// the Exit* codes if it never ran. It handles SIGTERM and SIGINT itself for its duration. A
 // failure to deliver the webhook is logged and does not change the result:
 // the server also learns the outcome from the sandbox's exit.
 func Run(ctx context.Context, opts Options, log *slog.Logger) int {
@@ -104,6 +104,17 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) int {
 	}
 	log.Info("task finished", logkey.Status, st.Status, "exit_code", st.ExitCode, "duration_seconds", st.DurationSeconds, "output_files", len(st.OutputFiles))
 	deliver(ctx, opts, st, progress, log)
+	return workerExit(st)
+}
+
+// workerExit is what the worker exits with: the agent's exit code, except
+// that a run judged failed never exits 0 (ExitSetup then), so the sandbox's
+// exit alone tells a success from a failure when status.json could not be
+// written and no completion was recorded (a full disk).
+func workerExit(st workerproto.Status) int {
+	if st.ExitCode == 0 && st.Status != "success" {
+		return ExitSetup
+	}
 	return st.ExitCode
 }
 

@@ -447,3 +447,22 @@ func TestParseArgs(t *testing.T) {
 		t.Errorf("unknown flag: err = %v", err)
 	}
 }
+
+// The worker exits 0 for a success alone, so the sandbox's exit tells the
+// server how a run ended when status.json could not be written.
+func TestWorkerExitZeroOnlyForSuccess(t *testing.T) {
+	for _, tc := range []struct {
+		status string
+		code   int
+		want   int
+	}{
+		{"success", 0, 0},
+		{"failed", 3, 3},
+		{"failed", 0, ExitSetup}, // an agent that exited 0 with an error result
+		{"failed", 137, 137},
+	} {
+		if got := workerExit(workerproto.Status{Status: tc.status, ExitCode: tc.code}); got != tc.want {
+			t.Errorf("%s with code %d: exits %d, want %d", tc.status, tc.code, got, tc.want)
+		}
+	}
+}
