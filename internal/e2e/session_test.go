@@ -349,9 +349,13 @@ func TestSessionSurvivesKill9(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The server dies during a long command; the session outlives both.
-	go srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("sleep 30")}, func(httpapi.ExecChunk) error { return nil })
-	time.Sleep(300 * time.Millisecond)
+	long := []string{"sleep", "31"}
+	go srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: command(long...)}, func(httpapi.ExecChunk) error { return nil })
+	waitFor(t, "the long command running", func() bool { return countProcesses(long...) > 0 })
 	srv.kill()
+	// No command outlives the server that ran it: the agent ends a
+	// connection's commands with the connection.
+	waitFor(t, "the cut command ended", func() bool { return countProcesses(long...) == 0 })
 	srv = startProcess(t, data)
 	// At once, before the session's exec agent has dialled the new server
 	// in: the command waits for it and runs inside the sandbox's view. It
