@@ -231,17 +231,7 @@ func TestOwnerRacer(t *testing.T) {
 // hands back all of it.
 func TestReclaimDeepPath(t *testing.T) {
 	testenv.RequireRoot(t)
-	ws := filepath.Join(testenv.TempDir(t), "ws")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(ws, person, person); err != nil {
-		t.Fatal(err)
-	}
-	trees, err := Give([]string{ws}, Identity{Reserved, Reserved})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ws, trees := givenWorkspace(t)
 	name := strings.Repeat("d", 200)
 	depth := keepOpen*2 + 10 // about 27,000 bytes of path
 	fd, err := unix.Open(ws, unix.O_RDONLY|unix.O_DIRECTORY, 0)
@@ -308,6 +298,23 @@ func TestReclaimDeepPath(t *testing.T) {
 	}
 }
 
+// givenWorkspace is a person's workspace given to the sandbox identity.
+func givenWorkspace(t *testing.T) (string, []Tree) {
+	t.Helper()
+	ws := filepath.Join(testenv.TempDir(t), "ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(ws, person, person); err != nil {
+		t.Fatal(err)
+	}
+	trees, err := Give([]string{ws}, Identity{Reserved, Reserved})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ws, trees
+}
+
 // leaveAt leaves a set-uid file and a 1777 directory, the sandbox's, in
 // the directory open at fd.
 func leaveAt(t *testing.T, fd int) {
@@ -335,17 +342,7 @@ func leaveAt(t *testing.T, fd int) {
 // top is left to the server alone, and Reclaim says so.
 func TestReclaimQuarantines(t *testing.T) {
 	testenv.RequireRoot(t)
-	ws := filepath.Join(testenv.TempDir(t), "ws")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(ws, person, person); err != nil {
-		t.Fatal(err)
-	}
-	trees, err := Give([]string{ws}, Identity{Reserved, Reserved})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ws, trees := givenWorkspace(t)
 	ro := filepath.Join(ws, "a-ro")
 	if err := os.Mkdir(ro, 0o755); err != nil {
 		t.Fatal(err)
@@ -374,7 +371,7 @@ func TestReclaimQuarantines(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	err = Reclaim(trees)
+	err := Reclaim(trees)
 	if !errors.Is(err, sandbox.ErrQuarantined) || !errors.Is(err, unix.EROFS) {
 		t.Fatalf("Reclaim = %v, want ErrQuarantined naming the read-only entry", err)
 	}

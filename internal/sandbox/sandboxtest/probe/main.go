@@ -368,16 +368,7 @@ func holdConnections(webhook string, n int) result {
 		c.SetDeadline(time.Now().Add(checkTimeout / 2))
 		fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: %s\r\n\r\n", host)
 	}
-	held, refused := 0, 0
-	for _, c := range conns {
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			refused++
-			continue
-		}
-		resp.Body.Close()
-		held++
-	}
+	held, refused := answered(conns)
 	return result{OK: held > connlimit.PerSandbox, Detail: fmt.Sprintf("%s %s: %d of %d connections answered and held open at once, %d ended by the server", network, addr, held, len(conns), refused)}
 }
 
@@ -477,7 +468,13 @@ func handedOffConnections(webhook string, n int) result {
 		c.SetDeadline(time.Now().Add(checkTimeout / 2))
 		fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: %s\r\n\r\n", host)
 	}
-	held, refused := 0, 0
+	held, refused := answered(conns)
+	return result{OK: held > connlimit.PerSandbox, Detail: fmt.Sprintf("%d of %d connections handed over by a process that exited answered and held open at once, %d ended by the server", held, len(conns), refused)}
+}
+
+// answered reads an answer on each of conns (each sent a request): those
+// answered are held, the others were ended by the server.
+func answered(conns []net.Conn) (held, refused int) {
 	for _, c := range conns {
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
@@ -487,7 +484,7 @@ func handedOffConnections(webhook string, n int) result {
 		resp.Body.Close()
 		held++
 	}
-	return result{OK: held > connlimit.PerSandbox, Detail: fmt.Sprintf("%d of %d connections handed over by a process that exited answered and held open at once, %d ended by the server", held, len(conns), refused)}
+	return held, refused
 }
 
 // serverAddr is where webhook (unix://PATH or http://HOST:PORT) is
