@@ -325,16 +325,20 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 		}
 	}
 	// gVisor checks files against their host owners, so its sandbox user
-	// is the reserved host identity inside too; so is Docker's, which
-	// without user namespace remapping cannot tell inside from outside.
-	// A pod runs as the kubernetes runtime's identity, 1000, inside and on
-	// its node.
-	wantUID := "uid 1000 euid 1000"
-	if rt.runtime != "local" && rt.runtime != "kubernetes" {
-		wantUID = fmt.Sprintf("uid %d euid %d", hostuser.Reserved, hostuser.Reserved)
-	}
-	if d := report["uid 0"].Detail; !strings.HasPrefix(d, wantUID) {
-		t.Errorf("probe ran as %q, want %s", d, wantUID)
+	// is its host identity inside too, one of its own above the reserved
+	// uid; so is Docker's, which without user namespace remapping cannot
+	// tell inside from outside. A pod runs as the kubernetes runtime's
+	// identity, 1000, inside and on its node.
+	d := report["uid 0"].Detail
+	var uid, euid, gid int
+	fmt.Sscanf(d, "uid %d euid %d gid %d", &uid, &euid, &gid)
+	switch {
+	case rt.runtime == "local" || rt.runtime == "kubernetes":
+		if uid != 1000 || euid != 1000 {
+			t.Errorf("probe ran as %q, want uid 1000 euid 1000", d)
+		}
+	case uid != euid || !hostuser.InRange(uid) || uid == hostuser.Reserved || gid != hostuser.Reserved:
+		t.Errorf("probe ran as %q, want its own uid above %d and gid %d", d, hostuser.Reserved, hostuser.Reserved)
 	}
 	// The worker's checks tried the worker, not some other process: in a
 	// warm sandbox it runs in the process that waited for the task.
