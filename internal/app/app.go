@@ -106,6 +106,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Options
 
 func (a *App) open(ctx context.Context) error {
 	cfg := a.cfg
+	if err := checkCrashPoint(cfg.CrashAt); err != nil {
+		return err
+	}
 	secrets, err := cfg.Secrets()
 	if err != nil {
 		return err
@@ -311,6 +314,7 @@ func (a *App) open(ctx context.Context) error {
 		Runtimes:      a.runtimes,
 		Runner:        a.runner,
 		Quota:         dirQuota,
+		Crash:         crashHook(cfg.CrashAt, a.log),
 	}, a.tasks, a.store, a.log.With("subsystem", "scheduler"))
 	var deliveries httpapi.Deliveries
 	if n := cfg.Notify; n.URL != "" {

@@ -85,6 +85,7 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 			FileSizeLimit: cfg.Limits.MaxTaskDirBytes.Bytes(),
 			Host:          host,
 			Identities:    ids,
+			Crash:         crashHook(cfg.CrashAt, log),
 		}, log)
 	case gvisor.Name:
 		return gvisor.New(gvisor.Options{
@@ -93,6 +94,7 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 			TmpSize:    cfg.Local.TmpSize.Bytes(),
 			Host:       host,
 			Identities: ids,
+			Crash:      crashHook(cfg.CrashAt, log),
 		}, log)
 	case docker.Name:
 		engine := cfg.Docker.Host

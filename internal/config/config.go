@@ -67,6 +67,12 @@ type Config struct {
 	Notify     Notify         `yaml:"notify"`
 	Limits     Limits         `yaml:"limits"`
 
+	// CrashAt is for the fault tests only, from CORRAL_TEST_CRASH_AT (no
+	// key in the file): the server kills itself with SIGKILL the first
+	// time a task reaches this point of its start or end (one of
+	// sandbox.CrashPoints, which app checks). "" in production.
+	CrashAt string `yaml:"-"`
+
 	// file is the path Load read, "" if none.
 	file string
 	// expanded records that the file's values went through ExpandEnv.

@@ -48,6 +48,9 @@ var envVars = []envVar{
 	{"CORRAL_LOCAL_WARM_POOL", "local.warm_pool", setInt(func(c *Config) *int { return &c.Local.WarmPool })},
 	{"CORRAL_EGRESS_MODE", "egress.mode", setString(func(c *Config) *string { return &c.Egress.Mode })},
 	{"CORRAL_DEFAULT_AGENT", "agents.default", setString(func(c *Config) *string { return &c.Agents.Default })},
+	// The fault tests' kill point (Config.CrashAt); never set in
+	// production.
+	{"CORRAL_TEST_CRASH_AT", "crash_at", setString(func(c *Config) *string { return &c.CrashAt })},
 }
 
 // EnvVars returns the names of the environment variables Load reads, for

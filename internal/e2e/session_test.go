@@ -594,12 +594,16 @@ func TestSessionDiskQuota(t *testing.T) {
 	if _, err := s.client.DeleteSession(ctx, deleted.SessionID); err != nil {
 		t.Fatal(err)
 	}
-	gone := filepath.Join(s.data, "sessions", deleted.SessionID)
+	// The removal is recorded once it is done.
+	var types []string
 	waitFor(t, "the deleted session's directory removed", func() bool {
-		_, err := os.Stat(gone)
-		return errors.Is(err, os.ErrNotExist)
+		types = s.eventTypes(t, session.StreamID(deleted.SessionID))
+		return slices.Contains(types, session.EventDirRemoved)
 	})
-	if types := s.eventTypes(t, session.StreamID(deleted.SessionID)); types[len(types)-1] != session.EventDirRemoved || !slices.Contains(types, session.EventEnded) {
+	if _, err := os.Stat(filepath.Join(s.data, "sessions", deleted.SessionID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the deleted session's directory is still there: %v", err)
+	}
+	if types[len(types)-1] != session.EventDirRemoved || !slices.Contains(types, session.EventEnded) {
 		t.Errorf("the deleted session's events %v, want its end and then %s", types, session.EventDirRemoved)
 	}
 }

@@ -35,7 +35,11 @@ type Runtime interface {
 
 	// Recover reattaches to a sandbox after corral restarts, using a Handle
 	// that Create returned and an event recorded. It returns an error
-	// wrapping errdefs.ErrNotFound if the sandbox is gone.
+	// wrapping errdefs.ErrNotFound if the sandbox is gone. It returns once
+	// the sandbox's main process has its command or has ended without it
+	// (a start the dead server was handing over when it died is decided in
+	// moments, its pipe closed), so that Status tells a sandbox that never
+	// started (ExitStatus.NotStarted) from one whose command ran.
 	Recover(ctx context.Context, h *Handle) error
 
 	// Exec runs a command in a running sandbox, streaming output to
@@ -158,6 +162,12 @@ type ExitStatus struct {
 	// (Limits.WallClock) ended the sandbox, as a Kubernetes Job's
 	// activeDeadlineSeconds does.
 	DeadlineExceeded bool `json:"deadline_exceeded,omitempty"`
+	// NotStarted says the sandbox's main process never had its command:
+	// its start never reached it (the server died between a warm
+	// sandbox's claim and its start, or before a launcher was let go), so
+	// nothing of its task ran, and Code is not the command's. Only a
+	// sandbox found again after a restart can say so.
+	NotStarted bool `json:"not_started,omitempty"`
 }
 
 // Status is a sandbox's observed state.

@@ -58,6 +58,10 @@ type Options struct {
 	// RecordRetry is the first wait before recording a task's end again
 	// after the store refused it; it doubles up to 30 s. Default 1 s.
 	RecordRetry time.Duration
+	// Crash, when set, is called at each of sandbox.CrashPoints the
+	// scheduler passes (created, started, exited, ended); the fault tests
+	// have the server die there. Nil in production.
+	Crash func(point string)
 }
 
 // Runner is what the scheduler asks of a task's life in a sandbox beyond
@@ -316,6 +320,7 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 		s.releaseQuota(ctx, t)
 		return
 	}
+	s.crash(sandbox.CrashCreated)
 	handle, _ := json.Marshal(h)
 	started, err := s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
 		if t.Status != task.Starting {
@@ -336,8 +341,16 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 		return
 	}
 	t = started
+	s.crash(sandbox.CrashStarted)
 	log.Info("task started", logkey.SandboxID, h.ID, logkey.Runtime, t.Runtime)
 	s.supervise(ctx, t, rt, h.ID)
+}
+
+// crash calls Options.Crash at point, if set.
+func (s *Scheduler) crash(point string) {
+	if s.opts.Crash != nil {
+		s.opts.Crash(point)
+	}
 }
 
 // supervise waits for the sandbox to exit, enforcing the timeout, cancel
@@ -391,10 +404,30 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 	}
 	gone := false // the sandbox exited
 	finish := func(cur task.Task) {
+		s.crash(sandbox.CrashEnded)
 		st.wait()
 		s.destroy(ctx, rt, t.ID, sandboxID)
 		s.opts.Runner.Released(ctx, cur)
 		s.releaseQuota(ctx, cur)
+	}
+	// shutdown is a stop of the server meanwhile: the sandbox of a task
+	// still running is left for the next server to reattach; one whose
+	// task has ended (its worker winding down, or a stop under way) is of
+	// no one's, and goes now rather than with the next server's start.
+	shutdown := func() {
+		cur, err := s.tasks.Get(t.ID)
+		if err != nil || !cur.Status.Terminal() || unrecorded != nil {
+			return
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		st.cancelStop()
+		if err := rt.Stop(dctx, sandboxID, 0); err != nil {
+			log.Warn("cannot stop an ended task's sandbox at shutdown", logkey.Error, err)
+		}
+		s.destroy(dctx, rt, t.ID, sandboxID)
+		s.opts.Runner.Released(dctx, cur)
+		s.releaseQuota(dctx, cur)
 	}
 
 	for {
@@ -419,7 +452,8 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 		select {
 		case w := <-exited:
 			if ctx.Err() != nil {
-				return // shutting down: leave the sandbox to the next server
+				shutdown() // a running task's sandbox is the next server's
+				return
 			}
 			exited, gone = nil, true
 			var exit *sandbox.ExitStatus
@@ -429,6 +463,7 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 				log.Warn("lost track of sandbox", logkey.Error, w.err)
 			}
 			if cur, err := s.tasks.Get(t.ID); err == nil && !cur.Status.Terminal() {
+				s.crash(sandbox.CrashExited)
 				switch qerr := s.overQuota(ctx, cur); {
 				case unrecorded != nil:
 					end(*unrecorded) // decided before the exit: a timeout, a cancel
@@ -471,6 +506,7 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 			st.stop(ctx, "ended", s.opts.StopGrace)
 		case <-changed:
 		case <-ctx.Done():
+			shutdown()
 			return
 		}
 	}
@@ -544,6 +580,14 @@ func (st *stopper) stop(ctx context.Context, why string, grace time.Duration) {
 // wait waits for the stop under way, if any, to return.
 func (st *stopper) wait() {
 	if st.started {
+		<-st.done
+	}
+}
+
+// cancelStop ends the stop under way, if any, and waits for it to return.
+func (st *stopper) cancelStop() {
+	if st.started {
+		st.cancel()
 		<-st.done
 	}
 }
@@ -630,13 +674,16 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 	var summary Reconciled
 	for _, t := range active {
 		owned[t.ID] = true
-		reattached, err := s.reattach(ctx, t, listed[t.ID])
+		o, err := s.reattach(ctx, t, listed[t.ID])
 		if err != nil {
 			return err
 		}
-		if reattached {
+		switch o {
+		case reattached:
 			summary.Reattached++
-		} else {
+		case restarted:
+			summary.Restarted++
+		default:
 			summary.Ended++
 		}
 	}
@@ -656,18 +703,73 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 	if _, err := s.store.Append(sys, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
 		return fmt.Errorf("record reconciliation: %w", err)
 	}
-	s.log.Info("reconciled", "reattached", summary.Reattached, "ended", summary.Ended, "orphans_stopped", summary.OrphansStopped)
+	s.log.Info("reconciled", "reattached", summary.Reattached, "restarted", summary.Restarted, "ended", summary.Ended, "orphans_stopped", summary.OrphansStopped)
 	return nil
 }
 
+// restart starts again a task that reconciliation found starting, whose
+// worker never had its start (reattach): it destroys what is left of the
+// task's sandbox id (name, or "" when none was found), records
+// task_start_retried, and starts the task as fill does, in the slot it
+// held before the restart. A sandbox that cannot be destroyed (its
+// directories not given back whole) ends the task failed instead: a
+// second sandbox over them is no safer.
+func (s *Scheduler) restart(ctx context.Context, t task.Task, rt sandbox.Runtime, id, name, why string) (outcome, error) {
+	log := s.log.With(logkey.TaskID, t.ID, logkey.CorrelationID, t.CorrelationID)
+	if err := rt.Destroy(ctx, id); err != nil {
+		log.Warn("cannot destroy what is left of a sandbox that never started", logkey.SandboxID, id, logkey.Error, err)
+		s.complete(ctx, t.ID, failed("destroy the sandbox that never started, to start the task again: "+err.Error(), "start"))
+		s.releaseQuota(ctx, t)
+		return ended, nil
+	}
+	nt, err := s.tasks.Update(ctx, t.ID, func(cur task.Task) ([]eventstore.Proposed, error) {
+		if cur.Status != task.Starting {
+			return nil, projection.ErrNoChange // ended meanwhile (a cancel)
+		}
+		return []eventstore.Proposed{projection.NewEvent(task.EventStartRetried, task.StartRetried{SandboxName: name, Reason: why}, ActorReconciler)}, nil
+	})
+	if err != nil {
+		return ended, fmt.Errorf("record the new start of task %s: %w", t.ID, err)
+	}
+	if nt.Status != task.Starting {
+		s.releaseQuota(ctx, nt)
+		return ended, nil
+	}
+	log.Info("task never started before the restart; starting it again", "reason", why)
+	if nt.Workspace != "" {
+		if holder, ok := s.opts.Writers.Acquire(nt.Workspace, nt.ID); !ok {
+			s.log.Warn("a task started again finds its workspace held by another", logkey.TaskID, nt.ID, "workspace", nt.Workspace, "holder", holder)
+		}
+	}
+	s.claim(nt.ID)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.release(nt.ID)
+		s.start(ctx, nt)
+	}()
+	return restarted, nil
+}
+
 // Reconciled is the payload of the system event that closes a start-up
-// reconciliation: how many active tasks were reattached or ended, and how
-// many sandboxes no task owned were stopped.
+// reconciliation: how many active tasks were reattached, started again
+// (their start had not reached their worker) or ended, and how many
+// sandboxes no task owned were stopped.
 type Reconciled struct {
 	Reattached     int `json:"reattached"`
+	Restarted      int `json:"restarted"`
 	Ended          int `json:"ended"`
 	OrphansStopped int `json:"orphans_stopped"`
 }
+
+// outcome is what reconciliation did with an active task.
+type outcome int
+
+const (
+	ended outcome = iota
+	reattached
+	restarted
+)
 
 type listedSandbox struct {
 	rt   sandbox.Runtime
@@ -715,9 +817,18 @@ func (s *Scheduler) resume(ctx context.Context, t task.Task, rt sandbox.Runtime,
 	return nil
 }
 
-// reattach resumes supervising an active task after a restart, or ends it.
-// It reports whether it reattached.
-func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) (bool, error) {
+// reattach resumes supervising an active task after a restart, starts
+// again one whose start never reached its worker, or ends it. It reports
+// whether it reattached or started the task again.
+//
+// A task still starting (no task_started recorded) whose worker never had
+// its start ran nothing: no sandbox was found for it, or the one found
+// ended without its command (ExitStatus.NotStarted: a warm sandbox handed
+// over but never sent its start, a launcher never let go). What is left
+// of that sandbox is destroyed and the task starts again, once. A task
+// whose worker had its start is always reattached, and ends with what its
+// worker reports; one with no sandbox and no report ends lost.
+func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) (outcome, error) {
 	rt := s.opts.Runtimes[t.Runtime]
 	var h *sandbox.Handle
 	switch {
@@ -730,13 +841,29 @@ func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) 
 	case l.rt != nil:
 		h = &l.h
 	}
+	found := false // a sandbox of the task's is there
 	if h != nil {
 		err := rt.Recover(ctx, h)
 		if err == nil {
-			return true, s.resume(ctx, t, rt, h)
+			found = true
+			if t.Status == task.Starting {
+				if st, err := rt.Status(ctx, h.ID); err == nil && st.Exit != nil && st.Exit.NotStarted {
+					return s.restart(ctx, t, rt, h.ID, h.ID, st.Exit.Message)
+				}
+			}
+			return reattached, s.resume(ctx, t, rt, h)
 		}
 		if !errors.Is(err, errdefs.ErrNotFound) {
+			found = true // there, but not usable: not known not to have run
 			s.log.Warn("cannot recover sandbox", logkey.TaskID, t.ID, logkey.Error, err)
+		}
+	}
+	if rt != nil && t.Status == task.Starting && !found {
+		if _, reported := s.opts.Runner.Reported(ctx, t); !reported {
+			// Named after its task: whatever a crash left of a sandbox
+			// that never ran (its cgroups, a half-made state dir) goes
+			// before the task starts again.
+			return s.restart(ctx, t, rt, t.ID, "", "the server restarted before the task's sandbox was started")
 		}
 	}
 	c := s.opts.Runner.Collect(ctx, t, nil)
@@ -752,5 +879,5 @@ func (s *Scheduler) reattach(ctx context.Context, t task.Task, l listedSandbox) 
 		s.opts.Runner.Released(ctx, t)
 	}
 	s.releaseQuota(ctx, t)
-	return false, nil
+	return ended, nil
 }

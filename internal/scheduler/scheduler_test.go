@@ -906,3 +906,131 @@ func TestCancelRecordedWhenTheStoreRecovers(t *testing.T) {
 		t.Errorf("ended with %q after %d Collect calls, want the cancel's end and none", got.ErrorMessage, len(h.collected()))
 	}
 }
+
+// mustStartingTask records a task as a server that died right after
+// task_starting leaves it: queued, then starting, nothing of a sandbox
+// recorded.
+func mustStartingTask(t *testing.T, store eventstore.Store) string {
+	t.Helper()
+	tasks := projection.New(store, discard())
+	if err := tasks.Rebuild(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	id := MustEnqueue(t, tasks, task.Spec{})
+	MustAppend(t, tasks, id, projection.NewEvent(task.EventStarting, nil, ActorScheduler))
+	return id
+}
+
+// reconciledSummary returns the last reconciliation's summary.
+func reconciledSummary(t *testing.T, store eventstore.Store) Reconciled {
+	t.Helper()
+	evs, err := store.ReadStream(context.Background(), task.SystemStream, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Reconciled
+	for _, e := range evs {
+		if e.Type == task.EventReconciled {
+			r = Reconciled{}
+			if err := json.Unmarshal(e.Data, &r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return r
+}
+
+// A server that died after recording a task starting but before its
+// sandbox existed (a claim cut short, a launcher never let go): nothing of
+// the task ran, so the next server starts it again, once, in the slot it
+// held, and records why; it is never ended lost.
+func TestReconcileStartingWithoutSandboxStartsAgain(t *testing.T) {
+	store := MustOpenStore(t)
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus { return sandbox.ExitStatus{Code: 0} })
+	id := mustStartingTask(t, store)
+
+	h := MustStart(t, store, Options{}, fake)
+	waitStatus(t, h.tasks, id, task.Success)
+	want := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventStartRetried, task.EventStarted, task.EventCompleted}
+	if diff := cmp.Diff(want, streamTypes(t, store, task.StreamID(id))); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if n := len(fake.Created()); n != 1 {
+		t.Errorf("%d sandboxes created, want 1", n)
+	}
+	if c := h.collected(); len(c) != 1 || c[0].exit == nil || c[0].exit.Code != 0 {
+		t.Errorf("Collect calls %+v, want one with the real exit", c)
+	}
+	waitFor(t, "the reconciliation", func() bool { return reconciledSummary(t, store).Restarted == 1 })
+	if r := reconciledSummary(t, store); r.Ended != 0 || r.Reattached != 0 {
+		t.Errorf("reconciled %+v, want the one task started again", r)
+	}
+}
+
+// A server that died after handing a task's sandbox over but before its
+// worker had the start: the sandbox ends without running the task's
+// command (ExitStatus.NotStarted). Its exit is not the task's: the next
+// server destroys it and starts the task again, once.
+func TestReconcileNotStartedSandboxStartsAgain(t *testing.T) {
+	store := MustOpenStore(t)
+	var runs atomic.Int32
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
+		if runs.Add(1) == 1 {
+			return sandbox.ExitStatus{Code: 0, NotStarted: true, Message: "its worker never had its start"}
+		}
+		return sandbox.ExitStatus{Code: 3}
+	})
+	id := mustStartingTask(t, store)
+	if _, err := fake.Create(context.Background(), sandbox.Spec{ID: id, Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: id}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the handed-over sandbox's end", func() bool {
+		st, err := fake.Status(context.Background(), id)
+		return err == nil && st.State == sandbox.StateExited
+	})
+
+	h := MustStart(t, store, Options{}, fake.Restart())
+	got := waitStatus(t, h.tasks, id, task.Failed)
+	if got.ExitCode == nil || *got.ExitCode != 3 {
+		t.Errorf("exit code %v, want 3, the command's", got.ExitCode)
+	}
+	if !slices.Contains(fake.Destroyed(), id) || len(fake.Created()) != 2 {
+		t.Errorf("destroyed %v, %d created: want the sandbox that never started destroyed, and one more", fake.Destroyed(), len(fake.Created()))
+	}
+	if c := h.collected(); len(c) != 1 || c[0].exit == nil || c[0].exit.NotStarted {
+		t.Errorf("Collect calls %+v, want one, of the run that started", c)
+	}
+	evs, err := store.ReadStream(context.Background(), task.StreamID(id), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(evs, func(e eventstore.Event) bool { return e.Type == task.EventStartRetried })
+	if i < 0 {
+		t.Fatalf("no %s in %v", task.EventStartRetried, streamTypes(t, store, task.StreamID(id)))
+	}
+	var p task.StartRetried
+	if err := json.Unmarshal(evs[i].Data, &p); err != nil || p.SandboxName != id || p.Reason == "" {
+		t.Errorf("%s payload %s: want the sandbox and why", task.EventStartRetried, evs[i].Data)
+	}
+}
+
+// A task that had ended while its sandbox wound down (reported by webhook,
+// inside the exit grace) has its sandbox destroyed when the server stops,
+// not left to the next server's start; a running task's is left running.
+func TestShutdownDestroysEndedTasksSandbox(t *testing.T) {
+	store := MustOpenStore(t)
+	fake := MustNewFake(t, blockUntilStopped)
+	h := MustStart(t, store, Options{ExitGrace: time.Hour, MaxConcurrent: 2}, fake)
+	ended := MustEnqueue(t, h.tasks, task.Spec{})
+	running := MustEnqueue(t, h.tasks, task.Spec{})
+	waitStatus(t, h.tasks, ended, task.Running)
+	waitStatus(t, h.tasks, running, task.Running)
+	MustAppend(t, h.tasks, ended, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Reason: "webhook"}, "worker"))
+	h.stop()
+	if !slices.Contains(fake.Destroyed(), ended) {
+		t.Errorf("destroyed %v after the stop: want the ended task's sandbox", fake.Destroyed())
+	}
+	if st, err := fake.Status(context.Background(), running); err != nil || st.State != sandbox.StateRunning {
+		t.Errorf("the running task's sandbox after the stop: %v %v, want it running", st.State, err)
+	}
+}

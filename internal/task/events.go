@@ -17,7 +17,12 @@ const (
 	EventStarted         = "task_started"
 	EventCancelRequested = "task_cancel_requested"
 	EventReattached      = "task_reattached"
-	EventCompleted       = "worker_completed" // the seed's name; terminal
+	// EventStartRetried records a restart finding a task's start cut
+	// short before its worker had it (StartRetried): the task, still
+	// starting, starts again. It changes nothing of the task but its
+	// version.
+	EventStartRetried = "task_start_retried"
+	EventCompleted    = "worker_completed" // the seed's name; terminal
 	// EventEgressConnection records one connection attempt through the
 	// egress proxy. It changes nothing of the task but its version, and it
 	// is appended with any expected version, also after the task ended.
@@ -376,6 +381,14 @@ type Reattached struct {
 	SandboxName string `json:"sandbox_name"`
 }
 
+// StartRetried is the payload of EventStartRetried: what was left of the
+// task's sandbox (SandboxName, "" if nothing), destroyed, and why nothing
+// of the task had run in it.
+type StartRetried struct {
+	SandboxName string `json:"sandbox_name,omitempty"`
+	Reason      string `json:"reason"`
+}
+
 // Apply folds one event of the task's stream into t. Events that would move
 // the status backwards are errors: the store never holds them, because
 // every writer appends with an expected version.
@@ -424,7 +437,7 @@ func (t *Task) Apply(e eventstore.Event) error {
 		t.SandboxName, t.Handle, t.StartedAt = p.SandboxName, p.Handle, &at
 	case EventCancelRequested:
 		t.CancelRequested = true
-	case EventReattached, EventEgressConnection, EventProgress, EventDirectoryRemoved, EventRemovalFailed, EventSandboxDestroyFailed:
+	case EventReattached, EventStartRetried, EventEgressConnection, EventProgress, EventDirectoryRemoved, EventRemovalFailed, EventSandboxDestroyFailed:
 	case EventWorkspaceGit:
 		var p WorkspaceGit
 		if err := json.Unmarshal(data, &p); err != nil {

@@ -353,7 +353,10 @@ func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitSta
 	// A sandbox that vanished (gone after a restart, or ended with no exit
 	// status a runtime could read) is lost, not an exit.
 	vanished := exit == nil || (exit.Code < 0 && !exit.OOMKilled)
-	if !vanished {
+	// A sandbox whose main process never had the task's command: its code
+	// is not the command's.
+	notStarted := exit != nil && exit.NotStarted
+	if !vanished && !notStarted {
 		code := exit.Code
 		c.ExitCode = &code
 	}
@@ -384,6 +387,9 @@ func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitSta
 		if vanished {
 			c.Reason = "recovered"
 		}
+	case notStarted:
+		c.Reason = "start"
+		c.ErrorMessage = "the task's command never started: " + exit.Message
 	case exit == nil:
 		c.Reason = "lost"
 		c.ErrorMessage = "lost: the task's sandbox was gone when the server restarted, and it left no status.json"

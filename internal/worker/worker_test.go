@@ -317,8 +317,10 @@ func TestRunClaudeReportedError(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts := Options{Args: workerproto.Args{TaskID: "task-1", TaskDir: dir, Agent: "claude", Binary: bin}, Env: os.Environ()}
+	// The worker then exits 1 (ExitSetup): 0 is a success's alone; the
+	// agent's own 0 stays in status.json.
 	code, st := MustRun(t, opts)
-	if code != 0 || st.Status != "failed" || st.ErrorMessage != "claude: error: Invalid API key · Please run /login" {
+	if code != ExitSetup || st.ExitCode != 0 || st.Status != "failed" || st.ErrorMessage != "claude: error: Invalid API key · Please run /login" {
 		t.Errorf("exit %d, status %q, error %q", code, st.Status, st.ErrorMessage)
 	}
 }

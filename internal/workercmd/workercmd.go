@@ -70,11 +70,15 @@ func RunWorker(ctx context.Context, args, environ []string, stderr io.Writer) in
 // this process, without a second start of this binary, which is what a
 // warm sandbox saves besides bubblewrap's set-up; any other argv is
 // executed. The pipe closing with no task (the server destroyed the
-// sandbox, or died) ends the process and so the sandbox.
+// sandbox, or died) ends the process and so the sandbox, without a word on
+// warmstart.AckFD: the server tells from that that no task ran here. A
+// start, even one that does not decode, is acknowledged there before
+// anything of it runs, and the descriptor closed.
 func RunWarm(ctx context.Context, stderr io.Writer) int {
 	f := os.NewFile(warmstart.FD, "warmstart")
-	if f == nil {
-		fmt.Fprintf(stderr, "corral worker warm: no descriptor %d to wait for a task on\n", warmstart.FD)
+	ack := os.NewFile(warmstart.AckFD, "warmstart-ack")
+	if f == nil || ack == nil {
+		fmt.Fprintf(stderr, "corral worker warm: no descriptors %d and %d to wait for a task on\n", warmstart.FD, warmstart.AckFD)
 		return worker.ExitUsage
 	}
 	// Idle until a task comes, maybe for long, and one of many: give the
@@ -83,7 +87,13 @@ func RunWarm(ctx context.Context, stderr io.Writer) int {
 	st, err := warmstart.Receive(f)
 	f.Close()
 	if errors.Is(err, warmstart.ErrNoTask) {
+		ack.Close()
 		return 0
+	}
+	if aerr := warmstart.Acknowledge(ack); aerr != nil {
+		// Unacknowledged, the task is the server's to start again.
+		fmt.Fprintf(stderr, "corral worker warm: %v\n", aerr)
+		return worker.ExitSetup
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "corral worker warm: %v\n", err)

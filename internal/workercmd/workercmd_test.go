@@ -106,3 +106,75 @@ func threadsAsleep(t *testing.T, task string) (int, bool) {
 	}
 	return len(ents), asleep
 }
+
+// startWarm starts this test binary as a warm sandbox's main process (Main
+// "warm") with the start pipe on warmstart.FD and ack on
+// warmstart.AckFD, and returns the command and the pipe's write end.
+func startWarm(t *testing.T, ack *os.File) (*exec.Cmd, *os.File) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), warmIdleTestEnv+"=1")
+	cmd.Stderr = os.Stderr
+	cmd.ExtraFiles = []*os.File{null, null, r, ack} // fds 3 to 6
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return cmd, w
+}
+
+// TestWarmAcknowledgesItsStart: a warm worker that gets a start writes
+// warmstart.Ack before it runs any of it, and what it runs has neither
+// the start pipe nor the acknowledgement's descriptor; one whose pipe
+// closes with no start acknowledges nothing. The server tells from it,
+// after a restart, a sandbox that never had its task from one whose
+// command ran (sandbox.ExitStatus.NotStarted).
+func TestWarmAcknowledgesItsStart(t *testing.T) {
+	dir := t.TempDir()
+	ackPath, out := filepath.Join(dir, "ack"), filepath.Join(dir, "out")
+	ack, err := os.Create(ackPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ack.Close()
+	cmd, w := startWarm(t, ack)
+	// The command sees the acknowledgement already written, and its own
+	// descriptors 5 and 6 closed.
+	script := `cat "$ACK" > "$OUT"; for fd in 5 6; do [ -e /proc/$$/fd/$fd ] && echo "fd $fd open" >> "$OUT"; done; exit 0`
+	if err := warmstart.Send(w, warmstart.Start{Argv: []string{"/bin/sh", "-c", script}, Env: []string{"ACK=" + ackPath, "OUT=" + out}, Dir: dir}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the warm worker with a start: %v", err)
+	}
+	if b, err := os.ReadFile(out); err != nil || string(b) != warmstart.Ack {
+		t.Errorf("what the task's command saw: %q %v; want the acknowledgement written, and no descriptor 5 or 6", b, err)
+	}
+
+	noTask := filepath.Join(dir, "no-task")
+	ack2, err := os.Create(noTask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ack2.Close()
+	cmd, w = startWarm(t, ack2)
+	w.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the warm worker released without a task: %v", err)
+	}
+	if b, err := os.ReadFile(noTask); err != nil || len(b) != 0 {
+		t.Errorf("a warm worker released without a task acknowledged %q (%v); want nothing", b, err)
+	}
+}

@@ -160,6 +160,10 @@ type Options struct {
 	// Identities leases each sandbox its host identity; default one over
 	// StateDir/identities. Runtimes of one server share theirs.
 	Identities *hostuser.Identities
+	// Crash, when set, is called at each of sandbox.CrashPoints Create
+	// passes here (sandbox.CrashLaunched, sandbox.CrashGated); the fault
+	// tests have the server die there. Nil in production.
+	Crash func(point string)
 }
 
 func (o *Options) setDefaults() {
@@ -378,10 +382,14 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	return r.Handle(e.St), nil
 }
 
-// launcherScript runs runsc (its arguments after the exit file's path) as
-// a child and records its exit status in the exit file, atomically, when
-// it ends. The paths are arguments, never part of the script.
-const launcherScript = `f=$1; shift; "$@"; rc=$?; echo $rc > "$f.tmp" && mv -f "$f.tmp" "$f"; exit $rc`
+// launcherScript waits at its gate: reads a line from its stdin, a pipe
+// the server writes once the sandbox's state is on disk, and exits 125
+// without running anything if the pipe closes first (the server died);
+// then, with /dev/null for stdin, runs runsc (its arguments after the exit
+// file's path) as a child and records its exit status in the exit file,
+// atomically, when it ends. The paths are arguments, never part of the
+// script.
+const launcherScript = `f=$1; shift; read -r _ || exit 125; exec </dev/null; "$@"; rc=$?; echo $rc > "$f.tmp" && mv -f "$f.tmp" "$f"; exit $rc`
 
 // start builds the bundle and cgroups for spec in dir, starts the launcher
 // and waits until the container runs.
@@ -446,6 +454,16 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdout, cmd.Stderr = out, out
+	// The launcher waits at its gate until the state below is written: a
+	// server that dies before leaves a launcher that exits, runsc never
+	// run, and never a sandbox no state names.
+	gate, letGo, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("create launcher gate: %w", err)
+	}
+	defer gate.Close()
+	defer letGo.Close()
+	cmd.Stdin = gate
 	// Own session, no Pdeathsig: a server killed with SIGKILL leaves the
 	// sandbox running and a new server recovers it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -465,9 +483,15 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string) (_ *
 			<-e.Done()
 		}
 	}()
+	r.crash(sandbox.CrashLaunched)
 	if err := r.Dir.Write(spec.ID, st); err != nil {
 		return nil, err
 	}
+	r.crash(sandbox.CrashGated)
+	if _, err := letGo.Write([]byte("\n")); err != nil {
+		return nil, fmt.Errorf("let the launcher go: %w", err)
+	}
+	letGo.Close()
 	if err := r.waitRunning(ctx, e); err != nil {
 		return nil, err
 	}
@@ -551,7 +575,58 @@ func (r *Runtime) exitStatus(e *statedir.Entry[state]) sandbox.ExitStatus {
 	} else {
 		statedir.Explain(&es, e.Dir)
 	}
+	if !ranRunsc(e.Dir) {
+		// Only after a restart: Create returns once runsc runs.
+		es.NotStarted, es.Message = true, "its launcher never ran it: the server died before letting it go"
+	}
 	return es
+}
+
+// ranRunsc reports whether the launcher of the sandbox in dir ran runsc,
+// which makes its log file first thing.
+func ranRunsc(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "runsc.log"))
+	return err == nil
+}
+
+// crash calls Options.Crash at point, if set.
+func (r *Runtime) crash(point string) {
+	if r.opts.Crash != nil {
+		r.opts.Crash(point)
+	}
+}
+
+// decideWithin bounds how long Recover waits for a launcher to run runsc
+// or end; past it the sandbox is killed, which decides it.
+const decideWithin = 10 * time.Second
+
+// Recover reattaches to the sandbox h names (statedir.Sandboxes.Recover)
+// once its start is decided: a launcher still at its gate, whose server
+// died before letting it go, ends in moments (its gate closed with the
+// server); one that has not run runsc after decideWithin is killed, so
+// nothing of its task runs after all, and its end says so
+// (ExitStatus.NotStarted).
+func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
+	if err := r.Sandboxes.Recover(ctx, h); err != nil {
+		return err
+	}
+	e, err := r.Lookup(h.ID)
+	if err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
+	deadline := time.Now().Add(decideWithin)
+	for !ranRunsc(e.Dir) && e.Running() {
+		if time.Now().After(deadline) {
+			r.log.Warn("a sandbox's launcher had not run runsc after a restart; killing it", logkey.SandboxID, h.ID, "waited", decideWithin)
+			return r.Stop(ctx, h.ID, 0)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("recover sandbox %s: %w", h.ID, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // term sends SIGTERM to the main process with `runsc kill`; when it exits,

@@ -161,10 +161,16 @@ func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) [
 // 512-byte blocks, as POSIX ulimit -f counts, or "unlimited"), joins the
 // v1 cgroups by writing 0 (itself: echo is a builtin, so the shell, which
 // has one thread and has not forked yet) into every descriptor given as an
-// argument up to "--" (cgroups.Join's tasks files), closing each, then runs
-// the rest (bwrap) as its child and exits with its status. dash takes one
-// limit per ulimit command, and a descriptor number from a variable only
-// through eval (the numbers are the server's, never input).
+// argument after $3 up to "--" (cgroups.Join's tasks files), closing
+// each, waits at its gate when $3 is "gate": reads a line from its stdin,
+// a pipe the server writes once the sandbox's state is on disk, and exits
+// 125 without running anything if the pipe closes first (the server
+// died), then takes /dev/null for stdin; then runs the rest (bwrap) as its
+// child and exits with its status. dash takes one limit per ulimit
+// command, a descriptor number from a variable only through eval (the
+// numbers are the server's, never input), and none above 9: the gate is
+// stdin, so that a warm sandbox's four descriptors and three v1 cgroups'
+// tasks files fit.
 //
 // The file size limit holds for bwrap too, so it also bounds output.log,
 // the sandbox's stdout and stderr: a process writing past it gets SIGXFSZ.
@@ -178,7 +184,7 @@ func bwrapArgs(spec sandbox.Spec, o Options, etcDir string, etcBinds []string) [
 // launcher is bwrap's parent, in its own session, so the server dying does
 // not take bwrap (and the sandbox) with it. Paths are never part of the
 // script.
-const launcherScript = `ulimit -c 0 && ulimit -n "$1" && ulimit -f "$2" || exit 126; shift 2; for fd; do [ "$fd" = -- ] && break; echo 0 >&"$fd" && eval "exec $fd>&-" || exit 126; shift; done; shift; "$@"; rc=$?; exit $rc`
+const launcherScript = `ulimit -c 0 && ulimit -n "$1" && ulimit -f "$2" || exit 126; g=$3; shift 3; for fd; do [ "$fd" = -- ] && break; echo 0 >&"$fd" && eval "exec $fd>&-" || exit 126; shift; done; shift; if [ "$g" = gate ]; then read -r _ || exit 125; exec </dev/null; fi; "$@"; rc=$?; exit $rc`
 
 // fitNoFile returns the open-file limit sandboxes get when want is asked
 // for and the server's own hard RLIMIT_NOFILE is hard, and, when that is
@@ -199,20 +205,25 @@ func fitNoFile(want int, hard uint64) (int, string) {
 
 // underLauncher makes cmd, built for bwrap or nsenter with its ExtraFiles
 // and SysProcAttr, run as the child of the launcher (launcherScript) with
-// the resource limits of o, inside the cgroups j opened; with as, as the
+// the resource limits of o, inside the cgroups j opened, once a line comes
+// through gate, its stdin (nil: at once, on cmd's stdin); with as, as the
 // sandbox's host identity when that needs a change from root:
 // the server's fork changes it, no supplementary groups and no
 // capabilities (a uid change from root clears them), before the launcher
 // starts. Exec's nsenter stays root to join the namespaces and becomes the
 // sandbox user inside them itself. cmd.Path stays the program the
 // launcher runs, resolved already.
-func underLauncher(cmd *exec.Cmd, o Options, j *cgroups.Join, as *hostuser.Identity) {
+func underLauncher(cmd *exec.Cmd, o Options, j *cgroups.Join, gate *os.File, as *hostuser.Identity) {
 	fsize := "unlimited"
 	if o.FileSizeLimit > 0 {
 		// Rounded up to whole blocks: a limit is never lowered.
 		fsize = strconv.FormatInt((o.FileSizeLimit+511)/512, 10)
 	}
-	args := []string{"/bin/sh", "-c", launcherScript, "sh", strconv.Itoa(o.NoFile), fsize}
+	g := "-"
+	if gate != nil {
+		g, cmd.Stdin = "gate", gate
+	}
+	args := []string{"/bin/sh", "-c", launcherScript, "sh", strconv.Itoa(o.NoFile), fsize, g}
 	for _, f := range j.Tasks {
 		args = append(args, strconv.Itoa(3+len(cmd.ExtraFiles)))
 		cmd.ExtraFiles = append(cmd.ExtraFiles, f)

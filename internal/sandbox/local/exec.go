@@ -64,7 +64,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	// Its own process group, so cancelling kills nsenter and the command
 	// it forked (which stays in the group across the namespace change).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	underLauncher(cmd, r.opts, join, nil)
+	underLauncher(cmd, r.opts, join, nil, nil)
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = time.Second
 	err = cmd.Run()

@@ -141,6 +141,11 @@ type Options struct {
 	// foreWarm starts warm sandboxes at the default CPU weight, not in
 	// the background; for benchmarks.
 	foreWarm bool
+
+	// Crash, when set, is called at each of sandbox.CrashPoints a task's
+	// Create passes here (a warm claim's, a cold start's); the fault tests
+	// have the server die there. Nil in production.
+	Crash func(point string)
 }
 
 func (o *Options) setDefaults() {
@@ -217,6 +222,10 @@ type state struct {
 	statedir.Launch
 	ChildPID int    `json:"child_pid"` // the sandbox's pid 1, as a host pid
 	PIDNS    uint64 `json:"pid_ns"`    // inode of the sandbox's pid namespace
+	// Warm is the id a task's sandbox had while it was warm, "" for one
+	// started cold: its worker had the task's start only if it wrote
+	// ackFile (see adopt).
+	Warm string `json:"warm,omitempty"`
 }
 
 // New returns a Runtime keeping its state in opts.StateDir. It creates the
@@ -401,6 +410,60 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	return c
 }
 
+// crash calls Options.Crash at point, if set.
+func (r *Runtime) crash(point string) {
+	if r.opts.Crash != nil {
+		r.opts.Crash(point)
+	}
+}
+
+// decideWithin bounds how long Recover waits for a sandbox's start to be
+// decided; past it the sandbox is killed, which decides it.
+const decideWithin = 10 * time.Second
+
+// Recover reattaches to the sandbox h names (statedir.Sandboxes.Recover),
+// once its start is decided: a launcher at its gate, or bwrap not yet
+// past making the sandbox's namespaces, or a claimed warm sandbox whose
+// worker has not acknowledged its start, is waited for until it runs its
+// command or ends without it. The server that would have let it go is
+// gone, so that takes moments: the launcher's gate and the worker's
+// start pipe closed with it. One still undecided after decideWithin (a
+// host too busy to schedule it) is killed, so nothing of its task runs
+// after all, and its end says so (ExitStatus.NotStarted).
+func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
+	if err := r.Sandboxes.Recover(ctx, h); err != nil {
+		return err
+	}
+	e, err := r.Lookup(h.ID)
+	if err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
+	deadline := time.Now().Add(decideWithin)
+	for undecided(e) && e.Running() {
+		if time.Now().After(deadline) {
+			r.log.Warn("a sandbox's start was still undecided after a restart; killing it", logkey.SandboxID, h.ID, "waited", decideWithin)
+			return r.Stop(ctx, h.ID, 0)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("recover sandbox %s: %w", h.ID, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// undecided reports whether the sandbox e may still get its command or
+// end without it: bwrap has not reported the sandbox's pid 1 (its main
+// process forks only after), or a claimed warm sandbox's worker has not
+// acknowledged its start.
+func undecided(e *statedir.Entry[state]) bool {
+	if s, _ := readStatus(e.Dir); s.ChildPID == 0 {
+		return true
+	}
+	return e.St.Warm != "" && !acked(e.Dir)
+}
+
 // loadState completes the state of a sandbox found on disk with the
 // sandbox's pid 1, which bwrap reports in status.jsonl: state.json is
 // written before bwrap has started it (and after a server that died during
@@ -517,6 +580,24 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 		return nil, fmt.Errorf("create output file: %w", err)
 	}
 	defer out.Close()
+	// The launcher waits at its gate until the state below is written: a
+	// server that dies before leaves a launcher that exits, bwrap never
+	// run, and never a sandbox no state names.
+	gate, letGo, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("create launcher gate: %w", err)
+	}
+	defer gate.Close()
+	defer letGo.Close()
+	var ack *os.File
+	if start != nil {
+		// A warm sandbox's worker says here that it has its task's start
+		// (warmstart.AckFD), before it runs anything of it.
+		if ack, err = os.OpenFile(filepath.Join(dir, ackFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600); err != nil {
+			return nil, fmt.Errorf("create warm start acknowledgement file: %w", err)
+		}
+		defer ack.Close()
+	}
 
 	// A workspace under a root is pinned; a warm sandbox's slots, its
 	// only host directories, are the server's own and need no pin (and
@@ -559,12 +640,14 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.ExtraFiles = []*os.File{status, filter} // fd 3: --json-status-fd 3; fd 4: --seccomp 4
 	if start != nil {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, start) // fd 5: warmstart.FD, through bwrap to the main process
+		// fd 5: warmstart.FD, fd 6: warmstart.AckFD, through bwrap to the
+		// main process
+		cmd.ExtraFiles = append(cmd.ExtraFiles, start, ack)
 	}
 	// Own session, no Pdeathsig: a server killed with SIGKILL leaves the
 	// sandbox running and a new server recovers it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	underLauncher(cmd, r.opts, join, &st.Identity)
+	underLauncher(cmd, r.opts, join, gate, &st.Identity)
 	if err := r.startLauncher(cmd, append(paths, cmd.Path)); err != nil {
 		if join.Dir != nil && errors.Is(err, syscall.ENOSYS) {
 			return nil, fmt.Errorf("start bwrap in its cgroup (clone3 with CLONE_INTO_CGROUP, Linux 5.7 or later on cgroup v2): %w", err)
@@ -582,9 +665,19 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 			<-e.Done()
 		}
 	}()
+	if start == nil {
+		r.crash(sandbox.CrashLaunched)
+	}
 	if err := r.Dir.Write(spec.ID, st); err != nil {
 		return nil, err
 	}
+	if start == nil {
+		r.crash(sandbox.CrashGated)
+	}
+	if _, err := letGo.Write([]byte("\n")); err != nil {
+		return nil, fmt.Errorf("let the launcher go: %w", err)
+	}
+	letGo.Close()
 
 	// bwrap writes the child pid to status.jsonl once the namespaces exist,
 	// before it has set up the mounts; its pid 1 forks the main process
@@ -758,6 +851,15 @@ func (r *Runtime) exitStatus(e *statedir.Entry[state]) sandbox.ExitStatus {
 		es.Message = "OOMKilled"
 	} else {
 		statedir.Explain(&es, e.Dir)
+	}
+	// Create returns once the main process runs, and a claim once the
+	// start is sent: either is so only after a restart, or for a worker
+	// that could not acknowledge its start (and so ran none of it).
+	switch s, _ := readStatus(e.Dir); {
+	case s.ChildPID == 0:
+		es.NotStarted, es.Message = true, "its launcher never ran it: the server died before letting it go"
+	case e.St.Warm != "" && !acked(e.Dir):
+		es.NotStarted, es.Message = true, "its worker never had its task's start: the server died between the claim and the start"
 	}
 	return es
 }

@@ -51,12 +51,32 @@ import (
 // New destroys what is left of warm sandboxes in the state dir (putting a
 // task's entries back into its directories if the server died while
 // moving them).
+//
+// A claimed one is the task's from the rename of its state directory on,
+// and is found again after a restart like any task's sandbox. Its worker
+// may not have had the start then: the server can die between the rename
+// and the start's write. So the worker writes ackFile (through
+// warmstart.AckFD, closed before anything of the task runs) as soon as it
+// has a start; a claimed sandbox that ended without it ran nothing of its
+// task, and says so (sandbox.ExitStatus.NotStarted): its task starts
+// again, and never takes the worker's own exit for its result.
 
 // warmPrefix begins every warm sandbox's id; no task's sandbox has it.
 const warmPrefix = "warm-"
 
 // labelWarm marks a warm sandbox not yet claimed.
 const labelWarm = "corral.warm"
+
+// ackFile, in a warm sandbox's state dir, is where its worker acknowledges
+// its start (warmstart.AckFD).
+const ackFile = "started"
+
+// acked reports whether the worker of the sandbox in dir acknowledged a
+// start.
+func acked(dir string) bool {
+	fi, err := os.Stat(filepath.Join(dir, ackFile))
+	return err == nil && fi.Size() > 0
+}
 
 // warmDir holds the slots of the warm sandboxes, in the state dir: a name
 // no sandbox id can take.
@@ -386,6 +406,7 @@ func (r *Runtime) destroyWarm(ctx context.Context, b *warmBox) {
 // sandbox b. On error the sandbox is destroyed; the task's directories are
 // where they were, or are the slots with every entry moved in.
 func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *sandbox.Handle, err error) {
+	r.crash(sandbox.CrashClaimed)
 	e, ok := r.Dir.Cached(b.id)
 	if !ok || !e.Running() {
 		r.destroyWarm(ctx, b)
@@ -417,11 +438,13 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 			return nil, err
 		}
 	}
+	r.crash(sandbox.CrashMoved)
 	// The task's directories are the slots now, its entries in them. The
 	// sandbox is the task's from here; on error it is destroyed as such.
 	st := e.St
 	st.ID = spec.ID
 	st.Labels = maps.Clone(spec.Labels)
+	st.Warm = b.id
 	// The slots' own trees are the task's directories now: Give takes
 	// them over.
 	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), st.Identity)
@@ -434,7 +457,12 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	dir := r.Dir.Path(spec.ID)
 	if err == nil {
 		os.RemoveAll(dir) // a Create that crashed before it started anything
-		err = os.Rename(r.Dir.Path(b.id), dir)
+		// The claim's record goes first: once the state dir has the
+		// task's name, nothing named after the warm sandbox is left for
+		// the next server to destroy (its cgroups are the task's now).
+		if err = os.RemoveAll(root); err == nil {
+			err = os.Rename(r.Dir.Path(b.id), dir)
+		}
 	}
 	if err != nil {
 		hostuser.Reclaim(st.Owned)
@@ -444,17 +472,19 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	r.Dir.Forget(b.id)
 	e.Dir, e.St = dir, st
 	r.Dir.Set(spec.ID, e)
-	os.RemoveAll(root)
+	r.crash(sandbox.CrashHandedOver)
+	// The worker reads the start once the pipe closes; close it whatever
+	// the write did, so that it never waits for more. A start written
+	// whole is the worker's, whatever Close says.
 	err = warmstart.Send(b.start, warmstart.Start{Argv: spec.Command, Env: sandbox.DefaultEnv(spec.Env), Dir: spec.Dir})
-	if cerr := b.start.Close(); err == nil {
-		err = cerr
-	}
+	b.start.Close()
 	if err != nil {
 		r.Stop(ctx, spec.ID, 0)
 		r.Dir.Remove(st.Launch, dir)
 		r.Dir.Forget(spec.ID)
 		return nil, fmt.Errorf("start the task in the warm sandbox: %w", err)
 	}
+	r.crash(sandbox.CrashSent)
 	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "pid", st.ChildPID, "warm_id", b.id)
 	return r.Handle(st), nil
 }
@@ -552,6 +582,11 @@ func (r *Runtime) destroyLeftoverWarm(ctx context.Context) {
 		if err := r.Destroy(ctx, id); err != nil {
 			r.log.Warn("cannot destroy a warm sandbox left by an earlier server", logkey.SandboxID, id, logkey.Error, err)
 			continue
+		}
+		// A claim that stopped after its state took the task's id kept
+		// the lease under the warm sandbox's, which Destroy released.
+		if err := r.opts.Identities.Release(id); err != nil {
+			r.log.Warn("cannot release the identity of a warm sandbox left by an earlier server", logkey.SandboxID, id, logkey.Error, err)
 		}
 		root := filepath.Join(warmDir(r.opts.StateDir), id)
 		if b, err := os.ReadFile(filepath.Join(root, "claim")); err == nil {

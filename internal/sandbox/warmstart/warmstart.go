@@ -8,6 +8,13 @@
 // means no task will come: the process exits and the sandbox ends, so a
 // warm sandbox never outlives the server that made it and is never
 // reattached.
+//
+// The main process also inherits AckFD, a file of the runtime's, and
+// writes Ack to it as soon as it has read anything, before it runs
+// anything of the task, then closes it (so nothing the task runs can
+// write it). The runtime, which may have died between handing the sandbox
+// to a task and writing its start, tells from it after a restart whether
+// the sandbox's end is its task's or that of a worker that never had one.
 package warmstart
 
 import (
@@ -19,6 +26,27 @@ import (
 
 // FD is the descriptor a warm sandbox's main process reads its Start from.
 const FD = 5
+
+// AckFD is the descriptor a warm sandbox's main process writes Ack to once
+// it has read a start, before it runs any of it.
+const AckFD = 6
+
+// Ack is what a warm sandbox's main process writes to AckFD.
+const Ack = "started\n"
+
+// Acknowledge writes Ack to f and closes it. A main process that cannot
+// must not run its start: the runtime would take the task for one that
+// never started, and start it again.
+func Acknowledge(f io.WriteCloser) error {
+	_, err := io.WriteString(f, Ack)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("warm start: acknowledge: %w", err)
+	}
+	return nil
+}
 
 // MaxBytes bounds a Start message: a task's argv and environment.
 const MaxBytes = 1 << 20

@@ -1,0 +1,43 @@
+package sandbox
+
+// Crash points are the named instants of a task's start and end, in the
+// order a task passes them, at which the fault tests (internal/e2e) have
+// the server die: a runtime's and the scheduler's Options.Crash is called
+// at each, and the server's, set from CORRAL_TEST_CRASH_AT, kills the
+// process with SIGKILL at the one named. In production no hook is set.
+const (
+	// CrashClaimed: a warm sandbox is taken out of its pool for a task;
+	// nothing of the task has moved.
+	CrashClaimed = "claimed"
+	// CrashMoved: the task's directories are the warm sandbox's slots,
+	// their entries moved in; the sandbox is not yet the task's.
+	CrashMoved = "moved"
+	// CrashHandedOver: the warm sandbox is the task's (its state is named
+	// after the task); its worker has not been sent the start.
+	CrashHandedOver = "handed-over"
+	// CrashSent: the start is sent to the warm sandbox's worker; Create
+	// has not returned.
+	CrashSent = "sent"
+	// CrashLaunched: a cold sandbox's launcher (a task's, or a
+	// session's) runs, held at its gate; its state is not written.
+	CrashLaunched = "launched"
+	// CrashGated: the cold sandbox's state is written; its launcher is
+	// not yet let go.
+	CrashGated = "gated"
+	// CrashCreated: Create returned (the worker has its start);
+	// task_started is not recorded.
+	CrashCreated = "created"
+	// CrashStarted: task_started is recorded.
+	CrashStarted = "started"
+	// CrashExited: the sandbox's main process exited; the task's end is
+	// not recorded.
+	CrashExited = "exited"
+	// CrashEnded: the task's end is recorded; its sandbox is not yet
+	// destroyed.
+	CrashEnded = "ended"
+)
+
+// CrashPoints are the crash points in the order a task passes them (the
+// warm ones or the cold ones, not both).
+var CrashPoints = []string{CrashClaimed, CrashMoved, CrashHandedOver, CrashSent, CrashLaunched, CrashGated,
+	CrashCreated, CrashStarted, CrashExited, CrashEnded}

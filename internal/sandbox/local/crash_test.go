@@ -1,0 +1,192 @@
+//go:build linux
+
+package local
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// The crash helper's environment: the point it dies at, and the state
+// and tasks directories and task id the parent test looks at afterwards.
+const (
+	envCrashPoint = "CORRAL_TEST_LOCAL_CRASH_POINT"
+	envCrashState = "CORRAL_TEST_LOCAL_CRASH_STATE"
+	envCrashTasks = "CORRAL_TEST_LOCAL_CRASH_TASKS"
+	envCrashID    = "CORRAL_TEST_LOCAL_CRASH_ID"
+)
+
+// crashWarmScript is the warm sandboxes' main process in TestCrashPoints,
+// doing what the worker does (workercmd.RunWarm): nothing if its pipe
+// closes empty; else it acknowledges the start on warmstart.AckFD, closes
+// it, and runs its task: here, marks /out/ran and exits 7.
+const crashWarmScript = `s=$(cat <&5); [ -n "$s" ] || exit 0; echo started >&6; exec 6>&-; touch /out/ran; exit 7`
+
+// crashTaskScript is the task's command when it starts cold: the same.
+const crashTaskScript = `touch /out/ran; exit 7`
+
+// crashOptions are the runtime options of TestCrashPoints over state,
+// both the helper's and the parent's.
+func crashOptions(state string) Options {
+	return Options{DataRoot: sandboxtest.DataRoot, HostRoots: []string{os.TempDir()}, StateDir: state, CgroupParent: "corral-test"}
+}
+
+// crashSpec is the task's spec: its directory under tasks at /out.
+func crashSpec(tasks, id string) sandbox.Spec {
+	return sandbox.Spec{ID: id, Command: []string{"/bin/sh", "-c", crashTaskScript}, Dir: "/out",
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(filepath.Join(tasks, id)), Target: "/out"}},
+		Network: sandbox.NetworkNone, Labels: map[string]string{sandbox.LabelManaged: "true", "test": id}}
+}
+
+// TestCrashPoints: a server killed with SIGKILL at each point of a task's
+// Create, warm (claimed, moved, handed over, sent) and cold (launched,
+// gated), leaves what the next runtime tells apart: before the hand-over
+// or the state, no sandbox and the task's directory as it was, nothing of
+// the task run; handed over or gated, a sandbox that ended without running
+// the task's command and says so (ExitStatus.NotStarted); sent, a sandbox
+// whose command ran and whose exit is its own. The "server" is this test
+// binary again, which kills itself at the point (as the server's
+// Options.Crash does).
+func TestCrashPoints(t *testing.T) {
+	if point := os.Getenv(envCrashPoint); point != "" {
+		crashHelper(t, point)
+		return
+	}
+	testenv.RequireBwrap(t)
+	for _, tt := range []struct {
+		point string
+		warm  bool
+		found bool // a sandbox is listed for the task
+		ran   bool // its command ran
+	}{
+		{sandbox.CrashClaimed, true, false, false},
+		{sandbox.CrashMoved, true, false, false},
+		{sandbox.CrashHandedOver, true, true, false},
+		{sandbox.CrashSent, true, true, true},
+		{sandbox.CrashLaunched, false, false, false},
+		{sandbox.CrashGated, false, true, false},
+	} {
+		t.Run(tt.point, func(t *testing.T) {
+			state, tasks := filepath.Join(testenv.TempDir(t), "state"), testenv.TempDir(t)
+			id := sandboxtest.NewID(t)
+			dir := filepath.Join(tasks, id)
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "prompt.md"), []byte("kept"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashPoints$", "-test.v")
+			cmd.Env = append(os.Environ(), envCrashPoint+"="+tt.point, envCrashState+"="+state, envCrashTasks+"="+tasks, envCrashID+"="+id)
+			var out testenv.SyncBuffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				var ee *exec.ExitError
+				if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+					t.Fatalf("the helper ended with %v, not killed at %s: %s", err, tt.point, out.String())
+				}
+			case <-time.After(60 * time.Second):
+				cmd.Process.Kill()
+				t.Fatalf("the helper never reached %s: %s", tt.point, out.String())
+			}
+
+			r, err := New(crashOptions(state), slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.Close() })
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			t.Cleanup(func() { r.Destroy(context.Background(), id) })
+			if ids := r.warmIDs(t); len(ids) != 0 {
+				t.Errorf("warm sandboxes %v left after the restart", ids)
+			}
+			if ents, _ := os.ReadDir(warmDir(state)); len(ents) != 0 {
+				t.Errorf("warm slots left after the restart: %v", ents)
+			}
+			hs, err := r.List(ctx, map[string]string{"test": id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(hs) == 1; got != tt.found || len(hs) > 1 {
+				t.Fatalf("sandboxes of the task after the restart: %+v, want found %v", hs, tt.found)
+			}
+			if tt.found {
+				if err := r.Recover(ctx, &hs[0]); err != nil {
+					t.Fatalf("Recover: %v", err)
+				}
+				es, err := r.Wait(ctx, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if es.NotStarted == tt.ran || (tt.ran && es.Code != 7) {
+					t.Errorf("the sandbox's end %+v: want NotStarted %v and, when it ran, code 7", es, !tt.ran)
+				}
+			} else {
+				// What the helper's launcher or warm sandbox may still do
+				// happens in milliseconds.
+				time.Sleep(500 * time.Millisecond)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "ran")); (err == nil) != tt.ran {
+				t.Errorf("the task's command ran: %v, want %v", err == nil, tt.ran)
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, "prompt.md")); err != nil || string(b) != "kept" {
+				t.Errorf("the task's prompt.md after the restart: %q %v", b, err)
+			}
+			if err := r.Destroy(ctx, id); err != nil {
+				t.Errorf("Destroy: %v", err)
+			}
+		})
+	}
+}
+
+// crashHelper is TestCrashPoints' "server": it creates the task's sandbox,
+// warm from a pool of one when point is a claim's, and kills itself with
+// SIGKILL at point.
+func crashHelper(t *testing.T, point string) {
+	opts := crashOptions(os.Getenv(envCrashState))
+	opts.Crash = func(p string) {
+		if p == point {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
+	r, err := New(opts, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks, id := os.Getenv(envCrashTasks), os.Getenv(envCrashID)
+	switch point {
+	case sandbox.CrashClaimed, sandbox.CrashMoved, sandbox.CrashHandedOver, sandbox.CrashSent:
+		shape := sandbox.WarmShape{Name: "test", Template: sandbox.Spec{
+			Command: []string{"/bin/sh", "-c", crashWarmScript},
+			Dir:     "/out",
+			Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(tasks) + "/" + sandbox.WarmTaskID, Target: "/out"}},
+			Network: sandbox.NetworkNone,
+		}}
+		go r.KeepWarm(context.Background(), sandbox.WarmPolicy{Size: 1, Shapes: []sandbox.WarmShape{shape}})
+		waitReady(t, r, 1)
+	}
+	if _, err := r.Create(context.Background(), crashSpec(tasks, id)); err != nil {
+		t.Fatal(err)
+	}
+	t.Fatalf("Create returned without passing %s", point)
+}
