@@ -596,37 +596,14 @@ func (r *Runtime) crash(point string) {
 	}
 }
 
-// decideWithin bounds how long Recover waits for a launcher to run runsc
-// or end; past it the sandbox is killed, which decides it.
-const decideWithin = 10 * time.Second
-
 // Recover reattaches to the sandbox h names (statedir.Sandboxes.Recover)
 // once its start is decided: a launcher still at its gate, whose server
 // died before letting it go, ends in moments (its gate closed with the
-// server); one that has not run runsc after decideWithin is killed, so
+// server); one that has not run runsc after statedir.DecideWithin is killed, so
 // nothing of its task runs after all, and its end says so
 // (ExitStatus.NotStarted).
 func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
-	if err := r.Sandboxes.Recover(ctx, h); err != nil {
-		return err
-	}
-	e, err := r.Lookup(h.ID)
-	if err != nil {
-		return fmt.Errorf("recover: %w", err)
-	}
-	deadline := time.Now().Add(decideWithin)
-	for !ranRunsc(e.Dir) && e.Running() {
-		if time.Now().After(deadline) {
-			r.log.Warn("a sandbox's launcher had not run runsc after a restart; killing it", logkey.SandboxID, h.ID, "waited", decideWithin)
-			return r.Stop(ctx, h.ID, 0)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("recover sandbox %s: %w", h.ID, ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	return nil
+	return r.RecoverDecided(ctx, h, func(e *statedir.Entry[state]) bool { return !ranRunsc(e.Dir) })
 }
 
 // term sends SIGTERM to the main process with `runsc kill`; when it exits,

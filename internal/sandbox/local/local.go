@@ -417,40 +417,17 @@ func (r *Runtime) crash(point string) {
 	}
 }
 
-// decideWithin bounds how long Recover waits for a sandbox's start to be
-// decided; past it the sandbox is killed, which decides it.
-const decideWithin = 10 * time.Second
-
 // Recover reattaches to the sandbox h names (statedir.Sandboxes.Recover),
 // once its start is decided: a launcher at its gate, or bwrap not yet
 // past making the sandbox's namespaces, or a claimed warm sandbox whose
 // worker has not acknowledged its start, is waited for until it runs its
 // command or ends without it. The server that would have let it go is
 // gone, so that takes moments: the launcher's gate and the worker's
-// start pipe closed with it. One still undecided after decideWithin (a
+// start pipe closed with it. One still undecided after statedir.DecideWithin (a
 // host too busy to schedule it) is killed, so nothing of its task runs
 // after all, and its end says so (ExitStatus.NotStarted).
 func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
-	if err := r.Sandboxes.Recover(ctx, h); err != nil {
-		return err
-	}
-	e, err := r.Lookup(h.ID)
-	if err != nil {
-		return fmt.Errorf("recover: %w", err)
-	}
-	deadline := time.Now().Add(decideWithin)
-	for undecided(e) && e.Running() {
-		if time.Now().After(deadline) {
-			r.log.Warn("a sandbox's start was still undecided after a restart; killing it", logkey.SandboxID, h.ID, "waited", decideWithin)
-			return r.Stop(ctx, h.ID, 0)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("recover sandbox %s: %w", h.ID, ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	return nil
+	return r.RecoverDecided(ctx, h, undecided)
 }
 
 // undecided reports whether the sandbox e may still get its command or

@@ -264,3 +264,36 @@ func (s *Sandboxes[S]) Destroy(ctx context.Context, id string) error {
 	s.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
 }
+
+// DecideWithin bounds how long RecoverDecided waits for a sandbox's start
+// to be decided; past it the sandbox is killed, which decides it.
+const DecideWithin = 10 * time.Second
+
+// RecoverDecided is Recover, once the sandbox's start is decided: while
+// undecided says its main process may still get its command or end without
+// it, it waits (moments: the server that would have let it go is gone,
+// and what it held closed with it); one still undecided after
+// DecideWithin (a host too busy to schedule it) is stopped at once, so
+// nothing of its task runs after all.
+func (s *Sandboxes[S]) RecoverDecided(ctx context.Context, h *sandbox.Handle, undecided func(*Entry[S]) bool) error {
+	if err := s.Recover(ctx, h); err != nil {
+		return err
+	}
+	e, err := s.Lookup(h.ID)
+	if err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
+	deadline := time.Now().Add(DecideWithin)
+	for undecided(e) && e.Running() {
+		if time.Now().After(deadline) {
+			s.log.Warn("a sandbox's start was still undecided after a restart; killing it", logkey.SandboxID, h.ID, "waited", DecideWithin)
+			return s.Stop(ctx, h.ID, 0)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("recover sandbox %s: %w", h.ID, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
+}
