@@ -58,6 +58,7 @@ func main() {
 			return
 		default:
 		}
+		back() // what an earlier round could not put back (its parent closed for a while)
 		for _, p := range paths {
 			if !out[p] && exchange(p) {
 				swaps++
