@@ -265,6 +265,24 @@ func stopAndDestroy(ctx context.Context, rt sandbox.Runtime, id string, log *slo
 	}
 }
 
+// resumeHolding runs fn, a task's start or supervision resumed at
+// reconciliation, holding the task's slot and its workspace as the
+// scheduler's own runs do.
+func (s *Scheduler) resumeHolding(t task.Task, fn func()) {
+	if t.Workspace != "" {
+		if holder, ok := s.opts.Writers.Acquire(t.Workspace, t.ID); !ok {
+			s.log.Warn("a task resumed after a restart finds its workspace held by another", logkey.TaskID, t.ID, "workspace", t.Workspace, "holder", holder)
+		}
+	}
+	s.claim(t.ID)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.release(t.ID)
+		fn()
+	}()
+}
+
 // destroy destroys task taskID's sandbox id after the task's end. A
 // failure is logged and, as what the task left may not be where its owner
 // expects it (a workspace quarantined), recorded on the task's stream.
@@ -736,18 +754,7 @@ func (s *Scheduler) restart(ctx context.Context, t task.Task, rt sandbox.Runtime
 		return ended, nil
 	}
 	log.Info("task never started before the restart; starting it again", "reason", why)
-	if nt.Workspace != "" {
-		if holder, ok := s.opts.Writers.Acquire(nt.Workspace, nt.ID); !ok {
-			s.log.Warn("a task started again finds its workspace held by another", logkey.TaskID, nt.ID, "workspace", nt.Workspace, "holder", holder)
-		}
-	}
-	s.claim(nt.ID)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer s.release(nt.ID)
-		s.start(ctx, nt)
-	}()
+	s.resumeHolding(nt, func() { s.start(ctx, nt) })
 	return restarted, nil
 }
 
@@ -802,18 +809,7 @@ func (s *Scheduler) resume(ctx context.Context, t task.Task, rt sandbox.Runtime,
 	if c, ok := s.opts.Runner.Reported(ctx, t); ok {
 		s.complete(ctx, t.ID, c) // supervise then stops the sandbox
 	}
-	if t.Workspace != "" {
-		if holder, ok := s.opts.Writers.Acquire(t.Workspace, t.ID); !ok {
-			s.log.Warn("a reattached task's workspace is held by another", logkey.TaskID, t.ID, "workspace", t.Workspace, "holder", holder)
-		}
-	}
-	s.claim(t.ID)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer s.release(t.ID)
-		s.supervise(ctx, t, rt, h.ID)
-	}()
+	s.resumeHolding(t, func() { s.supervise(ctx, t, rt, h.ID) })
 	return nil
 }
 

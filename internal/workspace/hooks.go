@@ -49,6 +49,10 @@ const maxGitFile = 1 << 20
 // maxHooks bounds how many entries of .git/hooks are looked at.
 const maxHooks = 1000
 
+// maxListed bounds how many hooks a GitFound names (each is disabled
+// all the same): the names are a worker's, bound for a result.
+const maxListed = 100
+
 // SnapshotGit reads root's .git/hooks and .git/config (nothing of either
 // when there is none), following no link.
 func SnapshotGit(root *os.Root) (GitSnapshot, error) {
@@ -90,7 +94,9 @@ func CheckGit(root *os.Root, before GitSnapshot, allow bool) (GitFound, error) {
 		if d, ok := hookDigest(root, p); ok && before.Hooks[n] == d {
 			continue
 		}
-		found.Hooks = append(found.Hooks, n)
+		if len(found.Hooks) < maxListed {
+			found.Hooks = append(found.Hooks, n)
+		}
 		switch {
 		case allow:
 		case link:
@@ -188,7 +194,7 @@ func runningKeys(root *os.Root) []string {
 		if runsProgram(full, strings.TrimSpace(value)) && !slices.Contains(keys, full) {
 			keys = append(keys, full)
 		}
-		if len(keys) >= 100 {
+		if len(keys) >= maxListed {
 			break
 		}
 	}
