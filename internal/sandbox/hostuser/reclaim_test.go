@@ -1,6 +1,7 @@
 package hostuser
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -500,4 +501,69 @@ func TestUnpinKeepsTheWorkspace(t *testing.T) {
 	if _, err := Pin(asked, pins, Identity{Reserved, Reserved}); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("Pin of a held workspace = %v, want a conflict", err)
 	}
+}
+
+// A server killed in the middle of a hand-back (its process SIGKILLed
+// while Reclaim walks) leaves the tree partly the owner's; the next
+// server's Reclaim of the same recorded trees finishes it: every entry the
+// owner's, no unsafe bit, nothing outside changed.
+func TestReclaimAfterKill(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := filepath.Join(testenv.TempDir(t), "hostuser.test")
+	b, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cut := 0
+	for round := range 3 {
+		ws, trees := givenWorkspace(t)
+		leaveWorkspace(t, ws, 20000)
+		_, check := secrets(t)
+		state, err := json.Marshal(trees)
+		if err != nil {
+			t.Fatal(err)
+		}
+		killed := exec.Command(bin, "-test.run=^TestReclaimHelper$")
+		killed.Env = append(os.Environ(), "CORRAL_TEST_RECLAIM="+string(state))
+		if err := killed.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(20+round*30) * time.Millisecond)
+		killed.Process.Kill()
+		err = killed.Wait()
+		t.Logf("round %d: the first hand-back: %v", round, err)
+		// The top goes back last: still the sandbox's, the walk was cut.
+		if fi, err := os.Stat(ws); err == nil && fi.Sys().(*syscall.Stat_t).Uid != person {
+			cut++
+		}
+		var again []Tree
+		if err := json.Unmarshal(state, &again); err != nil {
+			t.Fatal(err)
+		}
+		if err := Reclaim(again); err != nil {
+			t.Fatalf("round %d: the hand-back after the kill: %v", round, err)
+		}
+		check()
+		checkHandedBack(t, ws)
+	}
+	if cut == 0 {
+		t.Errorf("no kill cut a hand-back short: the test proves nothing here")
+	}
+}
+
+// TestReclaimHelper is TestReclaimAfterKill's first server: it hands back
+// the trees in $CORRAL_TEST_RECLAIM until it is killed.
+func TestReclaimHelper(t *testing.T) {
+	state := os.Getenv("CORRAL_TEST_RECLAIM")
+	if state == "" {
+		t.Skip("TestReclaimAfterKill's helper")
+	}
+	var trees []Tree
+	if err := json.Unmarshal([]byte(state), &trees); err != nil {
+		t.Fatal(err)
+	}
+	Reclaim(trees)
 }
