@@ -193,9 +193,11 @@ func testWorkspaceSwap(t *testing.T, rt escapeRuntime) {
 		}
 		res := s.wait(t, tk.ID, 120*time.Second, "seen")
 		if res.Status != task.Success {
-			// Refused at the task's preparation (the workspace's check)
-			// or at its sandbox's start (the pin's).
-			if !strings.Contains(res.ErrorMessage, "is a symbolic link") && !strings.Contains(res.ErrorMessage, "no longer a directory") {
+			// Refused at the task's preparation (the workspace's check,
+			// or its open for the git snapshot) or at its sandbox's start
+			// (the pin's).
+			if !strings.Contains(res.ErrorMessage, "is a symbolic link") && !strings.Contains(res.ErrorMessage, "was replaced while it was opened") &&
+				!strings.Contains(res.ErrorMessage, "no longer a directory") {
 				t.Errorf("task %s: %s %q, want success or a start refused for the link", tk.ID, res.Status, res.ErrorMessage)
 			}
 			refused++

@@ -23,8 +23,9 @@ func (o *Library) ResolveWorkspace(p string) (workspace.Project, error) {
 	return o.opts.Projects.Resolve(p)
 }
 
-// ProjectExists reports whether workspace pr is there.
-func (o *Library) ProjectExists(pr workspace.Project) bool { return o.opts.Projects.Exists(pr) }
+// CheckProject reports whether workspace pr is there, a directory (see
+// workspace.Projects.Check).
+func (o *Library) CheckProject(pr workspace.Project) error { return o.opts.Projects.Check(pr) }
 
 // ListProjects lists the workspaces: projects/ by name, then those under
 // the operator's roots.

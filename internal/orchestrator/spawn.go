@@ -247,8 +247,10 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 	if spec.Workspace != "" {
 		if pr, err := o.ResolveWorkspace(spec.Workspace); err != nil {
 			errs = append(errs, err)
-		} else if !o.ProjectExists(pr) {
+		} else if err := o.CheckProject(pr); errors.Is(err, errdefs.ErrNotFound) {
 			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("no workspace %q: create it first (POST /api/workspaces, or spawn_workspace_task with init_git): %w", pr.Name, errdefs.ErrFailedPrecondition)})
+		} else if err != nil {
+			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: err})
 		} else {
 			spec.Workspace = pr.Name
 		}

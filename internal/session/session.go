@@ -699,8 +699,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		pr, err := m.opts.Projects.Resolve(req.Workspace)
 		if err != nil {
 			errs = append(errs, err)
-		} else if !m.opts.Projects.Exists(pr) {
+		} else if err := m.opts.Projects.Check(pr); errors.Is(err, errdefs.ErrNotFound) {
 			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("no workspace %q (POST /api/workspaces): %w", pr.Name, errdefs.ErrFailedPrecondition)})
+		} else if err != nil {
+			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: err})
 		}
 		project, req.Workspace = pr, pr.Name
 	}

@@ -101,8 +101,8 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		if err != nil {
 			return sandbox.Spec{}, fmt.Errorf("task %s: %w", t.ID, err)
 		}
-		if !o.opts.Projects.Exists(pr) {
-			return sandbox.Spec{}, fmt.Errorf("task %s: workspace %q is gone: %w", t.ID, pr.Name, errdefs.ErrFailedPrecondition)
+		if err := o.opts.Projects.Check(pr); err != nil {
+			return sandbox.Spec{}, fmt.Errorf("task %s: %w", t.ID, err)
 		}
 		project = pr
 		if err := o.snapshotGit(t, pr); err != nil {

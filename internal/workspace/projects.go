@@ -199,23 +199,53 @@ func (w *Projects) underRoot(clean, asked string) (Project, error) {
 	return denied("%q is outside the data root and under none of the workspace roots (%s)", q, strings.Join(roots, ", "))
 }
 
-// Exists reports whether the workspace's directory is there (a directory,
-// not a link).
-func (w *Projects) Exists(pr Project) bool {
-	fi, err := os.Lstat(pr.Dir)
-	return err == nil && fi.IsDir()
+// Check reports, from one look at it, whether the workspace's directory
+// is there: nil for a directory, ErrNotFound when nothing is, and
+// ErrPermissionDenied for a symbolic link (which could lead out of the
+// root) or anything else that took the directory's place.
+func (w *Projects) Check(pr Project) error {
+	_, err := w.check(pr)
+	return err
 }
 
-// Open opens the workspace's directory as a root no path escapes; a
-// workspace that is not there (or is a link) is ErrNotFound.
-func (w *Projects) Open(pr Project) (*os.Root, error) {
-	if !w.Exists(pr) {
+func (w *Projects) check(pr Project) (fs.FileInfo, error) {
+	fi, err := os.Lstat(pr.Dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("no workspace %q: %w", pr.Name, errdefs.ErrNotFound)
+	case err != nil:
+		return nil, fmt.Errorf("workspace %q: %w", pr.Name, err)
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return nil, fmt.Errorf("workspace %q is a symbolic link, not a directory (a link could lead out of the root): %w", pr.Name, errdefs.ErrPermissionDenied)
+	case !fi.IsDir():
+		return nil, fmt.Errorf("workspace %q is not a directory: %w", pr.Name, errdefs.ErrPermissionDenied)
 	}
+	return fi, nil
+}
+
+// Open opens the workspace's directory as a root no path escapes, refused
+// as Check refuses it. The directory opened is the one Check saw: one
+// swapped for a link between the look and the open is refused, not
+// followed.
+func (w *Projects) Open(pr Project) (*os.Root, error) {
+	fi, err := w.check(pr)
+	if err != nil {
+		return nil, err
+	}
+	var root *os.Root
 	if pr.rel != "" {
-		return w.data.Root().OpenRoot(pr.rel)
+		root, err = w.data.Root().OpenRoot(pr.rel)
+	} else {
+		root, err = os.OpenRoot(pr.Dir)
 	}
-	return os.OpenRoot(pr.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if got, err := root.Stat("."); err != nil || !os.SameFile(fi, got) {
+		root.Close()
+		return nil, fmt.Errorf("workspace %q was replaced while it was opened: %w", pr.Name, errdefs.ErrPermissionDenied)
+	}
+	return root, nil
 }
 
 // Create makes the workspace's directory: under a root, owned by the
