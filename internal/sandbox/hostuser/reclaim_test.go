@@ -1,9 +1,11 @@
 package hostuser
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -158,18 +160,30 @@ func TestReclaimOwnerRaces(t *testing.T) {
 		racer := exec.Command(bin, "-test.run=^TestOwnerRacer$")
 		racer.Env = append(os.Environ(), "CORRAL_TEST_RACER="+root, "CORRAL_TEST_RACER_TARGET="+outside)
 		racer.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: person, Gid: person, Groups: []uint32{}}}
-		out := &strings.Builder{}
-		racer.Stdout, racer.Stderr = out, out
+		pipe, err := racer.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		racer.Stderr = os.Stderr
 		if err := racer.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond) // the racer is in its loop
+		// The racer says "swapping" once it has made its first exchange:
+		// a fixed sleep here was too short for a loaded machine.
+		lines := bufio.NewReader(pipe)
+		if l, err := lines.ReadString('\n'); l != "swapping\n" {
+			racer.Process.Kill()
+			racer.Wait()
+			t.Fatalf("round %d: the racer said %q, %v", round, l, err)
+		}
 		err = Reclaim(trees)
-		time.Sleep(20 * time.Millisecond) // and goes on after the top is back
+		time.Sleep(20 * time.Millisecond) // the racer goes on after the top is back
 		racer.Process.Signal(syscall.SIGTERM)
+		rest, _ := io.ReadAll(lines)
 		racer.Wait()
+		out := string(rest)
 		var n int
-		if _, err := fmt.Sscanf(out.String(), "swaps %d", &n); err != nil || n == 0 {
+		if _, err := fmt.Sscanf(out, "swaps %d", &n); err != nil || n == 0 {
 			t.Fatalf("round %d: the racer swapped nothing: %q", round, out)
 		}
 		check()
@@ -217,7 +231,9 @@ func TestOwnerRacer(t *testing.T) {
 		for _, p := range paths {
 			a, b := filepath.Join(root, p), filepath.Join(root, filepath.Dir(p), "decoy-"+filepath.Base(p))
 			if unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE) == nil {
-				swaps++
+				if swaps++; swaps == 1 {
+					fmt.Println("swapping")
+				}
 				unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE)
 			}
 		}
