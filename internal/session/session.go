@@ -1009,7 +1009,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 	ectx := cmdCtx
 	if req.Timeout > 0 {
 		var cancel context.CancelFunc
-		ectx, cancel = context.WithTimeout(ctx, req.Timeout)
+		ectx, cancel = context.WithTimeout(cmdCtx, req.Timeout)
 		defer cancel()
 	}
 	out, errw := &counter{w: stdout}, &counter{w: stderr}

@@ -1,13 +1,26 @@
 package session
 
 import (
+	"bufio"
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
+	"github.com/corral-dev/corral/internal/execagent"
 )
 
 // A token granted to a task reaches its session while the task runs and
@@ -77,5 +90,99 @@ func TestGrantedTokenDiesWithItsTask(t *testing.T) {
 	mu.Unlock()
 	if m.Authorize(id, b) {
 		t.Errorf("the token of an unknown task reaches its session")
+	}
+}
+
+// failStarts is a store whose disk fills just as an exec starts: it
+// cannot append exec_started.
+type failStarts struct{ eventstore.Store }
+
+func (s failStarts) Append(ctx context.Context, stream string, expected int64, evs ...eventstore.Proposed) ([]eventstore.Event, error) {
+	if len(evs) > 0 && evs[0].Type == EventExecStart {
+		return nil, fmt.Errorf("append: %w", syscall.ENOSPC)
+	}
+	return s.Store.Append(ctx, stream, expected, evs...)
+}
+
+// An exec whose start cannot be recorded (the disk is full) answers an
+// error saying so, and its command, already started, is killed: no
+// command runs that the log does not know of. With a timeout too, which
+// once put the command under the request's context alone, not under the
+// one the failed start cancels.
+func TestExecStartNotRecorded(t *testing.T) {
+	ctx := context.Background()
+	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "corral.db"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	m := New(Options{Store: failStarts{store}}, slog.New(slog.DiscardHandler))
+	const id = "sess-01m8jbh60d7qh1g11cxcbgpmzh"
+	if err := m.append(ctx, id, EventCreated, created{Session: Session{ID: id, Status: StatusRunning}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken())}); err != nil {
+		t.Fatal(err)
+	}
+	attachHostAgent(t, m, id)
+	for _, timeout := range []time.Duration{0, time.Minute} {
+		pidFile := filepath.Join(t.TempDir(), "pid")
+		start := time.Now()
+		_, err := m.Exec(ctx, id, ExecRequest{Shell: "echo $$ > " + pidFile + "; exec sleep 30", Dir: filepath.Dir(pidFile), Timeout: timeout}, io.Discard, io.Discard)
+		if err == nil || !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), "could not be recorded") {
+			t.Fatalf("timeout %v: Exec: %v, want the start's failure", timeout, err)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("timeout %v: Exec answered after %v: the command ran on", timeout, d)
+		}
+		// The command may have started before the append failed; then
+		// it is gone now.
+		if b, err := os.ReadFile(pidFile); err == nil {
+			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+			for deadline := time.Now().Add(5 * time.Second); pid > 0 && syscall.Kill(pid, 0) == nil; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Errorf("timeout %v: the command (pid %d) still runs 5 s after its start failed to be recorded", timeout, pid)
+					syscall.Kill(pid, syscall.SIGKILL)
+					break
+				}
+			}
+		}
+	}
+	evs, err := store.ReadStream(ctx, StreamID(id), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		if e.Type == EventExecEnd {
+			t.Errorf("an exec_ended without its start: %s", e.Data)
+		}
+	}
+}
+
+// attachHostAgent runs the exec agent on this host, dialling a socket
+// served here, and attaches its connection to session id.
+func attachHostAgent(t *testing.T, m *Manager, id string) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		execagent.Run(ctx, sock, "/agent", "tok", []string{"PATH=/usr/bin:/bin"}, slog.New(slog.DiscardHandler))
+		close(done)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	conn, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	if _, err := http.ReadRequest(br); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+execagent.Upgrade+"\r\n\r\n")
+	if err := m.AttachAgent(id, conn, br); err != nil {
+		t.Fatal(err)
 	}
 }
