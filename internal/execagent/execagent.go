@@ -103,7 +103,7 @@ func serveOnce(ctx context.Context, socket, path, token string, env []string) er
 		resp.Body.Close()
 		return fmt.Errorf("the server answered %s", resp.Status)
 	}
-	a := &agent{enc: json.NewEncoder(conn), env: env, procs: map[string]*exec.Cmd{}}
+	a := &agent{enc: json.NewEncoder(conn), env: env, procs: map[string]*exec.Cmd{}, killed: map[string]bool{}}
 	dec := json.NewDecoder(br)
 	for {
 		var f Frame
@@ -113,6 +113,11 @@ func serveOnce(ctx context.Context, socket, path, token string, env []string) er
 		}
 		switch f.Op {
 		case "start":
+			// Known before its goroutine runs: a kill that comes
+			// before the command has started ends it as it starts.
+			a.mu.Lock()
+			a.procs[f.ID] = nil
+			a.mu.Unlock()
 			go a.start(f)
 		case "kill":
 			a.kill(f.ID)
@@ -124,9 +129,11 @@ func serveOnce(ctx context.Context, socket, path, token string, env []string) er
 type agent struct {
 	env []string
 
-	mu    sync.Mutex // guards enc and procs
+	mu    sync.Mutex // guards enc, procs and killed
 	enc   *json.Encoder
-	procs map[string]*exec.Cmd
+	procs map[string]*exec.Cmd // by id; nil until the command has started
+	// killed are the commands a kill came for before they had started.
+	killed map[string]bool
 }
 
 func (a *agent) send(f Frame) {
@@ -138,6 +145,7 @@ func (a *agent) send(f Frame) {
 // start runs one command and reports its output and end.
 func (a *agent) start(f Frame) {
 	if len(f.Argv) == 0 {
+		a.forget(f.ID)
 		a.send(Frame{Op: "exit", ID: f.ID, Code: 127, Error: "empty command"})
 		return
 	}
@@ -151,6 +159,7 @@ func (a *agent) start(f Frame) {
 	for i, pipe := range []func() (io.ReadCloser, error){cmd.StdoutPipe, cmd.StderrPipe} {
 		r, err := pipe()
 		if err != nil {
+			a.forget(f.ID)
 			a.send(Frame{Op: "exit", ID: f.ID, Code: 127, Error: err.Error()})
 			return
 		}
@@ -161,12 +170,17 @@ func (a *agent) start(f Frame) {
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, syscall.ENOENT) {
 			code = 127
 		}
+		a.forget(f.ID)
 		a.send(Frame{Op: "exit", ID: f.ID, Code: code, Error: err.Error()})
 		return
 	}
 	a.mu.Lock()
 	a.procs[f.ID] = cmd
+	killed := a.killed[f.ID]
 	a.mu.Unlock()
+	if killed {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
 	var wg sync.WaitGroup
 	for i, r := range outs {
 		wg.Go(func() {
@@ -184,9 +198,7 @@ func (a *agent) start(f Frame) {
 	}
 	wg.Wait()
 	err := cmd.Wait()
-	a.mu.Lock()
-	delete(a.procs, f.ID)
-	a.mu.Unlock()
+	a.forget(f.ID)
 	code := cmd.ProcessState.ExitCode()
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		code = 128 + int(ws.Signal())
@@ -198,9 +210,22 @@ func (a *agent) start(f Frame) {
 	a.send(Frame{Op: "exit", ID: f.ID, Code: code, Error: msg})
 }
 
+// forget drops command id, which has ended or never started.
+func (a *agent) forget(id string) {
+	a.mu.Lock()
+	delete(a.procs, id)
+	delete(a.killed, id)
+	a.mu.Unlock()
+}
+
+// kill ends command id and what it started; one that has not started yet
+// is killed as it starts.
 func (a *agent) kill(id string) {
 	a.mu.Lock()
-	cmd := a.procs[id]
+	cmd, known := a.procs[id]
+	if known && cmd == nil {
+		a.killed[id] = true
+	}
 	a.mu.Unlock()
 	if cmd != nil && cmd.Process != nil {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)

@@ -9,8 +9,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -90,6 +93,40 @@ func TestKill(t *testing.T) {
 	time.Sleep(2500 * time.Millisecond)
 	if m, _ := filepath.Glob(filepath.Join(dir, "*")); len(m) != 0 {
 		t.Errorf("the killed command's processes went on: %v", m)
+	}
+}
+
+// TestKillBeforeStart: a kill that reaches the agent before the command
+// has started (the agent starts each on a goroutine of its own) ends it
+// as it starts. It used to find nothing to kill, and the command ran on.
+func TestKillBeforeStart(t *testing.T) {
+	c := mustAgent(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 20 {
+		pidFile := filepath.Join(t.TempDir(), "pid")
+		if _, err := c.Exec(ctx, []string{"/bin/sh", "-c", "echo $$ > " + pidFile + "; exec sleep 30"}, "/", nil, nil, nil, nil); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Exec = %v, want canceled", err)
+		}
+		waitGone(t, pidFile, i)
+	}
+}
+
+// waitGone waits up to 5 s for the process whose pid is in pidFile to be
+// gone. Exec returns after the command's exit, or 5 s after its kill:
+// one that never got as far as writing pidFile never will.
+func waitGone(t *testing.T, pidFile string, round int) {
+	t.Helper()
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	for deadline := time.Now().Add(5 * time.Second); pid > 0 && syscall.Kill(pid, 0) == nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("round %d: the command (pid %d) runs on 5 s after its kill", round, pid)
+		}
 	}
 }
 
