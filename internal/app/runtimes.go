@@ -112,6 +112,7 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 			FileSizeLimit: cfg.Limits.MaxTaskDirBytes.Bytes(),
 			User:          host,
 			Identities:    ids,
+			Crash:         crashHook(cfg.CrashAt, log),
 		}, log)
 	case kubernetes.Name:
 		k := cfg.Kubernetes

@@ -19,7 +19,8 @@ const (
 	// has not returned.
 	CrashSent = "sent"
 	// CrashLaunched: a cold sandbox's launcher (a task's, or a
-	// session's) runs, held at its gate; its state is not written.
+	// session's) runs, held at its gate; its state is not written. On
+	// docker: its container is created, not started.
 	CrashLaunched = "launched"
 	// CrashGated: the cold sandbox's state is written; its launcher is
 	// not yet let go.

@@ -128,6 +128,9 @@ type Options struct {
 	// operator's roots are pinned for the containers that bind them
 	// (hostuser.Pin), StateDir/.pins/<id>; default DataRoot/run/docker.
 	StateDir string
+	// Crash, when set, is called at sandbox.CrashLaunched, a container
+	// created and not yet started (the fault tests: see sandbox.CrashPoints).
+	Crash func(point string)
 }
 
 func (o *Options) setDefaults() {
@@ -369,6 +372,9 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 		undo()
 		return nil, classify("create sandbox "+spec.ID, err)
 	}
+	if r.opts.Crash != nil {
+		r.opts.Crash(sandbox.CrashLaunched)
+	}
 	if err := r.start(ctx, res.ID); err != nil {
 		r.cli.ContainerRemove(context.WithoutCancel(ctx), res.ID, client.ContainerRemoveOptions{Force: true})
 		undo()
@@ -523,6 +529,13 @@ func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
 	return nil
 }
 
+// neverStarted is the end of a container still created, never started:
+// Create starts what it creates before it returns, so one found so is a
+// Create the server died in, and nothing of its command ran.
+func neverStarted() sandbox.ExitStatus {
+	return sandbox.ExitStatus{Code: -1, NotStarted: true, Message: "its container was created but never started: the server died between the two"}
+}
+
 // exitStatus is how the exited container c ended.
 func exitStatus(c container.InspectResponse) sandbox.ExitStatus {
 	es := sandbox.ExitStatus{Code: c.State.ExitCode}
@@ -553,6 +566,10 @@ func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, erro
 	c, err := r.inspect(ctx, id)
 	if err != nil {
 		return sandbox.ExitStatus{}, fmt.Errorf("wait: %w", err)
+	}
+	if c.State.Status == container.StateCreated {
+		// The engine answers a wait on it at once, with exit code 0.
+		return neverStarted(), nil
 	}
 	if err := r.waitExit(ctx, c.ID); err != nil {
 		return sandbox.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, err)
@@ -642,7 +659,8 @@ func (r *Runtime) Status(ctx context.Context, id string) (sandbox.Status, error)
 	}
 	switch {
 	case c.State.Status == container.StateCreated:
-		s.State = sandbox.StateCreating
+		es := neverStarted()
+		s.State, s.Exit, s.Message = sandbox.StateExited, &es, es.Message
 	case running(c):
 		s.State = sandbox.StateRunning
 	default:

@@ -85,6 +85,59 @@ func TestSurvivesServerDeath(t *testing.T) {
 	}
 }
 
+// TestCreatedNeverStarted: a server that died between a container's create
+// and its start leaves it created; the next one finds it and must tell it
+// never ran. The engine answers a wait on such a container at once, with
+// exit code 0, and it was reported running ("creating"), then as a
+// success of a command that never ran.
+func TestCreatedNeverStarted(t *testing.T) {
+	require(t, "")
+	inst := sandboxtest.NewID(t)
+	dead := mustNew(t, "", inst)
+	died := make(chan struct{})
+	never := make(chan struct{})
+	defer close(never)
+	dead.opts.Crash = func(point string) {
+		if point == sandbox.CrashLaunched {
+			close(died)
+			<-never // the server is gone: this goroutine goes no further
+		}
+	}
+	dir := testenv.TempDir(t)
+	sp := sandbox.Spec{
+		ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", "touch ran"}, Dir: "/out",
+		Mounts: []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
+	}
+	go dead.Create(context.Background(), sp)
+	<-died
+
+	r := mustNew(t, "", inst) // the next server
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	defer r.Destroy(context.Background(), sp.ID)
+	list, err := r.List(ctx, nil)
+	if err != nil || len(list) != 1 || list[0].ID != sp.ID {
+		t.Fatalf("List: %+v, %v; want the created sandbox", list, err)
+	}
+	if err := r.Recover(ctx, &list[0]); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	st, err := r.Status(ctx, sp.ID)
+	if err != nil || st.State != sandbox.StateExited || st.Exit == nil || !st.Exit.NotStarted {
+		t.Errorf("Status: %+v (exit %+v), %v; want exited, not started", st, st.Exit, err)
+	}
+	es, err := r.Wait(ctx, sp.ID)
+	if err != nil || !es.NotStarted || es.Code == 0 {
+		t.Errorf("Wait: %+v, %v; want not started, no exit code 0", es, err)
+	}
+	if err := r.Destroy(ctx, sp.ID); err != nil {
+		t.Errorf("Destroy: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
+		t.Errorf("the command ran")
+	}
+}
+
 // run creates a sandbox running script with a fresh directory at /out as
 // its working directory, waits for it, destroys it and returns its exit
 // status and what it wrote to /out/out.
