@@ -62,11 +62,17 @@ type Frame struct {
 // with token, and serves commands until ctx is done, dialling again when
 // the connection ends. env is every command's base environment.
 func Run(ctx context.Context, socket, path, token string, env []string, log *slog.Logger) error {
-	delay := 10 * time.Millisecond
+	const first = 10 * time.Millisecond
+	delay := first
 	for ctx.Err() == nil {
-		err := serveOnce(ctx, socket, path, token, env)
+		served, err := serveOnce(ctx, socket, path, token, env)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if served {
+			// A connection that worked: the server restarted, say.
+			// Dial the next one as soon as the first time.
+			delay = first
 		}
 		log.Debug("exec agent: connection ended; dialling again", "err", err, "in", delay)
 		select {
@@ -79,12 +85,13 @@ func Run(ctx context.Context, socket, path, token string, env []string, log *slo
 	return nil
 }
 
-// serveOnce dials, upgrades and serves one connection.
-func serveOnce(ctx context.Context, socket, path, token string, env []string) error {
+// serveOnce dials, upgrades and serves one connection; served says the
+// server took it.
+func serveOnce(ctx context.Context, socket, path, token string, env []string) (served bool, err error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -92,16 +99,16 @@ func serveOnce(ctx context.Context, socket, path, token string, env []string) er
 	req := "POST " + path + " HTTP/1.1\r\nHost: corral\r\nAuthorization: Bearer " + token +
 		"\r\nConnection: Upgrade\r\nUpgrade: " + Upgrade + "\r\nContent-Length: 0\r\n\r\n"
 	if _, err := io.WriteString(conn, req); err != nil {
-		return err
+		return false, err
 	}
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		resp.Body.Close()
-		return fmt.Errorf("the server answered %s", resp.Status)
+		return false, fmt.Errorf("the server answered %s", resp.Status)
 	}
 	a := &agent{enc: json.NewEncoder(conn), env: env, procs: map[string]*exec.Cmd{}, killed: map[string]bool{}}
 	dec := json.NewDecoder(br)
@@ -109,7 +116,7 @@ func serveOnce(ctx context.Context, socket, path, token string, env []string) er
 		var f Frame
 		if err := dec.Decode(&f); err != nil {
 			a.killAll()
-			return err
+			return true, err
 		}
 		switch f.Op {
 		case "start":

@@ -130,6 +130,45 @@ func waitGone(t *testing.T, pidFile string, round int) {
 	}
 }
 
+// TestRedialAfterServed: an agent whose connections the server took and
+// then ended (restarts) dials again at once each time. Its wait doubled
+// with every connection and was never reset, so after a few restarts each
+// redial took up to 2 s, an exec's wait for its agent with it.
+func TestRedialAfterServed(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		Run(ctx, sock, "/agent", "tok", nil, slog.New(slog.DiscardHandler))
+		close(done)
+	}()
+	defer func() { cancel(); <-done }()
+	var last time.Duration
+	for range 10 {
+		start := time.Now()
+		conn, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = time.Since(start)
+		br := bufio.NewReader(conn)
+		if _, err := http.ReadRequest(br); err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+Upgrade+"\r\n\r\n")
+		conn.Close() // the server's restart
+	}
+	// Doubling from 10 ms, the tenth wait would be 2 s.
+	if last > time.Second {
+		t.Errorf("the tenth redial came %v after the server ended the ninth connection", last)
+	}
+}
+
 // TestAgentGone: an Exec whose agent goes away ends with ErrUnavailable.
 func TestAgentGone(t *testing.T) {
 	c := mustAgent(t)

@@ -982,21 +982,24 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 		return ExecEnd{}, fmt.Errorf("session %s: its exec agent is not connected (the sandbox may be restarting or gone); try again: %w", id, errdefs.ErrUnavailable)
 	}
 	end := ExecEnd{ExecID: "exec-" + ids.New()}
-	// exec_started is committed while the command starts, not before: its
-	// fsync would otherwise come before the first byte. exec_ended waits
-	// for it, so the two are in order.
-	// A command whose start cannot be recorded (a full disk) is killed
-	// as soon as that is known, and answers the error: no exec runs
+	// exec_started is committed while the command starts, not before
+	// (its fsync would otherwise delay the start), and before any of the
+	// command's output goes out: a client that saw a byte of it finds
+	// the exec in the log, with its end or with the crash's "lost".
+	// exec_ended waits for it, so the two are in order. A command whose
+	// start cannot be recorded (a full disk) is killed as soon as that is
+	// known, its output dropped, and answers the error: no exec runs
 	// unrecorded.
 	cmdCtx, cancelCmd := context.WithCancelCause(ctx)
 	defer cancelCmd(nil)
-	started := make(chan error, 1)
+	recorded := make(chan struct{})
+	var startErr error
 	go func() {
-		err := m.append(context.WithoutCancel(ctx), id, EventExecStart, map[string]any{"exec_id": end.ExecID, "command": clip.String(strings.Join(argv, " "), 4096)})
-		if err != nil {
-			cancelCmd(err)
+		startErr = m.append(context.WithoutCancel(ctx), id, EventExecStart, map[string]any{"exec_id": end.ExecID, "command": clip.String(strings.Join(argv, " "), 4096)})
+		if startErr != nil {
+			cancelCmd(startErr)
 		}
-		started <- err
+		close(recorded)
 	}()
 	m.mu.Lock()
 	m.sessions[id].running++
@@ -1012,7 +1015,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 		ectx, cancel = context.WithTimeout(cmdCtx, req.Timeout)
 		defer cancel()
 	}
-	out, errw := &counter{w: stdout}, &counter{w: stderr}
+	out, errw := &counter{w: stdout, after: recorded, failed: &startErr}, &counter{w: stderr, after: recorded, failed: &startErr}
 	start := time.Now()
 	var es sandbox.ExitStatus
 	es.Code, err = a.Exec(ectx, argv, dir, req.Env, stdin, out, errw)
@@ -1030,9 +1033,9 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 	case err != nil:
 		end.ExitCode, end.Error = -1, errdefs.Message(err)
 	}
-	if serr := <-started; serr != nil {
-		m.log.Error("cannot record an exec's start; its command was killed", "session_id", id, "err", serr)
-		return ExecEnd{}, fmt.Errorf("the command's start could not be recorded, and it was stopped: %w", serr)
+	if <-recorded; startErr != nil {
+		m.log.Error("cannot record an exec's start; its command was killed", "session_id", id, "err", startErr)
+		return ExecEnd{}, fmt.Errorf("the command's start could not be recorded, and it was stopped: %w", startErr)
 	}
 	if aerr := m.append(context.WithoutCancel(ctx), id, EventExecEnd, end); aerr != nil {
 		m.log.Error("cannot record an exec's end", "session_id", id, "err", aerr)
@@ -1040,15 +1043,19 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 	return end, err
 }
 
-// counter counts what it passes on.
+// counter counts a command's output and passes it on once after is
+// closed, unless failed (read then) is set.
 type counter struct {
-	w io.Writer
-	n int64
+	w      io.Writer
+	n      int64
+	after  <-chan struct{}
+	failed *error
 }
 
 func (c *counter) Write(p []byte) (int, error) {
 	c.n += int64(len(p))
-	if c.w == nil {
+	<-c.after
+	if c.w == nil || *c.failed != nil {
 		return len(p), nil
 	}
 	return c.w.Write(p)

@@ -186,3 +186,64 @@ func attachHostAgent(t *testing.T, m *Manager, id string) {
 		t.Fatal(err)
 	}
 }
+
+// slowStarts is a store whose exec_started takes a while to commit; it
+// says when it has.
+type slowStarts struct {
+	eventstore.Store
+	committed chan time.Time
+}
+
+func (s slowStarts) Append(ctx context.Context, stream string, expected int64, evs ...eventstore.Proposed) ([]eventstore.Event, error) {
+	if len(evs) == 0 || evs[0].Type != EventExecStart {
+		return s.Store.Append(ctx, stream, expected, evs...)
+	}
+	time.Sleep(300 * time.Millisecond)
+	out, err := s.Store.Append(ctx, stream, expected, evs...)
+	s.committed <- time.Now()
+	return out, err
+}
+
+// firstWrite notes when its first byte came.
+type firstWrite struct {
+	mu sync.Mutex
+	at time.Time
+}
+
+func (w *firstWrite) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.at.IsZero() {
+		w.at = time.Now()
+	}
+	return len(p), nil
+}
+
+// An exec's output goes out only once its start is in the log: a client
+// that saw a byte finds the exec there after any crash (then with the
+// end "lost"). Output came first, and a server killed in between left a
+// command the client had seen run and the log never named.
+func TestExecOutputAfterItsStart(t *testing.T) {
+	ctx := context.Background()
+	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "corral.db"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	slow := slowStarts{Store: store, committed: make(chan time.Time, 1)}
+	m := New(Options{Store: slow}, slog.New(slog.DiscardHandler))
+	const id = "sess-01m8jbh60d7qh1g11cxcbgpmzh"
+	if err := m.append(ctx, id, EventCreated, created{Session: Session{ID: id, Status: StatusRunning}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken())}); err != nil {
+		t.Fatal(err)
+	}
+	attachHostAgent(t, m, id)
+	out := &firstWrite{}
+	end, err := m.Exec(ctx, id, ExecRequest{Shell: "echo at once", Dir: t.TempDir()}, out, io.Discard)
+	if err != nil || end.ExitCode != 0 || end.StdoutBytes != 8 {
+		t.Fatalf("Exec: %+v, %v", end, err)
+	}
+	committed := <-slow.committed
+	if out.at.IsZero() || out.at.Before(committed) {
+		t.Errorf("the first byte went out at %v, the start was committed at %v: output before the log names the exec", out.at, committed)
+	}
+}
