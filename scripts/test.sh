@@ -28,20 +28,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-./scripts/test-docker.sh
-
 # A real single-node Kubernetes cluster (scripts/k8s): kube-apiserver,
-# controllers, kubelet, containerd with runc and gVisor, built once from Go
-# modules into $CORRAL_TEST_CACHE/k8s (~12 min on 2 cores, then ~1 s),
-# started for the tests with Debian's static busybox as its image, and
-# stopped afterwards unless it was up already.
-./scripts/k8s/build.sh
-k8s_started=""
-[ -e /run/corral-k8s/kubeconfig ] || k8s_started=1
-$sudo ./scripts/k8s/up.sh "$(./scripts/k8s/image.sh busybox)"
-if [ -n "$k8s_started" ]; then
-  trap '$sudo ./scripts/k8s/down.sh >/dev/null' EXIT
-fi
+# controllers, kubelet, containerd with runc and gVisor, kube-router's
+# NetworkPolicy controller, built once from Go modules into
+# $CORRAL_TEST_CACHE/k8s (~17 min on 2 cores, then ~1 s), started below for
+# the tests with Debian's static busybox as its image, and stopped
+# afterwards unless it was up already. The build runs while the Docker
+# image and the npm packages, which wait mostly on the network, come in.
+build_log=${CORRAL_TEST_CACHE:-/var/cache/corral-test}/k8s-build.log
+mkdir -p "$(dirname "$build_log")"
+./scripts/k8s/build.sh >"$build_log" 2>&1 &
+build_pid=$!
+trap 'kill $build_pid 2>/dev/null || true' EXIT
+
+./scripts/test-docker.sh
 
 # The MCP TypeScript SDK client (test/mcp) and the notification receiver
 # (test/notify), each pinned by its package-lock.json.
@@ -67,6 +67,21 @@ for want in "${agents[@]}"; do
     $sudo npm install -g --no-audit --no-fund --loglevel=error "${allow[@]}" "$pkg"
   fi
 done
+
+echo "==> scripts/k8s/build.sh (its output: $build_log)"
+if ! wait $build_pid; then
+  tail -n 40 "$build_log" >&2
+  echo "==> scripts/k8s/build.sh failed" >&2
+  exit 1
+fi
+trap - EXIT
+grep '^==>' "$build_log"
+k8s_started=""
+[ -e /run/corral-k8s/kubeconfig ] || k8s_started=1
+$sudo ./scripts/k8s/up.sh "$(./scripts/k8s/image.sh busybox)"
+if [ -n "$k8s_started" ]; then
+  trap '$sudo ./scripts/k8s/down.sh >/dev/null' EXIT
+fi
 
 # Seed 000's worker for the Claude Code tests on the cluster: Debian 12 with
 # python3 and the Claude Code just installed (image.sh claude; the root

@@ -219,9 +219,11 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 
 	// Under kubernetes, 127.0.0.1 is the pod's own loopback, and the test
 	// machine reaches no 1.1.1.1, pod or not: what a pod reaches is the
-	// node. The test node's CNI (bridge) enforces no NetworkPolicy, so a
-	// pod reaches every address of the node, and this listener with it:
-	// an accepted result (docs/security.md), not a closed sandbox.
+	// node. This server runs on the node, not in the cluster, so the
+	// suite's namespaces have no NetworkPolicy (the rendered one would
+	// refuse it): a pod reaches every address of the node, and this
+	// listener with it, an accepted result (docs/security.md), not a
+	// closed sandbox. TestNetworkPoliciesHold shows the policies refuse it.
 	var nodeTarget []string
 	if rt.runtime == "kubernetes" {
 		node, err := net.Listen("tcp", k8stest.NodeIP+":0")
@@ -243,7 +245,7 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 		if rt.accepted == nil {
 			rt.accepted = map[string]string{}
 		}
-		rt.accepted["connect "+node.Addr().String()] = "the test node's CNI (bridge) enforces no NetworkPolicy: nothing keeps a pod from the node's addresses"
+		rt.accepted["connect "+node.Addr().String()] = "the suite's server runs on the node, so its namespaces have no NetworkPolicy: nothing keeps a pod from the node's addresses (TestNetworkPoliciesHold: the rendered policies do)"
 	}
 
 	argv := []string{"/workspace/shared/bin/probe", "--sandboxed",

@@ -6,7 +6,8 @@
 #   bin/   kube-apiserver kube-controller-manager kube-scheduler kubelet
 #          kubectl (Kubernetes $K8S_VERSION) and etcd ($ETCD_VERSION), from
 #          Go modules in one `go build`; runsc and containerd-shim-runsc-v1
-#          (gVisor $GVISOR_VERSION, patched, see below) in another
+#          (gVisor $GVISOR_VERSION, patched, see below) in another;
+#          kube-router ($KUBE_ROUTER_VERSION) in a third
 #   images/pause.tar  the sandbox image (pause.go)
 #   gomod/ gocache/   this build's Go module and build caches
 #   src/              the generated scratch modules
@@ -45,7 +46,7 @@ packages() {
   local missing=() want pkg
   for want in containerd:/usr/bin/containerd runc:/usr/sbin/runc \
     containernetworking-plugins:/usr/lib/cni/bridge busybox-static:/bin/busybox \
-    iptables:/usr/sbin/iptables openssl:/usr/bin/openssl curl:/usr/bin/curl iproute2:/usr/sbin/ip; do
+    iptables:/usr/sbin/iptables ipset:/usr/sbin/ipset openssl:/usr/bin/openssl curl:/usr/bin/curl iproute2:/usr/sbin/ip; do
     pkg=${want%%:*}
     # By package status: the dynamic "busybox" package has a /bin/busybox too.
     [ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" = "install ok installed" ] || missing+=("$pkg")
@@ -199,6 +200,27 @@ EOF
   say "gVisor built in $(since "$t") s"
 }
 
+# kube-router, for its network policy controller: up.sh runs nothing else
+# of it. Its own go.mod decides the dependencies.
+build_kube_router() {
+  local line="kube-router $KUBE_ROUTER_VERSION"
+  if stamped "$line" && have kube-router; then
+    say "kube-router $KUBE_ROUTER_VERSION already built"
+    return
+  fi
+  local t out=$K8S_CACHE/out-kube-router
+  t=$(now)
+  say "building kube-router $KUBE_ROUTER_VERSION"
+  rm -rf "$out"; mkdir -p "$out"
+  GOBIN=$out GOFLAGS=-buildvcs=false go install -trimpath -ldflags='-s -w' \
+    "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+  mkdir -p "$K8S_BIN"
+  mv "$out/kube-router" "$K8S_BIN/kube-router"
+  rmdir "$out"
+  stamp "$line"
+  say "kube-router built in $(since "$t") s"
+}
+
 main() {
   local t0; t0=$(now)
   command -v go >/dev/null || die "Go 1.26 or newer is needed at /usr/local/go"
@@ -207,6 +229,7 @@ main() {
   go_env
   build_k8s
   build_gvisor
+  build_kube_router
   pause_image >/dev/null
   say "build done in $(since "$t0") s: $K8S_BIN ($(du -sh "$K8S_CACHE" | cut -f1) in $K8S_CACHE)"
 }

@@ -2,7 +2,8 @@
 # Stops the single-node cluster up.sh started and puts the host back:
 # deletes the workloads through the API first (so the kubelet unmounts their
 # volumes and CNI DEL runs), stops the kubelet, the containers and their
-# shims, containerd and the control plane (all by pid file), unmounts what
+# shims, containerd, the control plane and kube-router (all by pid file),
+# removes kube-router's iptables chains and ipsets, unmounts what
 # is left under $K8S_RUN, removes the CRI network namespaces, the bridge, the
 # kubepods cgroups, the host directories up.sh created, restores the sysctls
 # the kubelet changed and removes $K8S_RUN. The build cache stays.
@@ -80,8 +81,8 @@ fi
 
 # 2. The kubelet and the controllers.
 t=$(now)
-stop_daemons kubelet kube-controller-manager kube-scheduler
-say "kubelet, controller manager, scheduler stopped in $(since "$t") s"
+stop_daemons kube-router kubelet kube-controller-manager kube-scheduler
+say "kube-router, kubelet, controller manager, scheduler stopped in $(since "$t") s"
 
 # 3. Containers still running (e.g. when the API was gone), containerd and
 #    the control plane.
@@ -161,6 +162,20 @@ for ipt in $(cat "$R/host/iptables-clean" 2>/dev/null); do
     $ipt -F KUBE-FIREWALL && $ipt -X KUBE-FIREWALL
   fi
 done
+
+# 8b. kube-router's chains (KUBE-ROUTER-*, KUBE-POD-FW-*, KUBE-NWPLCY-*),
+#     with the rules that jump to them, and its ipsets; it leaves them when
+#     it stops. up.sh refused to start next to chains of another.
+if [ -f "$R/host/kube-router" ]; then
+  if iptables-save -t filter | grep -qE 'KUBE-(ROUTER-|POD-FW-|NWPLCY-)'; then
+    iptables-save -t filter | grep -vE 'KUBE-(ROUTER-|POD-FW-|NWPLCY-)' | iptables-restore -T filter ||
+      warn "could not remove kube-router's iptables chains"
+  fi
+  for set in $(ipset list -n 2>/dev/null | grep '^KUBE-' || true); do
+    grep -qxF "$set" "$R/host/ipsets-before" 2>/dev/null && continue
+    ipset destroy "$set" 2>/dev/null || warn "could not remove ipset $set"
+  done
+fi
 
 # 9. The sysctls the kubelet changed.
 restored=()

@@ -15,6 +15,10 @@ ETCD_VERSION=v3.6.4
 GVISOR_VERSION=v0.0.0-20250503011706-39ed1f5ac29c
 # Bump when the local gVisor patch (build.sh) changes.
 GVISOR_PATCH=oom-eacces-1
+# The node's NetworkPolicy enforcement: kube-router's network policy
+# controller alone (iptables and ipsets). The newest the module proxy
+# serves; it runs on the test node only, never beside Corral.
+KUBE_ROUTER_VERSION=v2.1.0
 
 K8S_CACHE=${CORRAL_TEST_CACHE:-/var/cache/corral-test}/k8s
 K8S_BIN=$K8S_CACHE/bin
@@ -37,12 +41,13 @@ K8S_BUSYBOX_IMAGE=localhost/corral-busybox:1
 K8S_CLAUDE_IMAGE=localhost/corral-claude:1
 
 # The binaries build.sh makes; up.sh needs all of them.
-K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd runsc containerd-shim-runsc-v1)
+K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd runsc containerd-shim-runsc-v1 kube-router)
 
 # The sysctls the kubelet sets at start (setupKernelTunables) and the one a
 # CNI gateway would; up.sh saves them, down.sh puts them back.
 K8S_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
-  kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward)
+  kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward
+  net.bridge.bridge-nf-call-iptables)
 
 export PATH="$PATH:/usr/local/go/bin"
 
@@ -115,7 +120,7 @@ ctr_() { ctr --address "$K8S_CTRD_SOCK" --namespace k8s.io "$@"; }
 
 # api PATH: GET on the apiserver with the admin token, body on stdout.
 api() {
-  curl -sfk --max-time 2 -H "Authorization: Bearer $(cat "$K8S_RUN/pki/admin-token")" "https://127.0.0.1:6443$1"
+  curl -sfk --max-time 2 -H "Authorization: Bearer $(cat "$K8S_RUN/pki/admin-token")" "https://$K8S_NODE_IP:6443$1"
 }
 
 # image_names TARBALL: the RepoTags of a docker-archive tarball, one a line.

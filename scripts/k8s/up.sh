@@ -3,7 +3,8 @@
 # build.sh put in ${CORRAL_TEST_CACHE:-/var/cache/corral-test}/k8s/bin:
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd
 # (Debian's, with its own config and socket; runtimes runc and gVisor) and a
-# kubelet. Run as root. Usage:
+# kubelet; kube-router's network policy controller enforces NetworkPolicies.
+# Run as root. Usage:
 #
 #   up.sh [IMAGE.tar...]     also imports these docker-archive tarballs
 #                            (and those in $K8S_IMAGES, space separated)
@@ -24,7 +25,7 @@ trap 'echo "==> up.sh failed: logs in $K8S_RUN/log; scripts/k8s/down.sh cleans u
 
 healthy() {
   local d
-  for d in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet; do
+  for d in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-router; do
     pid_alive "$d" || return 1
   done
   api /readyz >/dev/null 2>&1 || return 1
@@ -121,7 +122,7 @@ kind: Config
 clusters:
 - name: corral
   cluster:
-    server: https://127.0.0.1:6443
+    server: https://$K8S_NODE_IP:6443
     insecure-skip-tls-verify: true
 users:
 - name: admin
@@ -133,22 +134,6 @@ contexts:
 current-context: corral
 EOF
 chmod 600 "$K8S_KUBECONFIG" "$P"/*.key
-
-# --- etcd and kube-apiserver (they start while the node is set up) ----------
-start_daemon etcd "$K8S_BIN/etcd" --name corral --data-dir "$R/etcd" \
-  --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
-  --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-  --initial-cluster corral=http://127.0.0.1:2380 --unsafe-no-fsync=true --log-level=warn
-start_daemon kube-apiserver "$K8S_BIN/kube-apiserver" \
-  --etcd-servers=http://127.0.0.1:2379 --cert-dir="$P/apiserver" \
-  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port=6443 \
-  --service-cluster-ip-range="$K8S_SERVICE_CIDR" \
-  --service-account-issuer=https://127.0.0.1:6443/ \
-  --service-account-key-file="$P/sa.pub" --service-account-signing-key-file="$P/sa.key" \
-  --token-auth-file="$P/tokens.csv" --authorization-mode=RBAC --allow-privileged=true \
-  --kubelet-preferred-address-types=InternalIP \
-  --kubelet-client-certificate="$P/apiserver-kubelet.crt" --kubelet-client-key="$P/apiserver-kubelet.key" \
-  --profiling=false
 
 # --- the bridge and CNI -----------------------------------------------------
 # A fixed MAC address: a bridge without one takes the lowest of its ports'
@@ -179,6 +164,24 @@ cat >"$R/cni/net.d/10-corral.conflist" <<EOF
   }]
 }
 EOF
+
+# --- etcd and kube-apiserver (they start while the node is set up) ----------
+# The apiserver listens on the node IP, where the kubernetes Service's
+# endpoint is and pods reach it (unless a NetworkPolicy says otherwise).
+start_daemon etcd "$K8S_BIN/etcd" --name corral --data-dir "$R/etcd" \
+  --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+  --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+  --initial-cluster corral=http://127.0.0.1:2380 --unsafe-no-fsync=true --log-level=warn
+start_daemon kube-apiserver "$K8S_BIN/kube-apiserver" \
+  --etcd-servers=http://127.0.0.1:2379 --cert-dir="$P/apiserver" \
+  --bind-address="$K8S_NODE_IP" --advertise-address="$K8S_NODE_IP" --secure-port=6443 \
+  --service-cluster-ip-range="$K8S_SERVICE_CIDR" \
+  --service-account-issuer="https://$K8S_NODE_IP:6443/" \
+  --service-account-key-file="$P/sa.pub" --service-account-signing-key-file="$P/sa.key" \
+  --token-auth-file="$P/tokens.csv" --authorization-mode=RBAC --allow-privileged=true \
+  --kubelet-preferred-address-types=InternalIP \
+  --kubelet-client-certificate="$P/apiserver-kubelet.crt" --kubelet-client-key="$P/apiserver-kubelet.key" \
+  --profiling=false
 
 # --- containerd -------------------------------------------------------------
 cat >"$R/runsc.toml" <<EOF
@@ -285,6 +288,25 @@ wait_for "node $K8S_NODE_NAME" 60 "$R/log/kubelet.log" node_ready
 t_ready=$(now)
 wait_for "the default ServiceAccount" 30 "$R/log/kube-controller-manager.log" \
   api /api/v1/namespaces/default/serviceaccounts/default
+
+# --- NetworkPolicy ----------------------------------------------------------
+# kube-router's network policy controller and nothing else of it (no
+# routing, no service proxy, no CNI): iptables rules and ipsets that hold a
+# pod a NetworkPolicy selects to it, on traffic between pods across the
+# bridge (br_netfilter), traffic the node forwards and traffic from a pod to
+# the node itself. A pod is held to its policies once the controller has
+# seen its address: its first packets may come before (no CNI hook here).
+# down.sh removes the chains and sets it leaves.
+iptables -S KUBE-ROUTER-FORWARD >/dev/null 2>&1 && die "iptables chain KUBE-ROUTER-FORWARD exists already (another kube-router on this machine?)"
+ipset list -n 2>/dev/null | grep '^KUBE-' >"$R/host/ipsets-before" || true
+sysctl -q -w net.bridge.bridge-nf-call-iptables=1
+: >"$R/host/kube-router"
+start_daemon kube-router "$K8S_BIN/kube-router" --kubeconfig="$K8S_KUBECONFIG" \
+  --hostname-override="$K8S_NODE_NAME" --run-firewall=true --run-router=false \
+  --run-service-proxy=false --run-loadbalancer=false --enable-cni=false \
+  --service-cluster-ip-range="$K8S_SERVICE_CIDR" --health-port=0 --metrics-port=0
+wait_for kube-router 30 "$R/log/kube-router.log" iptables -S KUBE-ROUTER-FORWARD
+
 kubectl_ apply -f - >/dev/null <<EOF
 apiVersion: node.k8s.io/v1
 kind: RuntimeClass
