@@ -5,6 +5,7 @@ package e2e_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -27,6 +28,7 @@ import (
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -39,11 +41,18 @@ const faultScript = `echo run >> output/runs.txt; sleep 1; echo T > output/out.t
 
 // faultConfig writes the fault tests' configuration: warm pools of warm
 // sandboxes of each shape, six tasks at a time, and no API rate limit (the
-// checks read each task's result and events).
-func faultConfig(t *testing.T, warm int) string {
+// checks read each task's result and events); with docker, the docker
+// runtime on the tests' engine and image too (the default runtime stays
+// local).
+func faultConfig(t *testing.T, warm int, docker bool) string {
 	t.Helper()
 	cfg := filepath.Join(t.TempDir(), "corral.yaml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, "local:\n  warm_pool: %d\nai_worker_config:\n  max_concurrent_workers: 6\nlimits:\n  api_rate: 0\n", warm), 0o600); err != nil {
+	y := fmt.Sprintf("local:\n  warm_pool: %d\nai_worker_config:\n  max_concurrent_workers: 6\n", warm)
+	if docker {
+		y += "  ai_coder_image: " + testenv.DockerImage + "\ndocker:\n  host: unix://" + testenv.DockerSocket + "\n"
+	}
+	y += "limits:\n  api_rate: 0\n"
+	if err := os.WriteFile(cfg, []byte(y), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return cfg
@@ -127,6 +136,32 @@ func (c *crashing) waitKilled(t *testing.T, point string) {
 	}
 }
 
+// killed reports whether c, which has ended, was killed with SIGKILL.
+func killed(c *crashing) bool {
+	var ee *exec.ExitError
+	return errors.As(c.err, &ee) && ee.Sys().(syscall.WaitStatus).Signal() == syscall.SIGKILL
+}
+
+// lockHolders lists the processes that hold data's event store lock file
+// open (pid: command line | /proc/pid/stat), for a server that cannot
+// start.
+func lockHolders(data string) []string {
+	var out []string
+	want := filepath.Join(data, "corral.db.lock")
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		fds, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "fd"))
+		for _, fd := range fds {
+			if l, _ := os.Readlink(filepath.Join("/proc", e.Name(), "fd", fd.Name())); l == want {
+				b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+				st, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+				out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " ")+" | "+string(st))
+			}
+		}
+	}
+	return out
+}
+
 // TestKill9AtEachPoint: a server killed with SIGKILL at each point of a
 // task's start and end (sandbox.CrashPoints: a warm sandbox claimed, the
 // task's directories moved into it, the sandbox handed over, the start
@@ -163,7 +198,7 @@ func TestKill9AtEachPoint(t *testing.T) {
 			if tt.warm {
 				warm = 1
 			}
-			cfg := faultConfig(t, warm)
+			cfg := faultConfig(t, warm, false)
 			srv := startCrashing(t, data, tt.point, "--config", cfg)
 			if tt.warm {
 				waitProcWarm(t, srv.proc, 1)
@@ -171,7 +206,7 @@ func TestKill9AtEachPoint(t *testing.T) {
 			// The kill may come before the spawn's answer: the task is
 			// there all the same, and is checked as one acknowledged.
 			var acked []string
-			if id, err := spawnFault(srv.proc); err == nil {
+			if id, err := spawnFault(srv.proc, ""); err == nil {
 				acked = append(acked, id)
 			}
 			srv.waitKilled(t, tt.point)
@@ -190,12 +225,12 @@ func TestKill9AtEachPoint(t *testing.T) {
 }
 
 // spawnFault spawns a task running faultScript with network none (a
-// warm shape's).
-func spawnFault(p *proc) (string, error) {
+// warm shape's) on runtime ("": the default, local).
+func spawnFault(p *proc, runtime string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	tk, _, err := p.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "fault", Agent: task.AgentCommand, Network: task.NetworkNone,
-		Command: []string{"sh", "-c", faultScript}})
+		Runtime: runtime, Command: []string{"sh", "-c", faultScript}})
 	return tk.ID, err
 }
 
@@ -231,15 +266,16 @@ func waitProcWarm(t *testing.T, p *proc, n uint64) {
 }
 
 var (
-	warmInArgs = regexp.MustCompile(`/_warm/(warm-[0-9a-z]+)/`)
-	taskInArgs = regexp.MustCompile(`/tasks/([0-9A-Za-z_-]+)`)
+	warmInArgs    = regexp.MustCompile(`/_warm/(warm-[0-9a-z]+)/`)
+	sessionInArgs = regexp.MustCompile(`/(sess-[0-9a-z]+)`)
+	taskInArgs    = regexp.MustCompile(`/tasks/([0-9A-Za-z_-]+)`)
 )
 
 // sandboxProcs lists the processes outside sandboxes that keep the
 // sandboxes on data running (their launchers and bwrap, whose command
 // lines bind data's directories; everything in a sandbox dies with its
-// bwrap), by sandbox: a warm sandbox's id, or a cold one's task id. The
-// servers' own processes are not listed.
+// bwrap), by sandbox: a warm sandbox's id, a session's id, or a cold
+// one's task id. The servers' own processes are not listed.
 func sandboxProcs(data string) map[string][]int {
 	out := map[string][]int{}
 	ents, _ := os.ReadDir("/proc")
@@ -254,6 +290,8 @@ func sandboxProcs(data string) map[string][]int {
 		}
 		id := "?"
 		if m := warmInArgs.FindStringSubmatch(string(b)); m != nil {
+			id = m[1]
+		} else if m := sessionInArgs.FindStringSubmatch(string(b)); m != nil {
 			id = m[1]
 		} else if m := taskInArgs.FindStringSubmatch(string(b)); m != nil {
 			id = m[1]
@@ -293,13 +331,14 @@ func (p *proc) stop(t *testing.T) {
 // faults counts what a fault test found wrong, and has the event types
 // of each task.
 type faults struct {
-	tasks, lost, stuck, wrong, leaked int
-	events                            map[string][]string
+	tasks, docker, lost, stuck, wrong, leaked int
+	events                                    map[string][]string
 }
 
 // checkFaults checks every task on the server p (each of acked among
-// them) once they have ended, then what is left of their sandboxes, then
-// that a clean stop leaves no sandbox process: faults says how many tasks
+// them) once they have ended, then what is left of their sandboxes (the
+// local ones' processes, the docker ones' containers), then that a clean
+// stop leaves no sandbox process or container: faults says how many tasks
 // were lost, stuck or wrong and how many sandboxes leaked. Each fault is
 // logged.
 func checkFaults(t *testing.T, p *proc, data string, acked []string) faults {
@@ -318,6 +357,13 @@ func checkFaults(t *testing.T, p *proc, data string, acked []string) faults {
 		}
 	}
 	f.tasks = len(all)
+	onDocker := map[string]bool{}
+	for _, tk := range all {
+		if tk.Runtime == "docker" {
+			onDocker[tk.ID] = true
+		}
+	}
+	f.docker = len(onDocker)
 	for _, id := range acked {
 		if !slices.ContainsFunc(all, func(tk task.Task) bool { return tk.ID == id }) {
 			t.Errorf("acknowledged task %s is not in the list", id)
@@ -331,12 +377,16 @@ func checkFaults(t *testing.T, p *proc, data string, acked []string) faults {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var ends int
+		var (
+			ends int
+			by   []string // each event's type and actor, for a fault's message
+		)
 		p.client.Events(ctx, service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
 			if e.Type == task.EventCompleted {
 				ends++
 			}
 			f.events[tk.ID] = append(f.events[tk.ID], e.Type)
+			by = append(by, e.Type+" by "+e.Actor)
 			return nil
 		})
 		code := "none"
@@ -347,36 +397,69 @@ func checkFaults(t *testing.T, p *proc, data string, acked []string) faults {
 		switch {
 		case !res.Status.Terminal():
 			f.stuck++
-			t.Errorf("task %s: still %s", tk.ID, res.Status)
+			t.Errorf("task %s (%s): still %s", tk.ID, tk.Runtime, res.Status)
 		case strings.HasPrefix(res.ErrorMessage, "lost"):
 			f.lost++
-			t.Errorf("task %s: %s (exit code %s, runs %q): %s", tk.ID, res.Status, code, runs, res.ErrorMessage)
+			t.Errorf("task %s (%s): %s (exit code %s, runs %q): %s", tk.ID, tk.Runtime, res.Status, code, runs, res.ErrorMessage)
 		case res.Status != task.Failed || code != "3" || out != "T\n" || runs != "run\n" || ends != 1:
 			f.wrong++
-			t.Errorf("task %s: %s, exit code %s, out.txt %q, runs.txt %q, %d ends (%s); want failed, exit code 3, T, one run, one end",
-				tk.ID, res.Status, code, out, runs, ends, res.ErrorMessage)
+			t.Errorf("task %s (%s): %s, exit code %s, out.txt %q, runs.txt %q, %d ends (%s; events %v); want failed, exit code 3, T, one run, one end",
+				tk.ID, tk.Runtime, res.Status, code, out, runs, ends, res.ErrorMessage, by)
 		}
 	}
 	// A sandbox goes once its task has ended and its worker exited, or
-	// after the exit grace (10 s) at most.
-	left := leftover(data)
-	for deadline := time.Now().Add(20 * time.Second); len(left) > 0 && time.Now().Before(deadline); left = leftover(data) {
+	// after the exit grace (10 s) at most; a docker task's container
+	// with it.
+	left, containers := leftover(data), taskContainers(t, onDocker)
+	for deadline := time.Now().Add(20 * time.Second); len(left)+len(containers) > 0 && time.Now().Before(deadline); left, containers = leftover(data), taskContainers(t, onDocker) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	for id, pids := range left {
 		f.leaked++
 		t.Errorf("sandbox %s still has processes %v after its task ended", id, pids)
 	}
+	for id, cs := range containers {
+		f.leaked++
+		t.Errorf("docker task %s still has containers %v after it ended", id, cs)
+	}
 	p.stop(t)
-	left = sandboxProcs(data)
-	for deadline := time.Now().Add(10 * time.Second); len(left) > 0 && time.Now().Before(deadline); left = sandboxProcs(data) {
+	left, containers = sandboxProcs(data), taskContainers(t, onDocker)
+	for deadline := time.Now().Add(10 * time.Second); len(left)+len(containers) > 0 && time.Now().Before(deadline); left, containers = sandboxProcs(data), taskContainers(t, onDocker) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	for id, pids := range left {
 		f.leaked++
 		t.Errorf("sandbox %s still has processes %v after the server stopped", id, pids)
 	}
+	for id, cs := range containers {
+		f.leaked++
+		t.Errorf("docker task %s still has containers %v after the server stopped", id, cs)
+	}
 	return f
+}
+
+// taskContainers lists the Docker engine's containers, running or not,
+// of the tasks in ids (by the label sandbox.LabelTaskID, which the docker
+// runtime puts on each task's container), by task id. Nil without docker
+// tasks: the engine is not asked.
+func taskContainers(t *testing.T, ids map[string]bool) map[string][]string {
+	t.Helper()
+	if len(ids) == 0 {
+		return nil
+	}
+	out, err := exec.Command("docker", "-H", "unix://"+testenv.DockerSocket, "ps", "-a", "--filter", "label="+sandbox.LabelTaskID,
+		"--format", `{{.ID}} {{.Label "`+sandbox.LabelTaskID+`"}}`).Output()
+	if err != nil {
+		t.Fatalf("docker ps: %v", err)
+	}
+	found := map[string][]string{}
+	for line := range strings.Lines(string(out)) {
+		c, id, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if ids[id] {
+			found[id] = append(found[id], c)
+		}
+	}
+	return found
 }
 
 // soakRounds is how many rounds TestKill9Soak runs: CORRAL_SOAK_ROUNDS,
@@ -392,24 +475,275 @@ func soakRounds(t *testing.T) int {
 	return 3
 }
 
+// The soak's session commands: each prints a line at once (its stream's
+// first chunk, which acknowledges its start to the client), a moment
+// later appends its tag to execs.txt in the session's directory and exits
+// 4. One that ran once and ended with its own result is completed with
+// exit code 4 and its tag is in the file once. probeCommand waits for a
+// session's exec agent to be back after a restart.
+const (
+	execScript   = "echo started; sleep %s; echo %s >> execs.txt; exit 4"
+	probeCommand = "true"
+)
+
+// execTag finds an exec's tag in its command as exec_started records it.
+var execTag = regexp.MustCompile(`echo (soak-r[0-9]+-[0-9]+) >> execs\.txt`)
+
+// soakExec is a command the soak ran in a session, and what its client
+// was told.
+type soakExec struct {
+	session, tag, sleep string
+	acked               bool             // its stream started: the start was acknowledged
+	end                 *session.ExecEnd // the end it was answered, if it was
+}
+
+// run runs e's command in its session on p, until its end or the
+// server's.
+func (e *soakExec) run(p *proc) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	end, err := p.client.ExecSession(ctx, e.session, httpapi.ExecBody{Command: shell(fmt.Sprintf(execScript, e.sleep, e.tag))},
+		func(httpapi.ExecChunk) error { e.acked = true; return nil })
+	if err == nil {
+		e.acked, e.end = true, &end
+	}
+}
+
+// probeAgents runs probeCommand in each session on p at once, so that
+// their exec agents have dialled p in (after a restart an exec waits up
+// to 30 s for its agent); it gives up at p's end.
+func probeAgents(p *proc, sessions []string) {
+	var wg sync.WaitGroup
+	for _, id := range sessions {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+			defer cancel()
+			p.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell(probeCommand)}, func(httpapi.ExecChunk) error { return nil })
+		})
+	}
+	wg.Wait()
+}
+
+// execFaults counts the soak's session commands (probes aside) and what
+// the checks found wrong.
+type execFaults struct {
+	acked, recorded, probes, completed, lost int // lost: ended as lost, the server killed while it ran
+	missing, stuck, wrong, leaked            int
+}
+
+// checkExecs checks, on the server p after the last restart, every exec
+// recorded in sessions (those the soak ran, each of tried among them, and
+// the probes): each has exactly one end, which is either "lost" (its
+// command may or may not have left its line, never twice) or its
+// command's own (exit 4 and its tag once in execs.txt; a probe's exit
+// 0); each acknowledged one is recorded, one answered with an end was
+// answered the recorded one, and no command left its line without a
+// record. Then the sessions, which outlive the kills, are still running;
+// they are deleted, and none may keep a sandbox process.
+func checkExecs(t *testing.T, p *proc, data string, sessions []string, tried []*soakExec) execFaults {
+	t.Helper()
+	ctx := context.Background()
+	var f execFaults
+	type record struct {
+		session, tag, command string
+		ends                  []session.ExecEnd
+	}
+	records := map[string]*record{} // by exec id
+	streams := map[string]string{}  // stream -> session
+	for _, id := range sessions {
+		streams[session.StreamID(id)] = id
+	}
+	for after := ""; ; {
+		n := 0
+		err := p.client.Events(ctx, service.EventsRequest{After: after}, func(e eventstore.Event) error {
+			n++
+			after = e.ID
+			id, ok := streams[e.StreamID]
+			if !ok {
+				return nil
+			}
+			var d struct {
+				session.ExecEnd
+				Command string `json:"command"`
+			}
+			if err := json.Unmarshal(e.Data, &d); err != nil {
+				return nil
+			}
+			switch e.Type {
+			case session.EventExecStart:
+				r := &record{session: id, command: d.Command}
+				if m := execTag.FindStringSubmatch(d.Command); m != nil {
+					r.tag = m[1]
+				}
+				if records[d.ExecID] != nil {
+					f.wrong++
+					t.Errorf("exec %s started twice", d.ExecID)
+				}
+				records[d.ExecID] = r
+			case session.EventExecEnd:
+				if r := records[d.ExecID]; r != nil {
+					r.ends = append(r.ends, d.ExecEnd)
+				} else {
+					f.wrong++
+					t.Errorf("session %s: exec %s ended (%+v) without having started", id, d.ExecID, d.ExecEnd)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	lines := map[string]int{} // tag -> lines in its session's execs.txt
+	for _, id := range sessions {
+		b, err := os.ReadFile(filepath.Join(data, "sessions", id, "execs.txt"))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		for l := range strings.Lines(string(b)) {
+			lines[strings.TrimSuffix(l, "\n")]++
+		}
+	}
+	byTag := map[string][]string{} // tag -> exec ids
+	for ex, r := range records {
+		probe := r.tag == "" && r.command == "/bin/sh -c "+probeCommand
+		switch {
+		case probe:
+			f.probes++
+		case r.tag == "":
+			f.wrong++
+			t.Errorf("exec %s: a command the soak never ran: %q", ex, r.command)
+			continue
+		default:
+			f.recorded++
+			byTag[r.tag] = append(byTag[r.tag], ex)
+		}
+		if len(r.ends) == 0 {
+			f.stuck++
+			t.Errorf("exec %s (%s) of session %s: started, never ended", ex, r.tag, r.session)
+			continue
+		}
+		end := r.ends[0]
+		switch {
+		case len(r.ends) > 1:
+			f.wrong++
+			t.Errorf("exec %s (%s): %d ends %+v, want one", ex, r.tag, len(r.ends), r.ends)
+		case end.Reason == "lost" && lines[r.tag] <= 1:
+			if !probe {
+				f.lost++
+			}
+		case end.Reason == "" && end.Error == "" && probe && end.ExitCode == 0:
+		case end.Reason == "" && end.Error == "" && !probe && end.ExitCode == 4 && lines[r.tag] == 1:
+			f.completed++
+		default:
+			f.wrong++
+			t.Errorf("exec %s (%s): ended %+v, its line %d times in execs.txt; want lost, or exit code 4 (a probe's 0) and its line once",
+				ex, r.tag, end, lines[r.tag])
+		}
+	}
+	ran := map[string]bool{}
+	for _, e := range tried {
+		ran[e.tag] = true
+		if e.acked {
+			f.acked++
+		}
+		ids := byTag[e.tag]
+		switch {
+		case len(ids) > 1:
+			f.wrong++
+			t.Errorf("exec %s: recorded %d times (%v), want once", e.tag, len(ids), ids)
+		case len(ids) == 0 && e.acked:
+			f.missing++
+			t.Errorf("exec %s: acknowledged (its output streamed), never recorded", e.tag)
+		case len(ids) == 0 && lines[e.tag] > 0:
+			f.wrong++
+			t.Errorf("exec %s: never recorded, yet its command ran (its line %d times)", e.tag, lines[e.tag])
+		}
+		if e.end == nil {
+			continue
+		}
+		r := records[e.end.ExecID]
+		if e.end.ExitCode != 4 || e.end.Reason != "" || e.end.Error != "" || r == nil || r.tag != e.tag || len(r.ends) == 0 || r.ends[0] != *e.end {
+			f.wrong++
+			t.Errorf("exec %s: answered %+v, recorded %+v; want exit code 4, as recorded", e.tag, *e.end, r)
+		}
+	}
+	for tag, n := range lines {
+		if !ran[tag] {
+			f.wrong++
+			t.Errorf("execs.txt holds %d lines %q of no exec the soak ran", n, tag)
+		}
+	}
+	for _, id := range sessions {
+		s, err := p.client.GetSession(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Status != session.StatusRunning {
+			t.Errorf("session %s: %s (%s %s), want still running after the kills", id, s.Status, s.EndReason, s.EndError)
+		}
+		if _, err := p.client.DeleteSession(ctx, id); err != nil {
+			t.Errorf("delete session %s: %v", id, err)
+		}
+	}
+	left := sandboxProcs(data)
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); left = sandboxProcs(data) {
+		if !slices.ContainsFunc(sessions, func(id string) bool { return left[id] != nil }) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, id := range sessions {
+		if pids := left[id]; pids != nil {
+			f.leaked++
+			t.Errorf("session %s still has processes %v after its deletion", id, pids)
+		}
+	}
+	return f
+}
+
 // TestKill9Soak: the server killed with SIGKILL round after round, while
 // eight tasks at a time claim warm sandboxes (four of each shape), start
-// cold when the pool is short, run and report, then a clean stop: every
-// task ends exactly once with what its command really did (exit 3, its
-// file written, run once), none is lost or stuck, and no sandbox process
-// outlives its task or, warm, the server's stop. Half the rounds kill at
-// a random instant 0 to 400 ms after the spawns, from outside; the other
-// half at a random one of sandbox.CrashPoints, the first time any task
-// reaches it (the windows of a claim are microseconds wide, which random
-// instants seldom hit), or from outside after 5 s if none does.
+// cold when the pool is short, run and report, two tasks run on docker
+// (where an engine is; outside CI the soak runs without them), and three
+// commands run in two sessions made before the rounds; then a clean stop.
+// Every task ends exactly once with what its command really did (exit 3,
+// its file written, run once), none is lost or stuck, and no sandbox
+// process outlives its task or, warm, the server's stop, nor a docker
+// task's container its task. Every session command whose start was
+// acknowledged (its output began to stream) is recorded, and every
+// recorded one ends exactly once: with its command's own end (exit 4, its
+// line appended once to a file of its session) or as lost (the kill cut
+// it; the restart records that), never stuck, never twice, never a
+// "completed" its command did not do; none ran unrecorded, and the
+// sessions themselves survive every kill and leave nothing once deleted.
+// Each round waits for the sessions' exec agents to dial the new server
+// in (but one in four, where the commands wait for them), then starts
+// everything at once. Half the rounds kill at a random instant 0 to 400
+// ms after the spawns, from outside; the other half at a random one of
+// sandbox.CrashPoints, the first time any task reaches it (the windows of
+// a claim are microseconds wide, which random instants seldom hit), or
+// from outside after 5 s if none does; a server that ends otherwise than
+// killed (at its start, the data root's lock still held) is a fault too.
 // CORRAL_SOAK_ROUNDS sets how many rounds (CI: 3), CORRAL_SOAK_SEED the
-// seed, which the test logs with the figures.
+// seed, which the test logs with the figures: tasks acknowledged (docker
+// among them), lost, stuck, wrong and leaked; session commands
+// acknowledged, recorded, completed, lost by a kill, acknowledged but
+// missing, stuck and wrong.
 func TestKill9Soak(t *testing.T) {
 	testenv.RequireBwrap(t)
 	t.Parallel()
+	dockerTasks := 0
+	t.Run("docker", func(t *testing.T) {
+		testenv.RequireDocker(t) // skipped outside CI without an engine; fails in CI
+		dockerTasks = 2
+	})
 	rounds := soakRounds(t)
 	data := testenv.TempDir(t)
-	cfg := faultConfig(t, 4)
+	cfg := faultConfig(t, 4, dockerTasks > 0)
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("CORRAL_SOAK_SEED"); v != "" {
 		seed, _ = strconv.ParseUint(v, 10, 64)
@@ -417,9 +751,33 @@ func TestKill9Soak(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, seed))
 	var (
-		mu    sync.Mutex
-		acked []string
+		mu     sync.Mutex
+		acked  []string
+		docker = map[string]bool{}
+		tried  []*soakExec
 	)
+	t.Cleanup(func() {
+		// Containers a failing run left: their tasks' servers are gone.
+		mu.Lock()
+		defer mu.Unlock()
+		for id, cs := range taskContainers(t, docker) {
+			exec.Command("docker", append([]string{"-H", "unix://" + testenv.DockerSocket, "rm", "-f"}, cs...)...).Run()
+			t.Logf("removed the containers of docker task %s", id)
+		}
+	})
+	// The sessions, on a server that does not crash (a session's sandbox
+	// passes the crash points of a cold start): they outlive its clean
+	// stop and every kill.
+	setup := startProcess(t, data, "--config", cfg)
+	var sessions []string
+	for range 2 {
+		created, err := setup.client.CreateSession(context.Background(), session.CreateRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sessions = append(sessions, created.SessionID)
+	}
+	setup.stop(t)
 	kills := map[string]int{} // by crash point, "instant" for a kill from outside
 	for round := range rounds {
 		point := ""
@@ -428,6 +786,14 @@ func TestKill9Soak(t *testing.T) {
 		}
 		srv := startCrashing(t, data, point, "--config", cfg)
 		if srv.dead() {
+			if !killed(srv) {
+				// Not a kill: it could not start (the data root's lock
+				// still held by what outlived the server before it).
+				kills["start failed"]++
+				t.Errorf("round %d: the server ended at its start with %v, not killed at %q; the event store's lock is held by %q",
+					round, srv.err, point, lockHolders(data))
+				continue
+			}
 			kills[point]++ // in its reconciliation
 			continue
 		}
@@ -437,15 +803,35 @@ func TestKill9Soak(t *testing.T) {
 				return srv.dead() || (w["none"] == 4 && w["egress"] == 4)
 			})
 		}
+		if rng.IntN(4) != 0 {
+			probeAgents(srv.proc, sessions)
+		}
+		var execs []*soakExec
+		for i := range 3 {
+			ms := 100 + rng.IntN(400)
+			execs = append(execs, &soakExec{session: sessions[i%len(sessions)], tag: fmt.Sprintf("soak-r%d-%d", round, i),
+				sleep: fmt.Sprintf("%d.%03d", ms/1000, ms%1000)})
+		}
+		tried = append(tried, execs...)
 		var wg sync.WaitGroup
-		for range 8 {
+		for i := range 8 + dockerTasks {
+			runtime := ""
+			if i >= 8 {
+				runtime = "docker"
+			}
 			wg.Go(func() {
-				if id, err := spawnFault(srv.proc); err == nil {
+				if id, err := spawnFault(srv.proc, runtime); err == nil {
 					mu.Lock()
 					acked = append(acked, id)
+					if runtime == "docker" {
+						docker[id] = true
+					}
 					mu.Unlock()
 				}
 			})
+		}
+		for _, e := range execs {
+			wg.Go(func() { e.run(srv.proc) })
 		}
 		wait := 5 * time.Second
 		if point == "" {
@@ -453,6 +839,11 @@ func TestKill9Soak(t *testing.T) {
 		}
 		select {
 		case <-srv.exited:
+			if !killed(srv) {
+				kills["ended on its own"]++
+				t.Errorf("round %d: the server ended with %v, not killed at %q", round, srv.err, point)
+				break
+			}
 			kills[point]++
 		case <-time.After(wait):
 			srv.cmd.Process.Signal(syscall.SIGKILL)
@@ -462,6 +853,7 @@ func TestKill9Soak(t *testing.T) {
 		wg.Wait()
 	}
 	srv := startProcess(t, data, "--config", cfg)
+	x := checkExecs(t, srv, data, sessions, tried)
 	f := checkFaults(t, srv, data, acked)
 	again := 0
 	for _, types := range f.events {
@@ -469,6 +861,8 @@ func TestKill9Soak(t *testing.T) {
 			again++
 		}
 	}
-	t.Logf("%d rounds (kills: %v): %d tasks acknowledged (%d in all, %d started again after a kill), %d lost, %d stuck, %d wrong, %d leaked",
-		rounds, kills, len(acked), f.tasks, again, f.lost, f.stuck, f.wrong, f.leaked)
+	t.Logf("%d rounds (kills: %v): tasks: %d acknowledged, %d of them on docker (%d in all, %d on docker; %d started again after a kill), %d lost, %d stuck, %d wrong, %d leaked; "+
+		"session execs: %d acknowledged of %d run (%d recorded, %d agent probes besides), %d completed, %d lost by a kill, %d acknowledged but missing, %d stuck, %d wrong, %d sessions leaked",
+		rounds, kills, len(acked), len(docker), f.tasks, f.docker, again, f.lost, f.stuck, f.wrong, f.leaked,
+		x.acked, len(tried), x.recorded, x.probes, x.completed, x.lost, x.missing, x.stuck, x.wrong, x.leaked)
 }
