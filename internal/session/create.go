@@ -1,0 +1,218 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/ids"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workerproto"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// Create starts a session's sandbox and records it. It returns the session
+// and its token, which is shown once and stored only hashed.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, string, error) {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, errdefs.Field(field, fmt.Sprintf(format, args...)))
+	}
+	rtName := req.Runtime
+	if rtName == "" {
+		rtName = m.opts.DefaultRuntime
+	}
+	rt := m.opts.Runtimes[rtName]
+	switch why, known := m.opts.Unavailable[rtName]; {
+	case !known:
+		bad("runtime", "%q is not a runtime (one of: local, gvisor, docker, kubernetes)", clip.String(rtName, 64))
+	case why != "" || rt == nil:
+		if why == "" {
+			why = "not built yet"
+		}
+		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", rtName, why, errdefs.ErrFailedPrecondition)})
+	}
+	image := req.Image
+	if task.RunsImages(rtName) {
+		if image == "" {
+			image = m.opts.Image
+		}
+		if !task.ImageAllowed(m.opts.AllowedImages, image) {
+			errs = append(errs, &errdefs.FieldError{Field: "image", Err: fmt.Errorf("%q is not allowed: it must match one of the allowed images %v: %w", clip.String(image, 64), m.opts.AllowedImages, errdefs.ErrFailedPrecondition)})
+		}
+	} else if image != "" {
+		errs = append(errs, &errdefs.FieldError{Field: "image", Err: fmt.Errorf("the %s runtime runs the host's /usr and takes no image: %w", rtName, errdefs.ErrFailedPrecondition)})
+	}
+	network := req.Network
+	if network == "" {
+		network = task.NetworkNone
+	}
+	switch why, ok := m.opts.Networks[network]; {
+	case !ok && network != task.NetworkNone:
+		bad("network", "%q is not a network policy (one of: none, allowlist, open)", clip.String(network, 32))
+	case why != "":
+		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q is not available: %s: %w", network, why, errdefs.ErrFailedPrecondition)})
+	case network != task.NetworkNone && m.opts.Egress == nil:
+		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q needs the egress proxy, which this server does not run: %w", network, errdefs.ErrFailedPrecondition)})
+	}
+	limits := m.opts.Limits
+	if r := req.Resources; r != nil {
+		res, err := r.Apply(task.Resources{MemoryBytes: limits.MemoryBytes, CPUMillis: limits.CPUMillis, Pids: limits.Pids})
+		errs = append(errs, err)
+		limits.MemoryBytes, limits.CPUMillis, limits.Pids = res.MemoryBytes, res.CPUMillis, res.Pids
+	}
+	idle, life := time.Duration(req.IdleTimeout)*time.Second, time.Duration(req.MaxLifetime)*time.Second
+	if idle == 0 {
+		idle = m.opts.IdleTimeout
+	}
+	if life == 0 {
+		life = m.opts.MaxLifetime
+	}
+	if idle < time.Second || idle > m.opts.IdleTimeout {
+		bad("idle_timeout", "must be between 1 and %d seconds", int(m.opts.IdleTimeout/time.Second))
+	}
+	if life < time.Second || life > m.opts.MaxLifetime {
+		bad("max_lifetime", "must be between 1 and %d seconds", int(m.opts.MaxLifetime/time.Second))
+	}
+	for k, v := range req.Labels {
+		if len(k) == 0 || len(k) > 63 || len(v) > 255 || strings.ContainsAny(k+v, "\x00\n") || strings.HasPrefix(k, "corral.") {
+			bad("labels", "keys of 1 to 63 characters not starting with corral., values of at most 255, no NUL or newline")
+			break
+		}
+	}
+	var project workspace.Project
+	if req.Workspace != "" {
+		pr, err := m.opts.Projects.Resolve(req.Workspace)
+		if err != nil {
+			errs = append(errs, err)
+		} else if err := m.opts.Projects.Check(pr); errors.Is(err, errdefs.ErrNotFound) {
+			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("no workspace %q (POST /api/workspaces): %w", pr.Name, errdefs.ErrFailedPrecondition)})
+		} else if err != nil {
+			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: err})
+		}
+		project, req.Workspace = pr, pr.Name
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Session{}, "", err
+	}
+	m.mu.Lock()
+	n := 0
+	for _, s := range m.sessions {
+		if s.Status == StatusRunning {
+			n++
+		}
+	}
+	m.mu.Unlock()
+	if m.opts.MaxSessions > 0 && n >= m.opts.MaxSessions {
+		return Session{}, "", fmt.Errorf("%d sessions run already, the limit (sessions.max_sessions); end one first: %w", n, errdefs.ErrResourceExhausted)
+	}
+
+	id := idPrefix + ids.New()
+	dir := ownDir(id)
+	if req.Workspace != "" {
+		// A task that just ended holds its workspace until its sandbox is
+		// gone, a moment later: wait for that, not for a running writer.
+		holder, ok := m.opts.Writers.Acquire(req.Workspace, id)
+		for deadline := time.Now().Add(writerWait); !ok && time.Now().Before(deadline) && ctx.Err() == nil; {
+			time.Sleep(50 * time.Millisecond)
+			holder, ok = m.opts.Writers.Acquire(req.Workspace, id)
+		}
+		if !ok {
+			return Session{}, "", fmt.Errorf("workspace %q is being written by %s; one writer at a time: %w", req.Workspace, holder, errdefs.ErrConflict)
+		}
+		dir = project.Source()
+		if err := m.snapshotGit(id, project); err != nil {
+			m.opts.Writers.Release(req.Workspace, id)
+			return Session{}, "", err
+		}
+	} else if err := m.opts.Data.Root().MkdirAll(dir, 0o755); err != nil {
+		return Session{}, "", fmt.Errorf("create the session's directory: %w", err)
+	} else if m.opts.Quota != nil {
+		if err := m.opts.Quota.Limit(ctx, id, dir); err != nil {
+			m.log.Warn("the session's directory has the polled quota alone", "session_id", id, "err", err)
+		}
+	}
+	made := false
+	defer func() {
+		if !made && req.Workspace != "" {
+			m.opts.Writers.Release(req.Workspace, id)
+		}
+	}()
+	labels := map[string]string{sandbox.LabelManaged: "true", labelSession: "true"}
+	agentToken := newToken()
+	spec := sandbox.Spec{
+		ID:      id,
+		Image:   image,
+		Command: []string{workerproto.WorkerBinary, "worker", "session"},
+		Dir:     Dir,
+		// Its exec agent lives as long as the session: sized for the
+		// host's CPUs, it would hold every P's structures all that time.
+		Env: []string{workerproto.EnvSessionID + "=" + id, workerproto.EnvSessionToken + "=" + agentToken, workerproto.MaxProcsEnv()},
+		Mounts: []sandbox.Mount{
+			{Source: dir, Target: Dir, HostDir: req.Workspace != "" && !project.InDataRoot()},
+			{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},
+			{Source: m.opts.BinDir + "/" + workerproto.CorralName, Target: workerproto.CorralBinary, ReadOnly: true},
+			{Source: m.opts.BinDir + "/" + workerproto.WorkerName, Target: workerproto.WorkerBinary, ReadOnly: true},
+			{Source: m.opts.SocketDir, Target: workerproto.SocketDir, ReadOnly: true},
+		},
+		Limits:  limits,
+		Network: sandbox.NetworkNone,
+		Labels:  labels,
+	}
+	if network != task.NetworkNone {
+		// As for tasks: loopback only in the sandbox, and the agent relays
+		// 127.0.0.1:3128 to this session's proxy over a mounted socket.
+		hostDir, err := m.opts.Egress.Open(id, network)
+		if err != nil {
+			return Session{}, "", fmt.Errorf("start the session's egress proxy: %w", err)
+		}
+		rel, err := filepath.Rel(m.opts.Data.Path(), hostDir)
+		if err != nil || !filepath.IsLocal(rel) {
+			m.opts.Egress.Close(id)
+			return Session{}, "", fmt.Errorf("the egress proxy's directory %s is not in the data root: %w", hostDir, errdefs.ErrFailedPrecondition)
+		}
+		spec.Network = sandbox.NetworkEgress
+		spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: filepath.ToSlash(rel), Target: workerproto.EgressDir, ReadOnly: true})
+		spec.Env = append(spec.Env, workerproto.EnvSessionEgress+"=1")
+	}
+	h, err := rt.Create(ctx, spec)
+	if err != nil {
+		if network != task.NetworkNone {
+			m.opts.Egress.Close(id)
+		}
+		return Session{}, "", fmt.Errorf("start the session's sandbox: %w", err)
+	}
+	token := newToken()
+	now := m.opts.Now().UTC()
+	m.mu.Lock()
+	attached := m.attached
+	m.mu.Unlock()
+	s := Session{ID: id, Runtime: rtName, Image: image, Network: network, Workspace: req.Workspace, Labels: maps.Clone(req.Labels), Status: StatusRunning,
+		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second)}
+	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), AgentTokenHash: hashToken(agentToken), Handle: *h}); err != nil {
+		rt.Destroy(context.WithoutCancel(ctx), id)
+		return Session{}, "", err
+	}
+	// The agent dials in a few milliseconds after its sandbox starts (more
+	// under gVisor). Every command runs through it, inside the sandbox's
+	// own view: a session that never gets one is no session.
+	if !m.waitAgent(ctx, id, attached, agentWait) {
+		m.end(context.WithoutCancel(ctx), id, "agent_not_connected")
+		return Session{}, "", fmt.Errorf("the session's exec agent did not connect within %s; the session is ended: %w", agentWait, errdefs.ErrUnavailable)
+	}
+	m.log.Info("session created", "session_id", id, "runtime", rtName, "image", image)
+	made = true
+	got, err := m.Get(id)
+	return got, token, err
+}
+
+// quotaTick is how often Reap looks for session directories due a quota
+// check; each is checked as soon as Quota asked.
+const quotaTick = 25 * time.Millisecond

@@ -1,0 +1,248 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+// Start folds the recorded sessions, reattaches to the sandboxes of those
+// still running (ending the others as lost) and destroys sandboxes no
+// session owns. Run Reap beside it to end sessions past their limits.
+func (m *Manager) Start(ctx context.Context) error {
+	var after int64
+	for {
+		evs, err := m.opts.Store.ReadAll(ctx, after, 1024)
+		if err != nil {
+			return fmt.Errorf("read sessions: %w", err)
+		}
+		if len(evs) == 0 {
+			break
+		}
+		for _, e := range evs {
+			after = e.Position
+			m.apply(e)
+		}
+	}
+	if err := m.closeLostExecs(ctx); err != nil {
+		return err
+	}
+	for _, s := range m.List() {
+		if s.Status != StatusRunning {
+			continue
+		}
+		rt := m.opts.Runtimes[s.Runtime]
+		h := m.handleOf(s.ID)
+		if rt == nil || rt.Recover(ctx, &h) != nil {
+			m.end(ctx, s.ID, "lost")
+			continue
+		}
+		if s.Workspace != "" {
+			m.opts.Writers.Acquire(s.Workspace, s.ID)
+		}
+		if s.Network != "" && s.Network != task.NetworkNone && m.opts.Egress != nil {
+			// The proxy listens again where the sandbox has it mounted.
+			if _, err := m.opts.Egress.Open(s.ID, s.Network); err != nil {
+				m.log.Warn("cannot reopen a session's egress proxy", "session_id", s.ID, "err", err)
+			}
+		}
+		if st, err := rt.Status(ctx, s.ID); err != nil || st.State == sandbox.StateExited {
+			m.end(ctx, s.ID, "lost")
+		}
+	}
+	for name, rt := range m.opts.Runtimes {
+		if m.opts.Unavailable[name] != "" {
+			continue
+		}
+		hs, err := rt.List(ctx, map[string]string{sandbox.LabelManaged: "true", labelSession: "true"})
+		if err != nil {
+			m.log.Warn("cannot list session sandboxes", "runtime", name, "err", err)
+			continue
+		}
+		for _, h := range hs {
+			if s, err := m.Get(h.ID); err != nil || s.Status != StatusRunning {
+				rt.Destroy(ctx, h.ID)
+			}
+		}
+	}
+	return nil
+}
+
+// closeLostExecs records the end of every exec a crash cut (started, never
+// ended): its command ended when the server's connection to the session's
+// agent did (the agent kills a connection's commands when it ends), so
+// each is lost, and said so.
+func (m *Manager) closeLostExecs(ctx context.Context) error {
+	m.mu.Lock()
+	lost := map[string][]string{}
+	for id, s := range m.sessions {
+		for ex := range s.openExecs {
+			lost[id] = append(lost[id], ex)
+		}
+	}
+	m.mu.Unlock()
+	for id, execs := range lost {
+		slices.Sort(execs)
+		for _, ex := range execs {
+			end := ExecEnd{ExecID: ex, ExitCode: -1, Reason: "lost",
+				Error: "lost: the server stopped while it ran, and its command ended with the server's connection to the session"}
+			if err := m.append(ctx, id, EventExecEnd, end); err != nil {
+				return fmt.Errorf("record an exec the crash cut: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// Reap ends sessions past their idle timeout or lifetime (checked every
+// second) or their directory's quota (as often as Quota says), and
+// removes ended sessions' own directories once their retention has
+// passed, until ctx is done.
+func (m *Manager) Reap(ctx context.Context) error {
+	t := time.NewTicker(quotaTick)
+	defer t.Stop()
+	var reaped time.Time
+	nextCheck := map[string]time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		m.checkQuotas(ctx, nextCheck)
+		if time.Since(reaped) < time.Second {
+			continue
+		}
+		reaped = time.Now()
+		m.removeDirs(ctx)
+		now := m.opts.Now()
+		for _, s := range m.List() {
+			if s.Status != StatusRunning {
+				continue
+			}
+			m.mu.Lock()
+			busy := m.sessions[s.ID].running > 0
+			m.mu.Unlock()
+			switch {
+			case now.Sub(s.CreatedAt) > time.Duration(s.MaxLifetime)*time.Second:
+				m.end(ctx, s.ID, "max_lifetime")
+			case !busy && now.Sub(s.LastUsedAt) > time.Duration(s.IdleTimeout)*time.Second:
+				m.end(ctx, s.ID, "idle_timeout")
+			}
+		}
+	}
+}
+
+// checkQuotas checks the directories of running sessions due a check
+// (next holds when), ending a session whose directory is over its quota
+// or grew while the disk is below its floor.
+func (m *Manager) checkQuotas(ctx context.Context, next map[string]time.Time) {
+	if m.opts.Quota == nil {
+		return
+	}
+	now := time.Now()
+	running := map[string]bool{}
+	m.mu.Lock()
+	for id, s := range m.sessions {
+		if s.Status == StatusRunning && s.Workspace == "" {
+			running[id] = true
+		}
+	}
+	m.mu.Unlock()
+	for id := range running {
+		if now.Before(next[id]) {
+			continue
+		}
+		gap, err := m.opts.Quota.Check(ctx, id, ownDir(id))
+		if err != nil {
+			m.log.Warn("session over its disk quota", "session_id", id, "err", err)
+			m.endWith(ctx, id, "disk_quota", err)
+			continue
+		}
+		next[id] = now.Add(gap)
+	}
+	for id := range next {
+		if !running[id] {
+			delete(next, id)
+		}
+	}
+}
+
+// removeDirs removes the own directories of ended sessions whose
+// retention has passed (a deleted session's at once), and records each.
+func (m *Manager) removeDirs(ctx context.Context) {
+	now := m.opts.Now()
+	for _, s := range m.List() {
+		m.mu.Lock()
+		gone := m.sessions[s.ID].dirRemoved
+		m.mu.Unlock()
+		if s.Status != StatusEnded || s.Workspace != "" || gone || s.EndedAt == nil {
+			continue
+		}
+		if s.EndReason != "deleted" && (m.opts.Retention <= 0 || now.Sub(*s.EndedAt) < m.opts.Retention) {
+			continue
+		}
+		if err := m.opts.Data.Root().RemoveAll(ownDir(s.ID)); err != nil {
+			m.log.Warn("cannot remove an ended session's directory", "session_id", s.ID, "err", err)
+			continue
+		}
+		if err := m.append(ctx, s.ID, EventDirRemoved, map[string]string{"directory": ownDir(s.ID)}); err != nil {
+			m.log.Warn("cannot record an ended session's directory removed", "session_id", s.ID, "err", err)
+		}
+	}
+}
+
+// Delete ends a session and destroys its sandbox. Deleting an ended
+// session is a no-op.
+func (m *Manager) Delete(ctx context.Context, id string) error {
+	s, err := m.Get(id)
+	if err != nil {
+		return err
+	}
+	if s.Status == StatusRunning {
+		m.end(ctx, id, "deleted")
+	}
+	return nil
+}
+
+// end destroys a session's sandbox and records its end.
+func (m *Manager) end(ctx context.Context, id, reason string) { m.endWith(ctx, id, reason, nil) }
+
+// endWith is end, with the error that ended the session, if any.
+func (m *Manager) endWith(ctx context.Context, id, reason string, cause error) {
+	s, err := m.Get(id)
+	if err != nil || s.Status != StatusRunning {
+		return
+	}
+	if rt := m.opts.Runtimes[s.Runtime]; rt != nil {
+		if err := rt.Destroy(ctx, id); err != nil {
+			m.log.Warn("cannot destroy a session's sandbox", "session_id", id, "err", err)
+		}
+	}
+	if m.opts.Egress != nil && s.Network != "" && s.Network != task.NetworkNone {
+		m.opts.Egress.Close(id)
+	}
+	if s.Workspace != "" {
+		m.checkGit(ctx, s)
+		// Before the end is recorded: the record wakes the scheduler,
+		// which may start a task waiting for the workspace.
+		m.opts.Writers.Release(s.Workspace, id)
+	}
+	if m.opts.Quota != nil && s.Workspace == "" {
+		m.opts.Quota.Release(ctx, id, ownDir(id))
+	}
+	end := map[string]string{"reason": reason}
+	if cause != nil {
+		end["error"] = errdefs.Message(cause)
+	}
+	if err := m.append(ctx, id, EventEnded, end); err != nil {
+		m.log.Error("cannot record a session's end", "session_id", id, "err", err)
+		return
+	}
+	m.log.Info("session ended", "session_id", id, "reason", reason)
+}
