@@ -20,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/quota"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox/docker"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/task"
@@ -51,7 +52,7 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 		idc.Detail = fmt.Sprintf("sandboxes run as this server's own uid %d", host.UID)
 	}
 	out = append(out, idc)
-	for _, name := range config.Runtimes {
+	for _, name := range rtkind.Names() {
 		out = append(out, doctorRuntime(ctx, name, cfg, filepath.Join(stateDir, name), host, log)...)
 	}
 	out = append(out, doctorQuota(cfg), doctorDisk(cfg.Data), doctorWarm(cfg))

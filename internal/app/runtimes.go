@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/docker"
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
@@ -64,7 +65,7 @@ func clusterConfig(cfg *config.Config) (*rest.Config, error) {
 	return c, nil
 }
 
-// openRuntime builds the runtime name (one of config.Runtimes) as cfg
+// openRuntime builds the runtime name (one of rtkind.Names()) as cfg
 // configures it, keeping its state under stateDir, or returns nil for one
 // not configured (unconfigured says why). corral serve and corral doctor both build their runtimes
 // here, so doctor checks what serve runs. This is the one place that names
@@ -150,7 +151,7 @@ func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, err
 	out := map[string]sandbox.Runtime{}
 	// One range of identities for the sandboxes of every runtime here.
 	ids := hostuser.NewIdentities(a.sandboxUser, a.data.HostPath(workspace.DirRun, "identities"))
-	for _, name := range config.Runtimes {
+	for _, name := range rtkind.Names() {
 		rt, err := openRuntime(name, a.cfg, a.data.Path(), a.data.HostPath(workspace.DirRun, name), a.sandboxUser, ids, a.log)
 		if err != nil {
 			return nil, fmt.Errorf("open %s runtime: %w", name, err)
@@ -166,7 +167,7 @@ func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, err
 // use it ("" if it can).
 func (a *App) availability(ctx context.Context) (runtimes, networks map[string]string) {
 	runtimes = map[string]string{}
-	for _, name := range config.Runtimes {
+	for _, name := range rtkind.Names() {
 		rt, ok := a.runtimes[name]
 		if !ok {
 			runtimes[name] = unconfigured(name, a.cfg)

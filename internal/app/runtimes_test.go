@@ -8,17 +8,18 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/tools"
 )
 
-// The runtime names come from config.Runtimes: every one is either built
+// The runtime names come from rtkind.Names(): every one is either built
 // by openRuntime or says why not (kubernetes, with no cluster or server
 // URL configured), and spawn_worker's schema offers exactly them.
 func TestRuntimeNamesAgree(t *testing.T) {
 	t.Setenv("KUBECONFIG", "")
 	cfg := config.Default()
-	for _, name := range config.Runtimes {
+	for _, name := range rtkind.Names() {
 		rt, err := openRuntime(name, cfg, t.TempDir(), t.TempDir(), hostuser.Default(), nil, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Errorf("runtime %s: %v", name, err)
@@ -44,7 +45,7 @@ func TestRuntimeNamesAgree(t *testing.T) {
 			}
 		}
 	}
-	if !slices.Equal(schema.Properties.Runtime.Enum, config.Runtimes) {
-		t.Errorf("spawn_worker offers runtimes %v, config has %v", schema.Properties.Runtime.Enum, config.Runtimes)
+	if !slices.Equal(schema.Properties.Runtime.Enum, rtkind.Names()) {
+		t.Errorf("spawn_worker offers runtimes %v, config has %v", schema.Properties.Runtime.Enum, rtkind.Names())
 	}
 }

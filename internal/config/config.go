@@ -16,9 +16,6 @@ import (
 // without a version (or with version 0) is read as version 1.
 const Version = 1
 
-// Runtimes are the values runtime accepts.
-var Runtimes = []string{"local", "gvisor", "docker", "kubernetes"}
-
 // EgressModes are the values egress.mode accepts.
 var EgressModes = []string{"none", "allowlist", "open"}
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -71,7 +72,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	v.kubernetes(&c.Kubernetes)
-	v.oneOf("runtime", c.Runtime, Runtimes)
+	v.oneOf("runtime", c.Runtime, rtkind.Names())
 	v.nonEmpty("local.bwrap", c.Local.Bwrap)
 	if p := strings.Trim(c.Local.CgroupParent, "/"); !filepath.IsLocal(p) || path.Clean(p) != p || strings.ContainsRune(p, 0) {
 		v.add("local.cgroup_parent", "must be a clean cgroup path such as corral or system.slice/corral, got %q", p)
@@ -222,7 +223,7 @@ func (v *validator) aiWorker(w *AIWorkerConfig) {
 	if !dnsLabel().MatchString(w.Namespace) {
 		v.add(p+"namespace", "must be a Kubernetes namespace name (lowercase letters, digits and '-', at most 63), got %q", w.Namespace)
 	}
-	if (v.c.Runtime == "docker" || v.c.Runtime == "kubernetes") && w.AICoderImage == "" {
+	if rtkind.RunsImages(v.c.Runtime) && w.AICoderImage == "" {
 		v.add(p+"ai_coder_image", "must be set for the %s runtime", v.c.Runtime)
 	}
 	v.imagePatterns(p+"allowed_images", w.AllowedImages)

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -77,7 +78,7 @@ func (o *Orchestrator) Execute(ctx context.Context, req service.ExecRequest) (se
 	if runtime == "" {
 		runtime = o.opts.Defaults.Runtime
 	}
-	if sreq.Image == "" && task.RunsImages(runtime) {
+	if sreq.Image == "" && rtkind.RunsImages(runtime) {
 		sreq.Image = o.opts.Exec.DefaultImage
 	}
 	allowed := o.opts.Exec.AllowedImages
@@ -140,7 +141,7 @@ func (o *Orchestrator) checkExec(req *service.ExecRequest) (time.Duration, error
 	if runtime == "" {
 		runtime = o.opts.Defaults.Runtime
 	}
-	if req.Image != "" && !task.RunsImages(runtime) {
+	if req.Image != "" && !rtkind.RunsImages(runtime) {
 		errs = append(errs, &errdefs.FieldError{Field: "image", Err: fmt.Errorf("the %s runtime runs commands on the host's /usr and takes no image; use runtime docker for an image: %w", runtime, errdefs.ErrFailedPrecondition)})
 	}
 	return timeout, errors.Join(errs...)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/library"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/service"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -304,7 +305,7 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 	} else if why != "" {
 		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", spec.Runtime, why, errdefs.ErrFailedPrecondition)})
 	}
-	if task.RunsImages(spec.Runtime) {
+	if rtkind.RunsImages(spec.Runtime) {
 		// The agent is looked for in the image when the task starts.
 		if spec.Image == "" {
 			spec.Image = o.opts.Images.Default

@@ -12,6 +12,7 @@ import (
 	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/ids"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workerproto"
@@ -40,7 +41,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", rtName, why, errdefs.ErrFailedPrecondition)})
 	}
 	image := req.Image
-	if task.RunsImages(rtName) {
+	if rtkind.RunsImages(rtName) {
 		if image == "" {
 			image = m.opts.Image
 		}

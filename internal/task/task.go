@@ -305,10 +305,6 @@ func IDFromStream(stream string) string {
 	return id
 }
 
-// RunsImages reports whether runtime runs a task in an image (docker,
-// kubernetes) rather than on the host's /usr (local, gvisor).
-func RunsImages(runtime string) bool { return runtime == "docker" || runtime == "kubernetes" }
-
 // ImageAllowed reports whether image matches one of patterns (path.Match
 // globs such as "python:*"); no patterns allow any image.
 func ImageAllowed(patterns []string, image string) bool {

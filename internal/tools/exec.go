@@ -23,7 +23,7 @@ The command runs with sh -c in /workspace (or working_dir), where:
 - /workspace/shared/ is the persistent shared workspace (read-only)
 There is no network unless network is true, and then only what the server allows.
 It waits for the end (at most timeout_seconds) and is recorded as a task of kind exec.`,
-		Schema: json.RawMessage(fmt.Sprintf(execSchema, service.MaxExecTimeout)),
+		Schema: withRuntimes(fmt.Sprintf(execSchema, service.MaxExecTimeout)),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var req service.ExecRequest
 			if err := strictjson.Decode(args, &req); err != nil {
@@ -42,7 +42,7 @@ const execSchema = `{"type":"object","properties":{
 "network":{"type":"boolean","default":false,"description":"Give the command the server's egress policy (its allowlist by default)."},
 "attachment_ids":{"type":"array","items":{"type":"string"},"description":"Attachments to place in /workspace/input/."},
 "context_files":{"type":"array","items":{"type":"string"},"description":"Paths in the shared workspace to copy into /workspace/input/."},
-"runtime":{"type":"string","enum":["local","gvisor","docker","kubernetes"],"description":"Sandbox runtime. Default: the server's."},
+"runtime":{"type":"string","enum":RUNTIMES,"description":"Sandbox runtime. Default: the server's."},
 "conversation_id":{"type":"string","description":"The conversation this call belongs to."},
 "labels":{"type":"object","additionalProperties":{"type":"string"},"description":"Labels recorded with the call."}},
 "required":["command"],"additionalProperties":false}`
@@ -119,7 +119,7 @@ func spawnWorkspaceTask(svc service.Service) Tool {
 if it does not exist (with a git repository when init_git is true). The agent works in the workspace as
 its working directory; its conversation is kept with the workspace, so the next task there continues it.
 Tasks on one workspace run one after another. Use read_task_result(task_id) for the outcome.`,
-		Schema: json.RawMessage(`{"type":"object","properties":{
+		Schema: withRuntimes(`{"type":"object","properties":{
 "workspace_path":{"type":"string","description":"The workspace: a name (lowercase letters, digits, '.', '_' and '-'), or /workspace/projects/NAME. Will be created if it does not exist."},
 "task_description":{"type":"string","description":"Brief human-readable description of the task"},
 "query":{"type":"string","description":"The detailed prompt/instructions for the workspace task"},
@@ -129,7 +129,7 @@ Tasks on one workspace run one after another. Use read_task_result(task_id) for 
 "model":{"type":"string","description":"The model the agent uses."},
 "command":{"type":"array","items":{"type":"string"},"description":"For the command agent: the argv to run in the workspace."},
 "timeout_minutes":{"type":"integer","minimum":1,"description":"Wall-clock limit."},
-"runtime":{"type":"string","enum":["local","gvisor","docker","kubernetes"],"description":"Sandbox runtime."},
+"runtime":{"type":"string","enum":RUNTIMES,"description":"Sandbox runtime."},
 "image":{"type":"string","description":"Image (docker)."},
 "network":{"type":"string","enum":["none","allowlist","open"],"description":"Network policy."},
 "conversation_id":{"type":"string","description":"The conversation to report back to."},

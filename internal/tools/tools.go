@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/strictjson"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -166,7 +167,7 @@ The worker runs in an isolated sandbox with:
 
 You will be notified when the worker completes.
 Use read_task_result(task_id) to retrieve the output; it can also wait for the end.`,
-		Schema: json.RawMessage(fmt.Sprintf(spawnSchema, lim.DefaultTimeoutMinutes, lim.MaxTimeoutMinutes)),
+		Schema: withRuntimes(fmt.Sprintf(spawnSchema, lim.DefaultTimeoutMinutes, lim.MaxTimeoutMinutes)),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var req service.SpawnRequest
 			if err := strictjson.Decode(args, &req); err != nil {
@@ -331,6 +332,13 @@ func listWorkspace(svc service.Service) Tool {
 	}
 }
 
+// withRuntimes is schema with RUNTIMES made the JSON list of the
+// runtimes' names (rtkind.Kinds).
+func withRuntimes(schema string) json.RawMessage {
+	names, _ := json.Marshal(rtkind.Names())
+	return json.RawMessage(strings.ReplaceAll(schema, "RUNTIMES", string(names)))
+}
+
 const spawnSchema = `{"type":"object","properties":{
 "task_description":{"type":"string","description":"Detailed description of what the worker should accomplish. Be specific about expected outputs and success criteria."},
 "context_files":{"type":"array","items":{"type":"string"},"description":"List of files from /workspace/shared/ to copy to the task directory. Use paths relative to shared/, e.g., 'data/input.csv'."},
@@ -343,7 +351,7 @@ const spawnSchema = `{"type":"object","properties":{
 "agent":{"type":"string","enum":["claude","gemini","codex","opencode","command"],"description":"The agent to run, for the agents model does not name; when given, it wins over model."},
 "command":{"type":"array","items":{"type":"string"},"description":"For agent 'command': the argv to run in /task, with the task description on stdin."},
 "timeout_minutes":{"type":"integer","default":%d,"minimum":1,"maximum":%d,"description":"Maximum execution time in minutes."},
-"runtime":{"type":"string","enum":["local","gvisor","docker","kubernetes"],"description":"Where the worker runs; defaults to the server's runtime."},
+"runtime":{"type":"string","enum":RUNTIMES,"description":"Where the worker runs; defaults to the server's runtime."},
 "image":{"type":"string","description":"Container image, for the docker and kubernetes runtimes."},
 "network":{"type":"string","enum":["none","allowlist","open"],"description":"The worker's network policy."},
 "resources":{"type":"object","properties":{"memory_limit":{"type":"string","description":"e.g. 512Mi, 2Gi"},"cpu_limit":{"type":"string","description":"e.g. 2, 500m"},"pids_limit":{"type":"integer","minimum":32,"maximum":1048576,"description":"processes and threads, the sandbox's own included"}},"additionalProperties":false,"description":"Overrides of the sandbox's limits."},
