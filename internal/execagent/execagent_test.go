@@ -1,4 +1,4 @@
-package execagent
+package execagent_test
 
 import (
 	"bufio"
@@ -16,36 +16,16 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/corral-dev/corral/internal/execagent"
+	"github.com/corral-dev/corral/internal/execagent/execagenttest"
 )
 
-// mustAgent runs the agent against a unix socket served here and returns
-// the server's side of its connection, once it dialled in.
-func mustAgent(t *testing.T) *Conn {
+// mustAgent runs the agent on this host and returns the server's side of
+// its connection, once it dialled in.
+func mustAgent(t *testing.T) *execagent.Conn {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "s.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		Run(ctx, sock, "/api/sessions/s/agent", "tok", []string{"PATH=/usr/bin:/bin", "BASE=1"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-		close(done)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	conn, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(conn)
-	req, err := http.ReadRequest(br)
-	if err != nil || req.URL.Path != "/api/sessions/s/agent" || req.Header.Get("Authorization") != "Bearer tok" || req.Header.Get("Upgrade") != Upgrade {
-		t.Fatalf("the agent's request: %+v, %v", req, err)
-	}
-	io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+Upgrade+"\r\n\r\n")
-	c := NewConn(conn, br)
+	c := execagent.NewConn(execagenttest.Dial(t, []string{"PATH=/usr/bin:/bin", "BASE=1"}))
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -144,7 +124,7 @@ func TestRedialAfterServed(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		Run(ctx, sock, "/agent", "tok", nil, slog.New(slog.DiscardHandler))
+		execagent.Run(ctx, sock, "/agent", "tok", nil, slog.New(slog.DiscardHandler))
 		close(done)
 	}()
 	defer func() { cancel(); <-done }()
@@ -160,7 +140,7 @@ func TestRedialAfterServed(t *testing.T) {
 		if _, err := http.ReadRequest(br); err != nil {
 			t.Fatal(err)
 		}
-		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+Upgrade+"\r\n\r\n")
+		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: execagent.Upgrade\r\nUpgrade: "+execagent.Upgrade+"\r\n\r\n")
 		conn.Close() // the server's restart
 	}
 	// Doubling from 10 ms, the tenth wait would be 2 s.
@@ -179,36 +159,5 @@ func TestAgentGone(t *testing.T) {
 	_, err := c.Exec(context.Background(), []string{"sleep", "5"}, "/", nil, nil, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "went away") {
 		t.Errorf("Exec on a closed connection: %v", err)
-	}
-}
-
-// TestHostileAgent: what an agent sends is bounded. A frame over MaxFrame
-// ends the connection (an Exec on it ends, unavailable) rather than
-// growing the server's memory, and an exit frame's error text is clipped.
-func TestHostileAgent(t *testing.T) {
-	for name, frame := range map[string]string{
-		"oversized frame": `{"op":"out","id":"e1","fd":1,"data":"` + strings.Repeat("A", MaxFrame) + `"}` + "\n",
-		"long error":      `{"op":"exit","id":"e1","code":127,"error":"` + strings.Repeat("x", 100000) + `"}` + "\n",
-	} {
-		t.Run(name, func(t *testing.T) {
-			server, agent := net.Pipe()
-			c := NewConn(server, server)
-			t.Cleanup(func() { c.Close(); agent.Close() })
-			go func() {
-				// Read the start frame, then answer with the hostile one.
-				bufio.NewReader(agent).ReadString('\n')
-				io.WriteString(agent, frame)
-			}()
-			_, err := c.Exec(context.Background(), []string{"true"}, "/", nil, nil, io.Discard, io.Discard)
-			if err == nil {
-				t.Fatal("Exec succeeded")
-			}
-			if len(err.Error()) > maxError+200 {
-				t.Errorf("the error carries %d bytes of the agent's text", len(err.Error()))
-			}
-			if name == "oversized frame" && !strings.Contains(err.Error(), "went away") {
-				t.Errorf("an oversized frame: %v, want the connection ended", err)
-			}
-		})
 	}
 }

@@ -1,14 +1,11 @@
 package session
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,7 +17,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
-	"github.com/corral-dev/corral/internal/execagent"
+	"github.com/corral-dev/corral/internal/execagent/execagenttest"
 )
 
 // A token granted to a task reaches its session while the task runs and
@@ -29,11 +26,7 @@ import (
 // folds the session's stream again. The session's own token lives on.
 func TestGrantedTokenDiesWithItsTask(t *testing.T) {
 	ctx := context.Background()
-	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "corral.db"), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := openStore(t)
 	var mu sync.Mutex
 	ended := map[string]bool{}
 	opts := Options{Store: store, TaskEnded: func(id string) bool {
@@ -111,17 +104,8 @@ func (s failStarts) Append(ctx context.Context, stream string, expected int64, e
 // one the failed start cancels.
 func TestExecStartNotRecorded(t *testing.T) {
 	ctx := context.Background()
-	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "corral.db"), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	m := New(Options{Store: failStarts{store}}, slog.New(slog.DiscardHandler))
-	const id = "sess-01m8jbh60d7qh1g11cxcbgpmzh"
-	if err := m.append(ctx, id, EventCreated, created{Session: Session{ID: id, Status: StatusRunning}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken())}); err != nil {
-		t.Fatal(err)
-	}
-	attachHostAgent(t, m, id)
+	store := openStore(t)
+	m, id := agentSession(t, failStarts{store})
 	for _, timeout := range []time.Duration{0, time.Minute} {
 		pidFile := filepath.Join(t.TempDir(), "pid")
 		start := time.Now()
@@ -156,35 +140,31 @@ func TestExecStartNotRecorded(t *testing.T) {
 	}
 }
 
-// attachHostAgent runs the exec agent on this host, dialling a socket
-// served here, and attaches its connection to session id.
-func attachHostAgent(t *testing.T, m *Manager, id string) {
+// openStore opens an event store in a fresh directory, closed when t ends.
+func openStore(t *testing.T) eventstore.Store {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "s.sock")
-	ln, err := net.Listen("unix", sock)
+	store, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "corral.db"), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		execagent.Run(ctx, sock, "/agent", "tok", []string{"PATH=/usr/bin:/bin"}, slog.New(slog.DiscardHandler))
-		close(done)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	conn, err := ln.Accept()
-	if err != nil {
+	t.Cleanup(func() { store.Close() })
+	return store
+}
+
+// agentSession records a running session on store and attaches the exec
+// agent, run on this host, to it: a Manager whose Exec runs commands here.
+func agentSession(t *testing.T, store eventstore.Store) (*Manager, string) {
+	t.Helper()
+	m := New(Options{Store: store}, slog.New(slog.DiscardHandler))
+	const id = "sess-01m8jbh60d7qh1g11cxcbgpmzh"
+	if err := m.append(context.Background(), id, EventCreated, created{Session: Session{ID: id, Status: StatusRunning}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken())}); err != nil {
 		t.Fatal(err)
 	}
-	br := bufio.NewReader(conn)
-	if _, err := http.ReadRequest(br); err != nil {
-		t.Fatal(err)
-	}
-	io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+execagent.Upgrade+"\r\n\r\n")
+	conn, br := execagenttest.Dial(t, []string{"PATH=/usr/bin:/bin"})
 	if err := m.AttachAgent(id, conn, br); err != nil {
 		t.Fatal(err)
 	}
+	return m, id
 }
 
 // slowStarts is a store whose exec_started takes a while to commit; it
@@ -225,18 +205,8 @@ func (w *firstWrite) Write(p []byte) (int, error) {
 // command the client had seen run and the log never named.
 func TestExecOutputAfterItsStart(t *testing.T) {
 	ctx := context.Background()
-	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "corral.db"), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	slow := slowStarts{Store: store, committed: make(chan time.Time, 1)}
-	m := New(Options{Store: slow}, slog.New(slog.DiscardHandler))
-	const id = "sess-01m8jbh60d7qh1g11cxcbgpmzh"
-	if err := m.append(ctx, id, EventCreated, created{Session: Session{ID: id, Status: StatusRunning}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken())}); err != nil {
-		t.Fatal(err)
-	}
-	attachHostAgent(t, m, id)
+	slow := slowStarts{Store: openStore(t), committed: make(chan time.Time, 1)}
+	m, id := agentSession(t, slow)
 	out := &firstWrite{}
 	end, err := m.Exec(ctx, id, ExecRequest{Shell: "echo at once", Dir: t.TempDir()}, out, io.Discard)
 	if err != nil || end.ExitCode != 0 || end.StdoutBytes != 8 {
