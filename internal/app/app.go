@@ -30,6 +30,7 @@ import (
 	"github.com/corral-dev/corral/internal/mcpserver"
 	"github.com/corral-dev/corral/internal/notify"
 	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/report"
@@ -76,8 +77,10 @@ type App struct {
 	sched    *scheduler.Scheduler
 	api      *httpapi.Server
 	notifier *notify.Dispatcher // nil when notifications are off
-	runtimes map[string]sandbox.Runtime
-	sessions *session.Manager
+	// placements are the runtimes: each one's sandbox and what the
+	// server knows of it.
+	placements *placement.Set
+	sessions   *session.Manager
 	// sandboxUser is the host identity sandboxes run as.
 	sandboxUser hostuser.Identity
 
@@ -156,17 +159,19 @@ func (a *App) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if a.runtimes, err = a.openRuntimes(ctx); err != nil {
-		return err
-	}
-	available, networks := a.availability(ctx)
-	if err := a.openEgress(); err != nil {
-		return err
-	}
-	egressAddrs, err := a.listenEgress(secret)
+	sandboxes, err := a.openRuntimes(ctx)
 	if err != nil {
 		return err
 	}
+	available, networks := a.availability(ctx, sandboxes)
+	if err := a.openEgress(); err != nil {
+		return err
+	}
+	egressAddr, err := a.listenEgress(secret)
+	if err != nil {
+		return err
+	}
+	a.placements = a.place(sandboxes, available, egressAddr)
 
 	sockDir := a.data.HostPath(workspace.DirRun, "sock")
 	if err := os.MkdirAll(sockDir, 0o755); err != nil {
@@ -189,12 +194,6 @@ func (a *App) open(ctx context.Context) error {
 	if err != nil || !filepath.IsLocal(bin) {
 		return fmt.Errorf("the worker binaries' directory %s is not in the data root", binDir)
 	}
-	sessionRuntimes := map[string]sandbox.Runtime{}
-	for name, rt := range a.runtimes {
-		if available[name] == "" {
-			sessionRuntimes[name] = rt
-		}
-	}
 	projects, err := workspace.NewProjects(a.data, cfg.Workspaces.Roots)
 	if err != nil {
 		return err
@@ -207,11 +206,9 @@ func (a *App) open(ctx context.Context) error {
 		Store:          a.store,
 		Data:           a.data,
 		Projects:       projects,
-		Runtimes:       sessionRuntimes,
-		Unavailable:    available,
+		Placements:     a.placements,
 		DefaultRuntime: cfg.Runtime,
-		BinDir:         filepath.ToSlash(bin),
-		SocketDir:      workspace.DirRun + "/sock",
+		Base:           placement.Base{BinDir: filepath.ToSlash(bin), SocketDir: workspace.DirRun + "/sock"},
 		Egress:         egressProxies{srv: a.egress, allow: a.egressAllow},
 		Networks:       networks,
 		Writers:        writers,
@@ -270,9 +267,9 @@ func (a *App) open(ctx context.Context) error {
 				Pids:        int64(w.Resources.PidsLimit),
 			},
 		},
-		Runtimes: available,
+		Runtimes: a.placements.Unavailable(),
 		Networks: networks,
-		NoEgress: noEgress(egressAddrs),
+		NoEgress: a.placements.NoEgress(),
 		Images:   orchestrator.Images{Default: w.AICoderImage, Allowed: w.AllowedImages},
 		Sessions: a.sessions,
 		Exec: orchestrator.Exec{
@@ -294,11 +291,10 @@ func (a *App) open(ctx context.Context) error {
 		Projects: projects,
 		Agents:   agentConfigs(cfg),
 		Worker: taskrun.WorkerOptions{
-			BinDir:      binDir,
-			SocketDir:   sockDir,
-			Secret:      secret,
-			ServerURLs:  map[string]string{kubernetes.Name: cfg.Kubernetes.ServerURL},
-			EgressAddrs: egressAddrs,
+			BinDir:     binDir,
+			SocketDir:  sockDir,
+			Secret:     secret,
+			Placements: a.placements,
 		},
 		Sessions:        a.sessions,
 		Verifier:        webhook.NewVerifier(secret, time.Duration(lim.WebhookMaxSkew), nil),
@@ -311,7 +307,7 @@ func (a *App) open(ctx context.Context) error {
 		Writers:       writers,
 		MaxConcurrent: w.MaxConcurrentWorkers,
 		StopGrace:     time.Duration(lim.StopGrace),
-		Runtimes:      a.runtimes,
+		Runtimes:      a.placements.Sandboxes(),
 		Runner:        a.runner,
 		Quota:         dirQuota,
 		Crash:         crashHook(cfg.CrashAt, a.log),
@@ -363,7 +359,7 @@ func (a *App) open(ctx context.Context) error {
 	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	if k, ok := a.runtimes[kubernetes.Name].(*kubernetes.Runtime); ok {
+	if k, ok := a.placements.Sandboxes()[kubernetes.Name].(*kubernetes.Runtime); ok {
 		// Worker pods post here, and what runs in them is hostile: none
 		// may take the server's descriptors. Clients are not bounded.
 		a.ln = connlimit.Pods(a.ln, connlimit.PerSandbox, k.PodAddr, a.log.With("subsystem", "http"))
@@ -520,7 +516,7 @@ func ignoreClosed(err error) error {
 // Close releases the store, the data root, the listeners and the runtimes
 // that hold something (a client, a thread).
 func (a *App) Close() error {
-	for _, rt := range a.runtimes {
+	for _, rt := range a.placements.Sandboxes() {
 		if c, ok := rt.(io.Closer); ok {
 			c.Close()
 		}

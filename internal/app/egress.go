@@ -14,7 +14,6 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/projection"
-	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/webhook"
@@ -54,15 +53,6 @@ func (e egressProxies) Dir(id string) string     { return e.srv.Dir(id) }
 func (e egressProxies) Close(id string) error    { return e.srv.Close(id) }
 func (e egressProxies) Tasks() ([]string, error) { return e.srv.Tasks() }
 func (e egressProxies) Forwards() []string       { return egress.LoopbackForwards(e.allow) }
-
-// noEgress says, for each runtime whose sandboxes run on other machines,
-// why they cannot reach the egress proxy, if they cannot.
-func noEgress(addrs map[string]string) map[string]string {
-	if addrs[kubernetes.Name] != "" {
-		return nil
-	}
-	return map[string]string{kubernetes.Name: "worker pods reach the egress proxy only when kubernetes.egress_listen is set"}
-}
 
 // egressRecorder appends each egress.Record to its task's stream as an
 // egress_connection event. Add never blocks the proxy: records go through
@@ -165,17 +155,17 @@ func (a *App) openEgress() error {
 }
 
 // listenEgress listens for the egress of worker pods on
-// kubernetes.egress_listen and returns where pods reach it, by runtime
-// (none when it is not set: tasks there run with network none). A pod
-// proves its task with the task's webhook key, derived from secret.
-func (a *App) listenEgress(secret []byte) (map[string]string, error) {
+// kubernetes.egress_listen and returns where pods reach it ("" when it is
+// not set: tasks there run with network none). A pod proves its task with
+// the task's webhook key, derived from secret.
+func (a *App) listenEgress(secret []byte) (string, error) {
 	k := a.cfg.Kubernetes
 	if k.EgressListen == "" {
-		return nil, nil
+		return "", nil
 	}
 	ln, err := net.Listen("tcp", k.EgressListen)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes.egress_listen: %w", err)
+		return "", fmt.Errorf("kubernetes.egress_listen: %w", err)
 	}
 	a.egressLn = ln
 	a.egressKey = func(id string) []byte { return webhook.DeriveKey(secret, id) }
@@ -183,10 +173,10 @@ func (a *App) listenEgress(secret []byte) (map[string]string, error) {
 	if addr == "" {
 		u, err := url.Parse(k.ServerURL)
 		if err != nil {
-			return nil, fmt.Errorf("kubernetes.server_url: %w", err)
+			return "", fmt.Errorf("kubernetes.server_url: %w", err)
 		}
 		_, port, _ := net.SplitHostPort(ln.Addr().String())
 		addr = net.JoinHostPort(u.Hostname(), port)
 	}
-	return map[string]string{kubernetes.Name: addr}, nil
+	return addr, nil
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/docker"
@@ -165,10 +166,10 @@ func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, err
 
 // availability says, for each runtime and network policy, why a task cannot
 // use it ("" if it can).
-func (a *App) availability(ctx context.Context) (runtimes, networks map[string]string) {
+func (a *App) availability(ctx context.Context, sandboxes map[string]sandbox.Runtime) (runtimes, networks map[string]string) {
 	runtimes = map[string]string{}
 	for _, name := range rtkind.Names() {
-		rt, ok := a.runtimes[name]
+		rt, ok := sandboxes[name]
 		if !ok {
 			runtimes[name] = unconfigured(name, a.cfg)
 			continue
@@ -198,6 +199,25 @@ func (a *App) availability(ctx context.Context) (runtimes, networks map[string]s
 		task.NetworkOpen:      "",
 	}
 	return runtimes, networks
+}
+
+// place makes the runtimes' records: each kind's sandbox (if configured),
+// why it takes no work, and, for the remote one (kubernetes), the URL its
+// sandboxes post to and where they reach the egress proxies (egressAddr;
+// "" for nowhere).
+func (a *App) place(sandboxes map[string]sandbox.Runtime, available map[string]string, egressAddr string) *placement.Set {
+	var rs []*placement.Runtime
+	for _, k := range rtkind.Kinds {
+		r := &placement.Runtime{Kind: k, Sandbox: sandboxes[k.Name], Unavailable: available[k.Name]}
+		if k.Name == kubernetes.Name {
+			r.ServerURL, r.EgressAddr = a.cfg.Kubernetes.ServerURL, egressAddr
+			if egressAddr == "" {
+				r.NoEgress = "worker pods reach the egress proxy only when kubernetes.egress_listen is set"
+			}
+		}
+		rs = append(rs, r)
+	}
+	return placement.NewSet(rs...)
 }
 
 // agentConfigs turns the agents section into the orchestrator's form.
@@ -256,7 +276,7 @@ func agentMissing(name string, ag workerproto.AgentConfig) string {
 // server leaves its sandboxes running for the next start to reattach.
 func (a *App) DestroySandboxes(ctx context.Context) error {
 	var errs []error
-	for name, rt := range a.runtimes {
+	for name, rt := range a.placements.Sandboxes() {
 		if caps, err := rt.Capabilities(ctx); err != nil || !caps.Available {
 			continue // it could never have made a sandbox
 		}

@@ -55,7 +55,7 @@ func (a *App) keepWarm(ctx context.Context, run func(func() error)) {
 	if p.Size == 0 {
 		return
 	}
-	for name, rt := range a.runtimes {
+	for name, rt := range a.placements.Sandboxes() {
 		w, ok := rt.(sandbox.Warmer)
 		if !ok {
 			continue
@@ -75,8 +75,9 @@ func (a *App) keepWarm(ctx context.Context, run func(func() error)) {
 // WarmStats are the runtimes' warm pools (/metrics), in a fixed order.
 func (a *App) WarmStats() []httpapi.WarmPool {
 	var out []httpapi.WarmPool
-	for _, name := range slices.Sorted(maps.Keys(a.runtimes)) {
-		w, ok := a.runtimes[name].(sandbox.Warmer)
+	sandboxes := a.placements.Sandboxes()
+	for _, name := range slices.Sorted(maps.Keys(sandboxes)) {
+		w, ok := sandboxes[name].(sandbox.Warmer)
 		if !ok {
 			continue
 		}

@@ -15,7 +15,9 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
@@ -249,10 +251,12 @@ func onRemoteRuntime(egressAddr string) (func(*Options), func(*taskrun.Options))
 				o.NoEgress = map[string]string{"kubernetes": "kubernetes.egress_listen is not set"}
 			}
 		}, func(o *taskrun.Options) {
-			o.Worker.ServerURLs = map[string]string{"kubernetes": "http://corral:7777"}
-			if egressAddr != "" {
-				o.Worker.EgressAddrs = map[string]string{"kubernetes": egressAddr}
+			k, _ := rtkind.Of("kubernetes")
+			r := &placement.Runtime{Kind: k, ServerURL: "http://corral:7777", EgressAddr: egressAddr}
+			if egressAddr == "" {
+				r.NoEgress = "kubernetes.egress_listen is not set"
 			}
+			o.Worker.Placements = placement.NewSet(r)
 		}
 }
 

@@ -301,7 +301,7 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 		spec.Runtime = o.opts.Defaults.Runtime
 	}
 	if why, ok := o.opts.Runtimes[spec.Runtime]; !ok {
-		bad("runtime", "%q is not a runtime (one of: local, gvisor, docker, kubernetes)", clip.String(spec.Runtime, 64))
+		bad("runtime", "%q is not a runtime (one of: %s)", clip.String(spec.Runtime, 64), strings.Join(rtkind.Names(), ", "))
 	} else if why != "" {
 		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", spec.Runtime, why, errdefs.ErrFailedPrecondition)})
 	}

@@ -11,6 +11,9 @@ type Kind struct {
 	// Images: a task or session on it runs in an image it names (or the
 	// server's default), not in the host's file system.
 	Images bool
+	// Remote: its sandboxes run off this host and reach the server over
+	// the network, not through its socket.
+	Remote bool
 }
 
 // Kinds are the runtimes Corral has, in the order the docs list them: the
@@ -20,7 +23,7 @@ var Kinds = []Kind{
 	{Name: "local"},
 	{Name: "gvisor"},
 	{Name: "docker", Images: true},
-	{Name: "kubernetes", Images: true},
+	{Name: "kubernetes", Images: true, Remote: true},
 }
 
 // Names are the names of Kinds, in order.
@@ -30,6 +33,16 @@ func Names() []string {
 		names[i] = k.Name
 	}
 	return names
+}
+
+// Of returns the kind named name; ok is false for no runtime's name.
+func Of(name string) (k Kind, ok bool) {
+	for _, k := range Kinds {
+		if k.Name == name {
+			return k, true
+		}
+	}
+	return Kind{}, false
 }
 
 // RunsImages reports whether runtime runs a task or session in an image.

@@ -12,6 +12,7 @@ import (
 	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/ids"
+	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/task"
@@ -30,15 +31,18 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	if rtName == "" {
 		rtName = m.opts.DefaultRuntime
 	}
-	rt := m.opts.Runtimes[rtName]
-	switch why, known := m.opts.Unavailable[rtName]; {
+	var rt sandbox.Runtime
+	switch p, known := m.placements().Get(rtName); {
 	case !known:
-		bad("runtime", "%q is not a runtime (one of: local, gvisor, docker, kubernetes)", clip.String(rtName, 64))
-	case why != "" || rt == nil:
+		bad("runtime", "%q is not a runtime (one of: %s)", clip.String(rtName, 64), strings.Join(rtkind.Names(), ", "))
+	case p.Unavailable != "" || p.Sandbox == nil:
+		why := p.Unavailable
 		if why == "" {
-			why = "not built yet"
+			why = "not configured"
 		}
 		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", rtName, why, errdefs.ErrFailedPrecondition)})
+	default:
+		rt = p.Sandbox
 	}
 	image := req.Image
 	if rtkind.RunsImages(rtName) {
@@ -156,13 +160,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		// Its exec agent lives as long as the session: sized for the
 		// host's CPUs, it would hold every P's structures all that time.
 		Env: []string{workerproto.EnvSessionID + "=" + id, workerproto.EnvSessionToken + "=" + agentToken, workerproto.MaxProcsEnv()},
-		Mounts: []sandbox.Mount{
-			{Source: dir, Target: Dir, HostDir: req.Workspace != "" && !project.InDataRoot()},
-			{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},
-			{Source: m.opts.BinDir + "/" + workerproto.CorralName, Target: workerproto.CorralBinary, ReadOnly: true},
-			{Source: m.opts.BinDir + "/" + workerproto.WorkerName, Target: workerproto.WorkerBinary, ReadOnly: true},
-			{Source: m.opts.SocketDir, Target: workerproto.SocketDir, ReadOnly: true},
-		},
+		Mounts: append([]sandbox.Mount{{Source: dir, Target: Dir, HostDir: req.Workspace != "" && !project.InDataRoot()}},
+			m.opts.Base.Mounts(false)...),
 		Limits:  limits,
 		Network: sandbox.NetworkNone,
 		Labels:  labels,
@@ -180,7 +179,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 			return Session{}, "", fmt.Errorf("the egress proxy's directory %s is not in the data root: %w", hostDir, errdefs.ErrFailedPrecondition)
 		}
 		spec.Network = sandbox.NetworkEgress
-		spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: filepath.ToSlash(rel), Target: workerproto.EgressDir, ReadOnly: true})
+		spec.Mounts = append(spec.Mounts, placement.EgressMount(filepath.ToSlash(rel)))
 		spec.Env = append(spec.Env, workerproto.EnvSessionEgress+"=1")
 	}
 	h, err := rt.Create(ctx, spec)

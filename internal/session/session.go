@@ -31,6 +31,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/ids"
+	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
@@ -74,19 +75,16 @@ type Options struct {
 	// Projects are the named workspaces a session may work in; nil:
 	// projects/ of Data alone.
 	Projects *workspace.Projects
-	// Runtimes are the runtimes sessions may use, by name; Unavailable
-	// says why one that exists cannot be used ("" if it can).
-	Runtimes    map[string]sandbox.Runtime
-	Unavailable map[string]string
+	// Placements are the runtimes, those sessions may use among them
+	// (placement.Set.Usable); nil: none.
+	Placements *placement.Set
 	// DefaultRuntime is a session's runtime when it names none.
 	DefaultRuntime string
-	// BinDir is the data root's directory holding corral and
-	// corral-worker: a session's sandbox runs corral-worker as its main
-	// process, the exec agent (`corral-worker worker session`).
-	BinDir string
-	// SocketDir is the data root's directory holding the server's unix
+	// Base is where the data root holds corral and corral-worker (a
+	// session's sandbox runs corral-worker as its main process, the exec
+	// agent: `corral-worker worker session`) and the server's unix
 	// socket, which the exec agent dials.
-	SocketDir string
+	Base placement.Base
 	// Egress runs the proxy of a session with network allowlist or open
 	// (the tasks' one); nil: sessions have no network. Networks says which
 	// policies this server offers ("" if it can).
@@ -306,6 +304,14 @@ func StreamID(id string) string { return streamPrefix + id }
 func ValidID(id string) bool {
 	rest, ok := strings.CutPrefix(id, idPrefix)
 	return ok && ids.Valid(rest)
+}
+
+// placements are the runtimes' records (none usable when not given).
+func (m *Manager) placements() *placement.Set {
+	if m.opts.Placements == nil {
+		return placement.NewSet()
+	}
+	return m.opts.Placements
 }
 
 func (m *Manager) notFound(id string) error {

@@ -36,7 +36,10 @@ func (m *Manager) Start(ctx context.Context) error {
 		if s.Status != StatusRunning {
 			continue
 		}
-		rt := m.opts.Runtimes[s.Runtime]
+		var rt sandbox.Runtime
+		if p := m.placements().Usable(s.Runtime); p != nil {
+			rt = p.Sandbox
+		}
 		h := m.handleOf(s.ID)
 		if rt == nil || rt.Recover(ctx, &h) != nil {
 			m.end(ctx, s.ID, "lost")
@@ -55,8 +58,8 @@ func (m *Manager) Start(ctx context.Context) error {
 			m.end(ctx, s.ID, "lost")
 		}
 	}
-	for name, rt := range m.opts.Runtimes {
-		if m.opts.Unavailable[name] != "" {
+	for name, rt := range m.placements().Sandboxes() {
+		if m.placements().Usable(name) == nil {
 			continue
 		}
 		hs, err := rt.List(ctx, map[string]string{sandbox.LabelManaged: "true", labelSession: "true"})
@@ -219,8 +222,8 @@ func (m *Manager) endWith(ctx context.Context, id, reason string, cause error) {
 	if err != nil || s.Status != StatusRunning {
 		return
 	}
-	if rt := m.opts.Runtimes[s.Runtime]; rt != nil {
-		if err := rt.Destroy(ctx, id); err != nil {
+	if p := m.placements().Usable(s.Runtime); p != nil {
+		if err := p.Sandbox.Destroy(ctx, id); err != nil {
 			m.log.Warn("cannot destroy a session's sandbox", "session_id", id, "err", err)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/task"
@@ -48,15 +49,13 @@ type WorkerOptions struct {
 	Secret []byte
 	// Env is extra environment for every worker (PATH, LANG, ...).
 	Env []string
-	// ServerURLs are, for each runtime whose sandboxes run on other
-	// machines (kubernetes), the base URL its workers reach the server at
-	// (its Service): their webhooks go there over the network, signed as
-	// ever, and no unix socket is mounted.
-	ServerURLs map[string]string
-	// EgressAddrs are, for such runtimes, where their workers reach the
-	// egress proxies (host:port; egress.Server.ServeTCP); a runtime
-	// without one runs tasks with network none only.
-	EgressAddrs map[string]string
+	// Placements are the runtimes' records: for a remote one
+	// (kubernetes), the URL its workers reach the server at (its
+	// Service), where their webhooks go over the network, signed as ever,
+	// with no unix socket mounted, and where they reach the egress
+	// proxies (host:port; egress.Server.ServeTCP), without which its
+	// tasks run with network none only. Nil: none is remote.
+	Placements *placement.Set
 }
 
 // Verifier checks a completion webhook's signature, freshness and
@@ -83,9 +82,15 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		Model:       t.Model,
 		MaxLogBytes: o.opts.MaxLogBytes,
 	}
-	serverURL, remote := w.ServerURLs[t.Runtime]
+	var where placement.Runtime
+	if w.Placements != nil {
+		if p, ok := w.Placements.Get(t.Runtime); ok {
+			where = *p
+		}
+	}
+	remote := where.Remote
 	if remote {
-		args.WebhookURL = strings.TrimSuffix(serverURL, "/") + webhook.Path
+		args.WebhookURL = strings.TrimSuffix(where.ServerURL, "/") + webhook.Path
 		if t.ExecSession != "" {
 			return sandbox.Spec{}, fmt.Errorf("task %s: a task on the %s runtime cannot work through a session (sessions run on this server's host): %w", t.ID, t.Runtime, errdefs.ErrFailedPrecondition)
 		}
@@ -125,8 +130,8 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	network := sandbox.NetworkNone
 	var egressDir string
 	if t.Network != "" && t.Network != task.NetworkNone {
-		if remote && w.EgressAddrs[t.Runtime] == "" {
-			return sandbox.Spec{}, fmt.Errorf("network %s on the %s runtime: its sandboxes reach the egress proxy only with kubernetes.egress_listen set; run it with network none: %w", t.Network, t.Runtime, errdefs.ErrFailedPrecondition)
+		if remote && where.EgressAddr == "" {
+			return sandbox.Spec{}, fmt.Errorf("network %s on the %s runtime: %s; run it with network none: %w", t.Network, t.Runtime, where.NoEgress, errdefs.ErrFailedPrecondition)
 		}
 		if o.opts.Egress == nil {
 			return sandbox.Spec{}, fmt.Errorf("network %s needs the egress proxy, which this server does not run: %w", t.Network, errdefs.ErrFailedPrecondition)
@@ -138,7 +143,7 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		network, args.EgressForward = sandbox.NetworkEgress, o.opts.Egress.Forwards()
 		if remote {
 			// Over the network, with the task's key; nothing to mount.
-			args.EgressAddr = w.EgressAddrs[t.Runtime]
+			args.EgressAddr = where.EgressAddr
 		} else {
 			egressDir = dir
 			args.EgressSocket = workerproto.EgressDir + "/" + workerproto.EgressSocket
@@ -228,20 +233,12 @@ func (o *Runner) baseMounts(id string, remote bool) ([]sandbox.Mount, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the worker binary: %w", err)
 	}
-	mounts := []sandbox.Mount{
-		{Source: workspace.DirTasks + "/" + id, Target: workerproto.TaskDir},
-		{Source: workspace.DirShared, Target: workerproto.SharedDir, ReadOnly: true},
-		{Source: bin + "/" + workerproto.CorralName, Target: workerproto.CorralBinary, ReadOnly: true},
-		{Source: bin + "/" + workerproto.WorkerName, Target: workerproto.WorkerBinary, ReadOnly: true},
+	sockets, err := o.inDataRoot(w.SocketDir)
+	if err != nil {
+		return nil, fmt.Errorf("the socket directory: %w", err)
 	}
-	if !remote {
-		sockets, err := o.inDataRoot(w.SocketDir)
-		if err != nil {
-			return nil, fmt.Errorf("the socket directory: %w", err)
-		}
-		mounts = append(mounts, sandbox.Mount{Source: sockets, Target: workerproto.SocketDir, ReadOnly: true})
-	}
-	return mounts, nil
+	own := sandbox.Mount{Source: workspace.DirTasks + "/" + id, Target: workerproto.TaskDir}
+	return append([]sandbox.Mount{own}, placement.Base{BinDir: bin, SocketDir: sockets}.Mounts(remote)...), nil
 }
 
 // egressMount mounts the egress proxy's directory dir (a host path).
@@ -250,7 +247,7 @@ func (o *Runner) egressMount(dir string) (sandbox.Mount, error) {
 	if err != nil {
 		return sandbox.Mount{}, fmt.Errorf("the egress proxy's directory: %w", err)
 	}
-	return sandbox.Mount{Source: rel, Target: workerproto.EgressDir, ReadOnly: true}, nil
+	return placement.EgressMount(rel), nil
 }
 
 func limitsOf(r task.Resources) sandbox.Limits {
