@@ -4,11 +4,9 @@ package local
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -88,25 +86,7 @@ func TestCrashPoints(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "prompt.md"), []byte("kept"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashPoints$", "-test.v")
-			cmd.Env = append(os.Environ(), envCrashPoint+"="+tt.point, envCrashState+"="+state, envCrashTasks+"="+tasks, envCrashID+"="+id)
-			var out testenv.SyncBuffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			select {
-			case err := <-done:
-				var ee *exec.ExitError
-				if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-					t.Fatalf("the helper ended with %v, not killed at %s: %s", err, tt.point, out.String())
-				}
-			case <-time.After(60 * time.Second):
-				cmd.Process.Kill()
-				t.Fatalf("the helper never reached %s: %s", tt.point, out.String())
-			}
+			sandboxtest.KilledAt(t, "TestCrashPoints", tt.point, envCrashPoint+"="+tt.point, envCrashState+"="+state, envCrashTasks+"="+tasks, envCrashID+"="+id)
 
 			r, err := New(crashOptions(state), slog.New(slog.NewTextHandler(io.Discard, nil)))
 			if err != nil {

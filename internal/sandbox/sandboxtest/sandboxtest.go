@@ -804,3 +804,30 @@ func serverDeathHelper(t *testing.T, r sandbox.Runtime, dir, id string) {
 	time.Sleep(2 * time.Minute) // killed by the parent test
 	t.Fatal("not killed by the parent test")
 }
+
+// KilledAt runs this test binary again for the test named run alone, with
+// env added, and waits up to 60 s for it to die of SIGKILL, as a helper
+// that kills itself at crash point does; anything else fails tb with the
+// helper's output.
+func KilledAt(tb testing.TB, run, point string, env ...string) {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.v")
+	cmd.Env = append(os.Environ(), env...)
+	var out testenv.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			tb.Fatalf("the helper ended with %v, not killed at %s: %s", err, point, out.String())
+		}
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		tb.Fatalf("the helper never reached %s: %s", point, out.String())
+	}
+}
