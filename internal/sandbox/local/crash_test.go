@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -143,12 +142,7 @@ func TestCrashPoints(t *testing.T) {
 // SIGKILL at point.
 func crashHelper(t *testing.T, point string) {
 	opts := crashOptions(os.Getenv(envCrashState))
-	opts.Crash = func(p string) {
-		if p == point {
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {}
-		}
-	}
+	opts.Crash = sandboxtest.KillAt(point)
 	r, err := New(opts, slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -831,3 +831,14 @@ func KilledAt(tb testing.TB, run, point string, env ...string) {
 		tb.Fatalf("the helper never reached %s: %s", point, out.String())
 	}
 }
+
+// KillAt is a runtime's Options.Crash for KilledAt's helper: at point it
+// kills this process with SIGKILL, as the server's hook does.
+func KillAt(point string) func(string) {
+	return func(p string) {
+		if p == point {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
+}
