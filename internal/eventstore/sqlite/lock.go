@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -24,7 +25,7 @@ func acquireLock(path string) (*lockFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open lock file: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := flockWaiting(f, lockWait); err != nil {
 		holder := ""
 		if b, rerr := os.ReadFile(path); rerr == nil && len(strings.TrimSpace(string(b))) > 0 {
 			holder = " (pid " + strings.TrimSpace(string(b)) + ")"
@@ -41,6 +42,25 @@ func acquireLock(path string) (*lockFile, error) {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0) // best effort, see above
 	}
 	return &lockFile{f: f}, nil
+}
+
+// lockWait is how long acquireLock waits for a lock that is held. A
+// server killed with SIGKILL can leave its lock held a moment longer by a
+// child it was starting: between its fork and its exec the child holds a
+// copy of every descriptor, the lock's too, until the exec closes them.
+const lockWait = 2 * time.Second
+
+// flockWaiting takes an exclusive flock on f, trying again for up to wait
+// while another holds it.
+func flockWaiting(f *os.File, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // release unlocks and closes the file. It is safe on a nil lockFile and
