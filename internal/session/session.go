@@ -167,7 +167,12 @@ type Session struct {
 	Execs       int               `json:"execs"`
 	IdleTimeout int               `json:"idle_timeout"`
 	MaxLifetime int               `json:"max_lifetime"`
+}
 
+// state is a session as the manager folds it: what Get answers, and what
+// only the manager knows of it.
+type state struct {
+	Session
 	tokenHashes    []string          // the session's token's and its agent's
 	grants         map[string]string // tokens granted to tasks: hash -> task id
 	agentTokenHash string            // the exec agent's: the only one that may attach as it
@@ -223,7 +228,7 @@ type Manager struct {
 	log  *slog.Logger
 
 	mu       sync.Mutex
-	sessions map[string]*Session
+	sessions map[string]*state
 	agents   map[string]*execagent.Conn
 	attached chan struct{} // closed and replaced when an agent attaches
 }
@@ -245,7 +250,7 @@ func New(opts Options, log *slog.Logger) *Manager {
 	if opts.MaxLifetime <= 0 {
 		opts.MaxLifetime = defaultLifetime
 	}
-	return &Manager{opts: opts, log: log, sessions: map[string]*Session{}, agents: map[string]*execagent.Conn{}, attached: make(chan struct{})}
+	return &Manager{opts: opts, log: log, sessions: map[string]*state{}, agents: map[string]*execagent.Conn{}, attached: make(chan struct{})}
 }
 
 // Egress runs per-session egress proxies (taskrun's Egress, keyed by the
@@ -332,9 +337,7 @@ func (m *Manager) apply(e eventstore.Event) {
 		if json.Unmarshal(e.Data, &c) != nil {
 			return
 		}
-		s := c.Session
-		s.tokenHashes, s.agentTokenHash, s.handle = []string{c.TokenHash, c.AgentTokenHash}, c.AgentTokenHash, c.Handle
-		m.sessions[id] = &s
+		m.sessions[id] = &state{Session: c.Session, tokenHashes: []string{c.TokenHash, c.AgentTokenHash}, agentTokenHash: c.AgentTokenHash, handle: c.Handle}
 	case EventGranted:
 		var g granted
 		if s := m.sessions[id]; s != nil && json.Unmarshal(e.Data, &g) == nil {
@@ -391,7 +394,7 @@ func (m *Manager) Get(id string) (Session, error) {
 	if !ok {
 		return Session{}, m.notFound(id)
 	}
-	return *s, nil
+	return s.Session, nil
 }
 
 // List returns every session, newest first.
@@ -399,7 +402,7 @@ func (m *Manager) List() []Session {
 	m.mu.Lock()
 	out := make([]Session, 0, len(m.sessions))
 	for _, s := range m.sessions {
-		out = append(out, *s)
+		out = append(out, s.Session)
 	}
 	m.mu.Unlock()
 	slices.SortFunc(out, func(a, b Session) int { return strings.Compare(b.ID, a.ID) })
@@ -411,37 +414,43 @@ func (m *Manager) List() []Session {
 // its task, so one the task left in a file (an output saved to shared/,
 // say) reaches nothing afterwards.
 func (m *Manager) Authorize(id, token string) bool {
-	s, err := m.Get(id)
-	if err != nil || token == "" {
+	if token == "" {
 		return false
 	}
 	h := hashToken(token)
+	m.mu.Lock()
+	s := m.sessions[id]
+	if s == nil {
+		m.mu.Unlock()
+		return false
+	}
 	ok := false
 	for _, want := range s.tokenHashes {
 		if subtle.ConstantTimeCompare([]byte(h), []byte(want)) == 1 {
 			ok = true
 		}
 	}
-	if ok {
-		return true
-	}
 	// The map's lookup compares the hash, not the token: no timing of
 	// the comparison tells anything of a token.
-	m.mu.Lock()
-	taskID, granted := m.sessions[id].grants[h]
+	taskID, granted := s.grants[h]
 	m.mu.Unlock()
-	return granted && m.opts.TaskEnded != nil && !m.opts.TaskEnded(taskID)
+	return ok || granted && m.opts.TaskEnded != nil && !m.opts.TaskEnded(taskID)
 }
 
 // AuthorizeAgent reports whether token is session id's exec agent's own:
 // no other token of the session (its owner's, a task's) may stand in for
 // the agent, which sees every command run in the session.
 func (m *Manager) AuthorizeAgent(id, token string) bool {
-	s, err := m.Get(id)
-	if err != nil || token == "" || s.agentTokenHash == "" {
+	m.mu.Lock()
+	var want string
+	if s := m.sessions[id]; s != nil {
+		want = s.agentTokenHash
+	}
+	m.mu.Unlock()
+	if token == "" || want == "" {
 		return false
 	}
-	return subtle.ConstantTimeCompare([]byte(hashToken(token)), []byte(s.agentTokenHash)) == 1
+	return subtle.ConstantTimeCompare([]byte(hashToken(token)), []byte(want)) == 1
 }
 
 func hashToken(token string) string {
