@@ -13,14 +13,14 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpapi"
-	"github.com/corral-dev/corral/internal/session"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
 // cmdSessions is corral sessions [ls] | create | rm ID.
 func cmdSessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, args, fs, cf := subcommand("sessions", args, stderr)
-	var req session.CreateRequest
+	var req service.CreateSessionRequest
 	fs.StringVar(&req.Runtime, "runtime", "", "create: the runtime (default: the server's)")
 	fs.StringVar(&req.Image, "image", "", "create: the image (docker)")
 	idle := fs.Duration("idle", 0, "create: end the session after this long without a command (default: the server's)")
@@ -94,7 +94,7 @@ func cmdExec(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var cf clientFlags
 	cf.register(fs)
 	stdin := fs.Bool("i", false, "pass stdin to the command (read whole before it starts)")
-	cwd := fs.String("cwd", "", "the directory inside the session (default "+session.Dir+")")
+	cwd := fs.String("cwd", "", "the directory inside the session (default "+service.SessionDir+")")
 	timeout := fs.Duration("timeout", 0, "stop the command after this long (exit code 124)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: corral exec [-i] [--cwd DIR] [--timeout D] SESSION -- CMD ARGS...")

@@ -64,7 +64,7 @@ var allowed = map[string][]string{
 	"internal/library":             {"task", "eventstore", "projection", "workspace", "attachment", "document", "skill", "errdefs", "units", "clip", "service", "workerproto"},
 	"internal/taskrun":             {"task", "sandbox", "placement", "eventstore", "projection", "workspace", "errdefs", "logkey", "units", "clip", "webhook", "workerproto", "quota", "session"},
 	"internal/tools":               {"service", "rtkind", "errdefs", "workspace", "strictjson"},
-	"internal/httpapi":             {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson", "webhook", "session", "execagent", "clip", "filetype", "webui"},
+	"internal/httpapi":             {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson", "webhook", "execagent", "clip", "filetype", "webui"},
 	"internal/session":             {"sandbox", "placement", "rtkind", "eventstore", "task", "workspace", "workerproto", "errdefs", "ids", "clip", "service", "execagent", "library"},
 	"internal/execagent":           {"errdefs", "clip"},
 	// Each runtime's record and the mounts every sandbox starts from.
@@ -75,7 +75,7 @@ var allowed = map[string][]string{
 	"internal/app":                     {"*"},
 	"internal/e2e":                     {}, // end-to-end suites: tests only
 	"internal/bench":                   {"app", "config", "errdefs", "eventstore", "httpapi", "service", "task", "testenv"},
-	"cmd/corral":                       {"app", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "session", "workercmd"},
+	"cmd/corral":                       {"app", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "workercmd"},
 	// What every sandbox runs, and nothing of the server (badDeps).
 	"internal/workercmd": {"worker", "execagent", "sandbox/warmstart", "workerproto"},
 	"cmd/corral-worker":  {"workercmd"},
@@ -113,7 +113,7 @@ var badDeps = map[string][]string{
 	// what it links is what each of them pays for.
 	"cmd/corral-worker":  {"k8s.io", "github.com/moby", "github.com/distribution", "modernc.org/sqlite", "github.com/modelcontextprotocol/go-sdk", "internal/app", "internal/httpapi", "internal/eventstore/sqlite", "internal/orchestrator", "internal/sandbox/local", "internal/webui"},
 	"internal/document":  {"internal/eventstore/sqlite", "modernc.org/sqlite"},
-	"internal/httpapi":   {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "github.com/moby/moby/client", "k8s.io/client-go", "github.com/modelcontextprotocol/go-sdk", "internal/orchestrator", "internal/worker", "internal/agent"},
+	"internal/httpapi":   {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "github.com/moby/moby/client", "k8s.io/client-go", "github.com/modelcontextprotocol/go-sdk", "internal/orchestrator", "internal/worker", "internal/agent", "internal/session", "internal/taskrun", "internal/library"},
 	"internal/mcpserver": {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite", "internal/orchestrator", "internal/worker", "internal/agent"},
 	"internal/tools":     {"internal/sandbox/local", "internal/eventstore/sqlite", "modernc.org/sqlite", "internal/orchestrator", "internal/worker", "internal/agent"},
 	"internal/notify":    {"internal/sandbox/local", "internal/eventstore/sqlite", "internal/scheduler", "modernc.org/sqlite"},

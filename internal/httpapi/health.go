@@ -4,7 +4,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/corral-dev/corral/internal/session"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -43,7 +43,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	}
 	if s.opts.Sessions != nil {
 		for _, sess := range s.opts.Sessions.List() {
-			if sess.Status == session.StatusRunning {
+			if sess.Status == service.SessionRunning {
 				h.Sessions++
 			}
 		}

@@ -24,7 +24,6 @@ import (
 	"github.com/corral-dev/corral/internal/ids"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/service"
-	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/tools"
 	"github.com/corral-dev/corral/internal/webhook"
@@ -100,7 +99,7 @@ type Options struct {
 	// the actor of what it does. Token, if set, is named "default".
 	Tokens []Token
 	// Sessions serves /api/sessions; nil when sessions are off.
-	Sessions *session.Manager
+	Sessions service.Sessions
 	// Deliveries serves /api/deliveries; nil when notifications are off.
 	Deliveries Deliveries
 	// MCP, when set, is served at /mcp behind the same bearer auth as the

@@ -19,14 +19,13 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/service"
-	"github.com/corral-dev/corral/internal/session"
 )
 
 // SessionCreated is POST /api/sessions's answer: the token is shown once.
 type SessionCreated struct {
 	SessionID string          `json:"session_id"`
 	Token     string          `json:"token"`
-	Session   session.Session `json:"session"`
+	Session   service.Session `json:"session"`
 }
 
 // ExecBody is POST /api/sessions/{id}/exec's body. Command is an argv (a
@@ -46,7 +45,7 @@ type ExecChunk struct {
 	Type       string `json:"type"`
 	Data       string `json:"data,omitempty"`
 	DataBase64 string `json:"data_base64,omitempty"`
-	*session.ExecEnd
+	*service.SessionExecEnd
 }
 
 var errSessionsOff = fmt.Errorf("sessions are not served here: %w", errdefs.ErrNotImplemented)
@@ -68,7 +67,7 @@ func (s *Server) sessionCaller(r *http.Request) error {
 	if name, err := s.caller(r); err == nil {
 		return s.rate.allow(apiCaller(name))
 	}
-	if strings.HasPrefix(token, session.TokenPrefix) {
+	if strings.HasPrefix(token, service.SessionTokenPrefix) {
 		return fmt.Errorf("a session token reaches its own session only: %w", errdefs.ErrPermissionDenied)
 	}
 	return fmt.Errorf("missing or wrong bearer token: %w", errdefs.ErrUnauthenticated)
@@ -119,7 +118,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
 	if s.opts.Sessions == nil {
 		return errSessionsOff
 	}
-	req, err := decodeBody[session.CreateRequest](s, r)
+	req, err := decodeBody[service.CreateSessionRequest](s, r)
 	if err != nil {
 		return err
 	}
@@ -180,7 +179,7 @@ func (s *Server) execSession(w http.ResponseWriter, r *http.Request, check func(
 	if err != nil {
 		return err
 	}
-	req := session.ExecRequest{Dir: b.Cwd, Timeout: time.Duration(b.TimeoutSeconds) * time.Second}
+	req := service.SessionCommand{Dir: b.Cwd, Timeout: time.Duration(b.TimeoutSeconds) * time.Second}
 	if b.TimeoutSeconds < 0 || b.TimeoutSeconds > 24*3600 {
 		return errdefs.Field("timeout_seconds", "must be between 0 (none) and 86400")
 	}
@@ -212,7 +211,7 @@ func (s *Server) execSession(w http.ResponseWriter, r *http.Request, check func(
 	if err != nil && !st.started() {
 		return err
 	}
-	st.send(ExecChunk{Type: "exit", ExecEnd: &end})
+	st.send(ExecChunk{Type: "exit", SessionExecEnd: &end})
 	return nil
 }
 
@@ -280,45 +279,45 @@ func (c *Client) WithToken(token string) *Client {
 }
 
 // CreateSession starts a session (POST /api/sessions).
-func (c *Client) CreateSession(ctx context.Context, req session.CreateRequest) (SessionCreated, error) {
+func (c *Client) CreateSession(ctx context.Context, req service.CreateSessionRequest) (SessionCreated, error) {
 	var r SessionCreated
 	err := c.call(ctx, http.MethodPost, "/api/sessions", req, &r)
 	return r, err
 }
 
 // ListSessions lists the sessions, newest first.
-func (c *Client) ListSessions(ctx context.Context) ([]session.Session, error) {
+func (c *Client) ListSessions(ctx context.Context) ([]service.Session, error) {
 	var r struct {
-		Sessions []session.Session `json:"sessions"`
+		Sessions []service.Session `json:"sessions"`
 	}
 	err := c.call(ctx, http.MethodGet, "/api/sessions", nil, &r)
 	return r.Sessions, err
 }
 
 // GetSession returns a session.
-func (c *Client) GetSession(ctx context.Context, id string) (session.Session, error) {
-	var s session.Session
+func (c *Client) GetSession(ctx context.Context, id string) (service.Session, error) {
+	var s service.Session
 	err := c.call(ctx, http.MethodGet, "/api/sessions/"+url.PathEscape(id), nil, &s)
 	return s, err
 }
 
 // DeleteSession ends a session.
-func (c *Client) DeleteSession(ctx context.Context, id string) (session.Session, error) {
-	var s session.Session
+func (c *Client) DeleteSession(ctx context.Context, id string) (service.Session, error) {
+	var s service.Session
 	err := c.call(ctx, http.MethodDelete, "/api/sessions/"+url.PathEscape(id), nil, &s)
 	return s, err
 }
 
 // ExecSession runs a command in a session and calls fn with each chunk as
 // it arrives; it returns the command's end (the last chunk).
-func (c *Client) ExecSession(ctx context.Context, id string, body ExecBody, fn func(ExecChunk) error) (session.ExecEnd, error) {
+func (c *Client) ExecSession(ctx context.Context, id string, body ExecBody, fn func(ExecChunk) error) (service.SessionExecEnd, error) {
 	b, err := json.Marshal(body)
 	if err != nil {
-		return session.ExecEnd{}, err
+		return service.SessionExecEnd{}, err
 	}
 	resp, err := c.do(ctx, http.MethodPost, "/api/sessions/"+url.PathEscape(id)+"/exec", bytes.NewReader(b), "application/x-ndjson")
 	if err != nil {
-		return session.ExecEnd{}, err
+		return service.SessionExecEnd{}, err
 	}
 	defer resp.Body.Close()
 	dec := json.NewDecoder(resp.Body)
@@ -328,13 +327,13 @@ func (c *Client) ExecSession(ctx context.Context, id string, body ExecBody, fn f
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
-			return session.ExecEnd{}, fmt.Errorf("read the exec's stream: %w", err)
+			return service.SessionExecEnd{}, fmt.Errorf("read the exec's stream: %w", err)
 		}
-		if ch.Type == "exit" && ch.ExecEnd != nil {
-			return *ch.ExecEnd, nil
+		if ch.Type == "exit" && ch.SessionExecEnd != nil {
+			return *ch.SessionExecEnd, nil
 		}
 		if err := fn(ch); err != nil {
-			return session.ExecEnd{}, err
+			return service.SessionExecEnd{}, err
 		}
 	}
 }

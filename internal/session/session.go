@@ -19,7 +19,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -60,13 +59,21 @@ const (
 	defaultLifetime = 8 * time.Hour
 )
 
-// TokenPrefix starts every session token, so the API can tell one used
-// out of its session (403) from a wrong token (401).
-const TokenPrefix = "sess_"
+// The session contract's types, by their names here (service holds them).
+type (
+	CreateRequest = service.CreateSessionRequest
+	Session       = service.Session
+	ExecRequest   = service.SessionCommand
+	ExecEnd       = service.SessionExecEnd
+)
 
-// Dir is where a session's sandbox starts, its own read-write directory
-// (sessions/<id>/ in the data root); shared/ is read-only beside it.
-const Dir = "/workspace/session"
+// Statuses, the token prefix and the sandbox's directory (see service).
+const (
+	StatusRunning = service.SessionRunning
+	StatusEnded   = service.SessionEnded
+	TokenPrefix   = service.SessionTokenPrefix
+	Dir           = service.SessionDir
+)
 
 // Options configure a Manager.
 type Options struct {
@@ -131,44 +138,6 @@ type Quota interface {
 	Release(ctx context.Context, id, rel string)
 }
 
-// CreateRequest is POST /api/sessions.
-type CreateRequest struct {
-	Image   string            `json:"image,omitempty"`
-	Runtime string            `json:"runtime,omitempty"`
-	Network string            `json:"network,omitempty"`
-	Labels  map[string]string `json:"labels,omitempty"`
-	// Workspace, when set, is a named workspace (projects/<name>/) the
-	// session works in, read-write at Dir, instead of a directory of its
-	// own. The session is its one writer while it runs: creating one while
-	// a task or another session writes it is a conflict.
-	Workspace string `json:"workspace,omitempty"`
-	// Resources override the configured sandbox limits, in the
-	// configuration's units ("2Gi", "500m"), as spawn_worker's do.
-	Resources *service.ResourceRequest `json:"resources,omitempty"`
-	// IdleTimeout and MaxLifetime are in seconds.
-	IdleTimeout int `json:"idle_timeout,omitempty"`
-	MaxLifetime int `json:"max_lifetime,omitempty"`
-}
-
-// Session is a session's current state.
-type Session struct {
-	ID          string            `json:"session_id"`
-	Runtime     string            `json:"runtime"`
-	Image       string            `json:"image,omitempty"`
-	Network     string            `json:"network"`
-	Workspace   string            `json:"workspace,omitempty"`
-	Labels      map[string]string `json:"labels,omitempty"`
-	Status      string            `json:"status"` // running | ended
-	EndReason   string            `json:"end_reason,omitempty"`
-	EndError    string            `json:"end_error,omitempty"` // what ended it, for a person, when it failed
-	CreatedAt   time.Time         `json:"created_at"`
-	LastUsedAt  time.Time         `json:"last_used_at"`
-	EndedAt     *time.Time        `json:"ended_at,omitempty"`
-	Execs       int               `json:"execs"`
-	IdleTimeout int               `json:"idle_timeout"`
-	MaxLifetime int               `json:"max_lifetime"`
-}
-
 // state is a session as the manager folds it: what Get answers, and what
 // only the manager knows of it.
 type state struct {
@@ -182,44 +151,12 @@ type state struct {
 	running        int // execs running now
 }
 
-// Statuses.
-const (
-	StatusRunning = "running"
-	StatusEnded   = "ended"
-)
-
 // created is session_created's payload.
 type created struct {
 	Session
 	TokenHash      string         `json:"token_hash"`
 	AgentTokenHash string         `json:"agent_token_hash"`
 	Handle         sandbox.Handle `json:"handle"`
-}
-
-// ExecRequest is a command to run in a session.
-type ExecRequest struct {
-	// Command is the argv, or, with Shell, one string run with sh -c.
-	Command []string `json:"-"`
-	Shell   string   `json:"-"`
-	Dir     string   `json:"cwd,omitempty"`
-	Env     []string `json:"-"`
-	Stdin   io.Reader
-	// Timeout bounds the command; 0: until the client goes away.
-	Timeout time.Duration
-}
-
-// ExecEnd is exec_ended's payload and an exec's answer.
-type ExecEnd struct {
-	ExecID      string `json:"exec_id"`
-	ExitCode    int    `json:"exit_code"`
-	DurationMS  int64  `json:"duration_ms"`
-	StdoutBytes int64  `json:"stdout_bytes"`
-	StderrBytes int64  `json:"stderr_bytes"`
-	Error       string `json:"error,omitempty"`
-	// Reason is "lost" for an exec the server's crash cut: its end was
-	// recorded by the next start, and its command ended with the
-	// connection to the session's agent.
-	Reason string `json:"reason,omitempty"`
 }
 
 // Manager runs sessions. It is safe for concurrent use.
@@ -507,3 +444,5 @@ func (m *Manager) append(ctx context.Context, id, typ string, payload any) error
 	}
 	return err
 }
+
+var _ service.Sessions = (*Manager)(nil)

@@ -1,0 +1,116 @@
+package service
+
+import (
+	"context"
+	"io"
+	"net"
+	"time"
+)
+
+// Sessions is the session contract (seed 003): long-lived sandboxes on a
+// chosen runtime and image in which callers run commands, streaming their
+// output. The session manager (internal/session) implements it; the
+// transports reach sessions only through it.
+type Sessions interface {
+	// Create starts a session's sandbox and records it; it returns the
+	// session and its token, which alone runs commands in it.
+	Create(ctx context.Context, req CreateSessionRequest) (Session, string, error)
+	// Get returns a session; List every one, newest first.
+	Get(id string) (Session, error)
+	List() []Session
+	// Delete ends a session and destroys its sandbox.
+	Delete(ctx context.Context, id string) error
+	// Exec runs a command in a running session, streaming its output to
+	// stdout and stderr, and records its start and end; a command still
+	// running when ctx ends is stopped.
+	Exec(ctx context.Context, id string, req SessionCommand, stdout, stderr io.Writer) (SessionExecEnd, error)
+	// ExecBounded runs workspace_exec's command and returns its end with
+	// at most max bytes of each stream; onOutput, when not nil, gets every
+	// chunk as it comes.
+	ExecBounded(ctx context.Context, req SessionExecRequest, max int, onOutput func(stream string, data []byte)) (SessionExecResult, error)
+	// Authorize reports whether token may run commands in session id;
+	// AuthorizeAgent whether it is the session's exec agent's own.
+	Authorize(id, token string) bool
+	AuthorizeAgent(id, token string) bool
+	// AttachAgent takes the connection session id's exec agent dialled in
+	// on (already upgraded; r reads from it).
+	AttachAgent(id string, conn net.Conn, r io.Reader) error
+}
+
+// CreateSessionRequest is POST /api/sessions.
+type CreateSessionRequest struct {
+	Image   string            `json:"image,omitempty"`
+	Runtime string            `json:"runtime,omitempty"`
+	Network string            `json:"network,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	// Workspace, when set, is a named workspace (projects/<name>/) the
+	// session works in, read-write at SessionDir, instead of a directory of its
+	// own. The session is its one writer while it runs: creating one while
+	// a task or another session writes it is a conflict.
+	Workspace string `json:"workspace,omitempty"`
+	// Resources override the configured sandbox limits, in the
+	// configuration's units ("2Gi", "500m"), as spawn_worker's do.
+	Resources *ResourceRequest `json:"resources,omitempty"`
+	// IdleTimeout and MaxLifetime are in seconds.
+	IdleTimeout int `json:"idle_timeout,omitempty"`
+	MaxLifetime int `json:"max_lifetime,omitempty"`
+}
+
+// Session is a session's current state.
+type Session struct {
+	ID          string            `json:"session_id"`
+	Runtime     string            `json:"runtime"`
+	Image       string            `json:"image,omitempty"`
+	Network     string            `json:"network"`
+	Workspace   string            `json:"workspace,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Status      string            `json:"status"` // running | ended
+	EndReason   string            `json:"end_reason,omitempty"`
+	EndError    string            `json:"end_error,omitempty"` // what ended it, for a person, when it failed
+	CreatedAt   time.Time         `json:"created_at"`
+	LastUsedAt  time.Time         `json:"last_used_at"`
+	EndedAt     *time.Time        `json:"ended_at,omitempty"`
+	Execs       int               `json:"execs"`
+	IdleTimeout int               `json:"idle_timeout"`
+	MaxLifetime int               `json:"max_lifetime"`
+}
+
+// A session's statuses.
+const (
+	SessionRunning = "running"
+	SessionEnded   = "ended"
+)
+
+// SessionTokenPrefix starts every session token, so the API can tell one used
+// out of its session (403) from a wrong token (401).
+const SessionTokenPrefix = "sess_"
+
+// SessionDir is where a session's sandbox starts, its own read-write directory
+// (sessions/<id>/ in the data root); shared/ is read-only beside it.
+const SessionDir = "/workspace/session"
+
+// SessionCommand is a command to run in a session.
+type SessionCommand struct {
+	// Command is the argv, or, with Shell, one string run with sh -c.
+	Command []string `json:"-"`
+	Shell   string   `json:"-"`
+	Dir     string   `json:"cwd,omitempty"`
+	Env     []string `json:"-"`
+	Stdin   io.Reader
+	// Timeout bounds the command; 0: until the client goes away.
+	Timeout time.Duration
+}
+
+// SessionExecEnd is exec_ended's payload and an exec's answer.
+type SessionExecEnd struct {
+	ExecID      string `json:"exec_id"`
+	ExitCode    int    `json:"exit_code"`
+	DurationMS  int64  `json:"duration_ms"`
+	StdoutBytes int64  `json:"stdout_bytes"`
+	StderrBytes int64  `json:"stderr_bytes"`
+	Error       string `json:"error,omitempty"`
+	// Reason is "lost" for an exec the server's crash cut: its end was
+	// recorded by the next start, and its command ended with the
+	// connection to the session's agent.
+	Reason string `json:"reason,omitempty"`
+}
