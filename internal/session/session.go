@@ -445,4 +445,5 @@ func (m *Manager) append(ctx context.Context, id, typ string, payload any) error
 	return err
 }
 
+// The manager is the session contract's implementation.
 var _ service.Sessions = (*Manager)(nil)
