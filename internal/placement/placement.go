@@ -62,9 +62,13 @@ func (s *Set) Usable(name string) *Runtime {
 	return nil
 }
 
-// Sandboxes are the configured runtimes' sandboxes, by name.
+// Sandboxes are the configured runtimes' sandboxes, by name; none for a
+// nil Set (a server whose start failed before it had one closes it).
 func (s *Set) Sandboxes() map[string]sandbox.Runtime {
 	out := map[string]sandbox.Runtime{}
+	if s == nil {
+		return out
+	}
 	for name, r := range s.byName {
 		if r.Sandbox != nil {
 			out[name] = r.Sandbox

@@ -44,6 +44,10 @@ func TestSet(t *testing.T) {
 	if k, _ := s.Get("kubernetes"); !k.Remote {
 		t.Errorf("kubernetes is not remote")
 	}
+	var none *Set // a server whose start failed before it had one
+	if got := none.Sandboxes(); len(got) != 0 {
+		t.Errorf("nil Set's Sandboxes() = %v", got)
+	}
 }
 
 // Every sandbox mounts shared/ read-only and the two binaries; one on
