@@ -19,6 +19,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/execagent/execagenttest"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 )
 
 // mustAgent runs the agent on this host and returns the server's side of
@@ -160,4 +161,18 @@ func TestAgentGone(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "went away") {
 		t.Errorf("Exec on a closed connection: %v", err)
 	}
+}
+
+// TestExecTable: the exec agent answers the exec table as the runtimes'
+// Exec do (sandboxtest.ExecTable), here on the host.
+func TestExecTable(t *testing.T) {
+	c := mustAgent(t)
+	dir := t.TempDir()
+	sandboxtest.ExecTable(t, func(ctx context.Context, argv []string, dir string, env []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+		in, err := io.ReadAll(stdin)
+		if err != nil {
+			return -1, err
+		}
+		return c.Exec(ctx, argv, dir, env, in, stdout, stderr)
+	}, dir, dir)
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,5 +103,10 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: sandbox exited: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	code := cmd.ProcessState.ExitCode()
+	if _, err := os.Stat(pidFile); code == 128 && errors.Is(err, fs.ErrNotExist) {
+		// runsc made no process (it writes the pid as it does): the
+		// command is not there, or cannot run; say so as a shell would.
+		code = 127
+	}
 	return sandbox.ExitStatus{Code: code, ExitedAt: time.Now().UTC(), Message: sandbox.ExitMessage(code, nil)}, nil
 }

@@ -3,11 +3,11 @@
 package sandboxtest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -645,29 +645,10 @@ func (s *suite) testExec(t *testing.T) {
 	dir := s.h.MountDir(t)
 	sp := e.spec(`sleep 100`, dir)
 	e.create(sp)
-	var stdout, stderr bytes.Buffer
-	es, err := e.rt.Exec(e.ctx, sp.ID, sandbox.ExecRequest{
-		Command: []string{Shell, "-c", `read line; echo "$line $GREETING" > exec-out; echo out; echo err >&2; exit 3`},
-		Dir:     "/out",
-		Env:     []string{"GREETING=world"},
-		Stdin:   strings.NewReader("hello\n"),
-		Stdout:  &stdout,
-		Stderr:  &stderr,
-	})
-	if err != nil {
-		t.Fatalf("Exec: %v", err)
-	}
-	if es.Code != 3 || stdout.String() != "out\n" || stderr.String() != "err\n" {
-		t.Errorf("Exec = code %d, stdout %q, stderr %q; want 3, %q, %q", es.Code, stdout.String(), stderr.String(), "out\n", "err\n")
-	}
-	if got, _ := os.ReadFile(filepath.Join(dir, "exec-out")); string(got) != "hello world\n" {
-		t.Errorf("exec wrote %q, want %q", got, "hello world\n")
-	}
-	ctx, cancel := context.WithTimeout(e.ctx, 100*time.Millisecond)
-	defer cancel()
-	if _, err := e.rt.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"sleep", "100"}}); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Exec with expiring ctx = %v, want context.DeadlineExceeded", err)
-	}
+	ExecTable(t, func(ctx context.Context, argv []string, dir string, env []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+		es, err := e.rt.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: argv, Dir: dir, Env: env, Stdin: stdin, Stdout: stdout, Stderr: stderr})
+		return es.Code, err
+	}, "/out", dir)
 	if err := e.rt.Stop(e.ctx, sp.ID, 0); err != nil {
 		t.Fatalf("Stop: %v", err)
 	}
