@@ -226,26 +226,13 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 	// closed sandbox. TestNetworkPoliciesHold shows the policies refuse it.
 	var nodeTarget []string
 	if rt.runtime == "kubernetes" {
-		node, err := net.Listen("tcp", k8stest.NodeIP+":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { node.Close() })
-		go func() {
-			for {
-				c, err := node.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
-		nodeTarget = []string{"--connect", node.Addr().String()}
+		node := k8stest.NodeListener(t)
+		nodeTarget = []string{"--connect", node}
 		rt.accepted = maps.Clone(rt.accepted)
 		if rt.accepted == nil {
 			rt.accepted = map[string]string{}
 		}
-		rt.accepted["connect "+node.Addr().String()] = "the suite's server runs on the node, so its namespaces have no NetworkPolicy: nothing keeps a pod from the node's addresses (TestNetworkPoliciesHold: the rendered policies do)"
+		rt.accepted["connect "+node] = "the suite's server runs on the node, so its namespaces have no NetworkPolicy: nothing keeps a pod from the node's addresses (TestNetworkPoliciesHold: the rendered policies do)"
 	}
 
 	argv := []string{"/workspace/shared/bin/probe", "--sandboxed",

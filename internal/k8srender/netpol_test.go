@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,7 +45,7 @@ func TestNetworkPoliciesHold(t *testing.T) {
 	dns := c.listener(ctx, t, "kube-system", map[string]string{"k8s-app": "kube-dns"}, 53).ip
 	impostor := c.listener(ctx, t, elsewhere, map[string]string{"k8s-app": "kube-dns"}, 53)
 	peer := c.listener(ctx, t, ns, map[string]string{"app": "peer"}, 8080)
-	node := nodeListener(t)
+	node := strings.Replace(k8stest.NodeListener(t), ":", " ", 1)
 	outside := outsideListener(t)
 	targets := []struct {
 		name, addr string
@@ -206,26 +205,6 @@ func (c cluster) listener(ctx context.Context, t *testing.T, ns string, labels m
 		return ip != ""
 	})
 	return listening{created.Name, ip}
-}
-
-// nodeListener listens on the node's address (what pods reach the host
-// at), accepting and closing connections, and returns "IP PORT".
-func nodeListener(t *testing.T) string {
-	ln, err := net.Listen("tcp", k8stest.NodeIP+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	return strings.Replace(ln.Addr().String(), ":", " ", 1)
 }
 
 // outsideListener stands in for the internet: a network namespace of its

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -211,4 +212,26 @@ func WaitFor(tb testing.TB, what string, done func() bool) {
 			tb.Fatalf("%s: not within 30 s", what)
 		}
 	}
+}
+
+// NodeListener listens on the node's address (where pods reach the host)
+// until tb ends, accepting connections and closing them, and returns its
+// address (host:port).
+func NodeListener(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", NodeIP+":0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return ln.Addr().String()
 }
