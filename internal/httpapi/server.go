@@ -99,7 +99,10 @@ type Options struct {
 	// the actor of what it does. Token, if set, is named "default".
 	Tokens []Token
 	// Sessions serves /api/sessions; nil when sessions are off.
-	Sessions service.Sessions
+	Sessions interface {
+		service.Sessions
+		service.SessionGate
+	}
 	// Deliveries serves /api/deliveries; nil when notifications are off.
 	Deliveries Deliveries
 	// MCP, when set, is served at /mcp behind the same bearer auth as the

@@ -9,8 +9,8 @@ import (
 
 // Sessions is the session contract (seed 003): long-lived sandboxes on a
 // chosen runtime and image in which callers run commands, streaming their
-// output. The session manager (internal/session) implements it; the
-// transports reach sessions only through it.
+// output. The session manager (internal/session) implements it, and
+// SessionGate; the transports reach sessions only through them.
 type Sessions interface {
 	// Create starts a session's sandbox and records it; it returns the
 	// session and its token, which alone runs commands in it.
@@ -28,6 +28,12 @@ type Sessions interface {
 	// at most max bytes of each stream; onOutput, when not nil, gets every
 	// chunk as it comes.
 	ExecBounded(ctx context.Context, req SessionExecRequest, max int, onOutput func(stream string, data []byte)) (SessionExecResult, error)
+}
+
+// SessionGate is what the server that serves sessions needs beside their
+// use cases: which token may do what, and the exec agents' connections.
+// The session manager implements it; a client has no part of it.
+type SessionGate interface {
 	// Authorize reports whether token may run commands in session id;
 	// AuthorizeAgent whether it is the session's exec agent's own.
 	Authorize(id, token string) bool

@@ -445,5 +445,8 @@ func (m *Manager) append(ctx context.Context, id, typ string, payload any) error
 	return err
 }
 
-// The manager is the session contract's implementation.
-var _ service.Sessions = (*Manager)(nil)
+// The manager implements the session contract and its gate.
+var (
+	_ service.Sessions    = (*Manager)(nil)
+	_ service.SessionGate = (*Manager)(nil)
+)
