@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"os/exec"
@@ -335,7 +336,13 @@ func (f *Fake) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sa
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, ctx.Err())
 	}
 	var xe *exec.ExitError
-	if err != nil && !errors.As(err, &xe) {
+	switch {
+	case cmd.ProcessState == nil && (errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist)):
+		// It never started: as a shell says it (ExecTable).
+		return sandbox.ExitStatus{Code: 127, ExitedAt: time.Now().UTC()}, nil
+	case cmd.ProcessState == nil && errors.Is(err, fs.ErrPermission):
+		return sandbox.ExitStatus{Code: 126, ExitedAt: time.Now().UTC()}, nil
+	case err != nil && !errors.As(err, &xe):
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, err)
 	}
 	return sandbox.ExitStatus{Code: cmd.ProcessState.ExitCode(), ExitedAt: time.Now().UTC()}, nil
