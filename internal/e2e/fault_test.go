@@ -407,34 +407,28 @@ func checkFaults(t *testing.T, p *proc, data string, acked []string) faults {
 				tk.ID, tk.Runtime, res.Status, code, out, runs, ends, res.ErrorMessage, by)
 		}
 	}
+	// leaks counts what is left within d: sandbox processes (procs) and
+	// docker tasks' containers.
+	leaks := func(procs func(string) map[string][]int, d time.Duration, when string) {
+		left, containers := procs(data), taskContainers(t, onDocker)
+		for deadline := time.Now().Add(d); len(left)+len(containers) > 0 && time.Now().Before(deadline); left, containers = procs(data), taskContainers(t, onDocker) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		for id, pids := range left {
+			f.leaked++
+			t.Errorf("sandbox %s still has processes %v %s", id, pids, when)
+		}
+		for id, cs := range containers {
+			f.leaked++
+			t.Errorf("docker task %s still has containers %v %s", id, cs, when)
+		}
+	}
 	// A sandbox goes once its task has ended and its worker exited, or
 	// after the exit grace (10 s) at most; a docker task's container
 	// with it.
-	left, containers := leftover(data), taskContainers(t, onDocker)
-	for deadline := time.Now().Add(20 * time.Second); len(left)+len(containers) > 0 && time.Now().Before(deadline); left, containers = leftover(data), taskContainers(t, onDocker) {
-		time.Sleep(100 * time.Millisecond)
-	}
-	for id, pids := range left {
-		f.leaked++
-		t.Errorf("sandbox %s still has processes %v after its task ended", id, pids)
-	}
-	for id, cs := range containers {
-		f.leaked++
-		t.Errorf("docker task %s still has containers %v after it ended", id, cs)
-	}
+	leaks(leftover, 20*time.Second, "after its task ended")
 	p.stop(t)
-	left, containers = sandboxProcs(data), taskContainers(t, onDocker)
-	for deadline := time.Now().Add(10 * time.Second); len(left)+len(containers) > 0 && time.Now().Before(deadline); left, containers = sandboxProcs(data), taskContainers(t, onDocker) {
-		time.Sleep(100 * time.Millisecond)
-	}
-	for id, pids := range left {
-		f.leaked++
-		t.Errorf("sandbox %s still has processes %v after the server stopped", id, pids)
-	}
-	for id, cs := range containers {
-		f.leaked++
-		t.Errorf("docker task %s still has containers %v after the server stopped", id, cs)
-	}
+	leaks(sandboxProcs, 10*time.Second, "after the server stopped")
 	return f
 }
 
