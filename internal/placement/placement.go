@@ -48,15 +48,19 @@ func NewSet(rs ...*Runtime) *Set {
 }
 
 // Get returns the record of runtime name; ok is false for a name that is
-// no runtime.
+// no runtime. A nil Set (none given) holds every kind, unconfigured.
 func (s *Set) Get(name string) (r *Runtime, ok bool) {
+	if s == nil {
+		k, ok := rtkind.Of(name)
+		return &Runtime{Kind: k, Unavailable: "not configured"}, ok
+	}
 	r, ok = s.byName[name]
 	return r, ok
 }
 
 // Usable returns the record of runtime name if it takes work.
 func (s *Set) Usable(name string) *Runtime {
-	if r, ok := s.byName[name]; ok && r.Sandbox != nil && r.Unavailable == "" {
+	if r, ok := s.Get(name); ok && r.Sandbox != nil && r.Unavailable == "" {
 		return r
 	}
 	return nil

@@ -48,6 +48,9 @@ func TestSet(t *testing.T) {
 	if got := none.Sandboxes(); len(got) != 0 {
 		t.Errorf("nil Set's Sandboxes() = %v", got)
 	}
+	if r, ok := none.Get("docker"); !ok || r.Sandbox != nil || r.Unavailable == "" || !r.Images || none.Usable("local") != nil {
+		t.Errorf("nil Set's Get(docker) = %+v, %v; want its kind, unconfigured, and nothing usable", r, ok)
+	}
 }
 
 // Every sandbox mounts shared/ read-only and the two binaries; one on

@@ -32,7 +32,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		rtName = m.opts.DefaultRuntime
 	}
 	var rt sandbox.Runtime
-	switch p, known := m.placements().Get(rtName); {
+	switch p, known := m.opts.Placements.Get(rtName); {
 	case !known:
 		bad("runtime", "%q is not a runtime (one of: %s)", clip.String(rtName, 64), strings.Join(rtkind.Names(), ", "))
 	case p.Unavailable != "" || p.Sandbox == nil:

@@ -248,14 +248,6 @@ func ValidID(id string) bool {
 	return ok && ids.Valid(rest)
 }
 
-// placements are the runtimes' records (none usable when not given).
-func (m *Manager) placements() *placement.Set {
-	if m.opts.Placements == nil {
-		return placement.NewSet()
-	}
-	return m.opts.Placements
-}
-
 func (m *Manager) notFound(id string) error {
 	return fmt.Errorf("session %q: %w", clip.String(id, 64), errdefs.ErrNotFound)
 }

@@ -37,7 +37,7 @@ func (m *Manager) Start(ctx context.Context) error {
 			continue
 		}
 		var rt sandbox.Runtime
-		if p := m.placements().Usable(s.Runtime); p != nil {
+		if p := m.opts.Placements.Usable(s.Runtime); p != nil {
 			rt = p.Sandbox
 		}
 		h := m.handleOf(s.ID)
@@ -58,8 +58,8 @@ func (m *Manager) Start(ctx context.Context) error {
 			m.end(ctx, s.ID, "lost")
 		}
 	}
-	for name, rt := range m.placements().Sandboxes() {
-		if m.placements().Usable(name) == nil {
+	for name, rt := range m.opts.Placements.Sandboxes() {
+		if m.opts.Placements.Usable(name) == nil {
 			continue
 		}
 		hs, err := rt.List(ctx, map[string]string{sandbox.LabelManaged: "true", labelSession: "true"})
@@ -222,7 +222,7 @@ func (m *Manager) endWith(ctx context.Context, id, reason string, cause error) {
 	if err != nil || s.Status != StatusRunning {
 		return
 	}
-	if p := m.placements().Usable(s.Runtime); p != nil {
+	if p := m.opts.Placements.Usable(s.Runtime); p != nil {
 		if err := p.Sandbox.Destroy(ctx, id); err != nil {
 			m.log.Warn("cannot destroy a session's sandbox", "session_id", id, "err", err)
 		}

@@ -83,10 +83,8 @@ func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		MaxLogBytes: o.opts.MaxLogBytes,
 	}
 	var where placement.Runtime
-	if w.Placements != nil {
-		if p, ok := w.Placements.Get(t.Runtime); ok {
-			where = *p
-		}
+	if p, ok := w.Placements.Get(t.Runtime); ok {
+		where = *p
 	}
 	remote := where.Remote
 	if remote {
