@@ -101,7 +101,7 @@ func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer
 }
 
 // upload sends files as attachments in one streaming request.
-func upload(ctx context.Context, c service.Service, paths []string) ([]service.Attachment, error) {
+func upload(ctx context.Context, c service.Library, paths []string) ([]service.Attachment, error) {
 	var open *os.File
 	defer func() {
 		if open != nil {

@@ -157,8 +157,8 @@ func TestErrorsEndInWords(t *testing.T) {
 }
 
 // workspaceBackend is a server backend whose workspace checks paths as the
-// orchestrator does; nothing else of it is called.
-type workspaceBackend struct{ service.Service }
+// library does; nothing else of it is called.
+type workspaceBackend struct{ service.Library }
 
 func (workspaceBackend) ListWorkspace(_ context.Context, p string, _ bool) ([]workspace.Entry, error) {
 	_, err := workspace.Clean(p)
@@ -175,7 +175,7 @@ func (workspaceBackend) Stats() httpapi.Stats { return httpapi.Stats{} }
 // TestWorkspacePathEscapes: ws cat ../x reaches the server as ../x, which
 // refuses it in words.
 func TestWorkspacePathEscapes(t *testing.T) {
-	hs := httptest.NewServer(httpapi.New(workspaceBackend{}, httpapi.Options{}, slog.New(slog.DiscardHandler)).Handler())
+	hs := httptest.NewServer(httpapi.New(service.Set{Library: workspaceBackend{}}, workspaceBackend{}, httpapi.Options{}, slog.New(slog.DiscardHandler)).Handler())
 	defer hs.Close()
 	var stderr bytes.Buffer
 	code := run(context.Background(), []string{"ws", "cat", "--server", hs.URL, "../x"}, io.Discard, &stderr)

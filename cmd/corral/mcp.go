@@ -46,10 +46,10 @@ func cmdMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if cf.server == "" {
 			return fmt.Errorf("--session needs --server: %w", errdefs.ErrInvalidArgument)
 		}
-		srv := mcpserver.New(client, mcpserver.Options{MaxArgumentBytes: cfg.Limits.MaxRequestBytes.Bytes(), Session: *sessionID}, log.With("subsystem", "mcp"))
+		srv := mcpserver.New(client.Set(), mcpserver.Options{MaxArgumentBytes: cfg.Limits.MaxRequestBytes.Bytes(), Session: *sessionID}, log.With("subsystem", "mcp"))
 		return srv.ServeStdio(ctx, io.NopCloser(os.Stdin), nopWriteCloser{stdout})
 	}
-	var svc service.Service = client
+	svc := client.Set()
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	_, err = client.Tools(pctx)
 	cancel()
@@ -72,7 +72,7 @@ func cmdMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 				log.Error("embedded server ended", "err", err)
 			}
 		}()
-		svc = a.Service()
+		svc = a.Services()
 		ctx = service.WithActor(ctx, "mcp-stdio")
 	default:
 		return fmt.Errorf("reach the corral server: %w", err)

@@ -73,6 +73,7 @@ type App struct {
 	docs     documentIndex
 	tasks    *projection.Tasks
 	orch     *orchestrator.Orchestrator
+	lib      *library.Library
 	runner   *taskrun.Runner
 	sched    *scheduler.Scheduler
 	api      *httpapi.Server
@@ -230,28 +231,37 @@ func (a *App) open(ctx context.Context) error {
 		AllowHooks: cfg.Workspaces.AllowHooks,
 		Retention:  time.Duration(w.TaskRetentionHours) * time.Hour,
 	}, a.log.With("subsystem", "sessions"))
-	a.orch = orchestrator.New(orchestrator.Options{
-		Disabled:    !w.Enabled,
+	a.lib = library.New(library.Options{
+		Store:       a.store,
+		Tasks:       a.tasks,
+		Data:        a.data,
 		Projects:    projects,
 		Documents:   a.docs.ix,
 		Attachments: attachments,
+		Limits: library.Limits{
+			MaxTaskDirBytes: lim.MaxTaskDirBytes.Bytes(),
+			MaxContextBytes: lim.MaxContextBytes.Bytes(),
+			MaxReadBytes:    256 << 10,
+			MaxWriteBytes:   lim.MaxWriteBytes.Bytes(),
+			MaxSharedBytes:  lim.MaxSharedBytes.Bytes(),
+			MinFreeBytes:    lim.MinFreeDisk.Bytes(),
+		},
 		Retention: library.Retention{
 			TaskDirs:    time.Duration(w.TaskRetentionHours) * time.Hour,
 			Attachments: time.Duration(w.AttachmentRetentionHours) * time.Hour,
 			Interval:    time.Duration(w.RetentionInterval),
 		},
-		Now:   a.opts.Now,
-		Store: a.store,
-		Tasks: a.tasks,
-		Data:  a.data,
+		Now: a.opts.Now,
+	}, a.log.With("subsystem", "library"))
+	a.orch = orchestrator.New(orchestrator.Options{
+		Disabled: !w.Enabled,
+		Store:    a.store,
+		Tasks:    a.tasks,
+		Data:     a.data,
+		Library:  a.lib,
 		Limits: orchestrator.Limits{
 			MaxPromptBytes:    lim.MaxPromptBytes.Bytes(),
-			MaxTaskDirBytes:   lim.MaxTaskDirBytes.Bytes(),
 			MaxContextBytes:   lim.MaxContextBytes.Bytes(),
-			MaxReadBytes:      256 << 10,
-			MaxWriteBytes:     lim.MaxWriteBytes.Bytes(),
-			MaxSharedBytes:    lim.MaxSharedBytes.Bytes(),
-			MinFreeBytes:      lim.MinFreeDisk.Bytes(),
 			MaxQueued:         w.MaxQueuedTasks,
 			DefaultTimeoutMin: w.DefaultTimeoutMinutes,
 			MaxTimeoutMin:     w.MaxTimeoutMinutes,
@@ -334,12 +344,12 @@ func (a *App) open(ctx context.Context) error {
 		deliveries = notifyDeliveries{a.notifier}
 	}
 	toolLimits := tools.Limits{DefaultTimeoutMinutes: w.DefaultTimeoutMinutes, MaxTimeoutMinutes: w.MaxTimeoutMinutes}
-	mcpSrv := mcpserver.New(a.orch, mcpserver.Options{MaxArgumentBytes: lim.MaxRequestBytes.Bytes(), Version: Version(), Limits: toolLimits}, a.log.With("subsystem", "mcp"))
-	a.api = httpapi.New(backend{a.orch, a}, httpapi.Options{
+	mcpSrv := mcpserver.New(a.Services(), mcpserver.Options{MaxArgumentBytes: lim.MaxRequestBytes.Bytes(), Version: Version(), Limits: toolLimits}, a.log.With("subsystem", "mcp"))
+	a.api = httpapi.New(a.Services(), backend{a}, httpapi.Options{
 		Token:           a.token,
 		Tokens:          tokens,
 		Deliveries:      deliveries,
-		Sessions:        a.sessions,
+		SessionGate:     a.sessions,
 		MaxRequestBytes: lim.MaxRequestBytes.Bytes(),
 		MCP:             mcpSrv.Handler(),
 		Listen:          cfg.Listen,
@@ -440,9 +450,11 @@ func (a *App) Addr() string { return a.ln.Addr().String() }
 // Token returns the API bearer token ("" when none is configured).
 func (a *App) Token() string { return a.token }
 
-// Service returns the orchestrator, for a caller in the same process
-// (corral mcp with an embedded server).
-func (a *App) Service() service.Service { return a.orch }
+// Services returns the server's use cases, for a caller in the same
+// process (corral mcp with an embedded server, the tests).
+func (a *App) Services() service.Set {
+	return service.Set{Tasks: a.orch, Library: a.lib, Sessions: a.sessions}
+}
 
 // Run serves the API and runs the scheduler until ctx is done, then shuts
 // down. Workers keep running; the next start reattaches to them.
@@ -469,8 +481,8 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	run(func() error { return a.tasks.Run(ctx) })
 	run(func() error { return a.sched.Run(ctx) })
-	run(func() error { return a.orch.RunRetention(ctx) })
-	run(func() error { return a.orch.RunSaves(ctx) })
+	run(func() error { return a.lib.RunRetention(ctx) })
+	run(func() error { return a.lib.RunSaves(ctx) })
 	run(func() error { return a.runner.RunEgress(ctx) })
 	a.keepWarm(ctx, run)
 	run(func() error { return a.egressRec.Run(ctx) })
@@ -542,10 +554,12 @@ func (a *App) Close() error {
 	return nil
 }
 
-// backend adds the server-only figures to the orchestrator for httpapi.
-type backend struct {
-	*orchestrator.Orchestrator
-	a *App
+// backend is httpapi's server-only operations.
+type backend struct{ a *App }
+
+// OpenOutput opens a task's output file, for its download.
+func (b backend) OpenOutput(ctx context.Context, id, path string) (*os.File, fs.FileInfo, error) {
+	return b.a.lib.OpenOutput(ctx, id, path)
 }
 
 // WorkerComplete and WorkerProgress are the workers' webhooks, which the

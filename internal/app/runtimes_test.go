@@ -10,6 +10,7 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/tools"
 )
 
@@ -38,7 +39,7 @@ func TestRuntimeNamesAgree(t *testing.T) {
 			} `json:"runtime"`
 		} `json:"properties"`
 	}
-	for _, tl := range tools.New(nil, tools.Limits{}).All() {
+	for _, tl := range tools.New(service.Set{}, tools.Limits{}).All() {
 		if tl.Name == "spawn_worker" {
 			if err := json.Unmarshal(tl.Schema, &schema); err != nil {
 				t.Fatal(err)

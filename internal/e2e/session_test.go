@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -26,15 +27,31 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/service/servicetest"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 	"github.com/corral-dev/corral/internal/workerproto"
 )
 
-// sessionRuntimes are the runtimes the session tests run on.
-var sessionRuntimes = []escapeRuntime{escapeRuntimes[0], escapeRuntimes[1], escapeRuntimes[2]}
+// sessionRuntimes are the runtimes the session tests run on, by name (an
+// index into escapeRuntimes silently moved when one was put before it).
+var sessionRuntimes = escapeRuntimesNamed("local", "gvisor", "docker")
+
+// escapeRuntimesNamed returns the escapeRuntimes of those names, in order.
+func escapeRuntimesNamed(names ...string) []escapeRuntime {
+	var out []escapeRuntime
+	for _, n := range names {
+		i := slices.IndexFunc(escapeRuntimes, func(rt escapeRuntime) bool { return rt.name == n })
+		if i < 0 {
+			panic("no escape runtime " + n)
+		}
+		out = append(out, escapeRuntimes[i])
+	}
+	return out
+}
 
 func command(argv ...string) json.RawMessage {
 	b, _ := json.Marshal(argv)
@@ -199,6 +216,18 @@ func TestSessions(t *testing.T) {
 			if err != nil || got.Execs != 12 || got.Labels["who"] != "test" {
 				t.Errorf("session after 12 execs: %+v, %v", got, err)
 			}
+			// The exec table every way of running a command in a sandbox
+			// answers, through the session contract in process and over
+			// HTTP.
+			for name, sess := range map[string]service.Sessions{"manager": s.app.Services().Sessions, "http": s.client.Sessions()} {
+				t.Run("exec table/"+name, func(t *testing.T) {
+					sandboxtest.ExecTable(t, func(ctx context.Context, argv []string, dir string, env []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+						end, err := sess.Exec(ctx, id, service.SessionCommand{Command: argv, Dir: dir, Env: env, Stdin: stdin}, stdout, stderr)
+						return end.ExitCode, err
+					}, session.Dir, dir)
+				})
+			}
+
 			if _, err := s.client.DeleteSession(ctx, id); err != nil {
 				t.Fatal(err)
 			}
@@ -211,6 +240,16 @@ func TestSessions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSessionContract: the session manager in process and the HTTP client
+// answer the session contract alike (servicetest's sessions group), on the
+// default runtime.
+func TestSessionContract(t *testing.T) {
+	servicetest.RunSessions(t, map[string]func(*testing.T) service.Sessions{
+		"manager": func(t *testing.T) service.Sessions { return MustStart(t, nil).app.Services().Sessions },
+		"http":    func(t *testing.T) service.Sessions { return MustStart(t, nil).client.Sessions() },
+	})
 }
 
 // TestSessionTokens: a session's token runs commands in its session and

@@ -77,7 +77,7 @@ func (s *Server) uploadAttachments(w http.ResponseWriter, r *http.Request) error
 			return p.FileName(), uploadReader{s, p}, nil
 		}
 	}
-	atts, err := s.b.UploadAttachments(r.Context(), next)
+	atts, err := s.svc.Library.UploadAttachments(r.Context(), next)
 	if err != nil {
 		return err
 	}
@@ -121,7 +121,7 @@ func formatSize(n int64) string {
 // downloadAttachment serves an attachment's content with its original
 // name in Content-Disposition, its sha256 as the ETag, and ranges.
 func (s *Server) downloadAttachment(w http.ResponseWriter, r *http.Request) error {
-	m, rc, err := s.b.OpenAttachment(r.Context(), r.PathValue("id"))
+	m, rc, err := s.svc.Library.OpenAttachment(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -144,7 +144,7 @@ func (s *Server) downloadAttachment(w http.ResponseWriter, r *http.Request) erro
 
 // gc runs a retention sweep; ?dry_run=1 only reports.
 func (s *Server) gc(w http.ResponseWriter, r *http.Request) error {
-	rep, err := s.b.GC(r.Context(), service.GCRequest{DryRun: isTrue(r.URL.Query().Get("dry_run"))})
+	rep, err := s.svc.Library.GC(r.Context(), service.GCRequest{DryRun: isTrue(r.URL.Query().Get("dry_run"))})
 	if err != nil {
 		return err
 	}

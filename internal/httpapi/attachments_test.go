@@ -76,7 +76,7 @@ func files(pairs ...string) func() (string, io.Reader, error) {
 
 func MustServeUploads(t *testing.T, max int64) (*Client, string) {
 	t.Helper()
-	hs := httptest.NewServer(New(&stub{}, Options{MaxUploadRequestBytes: max, MaxUploadFiles: 3}, slogTo(io.Discard)).Handler())
+	hs := httptest.NewServer(newTestServer(&stub{}, Options{MaxUploadRequestBytes: max, MaxUploadFiles: 3}, slogTo(io.Discard)).Handler())
 	t.Cleanup(hs.Close)
 	return NewClient(hs.URL, ""), hs.URL
 }

@@ -24,7 +24,8 @@ import (
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
-// Client implements service.Service over the HTTP API.
+// Client implements service.Tasks and service.Library over the HTTP API,
+// and service.Sessions with Sessions.
 //
 // Events and Logs with Follow outlive a restart of the server: when their
 // stream breaks they reconnect, with backoff, and resume where they
@@ -51,7 +52,10 @@ const (
 	maxBackoff   = 5 * time.Second
 )
 
-var _ service.Service = (*Client)(nil)
+var (
+	_ service.Tasks   = (*Client)(nil)
+	_ service.Library = (*Client)(nil)
+)
 
 // NewClient returns a client for the server at base (e.g.
 // "http://127.0.0.1:7777"), sending token as a bearer token when set.
@@ -100,6 +104,10 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body io.Re
 func (c *Client) send(req *http.Request) (*http.Response, error) {
 	resp, err := c.hc.Do(req)
 	if err != nil {
+		if cerr := req.Context().Err(); cerr != nil {
+			// The caller gave up: its own reason, not the server's.
+			return nil, cerr
+		}
 		return nil, c.unreachable(err)
 	}
 	if resp.StatusCode >= 400 {

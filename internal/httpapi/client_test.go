@@ -30,13 +30,13 @@ import (
 
 // serveAt serves b at addr ("127.0.0.1:0" for any port) until the test
 // ends or the caller closes it.
-func serveAt(t *testing.T, addr string, b Backend, opts Options) *httptest.Server {
+func serveAt(t *testing.T, addr string, b testBackend, opts Options) *httptest.Server {
 	t.Helper()
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewUnstartedServer(New(b, opts, slogTo(io.Discard)).Handler())
+	hs := httptest.NewUnstartedServer(newTestServer(b, opts, slogTo(io.Discard)).Handler())
 	hs.Listener.Close()
 	hs.Listener = l
 	hs.Start()
@@ -424,5 +424,18 @@ func TestSSEHeartbeat(t *testing.T) {
 	})
 	if !errors.Is(err, errStop) || !cmp.Equal(got, []string{"e1", "e2"}) {
 		t.Errorf("events through the heartbeats: %v (%v), want e1, e2", got, err)
+	}
+}
+
+// A call whose own context ends while the server has not answered returns
+// the context's error, not "cannot reach the server": the caller gave up.
+func TestClientContextEndsFirst(t *testing.T) {
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
+	defer hs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := NewClient(hs.URL, "").Get(ctx, "task-00000000000000000000000000")
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("Get whose context ended: %v, want context.DeadlineExceeded alone", err)
 	}
 }

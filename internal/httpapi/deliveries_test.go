@@ -38,7 +38,7 @@ func (f *fakeDeliveries) Retry(ctx context.Context, id string) (task.Delivery, e
 
 func MustServeOpts(t *testing.T, opts Options) string {
 	t.Helper()
-	hs := httptest.NewServer(New(&stub{}, opts, slogTo(io.Discard)).Handler())
+	hs := httptest.NewServer(newTestServer(&stub{}, opts, slogTo(io.Discard)).Handler())
 	t.Cleanup(hs.Close)
 	return hs.URL
 }

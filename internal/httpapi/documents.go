@@ -17,7 +17,7 @@ func (s *Server) ingestDocument(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	d, err := s.b.IngestDocument(r.Context(), req)
+	d, err := s.svc.Library.IngestDocument(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -37,7 +37,7 @@ func (s *Server) searchDocuments(w http.ResponseWriter, r *http.Request) error {
 		}
 		req.Limit = n
 	}
-	res, err := s.b.SearchDocuments(r.Context(), req)
+	res, err := s.svc.Library.SearchDocuments(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -52,7 +52,7 @@ func (s *Server) exportNotes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	res, err := s.b.ExportNotes(r.Context(), req)
+	res, err := s.svc.Library.ExportNotes(r.Context(), req)
 	if err != nil {
 		return err
 	}

@@ -34,7 +34,7 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	t, existing, err := s.b.Spawn(r.Context(), req)
+	t, existing, err := s.svc.Tasks.Spawn(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -54,7 +54,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	res, err := s.b.Execute(r.Context(), req)
+	res, err := s.svc.Tasks.Execute(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -72,7 +72,7 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) error {
 		}
 		req.Limit = n
 	}
-	page, err := s.b.List(r.Context(), req)
+	page, err := s.svc.Tasks.List(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -81,7 +81,7 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getTask(w http.ResponseWriter, r *http.Request) error {
-	t, err := s.b.Get(r.Context(), r.PathValue("id"))
+	t, err := s.svc.Tasks.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -99,7 +99,7 @@ func (s *Server) taskResult(w http.ResponseWriter, r *http.Request) error {
 		}
 		req.Wait = d
 	}
-	res, err := s.b.Result(r.Context(), req)
+	res, err := s.svc.Tasks.Result(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -120,7 +120,7 @@ func parseWait(v string) (time.Duration, error) {
 }
 
 func (s *Server) cancelTask(w http.ResponseWriter, r *http.Request) error {
-	t, err := s.b.Cancel(r.Context(), r.PathValue("id"))
+	t, err := s.svc.Tasks.Cancel(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -131,13 +131,13 @@ func (s *Server) cancelTask(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) taskLogs(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	req := service.LogsRequest{TaskID: r.PathValue("id"), Follow: isTrue(q.Get("follow")), Stream: q.Get("stream")}
-	if _, err := s.b.Get(r.Context(), req.TaskID); err != nil {
+	if _, err := s.svc.Tasks.Get(r.Context(), req.TaskID); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	fw := &flushWriter{w: w, rc: http.NewResponseController(w)}
-	return s.b.Logs(r.Context(), req, fw)
+	return s.svc.Tasks.Logs(r.Context(), req, fw)
 }
 
 func isTrue(v string) bool { return v == "1" || v == "true" || v == "yes" }
@@ -181,7 +181,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, req service.Even
 	sse := strings.Contains(r.Header.Get("Accept"), "text/event-stream")
 	if !sse {
 		var evs []eventstore.Event
-		err := s.b.Events(r.Context(), req, func(e eventstore.Event) error {
+		err := s.svc.Tasks.Events(r.Context(), req, func(e eventstore.Event) error {
 			evs = append(evs, e)
 			if len(evs) > 10000 {
 				return errAbort
@@ -199,13 +199,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, req service.Even
 	}
 	req.Follow = true
 	if req.TaskID != "" {
-		if _, err := s.b.Get(r.Context(), req.TaskID); err != nil {
+		if _, err := s.svc.Tasks.Get(r.Context(), req.TaskID); err != nil {
 			return err
 		}
 	}
 	if req.After != "" {
 		// Check the cursor before the stream starts, so a bad one is a 4xx.
-		if err := s.b.Events(r.Context(), service.EventsRequest{After: req.After, TaskID: req.TaskID, ConversationID: req.ConversationID}, func(eventstore.Event) error { return errAbort }); err != nil && !errors.Is(err, errAbort) {
+		if err := s.svc.Tasks.Events(r.Context(), service.EventsRequest{After: req.After, TaskID: req.TaskID, ConversationID: req.ConversationID}, func(eventstore.Event) error { return errAbort }); err != nil && !errors.Is(err, errAbort) {
 			return err
 		}
 	}
@@ -252,7 +252,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, req service.Even
 		<-stopped
 		quiet.Stop()
 	}()
-	return s.b.Events(r.Context(), req, func(e eventstore.Event) error {
+	return s.svc.Tasks.Events(r.Context(), req, func(e eventstore.Event) error {
 		data, _ := json.Marshal(e)
 		mu.Lock()
 		defer mu.Unlock()
@@ -332,7 +332,7 @@ func (s *Server) workerComplete(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) readWorkspace(w http.ResponseWriter, r *http.Request) error {
-	return serveFiles(w, r, r.PathValue("path"), s.b.ListWorkspace, s.b.ReadWorkspace)
+	return serveFiles(w, r, r.PathValue("path"), s.svc.Library.ListWorkspace, s.svc.Library.ReadWorkspace)
 }
 
 // serveFiles answers a GET of path p of a file tree: a directory's entries
@@ -361,7 +361,7 @@ func (s *Server) writeWorkspace(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	e, err := s.b.WriteWorkspace(r.Context(), r.PathValue("path"), body)
+	e, err := s.svc.Library.WriteWorkspace(r.Context(), r.PathValue("path"), body)
 	if err != nil {
 		return err
 	}

@@ -41,8 +41,12 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	if h.Tasks == nil {
 		h.Tasks = map[task.Status]int{}
 	}
-	if s.opts.Sessions != nil {
-		for _, sess := range s.opts.Sessions.List() {
+	if s.svc.Sessions != nil {
+		list, err := s.svc.Sessions.List(r.Context())
+		if err != nil {
+			return err
+		}
+		for _, sess := range list {
 			if sess.Status == service.SessionRunning {
 				h.Sessions++
 			}

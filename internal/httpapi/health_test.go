@@ -16,7 +16,7 @@ import (
 // /api/health reports the queue and the doctor's findings, with a token.
 func TestHealthRoute(t *testing.T) {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	hs := httptest.NewServer(New(&stats{}, Options{Token: "tok", Version: "v9",
+	hs := httptest.NewServer(newTestServer(&stats{}, Options{Token: "tok", Version: "v9",
 		Doctor: func(context.Context) ([]Check, time.Time) {
 			return []Check{{Name: "runtime local", OK: true, Detail: "bwrap 0.8", Required: true}}, at
 		}}, slogTo(io.Discard)).Handler())
@@ -48,7 +48,7 @@ func (*stats) Stats() Stats {
 // /metrics writes the backend's histograms of run times and commits, and
 // agent usage, in Prometheus's text format.
 func TestMetricsRoute(t *testing.T) {
-	hs := httptest.NewServer(New(&stats{}, Options{Token: "tok"}, slogTo(io.Discard)).Handler())
+	hs := httptest.NewServer(newTestServer(&stats{}, Options{Token: "tok"}, slogTo(io.Discard)).Handler())
 	t.Cleanup(hs.Close)
 	code, body := call(t, "GET", hs.URL+"/metrics", "tok")
 	if code != 200 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -24,7 +25,20 @@ import (
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
-// stub is a Backend whose methods are function fields; nil ones fail.
+// testBackend is a test double of the contracts a server serves, but
+// sessions, and of its server-only operations.
+type testBackend interface {
+	service.Tasks
+	service.Library
+	Backend
+}
+
+// newTestServer serves b's use cases and b's server-only operations.
+func newTestServer(b testBackend, opts Options, log *slog.Logger) *Server {
+	return New(service.Set{Tasks: b, Library: b}, b, opts, log)
+}
+
+// stub is a testBackend whose methods are function fields; nil ones fail.
 type stub struct {
 	spawn  func(service.SpawnRequest) (task.Task, bool, error)
 	get    func(string) (task.Task, error)
@@ -42,9 +56,6 @@ func (s *stub) Spawn(_ context.Context, r service.SpawnRequest) (task.Task, bool
 }
 func (s *stub) Execute(context.Context, service.ExecRequest) (service.ExecResult, error) {
 	return service.ExecResult{}, errUnset
-}
-func (s *stub) SessionExec(context.Context, service.SessionExecRequest, func(string, []byte)) (service.SessionExecResult, error) {
-	return service.SessionExecResult{}, errUnset
 }
 func (s *stub) Get(_ context.Context, id string) (task.Task, error) {
 	if s.get == nil {
@@ -89,10 +100,10 @@ func (s *stub) OpenOutput(context.Context, string, string) (*os.File, fs.FileInf
 func (s *stub) Stats() Stats { return Stats{} }
 
 // MustServe serves b on an httptest server and returns a client for it.
-func MustServe(t *testing.T, b Backend, token string) (*Client, string, *bytes.Buffer) {
+func MustServe(t *testing.T, b testBackend, token string) (*Client, string, *bytes.Buffer) {
 	t.Helper()
 	var logs bytes.Buffer
-	srv := New(b, Options{Token: token, MaxRequestBytes: 1024}, slogTo(&logs))
+	srv := newTestServer(b, Options{Token: token, MaxRequestBytes: 1024}, slogTo(&logs))
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	return NewClient(hs.URL, token), hs.URL, &logs

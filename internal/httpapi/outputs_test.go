@@ -48,7 +48,7 @@ func TestTaskFilesAreDownloadsUnlessSafeImages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	hs := httptest.NewServer(New(&outputs{dir: dir}, Options{}, slogTo(io.Discard)).Handler())
+	hs := httptest.NewServer(newTestServer(&outputs{dir: dir}, Options{}, slogTo(io.Discard)).Handler())
 	t.Cleanup(hs.Close)
 	for name, inline := range map[string]bool{"chart.png": true, "photo.jpg": true, "evil.svg": false, "page.html": false, "fake.png": false, "report.md": false, `x"; y=.html`: false} {
 		resp, err := http.Get(hs.URL + "/api/tasks/task-1/files/" + strings.ReplaceAll(strings.ReplaceAll(name, `"`, "%22"), " ", "%20"))

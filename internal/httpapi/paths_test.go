@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,14 +12,18 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/orchestrator/orchestratortest"
 	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
-// orchBackend is the real orchestrator over a data root, without an
-// event store: enough for the workspace routes.
-type orchBackend struct{ *orchestrator.Orchestrator }
+// orchBackend is the real orchestrator and library (orchestratortest).
+type orchBackend struct {
+	*orchestrator.Orchestrator
+	*library.Library
+}
 
 func (orchBackend) Stats() Stats { return Stats{} }
 
@@ -33,15 +36,9 @@ func (orchBackend) WorkerComplete(context.Context, webhook.Signed) (string, erro
 // handler and returns the server's URL, a client and shared/'s host path.
 func MustServeWorkspace(t *testing.T) (string, *Client, string) {
 	t.Helper()
-	data, err := workspace.Open(filepath.Join(t.TempDir(), "data"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { data.Close() })
-	o := orchestrator.New(orchestrator.Options{Data: data, Limits: orchestrator.Limits{MaxReadBytes: 1 << 20, MaxWriteBytes: 1 << 20}},
-		slog.New(slog.DiscardHandler))
-	hs := serveAt(t, "127.0.0.1:0", orchBackend{o}, Options{})
-	return hs.URL, NewClient(hs.URL, ""), data.HostPath(workspace.DirShared)
+	f := orchestratortest.New(t, nil)
+	hs := serveAt(t, "127.0.0.1:0", orchBackend{f.Orch, f.Library}, Options{})
+	return hs.URL, NewClient(hs.URL, ""), f.Data.HostPath(workspace.DirShared)
 }
 
 // sendRaw sends a request and returns its status and error message.

@@ -24,7 +24,7 @@ func (b *progressRecorder) WorkerProgress(context.Context, webhook.Signed) (int,
 
 func TestProgressReportSizeIsBounded(t *testing.T) {
 	b := &progressRecorder{}
-	hs := httptest.NewServer(New(b, Options{}, slogTo(io.Discard)).WebhookHandler())
+	hs := httptest.NewServer(newTestServer(b, Options{}, slogTo(io.Discard)).WebhookHandler())
 	t.Cleanup(hs.Close)
 	post := func(n int) int {
 		resp, err := http.Post(hs.URL+"/api/webhooks/worker-progress", "application/json", strings.NewReader(strings.Repeat(" ", n)))

@@ -10,7 +10,7 @@ import (
 )
 
 func (s *Server) listProjects(w http.ResponseWriter, r *http.Request) error {
-	ps, err := s.b.ListProjects(r.Context())
+	ps, err := s.svc.Library.ListProjects(r.Context())
 	if err != nil {
 		return err
 	}
@@ -23,7 +23,7 @@ func (s *Server) createProject(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	p, err := s.b.CreateProject(r.Context(), req)
+	p, err := s.svc.Library.CreateProject(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -38,9 +38,11 @@ func (s *Server) projectFiles(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	return serveFiles(w, r, r.PathValue("path"),
 		func(ctx context.Context, p string, rec bool) ([]workspace.Entry, error) {
-			return s.b.ListProjectFiles(ctx, name, p, rec)
+			return s.svc.Library.ListProjectFiles(ctx, name, p, rec)
 		},
-		func(ctx context.Context, p string) (service.File, error) { return s.b.ReadProjectFile(ctx, name, p) })
+		func(ctx context.Context, p string) (service.File, error) {
+			return s.svc.Library.ReadProjectFile(ctx, name, p)
+		})
 }
 
 // ListProjects lists the named workspaces.

@@ -41,7 +41,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 func mustServeLimited(t *testing.T, opts Options, now func() time.Time) (*Server, string, *bytes.Buffer) {
 	t.Helper()
 	var logs bytes.Buffer
-	srv := New(&stub{}, opts, slogTo(&logs))
+	srv := newTestServer(&stub{}, opts, slogTo(&logs))
 	if now != nil && srv.rate != nil {
 		srv.rate.now = now
 	}

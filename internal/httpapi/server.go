@@ -30,10 +30,9 @@ import (
 	"github.com/corral-dev/corral/internal/webui"
 )
 
-// Backend is what the server needs beyond service.Service: the
-// server-only operations that no client calls through Service.
+// Backend is what the server needs beyond its service.Set: the
+// server-only operations that no client calls through the contracts.
 type Backend interface {
-	service.Service
 	WorkerComplete(ctx context.Context, m webhook.Signed) (string, error)
 	OpenOutput(ctx context.Context, id, path string) (*os.File, fs.FileInfo, error)
 	Stats() Stats
@@ -98,11 +97,9 @@ type Options struct {
 	// Tokens are further bearer tokens, each named; the caller's name is
 	// the actor of what it does. Token, if set, is named "default".
 	Tokens []Token
-	// Sessions serves /api/sessions; nil when sessions are off.
-	Sessions interface {
-		service.Sessions
-		service.SessionGate
-	}
+	// SessionGate checks sessions' tokens and takes their exec agents'
+	// connections; required when the Set has Sessions.
+	SessionGate service.SessionGate
 	// Deliveries serves /api/deliveries; nil when notifications are off.
 	Deliveries Deliveries
 	// MCP, when set, is served at /mcp behind the same bearer auth as the
@@ -144,6 +141,7 @@ type Options struct {
 
 // Server serves the API.
 type Server struct {
+	svc   service.Set
 	b     Backend
 	tools *tools.Catalogue
 	opts  Options
@@ -153,8 +151,8 @@ type Server struct {
 	rate  *limiter
 }
 
-// New returns a Server.
-func New(b Backend, opts Options, log *slog.Logger) *Server {
+// New returns a Server of svc's use cases and b's server-only operations.
+func New(svc service.Set, b Backend, opts Options, log *slog.Logger) *Server {
 	if opts.MaxRequestBytes <= 0 {
 		opts.MaxRequestBytes = 1 << 20
 	}
@@ -167,7 +165,7 @@ func New(b Backend, opts Options, log *slog.Logger) *Server {
 	if opts.BodyStall <= 0 {
 		opts.BodyStall = DefaultBodyStall
 	}
-	s := &Server{b: b, tools: tools.New(b, opts.ToolLimits), opts: opts, log: log, mux: http.NewServeMux(), trust: newWebTrust(opts),
+	s := &Server{svc: svc, b: b, tools: tools.New(svc, opts.ToolLimits), opts: opts, log: log, mux: http.NewServeMux(), trust: newWebTrust(opts),
 		rate: newLimiter(opts.RateLimit, log)}
 	s.routes()
 	return s

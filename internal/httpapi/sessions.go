@@ -48,20 +48,18 @@ type ExecChunk struct {
 	*service.SessionExecEnd
 }
 
-var errSessionsOff = fmt.Errorf("sessions are not served here: %w", errdefs.ErrNotImplemented)
-
 // sessionCaller allows the admin token or session id's own token: another
 // session's token is refused with 403, anything else with 401. Each takes
 // its request from its own rate bucket: the session's token is looked at
 // first, so that it has its bucket also where no API token is configured
 // (and every loopback caller is the local one).
 func (s *Server) sessionCaller(r *http.Request) error {
-	if s.opts.Sessions == nil {
-		return errSessionsOff
+	if s.svc.Sessions == nil {
+		return service.ErrSessionsOff
 	}
 	token, _ := bearer(r)
 	id := r.PathValue("id")
-	if s.opts.Sessions.Authorize(id, token) {
+	if s.opts.SessionGate.Authorize(id, token) {
 		return s.rate.allow(sessionCallerKey(id, token))
 	}
 	if name, err := s.caller(r); err == nil {
@@ -76,11 +74,11 @@ func (s *Server) sessionCaller(r *http.Request) error {
 // sessionTokenCaller allows session id's own token and nothing else (the
 // unix socket sandboxes reach).
 func (s *Server) sessionTokenCaller(r *http.Request) error {
-	if s.opts.Sessions == nil {
-		return errSessionsOff
+	if s.svc.Sessions == nil {
+		return service.ErrSessionsOff
 	}
 	token, _ := bearer(r)
-	if id := r.PathValue("id"); s.opts.Sessions.Authorize(id, token) {
+	if id := r.PathValue("id"); s.opts.SessionGate.Authorize(id, token) {
 		return s.rate.allow(sessionCallerKey(id, token))
 	}
 	return fmt.Errorf("this socket takes a session's own token only: %w", errdefs.ErrPermissionDenied)
@@ -89,11 +87,11 @@ func (s *Server) sessionTokenCaller(r *http.Request) error {
 // attachAgent upgrades a session's exec agent's request to the stream its
 // commands run over (package execagent).
 func (s *Server) attachAgent(w http.ResponseWriter, r *http.Request) error {
-	if s.opts.Sessions == nil {
-		return errSessionsOff
+	if s.svc.Sessions == nil {
+		return service.ErrSessionsOff
 	}
 	token, _ := bearer(r)
-	if !s.opts.Sessions.AuthorizeAgent(r.PathValue("id"), token) {
+	if !s.opts.SessionGate.AuthorizeAgent(r.PathValue("id"), token) {
 		return fmt.Errorf("only the session's exec agent attaches here: %w", errdefs.ErrPermissionDenied)
 	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), execagent.Upgrade) {
@@ -108,21 +106,21 @@ func (s *Server) attachAgent(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	conn.SetDeadline(time.Time{})
-	if err := s.opts.Sessions.AttachAgent(r.PathValue("id"), conn, rw.Reader); err != nil {
+	if err := s.opts.SessionGate.AttachAgent(r.PathValue("id"), conn, rw.Reader); err != nil {
 		s.log.Warn("session exec agent refused", "err", err)
 	}
 	return nil
 }
 
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
-	if s.opts.Sessions == nil {
-		return errSessionsOff
+	if s.svc.Sessions == nil {
+		return service.ErrSessionsOff
 	}
 	req, err := decodeBody[service.CreateSessionRequest](s, r)
 	if err != nil {
 		return err
 	}
-	sess, token, err := s.opts.Sessions.Create(r.Context(), req)
+	sess, token, err := s.svc.Sessions.Create(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -132,10 +130,14 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) error {
-	if s.opts.Sessions == nil {
-		return errSessionsOff
+	if s.svc.Sessions == nil {
+		return service.ErrSessionsOff
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sessions": s.opts.Sessions.List()})
+	list, err := s.svc.Sessions.List(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sessions": list})
 	return nil
 }
 
@@ -144,7 +146,7 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) error {
-	return s.answerSession(w, r, s.opts.Sessions.Delete)
+	return s.answerSession(w, r, s.svc.Sessions.Delete)
 }
 
 // answerSession checks the caller, does act (if any) to the session the
@@ -159,7 +161,7 @@ func (s *Server) answerSession(w http.ResponseWriter, r *http.Request, act func(
 			return err
 		}
 	}
-	sess, err := s.opts.Sessions.Get(id)
+	sess, err := s.svc.Sessions.Get(r.Context(), id)
 	if err != nil {
 		return err
 	}
@@ -179,17 +181,16 @@ func (s *Server) execSession(w http.ResponseWriter, r *http.Request, check func(
 	if err != nil {
 		return err
 	}
+	// The session manager checks the command; this only reads the wire's
+	// shapes into it.
 	req := service.SessionCommand{Dir: b.Cwd, Timeout: time.Duration(b.TimeoutSeconds) * time.Second}
-	if b.TimeoutSeconds < 0 || b.TimeoutSeconds > 24*3600 {
-		return errdefs.Field("timeout_seconds", "must be between 0 (none) and 86400")
-	}
 	if err := json.Unmarshal(b.Command, &req.Shell); err != nil {
 		if err := json.Unmarshal(b.Command, &req.Command); err != nil {
 			return errdefs.Field("command", "must be an argv (an array of strings) or a string run with sh -c")
 		}
 	}
 	for k, v := range b.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+		if strings.Contains(k, "=") {
 			return errdefs.Field("env", "names must be non-empty without = or NUL, values without NUL")
 		}
 		req.Env = append(req.Env, k+"="+v)
@@ -207,7 +208,7 @@ func (s *Server) execSession(w http.ResponseWriter, r *http.Request, check func(
 	w.Header().Set("Cache-Control", "no-store")
 	// The command is checked and recorded before the first byte: errors
 	// before it runs are plain HTTP errors; after, they end the stream.
-	end, err := s.opts.Sessions.Exec(r.Context(), r.PathValue("id"), req, st.writer("stdout"), st.writer("stderr"))
+	end, err := s.svc.Sessions.Exec(r.Context(), r.PathValue("id"), req, st.writer("stdout"), st.writer("stderr"))
 	if err != nil && !st.started() {
 		return err
 	}
@@ -324,6 +325,9 @@ func (c *Client) ExecSession(ctx context.Context, id string, body ExecBody, fn f
 	for {
 		var ch ExecChunk
 		if err := dec.Decode(&ch); err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				return service.SessionExecEnd{}, cerr
+			}
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
@@ -347,12 +351,86 @@ func (ch ExecChunk) Bytes() []byte {
 	return []byte(ch.Data)
 }
 
-// SessionExec runs workspace_exec over POST /api/sessions/{id}/exec,
-// keeping at most service.MaxSessionExecOutput bytes of each stream.
-func (c *Client) SessionExec(ctx context.Context, req service.SessionExecRequest, onOutput func(stream string, data []byte)) (service.SessionExecResult, error) {
+// Sessions returns the session contract over c's API.
+func (c *Client) Sessions() service.Sessions { return sessionClient{c} }
+
+// Set returns every contract over c's API.
+func (c *Client) Set() service.Set {
+	return service.Set{Tasks: c, Library: c, Sessions: c.Sessions()}
+}
+
+// sessionClient implements service.Sessions over /api/sessions.
+type sessionClient struct{ c *Client }
+
+var _ service.Sessions = sessionClient{}
+
+func (s sessionClient) Create(ctx context.Context, req service.CreateSessionRequest) (service.Session, string, error) {
+	r, err := s.c.CreateSession(ctx, req)
+	return r.Session, r.Token, err
+}
+
+func (s sessionClient) Get(ctx context.Context, id string) (service.Session, error) {
+	return s.c.GetSession(ctx, id)
+}
+
+func (s sessionClient) List(ctx context.Context) ([]service.Session, error) {
+	return s.c.ListSessions(ctx)
+}
+
+func (s sessionClient) Delete(ctx context.Context, id string) error {
+	_, err := s.c.DeleteSession(ctx, id)
+	return err
+}
+
+// Exec sends req as an ExecBody: its timeout in whole seconds (rounded
+// up), its stdin read whole, which must be UTF-8 text (the body is JSON).
+func (s sessionClient) Exec(ctx context.Context, id string, req service.SessionCommand, stdout, stderr io.Writer) (service.SessionExecEnd, error) {
+	body := ExecBody{Cwd: req.Dir, TimeoutSeconds: int((req.Timeout + time.Second - 1) / time.Second)}
+	var err error
+	if req.Shell != "" {
+		body.Command, err = json.Marshal(req.Shell)
+	} else {
+		body.Command, err = json.Marshal(req.Command)
+	}
+	if err != nil {
+		return service.SessionExecEnd{}, err
+	}
+	for _, kv := range req.Env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return service.SessionExecEnd{}, errdefs.Field("env", "each entry must be NAME=value")
+		}
+		if body.Env == nil {
+			body.Env = map[string]string{}
+		}
+		body.Env[k] = v
+	}
+	if req.Stdin != nil {
+		in, err := io.ReadAll(req.Stdin)
+		if err != nil {
+			return service.SessionExecEnd{}, fmt.Errorf("read the command's stdin: %w", err)
+		}
+		if !utf8.Valid(in) {
+			return service.SessionExecEnd{}, errdefs.Field("stdin", "must be UTF-8 text over the HTTP API")
+		}
+		body.Stdin = string(in)
+	}
+	return s.c.ExecSession(ctx, id, body, func(ch ExecChunk) error {
+		w := stdout
+		if ch.Type == "stderr" {
+			w = stderr
+		}
+		_, err := w.Write(ch.Bytes())
+		return err
+	})
+}
+
+// ExecBounded runs workspace_exec over POST /api/sessions/{id}/exec,
+// keeping at most max bytes of each stream.
+func (s sessionClient) ExecBounded(ctx context.Context, req service.SessionExecRequest, max int, onOutput func(stream string, data []byte)) (service.SessionExecResult, error) {
 	cmd, _ := json.Marshal(req.Command)
-	out, errb := &clip.Writer{Max: service.MaxSessionExecOutput}, &clip.Writer{Max: service.MaxSessionExecOutput}
-	end, err := c.ExecSession(ctx, req.SessionID, ExecBody{Command: cmd, Cwd: req.Cwd, TimeoutSeconds: req.TimeoutSeconds}, func(ch ExecChunk) error {
+	out, errb := &clip.Writer{Max: max}, &clip.Writer{Max: max}
+	end, err := s.c.ExecSession(ctx, req.SessionID, ExecBody{Command: cmd, Cwd: req.Cwd, TimeoutSeconds: req.TimeoutSeconds}, func(ch ExecChunk) error {
 		p := ch.Bytes()
 		if onOutput != nil {
 			onOutput(ch.Type, p)

@@ -10,7 +10,7 @@ import (
 
 // listSkills serves GET /api/skills.
 func (s *Server) listSkills(w http.ResponseWriter, r *http.Request) error {
-	skills, err := s.b.ListSkills(r.Context())
+	skills, err := s.svc.Library.ListSkills(r.Context())
 	if err != nil {
 		return err
 	}
@@ -20,7 +20,7 @@ func (s *Server) listSkills(w http.ResponseWriter, r *http.Request) error {
 
 // getSkill serves GET /api/skills/{name}.
 func (s *Server) getSkill(w http.ResponseWriter, r *http.Request) error {
-	sk, err := s.b.GetSkill(r.Context(), r.PathValue("name"))
+	sk, err := s.svc.Library.GetSkill(r.Context(), r.PathValue("name"))
 	if err != nil {
 		return err
 	}
@@ -34,7 +34,7 @@ func (s *Server) createSkill(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	sk, err := s.b.CreateSkill(r.Context(), req)
+	sk, err := s.svc.Library.CreateSkill(r.Context(), req)
 	if err != nil {
 		return err
 	}

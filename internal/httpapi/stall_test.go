@@ -24,7 +24,7 @@ func TestStalledBodyIsCut(t *testing.T) {
 		return task.Task{ID: "task-1", Status: task.Queued}, false, nil
 	}}
 	var logs strings.Builder
-	srv := New(b, Options{BodyStall: 300 * time.Millisecond}, slogTo(&logs))
+	srv := newTestServer(b, Options{BodyStall: 300 * time.Millisecond}, slogTo(&logs))
 	t.Cleanup(func() { t.Log(logs.String()) })
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
@@ -87,7 +87,7 @@ func TestStalledBodyIsCut(t *testing.T) {
 // the rest of the body, without any deadline: such requests held a
 // descriptor each until the server had none left.
 func TestStalledUnreadBodyIsCut(t *testing.T) {
-	srv := New(&stub{}, Options{BodyStall: 300 * time.Millisecond}, slogTo(io.Discard))
+	srv := newTestServer(&stub{}, Options{BodyStall: 300 * time.Millisecond}, slogTo(io.Discard))
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	addr := strings.TrimPrefix(hs.URL, "http://")

@@ -90,7 +90,7 @@ func TestWebTrust(t *testing.T) {
 		b.mark("mcp")
 		w.WriteHeader(http.StatusOK)
 	})
-	srv := New(b, Options{
+	srv := newTestServer(b, Options{
 		MaxRequestBytes: 1024,
 		MCP:             mcp,
 		Listen:          "corral.lan:0",
@@ -163,7 +163,7 @@ func TestWebTrust(t *testing.T) {
 
 func TestWebhookSocketHandlerTakesNoHost(t *testing.T) {
 	b := &reached{}
-	hs := httptest.NewServer(New(b, Options{}, slogTo(io.Discard)).WebhookHandler())
+	hs := httptest.NewServer(newTestServer(b, Options{}, slogTo(io.Discard)).WebhookHandler())
 	t.Cleanup(hs.Close)
 	code, body := webCall(t, hs.URL, webReq{method: "POST", path: "/api/webhooks/worker-complete", host: "unix", contentType: "application/json", body: "{}"})
 	if got := b.take(); code != 200 || len(got) != 1 {
@@ -173,7 +173,7 @@ func TestWebhookSocketHandlerTakesNoHost(t *testing.T) {
 
 func TestTheClientPassesTheChecks(t *testing.T) {
 	b := &reached{}
-	hs := httptest.NewServer(New(b, Options{}, slogTo(io.Discard)).Handler())
+	hs := httptest.NewServer(newTestServer(b, Options{}, slogTo(io.Discard)).Handler())
 	t.Cleanup(hs.Close)
 	cl := NewClient(hs.URL, "")
 	ctx := context.Background()

@@ -1,9 +1,8 @@
 // Package library holds the use cases over what tasks share and leave
 // behind: the shared/ workspace's files, attachments, the document index
-// and its notes, skills, save_to_shared, and the retention sweep. The
-// orchestrator embeds a Library, so together they implement
-// service.Service; the orchestrator keeps the tasks' own use cases and
-// asks the Library to place context into a new task's directory.
+// and its notes, skills, save_to_shared, and the retention sweep. A
+// Library implements service.Library; the orchestrator, which implements
+// service.Tasks, asks it to place context into a new task's directory.
 package library
 
 import (
@@ -16,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/document"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -50,8 +50,7 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Library implements the library half of service.Service. It is safe for
-// concurrent use.
+// Library implements service.Library. It is safe for concurrent use.
 type Library struct {
 	opts  Options
 	store eventstore.Store
@@ -69,6 +68,8 @@ type Library struct {
 	saveTime time.Duration
 	copyHook func(ctx context.Context, id string)
 }
+
+var _ service.Library = (*Library)(nil)
 
 // New returns a Library.
 func New(opts Options, log *slog.Logger) *Library {

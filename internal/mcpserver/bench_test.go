@@ -28,7 +28,7 @@ import (
 // includes the SQLite commit and fsync.
 func BenchmarkWaitReturn(b *testing.B) {
 	f := MustFixture(b)
-	cs, _ := MustConnect(b, f.orch, nil)
+	cs, _ := MustConnect(b, f.svc, nil)
 	ctx := context.Background()
 	var fromCommit, fromAppend []float64
 	for b.Loop() {

@@ -58,13 +58,13 @@ type Options struct {
 	Session string
 }
 
-// Server is an MCP server over one service.Service. It is safe for
+// Server is an MCP server over one service.Set. It is safe for
 // concurrent use: any number of sessions, over both transports, may share
 // it.
 type Server struct {
 	mu       sync.Mutex
 	watching map[string]bool // session id and conversation: watched
-	svc      service.Service
+	svc      service.Set
 	cat      *tools.Catalogue
 	opts     Options
 	log      *slog.Logger
@@ -72,7 +72,7 @@ type Server struct {
 }
 
 // New returns a Server with every tool of tools.New(svc, opts.Limits).
-func New(svc service.Service, opts Options, log *slog.Logger) *Server {
+func New(svc service.Set, opts Options, log *slog.Logger) *Server {
 	if opts.Version == "" {
 		opts.Version = "dev"
 	}
@@ -84,7 +84,7 @@ func New(svc service.Service, opts Options, log *slog.Logger) *Server {
 	}
 	cat := tools.New(svc, opts.Limits)
 	if opts.Session != "" {
-		cat = tools.NewSession(svc, opts.Session)
+		cat = tools.NewSession(svc.Sessions, opts.Session)
 	}
 	s := &Server{svc: svc, cat: cat, opts: opts, log: log}
 	s.srv = mcp.NewServer(&mcp.Implementation{Name: "corral", Title: "Corral", Version: opts.Version}, &mcp.ServerOptions{
@@ -221,7 +221,7 @@ func (s *Server) beforeSpawn(ctx context.Context, req *mcp.CallToolRequest, name
 		return nothing
 	}
 	var last string
-	if err := s.svc.Events(ctx, service.EventsRequest{ConversationID: conv}, func(e eventstore.Event) error {
+	if err := s.svc.Tasks.Events(ctx, service.EventsRequest{ConversationID: conv}, func(e eventstore.Event) error {
 		last = e.ID
 		return nil
 	}); err != nil {
@@ -257,7 +257,7 @@ func (s *Server) watchConversation(ss *mcp.ServerSession, conv, after string) {
 			delete(s.watching, key)
 			s.mu.Unlock()
 		}()
-		err := s.svc.Events(ctx, service.EventsRequest{ConversationID: conv, After: after, Follow: true}, func(e eventstore.Event) error {
+		err := s.svc.Tasks.Events(ctx, service.EventsRequest{ConversationID: conv, After: after, Follow: true}, func(e eventstore.Event) error {
 			if e.Type != task.EventWorkspaceTaskCompleted && e.Type != task.EventWorkspaceTaskFailed {
 				return nil
 			}
@@ -320,7 +320,7 @@ func (s *Server) followProgress(ctx context.Context, req *mcp.CallToolRequest, n
 	go func() {
 		defer close(done)
 		var n float64
-		err := s.svc.Events(ctx, service.EventsRequest{TaskID: a.TaskID, Follow: true}, func(e eventstore.Event) error {
+		err := s.svc.Tasks.Events(ctx, service.EventsRequest{TaskID: a.TaskID, Follow: true}, func(e eventstore.Event) error {
 			msg, ok := progressMessage(e)
 			if !ok {
 				return nil

@@ -18,9 +18,9 @@ import (
 
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/orchestrator"
+	"github.com/corral-dev/corral/internal/orchestrator/orchestratortest"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/service"
-	"github.com/corral-dev/corral/internal/service/servicetest"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/tools"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -29,6 +29,7 @@ import (
 // fixture is a real orchestrator over a SQLite store, without a scheduler:
 // tasks stay queued until a test appends their events.
 type fixture struct {
+	svc   service.Set
 	orch  *orchestrator.Orchestrator
 	tasks *projection.Tasks
 	data  *workspace.DataRoot
@@ -36,8 +37,8 @@ type fixture struct {
 
 func MustFixture(tb testing.TB) *fixture {
 	tb.Helper()
-	f := servicetest.NewOrchestrator(tb, nil)
-	return &fixture{orch: f.Orch, tasks: f.Tasks, data: f.Data}
+	f := orchestratortest.New(tb, nil)
+	return &fixture{svc: f.Set(), orch: f.Orch, tasks: f.Tasks, data: f.Data}
 }
 
 // MustComplete ends a task with status success and writes its output files.
@@ -83,7 +84,7 @@ func (p *progressLog) all() []string {
 
 // MustConnect serves svc over the SDK's in-memory transport and returns a
 // connected client session.
-func MustConnect(tb testing.TB, svc service.Service, log *slog.Logger) (*mcp.ClientSession, *progressLog) {
+func MustConnect(tb testing.TB, svc service.Set, log *slog.Logger) (*mcp.ClientSession, *progressLog) {
 	tb.Helper()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -153,12 +154,12 @@ func MustOK(tb testing.TB, cs *mcp.ClientSession, name string, args, out any) {
 
 func TestListTools(t *testing.T) {
 	f := MustFixture(t)
-	cs, _ := MustConnect(t, f.orch, nil)
+	cs, _ := MustConnect(t, f.svc, nil)
 	res, err := cs.ListTools(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cat := tools.New(f.orch, tools.Limits{}).All()
+	cat := tools.New(f.svc, tools.Limits{}).All()
 	if len(res.Tools) != len(cat) {
 		t.Fatalf("listed %d tools, the catalogue has %d", len(res.Tools), len(cat))
 	}
@@ -189,7 +190,7 @@ func TestListTools(t *testing.T) {
 
 func TestCallEveryTool(t *testing.T) {
 	f := MustFixture(t)
-	cs, prog := MustConnect(t, f.orch, nil)
+	cs, prog := MustConnect(t, f.svc, nil)
 
 	var written workspace.Entry
 	MustOK(t, cs, "write_workspace", map[string]any{"path": "data/in.csv", "content": "a,b\n1,2\n"}, &written)
@@ -266,7 +267,7 @@ func TestCallEveryTool(t *testing.T) {
 
 func TestProgressWhileWaiting(t *testing.T) {
 	f := MustFixture(t)
-	cs, prog := MustConnect(t, f.orch, nil)
+	cs, prog := MustConnect(t, f.svc, nil)
 	tk, _, err := f.orch.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "x", Agent: "command", Command: []string{"true"}})
 	if err != nil {
 		t.Fatal(err)
@@ -327,7 +328,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // none of them changes anything.
 func TestBadInput(t *testing.T) {
 	f := MustFixture(t)
-	cs, _ := MustConnect(t, f.orch, nil)
+	cs, _ := MustConnect(t, f.svc, nil)
 	big := strings.Repeat("x", 70<<10)
 	for _, tc := range []struct {
 		name string
@@ -378,20 +379,20 @@ func TestBadInput(t *testing.T) {
 
 func TestUnknownTool(t *testing.T) {
 	f := MustFixture(t)
-	cs, _ := MustConnect(t, f.orch, nil)
+	cs, _ := MustConnect(t, f.svc, nil)
 	_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "delete_everything", Arguments: map[string]any{}})
 	if err == nil || !strings.Contains(err.Error(), `unknown tool "delete_everything"`) {
 		t.Errorf("unknown tool: %v, want a protocol error naming it", err)
 	}
 }
 
-// brokenService fails ReadWorkspace with an unclassified error.
-type brokenService struct {
-	service.Service
+// brokenLibrary fails ReadWorkspace with an unclassified error.
+type brokenLibrary struct {
+	service.Library
 	err error
 }
 
-func (b brokenService) ReadWorkspace(context.Context, string) (service.File, error) {
+func (b brokenLibrary) ReadWorkspace(context.Context, string) (service.File, error) {
 	return service.File{}, b.err
 }
 
@@ -399,7 +400,7 @@ func TestInternalErrorIsHidden(t *testing.T) {
 	var logged bytes.Buffer
 	var mu sync.Mutex
 	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logged}, nil))
-	cs, _ := MustConnect(t, brokenService{err: errors.New("open /srv/secret/db: disk on fire")}, log)
+	cs, _ := MustConnect(t, service.Set{Library: brokenLibrary{err: errors.New("open /srv/secret/db: disk on fire")}}, log)
 	res := call(t, cs, "read_workspace", map[string]any{"path": "a.txt"})
 	msg := text(res)
 	if !res.IsError || !strings.HasPrefix(msg, "internal error (request id ") || strings.Contains(msg, "secret") {
@@ -428,7 +429,7 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 // in the class it is filed under or the system call that failed.
 func TestErrorsReadAsMessages(t *testing.T) {
 	f := MustFixture(t)
-	cs, _ := MustConnect(t, f.orch, nil)
+	cs, _ := MustConnect(t, f.svc, nil)
 	var e workspace.Entry
 	MustOK(t, cs, "write_workspace", map[string]any{"path": "a.txt", "content": "x"}, &e)
 	for _, tc := range []struct {

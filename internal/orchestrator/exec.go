@@ -166,7 +166,7 @@ func (o *Orchestrator) execResult(ctx context.Context, t task.Task) (service.Exe
 	res.Stderr, res.StderrTruncated = readBounded(dir, "logs/stderr.log", max)
 	for _, f := range t.OutputFiles {
 		ef := service.ExecFile{Name: f.Name, Size: f.Size, Type: f.Type}
-		m, err := o.CreateAttachmentFromWorkspace(ctx, service.CreateAttachmentRequest{
+		m, err := o.lib.CreateAttachmentFromWorkspace(ctx, service.CreateAttachmentRequest{
 			SourcePath: "tasks/" + t.ID + "/output/" + f.Name, Description: "output of code_execute " + t.ID})
 		if err != nil {
 			ef.Note = "not stored as an attachment: " + err.Error()

@@ -49,7 +49,7 @@ func (o *Orchestrator) copyFollowUp(dir *os.Root, prev task.Task, agent string) 
 	if agent == prev.Agent {
 		trees = append(trees, struct{ from, to string }{workerproto.HomeDir, workerproto.HomeDir})
 	}
-	budget := o.ContextLeft(dir)
+	budget := o.lib.ContextLeft(dir)
 	for _, tr := range trees {
 		files, _, err := workspace.ListFiles(src, tr.from)
 		if err != nil {

@@ -2,14 +2,10 @@ package orchestrator
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/corral-dev/corral/internal/attachment"
-	"github.com/corral-dev/corral/internal/document"
-	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/projection"
@@ -19,15 +15,11 @@ import (
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
-// Limits bound what callers and workers may do.
+// Limits bound what callers and workers may do with tasks (the library
+// has its own).
 type Limits struct {
 	MaxPromptBytes    int64
-	MaxTaskDirBytes   int64
 	MaxContextBytes   int64
-	MaxReadBytes      int64 // file contents returned by read_workspace and results
-	MaxWriteBytes     int64 // content accepted by write_workspace
-	MaxSharedBytes    int64 // total size of shared/; 0 means no limit
-	MinFreeBytes      int64 // the data root's free-space floor; 0 means none
 	MaxQueued         int
 	DefaultTimeoutMin int
 	MaxTimeoutMin     int
@@ -50,6 +42,9 @@ type Options struct {
 	Store    eventstore.Store
 	Tasks    *projection.Tasks
 	Data     *workspace.DataRoot
+	// Library places a new task's context (attachments, documents, skills,
+	// shared files) and stores code_execute's output files; required.
+	Library  *library.Library
 	Limits   Limits
 	Defaults Defaults
 	// Runtimes maps each runtime name to why it cannot be used ("" if it can).
@@ -65,40 +60,14 @@ type Options struct {
 	Images Images
 	// Exec configures code_execute.
 	Exec Exec
-	// Sessions runs workspace_exec; nil: sessions are off.
-	Sessions SessionExecutor
+	// Sessions says whether a session runs, for a task that runs its
+	// commands in one; nil: sessions are off.
+	Sessions interface{ Running(id string) error }
 	Agents   map[string]workerproto.AgentConfig
 	// AgentMissing says why an agent cannot run here ("" if it can), e.g. its
 	// binary is not installed; checked at spawn on the host runtimes (the
 	// image runtimes find out when the task starts, and say so).
 	AgentMissing func(name string, cfg workerproto.AgentConfig) string
-	// Documents is the document index; nil turns documents and notes off.
-	Documents *document.Index
-	// Attachments stores attachments; nil turns them off.
-	Attachments *attachment.Store
-	// Retention says how long ended tasks' directories and unused
-	// attachments are kept, and how often the sweeper looks.
-	Retention library.Retention
-	// Projects are the named workspaces; nil: projects/ of the data root
-	// alone.
-	Projects *workspace.Projects
-	// Now is the clock of retention and save_to_shared; nil means time.Now.
-	Now func() time.Time
-}
-
-// SessionExecutor runs a command in a session (the session manager).
-type SessionExecutor interface {
-	// Running returns nil if the session runs, else why not.
-	Running(id string) error
-	ExecBounded(ctx context.Context, req service.SessionExecRequest, max int, onOutput func(stream string, data []byte)) (service.SessionExecResult, error)
-}
-
-// SessionExec runs workspace_exec through the session manager.
-func (o *Orchestrator) SessionExec(ctx context.Context, req service.SessionExecRequest, onOutput func(stream string, data []byte)) (service.SessionExecResult, error) {
-	if o.opts.Sessions == nil {
-		return service.SessionExecResult{}, fmt.Errorf("sessions are not served here: %w", errdefs.ErrNotImplemented)
-	}
-	return o.opts.Sessions.ExecBounded(ctx, req, service.MaxSessionExecOutput, onOutput)
 }
 
 // Images are the images tasks on the image runtimes run: Default for a task
@@ -109,12 +78,11 @@ type Images struct {
 	Allowed []string
 }
 
-// Orchestrator implements service.Service over the event store, the task
-// projection and the data root: the tasks' use cases here, the library's
-// (files, attachments, documents, skills, retention) through the embedded
-// Library. It is safe for concurrent use.
+// Orchestrator implements service.Tasks over the event store, the task
+// projection and the data root, with the library placing what a new task
+// is given. It is safe for concurrent use.
 type Orchestrator struct {
-	*library.Library
+	lib   *library.Library
 	opts  Options
 	store eventstore.Store
 	tasks *projection.Tasks
@@ -128,18 +96,11 @@ type Orchestrator struct {
 	spawning map[string]bool
 }
 
-var _ service.Service = (*Orchestrator)(nil)
+var _ service.Tasks = (*Orchestrator)(nil)
 
 // New returns an Orchestrator.
 func New(opts Options, log *slog.Logger) *Orchestrator {
-	l := opts.Limits
-	lib := library.New(library.Options{
-		Store: opts.Store, Tasks: opts.Tasks, Data: opts.Data, Projects: opts.Projects,
-		Limits: library.Limits{MaxTaskDirBytes: l.MaxTaskDirBytes, MaxContextBytes: l.MaxContextBytes, MaxReadBytes: l.MaxReadBytes,
-			MaxWriteBytes: l.MaxWriteBytes, MaxSharedBytes: l.MaxSharedBytes, MinFreeBytes: l.MinFreeBytes},
-		Documents: opts.Documents, Attachments: opts.Attachments, Retention: opts.Retention, Now: opts.Now,
-	}, log)
-	return &Orchestrator{Library: lib, opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log}
+	return &Orchestrator{lib: opts.Library, opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log}
 }
 
 // Get returns a task.

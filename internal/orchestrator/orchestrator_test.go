@@ -2,7 +2,6 @@ package orchestrator
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -25,6 +24,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
+	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
@@ -40,6 +40,7 @@ var testSecret = []byte("test webhook secret")
 
 type fixture struct {
 	o     *Orchestrator
+	lib   *library.Library
 	r     *taskrun.Runner // the tasks' sandbox lives, over the same store
 	store *sqlite.Store
 	tasks *projection.Tasks
@@ -64,16 +65,16 @@ func MustNew(tb testing.TB, edit func(*Options), runEdit ...func(*taskrun.Option
 	}
 	tb.Cleanup(func() { data.Close() })
 	tasks := projection.New(store, log)
+	lib := library.New(library.Options{Store: store, Tasks: tasks, Data: data,
+		Limits: library.Limits{MaxTaskDirBytes: 1 << 20, MaxContextBytes: 1 << 20, MaxReadBytes: 100, MaxWriteBytes: 1000}}, log)
 	opts := Options{
-		Store: store,
-		Tasks: tasks,
-		Data:  data,
+		Store:   store,
+		Tasks:   tasks,
+		Data:    data,
+		Library: lib,
 		Limits: Limits{
 			MaxPromptBytes:    1000,
-			MaxTaskDirBytes:   1 << 20,
 			MaxContextBytes:   1 << 20,
-			MaxReadBytes:      100,
-			MaxWriteBytes:     1000,
 			MaxQueued:         50,
 			DefaultTimeoutMin: 30,
 			MaxTimeoutMin:     120,
@@ -95,12 +96,12 @@ func MustNew(tb testing.TB, edit func(*Options), runEdit ...func(*taskrun.Option
 		Store: store, Tasks: tasks, Data: data, Agents: opts.Agents,
 		Worker:      taskrun.WorkerOptions{BinDir: data.HostPath("run", "bin"), SocketDir: data.HostPath("run", "sock"), Secret: testSecret},
 		Verifier:    webhook.NewVerifier(testSecret, 0, nil),
-		MaxLogBytes: 1 << 20, MaxTaskDirBytes: opts.Limits.MaxTaskDirBytes,
+		MaxLogBytes: 1 << 20, MaxTaskDirBytes: 1 << 20,
 	}
 	for _, e := range runEdit {
 		e(&ropts)
 	}
-	return &fixture{o: o, r: taskrun.New(ropts, log), store: store, tasks: tasks, data: data}
+	return &fixture{o: o, lib: lib, r: taskrun.New(ropts, log), store: store, tasks: tasks, data: data}
 }
 
 // MustShared writes a file beneath shared/.
@@ -491,7 +492,7 @@ func statusJSON(status string, code int, summary, errMsg string) string {
 }
 
 func TestCollect(t *testing.T) {
-	f := MustNew(t, func(o *Options) { o.Limits.MaxTaskDirBytes = 4096 })
+	f := MustNew(t, nil, func(r *taskrun.Options) { r.MaxTaskDirBytes = 4096 })
 	ctx := context.Background()
 	code := func(n int) *int { return &n }
 	dur := 2.5
@@ -679,76 +680,6 @@ func TestResultFileContents(t *testing.T) {
 	}
 	if got := res.FileContents["../prompt.md"]; got.Content != "" || !strings.Contains(got.Note, "escapes") {
 		t.Errorf("../prompt.md = %+v, want refused", got)
-	}
-}
-
-func TestReadWorkspace(t *testing.T) {
-	f := MustNew(t, nil) // MaxReadBytes 100
-	ctx := context.Background()
-	bin := "\x00\x01\x02\xff\xfe"
-	f.MustShared(t, "data/blob", bin)
-	f.MustShared(t, "data/big.txt", strings.Repeat("y", 300))
-	f.MustShared(t, "data/accents.txt", "a"+strings.Repeat("é", 100))
-
-	got, err := f.o.ReadWorkspace(ctx, "/workspace/shared/data/blob")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.Encoding != "base64" || got.Content != base64.StdEncoding.EncodeToString([]byte(bin)) || got.Truncated || got.Size != 5 || got.Path != "data/blob" {
-		t.Errorf("binary file = %+v", got)
-	}
-	got, err = f.o.ReadWorkspace(ctx, "data/big.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.Encoding != "utf-8" || got.Content != strings.Repeat("y", 100) || !got.Truncated || got.Size != 300 || got.Note != "content cut at 100 bytes of 300 bytes" {
-		t.Errorf("big text = %+v", got)
-	}
-	// Cut inside a two-byte rune: the partial rune is dropped, it stays text.
-	got, err = f.o.ReadWorkspace(ctx, "data/accents.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.Encoding != "utf-8" || got.Content != "a"+strings.Repeat("é", 49) || !got.Truncated {
-		t.Errorf("text cut in a rune = %q (%s, truncated %v)", got.Content, got.Encoding, got.Truncated)
-	}
-	for p, class := range map[string]error{"../events.db": workspace.ErrPathEscapes, "data/none": errdefs.ErrNotFound, "data": workspace.ErrIsDir} {
-		_, err := f.o.ReadWorkspace(ctx, p)
-		var fe *errdefs.FieldError
-		if !errors.Is(err, class) || !errors.As(err, &fe) || fe.Field != "path" {
-			t.Errorf("ReadWorkspace(%q) = %v, want a path FieldError wrapping %v", p, err, class)
-		}
-	}
-}
-
-func TestWriteWorkspace(t *testing.T) {
-	f := MustNew(t, nil) // MaxWriteBytes 1000
-	ctx := context.Background()
-	e, err := f.o.WriteWorkspace(ctx, "/workspace/shared/scripts/new/run.sh", []byte("echo hi\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e.Path != "scripts/new/run.sh" || e.Size != 8 {
-		t.Errorf("entry = %+v", e)
-	}
-	if b, err := os.ReadFile(f.data.HostPath("shared", "scripts", "new", "run.sh")); err != nil || string(b) != "echo hi\n" {
-		t.Errorf("written = %q, %v", b, err)
-	}
-	_, err = f.o.WriteWorkspace(ctx, "data/too-big", make([]byte, 1001))
-	var fe *errdefs.FieldError
-	if !errors.Is(err, errdefs.ErrTooLarge) || !errors.As(err, &fe) || fe.Field != "content" {
-		t.Errorf("WriteWorkspace(1001 bytes) = %v, want ErrTooLarge on content", err)
-	}
-	if _, err := os.Stat(f.data.HostPath("shared", "data", "too-big")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("an oversize write left a file: %v", err)
-	}
-	for _, p := range []string{"../tasks/x", "/", "a\\b"} {
-		if _, err := f.o.WriteWorkspace(ctx, p, []byte("x")); !errors.Is(err, errdefs.ErrInvalidArgument) {
-			t.Errorf("WriteWorkspace(%q) = %v, want ErrInvalidArgument", p, err)
-		}
-	}
-	if _, err := os.Stat(f.data.HostPath("tasks", "x")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("a write escaped shared/: %v", err)
 	}
 }
 

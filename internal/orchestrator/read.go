@@ -83,7 +83,7 @@ func (o *Orchestrator) Result(ctx context.Context, req service.ResultRequest) (s
 		defer out.Close()
 		res.FileContents = map[string]service.File{}
 		for _, name := range req.IncludeFileContents {
-			f, err := o.ReadFile(out, name)
+			f, err := o.lib.ReadFile(out, name)
 			if err != nil {
 				res.FileContents[name] = service.File{Path: name, Note: err.Error()}
 				continue

@@ -57,7 +57,7 @@ func (o *Orchestrator) spawn(ctx context.Context, req service.SpawnRequest, allo
 	if o.opts.Disabled {
 		return task.Task{}, false, fmt.Errorf("workers are disabled on this server (ai_worker_config.enabled: false): no new task is taken: %w", errdefs.ErrUnavailable)
 	}
-	if err := o.CheckFreeSpace(); err != nil {
+	if err := o.lib.CheckFreeSpace(); err != nil {
 		return task.Task{}, false, err
 	}
 	hash := requestHash(req)
@@ -72,8 +72,8 @@ func (o *Orchestrator) spawn(ctx context.Context, req service.SpawnRequest, allo
 		mod(&spec)
 	}
 	spec.FollowUpOf = req.FollowUpOf
-	atts, attErrs := o.CheckAttachments(req.AttachmentIDs)
-	docs, docErrs := o.CheckDocuments(ctx, req.DocumentIDs, req.NoteQuery)
+	atts, attErrs := o.lib.CheckAttachments(req.AttachmentIDs)
+	docs, docErrs := o.lib.CheckDocuments(ctx, req.DocumentIDs, req.NoteQuery)
 	attErrs = append(attErrs, docErrs...)
 	if err != nil || len(attErrs) > 0 {
 		return task.Task{}, false, errors.Join(append([]error{err}, attErrs...)...)
@@ -115,12 +115,12 @@ func (o *Orchestrator) spawn(ctx context.Context, req service.SpawnRequest, allo
 	if err := o.copyContext(dir, spec.ContextFiles); err != nil {
 		return task.Task{}, false, err
 	}
-	attNames, err := o.CopyAttachments(dir, atts, library.ContextNames(spec.ContextFiles), o.ContextLeft(dir))
+	attNames, err := o.lib.CopyAttachments(dir, atts, library.ContextNames(spec.ContextFiles), o.lib.ContextLeft(dir))
 	if err != nil {
 		return task.Task{}, false, err
 	}
 	in := PromptInput{Spec: spec, Attachments: library.PromptAttachments(atts, attNames)}
-	if in.Documents, in.Notes, err = o.CopyDocuments(dir, docs); err != nil {
+	if in.Documents, in.Notes, err = o.lib.CopyDocuments(dir, docs); err != nil {
 		return task.Task{}, false, err
 	}
 	if spec.FollowUpOf != "" {
@@ -129,7 +129,7 @@ func (o *Orchestrator) spawn(ctx context.Context, req service.SpawnRequest, allo
 		}
 		in.FollowUp = &prev
 	}
-	in.Skills, in.MoreSkills = o.PromptSkills()
+	in.Skills, in.MoreSkills = o.lib.PromptSkills()
 	prompt := []byte(Prompt(in))
 	if err := workspace.WriteFileAtomicNoSync(dir, workerproto.PromptFile, prompt, 0o644); err != nil {
 		return task.Task{}, false, fmt.Errorf("write prompt.md: %w", err)
@@ -246,9 +246,9 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 		bad("agent", "%q is not an agent (one of: claude, gemini, codex, opencode, command)", clip.String(spec.Agent, 64))
 	}
 	if spec.Workspace != "" {
-		if pr, err := o.ResolveWorkspace(spec.Workspace); err != nil {
+		if pr, err := o.lib.ResolveWorkspace(spec.Workspace); err != nil {
 			errs = append(errs, err)
-		} else if err := o.CheckProject(pr); errors.Is(err, errdefs.ErrNotFound) {
+		} else if err := o.lib.CheckProject(pr); errors.Is(err, errdefs.ErrNotFound) {
 			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: fmt.Errorf("no workspace %q: create it first (POST /api/workspaces, or spawn_workspace_task with init_git): %w", pr.Name, errdefs.ErrFailedPrecondition)})
 		} else if err != nil {
 			errs = append(errs, &errdefs.FieldError{Field: "workspace", Err: err})

@@ -1,10 +1,10 @@
 // Package service is Corral's service contract: the use cases every
-// transport offers (tasks, and the library of workspace files,
-// attachments, documents and skills) and their request and answer types.
-// The orchestrator implements it in process and httpapi.Client over HTTP;
-// the HTTP API, the tools catalogue, the MCP server and the CLI are written
-// against it, and servicetest checks that both implementations answer
-// alike.
+// transport offers, one interface per domain (Tasks, Library, Sessions,
+// gathered in a Set), and their request and answer types. The
+// orchestrator, the library and the session manager implement them in
+// process and httpapi.Client over HTTP; the HTTP API, the tools catalogue,
+// the MCP server and the CLI are written against them, and servicetest
+// checks that both implementations answer alike.
 package service
 
 import (
@@ -17,15 +17,27 @@ import (
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
-// Service is what a caller can do with Corral. httpapi.Client implements it
-// over HTTP, so the CLI and the server share one contract.
+// Set is Corral's use cases, one contract per domain: what a transport (the
+// HTTP API, the tools catalogue, the MCP server, the CLI) is given. The
+// server's Set is the orchestrator, the library and the session manager;
+// httpapi.Client's is the same contracts over HTTP. A nil Sessions means
+// sessions are off.
 //
 // Errors are classified with errdefs: ErrInvalidArgument (a FieldError
 // naming the field) for bad input, ErrNotFound for unknown ids and paths,
 // ErrConflict for an idempotency key reused with other arguments or a
 // cancel of an ended task, ErrTooLarge for input over a size limit,
-// ErrResourceExhausted when the queue is full.
-type Service interface {
+// ErrResourceExhausted when the queue is full, ErrNotImplemented for a
+// domain this server does not serve.
+type Set struct {
+	Tasks    Tasks
+	Library  Library
+	Sessions Sessions
+}
+
+// Tasks is the task contract: tasks spawned, watched, read and cancelled,
+// and code_execute's one-shot commands (recorded as tasks).
+type Tasks interface {
 	// Spawn validates req, prepares the task directory and queues the task.
 	// With an idempotency key it returns the task already spawned with that
 	// key (existing=true) instead of a second one.
@@ -34,18 +46,6 @@ type Service interface {
 	// returns its output when it ends; the call is recorded as a task of
 	// kind exec.
 	Execute(ctx context.Context, req ExecRequest) (ExecResult, error)
-	// SessionExec runs a command in a running session (workspace_exec) and
-	// returns its end and bounded output; onOutput, when not nil, gets each
-	// chunk as it comes ("stdout" or "stderr").
-	SessionExec(ctx context.Context, req SessionExecRequest, onOutput func(stream string, data []byte)) (SessionExecResult, error)
-	// ListProjects lists the named workspaces (projects/).
-	ListProjects(ctx context.Context) ([]Project, error)
-	// CreateProject makes a named workspace, with git when asked.
-	CreateProject(ctx context.Context, req CreateProjectRequest) (Project, error)
-	// ListProjectFiles lists a directory of a named workspace.
-	ListProjectFiles(ctx context.Context, name, path string, recursive bool) ([]ProjectEntry, error)
-	// ReadProjectFile reads a file of a named workspace.
-	ReadProjectFile(ctx context.Context, name, path string) (File, error)
 	// Get returns a task as projected from its events.
 	Get(ctx context.Context, id string) (task.Task, error)
 	// List returns tasks newest first, a page at a time.
@@ -60,6 +60,20 @@ type Service interface {
 	// Events calls fn with each event after req.After (an event id), of one
 	// task or of all; with follow it waits for new ones until ctx is done.
 	Events(ctx context.Context, req EventsRequest, fn func(eventstore.Event) error) error
+}
+
+// Library is the contract of what Corral keeps beside tasks: the shared
+// workspace and the named ones, attachments, documents and notes, skills,
+// and the retention sweep.
+type Library interface {
+	// ListProjects lists the named workspaces (projects/).
+	ListProjects(ctx context.Context) ([]Project, error)
+	// CreateProject makes a named workspace, with git when asked.
+	CreateProject(ctx context.Context, req CreateProjectRequest) (Project, error)
+	// ListProjectFiles lists a directory of a named workspace.
+	ListProjectFiles(ctx context.Context, name, path string, recursive bool) ([]ProjectEntry, error)
+	// ReadProjectFile reads a file of a named workspace.
+	ReadProjectFile(ctx context.Context, name, path string) (File, error)
 	// ListWorkspace lists a directory of shared/.
 	ListWorkspace(ctx context.Context, path string, recursive bool) ([]workspace.Entry, error)
 	// ReadWorkspace reads a file of shared/, up to the read limit.

@@ -2,22 +2,26 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
 )
 
 // Sessions is the session contract (seed 003): long-lived sandboxes on a
 // chosen runtime and image in which callers run commands, streaming their
 // output. The session manager (internal/session) implements it, and
-// SessionGate; the transports reach sessions only through them.
+// SessionGate; httpapi.Client.Sessions over HTTP. The transports reach
+// sessions only through them.
 type Sessions interface {
 	// Create starts a session's sandbox and records it; it returns the
 	// session and its token, which alone runs commands in it.
 	Create(ctx context.Context, req CreateSessionRequest) (Session, string, error)
 	// Get returns a session; List every one, newest first.
-	Get(id string) (Session, error)
-	List() []Session
+	Get(ctx context.Context, id string) (Session, error)
+	List(ctx context.Context) ([]Session, error)
 	// Delete ends a session and destroys its sandbox.
 	Delete(ctx context.Context, id string) error
 	// Exec runs a command in a running session, streaming its output to
@@ -29,6 +33,9 @@ type Sessions interface {
 	// chunk as it comes.
 	ExecBounded(ctx context.Context, req SessionExecRequest, max int, onOutput func(stream string, data []byte)) (SessionExecResult, error)
 }
+
+// ErrSessionsOff answers a use of sessions where a Set has none.
+var ErrSessionsOff = fmt.Errorf("sessions are not served here: %w", errdefs.ErrNotImplemented)
 
 // SessionGate is what the server that serves sessions needs beside their
 // use cases: which token may do what, and the exec agents' connections.

@@ -209,7 +209,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	}
 	m.log.Info("session created", "session_id", id, "runtime", rtName, "image", image)
 	made = true
-	got, err := m.Get(id)
+	got, err := m.get(id)
 	return got, token, err
 }
 

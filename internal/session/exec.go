@@ -21,7 +21,7 @@ import (
 // and stderr, and records its start and end. A command still running when
 // ctx ends (the client went away) is stopped.
 func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (ExecEnd, error) {
-	s, err := m.Get(id)
+	s, err := m.get(id)
 	if err != nil {
 		return ExecEnd{}, err
 	}
@@ -32,7 +32,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 	if req.Shell != "" {
 		argv = []string{"/bin/sh", "-c", req.Shell}
 	}
-	if len(argv) == 0 || argv[0] == "" {
+	if len(argv) == 0 || argv[0] == "" || req.Shell != "" && strings.TrimSpace(req.Shell) == "" {
 		return ExecEnd{}, errdefs.Field("command", "is required: an argv, or a string run with sh -c")
 	}
 	dir := req.Dir
@@ -41,6 +41,14 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 	}
 	if !sandbox.CleanAbs(dir) {
 		return ExecEnd{}, errdefs.Field("cwd", "must be an absolute, clean path inside the session")
+	}
+	if req.Timeout < 0 || req.Timeout > maxExecTimeout {
+		return ExecEnd{}, errdefs.Field("timeout_seconds", "must be between 0 (none) and 86400")
+	}
+	for _, kv := range req.Env {
+		if k, v, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsRune(k+v, 0) {
+			return ExecEnd{}, errdefs.Field("env", "names must be non-empty without = or NUL, values without NUL")
+		}
 	}
 	// Read before exec_started: a refusal leaves no exec open in the log.
 	var stdin []byte
@@ -149,12 +157,6 @@ func (c *counter) Write(p []byte) (int, error) {
 // returns its end with at most max bytes of each stream; onOutput, when
 // not nil, gets every chunk as it comes.
 func (m *Manager) ExecBounded(ctx context.Context, req service.SessionExecRequest, max int, onOutput func(stream string, data []byte)) (service.SessionExecResult, error) {
-	if req.TimeoutSeconds < 0 || req.TimeoutSeconds > 24*3600 {
-		return service.SessionExecResult{}, errdefs.Field("timeout_seconds", "must be between 0 (none) and 86400")
-	}
-	if strings.TrimSpace(req.Command) == "" {
-		return service.SessionExecResult{}, errdefs.Field("command", "is required: a command run with sh -c")
-	}
 	out := &bounded{stream: "stdout", kept: clip.Writer{Max: max}, on: onOutput}
 	errw := &bounded{stream: "stderr", kept: clip.Writer{Max: max}, on: onOutput}
 	end, err := m.Exec(ctx, req.SessionID, ExecRequest{Shell: req.Command, Dir: req.Cwd, Timeout: time.Duration(req.TimeoutSeconds) * time.Second}, out, errw)
@@ -190,8 +192,11 @@ const writerWait = 3 * time.Second
 // exec agent to dial in.
 const agentWait = 30 * time.Second
 
-// maxStdin bounds the stdin an exec is given.
-const maxStdin = 16 << 20
+// maxStdin bounds the stdin an exec is given; maxExecTimeout its timeout.
+const (
+	maxStdin       = 16 << 20
+	maxExecTimeout = 24 * time.Hour
+)
 
 // agent returns session id's connected exec agent, or nil.
 func (m *Manager) agent(id string) *execagent.Conn {

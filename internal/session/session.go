@@ -316,7 +316,11 @@ func (m *Manager) handleOf(id string) sandbox.Handle {
 }
 
 // Get returns a session.
-func (m *Manager) Get(id string) (Session, error) {
+func (m *Manager) Get(_ context.Context, id string) (Session, error) {
+	return m.get(id)
+}
+
+func (m *Manager) get(id string) (Session, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, ok := m.sessions[id]
@@ -327,7 +331,11 @@ func (m *Manager) Get(id string) (Session, error) {
 }
 
 // List returns every session, newest first.
-func (m *Manager) List() []Session {
+func (m *Manager) List(context.Context) ([]Session, error) {
+	return m.list(), nil
+}
+
+func (m *Manager) list() []Session {
 	m.mu.Lock()
 	out := make([]Session, 0, len(m.sessions))
 	for _, s := range m.sessions {
@@ -401,7 +409,7 @@ type granted struct {
 
 // Running returns nil if session id runs, else an error saying why not.
 func (m *Manager) Running(id string) error {
-	s, err := m.Get(id)
+	s, err := m.get(id)
 	if err != nil {
 		return err
 	}

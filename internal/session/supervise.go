@@ -32,7 +32,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.closeLostExecs(ctx); err != nil {
 		return err
 	}
-	for _, s := range m.List() {
+	for _, s := range m.list() {
 		if s.Status != StatusRunning {
 			continue
 		}
@@ -68,7 +68,7 @@ func (m *Manager) Start(ctx context.Context) error {
 			continue
 		}
 		for _, h := range hs {
-			if s, err := m.Get(h.ID); err != nil || s.Status != StatusRunning {
+			if s, err := m.get(h.ID); err != nil || s.Status != StatusRunning {
 				rt.Destroy(ctx, h.ID)
 			}
 		}
@@ -124,7 +124,7 @@ func (m *Manager) Reap(ctx context.Context) error {
 		reaped = time.Now()
 		m.removeDirs(ctx)
 		now := m.opts.Now()
-		for _, s := range m.List() {
+		for _, s := range m.list() {
 			if s.Status != StatusRunning {
 				continue
 			}
@@ -180,7 +180,7 @@ func (m *Manager) checkQuotas(ctx context.Context, next map[string]time.Time) {
 // retention has passed (a deleted session's at once), and records each.
 func (m *Manager) removeDirs(ctx context.Context) {
 	now := m.opts.Now()
-	for _, s := range m.List() {
+	for _, s := range m.list() {
 		m.mu.Lock()
 		gone := m.sessions[s.ID].dirRemoved
 		m.mu.Unlock()
@@ -203,7 +203,7 @@ func (m *Manager) removeDirs(ctx context.Context) {
 // Delete ends a session and destroys its sandbox. Deleting an ended
 // session is a no-op.
 func (m *Manager) Delete(ctx context.Context, id string) error {
-	s, err := m.Get(id)
+	s, err := m.get(id)
 	if err != nil {
 		return err
 	}
@@ -218,7 +218,7 @@ func (m *Manager) end(ctx context.Context, id, reason string) { m.endWith(ctx, i
 
 // endWith is end, with the error that ended the session, if any.
 func (m *Manager) endWith(ctx context.Context, id, reason string, cause error) {
-	s, err := m.Get(id)
+	s, err := m.get(id)
 	if err != nil || s.Status != StatusRunning {
 		return
 	}

@@ -15,7 +15,7 @@ type AttachmentResult struct {
 	DownloadPath string `json:"download_path"`
 }
 
-func createAttachmentFromWorkspace(svc service.Service) Tool {
+func createAttachmentFromWorkspace(lib service.Library) Tool {
 	return Tool{
 		Name: "create_attachment_from_workspace",
 		Description: `Create an attachment from a workspace file so it can be sent in messages.
@@ -31,7 +31,7 @@ Returns an attachment_id that can be used with send_message or included in respo
 			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
-			m, err := svc.CreateAttachmentFromWorkspace(ctx, req)
+			m, err := lib.CreateAttachmentFromWorkspace(ctx, req)
 			if err != nil {
 				return nil, err
 			}

@@ -9,7 +9,7 @@ import (
 	"github.com/corral-dev/corral/internal/strictjson"
 )
 
-func ingestFromWorkspace(svc service.Service) Tool {
+func ingestFromWorkspace(lib service.Library) Tool {
 	return Tool{
 		Name: "ingest_from_workspace",
 		Description: `Ingest a file from the workspace into the document index.
@@ -33,12 +33,12 @@ found by their title and metadata only, and the answer says so.`,
 			if req.Content != nil {
 				return nil, errdefs.Field("content", "is not an argument of ingest_from_workspace; push a note with POST /api/documents")
 			}
-			return svc.IngestDocument(ctx, req)
+			return lib.IngestDocument(ctx, req)
 		},
 	}
 }
 
-func exportNotesToWorkspace(svc service.Service) Tool {
+func exportNotesToWorkspace(lib service.Library) Tool {
 	return Tool{
 		Name: "export_notes_to_workspace",
 		Description: `Export notes matching a search query to the workspace as markdown files.
@@ -55,12 +55,12 @@ Each note is exported as a separate .md file with frontmatter containing metadat
 			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
-			return svc.ExportNotes(ctx, req)
+			return lib.ExportNotes(ctx, req)
 		},
 	}
 }
 
-func searchDocuments(svc service.Service) Tool {
+func searchDocuments(lib service.Library) Tool {
 	return Tool{
 		Name:        "search_documents",
 		Description: "Search the document index (ingested files and notes), best match first. Every word of the query counts; documents with more of them rank higher. Returns document IDs for spawn_worker's document_ids.",
@@ -74,7 +74,7 @@ func searchDocuments(svc service.Service) Tool {
 			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
-			return svc.SearchDocuments(ctx, req)
+			return lib.SearchDocuments(ctx, req)
 		},
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/corral-dev/corral/internal/strictjson"
 )
 
-func codeExecute(svc service.Service) Tool {
+func codeExecute(tasks service.Tasks) Tool {
 	return Tool{
 		Name: "code_execute",
 		Description: `Run a shell command once in a fresh, isolated sandbox and get its output back: stdout, stderr,
@@ -29,7 +29,7 @@ It waits for the end (at most timeout_seconds) and is recorded as a task of kind
 			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
-			return svc.Execute(ctx, req)
+			return tasks.Execute(ctx, req)
 		},
 	}
 }
@@ -47,7 +47,7 @@ const execSchema = `{"type":"object","properties":{
 "labels":{"type":"object","additionalProperties":{"type":"string"},"description":"Labels recorded with the call."}},
 "required":["command"],"additionalProperties":false}`
 
-func workspaceExec(svc service.Service) Tool {
+func workspaceExec(sessions service.Sessions) Tool {
 	return Tool{
 		Name: "workspace_exec",
 		Description: `Run a shell command (sh -c) in a running session: a long-lived sandbox on the image the session
@@ -65,7 +65,10 @@ Commands start in /workspace/session (the session's own directory) unless cwd sa
 			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
-			return svc.SessionExec(ctx, req, outputFrom(ctx))
+			if sessions == nil {
+				return nil, service.ErrSessionsOff
+			}
+			return sessions.ExecBounded(ctx, req, service.MaxSessionExecOutput, outputFrom(ctx))
 		},
 	}
 }
@@ -87,8 +90,8 @@ func outputFrom(ctx context.Context) func(string, []byte) {
 // NewSession returns the catalogue an agent working through session id
 // gets: workspace_exec alone, bound to that session (its schema has no
 // session_id).
-func NewSession(svc service.Service, id string) *Catalogue {
-	t := workspaceExec(svc)
+func NewSession(sessions service.Sessions, id string) *Catalogue {
+	t := workspaceExec(sessions)
 	t.Effect = Runs
 	t.Schema = json.RawMessage(`{"type":"object","properties":{
 "command":{"type":"string","description":"Shell command, run with sh -c in the session."},
@@ -112,7 +115,7 @@ func NewSession(svc service.Service, id string) *Catalogue {
 	return &Catalogue{tools: []Tool{t}, index: map[string]int{t.Name: 0}}
 }
 
-func spawnWorkspaceTask(svc service.Service) Tool {
+func spawnWorkspaceTask(svc service.Set) Tool {
 	return Tool{
 		Name: "spawn_workspace_task",
 		Description: `Spawn a background AI task in a named workspace: a project directory that outlives the task, created
@@ -143,12 +146,12 @@ Tasks on one workspace run one after another. Use read_task_result(task_id) for 
 				return nil, err
 			}
 			created := false
-			if _, err := svc.CreateProject(ctx, service.CreateProjectRequest{Name: req.WorkspacePath, InitGit: req.InitGit}); err == nil {
+			if _, err := svc.Library.CreateProject(ctx, service.CreateProjectRequest{Name: req.WorkspacePath, InitGit: req.InitGit}); err == nil {
 				created = true
 			} else if !errors.Is(err, errdefs.ErrAlreadyExists) {
 				return nil, err
 			}
-			t, _, err := svc.Spawn(ctx, req.Spawn())
+			t, _, err := svc.Tasks.Spawn(ctx, req.Spawn())
 			if err != nil {
 				return nil, err
 			}

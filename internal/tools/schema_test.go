@@ -27,7 +27,7 @@ func TestSchemasMatchRequestTypes(t *testing.T) {
 		"workspace_exec":                   service.SessionExecRequest{},
 		"spawn_workspace_task":             service.WorkspaceTaskRequest{},
 	}
-	cat := New(nil, Limits{})
+	cat := New(service.Set{}, Limits{})
 	for name, v := range types {
 		i, ok := cat.index[name]
 		if !ok {
@@ -103,7 +103,7 @@ func TestSpawnSchemaStatesTheTimeouts(t *testing.T) {
 		lim               Limits
 		deflt, maxMinutes int
 	}{{Limits{}, 30, 120}, {Limits{DefaultTimeoutMinutes: 45, MaxTimeoutMinutes: 240}, 45, 240}} {
-		cat := New(nil, c.lim)
+		cat := New(service.Set{}, c.lim)
 		var s struct {
 			Properties struct {
 				Timeout struct {
@@ -122,7 +122,7 @@ func TestSpawnSchemaStatesTheTimeouts(t *testing.T) {
 }
 
 func TestEveryToolHasAnEffect(t *testing.T) {
-	for _, tool := range New(nil, Limits{}).All() {
+	for _, tool := range New(service.Set{}, Limits{}).All() {
 		if tool.Effect != Reads && tool.Effect != Writes && tool.Effect != Runs {
 			t.Errorf("%s: effect %q, want reads, writes or runs", tool.Name, tool.Effect)
 		}

@@ -8,7 +8,7 @@ import (
 	"github.com/corral-dev/corral/internal/strictjson"
 )
 
-func listSkills(svc service.Service) Tool {
+func listSkills(lib service.Library) Tool {
 	return Tool{
 		Name:        "list_skills",
 		Description: "List the skills in /workspace/shared/skills/: reusable capabilities (instructions in SKILL.md, scripts beside it) that workers can use. Each has a name and a one-line description.",
@@ -18,7 +18,7 @@ func listSkills(svc service.Service) Tool {
 			if err := strictjson.Decode(args, &a); err != nil {
 				return nil, err
 			}
-			skills, err := svc.ListSkills(ctx)
+			skills, err := lib.ListSkills(ctx)
 			if err != nil {
 				return nil, err
 			}
@@ -27,7 +27,7 @@ func listSkills(svc service.Service) Tool {
 	}
 }
 
-func getSkill(svc service.Service) Tool {
+func getSkill(lib service.Library) Tool {
 	return Tool{
 		Name:        "get_skill",
 		Description: "Read a skill: its SKILL.md (frontmatter and instructions) and the list of files beside it.",
@@ -40,12 +40,12 @@ func getSkill(svc service.Service) Tool {
 			if err := strictjson.Decode(args, &a); err != nil {
 				return nil, err
 			}
-			return svc.GetSkill(ctx, a.Name)
+			return lib.GetSkill(ctx, a.Name)
 		},
 	}
 }
 
-func createSkill(svc service.Service) Tool {
+func createSkill(lib service.Library) Tool {
 	return Tool{
 		Name: "create_skill",
 		Description: `Create a reusable skill in /workspace/shared/skills/<name>/. Give either content (a whole
@@ -68,7 +68,7 @@ Names are lowercase letters, digits and hyphens (at most 64); a name that exists
 			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
-			return svc.CreateSkill(ctx, req)
+			return lib.CreateSkill(ctx, req)
 		},
 	}
 }

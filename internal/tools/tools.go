@@ -70,7 +70,8 @@ type Limits struct {
 }
 
 // New returns the catalogue of tools over svc, its schemas stating lim.
-func New(svc service.Service, lim Limits) *Catalogue {
+// Tools of a domain svc lacks (Sessions nil) answer service.ErrSessionsOff.
+func New(svc service.Set, lim Limits) *Catalogue {
 	if lim.DefaultTimeoutMinutes <= 0 {
 		lim.DefaultTimeoutMinutes = 30
 	}
@@ -79,12 +80,12 @@ func New(svc service.Service, lim Limits) *Catalogue {
 	}
 	c := &Catalogue{index: map[string]int{}}
 	for _, t := range []Tool{
-		spawnWorker(svc, lim), readTaskResult(svc), listWorkerTasks(svc), cancelWorkerTask(svc),
-		readWorkspace(svc), writeWorkspace(svc), listWorkspace(svc),
-		createAttachmentFromWorkspace(svc),
-		ingestFromWorkspace(svc), exportNotesToWorkspace(svc), searchDocuments(svc),
-		listSkills(svc), getSkill(svc), createSkill(svc),
-		codeExecute(svc), workspaceExec(svc), spawnWorkspaceTask(svc),
+		spawnWorker(svc.Tasks, lim), readTaskResult(svc.Tasks), listWorkerTasks(svc.Tasks), cancelWorkerTask(svc.Tasks),
+		readWorkspace(svc.Library), writeWorkspace(svc.Library), listWorkspace(svc.Library),
+		createAttachmentFromWorkspace(svc.Library),
+		ingestFromWorkspace(svc.Library), exportNotesToWorkspace(svc.Library), searchDocuments(svc.Library),
+		listSkills(svc.Library), getSkill(svc.Library), createSkill(svc.Library),
+		codeExecute(svc.Tasks), workspaceExec(svc.Sessions), spawnWorkspaceTask(svc),
 	} {
 		t.Effect = effects[t.Name]
 		c.index[t.Name] = len(c.tools)
@@ -133,7 +134,7 @@ func (c *Catalogue) Functions() []Function {
 
 // checkPath refuses a path workspace.Clean refuses (one that leaves
 // shared/, is absolute or is too long) before it reaches the service, with
-// the orchestrator's own error, whichever Service the catalogue is over.
+// the orchestrator's own error, whichever Library the catalogue is over.
 // os.Root in the orchestrator stays the enforcement; a name that may not be
 // created is refused by the write itself (workspace.CheckName).
 func checkPath(p string) error {
@@ -143,7 +144,7 @@ func checkPath(p string) error {
 	return nil
 }
 
-func spawnWorker(svc service.Service, lim Limits) Tool {
+func spawnWorker(tasks service.Tasks, lim Limits) Tool {
 	return Tool{
 		Name: "spawn_worker",
 		Description: `Spawn an AI coder worker (Claude Code, Gemini CLI, Codex, opencode, or a plain command) to complete
@@ -173,7 +174,7 @@ Use read_task_result(task_id) to retrieve the output; it can also wait for the e
 			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
-			t, existing, err := svc.Spawn(ctx, req)
+			t, existing, err := tasks.Spawn(ctx, req)
 			if err != nil {
 				return nil, err
 			}
@@ -182,7 +183,7 @@ Use read_task_result(task_id) to retrieve the output; it can also wait for the e
 	}
 }
 
-func readTaskResult(svc service.Service) Tool {
+func readTaskResult(tasks service.Tasks) Tool {
 	return Tool{
 		Name:        "read_task_result",
 		Description: "Read the result of a completed worker task. Call this after being notified that a worker has completed, or pass wait_seconds to wait for it to end. The answer has the status, summary, error, output files and, when asked, their contents; a long file is cut with a note saying where the whole file is.",
@@ -203,7 +204,7 @@ func readTaskResult(svc service.Service) Tool {
 			if a.WaitSeconds < 0 || a.WaitSeconds > 600 {
 				return nil, errdefs.Field("wait_seconds", "must be between 0 and 600")
 			}
-			res, err := svc.Result(ctx, service.ResultRequest{TaskID: a.TaskID, IncludeFileContents: a.IncludeFileContents, Wait: time.Duration(a.WaitSeconds) * time.Second})
+			res, err := tasks.Result(ctx, service.ResultRequest{TaskID: a.TaskID, IncludeFileContents: a.IncludeFileContents, Wait: time.Duration(a.WaitSeconds) * time.Second})
 			if err != nil {
 				return nil, err
 			}
@@ -213,7 +214,7 @@ func readTaskResult(svc service.Service) Tool {
 	}
 }
 
-func listWorkerTasks(svc service.Service) Tool {
+func listWorkerTasks(tasks service.Tasks) Tool {
 	return Tool{
 		Name:        "list_worker_tasks",
 		Description: "List worker tasks, newest first, optionally only those of one conversation, one workspace or in one status.",
@@ -228,12 +229,12 @@ func listWorkerTasks(svc service.Service) Tool {
 			if err := strictjson.Decode(args, &req); err != nil {
 				return nil, err
 			}
-			return svc.List(ctx, req)
+			return tasks.List(ctx, req)
 		},
 	}
 }
 
-func cancelWorkerTask(svc service.Service) Tool {
+func cancelWorkerTask(tasks service.Tasks) Tool {
 	return Tool{
 		Name:        "cancel_worker_task",
 		Description: "Cancel a worker task that has not ended: a queued task never starts, a running one is stopped with everything it started.",
@@ -246,12 +247,12 @@ func cancelWorkerTask(svc service.Service) Tool {
 			if err := strictjson.Decode(args, &a); err != nil {
 				return nil, err
 			}
-			return svc.Cancel(ctx, a.TaskID)
+			return tasks.Cancel(ctx, a.TaskID)
 		},
 	}
 }
 
-func readWorkspace(svc service.Service) Tool {
+func readWorkspace(lib service.Library) Tool {
 	return Tool{
 		Name:        "read_workspace",
 		Description: "Read a file from /workspace/shared/. Use this to access persistent files like scripts, data, or worker outputs that were saved to shared.",
@@ -267,7 +268,7 @@ func readWorkspace(svc service.Service) Tool {
 			if err := checkPath(a.Path); err != nil {
 				return nil, err
 			}
-			f, err := svc.ReadWorkspace(ctx, a.Path)
+			f, err := lib.ReadWorkspace(ctx, a.Path)
 			if err != nil {
 				return nil, err
 			}
@@ -279,7 +280,7 @@ func readWorkspace(svc service.Service) Tool {
 	}
 }
 
-func writeWorkspace(svc service.Service) Tool {
+func writeWorkspace(lib service.Library) Tool {
 	return Tool{
 		Name:        "write_workspace",
 		Description: "Write a file to /workspace/shared/. Use this to store data for workers to access, or to save scripts/outputs for future use.",
@@ -300,12 +301,12 @@ func writeWorkspace(svc service.Service) Tool {
 			if err := checkPath(a.Path); err != nil {
 				return nil, err
 			}
-			return svc.WriteWorkspace(ctx, a.Path, []byte(*a.Content))
+			return lib.WriteWorkspace(ctx, a.Path, []byte(*a.Content))
 		},
 	}
 }
 
-func listWorkspace(svc service.Service) Tool {
+func listWorkspace(lib service.Library) Tool {
 	return Tool{
 		Name:        "list_workspace",
 		Description: "List files and directories in /workspace/shared/.",
@@ -323,7 +324,7 @@ func listWorkspace(svc service.Service) Tool {
 			if err := checkPath(a.Path); err != nil {
 				return nil, err
 			}
-			ents, err := svc.ListWorkspace(ctx, a.Path, a.Recursive)
+			ents, err := lib.ListWorkspace(ctx, a.Path, a.Recursive)
 			if err != nil {
 				return nil, err
 			}

@@ -1,10 +1,14 @@
 package tools
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
@@ -37,5 +41,18 @@ func TestCutBase64(t *testing.T) {
 	}
 	if got := contentBytes(service.File{Encoding: "base64", Content: "AAE="}); got != 2 {
 		t.Errorf("contentBytes of AAE= is %d, want 2", got)
+	}
+}
+
+// A catalogue over a Set without sessions answers workspace_exec with
+// ErrNotImplemented, before anything runs, as the API does.
+func TestWorkspaceExecWhereSessionsAreOff(t *testing.T) {
+	_, err := New(service.Set{}, Limits{}).Call(context.Background(), "workspace_exec", json.RawMessage(`{"session_id":"sess-x","command":"true"}`))
+	if !errors.Is(err, errdefs.ErrNotImplemented) {
+		t.Errorf("workspace_exec without sessions: %v, want ErrNotImplemented", err)
+	}
+	_, err = NewSession(nil, "sess-x").Call(context.Background(), "workspace_exec", json.RawMessage(`{"command":"true"}`))
+	if !errors.Is(err, errdefs.ErrNotImplemented) {
+		t.Errorf("a session's workspace_exec without sessions: %v, want ErrNotImplemented", err)
 	}
 }

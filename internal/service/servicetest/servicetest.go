@@ -1,9 +1,10 @@
-// Package servicetest checks that an implementation of service.Service
-// answers as the contract says, and that every implementation answers
-// alike: Run drives the same calls against each one it is given (the
-// orchestrator in process and httpapi.Client over the HTTP API) and
-// compares what they say, error classes included. NewOrchestrator makes
-// the in-process one, without a scheduler: tasks stay queued.
+// Package servicetest checks that the implementations of the service
+// contracts answer as the contracts say, and alike: Run drives the same
+// calls of the task and library contracts against each service.Set it is
+// given (the orchestrator and library in process, httpapi.Client over the
+// HTTP API), RunSessions those of the session contract (the session
+// manager, and the client), and each compares what they say, error
+// classes included.
 package servicetest
 
 import (
@@ -11,86 +12,21 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/attachment"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/eventstore/sqlite"
-	"github.com/corral-dev/corral/internal/orchestrator"
-	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
-	"github.com/corral-dev/corral/internal/workerproto"
-	"github.com/corral-dev/corral/internal/workspace"
 )
 
-// Fixture is a real orchestrator over a SQLite store and a data root,
-// without a scheduler.
-type Fixture struct {
-	Orch  *orchestrator.Orchestrator
-	Tasks *projection.Tasks
-	Store eventstore.Store
-	Data  *workspace.DataRoot
-}
-
-// NewOrchestrator makes a Fixture in a temporary directory; edit may change
-// the orchestrator's options before it is built.
-func NewOrchestrator(tb testing.TB, edit func(*orchestrator.Options)) *Fixture {
-	tb.Helper()
-	log := slog.New(slog.DiscardHandler)
-	dir := tb.TempDir()
-	store, err := sqlite.Open(context.Background(), filepath.Join(dir, "events.db"), log)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { store.Close() })
-	data, err := workspace.Open(filepath.Join(dir, "data"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { data.Close() })
-	tasks := projection.New(store, log)
-	attRoot, err := data.Root().OpenRoot(workspace.DirAttachments)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { attRoot.Close() })
-	opts := orchestrator.Options{
-		Attachments: attachment.New(attRoot, attachment.Options{MaxFileBytes: 1 << 20}),
-		Store:       store,
-		Tasks:       tasks,
-		Data:        data,
-		Limits: orchestrator.Limits{
-			MaxPromptBytes:    10000,
-			MaxTaskDirBytes:   1 << 20,
-			MaxContextBytes:   1 << 20,
-			MaxReadBytes:      256 << 10,
-			MaxWriteBytes:     1 << 20,
-			MaxQueued:         500,
-			DefaultTimeoutMin: 30,
-			MaxTimeoutMin:     120,
-			StopGrace:         100 * time.Millisecond,
-		},
-		Defaults: orchestrator.Defaults{Agent: task.AgentClaude, Runtime: "local", Network: task.NetworkNone},
-		Runtimes: map[string]string{"local": ""},
-		Networks: map[string]string{task.NetworkNone: ""},
-		Agents:   map[string]workerproto.AgentConfig{task.AgentClaude: {Binary: "/usr/local/bin/claude"}, task.AgentCommand: {}},
-	}
-	if edit != nil {
-		edit(&opts)
-	}
-	return &Fixture{Orch: orchestrator.New(opts, log), Tasks: tasks, Store: store, Data: data}
-}
-
-// Run runs the contract's checks against each implementation; newImpl
-// returns a fresh one for each check.
-func Run(t *testing.T, impls map[string]func(*testing.T) service.Service) {
-	checks := map[string]func(*testing.T, service.Service){
+// Run runs the task and library contracts' checks against each
+// implementation; newImpl returns a fresh one for each check, with no
+// scheduler (tasks stay queued).
+func Run(t *testing.T, impls map[string]func(*testing.T) service.Set) {
+	checks := map[string]func(*testing.T, service.Set){
 		"Workspace":   checkWorkspace,
 		"Tasks":       checkTasks,
 		"Attachments": checkAttachments,
@@ -113,81 +49,81 @@ func wantClass(t *testing.T, what string, err, want error) {
 	}
 }
 
-func checkWorkspace(t *testing.T, svc service.Service) {
+func checkWorkspace(t *testing.T, svc service.Set) {
 	ctx := context.Background()
-	e, err := svc.WriteWorkspace(ctx, "data/a.csv", []byte("a,b\n1,2\n"))
+	e, err := svc.Library.WriteWorkspace(ctx, "data/a.csv", []byte("a,b\n1,2\n"))
 	if err != nil || e.Path != "data/a.csv" || e.Size != 8 {
 		t.Fatalf("WriteWorkspace: %+v, %v", e, err)
 	}
-	f, err := svc.ReadWorkspace(ctx, "/workspace/shared/data/a.csv")
+	f, err := svc.Library.ReadWorkspace(ctx, "/workspace/shared/data/a.csv")
 	if err != nil || f.Content != "a,b\n1,2\n" || f.Size != 8 {
 		t.Errorf("ReadWorkspace: %+v, %v", f, err)
 	}
-	ents, err := svc.ListWorkspace(ctx, "data", false)
+	ents, err := svc.Library.ListWorkspace(ctx, "data", false)
 	if err != nil || len(ents) != 1 || ents[0].Path != "data/a.csv" {
 		t.Errorf("ListWorkspace(data): %+v, %v", ents, err)
 	}
-	_, err = svc.ReadWorkspace(ctx, "data/none.csv")
+	_, err = svc.Library.ReadWorkspace(ctx, "data/none.csv")
 	wantClass(t, "read of a missing file", err, errdefs.ErrNotFound)
-	_, err = svc.WriteWorkspace(ctx, "../escape", []byte("x"))
+	_, err = svc.Library.WriteWorkspace(ctx, "../escape", []byte("x"))
 	wantClass(t, "write outside shared/", err, errdefs.ErrPermissionDenied)
-	_, err = svc.WriteWorkspace(ctx, "/abs.txt", []byte("x"))
+	_, err = svc.Library.WriteWorkspace(ctx, "/abs.txt", []byte("x"))
 	wantClass(t, "write of an absolute path", err, errdefs.ErrInvalidArgument)
-	_, err = svc.ListWorkspace(ctx, "data/a.csv", false)
+	_, err = svc.Library.ListWorkspace(ctx, "data/a.csv", false)
 	wantClass(t, "listing a file", err, errdefs.ErrFailedPrecondition)
 }
 
-func checkTasks(t *testing.T, svc service.Service) {
+func checkTasks(t *testing.T, svc service.Set) {
 	ctx := context.Background()
 	req := service.SpawnRequest{TaskDescription: "count", Agent: task.AgentCommand, Command: []string{"true"}, IdempotencyKey: "k1", Labels: map[string]string{"team": "a"}}
-	tk, existing, err := svc.Spawn(ctx, req)
+	tk, existing, err := svc.Tasks.Spawn(ctx, req)
 	if err != nil || existing || tk.Status != task.Queued || tk.Agent != task.AgentCommand {
 		t.Fatalf("Spawn: %+v existing %v, %v", tk, existing, err)
 	}
-	again, existing, err := svc.Spawn(ctx, req)
+	again, existing, err := svc.Tasks.Spawn(ctx, req)
 	if err != nil || !existing || again.ID != tk.ID {
 		t.Errorf("Spawn with the same idempotency key: %s existing %v, %v; want %s again", again.ID, existing, err, tk.ID)
 	}
 	req.TaskDescription = "another"
-	_, _, err = svc.Spawn(ctx, req)
+	_, _, err = svc.Tasks.Spawn(ctx, req)
 	wantClass(t, "the same key with other arguments", err, errdefs.ErrConflict)
-	_, _, err = svc.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}, TimeoutMinutes: 500})
+	_, _, err = svc.Tasks.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}, TimeoutMinutes: 500})
 	wantClass(t, "Spawn with a bad timeout", err, errdefs.ErrInvalidArgument)
 
-	got, err := svc.Get(ctx, tk.ID)
+	got, err := svc.Tasks.Get(ctx, tk.ID)
 	if err != nil || got.ID != tk.ID || got.Description != "count" || got.Labels["team"] != "a" {
 		t.Errorf("Get: %+v, %v", got, err)
 	}
-	_, err = svc.Get(ctx, "task-00000000000000000000000000")
+	_, err = svc.Tasks.Get(ctx, "task-00000000000000000000000000")
 	wantClass(t, "Get of an unknown task", err, errdefs.ErrNotFound)
-	_, err = svc.Get(ctx, "../etc")
+	_, err = svc.Tasks.Get(ctx, "../etc")
 	wantClass(t, "Get of a malformed id", err, errdefs.ErrInvalidArgument)
-	page, err := svc.List(ctx, service.ListRequest{Status: string(task.Queued)})
+	page, err := svc.Tasks.List(ctx, service.ListRequest{Status: string(task.Queued)})
 	if err != nil || len(page.Tasks) != 1 || page.Tasks[0].ID != tk.ID {
 		t.Errorf("List(queued): %+v, %v", page, err)
 	}
-	res, err := svc.Result(ctx, service.ResultRequest{TaskID: tk.ID})
+	res, err := svc.Tasks.Result(ctx, service.ResultRequest{TaskID: tk.ID})
 	if err != nil || res.Done || res.Status != task.Queued {
 		t.Errorf("Result of a queued task: done %v status %s, %v", res.Done, res.Status, err)
 	}
 
 	var prompt bytes.Buffer
-	if err := svc.Logs(ctx, service.LogsRequest{TaskID: tk.ID, Stream: "prompt"}, &prompt); err != nil || !bytes.Contains(prompt.Bytes(), []byte("count")) {
+	if err := svc.Tasks.Logs(ctx, service.LogsRequest{TaskID: tk.ID, Stream: "prompt"}, &prompt); err != nil || !bytes.Contains(prompt.Bytes(), []byte("count")) {
 		t.Errorf("Logs(prompt): %q, %v; want prompt.md with the description", prompt.String(), err)
 	}
-	err = svc.Logs(ctx, service.LogsRequest{TaskID: tk.ID, Stream: "status.json"}, io.Discard)
+	err = svc.Tasks.Logs(ctx, service.LogsRequest{TaskID: tk.ID, Stream: "status.json"}, io.Discard)
 	wantClass(t, "Logs of another file", err, errdefs.ErrInvalidArgument)
 
-	cancelled, err := svc.Cancel(ctx, tk.ID)
+	cancelled, err := svc.Tasks.Cancel(ctx, tk.ID)
 	if err != nil || cancelled.Status != task.Cancelled {
 		t.Fatalf("Cancel: %+v, %v", cancelled, err)
 	}
-	res, err = svc.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: time.Second})
+	res, err = svc.Tasks.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: time.Second})
 	if err != nil || !res.Done || res.Status != task.Cancelled {
 		t.Errorf("Result after cancel: done %v status %s, %v", res.Done, res.Status, err)
 	}
 	var types []string
-	if err := svc.Events(ctx, service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
+	if err := svc.Tasks.Events(ctx, service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
 		types = append(types, e.Type)
 		if e.CorrelationID == "" {
 			t.Errorf("event %s has no correlation id", e.Type)
@@ -204,11 +140,11 @@ func checkTasks(t *testing.T, svc service.Service) {
 
 // checkEventsAfterNow checks that a stream following from AfterNow skips
 // what is already recorded and delivers what comes after.
-func checkEventsAfterNow(t *testing.T, svc service.Service) {
+func checkEventsAfterNow(t *testing.T, svc service.Set) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	spawn := func(desc string) task.Task {
-		tk, _, err := svc.Spawn(ctx, service.SpawnRequest{TaskDescription: desc, Agent: task.AgentCommand, Command: []string{"true"}})
+		tk, _, err := svc.Tasks.Spawn(ctx, service.SpawnRequest{TaskDescription: desc, Agent: task.AgentCommand, Command: []string{"true"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -216,7 +152,7 @@ func checkEventsAfterNow(t *testing.T, svc service.Service) {
 	}
 	old := spawn("before")
 	var none []eventstore.Event
-	if err := svc.Events(ctx, service.EventsRequest{After: service.AfterNow}, func(e eventstore.Event) error {
+	if err := svc.Tasks.Events(ctx, service.EventsRequest{After: service.AfterNow}, func(e eventstore.Event) error {
 		none = append(none, e)
 		return nil
 	}); err != nil || len(none) != 0 {
@@ -226,7 +162,7 @@ func checkEventsAfterNow(t *testing.T, svc service.Service) {
 	fctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- svc.Events(fctx, service.EventsRequest{After: service.AfterNow, Follow: true}, func(e eventstore.Event) error {
+		done <- svc.Tasks.Events(fctx, service.EventsRequest{After: service.AfterNow, Follow: true}, func(e eventstore.Event) error {
 			select {
 			case first <- e:
 			default:
@@ -257,25 +193,23 @@ func checkEventsAfterNow(t *testing.T, svc service.Service) {
 
 // checkExecute checks code_execute's refusals, which come before anything
 // runs (the fixture runs no sandbox).
-func checkExecute(t *testing.T, svc service.Service) {
+func checkExecute(t *testing.T, svc service.Set) {
 	ctx := context.Background()
-	_, err := svc.Execute(ctx, service.ExecRequest{Command: "  "})
+	_, err := svc.Tasks.Execute(ctx, service.ExecRequest{Command: "  "})
 	wantClass(t, "Execute of a blank command", err, errdefs.ErrInvalidArgument)
-	_, err = svc.Execute(ctx, service.ExecRequest{Command: "true", TimeoutSeconds: 301})
+	_, err = svc.Tasks.Execute(ctx, service.ExecRequest{Command: "true", TimeoutSeconds: 301})
 	wantClass(t, "Execute with a timeout over 300 s", err, errdefs.ErrInvalidArgument)
-	_, err = svc.Execute(ctx, service.ExecRequest{Command: "true", WorkingDir: "relative"})
+	_, err = svc.Tasks.Execute(ctx, service.ExecRequest{Command: "true", WorkingDir: "relative"})
 	wantClass(t, "Execute in a relative directory", err, errdefs.ErrInvalidArgument)
-	_, err = svc.Execute(ctx, service.ExecRequest{Command: "true", Image: "python:3"})
+	_, err = svc.Tasks.Execute(ctx, service.ExecRequest{Command: "true", Image: "python:3"})
 	wantClass(t, "Execute with an image on local", err, errdefs.ErrFailedPrecondition)
-	_, err = svc.SessionExec(ctx, service.SessionExecRequest{SessionID: "sess-x", Command: "true"}, nil)
-	wantClass(t, "SessionExec where sessions are off", err, errdefs.ErrNotImplemented)
 }
 
-func checkAttachments(t *testing.T, svc service.Service) {
+func checkAttachments(t *testing.T, svc service.Set) {
 	ctx := context.Background()
 	files := []struct{ name, content string }{{"notes.json", `{"a": 1}`}, {"report.md", "# Report\n"}}
 	i := 0
-	atts, err := svc.UploadAttachments(ctx, func() (string, io.Reader, error) {
+	atts, err := svc.Library.UploadAttachments(ctx, func() (string, io.Reader, error) {
 		if i == len(files) {
 			return "", nil, io.EOF
 		}
@@ -287,7 +221,7 @@ func checkAttachments(t *testing.T, svc service.Service) {
 		t.Fatalf("UploadAttachments: %+v, %v", atts, err)
 	}
 	for k, a := range atts {
-		m, rc, err := svc.OpenAttachment(ctx, a.ID)
+		m, rc, err := svc.Library.OpenAttachment(ctx, a.ID)
 		if err != nil {
 			t.Errorf("OpenAttachment(%s): %v", a.ID, err)
 			continue
@@ -298,27 +232,27 @@ func checkAttachments(t *testing.T, svc service.Service) {
 			t.Errorf("attachment %d: %+v %q", k, m, b)
 		}
 	}
-	_, _, err = svc.OpenAttachment(ctx, "0123456789abcdef0123456789abcdef")
+	_, _, err = svc.Library.OpenAttachment(ctx, "0123456789abcdef0123456789abcdef")
 	wantClass(t, "OpenAttachment of an unknown id", err, errdefs.ErrNotFound)
 }
 
-func checkSkills(t *testing.T, svc service.Service) {
+func checkSkills(t *testing.T, svc service.Set) {
 	ctx := context.Background()
 	req := service.CreateSkillRequest{Name: "csv-totals", Description: "Total a CSV column.", Instructions: "Run totals.py."}
-	d, err := svc.CreateSkill(ctx, req)
+	d, err := svc.Library.CreateSkill(ctx, req)
 	if err != nil || d.Name != "csv-totals" || d.Path != "skills/csv-totals/SKILL.md" {
 		t.Fatalf("CreateSkill: %+v, %v", d, err)
 	}
-	_, err = svc.CreateSkill(ctx, req)
+	_, err = svc.Library.CreateSkill(ctx, req)
 	wantClass(t, "CreateSkill of a taken name", err, errdefs.ErrAlreadyExists)
-	list, err := svc.ListSkills(ctx)
+	list, err := svc.Library.ListSkills(ctx)
 	if err != nil || len(list) != 1 || list[0].Name != "csv-totals" {
 		t.Errorf("ListSkills: %+v, %v", list, err)
 	}
-	got, err := svc.GetSkill(ctx, "csv-totals")
+	got, err := svc.Library.GetSkill(ctx, "csv-totals")
 	if err != nil || got.Content != d.Content || got.Description != "Total a CSV column." {
 		t.Errorf("GetSkill: %+v, %v", got, err)
 	}
-	_, err = svc.GetSkill(ctx, "none")
+	_, err = svc.Library.GetSkill(ctx, "none")
 	wantClass(t, "GetSkill of an unknown name", err, errdefs.ErrNotFound)
 }

@@ -1,4 +1,4 @@
-package orchestrator
+package library
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
@@ -28,25 +27,28 @@ func (c *testClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// MustEnd ends a task with status.
-func (f *fixture) MustEnd(tb testing.TB, id string, status task.Status) {
+// MustQueued records a task that has not ended, with its directory.
+func (f *fixture) MustQueued(tb testing.TB) task.Task {
 	tb.Helper()
-	_, err := f.tasks.Update(context.Background(), id, func(task.Task) ([]eventstore.Proposed, error) {
-		return []eventstore.Proposed{projection.NewEvent(task.EventCompleted, task.Completed{Status: status}, "test")}, nil
-	})
+	id := task.NewID()
+	dir, err := f.data.CreateTask(id)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	dir.Close()
+	ev := func(typ string, payload any) eventstore.Proposed { return projection.NewEvent(typ, payload, "test") }
+	t, err := f.tasks.Create(context.Background(), id, ev(task.EventCreated, task.Created{Spec: task.Spec{Description: "d", Agent: task.AgentCommand}}), ev(task.EventQueued, nil))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return t
 }
 
-func streamTypes(tb testing.TB, f *fixture, stream string) []string {
+// types returns the types of a task's events, in order.
+func (f *fixture) types(tb testing.TB, id string) []string {
 	tb.Helper()
-	evs, err := f.store.ReadStream(context.Background(), stream, 0)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	var out []string
-	for _, e := range evs {
+	for _, e := range f.events(tb, id) {
 		out = append(out, e.Type)
 	}
 	return out
@@ -57,12 +59,11 @@ func TestFailedRemovalIsRecordedAndRetried(t *testing.T) {
 	clk := &testClock{t: time.Now()}
 	f := MustNew(t, func(o *Options) {
 		o.Now = clk.Now
-		o.Retention = library.Retention{TaskDirs: time.Hour}
+		o.Retention = Retention{TaskDirs: time.Hour}
 	})
 	ctx := context.Background()
-	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}})
-	pending := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "y", Agent: task.AgentCommand, Command: []string{"true"}})
-	f.MustEnd(t, tk.ID, task.Success)
+	tk := f.MustEnd(t, false, nil)
+	pending := f.MustQueued(t)
 	stuck := filepath.Join(f.data.TaskPath(tk.ID), "output", "stuck.txt")
 	os.WriteFile(stuck, []byte("x"), 0o644)
 	if err := exec.Command("chattr", "+i", stuck).Run(); err != nil {
@@ -71,26 +72,26 @@ func TestFailedRemovalIsRecordedAndRetried(t *testing.T) {
 	t.Cleanup(func() { exec.Command("chattr", "-i", stuck).Run() })
 
 	clk.Advance(2 * time.Hour)
-	rep, err := f.o.GC(ctx, service.GCRequest{})
+	rep, err := f.lib.GC(ctx, service.GCRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rep.Failed) != 1 || rep.Failed[0].ID != tk.ID || len(rep.TaskDirectories) != 0 {
 		t.Fatalf("report %+v, want the one removal failed", rep)
 	}
-	if types := streamTypes(t, f, task.StreamID(tk.ID)); types[len(types)-1] != task.EventRemovalFailed {
+	if types := f.types(t, tk.ID); types[len(types)-1] != task.EventRemovalFailed {
 		t.Errorf("events %v, want removal_failed last", types)
 	}
 
 	exec.Command("chattr", "-i", stuck).Run()
-	rep, err = f.o.GC(ctx, service.GCRequest{})
+	rep, err = f.lib.GC(ctx, service.GCRequest{})
 	if err != nil || len(rep.TaskDirectories) != 1 || len(rep.Failed) != 0 {
 		t.Fatalf("retry: %+v %v, want the directory removed", rep, err)
 	}
 	if _, err := os.Stat(f.data.TaskPath(tk.ID)); !os.IsNotExist(err) {
 		t.Errorf("directory still there: %v", err)
 	}
-	if types := streamTypes(t, f, task.StreamID(tk.ID)); types[len(types)-1] != task.EventDirectoryRemoved {
+	if types := f.types(t, tk.ID); types[len(types)-1] != task.EventDirectoryRemoved {
 		t.Errorf("events %v, want task_directory_removed last", types)
 	}
 	if _, err := os.Stat(f.data.TaskPath(pending.ID)); err != nil {
@@ -103,13 +104,12 @@ func TestRunRetentionSweepsOnItsInterval(t *testing.T) {
 	clk := &testClock{t: time.Now()}
 	f := MustNew(t, func(o *Options) {
 		o.Now = clk.Now
-		o.Retention = library.Retention{TaskDirs: time.Hour, Interval: 20 * time.Millisecond}
+		o.Retention = Retention{TaskDirs: time.Hour, Interval: 20 * time.Millisecond}
 	})
-	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}})
-	f.MustEnd(t, tk.ID, task.Failed)
+	tk := f.MustEnd(t, false, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- f.o.RunRetention(ctx) }()
+	go func() { done <- f.lib.RunRetention(ctx) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
