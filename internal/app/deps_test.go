@@ -50,12 +50,12 @@ var allowed = map[string][]string{
 	"internal/webui":               {},
 	"internal/agent/agenttest":     {},
 	"internal/agent":               {"errdefs"},
-	"internal/webhook":             {"task", "errdefs", "strictjson"},
+	"internal/webhook":             {"task", "errdefs", "strictjson", "rtkind"},
 	"internal/notify":              {"eventstore", "task", "errdefs", "logkey", "clip"},
 	"internal/egress":              {"errdefs", "logkey"},
 	"internal/connlimit":           {"sandbox/hostproc"},
 	"internal/worker":              {"errdefs", "workspace", "webhook", "agent", "logkey", "task", "workerproto", "egress"},
-	"internal/workerproto":         {"errdefs", "workspace", "task"},
+	"internal/workerproto":         {"errdefs", "workspace", "task", "rtkind"},
 	"internal/projection":          {"eventstore", "task", "errdefs", "logkey"},
 	"internal/scheduler":           {"task", "sandbox", "eventstore", "projection", "errdefs", "logkey"},
 	"internal/orchestrator":        {"task", "rtkind", "eventstore", "projection", "workspace", "errdefs", "logkey", "units", "clip", "service", "library", "workerproto"},
@@ -77,7 +77,7 @@ var allowed = map[string][]string{
 	"internal/mcpserver":               {"tools", "service", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                     {"*"},
 	"internal/e2e":                     {}, // end-to-end suites: tests only
-	"internal/bench":                   {"app", "config", "errdefs", "eventstore", "httpapi", "service", "task", "testenv"},
+	"internal/bench":                   {"app", "config", "errdefs", "eventstore", "httpapi", "rtkind", "service", "task", "testenv"},
 	"cmd/corral":                       {"app", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "workercmd"},
 	// What every sandbox runs, and nothing of the server (badDeps).
 	"internal/workercmd": {"worker", "execagent", "sandbox/warmstart", "workerproto"},

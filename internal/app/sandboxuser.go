@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -53,7 +54,7 @@ func (a *App) closeDataRoot(id hostuser.Identity) error {
 	if err := os.Chmod(root, 0o710); err != nil {
 		return fmt.Errorf("close the data root to other users: %w", err)
 	}
-	if !id.Switch() || a.cfg.Runtime != "local" {
+	if !id.Switch() || a.cfg.Runtime != rtkind.Local {
 		return nil
 	}
 	if err := id.Reach(root, 0o1); err != nil {

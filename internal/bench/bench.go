@@ -31,6 +31,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
@@ -625,7 +626,7 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 			return err
 		}
 		if b.runsc != nil {
-			gr, err := b.runTask(ctx, "gvisor", false, true)
+			gr, err := b.runTask(ctx, rtkind.GVisor, false, true)
 			if err != nil {
 				return err
 			}
@@ -643,10 +644,10 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 		if b.dockerRun != nil {
 			var ds [3]time.Duration
 			var err error
-			if ds[0], err = b.runExec(ctx, "local"); err != nil {
+			if ds[0], err = b.runExec(ctx, rtkind.Local); err != nil {
 				return err
 			}
-			if ds[1], err = b.runExec(ctx, "docker"); err != nil {
+			if ds[1], err = b.runExec(ctx, rtkind.Docker); err != nil {
 				return err
 			}
 			if ds[2], err = b.timeEcho(ctx, "docker run", b.dockerRun); err != nil {

@@ -10,6 +10,8 @@ package config
 import (
 	"slices"
 	"time"
+
+	"github.com/corral-dev/corral/internal/rtkind"
 )
 
 // Version is the only configuration format version this Corral reads. A file
@@ -438,7 +440,7 @@ func Default() *Config {
 			RetentionInterval:        Duration(10 * time.Minute),
 			JobTTLSeconds:            3600,
 		},
-		Runtime:    "local",
+		Runtime:    rtkind.Local,
 		Local:      Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB"), WarmPool: -1, WarmIdle: Duration(10 * time.Minute)},
 		Docker:     Docker{Host: "unix:///var/run/docker.sock"},
 		Kubernetes: Kubernetes{SecretName: "ai-worker-secrets", PullPolicy: "IfNotPresent"},

@@ -20,11 +20,20 @@ type Kind struct {
 // one list of their names outside their own packages and the server's
 // constructor of them (app).
 var Kinds = []Kind{
-	{Name: "local"},
-	{Name: "gvisor"},
-	{Name: "docker", Images: true},
-	{Name: "kubernetes", Images: true, Remote: true},
+	{Name: Local},
+	{Name: GVisor},
+	{Name: Docker, Images: true},
+	{Name: Kubernetes, Images: true, Remote: true},
 }
+
+// The runtimes' names. Local is also the runtime of a configuration that
+// names none, and the webhook source of a worker that says none.
+const (
+	Local      = "local"
+	GVisor     = "gvisor"
+	Docker     = "docker"
+	Kubernetes = "kubernetes"
+)
 
 // Names are the names of Kinds, in order.
 func Names() []string {

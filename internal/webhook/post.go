@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/rtkind"
 )
 
 // PostOptions tune Post. The zero value is ready to use.
@@ -51,7 +52,7 @@ type PostOptions struct {
 
 func (o *PostOptions) defaults() {
 	if o.Source == "" {
-		o.Source = "local"
+		o.Source = rtkind.Local
 	}
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 20

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/rtkind"
 )
 
 // Defaults of the arguments.
@@ -19,7 +20,7 @@ const (
 	DefaultMaxLogBytes  = 64 << 20
 	DefaultGrace        = 10 * time.Second
 	DefaultEgressListen = "127.0.0.1:3128"
-	DefaultSource       = "local"
+	DefaultSource       = rtkind.Local
 )
 
 // Args are the arguments of `corral worker run-task`. The server builds
