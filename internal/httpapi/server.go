@@ -1,8 +1,9 @@
 // Package httpapi is Corral's HTTP transport: the JSON API of SPEC §7
 // (tasks, events over SSE, workspace files, tools, the worker webhook,
 // health and metrics) with bearer-token auth, and Client, which implements
-// service.Service over that API for the CLI. Handlers only parse
-// input, call the orchestrator and map errors, in one function (writeError).
+// the service contracts over that API for the CLI. Handlers only parse
+// input, call the service.Set they were given and map errors, in one
+// function (writeError).
 package httpapi
 
 import (

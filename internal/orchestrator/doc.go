@@ -1,5 +1,4 @@
-// Package orchestrator implements Corral's use cases (service.Service) —
-// spawn a task, read its result, cancel it, follow its logs and events,
-// read and write the shared workspace, attachments, documents and skills. It also gives the scheduler what it
-// needs to build a task's sandbox and to read a finished task's result.
+// Package orchestrator implements Corral's task use cases (service.Tasks):
+// spawn a task (placing its context through the library), run a one-shot
+// code_execute, read its result, cancel it, follow its logs and events.
 package orchestrator
