@@ -280,23 +280,33 @@ func (p *Proxy) dialChecked(ctx context.Context, rec *Record) (net.Conn, int, st
 	return nil, status, "", fmt.Errorf("connect: %w", errors.Join(errs...))
 }
 
-// connect serves CONNECT: it checks and dials the target, then tunnels
-// bytes both ways until either side ends, the connection idles for
-// IdleTimeout or it has lasted MaxDuration.
-func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, rec *Record) {
+// open reads the request's target into rec, checks it and dials it; nil
+// when it was refused or could not be reached, which it has answered.
+func (p *Proxy) open(w http.ResponseWriter, r *http.Request, rec *Record) net.Conn {
 	host, port, err := target(r)
 	rec.Host, rec.Port = host, port
 	if err != nil {
 		p.deny(w, rec, http.StatusBadRequest, ReasonBadRequest+": "+err.Error())
-		return
+		return nil
 	}
-	up, status, reason, err := p.dialChecked(r.Context(), rec)
+	conn, status, reason, err := p.dialChecked(r.Context(), rec)
 	switch {
 	case reason != "":
 		p.deny(w, rec, status, reason)
-		return
+		return nil
 	case err != nil:
 		p.fail(w, rec, status, err)
+		return nil
+	}
+	return conn
+}
+
+// connect serves CONNECT: it checks and dials the target, then tunnels
+// bytes both ways until either side ends, the connection idles for
+// IdleTimeout or it has lasted MaxDuration.
+func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, rec *Record) {
+	up := p.open(w, r, rec)
+	if up == nil {
 		return
 	}
 	defer up.Close()
@@ -460,19 +470,8 @@ func removeHop(h http.Header) {
 // forward serves a plain HTTP request with an absolute URI: one upstream
 // connection per request, closed after the response.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rec *Record) {
-	host, port, err := target(r)
-	rec.Host, rec.Port = host, port
-	if err != nil {
-		p.deny(w, rec, http.StatusBadRequest, ReasonBadRequest+": "+err.Error())
-		return
-	}
-	conn, status, reason, err := p.dialChecked(r.Context(), rec)
-	switch {
-	case reason != "":
-		p.deny(w, rec, status, reason)
-		return
-	case err != nil:
-		p.fail(w, rec, status, err)
+	conn := p.open(w, r, rec)
+	if conn == nil {
 		return
 	}
 	up := &countingConn{Conn: conn}
