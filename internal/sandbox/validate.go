@@ -37,17 +37,7 @@ func (s Spec) Validate() error {
 	if err := ValidateID(s.ID); err != nil {
 		errs = append(errs, err)
 	}
-	if len(s.Command) == 0 || s.Command[0] == "" {
-		errs = append(errs, errdefs.Field("command", "must not be empty"))
-	}
-	if s.Dir != "" && !CleanAbs(s.Dir) {
-		errs = append(errs, errdefs.Field("dir", "must be an absolute, clean path"))
-	}
-	for i, e := range s.Env {
-		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
-			errs = append(errs, errdefs.Field(fmt.Sprintf("env[%d]", i), "must be KEY=VALUE"))
-		}
-	}
+	errs = append(errs, checkCommand(s.Command, s.Dir, s.Env))
 	for i, m := range s.Mounts {
 		f := fmt.Sprintf("mounts[%d]", i)
 		if !CleanAbs(m.Target) || m.Target == "/" {
@@ -71,6 +61,27 @@ func (s Spec) Validate() error {
 	case "", NetworkNone, NetworkEgress:
 	default:
 		errs = append(errs, errdefs.Field("network", "must be none or egress"))
+	}
+	return errors.Join(errs...)
+}
+
+// Validate returns every problem with an exec's command, working
+// directory and environment, as Spec.Validate does for a sandbox's.
+func (r ExecRequest) Validate() error { return checkCommand(r.Command, r.Dir, r.Env) }
+
+// checkCommand checks a command, its working directory and environment.
+func checkCommand(argv []string, dir string, env []string) error {
+	var errs []error
+	if len(argv) == 0 || argv[0] == "" {
+		errs = append(errs, errdefs.Field("command", "must not be empty"))
+	}
+	if dir != "" && !CleanAbs(dir) {
+		errs = append(errs, errdefs.Field("dir", "must be an absolute, clean path"))
+	}
+	for i, e := range env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			errs = append(errs, errdefs.Field(fmt.Sprintf("env[%d]", i), "must be KEY=VALUE"))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -152,16 +152,6 @@ func (f *fixture) MustTaskFile(tb testing.TB, id, name, content string) {
 	}
 }
 
-// events returns the events of a task's stream from version after on.
-func (f *fixture) events(tb testing.TB, id string, after int64) []eventstore.Event {
-	tb.Helper()
-	evs, err := f.store.ReadStream(context.Background(), task.StreamID(id), after)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return evs
-}
-
 // statusJSON is a worker's status.json.
 func statusJSON(status string, code int, summary, errMsg string) string {
 	b, _ := json.Marshal(map[string]any{"status": status, "exit_code": code, "summary": summary, "error_message": errMsg, "duration_seconds": 2.5})

@@ -804,8 +804,8 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	if err != nil {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec: %w", err)
 	}
-	if len(req.Command) == 0 {
-		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: empty command: %w", id, errdefs.ErrInvalidArgument)
+	if err := req.Validate(); err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, err)
 	}
 	if !c.State.Running {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: not running: %w", id, errdefs.ErrFailedPrecondition)

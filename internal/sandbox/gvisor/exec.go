@@ -35,11 +35,8 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	if err != nil {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec: %w", err)
 	}
-	if len(req.Command) == 0 || req.Command[0] == "" {
-		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, errdefs.Field("command", "must not be empty"))
-	}
-	if req.Dir != "" && !sandbox.CleanAbs(req.Dir) {
-		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, errdefs.Field("dir", "must be an absolute, clean path"))
+	if err := req.Validate(); err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, err)
 	}
 	if !e.Running() {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: not running: %w", id, errdefs.ErrFailedPrecondition)

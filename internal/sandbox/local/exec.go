@@ -28,15 +28,12 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	if err != nil {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec: %w", err)
 	}
-	if len(req.Command) == 0 || req.Command[0] == "" {
-		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, errdefs.Field("command", "must not be empty"))
+	if err := req.Validate(); err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, err)
 	}
 	dir := req.Dir
 	if dir == "" {
 		dir = "/tmp"
-	}
-	if !sandbox.CleanAbs(dir) {
-		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, errdefs.Field("dir", "must be an absolute, clean path"))
 	}
 	if caps, _ := r.Capabilities(ctx); !caps.Exec {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: nsenter not available: %w", id, errdefs.ErrNotImplemented)

@@ -312,8 +312,8 @@ func (f *Fake) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sa
 	if err != nil {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec: %w", err)
 	}
-	if len(req.Command) == 0 {
-		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, errdefs.Field("command", "must not be empty"))
+	if err := req.Validate(); err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: %w", id, err)
 	}
 	if sb.exited() {
 		return sandbox.ExitStatus{}, fmt.Errorf("exec in sandbox %s: not running: %w", id, errdefs.ErrFailedPrecondition)
