@@ -16,6 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/projection/projectiontest"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -33,35 +34,15 @@ type fixture struct {
 
 func MustNew(tb testing.TB, edit func(*Options)) *fixture {
 	tb.Helper()
-	log := slog.New(slog.DiscardHandler)
-	dir := tb.TempDir()
-	store, err := sqlite.Open(context.Background(), filepath.Join(dir, "events.db"), log)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { store.Close() })
-	data, err := workspace.Open(filepath.Join(dir, "data"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { data.Close() })
-	tasks := projection.New(store, log)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tasks.Run(ctx)
-	}()
-	tb.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	env := projectiontest.New(tb)
+	env.Follow(tb)
+	store, tasks, data := env.Store, env.Tasks, env.Data
 	f := &fixture{store: store, tasks: tasks, data: data, now: time.Now()}
 	opts := Options{Store: store, Tasks: tasks, Data: data, Limits: Limits{MaxTaskDirBytes: 1 << 20}, Now: func() time.Time { return f.now }}
 	if edit != nil {
 		edit(&opts)
 	}
-	f.lib = New(opts, log)
+	f.lib = New(opts, slog.New(slog.DiscardHandler))
 	return f
 }
 

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"slices"
 	"sort"
 	"sync"
@@ -21,23 +20,13 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
+	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
 	"github.com/corral-dev/corral/internal/task"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-// MustOpenStore opens a SQLite event store in a temporary directory.
-func MustOpenStore(tb testing.TB) *sqlite.Store {
-	tb.Helper()
-	s, err := sqlite.Open(context.Background(), filepath.Join(tb.TempDir(), "events.db"), discard())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { s.Close() })
-	return s
-}
 
 // hit is one request the receiver got.
 type hit struct {
@@ -99,7 +88,7 @@ type fixture struct {
 func MustFixture(tb testing.TB, script ...int) *fixture {
 	tb.Helper()
 	secret := NewSecret()
-	return &fixture{store: MustOpenStore(tb), recv: MustReceiver(tb, secret, script...), secret: secret}
+	return &fixture{store: sqlitetest.Open(tb), recv: MustReceiver(tb, secret, script...), secret: secret}
 }
 
 func (f *fixture) options(tb testing.TB, edit func(*Options)) Options {

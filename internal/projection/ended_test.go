@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -35,7 +36,7 @@ func runToEnd(tb testing.TB, p *Tasks, id string) task.Task {
 // still give it whole, as it was at its end, and Status its status and end; an event after its end moves
 // its version; a task that has not ended is always held whole.
 func TestEndedTasksHeldInPart(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	ctx := context.Background()
 	p := New(store, discard())
 	p.keep = 2
@@ -156,7 +157,7 @@ func TestEndedTasksHeldInPart(t *testing.T) {
 // after the end keeps them listed) and after a rebuild; the copy's event
 // takes a task off the list, held whole or in part.
 func TestPendingSaves(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	ctx := context.Background()
 	p := New(store, discard())
 	p.keep = 1

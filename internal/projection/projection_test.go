@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,22 +13,11 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/eventstore/sqlite"
+	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
 	"github.com/corral-dev/corral/internal/task"
 )
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-// MustOpenStore opens a SQLite event store in a temporary directory.
-func MustOpenStore(tb testing.TB) *sqlite.Store {
-	tb.Helper()
-	s, err := sqlite.Open(context.Background(), filepath.Join(tb.TempDir(), "events.db"), discard())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { s.Close() })
-	return s
-}
 
 // MustRun runs p until the test ends.
 func MustRun(tb testing.TB, p *Tasks) {
@@ -80,7 +68,7 @@ func ids(ts []task.Task) []string {
 }
 
 func TestCreateAndGet(t *testing.T) {
-	p := New(MustOpenStore(t), discard())
+	p := New(sqlitetest.Open(t), discard())
 	tk := MustCreate(t, p, task.Spec{Description: "hello", Agent: task.AgentCommand})
 	if tk.Status != task.Queued || tk.Version != 2 || tk.Description != "hello" || tk.QueueSeq != 2 {
 		t.Errorf("Create returned %+v", tk)
@@ -98,7 +86,7 @@ func TestCreateAndGet(t *testing.T) {
 }
 
 func TestCreateOnExistingStreamConflicts(t *testing.T) {
-	p := New(MustOpenStore(t), discard())
+	p := New(sqlitetest.Open(t), discard())
 	tk := MustCreate(t, p, task.Spec{Description: "first"})
 	_, err := p.Create(context.Background(), tk.ID, created(task.Spec{Description: "second"}))
 	if !errors.Is(err, errdefs.ErrConflict) {
@@ -111,7 +99,7 @@ func TestCreateOnExistingStreamConflicts(t *testing.T) {
 }
 
 func TestRebuild(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	ctx := context.Background()
 	p := New(store, discard())
 	a := MustCreate(t, p, task.Spec{Description: "a", IdempotencyKey: "ka"})
@@ -175,7 +163,7 @@ func (s *failingReads) ReadAll(ctx context.Context, after int64, limit int) ([]e
 // the fold fails the rebuild, after the batches read before it are
 // applied, and leaves no goroutine behind (TestMain's goleak).
 func TestRebuildReadError(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	p := New(store, discard())
 	MustCreate(t, p, task.Spec{Description: "a"})
 	q := New(&failingReads{Store: store, n: 2}, discard())
@@ -188,7 +176,7 @@ func TestRebuildReadError(t *testing.T) {
 }
 
 func TestUnknownTaskEventsSkipped(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	ctx := context.Background()
 	ghost := task.NewID()
 	if _, err := store.Append(ctx, task.StreamID(ghost), 0, ev(task.EventQueued), ev(task.EventStarting)); err != nil {
@@ -215,7 +203,7 @@ func TestUnknownTaskEventsSkipped(t *testing.T) {
 }
 
 func TestUpdateRace(t *testing.T) {
-	p := New(MustOpenStore(t), discard())
+	p := New(sqlitetest.Open(t), discard())
 	ctx := context.Background()
 	tk := MustCreate(t, p, task.Spec{Description: "race"})
 
@@ -273,7 +261,7 @@ func TestUpdateRace(t *testing.T) {
 }
 
 func TestUpdateDecisionError(t *testing.T) {
-	p := New(MustOpenStore(t), discard())
+	p := New(sqlitetest.Open(t), discard())
 	tk := MustCreate(t, p, task.Spec{})
 	boom := errors.New("boom")
 	got, err := p.Update(context.Background(), tk.ID, func(task.Task) ([]eventstore.Proposed, error) { return nil, boom })
@@ -293,7 +281,7 @@ func TestUpdateDecisionError(t *testing.T) {
 }
 
 func TestListAndCursor(t *testing.T) {
-	p := New(MustOpenStore(t), discard())
+	p := New(sqlitetest.Open(t), discard())
 	ctx := context.Background()
 	var all []task.Task
 	for i := 0; i < 5; i++ {
@@ -344,7 +332,7 @@ func TestListAndCursor(t *testing.T) {
 }
 
 func TestByIdempotencyKey(t *testing.T) {
-	p := New(MustOpenStore(t), discard())
+	p := New(sqlitetest.Open(t), discard())
 	a := MustCreate(t, p, task.Spec{IdempotencyKey: "k1"})
 	MustCreate(t, p, task.Spec{})
 	got, ok, err := p.ByIdempotencyKey("k1")
@@ -363,7 +351,7 @@ func TestByIdempotencyKey(t *testing.T) {
 }
 
 func TestSelectQueueOrder(t *testing.T) {
-	p := New(MustOpenStore(t), discard())
+	p := New(sqlitetest.Open(t), discard())
 	ctx := context.Background()
 	var made []string
 	for i := 0; i < 3; i++ {
@@ -392,7 +380,7 @@ func TestSelectQueueOrder(t *testing.T) {
 }
 
 func TestRunAndWaitPosition(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	p := New(store, discard())
 	MustRun(t, p)
 	ctx := context.Background()

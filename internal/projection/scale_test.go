@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -96,7 +97,7 @@ func BenchmarkScale(b *testing.B) {
 // Counts, Ended, SelectLive and List, with and without a cursor and a
 // filter. All but the last 10 tasks to end are held in part.
 func TestIndexes(t *testing.T) {
-	a := &applier{p: New(MustOpenStore(t), discard()), version: map[string]int64{}}
+	a := &applier{p: New(sqlitetest.Open(t), discard()), version: map[string]int64{}}
 	p := a.p
 	p.keep = 10
 	rng := rand.New(rand.NewPCG(17, 17))
@@ -221,7 +222,7 @@ func BenchmarkEndedMemory(b *testing.B) {
 func BenchmarkRebuild(b *testing.B) {
 	const n = 20_000
 	ctx := context.Background()
-	s := MustOpenStore(b)
+	s := sqlitetest.Open(b)
 	fillStore(b, s, n)
 	var rebuild, read time.Duration
 	for b.Loop() {
@@ -293,7 +294,7 @@ func fillStore(b *testing.B, s eventstore.Store, n int) []string {
 // keepEnded that ended last) and of one held in part, which Get folds
 // again from its five events, over a log of 2,000 such tasks.
 func BenchmarkGetEnded(b *testing.B) {
-	s := MustOpenStore(b)
+	s := sqlitetest.Open(b)
 	ids := fillStore(b, s, 2*keepEnded)
 	p := New(s, discard())
 	if err := p.Rebuild(context.Background()); err != nil {

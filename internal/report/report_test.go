@@ -4,13 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/eventstore/sqlite"
+	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/task"
 )
@@ -20,24 +19,12 @@ import (
 // to report: context canceled").
 func TestRunEndsQuietlyWhenCancelled(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
-	store := mustOpen(t, log)
+	store := sqlitetest.Open(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := Run(ctx, store, log); err != nil {
 		t.Errorf("Run with its context cancelled: %v, want nil", err)
 	}
-}
-
-// mustOpen opens an event store in a temporary directory, closed when the
-// test ends.
-func mustOpen(tb testing.TB, log *slog.Logger) *sqlite.Store {
-	tb.Helper()
-	store, err := sqlite.Open(context.Background(), filepath.Join(tb.TempDir(), "events.db"), log)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { store.Close() })
-	return store
 }
 
 // countingStore counts the reads of single streams.
@@ -58,7 +45,7 @@ func (s *countingStore) ReadStream(ctx context.Context, stream string, after int
 func TestReportsWorkspaceTasksOnly(t *testing.T) {
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
-	db := mustOpen(t, log)
+	db := sqlitetest.Open(t)
 	store := &countingStore{Store: db}
 	end := func(spec task.Spec) string {
 		t.Helper()
@@ -125,7 +112,7 @@ func (s caughtUp) ReadAll(ctx context.Context, after int64, limit int) ([]events
 func BenchmarkCatchUp(b *testing.B) {
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
-	db := mustOpen(b, log)
+	db := sqlitetest.Open(b)
 	const tasks = 1000
 	for range tasks {
 		created := projection.NewEvent(task.EventCreated, task.Created{Spec: task.Spec{Description: "plain", Agent: "command", Command: []string{"echo", "hi"}}}, "test")

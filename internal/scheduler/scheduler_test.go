@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
+	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
@@ -26,17 +26,6 @@ import (
 )
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-// MustOpenStore opens a SQLite event store in a temporary directory.
-func MustOpenStore(tb testing.TB) *sqlite.Store {
-	tb.Helper()
-	s, err := sqlite.Open(context.Background(), filepath.Join(tb.TempDir(), "events.db"), discard())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { s.Close() })
-	return s
-}
 
 // MustNewFake returns a Fake whose sandboxes are all destroyed when the
 // test ends (after the scheduler stopped), so no Run goroutine leaks.
@@ -225,7 +214,7 @@ func streamTypes(tb testing.TB, store eventstore.Store, stream string) []string 
 }
 
 func TestFIFOWithOneSlot(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	tasks := projection.New(store, discard())
 	ctx := context.Background()
 	var made []string
@@ -273,7 +262,7 @@ func TestFIFOWithOneSlot(t *testing.T) {
 }
 
 func TestNeverMoreThanMaxConcurrent(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	var running, maxRunning atomic.Int32
 	var mu sync.Mutex
 	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
@@ -305,7 +294,7 @@ func TestNeverMoreThanMaxConcurrent(t *testing.T) {
 }
 
 func TestCreateFailsNonRetryable(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
 	var calls atomic.Int32
 	fake.CreateErr = func(sandbox.Spec) error {
@@ -327,7 +316,7 @@ func TestCreateFailsNonRetryable(t *testing.T) {
 }
 
 func TestCreateRetriesUnavailable(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, func(context.Context, sandbox.Spec) sandbox.ExitStatus { return sandbox.ExitStatus{Code: 0} })
 	var calls atomic.Int32
 	fake.CreateErr = func(sandbox.Spec) error {
@@ -345,7 +334,7 @@ func TestCreateRetriesUnavailable(t *testing.T) {
 }
 
 func TestUnknownRuntimeFails(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
 	h := MustStart(t, store, Options{}, fake)
 	id := MustEnqueue(t, h.tasks, task.Spec{Runtime: "docker"})
@@ -359,7 +348,7 @@ func TestUnknownRuntimeFails(t *testing.T) {
 }
 
 func TestCancelRunning(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
 	h := MustStart(t, store, Options{StopGrace: time.Second}, fake)
 	id := MustEnqueue(t, h.tasks, task.Spec{})
@@ -383,7 +372,7 @@ func TestCancelRunning(t *testing.T) {
 // made outside any bubble, so a bubble's clock would never advance. Now
 // runs 59.8 s ahead, so a 1-minute task times out 200 ms after it starts.
 func TestTimeout(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	var stoppedAt atomic.Int64
 	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
 		<-ctx.Done()
@@ -408,7 +397,7 @@ func TestTimeout(t *testing.T) {
 }
 
 func TestCompletedElsewhereStopsAfterExitGrace(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	var stoppedAt atomic.Int64
 	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
 		<-ctx.Done()
@@ -453,7 +442,7 @@ func mustRunUntilRunning(t *testing.T, store *sqlite.Store, fake *sandboxtest.Fa
 }
 
 func TestReconcileReattaches(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	finish := make(chan struct{})
 	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
 		select {
@@ -487,7 +476,7 @@ func TestReconcileReattaches(t *testing.T) {
 }
 
 func TestReconcileSandboxGone(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
 	id := mustRunUntilRunning(t, store, fake)
 	// The host rebooted: the sandbox is gone.
@@ -510,7 +499,7 @@ func TestReconcileSandboxGone(t *testing.T) {
 }
 
 func TestReconcileStopsOrphans(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
 	ctx := context.Background()
 	if _, err := fake.Create(ctx, sandbox.Spec{ID: "orphan-1", Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: "task-gone"}}); err != nil {
@@ -545,7 +534,7 @@ func TestReconcileStopsOrphans(t *testing.T) {
 
 // A task cancelled while it waits in the queue is never started.
 func TestCancelledWhileQueuedNeverStarts(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	finish := make(chan struct{})
 	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
 		select {
@@ -578,7 +567,7 @@ func TestCancelledWhileQueuedNeverStarts(t *testing.T) {
 // Shutting down while Reconcile records what it did is not an error, and Run
 // returns only after the goroutines it started.
 func TestRunStoppedDuringReconcile(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
 	if _, err := fake.Create(context.Background(), sandbox.Spec{ID: "orphan-2", Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: "task-gone"}}); err != nil {
 		t.Fatal(err)
@@ -647,7 +636,7 @@ func (q *fakeQuota) called() []string {
 }
 
 func TestQuotaStopsTask(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
 	var checks atomic.Int32
 	q := &fakeQuota{fake: fake, check: func(task.Task) error {
@@ -678,7 +667,7 @@ func TestQuotaStopsTask(t *testing.T) {
 // quota is watched until the sandbox is gone, and a sandbox over it is
 // killed without waiting for the exit grace or the stop grace.
 func TestQuotaWatchedAfterTaskEnds(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	release := make(chan struct{})
 	defer close(release)
 	// A main process that ignores SIGTERM: only a kill ends it.
@@ -712,7 +701,7 @@ func TestQuotaWatchedAfterTaskEnds(t *testing.T) {
 // A worker that stopped at a write the kernel refused ends with the
 // quota's error, not its own exit status.
 func TestQuotaLastLookAtExit(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	exit := make(chan struct{})
 	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
 		<-exit
@@ -745,7 +734,7 @@ func TestQuotaLastLookAtExit(t *testing.T) {
 // records the start it missed, then the reattach, so the task's log has
 // every step and the task runs on to its end.
 func TestReconcileStartingTaskIsRecordedStarted(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	finish := make(chan struct{})
 	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
 		select {
@@ -783,7 +772,7 @@ func TestReconcileStartingTaskIsRecordedStarted(t *testing.T) {
 // reconciliation, not when the worker's next retry comes, and its sandbox
 // is stopped.
 func TestReconcileRecordsReportedTaskAtOnce(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
 	id := mustRunUntilRunning(t, store, fake)
 
@@ -847,7 +836,7 @@ func (s *fullStore) Append(ctx context.Context, stream string, expected int64, e
 // once) does not stay starting with no one watching its sandbox: the
 // sandbox is stopped and destroyed, and the task ends failed, saying why.
 func TestStartNotRecordedEndsTheTask(t *testing.T) {
-	store := &fullStore{Store: MustOpenStore(t), refused: []string{task.EventStarted}}
+	store := &fullStore{Store: sqlitetest.Open(t), refused: []string{task.EventStarted}}
 	store.full.Store(true)
 	fake := MustNewFake(t, blockUntilStopped)
 	h := MustStart(t, store, Options{RecordRetry: 5 * time.Millisecond}, fake)
@@ -865,7 +854,7 @@ func TestStartNotRecordedEndsTheTask(t *testing.T) {
 // status) and is recorded once the store takes events again, with the
 // result it had, not as lost.
 func TestEndRecordedWhenTheStoreRecovers(t *testing.T) {
-	store := &fullStore{Store: MustOpenStore(t)}
+	store := &fullStore{Store: sqlitetest.Open(t)}
 	store.full.Store(true)
 	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus { return sandbox.ExitStatus{Code: 0} })
 	h := MustStart(t, store, Options{RecordRetry: 5 * time.Millisecond}, fake)
@@ -892,7 +881,7 @@ func TestEndRecordedWhenTheStoreRecovers(t *testing.T) {
 // A cancel whose end the store refuses still stops the sandbox, does not
 // spin, and is recorded as cancelled once the store recovers.
 func TestCancelRecordedWhenTheStoreRecovers(t *testing.T) {
-	store := &fullStore{Store: MustOpenStore(t)}
+	store := &fullStore{Store: sqlitetest.Open(t)}
 	fake := MustNewFake(t, blockUntilStopped)
 	h := MustStart(t, store, Options{RecordRetry: 5 * time.Millisecond, StopGrace: time.Millisecond}, fake)
 	id := MustEnqueue(t, h.tasks, task.Spec{})
@@ -945,7 +934,7 @@ func reconciledSummary(t *testing.T, store eventstore.Store) Reconciled {
 // the task ran, so the next server starts it again, once, in the slot it
 // held, and records why; it is never ended lost.
 func TestReconcileStartingWithoutSandboxStartsAgain(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus { return sandbox.ExitStatus{Code: 0} })
 	id := mustStartingTask(t, store)
 
@@ -972,7 +961,7 @@ func TestReconcileStartingWithoutSandboxStartsAgain(t *testing.T) {
 // command (ExitStatus.NotStarted). Its exit is not the task's: the next
 // server destroys it and starts the task again, once.
 func TestReconcileNotStartedSandboxStartsAgain(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	var runs atomic.Int32
 	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
 		if runs.Add(1) == 1 {
@@ -1018,7 +1007,7 @@ func TestReconcileNotStartedSandboxStartsAgain(t *testing.T) {
 // inside the exit grace) has its sandbox destroyed when the server stops,
 // not left to the next server's start; a running task's is left running.
 func TestShutdownDestroysEndedTasksSandbox(t *testing.T) {
-	store := MustOpenStore(t)
+	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
 	h := MustStart(t, store, Options{ExitGrace: time.Hour, MaxConcurrent: 2}, fake)
 	ended := MustEnqueue(t, h.tasks, task.Spec{})

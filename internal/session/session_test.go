@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/eventstore/sqlite"
+	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
 	"github.com/corral-dev/corral/internal/execagent/execagenttest"
 )
 
@@ -26,7 +26,7 @@ import (
 // folds the session's stream again. The session's own token lives on.
 func TestGrantedTokenDiesWithItsTask(t *testing.T) {
 	ctx := context.Background()
-	store := openStore(t)
+	store := sqlitetest.Open(t)
 	var mu sync.Mutex
 	ended := map[string]bool{}
 	opts := Options{Store: store, TaskEnded: func(id string) bool {
@@ -104,7 +104,7 @@ func (s failStarts) Append(ctx context.Context, stream string, expected int64, e
 // one the failed start cancels.
 func TestExecStartNotRecorded(t *testing.T) {
 	ctx := context.Background()
-	store := openStore(t)
+	store := sqlitetest.Open(t)
 	m, id := agentSession(t, failStarts{store})
 	for _, timeout := range []time.Duration{0, time.Minute} {
 		pidFile := filepath.Join(t.TempDir(), "pid")
@@ -138,17 +138,6 @@ func TestExecStartNotRecorded(t *testing.T) {
 			t.Errorf("an exec_ended without its start: %s", e.Data)
 		}
 	}
-}
-
-// openStore opens an event store in a fresh directory, closed when t ends.
-func openStore(t *testing.T) eventstore.Store {
-	t.Helper()
-	store, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "corral.db"), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	return store
 }
 
 // agentSession records a running session on store and attaches the exec
@@ -205,7 +194,7 @@ func (w *firstWrite) Write(p []byte) (int, error) {
 // command the client had seen run and the log never named.
 func TestExecOutputAfterItsStart(t *testing.T) {
 	ctx := context.Background()
-	slow := slowStarts{Store: openStore(t), committed: make(chan time.Time, 1)}
+	slow := slowStarts{Store: sqlitetest.Open(t), committed: make(chan time.Time, 1)}
 	m, id := agentSession(t, slow)
 	out := &firstWrite{}
 	end, err := m.Exec(ctx, id, ExecRequest{Shell: "echo at once", Dir: t.TempDir()}, out, io.Discard)

@@ -5,18 +5,16 @@
 package orchestratortest
 
 import (
-	"context"
 	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/internal/attachment"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/eventstore/sqlite"
 	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/orchestrator"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/projection/projectiontest"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workerproto"
@@ -40,18 +38,8 @@ func (f *Fixture) Set() service.Set { return service.Set{Tasks: f.Orch, Library:
 func New(tb testing.TB, edit func(*orchestrator.Options)) *Fixture {
 	tb.Helper()
 	log := slog.New(slog.DiscardHandler)
-	dir := tb.TempDir()
-	store, err := sqlite.Open(context.Background(), filepath.Join(dir, "events.db"), log)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { store.Close() })
-	data, err := workspace.Open(filepath.Join(dir, "data"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { data.Close() })
-	tasks := projection.New(store, log)
+	env := projectiontest.New(tb)
+	store, tasks, data := env.Store, env.Tasks, env.Data
 	attRoot, err := data.Root().OpenRoot(workspace.DirAttachments)
 	if err != nil {
 		tb.Fatal(err)
