@@ -3,305 +3,63 @@ package orchestrator
 import (
 	"context"
 	"errors"
-	"path/filepath"
-	"slices"
-	"sort"
 	"strings"
-	"sync"
 	"testing"
-	"time"
-
-	"github.com/google/go-cmp/cmp"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/placement"
-	"github.com/corral-dev/corral/internal/projection"
-	"github.com/corral-dev/corral/internal/rtkind"
-	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
-	"github.com/corral-dev/corral/internal/taskrun"
-	"github.com/corral-dev/corral/internal/workerproto"
 )
-
-// fakeEgress records Open and Close and keeps a set of task directories.
-type fakeEgress struct {
-	root   string // the data root its directories are in
-	mu     sync.Mutex
-	dirs   map[string]string // task id → network it was opened for
-	opened []string
-	closed []string
-}
-
-func newFakeEgress(ids ...string) *fakeEgress {
-	f := &fakeEgress{dirs: map[string]string{}}
-	for _, id := range ids {
-		f.dirs[id] = "stale"
-	}
-	return f
-}
-
-func (f *fakeEgress) Open(id, network string) (string, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.dirs[id] = network
-	f.opened = append(f.opened, id+":"+network)
-	return f.Dir(id), nil
-}
-
-func (f *fakeEgress) Dir(id string) string { return filepath.Join(f.root, "run", "egress", id) }
-
-func (f *fakeEgress) Close(id string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.dirs, id)
-	f.closed = append(f.closed, id)
-	return nil
-}
-
-// Forwards are two loopback addresses, as an allowlist naming a model
-// server on the host's loopback gives them.
-func (f *fakeEgress) Forwards() []string { return []string{"127.0.0.1:8080", "[::1]:11434"} }
-
-func (f *fakeEgress) Tasks() ([]string, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var ids []string
-	for id := range f.dirs {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return ids, nil
-}
-
-func (f *fakeEgress) state() (dirs []string, opened []string) {
-	ids, _ := f.Tasks()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return ids, slices.Clone(f.opened)
-}
 
 // withNetworks offers every network policy.
 func withNetworks(o *Options) {
 	o.Networks = map[string]string{task.NetworkNone: "", task.NetworkAllowlist: "", task.NetworkOpen: ""}
 }
 
-// withEgress runs the task runner's proxies through eg (none when nil).
-func withEgress(eg taskrun.Egress) func(*taskrun.Options) {
-	return func(o *taskrun.Options) {
-		if eg != nil {
-			o.Egress = eg
-		}
-	}
-}
-
-func TestPrepareWithEgress(t *testing.T) {
-	eg := newFakeEgress()
-	f := MustNew(t, withNetworks, withEgress(eg))
-	eg.root = f.data.Path()
-	ctx := context.Background()
-	for _, network := range []string{task.NetworkAllowlist, task.NetworkOpen} {
-		tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: network})
-		spec, err := f.r.Prepare(ctx, tk)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if spec.Network != sandbox.NetworkEgress {
-			t.Errorf("%s: sandbox network %q, want egress", network, spec.Network)
-		}
-		want := sandbox.Mount{Source: "run/egress/" + tk.ID, Target: workerproto.EgressDir, ReadOnly: true}
-		if !slices.Contains(spec.Mounts, want) {
-			t.Errorf("%s: mounts %v lack %v", network, spec.Mounts, want)
-		}
-		i := slices.Index(spec.Command, "--egress-socket")
-		if i < 0 || spec.Command[i+1] != "/run/corral/egress/proxy.sock" || i > slices.Index(spec.Command, "--") {
-			t.Errorf("%s: argv %q lacks --egress-socket before --", network, spec.Command)
-		}
-		// The worker reads the argv as it was meant.
-		opts, err := workerproto.ParseArgs(spec.Command[3:])
-		if err != nil {
-			t.Fatalf("%s: the worker refuses its argv %q: %v", network, spec.Command, err)
-		}
-		if !slices.Equal(opts.EgressForward, eg.Forwards()) || opts.EgressSocket != "/run/corral/egress/proxy.sock" {
-			t.Errorf("%s: worker options forward %v over %q", network, opts.EgressForward, opts.EgressSocket)
-		}
-	}
-	_, opened := eg.state()
-	if len(opened) != 2 || opened[0][len(opened[0])-len(":allowlist"):] != ":allowlist" || opened[1][len(opened[1])-len(":open"):] != ":open" {
-		t.Errorf("opened %v", opened)
-	}
-
-	none := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: task.NetworkNone})
-	spec, err := f.r.Prepare(ctx, none)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if spec.Network != sandbox.NetworkNone || slices.Contains(spec.Command, "--egress-socket") {
-		t.Errorf("network none: sandbox network %q, argv %q", spec.Network, spec.Command)
-	}
-	for _, m := range spec.Mounts {
-		if m.Target == workerproto.EgressDir {
-			t.Errorf("network none mounts the egress directory")
-		}
-	}
-	if _, opened := eg.state(); len(opened) != 2 {
-		t.Errorf("network none opened a proxy: %v", opened)
-	}
-}
-
-func TestPrepareWithoutEgressRefusesNetwork(t *testing.T) {
-	f := MustNew(t, withNetworks)
-	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: task.NetworkAllowlist})
-	if _, err := f.r.Prepare(context.Background(), tk); !errors.Is(err, errdefs.ErrFailedPrecondition) {
-		t.Errorf("Prepare = %v, want ErrFailedPrecondition", err)
-	}
-}
-
-// TestReconcileReopensAndRunEgressSweeps plays a restart: a running task with
-// network gets its proxy back, a stale directory of an ended or unknown
-// task is removed, and a task that ends later loses its proxy.
-func TestReconcileReopensAndRunEgressSweeps(t *testing.T) {
-	eg := newFakeEgress("unknown-task")
-	f := MustNew(t, withNetworks, withEgress(eg))
-	spawn := func(network string) task.Task {
-		return f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: network})
-	}
-	running, noNet, ended := spawn(task.NetworkAllowlist), spawn(task.NetworkNone), spawn(task.NetworkOpen)
-	for _, tk := range []task.Task{running, noNet, ended} {
-		f.MustAppend(t, tk.ID,
-			projection.NewEvent(task.EventStarting, nil, "test"),
-			projection.NewEvent(task.EventStarted, task.Started{SandboxName: tk.ID}, "test"))
-	}
-	f.MustAppend(t, ended.ID, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success}, "test"))
-	eg.mu.Lock()
-	eg.dirs[ended.ID] = "stale"
-	eg.mu.Unlock()
-
-	// A restart: the runner's part of reconciliation reopens the proxies
-	// of the tasks still running; RunEgress sweeps the rest.
-	if err := f.r.Reconcile(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.r.RunEgress(ctx) }()
-	defer func() { cancel(); <-done }()
-
-	waitDirs := func(want []string) {
-		t.Helper()
-		sort.Strings(want)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			dirs, _ := eg.state()
-			if cmp.Equal(want, dirs) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("egress directories %v, want %v", dirs, want)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	waitDirs([]string{running.ID})
-	if _, opened := eg.state(); !slices.Equal(opened, []string{running.ID + ":allowlist"}) {
-		t.Errorf("reopened %v, want only the running task with network", opened)
-	}
-
-	// An egress event on the stream does not end the task, nor its proxy.
-	evs, err := f.store.Append(ctx, task.StreamID(running.ID), eventstore.AnyVersion,
-		projection.NewEvent(task.EventEgressConnection, task.EgressConnection{Host: "h", Port: 443, Allowed: true}, "test"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.tasks.CatchUp(ctx, evs[0].Position); err != nil {
-		t.Fatal(err)
-	}
-	if tk, _ := f.tasks.Get(running.ID); tk.Status != task.Running {
-		t.Errorf("after an egress event the task is %s, want running", tk.Status)
-	}
-	time.Sleep(time.Second) // two of the runner's sweep pauses: a sweep after the event must keep the proxy
-	if dirs, _ := eg.state(); !slices.Equal(dirs, []string{running.ID}) {
-		t.Errorf("egress directories %v after an egress event", dirs)
-	}
-	f.MustAppend(t, running.ID, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success}, "test"))
-	waitDirs(nil)
-}
-
-// Mounts are paths of the data root: worker binaries elsewhere cannot be
-// mounted, and Prepare says so.
-func TestPrepareRefusesPathsOutsideTheDataRoot(t *testing.T) {
-	f := MustNew(t, nil, func(o *taskrun.Options) { o.Worker.BinDir = "/usr/local/bin" })
-	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}})
-	if _, err := f.r.Prepare(context.Background(), tk); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "not within the data root") {
-		t.Errorf("Prepare = %v, want the binary refused as outside the data root", err)
-	}
-}
-
 // onRemoteRuntime offers every network policy, allowlist by default, and
-// the kubernetes runtime, whose workers reach the server at a URL and,
-// with egressAddr, the egress proxies over TCP.
-func onRemoteRuntime(egressAddr string) (func(*Options), func(*taskrun.Options)) {
+// the kubernetes runtime, whose workers reach the egress proxies when
+// egress is true (kubernetes.egress_listen is set).
+func onRemoteRuntime(egress bool) func(*Options) {
 	return func(o *Options) {
-			withNetworks(o)
-			o.Defaults.Network = task.NetworkAllowlist
-			o.Runtimes["kubernetes"] = ""
-			o.Images.Default = "busybox"
-			if egressAddr == "" {
-				o.NoEgress = map[string]string{"kubernetes": "kubernetes.egress_listen is not set"}
-			}
-		}, func(o *taskrun.Options) {
-			k, _ := rtkind.Of("kubernetes")
-			r := &placement.Runtime{Kind: k, ServerURL: "http://corral:7777", EgressAddr: egressAddr}
-			if egressAddr == "" {
-				r.NoEgress = "kubernetes.egress_listen is not set"
-			}
-			o.Worker.Placements = placement.NewSet(r)
+		withNetworks(o)
+		o.Defaults.Network = task.NetworkAllowlist
+		o.Runtimes["kubernetes"] = ""
+		o.Images.Default = "busybox"
+		if !egress {
+			o.NoEgress = map[string]string{"kubernetes": "kubernetes.egress_listen is not set"}
 		}
+	}
 }
 
-// A task on a remote runtime gets the default network and reaches its
-// proxy at the egress address, with nothing mounted; the forwards still
-// apply.
-func TestPrepareRemoteEgress(t *testing.T) {
-	eg := newFakeEgress()
-	remote, remoteRun := onRemoteRuntime("corral:7778")
-	f := MustNew(t, remote, withEgress(eg), remoteRun)
-	eg.root = f.data.Path()
+// Every network policy the server offers is taken and recorded (what a
+// sandbox with one gets is taskrun's TestPrepareWithEgress).
+func TestSpawnNetworks(t *testing.T) {
+	f := MustNew(t, withNetworks)
+	for _, network := range []string{task.NetworkNone, task.NetworkAllowlist, task.NetworkOpen} {
+		tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Network: network})
+		if tk.Network != network {
+			t.Errorf("spawned with network %s: the task has %q", network, tk.Network)
+		}
+	}
+}
+
+// A task on a remote runtime whose workers reach the egress proxies gets
+// the server's default network. (How its sandbox reaches its proxy is
+// taskrun's TestPrepareRemoteEgress.)
+func TestSpawnRemoteEgress(t *testing.T) {
+	f := MustNew(t, onRemoteRuntime(true))
 	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Runtime: "kubernetes"})
 	if tk.Network != task.NetworkAllowlist {
 		t.Errorf("default network on kubernetes with egress: %q, want the server's default allowlist", tk.Network)
 	}
-	spec, err := f.r.Prepare(context.Background(), tk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if spec.Network != sandbox.NetworkEgress {
-		t.Errorf("sandbox network %q, want egress", spec.Network)
-	}
-	for _, m := range spec.Mounts {
-		if m.Target == workerproto.EgressDir {
-			t.Errorf("a remote sandbox mounts the egress directory: %v", m)
-		}
-	}
-	opts, err := workerproto.ParseArgs(spec.Command[3:])
-	if err != nil {
-		t.Fatalf("the worker refuses its argv %q: %v", spec.Command, err)
-	}
-	if opts.EgressAddr != "corral:7778" || opts.EgressSocket != "" || !slices.Equal(opts.EgressForward, eg.Forwards()) {
-		t.Errorf("worker egress: addr %q socket %q forwards %v", opts.EgressAddr, opts.EgressSocket, opts.EgressForward)
-	}
-	if _, opened := eg.state(); len(opened) != 1 || !strings.HasSuffix(opened[0], ":allowlist") {
-		t.Errorf("opened %v", opened)
-	}
 }
 
 // Without an egress address, tasks on a remote runtime run with network
-// none: by default, and a request for more is refused with the reason; a
-// task that asked for more under another configuration does not start.
+// none: by default, and a request for more is refused with the reason. (A
+// task that asked for more under another configuration does not start:
+// taskrun's TestPrepareRemoteWithoutEgress.)
 func TestRemoteRuntimeWithoutEgress(t *testing.T) {
-	remote, remoteRun := onRemoteRuntime("")
-	f := MustNew(t, remote, remoteRun)
+	f := MustNew(t, onRemoteRuntime(false))
 	tk := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Runtime: "kubernetes"})
 	if tk.Network != task.NetworkNone {
 		t.Errorf("default network: %q, want none", tk.Network)
@@ -309,9 +67,5 @@ func TestRemoteRuntimeWithoutEgress(t *testing.T) {
 	_, _, err := f.o.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}, Runtime: "kubernetes", Network: task.NetworkAllowlist})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "kubernetes.egress_listen is not set") {
 		t.Errorf("allowlist on kubernetes without egress: %v", err)
-	}
-	tk.Network = task.NetworkAllowlist
-	if _, err := f.r.Prepare(context.Background(), tk); !errors.Is(err, errdefs.ErrFailedPrecondition) {
-		t.Errorf("Prepare of a task with network on kubernetes without egress: %v", err)
 	}
 }

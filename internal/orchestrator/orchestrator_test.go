@@ -2,15 +2,11 @@ package orchestrator
 
 import (
 	"context"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -26,31 +22,24 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
 	"github.com/corral-dev/corral/internal/library"
 	"github.com/corral-dev/corral/internal/projection"
-	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
-	"github.com/corral-dev/corral/internal/taskrun"
 	"github.com/corral-dev/corral/internal/testenv"
-	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
-var testSecret = []byte("test webhook secret")
-
 type fixture struct {
 	o     *Orchestrator
 	lib   *library.Library
-	r     *taskrun.Runner // the tasks' sandbox lives, over the same store
 	store *sqlite.Store
 	tasks *projection.Tasks
 	data  *workspace.DataRoot
 }
 
-// MustNew builds an Orchestrator, and a task runner beside it, over a real
-// SQLite store and data root in temporary directories; edit and runEdit
-// change their options first.
-func MustNew(tb testing.TB, edit func(*Options), runEdit ...func(*taskrun.Options)) *fixture {
+// MustNew builds an Orchestrator over a real SQLite store and data root
+// in temporary directories; edit changes its options first.
+func MustNew(tb testing.TB, edit func(*Options)) *fixture {
 	tb.Helper()
 	log := slog.New(slog.DiscardHandler)
 	dir := tb.TempDir()
@@ -91,17 +80,7 @@ func MustNew(tb testing.TB, edit func(*Options), runEdit ...func(*taskrun.Option
 	if edit != nil {
 		edit(&opts)
 	}
-	o := New(opts, log)
-	ropts := taskrun.Options{
-		Store: store, Tasks: tasks, Data: data, Agents: opts.Agents,
-		Worker:      taskrun.WorkerOptions{BinDir: data.HostPath("run", "bin"), SocketDir: data.HostPath("run", "sock"), Secret: testSecret},
-		Verifier:    webhook.NewVerifier(testSecret, 0, nil),
-		MaxLogBytes: 1 << 20, MaxTaskDirBytes: 1 << 20,
-	}
-	for _, e := range runEdit {
-		e(&ropts)
-	}
-	return &fixture{o: o, lib: lib, r: taskrun.New(ropts, log), store: store, tasks: tasks, data: data}
+	return &fixture{o: New(opts, log), lib: lib, store: store, tasks: tasks, data: data}
 }
 
 // MustShared writes a file beneath shared/.
@@ -528,13 +507,8 @@ func TestFollowUp(t *testing.T) {
 	if prompt, _ := os.ReadFile(filepath.Join(f.data.TaskPath(next.ID), "prompt.md")); !strings.Contains(string(prompt), "/task/context/previous/") {
 		t.Errorf("prompt.md does not point at the previous output:\n%s", prompt)
 	}
-	spec, err := f.r.Prepare(ctx, next)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Contains(spec.Command, "--resume") || !slices.Contains(spec.Command, "s1") {
-		t.Errorf("argv %q does not resume session s1", spec.Command)
-	}
+	// That its sandbox resumes session s1 is the task runner's to test
+	// (taskrun's TestPrepareFollowUpResumes).
 	for _, bad := range []string{"task-00000000000000000000000000", "nonsense"} {
 		_, _, err := f.o.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", FollowUpOf: bad})
 		var fe *errdefs.FieldError
