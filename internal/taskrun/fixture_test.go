@@ -16,6 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/projection/projectiontest"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workerproto"
@@ -40,18 +41,8 @@ type fixture struct {
 func MustNew(tb testing.TB, edit ...func(*Options)) *fixture {
 	tb.Helper()
 	log := slog.New(slog.DiscardHandler)
-	dir := tb.TempDir()
-	store, err := sqlite.Open(context.Background(), filepath.Join(dir, "events.db"), log)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { store.Close() })
-	data, err := workspace.Open(filepath.Join(dir, "data"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { data.Close() })
-	tasks := projection.New(store, log)
+	env := projectiontest.New(tb)
+	store, tasks, data := env.Store, env.Tasks, env.Data
 	opts := Options{
 		Store: store, Tasks: tasks, Data: data,
 		Agents: map[string]workerproto.AgentConfig{
