@@ -13,7 +13,7 @@ import (
 // commits (subjects cut as messages are), and says when it cut; a cut
 // string ends in "…".
 func TestBoundChanges(t *testing.T) {
-	if boundChanges(nil) != nil {
+	if boundChanges(nil, nil) != nil {
 		t.Error("no report became one")
 	}
 	in := &task.Changes{Modified: []string{"ok.txt", "bad\xff.txt", strings.Repeat("n", 10000)}}
@@ -23,7 +23,7 @@ func TestBoundChanges(t *testing.T) {
 	for range 300 {
 		in.Commits = append(in.Commits, task.Commit{Hash: strings.Repeat("f", 500), Subject: strings.Repeat("s", 5000)})
 	}
-	out := boundChanges(in)
+	out := boundChanges(in, func(s string) string { return s })
 	if len(out.Added) != 1000 || len(out.Commits) != 100 || !out.Truncated {
 		t.Errorf("bounded to %d added, %d commits, truncated %v; want 1000, 100, true", len(out.Added), len(out.Commits), out.Truncated)
 	}

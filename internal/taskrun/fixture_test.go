@@ -42,6 +42,7 @@ func MustNew(tb testing.TB, edit ...func(*Options)) *fixture {
 	tb.Helper()
 	log := slog.New(slog.DiscardHandler)
 	env := projectiontest.New(tb)
+	env.Follow(tb) // as the server does: reports append to the log directly
 	store, tasks, data := env.Store, env.Tasks, env.Data
 	opts := Options{
 		Store: store, Tasks: tasks, Data: data,

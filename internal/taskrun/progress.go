@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/task"
@@ -17,19 +16,18 @@ import (
 // a webhook id never seen) and appends one task_progress event per item to
 // the task's stream, with any expected version. A report for a task that
 // has not started is refused with errdefs.ErrFailedPrecondition; one for a
-// task that ended (the last report races the completion) is recorded. It
-// returns the number of events appended.
+// task starting waits for its start to be recorded; one for a task that
+// ended (the last report races the completion) is recorded. It returns
+// the number of events appended.
 func (o *Runner) WorkerProgress(ctx context.Context, m webhook.Signed) (int, error) {
 	p, err := o.opts.Verifier.VerifyProgress(m)
 	if err != nil {
 		return 0, err
 	}
-	t, err := o.tasks.Get(p.TaskID)
+	t, err := o.started(ctx, p.TaskID)
 	if err != nil {
+		o.opts.Verifier.Forget(p.WebhookID) // let the worker's retry through
 		return 0, err
-	}
-	if t.Status == task.Pending || t.Status == task.Queued {
-		return 0, fmt.Errorf("task %s has not started: %w", t.ID, errdefs.ErrFailedPrecondition)
 	}
 	evs := o.progressEvents(t, p.Items)
 	if len(evs) == 0 {
@@ -52,8 +50,8 @@ func (o *Runner) progressEvents(t task.Task, items []webhook.ProgressItem) []eve
 	evs := make([]eventstore.Proposed, 0, len(items))
 	for _, it := range items {
 		evs = append(evs, projection.NewEvent(task.EventProgress, task.Progress{
-			Kind: clipTo(it.Kind, 32), Text: red(clipTo(it.Text, 1024)), Tool: red(clipTo(it.Tool, 128)),
-			Input: red(clipTo(it.Input, 512)), Status: clipTo(it.Status, 16), Coalesced: max(it.Coalesced, 0),
+			Kind: red(clipTo(it.Kind, 32)), Text: red(clipTo(it.Text, 1024)), Tool: red(clipTo(it.Tool, 128)),
+			Input: red(clipTo(it.Input, 512)), Status: red(clipTo(it.Status, 16)), Coalesced: max(it.Coalesced, 0),
 		}, actor))
 	}
 	return evs

@@ -345,6 +345,10 @@ func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitSta
 	}
 	c.OutputFiles, c.OutputFilesTotal, c.OutputFilesNote = boundOutputFiles(all)
 	st, stErr := workerproto.ReadStatus(dir, maxStatusBytes)
+	// The worker redacts its agent's secrets; a task's sandbox is not
+	// trusted to have done so, so what it reports is redacted here too.
+	secrets := workerproto.Secrets(o.opts.Agents[t.Agent].Env)
+	red := func(s string) string { return workerproto.RedactString(s, secrets) }
 	// A sandbox that vanished (gone after a restart, or ended with no exit
 	// status a runtime could read) is lost, not an exit.
 	vanished := exit == nil || (exit.Code < 0 && !exit.OOMKilled)
@@ -366,9 +370,9 @@ func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitSta
 		c.Summary = message(st.Summary)
 		c.ErrorMessage = message(st.ErrorMessage)
 		c.LogsTruncated = st.LogsTruncated
-		c.SessionID = message(st.SessionID)
+		c.SessionID = red(message(st.SessionID))
 		if t.Workspace != "" {
-			c.Changes = boundChanges(st.Changes)
+			c.Changes = boundChanges(st.Changes, red)
 		}
 		if st.Usage != nil && st.Usage.Total() >= 0 && st.Usage.InputTokens >= 0 && st.Usage.OutputTokens >= 0 {
 			c.Usage = &task.Usage{InputTokens: st.Usage.InputTokens, OutputTokens: st.Usage.OutputTokens, CacheReadTokens: max(st.Usage.CacheReadTokens, 0), CacheCreationTokens: max(st.Usage.CacheCreationTokens, 0)}
@@ -407,11 +411,7 @@ func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitSta
 			c.ErrorMessage += " (" + exit.Message + ")"
 		}
 	}
-	// The worker redacts its agent's secrets; a task's sandbox is not
-	// trusted to have done so, so redact the configured ones here too.
-	secrets := workerproto.Secrets(o.opts.Agents[t.Agent].Env)
-	c.Summary = workerproto.RedactString(c.Summary, secrets)
-	c.ErrorMessage = workerproto.RedactString(c.ErrorMessage, secrets)
+	c.Summary, c.ErrorMessage = red(c.Summary), red(c.ErrorMessage)
 	if exit != nil && exit.DeadlineExceeded && c.Status != task.Success {
 		c.Status, c.Reason = task.Timeout, "timeout"
 		c.ErrorMessage = fmt.Sprintf("timed out after %s (the runtime's deadline)", t.Timeout())
@@ -420,7 +420,10 @@ func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitSta
 		c.ErrorMessage = "out of memory: the sandbox reached its memory limit of " + units.FormatSize(t.Resources.MemoryBytes)
 	}
 	if max := o.opts.MaxTaskDirBytes; max > 0 {
-		if err := quotaError(dir, max); err != nil {
+		if err := quotaError(dir, max); err != nil && c.Status == task.Timeout {
+			// The deadline ended it; the quota is said beside.
+			c.ErrorMessage += "; " + err.Error()
+		} else if err != nil {
 			c.Status = task.Failed
 			c.ErrorMessage = err.Error()
 		}
@@ -499,21 +502,10 @@ func (o *Runner) WorkerComplete(ctx context.Context, m webhook.Signed) (string, 
 	if err != nil {
 		return "", err
 	}
-	t, err := o.tasks.Get(c.TaskID)
+	t, err := o.started(ctx, c.TaskID)
 	if err != nil {
+		o.opts.Verifier.Forget(c.WebhookID) // let the worker's retry through
 		return "", err
-	}
-	if t.Status == task.Pending || t.Status == task.Queued {
-		return "", fmt.Errorf("task %s has not started: %w", t.ID, errdefs.ErrFailedPrecondition)
-	}
-	if t.Status == task.Starting {
-		// A fast worker can report before the scheduler has recorded
-		// its sandbox as started: wait for that, so the task's log reads
-		// starting, started, then its end.
-		if t, err = o.waitStarted(ctx, t.ID); err != nil {
-			o.opts.Verifier.Forget(c.WebhookID) // let the worker's retry through
-			return "", err
-		}
 	}
 	// The progress no report took goes first, in the completion's commit
 	// when the completion ends the task.
@@ -553,6 +545,25 @@ func (o *Runner) WorkerComplete(ctx context.Context, m webhook.Signed) (string, 
 		return evs[len(evs)-1].ID, nil
 	}
 	return t.LastEventID, nil
+}
+
+// started returns task id once it has started: a report for a task not
+// started is refused, and one for a task starting waits for its start to
+// be recorded (a fast worker can report before the scheduler records its
+// sandbox as started), so the task's log reads starting, started, then
+// what the worker reported.
+func (o *Runner) started(ctx context.Context, id string) (task.Task, error) {
+	t, err := o.tasks.Get(id)
+	if err != nil {
+		return task.Task{}, err
+	}
+	switch t.Status {
+	case task.Pending, task.Queued:
+		return task.Task{}, fmt.Errorf("task %s has not started: %w", t.ID, errdefs.ErrFailedPrecondition)
+	case task.Starting:
+		return o.waitStarted(ctx, t.ID)
+	}
+	return t, nil
 }
 
 // checkPrompt refuses a task whose prompt.md is not the one written at its
@@ -625,8 +636,9 @@ func claudeProjectKey(dir string) string { return strings.ReplaceAll(dir, "/", "
 
 // boundChanges is a worker's report of its workspace changes, held to what
 // a result may carry: at most 1,000 names in each list (4 KiB each, valid
-// UTF-8) and 100 commits; Truncated says when some were left out.
-func boundChanges(in *task.Changes) *task.Changes {
+// UTF-8) and 100 commits, each name and subject through red; Truncated
+// says when some were left out.
+func boundChanges(in *task.Changes, red func(string) string) *task.Changes {
 	if in == nil {
 		return nil
 	}
@@ -637,7 +649,7 @@ func boundChanges(in *task.Changes) *task.Changes {
 				out.Truncated = true
 				return
 			}
-			*dst = append(*dst, clip.String(strings.ToValidUTF8(n, "\uFFFD"), 4096))
+			*dst = append(*dst, red(clip.String(strings.ToValidUTF8(n, "\uFFFD"), 4096)))
 		}
 	}
 	names(&out.Added, in.Added)
@@ -648,7 +660,7 @@ func boundChanges(in *task.Changes) *task.Changes {
 			out.Truncated = true
 			break
 		}
-		out.Commits = append(out.Commits, task.Commit{Hash: clip.String(c.Hash, 64), Subject: message(c.Subject)})
+		out.Commits = append(out.Commits, task.Commit{Hash: clip.String(c.Hash, 64), Subject: red(message(c.Subject))})
 	}
 	return out
 }

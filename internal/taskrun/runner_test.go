@@ -5,9 +5,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -466,5 +468,107 @@ func TestReconcileDirectories(t *testing.T) {
 	}
 	if _, err := os.Stat(f.data.TaskPath(known.ID)); err != nil {
 		t.Errorf("the known task's directory: %v", err)
+	}
+}
+
+// signedProgress returns a signed progress report for id.
+func signedProgress(id, webhookID string, items ...webhook.ProgressItem) (http.Header, []byte) {
+	p := webhook.ProgressReport{EventType: task.EventProgress, Source: "local", TaskID: id, Items: items, WebhookID: webhookID, Timestamp: time.Now().Unix()}
+	body, _ := json.Marshal(p)
+	h := http.Header{}
+	h.Set(webhook.HeaderSignature, webhook.Sign(webhook.DeriveKey(testSecret, id), body))
+	h.Set(webhook.HeaderID, webhookID)
+	h.Set(webhook.HeaderTimestamp, strconv.FormatInt(p.Timestamp, 10))
+	h.Set(webhook.HeaderSource, "local")
+	return h, body
+}
+
+// A report refused because its task has not started is not spent: the
+// worker's retry, with the same webhook id, goes through once the task
+// has started. A progress report for a task still starting waits for its
+// start, as a completion does, so the log reads started before progress.
+func TestReportsBeforeTheStart(t *testing.T) {
+	f := MustNew(t)
+	ctx := context.Background()
+	tk := f.MustCreate(t, task.Spec{Description: "early", Command: []string{"true"}})
+	f.MustTaskFile(t, tk.ID, "status.json", statusJSON("success", 0, "early", ""))
+	h, body := signed(tk.ID, "wh-early", webhook.DeriveKey(testSecret, tk.ID))
+	if _, err := f.r.WorkerComplete(ctx, webhook.Received(h, body)); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("a completion for a queued task: %v, want ErrFailedPrecondition", err)
+	}
+	ph, pbody := signedProgress(tk.ID, "wh-progress", webhook.ProgressItem{Kind: "text", Text: "working"})
+	if _, err := f.r.WorkerProgress(ctx, webhook.Received(ph, pbody)); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("progress for a queued task: %v, want ErrFailedPrecondition", err)
+	}
+
+	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventStarting, nil, "test"))
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.r.WorkerProgress(ctx, webhook.Received(ph, pbody))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("progress was taken before the task started: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventStarted, task.Started{SandboxName: tk.ID}, "test"))
+	if err := <-done; err != nil {
+		t.Fatalf("the progress report's retry: %v", err)
+	}
+	if _, err := f.r.WorkerComplete(ctx, webhook.Received(h, body)); err != nil {
+		t.Fatalf("the completion's retry: %v", err)
+	}
+	evs, err := f.store.ReadStream(ctx, task.StreamID(tk.ID), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, e := range evs {
+		types = append(types, e.Type)
+	}
+	want := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventStarted, task.EventProgress, task.EventCompleted}
+	if !slices.Equal(types, want) {
+		t.Errorf("events %v, want %v", types, want)
+	}
+}
+
+// What a workspace task's worker reports is redacted of the configured
+// secrets everywhere it lands: its changes' names and commit subjects, its
+// agent session id, its progress.
+func TestCollectRedactsReportedChanges(t *testing.T) {
+	const key = "sk-configured-0123456789"
+	f := MustNew(t, func(opts *Options) {
+		opts.Agents[task.AgentCommand] = workerproto.AgentConfig{Env: []string{"SOME_API_KEY=" + key}}
+	})
+	tk := f.MustCreate(t, task.Spec{Command: []string{"true"}, Workspace: "proj"})
+	tk = f.MustStart(t, tk)
+	st, _ := json.Marshal(map[string]any{"status": "success", "exit_code": 0, "summary": "ok", "session_id": "s-" + key,
+		"changes": map[string]any{"added": []string{key + ".txt"}, "modified": []string{}, "deleted": []string{},
+			"commits": []map[string]string{{"hash": "abc", "subject": "add " + key}}}})
+	f.MustTaskFile(t, tk.ID, "status.json", string(st))
+	c := f.r.Collect(context.Background(), tk, &sandbox.ExitStatus{Code: 0})
+	b, _ := json.Marshal(c)
+	if c.Changes == nil || len(c.Changes.Added) != 1 || len(c.Changes.Commits) != 1 {
+		t.Fatalf("changes %+v, want the one file and commit reported", c.Changes)
+	}
+	if strings.Contains(string(b), key) {
+		t.Errorf("the result holds the configured key: %s", b)
+	}
+	evs := f.r.progressEvents(tk, []webhook.ProgressItem{{Kind: key, Status: key}})
+	if strings.Contains(string(evs[0].Data), key) {
+		t.Errorf("progress holds the configured key: %s", evs[0].Data)
+	}
+}
+
+// A task its deadline ended stays timed out when its directory is also
+// over quota; the quota is said beside.
+func TestCollectTimeoutOverQuota(t *testing.T) {
+	f := MustNew(t, func(r *Options) { r.MaxTaskDirBytes = 4096 })
+	tk := f.MustRunning(t)
+	f.MustTaskFile(t, tk.ID, "output/big.bin", strings.Repeat("x", 8192))
+	c := f.r.Collect(context.Background(), tk, &sandbox.ExitStatus{Code: -1, DeadlineExceeded: true})
+	if c.Status != task.Timeout || !strings.Contains(c.ErrorMessage, "timed out") || !strings.Contains(c.ErrorMessage, "quota") {
+		t.Errorf("status %s, error %q; want timeout, saying both", c.Status, c.ErrorMessage)
 	}
 }

@@ -2,7 +2,7 @@
 // it: the sandbox's spec (Prepare), its disk quota (TaskQuota), its egress
 // proxy (RunEgress), the worker's reports (WorkerComplete, WorkerProgress)
 // and its result (Collect, Reported), and the task directories found at
-// start-up (ReconcileDirectories). The orchestrator spawns tasks; the
+// start-up (Reconcile). The orchestrator spawns tasks; the
 // scheduler starts them through a Runner.
 package taskrun
 
