@@ -50,13 +50,7 @@ Each note is exported as a separate .md file with frontmatter containing metadat
 "destination_dir":{"type":"string","description":"Directory in /workspace/shared/ to export to. Example: 'context/project-notes/'"},
 "max_notes":{"type":"integer","default":20,"minimum":1,"maximum":100,"description":"Maximum number of notes to export."}},
 "required":["query","destination_dir"],"additionalProperties":false}`),
-		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req service.ExportNotesRequest
-			if err := strictjson.Decode(args, &req); err != nil {
-				return nil, err
-			}
-			return lib.ExportNotes(ctx, req)
-		},
+		Call: decoded(lib, service.Library.ExportNotes),
 	}
 }
 
@@ -69,12 +63,6 @@ func searchDocuments(lib service.Library) Tool {
 "type":{"type":"string","enum":["note","document"],"description":"Only notes, or only other documents; both when left out."},
 "limit":{"type":"integer","default":20,"minimum":1,"maximum":100,"description":"At most this many results."}},
 "required":["q"],"additionalProperties":false}`),
-		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req service.SearchRequest
-			if err := strictjson.Decode(args, &req); err != nil {
-				return nil, err
-			}
-			return lib.SearchDocuments(ctx, req)
-		},
+		Call: decoded(lib, service.Library.SearchDocuments),
 	}
 }

@@ -24,13 +24,7 @@ The command runs with sh -c in /workspace (or working_dir), where:
 There is no network unless network is true, and then only what the server allows.
 It waits for the end (at most timeout_seconds) and is recorded as a task of kind exec.`,
 		Schema: withRuntimes(fmt.Sprintf(execSchema, service.MaxExecTimeout)),
-		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req service.ExecRequest
-			if err := strictjson.Decode(args, &req); err != nil {
-				return nil, err
-			}
-			return tasks.Execute(ctx, req)
-		},
+		Call:   decoded(tasks, service.Tasks.Execute),
 	}
 }
 

@@ -63,12 +63,6 @@ Names are lowercase letters, digits and hyphens (at most 64); a name that exists
 "task_id":{"type":"string","description":"A task that succeeded whose output files become the skill's files."},
 "files":{"type":"array","items":{"type":"string"},"description":"Which of the task's output files to copy (default: all)."}},
 "additionalProperties":false}`),
-		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req service.CreateSkillRequest
-			if err := strictjson.Decode(args, &req); err != nil {
-				return nil, err
-			}
-			return lib.CreateSkill(ctx, req)
-		},
+		Call: decoded(lib, service.Library.CreateSkill),
 	}
 }

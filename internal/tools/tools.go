@@ -132,6 +132,19 @@ func (c *Catalogue) Functions() []Function {
 	return out
 }
 
+// decoded is a tool's Call that decodes its arguments, strictly, into a
+// Req and gives them to method of svc (a method expression, so that svc
+// is looked at only when the tool is called).
+func decoded[S, Req, Res any](svc S, method func(S, context.Context, Req) (Res, error)) func(context.Context, json.RawMessage) (any, error) {
+	return func(ctx context.Context, args json.RawMessage) (any, error) {
+		var req Req
+		if err := strictjson.Decode(args, &req); err != nil {
+			return nil, err
+		}
+		return method(svc, ctx, req)
+	}
+}
+
 // checkPath refuses a path workspace.Clean refuses (one that leaves
 // shared/, is absolute or is too long) before it reaches the service, with
 // the orchestrator's own error, whichever Library the catalogue is over.
@@ -224,13 +237,7 @@ func listWorkerTasks(tasks service.Tasks) Tool {
 "status":{"type":"string","enum":["pending","queued","starting","running","success","failed","timeout","cancelled"],"description":"Only tasks in this status."},
 "limit":{"type":"integer","minimum":1,"maximum":500,"default":50,"description":"At most this many tasks."},
 "cursor":{"type":"string","description":"next_cursor from the previous page."}},"additionalProperties":false}`),
-		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req service.ListRequest
-			if err := strictjson.Decode(args, &req); err != nil {
-				return nil, err
-			}
-			return tasks.List(ctx, req)
-		},
+		Call: decoded(tasks, service.Tasks.List),
 	}
 }
 
