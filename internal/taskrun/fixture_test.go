@@ -156,11 +156,22 @@ func signed(id, webhookID string, key []byte, edit ...func(*webhook.Completion))
 	for _, e := range edit {
 		e(&c)
 	}
-	body, _ := json.Marshal(c)
+	return sign(key, webhookID, c.Timestamp, c)
+}
+
+// signedProgress returns a signed progress report for id.
+func signedProgress(id, webhookID string, items ...webhook.ProgressItem) (http.Header, []byte) {
+	p := webhook.ProgressReport{EventType: task.EventProgress, Source: "local", TaskID: id, Items: items, WebhookID: webhookID, Timestamp: time.Now().Unix()}
+	return sign(webhook.DeriveKey(testSecret, id), webhookID, p.Timestamp, p)
+}
+
+// sign is a worker's post of body with key: its JSON and its headers.
+func sign(key []byte, webhookID string, timestamp int64, body any) (http.Header, []byte) {
+	b, _ := json.Marshal(body)
 	h := http.Header{}
-	h.Set(webhook.HeaderSignature, webhook.Sign(key, body))
+	h.Set(webhook.HeaderSignature, webhook.Sign(key, b))
 	h.Set(webhook.HeaderID, webhookID)
-	h.Set(webhook.HeaderTimestamp, strconv.FormatInt(c.Timestamp, 10))
+	h.Set(webhook.HeaderTimestamp, strconv.FormatInt(timestamp, 10))
 	h.Set(webhook.HeaderSource, "local")
-	return h, body
+	return h, b
 }

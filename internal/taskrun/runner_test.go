@@ -5,11 +5,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -469,18 +467,6 @@ func TestReconcileDirectories(t *testing.T) {
 	if _, err := os.Stat(f.data.TaskPath(known.ID)); err != nil {
 		t.Errorf("the known task's directory: %v", err)
 	}
-}
-
-// signedProgress returns a signed progress report for id.
-func signedProgress(id, webhookID string, items ...webhook.ProgressItem) (http.Header, []byte) {
-	p := webhook.ProgressReport{EventType: task.EventProgress, Source: "local", TaskID: id, Items: items, WebhookID: webhookID, Timestamp: time.Now().Unix()}
-	body, _ := json.Marshal(p)
-	h := http.Header{}
-	h.Set(webhook.HeaderSignature, webhook.Sign(webhook.DeriveKey(testSecret, id), body))
-	h.Set(webhook.HeaderID, webhookID)
-	h.Set(webhook.HeaderTimestamp, strconv.FormatInt(p.Timestamp, 10))
-	h.Set(webhook.HeaderSource, "local")
-	return h, body
 }
 
 // A report refused because its task has not started is not spent: the
