@@ -278,31 +278,13 @@ func TestWorkerCompleteWaitsForStarted(t *testing.T) {
 	tk := f.MustCreate(t, task.Spec{Description: "fast", Command: []string{"true"}})
 	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventStarting, nil, "test"))
 	f.MustTaskFile(t, tk.ID, "status.json", statusJSON("success", 0, "quick", ""))
-	done := make(chan error, 1)
-	go func() {
+	f.mustWaitForStart(t, tk, func() error {
 		h, body := signed(tk.ID, "wh-fast", webhook.DeriveKey(testSecret, tk.ID))
 		_, err := f.r.WorkerComplete(ctx, webhook.Received(h, body))
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		t.Fatalf("the completion returned before the task started: %v", err)
-	case <-time.After(200 * time.Millisecond):
-	}
-	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventStarted, task.Started{SandboxName: tk.ID}, "test"))
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	evs, err := f.store.ReadStream(ctx, task.StreamID(tk.ID), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var types []string
-	for _, e := range evs {
-		types = append(types, e.Type)
-	}
+		return err
+	})
 	want := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventStarted, task.EventCompleted}
-	if !slices.Equal(types, want) {
+	if types := f.types(t, tk.ID); !slices.Equal(types, want) {
 		t.Errorf("events %v, want %v", types, want)
 	}
 }
@@ -469,6 +451,37 @@ func TestReconcileDirectories(t *testing.T) {
 	}
 }
 
+// mustWaitForStart checks that report, made while task tk is starting,
+// returns only once tk's start is recorded, and without an error.
+func (f *fixture) mustWaitForStart(t *testing.T, tk task.Task, report func() error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- report() }()
+	select {
+	case err := <-done:
+		t.Fatalf("the report was taken before the task started: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventStarted, task.Started{SandboxName: tk.ID}, "test"))
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// types returns the types of task id's events, in order.
+func (f *fixture) types(tb testing.TB, id string) []string {
+	tb.Helper()
+	evs, err := f.store.ReadStream(context.Background(), task.StreamID(id), 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []string
+	for _, e := range evs {
+		out = append(out, e.Type)
+	}
+	return out
+}
+
 // A report refused because its task has not started is not spent: the
 // worker's retry, with the same webhook id, goes through once the task
 // has started. A progress report for a task still starting waits for its
@@ -488,33 +501,15 @@ func TestReportsBeforeTheStart(t *testing.T) {
 	}
 
 	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventStarting, nil, "test"))
-	done := make(chan error, 1)
-	go func() {
+	f.mustWaitForStart(t, tk, func() error {
 		_, err := f.r.WorkerProgress(ctx, webhook.Received(ph, pbody))
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		t.Fatalf("progress was taken before the task started: %v", err)
-	case <-time.After(200 * time.Millisecond):
-	}
-	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventStarted, task.Started{SandboxName: tk.ID}, "test"))
-	if err := <-done; err != nil {
-		t.Fatalf("the progress report's retry: %v", err)
-	}
+		return err
+	})
 	if _, err := f.r.WorkerComplete(ctx, webhook.Received(h, body)); err != nil {
 		t.Fatalf("the completion's retry: %v", err)
 	}
-	evs, err := f.store.ReadStream(ctx, task.StreamID(tk.ID), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var types []string
-	for _, e := range evs {
-		types = append(types, e.Type)
-	}
 	want := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventStarted, task.EventProgress, task.EventCompleted}
-	if !slices.Equal(types, want) {
+	if types := f.types(t, tk.ID); !slices.Equal(types, want) {
 		t.Errorf("events %v, want %v", types, want)
 	}
 }
