@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -26,10 +25,7 @@ func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintln(stderr, usage)
 		return exitError(2)
 	}
-	fs := flag.NewFlagSet("attachments "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	fs, cf := clientFlagSet("attachments "+args[0], stderr)
 	out := fs.String("o", "", "write the attachment to FILE (default: its original name in the current directory; - for stdout: the exact bytes, control characters escaped if stdout is a terminal)")
 	pos, err := parse(fs, args[1:])
 	if err != nil {

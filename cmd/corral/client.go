@@ -41,11 +41,18 @@ func subcommand(command string, args []string, stderr io.Writer) (sub string, re
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		sub, args = args[0], args[1:]
 	}
-	fs = flag.NewFlagSet(command+" "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cf = &clientFlags{}
-	cf.register(fs)
+	fs, cf = clientFlagSet(command+" "+sub, stderr)
 	return sub, args, fs, cf
+}
+
+// clientFlagSet returns the flag set of a client command called name,
+// writing to stderr, with the client flags registered.
+func clientFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *clientFlags) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cf := &clientFlags{}
+	cf.register(fs)
+	return fs, cf
 }
 
 // parse parses args with fs and returns the positional arguments and a
@@ -57,6 +64,20 @@ func (c *clientFlags) parse(fs *flag.FlagSet, args []string) ([]string, *httpapi
 	}
 	cl, err := c.client()
 	return pos, cl, err
+}
+
+// parseTaskID parses the arguments of a command that takes one task id,
+// and returns it and a client for the configured server.
+func (c *clientFlags) parseTaskID(fs *flag.FlagSet, args []string) (string, *httpapi.Client, error) {
+	pos, err := parse(fs, args)
+	if err != nil {
+		return "", nil, flagError(err)
+	}
+	if len(pos) != 1 {
+		return "", nil, fmt.Errorf("give one task id: %w", errdefs.ErrInvalidArgument)
+	}
+	cl, err := c.client()
+	return pos[0], cl, err
 }
 
 // client returns an API client for the configured server.

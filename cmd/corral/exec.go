@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -17,10 +16,7 @@ import (
 // command's stdout and stderr (escaped on a terminal), then the output
 // files' attachment ids on stderr, and exits with the command's exit code.
 func cmdExecOnce(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("exec-once", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	fs, cf := clientFlagSet("exec-once", stderr)
 	var req service.ExecRequest
 	fs.StringVar(&req.Image, "image", "", "image to run in (docker; default: the server's execution.default_image)")
 	fs.StringVar(&req.Runtime, "runtime", "", "sandbox runtime (default: the server's)")

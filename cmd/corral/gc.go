@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 
@@ -12,10 +11,7 @@ import (
 
 // cmdGC is `corral gc [--dry-run]`: a retention sweep now.
 func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("gc", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	fs, cf := clientFlagSet("gc", stderr)
 	dry := fs.Bool("dry-run", false, "only show what would be removed")
 	if _, err := parse(fs, args); err != nil {
 		return flagError(err)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -89,10 +88,7 @@ func cmdSessions(ctx context.Context, args []string, stdout, stderr io.Writer) e
 // streams as it comes (escaped on a terminal), and corral exits with its
 // code. -i passes stdin to the command.
 func cmdExec(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	fs, cf := clientFlagSet("exec", stderr)
 	stdin := fs.Bool("i", false, "pass stdin to the command (read whole before it starts)")
 	cwd := fs.String("cwd", "", "the directory inside the session (default "+service.SessionDir+")")
 	timeout := fs.Duration("timeout", 0, "stop the command after this long (exit code 124)")

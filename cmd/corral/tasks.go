@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -28,10 +27,7 @@ func (s *stringList) String() string     { return strings.Join(*s, ",") }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	fs, cf := clientFlagSet("run", stderr)
 	var req service.SpawnRequest
 	var contexts stringList
 	follow := fs.Bool("follow", false, "show progress until the task ends, then its result")
@@ -242,10 +238,7 @@ func indent(s string) string {
 }
 
 func cmdTasks(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("tasks", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	fs, cf := clientFlagSet("tasks", stderr)
 	var req service.ListRequest
 	fs.StringVar(&req.Status, "status", "", "only tasks in this status")
 	fs.StringVar(&req.ConversationID, "conversation-id", "", "only tasks of this conversation")
@@ -279,25 +272,15 @@ func cmdTasks(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 func cmdResult(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("result", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	fs, cf := clientFlagSet("result", stderr)
 	wait := fs.Duration("wait", 0, "wait up to this long for the task to end")
 	var files stringList
 	fs.Var(&files, "file", "include this output file's content, control characters shown escaped (repeatable; --json has the exact text)")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return flagError(err)
-	}
-	if len(pos) != 1 {
-		return fmt.Errorf("give one task id: %w", errdefs.ErrInvalidArgument)
-	}
-	c, err := cf.client()
+	id, c, err := cf.parseTaskID(fs, args)
 	if err != nil {
 		return err
 	}
-	res, err := c.Result(ctx, service.ResultRequest{TaskID: pos[0], Wait: *wait, IncludeFileContents: files})
+	res, err := c.Result(ctx, service.ResultRequest{TaskID: id, Wait: *wait, IncludeFileContents: files})
 	if err != nil {
 		return err
 	}
@@ -305,27 +288,17 @@ func cmdResult(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 func cmdLogs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("logs", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	fs, cf := clientFlagSet("logs", stderr)
 	follow := fs.Bool("f", false, "follow the transcript until the task ends")
 	fs.BoolVar(follow, "follow", false, "same as -f")
 	stream := fs.String("stream", "agent", "agent (the transcript) or stderr; control characters but newline and tab are shown escaped")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return flagError(err)
-	}
-	if len(pos) != 1 {
-		return fmt.Errorf("give one task id: %w", errdefs.ErrInvalidArgument)
-	}
-	c, err := cf.client()
+	id, c, err := cf.parseTaskID(fs, args)
 	if err != nil {
 		return err
 	}
 	c.OnReconnect = reconnecting(stderr)
 	out := termsafe.NewWriter(stdout)
-	err = c.Logs(ctx, service.LogsRequest{TaskID: pos[0], Follow: *follow, Stream: *stream}, out)
+	err = c.Logs(ctx, service.LogsRequest{TaskID: id, Follow: *follow, Stream: *stream}, out)
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
@@ -333,22 +306,12 @@ func cmdLogs(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 func cmdCancel(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("cancel", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return flagError(err)
-	}
-	if len(pos) != 1 {
-		return fmt.Errorf("give one task id: %w", errdefs.ErrInvalidArgument)
-	}
-	c, err := cf.client()
+	fs, cf := clientFlagSet("cancel", stderr)
+	id, c, err := cf.parseTaskID(fs, args)
 	if err != nil {
 		return err
 	}
-	t, err := c.Cancel(ctx, pos[0])
+	t, err := c.Cancel(ctx, id)
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/base64"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -23,10 +22,7 @@ func cmdWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintln(stdout, "usage: "+wsUsage)
 		return nil
 	}
-	fs := flag.NewFlagSet("ws "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	fs, cf := clientFlagSet("ws "+args[0], stderr)
 	recursive := fs.Bool("recursive", false, "list recursively (ls)")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
@@ -113,10 +109,7 @@ func cmdWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 func cmdTools(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("tools", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
+	fs, cf := clientFlagSet("tools", stderr)
 	if _, err := parse(fs, args); err != nil {
 		return flagError(err)
 	}
