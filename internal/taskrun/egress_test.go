@@ -108,6 +108,22 @@ func remoteSpec(network string) task.Spec {
 	return task.Spec{Command: []string{"true"}, Runtime: "kubernetes", Image: "busybox", Network: network}
 }
 
+// A Prepare that fails after it opened the task's egress proxy (here: the
+// task works through a session, and this runner serves none) closes it:
+// no sandbox will use it.
+func TestPrepareFailedClosesItsProxy(t *testing.T) {
+	eg := newFakeEgress()
+	f := MustNew(t, withEgress(eg))
+	eg.root = f.data.Path()
+	tk := f.MustCreate(t, task.Spec{Command: []string{"true"}, Network: task.NetworkAllowlist, ExecSession: "sess-x"})
+	if _, err := f.r.Prepare(context.Background(), tk); err == nil {
+		t.Fatal("Prepare of a task through a session, without sessions: no error")
+	}
+	if dirs, opened := eg.state(); len(opened) != 1 || len(dirs) != 0 {
+		t.Errorf("after a failed Prepare: proxies %v open, %v opened; want the one opened, then closed", dirs, opened)
+	}
+}
+
 func TestPrepareWithEgress(t *testing.T) {
 	eg := newFakeEgress()
 	f := MustNew(t, withEgress(eg))

@@ -67,8 +67,17 @@ type Verifier interface {
 }
 
 // Prepare builds the sandbox spec for a starting task: the worker entrypoint
-// with the task's agent, its mounts, environment and limits.
+// with the task's agent, its mounts, environment and limits. A task whose
+// spec cannot be built has no egress proxy left open for it.
 func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error) {
+	spec, err := o.prepare(ctx, t)
+	if err != nil && o.opts.Egress != nil && t.Network != "" && t.Network != task.NetworkNone {
+		o.opts.Egress.Close(t.ID) // no sandbox will use it; a start again opens it again
+	}
+	return spec, err
+}
+
+func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error) {
 	if err := o.checkPrompt(t); err != nil {
 		return sandbox.Spec{}, err
 	}
