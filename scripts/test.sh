@@ -17,15 +17,43 @@ command -v go >/dev/null || { echo "Go 1.26 or newer is needed: https://go.dev/d
 
 # Debian packages: the sandboxes, nsenter (util-linux), ps (procps), node
 # and npm for the JavaScript clients and agent CLIs, a Docker engine with
-# mmdebstrap to build its test image, and Chromium for the web UI's tests.
+# mmdebstrap to build its test image, Chromium for the web UI's tests, and
+# PostgreSQL for the event store on it.
 missing=()
-for want in bwrap:bubblewrap runsc:runsc nsenter:util-linux ps:procps node:nodejs npm:npm dockerd:docker.io mmdebstrap:mmdebstrap busybox:busybox-static git:git chromium:chromium; do
+for want in bwrap:bubblewrap runsc:runsc nsenter:util-linux ps:procps node:nodejs npm:npm dockerd:docker.io mmdebstrap:mmdebstrap busybox:busybox-static git:git chromium:chromium pg_ctlcluster:postgresql; do
   command -v "${want%%:*}" >/dev/null || missing+=("${want#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "==> installing ${missing[*]}"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# PostgreSQL's cluster (Debian's, 15/main on Debian 12; whichever
+# pg_lsclusters lists first), started when down, with a superuser role named
+# after the user running the tests: they connect over the unix socket by
+# peer authentication (testenv.PostgresDSN), so no password is kept
+# anywhere. Each test makes and drops a database of its own.
+if [ -z "$(pg_lsclusters --no-header)" ]; then
+  # The package makes one on install; this is for a machine where it was
+  # dropped.
+  echo "==> creating a PostgreSQL cluster"
+  $sudo pg_createcluster "$(ls /usr/lib/postgresql | sort -V | tail -n 1)" main
+fi
+read -r pg_version pg_cluster _ pg_status _ < <(pg_lsclusters --no-header | head -n 1)
+case "$pg_status" in
+  online*) ;;
+  *)
+    echo "==> starting PostgreSQL $pg_version/$pg_cluster"
+    $sudo pg_ctlcluster "$pg_version" "$pg_cluster" start
+    ;;
+esac
+pg_user=$(id -un)
+# From /, which the postgres user can read (psql complains of a working
+# directory it cannot enter).
+if [ "$(cd / && $sudo runuser -u postgres -- psql -XtAc "SELECT 1 FROM pg_roles WHERE rolname = '$pg_user'")" != 1 ]; then
+  echo "==> creating PostgreSQL role $pg_user"
+  (cd / && $sudo runuser -u postgres -- createuser --superuser "$pg_user")
 fi
 
 # A real single-node Kubernetes cluster (scripts/k8s): kube-apiserver,

@@ -37,6 +37,7 @@ var allowed = map[string][]string{
 	"internal/config":               {"errdefs", "units", "task", "rtkind"},
 	"internal/eventstore":           {"errdefs", "ids"},
 	"internal/eventstore/sqlite":    {"eventstore", "task", "errdefs", "ids", "logkey"},
+	"internal/eventstore/postgres":  {"eventstore", "errdefs", "ids", "logkey"},
 	"internal/eventstore/storetest": {"eventstore", "task", "errdefs", "testenv"},
 	// Test helpers: a store in a temporary directory; a store, its
 	// projection and a data root.

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -140,6 +141,100 @@ func dockerGet(path string) ([]byte, error) {
 		return nil, fmt.Errorf("GET %s: %s: %s", path, resp.Status, bytes.TrimSpace(b))
 	}
 	return b, nil
+}
+
+// PostgresEnv names the environment variable that gives the tests an admin
+// connection string for PostgreSQL (one that may create and drop
+// databases), in place of DefaultPostgresDSN.
+const PostgresEnv = "CORRAL_TEST_POSTGRES"
+
+// DefaultPostgresDSN reaches Debian's cluster over its unix socket as the
+// user running the tests, by peer authentication: no password anywhere.
+// ./scripts/test.sh starts the cluster and makes that user a superuser.
+const DefaultPostgresDSN = "host=/var/run/postgresql dbname=postgres"
+
+// PostgresInstall is how to get what PostgresDSN needs.
+const PostgresInstall = "./scripts/test.sh installs and starts it (apt-get install -y postgresql; " +
+	"pg_ctlcluster 15 main start; runuser -u postgres -- createuser -s $USER), or set " + PostgresEnv
+
+// PostgresDSN needs a PostgreSQL server answering at the admin connection
+// string in $CORRAL_TEST_POSTGRES, or else DefaultPostgresDSN, and returns
+// that string. It only knocks: a server that answers but refuses the
+// login is for the caller to report (with Missing and PostgresInstall).
+func PostgresDSN(tb testing.TB) string {
+	tb.Helper()
+	dsn := os.Getenv(PostgresEnv)
+	if dsn == "" {
+		dsn = DefaultPostgresDSN
+	}
+	network, addr := postgresAddr(dsn)
+	if err := knockPostgres(network, addr); err != nil {
+		Missing(tb, fmt.Sprintf("no PostgreSQL server answers at %s (%v; %s)", addr, err, PostgresInstall))
+	}
+	return dsn
+}
+
+// postgresAddr finds the first host and port of a connection string, in
+// either of its forms (host=... port=..., or a postgres:// URL), with
+// libpq's defaults: Debian's socket directory and port 5432. A host that
+// is a directory means the unix socket in it. Quoted values and the PG*
+// environment variables are not read: a DSN that needs them is for
+// CORRAL_TEST_POSTGRES with plain values.
+func postgresAddr(dsn string) (network, addr string) {
+	host, port := "", ""
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		host, port = u.Hostname(), u.Port()
+		if h := u.Query().Get("host"); h != "" {
+			host = h
+		}
+	} else {
+		for _, f := range strings.Fields(dsn) {
+			switch k, v, _ := strings.Cut(f, "="); k {
+			case "host":
+				host = v
+			case "port":
+				port = v
+			}
+		}
+	}
+	host, _, _ = strings.Cut(host, ",")
+	port, _, _ = strings.Cut(port, ",")
+	if host == "" {
+		host = "/var/run/postgresql"
+	}
+	if port == "" {
+		port = "5432"
+	}
+	if strings.HasPrefix(host, "/") {
+		return "unix", filepath.Join(host, ".s.PGSQL."+port)
+	}
+	return "tcp", net.JoinHostPort(host, port)
+}
+
+// knockPostgres sends the protocol's SSLRequest and reads the one-byte
+// answer ('S' or 'N'), which only a PostgreSQL server gives; the server
+// logs nothing for a client that then hangs up.
+func knockPostgres(network, addr string) error {
+	c, err := net.DialTimeout(network, addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		return err
+	}
+	// Length 8, then the SSLRequest code 1234.5679.
+	if _, err := c.Write([]byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}); err != nil {
+		return err
+	}
+	var b [1]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return fmt.Errorf("no answer to an SSLRequest: %w", err)
+	}
+	if b[0] != 'S' && b[0] != 'N' {
+		return fmt.Errorf("answered %q to an SSLRequest: not PostgreSQL", b[0])
+	}
+	return nil
 }
 
 // TempDir is tb.TempDir() opened for sandboxes: a root server runs them as
