@@ -24,9 +24,11 @@ import (
 	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/eventstore/postgres"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/library"
+	"github.com/corral-dev/corral/internal/lockfile"
 	"github.com/corral-dev/corral/internal/mcpserver"
 	"github.com/corral-dev/corral/internal/notify"
 	"github.com/corral-dev/corral/internal/orchestrator"
@@ -67,6 +69,7 @@ type App struct {
 	opts Options
 
 	store    eventstore.Store
+	rootLock *lockfile.File            // the data root's, taken here when the store is not SQLite's (which takes it)
 	commits  func() sqlite.CommitStats // the store's commits, for /metrics
 	data     *workspace.DataRoot
 	attRoot  *os.Root // attachments/
@@ -125,13 +128,9 @@ func (a *App) open(ctx context.Context) error {
 	if a.data, err = workspace.Open(cfg.Data); err != nil {
 		return err
 	}
-	// The event store, behind its interface: SQLite in the data root is
-	// the one built so far.
-	store, err := sqlite.Open(ctx, filepath.Join(a.data.Path(), "corral.db"), a.log.With("subsystem", "eventstore"))
-	if err != nil {
+	if err := a.openStore(ctx, secrets.StoreDSN); err != nil {
 		return err
 	}
-	a.store, a.commits = store, store.Commits
 	a.tasks = projection.New(a.store, a.log.With("subsystem", "projection"))
 	if err := a.tasks.Rebuild(ctx); err != nil {
 		return err
@@ -444,6 +443,41 @@ func (a *App) generatedSecret() ([]byte, error) {
 	return b, nil
 }
 
+// openStore opens the configured event store: SQLite in the data root, or
+// PostgreSQL, whose server lock this server then holds (one server per
+// database until several can share one).
+func (a *App) openStore(ctx context.Context, dsn string) error {
+	log := a.log.With("subsystem", "eventstore")
+	db := filepath.Join(a.data.Path(), "corral.db")
+	if a.cfg.Store.Driver == config.StorePostgres {
+		// SQLite's lock file (sqlite.Open takes it), which a server on
+		// PostgreSQL takes too: no two servers share a data root,
+		// whatever their stores.
+		var err error
+		if a.rootLock, err = lockfile.Acquire(db + ".lock"); err != nil {
+			return err
+		}
+		store, err := postgres.Open(ctx, dsn, log)
+		if err != nil {
+			return err
+		}
+		if err := store.LockServer(ctx); err != nil {
+			store.Close()
+			return err
+		}
+		// PostgreSQL counts its own commits (pg_stat_database); /metrics
+		// has none of them.
+		a.store, a.commits = store, func() sqlite.CommitStats { return sqlite.CommitStats{} }
+		return nil
+	}
+	store, err := sqlite.Open(ctx, db, log)
+	if err != nil {
+		return err
+	}
+	a.store, a.commits = store, store.Commits
+	return nil
+}
+
 // Addr returns the address the HTTP API listens on.
 func (a *App) Addr() string { return a.ln.Addr().String() }
 
@@ -545,6 +579,7 @@ func (a *App) Close() error {
 	if a.store != nil {
 		a.store.Close()
 	}
+	a.rootLock.Release() // nil-safe
 	if a.attRoot != nil {
 		a.attRoot.Close()
 	}

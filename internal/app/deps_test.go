@@ -27,6 +27,7 @@ var allowed = map[string][]string{
 	"internal/strictjson":           {"errdefs"},
 	"internal/testenv":              {},
 	"internal/quota":                {},
+	"internal/lockfile":             {"errdefs"},
 	"internal/task":                 {"eventstore", "errdefs", "ids", "clip"},
 	"internal/sandbox":              {"errdefs", "clip"},
 	"internal/workspace":            {"errdefs", "filetype", "clip", "units"},
@@ -36,9 +37,11 @@ var allowed = map[string][]string{
 	"internal/skill":                {"errdefs", "clip"},
 	"internal/config":               {"errdefs", "units", "task", "rtkind"},
 	"internal/eventstore":           {"errdefs", "ids"},
-	"internal/eventstore/sqlite":    {"eventstore", "task", "errdefs", "ids", "logkey"},
+	"internal/eventstore/sqlite":    {"eventstore", "task", "errdefs", "ids", "logkey", "lockfile"},
 	"internal/eventstore/postgres":  {"eventstore", "errdefs", "ids", "logkey"},
 	"internal/eventstore/storetest": {"eventstore", "task", "errdefs", "testenv"},
+	// A PostgreSQL database of a test's own.
+	"internal/eventstore/postgres/postgrestest": {"testenv"},
 	// Test helpers: a store in a temporary directory; a store, its
 	// projection and a data root.
 	"internal/eventstore/sqlite/sqlitetest": {"eventstore/sqlite"},

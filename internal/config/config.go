@@ -25,6 +25,26 @@ var EgressModes = []string{"none", "allowlist", "open"}
 // agents section accepts besides default.
 var AgentNames = []string{"claude", "gemini", "codex", "opencode", "command"}
 
+// Store drivers.
+const (
+	StoreSQLite   = "sqlite"
+	StorePostgres = "postgres"
+)
+
+// Store is where the event log is kept: SQLite, corral.db in the data root
+// (the default), or a PostgreSQL database. The PostgreSQL connection string
+// is a secret: from CORRAL_STORE_DSN or the file dsn_file names, read with
+// Secrets; never a key of the file.
+type Store struct {
+	// Driver is sqlite or postgres.
+	Driver string `yaml:"driver"`
+	// DSNFile names a file holding the PostgreSQL connection string
+	// (driver postgres).
+	DSNFile string `yaml:"dsn_file"`
+	// dsn is the connection string, from CORRAL_STORE_DSN only.
+	dsn string
+}
+
 // Config is the whole configuration. Every key is optional; Default()
 // serves one machine with no configuration at all.
 //
@@ -50,6 +70,9 @@ type Config struct {
 	APITokens []APIToken `yaml:"api_tokens"`
 	// HTTP says which names and pages the HTTP API answers.
 	HTTP HTTP `yaml:"http"`
+
+	// Store is where the event log is kept.
+	Store Store `yaml:"store"`
 
 	Log        Log            `yaml:"log"`
 	AIWorker   AIWorkerConfig `yaml:"ai_worker_config"`
@@ -414,6 +437,7 @@ func Default() *Config {
 		Version: Version,
 		Listen:  "127.0.0.1:7777",
 		Data:    "./corral-data",
+		Store:   Store{Driver: StoreSQLite},
 		Log:     Log{Level: "info", Format: "text"},
 		AIWorker: AIWorkerConfig{
 			Enabled:               true,

@@ -80,7 +80,7 @@ func wantFieldError(t *testing.T, err error, field, msg string) {
 
 // cmpConfig compares configurations; Size has an Equal method, empty and
 // nil lists and maps are the same, and unexported bookkeeping is ignored.
-var cmpConfig = []cmp.Option{cmpopts.IgnoreUnexported(Config{}, AIWorkerConfig{}), cmpopts.EquateEmpty()}
+var cmpConfig = []cmp.Option{cmpopts.IgnoreUnexported(Config{}, AIWorkerConfig{}, Store{}), cmpopts.EquateEmpty()}
 
 func TestDefaultIsValid(t *testing.T) {
 	c := Default()
@@ -626,6 +626,9 @@ func TestValidate(t *testing.T) {
 		field string
 		msg   string
 	}{
+		{"store driver", func(c *Config) { c.Store.Driver = "mysql" }, "store.driver", "one of"},
+		{"postgres without a dsn", func(c *Config) { c.Store.Driver = StorePostgres }, "store.driver", "needs a connection string"},
+		{"sqlite with a dsn", func(c *Config) { c.Store.DSNFile = "/etc/corral/dsn" }, "store.dsn_file", "is for store.driver postgres"},
 		{"default timeout zero", func(c *Config) { c.AIWorker.DefaultTimeoutMinutes = 0 }, "ai_worker_config.default_timeout_minutes", "must be at least 1"},
 		{"default above max", func(c *Config) { c.AIWorker.DefaultTimeoutMinutes = 121 }, "ai_worker_config.default_timeout_minutes", "must not exceed max_timeout_minutes (120)"},
 		{"max above a day", func(c *Config) { c.AIWorker.MaxTimeoutMinutes = 1441 }, "ai_worker_config.max_timeout_minutes", "between 1 and 1440"},
@@ -735,6 +738,8 @@ func TestValidateAccepts(t *testing.T) {
 		edit func(*Config)
 	}{
 		{"loopback v6", func(c *Config) { c.Listen = "[::1]:7777" }},
+		{"postgres with a dsn file", func(c *Config) { c.Store.Driver, c.Store.DSNFile = StorePostgres, "/etc/corral/dsn" }},
+		{"postgres with a dsn", func(c *Config) { c.Store.Driver, c.Store.dsn = StorePostgres, "host=/run/postgresql" }},
 		{"localhost", func(c *Config) { c.Listen = "localhost:0" }},
 		{"other loopback", func(c *Config) { c.Listen = "127.0.0.2:80" }},
 		{"public with token", func(c *Config) { c.Listen = "0.0.0.0:7777"; c.apiToken = "t" }},

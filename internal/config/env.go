@@ -38,6 +38,8 @@ var envVars = []envVar{
 	{"CORRAL_LISTEN", "listen", setString(func(c *Config) *string { return &c.Listen })},
 	{"CORRAL_DATA", "data", setString(func(c *Config) *string { return &c.Data })},
 	{"CORRAL_API_TOKEN", "api_token", setString(func(c *Config) *string { return &c.apiToken })},
+	{"CORRAL_STORE_DRIVER", "store.driver", setString(func(c *Config) *string { return &c.Store.Driver })},
+	{"CORRAL_STORE_DSN", "store.dsn", setString(func(c *Config) *string { return &c.Store.dsn })},
 	{"CORRAL_RUNTIME", "runtime", setString(func(c *Config) *string { return &c.Runtime })},
 	{"CORRAL_LOG_LEVEL", "log.level", setString(func(c *Config) *string { return &c.Log.Level })},
 	{"CORRAL_LOG_FORMAT", "log.format", setString(func(c *Config) *string { return &c.Log.Format })},

@@ -27,6 +27,9 @@ type Secrets struct {
 	NotifySecret []byte
 	// APITokens are the named bearer tokens of api_tokens, in order.
 	APITokens []NamedToken
+	// StoreDSN is the PostgreSQL connection string of store.driver
+	// postgres; "" for SQLite.
+	StoreDSN string
 }
 
 // NamedToken is one bearer token and the name events record for its caller.
@@ -67,6 +70,16 @@ func (c *Config) Secrets() (Secrets, error) {
 			return Secrets{}, &errdefs.FieldError{Field: "ai_worker_config.webhook_secret_file", Err: err}
 		}
 		s.WebhookSecret = b
+	}
+	switch {
+	case c.Store.dsn != "":
+		s.StoreDSN = c.Store.dsn
+	case c.Store.DSNFile != "":
+		b, err := readSecretFile(c.Store.DSNFile)
+		if err != nil {
+			return Secrets{}, &errdefs.FieldError{Field: "store.dsn_file", Err: err}
+		}
+		s.StoreDSN = string(b)
 	}
 	seen := map[string]string{}
 	if s.APIToken != "" {

@@ -145,3 +145,22 @@ func TestNamedTokens(t *testing.T) {
 		t.Errorf("Secrets() with a readable token file = %v", err)
 	}
 }
+
+// The store's connection string is a secret: from CORRAL_STORE_DSN, which
+// wins, or from store.dsn_file, held to the secret files' rules.
+func TestStoreDSN(t *testing.T) {
+	dsn := MustWriteSecret(t, "host=/run/postgresql dbname=corral password=from-file\n", 0o600)
+	c := MustLoad(t, "store: {driver: postgres, dsn_file: "+dsn+"}\n")
+	s, err := c.Secrets()
+	if err != nil || s.StoreDSN != "host=/run/postgresql dbname=corral password=from-file" {
+		t.Errorf("Secrets() StoreDSN %q, %v; want the file's", s.StoreDSN, err)
+	}
+	c = MustLoad(t, "store: {driver: postgres, dsn_file: "+dsn+"}\n", "CORRAL_STORE_DSN=host=db password=from-env")
+	if s, err = c.Secrets(); err != nil || s.StoreDSN != "host=db password=from-env" {
+		t.Errorf("Secrets() StoreDSN %q, %v; want the environment's", s.StoreDSN, err)
+	}
+	c = MustLoad(t, "store: {driver: postgres, dsn_file: "+MustWriteSecret(t, "host=db", 0o644)+"}\n")
+	if _, err := c.Secrets(); err == nil || !strings.Contains(err.Error(), "store.dsn_file") {
+		t.Errorf("a DSN file others can read: %v, want an error naming store.dsn_file", err)
+	}
+}

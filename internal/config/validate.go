@@ -53,6 +53,7 @@ func (c *Config) Validate() error {
 		v.add("ai_worker_config.webhook_secret", "is the placeholder %s from corral k8s render: put a real secret in the server's Secret", Placeholder)
 	}
 	v.nonEmpty("data", c.Data)
+	v.store(&c.Store)
 	v.http(&c.HTTP)
 	v.oneOf("log.level", c.Log.Level, []string{"debug", "info", "warn", "error"})
 	v.oneOf("log.format", c.Log.Format, []string{"text", "json"})
@@ -454,5 +455,18 @@ func (v *validator) imagePatterns(key string, patterns []string) {
 		if _, err := path.Match(pat, ""); err != nil || pat == "" {
 			v.add(fmt.Sprintf("%s[%d]", key, i), "must be a glob pattern such as python:* (path.Match syntax), got %q", pat)
 		}
+	}
+}
+
+// store checks the event store's driver and that a PostgreSQL one has a
+// connection string, and SQLite none.
+func (v *validator) store(s *Store) {
+	v.oneOf("store.driver", s.Driver, []string{StoreSQLite, StorePostgres})
+	hasDSN := s.dsn != "" || s.DSNFile != ""
+	switch {
+	case s.Driver == StorePostgres && !hasDSN:
+		v.add("store.driver", "postgres needs a connection string: set CORRAL_STORE_DSN or store.dsn_file")
+	case s.Driver == StoreSQLite && hasDSN:
+		v.add("store.dsn_file", "is for store.driver postgres; SQLite keeps corral.db in the data root")
 	}
 }

@@ -97,9 +97,10 @@ type Store struct {
 	bg      sync.WaitGroup     // the listener and the re-reader
 	waiting atomic.Int64       // WaitFor calls blocked now
 
-	mu   sync.Mutex
-	head int64         // highest committed position this store knows of
-	wake chan struct{} // closed and replaced when head moves
+	mu       sync.Mutex
+	head     int64         // highest committed position this store knows of
+	wake     chan struct{} // closed and replaced when head moves
+	lockConn *pgx.Conn     // holds the server lock (LockServer), if taken
 
 	closeOnce sync.Once
 }

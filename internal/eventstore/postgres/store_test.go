@@ -3,11 +3,9 @@ package postgres
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/eventstore/postgres/postgrestest"
 	"github.com/corral-dev/corral/internal/eventstore/storetest"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -33,50 +32,11 @@ type testDB struct {
 	admin string // the admin's, on its own database
 }
 
-// mustDB makes a database with a random name for tb, dropped when tb ends
-// (after the stores opened on it later have closed: cleanups run last in,
-// first out).
+// mustDB makes a database of tb's own (postgrestest.New).
 func mustDB(tb testing.TB) testDB {
 	tb.Helper()
-	admin := testenv.PostgresDSN(tb)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		testenv.Missing(tb, fmt.Sprintf("cannot log in to PostgreSQL as an admin (%v; %s)", err, testenv.PostgresInstall))
-	}
-	defer conn.Close(ctx)
-	name := "corral_test_" + strings.ToLower(rand.Text()[:16])
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		tb.Fatalf("create database %s: %v", name, err)
-	}
-	tb.Cleanup(func() {
-		conn, err := pgx.Connect(ctx, admin)
-		if err != nil {
-			tb.Errorf("drop database %s: %v", name, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			tb.Errorf("drop database %s: %v", name, err)
-		}
-	})
-	return testDB{name: name, dsn: withSetting(admin, "dbname", name), admin: admin}
-}
-
-// withSetting is dsn with key set to value, in either of its forms.
-func withSetting(dsn, key, value string) string {
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		q := u.Query()
-		if key == "dbname" {
-			u.Path = "/" + value
-			q.Del(key)
-		} else {
-			q.Set(key, value)
-		}
-		u.RawQuery = q.Encode()
-		return u.String()
-	}
-	return dsn + " " + key + "='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(value) + "'" // the last of a key's settings wins
+	d := postgrestest.New(tb)
+	return testDB{name: d.Name, dsn: d.DSN, admin: d.Admin}
 }
 
 // connect opens a plain connection to db, closed when tb ends.
@@ -626,7 +586,7 @@ func TestDSNNotRepeated(t *testing.T) {
 	} else if cfg.Password != "" {
 		password = cfg.Password
 	} else {
-		dsn = withSetting(dsn, "password", secret)
+		dsn = postgrestest.WithSetting(dsn, "password", secret)
 	}
 	s, err := Open(ctx, dsn, log)
 	if err != nil {
@@ -639,5 +599,24 @@ func TestDSNNotRepeated(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), db.name) {
 		t.Errorf("the log does not name the database %s:\n%s", db.name, logs.String())
+	}
+}
+
+// One server at a time holds a database's server lock: a second is told
+// another server uses it, and takes it once the first has closed.
+func TestLockServer(t *testing.T) {
+	db := mustDB(t)
+	ctx := context.Background()
+	first, second := mustOpen(t, db), mustOpen(t, db)
+	if err := first.LockServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err := second.LockServer(ctx)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "another Corral server uses this database") {
+		t.Fatalf("a second server's lock: %v, want refused, saying why", err)
+	}
+	first.Close()
+	if err := second.LockServer(ctx); err != nil {
+		t.Errorf("the lock after the first server closed: %v", err)
 	}
 }

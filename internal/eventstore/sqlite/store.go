@@ -30,6 +30,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/lockfile"
 	"github.com/corral-dev/corral/internal/logkey"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
@@ -60,7 +61,7 @@ var _ eventstore.Store = (*Store)(nil)
 type Store struct {
 	log  *slog.Logger
 	path string
-	lock *lockFile
+	lock *lockfile.File
 	wdb  *sql.DB // one connection, used only by the writer goroutine
 	rdb  *sql.DB // read-only pool
 
@@ -91,17 +92,17 @@ func Open(ctx context.Context, path string, log *slog.Logger) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	lock, err := acquireLock(path + ".lock")
+	lock, err := lockfile.Acquire(path + ".lock")
 	if err != nil {
 		return nil, fmt.Errorf("open event store %s: %w", path, err)
 	}
 	// Events hold task prompts and results: create the file owner-only.
 	// SQLite gives the -wal and -shm files the database file's mode.
 	if f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
-		_ = lock.release() // the open error is the one to report
+		_ = lock.Release() // the open error is the one to report
 		return nil, fmt.Errorf("open event store %s: %w", path, err)
 	} else if err := f.Close(); err != nil {
-		_ = lock.release()
+		_ = lock.Release()
 		return nil, fmt.Errorf("open event store %s: %w", path, err)
 	}
 	s := &Store{
@@ -214,7 +215,7 @@ func (s *Store) closeDBs() error {
 			errs = append(errs, fmt.Errorf("close writer: %w", err))
 		}
 	}
-	if err := s.lock.release(); err != nil {
+	if err := s.lock.Release(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -8,9 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
@@ -18,6 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/storetest"
+	"github.com/corral-dev/corral/internal/lockfile"
 )
 
 func TestMain(m *testing.M) {
@@ -283,11 +282,11 @@ func TestRefusesNewerSchema(t *testing.T) {
 		t.Errorf("Open error = %v, want class ErrFailedPrecondition", err)
 	}
 	// The failed Open released its lock.
-	l, err := acquireLock(path + ".lock")
+	l, err := lockfile.Acquire(path + ".lock")
 	if err != nil {
 		t.Fatalf("lock after a failed Open: %v", err)
 	}
-	if err := l.release(); err != nil {
+	if err := l.Release(); err != nil {
 		t.Errorf("release: %v", err)
 	}
 }
@@ -318,28 +317,4 @@ func TestMigrationDropsTheOldDocumentIndex(t *testing.T) {
 	if err := s.rdb.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name LIKE 'docindex%'`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("%d docindex tables left (%v), want none", n, err)
 	}
-}
-
-// A lock held a moment longer than its server lived (a child it was
-// starting holds a copy of the lock's descriptor until its exec) is taken
-// once it is let go: a start right after a kill -9 once failed, the data
-// root "in use" by the dead server.
-func TestLockWaitsForADyingHolder(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "corral.db.lock")
-	held, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Flock(int(held.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		time.Sleep(300 * time.Millisecond)
-		held.Close() // the child's exec
-	}()
-	l, err := acquireLock(path)
-	if err != nil {
-		t.Fatalf("acquireLock: %v, want the lock once its holder let go", err)
-	}
-	l.release()
 }

@@ -1,4 +1,8 @@
-package sqlite
+// Package lockfile is an exclusive flock on a file, the way one Corral
+// server claims its data root (and SQLite's database) for itself: the
+// kernel drops it when the process dies, so a crashed server never leaves
+// a stale lock.
+package lockfile
 
 import (
 	"errors"
@@ -12,15 +16,17 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-// lockFile is an exclusive flock on a file next to the database. The kernel
-// drops it when the process dies, so a crashed server never leaves a stale
-// lock. The file itself is never removed: removing it would let a second
-// process lock a new inode while the first still holds the old one.
-type lockFile struct {
+// File is an exclusive flock on a file. The file itself is never removed:
+// removing it would let a second process lock a new inode while the first
+// still holds the old one.
+type File struct {
 	f *os.File
 }
 
-func acquireLock(path string) (*lockFile, error) {
+// Acquire locks path (made if missing), waiting a moment for a holder that
+// is dying; one held by a live process is errdefs.ErrFailedPrecondition,
+// saying the data root is in use and by which pid.
+func Acquire(path string) (*File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open lock file: %w", err)
@@ -41,10 +47,10 @@ func acquireLock(path string) (*lockFile, error) {
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0) // best effort, see above
 	}
-	return &lockFile{f: f}, nil
+	return &File{f: f}, nil
 }
 
-// lockWait is how long acquireLock waits for a lock that is held. A
+// lockWait is how long Acquire waits for a lock that is held. A
 // server killed with SIGKILL can leave its lock held a moment longer by a
 // child it was starting: between its fork and its exec the child holds a
 // copy of every descriptor, the lock's too, until the exec closes them.
@@ -63,9 +69,9 @@ func flockWaiting(f *os.File, wait time.Duration) error {
 	}
 }
 
-// release unlocks and closes the file. It is safe on a nil lockFile and
-// when called twice.
-func (l *lockFile) release() error {
+// Release unlocks and closes the file. It is safe on a nil File and when
+// called twice.
+func (l *File) Release() error {
 	if l == nil || l.f == nil {
 		return nil
 	}
