@@ -26,15 +26,12 @@ func TestLookup(t *testing.T) {
 }
 
 func TestCommandPrepare(t *testing.T) {
-	a, _ := Lookup("command")
-	got, err := a.Prepare(Invocation{PromptPath: "/task/prompt.md", Command: []string{"python3", "run.py"}, ExtraArgs: []string{"-v"}, Env: []string{"A=1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := mustPrepare(t, "command", Invocation{PromptPath: "/task/prompt.md", Command: []string{"python3", "run.py"}, ExtraArgs: []string{"-v"}, Env: []string{"A=1"}})
 	want := Process{Args: []string{"python3", "run.py", "-v"}, Env: []string{"A=1"}, StdinPath: "/task/prompt.md", Transcript: "stdout.log", SummaryFile: "output/summary.md"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Process (-want +got):\n%s", diff)
 	}
+	a, _ := Lookup("command")
 	for _, argv := range [][]string{nil, {}, {""}} {
 		if _, err := a.Prepare(Invocation{Command: argv}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("Prepare(%q) err = %v, want ErrInvalidArgument", argv, err)
@@ -57,9 +54,7 @@ func TestCommandSummaryIsLastLines(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a, _ := Lookup("command")
-			p := a.NewParser(nil)
-			writeChunks(t, p, tt.out, 7)
-			got := p.Result()
+			got, _ := feed(t, a, tt.out, 7)
 			if got.Summary != tt.want {
 				t.Errorf("summary = %q (%d bytes), want %q (%d bytes)", got.Summary, len(got.Summary), tt.want, len(tt.want))
 			}
@@ -72,10 +67,7 @@ func TestCommandSummaryIsLastLines(t *testing.T) {
 
 func TestCommandProgressLines(t *testing.T) {
 	a, _ := Lookup("command")
-	var got []Progress
-	p := a.NewParser(func(pr Progress) { got = append(got, pr) })
-	writeChunks(t, p, "hello\r\n\nworld\n"+strings.Repeat("z", 3000)+"\ntail", 5)
-	p.Result()
+	_, got := feed(t, a, "hello\r\n\nworld\n"+strings.Repeat("z", 3000)+"\ntail", 5)
 	want := []Progress{
 		{Kind: ProgressText, Text: "hello"},
 		{Kind: ProgressText, Text: "world"},
@@ -88,11 +80,7 @@ func TestCommandProgressLines(t *testing.T) {
 }
 
 func TestClaudePrepare(t *testing.T) {
-	a, _ := Lookup("claude")
-	got, err := a.Prepare(Invocation{Prompt: "do it", Model: "opus", ExtraArgs: []string{"--max-turns", "5"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := mustPrepare(t, "claude", Invocation{Prompt: "do it", Model: "opus", ExtraArgs: []string{"--max-turns", "5"}})
 	want := Process{
 		Args:        []string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions", "--model", "opus", "--max-turns", "5"},
 		Env:         nil,
@@ -104,7 +92,7 @@ func TestClaudePrepare(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b []string) bool { return strings.Join(a, "\x00") == strings.Join(b, "\x00") })); diff != "" {
 		t.Errorf("Process (-want +got):\n%s", diff)
 	}
-	got, _ = a.Prepare(Invocation{PromptPath: "/task/prompt.md", Binary: "/opt/claude/bin/claude"})
+	got = mustPrepare(t, "claude", Invocation{PromptPath: "/task/prompt.md", Binary: "/opt/claude/bin/claude"})
 	if got.Args[0] != "/opt/claude/bin/claude" || got.StdinPath != "/task/prompt.md" || strings.Contains(strings.Join(got.Args, " "), "--model") {
 		t.Errorf("with binary and no model: %+v", got)
 	}
@@ -122,6 +110,30 @@ func writeChunks(tb testing.TB, p Parser, s string, n int) {
 	}
 }
 
+// feed writes stream to a new parser of a in chunks of n bytes and returns
+// the parser's result and the progress it reported.
+func feed(tb testing.TB, a Adapter, stream string, n int) (Result, []Progress) {
+	tb.Helper()
+	var prog []Progress
+	p := a.NewParser(func(pr Progress) { prog = append(prog, pr) })
+	writeChunks(tb, p, stream, n)
+	return p.Result(), prog
+}
+
+// mustPrepare looks up the named agent and prepares inv with it.
+func mustPrepare(tb testing.TB, name string, inv Invocation) Process {
+	tb.Helper()
+	a, err := Lookup(name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p, err := a.Prepare(inv)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
 func mustRead(tb testing.TB, name string) string {
 	tb.Helper()
 	b, err := os.ReadFile(name)
@@ -131,26 +143,18 @@ func mustRead(tb testing.TB, name string) string {
 	return string(b)
 }
 
-func TestClaudeStreamSuccess(t *testing.T) {
-	stream := mustRead(t, "testdata/claude_success.jsonl")
-	for _, chunk := range []int{1, 13, 4096} {
-		a, _ := Lookup("claude")
-		var got []Progress
-		p := a.NewParser(func(pr Progress) { got = append(got, pr) })
-		writeChunks(t, p, stream, chunk)
-		res := p.Result()
-		wantRes := Result{
-			Summary:   "Created spending analysis: chart.png and summary.md in /task/output.",
-			SessionID: "8f1c2a7e-3b4d-4e5f-9a6b-7c8d9e0f1a2b",
-			CostUSD:   0.0421,
-			Turns:     4,
-			Usage:     Usage{InputTokens: 1200, OutputTokens: 420, CacheReadTokens: 3000},
-			Done:      true,
-		}
-		if diff := cmp.Diff(wantRes, res); diff != "" {
-			t.Errorf("chunk %d: result (-want +got):\n%s", chunk, diff)
-		}
-		want := []Progress{
+// TestStreamSuccess feeds each agent's transcript of a successful run to
+// its parser, a byte at a time, in small chunks and at once: the result and
+// the progress must be the same however the stream is cut.
+func TestStreamSuccess(t *testing.T) {
+	for _, tc := range []struct {
+		agent string
+		chunk int // a chunk size between a byte and the whole stream
+		want  Result
+		prog  []Progress
+		opts  []cmp.Option // how the result is compared
+	}{
+		{agent: "claude", chunk: 13, want: Result{Summary: "Created spending analysis: chart.png and summary.md in /task/output.", SessionID: "8f1c2a7e-3b4d-4e5f-9a6b-7c8d9e0f1a2b", CostUSD: 0.0421, Turns: 4, Usage: Usage{InputTokens: 1200, OutputTokens: 420, CacheReadTokens: 3000}, Done: true}, prog: []Progress{
 			{Kind: ProgressInit, Text: "claude-sonnet-4-5-20250929"},
 			{Kind: ProgressText, Text: "I'll start by looking at the context files."},
 			{Kind: ProgressToolUse, Tool: "Bash", Input: `{"command":"ls -la /task/context","description":"List context files"}`},
@@ -158,12 +162,54 @@ func TestClaudeStreamSuccess(t *testing.T) {
 			{Kind: ProgressToolUse, Tool: "Write", Input: `{"file_path":"/task/output/summary.md","content":"Spending went up 12% in March."}`},
 			{Kind: ProgressText, Text: "Done: chart and summary are in /task/output."},
 			{Kind: ProgressResult, Text: "Created spending analysis: chart.png and summary.md in /task/output."},
-		}
-		if diff := cmp.Diff(want, got); diff != "" {
-			t.Errorf("chunk %d: progress (-want +got):\n%s", chunk, diff)
-		}
+		}},
+		{agent: "codex", chunk: 13, want: Result{Summary: "Done: wrote output/result.txt.", SessionID: "01a202b1-3c95-78d3-913c-e8429169d20f", Turns: 1, Usage: Usage{InputTokens: 200, OutputTokens: 40}, Done: true}, prog: []Progress{
+			{Kind: ProgressInit},
+			{Kind: ProgressText, Text: "Writing the file."},
+			{Kind: ProgressToolUse, Tool: "shell", Input: `{"command":"/bin/bash -lc \"mkdir -p output && python3 -c \\\"open('output/result.txt','w').write('42\\\\n')\\\"\""}`},
+			{Kind: ProgressToolResult, Tool: "shell", Status: "ok"},
+			{Kind: ProgressText, Text: "Done: wrote output/result.txt."},
+			{Kind: ProgressResult, Text: "Done: wrote output/result.txt."},
+		}},
+		{agent: "gemini", chunk: 7, want: Result{Summary: "Done: wrote output/result.txt.", SessionID: "b0494c14-800c-4592-b4a4-bf1ed339d7ec", Turns: 1, Usage: Usage{InputTokens: 200, OutputTokens: 40}, Done: true}, prog: []Progress{
+			{Kind: ProgressInit, Text: "gemini-2.5-pro"},
+			{Kind: ProgressText, Text: "Writing the file."},
+			{Kind: ProgressToolUse, Tool: "run_shell_command", Input: `{"command":"mkdir -p output && python3 -c \"open('output/result.txt','w').write('42\\n')\""}`},
+			{Kind: ProgressToolResult, Tool: "run_shell_command", Status: "ok"},
+			{Kind: ProgressText, Text: "Done: wrote output/result.txt."},
+			{Kind: ProgressResult, Text: "Done: wrote output/result.txt."},
+		}},
+		{agent: "opencode", chunk: 11, want: Result{Summary: "Done: wrote output/result.txt.", SessionID: "ses_dfd4c05aeffeRheZGQbjbqnqKI", Turns: 1, CostUSD: 0.00065, Usage: Usage{InputTokens: 200, OutputTokens: 40}, Done: true}, prog: []Progress{
+			{Kind: ProgressInit},
+			{Kind: ProgressText, Text: "Writing the file."},
+			{Kind: ProgressToolUse, Tool: "bash", Input: Truncate(`{"cmd":"`+opencodeCmdline+`","command":"`+opencodeCmdline+`"}`, MaxInputBytes)},
+			{Kind: ProgressToolResult, Tool: "bash", Status: "ok", Text: "(no output)"},
+			{Kind: ProgressText, Text: "Done: wrote output/result.txt."},
+			{Kind: ProgressResult, Text: "Done: wrote output/result.txt."},
+		}, opts: []cmp.Option{cmp.Comparer(func(a, b float64) bool { return a-b < 1e-12 && b-a < 1e-12 })}},
+	} {
+		t.Run(tc.agent, func(t *testing.T) {
+			a, err := Lookup(tc.agent)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stream := mustRead(t, "testdata/"+tc.agent+"_success.jsonl")
+			for _, chunk := range []int{1, tc.chunk, len(stream)} {
+				got, prog := feed(t, a, stream, chunk)
+				if diff := cmp.Diff(tc.want, got, tc.opts...); diff != "" {
+					t.Errorf("chunk %d: result (-want +got):\n%s", chunk, diff)
+				}
+				if diff := cmp.Diff(tc.prog, prog); diff != "" {
+					t.Errorf("chunk %d: progress (-want +got):\n%s", chunk, diff)
+				}
+			}
+		})
 	}
 }
+
+// opencodeCmdline is the command of opencode's bash call in its
+// transcript, as the call's input quotes it.
+const opencodeCmdline = `mkdir -p output && python3 -c \"open('output/result.txt','w').write('42\\n')\"`
 
 func TestClaudeStreamErrors(t *testing.T) {
 	tests := []struct {
@@ -183,11 +229,10 @@ func TestClaudeStreamErrors(t *testing.T) {
 			Done:      true,
 		}},
 	}
+	a, _ := Lookup("claude")
 	for _, tt := range tests {
-		a, _ := Lookup("claude")
-		p := a.NewParser(nil)
-		writeChunks(t, p, mustRead(t, tt.file), 64)
-		if diff := cmp.Diff(tt.want, p.Result()); diff != "" {
+		got, _ := feed(t, a, mustRead(t, tt.file), 64)
+		if diff := cmp.Diff(tt.want, got); diff != "" {
 			t.Errorf("%s: result (-want +got):\n%s", tt.file, diff)
 		}
 	}
@@ -197,27 +242,23 @@ func TestClaudeStreamCutShort(t *testing.T) {
 	// Killed mid-run: no result line; the last assistant text stands in, and
 	// an overlong line, a truncated last line and garbage are skipped.
 	a, _ := Lookup("claude")
-	var n int
-	p := a.NewParser(func(Progress) { n++ })
 	stream := `{"type":"assistant","message":{"content":[{"type":"text","text":"working on it"}]}}` + "\n" +
 		`{"type":"assistant","message":{"content":[{"type":"text","text":"` + strings.Repeat("x", maxLineBytes) + `"}]}}` + "\n" +
 		`{"type":"assistant","message":{"content":[{"type":"text","text":"half`
-	writeChunks(t, p, stream, 1<<16)
+	got, prog := feed(t, a, stream, 1<<16)
 	want := Result{Summary: "working on it"}
-	if diff := cmp.Diff(want, p.Result()); diff != "" {
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("result (-want +got):\n%s", diff)
 	}
-	if n != 1 {
-		t.Errorf("%d progress items, want 1", n)
+	if len(prog) != 1 {
+		t.Errorf("%d progress items, want 1", len(prog))
 	}
 }
 
 func TestClaudeToolInputIsBounded(t *testing.T) {
 	a, _ := Lookup("claude")
-	var got []Progress
-	p := a.NewParser(func(pr Progress) { got = append(got, pr) })
 	line := `{"type":"assistant","message":{"content":[{"type":"tool_use","name":"Write","input":{"content":"` + strings.Repeat("é", 1000) + `"}}]}}` + "\n"
-	writeChunks(t, p, line, 100)
+	_, got := feed(t, a, line, 100)
 	if len(got) != 1 || got[0].Tool != "Write" {
 		t.Fatalf("progress = %+v", got)
 	}
@@ -249,11 +290,7 @@ func TestTruncate(t *testing.T) {
 // every other agent refuses a session.
 func TestSessionMCP(t *testing.T) {
 	inv := Invocation{PromptPath: "/task/prompt.md", SessionMCP: "/tmp/corral-mcp-1.json"}
-	claude, _ := Lookup("claude")
-	p, err := claude.Prepare(inv)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustPrepare(t, "claude", inv)
 	args := strings.Join(p.Args, " ")
 	if !strings.Contains(args, "--mcp-config /tmp/corral-mcp-1.json --strict-mcp-config --disallowedTools Bash") {
 		t.Errorf("claude args %q: want the session's MCP config alone and Bash denied", args)

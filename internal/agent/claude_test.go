@@ -9,11 +9,7 @@ import (
 )
 
 func TestClaudePrepareHomeResumeSystemPrompt(t *testing.T) {
-	a, _ := Lookup("claude")
-	got, err := a.Prepare(Invocation{PromptPath: "/task/prompt.md", Home: "/task/.home", Resume: "84e52def", SystemPrompt: "Results go to /task/output.", Env: []string{"A=1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := mustPrepare(t, "claude", Invocation{PromptPath: "/task/prompt.md", Home: "/task/.home", Resume: "84e52def", SystemPrompt: "Results go to /task/output.", Env: []string{"A=1"}})
 	wantArgs := []string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions",
 		"--append-system-prompt", "Results go to /task/output.", "--resume", "84e52def"}
 	if diff := cmp.Diff(wantArgs, got.Args); diff != "" {
@@ -45,11 +41,9 @@ func TestClaudeHTTPErrors(t *testing.T) {
 		{`{"type":"result","subtype":"success","is_error":true,"api_error_status":529,"result":"Overloaded"}`,
 			"claude: the model endpoint is overloaded (HTTP 529; retries exhausted): Overloaded"},
 	}
+	a, _ := Lookup("claude")
 	for _, tt := range tests {
-		a, _ := Lookup("claude")
-		p := a.NewParser(nil)
-		writeChunks(t, p, tt.line+"\n", 7)
-		res := p.Result()
+		res, _ := feed(t, a, tt.line+"\n", 7)
 		if res.Error != tt.want {
 			t.Errorf("error = %q\nwant    %q", res.Error, tt.want)
 		}
@@ -61,13 +55,11 @@ func TestClaudeHTTPErrors(t *testing.T) {
 
 func TestClaudeToolResultProgress(t *testing.T) {
 	a, _ := Lookup("claude")
-	var got []Progress
-	p := a.NewParser(func(pr Progress) { got = append(got, pr) })
 	stream := `{"type":"assistant","message":{"content":[{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"false"}}]}}
 {"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"t1","is_error":true,"content":[{"type":"text","text":"Exit code 1"}]}]}}
 {"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"unknown","content":"` + strings.Repeat("y", 3000) + `"}]}}
 `
-	writeChunks(t, p, stream, 5)
+	_, got := feed(t, a, stream, 5)
 	if len(got) != 3 {
 		t.Fatalf("progress = %+v", got)
 	}

@@ -9,14 +9,7 @@ import (
 )
 
 func TestCodexPrepare(t *testing.T) {
-	a, err := Lookup("codex")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := a.Prepare(Invocation{PromptPath: "/task/prompt.md", Model: "gpt-5", ExtraArgs: []string{"-c", "x=1"}, Env: []string{"OPENAI_API_KEY=k"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := mustPrepare(t, "codex", Invocation{PromptPath: "/task/prompt.md", Model: "gpt-5", ExtraArgs: []string{"-c", "x=1"}, Env: []string{"OPENAI_API_KEY=k"}})
 	if got.Args[0] != "/bin/sh" || got.Args[1] != "-c" || got.Args[3] != "codex-setup" {
 		t.Fatalf("args %q: want a /bin/sh -c setup", got.Args)
 	}
@@ -33,8 +26,7 @@ func TestCodexPrepare(t *testing.T) {
 // OPENAI_BASE_URL it adds the provider options, without it nothing, and
 // the prompt argument "-" comes last either way.
 func TestCodexSetupScript(t *testing.T) {
-	a, _ := Lookup("codex")
-	p, _ := a.Prepare(Invocation{Binary: "/usr/bin/printf", Model: "m"})
+	p := mustPrepare(t, "codex", Invocation{Binary: "/usr/bin/printf", Model: "m"})
 	// printf's format is "exec": print it, then one argument a line.
 	p.Args[4], p.Args[5] = "/usr/bin/printf", "%s\\n"
 	run := func(env ...string) (string, error) {
@@ -59,37 +51,6 @@ func TestCodexSetupScript(t *testing.T) {
 	}
 	if out, err := run(`OPENAI_BASE_URL=http://x/"]`); err == nil || !strings.Contains(out, "must not contain quotes") {
 		t.Errorf("a quote in the URL: %v %q", err, out)
-	}
-}
-
-func TestCodexStreamSuccess(t *testing.T) {
-	stream := mustRead(t, "testdata/codex_success.jsonl")
-	for _, chunk := range []int{1, 13, len(stream)} {
-		var prog []Progress
-		p := codexAdapter{}.NewParser(func(pr Progress) { prog = append(prog, pr) })
-		writeChunks(t, p, stream, chunk)
-		got := p.Result()
-		want := Result{
-			Summary:   "Done: wrote output/result.txt.",
-			SessionID: "01a202b1-3c95-78d3-913c-e8429169d20f",
-			Turns:     1,
-			Usage:     Usage{InputTokens: 200, OutputTokens: 40},
-			Done:      true,
-		}
-		if diff := cmp.Diff(want, got); diff != "" {
-			t.Errorf("chunk %d: result (-want +got):\n%s", chunk, diff)
-		}
-		wantProg := []Progress{
-			{Kind: ProgressInit},
-			{Kind: ProgressText, Text: "Writing the file."},
-			{Kind: ProgressToolUse, Tool: "shell", Input: `{"command":"/bin/bash -lc \"mkdir -p output && python3 -c \\\"open('output/result.txt','w').write('42\\\\n')\\\"\""}`},
-			{Kind: ProgressToolResult, Tool: "shell", Status: "ok"},
-			{Kind: ProgressText, Text: "Done: wrote output/result.txt."},
-			{Kind: ProgressResult, Text: "Done: wrote output/result.txt."},
-		}
-		if diff := cmp.Diff(wantProg, prog); diff != "" {
-			t.Errorf("chunk %d: progress (-want +got):\n%s", chunk, diff)
-		}
 	}
 }
 

@@ -11,14 +11,7 @@ import (
 )
 
 func TestGeminiPrepare(t *testing.T) {
-	a, err := Lookup("gemini")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := a.Prepare(Invocation{PromptPath: "/task/prompt.md", Model: "gemini-2.5-pro", ExtraArgs: []string{"--debug"}, Env: []string{"GEMINI_API_KEY=k"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := mustPrepare(t, "gemini", Invocation{PromptPath: "/task/prompt.md", Model: "gemini-2.5-pro", ExtraArgs: []string{"--debug"}, Env: []string{"GEMINI_API_KEY=k"}})
 	if got.Args[0] != "/bin/sh" || got.Args[1] != "-c" {
 		t.Fatalf("args %q: want a /bin/sh -c setup", got.Args)
 	}
@@ -40,7 +33,7 @@ func TestGeminiPrepare(t *testing.T) {
 		}
 	}
 
-	b, _ := a.Prepare(Invocation{Binary: "/opt/gemini"})
+	b := mustPrepare(t, "gemini", Invocation{Binary: "/opt/gemini"})
 	if b.Args[6] != "/opt/gemini" || b.Stdin != "" || len(b.Args) != 13 {
 		t.Errorf("with a binary and no model: %q", b.Args)
 	}
@@ -53,8 +46,7 @@ func TestGeminiSetupScript(t *testing.T) {
 	if _, err := exec.LookPath("/bin/sh"); err != nil {
 		t.Skip("no /bin/sh")
 	}
-	a, _ := Lookup("gemini")
-	p, _ := a.Prepare(Invocation{Binary: "/bin/echo", Model: "m x"})
+	p := mustPrepare(t, "gemini", Invocation{Binary: "/bin/echo", Model: "m x"})
 	run := func(home string, env ...string) string {
 		t.Helper()
 		cmd := exec.Command(p.Args[0], p.Args[1:]...)
@@ -92,37 +84,6 @@ func TestGeminiSetupScript(t *testing.T) {
 	run(home, "GEMINI_API_KEY=k")
 	if b, _ := os.ReadFile(settings); string(b) != `{"mine":true}` {
 		t.Errorf("an existing settings.json was replaced: %s", b)
-	}
-}
-
-func TestGeminiStreamSuccess(t *testing.T) {
-	stream := mustRead(t, "testdata/gemini_success.jsonl")
-	for _, chunk := range []int{1, 7, len(stream)} {
-		var prog []Progress
-		p := geminiAdapter{}.NewParser(func(pr Progress) { prog = append(prog, pr) })
-		writeChunks(t, p, stream, chunk)
-		got := p.Result()
-		want := Result{
-			Summary:   "Done: wrote output/result.txt.",
-			SessionID: "b0494c14-800c-4592-b4a4-bf1ed339d7ec",
-			Turns:     1,
-			Usage:     Usage{InputTokens: 200, OutputTokens: 40},
-			Done:      true,
-		}
-		if diff := cmp.Diff(want, got); diff != "" {
-			t.Errorf("chunk %d: result (-want +got):\n%s", chunk, diff)
-		}
-		wantProg := []Progress{
-			{Kind: ProgressInit, Text: "gemini-2.5-pro"},
-			{Kind: ProgressText, Text: "Writing the file."},
-			{Kind: ProgressToolUse, Tool: "run_shell_command", Input: `{"command":"mkdir -p output && python3 -c \"open('output/result.txt','w').write('42\\n')\""}`},
-			{Kind: ProgressToolResult, Tool: "run_shell_command", Status: "ok"},
-			{Kind: ProgressText, Text: "Done: wrote output/result.txt."},
-			{Kind: ProgressResult, Text: "Done: wrote output/result.txt."},
-		}
-		if diff := cmp.Diff(wantProg, prog); diff != "" {
-			t.Errorf("chunk %d: progress (-want +got):\n%s", chunk, diff)
-		}
 	}
 }
 

@@ -111,10 +111,7 @@ func TestBankStatementAnalysis(t *testing.T) {
 	if len(tk.AttachmentIDs) != 1 {
 		t.Fatalf("task attachment_ids %v, want one", tk.AttachmentIDs)
 	}
-	res := s.wait(t, tk.ID, 30*time.Second, "totals.txt")
-	if res.Status != task.Success {
-		t.Fatalf("task %s: %s %s", tk.ID, res.Status, res.ErrorMessage)
-	}
+	res := s.waitSuccess(t, tk.ID, 30*time.Second, "totals.txt")
 	if got, want := res.FileContents["totals.txt"].Content, "groceries -60.00\nrent -900.00\nsalary 2500.00\n"; got != want {
 		t.Errorf("totals.txt %q, want %q", got, want)
 	}
@@ -149,17 +146,11 @@ func TestBankStatementAnalysis(t *testing.T) {
 // is saved under a suffix, and the event says so.
 func TestReusableScript(t *testing.T) {
 	s := MustStart(t, nil)
-	ctx := context.Background()
 	spawn := func(req service.SpawnRequest) task.Task {
 		t.Helper()
 		req.Agent = "command"
-		tk, _, err := s.client.Spawn(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res := s.wait(t, tk.ID, 30*time.Second); res.Status != task.Success {
-			t.Fatalf("task %s: %s %s", tk.ID, res.Status, res.ErrorMessage)
-		}
+		tk := mustSpawn(t, s.client, req)
+		s.waitSuccess(t, tk.ID, 30*time.Second)
 		return tk
 	}
 	first := spawn(service.SpawnRequest{TaskDescription: "Write a greeting script", SaveToShared: true,
@@ -227,15 +218,9 @@ func TestBatchOfFiveUploads(t *testing.T) {
 	for _, a := range atts {
 		ids = append(ids, a.ID)
 	}
-	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "Sum the receipts", Agent: "command", AttachmentIDs: ids,
+	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "Sum the receipts", Agent: "command", AttachmentIDs: ids,
 		Command: []string{"sh", "-c", `ls context > output/files.txt && cat context/*.txt | awk '{s+=$2} END{printf "%.2f\n", s}' > output/total.txt`}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res := s.wait(t, tk.ID, 30*time.Second, "files.txt", "total.txt")
-	if res.Status != task.Success {
-		t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
-	}
+	res := s.waitSuccess(t, tk.ID, 30*time.Second, "files.txt", "total.txt")
 	if got, want := res.FileContents["files.txt"].Content, "receipt-2.txt\nreceipt.txt\nreceipt1.txt\nreceipt2.txt\nreceipt3.txt\n"; got != want {
 		t.Errorf("context/ holds %q, want %q", got, want)
 	}
@@ -324,9 +309,7 @@ func TestAttachmentBadInput(t *testing.T) {
 	if _, err := s.client.WriteWorkspace(ctx, "data/a.txt", bytes.Repeat([]byte("x"), 6<<10)); !errors.Is(err, errdefs.ErrTooLarge) {
 		t.Errorf("write over max_write_bytes: %v, want 413", err)
 	}
-	if _, err := s.client.WriteWorkspace(ctx, "data/a.txt", bytes.Repeat([]byte("x"), 5<<10)); err != nil {
-		t.Fatal(err)
-	}
+	s.mustWriteWorkspace(t, "data/a.txt", bytes.Repeat([]byte("x"), 5<<10))
 	_, err = s.client.WriteWorkspace(ctx, "data/b.txt", bytes.Repeat([]byte("x"), 4<<10))
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || errors.Is(err, errdefs.ErrTooLarge) || !strings.Contains(err.Error(), "limits.max_shared_bytes") {
 		t.Errorf("write past the shared/ quota: %v, want 429 naming limits.max_shared_bytes", err)

@@ -41,10 +41,7 @@ func (s *server) snapshot(t *testing.T) snapshot {
 func TestBadInputChangesNothing(t *testing.T) {
 	t.Parallel()
 	s := MustStart(t, func(c *config.Config) { c.Limits.MaxPromptBytes = mustSize(t, "1KiB") })
-	ctx := context.Background()
-	if _, err := s.client.WriteWorkspace(ctx, "data/ok.csv", []byte("a,b\n")); err != nil {
-		t.Fatal(err)
-	}
+	s.mustWriteWorkspace(t, "data/ok.csv", []byte("a,b\n"))
 	outside := t.TempDir()
 	os.WriteFile(filepath.Join(outside, "secret"), []byte("secret"), 0o644)
 	if err := os.Symlink(filepath.Join(outside, "secret"), filepath.Join(s.data, "shared", "data", "link")); err != nil {

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/app"
-	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 	"github.com/corral-dev/corral/internal/service"
@@ -30,11 +29,7 @@ import (
 func TestDestroySandboxesLeavesNothing(t *testing.T) {
 	testenv.RequireBwrap(t)
 	t.Parallel()
-	cfg, err := config.Load(config.LoadOptions{Environ: []string{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Listen, cfg.Data = "127.0.0.1:0", testenv.TempDir(t)
+	cfg := testConfig(t, []string{}, testenv.TempDir(t))
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	a, err := app.New(ctx, cfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)), app.Options{Binary: corralBin})
@@ -55,10 +50,7 @@ func TestDestroySandboxesLeavesNothing(t *testing.T) {
 	url := "http://" + a.Addr()
 	waitHealthy(t, url)
 	s := &server{app: a, client: httpapi.NewClient(url, a.Token()), url: url, data: cfg.Data}
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "long", Agent: "command", Command: []string{"sleep", "60.02"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "long", Agent: "command", Command: []string{"sleep", "60.02"}})
 	s.waitStatus(t, tk.ID, task.Running, 20*time.Second)
 	var st struct {
 		Cgroups []string `json:"cgroups"`

@@ -49,9 +49,7 @@ func TestEventsCarryCorrelationAndCausation(t *testing.T) {
 	if resp.StatusCode != http.StatusCreated || resp.Header.Get("X-Correlation-ID") != corr {
 		t.Fatalf("spawn: %d, X-Correlation-ID %q, want 201 and %q", resp.StatusCode, resp.Header.Get("X-Correlation-ID"), corr)
 	}
-	if res := s.wait(t, id, 30*time.Second); res.Status != task.Success {
-		t.Fatalf("task ended %s: %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, id, 30*time.Second)
 	tk, err := s.client.Get(ctx, id)
 	if err != nil || tk.CorrelationID != corr {
 		t.Fatalf("task correlation_id %q (%v), want %q", tk.CorrelationID, err, corr)

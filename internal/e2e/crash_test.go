@@ -4,7 +4,6 @@ package e2e_test
 
 import (
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,23 +33,24 @@ type proc struct {
 // it (killSandboxes).
 func startProcess(t *testing.T, data string, extra ...string) *proc {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return startProcessAt(t, data, addr, "", extra...)
+	return startProcessAt(t, data, freeLoopbackAddr(t), "", extra...)
+}
+
+// startKillable starts a server process with extra flags on a fresh data
+// root, for a test that kills it and starts another on the same data; it
+// returns the data root and the process.
+func startKillable(t *testing.T, extra ...string) (string, *proc) {
+	t.Helper()
+	testenv.RequireBwrap(t)
+	data := testenv.TempDir(t)
+	return data, startProcess(t, data, extra...)
 }
 
 // startProcessAt is startProcess listening on addr, its client sending
 // token.
 func startProcessAt(t *testing.T, data, addr, token string, extra ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(corralBin, append([]string{"serve", "--data", data, "--listen", addr}, extra...)...)
-	cmd.Dir = t.TempDir()
-	cmd.Env = withoutCorralEnv()
-	cmd.Stdout, cmd.Stderr = testWriter{t}, testWriter{t}
+	cmd := serveCommand(t, data, addr, extra...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -61,6 +61,17 @@ func startProcessAt(t *testing.T, data, addr, token string, extra ...string) *pr
 	})
 	waitHealthy(t, p.url)
 	return p
+}
+
+// serveCommand is `corral serve` on data and addr with extra flags, not
+// started: it runs in a directory of its own, without the test's CORRAL_*
+// and AI_WORKER_* variables, and logs to the test's log.
+func serveCommand(t *testing.T, data, addr string, extra ...string) *exec.Cmd {
+	cmd := exec.Command(corralBin, append([]string{"serve", "--data", data, "--listen", addr}, extra...)...)
+	cmd.Dir = t.TempDir()
+	cmd.Env = withoutCorralEnv()
+	cmd.Stdout, cmd.Stderr = testWriter{t}, testWriter{t}
+	return cmd
 }
 
 // waitRunning waits until task id runs.
@@ -85,16 +96,11 @@ func (p *proc) kill() {
 }
 
 func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
-	testenv.RequireBwrap(t)
 	t.Parallel()
-	data := testenv.TempDir(t)
+	data, srv := startKillable(t, "--max-concurrent", "2")
 	ctx := context.Background()
-	srv := startProcess(t, data, "--max-concurrent", "2")
 	spawn := func(desc, script string) string {
-		tk, _, err := srv.client.Spawn(ctx, service.SpawnRequest{TaskDescription: desc, Command: []string{"sh", "-c", script}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		tk := mustSpawn(t, srv.client, service.SpawnRequest{TaskDescription: desc, Command: []string{"sh", "-c", script}})
 		return tk.ID
 	}
 	// finisher ends while the server is down; survivor runs across the
@@ -106,17 +112,7 @@ func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 		queued = append(queued, spawn("queued", "echo ran > output/result.txt"))
 	}
 	for _, id := range []string{finisher, survivor} {
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			tk, err := srv.client.Get(ctx, id)
-			if err == nil && tk.Status == task.Running {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("task %s never ran: %v %v", id, tk.Status, err)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		srv.waitRunning(t, id, 20*time.Second)
 	}
 	for deadline := time.Now().Add(5 * time.Second); !processRunning("sleep", "6.01") && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)

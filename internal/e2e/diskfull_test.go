@@ -67,11 +67,8 @@ func TestFreeSpaceFloor(t *testing.T) {
 		c.Limits.MaxTaskDirBytes = mustSize(t, "1GiB")
 	})
 	ctx := context.Background()
-	filler, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "fill the disk", Agent: "command",
+	filler := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "fill the disk", Agent: "command",
 		Command: []string{"sh", "-c", "dd if=/dev/zero of=output/big bs=1M count=1000"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The floor is polled: a filler faster than the polls, on a busy
 	// host, can fill the disk before one sees it. Then the server gives
 	// back its event store's reserve and still records the filler's end.

@@ -30,11 +30,8 @@ func TestDockerImages(t *testing.T) {
 	})
 	ctx := context.Background()
 
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "which system", Runtime: "docker",
+	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "which system", Runtime: "docker",
 		Command: []string{"sh", "-c", ". /etc/os-release; echo $VERSION_CODENAME > output/os.txt"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if tk.Image != testenv.DockerImage {
 		t.Errorf("task image %q, want the default %q", tk.Image, testenv.DockerImage)
 	}
@@ -43,15 +40,12 @@ func TestDockerImages(t *testing.T) {
 		t.Errorf("task on docker: %s %s, wrote %q; want success and bookworm", res.Status, res.ErrorMessage, b)
 	}
 
-	_, _, err = s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Runtime: "docker", Image: "python:3.12-slim", Command: []string{"true"}})
+	_, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Runtime: "docker", Image: "python:3.12-slim", Command: []string{"true"}})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "corral-test/*") {
 		t.Errorf("an image outside the allowlist: %v, want a 422 naming the patterns", err)
 	}
 
-	tk, _, err = s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "no claude here", Runtime: "docker", Agent: "claude"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tk = mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "no claude here", Runtime: "docker", Agent: "claude"})
 	res = s.wait(t, tk.ID, 60*time.Second)
 	if want := "claude is not installed in image " + testenv.DockerImage; res.Status != task.Failed || !strings.Contains(res.ErrorMessage, want) {
 		t.Errorf("an agent missing from the image: %s %q, want failed saying %q", res.Status, res.ErrorMessage, want)
@@ -65,12 +59,8 @@ func TestDockerAnyImage(t *testing.T) {
 	testenv.RequireDocker(t)
 	t.Parallel()
 	s := MustStart(t, nil)
-	ctx := context.Background()
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "busybox only", Runtime: "docker", Image: testenv.DockerBusyboxImage,
+	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "busybox only", Runtime: "docker", Image: testenv.DockerBusyboxImage,
 		Command: []string{"sh", "-c", "ls / > output/root.txt"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	res := s.wait(t, tk.ID, 60*time.Second)
 	b, _ := os.ReadFile(filepath.Join(s.data, "tasks", tk.ID, "output", "root.txt"))
 	if res.Status != task.Success || strings.Contains(string(b), "usr") || !strings.Contains(string(b), "task") {
@@ -91,11 +81,8 @@ func TestDockerKill9(t *testing.T) {
 	}
 	ctx := context.Background()
 	srv := startProcess(t, data, "--config", cfgFile)
-	tk, _, err := srv.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "runs across the restart",
+	tk := mustSpawn(t, srv.client, service.SpawnRequest{TaskDescription: "runs across the restart",
 		Command: []string{"sh", "-c", "while [ ! -e /task/go ]; do sleep 0.05; done; echo survived > output/result.txt"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if tk.Runtime != "docker" {
 		t.Fatalf("task runtime %q, want docker", tk.Runtime)
 	}

@@ -67,7 +67,7 @@ func TestNoteCompilation(t *testing.T) {
 		t.Fatalf("pushed note %+v", a)
 	}
 
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{
+	tk := mustSpawn(t, s.client, service.SpawnRequest{
 		TaskDescription: "Compile the Project Alpha notes into one summary",
 		NoteQuery:       "project alpha",
 		Agent:           "command",
@@ -76,16 +76,10 @@ func TestNoteCompilation(t *testing.T) {
 grep -c '^document_id: ' context/notes/*.md | wc -l > output/frontmatter.txt
 grep -q 'Notes matching .* in ./task/context/notes/' /task/prompt.md && echo "summary written"`},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if !slices.Equal(sortedCopy(tk.NoteIDs), sortedCopy([]string{a.DocumentID, b.DocumentID})) || tk.NoteQuery != "project alpha" {
 		t.Errorf("spec note_ids %v (query %q), want the two alpha notes", tk.NoteIDs, tk.NoteQuery)
 	}
-	res := s.wait(t, tk.ID, 60*time.Second, "notes.txt", "project_alpha_summary.md", "frontmatter.txt")
-	if res.Status != task.Success {
-		t.Fatalf("status %s: %s", res.Status, res.ErrorMessage)
-	}
+	res := s.waitSuccess(t, tk.ID, 60*time.Second, "notes.txt", "project_alpha_summary.md", "frontmatter.txt")
 	if got := strings.Fields(res.FileContents["notes.txt"].Content); !slices.Equal(got, []string{"alpha-risks.md", "project-alpha-kickoff.md"}) {
 		t.Errorf("context/notes/ = %v", got)
 	}
@@ -165,12 +159,8 @@ func TestDocumentsIntoContext(t *testing.T) {
 	s := MustStart(t, nil)
 	ctx := context.Background()
 	csv := "quarter,revenue\nQ1,100\nQ2,250\n"
-	if _, err := s.client.WriteWorkspace(ctx, "data/revenue report.csv", []byte(csv)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.client.WriteWorkspace(ctx, "data/statement.pdf", []byte("%PDF-1.4\n1 0 obj <<>> endobj\n\x00\x01binary")); err != nil {
-		t.Fatal(err)
-	}
+	s.mustWriteWorkspace(t, "data/revenue report.csv", []byte(csv))
+	s.mustWriteWorkspace(t, "data/statement.pdf", []byte("%PDF-1.4\n1 0 obj <<>> endobj\n\x00\x01binary"))
 	d, err := s.client.IngestDocument(ctx, service.IngestRequest{SourcePath: "/workspace/shared/data/revenue report.csv", Title: "Revenue by quarter", SourceType: "imported"})
 	if err != nil {
 		t.Fatal(err)
@@ -195,13 +185,10 @@ func TestDocumentsIntoContext(t *testing.T) {
 		}
 	}
 
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{
+	tk := mustSpawn(t, s.client, service.SpawnRequest{
 		TaskDescription: "sum the revenue", DocumentIDs: []string{d.DocumentID}, Agent: "command",
 		Command: []string{"sh", "-c", `awk -F, 'NR>1{s+=$2} END{print s}' context/` + d.File + ` > output/sum.txt`},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	res := s.wait(t, tk.ID, 60*time.Second, "sum.txt")
 	if res.Status != task.Success || res.FileContents["sum.txt"].Content != "350\n" {
 		t.Errorf("status %s, sum %q (%s)", res.Status, res.FileContents["sum.txt"].Content, res.ErrorMessage)
@@ -219,22 +206,14 @@ func TestDataTransformation(t *testing.T) {
 	s := MustStart(t, nil)
 	ctx := context.Background()
 	messy := "name , date ,amount\n  Alice ,2026/01/05, 10\n\n,,\nBob,2026/1/7 ,  20 \n   \n"
-	if _, err := s.client.WriteWorkspace(ctx, "data/messy_data.csv", []byte(messy)); err != nil {
-		t.Fatal(err)
-	}
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{
+	s.mustWriteWorkspace(t, "data/messy_data.csv", []byte(messy))
+	tk := mustSpawn(t, s.client, service.SpawnRequest{
 		TaskDescription: "Read data/messy_data.csv. Clean: remove empty rows, normalize dates, trim whitespace. Output as cleaned_data.csv with summary of changes.",
 		ContextFiles:    []string{"data/messy_data.csv"}, Agent: "command",
 		Command: []string{"sh", "-c", `awk -F, 'BEGIN{OFS=","} {for(i=1;i<=NF;i++){gsub(/^ +| +$/,"",$i)} line=$0; gsub(/[ ,]/,"",line); if(line==""){dropped++; next} if(NR>1){split($2,d,"/"); $2=sprintf("%04d-%02d-%02d",d[1],d[2],d[3])} print} END{print dropped > "output/dropped.txt"}' context/messy_data.csv > output/cleaned_data.csv
 printf '# Cleaning report\n\nRows removed: %s\n' "$(cat output/dropped.txt)" > output/cleaning_report.md && rm output/dropped.txt`},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res := s.wait(t, tk.ID, 60*time.Second, "cleaned_data.csv", "cleaning_report.md")
-	if res.Status != task.Success {
-		t.Fatalf("status %s: %s", res.Status, res.ErrorMessage)
-	}
+	res := s.waitSuccess(t, tk.ID, 60*time.Second, "cleaned_data.csv", "cleaning_report.md")
 	want := "name,date,amount\nAlice,2026-01-05,10\nBob,2026-01-07,20\n"
 	if got := res.FileContents["cleaned_data.csv"].Content; got != want {
 		t.Errorf("cleaned_data.csv = %q, want %q", got, want)
@@ -252,9 +231,7 @@ printf '# Cleaning report\n\nRows removed: %s\n' "$(cat output/dropped.txt)" > o
 	if err != nil || len(found.Documents) != 1 || found.Documents[0].DocumentID != doc.DocumentID || !strings.Contains(found.Documents[0].Snippet, "**Alice**") {
 		t.Errorf("search Alice: %+v, %v", found, err)
 	}
-	if _, err := s.client.WriteWorkspace(ctx, "data/cleaned_data.csv", []byte(res.FileContents["cleaned_data.csv"].Content)); err != nil {
-		t.Fatal(err)
-	}
+	s.mustWriteWorkspace(t, "data/cleaned_data.csv", []byte(res.FileContents["cleaned_data.csv"].Content))
 }
 
 // TestDocumentsBadInput: each bad request is a clear 4xx, and leaves no
@@ -263,9 +240,7 @@ func TestDocumentsBadInput(t *testing.T) {
 	t.Parallel()
 	s := MustStart(t, nil)
 	ctx := context.Background()
-	if _, err := s.client.WriteWorkspace(ctx, "data/ok.txt", []byte("fine")); err != nil {
-		t.Fatal(err)
-	}
+	s.mustWriteWorkspace(t, "data/ok.txt", []byte("fine"))
 	done := s.spawn(t, "a task with a prompt", "sh", "-c", "echo hi > output/hi.txt")
 	s.wait(t, done.ID, 60*time.Second)
 	outside := t.TempDir()

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -17,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
@@ -41,6 +39,7 @@ type fetchResult struct {
 // paths it served.
 type loopbackServer struct {
 	port  int
+	addr  string // 127.0.0.1:port
 	mu    sync.Mutex
 	paths []string
 }
@@ -51,7 +50,7 @@ func mustLoopbackServer(t *testing.T) *loopbackServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &loopbackServer{port: ln.Addr().(*net.TCPAddr).Port}
+	s := &loopbackServer{port: ln.Addr().(*net.TCPAddr).Port, addr: ln.Addr().String()}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.paths = append(s.paths, r.URL.Path)
@@ -85,14 +84,19 @@ func mustInstallFetch(t *testing.T, data string) string {
 	return "/workspace/shared/bin/egressfetch"
 }
 
+// mustStartAllowing starts a server whose egress allowlist is hostport
+// alone, with egressfetch installed; it returns the server and the tool's
+// path in the sandboxes.
+func mustStartAllowing(t *testing.T, hostport string) (*server, string) {
+	t.Helper()
+	s := MustStart(t, func(c *config.Config) { c.Egress.Allow = []string{hostport} })
+	return s, mustInstallFetch(t, s.data)
+}
+
 // spawnNet spawns a command-agent task with a network policy.
 func spawnNet(t *testing.T, c *httpapi.Client, network string, argv ...string) task.Task {
 	t.Helper()
-	tk, _, err := c.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "egress " + network, Agent: "command", Command: argv, Network: network})
-	if err != nil {
-		t.Fatalf("spawn: %v", err)
-	}
-	return tk
+	return mustSpawn(t, c, service.SpawnRequest{TaskDescription: "egress " + network, Agent: "command", Command: argv, Network: network})
 }
 
 func readFetch(t *testing.T, data, id string) map[string]fetchResult {
@@ -182,7 +186,7 @@ func TestEgressAllowlist(t *testing.T) {
 // socket: its sandboxes mount the proxy's socket.
 func testEgressAllowlist(t *testing.T, socket bool, edit func(testing.TB, *config.Config)) {
 	up := mustLoopbackServer(t)
-	hostport := fmt.Sprintf("127.0.0.1:%d", up.port)
+	hostport := up.addr
 	unlisted := mustLoopbackServer(t)
 	s := MustStart(t, func(c *config.Config) {
 		edit(t, c)
@@ -199,12 +203,10 @@ func testEgressAllowlist(t *testing.T, socket bool, edit func(testing.TB, *confi
 		"get", "http://unlisted.example/",
 		"get", denied,
 		"connect", "api.anthropic.com:22",
-		"dial", fmt.Sprintf("127.0.0.1:%d", unlisted.port),
+		"dial", unlisted.addr,
 		"direct", "http://"+hostport+"/forwarded",
 	)
-	if res := s.wait(t, tk.ID, 90*time.Second); res.Status != task.Success {
-		t.Fatalf("task %s: %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, tk.ID, 90*time.Second)
 	r := readFetch(t, s.data, tk.ID)
 	if e := r["env "]; !strings.Contains(e.Body, "HTTP_PROXY=http://127.0.0.1:3128") || !strings.Contains(e.Body, "HTTPS_PROXY=http://127.0.0.1:3128") || !strings.Contains(e.Body, "NO_PROXY=localhost,127.0.0.1") {
 		t.Errorf("agent proxy environment:\n%s", e.Body)
@@ -231,7 +233,7 @@ func testEgressAllowlist(t *testing.T, socket bool, edit func(testing.TB, *confi
 	if d := r["direct http://"+hostport+"/forwarded"]; !d.OK || d.Body != "hello from the host: /forwarded" {
 		t.Errorf("a direct GET of the listed loopback address inside the sandbox: %+v", d)
 	}
-	if d := r[fmt.Sprintf("dial 127.0.0.1:%d", unlisted.port)]; d.OK {
+	if d := r["dial "+unlisted.addr]; d.OK {
 		t.Errorf("a connection to an unlisted port of the host's loopback succeeded")
 	}
 	if got := unlisted.served(); len(got) != 0 {
@@ -274,13 +276,10 @@ func testEgressAllowlist(t *testing.T, socket bool, edit func(testing.TB, *confi
 func TestEgressNone(t *testing.T) {
 	t.Parallel()
 	up := mustLoopbackServer(t)
-	hostport := fmt.Sprintf("127.0.0.1:%d", up.port)
-	s := MustStart(t, func(c *config.Config) { c.Egress.Allow = []string{hostport} })
-	fetch := mustInstallFetch(t, s.data)
+	hostport := up.addr
+	s, fetch := mustStartAllowing(t, hostport)
 	tk := spawnNet(t, s.client, "none", fetch, "env", "stat", "/run/corral/egress", "get", "http://"+hostport+"/none", "dial", hostport)
-	if res := s.wait(t, tk.ID, 90*time.Second); res.Status != task.Success {
-		t.Fatalf("task %s: %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, tk.ID, 90*time.Second)
 	r := readFetch(t, s.data, tk.ID)
 	if e := r["env "]; e.OK {
 		t.Errorf("network none has proxy variables:\n%s", e.Body)
@@ -310,7 +309,7 @@ func TestEgressSurvivesRestart(t *testing.T) {
 	t.Parallel()
 	testenv.RequireBwrap(t)
 	up := mustLoopbackServer(t)
-	hostport := fmt.Sprintf("127.0.0.1:%d", up.port)
+	hostport := up.addr
 	data := testenv.TempDir(t)
 	t.Cleanup(func() { killSandboxes(t, data) })
 	edit := func(c *config.Config) { c.Egress.Allow = []string{hostport} }
@@ -350,35 +349,10 @@ func TestEgressSurvivesRestart(t *testing.T) {
 // running, as after a crash).
 func startOn(t *testing.T, data string, edit func(*config.Config)) (*httpapi.Client, func()) {
 	t.Helper()
-	cfg, err := config.Load(config.LoadOptions{Environ: []string{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Data = data
+	cfg := testConfig(t, []string{}, data)
 	cfg.Limits.StopGrace = config.Duration(2 * time.Second)
 	edit(cfg)
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.New(ctx, cfg, log, app.Options{Binary: corralBin})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("server ended with %v", err)
-			}
-			a.Close()
-		})
-	}
-	t.Cleanup(stop)
-	waitHealthy(t, "http://"+a.Addr())
+	a, stop := runApp(t, cfg, nil, nil)
 	return httpapi.NewClient("http://"+a.Addr(), a.Token()), stop
 }
 

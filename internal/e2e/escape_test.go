@@ -165,7 +165,6 @@ type probeResult struct {
 
 func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 	s := MustStart(t, rt.config(t))
-	ctx := context.Background()
 
 	// The probe runs from the shared workspace, which the sandbox sees
 	// read-only at /workspace/shared.
@@ -182,9 +181,7 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 
 	// Another task, whose directory the probe must not reach.
 	victim := s.spawn(t, "the victim", "sh", "-c", "echo secret > output/secret.txt")
-	if res := s.wait(t, victim.ID, 60*time.Second); res.Status != task.Success {
-		t.Fatalf("victim task: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, victim.ID, 60*time.Second)
 	victimDir := filepath.Join(s.data, "tasks", victim.ID)
 
 	// A service on the host's loopback, counting connections.
@@ -254,14 +251,8 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 		waitWarm(t, s, 2)
 		claims = warmPools(t, s, "corral_warm_claims_total")["egress"]
 	}
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "try to get out", Agent: "command", Command: argv, Runtime: rt.runtime})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res := s.wait(t, tk.ID, 90*time.Second)
-	if res.Status != task.Success {
-		t.Fatalf("probe task: %s %s", res.Status, res.ErrorMessage)
-	}
+	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "try to get out", Agent: "command", Command: argv, Runtime: rt.runtime})
+	s.waitSuccess(t, tk.ID, 90*time.Second)
 	if rt.warm && warmPools(t, s, "corral_warm_claims_total")["egress"] != claims+1 {
 		t.Fatalf("the probe's task did not claim a warm sandbox")
 	}
@@ -396,15 +387,12 @@ func testForkBomb(t *testing.T, rt escapeRuntime) {
 	// The bombs of the runtimes run at once: each sleeps its own number of
 	// seconds, so that each counts only its own sleeps.
 	secs := strconv.Itoa(2000 + slices.IndexFunc(escapeRuntimes, func(r escapeRuntime) bool { return r.name == rt.name }))
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{
+	tk := mustSpawn(t, s.client, service.SpawnRequest{
 		TaskDescription: "fork bomb", Agent: "command", Runtime: rt.runtime, TimeoutMinutes: 5,
 		// bash, unlike dash, survives a failed fork and keeps trying.
 		Command:   []string{"bash", "-c", "while :; do sleep " + secs + " & done"},
 		Resources: &service.ResourceRequest{PidsLimit: pids, CPULimit: "500m"},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	s.waitStatus(t, tk.ID, task.Running, 20*time.Second)
 	t.Cleanup(func() {
 		s.client.Cancel(context.Background(), tk.ID)
@@ -452,15 +440,12 @@ func testForkBomb(t *testing.T, rt escapeRuntime) {
 // fails saying so.
 func testMemoryBomb(t *testing.T, rt escapeRuntime) {
 	s := MustStart(t, rt.config(t))
-	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
+	tk := mustSpawn(t, s.client, service.SpawnRequest{
 		TaskDescription: "memory bomb", Agent: "command", Runtime: rt.runtime, TimeoutMinutes: 2,
 		// The shell holds 400 MB of "a" in a variable.
 		Command:   []string{"sh", "-c", `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo survived ${#x} > output/survived.txt`},
 		Resources: &service.ResourceRequest{MemoryLimit: "64Mi"},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	res := s.wait(t, tk.ID, 100*time.Second)
 	if res.Status != task.Failed {
 		t.Fatalf("status %s, want failed", res.Status)
@@ -477,17 +462,11 @@ func testMemoryBomb(t *testing.T, rt escapeRuntime) {
 // nor served.
 func testSymlinkOut(t *testing.T, rt escapeRuntime) {
 	s := MustStart(t, rt.config(t))
-	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
+	tk := mustSpawn(t, s.client, service.SpawnRequest{
 		TaskDescription: "symlinks out", Agent: "command", Runtime: rt.runtime,
 		Command: []string{"sh", "-c", "ln -s /etc/passwd output/link && ln -s ../../../corral.db output/db && echo hi > output/real.txt"},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res := s.wait(t, tk.ID, 60*time.Second)
-	if res.Status != task.Success {
-		t.Fatalf("status %s: %s", res.Status, res.ErrorMessage)
-	}
+	res := s.waitSuccess(t, tk.ID, 60*time.Second)
 	var names []string
 	for _, f := range res.OutputFiles {
 		names = append(names, f.Name)
@@ -524,7 +503,6 @@ func testSymlinkOut(t *testing.T, rt escapeRuntime) {
 func testHostIdentity(t *testing.T, rt escapeRuntime) {
 	testenv.RequireRoot(t)
 	s := MustStart(t, rt.config(t))
-	ctx := context.Background()
 	marker := "corral-identity-" + strings.ReplaceAll(rt.name, "+", "-")
 	// The worker makes its files, then waits until the test has looked
 	// at its processes (it removes output/go). The test waits for
@@ -533,11 +511,8 @@ func testHostIdentity(t *testing.T, rt escapeRuntime) {
 	// removing the file between them fails the create with ENOENT.
 	script := `cp /bin/id output/suid-id && chmod 6755 output/suid-id && mkdir output/open && chmod 1777 output/open &&
 mkfifo output/fifo && : > output/go && : > output/ready && while [ -e output/go ]; do sleep 0.05; done; sh -c 'exit 0' ` + marker
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "leave hostile files", Agent: "command", Runtime: rt.runtime,
+	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "leave hostile files", Agent: "command", Runtime: rt.runtime,
 		Command: []string{"sh", "-c", script}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := filepath.Join(s.data, "tasks", tk.ID, "output")
 	waitFor(t, "the worker making its files", func() bool {
 		_, err := os.Stat(filepath.Join(out, "ready"))
@@ -590,9 +565,7 @@ mkfifo output/fifo && : > output/go && : > output/ready && while [ -e output/go 
 		}
 	}
 	os.Remove(filepath.Join(out, "go"))
-	if res := s.wait(t, tk.ID, 60*time.Second); res.Status != task.Success {
-		t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, tk.ID, 60*time.Second)
 	// Once it ended: owned by the server, no set-id, sticky or
 	// group/other write bits, no FIFO; and the data root is closed.
 	waitFor(t, "the task directory taken back", func() bool {

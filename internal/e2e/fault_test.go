@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -71,19 +70,11 @@ type crashing struct {
 // or has died (a restart's reconciliation can reach point).
 func startCrashing(t *testing.T, data, point string, extra ...string) *crashing {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	cmd := exec.Command(corralBin, append([]string{"serve", "--data", data, "--listen", addr}, extra...)...)
-	cmd.Dir = t.TempDir()
-	cmd.Env = withoutCorralEnv()
+	addr := freeLoopbackAddr(t)
+	cmd := serveCommand(t, data, addr, extra...)
 	if point != "" {
 		cmd.Env = append(cmd.Env, "CORRAL_TEST_CRASH_AT="+point)
 	}
-	cmd.Stdout, cmd.Stderr = testWriter{t}, testWriter{t}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

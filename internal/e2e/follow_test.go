@@ -4,7 +4,6 @@ package e2e_test
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -25,12 +24,7 @@ func TestFollowSurvivesRestart(t *testing.T) {
 	testenv.RequireBwrap(t)
 	t.Parallel()
 	data := testenv.TempDir(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeLoopbackAddr(t)
 	srv := startProcessAt(t, data, addr, "")
 
 	run := startCLI(t, "run", "--follow", "--server", srv.url, "crosses a restart",

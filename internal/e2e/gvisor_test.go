@@ -21,19 +21,13 @@ func TestGvisorTask(t *testing.T) {
 	testenv.RequireRunsc(t)
 	t.Parallel()
 	s := MustStart(t, func(c *config.Config) { c.Runtime = "gvisor" })
-	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
+	tk := mustSpawn(t, s.client, service.SpawnRequest{
 		TaskDescription: "write a file under gVisor",
 		Agent:           task.AgentCommand,
 		Runtime:         "gvisor",
 		Command:         []string{"sh", "-c", `printf 'written in gvisor by %s\n' "$(id -un)" > output/hello.txt && echo done`},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res := s.wait(t, tk.ID, 60*time.Second, "hello.txt")
-	if res.Status != task.Success {
-		t.Fatalf("status %s (%s), want success", res.Status, res.ErrorMessage)
-	}
+	res := s.waitSuccess(t, tk.ID, 60*time.Second, "hello.txt")
 	if got := res.FileContents["hello.txt"].Content; got != "written in gvisor by worker\n" {
 		t.Errorf("hello.txt = %q", got)
 	}

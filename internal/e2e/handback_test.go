@@ -113,7 +113,6 @@ func testHandBack(t *testing.T, rt escapeRuntime) {
 		rt.config(t)(c)
 		c.Workspaces.Roots = []string{repos}
 	})
-	ctx := context.Background()
 	script := `set -e
 mkdir -p a/b/c big z/y
 i=0; while [ $i -lt 3000 ]; do : > big/f$i; i=$((i+1)); done
@@ -125,11 +124,8 @@ cp /bin/id z/y/suid; chmod 6755 z/y/suid
 chmod 1777 . a a/b a/b/c big z z/y
 : > /task/output/go; : > /task/output/ready
 while [ -e /task/output/go ]; do sleep 0.05; done`
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "leave hostile files in a workspace", Agent: "command",
+	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "leave hostile files in a workspace", Agent: "command",
 		Runtime: rt.runtime, Workspace: app, Command: []string{"sh", "-c", script}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := filepath.Join(s.data, "tasks", tk.ID, "output")
 	waitFor(t, "the worker making its files", func() bool {
 		_, err := os.Stat(filepath.Join(out, "ready"))
@@ -138,9 +134,7 @@ while [ -e /task/output/go ]; do sleep 0.05; done`
 	racer := startSwapper(t, repos, "-target", secrets, "app", "app/a", "app/a/b", "app/a/b/c", "app/big", "app/z", "app/z/y")
 	time.Sleep(50 * time.Millisecond)
 	os.Remove(filepath.Join(out, "go"))
-	if res := s.wait(t, tk.ID, 120*time.Second); res.Status != task.Success {
-		t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, tk.ID, 120*time.Second)
 	// The top goes back last: once it is the owner's (under either name
 	// the racer gives it), the hand-back is over.
 	waitFor(t, "the workspace handed back", func() bool {
@@ -228,15 +222,11 @@ func testWorkspaceSwap(t *testing.T, rt escapeRuntime) {
 func testOwnIdentities(t *testing.T, rt escapeRuntime) {
 	testenv.RequireRoot(t)
 	s := MustStart(t, rt.config(t))
-	ctx := context.Background()
 	script := `echo secret > output/secret.txt && : > output/go && while [ -e output/go ]; do sleep 0.05; done`
 	var ids [2]string
 	for i := range ids {
-		tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "hold a secret", Agent: "command", Runtime: rt.runtime,
+		tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "hold a secret", Agent: "command", Runtime: rt.runtime,
 			Command: []string{"sh", "-c", script}})
-		if err != nil {
-			t.Fatal(err)
-		}
 		ids[i] = tk.ID
 	}
 	var uids [2]uint32
@@ -304,13 +294,8 @@ func TestWorkspaceHooks(t *testing.T) {
 		}
 		script := `printf '#!/bin/sh\necho pwned\n' > .git/hooks/pre-commit && chmod 755 .git/hooks/pre-commit &&
 printf '#!/bin/sh\necho pwned\n' > .git/hooks/post-checkout && printf '[core]\n\tfsmonitor = /tmp/x\n' >> .git/config`
-		tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "leave hooks", Workspace: "app", Agent: "command", Command: []string{"sh", "-c", script}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res := s.wait(t, tk.ID, 60*time.Second); res.Status != task.Success {
-			t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
-		}
+		tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "leave hooks", Workspace: "app", Agent: "command", Command: []string{"sh", "-c", script}})
+		s.waitSuccess(t, tk.ID, 60*time.Second)
 		var got *task.WorkspaceGit
 		waitFor(t, "the workspace's repository checked", func() bool {
 			tk, err := s.client.Get(ctx, tk.ID)

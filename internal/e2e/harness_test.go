@@ -7,11 +7,13 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -59,12 +61,7 @@ func MustStartEnv(t *testing.T, environ []string, edit func(*config.Config)) *se
 func startServer(tb testing.TB, environ []string, now func() time.Time, edit func(*config.Config)) *server {
 	tb.Helper()
 	testenv.RequireBwrap(tb)
-	cfg, err := config.Load(config.LoadOptions{Environ: environ})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Data = testenv.TempDir(tb)
+	cfg := testConfig(tb, environ, testenv.TempDir(tb))
 	cfg.Limits.StopGrace = config.Duration(2 * time.Second)
 	// Tasks on the docker runtime run the tests' image from the tests'
 	// engine.
@@ -76,6 +73,35 @@ func startServer(tb testing.TB, environ []string, now func() time.Time, edit fun
 	if err := cfg.Validate(); err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(func() { killSandboxes(tb, cfg.Data) })
+	a, _ := runApp(tb, cfg, now, func(a *app.App) {
+		if err := a.DestroySandboxes(context.Background()); err != nil {
+			tb.Errorf("destroy the test's sandboxes: %v", err)
+		}
+	})
+	url := "http://" + a.Addr()
+	return &server{app: a, client: httpapi.NewClient(url, a.Token()), url: url, data: cfg.Data, token: a.Token()}
+}
+
+// testConfig is the configuration environ makes, for a server on a free
+// loopback port with data as its data root.
+func testConfig(tb testing.TB, environ []string, data string) *config.Config {
+	tb.Helper()
+	cfg, err := config.Load(config.LoadOptions{Environ: environ})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Data = data
+	return cfg
+}
+
+// runApp runs a server in this process with cfg and the clock now (nil:
+// the real one), and returns once it answers. The returned stop, called
+// when the test ends if not before, ends it, then runs after (unless nil)
+// and closes it.
+func runApp(tb testing.TB, cfg *config.Config, now func() time.Time, after func(*app.App)) (*app.App, func()) {
+	tb.Helper()
 	log := slog.New(slog.NewTextHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, cancel := context.WithCancel(context.Background())
 	a, err := app.New(ctx, cfg, log, app.Options{Binary: corralBin, Now: now})
@@ -85,20 +111,22 @@ func startServer(tb testing.TB, environ []string, now func() time.Time, edit fun
 	}
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-	tb.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			tb.Errorf("server ended with %v", err)
-		}
-		if err := a.DestroySandboxes(context.Background()); err != nil {
-			tb.Errorf("destroy the test's sandboxes: %v", err)
-		}
-		a.Close()
-		killSandboxes(tb, cfg.Data)
-	})
-	url := "http://" + a.Addr()
-	waitHealthy(tb, url)
-	return &server{app: a, client: httpapi.NewClient(url, a.Token()), url: url, data: cfg.Data, token: a.Token()}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				tb.Errorf("server ended with %v", err)
+			}
+			if after != nil {
+				after(a)
+			}
+			a.Close()
+		})
+	}
+	tb.Cleanup(stop)
+	waitHealthy(tb, "http://"+a.Addr())
+	return a, stop
 }
 
 // killSandboxes stops sandboxes a test left running: workers outlive the
@@ -197,6 +225,17 @@ func (s *server) wait(t testing.TB, id string, within time.Duration, files ...st
 	return res
 }
 
+// waitSuccess waits for a task to end as wait does, and stops the test
+// unless it succeeded.
+func (s *server) waitSuccess(t testing.TB, id string, within time.Duration, files ...string) service.Result {
+	t.Helper()
+	res := s.wait(t, id, within, files...)
+	if res.Status != task.Success {
+		t.Fatalf("task %s ended %s: %s; want success", id, res.Status, res.ErrorMessage)
+	}
+	return res
+}
+
 // waitStatus polls until a task reaches status.
 func (s *server) waitStatus(t *testing.T, id string, want task.Status, within time.Duration) {
 	t.Helper()
@@ -210,6 +249,34 @@ func (s *server) waitStatus(t *testing.T, id string, want task.Status, within ti
 	}
 	tk, _ := s.client.Get(context.Background(), id)
 	t.Fatalf("task %s: status %s, want %s within %s", id, tk.Status, want, within)
+}
+
+// mustWriteWorkspace writes data to path in the shared workspace.
+func (s *server) mustWriteWorkspace(t testing.TB, path string, data []byte) {
+	t.Helper()
+	if _, err := s.client.WriteWorkspace(context.Background(), path, data); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mustSpawn spawns the task req asks for through c.
+func mustSpawn(t testing.TB, c *httpapi.Client, req service.SpawnRequest) task.Task {
+	t.Helper()
+	tk, _, err := c.Spawn(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk
+}
+
+// mustCreateSession creates a session through c.
+func mustCreateSession(t *testing.T, c *httpapi.Client) httpapi.SessionCreated {
+	t.Helper()
+	created, err := c.CreateSession(context.Background(), session.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return created
 }
 
 // do sends a raw request, with the API token if there is one, and returns
@@ -239,6 +306,18 @@ func send(t *testing.T, req *http.Request) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// freeLoopbackAddr returns a 127.0.0.1 address with a port nothing listens
+// on, for a server the test starts there.
+func freeLoopbackAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // processRunning reports whether a process whose argv is exactly argv runs.

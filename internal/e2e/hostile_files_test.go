@@ -25,10 +25,7 @@ func testFIFOSwap(t *testing.T, rt escapeRuntime) {
 	s := MustStart(t, rt.config(t))
 	mustBuildStatic(t, "./testdata/fifoswap", filepath.Join(s.data, "shared", "bin", "fifoswap"))
 	spawn := func(desc string, argv ...string) string {
-		tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv, SaveToShared: true, Runtime: rt.runtime})
-		if err != nil {
-			t.Fatal(err)
-		}
+		tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: desc, Agent: "command", Command: argv, SaveToShared: true, Runtime: rt.runtime})
 		return tk.ID
 	}
 	for i := range 10 {
@@ -39,9 +36,7 @@ func testFIFOSwap(t *testing.T, rt escapeRuntime) {
 		t.Logf("swapper %d: %s %s", i, res.Status, res.ErrorMessage)
 	}
 	id := spawn("an honest script", "sh", "-c", "echo 'print(2)' > output/honest.py")
-	if res := s.wait(t, id, 30*time.Second); res.Status != task.Success {
-		t.Fatalf("the honest task after the swappers: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, id, 30*time.Second)
 	s.waitSaved(t, id)
 	if b, err := os.ReadFile(filepath.Join(s.data, "shared", "scripts", "honest.py")); err != nil || string(b) != "print(2)\n" {
 		t.Errorf("the honest task's script was not saved: %q %v", b, err)
@@ -57,14 +52,9 @@ func TestLongOutputName(t *testing.T) {
 	ctx := context.Background()
 	var first string
 	for i, body := range []string{"print(1)", "print(2)"} {
-		tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "a long name", Agent: "command",
+		tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "a long name", Agent: "command",
 			Command: []string{"sh", "-c", "echo '" + body + "' > output/" + name}, SaveToShared: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res := s.wait(t, tk.ID, 30*time.Second); res.Status != task.Success {
-			t.Fatalf("task %d: %s %s", i, res.Status, res.ErrorMessage)
-		}
+		s.waitSuccess(t, tk.ID, 30*time.Second)
 		saved := s.waitSaved(t, tk.ID)
 		if len(saved.Files) != 2 {
 			t.Fatalf("task %d saved %+v, want the output and the script", i, saved.Files)
@@ -95,10 +85,7 @@ func TestLongOutputName(t *testing.T) {
 func TestManyOutputFilesBounded(t *testing.T) {
 	s := MustStart(t, nil)
 	tk := s.spawn(t, "many files", "sh", "-c", "cd output && seq -w 1 100000 | xargs touch")
-	res := s.wait(t, tk.ID, 120*time.Second)
-	if res.Status != task.Success {
-		t.Fatalf("status %s %s", res.Status, res.ErrorMessage)
-	}
+	res := s.waitSuccess(t, tk.ID, 120*time.Second)
 	if len(res.OutputFiles) != 1000 || res.OutputFilesTotal != 100000 || !strings.Contains(res.OutputFilesNote, "1000 of the 100000") {
 		t.Errorf("output_files has %d entries, total %d, note %q; want 1000 of 100000 with a note", len(res.OutputFiles), res.OutputFilesTotal, res.OutputFilesNote)
 	}
@@ -125,15 +112,9 @@ func TestManyOutputFilesBounded(t *testing.T) {
 // the task's other outputs are saved.
 func TestOutputNameWithControls(t *testing.T) {
 	s := MustStart(t, nil)
-	ctx := context.Background()
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "a name with a newline", Agent: "command",
+	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "a name with a newline", Agent: "command",
 		Command: []string{"sh", "-c", `echo ok > output/ok.txt; echo bad > "output/$(printf 'two\nlines.txt')"`}, SaveToShared: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res := s.wait(t, tk.ID, 30*time.Second); res.Status != task.Success {
-		t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, tk.ID, 30*time.Second)
 	saved := s.waitSaved(t, tk.ID)
 	if saved.Error != "" || len(saved.Files) != 1 || saved.Files[0].From != "ok.txt" {
 		t.Errorf("saved %+v, want ok.txt alone", saved)

@@ -82,11 +82,8 @@ func TestKubernetesTasks(t *testing.T) {
 			s := MustStart(t, escapeRuntime{edit: onKubernetes(class)}.config(t))
 			ctx := context.Background()
 			spawn := func(script string, timeout int) string {
-				tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "on kubernetes", Agent: "command", Runtime: "kubernetes",
+				tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "on kubernetes", Agent: "command", Runtime: "kubernetes",
 					Command: []string{"sh", "-c", script}, TimeoutMinutes: timeout})
-				if err != nil {
-					t.Fatal(err)
-				}
 				return tk.ID
 			}
 			if err := os.WriteFile(filepath.Join(s.data, "shared", "hello.txt"), []byte("hello from shared\n"), 0o644); err != nil {
@@ -124,14 +121,9 @@ func TestKubernetesCSVChart(t *testing.T) {
 		c.AIWorker.AICoderImage = k8stest.ClaudeImage
 	}}.config(t))
 	writeTransactions(t, s.data)
-	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "Parse my transactions and chart my spending by category",
+	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "Parse my transactions and chart my spending by category",
 		Agent: "command", Runtime: "kubernetes", ContextFiles: []string{"data/transactions.csv"}, Command: []string{"python3", "-c", string(script)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res := s.wait(t, tk.ID, 90*time.Second); res.Status != task.Success {
-		t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, tk.ID, 90*time.Second)
 	checkChart(t, s.data, tk.ID)
 }
 
@@ -183,11 +175,8 @@ ai_worker_config:
 	}
 	ctx := context.Background()
 	srv := startProcessAt(t, data, addr, token, "--config", cfgFile)
-	tk, _, err := srv.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "runs across the restart",
+	tk := mustSpawn(t, srv.client, service.SpawnRequest{TaskDescription: "runs across the restart",
 		Command: []string{"sh", "-c", "while [ ! -e /task/go ]; do sleep 0.05; done; echo survived > output/result.txt"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv.waitRunning(t, tk.ID, 60*time.Second)
 	srv.kill()
 	jobs := func(selector string) int {
@@ -252,10 +241,7 @@ func BenchmarkKubernetesTask(b *testing.B) {
 	var corral, bare, complete []float64
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "echo", Agent: "command", Runtime: "kubernetes", Command: []string{"echo", "hi"}})
-		if err != nil {
-			b.Fatal(err)
-		}
+		tk := mustSpawn(b, s.client, service.SpawnRequest{TaskDescription: "echo", Agent: "command", Runtime: "kubernetes", Command: []string{"echo", "hi"}})
 		res, err := s.client.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: 2 * time.Minute})
 		if err != nil || res.Status != task.Success {
 			b.Fatalf("task: %v %s %s", err, res.Status, res.ErrorMessage)

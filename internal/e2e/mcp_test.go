@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -144,12 +143,7 @@ func TestMCPStdio(t *testing.T) {
 func TestMCPStdioEmbedded(t *testing.T) {
 	dir := requireMCPClient(t)
 	testenv.RequireBwrap(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := freeLoopbackAddr(t)
 	data := testenv.TempDir(t)
 	t.Cleanup(func() { killSandboxes(t, data) })
 	r := runMCPClient(t, dir, []string{"CORRAL_LISTEN=" + addr, "CORRAL_DATA=" + data, "CORRAL_API_TOKEN="}, "stdio", corralBin, "mcp")

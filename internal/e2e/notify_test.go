@@ -142,14 +142,14 @@ func waitReceived(t *testing.T, out string, ids []string, within time.Duration) 
 	}
 }
 
+// freePort returns a loopback port nothing listens on.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := net.ResolveTCPAddr("tcp", freeLoopbackAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return addr.Port
 }
 
 // notifySetup is a data root and a configuration for a server process that
@@ -205,13 +205,10 @@ func (s *notifyServer) spawnEnded(t *testing.T, n int, conv string) []string {
 	t.Helper()
 	var ids []string
 	for i := range n {
-		tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
+		tk := mustSpawn(t, s.client, service.SpawnRequest{
 			TaskDescription: fmt.Sprintf("task %d", i), Command: []string{"sh", "-c", "echo hi > output/a.txt"},
 			ConversationID: conv, InterfaceType: "test", UserName: "alice",
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
 		ids = append(ids, tk.ID)
 	}
 	for _, id := range ids {
@@ -355,10 +352,7 @@ func TestDeadLetterRetryOverHTTP(t *testing.T) {
 		c.APITokens = []config.APIToken{{Name: "assistant", TokenFile: tokFile}}
 	})
 	client := httpapi.NewClient(s.url, "assistant-token")
-	tk, _, err := client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tk := mustSpawn(t, client, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}})
 	var created eventstore.Event
 	client.Events(context.Background(), service.EventsRequest{TaskID: tk.ID}, func(e eventstore.Event) error {
 		if e.Type == task.EventCreated {

@@ -84,10 +84,7 @@ func TestWorkspaces(t *testing.T) {
 	if _, err := s.client.CreateSession(ctx, session.CreateRequest{Workspace: "myapp"}); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("a second session on myapp: %v, want 409", err)
 	}
-	waiting, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "after the session", Workspace: "myapp", Agent: "command", Command: []string{"sh", "-c", "cat s.txt > after.txt"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	waiting := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "after the session", Workspace: "myapp", Agent: "command", Command: []string{"sh", "-c", "cat s.txt > after.txt"}})
 	time.Sleep(time.Second)
 	if tk, _ := s.client.Get(ctx, waiting.ID); tk.Status != task.Queued {
 		t.Errorf("a task on a workspace a session writes: %s, want queued", tk.Status)
@@ -95,17 +92,12 @@ func TestWorkspaces(t *testing.T) {
 	if _, err := s.client.DeleteSession(ctx, sess.SessionID); err != nil {
 		t.Fatal(err)
 	}
-	if res := s.wait(t, waiting.ID, 60*time.Second); res.Status != task.Success {
-		t.Fatalf("the waiting task: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, waiting.ID, 60*time.Second)
 	if f, err := s.client.ReadProjectFile(ctx, "myapp", "after.txt"); err != nil || f.Content != "from-session\n" {
 		t.Errorf("the task after the session: %q, %v", f.Content, err)
 	}
 	// And the other way round: no session while a task writes it.
-	busy, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "busy", Workspace: "myapp", Agent: "command", Command: []string{"sleep", "60"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	busy := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "busy", Workspace: "myapp", Agent: "command", Command: []string{"sleep", "60"}})
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if tk, _ := s.client.Get(ctx, busy.ID); tk.Status == task.Running || time.Now().After(deadline) {
 			break
@@ -193,14 +185,9 @@ func TestWorkspaceRoots(t *testing.T) {
 	s := MustStart(t, func(c *config.Config) { c.Workspaces.Roots = []string{repos} })
 	ctx := context.Background()
 
-	id, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "edit the app", Workspace: app, Agent: "command",
+	id := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "edit the app", Workspace: app, Agent: "command",
 		Command: []string{"sh", "-c", "pwd > where.txt; echo '// edited' >> main.go"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res := s.wait(t, id.ID, 60*time.Second); res.Status != task.Success {
-		t.Fatalf("task in %s: %s %s", app, res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, id.ID, 60*time.Second)
 	if tk, _ := s.client.Get(ctx, id.ID); tk.Workspace != app {
 		t.Errorf("the task's workspace = %q, want %q", tk.Workspace, app)
 	}
@@ -297,10 +284,7 @@ func TestWorkspaceTasks(t *testing.T) {
 		t.Fatalf("spawn_workspace_task = %+v, want workspace app created", first)
 	}
 	spawn := func(ws, script string) string {
-		tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "work in " + ws, Workspace: ws, Agent: "command", Command: []string{"sh", "-c", script}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "work in " + ws, Workspace: ws, Agent: "command", Command: []string{"sh", "-c", script}})
 		return tk.ID
 	}
 	second := spawn("app", "cat hello.txt > seen.txt; sleep 1")
@@ -309,9 +293,7 @@ func TestWorkspaceTasks(t *testing.T) {
 	}
 	other := spawn("other", "sleep 1")
 	for _, id := range []string{first.TaskID, second, other} {
-		if res := s.wait(t, id, 60*time.Second); res.Status != task.Success {
-			t.Fatalf("task %s: %s %s", id, res.Status, res.ErrorMessage)
-		}
+		s.waitSuccess(t, id, 60*time.Second)
 	}
 	if f, err := s.client.ReadProjectFile(ctx, "app", "where.txt"); err != nil || f.Content != "/workspace/project\n" {
 		t.Errorf("the agent's working directory: %q, %v", f.Content, err)
@@ -384,17 +366,13 @@ func TestClaudeWorkspaceTasks(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Write NOTES.md", Workspace: "notes"})
-	if res := s.wait(t, first.ID, 3*time.Minute); res.Status != task.Success {
-		t.Fatalf("first task: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, first.ID, 3*time.Minute)
 	if f, err := s.client.ReadProjectFile(ctx, "notes", "NOTES.md"); err != nil || f.Content != "# Notes\nfirst pass\n" {
 		t.Fatalf("NOTES.md in the workspace: %q, %v", f.Content, err)
 	}
 	before := len(ep.Requests())
 	second := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "What did you write last time?", Workspace: "notes"})
-	if res := s.wait(t, second.ID, 3*time.Minute); res.Status != task.Success {
-		t.Fatalf("second task: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, second.ID, 3*time.Minute)
 	var firstMain *agenttest.AnthropicRequest
 	for _, r := range ep.Requests()[before:] {
 		if r.Main {

@@ -3,7 +3,6 @@
 package e2e_test
 
 import (
-	"context"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -57,15 +56,9 @@ func BenchmarkQuotaOvershoot(b *testing.B) {
 // directory holds once the sandbox is gone (and stays: measured twice).
 func fillPastQuota(tb testing.TB, s *server) dirUsage {
 	tb.Helper()
-	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "fill the disk fast", Agent: "command", Command: fastFiller})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	res := s.wait(tb, tk.ID, 60*time.Second)
-	if res.Status != task.Failed || !strings.HasPrefix(res.ErrorMessage, "output quota exceeded") {
-		tb.Fatalf("status %s, error %q; want failed with output quota exceeded", res.Status, res.ErrorMessage)
-	}
-	waitSandboxGone(tb, s, tk.ID)
+	tk := mustSpawn(tb, s.client, service.SpawnRequest{TaskDescription: "fill the disk fast", Agent: "command", Command: fastFiller})
+	s.waitOverQuota(tb, tk.ID)
+	waitSandboxGone(tb, s, tk.ID, 20*time.Second)
 	u := taskDirUsage(tb, s, tk.ID)
 	time.Sleep(200 * time.Millisecond)
 	if again := taskDirUsage(tb, s, tk.ID); again != u {
@@ -92,11 +85,8 @@ func TestQuotaHardWithProjectQuotas(t *testing.T) {
 		c.Data = data
 	})
 	tk := s.spawn(t, "fill the disk with many files", "split", "-b", "262144", "-a", "6", "/dev/zero", "output/f")
-	res := s.wait(t, tk.ID, 60*time.Second)
-	if res.Status != task.Failed || !strings.HasPrefix(res.ErrorMessage, "output quota exceeded") {
-		t.Fatalf("status %s, error %q; want failed with output quota exceeded", res.Status, res.ErrorMessage)
-	}
-	waitSandboxGone(t, s, tk.ID)
+	s.waitOverQuota(t, tk.ID)
+	waitSandboxGone(t, s, tk.ID, 20*time.Second)
 	u := taskDirUsage(t, s, tk.ID)
 	dir, err := os.Open(filepath.Join(s.data, "tasks", tk.ID))
 	if err != nil {
@@ -123,10 +113,20 @@ func withFillerQuota(c *config.Config) {
 	c.Limits.MaxContextBytes, _ = config.ParseSize("1MiB")
 }
 
+// waitOverQuota waits for task id to end, and checks that it failed with
+// the output quota's error.
+func (s *server) waitOverQuota(tb testing.TB, id string) {
+	tb.Helper()
+	res := s.wait(tb, id, 60*time.Second)
+	if res.Status != task.Failed || !strings.HasPrefix(res.ErrorMessage, "output quota exceeded") {
+		tb.Fatalf("status %s, error %q; want failed with output quota exceeded", res.Status, res.ErrorMessage)
+	}
+}
+
 // waitSandboxGone waits for a task's local sandbox to be gone.
-func waitSandboxGone(t testing.TB, s *server, id string) {
+func waitSandboxGone(t testing.TB, s *server, id string, within time.Duration) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
 		if _, err := os.Stat(filepath.Join(s.data, "run", "local", id)); os.IsNotExist(err) {
 			return
 		} else if time.Now().After(deadline) {

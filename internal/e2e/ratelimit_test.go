@@ -15,7 +15,6 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpapi"
-	"github.com/corral-dev/corral/internal/session"
 )
 
 // TestRateLimitSessionTokens: each session token has a request bucket of
@@ -31,14 +30,8 @@ func TestRateLimitSessionTokens(t *testing.T) {
 		c.Limits.APIRate, c.Limits.APIBurst = 0.01, burst
 	})
 	ctx := context.Background()
-	a, err := s.client.CreateSession(ctx, session.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := s.client.CreateSession(ctx, session.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := mustCreateSession(t, s.client)
+	b := mustCreateSession(t, s.client)
 	type answer struct {
 		status     int
 		retryAfter string
@@ -87,7 +80,7 @@ func TestRateLimitSessionTokens(t *testing.T) {
 	}
 	// The same bucket on the socket every sandbox reaches.
 	sock := "unix://" + filepath.Join(s.data, "run", "sock", "corral.sock")
-	_, err = httpapi.NewClient(sock, a.Token).ExecSession(ctx, a.SessionID, httpapi.ExecBody{Command: command("true")}, func(httpapi.ExecChunk) error { return nil })
+	_, err := httpapi.NewClient(sock, a.Token).ExecSession(ctx, a.SessionID, httpapi.ExecBody{Command: command("true")}, func(httpapi.ExecChunk) error { return nil })
 	if !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Errorf("session a's token on the socket after its bucket is spent: %v, want 429", err)
 	}

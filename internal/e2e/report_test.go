@@ -54,11 +54,8 @@ func TestWorkspaceTaskReports(t *testing.T) {
 		t.Fatal(err)
 	}
 	spawn := func(script string) string {
-		tk, _, err := srv.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "build the site", Workspace: "site", Agent: "command",
+		tk := mustSpawn(t, srv.client, service.SpawnRequest{TaskDescription: "build the site", Workspace: "site", Agent: "command",
 			Command: []string{"sh", "-c", script}, ConversationID: "chat-7", OriginWorkspace: "assistant-home", UserName: "alice"})
-		if err != nil {
-			t.Fatal(err)
-		}
 		return tk.ID
 	}
 	ok := spawn("echo built > index.html")

@@ -59,13 +59,8 @@ func TestRetention(t *testing.T) {
 	unused, used := upload("unused.txt"), upload("used.txt")
 
 	done := s.spawn(t, "quick", "sh", "-c", "echo hi > output/hi.txt")
-	if res := s.wait(t, done.ID, 30*time.Second); res.Status != task.Success {
-		t.Fatalf("quick task: %s %s", res.Status, res.ErrorMessage)
-	}
-	running, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "slow", Agent: "command", Command: []string{"sleep", "120"}, AttachmentIDs: []string{used}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s.waitSuccess(t, done.ID, 30*time.Second)
+	running := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "slow", Agent: "command", Command: []string{"sleep", "120"}, AttachmentIDs: []string{used}})
 	s.waitStatus(t, running.ID, task.Running, 30*time.Second)
 	eventsBefore := len(s.eventTypes(t, task.StreamID(done.ID)))
 

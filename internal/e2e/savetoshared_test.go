@@ -18,7 +18,6 @@ import (
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
-	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // manyFiles is a command-agent script writing n small files to output/.
@@ -116,21 +115,13 @@ func TestSaveToSharedFollowsTheEnd(t *testing.T) {
 	s := MustStart(t, func(c *config.Config) { c.AIWorker.MaxConcurrentWorkers = 1 })
 	ctx := context.Background()
 	const n = 20000
-	many, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "many small files", Agent: "command", Command: manyFiles(n), SaveToShared: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	many := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "many small files", Agent: "command", Command: manyFiles(n), SaveToShared: true})
 	next := s.spawn(t, "the next task", "sh", "-c", "echo next > output/next.txt")
-	res := s.wait(t, many.ID, 3*time.Minute)
-	if res.Status != task.Success {
-		t.Fatalf("the task of many files: %s %s", res.Status, res.ErrorMessage)
-	}
+	res := s.waitSuccess(t, many.ID, 3*time.Minute)
 	if res.SharedOutputs == nil {
 		t.Fatalf("the ended task's result has no shared_outputs")
 	}
-	if res := s.wait(t, next.ID, 3*time.Minute); res.Status != task.Success {
-		t.Fatalf("the next task: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, next.ID, 3*time.Minute)
 	saved := s.waitSaved(t, many.ID)
 
 	pm, pn := positions(t, s.client, many.ID), positions(t, s.client, next.ID)
@@ -165,16 +156,11 @@ func TestSaveToSharedFollowsTheEnd(t *testing.T) {
 // copies a task's outputs, after the task's end was recorded; the next
 // server copies them again from nothing and records the copy once.
 func TestSaveToSharedAfterKill9(t *testing.T) {
-	testenv.RequireBwrap(t)
 	t.Parallel()
-	data := testenv.TempDir(t)
+	data, srv := startKillable(t)
 	ctx := context.Background()
-	srv := startProcess(t, data)
 	const n = 20000
-	tk, _, err := srv.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "many small files", Agent: "command", Command: manyFiles(n), SaveToShared: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tk := mustSpawn(t, srv.client, service.SpawnRequest{TaskDescription: "many small files", Agent: "command", Command: manyFiles(n), SaveToShared: true})
 	res, err := srv.client.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: 3 * time.Minute})
 	if err != nil || !res.Done || res.Status != task.Success {
 		t.Fatalf("task: %v %s %s", err, res.Status, res.ErrorMessage)

@@ -32,7 +32,6 @@ import (
 	"github.com/corral-dev/corral/internal/service/servicetest"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
-	"github.com/corral-dev/corral/internal/testenv"
 	"github.com/corral-dev/corral/internal/workerproto"
 )
 
@@ -258,19 +257,13 @@ func TestSessionTokens(t *testing.T) {
 	t.Parallel()
 	s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=admin-token-0123456789"}, nil)
 	ctx := context.Background()
-	a, err := s.client.CreateSession(ctx, session.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := s.client.CreateSession(ctx, session.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := mustCreateSession(t, s.client)
+	b := mustCreateSession(t, s.client)
 	asA := s.client.WithToken(a.Token)
 	if _, err := asA.ExecSession(ctx, a.SessionID, httpapi.ExecBody{Command: command("true")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
 		t.Errorf("a session's token in its session: %v", err)
 	}
-	_, err = asA.ExecSession(ctx, b.SessionID, httpapi.ExecBody{Command: command("true")}, func(httpapi.ExecChunk) error { return nil })
+	_, err := asA.ExecSession(ctx, b.SessionID, httpapi.ExecBody{Command: command("true")}, func(httpapi.ExecChunk) error { return nil })
 	if !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Errorf("a session's token in another session: %v, want 403", err)
 	}
@@ -374,15 +367,10 @@ func TestSessionLimits(t *testing.T) {
 // TestSessionSurvivesKill9: a server killed with SIGKILL finds its session
 // again after a restart, and the session keeps its files.
 func TestSessionSurvivesKill9(t *testing.T) {
-	testenv.RequireBwrap(t)
 	t.Parallel()
-	data := testenv.TempDir(t)
+	data, srv := startKillable(t)
 	ctx := context.Background()
-	srv := startProcess(t, data)
-	created, err := srv.client.CreateSession(ctx, session.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	created := mustCreateSession(t, srv.client)
 	// A link to /etc, which inside the sandbox is its own small /etc.
 	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo before > f.txt; ln -s /etc etc-link")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
 		t.Fatal(err)
@@ -411,7 +399,7 @@ func TestSessionSurvivesKill9(t *testing.T) {
 	// The exec the kill cut is closed in the log, as lost; every other
 	// has its end.
 	open, lost := map[string]bool{}, 0
-	err = srv.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
+	err := srv.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
 		if e.StreamID != session.StreamID(created.SessionID) {
 			return nil
 		}
@@ -470,18 +458,12 @@ func TestClaudeThroughSession(t *testing.T) {
 		{Text: "The marker says hello."},
 	}})
 	ctx := context.Background()
-	created, err := s.client.CreateSession(ctx, session.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	created := mustCreateSession(t, s.client)
 	if _, err := s.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo only-in-the-session > marker.txt")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	tk := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "What does the marker say?", SessionID: created.SessionID})
-	res := s.wait(t, tk.ID, 3*time.Minute)
-	if res.Status != task.Success {
-		t.Fatalf("task: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, tk.ID, 3*time.Minute)
 	var sawTools, sawResult bool
 	for _, r := range ep.Requests() {
 		if !r.Main {
@@ -502,7 +484,7 @@ func TestClaudeThroughSession(t *testing.T) {
 		t.Errorf("session after the agent's command: %+v, %v; want 2 execs", got, err)
 	}
 	// Another agent cannot take a session.
-	_, _, err = s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Agent: "codex", SessionID: created.SessionID})
+	_, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Agent: "codex", SessionID: created.SessionID})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "claude can") {
 		t.Errorf("codex with a session: %v, want 422 saying only claude can", err)
 	}
@@ -515,9 +497,8 @@ func TestClaudeThroughSession(t *testing.T) {
 func TestSessionNetwork(t *testing.T) {
 	t.Parallel()
 	up := mustLoopbackServer(t)
-	hostport := fmt.Sprintf("127.0.0.1:%d", up.port)
-	s := MustStart(t, func(c *config.Config) { c.Egress.Allow = []string{hostport} })
-	fetch := mustInstallFetch(t, s.data)
+	hostport := up.addr
+	s, fetch := mustStartAllowing(t, hostport)
 	ctx := context.Background()
 	run := func(network string) map[string]fetchResult {
 		created, err := s.client.CreateSession(ctx, session.CreateRequest{Network: network})
@@ -585,10 +566,7 @@ func TestSessionDiskQuota(t *testing.T) {
 		c.Limits.MaxTaskDirBytes, _ = config.ParseSize("16MiB")
 	})
 	ctx := context.Background()
-	full, err := s.client.CreateSession(ctx, session.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	full := mustCreateSession(t, s.client)
 	dir := filepath.Join(s.data, "sessions", full.SessionID)
 	// As fast as the disk takes it, in 1 MiB files (each under the
 	// sandbox's file size limit, which alone would stop one big file).
@@ -623,10 +601,7 @@ func TestSessionDiskQuota(t *testing.T) {
 		t.Errorf("an ended session's directory is gone before its retention: %v", err)
 	}
 
-	deleted, err := s.client.CreateSession(ctx, session.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	deleted := mustCreateSession(t, s.client)
 	if _, err := s.client.ExecSession(ctx, deleted.SessionID, httpapi.ExecBody{Command: shell("echo x > kept.txt")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
 		t.Fatal(err)
 	}

@@ -96,9 +96,7 @@ func TestSkillFromTask(t *testing.T) {
 	maker := s.spawn(t, "write a skill", "sh", "-c", `printf -- '---\nname: greeter\ndescription: Says hello.\n---\nRun greet.sh NAME.\n' > output/SKILL.md
 printf '#!/bin/sh\necho "hello, $1"\n' > output/greet.sh
 echo scratch > output/notes.txt`)
-	if res := s.wait(t, maker.ID, 60*time.Second); res.Status != task.Success {
-		t.Fatalf("maker: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, maker.ID, 60*time.Second)
 	sk, err := s.client.CreateSkill(ctx, service.CreateSkillRequest{TaskID: maker.ID, Files: []string{"greet.sh"}})
 	if err != nil {
 		t.Fatal(err)

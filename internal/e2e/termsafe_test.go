@@ -4,7 +4,6 @@ package e2e_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -110,9 +109,7 @@ func TestCLICatExactUnlessTerminal(t *testing.T) {
 	t.Parallel()
 	s := MustStart(t, nil)
 	const content = "exact \x1b[2J \u009b bytes\n"
-	if _, err := s.client.WriteWorkspace(context.Background(), "esc.txt", []byte(content)); err != nil {
-		t.Fatal(err)
-	}
+	s.mustWriteWorkspace(t, "esc.txt", []byte(content))
 	if out := s.runCLI(t, "ws", "cat", "--server", s.url, "esc.txt"); out != content {
 		t.Errorf("ws cat to a pipe: %q, want the exact %q", out, content)
 	}

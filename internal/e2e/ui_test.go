@@ -267,9 +267,7 @@ func startUIServer(t *testing.T) *server {
 // PNG output.
 func TestUISpawnAndWatch(t *testing.T) {
 	s := startUIServer(t)
-	if _, err := s.client.WriteWorkspace(context.Background(), "data/chart.png", chartPNG(t, 64, 48)); err != nil {
-		t.Fatal(err)
-	}
+	s.mustWriteWorkspace(t, "data/chart.png", chartPNG(t, 64, 48))
 	b := newBrowser(t)
 	b.do(chromedp.Navigate(s.url + "/spawn"))
 	b.signIn(uiToken)
@@ -344,9 +342,7 @@ func TestUIWorkspaceBrowse(t *testing.T) {
 	s := startUIServer(t)
 	ctx := context.Background()
 	for p, c := range map[string]string{"data/sales.csv": "region,amount\nnorth,10\nsouth,20\n", "notes/readme.md": "# Readme\n\nSome *notes*.\n"} {
-		if _, err := s.client.WriteWorkspace(ctx, p, []byte(c)); err != nil {
-			t.Fatal(err)
-		}
+		s.mustWriteWorkspace(t, p, []byte(c))
 	}
 	if _, err := s.client.CreateProject(ctx, service.CreateProjectRequest{Name: "demo"}); err != nil {
 		t.Fatal(err)
@@ -401,14 +397,11 @@ func TestUIXSS(t *testing.T) {
 	}
 	// The summary (the agent's last words) and the transcript carry one too.
 	script.WriteString(`echo '<img src=x onerror="window.__xss=16"><script>window.__xss=17</script>'` + "\n")
-	tk, _, err := s.client.Spawn(context.Background(), service.SpawnRequest{
+	tk := mustSpawn(t, s.client, service.SpawnRequest{
 		TaskDescription: `<script>window.__xss=18</script> write hostile outputs`,
 		Agent:           "command", Command: []string{"sh", "-c", script.String()},
 		Labels: map[string]string{"x": `<img src=x onerror="window.__xss=19">`},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if res := s.wait(t, tk.ID, 60*time.Second); res.Status != task.Success || len(res.OutputFiles) != len(xssPayloads) {
 		t.Fatalf("task %s with %d outputs: %s", res.Status, len(res.OutputFiles), res.ErrorMessage)
 	}

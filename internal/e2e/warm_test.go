@@ -124,10 +124,7 @@ func TestWarmSandboxes(t *testing.T) {
 	ctx := context.Background()
 	check := func(id string) {
 		t.Helper()
-		res := s.wait(t, id, 30*time.Second, "seen.txt")
-		if res.Status != task.Success {
-			t.Fatalf("task %s: %s %s", id, res.Status, res.ErrorMessage)
-		}
+		s.waitSuccess(t, id, 30*time.Second, "seen.txt")
 		b, err := os.ReadFile(filepath.Join(s.data, "tasks", id, "output", "seen.txt"))
 		if err != nil {
 			t.Fatal(err)
@@ -161,11 +158,8 @@ func TestWarmSandboxes(t *testing.T) {
 	for i := range 4 {
 		waitWarm(t, s, 2)
 		before := warmIDs(t, s.data)
-		tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "seen", Agent: "command", Network: task.NetworkNone,
+		tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "seen", Agent: "command", Network: task.NetworkNone,
 			Command: []string{"sh", "-c", seenScript}})
-		if err != nil {
-			t.Fatal(err)
-		}
 		check(tk.ID)
 		after := warmIDs(t, s.data)
 		var gone []string
@@ -229,11 +223,8 @@ func TestWarmSandboxes(t *testing.T) {
 
 	// The default network's shape: the task's egress proxy socket is in
 	// its warm sandbox where a cold one has it.
-	tk, _, err := s.client.Spawn(ctx, service.SpawnRequest{TaskDescription: "egress", Agent: "command",
+	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "egress", Agent: "command",
 		Command: []string{"sh", "-c", "test -S " + workerproto.EgressDir + "/" + workerproto.EgressSocket + " && " + seenScript}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	check(tk.ID)
 	if c := warmPools(t, s, "corral_warm_claims_total")["egress"]; c != 1 {
 		t.Errorf("claims of shape egress: %d, want 1", c)
@@ -272,11 +263,8 @@ func TestWarmSandboxesRebuiltAfterRestart(t *testing.T) {
 			t.Errorf("the slots of warm sandbox %s of the killed server are still there", id)
 		}
 	}
-	tk, _, err := srv.client.Spawn(context.Background(), service.SpawnRequest{TaskDescription: "seen", Agent: "command", Network: task.NetworkNone,
+	tk := mustSpawn(t, srv.client, service.SpawnRequest{TaskDescription: "seen", Agent: "command", Network: task.NetworkNone,
 		Command: []string{"sh", "-c", seenScript}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	res, err := srv.client.Result(context.Background(), service.ResultRequest{TaskID: tk.ID, Wait: 30 * time.Second})
 	if err != nil || res.Status != task.Success {
 		t.Fatalf("task after the restart: %v %+v", err, res)

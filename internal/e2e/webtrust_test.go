@@ -15,7 +15,6 @@ import (
 
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/service"
-	"github.com/corral-dev/corral/internal/task"
 )
 
 // TestWebPagesCannotDriveTheAPI sends, to the real server with no token
@@ -79,9 +78,7 @@ func TestWebPagesCannotDriveTheAPI(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &created); err != nil || created.TaskID == "" {
 		t.Fatalf("same-origin spawn answered %s", body)
 	}
-	if res := s.wait(t, created.TaskID, 60*time.Second); res.Status != task.Success {
-		t.Fatalf("same-origin task: %s %s", res.Status, res.ErrorMessage)
-	}
+	s.waitSuccess(t, created.TaskID, 60*time.Second)
 	if got := completedBy(t, s, created.TaskID); got != "webhook" {
 		t.Errorf("the task ended by %q, want by its completion webhook", got)
 	}

@@ -15,7 +15,6 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/app"
-	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -31,11 +30,7 @@ func TestWorkerBinaryFromTheSameBuild(t *testing.T) {
 	mustCopy(t, corralBin, corral)
 	start := func() error {
 		t.Helper()
-		cfg, err := config.Load(config.LoadOptions{Environ: []string{}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Listen, cfg.Data = "127.0.0.1:0", testenv.TempDir(t)
+		cfg := testConfig(t, []string{}, testenv.TempDir(t))
 		a, err := app.New(context.Background(), cfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)), app.Options{Binary: corral})
 		if err == nil {
 			a.Close()

@@ -49,6 +49,12 @@ func call(t *testing.T, method, url, token string) (int, string) {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	return roundTrip(t, req)
+}
+
+// roundTrip sends req and returns the status and body of the answer.
+func roundTrip(t *testing.T, req *http.Request) (int, string) {
+	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -49,15 +48,10 @@ func sendRaw(t *testing.T, method, url, body string) (int, string) {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	status, body := roundTrip(t, req)
 	var eb errorBody
-	json.Unmarshal(b, &eb)
-	return resp.StatusCode, eb.Error
+	json.Unmarshal([]byte(body), &eb)
+	return status, eb.Error
 }
 
 // mustHold fails unless shared/ holds exactly the directories Open makes

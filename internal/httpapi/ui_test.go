@@ -36,12 +36,7 @@ func TestUIRoutesLeaveTheAPIAlone(t *testing.T) {
 	// A foreign page cannot load the UI through a rebound name either.
 	req, _ := http.NewRequest("GET", url+"/tasks", nil)
 	req.Host = "evil.example:80"
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusForbidden {
-		t.Errorf("UI with a foreign Host: %d, want 403", resp.StatusCode)
+	if code, _ := roundTrip(t, req); code != http.StatusForbidden {
+		t.Errorf("UI with a foreign Host: %d, want 403", code)
 	}
 }

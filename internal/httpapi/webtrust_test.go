@@ -210,13 +210,7 @@ func webCall(t *testing.T, base string, c webReq) (int, string) {
 	if c.contentType != "" {
 		req.Header.Set("Content-Type", c.contentType)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return roundTrip(t, req)
 }
 
 func (b *reached) ListProjects(context.Context) ([]service.Project, error) { return nil, nil }

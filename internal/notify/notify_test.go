@@ -126,9 +126,7 @@ func (f *fixture) MustRun(tb testing.TB, edit func(*Options)) (*Dispatcher, func
 	}
 	tb.Cleanup(stop)
 	// Wait for the recovery, so events the test appends next are live.
-	if _, err := d.List(context.Background(), "", 0); err != nil {
-		tb.Fatal(err)
-	}
+	mustList(tb, d, "")
 	return d, stop
 }
 
@@ -159,16 +157,23 @@ func success() task.Completed {
 		OutputFiles: []task.OutputFile{{Name: "chart.png", Size: 10, Type: "image/png"}}, Reason: "webhook"}
 }
 
+// mustList returns the dispatcher's deliveries in state ("": all).
+func mustList(tb testing.TB, d *Dispatcher, state task.DeliveryState) []task.Delivery {
+	tb.Helper()
+	all, err := d.List(context.Background(), state, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return all
+}
+
 // waitDelivery polls until the delivery of event is in state.
 func waitDelivery(tb testing.TB, d *Dispatcher, eventID string, state task.DeliveryState, within time.Duration) task.Delivery {
 	tb.Helper()
 	id := task.DeliveryIDFor(eventID)
 	deadline := time.Now().Add(within)
 	for {
-		all, err := d.List(context.Background(), "", 0)
-		if err != nil {
-			tb.Fatal(err)
-		}
+		all := mustList(tb, d, "")
 		for _, dl := range all {
 			if dl.ID == id && dl.State == state {
 				return dl
@@ -181,14 +186,21 @@ func waitDelivery(tb testing.TB, d *Dispatcher, eventID string, state task.Deliv
 	}
 }
 
-func streamTypes(tb testing.TB, s eventstore.Store, deliveryID string) []string {
+// deliveryEvents returns the events of a delivery's stream.
+func deliveryEvents(tb testing.TB, s eventstore.Store, deliveryID string) []eventstore.Event {
 	tb.Helper()
 	evs, err := s.ReadStream(context.Background(), task.DeliveryStreamID(deliveryID), 0)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return evs
+}
+
+// streamTypes returns the types of a delivery's events, in order.
+func streamTypes(tb testing.TB, s eventstore.Store, deliveryID string) []string {
+	tb.Helper()
 	var types []string
-	for _, e := range evs {
+	for _, e := range deliveryEvents(tb, s, deliveryID) {
 		types = append(types, e.Type)
 	}
 	return types
@@ -233,9 +245,8 @@ func TestDeliversCompletion(t *testing.T) {
 	}
 	// The delivery's events keep the task's correlation; the first is
 	// caused by the reported event, each later one by the one before.
-	devs, _ := f.store.ReadStream(context.Background(), task.DeliveryStreamID(dl.ID), 0)
 	cause := ev.ID
-	for _, e := range devs {
+	for _, e := range deliveryEvents(t, f.store, dl.ID) {
 		if e.CorrelationID != "corr_test" || e.CausationID != cause {
 			t.Errorf("%s: correlation %q causation %q, want corr_test and %q", e.Type, e.CorrelationID, e.CausationID, cause)
 		}
@@ -321,12 +332,8 @@ func TestRetriesThenSucceeds(t *testing.T) {
 			t.Errorf("attempt %d: webhook-id %q, verify %v: want the same id and body on every attempt, verified", i+1, h.id, h.err)
 		}
 	}
-	evs, err := f.store.ReadStream(context.Background(), task.DeliveryStreamID(dl.ID), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var codes []int
-	for _, e := range evs {
+	for _, e := range deliveryEvents(t, f.store, dl.ID) {
 		if e.Type != task.EventDeliveryAttempted {
 			continue
 		}
@@ -367,7 +374,7 @@ func TestBackoffUsesInjectedClock(t *testing.T) {
 	id := task.DeliveryIDFor(ev.ID)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		all, _ := d.List(context.Background(), task.DeliveryPending, 0)
+		all := mustList(t, d, task.DeliveryPending)
 		if len(all) == 1 && all[0].Attempts == 1 {
 			want := base.Add(Backoff(time.Minute, time.Hour, 1, 0.25)) // 30s + 7.5s
 			if all[0].NextAttemptAt == nil || !all[0].NextAttemptAt.Equal(want) {
@@ -430,9 +437,8 @@ func TestDeadLetterAndRetry(t *testing.T) {
 	if _, err := d.Retry(context.Background(), dl.ID, "assistant"); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("Retry(delivered) = %v, want ErrConflict", err)
 	}
-	evs, _ := f.store.ReadStream(context.Background(), task.DeliveryStreamID(dl.ID), 0)
 	var actor string
-	for _, e := range evs {
+	for _, e := range deliveryEvents(t, f.store, dl.ID) {
 		if e.Type == task.EventDeliveryRetried {
 			actor = e.Actor
 		}
@@ -472,8 +478,7 @@ func TestResumesAfterRestart(t *testing.T) {
 		t.Errorf("requests by webhook-id (-want +got):\n%s", diff)
 	}
 	// A third start schedules nothing again.
-	all, _ := d.List(context.Background(), "", 0)
-	if len(all) != 2 {
+	if all := mustList(t, d, ""); len(all) != 2 {
 		t.Errorf("%d deliveries, want 2", len(all))
 	}
 }
@@ -493,12 +498,8 @@ func TestOnlyEventsWhileEnabled(t *testing.T) {
 	_, after := f.MustEnd(t, success())
 	waitDelivery(t, d, after.ID, task.DeliveryDelivered, 10*time.Second)
 
-	all, err := d.List(context.Background(), "", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var got []string
-	for _, dl := range all {
+	for _, dl := range mustList(t, d, "") {
 		got = append(got, dl.SourceEventID)
 	}
 	sort.Strings(got)
@@ -625,7 +626,7 @@ func TestNotificationLatency(t *testing.T) {
 		t.Errorf("median latency %s, want well under 500ms (target 50ms)", lat[len(lat)/2])
 	}
 	waitDelivery(t, d, ev.ID, task.DeliveryDelivered, 10*time.Second)
-	if all, _ := d.List(context.Background(), task.DeliveryDelivered, 0); len(all) != 100 {
+	if all := mustList(t, d, task.DeliveryDelivered); len(all) != 100 {
 		t.Errorf("%d deliveries delivered, want 100", len(all))
 	}
 }

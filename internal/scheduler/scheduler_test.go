@@ -48,6 +48,43 @@ func blockUntilStopped(ctx context.Context, _ sandbox.Spec) sandbox.ExitStatus {
 	return sandbox.ExitStatus{Code: 143}
 }
 
+// exitsAtOnce is a main process that exits with code 0 at once.
+func exitsAtOnce(context.Context, sandbox.Spec) sandbox.ExitStatus {
+	return sandbox.ExitStatus{Code: 0}
+}
+
+// runUntilFinished is a main process that exits with code 0 once finish
+// is closed, or like blockUntilStopped if stopped first.
+func runUntilFinished(finish <-chan struct{}) func(context.Context, sandbox.Spec) sandbox.ExitStatus {
+	return func(ctx context.Context, _ sandbox.Spec) sandbox.ExitStatus {
+		select {
+		case <-finish:
+			return sandbox.ExitStatus{Code: 0}
+		case <-ctx.Done():
+			return sandbox.ExitStatus{Code: 143}
+		}
+	}
+}
+
+// recordStop is a main process that runs until Stop and records when it
+// was stopped in stoppedAt (Unix nanoseconds).
+func recordStop(stoppedAt *atomic.Int64) func(context.Context, sandbox.Spec) sandbox.ExitStatus {
+	return func(ctx context.Context, _ sandbox.Spec) sandbox.ExitStatus {
+		<-ctx.Done()
+		stoppedAt.Store(time.Now().UnixNano())
+		return sandbox.ExitStatus{Code: 143}
+	}
+}
+
+// mustCreateManaged creates, as a server before a restart did, a sandbox
+// id on fake labelled as Corral's for the task taskID.
+func mustCreateManaged(tb testing.TB, fake *sandboxtest.Fake, id, taskID string) {
+	tb.Helper()
+	if _, err := fake.Create(context.Background(), sandbox.Spec{ID: id, Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: taskID}}); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 type collectCall struct {
 	id   string
 	exit *sandbox.ExitStatus
@@ -200,14 +237,21 @@ func waitStatus(tb testing.TB, tasks *projection.Tasks, id string, want task.Sta
 	return t
 }
 
-func streamTypes(tb testing.TB, store eventstore.Store, stream string) []string {
+// readStream returns the events of one stream of store.
+func readStream(tb testing.TB, store eventstore.Store, stream string) []eventstore.Event {
 	tb.Helper()
 	evs, err := store.ReadStream(context.Background(), stream, 0)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return evs
+}
+
+// streamTypes returns the types of one stream's events, in order.
+func streamTypes(tb testing.TB, store eventstore.Store, stream string) []string {
+	tb.Helper()
 	var out []string
-	for _, e := range evs {
+	for _, e := range readStream(tb, store, stream) {
 		out = append(out, e.Type)
 	}
 	return out
@@ -317,7 +361,7 @@ func TestCreateFailsNonRetryable(t *testing.T) {
 
 func TestCreateRetriesUnavailable(t *testing.T) {
 	store := sqlitetest.Open(t)
-	fake := MustNewFake(t, func(context.Context, sandbox.Spec) sandbox.ExitStatus { return sandbox.ExitStatus{Code: 0} })
+	fake := MustNewFake(t, exitsAtOnce)
 	var calls atomic.Int32
 	fake.CreateErr = func(sandbox.Spec) error {
 		if calls.Add(1) <= 2 {
@@ -374,11 +418,7 @@ func TestCancelRunning(t *testing.T) {
 func TestTimeout(t *testing.T) {
 	store := sqlitetest.Open(t)
 	var stoppedAt atomic.Int64
-	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
-		<-ctx.Done()
-		stoppedAt.Store(time.Now().UnixNano())
-		return sandbox.ExitStatus{Code: 143}
-	})
+	fake := MustNewFake(t, recordStop(&stoppedAt))
 	ahead := time.Minute - 200*time.Millisecond
 	h := MustStart(t, store, Options{Now: func() time.Time { return time.Now().Add(ahead) }}, fake)
 	id := MustEnqueue(t, h.tasks, task.Spec{TimeoutMinutes: 1})
@@ -399,28 +439,37 @@ func TestTimeout(t *testing.T) {
 func TestCompletedElsewhereStopsAfterExitGrace(t *testing.T) {
 	store := sqlitetest.Open(t)
 	var stoppedAt atomic.Int64
-	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
-		<-ctx.Done()
-		stoppedAt.Store(time.Now().UnixNano())
-		return sandbox.ExitStatus{Code: 143}
-	})
+	fake := MustNewFake(t, recordStop(&stoppedAt))
 	const grace = 150 * time.Millisecond
 	h := MustStart(t, store, Options{ExitGrace: grace}, fake)
 	id := MustEnqueue(t, h.tasks, task.Spec{})
 	waitStatus(t, h.tasks, id, task.Running)
 	completedAt := time.Now()
-	MustAppend(t, h.tasks, id, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "by webhook", Reason: "webhook"}, "worker"))
+	completeByWebhook(t, h.tasks, id)
 	waitFor(t, "the sandbox to be stopped", func() bool { return stoppedAt.Load() != 0 })
 	if d := time.Unix(0, stoppedAt.Load()).Sub(completedAt); d < grace {
 		t.Errorf("sandbox stopped %s after the task ended, want at least the exit grace %s", d, grace)
 	}
 	waitFor(t, "the sandbox to be destroyed", func() bool { return slices.Contains(fake.Destroyed(), id) })
-	got, _ := h.tasks.Get(id)
-	if got.Status != task.Success || got.Summary != "by webhook" {
-		t.Errorf("task = %s %q, want the webhook's success kept", got.Status, got.Summary)
-	}
+	checkWebhookEndKept(t, h.tasks, id)
 	if c := h.collected(); len(c) != 0 {
 		t.Errorf("Collect called for a task that had ended: %v", c)
+	}
+}
+
+// completeByWebhook records a task's successful end as the worker's webhook
+// does, while its sandbox still runs.
+func completeByWebhook(tb testing.TB, tasks *projection.Tasks, id string) {
+	tb.Helper()
+	MustAppend(tb, tasks, id, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "by webhook", Reason: "webhook"}, "worker"))
+}
+
+// checkWebhookEndKept checks that a task ended by completeByWebhook kept
+// that end, whatever became of its sandbox.
+func checkWebhookEndKept(tb testing.TB, tasks *projection.Tasks, id string) {
+	tb.Helper()
+	if got, _ := tasks.Get(id); got.Status != task.Success || got.Summary != "by webhook" {
+		tb.Errorf("task = %s %q, want the webhook's success kept", got.Status, got.Summary)
 	}
 }
 
@@ -444,14 +493,7 @@ func mustRunUntilRunning(t *testing.T, store *sqlite.Store, fake *sandboxtest.Fa
 func TestReconcileReattaches(t *testing.T) {
 	store := sqlitetest.Open(t)
 	finish := make(chan struct{})
-	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
-		select {
-		case <-finish:
-			return sandbox.ExitStatus{Code: 0}
-		case <-ctx.Done():
-			return sandbox.ExitStatus{Code: 143}
-		}
-	})
+	fake := MustNewFake(t, runUntilFinished(finish))
 	id := mustRunUntilRunning(t, store, fake)
 
 	second := MustStart(t, store, Options{}, fake.Restart())
@@ -502,9 +544,7 @@ func TestReconcileStopsOrphans(t *testing.T) {
 	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
 	ctx := context.Background()
-	if _, err := fake.Create(ctx, sandbox.Spec{ID: "orphan-1", Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: "task-gone"}}); err != nil {
-		t.Fatal(err)
-	}
+	mustCreateManaged(t, fake, "orphan-1", "task-gone")
 	if _, err := fake.Create(ctx, sandbox.Spec{ID: "not-ours"}); err != nil {
 		t.Fatal(err)
 	}
@@ -518,10 +558,7 @@ func TestReconcileStopsOrphans(t *testing.T) {
 	if slices.Contains(fake.Stopped(), "not-ours") {
 		t.Errorf("a sandbox without the managed label was stopped")
 	}
-	evs, err := store.ReadStream(ctx, task.SystemStream, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	evs := readStream(t, store, task.SystemStream)
 	i := slices.IndexFunc(evs, func(e eventstore.Event) bool { return e.Type == task.EventOrphanStopped })
 	var data map[string]string
 	if err := json.Unmarshal(evs[i].Data, &data); err != nil {
@@ -569,9 +606,7 @@ func TestCancelledWhileQueuedNeverStarts(t *testing.T) {
 func TestRunStoppedDuringReconcile(t *testing.T) {
 	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
-	if _, err := fake.Create(context.Background(), sandbox.Spec{ID: "orphan-2", Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: "task-gone"}}); err != nil {
-		t.Fatal(err)
-	}
+	mustCreateManaged(t, fake, "orphan-2", "task-gone")
 	tasks := projection.New(store, discard())
 	s := New(Options{Runtimes: map[string]sandbox.Runtime{"fake": fake}, Runner: &testRunner{}}, tasks, store, discard())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -584,11 +619,7 @@ func TestRunStoppedDuringReconcile(t *testing.T) {
 // completedReason returns the reason of a task's terminal event.
 func completedReason(tb testing.TB, store eventstore.Store, id string) string {
 	tb.Helper()
-	evs, err := store.ReadStream(context.Background(), task.StreamID(id), 0)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, e := range evs {
+	for _, e := range readStream(tb, store, task.StreamID(id)) {
 		if e.Type == task.EventCompleted {
 			var c task.Completed
 			if err := json.Unmarshal(e.Data, &c); err != nil {
@@ -635,6 +666,26 @@ func (q *fakeQuota) called() []string {
 	return slices.Clone(q.calls)
 }
 
+// overOnceSet is a quota check that passes until over is set, then fails
+// with msg.
+func overOnceSet(over *atomic.Bool, msg string) func(task.Task) error {
+	return func(task.Task) error {
+		if over.Load() {
+			return errors.New(msg)
+		}
+		return nil
+	}
+}
+
+// exitsOnClose is a main process that ignores Stop and exits with code once
+// exit is closed.
+func exitsOnClose(exit <-chan struct{}, code int) func(context.Context, sandbox.Spec) sandbox.ExitStatus {
+	return func(context.Context, sandbox.Spec) sandbox.ExitStatus {
+		<-exit
+		return sandbox.ExitStatus{Code: code}
+	}
+}
+
 func TestQuotaStopsTask(t *testing.T) {
 	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
@@ -671,31 +722,20 @@ func TestQuotaWatchedAfterTaskEnds(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	// A main process that ignores SIGTERM: only a kill ends it.
-	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
-		<-release
-		return sandbox.ExitStatus{Code: 0}
-	})
+	fake := MustNewFake(t, exitsOnClose(release, 0))
 	var over atomic.Bool
-	q := &fakeQuota{fake: fake, check: func(task.Task) error {
-		if over.Load() {
-			return errors.New("output quota exceeded: written after the end")
-		}
-		return nil
-	}}
+	q := &fakeQuota{fake: fake, check: overOnceSet(&over, "output quota exceeded: written after the end")}
 	h := MustStart(t, store, Options{Quota: q, ExitGrace: 100 * time.Millisecond, StopGrace: time.Hour}, fake)
 	id := MustEnqueue(t, h.tasks, task.Spec{})
 	waitStatus(t, h.tasks, id, task.Running)
-	MustAppend(t, h.tasks, id, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success, Summary: "by webhook", Reason: "webhook"}, "worker"))
+	completeByWebhook(t, h.tasks, id)
 	// The exit grace passes: a graceful stop begins, which the process ignores.
 	waitFor(t, "the graceful stop", func() bool { return slices.Contains(fake.Stopped(), id) })
 	time.Sleep(50 * time.Millisecond)
 	over.Store(true)
 	// Only a kill ends it: the stop grace is an hour.
 	waitFor(t, "the sandbox to be killed and destroyed", func() bool { return slices.Contains(fake.Destroyed(), id) })
-	got, _ := h.tasks.Get(id)
-	if got.Status != task.Success || got.Summary != "by webhook" {
-		t.Errorf("task = %s %q, want the webhook's success kept", got.Status, got.Summary)
-	}
+	checkWebhookEndKept(t, h.tasks, id)
 }
 
 // A worker that stopped at a write the kernel refused ends with the
@@ -703,17 +743,9 @@ func TestQuotaWatchedAfterTaskEnds(t *testing.T) {
 func TestQuotaLastLookAtExit(t *testing.T) {
 	store := sqlitetest.Open(t)
 	exit := make(chan struct{})
-	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
-		<-exit
-		return sandbox.ExitStatus{Code: 1}
-	})
+	fake := MustNewFake(t, exitsOnClose(exit, 1))
 	var exited atomic.Bool
-	q := &fakeQuota{fake: fake, check: func(task.Task) error {
-		if exited.Load() {
-			return errors.New("output quota exceeded: at the limit")
-		}
-		return nil
-	}}
+	q := &fakeQuota{fake: fake, check: overOnceSet(&exited, "output quota exceeded: at the limit")}
 	h := MustStart(t, store, Options{Quota: q}, fake)
 	id := MustEnqueue(t, h.tasks, task.Spec{})
 	waitStatus(t, h.tasks, id, task.Running)
@@ -736,23 +768,9 @@ func TestQuotaLastLookAtExit(t *testing.T) {
 func TestReconcileStartingTaskIsRecordedStarted(t *testing.T) {
 	store := sqlitetest.Open(t)
 	finish := make(chan struct{})
-	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
-		select {
-		case <-finish:
-			return sandbox.ExitStatus{Code: 0}
-		case <-ctx.Done():
-			return sandbox.ExitStatus{Code: 143}
-		}
-	})
-	tasks := projection.New(store, discard())
-	if err := tasks.Rebuild(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	id := MustEnqueue(t, tasks, task.Spec{})
-	MustAppend(t, tasks, id, projection.NewEvent(task.EventStarting, nil, ActorScheduler))
-	if _, err := fake.Create(context.Background(), sandbox.Spec{ID: id, Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: id}}); err != nil {
-		t.Fatal(err)
-	}
+	fake := MustNewFake(t, runUntilFinished(finish))
+	id := mustStartingTask(t, store)
+	mustCreateManaged(t, fake, id, id)
 
 	h := MustStart(t, store, Options{}, fake.Restart())
 	got := waitStatus(t, h.tasks, id, task.Running)
@@ -856,7 +874,7 @@ func TestStartNotRecordedEndsTheTask(t *testing.T) {
 func TestEndRecordedWhenTheStoreRecovers(t *testing.T) {
 	store := &fullStore{Store: sqlitetest.Open(t)}
 	store.full.Store(true)
-	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus { return sandbox.ExitStatus{Code: 0} })
+	fake := MustNewFake(t, exitsAtOnce)
 	h := MustStart(t, store, Options{RecordRetry: 5 * time.Millisecond}, fake)
 	id := MustEnqueue(t, h.tasks, task.Spec{})
 	waitFor(t, "the sandbox to exit and Collect to run", func() bool { return len(h.collected()) > 0 })
@@ -913,12 +931,8 @@ func mustStartingTask(t *testing.T, store eventstore.Store) string {
 // reconciledSummary returns the last reconciliation's summary.
 func reconciledSummary(t *testing.T, store eventstore.Store) Reconciled {
 	t.Helper()
-	evs, err := store.ReadStream(context.Background(), task.SystemStream, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var r Reconciled
-	for _, e := range evs {
+	for _, e := range readStream(t, store, task.SystemStream) {
 		if e.Type == task.EventReconciled {
 			r = Reconciled{}
 			if err := json.Unmarshal(e.Data, &r); err != nil {
@@ -935,7 +949,7 @@ func reconciledSummary(t *testing.T, store eventstore.Store) Reconciled {
 // held, and records why; it is never ended lost.
 func TestReconcileStartingWithoutSandboxStartsAgain(t *testing.T) {
 	store := sqlitetest.Open(t)
-	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus { return sandbox.ExitStatus{Code: 0} })
+	fake := MustNewFake(t, exitsAtOnce)
 	id := mustStartingTask(t, store)
 
 	h := MustStart(t, store, Options{}, fake)
@@ -970,9 +984,7 @@ func TestReconcileNotStartedSandboxStartsAgain(t *testing.T) {
 		return sandbox.ExitStatus{Code: 3}
 	})
 	id := mustStartingTask(t, store)
-	if _, err := fake.Create(context.Background(), sandbox.Spec{ID: id, Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: id}}); err != nil {
-		t.Fatal(err)
-	}
+	mustCreateManaged(t, fake, id, id)
 	waitFor(t, "the handed-over sandbox's end", func() bool {
 		st, err := fake.Status(context.Background(), id)
 		return err == nil && st.State == sandbox.StateExited
@@ -989,10 +1001,7 @@ func TestReconcileNotStartedSandboxStartsAgain(t *testing.T) {
 	if c := h.collected(); len(c) != 1 || c[0].exit == nil || c[0].exit.NotStarted {
 		t.Errorf("Collect calls %+v, want one, of the run that started", c)
 	}
-	evs, err := store.ReadStream(context.Background(), task.StreamID(id), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	evs := readStream(t, store, task.StreamID(id))
 	i := slices.IndexFunc(evs, func(e eventstore.Event) bool { return e.Type == task.EventStartRetried })
 	if i < 0 {
 		t.Fatalf("no %s in %v", task.EventStartRetried, streamTypes(t, store, task.StreamID(id)))

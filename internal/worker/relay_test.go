@@ -17,11 +17,13 @@ import (
 	"github.com/corral-dev/corral/internal/workerproto"
 )
 
-// MustUnixEcho serves an echo on a new unix socket and returns its path and
-// a count of the connections it accepted.
-func MustUnixEcho(tb testing.TB) (string, func() int) {
+// listenUnix listens on a new unix socket in a directory of its own under
+// the system's temporary directory (t.TempDir is too long for a socket
+// path), and returns the listener and the socket's path; both are removed
+// when the test ends.
+func listenUnix(tb testing.TB) (net.Listener, string) {
 	tb.Helper()
-	dir, err := os.MkdirTemp("", "relay") // t.TempDir is too long for a socket path
+	dir, err := os.MkdirTemp("", "relay")
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -30,6 +32,15 @@ func MustUnixEcho(tb testing.TB) (string, func() int) {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(func() { ln.Close(); os.RemoveAll(dir) })
+	return ln, sock
+}
+
+// MustUnixEcho serves an echo on a new unix socket and returns its path and
+// a count of the connections it accepted.
+func MustUnixEcho(tb testing.TB) (string, func() int) {
+	tb.Helper()
+	ln, sock := listenUnix(tb)
 	var mu sync.Mutex
 	var n int
 	var wg sync.WaitGroup
@@ -52,7 +63,7 @@ func MustUnixEcho(tb testing.TB) (string, func() int) {
 			}()
 		}
 	}()
-	tb.Cleanup(func() { ln.Close(); wg.Wait(); os.RemoveAll(dir) })
+	tb.Cleanup(func() { ln.Close(); wg.Wait() })
 	return sock, func() int { mu.Lock(); defer mu.Unlock(); return n }
 }
 
@@ -207,15 +218,7 @@ func TestParseArgsEgress(t *testing.T) {
 // CONNECT with 403. It returns the socket's path and the targets asked.
 func MustConnectProxy(tb testing.TB, allowed string) (string, func() []string) {
 	tb.Helper()
-	dir, err := os.MkdirTemp("", "fwd")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	sock := filepath.Join(dir, "proxy.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	ln, sock := listenUnix(tb)
 	var mu sync.Mutex
 	var asked []string
 	go func() {
@@ -245,7 +248,6 @@ func MustConnectProxy(tb testing.TB, allowed string) (string, func() []string) {
 			}()
 		}
 	}()
-	tb.Cleanup(func() { ln.Close(); os.RemoveAll(dir) })
 	return sock, func() []string {
 		mu.Lock()
 		defer mu.Unlock()
@@ -264,22 +266,30 @@ func freeLoopback(tb testing.TB) string {
 	return ln.Addr().String()
 }
 
+// mustDialForward starts a forward at addr to the proxy on sock and
+// connects to it; both are closed when the test ends.
+func mustDialForward(t *testing.T, addr, sock string) net.Conn {
+	t.Helper()
+	fwd, err := StartForward(addr, SocketUpstream(sock), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fwd.Close() })
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // A forward carries a connection to its own address through the proxy
 // with a CONNECT, bytes both ways; a CONNECT the proxy refuses closes the
 // client's connection.
 func TestForwardTunnelsThroughTheProxy(t *testing.T) {
 	addr := freeLoopback(t)
 	sock, asked := MustConnectProxy(t, addr)
-	fwd, err := StartForward(addr, SocketUpstream(sock), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fwd.Close()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustDialForward(t, addr, sock)
 	io.WriteString(c, "ping\n")
 	c.(*net.TCPConn).CloseWrite()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
@@ -291,17 +301,7 @@ func TestForwardTunnelsThroughTheProxy(t *testing.T) {
 		t.Errorf("the proxy was asked %q, want CONNECT %s", got, addr)
 	}
 
-	other := freeLoopback(t)
-	refused, err := StartForward(other, SocketUpstream(sock), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer refused.Close()
-	c2, err := net.Dial("tcp", other)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
+	c2 := mustDialForward(t, freeLoopback(t), sock)
 	c2.SetDeadline(time.Now().Add(5 * time.Second))
 	if b, err := io.ReadAll(c2); len(b) != 0 || err != nil {
 		t.Errorf("a refused forward: read %q, %v; want the connection closed", b, err)

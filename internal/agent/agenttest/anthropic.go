@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 )
 
 // Reply is one scripted answer of a model endpoint: a tool call or final
@@ -29,19 +28,10 @@ type ToolCall struct {
 	Input map[string]any
 }
 
-// AnthropicRequest is what the Anthropic endpoint recorded of one request.
+// AnthropicRequest is what the Anthropic endpoint recorded of one request;
+// its key is x-api-key or a bearer token.
 type AnthropicRequest struct {
-	At     time.Time
-	Path   string
-	Model  string
-	Stream bool
-	// Main is set for the agent loop's requests (those that offer tools);
-	// the CLI also sends side requests (titles, summaries) without tools.
-	Main bool
-	// Reply is the index of the scripted reply given, -1 for none.
-	Reply int
-	// KeyOK says whether x-api-key (or a bearer token) was the expected key.
-	KeyOK bool
+	Request
 	// Session is the X-Claude-Code-Session-Id header, if any.
 	Session string
 	// Messages is the number of messages in the request's conversation.
@@ -55,39 +45,20 @@ type AnthropicRequest struct {
 }
 
 // AnthropicOptions configure an Anthropic endpoint.
-type AnthropicOptions struct {
-	// Key is the API key the endpoint accepts; a request with another gets
-	// 401, as the real API does.
-	Key string
-	// Replies answer the main requests in order; past the end, the last one
-	// is repeated.
-	Replies []Reply
-	// Status, if set, answers every request with this HTTP status and an
-	// error body of the API's shape (401, 429, 500, 529, ...).
-	Status int
-	// Addr is where to listen; default "127.0.0.1:0".
-	Addr string
-	// Respond, if set, computes the reply to each main request instead of
-	// Replies, for scripts whose next step depends on a tool's result.
-	Respond func(AnthropicRequest) Reply
-}
+type AnthropicOptions = Options[AnthropicRequest]
 
 // Anthropic is a scripted Anthropic Messages API (POST /v1/messages, with
-// and without "stream": true) on loopback.
+// and without "stream": true) on loopback. Its URL is http://ADDR, for
+// ANTHROPIC_BASE_URL.
 type Anthropic struct {
-	URL  string // http://ADDR, for ANTHROPIC_BASE_URL
-	Addr string // host:port, for an egress allowlist
-
-	opts AnthropicOptions
 	endpoint[AnthropicRequest]
 }
 
 // MustAnthropic starts an Anthropic endpoint, stopped when tb ends.
 func MustAnthropic(tb testing.TB, opts AnthropicOptions) *Anthropic {
 	tb.Helper()
-	a := &Anthropic{opts: opts}
-	a.Addr = a.start(tb, "anthropic", opts.Addr, a.serve)
-	a.URL = "http://" + a.Addr
+	a := &Anthropic{}
+	a.start(tb, "anthropic", opts, "", a.serve)
 	return a
 }
 
@@ -116,13 +87,7 @@ func (a *Anthropic) serve(w http.ResponseWriter, r *http.Request) {
 		key = strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 	}
 	req := AnthropicRequest{
-		At:       time.Now(),
-		Path:     r.URL.Path,
-		Model:    body.Model,
-		Stream:   body.Stream,
-		Main:     len(body.Tools) > 0,
-		Reply:    -1,
-		KeyOK:    a.opts.Key == "" || key == a.opts.Key,
+		Request:  newRequest(r, body.Model, body.Stream, len(body.Tools) > 0, a.keyOK(key)),
 		Session:  r.Header.Get("X-Claude-Code-Session-Id"),
 		Messages: len(body.Messages),
 		System:   flatten(body.System),
@@ -140,8 +105,7 @@ func (a *Anthropic) serve(w http.ResponseWriter, r *http.Request) {
 	}
 
 	count := strings.HasSuffix(r.URL.Path, "/count_tokens")
-	status, reply, _ := a.answer(&req, &req.Reply, req.KeyOK, req.Main && !count,
-		script[AnthropicRequest]{status: a.opts.Status, replies: a.opts.Replies, respond: a.opts.Respond})
+	status, reply, _ := a.answer(&req, &req.Request, req.Main && !count)
 	if status != 0 {
 		writeAnthropicError(w, status)
 		return

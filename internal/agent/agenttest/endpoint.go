@@ -11,18 +11,61 @@ import (
 	"time"
 )
 
-// endpoint is what the scripted endpoints share: the loopback server, the
-// record of requests (of type R) and the position in the script.
-type endpoint[R any] struct {
-	mu   sync.Mutex
-	next int
-	reqs []R
+// Request is what every endpoint records of a request; each endpoint's
+// own request type adds what its provider's requests carry.
+type Request struct {
+	At     time.Time
+	Path   string // the URL path
+	Model  string
+	Stream bool
+	// Main is set for the agent loop's requests (those that offer tools);
+	// a CLI also sends side requests (titles, summaries) without tools.
+	Main bool
+	// Reply is the index of the scripted reply given, -1 for none.
+	Reply int
+	// KeyOK says whether the request carried the expected key.
+	KeyOK bool
 }
 
-// start listens on addr (default "127.0.0.1:0") and serves h until tb ends.
-// It returns the address listened on, host:port.
-func (e *endpoint[R]) start(tb testing.TB, name, addr string, h http.HandlerFunc) string {
+// Options configure a scripted endpoint whose requests it records as R.
+type Options[R any] struct {
+	// Key is the API key the endpoint accepts; a request with another gets
+	// 401, with the provider's error body, as the real API does.
+	Key string
+	// Replies answer the main requests in order; past the end, the last one
+	// is repeated.
+	Replies []Reply
+	// Status, if set, answers every request with this HTTP status and an
+	// error body of the provider's shape (401, 429, 500, 529, ...).
+	Status int
+	// Addr is where to listen; default "127.0.0.1:0".
+	Addr string
+	// Respond, if set, computes the reply to each main request instead of
+	// Replies, for scripts whose next step depends on a tool's result.
+	Respond func(R) Reply
+}
+
+// endpoint is what the scripted endpoints share: the loopback server, its
+// options, the record of requests (of type R) and the position in the
+// script.
+type endpoint[R any] struct {
+	URL  string // http://Addr and the provider's base path, for the agent's base URL
+	Addr string // host:port, for an egress allowlist
+
+	opts  Options[R]
+	mu    sync.Mutex
+	next  int
+	reqs  []R
+	asked []Request // the Request of each of reqs
+}
+
+// start listens on opts.Addr (default "127.0.0.1:0") and serves h until tb
+// ends; it sets Addr to the address listened on, and URL to it with
+// basePath.
+func (e *endpoint[R]) start(tb testing.TB, name string, opts Options[R], basePath string, h http.HandlerFunc) {
 	tb.Helper()
+	e.opts = opts
+	addr := opts.Addr
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
@@ -33,7 +76,21 @@ func (e *endpoint[R]) start(tb testing.TB, name, addr string, h http.HandlerFunc
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	tb.Cleanup(func() { srv.Close() })
-	return ln.Addr().String()
+	e.Addr = ln.Addr().String()
+	e.URL = "http://" + e.Addr + basePath
+}
+
+// newRequest is what every endpoint records of r, with the model asked
+// for, whether it streams, whether it is main and whether its key was
+// right; no reply given yet.
+func newRequest(r *http.Request, model string, stream, main, keyOK bool) Request {
+	return Request{At: time.Now(), Path: r.URL.Path, Model: model, Stream: stream, Main: main, Reply: -1, KeyOK: keyOK}
+}
+
+// keyOK says whether key is the one the endpoint accepts (any, if none is
+// set).
+func (e *endpoint[R]) keyOK(key string) bool {
+	return e.opts.Key == "" || key == e.opts.Key
 }
 
 // Requests returns what the endpoint was asked, in order.
@@ -43,39 +100,40 @@ func (e *endpoint[R]) Requests() []R {
 	return append([]R(nil), e.reqs...)
 }
 
-// script is how an endpoint answers: with status for every request if set,
-// else a main request with respond's reply if set, else with the next of
-// replies (the last one repeated).
-type script[R any] struct {
-	status  int
-	replies []Reply
-	respond func(R) Reply
+// Asked returns what every request the endpoint was asked carried, in
+// order: the part of Requests all endpoints record.
+func (e *endpoint[R]) Asked() []Request {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]Request(nil), e.asked...)
 }
 
-// answer chooses the answer to req and records req, with *idx (req's Reply
-// field) set to the index of the scripted reply given. status is the HTTP
-// error to answer with, 0 for none; a request that is not main (or not
-// scripted) gets the reply "ok". n is the number of requests recorded.
-func (e *endpoint[R]) answer(req *R, idx *int, keyOK, main bool, s script[R]) (status int, reply Reply, n int) {
+// answer chooses the answer to req and records req, with base (req's
+// Request) told the index of the scripted reply given. status is the HTTP
+// error to answer with, 0 for none: the options' Status, or 401 for a
+// request without the key. A request that is not main (or not scripted)
+// gets the reply "ok". n is the number of requests recorded.
+func (e *endpoint[R]) answer(req *R, base *Request, main bool) (status int, reply Reply, n int) {
 	reply = Reply{Text: "ok"}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch {
-	case !keyOK:
+	case !base.KeyOK:
 		status = http.StatusUnauthorized
-	case s.status != 0:
-		status = s.status
+	case e.opts.Status != 0:
+		status = e.opts.Status
 	case !main:
-	case s.respond != nil:
-		*idx = e.next
-		reply = s.respond(*req)
+	case e.opts.Respond != nil:
+		base.Reply = e.next
+		reply = e.opts.Respond(*req)
 		e.next++
-	case len(s.replies) > 0:
-		*idx = min(e.next, len(s.replies)-1)
-		reply = s.replies[*idx]
+	case len(e.opts.Replies) > 0:
+		base.Reply = min(e.next, len(e.opts.Replies)-1)
+		reply = e.opts.Replies[base.Reply]
 		e.next++
 	}
 	e.reqs = append(e.reqs, *req)
+	e.asked = append(e.asked, *base)
 	return status, reply, len(e.reqs)
 }
 

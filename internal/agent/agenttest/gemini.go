@@ -6,22 +6,14 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 )
 
-// GeminiRequest is what the Gemini endpoint recorded of one request.
+// GeminiRequest is what the Gemini endpoint recorded of one request; its
+// Path is e.g. /v1beta/models/gemini-2.5-pro:streamGenerateContent, its
+// Model the one named in the path, Stream set for streamGenerateContent
+// (rather than generateContent), and its key x-goog-api-key (or ?key=).
 type GeminiRequest struct {
-	At time.Time
-	// Path is the URL path, e.g. /v1beta/models/gemini-2.5-pro:streamGenerateContent.
-	Path   string
-	Model  string // the model named in the path
-	Stream bool   // streamGenerateContent rather than generateContent
-	// Main is set for the agent loop's requests (those that offer tools).
-	Main bool
-	// Reply is the index of the scripted reply given, -1 for none.
-	Reply int
-	// KeyOK says whether x-goog-api-key (or ?key=) was the expected key.
-	KeyOK bool
+	Request
 	// Contents is the number of turns in the request's conversation.
 	Contents int
 	// System is the system instruction, flattened to text.
@@ -32,36 +24,20 @@ type GeminiRequest struct {
 }
 
 // GeminiOptions configure a Gemini endpoint.
-type GeminiOptions struct {
-	// Key is the API key the endpoint accepts; a request with another gets
-	// 401 UNAUTHENTICATED.
-	Key string
-	// Replies answer the main requests in order; past the end, the last one
-	// is repeated.
-	Replies []Reply
-	// Status, if set, answers every request with this HTTP status and an
-	// error body of the API's shape (401, 429, 500, 503, ...).
-	Status int
-	// Addr is where to listen; default "127.0.0.1:0".
-	Addr string
-}
+type GeminiOptions = Options[GeminiRequest]
 
 // Gemini is a scripted Gemini API (POST /v1beta/models/M:streamGenerateContent
-// with alt=sse, :generateContent and :countTokens) on loopback.
+// with alt=sse, :generateContent and :countTokens) on loopback. Its URL is
+// http://ADDR, for GOOGLE_GEMINI_BASE_URL.
 type Gemini struct {
-	URL  string // http://ADDR, for GOOGLE_GEMINI_BASE_URL
-	Addr string // host:port, for an egress allowlist
-
-	opts GeminiOptions
 	endpoint[GeminiRequest]
 }
 
 // MustGemini starts a Gemini endpoint, stopped when tb ends.
 func MustGemini(tb testing.TB, opts GeminiOptions) *Gemini {
 	tb.Helper()
-	g := &Gemini{opts: opts}
-	g.Addr = g.start(tb, "gemini", opts.Addr, g.serve)
-	g.URL = "http://" + g.Addr
+	g := &Gemini{}
+	g.start(tb, "gemini", opts, "", g.serve)
 	return g
 }
 
@@ -93,13 +69,7 @@ func (g *Gemini) serve(w http.ResponseWriter, r *http.Request) {
 		key = r.URL.Query().Get("key")
 	}
 	req := GeminiRequest{
-		At:       time.Now(),
-		Path:     path,
-		Model:    model,
-		Stream:   method == "streamGenerateContent",
-		Main:     len(body.Tools) > 0,
-		Reply:    -1,
-		KeyOK:    g.opts.Key == "" || key == g.opts.Key,
+		Request:  newRequest(r, model, method == "streamGenerateContent", len(body.Tools) > 0, g.keyOK(key)),
 		Contents: len(body.Contents),
 	}
 	if body.SystemInstruction != nil {
@@ -109,8 +79,7 @@ func (g *Gemini) serve(w http.ResponseWriter, r *http.Request) {
 		req.LastUser = geminiParts(body.Contents[n-1].Parts)
 	}
 
-	status, reply, _ := g.answer(&req, &req.Reply, req.KeyOK, req.Main && method != "countTokens",
-		script[GeminiRequest]{status: g.opts.Status, replies: g.opts.Replies})
+	status, reply, _ := g.answer(&req, &req.Request, req.Main && method != "countTokens")
 	if status != 0 {
 		writeGeminiError(w, status)
 		return

@@ -9,55 +9,32 @@ import (
 	"time"
 )
 
-// OpenAIRequest is what the OpenAI endpoint recorded of one request.
+// OpenAIRequest is what the OpenAI endpoint recorded of one request; its
+// key is the bearer token.
 type OpenAIRequest struct {
-	At     time.Time
-	Path   string
-	Model  string
-	Stream bool
-	// Main is set for the agent loop's requests (those that offer tools).
-	Main bool
+	Request
 	// Tools are the names of the tools offered.
 	Tools []string
-	// Reply is the index of the scripted reply given, -1 for none.
-	Reply int
-	// KeyOK says whether the bearer token was the expected key.
-	KeyOK bool
 	// Input is the number of items in the request's input.
 	Input int
 }
 
-// OpenAIOptions configure an OpenAI endpoint.
-type OpenAIOptions struct {
-	// Key is the API key the endpoint accepts; a request with another gets
-	// 401, as the real API does.
-	Key string
-	// Replies answer the main requests in order; past the end, the last one
-	// is repeated. A ToolCall's Input is sent as the call's JSON arguments.
-	Replies []Reply
-	// Status, if set, answers every request with this HTTP status and an
-	// error body of the API's shape (401, 429, 500, ...).
-	Status int
-	// Addr is where to listen; default "127.0.0.1:0".
-	Addr string
-}
+// OpenAIOptions configure an OpenAI endpoint; a reply's ToolCall Input is
+// sent as the call's JSON arguments.
+type OpenAIOptions = Options[OpenAIRequest]
 
 // OpenAI is a scripted OpenAI Responses API (POST /v1/responses, streamed
-// as server-sent events) on loopback.
+// as server-sent events) on loopback. Its URL is http://ADDR/v1, for
+// OPENAI_BASE_URL.
 type OpenAI struct {
-	URL  string // http://ADDR/v1, for OPENAI_BASE_URL
-	Addr string // host:port, for an egress allowlist
-
-	opts OpenAIOptions
 	endpoint[OpenAIRequest]
 }
 
 // MustOpenAI starts an OpenAI endpoint, stopped when tb ends.
 func MustOpenAI(tb testing.TB, opts OpenAIOptions) *OpenAI {
 	tb.Helper()
-	o := &OpenAI{opts: opts}
-	o.Addr = o.start(tb, "openai", opts.Addr, o.serve)
-	o.URL = "http://" + o.Addr + "/v1"
+	o := &OpenAI{}
+	o.start(tb, "openai", opts, "/v1", o.serve)
 	return o
 }
 
@@ -83,22 +60,19 @@ func (o *OpenAI) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	var body responsesBody
 	readBody(r, &body)
+	key, bearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !bearer {
+		key = ""
+	}
 	req := OpenAIRequest{
-		At:     time.Now(),
-		Path:   r.URL.Path,
-		Model:  body.Model,
-		Stream: body.Stream,
-		Main:   len(body.Tools) > 0,
-		Reply:  -1,
-		KeyOK:  o.opts.Key == "" || r.Header.Get("Authorization") == "Bearer "+o.opts.Key,
-		Input:  len(body.Input),
+		Request: newRequest(r, body.Model, body.Stream, len(body.Tools) > 0, o.keyOK(key)),
+		Input:   len(body.Input),
 	}
 	for _, t := range body.Tools {
 		req.Tools = append(req.Tools, t.Name)
 	}
 
-	status, reply, n := o.answer(&req, &req.Reply, req.KeyOK, req.Main,
-		script[OpenAIRequest]{status: o.opts.Status, replies: o.opts.Replies})
+	status, reply, n := o.answer(&req, &req.Request, req.Main)
 	if status != 0 {
 		writeOpenAIError(w, status)
 		return

@@ -1,0 +1,60 @@
+//go:build integration
+
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/app"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore/postgres/postgrestest"
+	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// TestOnPostgres: a server whose store is PostgreSQL (store.driver
+// postgres) runs a task, and its log is in the database, not in the data
+// root: a server started again on both knows the task and its end. A
+// second server on the database beside the first is refused, saying why:
+// one server per database until several can share one.
+func TestOnPostgres(t *testing.T) {
+	testenv.RequireBwrap(t)
+	db := postgrestest.New(t)
+	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + db.DSN}
+	data := testenv.TempDir(t)
+	t.Cleanup(func() { killSandboxes(t, data) })
+	started := func() (*server, func()) {
+		a, stop := runApp(t, testConfig(t, env, data), nil, nil)
+		url := "http://" + a.Addr()
+		return &server{app: a, client: httpapi.NewClient(url, a.Token()), url: url, data: data, token: a.Token()}, stop
+	}
+	s, stop := started()
+	tk := s.spawn(t, "on postgres", "sh", "-c", "echo hi > output/hi.txt")
+	s.waitSuccess(t, tk.ID, time.Minute, "hi.txt")
+
+	beside := testConfig(t, env, testenv.TempDir(t))
+	if a, err := app.New(context.Background(), beside, slog.New(slog.DiscardHandler), app.Options{Binary: corralBin}); err == nil {
+		a.Close()
+		t.Fatal("a second server on the same database started")
+	} else if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "another Corral server uses this database") {
+		t.Errorf("a second server on the same database: %v, want refused, saying why", err)
+	}
+
+	stop()
+	s, _ = started()
+	got, err := s.client.Get(context.Background(), tk.ID)
+	if err != nil || got.Status != task.Success || len(got.OutputFiles) != 1 {
+		t.Errorf("after a restart on the same database: %+v, %v; want the task, succeeded with its file", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(data, "corral.db")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the data root has a corral.db (%v): the log went to SQLite", err)
+	}
+}
