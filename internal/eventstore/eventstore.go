@@ -12,6 +12,7 @@ package eventstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -51,6 +52,32 @@ type Event struct {
 	// Position is the event's place in the global order, starting at 1,
 	// without gaps in commit order on a single-writer store.
 	Position int64 `json:"position"`
+}
+
+// CheckAppend refuses an append every store refuses before it looks at
+// the log: an empty stream id, an expected version below AnyVersion, no
+// events, an event without a type or with data that is not JSON. Errors
+// are errdefs.ErrInvalidArgument (a FieldError per bad event, joined).
+func CheckAppend(stream string, expected int64, events []Proposed) error {
+	if stream == "" {
+		return fmt.Errorf("empty stream id: %w", errdefs.ErrInvalidArgument)
+	}
+	if expected < AnyVersion {
+		return fmt.Errorf("expected version %d: %w", expected, errdefs.ErrInvalidArgument)
+	}
+	if len(events) == 0 {
+		return fmt.Errorf("no events: %w", errdefs.ErrInvalidArgument)
+	}
+	var errs []error
+	for i, e := range events {
+		if e.Type == "" {
+			errs = append(errs, errdefs.Field(fmt.Sprintf("events[%d].type", i), "is empty"))
+		}
+		if len(e.Data) > 0 && !json.Valid(e.Data) {
+			errs = append(errs, errdefs.Field(fmt.Sprintf("events[%d].data", i), "is not valid JSON"))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Store is an event store. Implementations are safe for concurrent use.

@@ -36,7 +36,7 @@ const insertEvent = `INSERT INTO events (position, event_id, stream_id, stream_v
 // as with any database). A duplicate caller-supplied event id is
 // errdefs.ErrAlreadyExists.
 func (s *Store) Append(ctx context.Context, stream string, expected int64, events ...eventstore.Proposed) ([]eventstore.Event, error) {
-	if err := validate(stream, expected, events); err != nil {
+	if err := eventstore.CheckAppend(stream, expected, events); err != nil {
 		return nil, fmt.Errorf("append to stream %s: %w", stream, err)
 	}
 	if s.isClosed() {
@@ -194,27 +194,4 @@ func classify(err error) error {
 		return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
 	}
 	return err
-}
-
-// validate is the SQLite store's: the same input is refused the same way.
-func validate(stream string, expected int64, events []eventstore.Proposed) error {
-	if stream == "" {
-		return fmt.Errorf("empty stream id: %w", errdefs.ErrInvalidArgument)
-	}
-	if expected < eventstore.AnyVersion {
-		return fmt.Errorf("expected version %d: %w", expected, errdefs.ErrInvalidArgument)
-	}
-	if len(events) == 0 {
-		return fmt.Errorf("no events: %w", errdefs.ErrInvalidArgument)
-	}
-	var errs []error
-	for i, e := range events {
-		if e.Type == "" {
-			errs = append(errs, errdefs.Field(fmt.Sprintf("events[%d].type", i), "is empty"))
-		}
-		if len(e.Data) > 0 && !json.Valid(e.Data) {
-			errs = append(errs, errdefs.Field(fmt.Sprintf("events[%d].data", i), "is not valid JSON"))
-		}
-	}
-	return errors.Join(errs...)
 }
