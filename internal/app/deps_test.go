@@ -45,7 +45,7 @@ var allowed = map[string][]string{
 	// Test helpers: a store in a temporary directory; a store, its
 	// projection and a data root.
 	"internal/eventstore/sqlite/sqlitetest": {"eventstore/sqlite"},
-	"internal/projection/projectiontest":    {"eventstore/sqlite", "eventstore/sqlite/sqlitetest", "projection", "workspace"},
+	"internal/projection/projectiontest":    {"eventstore", "eventstore/sqlite", "eventstore/sqlite/sqlitetest", "projection", "task", "workspace"},
 	"internal/sandbox/local":                {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmstart", "quota", "ids", "errdefs", "logkey"},
 	"internal/sandbox/gvisor":               {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "errdefs", "logkey"},
 	"internal/sandbox/sandboxtest":          {"sandbox", "sandbox/hostproc", "errdefs", "testenv"},

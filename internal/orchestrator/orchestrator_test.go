@@ -99,11 +99,7 @@ func (f *fixture) MustSpawn(tb testing.TB, req service.SpawnRequest) task.Task {
 // MustAppend appends events to a task at its current version.
 func (f *fixture) MustAppend(tb testing.TB, id string, evs ...eventstore.Proposed) task.Task {
 	tb.Helper()
-	t, err := f.tasks.Update(context.Background(), id, func(task.Task) ([]eventstore.Proposed, error) { return evs, nil })
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return t
+	return projectiontest.MustAppend(tb, f.tasks, id, evs...)
 }
 
 // MustRunning spawns a command task and moves it to running.

@@ -111,11 +111,7 @@ func (f *fixture) MustCreate(tb testing.TB, spec task.Spec) task.Task {
 // MustAppend appends events to a task at its current version.
 func (f *fixture) MustAppend(tb testing.TB, id string, evs ...eventstore.Proposed) task.Task {
 	tb.Helper()
-	t, err := f.tasks.Update(context.Background(), id, func(task.Task) ([]eventstore.Proposed, error) { return evs, nil })
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return t
+	return projectiontest.MustAppend(tb, f.tasks, id, evs...)
 }
 
 // MustStart moves a queued task to running, as the scheduler does.

@@ -9,9 +9,11 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
 	"github.com/corral-dev/corral/internal/projection"
+	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -47,4 +49,14 @@ func (e *Env) Follow(tb testing.TB) {
 		cancel()
 		<-done
 	})
+}
+
+// MustAppend appends evs to task id's stream at its current version.
+func MustAppend(tb testing.TB, tasks *projection.Tasks, id string, evs ...eventstore.Proposed) task.Task {
+	tb.Helper()
+	t, err := tasks.Update(context.Background(), id, func(task.Task) ([]eventstore.Proposed, error) { return evs, nil })
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return t
 }
