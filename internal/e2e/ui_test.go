@@ -159,10 +159,16 @@ func (b *browser) wait(what, expr string, within time.Duration) {
 }
 
 // betweenDocuments reports whether an evaluation failed for want of a
-// document to run in: the page was navigating.
+// document to run in: the page was navigating. Chromium says so in one of
+// three ways, depending on when in the navigation the evaluation came;
+// "Inspected target navigated or closed" is what a CI run got during the
+// token prompt's wait, after the test's own navigation had ended: the
+// page's one other navigation is boot.js loading it again when a module
+// fetch was aborted by a network change (internal/webui/static/assets/boot.js).
 func betweenDocuments(err error) bool {
 	msg := err.Error()
-	return strings.Contains(msg, "Execution context was destroyed") || strings.Contains(msg, "Cannot find default execution context")
+	return strings.Contains(msg, "Execution context was destroyed") || strings.Contains(msg, "Cannot find default execution context") ||
+		strings.Contains(msg, "Inspected target navigated or closed")
 }
 
 // text is the text content of the first element sel matches ("" if none).
