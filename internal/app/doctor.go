@@ -18,6 +18,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/eventstore/postgres"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/rtkind"
@@ -55,7 +56,7 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	for _, name := range rtkind.Names() {
 		out = append(out, doctorRuntime(ctx, name, cfg, filepath.Join(stateDir, name), host, log)...)
 	}
-	out = append(out, doctorQuota(cfg), doctorDisk(cfg.Data), doctorWarm(cfg))
+	out = append(out, doctorStore(ctx, cfg), doctorQuota(cfg), doctorDisk(cfg.Data), doctorWarm(cfg))
 	agents := agentConfigs(cfg)
 	for _, name := range []string{task.AgentClaude, task.AgentGemini, task.AgentCodex, task.AgentOpencode} {
 		ag := agents[name]
@@ -74,6 +75,50 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	}
 	out = append(out, Check{Name: "agent command", OK: true, Detail: "any program under the host's /usr"})
 	return out
+}
+
+// maxClockSkew is the most the store's clock may differ from this
+// machine's before doctor says so: servers on one database will order
+// their leases by it.
+const maxClockSkew = 5 * time.Second
+
+// doctorStore checks the event store: SQLite needs nothing; PostgreSQL is
+// reached, its schema compared with this binary's, its clock with this
+// machine's, and its server lock looked at.
+func doctorStore(ctx context.Context, cfg *config.Config) Check {
+	c := Check{Name: "event store", Required: true}
+	if cfg.Store.Driver != config.StorePostgres {
+		c.OK, c.Detail = true, "SQLite: corral.db in the data root"
+		return c
+	}
+	c.Fix = "check the connection string (CORRAL_STORE_DSN or store.dsn_file) and that PostgreSQL answers"
+	secrets, err := cfg.Secrets()
+	if err != nil {
+		c.Detail = err.Error()
+		return c
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	r, err := postgres.Inspect(ctx, secrets.StoreDSN)
+	if err != nil {
+		c.Detail = "PostgreSQL: " + err.Error()
+		return c
+	}
+	held := "no server holds it"
+	if r.ServerRunning {
+		held = "a Corral server holds it (this one, if it runs)"
+	}
+	c.Detail = fmt.Sprintf("PostgreSQL %s, schema version %d (this corral's: %d; a start applies what is missing), clock %s from this machine's; %s",
+		r.ServerVersion, r.Schema, r.Binary, r.ClockSkew.Round(time.Millisecond), held)
+	switch {
+	case r.Schema > r.Binary:
+		c.Fix = "the database was made by a newer corral: run that version, or a newer one"
+	case r.ClockSkew > maxClockSkew || r.ClockSkew < -maxClockSkew:
+		c.Fix = "set the clocks of this machine and the database's right (chrony or systemd-timesyncd)"
+	default:
+		c.OK, c.Fix = true, ""
+	}
+	return c
 }
 
 // doctorCache runs Doctor for the web UI's health page (GET /api/health)

@@ -10,6 +10,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/eventstore/postgres/postgrestest"
 )
 
 // Doctor says whether an agent's environment holds its credentials, by
@@ -106,5 +109,32 @@ func TestDoctorDisk(t *testing.T) {
 	os.WriteFile(file, nil, 0o600)
 	if c := doctorDisk(file); c.OK || !strings.Contains(c.Detail, "cannot write") {
 		t.Errorf("doctorDisk of a file = %+v, want a failure", c)
+	}
+}
+
+// The store check: SQLite passes as it is; PostgreSQL is reached and
+// described, and one that cannot be reached fails with what to do, never
+// repeating the connection string (it may hold a password).
+func TestDoctorStore(t *testing.T) {
+	ctx := context.Background()
+	if c := doctorStore(ctx, config.Default()); !c.OK || !strings.Contains(c.Detail, "SQLite") {
+		t.Errorf("SQLite: %+v", c)
+	}
+	db := postgrestest.New(t)
+	cfg, err := config.Load(config.LoadOptions{Environ: []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + db.DSN}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := doctorStore(ctx, cfg); !c.OK || !strings.Contains(c.Detail, "PostgreSQL") || !strings.Contains(c.Detail, "schema version 0") {
+		t.Errorf("a fresh database: %+v", c)
+	}
+	const secret = "s3cret-pw"
+	cfg, err = config.Load(config.LoadOptions{Environ: []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=host=127.0.0.1 port=1 password=" + secret + " connect_timeout=2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := doctorStore(ctx, cfg)
+	if c.OK || c.Fix == "" || strings.Contains(c.Detail+c.Fix, secret) {
+		t.Errorf("an unreachable database: %+v; want a failure saying what to do, without the password", c)
 	}
 }

@@ -620,3 +620,34 @@ func TestLockServer(t *testing.T) {
 		t.Errorf("the lock after the first server closed: %v", err)
 	}
 }
+
+// Inspect reports the server's version, the schema's and the binary's,
+// whether a server holds the lock, and a clock skew near zero (one
+// machine), changing nothing.
+func TestInspect(t *testing.T) {
+	db := mustDB(t)
+	ctx := context.Background()
+	r, err := Inspect(ctx, db.dsn)
+	if err != nil || r.ServerVersion == "" || r.Schema != 0 || r.Binary < 1 || r.ServerRunning {
+		t.Fatalf("a fresh database: %+v, %v; want a version, schema 0, no server", r, err)
+	}
+	if r.ClockSkew > time.Second || r.ClockSkew < -time.Second {
+		t.Errorf("clock skew %s on one machine", r.ClockSkew)
+	}
+	s := mustOpen(t, db)
+	if err := s.LockServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, err = Inspect(ctx, db.dsn); err != nil || r.Schema != r.Binary || !r.ServerRunning {
+		t.Errorf("a database in use: %+v, %v; want the schema migrated and a server running", r, err)
+	}
+	s.Close()
+	if r, err = Inspect(ctx, db.dsn); err != nil || r.ServerRunning {
+		t.Errorf("after the server closed: %+v, %v; want no server", r, err)
+	}
+	// Inspect gave the lock back: a server takes it.
+	again := mustOpen(t, db)
+	if err := again.LockServer(ctx); err != nil {
+		t.Errorf("a server after Inspect: %v", err)
+	}
+}
