@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/ids"
 )
 
 // The unique constraints of migrations/0001_events.sql, by name.
@@ -88,41 +86,18 @@ func (s *Store) append(ctx context.Context, stream string, expected int64, propo
 		return nil, fmt.Errorf("expected version %d, stream is at %d: %w", expected, cur, eventstore.ErrVersionConflict)
 	}
 
-	evs = make([]eventstore.Event, len(proposed))
+	// Ids made here, under the lock, so generated ids sort like positions
+	// (across servers as far as their clocks agree).
 	now = now.UTC()
-	cause := eventstore.CauseOf(ctx)
-	stamp := cause != eventstore.Cause{}
+	evs = eventstore.Committed(ctx, stream, cur, head-n, now, proposed)
 	b = &pgx.Batch{}
-	for j, p := range proposed {
-		e := eventstore.Event{
-			ID:            p.ID,
-			StreamID:      stream,
-			StreamVersion: cur + int64(j) + 1,
-			Type:          p.Type,
-			SchemaVersion: p.SchemaVersion,
-			Data:          p.Data,
-			Actor:         p.Actor,
-			CorrelationID: p.CorrelationID,
-			CausationID:   p.CausationID,
-			RecordedAt:    now,
-			Position:      head - n + int64(j) + 1,
-		}
-		if e.ID == "" {
-			// Made here, under the lock, so generated ids sort like
-			// positions (across servers as far as their clocks agree).
-			e.ID = "evt_" + ids.New()
-		}
-		if stamp {
-			cause.Stamp(&e)
-		}
+	for _, e := range evs {
 		var data any // NULL for no data
-		if len(p.Data) > 0 {
-			data = string(p.Data)
-			e.Data = append(json.RawMessage(nil), p.Data...) // the caller may reuse its buffer
+		if len(e.Data) > 0 {
+			data = string(e.Data)
 		}
 		b.Queue(insertEvent, e.Position, e.ID, e.StreamID, e.StreamVersion, e.Type, e.SchemaVersion,
 			data, e.Actor, e.CorrelationID, e.CausationID, now)
-		evs[j] = e
 	}
 	b.Queue("SELECT pg_notify($1, $2)", s.channel, strconv.FormatInt(head, 10))
 	br := tx.SendBatch(ctx, b)

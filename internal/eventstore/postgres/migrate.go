@@ -4,15 +4,12 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
 )
 
 // migrations holds the schema, one file per version, named NNNN_what.sql.
@@ -27,38 +24,8 @@ var migrations embed.FS
 // it applied.
 const migrateLock int64 = 0x636f7272616c_0001
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-func loadMigrations() ([]migration, error) {
-	names, err := fs.Glob(migrations, "migrations/*.sql")
-	if err != nil {
-		return nil, err
-	}
-	var ms []migration
-	for _, n := range names {
-		base := strings.TrimPrefix(n, "migrations/")
-		num, _, ok := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || v < 1 {
-			return nil, fmt.Errorf("migration %s: name must start with a positive number and '_'", base)
-		}
-		b, err := migrations.ReadFile(n)
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, migration{version: v, name: base, sql: string(b)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("migration %s: expected version %d", m.name, i+1)
-		}
-	}
-	return ms, nil
+func loadMigrations() ([]eventstore.Migration, error) {
+	return eventstore.LoadMigrations(migrations, "migrations")
 }
 
 // migrate applies every migration newer than the database's schema
@@ -103,13 +70,13 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) (version int, err error) {
 	for _, m := range ms[cur:] {
 		// No arguments: the simple protocol, which takes several
 		// statements at once.
-		if _, err := tx.Exec(ctx, m.sql); err != nil {
-			return 0, fmt.Errorf("apply migration %s: %w", m.name, classify(err))
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			return 0, fmt.Errorf("apply migration %s: %w", m.Name, classify(err))
 		}
-		if _, err := tx.Exec(ctx, "INSERT INTO schema_version (version, name) VALUES ($1, $2)", m.version, m.name); err != nil {
-			return 0, fmt.Errorf("record migration %s: %w", m.name, classify(err))
+		if _, err := tx.Exec(ctx, "INSERT INTO schema_version (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+			return 0, fmt.Errorf("record migration %s: %w", m.Name, classify(err))
 		}
-		cur = m.version
+		cur = m.Version
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("commit migrations: %w", classify(err))

@@ -419,7 +419,7 @@ func TestMigrationsConcurrentAndIdempotent(t *testing.T) {
 	}
 	var want []int
 	for _, m := range ms {
-		want = append(want, m.version)
+		want = append(want, m.Version)
 	}
 	if got := applied(); !slices.Equal(got, want) {
 		t.Errorf("schema_version rows %v after concurrent Opens, want %v", got, want)

@@ -5,13 +5,10 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
 )
 
 // migrations holds the schema, one file per version, named NNNN_what.sql.
@@ -20,38 +17,8 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-func loadMigrations() ([]migration, error) {
-	names, err := fs.Glob(migrations, "migrations/*.sql")
-	if err != nil {
-		return nil, err
-	}
-	var ms []migration
-	for _, n := range names {
-		base := strings.TrimPrefix(n, "migrations/")
-		num, _, ok := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || v < 1 {
-			return nil, fmt.Errorf("migration %s: name must start with a positive number and '_'", base)
-		}
-		b, err := migrations.ReadFile(n)
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, migration{version: v, name: base, sql: string(b)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("migration %s: expected version %d", m.name, i+1)
-		}
-	}
-	return ms, nil
+func loadMigrations() ([]eventstore.Migration, error) {
+	return eventstore.LoadMigrations(migrations, "migrations")
 }
 
 // migrate applies every migration newer than the database's schema version,
@@ -79,14 +46,14 @@ func migrate(ctx context.Context, db *sql.DB) (int, error) {
 	}
 	for _, m := range ms[cur:] {
 		if err := apply(ctx, db, m); err != nil {
-			return 0, fmt.Errorf("apply migration %s: %w", m.name, err)
+			return 0, fmt.Errorf("apply migration %s: %w", m.Name, err)
 		}
-		cur = m.version
+		cur = m.Version
 	}
 	return cur, nil
 }
 
-func apply(ctx context.Context, db *sql.DB, m migration) (err error) {
+func apply(ctx context.Context, db *sql.DB, m eventstore.Migration) (err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -96,11 +63,11 @@ func apply(ctx context.Context, db *sql.DB, m migration) (err error) {
 			_ = tx.Rollback() // report the error that caused it
 		}
 	}()
-	if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+	if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
-		m.version, m.name, time.Now().UTC().Format(timeFormat)); err != nil {
+		m.Version, m.Name, time.Now().UTC().Format(timeFormat)); err != nil {
 		return err
 	}
 	return tx.Commit()

@@ -3,14 +3,12 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
-	"github.com/corral-dev/corral/internal/ids"
 
 	sqlite "modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -274,34 +272,12 @@ func insertRequest(ctx context.Context, tx *sql.Tx, st *sql.Stmt, r *appendReq, 
 // insertEvents inserts r's events after stream version cur and global
 // position head.
 func insertEvents(ctx context.Context, st *sql.Stmt, r *appendReq, cur, head int64, now time.Time, at string) ([]eventstore.Event, error) {
-	evs := make([]eventstore.Event, len(r.events))
-	cause := eventstore.CauseOf(r.ctx)
-	stamp := cause != eventstore.Cause{}
-	for j, p := range r.events {
-		e := eventstore.Event{
-			ID:            p.ID,
-			StreamID:      r.stream,
-			StreamVersion: cur + int64(j) + 1,
-			Type:          p.Type,
-			SchemaVersion: p.SchemaVersion,
-			Data:          p.Data,
-			Actor:         p.Actor,
-			CorrelationID: p.CorrelationID,
-			CausationID:   p.CausationID,
-			RecordedAt:    now,
-			Position:      head + int64(j) + 1,
-		}
-		if e.ID == "" {
-			// Made here, in commit order, so generated ids sort like positions.
-			e.ID = "evt_" + ids.New()
-		}
-		if stamp {
-			cause.Stamp(&e)
-		}
+	// Ids made here, in commit order, so generated ids sort like positions.
+	evs := eventstore.Committed(r.ctx, r.stream, cur, head, now, r.events)
+	for _, e := range evs {
 		var data any // NULL for no data
-		if len(p.Data) > 0 {
-			data = string(p.Data)
-			e.Data = append(json.RawMessage(nil), p.Data...) // the caller may reuse its buffer
+		if len(e.Data) > 0 {
+			data = string(e.Data)
 		}
 		if _, err := st.ExecContext(ctx, e.Position, e.ID, e.StreamID, e.StreamVersion, e.Type, e.SchemaVersion,
 			data, e.Actor, e.CorrelationID, e.CausationID, at); err != nil {
@@ -313,7 +289,6 @@ func insertEvents(ctx context.Context, st *sql.Stmt, r *appendReq, cur, head int
 			}
 			return nil, fmt.Errorf("insert event %s into stream %s: %w", e.ID, r.stream, err)
 		}
-		evs[j] = e
 	}
 	return evs, nil
 }
