@@ -53,16 +53,14 @@ func Inspect(ctx context.Context, dsn string) (Report, error) {
 			return r, fmt.Errorf("read the schema version: %w", classify(err))
 		}
 	}
-	// The lock is free if this connection can take it (and gives it back).
-	var free bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", serverLockKey).Scan(&free); err != nil {
+	// Looked at in pg_locks, not taken: a server starting meanwhile must
+	// not find it held. A bigint key is held as classid (its high 32 bits)
+	// and objid (its low 32 bits), with objsubid 1.
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1)`,
+		serverLockKey>>32, serverLockKey&0xffffffff).Scan(&r.ServerRunning); err != nil {
 		return r, fmt.Errorf("look at the server lock: %w", classify(err))
 	}
-	if free {
-		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", serverLockKey); err != nil {
-			return r, fmt.Errorf("give back the server lock: %w", classify(err))
-		}
-	}
-	r.ServerRunning = !free
 	return r, nil
 }

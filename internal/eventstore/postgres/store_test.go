@@ -645,7 +645,7 @@ func TestInspect(t *testing.T) {
 	if r, err = Inspect(ctx, db.dsn); err != nil || r.ServerRunning {
 		t.Errorf("after the server closed: %+v, %v; want no server", r, err)
 	}
-	// Inspect gave the lock back: a server takes it.
+	// Inspect took nothing: a server takes the lock.
 	again := mustOpen(t, db)
 	if err := again.LockServer(ctx); err != nil {
 		t.Errorf("a server after Inspect: %v", err)
