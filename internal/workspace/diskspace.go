@@ -20,17 +20,20 @@ func (d *DataRoot) FreeBytes() (int64, error) {
 }
 
 // CheckFreeSpace returns an ErrNoSpace error when the data root's
-// filesystem has less than floor bytes free (never when floor <= 0, or
-// when it cannot tell: the write itself then says). New work (a task, a
-// write to shared/, an attachment) is refused below the floor, and taken
-// again by itself once space is freed.
+// filesystem has less than floor bytes free, or none at all when there is
+// no floor (never when it cannot tell: the write itself then says). New
+// work (a task, a write to shared/, an attachment) is refused below the
+// floor, and taken again by itself once space is freed. A full disk is
+// refused even without a floor: what is accepted there could be recorded
+// in space the store already holds and then fail the moment it needs a
+// block more, whereas a refusal records nothing.
 func (d *DataRoot) CheckFreeSpace(floor int64) error {
-	if floor <= 0 {
+	free, err := d.FreeBytes()
+	if err != nil || free >= floor && free > 0 {
 		return nil
 	}
-	free, err := d.FreeBytes()
-	if err != nil || free >= floor {
-		return nil
+	if floor <= 0 {
+		return fmt.Errorf("the data root's disk is full: nothing new is taken until space is freed (corral gc removes ended tasks' directories past retention): %w", errdefs.ErrNoSpace)
 	}
 	return fmt.Errorf("the data root's disk has %s free, below limits.min_free_disk (%s): nothing new is taken until space is freed (corral gc removes ended tasks' directories past retention): %w",
 		units.FormatSize(free), units.FormatSize(floor), errdefs.ErrNoSpace)

@@ -702,3 +702,51 @@ func BenchmarkWriteFileAtomic(b *testing.B) {
 		})
 	}
 }
+
+// TestCheckFreeSpace: below the floor, and on a full disk even without a
+// floor, new work is refused with ErrNoSpace; with room it is taken.
+func TestCheckFreeSpace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small filesystem needs root")
+	}
+	mnt := t.TempDir()
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=4m"); err != nil {
+		t.Skipf("cannot mount a tmpfs here: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	d, err := Open(filepath.Join(mnt, "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if err := d.CheckFreeSpace(0); err != nil {
+		t.Errorf("no floor, room left: %v", err)
+	}
+	if err := d.CheckFreeSpace(1 << 20); err != nil {
+		t.Errorf("1 MiB floor on a 4 MiB disk: %v", err)
+	}
+	if err := d.CheckFreeSpace(8 << 20); !errors.Is(err, errdefs.ErrNoSpace) || !strings.Contains(err.Error(), "min_free_disk") {
+		t.Errorf("8 MiB floor on a 4 MiB disk: %v, want ErrNoSpace naming the floor", err)
+	}
+	filler := filepath.Join(mnt, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for err == nil {
+		_, err = f.Write(make([]byte, 64<<10))
+	}
+	f.Close()
+	if !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("filling the disk: %v, want ENOSPC", err)
+	}
+	if err := d.CheckFreeSpace(0); !errors.Is(err, errdefs.ErrNoSpace) || !strings.Contains(err.Error(), "disk is full") {
+		t.Errorf("no floor, full disk: %v, want ErrNoSpace saying the disk is full", err)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CheckFreeSpace(0); err != nil {
+		t.Errorf("no floor, space freed: %v", err)
+	}
+}
