@@ -7,14 +7,19 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/corral-dev/corral/internal/bench"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-// cmdBench is corral bench: task overhead against bare bubblewrap.
+// cmdBench is corral bench: task overhead against bare bubblewrap; corral
+// bench cluster: the event stores and replicas on PostgreSQL.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "cluster" {
+		return cmdBenchCluster(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var opts bench.Options
@@ -121,4 +126,34 @@ func printBench(w io.Writer, r *bench.Result) {
 	fmt.Fprintf(w, "  bare over cold tasks: %.2f; tasks per second target (issue 17, 16 clients on 2 cores): >= 100\n", c.Ratio)
 	commits(r.ConcurrentCommits)
 	fmt.Fprintf(w, "  CPU per run bounds runs per second on %d cores at %d000 / CPU ms; 100 tasks/s there takes <= %.1f ms\n", r.Host.CPUs, r.Host.CPUs, float64(r.Host.CPUs)*10)
+}
+
+// cmdBenchCluster is corral bench cluster.
+func cmdBenchCluster(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench cluster", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var opts bench.ClusterOptions
+	fs.StringVar(&opts.AdminDSN, "dsn", "host=/var/run/postgresql dbname=postgres", "a PostgreSQL connection string of a role that may create databases (each measure gets one of its own, dropped after)")
+	fs.IntVar(&opts.Appends, "appends", 4000, "events appended to each store")
+	fs.IntVar(&opts.Tasks, "tasks", 60, "tasks in each throughput run")
+	asJSON := fs.Bool("json", false, "print JSON")
+	verbose := fs.Bool("v", false, "show the replicas' warnings")
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	if *verbose {
+		opts.ServerLog = stderr
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	res, err := bench.RunCluster(ctx, opts, log)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, res)
+	}
+	fmt.Fprintf(stdout, "event appends/s (16 appenders):  SQLite %.0f   PostgreSQL %.0f\n", res.AppendsPerSecond["sqlite"], res.AppendsPerSecond["postgres"])
+	fmt.Fprintf(stdout, "tasks/s (%d tasks of true, 8 clients): 1 replica %.1f   3 replicas %.1f\n", opts.Tasks, res.TasksPerSecond[1], res.TasksPerSecond[3])
+	fmt.Fprintf(stdout, "failover (SIGKILL to the first task_adopted a survivor sees): %s, %d tasks adopted\n", res.Failover.Round(time.Millisecond), res.Adopted)
+	return nil
 }

@@ -5,8 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 
 	"github.com/corral-dev/corral/internal/app"
@@ -69,10 +71,24 @@ func cmdK8s(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&opts.Storage, "storage", "10Gi", "size of the workspace claim (ai_worker_config.workspace_pvc)")
 	fs.StringVar(&opts.StorageClass, "storage-class", "", "storage class of the workspace claim, one that offers ReadWriteMany (default: the cluster's default class)")
 	fs.BoolVar(&opts.NoSecrets, "no-secrets", false, "leave out the Secret templates (to apply again once they are filled in)")
+	fs.IntVar(&opts.Replicas, "replicas", 0, "server replicas (default: 2 with store.driver postgres, else 1; more than 1 needs postgres)")
 	if err := parseNoArgs(fs, args[1:]); err != nil {
 		return err
 	}
 	cfg, err := config.Load(lo)
+	if err != nil {
+		// The cluster's servers read the store's connection string from
+		// their Secret (k8srender.StoreDSNKey), and rendering needs none: a
+		// stand-in meets store.driver postgres's check, never rendered.
+		stand := lo
+		if stand.Environ == nil {
+			stand.Environ = os.Environ()
+		}
+		stand.Environ = append(slices.Clone(stand.Environ), "CORRAL_STORE_DSN="+config.Placeholder)
+		if c, serr := config.Load(stand); serr == nil && c.Store.Driver == config.StorePostgres && c.Store.DSNFile == "" {
+			cfg, err = c, nil
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}

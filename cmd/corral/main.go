@@ -53,6 +53,10 @@ Usage:
   corral gc [--dry-run]                            remove ended tasks' directories and unused attachments past retention
   corral mcp [--server URL]                        the tools over MCP on stdio (starts a server if none runs)
   corral doctor                                    what works on this machine, and what is missing
+  corral store copy --to postgres|sqlite [--config FILE] [--data DIR]
+                                                   copy the event log from the data root's corral.db into
+                                                   PostgreSQL (store.dsn_file), or back, checked event for
+                                                   event; with the server stopped
   corral k8s render [--config FILE] [--server-image IMG] [--storage 10Gi] [--storage-class NAME] [--no-secrets]
                                                    the manifests that run the server and its workers in a
                                                    Kubernetes cluster, on stdout (what to edit is at the top)
@@ -60,13 +64,14 @@ Usage:
   corral version                                   this binary's version and build
   corral worker run-task ...                       (inside a sandbox) run one task's agent
 
-Client commands (all but serve, mcp, doctor, bench, k8s and worker) take --server,
---config and --json: they reach the server at --server (default: http://LISTEN
-from the configuration) with the token in CORRAL_API_TOKEN; --json prints JSON.
-The server's own flags (--listen, --data, --runtime, --max-concurrent) are
-serve's; a task's runtime, network and limits are run's. run --follow and
-logs -f outlive a restart of the server: they reconnect and go on where they
-were, for up to 2 minutes without a server.
+Client commands (all but serve, mcp, doctor, store, bench, k8s and worker) take
+--server, --config and --json: they reach the server at --server (default:
+http://LISTEN from the configuration) with the token in CORRAL_API_TOKEN; --json
+prints JSON. The server's own flags (--listen, --data, --runtime,
+--max-concurrent) are serve's (store copy takes --data too); a task's runtime,
+network and limits are run's. run --follow and logs -f outlive a restart of the
+server: they reconnect and go on where they were, for up to 2 minutes without a
+server.
 
 What a worker wrote (summaries, errors, file names and contents, logs,
 progress) is printed with control characters and escape sequences shown
@@ -111,6 +116,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"skills":      cmdSkills,
 		"attachments": cmdAttachments,
 		"gc":          cmdGC,
+		"store":       cmdStore,
 		"k8s":         cmdK8s,
 		"version":     cmdVersion,
 	}

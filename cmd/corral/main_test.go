@@ -222,6 +222,20 @@ func TestK8sRender(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr.String(), "corral k8s: configuration: read config file") {
 		t.Errorf("missing config: exit %d, %q", code, stderr.String())
 	}
+	// On PostgreSQL, replicas, with no connection string here: the
+	// cluster's servers read theirs from their Secret.
+	pg := t.TempDir() + "/pg.yaml"
+	if err := os.WriteFile(pg, []byte("store: {driver: postgres}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stdout.Reset()
+	stderr.Reset()
+	t.Setenv("CORRAL_STORE_DSN", "")
+	os.Unsetenv("CORRAL_STORE_DSN")
+	code = run(context.Background(), []string{"k8s", "render", "--config", pg}, &stdout, &stderr)
+	if out := stdout.String(); code != 0 || !strings.Contains(out, "replicas: 2") || !strings.Contains(out, "kind: PodDisruptionBudget") {
+		t.Errorf("postgres: exit %d, stderr %q; want two replicas and a disruption budget", code, stderr.String())
+	}
 	// The default image is this binary's version.
 	if img := defaultServerImage(); !strings.HasPrefix(img, "corral:") || strings.ContainsAny(img, " ()") {
 		t.Errorf("default server image %q", img)

@@ -11,14 +11,17 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/attachment"
+	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/connlimit"
 	"github.com/corral-dev/corral/internal/egress"
@@ -46,7 +49,6 @@ import (
 	"github.com/corral-dev/corral/internal/taskrun"
 	"github.com/corral-dev/corral/internal/tools"
 	"github.com/corral-dev/corral/internal/webhook"
-	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -69,7 +71,10 @@ type App struct {
 	opts Options
 
 	store    eventstore.Store
+	pg       *postgres.Store           // store, when it is PostgreSQL's
+	members  cluster.Members           // the replicas on the store: Solo on SQLite
 	rootLock *lockfile.File            // the data root's, taken here when the store is not SQLite's (which takes it)
+	sockets  sockets                   // the unix sockets sandboxes reach
 	commits  func() sqlite.CommitStats // the store's commits, for /metrics
 	data     *workspace.DataRoot
 	attRoot  *os.Root // attachments/
@@ -93,7 +98,6 @@ type App struct {
 	egressRec   *egressRecorder
 
 	ln       net.Listener // the HTTP API
-	sockLn   net.Listener // the unix socket sandboxes reach
 	egressLn net.Listener // the egress of sandboxes on other machines; nil if off
 	// egressKey is the key a connection to egressLn proves its task with.
 	egressKey func(id string) []byte
@@ -172,11 +176,11 @@ func (a *App) open(ctx context.Context) error {
 		return err
 	}
 	a.placements = a.place(sandboxes, available, egressAddr)
+	if err := a.join(ctx); err != nil {
+		return err
+	}
 
 	sockDir := a.data.HostPath(workspace.DirRun, "sock")
-	if err := os.MkdirAll(sockDir, 0o755); err != nil {
-		return fmt.Errorf("create socket directory: %w", err)
-	}
 	lim := cfg.Limits
 	w := cfg.AIWorker
 	if a.attRoot, err = a.data.Root().OpenRoot(workspace.DirAttachments); err != nil {
@@ -229,6 +233,7 @@ func (a *App) open(ctx context.Context) error {
 		Quota:      sessionQuota{dirQuota},
 		AllowHooks: cfg.Workspaces.AllowHooks,
 		Retention:  time.Duration(w.TaskRetentionHours) * time.Hour,
+		Members:    a.members,
 	}, a.log.With("subsystem", "sessions"))
 	a.lib = library.New(library.Options{
 		Store:       a.store,
@@ -302,6 +307,7 @@ func (a *App) open(ctx context.Context) error {
 		Worker: taskrun.WorkerOptions{
 			BinDir:     binDir,
 			SocketDir:  sockDir,
+			Replica:    a.members.Self(),
 			Secret:     secret,
 			Placements: a.placements,
 		},
@@ -317,6 +323,7 @@ func (a *App) open(ctx context.Context) error {
 		MaxConcurrent: w.MaxConcurrentWorkers,
 		StopGrace:     time.Duration(lim.StopGrace),
 		Runtimes:      a.placements.Sandboxes(),
+		Members:       a.members,
 		Runner:        a.runner,
 		Quota:         dirQuota,
 		Crash:         crashHook(cfg.CrashAt, a.log),
@@ -357,6 +364,8 @@ func (a *App) open(ctx context.Context) error {
 		Ready:           a.sched.Reconciled(),
 		ToolLimits:      toolLimits,
 		Version:         Version(),
+		Replica:         a.members.Self(),
+		Holding:         a.members.Holding,
 		Doctor: (&doctorCache{ttl: time.Minute, run: func(ctx context.Context) []Check {
 			return Doctor(ctx, cfg, slog.New(slog.DiscardHandler))
 		}}).checks,
@@ -373,20 +382,29 @@ func (a *App) open(ctx context.Context) error {
 		// may take the server's descriptors. Clients are not bounded.
 		a.ln = connlimit.Pods(a.ln, connlimit.PerSandbox, k.PodAddr, a.log.With("subsystem", "http"))
 	}
-	sock := filepath.Join(sockDir, workerproto.SocketName)
-	if len(sock) > 100 {
-		return fmt.Errorf("socket path %s is too long for a unix socket (%d bytes, at most 100): use a shorter data root", sock, len(sock))
+	return a.listenSockets()
+}
+
+// join makes this server a replica of the cluster on its store (alone on
+// SQLite), offering the runtimes that take work.
+func (a *App) join(ctx context.Context) error {
+	self := cluster.Replica{ID: cluster.NewID(), Started: time.Now()}
+	self.Host, _ = os.Hostname()
+	for _, name := range slices.Sorted(maps.Keys(a.placements.Sandboxes())) {
+		if a.placements.Usable(name) != nil {
+			self.Runtimes = append(self.Runtimes, name)
+		}
 	}
-	os.Remove(sock) // a stale socket from a server that died
-	sockLn, err := net.Listen("unix", sock)
+	if a.pg == nil {
+		a.members = cluster.NewSolo(self)
+		return nil
+	}
+	m, err := a.pg.Join(ctx, self)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", sock, err)
+		return err
 	}
-	// Every sandbox reaches it: none may take the server's descriptors.
-	a.sockLn = connlimit.Sandboxes(sockLn, connlimit.PerSandbox, a.log.With("subsystem", "socket"))
-	if err := os.Chmod(sock, 0o666); err != nil {
-		return fmt.Errorf("open socket %s to sandboxes: %w", sock, err)
-	}
+	a.members = m
+	a.log.Info("joined the cluster", "replica", self.ID, "live", len(m.Live()))
 	return nil
 }
 
@@ -444,30 +462,25 @@ func (a *App) generatedSecret() ([]byte, error) {
 }
 
 // openStore opens the configured event store: SQLite in the data root, or
-// PostgreSQL, whose server lock this server then holds (one server per
-// database until several can share one).
+// PostgreSQL, which several servers (replicas) share.
 func (a *App) openStore(ctx context.Context, dsn string) error {
 	log := a.log.With("subsystem", "eventstore")
 	db := filepath.Join(a.data.Path(), "corral.db")
 	if a.cfg.Store.Driver == config.StorePostgres {
-		// SQLite's lock file (sqlite.Open takes it), which a server on
-		// PostgreSQL takes too: no two servers share a data root,
-		// whatever their stores.
+		// SQLite's lock file (sqlite.Open takes it alone), which the
+		// replicas on PostgreSQL share: they may share a data root, but
+		// never with a server on SQLite.
 		var err error
-		if a.rootLock, err = lockfile.Acquire(db + ".lock"); err != nil {
+		if a.rootLock, err = lockfile.AcquireShared(db + ".lock"); err != nil {
 			return err
 		}
 		store, err := postgres.Open(ctx, dsn, log)
 		if err != nil {
 			return err
 		}
-		if err := store.LockServer(ctx); err != nil {
-			store.Close()
-			return err
-		}
 		// PostgreSQL counts its own commits (pg_stat_database); /metrics
 		// has none of them.
-		a.store, a.commits = store, func() sqlite.CommitStats { return sqlite.CommitStats{} }
+		a.store, a.pg, a.commits = store, store, func() sqlite.CommitStats { return sqlite.CommitStats{} }
 		return nil
 	}
 	store, err := sqlite.Open(ctx, db, log)
@@ -515,25 +528,28 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	run(func() error { return a.tasks.Run(ctx) })
 	run(func() error { return a.sched.Run(ctx) })
-	run(func() error { return a.lib.RunRetention(ctx) })
-	run(func() error { return a.lib.RunSaves(ctx) })
 	run(func() error { return a.runner.RunEgress(ctx) })
 	a.keepWarm(ctx, run)
 	run(func() error { return a.egressRec.Run(ctx) })
-	run(func() error { return report.Run(ctx, a.store, a.log.With("subsystem", "report")) })
-	if a.notifier != nil {
-		run(func() error { return a.notifier.Run(ctx) })
-	} else if err := notify.Disable(ctx, a.store); err != nil {
-		a.log.Warn("cannot record notifications off", "err", err)
-	}
+	run(func() error {
+		a.members.Lead(ctx, func(ctx context.Context) {
+			if err := a.lead(ctx); err != nil {
+				errc <- err
+				cancel()
+			}
+		})
+		return nil
+	})
 	if err := a.sessions.Start(ctx); err != nil {
 		cancel()
 		wg.Wait()
 		return err
 	}
+	run(func() error { return a.sessions.Follow(ctx) })
 	run(func() error { return a.sessions.Reap(ctx) })
 	run(func() error { return ignoreClosed(srv.Serve(a.ln)) })
-	run(func() error { return ignoreClosed(sockSrv.Serve(a.sockLn)) })
+	run(func() error { return ignoreClosed(sockSrv.Serve(a.sockets.own)) })
+	run(func() error { return a.serveShared(ctx, sockSrv) })
 	if a.egressLn != nil {
 		run(func() error { return a.egress.ServeTCP(a.egressLn, a.egressKey) })
 	}
@@ -559,6 +575,39 @@ func ignoreClosed(err error) error {
 	return err
 }
 
+// lead does, until ctx ends, what one replica of the cluster does for all
+// (cluster.Members.Lead): the scheduler's assignment of queued tasks, the
+// projection's checkpoints, webhook deliveries (or the record that they
+// are off), the copies and reports that follow a task's end, and
+// retention. Each picks up from the
+// log where the last leader left off.
+func (a *App) lead(ctx context.Context) error {
+	var wg sync.WaitGroup
+	errc := make(chan error, 6)
+	run := func(f func() error) {
+		wg.Go(func() {
+			if err := f(); err != nil {
+				errc <- err
+			}
+		})
+	}
+	run(func() error { a.sched.Lead(ctx); return nil })
+	// One replica saves the projection's checkpoints for all (each would
+	// rewrite the same archive), and one more as it stops.
+	run(func() error { return a.tasks.KeepCheckpoints(ctx) })
+	run(func() error { return a.lib.RunRetention(ctx) })
+	run(func() error { return a.lib.RunSaves(ctx) })
+	run(func() error { return report.Run(ctx, a.store, a.log.With("subsystem", "report")) })
+	if a.notifier != nil {
+		run(func() error { return a.notifier.Run(ctx) })
+	} else if err := notify.Disable(ctx, a.store); err != nil {
+		a.log.Warn("cannot record notifications off", "err", err)
+	}
+	wg.Wait()
+	close(errc)
+	return <-errc
+}
+
 // Close releases the store, the data root, the listeners and the runtimes
 // that hold something (a client, a thread).
 func (a *App) Close() error {
@@ -570,7 +619,7 @@ func (a *App) Close() error {
 	if a.egress != nil {
 		a.egress.Shutdown()
 	}
-	for _, l := range []net.Listener{a.ln, a.sockLn, a.egressLn} {
+	for _, l := range []net.Listener{a.ln, a.sockets.own, a.sockets.shared, a.egressLn} {
 		if l != nil {
 			l.Close()
 		}
@@ -580,6 +629,7 @@ func (a *App) Close() error {
 		a.store.Close()
 	}
 	a.rootLock.Release() // nil-safe
+	a.sockets.lock.Release()
 	if a.attRoot != nil {
 		a.attRoot.Close()
 	}

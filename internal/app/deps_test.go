@@ -28,6 +28,7 @@ var allowed = map[string][]string{
 	"internal/testenv":              {},
 	"internal/quota":                {},
 	"internal/lockfile":             {"errdefs"},
+	"internal/cluster":              {},
 	"internal/task":                 {"eventstore", "errdefs", "ids", "clip"},
 	"internal/sandbox":              {"errdefs", "clip"},
 	"internal/workspace":            {"errdefs", "filetype", "clip", "units"},
@@ -38,7 +39,7 @@ var allowed = map[string][]string{
 	"internal/config":               {"errdefs", "units", "task", "rtkind"},
 	"internal/eventstore":           {"errdefs", "ids"},
 	"internal/eventstore/sqlite":    {"eventstore", "task", "errdefs", "ids", "logkey", "lockfile"},
-	"internal/eventstore/postgres":  {"eventstore", "errdefs", "ids", "logkey"},
+	"internal/eventstore/postgres":  {"eventstore", "errdefs", "ids", "logkey", "cluster"},
 	"internal/eventstore/storetest": {"eventstore", "task", "errdefs", "testenv"},
 	// A PostgreSQL database of a test's own.
 	"internal/eventstore/postgres/postgrestest": {"testenv"},
@@ -46,12 +47,15 @@ var allowed = map[string][]string{
 	// projection and a data root.
 	"internal/eventstore/sqlite/sqlitetest": {"eventstore/sqlite"},
 	"internal/projection/projectiontest":    {"eventstore", "eventstore/sqlite", "eventstore/sqlite/sqlitetest", "projection", "task", "workspace"},
-	"internal/sandbox/local":                {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmstart", "quota", "ids", "errdefs", "logkey"},
+	"internal/sandbox/local":                {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmstart", "quota", "ids", "errdefs", "logkey", "lockfile"},
 	"internal/sandbox/gvisor":               {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "errdefs", "logkey"},
 	"internal/sandbox/sandboxtest":          {"sandbox", "sandbox/hostproc", "errdefs", "testenv"},
 	"internal/sandbox/docker":               {"sandbox", "sandbox/hostproc", "sandbox/hostuser", "sandbox/gvisor", "sandbox/seccomp", "sandbox/statedir", "errdefs", "logkey"},
 	"internal/sandbox/kubernetes":           {"sandbox", "sandbox/hostuser", "errdefs", "logkey"},
 	"internal/sandbox/kubernetes/k8stest":   {"testenv", "sandbox/seccomp"},
+	// corral store copy: the log from one store into the other, which it
+	// opens (the one package besides app that names both).
+	"internal/storecopy": {"eventstore", "eventstore/sqlite", "eventstore/postgres", "errdefs", "lockfile"},
 	// corral k8s render: manifests from the whole configuration, as app
 	// builds the server from it.
 	"internal/k8srender":           {"config", "errdefs", "sandbox/kubernetes"},
@@ -65,7 +69,7 @@ var allowed = map[string][]string{
 	"internal/worker":              {"errdefs", "workspace", "webhook", "agent", "logkey", "task", "workerproto", "egress"},
 	"internal/workerproto":         {"errdefs", "workspace", "task", "rtkind"},
 	"internal/projection":          {"eventstore", "task", "errdefs", "logkey"},
-	"internal/scheduler":           {"task", "sandbox", "eventstore", "projection", "errdefs", "logkey"},
+	"internal/scheduler":           {"task", "sandbox", "eventstore", "projection", "errdefs", "logkey", "cluster"},
 	"internal/orchestrator":        {"task", "rtkind", "eventstore", "projection", "workspace", "errdefs", "logkey", "units", "clip", "service", "library", "workerproto"},
 	"internal/service":             {"task", "eventstore", "workspace", "attachment", "document", "skill", "units", "clip", "errdefs"},
 	"internal/service/servicetest": {"service", "eventstore", "task", "errdefs"},
@@ -76,7 +80,7 @@ var allowed = map[string][]string{
 	"internal/taskrun":                       {"task", "sandbox", "placement", "eventstore", "projection", "workspace", "errdefs", "logkey", "units", "clip", "webhook", "workerproto", "quota", "session"},
 	"internal/tools":                         {"service", "rtkind", "errdefs", "workspace", "strictjson"},
 	"internal/httpapi":                       {"tools", "service", "task", "errdefs", "ids", "logkey", "eventstore", "workspace", "strictjson", "webhook", "execagent", "clip", "filetype", "webui"},
-	"internal/session":                       {"sandbox", "placement", "rtkind", "eventstore", "task", "workspace", "workerproto", "errdefs", "ids", "clip", "service", "execagent", "library"},
+	"internal/session":                       {"sandbox", "placement", "rtkind", "eventstore", "task", "workspace", "workerproto", "errdefs", "ids", "clip", "service", "execagent", "library", "cluster"},
 	"internal/execagent":                     {"errdefs", "clip"},
 	// Each runtime's record and the mounts every sandbox starts from.
 	"internal/placement":               {"sandbox", "rtkind", "workerproto", "workspace"},
@@ -85,8 +89,8 @@ var allowed = map[string][]string{
 	"internal/mcpserver":               {"tools", "service", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                     {"*"},
 	"internal/e2e":                     {}, // end-to-end suites: tests only
-	"internal/bench":                   {"app", "config", "errdefs", "eventstore", "httpapi", "rtkind", "service", "task", "testenv"},
-	"cmd/corral":                       {"app", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "workercmd"},
+	"internal/bench":                   {"app", "config", "errdefs", "eventstore", "eventstore/postgres", "eventstore/sqlite", "httpapi", "rtkind", "service", "task", "testenv"},
+	"cmd/corral":                       {"app", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "workercmd", "storecopy"},
 	// What every sandbox runs, and nothing of the server (badDeps).
 	"internal/workercmd": {"worker", "execagent", "sandbox/warmstart", "workerproto"},
 	"cmd/corral-worker":  {"workercmd"},

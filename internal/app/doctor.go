@@ -104,16 +104,25 @@ func doctorStore(ctx context.Context, cfg *config.Config) Check {
 		c.Detail = "PostgreSQL: " + err.Error()
 		return c
 	}
-	held := "no server holds it"
-	if r.ServerRunning {
-		held = "a Corral server holds it (this one, if it runs)"
+	servers := "no server runs on it"
+	var skewed []string
+	if n := len(r.Replicas); n > 0 {
+		servers = fmt.Sprintf("%d server(s) run on it", n)
+		for _, rep := range r.Replicas {
+			if rep.ClockSkew > maxClockSkew || rep.ClockSkew < -maxClockSkew {
+				skewed = append(skewed, fmt.Sprintf("%s on %s (%s)", rep.ID, rep.Host, rep.ClockSkew.Round(time.Millisecond)))
+			}
+		}
 	}
 	c.Detail = fmt.Sprintf("PostgreSQL %s, schema version %d (this corral's: %d; a start applies what is missing), clock %s from this machine's; %s",
-		r.ServerVersion, r.Schema, r.Binary, r.ClockSkew.Round(time.Millisecond), held)
+		r.ServerVersion, r.Schema, r.Binary, r.ClockSkew.Round(time.Millisecond), servers)
+	if len(skewed) > 0 {
+		c.Detail += "; clocks off the database's by more than " + maxClockSkew.String() + ": " + strings.Join(skewed, ", ")
+	}
 	switch {
 	case r.Schema > r.Binary:
 		c.Fix = "the database was made by a newer corral: run that version, or a newer one"
-	case r.ClockSkew > maxClockSkew || r.ClockSkew < -maxClockSkew:
+	case r.ClockSkew > maxClockSkew || r.ClockSkew < -maxClockSkew || len(skewed) > 0:
 		c.Fix = "set the clocks of this machine and the database's right (chrony or systemd-timesyncd)"
 	default:
 		c.OK, c.Fix = true, ""

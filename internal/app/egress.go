@@ -168,7 +168,17 @@ func (a *App) listenEgress(secret []byte) (string, error) {
 		return "", fmt.Errorf("kubernetes.egress_listen: %w", err)
 	}
 	a.egressLn = ln
-	a.egressKey = func(id string) []byte { return webhook.DeriveKey(secret, id) }
+	a.egressKey = func(id string) []byte {
+		// Pods reach any replica behind the Service: one that did not
+		// start the task opens its proxy here too (Open keeps one that
+		// runs). The handshake still proves the key.
+		if t, err := a.tasks.Get(id); err == nil && !t.Status.Terminal() && t.Network != "" && t.Network != task.NetworkNone {
+			if _, err := (egressProxies{srv: a.egress, allow: a.egressAllow}).Open(id, t.Network); err != nil {
+				a.log.Warn("cannot open a task's egress proxy for its pod", logkey.TaskID, id, logkey.Error, err)
+			}
+		}
+		return webhook.DeriveKey(secret, id)
+	}
 	addr := k.EgressAddr
 	if addr == "" {
 		u, err := url.Parse(k.ServerURL)

@@ -115,3 +115,26 @@ func TestBenchExec(t *testing.T) {
 		t.Errorf("ratios %+v", e)
 	}
 }
+
+// TestBenchCluster runs corral bench cluster with small counts: every
+// measure ran (RunCluster fails otherwise), each figure is positive, and a
+// replica killed had its tasks adopted. The failover's target is not
+// checked here: timing depends on the machine.
+func TestBenchCluster(t *testing.T) {
+	testenv.RequireBwrap(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := bench.RunCluster(ctx, bench.ClusterOptions{AdminDSN: testenv.PostgresDSN(t), Binary: corralBin, Appends: 200, Tasks: 6},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []float64{res.AppendsPerSecond["sqlite"], res.AppendsPerSecond["postgres"], res.TasksPerSecond[1], res.TasksPerSecond[3]} {
+		if !(f > 0) {
+			t.Errorf("a figure is not positive: %+v", res)
+		}
+	}
+	if res.Failover <= 0 || res.Adopted == 0 {
+		t.Errorf("failover %s with %d tasks adopted; want some adopted after the kill", res.Failover, res.Adopted)
+	}
+}

@@ -257,7 +257,7 @@ func waitProcWarm(t *testing.T, p *proc, n uint64) {
 }
 
 var (
-	warmInArgs    = regexp.MustCompile(`/_warm/(warm-[0-9a-z]+)/`)
+	warmInArgs    = regexp.MustCompile(`/_warm/(warm-[0-9a-z-]+)/`)
 	sessionInArgs = regexp.MustCompile(`/(sess-[0-9a-z]+)`)
 	taskInArgs    = regexp.MustCompile(`/tasks/([0-9A-Za-z_-]+)`)
 )

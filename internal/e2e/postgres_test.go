@@ -23,8 +23,9 @@ import (
 // TestOnPostgres: a server whose store is PostgreSQL (store.driver
 // postgres) runs a task, and its log is in the database, not in the data
 // root: a server started again on both knows the task and its end. A
-// second server on the database beside the first is refused, saying why:
-// one server per database until several can share one.
+// second server on the database and the data root joins the first as a
+// replica and serves the same tasks; a server on SQLite cannot take the
+// data root the replicas share.
 func TestOnPostgres(t *testing.T) {
 	testenv.RequireBwrap(t)
 	db := postgrestest.New(t)
@@ -40,12 +41,18 @@ func TestOnPostgres(t *testing.T) {
 	tk := s.spawn(t, "on postgres", "sh", "-c", "echo hi > output/hi.txt")
 	s.waitSuccess(t, tk.ID, time.Minute, "hi.txt")
 
-	beside := testConfig(t, env, testenv.TempDir(t))
-	if a, err := app.New(context.Background(), beside, slog.New(slog.DiscardHandler), app.Options{Binary: corralBin}); err == nil {
+	b, stopB := started()
+	if got, err := b.client.Get(context.Background(), tk.ID); err != nil || got.Status != task.Success {
+		t.Errorf("the task on a second replica: %+v, %v; want it, succeeded", got, err)
+	}
+	tk2 := b.spawn(t, "on the second replica", "sh", "-c", "echo two > output/two.txt")
+	s.waitSuccess(t, tk2.ID, time.Minute, "two.txt") // seen through the first
+	stopB()
+	if a, err := app.New(context.Background(), testConfig(t, nil, data), slog.New(slog.DiscardHandler), app.Options{Binary: corralBin}); err == nil {
 		a.Close()
-		t.Fatal("a second server on the same database started")
-	} else if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "another Corral server uses this database") {
-		t.Errorf("a second server on the same database: %v, want refused, saying why", err)
+		t.Fatal("a server on SQLite started on the replicas' data root")
+	} else if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "in use") {
+		t.Errorf("a server on SQLite on the replicas' data root: %v, want refused, saying why", err)
 	}
 
 	stop()

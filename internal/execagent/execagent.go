@@ -61,11 +61,11 @@ type Frame struct {
 // Run is the agent: it dials socket, asks path (the session's agent route)
 // with token, and serves commands until ctx is done, dialling again when
 // the connection ends. env is every command's base environment.
-func Run(ctx context.Context, socket, path, token string, env []string, log *slog.Logger) error {
+func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string, env []string, log *slog.Logger) error {
 	const first = 10 * time.Millisecond
 	delay := first
 	for ctx.Err() == nil {
-		served, err := serveOnce(ctx, socket, path, token, env)
+		served, err := serveOnce(ctx, dial, path, token, env)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -87,9 +87,8 @@ func Run(ctx context.Context, socket, path, token string, env []string, log *slo
 
 // serveOnce dials, upgrades and serves one connection; served says the
 // server took it.
-func serveOnce(ctx context.Context, socket, path, token string, env []string) (served bool, err error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", socket)
+func serveOnce(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string, env []string) (served bool, err error) {
+	conn, err := dial(ctx)
 	if err != nil {
 		return false, err
 	}

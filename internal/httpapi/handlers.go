@@ -387,15 +387,25 @@ func (s *Server) callTool(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// healthz answers 200 "ok" once the server is ready, and 503 "starting"
-// while it still reconciles the tasks and sandboxes it found at start-up
-// (the API already answers then; new tasks wait in the queue).
+// healthz answers 200 "ok" (with the replica's id) once the server is
+// ready, 503 "starting" while it still reconciles the tasks and sandboxes
+// it found at start-up (the API already answers then; new tasks wait in
+// the queue), and 503 "store unreachable" while it cannot renew its lease
+// on its store (Options.Holding).
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
 	if !s.ready() {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting"})
 		return nil
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	if s.opts.Holding != nil && !s.opts.Holding() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "store unreachable", "replica": s.opts.Replica})
+		return nil
+	}
+	body := map[string]string{"status": "ok"}
+	if s.opts.Replica != "" {
+		body["replica"] = s.opts.Replica
+	}
+	writeJSON(w, http.StatusOK, body)
 	return nil
 }
 

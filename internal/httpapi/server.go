@@ -131,6 +131,14 @@ type Options struct {
 	Ready <-chan struct{}
 	// Version is the server's version, which /api/health reports.
 	Version string
+	// Replica is this server's id in its cluster (cluster.Replica), which
+	// /healthz names: behind a load balancer, which replica answered.
+	Replica string
+	// Holding reports whether this server holds its store (its lease is
+	// renewed): while it does not, /healthz answers 503 "store
+	// unreachable", so a load balancer sends its clients to another
+	// replica. Nil: always.
+	Holding func() bool
 	// Doctor returns corral doctor's findings for /api/health and when they
 	// were made; nil: none.
 	Doctor func(context.Context) ([]Check, time.Time)

@@ -32,6 +32,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	nodev1 "k8s.io/api/node/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -59,9 +60,12 @@ const (
 	// server's configuration file in it.
 	ConfigDir  = "/etc/corral"
 	ConfigFile = ConfigDir + "/corral.yaml"
-	// TokenKey and WebhookKey are the keys of the server's Secret.
-	TokenKey   = "api-token"
-	WebhookKey = "webhook-secret"
+	// TokenKey and WebhookKey are the keys of the server's Secret;
+	// StoreDSNKey too, when the store is PostgreSQL (its connection
+	// string, CORRAL_STORE_DSN).
+	TokenKey    = "api-token"
+	WebhookKey  = "webhook-secret"
+	StoreDSNKey = "store-dsn"
 	// WorkerEgress and WorkerIngress are the workers' NetworkPolicies.
 	WorkerEgress  = "corral-worker-egress"
 	WorkerIngress = "corral-worker-ingress"
@@ -91,6 +95,9 @@ type Options struct {
 	// NoSecrets leaves the Secret templates out, so that applying the
 	// stream again does not put the placeholders back.
 	NoSecrets bool
+	// Replicas is how many servers run (docs/replicas.md): more than one
+	// needs store.driver postgres. 0: 2 on PostgreSQL, else 1.
+	Replicas int
 	// Source names what was rendered (a file, "the defaults"), for the
 	// header.
 	Source string
@@ -102,6 +109,12 @@ type Options struct {
 func Render(cfg *config.Config, opts Options) ([]byte, error) {
 	if opts.Storage == "" {
 		opts.Storage = "10Gi"
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = 1
+		if cfg.Store.Driver == config.StorePostgres {
+			opts.Replicas = 2
+		}
 	}
 	if err := validate(cfg, opts); err != nil {
 		return nil, err
@@ -150,6 +163,12 @@ func validate(cfg *config.Config, opts Options) error {
 	}
 	if w.WorkspacePVC == "" {
 		bad("ai_worker_config.workspace_pvc", "must be set: the claim holding the data root")
+	}
+	if opts.Replicas < 0 || opts.Replicas > 1 && cfg.Store.Driver != config.StorePostgres {
+		bad("--replicas", "must be 1 on SQLite (the servers of a cluster share a PostgreSQL database: store.driver postgres), got %d", opts.Replicas)
+	}
+	if cfg.Store.DSNFile != "" {
+		bad("store.dsn_file", "names a file of one host: leave it out of the configuration rendered for a cluster (the connection string goes in Secret %s, key %s)", Server, StoreDSNKey)
 	}
 	if w.ServiceAccount == Server {
 		bad("ai_worker_config.service_account", "must not be %q, the server's ServiceAccount: workers get no rights", Server)
@@ -301,7 +320,11 @@ func objects(cfg *config.Config, opts Options, serverCfg []byte) []object {
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: Server},
 		})
 	if !opts.NoSecrets {
-		out = append(out, secret(Server, ns, serverLabels, []string{TokenKey, WebhookKey}))
+		keys := []string{TokenKey, WebhookKey}
+		if cfg.Store.Driver == config.StorePostgres {
+			keys = append(keys, StoreDSNKey)
+		}
+		out = append(out, secret(Server, ns, serverLabels, keys))
 		if k.SecretName != "" {
 			out = append(out, secret(k.SecretName, ns, map[string]string{"app": kubernetes.AppWorker}, workerKeys(cfg)))
 		}
@@ -323,6 +346,16 @@ func objects(cfg *config.Config, opts Options, serverCfg []byte) []object {
 			},
 		},
 		deployment(cfg, opts, serverCfg))
+	if opts.Replicas > 1 {
+		// A drain takes one replica at a time: the others adopt its tasks.
+		out = append(out, &policyv1.PodDisruptionBudget{
+			TypeMeta: typeMeta("policy/v1", "PodDisruptionBudget"), ObjectMeta: meta(Server, ns, serverLabels),
+			Spec: policyv1.PodDisruptionBudgetSpec{
+				MaxUnavailable: new(intstr.FromInt32(1)),
+				Selector:       &metav1.LabelSelector{MatchLabels: serverLabels},
+			},
+		})
+	}
 	return out
 }
 
@@ -411,8 +444,11 @@ func networkPolicies(ns string) []object {
 	}
 }
 
-// deployment is the server: one replica, replaced by Recreate (the event
-// store has one writer), non-root, its data root on the claim.
+// deployment is the server, non-root, its data root on the claim: on
+// SQLite one replica, replaced by Recreate (never two servers on one
+// SQLite file); on PostgreSQL opts.Replicas of them, replaced one at a
+// time, each ready only while it holds its lease on the database
+// (/healthz).
 func deployment(cfg *config.Config, opts Options, serverCfg []byte) *appsv1.Deployment {
 	labels := map[string]string{"app": Server}
 	mount := cfg.AIWorker.WorkspaceMountPath
@@ -428,6 +464,16 @@ func deployment(cfg *config.Config, opts Options, serverCfg []byte) *appsv1.Depl
 			FailureThreshold: failures,
 			TimeoutSeconds:   5,
 		}
+	}
+	env := []corev1.EnvVar{fromSecret("CORRAL_API_TOKEN", TokenKey), fromSecret("AI_WORKER_WEBHOOK_SECRET", WebhookKey)}
+	strategy := appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
+	if cfg.Store.Driver == config.StorePostgres {
+		env = append(env, fromSecret("CORRAL_STORE_DSN", StoreDSNKey))
+		// A new replica is ready before an old one goes: the others adopt
+		// what the old one ran.
+		strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{
+			MaxUnavailable: new(intstr.FromInt32(0)), MaxSurge: new(intstr.FromInt32(1)),
+		}}
 	}
 	restricted := &corev1.SecurityContext{
 		AllowPrivilegeEscalation: new(false),
@@ -470,7 +516,7 @@ func deployment(cfg *config.Config, opts Options, serverCfg []byte) *appsv1.Depl
 				{Name: "http", ContainerPort: Port, Protocol: corev1.ProtocolTCP},
 				{Name: "egress", ContainerPort: EgressPort, Protocol: corev1.ProtocolTCP},
 			},
-			Env: []corev1.EnvVar{fromSecret("CORRAL_API_TOKEN", TokenKey), fromSecret("AI_WORKER_WEBHOOK_SECRET", WebhookKey)},
+			Env: env,
 			VolumeMounts: []corev1.VolumeMount{
 				{Name: "data", MountPath: mount},
 				{Name: "config", MountPath: ConfigDir, ReadOnly: true},
@@ -496,9 +542,8 @@ func deployment(cfg *config.Config, opts Options, serverCfg []byte) *appsv1.Depl
 	return &appsv1.Deployment{
 		TypeMeta: typeMeta("apps/v1", "Deployment"), ObjectMeta: meta(Server, cfg.AIWorker.Namespace, labels),
 		Spec: appsv1.DeploymentSpec{
-			Replicas: new(int32(1)),
-			// Never two servers on one data root, not even for a moment.
-			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+			Replicas: new(int32(opts.Replicas)),
+			Strategy: strategy,
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{
@@ -556,6 +601,9 @@ func header(cfg *config.Config, opts Options) string {
 		p("- Secrets: replace every %s. Secret %s: %s is the API's bearer token,", config.Placeholder, Server, TokenKey)
 		p("  %s signs workers' completions (e.g. `openssl rand -hex 32` each); the", WebhookKey)
 		p("  server refuses to start while either is %s.", config.Placeholder)
+		if cfg.Store.Driver == config.StorePostgres {
+			p("  %s is the PostgreSQL connection string (a secret: it may hold a password).", StoreDSNKey)
+		}
 		if k.SecretName != "" {
 			p("  Secret %s: the agents' API keys, given to every worker; delete", k.SecretName)
 			p("  the keys you do not use.")
@@ -598,6 +646,14 @@ func header(cfg *config.Config, opts Options) string {
 	p("kubernetes.server_url %s, the Service's names in http.allowed_hosts,", ServerURL(w.Namespace))
 	p("no kubeconfig (the pod's ServiceAccount), no secret files, and no agents.*.env")
 	p("(their names are keys of the workers' Secret).")
+	p("")
+	if opts.Replicas > 1 {
+		p("Servers: %d replicas on one PostgreSQL database (docs/replicas.md), each ready", opts.Replicas)
+		p("only while it holds its lease on the database; a PodDisruptionBudget lets a")
+		p("drain take one at a time, and the others adopt what it ran.")
+	} else {
+		p("Server: one replica (--replicas; more need store.driver postgres).")
+	}
 	p("")
 	p("Apply: kubectl apply -f FILE. `kubectl delete -f FILE` deletes the claim too,")
 	p("and everything on it.")

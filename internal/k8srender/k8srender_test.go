@@ -3,6 +3,7 @@ package k8srender
 import (
 	"bytes"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	nodev1 "k8s.io/api/node/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -475,6 +477,52 @@ func TestHeader(t *testing.T) {
 	}
 }
 
+// TestReplicas: on PostgreSQL the server runs as replicas (two by
+// default), replaced one at a time, its connection string from its
+// Secret, a disruption budget letting a drain take one at a time; on
+// SQLite, one replica replaced by Recreate and no budget.
+func TestReplicas(t *testing.T) {
+	m, _ := mustRender(t, load(t, "store: {driver: postgres}\n", "CORRAL_STORE_DSN=x"), Options{ServerImage: "c"})
+	var d appsv1.Deployment
+	m.get(t, "Deployment/corral", &d)
+	if r := d.Spec.Replicas; r == nil || *r != 2 {
+		t.Errorf("replicas %v, want 2", r)
+	}
+	ru := d.Spec.Strategy.RollingUpdate
+	if d.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil || ru.MaxUnavailable.IntValue() != 0 || ru.MaxSurge.IntValue() != 1 {
+		t.Errorf("strategy %+v, want a rolling update that surges one and takes none away first", d.Spec.Strategy)
+	}
+	var dsn *corev1.EnvVar
+	for i, e := range d.Spec.Template.Spec.Containers[0].Env {
+		if e.Name == "CORRAL_STORE_DSN" {
+			dsn = &d.Spec.Template.Spec.Containers[0].Env[i]
+		}
+	}
+	if dsn == nil || dsn.ValueFrom == nil || dsn.ValueFrom.SecretKeyRef == nil || dsn.ValueFrom.SecretKeyRef.Name != Server || dsn.ValueFrom.SecretKeyRef.Key != StoreDSNKey {
+		t.Errorf("CORRAL_STORE_DSN %+v, want it from Secret %s key %s", dsn, Server, StoreDSNKey)
+	}
+	var sec corev1.Secret
+	m.get(t, "Secret/corral", &sec)
+	if _, ok := sec.StringData[StoreDSNKey]; !ok {
+		t.Errorf("Secret keys %v, want %s", slices.Sorted(maps.Keys(sec.StringData)), StoreDSNKey)
+	}
+	var pdb policyv1.PodDisruptionBudget
+	m.get(t, "PodDisruptionBudget/corral", &pdb)
+	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 || pdb.Spec.Selector.MatchLabels["app"] != Server {
+		t.Errorf("disruption budget %+v, want one server at a time", pdb.Spec)
+	}
+	three, _ := mustRender(t, load(t, "store: {driver: postgres}\n", "CORRAL_STORE_DSN=x"), Options{ServerImage: "c", Replicas: 3})
+	three.get(t, "Deployment/corral", &d)
+	if *d.Spec.Replicas != 3 {
+		t.Errorf("--replicas 3: %d", *d.Spec.Replicas)
+	}
+
+	one, _ := mustRender(t, load(t, ""), Options{ServerImage: "c"})
+	if _, ok := one.docs["PodDisruptionBudget/corral"]; ok {
+		t.Error("a disruption budget for one server on SQLite")
+	}
+}
+
 func TestRenderErrors(t *testing.T) {
 	tests := []struct {
 		name, config string
@@ -491,6 +539,8 @@ func TestRenderErrors(t *testing.T) {
 		{"mount at /", "ai_worker_config: {workspace_mount_path: /}\n", Options{ServerImage: "c"}, []string{"ai_worker_config.workspace_mount_path"}},
 		{"host things", "workspaces: {roots: [/srv/repos]}\n", Options{ServerImage: "c"}, []string{"workspaces.roots"}},
 		{"agent env without a Secret", "kubernetes: {secret_name: \"\"}\nagents: {gemini: {env: {GEMINI_API_KEY: k}}}\n", Options{ServerImage: "c"}, []string{"agents.gemini.env"}},
+		{"replicas on SQLite", "", Options{ServerImage: "c", Replicas: 2}, []string{"--replicas"}},
+		{"negative replicas", "", Options{ServerImage: "c", Replicas: -1}, []string{"--replicas"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

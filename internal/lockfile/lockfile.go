@@ -27,11 +27,39 @@ type File struct {
 // is dying; one held by a live process is errdefs.ErrFailedPrecondition,
 // saying the data root is in use and by which pid.
 func Acquire(path string) (*File, error) {
+	return acquire(path, syscall.LOCK_EX)
+}
+
+// AcquireShared is Acquire for one of several processes that may hold
+// path together (the replicas of a cluster sharing a data root), never
+// beside one that holds it alone.
+func AcquireShared(path string) (*File, error) {
+	return acquire(path, syscall.LOCK_SH)
+}
+
+// TryAcquire locks path (made if missing) if no other process holds it,
+// and returns nil, nil if one does.
+func TryAcquire(path string) (*File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open lock file: %w", err)
 	}
-	if err := flockWaiting(f, lockWait); err != nil {
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close() // the lock's answer is the one that matters
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return &File{f: f}, nil
+}
+
+func acquire(path string, how int) (*File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock file: %w", err)
+	}
+	if err := flockWaiting(f, how, lockWait); err != nil {
 		holder := ""
 		if b, rerr := os.ReadFile(path); rerr == nil && len(strings.TrimSpace(string(b))) > 0 {
 			holder = " (pid " + strings.TrimSpace(string(b)) + ")"
@@ -44,8 +72,11 @@ func Acquire(path string) (*File, error) {
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
 	// The pid is only for the error message above; the flock is the lock.
-	if err := f.Truncate(0); err == nil {
-		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0) // best effort, see above
+	// (Shared holders leave it: each would write over the others'.)
+	if how == syscall.LOCK_EX {
+		if err := f.Truncate(0); err == nil {
+			_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0) // best effort, see above
+		}
 	}
 	return &File{f: f}, nil
 }
@@ -56,12 +87,12 @@ func Acquire(path string) (*File, error) {
 // copy of every descriptor, the lock's too, until the exec closes them.
 const lockWait = 2 * time.Second
 
-// flockWaiting takes an exclusive flock on f, trying again for up to wait
-// while another holds it.
-func flockWaiting(f *os.File, wait time.Duration) error {
+// flockWaiting takes a flock on f (how: LOCK_EX or LOCK_SH), trying again
+// for up to wait while another holds it.
+func flockWaiting(f *os.File, how int, wait time.Duration) error {
 	deadline := time.Now().Add(wait)
 	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
 		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
 			return err
 		}

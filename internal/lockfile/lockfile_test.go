@@ -55,3 +55,33 @@ func TestLockWaitsForADyingHolder(t *testing.T) {
 	}
 	l.Release()
 }
+
+// Shared holders hold together, never beside one that holds alone; a try
+// answers at once whether it took the lock.
+func TestSharedAndTry(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "corral.db.lock")
+	a, err := AcquireShared(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := AcquireShared(path)
+	if err != nil {
+		t.Fatalf("a second shared holder: %v", err)
+	}
+	if _, err := Acquire(path); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("an exclusive holder beside shared ones: %v, want ErrFailedPrecondition", err)
+	}
+	if l, err := TryAcquire(path); l != nil || err != nil {
+		t.Errorf("a try beside shared holders: %v, %v; want nil, nil", l, err)
+	}
+	a.Release()
+	b.Release()
+	l, err := TryAcquire(path)
+	if l == nil || err != nil {
+		t.Fatalf("a try on a free lock: %v, %v", l, err)
+	}
+	if _, err := AcquireShared(path); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("a shared holder beside an exclusive one: %v, want ErrFailedPrecondition", err)
+	}
+	l.Release()
+}

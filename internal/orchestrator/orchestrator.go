@@ -108,5 +108,5 @@ func (o *Orchestrator) Get(ctx context.Context, id string) (task.Task, error) {
 	if err := task.CheckID(id); err != nil {
 		return task.Task{}, err
 	}
-	return o.tasks.Get(id)
+	return o.tasks.Lookup(ctx, id)
 }

@@ -101,7 +101,7 @@ func (o *Orchestrator) waitEnded(ctx context.Context, id string, wait time.Durat
 	defer timer.Stop()
 	for {
 		ch := o.tasks.TaskChanged(id)
-		t, err := o.tasks.Get(id)
+		t, err := o.tasks.Lookup(ctx, id)
 		if err != nil || t.Status.Terminal() {
 			return t, err
 		}
@@ -120,6 +120,9 @@ func (o *Orchestrator) waitEnded(ctx context.Context, id string, wait time.Durat
 // stop grace period and a little more).
 func (o *Orchestrator) Cancel(ctx context.Context, id string) (task.Task, error) {
 	if err := task.CheckID(id); err != nil {
+		return task.Task{}, err
+	}
+	if _, err := o.tasks.Lookup(ctx, id); err != nil { // made through another server a moment ago?
 		return task.Task{}, err
 	}
 	actor := service.ActorFrom(ctx)

@@ -55,11 +55,11 @@ func TestEndedTasksHeldInPart(t *testing.T) {
 	}
 	live := MustCreate(t, p, task.Spec{Description: "still queued"})
 
-	if len(p.tasks) != 3 || len(p.old) != 3 {
-		t.Fatalf("held whole %d, in part %d; want 3 (the last 2 ended and the queued one) and 3", len(p.tasks), len(p.old))
+	if len(p.tasks) != 3 || p.old.len() != 3 {
+		t.Fatalf("held whole %d, in part %d; want 3 (the last 2 ended and the queued one) and 3", len(p.tasks), p.old.len())
 	}
 	for _, id := range order[:3] {
-		if _, ok := p.old[id]; !ok {
+		if !p.old.has(id) {
 			t.Errorf("%s, among the first 3 to end, is not held in part", id)
 		}
 	}
@@ -135,8 +135,8 @@ func TestEndedTasksHeldInPart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.Version != ended[first].Version+1 || p.old[first].version != after.Version {
-		t.Errorf("after an event past its end: Update gave v%d, held v%d; want v%d", after.Version, p.old[first].version, ended[first].Version+1)
+	if after.Version != ended[first].Version+1 || held(p, first).version != after.Version {
+		t.Errorf("after an event past its end: Update gave v%d, held v%d; want v%d", after.Version, held(p, first).version, ended[first].Version+1)
 	}
 	ended[first] = after
 	check(p, "after an event past the end")
@@ -146,8 +146,8 @@ func TestEndedTasksHeldInPart(t *testing.T) {
 	if err := q.Rebuild(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if len(q.old) != 3 {
-		t.Errorf("rebuilt: %d held in part, want 3", len(q.old))
+	if q.old.len() != 3 {
+		t.Errorf("rebuilt: %d held in part, want 3", q.old.len())
 	}
 	check(q, "rebuilt")
 }
@@ -172,7 +172,7 @@ func TestPendingSaves(t *testing.T) {
 	if got := p.PendingSaves(); !slices.Equal(got, saving) {
 		t.Fatalf("PendingSaves = %v, want %v", got, saving)
 	}
-	if _, ok := p.old[saving[0]]; !ok {
+	if !p.old.has(saving[0]) {
 		t.Fatalf("%s is not held in part", saving[0])
 	}
 	// An event after the end of a task held in part keeps its copy pending.
@@ -208,4 +208,12 @@ func TestPendingSaves(t *testing.T) {
 	if got := q.PendingSaves(); !slices.Equal(got, want) || !q.SavePending(saving[1]) || q.SavePending(saving[0]) {
 		t.Errorf("rebuilt: PendingSaves = %v, want %v", got, want)
 	}
+}
+
+// held is what p holds of task id, ended and held in part.
+func held(p *Tasks, id string) endedTask {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	e, _ := p.old.get(id)
+	return e
 }

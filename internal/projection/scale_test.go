@@ -128,7 +128,7 @@ func TestIndexes(t *testing.T) {
 
 		var all []task.Task
 		counts := map[task.Status]int{}
-		for _, id := range p.order {
+		for id := range p.ids("") {
 			tk, err := p.Get(id)
 			if err != nil {
 				t.Fatal(err)
@@ -171,8 +171,8 @@ func TestIndexes(t *testing.T) {
 			}
 		}
 	}
-	if len(p.old) == 0 || len(p.recent) != p.keep {
-		t.Errorf("%d tasks held in part, %d ended held whole; want some and %d", len(p.old), len(p.recent), p.keep)
+	if p.old.len() == 0 || len(p.recent) != p.keep {
+		t.Errorf("%d tasks held in part, %d ended held whole; want some and %d", p.old.len(), len(p.recent), p.keep)
 	}
 }
 
@@ -306,7 +306,7 @@ func BenchmarkGetEnded(b *testing.B) {
 	}{{"whole", ids[len(ids)-1]}, {"in-part", ids[0]}} {
 		b.Run(c.name, func(b *testing.B) {
 			p.mu.RLock()
-			_, old := p.old[c.id]
+			old := p.old.has(c.id)
 			p.mu.RUnlock()
 			if old != (c.name == "in-part") {
 				b.Fatalf("%s is held in part: %v", c.id, old)
@@ -331,4 +331,62 @@ func tenFiles() []task.OutputFile {
 		files = append(files, task.OutputFile{Name: fmt.Sprintf("chart-%d.png", i), Size: 48_213, Type: "image/png"})
 	}
 	return files
+}
+
+// BenchmarkArchived measures what reads of the ended tasks held in part
+// pay once a checkpoint has put them in the archive's table (read in
+// place, a binary search and a decode per task) against a map, over
+// 100,000 ended tasks: a page of the list, a list whose filter matches
+// none of them (a walk over all), Select over all, Status of one.
+func BenchmarkArchived(b *testing.B) {
+	const ended = 100_000
+	for _, archived := range []bool{false, true} {
+		p := New(nil, discard())
+		fillTasks(b, p, ended, 0)
+		p.store = &memStore{}
+		if archived {
+			if err := p.SaveCheckpoint(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			if p.old.table.n != ended-keepEnded || len(p.old.fresh) != 0 {
+				b.Fatalf("table of %d, %d fresh", p.old.table.n, len(p.old.fresh))
+			}
+		}
+		var some string
+		for id := range p.ids("") {
+			if some = id; p.old.has(id) {
+				break
+			}
+		}
+		b.Run(fmt.Sprintf("archived=%v", archived), func(b *testing.B) {
+			b.Run("list-first-page", func(b *testing.B) {
+				for b.Loop() {
+					if got, _ := mustList(b, p, Filter{Limit: 50}); len(got) != 50 {
+						b.Fatal(len(got))
+					}
+				}
+			})
+			b.Run("list-matching-none", func(b *testing.B) {
+				for b.Loop() {
+					if got, _ := mustList(b, p, Filter{ConversationID: "none", Limit: 50}); len(got) != 0 {
+						b.Fatal(len(got))
+					}
+				}
+			})
+			b.Run("select-all", func(b *testing.B) {
+				for b.Loop() {
+					if got := p.Select(func(*task.Task) bool { return false }); len(got) != 0 {
+						b.Fatal(len(got))
+					}
+				}
+			})
+			b.Run("status", func(b *testing.B) {
+				for b.Loop() {
+					if st, _, ok := p.Status(some); !ok || st != task.Success {
+						b.Fatal(st, ok)
+					}
+				}
+			})
+		})
+	}
 }

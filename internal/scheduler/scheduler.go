@@ -7,6 +7,17 @@
 // changes tasks only by appending events through projection.Update, so a
 // restart loses nothing. Sandboxes outlive the server; on start-up Reconcile
 // reattaches to the ones still running.
+//
+// Several servers (replicas, package cluster) may share one store. Then
+// the leader alone decides which queued task starts and on which replica
+// (the least busy one that offers its runtime), recording the replica in
+// task_starting, so max_concurrent_workers holds for the cluster; each
+// replica starts the tasks given to it (pickup) and watches them. A task
+// whose replica's lease lapsed is adopted by a survivor (task_adopted,
+// under the task's version, so by one): the survivor reattaches to its
+// sandbox, starts it again if its worker never had its start, or ends it,
+// exactly as a restarted server does with its own. A restarted server is a
+// new replica, and adopts what its predecessor ran the same way.
 package scheduler
 
 import (
@@ -15,9 +26,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/logkey"
@@ -43,6 +58,9 @@ type Options struct {
 	ExitGrace time.Duration
 	// Runtimes are the available backends by name.
 	Runtimes map[string]sandbox.Runtime
+	// Members is this server's view of the cluster; nil: a server alone
+	// on its store (cluster.Solo).
+	Members cluster.Members
 	// Runner is the rest of a task's life in a sandbox (taskrun.Runner).
 	Runner Runner
 	// Writers is who writes each named workspace, shared with the session
@@ -68,9 +86,12 @@ type Options struct {
 // starting, watching and stopping it: taskrun.Runner.
 type Runner interface {
 	// Reconcile is the runner's part of the one start-up reconciliation,
-	// done first: task directories no event knows, and the egress proxies
-	// of the tasks still running.
+	// done first: task directories no event knows.
 	Reconcile(ctx context.Context) error
+	// Adopt takes up what a task this server adopts (after a restart, or
+	// from a replica gone) needs of the runner before it is reattached:
+	// its egress proxy, listening again where its sandbox has it mounted.
+	Adopt(ctx context.Context, t task.Task)
 	// Prepare builds the sandbox spec for a task that is starting.
 	Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	// Collect reads a finished task's result from its directory. exit is
@@ -118,6 +139,7 @@ type Scheduler struct {
 	kick       chan struct{}
 	wg         sync.WaitGroup
 	reconciled chan struct{}
+	leading    atomic.Bool // this replica leads (Lead): it assigns queued tasks
 }
 
 // New returns a scheduler over the task projection.
@@ -137,6 +159,10 @@ func New(opts Options, tasks *projection.Tasks, store eventstore.Store, log *slo
 	if opts.Writers == nil {
 		opts.Writers = &task.Writers{}
 	}
+	if opts.Members == nil {
+		solo := cluster.NewSolo(cluster.Replica{ID: cluster.NewID()})
+		opts.Members = solo
+	}
 	return &Scheduler{opts: opts, tasks: tasks, store: store, log: log, running: map[string]bool{}, kick: make(chan struct{}, 1), reconciled: make(chan struct{})}
 }
 
@@ -144,8 +170,10 @@ func New(opts Options, tasks *projection.Tasks, store eventstore.Store, log *slo
 // from then on every task's state is this process's to keep.
 func (s *Scheduler) Reconciled() <-chan struct{} { return s.reconciled }
 
-// Run reconciles, then starts queued tasks as slots free up until ctx is
-// done. Sandboxes keep running when Run returns: the next server reattaches.
+// Run reconciles, then, until ctx is done, starts the tasks given to this
+// replica (all of them, alone on a store, or while it leads: see Lead)
+// and adopts those of replicas gone. Sandboxes keep running when Run
+// returns: the next server, or another replica, reattaches.
 func (s *Scheduler) Run(ctx context.Context) error {
 	if err := s.Reconcile(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -155,17 +183,39 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		return err
 	}
 	close(s.reconciled)
+	// Leases are judged again every Renew: a replica's end is seen when
+	// its lease lapses, not at an event.
+	tick := time.NewTicker(cluster.Renew)
+	defer tick.Stop()
 	for {
-		ch := s.tasks.Changed()
-		s.fill(ctx)
+		ch, members := s.tasks.Changed(), s.opts.Members.Changed()
+		if s.leading.Load() {
+			s.fill(ctx)
+		}
+		s.pickup(ctx)
+		if err := s.adopt(ctx, nil); err != nil && ctx.Err() == nil {
+			s.log.Warn("cannot adopt the tasks of a replica gone", logkey.Error, err)
+		}
 		select {
 		case <-ch:
+		case <-members:
+		case <-tick.C:
 		case <-s.kick:
 		case <-ctx.Done():
 			s.wg.Wait()
 			return nil
 		}
 	}
+}
+
+// Lead has this replica assign queued tasks until ctx ends: the cluster's
+// leader calls it (cluster.Members.Lead), a server alone on its store for
+// its whole life.
+func (s *Scheduler) Lead(ctx context.Context) {
+	s.leading.Store(true)
+	s.wake()
+	<-ctx.Done()
+	s.leading.Store(false)
 }
 
 // Running returns how many tasks this scheduler is starting or supervising.
@@ -182,29 +232,59 @@ func (s *Scheduler) wake() {
 	}
 }
 
-// fill starts the oldest queued tasks while there are free slots.
+// fill gives the oldest queued tasks a replica while the cluster has free
+// slots: a slot is held by every task starting or running, on any replica,
+// and by this replica's own until their sandboxes are gone. A task goes to
+// the live replica with the fewest tasks that offers its runtime (this one
+// when none does: its start then fails saying so), recorded in its
+// task_starting under its version; one given to this replica starts at
+// once, one given to another starts when that one sees it (pickup).
+//
+// A task on a named workspace starts here, on the leader, and only while
+// no other task (on any replica) and no session of this replica writes
+// the workspace: one writer per workspace (task.Writers).
 func (s *Scheduler) fill(ctx context.Context) {
-	if s.Running() >= s.opts.MaxConcurrent {
+	self := s.opts.Members.Self()
+	active := s.tasks.SelectLive(func(t *task.Task) bool { return t.Status == task.Starting || t.Status == task.Running })
+	load := map[string]int{}
+	busy := map[string]bool{} // workspaces a task writes
+	s.mu.Lock()
+	occupied := len(s.running)
+	for _, t := range active {
+		load[t.Replica]++
+		if !s.running[t.ID] {
+			occupied++
+		}
+		if t.Workspace != "" {
+			busy[t.Workspace] = true
+		}
+	}
+	s.mu.Unlock()
+	if occupied >= s.opts.MaxConcurrent {
 		return
 	}
+	live := s.opts.Members.Live()
 	queued := s.tasks.SelectLive(func(t *task.Task) bool { return t.Status == task.Queued })
 	for _, t := range queued {
-		if s.Running() >= s.opts.MaxConcurrent || ctx.Err() != nil {
+		if occupied >= s.opts.MaxConcurrent || ctx.Err() != nil {
 			return
 		}
-		// One writer per workspace: a task waits while another task (until
-		// its sandbox, destroyed, gives the workspace back) or a session
-		// writes its workspace; tasks on other workspaces pass it.
+		to := self
 		if t.Workspace != "" {
+			if busy[t.Workspace] {
+				continue
+			}
 			if _, ok := s.opts.Writers.Acquire(t.Workspace, t.ID); !ok {
 				continue
 			}
+		} else {
+			to = leastBusy(live, load, t.Runtime, self)
 		}
 		nt, err := s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
 			if t.Status != task.Queued {
 				return nil, projection.ErrNoChange
 			}
-			return []eventstore.Proposed{projection.NewEvent(task.EventStarting, nil, ActorScheduler)}, nil
+			return []eventstore.Proposed{projection.NewEvent(task.EventStarting, task.StartingOn{Replica: to}, ActorScheduler)}, nil
 		})
 		if err != nil {
 			if ctx.Err() == nil {
@@ -213,17 +293,64 @@ func (s *Scheduler) fill(ctx context.Context) {
 			s.releaseWorkspace(t)
 			continue
 		}
-		if nt.Status != task.Starting || !s.claim(nt.ID) {
+		if nt.Status != task.Starting || nt.Replica != to {
 			s.releaseWorkspace(t)
 			continue
 		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			defer s.release(nt.ID)
-			s.start(ctx, nt)
-		}()
+		occupied++
+		load[to]++
+		if t.Workspace != "" {
+			busy[t.Workspace] = true
+		}
+		if to == self {
+			s.startClaimed(ctx, nt)
+		}
 	}
+}
+
+// leastBusy is the live replica with the fewest tasks in load that offers
+// runtime, self first among equals, then by id; self when none offers it.
+func leastBusy(live map[string]cluster.Replica, load map[string]int, runtime, self string) string {
+	best, bestLoad := "", 0
+	for _, id := range slices.Sorted(maps.Keys(live)) {
+		if !slices.Contains(live[id].Runtimes, runtime) {
+			continue
+		}
+		n := load[id]
+		if best == "" || n < bestLoad || n == bestLoad && id == self {
+			best, bestLoad = id, n
+		}
+	}
+	if best == "" {
+		return self
+	}
+	return best
+}
+
+// pickup starts the tasks the leader gave this replica that it does not
+// start yet.
+func (s *Scheduler) pickup(ctx context.Context) {
+	self := s.opts.Members.Self()
+	for _, t := range s.tasks.SelectLive(func(t *task.Task) bool { return t.Status == task.Starting && t.Replica == self }) {
+		if ctx.Err() != nil {
+			return
+		}
+		s.startClaimed(ctx, t)
+	}
+}
+
+// startClaimed starts t, a task given to this replica, unless it runs
+// already.
+func (s *Scheduler) startClaimed(ctx context.Context, t task.Task) {
+	if !s.claim(t.ID) {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.release(t.ID)
+		s.start(ctx, t)
+	}()
 }
 
 func (s *Scheduler) claim(id string) bool {
@@ -340,9 +467,9 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 	}
 	s.crash(sandbox.CrashCreated)
 	handle, _ := json.Marshal(h)
-	started, err := s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
-		if t.Status != task.Starting {
-			return nil, projection.ErrNoChange // completed by webhook or cancelled meanwhile
+	started, err := s.tasks.Update(ctx, t.ID, func(cur task.Task) ([]eventstore.Proposed, error) {
+		if cur.Status != task.Starting || cur.Replica != t.Replica {
+			return nil, projection.ErrNoChange // completed by webhook, cancelled or adopted meanwhile
 		}
 		return []eventstore.Proposed{projection.NewEvent(task.EventStarted, task.Started{SandboxName: h.ID, Handle: handle}, ActorScheduler)}, nil
 	})
@@ -452,6 +579,14 @@ func (s *Scheduler) supervise(ctx context.Context, t task.Task, rt sandbox.Runti
 		changed := s.tasks.TaskChanged(t.ID) // nil once it has ended
 		cur, err := s.tasks.Get(t.ID)
 		if err != nil {
+			return
+		}
+		if cur.Replica != t.Replica && !cur.Status.Terminal() {
+			// Another replica adopted the task: this one's lease lapsed
+			// (cut from the store for a TTL). The task and its sandbox are
+			// the adopter's now.
+			log.Warn("task adopted by another replica; no longer watching it", "replica", cur.Replica)
+			st.cancelStop()
 			return
 		}
 		switch {
@@ -662,9 +797,11 @@ func failed(msg, reason string) task.Completed {
 
 // Reconcile compares three views after a restart — the events, the
 // sandboxes the runtimes report, and (through Collect) the task directories
-// — and records what it did: it reattaches to a running task's sandbox,
-// ends a task whose sandbox is gone with its status.json or as lost, and
-// stops sandboxes no task owns.
+// — and records what it did: it adopts the tasks no live replica holds
+// (alone on a store: every task starting or running, as the server that
+// ran them is gone), reattaching to a running task's sandbox or ending a
+// task whose sandbox is gone with its status.json or as lost, and stops
+// sandboxes no task owns.
 func (s *Scheduler) Reconcile(ctx context.Context) error {
 	// What reconciliation records is caused by the start; the tasks it
 	// reattaches go on under their own causes.
@@ -672,41 +809,19 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 	if err := s.opts.Runner.Reconcile(sys); err != nil {
 		return err
 	}
-	listed := map[string]listedSandbox{} // by task id
-	for name, rt := range s.opts.Runtimes {
-		hs, err := rt.List(ctx, map[string]string{sandbox.LabelManaged: "true"})
-		if err != nil {
-			s.log.Warn("cannot list sandboxes", logkey.Runtime, name, logkey.Error, err)
-			continue
-		}
-		for _, h := range hs {
-			id := h.Labels[sandbox.LabelTaskID]
-			if id == "" {
-				continue // not a task's (a session's: the session manager keeps those)
-			}
-			listed[id] = listedSandbox{rt: rt, name: name, h: h}
-		}
-	}
-	active := s.tasks.SelectLive(func(t *task.Task) bool { return t.Status == task.Starting || t.Status == task.Running })
-	owned := map[string]bool{}
 	var summary Reconciled
-	for _, t := range active {
-		owned[t.ID] = true
-		o, err := s.reattach(ctx, t, listed[t.ID])
-		if err != nil {
-			return err
-		}
-		switch o {
-		case reattached:
-			summary.Reattached++
-		case restarted:
-			summary.Restarted++
-		default:
-			summary.Ended++
-		}
+	if err := s.adopt(ctx, &summary); err != nil {
+		return err
+	}
+	listed := s.listSandboxes(ctx)
+	// A sandbox is an orphan when no task starting or running has it; the
+	// events are read up to now first, so that a task another replica
+	// started after this one's projection was built is not taken for none.
+	if err := s.tasks.Sync(ctx); err != nil {
+		return err
 	}
 	for id, l := range listed {
-		if owned[id] {
+		if st, _, ok := s.tasks.Status(id); ok && (st == task.Starting || st == task.Running) {
 			continue
 		}
 		stopAndDestroy(ctx, l.rt, l.h.ID, s.log)
@@ -722,6 +837,86 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 		return fmt.Errorf("record reconciliation: %w", err)
 	}
 	s.log.Info("reconciled", "reattached", summary.Reattached, "restarted", summary.Restarted, "ended", summary.Ended, "orphans_stopped", summary.OrphansStopped)
+	return nil
+}
+
+// listSandboxes lists the tasks' sandboxes every runtime reports, by task
+// id.
+func (s *Scheduler) listSandboxes(ctx context.Context) map[string]listedSandbox {
+	listed := map[string]listedSandbox{}
+	for name, rt := range s.opts.Runtimes {
+		hs, err := rt.List(ctx, map[string]string{sandbox.LabelManaged: "true"})
+		if err != nil {
+			s.log.Warn("cannot list sandboxes", logkey.Runtime, name, logkey.Error, err)
+			continue
+		}
+		for _, h := range hs {
+			id := h.Labels[sandbox.LabelTaskID]
+			if id == "" {
+				continue // not a task's (a session's: the session manager keeps those)
+			}
+			listed[id] = listedSandbox{rt: rt, name: name, h: h}
+		}
+	}
+	return listed
+}
+
+// adopt takes over the tasks starting or running whose replica holds no
+// lease, once this replica's own lease has held for a TTL
+// (cluster.Members.Steady): each is recorded task_adopted under its
+// version, so one survivor adopts it, and then reattached, started again
+// or ended as reattach decides. sum, if not nil, counts what was done.
+func (s *Scheduler) adopt(ctx context.Context, sum *Reconciled) error {
+	m := s.opts.Members
+	if !m.Steady() {
+		return nil
+	}
+	self, live := m.Self(), m.Live()
+	orphaned := s.tasks.SelectLive(func(t *task.Task) bool {
+		_, alive := live[t.Replica]
+		return (t.Status == task.Starting || t.Status == task.Running) && t.Replica != self && !alive
+	})
+	if len(orphaned) == 0 {
+		return nil
+	}
+	listed := s.listSandboxes(ctx)
+	for _, t := range orphaned {
+		reason := fmt.Sprintf("replica %s holds no lease: it stopped, restarted or was lost", t.Replica)
+		if t.Replica == "" {
+			reason = "its server is gone (it started before replicas were recorded)"
+		}
+		nt, err := s.tasks.Update(ctx, t.ID, func(cur task.Task) ([]eventstore.Proposed, error) {
+			if cur.Status != task.Starting && cur.Status != task.Running || cur.Replica != t.Replica {
+				return nil, projection.ErrNoChange // ended, or another adopted it first
+			}
+			return []eventstore.Proposed{projection.NewEvent(task.EventAdopted, task.Adopted{Replica: self, From: t.Replica, Reason: reason}, ActorReconciler)}, nil
+		})
+		if err != nil {
+			return fmt.Errorf("adopt task %s: %w", t.ID, err)
+		}
+		if nt.Replica != self || nt.Status.Terminal() {
+			continue
+		}
+		if t.Replica != "" {
+			s.log.Info("task adopted", logkey.TaskID, t.ID, "from", t.Replica)
+		}
+		s.opts.Runner.Adopt(ctx, nt)
+		o, err := s.reattach(ctx, nt, listed[t.ID])
+		if err != nil {
+			return err
+		}
+		if sum == nil {
+			continue
+		}
+		switch o {
+		case reattached:
+			sum.Reattached++
+		case restarted:
+			sum.Restarted++
+		default:
+			sum.Ended++
+		}
+	}
 	return nil
 }
 

@@ -109,7 +109,8 @@ type testRunner struct {
 	reported func(ctx context.Context, t task.Task) (task.Completed, bool)
 }
 
-func (r *testRunner) Reconcile(ctx context.Context) error { return nil }
+func (r *testRunner) Reconcile(ctx context.Context) error    { return nil }
+func (r *testRunner) Adopt(ctx context.Context, t task.Task) {}
 
 func (r *testRunner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error) {
 	return sandbox.Spec{ID: t.ID, Command: []string{"true"}, Labels: map[string]string{sandbox.LabelManaged: "true", sandbox.LabelTaskID: t.ID}}, nil
@@ -140,7 +141,9 @@ func (r *testRunner) Reported(ctx context.Context, t task.Task) (task.Completed,
 
 // MustStart rebuilds a projection over store and runs it and a scheduler
 // with opts (Runtimes and Runner filled in when empty; a *testRunner given
-// is bound to the harness) until the test ends or h.stop is called.
+// is bound to the harness) until the test ends or h.stop is called. A
+// scheduler alone on its store (no opts.Members) leads; a replica's test
+// has the one it chooses lead.
 func MustStart(tb testing.TB, store eventstore.Store, opts Options, rt sandbox.Runtime) *harness {
 	tb.Helper()
 	h := &harness{store: store, tasks: projection.New(store, discard())}
@@ -166,6 +169,9 @@ func MustStart(tb testing.TB, store eventstore.Store, opts Options, rt sandbox.R
 			tb.Errorf("projection Run: %v", err)
 		}
 	}()
+	if opts.Members == nil {
+		wg.Go(func() { h.sched.Lead(ctx) }) // alone on its store, it leads
+	}
 	go func() {
 		defer wg.Done()
 		if err := h.sched.Run(ctx); err != nil {
@@ -779,7 +785,7 @@ func TestReconcileStartingTaskIsRecordedStarted(t *testing.T) {
 	}
 	close(finish)
 	waitStatus(t, h.tasks, id, task.Success)
-	want := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventStarted, task.EventReattached, task.EventCompleted}
+	want := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventAdopted, task.EventStarted, task.EventReattached, task.EventCompleted}
 	if diff := cmp.Diff(want, streamTypes(t, store, task.StreamID(id))); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
@@ -954,7 +960,7 @@ func TestReconcileStartingWithoutSandboxStartsAgain(t *testing.T) {
 
 	h := MustStart(t, store, Options{}, fake)
 	waitStatus(t, h.tasks, id, task.Success)
-	want := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventStartRetried, task.EventStarted, task.EventCompleted}
+	want := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventAdopted, task.EventStartRetried, task.EventStarted, task.EventCompleted}
 	if diff := cmp.Diff(want, streamTypes(t, store, task.StreamID(id))); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}

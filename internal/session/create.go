@@ -159,7 +159,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		Dir:     Dir,
 		// Its exec agent lives as long as the session: sized for the
 		// host's CPUs, it would hold every P's structures all that time.
-		Env: []string{workerproto.EnvSessionID + "=" + id, workerproto.EnvSessionToken + "=" + agentToken, workerproto.MaxProcsEnv()},
+		Env: []string{workerproto.EnvSessionID + "=" + id, workerproto.EnvSessionToken + "=" + agentToken, workerproto.MaxProcsEnv(),
+			workerproto.EnvServerSocket + "=" + workerproto.ServerSocket(m.opts.Members.Self())},
 		Mounts: append([]sandbox.Mount{{Source: dir, Target: Dir, HostDir: req.Workspace != "" && !project.InDataRoot()}},
 			m.opts.Base.Mounts(false)...),
 		Limits:  limits,
@@ -196,7 +197,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	m.mu.Unlock()
 	s := Session{ID: id, Runtime: rtName, Image: image, Network: network, Workspace: req.Workspace, Labels: maps.Clone(req.Labels), Status: StatusRunning,
 		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second)}
-	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), AgentTokenHash: hashToken(agentToken), Handle: *h}); err != nil {
+	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), AgentTokenHash: hashToken(agentToken), Handle: *h,
+		Replica: m.opts.Members.Self()}); err != nil {
 		rt.Destroy(context.WithoutCancel(ctx), id)
 		return Session{}, "", err
 	}

@@ -60,7 +60,11 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 	// Only through the exec agent, never from the host (nsenter with a
 	// working directory resolved on the host, where a link the session
 	// left leads out; a process no one owns if the server dies). After a
-	// restart the agent dials in again: wait for it a while.
+	// restart the agent dials in again: wait for it a while. Its agent
+	// dials the replica that runs the session, which may be another.
+	if m.runElsewhere(id) {
+		return ExecEnd{}, fmt.Errorf("session %s runs on another replica of this cluster, whose exec agent connection is there; send its commands to that replica (this one does not forward them yet): %w", id, errdefs.ErrUnavailable)
+	}
 	a := m.agent(id)
 	if a == nil {
 		m.mu.Lock()
@@ -216,9 +220,16 @@ func (m *Manager) agent(id string) *execagent.Conn {
 }
 
 // AttachAgent takes the connection session id's exec agent dialled in on
-// (already upgraded; r reads from it), replacing any earlier one.
+// (already upgraded; r reads from it), replacing any earlier one. An agent
+// whose replica is gone reaches this one on the host's shared socket: the
+// session is adopted (session_adopted) and runs here from now on. One of a
+// replica still alive is refused: it dials its own again.
 func (m *Manager) AttachAgent(id string, conn net.Conn, r io.Reader) error {
 	if err := m.Running(id); err != nil {
+		conn.Close()
+		return err
+	}
+	if err := m.adopt(context.Background(), id); err != nil {
 		conn.Close()
 		return err
 	}
@@ -233,6 +244,26 @@ func (m *Manager) AttachAgent(id string, conn net.Conn, r io.Reader) error {
 		old.Close()
 	}
 	m.log.Debug("session exec agent attached", "session_id", id)
+	return nil
+}
+
+// adopt makes this replica the one that runs session id, if another ran it
+// and is gone.
+func (m *Manager) adopt(ctx context.Context, id string) error {
+	m.mu.Lock()
+	from := m.sessions[id].replica
+	m.mu.Unlock()
+	self := m.opts.Members.Self()
+	if from == self {
+		return nil
+	}
+	if m.runElsewhere(id) {
+		return fmt.Errorf("session %s runs on replica %s, which is alive: %w", id, from, errdefs.ErrFailedPrecondition)
+	}
+	if err := m.append(ctx, id, EventAdopted, adopted{Replica: self, From: from}); err != nil {
+		return fmt.Errorf("adopt session %s: %w", id, err)
+	}
+	m.log.Info("session adopted", "session_id", id, "from", from)
 	return nil
 }
 

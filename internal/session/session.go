@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/execagent"
@@ -51,6 +52,10 @@ const (
 	// EventDirRemoved records an ended session's own directory removed
 	// (sessions/<id>): at once when it was deleted, else after Retention.
 	EventDirRemoved = "session_directory_removed"
+	// EventAdopted records a replica taking a session over from one gone
+	// (adopted): its exec agent, finding its replica's socket dead, dialled
+	// the host's shared one, which this replica serves.
+	EventAdopted    = "session_adopted"
 	streamPrefix    = "session/"
 	idPrefix        = "sess-"
 	labelSession    = "corral.session-id"
@@ -126,6 +131,10 @@ type Options struct {
 	// workspace it works in (workspaces.allow_hooks); they are listed on
 	// its stream either way.
 	AllowHooks bool
+	// Members is this server's view of its cluster: a session is run by
+	// the replica that made it, or that adopted it; nil: a server alone
+	// on its store.
+	Members cluster.Members
 }
 
 // Quota is the disk quota of session directories: Limit before the
@@ -148,7 +157,9 @@ type state struct {
 	dirRemoved     bool              // its own directory is gone (EventDirRemoved)
 	openExecs      map[string]bool   // execs started and not ended, by id
 	handle         sandbox.Handle
-	running        int // execs running now
+	running        int    // execs running now
+	replica        string // the replica that runs it (cluster.Replica)
+	version        int64  // its stream's version folded: apply takes each event once
 }
 
 // created is session_created's payload.
@@ -157,6 +168,13 @@ type created struct {
 	TokenHash      string         `json:"token_hash"`
 	AgentTokenHash string         `json:"agent_token_hash"`
 	Handle         sandbox.Handle `json:"handle"`
+	Replica        string         `json:"replica,omitempty"`
+}
+
+// adopted is session_adopted's payload.
+type adopted struct {
+	Replica string `json:"replica"`
+	From    string `json:"from,omitempty"`
 }
 
 // Manager runs sessions. It is safe for concurrent use.
@@ -168,6 +186,7 @@ type Manager struct {
 	sessions map[string]*state
 	agents   map[string]*execagent.Conn
 	attached chan struct{} // closed and replaced when an agent attaches
+	pos      int64         // the position up to which the log is folded (Start, Follow)
 }
 
 // New returns a Manager; Start folds the recorded sessions.
@@ -186,6 +205,9 @@ func New(opts Options, log *slog.Logger) *Manager {
 	}
 	if opts.MaxLifetime <= 0 {
 		opts.MaxLifetime = defaultLifetime
+	}
+	if opts.Members == nil {
+		opts.Members = cluster.NewSolo(cluster.Replica{ID: cluster.NewID()})
 	}
 	return &Manager{opts: opts, log: log, sessions: map[string]*state{}, agents: map[string]*execagent.Conn{}, attached: make(chan struct{})}
 }
@@ -260,13 +282,28 @@ func (m *Manager) apply(e eventstore.Event) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// Each event once, in its stream's order: an append of this server's
+	// is applied at once and again as the log is followed, and one that
+	// overtook another server's waits for it.
+	if s := m.sessions[id]; s != nil && e.StreamVersion != s.version+1 || s == nil && e.StreamVersion != 1 {
+		return
+	}
+	if s := m.sessions[id]; s != nil {
+		s.version++
+	}
 	switch e.Type {
 	case EventCreated:
 		var c created
 		if json.Unmarshal(e.Data, &c) != nil {
 			return
 		}
-		m.sessions[id] = &state{Session: c.Session, tokenHashes: []string{c.TokenHash, c.AgentTokenHash}, agentTokenHash: c.AgentTokenHash, handle: c.Handle}
+		m.sessions[id] = &state{Session: c.Session, tokenHashes: []string{c.TokenHash, c.AgentTokenHash}, agentTokenHash: c.AgentTokenHash, handle: c.Handle,
+			replica: c.Replica, version: 1}
+	case EventAdopted:
+		var a adopted
+		if s := m.sessions[id]; s != nil && json.Unmarshal(e.Data, &a) == nil {
+			s.replica = a.Replica
+		}
 	case EventGranted:
 		var g granted
 		if s := m.sessions[id]; s != nil && json.Unmarshal(e.Data, &g) == nil {

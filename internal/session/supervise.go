@@ -7,33 +7,25 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/task"
 )
 
 // Start folds the recorded sessions, reattaches to the sandboxes of those
-// still running (ending the others as lost) and destroys sandboxes no
-// session owns. Run Reap beside it to end sessions past their limits.
+// still running that no live replica runs (ending the others as lost) and
+// destroys sandboxes no session owns. Run Follow and Reap beside it: the
+// sessions other replicas make and change, and the ends of sessions past
+// their limits.
 func (m *Manager) Start(ctx context.Context) error {
-	var after int64
-	for {
-		evs, err := m.opts.Store.ReadAll(ctx, after, 1024)
-		if err != nil {
-			return fmt.Errorf("read sessions: %w", err)
-		}
-		if len(evs) == 0 {
-			break
-		}
-		for _, e := range evs {
-			after = e.Position
-			m.apply(e)
-		}
+	if err := m.sync(ctx); err != nil {
+		return err
 	}
 	if err := m.closeLostExecs(ctx); err != nil {
 		return err
 	}
 	for _, s := range m.list() {
-		if s.Status != StatusRunning {
+		if s.Status != StatusRunning || m.runElsewhere(s.ID) {
 			continue
 		}
 		var rt sandbox.Runtime
@@ -67,6 +59,10 @@ func (m *Manager) Start(ctx context.Context) error {
 			m.log.Warn("cannot list session sandboxes", "runtime", name, "err", err)
 			continue
 		}
+		// Another replica may have made a session since the fold.
+		if err := m.sync(ctx); err != nil {
+			return err
+		}
 		for _, h := range hs {
 			if s, err := m.get(h.ID); err != nil || s.Status != StatusRunning {
 				rt.Destroy(ctx, h.ID)
@@ -76,6 +72,81 @@ func (m *Manager) Start(ctx context.Context) error {
 	return nil
 }
 
+// sync folds the log's session events up to its end.
+func (m *Manager) sync(ctx context.Context) error {
+	for {
+		m.mu.Lock()
+		after := m.pos
+		m.mu.Unlock()
+		evs, err := m.opts.Store.ReadAll(ctx, after, 1024)
+		if err != nil {
+			return fmt.Errorf("read sessions: %w", err)
+		}
+		if len(evs) == 0 {
+			return nil
+		}
+		m.applyFrom(evs)
+	}
+}
+
+// applyFrom applies evs, read from the log after m.pos, and moves m.pos.
+func (m *Manager) applyFrom(evs []eventstore.Event) {
+	for _, e := range evs {
+		m.apply(e)
+	}
+	m.mu.Lock()
+	m.pos = max(m.pos, evs[len(evs)-1].Position)
+	m.mu.Unlock()
+}
+
+// Follow folds the session events other replicas append, as they are
+// committed, until ctx ends: every replica answers for every session.
+func (m *Manager) Follow(ctx context.Context) error {
+	m.mu.Lock()
+	sub := eventstore.Subscribe(m.opts.Store, m.pos)
+	m.mu.Unlock()
+	for {
+		e, err := sub.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("follow sessions: %w", err)
+		}
+		m.applyFrom([]eventstore.Event{e})
+	}
+}
+
+// runElsewhere reports whether session id is run by another replica that
+// is alive.
+func (m *Manager) runElsewhere(id string) bool {
+	m.mu.Lock()
+	s := m.sessions[id]
+	m.mu.Unlock()
+	if s == nil || s.replica == m.opts.Members.Self() {
+		return false
+	}
+	_, alive := m.opts.Members.Live()[s.replica]
+	return alive
+}
+
+// runHere reports whether this replica keeps session id: it runs it, or
+// the replica that does is gone (this one being steady, so its judgement
+// holds: cluster.Members.Steady).
+func (m *Manager) runHere(id string) bool {
+	m.mu.Lock()
+	s := m.sessions[id]
+	m.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	if s.replica == m.opts.Members.Self() {
+		return true
+	}
+	_, alive := m.opts.Members.Live()[s.replica]
+	return !alive && m.opts.Members.Steady()
+}
+
 // closeLostExecs records the end of every exec a crash cut (started, never
 // ended): its command ended when the server's connection to the session's
 // agent did (the agent kills a connection's commands when it ends), so
@@ -83,7 +154,11 @@ func (m *Manager) Start(ctx context.Context) error {
 func (m *Manager) closeLostExecs(ctx context.Context) error {
 	m.mu.Lock()
 	lost := map[string][]string{}
+	live := m.opts.Members.Live()
 	for id, s := range m.sessions {
+		if _, alive := live[s.replica]; alive && s.replica != m.opts.Members.Self() {
+			continue // its replica runs its execs
+		}
 		for ex := range s.openExecs {
 			lost[id] = append(lost[id], ex)
 		}
@@ -125,7 +200,7 @@ func (m *Manager) Reap(ctx context.Context) error {
 		m.removeDirs(ctx)
 		now := m.opts.Now()
 		for _, s := range m.list() {
-			if s.Status != StatusRunning {
+			if s.Status != StatusRunning || !m.runHere(s.ID) {
 				continue
 			}
 			m.mu.Lock()
@@ -151,8 +226,9 @@ func (m *Manager) checkQuotas(ctx context.Context, next map[string]time.Time) {
 	now := time.Now()
 	running := map[string]bool{}
 	m.mu.Lock()
+	self := m.opts.Members.Self()
 	for id, s := range m.sessions {
-		if s.Status == StatusRunning && s.Workspace == "" {
+		if s.Status == StatusRunning && s.Workspace == "" && s.replica == self {
 			running[id] = true
 		}
 	}
@@ -184,7 +260,7 @@ func (m *Manager) removeDirs(ctx context.Context) {
 		m.mu.Lock()
 		gone := m.sessions[s.ID].dirRemoved
 		m.mu.Unlock()
-		if s.Status != StatusEnded || s.Workspace != "" || gone || s.EndedAt == nil {
+		if s.Status != StatusEnded || s.Workspace != "" || gone || s.EndedAt == nil || m.runElsewhere(s.ID) {
 			continue
 		}
 		if s.EndReason != "deleted" && (m.opts.Retention <= 0 || now.Sub(*s.EndedAt) < m.opts.Retention) {

@@ -22,7 +22,12 @@ const (
 	// starting, starts again. It changes nothing of the task but its
 	// version.
 	EventStartRetried = "task_start_retried"
-	EventCompleted    = "worker_completed" // the seed's name; terminal
+	// EventAdopted records a replica taking over a starting or running
+	// task from one whose lease lapsed (Adopted); the adopter then
+	// reattaches to its sandbox, starts it again or ends it, as a
+	// restarted server does.
+	EventAdopted   = "task_adopted"
+	EventCompleted = "worker_completed" // the seed's name; terminal
 	// EventEgressConnection records one connection attempt through the
 	// egress proxy. It changes nothing of the task but its version, and it
 	// is appended with any expected version, also after the task ended.
@@ -376,6 +381,20 @@ type EgressConnection struct {
 	DurationSeconds float64 `json:"duration_seconds"`
 }
 
+// StartingOn is the payload of EventStarting: the replica that starts the
+// task (the leader chose it; on one server, the server itself).
+type StartingOn struct {
+	Replica string `json:"replica,omitempty"`
+}
+
+// Adopted is the payload of EventAdopted: the replica that adopts the
+// task, the one it had, and why that one is taken to be gone.
+type Adopted struct {
+	Replica string `json:"replica"`
+	From    string `json:"from,omitempty"`
+	Reason  string `json:"reason"`
+}
+
 // Reattached is the payload of EventReattached.
 type Reattached struct {
 	SandboxName string `json:"sandbox_name"`
@@ -423,9 +442,26 @@ func (t *Task) Apply(e eventstore.Event) error {
 		}
 		t.QueuedAt, t.QueueSeq = &at, pos
 	case EventStarting:
+		// A payload from before replicas were recorded may be empty.
+		var p StartingOn
+		if len(data) > 0 {
+			if err := json.Unmarshal(data, &p); err != nil {
+				return fmt.Errorf("decode %s: %w", typ, err)
+			}
+		}
 		if err := move(Starting); err != nil {
 			return err
 		}
+		t.Replica = p.Replica
+	case EventAdopted:
+		var p Adopted
+		if err := json.Unmarshal(data, &p); err != nil {
+			return fmt.Errorf("decode %s: %w", typ, err)
+		}
+		if t.Status != Starting && t.Status != Running {
+			return fmt.Errorf("apply %s to task %s: a %s task has no replica to adopt it from", typ, t.ID, t.Status)
+		}
+		t.Replica = p.Replica
 	case EventStarted:
 		var p Started
 		if err := json.Unmarshal(data, &p); err != nil {

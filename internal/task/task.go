@@ -196,6 +196,11 @@ type Task struct {
 	// to start ("" for a task created before it was recorded).
 	PromptSHA256 string `json:"-"`
 
+	// Replica is the server (cluster.Replica) that starts and watches the
+	// task from its start (Starting) until another adopts it (Adopted):
+	// "" for a task that has not started, or that started before
+	// replicas were recorded.
+	Replica     string          `json:"replica,omitempty"`
 	SandboxName string          `json:"sandbox_name,omitempty"`
 	Handle      json.RawMessage `json:"-"`
 	CreatedAt   time.Time       `json:"created_at"`

@@ -66,18 +66,30 @@ func (o *Runner) RunEgress(ctx context.Context) error {
 	}
 }
 
-// sweepEgress closes the proxies of tasks that ended or are unknown.
+// sweepEgress closes the proxies of tasks that ended or are unknown. A
+// task unknown to the projection is looked for again after reading the
+// store up to now: another server on the store may have started it.
 func (o *Runner) sweepEgress() {
 	ids, err := o.opts.Egress.Tasks()
 	if err != nil {
 		o.log.Warn("cannot list egress proxies", logkey.Error, err)
 		return
 	}
+	synced := false
 	for _, id := range ids {
 		if session.ValidID(id) {
 			continue // the session manager closes a session's
 		}
-		if st, _, ok := o.tasks.Status(id); ok && !st.Terminal() {
+		st, _, ok := o.tasks.Status(id)
+		if !ok && !synced {
+			if err := o.tasks.Sync(context.Background()); err != nil {
+				o.log.Warn("cannot read the events to sweep the egress proxies", logkey.Error, err)
+				return
+			}
+			synced = true
+			st, _, ok = o.tasks.Status(id)
+		}
+		if ok && !st.Terminal() {
 			continue
 		}
 		if err := o.opts.Egress.Close(id); err != nil {
@@ -86,21 +98,17 @@ func (o *Runner) sweepEgress() {
 	}
 }
 
-// reopenEgress opens the proxy of every starting or running task that has
-// network: after a restart their sandboxes still run, and their relays
-// dial the socket afresh for each connection.
-func (o *Runner) reopenEgress() {
+// Adopt opens the egress proxy of t, a task this server adopts, if it has
+// network: its sandbox still runs, and its relay dials the socket afresh
+// for each connection (scheduler Runner).
+func (o *Runner) Adopt(ctx context.Context, t task.Task) {
 	eg := o.opts.Egress
-	if eg == nil {
+	if eg == nil || t.Network == "" || t.Network == task.NetworkNone {
 		return
 	}
-	for _, t := range o.tasks.SelectLive(func(t *task.Task) bool {
-		return (t.Status == task.Starting || t.Status == task.Running) && t.Network != "" && t.Network != task.NetworkNone
-	}) {
-		if _, err := eg.Open(t.ID, t.Network); err != nil {
-			o.log.Warn("cannot reopen egress proxy", logkey.TaskID, t.ID, logkey.Error, err)
-		} else {
-			o.log.Info("egress proxy reopened", logkey.TaskID, t.ID)
-		}
+	if _, err := eg.Open(t.ID, t.Network); err != nil {
+		o.log.Warn("cannot reopen egress proxy", logkey.TaskID, t.ID, logkey.Error, err)
+	} else {
+		o.log.Info("egress proxy reopened", logkey.TaskID, t.ID)
 	}
 }

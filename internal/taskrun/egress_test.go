@@ -189,7 +189,7 @@ func TestPrepareWithoutEgressRefusesNetwork(t *testing.T) {
 // TestReconcileReopensAndRunEgressSweeps plays a restart: a running task with
 // network gets its proxy back, a stale directory of an ended or unknown
 // task is removed, and a task that ends later loses its proxy.
-func TestReconcileReopensAndRunEgressSweeps(t *testing.T) {
+func TestAdoptReopensAndRunEgressSweeps(t *testing.T) {
 	eg := newFakeEgress("unknown-task")
 	f := MustNew(t, withEgress(eg))
 	create := func(network string) task.Task {
@@ -204,10 +204,14 @@ func TestReconcileReopensAndRunEgressSweeps(t *testing.T) {
 	eg.dirs[ended.ID] = "stale"
 	eg.mu.Unlock()
 
-	// A restart: the runner's part of reconciliation reopens the proxies
-	// of the tasks still running; RunEgress sweeps the rest.
+	// A restart: the scheduler adopts the tasks still running, and the
+	// runner reopens the proxies of those with network; RunEgress sweeps
+	// the rest.
 	if err := f.r.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	for _, tk := range []task.Task{running, noNet} {
+		f.r.Adopt(context.Background(), tk)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

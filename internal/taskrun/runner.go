@@ -42,8 +42,13 @@ type WorkerOptions struct {
 	// executables (workerproto.CorralName, WorkerName), each mounted
 	// read-only.
 	BinDir string
-	// SocketDir is the host directory holding the server's unix socket.
+	// SocketDir is the host directory holding the servers' unix sockets,
+	// mounted whole: each replica's in a directory of its own, and the
+	// host's shared one (workerproto.ServerSocket).
 	SocketDir string
+	// Replica is this server's id in its cluster: its workers post to its
+	// own socket, and to the shared one once it is gone.
+	Replica string
 	// Secret is the server's webhook secret; each task gets a key derived
 	// from it.
 	Secret []byte
@@ -86,7 +91,7 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	args := workerproto.Args{
 		PromptPath:  workerproto.TaskDir + "/" + workerproto.PromptFile,
 		TaskID:      t.ID,
-		WebhookURL:  "unix://" + workerproto.SocketDir + "/" + workerproto.SocketName,
+		WebhookURL:  "unix://" + workerproto.ServerSocket(w.Replica),
 		Agent:       t.Agent,
 		Model:       t.Model,
 		MaxLogBytes: o.opts.MaxLogBytes,
@@ -400,7 +405,7 @@ func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitSta
 		c.ErrorMessage = "the task's command never started: " + exit.Message
 	case exit == nil:
 		c.Reason = "lost"
-		c.ErrorMessage = "lost: the task's sandbox was gone when the server restarted, and it left no status.json"
+		c.ErrorMessage = "lost: the task's sandbox was gone when its server restarted or another adopted the task, and it left no status.json"
 	case vanished:
 		c.Reason = "lost"
 		c.ErrorMessage = "lost: the task's sandbox vanished without an exit status or status.json"
@@ -601,20 +606,22 @@ func (o *Runner) checkPrompt(t task.Task) error {
 
 // Reconcile is the runner's part of start-up reconciliation, which the
 // scheduler does first: it reports task directories that no event knows,
-// as system events (SPEC §3), never deleting them (a person decides), and
-// reopens the egress proxies of the tasks still running.
+// as system events (SPEC §3), never deleting them (a person decides).
+// (The egress proxies of the tasks still running reopen as the scheduler
+// adopts them: Adopt.)
 func (o *Runner) Reconcile(ctx context.Context) error {
-	if err := o.reconcileDirectories(ctx); err != nil {
-		return err
-	}
-	o.reopenEgress()
-	return nil
+	return o.reconcileDirectories(ctx)
 }
 
 func (o *Runner) reconcileDirectories(ctx context.Context) error {
 	ids, err := o.data.TaskIDs()
 	if err != nil {
 		return fmt.Errorf("list task directories: %w", err)
+	}
+	// Other servers on the store may have made a task since this one's
+	// projection was built.
+	if err := o.tasks.Sync(ctx); err != nil {
+		return err
 	}
 	for _, id := range ids {
 		if _, _, ok := o.tasks.Status(id); ok {

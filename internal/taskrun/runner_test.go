@@ -186,7 +186,7 @@ func TestCollect(t *testing.T) {
 				Summary:     "(the worker succeeded, but could not write status.json: its summary is lost; was the disk full?)",
 				OutputFiles: []task.OutputFile{{Name: "a.txt", Size: 1, Type: "text/plain; charset=utf-8"}}}},
 		{"lost", nil, nil,
-			task.Completed{Status: task.Failed, Reason: "lost", ErrorMessage: "lost: the task's sandbox was gone when the server restarted, and it left no status.json"}},
+			task.Completed{Status: task.Failed, Reason: "lost", ErrorMessage: "lost: the task's sandbox was gone when its server restarted or another adopted the task, and it left no status.json"}},
 		{"vanished", nil, &sandbox.ExitStatus{Code: -1, Message: "exit status unknown"},
 			task.Completed{Status: task.Failed, Reason: "lost", ErrorMessage: "lost: the task's sandbox vanished without an exit status or status.json (exit status unknown)"}},
 		{"vanished after its status", map[string]string{"status.json": statusJSON("success", 0, "done", "")}, &sandbox.ExitStatus{Code: -1},

@@ -39,8 +39,10 @@ type PostOptions struct {
 	// AttemptTimeout bounds one request. Default 30s.
 	AttemptTimeout time.Duration
 	// Client sends http(s) requests. Default: a fresh client, closed after.
-	// A unix:// URL always uses a client of its own.
+	// A unix:// URL always uses a client of its own, dialling with Dial.
 	Client *http.Client
+	// Dial dials a unix:// URL's socket. Default: a plain dial.
+	Dial func(ctx context.Context, sock string) (net.Conn, error)
 	// Log receives one line per failed attempt (Debug) and one when Post
 	// gives up (Info). Default: discard.
 	Log *slog.Logger
@@ -117,7 +119,7 @@ func NewID() string {
 // when attempts or time ran out; ctx.Err() when ctx ended.
 func Post(ctx context.Context, rawURL string, key []byte, c Completion, opts PostOptions) error {
 	opts.defaults()
-	target, client, err := newClient(rawURL, opts.Client)
+	target, client, err := newClient(rawURL, opts.Client, opts.Dial)
 	if err != nil {
 		return err
 	}
@@ -220,7 +222,7 @@ func retryAfter(v string) time.Duration {
 }
 
 // newClient returns the request URL and the client for rawURL.
-func newClient(rawURL string, client *http.Client) (string, *http.Client, error) {
+func newClient(rawURL string, client *http.Client, dial func(ctx context.Context, sock string) (net.Conn, error)) (string, *http.Client, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return "", nil, fmt.Errorf("parse webhook url: %v: %w", err, errdefs.ErrInvalidArgument)
@@ -231,11 +233,12 @@ func newClient(rawURL string, client *http.Client) (string, *http.Client, error)
 		if u.Host != "" || sock == "" {
 			return "", nil, fmt.Errorf("parse webhook url %q: want unix:///absolute/path/to/socket: %w", rawURL, errdefs.ErrInvalidArgument)
 		}
-		var d net.Dialer
+		if dial == nil {
+			var d net.Dialer
+			dial = func(ctx context.Context, sock string) (net.Conn, error) { return d.DialContext(ctx, "unix", sock) }
+		}
 		tr := &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				return d.DialContext(ctx, "unix", sock)
-			},
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx, sock) },
 		}
 		return "http://unix" + Path, &http.Client{Transport: tr}, nil
 	case "http", "https":

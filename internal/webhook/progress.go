@@ -53,7 +53,7 @@ type ProgressReport struct {
 // Errors are classed as Post's.
 func PostProgress(ctx context.Context, rawURL string, key []byte, p ProgressReport, opts PostOptions) error {
 	opts.defaults()
-	target, client, err := newClient(rawURL, opts.Client)
+	target, client, err := newClient(rawURL, opts.Client, opts.Dial)
 	if err != nil {
 		return err
 	}

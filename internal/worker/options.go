@@ -101,6 +101,9 @@ func ParseArgs(args []string, environ []string) (Options, error) {
 		errs = append(errs, err)
 	}
 	o := Options{Args: a, Env: append([]string(nil), environ...)}
+	// A unix:// webhook is a replica's socket, and the host's shared one
+	// when that replica is gone.
+	o.Webhook.Dial = workerproto.DialServer
 	if o.Agent == "" && len(o.Command) > 0 {
 		o.Agent = "command"
 	}

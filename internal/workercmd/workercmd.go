@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"runtime/debug"
@@ -142,6 +143,7 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 		return 1
 	}
 	var id, token string
+	sock := workerproto.ServerSocket("")
 	var egress bool
 	var env []string
 	for _, kv := range environ {
@@ -150,6 +152,8 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 			id = v
 		case k == workerproto.EnvSessionToken:
 			token = v
+		case k == workerproto.EnvServerSocket:
+			sock = v
 		case k == workerproto.EnvSessionEgress:
 			egress = v != ""
 		case k == workerproto.EnvMaxProcs:
@@ -177,8 +181,8 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 	}
 	// Its commands share the session's pids limit with it.
 	worker.ReserveThreads()
-	sock := workerproto.SocketDir + "/" + workerproto.SocketName
-	if err := execagent.Run(ctx, sock, "/api/sessions/"+id+"/agent", token, env, log); err != nil {
+	dial := func(ctx context.Context) (net.Conn, error) { return workerproto.DialServer(ctx, sock) }
+	if err := execagent.Run(ctx, dial, "/api/sessions/"+id+"/agent", token, env, log); err != nil {
 		fmt.Fprintf(stderr, "corral worker session: %v\n", err)
 		return 1
 	}

@@ -8,7 +8,12 @@
 // neither imports the other.
 package workerproto
 
-import "strconv"
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"strconv"
+)
 
 // Paths inside every sandbox.
 const (
@@ -37,9 +42,9 @@ const (
 	WorkerName = "corral-worker"
 	// WorkerPackage is corral-worker's main package.
 	WorkerPackage = "github.com/corral-dev/corral/cmd/corral-worker"
-	// SocketDir holds the server's unix socket, SocketName; the directory
-	// is mounted, not the socket, so a restarted server's new socket is
-	// seen.
+	// SocketDir holds the servers' unix sockets (ServerSocket); the
+	// directory is mounted, not a socket, so a restarted server's new
+	// socket is seen.
 	SocketDir  = "/run/corral/sock"
 	SocketName = "corral.sock"
 	// ExecInputDir and ExecOutputDir are where a code_execute call finds
@@ -86,7 +91,9 @@ const (
 	EnvImage = "CORRAL_IMAGE"
 	// EnvSessionID and EnvSessionToken name the session an agent runs its
 	// commands in and a token of that session's own (a secret).
-	EnvSessionID    = "CORRAL_SESSION_ID"
+	EnvSessionID = "CORRAL_SESSION_ID"
+	// EnvServerSocket is the ServerSocket a session's exec agent dials.
+	EnvServerSocket = "CORRAL_SERVER_SOCKET"
 	EnvSessionToken = "CORRAL_SESSION_TOKEN"
 	// EnvMaxProcs is Go's GOMAXPROCS (WorkerProcs), which the server sets
 	// for a warm sandbox's and a session's main process.
@@ -102,4 +109,36 @@ type AgentConfig struct {
 	Binary string
 	Args   []string
 	Env    []string // KEY=VALUE, secrets included; never logged
+}
+
+// ServerSocket is the socket a host's sandbox dials to reach replica, the
+// server that started it: "<replica>.sock" in SocketDir. SocketName there
+// is the host's shared socket, which one replica on the host serves at any
+// time (its lock decides which; the next takes it over when that one
+// stops): DialServer falls back to it when the replica is gone, and any
+// replica takes any task's report, or a session's exec agent (adopting
+// the session).
+func ServerSocket(replica string) string {
+	if replica == "" {
+		return SocketDir + "/" + SocketName
+	}
+	return SocketDir + "/" + replica + ".sock"
+}
+
+// DialServer dials sock, a ServerSocket, and, when nothing answers there
+// (its replica stopped), the host's shared socket beside it.
+func DialServer(ctx context.Context, sock string) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", sock)
+	if err == nil || ctx.Err() != nil {
+		return conn, err
+	}
+	shared := filepath.Join(filepath.Dir(sock), SocketName)
+	if shared == sock {
+		return nil, err
+	}
+	if conn, serr := d.DialContext(ctx, "unix", shared); serr == nil {
+		return conn, nil
+	}
+	return nil, err
 }

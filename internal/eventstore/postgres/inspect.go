@@ -7,19 +7,20 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
 // Report is what Inspect finds of a database: the server's version, the
 // schema's (0 before the first server's start has made it) and this
-// binary's, the server lock's holder, and how far the database's clock is
-// from this machine's.
+// binary's, the live Corral servers (replicas) on it with their clocks,
+// and how far the database's clock is from this machine's.
 type Report struct {
 	ServerVersion string
 	Schema        int
 	Binary        int
-	ServerRunning bool          // a Corral server holds the lock (LockServer)
-	ClockSkew     time.Duration // the database's clock minus this machine's, about
+	Replicas      []cluster.Replica // live, by id
+	ClockSkew     time.Duration     // the database's clock minus this machine's, about
 }
 
 // Inspect connects to the database dsn names and reports on it, changing
@@ -41,9 +42,9 @@ func Inspect(ctx context.Context, dsn string) (Report, error) {
 	defer closeConn(conn)
 	before := time.Now()
 	var now time.Time
-	var table *string
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), clock_timestamp(), to_regclass('schema_version')::text").
-		Scan(&r.ServerVersion, &now, &table); err != nil {
+	var table, replicas *string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), clock_timestamp(), to_regclass('schema_version')::text, to_regclass('replicas')::text").
+		Scan(&r.ServerVersion, &now, &table, &replicas); err != nil {
 		return r, fmt.Errorf("ask the database: %w", classify(err))
 	}
 	// The middle of the round trip, against the database's reading.
@@ -53,14 +54,26 @@ func Inspect(ctx context.Context, dsn string) (Report, error) {
 			return r, fmt.Errorf("read the schema version: %w", classify(err))
 		}
 	}
-	// Looked at in pg_locks, not taken: a server starting meanwhile must
-	// not find it held. A bigint key is held as classid (its high 32 bits)
-	// and objid (its low 32 bits), with objsubid 1.
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1)`,
-		serverLockKey>>32, serverLockKey&0xffffffff).Scan(&r.ServerRunning); err != nil {
-		return r, fmt.Errorf("look at the server lock: %w", classify(err))
+	if replicas == nil {
+		return r, nil
+	}
+	rows, err := conn.Query(ctx, `SELECT id, host, runtimes, clock_skew_ms, started_at FROM replicas
+		WHERE renewed_at > now() - make_interval(secs => $1) ORDER BY id`, cluster.TTL.Seconds())
+	if err != nil {
+		return r, fmt.Errorf("read the replicas: %w", classify(err))
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var rep cluster.Replica
+		var ms int64
+		if err := rows.Scan(&rep.ID, &rep.Host, &rep.Runtimes, &ms, &rep.Started); err != nil {
+			return r, fmt.Errorf("read the replicas: %w", classify(err))
+		}
+		rep.ClockSkew = time.Duration(ms) * time.Millisecond
+		r.Replicas = append(r.Replicas, rep)
+	}
+	if err := rows.Err(); err != nil {
+		return r, fmt.Errorf("read the replicas: %w", classify(err))
 	}
 	return r, nil
 }

@@ -37,8 +37,8 @@
 // Open in one transaction under an advisory lock, so that servers starting
 // at once apply each migration once; a database whose schema is newer than
 // the binary is refused. The store wants a database (or a schema first on
-// the search_path) of its own: it makes tables named events, event_head
-// and schema_version.
+// the search_path) of its own: it makes tables named events, event_head,
+// checkpoints (eventstore.Checkpoints) and schema_version.
 //
 // The connection string is a secret (it may hold a password): no error or
 // log line of this package repeats it, only its host, port and database.
@@ -94,13 +94,12 @@ type Store struct {
 
 	quit    chan struct{}      // closed by Close
 	stop    context.CancelFunc // ends the background goroutines' context
-	bg      sync.WaitGroup     // the listener and the re-reader
+	bg      sync.WaitGroup     // the listener, the re-reader and the lease (Join)
 	waiting atomic.Int64       // WaitFor calls blocked now
 
-	mu       sync.Mutex
-	head     int64         // highest committed position this store knows of
-	wake     chan struct{} // closed and replaced when head moves
-	lockConn *pgx.Conn     // holds the server lock (LockServer), if taken
+	mu   sync.Mutex
+	head int64         // highest committed position this store knows of
+	wake chan struct{} // closed and replaced when head moves
 
 	closeOnce sync.Once
 }

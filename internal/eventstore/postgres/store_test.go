@@ -9,11 +9,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/postgres/postgrestest"
@@ -602,52 +604,137 @@ func TestDSNNotRepeated(t *testing.T) {
 	}
 }
 
-// One server at a time holds a database's server lock: a second is told
-// another server uses it, and takes it once the first has closed.
-func TestLockServer(t *testing.T) {
-	db := mustDB(t)
-	ctx := context.Background()
-	first, second := mustOpen(t, db), mustOpen(t, db)
-	if err := first.LockServer(ctx); err != nil {
-		t.Fatal(err)
-	}
-	err := second.LockServer(ctx)
-	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "another Corral server uses this database") {
-		t.Fatalf("a second server's lock: %v, want refused, saying why", err)
-	}
-	first.Close()
-	if err := second.LockServer(ctx); err != nil {
-		t.Errorf("the lock after the first server closed: %v", err)
-	}
-}
-
 // Inspect reports the server's version, the schema's and the binary's,
-// whether a server holds the lock, and a clock skew near zero (one
-// machine), changing nothing.
+// the live replicas, and a clock skew near zero (one machine), changing
+// nothing.
 func TestInspect(t *testing.T) {
 	db := mustDB(t)
 	ctx := context.Background()
 	r, err := Inspect(ctx, db.dsn)
-	if err != nil || r.ServerVersion == "" || r.Schema != 0 || r.Binary < 1 || r.ServerRunning {
-		t.Fatalf("a fresh database: %+v, %v; want a version, schema 0, no server", r, err)
+	if err != nil || r.ServerVersion == "" || r.Schema != 0 || r.Binary < 1 || len(r.Replicas) != 0 {
+		t.Fatalf("a fresh database: %+v, %v; want a version, schema 0, no replica", r, err)
 	}
 	if r.ClockSkew > time.Second || r.ClockSkew < -time.Second {
 		t.Errorf("clock skew %s on one machine", r.ClockSkew)
 	}
 	s := mustOpen(t, db)
-	if err := s.LockServer(ctx); err != nil {
+	if r, err = Inspect(ctx, db.dsn); err != nil || r.Schema != r.Binary || len(r.Replicas) != 0 {
+		t.Errorf("a database opened: %+v, %v; want the schema migrated, no replica yet", r, err)
+	}
+	self := cluster.Replica{ID: cluster.NewID(), Host: "here", Runtimes: []string{"local"}}
+	if _, err := s.Join(ctx, self); err != nil {
 		t.Fatal(err)
 	}
-	if r, err = Inspect(ctx, db.dsn); err != nil || r.Schema != r.Binary || !r.ServerRunning {
-		t.Errorf("a database in use: %+v, %v; want the schema migrated and a server running", r, err)
+	r, err = Inspect(ctx, db.dsn)
+	if err != nil || len(r.Replicas) != 1 || r.Replicas[0].ID != self.ID || r.Replicas[0].Host != "here" || !slices.Equal(r.Replicas[0].Runtimes, self.Runtimes) {
+		t.Errorf("a database with a replica: %+v, %v; want it listed", r, err)
 	}
 	s.Close()
-	if r, err = Inspect(ctx, db.dsn); err != nil || r.ServerRunning {
-		t.Errorf("after the server closed: %+v, %v; want no server", r, err)
+	if r, err = Inspect(ctx, db.dsn); err != nil || len(r.Replicas) != 0 {
+		t.Errorf("after the replica closed: %+v, %v; want none", r, err)
 	}
-	// Inspect took nothing: a server takes the lock.
-	again := mustOpen(t, db)
-	if err := again.LockServer(ctx); err != nil {
-		t.Errorf("a server after Inspect: %v", err)
+}
+
+// Replicas on one database see each other alive while they renew their
+// leases, and one whose lease lapses (a kill: nothing renews it) dead; a
+// replica is steady only after a TTL of renewals; one replica leads at a
+// time, and when it goes another takes over.
+func TestMembers(t *testing.T) {
+	db := mustDB(t)
+	ctx := context.Background()
+	a, b := mustOpen(t, db), mustOpen(t, db)
+	ma, err := a.Join(ctx, cluster.Replica{ID: "replica-a", Runtimes: []string{"local"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, err := b.Join(ctx, cluster.Replica{ID: "replica-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ma.Steady() || mb.Steady() {
+		t.Error("steady before a TTL of renewals")
+	}
+	waitFor(t, "both replicas live on both", func() bool { return len(ma.Live()) == 2 && len(mb.Live()) == 2 })
+	if got := ma.Live()["replica-a"].Runtimes; !slices.Equal(got, []string{"local"}) {
+		t.Errorf("replica-a's runtimes: %v", got)
+	}
+	waitFor(t, "steady", func() bool { return ma.Steady() && mb.Steady() })
+
+	// One leader at a time.
+	var leading atomic.Int32
+	var most atomic.Int32
+	lead := func(m *Members, ctx context.Context) {
+		m.Lead(ctx, func(ctx context.Context) {
+			n := leading.Add(1)
+			for cur := most.Load(); n > cur && !most.CompareAndSwap(cur, n); cur = most.Load() {
+			}
+			<-ctx.Done()
+			leading.Add(-1)
+		})
+	}
+	actx, acancel := context.WithCancel(ctx)
+	bctx, bcancel := context.WithCancel(ctx)
+	defer bcancel()
+	go lead(ma, actx)
+	go lead(mb, bctx)
+	waitFor(t, "a leader", func() bool { return leading.Load() == 1 })
+	time.Sleep(2 * cluster.Renew)
+	if most.Load() != 1 {
+		t.Fatalf("%d leaders at once", most.Load())
+	}
+
+	// A lapses, as if killed: a transaction holding its row's lock holds
+	// back its renewals (each gives up after a TTL), and its lease ages.
+	// B sees it dead.
+	tx, err := db.connect(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM replicas WHERE id = 'replica-a' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "replica-a dead to replica-b", func() bool { _, ok := mb.Live()["replica-a"]; return !ok })
+	if ma.Steady() {
+		t.Error("replica-a steady while it cannot renew its lease")
+	}
+	tx.Rollback(ctx)
+
+	// A stops leading (its context ends) and closes: B leads.
+	acancel()
+	a.Close()
+	waitFor(t, "replica-b alone and leading", func() bool { return len(mb.Live()) == 1 && leading.Load() == 1 })
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10 s for %s", what)
+		}
+	}
+}
+
+// A server of the test's own stops and starts again; a store on it fails
+// meanwhile, and appends again once it is back, without being reopened.
+func TestStoreRidesOutARestart(t *testing.T) {
+	srv := postgrestest.NewServer(t)
+	ctx := context.Background()
+	s, err := open(ctx, srv.DSN, discardLogger(), options{recheck: recheckEvery})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Append(ctx, "s", 0, eventstore.Proposed{Type: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop(t)
+	if _, err := s.Append(ctx, "s", 1, eventstore.Proposed{Type: "b"}); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("append while the server is down: %v, want ErrUnavailable", err)
+	}
+	srv.Start(t)
+	evs, err := s.Append(ctx, "s", 1, eventstore.Proposed{Type: "b"})
+	if err != nil || evs[0].Position != 2 {
+		t.Fatalf("append after the restart: %+v, %v; want position 2", evs, err)
 	}
 }

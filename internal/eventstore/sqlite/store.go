@@ -66,6 +66,7 @@ type Store struct {
 	rdb  *sql.DB // read-only pool
 
 	reqs       chan *appendReq // unbuffered: a request sent is a request answered
+	imports    chan *importReq // the same, for Import
 	quit       chan struct{}   // closed by Close
 	writerDone chan struct{}   // closed when the writer goroutine returns
 	w          writer          // state owned by the writer goroutine
@@ -110,6 +111,7 @@ func Open(ctx context.Context, path string, log *slog.Logger) (*Store, error) {
 		path:       path,
 		lock:       lock,
 		reqs:       make(chan *appendReq),
+		imports:    make(chan *importReq),
 		quit:       make(chan struct{}),
 		writerDone: make(chan struct{}),
 		wake:       make(chan struct{}),

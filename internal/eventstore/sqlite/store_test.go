@@ -115,8 +115,12 @@ func TestReopenKeepsEventsAndHead(t *testing.T) {
 	if err := s.rdb.QueryRow("SELECT MAX(version) FROM schema_version").Scan(&version); err != nil {
 		t.Fatalf("read schema version: %v", err)
 	}
-	if version != 2 {
-		t.Errorf("schema version = %d, want 2", version)
+	ms, err := loadMigrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if version != len(ms) {
+		t.Errorf("schema version = %d, want %d", version, len(ms))
 	}
 }
 
@@ -302,7 +306,8 @@ func TestMigrationDropsTheOldDocumentIndex(t *testing.T) {
 	for _, q := range []string{
 		`CREATE TABLE docindex_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT`,
 		`CREATE VIRTUAL TABLE docindex_fts USING fts5(title, body)`,
-		`DELETE FROM schema_version WHERE version = 2`,
+		`DROP TABLE checkpoints`, // of a later version
+		`DELETE FROM schema_version WHERE version >= 2`,
 	} {
 		if _, err := s.wdb.Exec(q); err != nil {
 			t.Fatal(err)

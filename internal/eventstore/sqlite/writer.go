@@ -121,6 +121,9 @@ func (s *Store) runWriter() {
 		select {
 		case r := <-s.reqs:
 			batch = append(batch[:0], r)
+		case r := <-s.imports: // alone, between two batches (import.go)
+			s.commitImport(r)
+			continue
 		case <-s.quit:
 			return
 		}

@@ -37,7 +37,7 @@ func Dial(tb testing.TB, env []string) (net.Conn, *bufio.Reader) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		execagent.Run(ctx, sock, Path, Token, env, slog.New(slog.DiscardHandler))
+		execagent.Run(ctx, dialUnix(sock), Path, Token, env, slog.New(slog.DiscardHandler))
 		close(done)
 	}()
 	tb.Cleanup(func() { cancel(); <-done })
@@ -53,4 +53,12 @@ func Dial(tb testing.TB, env []string) (net.Conn, *bufio.Reader) {
 	}
 	io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+execagent.Upgrade+"\r\n\r\n")
 	return conn, br
+}
+
+// dialUnix dials sock.
+func dialUnix(sock string) func(context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}
 }

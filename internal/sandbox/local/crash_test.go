@@ -98,8 +98,8 @@ func TestCrashPoints(t *testing.T) {
 			if ids := r.warmIDs(t); len(ids) != 0 {
 				t.Errorf("warm sandboxes %v left after the restart", ids)
 			}
-			if ents, _ := os.ReadDir(warmDir(state)); len(ents) != 0 {
-				t.Errorf("warm slots left after the restart: %v", ents)
+			if ents, _ := os.ReadDir(warmDir(state)); len(ents) != 1 || ents[0].Name() != r.warmTag+".lock" {
+				t.Errorf("warm slots left after the restart: %v, want only the runtime's lock", ents)
 			}
 			hs, err := r.List(ctx, map[string]string{"test": id})
 			if err != nil {

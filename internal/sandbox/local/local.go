@@ -69,6 +69,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lockfile"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
@@ -205,6 +206,10 @@ type Runtime struct {
 	launch     *launchNS
 	launchWarn string
 
+	// warmTag is in the ids of the warm sandboxes this runtime starts;
+	// it holds warmLock while they are its own (warmPrefix).
+	warmTag  string
+	warmLock *lockfile.File
 	// warmMu guards pools, the warm sandboxes' pools (KeepWarm).
 	warmMu sync.Mutex
 	pools  []*pool
@@ -304,7 +309,18 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		Term:       r.term,
 		Kill:       r.kill,
 	})
-	// Never reattached: a new server starts its own.
+	// Never reattached: a new server starts its own, under a tag of its
+	// own (warmPrefix), and destroys those of runtimes gone.
+	if err := os.MkdirAll(warmDir(opts.StateDir), 0o711); err != nil {
+		return nil, fmt.Errorf("local runtime: %w", err)
+	}
+	for r.warmLock == nil {
+		var err error
+		r.warmTag = newWarmTag()
+		if r.warmLock, err = lockfile.TryAcquire(warmLock(opts.StateDir, r.warmTag)); err != nil {
+			return nil, fmt.Errorf("local runtime: %w", err)
+		}
+	}
 	r.destroyLeftoverWarm(context.Background())
 	return r, nil
 }
@@ -730,7 +746,7 @@ func (r *Runtime) Close() error {
 	if r.launch != nil {
 		r.launch.close()
 	}
-	return nil
+	return r.warmLock.Release()
 }
 
 // openFilter returns the encoded seccomp filter in a sealed memory file

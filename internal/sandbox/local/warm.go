@@ -4,6 +4,7 @@ package local
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/ids"
+	"github.com/corral-dev/corral/internal/lockfile"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox"
@@ -62,7 +64,28 @@ import (
 // again, and never takes the worker's own exit for its result.
 
 // warmPrefix begins every warm sandbox's id; no task's sandbox has it.
+// After it comes the tag of the runtime that started it, and a hyphen:
+// several servers (replicas) on one host share the state dir, and each
+// destroys at its start only the warm sandboxes of runtimes gone, whose
+// tag's lock (warmLock) no process holds.
 const warmPrefix = "warm-"
+
+// newWarmTag returns a runtime's tag for its warm sandboxes' ids: ten
+// lowercase letters and digits.
+func newWarmTag() string { return strings.ToLower(rand.Text()[:10]) }
+
+// warmLock is the lock file a runtime holds while its warm sandboxes with
+// tag are its own.
+func warmLock(stateDir, tag string) string { return filepath.Join(warmDir(stateDir), tag+".lock") }
+
+// warmTagOf is the tag in a warm sandbox's id, "" for one made before tags.
+func warmTagOf(id string) string {
+	tag, _, ok := strings.Cut(strings.TrimPrefix(id, warmPrefix), "-")
+	if !ok {
+		return ""
+	}
+	return tag
+}
 
 // labelWarm marks a warm sandbox not yet claimed.
 const labelWarm = "corral.warm"
@@ -347,7 +370,7 @@ func (p *pool) empty(ctx context.Context) {
 // startWarm starts a sandbox of p's shape with empty slots for its
 // per-task mounts.
 func (r *Runtime) startWarm(ctx context.Context, p *pool) (*warmBox, error) {
-	id := warmPrefix + ids.New()
+	id := warmPrefix + r.warmTag + "-" + ids.New()
 	b := &warmBox{id: id, pool: p, slots: make([]string, len(p.shape.Template.Mounts))}
 	spec := p.shape.Template
 	spec.ID = id
@@ -568,12 +591,42 @@ func restore(c claim, slots map[int]string) error {
 // destroyLeftoverWarm destroys the warm sandboxes an earlier process left
 // in the state dir, after putting back a half-claimed task's entries, and
 // their slots. A slot directory whose entries could not be put back stays.
+// Those of a runtime still running (another server on this host, sharing
+// the state dir) are its own, and stay.
 func (r *Runtime) destroyLeftoverWarm(ctx context.Context) {
+	// Each other runtime's tag, and whether it is gone: no process holds
+	// its lock.
+	gone := map[string]bool{}
+	locks, _ := filepath.Glob(warmLock(r.opts.StateDir, "*"))
+	for _, l := range locks {
+		tag := strings.TrimSuffix(filepath.Base(l), ".lock")
+		if tag == r.warmTag {
+			continue
+		}
+		f, err := lockfile.TryAcquire(l)
+		gone[tag] = err == nil && f != nil
+		f.Release()
+	}
+	defer func() {
+		for tag, free := range gone {
+			if free {
+				os.Remove(warmLock(r.opts.StateDir, tag))
+			}
+		}
+	}()
 	ids := map[string]bool{}
 	for _, dir := range []string{r.opts.StateDir, warmDir(r.opts.StateDir)} {
 		ents, _ := os.ReadDir(dir)
 		for _, ent := range ents {
-			if id := ent.Name(); strings.HasPrefix(id, warmPrefix) && sandbox.ValidateID(id) == nil {
+			id := ent.Name()
+			if !strings.HasPrefix(id, warmPrefix) || sandbox.ValidateID(id) != nil {
+				continue
+			}
+			// A live runtime's are its own. One without a tag is from
+			// before tags; one whose tag has no lock file left a runtime
+			// gone.
+			tag := warmTagOf(id)
+			if isGone, locked := gone[tag]; tag != r.warmTag && (!locked || isGone) {
 				ids[id] = true
 			}
 		}

@@ -202,8 +202,36 @@ func TestWarmEndsWithKeepWarm(t *testing.T) {
 	if ids := r.warmIDs(t); len(ids) != 0 {
 		t.Errorf("warm sandboxes %v after KeepWarm returned", ids)
 	}
-	if ents, _ := os.ReadDir(warmDir(r.opts.StateDir)); len(ents) != 0 {
-		t.Errorf("warm slots left: %v", ents)
+	ents, _ := os.ReadDir(warmDir(r.opts.StateDir))
+	if len(ents) != 1 || ents[0].Name() != r.warmTag+".lock" {
+		t.Errorf("warm slots left: %v, want only the runtime's lock", ents)
+	}
+}
+
+// TestWarmOfAnotherServerStays: servers on one host share the state dir;
+// a runtime starting beside one that keeps sandboxes warm leaves them
+// alone, and destroys them once that one is gone.
+func TestWarmOfAnotherServerStays(t *testing.T) {
+	r, _, _ := warmRuntime(t)
+	ids := r.warmIDs(t)
+	if len(ids) != 1 || warmTagOf(ids[0]) != r.warmTag {
+		t.Fatalf("warm sandboxes %v, want one with the runtime's tag %s", ids, r.warmTag)
+	}
+	_, newRuntime := MustNew(t, func(o *Options) { o.StateDir = r.opts.StateDir })
+	beside := newRuntime()
+	if beside.warmTag == r.warmTag {
+		t.Fatal("two runtimes with one tag")
+	}
+	if got := r.warmIDs(t); !slices.Equal(got, ids) {
+		t.Errorf("warm sandboxes %v after another runtime started, want %v", got, ids)
+	}
+	r.Close() // as its server's death would, without stopping its pool
+	newRuntime()
+	if _, err := os.Stat(filepath.Join(r.opts.StateDir, ids[0])); !os.IsNotExist(err) {
+		t.Errorf("the warm sandbox of a runtime gone is still there: %v", err)
+	}
+	if _, err := os.Stat(warmLock(r.opts.StateDir, r.warmTag)); !os.IsNotExist(err) {
+		t.Errorf("the lock of a runtime gone is still there: %v", err)
 	}
 }
 

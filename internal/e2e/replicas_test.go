@@ -1,0 +1,264 @@
+//go:build integration
+
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/eventstore/postgres/postgrestest"
+	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// replica is one `corral serve` process of a cluster, and its id.
+type replica struct {
+	*proc
+	id string
+}
+
+// startReplica starts a server process on data with the environment env
+// added and extra flags, and reads its replica id from /healthz.
+func startReplica(t *testing.T, data string, env []string, extra ...string) *replica {
+	t.Helper()
+	addr := freeLoopbackAddr(t)
+	cmd := serveCommand(t, data, addr, extra...)
+	cmd.Env = append(cmd.Env, env...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, client: httpapi.NewClient("http://"+addr, ""), url: "http://" + addr}
+	t.Cleanup(p.kill)
+	waitHealthy(t, p.url)
+	resp, err := http.Get(p.url + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var h struct{ Replica string }
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil || h.Replica == "" {
+		t.Fatalf("/healthz names no replica: %v", err)
+	}
+	return &replica{proc: p, id: h.Replica}
+}
+
+// TestReplicasSurviveAKill: three servers on one PostgreSQL database and
+// one data root share a burst of tasks; the one running the most is
+// killed with SIGKILL mid-burst. Every acknowledged task ends once, with
+// its own result, having run once; each completion is notified (a
+// receiver counts: duplicates only with the same webhook-id); and waiters
+// on the survivors see every end, the dead replica's tasks' too.
+func TestReplicasSurviveAKill(t *testing.T) {
+	testenv.RequireBwrap(t)
+	requireReceiver(t)
+	db := postgrestest.New(t)
+	n := mustNotifySetup(t, "")
+	startReceiver(t, n.port, n.secret, n.out)
+	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + db.DSN, "CORRAL_MAX_CONCURRENT=9"}
+	t.Cleanup(func() { killSandboxes(t, n.data) })
+	var rs []*replica
+	for range 3 {
+		rs = append(rs, startReplica(t, n.data, env, "--config", n.cfgFile))
+	}
+
+	// The burst: spawned through all three, each task counting its runs
+	// in its output and ending a few seconds later.
+	const tasks = 18
+	ids := make([]string, tasks)
+	for i := range ids {
+		tk := mustSpawn(t, rs[i%3].client, service.SpawnRequest{TaskDescription: fmt.Sprintf("burst %d", i), Agent: "command",
+			Command: []string{"sh", "-c", fmt.Sprintf("echo run >> output/runs; sleep 4; echo %d > output/result.txt", i)}})
+		ids[i] = tk.ID
+	}
+
+	// Kill the replica running the most, once tasks run on every one.
+	// (One list a look: the API's rate limit counts every request.)
+	var victim *replica
+	for deadline := time.Now().Add(60 * time.Second); victim == nil; time.Sleep(100 * time.Millisecond) {
+		running := map[string]int{}
+		page, err := rs[0].client.List(context.Background(), service.ListRequest{Status: string(task.Running), Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tk := range page.Tasks {
+			running[tk.Replica]++
+		}
+		if len(running) == 3 {
+			for _, r := range rs {
+				if victim == nil || running[r.id] > running[victim.id] {
+					victim = r
+				}
+			}
+			t.Logf("running per replica: %v; killing %s", running, victim.id)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tasks never ran on all three replicas: %v", running)
+		}
+	}
+	victim.kill()
+	var survivors []*replica
+	for _, r := range rs {
+		if r != victim {
+			survivors = append(survivors, r)
+		}
+	}
+
+	// Waiters on both survivors see every end.
+	var wg sync.WaitGroup
+	results := make([][]service.Result, len(survivors))
+	for i, r := range survivors {
+		results[i] = make([]service.Result, tasks)
+		for j, id := range ids {
+			wg.Go(func() {
+				for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					res, err := r.client.Result(ctx, service.ResultRequest{TaskID: id, Wait: 50 * time.Second, IncludeFileContents: []string{"runs", "result.txt"}})
+					cancel()
+					if err != nil {
+						t.Errorf("waiting on %s for %s: %v", r.id, id, err)
+						return
+					}
+					if res.Done {
+						results[i][j] = res
+						return
+					}
+				}
+				t.Errorf("task %s did not end, seen on %s", id, r.id)
+			})
+		}
+	}
+	wg.Wait()
+	adopted := 0
+	for j, id := range ids {
+		for i, r := range survivors {
+			res := results[i][j]
+			if res.Status != task.Success {
+				t.Errorf("task %s, seen on %s: %s %q", id, r.id, res.Status, res.ErrorMessage)
+				continue
+			}
+			if got := res.FileContents["result.txt"].Content; got != fmt.Sprintf("%d\n", j) {
+				t.Errorf("task %s: result %q, want its own", id, got)
+			}
+			if got := res.FileContents["runs"].Content; got != "run\n" {
+				t.Errorf("task %s ran %d times", id, strings.Count(got, "run"))
+			}
+		}
+		evs := mustEvents(t, survivors[0].client, id)
+		ends := 0
+		for _, e := range evs {
+			switch e.Type {
+			case task.EventCompleted:
+				ends++
+			case task.EventAdopted:
+				adopted++
+			}
+		}
+		if ends != 1 {
+			t.Errorf("task %s has %d ends", id, ends)
+		}
+	}
+	if adopted == 0 {
+		t.Error("no task was adopted from the replica killed")
+	}
+	t.Logf("%d tasks adopted from %s", adopted, victim.id)
+
+	// Every completion notified; a duplicate keeps its webhook-id.
+	got := waitReceived(t, n.out, ids, time.Minute)
+	byTask := map[string]map[string]bool{}
+	for _, r := range got {
+		if !r.Verified {
+			continue
+		}
+		if byTask[r.Payload.TaskID] == nil {
+			byTask[r.Payload.TaskID] = map[string]bool{}
+		}
+		byTask[r.Payload.TaskID][r.WebhookID] = true
+	}
+	for _, id := range ids {
+		if len(byTask[id]) != 1 {
+			t.Errorf("task %s notified under %d webhook ids", id, len(byTask[id]))
+		}
+	}
+}
+
+// mustEvents returns task id's events through c.
+func mustEvents(t *testing.T, c *httpapi.Client, id string) []eventstore.Event {
+	t.Helper()
+	var evs []eventstore.Event
+	if err := c.Events(context.Background(), service.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
+		evs = append(evs, e)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return evs
+}
+
+// TestReplicasRideOutAPostgresRestart: two replicas run a burst of tasks
+// while their PostgreSQL server stops for a few seconds and starts again.
+// They reconnect by themselves; every task ends once with its own result;
+// and none is adopted, though every lease lapsed meanwhile: a replica back
+// from the cut judges no one until its own lease has held for a TTL.
+func TestReplicasRideOutAPostgresRestart(t *testing.T) {
+	testenv.RequireBwrap(t)
+	pg := postgrestest.NewServer(t)
+	data := testenv.TempDir(t)
+	t.Cleanup(func() { killSandboxes(t, data) })
+	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + pg.DSN}
+	a, b := startReplica(t, data, env), startReplica(t, data, env)
+	var ids []string
+	for i := range 6 {
+		tk := mustSpawn(t, []*replica{a, b}[i%2].client, service.SpawnRequest{TaskDescription: fmt.Sprintf("through the restart %d", i), Agent: "command",
+			Command: []string{"sh", "-c", fmt.Sprintf("echo run >> output/runs; sleep 3; echo %d > output/result.txt", i)}})
+		ids = append(ids, tk.ID)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		page, err := a.client.List(context.Background(), service.ListRequest{Status: string(task.Running), Limit: 100})
+		if err == nil && len(page.Tasks) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no task ran: %v", err)
+		}
+	}
+	pg.Stop(t)
+	time.Sleep(4 * time.Second) // past a lease's TTL
+	// Not ready meanwhile: a load balancer sends clients elsewhere.
+	if resp, err := http.Get(a.url + "/healthz"); err != nil {
+		t.Error(err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "store unreachable") {
+			t.Errorf("/healthz with the store down: %s %s, want 503 saying the store is unreachable", resp.Status, body)
+		}
+	}
+	pg.Start(t)
+	waitHealthy(t, a.url)
+	after := mustSpawn(t, b.client, service.SpawnRequest{TaskDescription: "after the restart", Agent: "command",
+		Command: []string{"sh", "-c", "echo run >> output/runs; echo 6 > output/result.txt"}})
+	ids = append(ids, after.ID)
+	for j, id := range ids {
+		s := &server{client: []*replica{a, b}[j%2].client}
+		res := s.wait(t, id, 2*time.Minute, "runs", "result.txt")
+		if res.Status != task.Success || res.FileContents["result.txt"].Content != fmt.Sprintf("%d\n", j) || res.FileContents["runs"].Content != "run\n" {
+			t.Errorf("task %s: %s %q, result %q, runs %q; want success, its own result, one run", id, res.Status, res.ErrorMessage,
+				res.FileContents["result.txt"].Content, res.FileContents["runs"].Content)
+		}
+		for _, e := range mustEvents(t, a.client, id) {
+			if e.Type == task.EventAdopted {
+				t.Errorf("task %s adopted, though no replica died: %s", id, e.Data)
+			}
+		}
+	}
+}

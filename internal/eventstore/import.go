@@ -1,0 +1,126 @@
+package eventstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// Importer is implemented by stores that take events committed in another
+// store as they are: ids, stream versions, positions, causes and
+// recorded_at kept, not made anew as Append makes them. It is how a log
+// moves from one store to another (package storecopy). A store that
+// cannot do it simply does not implement it.
+//
+// Import only ever extends the log at its end, so a copy can go in
+// batches and, after an interruption, go on from the target's head; a
+// batch that does not continue the log exactly is refused whole.
+type Importer interface {
+	Store
+
+	// Head returns the highest committed position: 0 for an empty store.
+	Head(ctx context.Context) (int64, error)
+
+	// Fit returns e as the store would keep it, or an error of class
+	// errdefs.ErrInvalidArgument that names e's position and says why the
+	// store cannot hold it at all. A store whose columns keep less than an
+	// Event holds (PostgreSQL keeps recorded_at to the microsecond) says
+	// so here, and nowhere else: what Import stores of e is what Fit
+	// returns, and what a read returns afterwards. It changes nothing and
+	// does no I/O, so a copy can check a whole log before it writes.
+	Fit(e Event) (Event, error)
+
+	// Import commits events at the end of the log, atomically: all of them
+	// or none. They must carry positions head+1, head+2, ... without a
+	// gap, where head is Head's answer when the batch commits, and each
+	// stream's versions must go on from the stream's version in the store
+	// (1 for a stream it does not have) without a gap. A batch that starts
+	// anywhere else, or whose first event of a stream does not follow the
+	// stream's last, is errdefs.ErrConflict (the store is not where the
+	// caller thinks: another writer appended, or it holds another log);
+	// a batch that is not contiguous in itself, empty or holding an event
+	// Fit refuses is errdefs.ErrInvalidArgument; an event id the store
+	// holds already is errdefs.ErrAlreadyExists. Import serializes with
+	// Append, wakes WaitFor as an append does, and is durable when it
+	// returns nil. Safe for concurrent use, but meant for a store nothing
+	// else writes to.
+	Import(ctx context.Context, events []Event) error
+}
+
+// CheckEvent refuses a committed event no store can keep: one without an
+// id, a stream, a type, a position or version of at least 1, or a time, or
+// whose data is not JSON. Errors are errdefs.ErrInvalidArgument and name
+// the event's position. Stores' Fit calls it first.
+func CheckEvent(e Event) error {
+	var why string
+	switch {
+	case e.Position < 1:
+		why = "its position is below 1"
+	case e.ID == "":
+		why = "it has no id"
+	case e.StreamID == "":
+		why = "it has no stream id"
+	case e.StreamVersion < 1:
+		why = fmt.Sprintf("its stream version %d is below 1", e.StreamVersion)
+	case e.Type == "":
+		why = "it has no type"
+	case e.RecordedAt.IsZero():
+		why = "it has no recorded_at"
+	case len(e.Data) > 0 && !json.Valid(e.Data):
+		why = "its data is not valid JSON"
+	default:
+		return nil
+	}
+	return fmt.Errorf("event at position %d (id %q): %s: %w", e.Position, e.ID, why, errdefs.ErrInvalidArgument)
+}
+
+// CheckImport checks that events continue a log whose head is head and
+// whose streams are at versions (a stream missing from it has none yet),
+// with the classes Importer.Import documents. Stores call it under the
+// lock that keeps their head and versions still until they commit.
+func CheckImport(head int64, versions map[string]int64, events []Event) error {
+	if len(events) == 0 {
+		return fmt.Errorf("import: no events: %w", errdefs.ErrInvalidArgument)
+	}
+	if p := events[0].Position; p != head+1 {
+		return fmt.Errorf("import events from position %d: the store's head is %d, so the next event must be at %d: %w",
+			p, head, head+1, errdefs.ErrConflict)
+	}
+	next := make(map[string]int64) // stream -> the version its next event must have
+	for i, e := range events {
+		if want := head + 1 + int64(i); e.Position != want {
+			return fmt.Errorf("import: event %s is at position %d after %d: positions must follow without a gap: %w",
+				e.ID, e.Position, want-1, errdefs.ErrInvalidArgument)
+		}
+		want, seen := next[e.StreamID]
+		if !seen {
+			want = versions[e.StreamID] + 1
+		}
+		if e.StreamVersion != want {
+			class := errdefs.ErrInvalidArgument // a gap within the batch
+			if !seen {
+				class = errdefs.ErrConflict // the store's stream is elsewhere
+			}
+			return fmt.Errorf("import: event at position %d is version %d of stream %s, which must go on at version %d: %w",
+				e.Position, e.StreamVersion, e.StreamID, want, class)
+		}
+		next[e.StreamID] = want + 1
+	}
+	return nil
+}
+
+// Streams returns the stream ids of events, each once, in the order they
+// first appear: the streams whose versions a store reads for CheckImport.
+func Streams(events []Event) []string {
+	seen := make(map[string]bool)
+	var out []string
+	for _, e := range events {
+		if !seen[e.StreamID] {
+			seen[e.StreamID] = true
+			out = append(out, e.StreamID)
+		}
+	}
+	return out
+}
