@@ -531,6 +531,9 @@ func (a *App) Run(ctx context.Context) error {
 	run(func() error { return a.runner.RunEgress(ctx) })
 	a.keepWarm(ctx, run)
 	run(func() error { return a.egressRec.Run(ctx) })
+	if a.notifier != nil {
+		run(func() error { return a.notifier.Run(ctx) }) // every replica lists the deliveries
+	}
 	run(func() error {
 		a.members.Lead(ctx, func(ctx context.Context) {
 			if err := a.lead(ctx); err != nil {
@@ -599,7 +602,7 @@ func (a *App) lead(ctx context.Context) error {
 	run(func() error { return a.lib.RunSaves(ctx) })
 	run(func() error { return report.Run(ctx, a.store, a.log.With("subsystem", "report")) })
 	if a.notifier != nil {
-		run(func() error { return a.notifier.Run(ctx) })
+		run(func() error { return a.notifier.Send(ctx) })
 	} else if err := notify.Disable(ctx, a.store); err != nil {
 		a.log.Warn("cannot record notifications off", "err", err)
 	}

@@ -189,6 +189,18 @@ func TestReplicasSurviveAKill(t *testing.T) {
 			t.Errorf("task %s notified under %d webhook ids", id, len(byTask[id]))
 		}
 	}
+	// Every replica lists the deliveries, whichever sent them.
+	for _, r := range survivors {
+		ns := &notifyServer{r.proc}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			if n := len(ns.deliveries(t, "delivered")); n >= tasks {
+				break
+			} else if time.Now().After(deadline) {
+				t.Errorf("%s lists %d deliveries delivered, want %d", r.id, n, tasks)
+				break
+			}
+		}
+	}
 }
 
 // mustEvents returns task id's events through c.

@@ -26,9 +26,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/clip"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -36,6 +36,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/corral-dev/corral/internal/clip"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
@@ -110,11 +112,16 @@ func Backoff(initial, ceiling time.Duration, n int, jitter float64) time.Duratio
 	return d/2 + time.Duration(jitter*float64(d/2))
 }
 
-// Dispatcher delivers notifications. Run it once; List and Retry are safe
-// for concurrent use with it and with each other.
+// Dispatcher delivers notifications. List and Retry are safe for
+// concurrent use with Run, Send and each other.
 //
-// Lifecycle: New → Run (recovers from the log, then follows it and sends
-// until its context ends). List and Retry wait for the recovery.
+// Lifecycle: New → Run on every server (it records the types notified,
+// folds the log, then follows it: the deliveries and their state, which
+// List answers, and the notified events no delivery has yet) → Send on
+// the one that sends, the cluster's leader (it schedules a delivery for
+// each event owed, and sends what is due, until its context ends; another
+// Send may follow, on this server or another, and picks up from the
+// log). List and Retry wait for Run's first fold.
 type Dispatcher struct {
 	store eventstore.Store
 	opts  Options
@@ -123,11 +130,13 @@ type Dispatcher struct {
 
 	recovered chan struct{} // closed when Run has folded the log
 	wake      chan struct{} // a delivery became due or a slot freed
+	owedWake  chan struct{} // an event became owed
 
 	mu         sync.Mutex
 	active     map[string]bool // event types notified at this point of the log
 	deliveries map[string]*task.Delivery
-	pending    map[string]*task.Delivery // the pending subset
+	pending    map[string]*task.Delivery   // the pending subset
+	owed       map[string]eventstore.Event // notified events with no delivery yet, by event id
 	inflight   map[string]bool
 }
 
@@ -152,9 +161,11 @@ func New(store eventstore.Store, opts Options, log *slog.Logger) (*Dispatcher, e
 		store: store, opts: opts, log: log, types: types,
 		recovered:  make(chan struct{}),
 		wake:       make(chan struct{}, 1),
+		owedWake:   make(chan struct{}, 1),
 		active:     map[string]bool{},
 		deliveries: map[string]*task.Delivery{},
 		pending:    map[string]*task.Delivery{},
+		owed:       map[string]eventstore.Event{},
 		inflight:   map[string]bool{},
 	}, nil
 }
@@ -189,18 +200,13 @@ func Disable(ctx context.Context, store eventstore.Store) error {
 // Actor is the actor of the events the dispatcher records.
 const Actor = "corral/notify"
 
-// Run recovers the deliveries from the log, then schedules a delivery for
-// every notified event as it is committed and sends the due ones, until
-// ctx is done. It returns nil then, or an error if the store fails.
+// Run records the types notified, folds the log, then follows it as it
+// is committed, until ctx is done: the deliveries and their state, and the
+// events owed to the host.
+// It returns nil then, or an error if the store fails.
 func (d *Dispatcher) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	client := d.opts.Client
-	if client == nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		defer tr.CloseIdleConnections()
-		client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	}
+	// Before the fold: the events after the record are owed. (Servers of
+	// one cluster share one configuration: the first records it.)
 	if err := d.markEnabled(ctx); err != nil {
 		return ignoreDone(ctx, err)
 	}
@@ -209,6 +215,32 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return ignoreDone(ctx, err)
 	}
 	close(d.recovered)
+	sub := eventstore.Subscribe(d.store, cursor)
+	for {
+		e, err := sub.Next(ctx)
+		if err != nil {
+			return ignoreDone(ctx, fmt.Errorf("follow events: %w", err))
+		}
+		d.observe(e)
+	}
+}
+
+// Send schedules a delivery for every event owed as Run finds them, and
+// sends the deliveries due, until ctx is done.
+// One server of a cluster sends at a time (its leader): a delivery cut by
+// its end is sent again by the next, with the same webhook-id.
+func (d *Dispatcher) Send(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	client := d.opts.Client
+	if client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		defer tr.CloseIdleConnections()
+		client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	}
+	if err := d.waitRecovered(ctx); err != nil {
+		return nil // ctx ended first
+	}
 	d.log.Info("notifications on", "pending", d.count(task.DeliveryPending), "failed", d.count(task.DeliveryDead), "types", d.types)
 
 	var wg sync.WaitGroup
@@ -218,18 +250,32 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		defer wg.Done()
 		d.send(ctx, client, &wg)
 	}()
-	sub := eventstore.Subscribe(d.store, cursor)
 	for {
-		e, err := sub.Next(ctx)
-		if err != nil {
-			return ignoreDone(ctx, fmt.Errorf("follow events: %w", err))
+		if err := d.scheduleOwed(ctx); err != nil {
+			return ignoreDone(ctx, err)
 		}
-		if d.observe(e) {
-			if err := d.schedule(ctx, e); err != nil {
-				return ignoreDone(ctx, err)
-			}
+		select {
+		case <-d.owedWake:
+		case <-ctx.Done():
+			return nil
 		}
 	}
+}
+
+// scheduleOwed schedules a delivery for each event owed, oldest first.
+func (d *Dispatcher) scheduleOwed(ctx context.Context) error {
+	d.mu.Lock()
+	owed := slices.SortedFunc(maps.Values(d.owed), func(a, b eventstore.Event) int { return cmp.Compare(a.Position, b.Position) })
+	d.mu.Unlock()
+	for _, e := range owed {
+		if err := d.schedule(ctx, e); err != nil {
+			return err
+		}
+		d.mu.Lock()
+		delete(d.owed, e.ID)
+		d.mu.Unlock()
+	}
+	return nil
 }
 
 func ignoreDone(ctx context.Context, err error) error {
@@ -263,37 +309,28 @@ func (d *Dispatcher) markEnabled(ctx context.Context) error {
 }
 
 // recover folds the whole log: the deliveries and their state, and the
-// notified events that have no delivery yet, which it schedules. It returns
-// the position to follow from.
+// notified events that have no delivery yet. It returns the position to
+// follow from.
 func (d *Dispatcher) recover(ctx context.Context) (int64, error) {
 	var after int64
-	var owed []eventstore.Event
 	for {
 		evs, err := d.store.ReadAll(ctx, after, 1024)
 		if err != nil {
 			return 0, fmt.Errorf("read events: %w", err)
 		}
 		if len(evs) == 0 {
-			break
+			return after, nil
 		}
 		for _, e := range evs {
-			if d.observe(e) {
-				owed = append(owed, e)
-			}
+			d.observe(e)
 		}
 		after = evs[len(evs)-1].Position
 	}
-	for _, e := range owed {
-		if err := d.schedule(ctx, e); err != nil {
-			return 0, err
-		}
-	}
-	return after, nil
 }
 
-// observe applies one event of the log and reports whether it is one the
-// host must be told about.
-func (d *Dispatcher) observe(e eventstore.Event) bool {
+// observe applies one event of the log, and keeps it owed if it is one
+// the host must be told about (Send schedules it).
+func (d *Dispatcher) observe(e eventstore.Event) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if e.StreamID == task.NotifyStream {
@@ -302,7 +339,7 @@ func (d *Dispatcher) observe(e eventstore.Event) bool {
 			var p task.NotifyEnabled
 			if err := json.Unmarshal(e.Data, &p); err != nil {
 				d.log.Error("cannot read notify event", logkey.EventID, e.ID, logkey.Error, err)
-				return false
+				return
 			}
 			d.active = map[string]bool{}
 			for _, t := range p.Events {
@@ -311,13 +348,19 @@ func (d *Dispatcher) observe(e eventstore.Event) bool {
 		case task.EventNotifyDisabled:
 			d.active = map[string]bool{}
 		}
-		return false
+		return
 	}
 	if id := task.DeliveryIDFromStream(e.StreamID); id != "" {
 		d.applyLocked(id, e)
-		return false
+		return
 	}
-	return d.active[e.Type] && !internal(e.Type) && d.deliveries[task.DeliveryIDFor(e.ID)] == nil
+	if d.active[e.Type] && !internal(e.Type) && d.deliveries[task.DeliveryIDFor(e.ID)] == nil {
+		d.owed[e.ID] = e
+		select {
+		case d.owedWake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // applyLocked folds a delivery event into the dispatcher's view, once.
@@ -335,6 +378,7 @@ func (d *Dispatcher) applyLocked(id string, e eventstore.Event) {
 		return
 	}
 	d.deliveries[id] = &next
+	delete(d.owed, next.SourceEventID) // scheduled, here or by another server
 	if next.State == task.DeliveryPending {
 		d.pending[id] = &next
 	} else {

@@ -104,8 +104,8 @@ func (f *fixture) options(tb testing.TB, edit func(*Options)) Options {
 	return o
 }
 
-// MustRun runs a dispatcher until the returned stop is called or the test
-// ends.
+// MustRun runs a dispatcher, following the log and sending, until the
+// returned stop is called or the test ends.
 func (f *fixture) MustRun(tb testing.TB, edit func(*Options)) (*Dispatcher, func()) {
 	tb.Helper()
 	d, err := New(f.store, f.options(tb, edit), discard())
@@ -113,14 +113,17 @@ func (f *fixture) MustRun(tb testing.TB, edit func(*Options)) (*Dispatcher, func
 		tb.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	done := make(chan error, 2)
 	go func() { done <- d.Run(ctx) }()
+	go func() { done <- d.Send(ctx) }()
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
 			cancel()
-			if err := <-done; err != nil {
-				tb.Errorf("Run: %v", err)
+			for range 2 {
+				if err := <-done; err != nil {
+					tb.Errorf("Run or Send: %v", err)
+				}
 			}
 		})
 	}
