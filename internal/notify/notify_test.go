@@ -633,3 +633,39 @@ func TestNotificationLatency(t *testing.T) {
 		t.Errorf("%d deliveries delivered, want 100", len(all))
 	}
 }
+
+// A server that follows the log but does not send (not its cluster's
+// leader) lists every delivery and sends none; one that starts sending
+// later, or again after it stopped, sends what is owed and due.
+func TestSendStartsAndStopsBesideRun(t *testing.T) {
+	f := MustFixture(t)
+	d, err := New(f.store, f.options(t, nil), discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runDone := make(chan error, 1)
+	go func() { runDone <- d.Run(ctx) }()
+	mustList(t, d, "")
+	_, first := f.MustEnd(t, success())
+	time.Sleep(200 * time.Millisecond)
+	if got := mustList(t, d, ""); len(got) != 0 {
+		t.Fatalf("deliveries with no sender: %+v, want none scheduled", got)
+	}
+	for round := range 2 {
+		sctx, stop := context.WithCancel(ctx)
+		sendDone := make(chan error, 1)
+		go func() { sendDone <- d.Send(sctx) }()
+		waitDelivery(t, d, first.ID, task.DeliveryDelivered, 10*time.Second)
+		stop()
+		if err := <-sendDone; err != nil {
+			t.Fatalf("Send, round %d: %v", round, err)
+		}
+		_, first = f.MustEnd(t, success()) // owed to the next sender
+	}
+	cancel()
+	if err := <-runDone; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
