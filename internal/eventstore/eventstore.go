@@ -131,9 +131,23 @@ func Subscribe(s Store, after int64) *Subscription {
 }
 
 // Next returns the next event, blocking until there is one or ctx is done.
+// A store that cannot be reached for a while (errdefs.ErrUnavailable: a
+// database restarting, a network cut) is read again, every second or
+// sooner, until it answers: a follower waits out an outage instead of
+// ending.
 func (s *Subscription) Next(ctx context.Context) (Event, error) {
+	retry := 50 * time.Millisecond
 	for len(s.buf) == 0 {
 		evs, err := s.store.ReadAll(ctx, s.after, s.batch)
+		if errors.Is(err, errdefs.ErrUnavailable) && ctx.Err() == nil {
+			select {
+			case <-time.After(retry):
+			case <-ctx.Done():
+				return Event{}, ctx.Err()
+			}
+			retry = min(2*retry, time.Second)
+			continue
+		}
 		if err != nil {
 			return Event{}, err
 		}

@@ -105,6 +105,9 @@ func (o *Orchestrator) waitEnded(ctx context.Context, id string, wait time.Durat
 		if err != nil || t.Status.Terminal() {
 			return t, err
 		}
+		if ch == nil {
+			continue // unknown until Lookup read it from the store: its channel now
+		}
 		select {
 		case <-ch:
 		case <-timer.C:

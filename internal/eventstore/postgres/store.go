@@ -48,13 +48,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -247,13 +250,27 @@ func (s *Store) ReadAll(ctx context.Context, after int64, limit int) ([]eventsto
 	rows, err := s.pool.Query(ctx, selectEvent+
 		"WHERE position > $1 ORDER BY position LIMIT $2", after, limit)
 	if err != nil {
-		return nil, fmt.Errorf("read events after %d: %w", after, classify(err))
+		return nil, fmt.Errorf("read events after %d: %w", after, classifyRead(err))
 	}
 	evs, err := scanEvents(rows)
 	if err != nil {
-		return nil, fmt.Errorf("read events after %d: %w", after, classify(err))
+		return nil, fmt.Errorf("read events after %d: %w", after, classifyRead(err))
 	}
 	return evs, nil
+}
+
+// classifyRead is classify for a read, which may be tried again whatever
+// became of it: one whose connection was cut midway (the server stopped,
+// the network failed) is unavailable too, so that followers wait the
+// outage out (eventstore.Subscription).
+func classifyRead(err error) error {
+	err = classify(err)
+	var ne net.Error
+	if !errors.Is(err, errdefs.ErrUnavailable) && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.As(err, &ne) && !errors.Is(err, context.DeadlineExceeded)) {
+		return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
+	}
+	return err
 }
 
 // Position implements eventstore.Store.
