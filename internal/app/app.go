@@ -176,6 +176,14 @@ func (a *App) open(ctx context.Context) error {
 		return err
 	}
 	a.placements = a.place(sandboxes, available, egressAddr)
+	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	if k, ok := a.placements.Sandboxes()[kubernetes.Name].(*kubernetes.Runtime); ok {
+		// Worker pods post here, and what runs in them is hostile: none
+		// may take the server's descriptors. Clients are not bounded.
+		a.ln = connlimit.Pods(a.ln, connlimit.PerSandbox, k.PodAddr, a.log.With("subsystem", "http"))
+	}
 	if err := a.join(ctx); err != nil {
 		return err
 	}
@@ -374,21 +382,36 @@ func (a *App) open(ctx context.Context) error {
 		RateLimit:             httpapi.RateLimit{Rate: lim.APIRate, Burst: lim.APIBurst},
 	}, a.log.With("subsystem", "http"))
 
-	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
-	}
-	if k, ok := a.placements.Sandboxes()[kubernetes.Name].(*kubernetes.Runtime); ok {
-		// Worker pods post here, and what runs in them is hostile: none
-		// may take the server's descriptors. Clients are not bounded.
-		a.ln = connlimit.Pods(a.ln, connlimit.PerSandbox, k.PodAddr, a.log.With("subsystem", "http"))
-	}
 	return a.listenSockets()
+}
+
+// advertiseURL is where the other replicas reach the API listening on
+// addr: its address, or, when it listens on every address of the host,
+// the host's first address that is not a loopback one (a pod's IP, in a
+// cluster).
+func advertiseURL(addr net.Addr) string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = "localhost"
+		if addrs, err := net.InterfaceAddrs(); err == nil {
+			for _, a := range addrs {
+				if n, ok := a.(*net.IPNet); ok && n.IP.IsGlobalUnicast() {
+					host = n.IP.String()
+					break
+				}
+			}
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }
 
 // join makes this server a replica of the cluster on its store (alone on
 // SQLite), offering the runtimes that take work.
 func (a *App) join(ctx context.Context) error {
-	self := cluster.Replica{ID: cluster.NewID(), Started: time.Now()}
+	self := cluster.Replica{ID: cluster.NewID(), Started: time.Now(), URL: advertiseURL(a.ln.Addr())}
 	self.Host, _ = os.Hostname()
 	for _, name := range slices.Sorted(maps.Keys(a.placements.Sandboxes())) {
 		if a.placements.Usable(name) != nil {

@@ -44,6 +44,9 @@ const (
 type Replica struct {
 	ID   string `json:"id"`
 	Host string `json:"host"`
+	// URL is where the other replicas reach its API: a session's
+	// commands sent to another replica are forwarded there.
+	URL string `json:"url"`
 	// Runtimes are the runtimes that take work on this replica: the
 	// leader gives it only tasks for one of them.
 	Runtimes []string `json:"runtimes"`
@@ -67,6 +70,11 @@ type Members interface {
 	// Live returns the replicas whose lease was current at the last
 	// renewal, this one among them while its own is.
 	Live() map[string]Replica
+	// Alive returns replica id if its lease is current. One the last
+	// renewal did not list (it joined since) is looked up in the store:
+	// a replica is judged gone only on its lease's word, never for being
+	// new. When the store cannot say, it is taken to be alive.
+	Alive(id string) (Replica, bool)
 	// Steady reports whether this replica has renewed its lease without a
 	// gap for at least a TTL: only then may it judge another dead. A
 	// replica back from a cut (its store restarted, its network gone)
@@ -97,6 +105,9 @@ func (s *Solo) Self() string { return s.self.ID }
 
 // Live implements Members.
 func (s *Solo) Live() map[string]Replica { return map[string]Replica{s.self.ID: s.self} }
+
+// Alive implements Members: only self is.
+func (s *Solo) Alive(id string) (Replica, bool) { return s.self, id == s.self.ID }
 
 // Steady implements Members: a server alone on its store is never cut
 // from it, and every replica before it is dead.

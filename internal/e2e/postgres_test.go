@@ -29,7 +29,7 @@ import (
 func TestOnPostgres(t *testing.T) {
 	testenv.RequireBwrap(t)
 	db := postgrestest.New(t)
-	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + db.DSN}
+	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + db.DSN, "CORRAL_API_TOKEN=" + strings.Repeat("t", 32)}
 	data := testenv.TempDir(t)
 	t.Cleanup(func() { killSandboxes(t, data) })
 	started := func() (*server, func()) {
@@ -47,6 +47,27 @@ func TestOnPostgres(t *testing.T) {
 	}
 	tk2 := b.spawn(t, "on the second replica", "sh", "-c", "echo two > output/two.txt")
 	s.waitSuccess(t, tk2.ID, time.Minute, "two.txt") // seen through the first
+	// A session made on the second runs its commands there, sent to the
+	// first, with the admin's token and with its own.
+	sess := mustCreateSession(t, b.client)
+	for name, c := range map[string]*httpapi.Client{"admin": s.client, "session": httpapi.NewClient(s.url, sess.Token)} {
+		var out strings.Builder
+		end, err := c.ExecSession(context.Background(), sess.SessionID, httpapi.ExecBody{Command: shell("echo from $CORRAL_SERVER_SOCKET_DIR$(hostname)")},
+			func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
+		if err != nil || end.ExitCode != 0 || !strings.HasPrefix(out.String(), "from ") {
+			t.Errorf("a command sent to the first replica with the %s token for a session on the second: %+v %q %v", name, end, out.String(), err)
+		}
+	}
+	// A caller the first replica refuses is not forwarded: another
+	// session's token, or none that is a session's.
+	other := mustCreateSession(t, s.client)
+	for name, token := range map[string]string{"another session's": other.Token, "a wrong": "sess_" + strings.Repeat("0", 48)} {
+		_, err := httpapi.NewClient(s.url, token).ExecSession(context.Background(), sess.SessionID, httpapi.ExecBody{Command: shell("true")},
+			func(httpapi.ExecChunk) error { return nil })
+		if !errors.Is(err, errdefs.ErrPermissionDenied) && !errors.Is(err, errdefs.ErrUnauthenticated) {
+			t.Errorf("%s token for a session on the other replica: %v, want refused before any forwarding", name, err)
+		}
+	}
 	stopB()
 	if a, err := app.New(context.Background(), testConfig(t, nil, data), slog.New(slog.DiscardHandler), app.Options{Binary: corralBin}); err == nil {
 		a.Close()

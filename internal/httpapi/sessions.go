@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
@@ -176,6 +177,13 @@ func (s *Server) answerSession(w http.ResponseWriter, r *http.Request, act func(
 func (s *Server) execSession(w http.ResponseWriter, r *http.Request, check func(*http.Request) error) error {
 	if err := check(r); err != nil {
 		return err
+	}
+	// A session runs on the replica holding its exec agent: a command for
+	// one that runs on another goes there, once (a replica that finds the
+	// session moved again answers for itself), with the caller's
+	// credential, which that replica checks again.
+	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(forwardedHeader) == "" {
+		return forward(w, r, url, s.opts.Replica)
 	}
 	b, err := decodeBody[ExecBody](s, r)
 	if err != nil {
@@ -447,4 +455,30 @@ func (s sessionClient) ExecBounded(ctx context.Context, req service.SessionExecR
 	}
 	return service.SessionExecResult{ExitCode: end.ExitCode, DurationMS: end.DurationMS, Error: end.Error,
 		Stdout: out.String(), Stderr: errb.String(), StdoutTruncated: out.Cut, StderrTruncated: errb.Cut}, nil
+}
+
+// forwardedHeader marks a request one replica forwarded to another.
+const forwardedHeader = "Corral-Forwarded-By"
+
+// forward sends r to the replica at base (an http URL) as it came, and its
+// answer back as it comes (an exec streams its output).
+func forward(w http.ResponseWriter, r *http.Request, base, self string) error {
+	target, err := url.Parse(base)
+	if err != nil || target.Scheme != "http" && target.Scheme != "https" || target.Host == "" {
+		return fmt.Errorf("the replica that runs this session has no usable address (%q): %w", clip.String(base, 100), errdefs.ErrUnavailable)
+	}
+	var failed error
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Host = target.Host
+			pr.Out.Header.Set(forwardedHeader, self)
+		},
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			failed = fmt.Errorf("the replica that runs this session (%s) does not answer: %v: %w", target.Host, err, errdefs.ErrUnavailable)
+		},
+	}
+	proxy.ServeHTTP(w, r)
+	return failed
 }

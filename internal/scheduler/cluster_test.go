@@ -57,6 +57,11 @@ func (m *fakeMembers) Lead(ctx context.Context, fn func(context.Context)) { fn(c
 
 func (m *fakeMembers) Holding() bool { return true }
 
+func (m *fakeMembers) Alive(id string) (cluster.Replica, bool) {
+	r, ok := m.Live()[id]
+	return r, ok
+}
+
 // set changes what the replica sees: who is alive, and whether it is
 // steady.
 func (m *fakeMembers) set(steady bool, live ...cluster.Replica) {

@@ -872,10 +872,18 @@ func (s *Scheduler) adopt(ctx context.Context, sum *Reconciled) error {
 		return nil
 	}
 	self, live := m.Self(), m.Live()
-	orphaned := s.tasks.SelectLive(func(t *task.Task) bool {
+	candidates := s.tasks.SelectLive(func(t *task.Task) bool {
 		_, alive := live[t.Replica]
 		return (t.Status == task.Starting || t.Status == task.Running) && t.Replica != self && !alive
 	})
+	// A replica the last renewal did not list may have joined since:
+	// only its lease's lapse makes it gone.
+	var orphaned []task.Task
+	for _, t := range candidates {
+		if _, alive := m.Alive(t.Replica); !alive {
+			orphaned = append(orphaned, t)
+		}
+	}
 	if len(orphaned) == 0 {
 		return nil
 	}

@@ -48,6 +48,10 @@ type SessionGate interface {
 	// AttachAgent takes the connection session id's exec agent dialled in
 	// on (already upgraded; r reads from it).
 	AttachAgent(id string, conn net.Conn, r io.Reader) error
+	// Forward returns the API address of the other server of the cluster
+	// that runs session id (holding its exec agent), if another does: its
+	// commands go there.
+	Forward(id string) (url string, ok bool)
 }
 
 // CreateSessionRequest is POST /api/sessions.

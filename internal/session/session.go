@@ -353,8 +353,26 @@ func (m *Manager) handleOf(id string) sandbox.Handle {
 }
 
 // Get returns a session.
-func (m *Manager) Get(_ context.Context, id string) (Session, error) {
+func (m *Manager) Get(ctx context.Context, id string) (Session, error) {
+	m.known(ctx, id)
 	return m.get(id)
+}
+
+// known folds the log up to now when session id is not known here: one
+// made a moment ago through another replica of the cluster is found, not
+// called unknown. Ids of no session cost a read of the log's end.
+func (m *Manager) known(ctx context.Context, id string) {
+	m.mu.Lock()
+	_, ok := m.sessions[id]
+	m.mu.Unlock()
+	if ok || !ValidID(id) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := m.sync(ctx); err != nil {
+		m.log.Warn("cannot read the log for a session not known here", "session_id", id, "err", err)
+	}
 }
 
 func (m *Manager) get(id string) (Session, error) {
@@ -391,6 +409,7 @@ func (m *Manager) Authorize(id, token string) bool {
 	if token == "" {
 		return false
 	}
+	m.known(context.Background(), id)
 	h := hashToken(token)
 	m.mu.Lock()
 	s := m.sessions[id]

@@ -126,8 +126,22 @@ func (m *Manager) runElsewhere(id string) bool {
 	if s == nil || s.replica == m.opts.Members.Self() {
 		return false
 	}
-	_, alive := m.opts.Members.Live()[s.replica]
+	_, alive := m.opts.Members.Alive(s.replica)
 	return alive
+}
+
+// Forward implements service.SessionGate: the API of the live replica
+// that runs session id, when it is another.
+func (m *Manager) Forward(id string) (string, bool) {
+	m.known(context.Background(), id)
+	m.mu.Lock()
+	s := m.sessions[id]
+	m.mu.Unlock()
+	if s == nil || s.replica == m.opts.Members.Self() {
+		return "", false
+	}
+	r, alive := m.opts.Members.Alive(s.replica)
+	return r.URL, alive && r.URL != ""
 }
 
 // runHere reports whether this replica keeps session id: it runs it, or
@@ -143,8 +157,11 @@ func (m *Manager) runHere(id string) bool {
 	if s.replica == m.opts.Members.Self() {
 		return true
 	}
-	_, alive := m.opts.Members.Live()[s.replica]
-	return !alive && m.opts.Members.Steady()
+	if !m.opts.Members.Steady() {
+		return false
+	}
+	_, alive := m.opts.Members.Alive(s.replica)
+	return !alive
 }
 
 // closeLostExecs records the end of every exec a crash cut (started, never
@@ -154,16 +171,17 @@ func (m *Manager) runHere(id string) bool {
 func (m *Manager) closeLostExecs(ctx context.Context) error {
 	m.mu.Lock()
 	lost := map[string][]string{}
-	live := m.opts.Members.Live()
 	for id, s := range m.sessions {
-		if _, alive := live[s.replica]; alive && s.replica != m.opts.Members.Self() {
-			continue // its replica runs its execs
-		}
 		for ex := range s.openExecs {
 			lost[id] = append(lost[id], ex)
 		}
 	}
 	m.mu.Unlock()
+	for id := range lost {
+		if m.runElsewhere(id) {
+			delete(lost, id) // its replica runs its execs
+		}
+	}
 	for id, execs := range lost {
 		slices.Sort(execs)
 		for _, ex := range execs {

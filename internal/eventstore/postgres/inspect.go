@@ -57,7 +57,7 @@ func Inspect(ctx context.Context, dsn string) (Report, error) {
 	if replicas == nil {
 		return r, nil
 	}
-	rows, err := conn.Query(ctx, `SELECT id, host, runtimes, clock_skew_ms, started_at FROM replicas
+	rows, err := conn.Query(ctx, `SELECT id, host, url, runtimes, clock_skew_ms, started_at FROM replicas
 		WHERE renewed_at > now() - make_interval(secs => $1) ORDER BY id`, cluster.TTL.Seconds())
 	if err != nil {
 		return r, fmt.Errorf("read the replicas: %w", classify(err))
@@ -66,7 +66,7 @@ func Inspect(ctx context.Context, dsn string) (Report, error) {
 	for rows.Next() {
 		var rep cluster.Replica
 		var ms int64
-		if err := rows.Scan(&rep.ID, &rep.Host, &rep.Runtimes, &ms, &rep.Started); err != nil {
+		if err := rows.Scan(&rep.ID, &rep.Host, &rep.URL, &rep.Runtimes, &ms, &rep.Started); err != nil {
 			return r, fmt.Errorf("read the replicas: %w", classify(err))
 		}
 		rep.ClockSkew = time.Duration(ms) * time.Millisecond

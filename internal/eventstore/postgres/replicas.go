@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -89,12 +90,12 @@ func (m *Members) renew(ctx context.Context, skew *time.Duration) error {
 		runtimes = []string{} // a nil slice is SQL's NULL
 	}
 	b := &pgx.Batch{}
-	b.Queue(`INSERT INTO replicas (id, host, runtimes, clock_skew_ms, started_at, renewed_at)
-		VALUES ($1, $2, $3, $4, now(), now())
-		ON CONFLICT (id) DO UPDATE SET renewed_at = now(), clock_skew_ms = $4`,
-		m.self.ID, m.self.Host, runtimes, skew.Milliseconds())
+	b.Queue(`INSERT INTO replicas (id, host, url, runtimes, clock_skew_ms, started_at, renewed_at)
+		VALUES ($1, $2, $3, $4, $5, now(), now())
+		ON CONFLICT (id) DO UPDATE SET renewed_at = now(), clock_skew_ms = $5`,
+		m.self.ID, m.self.Host, m.self.URL, runtimes, skew.Milliseconds())
 	b.Queue(`DELETE FROM replicas WHERE renewed_at < now() - interval '1 hour'`)
-	b.Queue(`SELECT id, host, runtimes, clock_skew_ms, started_at, clock_timestamp() FROM replicas
+	b.Queue(`SELECT id, host, url, runtimes, clock_skew_ms, started_at, clock_timestamp() FROM replicas
 		WHERE renewed_at > now() - make_interval(secs => $1) ORDER BY id`, ttl)
 	before := time.Now()
 	res := m.s.pool.SendBatch(ctx, b)
@@ -117,7 +118,7 @@ func (m *Members) renew(ctx context.Context, skew *time.Duration) error {
 	for rows.Next() {
 		var r cluster.Replica
 		var ms int64
-		if err := rows.Scan(&r.ID, &r.Host, &r.Runtimes, &ms, &r.Started, &dbNow); err != nil {
+		if err := rows.Scan(&r.ID, &r.Host, &r.URL, &r.Runtimes, &ms, &r.Started, &dbNow); err != nil {
 			rows.Close()
 			m.Failed()
 			return classify(err)
@@ -145,6 +146,31 @@ func (m *Members) renew(ctx context.Context, skew *time.Duration) error {
 
 // Self implements cluster.Members.
 func (m *Members) Self() string { return m.self.ID }
+
+// Alive implements cluster.Members.
+func (m *Members) Alive(id string) (cluster.Replica, bool) {
+	if r, ok := m.Live()[id]; ok {
+		return r, true
+	}
+	if id == "" {
+		return cluster.Replica{}, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cluster.Renew)
+	defer cancel()
+	r := cluster.Replica{ID: id}
+	var ms int64
+	err := m.s.pool.QueryRow(ctx, `SELECT host, url, runtimes, clock_skew_ms, started_at FROM replicas
+		WHERE id = $1 AND renewed_at > now() - make_interval(secs => $2)`, id, cluster.TTL.Seconds()).
+		Scan(&r.Host, &r.URL, &r.Runtimes, &ms, &r.Started)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return cluster.Replica{}, false
+	case err != nil:
+		return r, true // cannot tell: not gone
+	}
+	r.ClockSkew = time.Duration(ms) * time.Millisecond
+	return r, true
+}
 
 // Lead implements cluster.Members: the leader is whoever holds the
 // advisory lock, taken on a connection of its own and checked every

@@ -660,6 +660,20 @@ func TestMembers(t *testing.T) {
 	}
 	waitFor(t, "steady", func() bool { return ma.Steady() && mb.Steady() })
 
+	// One that joins now is alive to the others before their next
+	// renewal lists it: a replica is gone only on its lease's word.
+	c := mustOpen(t, db)
+	if _, err := c.Join(ctx, cluster.Replica{ID: "replica-c", URL: "http://c"}); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := ma.Alive("replica-c"); !ok || r.URL != "http://c" {
+		t.Errorf("a replica just joined: %+v, %v; want alive, with its address", r, ok)
+	}
+	if _, ok := ma.Alive("replica-never"); ok {
+		t.Error("a replica that never joined is alive")
+	}
+	c.Close()
+
 	// One leader at a time.
 	var leading atomic.Int32
 	var most atomic.Int32

@@ -4,10 +4,12 @@
 -- replica's clock decides. What a replica runs names it in its events;
 -- this table only says who is alive. clock_skew_ms is the replica's clock
 -- against this database's, as it last measured it (corral doctor shows
--- them). Rows of replicas dead for an hour are removed by the others.
+-- them); url is where the others reach its API. Rows of replicas dead for
+-- an hour are removed by the others.
 CREATE TABLE replicas (
 	id            text        PRIMARY KEY,
 	host          text        NOT NULL DEFAULT '',
+	url           text        NOT NULL DEFAULT '',
 	runtimes      text[]      NOT NULL DEFAULT '{}',
 	clock_skew_ms bigint      NOT NULL DEFAULT 0,
 	started_at    timestamptz NOT NULL,
