@@ -49,6 +49,24 @@ type Importer interface {
 	Import(ctx context.Context, events []Event) error
 }
 
+// FitAll is the first step of every store's Import: each of events as
+// fit keeps it, or the first refusal; no events at all is
+// errdefs.ErrInvalidArgument.
+func FitAll(fit func(Event) (Event, error), events []Event) ([]Event, error) {
+	if len(events) == 0 {
+		return nil, fmt.Errorf("import: no events: %w", errdefs.ErrInvalidArgument)
+	}
+	fitted := make([]Event, len(events))
+	for i, e := range events {
+		f, err := fit(e)
+		if err != nil {
+			return nil, fmt.Errorf("import: %w", err)
+		}
+		fitted[i] = f
+	}
+	return fitted, nil
+}
+
 // CheckEvent refuses a committed event no store can keep: one without an
 // id, a stream, a type, a position or version of at least 1, or a time, or
 // whose data is not JSON. Errors are errdefs.ErrInvalidArgument and name

@@ -125,7 +125,7 @@ func TestRedialAfterServed(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		execagent.Run(ctx, dialUnix(sock), "/agent", "tok", nil, slog.New(slog.DiscardHandler))
+		execagent.Run(ctx, execagenttest.DialSocket(sock), "/agent", "tok", nil, slog.New(slog.DiscardHandler))
 		close(done)
 	}()
 	defer func() { cancel(); <-done }()
@@ -175,12 +175,4 @@ func TestExecTable(t *testing.T) {
 		}
 		return c.Exec(ctx, argv, dir, env, in, stdout, stderr)
 	}, dir, dir)
-}
-
-// dialUnix dials sock.
-func dialUnix(sock string) func(context.Context) (net.Conn, error) {
-	return func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}
 }

@@ -96,16 +96,9 @@ var importColumns = []string{"position", "event_id", "stream_id", "stream_versio
 // the last of them, and the other servers are notified, at commit. As for
 // Append, the commit runs to its end whatever ctx does.
 func (s *Store) Import(ctx context.Context, events []eventstore.Event) error {
-	fitted := make([]eventstore.Event, len(events))
-	for i, e := range events {
-		f, err := s.Fit(e)
-		if err != nil {
-			return fmt.Errorf("import: %w", err)
-		}
-		fitted[i] = f
-	}
-	if len(fitted) == 0 {
-		return fmt.Errorf("import: no events: %w", errdefs.ErrInvalidArgument)
+	fitted, err := eventstore.FitAll(s.Fit, events)
+	if err != nil {
+		return err
 	}
 	if s.isClosed() {
 		return fmt.Errorf("import: %w", ErrClosed)

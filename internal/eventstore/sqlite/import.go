@@ -61,16 +61,9 @@ func (s *Store) Fit(e eventstore.Event) (eventstore.Event, error) {
 // writer takes the request, or during its transaction, fails the import
 // and writes nothing.
 func (s *Store) Import(ctx context.Context, events []eventstore.Event) error {
-	fitted := make([]eventstore.Event, len(events))
-	for i, e := range events {
-		f, err := s.Fit(e)
-		if err != nil {
-			return fmt.Errorf("import: %w", err)
-		}
-		fitted[i] = f
-	}
-	if len(fitted) == 0 {
-		return fmt.Errorf("import: no events: %w", errdefs.ErrInvalidArgument)
+	fitted, err := eventstore.FitAll(s.Fit, events)
+	if err != nil {
+		return err
 	}
 	r := &importReq{ctx: ctx, events: fitted, res: make(chan error, 1)}
 	select {

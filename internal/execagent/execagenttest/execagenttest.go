@@ -37,7 +37,7 @@ func Dial(tb testing.TB, env []string) (net.Conn, *bufio.Reader) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		execagent.Run(ctx, dialUnix(sock), Path, Token, env, slog.New(slog.DiscardHandler))
+		execagent.Run(ctx, DialSocket(sock), Path, Token, env, slog.New(slog.DiscardHandler))
 		close(done)
 	}()
 	tb.Cleanup(func() { cancel(); <-done })
@@ -55,8 +55,8 @@ func Dial(tb testing.TB, env []string) (net.Conn, *bufio.Reader) {
 	return conn, br
 }
 
-// dialUnix dials sock.
-func dialUnix(sock string) func(context.Context) (net.Conn, error) {
+// DialSocket is execagent.Run's dial for the unix socket sock.
+func DialSocket(sock string) func(context.Context) (net.Conn, error) {
 	return func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
