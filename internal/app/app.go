@@ -102,6 +102,9 @@ type App struct {
 	// egressKey is the key a connection to egressLn proves its task with.
 	egressKey func(id string) []byte
 	token     string
+	// replicaToken is the API token this replica sends another replica
+	// a session's command with: the unnamed one, else the first named.
+	replicaToken string
 }
 
 // New opens the data root and the event store, rebuilds the task
@@ -124,10 +127,13 @@ func (a *App) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.token = secrets.APIToken
+	a.token, a.replicaToken = secrets.APIToken, secrets.APIToken
 	var tokens []httpapi.Token
 	for _, t := range secrets.APITokens {
 		tokens = append(tokens, httpapi.Token{Name: t.Name, Value: t.Token})
+		if a.replicaToken == "" {
+			a.replicaToken = t.Token
+		}
 	}
 	if a.data, err = workspace.Open(cfg.Data); err != nil {
 		return err
@@ -523,7 +529,7 @@ func (a *App) Token() string { return a.token }
 // Services returns the server's use cases, for a caller in the same
 // process (corral mcp with an embedded server, the tests).
 func (a *App) Services() service.Set {
-	return service.Set{Tasks: a.orch, Library: a.lib, Sessions: a.sessions}
+	return service.Set{Tasks: a.orch, Library: a.lib, Sessions: replicaSessions{Manager: a.sessions, self: a.members.Self(), token: a.replicaToken}}
 }
 
 // Run serves the API and runs the scheduler until ctx is done, then shuts

@@ -4,8 +4,10 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,8 +18,10 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore/postgres/postgrestest"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // TestOnPostgres: a server whose store is PostgreSQL (store.driver
@@ -58,6 +62,18 @@ func TestOnPostgres(t *testing.T) {
 			t.Errorf("a command sent to the first replica with the %s token for a session on the second: %+v %q %v", name, end, out.String(), err)
 		}
 	}
+	// So does workspace_exec over MCP on the first, its output streamed
+	// back as progress.
+	cs := connectMCP(t, s)
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "workspace_exec",
+		Arguments: map[string]any{"session_id": sess.SessionID, "command": "echo mcp-$((6*7)); echo err >&2; exit 3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran service.SessionExecResult
+	if b, _ := json.Marshal(res.StructuredContent); json.Unmarshal(b, &ran) != nil || res.IsError || ran.ExitCode != 3 || ran.Stdout != "mcp-42\n" || ran.Stderr != "err\n" {
+		t.Errorf("workspace_exec on the first replica for a session on the second: %+v (error %v, %s)", ran, res.IsError, mcpText(res))
+	}
 	// A caller the first replica refuses is not forwarded: another
 	// session's token, or none that is a session's.
 	other := mustCreateSession(t, s.client)
@@ -85,4 +101,36 @@ func TestOnPostgres(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(data, "corral.db")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the data root has a corral.db (%v): the log went to SQLite", err)
 	}
+}
+
+// connectMCP connects the MCP SDK's client to s's /mcp with s's token.
+func connectMCP(t *testing.T, s *server) *mcp.ClientSession {
+	t.Helper()
+	hc := &http.Client{Transport: bearer{token: s.token}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil).Connect(context.Background(),
+		&mcp.StreamableClientTransport{Endpoint: s.url + "/mcp", HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// bearer sends every request with token as its bearer token.
+type bearer struct{ token string }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func mcpText(res *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(t.Text)
+		}
+	}
+	return b.String()
 }

@@ -40,6 +40,10 @@ type Client struct {
 	// OnReconnect, when set, is called with the cause each time a followed
 	// stream is lost, before it tries to reconnect.
 	OnReconnect func(cause error)
+	// ForwardedBy, when set, marks every request as one that replica of
+	// the cluster forwards (Corral-Forwarded-By): the server answers it
+	// itself and never forwards it again.
+	ForwardedBy string
 }
 
 // DefaultReconnect is how long a followed stream tries to reach a server
@@ -96,6 +100,9 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body io.Re
 	}
 	if accept != "" {
 		req.Header.Set("Accept", accept)
+	}
+	if c.ForwardedBy != "" {
+		req.Header.Set(ForwardedHeader, c.ForwardedBy)
 	}
 	return req, nil
 }

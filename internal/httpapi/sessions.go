@@ -182,7 +182,7 @@ func (s *Server) execSession(w http.ResponseWriter, r *http.Request, check func(
 	// one that runs on another goes there, once (a replica that finds the
 	// session moved again answers for itself), with the caller's
 	// credential, which that replica checks again.
-	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(forwardedHeader) == "" {
+	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(ForwardedHeader) == "" {
 		return forward(w, r, url, s.opts.Replica)
 	}
 	b, err := decodeBody[ExecBody](s, r)
@@ -457,8 +457,9 @@ func (s sessionClient) ExecBounded(ctx context.Context, req service.SessionExecR
 		Stdout: out.String(), Stderr: errb.String(), StdoutTruncated: out.Cut, StderrTruncated: errb.Cut}, nil
 }
 
-// forwardedHeader marks a request one replica forwarded to another.
-const forwardedHeader = "Corral-Forwarded-By"
+// ForwardedHeader marks a request one replica forwarded to another, naming
+// the replica that did.
+const ForwardedHeader = "Corral-Forwarded-By"
 
 // forward sends r to the replica at base (an http URL) as it came, and its
 // answer back as it comes (an exec streams its output).
@@ -472,7 +473,7 @@ func forward(w http.ResponseWriter, r *http.Request, base, self string) error {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.Out.Host = target.Host
-			pr.Out.Header.Set(forwardedHeader, self)
+			pr.Out.Header.Set(ForwardedHeader, self)
 		},
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -63,7 +63,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdout, 
 	// restart the agent dials in again: wait for it a while. Its agent
 	// dials the replica that runs the session, which may be another.
 	if m.runElsewhere(id) {
-		return ExecEnd{}, fmt.Errorf("session %s runs on another replica of this cluster, which holds its exec agent: send its commands over the HTTP API (any replica forwards them there; the MCP tools do not yet): %w", id, errdefs.ErrUnavailable)
+		return ExecEnd{}, fmt.Errorf("session %s runs on another replica of this cluster, which holds its exec agent: its commands go there (the HTTP API and the MCP tools forward them): %w", id, errdefs.ErrUnavailable)
 	}
 	a := m.agent(id)
 	if a == nil {
