@@ -357,6 +357,7 @@ func (a *App) open(ctx context.Context) error {
 			MaxBackoff:     time.Duration(n.MaxBackoff),
 			Timeout:        time.Duration(n.Timeout),
 			Concurrency:    n.Concurrency,
+			Delivered:      crashAt(crashHook(cfg.CrashAt, a.log), sandbox.CrashDelivered),
 		}, a.log.With("subsystem", "notify"))
 		if err != nil {
 			return err

@@ -31,10 +31,21 @@ func crashHook(point string, log *slog.Logger) func(string) {
 	}
 }
 
-// checkCrashPoint refuses a kill point that is none of sandbox.CrashPoints.
-func checkCrashPoint(point string) error {
-	if point == "" || slices.Contains(sandbox.CrashPoints, point) {
+// crashAt is hook bound to point, for a part that has that one kill point;
+// nil when hook is.
+func crashAt(hook func(string), point string) func() {
+	if hook == nil {
 		return nil
 	}
-	return &errdefs.FieldError{Field: "CORRAL_TEST_CRASH_AT", Err: fmt.Errorf("%q is not one of %s: %w", point, strings.Join(sandbox.CrashPoints, ", "), errdefs.ErrInvalidArgument)}
+	return func() { hook(point) }
+}
+
+// checkCrashPoint refuses a kill point that is none of sandbox.CrashPoints
+// and sandbox.ClusterCrashPoints.
+func checkCrashPoint(point string) error {
+	points := slices.Concat(sandbox.CrashPoints, sandbox.ClusterCrashPoints)
+	if point == "" || slices.Contains(points, point) {
+		return nil
+	}
+	return &errdefs.FieldError{Field: "CORRAL_TEST_CRASH_AT", Err: fmt.Errorf("%q is not one of %s: %w", point, strings.Join(points, ", "), errdefs.ErrInvalidArgument)}
 }

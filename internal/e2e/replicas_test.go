@@ -7,16 +7,23 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"os/exec"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/eventstore/postgres"
 	"github.com/corral-dev/corral/internal/eventstore/postgres/postgrestest"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -272,5 +279,196 @@ func TestReplicasRideOutAPostgresRestart(t *testing.T) {
 				t.Errorf("task %s adopted, though no replica died: %s", id, e.Data)
 			}
 		}
+	}
+}
+
+// TestSessionsOfAReplicaKilled: two servers on one PostgreSQL database and
+// one data root; the one running two sessions is killed with SIGKILL while
+// a command runs in one of them. That session's exec agent dials the
+// host's shared socket: the survivor adopts the session, records the
+// command the kill cut as lost at once, and runs the next commands. The
+// other session's sandbox died with the server (as one on a machine no
+// replica is left on would be out of reach: no agent dials in again): the
+// survivor ends it lost, saying why, once its agent had time to.
+func TestSessionsOfAReplicaKilled(t *testing.T) {
+	testenv.RequireBwrap(t)
+	db := postgrestest.New(t)
+	data := testenv.TempDir(t)
+	t.Cleanup(func() { killSandboxes(t, data) })
+	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + db.DSN}
+	a, b := startReplica(t, data, env), startReplica(t, data, env)
+	kept, orphan := mustCreateSession(t, a.client), mustCreateSession(t, a.client)
+	ctx := context.Background()
+	started, cut := make(chan struct{}), make(chan error, 1)
+	go func() {
+		var once sync.Once
+		_, err := a.client.ExecSession(ctx, kept.SessionID, httpapi.ExecBody{Command: shell("echo started; sleep 60")},
+			func(httpapi.ExecChunk) error { once.Do(func() { close(started) }); return nil })
+		cut <- err
+	}()
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the command in the session did not start")
+	}
+	a.kill()
+	killed := time.Now()
+	if err := exec.Command("pkill", "-KILL", "-f", orphan.SessionID).Run(); err != nil {
+		t.Fatalf("kill the sandbox of session %s: %v", orphan.SessionID, err)
+	}
+	if err := <-cut; err == nil {
+		t.Error("the command's stream ended without an error when its server was killed")
+	}
+
+	// The survivor runs the kept session's commands once it is adopted.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		var out strings.Builder
+		end, err := b.client.ExecSession(ctx, kept.SessionID, httpapi.ExecBody{Command: shell("echo again")},
+			func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
+		if err == nil && end.ExitCode == 0 && out.String() == "again\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the survivor never ran a command in the session adopted: %+v %q %v", end, out.String(), err)
+		}
+	}
+	store, err := postgres.Open(ctx, db.DSN, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	evs, err := store.ReadStream(ctx, "session/"+kept.SessionID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adoptions, lost := 0, 0
+	for _, e := range evs {
+		switch e.Type {
+		case session.EventAdopted:
+			adoptions++
+			if !strings.Contains(string(e.Data), b.id) || !strings.Contains(string(e.Data), a.id) {
+				t.Errorf("session adopted: %s, want by %s from %s", e.Data, b.id, a.id)
+			}
+		case session.EventExecEnd:
+			var end service.SessionExecEnd
+			if json.Unmarshal(e.Data, &end) == nil && end.Reason == "lost" {
+				lost++
+			}
+		}
+	}
+	if adoptions != 1 || lost != 1 {
+		t.Errorf("the kept session's log: %d adoptions, %d execs ended lost; want 1 and 1 (the command the kill cut)", adoptions, lost)
+	}
+
+	// The orphan ends lost, saying why, within the agent's wait.
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		s, err := b.client.GetSession(ctx, orphan.SessionID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Status == service.SessionEnded {
+			if s.EndReason != "lost" || !strings.Contains(s.EndError, a.id) || !strings.Contains(s.EndError, "reached no other replica") {
+				t.Errorf("the orphan ended %q: %q; want lost, naming the replica gone", s.EndReason, s.EndError)
+			}
+			t.Logf("the orphan ended %s after the kill", time.Since(killed).Round(time.Second))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the session whose sandbox died with its replica is still %s 90 s after the kill", s.Status)
+		}
+	}
+}
+
+// waitKilled waits for r, which a crash point kills, to die of SIGKILL.
+func waitKilled(t *testing.T, r *replica, point string) {
+	t.Helper()
+	exited := make(chan error, 1)
+	go func() { exited <- r.cmd.Wait() }()
+	select {
+	case <-exited:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("replica %s did not reach crash point %q", r.id, point)
+	}
+	if ws, ok := r.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("replica %s ended %v, not killed at crash point %q", r.id, r.cmd.ProcessState, point)
+	}
+}
+
+// TestAnAdopterKilled: the replica that adopts the task of a replica
+// killed is itself killed between its record of the adoption and its
+// reattachment (sandbox.CrashAdopted). The next replica adopts the task
+// from it in turn; the task ends once, with its own result, having run
+// once.
+func TestAnAdopterKilled(t *testing.T) {
+	testenv.RequireBwrap(t)
+	db := postgrestest.New(t)
+	data := testenv.TempDir(t)
+	t.Cleanup(func() { killSandboxes(t, data) })
+	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + db.DSN}
+	a := startReplica(t, data, env)
+	tk := mustSpawn(t, a.client, service.SpawnRequest{TaskDescription: "adopted twice", Agent: "command",
+		Command: []string{"sh", "-c", "echo run >> output/runs; sleep 8; echo done > output/result.txt"}})
+	a.waitRunning(t, tk.ID, 30*time.Second)
+	b := startReplica(t, data, append(env, "CORRAL_TEST_CRASH_AT="+sandbox.CrashAdopted))
+	a.kill()
+	waitKilled(t, b, sandbox.CrashAdopted)
+	c := startReplica(t, data, env)
+	res := (&server{client: c.client}).wait(t, tk.ID, 2*time.Minute, "runs", "result.txt")
+	if res.Status != task.Success || res.FileContents["result.txt"].Content != "done\n" || res.FileContents["runs"].Content != "run\n" {
+		t.Errorf("the task: %s %q, result %q, runs %q; want success, its result, one run", res.Status, res.ErrorMessage,
+			res.FileContents["result.txt"].Content, res.FileContents["runs"].Content)
+	}
+	var froms []string
+	ends := 0
+	for _, e := range mustEvents(t, c.client, tk.ID) {
+		switch e.Type {
+		case task.EventAdopted:
+			var ad task.Adopted
+			json.Unmarshal(e.Data, &ad)
+			froms = append(froms, ad.From+">"+ad.Replica)
+		case task.EventCompleted:
+			ends++
+		}
+	}
+	if want := []string{a.id + ">" + b.id, b.id + ">" + c.id}; !slices.Equal(froms, want) || ends != 1 {
+		t.Errorf("adoptions %v and %d ends; want %v and 1", froms, ends, want)
+	}
+}
+
+// TestALeaderKilledDelivering: the leader, which sends the cluster's
+// notifications, is killed between a notification's 2xx and its record
+// (sandbox.CrashDelivered). The next leader sends it again, under the same
+// webhook-id (a duplicate as Standard Webhooks allows), and records it
+// delivered, once.
+func TestALeaderKilledDelivering(t *testing.T) {
+	testenv.RequireBwrap(t)
+	requireReceiver(t)
+	db := postgrestest.New(t)
+	n := mustNotifySetup(t, "")
+	startReceiver(t, n.port, n.secret, n.out)
+	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + db.DSN}
+	t.Cleanup(func() { killSandboxes(t, n.data) })
+	// The first to join leads.
+	leader := startReplica(t, n.data, append(env, "CORRAL_TEST_CRASH_AT="+sandbox.CrashDelivered), "--config", n.cfgFile)
+	next := startReplica(t, n.data, env, "--config", n.cfgFile)
+	tk := mustSpawn(t, next.client, service.SpawnRequest{TaskDescription: "notified twice", Agent: "command",
+		Command: []string{"sh", "-c", "echo hi > output/hi.txt"}})
+	waitKilled(t, leader, sandbox.CrashDelivered)
+	ns := &notifyServer{next.proc}
+	var delivered []task.Delivery
+	for deadline := time.Now().Add(30 * time.Second); len(delivered) == 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the next leader did not deliver the notification the leader's kill left unrecorded")
+		}
+		delivered = ns.deliveries(t, "delivered")
+	}
+	ids := map[string]int{}
+	for _, r := range waitReceived(t, n.out, []string{tk.ID}, time.Minute) {
+		if r.Verified && r.Payload.TaskID == tk.ID {
+			ids[r.WebhookID]++
+		}
+	}
+	if len(delivered) != 1 || delivered[0].TaskID != tk.ID || len(ids) != 1 || ids[delivered[0].ID] != 2 {
+		t.Errorf("deliveries recorded %+v; received by webhook-id %v; want one delivery, received twice under its id", delivered, ids)
 	}
 }

@@ -74,6 +74,10 @@ type Options struct {
 	// backoff; both for tests.
 	Now    func() time.Time
 	Jitter func() float64
+	// Delivered, when set, is called once a POST was answered 2xx, before
+	// its success is recorded: the fault tests' kill point
+	// (sandbox.CrashDelivered).
+	Delivered func()
 }
 
 func (o *Options) defaults() {
@@ -554,6 +558,9 @@ func (d *Dispatcher) attempt(ctx context.Context, client *http.Client, dl task.D
 	var evs []eventstore.Proposed
 	switch {
 	case err == nil:
+		if d.opts.Delivered != nil {
+			d.opts.Delivered()
+		}
 		evs = append(evs, d.event(task.EventDeliveryAttempted, a), d.event(task.EventDeliverySucceeded, nil))
 		log.Debug("notification delivered", "status_code", code)
 	case n-dl.RoundStart >= d.opts.MaxAttempts:

@@ -42,3 +42,17 @@ const (
 // warm ones or the cold ones, not both).
 var CrashPoints = []string{CrashClaimed, CrashMoved, CrashHandedOver, CrashSent, CrashLaunched, CrashGated,
 	CrashCreated, CrashStarted, CrashExited, CrashEnded}
+
+// The crash points of a cluster of replicas, which a task on one server
+// never passes.
+const (
+	// CrashAdopted: a replica recorded task_adopted for a task of a
+	// replica gone; it has not reattached to the task's sandbox.
+	CrashAdopted = "adopted"
+	// CrashDelivered: the leader's notification of a task was answered
+	// 2xx; its success is not recorded.
+	CrashDelivered = "delivered"
+)
+
+// ClusterCrashPoints are the replicas' crash points.
+var ClusterCrashPoints = []string{CrashAdopted, CrashDelivered}

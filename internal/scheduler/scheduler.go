@@ -908,6 +908,7 @@ func (s *Scheduler) adopt(ctx context.Context, sum *Reconciled) error {
 		if t.Replica != "" {
 			s.log.Info("task adopted", logkey.TaskID, t.ID, "from", t.Replica)
 		}
+		s.crash(sandbox.CrashAdopted)
 		s.opts.Runner.Adopt(ctx, nt)
 		o, err := s.reattach(ctx, nt, listed[t.ID])
 		if err != nil {

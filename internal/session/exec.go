@@ -11,6 +11,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/ids"
 	"github.com/corral-dev/corral/internal/sandbox"
@@ -248,10 +249,13 @@ func (m *Manager) AttachAgent(id string, conn net.Conn, r io.Reader) error {
 }
 
 // adopt makes this replica the one that runs session id, if another ran it
-// and is gone.
+// and is gone: under the session's version, so that of two replicas
+// adopting it at once (an agent's dial, endOrphans) one wins and the other
+// is refused. The execs the gone replica left open ended with its
+// connection to the agent: each is recorded lost.
 func (m *Manager) adopt(ctx context.Context, id string) error {
 	m.mu.Lock()
-	from := m.sessions[id].replica
+	from, version := m.sessions[id].replica, m.sessions[id].version
 	m.mu.Unlock()
 	self := m.opts.Members.Self()
 	if from == self {
@@ -260,11 +264,15 @@ func (m *Manager) adopt(ctx context.Context, id string) error {
 	if m.runElsewhere(id) {
 		return fmt.Errorf("session %s runs on replica %s, which is alive: %w", id, from, errdefs.ErrFailedPrecondition)
 	}
-	if err := m.append(ctx, id, EventAdopted, adopted{Replica: self, From: from}); err != nil {
+	if err := m.appendAt(ctx, id, version, EventAdopted, adopted{Replica: self, From: from}); err != nil {
+		if errors.Is(err, eventstore.ErrVersionConflict) {
+			m.sync(ctx)
+			return fmt.Errorf("session %s changed while this replica adopted it (another may have): %w", id, errdefs.ErrConflict)
+		}
 		return fmt.Errorf("adopt session %s: %w", id, err)
 	}
 	m.log.Info("session adopted", "session_id", id, "from", from)
-	return nil
+	return m.closeLostExecs(ctx, id)
 }
 
 // waitAgent waits up to d for session id's exec agent to attach; attached

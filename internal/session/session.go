@@ -490,11 +490,17 @@ func (m *Manager) Grant(ctx context.Context, id, taskID string) (string, error) 
 }
 
 func (m *Manager) append(ctx context.Context, id, typ string, payload any) error {
+	return m.appendAt(ctx, id, eventstore.AnyVersion, typ, payload)
+}
+
+// appendAt is append at the stream's expected version: it fails with
+// eventstore.ErrVersionConflict if another replica appended meanwhile.
+func (m *Manager) appendAt(ctx context.Context, id string, version int64, typ string, payload any) error {
 	b, err := json.Marshal(payload)
 	if err != nil {
 		return err
 	}
-	evs, err := m.opts.Store.Append(ctx, streamPrefix+id, eventstore.AnyVersion, eventstore.Proposed{Type: typ, SchemaVersion: task.SchemaVersion, Data: b})
+	evs, err := m.opts.Store.Append(ctx, streamPrefix+id, version, eventstore.Proposed{Type: typ, SchemaVersion: task.SchemaVersion, Data: b})
 	for _, e := range evs {
 		m.apply(e)
 	}

@@ -165,13 +165,17 @@ func (m *Manager) runHere(id string) bool {
 }
 
 // closeLostExecs records the end of every exec a crash cut (started, never
-// ended): its command ended when the server's connection to the session's
+// ended) in the sessions ids names (every session this replica runs when
+// none): its command ended when the server's connection to the session's
 // agent did (the agent kills a connection's commands when it ends), so
 // each is lost, and said so.
-func (m *Manager) closeLostExecs(ctx context.Context) error {
+func (m *Manager) closeLostExecs(ctx context.Context, ids ...string) error {
 	m.mu.Lock()
 	lost := map[string][]string{}
 	for id, s := range m.sessions {
+		if len(ids) > 0 && !slices.Contains(ids, id) {
+			continue
+		}
 		for ex := range s.openExecs {
 			lost[id] = append(lost[id], ex)
 		}
@@ -195,6 +199,53 @@ func (m *Manager) closeLostExecs(ctx context.Context) error {
 	return nil
 }
 
+// endOrphans ends, lost, each running session of a replica gone whose exec
+// agent reached no live replica within agentWait of this one finding the
+// replica gone (since holds when, per session). An agent whose replica is
+// gone dials the host's shared socket, or the server's address from
+// another machine, and the replica it reaches adopts the session; one that
+// reaches none runs where no replica of the cluster can reach it (a host
+// runtime on a machine no replica is left on), and nothing could be run in
+// it again. This replica adopts it first, under its version, so that an
+// agent's late dial and this end never both win.
+func (m *Manager) endOrphans(ctx context.Context, since map[string]time.Time) {
+	if !m.opts.Members.Steady() {
+		return
+	}
+	now := time.Now()
+	orphans := map[string]bool{}
+	for _, s := range m.list() {
+		m.mu.Lock()
+		from := m.sessions[s.ID].replica
+		m.mu.Unlock()
+		if s.Status != StatusRunning || from == m.opts.Members.Self() {
+			continue
+		}
+		if _, alive := m.opts.Members.Alive(from); alive {
+			continue
+		}
+		orphans[s.ID] = true
+		first, ok := since[s.ID]
+		if !ok {
+			since[s.ID] = now
+			continue
+		}
+		if now.Sub(first) < agentWait {
+			continue
+		}
+		if err := m.adopt(ctx, s.ID); err != nil {
+			m.log.Info("a session whose replica is gone was not ended here", "session_id", s.ID, "err", err)
+			continue
+		}
+		m.endWith(ctx, s.ID, "lost", fmt.Errorf("its replica %s stopped, and its exec agent reached no other replica within %s", from, agentWait))
+	}
+	for id := range since {
+		if !orphans[id] {
+			delete(since, id)
+		}
+	}
+}
+
 // Reap ends sessions past their idle timeout or lifetime (checked every
 // second) or their directory's quota (as often as Quota says), and
 // removes ended sessions' own directories once their retention has
@@ -203,7 +254,7 @@ func (m *Manager) Reap(ctx context.Context) error {
 	t := time.NewTicker(quotaTick)
 	defer t.Stop()
 	var reaped time.Time
-	nextCheck := map[string]time.Time{}
+	nextCheck, orphaned := map[string]time.Time{}, map[string]time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -216,6 +267,7 @@ func (m *Manager) Reap(ctx context.Context) error {
 		}
 		reaped = time.Now()
 		m.removeDirs(ctx)
+		m.endOrphans(ctx, orphaned)
 		now := m.opts.Now()
 		for _, s := range m.list() {
 			if s.Status != StatusRunning || !m.runHere(s.ID) {
