@@ -84,6 +84,8 @@ type Credentials struct {
 	// BaseURL is the variable that points the agent at another model
 	// endpoint (a gateway, a local model server), if it has one.
 	BaseURL string
+	// Keys say how the API keys among AnyOf are sent (ModelAPIs).
+	Keys []Key
 }
 
 // Parser reads one run of an agent. Write is fed the agent's stdout as it

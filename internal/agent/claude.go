@@ -75,7 +75,12 @@ func (claudeAdapter) Prepare(inv Invocation) (Process, error) {
 // Credentials: an API key, a bearer token for a gateway, or a Claude
 // subscription's OAuth token (claude setup-token).
 func (claudeAdapter) Credentials() Credentials {
-	return Credentials{AnyOf: []string{"ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"}, BaseURL: "ANTHROPIC_BASE_URL"}
+	const base, api = "ANTHROPIC_BASE_URL", "https://api.anthropic.com"
+	return Credentials{AnyOf: []string{"ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"}, BaseURL: base, Keys: []Key{
+		{Var: "ANTHROPIC_API_KEY", Header: "X-Api-Key", BaseURL: base, Default: api},
+		{Var: "ANTHROPIC_AUTH_TOKEN", Header: "Authorization", Bearer: true, BaseURL: base, Default: api},
+		{Var: "CLAUDE_CODE_OAUTH_TOKEN", Header: "Authorization", Bearer: true, BaseURL: base, Default: api},
+	}}
 }
 
 func (claudeAdapter) NewParser(onProgress func(Progress)) Parser {

@@ -55,10 +55,13 @@ func (codexAdapter) Prepare(inv Invocation) (Process, error) {
 	return p, nil
 }
 
+// openAIKey is an OpenAI API key, whose SDKs' default base URL has /v1.
+var openAIKey = Key{Var: "OPENAI_API_KEY", Header: "Authorization", Bearer: true, BaseURL: "OPENAI_BASE_URL", Default: "https://api.openai.com/v1"}
+
 // Credentials: an OpenAI API key, also the key of the endpoint
 // OPENAI_BASE_URL names.
 func (codexAdapter) Credentials() Credentials {
-	return Credentials{AnyOf: []string{"OPENAI_API_KEY"}, BaseURL: "OPENAI_BASE_URL"}
+	return Credentials{AnyOf: []string{"OPENAI_API_KEY"}, BaseURL: "OPENAI_BASE_URL", Keys: []Key{openAIKey}}
 }
 
 func (codexAdapter) NewParser(onProgress func(Progress)) Parser {

@@ -82,7 +82,11 @@ func (geminiAdapter) Prepare(inv Invocation) (Process, error) {
 
 // Credentials: a Gemini API key (GOOGLE_API_KEY for Vertex AI express).
 func (geminiAdapter) Credentials() Credentials {
-	return Credentials{AnyOf: []string{"GEMINI_API_KEY", "GOOGLE_API_KEY"}, BaseURL: "GOOGLE_GEMINI_BASE_URL"}
+	const base, api = "GOOGLE_GEMINI_BASE_URL", "https://generativelanguage.googleapis.com"
+	return Credentials{AnyOf: []string{"GEMINI_API_KEY", "GOOGLE_API_KEY"}, BaseURL: base, Keys: []Key{
+		{Var: "GEMINI_API_KEY", Header: "X-Goog-Api-Key", BaseURL: base, Default: api},
+		{Var: "GOOGLE_API_KEY", Header: "X-Goog-Api-Key", BaseURL: base, Default: api},
+	}}
 }
 
 func (geminiAdapter) NewParser(onProgress func(Progress)) Parser {

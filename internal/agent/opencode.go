@@ -57,7 +57,12 @@ func (opencodeAdapter) Prepare(inv Invocation) (Process, error) {
 
 // Credentials: a provider's key, or a whole configuration with its own.
 func (opencodeAdapter) Credentials() Credentials {
-	return Credentials{AnyOf: []string{"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENCODE_CONFIG_CONTENT"}, BaseURL: "OPENAI_BASE_URL"}
+	// The AI SDK's Anthropic provider reads ANTHROPIC_BASE_URL, whose
+	// default path is /v1.
+	return Credentials{AnyOf: []string{"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENCODE_CONFIG_CONTENT"}, BaseURL: "OPENAI_BASE_URL", Keys: []Key{
+		openAIKey,
+		{Var: "ANTHROPIC_API_KEY", Header: "X-Api-Key", BaseURL: "ANTHROPIC_BASE_URL", Default: "https://api.anthropic.com/v1"},
+	}}
 }
 
 func (opencodeAdapter) NewParser(onProgress func(Progress)) Parser {

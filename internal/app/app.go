@@ -127,6 +127,9 @@ func (a *App) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := checkModelAPIs(agentConfigs(cfg)); err != nil {
+		return err
+	}
 	a.token, a.replicaToken = secrets.APIToken, secrets.APIToken
 	var tokens []httpapi.Token
 	for _, t := range secrets.APITokens {
@@ -227,7 +230,7 @@ func (a *App) open(ctx context.Context) error {
 		Placements:     a.placements,
 		DefaultRuntime: cfg.Runtime,
 		Base:           placement.Base{BinDir: filepath.ToSlash(bin), SocketDir: workspace.DirRun + "/sock"},
-		Egress:         egressProxies{srv: a.egress, allow: a.egressAllow},
+		Egress:         sessionEgress{egressProxies{srv: a.egress, allow: a.egressAllow}},
 		Networks:       networks,
 		Writers:        writers,
 		Image:          w.AICoderImage,

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/logkey"
@@ -17,6 +18,7 @@ import (
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/webhook"
+	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -36,7 +38,7 @@ type egressProxies struct {
 	allow []egress.Rule
 }
 
-func (e egressProxies) Open(id, network string) (string, error) {
+func (e egressProxies) Open(id, network string, apis []workerproto.ModelAPI) (string, error) {
 	var p egress.Policy
 	switch egress.Mode(network) {
 	case egress.ModeAllowlist:
@@ -46,7 +48,35 @@ func (e egressProxies) Open(id, network string) (string, error) {
 	default:
 		return "", fmt.Errorf("network %q has no egress proxy", network)
 	}
+	models, err := egressModels(apis)
+	if err != nil {
+		return "", err
+	}
+	p.Models = models
 	return e.srv.Open(id, p)
+}
+
+// egressModels are the egress's model APIs for apis; a base URL the
+// configuration names that is not one is refused.
+func egressModels(apis []workerproto.ModelAPI) ([]egress.Model, error) {
+	var models []egress.Model
+	for _, a := range apis {
+		m, err := egress.ParseModel(a.Base, a.Header, a.Value)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", a.BaseURLVar, err)
+		}
+		m.Placeholder = agent.KeyPlaceholder
+		models = append(models, m)
+	}
+	return models, nil
+}
+
+// sessionEgress is a session's view of the proxies: a session runs no
+// agent, so its proxy relays no model API.
+type sessionEgress struct{ egressProxies }
+
+func (e sessionEgress) Open(id, network string) (string, error) {
+	return e.egressProxies.Open(id, network, nil)
 }
 
 func (e egressProxies) Dir(id string) string     { return e.srv.Dir(id) }
@@ -120,6 +150,8 @@ func (r *egressRecorder) append(ctx context.Context, rec egress.Record) {
 		Method:          rec.Method,
 		Host:            rec.Host,
 		Port:            rec.Port,
+		Path:            rec.Path,
+		Credential:      rec.Credential,
 		Address:         rec.Address,
 		Allowed:         rec.Allowed,
 		Reason:          rec.Reason,
@@ -173,7 +205,7 @@ func (a *App) listenEgress(secret []byte) (string, error) {
 		// start the task opens its proxy here too (Open keeps one that
 		// runs). The handshake still proves the key.
 		if t, err := a.tasks.Get(id); err == nil && !t.Status.Terminal() && t.Network != "" && t.Network != task.NetworkNone {
-			if _, err := (egressProxies{srv: a.egress, allow: a.egressAllow}).Open(id, t.Network); err != nil {
+			if err := a.runner.OpenEgress(t); err != nil {
 				a.log.Warn("cannot open a task's egress proxy for its pod", logkey.TaskID, id, logkey.Error, err)
 			}
 		}

@@ -5,14 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox"
@@ -234,9 +238,28 @@ func agentConfigs(cfg *config.Config) map[string]workerproto.AgentConfig {
 		for _, k := range keys {
 			ac.Env = append(ac.Env, k+"="+ag.Env[k])
 		}
+		ac.SandboxEnv = ac.Env
+		if ad, err := agent.Lookup(name); err == nil {
+			var apis []agent.ModelAPI
+			ac.SandboxEnv, apis = ad.Credentials().ModelAPIs(ac.Env)
+			for _, m := range apis {
+				ac.Models = append(ac.Models, workerproto.ModelAPI(m))
+			}
+		}
 		out[name] = ac
 	}
 	return out
+}
+
+// checkModelAPIs refuses agents whose keys the egress could not add to
+// their model APIs' requests: a base URL variable that is no http(s) URL.
+func checkModelAPIs(agents map[string]workerproto.AgentConfig) error {
+	for _, name := range slices.Sorted(maps.Keys(agents)) {
+		if _, err := egressModels(agents[name].Models); err != nil {
+			return &errdefs.FieldError{Field: "agents." + name + ".env", Err: fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)}
+		}
+	}
+	return nil
 }
 
 // installHint is how to install each agent's CLI.

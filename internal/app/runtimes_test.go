@@ -2,12 +2,15 @@ package app
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/service"
@@ -48,5 +51,20 @@ func TestRuntimeNamesAgree(t *testing.T) {
 	}
 	if !slices.Equal(schema.Properties.Runtime.Enum, rtkind.Names()) {
 		t.Errorf("spawn_worker offers runtimes %v, config has %v", schema.Properties.Runtime.Enum, rtkind.Names())
+	}
+}
+
+// TestCheckModelAPIs: an agent's base URL the egress could not relay to is
+// refused at start, naming the agent's env; one it can is taken.
+func TestCheckModelAPIs(t *testing.T) {
+	cfg := config.Default()
+	cfg.Agents.Claude.Env = map[string]string{"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": "http://127.0.0.1:8080"}
+	if err := checkModelAPIs(agentConfigs(cfg)); err != nil {
+		t.Errorf("a usable base URL: %v", err)
+	}
+	cfg.Agents.Codex.Env = map[string]string{"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "ftp://user:secret@example.com/v1"}
+	err := checkModelAPIs(agentConfigs(cfg))
+	if err == nil || !strings.Contains(err.Error(), "agents.codex.env") || !errors.Is(err, errdefs.ErrInvalidArgument) || strings.Contains(err.Error(), "secret") {
+		t.Errorf("an ftp base URL: %v; want refused, naming agents.codex.env, without its password", err)
 	}
 }

@@ -3,6 +3,7 @@ package egress
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -68,6 +69,9 @@ type Options struct {
 	ReadHeaderTimeout time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+	// RootCAs verify the model APIs' certificates (Model); the system's
+	// when nil.
+	RootCAs *x509.CertPool
 }
 
 func (o *Options) defaults() {
@@ -111,6 +115,13 @@ type Record struct {
 	Method string
 	Host   string // as the worker asked, normalized
 	Port   int
+	// Path is a plain HTTP request's path, or a relayed model API
+	// request's (at most 256 bytes, never its query): what was asked of
+	// the host, where the proxy sees it.
+	Path string
+	// Credential says the proxy added the agent's key to the request (a
+	// model API's relay).
+	Credential bool
 	// Address is the IP and port the proxy connected to ("" if none).
 	Address string
 	// Allowed is the policy's decision; Reason says why it denied.
@@ -134,7 +145,7 @@ type Record struct {
 // Options). It is safe for concurrent use.
 type Proxy struct {
 	taskID string
-	policy Policy
+	policy atomic.Pointer[Policy]
 	opts   Options
 	log    *slog.Logger
 	sem    chan struct{}
@@ -147,15 +158,19 @@ type Proxy struct {
 // NewProxy returns the proxy of task taskID under policy.
 func NewProxy(taskID string, policy Policy, opts Options, log *slog.Logger) *Proxy {
 	opts.defaults()
-	return &Proxy{
+	p := &Proxy{
 		taskID:  taskID,
-		policy:  policy,
 		opts:    opts,
 		log:     log.With(logkey.TaskID, taskID),
 		sem:     make(chan struct{}, opts.MaxConns),
 		tunnels: map[net.Conn]struct{}{},
 	}
+	p.policy.Store(&policy)
+	return p
 }
+
+// Policy is the proxy's policy now.
+func (p *Proxy) Policy() Policy { return *p.policy.Load() }
 
 // ServeHTTP handles CONNECT and absolute-URI HTTP requests.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -170,6 +185,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method == http.MethodConnect {
+		if host, _, err := target(r); err == nil {
+			if i, ok := modelIndex(host); ok {
+				rec.Host, rec.Port = host, 80
+				p.relayModel(w, r, &rec, i)
+				return
+			}
+		}
 		p.connect(w, r, &rec)
 		return
 	}
@@ -236,7 +258,7 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 // them. It returns the HTTP status and denial reason when the policy
 // refuses, or the status and error when the dial fails.
 func (p *Proxy) dialChecked(ctx context.Context, rec *Record) (net.Conn, int, string, error) {
-	d := p.policy.decide(rec.Host, rec.Port)
+	d := p.Policy().decide(rec.Host, rec.Port)
 	if !d.allowed {
 		return nil, http.StatusForbidden, ReasonNotAllowed, nil
 	}
@@ -310,35 +332,48 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, rec *Record) {
 		return
 	}
 	defer up.Close()
+	client, in, ok := p.takeOver(w, rec)
+	if !ok {
+		return
+	}
+	defer client.Close()
+	defer p.untrack(client)
+	rec.Error = p.pipe(client, in, up, rec)
+	p.finish(rec)
+}
+
+// takeOver hijacks a CONNECT's connection, tracks it (CloseTunnels ends
+// it) and answers 200; in reads what the worker sends next, bytes it sent
+// after its CONNECT (a TLS hello) included. When it cannot, it has
+// answered or recorded why, and ok is false.
+func (p *Proxy) takeOver(w http.ResponseWriter, rec *Record) (client net.Conn, in io.Reader, ok bool) {
 	rc := http.NewResponseController(w)
 	client, brw, err := rc.Hijack()
 	if err != nil {
 		p.fail(w, rec, http.StatusInternalServerError, fmt.Errorf("take over the connection: %w", err))
-		return
+		return nil, nil, false
 	}
-	defer client.Close()
 	if !p.track(client) {
+		client.Close()
 		rec.Error = "proxy closed"
 		p.finish(rec)
-		return
+		return nil, nil, false
 	}
-	defer p.untrack(client)
 	rec.Status = http.StatusOK
 	client.SetDeadline(time.Time{}) // the server's read and write deadlines no longer apply
 	if _, err := client.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
+		p.untrack(client)
+		client.Close()
 		rec.Error = "write to worker: " + err.Error()
 		p.finish(rec)
-		return
+		return nil, nil, false
 	}
-	// Bytes the worker sent after its CONNECT (a TLS hello) may be
-	// buffered already.
-	var in io.Reader = client
+	in = client
 	if n := brw.Reader.Buffered(); n > 0 {
 		buffered, _ := brw.Reader.Peek(n)
 		in = io.MultiReader(strings.NewReader(string(buffered)), client)
 	}
-	rec.Error = p.pipe(client, in, up, rec)
-	p.finish(rec)
+	return client, in, true
 }
 
 // pipe copies client→up and up→client until both directions end, or the
@@ -470,6 +505,7 @@ func removeHop(h http.Header) {
 // forward serves a plain HTTP request with an absolute URI: one upstream
 // connection per request, closed after the response.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rec *Record) {
+	rec.Path = clipString(r.URL.Path, maxAuditPath)
 	conn := p.open(w, r, rec)
 	if conn == nil {
 		return

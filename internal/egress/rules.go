@@ -186,6 +186,9 @@ type Policy struct {
 	Open bool
 	// Allow are the allow entries.
 	Allow []Rule
+	// Models are the model APIs of the task's agent, which the proxy
+	// relays adding their keys (ModelHost).
+	Models []Model
 }
 
 // decision is a policy's answer for one host and port.

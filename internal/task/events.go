@@ -370,7 +370,12 @@ type EgressConnection struct {
 	Method  string `json:"method"` // CONNECT, or the method of a plain HTTP request
 	Host    string `json:"host"`
 	Port    int    `json:"port"`
-	Address string `json:"address,omitempty"` // the IP and port connected to
+	// Path is what a plain HTTP request, or one relayed to the agent's
+	// model API (with its key added: Credential), asked of Host: its
+	// path, never its query or a header.
+	Path       string `json:"path,omitempty"`
+	Credential bool   `json:"credential,omitempty"`
+	Address    string `json:"address,omitempty"` // the IP and port connected to
 	Allowed bool   `json:"allowed"`
 	Reason  string `json:"reason,omitempty"` // why it was denied
 	Error   string `json:"error,omitempty"`  // why an allowed connection failed or ended early

@@ -7,6 +7,7 @@ import (
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 // Egress runs one egress proxy per task with network allowlist or open,
@@ -15,10 +16,11 @@ import (
 // use.
 type Egress interface {
 	// Open starts the proxy of task id for its network policy ("allowlist"
-	// or "open"), or keeps the one that runs, and returns the host
+	// or "open") and the model APIs of its agent, which it relays adding
+	// their keys, or keeps the one that runs, and returns the host
 	// directory holding its socket. It is idempotent, and after a restart
 	// it listens again in the directory a running sandbox has mounted.
-	Open(id, network string) (dir string, err error)
+	Open(id, network string, models []workerproto.ModelAPI) (dir string, err error)
 	// Dir is the host directory Open makes for task id, without making it.
 	Dir(id string) string
 	// Close stops the task's proxy and removes its directory. Closing a
@@ -102,13 +104,19 @@ func (o *Runner) sweepEgress() {
 // network: its sandbox still runs, and its relay dials the socket afresh
 // for each connection (scheduler Runner).
 func (o *Runner) Adopt(ctx context.Context, t task.Task) {
-	eg := o.opts.Egress
-	if eg == nil || t.Network == "" || t.Network == task.NetworkNone {
+	if o.opts.Egress == nil || t.Network == "" || t.Network == task.NetworkNone {
 		return
 	}
-	if _, err := eg.Open(t.ID, t.Network); err != nil {
+	if err := o.OpenEgress(t); err != nil {
 		o.log.Warn("cannot reopen egress proxy", logkey.TaskID, t.ID, logkey.Error, err)
 	} else {
 		o.log.Info("egress proxy reopened", logkey.TaskID, t.ID)
 	}
+}
+
+// OpenEgress opens the egress proxy of t, which has network, with the
+// model APIs of its agent, or keeps the one that runs.
+func (o *Runner) OpenEgress(t task.Task) error {
+	_, err := o.opts.Egress.Open(t.ID, t.Network, o.opts.Agents[t.Agent].Models)
+	return err
 }

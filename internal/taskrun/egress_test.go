@@ -3,6 +3,7 @@ package taskrun
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -30,6 +31,7 @@ type fakeEgress struct {
 	dirs   map[string]string // task id → network it was opened for
 	opened []string
 	closed []string
+	models map[string][]workerproto.ModelAPI // by task, as last opened
 }
 
 func newFakeEgress(ids ...string) *fakeEgress {
@@ -40,11 +42,15 @@ func newFakeEgress(ids ...string) *fakeEgress {
 	return f
 }
 
-func (f *fakeEgress) Open(id, network string) (string, error) {
+func (f *fakeEgress) Open(id, network string, models []workerproto.ModelAPI) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.dirs[id] = network
 	f.opened = append(f.opened, id+":"+network)
+	if f.models == nil {
+		f.models = map[string][]workerproto.ModelAPI{}
+	}
+	f.models[id] = models
 	return f.Dir(id), nil
 }
 
@@ -322,5 +328,58 @@ func TestPrepareRemoteWithoutEgress(t *testing.T) {
 	}
 	if _, opened := eg.state(); len(opened) != 0 {
 		t.Errorf("opened %v for a remote runtime without egress", opened)
+	}
+}
+
+// TestPrepareKeepsTheKeysOut: a claude task's sandbox gets the agent's
+// SandboxEnv (a placeholder for the key, no base URL), never its Env; its
+// worker is told to point ANTHROPIC_BASE_URL at its relay; its proxy is
+// opened with the model API and the key. The key is nowhere in the spec.
+// Without network the sandbox still gets the placeholder only.
+func TestPrepareKeepsTheKeysOut(t *testing.T) {
+	const key = "sk-ant-real-0123456789"
+	eg := newFakeEgress()
+	f := MustNew(t, withEgress(eg), func(o *Options) {
+		o.Agents[task.AgentClaude] = workerproto.AgentConfig{
+			Env:        []string{"ANTHROPIC_API_KEY=" + key, "ANTHROPIC_BASE_URL=http://127.0.0.2:8080", "OTHER=kept"},
+			SandboxEnv: []string{"ANTHROPIC_API_KEY=placeholder", "OTHER=kept"},
+			Models:     []workerproto.ModelAPI{{BaseURLVar: "ANTHROPIC_BASE_URL", Base: "http://127.0.0.2:8080", Header: "X-Api-Key", Value: key}},
+		}
+	})
+	eg.root = f.data.Path()
+	for _, network := range []string{task.NetworkAllowlist, task.NetworkNone} {
+		tk := f.MustCreate(t, task.Spec{Description: "keys", Network: network})
+		spec, err := f.r.Prepare(context.Background(), tk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(fmt.Sprint(spec), key) {
+			t.Errorf("%s: the key is in the sandbox's spec: %+v", network, spec)
+		}
+		if !slices.Contains(spec.Env, "ANTHROPIC_API_KEY=placeholder") || !slices.Contains(spec.Env, "OTHER=kept") ||
+			slices.ContainsFunc(spec.Env, func(kv string) bool { return strings.HasPrefix(kv, "ANTHROPIC_BASE_URL=") }) {
+			t.Errorf("%s: sandbox env %q", network, spec.Env)
+		}
+		opts, err := workerproto.ParseArgs(spec.Command[3:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []workerproto.ModelAPI{{BaseURLVar: "ANTHROPIC_BASE_URL", Base: "http://127.0.0.2:8080", Header: "X-Api-Key", Value: key}}
+		switch network {
+		case task.NetworkNone:
+			if len(opts.EgressModels) != 0 {
+				t.Errorf("network none: worker told to relay %v", opts.EgressModels)
+			}
+		default:
+			if !slices.Equal(opts.EgressModels, []string{"ANTHROPIC_BASE_URL"}) {
+				t.Errorf("worker relays %v, want ANTHROPIC_BASE_URL", opts.EgressModels)
+			}
+			eg.mu.Lock()
+			got := eg.models[tk.ID]
+			eg.mu.Unlock()
+			if !slices.Equal(got, want) {
+				t.Errorf("proxy opened with models %+v, want %+v", got, want)
+			}
+		}
 	}
 }

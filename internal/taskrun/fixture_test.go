@@ -47,7 +47,7 @@ func MustNew(tb testing.TB, edit ...func(*Options)) *fixture {
 	opts := Options{
 		Store: store, Tasks: tasks, Data: data,
 		Agents: map[string]workerproto.AgentConfig{
-			task.AgentClaude:  {Binary: "/usr/local/bin/claude", Env: []string{"ANTHROPIC_API_KEY=k"}},
+			task.AgentClaude:  {Binary: "/usr/local/bin/claude", Env: []string{"ANTHROPIC_API_KEY=k"}, SandboxEnv: []string{"ANTHROPIC_API_KEY=placeholder"}},
 			task.AgentCommand: {},
 		},
 		Worker:      WorkerOptions{BinDir: data.HostPath("run", "bin"), SocketDir: data.HostPath("run", "sock"), Secret: testSecret},

@@ -139,6 +139,9 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 			args.Resume = prev.SessionID
 		}
 	}
+	// The agent's API keys stay here: its sandbox gets placeholders, and
+	// its egress adds the keys to the requests for its model APIs.
+	models := ag.Models
 	network := sandbox.NetworkNone
 	var egressDir string
 	if t.Network != "" && t.Network != task.NetworkNone {
@@ -148,11 +151,14 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		if o.opts.Egress == nil {
 			return sandbox.Spec{}, fmt.Errorf("network %s needs the egress proxy, which this server does not run: %w", t.Network, errdefs.ErrFailedPrecondition)
 		}
-		dir, err := o.opts.Egress.Open(t.ID, t.Network)
+		dir, err := o.opts.Egress.Open(t.ID, t.Network, models)
 		if err != nil {
 			return sandbox.Spec{}, fmt.Errorf("open egress proxy: %w", err)
 		}
 		network, args.EgressForward = sandbox.NetworkEgress, o.opts.Egress.Forwards()
+		for _, m := range models {
+			args.EgressModels = append(args.EgressModels, m.BaseURLVar)
+		}
 		if remote {
 			// Over the network, with the task's key; nothing to mount.
 			args.EgressAddr = where.EgressAddr
@@ -185,7 +191,7 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		}
 		env = append(env, workerproto.EnvSessionID+"="+t.ExecSession, workerproto.EnvSessionToken+"="+token)
 	}
-	env = append(env, ag.Env...)
+	env = append(env, ag.SandboxEnv...)
 	mounts, err := o.baseMounts(t.ID, remote)
 	if err != nil {
 		return sandbox.Spec{}, err

@@ -76,8 +76,9 @@ func TestPrepare(t *testing.T) {
 	if !strings.Contains(argv, "--agent claude --agent-binary /usr/local/bin/claude --model claude-opus-4") || slices.Contains(spec.Command, "--") {
 		t.Errorf("claude argv %q", argv)
 	}
-	if !slices.Contains(spec.Env, "ANTHROPIC_API_KEY=k") {
-		t.Errorf("claude env lacks the agent's env")
+	// The sandbox gets the agent's SandboxEnv, never its Env.
+	if !slices.Contains(spec.Env, "ANTHROPIC_API_KEY=placeholder") || slices.Contains(spec.Env, "ANTHROPIC_API_KEY=k") {
+		t.Errorf("claude env %q: want the key's placeholder, not the key", spec.Env)
 	}
 }
 

@@ -68,7 +68,13 @@ func TCPUpstream(addr, id string, key []byte) Upstream {
 // host's 127.0.0.1:PORT this way although its sandbox has a loopback of
 // its own.
 func StartForward(addr string, up Upstream, log *slog.Logger) (*Relay, error) {
-	return StartRelay(addr, func() (net.Conn, error) { return dialConnect(up, addr) }, log)
+	return StartForwardTo(addr, addr, up, log)
+}
+
+// StartForwardTo listens on addr and tunnels each connection to target
+// through the proxy up reaches.
+func StartForwardTo(addr, target string, up Upstream, log *slog.Logger) (*Relay, error) {
+	return StartRelay(addr, func() (net.Conn, error) { return dialConnect(up, target) }, log)
 }
 
 // StartRelay listens on addr (host:port) and relays each connection to the

@@ -38,6 +38,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/agent"
+	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/task"
@@ -274,7 +275,7 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 
 	// The relay starts before the agent and stops after it: the sandbox has
 	// loopback only, and the relay is its one way to the egress proxy.
-	var proxyEnv []string
+	var proxyEnv, modelEnv []string
 	if up := r.upstream(); up != nil {
 		relay, err := StartRelay(r.opts.EgressListen, up, r.log)
 		if err != nil {
@@ -289,8 +290,18 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 			}
 			defer fwd.Close()
 		}
+		// The model APIs: the agent's base URL variables point at relays
+		// here, through which the proxy adds the keys (last, so they win).
+		for i, name := range r.opts.EgressModels {
+			m, err := StartForwardTo("127.0.0.1:0", egress.ModelHost(i)+":80", up, r.log)
+			if err != nil {
+				return fail(ExitSetup, err.Error())
+			}
+			defer m.Close()
+			modelEnv = append(modelEnv, name+"=http://"+m.Addr())
+		}
 	}
-	proc.Env = append(proxyEnv, proc.Env...)
+	proc.Env = append(append(proxyEnv, proc.Env...), modelEnv...)
 	proc.Env = append(missingDefaults(r.opts.Env, proc.DefaultEnv), proc.Env...)
 
 	// Secrets the agent holds (its API keys) never reach the transcript,

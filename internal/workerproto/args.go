@@ -54,6 +54,12 @@ type Args struct {
 	// names: each is forwarded, at the same address inside the sandbox,
 	// through the proxy to that address on the server's host.
 	EgressForward []string
+	// EgressModels are the variables that point the agent at its model
+	// APIs (ANTHROPIC_BASE_URL, ...), in the order of the task's proxy's
+	// (egress.Policy.Models): the worker sets the i-th to a relay on the
+	// sandbox's loopback that tunnels to the proxy's model API i, which
+	// adds the key the sandbox never holds.
+	EgressModels []string
 
 	MaxLogBytes int64         // per log file; default 64 MiB
 	Grace       time.Duration // SIGTERM → SIGKILL; default 10s
@@ -93,6 +99,9 @@ func (a Args) Argv() []string {
 	for _, f := range a.EgressForward {
 		str("egress-forward", f)
 	}
+	for _, v := range a.EgressModels {
+		str("egress-model", v)
+	}
 	if len(a.Command) > 0 {
 		argv = append(append(argv, "--"), a.Command...)
 	}
@@ -124,6 +133,10 @@ func ParseArgs(argv []string) (Args, error) {
 	fs.StringVar(&a.EgressListen, "egress-listen", DefaultEgressListen, "where the egress relay listens")
 	fs.Func("egress-forward", "a loopback host:port to forward, at the same address, through the egress proxy to the server's host (repeatable)", func(s string) error {
 		a.EgressForward = append(a.EgressForward, s)
+		return nil
+	})
+	fs.Func("egress-model", "a variable pointing the agent at a model API, set to a relay through which the egress proxy adds its key (repeatable, in the proxy's order)", func(s string) error {
+		a.EgressModels = append(a.EgressModels, s)
 		return nil
 	})
 	if err := fs.Parse(argv); err != nil {
@@ -167,6 +180,14 @@ func ParseArgs(argv []string) (Args, error) {
 	if len(a.EgressForward) > 0 && a.EgressSocket == "" && a.EgressAddr == "" {
 		errs = append(errs, errdefs.Field("--egress-forward", "needs --egress-socket or --egress-addr"))
 	}
+	for _, v := range a.EgressModels {
+		if !validEnvName(v) {
+			errs = append(errs, errdefs.Field("--egress-model", fmt.Sprintf("%q is not a variable name", v)))
+		}
+	}
+	if len(a.EgressModels) > 0 && a.EgressSocket == "" && a.EgressAddr == "" {
+		errs = append(errs, errdefs.Field("--egress-model", "needs --egress-socket or --egress-addr"))
+	}
 	return a, errors.Join(errs...)
 }
 
@@ -181,4 +202,17 @@ func checkForward(addr, relay string) error {
 		return fmt.Errorf("%q is where the egress relay listens: %w", addr, errdefs.ErrInvalidArgument)
 	}
 	return nil
+}
+
+// validEnvName reports whether s is a portable environment variable name.
+func validEnvName(s string) bool {
+	if s == "" || s[0] >= '0' && s[0] <= '9' {
+		return false
+	}
+	for _, c := range s {
+		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
 }

@@ -108,7 +108,24 @@ const (
 type AgentConfig struct {
 	Binary string
 	Args   []string
-	Env    []string // KEY=VALUE, secrets included; never logged
+	// Env is the environment configured (KEY=VALUE), secrets included;
+	// never logged, and every secret of it redacted from what a worker
+	// reports.
+	Env []string
+	// SandboxEnv is what a sandbox gets of Env: its API keys replaced by
+	// placeholders, its model APIs' base URLs left out; the egress adds
+	// the keys to the requests for Models.
+	SandboxEnv []string
+	Models     []ModelAPI
+}
+
+// ModelAPI is a model API the egress relays for an agent, adding its key:
+// the worker points the variable BaseURLVar at its relay, and the relay's
+// requests go to Base with Header: Value added.
+type ModelAPI struct {
+	BaseURLVar    string
+	Base          string
+	Header, Value string
 }
 
 // ServerSocket is the socket a host's sandbox dials to reach replica, the

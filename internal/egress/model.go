@@ -1,0 +1,337 @@
+package egress
+
+import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/http/httputil"
+	"net/url"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A task's agent reaches its model API without holding its key. The
+// worker in the sandbox listens on the sandbox's loopback, points the
+// agent's base URL variable there (ANTHROPIC_BASE_URL, ...), and tunnels
+// each connection to the proxy with CONNECT ModelHost(i):80. The proxy
+// serves that tunnel as plain HTTP itself: it sends each request on to the
+// model API the server was configured with (over TLS to the real host, its
+// certificate verified), with the agent's key added in the header that API
+// reads and every credential the sandbox sent removed. The key lives in
+// the server only; the sandbox's environment holds a placeholder.
+
+// Model is a model API the proxy relays for a task's agent.
+type Model struct {
+	// Base is the API's base URL (http or https, a host, a path or none):
+	// a request for /v1/messages goes to Base's path joined with it, and
+	// never outside Base's path.
+	Base *url.URL
+	// Header and Value are the credential added to every request
+	// ("x-api-key" and the key; "Authorization" and "Bearer " + the key).
+	Header, Value string
+	// Placeholder, if set, is what the sandbox holds in the key's place:
+	// a query parameter with this value (Google's ?key=) is removed.
+	Placeholder string
+}
+
+// String names the model API without its credential.
+func (m Model) String() string { return m.Base.Redacted() }
+
+// ParseModel checks a model API's base URL and returns the Model that adds
+// header: value to its requests.
+func ParseModel(base, header, value string) (Model, error) {
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		shown := "that is not one"
+		if err == nil {
+			shown = clipString(u.Redacted(), 200)
+		}
+		return Model{}, fmt.Errorf("model API base URL %q: want http(s)://host[:port][/path], without credentials, query or fragment", shown)
+	}
+	if header == "" || value == "" || strings.ContainsAny(header+value, "\r\n") {
+		return Model{}, fmt.Errorf("model API %s: its credential header is empty or spans lines", u.Redacted())
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	return Model{Base: u, Header: header, Value: value}, nil
+}
+
+// modelDomain holds the names the relays CONNECT to: under .invalid (RFC
+// 6761), which never resolves, so no allow rule can name a real host there.
+const modelDomain = ".corral.invalid"
+
+// ModelHost is the host the worker's relay for the task's i-th model API
+// CONNECTs to (on port 80).
+func ModelHost(i int) string { return "model-" + strconv.Itoa(i) + modelDomain }
+
+// modelIndex reads ModelHost's index back; ok is false for any other host.
+func modelIndex(host string) (int, bool) {
+	s, ok := strings.CutPrefix(host, "model-")
+	if !ok {
+		return 0, false
+	}
+	s, ok = strings.CutSuffix(s, modelDomain)
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.Atoi(s)
+	if err != nil || i < 0 || strconv.Itoa(i) != s {
+		return 0, false
+	}
+	return i, true
+}
+
+// credentialHeaders are removed from every relayed request: whatever the
+// sandbox sent as a credential goes nowhere.
+var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "X-Api-Key", "X-Goog-Api-Key", "Api-Key", "Cookie"}
+
+// ReasonNoModel denies a relay CONNECT for a model API the task has not.
+const ReasonNoModel = "no model API of the task's agent has this number"
+
+// ReasonModelPath denies a relayed request for a path outside the model
+// API's base path.
+const ReasonModelPath = "path outside the model API's base path"
+
+// maxAuditPath bounds the path a Record keeps.
+const maxAuditPath = 256
+
+// relayModel serves a CONNECT to ModelHost(i): the tunnel carries the
+// agent's HTTP requests to model API i of the policy, each recorded.
+func (p *Proxy) relayModel(w http.ResponseWriter, r *http.Request, rec *Record, i int) {
+	models := p.Policy().Models
+	if i >= len(models) {
+		p.deny(w, rec, http.StatusForbidden, ReasonNoModel)
+		return
+	}
+	m := models[i]
+	client, in, ok := p.takeOver(w, rec)
+	if !ok {
+		return
+	}
+	defer p.untrack(client)
+	// The tunnel is not an attempt of its own: each request in it is.
+	conn := &tunnelConn{Conn: client, r: in, closed: make(chan struct{})}
+	srv := &http.Server{
+		Handler:           p.modelHandler(m),
+		ReadHeaderTimeout: p.opts.ReadHeaderTimeout,
+		IdleTimeout:       p.opts.IdleTimeout,
+		MaxHeaderBytes:    p.opts.MaxHeaderBytes,
+		ErrorLog:          log.New(io.Discard, "", 0),
+	}
+	srv.Serve(&oneConnListener{conn: conn})
+	<-conn.closed
+}
+
+// modelHandler relays one request to m and records it.
+func (p *Proxy) modelHandler(m Model) http.Handler {
+	transport := p.modelTransport()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := Record{TaskID: p.taskID, Method: r.Method, Host: m.Base.Hostname(), Port: portOf(m.Base), Start: p.opts.Now(),
+			Path: clipString(r.URL.Path, maxAuditPath)}
+		target, ok := joinUnder(m.Base.Path, r.URL.Path)
+		if !ok || r.URL.IsAbs() && r.URL.Host != "" {
+			rec.Reason, rec.Status = ReasonModelPath, http.StatusForbidden
+			p.finish(&rec)
+			http.Error(w, "corral egress: "+ReasonModelPath, http.StatusForbidden)
+			return
+		}
+		rec.Allowed, rec.Credential = true, true
+		sw := &statusWriter{ResponseWriter: w}
+		var addr atomic.Value
+		r = r.WithContext(httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) { addr.Store(info.Conn.RemoteAddr().String()) },
+		}))
+		var failed error
+		rp := &httputil.ReverseProxy{
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				out := pr.Out
+				out.URL = &url.URL{Scheme: m.Base.Scheme, Host: m.Base.Host, Path: target, RawQuery: withoutPlaceholder(r.URL.RawQuery, m.Placeholder)}
+				out.Host = m.Base.Host
+				for _, h := range credentialHeaders {
+					out.Header.Del(h)
+				}
+				out.Header.Set(m.Header, m.Value)
+			},
+			Transport:     transport,
+			FlushInterval: -1,
+			ErrorLog:      log.New(io.Discard, "", 0),
+			ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+				failed = err
+				w.WriteHeader(http.StatusBadGateway)
+				fmt.Fprintf(w, "corral egress: model API %s: %s\n", m.Base.Host, oneLine(err.Error()))
+			},
+		}
+		body := &countingReader{r: r.Body}
+		r.Body = body
+		rp.ServeHTTP(sw, r)
+		rec.Status, rec.BytesUp, rec.BytesDown = sw.status, body.n, sw.n
+		rec.Address, _ = addr.Load().(string)
+		if failed != nil {
+			rec.Error = failed.Error()
+		}
+		p.finish(&rec)
+	})
+}
+
+// modelTransport is how the relay reaches model APIs: the proxy's dialer,
+// TLS verified against Options.RootCAs (the system's when nil), and no
+// proxy from the server's environment.
+func (p *Proxy) modelTransport() *http.Transport {
+	return &http.Transport{
+		DialContext:           p.opts.Dial,
+		TLSClientConfig:       &tls.Config{RootCAs: p.opts.RootCAs, MinVersion: tls.VersionTLS12},
+		ForceAttemptHTTP2:     true,
+		TLSHandshakeTimeout:   p.opts.DialTimeout,
+		ResponseHeaderTimeout: p.opts.IdleTimeout,
+		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConnsPerHost:   4,
+	}
+}
+
+// joinUnder joins base (a clean path, "" or "/v1") and a request's path,
+// refusing a path that, cleaned, leaves base (dot segments).
+func joinUnder(base, reqPath string) (string, bool) {
+	if reqPath == "" {
+		reqPath = "/"
+	}
+	if !strings.HasPrefix(reqPath, "/") {
+		return "", false
+	}
+	joined := path.Join(base, reqPath)
+	if base != "" && joined != base && !strings.HasPrefix(joined, base+"/") {
+		return "", false
+	}
+	if path.Clean(reqPath) != reqPath && path.Clean(reqPath)+"/" != reqPath {
+		return "", false // dot segments or doubled slashes: nothing an API client sends
+	}
+	if strings.HasSuffix(reqPath, "/") && !strings.HasSuffix(joined, "/") {
+		joined += "/"
+	}
+	return joined, true
+}
+
+// withoutPlaceholder removes the query parameters whose value is
+// placeholder (none when it is "").
+func withoutPlaceholder(rawQuery, placeholder string) string {
+	if placeholder == "" || !strings.Contains(rawQuery, placeholder) {
+		return rawQuery
+	}
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return rawQuery
+	}
+	for k, vs := range q {
+		if slices.Contains(vs, placeholder) {
+			q.Del(k)
+		}
+	}
+	return q.Encode()
+}
+
+func portOf(u *url.URL) int {
+	if p, err := strconv.Atoi(u.Port()); err == nil {
+		return p
+	}
+	if u.Scheme == "https" {
+		return 443
+	}
+	return 80
+}
+
+func clipString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// statusWriter records the status and the body bytes written.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	n      int64
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.n += int64(n)
+	return n, err
+}
+
+// Flush lets the reverse proxy flush a stream (server-sent events) at once.
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+type countingReader struct {
+	r io.ReadCloser
+	n int64
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *countingReader) Close() error { return c.r.Close() }
+
+// tunnelConn is a hijacked connection whose first bytes may be buffered
+// in r; closed is closed once the connection is.
+type tunnelConn struct {
+	net.Conn
+	r      io.Reader
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *tunnelConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+func (c *tunnelConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { close(c.closed) })
+	return err
+}
+
+// oneConnListener hands one connection to an http.Server, then reports
+// itself closed once that connection is.
+type oneConnListener struct {
+	conn *tunnelConn
+	mu   sync.Mutex
+	done bool
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	first := !l.done
+	l.done = true
+	l.mu.Unlock()
+	if first {
+		return l.conn, nil
+	}
+	<-l.conn.closed
+	return nil, net.ErrClosed
+}
+
+func (l *oneConnListener) Close() error   { return nil }
+func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }

@@ -1,0 +1,242 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// modelClient is an HTTP client whose every connection is a relay tunnel
+// to model API i of the task behind sock, as the worker's relay makes.
+func modelClient(t *testing.T, sock string, i int) *http.Client {
+	t.Helper()
+	return &http.Client{
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				c, err := net.Dial("unix", sock)
+				if err != nil {
+					return nil, err
+				}
+				fmt.Fprintf(c, "CONNECT %s:80 HTTP/1.1\r\nHost: %[1]s:80\r\n\r\n", ModelHost(i))
+				br := bufio.NewReader(c)
+				resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+				if err != nil {
+					c.Close()
+					return nil, err
+				}
+				if resp.StatusCode != http.StatusOK {
+					c.Close()
+					return nil, fmt.Errorf("CONNECT: %s", resp.Status)
+				}
+				return c, nil
+			},
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Timeout:       10 * time.Second,
+	}
+}
+
+// seen is what a model API's test server was sent.
+type seen struct {
+	path, query string
+	header      http.Header
+}
+
+func modelServer(t *testing.T, tls bool, h http.HandlerFunc) (*httptest.Server, chan seen) {
+	t.Helper()
+	ch := make(chan seen, 10)
+	wrapped := func(w http.ResponseWriter, r *http.Request) {
+		ch <- seen{path: r.URL.Path, query: r.URL.RawQuery, header: r.Header.Clone()}
+		h(w, r)
+	}
+	var s *httptest.Server
+	if tls {
+		s = httptest.NewTLSServer(http.HandlerFunc(wrapped))
+	} else {
+		s = httptest.NewServer(http.HandlerFunc(wrapped))
+	}
+	t.Cleanup(s.Close)
+	return s, ch
+}
+
+func mustModel(t *testing.T, base, header, value string) Model {
+	t.Helper()
+	m, err := ParseModel(base, header, value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestModelRelayAddsTheKey: a request through the relay reaches the model
+// API under its base path with the server's key in the API's header, and
+// none of the credentials the sandbox sent; it is recorded with its
+// method, host, path and status.
+func TestModelRelayAddsTheKey(t *testing.T) {
+	srv, got := modelServer(t, false, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "answer") })
+	m := mustModel(t, srv.URL+"/v1", "x-api-key", "sk-real")
+	sock, recs := MustProxy(t, Policy{Models: []Model{m}}, Options{})
+	req, _ := http.NewRequest("POST", "http://127.0.0.1:9/messages?beta=true", strings.NewReader(`{"q":1}`))
+	req.Header.Set("x-api-key", "placeholder")
+	req.Header.Set("Authorization", "Bearer placeholder")
+	req.Header.Set("X-Goog-Api-Key", "placeholder")
+	req.Header.Set("anthropic-version", "2023-06-01")
+	resp, err := modelClient(t, sock, 0).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "answer" {
+		t.Fatalf("relayed: %s %q", resp.Status, body)
+	}
+	s := <-got
+	if s.path != "/v1/messages" || s.query != "beta=true" {
+		t.Errorf("the API was asked %s?%s, want /v1/messages?beta=true", s.path, s.query)
+	}
+	if k := s.header.Values("X-Api-Key"); len(k) != 1 || k[0] != "sk-real" {
+		t.Errorf("x-api-key %q, want the server's key alone", k)
+	}
+	if a, g := s.header.Get("Authorization"), s.header.Get("X-Goog-Api-Key"); a != "" || g != "" {
+		t.Errorf("the sandbox's credentials went on: Authorization %q, X-Goog-Api-Key %q", a, g)
+	}
+	if v := s.header.Get("Anthropic-Version"); v != "2023-06-01" {
+		t.Errorf("other headers must pass: anthropic-version %q", v)
+	}
+	rec := recs.next(t)
+	if !rec.Allowed || rec.Method != "POST" || rec.Path != "/messages" || rec.Status != 200 || rec.Host != "127.0.0.1" || !rec.Credential || rec.Address != srv.Listener.Addr().String() || rec.BytesUp != 7 || rec.BytesDown != 6 {
+		t.Errorf("record %+v", rec)
+	}
+}
+
+// TestModelRelayStreams: a streamed answer (server-sent events) reaches the
+// agent as it is written, not once it ends.
+func TestModelRelayStreams(t *testing.T) {
+	release := make(chan struct{})
+	srv, _ := modelServer(t, false, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, "data: last\n\n")
+	})
+	defer close(release)
+	sock, _ := MustProxy(t, Policy{Models: []Model{mustModel(t, srv.URL, "Authorization", "Bearer k")}}, Options{})
+	resp, err := modelClient(t, sock, 0).Post("http://x/v1/stream", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || line != "data: first\n" {
+		t.Fatalf("first event %q, %v: want it before the stream ends", line, err)
+	}
+}
+
+// TestModelRelayVerifiesTLS: the relay speaks TLS to an https model API
+// and refuses a certificate its roots do not trust.
+func TestModelRelayVerifiesTLS(t *testing.T) {
+	srv, _ := modelServer(t, true, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "over tls") })
+	m := mustModel(t, srv.URL, "x-api-key", "k")
+	for _, trusted := range []bool{false, true} {
+		var opts Options
+		if trusted {
+			opts.RootCAs = x509.NewCertPool()
+			opts.RootCAs.AddCert(srv.Certificate())
+		}
+		sock, recs := MustProxy(t, Policy{Models: []Model{m}}, opts)
+		resp, err := modelClient(t, sock, 0).Get("http://x/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		rec := recs.next(t)
+		switch {
+		case trusted && (resp.StatusCode != 200 || string(body) != "over tls"):
+			t.Errorf("trusted certificate: %s %q", resp.Status, body)
+		case !trusted && (resp.StatusCode != http.StatusBadGateway || !strings.Contains(rec.Error, "certificate")):
+			t.Errorf("untrusted certificate: %s %q, record error %q; want 502, a certificate error", resp.Status, body, rec.Error)
+		}
+	}
+}
+
+// TestModelRelayRefuses: a relay for a model API the task has not, a path
+// that leaves the API's base path, and an absolute URL for another host
+// are refused; a redirect is passed back, never followed with the key.
+func TestModelRelayRefuses(t *testing.T) {
+	srv, got := modelServer(t, false, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "http://elsewhere.example/steal", http.StatusFound)
+	})
+	sock, recs := MustProxy(t, Policy{Models: []Model{mustModel(t, srv.URL+"/v1", "x-api-key", "k")}}, Options{})
+	if _, _, status, _ := connect(t, sock, ModelHost(1)+":80"); status != http.StatusForbidden {
+		t.Errorf("relay of a model API the task has not: %d, want 403", status)
+	}
+	if rec := recs.next(t); rec.Allowed || rec.Reason != ReasonNoModel {
+		t.Errorf("record %+v", rec)
+	}
+	c := modelClient(t, sock, 0)
+	for _, p := range []string{"/../admin", "/v1/../../admin", "//evil.example/x", "/./messages"} {
+		req, _ := http.NewRequest("GET", "http://x/", nil)
+		req.URL.Opaque = p // sent as is
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("path %q: %s, want 403", p, resp.Status)
+		}
+		if rec := recs.next(t); rec.Allowed || rec.Reason != ReasonModelPath {
+			t.Errorf("path %q: record %+v", p, rec)
+		}
+	}
+	select {
+	case s := <-got:
+		t.Errorf("the API was asked %s", s.path)
+	default:
+	}
+	resp, err := c.Get("http://x/messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusFound || resp.Header.Get("Location") != "http://elsewhere.example/steal" {
+		t.Errorf("redirect: %s %q, want the 302 passed back", resp.Status, resp.Header.Get("Location"))
+	}
+	if s := <-got; s.path != "/v1/messages" {
+		t.Errorf("asked %s", s.path)
+	}
+}
+
+func TestParseModel(t *testing.T) {
+	for _, bad := range []string{"", "ftp://h", "https://", "https://u:p@h", "https://h/?q=1", "https://h/#f", "h/v1"} {
+		if _, err := ParseModel(bad, "x-api-key", "k"); err == nil {
+			t.Errorf("ParseModel(%q) accepted", bad)
+		}
+	}
+	if _, err := ParseModel("https://h", "x-api-key", "k\r\nX: y"); err == nil {
+		t.Error("a credential spanning lines accepted")
+	}
+	m, err := ParseModel("https://api.example.com/v1/", "Authorization", "Bearer k")
+	if err != nil || m.Base.Path != "/v1" || m.String() != "https://api.example.com/v1" {
+		t.Errorf("ParseModel: %+v %v", m, err)
+	}
+	for host, want := range map[string]int{ModelHost(0): 0, ModelHost(12): 12, "model-01.corral.invalid": -1, "model-x.corral.invalid": -1, "model-1.example.com": -1} {
+		i, ok := modelIndex(host)
+		if !ok {
+			i = -1
+		}
+		if i != want {
+			t.Errorf("modelIndex(%q) = %d, want %d", host, i, want)
+		}
+	}
+}
