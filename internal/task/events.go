@@ -367,19 +367,19 @@ type Commit struct {
 // EgressConnection is the payload of EventEgressConnection: one attempt by
 // the task's worker to reach Host:Port through the egress proxy.
 type EgressConnection struct {
-	Method  string `json:"method"` // CONNECT, or the method of a plain HTTP request
-	Host    string `json:"host"`
-	Port    int    `json:"port"`
+	Method string `json:"method"` // CONNECT, or the method of a plain HTTP request
+	Host   string `json:"host"`
+	Port   int    `json:"port"`
 	// Path is what a plain HTTP request, or one relayed to the agent's
 	// model API (with its key added: Credential), asked of Host: its
 	// path, never its query or a header.
 	Path       string `json:"path,omitempty"`
 	Credential bool   `json:"credential,omitempty"`
 	Address    string `json:"address,omitempty"` // the IP and port connected to
-	Allowed bool   `json:"allowed"`
-	Reason  string `json:"reason,omitempty"` // why it was denied
-	Error   string `json:"error,omitempty"`  // why an allowed connection failed or ended early
-	Status  int    `json:"status,omitempty"` // the HTTP status the worker got
+	Allowed    bool   `json:"allowed"`
+	Reason     string `json:"reason,omitempty"` // why it was denied
+	Error      string `json:"error,omitempty"`  // why an allowed connection failed or ended early
+	Status     int    `json:"status,omitempty"` // the HTTP status the worker got
 	// BytesUp and BytesDown count bytes sent to and received from Host.
 	BytesUp         int64   `json:"bytes_up"`
 	BytesDown       int64   `json:"bytes_down"`
