@@ -80,12 +80,32 @@ func (a *App) stageBinaries(corral string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("stage the worker binaries: %w", err)
 	}
-	for name, src := range map[string]string{workerproto.CorralName: corral, workerproto.WorkerName: worker} {
-		if err := stage(src, filepath.Join(dir, name)); err != nil {
-			return "", err
-		}
+	if err := stageAll(dir, map[string]string{workerproto.CorralName: corral, workerproto.WorkerName: worker}); err != nil {
+		return "", err
 	}
 	return dir, nil
+}
+
+// stageAll stages files (name in dir: source) holding dir's lock: the
+// replicas of a cluster share the data root and may start together (a
+// Deployment's first rollout), and two stagings at once spoil each other,
+// one's rename moving the other's half-written copy into place, the
+// other's then finding nothing to rename.
+func stageAll(dir string, files map[string]string) error {
+	lock, err := os.OpenFile(filepath.Join(dir, ".stage.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("stage the worker binaries: %w", err)
+	}
+	defer lock.Close() // and the flock with it
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("stage the worker binaries: lock %s: %w", lock.Name(), err)
+	}
+	for name, src := range files {
+		if err := stage(src, filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // stage places src at dst: a hard link where the file system allows;

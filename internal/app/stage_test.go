@@ -3,8 +3,10 @@ package app
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -51,5 +53,44 @@ func TestStageOnAFullDisk(t *testing.T) {
 	}
 	if _, err := os.Stat(dst + ".new"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a partial copy left: %v", err)
+	}
+}
+
+// The replicas of a cluster share the data root and may start together (a
+// Deployment's first rollout), staging the same build at once: each finds
+// it whole in place, and none fails to start ("rename corral-worker.new:
+// no such file or directory", "open corral-worker.new: file exists").
+func TestStageTogether(t *testing.T) {
+	testenv.RequireRoot(t) // a tmpfs of its own, so that staging copies
+	disk := t.TempDir()
+	if err := unix.Mount("tmpfs", disk, "tmpfs", 0, "size=64m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(disk, unix.MNT_DETACH) })
+	src := filepath.Join(t.TempDir(), "corral-worker")
+	bin := bytes.Repeat([]byte("w"), 8<<20)
+	if err := os.WriteFile(src, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 5 {
+		dir := filepath.Join(disk, fmt.Sprint(round))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range errs {
+			wg.Go(func() { errs[i] = stageAll(dir, map[string]string{"corral-worker": src}) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "corral-worker")); err != nil || !bytes.Equal(b, bin) {
+			t.Fatalf("round %d: the staged copy: %d bytes, %v", round, len(b), err)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -252,8 +252,21 @@ busybox_image() {
     echo "$out"; return
   fi
   say "building the image $(image_name "$name") from $bb" >&2
-  local root app
+  local root
   root=$(mktemp -d)
+  busybox_root "$root"
+  mkimage "$name" "$root" "$out" "" '["/bin/sh"]'
+  rm -rf "$root"
+  echo "$out"
+}
+
+# busybox_root DIR: fills the empty directory DIR with busybox_image's root
+# file system, for an image that adds to it (the server's, in
+# internal/k8srender's replicas test).
+busybox_root() {
+  local root=$1 bb app
+  bb=$(dpkg -L busybox-static 2>/dev/null | grep -m1 '/bin/busybox$') ||
+    die "busybox-static is not installed (apt-get install busybox-static)"
   chmod 755 "$root"
   mkdir -p "$root/bin" "$root/etc" "$root/tmp" "$root/root" "$root/home/worker"
   cp "$bb" "$root/bin/busybox"
@@ -266,9 +279,6 @@ busybox_image() {
   chmod 1777 "$root/tmp"
   chmod 700 "$root/root"
   chown 1000:1000 "$root/home/worker"
-  mkimage "$name" "$root" "$out" "" '["/bin/sh"]'
-  rm -rf "$root"
-  echo "$out"
 }
 
 # claude_image [NAME:TAG [OUT.tar]]: seed 000's worker for the Claude Code

@@ -76,14 +76,14 @@ func SeccompProfile(tb testing.TB, class string) string {
 	return name
 }
 
-// containerdSocket is the test node's containerd (scripts/k8s/lib.sh).
-const containerdSocket = "/run/corral-k8s/containerd.sock"
+// ContainerdSocket is the test node's containerd (scripts/k8s/lib.sh).
+const ContainerdSocket = "/run/corral-k8s/containerd.sock"
 
 // RequireImage skips tb (fails it in CI) unless the node has image, which
 // the tests cannot pull: there is no registry.
 func RequireImage(tb testing.TB, image string) {
 	tb.Helper()
-	out, err := exec.Command("ctr", "--address", containerdSocket, "--namespace", "k8s.io", "images", "ls", "--quiet").Output()
+	out, err := exec.Command("ctr", "--address", ContainerdSocket, "--namespace", "k8s.io", "images", "ls", "--quiet").Output()
 	if err != nil {
 		testenv.Missing(tb, fmt.Sprintf("cannot list the test node's images: %v", err))
 	}
@@ -162,16 +162,45 @@ func Claim(tb testing.TB, cs kubernetes.Interface, ns, dir string) string {
 	tb.Helper()
 	ctx := context.Background()
 	name := Name("corral-data")
-	size := resource.MustParse("1Gi")
+	volume := Volume(tb, cs, ns, name, dir)
+	empty := ""
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			StorageClassName: &empty,
+			VolumeName:       volume,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	}
+	if _, err := cs.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+		tb.Fatal(err)
+	}
+	WaitFor(tb, "claim "+name+" bound", func() bool {
+		c, err := cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+		return err == nil && c.Status.Phase == corev1.ClaimBound
+	})
+	return name
+}
+
+// Volume makes a 1Gi ReadWriteMany PersistentVolume over the host
+// directory dir, for the claim named claim in namespace ns only (to be
+// made with volumeName set to the volume's name and storageClassName ""),
+// and returns its name once the PV controller has seen it; it is deleted
+// when tb ends.
+func Volume(tb testing.TB, cs kubernetes.Interface, ns, claim, dir string) string {
+	tb.Helper()
+	ctx := context.Background()
+	name := Name("corral-data")
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: size},
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
 			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
 			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
 			StorageClassName:              "",
 			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}},
-			ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: name},
+			ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: claim},
 		},
 	}
 	if _, err := cs.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
@@ -183,23 +212,6 @@ func Claim(tb testing.TB, cs kubernetes.Interface, ns, dir string) string {
 	WaitFor(tb, "volume "+name+" available", func() bool {
 		v, err := cs.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
 		return err == nil && v.Status.Phase == corev1.VolumeAvailable
-	})
-	empty := ""
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
-			StorageClassName: &empty,
-			VolumeName:       name,
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
-		},
-	}
-	if _, err := cs.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
-		tb.Fatal(err)
-	}
-	WaitFor(tb, "claim "+name+" bound", func() bool {
-		c, err := cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
-		return err == nil && c.Status.Phase == corev1.ClaimBound
 	})
 	return name
 }
