@@ -314,6 +314,10 @@ func (a *App) open(ctx context.Context) error {
 		},
 		Agents:       agentConfigs(cfg),
 		AgentMissing: agentMissing,
+		CheckAllow: func(entries []string) error {
+			return egressProxies{srv: a.egress, allow: a.egressAllow}.checkAllow(entries, cfg.Egress.TaskHosts)
+		},
+		NetworkChanged: func(t task.Task) { a.runner.ApplyEgress(t) },
 	}, a.log.With("subsystem", "orchestrator"))
 	a.runner = taskrun.New(taskrun.Options{
 		Store:    a.store,

@@ -7,16 +7,19 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/corral-dev/corral/internal/agent"
+	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/taskrun"
 	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -38,22 +41,75 @@ type egressProxies struct {
 	allow []egress.Rule
 }
 
-func (e egressProxies) Open(id, network string, apis []workerproto.ModelAPI) (string, error) {
-	var p egress.Policy
-	switch egress.Mode(network) {
-	case egress.ModeAllowlist:
-		p = egress.Policy{Allow: e.allow}
-	case egress.ModeOpen:
-		p = egress.Policy{Open: true, Allow: e.allow}
-	default:
-		return "", fmt.Errorf("network %q has no egress proxy", network)
+func (e egressProxies) Open(id string, p taskrun.EgressPolicy) (string, error) {
+	if p.Network == "" || p.Network == task.NetworkNone {
+		return "", fmt.Errorf("network %q has no egress proxy", p.Network)
 	}
-	models, err := egressModels(apis)
+	pol, err := e.policy(p)
 	if err != nil {
 		return "", err
 	}
-	p.Models = models
-	return e.srv.Open(id, p)
+	return e.srv.Open(id, pol)
+}
+
+func (e egressProxies) Update(id string, p taskrun.EgressPolicy) error {
+	pol, err := e.policy(p)
+	if err != nil {
+		return err
+	}
+	return e.srv.SetPolicy(id, pol)
+}
+
+// policy is the egress.Policy of p: none lets nothing through, not even
+// the model APIs; a task's own allowlist replaces the server's.
+func (e egressProxies) policy(p taskrun.EgressPolicy) (egress.Policy, error) {
+	var pol egress.Policy
+	switch egress.Mode(p.Network) {
+	case egress.ModeNone:
+		return pol, nil
+	case egress.ModeAllowlist:
+	case egress.ModeOpen:
+		pol.Open = true
+	default:
+		return pol, fmt.Errorf("network %q is not an egress policy", p.Network)
+	}
+	pol.Allow = e.allow
+	if p.Allow != nil {
+		rules, err := egress.ParseRules(p.Allow)
+		if err != nil {
+			return pol, err
+		}
+		pol.Allow = rules
+	}
+	models, err := egressModels(p.Models)
+	if err != nil {
+		return pol, err
+	}
+	pol.Models = models
+	return pol, nil
+}
+
+// checkAllow checks a task's own allowlist: entries the proxy reads, each
+// within the server's list unless hosts may be added (egress.task_hosts).
+func (e egressProxies) checkAllow(entries []string, taskHosts string) error {
+	rules, err := egress.ParseRules(entries)
+	if err != nil {
+		return err
+	}
+	if taskHosts == config.TaskHostsAdd {
+		return nil
+	}
+	server := egress.Policy{Allow: e.allow}
+	var outside []string
+	for _, r := range rules {
+		if !server.Covers(r) {
+			outside = append(outside, r.String())
+		}
+	}
+	if len(outside) > 0 {
+		return fmt.Errorf("%s: not within the server's egress.allow, and egress.task_hosts is narrow", strings.Join(outside, ", "))
+	}
+	return nil
 }
 
 // egressModels are the egress's model APIs for apis; a base URL the
@@ -76,7 +132,7 @@ func egressModels(apis []workerproto.ModelAPI) ([]egress.Model, error) {
 type sessionEgress struct{ egressProxies }
 
 func (e sessionEgress) Open(id, network string) (string, error) {
-	return e.egressProxies.Open(id, network, nil)
+	return e.egressProxies.Open(id, taskrun.EgressPolicy{Network: network})
 }
 
 func (e egressProxies) Dir(id string) string     { return e.srv.Dir(id) }

@@ -327,7 +327,17 @@ type Workspaces struct {
 type Egress struct {
 	Mode  string   `yaml:"mode"`  // none | allowlist | open
 	Allow []string `yaml:"allow"` // host names; "*.example.com" allows subdomains
+	// TaskHosts says what a task's own allowlist (spawn's network_allow,
+	// PATCH /api/tasks/{id}/network) may hold: "narrow" (the default),
+	// only what Allow lets through; "add", any host.
+	TaskHosts string `yaml:"task_hosts"`
 }
+
+// TaskHosts values.
+const (
+	TaskHostsNarrow = "narrow"
+	TaskHostsAdd    = "add"
+)
 
 // Agents configures the agent adapters.
 type Agents struct {
@@ -472,8 +482,9 @@ func Default() *Config {
 		Sessions:   Sessions{MaxSessions: 8, IdleTimeout: Duration(30 * time.Minute), MaxLifetime: Duration(8 * time.Hour)},
 		Egress: Egress{
 			// SPEC §4: the model providers' API hosts, through the proxy.
-			Mode:  "allowlist",
-			Allow: []string{"api.anthropic.com", "generativelanguage.googleapis.com", "api.openai.com"},
+			Mode:      "allowlist",
+			Allow:     []string{"api.anthropic.com", "generativelanguage.googleapis.com", "api.openai.com"},
+			TaskHosts: TaskHostsNarrow,
 		},
 		Agents: Agents{
 			Default:  "claude",

@@ -251,7 +251,7 @@ limits:
 	w.TaskRetentionHours, w.JobTTLSeconds = 24, 0
 	want.Runtime = "docker"
 	want.Local.TmpSize = mustSize("64MiB")
-	want.Egress = Egress{Mode: "none", Allow: []string{"example.com", "*.example.org"}}
+	want.Egress = Egress{Mode: "none", Allow: []string{"example.com", "*.example.org"}, TaskHosts: TaskHostsNarrow}
 	want.Agents.Default = "gemini"
 	want.Agents.Gemini = Agent{Binary: "gemini", Args: []string{"--yolo"}, Env: map[string]string{"GEMINI_API_KEY": "literal-for-test"}}
 	want.Agents.Command.Binary = "/usr/bin/env"

@@ -97,6 +97,7 @@ func (c *Config) Validate() error {
 	}
 
 	v.oneOf("egress.mode", c.Egress.Mode, EgressModes)
+	v.oneOf("egress.task_hosts", c.Egress.TaskHosts, []string{TaskHostsNarrow, TaskHostsAdd})
 	for i, h := range c.Egress.Allow {
 		if !allowEntry(h) {
 			v.add(fmt.Sprintf("egress.allow[%d]", i), "must be a host name (api.example.com, api.example.com:8443, *.example.com) or an IP address such as 127.0.0.1:8080, with no scheme or path, got %q", h)

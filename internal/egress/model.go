@@ -43,6 +43,11 @@ type Model struct {
 	Placeholder string
 }
 
+// same reports whether m and o are the same API with the same credential.
+func (m Model) same(o Model) bool {
+	return m.Base.String() == o.Base.String() && m.Header == o.Header && m.Value == o.Value && m.Placeholder == o.Placeholder
+}
+
 // String names the model API without its credential.
 func (m Model) String() string { return m.Base.Redacted() }
 
@@ -112,7 +117,7 @@ func (p *Proxy) relayModel(w http.ResponseWriter, r *http.Request, rec *Record, 
 		return
 	}
 	m := models[i]
-	client, in, ok := p.takeOver(w, rec)
+	client, in, ok := p.takeOver(w, rec, tunnel{model: i, api: m})
 	if !ok {
 		return
 	}

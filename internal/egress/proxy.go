@@ -151,7 +151,7 @@ type Proxy struct {
 	sem    chan struct{}
 
 	mu      sync.Mutex
-	tunnels map[net.Conn]struct{} // hijacked client connections, closed by CloseTunnels
+	tunnels map[net.Conn]tunnel // connections in use, closed by CloseTunnels and by a policy that no longer allows them
 	closed  bool
 }
 
@@ -163,7 +163,7 @@ func NewProxy(taskID string, policy Policy, opts Options, log *slog.Logger) *Pro
 		opts:    opts,
 		log:     log.With(logkey.TaskID, taskID),
 		sem:     make(chan struct{}, opts.MaxConns),
-		tunnels: map[net.Conn]struct{}{},
+		tunnels: map[net.Conn]tunnel{},
 	}
 	p.policy.Store(&policy)
 	return p
@@ -332,7 +332,7 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, rec *Record) {
 		return
 	}
 	defer up.Close()
-	client, in, ok := p.takeOver(w, rec)
+	client, in, ok := p.takeOver(w, rec, tunnelTo(rec))
 	if !ok {
 		return
 	}
@@ -346,14 +346,14 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, rec *Record) {
 // it) and answers 200; in reads what the worker sends next, bytes it sent
 // after its CONNECT (a TLS hello) included. When it cannot, it has
 // answered or recorded why, and ok is false.
-func (p *Proxy) takeOver(w http.ResponseWriter, rec *Record) (client net.Conn, in io.Reader, ok bool) {
+func (p *Proxy) takeOver(w http.ResponseWriter, rec *Record, tn tunnel) (client net.Conn, in io.Reader, ok bool) {
 	rc := http.NewResponseController(w)
 	client, brw, err := rc.Hijack()
 	if err != nil {
 		p.fail(w, rec, http.StatusInternalServerError, fmt.Errorf("take over the connection: %w", err))
 		return nil, nil, false
 	}
-	if !p.track(client) {
+	if !p.track(client, tn) {
 		client.Close()
 		rec.Error = "proxy closed"
 		p.finish(rec)
@@ -457,13 +457,45 @@ func (p *Proxy) pipe(client net.Conn, in io.Reader, up net.Conn, rec *Record) st
 	return why
 }
 
-func (p *Proxy) track(c net.Conn) bool {
+// tunnel is what a tracked connection reaches: a host and port (with
+// whether its address is a special one), or the policy's model API number
+// model (from 0), api.
+type tunnel struct {
+	host    string
+	port    int
+	special bool
+	model   int
+	api     Model
+}
+
+// tunnelTo is the tunnel of a connection rec let through.
+func tunnelTo(rec *Record) tunnel {
+	special := true
+	if ap, err := netip.ParseAddrPort(rec.Address); err == nil {
+		special = Special(ap.Addr())
+	}
+	return tunnel{host: rec.Host, port: rec.Port, special: special, model: -1}
+}
+
+// allowedBy reports whether pol lets the tunnel through, as it would let
+// a new connection (for a model API: the same API at the same number).
+func (tn tunnel) allowedBy(pol Policy) bool {
+	if tn.model >= 0 {
+		return tn.model < len(pol.Models) && pol.Models[tn.model].same(tn.api)
+	}
+	d := pol.decide(tn.host, tn.port)
+	return d.allowed && (!tn.special || d.literal)
+}
+
+// track tracks c, unless the proxy closed or its policy changed since c's
+// target was checked and no longer lets it through.
+func (p *Proxy) track(c net.Conn, tn tunnel) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.closed || !tn.allowedBy(p.Policy()) {
 		return false
 	}
-	p.tunnels[c] = struct{}{}
+	p.tunnels[c] = tn
 	return true
 }
 
@@ -482,6 +514,22 @@ func (p *Proxy) CloseTunnels() {
 	p.closed = true
 	for c := range p.tunnels {
 		c.Close()
+	}
+}
+
+// SetPolicy gives the proxy pol from now on: every new connection meets
+// it, and the open ones it does not let through are closed before it
+// returns (tunnels, relays to a model API it no longer has, plain HTTP
+// requests being forwarded).
+func (p *Proxy) SetPolicy(pol Policy) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.policy.Store(&pol)
+	for c, tn := range p.tunnels {
+		if !tn.allowedBy(pol) {
+			c.Close()
+			delete(p.tunnels, c)
+		}
 	}
 }
 
@@ -512,6 +560,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rec *Record) {
 	}
 	up := &countingConn{Conn: conn}
 	defer up.Close()
+	if !p.track(up, tunnelTo(rec)) {
+		p.fail(w, rec, http.StatusServiceUnavailable, errors.New("proxy closed"))
+		return
+	}
+	defer p.untrack(up)
 	ctx, cancel := context.WithTimeout(r.Context(), p.opts.MaxDuration)
 	defer cancel()
 	stopTimer := context.AfterFunc(ctx, func() { up.SetDeadline(time.Unix(1, 0)) })

@@ -217,6 +217,36 @@ func (p Policy) decide(host string, port int) decision {
 	return d
 }
 
+// Covers reports whether everything r lets through the policy lets
+// through as well: a task's own entry within the server's allowlist.
+func (p Policy) Covers(r Rule) bool {
+	ports := []int{r.Port}
+	if r.Port == 0 {
+		ports = []int{443, 80}
+	}
+	for _, port := range ports {
+		if !r.Wildcard {
+			d := p.decide(r.Host, port)
+			if !d.allowed || r.literal() && !d.literal {
+				return false
+			}
+			continue
+		}
+		// Every subdomain of r.Host: only a wildcard of the policy whose
+		// suffix is r.Host or a parent of it covers them all.
+		covered := p.Open
+		for _, a := range p.Allow {
+			if a.Wildcard && (a.Host == r.Host || strings.HasSuffix(r.Host, "."+a.Host)) && a.matches("x."+r.Host, port) {
+				covered = true
+			}
+		}
+		if !covered {
+			return false
+		}
+	}
+	return true
+}
+
 // Allows reports whether the policy lets a connection to host:port through
 // its name check (the address check comes after resolving).
 func (p Policy) Allows(host string, port int) bool {

@@ -149,3 +149,31 @@ func TestLoopbackForwards(t *testing.T) {
 		t.Errorf("LoopbackForwards = %v, want %v", got, want)
 	}
 }
+
+func TestCovers(t *testing.T) {
+	server := Policy{Allow: MustParseRules("api.example.com", "*.github.com", "pypi.org:443", "127.0.0.1:8080")}
+	for entry, want := range map[string]bool{
+		"api.example.com":      true,
+		"api.example.com:443":  true,
+		"api.example.com:8443": false,
+		"other.example.com":    false,
+		"raw.github.com":       true,
+		"*.github.com":         true,
+		"*.api.github.com":     true,
+		"github.com":           false,
+		"pypi.org":             false, // 80 too
+		"pypi.org:443":         true,
+		"127.0.0.1:8080":       true,
+		"127.0.0.1:9090":       false,
+		"*.example.com":        false,
+		"10.0.0.1":             false,
+		"localhost:8080":       false,
+	} {
+		if got := server.Covers(MustParseRules(entry)[0]); got != want {
+			t.Errorf("Covers(%q) = %v, want %v", entry, got, want)
+		}
+	}
+	if !(Policy{Open: true}).Covers(MustParseRules("*.anything.org")[0]) {
+		t.Error("an open policy does not cover a wildcard")
+	}
+}

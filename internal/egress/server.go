@@ -217,6 +217,20 @@ func (s *Server) Tasks() ([]string, error) {
 	return ids, nil
 }
 
+// SetPolicy gives the proxy of task id policy from now on (Proxy.SetPolicy).
+// A task whose proxy does not listen here is ErrNotFound.
+func (s *Server) SetPolicy(id string, policy Policy) error {
+	s.mu.Lock()
+	tp := s.tasks[id]
+	s.mu.Unlock()
+	if tp == nil {
+		return fmt.Errorf("task %s has no egress proxy here: %w", id, errdefs.ErrNotFound)
+	}
+	tp.proxy.SetPolicy(policy)
+	s.log.Info("egress policy changed", logkey.TaskID, id, "open", policy.Open, "allow", len(policy.Allow), "models", len(policy.Models))
+	return nil
+}
+
 // Listening reports whether task id's proxy listens.
 func (s *Server) Listening(id string) bool {
 	s.mu.Lock()

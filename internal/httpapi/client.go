@@ -254,6 +254,14 @@ func (c *Client) Cancel(ctx context.Context, id string) (task.Task, error) {
 	return t, err
 }
 
+// SetNetwork changes a running task's network policy
+// (PATCH /api/tasks/{id}/network).
+func (c *Client) SetNetwork(ctx context.Context, req service.NetworkRequest) (task.Task, error) {
+	var t task.Task
+	err := c.call(ctx, http.MethodPatch, "/api/tasks/"+url.PathEscape(req.TaskID)+"/network", req, &t)
+	return t, err
+}
+
 // Logs copies a task's transcript to w. With req.Follow it copies until
 // the task ends, across restarts of the server: the transcript only grows,
 // so a resumed stream skips what was already copied.

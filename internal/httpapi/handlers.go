@@ -128,6 +128,21 @@ func (s *Server) cancelTask(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// setTaskNetwork is PATCH /api/tasks/{id}/network.
+func (s *Server) setTaskNetwork(w http.ResponseWriter, r *http.Request) error {
+	req, err := decodeBody[service.NetworkRequest](s, r)
+	if err != nil {
+		return err
+	}
+	req.TaskID = r.PathValue("id")
+	t, err := s.svc.Tasks.SetNetwork(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, t)
+	return nil
+}
+
 func (s *Server) taskLogs(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	req := service.LogsRequest{TaskID: r.PathValue("id"), Follow: isTrue(q.Get("follow")), Stream: q.Get("stream")}

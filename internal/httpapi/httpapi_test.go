@@ -70,6 +70,9 @@ func (s *stub) Result(context.Context, service.ResultRequest) (service.Result, e
 	return service.Result{}, errUnset
 }
 func (s *stub) Cancel(context.Context, string) (task.Task, error) { return task.Task{}, errUnset }
+func (s *stub) SetNetwork(context.Context, service.NetworkRequest) (task.Task, error) {
+	return task.Task{}, errUnset
+}
 func (s *stub) Logs(_ context.Context, r service.LogsRequest, w io.Writer) error {
 	if s.logs == nil {
 		return errUnset

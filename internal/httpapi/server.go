@@ -235,6 +235,7 @@ func (s *Server) routes() {
 	m.Handle("GET /api/tasks/{id}", auth(s.getTask))
 	m.Handle("GET /api/tasks/{id}/result", auth(s.taskResult))
 	m.Handle("POST /api/tasks/{id}/cancel", authJSON(s.cancelTask))
+	m.Handle("PATCH /api/tasks/{id}/network", authJSON(s.setTaskNetwork))
 	m.Handle("GET /api/tasks/{id}/logs", auth(s.taskLogs))
 	m.Handle("GET /api/tasks/{id}/events", auth(s.taskEvents))
 	m.Handle("GET /api/tasks/{id}/files/{path...}", auth(s.taskFile))

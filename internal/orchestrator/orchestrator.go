@@ -68,6 +68,14 @@ type Options struct {
 	// binary is not installed; checked at spawn on the host runtimes (the
 	// image runtimes find out when the task starts, and say so).
 	AgentMissing func(name string, cfg workerproto.AgentConfig) string
+	// CheckAllow checks a task's own egress allowlist (network_allow):
+	// entries the proxy reads, within what the operator lets a task ask.
+	// Nil: no task may have one.
+	CheckAllow func(entries []string) error
+	// NetworkChanged, if set, is called with a task whose network policy
+	// SetNetwork changed, for this server's egress to follow it at once
+	// (the others follow the log).
+	NetworkChanged func(task.Task)
 }
 
 // Images are the images tasks on the image runtimes run: Default for a task

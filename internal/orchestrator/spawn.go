@@ -217,6 +217,7 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 		Runtime:        req.Runtime,
 		Image:          req.Image,
 		Network:        req.Network,
+		NetworkAllow:   req.NetworkAllow,
 		Resources:      o.opts.Defaults.Resources,
 		Labels:         req.Labels,
 		IdempotencyKey: req.IdempotencyKey,
@@ -335,11 +336,7 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 	case spec.Network != task.NetworkNone && noEgress != "":
 		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q on the %s runtime: %s; only none: %w", clip.String(spec.Network, 64), spec.Runtime, noEgress, errdefs.ErrFailedPrecondition)})
 	}
-	if why, ok := o.opts.Networks[spec.Network]; !ok {
-		bad("network", "%q is not a network policy (one of: none, allowlist, open)", clip.String(spec.Network, 64))
-	} else if why != "" {
-		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q is not available: %s: %w", spec.Network, why, errdefs.ErrFailedPrecondition)})
-	}
+	errs = append(errs, o.checkNetwork(spec.Network, spec.NetworkAllow, "network", "network_allow"))
 
 	if r := req.Resources; r != nil {
 		var err error

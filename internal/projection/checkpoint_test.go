@@ -563,7 +563,7 @@ func fixedLog() []eventstore.Event {
 // foldDigests is, for each checkpointVersion, the SHA-256 of the
 // checkpoint of fixedLog (TestFoldVersion).
 var foldDigests = map[int]string{
-	1: "40fc667ab9e3a0fcbb12c3617b18cd015ae9890a77d19b50191120867336b733",
+	1: "8df17d2ac1400ca3914bb105175204dae48e0b28a8142b08b30aea37e49f5f74",
 }
 
 // TestFoldVersion: the checkpoint of a fixed log is the one recorded for

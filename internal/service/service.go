@@ -54,6 +54,10 @@ type Tasks interface {
 	Result(ctx context.Context, req ResultRequest) (Result, error)
 	// Cancel stops a task in any non-terminal state.
 	Cancel(ctx context.Context, id string) (task.Task, error)
+	// SetNetwork changes the network policy of a task that has not ended;
+	// its egress proxy follows at once: new connections meet the new
+	// policy, open ones it no longer allows are closed.
+	SetNetwork(ctx context.Context, req NetworkRequest) (task.Task, error)
 	// Logs writes a task's transcript to w; with follow it keeps writing
 	// until the task ends.
 	Logs(ctx context.Context, req LogsRequest, w io.Writer) error

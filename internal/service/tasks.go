@@ -21,26 +21,29 @@ import (
 // shared_outputs says "pending" until outputs_saved or
 // outputs_save_failed is recorded).
 type SpawnRequest struct {
-	TaskDescription string            `json:"task_description"`
-	ContextFiles    []string          `json:"context_files,omitempty"`
-	SharedFiles     []string          `json:"shared_files,omitempty"`
-	AttachmentIDs   []string          `json:"attachment_ids,omitempty"`
-	SaveToShared    bool              `json:"save_to_shared,omitempty"`
-	DocumentIDs     []string          `json:"document_ids,omitempty"`
-	NoteQuery       string            `json:"note_query,omitempty"`
-	Model           string            `json:"model,omitempty"`
-	Agent           string            `json:"agent,omitempty"`
-	Command         []string          `json:"command,omitempty"`
-	TimeoutMinutes  int               `json:"timeout_minutes,omitempty"`
-	Runtime         string            `json:"runtime,omitempty"`
-	Image           string            `json:"image,omitempty"`
-	Network         string            `json:"network,omitempty"`
-	Resources       *ResourceRequest  `json:"resources,omitempty"`
-	ConversationID  string            `json:"conversation_id,omitempty"`
-	InterfaceType   string            `json:"interface_type,omitempty"`
-	UserName        string            `json:"user_name,omitempty"`
-	Labels          map[string]string `json:"labels,omitempty"`
-	IdempotencyKey  string            `json:"idempotency_key,omitempty"`
+	TaskDescription string   `json:"task_description"`
+	ContextFiles    []string `json:"context_files,omitempty"`
+	SharedFiles     []string `json:"shared_files,omitempty"`
+	AttachmentIDs   []string `json:"attachment_ids,omitempty"`
+	SaveToShared    bool     `json:"save_to_shared,omitempty"`
+	DocumentIDs     []string `json:"document_ids,omitempty"`
+	NoteQuery       string   `json:"note_query,omitempty"`
+	Model           string   `json:"model,omitempty"`
+	Agent           string   `json:"agent,omitempty"`
+	Command         []string `json:"command,omitempty"`
+	TimeoutMinutes  int      `json:"timeout_minutes,omitempty"`
+	Runtime         string   `json:"runtime,omitempty"`
+	Image           string   `json:"image,omitempty"`
+	Network         string   `json:"network,omitempty"`
+	// NetworkAllow is the task's own egress allowlist in the place of the
+	// server's: within it, unless egress.task_hosts is "add".
+	NetworkAllow   []string          `json:"network_allow"`
+	Resources      *ResourceRequest  `json:"resources,omitempty"`
+	ConversationID string            `json:"conversation_id,omitempty"`
+	InterfaceType  string            `json:"interface_type,omitempty"`
+	UserName       string            `json:"user_name,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty"`
 	// FollowUpOf continues an ended task: its output is copied into
 	// context/previous/, and the agent's session resumes where the agent
 	// supports it (Claude Code's --resume).
@@ -169,3 +172,13 @@ type EventsRequest struct {
 // live view that reads the state follows the changes from there without
 // replaying the whole log.
 const AfterNow = "now"
+
+// NetworkRequest is PATCH /api/tasks/{id}/network: the network policy of a
+// task that has not ended, from now on. Allow, when set, is the task's own
+// allowlist; absent, the server's. A task that started with network none
+// has no way to the proxy: it stays none.
+type NetworkRequest struct {
+	TaskID  string   `json:"-"`
+	Network string   `json:"network"`
+	Allow   []string `json:"allow"`
+}

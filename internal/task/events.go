@@ -26,8 +26,11 @@ const (
 	// task from one whose lease lapsed (Adopted); the adopter then
 	// reattaches to its sandbox, starts it again or ends it, as a
 	// restarted server does.
-	EventAdopted   = "task_adopted"
-	EventCompleted = "worker_completed" // the seed's name; terminal
+	EventAdopted = "task_adopted"
+	// EventNetworkChanged records a new network policy for a task that
+	// has not ended (NetworkChanged): its egress proxy follows it at once.
+	EventNetworkChanged = "task_network_changed"
+	EventCompleted      = "worker_completed" // the seed's name; terminal
 	// EventEgressConnection records one connection attempt through the
 	// egress proxy. It changes nothing of the task but its version, and it
 	// is appended with any expected version, also after the task ended.
@@ -400,6 +403,13 @@ type Adopted struct {
 	Reason  string `json:"reason"`
 }
 
+// NetworkChanged is the payload of EventNetworkChanged: the task's network
+// policy from now on, and its own allowlist (none: the server's).
+type NetworkChanged struct {
+	Network string   `json:"network"`
+	Allow   []string `json:"allow"`
+}
+
 // Reattached is the payload of EventReattached.
 type Reattached struct {
 	SandboxName string `json:"sandbox_name"`
@@ -478,6 +488,15 @@ func (t *Task) Apply(e eventstore.Event) error {
 		t.SandboxName, t.Handle, t.StartedAt = p.SandboxName, p.Handle, &at
 	case EventCancelRequested:
 		t.CancelRequested = true
+	case EventNetworkChanged:
+		var p NetworkChanged
+		if err := json.Unmarshal(data, &p); err != nil {
+			return fmt.Errorf("decode %s: %w", typ, err)
+		}
+		if t.Status.Terminal() {
+			return fmt.Errorf("apply %s to task %s: it ended", typ, t.ID)
+		}
+		t.Network, t.NetworkAllow = p.Network, p.Allow
 	case EventReattached, EventStartRetried, EventEgressConnection, EventProgress, EventDirectoryRemoved, EventRemovalFailed, EventSandboxDestroyFailed:
 	case EventWorkspaceGit:
 		var p WorkspaceGit

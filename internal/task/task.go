@@ -123,7 +123,8 @@ func (o Origin) ReportConversation() string {
 func ConversationStreamID(id string) string { return "conversation/" + id }
 
 // Spec is what a task was asked to do; it never changes after the task is
-// created.
+// created, but for its network policy (Network, NetworkAllow), which
+// EventNetworkChanged changes while it runs.
 type Spec struct {
 	// Kind is "" for a worker task and KindExec for a code_execute call.
 	Kind           string   `json:"kind,omitempty"`
@@ -136,10 +137,14 @@ type Spec struct {
 	TimeoutMinutes int      `json:"timeout_minutes"`
 	// TimeoutSeconds, when set, is the wall-clock limit instead of
 	// TimeoutMinutes (code_execute counts in seconds).
-	TimeoutSeconds int               `json:"timeout_seconds,omitempty"`
-	Runtime        string            `json:"runtime"`
-	Image          string            `json:"image,omitempty"`
-	Network        string            `json:"network"`
+	TimeoutSeconds int    `json:"timeout_seconds,omitempty"`
+	Runtime        string `json:"runtime"`
+	Image          string `json:"image,omitempty"`
+	Network        string `json:"network"`
+	// NetworkAllow, when set (even empty), is the task's own egress
+	// allowlist, in the place of the server's egress.allow; null, the
+	// server's.
+	NetworkAllow   []string          `json:"network_allow"`
 	Resources      Resources         `json:"resources"`
 	SaveToShared   bool              `json:"save_to_shared,omitempty"`
 	DocumentIDs    []string          `json:"document_ids,omitempty"` // copied into context/

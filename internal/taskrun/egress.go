@@ -2,6 +2,7 @@ package taskrun
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/corral-dev/corral/internal/logkey"
@@ -15,12 +16,15 @@ import (
 // Prepare mounts into the sandbox. Implementations are safe for concurrent
 // use.
 type Egress interface {
-	// Open starts the proxy of task id for its network policy ("allowlist"
-	// or "open") and the model APIs of its agent, which it relays adding
-	// their keys, or keeps the one that runs, and returns the host
-	// directory holding its socket. It is idempotent, and after a restart
-	// it listens again in the directory a running sandbox has mounted.
-	Open(id, network string, models []workerproto.ModelAPI) (dir string, err error)
+	// Open starts the proxy of task id under policy p, or keeps the one
+	// that runs, and returns the host directory holding its socket. It is
+	// idempotent, and after a restart it listens again in the directory a
+	// running sandbox has mounted.
+	Open(id string, p EgressPolicy) (dir string, err error)
+	// Update gives task id's proxy policy p from now on: new connections
+	// meet it, and open ones it does not allow are closed before it
+	// returns. A task whose proxy does not run here is errdefs.ErrNotFound.
+	Update(id string, p EgressPolicy) error
 	// Dir is the host directory Open makes for task id, without making it.
 	Dir(id string) string
 	// Close stops the task's proxy and removes its directory. Closing a
@@ -33,6 +37,20 @@ type Egress interface {
 	// which a task's worker forwards through its proxy
 	// (egress.LoopbackForwards).
 	Forwards() []string
+}
+
+// EgressPolicy is what a task's proxy lets through: its network policy
+// ("allowlist" or "open", or "none" for nothing), its own allowlist (nil:
+// the server's), and the model APIs of its agent, relayed with their keys.
+type EgressPolicy struct {
+	Network string
+	Allow   []string
+	Models  []workerproto.ModelAPI
+}
+
+// egressPolicy is t's.
+func (o *Runner) egressPolicy(t task.Task) EgressPolicy {
+	return EgressPolicy{Network: t.Network, Allow: t.NetworkAllow, Models: o.opts.Agents[t.Agent].Models}
 }
 
 // egressSweepPause is the least time between two sweeps of the egress
@@ -51,21 +69,95 @@ func (o *Runner) RunEgress(ctx context.Context) error {
 	}
 	tick := time.NewTicker(time.Minute)
 	defer tick.Stop()
+	var swept time.Time
+	sweep := time.NewTimer(0)
+	defer sweep.Stop()
 	for {
 		changed := o.tasks.Changed()
-		o.sweepEgress()
+		// A policy changed on another server (or by one whose call did
+		// not reach this proxy) is followed at once; the sweep waits.
+		o.followPolicies()
 		select {
 		case <-changed:
+			if wait := egressSweepPause - time.Since(swept); wait > 0 {
+				sweep.Reset(wait)
+				continue
+			}
+		case <-sweep.C:
 		case <-tick.C:
 		case <-ctx.Done():
 			return nil
 		}
-		select {
-		case <-time.After(egressSweepPause):
-		case <-ctx.Done():
-			return nil
+		o.sweepEgress()
+		swept = time.Now()
+	}
+}
+
+// ApplyEgress gives t's proxy, if it runs here, t's policy now (a
+// network change recorded a moment ago).
+func (o *Runner) ApplyEgress(t task.Task) {
+	if o.opts.Egress == nil {
+		return
+	}
+	p := o.egressPolicy(t)
+	key := policyKey(p)
+	o.egressMu.Lock()
+	defer o.egressMu.Unlock()
+	applied, open := o.egressApplied[t.ID]
+	if !open || applied == key {
+		return
+	}
+	if err := o.opts.Egress.Update(t.ID, p); err != nil {
+		o.log.Warn("cannot change a task's egress policy", logkey.TaskID, t.ID, logkey.Error, err)
+		return
+	}
+	o.egressApplied[t.ID] = key
+	o.log.Info("egress policy followed", logkey.TaskID, t.ID, "network", p.Network, "allow", len(p.Allow))
+}
+
+// followPolicies applies to each proxy opened here its task's policy, if
+// it changed.
+func (o *Runner) followPolicies() {
+	o.egressMu.Lock()
+	ids := make([]string, 0, len(o.egressApplied))
+	for id := range o.egressApplied {
+		ids = append(ids, id)
+	}
+	o.egressMu.Unlock()
+	for _, id := range ids {
+		if t, err := o.tasks.Get(id); err == nil && !t.Status.Terminal() {
+			o.ApplyEgress(t)
 		}
 	}
+}
+
+// openEgress opens t's proxy under its policy and remembers the policy
+// applied.
+func (o *Runner) openEgress(t task.Task) (string, error) {
+	p := o.egressPolicy(t)
+	dir, err := o.opts.Egress.Open(t.ID, p)
+	if err != nil {
+		return "", err
+	}
+	o.egressMu.Lock()
+	if _, ok := o.egressApplied[t.ID]; !ok {
+		o.egressApplied[t.ID] = policyKey(p)
+	}
+	o.egressMu.Unlock()
+	return dir, nil
+}
+
+// closeEgress closes t's proxy and forgets it.
+func (o *Runner) closeEgress(id string) error {
+	o.egressMu.Lock()
+	delete(o.egressApplied, id)
+	o.egressMu.Unlock()
+	return o.opts.Egress.Close(id)
+}
+
+// policyKey tells two policies apart (an empty allowlist from none).
+func policyKey(p EgressPolicy) string {
+	return fmt.Sprintf("%s|%t|%q|%d", p.Network, p.Allow == nil, p.Allow, len(p.Models))
 }
 
 // sweepEgress closes the proxies of tasks that ended or are unknown. A
@@ -94,7 +186,7 @@ func (o *Runner) sweepEgress() {
 		if ok && !st.Terminal() {
 			continue
 		}
-		if err := o.opts.Egress.Close(id); err != nil {
+		if err := o.closeEgress(id); err != nil {
 			o.log.Warn("cannot close egress proxy", logkey.TaskID, id, logkey.Error, err)
 		}
 	}
@@ -114,9 +206,9 @@ func (o *Runner) Adopt(ctx context.Context, t task.Task) {
 	}
 }
 
-// OpenEgress opens the egress proxy of t, which has network, with the
-// model APIs of its agent, or keeps the one that runs.
+// OpenEgress opens the egress proxy of t, which has network, under its
+// policy, or keeps the one that runs.
 func (o *Runner) OpenEgress(t task.Task) error {
-	_, err := o.opts.Egress.Open(t.ID, t.Network, o.opts.Agents[t.Agent].Models)
+	_, err := o.openEgress(t)
 	return err
 }

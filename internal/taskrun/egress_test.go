@@ -26,12 +26,13 @@ import (
 
 // fakeEgress records Open and Close and keeps a set of task directories.
 type fakeEgress struct {
-	root   string // the data root its directories are in
-	mu     sync.Mutex
-	dirs   map[string]string // task id → network it was opened for
-	opened []string
-	closed []string
-	models map[string][]workerproto.ModelAPI // by task, as last opened
+	root     string // the data root its directories are in
+	mu       sync.Mutex
+	dirs     map[string]string // task id → network it was opened for
+	opened   []string
+	closed   []string
+	updated  []string
+	policies map[string]EgressPolicy // by task, as last opened or updated
 }
 
 func newFakeEgress(ids ...string) *fakeEgress {
@@ -42,16 +43,31 @@ func newFakeEgress(ids ...string) *fakeEgress {
 	return f
 }
 
-func (f *fakeEgress) Open(id, network string, models []workerproto.ModelAPI) (string, error) {
+func (f *fakeEgress) Open(id string, p EgressPolicy) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.dirs[id] = network
-	f.opened = append(f.opened, id+":"+network)
-	if f.models == nil {
-		f.models = map[string][]workerproto.ModelAPI{}
+	if _, ok := f.dirs[id]; ok && f.dirs[id] != "stale" {
+		return f.Dir(id), nil // keeps the policy of the one that runs
 	}
-	f.models[id] = models
+	f.dirs[id] = p.Network
+	f.opened = append(f.opened, id+":"+p.Network)
+	if f.policies == nil {
+		f.policies = map[string]EgressPolicy{}
+	}
+	f.policies[id] = p
 	return f.Dir(id), nil
+}
+
+func (f *fakeEgress) Update(id string, p EgressPolicy) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.dirs[id]; !ok {
+		return errdefs.ErrNotFound
+	}
+	f.dirs[id] = p.Network
+	f.policies[id] = p
+	f.updated = append(f.updated, id+":"+p.Network)
+	return nil
 }
 
 func (f *fakeEgress) Dir(id string) string { return filepath.Join(f.root, "run", "egress", id) }
@@ -375,11 +391,53 @@ func TestPrepareKeepsTheKeysOut(t *testing.T) {
 				t.Errorf("worker relays %v, want ANTHROPIC_BASE_URL", opts.EgressModels)
 			}
 			eg.mu.Lock()
-			got := eg.models[tk.ID]
+			got := eg.policies[tk.ID].Models
 			eg.mu.Unlock()
 			if !slices.Equal(got, want) {
 				t.Errorf("proxy opened with models %+v, want %+v", got, want)
 			}
 		}
+	}
+}
+
+// TestEgressFollowsANetworkChange: a task's network policy changed in the
+// log (by this server or another) reaches its proxy here, once.
+func TestEgressFollowsANetworkChange(t *testing.T) {
+	eg := newFakeEgress()
+	f := MustNew(t, withEgress(eg))
+	eg.root = f.data.Path()
+	tk := f.MustCreate(t, task.Spec{Command: []string{"true"}, Network: task.NetworkAllowlist})
+	if _, err := f.r.Prepare(context.Background(), tk); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.r.RunEgress(ctx) }()
+	defer func() { cancel(); <-done }()
+	f.MustAppend(t, tk.ID, projection.NewEvent(task.EventNetworkChanged, task.NetworkChanged{Network: task.NetworkOpen, Allow: []string{"example.com"}}, "test"))
+	var p EgressPolicy
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		eg.mu.Lock()
+		p, updated := eg.policies[tk.ID], len(eg.updated)
+		eg.mu.Unlock()
+		if updated > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy never followed the change: %+v", p)
+		}
+	}
+	eg.mu.Lock()
+	p = eg.policies[tk.ID]
+	eg.mu.Unlock()
+	if p.Network != task.NetworkOpen || !slices.Equal(p.Allow, []string{"example.com"}) {
+		t.Errorf("the proxy's policy %+v, want open with example.com", p)
+	}
+	got, _ := f.tasks.Get(tk.ID)
+	f.r.ApplyEgress(got)
+	eg.mu.Lock()
+	defer eg.mu.Unlock()
+	if len(eg.updated) != 1 {
+		t.Errorf("updates %v: want one, a policy applied is not applied again", eg.updated)
 	}
 }

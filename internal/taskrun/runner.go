@@ -77,7 +77,7 @@ type Verifier interface {
 func (o *Runner) Prepare(ctx context.Context, t task.Task) (sandbox.Spec, error) {
 	spec, err := o.prepare(ctx, t)
 	if err != nil && o.opts.Egress != nil && t.Network != "" && t.Network != task.NetworkNone {
-		o.opts.Egress.Close(t.ID) // no sandbox will use it; a start again opens it again
+		o.closeEgress(t.ID) // no sandbox will use it; a start again opens it again
 	}
 	return spec, err
 }
@@ -139,9 +139,6 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 			args.Resume = prev.SessionID
 		}
 	}
-	// The agent's API keys stay here: its sandbox gets placeholders, and
-	// its egress adds the keys to the requests for its model APIs.
-	models := ag.Models
 	network := sandbox.NetworkNone
 	var egressDir string
 	if t.Network != "" && t.Network != task.NetworkNone {
@@ -151,12 +148,14 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		if o.opts.Egress == nil {
 			return sandbox.Spec{}, fmt.Errorf("network %s needs the egress proxy, which this server does not run: %w", t.Network, errdefs.ErrFailedPrecondition)
 		}
-		dir, err := o.opts.Egress.Open(t.ID, t.Network, models)
+		// The agent's API keys stay here: its sandbox gets placeholders,
+		// and its egress adds the keys to the requests for its model APIs.
+		dir, err := o.openEgress(t)
 		if err != nil {
 			return sandbox.Spec{}, fmt.Errorf("open egress proxy: %w", err)
 		}
 		network, args.EgressForward = sandbox.NetworkEgress, o.opts.Egress.Forwards()
-		for _, m := range models {
+		for _, m := range ag.Models {
 			args.EgressModels = append(args.EgressModels, m.BaseURLVar)
 		}
 		if remote {

@@ -8,6 +8,7 @@ package taskrun
 
 import (
 	"log/slog"
+	"sync"
 
 	"context"
 
@@ -53,6 +54,11 @@ type Runner struct {
 	tasks *projection.Tasks
 	data  *workspace.DataRoot
 	log   *slog.Logger
+
+	// egressApplied holds, for each task proxy opened here, the policy
+	// it has (policyKey).
+	egressMu      sync.Mutex
+	egressApplied map[string]string
 }
 
 // New returns a Runner.
@@ -60,7 +66,7 @@ func New(opts Options, log *slog.Logger) *Runner {
 	if opts.Projects == nil && opts.Data != nil {
 		opts.Projects, _ = workspace.NewProjects(opts.Data, nil) // no roots: nothing to refuse
 	}
-	return &Runner{opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log}
+	return &Runner{opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log, egressApplied: map[string]string{}}
 }
 
 // Sessions is what taskrun needs of the session manager.
