@@ -232,6 +232,7 @@ func (a *App) open(ctx context.Context) error {
 		Base:           placement.Base{BinDir: filepath.ToSlash(bin), SocketDir: workspace.DirRun + "/sock"},
 		Egress:         sessionEgress{egressProxies{srv: a.egress, allow: a.egressAllow}},
 		Networks:       networks,
+		CheckAllow:     a.checkAllow,
 		Writers:        writers,
 		Image:          w.AICoderImage,
 		AllowedImages:  w.AllowedImages,
@@ -312,11 +313,9 @@ func (a *App) open(ctx context.Context) error {
 			MaxMemoryBytes: cfg.Execution.MaxMemory.Bytes(),
 			NetworkEnabled: cfg.Execution.NetworkEnabled,
 		},
-		Agents:       agentConfigs(cfg),
-		AgentMissing: agentMissing,
-		CheckAllow: func(entries []string) error {
-			return egressProxies{srv: a.egress, allow: a.egressAllow}.checkAllow(entries, cfg.Egress.TaskHosts)
-		},
+		Agents:         agentConfigs(cfg),
+		AgentMissing:   agentMissing,
+		CheckAllow:     a.checkAllow,
 		NetworkChanged: func(t task.Task) { a.runner.ApplyEgress(t) },
 	}, a.log.With("subsystem", "orchestrator"))
 	a.runner = taskrun.New(taskrun.Options{

@@ -89,17 +89,18 @@ func (e egressProxies) policy(p taskrun.EgressPolicy) (egress.Policy, error) {
 	return pol, nil
 }
 
-// checkAllow checks a task's own allowlist: entries the proxy reads, each
-// within the server's list unless hosts may be added (egress.task_hosts).
-func (e egressProxies) checkAllow(entries []string, taskHosts string) error {
+// checkAllow checks a task's or a session's own allowlist: entries the
+// proxy reads, each within the server's list unless hosts may be added
+// (egress.task_hosts).
+func (a *App) checkAllow(entries []string) error {
 	rules, err := egress.ParseRules(entries)
 	if err != nil {
 		return err
 	}
-	if taskHosts == config.TaskHostsAdd {
+	if a.cfg.Egress.TaskHosts == config.TaskHostsAdd {
 		return nil
 	}
-	server := egress.Policy{Allow: e.allow}
+	server := egress.Policy{Allow: a.egressAllow}
 	var outside []string
 	for _, r := range rules {
 		if !server.Covers(r) {
@@ -131,8 +132,12 @@ func egressModels(apis []workerproto.ModelAPI) ([]egress.Model, error) {
 // agent, so its proxy relays no model API.
 type sessionEgress struct{ egressProxies }
 
-func (e sessionEgress) Open(id, network string) (string, error) {
-	return e.egressProxies.Open(id, taskrun.EgressPolicy{Network: network})
+func (e sessionEgress) Open(id, network string, allow []string) (string, error) {
+	return e.egressProxies.Open(id, taskrun.EgressPolicy{Network: network, Allow: allow})
+}
+
+func (e sessionEgress) Update(id, network string, allow []string) error {
+	return e.egressProxies.Update(id, taskrun.EgressPolicy{Network: network, Allow: allow})
 }
 
 func (e egressProxies) Dir(id string) string     { return e.srv.Dir(id) }

@@ -5,6 +5,7 @@ package e2e_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -17,7 +18,9 @@ import (
 
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -69,21 +72,35 @@ func (e *endedConns) accepted() int {
 	return e.open
 }
 
-// networkScript holds a connection to the echo listener at addr open until
-// the proxy closes it, then tries new ones until one goes through,
-// writing each step to output/log.
+// networkScript holds a connection to the echo listener at addr (through
+// the sandbox's proxy, $HTTPS_PROXY, with CONNECT) open until the proxy
+// closes it, then tries new ones until one goes through, writing each
+// step to output/log.
 const networkScript = `
-import socket, sys, time
-addr = (sys.argv[1], int(sys.argv[2]))
+import os, socket, sys, time
+target = "%s:%s" % (sys.argv[1], sys.argv[2])
+proxy = os.environ["HTTPS_PROXY"].split("//")[1].split(":")
+def dial(timeout=None):
+    c = socket.create_connection((proxy[0], int(proxy[1])), timeout=timeout)
+    c.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        b = c.recv(1)
+        if not b:
+            raise Exception("closed before the answer")
+        head += b
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise Exception(head.split(b"\r\n")[0].decode())
+    return c
 log = open("output/log", "a", buffering=1)
-s = socket.create_connection(addr)
+s = dial()
 s.sendall(b"hi")
 assert s.recv(2) == b"hi"
 log.write("connected\n")
 log.write("closed %r\n" % s.recv(1))
 while True:
     try:
-        c = socket.create_connection(addr, timeout=2)
+        c = dial(timeout=2)
         c.sendall(b"yo")
         r = c.recv(2)
         if r == b"yo":
@@ -181,4 +198,75 @@ func TestNetworkChangesWhileRunning(t *testing.T) {
 	if _, err := s.client.SetNetwork(ctx, service.NetworkRequest{TaskID: tk2(t, s).ID, Network: task.NetworkAllowlist, Allow: []string{"127.0.0.3:1"}}); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "127.0.0.3:1") {
 		t.Errorf("a change to an allowlist beyond the server's: %v, want refused naming the entry", err)
 	}
+}
+
+// TestSessionNetworkChangesWhileRunning: as TestNetworkChangesWhileRunning,
+// for a session: a command holding a connection sees it closed once the
+// session's allowlist leaves its address out, and gets through again once
+// the server's list is back. A session's own token cannot change its
+// policy: only the API's.
+func TestSessionNetworkChangesWhileRunning(t *testing.T) {
+	echo := listenEcho(t, "127.0.0.2:0")
+	addr := echo.ln.Addr().String()
+	s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=" + strings.Repeat("a", 32)}, func(c *config.Config) {
+		c.Egress.Mode = "allowlist"
+		c.Egress.Allow = []string{addr}
+	})
+	ctx := context.Background()
+	created, err := s.client.CreateSession(ctx, session.CreateRequest{Network: task.NetworkAllowlist})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.SessionID
+	host, port, _ := net.SplitHostPort(addr)
+	ran := make(chan error, 1)
+	go func() {
+		end, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell("mkdir -p output && python3 -c '" + networkScript + "' " + host + " " + port)},
+			func(httpapi.ExecChunk) error { return nil })
+		if err == nil && end.ExitCode != 0 {
+			err = fmt.Errorf("exit %d: %s", end.ExitCode, end.Error)
+		}
+		ran <- err
+	}()
+	logFile := filepath.Join(s.data, "sessions", id, "output", "log")
+	waitLog := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if b, _ := os.ReadFile(logFile); strings.Contains(string(b), want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				b, _ := os.ReadFile(logFile)
+				t.Fatalf("the command's log never said %q: %q", want, b)
+			}
+		}
+	}
+	waitLog("connected")
+	if _, err := httpapi.NewClient(s.url, created.Token).SetSessionNetwork(ctx, id, service.NetworkRequest{Network: task.NetworkOpen}); !errors.Is(err, errdefs.ErrUnauthenticated) && !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Errorf("the session's own token changed its policy: %v", err)
+	}
+	narrowed := time.Now()
+	sess, err := s.client.SetSessionNetwork(ctx, id, service.NetworkRequest{Network: task.NetworkAllowlist, Allow: []string{}})
+	if err != nil || sess.NetworkAllow == nil {
+		t.Fatalf("narrowed: %+v, %v", sess, err)
+	}
+	select {
+	case at := <-echo.ended:
+		t.Logf("the connection ended %v after the call", at.Sub(narrowed).Round(time.Microsecond))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session's connection is still open 10 s after the narrowing")
+	}
+	waitLog("refused")
+	if _, err := s.client.SetSessionNetwork(ctx, id, service.NetworkRequest{Network: task.NetworkAllowlist}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Errorf("the command: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the command never got through again")
+	}
+	waitLog("through")
 }

@@ -150,6 +150,24 @@ func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) error {
 	return s.answerSession(w, r, s.svc.Sessions.Delete)
 }
 
+// setSessionNetwork is PATCH /api/sessions/{id}/network: the API's token
+// only (needAuth), never the session's own, which its sandbox holds.
+func (s *Server) setSessionNetwork(w http.ResponseWriter, r *http.Request) error {
+	if s.svc.Sessions == nil {
+		return service.ErrSessionsOff
+	}
+	req, err := decodeBody[service.NetworkRequest](s, r)
+	if err != nil {
+		return err
+	}
+	sess, err := s.svc.Sessions.SetNetwork(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sess)
+	return nil
+}
+
 // answerSession checks the caller, does act (if any) to the session the
 // path names, and answers with the session.
 func (s *Server) answerSession(w http.ResponseWriter, r *http.Request, act func(context.Context, string) error) error {
@@ -310,6 +328,14 @@ func (c *Client) GetSession(ctx context.Context, id string) (service.Session, er
 	return s, err
 }
 
+// SetSessionNetwork changes a running session's network policy
+// (PATCH /api/sessions/{id}/network).
+func (c *Client) SetSessionNetwork(ctx context.Context, id string, req service.NetworkRequest) (service.Session, error) {
+	var s service.Session
+	err := c.call(ctx, http.MethodPatch, "/api/sessions/"+url.PathEscape(id)+"/network", req, &s)
+	return s, err
+}
+
 // DeleteSession ends a session.
 func (c *Client) DeleteSession(ctx context.Context, id string) (service.Session, error) {
 	var s service.Session
@@ -383,6 +409,10 @@ func (s sessionClient) Get(ctx context.Context, id string) (service.Session, err
 
 func (s sessionClient) List(ctx context.Context) ([]service.Session, error) {
 	return s.c.ListSessions(ctx)
+}
+
+func (s sessionClient) SetNetwork(ctx context.Context, id string, req service.NetworkRequest) (service.Session, error) {
+	return s.c.SetSessionNetwork(ctx, id, req)
 }
 
 func (s sessionClient) Delete(ctx context.Context, id string) error {

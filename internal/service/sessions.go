@@ -28,6 +28,9 @@ type Sessions interface {
 	// stdout and stderr, and records its start and end; a command still
 	// running when ctx ends is stopped.
 	Exec(ctx context.Context, id string, req SessionCommand, stdout, stderr io.Writer) (SessionExecEnd, error)
+	// SetNetwork changes a running session's network policy, as
+	// Tasks.SetNetwork does a task's (req.TaskID unused).
+	SetNetwork(ctx context.Context, id string, req NetworkRequest) (Session, error)
 	// ExecBounded runs workspace_exec's command and returns its end with
 	// at most max bytes of each stream; onOutput, when not nil, gets every
 	// chunk as it comes.
@@ -75,21 +78,24 @@ type CreateSessionRequest struct {
 
 // Session is a session's current state.
 type Session struct {
-	ID          string            `json:"session_id"`
-	Runtime     string            `json:"runtime"`
-	Image       string            `json:"image,omitempty"`
-	Network     string            `json:"network"`
-	Workspace   string            `json:"workspace,omitempty"`
-	Labels      map[string]string `json:"labels,omitempty"`
-	Status      string            `json:"status"` // running | ended
-	EndReason   string            `json:"end_reason,omitempty"`
-	EndError    string            `json:"end_error,omitempty"` // what ended it, for a person, when it failed
-	CreatedAt   time.Time         `json:"created_at"`
-	LastUsedAt  time.Time         `json:"last_used_at"`
-	EndedAt     *time.Time        `json:"ended_at,omitempty"`
-	Execs       int               `json:"execs"`
-	IdleTimeout int               `json:"idle_timeout"`
-	MaxLifetime int               `json:"max_lifetime"`
+	ID      string `json:"session_id"`
+	Runtime string `json:"runtime"`
+	Image   string `json:"image,omitempty"`
+	Network string `json:"network"`
+	// NetworkAllow, when set, is the session's own egress allowlist in the
+	// place of the server's (PATCH /api/sessions/{id}/network).
+	NetworkAllow []string          `json:"network_allow"`
+	Workspace    string            `json:"workspace,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	Status       string            `json:"status"` // running | ended
+	EndReason    string            `json:"end_reason,omitempty"`
+	EndError     string            `json:"end_error,omitempty"` // what ended it, for a person, when it failed
+	CreatedAt    time.Time         `json:"created_at"`
+	LastUsedAt   time.Time         `json:"last_used_at"`
+	EndedAt      *time.Time        `json:"ended_at,omitempty"`
+	Execs        int               `json:"execs"`
+	IdleTimeout  int               `json:"idle_timeout"`
+	MaxLifetime  int               `json:"max_lifetime"`
 }
 
 // A session's statuses.

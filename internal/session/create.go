@@ -170,7 +170,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	if network != task.NetworkNone {
 		// As for tasks: loopback only in the sandbox, and the agent relays
 		// 127.0.0.1:3128 to this session's proxy over a mounted socket.
-		hostDir, err := m.opts.Egress.Open(id, network)
+		hostDir, err := m.opts.Egress.Open(id, network, nil)
 		if err != nil {
 			return Session{}, "", fmt.Errorf("start the session's egress proxy: %w", err)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/ids"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/task"
 )
 
 // Exec runs a command in a running session, streaming its output to stdout
@@ -272,6 +273,13 @@ func (m *Manager) adopt(ctx context.Context, id string) error {
 		return fmt.Errorf("adopt session %s: %w", id, err)
 	}
 	m.log.Info("session adopted", "session_id", id, "from", from)
+	// Its sandbox's egress socket is in the data root, which the replicas
+	// share: this one listens there now.
+	if s, err := m.get(id); err == nil && s.Network != "" && s.Network != task.NetworkNone && m.opts.Egress != nil {
+		if _, err := m.opts.Egress.Open(id, s.Network, s.NetworkAllow); err != nil {
+			m.log.Warn("cannot open an adopted session's egress proxy", "session_id", id, "err", err)
+		}
+	}
 	return m.closeLostExecs(ctx, id)
 }
 

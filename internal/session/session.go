@@ -52,6 +52,9 @@ const (
 	// EventDirRemoved records an ended session's own directory removed
 	// (sessions/<id>): at once when it was deleted, else after Retention.
 	EventDirRemoved = "session_directory_removed"
+	// EventNetworkChanged records a running session's new network policy
+	// (networkChanged); the replica that runs it has its proxy follow.
+	EventNetworkChanged = "session_network_changed"
 	// EventAdopted records a replica taking a session over from one gone
 	// (adopted): its exec agent, finding its replica's socket dead, dialled
 	// the host's shared one, which this replica serves.
@@ -99,9 +102,11 @@ type Options struct {
 	Base placement.Base
 	// Egress runs the proxy of a session with network allowlist or open
 	// (the tasks' one); nil: sessions have no network. Networks says which
-	// policies this server offers ("" if it can).
-	Egress   Egress
-	Networks map[string]string
+	// policies this server offers ("" if it can); CheckAllow checks a
+	// session's own allowlist (nil: none is taken).
+	Egress     Egress
+	Networks   map[string]string
+	CheckAllow func(entries []string) error
 	// Writers is who writes each named workspace, shared with the
 	// scheduler; nil: the manager's own.
 	Writers *task.Writers
@@ -158,6 +163,7 @@ type state struct {
 	openExecs      map[string]bool   // execs started and not ended, by id
 	handle         sandbox.Handle
 	running        int    // execs running now
+	netChanged     bool   // its network policy changed since its proxy here last took it
 	replica        string // the replica that runs it (cluster.Replica)
 	version        int64  // its stream's version folded: apply takes each event once
 }
@@ -215,7 +221,11 @@ func New(opts Options, log *slog.Logger) *Manager {
 // Egress runs per-session egress proxies (taskrun's Egress, keyed by the
 // session id).
 type Egress interface {
-	Open(id, network string) (dir string, err error)
+	// Open starts the proxy of session id, or keeps the one that runs;
+	// allow, when not nil, is the session's own allowlist.
+	Open(id, network string, allow []string) (dir string, err error)
+	// Update gives the session's proxy, which runs here, a new policy.
+	Update(id, network string, allow []string) error
 	Close(id string) error
 }
 
@@ -303,6 +313,11 @@ func (m *Manager) apply(e eventstore.Event) {
 		var a adopted
 		if s := m.sessions[id]; s != nil && json.Unmarshal(e.Data, &a) == nil {
 			s.replica = a.Replica
+		}
+	case EventNetworkChanged:
+		var n task.NetworkChanged
+		if s := m.sessions[id]; s != nil && json.Unmarshal(e.Data, &n) == nil {
+			s.Network, s.NetworkAllow, s.netChanged = n.Network, n.Allow, true
 		}
 	case EventGranted:
 		var g granted

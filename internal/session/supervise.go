@@ -42,7 +42,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		}
 		if s.Network != "" && s.Network != task.NetworkNone && m.opts.Egress != nil {
 			// The proxy listens again where the sandbox has it mounted.
-			if _, err := m.opts.Egress.Open(s.ID, s.Network); err != nil {
+			if _, err := m.opts.Egress.Open(s.ID, s.Network, s.NetworkAllow); err != nil {
 				m.log.Warn("cannot reopen a session's egress proxy", "session_id", s.ID, "err", err)
 			}
 		}
@@ -114,6 +114,7 @@ func (m *Manager) Follow(ctx context.Context) error {
 			return fmt.Errorf("follow sessions: %w", err)
 		}
 		m.applyFrom([]eventstore.Event{e})
+		m.followNetwork(ctx)
 	}
 }
 
