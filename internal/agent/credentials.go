@@ -1,8 +1,6 @@
 package agent
 
-import (
-	"strings"
-)
+import "strings"
 
 // Key is how an agent sends one of its API keys to its model API: what
 // the egress needs to add the key in the sandbox's stead, so that the key
@@ -50,10 +48,12 @@ func (c Credentials) ModelAPIs(configured []string) (env []string, apis []ModelA
 		keyVars[k.Var], baseVars[k.BaseURL] = true, true
 	}
 	for _, kv := range configured {
-		k, _, _ := strings.Cut(kv, "=")
+		k, v, _ := strings.Cut(kv, "=")
 		switch {
 		case keyVars[k]:
-			env = append(env, k+"="+KeyPlaceholder)
+			if v != "" { // an empty one stays unset, as a CLI would take it
+				env = append(env, k+"="+KeyPlaceholder)
+			}
 		case !baseVars[k]:
 			env = append(env, kv)
 		}
