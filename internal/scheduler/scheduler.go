@@ -467,12 +467,25 @@ func (s *Scheduler) start(ctx context.Context, t task.Task) {
 	}
 	s.crash(sandbox.CrashCreated)
 	handle, _ := json.Marshal(h)
-	started, err := s.tasks.Update(ctx, t.ID, func(cur task.Task) ([]eventstore.Proposed, error) {
-		if cur.Status != task.Starting || cur.Replica != t.Replica {
-			return nil, projection.ErrNoChange // completed by webhook, cancelled or adopted meanwhile
+	// A store out of reach for a moment (a database restarting) is waited
+	// out: the sandbox runs, and its worker's report waits for the start.
+	var started task.Task
+	for n := 0; ; n++ {
+		started, err = s.tasks.Update(ctx, t.ID, func(cur task.Task) ([]eventstore.Proposed, error) {
+			if cur.Status != task.Starting || cur.Replica != t.Replica {
+				return nil, projection.ErrNoChange // completed by webhook, cancelled or adopted meanwhile
+			}
+			return []eventstore.Proposed{projection.NewEvent(task.EventStarted, task.Started{SandboxName: h.ID, Handle: handle}, ActorScheduler)}, nil
+		})
+		if err == nil || !errdefs.Retryable(err) || ctx.Err() != nil {
+			break
 		}
-		return []eventstore.Proposed{projection.NewEvent(task.EventStarted, task.Started{SandboxName: h.ID, Handle: handle}, ActorScheduler)}, nil
-	})
+		log.Warn("cannot record task start yet; trying again", logkey.Error, err)
+		select {
+		case <-time.After(s.retryDelay(n)):
+		case <-ctx.Done():
+		}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return // shutting down; reconciliation finds the task and its sandbox

@@ -843,6 +843,9 @@ type fullStore struct {
 	eventstore.Store
 	full    atomic.Bool
 	refused []string
+	// unreachable: the refusal is a store out of reach (a database
+	// restarting), not a full disk.
+	unreachable bool
 }
 
 func (s *fullStore) Append(ctx context.Context, stream string, expected int64, evs ...eventstore.Proposed) ([]eventstore.Event, error) {
@@ -851,9 +854,30 @@ func (s *fullStore) Append(ctx context.Context, stream string, expected int64, e
 		refused = []string{task.EventCompleted}
 	}
 	if s.full.Load() && slices.ContainsFunc(evs, func(e eventstore.Proposed) bool { return slices.Contains(refused, e.Type) }) {
+		if s.unreachable {
+			return nil, fmt.Errorf("connection cut: %w", errdefs.ErrUnavailable)
+		}
 		return nil, errors.New("database or disk is full")
 	}
 	return s.Store.Append(ctx, stream, expected, evs...)
+}
+
+// A task whose start is recorded while the store is out of reach waits for
+// it: its sandbox runs on, and the start is recorded once the store is
+// back.
+func TestStartRecordedWhenTheStoreIsBack(t *testing.T) {
+	store := &fullStore{Store: sqlitetest.Open(t), refused: []string{task.EventStarted}, unreachable: true}
+	store.full.Store(true)
+	fake := MustNewFake(t, blockUntilStopped)
+	h := MustStart(t, store, Options{RecordRetry: 5 * time.Millisecond}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{})
+	waitFor(t, "the sandbox to start", func() bool { return len(fake.Created()) > 0 })
+	time.Sleep(50 * time.Millisecond) // several refused tries
+	if got, _ := h.tasks.Get(id); got.Status != task.Starting || slices.Contains(fake.Stopped(), id) {
+		t.Fatalf("task %s, stopped %v while the store is out of reach; want it starting, its sandbox running", got.Status, fake.Stopped())
+	}
+	store.full.Store(false)
+	waitStatus(t, h.tasks, id, task.Running)
 }
 
 // A task whose start the store refuses (its sandbox filled the disk at

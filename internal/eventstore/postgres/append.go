@@ -58,13 +58,17 @@ func (s *Store) append(ctx context.Context, stream string, expected int64, propo
 	// would fail on a head another append moved.)
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
-		return nil, fmt.Errorf("begin: %w", classify(err))
+		return nil, fmt.Errorf("begin: %w", classifyRead(err))
 	}
 	defer func() {
 		if err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx)) // the error that made us roll back is the one to report
 		}
 	}()
+
+	// Until the commit nothing is committed: a cut connection on the way
+	// is Unavailable, to be tried again, as a read's is (classifyRead);
+	// one at the commit may have committed, and says so only by its error.
 
 	// One round trip: take the lock and the positions, then read the
 	// version, in that order (each statement of a batch starts after the
@@ -80,7 +84,7 @@ func (s *Store) append(ctx context.Context, stream string, expected int64, propo
 	b.Queue("SELECT COALESCE(MAX(stream_version), 0) FROM events WHERE stream_id = $1", stream).
 		QueryRow(func(r pgx.Row) error { return r.Scan(&cur) })
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("take positions and read the version of stream %s: %w", stream, classify(err))
+		return nil, fmt.Errorf("take positions and read the version of stream %s: %w", stream, classifyRead(err))
 	}
 	if expected != eventstore.AnyVersion && expected != cur {
 		return nil, fmt.Errorf("expected version %d, stream is at %d: %w", expected, cur, eventstore.ErrVersionConflict)
@@ -109,10 +113,10 @@ func (s *Store) append(ctx context.Context, stream string, expected int64, propo
 	}
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		return nil, fmt.Errorf("notify: %w", classify(err))
+		return nil, fmt.Errorf("notify: %w", classifyRead(err))
 	}
 	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("insert events: %w", classify(err))
+		return nil, fmt.Errorf("insert events: %w", classifyRead(err))
 	}
 
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout)

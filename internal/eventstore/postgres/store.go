@@ -259,10 +259,11 @@ func (s *Store) ReadAll(ctx context.Context, after int64, limit int) ([]eventsto
 	return evs, nil
 }
 
-// classifyRead is classify for a read, which may be tried again whatever
-// became of it: one whose connection was cut midway (the server stopped,
-// the network failed) is unavailable too, so that followers wait the
-// outage out (eventstore.Subscription).
+// classifyRead is classify for a read, or a write before its commit, which
+// may be tried again whatever became of it: one whose connection was cut
+// midway (the server stopped, the network failed) is unavailable too, so
+// that followers wait the outage out (eventstore.Subscription) and
+// writers try again.
 func classifyRead(err error) error {
 	err = classify(err)
 	var ne net.Error
