@@ -285,6 +285,11 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 		// Controls: these must hold for the rest to mean anything.
 		"no_new_privs", "write /tmp/x", "connect own loopback listener", "read the worker's command line",
 	}
+	if tk.Network != task.NetworkNone {
+		// Through its proxy: asks for a relay of the keys of an agent's
+		// model API it has not.
+		want = append(want, "relay to a model API the task has not", "plain request to a model API's relay")
+	}
 	for _, name := range want {
 		if _, ok := report[name]; !ok {
 			t.Errorf("report lacks check %q", name)

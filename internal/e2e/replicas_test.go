@@ -34,6 +34,34 @@ type replica struct {
 	id string
 }
 
+// onPostgres is what the replicas of a test share: a data root (whose
+// sandboxes are killed when the test ends) and the environment that puts
+// them on the PostgreSQL database dsn.
+func onPostgres(t *testing.T, dsn string) (data string, env []string) {
+	t.Helper()
+	testenv.RequireBwrap(t)
+	data = testenv.TempDir(t)
+	t.Cleanup(func() { killSandboxes(t, data) })
+	return data, storeEnv(dsn)
+}
+
+// storeEnv puts a server on the PostgreSQL database dsn.
+func storeEnv(dsn string) []string {
+	return []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + dsn}
+}
+
+// notifiedOnPostgres is onPostgres for replicas that notify a receiver the
+// test starts, on the data root of n.
+func notifiedOnPostgres(t *testing.T) (n notifySetup, env []string) {
+	t.Helper()
+	testenv.RequireBwrap(t)
+	requireReceiver(t)
+	n = mustNotifySetup(t, "")
+	startReceiver(t, n.port, n.secret, n.out)
+	t.Cleanup(func() { killSandboxes(t, n.data) })
+	return n, storeEnv(postgrestest.New(t).DSN)
+}
+
 // startReplica starts a server process on data with the environment env
 // added and extra flags, and reads its replica id from /healthz.
 func startReplica(t *testing.T, data string, env []string, extra ...string) *replica {
@@ -66,13 +94,8 @@ func startReplica(t *testing.T, data string, env []string, extra ...string) *rep
 // receiver counts: duplicates only with the same webhook-id); and waiters
 // on the survivors see every end, the dead replica's tasks' too.
 func TestReplicasSurviveAKill(t *testing.T) {
-	testenv.RequireBwrap(t)
-	requireReceiver(t)
-	db := postgrestest.New(t)
-	n := mustNotifySetup(t, "")
-	startReceiver(t, n.port, n.secret, n.out)
-	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + db.DSN, "CORRAL_MAX_CONCURRENT=9"}
-	t.Cleanup(func() { killSandboxes(t, n.data) })
+	n, env := notifiedOnPostgres(t)
+	env = append(env, "CORRAL_MAX_CONCURRENT=9")
 	var rs []*replica
 	for range 3 {
 		rs = append(rs, startReplica(t, n.data, env, "--config", n.cfgFile))
@@ -229,11 +252,8 @@ func mustEvents(t *testing.T, c *httpapi.Client, id string) []eventstore.Event {
 // and none is adopted, though every lease lapsed meanwhile: a replica back
 // from the cut judges no one until its own lease has held for a TTL.
 func TestReplicasRideOutAPostgresRestart(t *testing.T) {
-	testenv.RequireBwrap(t)
 	pg := postgrestest.NewServer(t)
-	data := testenv.TempDir(t)
-	t.Cleanup(func() { killSandboxes(t, data) })
-	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + pg.DSN}
+	data, env := onPostgres(t, pg.DSN)
 	a, b := startReplica(t, data, env), startReplica(t, data, env)
 	var ids []string
 	for i := range 6 {
@@ -291,11 +311,8 @@ func TestReplicasRideOutAPostgresRestart(t *testing.T) {
 // replica is left on would be out of reach: no agent dials in again): the
 // survivor ends it lost, saying why, once its agent had time to.
 func TestSessionsOfAReplicaKilled(t *testing.T) {
-	testenv.RequireBwrap(t)
 	db := postgrestest.New(t)
-	data := testenv.TempDir(t)
-	t.Cleanup(func() { killSandboxes(t, data) })
-	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + db.DSN}
+	data, env := onPostgres(t, db.DSN)
 	a, b := startReplica(t, data, env), startReplica(t, data, env)
 	kept, orphan := mustCreateSession(t, a.client), mustCreateSession(t, a.client)
 	ctx := context.Background()
@@ -400,11 +417,8 @@ func waitKilled(t *testing.T, r *replica, point string) {
 // from it in turn; the task ends once, with its own result, having run
 // once.
 func TestAnAdopterKilled(t *testing.T) {
-	testenv.RequireBwrap(t)
 	db := postgrestest.New(t)
-	data := testenv.TempDir(t)
-	t.Cleanup(func() { killSandboxes(t, data) })
-	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + db.DSN}
+	data, env := onPostgres(t, db.DSN)
 	a := startReplica(t, data, env)
 	tk := mustSpawn(t, a.client, service.SpawnRequest{TaskDescription: "adopted twice", Agent: "command",
 		Command: []string{"sh", "-c", "echo run >> output/runs; sleep 8; echo done > output/result.txt"}})
@@ -441,13 +455,7 @@ func TestAnAdopterKilled(t *testing.T) {
 // webhook-id (a duplicate as Standard Webhooks allows), and records it
 // delivered, once.
 func TestALeaderKilledDelivering(t *testing.T) {
-	testenv.RequireBwrap(t)
-	requireReceiver(t)
-	db := postgrestest.New(t)
-	n := mustNotifySetup(t, "")
-	startReceiver(t, n.port, n.secret, n.out)
-	env := []string{"CORRAL_STORE_DRIVER=postgres", "CORRAL_STORE_DSN=" + db.DSN}
-	t.Cleanup(func() { killSandboxes(t, n.data) })
+	n, env := notifiedOnPostgres(t)
 	// The first to join leads.
 	leader := startReplica(t, n.data, append(env, "CORRAL_TEST_CRASH_AT="+sandbox.CrashDelivered), "--config", n.cfgFile)
 	next := startReplica(t, n.data, env, "--config", n.cfgFile)

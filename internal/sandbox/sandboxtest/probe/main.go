@@ -115,6 +115,13 @@ func main() {
 	}
 	control("connect own loopback listener", ownLoopback)
 	check("dns example.com", tryDNS)
+	// The proxy's relay to a model API (egress.ModelHost(0)), which adds
+	// its key: this task's agent has none, and a plain request to the
+	// name goes to no relay.
+	if proxy := os.Getenv("HTTPS_PROXY"); proxy != "" {
+		check("relay to a model API the task has not", func() result { return tryProxyConnect(proxy, "model-0.corral.invalid:80") })
+		check("plain request to a model API's relay", func() result { return tryProxyGet(proxy, "http://model-0.corral.invalid/v1/messages") })
+	}
 	check("raw socket AF_PACKET", func() result { return trySocket(unix.AF_PACKET, unix.SOCK_RAW, 0) })
 	check("raw socket AF_INET", func() result { return trySocket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP) })
 	if len(connects) > 0 {
@@ -511,6 +518,42 @@ func tryConnect(addr string) result {
 	}
 	defer c.Close()
 	return result{OK: true, Detail: "connected from " + c.LocalAddr().String()}
+}
+
+// tryProxyConnect asks the HTTP proxy at proxyURL for a tunnel to target.
+func tryProxyConnect(proxyURL, target string) result {
+	u, err := url.Parse(proxyURL)
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	c, err := net.DialTimeout("tcp", u.Host, netTimeout)
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(netTimeout))
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	resp.Body.Close()
+	return result{OK: resp.StatusCode == http.StatusOK, Detail: resp.Status}
+}
+
+// tryProxyGet GETs target through the HTTP proxy at proxyURL.
+func tryProxyGet(proxyURL, target string) result {
+	u, err := url.Parse(proxyURL)
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(u)}, Timeout: netTimeout}
+	resp, err := c.Get(target)
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	resp.Body.Close()
+	return result{OK: resp.StatusCode < 300, Detail: resp.Status}
 }
 
 // ownLoopback connects to a listener of its own: the sandbox's loopback
