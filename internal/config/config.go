@@ -371,6 +371,14 @@ func (a *Agents) Get(name string) (Agent, bool) {
 	return *p, true
 }
 
+// Set replaces the agent named name (one of AgentNames); another name
+// changes nothing.
+func (a *Agents) Set(name string, ag Agent) {
+	if p := a.ptr(name); p != nil {
+		*p = ag
+	}
+}
+
 func (a *Agents) ptr(name string) *Agent {
 	switch name {
 	case "claude":

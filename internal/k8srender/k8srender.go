@@ -75,9 +75,19 @@ const (
 // 1000:1000 (its Options.User default, which app leaves alone).
 const uid = 1000
 
-// APIKeys are the keys of the workers' Secret besides those agents.*.env
-// names: the API keys of the agents Corral has adapters for.
-var APIKeys = []string{"ANTHROPIC_API_KEY", "GEMINI_API_KEY", "OPENAI_API_KEY"}
+// APIKeys are the keys of the agents' Secret besides those agents.*.env
+// names: the API keys of the agents Corral has adapters for, by agent.
+var APIKeys = map[string][]string{
+	"claude":   {"ANTHROPIC_API_KEY"},
+	"gemini":   {"GEMINI_API_KEY"},
+	"codex":    {"OPENAI_API_KEY"},
+	"opencode": {"OPENAI_API_KEY", "ANTHROPIC_API_KEY"},
+}
+
+// AgentEnvPrefix prefixes the agents' Secret's keys in the server's
+// environment (ANTHROPIC_API_KEY is AGENT_ANTHROPIC_API_KEY there), so that
+// none of them can set one of the server's own variables.
+const AgentEnvPrefix = "AGENT_"
 
 // partOf labels every object, so `kubectl get -l` finds them all.
 var partOf = map[string]string{"app.kubernetes.io/part-of": "corral"}
@@ -220,9 +230,11 @@ func ServerURL(namespace string) string {
 }
 
 // serverConfig is the server's configuration file: cfg as the server in
-// the cluster needs it. Secrets come from the environment (the Secret), so
-// the secret-file keys are cleared, and agents' environments (which may
-// hold keys) are left out: their names are keys of the workers' Secret.
+// the cluster needs it. Secrets come from the environment (the Secrets), so
+// the secret-file keys are cleared, and each agent's environment is
+// references (${AGENT_KEY}, expanded by --config.expand-env) to the
+// agents' Secret's keys, which the server reads: it adds the API keys to
+// the agents' model requests at the egress, and workers get no Secret.
 func serverConfig(cfg *config.Config) ([]byte, error) {
 	c := *cfg
 	ns := c.AIWorker.Namespace
@@ -246,6 +258,29 @@ func serverConfig(cfg *config.Config) ([]byte, error) {
 	}
 	c.HTTP.AllowedHosts = hosts
 	c.Agents.Claude.Env, c.Agents.Gemini.Env, c.Agents.Codex.Env, c.Agents.Opencode.Env, c.Agents.Command.Env = nil, nil, nil, nil, nil
+	c.Kubernetes.SecretName = ""
+	// The server expands the file's values: one of the source's holding a
+	// $ would be read as a reference.
+	plain, err := yaml.Marshal(&c)
+	if err != nil {
+		return nil, fmt.Errorf("encode the server's configuration: %w", err)
+	}
+	if bytes.Contains(plain, []byte("$")) {
+		return nil, fmt.Errorf("a value of the configuration holds a $, which the server in the cluster would expand (it runs with --config.expand-env, for the agents' keys): %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.Kubernetes.SecretName != "" {
+		for _, name := range config.AgentNames {
+			refs := map[string]string{}
+			for _, k := range agentKeys(cfg, name) {
+				refs[k] = "${" + AgentEnvPrefix + k + "}"
+			}
+			if len(refs) > 0 {
+				ag, _ := c.Agents.Get(name)
+				ag.Env = refs
+				c.Agents.Set(name, ag)
+			}
+		}
+	}
 	var b bytes.Buffer
 	b.WriteString("# corral serve's configuration, rendered by corral k8s render. Secrets come from\n# the environment (Secret " + Server + "), never from this file.\n")
 	enc := yaml.NewEncoder(&b)
@@ -259,13 +294,25 @@ func serverConfig(cfg *config.Config) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// workerKeys are the keys of the workers' Secret: APIKeys and the names
-// agents.*.env sets, sorted.
+// agentKeys are the keys of the agents' Secret agent name takes: its API
+// keys (APIKeys) and the names its agents.*.env sets, sorted.
+func agentKeys(cfg *config.Config, name string) []string {
+	keys := slices.Clone(APIKeys[name])
+	ag, _ := cfg.Agents.Get(name)
+	for k := range ag.Env {
+		if !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// workerKeys are the keys of the agents' Secret: every agent's, sorted.
 func workerKeys(cfg *config.Config) []string {
-	keys := slices.Clone(APIKeys)
+	var keys []string
 	for _, name := range config.AgentNames {
-		ag, _ := cfg.Agents.Get(name)
-		for k := range ag.Env {
+		for _, k := range agentKeys(cfg, name) {
 			if !slices.Contains(keys, k) {
 				keys = append(keys, k)
 			}
@@ -511,12 +558,13 @@ func deployment(cfg *config.Config, opts Options, serverCfg []byte) *appsv1.Depl
 		Containers: []corev1.Container{{
 			Name:  Server,
 			Image: opts.ServerImage,
-			Args:  []string{"serve", "--config", ConfigFile},
+			Args:  []string{"serve", "--config", ConfigFile, "--config.expand-env"},
 			Ports: []corev1.ContainerPort{
 				{Name: "http", ContainerPort: Port, Protocol: corev1.ProtocolTCP},
 				{Name: "egress", ContainerPort: EgressPort, Protocol: corev1.ProtocolTCP},
 			},
-			Env: env,
+			Env:     env,
+			EnvFrom: agentSecret(cfg),
 			VolumeMounts: []corev1.VolumeMount{
 				{Name: "data", MountPath: mount},
 				{Name: "config", MountPath: ConfigDir, ReadOnly: true},
@@ -555,6 +603,18 @@ func deployment(cfg *config.Config, opts Options, serverCfg []byte) *appsv1.Depl
 			},
 		},
 	}
+}
+
+// agentSecret gives the server the agents' Secret (kubernetes.secret_name),
+// its keys prefixed (AgentEnvPrefix): the server adds the API keys at the
+// egress, and no worker pod gets them. Optional: an agent without a key
+// still starts, and says what it lacks.
+func agentSecret(cfg *config.Config) []corev1.EnvFromSource {
+	name := cfg.Kubernetes.SecretName
+	if name == "" {
+		return nil
+	}
+	return []corev1.EnvFromSource{{Prefix: AgentEnvPrefix, SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}, Optional: new(true)}}}
 }
 
 // toYAML is obj as a YAML document, without the empty status and
@@ -605,8 +665,10 @@ func header(cfg *config.Config, opts Options) string {
 			p("  %s is the PostgreSQL connection string (a secret: it may hold a password).", StoreDSNKey)
 		}
 		if k.SecretName != "" {
-			p("  Secret %s: the agents' API keys, given to every worker; delete", k.SecretName)
-			p("  the keys you do not use.")
+			p("  Secret %s: the agents' API keys, which the server reads (as %sKEY) and", k.SecretName, AgentEnvPrefix)
+			p("  adds to the agents' model requests at the egress: no worker gets them.")
+			p("  Set a key you do not use to \"\" (its configuration names every key, and")
+			p("  the server will not start without one).")
 		}
 		p("  Applying this file again puts %s back: render with --no-secrets", config.Placeholder)
 		p("  once the Secrets are filled in, or leave them out.")
@@ -644,8 +706,8 @@ func header(cfg *config.Config, opts Options) string {
 	p("cluster: listen 0.0.0.0:%d, kubernetes.egress_listen 0.0.0.0:%d,", Port, EgressPort)
 	p("data %s (the claim), runtime kubernetes,", w.WorkspaceMountPath)
 	p("kubernetes.server_url %s, the Service's names in http.allowed_hosts,", ServerURL(w.Namespace))
-	p("no kubeconfig (the pod's ServiceAccount), no secret files, and no agents.*.env")
-	p("(their names are keys of the workers' Secret).")
+	p("no kubeconfig (the pod's ServiceAccount), no secret files, no kubernetes.secret_name,")
+	p("and agents.*.env as references to the agents' Secret's keys (--config.expand-env).")
 	p("")
 	if opts.Replicas > 1 {
 		p("Servers: %d replicas on one PostgreSQL database (docs/replicas.md), each ready", opts.Replicas)

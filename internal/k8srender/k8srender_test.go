@@ -59,6 +59,21 @@ func load(t *testing.T, content string, environ ...string) *config.Config {
 	return cfg
 }
 
+// loadExpanded is load with --config.expand-env, as the rendered server
+// runs.
+func loadExpanded(t *testing.T, content string, environ ...string) *config.Config {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "corral.yaml")
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(config.LoadOptions{Path: p, Environ: environ, ExpandEnv: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 // manifests is a decoded stream, by kind and name.
 type manifests struct {
 	order []string // kind/name, in the stream's order
@@ -255,8 +270,13 @@ func TestDeployment(t *testing.T) {
 	if diff := cmp.Diff(wantSC, c.SecurityContext); diff != "" {
 		t.Errorf("server container security context (-want +got):\n%s", diff)
 	}
-	if c.Image != "corral:v9" || !slices.Equal(c.Args, []string{"serve", "--config", ConfigFile}) {
-		t.Errorf("server runs %s %v, want corral:v9 serve --config %s", c.Image, c.Args, ConfigFile)
+	if c.Image != "corral:v9" || !slices.Equal(c.Args, []string{"serve", "--config", ConfigFile, "--config.expand-env"}) {
+		t.Errorf("server runs %s %v, want corral:v9 serve --config %s --config.expand-env", c.Image, c.Args, ConfigFile)
+	}
+	// The agents' Secret is the server's, prefixed, and no worker's.
+	wantFrom := []corev1.EnvFromSource{{Prefix: AgentEnvPrefix, SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "ai-keys"}, Optional: new(true)}}}
+	if diff := cmp.Diff(wantFrom, c.EnvFrom); diff != "" {
+		t.Errorf("server envFrom (-want +got):\n%s", diff)
 	}
 	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe, c.StartupProbe} {
 		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port != intstr.FromString("http") {
@@ -423,7 +443,15 @@ func TestServerConfigLoads(t *testing.T) {
 	if len(cm.Data) != 1 || cm.Data["corral.yaml"] == "" {
 		t.Fatalf("ConfigMap data keys %v, want corral.yaml", sortedKeys(cm.Data))
 	}
-	cfg := load(t, cm.Data["corral.yaml"], "CORRAL_API_TOKEN=t")
+	// The server's environment: every key of the agents' Secret, those
+	// unused empty.
+	environ := []string{"CORRAL_API_TOKEN=t", AgentEnvPrefix + "ANTHROPIC_API_KEY=sk-from-the-secret"}
+	for _, k := range workerKeys(load(t, custom)) {
+		if k != "ANTHROPIC_API_KEY" {
+			environ = append(environ, AgentEnvPrefix+k+"=")
+		}
+	}
+	cfg := loadExpanded(t, cm.Data["corral.yaml"], environ...)
 	if cfg.Listen != "0.0.0.0:7777" || cfg.Data != "/srv/corral" || cfg.Runtime != "kubernetes" || cfg.Kubernetes.Kubeconfig != "" || cfg.Kubernetes.EgressListen != "0.0.0.0:7778" || cfg.Kubernetes.EgressAddr != "" {
 		t.Errorf("listen %q data %q runtime %q kubeconfig %q egress_listen %q egress_addr %q", cfg.Listen, cfg.Data, cfg.Runtime, cfg.Kubernetes.Kubeconfig, cfg.Kubernetes.EgressListen, cfg.Kubernetes.EgressAddr)
 	}
@@ -435,11 +463,22 @@ func TestServerConfigLoads(t *testing.T) {
 	}
 	// The rest is the source's.
 	w := cfg.AIWorker
-	if w.Namespace != "ai" || w.AICoderImage != "images.example.org/ai-coder:v1" || w.MaxConcurrentWorkers != 7 || w.WorkspacePVC != "ai-workspace" || cfg.Kubernetes.SecretName != "ai-keys" {
-		t.Errorf("the source's values are lost: %+v, secret_name %q", w, cfg.Kubernetes.SecretName)
+	if w.Namespace != "ai" || w.AICoderImage != "images.example.org/ai-coder:v1" || w.MaxConcurrentWorkers != 7 || w.WorkspacePVC != "ai-workspace" {
+		t.Errorf("the source's values are lost: %+v", w)
 	}
-	if len(cfg.Agents.Claude.Env) != 0 {
-		t.Errorf("agents.claude.env rendered: %v", cfg.Agents.Claude.Env)
+	// The keys come from the agents' Secret, through the server's
+	// environment; workers get no Secret.
+	if cfg.Kubernetes.SecretName != "" {
+		t.Errorf("secret_name %q: workers would get the agents' keys", cfg.Kubernetes.SecretName)
+	}
+	if got, want := cfg.Agents.Claude.Env, map[string]string{"ANTHROPIC_API_KEY": "sk-from-the-secret", "CLAUDE_CODE_EXTRA": ""}; !maps.Equal(got, want) {
+		t.Errorf("agents.claude.env %v, want %v", got, want)
+	}
+	if got := cfg.Agents.Opencode.Env; len(got) != 2 {
+		t.Errorf("agents.opencode.env %v, want its two API keys", got)
+	}
+	if _, err := Render(load(t, strings.Replace(custom, "ai_coder_image: images.example.org/ai-coder:v1", "ai_coder_image: images.example.org/ai-coder:v1\n  allowed_images: [\"images.example.org/*\", \"other.example.org/$team/*\"]", 1)), Options{ServerImage: "corral:v9"}); err == nil || !strings.Contains(err.Error(), "$") {
+		t.Errorf("a value holding $ rendered (%v): the server would expand it", err)
 	}
 	// A changed configuration changes the pod template: the server restarts.
 	var d appsv1.Deployment
