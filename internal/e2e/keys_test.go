@@ -5,8 +5,9 @@ package e2e_test
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"encoding/binary"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,9 +18,13 @@ import (
 
 	"github.com/corral-dev/corral/internal/agent/agenttest"
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // TestKeysNeverEnterTheSandbox: the real Claude Code runs a task whose API
@@ -32,7 +37,7 @@ import (
 // scan is shown able to find a key where one is: a command task given one
 // in its environment, in the same server, is found holding it.
 func TestKeysNeverEnterTheSandbox(t *testing.T) {
-	for _, rt := range []string{"local", "gvisor"} {
+	for _, rt := range []string{"local", "gvisor", "kubernetes"} {
 		t.Run(rt, func(t *testing.T) {
 			if rt == "gvisor" {
 				testenv.RequireRunsc(t)
@@ -44,32 +49,45 @@ func TestKeysNeverEnterTheSandbox(t *testing.T) {
 				mu       sync.Mutex
 				inFlight []string
 				scanned  bool
+				// sandboxOf names what of a task's sandbox its processes'
+				// cgroup paths hold.
+				sandboxOf = func(id string) string { return id }
 			)
 			s, ep := mustClaudeServerAllowing(t, agenttest.AnthropicOptions{Respond: func(agenttest.AnthropicRequest) agenttest.Reply {
 				mu.Lock()
 				defer mu.Unlock()
 				if !scanned {
 					id := <-ids
-					inFlight, scanned = keyScan(t, id, claudeTestKey), true
+					inFlight, scanned = keyScan(t, sandboxOf(id), claudeTestKey), true
 				}
 				return agenttest.Reply{Text: "Scanned."}
-			}}, false, func(_ testing.TB, c *config.Config) {
+			}}, false, func(tb testing.TB, c *config.Config) {
 				c.Runtime = rt
 				c.Local.WarmPool = 0 // a sandbox named after its task: its cgroups are found by the name
 				c.Agents.Command.Env = map[string]string{"CONTROL_KEY": control}
+				if rt == "kubernetes" {
+					// A pod under gVisor, from the image with Claude Code:
+					// its processes are found by its pod's uid.
+					onKubernetes(k8stest.GVisor)(tb, c)
+					k8stest.RequireImage(tb, k8stest.ClaudeImage)
+					c.AIWorker.AICoderImage = k8stest.ClaudeImage
+					c.Kubernetes.EgressListen = k8stest.NodeIP + ":0"
+					cs, ns := k8stest.Clientset(tb, k8stest.Require(tb)), c.AIWorker.Namespace
+					sandboxOf = func(id string) string { return "pod" + podUID(tb, cs, ns, id) }
+				}
 			})
 
 			// The scan finds a key that is there.
-			ctl := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "holds a key", Agent: "command", Command: []string{"sh", "-c", "sleep 5"}})
-			(&proc{client: s.client}).waitRunning(t, ctl.ID, 30*time.Second)
+			ctl := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "holds a key", Agent: "command", Command: []string{"sh", "-c", "touch output/up; sleep 10"}})
+			waitFile(t, filepath.Join(s.data, "tasks", ctl.ID, "output", "up"))
 			// Under gVisor a process's environment is the guest's, in the
 			// sandbox's memory, not on the host.
-			found := keyScan(t, ctl.ID, control)
+			found := keyScan(t, sandboxOf(ctl.ID), control)
 			if !hasIn(found, "/mem") || rt == "local" && !hasIn(found, "/environ") {
 				t.Errorf("the scan of a sandbox whose environment holds a key found it in %v; want a memory (and on local an environment)", found)
 			}
 
-			tk := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Say something", Runtime: rt})
+			tk := spawnClaude(t, s, service.SpawnRequest{TaskDescription: "Say something"})
 			ids <- tk.ID
 			res := s.wait(t, tk.ID, 3*time.Minute)
 			if res.Status != task.Success {
@@ -93,6 +111,33 @@ func TestKeysNeverEnterTheSandbox(t *testing.T) {
 	}
 }
 
+// podUID is the uid of task id's pod in namespace ns.
+func podUID(tb testing.TB, cs kubernetes.Interface, ns, id string) string {
+	tb.Helper()
+	var uid string
+	k8stest.WaitFor(tb, "the pod of task "+id, func() bool {
+		pods, err := cs.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: sandbox.LabelTaskID + "=" + id})
+		if err == nil && len(pods.Items) == 1 {
+			uid = string(pods.Items[0].UID)
+		}
+		return uid != ""
+	})
+	return uid
+}
+
+// waitFile waits up to a minute for the file at path.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared", path)
+		}
+	}
+}
+
 func hasIn(list []string, part string) bool {
 	for _, s := range list {
 		if strings.Contains(s, part) {
@@ -102,9 +147,9 @@ func hasIn(list []string, part string) bool {
 	return false
 }
 
-// keyScan looks for needle in every host process of sandbox id (those
-// whose cgroup path names it: the local runtime's processes, gVisor's
-// sentry and gofer): their environment, command line and readable memory.
+// keyScan looks for needle in every host process of a sandbox (those whose
+// cgroup path holds id: the local runtime's processes, gVisor's sentry and
+// gofer, a pod's): their environment, command line and readable memory.
 // It returns where it found it, and fails t if no process is the
 // sandbox's.
 func keyScan(t *testing.T, id, needle string) []string {
@@ -133,8 +178,11 @@ func keyScan(t *testing.T, id, needle string) []string {
 	return found
 }
 
-// memContains reads every readable mapping of process dir (/proc/PID) and
-// returns where it found needle ("" if nowhere): " at 0xADDR (path)".
+// memContains reads every page of process dir (/proc/PID) that is in
+// memory, in its readable mappings, and returns where it found needle (""
+// if nowhere): " at 0xADDR (path)". Pages not in memory are passed over
+// (/proc/PID/pagemap): reading them would fault them in, and a sandbox's
+// memory limit counts what a scan of gVisor's guest memory faults in.
 func memContains(dir string, needle []byte) string {
 	maps, err := os.Open(dir + "/maps")
 	if err != nil {
@@ -146,8 +194,13 @@ func memContains(dir string, needle []byte) string {
 		return ""
 	}
 	defer mem.Close()
-	const chunk = 4 << 20
-	buf := make([]byte, chunk+len(needle))
+	pagemap, err := os.Open(dir + "/pagemap")
+	if err != nil {
+		return ""
+	}
+	defer pagemap.Close()
+	const page = 4096
+	entries, buf := make([]byte, 8*512), make([]byte, page)
 	sc := bufio.NewScanner(maps)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -164,15 +217,50 @@ func memContains(dir string, needle []byte) string {
 		if len(f) >= 6 {
 			name = f[5]
 		}
-		for off := start; off < end; off += chunk {
-			n := min(uint64(len(buf)), end-off)
-			k, err := mem.ReadAt(buf[:n], int64(off))
-			if i := bytes.Index(buf[:k], needle); i >= 0 {
-				return fmt.Sprintf(" at %#x (%s)", off+uint64(i), name)
+		// Runs of pages present, read whole.
+		var run []byte
+		runAt := uint64(0)
+		flush := func() string {
+			if i := bytes.Index(run, needle); i >= 0 {
+				return fmt.Sprintf(" at %#x (%s)", runAt+uint64(i), name)
 			}
-			if err != nil && err != io.EOF {
-				break // a page that cannot be read (a guard, I/O memory): the next mapping
+			run = run[:0]
+			return ""
+		}
+		for addr := start; addr < end; addr += 512 * page {
+			n := min(512, (end-addr)/page)
+			k, _ := pagemap.ReadAt(entries[:8*n], int64(addr/page*8))
+			for i := 0; i+8 <= k; i += 8 {
+				at := addr + uint64(i/8)*page
+				if binary.LittleEndian.Uint64(entries[i:])&(1<<63) == 0 {
+					if where := flush(); where != "" {
+						return where
+					}
+					continue
+				}
+				if len(run) == 0 {
+					runAt = at
+				}
+				if m, err := mem.ReadAt(buf, int64(at)); err != nil || m != page {
+					if where := flush(); where != "" {
+						return where
+					}
+					continue
+				}
+				run = append(run, buf...)
+				if len(run) >= 4<<20 {
+					// Keep the tail: the needle may go on in the next page.
+					keep := len(needle) - 1
+					tail := run[len(run)-keep:]
+					if where := flush(); where != "" {
+						return where
+					}
+					run, runAt = append(run, tail...), at+page-uint64(keep)
+				}
 			}
+		}
+		if where := flush(); where != "" {
+			return where
 		}
 	}
 	return ""
