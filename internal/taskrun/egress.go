@@ -3,6 +3,8 @@ package taskrun
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/corral-dev/corral/internal/logkey"
@@ -119,10 +121,7 @@ func (o *Runner) ApplyEgress(t task.Task) {
 // it changed.
 func (o *Runner) followPolicies() {
 	o.egressMu.Lock()
-	ids := make([]string, 0, len(o.egressApplied))
-	for id := range o.egressApplied {
-		ids = append(ids, id)
-	}
+	ids := slices.Collect(maps.Keys(o.egressApplied))
 	o.egressMu.Unlock()
 	for _, id := range ids {
 		if t, err := o.tasks.Get(id); err == nil && !t.Status.Terminal() {
