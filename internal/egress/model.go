@@ -176,13 +176,21 @@ func (p *Proxy) modelHandler(m Model) http.Handler {
 		}
 		body := &countingReader{r: r.Body}
 		r.Body = body
+		// Recorded also when the answer breaks off midway, which the
+		// reverse proxy ends by panicking with http.ErrAbortHandler.
+		defer func() {
+			rec.Status, rec.BytesUp, rec.BytesDown = sw.status, body.n, sw.n
+			rec.Address, _ = addr.Load().(string)
+			switch v := recover(); {
+			case failed != nil:
+				rec.Error = failed.Error()
+			case v != nil:
+				rec.Error = "the model API's answer broke off"
+				defer panic(v)
+			}
+			p.finish(&rec)
+		}()
 		rp.ServeHTTP(sw, r)
-		rec.Status, rec.BytesUp, rec.BytesDown = sw.status, body.n, sw.n
-		rec.Address, _ = addr.Load().(string)
-		if failed != nil {
-			rec.Error = failed.Error()
-		}
-		p.finish(&rec)
 	})
 }
 

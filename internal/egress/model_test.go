@@ -240,3 +240,27 @@ func TestParseModel(t *testing.T) {
 		}
 	}
 }
+
+// TestModelRelayRecordsABrokenAnswer: an answer that breaks off midway
+// ends the agent's response and is recorded, saying so.
+func TestModelRelayRecordsABrokenAnswer(t *testing.T) {
+	srv, _ := modelServer(t, false, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "100")
+		io.WriteString(w, "partial")
+		w.(http.Flusher).Flush()
+		c, _, _ := http.NewResponseController(w).Hijack()
+		c.Close()
+	})
+	sock, recs := MustProxy(t, Policy{Models: []Model{mustModel(t, srv.URL, "x-api-key", "k")}}, Options{})
+	resp, err := modelClient(t, sock, 0).Get("http://x/v1/models")
+	if err == nil {
+		_, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	if err == nil {
+		t.Error("a broken answer read whole")
+	}
+	if rec := recs.next(t); !rec.Allowed || rec.Error == "" || rec.Status != 200 {
+		t.Errorf("record %+v: want the request, allowed, with an error", rec)
+	}
+}
