@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -27,8 +28,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// TestKeysNeverEnterTheSandbox: the real Claude Code runs a task whose API
-// key the egress adds to its model requests. While the request carrying
+// TestKeysNeverEnterTheSandbox: the real Claude Code (on docker, whose
+// images lack it, a client of the Messages API in its place) runs a task
+// whose API key the egress adds to its model requests. While the request carrying
 // the key is in flight (the scripted model scans before it answers), no
 // process of the task's sandbox holds the key in its environment, its
 // command line or any readable page of its memory, as root reads them
@@ -37,10 +39,13 @@ import (
 // scan is shown able to find a key where one is: a command task given one
 // in its environment, in the same server, is found holding it.
 func TestKeysNeverEnterTheSandbox(t *testing.T) {
-	for _, rt := range []string{"local", "gvisor", "kubernetes"} {
+	for _, rt := range []string{"local", "gvisor", "docker", "kubernetes"} {
 		t.Run(rt, func(t *testing.T) {
-			if rt == "gvisor" {
+			switch rt {
+			case "gvisor":
 				testenv.RequireRunsc(t)
+			case "docker":
+				testenv.RequireDocker(t)
 			}
 			t.Parallel()
 			const control = "sk-control-key-5e1d0c3b"
@@ -65,6 +70,21 @@ func TestKeysNeverEnterTheSandbox(t *testing.T) {
 				c.Runtime = rt
 				c.Local.WarmPool = 0 // a sandbox named after its task: its cgroups are found by the name
 				c.Agents.Command.Env = map[string]string{"CONTROL_KEY": control}
+				if rt == "docker" {
+					// Claude Code is not in the engine's images: in its
+					// place, a client of the Messages API as the CLI is,
+					// through ANTHROPIC_BASE_URL with ANTHROPIC_API_KEY.
+					c.AIWorker.AICoderImage = testenv.DockerPythonImage
+					client := filepath.Join(c.Data, "shared", "messages-client")
+					if err := os.MkdirAll(filepath.Dir(client), 0o755); err != nil {
+						tb.Fatal(err)
+					}
+					if err := os.WriteFile(client, []byte("#!/usr/bin/python3\n"+messagesClient), 0o755); err != nil {
+						tb.Fatal(err)
+					}
+					c.Agents.Claude.Binary = "/workspace/shared/messages-client"
+					sandboxOf = func(id string) string { return dockerContainer(tb, id) }
+				}
 				if rt == "kubernetes" {
 					// A pod under gVisor, from the image with Claude Code:
 					// its processes are found by its pod's uid.
@@ -109,6 +129,31 @@ func TestKeysNeverEnterTheSandbox(t *testing.T) {
 			assertNoKey(t, s, tk.ID)
 		})
 	}
+}
+
+// messagesClient asks the Messages API at $ANTHROPIC_BASE_URL once with
+// $ANTHROPIC_API_KEY, as Claude Code does, and prints the result line its
+// adapter reads (the CLI's flags are its arguments, unread).
+const messagesClient = `
+import json, os, urllib.request
+req = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages",
+    data=json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "Bash", "input_schema": {"type": "object"}}]}).encode(),
+    headers={"x-api-key": os.environ["ANTHROPIC_API_KEY"], "anthropic-version": "2023-06-01", "content-type": "application/json"})
+answer = json.load(urllib.request.urlopen(req))
+print(json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": answer["content"][0]["text"]}))
+`
+
+// dockerContainer is the id of task id's container on the test engine.
+func dockerContainer(tb testing.TB, id string) string {
+	tb.Helper()
+	var cid string
+	k8stest.WaitFor(tb, "the container of task "+id, func() bool {
+		out, err := exec.Command("docker", "-H", "unix://"+testenv.DockerSocket, "ps", "-q", "--no-trunc", "--filter", "label="+sandbox.LabelTaskID+"="+id).Output()
+		cid = strings.TrimSpace(string(out))
+		return err == nil && cid != "" && !strings.Contains(cid, "\n")
+	})
+	return cid
 }
 
 // podUID is the uid of task id's pod in namespace ns.
