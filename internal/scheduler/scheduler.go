@@ -140,6 +140,10 @@ type Scheduler struct {
 	wg         sync.WaitGroup
 	reconciled chan struct{}
 	leading    atomic.Bool // this replica leads (Lead): it assigns queued tasks
+	// listFailed is, by runtime, why its sandboxes could not be listed
+	// last: a runtime that stays out of reach is logged once, not at
+	// every look (adoption looks every second).
+	listFailed map[string]string
 }
 
 // New returns a scheduler over the task projection.
@@ -163,7 +167,7 @@ func New(opts Options, tasks *projection.Tasks, store eventstore.Store, log *slo
 		solo := cluster.NewSolo(cluster.Replica{ID: cluster.NewID()})
 		opts.Members = solo
 	}
-	return &Scheduler{opts: opts, tasks: tasks, store: store, log: log, running: map[string]bool{}, kick: make(chan struct{}, 1), reconciled: make(chan struct{})}
+	return &Scheduler{opts: opts, tasks: tasks, store: store, log: log, running: map[string]bool{}, listFailed: map[string]string{}, kick: make(chan struct{}, 1), reconciled: make(chan struct{})}
 }
 
 // Reconciled is closed once Run's start-up reconciliation is recorded:
@@ -859,8 +863,18 @@ func (s *Scheduler) listSandboxes(ctx context.Context) map[string]listedSandbox 
 	listed := map[string]listedSandbox{}
 	for name, rt := range s.opts.Runtimes {
 		hs, err := rt.List(ctx, map[string]string{sandbox.LabelManaged: "true"})
-		if err != nil {
+		s.mu.Lock()
+		last, failed := s.listFailed[name]
+		switch {
+		case err != nil && (!failed || last != err.Error()):
 			s.log.Warn("cannot list sandboxes", logkey.Runtime, name, logkey.Error, err)
+			s.listFailed[name] = err.Error()
+		case err == nil && failed:
+			s.log.Info("sandboxes listed again", logkey.Runtime, name)
+			delete(s.listFailed, name)
+		}
+		s.mu.Unlock()
+		if err != nil {
 			continue
 		}
 		for _, h := range hs {

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -1060,5 +1061,35 @@ func TestShutdownDestroysEndedTasksSandbox(t *testing.T) {
 	}
 	if st, err := fake.Status(context.Background(), running); err != nil || st.State != sandbox.StateRunning {
 		t.Errorf("the running task's sandbox after the stop: %v %v, want it running", st.State, err)
+	}
+}
+
+// listing is a runtime whose List fails while err is set.
+type listing struct {
+	sandbox.Runtime
+	err error
+}
+
+func (l *listing) List(context.Context, map[string]string) ([]sandbox.Handle, error) {
+	return nil, l.err
+}
+
+// A runtime out of reach is logged once while it stays so (adoption lists
+// the sandboxes every second), again once it is back, and again when it
+// fails anew.
+func TestListFailureLoggedOnce(t *testing.T) {
+	var logs bytes.Buffer
+	rt := &listing{err: errors.New("cannot reach the engine")}
+	s := New(Options{Runtimes: map[string]sandbox.Runtime{"docker": rt}}, nil, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	count := func(msg string) int { return strings.Count(logs.String(), `msg="`+msg+`"`) }
+	for range 3 {
+		s.listSandboxes(context.Background())
+	}
+	rt.err = nil
+	s.listSandboxes(context.Background())
+	rt.err = errors.New("cannot reach the engine")
+	s.listSandboxes(context.Background())
+	if w, i := count("cannot list sandboxes"), count("sandboxes listed again"); w != 2 || i != 1 {
+		t.Errorf("logged %d failures and %d recoveries, want 2 and 1:\n%s", w, i, logs.String())
 	}
 }
