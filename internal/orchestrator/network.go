@@ -2,10 +2,8 @@ package orchestrator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
-	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/projection"
@@ -13,32 +11,10 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 )
 
-// maxAllowEntries bounds a task's own allowlist.
-const maxAllowEntries = 256
-
 // checkNetwork checks a network policy and a task's own allowlist, naming
 // the request's fields for them.
 func (o *Orchestrator) checkNetwork(network string, allow []string, networkField, allowField string) error {
-	var errs []error
-	if why, ok := o.opts.Networks[network]; !ok {
-		errs = append(errs, errdefs.Field(networkField, fmt.Sprintf("%q is not a network policy (one of: none, allowlist, open)", clip.String(network, 64))))
-	} else if why != "" {
-		errs = append(errs, &errdefs.FieldError{Field: networkField, Err: fmt.Errorf("%q is not available: %s: %w", network, why, errdefs.ErrFailedPrecondition)})
-	}
-	switch {
-	case allow == nil:
-	case network == task.NetworkNone:
-		errs = append(errs, errdefs.Field(allowField, "applies to network allowlist or open, not none"))
-	case len(allow) > maxAllowEntries:
-		errs = append(errs, errdefs.Field(allowField, fmt.Sprintf("has %d entries, over %d", len(allow), maxAllowEntries)))
-	case o.opts.CheckAllow == nil:
-		errs = append(errs, errdefs.Field(allowField, "is not taken here: this server has no egress proxy"))
-	default:
-		if err := o.opts.CheckAllow(allow); err != nil {
-			errs = append(errs, &errdefs.FieldError{Field: allowField, Err: err})
-		}
-	}
-	return errors.Join(errs...)
+	return service.CheckNetwork(o.opts.Networks, o.opts.CheckAllow, network, allow, networkField, allowField)
 }
 
 // SetNetwork implements service.Tasks: it records the task's new network

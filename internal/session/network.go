@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
@@ -23,22 +22,8 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, req service.Network
 	if s.Status != StatusRunning {
 		return Session{}, fmt.Errorf("session %s ended (%s): %w", id, s.EndReason, errdefs.ErrConflict)
 	}
-	switch why, ok := m.opts.Networks[req.Network]; {
-	case !ok && req.Network != task.NetworkNone:
-		return Session{}, errdefs.Field("network", fmt.Sprintf("%q is not a network policy (one of: none, allowlist, open)", clip.String(req.Network, 32)))
-	case why != "":
-		return Session{}, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q is not available: %s: %w", req.Network, why, errdefs.ErrFailedPrecondition)}
-	}
-	if req.Allow != nil {
-		switch {
-		case req.Network == task.NetworkNone:
-			return Session{}, errdefs.Field("allow", "applies to network allowlist or open, not none")
-		case m.opts.CheckAllow == nil:
-			return Session{}, errdefs.Field("allow", "is not taken here: this server has no egress proxy")
-		}
-		if err := m.opts.CheckAllow(req.Allow); err != nil {
-			return Session{}, &errdefs.FieldError{Field: "allow", Err: err}
-		}
+	if err := service.CheckNetwork(m.opts.Networks, m.opts.CheckAllow, req.Network, req.Allow, "network", "allow"); err != nil {
+		return Session{}, err
 	}
 	if s.Network == task.NetworkNone && req.Network != task.NetworkNone {
 		return Session{}, fmt.Errorf("session %s started with network none: its sandbox has no way to the egress proxy: %w", id, errdefs.ErrConflict)
