@@ -110,7 +110,7 @@ const maxAuditPath = 256
 
 // relayModel serves a CONNECT to ModelHost(i): the tunnel carries the
 // agent's HTTP requests to model API i of the policy, each recorded.
-func (p *Proxy) relayModel(w http.ResponseWriter, r *http.Request, rec *Record, i int) {
+func (p *Proxy) relayModel(w http.ResponseWriter, rec *Record, i int) {
 	models := p.Policy().Models
 	if i >= len(models) {
 		p.deny(w, rec, http.StatusForbidden, ReasonNoModel)
@@ -122,33 +122,60 @@ func (p *Proxy) relayModel(w http.ResponseWriter, r *http.Request, rec *Record, 
 		return
 	}
 	defer p.untrack(client)
-	// The tunnel is not an attempt of its own: each request in it is.
-	conn := &tunnelConn{Conn: client, r: in, closed: make(chan struct{})}
+	p.serveTunnel(&tunnelConn{Conn: client, r: in}, p.relayHandler(m.Base.Hostname(), portOf(m.Base), p.modelTransport(), func(r *http.Request) (relayTarget, string) {
+		target, ok := joinUnder(m.Base.Path, r.URL.Path)
+		if !ok || r.URL.IsAbs() && r.URL.Host != "" {
+			return relayTarget{}, ReasonModelPath
+		}
+		return relayTarget{
+			url:    &url.URL{Scheme: m.Base.Scheme, Host: m.Base.Host, Path: target, RawQuery: withoutPlaceholder(r.URL.RawQuery, m.Placeholder)},
+			header: m.Header, value: m.Value, strip: true,
+		}, ""
+	}))
+}
+
+// serveTunnel serves HTTP on conn, a tunnel the proxy took over, until it
+// closes. The tunnel is not an attempt of its own: each request in it is.
+func (p *Proxy) serveTunnel(conn net.Conn, h http.Handler) {
+	c := &notifyConn{Conn: conn, closed: make(chan struct{})}
 	srv := &http.Server{
-		Handler:           p.modelHandler(m),
+		Handler:           h,
 		ReadHeaderTimeout: p.opts.ReadHeaderTimeout,
 		IdleTimeout:       p.opts.IdleTimeout,
 		MaxHeaderBytes:    p.opts.MaxHeaderBytes,
 		ErrorLog:          log.New(io.Discard, "", 0),
 	}
-	srv.Serve(&oneConnListener{conn: conn})
-	<-conn.closed
+	srv.Serve(&oneConnListener{conn: c})
+	<-c.closed
 }
 
-// modelHandler relays one request to m and records it.
-func (p *Proxy) modelHandler(m Model) http.Handler {
-	transport := p.modelTransport()
+// relayTarget is where relayHandler sends a request, with the credential
+// it adds (none when header is ""); strip removes every credential the
+// sandbox sent (credentialHeaders) first.
+type relayTarget struct {
+	url           *url.URL
+	header, value string
+	strip         bool
+}
+
+// maxAuditMethod bounds the method a Record keeps.
+const maxAuditMethod = 32
+
+// relayHandler sends each request where route says, or refuses it with
+// route's reason, and records it: method, path (never the query), status,
+// whether a credential was added, bytes.
+func (p *Proxy) relayHandler(host string, port int, transport http.RoundTripper, route func(*http.Request) (relayTarget, string)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec := Record{TaskID: p.taskID, Method: r.Method, Host: m.Base.Hostname(), Port: portOf(m.Base), Start: p.opts.Now(),
+		rec := Record{TaskID: p.taskID, Method: clipString(r.Method, maxAuditMethod), Host: host, Port: port, Start: p.opts.Now(),
 			Path: clipString(r.URL.Path, maxAuditPath)}
-		target, ok := joinUnder(m.Base.Path, r.URL.Path)
-		if !ok || r.URL.IsAbs() && r.URL.Host != "" {
-			rec.Reason, rec.Status = ReasonModelPath, http.StatusForbidden
+		t, reason := route(r)
+		if reason != "" {
+			rec.Reason, rec.Status = reason, http.StatusForbidden
 			p.finish(&rec)
-			http.Error(w, "corral egress: "+ReasonModelPath, http.StatusForbidden)
+			http.Error(w, "corral egress: "+reason, http.StatusForbidden)
 			return
 		}
-		rec.Allowed, rec.Credential = true, true
+		rec.Allowed, rec.Credential = true, t.header != ""
 		sw := &statusWriter{ResponseWriter: w}
 		var addr atomic.Value
 		r = r.WithContext(httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
@@ -158,20 +185,29 @@ func (p *Proxy) modelHandler(m Model) http.Handler {
 		rp := &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				out := pr.Out
-				out.URL = &url.URL{Scheme: m.Base.Scheme, Host: m.Base.Host, Path: target, RawQuery: withoutPlaceholder(r.URL.RawQuery, m.Placeholder)}
-				out.Host = m.Base.Host
-				for _, h := range credentialHeaders {
-					out.Header.Del(h)
+				out.URL = t.url
+				out.Host = t.url.Host
+				if t.strip {
+					for _, h := range credentialHeaders {
+						out.Header.Del(h)
+					}
 				}
-				out.Header.Set(m.Header, m.Value)
+				if t.header != "" {
+					out.Header.Set(t.header, t.value)
+				}
 			},
 			Transport:     transport,
 			FlushInterval: -1,
 			ErrorLog:      log.New(io.Discard, "", 0),
 			ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 				failed = err
+				if d, ok := asDenied(err); ok {
+					w.WriteHeader(d.status)
+					fmt.Fprintf(w, "corral egress: %s denied: %s\n", net.JoinHostPort(host, strconv.Itoa(port)), d.reason)
+					return
+				}
 				w.WriteHeader(http.StatusBadGateway)
-				fmt.Fprintf(w, "corral egress: model API %s: %s\n", m.Base.Host, oneLine(err.Error()))
+				fmt.Fprintf(w, "corral egress: %s: %s\n", net.JoinHostPort(host, strconv.Itoa(port)), oneLine(err.Error()))
 			},
 		}
 		body := &countingReader{r: r.Body}
@@ -181,11 +217,14 @@ func (p *Proxy) modelHandler(m Model) http.Handler {
 		defer func() {
 			rec.Status, rec.BytesUp, rec.BytesDown = sw.status, body.n, sw.n
 			rec.Address, _ = addr.Load().(string)
+			d, denied := asDenied(failed)
 			switch v := recover(); {
+			case denied:
+				rec.Allowed, rec.Credential, rec.Reason = false, false, d.reason
 			case failed != nil:
 				rec.Error = failed.Error()
 			case v != nil:
-				rec.Error = "the model API's answer broke off"
+				rec.Error = "the answer broke off"
 				defer panic(v)
 			}
 			p.finish(&rec)
@@ -310,17 +349,22 @@ func (c *countingReader) Read(b []byte) (int, error) {
 func (c *countingReader) Close() error { return c.r.Close() }
 
 // tunnelConn is a hijacked connection whose first bytes may be buffered
-// in r; closed is closed once the connection is.
+// in r.
 type tunnelConn struct {
 	net.Conn
-	r      io.Reader
-	once   sync.Once
-	closed chan struct{}
+	r io.Reader
 }
 
 func (c *tunnelConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 
-func (c *tunnelConn) Close() error {
+// notifyConn closes closed once the connection is closed.
+type notifyConn struct {
+	net.Conn
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *notifyConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() { close(c.closed) })
 	return err
@@ -329,7 +373,7 @@ func (c *tunnelConn) Close() error {
 // oneConnListener hands one connection to an http.Server, then reports
 // itself closed once that connection is.
 type oneConnListener struct {
-	conn *tunnelConn
+	conn *notifyConn
 	mu   sync.Mutex
 	done bool
 }

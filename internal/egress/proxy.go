@@ -69,9 +69,13 @@ type Options struct {
 	ReadHeaderTimeout time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
-	// RootCAs verify the model APIs' certificates (Model); the system's
-	// when nil.
+	// RootCAs verify the certificates of the model APIs (Model) and of
+	// the hosts with credential rules (Credential); the system's when nil.
 	RootCAs *x509.CertPool
+	// CA signs the certificates the proxy presents to a worker for the
+	// hosts with credential rules. Without one, no host is intercepted
+	// and credential rules add nothing.
+	CA *CA
 }
 
 func (o *Options) defaults() {
@@ -115,12 +119,14 @@ type Record struct {
 	Method string
 	Host   string // as the worker asked, normalized
 	Port   int
-	// Path is a plain HTTP request's path, or a relayed model API
-	// request's (at most 256 bytes, never its query): what was asked of
-	// the host, where the proxy sees it.
+	// Path is the path of a plain HTTP request, a relayed model API
+	// request or an intercepted HTTPS request (at most 256 bytes, never
+	// its query): what was asked of the host, where the proxy sees it.
+	// "" for a tunnel, whose requests the proxy does not read.
 	Path string
-	// Credential says the proxy added the agent's key to the request (a
-	// model API's relay).
+	// Credential says the proxy added a credential to the request: the
+	// agent's key (a model API's relay) or a credential rule's header
+	// (an intercepted HTTPS request).
 	Credential bool
 	// Address is the IP and port the proxy connected to ("" if none).
 	Address string
@@ -185,10 +191,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method == http.MethodConnect {
-		if host, _, err := target(r); err == nil {
+		if host, port, err := target(r); err == nil {
 			if i, ok := modelIndex(host); ok {
 				rec.Host, rec.Port = host, 80
-				p.relayModel(w, r, &rec, i)
+				p.relayModel(w, &rec, i)
+				return
+			}
+			if p.opts.CA != nil && len(p.Policy().credentialsFor(host, port)) > 0 {
+				rec.Host, rec.Port = host, port
+				p.intercept(w, &rec)
 				return
 			}
 		}

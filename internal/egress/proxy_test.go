@@ -74,6 +74,13 @@ func (f *fakeResolver) questions() []string {
 // returns the socket's path and the records.
 func MustProxy(tb testing.TB, policy Policy, opts Options) (string, *records) {
 	tb.Helper()
+	_, sock, recs := mustServer(tb, policy, opts)
+	return sock, recs
+}
+
+// mustServer is MustProxy with the server, whose task is "t1".
+func mustServer(tb testing.TB, policy Policy, opts Options) (*Server, string, *records) {
+	tb.Helper()
 	// t.TempDir's long names would not fit a unix socket path.
 	dir, err := os.MkdirTemp("", "egress")
 	if err != nil {
@@ -91,7 +98,7 @@ func MustProxy(tb testing.TB, policy Policy, opts Options) (string, *records) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return filepath.Join(tdir, SocketName), recs
+	return srv, filepath.Join(tdir, SocketName), recs
 }
 
 // proxyClient is an HTTP client whose proxy is the unix socket sock.

@@ -189,6 +189,10 @@ type Policy struct {
 	// Models are the model APIs of the task's agent, which the proxy
 	// relays adding their keys (ModelHost).
 	Models []Model
+	// Credentials are the credential rules the proxy applies to the
+	// task's HTTPS requests, intercepting the hosts they name (with
+	// Options.CA). A rule does not allow its host: Open or Allow must.
+	Credentials []Credential
 }
 
 // decision is a policy's answer for one host and port.
