@@ -3,9 +3,9 @@ package egress
 import (
 	"bufio"
 	"bytes"
-	"encoding/pem"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"io"
 	"net"
 	"net/http"
