@@ -95,6 +95,8 @@ type App struct {
 
 	egress      *egress.Server // the per-task egress proxies
 	egressAllow []egress.Rule
+	egressCreds []configuredCredential
+	egressCA    []byte // the DER of the proxy's CA; nil without credential rules
 	egressRec   *egressRecorder
 
 	ln       net.Listener // the HTTP API
@@ -177,7 +179,7 @@ func (a *App) open(ctx context.Context) error {
 		return err
 	}
 	available, networks := a.availability(ctx, sandboxes)
-	if err := a.openEgress(); err != nil {
+	if err := a.openEgress(secrets); err != nil {
 		return err
 	}
 	egressAddr, err := a.listenEgress(secret)
@@ -230,7 +232,7 @@ func (a *App) open(ctx context.Context) error {
 		Placements:     a.placements,
 		DefaultRuntime: cfg.Runtime,
 		Base:           placement.Base{BinDir: filepath.ToSlash(bin), SocketDir: workspace.DirRun + "/sock"},
-		Egress:         sessionEgress{egressProxies{srv: a.egress, allow: a.egressAllow}},
+		Egress:         sessionEgress{a.egressProxies()},
 		Networks:       networks,
 		CheckAllow:     a.checkAllow,
 		Writers:        writers,
@@ -316,6 +318,7 @@ func (a *App) open(ctx context.Context) error {
 		Agents:         agentConfigs(cfg),
 		AgentMissing:   agentMissing,
 		CheckAllow:     a.checkAllow,
+		Credentials:    a.onRequestCredentials(),
 		NetworkChanged: func(t task.Task) { a.runner.ApplyEgress(t) },
 	}, a.log.With("subsystem", "orchestrator"))
 	a.runner = taskrun.New(taskrun.Options{
@@ -333,7 +336,7 @@ func (a *App) open(ctx context.Context) error {
 		},
 		Sessions:        a.sessions,
 		Verifier:        webhook.NewVerifier(secret, time.Duration(lim.WebhookMaxSkew), nil),
-		Egress:          egressProxies{srv: a.egress, allow: a.egressAllow},
+		Egress:          a.egressProxies(),
 		MaxLogBytes:     lim.MaxLogBytes.Bytes(),
 		MaxTaskDirBytes: lim.MaxTaskDirBytes.Bytes(),
 		AllowHooks:      cfg.Workspaces.AllowHooks,

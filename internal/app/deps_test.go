@@ -36,7 +36,7 @@ var allowed = map[string][]string{
 	"internal/attachment":           {"errdefs", "units", "filetype"},
 	"internal/document":             {"eventstore", "task", "errdefs", "ids", "workspace", "clip"},
 	"internal/skill":                {"errdefs", "clip"},
-	"internal/config":               {"errdefs", "units", "task", "rtkind"},
+	"internal/config":               {"errdefs", "units", "task", "rtkind", "egress"}, // egress: a credential rule is checked as the proxy reads it
 	"internal/eventstore":           {"errdefs", "ids"},
 	"internal/eventstore/sqlite":    {"eventstore", "task", "errdefs", "ids", "logkey", "lockfile"},
 	"internal/eventstore/postgres":  {"eventstore", "errdefs", "ids", "logkey", "cluster"},

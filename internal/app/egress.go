@@ -2,11 +2,14 @@ package app
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"math"
 	"net"
 	"net/url"
+	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -39,6 +42,17 @@ const egressBuffer = 4096
 type egressProxies struct {
 	srv   *egress.Server
 	allow []egress.Rule
+	// creds are the credential rules (egress.credentials); ca, the DER of
+	// the CA the proxy intercepts their hosts under (nil without rules).
+	creds []configuredCredential
+	ca    []byte
+}
+
+// configuredCredential is a credential rule and whether it is given only
+// on request.
+type configuredCredential struct {
+	egress.Credential
+	onRequest bool
 }
 
 func (e egressProxies) Open(id string, p taskrun.EgressPolicy) (string, error) {
@@ -86,7 +100,20 @@ func (e egressProxies) policy(p taskrun.EgressPolicy) (egress.Policy, error) {
 		return pol, err
 	}
 	pol.Models = models
+	pol.Credentials = credentialsFor(e.creds, p.Credentials)
 	return pol, nil
+}
+
+// credentialsFor are the rules a task or session that asked for names
+// gets: those for every one, and those on request that it named.
+func credentialsFor(rules []configuredCredential, names []string) []egress.Credential {
+	var out []egress.Credential
+	for _, r := range rules {
+		if !r.onRequest || slices.Contains(names, r.Name) {
+			out = append(out, r.Credential)
+		}
+	}
+	return out
 }
 
 // checkAllow checks a task's or a session's own allowlist: entries the
@@ -129,7 +156,8 @@ func egressModels(apis []workerproto.ModelAPI) ([]egress.Model, error) {
 }
 
 // sessionEgress is a session's view of the proxies: a session runs no
-// agent, so its proxy relays no model API.
+// agent, so its proxy relays no model API; it gets the credential rules
+// given to every task and session.
 type sessionEgress struct{ egressProxies }
 
 func (e sessionEgress) Open(id, network string, allow []string) (string, error) {
@@ -140,6 +168,7 @@ func (e sessionEgress) Update(id, network string, allow []string) error {
 	return e.egressProxies.Update(id, taskrun.EgressPolicy{Network: network, Allow: allow})
 }
 
+func (e egressProxies) CA() []byte               { return e.ca }
 func (e egressProxies) Dir(id string) string     { return e.srv.Dir(id) }
 func (e egressProxies) Close(id string) error    { return e.srv.Close(id) }
 func (e egressProxies) Tasks() ([]string, error) { return e.srv.Tasks() }
@@ -234,17 +263,59 @@ func (r *egressRecorder) append(ctx context.Context, rec egress.Record) {
 }
 
 // openEgress builds the egress proxies' server over run/egress and the
-// recorder of their connections.
-func (a *App) openEgress() error {
+// recorder of their connections. With credential rules, the proxy's CA is
+// kept in run/egress-ca, which no sandbox mounts.
+func (a *App) openEgress(secrets config.Secrets) error {
 	allow, err := egress.ParseRules(a.cfg.Egress.Allow)
 	if err != nil {
 		return fmt.Errorf("egress.allow: %w", err)
 	}
 	a.egressAllow = allow
+	opts := egress.Options{}
+	for i, c := range a.cfg.Egress.Credentials {
+		header := c.Header
+		if header == "" {
+			header = "Authorization"
+		}
+		cred, err := egress.ParseCredential(c.Name, c.Host, c.PathPrefix, header, secrets.EgressCredentials[i])
+		if err != nil {
+			return fmt.Errorf("egress.credentials[%d]: %w", i, err)
+		}
+		a.egressCreds = append(a.egressCreds, configuredCredential{Credential: cred, onRequest: c.OnRequest})
+	}
+	if len(a.egressCreds) > 0 {
+		ca, err := egress.LoadCA(a.data.HostPath(workspace.DirRun, "egress-ca"))
+		if err != nil {
+			return err
+		}
+		opts.CA, a.egressCA = ca, ca.CertDER()
+	}
+	if f := a.cfg.Egress.UpstreamCAFile; f != "" {
+		if opts.RootCAs, err = upstreamRoots(f); err != nil {
+			return fmt.Errorf("egress.upstream_ca_file: %w", err)
+		}
+	}
 	log := a.log.With(logkey.Subsystem, "egress")
 	a.egressRec = newEgressRecorder(a.store, a.tasks, log)
-	a.egress, err = egress.NewServer(a.data.HostPath(workspace.DirRun, "egress"), egress.Options{OnConnection: a.egressRec.Add}, log)
+	opts.OnConnection = a.egressRec.Add
+	a.egress, err = egress.NewServer(a.data.HostPath(workspace.DirRun, "egress"), opts, log)
 	return err
+}
+
+// upstreamRoots are the system's roots and the certificates in file.
+func upstreamRoots(file string) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", file)
+	}
+	return pool, nil
 }
 
 // listenEgress listens for the egress of worker pods on
@@ -282,4 +353,21 @@ func (a *App) listenEgress(secret []byte) (string, error) {
 		addr = net.JoinHostPort(u.Hostname(), port)
 	}
 	return addr, nil
+}
+
+// egressProxies is the orchestrator's and the sessions' view of the
+// egress server.
+func (a *App) egressProxies() egressProxies {
+	return egressProxies{srv: a.egress, allow: a.egressAllow, creds: a.egressCreds, ca: a.egressCA}
+}
+
+// onRequestCredentials name the credential rules a task asks for.
+func (a *App) onRequestCredentials() []string {
+	var names []string
+	for _, c := range a.egressCreds {
+		if c.onRequest {
+			names = append(names, c.Name)
+		}
+	}
+	return names
 }

@@ -331,7 +331,50 @@ type Egress struct {
 	// PATCH /api/tasks/{id}/network) may hold: "narrow" (the default),
 	// only what Allow lets through; "add", any host.
 	TaskHosts string `yaml:"task_hosts"`
+	// Credentials are headers the proxy adds to HTTPS requests for a host
+	// (a git host's or a package index's token), so that the secret stays
+	// with the server: the proxy intercepts the TLS of these hosts only,
+	// under a CA of the server's own that sandboxes with network trust.
+	Credentials []EgressCredential `yaml:"credentials"`
+	// UpstreamCAFile names a PEM file of CA certificates the proxy trusts,
+	// beside the system's, where it speaks TLS itself (model APIs, hosts
+	// with credentials): a private git server's CA.
+	UpstreamCAFile string `yaml:"upstream_ca_file"`
 }
+
+// EgressCredential is one credential rule (egress.credentials). The
+// secret comes from a file (mode 0600) or an environment variable of the
+// server, never from this file.
+type EgressCredential struct {
+	// Name names the rule in events and in a task's credentials.
+	Name string `yaml:"name"`
+	// Host is host or host:port (443 when none).
+	Host string `yaml:"host"`
+	// PathPrefix, if set, limits the rule to that path and below.
+	PathPrefix string `yaml:"path_prefix"`
+	// Header is the header set; Authorization when empty.
+	Header string `yaml:"header"`
+	// Scheme says how the secret becomes the header's value: "" as it
+	// is, "bearer" ("Bearer <secret>"), "basic" ("Basic " and the base64
+	// of Username:secret).
+	Scheme   string `yaml:"scheme"`
+	Username string `yaml:"username"`
+	// SecretFile and SecretEnv: where the secret is (one of the two).
+	SecretFile string `yaml:"secret_file"`
+	SecretEnv  string `yaml:"secret_env"`
+	// OnRequest: only the tasks and sessions that name the rule in their
+	// credentials get it; otherwise every one with network does.
+	OnRequest bool `yaml:"on_request"`
+
+	// fromEnv is SecretEnv's value, read by Load.
+	fromEnv string
+}
+
+// Credential schemes.
+const (
+	SchemeBearer = "bearer"
+	SchemeBasic  = "basic"
+)
 
 // TaskHosts values.
 const (

@@ -645,6 +645,27 @@ func TestValidate(t *testing.T) {
 		{"egress addr without a host", func(c *Config) { c.Kubernetes.EgressListen, c.Kubernetes.EgressAddr = ":7778", ":7778" }, "kubernetes.egress_addr", "with a host and a port"},
 		{"egress addr without a listener", func(c *Config) { c.Kubernetes.EgressAddr = "corral:7778" }, "kubernetes.egress_addr", "which is not set"},
 		{"secret name", func(c *Config) { c.Kubernetes.SecretName = "Keys" }, "kubernetes.secret_name", "object name"},
+		{"credential name", func(c *Config) { c.Egress.Credentials = []EgressCredential{{Name: "Git", Host: "h", SecretEnv: "T"}} }, "egress.credentials[0].name", "lowercase"},
+		{"credential names twice", func(c *Config) {
+			c.Egress.Credentials = []EgressCredential{{Name: "g", Host: "h", SecretEnv: "T"}, {Name: "g", Host: "i", SecretEnv: "T"}}
+		}, "egress.credentials[1].name", "names another rule too"},
+		{"credential wildcard", func(c *Config) { c.Egress.Credentials = []EgressCredential{{Name: "g", Host: "*.h", SecretEnv: "T"}} }, "egress.credentials[0]", "wildcards"},
+		{"credential header", func(c *Config) {
+			c.Egress.Credentials = []EgressCredential{{Name: "g", Host: "h", Header: "Host", SecretEnv: "T"}}
+		}, "egress.credentials[0]", "cannot be the header"},
+		{"credential prefix", func(c *Config) {
+			c.Egress.Credentials = []EgressCredential{{Name: "g", Host: "h", PathPrefix: "/a/../b", SecretEnv: "T"}}
+		}, "egress.credentials[0]", "clean path"},
+		{"credential scheme", func(c *Config) {
+			c.Egress.Credentials = []EgressCredential{{Name: "g", Host: "h", Scheme: "digest", SecretEnv: "T"}}
+		}, "egress.credentials[0].scheme", "one of"},
+		{"credential basic without user", func(c *Config) {
+			c.Egress.Credentials = []EgressCredential{{Name: "g", Host: "h", Scheme: "basic", SecretEnv: "T"}}
+		}, "egress.credentials[0].username", "needed with scheme basic"},
+		{"credential two secrets", func(c *Config) {
+			c.Egress.Credentials = []EgressCredential{{Name: "g", Host: "h", SecretEnv: "T", SecretFile: "/f"}}
+		}, "egress.credentials[0]", "one of the two"},
+		{"credential no secret", func(c *Config) { c.Egress.Credentials = []EgressCredential{{Name: "g", Host: "h"}} }, "egress.credentials[0]", "one of the two"},
 		{"pull policy", func(c *Config) { c.Kubernetes.PullPolicy = "sometimes" }, "kubernetes.pull_policy", "one of"},
 		{"seccomp profile", func(c *Config) { c.Kubernetes.SeccompProfile = "/var/lib/kubelet/seccomp/corral.json" }, "kubernetes.seccomp_profile", "relative"},
 		{"workspace root relative", func(c *Config) { c.Workspaces.Roots = []string{"/srv/repos", "repos"} }, "workspaces.roots[1]", "absolute, clean directory"},

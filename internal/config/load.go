@@ -116,6 +116,11 @@ func Load(opts LoadOptions) (*Config, error) {
 	if err := c.applyEnv(env); err != nil {
 		return nil, err
 	}
+	for i := range c.Egress.Credentials {
+		if e := c.Egress.Credentials[i].SecretEnv; e != "" {
+			c.Egress.Credentials[i].fromEnv = env[e]
+		}
+	}
 	c.applyFlags(opts.Flags)
 	if err := c.Validate(); err != nil {
 		return nil, err

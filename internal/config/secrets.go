@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"os"
@@ -30,6 +31,9 @@ type Secrets struct {
 	// StoreDSN is the PostgreSQL connection string of store.driver
 	// postgres; "" for SQLite.
 	StoreDSN string
+	// EgressCredentials are the header values of egress.credentials, in
+	// order: the secret under the rule's scheme.
+	EgressCredentials []string
 }
 
 // NamedToken is one bearer token and the name events record for its caller.
@@ -96,6 +100,30 @@ func (c *Config) Secrets() (Secrets, error) {
 		}
 		seen[string(b)] = t.Name
 		s.APITokens = append(s.APITokens, NamedToken{Name: t.Name, Token: string(b)})
+	}
+	for i, ec := range c.Egress.Credentials {
+		field := fmt.Sprintf("egress.credentials[%d].secret_file", i)
+		secret := []byte(ec.fromEnv)
+		if ec.SecretEnv != "" && ec.fromEnv == "" {
+			return Secrets{}, &errdefs.FieldError{Field: fmt.Sprintf("egress.credentials[%d].secret_env", i), Err: fmt.Errorf("%s is not set in the server's environment: %w", ec.SecretEnv, errdefs.ErrInvalidArgument)}
+		}
+		if ec.SecretFile != "" {
+			b, err := readSecretFile(ec.SecretFile)
+			if err != nil {
+				return Secrets{}, &errdefs.FieldError{Field: field, Err: err}
+			}
+			secret = b
+		}
+		switch ec.Scheme {
+		case SchemeBearer:
+			secret = append([]byte("Bearer "), secret...)
+		case SchemeBasic:
+			secret = []byte("Basic " + base64.StdEncoding.EncodeToString([]byte(ec.Username+":"+string(secret))))
+		}
+		if bytes.ContainsAny(secret, "\r\n\x00") {
+			return Secrets{}, &errdefs.FieldError{Field: field, Err: fmt.Errorf("the secret spans lines: %w", errdefs.ErrInvalidArgument)}
+		}
+		s.EgressCredentials = append(s.EgressCredentials, string(secret))
 	}
 	if c.Notify.SecretFile != "" {
 		b, err := readSecretFile(c.Notify.SecretFile)

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -162,5 +163,30 @@ func TestStoreDSN(t *testing.T) {
 	c = MustLoad(t, "store: {driver: postgres, dsn_file: "+MustWriteSecret(t, "host=db", 0o644)+"}\n")
 	if _, err := c.Secrets(); err == nil || !strings.Contains(err.Error(), "store.dsn_file") {
 		t.Errorf("a DSN file others can read: %v, want an error naming store.dsn_file", err)
+	}
+}
+
+// TestSecretsOfCredentialRules: a rule's secret comes from its file or
+// from the server's environment, shaped by its scheme; an unset variable
+// is an error naming it, never a value.
+func TestSecretsOfCredentialRules(t *testing.T) {
+	tok := MustWriteSecret(t, "file-token", 0o600)
+	c := MustLoad(t, `egress:
+  credentials:
+    - {name: raw, host: a.example, header: Private-Token, secret_file: `+tok+`}
+    - {name: bearer, host: b.example, scheme: bearer, secret_env: B_TOKEN}
+    - {name: basic, host: c.example, scheme: basic, username: x-access-token, secret_env: C_TOKEN}
+`, "B_TOKEN=env-token", "C_TOKEN=c-token")
+	s, err := c.Secrets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"file-token", "Bearer env-token", "Basic eC1hY2Nlc3MtdG9rZW46Yy10b2tlbg=="}
+	if !slices.Equal(s.EgressCredentials, want) {
+		t.Errorf("EgressCredentials = %q, want %q", s.EgressCredentials, want)
+	}
+	c = MustLoad(t, "egress: {credentials: [{name: b, host: b.example, secret_env: B_TOKEN}]}\n")
+	if _, err := c.Secrets(); err == nil || !strings.Contains(err.Error(), "B_TOKEN is not set") || !strings.Contains(err.Error(), "egress.credentials[0].secret_env") {
+		t.Errorf("an unset variable: %v", err)
 	}
 }

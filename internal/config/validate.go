@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/task"
@@ -103,6 +104,8 @@ func (c *Config) Validate() error {
 			v.add(fmt.Sprintf("egress.allow[%d]", i), "must be a host name (api.example.com, api.example.com:8443, *.example.com) or an IP address such as 127.0.0.1:8080, with no scheme or path, got %q", h)
 		}
 	}
+
+	v.egressCredentials(c.Egress.Credentials)
 
 	v.agents(&c.Agents)
 
@@ -343,6 +346,40 @@ func (v *validator) agents(a *Agents) {
 		}
 	}
 }
+
+func (v *validator) egressCredentials(creds []EgressCredential) {
+	names := map[string]bool{}
+	for i, c := range creds {
+		p := fmt.Sprintf("egress.credentials[%d]", i)
+		switch {
+		case !credentialName().MatchString(c.Name):
+			v.add(p+".name", "must be 1-63 lowercase letters, digits, '-' or '_', got %q", c.Name)
+		case names[c.Name]:
+			v.add(p+".name", "%q names another rule too", c.Name)
+		}
+		names[c.Name] = true
+		header := c.Header
+		if header == "" {
+			header = "Authorization"
+		}
+		// The value is checked when it is read (Secrets).
+		if _, err := egress.ParseCredential(c.Name, c.Host, c.PathPrefix, header, "x"); err != nil {
+			v.add(p, "%v", err)
+		}
+		v.oneOf(p+".scheme", c.Scheme, []string{"", SchemeBearer, SchemeBasic})
+		if (c.Scheme == SchemeBasic) != (c.Username != "") || strings.ContainsAny(c.Username, ":\r\n") {
+			v.add(p+".username", "is needed with scheme basic, and only there, without ':' or line breaks")
+		}
+		if (c.SecretFile == "") == (c.SecretEnv == "") {
+			v.add(p, "needs secret_file or secret_env, one of the two")
+		}
+		if c.SecretEnv != "" && !envName().MatchString(c.SecretEnv) {
+			v.add(p+".secret_env", "is not a valid environment variable name")
+		}
+	}
+}
+
+var credentialName = lazyRegexp(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
 type validator struct {
 	c    *Config

@@ -164,7 +164,17 @@ type probeResult struct {
 }
 
 func testProbe(t *testing.T, rt escapeRuntime, probe string) {
-	s := MustStart(t, rt.config(t))
+	// A host with an egress credential rule, whose secret the probe tries
+	// to learn through its proxy.
+	up := newCredentialUpstream(t, probeUpstream)
+	s := MustStart(t, func(c *config.Config) {
+		rt.config(t)(c)
+		up.configure(t, c, config.SchemeBearer, "", false)
+	})
+	caKey := filepath.Join(s.data, "run", "egress-ca", "ca.key")
+	if _, err := os.Stat(caKey); err != nil {
+		t.Fatalf("the egress CA's key is not where the probe looks: %v", err)
+	}
 
 	// The probe runs from the shared workspace, which the sandbox sees
 	// read-only at /workspace/shared.
@@ -244,6 +254,8 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 		"--connect", ln.Addr().String(),
 		"--connect", "1.1.1.1:443",
 		"--host-marker=" + marker,
+		"--read", caKey,
+		"--credential-url", up.ruled(), "--unruled-url", up.unruled(),
 	}
 	argv = append(argv, nodeTarget...)
 	var claims uint64
@@ -267,7 +279,7 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 
 	// Every check must be there: a probe that skipped one proves nothing.
 	want := []string{
-		"read " + filepath.Join(s.data, "corral.db"), "read " + s.data, "read " + victimDir,
+		"read " + filepath.Join(s.data, "corral.db"), "read " + s.data, "read " + victimDir, "read " + caKey,
 		"write /workspace/shared/x", "write /usr/x", "write /etc/x", "write /x",
 		"write " + filepath.Join(victimDir, "output", "x"),
 		"connect " + ln.Addr().String(), "connect 1.1.1.1:443", "dns example.com",
@@ -288,7 +300,11 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 	if tk.Network != task.NetworkNone {
 		// Through its proxy: asks for a relay of the keys of an agent's
 		// model API it has not.
-		want = append(want, "relay to a model API the task has not", "plain request to a model API's relay")
+		want = append(want, "relay to a model API the task has not", "plain request to a model API's relay",
+			// And for the secret of a host's credential rule.
+			"credential added on its rule's path", "credential on a path outside its rule", "credential through a dot segment",
+			"credential through an encoded slash", "credential through a redirect to a host without a rule",
+			"credential of another host's rule (Host header)")
 	}
 	for _, name := range want {
 		if _, ok := report[name]; !ok {
@@ -350,6 +366,7 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 	if b, err := os.ReadFile("/usr/x"); err == nil && strings.Contains(string(b), "probe was here") {
 		t.Errorf("the probe wrote the host's /usr/x")
 	}
+	assertSecretAbsent(t, s, tk.ID, up.secret)
 }
 
 // markerVisible reports whether a host process has an argv element equal

@@ -72,6 +72,9 @@ type Options struct {
 	// entries the proxy reads, within what the operator lets a task ask.
 	// Nil: no task may have one.
 	CheckAllow func(entries []string) error
+	// Credentials name the egress credential rules a task may ask for
+	// (those given on request).
+	Credentials []string
 	// NetworkChanged, if set, is called with a task whose network policy
 	// SetNetwork changed, for this server's egress to follow it at once
 	// (the others follow the log).

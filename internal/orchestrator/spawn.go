@@ -218,6 +218,7 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 		Image:          req.Image,
 		Network:        req.Network,
 		NetworkAllow:   req.NetworkAllow,
+		Credentials:    req.Credentials,
 		Resources:      o.opts.Defaults.Resources,
 		Labels:         req.Labels,
 		IdempotencyKey: req.IdempotencyKey,
@@ -337,6 +338,7 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q on the %s runtime: %s; only none: %w", clip.String(spec.Network, 64), spec.Runtime, noEgress, errdefs.ErrFailedPrecondition)})
 	}
 	errs = append(errs, o.checkNetwork(spec.Network, spec.NetworkAllow, "network", "network_allow"))
+	errs = append(errs, service.CheckCredentials(o.opts.Credentials, spec.Network, spec.Credentials, "credentials"))
 
 	if r := req.Resources; r != nil {
 		var err error

@@ -563,7 +563,7 @@ func fixedLog() []eventstore.Event {
 // foldDigests is, for each checkpointVersion, the SHA-256 of the
 // checkpoint of fixedLog (TestFoldVersion).
 var foldDigests = map[int]string{
-	1: "8df17d2ac1400ca3914bb105175204dae48e0b28a8142b08b30aea37e49f5f74",
+	1: "f04706e3acfd9ddd72bb666b0a14707b39c478dddeddbdf0a9378ef0373da9d7",
 }
 
 // TestFoldVersion: the checkpoint of a fixed log is the one recorded for

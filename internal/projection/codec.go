@@ -325,6 +325,7 @@ func (w *enc) spec(s *task.Spec) {
 	w.str(s.Image)
 	w.str(s.Network)
 	w.strs(s.NetworkAllow)
+	w.strs(s.Credentials)
 	w.varint(s.Resources.MemoryBytes)
 	w.varint(s.Resources.CPUMillis)
 	w.varint(s.Resources.Pids)
@@ -391,7 +392,7 @@ func (r *dec) task() task.Task {
 func (r *dec) spec() task.Spec {
 	s := task.Spec{Kind: r.str(), Description: r.str(), ContextFiles: r.strs(), AttachmentIDs: r.strs(), Agent: r.str(), Model: r.str(),
 		Command: r.strs(), TimeoutMinutes: r.int(), TimeoutSeconds: r.int(), Runtime: r.str(), Image: r.str(), Network: r.str(),
-		NetworkAllow: r.strs(), Resources: task.Resources{MemoryBytes: r.varint(), CPUMillis: r.varint(), Pids: r.varint()}, SaveToShared: r.bool(),
+		NetworkAllow: r.strs(), Credentials: r.strs(), Resources: task.Resources{MemoryBytes: r.varint(), CPUMillis: r.varint(), Pids: r.varint()}, SaveToShared: r.bool(),
 		DocumentIDs: r.strs(), NoteQuery: r.str(), NoteIDs: r.strs()}
 	if n, isNil := r.count(); !isNil {
 		s.Labels = make(map[string]string, n)

@@ -3,6 +3,8 @@ package service
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -34,6 +36,34 @@ func CheckNetwork(networks map[string]string, checkAllow func([]string) error, n
 	default:
 		if err := checkAllow(allow); err != nil {
 			errs = append(errs, &errdefs.FieldError{Field: allowField, Err: err})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// MaxCredentials bounds the credential rules one task or session names.
+const MaxCredentials = 32
+
+// CheckCredentials checks the credential rules a task or session asks for
+// by name: each one of known (the rules given on request), and only with
+// a network.
+func CheckCredentials(known []string, network string, names []string, field string) error {
+	switch {
+	case len(names) == 0:
+		return nil
+	case network == task.NetworkNone:
+		return errdefs.Field(field, "apply to network allowlist or open, not none")
+	case len(names) > MaxCredentials:
+		return errdefs.Field(field, fmt.Sprintf("has %d entries, over %d", len(names), MaxCredentials))
+	}
+	var errs []error
+	for i, n := range names {
+		if !slices.Contains(known, n) {
+			offered := "none is"
+			if len(known) > 0 {
+				offered = strings.Join(known, ", ") + " are"
+			}
+			errs = append(errs, errdefs.Field(fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("%q is not a credential rule given on request (%s)", clip.String(n, 64), offered)))
 		}
 	}
 	return errors.Join(errs...)

@@ -37,7 +37,10 @@ type SpawnRequest struct {
 	Network         string   `json:"network,omitempty"`
 	// NetworkAllow is the task's own egress allowlist in the place of the
 	// server's: within it, unless egress.task_hosts is "add".
-	NetworkAllow   []string          `json:"network_allow"`
+	NetworkAllow []string `json:"network_allow"`
+	// Credentials name egress credential rules given on request
+	// (egress.credentials with on_request) for the task's HTTPS requests.
+	Credentials    []string          `json:"credentials,omitempty"`
 	Resources      *ResourceRequest  `json:"resources,omitempty"`
 	ConversationID string            `json:"conversation_id,omitempty"`
 	InterfaceType  string            `json:"interface_type,omitempty"`

@@ -144,7 +144,10 @@ type Spec struct {
 	// NetworkAllow, when set (even empty), is the task's own egress
 	// allowlist, in the place of the server's egress.allow; null, the
 	// server's.
-	NetworkAllow   []string          `json:"network_allow"`
+	NetworkAllow []string `json:"network_allow"`
+	// Credentials name the egress credential rules given on request
+	// (egress.credentials with on_request) that the task asked for.
+	Credentials    []string          `json:"credentials,omitempty"`
 	Resources      Resources         `json:"resources"`
 	SaveToShared   bool              `json:"save_to_shared,omitempty"`
 	DocumentIDs    []string          `json:"document_ids,omitempty"` // copied into context/

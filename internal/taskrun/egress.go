@@ -35,6 +35,10 @@ type Egress interface {
 	// Tasks lists the tasks that have a directory, listening or not (a
 	// stopped server leaves the directories for its successor).
 	Tasks() ([]string, error)
+	// CA is the certificate (DER) of the CA under which the proxies
+	// intercept the hosts with credential rules, which a sandbox with
+	// network trusts; nil when there are none.
+	CA() []byte
 	// Forwards are the loopback host:port addresses the allowlist names,
 	// which a task's worker forwards through its proxy
 	// (egress.LoopbackForwards).
@@ -48,11 +52,14 @@ type EgressPolicy struct {
 	Network string
 	Allow   []string
 	Models  []workerproto.ModelAPI
+	// Credentials name the credential rules given on request that the
+	// task asked for (those for every task apply anyway).
+	Credentials []string
 }
 
 // egressPolicy is t's.
 func (o *Runner) egressPolicy(t task.Task) EgressPolicy {
-	return EgressPolicy{Network: t.Network, Allow: t.NetworkAllow, Models: o.opts.Agents[t.Agent].Models}
+	return EgressPolicy{Network: t.Network, Allow: t.NetworkAllow, Models: o.opts.Agents[t.Agent].Models, Credentials: t.Credentials}
 }
 
 // egressSweepPause is the least time between two sweeps of the egress

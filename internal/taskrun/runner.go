@@ -3,6 +3,7 @@ package taskrun
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -140,7 +141,7 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		}
 	}
 	network := sandbox.NetworkNone
-	var egressDir string
+	var egressDir, egressCA string
 	if t.Network != "" && t.Network != task.NetworkNone {
 		if remote && where.EgressAddr == "" {
 			return sandbox.Spec{}, fmt.Errorf("network %s on the %s runtime: %s; run it with network none: %w", t.Network, t.Runtime, where.NoEgress, errdefs.ErrFailedPrecondition)
@@ -155,6 +156,9 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 			return sandbox.Spec{}, fmt.Errorf("open egress proxy: %w", err)
 		}
 		network, args.EgressForward = sandbox.NetworkEgress, o.opts.Egress.Forwards()
+		if ca := o.opts.Egress.CA(); len(ca) > 0 {
+			egressCA = base64.StdEncoding.EncodeToString(ca)
+		}
 		for _, m := range ag.Models {
 			args.EgressModels = append(args.EgressModels, m.BaseURLVar)
 		}
@@ -179,6 +183,9 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	}, w.Env...)
 	if t.Image != "" {
 		env = append(env, workerproto.EnvImage+"="+t.Image)
+	}
+	if egressCA != "" {
+		env = append(env, workerproto.EnvEgressCA+"="+egressCA)
 	}
 	if t.ExecSession != "" {
 		if o.opts.Sessions == nil {

@@ -363,6 +363,7 @@ const spawnSchema = `{"type":"object","properties":{
 "image":{"type":"string","description":"Container image, for the docker and kubernetes runtimes."},
 "network":{"type":"string","enum":["none","allowlist","open"],"description":"The worker's network policy."},
 "network_allow":{"type":"array","items":{"type":"string"},"maxItems":256,"description":"The worker's own egress allowlist (host, host:port, *.suffix) in the place of the server's: within it unless the server lets tasks add hosts."},
+"credentials":{"type":"array","items":{"type":"string"},"maxItems":32,"description":"Names of the server's egress credential rules given on request: the proxy adds their headers to the worker's HTTPS requests for their hosts; the worker never holds the secrets."},
 "resources":{"type":"object","properties":{"memory_limit":{"type":"string","description":"e.g. 512Mi, 2Gi"},"cpu_limit":{"type":"string","description":"e.g. 2, 500m"},"pids_limit":{"type":"integer","minimum":32,"maximum":1048576,"description":"processes and threads, the sandbox's own included"}},"additionalProperties":false,"description":"Overrides of the sandbox's limits."},
 "conversation_id":{"type":"string","description":"The conversation that asked, for reporting back."},
 "interface_type":{"type":"string","description":"The interface the conversation is on (chat, telegram, ...)."},

@@ -28,6 +28,9 @@ type Options struct {
 	// Image is the image the sandbox runs (CORRAL_IMAGE); "" for a sandbox
 	// on the host's /usr.
 	Image string
+	// EgressCA is the egress proxy's CA certificate (CORRAL_EGRESS_CA,
+	// DER), which the agent is made to trust; nil when there is none.
+	EgressCA []byte
 	// SessionID and SessionToken (CORRAL_SESSION_ID, CORRAL_SESSION_TOKEN)
 	// are the session the agent runs its commands in, and a token of it.
 	SessionID, SessionToken string
@@ -123,6 +126,11 @@ func ParseArgs(args []string, environ []string) (Options, error) {
 		o.WebhookKey = key
 	}
 	o.Image, _ = lookupEnv(environ, workerproto.EnvImage)
+	if ca, _ := lookupEnv(environ, workerproto.EnvEgressCA); ca != "" {
+		if o.EgressCA, err = ParseEgressCA(ca); err != nil {
+			errs = append(errs, &errdefs.FieldError{Field: workerproto.EnvEgressCA, Err: err})
+		}
+	}
 	o.SessionID, _ = lookupEnv(environ, workerproto.EnvSessionID)
 	o.SessionToken, _ = lookupEnv(environ, workerproto.EnvSessionToken)
 	if (o.SessionID == "") != (o.SessionToken == "") {

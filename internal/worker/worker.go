@@ -283,6 +283,13 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 		}
 		defer relay.Close()
 		proxyEnv = ProxyEnv(relay.Addr())
+		if len(r.opts.EgressCA) > 0 {
+			trust, err := TrustEgressCA(os.TempDir(), r.opts.EgressCA)
+			if err != nil {
+				return fail(ExitSetup, err.Error())
+			}
+			proxyEnv = append(proxyEnv, trust...)
+		}
 		for _, addr := range r.opts.EgressForward {
 			fwd, err := StartForward(addr, up, r.log)
 			if err != nil {

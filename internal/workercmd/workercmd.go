@@ -145,6 +145,7 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 	var id, token string
 	sock := workerproto.ServerSocket("")
 	var egress bool
+	var egressCA []byte
 	var env []string
 	for _, kv := range environ {
 		switch k, v, _ := strings.Cut(kv, "="); {
@@ -156,6 +157,11 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 			sock = v
 		case k == workerproto.EnvSessionEgress:
 			egress = v != ""
+		case k == workerproto.EnvEgressCA:
+			if egressCA, err = worker.ParseEgressCA(v); err != nil {
+				fmt.Fprintf(stderr, "corral worker session: %v\n", err)
+				return 1
+			}
 		case k == workerproto.EnvMaxProcs:
 			// The server's, for this process; a command that wants
 			// another says so in its own environment.
@@ -178,6 +184,14 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 		}
 		defer relay.Close()
 		env = append(env, worker.ProxyEnv(relay.Addr())...)
+		if len(egressCA) > 0 {
+			trust, err := worker.TrustEgressCA(os.TempDir(), egressCA)
+			if err != nil {
+				fmt.Fprintf(stderr, "corral worker session: %v\n", err)
+				return 1
+			}
+			env = append(env, trust...)
+		}
 	}
 	// Its commands share the session's pids limit with it.
 	worker.ReserveThreads()

@@ -95,6 +95,12 @@ const (
 	// EnvServerSocket is the ServerSocket a session's exec agent dials.
 	EnvServerSocket = "CORRAL_SERVER_SOCKET"
 	EnvSessionToken = "CORRAL_SESSION_TOKEN"
+	// EnvEgressCA is the certificate (DER, base64) of the CA under which
+	// the egress proxy intercepts the hosts that have credential rules,
+	// for a sandbox with network: the worker and a session's agent make
+	// the programs they run trust it. Not a secret; its key stays with
+	// the server.
+	EnvEgressCA = "CORRAL_EGRESS_CA"
 	// EnvMaxProcs is Go's GOMAXPROCS (WorkerProcs), which the server sets
 	// for a warm sandbox's and a session's main process.
 	EnvMaxProcs = "GOMAXPROCS"

@@ -33,10 +33,12 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -90,6 +92,8 @@ func main() {
 	flag.Var(&writes, "write", "a path to try to create (repeatable)")
 	flag.Var(&connects, "connect", "a host:port to try to connect to over TCP (repeatable)")
 	marker := flag.String("host-marker", "", "an argv element of a host process that must stay invisible")
+	ruled := flag.String("credential-url", "", "an https base URL with an egress credential rule for the path prefix /allowed (see credentialChecks)")
+	unruled := flag.String("unruled-url", "", "the same server under a name without a rule")
 	out := flag.String("out", "/task/output/probe.json", "where to write the report too")
 	sandboxed := flag.Bool("sandboxed", false, "confirm that this runs inside a sandbox (required)")
 	flag.Parse()
@@ -121,6 +125,9 @@ func main() {
 	if proxy := os.Getenv("HTTPS_PROXY"); proxy != "" {
 		check("relay to a model API the task has not", func() result { return tryProxyConnect(proxy, "model-0.corral.invalid:80") })
 		check("plain request to a model API's relay", func() result { return tryProxyGet(proxy, "http://model-0.corral.invalid/v1/messages") })
+		if *ruled != "" {
+			credentialChecks(check, control, proxy, *ruled, *unruled)
+		}
 	}
 	check("raw socket AF_PACKET", func() result { return trySocket(unix.AF_PACKET, unix.SOCK_RAW, 0) })
 	check("raw socket AF_INET", func() result { return trySocket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP) })
@@ -1001,4 +1008,63 @@ func tryPerf() result {
 	}
 	unix.Close(fd)
 	return result{OK: true, Detail: "opened a perf event"}
+}
+
+// credentialChecks try to learn the secret of an egress credential rule.
+// The server at ruled has a rule for the paths under /allowed: it answers
+// /allowed/check with whether the request brought the rule's credential
+// ("credential: yes"), redirects /allowed/redirect to unruled's /echo, and
+// echoes any other request's Authorization header ("authorization: X"),
+// so that a credential the proxy gives where it should not shows there.
+func credentialChecks(check, control func(string, func() result), proxy, ruled, unruled string) {
+	pu, err := url.Parse(proxy)
+	if err != nil {
+		check("credential rule checks", func() result { return result{OK: true, Detail: "bad proxy URL: " + err.Error()} })
+		return
+	}
+	// Through the proxy whatever NO_PROXY says; the roots are the
+	// system's, which SSL_CERT_FILE (set by the worker) extends.
+	trusting := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu)}, Timeout: netTimeout}
+	insecure := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, Timeout: netTimeout}
+	get := func(c *http.Client, target, host string) (string, error) {
+		req, err := http.NewRequest("GET", target, nil)
+		if err != nil {
+			return "", err
+		}
+		if host != "" {
+			req.Host = host
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return strings.TrimSpace(string(b)), err
+	}
+	// leaked: an escape if the echo shows any Authorization at all.
+	leaked := func(c *http.Client, target, host string) result {
+		body, err := get(c, target, host)
+		if err != nil {
+			return result{Detail: err.Error()}
+		}
+		v, ok := strings.CutPrefix(body, "authorization:")
+		if !ok {
+			return result{Detail: "unexpected answer: " + body}
+		}
+		return result{OK: strings.TrimSpace(v) != "", Detail: body}
+	}
+	control("credential added on its rule's path", func() result {
+		body, err := get(trusting, ruled+"/allowed/check", "")
+		if err != nil {
+			return result{Detail: err.Error()}
+		}
+		return result{OK: body == "credential: yes", Detail: body}
+	})
+	check("credential on a path outside its rule", func() result { return leaked(trusting, ruled+"/echo", "") })
+	check("credential through a dot segment", func() result { return leaked(trusting, ruled+"/allowed/../echo", "") })
+	check("credential through an encoded slash", func() result { return leaked(trusting, ruled+"/allowed%2f..%2fecho", "") })
+	check("credential through a redirect to a host without a rule", func() result { return leaked(insecure, ruled+"/allowed/redirect", "") })
+	rh := strings.TrimPrefix(ruled, "https://")
+	check("credential of another host's rule (Host header)", func() result { return leaked(insecure, unruled+"/allowed/x", rh) })
 }
