@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -126,12 +127,15 @@ func assertSecretAbsent(t *testing.T, s *server, id, secret string) {
 // process of the sandbox, no file of the task, no event and no log; the
 // requests are in the task's events with their paths.
 func TestGitThroughACredentialRule(t *testing.T) {
-	for _, rt := range []string{"local", "gvisor"} {
+	for _, rt := range []string{"local", "gvisor", "kubernetes"} {
 		t.Run(rt, func(t *testing.T) {
 			if rt == "gvisor" {
 				testenv.RequireRunsc(t)
 			}
 			t.Parallel()
+			// sandboxOf names what of a task's sandbox its processes'
+			// cgroup paths hold.
+			sandboxOf := func(id string) string { return id }
 			root := t.TempDir()
 			mustGitRepo(t, filepath.Join(root, "allowed", "repo.git"), "hello from the ruled host\n")
 			backend := &cgi.Handler{Path: "/usr/lib/git-core/git-http-backend", Root: "/",
@@ -151,7 +155,7 @@ func TestGitThroughACredentialRule(t *testing.T) {
 				}
 				mu.Lock()
 				if !scanned && taskID != "" {
-					inFlight, scanned = keyScan(t, taskID, u.secret), true
+					inFlight, scanned = keyScan(t, sandboxOf(taskID), u.secret), true
 				}
 				mu.Unlock()
 				backend.ServeHTTP(w, r)
@@ -160,6 +164,16 @@ func TestGitThroughACredentialRule(t *testing.T) {
 				c.Runtime = rt
 				c.Local.WarmPool = 0 // a sandbox named after its task: its cgroups are found by the name
 				up.configure(t, c, config.SchemeBasic, "x-access-token", true)
+				if rt == "kubernetes" {
+					// A pod under gVisor from the image with git, its
+					// egress over TCP to this server's proxy.
+					onKubernetes(k8stest.GVisor)(t, c)
+					k8stest.RequireImage(t, k8stest.ClaudeImage)
+					c.AIWorker.AICoderImage = k8stest.ClaudeImage
+					c.Kubernetes.EgressListen = k8stest.NodeIP + ":0"
+					cs, ns := k8stest.Clientset(t, k8stest.Require(t)), c.AIWorker.Namespace
+					sandboxOf = func(id string) string { return "pod" + podUID(t, cs, ns, id) }
+				}
 			})
 			clone := []string{"sh", "-c", "GIT_TERMINAL_PROMPT=0 git clone -q " + up.ruled() + "/allowed/repo.git /tmp/r && cp /tmp/r/README output/README"}
 

@@ -283,15 +283,15 @@ busybox_root() {
 
 # claude_image [NAME:TAG [OUT.tar]]: seed 000's worker for the Claude Code
 # tests: a Debian 12 minbase root file system (mmdebstrap, no recommends)
-# with bash, python3 and ca-certificates, the host's Claude Code binary (a
+# with bash, python3, git and ca-certificates, the host's Claude Code binary (a
 # self-contained executable that needs only glibc) as
 # /usr/local/bin/claude, and a uid 1000 user "worker". The root file system
-# is built once into $K8S_IMAGES_DIR/debian12-python3.tar; the image again
+# is built once into $K8S_IMAGES_DIR/debian12-python3-git.tar; the image again
 # when the binary changes. Default $K8S_CLAUDE_IMAGE into
 # $K8S_IMAGES_DIR/claude.tar; prints the path.
 claude_image() {
   local name=${1:-$K8S_CLAUDE_IMAGE} out=${2:-$K8S_IMAGES_DIR/claude.tar}
-  local rootfs=$K8S_IMAGES_DIR/debian12-python3.tar claude
+  local rootfs=$K8S_IMAGES_DIR/debian12-python3-git.tar claude
   claude=$(command -v claude) && claude=$(readlink -f "$claude") ||
     die "claude is not installed (scripts/test.sh installs it from scripts/agent-clis.txt)"
   # The npm package's entry point is a small launcher beside the binary.
@@ -303,10 +303,10 @@ claude_image() {
   fi
   if [ ! -s "$rootfs" ]; then
     command -v mmdebstrap >/dev/null || die "mmdebstrap is not installed (apt-get install mmdebstrap)"
-    say "building a Debian 12 root file system with python3 (cached in $rootfs)" >&2
+    say "building a Debian 12 root file system with python3 and git (cached in $rootfs)" >&2
     mkdir -p "$K8S_IMAGES_DIR"
     mmdebstrap --quiet --format=tar --variant=minbase --aptopt='APT::Install-Recommends "false"' \
-      --include=bash,ca-certificates,python3 bookworm "$rootfs.tmp" >&2
+      --include=bash,ca-certificates,git,python3 bookworm "$rootfs.tmp" >&2
     mv "$rootfs.tmp" "$rootfs"
   fi
   say "building the image $(image_name "$name") with $claude" >&2
