@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"crypto/x509"
+	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"math"
@@ -53,6 +54,9 @@ type egressProxies struct {
 type configuredCredential struct {
 	egress.Credential
 	onRequest bool
+	// placeholderEnv is a variable the sandbox gets with a placeholder,
+	// for a program that insists on one.
+	placeholderEnv string
 }
 
 func (e egressProxies) Open(id string, p taskrun.EgressPolicy) (string, error) {
@@ -108,12 +112,36 @@ func (e egressProxies) policy(p taskrun.EgressPolicy) (egress.Policy, error) {
 // gets: those for every one, and those on request that it named.
 func credentialsFor(rules []configuredCredential, names []string) []egress.Credential {
 	var out []egress.Credential
+	for _, r := range filterCredentials(rules, names) {
+		out = append(out, r.Credential)
+	}
+	return out
+}
+
+func filterCredentials(rules []configuredCredential, names []string) []configuredCredential {
+	var out []configuredCredential
 	for _, r := range rules {
 		if !r.onRequest || slices.Contains(names, r.Name) {
-			out = append(out, r.Credential)
+			out = append(out, r)
 		}
 	}
 	return out
+}
+
+// SandboxEnv is what the sandbox of a task or session under p needs in
+// its environment: the proxy's CA, when it intercepts any host, and the
+// placeholders of its credential rules' variables.
+func (e egressProxies) SandboxEnv(p taskrun.EgressPolicy) []string {
+	if len(e.ca) == 0 || p.Network == "" || p.Network == task.NetworkNone {
+		return nil
+	}
+	env := []string{workerproto.EnvEgressCA + "=" + base64.StdEncoding.EncodeToString(e.ca)}
+	for _, r := range filterCredentials(e.creds, p.Credentials) {
+		if r.placeholderEnv != "" {
+			env = append(env, r.placeholderEnv+"="+agent.KeyPlaceholder)
+		}
+	}
+	return env
 }
 
 // checkAllow checks a task's or a session's own allowlist: entries the
@@ -168,7 +196,10 @@ func (e sessionEgress) Update(id, network string, allow []string) error {
 	return e.egressProxies.Update(id, taskrun.EgressPolicy{Network: network, Allow: allow})
 }
 
-func (e egressProxies) CA() []byte               { return e.ca }
+func (e sessionEgress) SandboxEnv(network string) []string {
+	return e.egressProxies.SandboxEnv(taskrun.EgressPolicy{Network: network})
+}
+
 func (e egressProxies) Dir(id string) string     { return e.srv.Dir(id) }
 func (e egressProxies) Close(id string) error    { return e.srv.Close(id) }
 func (e egressProxies) Tasks() ([]string, error) { return e.srv.Tasks() }
@@ -281,7 +312,7 @@ func (a *App) openEgress(secrets config.Secrets) error {
 		if err != nil {
 			return fmt.Errorf("egress.credentials[%d]: %w", i, err)
 		}
-		a.egressCreds = append(a.egressCreds, configuredCredential{Credential: cred, onRequest: c.OnRequest})
+		a.egressCreds = append(a.egressCreds, configuredCredential{Credential: cred, onRequest: c.OnRequest, placeholderEnv: c.PlaceholderEnv})
 	}
 	if len(a.egressCreds) > 0 {
 		ca, err := egress.LoadCA(a.data.HostPath(workspace.DirRun, "egress-ca"))

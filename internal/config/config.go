@@ -362,9 +362,13 @@ type EgressCredential struct {
 	// SecretFile and SecretEnv: where the secret is (one of the two).
 	SecretFile string `yaml:"secret_file"`
 	SecretEnv  string `yaml:"secret_env"`
-	// OnRequest: only the tasks and sessions that name the rule in their
-	// credentials get it; otherwise every one with network does.
+	// OnRequest: only the tasks that name the rule in their credentials
+	// get it; otherwise every task and session with network does.
 	OnRequest bool `yaml:"on_request"`
+	// PlaceholderEnv names a variable the sandbox gets with a placeholder
+	// in the secret's place, for a program that insists on one (GH_TOKEN):
+	// what it sends in the rule's header is replaced at the egress.
+	PlaceholderEnv string `yaml:"placeholder_env"`
 
 	// fromEnv is SecretEnv's value, read by Load.
 	fromEnv string

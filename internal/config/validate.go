@@ -376,6 +376,9 @@ func (v *validator) egressCredentials(creds []EgressCredential) {
 		if c.SecretEnv != "" && !envName().MatchString(c.SecretEnv) {
 			v.add(p+".secret_env", "is not a valid environment variable name")
 		}
+		if c.PlaceholderEnv != "" && (!envName().MatchString(c.PlaceholderEnv) || strings.HasPrefix(c.PlaceholderEnv, "CORRAL_")) {
+			v.add(p+".placeholder_env", "is not a valid environment variable name outside CORRAL_")
+		}
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
 	"github.com/corral-dev/corral/internal/service"
@@ -59,6 +60,7 @@ func (u *credentialUpstream) unruled() string { return "https://localhost:" + u.
 // configure allows both names, trusts the upstream's certificate, and
 // gives the rule: scheme and username as egress.credentials take them.
 func (u *credentialUpstream) configure(tb testing.TB, c *config.Config, scheme, username string, onRequest bool) {
+	tb.Helper()
 	dir := tb.TempDir()
 	ca := filepath.Join(dir, "upstream-ca.pem")
 	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: u.srv.Certificate().Raw}), 0o644); err != nil {
@@ -73,7 +75,7 @@ func (u *credentialUpstream) configure(tb testing.TB, c *config.Config, scheme, 
 	c.Egress.UpstreamCAFile = ca
 	c.Egress.Credentials = append(c.Egress.Credentials, config.EgressCredential{
 		Name: "upstream", Host: "127.0.0.1:" + u.port, PathPrefix: "/allowed",
-		Scheme: scheme, Username: username, SecretFile: secret, OnRequest: onRequest,
+		Scheme: scheme, Username: username, SecretFile: secret, OnRequest: onRequest, PlaceholderEnv: "UPSTREAM_TOKEN",
 	})
 }
 
@@ -175,12 +177,15 @@ func TestGitThroughACredentialRule(t *testing.T) {
 					sandboxOf = func(id string) string { return "pod" + podUID(t, cs, ns, id) }
 				}
 			})
-			clone := []string{"sh", "-c", "GIT_TERMINAL_PROMPT=0 git clone -q " + up.ruled() + "/allowed/repo.git /tmp/r && cp /tmp/r/README output/README"}
+			clone := []string{"sh", "-c", "echo ${UPSTREAM_TOKEN:-unset} > output/env; GIT_TERMINAL_PROMPT=0 git clone -q " + up.ruled() + "/allowed/repo.git /tmp/r && cp /tmp/r/README output/README"}
 
 			// Without the rule: the host refuses.
 			refused := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "clone without", Agent: "command", Command: clone, Network: "allowlist"})
 			if res := s.wait(t, refused.ID, 2*time.Minute); res.Status != task.Failed {
 				t.Fatalf("a clone without the rule: %s, want failed (the host wants a token)", res.Status)
+			}
+			if b, _ := os.ReadFile(filepath.Join(s.data, "tasks", refused.ID, "output", "env")); string(b) != "unset\n" {
+				t.Errorf("a task without the rule has its placeholder variable: %q", b)
 			}
 
 			tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "clone with", Agent: "command", Command: clone, Network: "allowlist", Credentials: []string{"upstream"}})
@@ -190,6 +195,9 @@ func TestGitThroughACredentialRule(t *testing.T) {
 			s.waitSuccess(t, tk.ID, 2*time.Minute, "README")
 			if b, _ := os.ReadFile(filepath.Join(s.data, "tasks", tk.ID, "output", "README")); string(b) != "hello from the ruled host\n" {
 				t.Errorf("cloned README: %q", b)
+			}
+			if b, _ := os.ReadFile(filepath.Join(s.data, "tasks", tk.ID, "output", "env")); string(b) != agent.KeyPlaceholder+"\n" {
+				t.Errorf("the rule's placeholder variable: %q, want %q", b, agent.KeyPlaceholder)
 			}
 			mu.Lock()
 			if !scanned {

@@ -2,7 +2,6 @@ package session
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"maps"
@@ -183,9 +182,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		spec.Network = sandbox.NetworkEgress
 		spec.Mounts = append(spec.Mounts, placement.EgressMount(filepath.ToSlash(rel)))
 		spec.Env = append(spec.Env, workerproto.EnvSessionEgress+"=1")
-		if ca := m.opts.Egress.CA(); len(ca) > 0 {
-			spec.Env = append(spec.Env, workerproto.EnvEgressCA+"="+base64.StdEncoding.EncodeToString(ca))
-		}
+		spec.Env = append(spec.Env, m.opts.Egress.SandboxEnv(network)...)
 	}
 	h, err := rt.Create(ctx, spec)
 	if err != nil {

@@ -227,8 +227,8 @@ type Egress interface {
 	// Update gives the session's proxy, which runs here, a new policy.
 	Update(id, network string, allow []string) error
 	Close(id string) error
-	// CA is taskrun.Egress's.
-	CA() []byte
+	// SandboxEnv is taskrun.Egress's, for a session under network.
+	SandboxEnv(network string) []string
 }
 
 // snapshotGit keeps what the repository of the workspace session id works

@@ -35,10 +35,10 @@ type Egress interface {
 	// Tasks lists the tasks that have a directory, listening or not (a
 	// stopped server leaves the directories for its successor).
 	Tasks() ([]string, error)
-	// CA is the certificate (DER) of the CA under which the proxies
-	// intercept the hosts with credential rules, which a sandbox with
-	// network trusts; nil when there are none.
-	CA() []byte
+	// SandboxEnv is what the sandbox of a task under p gets in its
+	// environment for its egress (workerproto.EnvEgressCA, the
+	// placeholders of its credential rules' variables).
+	SandboxEnv(p EgressPolicy) []string
 	// Forwards are the loopback host:port addresses the allowlist names,
 	// which a task's worker forwards through its proxy
 	// (egress.LoopbackForwards).

@@ -82,8 +82,8 @@ func (f *fakeEgress) Close(id string) error {
 
 // Forwards are two loopback addresses, as an allowlist naming a model
 // server on the host's loopback gives them.
-func (f *fakeEgress) Forwards() []string { return []string{"127.0.0.1:8080", "[::1]:11434"} }
-func (f *fakeEgress) CA() []byte         { return nil }
+func (f *fakeEgress) Forwards() []string               { return []string{"127.0.0.1:8080", "[::1]:11434"} }
+func (f *fakeEgress) SandboxEnv(EgressPolicy) []string { return nil }
 
 func (f *fakeEgress) Tasks() ([]string, error) {
 	f.mu.Lock()

@@ -3,7 +3,6 @@ package taskrun
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -141,7 +140,8 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		}
 	}
 	network := sandbox.NetworkNone
-	var egressDir, egressCA string
+	var egressDir string
+	var egressEnv []string
 	if t.Network != "" && t.Network != task.NetworkNone {
 		if remote && where.EgressAddr == "" {
 			return sandbox.Spec{}, fmt.Errorf("network %s on the %s runtime: %s; run it with network none: %w", t.Network, t.Runtime, where.NoEgress, errdefs.ErrFailedPrecondition)
@@ -156,9 +156,7 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 			return sandbox.Spec{}, fmt.Errorf("open egress proxy: %w", err)
 		}
 		network, args.EgressForward = sandbox.NetworkEgress, o.opts.Egress.Forwards()
-		if ca := o.opts.Egress.CA(); len(ca) > 0 {
-			egressCA = base64.StdEncoding.EncodeToString(ca)
-		}
+		egressEnv = o.opts.Egress.SandboxEnv(o.egressPolicy(t))
 		for _, m := range ag.Models {
 			args.EgressModels = append(args.EgressModels, m.BaseURLVar)
 		}
@@ -184,9 +182,7 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	if t.Image != "" {
 		env = append(env, workerproto.EnvImage+"="+t.Image)
 	}
-	if egressCA != "" {
-		env = append(env, workerproto.EnvEgressCA+"="+egressCA)
-	}
+	env = append(env, egressEnv...)
 	if t.ExecSession != "" {
 		if o.opts.Sessions == nil {
 			return sandbox.Spec{}, fmt.Errorf("task %s works through session %s, and sessions are not served here: %w", t.ID, t.ExecSession, errdefs.ErrFailedPrecondition)
