@@ -3,6 +3,7 @@
 package e2e_test
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
@@ -24,8 +25,11 @@ import (
 
 	"github.com/corral-dev/corral/internal/agent"
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -272,4 +276,58 @@ func mustGitRepo(t *testing.T, dir, readme string) {
 		t.Fatal(err)
 	}
 	git(filepath.Dir(dir), "clone", "-q", "--bare", work, dir)
+}
+
+// TestSessionThroughACredentialRule: a session's commands get the rules
+// given to every task and session: git clones through one, and the token
+// is in none of the session's events.
+func TestSessionThroughACredentialRule(t *testing.T) {
+	root := t.TempDir()
+	mustGitRepo(t, filepath.Join(root, "allowed", "repo.git"), "hello to a session\n")
+	backend := &cgi.Handler{Path: "/usr/lib/git-core/git-http-backend", Root: "/",
+		Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"}}
+	up := newCredentialUpstream(t, func(u *credentialUpstream, w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+u.secret {
+			http.Error(w, "who are you?", http.StatusUnauthorized)
+			return
+		}
+		backend.ServeHTTP(w, r)
+	})
+	s := MustStart(t, func(c *config.Config) { up.configure(t, c, config.SchemeBearer, "", false) })
+	ctx := t.Context()
+	created, err := s.client.CreateSession(ctx, service.CreateSessionRequest{Network: "allowlist"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A session's sandbox forwards no loopback address (a task's worker
+	// does): git goes through the proxy variables.
+	var out strings.Builder
+	end, err := s.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{
+		Command: shell("cd /tmp && NO_PROXY= no_proxy= GIT_TERMINAL_PROMPT=0 git clone -q " + up.ruled() + "/allowed/repo.git r 2>&1 && cat r/README"),
+	}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
+	if err != nil || end.ExitCode != 0 || out.String() != "hello to a session\n" {
+		t.Fatalf("clone in a session: %v, exit %d, %q", err, end.ExitCode, out.String())
+	}
+	t.Cleanup(func() { s.client.DeleteSession(context.Background(), created.SessionID) })
+	// The proxy records a request once it has ended, which can be just
+	// after the command saw its answer.
+	var credited bool
+	for deadline := time.Now().Add(10 * time.Second); !credited && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		err = s.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
+			if strings.Contains(string(e.Data), up.secret) {
+				t.Fatalf("the secret is in event %s (%s)", e.ID, e.Type)
+			}
+			var ec task.EgressConnection
+			if e.StreamID == session.StreamID(created.SessionID) && e.Type == task.EventEgressConnection && json.Unmarshal(e.Data, &ec) == nil && ec.Credential {
+				credited = true
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !credited {
+		t.Error("no egress_connection event of the session says the credential was added")
+	}
 }
