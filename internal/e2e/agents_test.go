@@ -85,7 +85,17 @@ func startGemini(t *testing.T, key string, status int, replies []agenttest.Reply
 // endpoint (host:port) through the egress allowlist.
 func mustStartForAgent(t *testing.T, name, endpoint string, env map[string]string) *server {
 	t.Helper()
+	return mustStartForAgentOn(t, "", name, endpoint, env)
+}
+
+// mustStartForAgentOn is mustStartForAgent with tasks on runtime rt (""
+// for the default).
+func mustStartForAgentOn(t *testing.T, rt, name, endpoint string, env map[string]string) *server {
+	t.Helper()
 	return MustStart(t, func(c *config.Config) {
+		if rt != "" {
+			c.Runtime = rt
+		}
 		c.Egress.Mode = "allowlist"
 		c.Egress.Allow = []string{endpoint}
 		switch name {
@@ -231,8 +241,8 @@ var (
 		keyVar: "OPENAI_API_KEY", urlVar: "OPENAI_BASE_URL", start: startOpenAI}
 )
 
-// TestScriptedAgent runs each agent's real CLI in a bwrap sandbox against
-// a scripted endpoint of its provider (the Gemini API; a Responses API for
+// TestScriptedAgent runs each agent's real CLI in a sandbox (bwrap, and
+// gVisor) against a scripted endpoint of its provider (the Gemini API; a Responses API for
 // Codex and for opencode's openai provider), reached through the egress
 // allowlist: the model asks for the CLI's shell tool, the CLI runs it
 // (writing output/result.txt), and the model's final text becomes the
@@ -252,31 +262,36 @@ func TestScriptedAgent(t *testing.T) {
 		{opencodeAgent, "sk-opencode-test-3e7a1c9b5d", agenttest.ToolCall{Name: "bash", Input: map[string]any{"command": agentScriptCommand, "description": "Write the result"}}, "bash"},
 	} {
 		a := tc.agent
-		t.Run(a.name, func(t *testing.T) {
-			t.Parallel()
-			testenv.RequireBinary(t, a.name, a.install)
-			testenv.RequireBinary(t, "python3", "apt-get install -y python3")
-			ep := a.start(t, tc.key, 0, []agenttest.Reply{{Text: "I will write the result.", Tool: &tc.call}, {Text: agentFinalText}})
-			s := mustStartForAgent(t, a.name, ep.addr, a.env(tc.key, ep.url))
-			tk := spawnAgent(t, s, a.name, "Compute 6*7 into output/result.txt", a.model)
-			assertAgentSuccess(t, s, tk.ID, tc.tool, tc.key, true)
-
-			var main int
-			for _, r := range ep.asked() {
-				if !r.KeyOK {
-					t.Errorf("a request without the key: %+v", r)
+		for _, rt := range []string{"local", "gvisor"} {
+			t.Run(a.name+"/"+rt, func(t *testing.T) {
+				t.Parallel()
+				testenv.RequireBinary(t, a.name, a.install)
+				testenv.RequireBinary(t, "python3", "apt-get install -y python3")
+				if rt == "gvisor" {
+					testenv.RequireRunsc(t)
 				}
-				if r.Main {
-					main++
-					if r.Model != a.askedModel || (a.streamed && !r.Stream) {
-						t.Errorf("request %+v, want the task's model %q (streamed: %t)", r, a.askedModel, a.streamed)
+				ep := a.start(t, tc.key, 0, []agenttest.Reply{{Text: "I will write the result.", Tool: &tc.call}, {Text: agentFinalText}})
+				s := mustStartForAgentOn(t, rt, a.name, ep.addr, a.env(tc.key, ep.url))
+				tk := spawnAgent(t, s, a.name, "Compute 6*7 into output/result.txt", a.model)
+				assertAgentSuccess(t, s, tk.ID, tc.tool, tc.key, true)
+
+				var main int
+				for _, r := range ep.asked() {
+					if !r.KeyOK {
+						t.Errorf("a request without the key: %+v", r)
+					}
+					if r.Main {
+						main++
+						if r.Model != a.askedModel || (a.streamed && !r.Stream) {
+							t.Errorf("request %+v, want the task's model %q (streamed: %t)", r, a.askedModel, a.streamed)
+						}
 					}
 				}
-			}
-			if main != 2 {
-				t.Errorf("%d main requests, want 2 (the tool call, then the answer): %+v", main, ep.asked())
-			}
-		})
+				if main != 2 {
+					t.Errorf("%d main requests, want 2 (the tool call, then the answer): %+v", main, ep.asked())
+				}
+			})
+		}
 	}
 }
 
