@@ -27,7 +27,6 @@ import (
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
-	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
@@ -100,23 +99,36 @@ func probeUpstream(u *credentialUpstream, w http.ResponseWriter, r *http.Request
 	}
 }
 
-// assertSecretAbsent fails if secret is in any file of the task
-// directory, in the task's events or in its logs.
+// assertSecretAbsent fails if secret (a key, a token) is in any file of
+// the task directory, which must have some, in any event of the server or
+// in the task's logs.
 func assertSecretAbsent(t *testing.T, s *server, id, secret string) {
 	t.Helper()
-	filepath.WalkDir(filepath.Join(s.data, "tasks", id), func(p string, d fs.DirEntry, err error) error {
+	dir := filepath.Join(s.data, "tasks", id)
+	files := 0
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || !d.Type().IsRegular() {
 			return nil
 		}
+		files++
 		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), secret) {
 			t.Errorf("the secret is in %s", strings.TrimPrefix(p, s.data))
 		}
 		return nil
 	})
-	for _, e := range taskEvents(t, s, id, "") {
+	if files == 0 {
+		t.Errorf("no files in %s", dir)
+	}
+	n := 0
+	err := s.client.Events(context.Background(), service.EventsRequest{}, func(e eventstore.Event) error {
+		n++
 		if strings.Contains(string(e.Data), secret) {
 			t.Errorf("the secret is in event %s (%s)", e.ID, e.Type)
 		}
+		return nil
+	})
+	if err != nil || n == 0 {
+		t.Errorf("events: %d, %v", n, err)
 	}
 	for _, stream := range []string{"", "?stream=stderr"} {
 		if _, body := s.do(t, "GET", "/api/tasks/"+id+"/logs"+stream, "", nil); strings.Contains(body, secret) {
@@ -171,14 +183,7 @@ func TestGitThroughACredentialRule(t *testing.T) {
 				c.Local.WarmPool = 0 // a sandbox named after its task: its cgroups are found by the name
 				up.configure(t, c, config.SchemeBasic, "x-access-token", true)
 				if rt == "kubernetes" {
-					// A pod under gVisor from the image with git, its
-					// egress over TCP to this server's proxy.
-					onKubernetes(k8stest.GVisor)(t, c)
-					k8stest.RequireImage(t, k8stest.ClaudeImage)
-					c.AIWorker.AICoderImage = k8stest.ClaudeImage
-					c.Kubernetes.EgressListen = k8stest.NodeIP + ":0"
-					cs, ns := k8stest.Clientset(t, k8stest.Require(t)), c.AIWorker.Namespace
-					sandboxOf = func(id string) string { return "pod" + podUID(t, cs, ns, id) }
+					sandboxOf = onClaudePods(t, c)
 				}
 			})
 			clone := []string{"sh", "-c", "echo ${UPSTREAM_TOKEN:-unset} > output/env; GIT_TERMINAL_PROMPT=0 git clone -q " + up.ruled() + "/allowed/repo.git /tmp/r && cp /tmp/r/README output/README"}

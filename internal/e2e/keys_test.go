@@ -86,14 +86,7 @@ func TestKeysNeverEnterTheSandbox(t *testing.T) {
 					sandboxOf = func(id string) string { return dockerContainer(tb, id) }
 				}
 				if rt == "kubernetes" {
-					// A pod under gVisor, from the image with Claude Code:
-					// its processes are found by its pod's uid.
-					onKubernetes(k8stest.GVisor)(tb, c)
-					k8stest.RequireImage(tb, k8stest.ClaudeImage)
-					c.AIWorker.AICoderImage = k8stest.ClaudeImage
-					c.Kubernetes.EgressListen = k8stest.NodeIP + ":0"
-					cs, ns := k8stest.Clientset(tb, k8stest.Require(tb)), c.AIWorker.Namespace
-					sandboxOf = func(id string) string { return "pod" + podUID(tb, cs, ns, id) }
+					sandboxOf = onClaudePods(tb, c)
 				}
 			})
 
@@ -126,7 +119,7 @@ func TestKeysNeverEnterTheSandbox(t *testing.T) {
 					t.Errorf("request %s reached the model without the key", r.Path)
 				}
 			}
-			assertNoKey(t, s, tk.ID)
+			assertSecretAbsent(t, s, tk.ID, claudeTestKey)
 		})
 	}
 }
@@ -154,6 +147,18 @@ func dockerContainer(tb testing.TB, id string) string {
 		return err == nil && cid != "" && !strings.Contains(cid, "\n")
 	})
 	return cid
+}
+
+// onClaudePods runs tasks in pods under gVisor from the image with Claude
+// Code (and git), their egress over TCP to the server, and returns what of
+// a task's sandbox its processes' cgroup paths hold (its pod's uid).
+func onClaudePods(tb testing.TB, c *config.Config) (sandboxOf func(id string) string) {
+	onKubernetes(k8stest.GVisor)(tb, c)
+	k8stest.RequireImage(tb, k8stest.ClaudeImage)
+	c.AIWorker.AICoderImage = k8stest.ClaudeImage
+	c.Kubernetes.EgressListen = k8stest.NodeIP + ":0"
+	cs, ns := k8stest.Clientset(tb, k8stest.Require(tb)), c.AIWorker.Namespace
+	return func(id string) string { return "pod" + podUID(tb, cs, ns, id) }
 }
 
 // podUID is the uid of task id's pod in namespace ns.

@@ -488,7 +488,7 @@ func TestClaudeThroughSession(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "claude can") {
 		t.Errorf("codex with a session: %v, want 422 saying only claude can", err)
 	}
-	assertNoKey(t, s, tk.ID)
+	assertSecretAbsent(t, s, tk.ID, claudeTestKey)
 }
 
 // TestSessionNetwork: a session with network allowlist reaches a listed

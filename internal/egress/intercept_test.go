@@ -76,20 +76,62 @@ func ruledPolicy(t *testing.T, srv *httptest.Server, prefix string) (Policy, int
 	return Policy{Allow: rules, Credentials: []Credential{c}}, port
 }
 
+// ruledProxy is a task's proxy with a credential rule for srv, an HTTPS
+// server on 127.0.0.1 whose requests come out on got.
+type ruledProxy struct {
+	srv   *httptest.Server
+	got   chan seen
+	ca    *CA
+	proxy *Server
+	sock  string
+	recs  *records
+	port  int
+}
+
+// newRuledProxy gives the rule the path prefix prefix; the proxy trusts
+// the server's certificate if trust; edit, if set, changes the policy.
+func newRuledProxy(t *testing.T, prefix string, trust bool, edit func(*Policy)) *ruledProxy {
+	t.Helper()
+	r := &ruledProxy{ca: mustCA(t)}
+	r.srv, r.got = ruledServer(t)
+	opts := Options{CA: r.ca}
+	if trust {
+		opts.RootCAs = x509.NewCertPool()
+		opts.RootCAs.AddCert(r.srv.Certificate())
+	}
+	var pol Policy
+	pol, r.port = ruledPolicy(t, r.srv, prefix)
+	if edit != nil {
+		edit(&pol)
+	}
+	r.proxy, r.sock, r.recs = mustServer(t, pol, opts)
+	return r
+}
+
+func (r *ruledProxy) url(path string) string {
+	return "https://127.0.0.1:" + strconv.Itoa(r.port) + path
+}
+
+// noRequest fails t if the server got a request.
+func (r *ruledProxy) noRequest(t *testing.T, why string) {
+	t.Helper()
+	select {
+	case s := <-r.got:
+		t.Errorf("%s: %+v", why, s)
+	default:
+	}
+}
+
 // TestInterceptAddsTheCredential: a request to a host with a rule gets the
 // rule's header on the rule's paths only (replacing the sandbox's own),
 // goes to the host the CONNECT named whatever its Host header says, and
 // is recorded with its method, path and status; a redirect is passed
 // back, never followed.
 func TestInterceptAddsTheCredential(t *testing.T) {
-	srv, got := ruledServer(t)
-	ca := mustCA(t)
-	upstream := x509.NewCertPool()
-	upstream.AddCert(srv.Certificate())
-	pol, port := ruledPolicy(t, srv, "/allowed/")
-	sock, recs := MustProxy(t, pol, Options{CA: ca, RootCAs: upstream})
-	client := trustingClient(sock, ca.CertPEM())
-	base := "https://127.0.0.1:" + strconv.Itoa(port)
+	r := newRuledProxy(t, "/allowed/", true, nil)
+	got, recs, port := r.got, r.recs, r.port
+	client := trustingClient(r.sock, r.ca.CertPEM())
+	base := r.url("")
 
 	cases := []struct {
 		path     string
@@ -158,46 +200,32 @@ func TestInterceptAddsTheCredential(t *testing.T) {
 	if rec := recs.next(t); resp.StatusCode != http.StatusFound || rec.Status != http.StatusFound {
 		t.Errorf("redirect: %s, recorded %d; want 302 passed back", resp.Status, rec.Status)
 	}
-	select {
-	case s := <-got:
-		t.Errorf("the proxy followed the redirect: %+v", s)
-	default:
-	}
+	r.noRequest(t, "the proxy followed the redirect")
 }
 
 // TestInterceptVerifiesTheHost: the proxy speaks TLS to the host with the
 // rule and checks its certificate; one it does not trust is a 502, and no
 // credential is sent.
 func TestInterceptVerifiesTheHost(t *testing.T) {
-	srv, got := ruledServer(t)
-	ca := mustCA(t)
-	pol, port := ruledPolicy(t, srv, "")
-	sock, recs := MustProxy(t, pol, Options{CA: ca})
-	resp, err := trustingClient(sock, ca.CertPEM()).Get("https://127.0.0.1:" + strconv.Itoa(port) + "/x")
+	r := newRuledProxy(t, "", false, nil)
+	resp, err := trustingClient(r.sock, r.ca.CertPEM()).Get(r.url("/x"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	rec := recs.next(t)
+	rec := r.recs.next(t)
 	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(rec.Error, "certificate") {
 		t.Errorf("untrusted host: %s, record error %q; want 502 and a certificate error", resp.Status, rec.Error)
 	}
-	select {
-	case s := <-got:
-		t.Errorf("the host got a request: %+v", s)
-	default:
-	}
+	r.noRequest(t, "the host got a request")
 }
 
 // TestHostsWithoutARuleStayEndToEnd: a host without a rule is tunnelled:
 // the worker sees the host's own certificate, not one of the CA.
 func TestHostsWithoutARuleStayEndToEnd(t *testing.T) {
-	srv, _ := ruledServer(t)
-	ca := mustCA(t)
-	pol, port := ruledPolicy(t, srv, "")
-	pol.Credentials[0].Port = port + 1 // the rule is for another port
-	sock, recs := MustProxy(t, pol, Options{CA: ca})
-	resp, err := trustingClient(sock, ca.CertPEM(), certPEM(srv.Certificate())).Get("https://127.0.0.1:" + strconv.Itoa(port) + "/x")
+	r := newRuledProxy(t, "", false, func(p *Policy) { p.Credentials[0].Port++ }) // the rule is for another port
+	srv, recs := r.srv, r.recs
+	resp, err := trustingClient(r.sock, r.ca.CertPEM(), certPEM(srv.Certificate())).Get(r.url("/x"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,37 +241,25 @@ func TestHostsWithoutARuleStayEndToEnd(t *testing.T) {
 // TestInterceptRecordsADistrustingWorker: a worker that does not trust the
 // CA sends no request; the tunnel is recorded with why.
 func TestInterceptRecordsADistrustingWorker(t *testing.T) {
-	srv, got := ruledServer(t)
-	ca := mustCA(t)
-	upstream := x509.NewCertPool()
-	upstream.AddCert(srv.Certificate())
-	pol, port := ruledPolicy(t, srv, "")
-	sock, recs := MustProxy(t, pol, Options{CA: ca, RootCAs: upstream})
-	_, err := trustingClient(sock, certPEM(srv.Certificate())).Get("https://127.0.0.1:" + strconv.Itoa(port) + "/x")
+	r := newRuledProxy(t, "", true, nil)
+	_, err := trustingClient(r.sock, certPEM(r.srv.Certificate())).Get(r.url("/x"))
 	if err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("a worker without the CA: %v, want a certificate error", err)
 	}
-	if rec := recs.next(t); !strings.Contains(rec.Error, "egress CA") || rec.Credential {
+	if rec := r.recs.next(t); !strings.Contains(rec.Error, "egress CA") || rec.Credential {
 		t.Errorf("record %+v", rec)
 	}
-	select {
-	case s := <-got:
-		t.Errorf("the host got a request: %+v", s)
-	default:
-	}
+	r.noRequest(t, "the host got a request")
 }
 
 // TestInterceptFollowsThePolicy: an intercepted tunnel to a host the
 // policy no longer allows is closed; a rule taken away adds nothing to
 // the next request of a tunnel that stays.
 func TestInterceptFollowsThePolicy(t *testing.T) {
-	srv, got := ruledServer(t)
-	ca := mustCA(t)
-	upstream := x509.NewCertPool()
-	upstream.AddCert(srv.Certificate())
-	pol, port := ruledPolicy(t, srv, "")
-	srvObj, sock, recs := mustServer(t, pol, Options{CA: ca, RootCAs: upstream})
-	c, br, status, _ := connect(t, sock, "127.0.0.1:"+strconv.Itoa(port))
+	r := newRuledProxy(t, "", true, nil)
+	got, recs, srvObj, ca := r.got, r.recs, r.proxy, r.ca
+	pol := srvObj.tasks["t1"].proxy.Policy()
+	c, br, status, _ := connect(t, r.sock, "127.0.0.1:"+strconv.Itoa(r.port))
 	if status != 200 {
 		t.Fatalf("CONNECT: %d", status)
 	}
