@@ -119,8 +119,12 @@ func cmdExec(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	out, errw := termsafe.ForTerminal(stdout), termsafe.ForTerminal(stderr)
 	end, err := c.ExecSession(ctx, pos[0], body, func(ch httpapi.ExecChunk) error {
 		w := out
-		if ch.Type == "stderr" {
+		switch ch.Type {
+		case "stderr":
 			w = errw
+		case "gap":
+			fmt.Fprintf(errw, "[corral exec: %d bytes of output not kept]\n", ch.Missing)
+			return nil
 		}
 		_, err := w.Write(ch.Bytes())
 		return err

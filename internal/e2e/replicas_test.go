@@ -305,8 +305,9 @@ func TestReplicasRideOutAPostgresRestart(t *testing.T) {
 // TestSessionsOfAReplicaKilled: two servers on one PostgreSQL database and
 // one data root; the one running two sessions is killed with SIGKILL while
 // a command runs in one of them. That session's exec agent dials the
-// host's shared socket: the survivor adopts the session, records the
-// command the kill cut as lost at once, and runs the next commands. The
+// host's shared socket: the survivor adopts the session, takes the command
+// over (its whole output and its end are read from the survivor), and
+// runs the next commands. The
 // other session's sandbox died with the server (as one on a machine no
 // replica is left on would be out of reach: no agent dials in again): the
 // survivor ends it lost, saying why, once its agent had time to.
@@ -316,25 +317,19 @@ func TestSessionsOfAReplicaKilled(t *testing.T) {
 	a, b := startReplica(t, data, env), startReplica(t, data, env)
 	kept, orphan := mustCreateSession(t, a.client), mustCreateSession(t, a.client)
 	ctx := context.Background()
-	started, cut := make(chan struct{}), make(chan error, 1)
-	go func() {
-		var once sync.Once
-		_, err := a.client.ExecSession(ctx, kept.SessionID, httpapi.ExecBody{Command: shell("echo started; sleep 60")},
-			func(httpapi.ExecChunk) error { once.Do(func() { close(started) }); return nil })
-		cut <- err
-	}()
-	select {
-	case <-started:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the command in the session did not start")
+	execID, err := a.client.Sessions().StartExec(ctx, kept.SessionID, service.SessionCommand{Shell: "echo started; sleep 5; echo done"})
+	if err != nil {
+		t.Fatal(err)
 	}
+	waitFor(t, "the command in the session started", func() bool {
+		var out strings.Builder
+		a.client.Sessions().ReadExec(ctx, kept.SessionID, execID, 0, false, func(o service.ExecOutput) error { out.Write(o.Data); return nil })
+		return out.String() == "started\n"
+	})
 	a.kill()
 	killed := time.Now()
 	if err := exec.Command("pkill", "-KILL", "-f", orphan.SessionID).Run(); err != nil {
 		t.Fatalf("kill the sandbox of session %s: %v", orphan.SessionID, err)
-	}
-	if err := <-cut; err == nil {
-		t.Error("the command's stream ended without an error when its server was killed")
 	}
 
 	// The survivor runs the kept session's commands once it is adopted.
@@ -348,6 +343,13 @@ func TestSessionsOfAReplicaKilled(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the survivor never ran a command in the session adopted: %+v %q %v", end, out.String(), err)
 		}
+	}
+	// The command the kill cut was taken over: its whole output, once,
+	// and its end.
+	var out strings.Builder
+	end, err := b.client.Sessions().ReadExec(ctx, kept.SessionID, execID, 0, true, func(o service.ExecOutput) error { out.Write(o.Data); return nil })
+	if err != nil || end == nil || end.ExitCode != 0 || end.Reason != "" || out.String() != "started\ndone\n" {
+		t.Errorf("the command through the kill, read from the survivor: %+v, %q, %v; want exit 0, started and done", end, out.String(), err)
 	}
 	store, err := postgres.Open(ctx, db.DSN, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -373,8 +375,8 @@ func TestSessionsOfAReplicaKilled(t *testing.T) {
 			}
 		}
 	}
-	if adoptions != 1 || lost != 1 {
-		t.Errorf("the kept session's log: %d adoptions, %d execs ended lost; want 1 and 1 (the command the kill cut)", adoptions, lost)
+	if adoptions != 1 || lost != 0 {
+		t.Errorf("the kept session's log: %d adoptions, %d execs ended lost; want 1 and 0", adoptions, lost)
 	}
 
 	// The orphan ends lost, saying why, within the agent's wait.

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -194,7 +195,7 @@ func TestSessions(t *testing.T) {
 				t.Errorf("a timed-out exec: %+v, %v; want 124, timed out", e, err)
 			}
 
-			// A client that goes away stops its command.
+			// A client that goes away leaves its command running.
 			cctx, cancel := context.WithCancel(ctx)
 			dir := filepath.Join(s.data, "sessions", id)
 			go func() {
@@ -205,15 +206,49 @@ func TestSessions(t *testing.T) {
 				}
 				cancel()
 			}()
-			s.client.ExecSession(cctx, id, httpapi.ExecBody{Command: shell("touch started; sleep 2; touch finished")}, func(httpapi.ExecChunk) error { return nil })
-			time.Sleep(3 * time.Second)
-			if _, err := os.Stat(filepath.Join(dir, "finished")); err == nil {
-				t.Error("the command went on after its client went away")
+			s.client.ExecSession(cctx, id, httpapi.ExecBody{Command: shell("touch started; sleep 1; touch finished")}, func(httpapi.ExecChunk) error { return nil })
+			waitFor(t, "the command its client left", func() bool {
+				_, err := os.Stat(filepath.Join(dir, "finished"))
+				return err == nil
+			})
+			// A detached command: its id at once, its output read back
+			// from any offset, whole and once, with its end.
+			sc := s.client.Sessions()
+			execID, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: "echo one; sleep 0.5; echo two >&2; exit 3"})
+			if err != nil || !strings.HasPrefix(execID, "exec-") {
+				t.Fatalf("a detached exec: %q, %v", execID, err)
+			}
+			for _, from := range []int64{0, 2, 4, 8} {
+				var got strings.Builder
+				end, err := sc.ReadExec(ctx, id, execID, from, true, func(o service.ExecOutput) error {
+					if o.Offset != from+int64(got.Len()) {
+						t.Errorf("from %d: a chunk at %d after %d bytes", from, o.Offset, got.Len())
+					}
+					got.Write(o.Data)
+					return nil
+				})
+				if want := "one\ntwo\n"[from:]; err != nil || end == nil || end.ExitCode != 3 || got.String() != want {
+					t.Errorf("read from %d: %q, end %+v, %v; want %q and exit 3", from, got.String(), end, err, want)
+				}
+			}
+			// And one killed by its id.
+			execID, err = sc.StartExec(ctx, id, service.SessionCommand{Command: []string{"sleep", "30"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sc.KillExec(ctx, id, execID); err != nil {
+				t.Fatal(err)
+			}
+			if end, err := sc.ReadExec(ctx, id, execID, 0, true, func(service.ExecOutput) error { return nil }); err != nil || end == nil || end.ExitCode != 128+9 {
+				t.Errorf("a killed exec: %+v, %v; want exit 137", end, err)
+			}
+			if _, err := sc.ReadExec(ctx, id, "exec-nope", 0, false, func(service.ExecOutput) error { return nil }); !errors.Is(err, errdefs.ErrNotFound) {
+				t.Errorf("an exec that is not there: %v, want not found", err)
 			}
 
 			got, err := s.client.GetSession(ctx, id)
-			if err != nil || got.Execs != 12 || got.Labels["who"] != "test" {
-				t.Errorf("session after 12 execs: %+v, %v", got, err)
+			if err != nil || got.Execs != 14 || got.Labels["who"] != "test" {
+				t.Errorf("session after 14 execs: %+v, %v", got, err)
 			}
 			// The exec table every way of running a command in a sandbox
 			// answers, through the session contract in process and over
@@ -318,7 +353,8 @@ func TestSessionTokens(t *testing.T) {
 	var body bytes.Buffer
 	body.ReadFrom(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(body.String(), "event: stdout\ndata: {\"type\":\"stdout\",\"data\":\"sse\\n\"}") || !strings.Contains(body.String(), "event: exit") {
+	if !strings.Contains(body.String(), "event: started\ndata: {\"type\":\"started\",\"exec_id\":\"exec-") ||
+		!strings.Contains(body.String(), "event: stdout\ndata: {\"type\":\"stdout\",\"offset\":0,\"data\":\"sse\\n\"}") || !strings.Contains(body.String(), "event: exit") {
 		t.Errorf("SSE exec: %s", body.String())
 	}
 }
@@ -365,7 +401,9 @@ func TestSessionLimits(t *testing.T) {
 }
 
 // TestSessionSurvivesKill9: a server killed with SIGKILL finds its session
-// again after a restart, and the session keeps its files.
+// again after a restart, and the session keeps its files; a command that
+// ran through the kill runs on, and its client reads its whole output
+// once, and its end, from the next server.
 func TestSessionSurvivesKill9(t *testing.T) {
 	t.Parallel()
 	data, srv := startKillable(t)
@@ -375,29 +413,68 @@ func TestSessionSurvivesKill9(t *testing.T) {
 	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo before > f.txt; ln -s /etc etc-link")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	// The server dies during a long command; the session outlives both.
-	long := []string{"sleep", "31"}
-	go srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: command(long...)}, func(httpapi.ExecChunk) error { return nil })
-	waitFor(t, "the long command running", func() bool { return countProcesses(long...) > 0 })
+	// The server dies during a command; the command outlives it, and
+	// prints the rest once the next server is up.
+	var (
+		mu  sync.Mutex
+		out bytes.Buffer
+	)
+	type result struct {
+		end service.SessionExecEnd
+		err error
+	}
+	res := make(chan result, 1)
+	goFile := filepath.Join(data, "sessions", created.SessionID, "go")
+	go func() {
+		// 2 MB before the kill, 2 MB after, as random bytes: every byte
+		// checked against the files the command writes.
+		end, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("head -c 2000000 /dev/urandom > a; cat a; while [ ! -e go ]; do sleep 0.05; done; head -c 2000000 /dev/urandom > b; cat b; exit 5")}, func(ch httpapi.ExecChunk) error {
+			mu.Lock()
+			defer mu.Unlock()
+			out.Write(ch.Bytes())
+			return nil
+		})
+		res <- result{end, err}
+	}()
+	waitFor(t, "the command's first 2 MB", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return out.Len() == 2000000
+	})
+	addr := strings.TrimPrefix(srv.url, "http://")
 	srv.kill()
-	// No command outlives the server that ran it: the agent ends a
-	// connection's commands with the connection.
-	waitFor(t, "the cut command ended", func() bool { return countProcesses(long...) == 0 })
-	srv = startProcess(t, data)
+	srv = startProcessAt(t, data, addr, "")
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-res:
+		mu.Lock()
+		got := out.Bytes()
+		mu.Unlock()
+		a, _ := os.ReadFile(filepath.Join(data, "sessions", created.SessionID, "a"))
+		b, _ := os.ReadFile(filepath.Join(data, "sessions", created.SessionID, "b"))
+		if r.err != nil || r.end.ExitCode != 5 || r.end.Reason != "" || len(a) != 2000000 || !bytes.Equal(got, append(a, b...)) {
+			t.Errorf("the command through the kill: %+v, %v, %d bytes of output; want exit 5 and the 4 MB it wrote, each byte once", r.end, r.err, len(got))
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatal("the command through the kill never ended for its client")
+	}
 	// At once, before the session's exec agent has dialled the new server
 	// in: the command waits for it and runs inside the sandbox's view. It
 	// ran from the host (nsenter, its working directory resolved through
 	// /proc/PID/root, where the session's absolute link leads to the
 	// host's /etc, shadow and all) until the agent came back.
-	var out bytes.Buffer
+	out.Reset()
+	os.Remove(filepath.Join(data, "sessions", created.SessionID, "a"))
+	os.Remove(filepath.Join(data, "sessions", created.SessionID, "b"))
 	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("cat " + session.Dir + "/f.txt; test -e shadow && echo host-etc || echo own-etc"), Cwd: session.Dir + "/etc-link"}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || out.String() != "before\nown-etc\n" {
 		t.Errorf("after the restart: %q, %v; want the session reattached with its file, in its own /etc", out.String(), err)
 	}
 	if _, err := os.Stat(filepath.Join(data, "sessions", created.SessionID, "f.txt")); err != nil {
 		t.Errorf("the session's directory: %v", err)
 	}
-	// The exec the kill cut is closed in the log, as lost; every other
-	// has its end.
+	// Every exec has its end, none lost.
 	open, lost := map[string]bool{}, 0
 	err := srv.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
 		if e.StreamID != session.StreamID(created.SessionID) {
@@ -416,8 +493,8 @@ func TestSessionSurvivesKill9(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil || len(open) != 0 || lost != 1 {
-		t.Errorf("the session's execs after a kill -9: %d never ended, %d ended as lost (%v); want 0 and 1", len(open), lost, err)
+	if err != nil || len(open) != 0 || lost != 0 {
+		t.Errorf("the session's execs after a kill -9: %d never ended, %d ended as lost (%v); want 0 and 0", len(open), lost, err)
 	}
 	srv.client.DeleteSession(ctx, created.SessionID)
 }
@@ -619,5 +696,73 @@ func TestSessionDiskQuota(t *testing.T) {
 	}
 	if types[len(types)-1] != session.EventDirRemoved || !slices.Contains(types, session.EventEnded) {
 		t.Errorf("the deleted session's events %v, want its end and then %s", types, session.EventDirRemoved)
+	}
+}
+
+// TestExecClientReconnects: a client whose stream breaks mid-command (its
+// connection cut by a proxy between it and the server) reads on from
+// where it was, and gets the command's 3 MB of output byte for byte,
+// once; a quiet command's stream carries a heartbeat.
+func TestExecClientReconnects(t *testing.T) {
+	t.Parallel()
+	// The proxy's own port is in the client's Host header.
+	s := MustStart(t, func(c *config.Config) { c.HTTP.AllowedHosts = []string{"127.0.0.1"} })
+	ctx := context.Background()
+	created := mustCreateSession(t, s.client)
+	// A proxy that cuts every connection after 1 MB toward the client.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var conns atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			up, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() { io.Copy(up, c); up.Close() }()
+			go func() { io.CopyN(c, up, 1<<20); c.Close(); up.Close() }()
+		}
+	}()
+	via := httpapi.NewClient("http://"+ln.Addr().String(), s.token)
+	var got bytes.Buffer
+	end, err := via.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("head -c 3000000 /dev/urandom > out.bin; cat out.bin")}, func(ch httpapi.ExecChunk) error {
+		got.Write(ch.Bytes())
+		return nil
+	})
+	want, _ := os.ReadFile(filepath.Join(s.data, "sessions", created.SessionID, "out.bin"))
+	if err != nil || end.ExitCode != 0 || len(want) != 3000000 || !bytes.Equal(got.Bytes(), want) {
+		t.Errorf("through a cutting proxy: %+v, %v, %d bytes (want the %d written, once)", end, err, got.Len(), len(want))
+	}
+	if n := conns.Load(); n < 3 {
+		t.Errorf("%d connections through the proxy: the stream was never cut", n)
+	}
+
+	// Quiet for longer than the heartbeat's interval.
+	req, _ := http.NewRequest("POST", s.url+"/api/sessions/"+created.SessionID+"/exec", strings.NewReader(`{"command":"sleep 17; echo awake"}`))
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var types []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		var ch httpapi.ExecChunk
+		json.Unmarshal(sc.Bytes(), &ch)
+		types = append(types, ch.Type)
+	}
+	if !slices.Equal(types, []string{"started", "heartbeat", "stdout", "exit"}) {
+		t.Errorf("a quiet command's stream: %v; want started, heartbeat, stdout, exit", types)
 	}
 }

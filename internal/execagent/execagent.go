@@ -9,6 +9,15 @@
 // under its seccomp filter and no_new_privs, which a command entered with
 // nsenter is not. A server that restarts is dialled again.
 //
+// Commands outlive the connection: the agent keeps running them when the
+// server goes away, and keeps their output the server has not
+// acknowledged (up to MaxUnacked bytes a command, the oldest dropped past
+// it). Every byte of a command's output has an offset. When it dials in
+// again, the agent says which commands it has (hello); the server answers
+// each with the offset it has (resume), and the agent sends the rest, and
+// the command's exit, from there; or tells it to kill and forget one it
+// does not know.
+//
 // The protocol is JSON lines (Frame) in both directions.
 package execagent
 
@@ -33,29 +42,50 @@ import (
 )
 
 // MaxFrame bounds one frame from the agent: its output comes in chunks of
-// 32 KiB, base64-encoded in a line of JSON.
+// 32 KiB, base64-encoded in a line of JSON, and a hello names at most
+// maxHello commands.
 const MaxFrame = 1 << 20
+
+// MaxUnacked bounds the output of one command the agent keeps for a
+// server that has not acknowledged it (one that went away meanwhile).
+const MaxUnacked = 8 << 20
 
 // maxError bounds the error text an exit frame carries.
 const maxError = 1024
 
+// maxHello bounds the commands a hello names.
+const maxHello = 1024
+
 // Upgrade is the protocol name of the upgraded connection.
-const Upgrade = "corral-exec/1"
+const Upgrade = "corral-exec/2"
 
 // Frame is one message. From the server: start (ID, Argv, Dir, Env,
-// Stdin) and kill (ID). From the agent: out (ID, FD 1 or 2, Data) and exit
-// (ID, Code, Error).
+// Stdin), kill (ID), resume (ID, Off: send from there), ack (ID, Off: the
+// server has the output before it) and forget (ID: the server has the
+// command's exit). From the agent: hello (Execs, first on a connection),
+// out (ID, FD 1 or 2, Off, Data) and exit (ID, Code, Error, Off: the
+// output's length).
 type Frame struct {
-	Op    string   `json:"op"`
-	ID    string   `json:"id"`
-	Argv  []string `json:"argv,omitempty"`
-	Dir   string   `json:"dir,omitempty"`
-	Env   []string `json:"env,omitempty"`
-	Stdin []byte   `json:"stdin,omitempty"`
-	FD    int      `json:"fd,omitempty"`
-	Data  []byte   `json:"data,omitempty"`
-	Code  int      `json:"code,omitempty"`
-	Error string   `json:"error,omitempty"`
+	Op    string      `json:"op"`
+	ID    string      `json:"id,omitempty"`
+	Argv  []string    `json:"argv,omitempty"`
+	Dir   string      `json:"dir,omitempty"`
+	Env   []string    `json:"env,omitempty"`
+	Stdin []byte      `json:"stdin,omitempty"`
+	FD    int         `json:"fd,omitempty"`
+	Off   int64       `json:"off,omitempty"`
+	Data  []byte      `json:"data,omitempty"`
+	Code  int         `json:"code,omitempty"`
+	Error string      `json:"error,omitempty"`
+	Execs []ExecState `json:"execs,omitempty"`
+}
+
+// ExecState is a command a hello names: its id, the offset of its next
+// byte, and whether it has ended.
+type ExecState struct {
+	ID    string `json:"id"`
+	Off   int64  `json:"off"`
+	Ended bool   `json:"ended,omitempty"`
 }
 
 // Run is the agent: it dials socket, asks path (the session's agent route)
@@ -64,8 +94,10 @@ type Frame struct {
 func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string, env []string, log *slog.Logger) error {
 	const first = 10 * time.Millisecond
 	delay := first
+	a := &agent{env: env, execs: map[string]*command{}}
+	defer a.killAll()
 	for ctx.Err() == nil {
-		served, err := serveOnce(ctx, dial, path, token, env)
+		served, err := a.serveOnce(ctx, dial, path, token)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -86,8 +118,8 @@ func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), 
 }
 
 // serveOnce dials, upgrades and serves one connection; served says the
-// server took it.
-func serveOnce(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string, env []string) (served bool, err error) {
+// server took it. The commands go on when it ends.
+func (a *agent) serveOnce(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string) (served bool, err error) {
 	conn, err := dial(ctx)
 	if err != nil {
 		return false, err
@@ -109,50 +141,102 @@ func serveOnce(ctx context.Context, dial func(ctx context.Context) (net.Conn, er
 		resp.Body.Close()
 		return false, fmt.Errorf("the server answered %s", resp.Status)
 	}
-	a := &agent{enc: json.NewEncoder(conn), env: env, procs: map[string]*exec.Cmd{}, killed: map[string]bool{}}
+	a.attach(json.NewEncoder(conn))
+	defer a.detach()
 	dec := json.NewDecoder(br)
 	for {
 		var f Frame
 		if err := dec.Decode(&f); err != nil {
-			a.killAll()
 			return true, err
 		}
 		switch f.Op {
 		case "start":
-			// Known before its goroutine runs: a kill that comes
-			// before the command has started ends it as it starts.
-			a.mu.Lock()
-			a.procs[f.ID] = nil
-			a.mu.Unlock()
-			go a.start(f)
+			a.start(f)
 		case "kill":
 			a.kill(f.ID)
+		case "resume":
+			a.resume(f.ID, f.Off)
+		case "ack":
+			a.ack(f.ID, f.Off)
+		case "forget":
+			a.forget(f.ID)
 		}
 	}
 }
 
-// agent is one connection's commands.
+// agent is the commands of a session, across its connections.
 type agent struct {
 	env []string
 
-	mu    sync.Mutex // guards enc, procs and killed
+	mu    sync.Mutex // guards enc, execs
 	enc   *json.Encoder
-	procs map[string]*exec.Cmd // by id; nil until the command has started
-	// killed are the commands a kill came for before they had started.
-	killed map[string]bool
+	execs map[string]*command
 }
 
-func (a *agent) send(f Frame) {
+// command is one command the agent runs or ran.
+type command struct {
+	cmd *exec.Cmd // nil until started
+	// killed: a kill came before the command had started.
+	killed bool
+	// next is the offset of the command's next byte of output.
+	next int64
+	// unacked are its out frames the server has not acknowledged, in
+	// order, unackedBytes their data.
+	unacked      []Frame
+	unackedBytes int
+	// exit is its end, once it has ended.
+	exit *Frame
+	// paused: the server has not said where to go on from since this
+	// connection began; frames wait in unacked.
+	paused bool
+}
+
+// attach makes enc the connection frames go to, and says hello: the
+// commands the agent has, each paused until the server resumes it.
+func (a *agent) attach(enc *json.Encoder) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.enc.Encode(f)
+	a.enc = enc
+	hello := Frame{Op: "hello", Execs: []ExecState{}}
+	for id, c := range a.execs {
+		c.paused = true
+		hello.Execs = append(hello.Execs, ExecState{ID: id, Off: c.next, Ended: c.exit != nil})
+	}
+	a.sendLocked(hello)
+}
+
+func (a *agent) detach() {
+	a.mu.Lock()
+	a.enc = nil
+	a.mu.Unlock()
+}
+
+// sendLocked sends f on the connection, if there is one; the caller holds
+// mu. A connection that fails to take it is dropped until the next.
+func (a *agent) sendLocked(f Frame) {
+	if a.enc != nil && a.enc.Encode(f) != nil {
+		a.enc = nil
+	}
 }
 
 // start runs one command and reports its output and end.
 func (a *agent) start(f Frame) {
+	a.mu.Lock()
+	if _, dup := a.execs[f.ID]; dup || f.ID == "" {
+		a.mu.Unlock()
+		return
+	}
+	// Known before its goroutine runs: a kill that comes before the
+	// command has started ends it as it starts.
+	c := &command{}
+	a.execs[f.ID] = c
+	a.mu.Unlock()
+	go a.run(f, c)
+}
+
+func (a *agent) run(f Frame, c *command) {
 	if len(f.Argv) == 0 {
-		a.forget(f.ID)
-		a.send(Frame{Op: "exit", ID: f.ID, Code: 127, Error: "empty command"})
+		a.exited(f.ID, c, 127, "empty command")
 		return
 	}
 	cmd := exec.Command(f.Argv[0], f.Argv[1:]...)
@@ -165,8 +249,7 @@ func (a *agent) start(f Frame) {
 	for i, pipe := range []func() (io.ReadCloser, error){cmd.StdoutPipe, cmd.StderrPipe} {
 		r, err := pipe()
 		if err != nil {
-			a.forget(f.ID)
-			a.send(Frame{Op: "exit", ID: f.ID, Code: 127, Error: err.Error()})
+			a.exited(f.ID, c, 127, err.Error())
 			return
 		}
 		outs[i] = r
@@ -176,17 +259,18 @@ func (a *agent) start(f Frame) {
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, syscall.ENOENT) {
 			code = 127
 		}
-		a.forget(f.ID)
-		a.send(Frame{Op: "exit", ID: f.ID, Code: code, Error: err.Error()})
+		a.exited(f.ID, c, code, err.Error())
 		return
 	}
 	a.mu.Lock()
-	a.procs[f.ID] = cmd
-	killed := a.killed[f.ID]
+	c.cmd = cmd
+	killed := c.killed
 	a.mu.Unlock()
 	if killed {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
+	// One reader at a time hands its chunk over, so that offsets follow
+	// the order the chunks are sent in.
 	var wg sync.WaitGroup
 	for i, r := range outs {
 		wg.Go(func() {
@@ -194,7 +278,7 @@ func (a *agent) start(f Frame) {
 			for {
 				n, err := r.Read(buf)
 				if n > 0 {
-					a.send(Frame{Op: "out", ID: f.ID, FD: i + 1, Data: append([]byte(nil), buf[:n]...)})
+					a.output(f.ID, c, i+1, buf[:n])
 				}
 				if err != nil {
 					return
@@ -204,7 +288,6 @@ func (a *agent) start(f Frame) {
 	}
 	wg.Wait()
 	err := cmd.Wait()
-	a.forget(f.ID)
 	code := cmd.ProcessState.ExitCode()
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		code = 128 + int(ws.Signal())
@@ -213,14 +296,82 @@ func (a *agent) start(f Frame) {
 	if err != nil && code < 0 {
 		msg = err.Error()
 	}
-	a.send(Frame{Op: "exit", ID: f.ID, Code: code, Error: msg})
+	a.exited(f.ID, c, code, msg)
 }
 
-// forget drops command id, which has ended or never started.
+// output keeps a chunk of command id's output until the server
+// acknowledges it, and sends it unless the command is paused.
+func (a *agent) output(id string, c *command, fd int, data []byte) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	f := Frame{Op: "out", ID: id, FD: fd, Off: c.next, Data: append([]byte(nil), data...)}
+	c.next += int64(len(data))
+	c.unacked = append(c.unacked, f)
+	c.unackedBytes += len(data)
+	for c.unackedBytes > MaxUnacked && len(c.unacked) > 1 {
+		// The oldest goes: the server finds a gap there.
+		c.unackedBytes -= len(c.unacked[0].Data)
+		c.unacked = c.unacked[1:]
+	}
+	if !c.paused && a.execs[id] == c {
+		a.sendLocked(f)
+	}
+}
+
+// exited records command id's end and sends it unless it is paused.
+func (a *agent) exited(id string, c *command, code int, msg string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c.exit = &Frame{Op: "exit", ID: id, Code: code, Error: msg, Off: c.next}
+	if !c.paused && a.execs[id] == c {
+		a.sendLocked(*c.exit)
+	}
+}
+
+// resume sends command id's output from off on, as far as the agent has
+// it (a server that lost more finds a gap at the first offset sent), and
+// its exit if it has ended; then its output flows again.
+func (a *agent) resume(id string, off int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.execs[id]
+	if c == nil {
+		return
+	}
+	c.paused = false
+	for _, f := range c.unacked {
+		if end := f.Off + int64(len(f.Data)); end > off {
+			if f.Off < off {
+				cut := off - f.Off
+				f.Off, f.Data = off, f.Data[cut:]
+			}
+			a.sendLocked(f)
+		}
+	}
+	if c.exit != nil {
+		a.sendLocked(*c.exit)
+	}
+}
+
+// ack drops what the server has of command id's output.
+func (a *agent) ack(id string, off int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.execs[id]
+	if c == nil {
+		return
+	}
+	for len(c.unacked) > 0 && c.unacked[0].Off+int64(len(c.unacked[0].Data)) <= off {
+		c.unackedBytes -= len(c.unacked[0].Data)
+		c.unacked = c.unacked[1:]
+	}
+}
+
+// forget drops command id: the server has its end, or does not know it
+// (and has killed it).
 func (a *agent) forget(id string) {
 	a.mu.Lock()
-	delete(a.procs, id)
-	delete(a.killed, id)
+	delete(a.execs, id)
 	a.mu.Unlock()
 }
 
@@ -228,9 +379,11 @@ func (a *agent) forget(id string) {
 // is killed as it starts.
 func (a *agent) kill(id string) {
 	a.mu.Lock()
-	cmd, known := a.procs[id]
-	if known && cmd == nil {
-		a.killed[id] = true
+	c := a.execs[id]
+	var cmd *exec.Cmd
+	if c != nil {
+		c.killed = true
+		cmd = c.cmd
 	}
 	a.mu.Unlock()
 	if cmd != nil && cmd.Process != nil {
@@ -238,10 +391,11 @@ func (a *agent) kill(id string) {
 	}
 }
 
+// killAll ends every command: the agent is stopping.
 func (a *agent) killAll() {
 	a.mu.Lock()
-	ids := make([]string, 0, len(a.procs))
-	for id := range a.procs {
+	ids := make([]string, 0, len(a.execs))
+	for id := range a.execs {
 		ids = append(ids, id)
 	}
 	a.mu.Unlock()
@@ -250,30 +404,84 @@ func (a *agent) killAll() {
 	}
 }
 
+// Handler is what a Conn does with what the agent sends. Its methods are
+// called on the connection's reading goroutine, one at a time.
+type Handler interface {
+	// Hello says which commands the agent has, after it dialled in;
+	// Resume follows for each.
+	Hello(execs []ExecState)
+	// Resume answers for command id of a hello: the offset from which the
+	// server wants its output, or false for a command it does not know,
+	// which the agent is told to kill and forget.
+	Resume(id string) (off int64, ok bool)
+	// Output is a chunk of command id's output at offset off; it returns
+	// the offset up to which the server now has the output (what the
+	// agent may drop).
+	Output(id string, fd int, off int64, data []byte) int64
+	// Exit is command id's end, after all its output (off bytes).
+	Exit(id string, code int, msg string, off int64)
+}
+
 // Conn is the server's side of one agent's connection. It is safe for
 // concurrent use.
 type Conn struct {
-	conn net.Conn
-
-	mu     sync.Mutex // guards enc, execs, next
+	conn   net.Conn
+	r      io.Reader
+	h      Handler
+	wmu    sync.Mutex // guards enc: one frame at a time
 	enc    *json.Encoder
-	execs  map[string]*pending
-	next   int
+	mu     sync.Mutex // guards acks
 	closed chan struct{}
+	// acks are the acknowledgements not sent yet, by command: the reading
+	// goroutine never waits on a write (the agent may be writing to it
+	// while holding what its reader waits for), ackSignal wakes their
+	// writer.
+	acks      map[string]int64
+	ackSignal chan struct{}
 }
 
-// pending is one Exec's frames, and done, closed when it has returned.
-type pending struct {
-	frames chan Frame
-	done   chan struct{}
+// NewConn returns the server's side of an agent's upgraded connection;
+// r reads what the agent sends (the hijacked connection's buffered
+// reader), which goes to h once Serve is called.
+func NewConn(conn net.Conn, r io.Reader, h Handler) *Conn {
+	return &Conn{conn: conn, r: r, h: h, enc: json.NewEncoder(conn), closed: make(chan struct{}), acks: map[string]int64{}, ackSignal: make(chan struct{}, 1)}
 }
 
-// NewConn serves an agent's upgraded connection; r reads what the agent
-// sends (the hijacked connection's buffered reader).
-func NewConn(conn net.Conn, r io.Reader) *Conn {
-	c := &Conn{conn: conn, enc: json.NewEncoder(conn), execs: map[string]*pending{}, closed: make(chan struct{})}
-	go c.read(r)
-	return c
+// Serve starts taking what the agent sends; it returns at once.
+func (c *Conn) Serve() {
+	go c.read(c.r)
+	go c.sendAcks()
+}
+
+// ackLater queues an acknowledgement of command id's output up to off.
+func (c *Conn) ackLater(id string, off int64) {
+	c.mu.Lock()
+	c.acks[id] = max(c.acks[id], off)
+	c.mu.Unlock()
+	select {
+	case c.ackSignal <- struct{}{}:
+	default:
+	}
+}
+
+// sendAcks sends the queued acknowledgements until the connection ends.
+func (c *Conn) sendAcks() {
+	for {
+		select {
+		case <-c.closed:
+			return
+		case <-c.ackSignal:
+		}
+		c.mu.Lock()
+		acks := c.acks
+		c.acks = map[string]int64{}
+		c.mu.Unlock()
+		for id, off := range acks {
+			if c.send(Frame{Op: "ack", ID: id, Off: off}) != nil {
+				return
+			}
+		}
+	}
 }
 
 // Done is closed when the connection has ended.
@@ -294,81 +502,49 @@ func (c *Conn) read(r io.Reader) {
 		if err := json.Unmarshal(sc.Bytes(), &f); err != nil {
 			return
 		}
-		f.Error = clip.String(strings.ToValidUTF8(f.Error, "\uFFFD"), maxError)
-		c.mu.Lock()
-		p := c.execs[f.ID]
-		c.mu.Unlock()
-		if p != nil {
-			select {
-			case p.frames <- f:
-			case <-p.done: // its Exec has returned: nobody reads on
+		switch f.Op {
+		case "hello":
+			if len(f.Execs) > maxHello {
+				return
 			}
+			c.h.Hello(f.Execs)
+			for _, e := range f.Execs {
+				if off, ok := c.h.Resume(e.ID); ok {
+					c.send(Frame{Op: "resume", ID: e.ID, Off: off})
+				} else {
+					c.send(Frame{Op: "kill", ID: e.ID})
+					c.send(Frame{Op: "forget", ID: e.ID})
+				}
+			}
+		case "out":
+			if f.FD != 1 && f.FD != 2 || f.Off < 0 {
+				return
+			}
+			if has := c.h.Output(f.ID, f.FD, f.Off, f.Data); has > 0 {
+				c.ackLater(f.ID, has)
+			}
+		case "exit":
+			c.h.Exit(f.ID, f.Code, clip.String(strings.ToValidUTF8(f.Error, "\uFFFD"), maxError), f.Off)
+			c.send(Frame{Op: "forget", ID: f.ID})
 		}
 	}
 }
 
 func (c *Conn) send(f Frame) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.enc.Encode(f)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := c.enc.Encode(f); err != nil {
+		return fmt.Errorf("the session's exec agent: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	return nil
 }
 
-// Exec runs argv in dir with env added, feeding stdin, and streams its
-// output to stdout and stderr; it returns the exit code. When ctx ends the
-// command is killed and Exec returns ctx's error.
-func (c *Conn) Exec(ctx context.Context, argv []string, dir string, env []string, stdin []byte, stdout, stderr io.Writer) (int, error) {
-	p := &pending{frames: make(chan Frame, 64), done: make(chan struct{})}
-	ch := p.frames
-	c.mu.Lock()
-	c.next++
-	id := fmt.Sprintf("e%d", c.next)
-	c.execs[id] = p
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		delete(c.execs, id)
-		c.mu.Unlock()
-		close(p.done)
-	}()
-	if err := c.send(Frame{Op: "start", ID: id, Argv: argv, Dir: dir, Env: env, Stdin: stdin}); err != nil {
-		return -1, fmt.Errorf("the session's exec agent: %v: %w", err, errdefs.ErrUnavailable)
-	}
-	done := ctx.Done()
-	var gone <-chan time.Time // after a kill: how long the exit may take
-	for {
-		select {
-		case <-gone:
-			return -1, ctx.Err()
-		case f := <-ch:
-			switch f.Op {
-			case "out":
-				w := stdout
-				if f.FD == 2 {
-					w = stderr
-				}
-				if w != nil {
-					w.Write(f.Data)
-				}
-			case "exit":
-				if ctx.Err() != nil {
-					return f.Code, ctx.Err()
-				}
-				if f.Error != "" && f.Code >= 126 {
-					return f.Code, fmt.Errorf("%s: %w", f.Error, errdefs.ErrFailedPrecondition)
-				}
-				return f.Code, nil
-			}
-		case <-done:
-			c.send(Frame{Op: "kill", ID: id})
-			done = nil
-			gone = time.After(5 * time.Second)
-			// The exit frame follows the kill; a connection that is gone
-			// ends the wait below.
-		case <-c.closed:
-			if ctx.Err() != nil {
-				return -1, ctx.Err()
-			}
-			return -1, fmt.Errorf("the session's exec agent went away: %w", errdefs.ErrUnavailable)
-		}
-	}
+// Start starts command id (an id of the server's, unique in the session):
+// argv in dir with env added, fed stdin. Its output and exit go to the
+// Handler.
+func (c *Conn) Start(id string, argv []string, dir string, env []string, stdin []byte) error {
+	return c.send(Frame{Op: "start", ID: id, Argv: argv, Dir: dir, Env: env, Stdin: stdin})
 }
+
+// Kill ends command id and what it started.
+func (c *Conn) Kill(id string) error { return c.send(Frame{Op: "kill", ID: id}) }

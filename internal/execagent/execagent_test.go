@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -13,29 +14,139 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/execagent/execagenttest"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 )
 
+// mem is a Handler that keeps each command's output in memory, and an
+// exec function over it as the session manager has one.
+type mem struct {
+	c *execagent.Conn
+
+	mu    sync.Mutex
+	execs map[string]*memExec
+	next  int
+	hello [][]execagent.ExecState
+}
+
+type memExec struct {
+	out  [3]bytes.Buffer
+	size int64
+	exit chan [2]any // code, message
+}
+
+func (m *mem) Hello(execs []execagent.ExecState) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.hello = append(m.hello, execs)
+}
+
+func (m *mem) Resume(id string) (int64, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.execs[id]
+	if e == nil {
+		return 0, false
+	}
+	return e.size, true
+}
+
+func (m *mem) Output(id string, fd int, off int64, data []byte) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.execs[id]
+	if e == nil {
+		return 0
+	}
+	if off > e.size {
+		panic(fmt.Sprintf("a gap in %s: %d bytes at %d", id, off-e.size, e.size))
+	}
+	if skip := e.size - off; skip < int64(len(data)) {
+		e.out[fd].Write(data[skip:])
+		e.size += int64(len(data)) - skip
+	}
+	return e.size
+}
+
+func (m *mem) Exit(id string, code int, msg string, off int64) {
+	m.mu.Lock()
+	e := m.execs[id]
+	m.mu.Unlock()
+	if e != nil {
+		e.exit <- [2]any{code, msg}
+	}
+}
+
+// start starts argv and returns its id and record.
+func (m *mem) start(argv []string, dir string, env []string, stdin []byte) (string, *memExec, error) {
+	m.mu.Lock()
+	m.next++
+	id := fmt.Sprintf("e%d", m.next)
+	e := &memExec{exit: make(chan [2]any, 1)}
+	m.execs[id] = e
+	m.mu.Unlock()
+	return id, e, m.c.Start(id, argv, dir, env, stdin)
+}
+
+// exec runs argv to its end (killed when ctx ends), as the session
+// manager does.
+func (m *mem) exec(ctx context.Context, argv []string, dir string, env []string, stdin []byte, stdout, stderr io.Writer) (int, error) {
+	id, e, err := m.start(argv, dir, env, stdin)
+	if err != nil {
+		return -1, err
+	}
+	var end [2]any
+	select {
+	case end = <-e.exit:
+	case <-ctx.Done():
+		m.c.Kill(id)
+		select {
+		case <-e.exit:
+		case <-time.After(5 * time.Second):
+		}
+		return -1, ctx.Err()
+	case <-m.c.Done():
+		return -1, errors.New("the agent went away")
+	}
+	m.mu.Lock()
+	if stdout != nil {
+		stdout.Write(e.out[1].Bytes())
+	}
+	if stderr != nil {
+		stderr.Write(e.out[2].Bytes())
+	}
+	m.mu.Unlock()
+	code, msg := end[0].(int), end[1].(string)
+	if msg != "" && code >= 126 {
+		return code, fmt.Errorf("%s: %w", msg, errdefs.ErrFailedPrecondition)
+	}
+	return code, nil
+}
+
 // mustAgent runs the agent on this host and returns the server's side of
 // its connection, once it dialled in.
-func mustAgent(t *testing.T) *execagent.Conn {
+func mustAgent(t *testing.T) *mem {
 	t.Helper()
-	c := execagent.NewConn(execagenttest.Dial(t, []string{"PATH=/usr/bin:/bin", "BASE=1"}))
-	t.Cleanup(func() { c.Close() })
-	return c
+	m := &mem{execs: map[string]*memExec{}}
+	conn, br := execagenttest.Dial(t, []string{"PATH=/usr/bin:/bin", "BASE=1"})
+	m.c = execagent.NewConn(conn, br, m)
+	m.c.Serve()
+	t.Cleanup(func() { m.c.Close() })
+	return m
 }
 
 func TestExec(t *testing.T) {
 	c := mustAgent(t)
 	ctx := context.Background()
 	var out, errb bytes.Buffer
-	code, err := c.Exec(ctx, []string{"/bin/sh", "-c", `read l; echo "$l $BASE $EXTRA $(pwd)"; echo oops >&2; exit 3`}, "/tmp", []string{"EXTRA=2"}, []byte("hi\n"), &out, &errb)
+	code, err := c.exec(ctx, []string{"/bin/sh", "-c", `read l; echo "$l $BASE $EXTRA $(pwd)"; echo oops >&2; exit 3`}, "/tmp", []string{"EXTRA=2"}, []byte("hi\n"), &out, &errb)
 	if err != nil || code != 3 || out.String() != "hi 1 2 /tmp\n" || errb.String() != "oops\n" {
 		t.Errorf("Exec = %d, %v, stdout %q, stderr %q", code, err, out.String(), errb.String())
 	}
@@ -44,7 +155,7 @@ func TestExec(t *testing.T) {
 	for _, w := range []string{"a", "b", "c"} {
 		go func() {
 			var o bytes.Buffer
-			c.Exec(ctx, []string{"/bin/sh", "-c", "sleep 0.2; echo " + w}, "/", nil, nil, &o, nil)
+			c.exec(ctx, []string{"/bin/sh", "-c", "sleep 0.2; echo " + w}, "/", nil, nil, &o, nil)
 			results <- o.String()
 		}()
 	}
@@ -55,7 +166,7 @@ func TestExec(t *testing.T) {
 	if !got["a\n"] || !got["b\n"] || !got["c\n"] {
 		t.Errorf("concurrent outputs %v", got)
 	}
-	if code, err := c.Exec(ctx, []string{"/no/such/program"}, "/", nil, nil, nil, nil); code != 127 || err == nil {
+	if code, err := c.exec(ctx, []string{"/no/such/program"}, "/", nil, nil, nil, nil); code != 127 || err == nil {
 		t.Errorf("a missing program: %d, %v; want 127 and an error", code, err)
 	}
 }
@@ -67,7 +178,7 @@ func TestKill(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := c.Exec(ctx, []string{"/bin/sh", "-c", "(sleep 2; touch " + dir + "/child) & sleep 2; touch " + dir + "/parent"}, "/", nil, nil, nil, nil)
+	_, err := c.exec(ctx, []string{"/bin/sh", "-c", "(sleep 2; touch " + dir + "/child) & sleep 2; touch " + dir + "/parent"}, "/", nil, nil, nil, nil)
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 1500*time.Millisecond {
 		t.Fatalf("Exec = %v after %s, want the deadline soon", err, time.Since(start))
 	}
@@ -86,7 +197,7 @@ func TestKillBeforeStart(t *testing.T) {
 	cancel()
 	for i := range 20 {
 		pidFile := filepath.Join(t.TempDir(), "pid")
-		if _, err := c.Exec(ctx, []string{"/bin/sh", "-c", "echo $$ > " + pidFile + "; exec sleep 30"}, "/", nil, nil, nil, nil); !errors.Is(err, context.Canceled) {
+		if _, err := c.exec(ctx, []string{"/bin/sh", "-c", "echo $$ > " + pidFile + "; exec sleep 30"}, "/", nil, nil, nil, nil); !errors.Is(err, context.Canceled) {
 			t.Fatalf("Exec = %v, want canceled", err)
 		}
 		waitGone(t, pidFile, i)
@@ -155,9 +266,9 @@ func TestAgentGone(t *testing.T) {
 	c := mustAgent(t)
 	go func() {
 		time.Sleep(100 * time.Millisecond)
-		c.Close()
+		c.c.Close()
 	}()
-	_, err := c.Exec(context.Background(), []string{"sleep", "5"}, "/", nil, nil, nil, nil)
+	_, err := c.exec(context.Background(), []string{"sleep", "5"}, "/", nil, nil, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "went away") {
 		t.Errorf("Exec on a closed connection: %v", err)
 	}
@@ -173,6 +284,119 @@ func TestExecTable(t *testing.T) {
 		if err != nil {
 			return -1, err
 		}
-		return c.Exec(ctx, argv, dir, env, in, stdout, stderr)
+		return c.exec(ctx, argv, dir, env, in, stdout, stderr)
 	}, dir, dir)
+}
+
+// TestCommandsOutliveTheConnection: the server's connection ends while a
+// command prints; the command runs on, and when the agent has dialled in
+// again and said so, the server gets the rest of its output from where it
+// was, every byte once, and its exit.
+func TestCommandsOutliveTheConnection(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		execagent.Run(ctx, execagenttest.DialSocket(sock), "/agent", "tok", []string{"PATH=/usr/bin:/bin"}, slog.New(slog.DiscardHandler))
+		close(done)
+	}()
+	defer func() { cancel(); <-done }()
+	accept := func() (net.Conn, *bufio.Reader) {
+		conn, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(conn)
+		if _, err := http.ReadRequest(br); err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+execagent.Upgrade+"\r\n\r\n")
+		return conn, br
+	}
+	m := &mem{execs: map[string]*memExec{}}
+	conn, br := accept()
+	m.c = execagent.NewConn(conn, br, m)
+	m.c.Serve()
+	id, e, err := m.start([]string{"/bin/sh", "-c", "i=0; while [ $i -lt 200 ]; do echo line $i; i=$((i+1)); sleep 0.005; done; exit 7"}, "/", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	m.c.Close() // the server goes away mid-command
+	<-m.c.Done()
+	time.Sleep(300 * time.Millisecond)
+	conn, br = accept()
+	m.c = execagent.NewConn(conn, br, m)
+	m.c.Serve()
+	defer m.c.Close()
+	var end [2]any
+	select {
+	case end = <-e.exit:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit after the reconnect")
+	}
+	var want strings.Builder
+	for i := range 200 {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	m.mu.Lock()
+	got := e.out[1].String()
+	hello := m.hello
+	m.mu.Unlock()
+	if got != want.String() || end[0] != 7 {
+		t.Errorf("exit %v, output %d bytes (want %d): %q", end[0], len(got), want.Len(), got[max(0, len(got)-40):])
+	}
+	if len(hello) != 2 || len(hello[0]) != 0 || len(hello[1]) != 1 || hello[1][0].ID != id {
+		t.Errorf("hellos %+v, want none then the command", hello)
+	}
+}
+
+// TestUnknownCommandIsKilled: a command the server does not know after a
+// reconnect (one it has no record of) is killed and forgotten.
+func TestUnknownCommandIsKilled(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		execagent.Run(ctx, execagenttest.DialSocket(sock), "/agent", "tok", []string{"PATH=/usr/bin:/bin"}, slog.New(slog.DiscardHandler))
+		close(done)
+	}()
+	defer func() { cancel(); <-done }()
+	accept := func(m *mem) {
+		conn, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(conn)
+		http.ReadRequest(br)
+		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+execagent.Upgrade+"\r\n\r\n")
+		m.c = execagent.NewConn(conn, br, m)
+		m.c.Serve()
+	}
+	m := &mem{execs: map[string]*memExec{}}
+	accept(m)
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	if _, _, err := m.start([]string{"/bin/sh", "-c", "echo $$ > " + pidFile + "; exec sleep 30"}, "/", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(pidFile); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	m.c.Close()
+	fresh := &mem{execs: map[string]*memExec{}} // a server that knows nothing of it
+	accept(fresh)
+	defer fresh.c.Close()
+	waitGone(t, pidFile, 0)
 }

@@ -1,40 +1,61 @@
 package execagent
 
 import (
-	"bufio"
-	"context"
 	"io"
 	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
-// TestHostileAgent: what an agent sends is bounded. A frame over MaxFrame
-// ends the connection (an Exec on it ends, unavailable) rather than
-// growing the server's memory, and an exit frame's error text is clipped.
+// recorder is a Handler that keeps what it is given.
+type recorder struct {
+	exits  chan string
+	output int
+}
+
+func (r *recorder) Hello([]ExecState)                         {}
+func (r *recorder) Resume(string) (int64, bool)               { return 0, false }
+func (r *recorder) Exit(_ string, _ int, msg string, _ int64) { r.exits <- msg }
+func (r *recorder) Output(_ string, _ int, off int64, data []byte) int64 {
+	r.output += len(data)
+	return off + int64(len(data))
+}
+
+// TestHostileAgent: what an agent sends is bounded. A frame over MaxFrame,
+// a hello naming too many commands, an output frame of another stream or
+// offset end the connection rather than growing the server's memory, and
+// an exit frame's error text is clipped.
 func TestHostileAgent(t *testing.T) {
+	many := `{"op":"hello","execs":[` + strings.Repeat(`{"id":"x","off":0},`, maxHello) + `{"id":"y","off":0}]}`
 	for name, frame := range map[string]string{
-		"oversized frame": `{"op":"out","id":"e1","fd":1,"data":"` + strings.Repeat("A", MaxFrame) + `"}` + "\n",
-		"long error":      `{"op":"exit","id":"e1","code":127,"error":"` + strings.Repeat("x", 100000) + `"}` + "\n",
+		"oversized frame": `{"op":"out","id":"e1","fd":1,"data":"` + strings.Repeat("A", MaxFrame) + `"}`,
+		"long hello":      many,
+		"stream 3":        `{"op":"out","id":"e1","fd":3,"data":"QQ=="}`,
+		"offset below 0":  `{"op":"out","id":"e1","fd":1,"off":-5,"data":"QQ=="}`,
+		"long error":      `{"op":"exit","id":"e1","code":127,"error":"` + strings.Repeat("x", 100000) + `"}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			server, agent := net.Pipe()
-			c := NewConn(server, server)
+			r := &recorder{exits: make(chan string, 1)}
+			c := NewConn(server, server, r)
+			c.Serve()
 			t.Cleanup(func() { c.Close(); agent.Close() })
 			go func() {
-				// Read the start frame, then answer with the hostile one.
-				bufio.NewReader(agent).ReadString('\n')
-				io.WriteString(agent, frame)
+				io.WriteString(agent, frame+"\n")
+				io.Copy(io.Discard, agent)
 			}()
-			_, err := c.Exec(context.Background(), []string{"true"}, "/", nil, nil, io.Discard, io.Discard)
-			if err == nil {
-				t.Fatal("Exec succeeded")
-			}
-			if len(err.Error()) > maxError+200 {
-				t.Errorf("the error carries %d bytes of the agent's text", len(err.Error()))
-			}
-			if name == "oversized frame" && !strings.Contains(err.Error(), "went away") {
-				t.Errorf("an oversized frame: %v, want the connection ended", err)
+			select {
+			case msg := <-r.exits:
+				if name != "long error" || len(msg) > maxError+16 {
+					t.Errorf("%s: an exit of %d bytes", name, len(msg))
+				}
+			case <-c.Done():
+				if name == "long error" || r.output != 0 {
+					t.Errorf("%s: the connection ended (%d bytes of output taken)", name, r.output)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s: neither an exit nor the end", name)
 			}
 		})
 	}

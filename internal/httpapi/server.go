@@ -194,6 +194,12 @@ func (s *Server) WebhookHandler() http.Handler {
 	m.Handle("POST /api/sessions/{id}/exec", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
 		return s.execSession(w, r, s.sessionTokenCaller)
 	}, fromWorker|jsonBody))
+	m.Handle("GET /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+		return s.readExec(w, r, s.sessionTokenCaller)
+	}, fromWorker))
+	m.Handle("DELETE /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+		return s.killExec(w, r, s.sessionTokenCaller)
+	}, fromWorker))
 	// A session's exec agent dials in here from inside its sandbox.
 	m.Handle("POST /api/sessions/{id}/agent", s.wrap(s.attachAgent, fromWorker))
 	return stallGuard(m, s.opts.BodyStall)
@@ -232,6 +238,12 @@ func (s *Server) routes() {
 	m.Handle("POST /api/sessions/{id}/exec", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
 		return s.execSession(w, r, s.sessionCaller)
 	}, jsonBody))
+	m.Handle("GET /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+		return s.readExec(w, r, s.sessionCaller)
+	}, 0))
+	m.Handle("DELETE /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+		return s.killExec(w, r, s.sessionCaller)
+	}, 0))
 	m.Handle("GET /api/tasks", auth(s.listTasks))
 	m.Handle("GET /api/tasks/{id}", auth(s.getTask))
 	m.Handle("GET /api/tasks/{id}/result", auth(s.taskResult))

@@ -11,8 +11,10 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -30,22 +32,41 @@ type SessionCreated struct {
 }
 
 // ExecBody is POST /api/sessions/{id}/exec's body. Command is an argv (a
-// JSON array) or one string run with sh -c.
+// JSON array) or one string run with sh -c. Detach answers the exec's id
+// at once (ExecStarted) instead of its output.
 type ExecBody struct {
 	Command        json.RawMessage   `json:"command"`
 	Cwd            string            `json:"cwd,omitempty"`
 	Env            map[string]string `json:"env,omitempty"`
 	Stdin          string            `json:"stdin,omitempty"`
 	TimeoutSeconds int               `json:"timeout_seconds,omitempty"`
+	Detach         bool              `json:"detach,omitempty"`
 }
 
-// ExecChunk is one line of an exec's stream: output as it comes
-// (type stdout or stderr; Data when it is UTF-8, else DataBase64), then
-// one "exit" with the command's end.
+// ExecStarted answers a detached exec.
+type ExecStarted struct {
+	ExecID string `json:"exec_id"`
+}
+
+// execHeartbeat is how often a quiet exec stream says it is alive.
+const execHeartbeat = 15 * time.Second
+
+// ExecChunk is one line of an exec's stream: first "started" with the
+// exec's id, then its output as it comes (type stdout or stderr, from byte
+// Offset of the whole output; Data when it is UTF-8, else DataBase64),
+// "gap" for Bytes of output the server does not have, "heartbeat" when
+// nothing came for a while, and last "exit" with the command's end. A
+// client that lost the stream reads on with GET
+// /api/sessions/{id}/execs/{exec_id}?offset= the offset it got to.
 type ExecChunk struct {
-	Type       string `json:"type"`
+	Type string `json:"type"`
+	// ExecID is on the first line and the last (where it hides the end's,
+	// which Decode puts back).
+	ExecID     string `json:"exec_id,omitempty"`
+	Offset     *int64 `json:"offset,omitempty"`
 	Data       string `json:"data,omitempty"`
 	DataBase64 string `json:"data_base64,omitempty"`
+	Missing    int64  `json:"bytes,omitempty"` // a gap's
 	*service.SessionExecEnd
 }
 
@@ -224,6 +245,71 @@ func (s *Server) execSession(w http.ResponseWriter, r *http.Request, check func(
 	if b.Stdin != "" {
 		req.Stdin = strings.NewReader(b.Stdin)
 	}
+	id := r.PathValue("id")
+	execID, err := s.svc.Sessions.StartExec(r.Context(), id, req)
+	if err != nil {
+		return err
+	}
+	if b.Detach {
+		writeJSON(w, http.StatusAccepted, ExecStarted{ExecID: execID})
+		return nil
+	}
+	s.streamExec(w, r, id, execID, 0, true)
+	return nil
+}
+
+// readExec is GET /api/sessions/{id}/execs/{exec_id}?offset=N: the exec's
+// stream from byte N of its output (0 when absent), following it to its
+// end; with follow=false, only what the server has now (an exit line if
+// the command has ended).
+func (s *Server) readExec(w http.ResponseWriter, r *http.Request, check func(*http.Request) error) error {
+	if err := check(r); err != nil {
+		return err
+	}
+	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(ForwardedHeader) == "" {
+		return forward(w, r, url, s.opts.Replica)
+	}
+	var from int64
+	if v := r.URL.Query().Get("offset"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return errdefs.Field("offset", "must be a byte offset, 0 or more")
+		}
+		from = n
+	}
+	follow := r.URL.Query().Get("follow") != "false"
+	// The exec must be there before the stream's first line: a wrong id
+	// is a plain HTTP error.
+	if _, err := s.svc.Sessions.ReadExec(r.Context(), r.PathValue("id"), r.PathValue("exec_id"), from, false, func(service.ExecOutput) error { return errStopRead }); err != nil && !errors.Is(err, errStopRead) {
+		return err
+	}
+	s.streamExec(w, r, r.PathValue("id"), r.PathValue("exec_id"), from, follow)
+	return nil
+}
+
+// errStop ends a read early.
+var errStopRead = errors.New("stop")
+
+// killExec is DELETE /api/sessions/{id}/execs/{exec_id}: the command is
+// killed; its end follows on its stream.
+func (s *Server) killExec(w http.ResponseWriter, r *http.Request, check func(*http.Request) error) error {
+	if err := check(r); err != nil {
+		return err
+	}
+	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(ForwardedHeader) == "" {
+		return forward(w, r, url, s.opts.Replica)
+	}
+	if err := s.svc.Sessions.KillExec(r.Context(), r.PathValue("id"), r.PathValue("exec_id")); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, ExecStarted{ExecID: r.PathValue("exec_id")})
+	return nil
+}
+
+// streamExec writes exec execID's stream from byte from to the client
+// until the command's end or the client's leaving (which leaves the
+// command running). Quiet, it sends a heartbeat every execHeartbeat.
+func (s *Server) streamExec(w http.ResponseWriter, r *http.Request, id, execID string, from int64, follow bool) {
 	sse := strings.Contains(r.Header.Get("Accept"), "text/event-stream")
 	st := &execStream{w: w, sse: sse}
 	if sse {
@@ -232,14 +318,58 @@ func (s *Server) execSession(w http.ResponseWriter, r *http.Request, check func(
 		w.Header().Set("Content-Type", "application/x-ndjson")
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	// The command is checked and recorded before the first byte: errors
-	// before it runs are plain HTTP errors; after, they end the stream.
-	end, err := s.svc.Sessions.Exec(r.Context(), r.PathValue("id"), req, st.writer("stdout"), st.writer("stderr"))
-	if err != nil && !st.started() {
-		return err
+	offset := from
+	st.send(ExecChunk{Type: "started", ExecID: execID, Offset: &offset})
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	var last atomic.Int64 // the offset last sent
+	last.Store(from)
+	beat := time.NewTicker(execHeartbeat)
+	defer beat.Stop()
+	quiet := make(chan struct{}, 1)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-beat.C:
+				select {
+				case <-quiet:
+				default:
+					off := last.Load()
+					if st.send(ExecChunk{Type: "heartbeat", Offset: &off}) != nil {
+						cancel()
+						return
+					}
+				}
+			}
+		}
+	}()
+	end, err := s.svc.Sessions.ReadExec(ctx, id, execID, from, follow, func(o service.ExecOutput) error {
+		select {
+		case quiet <- struct{}{}: // not quiet: skip the next beat
+		default:
+		}
+		off := o.Offset
+		ch := ExecChunk{Type: o.Stream, Offset: &off}
+		switch {
+		case o.Stream == "gap":
+			ch.Missing = o.Bytes
+		case utf8.Valid(o.Data):
+			ch.Data = string(o.Data)
+		default:
+			ch.DataBase64 = base64.StdEncoding.EncodeToString(o.Data)
+		}
+		last.Store(o.Offset + o.Bytes)
+		return st.send(ch)
+	})
+	if err != nil || end == nil {
+		if r.Context().Err() == nil && err != nil {
+			s.log.Warn("an exec's stream ended early", "session_id", id, "exec_id", execID, "err", err)
+		}
+		return
 	}
-	st.send(ExecChunk{Type: "exit", SessionExecEnd: &end})
-	return nil
+	st.send(ExecChunk{Type: "exit", ExecID: end.ExecID, SessionExecEnd: end})
 }
 
 // execStream writes an exec's chunks to the client, flushing each.
@@ -275,26 +405,6 @@ func (st *execStream) send(c ExecChunk) error {
 		f.Flush()
 	}
 	return err
-}
-
-type chunkWriter struct {
-	st  *execStream
-	typ string
-}
-
-func (st *execStream) writer(typ string) *chunkWriter { return &chunkWriter{st: st, typ: typ} }
-
-func (c *chunkWriter) Write(p []byte) (int, error) {
-	ch := ExecChunk{Type: c.typ}
-	if utf8.Valid(p) {
-		ch.Data = string(p)
-	} else {
-		ch.DataBase64 = base64.StdEncoding.EncodeToString(p)
-	}
-	if err := c.st.send(ch); err != nil {
-		return 0, err
-	}
-	return len(p), nil
 }
 
 // WithToken returns a client like c that sends token instead (a session's
@@ -343,8 +453,11 @@ func (c *Client) DeleteSession(ctx context.Context, id string) (service.Session,
 	return s, err
 }
 
-// ExecSession runs a command in a session and calls fn with each chunk as
-// it arrives; it returns the command's end (the last chunk).
+// ExecSession runs a command in a session and calls fn with each chunk of
+// its output as it arrives, exactly once however often the stream breaks:
+// a stream that ends before the command's end is read on from the offset
+// it got to (GET .../execs/{exec_id}), for as long as reconnecting keeps
+// working within a minute. It returns the command's end.
 func (c *Client) ExecSession(ctx context.Context, id string, body ExecBody, fn func(ExecChunk) error) (service.SessionExecEnd, error) {
 	b, err := json.Marshal(body)
 	if err != nil {
@@ -354,26 +467,157 @@ func (c *Client) ExecSession(ctx context.Context, id string, body ExecBody, fn f
 	if err != nil {
 		return service.SessionExecEnd{}, err
 	}
-	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
+	var execID string
+	var next int64
+	var failing time.Time // when reconnecting started failing
+	for {
+		end, err := readExecStream(resp.Body, &execID, &next, fn)
+		resp.Body.Close()
+		if err == nil {
+			return end, nil
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return service.SessionExecEnd{ExecID: execID}, cerr
+		}
+		var fnErr *callbackError
+		if execID == "" || errors.As(err, &fnErr) {
+			if fnErr != nil {
+				err = fnErr.err
+			}
+			return service.SessionExecEnd{}, err
+		}
+		// Read on from where the stream broke, waiting a little between
+		// tries: the server may be restarting.
+		for {
+			if failing.IsZero() {
+				failing = time.Now()
+			}
+			resp, err = c.do(ctx, http.MethodGet, "/api/sessions/"+url.PathEscape(id)+"/execs/"+url.PathEscape(execID)+"?offset="+strconv.FormatInt(next, 10), nil, "application/x-ndjson")
+			if err == nil {
+				failing = time.Time{}
+				break
+			}
+			if ctx.Err() != nil || time.Since(failing) > time.Minute || errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrPermissionDenied) {
+				return service.SessionExecEnd{}, fmt.Errorf("read exec %s again from byte %d: %w", execID, next, err)
+			}
+			select {
+			case <-ctx.Done():
+				return service.SessionExecEnd{}, ctx.Err()
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// callbackError is an error of ExecSession's fn, which ends it.
+type callbackError struct{ err error }
+
+func (e *callbackError) Error() string { return e.err.Error() }
+
+// readExecStream reads one exec stream: the exec's id into execID, each
+// chunk of output from *next on to fn (a chunk partly before it cut), and
+// the end; an error when the stream breaks first.
+func readExecStream(body io.Reader, execID *string, next *int64, fn func(ExecChunk) error) (service.SessionExecEnd, error) {
+	dec := json.NewDecoder(body)
 	for {
 		var ch ExecChunk
 		if err := dec.Decode(&ch); err != nil {
-			if cerr := ctx.Err(); cerr != nil {
-				return service.SessionExecEnd{}, cerr
-			}
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
 			return service.SessionExecEnd{}, fmt.Errorf("read the exec's stream: %w", err)
 		}
-		if ch.Type == "exit" && ch.SessionExecEnd != nil {
-			return *ch.SessionExecEnd, nil
+		switch ch.Type {
+		case "started":
+			*execID = ch.ExecID
+			continue
+		case "heartbeat":
+			continue
+		case "exit":
+			if ch.SessionExecEnd != nil {
+				ch.SessionExecEnd.ExecID = ch.ExecID
+				return *ch.SessionExecEnd, nil
+			}
+			continue
+		}
+		if ch.Offset != nil {
+			n := int64(len(ch.Bytes()))
+			if ch.Type == "gap" {
+				n = ch.Missing
+			}
+			if *ch.Offset+n <= *next {
+				continue // had it
+			}
+			if cut := *next - *ch.Offset; cut > 0 {
+				b := ch.Bytes()[cut:]
+				ch.Data, ch.DataBase64 = "", base64.StdEncoding.EncodeToString(b)
+				if utf8.Valid(b) {
+					ch.Data, ch.DataBase64 = string(b), ""
+				}
+				off := *next
+				ch.Offset = &off
+			}
+			*next = *ch.Offset + n
 		}
 		if err := fn(ch); err != nil {
-			return service.SessionExecEnd{}, err
+			return service.SessionExecEnd{}, &callbackError{err}
 		}
 	}
+}
+
+// StartExec implements service.Sessions: a detached exec.
+func (s sessionClient) StartExec(ctx context.Context, id string, req service.SessionCommand) (string, error) {
+	body, err := execBody(req)
+	if err != nil {
+		return "", err
+	}
+	body.Detach = true
+	var r ExecStarted
+	err = s.c.call(ctx, http.MethodPost, "/api/sessions/"+url.PathEscape(id)+"/exec", body, &r)
+	return r.ExecID, err
+}
+
+// ReadExec implements service.Sessions over GET .../execs/{exec_id}.
+func (s sessionClient) ReadExec(ctx context.Context, id, execID string, from int64, follow bool, fn func(service.ExecOutput) error) (*service.SessionExecEnd, error) {
+	resp, err := s.c.do(ctx, http.MethodGet, "/api/sessions/"+url.PathEscape(id)+"/execs/"+url.PathEscape(execID)+"?offset="+strconv.FormatInt(from, 10)+"&follow="+strconv.FormatBool(follow), nil, "application/x-ndjson")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ch ExecChunk
+		if err := dec.Decode(&ch); err != nil {
+			if !follow && errors.Is(err, io.EOF) {
+				return nil, nil // what the server had; the command runs on
+			}
+			return nil, fmt.Errorf("read the exec's stream: %w", err)
+		}
+		switch ch.Type {
+		case "started", "heartbeat":
+		case "exit":
+			if ch.SessionExecEnd != nil {
+				ch.SessionExecEnd.ExecID = ch.ExecID
+			}
+			return ch.SessionExecEnd, nil
+		default:
+			o := service.ExecOutput{Stream: ch.Type, Data: ch.Bytes(), Bytes: int64(len(ch.Bytes()))}
+			if ch.Type == "gap" {
+				o.Data, o.Bytes = nil, ch.Missing
+			}
+			if ch.Offset != nil {
+				o.Offset = *ch.Offset
+			}
+			if err := fn(o); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// KillExec implements service.Sessions.
+func (s sessionClient) KillExec(ctx context.Context, id, execID string) error {
+	return s.c.call(ctx, http.MethodDelete, "/api/sessions/"+url.PathEscape(id)+"/execs/"+url.PathEscape(execID), nil, nil)
 }
 
 // Bytes is the chunk's output as bytes, whichever way it was sent.
@@ -420,47 +664,30 @@ func (s sessionClient) Delete(ctx context.Context, id string) error {
 	return err
 }
 
-// Exec sends req as an ExecBody: its timeout in whole seconds (rounded
-// up), its stdin read whole, which must be UTF-8 text (the body is JSON).
+// Exec runs req over ExecSession (execBody).
 func (s sessionClient) Exec(ctx context.Context, id string, req service.SessionCommand, stdout, stderr io.Writer) (service.SessionExecEnd, error) {
-	body := ExecBody{Cwd: req.Dir, TimeoutSeconds: int((req.Timeout + time.Second - 1) / time.Second)}
-	var err error
-	if req.Shell != "" {
-		body.Command, err = json.Marshal(req.Shell)
-	} else {
-		body.Command, err = json.Marshal(req.Command)
-	}
+	body, err := execBody(req)
 	if err != nil {
 		return service.SessionExecEnd{}, err
 	}
-	for _, kv := range req.Env {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return service.SessionExecEnd{}, errdefs.Field("env", "each entry must be NAME=value")
-		}
-		if body.Env == nil {
-			body.Env = map[string]string{}
-		}
-		body.Env[k] = v
-	}
-	if req.Stdin != nil {
-		in, err := io.ReadAll(req.Stdin)
-		if err != nil {
-			return service.SessionExecEnd{}, fmt.Errorf("read the command's stdin: %w", err)
-		}
-		if !utf8.Valid(in) {
-			return service.SessionExecEnd{}, errdefs.Field("stdin", "must be UTF-8 text over the HTTP API")
-		}
-		body.Stdin = string(in)
-	}
-	return s.c.ExecSession(ctx, id, body, func(ch ExecChunk) error {
+	end, err := s.c.ExecSession(ctx, id, body, func(ch ExecChunk) error {
 		w := stdout
 		if ch.Type == "stderr" {
 			w = stderr
 		}
+		if ch.Type == "gap" || w == nil {
+			return nil
+		}
 		_, err := w.Write(ch.Bytes())
 		return err
 	})
+	if err != nil && ctx.Err() != nil && end.ExecID != "" {
+		// The contract's Exec stops a command its caller left.
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		s.KillExec(kctx, id, end.ExecID)
+	}
+	return end, err
 }
 
 // ExecBounded runs workspace_exec over POST /api/sessions/{id}/exec,
@@ -512,4 +739,40 @@ func forward(w http.ResponseWriter, r *http.Request, base, self string) error {
 	}
 	proxy.ServeHTTP(w, r)
 	return failed
+}
+
+// execBody is req as an ExecBody: its timeout in whole seconds (rounded
+// up), its stdin read whole, which must be UTF-8 text (the body is JSON).
+func execBody(req service.SessionCommand) (ExecBody, error) {
+	body := ExecBody{Cwd: req.Dir, TimeoutSeconds: int((req.Timeout + time.Second - 1) / time.Second)}
+	var err error
+	if req.Shell != "" {
+		body.Command, err = json.Marshal(req.Shell)
+	} else {
+		body.Command, err = json.Marshal(req.Command)
+	}
+	if err != nil {
+		return body, err
+	}
+	for _, kv := range req.Env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return body, errdefs.Field("env", "each entry must be NAME=value")
+		}
+		if body.Env == nil {
+			body.Env = map[string]string{}
+		}
+		body.Env[k] = v
+	}
+	if req.Stdin != nil {
+		in, err := io.ReadAll(req.Stdin)
+		if err != nil {
+			return body, fmt.Errorf("read the command's stdin: %w", err)
+		}
+		if !utf8.Valid(in) {
+			return body, errdefs.Field("stdin", "must be UTF-8 text over the HTTP API")
+		}
+		body.Stdin = string(in)
+	}
+	return body, nil
 }

@@ -28,6 +28,16 @@ type Sessions interface {
 	// stdout and stderr, and records its start and end; a command still
 	// running when ctx ends is stopped.
 	Exec(ctx context.Context, id string, req SessionCommand, stdout, stderr io.Writer) (SessionExecEnd, error)
+	// StartExec starts a command in a running session and returns its
+	// exec id at once; the command runs on whatever becomes of the caller,
+	// its output kept (ReadExec) and its start and end recorded.
+	StartExec(ctx context.Context, id string, req SessionCommand) (string, error)
+	// ReadExec calls fn with exec execID's output from byte offset from
+	// on; with follow it waits for more until the command has ended. It
+	// returns the end, nil while the command runs.
+	ReadExec(ctx context.Context, id, execID string, from int64, follow bool, fn func(ExecOutput) error) (*SessionExecEnd, error)
+	// KillExec ends a running command of the session.
+	KillExec(ctx context.Context, id, execID string) error
 	// SetNetwork changes a running session's network policy, as
 	// Tasks.SetNetwork does a task's (req.TaskID unused).
 	SetNetwork(ctx context.Context, id string, req NetworkRequest) (Session, error)
@@ -120,8 +130,20 @@ type SessionCommand struct {
 	Dir     string   `json:"cwd,omitempty"`
 	Env     []string `json:"-"`
 	Stdin   io.Reader
-	// Timeout bounds the command; 0: until the client goes away.
+	// Timeout bounds the command; 0: none (Exec: until its caller goes
+	// away).
 	Timeout time.Duration
+}
+
+// ExecOutput is a part of an exec's output from byte Offset of the whole
+// (stdout and stderr in the order they came): Data of Stream "stdout" or
+// "stderr", or, for Stream "gap", Bytes the server does not have (output
+// past its limit, or lost while no server took it).
+type ExecOutput struct {
+	Stream string
+	Offset int64
+	Data   []byte
+	Bytes  int64
 }
 
 // SessionExecEnd is exec_ended's payload and an exec's answer.
@@ -132,8 +154,11 @@ type SessionExecEnd struct {
 	StdoutBytes int64  `json:"stdout_bytes"`
 	StderrBytes int64  `json:"stderr_bytes"`
 	Error       string `json:"error,omitempty"`
-	// Reason is "lost" for an exec the server's crash cut: its end was
-	// recorded by the next start, and its command ended with the
-	// connection to the session's agent.
+	// Reason is "lost" for an exec whose end no server saw: its command
+	// was gone when a server next reached the session's agent (the
+	// session ended, or the sandbox restarted).
 	Reason string `json:"reason,omitempty"`
+	// GapBytes are the bytes of its output the server does not have
+	// (past the exec's limit, or lost while no server took them).
+	GapBytes int64 `json:"gap_bytes,omitempty"`
 }

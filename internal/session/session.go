@@ -156,16 +156,22 @@ type Quota interface {
 // only the manager knows of it.
 type state struct {
 	Session
-	tokenHashes    []string          // the session's token's and its agent's
-	grants         map[string]string // tokens granted to tasks: hash -> task id
-	agentTokenHash string            // the exec agent's: the only one that may attach as it
-	dirRemoved     bool              // its own directory is gone (EventDirRemoved)
-	openExecs      map[string]bool   // execs started and not ended, by id
+	tokenHashes    []string            // the session's token's and its agent's
+	grants         map[string]string   // tokens granted to tasks: hash -> task id
+	agentTokenHash string              // the exec agent's: the only one that may attach as it
+	dirRemoved     bool                // its own directory is gone (EventDirRemoved)
+	openExecs      map[string]openExec // execs started and not ended, by id
 	handle         sandbox.Handle
 	running        int    // execs running now
 	netChanged     bool   // its network policy changed since its proxy here last took it
 	replica        string // the replica that runs it (cluster.Replica)
 	version        int64  // its stream's version folded: apply takes each event once
+}
+
+// openExec is an exec started and not ended, as its start recorded it.
+type openExec struct {
+	At      time.Time
+	Timeout time.Duration
 }
 
 // created is session_created's payload.
@@ -191,8 +197,9 @@ type Manager struct {
 	mu       sync.Mutex
 	sessions map[string]*state
 	agents   map[string]*execagent.Conn
-	attached chan struct{} // closed and replaced when an agent attaches
-	pos      int64         // the position up to which the log is folded (Start, Follow)
+	execs    map[string]*runningExec // the commands running in sessions run here, by exec id
+	attached chan struct{}           // closed and replaced when an agent attaches
+	pos      int64                   // the position up to which the log is folded (Start, Follow)
 }
 
 // New returns a Manager; Start folds the recorded sessions.
@@ -215,7 +222,7 @@ func New(opts Options, log *slog.Logger) *Manager {
 	if opts.Members == nil {
 		opts.Members = cluster.NewSolo(cluster.Replica{ID: cluster.NewID()})
 	}
-	return &Manager{opts: opts, log: log, sessions: map[string]*state{}, agents: map[string]*execagent.Conn{}, attached: make(chan struct{})}
+	return &Manager{opts: opts, log: log, sessions: map[string]*state{}, agents: map[string]*execagent.Conn{}, execs: map[string]*runningExec{}, attached: make(chan struct{})}
 }
 
 // Egress runs per-session egress proxies (taskrun's Egress, keyed by the
@@ -330,12 +337,12 @@ func (m *Manager) apply(e eventstore.Event) {
 			s.grants[g.TokenHash] = g.TaskID
 		}
 	case EventExecStart:
-		var p ExecEnd // its exec_id
+		var p execStarted
 		if s := m.sessions[id]; s != nil && json.Unmarshal(e.Data, &p) == nil {
 			if s.openExecs == nil {
-				s.openExecs = map[string]bool{}
+				s.openExecs = map[string]openExec{}
 			}
-			s.openExecs[p.ExecID] = true
+			s.openExecs[p.ExecID] = openExec{At: e.RecordedAt, Timeout: time.Duration(p.TimeoutSeconds) * time.Second}
 		}
 	case EventExecEnd:
 		if s := m.sessions[id]; s != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
 	"github.com/corral-dev/corral/internal/execagent/execagenttest"
+	"github.com/corral-dev/corral/internal/workspace"
 )
 
 // A token granted to a task reaches its session while the task runs and
@@ -144,7 +145,11 @@ func TestExecStartNotRecorded(t *testing.T) {
 // agent, run on this host, to it: a Manager whose Exec runs commands here.
 func agentSession(t *testing.T, store eventstore.Store) (*Manager, string) {
 	t.Helper()
-	m := New(Options{Store: store}, slog.New(slog.DiscardHandler))
+	data, err := workspace.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(Options{Store: store, Data: data}, slog.New(slog.DiscardHandler))
 	const id = "sess-01m8jbh60d7qh1g11cxcbgpmzh"
 	if err := m.append(context.Background(), id, EventCreated, created{Session: Session{ID: id, Status: StatusRunning}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken())}); err != nil {
 		t.Fatal(err)

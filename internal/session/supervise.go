@@ -3,7 +3,6 @@ package session
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -19,9 +18,6 @@ import (
 // their limits.
 func (m *Manager) Start(ctx context.Context) error {
 	if err := m.sync(ctx); err != nil {
-		return err
-	}
-	if err := m.closeLostExecs(ctx); err != nil {
 		return err
 	}
 	for _, s := range m.list() {
@@ -50,6 +46,9 @@ func (m *Manager) Start(ctx context.Context) error {
 			m.end(ctx, s.ID, "lost")
 		}
 	}
+	// The commands of the sessions that run on: their agents name them
+	// when they dial in again.
+	m.restoreExecs(ctx)
 	for name, rt := range m.opts.Placements.Sandboxes() {
 		if m.opts.Placements.Usable(name) == nil {
 			continue
@@ -163,41 +162,6 @@ func (m *Manager) runHere(id string) bool {
 	}
 	_, alive := m.opts.Members.Alive(s.replica)
 	return !alive
-}
-
-// closeLostExecs records the end of every exec a crash cut (started, never
-// ended) in the sessions ids names (every session this replica runs when
-// none): its command ended when the server's connection to the session's
-// agent did (the agent kills a connection's commands when it ends), so
-// each is lost, and said so.
-func (m *Manager) closeLostExecs(ctx context.Context, ids ...string) error {
-	m.mu.Lock()
-	lost := map[string][]string{}
-	for id, s := range m.sessions {
-		if len(ids) > 0 && !slices.Contains(ids, id) {
-			continue
-		}
-		for ex := range s.openExecs {
-			lost[id] = append(lost[id], ex)
-		}
-	}
-	m.mu.Unlock()
-	for id := range lost {
-		if m.runElsewhere(id) {
-			delete(lost, id) // its replica runs its execs
-		}
-	}
-	for id, execs := range lost {
-		slices.Sort(execs)
-		for _, ex := range execs {
-			end := ExecEnd{ExecID: ex, ExitCode: -1, Reason: "lost",
-				Error: "lost: the server stopped while it ran, and its command ended with the server's connection to the session"}
-			if err := m.append(ctx, id, EventExecEnd, end); err != nil {
-				return fmt.Errorf("record an exec the crash cut: %w", err)
-			}
-		}
-	}
-	return nil
 }
 
 // endOrphans ends, lost, each running session of a replica gone whose exec
@@ -386,6 +350,7 @@ func (m *Manager) endWith(ctx context.Context, id, reason string, cause error) {
 	if m.opts.Quota != nil && s.Workspace == "" {
 		m.opts.Quota.Release(ctx, id, ownDir(id))
 	}
+	m.endExecs(id, reason)
 	end := map[string]string{"reason": reason}
 	if cause != nil {
 		end["error"] = errdefs.Message(cause)

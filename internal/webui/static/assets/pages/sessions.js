@@ -96,7 +96,10 @@ export async function sessionPage(main, { signal, params }) {
       await readLines(r, (line) => {
         if (!line) return;
         const c = JSON.parse(line);
-        if (c.type === 'exit') {
+        if (c.type === 'started' || c.type === 'heartbeat') return;
+        if (c.type === 'gap') {
+          screen.append(h('span', { class: 'console-err' }, `[${c.bytes} bytes of output not kept]\n`));
+        } else if (c.type === 'exit') {
           screen.append(h('span', { class: 'console-exit' + (c.exit_code ? ' failed' : '') },
             `[exit ${c.exit_code}, ${fmtDuration(c.duration_ms)}${c.error ? ', ' + c.error : ''}]\n`));
         } else {
