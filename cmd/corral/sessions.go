@@ -16,7 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
-// cmdSessions is corral sessions [ls] | create | rm ID.
+// cmdSessions is corral sessions [ls] | create | rm ID | suspend ID | resume ID.
 func cmdSessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, args, fs, cf := subcommand("sessions", args, stderr)
 	var req service.CreateSessionRequest
@@ -80,8 +80,29 @@ func cmdSessions(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		fmt.Fprintf(stdout, "%s %s\n", s.ID, s.Status)
 		return nil
+	case "suspend", "resume":
+		if len(pos) != 1 {
+			return fmt.Errorf("give one session id: %w", errdefs.ErrInvalidArgument)
+		}
+		if sub == "resume" {
+			s, err := c.Sessions().Resume(ctx, pos[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "%s %s\n", s.ID, s.Status)
+			return nil
+		}
+		r, err := c.Sessions().Suspend(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		if cf.json {
+			return printJSON(stdout, r)
+		}
+		fmt.Fprintf(stdout, "%s %s: %s\n", r.Session.ID, r.Session.Status, r.Note)
+		return nil
 	}
-	return fmt.Errorf("unknown sessions command %q (ls, create, rm): %w", sub, errdefs.ErrInvalidArgument)
+	return fmt.Errorf("unknown sessions command %q (ls, create, rm, suspend, resume): %w", sub, errdefs.ErrInvalidArgument)
 }
 
 // cmdExec is corral exec SESSION -- CMD ARGS: the command's output

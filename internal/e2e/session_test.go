@@ -766,3 +766,70 @@ func TestExecClientReconnects(t *testing.T) {
 		t.Errorf("a quiet command's stream: %v; want started, heartbeat, stdout, exit", types)
 	}
 }
+
+// TestSessionSuspendResume: a suspended session holds no sandbox, keeps
+// its files and says its processes ended; it stays suspended through a
+// server killed with SIGKILL; a resume (or a command) brings it back on
+// the same directory, its token working, with a process started before
+// the suspend gone, as the answer said.
+func TestSessionSuspendResume(t *testing.T) {
+	t.Parallel()
+	data, srv := startKillable(t)
+	ctx := context.Background()
+	created := mustCreateSession(t, srv.client)
+	sc := srv.client.Sessions()
+	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo kept > f.txt; (sleep 300 >/dev/null 2>&1 &) ; echo started")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	// A command running through the suspend ends with it, lost.
+	running, err := sc.StartExec(ctx, created.SessionID, service.SessionCommand{Shell: "sleep 300"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the background process", func() bool { return countProcesses("sleep", "300") >= 2 })
+	r, err := sc.Suspend(ctx, created.SessionID)
+	if err != nil || r.Session.Status != service.SessionSuspended || r.MemoryKept || !strings.Contains(r.Note, "processes ended") {
+		t.Fatalf("suspend: %+v, %v; want suspended, memory not kept, and said so", r, err)
+	}
+	if n := countProcesses("sleep", "300"); n != 0 {
+		t.Errorf("%d of the session's processes run on while it is suspended", n)
+	}
+	if end, err := sc.ReadExec(ctx, created.SessionID, running, 0, true, func(service.ExecOutput) error { return nil }); err != nil || end == nil || end.Reason != "lost" || !strings.Contains(end.Error, "suspended") {
+		t.Errorf("the command the suspend cut: %+v, %v; want lost, saying why", end, err)
+	}
+	// Through a kill -9, still suspended.
+	addr := strings.TrimPrefix(srv.url, "http://")
+	srv.kill()
+	srv = startProcessAt(t, data, addr, "")
+	sc = srv.client.Sessions()
+	if s, err := srv.client.GetSession(ctx, created.SessionID); err != nil || s.Status != service.SessionSuspended {
+		t.Fatalf("after a restart: %+v, %v; want suspended", s, err)
+	}
+	// A command with the session's own token resumes it first.
+	var out strings.Builder
+	end, err := srv.client.WithToken(created.Token).ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("cat f.txt; pgrep -x sleep || echo no-old-process")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
+	if err != nil || end.ExitCode != 0 || out.String() != "kept\nno-old-process\n" {
+		t.Errorf("a command on the suspended session: %+v, %q, %v; want its file and none of its old processes", end, out.String(), err)
+	}
+	if s, err := srv.client.GetSession(ctx, created.SessionID); err != nil || s.Status != service.SessionRunning {
+		t.Errorf("after the command: %+v, %v; want running", s, err)
+	}
+	// Suspend and resume again by hand, the stream saying each.
+	if _, err := sc.Suspend(ctx, created.SessionID); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := sc.Resume(ctx, created.SessionID); err != nil || s.Status != service.SessionRunning {
+		t.Fatalf("resume: %+v, %v", s, err)
+	}
+	var types []string
+	srv.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
+		if e.StreamID == session.StreamID(created.SessionID) && (e.Type == session.EventSuspended || e.Type == session.EventResumed) {
+			types = append(types, e.Type)
+		}
+		return nil
+	})
+	if want := []string{session.EventSuspended, session.EventResumed, session.EventSuspended, session.EventResumed}; !slices.Equal(types, want) {
+		t.Errorf("the session's stream: %v, want %v", types, want)
+	}
+	srv.client.DeleteSession(ctx, created.SessionID)
+}

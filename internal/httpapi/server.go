@@ -241,6 +241,8 @@ func (s *Server) routes() {
 	m.Handle("GET /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
 		return s.readExec(w, r, s.sessionCaller)
 	}, 0))
+	m.Handle("POST /api/sessions/{id}/suspend", s.wrap(s.suspendSession, jsonBody))
+	m.Handle("POST /api/sessions/{id}/resume", s.wrap(s.resumeSession, jsonBody))
 	m.Handle("DELETE /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
 		return s.killExec(w, r, s.sessionCaller)
 	}, 0))

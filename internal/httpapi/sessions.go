@@ -287,7 +287,39 @@ func (s *Server) readExec(w http.ResponseWriter, r *http.Request, check func(*ht
 	return nil
 }
 
-// errStop ends a read early.
+// suspendSession is POST /api/sessions/{id}/suspend (and resume): on
+// the replica that runs the session.
+func (s *Server) suspendSession(w http.ResponseWriter, r *http.Request) error {
+	if err := s.sessionCaller(r); err != nil {
+		return err
+	}
+	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(ForwardedHeader) == "" {
+		return forward(w, r, url, s.opts.Replica)
+	}
+	res, err := s.svc.Sessions.Suspend(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+func (s *Server) resumeSession(w http.ResponseWriter, r *http.Request) error {
+	if err := s.sessionCaller(r); err != nil {
+		return err
+	}
+	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(ForwardedHeader) == "" {
+		return forward(w, r, url, s.opts.Replica)
+	}
+	sess, err := s.svc.Sessions.Resume(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sess)
+	return nil
+}
+
+// errStopRead ends a read early.
 var errStopRead = errors.New("stop")
 
 // killExec is DELETE /api/sessions/{id}/execs/{exec_id}: the command is
@@ -613,6 +645,20 @@ func (s sessionClient) ReadExec(ctx context.Context, id, execID string, from int
 			}
 		}
 	}
+}
+
+// Suspend implements service.Sessions.
+func (s sessionClient) Suspend(ctx context.Context, id string) (service.SessionSuspend, error) {
+	var r service.SessionSuspend
+	err := s.c.call(ctx, http.MethodPost, "/api/sessions/"+url.PathEscape(id)+"/suspend", struct{}{}, &r)
+	return r, err
+}
+
+// Resume implements service.Sessions.
+func (s sessionClient) Resume(ctx context.Context, id string) (service.Session, error) {
+	var r service.Session
+	err := s.c.call(ctx, http.MethodPost, "/api/sessions/"+url.PathEscape(id)+"/resume", struct{}{}, &r)
+	return r, err
 }
 
 // KillExec implements service.Sessions.

@@ -38,6 +38,11 @@ type Sessions interface {
 	ReadExec(ctx context.Context, id, execID string, from int64, follow bool, fn func(ExecOutput) error) (*SessionExecEnd, error)
 	// KillExec ends a running command of the session.
 	KillExec(ctx context.Context, id, execID string) error
+	// Suspend stops a running session's sandbox and keeps the rest for
+	// Resume, saying what it kept; Resume starts it again (a command on a
+	// suspended session resumes it first).
+	Suspend(ctx context.Context, id string) (SessionSuspend, error)
+	Resume(ctx context.Context, id string) (Session, error)
 	// SetNetwork changes a running session's network policy, as
 	// Tasks.SetNetwork does a task's (req.TaskID unused).
 	SetNetwork(ctx context.Context, id string, req NetworkRequest) (Session, error)
@@ -97,7 +102,7 @@ type Session struct {
 	NetworkAllow []string          `json:"network_allow"`
 	Workspace    string            `json:"workspace,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
-	Status       string            `json:"status"` // running | ended
+	Status       string            `json:"status"` // running | suspended | ended
 	EndReason    string            `json:"end_reason,omitempty"`
 	EndError     string            `json:"end_error,omitempty"` // what ended it, for a person, when it failed
 	CreatedAt    time.Time         `json:"created_at"`
@@ -108,10 +113,20 @@ type Session struct {
 	MaxLifetime  int               `json:"max_lifetime"`
 }
 
+// SessionSuspend answers a suspend: the session, and whether its
+// processes and memory come back with a resume (false: its files only),
+// said in Note.
+type SessionSuspend struct {
+	Session    Session `json:"session"`
+	MemoryKept bool    `json:"memory_kept"`
+	Note       string  `json:"note"`
+}
+
 // A session's statuses.
 const (
-	SessionRunning = "running"
-	SessionEnded   = "ended"
+	SessionRunning   = "running"
+	SessionSuspended = "suspended"
+	SessionEnded     = "ended"
 )
 
 // SessionTokenPrefix starts every session token, so the API can tell one used

@@ -150,46 +150,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 			m.opts.Writers.Release(req.Workspace, id)
 		}
 	}()
-	labels := map[string]string{sandbox.LabelManaged: "true", labelSession: "true"}
-	agentToken := newToken()
-	spec := sandbox.Spec{
-		ID:      id,
-		Image:   image,
-		Command: []string{workerproto.WorkerBinary, "worker", "session"},
-		Dir:     Dir,
-		// Its exec agent lives as long as the session: sized for the
-		// host's CPUs, it would hold every P's structures all that time.
-		Env: []string{workerproto.EnvSessionID + "=" + id, workerproto.EnvSessionToken + "=" + agentToken, workerproto.MaxProcsEnv(),
-			workerproto.EnvServerSocket + "=" + workerproto.ServerSocket(m.opts.Members.Self())},
-		Mounts: append([]sandbox.Mount{{Source: dir, Target: Dir, HostDir: req.Workspace != "" && !project.InDataRoot()}},
-			m.opts.Base.Mounts(false)...),
-		Limits:  limits,
-		Network: sandbox.NetworkNone,
-		Labels:  labels,
-	}
-	if network != task.NetworkNone {
-		// As for tasks: loopback only in the sandbox, and the agent relays
-		// 127.0.0.1:3128 to this session's proxy over a mounted socket.
-		hostDir, err := m.opts.Egress.Open(id, network, nil)
-		if err != nil {
-			return Session{}, "", fmt.Errorf("start the session's egress proxy: %w", err)
-		}
-		rel, err := filepath.Rel(m.opts.Data.Path(), hostDir)
-		if err != nil || !filepath.IsLocal(rel) {
-			m.opts.Egress.Close(id)
-			return Session{}, "", fmt.Errorf("the egress proxy's directory %s is not in the data root: %w", hostDir, errdefs.ErrFailedPrecondition)
-		}
-		spec.Network = sandbox.NetworkEgress
-		spec.Mounts = append(spec.Mounts, placement.EgressMount(filepath.ToSlash(rel)))
-		spec.Env = append(spec.Env, workerproto.EnvSessionEgress+"=1")
-		spec.Env = append(spec.Env, m.opts.Egress.SandboxEnv(network)...)
-	}
-	h, err := rt.Create(ctx, spec)
+	h, agentToken, err := m.startSandbox(ctx, rt, sandboxOf{id: id, image: image, network: network, dir: dir,
+		hostDir: req.Workspace != "" && !project.InDataRoot(), limits: limits})
 	if err != nil {
-		if network != task.NetworkNone {
-			m.opts.Egress.Close(id)
-		}
-		return Session{}, "", fmt.Errorf("start the session's sandbox: %w", err)
+		return Session{}, "", err
 	}
 	token := newToken()
 	now := m.opts.Now().UTC()
@@ -199,7 +163,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	s := Session{ID: id, Runtime: rtName, Image: image, Network: network, Workspace: req.Workspace, Labels: maps.Clone(req.Labels), Status: StatusRunning,
 		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second)}
 	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), AgentTokenHash: hashToken(agentToken), Handle: *h,
-		Replica: m.opts.Members.Self()}); err != nil {
+		Replica: m.opts.Members.Self(), Limits: &limits, Dir: dir, HostDir: req.Workspace != "" && !project.InDataRoot()}); err != nil {
 		rt.Destroy(context.WithoutCancel(ctx), id)
 		return Session{}, "", err
 	}
@@ -219,3 +183,59 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 // quotaTick is how often Reap looks for session directories due a quota
 // check; each is checked as soon as Quota asked.
 const quotaTick = 25 * time.Millisecond
+
+// sandboxOf is what a session's sandbox is made of.
+type sandboxOf struct {
+	id, image, network string
+	allow              []string // the session's own allowlist, nil: the server's
+	dir                string   // its directory, relative to the data root or (hostDir) a host path
+	hostDir            bool
+	limits             sandbox.Limits
+}
+
+// startSandbox starts a session's sandbox on rt (its egress proxy first,
+// with a network), with a new token for its exec agent; it returns the
+// sandbox's handle and that token.
+func (m *Manager) startSandbox(ctx context.Context, rt sandbox.Runtime, o sandboxOf) (*sandbox.Handle, string, error) {
+	labels := map[string]string{sandbox.LabelManaged: "true", labelSession: "true"}
+	agentToken := newToken()
+	spec := sandbox.Spec{
+		ID:      o.id,
+		Image:   o.image,
+		Command: []string{workerproto.WorkerBinary, "worker", "session"},
+		Dir:     Dir,
+		// Its exec agent lives as long as the session: sized for the
+		// host's CPUs, it would hold every P's structures all that time.
+		Env: []string{workerproto.EnvSessionID + "=" + o.id, workerproto.EnvSessionToken + "=" + agentToken, workerproto.MaxProcsEnv(),
+			workerproto.EnvServerSocket + "=" + workerproto.ServerSocket(m.opts.Members.Self())},
+		Mounts:  append([]sandbox.Mount{{Source: o.dir, Target: Dir, HostDir: o.hostDir}}, m.opts.Base.Mounts(false)...),
+		Limits:  o.limits,
+		Network: sandbox.NetworkNone,
+		Labels:  labels,
+	}
+	if o.network != task.NetworkNone {
+		// As for tasks: loopback only in the sandbox, and the agent relays
+		// 127.0.0.1:3128 to this session's proxy over a mounted socket.
+		hostDir, err := m.opts.Egress.Open(o.id, o.network, o.allow)
+		if err != nil {
+			return nil, "", fmt.Errorf("start the session's egress proxy: %w", err)
+		}
+		rel, err := filepath.Rel(m.opts.Data.Path(), hostDir)
+		if err != nil || !filepath.IsLocal(rel) {
+			m.opts.Egress.Close(o.id)
+			return nil, "", fmt.Errorf("the egress proxy's directory %s is not in the data root: %w", hostDir, errdefs.ErrFailedPrecondition)
+		}
+		spec.Network = sandbox.NetworkEgress
+		spec.Mounts = append(spec.Mounts, placement.EgressMount(filepath.ToSlash(rel)))
+		spec.Env = append(spec.Env, workerproto.EnvSessionEgress+"=1")
+		spec.Env = append(spec.Env, m.opts.Egress.SandboxEnv(o.network)...)
+	}
+	h, err := rt.Create(ctx, spec)
+	if err != nil {
+		if o.network != task.NetworkNone {
+			m.opts.Egress.Close(o.id)
+		}
+		return nil, "", fmt.Errorf("start the session's sandbox: %w", err)
+	}
+	return h, agentToken, nil
+}

@@ -76,6 +76,12 @@ func (m *Manager) StartExec(ctx context.Context, id string, req ExecRequest) (st
 	if err != nil {
 		return "", err
 	}
+	if s.Status == StatusSuspended {
+		// A command wakes its session first.
+		if s, err = m.Resume(ctx, id); err != nil {
+			return "", fmt.Errorf("resume the suspended session: %w", err)
+		}
+	}
 	if s.Status != StatusRunning {
 		return "", fmt.Errorf("session %s ended (%s): %w", id, s.EndReason, errdefs.ErrNotFound)
 	}
@@ -483,6 +489,12 @@ func (m *Manager) restoreExecs(ctx context.Context, ids ...string) {
 // endExecs records the end of every command of session id: the session
 // ended, and its commands with it.
 func (m *Manager) endExecs(id, reason string) {
+	m.endExecsWith(id, fmt.Sprintf("lost: the session ended (%s) while the command ran", reason))
+}
+
+// endExecsWith records the end of every command of session id, lost, for
+// why.
+func (m *Manager) endExecsWith(id, why string) {
 	m.mu.Lock()
 	var res []*runningExec
 	for _, re := range m.execs {
@@ -492,7 +504,7 @@ func (m *Manager) endExecs(id, reason string) {
 	}
 	m.mu.Unlock()
 	for _, re := range res {
-		m.finish(re, -1, "", fmt.Errorf("lost: the session ended (%s) while the command ran", reason), true)
+		m.finish(re, -1, "", errors.New(why), true)
 	}
 }
 

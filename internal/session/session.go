@@ -77,10 +77,11 @@ type (
 
 // Statuses, the token prefix and the sandbox's directory (see service).
 const (
-	StatusRunning = service.SessionRunning
-	StatusEnded   = service.SessionEnded
-	TokenPrefix   = service.SessionTokenPrefix
-	Dir           = service.SessionDir
+	StatusRunning   = service.SessionRunning
+	StatusSuspended = service.SessionSuspended
+	StatusEnded     = service.SessionEnded
+	TokenPrefix     = service.SessionTokenPrefix
+	Dir             = service.SessionDir
 )
 
 // Options configure a Manager.
@@ -165,7 +166,10 @@ type state struct {
 	running        int    // execs running now
 	netChanged     bool   // its network policy changed since its proxy here last took it
 	replica        string // the replica that runs it (cluster.Replica)
-	version        int64  // its stream's version folded: apply takes each event once
+	limits         *sandbox.Limits
+	dir            string // its directory (created's)
+	hostDir        bool
+	version        int64 // its stream's version folded: apply takes each event once
 }
 
 // openExec is an exec started and not ended, as its start recorded it.
@@ -181,6 +185,11 @@ type created struct {
 	AgentTokenHash string         `json:"agent_token_hash"`
 	Handle         sandbox.Handle `json:"handle"`
 	Replica        string         `json:"replica,omitempty"`
+	// Limits, Dir and HostDir are what a resume starts its sandbox with
+	// again (nil Limits, from a server before suspend: the defaults).
+	Limits  *sandbox.Limits `json:"limits,omitempty"`
+	Dir     string          `json:"dir,omitempty"`
+	HostDir bool            `json:"host_dir,omitempty"`
 }
 
 // adopted is session_adopted's payload.
@@ -317,7 +326,20 @@ func (m *Manager) apply(e eventstore.Event) {
 			return
 		}
 		m.sessions[id] = &state{Session: c.Session, tokenHashes: []string{c.TokenHash, c.AgentTokenHash}, agentTokenHash: c.AgentTokenHash, handle: c.Handle,
-			replica: c.Replica, version: 1}
+			replica: c.Replica, version: 1, limits: c.Limits, dir: c.Dir, hostDir: c.HostDir}
+	case EventSuspended:
+		if s := m.sessions[id]; s != nil {
+			s.Status, s.handle = StatusSuspended, sandbox.Handle{}
+		}
+	case EventResumed:
+		var r resumed
+		if s := m.sessions[id]; s != nil && json.Unmarshal(e.Data, &r) == nil {
+			// The old agent's token goes; the new one attaches.
+			s.tokenHashes = slices.DeleteFunc(s.tokenHashes, func(h string) bool { return h == s.agentTokenHash })
+			s.tokenHashes = append(s.tokenHashes, r.AgentTokenHash)
+			s.Status, s.agentTokenHash, s.handle, s.replica = StatusRunning, r.AgentTokenHash, r.Handle, r.Replica
+			s.LastUsedAt = e.RecordedAt
+		}
 	case EventAdopted:
 		var a adopted
 		if s := m.sessions[id]; s != nil && json.Unmarshal(e.Data, &a) == nil {

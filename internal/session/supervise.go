@@ -235,6 +235,10 @@ func (m *Manager) Reap(ctx context.Context) error {
 		m.endOrphans(ctx, orphaned)
 		now := m.opts.Now()
 		for _, s := range m.list() {
+			if s.Status == StatusSuspended && m.runHere(s.ID) && now.Sub(s.CreatedAt) > time.Duration(s.MaxLifetime)*time.Second {
+				m.end(ctx, s.ID, "max_lifetime")
+				continue
+			}
 			if s.Status != StatusRunning || !m.runHere(s.ID) {
 				continue
 			}
@@ -318,7 +322,7 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if s.Status == StatusRunning {
+	if s.Status == StatusRunning || s.Status == StatusSuspended {
 		m.end(ctx, id, "deleted")
 	}
 	return nil
@@ -330,7 +334,7 @@ func (m *Manager) end(ctx context.Context, id, reason string) { m.endWith(ctx, i
 // endWith is end, with the error that ended the session, if any.
 func (m *Manager) endWith(ctx context.Context, id, reason string, cause error) {
 	s, err := m.get(id)
-	if err != nil || s.Status != StatusRunning {
+	if err != nil || s.Status != StatusRunning && s.Status != StatusSuspended {
 		return
 	}
 	if p := m.opts.Placements.Usable(s.Runtime); p != nil {
