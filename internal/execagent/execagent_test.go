@@ -288,25 +288,23 @@ func TestExecTable(t *testing.T) {
 	}, dir, dir)
 }
 
-// TestCommandsOutliveTheConnection: the server's connection ends while a
-// command prints; the command runs on, and when the agent has dialled in
-// again and said so, the server gets the rest of its output from where it
-// was, every byte once, and its exit.
-func TestCommandsOutliveTheConnection(t *testing.T) {
+// agentOnSocket runs the agent dialling a unix socket served here; each
+// accept takes its next connection to a Conn over h.
+func agentOnSocket(t *testing.T) (accept func(h execagent.Handler) *execagent.Conn) {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "s.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		execagent.Run(ctx, execagenttest.DialSocket(sock), "/agent", "tok", []string{"PATH=/usr/bin:/bin"}, slog.New(slog.DiscardHandler))
 		close(done)
 	}()
-	defer func() { cancel(); <-done }()
-	accept := func() (net.Conn, *bufio.Reader) {
+	t.Cleanup(func() { cancel(); <-done; ln.Close() })
+	return func(h execagent.Handler) *execagent.Conn {
 		conn, err := ln.Accept()
 		if err != nil {
 			t.Fatal(err)
@@ -316,12 +314,21 @@ func TestCommandsOutliveTheConnection(t *testing.T) {
 			t.Fatal(err)
 		}
 		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+execagent.Upgrade+"\r\n\r\n")
-		return conn, br
+		c := execagent.NewConn(conn, br, h)
+		c.Serve()
+		t.Cleanup(func() { c.Close() })
+		return c
 	}
+}
+
+// TestCommandsOutliveTheConnection: the server's connection ends while a
+// command prints; the command runs on, and when the agent has dialled in
+// again and said so, the server gets the rest of its output from where it
+// was, every byte once, and its exit.
+func TestCommandsOutliveTheConnection(t *testing.T) {
+	accept := agentOnSocket(t)
 	m := &mem{execs: map[string]*memExec{}}
-	conn, br := accept()
-	m.c = execagent.NewConn(conn, br, m)
-	m.c.Serve()
+	m.c = accept(m)
 	id, e, err := m.start([]string{"/bin/sh", "-c", "i=0; while [ $i -lt 200 ]; do echo line $i; i=$((i+1)); sleep 0.005; done; exit 7"}, "/", nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -330,10 +337,7 @@ func TestCommandsOutliveTheConnection(t *testing.T) {
 	m.c.Close() // the server goes away mid-command
 	<-m.c.Done()
 	time.Sleep(300 * time.Millisecond)
-	conn, br = accept()
-	m.c = execagent.NewConn(conn, br, m)
-	m.c.Serve()
-	defer m.c.Close()
+	m.c = accept(m)
 	var end [2]any
 	select {
 	case end = <-e.exit:
@@ -359,32 +363,9 @@ func TestCommandsOutliveTheConnection(t *testing.T) {
 // TestUnknownCommandIsKilled: a command the server does not know after a
 // reconnect (one it has no record of) is killed and forgotten.
 func TestUnknownCommandIsKilled(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "s.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		execagent.Run(ctx, execagenttest.DialSocket(sock), "/agent", "tok", []string{"PATH=/usr/bin:/bin"}, slog.New(slog.DiscardHandler))
-		close(done)
-	}()
-	defer func() { cancel(); <-done }()
-	accept := func(m *mem) {
-		conn, err := ln.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		br := bufio.NewReader(conn)
-		http.ReadRequest(br)
-		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+execagent.Upgrade+"\r\n\r\n")
-		m.c = execagent.NewConn(conn, br, m)
-		m.c.Serve()
-	}
+	accept := agentOnSocket(t)
 	m := &mem{execs: map[string]*memExec{}}
-	accept(m)
+	m.c = accept(m)
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	if _, _, err := m.start([]string{"/bin/sh", "-c", "echo $$ > " + pidFile + "; exec sleep 30"}, "/", nil, nil); err != nil {
 		t.Fatal(err)
@@ -395,8 +376,6 @@ func TestUnknownCommandIsKilled(t *testing.T) {
 		}
 	}
 	m.c.Close()
-	fresh := &mem{execs: map[string]*memExec{}} // a server that knows nothing of it
-	accept(fresh)
-	defer fresh.c.Close()
+	accept(&mem{execs: map[string]*memExec{}}) // a server that knows nothing of it
 	waitGone(t, pidFile, 0)
 }

@@ -214,15 +214,8 @@ func (s *Server) answerSession(w http.ResponseWriter, r *http.Request, act func(
 // stdout|stderr|exit) with Accept: text/event-stream. A client that goes
 // away stops the command.
 func (s *Server) execSession(w http.ResponseWriter, r *http.Request, check func(*http.Request) error) error {
-	if err := check(r); err != nil {
+	if forwarded, err := s.onSessionReplica(w, r, check); forwarded || err != nil {
 		return err
-	}
-	// A session runs on the replica holding its exec agent: a command for
-	// one that runs on another goes there, once (a replica that finds the
-	// session moved again answers for itself), with the caller's
-	// credential, which that replica checks again.
-	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(ForwardedHeader) == "" {
-		return forward(w, r, url, s.opts.Replica)
 	}
 	b, err := decodeBody[ExecBody](s, r)
 	if err != nil {
@@ -263,11 +256,8 @@ func (s *Server) execSession(w http.ResponseWriter, r *http.Request, check func(
 // end; with follow=false, only what the server has now (an exit line if
 // the command has ended).
 func (s *Server) readExec(w http.ResponseWriter, r *http.Request, check func(*http.Request) error) error {
-	if err := check(r); err != nil {
+	if forwarded, err := s.onSessionReplica(w, r, check); forwarded || err != nil {
 		return err
-	}
-	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(ForwardedHeader) == "" {
-		return forward(w, r, url, s.opts.Replica)
 	}
 	var from int64
 	if v := r.URL.Query().Get("offset"); v != "" {
@@ -287,14 +277,26 @@ func (s *Server) readExec(w http.ResponseWriter, r *http.Request, check func(*ht
 	return nil
 }
 
+// onSessionReplica checks the caller of a session's route, then sends the
+// request to the replica that runs the session if another does (it holds
+// the session's exec agent), once (a replica that finds the session moved
+// again answers for itself), with the caller's credential, which that
+// replica checks again; forwarded says it did.
+func (s *Server) onSessionReplica(w http.ResponseWriter, r *http.Request, check func(*http.Request) error) (forwarded bool, err error) {
+	if err := check(r); err != nil {
+		return false, err
+	}
+	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(ForwardedHeader) == "" {
+		return true, forward(w, r, url, s.opts.Replica)
+	}
+	return false, nil
+}
+
 // suspendSession is POST /api/sessions/{id}/suspend (and resume): on
 // the replica that runs the session.
 func (s *Server) suspendSession(w http.ResponseWriter, r *http.Request) error {
-	if err := s.sessionCaller(r); err != nil {
+	if forwarded, err := s.onSessionReplica(w, r, s.sessionCaller); forwarded || err != nil {
 		return err
-	}
-	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(ForwardedHeader) == "" {
-		return forward(w, r, url, s.opts.Replica)
 	}
 	res, err := s.svc.Sessions.Suspend(r.Context(), r.PathValue("id"))
 	if err != nil {
@@ -305,11 +307,8 @@ func (s *Server) suspendSession(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) resumeSession(w http.ResponseWriter, r *http.Request) error {
-	if err := s.sessionCaller(r); err != nil {
+	if forwarded, err := s.onSessionReplica(w, r, s.sessionCaller); forwarded || err != nil {
 		return err
-	}
-	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(ForwardedHeader) == "" {
-		return forward(w, r, url, s.opts.Replica)
 	}
 	sess, err := s.svc.Sessions.Resume(r.Context(), r.PathValue("id"))
 	if err != nil {
@@ -325,11 +324,8 @@ var errStopRead = errors.New("stop")
 // killExec is DELETE /api/sessions/{id}/execs/{exec_id}: the command is
 // killed; its end follows on its stream.
 func (s *Server) killExec(w http.ResponseWriter, r *http.Request, check func(*http.Request) error) error {
-	if err := check(r); err != nil {
+	if forwarded, err := s.onSessionReplica(w, r, check); forwarded || err != nil {
 		return err
-	}
-	if url, ok := s.opts.SessionGate.Forward(r.PathValue("id")); ok && r.Header.Get(ForwardedHeader) == "" {
-		return forward(w, r, url, s.opts.Replica)
 	}
 	if err := s.svc.Sessions.KillExec(r.Context(), r.PathValue("id"), r.PathValue("exec_id")); err != nil {
 		return err
