@@ -246,6 +246,7 @@ func (a *App) open(ctx context.Context) error {
 		MaxSessions: cfg.Sessions.MaxSessions,
 		IdleTimeout: time.Duration(cfg.Sessions.IdleTimeout),
 		MaxLifetime: time.Duration(cfg.Sessions.MaxLifetime),
+		IdleSuspend: cfg.Sessions.IdleAction == config.IdleSuspend,
 		TaskEnded: func(id string) bool {
 			st, _, ok := a.tasks.Status(id)
 			return !ok || st.Terminal()

@@ -305,7 +305,18 @@ type Sessions struct {
 	// bounds.
 	IdleTimeout Duration `yaml:"idle_timeout"`
 	MaxLifetime Duration `yaml:"max_lifetime"`
+	// IdleAction is what becomes of an idle session (no command running,
+	// no output, for its idle timeout): "delete" (the default: no runtime
+	// keeps a session's memory yet, so a suspend would end its processes
+	// all the same) ends it; "suspend" keeps its files for a resume.
+	IdleAction string `yaml:"idle_action"`
 }
+
+// Idle actions.
+const (
+	IdleDelete  = "delete"
+	IdleSuspend = "suspend"
+)
 
 // Workspaces configures the named workspaces workspace tasks work in.
 type Workspaces struct {
@@ -534,7 +545,7 @@ func Default() *Config {
 		Docker:     Docker{Host: "unix:///var/run/docker.sock"},
 		Kubernetes: Kubernetes{SecretName: "ai-worker-secrets", PullPolicy: "IfNotPresent"},
 		Execution:  Execution{Enabled: true, Timeout: 60, MaxOutputSize: mustSize("1MiB")},
-		Sessions:   Sessions{MaxSessions: 8, IdleTimeout: Duration(30 * time.Minute), MaxLifetime: Duration(8 * time.Hour)},
+		Sessions:   Sessions{MaxSessions: 8, IdleTimeout: Duration(30 * time.Minute), MaxLifetime: Duration(8 * time.Hour), IdleAction: IdleDelete},
 		Egress: Egress{
 			// SPEC §4: the model providers' API hosts, through the proxy.
 			Mode:      "allowlist",

@@ -833,3 +833,28 @@ func TestSessionSuspendResume(t *testing.T) {
 	}
 	srv.client.DeleteSession(ctx, created.SessionID)
 }
+
+// TestIdleSessionSuspended: with sessions.idle_action suspend, a session
+// idle past its timeout is suspended, not ended, and comes back with its
+// files on the next command.
+func TestIdleSessionSuspended(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, func(c *config.Config) { c.Sessions.IdleAction = config.IdleSuspend })
+	ctx := context.Background()
+	created, err := s.client.CreateSession(ctx, service.CreateSessionRequest{IdleTimeout: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo kept > f.txt")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the idle session suspended", func() bool {
+		got, err := s.client.GetSession(ctx, created.SessionID)
+		return err == nil && got.Status == service.SessionSuspended
+	})
+	var out strings.Builder
+	if _, err := s.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("cat f.txt")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || out.String() != "kept\n" {
+		t.Errorf("a command on the idle-suspended session: %q, %v", out.String(), err)
+	}
+	s.client.DeleteSession(ctx, created.SessionID)
+}

@@ -556,6 +556,11 @@ func (h *agentHandler) Output(id string, fd int, off int64, data []byte) int64 {
 	if re == nil {
 		return 0
 	}
+	h.m.mu.Lock()
+	if s := h.m.sessions[h.session]; s != nil {
+		s.lastOutput = h.m.opts.Now()
+	}
+	h.m.mu.Unlock()
 	if err := re.log.Append(fd, off, data); err != nil && !errors.Is(err, execlog.ErrEnded) {
 		h.m.log.Warn("cannot keep a command's output", "session_id", h.session, "exec_id", id, "err", err)
 		return 0

@@ -119,6 +119,8 @@ type Options struct {
 	Limits sandbox.Limits
 	// MaxSessions bounds the sessions that run at once (429 past it).
 	MaxSessions int
+	// IdleSuspend suspends an idle session instead of ending it.
+	IdleSuspend bool
 	// IdleTimeout and MaxLifetime are a session's when it gives none, and
 	// their upper bounds.
 	IdleTimeout, MaxLifetime time.Duration
@@ -167,6 +169,7 @@ type state struct {
 	netChanged     bool   // its network policy changed since its proxy here last took it
 	replica        string // the replica that runs it (cluster.Replica)
 	limits         *sandbox.Limits
+	lastOutput     time.Time // when a command last printed (here)
 	dir            string // its directory (created's)
 	hostDir        bool
 	version        int64 // its stream's version folded: apply takes each event once

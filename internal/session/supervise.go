@@ -244,11 +244,22 @@ func (m *Manager) Reap(ctx context.Context) error {
 			}
 			m.mu.Lock()
 			busy := m.sessions[s.ID].running > 0
+			// Output keeps a session awake too: a background job that
+			// prints (through a command that runs on) is use.
+			used := s.LastUsedAt
+			if out := m.sessions[s.ID].lastOutput; out.After(used) {
+				used = out
+			}
 			m.mu.Unlock()
 			switch {
 			case now.Sub(s.CreatedAt) > time.Duration(s.MaxLifetime)*time.Second:
 				m.end(ctx, s.ID, "max_lifetime")
-			case !busy && now.Sub(s.LastUsedAt) > time.Duration(s.IdleTimeout)*time.Second:
+			case !busy && now.Sub(used) > time.Duration(s.IdleTimeout)*time.Second && m.opts.IdleSuspend:
+				if _, err := m.Suspend(ctx, s.ID); err != nil {
+					m.log.Warn("cannot suspend an idle session; it is ended", "session_id", s.ID, "err", err)
+					m.end(ctx, s.ID, "idle_timeout")
+				}
+			case !busy && now.Sub(used) > time.Duration(s.IdleTimeout)*time.Second:
 				m.end(ctx, s.ID, "idle_timeout")
 			}
 		}
