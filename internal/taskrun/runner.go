@@ -402,7 +402,7 @@ func (o *Runner) Collect(ctx context.Context, t task.Task, exit *sandbox.ExitSta
 		if st.CostUSD > 0 && st.CostUSD < 1e6 {
 			c.CostUSD = st.CostUSD
 		}
-		if d := st.DurationSeconds; d > 0 {
+		if d := float64(st.DurationMS) / 1000; d > 0 {
 			c.DurationSeconds = &d
 		}
 		if vanished {

@@ -83,7 +83,7 @@ func checkCompletion(t *testing.T, srv *server, st workerproto.Status) {
 	}
 	want := webhook.Completion{
 		EventType: webhook.EventWorkerCompleted, Source: "local", TaskID: "task-1", Status: st.Status,
-		DurationSeconds: st.DurationSeconds, ExitCode: st.ExitCode, OutputFiles: names, ErrorMessage: st.ErrorMessage,
+		DurationSeconds: float64(st.DurationMS) / 1000, ExitCode: st.ExitCode, OutputFiles: names, ErrorMessage: st.ErrorMessage,
 		WebhookID: c.WebhookID, Timestamp: c.Timestamp,
 	}
 	if diff := cmp.Diff(want, c, cmpopts.EquateEmpty()); diff != "" {

@@ -123,7 +123,7 @@ func workerExit(st workerproto.Status) int {
 func finish(st *workerproto.Status, opts Options, code int, msg string) {
 	end := opts.Now()
 	st.CompletedAt = end
-	st.DurationSeconds = seconds(end.Sub(st.StartedAt))
+	st.DurationSeconds, st.DurationMS = durations(end.Sub(st.StartedAt))
 	st.ExitCode = code
 	st.Status = "failed"
 	st.ErrorMessage = msg
@@ -131,7 +131,8 @@ func finish(st *workerproto.Status, opts Options, code int, msg string) {
 	st.CompletedAt = st.CompletedAt.UTC().Truncate(time.Second)
 }
 
-func seconds(d time.Duration) float64 { return math.Round(d.Seconds()*1000) / 1000 }
+// durations are d in whole seconds (rounded) and in milliseconds.
+func durations(d time.Duration) (int64, int64) { return int64(math.Round(d.Seconds())), d.Milliseconds() }
 
 // deliver POSTs st as the completion webhook, with the progress no report
 // took, if a URL is set. After a stop signal it gets Grace to try, since
@@ -153,7 +154,7 @@ func deliver(ctx context.Context, opts Options, st workerproto.Status, progress 
 		Source:          opts.Source,
 		TaskID:          opts.TaskID,
 		Status:          st.Status,
-		DurationSeconds: st.DurationSeconds,
+		DurationSeconds: float64(st.DurationMS) / 1000,
 		ExitCode:        st.ExitCode,
 		OutputFiles:     names,
 		ErrorMessage:    st.ErrorMessage,
@@ -360,7 +361,7 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 	r.log.Info("agent exited", "exit_code", code, "stopped", stopped)
 
 	st.CompletedAt = end
-	st.DurationSeconds = seconds(end.Sub(st.StartedAt))
+	st.DurationSeconds, st.DurationMS = durations(end.Sub(st.StartedAt))
 	st.StartedAt = st.StartedAt.UTC().Truncate(time.Second)
 	st.CompletedAt = end.UTC().Truncate(time.Second)
 	st.ExitCode = code

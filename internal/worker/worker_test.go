@@ -108,15 +108,15 @@ echo "a warning" >&2
 		Summary: "working\ndone: 3 files",
 	}
 	got := st
-	got.StartedAt, got.CompletedAt, got.DurationSeconds = time.Time{}, time.Time{}, 0
+	got.StartedAt, got.CompletedAt, got.DurationSeconds, got.DurationMS = time.Time{}, time.Time{}, 0, 0
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("status (-want +got):\n%s", diff)
 	}
 	if st.StartedAt.Before(before) || st.CompletedAt.After(after) || st.CompletedAt.Before(st.StartedAt) {
 		t.Errorf("times %s .. %s outside the run %s .. %s", st.StartedAt, st.CompletedAt, before, after)
 	}
-	if st.DurationSeconds <= 0 || st.DurationSeconds > after.Sub(before).Seconds()+1 {
-		t.Errorf("duration_seconds = %v", st.DurationSeconds)
+	if st.DurationMS <= 0 || st.DurationMS > after.Sub(before).Milliseconds()+1 || st.DurationSeconds != (st.DurationMS+500)/1000 {
+		t.Errorf("duration_seconds = %v, duration_ms = %v", st.DurationSeconds, st.DurationMS)
 	}
 	if got := mustReadFile(t, filepath.Join(dir, "output", "prompt-copy.txt")); got != testPrompt {
 		t.Errorf("agent's stdin was %q, want the prompt", got)
@@ -138,7 +138,7 @@ echo "a warning" >&2
 	for k := range m {
 		keys = append(keys, k)
 	}
-	wantKeys := []string{"completed_at", "duration_seconds", "error_message", "exit_code", "logs_truncated", "output_files", "started_at", "status", "summary"}
+	wantKeys := []string{"completed_at", "duration_ms", "duration_seconds", "error_message", "exit_code", "logs_truncated", "output_files", "started_at", "status", "summary"}
 	if diff := cmp.Diff(wantKeys, keys, cmp.Transformer("sort", func(s []string) []string {
 		s = append([]string(nil), s...)
 		sort.Strings(s)
@@ -396,9 +396,21 @@ func TestReadStatusRejects(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := workerproto.Status{Status: "failed", StartedAt: time.Date(2025, 1, 25, 10, 0, 0, 0, time.UTC), CompletedAt: time.Date(2025, 1, 25, 10, 2, 25, 0, time.UTC),
-		DurationSeconds: 145, ExitCode: 2, OutputFiles: []workerproto.OutputFile{{Name: "a.png", Size: 3, Type: "image/png"}}, Summary: "s", ErrorMessage: "boom", LogsTruncated: true}
+		DurationSeconds: 145, DurationMS: 145000, ExitCode: 2, OutputFiles: []workerproto.OutputFile{{Name: "a.png", Size: 3, Type: "image/png"}}, Summary: "s", ErrorMessage: "boom", LogsTruncated: true}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("status (-want +got):\n%s", diff)
+	}
+	// As SPEC §6 writes it, and as workers before 2026-11-29 did: a
+	// fraction of a second, no duration_ms.
+	for in, want := range map[string][2]int64{`"duration_seconds":145,"duration_ms":145210`: {145, 145210}, `"duration_seconds":2.5`: {3, 2500}} {
+		write(`{"status":"success","started_at":"2025-01-25T10:00:00Z","completed_at":"2025-01-25T10:02:25Z",` + in + `,"exit_code":0,"output_files":[],"summary":"","error_message":null,"logs_truncated":false}`)
+		got, err := workerproto.ReadStatus(root, 1024)
+		if err != nil || got.DurationSeconds != want[0] || got.DurationMS != want[1] {
+			t.Errorf("%s: read %d s, %d ms, %v; want %v", in, got.DurationSeconds, got.DurationMS, err, want)
+		}
+	}
+	if b, _ := json.Marshal(workerproto.Status{Status: "success", DurationSeconds: 145, DurationMS: 145210}); !strings.Contains(string(b), `"duration_seconds":145,"duration_ms":145210,`) {
+		t.Errorf("status.json as written: %s", b)
 	}
 }
 

@@ -3,6 +3,7 @@ package workerproto
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"time"
 
@@ -17,7 +18,10 @@ type Status struct {
 	Status          string       `json:"status"` // "success" or "failed"
 	StartedAt       time.Time    `json:"started_at"`
 	CompletedAt     time.Time    `json:"completed_at"`
-	DurationSeconds float64      `json:"duration_seconds"`
+	// DurationSeconds is the run time in whole seconds (rounded),
+	// DurationMS in milliseconds (SPEC §6).
+	DurationSeconds int64        `json:"duration_seconds"`
+	DurationMS      int64        `json:"duration_ms"`
 	ExitCode        int          `json:"exit_code"`
 	OutputFiles     []OutputFile `json:"output_files"`
 	Summary         string       `json:"summary"`
@@ -65,6 +69,32 @@ func (s Status) MarshalJSON() ([]byte, error) {
 	return json.Marshal(out)
 }
 
+// UnmarshalJSON reads a status, taking a duration_seconds with a fraction
+// too (as workers before 2026-11-29 wrote it; duration_ms then from it).
+func (s *Status) UnmarshalJSON(b []byte) error {
+	type plain Status
+	var in struct {
+		plain
+		DurationSeconds json.Number `json:"duration_seconds"`
+	}
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	*s = Status(in.plain)
+	if in.DurationSeconds == "" {
+		return nil
+	}
+	f, err := in.DurationSeconds.Float64()
+	if err != nil {
+		return fmt.Errorf("duration_seconds: %w", err)
+	}
+	s.DurationSeconds = int64(math.Round(f))
+	if s.DurationMS == 0 {
+		s.DurationMS = int64(math.Round(f * 1000))
+	}
+	return nil
+}
+
 // ReadStatus reads and checks status.json beneath root, the task directory,
 // reading at most maxBytes. A missing file returns an error wrapping
 // errdefs.ErrNotFound; a symbolic link, errdefs.ErrPermissionDenied (the
@@ -82,6 +112,9 @@ func ReadStatus(root *os.Root, maxBytes int64) (Status, error) {
 	var s Status
 	if err := json.Unmarshal(data, &s); err != nil {
 		return Status{}, fmt.Errorf("decode %s: %v: %w", StatusFile, err, errdefs.ErrInvalidArgument)
+	}
+	if s.DurationMS < 0 {
+		return Status{}, fmt.Errorf("decode %s: negative duration_ms: %w", StatusFile, errdefs.ErrInvalidArgument)
 	}
 	switch s.Status {
 	case "success", "failed", "timeout", "cancelled":
