@@ -120,7 +120,7 @@ func TestRunSendsTheTaskSettings(t *testing.T) {
 		TaskDescription: "count the rows", Command: []string{"wc", "-l"}, Agent: "command", ContextFiles: []string{"data/a.csv"},
 		Runtime: "gvisor", Image: "python:3.13", Network: "open",
 		Resources:      &service.ResourceRequest{MemoryLimit: "2Gi", CPULimit: "500m", PidsLimit: 64},
-		TimeoutMinutes: 120, Labels: map[string]string{"team": "data", "ticket": "42"}, ConversationID: "conv-1",
+		TimeoutMinutes: new(120), Labels: map[string]string{"team": "data", "ticket": "42"}, ConversationID: "conv-1",
 		DocumentIDs: []string{"doc-1"}, NoteQuery: "budget",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

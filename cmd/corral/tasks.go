@@ -36,7 +36,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&req.Model, "model", "", "model name for the agent")
 	fs.Func("timeout", "the task's time limit: minutes, or a duration such as 90m or 2h (default: the server's)", func(v string) error {
 		n, err := timeoutMinutes(v)
-		req.TimeoutMinutes = n
+		req.TimeoutMinutes = &n
 		return err
 	})
 	fs.StringVar(&req.Runtime, "runtime", "", "where the worker runs: local, gvisor, docker or kubernetes (default: the server's)")

@@ -87,7 +87,7 @@ func TestTimeoutKillsTheTree(t *testing.T) {
 	t.Parallel()
 	s := MustStart(t, nil)
 	tk := mustSpawn(t, s.client, service.SpawnRequest{
-		TaskDescription: "sleep past the timeout", TimeoutMinutes: 1,
+		TaskDescription: "sleep past the timeout", TimeoutMinutes: new(1),
 		Command: []string{"sh", "-c", "sleep 1001 & sleep 1001"},
 	})
 	s.waitStatus(t, tk.ID, task.Running, 20*time.Second)

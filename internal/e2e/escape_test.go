@@ -410,7 +410,7 @@ func testForkBomb(t *testing.T, rt escapeRuntime) {
 	// seconds, so that each counts only its own sleeps.
 	secs := strconv.Itoa(2000 + slices.IndexFunc(escapeRuntimes, func(r escapeRuntime) bool { return r.name == rt.name }))
 	tk := mustSpawn(t, s.client, service.SpawnRequest{
-		TaskDescription: "fork bomb", Agent: "command", Runtime: rt.runtime, TimeoutMinutes: 5,
+		TaskDescription: "fork bomb", Agent: "command", Runtime: rt.runtime, TimeoutMinutes: new(5),
 		// bash, unlike dash, survives a failed fork and keeps trying.
 		Command:   []string{"bash", "-c", "while :; do sleep " + secs + " & done"},
 		Resources: &service.ResourceRequest{PidsLimit: pids, CPULimit: "500m"},
@@ -463,7 +463,7 @@ func testForkBomb(t *testing.T, rt escapeRuntime) {
 func testMemoryBomb(t *testing.T, rt escapeRuntime) {
 	s := MustStart(t, rt.config(t))
 	tk := mustSpawn(t, s.client, service.SpawnRequest{
-		TaskDescription: "memory bomb", Agent: "command", Runtime: rt.runtime, TimeoutMinutes: 2,
+		TaskDescription: "memory bomb", Agent: "command", Runtime: rt.runtime, TimeoutMinutes: new(2),
 		// The shell holds 400 MB of "a" in a variable.
 		Command:   []string{"sh", "-c", `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo survived ${#x} > output/survived.txt`},
 		Resources: &service.ResourceRequest{MemoryLimit: "64Mi"},

@@ -83,7 +83,7 @@ func TestKubernetesTasks(t *testing.T) {
 			ctx := context.Background()
 			spawn := func(script string, timeout int) string {
 				tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "on kubernetes", Agent: "command", Runtime: "kubernetes",
-					Command: []string{"sh", "-c", script}, TimeoutMinutes: timeout})
+					Command: []string{"sh", "-c", script}, TimeoutMinutes: new(timeout)})
 				return tk.ID
 			}
 			if err := os.WriteFile(filepath.Join(s.data, "shared", "hello.txt"), []byte("hello from shared\n"), 0o644); err != nil {

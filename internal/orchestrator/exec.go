@@ -65,7 +65,7 @@ func (o *Orchestrator) Execute(ctx context.Context, req service.ExecRequest) (se
 		Agent:           task.AgentCommand,
 		// The working directory is an argument, never part of the script.
 		Command:        []string{"/bin/sh", "-c", `cd -- "$1" && exec /bin/sh -c "$2"`, "sh", req.WorkingDir, req.Command},
-		TimeoutMinutes: int((timeout + time.Minute - 1) / time.Minute),
+		TimeoutMinutes: new(int((timeout + time.Minute - 1) / time.Minute)),
 		Runtime:        req.Runtime,
 		Image:          req.Image,
 		Network:        network,

@@ -179,8 +179,9 @@ func TestSpawnValidation(t *testing.T) {
 		{"command with claude", with(func(r *service.SpawnRequest) { r.Agent = task.AgentClaude; r.Command = []string{"ls"} }), "command", nil},
 		{"command with model gemini", with(func(r *service.SpawnRequest) { r.Model = "gemini"; r.Command = []string{"ls"} }), "command", nil},
 		{"empty program", with(func(r *service.SpawnRequest) { r.Command = []string{" "} }), "command[0]", nil},
-		{"timeout 121", with(func(r *service.SpawnRequest) { r.TimeoutMinutes = 121 }), "timeout_minutes", nil},
-		{"timeout -1", with(func(r *service.SpawnRequest) { r.TimeoutMinutes = -1 }), "timeout_minutes", nil},
+		{"timeout 121", with(func(r *service.SpawnRequest) { r.TimeoutMinutes = new(121) }), "timeout_minutes", nil},
+		{"timeout -1", with(func(r *service.SpawnRequest) { r.TimeoutMinutes = new(-1) }), "timeout_minutes", nil},
+		{"timeout 0", with(func(r *service.SpawnRequest) { r.TimeoutMinutes = new(0) }), "timeout_minutes", nil},
 		{"unknown runtime", with(func(r *service.SpawnRequest) { r.Runtime = "nope" }), "runtime", nil},
 		{"unavailable runtime", with(func(r *service.SpawnRequest) { r.Runtime = "gvisor" }), "runtime", errdefs.ErrFailedPrecondition},
 		{"image with local", with(func(r *service.SpawnRequest) { r.Image = "alpine" }), "image", nil},
@@ -235,7 +236,7 @@ func TestSpawnReportsEveryProblem(t *testing.T) {
 	_, _, err := f.o.Spawn(context.Background(), service.SpawnRequest{
 		TaskDescription: "",
 		Agent:           "gpt",
-		TimeoutMinutes:  500,
+		TimeoutMinutes:  new(500),
 		Network:         "open",
 		ContextFiles:    []string{"../x"},
 	})
@@ -254,15 +255,15 @@ func TestSpawnDefaultsAndAgents(t *testing.T) {
 		timeout      int
 	}{
 		{service.SpawnRequest{TaskDescription: "x"}, task.AgentClaude, "", 30},
-		{service.SpawnRequest{TaskDescription: "x", Model: "claude"}, task.AgentClaude, "", 30},
-		{service.SpawnRequest{TaskDescription: "x", Model: "gemini", TimeoutMinutes: 120}, task.AgentGemini, "", 120},
+		{service.SpawnRequest{TaskDescription: "x", Model: "claude"}, task.AgentClaude, "claude", 30},
+		{service.SpawnRequest{TaskDescription: "x", Model: "gemini", TimeoutMinutes: new(120)}, task.AgentGemini, "gemini", 120},
 		{service.SpawnRequest{TaskDescription: "x", Model: "claude-opus-4"}, task.AgentClaude, "claude-opus-4", 30},
-		{service.SpawnRequest{TaskDescription: "x", Command: []string{"ls"}, TimeoutMinutes: 1}, task.AgentCommand, "", 1},
-		// model names an agent (the seed's choice): an explicit agent wins,
-		// and no agent is handed "claude" as a model name, whatever the
-		// transport.
-		{service.SpawnRequest{TaskDescription: "x", Agent: "gemini", Model: "claude"}, task.AgentGemini, "", 30},
-		{service.SpawnRequest{TaskDescription: "x", Agent: "claude", Model: "claude"}, task.AgentClaude, "", 30},
+		{service.SpawnRequest{TaskDescription: "x", Command: []string{"ls"}, TimeoutMinutes: new(1)}, task.AgentCommand, "", 1},
+		// model names an agent (the seed's choice): an explicit agent wins;
+		// the record keeps the seed's model (the agent is not handed it:
+		// TestPrepareModel).
+		{service.SpawnRequest{TaskDescription: "x", Agent: "gemini", Model: "claude"}, task.AgentGemini, "claude", 30},
+		{service.SpawnRequest{TaskDescription: "x", Agent: "claude", Model: "claude"}, task.AgentClaude, "claude", 30},
 	}
 	for _, tt := range tests {
 		got := f.MustSpawn(t, tt.req)

@@ -213,7 +213,6 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 		Agent:          req.Agent,
 		Model:          req.Model,
 		Command:        req.Command,
-		TimeoutMinutes: req.TimeoutMinutes,
 		Runtime:        req.Runtime,
 		Image:          req.Image,
 		Network:        req.Network,
@@ -231,12 +230,11 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 
 	// The seed's model is the agent choice ("claude" or "gemini"), which
 	// an explicit agent wins over (also over a client filling in model's
-	// schema default); any other value is a model name passed to the agent.
-	if task.KnownAgent(spec.Model) {
-		if spec.Agent == "" {
-			spec.Agent = spec.Model
-		}
-		spec.Model = ""
+	// schema default); the record keeps it as given, and the agent is not
+	// handed it as a model name (taskrun). Any other value is a model name
+	// passed to the agent.
+	if task.KnownAgent(spec.Model) && spec.Agent == "" {
+		spec.Agent = spec.Model
 	}
 	if spec.Agent == "" {
 		spec.Agent = o.opts.Defaults.Agent
@@ -292,11 +290,12 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 		bad("command[0]", "must name a program")
 	}
 
-	if spec.TimeoutMinutes == 0 {
-		spec.TimeoutMinutes = lim.DefaultTimeoutMin
+	spec.TimeoutMinutes = lim.DefaultTimeoutMin
+	if req.TimeoutMinutes != nil {
+		spec.TimeoutMinutes = *req.TimeoutMinutes
 	}
 	if spec.TimeoutMinutes < 1 || spec.TimeoutMinutes > lim.MaxTimeoutMin {
-		bad("timeout_minutes", "must be between 1 and %d, got %d", lim.MaxTimeoutMin, req.TimeoutMinutes)
+		bad("timeout_minutes", "must be between 1 and %d, got %d", lim.MaxTimeoutMin, spec.TimeoutMinutes)
 	}
 
 	if spec.Runtime == "" {

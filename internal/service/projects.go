@@ -60,9 +60,17 @@ func (req WorkspaceTaskRequest) Spawn() SpawnRequest {
 	}
 	return SpawnRequest{
 		TaskDescription: desc, Workspace: req.WorkspacePath,
-		Agent: req.Agent, Model: req.Model, Command: req.Command, TimeoutMinutes: req.TimeoutMinutes,
+		Agent: req.Agent, Model: req.Model, Command: req.Command, TimeoutMinutes: minutesOrDefault(req.TimeoutMinutes),
 		Runtime: req.Runtime, Image: req.Image, Network: req.Network,
 		ConversationID: req.ConversationID, Labels: req.Labels,
 		OriginWorkspace: req.OriginWorkspace, OriginConversation: req.OriginConversation,
 	}
+}
+
+// minutesOrDefault is n, or nil (the server's default) for 0.
+func minutesOrDefault(n int) *int {
+	if n == 0 {
+		return nil
+	}
+	return &n
 }

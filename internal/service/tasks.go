@@ -31,10 +31,11 @@ type SpawnRequest struct {
 	Model           string   `json:"model,omitempty"`
 	Agent           string   `json:"agent,omitempty"`
 	Command         []string `json:"command,omitempty"`
-	TimeoutMinutes  int      `json:"timeout_minutes,omitempty"`
-	Runtime         string   `json:"runtime,omitempty"`
-	Image           string   `json:"image,omitempty"`
-	Network         string   `json:"network,omitempty"`
+	// TimeoutMinutes is the task's limit; nil: the server's default.
+	TimeoutMinutes *int   `json:"timeout_minutes,omitempty"`
+	Runtime        string `json:"runtime,omitempty"`
+	Image          string `json:"image,omitempty"`
+	Network        string `json:"network,omitempty"`
 	// NetworkAllow is the task's own egress allowlist in the place of the
 	// server's: within it, unless egress.task_hosts is "add".
 	NetworkAllow []string `json:"network_allow"`

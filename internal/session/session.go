@@ -170,7 +170,7 @@ type state struct {
 	replica        string // the replica that runs it (cluster.Replica)
 	limits         *sandbox.Limits
 	lastOutput     time.Time // when a command last printed (here)
-	dir            string // its directory (created's)
+	dir            string    // its directory (created's)
 	hostDir        bool
 	version        int64 // its stream's version folded: apply takes each event once
 }

@@ -19,7 +19,7 @@ func TestDecodeAccepts(t *testing.T) {
 	if err := Decode(json.RawMessage(in), &got); err != nil {
 		t.Fatal(err)
 	}
-	want := service.SpawnRequest{TaskDescription: "naïve ✓ é 😀", TimeoutMinutes: 5,
+	want := service.SpawnRequest{TaskDescription: "naïve ✓ é 😀", TimeoutMinutes: new(5),
 		Resources: &service.ResourceRequest{MemoryLimit: "1Gi"}, Labels: map[string]string{"a": "1", "b": "2"},
 		ContextFiles: []string{"x", "y"}}
 	if diff := cmp.Diff(want, got); diff != "" {

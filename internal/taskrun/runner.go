@@ -96,6 +96,10 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 		Model:       t.Model,
 		MaxLogBytes: o.opts.MaxLogBytes,
 	}
+	if task.KnownAgent(t.Model) {
+		// The seed's model: which agent, not a model for it.
+		args.Model = ""
+	}
 	var where placement.Runtime
 	if p, ok := w.Placements.Get(t.Runtime); ok {
 		where = *p

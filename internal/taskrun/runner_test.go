@@ -80,6 +80,15 @@ func TestPrepare(t *testing.T) {
 	if !slices.Contains(spec.Env, "ANTHROPIC_API_KEY=placeholder") || slices.Contains(spec.Env, "ANTHROPIC_API_KEY=k") {
 		t.Errorf("claude env %q: want the key's placeholder, not the key", spec.Env)
 	}
+	// The seed's model names the agent: kept on the record, never handed
+	// to the agent as a model name.
+	seed := f.MustCreate(t, task.Spec{Agent: task.AgentClaude, Model: "claude"})
+	if spec, err = f.r.Prepare(ctx, seed); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(spec.Command, "--model") {
+		t.Errorf("argv %q hands the agent the seed's model", spec.Command)
+	}
 }
 
 // TestPreparePromptLost: prompt.md reaches the disk beside the task's

@@ -132,7 +132,9 @@ func finish(st *workerproto.Status, opts Options, code int, msg string) {
 }
 
 // durations are d in whole seconds (rounded) and in milliseconds.
-func durations(d time.Duration) (int64, int64) { return int64(math.Round(d.Seconds())), d.Milliseconds() }
+func durations(d time.Duration) (int64, int64) {
+	return int64(math.Round(d.Seconds())), d.Milliseconds()
+}
 
 // deliver POSTs st as the completion webhook, with the progress no report
 // took, if a URL is set. After a stop signal it gets Grace to try, since

@@ -15,9 +15,9 @@ import (
 // Status is the content of a task's status.json (SPEC §6), written by the
 // worker when its agent ends and read by the server.
 type Status struct {
-	Status          string       `json:"status"` // "success" or "failed"
-	StartedAt       time.Time    `json:"started_at"`
-	CompletedAt     time.Time    `json:"completed_at"`
+	Status      string    `json:"status"` // "success" or "failed"
+	StartedAt   time.Time `json:"started_at"`
+	CompletedAt time.Time `json:"completed_at"`
 	// DurationSeconds is the run time in whole seconds (rounded),
 	// DurationMS in milliseconds (SPEC §6).
 	DurationSeconds int64        `json:"duration_seconds"`

@@ -87,7 +87,7 @@ func checkTasks(t *testing.T, svc service.Set) {
 	req.TaskDescription = "another"
 	_, _, err = svc.Tasks.Spawn(ctx, req)
 	wantClass(t, "the same key with other arguments", err, errdefs.ErrConflict)
-	_, _, err = svc.Tasks.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}, TimeoutMinutes: 500})
+	_, _, err = svc.Tasks.Spawn(ctx, service.SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}, TimeoutMinutes: new(500)})
 	wantClass(t, "Spawn with a bad timeout", err, errdefs.ErrInvalidArgument)
 
 	got, err := svc.Tasks.Get(ctx, tk.ID)
