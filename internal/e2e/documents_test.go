@@ -125,8 +125,8 @@ grep -q 'Notes matching .* in ./task/context/notes/' /task/prompt.md && echo "su
 	var exp service.ExportNotesResult
 	// (the summary also has these words; the original note ranks first)
 	s.callTool(t, "export_notes_to_workspace", map[string]any{"query": "vendor delay", "destination_dir": "context/alpha/", "max_notes": 1}, &exp)
-	if len(exp.Notes) != 1 || exp.Notes[0].Path != "context/alpha/alpha-risks.md" {
-		t.Fatalf("export: %+v", exp)
+	if len(exp.Notes) != 1 || exp.Notes[0].Path != "context/alpha/alpha-risks.md" || exp.Exported != 1 || exp.Path != "context/alpha/" {
+		t.Fatalf("export: %+v; want seed 000's exported 1, path context/alpha/, and the note", exp)
 	}
 	f, err := s.client.ReadWorkspace(ctx, "context/alpha/alpha-risks.md")
 	if err != nil {

@@ -260,6 +260,7 @@ func (o *Library) ExportNotes(ctx context.Context, req service.ExportNotesReques
 		}
 		res.Notes = append(res.Notes, service.ExportedNote{DocumentID: f.doc.DocumentID, Title: f.doc.Title, Path: p, Size: int64(len(f.content))})
 	}
+	res.Exported, res.Path = len(res.Notes), dest+"/"
 	o.log.Info("notes exported", "count", len(res.Notes), "destination", dest, "actor", service.ActorFrom(ctx))
 	return res, nil
 }

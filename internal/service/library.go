@@ -104,8 +104,12 @@ type ExportedNote struct {
 	Size       int64  `json:"size"`
 }
 
-// ExportNotesResult is export_notes_to_workspace's answer.
+// ExportNotesResult is export_notes_to_workspace's answer: seed 000's
+// {exported, path} (the count, and the directory under shared/ with a
+// trailing slash), and each note written.
 type ExportNotesResult struct {
+	Exported       int            `json:"exported"`
+	Path           string         `json:"path"`
 	DestinationDir string         `json:"destination_dir"`
 	Notes          []ExportedNote `json:"notes"`
 }
