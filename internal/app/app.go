@@ -690,6 +690,10 @@ func (b backend) OpenOutput(ctx context.Context, id, path string) (*os.File, fs.
 	return b.a.lib.OpenOutput(ctx, id, path)
 }
 
+func (b backend) OpenShared(ctx context.Context, path string) (*os.File, fs.FileInfo, error) {
+	return b.a.lib.OpenShared(ctx, path)
+}
+
 // WorkerComplete and WorkerProgress are the workers' webhooks, which the
 // task runner takes.
 func (b backend) WorkerComplete(ctx context.Context, m webhook.Signed) (string, error) {

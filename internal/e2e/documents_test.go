@@ -3,9 +3,12 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -305,5 +308,58 @@ func TestDocumentsBadInput(t *testing.T) {
 	_, err := s.client.IngestDocument(ctx, service.IngestRequest{SourcePath: "../x", Title: "x"})
 	if !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Errorf("client: %v", err)
+	}
+}
+
+// TestWorkspaceRawRead: GET /api/workspace/{path}?raw=1 answers a shared
+// file's bytes whole, past the JSON read's cut, as a download that is
+// never sniffed; a symbolic link is refused, as everywhere.
+func TestWorkspaceRawRead(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, nil)
+	ctx := context.Background()
+	big := make([]byte, 300<<10)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	if err := os.MkdirAll(filepath.Join(s.data, "shared", "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(s.data, "shared", "data", "big.bin"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := s.client.ReadWorkspace(ctx, "data/big.bin"); err != nil || !f.Truncated {
+		t.Fatalf("the JSON read of 300 KiB: truncated %v, %v; want cut", f.Truncated, err)
+	}
+	for name, set := range map[string]func(*http.Request){
+		"?raw=1":       func(r *http.Request) { r.URL.RawQuery = "raw=1" },
+		"Accept octet": func(r *http.Request) { r.Header.Set("Accept", "application/octet-stream") },
+	} {
+		req, _ := http.NewRequest("GET", s.url+"/api/workspace/data/big.bin", nil)
+		req.Header.Set("Authorization", "Bearer "+s.token)
+		set(req)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !bytes.Equal(body, big) || resp.Header.Get("X-Content-Type-Options") != "nosniff" || !strings.HasPrefix(resp.Header.Get("Content-Disposition"), "attachment") {
+			t.Errorf("%s: %s, %d bytes, headers %v; want the 300 KiB whole, a download", name, resp.Status, len(body), resp.Header)
+		}
+	}
+	if err := os.Symlink("/etc/passwd", filepath.Join(s.data, "shared", "data", "link")); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("GET", s.url+"/api/workspace/data/link?raw=1", nil)
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == 200 || strings.Contains(string(body), "root:") {
+		t.Errorf("a link read raw: %s %q", resp.Status, body)
 	}
 }

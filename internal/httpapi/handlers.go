@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"mime"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -298,6 +300,11 @@ func (s *Server) taskFile(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer f.Close()
+	return serveUntrusted(w, r, f, info)
+}
+
+// serveUntrusted serves a file a worker wrote, as taskFile says.
+func serveUntrusted(w http.ResponseWriter, r *http.Request, f *os.File, info fs.FileInfo) error {
 	head := make([]byte, filetype.HeadBytes)
 	n, err := io.ReadFull(f, head)
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
@@ -346,7 +353,19 @@ func (s *Server) workerComplete(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// readWorkspace is GET /api/workspace/{path}: a directory's entries, or a
+// file as JSON (its content cut at the read limit); with ?raw=1 (or
+// Accept: application/octet-stream) a file's bytes whole, served as a
+// worker's output file is (workers write shared/ through save_to_shared).
 func (s *Server) readWorkspace(w http.ResponseWriter, r *http.Request) error {
+	if isTrue(r.URL.Query().Get("raw")) || r.Header.Get("Accept") == "application/octet-stream" {
+		f, info, err := s.b.OpenShared(r.Context(), r.PathValue("path"))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return serveUntrusted(w, r, f, info)
+	}
 	return serveFiles(w, r, r.PathValue("path"), s.svc.Library.ListWorkspace, s.svc.Library.ReadWorkspace)
 }
 

@@ -97,6 +97,10 @@ func (s *stub) WriteWorkspace(context.Context, string, []byte) (workspace.Entry,
 func (s *stub) WorkerComplete(context.Context, webhook.Signed) (string, error) {
 	return "", errUnset
 }
+func (s *stub) OpenShared(context.Context, string) (*os.File, fs.FileInfo, error) {
+	return nil, nil, errdefs.ErrNotFound
+}
+
 func (s *stub) OpenOutput(context.Context, string, string) (*os.File, fs.FileInfo, error) {
 	return nil, nil, errUnset
 }

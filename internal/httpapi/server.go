@@ -36,6 +36,9 @@ import (
 type Backend interface {
 	WorkerComplete(ctx context.Context, m webhook.Signed) (string, error)
 	OpenOutput(ctx context.Context, id, path string) (*os.File, fs.FileInfo, error)
+	// OpenShared opens a regular file of shared/ for reading, never
+	// through a symbolic link.
+	OpenShared(ctx context.Context, path string) (*os.File, fs.FileInfo, error)
 	Stats() Stats
 }
 

@@ -87,6 +87,15 @@ func (o *Library) OpenOutput(ctx context.Context, id, p string) (*os.File, fs.Fi
 	return f, info, nil
 }
 
+// OpenShared opens a regular file of shared/ (never through a link).
+func (o *Library) OpenShared(ctx context.Context, p string) (*os.File, fs.FileInfo, error) {
+	f, info, err := workspace.OpenFile(o.data.Shared(), p)
+	if err != nil {
+		return nil, nil, &errdefs.FieldError{Field: "path", Err: err}
+	}
+	return f, info, nil
+}
+
 // ReadFile reads a file beneath root for a caller: text as is, other
 // content base64-encoded, both cut at the read limit.
 func (o *Library) ReadFile(root *os.Root, p string) (service.File, error) {
