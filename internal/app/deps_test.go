@@ -33,7 +33,7 @@ var allowed = map[string][]string{
 	"internal/sandbox":              {"errdefs", "clip"},
 	"internal/workspace":            {"errdefs", "filetype", "clip", "units"},
 	"internal/filetype":             {},
-	"internal/attachment":           {"errdefs", "units", "filetype"},
+	"internal/attachment":           {"errdefs", "units", "filetype", "workspace"},
 	"internal/document":             {"eventstore", "task", "errdefs", "ids", "workspace", "clip"},
 	"internal/skill":                {"errdefs", "clip"},
 	"internal/config":               {"errdefs", "units", "task", "rtkind", "egress"}, // egress: a credential rule is checked as the proxy reads it

@@ -38,6 +38,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/filetype"
 	"github.com/corral-dev/corral/internal/units"
+	"github.com/corral-dev/corral/internal/workspace"
 )
 
 // Meta is an attachment's metadata, as stored in its -meta.json file.
@@ -132,6 +133,8 @@ func CleanName(name string) (string, error) {
 		return "", fmt.Errorf("file name %q must be UTF-8 without control characters: %w", name, errdefs.ErrInvalidArgument)
 	case len(name) > maxName:
 		return "", fmt.Errorf("file name is %d bytes, over the limit of %d: %w", len(name), maxName, errdefs.ErrInvalidArgument)
+	case workspace.Reserved(name):
+		return "", fmt.Errorf("file name %q is reserved on Windows (CON, PRN, AUX, NUL, COM1-9, LPT1-9): %w", name, errdefs.ErrInvalidArgument)
 	}
 	return name, nil
 }

@@ -70,6 +70,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"malformed task id", "GET", "/api/tasks/..%2f..%2fetc", "", 400, "task_id"},
 		{"cancel unknown task", "POST", "/api/tasks/task-00000000000000000000000000/cancel", "", 404, "not found"},
 		{"workspace escape", "PUT", "/api/workspace/..%2fcorral.db", "x", 403, "escapes"},
+		{"reserved name", "PUT", "/api/workspace/data/NUL.txt", "x", 400, "reserved"},
+		{"reserved workspace", "POST", "/api/workspaces", `{"name":"con"}`, 400, "reserves"},
 		{"bad list limit", "GET", "/api/tasks?limit=0", "", 400, "limit"},
 		{"bad status filter", "GET", "/api/tasks?status=done", "", 400, "status"},
 		{"bad events cursor", "GET", "/api/events?after=evt_nope", "", 422, "after"},

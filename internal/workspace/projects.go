@@ -155,6 +155,9 @@ func (w *Projects) Resolve(p string) (Project, error) {
 	if !projectName().MatchString(name) {
 		return Project{}, errdefs.Field("workspace", fmt.Sprintf("%q is not a workspace name: lowercase letters, digits, '.', '_' and '-', at most 64, no .. or /", clip.String(name, 64)))
 	}
+	if Reserved(name) {
+		return Project{}, errdefs.Field("workspace", fmt.Sprintf("%q is a name Windows reserves (con, prn, aux, nul, com1-9, lpt1-9)", name))
+	}
 	rel := DirProjects + "/" + name
 	return Project{Name: name, Dir: w.data.HostPath(DirProjects, name), rel: rel}, nil
 }

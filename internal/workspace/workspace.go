@@ -99,7 +99,28 @@ func CheckName(name string) error {
 		r, _ := utf8.DecodeRuneInString(name[i:])
 		return fmt.Errorf("name %q contains the control character U+%04X; names may not contain newlines, tabs or other control characters: %w", short(name), r, errdefs.ErrInvalidArgument)
 	}
+	for _, part := range strings.Split(name, "/") {
+		if Reserved(part) {
+			return fmt.Errorf("name %q is reserved on Windows (CON, PRN, AUX, NUL, COM1-9, LPT1-9, with any extension), where a workspace may be copied: %w", short(part), errdefs.ErrInvalidArgument)
+		}
+	}
 	return nil
+}
+
+// Reserved reports whether name (one path element) is one of the device
+// names Windows reserves, in any case and with any extension: CON, PRN,
+// AUX, NUL, COM1 to COM9, LPT1 to LPT9 ("nul.txt", "Com1.log").
+func Reserved(name string) bool {
+	stem, _, _ := strings.Cut(name, ".")
+	stem = strings.ToUpper(strings.TrimRight(stem, " "))
+	switch stem {
+	case "CON", "PRN", "AUX", "NUL":
+		return true
+	}
+	if len(stem) == 4 && (strings.HasPrefix(stem, "COM") || strings.HasPrefix(stem, "LPT")) {
+		return stem[3] >= '1' && stem[3] <= '9'
+	}
+	return false
 }
 
 // short cuts a caller's path for an error message: a message need not

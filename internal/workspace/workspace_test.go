@@ -750,3 +750,19 @@ func TestCheckFreeSpace(t *testing.T) {
 		t.Errorf("no floor, space freed: %v", err)
 	}
 }
+
+// TestReservedNames: seed 001's reserved names are refused wherever a
+// name is created, in any case and with any extension; names that only
+// begin like one are not.
+func TestReservedNames(t *testing.T) {
+	for _, name := range []string{"CON", "con", "Nul.txt", "aux.tar.gz", "COM1", "lpt9.log", "dir/PRN", "a/com3.x/b", "NUL "} {
+		if err := CheckName(name); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "reserved") {
+			t.Errorf("CheckName(%q) = %v, want reserved", name, err)
+		}
+	}
+	for _, name := range []string{"console.log", "null", "com10", "com0", "lpt", "CONtract.md", "a/aux-data/b", ".con"} {
+		if err := CheckName(name); err != nil {
+			t.Errorf("CheckName(%q) = %v, want nil", name, err)
+		}
+	}
+}
