@@ -374,7 +374,7 @@ func (a *App) open(ctx context.Context) error {
 		}
 		deliveries = notifyDeliveries{a.notifier}
 	}
-	toolLimits := tools.Limits{DefaultTimeoutMinutes: w.DefaultTimeoutMinutes, MaxTimeoutMinutes: w.MaxTimeoutMinutes}
+	toolLimits := tools.Limits{DefaultTimeoutMinutes: w.DefaultTimeoutMinutes, MaxTimeoutMinutes: w.MaxTimeoutMinutes, NoCodeExecute: !cfg.Execution.Enabled}
 	mcpSrv := mcpserver.New(a.Services(), mcpserver.Options{MaxArgumentBytes: lim.MaxRequestBytes.Bytes(), Version: Version(), Limits: toolLimits}, a.log.With("subsystem", "mcp"))
 	a.api = httpapi.New(a.Services(), backend{a}, httpapi.Options{
 		Token:           a.token,

@@ -5,6 +5,7 @@ package e2e_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"strings"
@@ -168,5 +169,27 @@ func oneFile(name, content string) func() (string, io.Reader, error) {
 		}
 		sent = true
 		return name, strings.NewReader(content), nil
+	}
+}
+
+// TestCodeExecuteOff: with execution.enabled false, code_execute is not
+// in the tool list (MCP's is the same catalogue), and a call is refused.
+func TestCodeExecuteOff(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, func(c *config.Config) { c.Execution.Enabled = false })
+	var fns []struct {
+		Name string `json:"name"`
+	}
+	_, body := s.do(t, "GET", "/api/tools", "", nil)
+	if err := json.Unmarshal([]byte(body), &fns); err != nil || len(fns) == 0 {
+		t.Fatalf("GET /api/tools: %v %s", err, body)
+	}
+	for _, f := range fns {
+		if f.Name == "code_execute" {
+			t.Errorf("code_execute is listed while execution is off")
+		}
+	}
+	if code, body := s.do(t, "POST", "/api/exec", "application/json", strings.NewReader(`{"command":"true"}`)); code < 400 {
+		t.Errorf("POST /api/exec while execution is off: %d %s", code, body)
 	}
 }

@@ -67,6 +67,9 @@ type Catalogue struct {
 type Limits struct {
 	DefaultTimeoutMinutes int // 30
 	MaxTimeoutMinutes     int // 120
+	// NoCodeExecute leaves code_execute out of the catalogue: the server
+	// runs none (execution.enabled false).
+	NoCodeExecute bool
 }
 
 // New returns the catalogue of tools over svc, its schemas stating lim.
@@ -87,6 +90,9 @@ func New(svc service.Set, lim Limits) *Catalogue {
 		listSkills(svc.Library), getSkill(svc.Library), createSkill(svc.Library),
 		codeExecute(svc.Tasks), workspaceExec(svc.Sessions), spawnWorkspaceTask(svc),
 	} {
+		if t.Name == "code_execute" && lim.NoCodeExecute {
+			continue
+		}
 		t.Effect = effects[t.Name]
 		c.index[t.Name] = len(c.tools)
 		c.tools = append(c.tools, t)
