@@ -1,10 +1,11 @@
 // Package attachment stores files that enter or leave Corral as attachments
 // (SPEC §1): each is attachments/XX/<id>.<ext> with its metadata beside it
-// in attachments/XX/<id>-meta.json (name, MIME type, size, sha256,
+// in attachments/XX/<id>.meta.json (name, MIME type, size, sha256,
 // created_at), where XX is the first two characters of the id: a name no
 // content file can take, whatever its extension. Ids are random, so the
 // shards fill evenly. Data roots from before keep their metadata in
-// <id>.json, which a .json upload's content overwrote; Migrate moves it.
+// <id>-meta.json, or in <id>.json, which a .json upload's content
+// overwrote; Migrate moves it.
 //
 // Content is streamed: a file is written to a temporary file in its shard
 // while its sha256 and size are computed and its first 512 bytes sniffed,
@@ -41,7 +42,7 @@ import (
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
-// Meta is an attachment's metadata, as stored in its -meta.json file.
+// Meta is an attachment's metadata, as stored in its .meta.json file.
 type Meta struct {
 	ID          string    `json:"attachment_id"`
 	Name        string    `json:"name"` // the original file name, as given
@@ -274,17 +275,21 @@ func (s *Store) Create(name string, r io.Reader, description, source string) (Me
 	return st.meta, nil
 }
 
-// metaSuffix ends a metadata file's name: <id>-meta.json. A content file
-// is <id>.<ext>, so no upload can take it.
-const metaSuffix = "-meta.json"
+// metaSuffix ends a metadata file's name: <id>.meta.json (SPEC §1). A
+// content file is <id>.<ext>, its extension letters and digits alone, so
+// no upload can take it.
+const metaSuffix = ".meta.json"
 
 func metaPath(id string) string { return path.Join(id[:2], id+metaSuffix) }
 
-// legacyMetaPath is where data roots before metaSuffix kept metadata.
+// legacyMetaPath is where data roots before 2026-11 kept metadata;
+// dashMetaSuffix, where they kept it until 2026-11-29.
 func legacyMetaPath(id string) string { return path.Join(id[:2], id+".json") }
 
+const dashMetaSuffix = "-meta.json"
+
 // Migrate moves the metadata of a data root from before metaSuffix to
-// <id>-meta.json. It is idempotent and safe to repeat after a crash (the
+// <id>.meta.json: from <id>-meta.json, and from <id>.json. It is idempotent and safe to repeat after a crash (the
 // new file is written before the old one is removed). It returns the ids
 // of attachments whose content was already lost: a .json upload's
 // content and metadata shared one path, and the metadata overwrote it.
@@ -304,6 +309,12 @@ func (s *Store) Migrate() (lost []string, err error) {
 			return lost, fmt.Errorf("migrate attachments: %w", err)
 		}
 		for _, e := range ents {
+			if id, ok := strings.CutSuffix(e.Name(), dashMetaSuffix); ok && ValidID(id) && id[:2] == sh.Name() {
+				if err := s.root.Rename(path.Join(sh.Name(), e.Name()), metaPath(id)); err != nil {
+					return lost, fmt.Errorf("migrate attachment %s: %w", id, err)
+				}
+				continue
+			}
 			id, ok := strings.CutSuffix(e.Name(), ".json")
 			if !ok || !ValidID(id) || id[:2] != sh.Name() {
 				continue

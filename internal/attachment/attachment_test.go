@@ -42,7 +42,7 @@ func TestCreateGetOpen(t *testing.T) {
 	if want := m.ID[:2] + "/" + m.ID + ".csv"; m.File != want {
 		t.Errorf("file %s, want %s", m.File, want)
 	}
-	if _, err := os.Stat(filepath.Join(dir, m.ID[:2], m.ID+"-meta.json")); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, m.ID[:2], m.ID+".meta.json")); err != nil {
 		t.Errorf("metadata file: %v", err)
 	}
 	got, f, err := s.Open(m.ID)
@@ -133,7 +133,7 @@ func TestAbortAndRemoveAndOrphans(t *testing.T) {
 		t.Errorf("list %v %v, want only %s", list, err, m.ID)
 	}
 	// Content without metadata is an orphan once old enough.
-	os.Remove(filepath.Join(dir, m.ID[:2], m.ID+"-meta.json"))
+	os.Remove(filepath.Join(dir, m.ID[:2], m.ID+".meta.json"))
 	if o, _ := s.Orphans(now.Add(-time.Hour)); len(o) != 0 {
 		t.Errorf("a fresh file is an orphan: %v", o)
 	}
@@ -175,7 +175,7 @@ func TestJSONUploadKeepsItsContent(t *testing.T) {
 	}
 }
 
-// Migrate moves metadata from <id>.json to <id>-meta.json, keeps every
+// Migrate moves metadata from <id>.json to <id>.meta.json, keeps every
 // attachment whose content survived, and reports (and keeps explaining)
 // a .json attachment whose content its metadata overwrote.
 func TestMigrateLegacyMetadata(t *testing.T) {
@@ -242,4 +242,42 @@ func TestMigrateLegacyMetadata(t *testing.T) {
 	} else {
 		f.Close()
 	}
+}
+
+// TestMigrateDashMetadata: metadata at <id>-meta.json (data roots until
+// 2026-11-29) moves to <id>.meta.json, SPEC §1's name; the attachment
+// reads as before, and a second Migrate changes nothing.
+func TestMigrateDashMetadata(t *testing.T) {
+	dir := t.TempDir()
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	s := New(root, Options{})
+	m, err := s.Create("report.pdf", strings.NewReader("%PDF-1.4 x"), "", "upload")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := filepath.Join(dir, m.ID[:2], m.ID+".meta.json")
+	dash := filepath.Join(dir, m.ID[:2], m.ID+"-meta.json")
+	if err := os.Rename(now, dash); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if lost, err := s.Migrate(); err != nil || len(lost) != 0 {
+			t.Fatalf("Migrate: %v %v", lost, err)
+		}
+	}
+	if _, err := os.Stat(now); err != nil {
+		t.Errorf("no %s after Migrate: %v", filepath.Base(now), err)
+	}
+	if _, err := os.Stat(dash); err == nil {
+		t.Errorf("%s is still there", filepath.Base(dash))
+	}
+	got, f, err := s.Open(m.ID)
+	if err != nil || got.Name != "report.pdf" {
+		t.Fatalf("Open after Migrate: %+v %v", got, err)
+	}
+	f.Close()
 }
