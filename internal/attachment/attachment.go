@@ -289,8 +289,9 @@ func legacyMetaPath(id string) string { return path.Join(id[:2], id+".json") }
 const dashMetaSuffix = "-meta.json"
 
 // Migrate moves the metadata of a data root from before metaSuffix to
-// <id>.meta.json: from <id>-meta.json, and from <id>.json. It is idempotent and safe to repeat after a crash (the
-// new file is written before the old one is removed). It returns the ids
+// <id>.meta.json: from <id>-meta.json (renamed), and from <id>.json. It
+// is idempotent and safe to repeat after a crash (the new file is written
+// before the old one is removed). It returns the ids
 // of attachments whose content was already lost: a .json upload's
 // content and metadata shared one path, and the metadata overwrote it.
 // Their metadata is kept, so Open says what happened instead of not
