@@ -148,6 +148,7 @@ type AIWorkerConfig struct {
 
 	Resources Resources `yaml:"resources"`
 
+	// WebhookPath is seed 000's key; its one value is DefaultWebhookPath.
 	WebhookPath string `yaml:"webhook_path"`
 	// webhookSecret is from AI_WORKER_WEBHOOK_SECRET only (a literal
 	// webhook_secret in the file is refused); read it with Secrets.
@@ -311,6 +312,10 @@ type Sessions struct {
 	// all the same) ends it; "suspend" keeps its files for a resume.
 	IdleAction string `yaml:"idle_action"`
 }
+
+// DefaultWebhookPath is the route workers post completions to
+// (webhook.Path), the only value ai_worker_config.webhook_path takes.
+const DefaultWebhookPath = "/api/webhooks/worker-complete"
 
 // Idle actions.
 const (
@@ -534,7 +539,7 @@ func Default() *Config {
 				CPULimit:      2000,
 				PidsLimit:     512,
 			},
-			WebhookPath:              "/api/webhooks/worker-complete",
+			WebhookPath:              DefaultWebhookPath,
 			TaskRetentionHours:       48,
 			AttachmentRetentionHours: 168,
 			RetentionInterval:        Duration(10 * time.Minute),

@@ -276,8 +276,11 @@ func (v *validator) aiWorker(w *AIWorkerConfig) {
 		v.add(p+"resources.pids_limit", "must be at least %d (%s), got %d", task.MinPids, task.MinPidsReason, r.PidsLimit)
 	}
 
-	if !strings.HasPrefix(w.WebhookPath, "/") {
-		v.add(p+"webhook_path", "must start with /, got %q", w.WebhookPath)
+	// Seed 000's key, taken for its one value: the workers post their
+	// completions (and progress beside them) to a route of the server's
+	// own, not configurable.
+	if w.WebhookPath != DefaultWebhookPath {
+		v.add(p+"webhook_path", "is fixed at %s (the route workers post to; progress goes beside it), got %q: remove the key", DefaultWebhookPath, w.WebhookPath)
 	}
 	if w.TaskRetentionHours < 1 {
 		v.add(p+"task_retention_hours", "must be at least 1, got %d", w.TaskRetentionHours)
