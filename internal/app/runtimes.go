@@ -190,8 +190,13 @@ func (a *App) availability(ctx context.Context, sandboxes map[string]sandbox.Run
 				a.log.Warn("runtime degraded", "runtime", name, "warning", w)
 			}
 		}
-		if runtimes[name] != "" && name == a.cfg.Runtime {
+		switch {
+		case runtimes[name] != "" && name == a.cfg.Runtime:
 			a.log.Error("default runtime unavailable", "runtime", name, "reason", runtimes[name])
+		case runtimes[name] != "":
+			// Checked once, at start: what is installed or configured
+			// later is offered after a restart.
+			a.log.Info("runtime not offered", "runtime", name, "reason", runtimes[name], "note", "checked at start; restart the server once it is fixed")
 		}
 	}
 	// Every runtime gives a sandbox loopback only; allowlist and open add

@@ -3,11 +3,14 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -194,4 +197,42 @@ func TestKill9WithRunningAndQueuedTasks(t *testing.T) {
 			t.Fatalf("the survivor's sandbox was not destroyed: %v", err)
 		}
 	}
+}
+
+// TestServeLogsRuntimesNotOffered: corral serve says at start which
+// runtimes it does not offer and why (a Docker engine that is not there),
+// and that a restart takes one fixed later.
+func TestServeLogsRuntimesNotOffered(t *testing.T) {
+	t.Parallel()
+	data := testenv.TempDir(t)
+	cmd := serveCommand(t, data, freeLoopbackAddr(t))
+	cmd.Env = append(cmd.Env, "DOCKER_HOST=unix://"+filepath.Join(t.TempDir(), "no-engine.sock"))
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); killSandboxes(t, data) })
+	waitFor(t, "the log line", func() bool {
+		s := out.String()
+		return strings.Contains(s, `msg="runtime not offered" runtime=docker`) && strings.Contains(s, "no-engine.sock") && strings.Contains(s, "restart the server")
+	})
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's output and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
