@@ -18,6 +18,7 @@ import (
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/notify"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
@@ -62,6 +63,7 @@ Usage:
                                                    Kubernetes cluster, on stdout (what to edit is at the top)
   corral bench [--n N] [--concurrency C]           measure task overhead against bare bubblewrap
   corral version                                   this binary's version and build
+  corral notify-secret                             a new notification signing secret, and how to rotate to it
   corral worker run-task ...                       (inside a sandbox) run one task's agent
 
 Client commands (all but serve, mcp, doctor, store, bench, k8s and worker) take
@@ -97,28 +99,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
-		"serve":       cmdServe,
-		"run":         cmdRun,
-		"exec-once":   cmdExecOnce,
-		"sessions":    cmdSessions,
-		"workspaces":  cmdWorkspaces,
-		"exec":        cmdExec,
-		"tasks":       cmdTasks,
-		"result":      cmdResult,
-		"logs":        cmdLogs,
-		"cancel":      cmdCancel,
-		"ws":          cmdWorkspace,
-		"tools":       cmdTools,
-		"doctor":      cmdDoctor,
-		"bench":       cmdBench,
-		"worker":      cmdWorker,
-		"mcp":         cmdMCP,
-		"skills":      cmdSkills,
-		"attachments": cmdAttachments,
-		"gc":          cmdGC,
-		"store":       cmdStore,
-		"k8s":         cmdK8s,
-		"version":     cmdVersion,
+		"serve":         cmdServe,
+		"run":           cmdRun,
+		"exec-once":     cmdExecOnce,
+		"sessions":      cmdSessions,
+		"workspaces":    cmdWorkspaces,
+		"exec":          cmdExec,
+		"tasks":         cmdTasks,
+		"result":        cmdResult,
+		"logs":          cmdLogs,
+		"cancel":        cmdCancel,
+		"ws":            cmdWorkspace,
+		"tools":         cmdTools,
+		"doctor":        cmdDoctor,
+		"bench":         cmdBench,
+		"worker":        cmdWorker,
+		"mcp":           cmdMCP,
+		"skills":        cmdSkills,
+		"attachments":   cmdAttachments,
+		"gc":            cmdGC,
+		"store":         cmdStore,
+		"k8s":           cmdK8s,
+		"version":       cmdVersion,
+		"notify-secret": cmdNotifySecret,
 	}
 	f, ok := cmds[args[0]]
 	if !ok {
@@ -186,6 +189,28 @@ func cmdVersion(_ context.Context, args []string, stdout, _ io.Writer) error {
 		return fmt.Errorf("version takes no arguments: %w", errdefs.ErrInvalidArgument)
 	}
 	fmt.Fprintln(stdout, "corral", app.Version())
+	return nil
+}
+
+// rotationSteps is how to change the notification secret without a
+// delivery the host refuses.
+const rotationSteps = `A new notification secret is on stdout. To rotate without a refused delivery:
+  1. Write it to a new file (mode 0600). Point notify.previous_secret_file at the
+     file that holds the current secret, notify.secret_file at the new one, and
+     restart the server: every notification now carries a signature under each.
+  2. Give the host the new secret (a Standard Webhooks receiver accepts a message
+     when any of its signatures matches).
+  3. Remove notify.previous_secret_file and restart.
+`
+
+// cmdNotifySecret prints a new Standard Webhooks secret, and on stderr how
+// to rotate to it.
+func cmdNotifySecret(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		return fmt.Errorf("notify-secret takes no arguments: %w", errdefs.ErrInvalidArgument)
+	}
+	fmt.Fprintln(stdout, notify.NewSecret())
+	fmt.Fprint(stderr, rotationSteps)
 	return nil
 }
 

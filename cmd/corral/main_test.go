@@ -48,6 +48,8 @@ func TestHelpAndVersion(t *testing.T) {
 		{[]string{"k8s", "seccomp", "--arch", "arm64"}, 0, `"sync_file_range2"`},
 		{[]string{"k8s", "seccomp", "extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"version"}, 0, "corral "},
+		{[]string{"notify-secret"}, 0, "notify.previous_secret_file"},
+		{[]string{"notify-secret", "x"}, 2, "takes no arguments"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), tc.args, &stdout, &stderr)
@@ -168,6 +170,9 @@ func (workspaceBackend) WorkerComplete(context.Context, webhook.Signed) (string,
 	return "", nil
 }
 func (workspaceBackend) OpenOutput(context.Context, string, string) (*os.File, fs.FileInfo, error) {
+	return nil, nil, nil
+}
+func (workspaceBackend) OpenShared(context.Context, string) (*os.File, fs.FileInfo, error) {
 	return nil, nil, nil
 }
 func (workspaceBackend) Stats() httpapi.Stats { return httpapi.Stats{} }

@@ -354,7 +354,11 @@ func (a *App) open(ctx context.Context) error {
 	}, a.tasks, a.store, a.log.With("subsystem", "scheduler"))
 	var deliveries httpapi.Deliveries
 	if n := cfg.Notify; n.URL != "" {
-		signer, err := notify.NewSigner(string(secrets.NotifySecret))
+		var previous []string
+		if secrets.NotifyPreviousSecret != nil {
+			previous = append(previous, string(secrets.NotifyPreviousSecret))
+		}
+		signer, err := notify.NewSigner(string(secrets.NotifySecret), previous...)
 		if err != nil {
 			return &errdefs.FieldError{Field: "notify.secret_file", Err: err}
 		}

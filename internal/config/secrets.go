@@ -24,8 +24,10 @@ type Secrets struct {
 	// data root.
 	WebhookSecret []byte
 	// NotifySecret signs outbound notifications; nil when
-	// notify.secret_file is unset.
-	NotifySecret []byte
+	// notify.secret_file is unset. NotifyPreviousSecret signs them too
+	// during a rotation (notify.previous_secret_file).
+	NotifySecret         []byte
+	NotifyPreviousSecret []byte
 	// APITokens are the named bearer tokens of api_tokens, in order.
 	APITokens []NamedToken
 	// StoreDSN is the PostgreSQL connection string of store.driver
@@ -131,6 +133,13 @@ func (c *Config) Secrets() (Secrets, error) {
 			return Secrets{}, &errdefs.FieldError{Field: "notify.secret_file", Err: err}
 		}
 		s.NotifySecret = b
+	}
+	if c.Notify.PreviousSecretFile != "" {
+		b, err := readSecretFile(c.Notify.PreviousSecretFile)
+		if err != nil {
+			return Secrets{}, &errdefs.FieldError{Field: "notify.previous_secret_file", Err: err}
+		}
+		s.NotifyPreviousSecret = b
 	}
 	return s, nil
 }

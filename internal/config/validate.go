@@ -124,6 +124,9 @@ func (c *Config) Validate() error {
 			v.add(fmt.Sprintf("notify.events[%d]", i), "%q is a notification's own event and cannot be notified", e)
 		}
 	}
+	if c.Notify.PreviousSecretFile != "" && c.Notify.SecretFile == "" {
+		v.add("notify.previous_secret_file", "goes with notify.secret_file, the new secret")
+	}
 	if c.Notify.URL != "" && c.Notify.SecretFile == "" {
 		v.add("notify.secret_file", "must be set when notify.url is: notifications are always signed (a file holding whsec_ and a base64 key)")
 	}

@@ -29,16 +29,37 @@ const SecretPrefix = "whsec_"
 // Webhooks specification asks for 24 to 64 bytes.
 const MinSecretBytes = 24
 
-// Signer signs notifications with one Standard Webhooks secret. It is safe
+// Signer signs notifications with a Standard Webhooks secret, and during a
+// rotation with the one before it too: each message then carries both
+// signatures, so a receiver holding either secret accepts it. It is safe
 // for concurrent use.
 type Signer struct {
-	key []byte
+	key      []byte
+	previous [][]byte
 }
 
 // NewSigner returns a Signer for secret, "whsec_" followed by the key in
-// standard base64 (padding optional). The key is at least MinSecretBytes
-// long. Errors wrap errdefs.ErrInvalidArgument and never echo the secret.
-func NewSigner(secret string) (*Signer, error) {
+// standard base64 (padding optional), signing with the previous secrets
+// too. Each key is at least MinSecretBytes long. Errors wrap
+// errdefs.ErrInvalidArgument and never echo a secret.
+func NewSigner(secret string, previous ...string) (*Signer, error) {
+	key, err := parseSecret(secret)
+	if err != nil {
+		return nil, err
+	}
+	s := &Signer{key: key}
+	for _, p := range previous {
+		k, err := parseSecret(p)
+		if err != nil {
+			return nil, fmt.Errorf("the previous %w", err)
+		}
+		s.previous = append(s.previous, k)
+	}
+	return s, nil
+}
+
+// parseSecret reads a whsec_ secret's key.
+func parseSecret(secret string) ([]byte, error) {
 	rest, ok := strings.CutPrefix(strings.TrimSpace(secret), SecretPrefix)
 	if !ok {
 		return nil, fmt.Errorf("notification secret must start with %s followed by base64: %w", SecretPrefix, errdefs.ErrInvalidArgument)
@@ -50,7 +71,7 @@ func NewSigner(secret string) (*Signer, error) {
 	if len(key) < MinSecretBytes {
 		return nil, fmt.Errorf("notification secret is %d bytes, want at least %d: %w", len(key), MinSecretBytes, errdefs.ErrInvalidArgument)
 	}
-	return &Signer{key: key}, nil
+	return key, nil
 }
 
 // NewSecret returns a fresh secret of 32 random bytes in the whsec_ form.
@@ -61,13 +82,18 @@ func NewSecret() string {
 }
 
 // Sign returns the webhook-signature value for one message: "v1," and the
-// base64 HMAC-SHA256 of id + "." + unix seconds + "." + body.
+// base64 HMAC-SHA256 of id + "." + unix seconds + "." + body, under the
+// secret and then each previous one, space-separated.
 func (s *Signer) Sign(id string, ts time.Time, body []byte) string {
-	return "v1," + base64.StdEncoding.EncodeToString(s.mac(id, ts.Unix(), body))
+	sigs := []string{"v1," + base64.StdEncoding.EncodeToString(mac(s.key, id, ts.Unix(), body))}
+	for _, k := range s.previous {
+		sigs = append(sigs, "v1,"+base64.StdEncoding.EncodeToString(mac(k, id, ts.Unix(), body)))
+	}
+	return strings.Join(sigs, " ")
 }
 
-func (s *Signer) mac(id string, unix int64, body []byte) []byte {
-	m := hmac.New(sha256.New, s.key)
+func mac(key []byte, id string, unix int64, body []byte) []byte {
+	m := hmac.New(sha256.New, key)
 	m.Write([]byte(id + "." + strconv.FormatInt(unix, 10) + "."))
 	m.Write(body)
 	return m.Sum(nil)
@@ -98,7 +124,7 @@ func (s *Signer) Verify(h http.Header, body []byte, now time.Time, tolerance tim
 	if d := now.Sub(time.Unix(unix, 0)); d > tolerance || d < -tolerance {
 		return fmt.Errorf("%s is %s away from now: %w", HeaderTimestamp, d.Round(time.Second), errdefs.ErrUnauthenticated)
 	}
-	want := s.mac(id, unix, body)
+	want := mac(s.key, id, unix, body)
 	for _, sig := range strings.Fields(sigs) {
 		v, b64, ok := strings.Cut(sig, ",")
 		if !ok || v != "v1" {

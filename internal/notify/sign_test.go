@@ -129,3 +129,33 @@ func TestBackoffBounds(t *testing.T) {
 		t.Errorf("Backoff after 1000 attempts = %s, over the ceiling", got)
 	}
 }
+
+// TestRotation: a signer with the previous secret signs each message under
+// both, so a receiver holding either accepts it, and one holding neither
+// does not.
+func TestRotation(t *testing.T) {
+	oldSecret, newSecret := NewSecret(), NewSecret()
+	s, err := NewSigner(newSecret, oldSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, now := []byte(`{"type":"worker_completed"}`), time.Now()
+	h := http.Header{}
+	s.SetHeaders(h, "msg_1", now, body)
+	if n := len(strings.Fields(h.Get(HeaderSignature))); n != 2 {
+		t.Fatalf("%d signatures, want 2: %s", n, h.Get(HeaderSignature))
+	}
+	for name, secret := range map[string]string{"the new secret": newSecret, "the old secret": oldSecret} {
+		r, _ := NewSigner(secret)
+		if err := r.Verify(h, body, now, time.Minute); err != nil {
+			t.Errorf("a receiver with %s: %v", name, err)
+		}
+	}
+	other, _ := NewSigner(NewSecret())
+	if err := other.Verify(h, body, now, time.Minute); err == nil {
+		t.Error("a receiver with neither secret accepted it")
+	}
+	if _, err := NewSigner(newSecret, "whsec_short"); err == nil || strings.Contains(err.Error(), "short") {
+		t.Errorf("a bad previous secret: %v", err)
+	}
+}
