@@ -410,3 +410,29 @@ func TestDeadLetterRetryOverHTTP(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestNotificationSecretRotation: during a rotation (the old secret in
+// notify.previous_secret_file), the official standardwebhooks library
+// accepts each notification with the old secret and with the new one.
+func TestNotificationSecretRotation(t *testing.T) {
+	requireReceiver(t)
+	oldSecret, newSecret := notify.NewSecret(), notify.NewSecret()
+	dir := t.TempDir()
+	oldFile, newFile := filepath.Join(dir, "old.key"), filepath.Join(dir, "new.key")
+	os.WriteFile(oldFile, []byte(oldSecret), 0o600)
+	os.WriteFile(newFile, []byte(newSecret), 0o600)
+	port := freePort(t)
+	s := MustStart(t, func(c *config.Config) {
+		c.Notify.URL = fmt.Sprintf("http://127.0.0.1:%d/hook", port)
+		c.Notify.SecretFile, c.Notify.PreviousSecretFile = newFile, oldFile
+		c.Notify.InitialBackoff = config.Duration(50 * time.Millisecond)
+		c.Notify.MaxBackoff = config.Duration(200 * time.Millisecond)
+	})
+	for _, secret := range []string{oldSecret, newSecret} {
+		out := filepath.Join(t.TempDir(), "received.jsonl")
+		r := startReceiver(t, port, secret, out)
+		tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "x", Command: []string{"true"}})
+		waitReceived(t, out, []string{tk.ID}, 30*time.Second)
+		r.kill()
+	}
+}
