@@ -37,8 +37,9 @@ func conversationReports(t *testing.T, c interface {
 	return out
 }
 
-// TestWorkspaceTaskReports: a workspace task's end lands once on its
-// origin conversation's stream, with the origin and the result, and
+// TestWorkspaceTaskReports: a workspace task's start and end land once
+// each on its origin conversation's stream (workspace_task_spawned, then
+// the end with the origin and the result), and the end
 // reaches a notification receiver that verifies its signature; a server
 // killed with SIGKILL mid-task still reports the task's real end, once.
 func TestWorkspaceTaskReports(t *testing.T) {
@@ -78,6 +79,9 @@ func TestWorkspaceTaskReports(t *testing.T) {
 	if f := reps[task.EventWorkspaceTaskFailed]; len(f) != 1 || f[0].TaskID != bad || f[0].Status != task.Failed {
 		t.Errorf("failed reports %+v, want task %s", f, bad)
 	}
+	if s := reps[task.EventWorkspaceTaskSpawned]; len(s) != 2 || s[0].TaskID != ok || s[1].TaskID != bad || s[0].ConversationID != "chat-7" {
+		t.Errorf("spawned reports %+v, want tasks %s and %s, in order", s, ok, bad)
+	}
 
 	// The receiver got both, signed, with the origin in the report.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
@@ -115,13 +119,16 @@ func TestWorkspaceTaskReports(t *testing.T) {
 	srv.kill()
 	srv = startNotifyServer(t, data, cfgFile) // a second catch-up must not report again
 	time.Sleep(time.Second)
-	n := 0
-	for _, r := range conversationReports(t, srv.client, "chat-7")[task.EventWorkspaceTaskCompleted] {
-		if r.TaskID == mid {
-			n++
+	reps = conversationReports(t, srv.client, "chat-7")
+	for _, typ := range []string{task.EventWorkspaceTaskSpawned, task.EventWorkspaceTaskCompleted} {
+		n := 0
+		for _, r := range reps[typ] {
+			if r.TaskID == mid {
+				n++
+			}
 		}
-	}
-	if n != 1 {
-		t.Errorf("the task killed mid-run was reported %d times, want once", n)
+		if n != 1 {
+			t.Errorf("the task killed mid-run has %d %s reports, want one", n, typ)
+		}
 	}
 }

@@ -1,7 +1,8 @@
 // Package report tells the conversation a workspace task came from that it
-// ended (seed 002 §8, by event): for every workspace task with an origin
-// conversation, a workspace_task_completed or workspace_task_failed event
-// on that conversation's stream, once, whatever crashes come between. The
+// started and that it ended (seed 002 §8, by event): for every workspace
+// task with an origin conversation, a workspace_task_spawned event on that
+// conversation's stream, and then a workspace_task_completed or
+// workspace_task_failed event, each once, whatever crashes come between. The
 // host hears it through every channel that follows events: the signed
 // callback, SSE on /api/conversations/{id}/events, and MCP.
 package report
@@ -79,6 +80,13 @@ func (r *reporter) handle(ctx context.Context, e eventstore.Event) {
 		if err := json.Unmarshal(e.Data, &c); err != nil || reportTo(c.Spec) != "" {
 			r.reports[id] = true
 		}
+		if conv := reportTo(c.Spec); conv != "" {
+			ev := projection.NewEvent(task.EventWorkspaceTaskSpawned, task.WorkspaceTaskSpawned{TaskID: id, Workspace: c.Spec.Workspace, Origin: c.Spec.Origin}, Actor)
+			ev.CausationID, ev.CorrelationID = e.ID, e.CorrelationID
+			if err := appendOnce(ctx, r.store, conv, id, ev); err != nil && ctx.Err() == nil {
+				r.log.Warn("cannot report a workspace task's start", "event_id", e.ID, "err", err)
+			}
+		}
 	case task.EventCompleted:
 		if !r.reports[id] {
 			return
@@ -119,29 +127,39 @@ func report(ctx context.Context, store eventstore.Store, e eventstore.Event) err
 	if conv == "" {
 		return nil
 	}
+	typ := task.EventWorkspaceTaskFailed
+	if t.Status == task.Success {
+		typ = task.EventWorkspaceTaskCompleted
+	}
+	ev := projection.NewEvent(typ, task.WorkspaceTaskReport{
+		TaskID: t.ID, Workspace: t.Workspace, Status: t.Status, Summary: t.Summary,
+		ErrorMessage: t.ErrorMessage, Changes: t.Changes, Origin: t.Origin,
+	}, Actor)
+	ev.CausationID, ev.CorrelationID = e.ID, e.CorrelationID
+	return appendOnce(ctx, store, conv, t.ID, ev)
+}
+
+// appendOnce appends ev, a report of task id, to conversation conv's
+// stream unless one of its type for that task is there. The stream is read
+// and appended at its version: a report another append raced is seen on
+// the retry.
+func appendOnce(ctx context.Context, store eventstore.Store, conv, id string, ev eventstore.Proposed) error {
 	stream := task.ConversationStreamID(conv)
-	// The conversation's stream is read and appended at its version: a
-	// report another append raced is seen on the retry.
+	ended := ev.Type == task.EventWorkspaceTaskCompleted || ev.Type == task.EventWorkspaceTaskFailed
 	for {
 		evs, err := store.ReadStream(ctx, stream, 0)
 		if err != nil {
 			return err
 		}
 		for _, ce := range evs {
-			var r task.WorkspaceTaskReport
-			if (ce.Type == task.EventWorkspaceTaskCompleted || ce.Type == task.EventWorkspaceTaskFailed) && json.Unmarshal(ce.Data, &r) == nil && r.TaskID == t.ID {
+			var r struct {
+				TaskID string `json:"task_id"`
+			}
+			same := ce.Type == ev.Type || ended && (ce.Type == task.EventWorkspaceTaskCompleted || ce.Type == task.EventWorkspaceTaskFailed)
+			if same && json.Unmarshal(ce.Data, &r) == nil && r.TaskID == id {
 				return nil // reported already
 			}
 		}
-		typ := task.EventWorkspaceTaskFailed
-		if t.Status == task.Success {
-			typ = task.EventWorkspaceTaskCompleted
-		}
-		ev := projection.NewEvent(typ, task.WorkspaceTaskReport{
-			TaskID: t.ID, Workspace: t.Workspace, Status: t.Status, Summary: t.Summary,
-			ErrorMessage: t.ErrorMessage, Changes: t.Changes, Origin: t.Origin,
-		}, Actor)
-		ev.CausationID, ev.CorrelationID = e.ID, e.CorrelationID
 		_, err = store.Append(ctx, stream, int64(len(evs)), ev)
 		if err == nil || !errors.Is(err, eventstore.ErrVersionConflict) {
 			return err

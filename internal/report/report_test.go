@@ -69,7 +69,7 @@ func TestReportsWorkspaceTasksOnly(t *testing.T) {
 	go func() { done <- Run(ctx, store, log) }()
 	var evs []eventstore.Event
 	var err error
-	for deadline := time.Now().Add(10 * time.Second); len(evs) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); len(evs) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if evs, err = db.ReadStream(ctx, task.ConversationStreamID("c1"), 0); err != nil {
 			t.Fatal(err)
 		}
@@ -78,16 +78,19 @@ func TestReportsWorkspaceTasksOnly(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+	var spawned task.WorkspaceTaskSpawned
 	var r task.WorkspaceTaskReport
-	if len(evs) != 1 || evs[0].Type != task.EventWorkspaceTaskFailed || json.Unmarshal(evs[0].Data, &r) != nil || r.TaskID != reported {
-		t.Fatalf("conversation c1's events: %+v, want one report of %s", evs, reported)
+	if len(evs) != 2 || evs[0].Type != task.EventWorkspaceTaskSpawned || json.Unmarshal(evs[0].Data, &spawned) != nil || spawned.TaskID != reported ||
+		evs[1].Type != task.EventWorkspaceTaskFailed || json.Unmarshal(evs[1].Data, &r) != nil || r.TaskID != reported {
+		t.Fatalf("conversation c1's events: %+v, want the start and the end of %s", evs, reported)
 	}
 	if evs, _ := db.ReadStream(context.Background(), task.ConversationStreamID("c0"), 0); len(evs) != 0 {
 		t.Errorf("conversation c0 of a task outside a workspace got %d events, want none", len(evs))
 	}
-	// The reported task's stream, then its conversation's.
-	if n := store.streams.Load(); n != 2 {
-		t.Errorf("Run read %d streams, want 2: the reported task's and its conversation's", n)
+	// Its conversation's (for the start), the reported task's, then its
+	// conversation's again.
+	if n := store.streams.Load(); n != 3 {
+		t.Errorf("Run read %d streams, want 3: the reported task's and twice its conversation's", n)
 	}
 }
 

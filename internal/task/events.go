@@ -117,7 +117,10 @@ const (
 	// (WorkspaceTaskReport), once.
 	EventWorkspaceTaskCompleted = "workspace_task_completed"
 	EventWorkspaceTaskFailed    = "workspace_task_failed"
-	EventAttachmentRemoved      = "attachment_removed"
+	// EventWorkspaceTaskSpawned tells the origin conversation a workspace
+	// task of its started (seed 002; WorkspaceTaskSpawned), once.
+	EventWorkspaceTaskSpawned = "workspace_task_spawned"
+	EventAttachmentRemoved    = "attachment_removed"
 	// EventOutputsSaved records save_to_shared copying a successful task's
 	// outputs into shared/; EventOutputsSaveFailed, that it could not.
 	// Either comes once, after the task's end (Task.SharedOutputs).
@@ -330,6 +333,13 @@ type Completed struct {
 	CostUSD          float64  `json:"cost_usd,omitempty"`
 	// Changes is what a task in a git workspace changed there.
 	Changes *Changes `json:"changes,omitempty"`
+}
+
+// WorkspaceTaskSpawned is EventWorkspaceTaskSpawned's payload.
+type WorkspaceTaskSpawned struct {
+	TaskID    string `json:"task_id"`
+	Workspace string `json:"workspace"`
+	Origin
 }
 
 // WorkspaceTaskReport is the payload of EventWorkspaceTaskCompleted and
