@@ -485,7 +485,10 @@ type soakExec struct {
 // run runs e's command in its session on p, until its end or the
 // server's.
 func (e *soakExec) run(p *proc) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	// Past the server's kill the client reads on from its offset for a
+	// while (at the dead server's address, where the next one is not):
+	// the round does not wait for that.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	end, err := p.client.ExecSession(ctx, e.session, httpapi.ExecBody{Command: shell(fmt.Sprintf(execScript, e.sleep, e.tag))},
 		func(httpapi.ExecChunk) error { e.acked = true; return nil })
@@ -533,52 +536,72 @@ func checkExecs(t *testing.T, p *proc, data string, sessions []string, tried []*
 		session, tag, command string
 		ends                  []session.ExecEnd
 	}
-	records := map[string]*record{} // by exec id
-	streams := map[string]string{}  // stream -> session
+	streams := map[string]string{} // stream -> session
 	for _, id := range sessions {
 		streams[session.StreamID(id)] = id
 	}
-	for after := ""; ; {
-		n := 0
-		err := p.client.Events(ctx, service.EventsRequest{After: after}, func(e eventstore.Event) error {
-			n++
-			after = e.ID
-			id, ok := streams[e.StreamID]
-			if !ok {
-				return nil
-			}
-			var d struct {
-				session.ExecEnd
-				Command string `json:"command"`
-			}
-			if err := json.Unmarshal(e.Data, &d); err != nil {
-				return nil
-			}
-			switch e.Type {
-			case session.EventExecStart:
-				r := &record{session: id, command: d.Command}
-				if m := execTag.FindStringSubmatch(d.Command); m != nil {
-					r.tag = m[1]
+	// The commands the last kill cut run on in their sandboxes: their
+	// agents dial the new server in and hand them over, each ended then
+	// with its own result, or lost once the agent's wait is up. Read the
+	// log until none is open.
+	var records map[string]*record // by exec id
+	for deadline := time.Now().Add(45 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		records = map[string]*record{}
+		f = execFaults{}
+		readRecords := func() {
+			for after := ""; ; {
+				n := 0
+				err := p.client.Events(ctx, service.EventsRequest{After: after}, func(e eventstore.Event) error {
+					n++
+					after = e.ID
+					id, ok := streams[e.StreamID]
+					if !ok {
+						return nil
+					}
+					var d struct {
+						session.ExecEnd
+						Command string `json:"command"`
+					}
+					if err := json.Unmarshal(e.Data, &d); err != nil {
+						return nil
+					}
+					switch e.Type {
+					case session.EventExecStart:
+						r := &record{session: id, command: d.Command}
+						if m := execTag.FindStringSubmatch(d.Command); m != nil {
+							r.tag = m[1]
+						}
+						if records[d.ExecID] != nil {
+							f.wrong++
+							t.Errorf("exec %s started twice", d.ExecID)
+						}
+						records[d.ExecID] = r
+					case session.EventExecEnd:
+						if r := records[d.ExecID]; r != nil {
+							r.ends = append(r.ends, d.ExecEnd)
+						} else {
+							f.wrong++
+							t.Errorf("session %s: exec %s ended (%+v) without having started", id, d.ExecID, d.ExecEnd)
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
 				}
-				if records[d.ExecID] != nil {
-					f.wrong++
-					t.Errorf("exec %s started twice", d.ExecID)
-				}
-				records[d.ExecID] = r
-			case session.EventExecEnd:
-				if r := records[d.ExecID]; r != nil {
-					r.ends = append(r.ends, d.ExecEnd)
-				} else {
-					f.wrong++
-					t.Errorf("session %s: exec %s ended (%+v) without having started", id, d.ExecID, d.ExecEnd)
+				if n == 0 {
+					return
 				}
 			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
 		}
-		if n == 0 {
+		readRecords()
+		open := 0
+		for _, r := range records {
+			if len(r.ends) == 0 {
+				open++
+			}
+		}
+		if open == 0 || time.Now().After(deadline) {
 			break
 		}
 	}
