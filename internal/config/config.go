@@ -466,13 +466,13 @@ type APIToken struct {
 
 // Notify configures outbound notifications to the host.
 type Notify struct {
-	URL        string   `yaml:"url"`         // the host's callback; empty turns notifications off
-	SecretFile string   `yaml:"secret_file"` // whsec_<base64>, the Standard Webhooks signing key
+	URL        string `yaml:"url"`         // the host's callback; empty turns notifications off
+	SecretFile string `yaml:"secret_file"` // whsec_<base64>, the Standard Webhooks signing key
 	// PreviousSecretFile, during a rotation, holds the secret before
 	// SecretFile's: notifications carry a signature under each, so the
 	// host verifies them with either (corral notify-secret says how).
-	PreviousSecretFile string `yaml:"previous_secret_file"`
-	Events     []string `yaml:"events"`      // event types to send besides worker_completed
+	PreviousSecretFile string   `yaml:"previous_secret_file"`
+	Events             []string `yaml:"events"` // event types to send besides worker_completed
 	// MaxAttempts POSTs a notification gets before it is a dead letter.
 	MaxAttempts int `yaml:"max_attempts"`
 	// InitialBackoff doubles after each failed attempt up to MaxBackoff.
