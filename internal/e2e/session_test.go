@@ -858,3 +858,30 @@ func TestIdleSessionSuspended(t *testing.T) {
 	}
 	s.client.DeleteSession(ctx, created.SessionID)
 }
+
+// TestExecOfASessionLostWithItsServer: a session whose sandbox died with
+// its server (killed with SIGKILL) while a command ran is ended lost by the
+// next server, and so is the command: none stays open.
+func TestExecOfASessionLostWithItsServer(t *testing.T) {
+	t.Parallel()
+	data, srv := startKillable(t)
+	ctx := context.Background()
+	created := mustCreateSession(t, srv.client)
+	execID, err := srv.client.Sessions().StartExec(ctx, created.SessionID, service.SessionCommand{Shell: "sleep 300"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the command running", func() bool { return countProcesses("sleep", "300") > 0 })
+	srv.kill()
+	if err := exec.Command("pkill", "-KILL", "-f", created.SessionID).Run(); err != nil {
+		t.Fatalf("kill the session's sandbox: %v", err)
+	}
+	srv = startProcess(t, data)
+	if s, err := srv.client.GetSession(ctx, created.SessionID); err != nil || s.Status != service.SessionEnded || s.EndReason != "lost" {
+		t.Fatalf("the session after the restart: %+v, %v; want ended lost", s, err)
+	}
+	end, err := srv.client.Sessions().ReadExec(ctx, created.SessionID, execID, 0, false, func(service.ExecOutput) error { return nil })
+	if err != nil || end == nil || end.Reason != "lost" {
+		t.Errorf("its command: %+v, %v; want ended lost", end, err)
+	}
+}

@@ -421,18 +421,20 @@ func (m *Manager) pruneExecLogs(id string) {
 // names within agentWait, is recorded lost.
 func (m *Manager) restoreExecs(ctx context.Context, ids ...string) {
 	type open struct {
-		session, exec string
-		info          openExec
+		session, exec, status string
+		info                  openExec
 	}
 	var found []open
 	m.mu.Lock()
 	for id, s := range m.sessions {
-		if len(ids) > 0 && !slices.Contains(ids, id) || s.Status != StatusRunning {
+		// Not only running sessions: one that ended (or was suspended)
+		// with a command open has it ended lost below.
+		if len(ids) > 0 && !slices.Contains(ids, id) {
 			continue
 		}
 		for ex, info := range s.openExecs {
 			if m.execs[ex] == nil {
-				found = append(found, open{id, ex, info})
+				found = append(found, open{id, ex, s.Status, info})
 			}
 		}
 	}
@@ -464,6 +466,10 @@ func (m *Manager) restoreExecs(ctx context.Context, ids ...string) {
 		m.mu.Unlock()
 		if err != nil {
 			m.finish(re, -1, "", fmt.Errorf("lost: the server stopped while it ran, and its output log cannot be read (%v)", err), true)
+			continue
+		}
+		if o.status != StatusRunning {
+			m.finish(re, -1, "", errors.New("lost: the session was no longer running when a server took its commands over"), true)
 			continue
 		}
 		if re.timeout > 0 {

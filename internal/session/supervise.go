@@ -20,6 +20,10 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.sync(ctx); err != nil {
 		return err
 	}
+	// First the commands open in the log: those of a session found gone
+	// below end lost with it; the others wait for their agents to name
+	// them when they dial in again.
+	m.restoreExecs(ctx)
 	for _, s := range m.list() {
 		if s.Status != StatusRunning || m.runElsewhere(s.ID) {
 			continue
@@ -46,9 +50,6 @@ func (m *Manager) Start(ctx context.Context) error {
 			m.end(ctx, s.ID, "lost")
 		}
 	}
-	// The commands of the sessions that run on: their agents name them
-	// when they dial in again.
-	m.restoreExecs(ctx)
 	for name, rt := range m.opts.Placements.Sandboxes() {
 		if m.opts.Placements.Usable(name) == nil {
 			continue
