@@ -694,6 +694,9 @@ func TestSessionDiskQuota(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(s.data, "sessions", deleted.SessionID)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the deleted session's directory is still there: %v", err)
 	}
+	if _, err := os.Stat(filepath.Join(s.data, "run", "sessions", deleted.SessionID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the deleted session's command output is still kept: %v", err)
+	}
 	if types[len(types)-1] != session.EventDirRemoved || !slices.Contains(types, session.EventEnded) {
 		t.Errorf("the deleted session's events %v, want its end and then %s", types, session.EventDirRemoved)
 	}

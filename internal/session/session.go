@@ -159,20 +159,23 @@ type Quota interface {
 // only the manager knows of it.
 type state struct {
 	Session
-	tokenHashes    []string            // the session's token's and its agent's
-	grants         map[string]string   // tokens granted to tasks: hash -> task id
-	agentTokenHash string              // the exec agent's: the only one that may attach as it
-	dirRemoved     bool                // its own directory is gone (EventDirRemoved)
-	openExecs      map[string]openExec // execs started and not ended, by id
-	handle         sandbox.Handle
-	running        int    // execs running now
-	netChanged     bool   // its network policy changed since its proxy here last took it
-	replica        string // the replica that runs it (cluster.Replica)
-	limits         *sandbox.Limits
-	lastOutput     time.Time // when a command last printed (here)
-	dir            string    // its directory (created's)
-	hostDir        bool
-	version        int64 // its stream's version folded: apply takes each event once
+	tokenHashes    []string          // the session's token's and its agent's
+	grants         map[string]string // tokens granted to tasks: hash -> task id
+	agentTokenHash string            // the exec agent's: the only one that may attach as it
+	dirRemoved     bool              // its own directory is gone (EventDirRemoved)
+	// execLogsRemoved: its commands' output logs are gone (this process
+	// removed them).
+	execLogsRemoved bool
+	openExecs       map[string]openExec // execs started and not ended, by id
+	handle          sandbox.Handle
+	running         int    // execs running now
+	netChanged      bool   // its network policy changed since its proxy here last took it
+	replica         string // the replica that runs it (cluster.Replica)
+	limits          *sandbox.Limits
+	lastOutput      time.Time // when a command last printed (here)
+	dir             string    // its directory (created's)
+	hostDir         bool
+	version         int64 // its stream's version folded: apply takes each event once
 }
 
 // openExec is an exec started and not ended, as its start recorded it.

@@ -3,12 +3,14 @@ package session
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workspace"
 )
 
 // Start folds the recorded sessions, reattaches to the sandboxes of those
@@ -309,12 +311,25 @@ func (m *Manager) removeDirs(ctx context.Context) {
 	now := m.opts.Now()
 	for _, s := range m.list() {
 		m.mu.Lock()
-		gone := m.sessions[s.ID].dirRemoved
+		gone, logsGone := m.sessions[s.ID].dirRemoved, m.sessions[s.ID].execLogsRemoved
 		m.mu.Unlock()
-		if s.Status != StatusEnded || s.Workspace != "" || gone || s.EndedAt == nil || m.runElsewhere(s.ID) {
+		if s.Status != StatusEnded || s.EndedAt == nil || m.runElsewhere(s.ID) {
 			continue
 		}
 		if s.EndReason != "deleted" && (m.opts.Retention <= 0 || now.Sub(*s.EndedAt) < m.opts.Retention) {
+			continue
+		}
+		if !logsGone {
+			// Its commands' output, kept on the server's side.
+			if err := os.RemoveAll(m.opts.Data.HostPath(workspace.DirRun, "sessions", s.ID)); err != nil {
+				m.log.Warn("cannot remove an ended session's command output", "session_id", s.ID, "err", err)
+			} else {
+				m.mu.Lock()
+				m.sessions[s.ID].execLogsRemoved = true
+				m.mu.Unlock()
+			}
+		}
+		if s.Workspace != "" || gone {
 			continue
 		}
 		if err := m.opts.Data.Root().RemoveAll(ownDir(s.ID)); err != nil {
