@@ -5,8 +5,10 @@ package e2e_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
@@ -361,5 +364,43 @@ func TestWorkspaceRawRead(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode == 200 || strings.Contains(string(body), "root:") {
 		t.Errorf("a link read raw: %s %q", resp.Status, body)
+	}
+}
+
+// TestSharedWritesAreEvents: a caller's write into shared/ (PUT
+// /api/workspace/..., which the web UI's uploads use, and write_workspace)
+// is a shared_file_written event with its path, size, sha256 and actor.
+func TestSharedWritesAreEvents(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, nil)
+	ctx := context.Background()
+	if _, err := s.client.WriteWorkspace(ctx, "data/a.txt", []byte("hello\n")); err != nil {
+		t.Fatal(err)
+	}
+	var w map[string]any
+	s.callTool(t, "write_workspace", map[string]any{"path": "notes/b.md", "content": "# b\n"}, &w)
+	var got []task.SharedFileWritten
+	err := s.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
+		if e.StreamID == task.SharedStreamID && e.Type == task.EventSharedFileWritten {
+			var f task.SharedFileWritten
+			if err := json.Unmarshal(e.Data, &f); err != nil {
+				return err
+			}
+			if e.Actor == "" {
+				t.Errorf("%s written with no actor", f.Path)
+			}
+			got = append(got, f)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []task.SharedFileWritten{
+		{Path: "data/a.txt", Size: 6, SHA256: "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"},
+		{Path: "notes/b.md", Size: 4, SHA256: fmt.Sprintf("%x", sha256.Sum256([]byte("# b\n")))},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("shared_file_written events %+v, want %+v", got, want)
 	}
 }

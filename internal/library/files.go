@@ -2,7 +2,9 @@ package library
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"os"
@@ -11,7 +13,9 @@ import (
 
 	"github.com/corral-dev/corral/internal/clip"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/units"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -61,6 +65,11 @@ func (o *Library) WriteWorkspace(ctx context.Context, p string, content []byte) 
 	// Not a Stat of the path: it may already be something else (another
 	// writer, a worker's symlink); report what this call wrote.
 	o.log.Info("workspace file written", "path", c, "size", len(content), "actor", service.ActorFrom(ctx))
+	sum := sha256.Sum256(content)
+	ev := projection.NewEvent(task.EventSharedFileWritten, task.SharedFileWritten{Path: c, Size: int64(len(content)), SHA256: hex.EncodeToString(sum[:])}, service.ActorFrom(ctx))
+	if err := o.appendAnyVersion(ctx, task.SharedStreamID, ev); err != nil {
+		return workspace.Entry{}, fmt.Errorf("the file is written, its record failed: %w", err)
+	}
 	return workspace.Entry{Path: c, Size: int64(len(content)), Modified: time.Now().UTC()}, nil
 }
 

@@ -117,6 +117,10 @@ const (
 	// (WorkspaceTaskReport), once.
 	EventWorkspaceTaskCompleted = "workspace_task_completed"
 	EventWorkspaceTaskFailed    = "workspace_task_failed"
+	// EventSharedFileWritten records a file of shared/ written by a caller
+	// (write_workspace, PUT /api/workspace/..., an upload from the web UI)
+	// on stream SharedStreamID (SharedFileWritten).
+	EventSharedFileWritten = "shared_file_written"
 	// EventWorkspaceTaskSpawned tells the origin conversation a workspace
 	// task of its started (seed 002; WorkspaceTaskSpawned), once.
 	EventWorkspaceTaskSpawned = "workspace_task_spawned"
@@ -333,6 +337,16 @@ type Completed struct {
 	CostUSD          float64  `json:"cost_usd,omitempty"`
 	// Changes is what a task in a git workspace changed there.
 	Changes *Changes `json:"changes,omitempty"`
+}
+
+// SharedStreamID is the stream of shared/'s writes by callers.
+const SharedStreamID = "shared"
+
+// SharedFileWritten is EventSharedFileWritten's payload.
+type SharedFileWritten struct {
+	Path   string `json:"path"` // relative to shared/
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
 }
 
 // WorkspaceTaskSpawned is EventWorkspaceTaskSpawned's payload.
