@@ -33,6 +33,7 @@ import (
 	"github.com/corral-dev/corral/internal/service/servicetest"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/testenv"
 	"github.com/corral-dev/corral/internal/workerproto"
 )
 
@@ -886,5 +887,40 @@ func TestExecOfASessionLostWithItsServer(t *testing.T) {
 	end, err := srv.client.Sessions().ReadExec(ctx, created.SessionID, execID, 0, false, func(service.ExecOutput) error { return nil })
 	if err != nil || end == nil || end.Reason != "lost" {
 		t.Errorf("its command: %+v, %v; want ended lost", end, err)
+	}
+}
+
+// TestSessionRemembersItsWorkspacesSettings: a session created on a
+// workspace without an image or limits of its own gets those of the last
+// session there (seed 003's project settings); one that names its own
+// keeps them.
+func TestSessionRemembersItsWorkspacesSettings(t *testing.T) {
+	testenv.RequireDocker(t)
+	t.Parallel()
+	s := MustStart(t, nil)
+	ctx := context.Background()
+	if _, err := s.client.CreateProject(ctx, service.CreateProjectRequest{Name: "site"}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.client.CreateSession(ctx, service.CreateSessionRequest{Runtime: "docker", Image: testenv.DockerPythonImage, Workspace: "site",
+		Resources: &service.ResourceRequest{MemoryLimit: "300Mi", PidsLimit: 77}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.DeleteSession(ctx, first.SessionID); err != nil {
+		t.Fatal(err)
+	}
+	again, err := s.client.CreateSession(ctx, service.CreateSessionRequest{Runtime: "docker", Workspace: "site"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.client.DeleteSession(context.Background(), again.SessionID) })
+	got := again.Session
+	if got.Image != testenv.DockerPythonImage || got.Resources == nil || got.Resources.MemoryBytes != 300<<20 || got.Resources.Pids != 77 {
+		t.Errorf("a session on the workspace with no settings: image %q, resources %+v; want the last one's", got.Image, got.Resources)
+	}
+	var out strings.Builder
+	if _, err := s.client.ExecSession(ctx, again.SessionID, httpapi.ExecBody{Command: shell("python3 -c 'print(6*7)'")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || out.String() != "42\n" {
+		t.Errorf("python3 in the remembered image: %q, %v", out.String(), err)
 	}
 }

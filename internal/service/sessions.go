@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/task"
 )
 
 // Sessions is the session contract (seed 003): long-lived sandboxes on a
@@ -99,18 +100,21 @@ type Session struct {
 	Network string `json:"network"`
 	// NetworkAllow, when set, is the session's own egress allowlist in the
 	// place of the server's (PATCH /api/sessions/{id}/network).
-	NetworkAllow []string          `json:"network_allow"`
-	Workspace    string            `json:"workspace,omitempty"`
-	Labels       map[string]string `json:"labels,omitempty"`
-	Status       string            `json:"status"` // running | suspended | ended
-	EndReason    string            `json:"end_reason,omitempty"`
-	EndError     string            `json:"end_error,omitempty"` // what ended it, for a person, when it failed
-	CreatedAt    time.Time         `json:"created_at"`
-	LastUsedAt   time.Time         `json:"last_used_at"`
-	EndedAt      *time.Time        `json:"ended_at,omitempty"`
-	Execs        int               `json:"execs"`
-	IdleTimeout  int               `json:"idle_timeout"`
-	MaxLifetime  int               `json:"max_lifetime"`
+	NetworkAllow []string `json:"network_allow"`
+	Workspace    string   `json:"workspace,omitempty"`
+	// Resources are the sandbox's limits (sessions made before 2026-11-29
+	// have none recorded).
+	Resources   *task.Resources   `json:"resources,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Status      string            `json:"status"` // running | suspended | ended
+	EndReason   string            `json:"end_reason,omitempty"`
+	EndError    string            `json:"end_error,omitempty"` // what ended it, for a person, when it failed
+	CreatedAt   time.Time         `json:"created_at"`
+	LastUsedAt  time.Time         `json:"last_used_at"`
+	EndedAt     *time.Time        `json:"ended_at,omitempty"`
+	Execs       int               `json:"execs"`
+	IdleTimeout int               `json:"idle_timeout"`
+	MaxLifetime int               `json:"max_lifetime"`
 }
 
 // SessionSuspend answers a suspend: the session, and whether its

@@ -31,6 +31,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	if rtName == "" {
 		rtName = m.opts.DefaultRuntime
 	}
+	var lastLimits *sandbox.Limits
 	var rt sandbox.Runtime
 	switch p, known := m.opts.Placements.Get(rtName); {
 	case !known:
@@ -43,6 +44,19 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", rtName, why, errdefs.ErrFailedPrecondition)})
 	default:
 		rt = p.Sandbox
+	}
+	// A session on a workspace without an image or limits of its own
+	// takes the last ones a session there had (seed 003's project
+	// settings).
+	if req.Workspace != "" && (req.Image == "" || req.Resources == nil) {
+		if last := m.lastOnWorkspace(req.Workspace, rtName); last != nil {
+			if req.Image == "" {
+				req.Image = last.Image
+			}
+			if req.Resources == nil && last.limits != nil {
+				lastLimits = last.limits
+			}
+		}
 	}
 	image := req.Image
 	if rtkind.RunsImages(rtName) {
@@ -68,6 +82,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q needs the egress proxy, which this server does not run: %w", network, errdefs.ErrFailedPrecondition)})
 	}
 	limits := m.opts.Limits
+	if lastLimits != nil {
+		limits = *lastLimits
+	}
 	if r := req.Resources; r != nil {
 		res, err := r.Apply(task.Resources{MemoryBytes: limits.MemoryBytes, CPUMillis: limits.CPUMillis, Pids: limits.Pids})
 		errs = append(errs, err)
@@ -161,6 +178,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	attached := m.attached
 	m.mu.Unlock()
 	s := Session{ID: id, Runtime: rtName, Image: image, Network: network, Workspace: req.Workspace, Labels: maps.Clone(req.Labels), Status: StatusRunning,
+		Resources: &task.Resources{MemoryBytes: limits.MemoryBytes, CPUMillis: limits.CPUMillis, Pids: limits.Pids},
 		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second)}
 	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), AgentTokenHash: hashToken(agentToken), Handle: *h,
 		Replica: m.opts.Members.Self(), Limits: &limits, Dir: dir, HostDir: req.Workspace != "" && !project.InDataRoot()}); err != nil {
@@ -238,4 +256,18 @@ func (m *Manager) startSandbox(ctx context.Context, rt sandbox.Runtime, o sandbo
 		return nil, "", fmt.Errorf("start the session's sandbox: %w", err)
 	}
 	return h, agentToken, nil
+}
+
+// lastOnWorkspace is the newest session made on workspace (by its name)
+// on runtime rt, or nil.
+func (m *Manager) lastOnWorkspace(workspace, rt string) *state {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var last *state
+	for _, s := range m.sessions {
+		if s.Workspace == workspace && s.Runtime == rt && (last == nil || s.CreatedAt.After(last.CreatedAt)) {
+			last = s
+		}
+	}
+	return last
 }
