@@ -82,9 +82,11 @@ func TestKubernetesTasks(t *testing.T) {
 			s := MustStart(t, escapeRuntime{edit: onKubernetes(class)}.config(t))
 			ctx := context.Background()
 			spawn := func(script string, timeout int) string {
-				tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "on kubernetes", Agent: "command", Runtime: "kubernetes",
-					Command: []string{"sh", "-c", script}, TimeoutMinutes: new(timeout)})
-				return tk.ID
+				req := service.SpawnRequest{TaskDescription: "on kubernetes", Agent: "command", Runtime: "kubernetes", Command: []string{"sh", "-c", script}}
+				if timeout > 0 {
+					req.TimeoutMinutes = &timeout
+				}
+				return mustSpawn(t, s.client, req).ID
 			}
 			if err := os.WriteFile(filepath.Join(s.data, "shared", "hello.txt"), []byte("hello from shared\n"), 0o644); err != nil {
 				t.Fatal(err)
