@@ -151,7 +151,7 @@ func (c *Config) decodeFile(data []byte, name string, expand bool, env map[strin
 		if errors.Is(err, io.EOF) {
 			return nil // an empty file is all defaults
 		}
-		return fmt.Errorf("parse config file %s: %v: %w", name, strings.TrimPrefix(err.Error(), "yaml: "), errdefs.ErrInvalidArgument)
+		return fmt.Errorf("parse config file %s: %v%s: %w", name, strings.TrimPrefix(err.Error(), "yaml: "), syntaxContext(data, err), errdefs.ErrInvalidArgument)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -410,4 +410,64 @@ func envMap(environ []string) map[string]string {
 		}
 	}
 	return m
+}
+
+// syntaxLine reads the line a YAML syntax error names.
+var syntaxLine = lazyRegexp(`^yaml: line (\d+):`)
+
+// syntaxContext says, for a YAML syntax error at a line, which key that
+// line is under (by indentation, the dotted path of the keys above it) and,
+// for a ${VAR} inside a {...} mapping, how to write it.
+func syntaxContext(data []byte, err error) string {
+	m := syntaxLine().FindStringSubmatch(err.Error())
+	if m == nil {
+		return ""
+	}
+	n, _ := strconv.Atoi(m[1])
+	lines := strings.Split(string(data), "\n")
+	if n < 1 || n > len(lines) {
+		return ""
+	}
+	// The parser names the line where the construct it could not finish
+	// began, or the one before: a line with a ${VAR} in braces, the
+	// usual culprit, is taken first.
+	i := n - 1
+	if i+1 < len(lines) && !unquotedVarInBraces(lines[i]) && unquotedVarInBraces(lines[i+1]) {
+		i++
+	}
+	for i > 0 && strings.TrimSpace(lines[i]) == "" {
+		i--
+	}
+	var path []string
+	indent := len(lines[i]) - len(strings.TrimLeft(lines[i], " "))
+	if k, _, ok := strings.Cut(strings.TrimSpace(lines[i]), ":"); ok {
+		path = append(path, strings.TrimPrefix(k, "- "))
+	}
+	for j := i - 1; j >= 0 && indent > 0; j-- {
+		t := strings.TrimSpace(lines[j])
+		in := len(lines[j]) - len(strings.TrimLeft(lines[j], " "))
+		if t == "" || strings.HasPrefix(t, "#") || in >= indent {
+			continue
+		}
+		if k, _, ok := strings.Cut(t, ":"); ok {
+			path = append([]string{strings.TrimPrefix(k, "- ")}, path...)
+		}
+		indent = in
+	}
+	out := ""
+	if len(path) > 0 {
+		out = fmt.Sprintf(" (in %s)", strings.Join(path, "."))
+	}
+	if unquotedVarInBraces(lines[i]) {
+		out += `; a ${VAR} inside {...} must be quoted: "${VAR}"`
+	}
+	return out
+}
+
+// unquotedVarInBraces reports whether a line holds a ${ not preceded by a
+// quote, after a {.
+func unquotedVarInBraces(line string) bool {
+	open := strings.Index(line, "{")
+	v := strings.Index(line, "${")
+	return open >= 0 && v > open && line[v-1] != '"' && line[v-1] != '\''
 }
