@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -81,19 +82,15 @@ func validHeaderName(h string) bool {
 	return true
 }
 
-// forbiddenCredentialHeader: headers that route or frame a request, which
-// a rule must not set.
+// forbiddenCredentialHeader: headers that route or frame a request (the
+// hop-by-hop ones among them, Proxy-Authorization too), which a rule
+// must not set.
 func forbiddenCredentialHeader(h string) bool {
 	switch h {
 	case "Host", "Content-Length", "Content-Type", "Content-Encoding", "Expect":
 		return true
 	}
-	for _, hop := range hopHeaders {
-		if h == hop && h != "Proxy-Authorization" {
-			return true
-		}
-	}
-	return h == "Proxy-Authorization"
+	return slices.Contains(hopHeaders, h)
 }
 
 // String names the rule without its value.
