@@ -899,5 +899,18 @@ func (r *Runtime) kill(ctx context.Context, e *statedir.Entry[state]) error {
 	for _, p := range hostproc.PidsInNamespace(e.St.PIDNS) {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
-	return e.WaitExit(ctx)
+	if err := e.WaitExit(ctx); err != nil {
+		return err
+	}
+	// SIGKILL is sent, not done: a process in a system call (a write)
+	// finishes it before it dies, also after bwrap has gone. Stopped
+	// means none is left.
+	for len(hostproc.PidsInNamespace(e.St.PIDNS)) > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
 }
