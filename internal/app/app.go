@@ -246,7 +246,7 @@ func (a *App) open(ctx context.Context) error {
 		MaxSessions: cfg.Sessions.MaxSessions,
 		IdleTimeout: time.Duration(cfg.Sessions.IdleTimeout),
 		MaxLifetime: time.Duration(cfg.Sessions.MaxLifetime),
-		IdleSuspend: cfg.Sessions.IdleAction == config.IdleSuspend,
+		IdleAction:  cfg.Sessions.IdleAction,
 		TaskEnded: func(id string) bool {
 			st, _, ok := a.tasks.Status(id)
 			return !ok || st.Terminal()

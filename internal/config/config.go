@@ -307,9 +307,10 @@ type Sessions struct {
 	IdleTimeout Duration `yaml:"idle_timeout"`
 	MaxLifetime Duration `yaml:"max_lifetime"`
 	// IdleAction is what becomes of an idle session (no command running,
-	// no output, for its idle timeout): "delete" (the default: no runtime
-	// keeps a session's memory yet, so a suspend would end its processes
-	// all the same) ends it; "suspend" keeps its files for a resume.
+	// no output, for its idle timeout): "suspend" suspends it (its memory
+	// kept where its runtime checkpoints, its files elsewhere); "delete"
+	// ends it; "auto" (the default) suspends it where its memory is kept
+	// and ends it elsewhere.
 	IdleAction string `yaml:"idle_action"`
 }
 
@@ -319,6 +320,7 @@ const DefaultWebhookPath = "/api/webhooks/worker-complete"
 
 // Idle actions.
 const (
+	IdleAuto    = "auto"
 	IdleDelete  = "delete"
 	IdleSuspend = "suspend"
 )
@@ -554,7 +556,7 @@ func Default() *Config {
 		Docker:     Docker{Host: "unix:///var/run/docker.sock"},
 		Kubernetes: Kubernetes{SecretName: "ai-worker-secrets", PullPolicy: "IfNotPresent"},
 		Execution:  Execution{Enabled: true, Timeout: 60, MaxOutputSize: mustSize("1MiB")},
-		Sessions:   Sessions{MaxSessions: 8, IdleTimeout: Duration(30 * time.Minute), MaxLifetime: Duration(8 * time.Hour), IdleAction: IdleDelete},
+		Sessions:   Sessions{MaxSessions: 8, IdleTimeout: Duration(30 * time.Minute), MaxLifetime: Duration(8 * time.Hour), IdleAction: IdleAuto},
 		Egress: Egress{
 			// SPEC §4: the model providers' API hosts, through the proxy.
 			Mode:      "allowlist",

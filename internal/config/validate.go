@@ -106,7 +106,7 @@ func (c *Config) Validate() error {
 	}
 
 	v.egressCredentials(c.Egress.Credentials)
-	v.oneOf("sessions.idle_action", c.Sessions.IdleAction, []string{IdleDelete, IdleSuspend})
+	v.oneOf("sessions.idle_action", c.Sessions.IdleAction, []string{IdleAuto, IdleDelete, IdleSuspend})
 
 	v.agents(&c.Agents)
 

@@ -924,3 +924,128 @@ func TestSessionRemembersItsWorkspacesSettings(t *testing.T) {
 		t.Errorf("python3 in the remembered image: %q, %v", out.String(), err)
 	}
 }
+
+// counterServer serves, on the session's loopback, a count kept in its
+// memory alone: each GET answers one more.
+const counterServer = `exec python3 -c '
+import http.server
+n = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global n
+        n += 1
+        b = str(n).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", 8765), H).serve_forever()
+'`
+
+// TestSessionKeepsItsMemory: on gvisor a suspend keeps the session's
+// memory and processes: a server holding a count in memory and a command
+// printing as it runs are suspended, the server is killed with SIGKILL
+// and started again, the session resumed: the count goes on from where it
+// was, and the command's output is whole, each line once.
+func TestSessionKeepsItsMemory(t *testing.T) {
+	t.Parallel()
+	testenv.RequireRunsc(t)
+	data, srv := startKillable(t)
+	ctx := context.Background()
+	created, err := srv.client.CreateSession(ctx, session.CreateRequest{Runtime: "gvisor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.SessionID
+	sc := srv.client.Sessions()
+	if _, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: counterServer}); err != nil {
+		t.Fatal(err)
+	}
+	count := func() string {
+		t.Helper()
+		var out strings.Builder
+		srv.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell(`python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:8765/").read().decode())' 2>/dev/null`)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
+		return strings.TrimSpace(out.String())
+	}
+	var first string
+	waitFor(t, "the counter served", func() bool { first = count(); return first != "" })
+	ticker, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: `i=0; while [ $i -lt 60 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen strings.Builder
+	waitFor(t, "the ticker's first lines", func() bool {
+		seen.Reset()
+		sc.ReadExec(ctx, id, ticker, 0, false, func(o service.ExecOutput) error { seen.Write(o.Data); return nil })
+		return strings.Contains(seen.String(), "tick 3\n")
+	})
+	r, err := sc.Suspend(ctx, id)
+	if err != nil || !r.MemoryKept || r.Session.Status != service.SessionSuspended || !strings.Contains(r.Note, "memory") {
+		t.Fatalf("suspend: %+v, %v; want suspended with its memory kept", r, err)
+	}
+	// Through a kill -9, still suspended with its memory.
+	addr := strings.TrimPrefix(srv.url, "http://")
+	srv.kill()
+	srv = startProcessAt(t, data, addr, "")
+	sc = srv.client.Sessions()
+	if s, err := srv.client.GetSession(ctx, id); err != nil || s.Status != service.SessionSuspended || !s.MemoryKept {
+		t.Fatalf("after a restart: %+v, %v; want suspended, its memory kept", s, err)
+	}
+	if s, err := sc.Resume(ctx, id); err != nil || s.Status != service.SessionRunning {
+		t.Fatalf("resume: %+v, %v", s, err)
+	}
+	if n1, _ := strconv.Atoi(first); count() != strconv.Itoa(n1+1) {
+		t.Errorf("the count after the resume is not the one after %s: its memory was not kept", first)
+	}
+	var all strings.Builder
+	end, err := sc.ReadExec(ctx, id, ticker, 0, true, func(o service.ExecOutput) error { all.Write(o.Data); return nil })
+	var want strings.Builder
+	for i := range 60 {
+		fmt.Fprintf(&want, "tick %d\n", i)
+	}
+	if err != nil || end == nil || end.ExitCode != 0 || all.String() != want.String() {
+		t.Errorf("the command that ran through the suspend: %+v, %v, output %q; want all 60 lines once and exit 0", end, err, all.String())
+	}
+	var kept []bool
+	srv.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
+		if e.StreamID == session.StreamID(id) && (e.Type == session.EventSuspended || e.Type == session.EventResumed) {
+			var p struct {
+				MemoryKept bool `json:"memory_kept"`
+			}
+			json.Unmarshal(e.Data, &p)
+			kept = append(kept, p.MemoryKept)
+		}
+		return nil
+	})
+	if !slices.Equal(kept, []bool{true, true}) {
+		t.Errorf("the stream's suspend and resume say memory kept: %v, want both", kept)
+	}
+	// A process holding a connection to a host socket (one of the server's,
+	// mounted in every sandbox) cannot be checkpointed, and runsc ends a
+	// sandbox whose checkpoint failed: the suspend says its memory was
+	// not kept, and why; its files are, and a command resumes it.
+	holder, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: `echo kept > f.txt; exec python3 -c 'import socket, time; s = socket.socket(socket.AF_UNIX); s.connect("` + workerproto.SocketDir + `/` + workerproto.SocketName + `"); print("held", flush=True); time.sleep(600)'`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the connection held", func() bool {
+		var out strings.Builder
+		sc.ReadExec(ctx, id, holder, 0, false, func(o service.ExecOutput) error { out.Write(o.Data); return nil })
+		return strings.Contains(out.String(), "held")
+	})
+	if r, err := sc.Suspend(ctx, id); err != nil || r.MemoryKept || r.Session.Status != service.SessionSuspended || !strings.Contains(r.Note, "could not be") {
+		t.Errorf("suspend with a host connection held: %+v, %v; want suspended, its memory not kept, saying why", r, err)
+	}
+	var out strings.Builder
+	if end, err := srv.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell("cat f.txt")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || end.ExitCode != 0 || out.String() != "kept\n" {
+		t.Errorf("a command after the checkpoint that failed: %+v, %q, %v; want the file kept", end, out.String(), err)
+	}
+	if _, err := srv.client.DeleteSession(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(data, "run", "sessions", id, "checkpoint")); !os.IsNotExist(err) {
+		t.Errorf("the session's checkpoint after its end: %v", err)
+	}
+}

@@ -18,6 +18,12 @@
 // the command's exit, from there; or tells it to kill and forget one it
 // does not know.
 //
+// Before its sandbox is checkpointed, the server parks the agent: the agent
+// closes its connection (a connected host socket cannot be saved) and
+// dials again only on SIGCONT, which the runtime sends once the sandbox
+// runs again (restored, or on after a checkpoint that failed), or after
+// parkMax.
+//
 // The protocol is JSON lines (Frame) in both directions.
 package execagent
 
@@ -31,7 +37,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"os/signal"
 	"strings"
 	"sync"
 	"syscall"
@@ -61,8 +69,9 @@ const Upgrade = "corral-exec/2"
 
 // Frame is one message. From the server: start (ID, Argv, Dir, Env,
 // Stdin), kill (ID), resume (ID, Off: send from there), ack (ID, Off: the
-// server has the output before it) and forget (ID: the server has the
-// command's exit). From the agent: hello (Execs, first on a connection),
+// server has the output before it), forget (ID: the server has the
+// command's exit) and park (close the connection and dial again on
+// SIGCONT). From the agent: hello (Execs, first on a connection),
 // out (ID, FD 1 or 2, Off, Data) and exit (ID, Code, Error, Off: the
 // output's length).
 type Frame struct {
@@ -96,10 +105,24 @@ func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), 
 	delay := first
 	a := &agent{env: env, execs: map[string]*command{}}
 	defer a.killAll()
+	wake := make(chan os.Signal, 1)
+	signal.Notify(wake, syscall.SIGCONT)
+	defer signal.Stop(wake)
 	for ctx.Err() == nil {
-		served, err := a.serveOnce(ctx, dial, path, token)
+		served, err := a.serveOnce(ctx, dial, path, token, wake)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if errors.Is(err, errParked) {
+			log.Debug("exec agent: parked until SIGCONT")
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-wake:
+			case <-time.After(parkMax):
+			}
+			delay = first
+			continue
 		}
 		if served {
 			// A connection that worked: the server restarted, say.
@@ -117,9 +140,17 @@ func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), 
 	return nil
 }
 
+// parkMax bounds how long a parked agent waits for its SIGCONT: a server
+// that died while it checkpointed the sandbox sends none.
+const parkMax = time.Minute
+
+// errParked ends a connection the server parked.
+var errParked = errors.New("parked")
+
 // serveOnce dials, upgrades and serves one connection; served says the
-// server took it. The commands go on when it ends.
-func (a *agent) serveOnce(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string) (served bool, err error) {
+// server took it, errParked that it parked the agent. The commands go on
+// when it ends.
+func (a *agent) serveOnce(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string, wake <-chan os.Signal) (served bool, err error) {
 	conn, err := dial(ctx)
 	if err != nil {
 		return false, err
@@ -160,6 +191,14 @@ func (a *agent) serveOnce(ctx context.Context, dial func(ctx context.Context) (n
 			a.ack(f.ID, f.Off)
 		case "forget":
 			a.forget(f.ID)
+		case "park":
+			// A SIGCONT from before (a checkpoint that failed) must not
+			// wake this park.
+			select {
+			case <-wake:
+			default:
+			}
+			return true, errParked
 		}
 	}
 }
@@ -548,3 +587,17 @@ func (c *Conn) Start(id string, argv []string, dir string, env []string, stdin [
 
 // Kill ends command id and what it started.
 func (c *Conn) Kill(id string) error { return c.send(Frame{Op: "kill", ID: id}) }
+
+// Park has the agent close its connection, and waits until it has: its
+// sandbox can then be checkpointed. The agent dials again on SIGCONT.
+func (c *Conn) Park(ctx context.Context) error {
+	if err := c.send(Frame{Op: "park"}); err != nil {
+		return err
+	}
+	select {
+	case <-c.closed:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("the session's exec agent did not close its connection when parked: %w", context.Cause(ctx))
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -290,7 +291,7 @@ func TestExecTable(t *testing.T) {
 
 // agentOnSocket runs the agent dialling a unix socket served here; each
 // accept takes its next connection to a Conn over h.
-func agentOnSocket(t *testing.T) (accept func(h execagent.Handler) *execagent.Conn) {
+func agentOnSocket(t *testing.T, dials *atomic.Int32) (accept func(h execagent.Handler) *execagent.Conn) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "s.sock")
 	ln, err := net.Listen("unix", sock)
@@ -299,8 +300,14 @@ func agentOnSocket(t *testing.T) (accept func(h execagent.Handler) *execagent.Co
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	dial := execagenttest.DialSocket(sock)
 	go func() {
-		execagent.Run(ctx, execagenttest.DialSocket(sock), "/agent", "tok", []string{"PATH=/usr/bin:/bin"}, slog.New(slog.DiscardHandler))
+		execagent.Run(ctx, func(ctx context.Context) (net.Conn, error) {
+			if dials != nil {
+				dials.Add(1)
+			}
+			return dial(ctx)
+		}, "/agent", "tok", []string{"PATH=/usr/bin:/bin"}, slog.New(slog.DiscardHandler))
 		close(done)
 	}()
 	t.Cleanup(func() { cancel(); <-done; ln.Close() })
@@ -326,7 +333,7 @@ func agentOnSocket(t *testing.T) (accept func(h execagent.Handler) *execagent.Co
 // again and said so, the server gets the rest of its output from where it
 // was, every byte once, and its exit.
 func TestCommandsOutliveTheConnection(t *testing.T) {
-	accept := agentOnSocket(t)
+	accept := agentOnSocket(t, nil)
 	m := &mem{execs: map[string]*memExec{}}
 	m.c = accept(m)
 	id, e, err := m.start([]string{"/bin/sh", "-c", "i=0; while [ $i -lt 200 ]; do echo line $i; i=$((i+1)); sleep 0.005; done; exit 7"}, "/", nil, nil)
@@ -363,7 +370,7 @@ func TestCommandsOutliveTheConnection(t *testing.T) {
 // TestUnknownCommandIsKilled: a command the server does not know after a
 // reconnect (one it has no record of) is killed and forgotten.
 func TestUnknownCommandIsKilled(t *testing.T) {
-	accept := agentOnSocket(t)
+	accept := agentOnSocket(t, nil)
 	m := &mem{execs: map[string]*memExec{}}
 	m.c = accept(m)
 	pidFile := filepath.Join(t.TempDir(), "pid")
@@ -378,4 +385,48 @@ func TestUnknownCommandIsKilled(t *testing.T) {
 	m.c.Close()
 	accept(&mem{execs: map[string]*memExec{}}) // a server that knows nothing of it
 	waitGone(t, pidFile, 0)
+}
+
+// TestPark: a parked agent closes its connection, dials nothing while
+// parked (its command runs on), and dials again on SIGCONT, with the
+// command and all its output.
+func TestPark(t *testing.T) {
+	var dials atomic.Int32
+	accept := agentOnSocket(t, &dials)
+	m := &mem{execs: map[string]*memExec{}}
+	m.c = accept(m)
+	_, e, err := m.start([]string{"/bin/sh", "-c", "i=0; while [ $i -lt 100 ]; do echo line $i; i=$((i+1)); sleep 0.01; done"}, "/", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, pcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer pcancel()
+	if err := m.c.Park(pctx); err != nil {
+		t.Fatal(err)
+	}
+	// Parked: the command ends meanwhile, and nothing is dialled.
+	time.Sleep(1500 * time.Millisecond)
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("%d dials while parked, want the first alone", n)
+	}
+	syscall.Kill(os.Getpid(), syscall.SIGCONT)
+	m.c = accept(m)
+	select {
+	case end := <-e.exit:
+		if end[0] != 0 {
+			t.Errorf("exit %v", end)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit after the wake")
+	}
+	var want strings.Builder
+	for i := range 100 {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	m.mu.Lock()
+	got := e.out[1].String()
+	m.mu.Unlock()
+	if got != want.String() {
+		t.Errorf("output %d bytes, want %d", len(got), want.Len())
+	}
 }

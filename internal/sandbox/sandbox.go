@@ -68,6 +68,27 @@ type Runtime interface {
 	Destroy(ctx context.Context, id string) error
 }
 
+// Checkpointer is a Runtime that keeps a sandbox's memory and processes
+// across a suspend: Checkpoint saves them and ends the sandbox, Restore
+// makes it again from what was saved, its processes going on where they
+// were. A connected socket of the host's in the sandbox cannot be saved:
+// its processes close theirs first (a session's exec agent parks).
+type Checkpointer interface {
+	// Checkpoint saves running sandbox id into dir (an empty host
+	// directory, the server's alone) and ends it, releasing what it holds
+	// as Destroy does but its host identity: a Restore under the same id
+	// runs as the same identity, and a Destroy of the id ends that too.
+	// If it fails, the sandbox may have ended with it (gVisor's runsc
+	// ends it), as Status then says; one that runs on has its main
+	// process sent SIGCONT.
+	Checkpoint(ctx context.Context, id, dir string) error
+	// Restore makes sandbox spec.ID from the checkpoint in dir, as Create
+	// makes one, and sends its main process SIGCONT once it runs: the
+	// sign that it was restored. spec is the spec the sandbox was made
+	// with.
+	Restore(ctx context.Context, spec Spec, dir string) (*Handle, error)
+}
+
 // ErrQuarantined wraps a Destroy error for a directory the sandbox was given
 // (a task's, a session's, a workspace) that could not be given back whole:
 // it is left closed to all but the server until an operator looks.

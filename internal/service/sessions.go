@@ -104,17 +104,20 @@ type Session struct {
 	Workspace    string   `json:"workspace,omitempty"`
 	// Resources are the sandbox's limits (sessions made before 2026-11-29
 	// have none recorded).
-	Resources   *task.Resources   `json:"resources,omitempty"`
-	Labels      map[string]string `json:"labels,omitempty"`
-	Status      string            `json:"status"` // running | suspended | ended
-	EndReason   string            `json:"end_reason,omitempty"`
-	EndError    string            `json:"end_error,omitempty"` // what ended it, for a person, when it failed
-	CreatedAt   time.Time         `json:"created_at"`
-	LastUsedAt  time.Time         `json:"last_used_at"`
-	EndedAt     *time.Time        `json:"ended_at,omitempty"`
-	Execs       int               `json:"execs"`
-	IdleTimeout int               `json:"idle_timeout"`
-	MaxLifetime int               `json:"max_lifetime"`
+	Resources *task.Resources   `json:"resources,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Status    string            `json:"status"` // running | suspended | ended
+	// MemoryKept, while suspended: a resume brings its processes and
+	// memory back, not only its files.
+	MemoryKept  bool       `json:"memory_kept,omitempty"`
+	EndReason   string     `json:"end_reason,omitempty"`
+	EndError    string     `json:"end_error,omitempty"` // what ended it, for a person, when it failed
+	CreatedAt   time.Time  `json:"created_at"`
+	LastUsedAt  time.Time  `json:"last_used_at"`
+	EndedAt     *time.Time `json:"ended_at,omitempty"`
+	Execs       int        `json:"execs"`
+	IdleTimeout int        `json:"idle_timeout"`
+	MaxLifetime int        `json:"max_lifetime"`
 }
 
 // SessionSuspend answers a suspend: the session, and whether its

@@ -209,6 +209,9 @@ type sandboxOf struct {
 	dir                string   // its directory, relative to the data root or (hostDir) a host path
 	hostDir            bool
 	limits             sandbox.Limits
+	// restore, when not "", is the checkpoint to restore the sandbox
+	// from (its runtime is a sandbox.Checkpointer).
+	restore string
 }
 
 // startSandbox starts a session's sandbox on rt (its egress proxy first,
@@ -248,7 +251,13 @@ func (m *Manager) startSandbox(ctx context.Context, rt sandbox.Runtime, o sandbo
 		spec.Env = append(spec.Env, workerproto.EnvSessionEgress+"=1")
 		spec.Env = append(spec.Env, m.opts.Egress.SandboxEnv(o.network)...)
 	}
-	h, err := rt.Create(ctx, spec)
+	var h *sandbox.Handle
+	var err error
+	if cp, ok := rt.(sandbox.Checkpointer); ok && o.restore != "" {
+		h, err = cp.Restore(ctx, spec, o.restore)
+	} else {
+		h, err = rt.Create(ctx, spec)
+	}
 	if err != nil {
 		if o.network != task.NetworkNone {
 			m.opts.Egress.Close(o.id)

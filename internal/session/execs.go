@@ -422,6 +422,7 @@ func (m *Manager) pruneExecLogs(id string) {
 func (m *Manager) restoreExecs(ctx context.Context, ids ...string) {
 	type open struct {
 		session, exec, status string
+		memoryKept            bool
 		info                  openExec
 	}
 	var found []open
@@ -434,7 +435,7 @@ func (m *Manager) restoreExecs(ctx context.Context, ids ...string) {
 		}
 		for ex, info := range s.openExecs {
 			if m.execs[ex] == nil {
-				found = append(found, open{id, ex, s.Status, info})
+				found = append(found, open{id, ex, s.Status, s.MemoryKept, info})
 			}
 		}
 	}
@@ -443,6 +444,9 @@ func (m *Manager) restoreExecs(ctx context.Context, ids ...string) {
 	for _, o := range found {
 		if len(ids) == 0 && m.runElsewhere(o.session) {
 			continue // its replica runs its execs
+		}
+		if o.status == StatusSuspended && o.memoryKept && len(ids) == 0 {
+			continue // they go on when it is resumed, and are taken over then
 		}
 		recorded := make(chan struct{})
 		close(recorded)
@@ -468,7 +472,7 @@ func (m *Manager) restoreExecs(ctx context.Context, ids ...string) {
 			m.finish(re, -1, "", fmt.Errorf("lost: the server stopped while it ran, and its output log cannot be read (%v)", err), true)
 			continue
 		}
-		if o.status != StatusRunning {
+		if o.status != StatusRunning && (o.status != StatusSuspended || !o.memoryKept) {
 			m.finish(re, -1, "", errors.New("lost: the session was no longer running when a server took its commands over"), true)
 			continue
 		}

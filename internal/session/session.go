@@ -119,8 +119,10 @@ type Options struct {
 	Limits sandbox.Limits
 	// MaxSessions bounds the sessions that run at once (429 past it).
 	MaxSessions int
-	// IdleSuspend suspends an idle session instead of ending it.
-	IdleSuspend bool
+	// IdleAction is what becomes of an idle session: IdleSuspend suspends
+	// it, IdleDelete ends it, IdleAuto (and "") suspends it where its
+	// runtime keeps its memory and ends it elsewhere.
+	IdleAction string
 	// IdleTimeout and MaxLifetime are a session's when it gives none, and
 	// their upper bounds.
 	IdleTimeout, MaxLifetime time.Duration
@@ -143,6 +145,26 @@ type Options struct {
 	// the replica that made it, or that adopted it; nil: a server alone
 	// on its store.
 	Members cluster.Members
+}
+
+// Idle actions (Options.IdleAction).
+const (
+	IdleAuto    = "auto"
+	IdleSuspend = "suspend"
+	IdleDelete  = "delete"
+)
+
+// idleSuspends reports whether an idle session on runtime rt is
+// suspended rather than ended.
+func (m *Manager) idleSuspends(rt string) bool {
+	switch m.opts.IdleAction {
+	case IdleSuspend:
+		return true
+	case IdleDelete:
+		return false
+	}
+	_, ok := checkpointer(m.opts.Placements.Usable(rt))
+	return ok
 }
 
 // Quota is the disk quota of session directories: Limit before the
@@ -335,7 +357,9 @@ func (m *Manager) apply(e eventstore.Event) {
 			replica: c.Replica, version: 1, limits: c.Limits, dir: c.Dir, hostDir: c.HostDir}
 	case EventSuspended:
 		if s := m.sessions[id]; s != nil {
-			s.Status, s.handle = StatusSuspended, sandbox.Handle{}
+			var p suspended
+			json.Unmarshal(e.Data, &p)
+			s.Status, s.handle, s.MemoryKept = StatusSuspended, sandbox.Handle{}, p.MemoryKept
 		}
 	case EventResumed:
 		var r resumed
@@ -343,7 +367,7 @@ func (m *Manager) apply(e eventstore.Event) {
 			// The old agent's token goes; the new one attaches.
 			s.tokenHashes = slices.DeleteFunc(s.tokenHashes, func(h string) bool { return h == s.agentTokenHash })
 			s.tokenHashes = append(s.tokenHashes, r.AgentTokenHash)
-			s.Status, s.agentTokenHash, s.handle, s.replica = StatusRunning, r.AgentTokenHash, r.Handle, r.Replica
+			s.Status, s.agentTokenHash, s.handle, s.replica, s.MemoryKept = StatusRunning, r.AgentTokenHash, r.Handle, r.Replica, false
 			s.LastUsedAt = e.RecordedAt
 		}
 	case EventAdopted:

@@ -257,8 +257,8 @@ func (m *Manager) Reap(ctx context.Context) error {
 			switch {
 			case now.Sub(s.CreatedAt) > time.Duration(s.MaxLifetime)*time.Second:
 				m.end(ctx, s.ID, "max_lifetime")
-			case !busy && now.Sub(used) > time.Duration(s.IdleTimeout)*time.Second && m.opts.IdleSuspend:
-				if _, err := m.Suspend(ctx, s.ID); err != nil {
+			case !busy && now.Sub(used) > time.Duration(s.IdleTimeout)*time.Second && m.idleSuspends(s.Runtime):
+				if _, err := m.suspend(ctx, s.ID, true); err != nil {
 					m.log.Warn("cannot suspend an idle session; it is ended", "session_id", s.ID, "err", err)
 					m.end(ctx, s.ID, "idle_timeout")
 				}
@@ -371,6 +371,10 @@ func (m *Manager) endWith(ctx context.Context, id, reason string, cause error) {
 	}
 	if m.opts.Egress != nil && s.Network != "" && s.Network != task.NetworkNone {
 		m.opts.Egress.Close(id)
+	}
+	// Its memory, if a suspend kept it: secrets and all.
+	if err := os.RemoveAll(m.checkpointDir(id)); err != nil {
+		m.log.Warn("cannot remove an ended session's checkpoint", "session_id", id, "err", err)
 	}
 	if s.Workspace != "" {
 		m.checkGit(ctx, s)

@@ -3,17 +3,25 @@ package session
 import (
 	"context"
 	"fmt"
+	"os"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
+	"github.com/corral-dev/corral/internal/workspace"
 )
 
 // A suspended session holds no sandbox: its directory, image, network
-// policy, token and workspace are kept, and resuming starts a sandbox of
-// the same making again. What ran in it is not kept: no runtime here
-// checkpoints a session's memory yet, so its processes end with the
+// policy, token and workspace are kept, and resuming makes its sandbox
+// again. On a runtime that checkpoints (sandbox.Checkpointer: gvisor) its
+// memory and processes are kept too: its exec agent parks (closes its
+// connection, which could not be saved), the sandbox is checkpointed into
+// run/sessions/<id>/checkpoint (the server's alone: it holds the
+// session's memory, its secrets with it) and restored from there, its
+// commands going on where they were. Elsewhere its processes end with the
 // suspend, and the answer and the session_suspended event say so.
 
 // Events of a suspend and a resume.
@@ -31,6 +39,9 @@ type suspended struct {
 	// suspend.
 	ExecsEnded int    `json:"execs_ended"`
 	Note       string `json:"note"`
+	// Seconds is how long the suspend took, the checkpoint's write of
+	// the session's memory included.
+	Seconds float64 `json:"seconds"`
 }
 
 // resumed is session_resumed's payload.
@@ -39,38 +50,75 @@ type resumed struct {
 	Handle         sandbox.Handle `json:"handle"`
 	Replica        string         `json:"replica"`
 	MemoryKept     bool           `json:"memory_kept"`
+	Seconds        float64        `json:"seconds"`
 }
 
-// filesOnly is what a suspend says of what it keeps.
-const filesOnly = "files kept; the session's processes ended (no runtime here keeps a session's memory yet): a resume starts a fresh sandbox on the same directory"
+// What a suspend says of what it keeps.
+const (
+	filesOnly  = "files kept; the session's processes ended (its runtime does not keep a session's memory): a resume starts a fresh sandbox on the same directory"
+	memoryKept = "files, memory and processes kept: a resume brings the session back as it was, its running commands going on"
+)
 
-// Suspend ends the sandbox of running session id and keeps the rest for a
-// Resume.
+// checkpointName is the directory in run/sessions/<id> a session's
+// checkpoint is kept in while it is suspended.
+const checkpointName = "checkpoint"
+
+// parkWait bounds how long a suspend waits for the exec agent to close
+// its connection.
+const parkWait = 5 * time.Second
+
+func (m *Manager) checkpointDir(id string) string {
+	return m.opts.Data.HostPath(workspace.DirRun, "sessions", id, checkpointName)
+}
+
+// Suspend suspends running session id: with its memory where its runtime
+// checkpoints (failing, the session running on, when the checkpoint
+// fails), its files only elsewhere.
 func (m *Manager) Suspend(ctx context.Context, id string) (service.SessionSuspend, error) {
-	s, err := m.suspend(ctx, id)
-	return service.SessionSuspend{Session: s, Note: filesOnly}, err
+	return m.suspend(ctx, id, false)
 }
 
-func (m *Manager) suspend(ctx context.Context, id string) (Session, error) {
+// suspend is Suspend; filesIfNeeded suspends with the files only when
+// the memory cannot be kept (an idle session's suspend).
+func (m *Manager) suspend(ctx context.Context, id string, filesIfNeeded bool) (service.SessionSuspend, error) {
 	s, err := m.get(id)
 	if err != nil {
-		return Session{}, err
+		return service.SessionSuspend{}, err
 	}
 	switch {
 	case s.Status == StatusSuspended:
-		return s, nil
+		return service.SessionSuspend{Session: s, MemoryKept: s.MemoryKept, Note: noteOf(s.MemoryKept)}, nil
 	case s.Status != StatusRunning:
-		return Session{}, fmt.Errorf("session %s ended (%s): %w", id, s.EndReason, errdefs.ErrFailedPrecondition)
+		return service.SessionSuspend{}, fmt.Errorf("session %s ended (%s): %w", id, s.EndReason, errdefs.ErrFailedPrecondition)
 	case m.runElsewhere(id):
-		return Session{}, fmt.Errorf("session %s runs on another replica: %w", id, errdefs.ErrUnavailable)
+		return service.SessionSuspend{}, fmt.Errorf("session %s runs on another replica: %w", id, errdefs.ErrUnavailable)
 	}
-	m.mu.Lock()
-	running := m.sessions[id].running
-	m.mu.Unlock()
-	m.endExecsWith(id, "lost: the session was suspended, and its processes ended with it")
-	if p := m.opts.Placements.Usable(s.Runtime); p != nil {
-		if err := p.Sandbox.Destroy(ctx, id); err != nil {
-			return Session{}, fmt.Errorf("stop the session's sandbox: %w", err)
+	p := m.opts.Placements.Usable(s.Runtime)
+	start := time.Now()
+	ev := suspended{Note: filesOnly}
+	if cp, ok := checkpointer(p); ok {
+		err := m.checkpoint(ctx, id, cp)
+		switch {
+		case err == nil:
+			ev = suspended{MemoryKept: true, Note: memoryKept}
+		case !filesIfNeeded && m.sandboxRuns(ctx, p.Sandbox, id):
+			return service.SessionSuspend{}, fmt.Errorf("the session's memory cannot be kept (%s); it runs on as it was: end what holds the connection and retry: %w", errdefs.Message(err), errdefs.ErrConflict)
+		default:
+			// runsc ends a sandbox whose checkpoint failed (a process
+			// held a connection to a host socket): its files are what
+			// is left.
+			ev.Note = fmt.Sprintf("files kept; its memory could not be (%s), and its processes ended", errdefs.Message(err))
+		}
+	}
+	if !ev.MemoryKept {
+		m.mu.Lock()
+		ev.ExecsEnded = m.sessions[id].running
+		m.mu.Unlock()
+		m.endExecsWith(id, "lost: the session was suspended, and its processes ended with it")
+		if p != nil {
+			if err := p.Sandbox.Destroy(ctx, id); err != nil {
+				return service.SessionSuspend{}, fmt.Errorf("stop the session's sandbox: %w", err)
+			}
 		}
 	}
 	if m.opts.Egress != nil && s.Network != "" && s.Network != task.NetworkNone {
@@ -82,16 +130,68 @@ func (m *Manager) suspend(ctx context.Context, id string) (Session, error) {
 		delete(m.agents, id)
 	}
 	m.mu.Unlock()
-	if err := m.append(ctx, id, EventSuspended, suspended{ExecsEnded: running, Note: filesOnly}); err != nil {
-		return Session{}, err
+	ev.Seconds = time.Since(start).Seconds()
+	if err := m.append(ctx, id, EventSuspended, ev); err != nil {
+		return service.SessionSuspend{}, err
 	}
-	m.log.Info("session suspended", "session_id", id, "memory_kept", false)
-	return m.get(id)
+	m.log.Info("session suspended", "session_id", id, "memory_kept", ev.MemoryKept, "seconds", ev.Seconds)
+	s, err = m.get(id)
+	return service.SessionSuspend{Session: s, MemoryKept: ev.MemoryKept, Note: ev.Note}, err
 }
 
-// Resume starts suspended session id's sandbox again, as it was made:
-// its directory, image, limits and network policy, with a new token for
-// its exec agent; it answers once the agent has dialled in.
+// sandboxRuns reports whether session id's sandbox on rt still runs.
+func (m *Manager) sandboxRuns(ctx context.Context, rt sandbox.Runtime, id string) bool {
+	st, err := rt.Status(ctx, id)
+	return err == nil && st.State == sandbox.StateRunning
+}
+
+// noteOf is what a suspend that kept memory, or not, says.
+func noteOf(memory bool) string {
+	if memory {
+		return memoryKept
+	}
+	return filesOnly
+}
+
+// checkpointer is p's sandbox runtime, if it keeps a sandbox's memory.
+func checkpointer(p *placement.Runtime) (sandbox.Checkpointer, bool) {
+	if p == nil {
+		return nil, false
+	}
+	cp, ok := p.Sandbox.(sandbox.Checkpointer)
+	return cp, ok
+}
+
+// checkpoint parks session id's exec agent and checkpoints its sandbox
+// into its checkpoint directory; failing, the sandbox runs on and the
+// agent dials in again.
+func (m *Manager) checkpoint(ctx context.Context, id string, cp sandbox.Checkpointer) error {
+	dir := m.checkpointDir(id)
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("clear the checkpoint directory: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create the checkpoint directory: %w", err)
+	}
+	if a := m.agent(id); a != nil {
+		pctx, cancel := context.WithTimeout(ctx, parkWait)
+		err := a.Park(pctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	if err := cp.Checkpoint(ctx, id, dir); err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	return nil
+}
+
+// Resume starts suspended session id's sandbox again, as it was made: its
+// directory, image, limits and network policy; restored from its
+// checkpoint if its memory was kept, else fresh with a new token for its
+// exec agent. It answers once the agent has dialled in.
 func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 	s, err := m.get(id)
 	if err != nil {
@@ -120,7 +220,7 @@ func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 	if st.limits != nil {
 		o.limits = *st.limits
 	}
-	attached := m.attached
+	attached, agentHash := m.attached, st.agentTokenHash
 	m.mu.Unlock()
 	if m.opts.MaxSessions > 0 && n >= m.opts.MaxSessions {
 		return Session{}, fmt.Errorf("%d sessions run already, the limit (sessions.max_sessions); end or suspend one first: %w", n, errdefs.ErrResourceExhausted)
@@ -131,18 +231,43 @@ func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 		}
 		o.dir = ownDir(id)
 	}
-	h, agentToken, err := m.startSandbox(ctx, p.Sandbox, o)
+	start := time.Now()
+	ev := resumed{Replica: m.opts.Members.Self(), MemoryKept: s.MemoryKept}
+	var h *sandbox.Handle
+	if s.MemoryKept {
+		if _, ok := checkpointer(p); !ok {
+			return Session{}, fmt.Errorf("session %s's memory was kept by a runtime that no longer checkpoints: %w", id, errdefs.ErrFailedPrecondition)
+		}
+		// Its agent has its token in the memory restored.
+		o.restore, ev.AgentTokenHash = m.checkpointDir(id), agentHash
+		h, _, err = m.startSandbox(ctx, p.Sandbox, o)
+	} else {
+		var token string
+		h, token, err = m.startSandbox(ctx, p.Sandbox, o)
+		ev.AgentTokenHash = hashToken(token)
+	}
 	if err != nil {
 		return Session{}, err
 	}
-	if err := m.append(ctx, id, EventResumed, resumed{AgentTokenHash: hashToken(agentToken), Handle: *h, Replica: m.opts.Members.Self()}); err != nil {
+	if s.MemoryKept {
+		// Its commands went on with it (those of a server before this
+		// one's restart are taken over here), before its agent can dial
+		// in and name them.
+		m.restoreExecs(ctx, id)
+	}
+	ev.Handle = *h
+	ev.Seconds = time.Since(start).Seconds()
+	if err := m.append(ctx, id, EventResumed, ev); err != nil {
 		p.Sandbox.Destroy(context.WithoutCancel(ctx), id)
 		return Session{}, err
+	}
+	if s.MemoryKept {
+		os.RemoveAll(m.checkpointDir(id))
 	}
 	if !m.waitAgent(ctx, id, attached, agentWait) {
 		m.end(context.WithoutCancel(ctx), id, "agent_not_connected")
 		return Session{}, fmt.Errorf("the session's exec agent did not connect within %s after the resume; the session is ended: %w", agentWait, errdefs.ErrUnavailable)
 	}
-	m.log.Info("session resumed", "session_id", id, "memory_kept", false)
+	m.log.Info("session resumed", "session_id", id, "memory_kept", s.MemoryKept, "seconds", ev.Seconds)
 	return m.get(id)
 }

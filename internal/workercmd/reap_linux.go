@@ -24,8 +24,9 @@ const reaperName = "corral-reaper"
 const reapChildEnv = workerproto.EnvPrefix + "REAP_CHILD"
 
 // forwarded are the signals pid 1 passes on to the worker: the runtimes'
-// stop (SIGTERM) and a terminal's.
-var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+// stop (SIGTERM), a terminal's, and the SIGCONT a restored sandbox gets
+// (sandbox.Checkpointer), which wakes a session's parked exec agent.
+var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGCONT}
 
 // reap is the worker as its sandbox's pid 1 (the gvisor runtime, and
 // docker under runsc, run no init of their own). A process whose parent

@@ -286,3 +286,104 @@ func BenchmarkStart(b *testing.B) {
 	r, _ := MustNew(b)
 	b.Run("runtime", func(b *testing.B) { sandboxtest.BenchStart(b, r) })
 }
+
+// TestCheckpointRestore: a checkpointed sandbox holds nothing on the host
+// but its identity's lease, and comes back restored with its memory (a
+// counter kept in its /tmp, which is the sentry's), its processes (the
+// loop that counts) and its mount, its main process told by SIGCONT.
+func TestCheckpointRestore(t *testing.T) {
+	r, _ := MustNew(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := mountDir(t)
+	sp := sandbox.Spec{ID: sandboxtest.NewID(t), Dir: "/out",
+		Command: []string{"/bin/sh", "-c", `trap 'echo woke >> /out/woke' CONT; i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.05; done`},
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
+		Limits:  sandbox.Limits{MemoryBytes: 256 << 20, Pids: 64}}
+	if _, err := r.Create(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), sp.ID) })
+	count := func() int {
+		t.Helper()
+		var out bytes.Buffer
+		if _, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/bin/cat", "/tmp/c"}, Stdout: &out}); err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		fmt.Sscan(out.String(), &n)
+		return n
+	}
+	for count() < 5 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	e, err := r.Lookup(sp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	who := e.St.Identity
+	before := count()
+	image := filepath.Join(t.TempDir(), "checkpoint")
+	if err := os.Mkdir(image, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Checkpoint(ctx, sp.ID, image); err != nil {
+		t.Fatal(err)
+	}
+	if hs, _ := r.List(ctx, nil); len(hs) != 0 {
+		t.Errorf("a checkpointed sandbox is listed: %+v", hs)
+	}
+	if procs := processesOf(t, who.UID); len(procs) > 0 {
+		t.Errorf("processes of the sandbox's identity %s after its checkpoint: %v", who, procs)
+	}
+	if b, err := os.ReadFile(filepath.Join(r.opts.StateDir, "identities", fmt.Sprint(who.UID))); err != nil || string(b) != sp.ID {
+		t.Errorf("the identity's lease after the checkpoint: %q, %v", b, err)
+	}
+	if _, err := r.Restore(ctx, sp, image); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := r.Lookup(sp.ID); err != nil || e.St.Identity != who {
+		t.Fatalf("restored as %+v (%v), checkpointed as %s", e, err, who)
+	}
+	after := count()
+	if after < before || after > before+20 {
+		t.Errorf("the counter went from %d to %d over the checkpoint: not the same memory", before, after)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		b, _ := os.ReadFile(filepath.Join(dir, "woke"))
+		if string(b) == "woke\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the main process was not sent SIGCONT once restored: %q", b)
+		}
+	}
+	if err := r.Destroy(ctx, sp.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(r.opts.StateDir, "identities", fmt.Sprint(who.UID))); !os.IsNotExist(err) {
+		t.Errorf("the identity's lease after Destroy: %v", err)
+	}
+}
+
+// processesOf are the host's processes running as uid.
+func processesOf(t *testing.T, uid int) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" && f[1] == fmt.Sprint(uid) {
+				out = append(out, e.Name())
+			}
+		}
+	}
+	return out
+}

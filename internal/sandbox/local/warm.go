@@ -503,7 +503,7 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	b.start.Close()
 	if err != nil {
 		r.Stop(ctx, spec.ID, 0)
-		r.Dir.Remove(st.Launch, dir)
+		r.Dir.Remove(st.Launch, dir, false)
 		r.Dir.Forget(spec.ID)
 		return nil, fmt.Errorf("start the task in the warm sandbox: %w", err)
 	}

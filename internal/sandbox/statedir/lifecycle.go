@@ -238,6 +238,18 @@ func (s *Sandboxes[S]) Destroy(ctx context.Context, id string) error {
 	}
 	unlock := s.Dir.Lock(id)
 	defer unlock()
+	return s.destroy(ctx, id, false)
+}
+
+// Retire is Destroy for a sandbox whose main process ended by checkpoint
+// (a sandbox.Checkpointer's): it keeps the lease of the sandbox's
+// identity, for the Restore of the same id. The caller holds the id's
+// lock.
+func (s *Sandboxes[S]) Retire(ctx context.Context, id string) error {
+	return s.destroy(ctx, id, true)
+}
+
+func (s *Sandboxes[S]) destroy(ctx context.Context, id string, keepLease bool) error {
 	e, err := s.Lookup(id)
 	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errTorn) {
 		if errors.Is(err, errTorn) {
@@ -257,11 +269,11 @@ func (s *Sandboxes[S]) Destroy(ctx context.Context, id string) error {
 	if s.ops.Release != nil {
 		s.ops.Release(ctx, id)
 	}
-	if err := s.Dir.Remove(e.St.launch(), e.Dir); err != nil {
+	if err := s.Dir.Remove(e.St.launch(), e.Dir, keepLease); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	s.Dir.Forget(id)
-	s.log.Info("sandbox destroyed", logkey.SandboxID, id)
+	s.log.Info("sandbox destroyed", logkey.SandboxID, id, "checkpointed", keepLease)
 	return nil
 }
 

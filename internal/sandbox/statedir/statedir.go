@@ -288,8 +288,9 @@ func CheckRecover[S Launched](h *sandbox.Handle, runtime string, version int, fo
 // Remove is the end of destroying a sandbox whose processes are gone: its
 // cgroups, with anything still in them (or they cannot be removed); the
 // directories it was given, taken back now that nothing of it can change
-// them underneath; its pins; its state dir; and its identity's lease.
-func (d *Dir[S, E]) Remove(l Launch, dir string) error {
+// them underneath; its pins; its state dir; and, unless keepLease, its
+// identity's lease.
+func (d *Dir[S, E]) Remove(l Launch, dir string, keepLease bool) error {
 	if err := cgroups.KillAndRemove(l.Cgroups); err != nil {
 		return err
 	}
@@ -301,6 +302,9 @@ func (d *Dir[S, E]) Remove(l Launch, dir string) error {
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove state dir: %w", err)
+	}
+	if keepLease {
+		return nil
 	}
 	return d.release(l.ID)
 }

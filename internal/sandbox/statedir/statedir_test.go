@@ -233,7 +233,7 @@ func TestLaunchHelpers(t *testing.T) {
 	if err := statedir.CheckRecover(statedir.Handle("rt", 1, other), "rt", 1, st); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("CheckRecover of another launcher: %v, want a conflict", err)
 	}
-	if err := d.Remove(st.Launch, d.Path("a")); err != nil {
+	if err := d.Remove(st.Launch, d.Path("a"), false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(d.Path("a")); !os.IsNotExist(err) {
