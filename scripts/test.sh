@@ -29,6 +29,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# promtool checks and tests the alerting rules (deploy/prometheus). Debian
+# ships it in prometheus, the server, which is wanted for nothing else: not
+# its recommended node exporter, and not its service, which the package
+# starts on a machine booted with systemd (listening on every address).
+if ! command -v promtool >/dev/null; then
+  echo "==> installing prometheus (for promtool)"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  if [ -d /run/systemd/system ]; then
+    $sudo systemctl disable --now prometheus >/dev/null 2>&1
+  fi
+fi
+
 # PostgreSQL's cluster (Debian's, 15/main on Debian 12; whichever
 # pg_lsclusters lists first), started when down, with a superuser role named
 # after the user running the tests: they connect over the unix socket by

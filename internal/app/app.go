@@ -720,6 +720,10 @@ func (b backend) Stats() httpapi.Stats {
 	for name, u := range e.Agents {
 		st.Agents[name] = httpapi.AgentUsage(u)
 	}
+	if b.a.notifier != nil {
+		d := httpapi.DeliveryStats(b.a.notifier.Stats())
+		st.Deliveries = &d
+	}
 	return st
 }
 

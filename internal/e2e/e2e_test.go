@@ -348,7 +348,8 @@ func TestToolsOverHTTP(t *testing.T) {
 	}
 }
 
-// metricValue is the value of the unlabelled metric name in a /metrics body.
+// metricValue is the value of the series name (a metric and its labels, as
+// /metrics writes them) in a /metrics body.
 func metricValue(t *testing.T, body, name string) uint64 {
 	t.Helper()
 	for line := range strings.Lines(body) {

@@ -384,6 +384,11 @@ func TestDeadLetterRetryOverHTTP(t *testing.T) {
 	if dead[0].TaskID != tk.ID || dead[0].Attempts != 2 {
 		t.Errorf("dead letter = %+v", dead[0])
 	}
+	// /metrics counts it, for the alerting rules (deploy/prometheus).
+	code, body := get("/metrics")
+	if code != 200 || metricValue(t, body, `corral_deliveries{state="failed"}`) != 1 || metricValue(t, body, "corral_delivery_attempts_failed_total") != 2 {
+		t.Errorf("metrics: %d %s, want a dead letter of 2 failed attempts", code, body)
+	}
 
 	out := filepath.Join(t.TempDir(), "received.jsonl")
 	startReceiver(t, port, secret, out)

@@ -42,11 +42,13 @@ func (*stats) Stats() Stats {
 		Durations:       Histogram{Bounds: []float64{1, 5}, Within: []uint64{1, 3}, Count: 4, Sum: 12.5},
 		Agents:          map[string]AgentUsage{"claude": {InputTokens: 10, OutputTokens: 20, CostUSD: 0.5}},
 		Commits:         Histogram{Bounds: []float64{0.0005, 0.001}, Within: []uint64{2, 5}, Count: 6, Sum: 0.0071},
-		EventsCommitted: 9}
+		EventsCommitted: 9,
+		Deliveries:      &DeliveryStats{ByState: map[task.DeliveryState]int{task.DeliveryDelivered: 7, task.DeliveryDead: 1}, FailedAttempts: 15},
+		Warm:            []WarmPool{{Runtime: "local", Shape: "none", Ready: 3, Target: 4, Claims: 5, Misses: 1, Started: 9, Failed: 2, Destroyed: 1}}}
 }
 
-// /metrics writes the backend's histograms of run times and commits, and
-// agent usage, in Prometheus's text format.
+// /metrics writes the backend's histograms of run times and commits, agent
+// usage, notifications and warm pools, in Prometheus's text format.
 func TestMetricsRoute(t *testing.T) {
 	hs := httptest.NewServer(newTestServer(&stats{}, Options{Token: "tok"}, slogTo(io.Discard)).Handler())
 	t.Cleanup(hs.Close)
@@ -71,6 +73,13 @@ func TestMetricsRoute(t *testing.T) {
 		`corral_event_commit_seconds_sum 0.0071`,
 		`corral_event_commit_seconds_count 6`,
 		`corral_events_committed_total 9`,
+		`# TYPE corral_deliveries gauge`,
+		`corral_deliveries{state="pending"} 0`,
+		`corral_deliveries{state="delivered"} 7`,
+		`corral_deliveries{state="failed"} 1`,
+		`# TYPE corral_delivery_attempts_failed_total counter`,
+		`corral_delivery_attempts_failed_total 15`,
+		`corral_warm_failed_total{runtime="local",shape="none"} 2`,
 	} {
 		if !strings.Contains(body, want+"\n") {
 			t.Errorf("/metrics has no line %s:\n%s", want, body)

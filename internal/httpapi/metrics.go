@@ -47,6 +47,21 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 	for _, n := range names {
 		fmt.Fprintf(w, "corral_agent_cost_usd_total{agent=%q} %g\n", n, st.Agents[n].CostUSD)
 	}
+	// Without notifications, the families are there without samples, as
+	// the warm pools' are without pools.
+	d := st.Deliveries
+	fmt.Fprintln(w, "# HELP corral_deliveries Notifications to the host by state; failed ones are the dead letters (GET /api/deliveries?state=failed).")
+	fmt.Fprintln(w, "# TYPE corral_deliveries gauge")
+	if d != nil {
+		for _, s := range []task.DeliveryState{task.DeliveryPending, task.DeliveryDelivered, task.DeliveryDead} {
+			fmt.Fprintf(w, "corral_deliveries{state=%q} %d\n", s, d.ByState[s])
+		}
+	}
+	fmt.Fprintln(w, "# HELP corral_delivery_attempts_failed_total POSTs of notifications the host did not accept (an error, no answer in time, an answer other than 2xx).")
+	fmt.Fprintln(w, "# TYPE corral_delivery_attempts_failed_total counter")
+	if d != nil {
+		fmt.Fprintf(w, "corral_delivery_attempts_failed_total %d\n", d.FailedAttempts)
+	}
 	warm := []struct {
 		name, help, kind string
 		value            func(WarmPool) uint64

@@ -56,6 +56,16 @@ type Stats struct {
 	// and EventsCommitted the events they held.
 	Commits         Histogram
 	EventsCommitted uint64
+	// Deliveries are the notifications to the host; nil when
+	// notifications are off.
+	Deliveries *DeliveryStats
+}
+
+// DeliveryStats are the notifications to the host by state, and the POSTs
+// of them the host did not accept (notify.Stats).
+type DeliveryStats struct {
+	ByState        map[task.DeliveryState]int
+	FailedAttempts int
 }
 
 // WarmPool is one pool of warm sandboxes (sandbox.WarmStats).

@@ -142,6 +142,20 @@ type Dispatcher struct {
 	pending    map[string]*task.Delivery   // the pending subset
 	owed       map[string]eventstore.Event // notified events with no delivery yet, by event id
 	inflight   map[string]bool
+	// states and failedAttempts sum the deliveries (tally) as they change,
+	// so that /metrics, read every few seconds, does not walk them all.
+	states         map[task.DeliveryState]int
+	failedAttempts int
+}
+
+// Stats are the deliveries as the log says, for /metrics: every server
+// that runs a Dispatcher folds the same ones.
+type Stats struct {
+	// ByState counts the deliveries in each state (none: absent).
+	ByState map[task.DeliveryState]int
+	// FailedAttempts counts the POSTs the host did not accept. It only
+	// grows: an attempt, once recorded, stays failed.
+	FailedAttempts int
 }
 
 // New returns a Dispatcher that sends to opts.URL.
@@ -171,6 +185,7 @@ func New(store eventstore.Store, opts Options, log *slog.Logger) (*Dispatcher, e
 		pending:    map[string]*task.Delivery{},
 		owed:       map[string]eventstore.Event{},
 		inflight:   map[string]bool{},
+		states:     map[task.DeliveryState]int{},
 	}, nil
 }
 
@@ -381,7 +396,9 @@ func (d *Dispatcher) applyLocked(id string, e eventstore.Event) {
 		d.log.Error("cannot apply delivery event", "delivery_id", id, logkey.EventID, e.ID, logkey.Error, err)
 		return
 	}
+	d.tally(d.deliveries[id], -1)
 	d.deliveries[id] = &next
+	d.tally(&next, 1)
 	delete(d.owed, next.SourceEventID) // scheduled, here or by another server
 	if next.State == task.DeliveryPending {
 		d.pending[id] = &next
@@ -392,6 +409,26 @@ func (d *Dispatcher) applyLocked(id string, e eventstore.Event) {
 	case d.wake <- struct{}{}:
 	default:
 	}
+}
+
+// tally adds dl's share to the sums Stats reads (sign 1), or takes it away
+// (sign -1) before dl is replaced. Under d.mu.
+func (d *Dispatcher) tally(dl *task.Delivery, sign int) {
+	if dl == nil {
+		return
+	}
+	if d.states[dl.State] += sign; d.states[dl.State] == 0 {
+		delete(d.states, dl.State)
+	}
+	failed := dl.Attempts
+	if dl.Attempts > 0 && dl.LastError == "" {
+		// The last attempt was accepted; every one before it failed. Told
+		// by the attempt's error, not by the state: a server following the
+		// log folds delivery_succeeded after the attempt, and a counter
+		// must not go up and back down in between.
+		failed--
+	}
+	d.failedAttempts += sign * failed
 }
 
 func (d *Dispatcher) apply(evs []eventstore.Event) {
@@ -600,6 +637,7 @@ func (d *Dispatcher) reload(ctx context.Context, id string) {
 		}
 		return
 	}
+	d.tally(d.deliveries[id], -1)
 	delete(d.deliveries, id)
 	delete(d.pending, id)
 	for _, e := range evs {
@@ -724,11 +762,13 @@ func (d *Dispatcher) waitRecovered(ctx context.Context) error {
 func (d *Dispatcher) count(s task.DeliveryState) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	n := 0
-	for _, dl := range d.deliveries {
-		if dl.State == s {
-			n++
-		}
-	}
-	return n
+	return d.states[s]
+}
+
+// Stats returns the deliveries folded so far: before Run's first fold
+// ends, part of them.
+func (d *Dispatcher) Stats() Stats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return Stats{ByState: maps.Clone(d.states), FailedAttempts: d.failedAttempts}
 }

@@ -451,6 +451,33 @@ func TestDeadLetterAndRetry(t *testing.T) {
 	}
 }
 
+// Stats counts the deliveries by state and the attempts the host did not
+// accept: a dead letter's three, which stay three when a retry by hand
+// succeeds; a server that folds the log afresh counts the same.
+func TestStats(t *testing.T) {
+	f := MustFixture(t, 503, 503, 503)
+	d, stop := f.MustRun(t, func(o *Options) { o.MaxAttempts = 3 })
+	_, ev := f.MustEnd(t, success())
+	dl := waitDelivery(t, d, ev.ID, task.DeliveryDead, 10*time.Second)
+	want := Stats{ByState: map[task.DeliveryState]int{task.DeliveryDead: 1}, FailedAttempts: 3}
+	if diff := cmp.Diff(want, d.Stats()); diff != "" {
+		t.Errorf("Stats of a dead letter (-want +got):\n%s", diff)
+	}
+	if _, err := d.Retry(context.Background(), dl.ID, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	waitDelivery(t, d, ev.ID, task.DeliveryDelivered, 10*time.Second)
+	want = Stats{ByState: map[task.DeliveryState]int{task.DeliveryDelivered: 1}, FailedAttempts: 3}
+	if diff := cmp.Diff(want, d.Stats()); diff != "" {
+		t.Errorf("Stats once retried and delivered (-want +got):\n%s", diff)
+	}
+	stop()
+	again, _ := f.MustRun(t, nil)
+	if diff := cmp.Diff(want, again.Stats()); diff != "" {
+		t.Errorf("Stats folded afresh (-want +got):\n%s", diff)
+	}
+}
+
 func TestResumesAfterRestart(t *testing.T) {
 	f := MustFixture(t, 500)
 	_, stop := f.MustRun(t, func(o *Options) { o.InitialBackoff, o.MaxBackoff = time.Hour, time.Hour })
