@@ -548,9 +548,11 @@ func (a *App) Services() service.Set {
 }
 
 // Run serves the API and runs the scheduler until ctx is done, then shuts
-// down. Workers keep running; the next start reattaches to them.
-func (a *App) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
+// down. Workers keep running and the next start reattaches to them,
+// unless the configuration says shutdown: stop (stopAll). A Run that ends
+// on an error of its own leaves them either way, as a crash does.
+func (a *App) Run(parent context.Context) error {
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	// Headers within 10 s, a body that never stalls for 30 s (httpapi), and
 	// an idle keep-alive connection closed after 2 minutes: a client that
@@ -611,8 +613,36 @@ func (a *App) Run(ctx context.Context) error {
 	srv.Shutdown(sctx)
 	sockSrv.Shutdown(sctx)
 	wg.Wait()
+	if a.cfg.Shutdown == config.ShutdownStop && parent.Err() != nil {
+		a.stopAll(parent)
+	}
 	close(errc)
 	return <-errc
+}
+
+// stopSlack is what stopAll allows beyond limits.stop_grace: to record
+// the ends and destroy what is left of the sandboxes.
+const stopSlack = 10 * time.Second
+
+// stopAll ends, once Run's parts have returned, every task and session
+// this replica runs, and stops and destroys their sandboxes, for a server
+// configured with shutdown: stop. Warm sandboxes are gone already: their
+// pools destroy them when Run's context ends. It takes limits.stop_grace
+// and stopSlack at most; what is left then (an end the store did not
+// take, a sandbox that would not go) the next start reattaches or ends,
+// as after a crash. Nothing is handed over to another replica: the
+// replica's lease lasts until the store closes, after Run.
+func (a *App) stopAll(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(a.cfg.Limits.StopGrace)+stopSlack)
+	defer cancel()
+	a.log.Info("stopping every task and session (shutdown: stop)")
+	var wg sync.WaitGroup
+	wg.Go(func() { a.sched.StopAll(ctx) })
+	wg.Go(func() { a.sessions.StopAll(ctx) })
+	wg.Wait()
+	if ctx.Err() != nil {
+		a.log.Warn("shutdown: stop ran out of time; the next start ends or reattaches what is left")
+	}
 }
 
 func ignoreClosed(err error) error {

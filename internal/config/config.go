@@ -89,6 +89,12 @@ type Config struct {
 	Notify     Notify         `yaml:"notify"`
 	Limits     Limits         `yaml:"limits"`
 
+	// Shutdown is what a graceful stop of the server (SIGTERM, SIGINT)
+	// does with the sandboxes it runs: ShutdownLeave (the default) leaves
+	// them running for the next start, or another replica, to reattach;
+	// ShutdownStop ends its tasks and sessions and their sandboxes first.
+	Shutdown string `yaml:"shutdown"`
+
 	// CrashAt is for the fault tests only, from CORRAL_TEST_CRASH_AT (no
 	// key in the file): the server kills itself with SIGKILL the first
 	// time a task reaches this point of its start or end (one of
@@ -317,6 +323,12 @@ type Sessions struct {
 // DefaultWebhookPath is the route workers post completions to
 // (webhook.Path), the only value ai_worker_config.webhook_path takes.
 const DefaultWebhookPath = "/api/webhooks/worker-complete"
+
+// Shutdown behaviours (Config.Shutdown).
+const (
+	ShutdownLeave = "leave"
+	ShutdownStop  = "stop"
+)
 
 // Idle actions.
 const (
@@ -594,6 +606,7 @@ func Default() *Config {
 			APIRate:               50,
 			APIBurst:              200,
 		},
+		Shutdown: ShutdownLeave,
 	}
 }
 

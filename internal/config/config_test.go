@@ -235,6 +235,7 @@ limits:
   stop_grace: 30s
   api_rate: 2.5
   api_burst: 10
+shutdown: stop
 `)
 	want := Default()
 	want.Listen = "127.0.0.1:9000"
@@ -259,6 +260,7 @@ limits:
 	want.Limits.MaxPromptBytes = mustSize("128KiB")
 	want.Limits.StopGrace = Duration(30 * time.Second)
 	want.Limits.APIRate, want.Limits.APIBurst = 2.5, 10
+	want.Shutdown = ShutdownStop
 	if diff := cmp.Diff(want, c, cmpConfig...); diff != "" {
 		t.Errorf("loaded config differs (-want +got):\n%s", diff)
 	}
@@ -734,6 +736,7 @@ func TestValidate(t *testing.T) {
 		{"api burst zero", func(c *Config) { c.Limits.APIBurst = 0 }, "limits.api_burst", "must be at least 1 (the requests a caller may make at once), got 0"},
 		{"api burst negative", func(c *Config) { c.Limits.APIBurst = -5 }, "limits.api_burst", "must be at least 1"},
 		{"version", func(c *Config) { c.Version = 2 }, "version", "unsupported config version 2"},
+		{"shutdown", func(c *Config) { c.Shutdown = "kill" }, "shutdown", `must be one of leave, stop, got "kill"`},
 		{"http host scheme", func(c *Config) { c.HTTP.AllowedHosts = []string{"corral.lan", "http://corral.lan"} }, "http.allowed_hosts[1]", "no scheme, path or wildcard"},
 		{"http host wildcard", func(c *Config) { c.HTTP.AllowedHosts = []string{"*.example.com"} }, "http.allowed_hosts[0]", "host name or IP address"},
 		{"http host port", func(c *Config) { c.HTTP.AllowedHosts = []string{"corral.lan:0"} }, "http.allowed_hosts[0]", "optional :port"},

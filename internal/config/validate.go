@@ -107,6 +107,7 @@ func (c *Config) Validate() error {
 
 	v.egressCredentials(c.Egress.Credentials)
 	v.oneOf("sessions.idle_action", c.Sessions.IdleAction, []string{IdleAuto, IdleDelete, IdleSuspend})
+	v.oneOf("shutdown", c.Shutdown, []string{ShutdownLeave, ShutdownStop})
 
 	v.agents(&c.Agents)
 

@@ -24,7 +24,7 @@ type Completion struct {
 	OutputFiles     []string          `json:"output_files"` // names under the task's output/
 	ErrorMessage    *string           `json:"error_message"`
 	Summary         string            `json:"summary"`
-	Reason          string            `json:"reason,omitempty"` // how it ended: exit, webhook, timeout, lost, cancel
+	Reason          string            `json:"reason,omitempty"` // how it ended: exit, webhook, timeout, lost, cancel, shutdown
 	ConversationID  string            `json:"conversation_id"`
 	InterfaceType   string            `json:"interface_type"`
 	UserName        string            `json:"user_name"`

@@ -5,8 +5,9 @@
 //
 // The scheduler holds no task state of its own: it reads the projection and
 // changes tasks only by appending events through projection.Update, so a
-// restart loses nothing. Sandboxes outlive the server; on start-up Reconcile
-// reattaches to the ones still running.
+// restart loses nothing. Sandboxes outlive the server (unless it ends
+// its tasks as it shuts down: StopAll); on start-up Reconcile reattaches
+// to the ones still running.
 //
 // Several servers (replicas, package cluster) may share one store. Then
 // the leader alone decides which queued task starts and on which replica
@@ -177,7 +178,8 @@ func (s *Scheduler) Reconciled() <-chan struct{} { return s.reconciled }
 // Run reconciles, then, until ctx is done, starts the tasks given to this
 // replica (all of them, alone on a store, or while it leads: see Lead)
 // and adopts those of replicas gone. Sandboxes keep running when Run
-// returns: the next server, or another replica, reattaches.
+// returns: the next server, or another replica, reattaches, unless
+// StopAll follows.
 func (s *Scheduler) Run(ctx context.Context) error {
 	if err := s.Reconcile(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -227,6 +229,52 @@ func (s *Scheduler) Running() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.running)
+}
+
+// StopAll ends what Run leaves running, for a server that stops its
+// sandboxes when it shuts down (config shutdown: stop); call it once Run
+// has returned. Every task this replica was starting or running ends
+// cancelled (reason "shutdown"), recorded first as a cancel is, and its
+// sandbox is stopped with StopGrace and destroyed, all of them at once,
+// within ctx. Queued tasks stay queued for the next start. A task whose
+// end cannot be recorded keeps its sandbox, which the next start
+// reattaches.
+func (s *Scheduler) StopAll(ctx context.Context) {
+	self := s.opts.Members.Self()
+	active := s.tasks.SelectLive(func(t *task.Task) bool {
+		return (t.Status == task.Starting || t.Status == task.Running) && t.Replica == self
+	})
+	var wg sync.WaitGroup
+	for _, t := range active {
+		wg.Go(func() { s.stopAtShutdown(ctx, t) })
+	}
+	wg.Wait()
+}
+
+// stopAtShutdown ends task t and its sandbox for StopAll.
+func (s *Scheduler) stopAtShutdown(ctx context.Context, t task.Task) {
+	end := task.Completed{Status: task.Cancelled, ErrorMessage: "cancelled: the server shut down (shutdown: stop)", Reason: "shutdown"}
+	if !s.complete(ctx, t.ID, end) {
+		return
+	}
+	rt := s.opts.Runtimes[t.Runtime]
+	if rt == nil {
+		s.releaseQuota(ctx, t)
+		return
+	}
+	// A task still starting may have no handle yet; its sandbox, if it
+	// has one, is named after it.
+	id := t.ID
+	var h sandbox.Handle
+	if json.Unmarshal(t.Handle, &h) == nil && h.ID != "" {
+		id = h.ID
+	}
+	if err := rt.Stop(ctx, id, s.opts.StopGrace); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		s.log.Warn("cannot stop a task's sandbox at shutdown", logkey.TaskID, t.ID, logkey.SandboxID, id, logkey.Error, err)
+	}
+	s.destroy(ctx, rt, t.ID, id)
+	s.opts.Runner.Released(ctx, t)
+	s.releaseQuota(ctx, t)
 }
 
 func (s *Scheduler) wake() {

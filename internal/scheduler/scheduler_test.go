@@ -1064,6 +1064,42 @@ func TestShutdownDestroysEndedTasksSandbox(t *testing.T) {
 	}
 }
 
+// StopAll, after Run, ends the tasks that run as cancelled by the
+// shutdown, stops their sandboxes with the grace and destroys them, and
+// leaves queued tasks queued.
+func TestStopAllEndsRunningTasks(t *testing.T) {
+	store := sqlitetest.Open(t)
+	fake := MustNewFake(t, blockUntilStopped)
+	h := MustStart(t, store, Options{StopGrace: time.Second, MaxConcurrent: 2}, fake)
+	running := []string{MustEnqueue(t, h.tasks, task.Spec{}), MustEnqueue(t, h.tasks, task.Spec{})}
+	for _, id := range running {
+		waitStatus(t, h.tasks, id, task.Running)
+	}
+	queued := MustEnqueue(t, h.tasks, task.Spec{})
+	h.stop()
+	h.sched.StopAll(context.Background())
+	for _, id := range running {
+		var end task.Completed
+		for _, e := range readStream(t, store, task.StreamID(id)) {
+			if e.Type == task.EventCompleted {
+				json.Unmarshal(e.Data, &end)
+			}
+		}
+		if end.Status != task.Cancelled || end.Reason != "shutdown" || !strings.Contains(end.ErrorMessage, "the server shut down") {
+			t.Errorf("task %s's end after StopAll: %+v; want cancelled by the shutdown", id, end)
+		}
+		if !slices.Contains(fake.Stopped(), id) || !slices.Contains(fake.Destroyed(), id) {
+			t.Errorf("task %s's sandbox: stopped %v, destroyed %v; want both", id, fake.Stopped(), fake.Destroyed())
+		}
+	}
+	if got, _ := h.tasks.Get(queued); got.Status != task.Queued {
+		t.Errorf("the queued task after StopAll: %s, want queued", got.Status)
+	}
+	if c := h.collected(); len(c) != 0 {
+		t.Errorf("Collect called for tasks the shutdown ended: %v", c)
+	}
+}
+
 // listing is a runtime whose List fails while err is set.
 type listing struct {
 	sandbox.Runtime

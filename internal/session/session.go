@@ -4,8 +4,9 @@
 // (with the sandbox's handle), exec_started and exec_ended per command,
 // and session_ended with the reason. The Manager folds those streams at
 // start, reattaches to the sandboxes that still run (or ends their
-// sessions as lost), and ends sessions past their idle timeout or
-// lifetime.
+// sessions as lost), ends sessions past their idle timeout or lifetime,
+// and, for a server that stops its sandboxes when it shuts down, ends
+// those it runs (StopAll).
 //
 // Each session has a token of its own: it can run commands in that session
 // and nothing else (the HTTP API checks it with Authorize).

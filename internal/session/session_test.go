@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,9 +16,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
 	"github.com/corral-dev/corral/internal/execagent/execagenttest"
+	"github.com/corral-dev/corral/internal/placement"
+	"github.com/corral-dev/corral/internal/rtkind"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -209,5 +215,78 @@ func TestExecOutputAfterItsStart(t *testing.T) {
 	committed := <-slow.committed
 	if out.at.IsZero() || out.at.Before(committed) {
 		t.Errorf("the first byte went out at %v, the start was committed at %v: output before the log names the exec", out.at, committed)
+	}
+}
+
+// twoReplicas is a cluster of this replica and another, both alive.
+type twoReplicas struct {
+	*cluster.Solo
+	other string
+}
+
+func (c twoReplicas) Alive(id string) (cluster.Replica, bool) {
+	return cluster.Replica{ID: id}, id == c.Self() || id == c.other
+}
+
+// StopAll destroys the sandboxes of the running sessions this replica
+// keeps (its own, and those of a replica gone) and ends them with reason
+// shutdown; a suspended session, and one another live replica runs, are
+// left as they are.
+func TestStopAllEndsSessionsKeptHere(t *testing.T) {
+	ctx := context.Background()
+	fake := sandboxtest.NewFake()
+	fake.Run = func(ctx context.Context, _ sandbox.Spec) sandbox.ExitStatus {
+		<-ctx.Done()
+		return sandbox.ExitStatus{Code: 143}
+	}
+	local, _ := rtkind.Of(rtkind.Local)
+	m := New(Options{
+		Store:      sqlitetest.Open(t),
+		Placements: placement.NewSet(&placement.Runtime{Kind: local, Sandbox: fake}),
+		Members:    twoReplicas{Solo: cluster.NewSolo(cluster.Replica{ID: "r-self"}), other: "r-other"},
+	}, slog.New(slog.DiscardHandler))
+	sessions := map[string]string{ // id -> the replica that runs it
+		"sess-01m8jbh60d7qh1g11cxcbgpmz0": "r-self",
+		"sess-01m8jbh60d7qh1g11cxcbgpmz1": "r-gone",
+		"sess-01m8jbh60d7qh1g11cxcbgpmz2": "r-other",
+		"sess-01m8jbh60d7qh1g11cxcbgpmz3": "r-self", // suspended below
+	}
+	for id, replica := range sessions {
+		if _, err := fake.Create(ctx, sandbox.Spec{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+		c := created{Session: Session{ID: id, Status: StatusRunning, Runtime: rtkind.Local}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken()), Replica: replica}
+		if err := m.append(ctx, id, EventCreated, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	susp := "sess-01m8jbh60d7qh1g11cxcbgpmz3"
+	if err := m.append(ctx, susp, EventSuspended, suspended{}); err != nil {
+		t.Fatal(err)
+	}
+	m.StopAll(ctx)
+	want := map[string]string{
+		"sess-01m8jbh60d7qh1g11cxcbgpmz0": StatusEnded,
+		"sess-01m8jbh60d7qh1g11cxcbgpmz1": StatusEnded,
+		"sess-01m8jbh60d7qh1g11cxcbgpmz2": StatusRunning,
+		susp:                              StatusSuspended,
+	}
+	for id, status := range want {
+		s, err := m.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Status != status {
+			t.Errorf("session %s (replica %s): %s, want %s", id, sessions[id], s.Status, status)
+		}
+		if destroyed := slices.Contains(fake.Destroyed(), id); destroyed != (status == StatusEnded) {
+			t.Errorf("session %s (replica %s): sandbox destroyed %v, want %v", id, sessions[id], destroyed, status == StatusEnded)
+		}
+		if status == StatusEnded && (s.EndReason != "shutdown" || !strings.Contains(s.EndError, "the server shut down")) {
+			t.Errorf("session %s ended %q (%q), want reason shutdown saying the server shut down", id, s.EndReason, s.EndError)
+		}
+	}
+	for _, id := range []string{"sess-01m8jbh60d7qh1g11cxcbgpmz2", susp} {
+		fake.Destroy(ctx, id)
 	}
 }

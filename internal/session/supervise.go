@@ -2,8 +2,10 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -354,6 +356,24 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// StopAll ends every running session this replica keeps (runHere), for
+// a server that stops its sandboxes when it shuts down (config shutdown:
+// stop): each one's sandbox is destroyed and its end recorded with reason
+// "shutdown", all at once, within ctx. A suspended session has no sandbox
+// and stays suspended. Call it once Follow and Reap have returned.
+func (m *Manager) StopAll(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, s := range m.list() {
+		if s.Status == StatusRunning && m.runHere(s.ID) {
+			wg.Go(func() { m.endWith(ctx, s.ID, "shutdown", errShutdown) })
+		}
+	}
+	wg.Wait()
+}
+
+// errShutdown is the error of a session StopAll ends.
+var errShutdown = errors.New("the server shut down (shutdown: stop)")
 
 // end destroys a session's sandbox and records its end.
 func (m *Manager) end(ctx context.Context, id, reason string) { m.endWith(ctx, id, reason, nil) }

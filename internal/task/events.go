@@ -330,7 +330,7 @@ type Completed struct {
 	Summary          string   `json:"summary,omitempty"`
 	ErrorMessage     string   `json:"error_message,omitempty"`
 	LogsTruncated    bool     `json:"logs_truncated,omitempty"`
-	Reason           string   `json:"reason,omitempty"` // e.g. "lost", "timeout", "webhook", "exit"
+	Reason           string   `json:"reason,omitempty"` // e.g. "lost", "timeout", "webhook", "exit", "shutdown"
 	DurationSeconds  *float64 `json:"duration_seconds,omitempty"`
 	SessionID        string   `json:"session_id,omitempty"`
 	Usage            *Usage   `json:"usage,omitempty"`
