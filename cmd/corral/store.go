@@ -90,7 +90,7 @@ func cmdStore(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		storecopy.Options{Batch: *batch, Progress: func(done, total int64) {
 			if time.Since(last) >= progressEvery {
 				last = time.Now()
-				fmt.Fprintf(stderr, "copied %d of %d events\n", done, total)
+				fmt.Fprintf(stderr, "copied the log up to position %d of %d\n", done, total)
 			}
 		}})
 	if err != nil {
@@ -106,7 +106,7 @@ func printCopy(w io.Writer, r storecopy.Report, to string) {
 	fmt.Fprintf(w, "to:        %s\n", r.To)
 	fmt.Fprintf(w, "events:    %d in %d streams\n", r.Events, r.Streams)
 	if r.Resumed > 0 {
-		fmt.Fprintf(w, "resumed:   the target held events 1 to %d already, the same as the source's\n", r.Resumed)
+		fmt.Fprintf(w, "resumed:   the target held the log up to position %d already, the same as the source's\n", r.Resumed)
 	}
 	fmt.Fprintf(w, "copied:    %d events in %s\n", r.Copied, r.Copying.Round(time.Millisecond))
 	fmt.Fprintf(w, "verified:  every field of every event, in %s (after %s of checks before copying)\n",

@@ -116,7 +116,7 @@ func TestStoreCopy(t *testing.T) {
 		t.Fatalf("copy to sqlite: exit %d: %s%s", code, stdout, stderr)
 	}
 	code, stdout, _ = corral("store", "copy", "--to", "sqlite", "--config", cfg, "--data", other)
-	if code != 0 || !strings.Contains(stdout, "resumed:   the target held events 1 to 80 already") || !strings.Contains(stdout, "copied:    0 events") {
+	if code != 0 || !strings.Contains(stdout, "resumed:   the target held the log up to position 80 already") || !strings.Contains(stdout, "copied:    0 events") {
 		t.Errorf("second copy to sqlite: exit %d: %s", code, stdout)
 	}
 	back, err := sqlite.Open(ctx, filepath.Join(other, "corral.db"), nil)

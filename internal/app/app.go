@@ -274,6 +274,7 @@ func (a *App) open(ctx context.Context) error {
 		Retention: library.Retention{
 			TaskDirs:    time.Duration(w.TaskRetentionHours) * time.Hour,
 			Attachments: time.Duration(w.AttachmentRetentionHours) * time.Hour,
+			Events:      time.Duration(w.EventRetentionHours) * time.Hour,
 			Interval:    time.Duration(w.RetentionInterval),
 		},
 		Now: a.opts.Now,

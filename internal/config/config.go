@@ -165,6 +165,11 @@ type AIWorkerConfig struct {
 	WebhookSecretFile string `yaml:"webhook_secret_file"`
 
 	TaskRetentionHours int `yaml:"task_retention_hours"`
+	// EventRetentionHours is how long an ended task's events are kept
+	// whole: then retention removes those that told how it ran (progress,
+	// egress connections) and keeps those its record is folded from. 0
+	// keeps them all forever.
+	EventRetentionHours int `yaml:"event_retention_hours"`
 	// AttachmentRetentionHours is how long an attachment is kept after it
 	// was created or last named by a task that ended.
 	AttachmentRetentionHours int `yaml:"attachment_retention_hours"`
@@ -559,6 +564,7 @@ func Default() *Config {
 			},
 			WebhookPath:              DefaultWebhookPath,
 			TaskRetentionHours:       48,
+			EventRetentionHours:      720,
 			AttachmentRetentionHours: 168,
 			RetentionInterval:        Duration(10 * time.Minute),
 			JobTTLSeconds:            3600,

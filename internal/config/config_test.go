@@ -215,6 +215,7 @@ ai_worker_config:
     pids_limit: 128
   webhook_secret_file: /etc/corral/webhook.key
   task_retention_hours: 24
+  event_retention_hours: 0
   job_ttl_seconds: 0
 runtime: docker
 local: {tmp_size: 64MiB}
@@ -249,7 +250,7 @@ shutdown: stop
 	w.DefaultTimeoutMinutes, w.MaxTimeoutMinutes, w.MaxConcurrentWorkers = 10, 60, 5
 	w.Resources = Resources{MemoryRequest: mustSize("256Mi"), MemoryLimit: mustSize("1GiB"), CPURequest: 250, CPULimit: 2000, PidsLimit: 128}
 	w.WebhookSecretFile = "/etc/corral/webhook.key"
-	w.TaskRetentionHours, w.JobTTLSeconds = 24, 0
+	w.TaskRetentionHours, w.EventRetentionHours, w.JobTTLSeconds = 24, 0, 0
 	want.Runtime = "docker"
 	want.Local.TmpSize = mustSize("64MiB")
 	want.Egress = Egress{Mode: "none", Allow: []string{"example.com", "*.example.org"}, TaskHosts: TaskHostsNarrow}
@@ -680,6 +681,7 @@ func TestValidate(t *testing.T) {
 		{"webhook path", func(c *Config) { c.AIWorker.WebhookPath = "api/hook" }, "ai_worker_config.webhook_path", "is fixed at /api/webhooks/worker-complete"},
 		{"another webhook path", func(c *Config) { c.AIWorker.WebhookPath = "/hooks/done" }, "ai_worker_config.webhook_path", "remove the key"},
 		{"retention", func(c *Config) { c.AIWorker.TaskRetentionHours = 0 }, "ai_worker_config.task_retention_hours", "at least 1"},
+		{"event retention", func(c *Config) { c.AIWorker.EventRetentionHours = -1 }, "ai_worker_config.event_retention_hours", "must not be negative (0 keeps events forever)"},
 		{"job ttl", func(c *Config) { c.AIWorker.JobTTLSeconds = -1 }, "ai_worker_config.job_ttl_seconds", "not be negative"},
 		{"listen no port", func(c *Config) { c.Listen = "localhost" }, "listen", "must be host:port"},
 		{"listen bad port", func(c *Config) { c.Listen = "127.0.0.1:http" }, "listen", "port must be a number"},

@@ -289,6 +289,9 @@ func (v *validator) aiWorker(w *AIWorkerConfig) {
 	if w.TaskRetentionHours < 1 {
 		v.add(p+"task_retention_hours", "must be at least 1, got %d", w.TaskRetentionHours)
 	}
+	if w.EventRetentionHours < 0 {
+		v.add(p+"event_retention_hours", "must not be negative (0 keeps events forever), got %d", w.EventRetentionHours)
+	}
 	if w.AttachmentRetentionHours < 1 {
 		v.add(p+"attachment_retention_hours", "must be at least 1, got %d", w.AttachmentRetentionHours)
 	}

@@ -4,9 +4,12 @@
 // them. Current state is never stored on its own; it is folded from these
 // events (package projection).
 //
+// Events are never changed, and leave the log only when retention
+// compacts the stream of a task that ended long ago (Compactor).
+//
 // This package holds the contract and the store-independent Subscription;
-// eventstore/sqlite implements it, and eventstore/storetest is the
-// conformance suite every implementation runs.
+// eventstore/sqlite and eventstore/postgres implement it, and
+// eventstore/storetest is the conformance suite every implementation runs.
 package eventstore
 
 import (
@@ -50,7 +53,8 @@ type Event struct {
 	CausationID   string          `json:"causation_id,omitempty"`
 	RecordedAt    time.Time       `json:"recorded_at"`
 	// Position is the event's place in the global order, starting at 1,
-	// without gaps in commit order on a single-writer store.
+	// in commit order, without gaps but where a compaction removed events
+	// (Compactor).
 	Position int64 `json:"position"`
 }
 
@@ -94,8 +98,9 @@ type Store interface {
 	Append(ctx context.Context, stream string, expected int64, events ...Proposed) ([]Event, error)
 
 	// ReadStream returns the events of stream with a version greater than
-	// after, in version order. An unknown stream has no events; that is not
-	// an error.
+	// after, in version order: versions follow one another but where a
+	// compaction removed events (Compactor). An unknown stream has no
+	// events; that is not an error.
 	ReadStream(ctx context.Context, stream string, after int64) ([]Event, error)
 
 	// ReadAll returns up to limit events with a position greater than after,

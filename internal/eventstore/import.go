@@ -16,7 +16,9 @@ import (
 //
 // Import only ever extends the log at its end, so a copy can go in
 // batches and, after an interruption, go on from the target's head; a
-// batch that does not continue the log exactly is refused whole.
+// batch that does not go on from where the log is is refused whole. The
+// log may have gaps, where retention compacted streams (Compactor): the
+// copy keeps them.
 type Importer interface {
 	Store
 
@@ -33,17 +35,18 @@ type Importer interface {
 	Fit(e Event) (Event, error)
 
 	// Import commits events at the end of the log, atomically: all of them
-	// or none. They must carry positions head+1, head+2, ... without a
-	// gap, where head is Head's answer when the batch commits, and each
-	// stream's versions must go on from the stream's version in the store
-	// (1 for a stream it does not have) without a gap. A batch that starts
-	// anywhere else, or whose first event of a stream does not follow the
-	// stream's last, is errdefs.ErrConflict (the store is not where the
-	// caller thinks: another writer appended, or it holds another log);
-	// a batch that is not contiguous in itself, empty or holding an event
-	// Fit refuses is errdefs.ErrInvalidArgument; an event id the store
-	// holds already is errdefs.ErrAlreadyExists. Import serializes with
-	// Append, wakes WaitFor as an append does, and is durable when it
+	// or none. Their positions must rise from past head, Head's answer
+	// when the batch commits, and each stream's versions must rise from
+	// past the stream's version in the store (0 for a stream it does not
+	// have): one after the other, but where the source's log has a gap
+	// (Compactor). A batch that starts at or below head, or whose first
+	// event of a stream is at or below the stream's last version, is
+	// errdefs.ErrConflict (the store is not where the caller thinks:
+	// another writer appended, or it holds another log); a batch whose
+	// positions or versions do not rise in itself, empty or holding an
+	// event Fit refuses is errdefs.ErrInvalidArgument; an event id the
+	// store holds already is errdefs.ErrAlreadyExists. Import serializes
+	// with Append, wakes WaitFor as an append does, and is durable when it
 	// returns nil. Safe for concurrent use, but meant for a store nothing
 	// else writes to.
 	Import(ctx context.Context, events []Event) error
@@ -94,7 +97,7 @@ func CheckEvent(e Event) error {
 	return fmt.Errorf("event at position %d (id %q): %s: %w", e.Position, e.ID, why, errdefs.ErrInvalidArgument)
 }
 
-// CheckImport checks that events continue a log whose head is head and
+// CheckImport checks that events go on from a log whose head is head and
 // whose streams are at versions (a stream missing from it has none yet),
 // with the classes Importer.Import documents. Stores call it under the
 // lock that keeps their head and versions still until they commit.
@@ -102,29 +105,29 @@ func CheckImport(head int64, versions map[string]int64, events []Event) error {
 	if len(events) == 0 {
 		return fmt.Errorf("import: no events: %w", errdefs.ErrInvalidArgument)
 	}
-	if p := events[0].Position; p != head+1 {
-		return fmt.Errorf("import events from position %d: the store's head is %d, so the next event must be at %d: %w",
-			p, head, head+1, errdefs.ErrConflict)
+	if p := events[0].Position; p <= head {
+		return fmt.Errorf("import events from position %d: the store's head is %d, so the next event must be past it: %w",
+			p, head, errdefs.ErrConflict)
 	}
-	next := make(map[string]int64) // stream -> the version its next event must have
+	last := make(map[string]int64) // stream -> the version of its last event in the batch
 	for i, e := range events {
-		if want := head + 1 + int64(i); e.Position != want {
-			return fmt.Errorf("import: event %s is at position %d after %d: positions must follow without a gap: %w",
-				e.ID, e.Position, want-1, errdefs.ErrInvalidArgument)
+		if i > 0 && e.Position <= events[i-1].Position {
+			return fmt.Errorf("import: event %s is at position %d after %d: positions must rise: %w",
+				e.ID, e.Position, events[i-1].Position, errdefs.ErrInvalidArgument)
 		}
-		want, seen := next[e.StreamID]
+		prev, seen := last[e.StreamID]
 		if !seen {
-			want = versions[e.StreamID] + 1
+			prev = versions[e.StreamID]
 		}
-		if e.StreamVersion != want {
-			class := errdefs.ErrInvalidArgument // a gap within the batch
+		if e.StreamVersion <= prev {
+			class := errdefs.ErrInvalidArgument // versions going back within the batch
 			if !seen {
-				class = errdefs.ErrConflict // the store's stream is elsewhere
+				class = errdefs.ErrConflict // the store's stream is past it
 			}
-			return fmt.Errorf("import: event at position %d is version %d of stream %s, which must go on at version %d: %w",
-				e.Position, e.StreamVersion, e.StreamID, want, class)
+			return fmt.Errorf("import: event at position %d is version %d of stream %s, which must go on past version %d: %w",
+				e.Position, e.StreamVersion, e.StreamID, prev, class)
 		}
-		next[e.StreamID] = want + 1
+		last[e.StreamID] = e.StreamVersion
 	}
 	return nil
 }

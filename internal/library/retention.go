@@ -2,8 +2,11 @@ package library
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"time"
 
 	"github.com/corral-dev/corral/internal/eventstore"
@@ -22,6 +25,10 @@ type Retention struct {
 	// last named by a task, whichever is later; while a task that names it
 	// has not ended, it is always kept.
 	Attachments time.Duration
+	// Events is how long an ended task's events are kept whole after it
+	// ended (ai_worker_config.event_retention_hours): then those that told
+	// how it ran are compacted away (gcEvents).
+	Events time.Duration
 	// Interval is the time between two sweeps of RunRetention.
 	Interval time.Duration
 }
@@ -47,8 +54,8 @@ func (o *Library) RunRetention(ctx context.Context) error {
 				return nil
 			}
 			o.log.Warn("retention sweep failed", "err", err)
-		} else if n := len(rep.TaskDirectories) + len(rep.Attachments); n > 0 || len(rep.Failed) > 0 {
-			o.log.Info("retention sweep", "removed", n, "bytes", rep.Bytes, "failed", len(rep.Failed))
+		} else if n := len(rep.TaskDirectories) + len(rep.Attachments); n > 0 || len(rep.TaskEvents) > 0 || len(rep.Failed) > 0 {
+			o.log.Info("retention sweep", "removed", n, "bytes", rep.Bytes, "compacted", len(rep.TaskEvents), "failed", len(rep.Failed))
 		}
 		select {
 		case <-ctx.Done():
@@ -62,17 +69,21 @@ func (o *Library) RunRetention(ctx context.Context) error {
 // Retention.TaskDirs ago (never one that has not ended, never a directory
 // no event knows, never one whose save_to_shared copy is still to be
 // recorded) and attachments unused for Retention.Attachments, each
-// with an event; the tasks' events stay. A failed or partial removal is a
+// with an event, and compacts the events of tasks that ended more than
+// Retention.Events ago (gcEvents). A failed or partial removal is a
 // removal_failed event, and the next sweep tries again.
 func (o *Library) GC(ctx context.Context, req service.GCRequest) (service.GCReport, error) {
 	o.gcMu.Lock()
 	defer o.gcMu.Unlock()
 	now := o.now().UTC()
-	rep := service.GCReport{DryRun: req.DryRun, Now: now, TaskDirectories: []service.GCItem{}, Attachments: []service.GCItem{}}
+	rep := service.GCReport{DryRun: req.DryRun, Now: now, TaskDirectories: []service.GCItem{}, Attachments: []service.GCItem{}, TaskEvents: []service.GCEvents{}}
 	if err := o.gcTasks(ctx, now, req.DryRun, &rep); err != nil {
 		return rep, err
 	}
 	if err := o.gcAttachments(ctx, now, req.DryRun, &rep); err != nil {
+		return rep, err
+	}
+	if err := o.gcEvents(ctx, now, req.DryRun, &rep); err != nil {
 		return rep, err
 	}
 	return rep, nil
@@ -226,6 +237,85 @@ func (o *Library) gcAttachments(ctx context.Context, now time.Time, dry bool, re
 			return fmt.Errorf("record removal of %s: %w", item.Path, err)
 		}
 	}
+	return nil
+}
+
+// compactBatch bounds how many tasks' events one sweep compacts, the
+// oldest ended first, each in a transaction of its own: a backlog (the
+// first sweep of a server that has run for years) goes a batch a sweep,
+// and an append waits for one task's compaction at most.
+const compactBatch = 200
+
+// gcEvents compacts the event streams of the tasks that ended more than
+// Retention.Events ago: the events task.CompactedTypes names (what the
+// agent did, what the sandbox connected to, its restarts) go, and a
+// task_events_compacted event after them says how many. What a task's
+// record is folded from stays, so the task is listed and read as it
+// ended, after a restart too. A task that has not ended is never touched,
+// nor is one with nothing to remove (task.Task.Compactable), and a task
+// whose stream moves while it is compacted (an event of its own, or
+// another sweep) is left as it is, for the next sweep.
+func (o *Library) gcEvents(ctx context.Context, now time.Time, dry bool, rep *service.GCReport) error {
+	keep := o.opts.Retention.Events
+	c, ok := o.store.(eventstore.Compactor)
+	if keep <= 0 || !ok {
+		return nil
+	}
+	due := o.tasks.Select(func(t *task.Task) bool {
+		return t.Compactable > 0 && t.Status.Terminal() && t.CompletedAt != nil && now.Sub(*t.CompletedAt) >= keep
+	})
+	sort.Slice(due, func(i, j int) bool { return due[i].CompletedAt.Before(*due[j].CompletedAt) })
+	for _, t := range due[:min(len(due), compactBatch)] {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := o.compactTask(ctx, c, t.ID, *t.CompletedAt, now, keep, dry, rep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// compactTask compacts the event stream of task id, which ended at ended,
+// as it reads it now.
+func (o *Library) compactTask(ctx context.Context, c eventstore.Compactor, id string, ended, now time.Time, keep time.Duration, dry bool, rep *service.GCReport) error {
+	stream := task.StreamID(id)
+	evs, err := o.store.ReadStream(ctx, stream, 0)
+	if err != nil {
+		return fmt.Errorf("read the events of task %s: %w", id, err)
+	}
+	item := service.GCEvents{TaskID: id, Since: ended, Reason: fmt.Sprintf("ended %s ago, event retention %s", now.Sub(ended).Round(time.Minute), keep)}
+	before := 0 // what earlier compactions removed: their last marker counts it all
+	for _, e := range evs {
+		switch {
+		case e.Type == task.EventCompacted:
+			var p task.Compacted
+			if json.Unmarshal(e.Data, &p) == nil {
+				before = p.Removed
+			}
+		case slices.Contains(task.CompactedTypes, e.Type):
+			item.Events++
+			item.Bytes += int64(len(e.Data))
+		}
+	}
+	if item.Events == 0 {
+		return nil // the projection has yet to apply a compaction of the stream
+	}
+	if dry {
+		rep.TaskEvents = append(rep.TaskEvents, item)
+		return nil
+	}
+	version := evs[len(evs)-1].StreamVersion
+	marker := projection.NewEvent(task.EventCompacted, task.Compacted{Removed: before + item.Events, Through: version}, "corral/retention")
+	_, _, err = c.Compact(ctx, stream, version, task.CompactedTypes, marker)
+	if errors.Is(err, eventstore.ErrVersionConflict) {
+		return nil // an event came meanwhile: the next sweep reads the stream again
+	}
+	if err != nil {
+		return fmt.Errorf("compact the events of task %s: %w", id, err)
+	}
+	rep.TaskEvents = append(rep.TaskEvents, item)
+	o.log.Info("task events compacted", "task_id", id, "events", item.Events, "bytes", item.Bytes)
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -445,6 +446,57 @@ func TestResultFileContents(t *testing.T) {
 	}
 	if got := res.FileContents["../prompt.md"]; got.Content != "" || !strings.Contains(got.Note, "escapes") {
 		t.Errorf("../prompt.md = %+v, want refused", got)
+	}
+}
+
+// A reader of a task's events that resumes after one retention removed
+// is told so, and how to read them again; one that resumes after an event
+// retention kept reads on over the gaps; an id no task ever had is only
+// not found.
+func TestEventsAfterCompaction(t *testing.T) {
+	f := MustNew(t, nil)
+	ctx := context.Background()
+	tk := f.MustRunning(t)
+	tk = f.MustAppend(t, tk.ID, projection.NewEvent(task.EventProgress, task.Progress{Kind: "text", Text: "a"}, "test"),
+		projection.NewEvent(task.EventProgress, task.Progress{Kind: "text", Text: "b"}, "test"),
+		projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Success}, "test"))
+	evs, err := f.store.ReadStream(ctx, task.StreamID(tk.ID), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byType := func(typ string) string {
+		for _, e := range evs {
+			if e.Type == typ {
+				return e.ID
+			}
+		}
+		t.Fatalf("no %s event", typ)
+		return ""
+	}
+	progress, started := byType(task.EventProgress), byType(task.EventStarted)
+	read := func(after string) ([]string, error) {
+		var types []string
+		err := f.o.Events(ctx, service.EventsRequest{TaskID: tk.ID, After: after}, func(e eventstore.Event) error {
+			types = append(types, e.Type)
+			return nil
+		})
+		return types, err
+	}
+	if _, err := read("evt_never"); !errors.Is(err, errdefs.ErrNotFound) || strings.Contains(err.Error(), "retention") {
+		t.Errorf("after an id no task had, before any compaction: %v, want only not found", err)
+	}
+	marker := projection.NewEvent(task.EventCompacted, task.Compacted{Removed: 2, Through: tk.Version}, "test")
+	if _, _, err := f.store.Compact(ctx, task.StreamID(tk.ID), tk.Version, task.CompactedTypes, marker); err != nil {
+		t.Fatal(err)
+	}
+
+	_, err = read(progress)
+	if !errors.Is(err, errdefs.ErrNotFound) || !slices.Equal(fields(err), []string{"after"}) ||
+		!strings.Contains(err.Error(), "retention has removed 2 of them") || !strings.Contains(err.Error(), "without after") {
+		t.Errorf("after a removed event: %v, want not found saying retention removed it", err)
+	}
+	if types, err := read(started); err != nil || !slices.Equal(types, []string{task.EventCompleted, task.EventCompacted}) {
+		t.Errorf("after a kept event: %v, %v; want the end and the marker", types, err)
 	}
 }
 

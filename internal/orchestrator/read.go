@@ -2,11 +2,13 @@ package orchestrator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -208,6 +210,27 @@ func (o *Orchestrator) Logs(ctx context.Context, req service.LogsRequest, w io.W
 	}
 }
 
+// compacted says, for the error of an after that names no event, that
+// retention compacted task id's events (if id is a task's, and it did):
+// the event may have been one of those it removed.
+func (o *Orchestrator) compacted(ctx context.Context, id string) string {
+	if id == "" {
+		return ""
+	}
+	evs, err := o.store.ReadStream(ctx, task.StreamID(id), 0)
+	if err != nil {
+		return ""
+	}
+	for _, e := range slices.Backward(evs) {
+		var p task.Compacted
+		if e.Type == task.EventCompacted && json.Unmarshal(e.Data, &p) == nil {
+			return fmt.Sprintf(" among the events of task %s: retention has removed %d of them (of the versions up to %d) since the task ended; read its events without after",
+				id, p.Removed, p.Through)
+		}
+	}
+	return ""
+}
+
 // Events calls fn with the events req selects.
 func (o *Orchestrator) Events(ctx context.Context, req service.EventsRequest, fn func(eventstore.Event) error) error {
 	var stream string
@@ -228,7 +251,7 @@ func (o *Orchestrator) Events(ctx context.Context, req service.EventsRequest, fn
 	} else if req.After != "" {
 		pos, err := o.store.Position(ctx, req.After)
 		if err != nil {
-			return &errdefs.FieldError{Field: "after", Err: fmt.Errorf("no event %q: %w", clip.String(req.After, 64), errdefs.ErrNotFound)}
+			return &errdefs.FieldError{Field: "after", Err: fmt.Errorf("no event %q%s: %w", clip.String(req.After, 64), o.compacted(ctx, req.TaskID), errdefs.ErrNotFound)}
 		}
 		after = pos
 	}

@@ -269,6 +269,7 @@ func writeEnded(w *enc, e endedTask) {
 		w.str(a)
 	}
 	w.bool(e.savePending)
+	w.varint(e.compactable)
 }
 
 // readEnded reads what writeEnded wrote. The table it comes from was
@@ -285,5 +286,6 @@ func readEnded(s string) endedTask {
 		}
 	}
 	e.savePending = r.bool()
+	e.compactable = r.varint()
 	return e
 }

@@ -64,7 +64,7 @@ const (
 // log folded once. (A change of task.Task's fields retires checkpoints by
 // itself, through taskShape.) TestFoldVersion fails when the fold
 // of a fixed log changes and this does not.
-const checkpointVersion = 1
+const checkpointVersion = 2
 
 const checkpointMagic = "corral checkpoint\n"
 

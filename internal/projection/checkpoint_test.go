@@ -539,6 +539,8 @@ func fixedLog() []eventstore.Event {
 	start("task-a", task.Spec{Description: "a", Agent: "claude", IdempotencyKey: "ka", SaveToShared: true, Labels: map[string]string{"l": "1"},
 		AttachmentIDs: []string{"att-1"}, Workspace: "alpha", Origin: task.Origin{ConversationID: "conv"}})
 	start("task-b", task.Spec{Description: "b", Agent: "codex"})
+	add("task-b", NewEvent(task.EventProgress, task.Progress{Kind: "text", Text: "working"}, "test"))
+	add("task-b", NewEvent(task.EventEgressConnection, task.EgressConnection{Method: "CONNECT", Host: "example.com", Port: 443, Allowed: true}, "test"))
 	add("task-a", NewEvent(task.EventCompleted, task.Completed{Status: task.Success, ExitCode: &exit0, Summary: "done", OutputFiles: tenFiles()[:2],
 		Usage: &task.Usage{InputTokens: 10, OutputTokens: 20, CacheReadTokens: 5}, CostUSD: 0.125, SessionID: "sess",
 		Changes: &task.Changes{Added: []string{"x"}, Commits: []task.Commit{{Hash: "abc", Subject: "s"}}}}, "test"))
@@ -556,7 +558,9 @@ func fixedLog() []eventstore.Event {
 	add("task-f", ev(task.EventQueued))
 	add("task-g", created(task.Spec{Description: "g", Agent: "claude"}))
 	start("task-h", task.Spec{Description: "h", Agent: "gemini"})
+	version["task-h"] += 2 // two progress events retention removed
 	add("task-h", NewEvent(task.EventCompleted, task.Completed{Status: task.Timeout, Reason: "timeout"}, "test"))
+	add("task-h", NewEvent(task.EventCompacted, task.Compacted{Removed: 2, Through: version["task-h"]}, "corral/retention"))
 	return evs
 }
 
@@ -564,6 +568,7 @@ func fixedLog() []eventstore.Event {
 // checkpoint of fixedLog (TestFoldVersion).
 var foldDigests = map[int]string{
 	1: "f04706e3acfd9ddd72bb666b0a14707b39c478dddeddbdf0a9378ef0373da9d7",
+	2: "d3bf3870c98256ad900f113681a3876913dcc9d0e076c5a49d579851df490225",
 }
 
 // TestFoldVersion: the checkpoint of a fixed log is the one recorded for
@@ -602,6 +607,15 @@ func TestFoldVersion(t *testing.T) {
 	}
 	if diff := cmp.Diff(p.Ended(), q.Ended()); diff != "" {
 		t.Errorf("Ended (-log +checkpoint):\n%s", diff)
+	}
+	// p's ended tasks held in part are in the archive it saved, as q's
+	// are: r's are as the fold made them.
+	r := New(&memStore{}, discard())
+	r.keep = 2
+	r.apply(fixedLog()...)
+	all := func(*task.Task) bool { return true }
+	if diff := cmp.Diff(r.Select(all), q.Select(all)); diff != "" {
+		t.Errorf("Select (-log +checkpoint):\n%s", diff)
 	}
 }
 

@@ -309,6 +309,7 @@ func (w *enc) task(t *task.Task) {
 		w.str(s.After)
 	})
 	w.varint(t.QueueSeq)
+	w.varint(t.Compactable)
 }
 
 func (w *enc) spec(s *task.Spec) {
@@ -386,6 +387,7 @@ func (r *dec) task() task.Task {
 		return task.SharedOutputs{State: task.SaveState(r.str()), Directory: r.str(), Error: r.str(), After: r.str()}
 	})
 	t.QueueSeq = r.varint()
+	t.Compactable = r.varint()
 	return t
 }
 

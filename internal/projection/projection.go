@@ -108,12 +108,13 @@ type endedTask struct {
 	conversation string
 	workspace    string
 	attachments  []string
-	savePending  bool // its save_to_shared copy is still to be done
+	savePending  bool  // its save_to_shared copy is still to be done
+	compactable  int64 // task.Task.Compactable
 }
 
 func inPart(t *task.Task) endedTask {
 	e := endedTask{status: t.Status, version: t.Version, queueSeq: t.QueueSeq, conversation: t.ConversationID,
-		workspace: t.Workspace, attachments: t.AttachmentIDs, savePending: t.SavePending()}
+		workspace: t.Workspace, attachments: t.AttachmentIDs, savePending: t.SavePending(), compactable: t.Compactable}
 	if t.CompletedAt != nil {
 		e.completedAt = *t.CompletedAt
 	}
@@ -122,7 +123,7 @@ func inPart(t *task.Task) endedTask {
 
 // task is e as a Task with only the fields endedTask holds.
 func (e endedTask) task(id string) task.Task {
-	t := task.Task{ID: id, Status: e.status, Version: e.version, QueueSeq: e.queueSeq,
+	t := task.Task{ID: id, Status: e.status, Version: e.version, QueueSeq: e.queueSeq, Compactable: e.compactable,
 		Spec: task.Spec{Workspace: e.workspace, AttachmentIDs: e.attachments, Origin: task.Origin{ConversationID: e.conversation}}}
 	if !e.completedAt.IsZero() {
 		at := e.completedAt
@@ -640,8 +641,9 @@ func (p *Tasks) ids(before string) iter.Seq2[string, int] {
 // task the server has run (for those that have not ended, SelectLive), as
 // the projection holds them: an ended task past the keepEnded that ended
 // last has only its id, status, version, queue position, end, conversation
-// id, workspace, attachment ids and, if its save_to_shared copy is
-// pending, that. Get returns it whole.
+// id, workspace, attachment ids, the count of its events retention would
+// remove (Compactable) and, if its save_to_shared copy is pending, that.
+// Get returns it whole.
 func (p *Tasks) Select(keep func(*task.Task) bool) []task.Task {
 	return p.selectFrom(p.tasks, true, keep)
 }

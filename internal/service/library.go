@@ -22,8 +22,21 @@ type GCReport struct {
 	Now             time.Time `json:"now"`
 	TaskDirectories []GCItem  `json:"task_directories"`
 	Attachments     []GCItem  `json:"attachments"`
-	Failed          []GCItem  `json:"failed,omitempty"`
-	Bytes           int64     `json:"bytes"`
+	// TaskEvents are the tasks whose events the sweep compacts.
+	TaskEvents []GCEvents `json:"task_events"`
+	Failed     []GCItem   `json:"failed,omitempty"`
+	Bytes      int64      `json:"bytes"` // of the files removed
+}
+
+// GCEvents is an ended task whose events a sweep compacts: the events
+// that told how it ran go from the log, those its record is folded from
+// stay, and a task_events_compacted event says so.
+type GCEvents struct {
+	TaskID string    `json:"task_id"`
+	Events int       `json:"events"` // how many go
+	Bytes  int64     `json:"bytes"`  // their data
+	Since  time.Time `json:"since"`  // when the task ended
+	Reason string    `json:"reason"`
 }
 
 // GCItem is one thing a sweep removes.

@@ -15,14 +15,16 @@
 // UTF-8) stops the copy before it writes anything, naming its position.
 //
 // It goes in four steps: check (read the whole source, and refuse it
-// unless its positions run 1, 2, 3, ... and the target can hold every
-// event), look at the target (empty, or holding the start of this very log
+// unless its positions rise and the target can hold every event), look
+// at the target (empty, or holding the start of this very log
 // from a copy interrupted before, compared event for event: anything else
 // is refused), copy (Import in batches, each in one transaction at the
 // target's head, so an interrupted copy is resumed by running it again)
 // and verify (read both stores in position order and compare every field
 // of every event, with a SHA-256 of the log as the target keeps it). The
-// source is only read.
+// source is only read. The gaps retention's compactions left in its log
+// (eventstore.Compactor) are copied as they are: a removed event's
+// position and stream version stay unused in the target too.
 //
 // Like app, this package names the concrete stores: Run opens them, with
 // the locks that keep a server off them while it copies.
@@ -54,20 +56,23 @@ const page = 1000
 type Options struct {
 	// Batch is the number of events per Import; 0 means DefaultBatch.
 	Batch int
-	// Progress, if set, is called after each batch with the number of
-	// events the target holds and the source's total.
+	// Progress, if set, is called after each batch with the position up
+	// to which the target holds the log, and the source's head.
 	Progress func(done, total int64)
 }
 
 // Report is what a copy found and did.
 type Report struct {
 	From, To string // the stores, as messages name them (never a connection string)
-	// Events is the length of the log: the source's head, and the
-	// target's once the copy is verified.
-	Events  int64
-	Streams int
-	// Resumed is how many events the target held already, from a copy
-	// interrupted before; they were compared event for event first.
+	// Events is how many events the log holds, and Head the position of
+	// the last: the source's head, and the target's once the copy is
+	// verified. Head is Events, or more where retention compacted
+	// streams.
+	Events, Head int64
+	Streams      int
+	// Resumed is the target's head when the copy began: it held the log
+	// up to there already, from a copy interrupted before, compared event
+	// for event first.
 	Resumed int64
 	// Copied is how many events this run imported.
 	Copied int64
@@ -86,7 +91,7 @@ type Report struct {
 // says how). src must not change while it runs: Run holds the locks that
 // keep servers off both stores. Errors are of class
 // errdefs.ErrFailedPrecondition when the source or the target is not as a
-// copy needs (a gap in the source, an event the target cannot hold, a
+// copy needs (positions that do not rise in the source, an event the target cannot hold, a
 // target holding another log, a difference found by the verification),
 // and otherwise the stores' own. A failure leaves src as it was and dst
 // holding the events of its batches that committed, the start of src's
@@ -106,13 +111,13 @@ func Copy(ctx context.Context, src eventstore.Store, dst eventstore.Importer, op
 	if err != nil {
 		return r, fmt.Errorf("read the target's head: %w", err)
 	}
-	if head > r.Events {
-		return r, fmt.Errorf("the target holds %d events and the source only %d: it holds another log; copy into an empty store: %w",
-			head, r.Events, errdefs.ErrFailedPrecondition)
+	if head > r.Head {
+		return r, fmt.Errorf("the target's log goes to position %d and the source's only to %d: it holds another log; copy into an empty store: %w",
+			head, r.Head, errdefs.ErrFailedPrecondition)
 	}
 	if head > 0 {
 		if _, err := compare(ctx, src, dst, head); err != nil {
-			return r, fmt.Errorf("the target is not empty (it holds events 1 to %d) and, not being the start of this log, cannot be resumed; copy into an empty store: %w",
+			return r, fmt.Errorf("the target is not empty (it holds a log up to position %d) and, not being the start of this log, cannot be resumed; copy into an empty store: %w",
 				head, err)
 		}
 		r.Resumed = head
@@ -120,21 +125,21 @@ func Copy(ctx context.Context, src eventstore.Store, dst eventstore.Importer, op
 	r.Checking = time.Since(start)
 
 	start = time.Now()
-	for after := head; after < r.Events; {
+	for after := head; after < r.Head; {
 		stopped := func(err error) error {
 			held := "nothing"
 			if after > 0 {
-				held = fmt.Sprintf("events 1 to %d", after)
+				held = fmt.Sprintf("the log up to position %d", after)
 			}
-			return fmt.Errorf("the copy stopped with %s of %d in the target (run it again to go on from there): %w", held, r.Events, err)
+			return fmt.Errorf("the copy stopped with %s of %d in the target (run it again to go on from there): %w", held, r.Head, err)
 		}
-		evs, err := src.ReadAll(ctx, after, int(min(int64(batch), r.Events-after)))
+		evs, err := src.ReadAll(ctx, after, int(min(int64(batch), r.Head-after)))
 		if err != nil {
 			return r, stopped(fmt.Errorf("read the source after position %d: %w", after, err))
 		}
 		if len(evs) == 0 {
 			return r, stopped(fmt.Errorf("the source ends at position %d, before its head %d: it changed during the copy: %w",
-				after, r.Events, errdefs.ErrFailedPrecondition))
+				after, r.Head, errdefs.ErrFailedPrecondition))
 		}
 		if err := dst.Import(ctx, evs); err != nil {
 			return r, stopped(fmt.Errorf("copy events %d to %d: %w", evs[0].Position, evs[len(evs)-1].Position, err))
@@ -142,7 +147,7 @@ func Copy(ctx context.Context, src eventstore.Store, dst eventstore.Importer, op
 		r.Copied += int64(len(evs))
 		after = evs[len(evs)-1].Position
 		if opts.Progress != nil {
-			opts.Progress(after, r.Events)
+			opts.Progress(after, r.Head)
 		}
 	}
 	r.Copying = time.Since(start)
@@ -157,12 +162,12 @@ func Copy(ctx context.Context, src eventstore.Store, dst eventstore.Importer, op
 	return r, nil
 }
 
-// check reads the whole source: its positions must run from 1 without a
-// gap, and the target must hold each event (Fit). It fills r's Events,
-// Streams and Truncated.
+// check reads the whole source: its positions must rise, and the target
+// must hold each event (Fit). It fills r's Events, Head, Streams and
+// Truncated.
 func check(ctx context.Context, src eventstore.Store, dst eventstore.Importer, r *Report) error {
 	streams := make(map[string]struct{})
-	var after int64
+	var after, n int64
 	for {
 		evs, err := src.ReadAll(ctx, after, page)
 		if err != nil {
@@ -172,11 +177,12 @@ func check(ctx context.Context, src eventstore.Store, dst eventstore.Importer, r
 			break
 		}
 		for _, e := range evs {
-			if e.Position != after+1 {
-				return fmt.Errorf("the source's positions go from %d to %d: a copy needs a log without gaps; nothing was copied: %w",
+			if e.Position <= after {
+				return fmt.Errorf("the source's positions go from %d back to %d; nothing was copied: %w",
 					after, e.Position, errdefs.ErrFailedPrecondition)
 			}
 			after = e.Position
+			n++
 			f, err := dst.Fit(e)
 			if err != nil {
 				// Not err's class: the source is no argument of the caller's.
@@ -189,7 +195,7 @@ func check(ctx context.Context, src eventstore.Store, dst eventstore.Importer, r
 			streams[e.StreamID] = struct{}{}
 		}
 	}
-	r.Events, r.Streams = after, len(streams)
+	r.Events, r.Head, r.Streams = n, after, len(streams)
 	return nil
 }
 
@@ -213,6 +219,9 @@ func compare(ctx context.Context, src eventstore.Store, dst eventstore.Importer,
 		got, err := dst.ReadAll(ctx, after, int(n))
 		if err != nil {
 			return "", fmt.Errorf("read the target after position %d: %w", after, err)
+		}
+		if upto >= 0 { // n events may go past upto, over gaps
+			want, got = through(want, upto), through(got, upto)
 		}
 		for i := range min(len(want), len(got)) {
 			f, err := dst.Fit(want[i])
@@ -239,6 +248,16 @@ func compare(ctx context.Context, src eventstore.Store, dst eventstore.Importer,
 		after = got[len(got)-1].Position
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// through is the events of evs, in position order, up to position upto.
+func through(evs []eventstore.Event, upto int64) []eventstore.Event {
+	for i, e := range evs {
+		if e.Position > upto {
+			return evs[:i]
+		}
+	}
+	return evs
 }
 
 // differs names the first field in which got is not want, with what each

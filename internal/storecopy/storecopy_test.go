@@ -173,7 +173,7 @@ func TestCopyResumes(t *testing.T) {
 			cancel()
 		}
 	}})
-	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "the copy stopped with events 1 to 100 of ") {
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "the copy stopped with the log up to position 100 of ") {
 		t.Fatalf("interrupted Copy: %v, want context.Canceled, saying where it stopped", err)
 	}
 	head, err := dst.Head(context.Background())
@@ -188,6 +188,80 @@ func TestCopyResumes(t *testing.T) {
 	again := mustCopy(t, src, dst, storecopy.Options{})
 	if again.Resumed != total || again.Copied != 0 || again.Checksum != r.Checksum {
 		t.Errorf("a copy of a copied log: %+v; want everything resumed, nothing copied, checksum %s", again, r.Checksum)
+	}
+}
+
+// A log with the gaps retention's compactions leave (removed events'
+// positions and stream versions, at the end of the log too, before the
+// marker) is copied with them, also when a copy interrupted at a gap's
+// edge goes on: the target reads as the source does, and appends go on
+// after the source's head.
+func TestCopyKeepsCompactionGaps(t *testing.T) {
+	src := sqlitetest.Open(t)
+	fill(t, src, 60)
+	for i := range 7 {
+		stream := fmt.Sprintf("task/%d", i)
+		evs := storetest.MustReadAll(t, src, 0)
+		var v int64
+		for _, e := range evs {
+			if e.StreamID == stream {
+				v = e.StreamVersion
+			}
+		}
+		if i%2 == 0 {
+			storetest.MustAppend(t, src, stream, v, eventstore.Proposed{Type: "t.late", SchemaVersion: 1})
+			v++
+		}
+		if _, _, err := src.Compact(context.Background(), stream, v, []string{"t.step", "t.late"},
+			eventstore.Proposed{Type: "t.compacted", SchemaVersion: 1, Data: json.RawMessage(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := storetest.MustReadAll(t, src, 0)
+	head := before[len(before)-1].Position
+	if int64(len(before)) >= head {
+		t.Fatalf("the source has %d events up to position %d: no gaps", len(before), head)
+	}
+	gap := 0 // the index of the first event past a gap
+	for before[gap].Position == int64(gap+1) {
+		gap++
+	}
+	dst, _ := openPostgres(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stoppedAt int64
+	_, err := storecopy.Copy(ctx, src, dst, storecopy.Options{Batch: 5, Progress: func(done, total int64) {
+		if stoppedAt = done; done > before[gap].Position {
+			cancel()
+		}
+	}})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted Copy: %v, want context.Canceled", err)
+	}
+	left := 0
+	for _, e := range before {
+		if e.Position > stoppedAt {
+			left++
+		}
+	}
+	r := mustCopy(t, src, dst, storecopy.Options{Batch: 3})
+	if r.Events != int64(len(before)) || r.Head != head || r.Resumed != stoppedAt || r.Copied != int64(left) {
+		t.Errorf("report: %+v; want %d events up to position %d, resumed at %d, %d copied", r, len(before), head, stoppedAt, left)
+	}
+	want := keptBy(t, dst, before)
+	if diff := cmp.Diff(want, storetest.MustReadAll(t, dst, 0), rawEqual); diff != "" {
+		t.Fatalf("PostgreSQL's copy (-want +got):\n%s", diff)
+	}
+	back := sqlitetest.Open(t)
+	if r2 := mustCopy(t, dst, back, storecopy.Options{Batch: 4}); r2.Checksum != r.Checksum {
+		t.Errorf("the copy back: checksum %s, want %s", r2.Checksum, r.Checksum)
+	}
+	if diff := cmp.Diff(want, storetest.MustReadAll(t, back, 0), rawEqual); diff != "" {
+		t.Errorf("SQLite's copy of the copy (-want +got):\n%s", diff)
+	}
+	got := storetest.MustAppend(t, back, "task/1", eventstore.AnyVersion, eventstore.Proposed{Type: "t.after", SchemaVersion: 1})
+	if got[0].Position != head+1 {
+		t.Errorf("append after the copy: position %d, want %d", got[0].Position, head+1)
 	}
 }
 
@@ -219,9 +293,9 @@ func TestCopyRefusesAnotherLog(t *testing.T) {
 		dst  eventstore.Importer
 		says []string
 	}{
-		{"another log", other, []string{"not empty (it holds events 1 to 1)", "copy into an empty store", "position 1 differs"}},
+		{"another log", other, []string{"not empty (it holds a log up to position 1)", "copy into an empty store", "position 1 differs"}},
 		{"one field changed", changed, []string{"position 10 differs", `causation id "` + evs[9].CausationID + `" in the source`}},
-		{"longer", longer, []string{fmt.Sprintf("holds %d events and the source only %d", len(evs)+1, len(evs))}},
+		{"longer", longer, []string{fmt.Sprintf("goes to position %d and the source's only to %d", len(evs)+1, len(evs))}},
 	} {
 		before := storetest.MustReadAll(t, tc.dst, 0)
 		_, err := storecopy.Copy(context.Background(), src, tc.dst, storecopy.Options{})

@@ -40,7 +40,33 @@ const (
 	// changes nothing of the task but its version, and is appended with any
 	// expected version.
 	EventProgress = "task_progress"
+	// EventCompacted records retention removing from the stream of a task
+	// that ended long ago the events CompactedTypes names (Compacted): it
+	// is the stream's last event, and changes nothing of the task but its
+	// version.
+	EventCompacted = "task_events_compacted"
 )
+
+// CompactedTypes are the types of the events retention removes from the
+// stream of a task that ended more than event_retention_hours ago: those
+// that tell how it ran (what its agent did, what it connected to, its
+// sandbox found again or started again after a restart) and change
+// nothing of the task but its version, and an earlier EventCompacted
+// (the new one counts what it counted). What the task's record is folded
+// from stays: its creation, queueing, start, end, network changes,
+// cancel request, copy to shared/, and what became of its directory and
+// its sandbox.
+var CompactedTypes = []string{EventProgress, EventEgressConnection, EventReattached, EventStartRetried, EventCompacted}
+
+// Compacted is the payload of EventCompacted.
+type Compacted struct {
+	// Removed counts the events retention removed from the stream, over
+	// every compaction of it.
+	Removed int `json:"removed"`
+	// Through is the stream's version when it was compacted: of the
+	// versions up to it, those the stream no longer holds were removed.
+	Through int64 `json:"through_version"`
+}
 
 // Progress is the payload of EventProgress.
 type Progress struct {
@@ -452,7 +478,9 @@ type StartRetried struct {
 // every writer appends with an expected version.
 func (t *Task) Apply(e eventstore.Event) error {
 	typ, data, version, at, pos := e.Type, e.Data, e.StreamVersion, e.RecordedAt, e.Position
-	if version != t.Version+1 {
+	// Versions follow one another, but where retention removed events
+	// (EventCompacted): never a first event, which it keeps.
+	if version <= t.Version || (t.Version == 0 && version != 1) {
 		return fmt.Errorf("apply %s to task %s: version %d after %d", typ, t.ID, version, t.Version)
 	}
 	move := func(s Status) error {
@@ -521,7 +549,11 @@ func (t *Task) Apply(e eventstore.Event) error {
 			return fmt.Errorf("apply %s to task %s: it ended", typ, t.ID)
 		}
 		t.Network, t.NetworkAllow = p.Network, p.Allow
-	case EventReattached, EventStartRetried, EventEgressConnection, EventProgress, EventDirectoryRemoved, EventRemovalFailed, EventSandboxDestroyFailed:
+	case EventReattached, EventStartRetried, EventEgressConnection, EventProgress:
+		t.Compactable++
+	case EventCompacted:
+		t.Compactable = 0
+	case EventDirectoryRemoved, EventRemovalFailed, EventSandboxDestroyFailed:
 	case EventWorkspaceGit:
 		var p WorkspaceGit
 		if err := json.Unmarshal(data, &p); err != nil {

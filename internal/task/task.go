@@ -249,6 +249,10 @@ type Task struct {
 	SharedOutputs *SharedOutputs `json:"shared_outputs,omitempty"`
 	// QueueSeq orders queued tasks: the store position of the queued event.
 	QueueSeq int64 `json:"-"`
+	// Compactable counts the task's events that retention removes once it
+	// has ended long enough (CompactedTypes, but EventCompacted): none
+	// left, retention passes the task by.
+	Compactable int64 `json:"-"`
 }
 
 // SaveState is where a task's save_to_shared copy stands.

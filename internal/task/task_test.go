@@ -200,6 +200,7 @@ func TestApplyRefuses(t *testing.T) {
 		data []byte
 		ver  int64
 	}{
+		// Retention leaves gaps after the first event (TestApplyCompactedStream), never before it.
 		{"version gap", func(tb testing.TB) *Task { return &Task{ID: "t"} }, EventCreated, created, 2},
 		{"version repeat", func(tb testing.TB) *Task { return mustFold(tb, t0) }, EventCancelRequested, []byte("{}"), 4},
 		{"version zero", func(tb testing.TB) *Task { return &Task{ID: "t"} }, EventCreated, created, 0},
@@ -208,13 +209,6 @@ func TestApplyRefuses(t *testing.T) {
 		{"second created", func(tb testing.TB) *Task { return mustFold(tb, t0) }, EventCreated, created, 5},
 		{"non-terminal completion", func(tb testing.TB) *Task { return mustFold(tb, t0) }, EventCompleted, mustJSON(t, Completed{Status: Running}), 5},
 		{"bad json", func(tb testing.TB) *Task { return mustFold(tb, t0) }, EventCompleted, []byte("{"), 5},
-		{"skip starting", func(tb testing.TB) *Task {
-			tk := &Task{ID: "t"}
-			if err := tk.Apply(event(EventCreated, created, 1, t0, 1)); err != nil {
-				tb.Fatal(err)
-			}
-			return tk
-		}, EventQueued, []byte("{}"), 3},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -227,6 +221,46 @@ func TestApplyRefuses(t *testing.T) {
 				t.Errorf("version moved from %d to %d on a refused event", before.Version, tk.Version)
 			}
 		})
+	}
+}
+
+// A stream retention compacted folds to the task the whole stream folds
+// to: the events it removes change nothing but the version, which goes on
+// over the gaps they leave, and Compactable, which counts them until the
+// marker.
+func TestApplyCompactedStream(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	whole, compacted := mustFold(t, t0), mustFold(t, t0)
+	v := whole.Version
+	next := func(typ string, data []byte) eventstore.Event {
+		v++
+		return event(typ, data, v, t0.Add(time.Duration(v)*time.Second), 10+v)
+	}
+	for _, typ := range CompactedTypes {
+		if typ != EventCompacted {
+			if err := whole.Apply(next(typ, []byte("{}"))); err != nil {
+				t.Fatalf("Apply(%s): %v", typ, err)
+			}
+		}
+	}
+	end := next(EventCompleted, mustJSON(t, Completed{Status: Success, Summary: "done"}))
+	marker := next(EventCompacted, mustJSON(t, Compacted{Removed: len(CompactedTypes) - 1, Through: end.StreamVersion}))
+	for i, e := range []eventstore.Event{end, marker} {
+		if err := whole.Apply(e); err != nil {
+			t.Fatalf("whole stream: Apply(%s): %v", e.Type, err)
+		}
+		if err := compacted.Apply(e); err != nil {
+			t.Fatalf("compacted stream: Apply(%s) at version %d after %d: %v", e.Type, e.StreamVersion, compacted.Version-1, err)
+		}
+		if want := int64(len(CompactedTypes) - 1); i == 0 && whole.Compactable != want {
+			t.Errorf("Compactable of the ended task: %d, want %d", whole.Compactable, want)
+		}
+	}
+	if diff := cmp.Diff(whole, compacted); diff != "" {
+		t.Errorf("the compacted stream's task (-whole +compacted):\n%s", diff)
+	}
+	if compacted.Compactable != 0 || compacted.Version != v || compacted.Status != Success {
+		t.Errorf("compacted: Compactable %d version %d status %s, want 0, %d, success", compacted.Compactable, compacted.Version, compacted.Status, v)
 	}
 }
 

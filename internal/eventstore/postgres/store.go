@@ -7,12 +7,13 @@
 // position inside its own transaction. The row lock that UPDATE takes is
 // held until the transaction ends, so appends, from whatever process,
 // commit one at a time in position order, and a rolled-back append gives
-// its positions back: positions are in commit order without gaps, and a
-// reader that has seen position N never later finds another event at or
-// below N. A sequence (bigserial) would not do: it hands out numbers
-// before commit, so N+1 can commit, and be read, before N, and a follower
-// whose cursor passed N+1 would never see N; its numbers are not given
-// back either, which leaves gaps. The price is that appends do not overlap:
+// its positions back: positions are in commit order without gaps (but
+// those a compaction leaves: compact.go), and a reader that has seen
+// position N never later finds another event at or below N. A sequence
+// (bigserial) would not do: it hands out numbers before commit, so N+1
+// can commit, and be read, before N, and a follower whose cursor passed
+// N+1 would never see N; its numbers are not given back either, which
+// leaves gaps. The price is that appends do not overlap:
 // each holds the lock over its version check, its inserts and its commit
 // (one WAL flush), whatever process it comes from. An append's stream
 // version is read under that lock, so AnyVersion never conflicts, and the

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"bytes"
+	"sort"
 
 	"github.com/corral-dev/corral/internal/eventstore"
 )
@@ -15,9 +16,11 @@ import (
 // SQLite.
 const recentEvents = 1024
 
-// recent is the tail of the log, in position order without gaps, ending
-// at the committed head. Guarded by Store.mu, and changed only with the
-// head, so that a reader never sees one without the other.
+// recent is the tail of the log: every event from its first's position
+// on, in position order, ending at the committed head. Positions may have
+// gaps, where an import brought the gaps of its source's log. Guarded by
+// Store.mu, and changed only with the head, so that a reader never sees
+// one without the other; a compaction empties it (commitCompact).
 type recent struct {
 	evs []eventstore.Event
 }
@@ -44,8 +47,8 @@ func (r *recent) after(after int64, limit int) ([]eventstore.Event, bool) {
 	if len(r.evs) == 0 || after < r.evs[0].Position-1 {
 		return nil, false
 	}
-	i := int(after - r.evs[0].Position + 1)
-	if i >= len(r.evs) {
+	i := sort.Search(len(r.evs), func(i int) bool { return r.evs[i].Position > after })
+	if i == len(r.evs) {
 		return nil, true
 	}
 	out := append([]eventstore.Event(nil), r.evs[i:min(len(r.evs), i+limit)]...)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -102,6 +103,49 @@ func TestRecentReadsAsSQLite(t *testing.T) {
 		t.Fatalf("the tail holds %d events from position %d: not bounded", n, first)
 	}
 	check(s, 256)
+}
+
+// TestRecentWithGaps: the tail answers as SQLite does where the log has
+// gaps: those an import brings from its source, and those a compaction
+// leaves (it empties the tail, which still holds what it removed).
+func TestRecentWithGaps(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpenTemp(t)
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var imported []eventstore.Event
+	for i, p := range []int64{1, 2, 5, 6, 9} {
+		imported = append(imported, eventstore.Event{ID: fmt.Sprintf("evt_%d", p), StreamID: "s", StreamVersion: int64(i + 1),
+			Type: "t", SchemaVersion: 1, RecordedAt: at, Position: p})
+	}
+	if err := s.Import(ctx, imported); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if _, err := s.Append(ctx, "o", eventstore.AnyVersion, eventstore.Proposed{Type: "drop", SchemaVersion: 1}, eventstore.Proposed{Type: "keep", SchemaVersion: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(what string) {
+		t.Helper()
+		for after := int64(0); after <= s.head+1; after++ {
+			got, err := s.ReadAll(ctx, after, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := s.readAll(ctx, after, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Fatalf("%s: ReadAll(%d, 3) (-SQLite +store):\n%s", what, after, diff)
+			}
+		}
+	}
+	check("after an import with gaps")
+	if _, _, err := s.Compact(ctx, "o", 8, []string{"drop"}, eventstore.Proposed{Type: "marker", SchemaVersion: 1}); err != nil {
+		t.Fatal(err)
+	}
+	check("after a compaction")
 }
 
 func mustJSON(t *testing.T, v any) string {

@@ -11,8 +11,9 @@
 // Only one process may open a database: Open takes a non-blocking flock on
 // path+".lock" and fails with errdefs.ErrFailedPrecondition when another
 // server holds it. Because the writer is the only one, positions are
-// assigned in commit order without gaps, and WaitFor is woken directly by
-// the writer after each commit.
+// assigned in commit order without gaps (but those a compaction leaves:
+// compact.go), and WaitFor is woken directly by the writer after each
+// commit.
 package sqlite
 
 import (
@@ -65,12 +66,13 @@ type Store struct {
 	wdb  *sql.DB // one connection, used only by the writer goroutine
 	rdb  *sql.DB // read-only pool
 
-	reqs       chan *appendReq // unbuffered: a request sent is a request answered
-	imports    chan *importReq // the same, for Import
-	quit       chan struct{}   // closed by Close
-	writerDone chan struct{}   // closed when the writer goroutine returns
-	w          writer          // state owned by the writer goroutine
-	reserveAt  time.Time       // when the reserve was given back or last tried; zero when kept (writer goroutine's)
+	reqs       chan *appendReq  // unbuffered: a request sent is a request answered
+	imports    chan *importReq  // the same, for Import
+	compacts   chan *compactReq // and for Compact
+	quit       chan struct{}    // closed by Close
+	writerDone chan struct{}    // closed when the writer goroutine returns
+	w          writer           // state owned by the writer goroutine
+	reserveAt  time.Time        // when the reserve was given back or last tried; zero when kept (writer goroutine's)
 
 	mu      sync.Mutex
 	head    int64         // highest committed position
@@ -112,6 +114,7 @@ func Open(ctx context.Context, path string, log *slog.Logger) (*Store, error) {
 		lock:       lock,
 		reqs:       make(chan *appendReq),
 		imports:    make(chan *importReq),
+		compacts:   make(chan *compactReq),
 		quit:       make(chan struct{}),
 		writerDone: make(chan struct{}),
 		wake:       make(chan struct{}),

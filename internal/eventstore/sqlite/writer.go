@@ -124,6 +124,9 @@ func (s *Store) runWriter() {
 		case r := <-s.imports: // alone, between two batches (import.go)
 			s.commitImport(r)
 			continue
+		case r := <-s.compacts: // the same (compact.go)
+			s.commitCompact(r)
+			continue
 		case <-s.quit:
 			return
 		}

@@ -115,20 +115,19 @@ func testImportKeepsEverything(t *testing.T, s eventstore.Importer) {
 	}
 }
 
-// testImportInBatches: a log goes in batch after batch, each starting at
-// the head and going on with each stream's versions; one that starts
-// anywhere else is a conflict and changes nothing.
+// testImportInBatches: a log goes in batch after batch, each going on
+// past the head and past each stream's version, over the gaps a
+// compaction left in the source's log (Compactor); one that starts at or
+// below either is a conflict and changes nothing.
 func testImportInBatches(t *testing.T, s eventstore.Importer) {
 	mustImport(t, s, committed(1, "a", 1, `{}`), committed(2, "b", 1, `{}`))
 	mustImport(t, s, committed(3, "a", 2, `{}`), committed(4, "c", 1, `{}`))
 	for _, batch := range [][]eventstore.Event{
 		{committed(4, "d", 1, `{}`)}, // behind the head
-		{committed(6, "d", 1, `{}`)}, // past it
 		{committed(1, "a", 1, `{}`)}, // the start again
-		{committed(5, "a", 4, `{}`)}, // a's next version is 3
 		{committed(5, "a", 2, `{}`)}, // taken
-		{committed(5, "e", 2, `{}`)}, // a new stream starts at 1
-		{committed(5, "b", 2, `{}`), committed(6, "a", 3, `{}`), committed(7, "c", 3, `{}`)}, // c at 2
+		{committed(5, "b", 1, `{}`)}, // b is at 1
+		{committed(5, "b", 2, `{}`), committed(6, "a", 3, `{}`), committed(7, "c", 1, `{}`)}, // c is at 1
 	} {
 		err := s.Import(context.Background(), batch)
 		if !errors.Is(err, errdefs.ErrConflict) {
@@ -144,6 +143,21 @@ func testImportInBatches(t *testing.T, s eventstore.Importer) {
 	mustImport(t, s, committed(5, "a", 3, `{}`))
 	if got := versions(mustReadStream(t, s, "a", 0)); !cmp.Equal(got, []int64{1, 2, 3}) {
 		t.Errorf("stream a versions: %v", got)
+	}
+	// Gaps: positions 6 and 7, a's version 4, e's 1 (none of them in the
+	// source's log any more).
+	mustImport(t, s, committed(8, "a", 5, `{}`), committed(9, "e", 2, `{}`))
+	if got := positions(MustReadAll(t, s, 0)); !cmp.Equal(got, []int64{1, 2, 3, 4, 5, 8, 9}) {
+		t.Errorf("positions after a batch with gaps: %v", got)
+	}
+	if got := versions(mustReadStream(t, s, "a", 0)); !cmp.Equal(got, []int64{1, 2, 3, 5}) {
+		t.Errorf("stream a versions after a batch with gaps: %v", got)
+	}
+	if h := mustHead(t, s); h != 9 {
+		t.Errorf("Head after a batch with gaps: %d, want 9", h)
+	}
+	if got := MustAppend(t, s, "a", 5, ev("t.next", `{}`)); got[0].Position != 10 || got[0].StreamVersion != 6 {
+		t.Errorf("append after a batch with gaps: position %d version %d, want 10 and 6", got[0].Position, got[0].StreamVersion)
 	}
 }
 
@@ -182,8 +196,9 @@ func testImportAppendsFollow(t *testing.T, s eventstore.Importer) {
 }
 
 // testImportRefusesWhole: a batch with one bad event writes none of them,
-// with the bad event's class: a gap within the batch or an event no store
-// keeps is an invalid argument, an id the store has is already there.
+// with the bad event's class: positions or versions that do not rise
+// within the batch or an event no store keeps is an invalid argument, an
+// id the store has is already there.
 func testImportRefusesWhole(t *testing.T, s eventstore.Importer) {
 	mustImport(t, s, committed(1, "a", 1, `{}`))
 	noType := committed(3, "b", 1, `{}`)
@@ -196,8 +211,8 @@ func testImportRefusesWhole(t *testing.T, s eventstore.Importer) {
 		class error
 	}{
 		{"empty", nil, errdefs.ErrInvalidArgument},
-		{"position gap", []eventstore.Event{committed(2, "a", 2, `{}`), committed(4, "a", 3, `{}`)}, errdefs.ErrInvalidArgument},
-		{"version gap", []eventstore.Event{committed(2, "a", 2, `{}`), committed(3, "a", 4, `{}`)}, errdefs.ErrInvalidArgument},
+		{"positions back", []eventstore.Event{committed(3, "a", 2, `{}`), committed(2, "a", 3, `{}`)}, errdefs.ErrInvalidArgument},
+		{"versions back", []eventstore.Event{committed(2, "a", 3, `{}`), committed(3, "a", 2, `{}`)}, errdefs.ErrInvalidArgument},
 		{"no type", []eventstore.Event{committed(2, "a", 2, `{}`), noType}, errdefs.ErrInvalidArgument},
 		{"data not JSON", []eventstore.Event{committed(2, "a", 2, `{"a":`)}, errdefs.ErrInvalidArgument},
 		{"id taken", []eventstore.Event{committed(2, "a", 2, `{}`), dupID}, errdefs.ErrAlreadyExists},

@@ -7,10 +7,10 @@
 //
 // newStore must return an empty store for each call and close it in
 // t.Cleanup. The suite requires global positions to start at 1 and have no
-// gaps: subscribers resume from a position and must never find an event
-// appear behind their cursor, so a multi-writer store must serialize
-// position assignment (for example under an advisory lock) rather than use
-// a plain sequence.
+// gaps (only a compaction leaves some: RunCompact): subscribers resume
+// from a position and must never find an event appear behind their
+// cursor, so a multi-writer store must serialize position assignment (for
+// example under an advisory lock) rather than use a plain sequence.
 package storetest
 
 import (

@@ -196,6 +196,9 @@ export async function taskPage(main, { signal, params }) {
       feed.append(progressItem(e));
       if (feed.childElementCount > 2000) feed.firstChild.remove();
     }
+    if (e.type === 'task_events_compacted') {
+      feed.append(h('li', { class: 'muted' }, `Retention removed this run's progress and egress records (${e.data.removed} events) a while after the task ended.`));
+    }
   }
   for (const e of evs) addEvent(e);
   if (!feed.childElementCount) feed.append(h('li', { class: 'muted empty-feed' }, 'No progress reported yet.'));
