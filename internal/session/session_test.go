@@ -240,8 +240,13 @@ func TestStopAllEndsSessionsKeptHere(t *testing.T) {
 		return sandbox.ExitStatus{Code: 143}
 	}
 	local, _ := rtkind.Of(rtkind.Local)
+	data, err := workspace.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := New(Options{
 		Store:      sqlitetest.Open(t),
+		Data:       data,
 		Placements: placement.NewSet(&placement.Runtime{Kind: local, Sandbox: fake}),
 		Members:    twoReplicas{Solo: cluster.NewSolo(cluster.Replica{ID: "r-self"}), other: "r-other"},
 	}, slog.New(slog.DiscardHandler))
