@@ -38,7 +38,7 @@ Usage:
                                                    and print its output; output files become attachments
   corral workspaces [ls] | ls NAME [PATH] | create NAME [--git] | cat NAME PATH
                                                    the named workspaces under projects/
-  corral sessions [ls] | create [--runtime R] [--image IMAGE] [--idle 30m] | rm ID | suspend ID | resume ID
+  corral sessions [ls] | create [--runtime R] [--image IMAGE] [--idle 30m] | rm ID | suspend ID | resume ID | fork ID [-n N]
                                                    long-lived sandboxes (create prints the session's token)
   corral exec [-i] [--cwd DIR] [--timeout D] SESSION -- CMD ARGS...
                                                    run a command in a session, its output streamed

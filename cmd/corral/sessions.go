@@ -16,7 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
-// cmdSessions is corral sessions [ls] | create | rm ID | suspend ID | resume ID.
+// cmdSessions is corral sessions [ls] | create | rm ID | suspend ID | resume ID | fork ID [-n N].
 func cmdSessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, args, fs, cf := subcommand("sessions", args, stderr)
 	var req service.CreateSessionRequest
@@ -26,6 +26,7 @@ func cmdSessions(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	life := fs.Duration("lifetime", 0, "create: end the session after this long (default: the server's)")
 	var labels multiFlag
 	fs.Var(&labels, "label", "create: KEY=VALUE (repeat for more)")
+	forks := fs.Int("n", 1, "fork: how many sessions to make")
 	pos, c, err := cf.parse(fs, args)
 	if err != nil {
 		return err
@@ -101,8 +102,24 @@ func cmdSessions(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		fmt.Fprintf(stdout, "%s %s: %s\n", r.Session.ID, r.Session.Status, r.Note)
 		return nil
+	case "fork":
+		if len(pos) != 1 {
+			return fmt.Errorf("give one session id: %w", errdefs.ErrInvalidArgument)
+		}
+		r, err := c.Sessions().Fork(ctx, pos[0], *forks)
+		if err != nil {
+			return err
+		}
+		if cf.json {
+			return printJSON(stdout, r)
+		}
+		for _, f := range r.Forks {
+			fmt.Fprintf(stdout, "%s token %s\n", f.SessionID, f.Token)
+		}
+		fmt.Fprintf(stdout, "%d files, %d bytes copied to each (tokens shown once): %s\n", r.Files, r.Bytes, r.Note)
+		return nil
 	}
-	return fmt.Errorf("unknown sessions command %q (ls, create, rm, suspend, resume): %w", sub, errdefs.ErrInvalidArgument)
+	return fmt.Errorf("unknown sessions command %q (ls, create, rm, suspend, resume, fork): %w", sub, errdefs.ErrInvalidArgument)
 }
 
 // cmdExec is corral exec SESSION -- CMD ARGS: the command's output

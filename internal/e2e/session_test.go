@@ -1049,3 +1049,79 @@ func TestSessionKeepsItsMemory(t *testing.T) {
 		t.Errorf("the session's checkpoint after its end: %v", err)
 	}
 }
+
+// TestSessionFork: five forks of a session with 100 MiB of files each
+// see the source's files as they were (byte for byte, executable bits and
+// links kept, a link out of the tree copied as a link, never followed),
+// write without touching each other or the source, and run as sessions
+// of their own; the answer and the source's stream say what was kept.
+func TestSessionFork(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, nil)
+	ctx := context.Background()
+	src := mustCreateSession(t, s.client)
+	sc := s.client.Sessions()
+	run := func(id, cmd string) string {
+		t.Helper()
+		var out strings.Builder
+		end, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell(cmd)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
+		if err != nil || end.ExitCode != 0 {
+			t.Fatalf("%s in %s: %+v, %v: %s", cmd, id, end, err, out.String())
+		}
+		return out.String()
+	}
+	run(src.SessionID, `mkdir data && for i in $(seq 1 20); do head -c 5242880 /dev/urandom > data/f$i; done && printf '#!/bin/sh\necho hi\n' > run.sh && chmod +x run.sh && ln -s /etc/passwd out && mkfifo pipe && sha256sum data/* run.sh > sums`)
+	if _, err := sc.StartExec(ctx, src.SessionID, service.SessionCommand{Shell: "sleep 300"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Fork(ctx, src.SessionID, session.MaxForks+1); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a fork of %d: %v, want refused", session.MaxForks+1, err)
+	}
+	r, err := sc.Fork(ctx, src.SessionID, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Forks) != 5 || r.MemoryKept || r.Note == "" || r.Bytes != 100<<20+int64(len("#!/bin/sh\necho hi\n"))+int64(len(run(src.SessionID, "cat sums"))) || len(r.Skipped) != 1 || r.Skipped[0] != "pipe" {
+		t.Fatalf("fork: %d forks, %d bytes, skipped %v, memory kept %v, note %q", len(r.Forks), r.Bytes, r.Skipped, r.MemoryKept, r.Note)
+	}
+	for i, f := range r.Forks {
+		if f.Session.ForkedFrom != src.SessionID || f.Session.Status != service.SessionRunning || f.Token == "" || f.Token == src.Token {
+			t.Errorf("fork %d: %+v", i, f)
+		}
+		// Its own token reaches it.
+		if _, err := s.client.WithToken(f.Token).ExecSession(ctx, f.SessionID, httpapi.ExecBody{Command: shell("true")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+			t.Errorf("fork %d's own token: %v", i, err)
+		}
+		if got := run(f.SessionID, "sha256sum -c --quiet sums && ./run.sh && readlink out && ls pipe 2>&1 || true; pgrep -x sleep || echo no-sleep"); !strings.HasPrefix(got, "hi\n/etc/passwd\n") || !strings.HasSuffix(got, "no-sleep\n") {
+			t.Errorf("fork %d sees %q; want the source's files, its script runnable, its link a link, no FIFO and none of its processes", i, got)
+		}
+		fi, err := os.Lstat(filepath.Join(s.data, "sessions", f.SessionID, "out"))
+		if err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			t.Errorf("fork %d's copy of the link: %v, %v; want a link", i, fi, err)
+		}
+		run(f.SessionID, "echo "+f.SessionID+" > mine && echo changed >> data/f1")
+	}
+	run(src.SessionID, "echo source > mine")
+	if got := run(src.SessionID, "cat mine; sha256sum -c --quiet sums && echo intact"); got != "source\nintact\n" {
+		t.Errorf("the source after its forks wrote: %q", got)
+	}
+	for i, f := range r.Forks {
+		if got := run(f.SessionID, "cat mine"); got != f.SessionID+"\n" {
+			t.Errorf("fork %d reads %q from its own file", i, got)
+		}
+	}
+	var forkedEv []string
+	s.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
+		if e.StreamID == session.StreamID(src.SessionID) && e.Type == session.EventForked {
+			var p struct {
+				Forks []string `json:"forks"`
+			}
+			json.Unmarshal(e.Data, &p)
+			forkedEv = append(forkedEv, p.Forks...)
+		}
+		return nil
+	})
+	if len(forkedEv) != 5 {
+		t.Errorf("the source's stream names forks %v, want the 5", forkedEv)
+	}
+}

@@ -245,6 +245,7 @@ func (s *Server) routes() {
 	m.Handle("POST /api/sessions", authJSON(s.createSession))
 	m.Handle("GET /api/sessions", auth(s.listSessions))
 	m.Handle("PATCH /api/sessions/{id}/network", authJSON(s.setSessionNetwork))
+	m.Handle("POST /api/sessions/{id}/fork", authJSON(s.forkSession))
 	// A session's own token reaches these: sessionCaller checks it.
 	m.Handle("GET /api/sessions/{id}", open(s.getSession))
 	m.Handle("DELETE /api/sessions/{id}", open(s.deleteSession))

@@ -25,11 +25,7 @@ import (
 )
 
 // SessionCreated is POST /api/sessions's answer: the token is shown once.
-type SessionCreated struct {
-	SessionID string          `json:"session_id"`
-	Token     string          `json:"token"`
-	Session   service.Session `json:"session"`
-}
+type SessionCreated = service.SessionCreated
 
 // ExecBody is POST /api/sessions/{id}/exec's body. Command is an argv (a
 // JSON array) or one string run with sh -c. Detach answers the exec's id
@@ -303,6 +299,32 @@ func (s *Server) suspendSession(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// forkBody is POST /api/sessions/{id}/fork's body.
+type forkBody struct {
+	Count int `json:"count"`
+}
+
+// forkSession is POST /api/sessions/{id}/fork: sessions made from a copy
+// of the session's files, as POST /api/sessions makes one.
+func (s *Server) forkSession(w http.ResponseWriter, r *http.Request) error {
+	if s.svc.Sessions == nil {
+		return service.ErrSessionsOff
+	}
+	req, err := decodeBody[forkBody](s, r)
+	if err != nil {
+		return err
+	}
+	if req.Count == 0 {
+		req.Count = 1
+	}
+	res, err := s.svc.Sessions.Fork(r.Context(), r.PathValue("id"), req.Count)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, res)
 	return nil
 }
 
@@ -647,6 +669,13 @@ func (s sessionClient) ReadExec(ctx context.Context, id, execID string, from int
 func (s sessionClient) Suspend(ctx context.Context, id string) (service.SessionSuspend, error) {
 	var r service.SessionSuspend
 	err := s.c.call(ctx, http.MethodPost, "/api/sessions/"+url.PathEscape(id)+"/suspend", struct{}{}, &r)
+	return r, err
+}
+
+// Fork implements service.Sessions.
+func (s sessionClient) Fork(ctx context.Context, id string, count int) (service.SessionFork, error) {
+	var r service.SessionFork
+	err := s.c.call(ctx, http.MethodPost, "/api/sessions/"+url.PathEscape(id)+"/fork", forkBody{Count: count}, &r)
 	return r, err
 }
 

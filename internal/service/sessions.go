@@ -44,6 +44,9 @@ type Sessions interface {
 	// suspended session resumes it first).
 	Suspend(ctx context.Context, id string) (SessionSuspend, error)
 	Resume(ctx context.Context, id string) (Session, error)
+	// Fork makes count new sessions, each with its own id, token and
+	// egress proxy, from a copy of session id's files.
+	Fork(ctx context.Context, id string, count int) (SessionFork, error)
 	// SetNetwork changes a running session's network policy, as
 	// Tasks.SetNetwork does a task's (req.TaskID unused).
 	SetNetwork(ctx context.Context, id string, req NetworkRequest) (Session, error)
@@ -107,6 +110,8 @@ type Session struct {
 	Resources *task.Resources   `json:"resources,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
 	Status    string            `json:"status"` // running | suspended | ended
+	// ForkedFrom is the session this one is a fork of.
+	ForkedFrom string `json:"forked_from,omitempty"`
 	// MemoryKept, while suspended: a resume brings its processes and
 	// memory back, not only its files.
 	MemoryKept  bool       `json:"memory_kept,omitempty"`
@@ -127,6 +132,25 @@ type SessionSuspend struct {
 	Session    Session `json:"session"`
 	MemoryKept bool    `json:"memory_kept"`
 	Note       string  `json:"note"`
+}
+
+// SessionFork answers a fork: the new sessions with their tokens (shown
+// once), what was copied, and whether the source's processes and memory
+// came with it (false: its files only), said in Note.
+type SessionFork struct {
+	Forks      []SessionCreated `json:"forks"`
+	Files      int              `json:"files"`
+	Bytes      int64            `json:"bytes"`
+	Skipped    []string         `json:"skipped,omitempty"`
+	MemoryKept bool             `json:"memory_kept"`
+	Note       string           `json:"note"`
+}
+
+// SessionCreated is a session made, with its token: shown once.
+type SessionCreated struct {
+	SessionID string  `json:"session_id"`
+	Token     string  `json:"token"`
+	Session   Session `json:"session"`
 }
 
 // A session's statuses.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -23,6 +24,22 @@ import (
 // Create starts a session's sandbox and records it. It returns the session
 // and its token, which is shown once and stored only hashed.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, string, error) {
+	return m.create(ctx, req, createFrom{})
+}
+
+// createFrom is what a fork's session is made from beside its request.
+type createFrom struct {
+	// forkedFrom is the session it is a fork of.
+	forkedFrom string
+	// limits and allow are the source's limits and allowlist.
+	limits *sandbox.Limits
+	allow  []string
+	// seed fills its directory (dir, open at its root) before its
+	// sandbox starts.
+	seed func(ctx context.Context, dir *os.Root) error
+}
+
+func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom) (Session, string, error) {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, errdefs.Field(field, fmt.Sprintf(format, args...)))
@@ -84,6 +101,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	limits := m.opts.Limits
 	if lastLimits != nil {
 		limits = *lastLimits
+	}
+	if from.limits != nil {
+		limits = *from.limits
 	}
 	if r := req.Resources; r != nil {
 		res, err := r.Apply(task.Resources{MemoryBytes: limits.MemoryBytes, CPUMillis: limits.CPUMillis, Pids: limits.Pids})
@@ -161,13 +181,18 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 			m.log.Warn("the session's directory has the polled quota alone", "session_id", id, "err", err)
 		}
 	}
+	if from.seed != nil {
+		if err := m.seed(ctx, id, dir, from.seed); err != nil {
+			return Session{}, "", err
+		}
+	}
 	made := false
 	defer func() {
 		if !made && req.Workspace != "" {
 			m.opts.Writers.Release(req.Workspace, id)
 		}
 	}()
-	h, agentToken, err := m.startSandbox(ctx, rt, sandboxOf{id: id, image: image, network: network, dir: dir,
+	h, agentToken, err := m.startSandbox(ctx, rt, sandboxOf{id: id, image: image, network: network, allow: from.allow, dir: dir,
 		hostDir: req.Workspace != "" && !project.InDataRoot(), limits: limits})
 	if err != nil {
 		return Session{}, "", err
@@ -178,8 +203,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, strin
 	attached := m.attached
 	m.mu.Unlock()
 	s := Session{ID: id, Runtime: rtName, Image: image, Network: network, Workspace: req.Workspace, Labels: maps.Clone(req.Labels), Status: StatusRunning,
-		Resources: &task.Resources{MemoryBytes: limits.MemoryBytes, CPUMillis: limits.CPUMillis, Pids: limits.Pids},
-		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second)}
+		Resources: &task.Resources{MemoryBytes: limits.MemoryBytes, CPUMillis: limits.CPUMillis, Pids: limits.Pids}, NetworkAllow: from.allow,
+		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second), ForkedFrom: from.forkedFrom}
 	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), AgentTokenHash: hashToken(agentToken), Handle: *h,
 		Replica: m.opts.Members.Self(), Limits: &limits, Dir: dir, HostDir: req.Workspace != "" && !project.InDataRoot()}); err != nil {
 		rt.Destroy(context.WithoutCancel(ctx), id)

@@ -2,8 +2,10 @@ package workspace
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -66,4 +68,79 @@ func SyncFS(root *os.Root) error {
 		return fmt.Errorf("syncfs: %w", classify(err))
 	}
 	return nil
+}
+
+// TreeCopy is what CopyTree copied, and what it left.
+type TreeCopy struct {
+	Files, Dirs, Links int
+	Bytes              int64
+	// Skipped are the entries it did not copy (FIFOs, sockets, devices,
+	// names it cannot take, files that vanished meanwhile), at most
+	// maxSkipped of them named; SkippedTotal counts them all.
+	Skipped      []string `json:",omitempty"`
+	SkippedTotal int
+}
+
+const maxSkipped = 20
+
+// CopyTree copies the tree beneath src into dst, a worker's tree into a
+// directory of the server's: directories, regular files (their executable
+// bits kept, nothing else of their modes; in the kernel, reflinked where
+// the file system can) and symbolic links as links, never followed; what
+// else it holds is skipped and counted. Every name goes through the roots,
+// so nothing a worker swaps in meanwhile leads out of either. It stops
+// with ctx's error when ctx is done; what it copied is made durable with
+// one syncfs.
+func CopyTree(ctx context.Context, src, dst *os.Root) (TreeCopy, error) {
+	var c TreeCopy
+	skip := func(name string) {
+		if c.SkippedTotal++; len(c.Skipped) < maxSkipped {
+			c.Skipped = append(c.Skipped, name)
+		}
+	}
+	err := walk(src, "", func(rel string, d fs.DirEntry) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		switch t := d.Type(); {
+		case t.IsDir():
+			if err := dst.Mkdir(rel, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+				return classify(err)
+			}
+			c.Dirs++
+		case t&fs.ModeSymlink != 0:
+			target, err := src.Readlink(rel)
+			if err != nil {
+				skip(rel)
+				return nil
+			}
+			if err := dst.Symlink(target, rel); err != nil {
+				return classify(err)
+			}
+			c.Links++
+		case t.IsRegular():
+			n, err := CopyFileContext(ctx, src, rel, dst, rel, 1<<50)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				skip(rel)
+				return nil
+			}
+			if info, err := src.Lstat(rel); err == nil && info.Mode()&0o111 != 0 {
+				if err := dst.Chmod(rel, 0o755); err != nil {
+					return classify(err)
+				}
+			}
+			c.Files++
+			c.Bytes += n
+		default:
+			skip(rel)
+		}
+		return nil
+	})
+	if err != nil {
+		return c, err
+	}
+	return c, SyncFS(dst)
 }
