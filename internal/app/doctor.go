@@ -56,7 +56,7 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	for _, name := range rtkind.Names() {
 		out = append(out, doctorRuntime(ctx, name, cfg, filepath.Join(stateDir, name), host, log)...)
 	}
-	out = append(out, doctorStore(ctx, cfg), doctorQuota(cfg), doctorDisk(cfg.Data), doctorWarm(cfg))
+	out = append(out, doctorStore(ctx, cfg), doctorQuota(cfg), doctorDisk(cfg.Data), doctorWarm(cfg), doctorExec(cfg))
 	agents := agentConfigs(cfg)
 	for _, name := range []string{task.AgentClaude, task.AgentGemini, task.AgentCodex, task.AgentOpencode} {
 		ag := agents[name]
@@ -200,10 +200,10 @@ func doctorRuntime(ctx context.Context, name string, cfg *config.Config, stateDi
 }
 
 // doctorImages checks that the engine has the images tasks and
-// code_execute run by default (or may pull them).
+// code_execute (when it is on) run by default (or may pull them).
 func doctorImages(ctx context.Context, d *docker.Runtime, cfg *config.Config) []Check {
 	images := []string{cfg.AIWorker.AICoderImage}
-	if img := cfg.Execution.DefaultImage; img != "" && img != images[0] {
+	if img := cfg.Execution.DefaultImage; cfg.Execution.Enabled && img != "" && img != images[0] {
 		images = append(images, img)
 	}
 	var out []Check
@@ -377,6 +377,18 @@ func doctorWarm(cfg *config.Config) Check {
 		c.Detail = "none: local.warm_pool is 0; every task starts cold"
 	default:
 		c.Detail = fmt.Sprintf("%d per shape (network none; with an egress proxy), for tasks with the default resources outside a workspace; each serves one task and is destroyed; /metrics shows the pools (corral_warm_*)", n)
+	}
+	return c
+}
+
+// doctorExec says whether the server offers code_execute, which is off
+// unless asked for: a call runs whatever command its caller sends.
+func doctorExec(cfg *config.Config) Check {
+	c := Check{Name: "code_execute", OK: true}
+	if cfg.Execution.Enabled {
+		c.Detail = "on (execution.enabled: true): the API's and MCP's callers may run any command once in a fresh sandbox"
+	} else {
+		c.Detail = "off (execution.enabled: false): not offered, and POST /api/exec answers 503; execution.enabled: true or EXECUTION_ENABLED=true turns it on"
 	}
 	return c
 }

@@ -112,6 +112,19 @@ func TestDoctorDisk(t *testing.T) {
 	}
 }
 
+// Doctor says whether code_execute is offered: off by default, and how to
+// turn it on.
+func TestDoctorExec(t *testing.T) {
+	cfg := config.Default()
+	if c := doctorExec(cfg); !c.OK || !strings.Contains(c.Detail, "off") || !strings.Contains(c.Detail, "EXECUTION_ENABLED=true") {
+		t.Errorf("doctorExec by default = %+v, want off and how to turn it on", c)
+	}
+	cfg.Execution.Enabled = true
+	if c := doctorExec(cfg); !c.OK || !strings.HasPrefix(c.Detail, "on ") {
+		t.Errorf("doctorExec with execution.enabled = %+v, want on", c)
+	}
+}
+
 // The store check: SQLite passes as it is; PostgreSQL is reached and
 // described, and one that cannot be reached fails with what to do, never
 // repeating the connection string (it may hold a password).

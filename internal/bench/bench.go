@@ -292,6 +292,8 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 	// caller: what it measures is the tasks, not limits.api_rate.
 	cfg.Limits.APIRate = 0
 	if opts.DockerImage != "" {
+		// The exec rows measure code_execute, off unless turned on.
+		cfg.Execution.Enabled = true
 		cfg.Execution.DefaultImage = opts.DockerImage
 		if opts.DockerHost != "" {
 			cfg.Docker.Host = opts.DockerHost

@@ -286,7 +286,9 @@ type Kubernetes struct {
 // Execution configures code_execute (seed 004's section): a command run
 // once in a fresh sandbox on the default runtime.
 type Execution struct {
-	// Enabled offers code_execute; EXECUTION_ENABLED sets it.
+	// Enabled offers code_execute; EXECUTION_ENABLED sets it. It is off
+	// unless asked for (seed 004): a call runs whatever command its caller
+	// sends, in any image the allowlist admits, with no agent in between.
 	Enabled bool `yaml:"enabled"`
 	// DockerSocket is the seed's engine socket path; when set it is the
 	// docker runtime's engine (docker.host unix://<path>).
@@ -573,7 +575,7 @@ func Default() *Config {
 		Local:      Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB"), WarmPool: -1, WarmIdle: Duration(10 * time.Minute)},
 		Docker:     Docker{Host: "unix:///var/run/docker.sock"},
 		Kubernetes: Kubernetes{SecretName: "ai-worker-secrets", PullPolicy: "IfNotPresent"},
-		Execution:  Execution{Enabled: true, Timeout: 60, MaxOutputSize: mustSize("1MiB")},
+		Execution:  Execution{Timeout: 60, MaxOutputSize: mustSize("1MiB")},
 		Sessions:   Sessions{MaxSessions: 8, IdleTimeout: Duration(30 * time.Minute), MaxLifetime: Duration(8 * time.Hour), IdleAction: IdleAuto},
 		Egress: Egress{
 			// SPEC §4: the model providers' API hosts, through the proxy.

@@ -97,6 +97,7 @@ func TestDefaultIsValid(t *testing.T) {
 		{"egress.mode", c.Egress.Mode, "allowlist"},
 		{"agents.default", c.Agents.Default, "claude"},
 		{"enabled", c.AIWorker.Enabled, true},
+		{"execution.enabled", c.Execution.Enabled, false},
 		{"max_concurrent", c.AIWorker.MaxConcurrentWorkers, 3},
 		{"max_queued", c.AIWorker.MaxQueuedTasks, 100},
 		{"memory_limit", c.AIWorker.Resources.MemoryLimit.Bytes(), int64(2 << 30)},
@@ -377,7 +378,7 @@ func TestEnvOverrides(t *testing.T) {
 		"CORRAL_EGRESS_MODE=open",
 		"CORRAL_DEFAULT_AGENT=codex",
 		"CORRAL_LISTEN_UNRELATED=x",
-		"EXECUTION_ENABLED=false",
+		"EXECUTION_ENABLED=true",
 		"EXECUTION_DEFAULT_IMAGE=python:3.12-slim",
 		"DOCKER_HOST=unix:///run/other.sock",
 	)
@@ -388,7 +389,7 @@ func TestEnvOverrides(t *testing.T) {
 	want.Log = Log{Level: "warn", Format: "json"}
 	want.Egress.Mode = "open"
 	want.Agents.Default = "codex"
-	want.Execution.Enabled, want.Execution.DefaultImage = false, "python:3.12-slim"
+	want.Execution.Enabled, want.Execution.DefaultImage = true, "python:3.12-slim"
 	want.Docker.Host = "unix:///run/other.sock"
 	w := &want.AIWorker
 	w.Enabled, w.Namespace, w.AICoderImage, w.WorkspacePVC = false, "fromenv", "img:1", "pvc1"

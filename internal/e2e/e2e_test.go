@@ -287,7 +287,7 @@ var errStop = errors.New("stop")
 
 func TestToolsOverHTTP(t *testing.T) {
 	t.Parallel()
-	s := MustStart(t, nil)
+	s := MustStart(t, withExec)
 	code, body := s.do(t, "GET", "/api/tools", "", nil)
 	var defs []struct {
 		Type     string `json:"type"`

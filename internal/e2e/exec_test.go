@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -31,12 +32,16 @@ plt.savefig("/workspace/output/chart.png")
 print("charted", len(rows), "categories")
 PY`
 
+// withExec turns code_execute on, which a server leaves off unless asked.
+func withExec(c *config.Config) { c.Execution.Enabled = true }
+
 // TestCodeExecuteChart is seed 004 end to end: an uploaded CSV, a command
 // in the Python image that charts it, and the chart back as an attachment.
 func TestCodeExecuteChart(t *testing.T) {
 	testenv.RequireDocker(t)
 	t.Parallel()
 	s := MustStart(t, func(c *config.Config) {
+		withExec(c)
 		c.Runtime = "docker"
 		c.Execution.DefaultImage = testenv.DockerPythonImage
 		c.Execution.AllowedImages = []string{"corral-test/*"}
@@ -78,6 +83,7 @@ func TestCodeExecuteEdges(t *testing.T) {
 	testenv.RequireDocker(t)
 	t.Parallel()
 	s := MustStart(t, func(c *config.Config) {
+		withExec(c)
 		c.Runtime = "docker"
 		c.Execution.AllowedImages = []string{"corral-test/*"}
 		c.Execution.MaxOutputSize = mustSizeTB(t, "1KiB")
@@ -136,7 +142,7 @@ func TestCodeExecuteEdges(t *testing.T) {
 // /usr.
 func TestCodeExecuteLocal(t *testing.T) {
 	t.Parallel()
-	s := MustStart(t, nil)
+	s := MustStart(t, withExec)
 	res, err := s.client.Execute(context.Background(), service.ExecRequest{Command: "pwd; ls; echo hi > output/hi.txt", TimeoutSeconds: 30})
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +156,10 @@ func TestCodeExecuteLocal(t *testing.T) {
 // unavailable and a call on it says so; the others keep working.
 func TestCodeExecuteEngineDown(t *testing.T) {
 	t.Parallel()
-	s := MustStart(t, func(c *config.Config) { c.Docker.Host = "unix:///nonexistent/docker.sock" })
+	s := MustStart(t, func(c *config.Config) {
+		withExec(c)
+		c.Docker.Host = "unix:///nonexistent/docker.sock"
+	})
 	_, err := s.client.Execute(context.Background(), service.ExecRequest{Command: "true", Runtime: "docker"})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "cannot be reached") {
 		t.Errorf("docker with no engine: %v, want 422 saying the engine cannot be reached", err)
@@ -172,11 +181,12 @@ func oneFile(name, content string) func() (string, io.Reader, error) {
 	}
 }
 
-// TestCodeExecuteOff: with execution.enabled false, code_execute is not
-// in the tool list (MCP's is the same catalogue), and a call is refused.
+// TestCodeExecuteOff: by default (execution.enabled false) code_execute is
+// not in the tool list (MCP's is the same catalogue), and a call is
+// refused with 503, saying which key turns it on.
 func TestCodeExecuteOff(t *testing.T) {
 	t.Parallel()
-	s := MustStart(t, func(c *config.Config) { c.Execution.Enabled = false })
+	s := MustStart(t, nil)
 	var fns []struct {
 		Name string `json:"name"`
 	}
@@ -189,7 +199,7 @@ func TestCodeExecuteOff(t *testing.T) {
 			t.Errorf("code_execute is listed while execution is off")
 		}
 	}
-	if code, body := s.do(t, "POST", "/api/exec", "application/json", strings.NewReader(`{"command":"true"}`)); code < 400 {
-		t.Errorf("POST /api/exec while execution is off: %d %s", code, body)
+	if code, body := s.do(t, "POST", "/api/exec", "application/json", strings.NewReader(`{"command":"true"}`)); code != http.StatusServiceUnavailable || !strings.Contains(body, "execution.enabled") {
+		t.Errorf("POST /api/exec while execution is off: %d %s, want 503 naming execution.enabled", code, body)
 	}
 }

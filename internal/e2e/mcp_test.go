@@ -115,7 +115,7 @@ const mcpToken = "mcp-test-token-0123456789"
 // over streamable HTTP, with the API's bearer token.
 func TestMCPStreamableHTTP(t *testing.T) {
 	dir := requireMCPClient(t)
-	s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=" + mcpToken}, nil)
+	s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=" + mcpToken}, withExec) // client.mjs calls code_execute
 
 	// The same bearer auth as the API.
 	req, _ := http.NewRequest(http.MethodPost, s.url+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`))
@@ -133,7 +133,7 @@ func TestMCPStreamableHTTP(t *testing.T) {
 // TypeScript SDK's StdioClientTransport spawning the built binary.
 func TestMCPStdio(t *testing.T) {
 	dir := requireMCPClient(t)
-	s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=" + mcpToken}, nil)
+	s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=" + mcpToken}, withExec) // client.mjs calls code_execute
 	r := runMCPClient(t, dir, []string{"CORRAL_API_TOKEN=" + mcpToken, "CORRAL_SESSION_ID=" + mustSession(t, s)}, "stdio", corralBin, "mcp", "--server", s.url)
 	checkReport(t, s, r)
 }
