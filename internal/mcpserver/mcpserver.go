@@ -14,6 +14,11 @@
 //
 // While read_task_result waits (wait_seconds > 0) for a client that sent a
 // progress token, the task's events become progress notifications.
+//
+// A task is also a resource, corral://tasks/{id}. Its end is pushed, once,
+// to the session that spawned it (a logging notification with its status
+// and summary) and to each session subscribed to its resource
+// (notifications/resources/updated), whether or not a call waits.
 package mcpserver
 
 import (
@@ -64,6 +69,8 @@ type Options struct {
 type Server struct {
 	mu       sync.Mutex
 	watching map[string]bool // session id and conversation: watched
+	ends     map[string]*endWatch
+	sessions map[*mcp.ServerSession]bool // sessions in ends, forgotten as they close
 	svc      service.Set
 	cat      *tools.Catalogue
 	opts     Options
@@ -87,10 +94,19 @@ func New(svc service.Set, opts Options, log *slog.Logger) *Server {
 		cat = tools.NewSession(svc.Sessions, opts.Session)
 	}
 	s := &Server{svc: svc, cat: cat, opts: opts, log: log}
-	s.srv = mcp.NewServer(&mcp.Implementation{Name: "corral", Title: "Corral", Version: opts.Version}, &mcp.ServerOptions{
+	sopts := &mcp.ServerOptions{
 		Logger:       log,
-		Instructions: "Corral runs AI coding agents in sandboxes. spawn_worker starts a task; read_task_result with wait_seconds waits for it and returns its output files.",
-	})
+		Instructions: "Corral runs AI coding agents in sandboxes. spawn_worker starts a task; read_task_result with wait_seconds waits for it and returns its output files. A task's end is sent to the session that spawned it as a logging notification, and to subscribers of corral://tasks/{id} as resources/updated.",
+	}
+	// A session's server reads no tasks: it has workspace_exec alone.
+	if opts.Session == "" {
+		sopts.SubscribeHandler = s.subscribe
+		sopts.UnsubscribeHandler = s.unsubscribe
+	}
+	s.srv = mcp.NewServer(&mcp.Implementation{Name: "corral", Title: "Corral", Version: opts.Version}, sopts)
+	if opts.Session == "" {
+		s.addTaskResource()
+	}
 	for _, t := range s.cat.All() {
 		s.srv.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.Schema, Annotations: annotations(t.Effect)}, s.handler(t.Name))
 	}
@@ -139,9 +155,6 @@ func (s *Server) handler(name string) mcp.ToolHandler {
 		ctx = s.outputProgress(ctx, req)
 		watch := s.beforeSpawn(ctx, req, name, args)
 		res, err := s.cat.Call(ctx, name, args)
-		if err == nil {
-			watch()
-		}
 		r, ok := res.(service.Result)
 		stop(err == nil && ok && r.Done)
 		if err != nil {
@@ -151,6 +164,7 @@ func (s *Server) handler(name string) mcp.ToolHandler {
 		if err != nil {
 			return s.errorResult(name, fmt.Errorf("encode the result of %s: %v", name, err)), nil
 		}
+		watch(b)
 		return &mcp.CallToolResult{
 			Content:           []mcp.Content{&mcp.TextContent{Text: string(b)}},
 			StructuredContent: json.RawMessage(b),
@@ -177,13 +191,19 @@ func (j *jsonBuffer) Write(p []byte) (int, error) { j.b = append(j.b, p...); ret
 // FieldError names the argument); anything else is "internal error" with a
 // request id, its detail only logged.
 func (s *Server) errorResult(name string, err error) *mcp.CallToolResult {
-	msg := errdefs.Message(err)
-	if !errdefs.Classified(err) {
-		rid := newRequestID()
-		s.log.Error("tool call failed", "tool", name, logkey.RequestID, rid, logkey.Error, err)
-		msg = "internal error (request id " + rid + ")"
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: s.message(name, err)}}}
+}
+
+// message is what a client is told of err, which failed what: the
+// classified error's message, or "internal error" and a request id, under
+// which the detail is logged.
+func (s *Server) message(what string, err error) string {
+	if errdefs.Classified(err) {
+		return errdefs.Message(err)
 	}
-	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: msg}}}
+	rid := newRequestID()
+	s.log.Error("mcp request failed", "what", what, logkey.RequestID, rid, logkey.Error, err)
+	return "internal error (request id " + rid + ")"
 }
 
 func newRequestID() string {
@@ -192,17 +212,19 @@ func newRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// beforeSpawn, for a call that spawns a workspace task reporting to a
-// conversation, notes where that conversation's stream is now, and
-// returns what starts telling the calling session of the reports that
-// follow (as MCP logging notifications, while the session is connected:
-// the client sets a log level to receive them). Otherwise it returns a
-// no-op.
-func (s *Server) beforeSpawn(ctx context.Context, req *mcp.CallToolRequest, name string, args json.RawMessage) (watch func()) {
-	nothing := func() {}
+// beforeSpawn returns, for a call that spawns a task, what starts telling
+// the calling session of the task's end once the call has returned its
+// result (JSON), as MCP logging notifications while the session is
+// connected (the client sets a log level to receive them). For a workspace
+// task reporting to a conversation, it notes where that conversation's
+// stream is now, and the session is told of the reports that follow: the
+// task's end is one of them. For any other task it is the task's own end
+// (watchSpawned). For any other call it returns a no-op.
+func (s *Server) beforeSpawn(ctx context.Context, req *mcp.CallToolRequest, name string, args json.RawMessage) (watch func(result []byte)) {
 	if req.Session == nil || (name != "spawn_workspace_task" && name != "spawn_worker") {
-		return nothing
+		return func([]byte) {}
 	}
+	ownEnd := func(b []byte) { s.watchSpawned(ctx, req.Session, b) }
 	var a struct {
 		Workspace          string `json:"workspace"`
 		WorkspacePath      string `json:"workspace_path"`
@@ -211,23 +233,23 @@ func (s *Server) beforeSpawn(ctx context.Context, req *mcp.CallToolRequest, name
 	}
 	// Lenient on purpose: bad arguments are the tool's to report.
 	if json.Unmarshal(args, &a) != nil || (a.Workspace == "" && a.WorkspacePath == "") {
-		return nothing
+		return ownEnd
 	}
 	conv := a.OriginConversation
 	if conv == "" {
 		conv = a.ConversationID
 	}
 	if conv == "" {
-		return nothing
+		return ownEnd
 	}
 	var last string
 	if err := s.svc.Tasks.Events(ctx, service.EventsRequest{ConversationID: conv}, func(e eventstore.Event) error {
 		last = e.ID
 		return nil
 	}); err != nil {
-		return nothing
+		return ownEnd
 	}
-	return func() { s.watchConversation(req.Session, conv, last) }
+	return func([]byte) { s.watchConversation(req.Session, conv, last) }
 }
 
 // watchConversation sends session ss the workspace task reports on

@@ -89,20 +89,27 @@ func MustConnect(tb testing.TB, svc service.Set, log *slog.Logger) (*mcp.ClientS
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := New(svc, Options{MaxArgumentBytes: 64 << 10}, log)
+	prog := &progressLog{}
+	cs := mustConnectTo(tb, New(svc, Options{MaxArgumentBytes: 64 << 10}, log), &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+			prog.add(r.Params.Message)
+		},
+	}, nil)
+	return cs, prog
+}
+
+// mustConnectTo connects a client with opts to s over the SDK's in-memory
+// transport, speaking the protocol version of copts (default the SDK's
+// latest).
+func mustConnectTo(tb testing.TB, s *Server, opts *mcp.ClientOptions, copts *mcp.ClientSessionOptions) *mcp.ClientSession {
+	tb.Helper()
 	ct, st := mcp.NewInMemoryTransports()
 	ctx := context.Background()
 	ss, err := s.srv.Connect(ctx, st, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	prog := &progressLog{}
-	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, &mcp.ClientOptions{
-		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
-			prog.add(r.Params.Message)
-		},
-	})
-	cs, err := client.Connect(ctx, ct, nil)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, opts).Connect(ctx, ct, copts)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -110,7 +117,7 @@ func MustConnect(tb testing.TB, svc service.Set, log *slog.Logger) (*mcp.ClientS
 		cs.Close()
 		ss.Wait()
 	})
-	return cs, prog
+	return cs
 }
 
 // call calls a tool and returns its result, failing on a protocol error.
