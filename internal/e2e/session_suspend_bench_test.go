@@ -1,0 +1,287 @@
+//go:build integration
+
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/session"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// ballastServer is counterServer holding MiB random MiB in its memory
+// (random: a checkpoint cannot compress it away).
+const ballastServer = `exec python3 -c '
+import http.server, os, sys
+ballast = bytearray(os.urandom(int(sys.argv[1]) << 20))
+n = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global n
+        n += 1
+        b = str(n).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", 8765), H).serve_forever()
+' `
+
+// memorySession is a running gvisor session on s whose process holds mib
+// MiB in memory and serves a count on its loopback, with files and their
+// sums, and the time its cold create took (to its first command's end).
+func memorySession(tb testing.TB, s *server, mib int) (string, time.Duration) {
+	tb.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	created, err := s.client.CreateSession(ctx, session.CreateRequest{Runtime: "gvisor",
+		Resources: &service.ResourceRequest{MemoryLimit: strconv.Itoa(2*mib+512) + "Mi"}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	id := created.SessionID
+	sessionRun(tb, s, id, "mkdir -p data && head -c 1048576 /dev/urandom > data/a && echo b > data/b && sha256sum data/* > sums")
+	cold := time.Since(start)
+	if _, err := s.client.Sessions().StartExec(ctx, id, service.SessionCommand{Shell: ballastServer + strconv.Itoa(mib)}); err != nil {
+		tb.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for sessionCount(s, id) == 0 {
+		if time.Now().After(deadline) {
+			tb.Fatal("the ballast server never answered")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return id, cold
+}
+
+// sessionRun runs cmd in session id and returns its output.
+func sessionRun(tb testing.TB, s *server, id, cmd string) string {
+	tb.Helper()
+	var out strings.Builder
+	end, err := s.client.ExecSession(context.Background(), id, httpapi.ExecBody{Command: shell(cmd)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
+	if err != nil || end.ExitCode != 0 {
+		tb.Fatalf("%s: %+v, %v: %s", cmd, end, err, out.String())
+	}
+	return out.String()
+}
+
+// sessionCount GETs the count; 0 when nothing answers.
+func sessionCount(s *server, id string) int {
+	var out strings.Builder
+	s.client.ExecSession(context.Background(), id, httpapi.ExecBody{Command: shell(`python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:8765/").read().decode())' 2>/dev/null`)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
+	n, _ := strconv.Atoi(strings.TrimSpace(out.String()))
+	return n
+}
+
+// sessionState is what a suspend must keep: the processes that ran before
+// the command looking (pid and command line), and whether the files match
+// their sums.
+func sessionState(tb testing.TB, s *server, id string) string {
+	tb.Helper()
+	out := sessionRun(tb, s, id, `echo $$; sha256sum -c --quiet sums && echo files-intact || echo files-changed; for p in /proc/[0-9]*; do echo "${p#/proc/} $(tr '\0\n' '  ' < $p/cmdline)"; done`)
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if len(lines) < 2 {
+		tb.Fatalf("the session's state: %q", out)
+	}
+	self, _ := strconv.Atoi(lines[0])
+	var kept []string
+	for _, l := range lines[2:] {
+		pid, _, _ := strings.Cut(l, " ")
+		// What the looking command started came after it.
+		if n, err := strconv.Atoi(pid); err == nil && n < self {
+			kept = append(kept, strings.TrimSpace(l))
+		}
+	}
+	slices.Sort(kept)
+	return lines[1] + "\n" + strings.Join(kept, "\n")
+}
+
+// suspendCycle suspends and resumes session id once and says how it
+// diverged from what it was ("" when it did not): its count must be the
+// next one, its processes and files the same.
+func suspendCycle(tb testing.TB, s *server, id string, count int, state string) (suspend, resume time.Duration, diverged string) {
+	tb.Helper()
+	ctx := context.Background()
+	sc := s.client.Sessions()
+	start := time.Now()
+	r, err := sc.Suspend(ctx, id)
+	suspend = time.Since(start)
+	if err != nil || !r.MemoryKept {
+		tb.Fatalf("suspend: %+v, %v", r, err)
+	}
+	start = time.Now()
+	if _, err := sc.Resume(ctx, id); err != nil {
+		tb.Fatalf("resume: %v", err)
+	}
+	resume = time.Since(start)
+	switch got, now := sessionCount(s, id), sessionState(tb, s, id); {
+	case got != count+1:
+		diverged = fmt.Sprintf("the count is %d after %d", got, count)
+	case now != state:
+		diverged = fmt.Sprintf("processes or files changed: %q, want %q", now, state)
+	}
+	return suspend, resume, diverged
+}
+
+// TestSessionSuspendSoak: suspend and resume in a loop on gvisor, the
+// session's count (its memory), its processes and its files compared each
+// cycle: no divergence. (BenchmarkSessionSuspend runs it 1,000 times.)
+func TestSessionSuspendSoak(t *testing.T) {
+	t.Parallel()
+	testenv.RequireRunsc(t)
+	s := startServer(t, []string{}, nil, nil)
+	id, _ := memorySession(t, s, 16)
+	count, state := sessionCount(s, id), sessionState(t, s, id)
+	if !strings.HasPrefix(state, "files-intact\n") {
+		t.Fatalf("the session's state before: %s", state)
+	}
+	for i := range 5 {
+		_, _, diverged := suspendCycle(t, s, id, count, state)
+		if diverged != "" {
+			t.Fatalf("cycle %d: %s", i, diverged)
+		}
+		count++ // the cycle's own look
+	}
+}
+
+// BenchmarkSessionSuspend times a gvisor session's suspend and resume
+// through the API (p50 and p99, a session holding 64 MiB and one holding
+// 512 MiB in memory), checking each cycle as TestSessionSuspendSoak does;
+// beside them, the same session's cold create, a fork of 10, and runsc's
+// checkpoint and restore by hand of a bare sandbox holding as much.
+//
+//	go test -tags integration -run '^$' -bench SessionSuspend -benchtime 20x ./internal/e2e/
+func BenchmarkSessionSuspend(b *testing.B) {
+	testenv.RequireRunsc(b)
+	for _, mib := range []int{64, 512} {
+		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
+			s := startServer(b, []string{}, nil, nil)
+			id, cold := memorySession(b, s, mib)
+			count, state := sessionCount(s, id), sessionState(b, s, id)
+			var suspends, resumes []time.Duration
+			divergences := 0
+			b.ResetTimer()
+			for range b.N {
+				sus, res, diverged := suspendCycle(b, s, id, count, state)
+				suspends, resumes = append(suspends, sus), append(resumes, res)
+				if diverged != "" {
+					divergences++
+					b.Log(diverged)
+				}
+				count++ // the cycle's own look
+			}
+			b.StopTimer()
+			start := time.Now()
+			forks, err := s.client.Sessions().Fork(context.Background(), id, 10)
+			if err != nil {
+				b.Fatal(err)
+			}
+			fork := time.Since(start)
+			for _, f := range forks.Forks {
+				s.client.DeleteSession(context.Background(), f.SessionID)
+			}
+			ck, rs := bareRunscCheckpoint(b, mib, min(b.N, 5))
+			sus, res := summarise(suspends), summarise(resumes)
+			b.ReportMetric(float64(sus.P50Ms), "suspend-p50-ms")
+			b.ReportMetric(float64(sus.P99Ms), "suspend-p99-ms")
+			b.ReportMetric(float64(res.P50Ms), "resume-p50-ms")
+			b.ReportMetric(float64(res.P99Ms), "resume-p99-ms")
+			b.ReportMetric(ms(median(ck)), "runsc-checkpoint-ms")
+			b.ReportMetric(ms(median(rs)), "runsc-restore-ms")
+			b.ReportMetric(ms(cold), "cold-create-ms")
+			b.ReportMetric(ms(fork), "fork10-ms")
+			b.ReportMetric(float64(divergences), "divergences")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+type latency struct{ P50Ms, P99Ms float64 }
+
+func summarise(ds []time.Duration) latency {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	at := func(q float64) float64 { return ms(s[min(len(s)-1, int(q*float64(len(s))))]) }
+	return latency{at(0.50), at(0.99)}
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// bareRunscCheckpoint runs, n times, runsc checkpoint and restore (detached)
+// by hand of a bare sandbox (the host's / read-only, a tmpfs /tmp, no
+// network, no cgroups of Corral's) whose python holds mib MiB, with the
+// flags Corral's runtime gives runsc, and returns their times.
+func bareRunscCheckpoint(tb testing.TB, mib, n int) (checkpoints, restores []time.Duration) {
+	tb.Helper()
+	dir := tb.TempDir()
+	bundle := filepath.Join(dir, "bundle")
+	os.Mkdir(bundle, 0o700)
+	if out, err := exec.Command("runsc", "spec", "--bundle", bundle).CombinedOutput(); err != nil {
+		tb.Fatalf("runsc spec: %v: %s", err, out)
+	}
+	var spec map[string]any
+	b, _ := os.ReadFile(filepath.Join(bundle, "config.json"))
+	json.Unmarshal(b, &spec)
+	spec["root"] = map[string]any{"path": "/", "readonly": true}
+	proc := spec["process"].(map[string]any)
+	proc["terminal"] = false
+	proc["args"] = []string{"/usr/bin/python3", "-c", fmt.Sprintf("import os, time\nballast = bytearray(os.urandom(%d << 20))\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)", mib)}
+	spec["mounts"] = append(spec["mounts"].([]any), map[string]any{"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"})
+	b, _ = json.Marshal(spec)
+	os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
+	runsc := func(args ...string) error {
+		cmd := exec.Command("runsc", append([]string{"--root=" + filepath.Join(dir, "root"), "--platform=ptrace", "--network=none", "--host-uds=open", "--ignore-cgroups"}, args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("runsc %s: %v: %s", args[0], err, out)
+		}
+		return nil
+	}
+	const id = "bench-bare"
+	if err := runsc("run", "--detach", "--bundle", bundle, id); err != nil {
+		tb.Fatal(err)
+	}
+	defer runsc("delete", "--force", id)
+	for deadline := time.Now().Add(2 * time.Minute); runsc("exec", id, "/usr/bin/test", "-e", "/tmp/ready") != nil; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			tb.Fatal("the bare sandbox's ballast was never ready")
+		}
+	}
+	for range n {
+		image := filepath.Join(dir, "image")
+		os.RemoveAll(image)
+		os.Mkdir(image, 0o700)
+		start := time.Now()
+		if err := runsc("checkpoint", "--image-path="+image, id); err != nil {
+			tb.Fatal(err)
+		}
+		checkpoints = append(checkpoints, time.Since(start))
+		runsc("delete", "--force", id)
+		start = time.Now()
+		if err := runsc("restore", "--detach", "--image-path="+image, "--bundle", bundle, id); err != nil {
+			tb.Fatal(err)
+		}
+		restores = append(restores, time.Since(start))
+	}
+	return checkpoints, restores
+}
