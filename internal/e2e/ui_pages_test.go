@@ -32,8 +32,16 @@ func TestUISessionConsole(t *testing.T) {
 	b.click(`.console-input button[type=submit]`)
 	b.wait("the first line before the command ends", `document.querySelector('.console').textContent.includes('hello-from-session')`, 30*time.Second)
 	b.wait("stderr and the exit code", `document.querySelector('.console .console-err')?.textContent === 'oops\n' && document.querySelector('.console .console-exit')?.textContent.startsWith('[exit 3')`, 30*time.Second)
+	// Suspend, resume and fork from the head's buttons, each said in the
+	// session's history.
+	b.click(`.page-head [name=suspend]`)
+	b.wait("the session suspended, what it kept said", `document.querySelector('.page-head .badge')?.textContent === 'suspended' && document.querySelector('.page-head').textContent.includes('files kept') && document.querySelector('#session-history').textContent.includes('suspended')`, 60*time.Second)
+	b.click(`.page-head [name=resume]`)
+	b.wait("the session resumed", `document.querySelector('.page-head .badge')?.textContent === 'running' && document.querySelector('#session-history').textContent.includes('resumed')`, 60*time.Second)
+	b.click(`.page-head [name=fork]`)
+	b.wait("the fork, its link and token", `document.querySelector('.alert-info a[href^="/sessions/sess-"]') && document.querySelector('#session-history').textContent.includes('1 forks')`, 60*time.Second)
 	b.click(`.page-head .btn-danger`) // End session; confirm() is answered OK
-	b.wait("the session ended", `document.querySelector('.page-head .badge')?.textContent === 'ended'`, 30*time.Second)
+	b.wait("the session ended", `document.querySelector('.page-head .badge')?.textContent === 'ended' && document.querySelector('#session-history').textContent.includes('ended')`, 30*time.Second)
 	b.safe("session")
 }
 

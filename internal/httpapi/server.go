@@ -248,6 +248,7 @@ func (s *Server) routes() {
 	m.Handle("POST /api/sessions/{id}/fork", authJSON(s.forkSession))
 	// A session's own token reaches these: sessionCaller checks it.
 	m.Handle("GET /api/sessions/{id}", open(s.getSession))
+	m.Handle("GET /api/sessions/{id}/history", open(s.sessionHistory))
 	m.Handle("DELETE /api/sessions/{id}", open(s.deleteSession))
 	m.Handle("POST /api/sessions/{id}/exec", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
 		return s.execSession(w, r, s.sessionCaller)

@@ -302,6 +302,19 @@ func (s *Server) suspendSession(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// sessionHistory is GET /api/sessions/{id}/history: its lifecycle.
+func (s *Server) sessionHistory(w http.ResponseWriter, r *http.Request) error {
+	if err := s.sessionCaller(r); err != nil {
+		return err
+	}
+	evs, err := s.svc.Sessions.History(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"events": evs})
+	return nil
+}
+
 // forkBody is POST /api/sessions/{id}/fork's body.
 type forkBody struct {
 	Count int `json:"count"`
@@ -670,6 +683,15 @@ func (s sessionClient) Suspend(ctx context.Context, id string) (service.SessionS
 	var r service.SessionSuspend
 	err := s.c.call(ctx, http.MethodPost, "/api/sessions/"+url.PathEscape(id)+"/suspend", struct{}{}, &r)
 	return r, err
+}
+
+// History implements service.Sessions.
+func (s sessionClient) History(ctx context.Context, id string) ([]service.SessionEvent, error) {
+	var r struct {
+		Events []service.SessionEvent `json:"events"`
+	}
+	err := s.c.call(ctx, http.MethodGet, "/api/sessions/"+url.PathEscape(id)+"/history", nil, &r)
+	return r.Events, err
 }
 
 // Fork implements service.Sessions.

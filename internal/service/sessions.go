@@ -47,6 +47,9 @@ type Sessions interface {
 	// Fork makes count new sessions, each with its own id, token and
 	// egress proxy, from a copy of session id's files.
 	Fork(ctx context.Context, id string, count int) (SessionFork, error)
+	// History is session id's lifecycle, oldest first: its creation,
+	// suspends, resumes, forks, network changes, adoptions and end.
+	History(ctx context.Context, id string) ([]SessionEvent, error)
 	// SetNetwork changes a running session's network policy, as
 	// Tasks.SetNetwork does a task's (req.TaskID unused).
 	SetNetwork(ctx context.Context, id string, req NetworkRequest) (Session, error)
@@ -144,6 +147,15 @@ type SessionFork struct {
 	Skipped    []string         `json:"skipped,omitempty"`
 	MemoryKept bool             `json:"memory_kept"`
 	Note       string           `json:"note"`
+}
+
+// SessionEvent is one step of a session's lifecycle: its type (the
+// event's, session_suspended say), when, and what the event says of it
+// (tokens' hashes and sandbox handles left out).
+type SessionEvent struct {
+	Type   string         `json:"type"`
+	At     time.Time      `json:"at"`
+	Detail map[string]any `json:"detail,omitempty"`
 }
 
 // SessionCreated is a session made, with its token: shown once.

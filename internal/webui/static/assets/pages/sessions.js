@@ -48,7 +48,8 @@ export async function sessionsPage(main, { signal }) {
     h('div', { class: 'table-wrap' }, h('table', { class: 'table' },
       h('thead', {}, h('tr', {}, ['Status', 'Session', 'Runtime', 'Image', 'Workspace', 'Execs', 'Created', 'Last used', 'Labels'].map((c) => h('th', {}, c)))),
       h('tbody', {}, list.length ? list.map((s) => h('tr', {},
-        h('td', {}, statusBadge(s.status === 'running' ? 'running' : 'ended'), s.end_reason ? h('div', { class: 'muted small' }, s.end_reason) : null),
+        h('td', {}, statusBadge(s.status), s.end_reason ? h('div', { class: 'muted small' }, s.end_reason) : null,
+          s.status === 'suspended' ? h('div', { class: 'muted small' }, s.memory_kept ? 'memory kept' : 'files kept') : null),
         h('td', { class: 'mono' }, h('a', { href: '/sessions/' + encodeURIComponent(s.session_id) }, s.session_id)),
         h('td', {}, s.runtime), h('td', {}, s.image || ''), h('td', {}, s.workspace || ''),
         h('td', {}, String(s.execs)), h('td', { class: 'nowrap' }, time(s.created_at)), h('td', { class: 'nowrap' }, time(s.last_used_at)),
@@ -64,17 +65,43 @@ export async function sessionPage(main, { signal, params }) {
   created = null;
 
   const head = h('header', { class: 'page-head' });
-  const drawHead = () => {
-    const del = h('button', { type: 'button', class: 'btn btn-danger', hidden: s.status !== 'running' }, 'End session');
-    del.addEventListener('click', async () => {
-      if (!confirm('End this session? Its sandbox is removed.')) return;
-      try { s = await api('DELETE', base, undefined, { signal }); drawHead(); input.disabled = true; } catch (ex) { head.append(errorBox(ex)); }
-    });
-    replace(head, statusBadge(s.status === 'running' ? 'running' : 'ended'), h('h1', { class: 'mono' }, s.session_id), h('div', { class: 'spacer' }), del);
+  const notice = h('div');
+  const historyList = h('ol', { class: 'history', id: 'session-history' });
+  const drawHistory = async () => {
+    const evs = (await get(base + '/history', { signal }).catch(() => ({ events: [] }))).events || [];
+    replace(historyList, evs.map((e) => h('li', {}, h('span', { class: 'nowrap muted' }, time(e.at)), ' ',
+      h('strong', {}, e.type.replace(/^session_/, '').replace(/_/g, ' ')), ' ', historyDetail(e))));
   };
-  drawHead();
+  // act runs one of the head's buttons' requests, then draws the session
+  // as it is now.
+  const act = async (method, path, body, say) => {
+    try {
+      const r = await api(method, base + path, body, { signal });
+      replace(notice, say ? h('div', { class: 'alert alert-info' }, say(r)) : null);
+    } catch (ex) { replace(notice, errorBox(ex)); }
+    s = await get(base, { signal }).catch(() => s);
+    drawHead();
+    drawHistory();
+  };
+  const drawHead = () => {
+    const live = s.status === 'running';
+    const btn = (label, cls, hidden, onclick) => h('button', { type: 'button', name: label.toLowerCase().replace(' ', '-'), class: 'btn ' + cls, hidden, onclick }, label);
+    const del = btn('End session', 'btn-danger', s.status === 'ended', () => {
+      if (confirm('End this session? Its sandbox is removed.')) act('DELETE', '');
+    });
+    const suspend = btn('Suspend', '', !live, () => act('POST', '/suspend', {}, (r) => r.note));
+    const resume = btn('Resume', 'btn-primary', s.status !== 'suspended', () => act('POST', '/resume', {}));
+    const fork = btn('Fork', '', s.status === 'ended', () => act('POST', '/fork', { count: 1 }, (r) =>
+      h('span', {}, 'Forked: ', ...r.forks.map((f) => h('span', {}, h('a', { class: 'mono', href: '/sessions/' + encodeURIComponent(f.session_id) }, f.session_id),
+        ' (token, shown once: ', h('code', {}, f.token), ' ', copyButton(f.token), ') ')), r.note)));
+    input.disabled = !live && s.status !== 'suspended';
+    replace(head, statusBadge(s.status), h('h1', { class: 'mono' }, s.session_id),
+      s.status === 'suspended' ? h('span', { class: 'muted' }, s.memory_kept ? 'memory and processes kept' : 'files kept; its processes ended') : null,
+      h('div', { class: 'spacer' }), suspend, resume, fork, del);
+  };
   const screen = h('pre', { class: 'console', 'aria-live': 'polite' });
-  const input = h('input', { type: 'text', name: 'command', class: 'mono', placeholder: s.status === 'running' ? 'a command, run with sh -c' : 'the session has ended', autocomplete: 'off', disabled: s.status !== 'running' });
+  const input = h('input', { type: 'text', name: 'command', class: 'mono', placeholder: s.status === 'ended' ? 'the session has ended' : 'a command, run with sh -c' + (s.status === 'suspended' ? ' (resumes the session first)' : ''), autocomplete: 'off', disabled: s.status === 'ended' });
+  drawHead();
   const run = h('button', { class: 'btn btn-primary', type: 'submit' }, 'Run');
   const history = [];
   let hi = 0;
@@ -114,6 +141,8 @@ export async function sessionPage(main, { signal, params }) {
       run.disabled = false;
       input.focus();
       s = await get(base, { signal }).catch(() => s);
+      drawHead();
+      drawHistory();
     }
   } }, h('span', { class: 'prompt mono' }, '$'), input, run);
 
@@ -124,10 +153,30 @@ export async function sessionPage(main, { signal, params }) {
       h('dt', {}, 'Runtime'), h('dd', {}, s.runtime + (s.image ? ' · ' + s.image : '')),
       h('dt', {}, 'Network'), h('dd', {}, s.network),
       h('dt', {}, 'Workspace'), h('dd', {}, s.workspace || 'its own directory'),
+      s.forked_from ? [h('dt', {}, 'Forked from'), h('dd', {}, h('a', { class: 'mono', href: '/sessions/' + encodeURIComponent(s.forked_from) }, s.forked_from))] : null,
       h('dt', {}, 'Created'), h('dd', {}, time(s.created_at)),
       h('dt', {}, 'Idle timeout'), h('dd', {}, fmtDuration(s.idle_timeout * 1000)),
       h('dt', {}, 'Max lifetime'), h('dd', {}, fmtDuration(s.max_lifetime * 1000)),
       h('dt', {}, 'Labels'), h('dd', {}, labelChips(s.labels) || ''))),
-    h('section', { class: 'card' }, h('h2', {}, 'Console'), h('p', { class: 'muted small' }, 'Commands start in /workspace/session; output streams as it is printed.'), screen, form));
+    notice,
+    h('section', { class: 'card' }, h('h2', {}, 'Console'), h('p', { class: 'muted small' }, 'Commands start in /workspace/session; output streams as it is printed.'), screen, form),
+    h('section', { class: 'card' }, h('h2', {}, 'History'), historyList));
+  drawHistory();
   input.focus();
+}
+
+// historyDetail is what a lifecycle event says, in a few words.
+function historyDetail(e) {
+  const d = e.detail || {};
+  const secs = typeof d.seconds === 'number' ? ` in ${fmtDuration(d.seconds * 1000)}` : '';
+  switch (e.type) {
+    case 'session_suspended': return (d.memory_kept ? 'memory and processes kept' : 'files kept') + secs + (d.execs_ended ? `, ${d.execs_ended} commands ended` : '');
+    case 'session_resumed': return (d.memory_kept ? 'restored as it was' : 'a fresh sandbox on its files') + secs;
+    case 'session_forked': return `${(d.forks || []).length} forks, ${d.files} files copied` + secs + (d.memory_kept ? '' : ' (files only)');
+    case 'session_created': return [d.runtime, d.image, d.forked_from ? 'forked from ' + d.forked_from : ''].filter(Boolean).join(' · ');
+    case 'session_ended': return [d.reason, d.error].filter(Boolean).join(': ');
+    case 'session_network_changed': return d.network || '';
+    case 'session_adopted': return 'by ' + (d.replica || '');
+    default: return '';
+  }
 }
