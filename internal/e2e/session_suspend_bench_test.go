@@ -285,3 +285,52 @@ func bareRunscCheckpoint(tb testing.TB, mib, n int) (checkpoints, restores []tim
 	}
 	return checkpoints, restores
 }
+
+// TestSessionWithNetworkKeepsItsMemory: a gvisor session whose process
+// holds a connection through the egress proxy is suspended with its
+// memory all the same (the relay lets go of its connections to the host
+// for the checkpoint: the client sees its connection closed), and
+// reaches the host through the proxy again once resumed.
+func TestSessionWithNetworkKeepsItsMemory(t *testing.T) {
+	t.Parallel()
+	testenv.RequireRunsc(t)
+	up := mustLoopbackServer(t)
+	s, _ := mustStartAllowing(t, up.addr)
+	ctx := context.Background()
+	created, err := s.client.CreateSession(ctx, session.CreateRequest{Runtime: "gvisor", Network: "allowlist"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.SessionID
+	sc := s.client.Sessions()
+	holder, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: `exec python3 -c '
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", 3128))
+s.sendall(b"CONNECT ` + up.addr + ` HTTP/1.1\r\nHost: ` + up.addr + `\r\n\r\n")
+print(s.recv(12).decode(), flush=True)
+s.recv(1)
+print("closed", flush=True)
+time.sleep(600)
+'`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func() string {
+		var out strings.Builder
+		sc.ReadExec(ctx, id, holder, 0, false, func(o service.ExecOutput) error { out.Write(o.Data); return nil })
+		return out.String()
+	}
+	waitFor(t, "the tunnel held", func() bool { return strings.HasPrefix(read(), "HTTP/1.1 200") })
+	r, err := sc.Suspend(ctx, id)
+	if err != nil || !r.MemoryKept {
+		t.Fatalf("suspend with a connection through the proxy: %+v, %v; want its memory kept", r, err)
+	}
+	if _, err := sc.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the held connection closed, its process on", func() bool { return strings.Contains(read(), "closed\n") })
+	got := sessionRun(t, s, id, `NO_PROXY= no_proxy= python3 -c 'import urllib.request; print(urllib.request.urlopen("http://`+up.addr+`/again").read().decode())'`)
+	if got != "hello from the host: /again\n" {
+		t.Errorf("through the proxy after the resume: %q", got)
+	}
+}

@@ -99,8 +99,14 @@ type ExecState struct {
 
 // Run is the agent: it dials socket, asks path (the session's agent route)
 // with token, and serves commands until ctx is done, dialling again when
-// the connection ends. env is every command's base environment.
-func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string, env []string, log *slog.Logger) error {
+// the connection ends. env is every command's base environment. park, if
+// not nil, is called with true when the server parks the agent, before it
+// closes its connection (the egress relay lets go of its own), and with
+// false when it wakes.
+func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string, env []string, park func(bool), log *slog.Logger) error {
+	if park == nil {
+		park = func(bool) {}
+	}
 	const first = 10 * time.Millisecond
 	delay := first
 	a := &agent{env: env, execs: map[string]*command{}}
@@ -109,7 +115,7 @@ func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), 
 	signal.Notify(wake, syscall.SIGCONT)
 	defer signal.Stop(wake)
 	for ctx.Err() == nil {
-		served, err := a.serveOnce(ctx, dial, path, token, wake)
+		served, err := a.serveOnce(ctx, dial, path, token, wake, park)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -121,6 +127,7 @@ func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), 
 			case <-wake:
 			case <-time.After(parkMax):
 			}
+			park(false)
 			delay = first
 			continue
 		}
@@ -150,7 +157,7 @@ var errParked = errors.New("parked")
 // serveOnce dials, upgrades and serves one connection; served says the
 // server took it, errParked that it parked the agent. The commands go on
 // when it ends.
-func (a *agent) serveOnce(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string, wake <-chan os.Signal) (served bool, err error) {
+func (a *agent) serveOnce(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string, wake <-chan os.Signal, park func(bool)) (served bool, err error) {
 	conn, err := dial(ctx)
 	if err != nil {
 		return false, err
@@ -198,6 +205,7 @@ func (a *agent) serveOnce(ctx context.Context, dial func(ctx context.Context) (n
 			case <-wake:
 			default:
 			}
+			park(true)
 			return true, errParked
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -237,7 +238,7 @@ func TestRedialAfterServed(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		execagent.Run(ctx, execagenttest.DialSocket(sock), "/agent", "tok", nil, slog.New(slog.DiscardHandler))
+		execagent.Run(ctx, execagenttest.DialSocket(sock), "/agent", "tok", nil, nil, slog.New(slog.DiscardHandler))
 		close(done)
 	}()
 	defer func() { cancel(); <-done }()
@@ -291,7 +292,7 @@ func TestExecTable(t *testing.T) {
 
 // agentOnSocket runs the agent dialling a unix socket served here; each
 // accept takes its next connection to a Conn over h.
-func agentOnSocket(t *testing.T, dials *atomic.Int32) (accept func(h execagent.Handler) *execagent.Conn) {
+func agentOnSocket(t *testing.T, dials *atomic.Int32, park func(bool)) (accept func(h execagent.Handler) *execagent.Conn) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "s.sock")
 	ln, err := net.Listen("unix", sock)
@@ -307,7 +308,7 @@ func agentOnSocket(t *testing.T, dials *atomic.Int32) (accept func(h execagent.H
 				dials.Add(1)
 			}
 			return dial(ctx)
-		}, "/agent", "tok", []string{"PATH=/usr/bin:/bin"}, slog.New(slog.DiscardHandler))
+		}, "/agent", "tok", []string{"PATH=/usr/bin:/bin"}, park, slog.New(slog.DiscardHandler))
 		close(done)
 	}()
 	t.Cleanup(func() { cancel(); <-done; ln.Close() })
@@ -333,7 +334,7 @@ func agentOnSocket(t *testing.T, dials *atomic.Int32) (accept func(h execagent.H
 // again and said so, the server gets the rest of its output from where it
 // was, every byte once, and its exit.
 func TestCommandsOutliveTheConnection(t *testing.T) {
-	accept := agentOnSocket(t, nil)
+	accept := agentOnSocket(t, nil, nil)
 	m := &mem{execs: map[string]*memExec{}}
 	m.c = accept(m)
 	id, e, err := m.start([]string{"/bin/sh", "-c", "i=0; while [ $i -lt 200 ]; do echo line $i; i=$((i+1)); sleep 0.005; done; exit 7"}, "/", nil, nil)
@@ -370,7 +371,7 @@ func TestCommandsOutliveTheConnection(t *testing.T) {
 // TestUnknownCommandIsKilled: a command the server does not know after a
 // reconnect (one it has no record of) is killed and forgotten.
 func TestUnknownCommandIsKilled(t *testing.T) {
-	accept := agentOnSocket(t, nil)
+	accept := agentOnSocket(t, nil, nil)
 	m := &mem{execs: map[string]*memExec{}}
 	m.c = accept(m)
 	pidFile := filepath.Join(t.TempDir(), "pid")
@@ -392,7 +393,9 @@ func TestUnknownCommandIsKilled(t *testing.T) {
 // command and all its output.
 func TestPark(t *testing.T) {
 	var dials atomic.Int32
-	accept := agentOnSocket(t, &dials)
+	var parks []bool
+	var parksMu sync.Mutex
+	accept := agentOnSocket(t, &dials, func(p bool) { parksMu.Lock(); parks = append(parks, p); parksMu.Unlock() })
 	m := &mem{execs: map[string]*memExec{}}
 	m.c = accept(m)
 	_, e, err := m.start([]string{"/bin/sh", "-c", "i=0; while [ $i -lt 100 ]; do echo line $i; i=$((i+1)); sleep 0.01; done"}, "/", nil, nil)
@@ -409,6 +412,11 @@ func TestPark(t *testing.T) {
 	if n := dials.Load(); n != 1 {
 		t.Fatalf("%d dials while parked, want the first alone", n)
 	}
+	parksMu.Lock()
+	if !slices.Equal(parks, []bool{true}) {
+		t.Errorf("park hook calls while parked: %v, want [true]", parks)
+	}
+	parksMu.Unlock()
 	syscall.Kill(os.Getpid(), syscall.SIGCONT)
 	m.c = accept(m)
 	select {
@@ -429,4 +437,9 @@ func TestPark(t *testing.T) {
 	if got != want.String() {
 		t.Errorf("output %d bytes, want %d", len(got), want.Len())
 	}
+	parksMu.Lock()
+	if !slices.Equal(parks, []bool{true, false}) {
+		t.Errorf("park hook calls: %v, want [true false]", parks)
+	}
+	parksMu.Unlock()
 }

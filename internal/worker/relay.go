@@ -35,7 +35,8 @@ const (
 // stops accepting, ends every open connection and waits for them. It is
 // safe for concurrent use.
 type Relay struct {
-	ln   net.Listener
+	ln   net.Listener // guarded by mu: Hold closes it, Release listens again
+	addr string
 	dial Upstream // the upstream of one connection
 	log  *slog.Logger
 	sem  chan struct{}
@@ -43,6 +44,7 @@ type Relay struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
+	held   bool // Hold: no connection carried, none taken
 	wg     sync.WaitGroup
 }
 
@@ -87,9 +89,9 @@ func StartRelay(addr string, dial Upstream, log *slog.Logger) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen for the egress relay on %s: %w", addr, err)
 	}
-	r := &Relay{ln: ln, dial: dial, log: log, sem: make(chan struct{}, relayMaxConns), conns: map[net.Conn]struct{}{}}
+	r := &Relay{ln: ln, addr: ln.Addr().String(), dial: dial, log: log, sem: make(chan struct{}, relayMaxConns), conns: map[net.Conn]struct{}{}}
 	r.wg.Add(1)
-	go r.accept()
+	go r.accept(ln)
 	return r, nil
 }
 
@@ -139,12 +141,12 @@ func (c *bufferedConn) CloseWrite() error {
 }
 
 // Addr returns the address the relay listens on.
-func (r *Relay) Addr() string { return r.ln.Addr().String() }
+func (r *Relay) Addr() string { return r.addr }
 
-func (r *Relay) accept() {
+func (r *Relay) accept(ln net.Listener) {
 	defer r.wg.Done()
 	for {
-		c, err := r.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				r.log.Warn("egress relay stopped accepting", logkey.Error, err)
@@ -160,7 +162,13 @@ func (r *Relay) accept() {
 		if !r.track(c) {
 			c.Close()
 			<-r.sem
-			return
+			r.mu.Lock()
+			closed := r.closed
+			r.mu.Unlock()
+			if closed {
+				return
+			}
+			continue // held
 		}
 		r.wg.Add(1)
 		go func() {
@@ -175,7 +183,7 @@ func (r *Relay) accept() {
 func (r *Relay) track(c net.Conn) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed {
+	if r.closed || r.held {
 		return false
 	}
 	r.conns[c] = struct{}{}
@@ -220,6 +228,42 @@ func (r *Relay) serve(c net.Conn) {
 	<-done
 }
 
+// Hold ends every connection the relay carries and stops listening until
+// Release: the sandbox then holds no connection to the host's proxy
+// socket, which a checkpoint of it could not save, nor a listening socket
+// that this gVisor (20221219) cannot save while it is watched (epoll).
+// A client sees its connection closed, as when the server restarts, and a
+// new one refused.
+func (r *Relay) Hold() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.held {
+		return
+	}
+	r.held = true
+	r.ln.Close()
+	for c := range r.conns {
+		c.Close()
+	}
+}
+
+// Release listens again after Hold, on the same address.
+func (r *Relay) Release() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || !r.held {
+		return nil
+	}
+	ln, err := net.Listen("tcp", r.addr)
+	if err != nil {
+		return fmt.Errorf("listen for the egress relay on %s again: %w", r.addr, err)
+	}
+	r.ln, r.held = ln, false
+	r.wg.Add(1)
+	go r.accept(ln)
+	return nil
+}
+
 // Close stops the relay and ends its connections.
 func (r *Relay) Close() error {
 	r.mu.Lock()
@@ -227,8 +271,12 @@ func (r *Relay) Close() error {
 	for c := range r.conns {
 		c.Close()
 	}
+	ln, held := r.ln, r.held
 	r.mu.Unlock()
-	err := r.ln.Close()
+	var err error
+	if !held {
+		err = ln.Close()
+	}
 	r.wg.Wait()
 	return err
 }

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -324,5 +325,53 @@ func TestParseArgsEgressForward(t *testing.T) {
 		if _, err := ParseArgs(args, nil); err == nil || !strings.Contains(err.Error(), "--egress-forward") {
 			t.Errorf("%q: %v, want an --egress-forward error", bad, err)
 		}
+	}
+}
+
+// TestRelayHold: Hold ends the connections the relay carries and takes no
+// new one to the socket until Release.
+func TestRelayHold(t *testing.T) {
+	sock, accepted := MustUnixEcho(t)
+	r, err := StartRelay("127.0.0.1:0", SocketUpstream(sock), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	echo := func() (*bufio.Reader, net.Conn, error) {
+		c, err := net.Dial("tcp", r.Addr())
+		if err != nil {
+			return nil, nil, err
+		}
+		io.WriteString(c, "ping\n")
+		br := bufio.NewReader(c)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if line, err := br.ReadString('\n'); err != nil || line != "ping\n" {
+			c.Close()
+			return nil, nil, fmt.Errorf("echo: %q, %v", line, err)
+		}
+		return br, c, nil
+	}
+	br, c, err := echo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r.Hold()
+	if _, err := br.ReadByte(); err == nil {
+		t.Error("a connection carried on through Hold")
+	}
+	before := accepted()
+	if _, c2, err := echo(); err == nil {
+		c2.Close()
+		t.Error("a new connection was carried while held")
+	}
+	if n := accepted(); n != before {
+		t.Errorf("the socket took %d connections while the relay was held", n-before)
+	}
+	r.Release()
+	if _, c3, err := echo(); err != nil {
+		t.Errorf("after Release: %v", err)
+	} else {
+		c3.Close()
 	}
 }

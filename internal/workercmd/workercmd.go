@@ -174,6 +174,7 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 		<-ctx.Done()
 		return 0
 	}
+	park := func(bool) {}
 	if egress {
 		// The sandbox has loopback only: the relay is its one way to the
 		// session's egress proxy, as a task's worker does it.
@@ -183,6 +184,15 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 			return 1
 		}
 		defer relay.Close()
+		// Parked for a checkpoint, the relay lets go of its connections
+		// to the host's proxy socket too.
+		park = func(parked bool) {
+			if parked {
+				relay.Hold()
+			} else if err := relay.Release(); err != nil {
+				log.Warn("exec agent: the egress relay is down after a checkpoint", "err", err)
+			}
+		}
 		env = append(env, worker.ProxyEnv(relay.Addr())...)
 		if len(egressCA) > 0 {
 			trust, err := worker.TrustEgressCA(os.TempDir(), egressCA)
@@ -196,7 +206,7 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 	// Its commands share the session's pids limit with it.
 	worker.ReserveThreads()
 	dial := func(ctx context.Context) (net.Conn, error) { return workerproto.DialServer(ctx, sock) }
-	if err := execagent.Run(ctx, dial, "/api/sessions/"+id+"/agent", token, env, log); err != nil {
+	if err := execagent.Run(ctx, dial, "/api/sessions/"+id+"/agent", token, env, park, log); err != nil {
 		fmt.Fprintf(stderr, "corral worker session: %v\n", err)
 		return 1
 	}
