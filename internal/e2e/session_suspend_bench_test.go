@@ -21,8 +21,9 @@ import (
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
-// ballastServer is counterServer holding MiB random MiB in its memory
-// (random: a checkpoint cannot compress it away).
+// ballastServer serves, on the session's loopback, a count kept in its
+// memory alone (each GET answers one more), holding as many random MiB
+// as its last argument (random: a checkpoint cannot compress it away).
 const ballastServer = `exec python3 -c '
 import http.server, os, sys
 ballast = bytearray(os.urandom(int(sys.argv[1]) << 20))
@@ -60,7 +61,7 @@ func memorySession(tb testing.TB, s *server, mib int) (string, time.Duration) {
 		tb.Fatal(err)
 	}
 	deadline := time.Now().Add(2 * time.Minute)
-	for sessionCount(s, id) == 0 {
+	for sessionCount(s.client, id) == 0 {
 		if time.Now().After(deadline) {
 			tb.Fatal("the ballast server never answered")
 		}
@@ -80,10 +81,11 @@ func sessionRun(tb testing.TB, s *server, id, cmd string) string {
 	return out.String()
 }
 
-// sessionCount GETs the count; 0 when nothing answers.
-func sessionCount(s *server, id string) int {
+// sessionCount GETs the count of the session's ballastServer through c;
+// 0 when nothing answers.
+func sessionCount(c *httpapi.Client, id string) int {
 	var out strings.Builder
-	s.client.ExecSession(context.Background(), id, httpapi.ExecBody{Command: shell(`python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:8765/").read().decode())' 2>/dev/null`)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
+	c.ExecSession(context.Background(), id, httpapi.ExecBody{Command: shell(`python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:8765/").read().decode())' 2>/dev/null`)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
 	n, _ := strconv.Atoi(strings.TrimSpace(out.String()))
 	return n
 }
@@ -129,7 +131,7 @@ func suspendCycle(tb testing.TB, s *server, id string, count int, state string) 
 		tb.Fatalf("resume: %v", err)
 	}
 	resume = time.Since(start)
-	switch got, now := sessionCount(s, id), sessionState(tb, s, id); {
+	switch got, now := sessionCount(s.client, id), sessionState(tb, s, id); {
 	case got != count+1:
 		diverged = fmt.Sprintf("the count is %d after %d", got, count)
 	case now != state:
@@ -146,7 +148,7 @@ func TestSessionSuspendSoak(t *testing.T) {
 	testenv.RequireRunsc(t)
 	s := startServer(t, []string{}, nil, nil)
 	id, _ := memorySession(t, s, 16)
-	count, state := sessionCount(s, id), sessionState(t, s, id)
+	count, state := sessionCount(s.client, id), sessionState(t, s, id)
 	if !strings.HasPrefix(state, "files-intact\n") {
 		t.Fatalf("the session's state before: %s", state)
 	}
@@ -172,7 +174,7 @@ func BenchmarkSessionSuspend(b *testing.B) {
 		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
 			s := startServer(b, []string{}, nil, nil)
 			id, cold := memorySession(b, s, mib)
-			count, state := sessionCount(s, id), sessionState(b, s, id)
+			count, state := sessionCount(s.client, id), sessionState(b, s, id)
 			var suspends, resumes []time.Duration
 			divergences := 0
 			b.ResetTimer()
@@ -252,22 +254,35 @@ func bareRunscCheckpoint(tb testing.TB, mib, n int) (checkpoints, restores []tim
 	os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
 	runsc := func(args ...string) error {
 		cmd := exec.Command("runsc", append([]string{"--root=" + filepath.Join(dir, "root"), "--platform=ptrace", "--network=none", "--host-uds=open", "--ignore-cgroups"}, args...)...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("runsc %s: %v: %s", args[0], err, out)
+		// A file, not a pipe: a detached sandbox keeps its output open,
+		// and a pipe would hold the command's wait until it ends.
+		out, err := os.CreateTemp(dir, "runsc-out")
+		if err != nil {
+			return err
+		}
+		defer os.Remove(out.Name())
+		defer out.Close()
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Run(); err != nil {
+			b, _ := os.ReadFile(out.Name())
+			return fmt.Errorf("runsc %s: %v: %s", args[0], err, b)
 		}
 		return nil
 	}
-	const id = "bench-bare"
+	// Each restore is a container of its own: the one checkpointed goes
+	// away a moment after runsc checkpoint returns, its control socket
+	// with it.
+	id := "bench-bare-0"
 	if err := runsc("run", "--detach", "--bundle", bundle, id); err != nil {
 		tb.Fatal(err)
 	}
-	defer runsc("delete", "--force", id)
+	defer func() { runsc("delete", "--force", id) }()
 	for deadline := time.Now().Add(2 * time.Minute); runsc("exec", id, "/usr/bin/test", "-e", "/tmp/ready") != nil; time.Sleep(200 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			tb.Fatal("the bare sandbox's ballast was never ready")
 		}
 	}
-	for range n {
+	for i := range n {
 		image := filepath.Join(dir, "image")
 		os.RemoveAll(image)
 		os.Mkdir(image, 0o700)
@@ -277,6 +292,7 @@ func bareRunscCheckpoint(tb testing.TB, mib, n int) (checkpoints, restores []tim
 		}
 		checkpoints = append(checkpoints, time.Since(start))
 		runsc("delete", "--force", id)
+		id = fmt.Sprintf("bench-bare-%d", i+1)
 		start = time.Now()
 		if err := runsc("restore", "--detach", "--image-path="+image, "--bundle", bundle, id); err != nil {
 			tb.Fatal(err)

@@ -925,25 +925,6 @@ func TestSessionRemembersItsWorkspacesSettings(t *testing.T) {
 	}
 }
 
-// counterServer serves, on the session's loopback, a count kept in its
-// memory alone: each GET answers one more.
-const counterServer = `exec python3 -c '
-import http.server
-n = 0
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global n
-        n += 1
-        b = str(n).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(b)))
-        self.end_headers()
-        self.wfile.write(b)
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("127.0.0.1", 8765), H).serve_forever()
-'`
-
 // TestSessionKeepsItsMemory: on gvisor a suspend keeps the session's
 // memory and processes: a server holding a count in memory and a command
 // printing as it runs are suspended, the server is killed with SIGKILL
@@ -960,17 +941,12 @@ func TestSessionKeepsItsMemory(t *testing.T) {
 	}
 	id := created.SessionID
 	sc := srv.client.Sessions()
-	if _, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: counterServer}); err != nil {
+	if _, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
 		t.Fatal(err)
 	}
-	count := func() string {
-		t.Helper()
-		var out strings.Builder
-		srv.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell(`python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:8765/").read().decode())' 2>/dev/null`)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
-		return strings.TrimSpace(out.String())
-	}
+	count := func() string { return strconv.Itoa(sessionCount(srv.client, id)) }
 	var first string
-	waitFor(t, "the counter served", func() bool { first = count(); return first != "" })
+	waitFor(t, "the counter served", func() bool { first = count(); return first != "0" })
 	ticker, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: `i=0; while [ $i -lt 60 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done`})
 	if err != nil {
 		t.Fatal(err)
