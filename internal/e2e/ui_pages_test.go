@@ -39,7 +39,7 @@ func TestUISessionConsole(t *testing.T) {
 	b.click(`.page-head [name=resume]`)
 	b.wait("the session resumed", `document.querySelector('.page-head .badge')?.textContent === 'running' && document.querySelector('#session-history').textContent.includes('resumed')`, 60*time.Second)
 	b.click(`.page-head [name=fork]`)
-	b.wait("the fork, its link and token", `document.querySelector('.alert-info a[href^="/sessions/sess-"]') && document.querySelector('#session-history').textContent.includes('1 forks')`, 60*time.Second)
+	b.wait("the fork, its link and token", `document.querySelector('.alert-info a[href*="/sessions/sess-"]') && document.querySelector('#session-history').textContent.includes('1 fork,')`, 60*time.Second)
 	b.click(`.page-head .btn-danger`) // End session; confirm() is answered OK
 	b.wait("the session ended", `document.querySelector('.page-head .badge')?.textContent === 'ended' && document.querySelector('#session-history').textContent.includes('ended')`, 30*time.Second)
 	b.safe("session")

@@ -172,7 +172,10 @@ function historyDetail(e) {
   switch (e.type) {
     case 'session_suspended': return (d.memory_kept ? 'memory and processes kept' : 'files kept') + secs + (d.execs_ended ? `, ${d.execs_ended} commands ended` : '');
     case 'session_resumed': return (d.memory_kept ? 'restored as it was' : 'a fresh sandbox on its files') + secs;
-    case 'session_forked': return `${(d.forks || []).length} forks, ${d.files} files copied` + secs + (d.memory_kept ? '' : ' (files only)');
+    case 'session_forked': {
+      const n = (d.forks || []).length;
+      return `${n} fork${n === 1 ? '' : 's'}, ${d.files} files copied` + secs + (d.memory_kept ? '' : ' (files only)');
+    }
     case 'session_created': return [d.runtime, d.image, d.forked_from ? 'forked from ' + d.forked_from : ''].filter(Boolean).join(' · ');
     case 'session_ended': return [d.reason, d.error].filter(Boolean).join(': ');
     case 'session_network_changed': return d.network || '';
