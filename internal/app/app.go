@@ -226,6 +226,7 @@ func (a *App) open(ctx context.Context) error {
 	// One quota for task and session directories.
 	dirQuota := a.taskQuota()
 	a.sessions = session.New(session.Options{
+		Crash:          crashHook(cfg.CrashAt, a.log),
 		Store:          a.store,
 		Data:           a.data,
 		Projects:       projects,

@@ -28,6 +28,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/service/servicetest"
@@ -1099,5 +1100,42 @@ func TestSessionFork(t *testing.T) {
 	})
 	if len(forkedEv) != 5 {
 		t.Errorf("the source's stream names forks %v, want the 5", forkedEv)
+	}
+}
+
+// TestSessionCheckpointedServerKilled: a server killed with SIGKILL after
+// a session's checkpoint was written whole and before its suspend was
+// recorded leaves the next server to record it: the session is found
+// suspended with its memory, and resumes as it was.
+func TestSessionCheckpointedServerKilled(t *testing.T) {
+	t.Parallel()
+	testenv.RequireRunsc(t)
+	testenv.RequireBwrap(t)
+	data := testenv.TempDir(t)
+	c := startCrashing(t, data, sandbox.CrashCheckpointed)
+	ctx := context.Background()
+	created, err := c.client.CreateSession(ctx, session.CreateRequest{Runtime: "gvisor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.SessionID
+	if _, err := c.client.Sessions().StartExec(ctx, id, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
+		t.Fatal(err)
+	}
+	var first int
+	waitFor(t, "the counter served", func() bool { first = sessionCount(c.client, id); return first != 0 })
+	if _, err := c.client.Sessions().Suspend(ctx, id); err == nil {
+		t.Fatal("the suspend answered: the server did not die at its crash point")
+	}
+	<-c.exited
+	srv := startProcess(t, data)
+	if s, err := srv.client.GetSession(ctx, id); err != nil || s.Status != service.SessionSuspended || !s.MemoryKept {
+		t.Fatalf("after the restart: %+v, %v; want suspended with its memory", s, err)
+	}
+	if _, err := srv.client.Sessions().Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if n := sessionCount(srv.client, id); n != first+1 {
+		t.Errorf("the count after the resume is %d, after %d: its memory was not kept", n, first)
 	}
 }

@@ -56,3 +56,8 @@ const (
 
 // ClusterCrashPoints are the replicas' crash points.
 var ClusterCrashPoints = []string{CrashAdopted, CrashDelivered}
+
+// CrashCheckpointed, a session's crash point: its sandbox is checkpointed
+// (its memory on disk, its sandbox gone); session_suspended is not
+// recorded.
+const CrashCheckpointed = "checkpointed"

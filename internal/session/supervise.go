@@ -24,6 +24,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.sync(ctx); err != nil {
 		return err
 	}
+	m.recoverCheckpoints(ctx)
 	// First the commands open in the log: those of a session found gone
 	// below end lost with it; the others wait for their agents to name
 	// them when they dial in again.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -185,7 +186,49 @@ func (m *Manager) checkpoint(ctx context.Context, id string, cp sandbox.Checkpoi
 		os.RemoveAll(dir)
 		return err
 	}
+	// Whole on disk, the sandbox gone: a server that dies before
+	// session_suspended is recorded leaves the next one to record it
+	// (Start).
+	if err := os.WriteFile(filepath.Join(dir, checkpointDone), nil, 0o600); err != nil {
+		return fmt.Errorf("mark the checkpoint whole: %w", err)
+	}
+	if m.opts.Crash != nil {
+		m.opts.Crash(sandbox.CrashCheckpointed)
+	}
 	return nil
+}
+
+// checkpointDone marks a checkpoint whole in its directory.
+const checkpointDone = "done"
+
+// recoverCheckpoints records suspended, its memory kept, each running
+// session run here whose server died between its checkpoint and the
+// record of its suspend: its sandbox is gone and its checkpoint whole. A
+// mark left by a server that died after a resume's record, the session's
+// sandbox running again, is removed.
+func (m *Manager) recoverCheckpoints(ctx context.Context) {
+	for _, s := range m.list() {
+		dir := m.checkpointDir(s.ID)
+		if s.Status != StatusRunning || m.runElsewhere(s.ID) {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, checkpointDone)); err != nil {
+			continue
+		}
+		if p := m.opts.Placements.Usable(s.Runtime); p != nil {
+			h := m.handleOf(s.ID)
+			if p.Sandbox.Recover(ctx, &h) == nil {
+				os.RemoveAll(dir)
+				continue
+			}
+		}
+		note := memoryKept + " (recorded by the next server: the one that checkpointed it stopped first)"
+		if err := m.append(ctx, s.ID, EventSuspended, suspended{MemoryKept: true, Note: note}); err != nil {
+			m.log.Warn("cannot record a checkpointed session suspended", "session_id", s.ID, "err", err)
+			continue
+		}
+		m.log.Info("session suspended by the server before this one", "session_id", s.ID, "memory_kept", true)
+	}
 }
 
 // Resume starts suspended session id's sandbox again, as it was made: its
