@@ -146,7 +146,7 @@ func TestMCPStdioEmbedded(t *testing.T) {
 	addr := freeLoopbackAddr(t)
 	data := testenv.TempDir(t)
 	t.Cleanup(func() { killSandboxes(t, data) })
-	r := runMCPClient(t, dir, []string{"CORRAL_LISTEN=" + addr, "CORRAL_DATA=" + data, "CORRAL_API_TOKEN="}, "stdio", corralBin, "mcp")
+	r := runMCPClient(t, dir, []string{"CORRAL_LISTEN=" + addr, "CORRAL_DATA=" + data, "CORRAL_API_TOKEN=", "EXECUTION_ENABLED=true"}, "stdio", corralBin, "mcp") // client.mjs calls code_execute
 	if r.Status != "success" || strings.TrimSpace(r.Rows) != "3" {
 		t.Errorf("task %s: status %s rows %q", r.TaskID, r.Status, r.Rows)
 	}

@@ -126,13 +126,11 @@ func (m *Manager) Follow(ctx context.Context) error {
 // runElsewhere reports whether session id is run by another replica that
 // is alive.
 func (m *Manager) runElsewhere(id string) bool {
-	m.mu.Lock()
-	s := m.sessions[id]
-	m.mu.Unlock()
-	if s == nil || s.replica == m.opts.Members.Self() {
+	replica, ok := m.replicaOf(id)
+	if !ok || replica == m.opts.Members.Self() {
 		return false
 	}
-	_, alive := m.opts.Members.Alive(s.replica)
+	_, alive := m.opts.Members.Alive(replica)
 	return alive
 }
 
@@ -140,13 +138,11 @@ func (m *Manager) runElsewhere(id string) bool {
 // that runs session id, when it is another.
 func (m *Manager) Forward(id string) (string, bool) {
 	m.known(context.Background(), id)
-	m.mu.Lock()
-	s := m.sessions[id]
-	m.mu.Unlock()
-	if s == nil || s.replica == m.opts.Members.Self() {
+	replica, ok := m.replicaOf(id)
+	if !ok || replica == m.opts.Members.Self() {
 		return "", false
 	}
-	r, alive := m.opts.Members.Alive(s.replica)
+	r, alive := m.opts.Members.Alive(replica)
 	return r.URL, alive && r.URL != ""
 }
 
@@ -154,20 +150,29 @@ func (m *Manager) Forward(id string) (string, bool) {
 // the replica that does is gone (this one being steady, so its judgement
 // holds: cluster.Members.Steady).
 func (m *Manager) runHere(id string) bool {
-	m.mu.Lock()
-	s := m.sessions[id]
-	m.mu.Unlock()
-	if s == nil {
+	replica, ok := m.replicaOf(id)
+	if !ok {
 		return false
 	}
-	if s.replica == m.opts.Members.Self() {
+	if replica == m.opts.Members.Self() {
 		return true
 	}
 	if !m.opts.Members.Steady() {
 		return false
 	}
-	_, alive := m.opts.Members.Alive(s.replica)
+	_, alive := m.opts.Members.Alive(replica)
 	return !alive
+}
+
+// replicaOf is the replica that runs session id, read under the lock
+// (the log's follower changes it); ok is false for a session unknown.
+func (m *Manager) replicaOf(id string) (replica string, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s := m.sessions[id]; s != nil {
+		return s.replica, true
+	}
+	return "", false
 }
 
 // endOrphans ends, lost, each running session of a replica gone whose exec
