@@ -145,21 +145,19 @@ func (m *Manager) StartExec(ctx context.Context, id string, req ExecRequest) (st
 	m.execs[execID] = re
 	m.sessions[id].running++
 	m.mu.Unlock()
-	// exec_started is committed while the command starts, not before (its
-	// fsync would otherwise delay the start), and before any of the
-	// command's output is read out: a client that saw a byte of it finds
-	// the exec in the log. exec_ended waits for it. A command whose start
-	// cannot be recorded (a full disk) is killed as soon as that is known,
-	// its output dropped: no exec runs unrecorded.
-	go func() {
-		re.startErr = m.append(context.WithoutCancel(ctx), id, EventExecStart, execStarted{ExecID: execID,
-			Command: clip.String(strings.Join(argv, " "), 4096), TimeoutSeconds: int(req.Timeout / time.Second)})
-		if re.startErr != nil {
-			m.log.Error("cannot record an exec's start; its command is killed", "session_id", id, "err", re.startErr)
-			m.killExec(re)
-		}
-		close(re.recorded)
-	}()
+	// exec_started is committed before the agent is sent the command: a
+	// server killed in between leaves a start recorded whose command never
+	// ran (ended lost by the next server, which the agent does not name
+	// it to), never a command that ran unrecorded (TestKill9Soak found
+	// one when the commit ran beside the start to save its fsync). A
+	// command whose start cannot be recorded (a full disk) does not run.
+	re.startErr = m.append(context.WithoutCancel(ctx), id, EventExecStart, execStarted{ExecID: execID,
+		Command: clip.String(strings.Join(argv, " "), 4096), TimeoutSeconds: int(req.Timeout / time.Second)})
+	close(re.recorded)
+	if err := re.startErr; err != nil {
+		m.finish(re, -1, "", err, false)
+		return "", fmt.Errorf("the command's start could not be recorded, so it was not run: %w", err)
+	}
 	if req.Timeout > 0 {
 		m.setTimer(re, req.Timeout)
 	}

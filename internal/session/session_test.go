@@ -105,10 +105,8 @@ func (s failStarts) Append(ctx context.Context, stream string, expected int64, e
 }
 
 // An exec whose start cannot be recorded (the disk is full) answers an
-// error saying so, and its command, already started, is killed: no
-// command runs that the log does not know of. With a timeout too, which
-// once put the command under the request's context alone, not under the
-// one the failed start cancels.
+// error saying so, and its command does not run: no command runs that the
+// log does not know of. With a timeout too.
 func TestExecStartNotRecorded(t *testing.T) {
 	ctx := context.Background()
 	store := sqlitetest.Open(t)
