@@ -36,7 +36,9 @@ const (
 // is a secret: from CORRAL_STORE_DSN or the file dsn_file names, read with
 // Secrets; never a key of the file.
 type Store struct {
-	// Driver is sqlite or postgres.
+	// Driver is sqlite (corral.db in the data root) or postgres, which
+	// several servers may share as replicas of one cluster. corral store
+	// copy moves an existing log from one to the other.
 	Driver string `yaml:"driver"`
 	// DSNFile names a file (mode 0600) holding the PostgreSQL connection
 	// string (driver postgres); CORRAL_STORE_DSN wins over it.
@@ -72,7 +74,8 @@ type Config struct {
 	// Without any token the server refuses a non-loopback listen address.
 	APITokenFile string `yaml:"api_token_file"`
 	// APITokens are further bearer tokens, each with a name that events
-	// record as their actor. The unnamed token above is "default".
+	// record as their actor. The unnamed token above is "default"; with no
+	// token at all the actor is "local".
 	APITokens []APIToken `yaml:"api_tokens"`
 	// HTTP says which names and pages the HTTP API answers.
 	HTTP HTTP `yaml:"http"`
@@ -238,13 +241,14 @@ type Resources struct {
 
 // Sandbox configures what the host runtimes (local, gvisor) share.
 type Sandbox struct {
-	// HostUID is the host uid every sandbox runs as under a root server;
-	// 0 (the default): each sandbox its own uid leased from 1900000001 to
-	// 1900065535. Never 0 otherwise, nor an id /etc/login.defs gives to
-	// people or to their subordinate ids.
+	// HostUID is the host uid every sandbox runs as under a root server,
+	// set with HostGID; 0 (the default): each sandbox its own uid, leased
+	// from 1900000001 to 1900065535. Never an id /etc/login.defs gives to
+	// people or to their subordinate ids. A server not running as root
+	// runs sandboxes as its own user.
 	HostUID int `yaml:"host_uid"`
-	// HostGID is the host gid sandboxes run as under a root server; 0:
-	// 1900000000, the group reserved for sandboxes.
+	// HostGID is the host gid sandboxes run as under a root server, set
+	// with HostUID; 0: 1900000000, the group reserved for sandboxes.
 	HostGID int `yaml:"host_gid"`
 }
 
@@ -293,11 +297,13 @@ func (l Local) WarmPoolSize(memTotal uint64) int {
 // ai_worker_config.allowed_images.
 type Docker struct {
 	// Host is the engine's address; default DOCKER_HOST, else
-	// unix:///var/run/docker.sock.
+	// unix:///var/run/docker.sock. The engine must run on this machine
+	// (sandboxes bind the data root's directories).
 	Host string `yaml:"host"`
 	// Runtime is the OCI runtime the engine runs sandboxes with, by the
-	// name it registered it under (runsc for gVisor); empty: the
-	// engine's default (runc).
+	// name it registered it under (runsc for gVisor, registered with
+	// --oci-seccomp and --host-uds=open, which corral doctor checks);
+	// empty: the engine's default (runc).
 	Runtime string `yaml:"runtime"`
 	// Pull lets the engine pull an image it does not have; off, a missing
 	// image is an error that says so.
