@@ -274,7 +274,7 @@ type Local struct {
 
 // The automatic warm pool: AutoWarmPool sandboxes of each shape where the
 // machine has at least AutoWarmMemory bytes of memory. An idle warm
-// sandbox costs about 4 MiB (docs/benchmarks.md).
+// sandbox costs about 1.9 MiB of memory (PSS; docs/benchmarks.md).
 const (
 	AutoWarmPool   = 4
 	AutoWarmMemory = 4 << 30
