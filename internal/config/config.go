@@ -36,10 +36,12 @@ const (
 // is a secret: from CORRAL_STORE_DSN or the file dsn_file names, read with
 // Secrets; never a key of the file.
 type Store struct {
-	// Driver is sqlite or postgres.
+	// Driver is sqlite (corral.db in the data root) or postgres, which
+	// several servers may share as replicas of one cluster. corral store
+	// copy moves an existing log from one to the other.
 	Driver string `yaml:"driver"`
-	// DSNFile names a file holding the PostgreSQL connection string
-	// (driver postgres).
+	// DSNFile names a file (mode 0600) holding the PostgreSQL connection
+	// string (driver postgres); CORRAL_STORE_DSN wins over it.
 	DSNFile string `yaml:"dsn_file"`
 	// dsn is the connection string, from CORRAL_STORE_DSN only.
 	dsn string
@@ -53,20 +55,27 @@ type Store struct {
 // AI_WORKER_WEBHOOK_SECRET) or from the files named by api_token_file and
 // ai_worker_config.webhook_secret_file, and callers get them from Secrets.
 type Config struct {
+	// Version is the configuration format's version: 1, the only one
+	// this Corral reads (0 or none is read as 1).
 	Version int `yaml:"version"`
 
-	// Listen is the HTTP listen address, host:port.
+	// Listen is the HTTP listen address, host:port. A non-loopback
+	// address needs an API token.
 	Listen string `yaml:"listen"`
-	// Data is the data root directory.
+	// Data is the data root directory: the event store (SQLite), shared/,
+	// tasks/, attachments/, documents/, sessions/ and run/.
 	Data string `yaml:"data"`
 
 	// apiToken is the bearer token, from CORRAL_API_TOKEN only; read it
 	// with Secrets.
 	apiToken string
-	// APITokenFile names a file holding the bearer token.
+	// APITokenFile names a file (mode 0600) holding the bearer token, whose
+	// caller events record as "default"; CORRAL_API_TOKEN wins over it.
+	// Without any token the server refuses a non-loopback listen address.
 	APITokenFile string `yaml:"api_token_file"`
 	// APITokens are further bearer tokens, each with a name that events
-	// record as their actor. The unnamed token above is "default".
+	// record as their actor. The unnamed token above is "default"; with no
+	// token at all the actor is "local".
 	APITokens []APIToken `yaml:"api_tokens"`
 	// HTTP says which names and pages the HTTP API answers.
 	HTTP HTTP `yaml:"http"`
@@ -74,25 +83,34 @@ type Config struct {
 	// Store is where the event log is kept.
 	Store Store `yaml:"store"`
 
-	Log        Log            `yaml:"log"`
-	AIWorker   AIWorkerConfig `yaml:"ai_worker_config"`
-	Runtime    string         `yaml:"runtime"`
-	Local      Local          `yaml:"local"`
-	Docker     Docker         `yaml:"docker"`
-	Kubernetes Kubernetes     `yaml:"kubernetes"`
-	Execution  Execution      `yaml:"execution"`
-	Sessions   Sessions       `yaml:"sessions"`
-	Workspaces Workspaces     `yaml:"workspaces"`
-	Sandbox    Sandbox        `yaml:"sandbox"`
-	Egress     Egress         `yaml:"egress"`
-	Agents     Agents         `yaml:"agents"`
-	Notify     Notify         `yaml:"notify"`
-	Limits     Limits         `yaml:"limits"`
+	Log      Log            `yaml:"log"`
+	AIWorker AIWorkerConfig `yaml:"ai_worker_config"`
+	// Runtime is the runtime a task or session runs on when it names
+	// none: local (bubblewrap), gvisor, docker or kubernetes.
+	Runtime    string     `yaml:"runtime"`
+	Local      Local      `yaml:"local"`
+	Docker     Docker     `yaml:"docker"`
+	Kubernetes Kubernetes `yaml:"kubernetes"`
+	Execution  Execution  `yaml:"execution"`
+	Sessions   Sessions   `yaml:"sessions"`
+	Workspaces Workspaces `yaml:"workspaces"`
+	Sandbox    Sandbox    `yaml:"sandbox"`
+	Egress     Egress     `yaml:"egress"`
+	Agents     Agents     `yaml:"agents"`
+	Notify     Notify     `yaml:"notify"`
+	Limits     Limits     `yaml:"limits"`
 
 	// Shutdown is what a graceful stop of the server (SIGTERM, SIGINT)
-	// does with the sandboxes it runs: ShutdownLeave (the default) leaves
-	// them running for the next start, or another replica, to reattach;
-	// ShutdownStop ends its tasks and sessions and their sandboxes first.
+	// does with the sandboxes it runs: leave (the default) leaves them
+	// running for the next start, or another replica, to reattach; stop
+	// ends each task it was starting or running as cancelled (reason
+	// shutdown; the notification goes out once a server leads again) and
+	// each session it runs (session_ended, reason shutdown), their
+	// sandboxes stopped with limits.stop_grace and destroyed, all within
+	// stop_grace and 10 s; queued tasks stay queued and suspended sessions
+	// suspended. Warm sandboxes go at every stop. A kill (SIGKILL, OOM, a
+	// crash) leaves everything running whatever this says. On several
+	// servers a replica with stop ends its own and hands nothing over.
 	Shutdown string `yaml:"shutdown"`
 
 	// CrashAt is for the fault tests only, from CORRAL_TEST_CRASH_AT (no
@@ -126,44 +144,70 @@ type HTTP struct {
 
 // Log configures the server's logger.
 type Log struct {
-	Level  string `yaml:"level"`  // debug | info | warn | error
-	Format string `yaml:"format"` // text | json
+	// Level is the least level logged: debug, info, warn or error.
+	Level string `yaml:"level"`
+	// Format is text or json (one object a line).
+	Format string `yaml:"format"`
 }
 
 // AIWorkerConfig has the keys of seed 000's ai_worker_config.
 type AIWorkerConfig struct {
+	// Enabled takes new tasks; false refuses them with a 503 (the rest
+	// keeps working).
 	Enabled bool `yaml:"enabled"`
 
-	// Kubernetes settings, used by the kubernetes runtime.
-	Namespace    string `yaml:"namespace"`
+	// Namespace is the Kubernetes namespace of the worker Jobs (kubernetes
+	// runtime), and of the server in the rendered manifests.
+	Namespace string `yaml:"namespace"`
+	// AICoderImage is a task's image on the docker and kubernetes runtimes
+	// when it names none.
 	AICoderImage string `yaml:"ai_coder_image"`
 	// AllowedImages are glob patterns (path.Match: "python:*",
 	// "corral/*") one of which every image a task names must match, on
 	// the runtimes that run images; empty: any image. ai_coder_image, the
 	// default, must match too.
-	AllowedImages      []string `yaml:"allowed_images"`
-	ServiceAccount     string   `yaml:"service_account"`
-	RuntimeClass       string   `yaml:"runtime_class"`
-	WorkspacePVC       string   `yaml:"workspace_pvc"`
-	WorkspaceMountPath string   `yaml:"workspace_mount_path"`
+	AllowedImages []string `yaml:"allowed_images"`
+	// ServiceAccount is the worker pods' service account (kubernetes
+	// runtime; it gets no token).
+	ServiceAccount string `yaml:"service_account"`
+	// RuntimeClass is the worker pods' runtimeClassName (kubernetes
+	// runtime); empty: the node's default.
+	RuntimeClass string `yaml:"runtime_class"`
+	// WorkspacePVC is the claim holding the data root (kubernetes runtime):
+	// each mount of a worker pod is a subPath of it.
+	WorkspacePVC string `yaml:"workspace_pvc"`
+	// WorkspaceMountPath is where the claim is mounted in the server's pod
+	// (the rendered manifests).
+	WorkspaceMountPath string `yaml:"workspace_mount_path"`
 
+	// DefaultTimeoutMinutes is a task's timeout when it names none.
 	DefaultTimeoutMinutes int `yaml:"default_timeout_minutes"`
-	MaxTimeoutMinutes     int `yaml:"max_timeout_minutes"`
-	MaxConcurrentWorkers  int `yaml:"max_concurrent_workers"`
-	MaxQueuedTasks        int `yaml:"max_queued_tasks"`
+	// MaxTimeoutMinutes is the most a task may ask for (at most 1440).
+	MaxTimeoutMinutes int `yaml:"max_timeout_minutes"`
+	// MaxConcurrentWorkers bounds the tasks running at once, on every
+	// server of a cluster together; the others wait in the queue, in
+	// order.
+	MaxConcurrentWorkers int `yaml:"max_concurrent_workers"`
+	// MaxQueuedTasks bounds the tasks waiting beyond those.
+	MaxQueuedTasks int `yaml:"max_queued_tasks"`
 
 	Resources Resources `yaml:"resources"`
 
-	// WebhookPath is seed 000's key; its one value is DefaultWebhookPath.
+	// WebhookPath is seed 000's key for the route workers post their
+	// completion to; its one value is /api/webhooks/worker-complete
+	// (DefaultWebhookPath).
 	WebhookPath string `yaml:"webhook_path"`
 	// webhookSecret is from AI_WORKER_WEBHOOK_SECRET only (a literal
 	// webhook_secret in the file is refused); read it with Secrets.
 	webhookSecret string
-	// WebhookSecretFile names a file holding the webhook secret. With
-	// neither it nor the variable, the server keeps a generated key in the
-	// data root.
+	// WebhookSecretFile names a file (mode 0600) holding the secret
+	// workers' completions are signed under; AI_WORKER_WEBHOOK_SECRET wins
+	// over it. With neither, the server keeps a generated key in the data
+	// root (run/webhook.key).
 	WebhookSecretFile string `yaml:"webhook_secret_file"`
 
+	// TaskRetentionHours is how long the directory of an ended task (and
+	// of an ended session) is kept.
 	TaskRetentionHours int `yaml:"task_retention_hours"`
 	// EventRetentionHours is how long an ended task's events are kept
 	// whole: then retention removes those that told how it ran (progress,
@@ -175,36 +219,52 @@ type AIWorkerConfig struct {
 	AttachmentRetentionHours int `yaml:"attachment_retention_hours"`
 	// RetentionInterval is the time between two retention sweeps.
 	RetentionInterval Duration `yaml:"retention_interval"`
-	JobTTLSeconds     int      `yaml:"job_ttl_seconds"`
+	// JobTTLSeconds is the worker Jobs' ttlSecondsAfterFinished (kubernetes
+	// runtime).
+	JobTTLSeconds int `yaml:"job_ttl_seconds"`
 }
 
 // Resources are a worker's default resource requests and limits.
 type Resources struct {
+	// MemoryRequest is a worker pod's memory request (kubernetes runtime).
 	MemoryRequest Size `yaml:"memory_request"`
-	MemoryLimit   Size `yaml:"memory_limit"`
-	CPURequest    CPU  `yaml:"cpu_request"`
-	CPULimit      CPU  `yaml:"cpu_limit"`
-	PidsLimit     int  `yaml:"pids_limit"`
+	// MemoryLimit is a sandbox's memory limit.
+	MemoryLimit Size `yaml:"memory_limit"`
+	// CPURequest is a worker pod's CPU request (kubernetes runtime).
+	CPURequest CPU `yaml:"cpu_request"`
+	// CPULimit is a sandbox's CPU limit.
+	CPULimit CPU `yaml:"cpu_limit"`
+	// PidsLimit bounds a sandbox's processes and threads, its own (about
+	// 16) included; at least 32.
+	PidsLimit int `yaml:"pids_limit"`
 }
 
 // Sandbox configures what the host runtimes (local, gvisor) share.
 type Sandbox struct {
-	// HostUID and HostGID are the host identity sandboxes run as under a
-	// root server; 0: 1900000000, an id reserved for sandboxes.
+	// HostUID is the host uid every sandbox runs as under a root server,
+	// set with HostGID; 0 (the default): each sandbox its own uid, leased
+	// from 1900000001 to 1900065535. Never an id /etc/login.defs gives to
+	// people or to their subordinate ids. A server not running as root
+	// runs sandboxes as its own user.
 	HostUID int `yaml:"host_uid"`
+	// HostGID is the host gid sandboxes run as under a root server, set
+	// with HostUID; 0: 1900000000, the group reserved for sandboxes.
 	HostGID int `yaml:"host_gid"`
 }
 
 // Local configures the local (bubblewrap) runtime.
 type Local struct {
-	Bwrap        string `yaml:"bwrap"`         // bubblewrap binary, looked up on PATH if not absolute
-	CgroupParent string `yaml:"cgroup_parent"` // cgroup under which each sandbox gets its own
-	TmpSize      Size   `yaml:"tmp_size"`      // size of the sandbox's private /tmp
+	// Bwrap is the bubblewrap binary, looked up on PATH if not absolute.
+	Bwrap string `yaml:"bwrap"`
+	// CgroupParent is the cgroup under which each sandbox gets its own.
+	CgroupParent string `yaml:"cgroup_parent"`
+	// TmpSize is the size of a sandbox's private /tmp.
+	TmpSize Size `yaml:"tmp_size"`
 	// WarmPool is how many sandboxes of each shape (network none, and
 	// with an egress proxy) the runtime keeps warm, started ahead of the
 	// tasks that will claim them, each for one task only. -1 (the
-	// default): AutoWarmPool on a machine with at least AutoWarmMemory of
-	// memory, else 0. 0: none, every task starts cold.
+	// default): 4 (AutoWarmPool) on a machine with at least 4 GiB
+	// (AutoWarmMemory) of memory, else 0. 0: none, every task starts cold.
 	WarmPool int `yaml:"warm_pool"`
 	// WarmIdle is how long a pool keeps its sandboxes without a task
 	// claiming one; then it empties until the next task of its shape.
@@ -214,7 +274,7 @@ type Local struct {
 
 // The automatic warm pool: AutoWarmPool sandboxes of each shape where the
 // machine has at least AutoWarmMemory bytes of memory. An idle warm
-// sandbox costs about 4 MiB (docs/benchmarks.md).
+// sandbox costs about 1.9 MiB of memory (PSS; docs/benchmarks.md).
 const (
 	AutoWarmPool   = 4
 	AutoWarmMemory = 4 << 30
@@ -237,11 +297,13 @@ func (l Local) WarmPoolSize(memTotal uint64) int {
 // ai_worker_config.allowed_images.
 type Docker struct {
 	// Host is the engine's address; default DOCKER_HOST, else
-	// unix:///var/run/docker.sock.
+	// unix:///var/run/docker.sock. The engine must run on this machine
+	// (sandboxes bind the data root's directories).
 	Host string `yaml:"host"`
 	// Runtime is the OCI runtime the engine runs sandboxes with, by the
-	// name it registered it under (runsc for gVisor); empty: the
-	// engine's default (runc).
+	// name it registered it under (runsc for gVisor, registered with
+	// --oci-seccomp and --host-uds=open, which corral doctor checks);
+	// empty: the engine's default (runc).
 	Runtime string `yaml:"runtime"`
 	// Pull lets the engine pull an image it does not have; off, a missing
 	// image is an error that says so.
@@ -315,9 +377,11 @@ type Execution struct {
 type Sessions struct {
 	// MaxSessions bounds the sessions running at once (429 past it).
 	MaxSessions int `yaml:"max_sessions"`
-	// IdleTimeout and MaxLifetime are a session's defaults and upper
-	// bounds.
+	// IdleTimeout is a session's default and upper bound of the time it
+	// may go idle (no command running, no output) before IdleAction.
 	IdleTimeout Duration `yaml:"idle_timeout"`
+	// MaxLifetime is a session's default and upper bound of its whole
+	// life, suspended time included.
 	MaxLifetime Duration `yaml:"max_lifetime"`
 	// IdleAction is what becomes of an idle session (no command running,
 	// no output, for its idle timeout): "suspend" suspends it (its memory
@@ -362,8 +426,13 @@ type Workspaces struct {
 
 // Egress configures the network workers reach through the egress proxy.
 type Egress struct {
-	Mode  string   `yaml:"mode"`  // none | allowlist | open
-	Allow []string `yaml:"allow"` // host names; "*.example.com" allows subdomains
+	// Mode is the network of a task that names none: none, allowlist or
+	// open.
+	Mode string `yaml:"mode"`
+	// Allow are the hosts the allowlist mode lets through: host (ports 443
+	// and 80), host:port, or *.example.com (subdomains only). Loopback and
+	// private addresses only when listed by address: 127.0.0.1:8080.
+	Allow []string `yaml:"allow"`
 	// TaskHosts says what a task's own allowlist (spawn's network_allow,
 	// PATCH /api/tasks/{id}/network) may hold: "narrow" (the default),
 	// only what Allow lets through; "add", any host.
@@ -394,11 +463,15 @@ type EgressCredential struct {
 	// Scheme says how the secret becomes the header's value: "" as it
 	// is, "bearer" ("Bearer <secret>"), "basic" ("Basic " and the base64
 	// of Username:secret).
-	Scheme   string `yaml:"scheme"`
+	Scheme string `yaml:"scheme"`
+	// Username is the user of the basic scheme.
 	Username string `yaml:"username"`
-	// SecretFile and SecretEnv: where the secret is (one of the two).
+	// SecretFile names the file (mode 0600) holding the secret; one of it
+	// and SecretEnv.
 	SecretFile string `yaml:"secret_file"`
-	SecretEnv  string `yaml:"secret_env"`
+	// SecretEnv names the server's environment variable holding the
+	// secret; one of it and SecretFile.
+	SecretEnv string `yaml:"secret_env"`
 	// OnRequest: only the tasks that name the rule in their credentials
 	// get it; otherwise every task and session with network does.
 	OnRequest bool `yaml:"on_request"`
@@ -481,24 +554,34 @@ func (a *Agents) ptr(name string) *Agent {
 
 // APIToken is one named bearer token.
 type APIToken struct {
-	Name      string `yaml:"name"`       // the actor recorded on what its caller does
-	TokenFile string `yaml:"token_file"` // the file holding the token (mode 0600)
+	// Name is the actor recorded on what its caller does.
+	Name string `yaml:"name"`
+	// TokenFile names the file (mode 0600) holding the token.
+	TokenFile string `yaml:"token_file"`
 }
 
 // Notify configures outbound notifications to the host.
 type Notify struct {
-	URL        string `yaml:"url"`         // the host's callback; empty turns notifications off
-	SecretFile string `yaml:"secret_file"` // whsec_<base64>, the Standard Webhooks signing key
+	// URL is the host's callback, http or https; empty turns
+	// notifications off.
+	URL string `yaml:"url"`
+	// SecretFile names a file (mode 0600) holding whsec_ and a base64 key,
+	// the Standard Webhooks signing key; required with URL.
+	SecretFile string `yaml:"secret_file"`
 	// PreviousSecretFile, during a rotation, holds the secret before
 	// SecretFile's: notifications carry a signature under each, so the
 	// host verifies them with either (corral notify-secret says how).
-	PreviousSecretFile string   `yaml:"previous_secret_file"`
-	Events             []string `yaml:"events"` // event types to send besides worker_completed
+	PreviousSecretFile string `yaml:"previous_secret_file"`
+	// Events are the event types sent besides worker_completed, which
+	// always is.
+	Events []string `yaml:"events"`
 	// MaxAttempts POSTs a notification gets before it is a dead letter.
 	MaxAttempts int `yaml:"max_attempts"`
-	// InitialBackoff doubles after each failed attempt up to MaxBackoff.
+	// InitialBackoff is the wait after the first failed attempt; it
+	// doubles, with jitter, after each one up to MaxBackoff.
 	InitialBackoff Duration `yaml:"initial_backoff"`
-	MaxBackoff     Duration `yaml:"max_backoff"`
+	// MaxBackoff is the longest wait between two attempts.
+	MaxBackoff Duration `yaml:"max_backoff"`
 	// Timeout bounds one POST.
 	Timeout Duration `yaml:"timeout"`
 	// Concurrency bounds the POSTs in flight.
@@ -507,33 +590,46 @@ type Notify struct {
 
 // Limits bound what callers and workers may use.
 type Limits struct {
-	MaxPromptBytes  Size `yaml:"max_prompt_bytes"`
+	// MaxPromptBytes bounds a task description.
+	MaxPromptBytes Size `yaml:"max_prompt_bytes"`
+	// MaxTaskDirBytes bounds everything in one task directory, and a
+	// session's own directory (in the kernel where the data root has
+	// project quotas, else polled).
 	MaxTaskDirBytes Size `yaml:"max_task_dir_bytes"`
+	// MaxContextBytes bounds the context files copied into a task.
 	MaxContextBytes Size `yaml:"max_context_bytes"`
+	// MaxRequestBytes bounds an API request's body (uploads aside).
 	MaxRequestBytes Size `yaml:"max_request_bytes"`
-	MaxLogBytes     Size `yaml:"max_log_bytes"`
+	// MaxLogBytes bounds an agent's transcript.
+	MaxLogBytes Size `yaml:"max_log_bytes"`
 	// MaxUploadBytes bounds one uploaded attachment (or one made from a
-	// workspace file); MaxUploadRequestBytes a whole upload request.
-	MaxUploadBytes        Size `yaml:"max_upload_bytes"`
+	// workspace file); 413 past it.
+	MaxUploadBytes Size `yaml:"max_upload_bytes"`
+	// MaxUploadRequestBytes bounds a whole upload request.
 	MaxUploadRequestBytes Size `yaml:"max_upload_request_bytes"`
 	// MaxSharedBytes bounds the total size of shared/ (write_workspace and
-	// save_to_shared); MaxWriteBytes one write_workspace file.
+	// save_to_shared); 429 naming the limit past it.
 	MaxSharedBytes Size `yaml:"max_shared_bytes"`
-	MaxWriteBytes  Size `yaml:"max_write_bytes"`
+	// MaxWriteBytes bounds one write_workspace file; 413 past it.
+	MaxWriteBytes Size `yaml:"max_write_bytes"`
 	// MinFreeDisk is the free-space floor of the data root's filesystem:
 	// below it no new work is taken and a task still writing is stopped.
 	// 0 turns it off.
-	MinFreeDisk    Size     `yaml:"min_free_disk"`
+	MinFreeDisk Size `yaml:"min_free_disk"`
+	// WebhookMaxSkew is how old a worker's signed webhook may be.
 	WebhookMaxSkew Duration `yaml:"webhook_max_skew"`
-	StopGrace      Duration `yaml:"stop_grace"`
+	// StopGrace is the time from SIGTERM to SIGKILL when a sandbox is
+	// stopped.
+	StopGrace Duration `yaml:"stop_grace"`
 	// APIRate and APIBurst are a token bucket per caller of the API and
 	// MCP: each API token (with none configured, the local caller) and
 	// each session token may make APIRate requests a second on average
 	// and APIBurst at once; past them a 429 with Retry-After. An event
 	// stream is one request however long it stays open. 0 APIRate turns
 	// the limit off.
-	APIRate  float64 `yaml:"api_rate"`
-	APIBurst int     `yaml:"api_burst"`
+	APIRate float64 `yaml:"api_rate"`
+	// APIBurst is the requests a caller may make at once (see APIRate).
+	APIBurst int `yaml:"api_burst"`
 }
 
 // Default returns the configuration used when nothing is set: one machine,

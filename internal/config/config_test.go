@@ -874,24 +874,24 @@ func TestWarmPoolSize(t *testing.T) {
 	}
 }
 
-// TestSpecExample: SPEC §9's example, as the README prints it, loads (with
-// expansion and the variables it names); as SPEC prints it (the ${...}
-// unquoted inside {...}), the error names the line and the key, and says
-// how to write it.
+// TestSpecExample: SPEC §9's example, as docs/configuration.md prints it,
+// loads (with expansion and the variables it names); as SPEC prints it (the
+// ${...} unquoted inside {...}), the error names the line and the key, and
+// says how to write it.
 func TestSpecExample(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	doc, err := os.ReadFile(referencePath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rest, ok := strings.Cut(string(readme), "<!-- spec9 -->\n```yaml\n")
+	_, rest, ok := strings.Cut(string(doc), "<!-- spec9 -->\n```yaml\n")
 	if !ok {
-		t.Fatal("the README has no <!-- spec9 --> example")
+		t.Fatalf("%s has no <!-- spec9 --> example", referencePath)
 	}
 	example, _, _ := strings.Cut(rest, "```")
 	env := []string{"ANTHROPIC_API_KEY=sk-a", "GEMINI_API_KEY=gm-b"}
 	c, err := Load(LoadOptions{Path: MustWriteConfig(t, example), Environ: env, ExpandEnv: true})
 	if err != nil {
-		t.Fatalf("SPEC §9's example as the README prints it: %v", err)
+		t.Fatalf("SPEC §9's example as %s prints it: %v", referencePath, err)
 	}
 	if c.Agents.Claude.Env["ANTHROPIC_API_KEY"] != "sk-a" || c.AIWorker.Resources.PidsLimit != 512 || c.Notify.URL != "https://assistant.example/hooks/corral" {
 		t.Errorf("loaded: claude env %v, pids %d, notify %q", c.Agents.Claude.Env, c.AIWorker.Resources.PidsLimit, c.Notify.URL)

@@ -58,7 +58,7 @@ func onKubernetes(class string) func(testing.TB, *config.Config) {
 		c.AIWorker.ServiceAccount = "" // the namespace's default
 		c.AIWorker.AICoderImage = k8stest.BusyboxImage
 		// Corral's profile for the class, as a deployment that follows
-		// the README runs it: the runtime's default lets a pod ptrace
+		// docs/kubernetes.md runs it: the runtime's default lets a pod ptrace
 		// and use io_uring.
 		c.Kubernetes.SeccompProfile = k8stest.SeccompProfile(tb, class)
 	}

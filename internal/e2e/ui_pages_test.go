@@ -46,7 +46,7 @@ func TestUISessionConsole(t *testing.T) {
 }
 
 // Every page renders, without a script error, at 1280×800; the
-// screenshots go to -ui.screenshots (docs/ui in the README's command).
+// screenshots go to -ui.screenshots (docs/ui in docs/web-ui.md's command).
 func TestUIPages(t *testing.T) {
 	key := filepath.Join(t.TempDir(), "notify.key")
 	os.WriteFile(key, []byte(notify.NewSecret()), 0o600)

@@ -274,7 +274,7 @@ func TestOOMEvent(t *testing.T) {
 	ctx := context.Background()
 	for script, want := range map[string]bool{
 		// After a moment: containerd before 2.2 misses an OOM kill in a
-		// container's first moments (README, the kubernetes row).
+		// container's first moments (docs/kubernetes.md).
 		`sleep 1; x=$(head -c 268435456 /dev/zero | tr '\0' a); echo ${#x}`: true,
 		`kill -9 $$`: false,
 	} {
