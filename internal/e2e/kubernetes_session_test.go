@@ -21,6 +21,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
 )
@@ -32,10 +33,18 @@ import (
 // and started again reattaches to the same pod; a suspend keeps the files
 // alone, ends the pod and says so, and a resume starts a new pod on the
 // same directory; a delete removes the pod. A session with a network is
-// refused.
+// refused. Under runc and gVisor.
 func TestKubernetesSession(t *testing.T) {
-	t.Parallel()
-	k := killableOnKubernetes(t)
+	for _, class := range []string{"", k8stest.GVisor} {
+		t.Run(className(class), func(t *testing.T) {
+			t.Parallel()
+			testKubernetesSession(t, class)
+		})
+	}
+}
+
+func testKubernetesSession(t *testing.T, class string) {
+	k := killableOnKubernetes(t, class)
 	ctx := context.Background()
 	srv := k.start(t)
 	if _, err := srv.client.CreateSession(ctx, service.CreateSessionRequest{Network: "open"}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "network none only") {
@@ -87,8 +96,10 @@ func TestKubernetesSession(t *testing.T) {
 	if o, e, code := exec(`printf 'a\000\377b\r\n'; printf 'to stderr' >&2; exit 7`); o != "a\x00\xffb\r\n" || e != "to stderr" || code != 7 {
 		t.Errorf("exec: stdout %q, stderr %q, code %d; want the bytes as written and 7", o, e, code)
 	}
-	if o, _, code := exec(`id -u; pwd; echo kept > f.txt`); o != "1000\n"+session.Dir+"\n" || code != 0 {
-		t.Errorf("exec: %q, code %d; want uid 1000 in %s", o, code, session.Dir)
+	// The agent came over the network: a pod mounts no socket of the
+	// server's host (which a pod on another node could not reach).
+	if o, _, code := exec(`id -u; pwd; ls /run/corral; echo kept > f.txt`); o != "1000\n"+session.Dir+"\ncorral\ncorral-worker\n" || code != 0 {
+		t.Errorf("exec: %q, code %d; want uid 1000 in %s, and no socket directory in /run/corral", o, code, session.Dir)
 	}
 	if o, _, _ := exec(`cat f.txt`); o != "kept\n" {
 		t.Errorf("the next exec read %q, want kept", o)
@@ -148,7 +159,11 @@ func TestKubernetesSession(t *testing.T) {
 			t.Fatal("the deleted session's pod is still there")
 		}
 	}
-	if jobs, err := k.cs.BatchV1().Jobs(k.ns).List(ctx, metav1.ListOptions{}); err != nil || len(jobs.Items) != 0 {
-		t.Errorf("Jobs left after the delete: %v, %v", jobs, err)
+	jobs, err := k.cs.BatchV1().Jobs(k.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs.Items) != 0 {
+		t.Errorf("%d Jobs left after the delete, want none", len(jobs.Items))
 	}
 }

@@ -144,7 +144,7 @@ func className(c string) string {
 // left.
 func TestKubernetesKill9(t *testing.T) {
 	t.Parallel()
-	k := killableOnKubernetes(t)
+	k := killableOnKubernetes(t, "")
 	cfg, cs, ns, data, claim := k.cfg, k.cs, k.ns, k.data, k.claim
 	ctx := context.Background()
 	srv := k.start(t)
@@ -201,8 +201,8 @@ func TestKubernetesKill9(t *testing.T) {
 }
 
 // kubeServer is what a test needs to run `corral serve` as a process of
-// its own on the test cluster (runc), to kill it with SIGKILL and start
-// it again on the same data root.
+// its own on the test cluster, to kill it with SIGKILL and start it again
+// on the same data root.
 type kubeServer struct {
 	cfg                                   *rest.Config
 	cs                                    k8sclient.Interface
@@ -210,9 +210,11 @@ type kubeServer struct {
 }
 
 // killableOnKubernetes makes a namespace, a claim over a fresh data root
-// and a configuration file whose runtime is kubernetes, with the server
-// listening on the node's bridge address, where pods reach it.
-func killableOnKubernetes(t *testing.T) kubeServer {
+// and a configuration file whose runtime is kubernetes under RuntimeClass
+// class ("" for the node's runc, with the runtime's default seccomp
+// profile; else Corral's), with the server listening on the node's bridge
+// address, where pods reach it.
+func killableOnKubernetes(t *testing.T, class string) kubeServer {
 	t.Helper()
 	k := kubeServer{cfg: k8stest.Require(t)}
 	k.cs = k8stest.Clientset(t, k.cfg)
@@ -229,19 +231,24 @@ func killableOnKubernetes(t *testing.T) kubeServer {
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
 	k.cfgFile = filepath.Join(dir, "corral.yaml")
+	profile := ""
+	if class != "" {
+		profile = k8stest.SeccompProfile(t, class)
+	}
 	yaml := fmt.Sprintf(`api_token_file: %s
 runtime: kubernetes
 kubernetes:
   kubeconfig: %s
   server_url: http://%s
   pull_policy: Never
+  seccomp_profile: %q
 ai_worker_config:
   namespace: %s
   workspace_pvc: %s
-  runtime_class: ""
+  runtime_class: %q
   service_account: ""
   ai_coder_image: %s
-`, tokenFile, kubeconfig(), k.addr, k.ns, k.claim, k8stest.BusyboxImage)
+`, tokenFile, kubeconfig(), k.addr, profile, k.ns, k.claim, class, k8stest.BusyboxImage)
 	if err := os.WriteFile(tokenFile, []byte(k.token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -98,7 +98,7 @@ const (
 	// cannot reach a socket of the server's host), the server's URL
 	// (http or https) a session's exec agent dials instead of
 	// EnvServerSocket.
-	EnvServerURL = "CORRAL_SERVER_URL"
+	EnvServerURL    = "CORRAL_SERVER_URL"
 	EnvSessionToken = "CORRAL_SESSION_TOKEN"
 	// EnvEgressCA is the certificate (DER, base64) of the CA under which
 	// the egress proxy intercepts the hosts that have credential rules,
