@@ -108,9 +108,27 @@ func testKubernetesSession(t *testing.T, class string) {
 		t.Errorf("the session's directory on the claim: %q, %v", b, err)
 	}
 
-	// Killed and started again: the same pod, its agent dialled in anew.
+	// Killed and started again: the same pod, its agent dialled in anew;
+	// a command that ran through the kill runs on, and its whole output
+	// is read from the next server.
+	through, err := srv.client.Sessions().StartExec(ctx, id, service.SessionCommand{Shell: "echo before; touch started; while [ ! -e go ]; do sleep 0.05; done; echo after; exit 4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the command's start", func() bool {
+		_, err := os.Stat(filepath.Join(k.data, "sessions", id, "started"))
+		return err == nil
+	})
 	srv.kill()
 	srv = k.start(t)
+	if err := os.WriteFile(filepath.Join(k.data, "sessions", id, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	end, err := srv.client.Sessions().ReadExec(ctx, id, through, 0, true, func(o service.ExecOutput) error { out.Write(o.Data); return nil })
+	if err != nil || end == nil || end.ExitCode != 4 || out.String() != "before\nafter\n" {
+		t.Errorf("the command through the kill: %+v, %q, %v; want exit 4 and its two lines once", end, out.String(), err)
+	}
 	if o, _, code := exec(`cat f.txt; echo again >> f.txt`); o != "kept\n" || code != 0 {
 		t.Errorf("after a kill -9: %q, code %d; want the session's file", o, code)
 	}
