@@ -3,10 +3,14 @@
 package e2e_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +23,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/execagent"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
@@ -74,6 +79,21 @@ func testKubernetesSession(t *testing.T, class string) {
 	if p.Labels["app"] != kubernetes.AppWorker || p.Labels["corral.session-id"] != "true" || *p.Spec.AutomountServiceAccountToken ||
 		!*c.SecurityContext.ReadOnlyRootFilesystem || *c.SecurityContext.AllowPrivilegeEscalation || c.SecurityContext.Capabilities.Drop[0] != "ALL" {
 		t.Errorf("the session's pod: labels %v, container security %+v; want a worker pod's", p.Labels, c.SecurityContext)
+	}
+
+	// On the HTTP listener too, only the session's exec agent attaches
+	// as it: neither the session's token nor the API token.
+	for name, token := range map[string]string{"the session's token": created.Token, "the API token": k.token} {
+		conn, err := net.Dial("tcp", k.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST /api/sessions/%s/agent HTTP/1.1\r\nHost: corral\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: %s\r\nContent-Length: 0\r\n\r\n", id, token, execagent.Upgrade)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil || resp.StatusCode != http.StatusForbidden {
+			t.Errorf("%s attaching as the agent over HTTP: %v, %v; want 403", name, resp, err)
+		}
+		conn.Close()
 	}
 
 	exec := func(script string) (stdout, stderr string, code int) {
