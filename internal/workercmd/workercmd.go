@@ -132,9 +132,9 @@ func RunWarm(ctx context.Context, stderr io.Writer) int {
 
 // RunSessionAgent is a session sandbox's main process, corral worker
 // session: the exec agent, dialling the server's unix socket (or, in a
-// pod, the server's URL) with the session's id and token from environ, and running the commands it is
-// sent with environ's other variables, until ctx ends. Without a session
-// in environ it only waits.
+// pod, the server's URL) with the session's id and token from environ,
+// and running the commands it is sent with environ's other variables,
+// until ctx ends. Without a session in environ it only waits.
 func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) int {
 	// The session's token is in the environment, and the commands this
 	// process runs are of its uid: as a task's worker does, it keeps the
