@@ -45,7 +45,7 @@ func rawControl(s string) string {
 
 func TestPrintResultEscapes(t *testing.T) {
 	var buf bytes.Buffer
-	if err := printResult(&buf, hostile(), false); err != nil {
+	if err := printResult(&buf, hostile()); err != nil {
 		t.Fatal(err)
 	}
 	out := strings.ReplaceAll(buf.String(), "\r\n", "\n") // a CRLF in file content is kept
