@@ -23,10 +23,10 @@ import (
 
 func runCmd() *cobra.Command {
 	var (
-		req             service.SpawnRequest
-		limits          service.ResourceRequest
-		follow          bool
-		labelV, attach  []string
+		req            service.SpawnRequest
+		limits         service.ResourceRequest
+		follow         bool
+		labelV, attach []string
 	)
 	cmd := &cobra.Command{
 		Use:   `run "TASK" [flags] [-- CMD ARGS...]`,
