@@ -211,6 +211,15 @@ func table(w io.Writer, header []string, narrow int, wide bool, rows [][]string)
 	return tw.Flush()
 }
 
+// cell is a name for a table's cell: as termsafe.Name shows it, and
+// empty when there is none.
+func cell(s string) string {
+	if s == "" {
+		return ""
+	}
+	return termsafe.Name(s)
+}
+
 // reconnecting tells a person following a task that the stream lost the
 // server and is trying to reach it again.
 func reconnecting(w io.Writer) func(error) {

@@ -29,7 +29,7 @@ var sessionsLister = lister[service.Session]{
 			status += " (" + s.EndReason + ")"
 		}
 		return []string{s.ID, termsafe.Line(status), s.Runtime, termsafe.Line(s.Image), strconv.Itoa(s.Execs), s.CreatedAt.Local().Format("2006-01-02 15:04"),
-			termsafe.Line(s.Network), termsafe.Name(s.Workspace), s.LastUsedAt.Local().Format("2006-01-02 15:04"), s.ForkedFrom}
+			termsafe.Line(s.Network), cell(s.Workspace), s.LastUsedAt.Local().Format("2006-01-02 15:04"), s.ForkedFrom}
 	},
 	id: func(s service.Session) string { return s.ID },
 	version: func(s service.Session) string {

@@ -434,7 +434,7 @@ var tasksLister = lister[task.Task]{
 			dur = (time.Duration(*t.DurationMS) * time.Millisecond).Round(time.Second / 10).String()
 		}
 		return []string{t.ID, string(t.Status), t.Agent, t.CreatedAt.Local().Format(time.DateTime), oneLine(t.Description, 50),
-			t.Runtime, exit, dur, termsafe.Name(t.Workspace), termsafe.Line(t.ConversationID)}
+			t.Runtime, exit, dur, cell(t.Workspace), termsafe.Line(t.ConversationID)}
 	},
 	id:      func(t task.Task) string { return t.ID },
 	version: func(t task.Task) string { return strconv.FormatInt(t.Version, 10) },

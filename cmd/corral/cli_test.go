@@ -1,0 +1,298 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/task"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/ with what the commands print now")
+
+// golden compares got with testdata/name, or with -update writes it there.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test ./cmd/corral -update writes it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from what the command prints (go test ./cmd/corral -update rewrites it):\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+// corral runs the CLI in the test and returns its exit code and outputs.
+func corral(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// commands returns every command of the tree, the root's children first.
+func commands(c *cobra.Command) []*cobra.Command {
+	var out []*cobra.Command
+	for _, s := range c.Commands() {
+		out = append(out, s)
+		out = append(out, commands(s)...)
+	}
+	return out
+}
+
+// TestHelpGolden: every command's help, as corral help CMD prints it,
+// is the one in testdata/help/.
+func TestHelpGolden(t *testing.T) {
+	cmds := append([]*cobra.Command{newRoot()}, commands(newRoot())...)
+	for _, c := range cmds {
+		path := strings.Fields(c.CommandPath())[1:]
+		name := strings.Join(append([]string{"corral"}, path...), "_")
+		if c.Hidden || name == "corral_help" {
+			continue
+		}
+		code, stdout, stderr := corral(t, append([]string{"help"}, path...)...)
+		if code != 0 || stderr != "" {
+			t.Errorf("corral help %s: exit %d, %s", strings.Join(path, " "), code, stderr)
+		}
+		// Defaults that depend on the machine are written as their names.
+		stdout = strings.ReplaceAll(stdout, `"`+runtime.GOARCH+`"`, `"GOARCH"`)
+		golden(t, "help/"+name+".golden", stdout)
+		// CMD --help prints the same.
+		if _, again, _ := corral(t, append(path, "--help")...); strings.ReplaceAll(again, `"`+runtime.GOARCH+`"`, `"GOARCH"`) != stdout {
+			t.Errorf("corral %s --help differs from corral help %[1]s", strings.Join(path, " "))
+		}
+	}
+}
+
+// TestCompletionScripts: corral completion bash|zsh|fish writes the
+// script each shell loads (docs/cli.md says how).
+func TestCompletionScripts(t *testing.T) {
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		code, stdout, stderr := corral(t, "completion", shell)
+		if code != 0 || stderr != "" || !strings.Contains(stdout, "__complete") {
+			t.Errorf("completion %s: exit %d, %s", shell, code, stderr)
+		}
+		golden(t, "completion/corral."+shell, stdout)
+	}
+}
+
+// The fixed data of the test server: tasks and sessions with every
+// column filled, one description trying to act on the terminal.
+var (
+	created = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	tasks   = []task.Task{
+		fixedTask("task-01jdac0000000000000000003", task.Running, nil, "summarise the sales"),
+		fixedTask("task-01jdab0000000000000000002", task.Failed, new(3), "fail \x1b[2J loudly"),
+		fixedTask("task-01jdab0000000000000000001", task.Success, new(0), "count the rows"),
+	}
+	sessions = []service.Session{
+		{ID: "sess-01jdac0000000000000000002", Runtime: "gvisor", Network: "none", Status: service.SessionSuspended, CreatedAt: created, LastUsedAt: created.Add(time.Minute), Execs: 4, IdleTimeout: 1800},
+		{ID: "sess-01jdab0000000000000000001", Runtime: "docker", Image: "python:3.13", Network: "allowlist", Status: service.SessionRunning, CreatedAt: created, LastUsedAt: created.Add(2 * time.Minute), Execs: 1, IdleTimeout: 1800, Workspace: "myapp"},
+		{ID: "sess-01jdaa0000000000000000000", Runtime: "local", Network: "none", Status: service.SessionEnded, EndReason: "deleted", CreatedAt: created, LastUsedAt: created, IdleTimeout: 1800},
+	}
+)
+
+func fixedTask(id string, st task.Status, exit *int, desc string) task.Task {
+	t := task.Task{ID: id, Status: st, Version: 4, CreatedAt: created, UpdatedAt: created.Add(time.Minute), ExitCode: exit}
+	t.Description, t.Agent, t.Runtime, t.Network, t.TimeoutMinutes = desc, task.AgentCommand, "local", "none", 30
+	if st.Terminal() {
+		ms := int64(1500)
+		t.DurationMS = &ms
+	}
+	return t
+}
+
+// fixedServer is the HTTP API (httpapi, as corral serve runs it) over
+// fixed tasks and sessions; run spawns a task that ends at once, as its
+// description says (see spawned).
+type fixedServer struct {
+	service.Tasks
+	mu    sync.Mutex
+	tasks []task.Task
+	spawn map[string]task.Task
+}
+
+func startFixed(t *testing.T) (*fixedServer, string) {
+	t.Helper()
+	fs := &fixedServer{tasks: tasks, spawn: map[string]task.Task{}}
+	hs := httptest.NewServer(httpapi.New(service.Set{Tasks: fs, Sessions: fixedSessions{}, Library: workspaceBackend{}}, workspaceBackend{}, httpapi.Options{SessionGate: fixedSessions{}}, slog.New(slog.DiscardHandler)).Handler())
+	t.Cleanup(hs.Close)
+	// The tables print local time: here, UTC.
+	local := time.Local
+	time.Local = time.UTC
+	t.Cleanup(func() { time.Local = local })
+	return fs, hs.URL
+}
+
+func (f *fixedServer) List(_ context.Context, req service.ListRequest) (service.ListPage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	page := service.ListPage{Tasks: []task.Task{}}
+	for _, t := range f.tasks {
+		if req.Status == "" || string(t.Status) == req.Status {
+			page.Tasks = append(page.Tasks, t)
+		}
+	}
+	return page, nil
+}
+
+func (f *fixedServer) Get(_ context.Context, id string) (task.Task, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, t := range append(f.tasks, f.spawned()...) {
+		if t.ID == id {
+			return t, nil
+		}
+	}
+	return task.Task{}, errdefs.ErrNotFound
+}
+
+func (f *fixedServer) spawned() []task.Task {
+	var out []task.Task
+	for _, t := range f.spawn {
+		out = append(out, t)
+	}
+	return out
+}
+
+// Spawn makes a task that has ended already: "exit N" fails with exit
+// code N, "timeout" times out, "cancel" is cancelled, "fail" fails with
+// no exit code, anything else succeeds.
+func (f *fixedServer) Spawn(_ context.Context, req service.SpawnRequest) (task.Task, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := "task-01jdaz000000000000000000" + string(rune('a'+len(f.spawn)))
+	t := fixedTask(id, task.Success, new(0), req.TaskDescription)
+	switch d := req.TaskDescription; {
+	case strings.HasPrefix(d, "exit "):
+		t.Status = task.Failed
+		n := 0
+		for _, c := range strings.TrimPrefix(d, "exit ") {
+			n = n*10 + int(c-'0')
+		}
+		t.ExitCode = &n
+	case d == "timeout", d == "cancel", d == "fail":
+		t.Status = map[string]task.Status{"timeout": task.Timeout, "cancel": task.Cancelled, "fail": task.Failed}[d]
+		t.ExitCode = nil
+	}
+	f.spawn[id] = t
+	queued := t
+	queued.Status = task.Queued
+	return queued, false, nil
+}
+
+func (f *fixedServer) Events(ctx context.Context, req service.EventsRequest, fn func(eventstore.Event) error) error {
+	if err := fn(eventstore.Event{ID: "ev-1", StreamID: req.TaskID, Type: task.EventCompleted, Data: []byte(`{}`), RecordedAt: created}); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (f *fixedServer) Result(ctx context.Context, req service.ResultRequest) (service.Result, error) {
+	t, err := f.Get(ctx, req.TaskID)
+	return service.Result{Task: t, Done: t.Status.Terminal()}, err
+}
+
+// fixedSessions serves the fixed sessions; no token is a session's own.
+type fixedSessions struct {
+	service.Sessions
+	service.SessionGate
+}
+
+func (fixedSessions) Authorize(string, string) bool { return false }
+
+func (fixedSessions) List(context.Context) ([]service.Session, error) { return sessions, nil }
+
+func (fixedSessions) Get(_ context.Context, id string) (service.Session, error) {
+	for _, s := range sessions {
+		if s.ID == id {
+			return s, nil
+		}
+	}
+	return service.Session{}, errdefs.ErrNotFound
+}
+
+// TestOutputFormats: tasks and sessions, listed and got, in every -o
+// format and with -q, against testdata/output/.
+func TestOutputFormats(t *testing.T) {
+	_, url := startFixed(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"tasks", []string{"tasks"}},
+		{"tasks_wide", []string{"tasks", "-o", "wide"}},
+		{"tasks_name", []string{"tasks", "-o", "name"}},
+		{"tasks_q", []string{"tasks", "-q"}},
+		{"tasks_json", []string{"tasks", "-o", "json"}},
+		{"tasks_json_alias", []string{"tasks", "--json"}},
+		{"tasks_yaml", []string{"tasks", "-o", "yaml"}},
+		{"tasks_failed", []string{"tasks", "--status", "failed"}},
+		{"tasks_get", []string{"tasks", "get", "task-01jdab0000000000000000002"}},
+		{"tasks_get_wide", []string{"tasks", "get", "-o", "wide", "task-01jdab0000000000000000002"}},
+		{"tasks_get_name", []string{"tasks", "get", "-o", "name", "task-01jdab0000000000000000002"}},
+		{"tasks_get_json", []string{"tasks", "get", "-o", "json", "task-01jdab0000000000000000002"}},
+		{"tasks_get_yaml", []string{"tasks", "get", "-o", "yaml", "task-01jdab0000000000000000002"}},
+		{"sessions", []string{"sessions"}},
+		{"sessions_ls_wide", []string{"sessions", "ls", "-o", "wide"}},
+		{"sessions_name", []string{"sessions", "-o", "name"}},
+		{"sessions_q", []string{"sessions", "-q"}},
+		{"sessions_json", []string{"sessions", "-o", "json"}},
+		{"sessions_yaml", []string{"sessions", "-o", "yaml"}},
+		{"sessions_gvisor", []string{"sessions", "ls", "--runtime", "gvisor"}},
+		{"sessions_running", []string{"sessions", "--status", "running", "-q"}},
+		{"sessions_get", []string{"sessions", "get", "sess-01jdab0000000000000000001"}},
+		{"sessions_get_wide", []string{"sessions", "get", "-o", "wide", "sess-01jdab0000000000000000001"}},
+		{"sessions_get_name", []string{"sessions", "get", "-o", "name", "sess-01jdab0000000000000000001"}},
+		{"sessions_get_json", []string{"sessions", "get", "-o", "json", "sess-01jdab0000000000000000001"}},
+		{"sessions_get_yaml", []string{"sessions", "get", "-o", "yaml", "sess-01jdab0000000000000000001"}},
+	} {
+		code, stdout, stderr := corral(t, append(tc.args, "--server", url)...)
+		if code != 0 || stderr != "" {
+			t.Errorf("corral %s: exit %d, %s", strings.Join(tc.args, " "), code, stderr)
+		}
+		golden(t, "output/"+tc.name, stdout)
+		if c := rawControl(stdout); c != "" {
+			t.Errorf("corral %s printed %q raw", strings.Join(tc.args, " "), c)
+		}
+	}
+	// --json is -o json.
+	_, j, _ := corral(t, "tasks", "-o", "json", "--server", url)
+	if _, alias, _ := corral(t, "tasks", "--json", "--server", url); alias != j {
+		t.Error("tasks --json differs from tasks -o json")
+	}
+	for _, bad := range [][]string{
+		{"tasks", "-o", "xml"}, {"tasks", "-q", "-o", "json"}, {"tasks", "--json", "-o", "yaml"},
+		{"sessions", "--runtime", "vmware"}, {"sessions", "--status", "asleep"}, {"result", "-o", "wide", "task-01jdab0000000000000000002"},
+	} {
+		if code, _, stderr := corral(t, append(bad, "--server", url)...); code != exitUsage || !strings.Contains(stderr, "Run 'corral") {
+			t.Errorf("corral %s: exit %d, %q; want 2 and where the usage is", strings.Join(bad, " "), code, stderr)
+		}
+	}
+}
