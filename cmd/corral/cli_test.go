@@ -82,7 +82,11 @@ func TestHelpGolden(t *testing.T) {
 		// Defaults that depend on the machine are written as their names.
 		stdout = strings.ReplaceAll(stdout, `"`+runtime.GOARCH+`"`, `"GOARCH"`)
 		golden(t, "help/"+name+".golden", stdout)
-		// CMD --help prints the same.
+		// CMD --help prints the same, but where the command parses its
+		// own flags (worker).
+		if c.DisableFlagParsing {
+			continue
+		}
 		if _, again, _ := corral(t, append(path, "--help")...); strings.ReplaceAll(again, `"`+runtime.GOARCH+`"`, `"GOARCH"`) != stdout {
 			t.Errorf("corral %s --help differs from corral help %[1]s", strings.Join(path, " "))
 		}
@@ -295,4 +299,136 @@ func TestOutputFormats(t *testing.T) {
 			t.Errorf("corral %s: exit %d, %q; want 2 and where the usage is", strings.Join(bad, " "), code, stderr)
 		}
 	}
+}
+
+// TestIDPrefixes: wherever an id is taken, a unique prefix of it will
+// do, with or without its kind's prefix; an ambiguous one is a usage
+// error that lists the ids it starts, and one that starts none is not
+// found.
+func TestIDPrefixes(t *testing.T) {
+	_, url := startFixed(t)
+	for _, tc := range []struct {
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{[]string{"tasks", "get", "-o", "name", "task-01jdac"}, 0, "task/task-01jdac0000000000000000003\n", ""},
+		{[]string{"tasks", "get", "-o", "name", "01jdab0000000000000000002"}, 0, "task/task-01jdab0000000000000000002\n", ""},
+		{[]string{"tasks", "get", "01jdab"}, exitUsage, "", "corral tasks get: task id prefix \"01jdab\" is ambiguous: it starts 2 ids: task-01jdab0000000000000000002, task-01jdab0000000000000000001\n"},
+		{[]string{"tasks", "get", "zzz"}, exitFailure, "", "corral tasks get: no task id starts with \"zzz\"\n"},
+		{[]string{"result", "task-01jdab0000000000000000001", "-o", "json"}, 0, "", ""},
+		{[]string{"result", "01jdab00000000000000000"}, exitUsage, "", "ambiguous"},
+		{[]string{"sessions", "get", "-o", "name", "sess-01jdac"}, 0, "session/sess-01jdac0000000000000000002\n", ""},
+		{[]string{"sessions", "get", "-o", "name", "01jdaa"}, 0, "session/sess-01jdaa0000000000000000000\n", ""},
+		{[]string{"sessions", "get", "01jda"}, exitUsage, "", "corral sessions get: session id prefix \"01jda\" is ambiguous: it starts 3 ids: sess-01jdac0000000000000000002, sess-01jdab0000000000000000001, sess-01jdaa0000000000000000000\n"},
+		{[]string{"sessions", "get", "task-"}, exitFailure, "", "corral sessions get: no session id starts with \"task-\"\n"},
+	} {
+		code, stdout, stderr := corral(t, append(tc.args, "--server", url)...)
+		if code != tc.code || (tc.stdout != "" && stdout != tc.stdout) || !strings.Contains(stderr, tc.stderr) || (tc.code == 0 && stderr != "") {
+			t.Errorf("corral %s: exit %d, stdout %q, stderr %q; want %d, %q, %q", strings.Join(tc.args, " "), code, stdout, stderr, tc.code, tc.stdout, tc.stderr)
+		}
+	}
+}
+
+// TestDynamicCompletion: the shells' completion asks the server for the
+// ids of tasks (with their status and description) and of sessions that
+// have not ended, with the command's own --server.
+func TestDynamicCompletion(t *testing.T) {
+	_, url := startFixed(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"result", []string{"result", "--server", url, ""}},
+		{"logs_prefix", []string{"logs", "--server", url, "task-01jdab"}},
+		{"exec", []string{"exec", "--server", url, ""}},
+		{"exec_second_arg", []string{"exec", "--server", url, "sess-01jdab0000000000000000001", ""}},
+		{"run_session_flag", []string{"run", "--server", url, "--session", ""}},
+		{"sessions_rm", []string{"sessions", "rm", "--server", url, "sess-"}},
+		{"tasks_output_flag", []string{"tasks", "-o", ""}},
+		{"run_runtime_flag", []string{"run", "--runtime", ""}},
+		{"no_server", []string{"cancel", "--server", closedURL(t), ""}},
+	} {
+		code, stdout, _ := corral(t, append([]string{cobra.ShellCompRequestCmd}, tc.args...)...)
+		if code != 0 {
+			t.Errorf("completion of %s: exit %d", strings.Join(tc.args, " "), code)
+		}
+		golden(t, "completion/dynamic_"+tc.name, strings.ReplaceAll(stdout, url, "URL"))
+	}
+}
+
+// TestRunFollowExitCodes: run --follow exits with the task's own exit
+// code, and for a task without one with 1, 124 or 130 as it failed, timed
+// out or was cancelled.
+func TestRunFollowExitCodes(t *testing.T) {
+	_, url := startFixed(t)
+	for _, tc := range []struct {
+		desc string
+		code int
+	}{
+		{"ok", 0}, {"exit 3", 3}, {"exit 1", 1}, {"exit 255", 255}, {"exit 300", exitFailure},
+		{"fail", exitFailure}, {"timeout", exitTimeout}, {"cancel", exitCancelled},
+	} {
+		code, stdout, stderr := corral(t, "run", "--follow", "--server", url, tc.desc, "--", "true")
+		if code != tc.code || !strings.Contains(stdout, "status:") || !strings.Contains(stderr, " queued\n") {
+			t.Errorf("run --follow %q: exit %d, stdout %q, stderr %q; want exit %d", tc.desc, code, stdout, stderr, tc.code)
+		}
+	}
+	// -o json prints the result as JSON, and the exit code is the same.
+	if code, stdout, _ := corral(t, "run", "-f", "-o", "json", "--server", url, "exit 4"); code != 4 || !strings.Contains(stdout, `"exit_code": 4`) {
+		t.Errorf("run -f -o json: exit %d, %q", code, stdout)
+	}
+}
+
+// TestWatch: tasks --watch prints the list, then each task again when it
+// changes, until interrupted.
+func TestWatch(t *testing.T) {
+	fs, url := startFixed(t)
+	watchInterval = 10 * time.Millisecond
+	t.Cleanup(func() { watchInterval = 2 * time.Second })
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout syncBuffer
+	done := make(chan int)
+	go func() { done <- run(ctx, []string{"tasks", "--watch", "-o", "name", "--server", url}, &stdout, &stdout) }()
+	waitFor(t, &stdout, "task/task-01jdab0000000000000000001\n")
+	fs.mu.Lock()
+	fs.tasks = append([]task.Task{}, tasks...)
+	fs.tasks[0].Status, fs.tasks[0].Version = task.Success, 5
+	fs.mu.Unlock()
+	waitFor(t, &stdout, "task/task-01jdab0000000000000000001\ntask/task-01jdac0000000000000000003\n")
+	cancel()
+	if code := <-done; code != 0 {
+		t.Errorf("tasks --watch: exit %d after an interrupt", code)
+	}
+	if got, want := stdout.String(), "task/task-01jdac0000000000000000003\ntask/task-01jdab0000000000000000002\ntask/task-01jdab0000000000000000001\ntask/task-01jdac0000000000000000003\n"; got != want {
+		t.Errorf("tasks --watch printed %q, want %q", got, want)
+	}
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func waitFor(t *testing.T, b *syncBuffer, suffix string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if strings.HasSuffix(b.String(), suffix) {
+			return
+		}
+	}
+	t.Fatalf("no %q at the end of %q", suffix, b.String())
 }
