@@ -23,6 +23,13 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 )
 
+// TestMain makes the tables' local time UTC, before any test runs (time.Local
+// is not to be changed while another goroutine reads the time).
+func TestMain(m *testing.M) {
+	time.Local = time.UTC
+	os.Exit(m.Run())
+}
+
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/ with what the commands print now")
 
 // golden compares got with testdata/name, or with -update writes it there.
@@ -146,10 +153,6 @@ func startFixed(t *testing.T) (*fixedServer, string) {
 	fs := &fixedServer{tasks: tasks, spawn: map[string]task.Task{}}
 	hs := httptest.NewServer(httpapi.New(service.Set{Tasks: fs, Sessions: fixedSessions{}, Library: workspaceBackend{}}, workspaceBackend{}, httpapi.Options{SessionGate: fixedSessions{}}, slog.New(slog.DiscardHandler)).Handler())
 	t.Cleanup(hs.Close)
-	// The tables print local time: here, UTC.
-	local := time.Local
-	time.Local = time.UTC
-	t.Cleanup(func() { time.Local = local })
 	return fs, hs.URL
 }
 
@@ -390,7 +393,9 @@ func TestWatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout syncBuffer
 	done := make(chan int)
-	go func() { done <- run(ctx, []string{"tasks", "--watch", "-o", "name", "--server", url}, &stdout, &stdout) }()
+	go func() {
+		done <- run(ctx, []string{"tasks", "--watch", "-o", "name", "--server", url}, &stdout, &stdout)
+	}()
 	waitFor(t, &stdout, "task/task-01jdab0000000000000000001\n")
 	fs.mu.Lock()
 	fs.tasks = append([]task.Task{}, tasks...)
