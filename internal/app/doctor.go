@@ -268,7 +268,10 @@ func agentVersion(ctx context.Context, bin, name string) string {
 	// started: Output would otherwise wait for a child that holds the pipe.
 	cmd.WaitDelay = time.Second
 	out, err := cmd.Output()
-	if err != nil {
+	if ctx.Err() != nil {
+		return fmt.Sprintf("installed (version unknown: no answer to --version within %s)", agentVersionWait)
+	}
+	if err != nil && !errors.Is(err, exec.ErrWaitDelay) { // a child left behind holds the pipe, not the answer
 		return "installed (version unknown: " + err.Error() + ")"
 	}
 	return fmt.Sprintf("installed, %s", strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]))
