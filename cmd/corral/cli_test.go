@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
+	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -436,4 +439,91 @@ func waitFor(t *testing.T, b *syncBuffer, suffix string) {
 		}
 	}
 	t.Fatalf("no %q at the end of %q", suffix, b.String())
+}
+
+// TestDoctorAsksTheServer: doctor shows the server's checks (GET
+// /api/health) first, then this machine's; a required check that fails
+// on the server fails the doctor.
+func TestDoctorAsksTheServer(t *testing.T) {
+	checked := time.Date(2026, 11, 29, 9, 0, 0, 0, time.UTC)
+	hs := httptest.NewServer(httpapi.New(service.Set{Library: workspaceBackend{}}, workspaceBackend{}, httpapi.Options{
+		Version: "v9.9.9",
+		Doctor: func(context.Context) ([]httpapi.Check, time.Time) {
+			return []httpapi.Check{
+				{Name: "runtime local", OK: true, Detail: "bubblewrap on the server"},
+				{Name: "agent claude", Detail: "no credentials \x1b[2J", Fix: "set ANTHROPIC_API_KEY", Required: true},
+			}, checked
+		},
+	}, slog.New(slog.DiscardHandler)).Handler())
+	defer hs.Close()
+	cfg := filepath.Join(t.TempDir(), "corral.yaml")
+	if err := os.WriteFile(cfg, []byte("data: "+filepath.Join(filepath.Dir(cfg), "data")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := corral(t, "doctor", "--server", hs.URL, "--config", cfg)
+	server := strings.Index(stdout, "server "+hs.URL+" (corral v9.9.9, ready; checked 2026-11-29 09:00:00):\nok   runtime local ")
+	fail := strings.Index(stdout, "FAIL agent claude                                  no credentials \\x1b[2J\n")
+	local := strings.Index(stdout, "\nthis machine (configuration: "+cfg)
+	if code != exitFailure || server < 0 || fail < server || local < fail || stderr != "" {
+		t.Errorf("doctor: exit %d, stderr %q, stdout:\n%s\nwant 1, the server's checks, then this machine's", code, stderr, stdout)
+	}
+	_, stdout, _ = corral(t, "doctor", "--server", hs.URL, "--config", cfg, "-o", "json")
+	var rep doctorReport
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil || rep.Server == nil || len(rep.Server.Checks) != 2 || len(rep.Local) == 0 || rep.ServerURL != hs.URL {
+		t.Errorf("doctor -o json: %v\n%s", err, stdout)
+	}
+	// No server: said, and this machine's checks all the same.
+	url := closedURL(t)
+	code, stdout, _ = corral(t, "doctor", "--server", url, "--config", cfg)
+	if !strings.HasPrefix(stdout, "server "+url+": no corral server is running at "+url+"\n\nthis machine") || code == exitUnreachable {
+		t.Errorf("doctor without a server: exit %d:\n%s", code, stdout)
+	}
+}
+
+// TestExecOnceNetwork: exec-once --network names a network, as run's
+// does: none (the default) or the server's own policy; a mode
+// code_execute cannot give is a usage error, not the network turned on.
+func TestExecOnceNetwork(t *testing.T) {
+	var got []service.ExecRequest
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/exec", func(w http.ResponseWriter, r *http.Request) {
+		var req service.ExecRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		got = append(got, req)
+		io.WriteString(w, `{"task_id":"task-1","status":"success","success":true,"exit_code":0,"stdout":"hi\n","stderr":"","output_files":[]}`)
+	})
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	for _, tc := range []struct {
+		args    []string
+		code    int
+		network bool
+	}{
+		{[]string{"exec-once", "--", "true"}, 0, false},
+		{[]string{"exec-once", "--network", "none", "--", "true"}, 0, false},
+		{[]string{"exec-once", "--network", "default", "--", "true"}, 0, true},
+		{[]string{"exec-once", "--network", "open", "--", "true"}, exitUsage, false},
+		{[]string{"exec-once", "--network", "--", "true"}, exitUsage, false},
+	} {
+		got = nil
+		code, _, stderr := corral(t, append([]string{tc.args[0], "--server", hs.URL}, tc.args[1:]...)...)
+		if code != tc.code || (code == 0 && (len(got) != 1 || got[0].Network != tc.network || got[0].Command != "true")) || (code != 0 && len(got) != 0) {
+			t.Errorf("corral %s: exit %d (%s), sent %+v; want exit %d, network %v", strings.Join(tc.args, " "), code, stderr, got, tc.code, tc.network)
+		}
+	}
+}
+
+// TestPagingHintOnStderr: the next page's command goes to stderr, where it
+// does not break a pipe of ids.
+func TestPagingHintOnStderr(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/tasks", func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"tasks":[{"task_id":"task-01jdab0000000000000000001","status":"queued"}],"next_cursor":"task-01jdab0000000000000000001"}`)
+	})
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	code, stdout, stderr := corral(t, "tasks", "-q", "--limit", "1", "--server", hs.URL)
+	if code != 0 || stdout != "task-01jdab0000000000000000001\n" || stderr != "more: corral tasks --cursor task-01jdab0000000000000000001\n" {
+		t.Errorf("tasks -q: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
 }
