@@ -89,18 +89,23 @@ func TestHelpGolden(t *testing.T) {
 		if code != 0 || stderr != "" {
 			t.Errorf("corral help %s: exit %d, %s", strings.Join(path, " "), code, stderr)
 		}
-		// Defaults that depend on the machine are written as their names.
-		stdout = strings.ReplaceAll(stdout, `"`+runtime.GOARCH+`"`, `"GOARCH"`)
+		stdout = machineFree(stdout)
 		golden(t, "help/"+name+".golden", stdout)
 		// CMD --help prints the same, but where the command parses its
 		// own flags (worker).
 		if c.DisableFlagParsing {
 			continue
 		}
-		if _, again, _ := corral(t, append(path, "--help")...); strings.ReplaceAll(again, `"`+runtime.GOARCH+`"`, `"GOARCH"`) != stdout {
+		if _, again, _ := corral(t, append(path, "--help")...); machineFree(again) != stdout {
 			t.Errorf("corral %s --help differs from corral help %[1]s", strings.Join(path, " "))
 		}
 	}
+}
+
+// machineFree is help with the defaults that depend on the machine or the
+// build written as their names.
+func machineFree(help string) string {
+	return strings.NewReplacer(`"`+runtime.GOARCH+`"`, `"GOARCH"`, `"`+defaultServerImage()+`"`, `"corral:VERSION"`).Replace(help)
 }
 
 // TestCompletionScripts: corral completion bash|zsh|fish writes the

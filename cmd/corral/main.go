@@ -148,9 +148,10 @@ terminal. ws cat and attachments get -o - write a file's exact bytes to a
 pipe or a file, and escape them only when stdout is a terminal.
 
 Exit codes: 0 success; 1 failure; 2 a bad command line or a request the
-server refused as invalid; 69 no server at the address; run --follow, exec
-and exec-once exit with the command's own code (124 timed out, 130
-cancelled). docs/cli.md has the rest.`
+server refused as invalid; 69 no server at the address. run --follow,
+exec and exec-once exit with the task's or the command's own code; a
+followed task without one exits 1 failed, 124 timed out, 130 cancelled.
+docs/cli.md has the rest.`
 
 // newRoot builds the command tree.
 func newRoot() *cobra.Command {
