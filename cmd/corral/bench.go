@@ -8,9 +8,10 @@ import (
 	"os"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/corral-dev/corral/internal/bench"
 	"github.com/corral-dev/corral/internal/config"
-	"github.com/spf13/cobra"
 )
 
 // benchCmd is corral bench: task overhead against bare bubblewrap; corral

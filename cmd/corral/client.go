@@ -72,6 +72,8 @@ const (
 	formatYAML  = "yaml"
 	formatWide  = "wide"
 	formatName  = "name"
+	// formatQuiet is -q's: the ids alone. It is no value of -o.
+	formatQuiet = "quiet"
 )
 
 var (
@@ -111,9 +113,6 @@ func (o *output) get() (string, error) {
 	}
 	return o.format, nil
 }
-
-// structured reports whether the format is JSON or YAML, not text.
-func structured(format string) bool { return format == formatJSON || format == formatYAML }
 
 // print writes v as JSON or YAML when the format says so, and otherwise
 // calls text.

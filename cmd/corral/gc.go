@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/spf13/cobra"
+
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/termsafe"
-	"github.com/spf13/cobra"
 )
 
 // gcCmd is `corral gc [--dry-run]`: a retention sweep now.

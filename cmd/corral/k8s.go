@@ -9,11 +9,12 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/spf13/cobra"
+
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/k8srender"
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
-	"github.com/spf13/cobra"
 )
 
 // k8sCmd is `corral k8s render`: the manifests that run Corral in a

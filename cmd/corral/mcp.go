@@ -8,13 +8,14 @@ import (
 	"os"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/mcpserver"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/tools"
-	"github.com/spf13/cobra"
 )
 
 // mcpCmd serves the tool catalogue over MCP on stdin and stdout, for a host

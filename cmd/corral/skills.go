@@ -6,9 +6,10 @@ import (
 	"os"
 	"strings"
 
+	"github.com/spf13/cobra"
+
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/termsafe"
-	"github.com/spf13/cobra"
 )
 
 // skillsCmd is corral skills [ls] | show NAME | create: the skills in

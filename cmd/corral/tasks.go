@@ -12,13 +12,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/termsafe"
-	"github.com/spf13/cobra"
 )
 
 func runCmd() *cobra.Command {
@@ -315,7 +316,7 @@ func (l *listFlags) format() (string, error) {
 		if f != formatTable {
 			return "", usagef("-q and -o %s contradict each other", f)
 		}
-		f = "quiet"
+		f = formatQuiet
 	}
 	return f, err
 }
@@ -334,7 +335,7 @@ type lister[T any] struct {
 // print writes items in format; the table's header unless noHeader.
 func (ls lister[T]) print(w io.Writer, format string, items []T, noHeader bool) error {
 	switch format {
-	case "quiet", formatName:
+	case formatQuiet, formatName:
 		for _, it := range items {
 			if format == formatName {
 				fmt.Fprint(w, ls.kind, "/")
