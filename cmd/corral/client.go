@@ -162,8 +162,10 @@ func printYAML(w io.Writer, v any) error {
 	if err != nil {
 		return err
 	}
+	// JSON is YAML; YAML refuses the raw C1 controls JSON leaves, but
+	// reads them in \u notation.
 	var doc yaml.Node
-	if err := yaml.Unmarshal(b, &doc); err != nil {
+	if err := yaml.Unmarshal(termsafe.JSON(b), &doc); err != nil {
 		return err
 	}
 	plainStyle(&doc)
