@@ -86,7 +86,7 @@ func (d *Doc) Schema(tb testing.TB, ptr string) *jsonschema.Schema {
 // must be documented (or the default, which is the error body), and its
 // body valid against the schema of its media type. An NDJSON body is
 // checked line by line; a body of a media type whose schema is a plain
-// string (text, bytes, event streams) is not read. It returns the body.
+// string (text, bytes, event streams) is not read.
 func (d *Doc) Check(tb testing.TB, method, path string, resp *http.Response, body []byte) {
 	tb.Helper()
 	ops, ok := d.Paths[path]
@@ -115,10 +115,20 @@ func (d *Doc) Check(tb testing.TB, method, path string, resp *http.Response, bod
 		json.Unmarshal(d.at(tb, ptr), &ref)
 		r = ref
 	}
-	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	// The most specific media type range the document has for the
+	// answer's type.
+	typ, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	major, _, _ := strings.Cut(typ, "/")
+	var mt string
+	for _, rng := range []string{typ, major + "/*", "*/*"} {
+		if _, ok := r.Content[rng]; ok {
+			mt = rng
+			break
+		}
+	}
 	c, ok := r.Content[mt]
 	if !ok {
-		tb.Errorf("%s %s: answer %d of type %q is not documented (documented: %v)", method, path, resp.StatusCode, mt, keys(r.Content))
+		tb.Errorf("%s %s: answer %d of type %q is not documented (documented: %v)", method, path, resp.StatusCode, typ, keys(r.Content))
 		return
 	}
 	var plain struct {
