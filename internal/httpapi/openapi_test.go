@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/httpapi/openapitest"
+	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // notInDocument are the routes the OpenAPI document leaves out, each for
@@ -99,5 +101,16 @@ func TestOpenAPIServed(t *testing.T) {
 	var v map[string]any
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" || json.NewDecoder(resp.Body).Decode(&v) != nil || v["openapi"] != "3.1.0" {
 		t.Errorf("GET /api/openapi.json without a token: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+}
+
+// The clients' types (clients/python/corral_client/types.py and
+// clients/typescript/src/types.ts) are what clients/gen_types.py makes of
+// the document now.
+func TestClientTypesMatchTheDocument(t *testing.T) {
+	testenv.RequireBinary(t, "python3", "apt-get install -y python3")
+	out, err := exec.Command("python3", "../../clients/gen_types.py", "--check").CombinedOutput()
+	if err != nil {
+		t.Errorf("%v: %s", err, out)
 	}
 }
