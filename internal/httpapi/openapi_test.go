@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -8,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/httpapi/openapitest"
@@ -52,10 +55,21 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 	}
 }
 
-// The document is OpenAPI 3.1 whose every schema compiles (each $ref
-// resolves) and whose every operation has an id of its own, which the
-// clients and docs/http-api.md name it by.
+// The document is valid OpenAPI 3.1 (kin-openapi's validation: path
+// parameters match the templates, responses and references are whole),
+// every schema compiles as JSON Schema 2020-12, and every operation has an
+// id of its own, which the clients and docs/http-api.md name it by.
 func TestOpenAPIDocumentIsWhole(t *testing.T) {
+	loaded, err := openapi3.NewLoader().LoadFromData(httpapi.OpenAPI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !loaded.IsOpenAPI31OrLater() {
+		t.Errorf("openapi %q, want 3.1", loaded.OpenAPI)
+	}
+	if err := loaded.Validate(context.Background()); err != nil {
+		t.Errorf("openapi.json is not valid OpenAPI: %v", err)
+	}
 	var d struct {
 		OpenAPI    string `json:"openapi"`
 		Components struct {
