@@ -80,6 +80,7 @@ type (
 		OneOf      []apiSchema          `json:"oneOf"`
 		Properties map[string]apiSchema `json:"properties"`
 		Required   []string             `json:"required"`
+		Desc       string               `json:"description"`
 		Additional json.RawMessage      `json:"additionalProperties"`
 	}
 )
@@ -222,17 +223,21 @@ func renderAPIDoc(t *testing.T) []byte {
 	for _, name := range sortedKeys(d.Comp.Schemas) {
 		s := d.Comp.Schemas[name]
 		p("### %s\n\n", name)
+		if s.Desc != "" {
+			p("%s\n\n", s.Desc)
+		}
 		if s.Properties == nil {
 			p("%s\n\n", typeOf(s))
 			continue
 		}
-		p("| Field | Type | Required |\n|---|---|---|\n")
+		p("| Field | Type | Required | Description |\n|---|---|---|---|\n")
 		for _, f := range sortedKeys(s.Properties) {
 			req := ""
 			if slices.Contains(s.Required, f) {
 				req = "yes"
 			}
-			p("| `%s` | %s | %s |\n", f, typeOf(s.Properties[f]), req)
+			desc := strings.ReplaceAll(s.Properties[f].Desc, "|", "\\|")
+			p("| `%s` | %s | %s | %s |\n", f, typeOf(s.Properties[f]), req, desc)
 		}
 		p("\n")
 	}

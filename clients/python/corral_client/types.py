@@ -350,7 +350,7 @@ class Session(TypedDict):
     resources: NotRequired[Resources]
     runtime: str
     session_id: str
-    status: str
+    status: Literal["running", "suspended", "ended"]
     workspace: NotRequired[str]
 
 
@@ -451,7 +451,7 @@ class SpawnRequest(TypedDict):
 
 class SpawnResponse(TypedDict):
     existing: NotRequired[bool]
-    status: str
+    status: Literal["pending", "queued", "starting", "running", "success", "failed", "timeout", "cancelled"]
     task_id: str
 
 
@@ -500,7 +500,7 @@ class Task(TypedDict):
     session_id: NotRequired[str]
     shared_outputs: NotRequired[SharedOutputs]
     started_at: NotRequired[str]
-    status: str
+    status: Literal["pending", "queued", "starting", "running", "success", "failed", "timeout", "cancelled"]
     summary: NotRequired[str]
     task_description: str
     task_id: str
@@ -566,7 +566,7 @@ class TaskResult(TypedDict):
     session_id: NotRequired[str]
     shared_outputs: NotRequired[SharedOutputs]
     started_at: NotRequired[str]
-    status: str
+    status: Literal["pending", "queued", "starting", "running", "success", "failed", "timeout", "cancelled"]
     summary: NotRequired[str]
     task_description: str
     task_id: str

@@ -345,7 +345,7 @@ export interface Session {
   resources?: Resources;
   runtime: string;
   session_id: string;
-  status: string;
+  status: "running" | "suspended" | "ended";
   workspace?: string;
 }
 
@@ -446,7 +446,7 @@ export interface SpawnRequest {
 
 export interface SpawnResponse {
   existing?: boolean;
-  status: string;
+  status: "pending" | "queued" | "starting" | "running" | "success" | "failed" | "timeout" | "cancelled";
   task_id: string;
 }
 
@@ -495,7 +495,7 @@ export interface Task {
   session_id?: string;
   shared_outputs?: SharedOutputs;
   started_at?: string;
-  status: string;
+  status: "pending" | "queued" | "starting" | "running" | "success" | "failed" | "timeout" | "cancelled";
   summary?: string;
   task_description: string;
   task_id: string;
@@ -561,7 +561,7 @@ export interface TaskResult {
   session_id?: string;
   shared_outputs?: SharedOutputs;
   started_at?: string;
-  status: string;
+  status: "pending" | "queued" | "starting" | "running" | "success" | "failed" | "timeout" | "cancelled";
   summary?: string;
   task_description: string;
   task_id: string;
