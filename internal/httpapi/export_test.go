@@ -5,10 +5,14 @@ import (
 	"net/http"
 )
 
-// RoutePatterns are the patterns a server registers, /mcp's among them.
-func RoutePatterns() []string {
+// RoutePatterns are the patterns a server registers, /mcp's among them,
+// and those of its unix socket's handler.
+func RoutePatterns() (api, socket []string) {
 	s := newTestServer(&stub{}, Options{MCP: http.NotFoundHandler()}, slog.New(slog.DiscardHandler))
-	return s.patterns
+	for _, r := range s.socketRoutes() {
+		socket = append(socket, r.pattern)
+	}
+	return s.patterns, socket
 }
 
 // NewTestHandler is the handler of a server with token and no backend.

@@ -202,22 +202,37 @@ func (s *Server) Handler() http.Handler { return stallGuard(s.mux, s.opts.BodySt
 // socket that sandboxes reach.
 func (s *Server) WebhookHandler() http.Handler {
 	m := http.NewServeMux()
-	m.Handle("POST /api/webhooks/worker-complete", s.wrap(s.workerComplete, fromWorker))
-	m.Handle("POST /api/webhooks/worker-progress", s.wrap(s.workerProgress, fromWorker))
-	// An agent working through a session runs its commands here, with that
-	// session's token alone: every sandbox reaches this socket.
-	m.Handle("POST /api/sessions/{id}/exec", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
-		return s.execSession(w, r, s.sessionTokenCaller)
-	}, fromWorker|jsonBody))
-	m.Handle("GET /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
-		return s.readExec(w, r, s.sessionTokenCaller)
-	}, fromWorker))
-	m.Handle("DELETE /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
-		return s.killExec(w, r, s.sessionTokenCaller)
-	}, fromWorker))
-	// A session's exec agent dials in here from inside its sandbox.
-	m.Handle("POST /api/sessions/{id}/agent", s.wrap(s.attachAgent, fromWorker))
+	for _, r := range s.socketRoutes() {
+		m.Handle(r.pattern, r.h)
+	}
 	return stallGuard(m, s.opts.BodyStall)
+}
+
+// socketRoute is a route of the unix socket's handler.
+type socketRoute struct {
+	pattern string
+	h       http.Handler
+}
+
+// socketRoutes are WebhookHandler's routes.
+func (s *Server) socketRoutes() []socketRoute {
+	return []socketRoute{
+		{"POST /api/webhooks/worker-complete", s.wrap(s.workerComplete, fromWorker)},
+		{"POST /api/webhooks/worker-progress", s.wrap(s.workerProgress, fromWorker)},
+		// An agent working through a session runs its commands here, with
+		// that session's token alone: every sandbox reaches this socket.
+		{"POST /api/sessions/{id}/exec", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+			return s.execSession(w, r, s.sessionTokenCaller)
+		}, fromWorker|jsonBody)},
+		{"GET /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+			return s.readExec(w, r, s.sessionTokenCaller)
+		}, fromWorker)},
+		{"DELETE /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+			return s.killExec(w, r, s.sessionTokenCaller)
+		}, fromWorker)},
+		// A session's exec agent dials in here from inside its sandbox.
+		{"POST /api/sessions/{id}/agent", s.wrap(s.attachAgent, fromWorker)},
+	}
 }
 
 // route says what wrap checks before a handler.
