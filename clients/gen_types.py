@@ -5,7 +5,8 @@ Every schema of internal/httpapi/openapi.json's components becomes a
 TypedDict in clients/python/corral_client/types.py and an interface in
 clients/typescript/src/types.ts. With --check it writes nothing and exits 1
 if either file is not what the document makes (the Go test
-TestClientTypesMatchTheDocument runs it so).
+TestClientTypesMatchTheDocument runs it so). go generate ./internal/httpapi
+runs it.
 """
 import json
 import pathlib
@@ -112,7 +113,7 @@ def main():
     if sys.argv[1:] == ["--check"]:
         stale = [str(f.relative_to(ROOT)) for f, want in ((PY, py), (TS, ts)) if not f.exists() or f.read_text() != want]
         if stale:
-            print("stale, run python3 clients/gen_types.py: " + ", ".join(stale), file=sys.stderr)
+            print("stale, run go generate ./internal/httpapi: " + ", ".join(stale), file=sys.stderr)
             sys.exit(1)
         return
     PY.write_text(py)

@@ -19,8 +19,8 @@ var update = flag.Bool("update", false, "rewrite docs/http-api.md from openapi.j
 // apiDocPath is the HTTP API reference, made from the OpenAPI document.
 const apiDocPath = "../../docs/http-api.md"
 
-// docs/http-api.md is what the OpenAPI document makes of it; go test
-// ./internal/httpapi -run TestHTTPAPIDoc -update rewrites it.
+// docs/http-api.md is what the OpenAPI document makes of it; go generate
+// ./internal/httpapi (go test -run TestHTTPAPIDoc -update) rewrites it.
 func TestHTTPAPIDoc(t *testing.T) {
 	got := renderAPIDoc(t)
 	if *update {
@@ -31,7 +31,7 @@ func TestHTTPAPIDoc(t *testing.T) {
 	}
 	want, err := os.ReadFile(apiDocPath)
 	if err != nil || !bytes.Equal(want, got) {
-		t.Errorf("docs/http-api.md is not what openapi.json makes (%v): run go test ./internal/httpapi -run TestHTTPAPIDoc -update", err)
+		t.Errorf("docs/http-api.md is not what openapi.json makes (%v): run go generate ./internal/httpapi", err)
 	}
 }
 
@@ -149,7 +149,7 @@ func renderAPIDoc(t *testing.T) []byte {
 	var b bytes.Buffer
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p("# HTTP API reference\n\n")
-	p("<!-- Made from internal/httpapi/openapi.json by `go test ./internal/httpapi -run TestHTTPAPIDoc -update`: edit the document, not this file. -->\n\n")
+	p("<!-- Made from internal/httpapi/openapi.json by `go generate ./internal/httpapi`: edit the document, not this file. -->\n\n")
 	p("%s\n\n", d.Info.Description)
 	p("The machine-readable document is served at `GET /api/openapi.json` (no token needed). ")
 	p("Typed clients made from it: Python in [clients/python](../clients/python/README.md), TypeScript in [clients/typescript](../clients/typescript/README.md).\n\n")

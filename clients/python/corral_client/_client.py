@@ -269,15 +269,23 @@ class AsyncClient:
     async def health(self) -> Health:
         return await asyncio.to_thread(self._c.health)
 
-    async def spawn(self, task_description: str, **fields: Any) -> SpawnResponse:
-        """Queues a task; see Client.spawn."""
-        return await asyncio.to_thread(lambda: self._c.spawn(task_description, **fields))
+    async def spawn(self, task_description: str, *, agent: str | None = None, command: Sequence[str] | None = None,
+                    workspace: str | None = None, runtime: str | None = None, labels: Mapping[str, str] | None = None,
+                    idempotency_key: str | None = None, timeout_minutes: int | None = None, **fields: Any) -> SpawnResponse:
+        """Queues a task; any other field of SpawnRequest goes in fields."""
+        return await asyncio.to_thread(lambda: self._c.spawn(
+            task_description, agent=agent, command=command, workspace=workspace, runtime=runtime, labels=labels,
+            idempotency_key=idempotency_key, timeout_minutes=timeout_minutes, **fields))
 
     async def get_task(self, task_id: str) -> Task:
         return await asyncio.to_thread(self._c.get_task, task_id)
 
-    async def list_tasks(self, **query: Any) -> TaskPage:
-        return await asyncio.to_thread(lambda: self._c.list_tasks(**query))
+    async def list_tasks(self, *, status: str | None = None, workspace: str | None = None,
+                         conversation_id: str | None = None, limit: int | None = None,
+                         cursor: str | None = None) -> TaskPage:
+        """A page of tasks, newest first; the next page's cursor is next_cursor."""
+        return await asyncio.to_thread(lambda: self._c.list_tasks(
+            status=status, workspace=workspace, conversation_id=conversation_id, limit=limit, cursor=cursor))
 
     async def result(self, task_id: str, *, wait: float | None = None, include_file_contents: Iterable[str] = ()) -> TaskResult:
         return await asyncio.to_thread(lambda: self._c.result(task_id, wait=wait, include_file_contents=include_file_contents))
@@ -297,8 +305,12 @@ class AsyncClient:
     async def execute(self, command: str, **fields: Any) -> ExecResult:
         return await asyncio.to_thread(lambda: self._c.execute(command, **fields))
 
-    async def create_session(self, **fields: Any) -> SessionCreated:
-        return await asyncio.to_thread(lambda: self._c.create_session(**fields))
+    async def create_session(self, *, runtime: str | None = None, workspace: str | None = None,
+                             network: str | None = None, labels: Mapping[str, str] | None = None,
+                             **fields: Any) -> SessionCreated:
+        """Starts a session; its token is in the answer only."""
+        return await asyncio.to_thread(lambda: self._c.create_session(
+            runtime=runtime, workspace=workspace, network=network, labels=labels, **fields))
 
     async def get_session(self, session_id: str) -> Session:
         return await asyncio.to_thread(self._c.get_session, session_id)
@@ -309,10 +321,12 @@ class AsyncClient:
     async def delete_session(self, session_id: str) -> Session:
         return await asyncio.to_thread(self._c.delete_session, session_id)
 
-    async def exec(self, session_id: str, command: str | Sequence[str], **fields: Any) -> AsyncIterator[ExecChunk]:
+    async def exec(self, session_id: str, command: str | Sequence[str], *, cwd: str | None = None,
+                   env: Mapping[str, str] | None = None, stdin: str | None = None,
+                   timeout_seconds: int | None = None) -> AsyncIterator[ExecChunk]:
         """Runs a command in a session, yielding its stream's chunks as they
         come; see Client.exec."""
-        it = self._c.exec(session_id, command, **fields)
+        it = self._c.exec(session_id, command, cwd=cwd, env=env, stdin=stdin, timeout_seconds=timeout_seconds)
         done = object()
         try:
             while True:
