@@ -11,8 +11,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from .errors import CorralError
 from .types import (
@@ -35,7 +35,9 @@ from .types import (
     WorkspaceListing,
 )
 
-DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_URL = "http://127.0.0.1:7777"
+
+T = TypeVar("T")
 
 
 def _drop_none(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -145,6 +147,23 @@ class Client:
         """A task's events so far."""
         return cast(list[Event], self._json("GET", "/api/tasks/" + _quote(task_id) + "/events", query={"after": after})["events"])
 
+    def follow_events(self, task_id: str | None = None, *, after: str | None = None) -> Iterator[Event]:
+        """Yields events as they are recorded (server-sent events): a task's,
+        or every task's when task_id is None; from the event after the id
+        after, or the first. It goes on until the caller stops; a stream
+        cut off resumes with after set to the last event's event_id."""
+        path = "/api/tasks/" + _quote(task_id) + "/events" if task_id else "/api/events"
+        with self._open("GET", path, query={"after": after}, accept="text/event-stream") as resp:
+            data: list[str] = []
+            for raw in resp:
+                line = raw.decode("utf-8").rstrip("\r\n")
+                if not line:
+                    if data:
+                        yield cast(Event, json.loads("\n".join(data)))
+                    data = []
+                elif line.startswith("data:"):
+                    data.append(line[5:].removeprefix(" "))
+
     def task_logs(self, task_id: str, *, stream: str | None = None) -> str:
         """A task's output so far (stdout and stderr, or the one stream named)."""
         return self._bytes("GET", "/api/tasks/" + _quote(task_id) + "/logs", query={"stream": stream}).decode("utf-8", "replace")
@@ -242,6 +261,23 @@ def chunk_bytes(chunk: ExecChunk) -> bytes:
     return chunk.get("data", "").encode()
 
 
+async def _in_thread(it: Iterator[T]) -> AsyncIterator[T]:
+    """The items of a blocking iterator, each read in a worker thread."""
+    done = object()
+    try:
+        while True:
+            item = await asyncio.to_thread(next, it, done)
+            if item is done:
+                return
+            yield cast(T, item)
+    finally:
+        # A generator a worker thread still runs cannot be closed: it ends
+        # with its stream.
+        if isinstance(it, Generator):
+            with contextlib.suppress(ValueError):
+                it.close()
+
+
 class AsyncClient:
     """An asyncio client of a Corral server's HTTP API: Client's methods as
     coroutines (each request runs in a worker thread), and exec as an async
@@ -326,19 +362,14 @@ class AsyncClient:
                    timeout_seconds: int | None = None) -> AsyncIterator[ExecChunk]:
         """Runs a command in a session, yielding its stream's chunks as they
         come; see Client.exec."""
-        it = self._c.exec(session_id, command, cwd=cwd, env=env, stdin=stdin, timeout_seconds=timeout_seconds)
-        done = object()
-        try:
-            while True:
-                chunk = await asyncio.to_thread(next, it, done)
-                if chunk is done:
-                    return
-                yield cast(ExecChunk, chunk)
-        finally:
-            # A generator a worker thread still runs cannot be closed: it
-            # ends with its stream.
-            with contextlib.suppress(ValueError):
-                it.close()
+        async for chunk in _in_thread(self._c.exec(session_id, command, cwd=cwd, env=env, stdin=stdin,
+                                                   timeout_seconds=timeout_seconds)):
+            yield chunk
+
+    async def follow_events(self, task_id: str | None = None, *, after: str | None = None) -> AsyncIterator[Event]:
+        """Yields events as they are recorded; see Client.follow_events."""
+        async for e in _in_thread(self._c.follow_events(task_id, after=after)):
+            yield e
 
     async def exec_detached(self, session_id: str, command: str | Sequence[str], **fields: Any) -> ExecStarted:
         return await asyncio.to_thread(lambda: self._c.exec_detached(session_id, command, **fields))

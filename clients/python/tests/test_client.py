@@ -44,6 +44,20 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(types[0], "task_created")
         self.assertIn("done", await self.corral.task_logs(tid))
 
+    async def test_follow_events(self):
+        spawned = await self.corral.spawn("wait a little", command=["sleep", "1"])
+        seen = []
+        async for e in self.corral.follow_events(spawned["task_id"]):
+            seen.append(e["type"])
+            if e["type"] == "worker_completed":
+                break
+        self.assertEqual(seen[0], "task_created")
+        self.assertIn("task_started", seen)
+        # Resumed after the first, it starts with the second.
+        it = self.corral.follow_events(spawned["task_id"], after=(await self.corral.task_events(spawned["task_id"]))[0]["event_id"])
+        self.assertEqual((await anext(it))["type"], seen[1])
+        await it.aclose()
+
     async def test_errors_carry_the_api_error(self):
         with self.assertRaises(CorralError) as cm:
             await self.corral.get_task("task-00000000000000000000000000")

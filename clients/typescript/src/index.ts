@@ -26,7 +26,7 @@ import type {
 
 export type * from "./types.js";
 
-export const DEFAULT_URL = "http://127.0.0.1:8080";
+export const DEFAULT_URL = "http://127.0.0.1:7777";
 
 /**
  * An error answer of a Corral server: status is the HTTP status (0 when no
@@ -94,6 +94,28 @@ export function chunkBytes(chunk: ExecChunk): Uint8Array {
     return Uint8Array.from(atob(chunk.data_base64), (c) => c.charCodeAt(0));
   }
   return new TextEncoder().encode(chunk.data ?? "");
+}
+
+/** The lines of a response's body as they come, without their line ends. */
+async function* lines(resp: Response): AsyncGenerator<string, void, undefined> {
+  const reader = resp.body!.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += value;
+      let nl: number;
+      while ((nl = buf.indexOf("\n")) >= 0) {
+        yield buf.slice(0, nl).replace(/\r$/, "");
+        buf = buf.slice(nl + 1);
+      }
+    }
+    if (buf) yield buf;
+  } finally {
+    // Leaving early closes the connection.
+    await reader.cancel().catch(() => {});
+  }
 }
 
 /** A client of a Corral server's HTTP API. Every error answer throws CorralError. */
@@ -188,6 +210,27 @@ export class CorralClient {
     return r.events;
   }
 
+  /**
+   * Yields events as they are recorded (server-sent events): a task's, or
+   * every task's when taskId is undefined; from the event after the id
+   * after, or the first. It goes on until the caller leaves the loop (or
+   * signal aborts); a stream cut off resumes with after set to the last
+   * event's event_id.
+   */
+  async *followEvents(taskId?: string, opts: { after?: string; signal?: AbortSignal } = {}): AsyncGenerator<Event, void, undefined> {
+    const path = taskId === undefined ? "/api/events" : `/api/tasks/${seg(taskId)}/events`;
+    const resp = await this.request("GET", path, { query: { after: opts.after }, accept: "text/event-stream", signal: opts.signal });
+    let data: string[] = [];
+    for await (const line of lines(resp)) {
+      if (line === "") {
+        if (data.length > 0) yield JSON.parse(data.join("\n")) as Event;
+        data = [];
+      } else if (line.startsWith("data:")) {
+        data.push(line.slice(line.startsWith("data: ") ? 6 : 5));
+      }
+    }
+  }
+
   /** A task's output so far (stdout and stderr, or the one stream named). */
   async taskLogs(id: string, opts: { stream?: "stdout" | "stderr" } = {}): Promise<string> {
     return (await this.request("GET", `/api/tasks/${seg(id)}/logs`, { query: { stream: opts.stream }, accept: "text/plain" })).text();
@@ -234,23 +277,8 @@ export class CorralClient {
       accept: "application/x-ndjson",
       signal: opts.signal,
     });
-    const reader = resp.body!.pipeThrough(new TextDecoderStream()).getReader();
-    let buf = "";
-    try {
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buf += value;
-        let nl: number;
-        while ((nl = buf.indexOf("\n")) >= 0) {
-          const line = buf.slice(0, nl).trim();
-          buf = buf.slice(nl + 1);
-          if (line) yield JSON.parse(line) as ExecChunk;
-        }
-      }
-      if (buf.trim()) yield JSON.parse(buf) as ExecChunk;
-    } finally {
-      await reader.cancel().catch(() => {});
+    for await (const line of lines(resp)) {
+      if (line.trim()) yield JSON.parse(line) as ExecChunk;
     }
   }
 

@@ -49,6 +49,23 @@ describe("CorralClient", { skip }, () => {
     assert.match(await corral.taskLogs(id), /done/);
   });
 
+  it("follows a task's events", async () => {
+    const { task_id: id } = await corral.spawn({ task_description: "wait a little", command: ["sleep", "1"] });
+    const seen: string[] = [];
+    for await (const e of corral.followEvents(id)) {
+      seen.push(e.type);
+      if (e.type === "worker_completed") break;
+    }
+    assert.equal(seen[0], "task_created");
+    assert.ok(seen.includes("task_started"), seen.join(" "));
+    // Resumed after the first, it starts with the second.
+    const first = (await corral.taskEvents(id))[0]!.event_id;
+    for await (const e of corral.followEvents(id, { after: first })) {
+      assert.equal(e.type, seen[1]);
+      break;
+    }
+  });
+
   it("throws the API's error as CorralError", async () => {
     let e = await rejects(corral.getTask("task-00000000000000000000000000"));
     assert.deepEqual([e.status, e.code], [404, "not_found"]);
