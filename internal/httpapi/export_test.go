@@ -19,3 +19,12 @@ func RoutePatterns() (api, socket []string) {
 func NewTestHandler(token string) http.Handler {
 	return newTestServer(&stub{}, Options{Token: token}, slog.New(slog.DiscardHandler)).Handler()
 }
+
+// ErrorCodes are the codes error answers carry.
+func ErrorCodes() []string {
+	var out []string
+	for _, c := range errorCodes {
+		out = append(out, c)
+	}
+	return out
+}

@@ -134,3 +134,31 @@ func TestClientTypesMatchTheDocument(t *testing.T) {
 		t.Errorf("%v: %s", err, out)
 	}
 }
+
+// The document's Error.code lists every code an error answer carries, and
+// no other.
+func TestOpenAPIErrorCodes(t *testing.T) {
+	var d struct {
+		Components struct {
+			Schemas struct {
+				Error struct {
+					Properties struct {
+						Code struct {
+							Enum []string `json:"enum"`
+						} `json:"code"`
+					} `json:"properties"`
+				} `json:"Error"`
+			} `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(httpapi.OpenAPI, &d); err != nil {
+		t.Fatal(err)
+	}
+	got := d.Components.Schemas.Error.Properties.Code.Enum
+	want := httpapi.ErrorCodes()
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("Error.code's enum is %v, the server's codes %v", got, want)
+	}
+}

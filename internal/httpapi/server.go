@@ -3,7 +3,8 @@
 // health and metrics) with bearer-token auth, and Client, which implements
 // the service contracts over that API for the CLI. Handlers only parse
 // input, call the service.Set they were given and map errors, in one
-// function (writeError).
+// function (writeError). openapi.json describes every route, and tests
+// hold it to the routes and their answers.
 package httpapi
 
 import (
