@@ -3,6 +3,7 @@
 these)."""
 
 import os
+import time
 import unittest
 import uuid
 
@@ -77,7 +78,14 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
         try:
             self.assertEqual(created["session"]["status"], "running")
             self.assertIn(sid, [s["session_id"] for s in await self.corral.list_sessions()])
-            chunks = [c async for c in self.corral.exec(sid, "echo one; echo two >&2; exit 3")]
+            # Streamed: the first line comes as it is printed, long before
+            # the command's end two seconds later.
+            chunks, at = [], []
+            async for c in self.corral.exec(sid, "echo one; sleep 2; echo two >&2; exit 3"):
+                chunks.append(c)
+                at.append(time.monotonic())
+            first = next(i for i, c in enumerate(chunks) if c["type"] == "stdout")
+            self.assertGreater(at[-1] - at[first], 1.0, "the output came all at the end: not streamed")
             self.assertEqual(chunks[0]["type"], "started")
             self.assertEqual(chunks[-1]["type"], "exit")
             self.assertEqual(chunks[-1]["exit_code"], 3)

@@ -85,8 +85,16 @@ describe("CorralClient", { skip }, () => {
     try {
       assert.equal(created.session.status, "running");
       assert.ok((await corral.listSessions()).some((s) => s.session_id === id));
+      // Streamed: the first line comes as it is printed, long before the
+      // command's end two seconds later.
       const chunks: ExecChunk[] = [];
-      for await (const c of corral.exec(id, "echo one; echo two >&2; exit 3")) chunks.push(c);
+      const at: number[] = [];
+      for await (const c of corral.exec(id, "echo one; sleep 2; echo two >&2; exit 3")) {
+        chunks.push(c);
+        at.push(performance.now());
+      }
+      const first = chunks.findIndex((c) => c.type === "stdout");
+      assert.ok(at.at(-1)! - at[first]! > 1000, "the output came all at the end: not streamed");
       assert.equal(chunks[0]?.type, "started");
       assert.equal(chunks.at(-1)?.type, "exit");
       assert.equal(chunks.at(-1)?.exit_code, 3);
