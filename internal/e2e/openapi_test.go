@@ -16,9 +16,10 @@ import (
 
 // TestOpenAPIResponses checks a real server's answers against the OpenAPI
 // document's schemas: a task run by the command agent on the local
-// runtime (spawn, get, list, result, logs, events), a session (create,
-// get, list, an exec's whole stream, history, delete), health, tools,
-// attachments, workspaces, documents, skills and error bodies. A field
+// runtime (spawn, get, list, result, logs, events, files, cancel), a
+// session (create, get, list, an exec's whole stream, a detached one,
+// history, fork, suspend, resume, delete), health, tools, attachments,
+// workspaces, documents, skills and error bodies. A field
 // renamed on either side fails it: the schemas of fixed structs allow no
 // other properties.
 func TestOpenAPIResponses(t *testing.T) {
@@ -80,6 +81,10 @@ func TestOpenAPIResponses(t *testing.T) {
 	// The same idempotency key twice: the second answers the first's task.
 	call("POST", "/api/tasks", "/api/tasks", js(`{"task_description":"once","command":["true"],"idempotency_key":"openapi-once"}`), JSON, 201)
 	call("POST", "/api/tasks", "/api/tasks", js(`{"task_description":"once","command":["true"],"idempotency_key":"openapi-once"}`), JSON, 200)
+	// A task cancelled while it runs.
+	json.Unmarshal(call("POST", "/api/tasks", "/api/tasks", js(`{"task_description":"sleep","command":["sleep","60"],"conversation_id":"conv-openapi"}`), JSON, 201), &spawned)
+	call("POST", "/api/tasks/{id}/cancel", "/api/tasks/"+spawned.TaskID+"/cancel", js(`{}`), JSON, 200)
+	call("GET", "/api/conversations/{id}/events", "/api/conversations/conv-openapi/events", nil, "", 200)
 	call("POST", "/api/exec", "/api/exec", js(`{"command":"echo out; echo err >&2"}`), JSON, 200)
 
 	// Error bodies: a plain one, one with fields, one of a bad token.
@@ -105,6 +110,9 @@ func TestOpenAPIResponses(t *testing.T) {
 	json.Unmarshal(call("POST", "/api/sessions/{id}/exec", "/api/sessions/"+sid+"/exec", js(`{"command":["true"],"detach":true}`), JSON, 202), &started)
 	call("GET", "/api/sessions/{id}/execs/{exec_id}", "/api/sessions/"+sid+"/execs/"+started.ExecID, nil, "", 200)
 	call("GET", "/api/sessions/{id}/history", "/api/sessions/"+sid+"/history", nil, "", 200)
+	call("POST", "/api/sessions/{id}/fork", "/api/sessions/"+sid+"/fork", js(`{"count":1}`), JSON, 201)
+	call("POST", "/api/sessions/{id}/suspend", "/api/sessions/"+sid+"/suspend", js(`{}`), JSON, 200)
+	call("POST", "/api/sessions/{id}/resume", "/api/sessions/"+sid+"/resume", js(`{}`), JSON, 200)
 	call("DELETE", "/api/sessions/{id}", "/api/sessions/"+sid, nil, "", 200)
 
 	// Attachments.
@@ -131,5 +139,10 @@ func TestOpenAPIResponses(t *testing.T) {
 	// The library.
 	call("POST", "/api/documents", "/api/documents", js(`{"title":"A note","content":"openapi checks answers","source_type":"note"}`), JSON, 201)
 	call("GET", "/api/documents", "/api/documents?q=openapi", nil, "", 200)
+	call("POST", "/api/documents/export", "/api/documents/export", js(`{"query":"openapi","destination_dir":"exported"}`), JSON, 200)
+	call("POST", "/api/skills", "/api/skills", js(`{"name":"openapi-skill","description":"checks answers","instructions":"Check each answer."}`), JSON, 201)
+	call("GET", "/api/skills/{name}", "/api/skills/openapi-skill", nil, "", 200)
 	call("GET", "/api/skills", "/api/skills", nil, "", 200)
+	// Notifications are off: the deliveries' routes say so.
+	call("GET", "/api/deliveries", "/api/deliveries", nil, "", 501)
 }
