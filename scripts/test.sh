@@ -16,11 +16,11 @@ sudo=""
 command -v go >/dev/null || { echo "Go 1.26 or newer is needed: https://go.dev/dl/" >&2; exit 1; }
 
 # Debian packages: the sandboxes, nsenter (util-linux), ps (procps), node
-# and npm for the JavaScript clients and agent CLIs, a Docker engine with
-# mmdebstrap to build its test image, Chromium for the web UI's tests, and
-# PostgreSQL for the event store on it.
+# and npm for the JavaScript clients and agent CLIs, python3 for the Python
+# client, a Docker engine with mmdebstrap to build its test image, Chromium
+# for the web UI's tests, and PostgreSQL for the event store on it.
 missing=()
-for want in bwrap:bubblewrap runsc:runsc nsenter:util-linux ps:procps node:nodejs npm:npm dockerd:docker.io mmdebstrap:mmdebstrap busybox:busybox-static git:git chromium:chromium pg_ctlcluster:postgresql; do
+for want in bwrap:bubblewrap runsc:runsc nsenter:util-linux ps:procps node:nodejs npm:npm dockerd:docker.io mmdebstrap:mmdebstrap busybox:busybox-static git:git python3:python3 chromium:chromium pg_ctlcluster:postgresql; do
   command -v "${want%%:*}" >/dev/null || missing+=("${want#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -84,9 +84,11 @@ trap 'kill $build_pid 2>/dev/null || true' EXIT
 
 ./scripts/test-docker.sh
 
-# The MCP TypeScript SDK client (test/mcp) and the notification receiver
-# (test/notify), each pinned by its package-lock.json.
-for dir in test/mcp test/notify; do
+# The MCP TypeScript SDK client (test/mcp), the notification receiver
+# (test/notify) and the TypeScript client's compiler (clients/typescript),
+# each pinned by its package-lock.json. The Python client needs only
+# python3's standard library.
+for dir in test/mcp test/notify clients/typescript; do
   if [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
     echo "==> npm ci in $dir"
     npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error

@@ -128,6 +128,7 @@ func TestErrorAnswersReadAsMessages(t *testing.T) {
 	}
 	want := errorBody{
 		Error: "context_files[0]: no such file or directory\ntimeout_minutes: must be at most 120",
+		Code:  "failed_precondition",
 		Fields: []fieldError{
 			{Field: "context_files[0]", Message: "no such file or directory"},
 			{Field: "timeout_minutes", Message: "must be at most 120"},

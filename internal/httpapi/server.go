@@ -3,7 +3,8 @@
 // health and metrics) with bearer-token auth, and Client, which implements
 // the service contracts over that API for the CLI. Handlers only parse
 // input, call the service.Set they were given and map errors, in one
-// function (writeError).
+// function (writeError). openapi.json describes every route, and tests
+// hold it to the routes and their answers.
 package httpapi
 
 import (
@@ -171,6 +172,8 @@ type Server struct {
 	mux   *http.ServeMux
 	trust webTrust
 	rate  *limiter
+	// patterns are the routes of mux, as registered.
+	patterns []string
 }
 
 // New returns a Server of svc's use cases and b's server-only operations.
@@ -200,22 +203,37 @@ func (s *Server) Handler() http.Handler { return stallGuard(s.mux, s.opts.BodySt
 // socket that sandboxes reach.
 func (s *Server) WebhookHandler() http.Handler {
 	m := http.NewServeMux()
-	m.Handle("POST /api/webhooks/worker-complete", s.wrap(s.workerComplete, fromWorker))
-	m.Handle("POST /api/webhooks/worker-progress", s.wrap(s.workerProgress, fromWorker))
-	// An agent working through a session runs its commands here, with that
-	// session's token alone: every sandbox reaches this socket.
-	m.Handle("POST /api/sessions/{id}/exec", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
-		return s.execSession(w, r, s.sessionTokenCaller)
-	}, fromWorker|jsonBody))
-	m.Handle("GET /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
-		return s.readExec(w, r, s.sessionTokenCaller)
-	}, fromWorker))
-	m.Handle("DELETE /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
-		return s.killExec(w, r, s.sessionTokenCaller)
-	}, fromWorker))
-	// A session's exec agent dials in here from inside its sandbox.
-	m.Handle("POST /api/sessions/{id}/agent", s.wrap(s.attachAgent, fromWorker))
+	for _, r := range s.socketRoutes() {
+		m.Handle(r.pattern, r.h)
+	}
 	return stallGuard(m, s.opts.BodyStall)
+}
+
+// socketRoute is a route of the unix socket's handler.
+type socketRoute struct {
+	pattern string
+	h       http.Handler
+}
+
+// socketRoutes are WebhookHandler's routes.
+func (s *Server) socketRoutes() []socketRoute {
+	return []socketRoute{
+		{"POST /api/webhooks/worker-complete", s.wrap(s.workerComplete, fromWorker)},
+		{"POST /api/webhooks/worker-progress", s.wrap(s.workerProgress, fromWorker)},
+		// An agent working through a session runs its commands here, with
+		// that session's token alone: every sandbox reaches this socket.
+		{"POST /api/sessions/{id}/exec", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+			return s.execSession(w, r, s.sessionTokenCaller)
+		}, fromWorker|jsonBody)},
+		{"GET /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+			return s.readExec(w, r, s.sessionTokenCaller)
+		}, fromWorker)},
+		{"DELETE /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+			return s.killExec(w, r, s.sessionTokenCaller)
+		}, fromWorker)},
+		// A session's exec agent dials in here from inside its sandbox.
+		{"POST /api/sessions/{id}/agent", s.wrap(s.attachAgent, fromWorker)},
+	}
 }
 
 // route says what wrap checks before a handler.
@@ -236,77 +254,83 @@ func (s *Server) routes() {
 	authJSON := func(h handlerFunc) http.Handler { return s.wrap(h, needAuth|jsonBody) }
 	open := func(h handlerFunc) http.Handler { return s.wrap(h, 0) }
 	worker := func(h handlerFunc) http.Handler { return s.wrap(h, fromWorker) }
-	m := s.mux
-	m.Handle("POST /api/tasks", authJSON(s.createTask))
-	m.Handle("POST /api/exec", authJSON(s.execute))
-	m.Handle("GET /api/workspaces", auth(s.listProjects))
-	m.Handle("POST /api/workspaces", authJSON(s.createProject))
-	m.Handle("GET /api/workspaces/{name}/files/{path...}", auth(s.projectFiles))
-	m.Handle("POST /api/sessions", authJSON(s.createSession))
-	m.Handle("GET /api/sessions", auth(s.listSessions))
-	m.Handle("PATCH /api/sessions/{id}/network", authJSON(s.setSessionNetwork))
-	m.Handle("POST /api/sessions/{id}/fork", authJSON(s.forkSession))
+	// handle registers a route and keeps its pattern, which the OpenAPI
+	// document's test walks.
+	handle := func(pattern string, h http.Handler) {
+		s.patterns = append(s.patterns, pattern)
+		s.mux.Handle(pattern, h)
+	}
+	handle("GET /api/openapi.json", open(s.openAPI))
+	handle("POST /api/tasks", authJSON(s.createTask))
+	handle("POST /api/exec", authJSON(s.execute))
+	handle("GET /api/workspaces", auth(s.listProjects))
+	handle("POST /api/workspaces", authJSON(s.createProject))
+	handle("GET /api/workspaces/{name}/files/{path...}", auth(s.projectFiles))
+	handle("POST /api/sessions", authJSON(s.createSession))
+	handle("GET /api/sessions", auth(s.listSessions))
+	handle("PATCH /api/sessions/{id}/network", authJSON(s.setSessionNetwork))
+	handle("POST /api/sessions/{id}/fork", authJSON(s.forkSession))
 	// A session's own token reaches these: sessionCaller checks it.
-	m.Handle("GET /api/sessions/{id}", open(s.getSession))
-	m.Handle("GET /api/sessions/{id}/history", open(s.sessionHistory))
-	m.Handle("DELETE /api/sessions/{id}", open(s.deleteSession))
-	m.Handle("POST /api/sessions/{id}/exec", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+	handle("GET /api/sessions/{id}", open(s.getSession))
+	handle("GET /api/sessions/{id}/history", open(s.sessionHistory))
+	handle("DELETE /api/sessions/{id}", open(s.deleteSession))
+	handle("POST /api/sessions/{id}/exec", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
 		return s.execSession(w, r, s.sessionCaller)
 	}, jsonBody))
-	m.Handle("GET /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+	handle("GET /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
 		return s.readExec(w, r, s.sessionCaller)
 	}, 0))
-	m.Handle("POST /api/sessions/{id}/suspend", s.wrap(s.suspendSession, jsonBody))
-	m.Handle("POST /api/sessions/{id}/resume", s.wrap(s.resumeSession, jsonBody))
-	m.Handle("DELETE /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+	handle("POST /api/sessions/{id}/suspend", s.wrap(s.suspendSession, jsonBody))
+	handle("POST /api/sessions/{id}/resume", s.wrap(s.resumeSession, jsonBody))
+	handle("DELETE /api/sessions/{id}/execs/{exec_id}", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
 		return s.killExec(w, r, s.sessionCaller)
 	}, 0))
-	m.Handle("GET /api/tasks", auth(s.listTasks))
-	m.Handle("GET /api/tasks/{id}", auth(s.getTask))
-	m.Handle("GET /api/tasks/{id}/result", auth(s.taskResult))
-	m.Handle("POST /api/tasks/{id}/cancel", authJSON(s.cancelTask))
-	m.Handle("PATCH /api/tasks/{id}/network", authJSON(s.setTaskNetwork))
-	m.Handle("GET /api/tasks/{id}/logs", auth(s.taskLogs))
-	m.Handle("GET /api/tasks/{id}/events", auth(s.taskEvents))
-	m.Handle("GET /api/tasks/{id}/files/{path...}", auth(s.taskFile))
-	m.Handle("GET /api/events", auth(s.allEvents))
-	m.Handle("GET /api/conversations/{id}/events", auth(s.conversationEvents))
-	m.Handle("POST /api/webhooks/worker-complete", worker(s.workerComplete))
-	m.Handle("POST /api/webhooks/worker-progress", worker(s.workerProgress))
+	handle("GET /api/tasks", auth(s.listTasks))
+	handle("GET /api/tasks/{id}", auth(s.getTask))
+	handle("GET /api/tasks/{id}/result", auth(s.taskResult))
+	handle("POST /api/tasks/{id}/cancel", authJSON(s.cancelTask))
+	handle("PATCH /api/tasks/{id}/network", authJSON(s.setTaskNetwork))
+	handle("GET /api/tasks/{id}/logs", auth(s.taskLogs))
+	handle("GET /api/tasks/{id}/events", auth(s.taskEvents))
+	handle("GET /api/tasks/{id}/files/{path...}", auth(s.taskFile))
+	handle("GET /api/events", auth(s.allEvents))
+	handle("GET /api/conversations/{id}/events", auth(s.conversationEvents))
+	handle("POST /api/webhooks/worker-complete", worker(s.workerComplete))
+	handle("POST /api/webhooks/worker-progress", worker(s.workerProgress))
 	// A session's exec agent in a pod dials in here, over the network
 	// (a pod has no socket of this host's), with its agent token.
-	m.Handle("POST /api/sessions/{id}/agent", worker(s.attachAgent))
-	m.Handle("GET /api/workspace/{path...}", auth(s.readWorkspace))
-	m.Handle("PUT /api/workspace/{path...}", auth(s.writeWorkspace))
-	m.Handle("POST /api/attachments", auth(s.uploadAttachments))
-	m.Handle("GET /api/attachments/{id}", auth(s.downloadAttachment))
-	m.Handle("POST /api/gc", authJSON(s.gc))
-	m.Handle("GET /api/tools", auth(s.listTools))
-	m.Handle("POST /api/tools/{name}", authJSON(s.callTool))
-	m.Handle("GET /healthz", open(s.healthz))
-	m.Handle("GET /api/health", auth(s.health))
-	m.Handle("GET /metrics", auth(s.metrics))
-	m.Handle("GET /api/deliveries", auth(s.listDeliveries))
-	m.Handle("POST /api/deliveries/{id}/retry", authJSON(s.retryDelivery))
-	m.Handle("POST /api/documents", authJSON(s.ingestDocument))
-	m.Handle("GET /api/documents", auth(s.searchDocuments))
-	m.Handle("POST /api/documents/export", authJSON(s.exportNotes))
-	m.Handle("GET /api/skills", auth(s.listSkills))
-	m.Handle("GET /api/skills/{name}", auth(s.getSkill))
-	m.Handle("POST /api/skills", authJSON(s.createSkill))
+	handle("POST /api/sessions/{id}/agent", worker(s.attachAgent))
+	handle("GET /api/workspace/{path...}", auth(s.readWorkspace))
+	handle("PUT /api/workspace/{path...}", auth(s.writeWorkspace))
+	handle("POST /api/attachments", auth(s.uploadAttachments))
+	handle("GET /api/attachments/{id}", auth(s.downloadAttachment))
+	handle("POST /api/gc", authJSON(s.gc))
+	handle("GET /api/tools", auth(s.listTools))
+	handle("POST /api/tools/{name}", authJSON(s.callTool))
+	handle("GET /healthz", open(s.healthz))
+	handle("GET /api/health", auth(s.health))
+	handle("GET /metrics", auth(s.metrics))
+	handle("GET /api/deliveries", auth(s.listDeliveries))
+	handle("POST /api/deliveries/{id}/retry", authJSON(s.retryDelivery))
+	handle("POST /api/documents", authJSON(s.ingestDocument))
+	handle("GET /api/documents", auth(s.searchDocuments))
+	handle("POST /api/documents/export", authJSON(s.exportNotes))
+	handle("GET /api/skills", auth(s.listSkills))
+	handle("GET /api/skills/{name}", auth(s.getSkill))
+	handle("POST /api/skills", authJSON(s.createSkill))
 	if s.opts.MCP != nil {
-		m.Handle("/mcp", authJSON(func(w http.ResponseWriter, r *http.Request) error {
+		handle("/mcp", authJSON(func(w http.ResponseWriter, r *http.Request) error {
 			s.opts.MCP.ServeHTTP(w, r)
 			return nil
 		}))
 	}
-	m.Handle("/api/", open(func(w http.ResponseWriter, r *http.Request) error {
+	handle("/api/", open(func(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound)
 	}))
 	// The web UI: its pages and assets need no token (the app asks for it
 	// and sends it to the API); the Host and Origin checks apply as
 	// everywhere.
-	m.Handle("/", open(s.ui(webui.Handler())))
+	handle("/", open(s.ui(webui.Handler())))
 }
 
 type handlerFunc func(w http.ResponseWriter, r *http.Request) error
@@ -384,9 +408,30 @@ func (s *Server) wrap(h handlerFunc, rt route) http.Handler {
 
 // errorBody is every error response.
 type errorBody struct {
-	Error     string       `json:"error"`
+	Error string `json:"error"`
+	// Code names the status's class (errorCodes), for clients that branch
+	// on the kind of failure without a table of HTTP statuses.
+	Code      string       `json:"code"`
 	Fields    []fieldError `json:"fields,omitempty"`
 	RequestID string       `json:"request_id"`
+}
+
+// errorCodes are error answers' codes by HTTP status: the errdefs classes'
+// names, as the OpenAPI document lists them.
+var errorCodes = map[int]string{
+	http.StatusBadRequest:            "invalid_argument",
+	http.StatusUnauthorized:          "unauthenticated",
+	http.StatusForbidden:             "permission_denied",
+	http.StatusNotFound:              "not_found",
+	http.StatusConflict:              "conflict",
+	http.StatusRequestEntityTooLarge: "too_large",
+	http.StatusUnsupportedMediaType:  "unsupported_media_type",
+	http.StatusUnprocessableEntity:   "failed_precondition",
+	http.StatusTooManyRequests:       "resource_exhausted",
+	http.StatusInternalServerError:   "internal",
+	http.StatusNotImplemented:        "not_implemented",
+	http.StatusServiceUnavailable:    "unavailable",
+	http.StatusInsufficientStorage:   "no_space",
 }
 
 type fieldError struct {
@@ -400,7 +445,7 @@ type fieldError struct {
 // 500 whose detail goes to the log only.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, rid string, err error) {
 	status := statusOf(err)
-	body := errorBody{Error: errdefs.Message(err), RequestID: rid}
+	body := errorBody{Error: errdefs.Message(err), Code: errorCodes[status], RequestID: rid}
 	if status == http.StatusInternalServerError {
 		body.Error = "internal error"
 		s.log.Error("request failed", logkey.RequestID, rid, "method", r.Method, "path", r.URL.Path, logkey.Error, err)
