@@ -926,17 +926,62 @@ func TestSessionRemembersItsWorkspacesSettings(t *testing.T) {
 	}
 }
 
-// TestSessionKeepsItsMemory: on gvisor a suspend keeps the session's
-// memory and processes: a server holding a count in memory and a command
-// printing as it runs are suspended, the server is killed with SIGKILL
-// and started again, the session resumed: the count goes on from where it
-// was, and the command's output is whole, each line once.
+// memoryRuntime is a runtime whose suspend keeps a session's memory, as
+// the tests of it run it.
+type memoryRuntime struct {
+	name    string
+	require func(testing.TB)
+	// request is the session's: on docker, an image with python3.
+	request session.CreateRequest
+	// config is the YAML of a server process's configuration file.
+	config string
+	// edit is an in-process server's configuration.
+	edit func(*config.Config)
+}
+
+// memoryRuntimes are gvisor and docker under runsc (on an engine with its
+// experimental features on, whose checkpoints they need).
+var memoryRuntimes = []memoryRuntime{
+	{name: "gvisor", require: func(tb testing.TB) { testenv.RequireRunsc(tb) }, request: session.CreateRequest{Runtime: "gvisor"}},
+	{name: "docker+runsc", require: testenv.RequireDockerCheckpoints,
+		request: session.CreateRequest{Runtime: "docker", Image: testenv.DockerPythonImage},
+		config:  "docker:\n  host: unix://" + testenv.DockerSocket + "\n  runtime: runsc\n",
+		edit:    func(c *config.Config) { c.Docker.Runtime = "runsc" }},
+}
+
+// args are the flags of a server process on rt.
+func (rt memoryRuntime) args(t *testing.T) []string {
+	if rt.config == "" {
+		return nil
+	}
+	f := filepath.Join(t.TempDir(), "corral.yaml")
+	if err := os.WriteFile(f, []byte(rt.config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--config", f}
+}
+
+// TestSessionKeepsItsMemory: on gvisor, and on docker under runsc, a
+// suspend keeps the session's memory and processes: a server holding a
+// count in memory and a command printing as it runs are suspended, the
+// server is killed with SIGKILL and started again, the session resumed:
+// the count goes on from where it was, and the command's output is whole,
+// each line once.
 func TestSessionKeepsItsMemory(t *testing.T) {
-	t.Parallel()
-	testenv.RequireRunsc(t)
-	data, srv := startKillable(t)
+	for _, rt := range memoryRuntimes {
+		t.Run(rt.name, func(t *testing.T) {
+			t.Parallel()
+			rt.require(t)
+			keepsItsMemory(t, rt)
+		})
+	}
+}
+
+func keepsItsMemory(t *testing.T, rt memoryRuntime) {
+	args := rt.args(t)
+	data, srv := startKillable(t, args...)
 	ctx := context.Background()
-	created, err := srv.client.CreateSession(ctx, session.CreateRequest{Runtime: "gvisor"})
+	created, err := srv.client.CreateSession(ctx, rt.request)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -965,7 +1010,7 @@ func TestSessionKeepsItsMemory(t *testing.T) {
 	// Through a kill -9, still suspended with its memory.
 	addr := strings.TrimPrefix(srv.url, "http://")
 	srv.kill()
-	srv = startProcessAt(t, data, addr, "")
+	srv = startProcessAt(t, data, addr, "", args...)
 	sc = srv.client.Sessions()
 	if s, err := srv.client.GetSession(ctx, id); err != nil || s.Status != service.SessionSuspended || !s.MemoryKept {
 		t.Fatalf("after a restart: %+v, %v; want suspended, its memory kept", s, err)

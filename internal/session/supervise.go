@@ -69,7 +69,15 @@ func (m *Manager) Start(ctx context.Context) error {
 			return err
 		}
 		for _, h := range hs {
-			if s, err := m.get(h.ID); err != nil || s.Status != StatusRunning {
+			s, err := m.get(h.ID)
+			switch {
+			case err == nil && s.Status == StatusRunning:
+			case err == nil && s.Status == StatusSuspended && s.MemoryKept && !m.sandboxRuns(ctx, rt, h.ID):
+				// A checkpoint a runtime keeps as a sandbox it lists
+				// (docker keeps it with the container): the resume
+				// restores it. One that runs is a resume the server
+				// before this one did not live to record, and goes.
+			default:
 				rt.Destroy(ctx, h.ID)
 			}
 		}

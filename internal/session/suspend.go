@@ -17,7 +17,8 @@ import (
 
 // A suspended session holds no sandbox: its directory, image, network
 // policy, token and workspace are kept, and resuming makes its sandbox
-// again. On a runtime that checkpoints (sandbox.Checkpointer: gvisor) its
+// again. On a runtime that checkpoints (sandbox.Checkpointer: gvisor,
+// and docker under runsc on an engine with experimental features) its
 // memory and processes are kept too: its exec agent parks (closes its
 // connection, which could not be saved), the sandbox is checkpointed into
 // run/sessions/<id>/checkpoint (the server's alone: it holds the
@@ -154,13 +155,19 @@ func noteOf(memory bool) string {
 	return filesOnly
 }
 
-// checkpointer is p's sandbox runtime, if it keeps a sandbox's memory.
+// checkpointer is p's sandbox runtime, if it keeps a sandbox's memory on
+// this host.
 func checkpointer(p *placement.Runtime) (sandbox.Checkpointer, bool) {
 	if p == nil {
 		return nil, false
 	}
 	cp, ok := p.Sandbox.(sandbox.Checkpointer)
-	return cp, ok
+	if !ok {
+		return nil, false
+	}
+	// Capabilities are probed once, at the start: this asks no backend.
+	caps, err := p.Sandbox.Capabilities(context.Background())
+	return cp, err == nil && caps.Checkpoint
 }
 
 // checkpoint parks session id's exec agent and checkpoints its sandbox

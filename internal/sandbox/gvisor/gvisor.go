@@ -317,6 +317,7 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	c.Available = true
 	c.Limits = r.cg != nil
 	c.Exec = true
+	c.Checkpoint = true
 	return c
 }
 
