@@ -1184,3 +1184,53 @@ func TestSessionCheckpointedServerKilled(t *testing.T) {
 		t.Errorf("the count after the resume is %d, after %d: its memory was not kept", n, first)
 	}
 }
+
+// TestSessionForkServerKilled: a server killed with SIGKILL while it
+// copies a fork's files (its directory filled, its session not recorded)
+// leaves a directory no session names; the next server removes it at its
+// start, and the source runs on with its files.
+func TestSessionForkServerKilled(t *testing.T) {
+	t.Parallel()
+	testenv.RequireBwrap(t)
+	data := testenv.TempDir(t)
+	c := startCrashing(t, data, sandbox.CrashForkCopied)
+	ctx := context.Background()
+	created := mustCreateSession(t, c.client)
+	id := created.SessionID
+	if _, err := c.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell("mkdir -p d && head -c 1048576 /dev/urandom > d/a && echo kept > f.txt")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.client.Sessions().Fork(ctx, id, 1); err == nil {
+		t.Fatal("the fork answered: the server did not die at its crash point")
+	}
+	<-c.exited
+	dirs := func() []string {
+		ents, err := os.ReadDir(filepath.Join(data, "sessions"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	left := dirs()
+	if len(left) != 2 {
+		t.Fatalf("the session directories after the kill: %v; want the source's and the fork's copy", left)
+	}
+	srv := startProcess(t, data)
+	if got := dirs(); !slices.Equal(got, []string{id}) {
+		t.Errorf("the session directories after the restart: %v; want the source's alone", got)
+	}
+	if ss, err := srv.client.ListSessions(ctx); err != nil || len(ss) != 1 || ss[0].ID != id {
+		t.Errorf("sessions after the restart: %+v, %v; want the source alone", ss, err)
+	}
+	var out strings.Builder
+	if end, err := srv.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell("cat f.txt")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || end.ExitCode != 0 || out.String() != "kept\n" {
+		t.Errorf("the source after the restart: %+v, %q, %v", end, out.String(), err)
+	}
+	if _, err := os.Stat(filepath.Join(data, "run", "sessions", id, "making")); !os.IsNotExist(err) {
+		t.Errorf("the source's making mark: %v; want it gone once recorded", err)
+	}
+}

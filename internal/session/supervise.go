@@ -82,6 +82,9 @@ func (m *Manager) Start(ctx context.Context) error {
 			}
 		}
 	}
+	// Last: the sandbox of a session never recorded, which may have its
+	// directory mounted, is gone.
+	m.sweepUnrecorded(ctx)
 	return nil
 }
 
