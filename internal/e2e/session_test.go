@@ -937,16 +937,26 @@ type memoryRuntime struct {
 	config string
 	// edit is an in-process server's configuration.
 	edit func(*config.Config)
+	// heldNote is what the note of a suspend after a resume says when a
+	// process holds a connection to a host socket.
+	heldNote string
+	// once says a sandbox's memory is kept across its first suspend
+	// only: the soak runs on the others.
+	once bool
 }
 
 // memoryRuntimes are gvisor and docker under runsc (on an engine with its
 // experimental features on, whose checkpoints they need).
 var memoryRuntimes = []memoryRuntime{
-	{name: "gvisor", require: func(tb testing.TB) { testenv.RequireRunsc(tb) }, request: session.CreateRequest{Runtime: "gvisor"}},
+	{name: "gvisor", require: func(tb testing.TB) { testenv.RequireRunsc(tb) }, request: session.CreateRequest{Runtime: "gvisor"},
+		heldNote: "could not be"},
+	// A container restored from a checkpoint is not checkpointed again
+	// (package docker says why): its next suspend keeps its files.
 	{name: "docker+runsc", require: testenv.RequireDockerCheckpoints,
-		request: session.CreateRequest{Runtime: "docker", Image: testenv.DockerPythonImage},
-		config:  "docker:\n  host: unix://" + testenv.DockerSocket + "\n  runtime: runsc\n",
-		edit:    func(c *config.Config) { c.Docker.Runtime = "runsc" }},
+		request:  session.CreateRequest{Runtime: "docker", Image: testenv.DockerPythonImage},
+		config:   "docker:\n  host: unix://" + testenv.DockerSocket + "\n  runtime: runsc\n",
+		edit:     func(c *config.Config) { c.Docker.Runtime = "runsc" },
+		heldNote: "restored from a checkpoint", once: true},
 }
 
 // args are the flags of a server process on rt.
@@ -1057,12 +1067,19 @@ func keepsItsMemory(t *testing.T, rt memoryRuntime) {
 		sc.ReadExec(ctx, id, holder, 0, false, func(o service.ExecOutput) error { out.Write(o.Data); return nil })
 		return strings.Contains(out.String(), "held")
 	})
-	if r, err := sc.Suspend(ctx, id); err != nil || r.MemoryKept || r.Session.Status != service.SessionSuspended || !strings.Contains(r.Note, "could not be") {
+	if r, err := sc.Suspend(ctx, id); err != nil || r.MemoryKept || r.Session.Status != service.SessionSuspended || !strings.Contains(r.Note, "could not be") || !strings.Contains(r.Note, rt.heldNote) {
 		t.Errorf("suspend with a host connection held: %+v, %v; want suspended, its memory not kept, saying why", r, err)
 	}
 	var out strings.Builder
 	if end, err := srv.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell("cat f.txt")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || end.ExitCode != 0 || out.String() != "kept\n" {
 		t.Errorf("a command after the checkpoint that failed: %+v, %q, %v; want the file kept", end, out.String(), err)
+	}
+	// Its sandbox is a fresh one, whose memory a suspend keeps again.
+	if r, err := sc.Suspend(ctx, id); err != nil || !r.MemoryKept {
+		t.Errorf("a suspend of the fresh sandbox: %+v, %v; want its memory kept", r, err)
+	}
+	if s, err := sc.Resume(ctx, id); err != nil || s.Status != service.SessionRunning {
+		t.Errorf("its resume: %+v, %v", s, err)
 	}
 	if _, err := srv.client.DeleteSession(ctx, id); err != nil {
 		t.Fatal(err)

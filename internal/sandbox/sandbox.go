@@ -90,6 +90,11 @@ type Checkpointer interface {
 	Restore(ctx context.Context, spec Spec, dir string) (*Handle, error)
 }
 
+// ErrNoCheckpoint wraps a Checkpoint error for a sandbox its runtime
+// cannot checkpoint at all, left running as it was: no retry would keep
+// its memory, and a suspend keeps its files alone.
+var ErrNoCheckpoint = errors.New("this sandbox cannot be checkpointed")
+
 // ErrQuarantined wraps a Destroy error for a directory the sandbox was given
 // (a task's, a session's, a workspace) that could not be given back whole:
 // it is left closed to all but the server until an operator looks.

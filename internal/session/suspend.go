@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -103,12 +104,13 @@ func (m *Manager) suspend(ctx context.Context, id string, filesIfNeeded bool) (s
 		switch {
 		case err == nil:
 			ev = suspended{MemoryKept: true, Note: memoryKept}
-		case !filesIfNeeded && m.sandboxRuns(ctx, p.Sandbox, id):
+		case !filesIfNeeded && !errors.Is(err, sandbox.ErrNoCheckpoint) && m.sandboxRuns(ctx, p.Sandbox, id):
 			return service.SessionSuspend{}, fmt.Errorf("the session's memory cannot be kept (%s); it runs on as it was: end what holds the connection and retry: %w", errdefs.Message(err), errdefs.ErrConflict)
 		default:
 			// runsc ends a sandbox whose checkpoint failed (a process
-			// held a connection to a host socket): its files are what
-			// is left.
+			// held a connection to a host socket), and one its runtime
+			// cannot checkpoint at all ends here: its files are what is
+			// left.
 			ev.Note = fmt.Sprintf("files kept; its memory could not be (%s), and its processes ended", errdefs.Message(err))
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/moby/moby/client"
 
@@ -29,6 +31,16 @@ import (
 // checkpoint in it, renamed with checkpointedSuffix: the sandbox is gone
 // to Recover, Status and Exec, and Restore starts that container again
 // from its checkpoint. The directory Checkpoint is given stays empty.
+//
+// A container restored so is checkpointed once only: with containerd's
+// runc shim (containerd 1.6) and runsc 20221219, the shim of a restored
+// container never sees it end by a checkpoint, and holds its task as
+// running: the engine then refuses every start of it ("id already in
+// use"), and the shim stays, a process leaked. So Restore marks the
+// sandbox restored (restoredDir), and Checkpoint refuses a sandbox so
+// marked (sandbox.ErrNoCheckpoint) without touching it: its suspend keeps
+// its files, and its next sandbox, a fresh container, is checkpointed
+// again.
 
 var _ sandbox.Checkpointer = (*Runtime)(nil)
 
@@ -54,6 +66,9 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	}
 	if !c.State.Running {
 		return fmt.Errorf("checkpoint sandbox %s: it has ended: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := os.Stat(r.restoredMark(id)); err == nil {
+		return fmt.Errorf("checkpoint sandbox %s: its container was restored from a checkpoint, and the engine's shim would lose it if checkpointed again: %w", id, sandbox.ErrNoCheckpoint)
 	}
 	// A checkpoint a Restore left (one cut short before removing it):
 	// the engine refuses to make another of the same name.
@@ -134,6 +149,14 @@ func (r *Runtime) Restore(ctx context.Context, spec sandbox.Spec, dir string) (*
 			return nil, classify("restore sandbox "+spec.ID+": rename its container", err)
 		}
 	}
+	if err := os.MkdirAll(filepath.Dir(r.restoredMark(spec.ID)), 0o700); err != nil {
+		undo()
+		return nil, fmt.Errorf("restore sandbox %s: %w", spec.ID, err)
+	}
+	if err := os.WriteFile(r.restoredMark(spec.ID), nil, 0o600); err != nil {
+		undo()
+		return nil, fmt.Errorf("restore sandbox %s: mark it restored: %w", spec.ID, err)
+	}
 	if _, err := r.cli.ContainerStart(ctx, c.ID, client.ContainerStartOptions{CheckpointID: checkpointID}); err != nil {
 		undo()
 		return nil, classify("restore sandbox "+spec.ID, err)
@@ -146,6 +169,12 @@ func (r *Runtime) Restore(ctx context.Context, spec sandbox.Spec, dir string) (*
 	r.wake(ctx, c.ID)
 	r.log.Info("sandbox restored", logkey.SandboxID, spec.ID, "container", c.ID[:12])
 	return r.handle(spec.ID, c.ID, c.Config.Labels), nil
+}
+
+// restoredMark marks sandbox id's container as restored from a
+// checkpoint, from before its start until Destroy.
+func (r *Runtime) restoredMark(id string) string {
+	return filepath.Join(r.opts.StateDir, "restored", id)
 }
 
 // wake sends SIGCONT to container containerID's main process (the worker,

@@ -772,6 +772,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	}
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// A Create that crashed after its pins or its identity's lease.
+		os.Remove(r.restoredMark(id))
 		return errors.Join(hostuser.Unpin(r.pins(id)), r.opts.Identities.Release(id))
 	}
 	if err != nil {
@@ -796,6 +797,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := r.opts.Identities.Release(id); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
+	os.Remove(r.restoredMark(id))
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
 }
