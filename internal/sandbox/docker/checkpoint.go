@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/moby/moby/client"
 
@@ -157,7 +159,7 @@ func (r *Runtime) Restore(ctx context.Context, spec sandbox.Spec, dir string) (*
 		undo()
 		return nil, fmt.Errorf("restore sandbox %s: mark it restored: %w", spec.ID, err)
 	}
-	if _, err := r.cli.ContainerStart(ctx, c.ID, client.ContainerStartOptions{CheckpointID: checkpointID}); err != nil {
+	if err := r.startFromCheckpoint(ctx, c.ID); err != nil {
 		undo()
 		return nil, classify("restore sandbox "+spec.ID, err)
 	}
@@ -169,6 +171,33 @@ func (r *Runtime) Restore(ctx context.Context, spec sandbox.Spec, dir string) (*
 	r.wake(ctx, c.ID)
 	r.log.Info("sandbox restored", logkey.SandboxID, spec.ID, "container", c.ID[:12])
 	return r.handle(spec.ID, c.ID, c.Config.Labels), nil
+}
+
+// uploadWait bounds how long a restore waits for containerd to let go of
+// the checkpoint as it was made (startFromCheckpoint).
+const uploadWait = 15 * time.Second
+
+// startFromCheckpoint starts container containerID from its checkpoint.
+// The engine hands the checkpoint to containerd as a tar of its
+// directory, which is byte for byte the one containerd made it from: a
+// start before containerd's garbage collection removed that one fails
+// ("failed to upload checkpoint to containerd: commit failed: content
+// ...: already exists", moby/moby#42900; a restore at once after a
+// checkpoint, as TestCheckpoint's, fails so every time, one a second
+// later did not), and is tried again until it is gone.
+func (r *Runtime) startFromCheckpoint(ctx context.Context, containerID string) error {
+	deadline := time.Now().Add(uploadWait)
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		_, err := r.cli.ContainerStart(ctx, containerID, client.ContainerStartOptions{CheckpointID: checkpointID})
+		if err == nil || !strings.Contains(err.Error(), "upload checkpoint") || !strings.Contains(err.Error(), "already exists") || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
 }
 
 // restoredMark marks sandbox id's container as restored from a
