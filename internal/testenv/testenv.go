@@ -139,8 +139,11 @@ func RequireDockerCheckpoints(tb testing.TB) {
 	if err == nil {
 		err = json.Unmarshal(b, &info)
 	}
+	if err != nil {
+		Missing(tb, fmt.Sprintf("the Docker engine at %s: %v", DockerSocket, err))
+	}
 	if !info.ExperimentalBuild {
-		Missing(tb, fmt.Sprintf("the Docker engine at %s has its experimental features off, which its checkpoints need (%v; scripts/test-docker.sh turns them on for an engine it starts; or name another engine in $%s)", DockerSocket, err, DockerSocketEnv))
+		Missing(tb, fmt.Sprintf("the Docker engine at %s has its experimental features off, which its checkpoints need (scripts/test-docker.sh turns them on for an engine it starts, and a running one needs a restart; or name another engine in $%s)", DockerSocket, DockerSocketEnv))
 	}
 }
 

@@ -249,8 +249,8 @@ func TestOtherInstancesInvisible(t *testing.T) {
 func TestCapabilities(t *testing.T) {
 	require(t, "")
 	c, err := mustNew(t, "", "caps").Capabilities(context.Background())
-	if err != nil || !c.Available || !strings.HasPrefix(c.Version, "Docker Engine ") || !c.Limits || !c.Exec {
-		t.Errorf("Capabilities = %+v, %v; want an available engine with limits and exec", c, err)
+	if err != nil || !c.Available || !strings.HasPrefix(c.Version, "Docker Engine ") || !c.Limits || !c.Exec || c.Checkpoint || c.NoCheckpoint != "" {
+		t.Errorf("Capabilities = %+v, %v; want an available engine with limits and exec, and no checkpoints under runc", c, err)
 	}
 	c, _ = mustNew(t, "no-such-runtime", "caps").Capabilities(context.Background())
 	if c.Available || !strings.Contains(c.Reason, `no runtime "no-such-runtime"`) {
