@@ -783,20 +783,21 @@ func TestSessionSuspendResume(t *testing.T) {
 	ctx := context.Background()
 	created := mustCreateSession(t, srv.client)
 	sc := srv.client.Sessions()
-	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo kept > f.txt; (sleep 300 >/dev/null 2>&1 &) ; echo started")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo kept > f.txt; (sleep 317 >/dev/null 2>&1 &) ; echo started")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	// A command running through the suspend ends with it, lost.
-	running, err := sc.StartExec(ctx, created.SessionID, service.SessionCommand{Shell: "sleep 300"})
+	// A command running through the suspend ends with it, lost. (317: the
+	// processes are counted host-wide, and other tests' sleep 300.)
+	running, err := sc.StartExec(ctx, created.SessionID, service.SessionCommand{Shell: "sleep 317"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the background process", func() bool { return countProcesses("sleep", "300") >= 2 })
+	waitFor(t, "the background process", func() bool { return countProcesses("sleep", "317") >= 2 })
 	r, err := sc.Suspend(ctx, created.SessionID)
 	if err != nil || r.Session.Status != service.SessionSuspended || r.MemoryKept || !strings.Contains(r.Note, "processes ended") {
 		t.Fatalf("suspend: %+v, %v; want suspended, memory not kept, and said so", r, err)
 	}
-	if n := countProcesses("sleep", "300"); n != 0 {
+	if n := countProcesses("sleep", "317"); n != 0 {
 		t.Errorf("%d of the session's processes run on while it is suspended", n)
 	}
 	if end, err := sc.ReadExec(ctx, created.SessionID, running, 0, true, func(service.ExecOutput) error { return nil }); err != nil || end == nil || end.Reason != "lost" || !strings.Contains(end.Error, "suspended") {
