@@ -1166,18 +1166,28 @@ func TestSessionFork(t *testing.T) {
 	}
 }
 
-// TestSessionCheckpointedServerKilled: a server killed with SIGKILL after
-// a session's checkpoint was written whole and before its suspend was
-// recorded leaves the next server to record it: the session is found
-// suspended with its memory, and resumes as it was.
+// TestSessionCheckpointedServerKilled: on gvisor and on docker under
+// runsc, a server killed with SIGKILL after a session's checkpoint was
+// written whole and before its suspend was recorded leaves the next
+// server to record it: the session is found suspended with its memory,
+// and resumes as it was.
 func TestSessionCheckpointedServerKilled(t *testing.T) {
-	t.Parallel()
-	testenv.RequireRunsc(t)
+	for _, rt := range memoryRuntimes {
+		t.Run(rt.name, func(t *testing.T) {
+			t.Parallel()
+			rt.require(t)
+			checkpointedServerKilled(t, rt)
+		})
+	}
+}
+
+func checkpointedServerKilled(t *testing.T, rt memoryRuntime) {
 	testenv.RequireBwrap(t)
 	data := testenv.TempDir(t)
-	c := startCrashing(t, data, sandbox.CrashCheckpointed)
+	args := rt.args(t)
+	c := startCrashing(t, data, sandbox.CrashCheckpointed, args...)
 	ctx := context.Background()
-	created, err := c.client.CreateSession(ctx, session.CreateRequest{Runtime: "gvisor"})
+	created, err := c.client.CreateSession(ctx, rt.request)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1191,7 +1201,7 @@ func TestSessionCheckpointedServerKilled(t *testing.T) {
 		t.Fatal("the suspend answered: the server did not die at its crash point")
 	}
 	<-c.exited
-	srv := startProcess(t, data)
+	srv := startProcess(t, data, args...)
 	if s, err := srv.client.GetSession(ctx, id); err != nil || s.Status != service.SessionSuspended || !s.MemoryKept {
 		t.Fatalf("after the restart: %+v, %v; want suspended with its memory", s, err)
 	}
