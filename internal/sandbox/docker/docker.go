@@ -242,9 +242,9 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	c.Version += fmt.Sprintf(", sandboxes under %s (registered: %s)", rt, strings.Join(runtimes, ", "))
 	c.Available = true
 	if filepath.Base(info.Info.Runtimes[rt].Path) == "runsc" {
-		// runc's checkpoints need CRIU, and keep none of what Corral's
-		// sessions need (their exec agent's parked socket); runsc's
-		// need the engine's checkpoint API, which is experimental.
+		// Checkpoints under runsc alone (runc's need CRIU on the host,
+		// not tried), through the engine's checkpoint API, which is
+		// experimental.
 		c.Checkpoint = info.Info.ExperimentalBuild
 		if !c.Checkpoint {
 			c.NoCheckpoint = "the engine's experimental features are off, and its checkpoints need them: a session's suspend keeps its files only"
