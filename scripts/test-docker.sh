@@ -18,9 +18,11 @@ if ! $sudo docker info >/dev/null 2>&1; then
   # flag is missing): --oci-seccomp, so gVisor applies the seccomp profile
   # inside its kernel; --host-uds=open, so a worker reaches the server's
   # unix sockets in its bind mounts; --network=none, as Corral's containers
-  # have no network but loopback.
+  # have no network but loopback. Experimental features on: the engine's
+  # checkpoints need them, which keep a docker+runsc session's memory
+  # across a suspend.
   cat <<'JSON' | $sudo tee "$cache/daemon.json" >/dev/null
-{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp", "--host-uds=open"]}}}
+{"experimental": true, "runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp", "--host-uds=open"]}}}
 JSON
   # No bridge and no iptables rules: no container of Corral's has a
   # network interface besides loopback.
@@ -30,6 +32,13 @@ JSON
     sleep 0.2
   done
   $sudo docker info >/dev/null || { tail -20 "$cache/dockerd.log" >&2; exit 1; }
+fi
+
+# The engine reads "experimental" only when it starts (a SIGHUP does not
+# change it): one started before it was in the configuration keeps its
+# checkpoints off, and the tests of a docker+runsc session's memory skip.
+if [ "$($sudo docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" != true ]; then
+  echo "==> note: the Docker engine's experimental features are off (its checkpoints need them); restart it with \"experimental\": true in its daemon.json to run the docker+runsc memory tests" >&2
 fi
 
 # image NAME TAR PACKAGES: NAME on the engine, from a Debian 12 minbase

@@ -43,7 +43,7 @@ func crashAt(hook func(string), point string) func() {
 // checkCrashPoint refuses a kill point that is none of sandbox.CrashPoints
 // and sandbox.ClusterCrashPoints.
 func checkCrashPoint(point string) error {
-	points := slices.Concat(sandbox.CrashPoints, sandbox.ClusterCrashPoints, []string{sandbox.CrashCheckpointed})
+	points := slices.Concat(sandbox.CrashPoints, sandbox.ClusterCrashPoints, sandbox.SessionCrashPoints)
 	if point == "" || slices.Contains(points, point) {
 		return nil
 	}

@@ -203,10 +203,24 @@ func doctorRuntime(ctx context.Context, name string, cfg *config.Config, stateDi
 	} else if len(caps.Warnings) > 0 {
 		out[0].Detail += "; " + strings.Join(caps.Warnings, "; ")
 	}
+	if caps.Checkpoint || caps.NoCheckpoint != "" {
+		// Not required: a suspend without keeps a session's files.
+		cp := Check{Name: "runtime " + name + " checkpoints", OK: caps.Checkpoint, Detail: "a session's suspend keeps its memory and processes"}
+		if !caps.Checkpoint {
+			cp.Detail, cp.Fix = caps.NoCheckpoint, runtimeCheckpointFix[name]
+		}
+		out = append(out, cp)
+	}
 	if d, ok := rt.(*docker.Runtime); ok {
 		out = append(out, doctorImages(ctx, d, cfg)...)
 	}
 	return out
+}
+
+// runtimeCheckpointFix is how to let a runtime keep a session's memory
+// where its Capabilities say it cannot.
+var runtimeCheckpointFix = map[string]string{
+	docker.Name: `add "experimental": true to /etc/docker/daemon.json and restart dockerd`,
 }
 
 // doctorImages checks that the engine has the images tasks and

@@ -783,20 +783,21 @@ func TestSessionSuspendResume(t *testing.T) {
 	ctx := context.Background()
 	created := mustCreateSession(t, srv.client)
 	sc := srv.client.Sessions()
-	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo kept > f.txt; (sleep 300 >/dev/null 2>&1 &) ; echo started")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+	if _, err := srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("echo kept > f.txt; (sleep 317 >/dev/null 2>&1 &) ; echo started")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	// A command running through the suspend ends with it, lost.
-	running, err := sc.StartExec(ctx, created.SessionID, service.SessionCommand{Shell: "sleep 300"})
+	// A command running through the suspend ends with it, lost. (317: the
+	// processes are counted host-wide, and other tests' sleep 300.)
+	running, err := sc.StartExec(ctx, created.SessionID, service.SessionCommand{Shell: "sleep 317"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the background process", func() bool { return countProcesses("sleep", "300") >= 2 })
+	waitFor(t, "the background process", func() bool { return countProcesses("sleep", "317") >= 2 })
 	r, err := sc.Suspend(ctx, created.SessionID)
 	if err != nil || r.Session.Status != service.SessionSuspended || r.MemoryKept || !strings.Contains(r.Note, "processes ended") {
 		t.Fatalf("suspend: %+v, %v; want suspended, memory not kept, and said so", r, err)
 	}
-	if n := countProcesses("sleep", "300"); n != 0 {
+	if n := countProcesses("sleep", "317"); n != 0 {
 		t.Errorf("%d of the session's processes run on while it is suspended", n)
 	}
 	if end, err := sc.ReadExec(ctx, created.SessionID, running, 0, true, func(service.ExecOutput) error { return nil }); err != nil || end == nil || end.Reason != "lost" || !strings.Contains(end.Error, "suspended") {
@@ -926,17 +927,72 @@ func TestSessionRemembersItsWorkspacesSettings(t *testing.T) {
 	}
 }
 
-// TestSessionKeepsItsMemory: on gvisor a suspend keeps the session's
-// memory and processes: a server holding a count in memory and a command
-// printing as it runs are suspended, the server is killed with SIGKILL
-// and started again, the session resumed: the count goes on from where it
-// was, and the command's output is whole, each line once.
+// memoryRuntime is a runtime whose suspend keeps a session's memory, as
+// the tests of it run it.
+type memoryRuntime struct {
+	name    string
+	require func(testing.TB)
+	// request is the session's: on docker, an image with python3.
+	request session.CreateRequest
+	// config is the YAML of a server process's configuration file.
+	config string
+	// edit is an in-process server's configuration.
+	edit func(*config.Config)
+	// heldNote is what the note of a suspend after a resume says when a
+	// process holds a connection to a host socket.
+	heldNote string
+	// once says a sandbox's memory is kept across its first suspend
+	// only: the soak runs on the others.
+	once bool
+}
+
+// memoryRuntimes are gvisor and docker under runsc (on an engine with its
+// experimental features on, whose checkpoints they need).
+var memoryRuntimes = []memoryRuntime{
+	{name: "gvisor", require: func(tb testing.TB) { testenv.RequireRunsc(tb) }, request: session.CreateRequest{Runtime: "gvisor"},
+		heldNote: "could not be"},
+	// A container restored from a checkpoint is not checkpointed again
+	// (package docker says why): its next suspend keeps its files.
+	{name: "docker+runsc", require: testenv.RequireDockerCheckpoints,
+		request:  session.CreateRequest{Runtime: "docker", Image: testenv.DockerPythonImage},
+		config:   "docker:\n  host: unix://" + testenv.DockerSocket + "\n  runtime: runsc\n",
+		edit:     func(c *config.Config) { c.Docker.Runtime = "runsc" },
+		heldNote: "restored from a checkpoint", once: true},
+}
+
+// args are the flags of a server process on rt.
+func (rt memoryRuntime) args(t *testing.T) []string {
+	if rt.config == "" {
+		return nil
+	}
+	f := filepath.Join(t.TempDir(), "corral.yaml")
+	if err := os.WriteFile(f, []byte(rt.config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--config", f}
+}
+
+// TestSessionKeepsItsMemory: on gvisor, and on docker under runsc, a
+// suspend keeps the session's memory and processes: a server holding a
+// count in memory and a command printing as it runs are suspended, the
+// server is killed with SIGKILL and started again, the session resumed:
+// the count goes on from where it was, and the command's output is whole,
+// each line once.
 func TestSessionKeepsItsMemory(t *testing.T) {
-	t.Parallel()
-	testenv.RequireRunsc(t)
-	data, srv := startKillable(t)
+	for _, rt := range memoryRuntimes {
+		t.Run(rt.name, func(t *testing.T) {
+			t.Parallel()
+			rt.require(t)
+			keepsItsMemory(t, rt)
+		})
+	}
+}
+
+func keepsItsMemory(t *testing.T, rt memoryRuntime) {
+	args := rt.args(t)
+	data, srv := startKillable(t, args...)
 	ctx := context.Background()
-	created, err := srv.client.CreateSession(ctx, session.CreateRequest{Runtime: "gvisor"})
+	created, err := srv.client.CreateSession(ctx, rt.request)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -965,7 +1021,7 @@ func TestSessionKeepsItsMemory(t *testing.T) {
 	// Through a kill -9, still suspended with its memory.
 	addr := strings.TrimPrefix(srv.url, "http://")
 	srv.kill()
-	srv = startProcessAt(t, data, addr, "")
+	srv = startProcessAt(t, data, addr, "", args...)
 	sc = srv.client.Sessions()
 	if s, err := srv.client.GetSession(ctx, id); err != nil || s.Status != service.SessionSuspended || !s.MemoryKept {
 		t.Fatalf("after a restart: %+v, %v; want suspended, its memory kept", s, err)
@@ -1012,12 +1068,19 @@ func TestSessionKeepsItsMemory(t *testing.T) {
 		sc.ReadExec(ctx, id, holder, 0, false, func(o service.ExecOutput) error { out.Write(o.Data); return nil })
 		return strings.Contains(out.String(), "held")
 	})
-	if r, err := sc.Suspend(ctx, id); err != nil || r.MemoryKept || r.Session.Status != service.SessionSuspended || !strings.Contains(r.Note, "could not be") {
+	if r, err := sc.Suspend(ctx, id); err != nil || r.MemoryKept || r.Session.Status != service.SessionSuspended || !strings.Contains(r.Note, "could not be") || !strings.Contains(r.Note, rt.heldNote) {
 		t.Errorf("suspend with a host connection held: %+v, %v; want suspended, its memory not kept, saying why", r, err)
 	}
 	var out strings.Builder
 	if end, err := srv.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell("cat f.txt")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || end.ExitCode != 0 || out.String() != "kept\n" {
 		t.Errorf("a command after the checkpoint that failed: %+v, %q, %v; want the file kept", end, out.String(), err)
+	}
+	// Its sandbox is a fresh one, whose memory a suspend keeps again.
+	if r, err := sc.Suspend(ctx, id); err != nil || !r.MemoryKept {
+		t.Errorf("a suspend of the fresh sandbox: %+v, %v; want its memory kept", r, err)
+	}
+	if s, err := sc.Resume(ctx, id); err != nil || s.Status != service.SessionRunning {
+		t.Errorf("its resume: %+v, %v", s, err)
 	}
 	if _, err := srv.client.DeleteSession(ctx, id); err != nil {
 		t.Fatal(err)
@@ -1103,18 +1166,28 @@ func TestSessionFork(t *testing.T) {
 	}
 }
 
-// TestSessionCheckpointedServerKilled: a server killed with SIGKILL after
-// a session's checkpoint was written whole and before its suspend was
-// recorded leaves the next server to record it: the session is found
-// suspended with its memory, and resumes as it was.
+// TestSessionCheckpointedServerKilled: on gvisor and on docker under
+// runsc, a server killed with SIGKILL after a session's checkpoint was
+// written whole and before its suspend was recorded leaves the next
+// server to record it: the session is found suspended with its memory,
+// and resumes as it was.
 func TestSessionCheckpointedServerKilled(t *testing.T) {
-	t.Parallel()
-	testenv.RequireRunsc(t)
+	for _, rt := range memoryRuntimes {
+		t.Run(rt.name, func(t *testing.T) {
+			t.Parallel()
+			rt.require(t)
+			checkpointedServerKilled(t, rt)
+		})
+	}
+}
+
+func checkpointedServerKilled(t *testing.T, rt memoryRuntime) {
 	testenv.RequireBwrap(t)
 	data := testenv.TempDir(t)
-	c := startCrashing(t, data, sandbox.CrashCheckpointed)
+	args := rt.args(t)
+	c := startCrashing(t, data, sandbox.CrashCheckpointed, args...)
 	ctx := context.Background()
-	created, err := c.client.CreateSession(ctx, session.CreateRequest{Runtime: "gvisor"})
+	created, err := c.client.CreateSession(ctx, rt.request)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1128,7 +1201,7 @@ func TestSessionCheckpointedServerKilled(t *testing.T) {
 		t.Fatal("the suspend answered: the server did not die at its crash point")
 	}
 	<-c.exited
-	srv := startProcess(t, data)
+	srv := startProcess(t, data, args...)
 	if s, err := srv.client.GetSession(ctx, id); err != nil || s.Status != service.SessionSuspended || !s.MemoryKept {
 		t.Fatalf("after the restart: %+v, %v; want suspended with its memory", s, err)
 	}
@@ -1137,5 +1210,55 @@ func TestSessionCheckpointedServerKilled(t *testing.T) {
 	}
 	if n := sessionCount(srv.client, id); n != first+1 {
 		t.Errorf("the count after the resume is %d, after %d: its memory was not kept", n, first)
+	}
+}
+
+// TestSessionForkServerKilled: a server killed with SIGKILL while it
+// copies a fork's files (its directory filled, its session not recorded)
+// leaves a directory no session names; the next server removes it at its
+// start, and the source runs on with its files.
+func TestSessionForkServerKilled(t *testing.T) {
+	t.Parallel()
+	testenv.RequireBwrap(t)
+	data := testenv.TempDir(t)
+	c := startCrashing(t, data, sandbox.CrashForkCopied)
+	ctx := context.Background()
+	created := mustCreateSession(t, c.client)
+	id := created.SessionID
+	if _, err := c.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell("mkdir -p d && head -c 1048576 /dev/urandom > d/a && echo kept > f.txt")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.client.Sessions().Fork(ctx, id, 1); err == nil {
+		t.Fatal("the fork answered: the server did not die at its crash point")
+	}
+	<-c.exited
+	dirs := func() []string {
+		ents, err := os.ReadDir(filepath.Join(data, "sessions"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	left := dirs()
+	if len(left) != 2 {
+		t.Fatalf("the session directories after the kill: %v; want the source's and the fork's copy", left)
+	}
+	srv := startProcess(t, data)
+	if got := dirs(); !slices.Equal(got, []string{id}) {
+		t.Errorf("the session directories after the restart: %v; want the source's alone", got)
+	}
+	if ss, err := srv.client.ListSessions(ctx); err != nil || len(ss) != 1 || ss[0].ID != id {
+		t.Errorf("sessions after the restart: %+v, %v; want the source alone", ss, err)
+	}
+	var out strings.Builder
+	if end, err := srv.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell("cat f.txt")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || end.ExitCode != 0 || out.String() != "kept\n" {
+		t.Errorf("the source after the restart: %+v, %q, %v", end, out.String(), err)
+	}
+	if _, err := os.Stat(filepath.Join(data, "run", "sessions", id, "making")); !os.IsNotExist(err) {
+		t.Errorf("the source's making mark: %v; want it gone once recorded", err)
 	}
 }

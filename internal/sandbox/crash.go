@@ -61,3 +61,11 @@ var ClusterCrashPoints = []string{CrashAdopted, CrashDelivered}
 // (its memory on disk, its sandbox gone); session_suspended is not
 // recorded.
 const CrashCheckpointed = "checkpointed"
+
+// CrashForkCopied, a session's crash point: a fork's directory holds its
+// copy of the source's files; its sandbox is not started, and the fork
+// not recorded.
+const CrashForkCopied = "fork-copied"
+
+// SessionCrashPoints are the sessions' crash points.
+var SessionCrashPoints = []string{CrashCheckpointed, CrashForkCopied}

@@ -69,7 +69,8 @@ type Runtime interface {
 }
 
 // Checkpointer is a Runtime that keeps a sandbox's memory and processes
-// across a suspend: Checkpoint saves them and ends the sandbox, Restore
+// across a suspend, where its Capabilities say Checkpoint: Checkpoint
+// saves them and ends the sandbox, Restore
 // makes it again from what was saved, its processes going on where they
 // were. A connected socket of the host's in the sandbox cannot be saved:
 // its processes close theirs first (a session's exec agent parks).
@@ -88,6 +89,11 @@ type Checkpointer interface {
 	// with.
 	Restore(ctx context.Context, spec Spec, dir string) (*Handle, error)
 }
+
+// ErrNoCheckpoint wraps a Checkpoint error for a sandbox its runtime
+// cannot checkpoint at all, left running as it was: no retry would keep
+// its memory, and a suspend keeps its files alone.
+var ErrNoCheckpoint = errors.New("this sandbox cannot be checkpointed")
 
 // ErrQuarantined wraps a Destroy error for a directory the sandbox was given
 // (a task's, a session's, a workspace) that could not be given back whole:
@@ -222,6 +228,13 @@ type Capabilities struct {
 	Exec        bool   // Exec is supported
 	Version     string // backend version, e.g. "bubblewrap 0.8.0"
 	Warnings    []string
+	// Checkpoint says the backend, a Checkpointer, can keep a sandbox's
+	// memory and processes on this host; a suspend elsewhere keeps its
+	// files only. NoCheckpoint says why it cannot, for one that could on
+	// another host (docker under runsc on an engine without experimental
+	// features, say) and how to let it.
+	Checkpoint   bool
+	NoCheckpoint string
 }
 
 // Labels every Corral sandbox carries, so reconciliation finds them.

@@ -180,6 +180,8 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom
 			m.opts.Writers.Release(req.Workspace, id)
 			return Session{}, "", err
 		}
+	} else if err := m.markMaking(id); err != nil {
+		return Session{}, "", fmt.Errorf("mark the session's directory as being made: %w", err)
 	} else if err := m.opts.Data.Root().MkdirAll(dir, 0o755); err != nil {
 		return Session{}, "", fmt.Errorf("create the session's directory: %w", err)
 	} else if m.opts.Quota != nil {
@@ -215,6 +217,9 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom
 		Replica: m.opts.Members.Self(), Limits: &limits, Dir: dir, HostDir: req.Workspace != "" && !project.InDataRoot()}); err != nil {
 		place.Sandbox.Destroy(context.WithoutCancel(ctx), id)
 		return Session{}, "", err
+	}
+	if req.Workspace == "" {
+		os.Remove(m.makingPath(id))
 	}
 	// The agent dials in a few milliseconds after its sandbox starts (more
 	// under gVisor). Every command runs through it, inside the sandbox's

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -72,6 +73,9 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 		f, token, err := m.create(ctx, req, createFrom{forkedFrom: id, limits: limits, allow: s.NetworkAllow,
 			seed: func(ctx context.Context, dst *os.Root) (err error) {
 				copied, err = workspace.CopyTree(ctx, src, dst)
+				if err == nil && m.opts.Crash != nil {
+					m.opts.Crash(sandbox.CrashForkCopied)
+				}
 				return err
 			}})
 		if err != nil {

@@ -142,7 +142,7 @@ type Options struct {
 	// workspace it works in (workspaces.allow_hooks); they are listed on
 	// its stream either way.
 	AllowHooks bool
-	// Crash, when set, is called at sandbox.CrashCheckpointed; the fault
+	// Crash, when set, is called at sandbox.SessionCrashPoints; the fault
 	// tests have the server die there. Nil in production.
 	Crash func(point string)
 	// Members is this server's view of its cluster: a session is run by

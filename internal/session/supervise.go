@@ -69,12 +69,30 @@ func (m *Manager) Start(ctx context.Context) error {
 			return err
 		}
 		for _, h := range hs {
-			if s, err := m.get(h.ID); err != nil || s.Status != StatusRunning {
+			s, err := m.get(h.ID)
+			switch {
+			case err == nil && s.Status == StatusRunning:
+			case err == nil && s.Status == StatusSuspended && s.MemoryKept && checkpointed(ctx, rt, h.ID):
+				// A checkpoint a runtime keeps as a sandbox it lists
+				// (docker keeps it with the container): the resume
+				// restores it. One that runs is a resume the server
+				// before this one did not live to record, and goes.
+			default:
 				rt.Destroy(ctx, h.ID)
 			}
 		}
 	}
+	// Last: the sandbox of a session never recorded, which may have its
+	// directory mounted, is gone.
+	m.sweepUnrecorded(ctx)
 	return nil
+}
+
+// checkpointed reports whether listed sandbox id of rt is a checkpoint
+// it keeps: listed, and no sandbox to Status.
+func checkpointed(ctx context.Context, rt sandbox.Runtime, id string) bool {
+	_, err := rt.Status(ctx, id)
+	return errors.Is(err, errdefs.ErrNotFound)
 }
 
 // sync folds the log's session events up to its end.

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,7 +18,8 @@ import (
 
 // A suspended session holds no sandbox: its directory, image, network
 // policy, token and workspace are kept, and resuming makes its sandbox
-// again. On a runtime that checkpoints (sandbox.Checkpointer: gvisor) its
+// again. On a runtime that checkpoints (sandbox.Checkpointer: gvisor,
+// and docker under runsc on an engine with experimental features) its
 // memory and processes are kept too: its exec agent parks (closes its
 // connection, which could not be saved), the sandbox is checkpointed into
 // run/sessions/<id>/checkpoint (the server's alone: it holds the
@@ -102,12 +104,13 @@ func (m *Manager) suspend(ctx context.Context, id string, filesIfNeeded bool) (s
 		switch {
 		case err == nil:
 			ev = suspended{MemoryKept: true, Note: memoryKept}
-		case !filesIfNeeded && m.sandboxRuns(ctx, p.Sandbox, id):
+		case !filesIfNeeded && !errors.Is(err, sandbox.ErrNoCheckpoint) && m.sandboxRuns(ctx, p.Sandbox, id):
 			return service.SessionSuspend{}, fmt.Errorf("the session's memory cannot be kept (%s); it runs on as it was: end what holds the connection and retry: %w", errdefs.Message(err), errdefs.ErrConflict)
 		default:
 			// runsc ends a sandbox whose checkpoint failed (a process
-			// held a connection to a host socket): its files are what
-			// is left.
+			// held a connection to a host socket), and one its runtime
+			// cannot checkpoint at all ends here: its files are what is
+			// left.
 			ev.Note = fmt.Sprintf("files kept; its memory could not be (%s), and its processes ended", errdefs.Message(err))
 		}
 	}
@@ -154,13 +157,19 @@ func noteOf(memory bool) string {
 	return filesOnly
 }
 
-// checkpointer is p's sandbox runtime, if it keeps a sandbox's memory.
+// checkpointer is p's sandbox runtime, if it keeps a sandbox's memory on
+// this host.
 func checkpointer(p *placement.Runtime) (sandbox.Checkpointer, bool) {
 	if p == nil {
 		return nil, false
 	}
 	cp, ok := p.Sandbox.(sandbox.Checkpointer)
-	return cp, ok
+	if !ok {
+		return nil, false
+	}
+	// Capabilities are probed once, at the start: this asks no backend.
+	caps, err := p.Sandbox.Capabilities(context.Background())
+	return cp, err == nil && caps.Checkpoint
 }
 
 // checkpoint parks session id's exec agent and checkpoints its sandbox

@@ -6,6 +6,7 @@ package testenv
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -89,8 +90,14 @@ const DockerPythonImage = "corral-test/python:bookworm"
 // libc, no /usr): the image that shows any image runs a task.
 const DockerBusyboxImage = "corral-test/busybox:1"
 
-// DockerSocket is the engine the tests use.
-const DockerSocket = "/var/run/docker.sock"
+// DockerSocket is the engine the tests use: $CORRAL_TEST_DOCKER_SOCKET,
+// or else the host's own.
+var DockerSocket = cmp.Or(os.Getenv(DockerSocketEnv), "/var/run/docker.sock")
+
+// DockerSocketEnv names another engine for the tests (one with
+// experimental features on, for its checkpoints, beside a host's engine
+// without).
+const DockerSocketEnv = "CORRAL_TEST_DOCKER_SOCKET"
 
 // RequireDocker needs root, a Docker engine at DockerSocket, and
 // DockerImage on it.
@@ -117,6 +124,26 @@ func RequireDockerRuntime(tb testing.TB, name string) {
 	}
 	if _, ok := info.Runtimes[name]; !ok {
 		Missing(tb, fmt.Sprintf("the Docker engine has no runtime %q (%v; ./scripts/test.sh registers runsc)", name, err))
+	}
+}
+
+// RequireDockerCheckpoints needs RequireDockerRuntime(runsc) and the
+// engine's checkpoints, which need its experimental features on
+// ("experimental": true in its daemon.json; scripts/test-docker.sh sets
+// it for an engine it starts, and a running one needs a restart).
+func RequireDockerCheckpoints(tb testing.TB) {
+	tb.Helper()
+	RequireDockerRuntime(tb, "runsc")
+	b, err := dockerGet("/info")
+	var info struct{ ExperimentalBuild bool }
+	if err == nil {
+		err = json.Unmarshal(b, &info)
+	}
+	if err != nil {
+		Missing(tb, fmt.Sprintf("the Docker engine at %s: %v", DockerSocket, err))
+	}
+	if !info.ExperimentalBuild {
+		Missing(tb, fmt.Sprintf("the Docker engine at %s has its experimental features off, which its checkpoints need (scripts/test-docker.sh turns them on for an engine it starts, and a running one needs a restart; or name another engine in $%s)", DockerSocket, DockerSocketEnv))
 	}
 }
 

@@ -241,6 +241,15 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	}
 	c.Version += fmt.Sprintf(", sandboxes under %s (registered: %s)", rt, strings.Join(runtimes, ", "))
 	c.Available = true
+	if filepath.Base(info.Info.Runtimes[rt].Path) == "runsc" {
+		// Checkpoints under runsc alone (runc's need CRIU on the host,
+		// not tried), through the engine's checkpoint API, which is
+		// experimental.
+		c.Checkpoint = info.Info.ExperimentalBuild
+		if !c.Checkpoint {
+			c.NoCheckpoint = "the engine's experimental features are off, and its checkpoints need them: a session's suspend keeps its files only"
+		}
+	}
 	return c
 }
 
@@ -282,18 +291,28 @@ func classify(op string, err error) error {
 }
 
 // inspect returns the container of sandbox id. It wraps errdefs.ErrNotFound
-// if there is none (or id is not valid).
+// if there is none (or id is not valid): a checkpointed sandbox's is not
+// its (inspectCheckpointed).
 func (r *Runtime) inspect(ctx context.Context, id string) (container.InspectResponse, error) {
+	return r.inspectNamed(ctx, id, r.name(id))
+}
+
+// inspectCheckpointed returns the container of checkpointed sandbox id.
+func (r *Runtime) inspectCheckpointed(ctx context.Context, id string) (container.InspectResponse, error) {
+	return r.inspectNamed(ctx, id, r.name(id)+checkpointedSuffix)
+}
+
+func (r *Runtime) inspectNamed(ctx context.Context, id, name string) (container.InspectResponse, error) {
 	if sandbox.ValidateID(id) != nil {
 		return container.InspectResponse{}, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	res, err := r.cli.ContainerInspect(ctx, r.name(id), client.ContainerInspectOptions{})
+	res, err := r.cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
 	if err != nil {
 		return container.InspectResponse{}, classify("sandbox "+id, err)
 	}
 	c := res.Container
 	if c.State == nil || c.Config == nil || c.Config.Labels[sandbox.LabelInstance] != r.opts.Instance {
-		return container.InspectResponse{}, fmt.Errorf("sandbox %s: container %s is not this server's: %w", id, r.name(id), errdefs.ErrNotFound)
+		return container.InspectResponse{}, fmt.Errorf("sandbox %s: container %s is not this server's: %w", id, name, errdefs.ErrNotFound)
 	}
 	return c, nil
 }
@@ -743,13 +762,17 @@ func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandb
 	return out, nil
 }
 
-// Destroy removes the sandbox's container (killing what runs in it),
-// takes back the directories it was given and removes its pins. Unknown
-// ids return nil.
+// Destroy removes the sandbox's container (killing what runs in it, or
+// its checkpoint with it), takes back the directories it was given and
+// removes its pins. Unknown ids return nil.
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	c, err := r.inspect(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
+		c, err = r.inspectCheckpointed(ctx, id)
+	}
+	if errors.Is(err, errdefs.ErrNotFound) {
 		// A Create that crashed after its pins or its identity's lease.
+		os.Remove(r.restoredMark(id))
 		return errors.Join(hostuser.Unpin(r.pins(id)), r.opts.Identities.Release(id))
 	}
 	if err != nil {
@@ -774,6 +797,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := r.opts.Identities.Release(id); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
+	os.Remove(r.restoredMark(id))
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -248,8 +249,8 @@ func TestOtherInstancesInvisible(t *testing.T) {
 func TestCapabilities(t *testing.T) {
 	require(t, "")
 	c, err := mustNew(t, "", "caps").Capabilities(context.Background())
-	if err != nil || !c.Available || !strings.HasPrefix(c.Version, "Docker Engine ") || !c.Limits || !c.Exec {
-		t.Errorf("Capabilities = %+v, %v; want an available engine with limits and exec", c, err)
+	if err != nil || !c.Available || !strings.HasPrefix(c.Version, "Docker Engine ") || !c.Limits || !c.Exec || c.Checkpoint || c.NoCheckpoint != "" {
+		t.Errorf("Capabilities = %+v, %v; want an available engine with limits and exec, and no checkpoints under runc", c, err)
 	}
 	c, _ = mustNew(t, "no-such-runtime", "caps").Capabilities(context.Background())
 	if c.Available || !strings.Contains(c.Reason, `no runtime "no-such-runtime"`) {
@@ -311,5 +312,98 @@ func TestMissingRunscArgs(t *testing.T) {
 		if got := missingRunscArgs(tc.path, tc.args); !slices.Equal(got, tc.want) {
 			t.Errorf("missingRunscArgs(%s, %q) = %q, want %q", tc.path, tc.args, got, tc.want)
 		}
+	}
+}
+
+// TestCheckpoint: under runsc, on an engine with experimental features, a
+// sandbox is checkpointed (gone to Status and Recover, its container
+// listed for a server's start to find), restored with its memory (a
+// count held by its shell goes on), refused a second checkpoint without
+// being touched, and destroyed; one destroyed while checkpointed leaves
+// no container.
+func TestCheckpoint(t *testing.T) {
+	testenv.RequireDockerCheckpoints(t)
+	r := mustNew(t, "runsc", sandboxtest.NewID(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if c, _ := r.Capabilities(ctx); !c.Checkpoint {
+		t.Fatalf("Capabilities = %+v; want checkpoints", c)
+	}
+	dir := testenv.TempDir(t)
+	count := func() int {
+		b, _ := os.ReadFile(filepath.Join(dir, "n"))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	sp := sandbox.Spec{
+		ID: sandboxtest.NewID(t), Dir: "/out",
+		Command: []string{"/bin/sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > n.tmp; mv n.tmp n; sleep 0.1; done"},
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
+	}
+	h, err := r.Create(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Destroy(context.Background(), sp.ID)
+	for count() < 20 {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := r.Checkpoint(ctx, sp.ID, t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	before := count()
+	if _, err := r.Status(ctx, sp.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Status of a checkpointed sandbox: %v; want not found", err)
+	}
+	if err := r.Recover(ctx, h); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Recover of a checkpointed sandbox: %v; want not found", err)
+	}
+	if l, err := r.List(ctx, nil); err != nil || !slices.ContainsFunc(l, func(h sandbox.Handle) bool { return h.ID == sp.ID }) {
+		t.Errorf("List: %+v, %v; want the checkpointed sandbox", l, err)
+	}
+	if _, err := r.Restore(ctx, sp, t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := r.Status(ctx, sp.ID); err != nil || st.State != sandbox.StateRunning {
+		t.Errorf("Status after the restore: %+v, %v; want running", st, err)
+	}
+	n := count()
+	for ; n == before; n = count() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	// A fresh start would count from 1 again, below before (20 or more).
+	if n < before {
+		t.Errorf("the count after the restore is %d, after %d: its memory was not kept", n, before)
+	}
+	if err := r.Checkpoint(ctx, sp.ID, t.TempDir()); !errors.Is(err, sandbox.ErrNoCheckpoint) {
+		t.Errorf("a second checkpoint: %v; want ErrNoCheckpoint", err)
+	}
+	if st, err := r.Status(ctx, sp.ID); err != nil || st.State != sandbox.StateRunning {
+		t.Errorf("Status after the refused checkpoint: %+v, %v; want running", st, err)
+	}
+	if err := r.Destroy(ctx, sp.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(r.restoredMark(sp.ID)); !os.IsNotExist(err) {
+		t.Errorf("the restored mark after Destroy: %v", err)
+	}
+
+	// Destroyed while checkpointed.
+	sp.ID = sandboxtest.NewID(t) + "-2"
+	if _, err := r.Create(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Destroy(context.Background(), sp.ID)
+	if err := r.Checkpoint(ctx, sp.ID, t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Destroy(ctx, sp.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.inspectCheckpointed(ctx, sp.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the checkpointed container after Destroy: %v; want gone", err)
+	}
+	if _, err := r.Restore(ctx, sp, t.TempDir()); err == nil {
+		t.Errorf("a restore after Destroy succeeded")
 	}
 }

@@ -317,6 +317,7 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 	c.Available = true
 	c.Limits = r.cg != nil
 	c.Exec = true
+	c.Checkpoint = true
 	return c
 }
 
@@ -409,12 +410,18 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	if _, err := r.runsc(ctx, "checkpoint", "--image-path="+dir, id); err != nil {
 		// This runsc ends a sandbox whose checkpoint failed (one of its
 		// processes held a connection to a host socket, say): wait for
-		// its end, so that Status says so. One that runs on is woken.
-		if _, serr := r.runsc(ctx, "state", id); serr != nil {
-			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			e.WaitExit(wctx)
-			cancel()
-		} else {
+		// its end, so that Status says so. runsc state may still find it
+		// for a moment as it goes (a loaded host's moment:
+		// TestSessionKeepsItsMemory saw one), so one it finds is given
+		// a few seconds to end; one that runs on after them is woken.
+		wait := 10 * time.Second
+		if _, serr := r.runsc(ctx, "state", id); serr == nil {
+			wait = 3 * time.Second
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		ended := e.WaitExit(wctx) == nil
+		cancel()
+		if !ended {
 			r.wake(context.WithoutCancel(ctx), id)
 		}
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
