@@ -11,6 +11,19 @@ cache=${CORRAL_TEST_CACHE:-/var/cache/corral-test}
 sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
 
+# The engine reads "experimental" only when it starts (a SIGHUP does not
+# change it): the tests' own engine, started by an earlier version of this
+# script without it, is stopped here and started again below.
+if [ "$($sudo docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" = false ] &&
+  pid=$(pgrep -f "^dockerd --config-file $cache/daemon.json"); then
+  echo "==> restarting the tests' dockerd with experimental features (its checkpoints need them)"
+  $sudo kill $pid
+  for _ in $(seq 1 150); do
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.2
+  done
+fi
+
 if ! $sudo docker info >/dev/null 2>&1; then
   echo "==> starting dockerd (log: $cache/dockerd.log)"
   $sudo mkdir -p "$cache"
@@ -34,9 +47,8 @@ JSON
   $sudo docker info >/dev/null || { tail -20 "$cache/dockerd.log" >&2; exit 1; }
 fi
 
-# The engine reads "experimental" only when it starts (a SIGHUP does not
-# change it): one started before it was in the configuration keeps its
-# checkpoints off, and the tests of a docker+runsc session's memory skip.
+# Another engine, not started here, may have them off: the tests of a
+# docker+runsc session's memory then fail under CI=true and skip elsewhere.
 if [ "$($sudo docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" != true ]; then
   echo "==> note: the Docker engine's experimental features are off (its checkpoints need them); restart it with \"experimental\": true in its daemon.json to run the docker+runsc memory tests" >&2
 fi
