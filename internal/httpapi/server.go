@@ -171,6 +171,7 @@ type Server struct {
 	mux   *http.ServeMux
 	trust webTrust
 	rate  *limiter
+	ended endedResults // the results of tasks just ended, encoded once
 }
 
 // New returns a Server of svc's use cases and b's server-only operations.
