@@ -376,8 +376,8 @@ func (s *Scheduler) occupancy() (occupied int, load map[string]int, busy map[str
 
 // Admit is asked by a task's spawn, before its first events are recorded,
 // whether the task can be given a replica at once, as fill would give it
-// one a moment later: this replica leads, no task waits in the queue, a
-// slot is free and fill is not running. Then Admit returns the
+// one a moment later: this replica has reconciled and leads, no task waits
+// in the queue, a slot is free and fill is not running. Then Admit returns the
 // task_starting to record in the spawn's own commit, after task_queued,
 // and holds the slot until done is called (once that commit is applied or
 // has failed). The task then waits for one commit fewer before its
@@ -387,6 +387,11 @@ func (s *Scheduler) occupancy() (occupied int, load map[string]int, busy map[str
 // reconciliation finds the same. A task on a named workspace, which must
 // first hold the workspace, is left to fill.
 func (s *Scheduler) Admit(spec task.Spec) (starting eventstore.Proposed, done func(), ok bool) {
+	select {
+	case <-s.reconciled: // as fill, which runs only once Run has reconciled
+	default:
+		return eventstore.Proposed{}, nil, false
+	}
 	if spec.Workspace != "" || !s.leading.Load() || !s.assigning.TryLock() {
 		return eventstore.Proposed{}, nil, false
 	}

@@ -1156,6 +1156,20 @@ func spawn(tb testing.TB, h *harness, spec task.Spec) (string, bool) {
 	return id, ok
 }
 
+// waitAssigning waits until h's scheduler has reconciled and leads: until
+// then it admits no spawn.
+func waitAssigning(tb testing.TB, h *harness) {
+	tb.Helper()
+	waitFor(tb, "the scheduler to reconcile and lead", func() bool {
+		select {
+		case <-h.sched.Reconciled():
+			return h.sched.leading.Load()
+		default:
+			return false
+		}
+	})
+}
+
 // TestAdmitStartsFromTheSpawnCommit: a task spawned while a slot is free
 // is given its replica in the spawn's own commit and started from it,
 // with no commit of task_starting of its own; while the one slot is held,
@@ -1166,7 +1180,7 @@ func TestAdmitStartsFromTheSpawnCommit(t *testing.T) {
 	finish := make(chan struct{})
 	fake := MustNewFake(t, runUntilFinished(finish))
 	h := MustStart(t, store, Options{MaxConcurrent: 1}, fake)
-	waitFor(t, "the scheduler to lead", h.sched.leading.Load)
+	waitAssigning(t, h)
 	first, ok := spawn(t, h, task.Spec{})
 	if !ok {
 		t.Fatal("the spawn of a task with a free slot was not admitted")
@@ -1223,7 +1237,7 @@ func TestAdmitNeverPassesMaxConcurrent(t *testing.T) {
 		return sandbox.ExitStatus{Code: 0}
 	})
 	h := MustStart(t, store, Options{MaxConcurrent: 2}, fake)
-	waitFor(t, "the scheduler to lead", h.sched.leading.Load)
+	waitAssigning(t, h)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var ids []string
