@@ -165,9 +165,10 @@ func (o *Orchestrator) spawn(ctx context.Context, req service.SpawnRequest, allo
 	if err != nil {
 		return task.Task{}, false, err
 	}
-	if t.Status == task.Starting {
+	if ok {
 		// The spawn answers as SPEC §2 has it: the task is recorded and
-		// queued. That it is starting already is the next read's news.
+		// queued. That it is starting already (or further on, if its
+		// scheduler was quick) is the next read's news.
 		t.Status = task.Queued
 	}
 	if serr != nil {
