@@ -91,8 +91,8 @@ func printBench(w io.Writer, r *bench.Result) {
 		fmt.Fprintf(w, "  %-38s %6.1f ms %6.1f ms %6.1f ms %6.1f ms\n", name, l.Median, l.P90, l.Min, l.Max)
 	}
 	phases := func(name string, p bench.TaskPhases) {
-		fmt.Fprintf(w, "  %s median by phase: submit %.1f, queue %.1f, sandbox create %.1f, worker run %.1f, deliver %.1f ms\n",
-			name, p.Submit, p.Queue, p.Sandbox, p.Run, p.Deliver)
+		fmt.Fprintf(w, "  %s median by phase: submit %.1f, queue %.1f, sandbox create %.1f, worker run %.1f, deliver %.1f ms; %g event log commits from POST to result\n",
+			name, p.Submit, p.Queue, p.Sandbox, p.Run, p.Deliver, p.Commits)
 	}
 	if s.Warm != nil {
 		row("warm task echo hi, POST to result", *s.Warm)

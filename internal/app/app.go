@@ -323,6 +323,7 @@ func (a *App) open(ctx context.Context) error {
 		CheckAllow:     a.checkAllow,
 		Credentials:    a.onRequestCredentials(),
 		NetworkChanged: func(t task.Task) { a.runner.ApplyEgress(t) },
+		Admit:          func(spec task.Spec) (eventstore.Proposed, func(), bool) { return a.sched.Admit(spec) },
 	}, a.log.With("subsystem", "orchestrator"))
 	a.runner = taskrun.New(taskrun.Options{
 		Store:    a.store,

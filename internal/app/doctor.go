@@ -343,12 +343,12 @@ func redactURL(s string) string {
 }
 
 // slowFsync is the fsync time from which doctorDisk calls the data root's
-// disk slow: a task waits for about four, so 40 ms or more a task.
+// disk slow: a task waits for three or four, so 30 ms or more a task.
 const slowFsync = 10 * time.Millisecond
 
 // doctorDisk times fsyncs of a small file in the data root, as the event
-// log's commits make them (corral.db is there): every task waits for about
-// four, one after another.
+// log's commits make them (corral.db is there): every task waits for
+// three (four when it waits in the queue), one after another.
 func doctorDisk(dataRoot string) Check {
 	median, err := fsyncMedian(dataRoot)
 	return diskCheck(dataRoot, median, err)
@@ -367,7 +367,7 @@ func diskCheck(dataRoot string, median time.Duration, err error) Check {
 		c.Detail, c.Fix = "cannot write in the data root: "+err.Error(), "make the data root a directory the user corral serve runs as can write"
 	default:
 		c.OK = median < slowFsync
-		c.Detail = fmt.Sprintf("a write and fsync takes %.2f ms at the median; each task waits for about four (the event log's commits, corral_event_commit_seconds in /metrics)", float64(median)/float64(time.Millisecond))
+		c.Detail = fmt.Sprintf("a write and fsync takes %.2f ms at the median; each task waits for three or four (the event log's commits, corral_event_commit_seconds in /metrics)", float64(median)/float64(time.Millisecond))
 		if !c.OK {
 			c.Fix = "put the data root on a local SSD: tasks wait for its fsyncs one after another"
 		}

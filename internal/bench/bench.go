@@ -219,6 +219,11 @@ type TaskPhases struct {
 	Sandbox float64 `json:"sandbox_ms"`
 	Run     float64 `json:"run_ms"`
 	Deliver float64 `json:"deliver_ms"`
+	// Commits is the median count of the event log's commits from the
+	// spawn's request until the client has the result: one task at a
+	// time, every commit in that span is one the task's path made, and
+	// the acknowledgement and the end are two it must wait for.
+	Commits float64 `json:"commits"`
 }
 
 // Latency summarises measured durations.
@@ -351,6 +356,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 		c := a.Commits()
 		return commitCount{c.Commits, c.Events, c.Seconds}
 	}
+	b.commits = func() uint64 { return a.Commits().Commits }
 	start := commits()
 	if err := b.sequential(ctx, opts, res); err != nil {
 		return nil, err
@@ -376,6 +382,8 @@ type bencher struct {
 	cold *service.ResourceRequest
 	// warm reports the server's warm pools; nil without them.
 	warm func() []httpapi.WarmPool
+	// commits counts the server's event log commits so far.
+	commits func() uint64
 }
 
 // claims is how many tasks the warm pools have handed sandboxes to.
@@ -414,8 +422,9 @@ func (b *bencher) waitWarm(ctx context.Context) error {
 
 // taskRun is one task's measured run.
 type taskRun struct {
-	total  time.Duration
-	phases [5]time.Duration // as in TaskPhases
+	total   time.Duration
+	phases  [5]time.Duration // as in TaskPhases
+	commits uint64           // the server's commits from the POST to the result
 }
 
 // runTask spawns ["echo","hi"] on runtime ("" for the default), with the
@@ -434,7 +443,7 @@ func (b *bencher) runTask(ctx context.Context, runtime string, cold, phases bool
 	if cold {
 		req.Resources = b.cold
 	}
-	t0 := time.Now()
+	c0, t0 := b.commits(), time.Now()
 	tk, _, err := b.client.Spawn(ctx, req)
 	if err != nil {
 		return taskRun{}, fmt.Errorf("spawn bench task: %w", err)
@@ -449,11 +458,11 @@ func (b *bencher) runTask(ctx context.Context, runtime string, cold, phases bool
 			return taskRun{}, fmt.Errorf("bench task %s did not end within %s: status %s", tk.ID, b.timeout, r.Status)
 		}
 	}
-	t1 := time.Now()
+	t1, c1 := time.Now(), b.commits()
 	if r.Status != task.Success || strings.TrimSpace(r.Summary) != "hi" {
 		return taskRun{}, fmt.Errorf("bench task %s: status %s, summary %q (%s), want success and hi", tk.ID, r.Status, r.Summary, r.ErrorMessage)
 	}
-	run := taskRun{total: t1.Sub(t0)}
+	run := taskRun{total: t1.Sub(t0), commits: c1 - c0}
 	if !phases {
 		return run, nil
 	}
@@ -592,8 +601,8 @@ func bareBwrapArgs() []string {
 // sequential runs warm-up and then n task/bwrap pairs, one at a time.
 func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) error {
 	var tasks, warms, bares, gtasks, runscs []time.Duration
-	var phases, wphases, gphases [5][]time.Duration
-	var execs [3][]time.Duration // local, docker, bare docker run
+	var runs, wruns, gruns []taskRun // their phases and commits
+	var execs [3][]time.Duration     // local, docker, bare docker run
 	for i := range opts.Warmup + opts.N {
 		if b.warm != nil {
 			// Into a full pool; the refill it starts ends before the
@@ -613,10 +622,7 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 				return err
 			}
 			if i >= opts.Warmup {
-				warms = append(warms, wr.total)
-				for j, p := range wr.phases {
-					wphases[j] = append(wphases[j], p)
-				}
+				warms, wruns = append(warms, wr.total), append(wruns, wr)
 			}
 		}
 		tr, err := b.runTask(ctx, "", true, true)
@@ -637,10 +643,7 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 				return err
 			}
 			if i >= opts.Warmup {
-				gtasks, runscs = append(gtasks, gr.total), append(runscs, rd)
-				for j, p := range gr.phases {
-					gphases[j] = append(gphases[j], p)
-				}
+				gtasks, runscs, gruns = append(gtasks, gr.total), append(runscs, rd), append(gruns, gr)
 			}
 		}
 		if b.dockerRun != nil {
@@ -664,26 +667,23 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 		if i < opts.Warmup {
 			continue
 		}
-		tasks, bares = append(tasks, tr.total), append(bares, d)
-		for j, p := range tr.phases {
-			phases[j] = append(phases[j], p)
-		}
+		tasks, bares, runs = append(tasks, tr.total), append(bares, d), append(runs, tr)
 	}
 	s := &res.Sequential
 	s.Task, s.Bwrap = summarise(tasks), summarise(bares)
 	if s.Bwrap.Median > 0 {
 		s.Ratio = s.Task.Median / s.Bwrap.Median
 	}
-	s.Phases = medianPhases(phases)
+	s.Phases = medianPhases(runs)
 	if b.warm != nil {
-		w, wp := summarise(warms), medianPhases(wphases)
+		w, wp := summarise(warms), medianPhases(wruns)
 		s.Warm, s.WarmPhases = &w, &wp
 		if s.Bwrap.Median > 0 {
 			s.WarmRatio = w.Median / s.Bwrap.Median
 		}
 	}
 	if b.runsc != nil {
-		g := &Gvisor{Task: summarise(gtasks), Runsc: summarise(runscs), Phases: medianPhases(gphases)}
+		g := &Gvisor{Task: summarise(gtasks), Runsc: summarise(runscs), Phases: medianPhases(gruns)}
 		if g.Runsc.Median > 0 {
 			g.Ratio = g.Task.Median / g.Runsc.Median
 		}
@@ -702,8 +702,19 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 	return nil
 }
 
-func medianPhases(p [5][]time.Duration) TaskPhases {
+// medianPhases are the medians of runs' phases and commits.
+func medianPhases(runs []taskRun) TaskPhases {
+	var p [5][]time.Duration
+	commits := make([]float64, len(runs))
+	for i, r := range runs {
+		for j, d := range r.phases {
+			p[j] = append(p[j], d)
+		}
+		commits[i] = float64(r.commits)
+	}
+	slices.Sort(commits)
 	return TaskPhases{
+		Commits: median(commits),
 		Submit:  summarise(p[0]).Median,
 		Queue:   summarise(p[1]).Median,
 		Sandbox: summarise(p[2]).Median,
@@ -869,6 +880,19 @@ func summarise(ds []time.Duration) Latency {
 	}
 	p90 := s[int(math.Ceil(0.9*float64(n)))-1]
 	return Latency{Count: n, Median: ms(med), P90: ms(p90), Min: ms(s[0]), Max: ms(s[n-1])}
+}
+
+// median is the middle of sorted values, the mean of the two middle ones
+// for an even count; 0 for none.
+func median(s []float64) float64 {
+	n := len(s)
+	switch {
+	case n == 0:
+		return 0
+	case n%2 == 0:
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[n/2]
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

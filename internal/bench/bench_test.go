@@ -84,6 +84,13 @@ func TestBench(t *testing.T) {
 			t.Errorf("%s commits %+v: want at least %d, of one event or more, in a positive time", name, c.Commits, c.min)
 		}
 	}
+	// A task waits for its acknowledgement's commit and its end's at
+	// least; each phase's median counts them.
+	for name, p := range map[string]bench.TaskPhases{"cold": s.Phases, "warm": *s.WarmPhases} {
+		if p.Commits < 2 {
+			t.Errorf("%s task: %v commits from POST to result, want 2 or more", name, p.Commits)
+		}
+	}
 	if res.Host.CPUs < 1 || res.Host.Bwrap == "" {
 		t.Errorf("host %+v: want CPUs and the bwrap version", res.Host)
 	}

@@ -105,7 +105,13 @@ func (s *Server) taskResult(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, res)
+	if !res.Done || res.FileContents != nil {
+		writeJSON(w, http.StatusOK, res)
+		return nil
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	w.Write(s.ended.encode(res))
 	return nil
 }
 

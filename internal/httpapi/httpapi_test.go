@@ -44,6 +44,7 @@ type stub struct {
 	get    func(string) (task.Task, error)
 	events func(service.EventsRequest, func(eventstore.Event) error) error
 	logs   func(service.LogsRequest, io.Writer) error
+	result func(service.ResultRequest) (service.Result, error)
 }
 
 var errUnset = errors.New("stub: not set")
@@ -66,8 +67,11 @@ func (s *stub) Get(_ context.Context, id string) (task.Task, error) {
 func (s *stub) List(context.Context, service.ListRequest) (service.ListPage, error) {
 	return service.ListPage{}, errUnset
 }
-func (s *stub) Result(context.Context, service.ResultRequest) (service.Result, error) {
-	return service.Result{}, errUnset
+func (s *stub) Result(_ context.Context, r service.ResultRequest) (service.Result, error) {
+	if s.result == nil {
+		return service.Result{}, errUnset
+	}
+	return s.result(r)
 }
 func (s *stub) Cancel(context.Context, string) (task.Task, error) { return task.Task{}, errUnset }
 func (s *stub) SetNetwork(context.Context, service.NetworkRequest) (task.Task, error) {

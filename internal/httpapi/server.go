@@ -172,6 +172,7 @@ type Server struct {
 	mux   *http.ServeMux
 	trust webTrust
 	rate  *limiter
+	ended endedResults // the results of tasks just ended, encoded once
 	// patterns are the routes of mux, as registered.
 	patterns []string
 }

@@ -79,6 +79,11 @@ type Options struct {
 	// SetNetwork changed, for this server's egress to follow it at once
 	// (the others follow the log).
 	NetworkChanged func(task.Task)
+	// Admit, if set, is asked at each spawn whether the new task may be
+	// given its replica in the spawn's own commit (scheduler.Admit): if
+	// so, it returns the task_starting to record after task_queued, and
+	// done, called once that commit is applied or has failed.
+	Admit func(task.Spec) (starting eventstore.Proposed, done func(), ok bool)
 }
 
 // Images are the images tasks on the image runtimes run: Default for a task
@@ -111,6 +116,9 @@ var _ service.Tasks = (*Orchestrator)(nil)
 
 // New returns an Orchestrator.
 func New(opts Options, log *slog.Logger) *Orchestrator {
+	if opts.Admit == nil {
+		opts.Admit = func(task.Spec) (eventstore.Proposed, func(), bool) { return eventstore.Proposed{}, nil, false }
+	}
 	return &Orchestrator{lib: opts.Library, opts: opts, store: opts.Store, tasks: opts.Tasks, data: opts.Data, log: log}
 }
 

@@ -639,3 +639,43 @@ func BenchmarkSpawnContext(b *testing.B) {
 		}
 	}
 }
+
+// TestSpawnAdmitted: a spawn the scheduler admits records task_starting in
+// its own commit, after task_queued, answers queued as SPEC §2 has it, and
+// lets the scheduler know once the commit is applied; one it does not
+// admit records created and queued alone.
+func TestSpawnAdmitted(t *testing.T) {
+	admit := true
+	var done int
+	f := MustNew(t, func(o *Options) {
+		o.Admit = func(task.Spec) (eventstore.Proposed, func(), bool) {
+			if !admit {
+				return eventstore.Proposed{}, nil, false
+			}
+			return projection.NewEvent(task.EventStarting, task.StartingOn{Replica: "r1"}, "scheduler"), func() { done++ }, true
+		}
+	})
+	got := f.MustSpawn(t, service.SpawnRequest{TaskDescription: "x", Agent: task.AgentCommand, Command: []string{"true"}})
+	if got.Status != task.Queued || done != 1 {
+		t.Errorf("admitted spawn answered %s, done called %d times; want queued and once", got.Status, done)
+	}
+	if cur, _ := f.tasks.Get(got.ID); cur.Status != task.Starting || cur.Replica != "r1" {
+		t.Errorf("admitted task is %s on %q, want starting on r1", cur.Status, cur.Replica)
+	}
+	evs, err := f.store.ReadStream(context.Background(), task.StreamID(got.ID), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, e := range evs {
+		types = append(types, e.Type)
+	}
+	if diff := cmp.Diff([]string{task.EventCreated, task.EventQueued, task.EventStarting}, types); diff != "" || !evs[2].RecordedAt.Equal(evs[0].RecordedAt) {
+		t.Errorf("admitted spawn's events (-want +got), want one commit:\n%s", diff)
+	}
+	admit = false
+	got = f.MustSpawn(t, service.SpawnRequest{TaskDescription: "y", Agent: task.AgentCommand, Command: []string{"true"}})
+	if cur, _ := f.tasks.Get(got.ID); got.Status != task.Queued || cur.Status != task.Queued || done != 1 {
+		t.Errorf("spawn not admitted: answered %s, is %s, done %d; want queued, queued, 1", got.Status, cur.Status, done)
+	}
+}

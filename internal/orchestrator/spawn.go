@@ -22,6 +22,7 @@ import (
 	"github.com/corral-dev/corral/internal/service"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/projection"
 	"github.com/corral-dev/corral/internal/task"
@@ -146,12 +147,29 @@ func (o *Orchestrator) spawn(ctx context.Context, req service.SpawnRequest, allo
 	go func() { synced <- syncInputs() }()
 	sum := sha256.Sum256(prompt)
 	actor := service.ActorFrom(ctx)
-	t, err := o.tasks.Create(ctx, id,
+	evs := []eventstore.Proposed{
 		projection.NewEvent(task.EventCreated, task.Created{Spec: spec, RequestHash: hash, PromptSHA256: hex.EncodeToString(sum[:])}, actor),
-		projection.NewEvent(task.EventQueued, nil, actor))
+		projection.NewEvent(task.EventQueued, nil, actor),
+	}
+	// A task that can start at once is given its replica in this commit,
+	// not in one of its own after it: one fsync fewer before its sandbox.
+	starting, admitted, ok := o.opts.Admit(spec)
+	if ok {
+		evs = append(evs, starting)
+	}
+	t, err := o.tasks.Create(ctx, id, evs...)
+	if ok {
+		admitted()
+	}
 	serr := <-synced
 	if err != nil {
 		return task.Task{}, false, err
+	}
+	if ok {
+		// The spawn answers as SPEC §2 has it: the task is recorded and
+		// queued. That it is starting already (or further on, if its
+		// scheduler was quick) is the next read's news.
+		t.Status = task.Queued
 	}
 	if serr != nil {
 		// The task is recorded and will start, or fail at its start if a

@@ -141,6 +141,11 @@ type Scheduler struct {
 	wg         sync.WaitGroup
 	reconciled chan struct{}
 	leading    atomic.Bool // this replica leads (Lead): it assigns queued tasks
+	// assigning is held while fill or Admit gives tasks their replicas,
+	// so that the two never hand out the same free slot.
+	assigning sync.Mutex
+	// admitted counts the slots Admit holds for spawns not yet applied.
+	admitted int // under mu
 	// listFailed is, by runtime, why its sandboxes could not be listed
 	// last: a runtime that stays out of reach is logged once, not at
 	// every look (adoption looks every second).
@@ -296,22 +301,10 @@ func (s *Scheduler) wake() {
 // no other task (on any replica) and no session of this replica writes
 // the workspace: one writer per workspace (task.Writers).
 func (s *Scheduler) fill(ctx context.Context) {
+	s.assigning.Lock()
+	defer s.assigning.Unlock()
 	self := s.opts.Members.Self()
-	active := s.tasks.SelectLive(func(t *task.Task) bool { return t.Status == task.Starting || t.Status == task.Running })
-	load := map[string]int{}
-	busy := map[string]bool{} // workspaces a task writes
-	s.mu.Lock()
-	occupied := len(s.running)
-	for _, t := range active {
-		load[t.Replica]++
-		if !s.running[t.ID] {
-			occupied++
-		}
-		if t.Workspace != "" {
-			busy[t.Workspace] = true
-		}
-	}
-	s.mu.Unlock()
+	occupied, load, busy := s.occupancy()
 	if occupied >= s.opts.MaxConcurrent {
 		return
 	}
@@ -358,6 +351,69 @@ func (s *Scheduler) fill(ctx context.Context) {
 			s.startClaimed(ctx, nt)
 		}
 	}
+}
+
+// occupancy is how many of the cluster's slots are held (see fill), the
+// tasks starting or running on each replica, and the workspaces a task
+// writes.
+func (s *Scheduler) occupancy() (occupied int, load map[string]int, busy map[string]bool) {
+	active := s.tasks.SelectLive(func(t *task.Task) bool { return t.Status == task.Starting || t.Status == task.Running })
+	load, busy = map[string]int{}, map[string]bool{}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	occupied = len(s.running) + s.admitted
+	for _, t := range active {
+		load[t.Replica]++
+		if !s.running[t.ID] {
+			occupied++
+		}
+		if t.Workspace != "" {
+			busy[t.Workspace] = true
+		}
+	}
+	return occupied, load, busy
+}
+
+// Admit is asked by a task's spawn, before its first events are recorded,
+// whether the task can be given a replica at once, as fill would give it
+// one a moment later: this replica has reconciled and leads, no task waits
+// in the queue, a slot is free and fill is not running. Then Admit returns the
+// task_starting to record in the spawn's own commit, after task_queued,
+// and holds the slot until done is called (once that commit is applied or
+// has failed). The task then waits for one commit fewer before its
+// sandbox is created: the log after the spawn's commit reads as it would
+// after fill's (queued, then starting on a replica), so a crash after it
+// leaves what a crash after fill's commit leaves, and the start-up
+// reconciliation finds the same. A task on a named workspace, which must
+// first hold the workspace, is left to fill.
+func (s *Scheduler) Admit(spec task.Spec) (starting eventstore.Proposed, done func(), ok bool) {
+	select {
+	case <-s.reconciled: // as fill, which runs only once Run has reconciled
+	default:
+		return eventstore.Proposed{}, nil, false
+	}
+	if spec.Workspace != "" || !s.leading.Load() || !s.assigning.TryLock() {
+		return eventstore.Proposed{}, nil, false
+	}
+	defer s.assigning.Unlock()
+	if s.tasks.Waiting(slices.Values([]string(nil))) > 0 {
+		return eventstore.Proposed{}, nil, false
+	}
+	occupied, load, _ := s.occupancy()
+	if occupied >= s.opts.MaxConcurrent {
+		return eventstore.Proposed{}, nil, false
+	}
+	to := leastBusy(s.opts.Members.Live(), load, spec.Runtime, s.opts.Members.Self())
+	s.mu.Lock()
+	s.admitted++
+	s.mu.Unlock()
+	done = func() {
+		s.mu.Lock()
+		s.admitted--
+		s.mu.Unlock()
+		s.wake()
+	}
+	return projection.NewEvent(task.EventStarting, task.StartingOn{Replica: to}, ActorScheduler), done, true
 }
 
 // leastBusy is the live replica with the fewest tasks in load that offers

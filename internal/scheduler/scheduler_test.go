@@ -1129,3 +1129,142 @@ func TestListFailureLoggedOnce(t *testing.T) {
 		t.Errorf("logged %d failures and %d recoveries, want 2 and 1:\n%s", w, i, logs.String())
 	}
 }
+
+// spawn records a task for the fake runtime as the orchestrator's spawn
+// does: created and queued, and task_starting in the same append when
+// Admit gives it a slot. It returns the task's id and whether it was
+// admitted.
+func spawn(tb testing.TB, h *harness, spec task.Spec) (string, bool) {
+	tb.Helper()
+	spec.Runtime, spec.TimeoutMinutes = "fake", 10
+	evs := []eventstore.Proposed{
+		projection.NewEvent(task.EventCreated, task.Created{Spec: spec}, "test"),
+		projection.NewEvent(task.EventQueued, nil, "test"),
+	}
+	starting, done, ok := h.sched.Admit(spec)
+	if ok {
+		evs = append(evs, starting)
+	}
+	id := task.NewID()
+	_, err := h.tasks.Create(context.Background(), id, evs...)
+	if ok {
+		done()
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return id, ok
+}
+
+// waitAssigning waits until h's scheduler has reconciled and leads: until
+// then it admits no spawn.
+func waitAssigning(tb testing.TB, h *harness) {
+	tb.Helper()
+	waitFor(tb, "the scheduler to reconcile and lead", func() bool {
+		select {
+		case <-h.sched.Reconciled():
+			return h.sched.leading.Load()
+		default:
+			return false
+		}
+	})
+}
+
+// TestAdmitStartsFromTheSpawnCommit: a task spawned while a slot is free
+// is given its replica in the spawn's own commit and started from it,
+// with no commit of task_starting of its own; while the one slot is held,
+// the next spawn is queued and starts when the slot frees, as before; a
+// task on a named workspace is always left to the queue.
+func TestAdmitStartsFromTheSpawnCommit(t *testing.T) {
+	store := sqlitetest.Open(t)
+	finish := make(chan struct{})
+	fake := MustNewFake(t, runUntilFinished(finish))
+	h := MustStart(t, store, Options{MaxConcurrent: 1}, fake)
+	waitAssigning(t, h)
+	first, ok := spawn(t, h, task.Spec{})
+	if !ok {
+		t.Fatal("the spawn of a task with a free slot was not admitted")
+	}
+	waitStatus(t, h.tasks, first, task.Running)
+	second, ok := spawn(t, h, task.Spec{})
+	if ok {
+		t.Fatal("a spawn was admitted while the only slot is held")
+	}
+	if _, _, ok := h.sched.Admit(task.Spec{Runtime: "fake", Workspace: "w"}); ok {
+		t.Error("a workspace task was admitted: it must hold its workspace first (fill)")
+	}
+	close(finish)
+	waitStatus(t, h.tasks, first, task.Success)
+	waitStatus(t, h.tasks, second, task.Success)
+	evs := readStream(t, store, task.StreamID(first))
+	want := []string{task.EventCreated, task.EventQueued, task.EventStarting, task.EventStarted, task.EventCompleted}
+	var got []string
+	for _, e := range evs {
+		got = append(got, e.Type)
+	}
+	if diff := cmp.Diff(want, got[:min(len(got), len(want))]); diff != "" {
+		t.Errorf("the admitted task's events (-want +got):\n%s", diff)
+	}
+	// One append, one commit: the spawn's three events share a time,
+	// taken when their commit began, and the start's is later.
+	if !evs[2].RecordedAt.Equal(evs[0].RecordedAt) || evs[3].RecordedAt.Equal(evs[0].RecordedAt) {
+		t.Errorf("recorded at %v: want created, queued and starting in one commit, started in another", []time.Time{evs[0].RecordedAt, evs[1].RecordedAt, evs[2].RecordedAt, evs[3].RecordedAt})
+	}
+	if got := streamTypes(t, store, task.StreamID(second)); slices.Index(got, task.EventStarting) != 2 || slices.Index(got[3:], task.EventStarting) >= 0 {
+		t.Errorf("the queued task's events %v: want one task_starting, after task_queued", got)
+	}
+}
+
+// TestAdmitNeverPassesMaxConcurrent: spawns admitted at once from many
+// callers, while fill starts the queued ones, never run more sandboxes
+// than the limit, and every task ends.
+func TestAdmitNeverPassesMaxConcurrent(t *testing.T) {
+	store := sqlitetest.Open(t)
+	var running, maxRunning atomic.Int32
+	fake := MustNewFake(t, func(ctx context.Context, spec sandbox.Spec) sandbox.ExitStatus {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for {
+			m := maxRunning.Load()
+			if n <= m || maxRunning.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return sandbox.ExitStatus{Code: 0}
+	})
+	h := MustStart(t, store, Options{MaxConcurrent: 2}, fake)
+	waitAssigning(t, h)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ids []string
+	var admitted atomic.Int32
+	for range 8 {
+		wg.Go(func() {
+			for range 4 {
+				id, ok := spawn(t, h, task.Spec{})
+				if ok {
+					admitted.Add(1)
+				}
+				mu.Lock()
+				ids = append(ids, id)
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	for _, id := range ids {
+		waitStatus(t, h.tasks, id, task.Success)
+	}
+	if got := maxRunning.Load(); got > 2 {
+		t.Errorf("%d sandboxes ran at once, over the limit of 2", got)
+	}
+	if admitted.Load() == 0 {
+		t.Error("no spawn was admitted")
+	}
+	waitFor(t, "every slot to be released", func() bool { return h.sched.Running() == 0 })
+}
