@@ -11,11 +11,11 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/k8srender"
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
+	"github.com/corral-dev/corral/internal/version"
 )
 
 const k8sUsage = "corral k8s render [--config FILE] [--server-image IMG] [--storage 10Gi] [--storage-class NAME] [--no-secrets] > corral.yaml\n       corral k8s seccomp [--gvisor] [--arch amd64|arm64] > corral.json"
@@ -109,6 +109,6 @@ var notTag = regexp.MustCompile(`[^A-Za-z0-9_.-]`)
 // defaultServerImage is corral:<this binary's version>, e.g. corral:v1.2.0,
 // or corral:devel for a build from a checkout.
 func defaultServerImage() string {
-	v := strings.Fields(app.Version())[0]
+	v := strings.Fields(version.String())[0]
 	return "corral:" + notTag.ReplaceAllString(v, "-")
 }

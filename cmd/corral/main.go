@@ -15,11 +15,11 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/notify"
 	"github.com/corral-dev/corral/internal/termsafe"
+	"github.com/corral-dev/corral/internal/version"
 )
 
 const usage = `corral — hand tasks to AI coding agents in sandboxes
@@ -188,7 +188,7 @@ func cmdVersion(_ context.Context, args []string, stdout, _ io.Writer) error {
 	if len(args) > 0 {
 		return fmt.Errorf("version takes no arguments: %w", errdefs.ErrInvalidArgument)
 	}
-	fmt.Fprintln(stdout, "corral", app.Version())
+	fmt.Fprintln(stdout, "corral", version.String())
 	return nil
 }
 
