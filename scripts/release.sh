@@ -98,9 +98,12 @@ for image in $IMAGES; do
       chmod 1777 "$root/tmp"
       chown 1000:1000 "$root/var/lib/corral"
       # Listening beyond loopback needs CORRAL_API_TOKEN; the rendered
-      # Deployment gives its own arguments.
-      scripts/k8s/image.sh --entrypoint '["/usr/local/bin/corral"]' --cmd '["serve","--listen","0.0.0.0:7777"]' \
-        --user 1000:1000 --workdir /var/lib/corral --env CORRAL_DATA=/var/lib/corral \
+      # Deployment gives its own arguments. No CORRAL_* variable: it
+      # would override the rendered configuration's file (its data
+      # root, where the claim is mounted).
+      scripts/k8s/image.sh --entrypoint '["/usr/local/bin/corral"]' \
+        --cmd '["serve","--listen","0.0.0.0:7777","--data","/var/lib/corral"]' \
+        --user 1000:1000 --workdir /var/lib/corral \
         "corral:$tag" "$root" "$out/corral-image-$version-$host_arch.tar"
       ;;
     worker)
