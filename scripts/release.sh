@@ -49,6 +49,13 @@ epoch=$(git log -1 --format=%ct)
 ldflags="-s -w -X github.com/corral-dev/corral/internal/version.Version=$version"
 host_arch=$(go env GOARCH)
 
+for image in $IMAGES; do
+  case "$image" in
+    server) [[ " $ARCHES " == *" $host_arch "* ]] || die "the server image holds the $host_arch binaries: put $host_arch in ARCHES" ;;
+    worker) ;;
+    *) die "IMAGES: unknown image $image (server, worker)" ;;
+  esac
+done
 if [ -n "$IMAGES" ] && [ "$(id -u)" != 0 ]; then
   die "the images are built as root (their files' owners; mmdebstrap): run as root, or IMAGES= for the binaries alone"
 fi
@@ -73,8 +80,6 @@ done
 for image in $IMAGES; do
   case "$image" in
     server)
-      [ -d "$tmp/corral-$version-linux-$host_arch" ] ||
-        die "the server image holds the $host_arch binaries: put $host_arch in ARCHES"
       bb=$(dpkg -L busybox-static 2>/dev/null | grep -m1 '/bin/busybox$') ||
         die "busybox-static is needed: apt-get install -y busybox-static"
       [ -s /etc/ssl/certs/ca-certificates.crt ] || die "ca-certificates is needed: apt-get install -y ca-certificates"
@@ -110,7 +115,6 @@ for image in $IMAGES; do
       say "worker image localhost/corral-worker:$tag"
       CORRAL_VERSION=$version scripts/worker-image.sh "corral-worker:$tag" "$out/corral-worker-image-$version-$host_arch.tar"
       ;;
-    *) die "IMAGES: unknown image $image (server, worker)" ;;
   esac
 done
 
