@@ -15,12 +15,13 @@ sudo=""
 
 command -v go >/dev/null || { echo "Go 1.26 or newer is needed: https://go.dev/dl/" >&2; exit 1; }
 
-# Debian packages: the sandboxes, nsenter (util-linux), ps (procps), node
-# and npm for the JavaScript clients and agent CLIs, python3 for the Python
-# client, a Docker engine with mmdebstrap to build its test image, Chromium
-# for the web UI's tests, and PostgreSQL for the event store on it.
+# Debian packages: the sandboxes, nsenter and setpriv (util-linux), ps
+# (procps), node and npm for the JavaScript clients and agent CLIs, python3
+# for the Python client, a Docker engine with mmdebstrap to build its test
+# image, Chromium for the web UI's tests, PostgreSQL for the event store on
+# it, and systemd-analyze to verify the systemd unit.
 missing=()
-for want in bwrap:bubblewrap runsc:runsc nsenter:util-linux ps:procps node:nodejs npm:npm dockerd:docker.io mmdebstrap:mmdebstrap busybox:busybox-static git:git python3:python3 chromium:chromium pg_ctlcluster:postgresql; do
+for want in bwrap:bubblewrap runsc:runsc nsenter:util-linux ps:procps node:nodejs npm:npm dockerd:docker.io mmdebstrap:mmdebstrap busybox:busybox-static git:git python3:python3 chromium:chromium pg_ctlcluster:postgresql systemd-analyze:systemd; do
   command -v "${want%%:*}" >/dev/null || missing+=("${want#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then

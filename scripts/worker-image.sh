@@ -10,6 +10,8 @@
 #       default corral-worker:latest, ./corral-worker.tar
 #   AGENTS="claude codex" scripts/worker-image.sh ...   only these CLIs
 #   AGENTS=none scripts/worker-image.sh ...             no agent CLI
+#   CORRAL_VERSION=v1.2.0 scripts/worker-image.sh ...   the version stamped into
+#       corral (default: git describe --tags --always --dirty)
 #
 # Load it with scripts/k8s/import.sh OUT.tar (the test cluster, which names
 # it localhost/NAME:TAG: set ai_worker_config.ai_coder_image to that and
@@ -35,8 +37,10 @@ done < <(grep -v -e '^#' -e '^$' scripts/agent-clis.txt)
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "==> go build corral (static)"
-CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags='-s -w' -o "$tmp/corral" ./cmd/corral
+version=${CORRAL_VERSION:-$(git describe --tags --always --dirty)}
+echo "==> go build corral $version (static)"
+CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath \
+  -ldflags="-s -w -X github.com/corral-dev/corral/internal/version.Version=$version" -o "$tmp/corral" ./cmd/corral
 
 hooks=(
   --customize-hook="copy-in $tmp/corral /usr/local/bin"

@@ -11,10 +11,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/k8srender"
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
+	"github.com/corral-dev/corral/internal/version"
 )
 
 // k8sCmd is `corral k8s render`: the manifests that run Corral in a
@@ -114,6 +114,6 @@ var notTag = regexp.MustCompile(`[^A-Za-z0-9_.-]`)
 // defaultServerImage is corral:<this binary's version>, e.g. corral:v1.2.0,
 // or corral:devel for a build from a checkout.
 func defaultServerImage() string {
-	v := strings.Fields(app.Version())[0]
+	v := strings.Fields(version.String())[0]
 	return "corral:" + notTag.ReplaceAllString(v, "-")
 }

@@ -21,11 +21,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/notify"
 	"github.com/corral-dev/corral/internal/termsafe"
+	"github.com/corral-dev/corral/internal/version"
 )
 
 // The exit codes a script can rely on, besides 0 and the code of a command
@@ -159,7 +159,7 @@ func newRoot() *cobra.Command {
 		Use:           "corral",
 		Short:         "Hand tasks to AI coding agents in sandboxes",
 		Long:          rootLong,
-		Version:       app.Version(),
+		Version:       version.String(),
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
@@ -191,7 +191,7 @@ func versionCmd() *cobra.Command {
 		Short: "This binary's version and build",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintln(cmd.OutOrStdout(), "corral", app.Version())
+			fmt.Fprintln(cmd.OutOrStdout(), "corral", version.String())
 			return nil
 		},
 	}

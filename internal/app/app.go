@@ -48,6 +48,7 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/taskrun"
 	"github.com/corral-dev/corral/internal/tools"
+	"github.com/corral-dev/corral/internal/version"
 	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/workspace"
 )
@@ -382,7 +383,7 @@ func (a *App) open(ctx context.Context) error {
 		deliveries = notifyDeliveries{a.notifier}
 	}
 	toolLimits := tools.Limits{DefaultTimeoutMinutes: w.DefaultTimeoutMinutes, MaxTimeoutMinutes: w.MaxTimeoutMinutes, NoCodeExecute: !cfg.Execution.Enabled}
-	mcpSrv := mcpserver.New(a.Services(), mcpserver.Options{MaxArgumentBytes: lim.MaxRequestBytes.Bytes(), Version: Version(), Limits: toolLimits}, a.log.With("subsystem", "mcp"))
+	mcpSrv := mcpserver.New(a.Services(), mcpserver.Options{MaxArgumentBytes: lim.MaxRequestBytes.Bytes(), Version: version.String(), Limits: toolLimits}, a.log.With("subsystem", "mcp"))
 	a.api = httpapi.New(a.Services(), backend{a}, httpapi.Options{
 		Token:           a.token,
 		Tokens:          tokens,
@@ -395,7 +396,7 @@ func (a *App) open(ctx context.Context) error {
 		AllowedOrigins:  cfg.HTTP.AllowedOrigins,
 		Ready:           a.sched.Reconciled(),
 		ToolLimits:      toolLimits,
-		Version:         Version(),
+		Version:         version.String(),
 		Replica:         a.members.Self(),
 		Holding:         a.members.Holding,
 		Doctor: (&doctorCache{ttl: time.Minute, run: func(ctx context.Context) []Check {

@@ -18,7 +18,9 @@ const module = "github.com/corral-dev/corral/"
 // internal packages each package may import directly. A package missing
 // from the table fails the test, so a new package must be placed in it.
 var allowed = map[string][]string{
-	"internal/errdefs":              {},
+	"internal/errdefs": {},
+	// This binary's version, stamped at link time by scripts/release.sh.
+	"internal/version":              {},
 	"internal/logkey":               {},
 	"internal/ids":                  {},
 	"internal/units":                {},
@@ -94,7 +96,7 @@ var allowed = map[string][]string{
 	"internal/app":                     {"*"},
 	"internal/e2e":                     {}, // end-to-end suites: tests only
 	"internal/bench":                   {"app", "config", "errdefs", "eventstore", "eventstore/postgres", "eventstore/sqlite", "httpapi", "rtkind", "service", "task", "testenv"},
-	"cmd/corral":                       {"app", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "notify", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "workercmd", "storecopy", "rtkind", "workspace"}, // rtkind: --runtime completes and checks the runtimes' names; workspace: ws ls prints its entries
+	"cmd/corral":                       {"app", "version", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "notify", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "workercmd", "storecopy", "rtkind", "workspace"}, // rtkind: --runtime completes and checks the runtimes' names; workspace: ws ls prints its entries
 	// What every sandbox runs, and nothing of the server (badDeps).
 	"internal/workercmd": {"worker", "execagent", "sandbox/warmstart", "workerproto"},
 	"cmd/corral-worker":  {"workercmd"},
