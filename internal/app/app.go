@@ -395,6 +395,7 @@ func (a *App) open(ctx context.Context) error {
 		Ready:           a.sched.Reconciled(),
 		ToolLimits:      toolLimits,
 		Version:         Version(),
+		Revision:        Revision(),
 		Replica:         a.members.Self(),
 		Holding:         a.members.Holding,
 		Doctor: (&doctorCache{ttl: time.Minute, run: func(ctx context.Context) []Check {
