@@ -318,11 +318,12 @@ func (a *App) open(ctx context.Context) error {
 			MaxMemoryBytes: cfg.Execution.MaxMemory.Bytes(),
 			NetworkEnabled: cfg.Execution.NetworkEnabled,
 		},
-		Agents:         agentConfigs(cfg),
-		AgentMissing:   agentMissing,
-		CheckAllow:     a.checkAllow,
-		Credentials:    a.onRequestCredentials(),
-		NetworkChanged: func(t task.Task) { a.runner.ApplyEgress(t) },
+		Agents:           agentConfigs(cfg),
+		AgentMissing:     agentMissing,
+		AgentCredentials: agentNoCredentials,
+		CheckAllow:       a.checkAllow,
+		Credentials:      a.onRequestCredentials(),
+		NetworkChanged:   func(t task.Task) { a.runner.ApplyEgress(t) },
 	}, a.log.With("subsystem", "orchestrator"))
 	a.runner = taskrun.New(taskrun.Options{
 		Store:    a.store,
