@@ -2,7 +2,7 @@
 // can share), the token prompt, and the live-update indicator.
 
 import { h, replace, errorBox } from './dom.js';
-import { onUnauthorized, setToken, forgetToken, token, get, APIError } from './api.js';
+import { onUnauthorized, setToken, forgetToken, token, subscribe, APIError } from './api.js';
 import { tasksPage } from './pages/tasks.js';
 import { taskPage } from './pages/task.js';
 import { spawnPage } from './pages/spawn.js';
@@ -75,10 +75,7 @@ export function render() {
 export function navigate(path, { replace: rep } = {}) {
   if (rep) history.replaceState(null, '', path);
   else history.pushState(null, '', path);
-  // A server with a token asks for it at once, whatever the page: some
-// pages (the spawn form) read nothing before the user acts.
-get('/api/tasks?limit=1').catch(() => {});
-render();
+  render();
   window.scrollTo(0, 0);
 }
 
@@ -116,30 +113,37 @@ document.getElementById('token-form').addEventListener('submit', () => {
   document.getElementById('token-input').value = '';
   tokenError.hidden = true;
   forget.hidden = false;
-  // A server with a token asks for it at once, whatever the page: some
-// pages (the spawn form) read nothing before the user acts.
-get('/api/tasks?limit=1').catch(() => {});
-render();
+  followLive();
+  render();
 });
 dialog.addEventListener('cancel', (e) => e.preventDefault());
 forget.hidden = !token();
 forget.addEventListener('click', () => {
   forgetToken();
   forget.hidden = true;
-  // A server with a token asks for it at once, whatever the page: some
-// pages (the spawn form) read nothing before the user acts.
-get('/api/tasks?limit=1').catch(() => {});
-render();
+  followLive();
+  render();
 });
 
-// setLive shows the state of the page's live stream in the sidebar.
-export function setLive(state) {
+// setLive shows the state of the app's live stream in the sidebar.
+function setLive(state) {
   const el = document.getElementById('live');
   el.textContent = state;
   el.className = 'live live-' + state;
 }
 
-// A server with a token asks for it at once, whatever the page: some
-// pages (the spawn form) read nothing before the user acts.
-get('/api/tasks?limit=1').catch(() => {});
+// followLive follows the server's events from now on, whatever the page,
+// for the sidebar's indicator to say whether the app is connected to the
+// server: live on every page while it is up (the pages follow their own
+// streams, which come and go with them). Its first request also makes a
+// server with a token ask for it at once: some pages (the spawn form)
+// read nothing before the user acts.
+let live = null;
+function followLive() {
+  if (live) live.abort();
+  live = new AbortController();
+  subscribe('/api/events', { after: 'now', signal: live.signal, onEvent: () => {}, onState: setLive });
+}
+
+followLive();
 render();
