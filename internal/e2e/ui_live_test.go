@@ -4,6 +4,7 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -47,14 +48,21 @@ func TestUISessionEarlierCommands(t *testing.T) {
 	s := startUIServer(t)
 	ctx := context.Background()
 	created := mustCreateSession(t, s.client)
+	// Strings run with sh -c, as the console sends them, and an argv,
+	// which is shown joined.
 	commands := []string{
 		"echo first",
 		`echo '<script>window.__xss=21</script><img src=x onerror="window.__xss=22">'; exit 4`,
 		"printf 'a\\\\b \"quoted\"\\n'",
+		"echo from an argv",
 	}
-	for _, c := range commands {
-		if _, err := s.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell(c)}, func(httpapi.ExecChunk) error { return nil }); err != nil {
-			t.Fatalf("exec %q: %v", c, err)
+	for i, c := range commands {
+		cmd := shell(c)
+		if i == len(commands)-1 {
+			cmd = json.RawMessage(`["echo", "from", "an", "argv"]`)
+		}
+		if _, err := s.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: cmd}, func(httpapi.ExecChunk) error { return nil }); err != nil {
+			t.Fatalf("exec %s: %v", cmd, err)
 		}
 	}
 
@@ -69,8 +77,8 @@ func TestUISessionEarlierCommands(t *testing.T) {
 		}
 	}
 	exits := eval[[]string](b, `[...document.querySelectorAll('#session-console .console-earlier .console-exit')].map((e) => e.textContent)`)
-	if len(exits) != 3 || !strings.HasPrefix(exits[0], "[exit 0,") || !strings.HasPrefix(exits[1], "[exit 4,") || !strings.HasPrefix(exits[2], "[exit 0,") {
-		t.Errorf("exit codes shown %q, want 0, 4, 0", exits)
+	if len(exits) != 4 || !strings.HasPrefix(exits[0], "[exit 0,") || !strings.HasPrefix(exits[1], "[exit 4,") || !strings.HasPrefix(exits[2], "[exit 0,") || !strings.HasPrefix(exits[3], "[exit 0,") {
+		t.Errorf("exit codes shown %q, want 0, 4, 0, 0", exits)
 	}
 	if n := eval[int](b, `document.querySelectorAll('#session-console .console-earlier time[datetime]').length`); n != len(commands) {
 		t.Errorf("%d earlier commands say when they ran, want %d", n, len(commands))
@@ -83,10 +91,11 @@ func TestUISessionEarlierCommands(t *testing.T) {
 	if text := eval[string](b, `document.querySelector('#session-history').textContent`); strings.Contains(text, "exec") || strings.Contains(text, "first") {
 		t.Errorf("the history card lists the commands: %q", text)
 	}
-	// Arrow up in the input brings back the last command.
+	// Arrow up in the input brings back the last command typed (the
+	// argv was not).
 	b.exec(`document.querySelector('.console-input [name=command]').dispatchEvent(new KeyboardEvent('keydown', {key: 'ArrowUp'}))`)
 	if v := eval[string](b, `document.querySelector('.console-input [name=command]').value`); v != commands[2] {
-		t.Errorf("arrow up: %q, want the last command %q", v, commands[2])
+		t.Errorf("arrow up: %q, want the last command typed %q", v, commands[2])
 	}
 	b.safe("session")
 }

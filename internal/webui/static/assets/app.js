@@ -2,7 +2,7 @@
 // can share), the token prompt, and the live-update indicator.
 
 import { h, replace, errorBox } from './dom.js';
-import { onUnauthorized, setToken, forgetToken, token, subscribe, APIError } from './api.js';
+import { onUnauthorized, setToken, forgetToken, token, get, APIError } from './api.js';
 import { tasksPage } from './pages/tasks.js';
 import { taskPage } from './pages/task.js';
 import { spawnPage } from './pages/spawn.js';
@@ -113,7 +113,7 @@ document.getElementById('token-form').addEventListener('submit', () => {
   document.getElementById('token-input').value = '';
   tokenError.hidden = true;
   forget.hidden = false;
-  followLive();
+  askToken();
   render();
 });
 dialog.addEventListener('cancel', (e) => e.preventDefault());
@@ -121,29 +121,43 @@ forget.hidden = !token();
 forget.addEventListener('click', () => {
   forgetToken();
   forget.hidden = true;
-  followLive();
+  askToken();
   render();
 });
 
-// setLive shows the state of the app's live stream in the sidebar.
+// setLive shows in the sidebar whether the server answers.
 function setLive(state) {
   const el = document.getElementById('live');
   el.textContent = state;
   el.className = 'live live-' + state;
 }
 
-// followLive follows the server's events from now on, whatever the page,
-// for the sidebar's indicator to say whether the app is connected to the
-// server: live on every page while it is up (the pages follow their own
-// streams, which come and go with them). Its first request also makes a
-// server with a token ask for it at once: some pages (the spawn form)
-// read nothing before the user acts.
-let live = null;
-function followLive() {
-  if (live) live.abort();
-  live = new AbortController();
-  subscribe('/api/events', { after: 'now', signal: live.signal, onEvent: () => {}, onState: setLive });
+// checkServer asks the server's /healthz, for the sidebar's indicator to
+// say on every page whether the server is up: live while it answers ok,
+// reconnecting while it answers that it is starting or cannot reach its
+// store, offline while it does not answer. A short request every few
+// seconds, not a stream: the pages follow streams of their own, and a
+// browser holds at most six connections to a server across all its tabs.
+async function checkServer() {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      const r = await fetch('/healthz', { cache: 'no-store', credentials: 'omit' });
+      setLive(r.ok ? 'live' : 'reconnecting');
+      return;
+    } catch {
+      // Chromium aborts requests in flight when the host's network
+      // changes (see boot.js): once more before saying offline.
+      if (attempt > 1) { setLive('offline'); return; }
+      await new Promise((res) => setTimeout(res, 300));
+    }
+  }
 }
 
-followLive();
+// askToken makes a server with a token ask for it at once, whatever the
+// page: some pages (the spawn form) read nothing before the user acts.
+function askToken() { get('/api/tasks?limit=1').catch(() => {}); }
+
+checkServer();
+setInterval(checkServer, 5000);
+askToken();
 render();

@@ -171,6 +171,9 @@ export async function sessionPage(main, { signal, params }) {
   input.focus();
 }
 
+// shPrefix begins the record of a command given as a string.
+const shPrefix = '/bin/sh -c ';
+
 // earlierShown is how many of the commands run before the page opened
 // the console shows, the last ones.
 const earlierShown = 100;
@@ -189,9 +192,12 @@ function showEarlier(screen, evs, history) {
     ? `[${started.length} earlier commands, the last ${shown.length} shown; their output is not]\n`
     : `[${started.length} earlier command${started.length === 1 ? '' : 's'}; their output is not shown]\n`));
   for (const e of shown) {
-    const cmd = e.detail.command;
+    // The record is the argv joined; a command given as a string (the
+    // console's) ran as sh -c, shown and recalled as it was typed.
+    const typed = e.detail.command.startsWith(shPrefix);
+    const cmd = typed ? e.detail.command.slice(shPrefix.length) : e.detail.command;
     const end = ends.get(e.detail.exec_id);
-    history.push(cmd);
+    if (typed) history.push(cmd);
     screen.append(h('span', { class: 'console-earlier', dataset: { execId: String(e.detail.exec_id || '') } },
       h('span', { class: 'console-cmd' }, '$ ' + cmd), ' ', h('span', { class: 'muted' }, time(e.at)), '\n',
       end ? h('span', { class: 'console-exit' + (end.exit_code ? ' failed' : '') },
