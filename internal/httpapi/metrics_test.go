@@ -16,7 +16,7 @@ import (
 // what the text format must escape, and one that is not UTF-8.
 type hostileStats struct{ stub }
 
-const hostileName = "a\"b\\c\nd}e,f=\"g\""
+const hostileName = "a\"b\\c\nd}e,f=\"g\"\th\u00e9"
 
 func (*hostileStats) Stats() Stats {
 	return Stats{
@@ -49,7 +49,7 @@ func labels(m *dto.Metric) map[string]string {
 	return out
 }
 
-// Label values with quotes, backslashes, newlines and the text format's
+// Label values with quotes, backslashes, newlines, tabs and the text format's
 // own punctuation come out escaped and parse back to themselves; a value
 // that is not UTF-8 is left out without taking the rest of the scrape
 // with it.
