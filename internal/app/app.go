@@ -319,12 +319,13 @@ func (a *App) open(ctx context.Context) error {
 			MaxMemoryBytes: cfg.Execution.MaxMemory.Bytes(),
 			NetworkEnabled: cfg.Execution.NetworkEnabled,
 		},
-		Agents:         agentConfigs(cfg),
-		AgentMissing:   agentMissing,
-		CheckAllow:     a.checkAllow,
-		Credentials:    a.onRequestCredentials(),
-		NetworkChanged: func(t task.Task) { a.runner.ApplyEgress(t) },
-		Admit:          func(spec task.Spec) (eventstore.Proposed, func(), bool) { return a.sched.Admit(spec) },
+		Agents:           agentConfigs(cfg),
+		AgentMissing:     agentMissing,
+		AgentCredentials: agentNoCredentials,
+		CheckAllow:       a.checkAllow,
+		Credentials:      a.onRequestCredentials(),
+		NetworkChanged:   func(t task.Task) { a.runner.ApplyEgress(t) },
+		Admit:            func(spec task.Spec) (eventstore.Proposed, func(), bool) { return a.sched.Admit(spec) },
 	}, a.log.With("subsystem", "orchestrator"))
 	a.runner = taskrun.New(taskrun.Options{
 		Store:    a.store,
@@ -397,6 +398,7 @@ func (a *App) open(ctx context.Context) error {
 		Ready:           a.sched.Reconciled(),
 		ToolLimits:      toolLimits,
 		Version:         version.String(),
+		Revision:        version.Revision(),
 		Replica:         a.members.Self(),
 		Holding:         a.members.Holding,
 		Doctor: (&doctorCache{ttl: time.Minute, run: func(ctx context.Context) []Check {

@@ -267,6 +267,16 @@ func checkModelAPIs(agents map[string]workerproto.AgentConfig) error {
 	return nil
 }
 
+// agentNoCredentials says which variable an agent's configured
+// environment must set for it to authenticate, when it sets none of them
+// (doctor's check of the same).
+func agentNoCredentials(name string, ag workerproto.AgentConfig) string {
+	if detail, ok := credentialCheck(name, ag.Env); !ok {
+		return "the " + name + " agent has " + detail
+	}
+	return ""
+}
+
 // installHint is how to install each agent's CLI.
 var installHint = map[string]string{
 	task.AgentClaude:   "npm install -g @anthropic-ai/claude-code",

@@ -15,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/tools"
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 // The runtime names come from rtkind.Names(): every one is either built
@@ -66,5 +67,29 @@ func TestCheckModelAPIs(t *testing.T) {
 	err := checkModelAPIs(agentConfigs(cfg))
 	if err == nil || !strings.Contains(err.Error(), "agents.codex.env") || !errors.Is(err, errdefs.ErrInvalidArgument) || strings.Contains(err.Error(), "secret") {
 		t.Errorf("an ftp base URL: %v; want refused, naming agents.codex.env, without its password", err)
+	}
+}
+
+// A spawn is refused for an agent whose configured environment sets none
+// of the variables it authenticates with (an empty one counts as unset),
+// naming them and where to set them; one of them is enough, and the
+// command agent needs none.
+func TestAgentNoCredentials(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  []string
+		want string // "" for taken
+	}{
+		{"claude", nil, "set one of ANTHROPIC_API_KEY, ANTHROPIC_AUTH_TOKEN, CLAUDE_CODE_OAUTH_TOKEN in agents.claude.env"},
+		{"claude", []string{"ANTHROPIC_API_KEY=", "ANTHROPIC_BASE_URL=http://127.0.0.1:1"}, "agents.claude.env"},
+		{"claude", []string{"CLAUDE_CODE_OAUTH_TOKEN=tok"}, ""},
+		{"codex", []string{"ANTHROPIC_API_KEY=k"}, "set OPENAI_API_KEY in agents.codex.env"},
+		{"gemini", []string{"GOOGLE_API_KEY=k"}, ""},
+		{"command", nil, ""},
+	} {
+		got := agentNoCredentials(c.name, workerproto.AgentConfig{Env: c.env})
+		if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {
+			t.Errorf("%s with %q: %q, want %q", c.name, c.env, got, c.want)
+		}
 	}
 }

@@ -27,6 +27,9 @@ func TestDockerImages(t *testing.T) {
 	t.Parallel()
 	s := MustStart(t, func(c *config.Config) {
 		c.AIWorker.AllowedImages = []string{"corral-test/*"}
+		// A key, for the spawn of claude to be taken and find claude
+		// missing from the image when it starts.
+		c.Agents.Claude.Env = map[string]string{"ANTHROPIC_API_KEY": "sk-ant-test-never-sent"}
 	})
 	ctx := context.Background()
 

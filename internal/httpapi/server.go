@@ -143,8 +143,12 @@ type Options struct {
 	// Ready is closed once the server has reconciled what it found at
 	// start-up; until then /healthz answers 503 "starting". Nil: ready.
 	Ready <-chan struct{}
-	// Version is the server's version, which /api/health reports.
+	// Version is the server's version, which /api/health and
+	// corral_build_info report.
 	Version string
+	// Revision is the commit the server was built from, which
+	// corral_build_info reports; empty when unknown.
+	Revision string
 	// Replica is this server's id in its cluster (cluster.Replica), which
 	// /healthz names: behind a load balancer, which replica answered.
 	Replica string
@@ -175,6 +179,7 @@ type Server struct {
 	ended endedResults // the results of tasks just ended, encoded once
 	// patterns are the routes of mux, as registered.
 	patterns []string
+	prom     *metrics
 }
 
 // New returns a Server of svc's use cases and b's server-only operations.
@@ -192,13 +197,15 @@ func New(svc service.Set, b Backend, opts Options, log *slog.Logger) *Server {
 		opts.BodyStall = DefaultBodyStall
 	}
 	s := &Server{svc: svc, b: b, tools: tools.New(svc, opts.ToolLimits), opts: opts, log: log, mux: http.NewServeMux(), trust: newWebTrust(opts),
-		rate: newLimiter(opts.RateLimit, log)}
+		rate: newLimiter(opts.RateLimit, log), prom: newMetrics(b, opts.Version, opts.Revision, log)}
 	s.routes()
 	return s
 }
 
 // Handler returns the server's root handler.
-func (s *Server) Handler() http.Handler { return stallGuard(s.mux, s.opts.BodyStall) }
+func (s *Server) Handler() http.Handler {
+	return stallGuard(s.prom.instrument(s.mux), s.opts.BodyStall)
+}
 
 // WebhookHandler serves only the worker completion webhook, for the unix
 // socket that sandboxes reach.
@@ -207,7 +214,7 @@ func (s *Server) WebhookHandler() http.Handler {
 	for _, r := range s.socketRoutes() {
 		m.Handle(r.pattern, r.h)
 	}
-	return stallGuard(m, s.opts.BodyStall)
+	return stallGuard(s.prom.instrument(m), s.opts.BodyStall)
 }
 
 // socketRoute is a route of the unix socket's handler.

@@ -302,7 +302,8 @@ func (s *Server) suspendSession(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// sessionHistory is GET /api/sessions/{id}/history: its lifecycle.
+// sessionHistory is GET /api/sessions/{id}/history: its lifecycle and
+// the commands run in it.
 func (s *Server) sessionHistory(w http.ResponseWriter, r *http.Request) error {
 	if err := s.sessionCaller(r); err != nil {
 		return err

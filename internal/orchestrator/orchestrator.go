@@ -68,6 +68,11 @@ type Options struct {
 	// binary is not installed; checked at spawn on the host runtimes (the
 	// image runtimes find out when the task starts, and say so).
 	AgentMissing func(name string, cfg workerproto.AgentConfig) string
+	// AgentCredentials says what an agent's configured environment lacks
+	// to authenticate with its model API ("" if nothing), on any runtime:
+	// its CLI would start and fail on its first request, asking for a
+	// login no sandbox can give it. Nil: not checked.
+	AgentCredentials func(name string, cfg workerproto.AgentConfig) string
 	// CheckAllow checks a task's own egress allowlist (network_allow):
 	// entries the proxy reads, within what the operator lets a task ask.
 	// Nil: no task may have one.

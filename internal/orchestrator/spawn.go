@@ -262,6 +262,10 @@ func (o *Orchestrator) validate(req service.SpawnRequest, allowed []string) (tas
 	}
 	if !task.KnownAgent(spec.Agent) {
 		bad("agent", "%q is not an agent (one of: claude, gemini, codex, opencode, command)", clip.String(spec.Agent, 64))
+	} else if o.opts.AgentCredentials != nil {
+		if why := o.opts.AgentCredentials(spec.Agent, o.opts.Agents[spec.Agent]); why != "" {
+			errs = append(errs, &errdefs.FieldError{Field: "agent", Err: fmt.Errorf("%s: %w", why, errdefs.ErrFailedPrecondition)})
+		}
 	}
 	if spec.Workspace != "" {
 		if pr, err := o.lib.ResolveWorkspace(spec.Workspace); err != nil {

@@ -48,7 +48,9 @@ type Sessions interface {
 	// egress proxy, from a copy of session id's files.
 	Fork(ctx context.Context, id string, count int) (SessionFork, error)
 	// History is session id's lifecycle, oldest first: its creation,
-	// suspends, resumes, forks, network changes, adoptions and end.
+	// suspends, resumes, forks, network changes, adoptions and end, and
+	// each command's start (exec_started, with the command) and end
+	// (exec_ended, with its exit code).
 	History(ctx context.Context, id string) ([]SessionEvent, error)
 	// SetNetwork changes a running session's network policy, as
 	// Tasks.SetNetwork does a task's (req.TaskID unused).

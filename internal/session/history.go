@@ -9,8 +9,11 @@ import (
 )
 
 // lifecycle are the events History shows, and the fields of each it
-// keeps.
+// keeps: the session's own changes, and the commands run in it with how
+// each ended (not their output, which GET .../execs/{exec_id} reads).
 var lifecycle = map[string][]string{
+	EventExecStart:      {"exec_id", "command"},
+	EventExecEnd:        {"exec_id", "exit_code", "duration_ms", "error", "reason"},
 	EventCreated:        {"runtime", "image", "network", "workspace", "forked_from"},
 	EventSuspended:      {"memory_kept", "execs_ended", "note", "seconds"},
 	EventResumed:        {"memory_kept", "replica", "seconds"},

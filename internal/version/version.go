@@ -54,3 +54,18 @@ func String() string {
 	}
 	return strings.Join(parts, " ")
 }
+
+// Revision is the commit this binary was built from, as the Go toolchain
+// recorded it; empty when unknown.
+func Revision() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" {
+			return s.Value
+		}
+	}
+	return ""
+}

@@ -75,10 +75,7 @@ export function render() {
 export function navigate(path, { replace: rep } = {}) {
   if (rep) history.replaceState(null, '', path);
   else history.pushState(null, '', path);
-  // A server with a token asks for it at once, whatever the page: some
-// pages (the spawn form) read nothing before the user acts.
-get('/api/tasks?limit=1').catch(() => {});
-render();
+  render();
   window.scrollTo(0, 0);
 }
 
@@ -116,30 +113,51 @@ document.getElementById('token-form').addEventListener('submit', () => {
   document.getElementById('token-input').value = '';
   tokenError.hidden = true;
   forget.hidden = false;
-  // A server with a token asks for it at once, whatever the page: some
-// pages (the spawn form) read nothing before the user acts.
-get('/api/tasks?limit=1').catch(() => {});
-render();
+  askToken();
+  render();
 });
 dialog.addEventListener('cancel', (e) => e.preventDefault());
 forget.hidden = !token();
 forget.addEventListener('click', () => {
   forgetToken();
   forget.hidden = true;
-  // A server with a token asks for it at once, whatever the page: some
-// pages (the spawn form) read nothing before the user acts.
-get('/api/tasks?limit=1').catch(() => {});
-render();
+  askToken();
+  render();
 });
 
-// setLive shows the state of the page's live stream in the sidebar.
-export function setLive(state) {
+// setLive shows in the sidebar whether the server answers.
+function setLive(state) {
   const el = document.getElementById('live');
   el.textContent = state;
   el.className = 'live live-' + state;
 }
 
-// A server with a token asks for it at once, whatever the page: some
-// pages (the spawn form) read nothing before the user acts.
-get('/api/tasks?limit=1').catch(() => {});
+// checkServer asks the server's /healthz, for the sidebar's indicator to
+// say on every page whether the server is up: live while it answers ok,
+// reconnecting while it answers that it is starting or cannot reach its
+// store, offline while it does not answer. A short request every few
+// seconds, not a stream: the pages follow streams of their own, and a
+// browser holds at most six connections to a server across all its tabs.
+async function checkServer() {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      const r = await fetch('/healthz', { cache: 'no-store', credentials: 'omit' });
+      setLive(r.ok ? 'live' : 'reconnecting');
+      return;
+    } catch {
+      // Chromium aborts requests in flight when the host's network
+      // changes (see boot.js): once more before saying offline.
+      if (attempt > 1) { setLive('offline'); return; }
+      await new Promise((res) => setTimeout(res, 300));
+    }
+  }
+}
+
+// askToken makes a server with a token ask for it at once, whatever the
+// page: some pages (the spawn form) read nothing before the user acts.
+function askToken() { get('/api/tasks?limit=1').catch(() => {}); }
+
+checkServer();
+setInterval(checkServer, 5000);
+askToken();
 render();

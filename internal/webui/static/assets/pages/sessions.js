@@ -67,9 +67,12 @@ export async function sessionPage(main, { signal, params }) {
   const head = h('header', { class: 'page-head' });
   const notice = h('div');
   const historyList = h('ol', { class: 'history', id: 'session-history' });
-  const drawHistory = async () => {
-    const evs = (await get(base + '/history', { signal }).catch(() => ({ events: [] }))).events || [];
-    replace(historyList, evs.map((e) => h('li', {}, h('span', { class: 'nowrap muted' }, time(e.at)), ' ',
+  const readHistory = async () => (await get(base + '/history', { signal }).catch(() => ({ events: [] }))).events || [];
+  // drawHistory lists the session's lifecycle; its commands are the
+  // console's.
+  const drawHistory = async (evs) => {
+    evs = evs || await readHistory();
+    replace(historyList, evs.filter((e) => !e.type.startsWith('exec_')).map((e) => h('li', {}, h('span', { class: 'nowrap muted' }, time(e.at)), ' ',
       h('strong', {}, e.type.replace(/^session_/, '').replace(/_/g, ' ')), ' ', historyDetail(e))));
   };
   // act runs one of the head's buttons' requests, then draws the session
@@ -99,7 +102,7 @@ export async function sessionPage(main, { signal, params }) {
       s.status === 'suspended' ? h('span', { class: 'muted' }, s.memory_kept ? 'memory and processes kept' : 'files kept; its processes ended') : null,
       h('div', { class: 'spacer' }), suspend, resume, fork, del);
   };
-  const screen = h('pre', { class: 'console', 'aria-live': 'polite' });
+  const screen = h('pre', { class: 'console', id: 'session-console', 'aria-live': 'polite' });
   const input = h('input', { type: 'text', name: 'command', class: 'mono', placeholder: s.status === 'ended' ? 'the session has ended' : 'a command, run with sh -c' + (s.status === 'suspended' ? ' (resumes the session first)' : ''), autocomplete: 'off', disabled: s.status === 'ended' });
   drawHead();
   const run = h('button', { class: 'btn btn-primary', type: 'submit' }, 'Run');
@@ -146,6 +149,9 @@ export async function sessionPage(main, { signal, params }) {
     }
   } }, h('span', { class: 'prompt mono' }, '$'), input, run);
 
+  const evs = await readHistory();
+  showEarlier(screen, evs, history);
+  hi = history.length;
   replace(main, head,
     fresh ? h('div', { class: 'alert alert-info' }, h('strong', {}, 'Session token (shown once): '), h('code', {}, fresh), ' ', copyButton(fresh),
       h('div', { class: 'small' }, 'It runs commands in this session and nothing else.')) : null,
@@ -161,8 +167,44 @@ export async function sessionPage(main, { signal, params }) {
     notice,
     h('section', { class: 'card' }, h('h2', {}, 'Console'), h('p', { class: 'muted small' }, 'Commands start in /workspace/session; output streams as it is printed.'), screen, form),
     h('section', { class: 'card' }, h('h2', {}, 'History'), historyList));
-  drawHistory();
+  drawHistory(evs);
   input.focus();
+}
+
+// shPrefix begins the record of a command given as a string.
+const shPrefix = '/bin/sh -c ';
+
+// earlierShown is how many of the commands run before the page opened
+// the console shows, the last ones.
+const earlierShown = 100;
+
+// showEarlier puts the commands run in the session before the page opened
+// (exec_started and exec_ended of its history) on screen, each with when
+// it started and how it ended, and in the input's history (arrow up). The
+// command is the session's, text a worker or anyone with its token wrote:
+// it goes into the page as text only.
+function showEarlier(screen, evs, history) {
+  const ends = new Map(evs.filter((e) => e.type === 'exec_ended').map((e) => [e.detail?.exec_id, e.detail || {}]));
+  const started = evs.filter((e) => e.type === 'exec_started' && typeof e.detail?.command === 'string');
+  if (!started.length) return;
+  const shown = started.slice(-earlierShown);
+  screen.append(h('span', { class: 'muted' }, started.length > shown.length
+    ? `[${started.length} earlier commands, the last ${shown.length} shown; their output is not]\n`
+    : `[${started.length} earlier command${started.length === 1 ? '' : 's'}; their output is not shown]\n`));
+  for (const e of shown) {
+    // The record is the argv joined; a command given as a string (the
+    // console's) ran as sh -c, shown and recalled as it was typed.
+    const typed = e.detail.command.startsWith(shPrefix);
+    const cmd = typed ? e.detail.command.slice(shPrefix.length) : e.detail.command;
+    const end = ends.get(e.detail.exec_id);
+    if (typed) history.push(cmd);
+    screen.append(h('span', { class: 'console-earlier', dataset: { execId: String(e.detail.exec_id || '') } },
+      h('span', { class: 'console-cmd' }, '$ ' + cmd), ' ', h('span', { class: 'muted' }, time(e.at)), '\n',
+      end ? h('span', { class: 'console-exit' + (end.exit_code ? ' failed' : '') },
+        `[exit ${end.exit_code}, ${fmtDuration(end.duration_ms)}${end.error ? ', ' + end.error : ''}]\n`)
+        : h('span', { class: 'muted' }, '[no end recorded yet]\n')));
+  }
+  screen.scrollTop = screen.scrollHeight;
 }
 
 // historyDetail is what a lifecycle event says, in a few words.

@@ -4,7 +4,7 @@
 
 import { h, replace, statusBadge, fmtSize, fmtShort, firstLine, labelChips, copyButton, errorBox, encodePath, time } from '../dom.js';
 import { api, get, request, blob, subscribe, readChunks } from '../api.js';
-import { navigate, setLive } from '../app.js';
+import { navigate } from '../app.js';
 import { renderMarkdown } from '../markdown.js';
 import { highlight } from '../highlight.js';
 import { render as renderFile, download, kindOf } from '../preview.js';
@@ -210,7 +210,6 @@ export async function taskPage(main, { signal, params }) {
   subscribe(base + '/events', {
     after: lastID,
     signal,
-    onState: setLive,
     onEvent: (e) => {
       feed.querySelector('.empty-feed')?.remove();
       addEvent(e);
@@ -222,7 +221,7 @@ export async function taskPage(main, { signal, params }) {
     },
   });
   const tick = setInterval(() => { if (t.started_at && !t.completed_at) drawMeta(); }, 1000);
-  signal.addEventListener('abort', () => { clearInterval(tick); setLive('offline'); });
+  signal.addEventListener('abort', () => clearInterval(tick));
 
   // logView streams a log (following it while the task runs).
   function logView(stream) {

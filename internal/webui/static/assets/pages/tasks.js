@@ -3,7 +3,7 @@
 
 import { h, replace, statusBadge, fmtDuration, firstLine, labelChips, time, select, errorBox } from '../dom.js';
 import { get, subscribe } from '../api.js';
-import { navigate, setLive } from '../app.js';
+import { navigate } from '../app.js';
 
 const statuses = ['', 'pending', 'queued', 'starting', 'running', 'success', 'failed', 'timeout', 'cancelled'];
 const pageSize = 100;
@@ -130,7 +130,7 @@ export async function tasksPage(main, { signal, query }) {
     after: 'now',
     signal,
     onOpen: () => load(true), // whatever happened while not connected
-    onState: (state) => { setLive(state); if (state === 'error') load(true); },
+    onState: (state) => { if (state === 'error') load(true); },
     onEvent: (e) => {
       if (!e.stream_id || !e.stream_id.startsWith('task/') || quiet.has(e.type)) return;
       refresh(e.stream_id.slice('task/'.length));
@@ -147,7 +147,7 @@ export async function tasksPage(main, { signal, query }) {
       if (tm) tm.textContent = time(t.created_at).textContent;
     }
   }, 1000);
-  signal.addEventListener('abort', () => { clearInterval(tick); setLive('offline'); for (const p of pending.values()) clearTimeout(p); });
+  signal.addEventListener('abort', () => { clearInterval(tick); for (const p of pending.values()) clearTimeout(p); });
 }
 
 export function duration(t) {
