@@ -190,15 +190,9 @@ func sessionsCreateCmd() *cobra.Command {
 	completeRuntimes(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		req.IdleTimeout, req.MaxLifetime = int(idle.Seconds()), int(life.Seconds())
-		for _, l := range labels {
-			k, v, ok := strings.Cut(l, "=")
-			if !ok || k == "" {
-				return usagef("--label %q: want KEY=VALUE", l)
-			}
-			if req.Labels == nil {
-				req.Labels = map[string]string{}
-			}
-			req.Labels[k] = v
+		var err error
+		if req.Labels, err = parseLabels(labels); err != nil {
+			return err
 		}
 		c, err := cf.client()
 		if err != nil {

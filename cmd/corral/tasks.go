@@ -89,15 +89,8 @@ timeout, 130 for a cancel.`,
 		if err != nil {
 			return err
 		}
-		for _, l := range labelV {
-			k, v, ok := strings.Cut(l, "=")
-			if !ok || k == "" {
-				return usagef("--label %q: want KEY=VALUE", l)
-			}
-			if req.Labels == nil {
-				req.Labels = map[string]string{}
-			}
-			req.Labels[k] = v
+		if req.Labels, err = parseLabels(labelV); err != nil {
+			return err
 		}
 		req.TaskDescription, req.Command = args[0], args[1:]
 		if limits != (service.ResourceRequest{}) {
@@ -458,4 +451,20 @@ func cancelCmd() *cobra.Command {
 			return err
 		})
 	})
+}
+
+// parseLabels parses --label KEY=VALUE flags; nil for none.
+func parseLabels(flags []string) (map[string]string, error) {
+	var labels map[string]string
+	for _, l := range flags {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return nil, usagef("--label %q: want KEY=VALUE", l)
+		}
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[k] = v
+	}
+	return labels, nil
 }
