@@ -78,6 +78,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 	"github.com/corral-dev/corral/internal/sandbox/statedir"
+	"github.com/corral-dev/corral/internal/sandbox/warmpool"
 )
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -210,9 +211,8 @@ type Runtime struct {
 	// it holds warmLock while they are its own (warmPrefix).
 	warmTag  string
 	warmLock *lockfile.File
-	// warmMu guards pools, the warm sandboxes' pools (KeepWarm).
-	warmMu sync.Mutex
-	pools  []*pool
+	// warm are the warm sandboxes' pools (KeepWarm).
+	warm *warmpool.Pools[*warmBox]
 
 	// Sandboxes is StateDir (state.json per sandbox, the per-id locks
 	// that serialise Create and Destroy, the sandboxes this instance has
@@ -322,6 +322,7 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		}
 	}
 	r.destroyLeftoverWarm(context.Background())
+	r.warm = warmpool.New[*warmBox](Name, warmOps{r}, r.log)
 	return r, nil
 }
 
@@ -499,7 +500,7 @@ func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, start *os.File)
 	}
 	if box != nil {
 		h, err := r.adopt(ctx, spec, box)
-		box.pool.wake() // for the next box, now the claim is done
+		box.pool.Wake() // for the next box, now the claim is done
 		if err == nil {
 			return h, nil
 		}

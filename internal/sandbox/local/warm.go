@@ -15,8 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -26,6 +24,7 @@ import (
 	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/sandbox/warmpool"
 	"github.com/corral-dev/corral/internal/sandbox/warmstart"
 )
 
@@ -108,9 +107,9 @@ func warmDir(stateDir string) string { return filepath.Join(stateDir, "_warm") }
 // warmBox is a warm sandbox in a pool.
 type warmBox struct {
 	id    string
-	pool  *pool
-	slots []string // the host dir bound for each per-task mount of the template, by mount index; "" for the others
-	start *os.File // the pipe's write end
+	pool  *warmpool.Pool[*warmBox] // set when it is taken
+	slots []string                 // the host dir bound for each per-task mount of the template, by mount index; "" for the others
+	start *os.File                 // the pipe's write end
 }
 
 // slotMap is b.slots by mount index, without the shared mounts.
@@ -132,22 +131,6 @@ type claim struct {
 	Moves map[int]string `json:"moves"`
 }
 
-// pool keeps one shape's warm sandboxes.
-type pool struct {
-	r     *Runtime
-	shape sandbox.WarmShape
-	size  int
-	idle  time.Duration
-	kick  chan struct{} // wakes run: a claim, a miss
-
-	mu      sync.Mutex
-	ready   []*warmBox
-	target  int
-	lastUse time.Time
-	stats   sandbox.WarmStats
-	stopped bool // run has returned: nothing goes back into ready
-}
-
 // KeepWarm implements sandbox.Warmer: one pool per shape, each filled to
 // p.Size and refilled after every claim. A pool that has had no claim for
 // p.Idle destroys its sandboxes and fills again at the next task of its
@@ -163,7 +146,6 @@ func (r *Runtime) KeepWarm(ctx context.Context, p sandbox.WarmPolicy) error {
 	if err := os.MkdirAll(warmDir(r.opts.StateDir), 0o711); err != nil {
 		return fmt.Errorf("keep sandboxes warm: %w", err)
 	}
-	var pools []*pool
 	for _, sh := range p.Shapes {
 		for _, m := range sh.Template.Mounts {
 			if !m.PerTask() {
@@ -178,201 +160,42 @@ func (r *Runtime) KeepWarm(ctx context.Context, p sandbox.WarmPolicy) error {
 				return fmt.Errorf("warm shape %s: %s and the state dir %s are not on one file system, and a claim renames from one to the other", sh.Name, parent, r.opts.StateDir)
 			}
 		}
-		pl := &pool{r: r, shape: sh, size: p.Size, idle: p.Idle, target: p.Size, kick: make(chan struct{}, 1), lastUse: time.Now()}
-		pl.stats = sandbox.WarmStats{Runtime: Name, Shape: sh.Name}
-		pools = append(pools, pl)
 	}
-	r.warmMu.Lock()
-	if r.pools != nil {
-		r.warmMu.Unlock()
-		return errors.New("keep sandboxes warm: already keeping them")
-	}
-	r.pools = pools
-	r.warmMu.Unlock()
-	var wg sync.WaitGroup
-	for _, pl := range pools {
-		wg.Go(func() { pl.run(ctx) })
-	}
-	wg.Wait()
-	r.warmMu.Lock()
-	r.pools = nil
-	r.warmMu.Unlock()
-	return nil
+	return r.warm.Keep(ctx, p)
 }
 
 // WarmStats implements sandbox.Warmer.
-func (r *Runtime) WarmStats() []sandbox.WarmStats {
-	r.warmMu.Lock()
-	pools := slices.Clone(r.pools)
-	r.warmMu.Unlock()
-	var out []sandbox.WarmStats
-	for _, pl := range pools {
-		pl.mu.Lock()
-		st := pl.stats
-		st.Ready, st.Target = len(pl.ready), pl.target
-		pl.mu.Unlock()
-		out = append(out, st)
-	}
-	return out
-}
+func (r *Runtime) WarmStats() []sandbox.WarmStats { return r.warm.Stats() }
 
 // claimWarm takes a warm sandbox for spec out of its pool, or returns nil:
 // for a spec no pool's shape fits, or when the pool has none ready (a
 // miss, which has the pool fill).
 func (r *Runtime) claimWarm(spec sandbox.Spec) *warmBox {
-	r.warmMu.Lock()
-	pools := r.pools
-	r.warmMu.Unlock()
-	for _, pl := range pools {
-		if pl.shape.Fits(spec) {
-			return pl.take()
-		}
+	pl, b, ok := r.warm.Take(spec)
+	if !ok {
+		return nil
 	}
-	return nil
+	b.pool = pl
+	return b
 }
 
 // releaseWarm gives an unused box back to its pool.
 func (r *Runtime) releaseWarm(b *warmBox) {
-	if b == nil {
-		return
-	}
-	p := b.pool
-	p.mu.Lock()
-	keep := !p.stopped
-	if keep {
-		p.ready = append([]*warmBox{b}, p.ready...)
-		p.stats.Claims--
-	}
-	p.mu.Unlock()
-	if !keep {
-		r.destroyWarm(context.Background(), b)
+	if b != nil {
+		b.pool.Release(b)
 	}
 }
 
-// take takes a ready box, or counts a miss and wakes the pool to fill.
-// After a take the caller wakes the pool (wake) once it is done with the
-// box: the next box's start, much of it this process's own work, does not
-// compete with the claim.
-func (p *pool) take() *warmBox {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	// A miss is a use too: the pool fills again and waits its idle time.
-	p.lastUse = time.Now()
-	if len(p.ready) == 0 {
-		p.stats.Misses++
-		p.target = p.size
-		p.wake()
-		return nil
-	}
-	b := p.ready[0]
-	p.ready = p.ready[1:]
-	p.stats.Claims++
-	return b
-}
+// warmOps starts and destroys the runtime's warm sandboxes for its pools.
+type warmOps struct{ r *Runtime }
 
-func (p *pool) wake() {
-	select {
-	case p.kick <- struct{}{}:
-	default:
-	}
-}
-
-// run fills the pool to its target whenever it is kicked, shrinks it
-// after an idle time, and empties it when ctx ends.
-func (p *pool) run(ctx context.Context) {
-	var idle <-chan time.Time
-	if p.idle > 0 {
-		t := time.NewTicker(max(p.idle/4, 10*time.Millisecond))
-		defer t.Stop()
-		idle = t.C
-	}
-	failures := 0
-	for {
-		if n := p.fill(ctx); n < 0 {
-			// A start failed: try again later, not in a loop.
-			failures++
-			select {
-			case <-ctx.Done():
-			case <-time.After(min(time.Second<<min(failures, 6), time.Minute)):
-			}
-		} else {
-			failures = 0
-		}
-		select {
-		case <-ctx.Done():
-			p.mu.Lock()
-			p.stopped = true
-			p.mu.Unlock()
-			p.empty(context.WithoutCancel(ctx))
-			return
-		case <-p.kick:
-		case <-idle:
-			p.mu.Lock()
-			shrink := p.target > 0 && time.Since(p.lastUse) >= p.idle
-			if shrink {
-				p.target = 0
-			}
-			p.mu.Unlock()
-			if shrink {
-				p.r.log.Info("warm pool idle: emptied until the next task of its shape", "shape", p.shape.Name, "idle", p.idle)
-				p.empty(ctx)
-			}
-		}
-	}
-}
-
-// fill starts warm sandboxes until the pool holds its target. It returns
-// how many it started, or -1 if a start failed.
-func (p *pool) fill(ctx context.Context) int {
-	n := 0
-	for ctx.Err() == nil {
-		p.mu.Lock()
-		need := len(p.ready) < p.target
-		p.mu.Unlock()
-		if !need {
-			return n
-		}
-		b, err := p.r.startWarm(ctx, p)
-		p.mu.Lock()
-		if err != nil {
-			p.stats.Failed++
-			p.mu.Unlock()
-			if ctx.Err() == nil {
-				p.r.log.Warn("cannot start a warm sandbox", "shape", p.shape.Name, logkey.Error, err)
-			}
-			return -1
-		}
-		p.stats.Started++
-		keep := len(p.ready) < p.target && ctx.Err() == nil
-		if keep {
-			p.ready = append(p.ready, b)
-		}
-		p.mu.Unlock()
-		if !keep {
-			p.r.destroyWarm(context.WithoutCancel(ctx), b)
-		}
-		n++
-	}
-	return n
-}
-
-// empty destroys every ready sandbox of the pool.
-func (p *pool) empty(ctx context.Context) {
-	p.mu.Lock()
-	boxes := p.ready
-	p.ready = nil
-	p.mu.Unlock()
-	for _, b := range boxes {
-		p.r.destroyWarm(ctx, b)
-	}
-}
-
-// startWarm starts a sandbox of p's shape with empty slots for its
-// per-task mounts.
-func (r *Runtime) startWarm(ctx context.Context, p *pool) (*warmBox, error) {
+// StartWarm starts a sandbox of shape with empty slots for its per-task
+// mounts.
+func (o warmOps) StartWarm(ctx context.Context, shape sandbox.WarmShape) (*warmBox, error) {
+	r := o.r
 	id := warmPrefix + r.warmTag + "-" + ids.New()
-	b := &warmBox{id: id, pool: p, slots: make([]string, len(p.shape.Template.Mounts))}
-	spec := p.shape.Template
+	b := &warmBox{id: id, slots: make([]string, len(shape.Template.Mounts))}
+	spec := shape.Template
 	spec.ID = id
 	spec.Labels = map[string]string{sandbox.LabelManaged: "true", labelWarm: "true"}
 	spec.Mounts = slices.Clone(spec.Mounts)
@@ -412,17 +235,15 @@ func (r *Runtime) startWarm(ctx context.Context, p *pool) (*warmBox, error) {
 	return b, nil
 }
 
-// destroyWarm destroys an unclaimed warm sandbox and its slots.
-func (r *Runtime) destroyWarm(ctx context.Context, b *warmBox) {
+// DestroyWarm destroys an unclaimed warm sandbox and its slots.
+func (o warmOps) DestroyWarm(ctx context.Context, b *warmBox) error {
+	r := o.r
 	b.start.Close() // its main process ends, and so the sandbox
 	if err := r.Destroy(ctx, b.id); err != nil {
-		r.log.Warn("cannot destroy a warm sandbox", logkey.SandboxID, b.id, logkey.Error, err)
-		return
+		return fmt.Errorf("destroy warm sandbox %s: %w", b.id, err)
 	}
 	os.RemoveAll(filepath.Join(warmDir(r.opts.StateDir), b.id))
-	b.pool.mu.Lock()
-	b.pool.stats.Destroyed++
-	b.pool.mu.Unlock()
+	return nil
 }
 
 // adopt hands spec's task (mounts resolved, its id locked) to the warm
@@ -432,13 +253,13 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	r.crash(sandbox.CrashClaimed)
 	e, ok := r.Dir.Cached(b.id)
 	if !ok || !e.Running() {
-		r.destroyWarm(ctx, b)
+		b.pool.Destroy(ctx, b)
 		return nil, errors.New("its sandbox has ended")
 	}
 	if r.cg != nil {
 		// It started in the background; the task runs in the fore.
 		if err := r.cg.Background(e.St.Cgroups, false); err != nil {
-			r.destroyWarm(ctx, b)
+			b.pool.Destroy(ctx, b)
 			return nil, fmt.Errorf("bring it to the fore: %w", err)
 		}
 	}
@@ -451,13 +272,13 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	}
 	cb, _ := json.Marshal(c)
 	if err := os.WriteFile(filepath.Join(root, "claim"), cb, 0o600); err != nil {
-		r.destroyWarm(ctx, b)
+		b.pool.Destroy(ctx, b)
 		return nil, fmt.Errorf("record the claim: %w", err)
 	}
 	for i, dst := range c.Moves {
 		if err := moveInto(dst, b.slots[i]); err != nil {
 			restore(c, b.slotMap())
-			r.destroyWarm(ctx, b)
+			b.pool.Destroy(ctx, b)
 			return nil, err
 		}
 	}
@@ -489,7 +310,7 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	}
 	if err != nil {
 		hostuser.Reclaim(st.Owned)
-		r.destroyWarm(ctx, b)
+		b.pool.Destroy(ctx, b)
 		return nil, fmt.Errorf("hand the warm sandbox over: %w", err)
 	}
 	r.Dir.Forget(b.id)
