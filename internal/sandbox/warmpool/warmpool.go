@@ -56,7 +56,7 @@ func (ps *Pools[B]) Keep(ctx context.Context, p sandbox.WarmPolicy) error {
 	bud := &budget{max: p.MaxSandboxes, maxMem: p.MaxMemory}
 	var pools []*Pool[B]
 	for _, sh := range p.Shapes {
-		pl := &Pool[B]{ps: ps, shape: sh, size: p.Size, idle: p.Idle, target: p.Size, kick: make(chan struct{}, 1), lastUse: time.Now(), budget: bud}
+		pl := &Pool[B]{ps: ps, shape: sh, size: p.Size, idle: p.Idle, target: p.Size, kick: make(chan struct{}, 1), lastUse: time.Now(), budget: bud, pressure: p.Pressure}
 		pl.stats = sandbox.WarmStats{Runtime: ps.name, Shape: sh.Name}
 		pools = append(pools, pl)
 	}
@@ -69,7 +69,7 @@ func (ps *Pools[B]) Keep(ctx context.Context, p sandbox.WarmPolicy) error {
 	ps.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, pl := range pools {
-		wg.Go(func() { pl.run(ctx, p.Pressure) })
+		wg.Go(func() { pl.run(ctx) })
 	}
 	wg.Wait()
 	ps.mu.Lock()
@@ -115,12 +115,13 @@ func (ps *Pools[B]) Take(spec sandbox.Spec) (_ *Pool[B], b B, ok bool) {
 
 // Pool keeps one shape's warm sandboxes.
 type Pool[B any] struct {
-	ps     *Pools[B]
-	shape  sandbox.WarmShape
-	size   int
-	idle   time.Duration
-	kick   chan struct{} // wakes run: a claim, a miss
-	budget *budget
+	ps       *Pools[B]
+	shape    sandbox.WarmShape
+	size     int
+	idle     time.Duration
+	kick     chan struct{} // wakes run: a claim, a miss
+	budget   *budget
+	pressure func() bool // sandbox.WarmPolicy.Pressure
 
 	mu      sync.Mutex
 	ready   []B
@@ -133,6 +134,9 @@ type Pool[B any] struct {
 // mem is what one of the pool's sandboxes counts for in the budget: its
 // memory limit, the most it may take once claimed.
 func (p *Pool[B]) mem() int64 { return p.shape.Template.Limits.MemoryBytes }
+
+// pressed reports whether the host is short of memory.
+func (p *Pool[B]) pressed() bool { return p.pressure != nil && p.pressure() }
 
 // Shape is the pool's shape.
 func (p *Pool[B]) Shape() sandbox.WarmShape { return p.shape }
@@ -195,9 +199,9 @@ func (p *Pool[B]) Wake() {
 // run fills the pool to its target whenever it is kicked, shrinks it
 // after an idle time or while pressure says the host is short of memory,
 // and empties it when ctx ends.
-func (p *Pool[B]) run(ctx context.Context, pressure func() bool) {
+func (p *Pool[B]) run(ctx context.Context) {
 	tick := p.idle / 4
-	if pressure != nil && (tick == 0 || tick > time.Second) {
+	if p.pressure != nil && (tick == 0 || tick > time.Second) {
 		tick = time.Second
 	}
 	var ticks <-chan time.Time
@@ -238,9 +242,12 @@ func (p *Pool[B]) run(ctx context.Context, pressure func() bool) {
 				p.empty(ctx)
 			}
 			// Under pressure the warm sandboxes go first, before the
-			// tasks' own memory does; the pool fills again once the
-			// pressure is gone, at its next kick.
-			if pressure != nil && pressure() {
+			// tasks' own memory does; the pool fills again at its next
+			// claim or miss once the pressure is gone.
+			if p.pressed() {
+				p.mu.Lock()
+				p.target = 0
+				p.mu.Unlock()
 				if p.empty(ctx) > 0 {
 					p.ps.log.Warn("host short of memory: warm pool emptied", "shape", p.shape.Name)
 				}
@@ -258,7 +265,7 @@ func (p *Pool[B]) fill(ctx context.Context) int {
 		p.mu.Lock()
 		need := len(p.ready) < p.target
 		p.mu.Unlock()
-		if !need || !p.budget.reserve(p.mem()) {
+		if !need || p.pressed() || !p.budget.reserve(p.mem()) {
 			return n
 		}
 		b, err := p.ps.rt.StartWarm(ctx, p.shape)
