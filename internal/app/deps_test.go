@@ -114,7 +114,7 @@ var allowed = map[string][]string{
 	"internal/sandbox/warmstart": {},
 	// The warm pools' runtime-independent part (fill, refill, idle,
 	// budget), shared by the runtimes that keep sandboxes warm.
-	"internal/sandbox/warmpool": {"sandbox", "logkey"},
+	"internal/sandbox/warmpool": {"sandbox", "logkey", "lockfile", "quota"},
 }
 
 // badDeps are modules some packages must not depend on even indirectly:

@@ -208,7 +208,7 @@ type Runtime struct {
 	launchWarn string
 
 	// warmTag is in the ids of the warm sandboxes this runtime starts;
-	// it holds warmLock while they are its own (warmPrefix).
+	// it holds its lock while they are its own (warmpool.Prefix).
 	warmTag  string
 	warmLock *lockfile.File
 	// warm are the warm sandboxes' pools (KeepWarm).
@@ -310,16 +310,13 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		Kill:       r.kill,
 	})
 	// Never reattached: a new server starts its own, under a tag of its
-	// own (warmPrefix), and destroys those of runtimes gone.
+	// own (warmpool.Prefix), and destroys those of runtimes gone.
 	if err := os.MkdirAll(warmDir(opts.StateDir), 0o711); err != nil {
 		return nil, fmt.Errorf("local runtime: %w", err)
 	}
-	for r.warmLock == nil {
-		var err error
-		r.warmTag = newWarmTag()
-		if r.warmLock, err = lockfile.TryAcquire(warmLock(opts.StateDir, r.warmTag)); err != nil {
-			return nil, fmt.Errorf("local runtime: %w", err)
-		}
+	var err error
+	if r.warmTag, r.warmLock, err = warmpool.Own(warmDir(opts.StateDir)); err != nil {
+		return nil, fmt.Errorf("local runtime: %w", err)
 	}
 	r.destroyLeftoverWarm(context.Background())
 	r.warm = warmpool.New[*warmBox](Name, warmOps{r}, r.log)

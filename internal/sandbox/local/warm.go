@@ -4,24 +4,15 @@ package local
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/ids"
-	"github.com/corral-dev/corral/internal/lockfile"
 	"github.com/corral-dev/corral/internal/logkey"
-	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/warmpool"
@@ -62,30 +53,6 @@ import (
 // task, and says so (sandbox.ExitStatus.NotStarted): its task starts
 // again, and never takes the worker's own exit for its result.
 
-// warmPrefix begins every warm sandbox's id; no task's sandbox has it.
-// After it comes the tag of the runtime that started it, and a hyphen:
-// several servers (replicas) on one host share the state dir, and each
-// destroys at its start only the warm sandboxes of runtimes gone, whose
-// tag's lock (warmLock) no process holds.
-const warmPrefix = "warm-"
-
-// newWarmTag returns a runtime's tag for its warm sandboxes' ids: ten
-// lowercase letters and digits.
-func newWarmTag() string { return strings.ToLower(rand.Text()[:10]) }
-
-// warmLock is the lock file a runtime holds while its warm sandboxes with
-// tag are its own.
-func warmLock(stateDir, tag string) string { return filepath.Join(warmDir(stateDir), tag+".lock") }
-
-// warmTagOf is the tag in a warm sandbox's id, "" for one made before tags.
-func warmTagOf(id string) string {
-	tag, _, ok := strings.Cut(strings.TrimPrefix(id, warmPrefix), "-")
-	if !ok {
-		return ""
-	}
-	return tag
-}
-
 // labelWarm marks a warm sandbox not yet claimed.
 const labelWarm = "corral.warm"
 
@@ -112,25 +79,6 @@ type warmBox struct {
 	start *os.File                 // the pipe's write end
 }
 
-// slotMap is b.slots by mount index, without the shared mounts.
-func (b *warmBox) slotMap() map[int]string {
-	m := map[int]string{}
-	for i, s := range b.slots {
-		if s != "" {
-			m[i] = s
-		}
-	}
-	return m
-}
-
-// claim is what a claim writes before it moves a task's entries, so that
-// New can put them back if the server dies in between.
-type claim struct {
-	Task string `json:"task"`
-	// Moves are the task directories, by mount index as the slots.
-	Moves map[int]string `json:"moves"`
-}
-
 // KeepWarm implements sandbox.Warmer: one pool per shape, each filled to
 // p.Size and refilled after every claim. A pool that has had no claim for
 // p.Idle destroys its sandboxes and fills again at the next task of its
@@ -147,18 +95,8 @@ func (r *Runtime) KeepWarm(ctx context.Context, p sandbox.WarmPolicy) error {
 		return fmt.Errorf("keep sandboxes warm: %w", err)
 	}
 	for _, sh := range p.Shapes {
-		for _, m := range sh.Template.Mounts {
-			if !m.PerTask() {
-				continue
-			}
-			if m.HostDir {
-				return fmt.Errorf("warm shape %s: the per-task mount %s must be in the data root", sh.Name, m.Target)
-			}
-			// A claim renames the slot over the task's directory.
-			parent := filepath.Dir(filepath.Join(r.opts.DataRoot, filepath.FromSlash(m.Source)))
-			if !sameFS(parent, warmDir(r.opts.StateDir)) {
-				return fmt.Errorf("warm shape %s: %s and the state dir %s are not on one file system, and a claim renames from one to the other", sh.Name, parent, r.opts.StateDir)
-			}
+		if err := warmpool.CheckShape(sh, r.opts.DataRoot, warmDir(r.opts.StateDir)); err != nil {
+			return err
 		}
 	}
 	return r.warm.Keep(ctx, p)
@@ -193,31 +131,22 @@ type warmOps struct{ r *Runtime }
 // mounts.
 func (o warmOps) StartWarm(ctx context.Context, shape sandbox.WarmShape) (*warmBox, error) {
 	r := o.r
-	id := warmPrefix + r.warmTag + "-" + ids.New()
-	b := &warmBox{id: id, slots: make([]string, len(shape.Template.Mounts))}
+	id := warmpool.Prefix + r.warmTag + "-" + ids.New()
+	b := &warmBox{id: id}
 	spec := shape.Template
 	spec.ID = id
 	spec.Labels = map[string]string{sandbox.LabelManaged: "true", labelWarm: "true"}
 	spec.Mounts = slices.Clone(spec.Mounts)
 	root := filepath.Join(warmDir(r.opts.StateDir), id)
-	// The sandbox identity binds the slots by path: it may pass through.
-	if err := os.MkdirAll(root, 0o711); err != nil {
-		return nil, fmt.Errorf("create warm slots: %w", err)
+	slots, err := warmpool.Slots(root, spec.Mounts)
+	if err != nil {
+		return nil, err
 	}
-	if err := os.Chmod(filepath.Dir(root), 0o711); err != nil {
-		return nil, fmt.Errorf("open warm slots to the sandbox identity: %w", err)
-	}
-	for i, m := range spec.Mounts {
-		if !m.PerTask() {
-			continue
+	b.slots = slots
+	for i, slot := range slots {
+		if slot != "" {
+			spec.Mounts[i].Source, spec.Mounts[i].HostDir = slot, true
 		}
-		slot := filepath.Join(root, strconv.Itoa(i))
-		if err := os.Mkdir(slot, 0o755); err != nil {
-			os.RemoveAll(root)
-			return nil, fmt.Errorf("create warm slot: %w", err)
-		}
-		b.slots[i] = slot
-		spec.Mounts[i].Source, spec.Mounts[i].HostDir = slot, true
 	}
 	rd, wr, err := os.Pipe()
 	if err != nil {
@@ -264,23 +193,9 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 		}
 	}
 	root := filepath.Join(warmDir(r.opts.StateDir), b.id)
-	c := claim{Task: spec.ID, Moves: map[int]string{}}
-	for i, slot := range b.slots {
-		if slot != "" {
-			c.Moves[i] = spec.Mounts[i].Source
-		}
-	}
-	cb, _ := json.Marshal(c)
-	if err := os.WriteFile(filepath.Join(root, "claim"), cb, 0o600); err != nil {
+	if err := warmpool.HandOver(root, b.slots, spec); err != nil {
 		b.pool.Destroy(ctx, b)
-		return nil, fmt.Errorf("record the claim: %w", err)
-	}
-	for i, dst := range c.Moves {
-		if err := moveInto(dst, b.slots[i]); err != nil {
-			restore(c, b.slotMap())
-			b.pool.Destroy(ctx, b)
-			return nil, err
-		}
+		return nil, err
 	}
 	r.crash(sandbox.CrashMoved)
 	// The task's directories are the slots now, its entries in them. The
@@ -333,126 +248,15 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	return r.Handle(st), nil
 }
 
-// moveInto moves every entry of the directory src into the empty
-// directory slot, gives slot src's mode and project quota, and renames
-// slot over src, so that src's path names slot's inode with src's entries
-// in it, held to the same quota.
-func moveInto(src, slot string) error {
-	fi, err := os.Lstat(src)
-	if err != nil {
-		return fmt.Errorf("the task's directory: %w", err)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("the task's %s is not a directory", src)
-	}
-	if err := copyProject(slot, src); err != nil {
-		return fmt.Errorf("give the warm sandbox's directory the task's project quota: %w", err)
-	}
-	ents, err := os.ReadDir(src)
-	if err != nil {
-		return err
-	}
-	for _, ent := range ents {
-		if err := os.Rename(filepath.Join(src, ent.Name()), filepath.Join(slot, ent.Name())); err != nil {
-			return fmt.Errorf("move the task's entry into the warm sandbox: %w", err)
-		}
-	}
-	if err := os.Chmod(slot, fi.Mode().Perm()); err != nil {
-		return err
-	}
-	// rename(2) itself: os.Rename refuses to replace a directory.
-	if err := unix.Rename(slot, src); err != nil {
-		return fmt.Errorf("place the warm sandbox's directory %s as the task's %s: %w", slot, src, err)
-	}
-	return nil
-}
-
-// copyProject is quota.CopyProject on two directories' paths. It comes
-// first: a directory whose project is inherited refuses entries of
-// another project (EXDEV).
-func copyProject(dst, src string) error {
-	d, err := os.Open(dst)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	s, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	return quota.CopyProject(d, s)
-}
-
-// restore moves a claim's entries back from the slots that are still
-// slots into the task's directories, where a claim stopped half way.
-func restore(c claim, slots map[int]string) error {
-	var errs []error
-	for i, dst := range c.Moves {
-		if slots[i] == "" {
-			continue
-		}
-		ents, err := os.ReadDir(slots[i])
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // renamed: the task's directory already
-		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, ent := range ents {
-			if err := os.Rename(filepath.Join(slots[i], ent.Name()), filepath.Join(dst, ent.Name())); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // destroyLeftoverWarm destroys the warm sandboxes an earlier process left
 // in the state dir, after putting back a half-claimed task's entries, and
 // their slots. A slot directory whose entries could not be put back stays.
 // Those of a runtime still running (another server on this host, sharing
 // the state dir) are its own, and stay.
 func (r *Runtime) destroyLeftoverWarm(ctx context.Context) {
-	// Each other runtime's tag, and whether it is gone: no process holds
-	// its lock.
-	gone := map[string]bool{}
-	locks, _ := filepath.Glob(warmLock(r.opts.StateDir, "*"))
-	for _, l := range locks {
-		tag := strings.TrimSuffix(filepath.Base(l), ".lock")
-		if tag == r.warmTag {
-			continue
-		}
-		f, err := lockfile.TryAcquire(l)
-		gone[tag] = err == nil && f != nil
-		f.Release()
-	}
-	defer func() {
-		for tag, free := range gone {
-			if free {
-				os.Remove(warmLock(r.opts.StateDir, tag))
-			}
-		}
-	}()
-	ids := map[string]bool{}
-	for _, dir := range []string{r.opts.StateDir, warmDir(r.opts.StateDir)} {
-		ents, _ := os.ReadDir(dir)
-		for _, ent := range ents {
-			id := ent.Name()
-			if !strings.HasPrefix(id, warmPrefix) || sandbox.ValidateID(id) != nil {
-				continue
-			}
-			// A live runtime's are its own. One without a tag is from
-			// before tags; one whose tag has no lock file left a runtime
-			// gone.
-			tag := warmTagOf(id)
-			if isGone, locked := gone[tag]; tag != r.warmTag && (!locked || isGone) {
-				ids[id] = true
-			}
-		}
-	}
-	for id := range ids {
+	ids, done := warmpool.Leftovers(warmDir(r.opts.StateDir), r.warmTag, r.opts.StateDir, warmDir(r.opts.StateDir))
+	defer done()
+	for _, id := range ids {
 		if err := r.Destroy(ctx, id); err != nil {
 			r.log.Warn("cannot destroy a warm sandbox left by an earlier server", logkey.SandboxID, id, logkey.Error, err)
 			continue
@@ -463,27 +267,10 @@ func (r *Runtime) destroyLeftoverWarm(ctx context.Context) {
 			r.log.Warn("cannot release the identity of a warm sandbox left by an earlier server", logkey.SandboxID, id, logkey.Error, err)
 		}
 		root := filepath.Join(warmDir(r.opts.StateDir), id)
-		if b, err := os.ReadFile(filepath.Join(root, "claim")); err == nil {
-			var c claim
-			if err := json.Unmarshal(b, &c); err == nil {
-				slots := map[int]string{}
-				for i := range c.Moves {
-					slots[i] = filepath.Join(root, strconv.Itoa(i))
-				}
-				err = restore(c, slots)
-			}
-			if err != nil {
-				r.log.Warn("cannot put a task's entries back from a warm sandbox's slot", "task_id", c.Task, "slot", root, logkey.Error, err)
-				continue
-			}
+		if task, err := warmpool.RestoreLeftover(root); err != nil {
+			r.log.Warn("cannot put a task's entries back from a warm sandbox's slot", "task_id", task, "slot", root, logkey.Error, err)
+			continue
 		}
 		os.RemoveAll(root)
 	}
-}
-
-// sameFS reports whether a and b are on the same file system (a missing
-// one is not).
-func sameFS(a, b string) bool {
-	var sa, sb unix.Stat_t
-	return unix.Stat(a, &sa) == nil && unix.Stat(b, &sb) == nil && sa.Dev == sb.Dev
 }
