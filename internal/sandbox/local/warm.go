@@ -248,29 +248,8 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	return r.Handle(st), nil
 }
 
-// destroyLeftoverWarm destroys the warm sandboxes an earlier process left
-// in the state dir, after putting back a half-claimed task's entries, and
-// their slots. A slot directory whose entries could not be put back stays.
-// Those of a runtime still running (another server on this host, sharing
-// the state dir) are its own, and stay.
+// destroyLeftoverWarm destroys the warm sandboxes that runtimes gone left
+// in the state dir, and their slots (warmpool.DestroyLeftovers).
 func (r *Runtime) destroyLeftoverWarm(ctx context.Context) {
-	ids, done := warmpool.Leftovers(warmDir(r.opts.StateDir), r.warmTag, r.opts.StateDir, warmDir(r.opts.StateDir))
-	defer done()
-	for _, id := range ids {
-		if err := r.Destroy(ctx, id); err != nil {
-			r.log.Warn("cannot destroy a warm sandbox left by an earlier server", logkey.SandboxID, id, logkey.Error, err)
-			continue
-		}
-		// A claim that stopped after its state took the task's id kept
-		// the lease under the warm sandbox's, which Destroy released.
-		if err := r.opts.Identities.Release(id); err != nil {
-			r.log.Warn("cannot release the identity of a warm sandbox left by an earlier server", logkey.SandboxID, id, logkey.Error, err)
-		}
-		root := filepath.Join(warmDir(r.opts.StateDir), id)
-		if task, err := warmpool.RestoreLeftover(root); err != nil {
-			r.log.Warn("cannot put a task's entries back from a warm sandbox's slot", "task_id", task, "slot", root, logkey.Error, err)
-			continue
-		}
-		os.RemoveAll(root)
-	}
+	warmpool.DestroyLeftovers(ctx, r.opts.StateDir, warmDir(r.opts.StateDir), r.warmTag, r.Destroy, r.opts.Identities.Release, r.log)
 }

@@ -3,11 +3,13 @@
 package warmpool
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/lockfile"
+	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox"
 )
@@ -259,6 +262,34 @@ func Restore(c Claim, slots map[int]string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// DestroyLeftovers destroys the warm sandboxes a runtime gone left in
+// stateDir (Leftovers; their slots and locks in slotDir), after putting
+// back a half-claimed task's entries, and their slots; those of own's or
+// of another runtime still running (another server on this host, sharing
+// the state dir) stay. destroy destroys one by its id; release releases
+// its identity's lease, which a claim that stopped after its state took
+// the task's id kept under the warm id. A slot directory whose entries
+// could not be put back stays.
+func DestroyLeftovers(ctx context.Context, stateDir, slotDir, own string, destroy func(context.Context, string) error, release func(string) error, log *slog.Logger) {
+	ids, done := Leftovers(slotDir, own, stateDir, slotDir)
+	defer done()
+	for _, id := range ids {
+		if err := destroy(ctx, id); err != nil {
+			log.Warn("cannot destroy a warm sandbox left by an earlier server", logkey.SandboxID, id, logkey.Error, err)
+			continue
+		}
+		if err := release(id); err != nil {
+			log.Warn("cannot release the identity of a warm sandbox left by an earlier server", logkey.SandboxID, id, logkey.Error, err)
+		}
+		root := filepath.Join(slotDir, id)
+		if task, err := RestoreLeftover(root); err != nil {
+			log.Warn("cannot put a task's entries back from a warm sandbox's slot", "task_id", task, "slot", root, logkey.Error, err)
+			continue
+		}
+		os.RemoveAll(root)
+	}
 }
 
 // RestoreLeftover puts back the entries of a claim recorded in root, the
