@@ -163,8 +163,10 @@ type Options struct {
 	// StateDir/identities. Runtimes of one server share theirs.
 	Identities *hostuser.Identities
 	// Crash, when set, is called at each of sandbox.CrashPoints Create
-	// passes here (sandbox.CrashLaunched, sandbox.CrashGated); the fault
-	// tests have the server die there. Nil in production.
+	// passes here (a cold start's sandbox.CrashLaunched and CrashGated, a
+	// warm claim's CrashClaimed, CrashMoved, CrashHandedOver and
+	// CrashSent); the fault tests have the server die there. Nil in
+	// production.
 	Crash func(point string)
 }
 
