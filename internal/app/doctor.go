@@ -56,7 +56,7 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	for _, name := range rtkind.Names() {
 		out = append(out, doctorRuntime(ctx, name, cfg, filepath.Join(stateDir, name), host, log)...)
 	}
-	out = append(out, doctorStore(ctx, cfg), doctorQuota(cfg), doctorDisk(cfg.Data), doctorWarm(cfg), doctorExec(cfg))
+	out = append(out, doctorStore(ctx, cfg), doctorQuota(cfg), doctorDisk(cfg.Data), doctorWarm(cfg), doctorWarmGvisor(cfg), doctorExec(cfg))
 	agents := agentConfigs(cfg)
 	// The agents' version checks run at once, each bounded: an agent
 	// that hangs on --version costs the doctor agentVersionWait, not
@@ -414,6 +414,23 @@ func doctorWarm(cfg *config.Config) Check {
 	default:
 		c.Detail = fmt.Sprintf("%d per shape (network none; with an egress proxy), for tasks with the default resources outside a workspace; each serves one task and is destroyed; /metrics shows the pools (corral_warm_*)", n)
 	}
+	return c
+}
+
+// doctorWarmGvisor says how many sandboxes the gvisor runtime keeps warm,
+// within which budget.
+func doctorWarmGvisor(cfg *config.Config) Check {
+	c := Check{Name: "warm sandboxes (gvisor runtime)", OK: true}
+	k := cfg.Warm(rtkind.GVisor, memTotal())
+	if k.Size == 0 {
+		c.Detail = "none: gvisor.warm_pool is 0; every gvisor task starts cold"
+		return c
+	}
+	budget := "no budget beyond the pool size"
+	if k.Max > 0 || k.Memory > 0 {
+		budget = fmt.Sprintf("a budget of %d sandboxes (0: no bound) and %d MiB of memory limits (0: no bound)", k.Max, k.Memory>>20)
+	}
+	c.Detail = fmt.Sprintf("%d per shape (network none; with an egress proxy), %s; emptied when the host is short of memory; each serves one task and is destroyed; /metrics shows the pools (corral_warm_*{runtime=\"gvisor\"})", k.Size, budget)
 	return c
 }
 

@@ -3,8 +3,10 @@ package app
 import (
 	"context"
 	"maps"
+	"os"
 	"slices"
-	"time"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -22,15 +24,35 @@ func memTotal() uint64 {
 	return uint64(si.Totalram) * uint64(si.Unit)
 }
 
-// warmPolicy is what the runtimes keep warm under cfg: local.warm_pool
-// sandboxes of each of the task runner's shapes (tasks with the default
-// resources), for local.warm_idle.
-func (a *App) warmPolicy() (sandbox.WarmPolicy, error) {
-	w := a.cfg.AIWorker
-	p := sandbox.WarmPolicy{
-		Size: a.cfg.Local.WarmPoolSize(memTotal()),
-		Idle: time.Duration(a.cfg.Local.WarmIdle),
+// memoryShort reports whether this machine is short of memory: less than
+// a tenth of it available. Warm pools empty then, before tasks' memory is
+// at stake.
+func memoryShort() bool {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return false
 	}
+	var total, avail uint64
+	for line := range strings.Lines(string(b)) {
+		k, v, _ := strings.Cut(line, ":")
+		n, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		switch k {
+		case "MemTotal":
+			total = n
+		case "MemAvailable":
+			avail = n
+		}
+	}
+	return total > 0 && avail < total/10
+}
+
+// warmPolicy is what runtime keeps warm under cfg (its section's
+// warm_pool, warm_idle and budget): sandboxes of each of the task
+// runner's shapes (tasks with the default resources).
+func (a *App) warmPolicy(runtime string) (sandbox.WarmPolicy, error) {
+	w := a.cfg.AIWorker
+	k := a.cfg.Warm(runtime, memTotal())
+	p := sandbox.WarmPolicy{Size: k.Size, Idle: k.Idle, MaxSandboxes: k.Max, MaxMemory: k.Memory, Pressure: memoryShort}
 	if p.Size == 0 {
 		return p, nil
 	}
@@ -47,17 +69,17 @@ func (a *App) warmPolicy() (sandbox.WarmPolicy, error) {
 // run, until ctx ends. A pool that cannot start is logged, never fatal:
 // tasks then start cold.
 func (a *App) keepWarm(ctx context.Context, run func(func() error)) {
-	p, err := a.warmPolicy()
-	if err != nil {
-		a.log.Warn("no warm sandboxes", "err", err)
-		return
-	}
-	if p.Size == 0 {
-		return
-	}
 	for name, rt := range a.placements.Sandboxes() {
 		w, ok := rt.(sandbox.Warmer)
 		if !ok {
+			continue
+		}
+		p, err := a.warmPolicy(name)
+		if err != nil {
+			a.log.Warn("no warm sandboxes", "runtime", name, "err", err)
+			continue
+		}
+		if p.Size == 0 {
 			continue
 		}
 		if caps, err := rt.Capabilities(ctx); err != nil || !caps.Available {

@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -198,11 +197,19 @@ type Exec struct {
 
 // Gvisor is the gvisor runtime's sequential latencies.
 type Gvisor struct {
+	// Task is the cold path: a task that no warm sandbox fits, in a
+	// gVisor sandbox started for it.
 	Task  Latency `json:"task"`
 	Runsc Latency `json:"runsc"`
 	// Ratio is the gvisor task's median over bare runsc run's median.
 	Ratio  float64    `json:"ratio"`
 	Phases TaskPhases `json:"phases"`
+	// Warm is the task with the default resources, which claims a warm
+	// gVisor sandbox from a full pool (Options.Warm only), its ratio to
+	// bare runsc run's median and its phases.
+	Warm       *Latency    `json:"warm,omitempty"`
+	WarmRatio  float64     `json:"warm_ratio,omitempty"`
+	WarmPhases *TaskPhases `json:"warm_phases,omitempty"`
 }
 
 // TaskPhases are the medians of the parts of one task's latency, cut at
@@ -293,6 +300,11 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 	cfg.AIWorker.MaxQueuedTasks = max(cfg.AIWorker.MaxQueuedTasks, 2*opts.Concurrency)
 	cfg.Agents.Default = task.AgentCommand
 	cfg.Local.WarmPool, cfg.Local.WarmIdle = opts.Warm, 0
+	if opts.Gvisor && opts.Warm > 0 {
+		// One of each shape is what the sequential rounds claim: each
+		// round waits for the pool to be full again.
+		cfg.Gvisor.WarmPool, cfg.Gvisor.WarmIdle = 1, 0
+	}
 	// The bench's clients make hundreds of requests a second through one
 	// caller: what it measures is the tasks, not limits.api_rate.
 	cfg.Limits.APIRate = 0
@@ -598,27 +610,33 @@ func bareBwrapArgs() []string {
 	return append(args, "--proc", "/proc", "--dev", "/dev", "/bin/echo", "hi")
 }
 
+// runWarm runs a task on runtime ("" for the default) with the default
+// resources into a full pool, which it must claim from; the refill it
+// starts ends before it returns, and so before the next measurement.
+func (b *bencher) runWarm(ctx context.Context, runtime string) (taskRun, error) {
+	if err := b.waitWarm(ctx); err != nil {
+		return taskRun{}, err
+	}
+	claims := b.claims()
+	wr, err := b.runTask(ctx, runtime, false, true)
+	if err != nil {
+		return taskRun{}, err
+	}
+	if b.claims() != claims+1 {
+		return taskRun{}, fmt.Errorf("the warm bench task on %q started cold: no warm sandbox's shape fits it", runtime)
+	}
+	return wr, b.waitWarm(ctx)
+}
+
 // sequential runs warm-up and then n task/bwrap pairs, one at a time.
 func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) error {
-	var tasks, warms, bares, gtasks, runscs []time.Duration
-	var runs, wruns, gruns []taskRun // their phases and commits
-	var execs [3][]time.Duration     // local, docker, bare docker run
+	var tasks, warms, bares, gtasks, gwarms, runscs []time.Duration
+	var runs, wruns, gruns, gwruns []taskRun // their phases and commits
+	var execs [3][]time.Duration             // local, docker, bare docker run
 	for i := range opts.Warmup + opts.N {
 		if b.warm != nil {
-			// Into a full pool; the refill it starts ends before the
-			// next measurement.
-			if err := b.waitWarm(ctx); err != nil {
-				return err
-			}
-			claims := b.claims()
-			wr, err := b.runTask(ctx, "", false, true)
+			wr, err := b.runWarm(ctx, "")
 			if err != nil {
-				return err
-			}
-			if b.claims() != claims+1 {
-				return errors.New("the warm bench task started cold: no warm sandbox's shape fits it")
-			}
-			if err := b.waitWarm(ctx); err != nil {
 				return err
 			}
 			if i >= opts.Warmup {
@@ -634,7 +652,16 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 			return err
 		}
 		if b.runsc != nil {
-			gr, err := b.runTask(ctx, rtkind.GVisor, false, true)
+			if b.warm != nil {
+				gw, err := b.runWarm(ctx, rtkind.GVisor)
+				if err != nil {
+					return err
+				}
+				if i >= opts.Warmup {
+					gwarms, gwruns = append(gwarms, gw.total), append(gwruns, gw)
+				}
+			}
+			gr, err := b.runTask(ctx, rtkind.GVisor, true, true)
 			if err != nil {
 				return err
 			}
@@ -686,6 +713,13 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 		g := &Gvisor{Task: summarise(gtasks), Runsc: summarise(runscs), Phases: medianPhases(gruns)}
 		if g.Runsc.Median > 0 {
 			g.Ratio = g.Task.Median / g.Runsc.Median
+		}
+		if b.warm != nil {
+			w, wp := summarise(gwarms), medianPhases(gwruns)
+			g.Warm, g.WarmPhases = &w, &wp
+			if g.Runsc.Median > 0 {
+				g.WarmRatio = w.Median / g.Runsc.Median
+			}
 		}
 		s.Gvisor = g
 	}

@@ -89,6 +89,7 @@ type Config struct {
 	// none: local (bubblewrap), gvisor, docker or kubernetes.
 	Runtime    string     `yaml:"runtime"`
 	Local      Local      `yaml:"local"`
+	Gvisor     Gvisor     `yaml:"gvisor"`
 	Docker     Docker     `yaml:"docker"`
 	Kubernetes Kubernetes `yaml:"kubernetes"`
 	Execution  Execution  `yaml:"execution"`
@@ -270,6 +271,59 @@ type Local struct {
 	// claiming one; then it empties until the next task of its shape.
 	// 0: always kept.
 	WarmIdle Duration `yaml:"warm_idle"`
+	// WarmMax bounds the runtime's warm sandboxes of all shapes together;
+	// 0 (the default): warm_pool of each.
+	WarmMax int `yaml:"warm_max"`
+	// WarmMemory bounds the sum of the warm sandboxes' memory limits (each
+	// counts for the default task's ai_worker_config.resources.memory_limit,
+	// the most it may take once claimed); 0 (the default): no bound.
+	WarmMemory Size `yaml:"warm_memory"`
+}
+
+// Gvisor configures the gvisor runtime's warm sandboxes; its sandboxes
+// take local.tmp_size for their /tmp.
+type Gvisor struct {
+	// WarmPool is how many sandboxes of each shape (network none, and
+	// with an egress proxy) the runtime keeps warm, started ahead of the
+	// tasks that will claim them, each for one task only. 0 (the
+	// default): none, every task starts cold. An idle warm gVisor sandbox
+	// holds its sentry and gofer (docs/benchmarks.md says how much).
+	WarmPool int `yaml:"warm_pool"`
+	// WarmIdle is how long a pool keeps its sandboxes without a task
+	// claiming one; then it empties until the next task of its shape.
+	// 0: always kept.
+	WarmIdle Duration `yaml:"warm_idle"`
+	// WarmMax bounds the runtime's warm sandboxes of all shapes together;
+	// 0 (the default): warm_pool of each.
+	WarmMax int `yaml:"warm_max"`
+	// WarmMemory bounds the sum of the warm sandboxes' memory limits (each
+	// counts for the default task's ai_worker_config.resources.memory_limit,
+	// the most it may take once claimed); 0 (the default): no bound.
+	WarmMemory Size `yaml:"warm_memory"`
+}
+
+// WarmKeys are one runtime's warm pool settings.
+type WarmKeys struct {
+	// Size is the pool's size per shape, -1 resolved; Idle its idle time.
+	Size int
+	Idle time.Duration
+	// Max and Memory are its budget: sandboxes, bytes of memory limits.
+	Max    int
+	Memory int64
+}
+
+// Warm returns the warm pool settings of runtime (local, gvisor; none
+// for another) on a machine with memTotal bytes of memory.
+func (c *Config) Warm(runtime string, memTotal uint64) WarmKeys {
+	switch runtime {
+	case rtkind.Local:
+		l := c.Local
+		return WarmKeys{Size: l.WarmPoolSize(memTotal), Idle: time.Duration(l.WarmIdle), Max: l.WarmMax, Memory: l.WarmMemory.Bytes()}
+	case rtkind.GVisor:
+		g := c.Gvisor
+		return WarmKeys{Size: g.WarmPool, Idle: time.Duration(g.WarmIdle), Max: g.WarmMax, Memory: g.WarmMemory.Bytes()}
+	}
+	return WarmKeys{}
 }
 
 // The automatic warm pool: AutoWarmPool sandboxes of each shape where the
@@ -669,6 +723,7 @@ func Default() *Config {
 		},
 		Runtime:    rtkind.Local,
 		Local:      Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB"), WarmPool: -1, WarmIdle: Duration(10 * time.Minute)},
+		Gvisor:     Gvisor{WarmIdle: Duration(10 * time.Minute)},
 		Docker:     Docker{Host: "unix:///var/run/docker.sock"},
 		Kubernetes: Kubernetes{SecretName: "ai-worker-secrets", PullPolicy: "IfNotPresent"},
 		Execution:  Execution{Timeout: 60, MaxOutputSize: mustSize("1MiB")},

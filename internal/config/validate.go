@@ -83,9 +83,11 @@ func (c *Config) Validate() error {
 	if c.Local.WarmPool < -1 || c.Local.WarmPool > maxWarmPool {
 		v.add("local.warm_pool", "must be -1 (automatic), 0 (none) or up to %d sandboxes per shape, got %d", maxWarmPool, c.Local.WarmPool)
 	}
-	if c.Local.WarmIdle < 0 {
-		v.add("local.warm_idle", "must not be negative, got %s", time.Duration(c.Local.WarmIdle))
+	v.warm("local", c.Local.WarmIdle, c.Local.WarmMax, c.Local.WarmMemory)
+	if c.Gvisor.WarmPool < 0 || c.Gvisor.WarmPool > maxWarmPool {
+		v.add("gvisor.warm_pool", "must be 0 (none) or up to %d sandboxes per shape, got %d", maxWarmPool, c.Gvisor.WarmPool)
 	}
+	v.warm("gvisor", c.Gvisor.WarmIdle, c.Gvisor.WarmMax, c.Gvisor.WarmMemory)
 	// Ranges a person may own are refused where the identity is used
 	// (sandbox/hostuser), which reads the host's login.defs.
 	for _, f := range []struct {
@@ -189,6 +191,19 @@ func (c *Config) Validate() error {
 		v.add("limits.api_burst", "must be at least 1 (the requests a caller may make at once), got %d", l.APIBurst)
 	}
 	return errors.Join(v.errs...)
+}
+
+// warm checks a runtime's warm pool idle time and budget, under section.
+func (v *validator) warm(section string, idle Duration, maxN int, mem Size) {
+	if idle < 0 {
+		v.add(section+".warm_idle", "must not be negative, got %s", time.Duration(idle))
+	}
+	if maxN < 0 || maxN > 2*maxWarmPool {
+		v.add(section+".warm_max", "must be 0 (warm_pool of each shape) or up to %d sandboxes, got %d", 2*maxWarmPool, maxN)
+	}
+	if mem.Bytes() < 0 {
+		v.add(section+".warm_memory", "must not be negative, got %d bytes", mem.Bytes())
+	}
 }
 
 // maxWarmPool bounds local.warm_pool: each warm sandbox is processes and

@@ -66,6 +66,12 @@ var escapeRuntimes = []escapeRuntime{
 	{name: "local+warm", runtime: "local", require: func(tb testing.TB) { testenv.RequireBwrap(tb) },
 		edit: func(_ testing.TB, c *config.Config) { c.Local.WarmPool = 2; c.Local.WarmIdle = 0 }, warm: true},
 	{name: "gvisor", runtime: "gvisor", require: func(tb testing.TB) { testenv.RequireRunsc(tb) }},
+	{name: "gvisor+warm", runtime: "gvisor", require: func(tb testing.TB) { testenv.RequireRunsc(tb) },
+		edit: func(_ testing.TB, c *config.Config) {
+			c.Gvisor.WarmPool = 2
+			c.Gvisor.WarmIdle = 0
+			c.Local.WarmPool = 0
+		}, warm: true},
 	{name: "docker", runtime: "docker", require: testenv.RequireDocker},
 	{name: "docker+runsc", runtime: "docker", require: func(tb testing.TB) { testenv.RequireDockerRuntime(tb, "runsc") },
 		edit: func(_ testing.TB, c *config.Config) { c.Docker.Runtime = "runsc" }},
@@ -87,7 +93,7 @@ var runcPodLeaks = map[string]string{
 
 // gvisorKernel reports whether rt's processes run on gVisor's kernel.
 func (rt escapeRuntime) gvisorKernel() bool {
-	return rt.name == "gvisor" || rt.name == "docker+runsc" || rt.name == "kubernetes+gvisor"
+	return rt.runtime == "gvisor" || rt.name == "docker+runsc" || rt.name == "kubernetes+gvisor"
 }
 
 func requireKubernetes(tb testing.TB) { k8stest.Require(tb) }
@@ -260,12 +266,12 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 	argv = append(argv, nodeTarget...)
 	var claims uint64
 	if rt.warm {
-		waitWarm(t, s, 2)
-		claims = warmPools(t, s, "corral_warm_claims_total")["egress"]
+		waitWarmOf(t, s, rt.runtime, 2)
+		claims = warmPoolsOf(t, s, rt.runtime, "corral_warm_claims_total")["egress"]
 	}
 	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "try to get out", Agent: "command", Command: argv, Runtime: rt.runtime})
 	s.waitSuccess(t, tk.ID, 90*time.Second)
-	if rt.warm && warmPools(t, s, "corral_warm_claims_total")["egress"] != claims+1 {
+	if rt.warm && warmPoolsOf(t, s, rt.runtime, "corral_warm_claims_total")["egress"] != claims+1 {
 		t.Fatalf("the probe's task did not claim a warm sandbox")
 	}
 	raw, err := os.ReadFile(filepath.Join(s.data, "tasks", tk.ID, "output", "probe.json"))

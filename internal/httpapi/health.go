@@ -29,6 +29,8 @@ type Health struct {
 	Running    int                 `json:"running"`
 	// Sessions counts the sessions running.
 	Sessions int `json:"sessions"`
+	// Warm are the runtimes' pools of warm sandboxes, as /metrics has them.
+	Warm []WarmPool `json:"warm"`
 	// Checks are corral doctor's findings, as of CheckedAt.
 	Checks    []Check   `json:"checks"`
 	CheckedAt time.Time `json:"checked_at"`
@@ -38,7 +40,10 @@ type Health struct {
 // doctor's findings (Options.Doctor, which may answer from a cache).
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	st := s.b.Stats()
-	h := Health{Version: s.opts.Version, Ready: s.ready(), Tasks: st.ByStatus, QueueDepth: st.QueueDepth, Running: st.Running, Checks: []Check{}}
+	h := Health{Version: s.opts.Version, Ready: s.ready(), Tasks: st.ByStatus, QueueDepth: st.QueueDepth, Running: st.Running, Warm: st.Warm, Checks: []Check{}}
+	if h.Warm == nil {
+		h.Warm = []WarmPool{}
+	}
 	if h.Tasks == nil {
 		h.Tasks = map[task.Status]int{}
 	}

@@ -13,7 +13,8 @@ import (
 	"github.com/corral-dev/corral/internal/task"
 )
 
-// /api/health reports the queue and the doctor's findings, with a token.
+// /api/health reports the queue, the warm pools and the doctor's findings,
+// with a token.
 func TestHealthRoute(t *testing.T) {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	hs := httptest.NewServer(newTestServer(&stats{}, Options{Token: "tok", Version: "v9",
@@ -32,6 +33,12 @@ func TestHealthRoute(t *testing.T) {
 	if h.Version != "v9" || !h.Ready || h.QueueDepth != 2 || h.Running != 1 || h.Tasks[task.Queued] != 2 ||
 		len(h.Checks) != 1 || h.Checks[0].Name != "runtime local" || !h.CheckedAt.Equal(at) {
 		t.Errorf("health %+v", h)
+	}
+	if len(h.Warm) != 1 || h.Warm[0] != (WarmPool{Runtime: "local", Shape: "none", Ready: 3, Target: 4, Claims: 5, Misses: 1, Started: 9, Failed: 2, Destroyed: 1}) {
+		t.Errorf("warm pools %+v", h.Warm)
+	}
+	if !strings.Contains(body, `"warm":[{"runtime":"local","shape":"none","ready":3`) {
+		t.Errorf("warm pools in JSON: %s", body)
 	}
 }
 

@@ -71,9 +71,15 @@ type DeliveryStats struct {
 
 // WarmPool is one pool of warm sandboxes (sandbox.WarmStats).
 type WarmPool struct {
-	Runtime, Shape                             string
-	Ready, Target                              int
-	Claims, Misses, Started, Failed, Destroyed uint64
+	Runtime   string `json:"runtime"`
+	Shape     string `json:"shape"`
+	Ready     int    `json:"ready"`
+	Target    int    `json:"target"`
+	Claims    uint64 `json:"claims"`
+	Misses    uint64 `json:"misses"`
+	Started   uint64 `json:"started"`
+	Failed    uint64 `json:"failed"`
+	Destroyed uint64 `json:"destroyed"`
 }
 
 // Histogram is a histogram of observed values: Within[i] of them are at

@@ -35,6 +35,17 @@ type WarmPolicy struct {
 	Idle time.Duration
 	// Shapes are the kinds of sandbox to keep warm.
 	Shapes []WarmShape
+	// MaxSandboxes bounds the warm sandboxes of all shapes together, those
+	// ready and those being started; 0: Size of each.
+	MaxSandboxes int
+	// MaxMemory bounds the sum of their memory limits (each counts for
+	// its shape's Limits.MemoryBytes, the most it may take once claimed);
+	// 0: no bound.
+	MaxMemory int64
+	// Pressure, if set, reports whether the host is short of memory: the
+	// pools then destroy their ready sandboxes, before any task's memory
+	// is at stake, and fill again at their next claim or miss.
+	Pressure func() bool
 }
 
 // WarmShape is one kind of warm sandbox. Template is the Spec of a task

@@ -36,7 +36,8 @@ const maxSecrets = 16 << 10
 // ordinary process. The environment: gVisor serves /proc/<pid>/environ
 // to every process, dumpable or not, so there the process executes itself
 // once more with the secrets out of its environment, passing them on a
-// pipe that it reads and closes at once. Linux's own /proc needs no such
+// pipe that it reads and closes at once, unless that environment never
+// held them (a warm sandbox's worker, which got its task's later). Linux's own /proc needs no such
 // step, which costs a second start of the binary (~7 ms): it is taken
 // whenever the kernel does not show itself to be Linux's (environGuarded).
 func HideFromAgent(environ []string, names ...string) ([]string, error) {
@@ -46,7 +47,7 @@ func HideFromAgent(environ []string, names ...string) ([]string, error) {
 	if fd, ok := lookupEnv(environ, secretsFDEnv); ok {
 		return readSecrets(environ, fd)
 	}
-	if environGuarded() {
+	if environGuarded() || !execEnvironHolds(names) {
 		return environ, nil
 	}
 	kept, r, w, err := SecretsPipe(environ, names...)
@@ -134,6 +135,25 @@ var environGuarded = func() bool {
 	}
 	n, err := strconv.ParseUint(fields[envStart], 10, 64)
 	return err == nil && n != 0
+}
+
+// execEnvironHolds reports whether the environment this process was
+// started with, which /proc/self/environ shows, holds any of the variables
+// names: a warm sandbox's worker got its task's environment later, on its
+// start pipe, and has nothing there to hide. Unreadable, it may hold them.
+func execEnvironHolds(names []string) bool {
+	b, err := os.ReadFile("/proc/self/environ")
+	if err != nil {
+		return true
+	}
+	for kv := range strings.SplitSeq(string(b), "\x00") {
+		for _, n := range names {
+			if strings.HasPrefix(kv, n+"=") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // readSecrets reads the secrets from the descriptor fd names, closes it,

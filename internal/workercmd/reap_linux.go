@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/internal/sandbox/warmstart"
 	"github.com/corral-dev/corral/internal/worker"
 	"github.com/corral-dev/corral/internal/workerproto"
 )
@@ -48,6 +49,11 @@ var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, sys
 // or, early in the program's start, is dropped, and the runtime's stop
 // goes on to SIGKILL after its grace period. Either way the agent had not
 // run yet. Once it forwards signals, pid 1 is named reaperName.
+//
+// A warm sandbox's start pipe and acknowledgement (warmstart.FD and
+// warmstart.AckFD) are the worker's, which inherits them; pid 1's execve
+// closes its own, so that nothing but the worker holds the
+// acknowledgement.
 func reap(environ []string, stderr io.Writer) int {
 	if v, ok := os.LookupEnv(reapChildEnv); ok {
 		child, err := strconv.Atoi(v)
@@ -92,6 +98,10 @@ func startWorker(environ []string, names ...string) error {
 	r.Close()
 	if err != nil {
 		return fmt.Errorf("start the worker: %w", err)
+	}
+	if len(os.Args) == 3 && os.Args[2] == "warm" {
+		unix.CloseOnExec(warmstart.FD)
+		unix.CloseOnExec(warmstart.AckFD)
 	}
 	err = unix.Exec(self, os.Args, append(kept, reapChildEnv+"="+strconv.Itoa(cmd.Process.Pid)))
 	return fmt.Errorf("execute %s again as the reaper: %w", self, err)

@@ -69,7 +69,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	if err := os.WriteFile(procFile, b, 0o600); err != nil {
 		return sandbox.ExitStatus{}, fmt.Errorf("write exec process: %w", err)
 	}
-	args := append(r.globalArgs(), "exec", "--process", procFile, "--internal-pid-file", pidFile, id)
+	args := append(r.globalArgs(), "exec", "--process", procFile, "--internal-pid-file", pidFile, e.St.container())
 	cmd := exec.CommandContext(ctx, r.opts.Runsc, args...)
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
@@ -81,7 +81,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 		if b, err := os.ReadFile(pidFile); err == nil {
 			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
 				kctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				r.runsc(kctx, "kill", "--pid", strconv.Itoa(pid), id, "KILL")
+				r.runsc(kctx, "kill", "--pid", strconv.Itoa(pid), e.St.container(), "KILL")
 				cancel()
 			}
 		}

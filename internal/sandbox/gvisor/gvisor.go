@@ -104,12 +104,14 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lockfile"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/hostproc"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/statedir"
+	"github.com/corral-dev/corral/internal/sandbox/warmpool"
 )
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -161,8 +163,10 @@ type Options struct {
 	// StateDir/identities. Runtimes of one server share theirs.
 	Identities *hostuser.Identities
 	// Crash, when set, is called at each of sandbox.CrashPoints Create
-	// passes here (sandbox.CrashLaunched, sandbox.CrashGated); the fault
-	// tests have the server die there. Nil in production.
+	// passes here (a cold start's sandbox.CrashLaunched and CrashGated, a
+	// warm claim's CrashClaimed, CrashMoved, CrashHandedOver and
+	// CrashSent); the fault tests have the server die there. Nil in
+	// production.
 	Crash func(point string)
 }
 
@@ -200,6 +204,13 @@ type Runtime struct {
 	capsOnce sync.Once
 	caps     sandbox.Capabilities
 
+	// warmTag is in the ids of the warm sandboxes this runtime starts;
+	// it holds warmLock while they are its own (warmpool.Prefix).
+	warmTag  string
+	warmLock *lockfile.File
+	// warm are the warm sandboxes' pools (KeepWarm).
+	warm *warmpool.Pools[*warmBox]
+
 	// Sandboxes is StateDir (state.json per sandbox, the per-id locks
 	// that serialise Create and Destroy, the sandboxes this instance has
 	// seen) and the lifecycle methods shared with the local runtime.
@@ -210,6 +221,17 @@ type Runtime struct {
 // state is Handle.State, version 1, also kept in StateDir/<id>/state.json.
 type state struct {
 	statedir.Launch
+	// Warm is the id a task's sandbox had while it was warm, "" for one
+	// started cold: runsc knows the sandbox by it.
+	Warm string `json:"warm,omitempty"`
+}
+
+// container is runsc's id of the sandbox.
+func (s state) container() string {
+	if s.Warm != "" {
+		return s.Warm
+	}
+	return s.ID
 }
 
 // New returns a Runtime keeping its state in opts.StateDir. It creates the
@@ -252,6 +274,17 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		Kill:       r.kill,
 		Release:    r.release,
 	})
+	// Never reattached: a new server starts its own, under a tag of its
+	// own (warmpool.Prefix), and destroys those of runtimes gone.
+	if err := os.MkdirAll(warmDir(opts.StateDir), 0o711); err != nil {
+		return nil, fmt.Errorf("gvisor runtime: %w", err)
+	}
+	var err error
+	if r.warmTag, r.warmLock, err = warmpool.Own(warmDir(opts.StateDir)); err != nil {
+		return nil, fmt.Errorf("gvisor runtime: %w", err)
+	}
+	r.destroyLeftoverWarm(context.Background())
+	r.warm = warmpool.New[*warmBox](Name, warmOps{r}, r.log)
 	return r, nil
 }
 
@@ -347,21 +380,37 @@ func (r *Runtime) probeRun(ctx context.Context) error {
 // returns once runsc reports the container running (about 0.2 to 0.5 s
 // with the ptrace platform). It is idempotent on spec.ID.
 func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
-	return r.create(ctx, spec, "")
+	return r.create(ctx, spec, "", nil)
 }
 
-// create is Create, or Restore from the checkpoint in image when not "".
-func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, image string) (_ *sandbox.Handle, err error) {
+// create is Create, or Restore from the checkpoint in image when not "";
+// a warm sandbox's main process also gets start, the read end of the pipe
+// its task will come through (see KeepWarm).
+func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, image string, start *os.File) (_ *sandbox.Handle, err error) {
 	if err := validateSpec(spec, r.opts.DataRoot); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
+	}
+	var box *warmBox
+	if start == nil && image == "" { // a warm sandbox's own spec claims nothing
+		box = r.claimWarm(spec)
 	}
 	spec = spec.Resolve(r.opts.DataRoot) // from here on, mounts are host paths
 	unlock := r.Dir.Lock(spec.ID)
 	defer unlock()
 	if e, err := r.Lookup(spec.ID); err == nil {
+		r.releaseWarm(box)
 		return r.Handle(e.St), nil
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		r.releaseWarm(box)
 		return nil, err
+	}
+	if box != nil {
+		h, err := r.adopt(ctx, spec, box)
+		box.pool.Wake() // for the next box, now the claim is done
+		if err == nil {
+			return h, nil
+		}
+		r.log.Warn("warm sandbox not usable; starting the task's cold", logkey.SandboxID, spec.ID, "warm_id", box.id, logkey.Error, err)
 	}
 	caps, _ := r.Capabilities(ctx)
 	if !caps.Available {
@@ -378,7 +427,7 @@ func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, image string) (
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
-	e, err := r.start(ctx, spec, dir, image)
+	e, err := r.start(ctx, spec, dir, image, start)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
@@ -407,7 +456,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	if !e.Running() {
 		return fmt.Errorf("checkpoint sandbox %s: it has ended: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	if _, err := r.runsc(ctx, "checkpoint", "--image-path="+dir, id); err != nil {
+	if _, err := r.runsc(ctx, "checkpoint", "--image-path="+dir, e.St.container()); err != nil {
 		// This runsc ends a sandbox whose checkpoint failed (one of its
 		// processes held a connection to a host socket, say): wait for
 		// its end, so that Status says so. runsc state may still find it
@@ -415,14 +464,14 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 		// TestSessionKeepsItsMemory saw one), so one it finds is given
 		// a few seconds to end; one that runs on after them is woken.
 		wait := 10 * time.Second
-		if _, serr := r.runsc(ctx, "state", id); serr == nil {
+		if _, serr := r.runsc(ctx, "state", e.St.container()); serr == nil {
 			wait = 3 * time.Second
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		ended := e.WaitExit(wctx) == nil
 		cancel()
 		if !ended {
-			r.wake(context.WithoutCancel(ctx), id)
+			r.wake(context.WithoutCancel(ctx), e.St.container())
 		}
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
@@ -438,13 +487,14 @@ func (r *Runtime) Restore(ctx context.Context, spec sandbox.Spec, dir string) (*
 	if dir == "" || !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("restore sandbox %s: checkpoint directory %q: must be an absolute path: %w", spec.ID, dir, errdefs.ErrInvalidArgument)
 	}
-	return r.create(ctx, spec, dir)
+	return r.create(ctx, spec, dir, nil)
 }
 
-// wake sends SIGCONT to sandbox id's main process: a checkpoint's end.
-func (r *Runtime) wake(ctx context.Context, id string) {
-	if _, err := r.runsc(ctx, "kill", id, "CONT"); err != nil {
-		r.log.Warn("cannot wake a sandbox's main process", logkey.SandboxID, id, logkey.Error, err)
+// wake sends SIGCONT to the main process of the sandbox runsc knows as
+// container: a checkpoint's end.
+func (r *Runtime) wake(ctx context.Context, container string) {
+	if _, err := r.runsc(ctx, "kill", container, "CONT"); err != nil {
+		r.log.Warn("cannot wake a sandbox's main process", logkey.SandboxID, container, logkey.Error, err)
 	}
 }
 
@@ -457,10 +507,18 @@ func (r *Runtime) wake(ctx context.Context, id string) {
 // script.
 const launcherScript = `f=$1; shift; read -r _ || exit 125; exec </dev/null; "$@"; rc=$?; echo $rc > "$f.tmp" && mv -f "$f.tmp" "$f"; exit $rc`
 
+// warmLauncherScript is launcherScript for a warm sandbox: runsc's stdin,
+// which runsc hands the sandbox's main process, is the start pipe (fd 3),
+// and its stdout the acknowledgement file (fd 4); runsc writes nothing of
+// its own there (its diagnostics go to stderr and its log). Inside,
+// warmShim puts them where warmstart says.
+const warmLauncherScript = `f=$1; shift; read -r _ || exit 125; "$@" <&3 >&4 3<&- 4>&-; rc=$?; echo $rc > "$f.tmp" && mv -f "$f.tmp" "$f"; exit $rc`
+
 // start builds the bundle and cgroups for spec in dir, starts the launcher
 // (running runsc restore from image, if not "") and waits until the
-// container runs.
-func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir, image string) (_ *statedir.Entry[state], err error) {
+// container runs. A warm sandbox's (start not nil) gets start as its
+// stdin and its acknowledgement file as its stdout.
+func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir, image string, start *os.File) (_ *statedir.Entry[state], err error) {
 	st := state{Launch: statedir.Launch{ID: spec.ID, Labels: maps.Clone(spec.Labels), CreatedAt: time.Now().UTC()}}
 	if st.Identity, err = r.opts.Identities.Take(spec.ID); err != nil {
 		return nil, err
@@ -484,14 +542,19 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir, image strin
 		}()
 		cgPath = r.cg.Path(spec.ID)
 	}
-	if spec, err = hostuser.Pin(spec, r.Dir.Pins(spec.ID), st.Identity); err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			hostuser.Unpin(r.Dir.Pins(spec.ID))
+	// A workspace under a root is pinned; a warm sandbox's slots, its
+	// only host directories, are the server's own and need no pin (and
+	// its state dir takes a task's name when claimed).
+	if start == nil {
+		if spec, err = hostuser.Pin(spec, r.Dir.Pins(spec.ID), st.Identity); err != nil {
+			return nil, err
 		}
-	}()
+		defer func() {
+			if err != nil {
+				hostuser.Unpin(r.Dir.Pins(spec.ID))
+			}
+		}()
+	}
 	st.Owned, err = hostuser.Give(hostuser.WritableDirs(spec.Mounts), st.Identity)
 	defer func() {
 		if err != nil {
@@ -516,7 +579,19 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir, image strin
 	}
 	defer out.Close()
 
-	argv := []string{"/bin/sh", "-c", launcherScript, "sh", filepath.Join(dir, "exit"), r.opts.Runsc}
+	// The exit file's path is relative to the launcher's working
+	// directory, the state dir, which a claim renames to the task's id.
+	script, extra := launcherScript, []*os.File(nil)
+	if start != nil {
+		script = warmLauncherScript
+		ack, err := os.OpenFile(filepath.Join(dir, ackFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("create warm start acknowledgement file: %w", err)
+		}
+		defer ack.Close()
+		extra = []*os.File{start, ack} // fds 3 and 4
+	}
+	argv := []string{"/bin/sh", "-c", script, "sh", "exit", r.opts.Runsc}
 	argv = append(argv, r.globalArgs()...)
 	argv = append(argv, "--log="+filepath.Join(dir, "runsc.log"))
 	if image != "" {
@@ -527,6 +602,8 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir, image strin
 	argv = append(argv, "--bundle", bundle, spec.ID)
 	// Not CommandContext: the sandbox must outlive ctx and this process.
 	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = dir
+	cmd.ExtraFiles = extra
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdout, cmd.Stderr = out, out
 	// The launcher waits at its gate until the state below is written: a
@@ -558,11 +635,15 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir, image strin
 			<-e.Done()
 		}
 	}()
-	r.crash(sandbox.CrashLaunched)
+	if start == nil {
+		r.crash(sandbox.CrashLaunched)
+	}
 	if err := r.Dir.Write(spec.ID, st); err != nil {
 		return nil, err
 	}
-	r.crash(sandbox.CrashGated)
+	if start == nil {
+		r.crash(sandbox.CrashGated)
+	}
 	if _, err := letGo.Write([]byte("\n")); err != nil {
 		return nil, fmt.Errorf("let the launcher go: %w", err)
 	}
@@ -600,7 +681,7 @@ func (r *Runtime) waitRunning(ctx context.Context, e *statedir.Entry[state]) err
 		if _, err := os.Stat(filepath.Join(e.Dir, "exit")); err == nil {
 			return nil // ran and exited already
 		}
-		out, err := r.runsc(ctx, "state", e.St.ID)
+		out, err := r.runsc(ctx, "state", e.St.container())
 		if err == nil {
 			var s struct {
 				Status string `json:"status"`
@@ -650,9 +731,14 @@ func (r *Runtime) exitStatus(e *statedir.Entry[state]) sandbox.ExitStatus {
 	} else {
 		statedir.Explain(&es, e.Dir)
 	}
-	if !ranRunsc(e.Dir) {
-		// Only after a restart: Create returns once runsc runs.
+	// Create returns once runsc runs, and a claim once the start is
+	// sent: either is so only after a restart, or for a worker that could
+	// not acknowledge its start (and so ran none of it).
+	switch {
+	case !ranRunsc(e.Dir):
 		es.NotStarted, es.Message = true, "its launcher never ran it: the server died before letting it go"
+	case e.St.Warm != "" && !acked(e.Dir):
+		es.NotStarted, es.Message = true, "its worker never had its task's start: the server died between the claim and the start"
 	}
 	return es
 }
@@ -676,22 +762,25 @@ func (r *Runtime) crash(point string) {
 // died before letting it go, ends in moments (its gate closed with the
 // server); one that has not run runsc after statedir.DecideWithin is killed, so
 // nothing of its task runs after all, and its end says so
-// (ExitStatus.NotStarted).
+// (ExitStatus.NotStarted). So is a claimed warm sandbox whose worker has
+// not acknowledged its start: its start pipe closed with the server.
 func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
-	return r.RecoverDecided(ctx, h, func(e *statedir.Entry[state]) bool { return !ranRunsc(e.Dir) })
+	return r.RecoverDecided(ctx, h, func(e *statedir.Entry[state]) bool {
+		return !ranRunsc(e.Dir) || (e.St.Warm != "" && !acked(e.Dir))
+	})
 }
 
 // term sends SIGTERM to the main process with `runsc kill`; when it exits,
 // gVisor ends the whole sandbox. An error is a container that exited
 // meanwhile.
 func (r *Runtime) term(ctx context.Context, e *statedir.Entry[state]) {
-	r.runsc(ctx, "kill", e.St.ID, "TERM")
+	r.runsc(ctx, "kill", e.St.container(), "TERM")
 }
 
 // kill SIGKILLs every process in the sandbox (runsc kill --all) and waits
 // for the launcher, taking the launcher's session down when runsc cannot.
 func (r *Runtime) kill(ctx context.Context, e *statedir.Entry[state]) error {
-	if _, err := r.runsc(ctx, "kill", "--all", e.St.ID, "KILL"); err != nil && e.Running() {
+	if _, err := r.runsc(ctx, "kill", "--all", e.St.container(), "KILL"); err != nil && e.Running() {
 		// runsc does not know the container (it is still being created, or
 		// runsc's state is gone): end the launcher's whole session.
 		r.log.Debug("runsc kill failed", logkey.SandboxID, e.St.ID, "err", err)
@@ -711,8 +800,8 @@ func (r *Runtime) kill(ctx context.Context, e *statedir.Entry[state]) error {
 
 // release makes runsc forget the sandbox: runsc run deletes its container
 // when it ends; this is for one whose runsc was killed.
-func (r *Runtime) release(ctx context.Context, id string) {
-	if out, err := r.runsc(ctx, "delete", "--force", id); err != nil && !bytes.Contains(out, []byte("does not exist")) {
-		r.log.Debug("runsc delete failed", logkey.SandboxID, id, "err", err)
+func (r *Runtime) release(ctx context.Context, st state) {
+	if out, err := r.runsc(ctx, "delete", "--force", st.container()); err != nil && !bytes.Contains(out, []byte("does not exist")) {
+		r.log.Debug("runsc delete failed", logkey.SandboxID, st.ID, "err", err)
 	}
 }

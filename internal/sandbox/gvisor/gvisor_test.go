@@ -23,11 +23,15 @@ import (
 
 // MustNew returns a Runtime over a fresh state dir, with cgroups under a
 // parent unique to this package's tests, and a function that builds another
-// instance over the same state (a restarted server).
-func MustNew(tb testing.TB) (*Runtime, func() *Runtime) {
+// instance over the same state (a restarted server). mods change the
+// options.
+func MustNew(tb testing.TB, mods ...func(*Options)) (*Runtime, func() *Runtime) {
 	tb.Helper()
 	testenv.RequireRunsc(tb)
 	opts := Options{DataRoot: sandboxtest.DataRoot, StateDir: filepath.Join(tb.TempDir(), "state"), CgroupParent: "corral-gvisor-test"}
+	for _, mod := range mods {
+		mod(&opts)
+	}
 	newRuntime := func() *Runtime {
 		r, err := New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {

@@ -78,6 +78,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 	"github.com/corral-dev/corral/internal/sandbox/statedir"
+	"github.com/corral-dev/corral/internal/sandbox/warmpool"
 )
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -207,12 +208,11 @@ type Runtime struct {
 	launchWarn string
 
 	// warmTag is in the ids of the warm sandboxes this runtime starts;
-	// it holds warmLock while they are its own (warmPrefix).
+	// it holds its lock while they are its own (warmpool.Prefix).
 	warmTag  string
 	warmLock *lockfile.File
-	// warmMu guards pools, the warm sandboxes' pools (KeepWarm).
-	warmMu sync.Mutex
-	pools  []*pool
+	// warm are the warm sandboxes' pools (KeepWarm).
+	warm *warmpool.Pools[*warmBox]
 
 	// Sandboxes is StateDir (state.json per sandbox, the per-id locks
 	// that serialise Create and Destroy, the sandboxes this instance has
@@ -310,18 +310,16 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		Kill:       r.kill,
 	})
 	// Never reattached: a new server starts its own, under a tag of its
-	// own (warmPrefix), and destroys those of runtimes gone.
+	// own (warmpool.Prefix), and destroys those of runtimes gone.
 	if err := os.MkdirAll(warmDir(opts.StateDir), 0o711); err != nil {
 		return nil, fmt.Errorf("local runtime: %w", err)
 	}
-	for r.warmLock == nil {
-		var err error
-		r.warmTag = newWarmTag()
-		if r.warmLock, err = lockfile.TryAcquire(warmLock(opts.StateDir, r.warmTag)); err != nil {
-			return nil, fmt.Errorf("local runtime: %w", err)
-		}
+	var err error
+	if r.warmTag, r.warmLock, err = warmpool.Own(warmDir(opts.StateDir)); err != nil {
+		return nil, fmt.Errorf("local runtime: %w", err)
 	}
 	r.destroyLeftoverWarm(context.Background())
+	r.warm = warmpool.New[*warmBox](Name, warmOps{r}, r.log)
 	return r, nil
 }
 
@@ -499,7 +497,7 @@ func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, start *os.File)
 	}
 	if box != nil {
 		h, err := r.adopt(ctx, spec, box)
-		box.pool.wake() // for the next box, now the claim is done
+		box.pool.Wake() // for the next box, now the claim is done
 		if err == nil {
 			return h, nil
 		}

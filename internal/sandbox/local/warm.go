@@ -4,28 +4,18 @@ package local
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
-	"sync"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/ids"
-	"github.com/corral-dev/corral/internal/lockfile"
 	"github.com/corral-dev/corral/internal/logkey"
-	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/sandbox/warmpool"
 	"github.com/corral-dev/corral/internal/sandbox/warmstart"
 )
 
@@ -63,30 +53,6 @@ import (
 // task, and says so (sandbox.ExitStatus.NotStarted): its task starts
 // again, and never takes the worker's own exit for its result.
 
-// warmPrefix begins every warm sandbox's id; no task's sandbox has it.
-// After it comes the tag of the runtime that started it, and a hyphen:
-// several servers (replicas) on one host share the state dir, and each
-// destroys at its start only the warm sandboxes of runtimes gone, whose
-// tag's lock (warmLock) no process holds.
-const warmPrefix = "warm-"
-
-// newWarmTag returns a runtime's tag for its warm sandboxes' ids: ten
-// lowercase letters and digits.
-func newWarmTag() string { return strings.ToLower(rand.Text()[:10]) }
-
-// warmLock is the lock file a runtime holds while its warm sandboxes with
-// tag are its own.
-func warmLock(stateDir, tag string) string { return filepath.Join(warmDir(stateDir), tag+".lock") }
-
-// warmTagOf is the tag in a warm sandbox's id, "" for one made before tags.
-func warmTagOf(id string) string {
-	tag, _, ok := strings.Cut(strings.TrimPrefix(id, warmPrefix), "-")
-	if !ok {
-		return ""
-	}
-	return tag
-}
-
 // labelWarm marks a warm sandbox not yet claimed.
 const labelWarm = "corral.warm"
 
@@ -108,44 +74,9 @@ func warmDir(stateDir string) string { return filepath.Join(stateDir, "_warm") }
 // warmBox is a warm sandbox in a pool.
 type warmBox struct {
 	id    string
-	pool  *pool
-	slots []string // the host dir bound for each per-task mount of the template, by mount index; "" for the others
-	start *os.File // the pipe's write end
-}
-
-// slotMap is b.slots by mount index, without the shared mounts.
-func (b *warmBox) slotMap() map[int]string {
-	m := map[int]string{}
-	for i, s := range b.slots {
-		if s != "" {
-			m[i] = s
-		}
-	}
-	return m
-}
-
-// claim is what a claim writes before it moves a task's entries, so that
-// New can put them back if the server dies in between.
-type claim struct {
-	Task string `json:"task"`
-	// Moves are the task directories, by mount index as the slots.
-	Moves map[int]string `json:"moves"`
-}
-
-// pool keeps one shape's warm sandboxes.
-type pool struct {
-	r     *Runtime
-	shape sandbox.WarmShape
-	size  int
-	idle  time.Duration
-	kick  chan struct{} // wakes run: a claim, a miss
-
-	mu      sync.Mutex
-	ready   []*warmBox
-	target  int
-	lastUse time.Time
-	stats   sandbox.WarmStats
-	stopped bool // run has returned: nothing goes back into ready
+	pool  *warmpool.Pool[*warmBox] // set when it is taken
+	slots []string                 // the host dir bound for each per-task mount of the template, by mount index; "" for the others
+	start *os.File                 // the pipe's write end
 }
 
 // KeepWarm implements sandbox.Warmer: one pool per shape, each filled to
@@ -163,238 +94,59 @@ func (r *Runtime) KeepWarm(ctx context.Context, p sandbox.WarmPolicy) error {
 	if err := os.MkdirAll(warmDir(r.opts.StateDir), 0o711); err != nil {
 		return fmt.Errorf("keep sandboxes warm: %w", err)
 	}
-	var pools []*pool
 	for _, sh := range p.Shapes {
-		for _, m := range sh.Template.Mounts {
-			if !m.PerTask() {
-				continue
-			}
-			if m.HostDir {
-				return fmt.Errorf("warm shape %s: the per-task mount %s must be in the data root", sh.Name, m.Target)
-			}
-			// A claim renames the slot over the task's directory.
-			parent := filepath.Dir(filepath.Join(r.opts.DataRoot, filepath.FromSlash(m.Source)))
-			if !sameFS(parent, warmDir(r.opts.StateDir)) {
-				return fmt.Errorf("warm shape %s: %s and the state dir %s are not on one file system, and a claim renames from one to the other", sh.Name, parent, r.opts.StateDir)
-			}
+		if err := warmpool.CheckShape(sh, r.opts.DataRoot, warmDir(r.opts.StateDir)); err != nil {
+			return err
 		}
-		pl := &pool{r: r, shape: sh, size: p.Size, idle: p.Idle, target: p.Size, kick: make(chan struct{}, 1), lastUse: time.Now()}
-		pl.stats = sandbox.WarmStats{Runtime: Name, Shape: sh.Name}
-		pools = append(pools, pl)
 	}
-	r.warmMu.Lock()
-	if r.pools != nil {
-		r.warmMu.Unlock()
-		return errors.New("keep sandboxes warm: already keeping them")
-	}
-	r.pools = pools
-	r.warmMu.Unlock()
-	var wg sync.WaitGroup
-	for _, pl := range pools {
-		wg.Go(func() { pl.run(ctx) })
-	}
-	wg.Wait()
-	r.warmMu.Lock()
-	r.pools = nil
-	r.warmMu.Unlock()
-	return nil
+	return r.warm.Keep(ctx, p)
 }
 
 // WarmStats implements sandbox.Warmer.
-func (r *Runtime) WarmStats() []sandbox.WarmStats {
-	r.warmMu.Lock()
-	pools := slices.Clone(r.pools)
-	r.warmMu.Unlock()
-	var out []sandbox.WarmStats
-	for _, pl := range pools {
-		pl.mu.Lock()
-		st := pl.stats
-		st.Ready, st.Target = len(pl.ready), pl.target
-		pl.mu.Unlock()
-		out = append(out, st)
-	}
-	return out
-}
+func (r *Runtime) WarmStats() []sandbox.WarmStats { return r.warm.Stats() }
 
 // claimWarm takes a warm sandbox for spec out of its pool, or returns nil:
 // for a spec no pool's shape fits, or when the pool has none ready (a
 // miss, which has the pool fill).
 func (r *Runtime) claimWarm(spec sandbox.Spec) *warmBox {
-	r.warmMu.Lock()
-	pools := r.pools
-	r.warmMu.Unlock()
-	for _, pl := range pools {
-		if pl.shape.Fits(spec) {
-			return pl.take()
-		}
+	pl, b, ok := r.warm.Take(spec)
+	if !ok {
+		return nil
 	}
-	return nil
+	b.pool = pl
+	return b
 }
 
 // releaseWarm gives an unused box back to its pool.
 func (r *Runtime) releaseWarm(b *warmBox) {
-	if b == nil {
-		return
-	}
-	p := b.pool
-	p.mu.Lock()
-	keep := !p.stopped
-	if keep {
-		p.ready = append([]*warmBox{b}, p.ready...)
-		p.stats.Claims--
-	}
-	p.mu.Unlock()
-	if !keep {
-		r.destroyWarm(context.Background(), b)
+	if b != nil {
+		b.pool.Release(b)
 	}
 }
 
-// take takes a ready box, or counts a miss and wakes the pool to fill.
-// After a take the caller wakes the pool (wake) once it is done with the
-// box: the next box's start, much of it this process's own work, does not
-// compete with the claim.
-func (p *pool) take() *warmBox {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	// A miss is a use too: the pool fills again and waits its idle time.
-	p.lastUse = time.Now()
-	if len(p.ready) == 0 {
-		p.stats.Misses++
-		p.target = p.size
-		p.wake()
-		return nil
-	}
-	b := p.ready[0]
-	p.ready = p.ready[1:]
-	p.stats.Claims++
-	return b
-}
+// warmOps starts and destroys the runtime's warm sandboxes for its pools.
+type warmOps struct{ r *Runtime }
 
-func (p *pool) wake() {
-	select {
-	case p.kick <- struct{}{}:
-	default:
-	}
-}
-
-// run fills the pool to its target whenever it is kicked, shrinks it
-// after an idle time, and empties it when ctx ends.
-func (p *pool) run(ctx context.Context) {
-	var idle <-chan time.Time
-	if p.idle > 0 {
-		t := time.NewTicker(max(p.idle/4, 10*time.Millisecond))
-		defer t.Stop()
-		idle = t.C
-	}
-	failures := 0
-	for {
-		if n := p.fill(ctx); n < 0 {
-			// A start failed: try again later, not in a loop.
-			failures++
-			select {
-			case <-ctx.Done():
-			case <-time.After(min(time.Second<<min(failures, 6), time.Minute)):
-			}
-		} else {
-			failures = 0
-		}
-		select {
-		case <-ctx.Done():
-			p.mu.Lock()
-			p.stopped = true
-			p.mu.Unlock()
-			p.empty(context.WithoutCancel(ctx))
-			return
-		case <-p.kick:
-		case <-idle:
-			p.mu.Lock()
-			shrink := p.target > 0 && time.Since(p.lastUse) >= p.idle
-			if shrink {
-				p.target = 0
-			}
-			p.mu.Unlock()
-			if shrink {
-				p.r.log.Info("warm pool idle: emptied until the next task of its shape", "shape", p.shape.Name, "idle", p.idle)
-				p.empty(ctx)
-			}
-		}
-	}
-}
-
-// fill starts warm sandboxes until the pool holds its target. It returns
-// how many it started, or -1 if a start failed.
-func (p *pool) fill(ctx context.Context) int {
-	n := 0
-	for ctx.Err() == nil {
-		p.mu.Lock()
-		need := len(p.ready) < p.target
-		p.mu.Unlock()
-		if !need {
-			return n
-		}
-		b, err := p.r.startWarm(ctx, p)
-		p.mu.Lock()
-		if err != nil {
-			p.stats.Failed++
-			p.mu.Unlock()
-			if ctx.Err() == nil {
-				p.r.log.Warn("cannot start a warm sandbox", "shape", p.shape.Name, logkey.Error, err)
-			}
-			return -1
-		}
-		p.stats.Started++
-		keep := len(p.ready) < p.target && ctx.Err() == nil
-		if keep {
-			p.ready = append(p.ready, b)
-		}
-		p.mu.Unlock()
-		if !keep {
-			p.r.destroyWarm(context.WithoutCancel(ctx), b)
-		}
-		n++
-	}
-	return n
-}
-
-// empty destroys every ready sandbox of the pool.
-func (p *pool) empty(ctx context.Context) {
-	p.mu.Lock()
-	boxes := p.ready
-	p.ready = nil
-	p.mu.Unlock()
-	for _, b := range boxes {
-		p.r.destroyWarm(ctx, b)
-	}
-}
-
-// startWarm starts a sandbox of p's shape with empty slots for its
-// per-task mounts.
-func (r *Runtime) startWarm(ctx context.Context, p *pool) (*warmBox, error) {
-	id := warmPrefix + r.warmTag + "-" + ids.New()
-	b := &warmBox{id: id, pool: p, slots: make([]string, len(p.shape.Template.Mounts))}
-	spec := p.shape.Template
+// StartWarm starts a sandbox of shape with empty slots for its per-task
+// mounts.
+func (o warmOps) StartWarm(ctx context.Context, shape sandbox.WarmShape) (*warmBox, error) {
+	r := o.r
+	id := warmpool.Prefix + r.warmTag + "-" + ids.New()
+	b := &warmBox{id: id}
+	spec := shape.Template
 	spec.ID = id
 	spec.Labels = map[string]string{sandbox.LabelManaged: "true", labelWarm: "true"}
 	spec.Mounts = slices.Clone(spec.Mounts)
 	root := filepath.Join(warmDir(r.opts.StateDir), id)
-	// The sandbox identity binds the slots by path: it may pass through.
-	if err := os.MkdirAll(root, 0o711); err != nil {
-		return nil, fmt.Errorf("create warm slots: %w", err)
+	slots, err := warmpool.Slots(root, spec.Mounts)
+	if err != nil {
+		return nil, err
 	}
-	if err := os.Chmod(filepath.Dir(root), 0o711); err != nil {
-		return nil, fmt.Errorf("open warm slots to the sandbox identity: %w", err)
-	}
-	for i, m := range spec.Mounts {
-		if !m.PerTask() {
-			continue
+	b.slots = slots
+	for i, slot := range slots {
+		if slot != "" {
+			spec.Mounts[i].Source, spec.Mounts[i].HostDir = slot, true
 		}
-		slot := filepath.Join(root, strconv.Itoa(i))
-		if err := os.Mkdir(slot, 0o755); err != nil {
-			os.RemoveAll(root)
-			return nil, fmt.Errorf("create warm slot: %w", err)
-		}
-		b.slots[i] = slot
-		spec.Mounts[i].Source, spec.Mounts[i].HostDir = slot, true
 	}
 	rd, wr, err := os.Pipe()
 	if err != nil {
@@ -412,17 +164,15 @@ func (r *Runtime) startWarm(ctx context.Context, p *pool) (*warmBox, error) {
 	return b, nil
 }
 
-// destroyWarm destroys an unclaimed warm sandbox and its slots.
-func (r *Runtime) destroyWarm(ctx context.Context, b *warmBox) {
+// DestroyWarm destroys an unclaimed warm sandbox and its slots.
+func (o warmOps) DestroyWarm(ctx context.Context, b *warmBox) error {
+	r := o.r
 	b.start.Close() // its main process ends, and so the sandbox
 	if err := r.Destroy(ctx, b.id); err != nil {
-		r.log.Warn("cannot destroy a warm sandbox", logkey.SandboxID, b.id, logkey.Error, err)
-		return
+		return fmt.Errorf("destroy warm sandbox %s: %w", b.id, err)
 	}
 	os.RemoveAll(filepath.Join(warmDir(r.opts.StateDir), b.id))
-	b.pool.mu.Lock()
-	b.pool.stats.Destroyed++
-	b.pool.mu.Unlock()
+	return nil
 }
 
 // adopt hands spec's task (mounts resolved, its id locked) to the warm
@@ -432,34 +182,20 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	r.crash(sandbox.CrashClaimed)
 	e, ok := r.Dir.Cached(b.id)
 	if !ok || !e.Running() {
-		r.destroyWarm(ctx, b)
+		b.pool.Destroy(ctx, b)
 		return nil, errors.New("its sandbox has ended")
 	}
 	if r.cg != nil {
 		// It started in the background; the task runs in the fore.
 		if err := r.cg.Background(e.St.Cgroups, false); err != nil {
-			r.destroyWarm(ctx, b)
+			b.pool.Destroy(ctx, b)
 			return nil, fmt.Errorf("bring it to the fore: %w", err)
 		}
 	}
 	root := filepath.Join(warmDir(r.opts.StateDir), b.id)
-	c := claim{Task: spec.ID, Moves: map[int]string{}}
-	for i, slot := range b.slots {
-		if slot != "" {
-			c.Moves[i] = spec.Mounts[i].Source
-		}
-	}
-	cb, _ := json.Marshal(c)
-	if err := os.WriteFile(filepath.Join(root, "claim"), cb, 0o600); err != nil {
-		r.destroyWarm(ctx, b)
-		return nil, fmt.Errorf("record the claim: %w", err)
-	}
-	for i, dst := range c.Moves {
-		if err := moveInto(dst, b.slots[i]); err != nil {
-			restore(c, b.slotMap())
-			r.destroyWarm(ctx, b)
-			return nil, err
-		}
+	if err := warmpool.HandOver(root, b.slots, spec); err != nil {
+		b.pool.Destroy(ctx, b)
+		return nil, err
 	}
 	r.crash(sandbox.CrashMoved)
 	// The task's directories are the slots now, its entries in them. The
@@ -489,7 +225,7 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	}
 	if err != nil {
 		hostuser.Reclaim(st.Owned)
-		r.destroyWarm(ctx, b)
+		b.pool.Destroy(ctx, b)
 		return nil, fmt.Errorf("hand the warm sandbox over: %w", err)
 	}
 	r.Dir.Forget(b.id)
@@ -512,157 +248,8 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (_ *
 	return r.Handle(st), nil
 }
 
-// moveInto moves every entry of the directory src into the empty
-// directory slot, gives slot src's mode and project quota, and renames
-// slot over src, so that src's path names slot's inode with src's entries
-// in it, held to the same quota.
-func moveInto(src, slot string) error {
-	fi, err := os.Lstat(src)
-	if err != nil {
-		return fmt.Errorf("the task's directory: %w", err)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("the task's %s is not a directory", src)
-	}
-	if err := copyProject(slot, src); err != nil {
-		return fmt.Errorf("give the warm sandbox's directory the task's project quota: %w", err)
-	}
-	ents, err := os.ReadDir(src)
-	if err != nil {
-		return err
-	}
-	for _, ent := range ents {
-		if err := os.Rename(filepath.Join(src, ent.Name()), filepath.Join(slot, ent.Name())); err != nil {
-			return fmt.Errorf("move the task's entry into the warm sandbox: %w", err)
-		}
-	}
-	if err := os.Chmod(slot, fi.Mode().Perm()); err != nil {
-		return err
-	}
-	// rename(2) itself: os.Rename refuses to replace a directory.
-	if err := unix.Rename(slot, src); err != nil {
-		return fmt.Errorf("place the warm sandbox's directory %s as the task's %s: %w", slot, src, err)
-	}
-	return nil
-}
-
-// copyProject is quota.CopyProject on two directories' paths. It comes
-// first: a directory whose project is inherited refuses entries of
-// another project (EXDEV).
-func copyProject(dst, src string) error {
-	d, err := os.Open(dst)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	s, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	return quota.CopyProject(d, s)
-}
-
-// restore moves a claim's entries back from the slots that are still
-// slots into the task's directories, where a claim stopped half way.
-func restore(c claim, slots map[int]string) error {
-	var errs []error
-	for i, dst := range c.Moves {
-		if slots[i] == "" {
-			continue
-		}
-		ents, err := os.ReadDir(slots[i])
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // renamed: the task's directory already
-		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, ent := range ents {
-			if err := os.Rename(filepath.Join(slots[i], ent.Name()), filepath.Join(dst, ent.Name())); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// destroyLeftoverWarm destroys the warm sandboxes an earlier process left
-// in the state dir, after putting back a half-claimed task's entries, and
-// their slots. A slot directory whose entries could not be put back stays.
-// Those of a runtime still running (another server on this host, sharing
-// the state dir) are its own, and stay.
+// destroyLeftoverWarm destroys the warm sandboxes that runtimes gone left
+// in the state dir, and their slots (warmpool.DestroyLeftovers).
 func (r *Runtime) destroyLeftoverWarm(ctx context.Context) {
-	// Each other runtime's tag, and whether it is gone: no process holds
-	// its lock.
-	gone := map[string]bool{}
-	locks, _ := filepath.Glob(warmLock(r.opts.StateDir, "*"))
-	for _, l := range locks {
-		tag := strings.TrimSuffix(filepath.Base(l), ".lock")
-		if tag == r.warmTag {
-			continue
-		}
-		f, err := lockfile.TryAcquire(l)
-		gone[tag] = err == nil && f != nil
-		f.Release()
-	}
-	defer func() {
-		for tag, free := range gone {
-			if free {
-				os.Remove(warmLock(r.opts.StateDir, tag))
-			}
-		}
-	}()
-	ids := map[string]bool{}
-	for _, dir := range []string{r.opts.StateDir, warmDir(r.opts.StateDir)} {
-		ents, _ := os.ReadDir(dir)
-		for _, ent := range ents {
-			id := ent.Name()
-			if !strings.HasPrefix(id, warmPrefix) || sandbox.ValidateID(id) != nil {
-				continue
-			}
-			// A live runtime's are its own. One without a tag is from
-			// before tags; one whose tag has no lock file left a runtime
-			// gone.
-			tag := warmTagOf(id)
-			if isGone, locked := gone[tag]; tag != r.warmTag && (!locked || isGone) {
-				ids[id] = true
-			}
-		}
-	}
-	for id := range ids {
-		if err := r.Destroy(ctx, id); err != nil {
-			r.log.Warn("cannot destroy a warm sandbox left by an earlier server", logkey.SandboxID, id, logkey.Error, err)
-			continue
-		}
-		// A claim that stopped after its state took the task's id kept
-		// the lease under the warm sandbox's, which Destroy released.
-		if err := r.opts.Identities.Release(id); err != nil {
-			r.log.Warn("cannot release the identity of a warm sandbox left by an earlier server", logkey.SandboxID, id, logkey.Error, err)
-		}
-		root := filepath.Join(warmDir(r.opts.StateDir), id)
-		if b, err := os.ReadFile(filepath.Join(root, "claim")); err == nil {
-			var c claim
-			if err := json.Unmarshal(b, &c); err == nil {
-				slots := map[int]string{}
-				for i := range c.Moves {
-					slots[i] = filepath.Join(root, strconv.Itoa(i))
-				}
-				err = restore(c, slots)
-			}
-			if err != nil {
-				r.log.Warn("cannot put a task's entries back from a warm sandbox's slot", "task_id", c.Task, "slot", root, logkey.Error, err)
-				continue
-			}
-		}
-		os.RemoveAll(root)
-	}
-}
-
-// sameFS reports whether a and b are on the same file system (a missing
-// one is not).
-func sameFS(a, b string) bool {
-	var sa, sb unix.Stat_t
-	return unix.Stat(a, &sa) == nil && unix.Stat(b, &sb) == nil && sa.Dev == sb.Dev
+	warmpool.DestroyLeftovers(ctx, r.opts.StateDir, warmDir(r.opts.StateDir), r.warmTag, r.Destroy, r.opts.Identities.Release, r.log)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/sandbox/warmpool"
 	"github.com/corral-dev/corral/internal/sandbox/warmstart"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -214,7 +215,7 @@ func TestWarmEndsWithKeepWarm(t *testing.T) {
 func TestWarmOfAnotherServerStays(t *testing.T) {
 	r, _, _ := warmRuntime(t)
 	ids := r.warmIDs(t)
-	if len(ids) != 1 || warmTagOf(ids[0]) != r.warmTag {
+	if len(ids) != 1 || warmpool.TagOf(ids[0]) != r.warmTag {
 		t.Fatalf("warm sandboxes %v, want one with the runtime's tag %s", ids, r.warmTag)
 	}
 	_, newRuntime := MustNew(t, func(o *Options) { o.StateDir = r.opts.StateDir })
@@ -230,7 +231,7 @@ func TestWarmOfAnotherServerStays(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(r.opts.StateDir, ids[0])); !os.IsNotExist(err) {
 		t.Errorf("the warm sandbox of a runtime gone is still there: %v", err)
 	}
-	if _, err := os.Stat(warmLock(r.opts.StateDir, r.warmTag)); !os.IsNotExist(err) {
+	if _, err := os.Stat(warmpool.LockPath(warmDir(r.opts.StateDir), r.warmTag)); !os.IsNotExist(err) {
 		t.Errorf("the lock of a runtime gone is still there: %v", err)
 	}
 }
@@ -283,7 +284,7 @@ func TestLeftoverClaimPutBack(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(slot, "input", "data.csv"), []byte("a,b"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, _ := json.Marshal(claim{Task: "task-x", Moves: map[int]string{0: task}})
+	c, _ := json.Marshal(warmpool.Claim{Task: "task-x", Moves: map[int]string{0: task}})
 	if err := os.WriteFile(filepath.Join(root, "claim"), c, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +338,7 @@ func TestWarmPoolShrinksWhenIdle(t *testing.T) {
 func TestWarmRefusesAnotherFileSystem(t *testing.T) {
 	r, _ := MustNew(t)
 	other, err := os.MkdirTemp("/dev/shm", "corral-warm-")
-	if err != nil || sameFS(other, r.opts.StateDir) {
+	if err != nil || warmpool.SameFS(other, r.opts.StateDir) {
 		t.Skip("no second file system (/dev/shm) here")
 	}
 	t.Cleanup(func() { os.RemoveAll(other) })

@@ -88,9 +88,9 @@ type Ops[S Launched] struct {
 	// Kill kills every process of the sandbox and returns once its
 	// launcher has exited.
 	Kill func(ctx context.Context, e *Entry[S]) error
-	// Release frees what the runtime keeps of a stopped sandbox outside
-	// its state dir (runsc's record of it); nil: nothing.
-	Release func(ctx context.Context, id string)
+	// Release frees what the runtime keeps of the stopped sandbox st
+	// outside its state dir (runsc's record of it); nil: nothing.
+	Release func(ctx context.Context, st S)
 }
 
 // Sandboxes is the part of sandbox.Runtime the host runtimes share: finding
@@ -267,7 +267,7 @@ func (s *Sandboxes[S]) destroy(ctx context.Context, id string, keepLease bool) e
 		return fmt.Errorf("destroy: %w", err)
 	}
 	if s.ops.Release != nil {
-		s.ops.Release(ctx, id)
+		s.ops.Release(ctx, e.St)
 	}
 	if err := s.Dir.Remove(e.St.launch(), e.Dir, keepLease); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
