@@ -89,7 +89,10 @@ func TestOpenAPIResponses(t *testing.T) {
 
 	// Error bodies: a plain one, one with fields, one of a bad token.
 	call("GET", "/api/tasks/{id}", "/api/tasks/task-00000000000000000000000000", nil, "", 404)
-	call("POST", "/api/tasks", "/api/tasks", js(`{"task_description":"","timeout_minutes":100000}`), JSON, 400)
+	// The command agent: the default one (claude) has no credentials here,
+	// a failed precondition (422), which the next call shows.
+	call("POST", "/api/tasks", "/api/tasks", js(`{"task_description":"","timeout_minutes":100000,"agent":"command"}`), JSON, 400)
+	call("POST", "/api/tasks", "/api/tasks", js(`{"task_description":"x"}`), JSON, 422)
 	call("POST", "/api/tasks", "/api/tasks", js(`{}`), "text/plain", 415)
 
 	// A session, with an exec's stream from its first line to its last.

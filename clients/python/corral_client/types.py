@@ -268,6 +268,7 @@ class Health(TypedDict):
     sessions: int
     tasks: dict[str, int]
     version: str
+    warm: list[WarmPool]
 
 
 class HealthCheck(TypedDict):
@@ -610,6 +611,18 @@ class Usage(TypedDict):
     cache_read_tokens: NotRequired[int]
     input_tokens: int
     output_tokens: int
+
+
+class WarmPool(TypedDict):
+    runtime: str
+    shape: str
+    ready: int
+    target: int
+    claims: int
+    misses: int
+    started: int
+    failed: int
+    destroyed: int
 
 
 class WebhookAccepted(TypedDict):

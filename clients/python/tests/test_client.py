@@ -65,7 +65,10 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual((cm.exception.status, cm.exception.code), (404, "not_found"))
         self.assertTrue(cm.exception.request_id.startswith("req_"))
         with self.assertRaises(CorralError) as cm:
-            await self.corral.spawn("")
+            # The command agent: the default one (claude) has no credentials
+            # on the test's server, a failed precondition (422) beside the
+            # blank description.
+            await self.corral.spawn("", agent="command")
         self.assertEqual((cm.exception.status, cm.exception.code), (400, "invalid_argument"))
         self.assertIn("task_description", [f["field"] for f in cm.exception.fields])
         with self.assertRaises(CorralError) as cm:

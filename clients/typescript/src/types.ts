@@ -263,6 +263,7 @@ export interface Health {
   sessions: number;
   tasks: Record<string, number>;
   version: string;
+  warm: WarmPool[];
 }
 
 export interface HealthCheck {
@@ -605,6 +606,18 @@ export interface Usage {
   cache_read_tokens?: number;
   input_tokens: number;
   output_tokens: number;
+}
+
+export interface WarmPool {
+  runtime: string;
+  shape: string;
+  ready: number;
+  target: number;
+  claims: number;
+  misses: number;
+  started: number;
+  failed: number;
+  destroyed: number;
 }
 
 export interface WebhookAccepted {

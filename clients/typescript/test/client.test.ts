@@ -70,7 +70,9 @@ describe("CorralClient", { skip }, () => {
     let e = await rejects(corral.getTask("task-00000000000000000000000000"));
     assert.deepEqual([e.status, e.code], [404, "not_found"]);
     assert.match(e.requestId, /^req_/);
-    e = await rejects(corral.spawn({ task_description: "" }));
+    // The command agent: the default one (claude) has no credentials on the
+    // test's server, a failed precondition (422) beside the blank description.
+    e = await rejects(corral.spawn({ task_description: "", agent: "command" }));
     assert.deepEqual([e.status, e.code], [400, "invalid_argument"]);
     assert.ok(e.fields.some((f) => f.field === "task_description"));
     e = await rejects(new CorralClient({ token: "not-the-token" }).getTask("task-00000000000000000000000000"));
