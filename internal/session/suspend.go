@@ -132,10 +132,11 @@ func (m *Manager) suspend(ctx context.Context, id string, filesIfNeeded bool) (s
 	}
 	m.mu.Unlock()
 	ev.Seconds = time.Since(start).Seconds()
+	recording := time.Now()
 	if err := m.append(ctx, id, EventSuspended, ev); err != nil {
 		return service.SessionSuspend{}, err
 	}
-	m.log.Info("session suspended", "session_id", id, "memory_kept", ev.MemoryKept, "seconds", ev.Seconds)
+	m.log.Info("session suspended", "session_id", id, "memory_kept", ev.MemoryKept, "seconds", ev.Seconds, "recorded_in", time.Since(recording))
 	s, err = m.get(id)
 	return service.SessionSuspend{Session: s, MemoryKept: ev.MemoryKept, Note: ev.Note}, err
 }
@@ -300,6 +301,7 @@ func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 	}
 	ev.Handle = *h
 	ev.Seconds = time.Since(start).Seconds()
+	recording := time.Now()
 	if err := m.append(ctx, id, EventResumed, ev); err != nil {
 		p.Sandbox.Destroy(context.WithoutCancel(ctx), id)
 		return Session{}, err
@@ -307,10 +309,11 @@ func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 	if s.MemoryKept {
 		os.RemoveAll(m.checkpointDir(id))
 	}
+	waiting := time.Now()
 	if !m.waitAgent(ctx, id, attached, agentWait) {
 		m.end(context.WithoutCancel(ctx), id, "agent_not_connected")
 		return Session{}, fmt.Errorf("the session's exec agent did not connect within %s after the resume; the session is ended: %w", agentWait, errdefs.ErrUnavailable)
 	}
-	m.log.Info("session resumed", "session_id", id, "memory_kept", s.MemoryKept, "seconds", ev.Seconds)
+	m.log.Info("session resumed", "session_id", id, "memory_kept", s.MemoryKept, "seconds", ev.Seconds, "recorded_in", waiting.Sub(recording), "agent_in", time.Since(waiting))
 	return m.get(id)
 }
