@@ -293,6 +293,17 @@ func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 	if err != nil {
 		return Session{}, err
 	}
+	// Its agent, dialling in from now on, waits for the record
+	// (AttachAgent).
+	resuming := make(chan struct{})
+	m.mu.Lock()
+	st.resuming = resuming
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		st.resuming = nil
+		m.mu.Unlock()
+	}()
 	if s.MemoryKept {
 		// Its commands went on with it (those of a server before this
 		// one's restart are taken over here), before its agent can dial
@@ -302,7 +313,9 @@ func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 	ev.Handle = *h
 	ev.Seconds = time.Since(start).Seconds()
 	recording := time.Now()
-	if err := m.append(ctx, id, EventResumed, ev); err != nil {
+	err = m.append(ctx, id, EventResumed, ev)
+	close(resuming)
+	if err != nil {
 		p.Sandbox.Destroy(context.WithoutCancel(ctx), id)
 		return Session{}, err
 	}
