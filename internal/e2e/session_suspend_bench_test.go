@@ -214,7 +214,15 @@ func benchSuspend(b *testing.B, rt memoryRuntime, mib int) {
 	s := startServer(b, []string{}, nil, rt.edit)
 	id, cold := memorySession(b, s, rt, mib)
 	count, state := sessionCount(s.client, id), sessionState(b, s, id)
-	var suspends, resumes []time.Duration
+	// runsc by hand beside each cycle (not in the soak), so that both
+	// see the same load on a shared host: the ratios are the medians of
+	// each cycle's own.
+	var bare *bareSandbox
+	if !*suspendSoak {
+		bare = bareRunsc(b, mib)
+	}
+	var suspends, resumes, cks, rss []time.Duration
+	var susRatios, resRatios []float64
 	divergences := 0
 	b.ResetTimer()
 	for i := range b.N {
@@ -225,9 +233,14 @@ func benchSuspend(b *testing.B, rt memoryRuntime, mib int) {
 			b.Logf("cycle %d: %s", i, diverged)
 			// The next cycles compare with what it is now.
 			count, state = sessionCount(s.client, id), sessionState(b, s, id)
-			continue
+		} else {
+			count++ // the cycle's own look
 		}
-		count++ // the cycle's own look
+		if bare != nil {
+			ck, rs := bare.cycle(b)
+			cks, rss = append(cks, ck), append(rss, rs)
+			susRatios, resRatios = append(susRatios, float64(sus)/float64(ck)), append(resRatios, float64(res)/float64(rs))
+		}
 	}
 	b.StopTimer()
 	sus, res := summarise(suspends), summarise(resumes)
@@ -253,9 +266,10 @@ func benchSuspend(b *testing.B, rt memoryRuntime, mib int) {
 	}
 	b.ReportMetric(ms(cold), "cold-create-ms")
 	b.ReportMetric(ms(fork), "fork10-ms")
-	ck, rs := bareRunscCheckpoint(b, mib, min(b.N, 5))
-	b.ReportMetric(ms(median(ck)), "runsc-checkpoint-ms")
-	b.ReportMetric(ms(median(rs)), "runsc-restore-ms")
+	b.ReportMetric(ms(median(cks)), "runsc-checkpoint-ms")
+	b.ReportMetric(ms(median(rss)), "runsc-restore-ms")
+	b.ReportMetric(median(susRatios), "suspend/runsc")
+	b.ReportMetric(median(resRatios), "resume/runsc")
 }
 
 type latency struct{ P50Ms, P99Ms float64 }
@@ -267,7 +281,7 @@ func summarise(ds []time.Duration) latency {
 	return latency{at(0.50), at(0.99)}
 }
 
-func median(ds []time.Duration) time.Duration {
+func median[T time.Duration | float64](ds []T) T {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[len(s)/2]
@@ -275,11 +289,17 @@ func median(ds []time.Duration) time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// bareRunscCheckpoint runs, n times, runsc checkpoint and restore (detached)
-// by hand of a bare sandbox (the host's / read-only, a tmpfs /tmp, no
-// network, no cgroups of Corral's) whose python holds mib MiB, with the
-// flags Corral's runtime gives runsc, and returns their times.
-func bareRunscCheckpoint(tb testing.TB, mib, n int) (checkpoints, restores []time.Duration) {
+// bareSandbox is a bare sandbox run by runsc by hand (the host's /
+// read-only, a tmpfs /tmp, no network, no cgroups of Corral's) whose
+// python holds mib MiB, with the flags Corral's runtime gives runsc.
+type bareSandbox struct {
+	dir, bundle, id string
+	n               int
+}
+
+// bareRunsc starts a bareSandbox holding mib MiB and waits until its
+// python holds them; the test's end deletes it.
+func bareRunsc(tb testing.TB, mib int) *bareSandbox {
 	tb.Helper()
 	dir := tb.TempDir()
 	bundle := filepath.Join(dir, "bundle")
@@ -297,54 +317,60 @@ func bareRunscCheckpoint(tb testing.TB, mib, n int) (checkpoints, restores []tim
 	spec["mounts"] = append(spec["mounts"].([]any), map[string]any{"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"})
 	b, _ = json.Marshal(spec)
 	os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
-	runsc := func(args ...string) error {
-		cmd := exec.Command("runsc", append([]string{"--root=" + filepath.Join(dir, "root"), "--platform=ptrace", "--network=none", "--host-uds=open", "--ignore-cgroups"}, args...)...)
-		// A file, not a pipe: a detached sandbox keeps its output open,
-		// and a pipe would hold the command's wait until it ends.
-		out, err := os.CreateTemp(dir, "runsc-out")
-		if err != nil {
-			return err
-		}
-		defer os.Remove(out.Name())
-		defer out.Close()
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Run(); err != nil {
-			b, _ := os.ReadFile(out.Name())
-			return fmt.Errorf("runsc %s: %v: %s", args[0], err, b)
-		}
-		return nil
-	}
-	// Each restore is a container of its own: the one checkpointed goes
-	// away a moment after runsc checkpoint returns, its control socket
-	// with it.
-	id := "bench-bare-0"
-	if err := runsc("run", "--detach", "--bundle", bundle, id); err != nil {
+	s := &bareSandbox{dir: dir, bundle: bundle, id: "bench-bare-0"}
+	if err := s.runsc("run", "--detach", "--bundle", bundle, s.id); err != nil {
 		tb.Fatal(err)
 	}
-	defer func() { runsc("delete", "--force", id) }()
-	for deadline := time.Now().Add(2 * time.Minute); runsc("exec", id, "/usr/bin/test", "-e", "/tmp/ready") != nil; time.Sleep(200 * time.Millisecond) {
+	tb.Cleanup(func() { s.runsc("delete", "--force", s.id) })
+	for deadline := time.Now().Add(2 * time.Minute); s.runsc("exec", s.id, "/usr/bin/test", "-e", "/tmp/ready") != nil; time.Sleep(200 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			tb.Fatal("the bare sandbox's ballast was never ready")
 		}
 	}
-	for i := range n {
-		image := filepath.Join(dir, "image")
-		os.RemoveAll(image)
-		os.Mkdir(image, 0o700)
-		start := time.Now()
-		if err := runsc("checkpoint", "--image-path="+image, id); err != nil {
-			tb.Fatal(err)
-		}
-		checkpoints = append(checkpoints, time.Since(start))
-		runsc("delete", "--force", id)
-		id = fmt.Sprintf("bench-bare-%d", i+1)
-		start = time.Now()
-		if err := runsc("restore", "--detach", "--image-path="+image, "--bundle", bundle, id); err != nil {
-			tb.Fatal(err)
-		}
-		restores = append(restores, time.Since(start))
+	return s
+}
+
+// runsc runs runsc with the flags Corral's runtime gives it.
+func (s *bareSandbox) runsc(args ...string) error {
+	cmd := exec.Command("runsc", append([]string{"--root=" + filepath.Join(s.dir, "root"), "--platform=ptrace", "--network=none", "--host-uds=open", "--ignore-cgroups"}, args...)...)
+	// A file, not a pipe: a detached sandbox keeps its output open,
+	// and a pipe would hold the command's wait until it ends.
+	out, err := os.CreateTemp(s.dir, "runsc-out")
+	if err != nil {
+		return err
 	}
-	return checkpoints, restores
+	defer os.Remove(out.Name())
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		b, _ := os.ReadFile(out.Name())
+		return fmt.Errorf("runsc %s: %v: %s", args[0], err, b)
+	}
+	return nil
+}
+
+// cycle checkpoints the bare sandbox and restores it (detached), and
+// returns how long each took. Each restore is a container of its own: the
+// one checkpointed goes away a moment after runsc checkpoint returns, its
+// control socket with it.
+func (s *bareSandbox) cycle(tb testing.TB) (checkpoint, restore time.Duration) {
+	tb.Helper()
+	image := filepath.Join(s.dir, "image")
+	os.RemoveAll(image)
+	os.Mkdir(image, 0o700)
+	start := time.Now()
+	if err := s.runsc("checkpoint", "--image-path="+image, s.id); err != nil {
+		tb.Fatal(err)
+	}
+	checkpoint = time.Since(start)
+	s.runsc("delete", "--force", s.id)
+	s.n++
+	s.id = fmt.Sprintf("bench-bare-%d", s.n)
+	start = time.Now()
+	if err := s.runsc("restore", "--detach", "--image-path="+image, "--bundle", s.bundle, s.id); err != nil {
+		tb.Fatal(err)
+	}
+	return checkpoint, time.Since(start)
 }
 
 // TestSessionWithNetworkKeepsItsMemory: a gvisor session whose process

@@ -84,7 +84,23 @@ func (m *Manager) agent(id string) *execagent.Conn {
 // session is adopted (session_adopted) and runs here from now on. One of a
 // replica still alive is refused: it dials its own again.
 func (m *Manager) AttachAgent(id string, conn net.Conn, r io.Reader) error {
-	if err := m.Running(id); err != nil {
+	err := m.Running(id)
+	m.mu.Lock()
+	var resuming chan struct{}
+	if s := m.sessions[id]; s != nil {
+		resuming = s.resuming
+	}
+	m.mu.Unlock()
+	if err != nil && resuming != nil {
+		// Restored, the agent dials in at its SIGCONT, before its
+		// resume is recorded: held until it is, not refused to dial
+		// again (10 to 80 ms of a resume under ptrace). It attaches
+		// after the record all the same: its commands are taken over
+		// by then, and its hello names none the server does not know.
+		<-resuming
+		err = m.Running(id)
+	}
+	if err != nil {
 		conn.Close()
 		return err
 	}

@@ -202,6 +202,9 @@ type state struct {
 	dir             string    // its directory (created's)
 	hostDir         bool
 	version         int64 // its stream's version folded: apply takes each event once
+	// resuming is closed once this replica's resume of it has recorded
+	// session_resumed, or failed to; nil when no resume is under way.
+	resuming chan struct{}
 }
 
 // openExec is an exec started and not ended, as its start recorded it.

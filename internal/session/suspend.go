@@ -135,10 +135,11 @@ func (m *Manager) suspend(ctx context.Context, id string, filesIfNeeded bool) (s
 	}
 	m.mu.Unlock()
 	ev.Seconds = time.Since(start).Seconds()
+	recording := time.Now()
 	if err := m.append(ctx, id, EventSuspended, ev); err != nil {
 		return service.SessionSuspend{}, err
 	}
-	m.log.Info("session suspended", "session_id", id, "memory_kept", ev.MemoryKept, "seconds", ev.Seconds)
+	m.log.Info("session suspended", "session_id", id, "memory_kept", ev.MemoryKept, "seconds", ev.Seconds, "recorded_in", time.Since(recording))
 	s, err = m.get(id)
 	return service.SessionSuspend{Session: s, MemoryKept: ev.MemoryKept, Note: ev.Note}, err
 }
@@ -301,6 +302,17 @@ func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 	if err != nil {
 		return Session{}, err
 	}
+	// Its agent, dialling in from now on, waits for the record
+	// (AttachAgent).
+	resuming := make(chan struct{})
+	m.mu.Lock()
+	st.resuming = resuming
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		st.resuming = nil
+		m.mu.Unlock()
+	}()
 	if s.MemoryKept {
 		// Its commands went on with it (those of a server before this
 		// one's restart are taken over here), before its agent can dial
@@ -309,17 +321,21 @@ func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 	}
 	ev.Handle = *h
 	ev.Seconds = time.Since(start).Seconds()
-	if err := m.append(ctx, id, EventResumed, ev); err != nil {
+	recording := time.Now()
+	err = m.append(ctx, id, EventResumed, ev)
+	close(resuming)
+	if err != nil {
 		p.Sandbox.Destroy(context.WithoutCancel(ctx), id)
 		return Session{}, err
 	}
 	if s.MemoryKept {
 		os.RemoveAll(m.checkpointDir(id))
 	}
+	waiting := time.Now()
 	if !m.waitAgent(ctx, id, attached, agentWait) {
 		m.end(context.WithoutCancel(ctx), id, "agent_not_connected")
 		return Session{}, fmt.Errorf("the session's exec agent did not connect within %s after the resume; the session is ended: %w", agentWait, errdefs.ErrUnavailable)
 	}
-	m.log.Info("session resumed", "session_id", id, "memory_kept", s.MemoryKept, "seconds", ev.Seconds)
+	m.log.Info("session resumed", "session_id", id, "memory_kept", s.MemoryKept, "seconds", ev.Seconds, "recorded_in", waiting.Sub(recording), "agent_in", time.Since(waiting))
 	return m.get(id)
 }

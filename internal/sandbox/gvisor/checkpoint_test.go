@@ -1,0 +1,79 @@
+//go:build linux
+
+package gvisor
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// TestCheckpointRestoreRunscs: a checkpoint and a restore start no runsc
+// but the ones that do the work (checkpoint; restore, by the launcher;
+// kill, the SIGCONT): no `runsc state` polled while the restore runs, and
+// no `runsc delete` of a container runsc has already forgotten. Each
+// runsc started costs about 40 ms here, and the polls ran beside the
+// restore on the same cores.
+func TestCheckpointRestoreRunscs(t *testing.T) {
+	testenv.RequireRunsc(t)
+	real, err := exec.LookPath("runsc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// runsc, through a script that writes down each subcommand.
+	tmp := t.TempDir()
+	calls := filepath.Join(tmp, "calls")
+	wrapper := filepath.Join(tmp, "runsc")
+	script := "#!/bin/sh\nfor a; do case $a in -*) ;; *) echo \"$a\" >> " + calls + "; break;; esac; done\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: filepath.Join(t.TempDir(), "state"), CgroupParent: "corral-gvisor-test", Runsc: wrapper},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", "echo up > /tmp/up; while :; do sleep 1; done"},
+		Limits: sandbox.Limits{MemoryBytes: 256 << 20, Pids: 64}}
+	if _, err := r.Create(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), sp.ID) })
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/usr/bin/test", "-e", "/tmp/up"}}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox never came up")
+		}
+	}
+	image := filepath.Join(t.TempDir(), "checkpoint")
+	if err := os.Mkdir(image, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(calls)
+	if err := r.Checkpoint(ctx, sp.ID, image); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Restore(ctx, sp, image); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(calls)
+	got := strings.Fields(string(b))
+	if want := []string{"checkpoint", "restore", "kill"}; !slices.Equal(got, want) {
+		t.Errorf("runscs started by a checkpoint and a restore: %q, want %q", got, want)
+	}
+}
