@@ -8,58 +8,89 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/spf13/cobra"
+
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
-// cmdAttachments is `corral attachments get ID [-o FILE]` and
+// attachmentsCmd is `corral attachments get ID [-o FILE]` and
 // `corral attachments put FILE...`.
-func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "usage: corral attachments get ID [-o FILE] | put FILE..."
-	if len(args) > 0 && isHelp(args[0]) {
-		fmt.Fprintln(stdout, usage)
-		return nil
+func attachmentsCmd() *cobra.Command {
+	return groupCmd("attachments", "Download or upload attachments", attachmentsGetCmd(), attachmentsPutCmd())
+}
+
+func attachmentsPutCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "put FILE...",
+		Short: "Upload files as attachments; prints their ids",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("give one or more files: corral attachments put FILE...")
+			}
+			return nil
+		},
 	}
-	if len(args) == 0 || (args[0] != "get" && args[0] != "put") {
-		fmt.Fprintln(stderr, usage)
-		return exitError(2)
-	}
-	fs, cf := clientFlagSet("attachments "+args[0], stderr)
-	out := fs.String("o", "", "write the attachment to FILE (default: its original name in the current directory; - for stdout: the exact bytes, control characters escaped if stdout is a terminal)")
-	pos, err := parse(fs, args[1:])
-	if err != nil {
-		return flagError(err)
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	if args[0] == "put" {
-		if len(pos) == 0 {
-			return fmt.Errorf("give one or more files: corral attachments put FILE...: %w", errdefs.ErrInvalidArgument)
-		}
-		atts, err := upload(ctx, c, pos)
+	cf := clientCmd(cmd)
+	out := outputFlags(cmd, objectFormats)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		format, err := out.get()
 		if err != nil {
 			return err
 		}
-		if cf.json {
-			return printJSON(stdout, atts)
+		c, err := cf.client()
+		if err != nil {
+			return err
 		}
-		for _, a := range atts {
-			fmt.Fprintf(stdout, "%s %s %d %s\n", a.ID, termsafe.Name(a.Name), a.Size, termsafe.Line(a.Type))
+		atts, err := upload(cmd.Context(), c, args)
+		if err != nil {
+			return err
 		}
-		return nil
+		stdout := cmd.OutOrStdout()
+		return printAs(stdout, format, atts, func() error {
+			for _, a := range atts {
+				fmt.Fprintf(stdout, "%s %s %d %s\n", a.ID, termsafe.Name(a.Name), a.Size, termsafe.Line(a.Type))
+			}
+			return nil
+		})
 	}
-	if len(pos) != 1 {
-		return fmt.Errorf("give one attachment id: corral attachments get ID [-o FILE]: %w", errdefs.ErrInvalidArgument)
+	return cmd
+}
+
+// attachmentsGetCmd downloads an attachment. Its -o names the file to
+// write, as curl's and docker save's do: the one -o that is not a format.
+func attachmentsGetCmd() *cobra.Command {
+	var (
+		dst    string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "get ID [-o FILE]",
+		Short: "Download an attachment",
+		Args:  exactArgs(1, "one attachment id: corral attachments get ID [-o FILE]"),
 	}
-	m, rc, err := c.OpenAttachment(ctx, pos[0])
+	cf := clientCmd(cmd)
+	cmd.Flags().StringVarP(&dst, "output", "o", "", "write the attachment to FILE (default: its original name in the current directory; - for stdout: the exact bytes, control characters escaped if stdout is a terminal)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print what was written as JSON")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		return downloadAttachment(cmd.Context(), c, args[0], dst, asJSON, cmd.OutOrStdout())
+	}
+	return cmd
+}
+
+func downloadAttachment(ctx context.Context, c *httpapi.Client, id, named string, asJSON bool, stdout io.Writer) error {
+	m, rc, err := c.OpenAttachment(ctx, id)
 	if err != nil {
 		return err
 	}
 	defer rc.Close()
-	dst := *out
+	dst := named
 	if dst == "" {
 		dst = filepath.Base(m.Name)
 		if dst == "." || dst == "/" || dst == "" {
@@ -75,7 +106,7 @@ func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if errors.Is(err, os.ErrExist) && *out != "" {
+	if errors.Is(err, os.ErrExist) && named != "" {
 		f, err = os.Create(dst) // named with -o: the caller asked for that file
 	}
 	if err != nil {
@@ -89,7 +120,7 @@ func cmdAttachments(ctx context.Context, args []string, stdout, stderr io.Writer
 		os.Remove(dst)
 		return fmt.Errorf("download attachment %s: %w", m.ID, err)
 	}
-	if cf.json {
+	if asJSON {
 		return printJSON(stdout, map[string]any{"attachment": m, "path": dst, "bytes": n})
 	}
 	fmt.Fprintf(stdout, "%s (%d bytes)\n", termsafe.Name(dst), n)

@@ -2,58 +2,69 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/corral-dev/corral/internal/bench"
 	"github.com/corral-dev/corral/internal/config"
-	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-// cmdBench is corral bench: task overhead against bare bubblewrap; corral
+// benchCmd is corral bench: task overhead against bare bubblewrap; corral
 // bench cluster: the event stores and replicas on PostgreSQL.
-func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "cluster" {
-		return cmdBenchCluster(ctx, args[1:], stdout, stderr)
+func benchCmd() *cobra.Command {
+	var (
+		opts       bench.Options
+		cpuProfile string
+		asJSON     bool
+		verbose    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure task overhead against bare bubblewrap (bench cluster: on PostgreSQL)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBench(cmd.Context(), opts, cpuProfile, asJSON, verbose, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
 	}
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var opts bench.Options
-	fs.IntVar(&opts.N, "n", 200, "measured runs of each kind, per phase")
-	fs.IntVar(&opts.Concurrency, "concurrency", 16, "clients in the concurrent phase (and the server's max_concurrent_workers)")
-	fs.IntVar(&opts.Warmup, "warmup", 5, "unmeasured runs of each kind first")
-	fs.StringVar(&opts.Data, "data", "", "the server's data root (default: a temporary directory, removed afterwards)")
-	fs.StringVar(&opts.Bwrap, "bwrap", "bwrap", "the bubblewrap binary")
-	fs.BoolVar(&opts.Gvisor, "gvisor", false, "also run each sequential round's task under the gvisor runtime, beside a bare runsc run")
-	fs.StringVar(&opts.Runsc, "runsc", "runsc", "the runsc binary (with --gvisor)")
-	fs.StringVar(&opts.DockerImage, "docker", "", "also run code_execute of echo hi on local and on docker in this image each round, beside a bare docker run --rm of it")
-	fs.IntVar(&opts.Warm, "warm", config.AutoWarmPool, "warm sandboxes per shape the server keeps (-1: none, and no warm figures)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the server and the clients over the concurrent cold tasks to this file (go tool pprof)")
-	asJSON := fs.Bool("json", false, "print JSON")
-	verbose := fs.Bool("v", false, "show the server's log")
-	if err := parseNoArgs(fs, args); err != nil {
-		return err
-	}
+	f := cmd.Flags()
+	f.IntVarP(&opts.N, "n", "n", 200, "measured runs of each kind, per phase")
+	f.IntVar(&opts.Concurrency, "concurrency", 16, "clients in the concurrent phase (and the server's max_concurrent_workers)")
+	f.IntVar(&opts.Warmup, "warmup", 5, "unmeasured runs of each kind first")
+	f.StringVar(&opts.Data, "data", "", "the server's data root (default: a temporary directory, removed afterwards)")
+	f.StringVar(&opts.Bwrap, "bwrap", "bwrap", "the bubblewrap binary")
+	f.BoolVar(&opts.Gvisor, "gvisor", false, "also run each sequential round's task under the gvisor runtime, beside a bare runsc run")
+	f.StringVar(&opts.Runsc, "runsc", "runsc", "the runsc binary (with --gvisor)")
+	f.StringVar(&opts.DockerImage, "docker", "", "also run code_execute of echo hi on local and on docker in this image each round, beside a bare docker run --rm of it")
+	f.IntVar(&opts.Warm, "warm", config.AutoWarmPool, "warm sandboxes per shape the server keeps (-1: none, and no warm figures)")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the server and the clients over the concurrent cold tasks to this file (go tool pprof)")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	f.BoolVarP(&verbose, "verbose", "v", false, "show the server's log")
+	cmd.AddCommand(benchClusterCmd())
+	return cmd
+}
+
+func runBench(ctx context.Context, opts bench.Options, cpuProfile string, asJSON, verbose bool, stdout, stderr io.Writer) error {
 	if opts.N < 1 || opts.Concurrency < 1 || opts.Warmup < 0 {
-		return fmt.Errorf("--n and --concurrency must be at least 1, --warmup at least 0: %w", errdefs.ErrInvalidArgument)
+		return usagef("--n and --concurrency must be at least 1, --warmup at least 0")
 	}
 	if opts.Warmup == 0 {
 		opts.Warmup = -1 // BenchOptions: zero means the default
 	}
 	lvl := slog.LevelWarn
-	if *verbose {
+	if verbose {
 		lvl = slog.LevelInfo
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	if !*asJSON {
+	if !asJSON {
 		fmt.Fprintf(stdout, "corral bench: %d runs of each kind per phase, %d concurrent clients, %d warm-up runs\n", opts.N, opts.Concurrency, max(opts.Warmup, 0))
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
 		if err != nil {
 			return fmt.Errorf("--cpuprofile: %w", err)
 		}
@@ -64,7 +75,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	if asJSON {
 		return printJSON(stdout, res)
 	}
 	printBench(stdout, res)
@@ -128,20 +139,32 @@ func printBench(w io.Writer, r *bench.Result) {
 	fmt.Fprintf(w, "  CPU per run bounds runs per second on %d cores at %d000 / CPU ms; 100 tasks/s there takes <= %.1f ms\n", r.Host.CPUs, r.Host.CPUs, float64(r.Host.CPUs)*10)
 }
 
-// cmdBenchCluster is corral bench cluster.
-func cmdBenchCluster(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench cluster", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var opts bench.ClusterOptions
-	fs.StringVar(&opts.AdminDSN, "dsn", "host=/var/run/postgresql dbname=postgres", "a PostgreSQL connection string of a role that may create databases (each measure gets one of its own, dropped after)")
-	fs.IntVar(&opts.Appends, "appends", 4000, "events appended to each store")
-	fs.IntVar(&opts.Tasks, "tasks", 60, "tasks in each throughput run")
-	asJSON := fs.Bool("json", false, "print JSON")
-	verbose := fs.Bool("v", false, "show the replicas' warnings")
-	if err := parseNoArgs(fs, args); err != nil {
-		return err
+// benchClusterCmd is corral bench cluster.
+func benchClusterCmd() *cobra.Command {
+	var (
+		opts    bench.ClusterOptions
+		asJSON  bool
+		verbose bool
+	)
+	cmd := &cobra.Command{
+		Use:   "cluster",
+		Short: "Measure the event stores and replicas on PostgreSQL",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBenchCluster(cmd.Context(), opts, asJSON, verbose, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
 	}
-	if *verbose {
+	f := cmd.Flags()
+	f.StringVar(&opts.AdminDSN, "dsn", "host=/var/run/postgresql dbname=postgres", "a PostgreSQL connection string of a role that may create databases (each measure gets one of its own, dropped after)")
+	f.IntVar(&opts.Appends, "appends", 4000, "events appended to each store")
+	f.IntVar(&opts.Tasks, "tasks", 60, "tasks in each throughput run")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	f.BoolVarP(&verbose, "verbose", "v", false, "show the replicas' warnings")
+	return cmd
+}
+
+func runBenchCluster(ctx context.Context, opts bench.ClusterOptions, asJSON, verbose bool, stdout, stderr io.Writer) error {
+	if verbose {
 		opts.ServerLog = stderr
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -149,7 +172,7 @@ func cmdBenchCluster(ctx context.Context, args []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	if asJSON {
 		return printJSON(stdout, res)
 	}
 	fmt.Fprintf(stdout, "event appends/s (16 appenders):  SQLite %.0f   PostgreSQL %.0f\n", res.AppendsPerSecond["sqlite"], res.AppendsPerSecond["postgres"])

@@ -7,8 +7,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
+	"text/tabwriter"
 	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -17,67 +22,24 @@ import (
 )
 
 // clientFlags are the flags every client command takes: where the server
-// and the configuration are, and --json. The server's own flags (--listen,
-// --data, --runtime, --max-concurrent) are not among them: a client
-// command that took them could only ignore them.
+// and the configuration are. The server's own flags (--listen, --data,
+// --runtime, --max-concurrent) are not among them: a client command that
+// took them could only ignore them.
 type clientFlags struct {
 	lo     config.LoadOptions
 	server string
-	json   bool
+	// url is the server's, once client has made a client for it.
+	url string
 }
 
-func (c *clientFlags) register(fs *flag.FlagSet) {
-	c.lo.RegisterClientFlags(fs)
-	fs.StringVar(&c.server, "server", "", "the server's URL (default http:// and the configured listen address)")
-	fs.BoolVar(&c.json, "json", false, "print JSON")
-}
-
-// subcommand splits the arguments of a command with subcommands (corral
-// workspaces, sessions, skills) into its subcommand, "ls" when they name
-// none, and the rest, and returns the subcommand's flag set with the
-// client flags registered.
-func subcommand(command string, args []string, stderr io.Writer) (sub string, rest []string, fs *flag.FlagSet, cf *clientFlags) {
-	sub = "ls"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		sub, args = args[0], args[1:]
-	}
-	fs, cf = clientFlagSet(command+" "+sub, stderr)
-	return sub, args, fs, cf
-}
-
-// clientFlagSet returns the flag set of a client command called name,
-// writing to stderr, with the client flags registered.
-func clientFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *clientFlags) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// clientCmd registers the client flags on cmd and returns them.
+func clientCmd(cmd *cobra.Command) *clientFlags {
 	cf := &clientFlags{}
-	cf.register(fs)
-	return fs, cf
-}
-
-// parse parses args with fs and returns the positional arguments and a
-// client for the configured server.
-func (c *clientFlags) parse(fs *flag.FlagSet, args []string) ([]string, *httpapi.Client, error) {
-	pos, err := parse(fs, args)
-	if err != nil {
-		return nil, nil, flagError(err)
-	}
-	cl, err := c.client()
-	return pos, cl, err
-}
-
-// parseTaskID parses the arguments of a command that takes one task id,
-// and returns it and a client for the configured server.
-func (c *clientFlags) parseTaskID(fs *flag.FlagSet, args []string) (string, *httpapi.Client, error) {
-	pos, err := parse(fs, args)
-	if err != nil {
-		return "", nil, flagError(err)
-	}
-	if len(pos) != 1 {
-		return "", nil, fmt.Errorf("give one task id: %w", errdefs.ErrInvalidArgument)
-	}
-	cl, err := c.client()
-	return pos[0], cl, err
+	gfs := flag.NewFlagSet(cmd.Name(), flag.ContinueOnError)
+	cf.lo.RegisterClientFlags(gfs)
+	cmd.Flags().AddGoFlagSet(gfs)
+	cmd.Flags().StringVar(&cf.server, "server", "", "the server's URL (default http:// and the configured listen address)")
+	return cf
 }
 
 // client returns an API client for the configured server.
@@ -98,35 +60,79 @@ func (c *clientFlags) client() (*httpapi.Client, error) {
 		}
 		url = "http://" + net.JoinHostPort(host, port)
 	}
+	c.url = url
 	return httpapi.NewClient(url, secrets.APIToken), nil
 }
 
-// reconnecting tells a person following a task that the stream lost the
-// server and is trying to reach it again.
-func reconnecting(w io.Writer) func(error) {
-	return func(cause error) {
-		fmt.Fprintf(w, "corral: lost the server (%s); reconnecting for up to %s\n", oneLine(errdefs.Message(cause), 120), httpapi.DefaultReconnect)
-	}
+// The output formats of -o. Every command that prints an object takes
+// json and yaml; lists and gets take wide and name too.
+const (
+	formatTable = ""
+	formatJSON  = "json"
+	formatYAML  = "yaml"
+	formatWide  = "wide"
+	formatName  = "name"
+	// formatQuiet is -q's: the ids alone. It is no value of -o.
+	formatQuiet = "quiet"
+)
+
+var (
+	objectFormats = []string{formatJSON, formatYAML}
+	listFormats   = []string{formatJSON, formatYAML, formatWide, formatName}
+)
+
+// output is how a command prints what it got: -o FORMAT, and --json, kept
+// as the same as -o json for the scripts that use it.
+type output struct {
+	format  string
+	json    bool
+	formats []string
 }
 
-// parse parses args allowing flags after positional arguments, and returns
-// the positional ones (everything after "--" stays positional).
-func parse(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
+// outputFlags registers -o (with the formats the command prints) and
+// --json on cmd.
+func outputFlags(cmd *cobra.Command, formats []string) *output {
+	o := &output{formats: formats}
+	cmd.Flags().StringVarP(&o.format, "output", "o", "", "print the answer as "+strings.Join(formats, ", ")+" (default: for people)")
+	cmd.Flags().BoolVar(&o.json, "json", false, "same as -o json")
+	cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(formats, cobra.ShellCompDirectiveNoFileComp))
+	return o
+}
+
+// get returns the format asked for, refusing one the command does not
+// print.
+func (o *output) get() (string, error) {
+	if o.json {
+		if o.format != "" && o.format != formatJSON {
+			return "", usagef("--json and -o %s contradict each other", o.format)
 		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
-			return append(pos, rest...), nil
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
+		return formatJSON, nil
 	}
+	if o.format != "" && !slices.Contains(o.formats, o.format) {
+		return "", usagef("-o %q: want one of %s", o.format, strings.Join(o.formats, ", "))
+	}
+	return o.format, nil
+}
+
+// print writes v as JSON or YAML when the format says so, and otherwise
+// calls text.
+func (o *output) print(w io.Writer, v any, text func() error) error {
+	format, err := o.get()
+	if err != nil {
+		return err
+	}
+	return printAs(w, format, v, text)
+}
+
+// printAs writes v in format, calling text for the others.
+func printAs(w io.Writer, format string, v any, text func() error) error {
+	switch format {
+	case formatJSON:
+		return printJSON(w, v)
+	case formatYAML:
+		return printYAML(w, v)
+	}
+	return text()
 }
 
 // printJSON writes v as indented JSON. encoding/json escapes the control
@@ -143,6 +149,84 @@ func printJSON(w io.Writer, v any) error {
 	}
 	_, err := w.Write(termsafe.JSON(buf.Bytes()))
 	return err
+}
+
+// printYAML writes v as YAML with the fields JSON has, in the same order.
+// A string a terminal could act on is written double-quoted, where YAML
+// escapes its controls, and the characters YAML leaves raw there (DEL
+// aside, the bidi overrides and line separators count as printable to it)
+// are written as the same characters in \u notation, which means the same
+// inside double quotes.
+func printYAML(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	// JSON is YAML; YAML refuses the raw C1 controls JSON leaves, but
+	// reads them in \u notation.
+	var doc yaml.Node
+	if err := yaml.Unmarshal(termsafe.JSON(b), &doc); err != nil {
+		return err
+	}
+	plainStyle(&doc)
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(&doc); err != nil {
+		return err
+	}
+	enc.Close()
+	_, err = w.Write(termsafe.JSON(buf.Bytes()))
+	return err
+}
+
+// plainStyle drops the JSON styles of a document parsed from JSON (flow
+// mappings, every string quoted) for YAML's block style, keeping double
+// quotes where a string holds a character a terminal could act on.
+func plainStyle(n *yaml.Node) {
+	n.Style = 0
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!str" && termsafe.Text(n.Value) != n.Value {
+		n.Style = yaml.DoubleQuotedStyle
+	}
+	for _, c := range n.Content {
+		plainStyle(c)
+	}
+}
+
+// table writes rows under a header, aligned; with wide, the columns past
+// narrow are written too.
+func table(w io.Writer, header []string, narrow int, wide bool, rows [][]string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	cut := func(r []string) []string {
+		if wide || len(r) <= narrow {
+			return r
+		}
+		return r[:narrow]
+	}
+	if header != nil {
+		fmt.Fprintln(tw, strings.Join(cut(header), "\t"))
+	}
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(cut(r), "\t"))
+	}
+	return tw.Flush()
+}
+
+// cell is a name for a table's cell: as termsafe.Name shows it, and
+// empty when there is none.
+func cell(s string) string {
+	if s == "" {
+		return ""
+	}
+	return termsafe.Name(s)
+}
+
+// reconnecting tells a person following a task that the stream lost the
+// server and is trying to reach it again.
+func reconnecting(w io.Writer) func(error) {
+	return func(cause error) {
+		fmt.Fprintf(w, "corral: lost the server (%s); reconnecting for up to %s\n", oneLine(errdefs.Message(cause), 120), httpapi.DefaultReconnect)
+	}
 }
 
 // oneLine is s on one line: its runs of white space made one space, cut to

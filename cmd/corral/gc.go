@@ -1,32 +1,47 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
+
+	"github.com/spf13/cobra"
 
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
-// cmdGC is `corral gc [--dry-run]`: a retention sweep now.
-func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, cf := clientFlagSet("gc", stderr)
-	dry := fs.Bool("dry-run", false, "only show what would be removed")
-	if _, err := parse(fs, args); err != nil {
-		return flagError(err)
+// gcCmd is `corral gc [--dry-run]`: a retention sweep now.
+func gcCmd() *cobra.Command {
+	var dry bool
+	cmd := &cobra.Command{
+		Use:   "gc [--dry-run]",
+		Short: "Remove ended tasks' directories and unused attachments past retention",
+		Args:  noArgs,
 	}
-	c, err := cf.client()
-	if err != nil {
-		return err
+	cf := clientCmd(cmd)
+	out := outputFlags(cmd, objectFormats)
+	cmd.Flags().BoolVar(&dry, "dry-run", false, "only show what would be removed")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		rep, err := c.GC(cmd.Context(), service.GCRequest{DryRun: dry})
+		if err != nil {
+			return err
+		}
+		if err := out.print(cmd.OutOrStdout(), rep, func() error { return printGC(cmd.OutOrStdout(), rep) }); err != nil {
+			return err
+		}
+		if len(rep.Failed) > 0 {
+			return exitError(exitFailure)
+		}
+		return nil
 	}
-	rep, err := c.GC(ctx, service.GCRequest{DryRun: *dry})
-	if err != nil {
-		return err
-	}
-	if cf.json {
-		return printJSON(stdout, rep)
-	}
+	return cmd
+}
+
+func printGC(stdout io.Writer, rep service.GCReport) error {
 	verb := "removed"
 	if rep.DryRun {
 		verb = "would remove"
@@ -42,8 +57,5 @@ func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s %d task directories and %d attachment files, %d bytes, and the events of %d tasks' runs\n",
 		verb, len(rep.TaskDirectories), len(rep.Attachments), rep.Bytes, len(rep.TaskEvents))
-	if len(rep.Failed) > 0 {
-		return exitError(1)
-	}
 	return nil
 }

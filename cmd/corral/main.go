@@ -2,18 +2,24 @@
 // client for people and scripts, the MCP server, and the worker's
 // entrypoint (corral worker run-task), which sandboxes run from
 // corral-worker, built from the same code without the rest.
+//
+// The commands are cobra's (docs/cli.md describes them): each has its own
+// flags, its help (corral help CMD, CMD --help), and shell completion
+// that asks the server for task and session ids.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+
+	"github.com/spf13/cobra"
 
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -22,65 +28,27 @@ import (
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
-const usage = `corral — hand tasks to AI coding agents in sandboxes
-
-Usage:
-  corral serve [--config FILE] [--listen ADDR] [--data DIR] [--runtime R] [--max-concurrent N]
-                                                   run the server
-  corral run "task" [--follow] [--agent NAME] [--model M] [--context FILE]... [--attach FILE]...
-             [--runtime R] [--image IMAGE] [--network none|allowlist|open] [--workspace NAME] [--session ID]
-             [--memory 2Gi] [--cpu 2] [--pids N] [--timeout 30m] [--label KEY=VALUE]...
-             [--conversation-id ID] [--document ID]... [--note-query Q] [-- CMD ARGS...]
-                                                   spawn a task (CMD runs it with the command agent;
-                                                   run --help for every flag)
-  corral exec-once [--image IMAGE] [--runtime R] [--timeout SECONDS] [--network] [--attach ID]... -- CMD...
-                                                   run a command once in a fresh sandbox (code_execute)
-                                                   and print its output; output files become attachments
-  corral workspaces [ls] | ls NAME [PATH] | create NAME [--git] | cat NAME PATH
-                                                   the named workspaces under projects/
-  corral sessions [ls] | create [--runtime R] [--image IMAGE] [--idle 30m] | rm ID | suspend ID | resume ID | fork ID [-n N]
-                                                   long-lived sandboxes (create prints the session's token)
-  corral exec [-i] [--cwd DIR] [--timeout D] SESSION -- CMD ARGS...
-                                                   run a command in a session, its output streamed
-  corral tasks [--status S] [--limit N] [--conversation-id ID]
-                                                   list tasks
-  corral result ID [--wait 30s]                    show a task's result
-  corral logs [-f] ID                              show (and follow) a task's transcript
-  corral cancel ID                                 cancel a task
-  corral ws ls [PATH] | cat PATH | put PATH [FILE] the shared workspace
-  corral skills [ls] | show NAME | create ...      the skills in shared/skills/ (create --help for more)
-  corral tools                                     the tool catalogue as function definitions
-  corral attachments get ID [-o FILE] | put FILE...  download or upload attachments
-  corral gc [--dry-run]                            remove ended tasks' directories and unused attachments past retention
-  corral mcp [--server URL]                        the tools over MCP on stdio (starts a server if none runs)
-  corral doctor                                    what works on this machine, and what is missing
-  corral store copy --to postgres|sqlite [--config FILE] [--data DIR]
-                                                   copy the event log from the data root's corral.db into
-                                                   PostgreSQL (store.dsn_file), or back, checked event for
-                                                   event; with the server stopped
-  corral k8s render [--config FILE] [--server-image IMG] [--storage 10Gi] [--storage-class NAME] [--no-secrets]
-                                                   the manifests that run the server and its workers in a
-                                                   Kubernetes cluster, on stdout (what to edit is at the top)
-  corral bench [--n N] [--concurrency C]           measure task overhead against bare bubblewrap
-  corral version                                   this binary's version and build
-  corral notify-secret                             a new notification signing secret, and how to rotate to it
-  corral worker run-task ...                       (inside a sandbox) run one task's agent
-
-Client commands (all but serve, mcp, doctor, store, bench, k8s and worker) take
---server, --config and --json: they reach the server at --server (default:
-http://LISTEN from the configuration) with the token in CORRAL_API_TOKEN; --json
-prints JSON. The server's own flags (--listen, --data, --runtime,
---max-concurrent) are serve's (store copy takes --data too); a task's runtime,
-network and limits are run's. run --follow and logs -f outlive a restart of the
-server: they reconnect and go on where they were, for up to 2 minutes without a
-server.
-
-What a worker wrote (summaries, errors, file names and contents, logs,
-progress) is printed with control characters and escape sequences shown
-escaped (\x1b, \u009b) and odd names quoted, so that it cannot act on the
-terminal. ws cat and attachments get -o - write a file's exact bytes to a
-pipe or a file, and escape them only when stdout is a terminal.
-`
+// The exit codes a script can rely on, besides 0 and the code of a command
+// that corral runs and follows (run --follow, exec, exec-once), which
+// passes through. docs/cli.md lists them.
+const (
+	// exitFailure: the command failed, or a followed task failed without
+	// an exit code of its own.
+	exitFailure = 1
+	// exitUsage: the command line was wrong (an unknown command or flag, a
+	// missing or bad argument), or the server refused a request as
+	// invalid.
+	exitUsage = 2
+	// exitUnreachable: no server answered at the address
+	// (EX_UNAVAILABLE of sysexits.h).
+	exitUnreachable = 69
+	// exitTimeout: a followed task ended at its time limit, as timeout(1)
+	// exits.
+	exitTimeout = 124
+	// exitCancelled: a followed task was cancelled, as a shell reports a
+	// command that SIGINT ended.
+	exitCancelled = 130
+)
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -89,84 +57,61 @@ func main() {
 	os.Exit(code)
 }
 
-// run dispatches a subcommand and returns the process exit code.
+// run runs the command args name and returns the process exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || isHelp(args[0]) || args[0] == "help" {
-		fmt.Fprint(stdout, usage)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
-	}
-	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
-		"serve":         cmdServe,
-		"run":           cmdRun,
-		"exec-once":     cmdExecOnce,
-		"sessions":      cmdSessions,
-		"workspaces":    cmdWorkspaces,
-		"exec":          cmdExec,
-		"tasks":         cmdTasks,
-		"result":        cmdResult,
-		"logs":          cmdLogs,
-		"cancel":        cmdCancel,
-		"ws":            cmdWorkspace,
-		"tools":         cmdTools,
-		"doctor":        cmdDoctor,
-		"bench":         cmdBench,
-		"worker":        cmdWorker,
-		"mcp":           cmdMCP,
-		"skills":        cmdSkills,
-		"attachments":   cmdAttachments,
-		"gc":            cmdGC,
-		"store":         cmdStore,
-		"k8s":           cmdK8s,
-		"version":       cmdVersion,
-		"notify-secret": cmdNotifySecret,
-	}
-	f, ok := cmds[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "corral: unknown command %q\n\n%s", args[0], usage)
-		return 2
-	}
-	err := f(ctx, args[1:], stdout, stderr)
-	var ee exitError
+	root := newRoot()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetIn(os.Stdin)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return 0
 	}
+	var ee exitError
 	if errors.As(err, &ee) {
 		return int(ee)
 	}
-	fmt.Fprintf(stderr, "corral %s: %s\n", args[0], termsafe.Text(errdefs.Message(err)))
-	if errors.Is(err, httpapi.ErrNoServer) {
+	name := "corral"
+	if cmd != nil {
+		name = cmd.CommandPath()
+	}
+	fmt.Fprintf(stderr, "%s: %s\n", name, termsafe.Text(errdefs.Message(err)))
+	switch {
+	case isUsageError(err):
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", name)
+		return exitUsage
+	case errors.Is(err, httpapi.ErrNoServer):
 		fmt.Fprintln(stderr, "start one with `corral serve` (from a checkout, ./scripts/quickstart.sh builds and starts one), or give another's URL with --server")
+		return exitUnreachable
+	case errors.Is(err, errdefs.ErrInvalidArgument):
+		return exitUsage
 	}
-	if errors.Is(err, errdefs.ErrInvalidArgument) {
-		return 2
-	}
-	return 1
+	return exitFailure
 }
 
-// flagError is how a command ends when its flags do not parse: 0 after -h
-// or --help (the flag set has printed its usage), else 2.
-func flagError(err error) error {
-	if errors.Is(err, flag.ErrHelp) {
-		return exitError(0)
-	}
-	return exitError(2)
+// usageError is a command line corral cannot run: a bad flag, a missing
+// or surplus argument. It exits 2, with a pointer to the command's help.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// usagef is a usageError made as fmt.Errorf makes an error.
+func usagef(format string, a ...any) error {
+	return usageError{fmt.Errorf(format, a...)}
 }
 
-// parseNoArgs parses args into fs for a command that takes flags only:
-// a bad flag or -h ends it as flagError says, and any argument left over
-// is refused.
-func parseNoArgs(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		return flagError(err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalidArgument)
-	}
-	return nil
+// isUsageError reports whether err is a command line corral cannot run:
+// a usageError, or cobra's own for an unknown command or argument.
+func isUsageError(err error) bool {
+	var ue usageError
+	return errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command ")
 }
+
+// exitError ends the process with a code and no message.
+type exitError int
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", int(e)) }
 
 // fileError is an error about a local file, which it names: messages
 // (errdefs.Message) leave out the absolute paths of system calls' errors,
@@ -179,17 +124,77 @@ func fileError(verb, name string, err error) error {
 	return fmt.Errorf("%s %s: %w", verb, termsafe.Name(name), err)
 }
 
-// exitError ends the process with a code and no message.
-type exitError int
+// The groups of commands in corral --help.
+const (
+	groupTasks    = "tasks"
+	groupSessions = "sessions"
+	groupFiles    = "files"
+	groupServer   = "server"
+)
 
-func (e exitError) Error() string { return fmt.Sprintf("exit %d", int(e)) }
+const rootLong = `corral hands tasks to AI coding agents in sandboxes.
 
-func cmdVersion(_ context.Context, args []string, stdout, _ io.Writer) error {
-	if len(args) > 0 {
-		return fmt.Errorf("version takes no arguments: %w", errdefs.ErrInvalidArgument)
+Client commands reach the server at --server (default: http:// and the
+listen address of the configuration) with the token in CORRAL_API_TOKEN.
+Lists and gets print a table, or -o json|yaml|wide|name; -q prints ids
+only. Wherever a task or session id is taken, a unique prefix of it will do.
+run --follow and logs -f outlive a restart of the server: they reconnect
+and go on where they were, for up to 2 minutes without a server.
+
+What a worker wrote (summaries, errors, file names and contents, logs,
+progress) is printed with control characters and escape sequences shown
+escaped (\x1b, \u009b) and odd names quoted, so that it cannot act on the
+terminal. ws cat and attachments get -o - write a file's exact bytes to a
+pipe or a file, and escape them only when stdout is a terminal.
+
+Exit codes: 0 success; 1 failure; 2 a bad command line or a request the
+server refused as invalid; 69 no server at the address. run --follow,
+exec and exec-once exit with the task's or the command's own code; a
+followed task without one exits 1 failed, 124 timed out, 130 cancelled.
+docs/cli.md has the rest.`
+
+// newRoot builds the command tree.
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "corral",
+		Short:         "Hand tasks to AI coding agents in sandboxes",
+		Long:          rootLong,
+		Version:       app.Version(),
+		SilenceErrors: true,
+		SilenceUsage:  true,
 	}
-	fmt.Fprintln(stdout, "corral", app.Version())
-	return nil
+	root.SetVersionTemplate("corral {{.Version}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddGroup(
+		&cobra.Group{ID: groupTasks, Title: "Tasks:"},
+		&cobra.Group{ID: groupSessions, Title: "Sessions:"},
+		&cobra.Group{ID: groupFiles, Title: "Files and skills:"},
+		&cobra.Group{ID: groupServer, Title: "Running a server:"},
+	)
+	add := func(group string, cmds ...*cobra.Command) {
+		for _, c := range cmds {
+			c.GroupID = group
+			root.AddCommand(c)
+		}
+	}
+	add(groupTasks, runCmd(), tasksCmd(), resultCmd(), logsCmd(), cancelCmd(), execOnceCmd())
+	add(groupSessions, sessionsCmd(), execCmd())
+	add(groupFiles, wsCmd(), workspacesCmd(), attachmentsCmd(), skillsCmd(), toolsCmd())
+	add(groupServer, serveCmd(), doctorCmd(), gcCmd(), mcpCmd(), storeCmd(), k8sCmd(), benchCmd(), notifySecretCmd(), workerCmd())
+	root.AddCommand(versionCmd())
+	return root
+}
+
+func versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "This binary's version and build",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintln(cmd.OutOrStdout(), "corral", app.Version())
+			return nil
+		},
+	}
 }
 
 // rotationSteps is how to change the notification secret without a
@@ -203,16 +208,59 @@ const rotationSteps = `A new notification secret is on stdout. To rotate without
   3. Remove notify.previous_secret_file and restart.
 `
 
-// cmdNotifySecret prints a new Standard Webhooks secret, and on stderr how
+// notifySecretCmd prints a new Standard Webhooks secret, and on stderr how
 // to rotate to it.
-func cmdNotifySecret(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 {
-		return fmt.Errorf("notify-secret takes no arguments: %w", errdefs.ErrInvalidArgument)
+func notifySecretCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "notify-secret",
+		Short: "A new notification signing secret, and how to rotate to it",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintln(cmd.OutOrStdout(), notify.NewSecret())
+			fmt.Fprint(cmd.ErrOrStderr(), rotationSteps)
+			return nil
+		},
 	}
-	fmt.Fprintln(stdout, notify.NewSecret())
-	fmt.Fprint(stderr, rotationSteps)
+}
+
+// noArgs refuses any argument, as a usage error.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("unexpected argument %q", args[0])
+	}
 	return nil
 }
 
-// isHelp reports whether arg asks for a command's usage.
-func isHelp(arg string) bool { return arg == "-h" || arg == "--help" }
+// exactArgs wants n arguments, named in what for the error.
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("give %s", what)
+		}
+		return nil
+	}
+}
+
+// groupCmd is a command that only holds subcommands: alone, or with an
+// argument that names none of them, it is a usage error.
+func groupCmd(use, short string, subs ...*cobra.Command) *cobra.Command {
+	c := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			names := make([]string, 0, len(cmd.Commands()))
+			for _, s := range cmd.Commands() {
+				if s.IsAvailableCommand() {
+					names = append(names, s.Name())
+				}
+			}
+			if len(args) == 0 {
+				return usagef("give a command: %s", strings.Join(names, ", "))
+			}
+			return usagef("unknown %s command %q (%s)", cmd.Name(), args[0], strings.Join(names, ", "))
+		},
+	}
+	c.AddCommand(subs...)
+	return c
+}

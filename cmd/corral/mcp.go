@@ -3,11 +3,12 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
@@ -17,22 +18,32 @@ import (
 	"github.com/corral-dev/corral/internal/tools"
 )
 
-// cmdMCP serves the tool catalogue over MCP on stdin and stdout, for a host
+// mcpCmd serves the tool catalogue over MCP on stdin and stdout, for a host
 // that starts Corral as a subprocess (Claude Desktop). It talks to the
 // server at --server or the configured address; when none answers there
 // and --server was not given, it runs an embedded server in this process,
 // listening at the configured address like corral serve. stdout carries
 // the protocol alone: every log line goes to stderr.
-func cmdMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.lo.RegisterFlags(fs)
-	fs.StringVar(&cf.server, "server", "", "the server's URL (default http:// and the configured listen address; without it, an embedded server starts if none answers); unix:///path for its unix socket")
-	sessionID := fs.String("session", "", "serve workspace_exec alone, bound to this session (the MCP server of an agent working through a session; needs --server and the session's token in CORRAL_API_TOKEN)")
-	if err := parseNoArgs(fs, args); err != nil {
-		return err
+func mcpCmd() *cobra.Command {
+	var (
+		cf        clientFlags
+		sessionID string
+	)
+	cmd := &cobra.Command{
+		Use:   "mcp",
+		Short: "The tools over MCP on stdio (starts a server if none runs)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runMCP(cmd.Context(), &cf, sessionID, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
 	}
+	serverFlags(cmd, &cf.lo)
+	cmd.Flags().StringVar(&cf.server, "server", "", "the server's URL (default http:// and the configured listen address; without it, an embedded server starts if none answers); unix:///path for its unix socket")
+	cmd.Flags().StringVar(&sessionID, "session", "", "serve workspace_exec alone, bound to this session (the MCP server of an agent working through a session; needs --server and the session's token in CORRAL_API_TOKEN)")
+	return cmd
+}
+
+func runMCP(ctx context.Context, cf *clientFlags, sessionID string, stdout, stderr io.Writer) error {
 	cfg, err := config.Load(cf.lo)
 	if err != nil {
 		return fmt.Errorf("configuration: %w", err)
@@ -42,11 +53,11 @@ func cmdMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	if *sessionID != "" {
+	if sessionID != "" {
 		if cf.server == "" {
 			return fmt.Errorf("--session needs --server: %w", errdefs.ErrInvalidArgument)
 		}
-		srv := mcpserver.New(client.Set(), mcpserver.Options{MaxArgumentBytes: cfg.Limits.MaxRequestBytes.Bytes(), Session: *sessionID}, log.With("subsystem", "mcp"))
+		srv := mcpserver.New(client.Set(), mcpserver.Options{MaxArgumentBytes: cfg.Limits.MaxRequestBytes.Bytes(), Session: sessionID}, log.With("subsystem", "mcp"))
 		return srv.ServeStdio(ctx, io.NopCloser(os.Stdin), nopWriteCloser{stdout})
 	}
 	svc := client.Set()

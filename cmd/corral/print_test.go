@@ -7,6 +7,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
@@ -45,7 +47,7 @@ func rawControl(s string) string {
 
 func TestPrintResultEscapes(t *testing.T) {
 	var buf bytes.Buffer
-	if err := printResult(&buf, hostile(), false); err != nil {
+	if err := printResult(&buf, hostile()); err != nil {
 		t.Fatal(err)
 	}
 	out := strings.ReplaceAll(buf.String(), "\r\n", "\n") // a CRLF in file content is kept
@@ -109,5 +111,29 @@ func TestOneLine(t *testing.T) {
 		if got := oneLine(c.in, c.n); got != c.want {
 			t.Errorf("oneLine(%q, %d) = %q, want %q", c.in, c.n, got, c.want)
 		}
+	}
+}
+
+// -o yaml escapes what a terminal acts on, bidi overrides among them
+// (printable to YAML), and decodes to the exact text.
+func TestPrintYAMLEscapes(t *testing.T) {
+	res := hostile()
+	res.Summary += " \u202eevil\u2066"
+	var buf bytes.Buffer
+	if err := printYAML(&buf, res); err != nil {
+		t.Fatal(err)
+	}
+	if c := rawControl(buf.String()); c != "" || strings.ContainsAny(buf.String(), "\u202e\u2066") {
+		t.Errorf("-o yaml printed %q raw:\n%s", c, buf.String())
+	}
+	var back map[string]any
+	if err := yaml.Unmarshal(buf.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if want := "done \x1b]52;c;cm0gLXJmIH4K\x07 \u009b2J \ufffd2J\nsecond line \u202eevil\u2066"; back["summary"] != want {
+		t.Errorf("summary through -o yaml = %q, want %q", back["summary"], want)
+	}
+	if files, _ := back["file_contents"].(map[string]any); len(files) != 1 || files["a.txt\nstatus:   success\x1b[H"] == nil {
+		t.Errorf("file_contents through -o yaml: %v, want the forged name as the key", back["file_contents"])
 	}
 }

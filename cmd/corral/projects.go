@@ -1,79 +1,148 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"text/tabwriter"
+	"strconv"
+
+	"github.com/spf13/cobra"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
-// cmdWorkspaces is corral workspaces [ls] | ls NAME [PATH] | create NAME
+// workspacesCmd is corral workspaces [ls] | ls NAME [PATH] | create NAME
 // [--git] | cat NAME PATH: the named workspaces under projects/.
-func cmdWorkspaces(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub, args, fs, cf := subcommand("workspaces", args, stderr)
-	git := fs.Bool("git", false, "create: git init with an empty first commit")
-	recursive := fs.Bool("r", false, "ls NAME: everything below the directory")
-	pos, c, err := cf.parse(fs, args)
+func workspacesCmd() *cobra.Command {
+	cmd := workspacesLsCmd("workspaces")
+	cmd.Short = "The named workspaces under projects/: list them (ls NAME [PATH], create NAME, cat NAME PATH)"
+	ls := workspacesLsCmd("ls [NAME [PATH]]")
+	ls.Aliases = []string{"list"}
+	cmd.AddCommand(ls, workspacesCreateCmd(), workspacesCatCmd())
+	return cmd
+}
+
+// projectsLister prints the named workspaces.
+var projectsLister = lister[service.Project]{
+	kind:   "workspace",
+	header: []string{"WORKSPACE", "GIT", "MODIFIED"},
+	narrow: 3,
+	row: func(p service.Project) []string {
+		return []string{termsafe.Name(p.Name), strconv.FormatBool(p.Git), p.Modified.Local().Format("2006-01-02 15:04")}
+	},
+	id:      func(p service.Project) string { return termsafe.Name(p.Name) },
+	version: func(p service.Project) string { return p.Modified.String() },
+}
+
+// workspacesLsCmd lists the workspaces, or with NAME the files of one.
+func workspacesLsCmd(use string) *cobra.Command {
+	var recursive bool
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: "List the workspaces, or with NAME the files of one",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 2 || (cmd.Name() == "workspaces" && len(args) > 0) {
+				return usagef("unexpected argument %q: corral workspaces ls [NAME [PATH]]", args[len(args)-1])
+			}
+			return nil
+		},
+	}
+	cf := clientCmd(cmd)
+	lf := addListFlags(cmd, false)
+	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "ls NAME: everything below the directory")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		ctx, stdout := cmd.Context(), cmd.OutOrStdout()
+		if len(args) == 0 {
+			ps, err := c.ListProjects(ctx)
+			if err != nil {
+				return err
+			}
+			return projectsLister.run(ctx, stdout, lf, ps, ps, func() ([]service.Project, error) { return c.ListProjects(ctx) })
+		}
+		p := "."
+		if len(args) == 2 {
+			p = args[1]
+		}
+		ents, err := c.ListProjectFiles(ctx, args[0], p, recursive)
+		if err != nil {
+			return err
+		}
+		format, err := lf.out.get()
+		if err != nil {
+			return err
+		}
+		return printAs(stdout, format, ents, func() error {
+			for _, e := range ents {
+				fmt.Fprintf(stdout, "%s\t%d\n", termsafe.Name(e.Path), e.Size)
+			}
+			return nil
+		})
+	}
+	return cmd
+}
+
+func workspacesCreateCmd() *cobra.Command {
+	var git bool
+	cmd := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Make a named workspace",
+		Args:  exactArgs(1, "the workspace's name"),
+	}
+	cf := clientCmd(cmd)
+	out := outputFlags(cmd, objectFormats)
+	cmd.Flags().BoolVar(&git, "git", false, "git init with an empty first commit")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		p, err := c.CreateProject(cmd.Context(), service.CreateProjectRequest{Name: args[0], InitGit: git})
+		if err != nil {
+			return err
+		}
+		return out.print(cmd.OutOrStdout(), p, func() error {
+			_, err := fmt.Fprintf(cmd.OutOrStdout(), "%s (git: %v)\n", termsafe.Name(p.Name), p.Git)
+			return err
+		})
+	}
+	return cmd
+}
+
+func workspacesCatCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cat NAME PATH",
+		Short: "Print a file of a named workspace",
+		Args:  exactArgs(2, "the workspace's name and the file's path"),
+	}
+	cf := clientCmd(cmd)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		return catProjectFile(cmd, c, args[0], args[1])
+	}
+	return cmd
+}
+
+func catProjectFile(cmd *cobra.Command, c *httpapi.Client, name, path string) error {
+	f, err := c.ReadProjectFile(cmd.Context(), name, path)
 	if err != nil {
 		return err
 	}
-	switch {
-	case sub == "ls" && len(pos) == 0:
-		ps, err := c.ListProjects(ctx)
-		if err != nil {
-			return err
-		}
-		if cf.json {
-			return printJSON(stdout, ps)
-		}
-		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "WORKSPACE\tGIT\tMODIFIED")
-		for _, p := range ps {
-			fmt.Fprintf(tw, "%s\t%v\t%s\n", termsafe.Name(p.Name), p.Git, p.Modified.Local().Format("2006-01-02 15:04"))
-		}
-		return tw.Flush()
-	case sub == "ls" && len(pos) <= 2:
-		p := "."
-		if len(pos) == 2 {
-			p = pos[1]
-		}
-		ents, err := c.ListProjectFiles(ctx, pos[0], p, *recursive)
-		if err != nil {
-			return err
-		}
-		if cf.json {
-			return printJSON(stdout, ents)
-		}
-		for _, e := range ents {
-			fmt.Fprintf(stdout, "%s\t%d\n", termsafe.Name(e.Path), e.Size)
-		}
-		return nil
-	case sub == "create" && len(pos) == 1:
-		p, err := c.CreateProject(ctx, service.CreateProjectRequest{Name: pos[0], InitGit: *git})
-		if err != nil {
-			return err
-		}
-		if cf.json {
-			return printJSON(stdout, p)
-		}
-		fmt.Fprintf(stdout, "%s (git: %v)\n", termsafe.Name(p.Name), p.Git)
-		return nil
-	case sub == "cat" && len(pos) == 2:
-		f, err := c.ReadProjectFile(ctx, pos[0], pos[1])
-		if err != nil {
-			return err
-		}
-		w := termsafe.ForTerminal(stdout)
-		defer w.Close()
-		if f.Encoding == "base64" {
-			return fmt.Errorf("%s is binary; read it through the API: %w", termsafe.Name(pos[1]), errdefs.ErrInvalidArgument)
-		}
-		_, err = io.WriteString(w, f.Content)
-		return err
+	if f.Encoding == "base64" {
+		return fmt.Errorf("%s is binary; read it through the API: %w", termsafe.Name(path), errdefs.ErrInvalidArgument)
 	}
-	return fmt.Errorf("usage: corral workspaces [ls] | ls NAME [PATH] [-r] | create NAME [--git] | cat NAME PATH: %w", errdefs.ErrInvalidArgument)
+	w := termsafe.ForTerminal(cmd.OutOrStdout())
+	_, err = io.WriteString(w, f.Content)
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -8,61 +8,70 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/storecopy"
 )
 
-const storeUsage = "corral store copy --to postgres|sqlite [--config FILE] [--data DIR] [--batch N]"
-
 // progressEvery is how often a copy under way says how far it is.
 const progressEvery = 2 * time.Second
 
-// cmdStore is `corral store copy`: the event log from the data root's
+// storeCmd is `corral store copy`: the event log from the data root's
 // SQLite file into the PostgreSQL database the configuration names
 // (--to postgres), or back (--to sqlite), checked event for event
 // (package storecopy). The configuration is the server's: its data root,
 // and its connection string, which only store.driver postgres may have,
 // so it names PostgreSQL in both directions (the one the server is moving
 // to, or moving from).
-func cmdStore(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return fmt.Errorf("usage: %s: %w", storeUsage, errdefs.ErrInvalidArgument)
+func storeCmd() *cobra.Command {
+	return groupCmd("store", "The event log's store", storeCopyCmd())
+}
+
+func storeCopyCmd() *cobra.Command {
+	var (
+		lo    config.LoadOptions
+		to    string
+		batch int
+	)
+	cmd := &cobra.Command{
+		Use:   "copy --to postgres|sqlite",
+		Short: "Copy the event log between SQLite and PostgreSQL, checked event for event",
+		Long: `Copies the event log (all the server records; files stay in the data root)
+between the data root's corral.db and the PostgreSQL database of
+store.dsn_file (or CORRAL_STORE_DSN): --to postgres from the first into the
+second, --to sqlite back. Stop the server first; the source is only read.
+The target must hold no events, or the start of this same log from a copy
+that stopped (run again, it goes on from there). Every event is compared
+field for field once copied.`,
+		Args: noArgs,
 	}
-	if isHelp(args[0]) {
-		fmt.Fprintln(stdout, "usage: "+storeUsage)
-		return nil
+	gfs := flag.NewFlagSet("copy", flag.ContinueOnError)
+	lo.RegisterClientFlags(gfs)
+	gfs.Func("data", "data root directory (default ./corral-data)", func(s string) error { lo.Flags.Data = &s; return nil })
+	cmd.Flags().AddGoFlagSet(gfs)
+	cmd.Flags().StringVar(&to, "to", "", "the store to copy into: postgres or sqlite (the other is the source)")
+	cmd.Flags().IntVar(&batch, "batch", storecopy.DefaultBatch, "events per transaction")
+	cmd.RegisterFlagCompletionFunc("to", cobra.FixedCompletions([]string{storecopy.Postgres, storecopy.SQLite}, cobra.ShellCompDirectiveNoFileComp))
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		return storeCopy(cmd.Context(), lo, to, batch, cmd.OutOrStdout(), cmd.ErrOrStderr())
 	}
-	if args[0] != "copy" {
-		return fmt.Errorf("unknown store command %q; usage: %s: %w", args[0], storeUsage, errdefs.ErrInvalidArgument)
-	}
-	fs := flag.NewFlagSet("store copy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: %s\n\n", storeUsage)
-		fmt.Fprintln(stderr, "Copies the event log (all the server records; files stay in the data root) between the data root's corral.db and the PostgreSQL database of store.dsn_file (or CORRAL_STORE_DSN): --to postgres from the first into the second, --to sqlite back. Stop the server first; the source is only read. The target must hold no events, or the start of this same log from a copy that stopped (run again, it goes on from there). Every event is compared field for field once copied.")
-		fmt.Fprintln(stderr)
-		fs.PrintDefaults()
-	}
-	var lo config.LoadOptions
-	lo.RegisterClientFlags(fs)
-	fs.Func("data", "data root directory (default ./corral-data)", func(s string) error { lo.Flags.Data = &s; return nil })
-	to := fs.String("to", "", "the store to copy into: postgres or sqlite (the other is the source)")
-	batch := fs.Int("batch", storecopy.DefaultBatch, "events per transaction")
-	if err := parseNoArgs(fs, args[1:]); err != nil {
-		return err
-	}
+	return cmd
+}
+
+func storeCopy(ctx context.Context, lo config.LoadOptions, to string, batch int, stdout, stderr io.Writer) error {
 	var from string
-	switch *to {
+	switch to {
 	case storecopy.Postgres:
 		from = storecopy.SQLite
 	case storecopy.SQLite:
 		from = storecopy.Postgres
 	default:
-		return fmt.Errorf("--to must be postgres or sqlite; usage: %s: %w", storeUsage, errdefs.ErrInvalidArgument)
+		return usagef("--to must be postgres or sqlite")
 	}
-	if *batch < 1 {
-		return fmt.Errorf("--batch must be at least 1: %w", errdefs.ErrInvalidArgument)
+	if batch < 1 {
+		return usagef("--batch must be at least 1")
 	}
 	cfg, err := config.Load(lo)
 	if err != nil {
@@ -87,16 +96,16 @@ func cmdStore(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	last := time.Now()
 	r, err := storecopy.Run(ctx, from, storecopy.Stores{SQLite: filepath.Join(root, "corral.db"), Postgres: secrets.StoreDSN},
-		storecopy.Options{Batch: *batch, Progress: func(done, total int64) {
+		storecopy.Options{Batch: batch, Progress: func(done, total int64) {
 			if time.Since(last) >= progressEvery {
 				last = time.Now()
 				fmt.Fprintf(stderr, "copied the log up to position %d of %d\n", done, total)
 			}
 		}})
 	if err != nil {
-		return fmt.Errorf("copy the event log from %s to %s: %w", from, *to, err)
+		return fmt.Errorf("copy the event log from %s to %s: %w", from, to, err)
 	}
-	printCopy(stdout, r, *to)
+	printCopy(stdout, r, to)
 	return nil
 }
 

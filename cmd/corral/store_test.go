@@ -75,7 +75,7 @@ func TestStoreCopy(t *testing.T) {
 
 	// s is open: a server holds the data root.
 	code, _, stderr := corral("store", "copy", "--to", "postgres", "--config", cfg)
-	if code != 1 || !strings.Contains(stderr, "corral store: copy the event log from sqlite to postgres: a Corral server is running on the data root "+root+": stop it") {
+	if code != 1 || !strings.Contains(stderr, "corral store copy: copy the event log from sqlite to postgres: a Corral server is running on the data root "+root+": stop it") {
 		t.Errorf("copy from a data root in use: exit %d, %q", code, stderr)
 	}
 	if err := s.Close(); err != nil {
@@ -143,10 +143,10 @@ func TestStoreCopyUsage(t *testing.T) {
 		code int
 		out  string
 	}{
-		{[]string{"store"}, 2, "usage: corral store copy --to postgres|sqlite"},
-		{[]string{"store", "--help"}, 0, "usage: corral store copy"},
+		{[]string{"store"}, 2, "give a command: copy"},
+		{[]string{"store", "--help"}, 0, "copy        Copy the event log"},
 		{[]string{"store", "move"}, 2, `unknown store command "move"`},
-		{[]string{"store", "copy", "--help"}, 0, "-to"},
+		{[]string{"store", "copy", "--help"}, 0, "--to"},
 		{[]string{"store", "copy", "--config", cfg}, 2, "--to must be postgres or sqlite"},
 		{[]string{"store", "copy", "--to", "mysql", "--config", cfg}, 2, "--to must be postgres or sqlite"},
 		{[]string{"store", "copy", "--to", "sqlite", "--batch", "0", "--config", cfg}, 2, "--batch must be at least 1"},

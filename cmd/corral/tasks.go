@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,137 +9,191 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
-	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/spf13/cobra"
+
 	"github.com/corral-dev/corral/internal/eventstore"
+	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/termsafe"
 )
 
-// stringList is a repeatable string flag.
-type stringList []string
+func runCmd() *cobra.Command {
+	var (
+		req            service.SpawnRequest
+		limits         service.ResourceRequest
+		follow         bool
+		labelV, attach []string
+	)
+	cmd := &cobra.Command{
+		Use:   `run "TASK" [flags] [-- CMD ARGS...]`,
+		Short: "Spawn a task (CMD runs it with the command agent)",
+		Long: `Spawn a task: an agent given the description works on it in a sandbox.
+With -- CMD ARGS, the command agent runs CMD instead of an AI agent.
 
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
-
-func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, cf := clientFlagSet("run", stderr)
-	var req service.SpawnRequest
-	var contexts stringList
-	follow := fs.Bool("follow", false, "show progress until the task ends, then its result")
-	fs.BoolVar(follow, "f", false, "short for --follow")
-	fs.StringVar(&req.Agent, "agent", "", "agent: claude, gemini, codex, opencode or command (default: command with -- CMD, else the server's)")
-	fs.StringVar(&req.Model, "model", "", "model name for the agent")
-	fs.Func("timeout", "the task's time limit: minutes, or a duration such as 90m or 2h (default: the server's)", func(v string) error {
+With --follow, progress goes to stderr until the task ends, its result to
+stdout, and corral exits with the task's exit code: the agent's or the
+command's own when the task records one, else 1 for a failure, 124 for a
+timeout, 130 for a cancel.`,
+		Example: `  corral run "summarise the CSV" --context data/sales.csv --follow
+  corral run "count the rows" --runtime docker --image python:3.13 -- wc -l data.csv`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 || (cmd.ArgsLenAtDash() == 0) {
+				return usagef(`give the task description: corral run "what to do" [-- CMD ARGS...]`)
+			}
+			if d := cmd.ArgsLenAtDash(); d > 1 || (d < 0 && len(args) > 1) {
+				return usagef("one task description, then the command after --: corral run \"what to do\" -- CMD ARGS...")
+			}
+			return nil
+		},
+	}
+	cf := clientCmd(cmd)
+	out := outputFlags(cmd, objectFormats)
+	f := cmd.Flags()
+	f.BoolVarP(&follow, "follow", "f", false, "show progress until the task ends, then its result; exit with the task's exit code")
+	f.StringVar(&req.Agent, "agent", "", "agent: claude, gemini, codex, opencode or command (default: command with -- CMD, else the server's)")
+	f.StringVar(&req.Model, "model", "", "model name for the agent")
+	f.Func("timeout", "the task's time limit: minutes, or a duration such as 90m or 2h (default: the server's)", func(v string) error {
 		n, err := timeoutMinutes(v)
 		req.TimeoutMinutes = &n
 		return err
 	})
-	fs.StringVar(&req.Runtime, "runtime", "", "where the worker runs: local, gvisor, docker or kubernetes (default: the server's)")
-	fs.StringVar(&req.Image, "image", "", "the container image, for the docker and kubernetes runtimes")
-	fs.StringVar(&req.Workspace, "workspace", "", "a named workspace to work in (corral workspaces create NAME)")
-	fs.StringVar(&req.SessionID, "session", "", "a session to run every command in (claude only)")
-	fs.StringVar(&req.Network, "network", "", "the worker's network: none, allowlist (the server's egress allowlist) or open (default: the server's)")
-	var limits service.ResourceRequest
-	fs.StringVar(&limits.MemoryLimit, "memory", "", "the sandbox's memory limit, e.g. 512Mi or 2Gi (default: the server's)")
-	fs.StringVar(&limits.CPULimit, "cpu", "", "the sandbox's CPU limit, e.g. 2 or 500m (default: the server's)")
-	fs.Int64Var(&limits.PidsLimit, "pids", 0, "the sandbox's process limit (default: the server's)")
-	labels := map[string]string{}
-	fs.Func("label", "a label KEY=VALUE for the task (repeatable)", func(v string) error {
-		k, val, ok := strings.Cut(v, "=")
-		if !ok || k == "" {
-			return errors.New("want KEY=VALUE")
-		}
-		labels[k] = val
-		return nil
-	})
-	fs.StringVar(&req.ConversationID, "conversation-id", "", "the conversation the task belongs to")
-	fs.StringVar(&req.IdempotencyKey, "idempotency-key", "", "spawning again with the same key returns the same task")
-	fs.StringVar(&req.FollowUpOf, "follow-up-of", "", "continue this ended task: its output in context/previous/, the agent's session resumed")
-	fs.Var(&contexts, "context", "a file under shared/ to copy into the task's context/ (repeatable)")
-	var attach, docs stringList
-	fs.Var(&attach, "attach", "a local file to upload as an attachment into the task's context/ (repeatable)")
-	fs.Var(&docs, "document", "a document id (from a search) to copy into the task's context/ (repeatable)")
-	fs.StringVar(&req.NoteQuery, "note-query", "", "export the notes this query finds (at most 20) into the task's context/notes/")
-	fs.BoolVar(&req.SaveToShared, "save-to-shared", false, "on success, copy the outputs to shared/outputs/ (and scripts to shared/scripts/), after the task's end")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return flagError(err)
-	}
-	if len(pos) == 0 {
-		return fmt.Errorf("give the task description: corral run \"what to do\" [-- CMD ARGS...]: %w", errdefs.ErrInvalidArgument)
-	}
-	req.TaskDescription, req.Command, req.ContextFiles, req.DocumentIDs = pos[0], pos[1:], contexts, docs
-	if limits != (service.ResourceRequest{}) {
-		req.Resources = &limits
-	}
-	if len(labels) > 0 {
-		req.Labels = labels
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	c.OnReconnect = reconnecting(stderr)
-	if len(attach) > 0 {
-		atts, err := upload(ctx, c, attach)
+	f.StringVar(&req.Runtime, "runtime", "", "where the worker runs: "+strings.Join(rtkind.Names(), ", ")+" (default: the server's)")
+	f.StringVar(&req.Image, "image", "", "the container image, for the docker and kubernetes runtimes")
+	f.StringVar(&req.Workspace, "workspace", "", "a named workspace to work in (corral workspaces create NAME)")
+	f.StringVar(&req.SessionID, "session", "", "a session to run every command in (claude only; an id or a unique prefix)")
+	f.StringVar(&req.Network, "network", "", "the worker's network: none, allowlist (the server's egress allowlist) or open (default: the server's)")
+	f.StringVar(&limits.MemoryLimit, "memory", "", "the sandbox's memory limit, e.g. 512Mi or 2Gi (default: the server's)")
+	f.StringVar(&limits.CPULimit, "cpu", "", "the sandbox's CPU limit, e.g. 2 or 500m (default: the server's)")
+	f.Int64Var(&limits.PidsLimit, "pids", 0, "the sandbox's process limit (default: the server's)")
+	f.StringArrayVar(&labelV, "label", nil, "a label KEY=VALUE for the task (repeatable)")
+	f.StringVar(&req.ConversationID, "conversation-id", "", "the conversation the task belongs to")
+	f.StringVar(&req.IdempotencyKey, "idempotency-key", "", "spawning again with the same key returns the same task")
+	f.StringVar(&req.FollowUpOf, "follow-up-of", "", "continue this ended task (an id or a unique prefix): its output in context/previous/, the agent's session resumed")
+	f.StringArrayVar(&req.ContextFiles, "context", nil, "a file under shared/ to copy into the task's context/ (repeatable)")
+	f.StringArrayVar(&attach, "attach", nil, "a local file to upload as an attachment into the task's context/ (repeatable)")
+	f.StringArrayVar(&req.DocumentIDs, "document", nil, "a document id (from a search) to copy into the task's context/ (repeatable)")
+	f.StringVar(&req.NoteQuery, "note-query", "", "export the notes this query finds (at most 20) into the task's context/notes/")
+	f.BoolVar(&req.SaveToShared, "save-to-shared", false, "on success, copy the outputs to shared/outputs/ (and scripts to shared/scripts/), after the task's end")
+	completeRuntimes(cmd)
+	cmd.RegisterFlagCompletionFunc("network", cobra.FixedCompletions(networkModes, cobra.ShellCompDirectiveNoFileComp))
+	cmd.RegisterFlagCompletionFunc("agent", cobra.FixedCompletions([]string{task.AgentClaude, task.AgentGemini, task.AgentCodex, task.AgentOpencode, task.AgentCommand}, cobra.ShellCompDirectiveNoFileComp))
+	cmd.RegisterFlagCompletionFunc("session", completeSessions(cf))
+	cmd.RegisterFlagCompletionFunc("follow-up-of", completeTasks(cf))
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx, stdout, stderr := cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr()
+		format, err := out.get()
 		if err != nil {
 			return err
 		}
-		for _, a := range atts {
-			req.AttachmentIDs = append(req.AttachmentIDs, a.ID)
+		for _, l := range labelV {
+			k, v, ok := strings.Cut(l, "=")
+			if !ok || k == "" {
+				return usagef("--label %q: want KEY=VALUE", l)
+			}
+			if req.Labels == nil {
+				req.Labels = map[string]string{}
+			}
+			req.Labels[k] = v
 		}
-	}
-	t, existing, err := c.Spawn(ctx, req)
-	if err != nil {
-		return err
-	}
-	if !*follow {
-		if cf.json {
-			return printJSON(stdout, t)
+		req.TaskDescription, req.Command = args[0], args[1:]
+		if limits != (service.ResourceRequest{}) {
+			req.Resources = &limits
 		}
-		note := ""
-		if existing {
-			note = " (existing task for this idempotency key)"
+		c, err := cf.client()
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(stdout, "%s %s%s\n", t.ID, t.Status, note)
-		return nil
-	}
-	if !cf.json {
+		c.OnReconnect = reconnecting(stderr)
+		if req.SessionID != "" {
+			if req.SessionID, err = resolveSession(ctx, c, req.SessionID); err != nil {
+				return err
+			}
+		}
+		if req.FollowUpOf != "" {
+			if req.FollowUpOf, err = resolveTask(ctx, c, req.FollowUpOf); err != nil {
+				return err
+			}
+		}
+		if len(attach) > 0 {
+			atts, err := upload(ctx, c, attach)
+			if err != nil {
+				return err
+			}
+			for _, a := range atts {
+				req.AttachmentIDs = append(req.AttachmentIDs, a.ID)
+			}
+		}
+		t, existing, err := c.Spawn(ctx, req)
+		if err != nil {
+			return err
+		}
+		if !follow {
+			return printAs(stdout, format, t, func() error {
+				note := ""
+				if existing {
+					note = " (existing task for this idempotency key)"
+				}
+				_, err := fmt.Fprintf(stdout, "%s %s%s\n", t.ID, t.Status, note)
+				return err
+			})
+		}
 		fmt.Fprintf(stderr, "task %s queued\n", t.ID)
-	}
-	err = c.Events(ctx, service.EventsRequest{TaskID: t.ID, Follow: true}, func(e eventstore.Event) error {
-		if !cf.json {
+		err = c.Events(ctx, service.EventsRequest{TaskID: t.ID, Follow: true}, func(e eventstore.Event) error {
 			progress(stderr, e)
+			if e.Type == task.EventCompleted {
+				return errDone
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, errDone) {
+			return err
 		}
-		if e.Type == task.EventCompleted {
-			return errDone
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// The end came on the event stream; the result is read from the
+		// server's view of the task, which may apply that event a moment
+		// later: wait for it there too.
+		res, err := c.Result(ctx, service.ResultRequest{TaskID: t.ID, Wait: time.Minute})
+		if err != nil {
+			return err
+		}
+		if err := printAs(stdout, format, res, func() error { return printResult(stdout, res) }); err != nil {
+			return err
+		}
+		if code := taskExitCode(res.Task); code != 0 {
+			return exitError(code)
 		}
 		return nil
-	})
-	if err != nil && !errors.Is(err, errDone) {
-		return err
 	}
-	if ctx.Err() != nil {
-		return ctx.Err()
+	return cmd
+}
+
+// networkModes are the values of --network.
+var networkModes = []string{task.NetworkNone, task.NetworkAllowlist, task.NetworkOpen}
+
+// taskExitCode is the exit code of corral run --follow for a task that
+// ended: 0 for a success; the exit code the task records (the agent's or
+// the command's), when it is one a process can exit with; else 124 for a
+// timeout, 130 for a cancel and 1 for any other failure.
+func taskExitCode(t task.Task) int {
+	if t.Status == task.Success {
+		return 0
 	}
-	// The end came on the event stream; the result is read from the
-	// server's view of the task, which may apply that event a moment
-	// later: wait for it there too.
-	res, err := c.Result(ctx, service.ResultRequest{TaskID: t.ID, Wait: time.Minute})
-	if err != nil {
-		return err
+	if t.ExitCode != nil && *t.ExitCode > 0 && *t.ExitCode < 256 {
+		return *t.ExitCode
 	}
-	if err := printResult(stdout, res, cf.json); err != nil {
-		return err
+	switch t.Status {
+	case task.Timeout:
+		return exitTimeout
+	case task.Cancelled:
+		return exitCancelled
 	}
-	if res.Status != task.Success {
-		return exitError(1)
-	}
-	return nil
+	return exitFailure
 }
 
 var errDone = errors.New("done")
@@ -186,11 +239,8 @@ func progress(w io.Writer, e eventstore.Event) {
 }
 
 // printResult prints a task's result with every text the worker chose
-// escaped for the terminal (termsafe); as JSON, in JSON's own notation.
-func printResult(w io.Writer, res service.Result, asJSON bool) error {
-	if asJSON {
-		return printJSON(w, res)
-	}
+// escaped for the terminal (termsafe).
+func printResult(w io.Writer, res service.Result) error {
 	fmt.Fprintf(w, "task:     %s\nstatus:   %s\n", res.ID, res.Status)
 	if res.DurationMS != nil {
 		fmt.Fprintf(w, "duration: %.2fs\n", float64(*res.DurationMS)/1000)
@@ -237,87 +287,175 @@ func indent(s string) string {
 	return "  " + strings.ReplaceAll(strings.TrimSpace(s), "\n", "\n  ")
 }
 
-func cmdTasks(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, cf := clientFlagSet("tasks", stderr)
+// tasksLister prints tasks.
+var tasksLister = lister[task.Task]{
+	kind:   "task",
+	header: []string{"TASK", "STATUS", "AGENT", "CREATED", "DESCRIPTION", "RUNTIME", "EXIT", "DURATION", "WORKSPACE", "CONVERSATION"},
+	narrow: 5,
+	row: func(t task.Task) []string {
+		exit, dur := "", ""
+		if t.ExitCode != nil {
+			exit = strconv.Itoa(*t.ExitCode)
+		}
+		if t.DurationMS != nil {
+			dur = (time.Duration(*t.DurationMS) * time.Millisecond).Round(time.Second / 10).String()
+		}
+		return []string{t.ID, string(t.Status), t.Agent, t.CreatedAt.Local().Format(time.DateTime), oneLine(t.Description, 50),
+			t.Runtime, exit, dur, cell(t.Workspace), termsafe.Line(t.ConversationID)}
+	},
+	id:      func(t task.Task) string { return t.ID },
+	version: func(t task.Task) string { return strconv.FormatInt(t.Version, 10) },
+}
+
+// tasksCmd is corral tasks: the list, and tasks get ID.
+func tasksCmd() *cobra.Command {
 	var req service.ListRequest
-	fs.StringVar(&req.Status, "status", "", "only tasks in this status")
-	fs.StringVar(&req.ConversationID, "conversation-id", "", "only tasks of this conversation")
-	fs.StringVar(&req.ConversationID, "conversation", "", "same as --conversation-id")
-	fs.IntVar(&req.Limit, "limit", 20, "at most this many")
-	fs.StringVar(&req.Cursor, "cursor", "", "next_cursor of the previous page")
-	if _, err := parse(fs, args); err != nil {
-		return flagError(err)
+	cmd := &cobra.Command{
+		Use:     "tasks",
+		Aliases: []string{"task"},
+		Short:   "List tasks, newest first (tasks get ID: one task)",
+		Args:    cobra.NoArgs,
 	}
-	c, err := cf.client()
-	if err != nil {
-		return err
+	cf := clientCmd(cmd)
+	lf := addListFlags(cmd, true)
+	f := cmd.Flags()
+	f.StringVar(&req.Status, "status", "", "only tasks in this status")
+	f.StringVar(&req.ConversationID, "conversation-id", "", "only tasks of this conversation")
+	f.StringVar(&req.ConversationID, "conversation", "", "same as --conversation-id")
+	f.MarkDeprecated("conversation", "use --conversation-id")
+	f.StringVar(&req.Workspace, "workspace", "", "only tasks in this named workspace")
+	f.IntVar(&req.Limit, "limit", 20, "at most this many")
+	f.StringVar(&req.Cursor, "cursor", "", "next_cursor of the previous page")
+	cmd.RegisterFlagCompletionFunc("status", cobra.FixedCompletions([]string{
+		string(task.Pending), string(task.Queued), string(task.Starting), string(task.Running),
+		string(task.Success), string(task.Failed), string(task.Timeout), string(task.Cancelled)}, cobra.ShellCompDirectiveNoFileComp))
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		ctx, stdout := cmd.Context(), cmd.OutOrStdout()
+		page, err := c.List(ctx, req)
+		if err != nil {
+			return err
+		}
+		if page.NextCursor != "" && !lf.watch {
+			// On stderr, where it does not break a pipe of ids or rows.
+			fmt.Fprintf(cmd.ErrOrStderr(), "more: corral tasks --cursor %s\n", page.NextCursor)
+		}
+		return tasksLister.run(ctx, stdout, lf, page, page.Tasks, func() ([]task.Task, error) {
+			page, err := c.List(ctx, req)
+			return page.Tasks, err
+		})
 	}
-	page, err := c.List(ctx, req)
-	if err != nil {
-		return err
-	}
-	if cf.json {
-		return printJSON(stdout, page)
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TASK\tSTATUS\tAGENT\tCREATED\tDESCRIPTION")
-	for _, t := range page.Tasks {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Status, t.Agent, t.CreatedAt.Local().Format(time.DateTime), oneLine(t.Description, 50))
-	}
-	tw.Flush()
-	if page.NextCursor != "" {
-		fmt.Fprintf(stdout, "more: corral tasks --cursor %s\n", page.NextCursor)
-	}
-	return nil
+	cmd.AddCommand(taskGetCmd())
+	return cmd
 }
 
-func cmdResult(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, cf := clientFlagSet("result", stderr)
-	wait := fs.Duration("wait", 0, "wait up to this long for the task to end")
-	var files stringList
-	fs.Var(&files, "file", "include this output file's content, control characters shown escaped (repeatable; --json has the exact text)")
-	id, c, err := cf.parseTaskID(fs, args)
-	if err != nil {
-		return err
+func taskGetCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "get ID",
+		Short: "One task as the server records it (result ID: its result)",
+		Args:  exactArgs(1, "one task id"),
 	}
-	res, err := c.Result(ctx, service.ResultRequest{TaskID: id, Wait: *wait, IncludeFileContents: files})
-	if err != nil {
-		return err
+	cf := clientCmd(cmd)
+	out := outputFlags(cmd, listFormats)
+	cmd.ValidArgsFunction = firstArg(completeTasks(cf))
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		id, err := resolveTask(cmd.Context(), c, args[0])
+		if err != nil {
+			return err
+		}
+		t, err := c.Get(cmd.Context(), id)
+		if err != nil {
+			return err
+		}
+		format, err := out.get()
+		if err != nil {
+			return err
+		}
+		return tasksLister.get(cmd.OutOrStdout(), format, t)
 	}
-	return printResult(stdout, res, cf.json)
+	return cmd
 }
 
-func cmdLogs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, cf := clientFlagSet("logs", stderr)
-	follow := fs.Bool("f", false, "follow the transcript until the task ends")
-	fs.BoolVar(follow, "follow", false, "same as -f")
-	stream := fs.String("stream", "agent", "agent (the transcript) or stderr; control characters but newline and tab are shown escaped")
-	id, c, err := cf.parseTaskID(fs, args)
-	if err != nil {
-		return err
+// taskIDCmd is a command that takes one task id, which it resolves
+// before calling fn.
+func taskIDCmd(use, short string, formats []string, setup func(*cobra.Command), fn func(cmd *cobra.Command, c *httpapi.Client, id string, out *output) error) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short, Args: exactArgs(1, "one task id")}
+	cf := clientCmd(cmd)
+	var out *output
+	if formats != nil {
+		out = outputFlags(cmd, formats)
 	}
-	c.OnReconnect = reconnecting(stderr)
-	out := termsafe.NewWriter(stdout)
-	err = c.Logs(ctx, service.LogsRequest{TaskID: id, Follow: *follow, Stream: *stream}, out)
-	if cerr := out.Close(); err == nil {
-		err = cerr
+	if setup != nil {
+		setup(cmd)
 	}
-	return err
+	cmd.ValidArgsFunction = firstArg(completeTasks(cf))
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		c.OnReconnect = reconnecting(cmd.ErrOrStderr())
+		id, err := resolveTask(cmd.Context(), c, args[0])
+		if err != nil {
+			return err
+		}
+		return fn(cmd, c, id, out)
+	}
+	return cmd
 }
 
-func cmdCancel(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, cf := clientFlagSet("cancel", stderr)
-	id, c, err := cf.parseTaskID(fs, args)
-	if err != nil {
+func resultCmd() *cobra.Command {
+	var (
+		wait  time.Duration
+		files []string
+	)
+	return taskIDCmd("result ID", "Show a task's result", objectFormats, func(cmd *cobra.Command) {
+		cmd.Flags().DurationVar(&wait, "wait", 0, "wait up to this long for the task to end")
+		cmd.Flags().StringArrayVar(&files, "file", nil, "include this output file's content, control characters shown escaped (repeatable; -o json has the exact text)")
+	}, func(cmd *cobra.Command, c *httpapi.Client, id string, out *output) error {
+		res, err := c.Result(cmd.Context(), service.ResultRequest{TaskID: id, Wait: wait, IncludeFileContents: files})
+		if err != nil {
+			return err
+		}
+		return out.print(cmd.OutOrStdout(), res, func() error { return printResult(cmd.OutOrStdout(), res) })
+	})
+}
+
+func logsCmd() *cobra.Command {
+	var (
+		follow bool
+		stream string
+	)
+	return taskIDCmd("logs ID", "Show (and follow) a task's transcript", nil, func(cmd *cobra.Command) {
+		cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the transcript until the task ends")
+		cmd.Flags().StringVar(&stream, "stream", "agent", "agent (the transcript) or stderr; control characters but newline and tab are shown escaped")
+		cmd.RegisterFlagCompletionFunc("stream", cobra.FixedCompletions([]string{"agent", "stderr"}, cobra.ShellCompDirectiveNoFileComp))
+	}, func(cmd *cobra.Command, c *httpapi.Client, id string, _ *output) error {
+		w := termsafe.NewWriter(cmd.OutOrStdout())
+		err := c.Logs(cmd.Context(), service.LogsRequest{TaskID: id, Follow: follow, Stream: stream}, w)
+		if cerr := w.Close(); err == nil {
+			err = cerr
+		}
 		return err
-	}
-	t, err := c.Cancel(ctx, id)
-	if err != nil {
-		return err
-	}
-	if cf.json {
-		return printJSON(stdout, t)
-	}
-	fmt.Fprintf(stdout, "%s %s\n", t.ID, t.Status)
-	return nil
+	})
+}
+
+func cancelCmd() *cobra.Command {
+	return taskIDCmd("cancel ID", "Cancel a task", objectFormats, nil, func(cmd *cobra.Command, c *httpapi.Client, id string, out *output) error {
+		t, err := c.Cancel(cmd.Context(), id)
+		if err != nil {
+			return err
+		}
+		return out.print(cmd.OutOrStdout(), t, func() error {
+			_, err := fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", t.ID, t.Status)
+			return err
+		})
+	})
 }

@@ -58,21 +58,31 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	}
 	out = append(out, doctorStore(ctx, cfg), doctorQuota(cfg), doctorDisk(cfg.Data), doctorWarm(cfg), doctorExec(cfg))
 	agents := agentConfigs(cfg)
-	for _, name := range []string{task.AgentClaude, task.AgentGemini, task.AgentCodex, task.AgentOpencode} {
-		ag := agents[name]
-		c := Check{Name: "agent " + name, Required: cfg.Agents.Default == name}
-		if why := agentMissing(name, ag); why != "" {
-			c.Detail = why
-			c.Fix = installHint[name]
-		} else {
-			creds, ok := credentialCheck(name, ag.Env)
-			c.OK, c.Detail = ok, agentVersion(ctx, ag.Binary, name)+"; "+creds
-			if !ok {
-				c.Fix = credentialFix(name)
+	// The agents' version checks run at once, each bounded: an agent
+	// that hangs on --version costs the doctor agentVersionWait, not
+	// that times the number of agents.
+	names := []string{task.AgentClaude, task.AgentGemini, task.AgentCodex, task.AgentOpencode}
+	checks := make([]Check, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Go(func() {
+			ag := agents[name]
+			c := Check{Name: "agent " + name, Required: cfg.Agents.Default == name}
+			if why := agentMissing(name, ag); why != "" {
+				c.Detail = why
+				c.Fix = installHint[name]
+			} else {
+				creds, ok := credentialCheck(name, ag.Env)
+				c.OK, c.Detail = ok, agentVersion(ctx, ag.Binary, name)+"; "+creds
+				if !ok {
+					c.Fix = credentialFix(name)
+				}
 			}
-		}
-		out = append(out, c)
+			checks[i] = c
+		})
 	}
+	wg.Wait()
+	out = append(out, checks...)
 	out = append(out, Check{Name: "agent command", OK: true, Detail: "any program under the host's /usr"})
 	return out
 }
@@ -241,15 +251,27 @@ func doctorQuota(cfg *config.Config) Check {
 	return c
 }
 
+// agentVersionWait bounds an agent's --version: one that takes longer
+// (a CLI that updates itself, or waits on the network) is reported
+// installed with its version unknown.
+const agentVersionWait = 3 * time.Second
+
 // agentVersion asks an agent's CLI for its version, briefly.
 func agentVersion(ctx context.Context, bin, name string) string {
 	if bin == "" {
 		bin = name
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, agentVersionWait)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, "--version").Output()
-	if err != nil {
+	cmd := exec.CommandContext(ctx, bin, "--version")
+	// A version check that outlives its time is killed with whatever it
+	// started: Output would otherwise wait for a child that holds the pipe.
+	cmd.WaitDelay = time.Second
+	out, err := cmd.Output()
+	if ctx.Err() != nil {
+		return fmt.Sprintf("installed (version unknown: no answer to --version within %s)", agentVersionWait)
+	}
+	if err != nil && !errors.Is(err, exec.ErrWaitDelay) { // a child left behind holds the pipe, not the answer
 		return "installed (version unknown: " + err.Error() + ")"
 	}
 	return fmt.Sprintf("installed, %s", strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]))

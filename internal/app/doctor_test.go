@@ -151,3 +151,30 @@ func TestDoctorStore(t *testing.T) {
 		t.Errorf("an unreachable database: %+v; want a failure saying what to do, without the password", c)
 	}
 }
+
+// An agent's --version that hangs, or leaves a child holding its output,
+// costs the doctor agentVersionWait and no more (it took 10 s each, one
+// after the other: 29 s with two such agents).
+func TestAgentVersionBounded(t *testing.T) {
+	dir := t.TempDir()
+	for name, script := range map[string]string{
+		"hangs":   "#!/bin/sh\nexec sleep 60\n",
+		"forks":   "#!/bin/sh\necho 'forks 1.0'\nsleep 60 &\n",
+		"answers": "#!/bin/sh\necho 'answers 2.0 (build)'\necho more\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct{ bin, want string }{
+		{"hangs", "installed (version unknown: no answer to --version within 3s)"},
+		{"forks", "installed, forks 1.0"},
+		{"answers", "installed, answers 2.0 (build)"},
+	} {
+		start := time.Now()
+		got := agentVersion(context.Background(), filepath.Join(dir, c.bin), "claude")
+		if took := time.Since(start); got != c.want || took > agentVersionWait+2*time.Second {
+			t.Errorf("%s: %q after %s; want %q within %s", c.bin, got, took, c.want, agentVersionWait+2*time.Second)
+		}
+	}
+}

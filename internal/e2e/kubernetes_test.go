@@ -18,6 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sclient "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/sandbox"
@@ -142,41 +144,10 @@ func className(c string) string {
 // left.
 func TestKubernetesKill9(t *testing.T) {
 	t.Parallel()
-	cfg := k8stest.Require(t)
-	cs := k8stest.Clientset(t, cfg)
-	ns := k8stest.Namespace(t, cs)
-	data := testenv.TempDir(t)
-	claim := k8stest.Claim(t, cs, ns, data)
-	ln, err := net.Listen("tcp", k8stest.NodeIP+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	token := k8stest.Name("token")
-	dir := t.TempDir()
-	tokenFile, cfgFile := filepath.Join(dir, "token"), filepath.Join(dir, "corral.yaml")
-	yaml := fmt.Sprintf(`api_token_file: %s
-runtime: kubernetes
-kubernetes:
-  kubeconfig: %s
-  server_url: http://%s
-  pull_policy: Never
-ai_worker_config:
-  namespace: %s
-  workspace_pvc: %s
-  runtime_class: ""
-  service_account: ""
-  ai_coder_image: %s
-`, tokenFile, kubeconfig(), addr, ns, claim, k8stest.BusyboxImage)
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cfgFile, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	k := killableOnKubernetes(t, "")
+	cfg, cs, ns, data, claim := k.cfg, k.cs, k.ns, k.data, k.claim
 	ctx := context.Background()
-	srv := startProcessAt(t, data, addr, token, "--config", cfgFile)
+	srv := k.start(t)
 	tk := mustSpawn(t, srv.client, service.SpawnRequest{TaskDescription: "runs across the restart",
 		Command: []string{"sh", "-c", "while [ ! -e /task/go ]; do sleep 0.05; done; echo survived > output/result.txt"}})
 	srv.waitRunning(t, tk.ID, 60*time.Second)
@@ -207,7 +178,7 @@ ai_worker_config:
 	if err := os.WriteFile(filepath.Join(data, "tasks", tk.ID, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	srv = startProcessAt(t, data, addr, token, "--config", cfgFile)
+	srv = k.start(t)
 	res, err := srv.client.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: 90 * time.Second, IncludeFileContents: []string{"result.txt"}})
 	if err != nil {
 		t.Fatal(err)
@@ -227,6 +198,70 @@ ai_worker_config:
 			t.Fatalf("%d Jobs and %d pods left in %s, want none (the task's and the orphan's removed)", jobs(""), len(pods.Items), ns)
 		}
 	}
+}
+
+// kubeServer is what a test needs to run `corral serve` as a process of
+// its own on the test cluster, to kill it with SIGKILL and start it again
+// on the same data root.
+type kubeServer struct {
+	cfg                                   *rest.Config
+	cs                                    k8sclient.Interface
+	ns, data, claim, addr, token, cfgFile string
+}
+
+// killableOnKubernetes makes a namespace, a claim over a fresh data root
+// and a configuration file whose runtime is kubernetes under RuntimeClass
+// class ("" for the node's runc, with the runtime's default seccomp
+// profile; else Corral's), with the server listening on the node's bridge
+// address, where pods reach it.
+func killableOnKubernetes(t *testing.T, class string) kubeServer {
+	t.Helper()
+	k := kubeServer{cfg: k8stest.Require(t)}
+	k.cs = k8stest.Clientset(t, k.cfg)
+	k.ns = k8stest.Namespace(t, k.cs)
+	k.data = testenv.TempDir(t)
+	k.claim = k8stest.Claim(t, k.cs, k.ns, k.data)
+	ln, err := net.Listen("tcp", k8stest.NodeIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.addr = ln.Addr().String()
+	ln.Close()
+	k.token = k8stest.Name("token")
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	k.cfgFile = filepath.Join(dir, "corral.yaml")
+	profile := ""
+	if class != "" {
+		profile = k8stest.SeccompProfile(t, class)
+	}
+	yaml := fmt.Sprintf(`api_token_file: %s
+runtime: kubernetes
+kubernetes:
+  kubeconfig: %s
+  server_url: http://%s
+  pull_policy: Never
+  seccomp_profile: %q
+ai_worker_config:
+  namespace: %s
+  workspace_pvc: %s
+  runtime_class: %q
+  service_account: ""
+  ai_coder_image: %s
+`, tokenFile, kubeconfig(), k.addr, profile, k.ns, k.claim, class, k8stest.BusyboxImage)
+	if err := os.WriteFile(tokenFile, []byte(k.token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(k.cfgFile, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// start starts `corral serve` on k.
+func (k kubeServer) start(t *testing.T) *proc {
+	t.Helper()
+	return startProcessAt(t, k.data, k.addr, k.token, "--config", k.cfgFile)
 }
 
 // BenchmarkKubernetesTask measures, in one run and interleaved, a trivial

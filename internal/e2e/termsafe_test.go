@@ -43,8 +43,8 @@ func TestCLIEscapesWorkerText(t *testing.T) {
 	s := MustStart(t, nil)
 
 	stdout, stderr, err := s.cli(t, nil, "run", "--server", s.url, "--follow", "a hostile worker", "--", "sh", "-c", hostileScript)
-	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 1 {
-		t.Fatalf("corral run --follow: %v (want exit 1: the task fails)\n%s", err, stderr)
+	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 3 {
+		t.Fatalf("corral run --follow: %v (want exit 3: the task's own exit code)\n%s", err, stderr)
 	}
 	m := regexp.MustCompile(`task (\S+) queued`).FindStringSubmatch(stderr)
 	if m == nil {

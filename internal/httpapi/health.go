@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 	"time"
 
@@ -70,4 +71,12 @@ func (s *Server) ready() bool {
 	default:
 		return false
 	}
+}
+
+// Health returns the server's state and its doctor's findings (GET
+// /api/health).
+func (c *Client) Health(ctx context.Context) (Health, error) {
+	var h Health
+	err := c.call(ctx, http.MethodGet, "/api/health", nil, &h)
+	return h, err
 }

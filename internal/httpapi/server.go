@@ -273,6 +273,9 @@ func (s *Server) routes() {
 	m.Handle("GET /api/conversations/{id}/events", auth(s.conversationEvents))
 	m.Handle("POST /api/webhooks/worker-complete", worker(s.workerComplete))
 	m.Handle("POST /api/webhooks/worker-progress", worker(s.workerProgress))
+	// A session's exec agent in a pod dials in here, over the network
+	// (a pod has no socket of this host's), with its agent token.
+	m.Handle("POST /api/sessions/{id}/agent", worker(s.attachAgent))
 	m.Handle("GET /api/workspace/{path...}", auth(s.readWorkspace))
 	m.Handle("PUT /api/workspace/{path...}", auth(s.writeWorkspace))
 	m.Handle("POST /api/attachments", auth(s.uploadAttachments))

@@ -49,7 +49,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom
 		rtName = m.opts.DefaultRuntime
 	}
 	var lastLimits *sandbox.Limits
-	var rt sandbox.Runtime
+	var place *placement.Runtime
 	switch p, known := m.opts.Placements.Get(rtName); {
 	case !known:
 		bad("runtime", "%q is not a runtime (one of: %s)", clip.String(rtName, 64), strings.Join(rtkind.Names(), ", "))
@@ -60,7 +60,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom
 		}
 		errs = append(errs, &errdefs.FieldError{Field: "runtime", Err: fmt.Errorf("%q is not available: %s: %w", rtName, why, errdefs.ErrFailedPrecondition)})
 	default:
-		rt = p.Sandbox
+		place = p
 	}
 	// A session on a workspace without an image or limits of its own
 	// takes the last ones a session there had (seed 003's project
@@ -93,6 +93,12 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom
 	switch why, ok := m.opts.Networks[network]; {
 	case !ok && network != task.NetworkNone:
 		bad("network", "%q is not a network policy (one of: none, allowlist, open)", clip.String(network, 32))
+	case network != task.NetworkNone && place != nil && place.Remote:
+		// A session's exec agent relays to its egress proxy over a
+		// socket of the server's host, which a pod has not; the
+		// proxies' network address that tasks in pods use is not
+		// given to sessions.
+		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q: a session on the %s runtime has network none only (its pod has no way to the session's egress proxy): %w", network, rtName, errdefs.ErrFailedPrecondition)})
 	case why != "":
 		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q is not available: %s: %w", network, why, errdefs.ErrFailedPrecondition)})
 	case network != task.NetworkNone && m.opts.Egress == nil:
@@ -192,7 +198,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom
 			m.opts.Writers.Release(req.Workspace, id)
 		}
 	}()
-	h, agentToken, err := m.startSandbox(ctx, rt, sandboxOf{id: id, image: image, network: network, allow: from.allow, dir: dir,
+	h, agentToken, err := m.startSandbox(ctx, place, sandboxOf{id: id, image: image, network: network, allow: from.allow, dir: dir,
 		hostDir: req.Workspace != "" && !project.InDataRoot(), limits: limits})
 	if err != nil {
 		return Session{}, "", err
@@ -207,7 +213,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom
 		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second), ForkedFrom: from.forkedFrom}
 	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), AgentTokenHash: hashToken(agentToken), Handle: *h,
 		Replica: m.opts.Members.Self(), Limits: &limits, Dir: dir, HostDir: req.Workspace != "" && !project.InDataRoot()}); err != nil {
-		rt.Destroy(context.WithoutCancel(ctx), id)
+		place.Sandbox.Destroy(context.WithoutCancel(ctx), id)
 		return Session{}, "", err
 	}
 	// The agent dials in a few milliseconds after its sandbox starts (more
@@ -239,10 +245,12 @@ type sandboxOf struct {
 	restore string
 }
 
-// startSandbox starts a session's sandbox on rt (its egress proxy first,
+// startSandbox starts a session's sandbox on p (its egress proxy first,
 // with a network), with a new token for its exec agent; it returns the
-// sandbox's handle and that token.
-func (m *Manager) startSandbox(ctx context.Context, rt sandbox.Runtime, o sandboxOf) (*sandbox.Handle, string, error) {
+// sandbox's handle and that token. The agent dials the server's socket,
+// or, from a remote runtime's sandbox (a pod), its URL.
+func (m *Manager) startSandbox(ctx context.Context, p *placement.Runtime, o sandboxOf) (*sandbox.Handle, string, error) {
+	rt := p.Sandbox
 	labels := map[string]string{sandbox.LabelManaged: "true", labelSession: "true"}
 	agentToken := newToken()
 	spec := sandbox.Spec{
@@ -252,12 +260,16 @@ func (m *Manager) startSandbox(ctx context.Context, rt sandbox.Runtime, o sandbo
 		Dir:     Dir,
 		// Its exec agent lives as long as the session: sized for the
 		// host's CPUs, it would hold every P's structures all that time.
-		Env: []string{workerproto.EnvSessionID + "=" + o.id, workerproto.EnvSessionToken + "=" + agentToken, workerproto.MaxProcsEnv(),
-			workerproto.EnvServerSocket + "=" + workerproto.ServerSocket(m.opts.Members.Self())},
-		Mounts:  append([]sandbox.Mount{{Source: o.dir, Target: Dir, HostDir: o.hostDir}}, m.opts.Base.Mounts(false)...),
+		Env:     []string{workerproto.EnvSessionID + "=" + o.id, workerproto.EnvSessionToken + "=" + agentToken, workerproto.MaxProcsEnv()},
+		Mounts:  append([]sandbox.Mount{{Source: o.dir, Target: Dir, HostDir: o.hostDir}}, m.opts.Base.Mounts(p.Remote)...),
 		Limits:  o.limits,
 		Network: sandbox.NetworkNone,
 		Labels:  labels,
+	}
+	if p.Remote {
+		spec.Env = append(spec.Env, workerproto.EnvServerURL+"="+p.ServerURL)
+	} else {
+		spec.Env = append(spec.Env, workerproto.EnvServerSocket+"="+workerproto.ServerSocket(m.opts.Members.Self()))
 	}
 	if o.network != task.NetworkNone {
 		// As for tasks: loopback only in the sandbox, and the agent relays

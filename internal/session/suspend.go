@@ -283,10 +283,10 @@ func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 		}
 		// Its agent has its token in the memory restored.
 		o.restore, ev.AgentTokenHash = m.checkpointDir(id), agentHash
-		h, _, err = m.startSandbox(ctx, p.Sandbox, o)
+		h, _, err = m.startSandbox(ctx, p, o)
 	} else {
 		var token string
-		h, token, err = m.startSandbox(ctx, p.Sandbox, o)
+		h, token, err = m.startSandbox(ctx, p, o)
 		ev.AgentTokenHash = hashToken(token)
 	}
 	if err != nil {

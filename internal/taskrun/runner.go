@@ -108,7 +108,7 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 	if remote {
 		args.WebhookURL = strings.TrimSuffix(where.ServerURL, "/") + webhook.Path
 		if t.ExecSession != "" {
-			return sandbox.Spec{}, fmt.Errorf("task %s: a task on the %s runtime cannot work through a session (sessions run on this server's host): %w", t.ID, t.Runtime, errdefs.ErrFailedPrecondition)
+			return sandbox.Spec{}, fmt.Errorf("task %s: a task on the %s runtime cannot work through a session (its agent would reach the session over this server's unix socket, which a pod has not): %w", t.ID, t.Runtime, errdefs.ErrFailedPrecondition)
 		}
 	}
 	if ag.Binary != "" && t.Agent != task.AgentCommand {

@@ -6,11 +6,13 @@ package workercmd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"runtime/debug"
@@ -129,10 +131,10 @@ func RunWarm(ctx context.Context, stderr io.Writer) int {
 }
 
 // RunSessionAgent is a session sandbox's main process, corral worker
-// session: the exec agent, dialling the server's unix socket with the
-// session's id and token from environ, and running the commands it is
-// sent with environ's other variables, until ctx ends. Without a session
-// in environ it only waits.
+// session: the exec agent, dialling the server's unix socket (or, in a
+// pod, the server's URL) with the session's id and token from environ,
+// and running the commands it is sent with environ's other variables,
+// until ctx ends. Without a session in environ it only waits.
 func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) int {
 	// The session's token is in the environment, and the commands this
 	// process runs are of its uid: as a task's worker does, it keeps the
@@ -142,7 +144,7 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 		fmt.Fprintf(stderr, "corral worker session: hide the session's token from its commands: %v\n", err)
 		return 1
 	}
-	var id, token string
+	var id, token, serverURL string
 	sock := workerproto.ServerSocket("")
 	var egress bool
 	var egressCA []byte
@@ -155,6 +157,8 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 			token = v
 		case k == workerproto.EnvServerSocket:
 			sock = v
+		case k == workerproto.EnvServerURL:
+			serverURL = v
 		case k == workerproto.EnvSessionEgress:
 			egress = v != ""
 		case k == workerproto.EnvEgressCA:
@@ -206,9 +210,36 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 	// Its commands share the session's pids limit with it.
 	worker.ReserveThreads()
 	dial := func(ctx context.Context) (net.Conn, error) { return workerproto.DialServer(ctx, sock) }
-	if err := execagent.Run(ctx, dial, "/api/sessions/"+id+"/agent", token, env, park, log); err != nil {
+	prefix := ""
+	if serverURL != "" {
+		if dial, prefix, err = urlDialer(serverURL); err != nil {
+			fmt.Fprintf(stderr, "corral worker session: %v\n", err)
+			return 1
+		}
+	}
+	if err := execagent.Run(ctx, dial, prefix+"/api/sessions/"+id+"/agent", token, env, park, log); err != nil {
 		fmt.Fprintf(stderr, "corral worker session: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// urlDialer dials the server at rawURL (http or https), as a remote
+// runtime's sandbox (a pod) reaches it, over TLS for https with the
+// system's roots; prefix is the URL's path, before the server's routes.
+func urlDialer(rawURL string) (dial func(context.Context) (net.Conn, error), prefix string, err error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, "", fmt.Errorf("%s %q: want an http(s) URL with a host", workerproto.EnvServerURL, rawURL)
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), map[string]string{"http": "80", "https": "443"}[u.Scheme])
+	}
+	if u.Scheme == "https" {
+		d := &tls.Dialer{Config: &tls.Config{ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}}
+		return func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }, strings.TrimSuffix(u.Path, "/"), nil
+	}
+	var d net.Dialer
+	return func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }, strings.TrimSuffix(u.Path, "/"), nil
 }

@@ -94,6 +94,11 @@ const (
 	EnvSessionID = "CORRAL_SESSION_ID"
 	// EnvServerSocket is the ServerSocket a session's exec agent dials.
 	EnvServerSocket = "CORRAL_SERVER_SOCKET"
+	// EnvServerURL is, in a remote runtime's sandbox (a pod, which
+	// cannot reach a socket of the server's host), the server's URL
+	// (http or https) a session's exec agent dials instead of
+	// EnvServerSocket.
+	EnvServerURL    = "CORRAL_SERVER_URL"
 	EnvSessionToken = "CORRAL_SESSION_TOKEN"
 	// EnvEgressCA is the certificate (DER, base64) of the CA under which
 	// the egress proxy intercepts the hosts that have credential rules,

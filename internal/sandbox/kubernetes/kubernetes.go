@@ -43,9 +43,15 @@
 // whose /proc is its own, shows none of them, and is the one to use for
 // untrusted work.
 //
-// Not supported: Exec (sessions run on the host runtimes), a pids limit
-// per pod (the node's podPidsLimit applies), network isolation without a
-// NetworkPolicy and a CNI that enforces it.
+// A session's sandbox is a Job too (one pod, no deadline: the session
+// manager ends it), whose main process is the session's exec agent: it
+// dials the server's URL, as a task's worker posts its report there, and
+// runs the session's commands; Exec is not how they run.
+//
+// Not supported: Exec (a command in a running pod would need the API
+// server's exec), Checkpointer (a suspended session keeps its files
+// alone), a pids limit per pod (the node's podPidsLimit applies), network
+// isolation without a NetworkPolicy and a CNI that enforces it.
 package kubernetes
 
 import (
@@ -718,7 +724,7 @@ func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
 }
 
 // Exec is not supported: a command in a running pod needs the API
-// server's exec, which sessions do not use.
+// server's exec; a session's commands run through its exec agent.
 func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExitStatus, error) {
 	if _, err := r.job(ctx, id); err != nil {
 		return sandbox.ExitStatus{Code: -1}, fmt.Errorf("exec: %w", err)
