@@ -9,7 +9,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -22,14 +24,24 @@ func memTotal() uint64 {
 	return uint64(si.Totalram) * uint64(si.Unit)
 }
 
-// warmPolicy is what the runtimes keep warm under cfg: local.warm_pool
-// sandboxes of each of the task runner's shapes (tasks with the default
-// resources), for local.warm_idle.
-func (a *App) warmPolicy() (sandbox.WarmPolicy, error) {
+// warmPolicy is what runtime name keeps warm under cfg: of each of the
+// task runner's shapes (tasks with the default resources) for that
+// runtime, local.warm_pool sandboxes for local.warm_idle, or on
+// kubernetes kubernetes.warm_pool pods for kubernetes.warm_idle within
+// its budget.
+func (a *App) warmPolicy(name string) (sandbox.WarmPolicy, error) {
 	w := a.cfg.AIWorker
 	p := sandbox.WarmPolicy{
 		Size: a.cfg.Local.WarmPoolSize(memTotal()),
 		Idle: time.Duration(a.cfg.Local.WarmIdle),
+	}
+	var where placement.Runtime
+	if name == kubernetes.Name {
+		k := a.cfg.Kubernetes
+		p = sandbox.WarmPolicy{Size: k.WarmPool, Idle: time.Duration(k.WarmIdle), MaxSandboxes: k.WarmMaxPods, MaxMemory: k.WarmMaxMemory.Bytes()}
+		if pl, ok := a.placements.Get(name); ok {
+			where = *pl
+		}
 	}
 	if p.Size == 0 {
 		return p, nil
@@ -39,7 +51,7 @@ func (a *App) warmPolicy() (sandbox.WarmPolicy, error) {
 		MemoryBytes: w.Resources.MemoryLimit.Bytes(),
 		CPUMillis:   w.Resources.CPULimit.Millis(),
 		Pids:        int64(w.Resources.PidsLimit),
-	})
+	}, where)
 	return p, err
 }
 
@@ -47,17 +59,17 @@ func (a *App) warmPolicy() (sandbox.WarmPolicy, error) {
 // run, until ctx ends. A pool that cannot start is logged, never fatal:
 // tasks then start cold.
 func (a *App) keepWarm(ctx context.Context, run func(func() error)) {
-	p, err := a.warmPolicy()
-	if err != nil {
-		a.log.Warn("no warm sandboxes", "err", err)
-		return
-	}
-	if p.Size == 0 {
-		return
-	}
 	for name, rt := range a.placements.Sandboxes() {
 		w, ok := rt.(sandbox.Warmer)
 		if !ok {
+			continue
+		}
+		p, err := a.warmPolicy(name)
+		if err != nil {
+			a.log.Warn("no warm sandboxes", "runtime", name, "err", err)
+			continue
+		}
+		if p.Size == 0 {
 			continue
 		}
 		if caps, err := rt.Capabilities(ctx); err != nil || !caps.Available {
@@ -70,6 +82,14 @@ func (a *App) keepWarm(ctx context.Context, run func(func() error)) {
 			return nil
 		})
 	}
+}
+
+// warmGate is the runtime whose warm pods poll the server, if any.
+func (a *App) warmGate() httpapi.WarmGate {
+	if k, ok := a.placements.Sandboxes()[kubernetes.Name].(*kubernetes.Runtime); ok {
+		return k
+	}
+	return nil
 }
 
 // WarmStats are the runtimes' warm pools (/metrics), in a fixed order.

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -87,6 +88,11 @@ func (c *client) create(ctx context.Context, resource string, obj, into runtime.
 
 func (c *client) update(ctx context.Context, resource, name string, obj, into runtime.Object) error {
 	return c.api(resource).Put().Namespace(c.ns).Resource(resource).Name(name).Body(obj).Do(ctx).Into(into)
+}
+
+// patch merges the JSON merge patch body into the resource name.
+func (c *client) patch(ctx context.Context, resource, name string, body []byte, into runtime.Object) error {
+	return c.api(resource).Patch(types.MergePatchType).Namespace(c.ns).Resource(resource).Name(name).Body(body).Do(ctx).Into(into)
 }
 
 func (c *client) delete(ctx context.Context, resource, name string, opts metav1.DeleteOptions) error {
