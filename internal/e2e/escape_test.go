@@ -71,6 +71,13 @@ var escapeRuntimes = []escapeRuntime{
 		edit: func(_ testing.TB, c *config.Config) { c.Docker.Runtime = "runsc" }},
 	{name: "kubernetes", runtime: "kubernetes", require: requireKubernetes, edit: onKubernetes(""), accepted: runcPodLeaks},
 	{name: "kubernetes+gvisor", runtime: "kubernetes", require: requireKubernetes, edit: onKubernetes(k8stest.GVisor)},
+	// Tasks claim warm pods, made before them.
+	{name: "kubernetes+warm", runtime: "kubernetes", require: requireKubernetes, accepted: runcPodLeaks, warm: true,
+		edit: func(tb testing.TB, c *config.Config) {
+			onKubernetes("")(tb, c)
+			c.Kubernetes.WarmPool = 2
+			c.Kubernetes.WarmIdle = 0
+		}},
 }
 
 // runcPodLeaks are what a pod under runc reads that every other runtime
@@ -259,13 +266,20 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 	}
 	argv = append(argv, nodeTarget...)
 	var claims uint64
+	claimed := func() uint64 {
+		var n uint64
+		for _, c := range warmPoolsOf(t, s, rt.runtime, "corral_warm_claims_total") {
+			n += c
+		}
+		return n
+	}
 	if rt.warm {
-		waitWarm(t, s, 2)
-		claims = warmPools(t, s, "corral_warm_claims_total")["egress"]
+		waitWarmOf(t, s, rt.runtime, 2)
+		claims = claimed()
 	}
 	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "try to get out", Agent: "command", Command: argv, Runtime: rt.runtime})
 	s.waitSuccess(t, tk.ID, 90*time.Second)
-	if rt.warm && warmPools(t, s, "corral_warm_claims_total")["egress"] != claims+1 {
+	if rt.warm && claimed() != claims+1 {
 		t.Fatalf("the probe's task did not claim a warm sandbox")
 	}
 	raw, err := os.ReadFile(filepath.Join(s.data, "tasks", tk.ID, "output", "probe.json"))

@@ -27,9 +27,15 @@ import (
 // the metric's value, for the metrics named.
 func warmPools(t *testing.T, s *server, metric string) map[string]uint64 {
 	t.Helper()
+	return warmPoolsOf(t, s, "local", metric)
+}
+
+// warmPoolsOf is warmPools of runtime's pools.
+func warmPoolsOf(t *testing.T, s *server, runtime, metric string) map[string]uint64 {
+	t.Helper()
 	out := map[string]uint64{}
 	sc := bufio.NewScanner(strings.NewReader(metricsBody(t, s)))
-	prefix := metric + `{runtime="local",shape="`
+	prefix := metric + `{runtime="` + runtime + `",shape="`
 	for sc.Scan() {
 		line, ok := strings.CutPrefix(sc.Text(), prefix)
 		if !ok {
@@ -51,8 +57,14 @@ func warmPools(t *testing.T, s *server, metric string) map[string]uint64 {
 // waitWarm waits until every pool of the local runtime holds n sandboxes.
 func waitWarm(t *testing.T, s *server, n uint64) {
 	t.Helper()
+	waitWarmOf(t, s, "local", n)
+}
+
+// waitWarmOf is waitWarm of runtime's pools.
+func waitWarmOf(t *testing.T, s *server, runtime string, n uint64) {
+	t.Helper()
 	waitFor(t, fmt.Sprintf("%d warm sandboxes of each shape", n), func() bool {
-		p := warmPools(t, s, "corral_warm_sandboxes")
+		p := warmPoolsOf(t, s, runtime, "corral_warm_sandboxes")
 		return len(p) > 0 && !slices.ContainsFunc(slices.Collect(maps.Values(p)), func(v uint64) bool { return v != n })
 	})
 }

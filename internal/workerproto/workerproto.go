@@ -98,7 +98,7 @@ const (
 	// cannot reach a socket of the server's host), the server's URL
 	// (http or https) a session's exec agent dials instead of
 	// EnvServerSocket.
-	EnvServerURL    = "CORRAL_SERVER_URL"
+	EnvServerURL = "CORRAL_SERVER_URL"
 	// EnvWarmID and EnvWarmToken are, in a warm pod, its id and the
 	// token (a secret of its own) with which its worker polls the server
 	// at EnvServerURL for its task.
