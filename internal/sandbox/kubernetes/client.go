@@ -42,6 +42,13 @@ func newClient(cfg *rest.Config, ns string) (*client, error) {
 		if c.UserAgent == "" {
 			c.UserAgent = "corral"
 		}
+		// client-go's default, 5 requests a second, is a controller's:
+		// a task's claim of a warm pod alone makes four, and tasks come
+		// in bursts. The API server's priority and fairness bounds what
+		// it takes.
+		if c.QPS == 0 {
+			c.QPS, c.Burst = 200, 400
+		}
 		return rest.RESTClientFor(c)
 	}
 	batch, err := restFor(batchv1.SchemeGroupVersion, "/apis")
@@ -123,6 +130,13 @@ func (c *client) listPods(ctx context.Context, selector string) (*corev1.PodList
 func (c *client) informer(resource, selector string, obj runtime.Object) cache.SharedIndexInformer {
 	lw := cache.NewFilteredListWatchFromClient(c.api(resource), resource, c.ns, func(o *metav1.ListOptions) { o.LabelSelector = selector })
 	return cache.NewSharedIndexInformer(lw, obj, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+}
+
+// nodes lists the cluster's nodes.
+func (c *client) nodes(ctx context.Context) (*corev1.NodeList, error) {
+	var l corev1.NodeList
+	err := c.core.Get().AbsPath("/api/v1/nodes").Do(ctx).Into(&l)
+	return &l, err
 }
 
 // exists reports whether the object at the API path p is there; an

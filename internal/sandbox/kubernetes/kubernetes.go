@@ -222,7 +222,7 @@ type Runtime struct {
 
 	mu      sync.Mutex
 	changed chan struct{}                 // closed and replaced on every watched change
-	exits   map[string]sandbox.ExitStatus // the last exit seen of each sandbox's pod
+	exits   map[string]sandbox.ExitStatus // the last exit seen of each Job's pod, by the Job's name
 
 	capsOnce sync.Once
 	caps     sandbox.Capabilities
@@ -367,7 +367,7 @@ func (r *Runtime) observe(obj any) {
 	defer r.mu.Unlock()
 	if pod, ok := obj.(*corev1.Pod); ok {
 		if es, ok := podExit(pod); ok {
-			r.exits[pod.Labels[sandbox.LabelSandbox]] = es
+			r.exits[pod.Labels[batchv1.JobNameLabel]] = es
 		}
 	}
 	close(r.changed)
@@ -469,8 +469,7 @@ func (r *Runtime) job(ctx context.Context, id string) (*batchv1.Job, error) {
 	if sandbox.ValidateID(id) != nil {
 		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	job := &batchv1.Job{}
-	err := r.api.get(ctx, "jobs", id, job)
+	job, err := r.jobNamed(ctx, id)
 	if apierrors.IsNotFound(err) {
 		// A claimed warm pod's Job has a name of its own, and the
 		// sandbox's id as its label.
@@ -481,6 +480,15 @@ func (r *Runtime) job(ctx context.Context, id string) (*batchv1.Job, error) {
 	}
 	if job.Labels[sandbox.LabelInstance] != r.opts.Instance || job.Labels[sandbox.LabelRuntime] != Name || job.Labels[sandbox.LabelSandbox] != id {
 		return nil, fmt.Errorf("sandbox %s: Job %s/%s is not this server's: %w", id, r.opts.Namespace, id, errdefs.ErrNotFound)
+	}
+	return job, nil
+}
+
+// jobNamed is the Job named id, an API error if there is none.
+func (r *Runtime) jobNamed(ctx context.Context, id string) (*batchv1.Job, error) {
+	job := &batchv1.Job{}
+	if err := r.api.get(ctx, "jobs", id, job); err != nil {
+		return nil, err
 	}
 	return job, nil
 }
@@ -531,13 +539,25 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	if err := r.validate(spec); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
-	if job, err := r.job(ctx, spec.ID); err == nil {
-		return handle(spec.ID, job), nil
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		return nil, err
-	}
 	if err := r.ready(ctx); err != nil {
 		return nil, err
+	}
+	// The sandbox may be there already: a Job of its name (whose
+	// labels job checks), or a warm pod's Job it claimed, which the
+	// watch has seen (claimed by this process, or before the watch's
+	// first listing): one call to the API server, not two, before a
+	// claim.
+	switch job, err := r.jobNamed(ctx, spec.ID); {
+	case err == nil:
+		if job, err = r.job(ctx, spec.ID); err != nil {
+			return nil, err
+		}
+		return handle(spec.ID, job), nil
+	case !apierrors.IsNotFound(err):
+		return nil, classify("sandbox "+spec.ID, err)
+	}
+	if job, _ := r.observed(spec.ID); job != nil {
+		return handle(spec.ID, job), nil
 	}
 	if b := r.claimWarm(spec); b != nil {
 		h, err := r.adopt(ctx, spec, b)
@@ -801,7 +821,8 @@ func (r *Runtime) observed(id string) (*batchv1.Job, *corev1.Pod) {
 			return nil, nil
 		}
 	}
-	pods, _ := r.pods.List(labels.SelectorFromSet(labels.Set{sandbox.LabelSandbox: id}))
+	// By its Job's name: a claimed warm pod keeps its labels.
+	pods, _ := r.pods.List(labels.SelectorFromSet(labels.Set{batchv1.JobNameLabel: job.Name}))
 	var newest *corev1.Pod
 	for _, p := range pods {
 		if newest == nil || p.CreationTimestamp.After(newest.CreationTimestamp.Time) {
@@ -828,7 +849,7 @@ func (r *Runtime) exit(id string, job *batchv1.Job, pod *corev1.Pod) (sandbox.Ex
 		return sandbox.ExitStatus{}, false // it runs, or stops: its end comes
 	}
 	r.mu.Lock()
-	es, ok := r.exits[id]
+	es, ok := r.exits[job.Name]
 	r.mu.Unlock()
 	if ok {
 		es.DeadlineExceeded = deadline
@@ -1156,7 +1177,7 @@ func (r *Runtime) destroy(ctx context.Context, id string, job *batchv1.Job) erro
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	r.mu.Lock()
-	delete(r.exits, id)
+	delete(r.exits, job.Name)
 	r.mu.Unlock()
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil

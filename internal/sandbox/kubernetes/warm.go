@@ -19,7 +19,6 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/logkey"
@@ -47,9 +46,10 @@ import (
 // A task whose spec fits the shape claims one (Create): its directories
 // become the slots by rename on the claim's file system (warmpool.HandOver,
 // as local does it: the pod's bind mount follows the slot's inode) and are
-// given to the pod's identity; the Job and the pod are relabelled as the
-// task's sandbox (LabelSandbox, the task's labels; labelWarm goes), which
-// is how Wait, Status, Stop, Destroy and a restarted server find them; the
+// given to the pod's identity; the Job is relabelled as the task's
+// sandbox (LabelSandbox, the task's labels; labelWarm goes), which is how
+// Wait, Status, Stop, Destroy and a restarted server find it and its pod
+// (by the Job's name: the pod keeps the warm pod's labels); the
 // Job's activeDeadlineSeconds, which counts from the Job's start, is
 // patched to the time the pod has been up plus the task's wall-clock
 // limit, so that the Job controller ends the task as it ends a cold one;
@@ -111,6 +111,11 @@ func (r *Runtime) KeepWarm(ctx context.Context, p sandbox.WarmPolicy) error {
 	if r.opts.ServerURL == "" || r.opts.StateDir == "" {
 		return errors.New("keep pods warm: the runtime has no server URL or state dir")
 	}
+	// A claim patches the warm pod's Job: a Role from before warm pods
+	// may not allow it.
+	if ok, err := r.api.allowed(ctx, "patch", "batch", "jobs"); err == nil && !ok {
+		return fmt.Errorf("keep pods warm: this server may not patch jobs in namespace %s, which a claim does (RBAC: corral k8s render has the Role it needs)", r.opts.Namespace)
+	}
 	if rel, err := filepath.Rel(r.opts.DataRoot, r.warmDir()); err != nil || !filepath.IsLocal(rel) {
 		return fmt.Errorf("keep pods warm: the state dir %s is not in the data root %s, which pods mount", r.opts.StateDir, r.opts.DataRoot)
 	}
@@ -134,7 +139,60 @@ func (r *Runtime) KeepWarm(ctx context.Context, p sandbox.WarmPolicy) error {
 	r.warmTag = tag
 	r.warmMu.Unlock()
 	r.destroyLeftoverWarm(ctx, tag)
+	if p.Pressure == nil {
+		p.Pressure = r.nodePressure(ctx)
+	}
 	return r.warm.Keep(ctx, p)
+}
+
+// pressureEvery is how often nodePressure asks the API server.
+const pressureEvery = 5 * time.Second
+
+// nodePressure returns the pools' Pressure: whether a node of the
+// cluster reports MemoryPressure, asked at most every pressureEvery. The
+// kubelet of a node short of memory evicts pods by how far their use
+// exceeds their requests, which spares idle warm pods and takes tasks':
+// the pools empty themselves first instead, and stop filling until the
+// pressure is gone. A server that may not list nodes (the rendered Role
+// is namespaced) says so once, and its pools then follow their budget
+// alone.
+func (r *Runtime) nodePressure(ctx context.Context) func() bool {
+	var mu sync.Mutex
+	var asked time.Time
+	var pressed, warned bool
+	return func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(asked) < pressureEvery {
+			return pressed
+		}
+		asked = time.Now()
+		actx, cancel := context.WithTimeout(ctx, pressureEvery)
+		defer cancel()
+		nodes, err := r.api.nodes(actx)
+		if err != nil {
+			if !warned {
+				warned = true
+				r.log.Warn("warm pods do not follow the nodes' memory pressure: cannot list nodes (a ClusterRole with list on nodes allows it)", logkey.Error, err)
+			}
+			pressed = false
+			return false
+		}
+		pressed = memoryPressure(nodes.Items)
+		return pressed
+	}
+}
+
+// memoryPressure reports whether any of nodes reports MemoryPressure.
+func memoryPressure(nodes []corev1.Node) bool {
+	for _, n := range nodes {
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeMemoryPressure && c.Status == corev1.ConditionTrue {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // WarmStats implements sandbox.Warmer.
@@ -193,6 +251,13 @@ func (r *Runtime) awaitPoll(ctx context.Context, b *warmPod) error {
 		if job, pod := r.observed(b.id); job != nil && pod != nil {
 			if es, ok := podExit(pod); ok {
 				return fmt.Errorf("warm pod %s ended before it polled for its task: %s", b.id, es.Message)
+			}
+			// A warm pod the node has no room for must not hold the
+			// pool's fill, nor take the room a task's pod needs.
+			for _, c := range pod.Status.Conditions {
+				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+					return fmt.Errorf("warm pod %s cannot be scheduled: %s", b.id, c.Message)
+				}
 			}
 		}
 		select {
@@ -284,6 +349,7 @@ func (r *Runtime) claimWarm(spec sandbox.Spec) *warmPod {
 // their entries in them, and the task can start cold.
 func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmPod) (_ *sandbox.Handle, err error) {
 	defer b.pool.Wake()
+	began := time.Now()
 	resolved := spec.Resolve(r.opts.DataRoot)
 	root := filepath.Join(r.warmDir(), b.id)
 	fail := func(what string, err error) (*sandbox.Handle, error) {
@@ -310,12 +376,14 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmPod) (_ *
 	}
 	os.RemoveAll(root)
 	b.w.start <- start.Bytes()
-	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "job", r.opts.Namespace+"/"+job.Name, "warm_id", b.id)
+	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "job", r.opts.Namespace+"/"+job.Name, "warm_id", b.id, "claim", time.Since(began))
 	return handle(spec.ID, job), nil
 }
 
-// relabel makes warm pod b's Job and pod spec's sandbox: its labels, its
-// owned directories, and the deadline of its wall-clock limit from now.
+// relabel makes warm pod b's Job spec's sandbox: its labels, its owned
+// directories, and the deadline of its wall-clock limit from now. The pod
+// keeps the labels it was made with (the runtime finds a Job's pods by
+// the Job's name): one call to the API server per claim, not two.
 func (r *Runtime) relabel(ctx context.Context, spec sandbox.Spec, b *warmPod, owned string) (*batchv1.Job, error) {
 	l := map[string]any{labelWarm: nil}
 	for k, v := range r.labelsFor(spec) {
@@ -328,23 +396,9 @@ func (r *Runtime) relabel(ctx context.Context, spec sandbox.Spec, b *warmPod, ow
 		up := time.Since(b.created) + d
 		jobPatch["spec"] = map[string]any{"activeDeadlineSeconds": int64((up + time.Second - 1) / time.Second)}
 	}
-	pods, err := r.pods.List(labels.SelectorFromSet(labels.Set{sandbox.LabelSandbox: b.id}))
-	if err != nil || len(pods) != 1 {
-		return nil, fmt.Errorf("want the warm pod's one pod, have %d: %v", len(pods), err)
-	}
-	var wg sync.WaitGroup
+	body, _ := json.Marshal(jobPatch)
 	var job batchv1.Job
-	var jerr, perr error
-	wg.Go(func() {
-		body, _ := json.Marshal(jobPatch)
-		jerr = r.api.patch(ctx, "jobs", b.id, body, &job)
-	})
-	wg.Go(func() {
-		body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": l}})
-		perr = r.api.patch(ctx, "pods", pods[0].Name, body, &corev1.Pod{})
-	})
-	wg.Wait()
-	if err := errors.Join(jerr, perr); err != nil {
+	if err := r.api.patch(ctx, "jobs", b.id, body, &job); err != nil {
 		return nil, classify("relabel", err)
 	}
 	return &job, nil
