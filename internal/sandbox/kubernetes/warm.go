@@ -356,6 +356,13 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmPod) (_ *
 		b.pool.Destroy(context.WithoutCancel(ctx), b)
 		return nil, fmt.Errorf("hand warm pod %s to sandbox %s: %s: %w", b.id, spec.ID, what, err)
 	}
+	// A pod evicted or failed while it waited would take the task and
+	// end without running it.
+	if _, pod := r.observed(b.id); pod == nil || pod.DeletionTimestamp != nil {
+		return fail("its pod", errors.New("is gone"))
+	} else if es, ended := podExit(pod); ended {
+		return fail("its pod", fmt.Errorf("has ended: %s", es.Message))
+	}
 	var start bytes.Buffer
 	if err := warmstart.Send(&start, warmstart.Start{Argv: spec.Command, Env: sandbox.DefaultEnv(spec.Env), Dir: spec.Dir}); err != nil {
 		return fail("its start", err)
