@@ -16,6 +16,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
@@ -108,10 +109,19 @@ func (k kubeServer) waitWarmPods(t *testing.T, srv *proc, n int) []string {
 // task's timeout) and which runs the task with the right output under the
 // pod's identity; the pod is gone after the task and the next task gets
 // another; a server killed and started again destroys the warm pods the
-// first one made and makes new ones, which take tasks.
+// first one made and makes new ones, which take tasks. Under runc and
+// gVisor.
 func TestKubernetesWarm(t *testing.T) {
-	t.Parallel()
-	k := warmOnKubernetes(t, "", 1)
+	for _, class := range []string{"", k8stest.GVisor} {
+		t.Run(className(class), func(t *testing.T) {
+			t.Parallel()
+			testKubernetesWarm(t, class)
+		})
+	}
+}
+
+func testKubernetesWarm(t *testing.T, class string) {
+	k := warmOnKubernetes(t, class, 1)
 	ctx := context.Background()
 	srv := k.start(t)
 	if err := os.WriteFile(filepath.Join(k.data, "shared", "hello.txt"), []byte("hello from shared\n"), 0o644); err != nil {

@@ -129,6 +129,11 @@ func runStart(ctx context.Context, st warmstart.Start, environ []string, stderr 
 		}
 	}
 	if len(st.Argv) >= 3 && st.Argv[0] == workerproto.WorkerBinary && st.Argv[1] == "worker" && st.Argv[2] == "run-task" {
+		// Where the kernel shows every process's environment (gVisor),
+		// the worker executes itself again to hide the task's secrets
+		// (worker.HideFromAgent), with os.Args: the task's, not the warm
+		// sandbox's, which would wait for a start again.
+		os.Args = st.Argv
 		return RunWorker(ctx, st.Argv[3:], environ, stderr)
 	}
 	path, err := exec.LookPath(st.Argv[0])
