@@ -48,6 +48,12 @@
 // dials the server's URL, as a task's worker posts its report there, and
 // runs the session's commands; Exec is not how they run.
 //
+// Warm pods (warm.go, sandbox.Warmer): worker pods made ahead of need
+// that long-poll the server for their task, which a claim binds to them
+// (its directory by rename into the pod's own subPath, its Job's labels
+// and deadline by one patch, its argv and environment in the poll's
+// answer).
+//
 // Not supported: Exec (a command in a running pod would need the API
 // server's exec), Checkpointer (a suspended session keeps its files
 // alone), a pids limit per pod (the node's podPidsLimit applies), network
@@ -1148,8 +1154,8 @@ func (r *Runtime) destroy(ctx context.Context, id string, job *batchv1.Job) erro
 	if err != nil && !apierrors.IsNotFound(err) {
 		return classify("destroy sandbox "+id, err)
 	}
-	// Its pods by their Job's name: a warm pod's may not have been
-	// relabelled as its task's.
+	// Its pods by their Job's name: a claimed warm pod keeps the
+	// labels it was made with.
 	sel := labels.SelectorFromSet(labels.Set{batchv1.JobNameLabel: job.Name, sandbox.LabelInstance: r.opts.Instance}).String()
 	if err := r.api.deleteAll(ctx, "pods", sel, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil && !apierrors.IsNotFound(err) {
 		return classify("destroy sandbox "+id, err)
