@@ -71,9 +71,9 @@ import (
 // labelWarm marks a warm pod's Job and pod until a task claims it.
 const labelWarm = "corral.dev/warm"
 
-// WarmPollWait is how long one poll of a warm pod waits for its task
+// warmPollWait is how long one poll of a warm pod waits for its task
 // before the server answers "not yet" and the pod polls again.
-const WarmPollWait = 25 * time.Second
+const warmPollWait = 25 * time.Second
 
 // warmReadyWait bounds how long a warm pod may take to start and poll.
 const warmReadyWait = 3 * time.Minute
@@ -296,7 +296,7 @@ func (o warmOps) DestroyWarm(ctx context.Context, b *warmPod) error {
 
 // WarmStart is a warm pod's poll for its task: the pod's id and token
 // (its bearer token). It returns the task's warmstart.Start once the pod
-// is claimed (once only), nil after WarmPollWait or when ctx ends (the
+// is claimed (once only), nil after warmPollWait or when ctx ends (the
 // pod polls again), and an error wrapping errdefs.ErrNotFound for a pod
 // this server does not keep warm, a wrong token, or one destroyed: that
 // pod will get no task.
@@ -309,7 +309,7 @@ func (r *Runtime) WarmStart(ctx context.Context, id, token string) ([]byte, erro
 		return nil, fmt.Errorf("no warm pod %q waits for a task here: %w", id, errdefs.ErrNotFound)
 	}
 	w.once.Do(func() { close(w.polled) })
-	t := time.NewTimer(WarmPollWait)
+	t := time.NewTimer(warmPollWait)
 	defer t.Stop()
 	select {
 	case st := <-w.start:
