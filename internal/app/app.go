@@ -390,6 +390,7 @@ func (a *App) open(ctx context.Context) error {
 		Tokens:          tokens,
 		Deliveries:      deliveries,
 		SessionGate:     a.sessions,
+		WarmGate:        a.warmGate(),
 		MaxRequestBytes: lim.MaxRequestBytes.Bytes(),
 		MCP:             mcpSrv.Handler(),
 		Listen:          cfg.Listen,

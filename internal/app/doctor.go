@@ -57,6 +57,9 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 		out = append(out, doctorRuntime(ctx, name, cfg, filepath.Join(stateDir, name), host, log)...)
 	}
 	out = append(out, doctorStore(ctx, cfg), doctorQuota(cfg), doctorDisk(cfg.Data), doctorWarm(cfg), doctorWarmGvisor(cfg), doctorExec(cfg))
+	if cfg.Kubernetes.ServerURL != "" {
+		out = append(out, doctorWarmKubernetes(cfg))
+	}
 	agents := agentConfigs(cfg)
 	// The agents' version checks run at once, each bounded: an agent
 	// that hangs on --version costs the doctor agentVersionWait, not
@@ -431,6 +434,25 @@ func doctorWarmGvisor(cfg *config.Config) Check {
 		budget = fmt.Sprintf("a budget of %d sandboxes (0: no bound) and %d MiB of memory limits (0: no bound)", k.Max, k.Memory>>20)
 	}
 	c.Detail = fmt.Sprintf("%d per shape (network none; with an egress proxy), %s; emptied when the host is short of memory; each serves one task and is destroyed; /metrics shows the pools (corral_warm_*{runtime=\"gvisor\"})", k.Size, budget)
+	return c
+}
+
+// doctorWarmKubernetes says how many pods the kubernetes runtime keeps
+// warm, within what budget.
+func doctorWarmKubernetes(cfg *config.Config) Check {
+	k := cfg.Kubernetes
+	c := Check{Name: "warm pods (kubernetes runtime)", OK: true, Detail: "none: kubernetes.warm_pool is 0; every task's pod starts cold"}
+	if k.WarmPool > 0 {
+		budget := "no bound on their memory"
+		if b := k.WarmMaxMemory.Bytes(); b > 0 {
+			budget = fmt.Sprintf("at most %d MiB of their memory limits", b>>20)
+		}
+		pods := "warm_pool of each shape"
+		if k.WarmMaxPods > 0 {
+			pods = fmt.Sprintf("at most %d pods", k.WarmMaxPods)
+		}
+		c.Detail = fmt.Sprintf("%d per shape (network none; with egress when kubernetes.egress_listen is set), %s, %s, for tasks with the default resources and image; each serves one task; /metrics shows the pools (corral_warm_*{runtime=\"kubernetes\"})", k.WarmPool, pods, budget)
+	}
 	return c
 }
 

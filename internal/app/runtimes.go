@@ -145,6 +145,8 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 			JobTTL:           time.Duration(w.JobTTLSeconds) * time.Second,
 			SecretName:       k.SecretName,
 			SeccompProfile:   k.SeccompProfile,
+			ServerURL:        k.ServerURL,
+			StateDir:         stateDir,
 		}, log)
 	}
 	return nil, nil

@@ -11,7 +11,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/placement"
+	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
 	"github.com/corral-dev/corral/internal/task"
 )
 
@@ -48,11 +51,20 @@ func memoryShort() bool {
 
 // warmPolicy is what runtime keeps warm under cfg (its section's
 // warm_pool, warm_idle and budget): sandboxes of each of the task
-// runner's shapes (tasks with the default resources).
+// runner's shapes (tasks with the default resources) for that runtime.
 func (a *App) warmPolicy(runtime string) (sandbox.WarmPolicy, error) {
 	w := a.cfg.AIWorker
 	k := a.cfg.Warm(runtime, memTotal())
 	p := sandbox.WarmPolicy{Size: k.Size, Idle: k.Idle, MaxSandboxes: k.Max, MaxMemory: k.Memory, Pressure: memoryShort}
+	var where placement.Runtime
+	if runtime == rtkind.Kubernetes {
+		// A cluster's pressure is its nodes', which the runtime asks
+		// the API server for, not this machine's.
+		p.Pressure = nil
+		if pl, ok := a.placements.Get(runtime); ok {
+			where = *pl
+		}
+	}
 	if p.Size == 0 {
 		return p, nil
 	}
@@ -61,7 +73,7 @@ func (a *App) warmPolicy(runtime string) (sandbox.WarmPolicy, error) {
 		MemoryBytes: w.Resources.MemoryLimit.Bytes(),
 		CPUMillis:   w.Resources.CPULimit.Millis(),
 		Pids:        int64(w.Resources.PidsLimit),
-	})
+	}, where)
 	return p, err
 }
 
@@ -92,6 +104,14 @@ func (a *App) keepWarm(ctx context.Context, run func(func() error)) {
 			return nil
 		})
 	}
+}
+
+// warmGate is the runtime whose warm pods poll the server, if any.
+func (a *App) warmGate() httpapi.WarmGate {
+	if k, ok := a.placements.Sandboxes()[kubernetes.Name].(*kubernetes.Runtime); ok {
+		return k
+	}
+	return nil
 }
 
 // WarmStats are the runtimes' warm pools (/metrics), in a fixed order.

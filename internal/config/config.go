@@ -322,6 +322,9 @@ func (c *Config) Warm(runtime string, memTotal uint64) WarmKeys {
 	case rtkind.GVisor:
 		g := c.Gvisor
 		return WarmKeys{Size: g.WarmPool, Idle: time.Duration(g.WarmIdle), Max: g.WarmMax, Memory: g.WarmMemory.Bytes()}
+	case rtkind.Kubernetes:
+		k := c.Kubernetes
+		return WarmKeys{Size: k.WarmPool, Idle: time.Duration(k.WarmIdle), Max: k.WarmMaxPods, Memory: k.WarmMaxMemory.Bytes()}
 	}
 	return WarmKeys{}
 }
@@ -397,6 +400,23 @@ type Kubernetes struct {
 	// e.g. corral.json; empty: the container runtime's default, which
 	// allows ptrace and io_uring.
 	SeccompProfile string `yaml:"seccomp_profile"`
+	// WarmPool is how many worker pods of each shape (network none, and
+	// with egress when egress_listen is set) the runtime keeps warm:
+	// created ahead of the tasks that claim them, each for one task only
+	// (docs/kubernetes.md, "Warm pods"). 0 (the default): none, every
+	// task's pod starts cold.
+	WarmPool int `yaml:"warm_pool"`
+	// WarmIdle is how long a pool keeps its pods without a task claiming
+	// one; then it empties until the next task of its shape. 0: always
+	// kept.
+	WarmIdle Duration `yaml:"warm_idle"`
+	// WarmMaxPods bounds the warm pods of all shapes together, those
+	// waiting and those starting; 0: warm_pool of each shape.
+	WarmMaxPods int `yaml:"warm_max_pods"`
+	// WarmMaxMemory bounds the sum of the warm pods' memory limits (each
+	// counts for ai_worker_config.resources.memory_limit, the most it may
+	// take once claimed); 0: no bound.
+	WarmMaxMemory Size `yaml:"warm_max_memory"`
 }
 
 // Execution configures code_execute (seed 004's section): a command run
@@ -725,7 +745,7 @@ func Default() *Config {
 		Local:      Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB"), WarmPool: -1, WarmIdle: Duration(10 * time.Minute)},
 		Gvisor:     Gvisor{WarmIdle: Duration(10 * time.Minute)},
 		Docker:     Docker{Host: "unix:///var/run/docker.sock"},
-		Kubernetes: Kubernetes{SecretName: "ai-worker-secrets", PullPolicy: "IfNotPresent"},
+		Kubernetes: Kubernetes{SecretName: "ai-worker-secrets", PullPolicy: "IfNotPresent", WarmIdle: Duration(10 * time.Minute)},
 		Execution:  Execution{Timeout: 60, MaxOutputSize: mustSize("1MiB")},
 		Sessions:   Sessions{MaxSessions: 8, IdleTimeout: Duration(30 * time.Minute), MaxLifetime: Duration(8 * time.Hour), IdleAction: IdleAuto},
 		Egress: Egress{

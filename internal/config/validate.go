@@ -217,6 +217,18 @@ func (v *validator) kubernetes(k *Kubernetes) {
 			v.add("kubernetes.server_url", "must be an http(s) URL with a host and nothing after the path (where worker pods reach this server), got %q", k.ServerURL)
 		}
 	}
+	if k.WarmPool < 0 || k.WarmPool > maxWarmPool {
+		v.add("kubernetes.warm_pool", "must be 0 (none) or up to %d pods per shape, got %d", maxWarmPool, k.WarmPool)
+	}
+	if k.WarmIdle < 0 {
+		v.add("kubernetes.warm_idle", "must not be negative, got %s", time.Duration(k.WarmIdle))
+	}
+	if k.WarmMaxPods < 0 {
+		v.add("kubernetes.warm_max_pods", "must not be negative, got %d", k.WarmMaxPods)
+	}
+	if k.WarmMaxMemory.Bytes() < 0 {
+		v.add("kubernetes.warm_max_memory", "must not be negative")
+	}
 	if k.EgressListen != "" {
 		if _, err := checkListen(k.EgressListen); err != nil {
 			v.add("kubernetes.egress_listen", "%v", err)

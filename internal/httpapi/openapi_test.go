@@ -23,8 +23,9 @@ var notInDocument = map[string]string{
 	"/mcp":  "the MCP streamable HTTP transport, described by the MCP specification",
 	"/api/": "the catch-all that answers an unknown API route with a 404",
 	"/":     "the web UI's pages and assets",
-	// On the unix socket only.
+	// A sandbox's own: on the unix socket, and on the listener for pods.
 	"POST /api/sessions/{id}/agent": "a session's exec agent's connection from inside its sandbox, which it takes over",
+	"GET /api/warm/{id}/start":      "a warm pod's worker waiting for its task, with that pod's own token",
 }
 
 // Every route the server registers is in the OpenAPI document, and every

@@ -121,6 +121,9 @@ type Options struct {
 	// SessionGate checks sessions' tokens and takes their exec agents'
 	// connections; required when the Set has Sessions.
 	SessionGate service.SessionGate
+	// WarmGate answers warm pods' polls for their task; nil: no warm
+	// pods.
+	WarmGate WarmGate
 	// Deliveries serves /api/deliveries; nil when notifications are off.
 	Deliveries Deliveries
 	// MCP, when set, is served at /mcp behind the same bearer auth as the
@@ -314,6 +317,8 @@ func (s *Server) routes() {
 	// A session's exec agent in a pod dials in here, over the network
 	// (a pod has no socket of this host's), with its agent token.
 	handle("POST /api/sessions/{id}/agent", worker(s.attachAgent))
+	// A warm pod's worker polls here for its task, with its own token.
+	handle("GET /api/warm/{id}/start", worker(s.warmStart))
 	handle("GET /api/workspace/{path...}", auth(s.readWorkspace))
 	handle("PUT /api/workspace/{path...}", auth(s.writeWorkspace))
 	handle("POST /api/attachments", auth(s.uploadAttachments))

@@ -411,8 +411,9 @@ func objects(cfg *config.Config, opts Options, serverCfg []byte) []object {
 func Rules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		// Create makes a Job, job() gets it, the informer lists and
-		// watches them, Destroy deletes it.
-		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch", "delete"}},
+		// watches them, Destroy deletes it; a warm pod's claim patches
+		// its Job's labels and deadline.
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch", "delete", "patch"}},
 		// The informer lists and watches pods, Destroy lists what is left;
 		// Stop deletes one, Destroy deletes a sandbox's by label. The Job
 		// controller makes them: the server never creates a pod.

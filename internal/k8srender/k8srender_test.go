@@ -207,7 +207,7 @@ func TestRBAC(t *testing.T) {
 	var role rbacv1.Role
 	m.get(t, "Role/corral", &role)
 	want := []rbacv1.PolicyRule{
-		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch", "delete"}},
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch", "delete", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch", "delete", "deletecollection"}},
 		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create", "update", "delete"}},
 	}

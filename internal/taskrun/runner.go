@@ -278,17 +278,18 @@ func limitsOf(r task.Resources) sandbox.Limits {
 	return sandbox.Limits{MemoryBytes: r.MemoryBytes, CPUMillis: r.CPUMillis, Pids: r.Pids}
 }
 
-// WarmShapes are the sandboxes worth keeping warm on a runtime of this
-// host: those of a task with resources res (the defaults) outside any
+// WarmShapes are the sandboxes worth keeping warm on a runtime (where):
+// those of a task with resources res (the defaults) outside any
 // workspace, a code_execute call excepted (it mounts more), with network
-// none and, when the server runs egress proxies, with a proxy. Prepare's
+// none and, when the server runs egress proxies (and where's pods reach
+// them, for a remote runtime), with egress. Prepare's
 // spec of such a task fits one (sandbox.WarmShape.Fits). Their main
 // process is `corral-worker worker warm`, which runs the task's worker
 // when the task comes. It starts with GOMAXPROCS at
 // workerproto.WorkerProcs, as the Go runtime would size itself for the
 // host's CPUs; the task's worker and agent get the task's environment.
-func (o *Runner) WarmShapes(res task.Resources) ([]sandbox.WarmShape, error) {
-	mounts, err := o.baseMounts(sandbox.WarmTaskID, false)
+func (o *Runner) WarmShapes(res task.Resources, where placement.Runtime) ([]sandbox.WarmShape, error) {
+	mounts, err := o.baseMounts(sandbox.WarmTaskID, where.Remote)
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +302,12 @@ func (o *Runner) WarmShapes(res task.Resources) ([]sandbox.WarmShape, error) {
 		Network: sandbox.NetworkNone,
 	}
 	shapes := []sandbox.WarmShape{{Name: string(sandbox.NetworkNone), Template: tmpl}}
-	if o.opts.Egress != nil {
+	switch {
+	case o.opts.Egress != nil && where.Remote && where.EgressAddr != "":
+		// Over the network, with the task's key: nothing to mount.
+		tmpl.Network = sandbox.NetworkEgress
+		shapes = append(shapes, sandbox.WarmShape{Name: string(sandbox.NetworkEgress), Template: tmpl})
+	case o.opts.Egress != nil && !where.Remote:
 		m, err := o.egressMount(o.opts.Egress.Dir(sandbox.WarmTaskID))
 		if err != nil {
 			return nil, err

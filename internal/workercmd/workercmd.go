@@ -78,6 +78,9 @@ func RunWorker(ctx context.Context, args, environ []string, stderr io.Writer) in
 // start, even one that does not decode, is acknowledged there before
 // anything of it runs, and the descriptor closed.
 func RunWarm(ctx context.Context, stderr io.Writer) int {
+	if os.Getenv(workerproto.EnvWarmToken) != "" {
+		return runWarmPod(ctx, stderr)
+	}
 	f := os.NewFile(warmstart.FD, "warmstart")
 	ack := os.NewFile(warmstart.AckFD, "warmstart-ack")
 	if f == nil || ack == nil {
@@ -102,6 +105,12 @@ func RunWarm(ctx context.Context, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "corral worker warm: %v\n", err)
 		return worker.ExitSetup
 	}
+	return runStart(ctx, st, st.Env, stderr)
+}
+
+// runStart runs a warm sandbox's start st, with environ as its whole
+// environment.
+func runStart(ctx context.Context, st warmstart.Start, environ []string, stderr io.Writer) int {
 	dir := st.Dir
 	if dir == "" {
 		dir = "/tmp"
@@ -114,17 +123,22 @@ func RunWarm(ctx context.Context, stderr io.Writer) int {
 	// environment. /proc/self/environ keeps the warm sandbox's, which
 	// holds no secret.
 	os.Clearenv()
-	for _, kv := range st.Env {
+	for _, kv := range environ {
 		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
 			os.Setenv(k, v)
 		}
 	}
 	if len(st.Argv) >= 3 && st.Argv[0] == workerproto.WorkerBinary && st.Argv[1] == "worker" && st.Argv[2] == "run-task" {
-		return RunWorker(ctx, st.Argv[3:], st.Env, stderr)
+		// Where the kernel shows every process's environment (gVisor),
+		// the worker executes itself again to hide the task's secrets
+		// (worker.HideFromAgent), with os.Args: the task's, not the warm
+		// sandbox's, which would wait for a start again.
+		os.Args = st.Argv
+		return RunWorker(ctx, st.Argv[3:], environ, stderr)
 	}
 	path, err := exec.LookPath(st.Argv[0])
 	if err == nil {
-		err = syscall.Exec(path, st.Argv, st.Env)
+		err = syscall.Exec(path, st.Argv, environ)
 	}
 	fmt.Fprintf(stderr, "corral worker warm: run %s: %v\n", st.Argv[0], err)
 	return 127

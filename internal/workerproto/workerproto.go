@@ -98,7 +98,12 @@ const (
 	// cannot reach a socket of the server's host), the server's URL
 	// (http or https) a session's exec agent dials instead of
 	// EnvServerSocket.
-	EnvServerURL    = "CORRAL_SERVER_URL"
+	EnvServerURL = "CORRAL_SERVER_URL"
+	// EnvWarmID and EnvWarmToken are, in a warm pod, its id and the
+	// token (a secret of its own) with which its worker polls the server
+	// at EnvServerURL for its task.
+	EnvWarmID       = "CORRAL_WARM_ID"
+	EnvWarmToken    = "CORRAL_WARM_TOKEN"
 	EnvSessionToken = "CORRAL_SESSION_TOKEN"
 	// EnvEgressCA is the certificate (DER, base64) of the CA under which
 	// the egress proxy intercepts the hosts that have credential rules,

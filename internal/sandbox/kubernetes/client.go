@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -40,6 +41,13 @@ func newClient(cfg *rest.Config, ns string) (*client, error) {
 		c.GroupVersion, c.APIPath, c.NegotiatedSerializer = &gv, apiPath, codecs
 		if c.UserAgent == "" {
 			c.UserAgent = "corral"
+		}
+		// client-go's default, 5 requests a second, is a controller's:
+		// a task's claim of a warm pod alone makes four, and tasks come
+		// in bursts. The API server's priority and fairness bounds what
+		// it takes.
+		if c.QPS == 0 {
+			c.QPS, c.Burst = 200, 400
 		}
 		return rest.RESTClientFor(c)
 	}
@@ -89,6 +97,11 @@ func (c *client) update(ctx context.Context, resource, name string, obj, into ru
 	return c.api(resource).Put().Namespace(c.ns).Resource(resource).Name(name).Body(obj).Do(ctx).Into(into)
 }
 
+// patch merges the JSON merge patch body into the resource name.
+func (c *client) patch(ctx context.Context, resource, name string, body []byte, into runtime.Object) error {
+	return c.api(resource).Patch(types.MergePatchType).Namespace(c.ns).Resource(resource).Name(name).Body(body).Do(ctx).Into(into)
+}
+
 func (c *client) delete(ctx context.Context, resource, name string, opts metav1.DeleteOptions) error {
 	return c.api(resource).Delete().Namespace(c.ns).Resource(resource).Name(name).Body(&opts).Do(ctx).Error()
 }
@@ -117,6 +130,13 @@ func (c *client) listPods(ctx context.Context, selector string) (*corev1.PodList
 func (c *client) informer(resource, selector string, obj runtime.Object) cache.SharedIndexInformer {
 	lw := cache.NewFilteredListWatchFromClient(c.api(resource), resource, c.ns, func(o *metav1.ListOptions) { o.LabelSelector = selector })
 	return cache.NewSharedIndexInformer(lw, obj, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+}
+
+// nodes lists the cluster's nodes.
+func (c *client) nodes(ctx context.Context) (*corev1.NodeList, error) {
+	var l corev1.NodeList
+	err := c.core.Get().AbsPath("/api/v1/nodes").Do(ctx).Into(&l)
+	return &l, err
 }
 
 // exists reports whether the object at the API path p is there; an

@@ -48,6 +48,12 @@
 // dials the server's URL, as a task's worker posts its report there, and
 // runs the session's commands; Exec is not how they run.
 //
+// Warm pods (warm.go, sandbox.Warmer): worker pods made ahead of need
+// that long-poll the server for their task, which a claim binds to them
+// (its directory by rename into the pod's own subPath, its Job's labels
+// and deadline by one patch, its argv and environment in the poll's
+// answer).
+//
 // Not supported: Exec (a command in a running pod would need the API
 // server's exec), Checkpointer (a suspended session keeps its files
 // alone), a pids limit per pod (the node's podPidsLimit applies), network
@@ -88,6 +94,7 @@ import (
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
+	"github.com/corral-dev/corral/internal/sandbox/warmpool"
 )
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -173,6 +180,12 @@ type Options struct {
 	Instance string
 	// SyncTimeout bounds the first listing of Jobs and pods; default 15s.
 	SyncTimeout time.Duration
+	// ServerURL is where pods reach the server (kubernetes.server_url):
+	// warm pods poll it for their task. Required by KeepWarm.
+	ServerURL string
+	// StateDir is the runtime's directory in the data root, on the claim:
+	// warm pods' slots are there. Required by KeepWarm.
+	StateDir string
 }
 
 func (o *Options) setDefaults() {
@@ -215,10 +228,15 @@ type Runtime struct {
 
 	mu      sync.Mutex
 	changed chan struct{}                 // closed and replaced on every watched change
-	exits   map[string]sandbox.ExitStatus // the last exit seen of each sandbox's pod
+	exits   map[string]sandbox.ExitStatus // the last exit seen of each Job's pod, by the Job's name
 
 	capsOnce sync.Once
 	caps     sandbox.Capabilities
+
+	warm    *warmpool.Pools[*warmPod]
+	warmMu  sync.Mutex
+	warmTag string             // this runtime's, in its warm pods' names (warmpool.Own)
+	waiters map[string]*waiter // the warm pods not handed a task yet, by id
 }
 
 // state is Handle.State, version 1.
@@ -255,7 +273,9 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if err != nil {
 		return bad("%v", err)
 	}
-	return &Runtime{opts: opts, api: api, log: log.With(logkey.Runtime, Name), changed: make(chan struct{}), exits: map[string]sandbox.ExitStatus{}}, nil
+	r := &Runtime{opts: opts, api: api, log: log.With(logkey.Runtime, Name), changed: make(chan struct{}), exits: map[string]sandbox.ExitStatus{}, waiters: map[string]*waiter{}}
+	r.warm = warmpool.New(Name, warmOps{r}, r.log)
+	return r, nil
 }
 
 // Close stops the watches.
@@ -353,7 +373,7 @@ func (r *Runtime) observe(obj any) {
 	defer r.mu.Unlock()
 	if pod, ok := obj.(*corev1.Pod); ok {
 		if es, ok := podExit(pod); ok {
-			r.exits[pod.Labels[sandbox.LabelSandbox]] = es
+			r.exits[pod.Labels[batchv1.JobNameLabel]] = es
 		}
 	}
 	close(r.changed)
@@ -455,14 +475,43 @@ func (r *Runtime) job(ctx context.Context, id string) (*batchv1.Job, error) {
 	if sandbox.ValidateID(id) != nil {
 		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	job := &batchv1.Job{}
-	if err := r.api.get(ctx, "jobs", id, job); err != nil {
+	job, err := r.jobNamed(ctx, id)
+	if apierrors.IsNotFound(err) {
+		// A claimed warm pod's Job has a name of its own, and the
+		// sandbox's id as its label.
+		return r.claimedJob(ctx, id)
+	}
+	if err != nil {
 		return nil, classify("sandbox "+id, err)
 	}
-	if job.Labels[sandbox.LabelInstance] != r.opts.Instance || job.Labels[sandbox.LabelRuntime] != Name {
+	if job.Labels[sandbox.LabelInstance] != r.opts.Instance || job.Labels[sandbox.LabelRuntime] != Name || job.Labels[sandbox.LabelSandbox] != id {
 		return nil, fmt.Errorf("sandbox %s: Job %s/%s is not this server's: %w", id, r.opts.Namespace, id, errdefs.ErrNotFound)
 	}
 	return job, nil
+}
+
+// jobNamed is the Job named id, an API error if there is none.
+func (r *Runtime) jobNamed(ctx context.Context, id string) (*batchv1.Job, error) {
+	job := &batchv1.Job{}
+	if err := r.api.get(ctx, "jobs", id, job); err != nil {
+		return nil, err
+	}
+	return job, nil
+}
+
+// claimedJob returns the Job of the warm pod that sandbox id claimed.
+func (r *Runtime) claimedJob(ctx context.Context, id string) (*batchv1.Job, error) {
+	sel := labels.SelectorFromSet(labels.Set{sandbox.LabelRuntime: Name, sandbox.LabelInstance: r.opts.Instance, sandbox.LabelSandbox: id}).String()
+	jobs, err := r.api.listJobs(ctx, sel)
+	if err != nil {
+		return nil, classify("sandbox "+id, err)
+	}
+	for i := range jobs.Items {
+		if j := &jobs.Items[i]; strings.HasPrefix(j.Name, warmpool.Prefix) {
+			return j, nil
+		}
+	}
+	return nil, fmt.Errorf("sandbox %s: no Job %s/%s: %w", id, r.opts.Namespace, id, errdefs.ErrNotFound)
 }
 
 // classify turns an API error into Corral's classes.
@@ -496,13 +545,32 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	if err := r.validate(spec); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
-	if job, err := r.job(ctx, spec.ID); err == nil {
-		return handle(spec.ID, job), nil
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		return nil, err
-	}
 	if err := r.ready(ctx); err != nil {
 		return nil, err
+	}
+	// The sandbox may be there already: a Job of its name (whose
+	// labels job checks), or a warm pod's Job it claimed, which the
+	// watch has seen (claimed by this process, or before the watch's
+	// first listing): one call to the API server, not two, before a
+	// claim.
+	switch job, err := r.jobNamed(ctx, spec.ID); {
+	case err == nil:
+		if job, err = r.job(ctx, spec.ID); err != nil {
+			return nil, err
+		}
+		return handle(spec.ID, job), nil
+	case !apierrors.IsNotFound(err):
+		return nil, classify("sandbox "+spec.ID, err)
+	}
+	if job, _ := r.observed(spec.ID); job != nil {
+		return handle(spec.ID, job), nil
+	}
+	if b := r.claimWarm(spec); b != nil {
+		h, err := r.adopt(ctx, spec, b)
+		if err == nil {
+			return h, nil
+		}
+		r.log.Warn("a warm pod could not take its task, which starts cold", logkey.SandboxID, spec.ID, logkey.Error, err)
 	}
 	trees, err := hostuser.Give(hostuser.WritableDirs(spec.Resolve(r.opts.DataRoot).Mounts), r.opts.User)
 	defer func() {
@@ -517,6 +585,17 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	if err != nil {
 		return nil, err
 	}
+	job, err := r.create(ctx, spec, string(owned))
+	if err != nil {
+		return nil, err
+	}
+	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "job", r.opts.Namespace+"/"+job.Name, "image", job.Spec.Template.Spec.Containers[0].Image)
+	return handle(spec.ID, job), nil
+}
+
+// create makes spec's Secret and Job, whose pod is given the directories
+// owned (JSON, for the Job's annotation) says.
+func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, owned string) (_ *batchv1.Job, err error) {
 	secret := &corev1.Secret{}
 	err = r.api.create(ctx, "secrets", r.secret(spec), secret)
 	if apierrors.IsAlreadyExists(err) { // left by a Create cut short: made again from this spec
@@ -532,7 +611,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 		}
 	}()
 	job := &batchv1.Job{}
-	if err = r.api.create(ctx, "jobs", r.jobFor(spec, string(owned)), job); err != nil {
+	if err = r.api.create(ctx, "jobs", r.jobFor(spec, owned), job); err != nil {
 		return nil, classify("create Job "+spec.ID, err)
 	}
 	// The Secret goes when the Job goes (the server's Destroy, or the
@@ -541,8 +620,7 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	if uerr := r.api.update(ctx, "secrets", secret.Name, secret, &corev1.Secret{}); uerr != nil {
 		r.log.Warn("cannot make the Job own its environment secret; Destroy removes it", logkey.SandboxID, spec.ID, logkey.Error, uerr)
 	}
-	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "job", r.opts.Namespace+"/"+job.Name, "image", job.Spec.Template.Spec.Containers[0].Image)
-	return handle(spec.ID, job), nil
+	return job, nil
 }
 
 // validate refuses what a Job cannot carry.
@@ -736,10 +814,21 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 // the cache has none.
 func (r *Runtime) observed(id string) (*batchv1.Job, *corev1.Pod) {
 	job, err := r.jobs.Get(id)
-	if err != nil {
-		return nil, nil
+	if err != nil || job.Labels[sandbox.LabelSandbox] != id {
+		// A claimed warm pod's, by its label.
+		job = nil
+		jobs, _ := r.jobs.List(labels.SelectorFromSet(labels.Set{sandbox.LabelSandbox: id}))
+		for _, j := range jobs {
+			if strings.HasPrefix(j.Name, warmpool.Prefix) {
+				job = j
+			}
+		}
+		if job == nil {
+			return nil, nil
+		}
 	}
-	pods, _ := r.pods.List(labels.SelectorFromSet(labels.Set{sandbox.LabelSandbox: id}))
+	// By its Job's name: a claimed warm pod keeps its labels.
+	pods, _ := r.pods.List(labels.SelectorFromSet(labels.Set{batchv1.JobNameLabel: job.Name}))
 	var newest *corev1.Pod
 	for _, p := range pods {
 		if newest == nil || p.CreationTimestamp.After(newest.CreationTimestamp.Time) {
@@ -766,7 +855,7 @@ func (r *Runtime) exit(id string, job *batchv1.Job, pod *corev1.Pod) (sandbox.Ex
 		return sandbox.ExitStatus{}, false // it runs, or stops: its end comes
 	}
 	r.mu.Lock()
-	es, ok := r.exits[id]
+	es, ok := r.exits[job.Name]
 	r.mu.Unlock()
 	if ok {
 		es.DeadlineExceeded = deadline
@@ -1048,6 +1137,11 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("destroy: %w", err)
 	}
+	return r.destroy(ctx, id, job)
+}
+
+// destroy is Destroy of sandbox id, whose Job is job.
+func (r *Runtime) destroy(ctx context.Context, id string, job *batchv1.Job) error {
 	if err := r.ready(ctx); err != nil {
 		return fmt.Errorf("destroy: %w", err)
 	}
@@ -1056,11 +1150,13 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	// the node has stopped it, and its processes could still write to
 	// the directories taken back below.
 	background, grace := metav1.DeletePropagationBackground, int64(1)
-	err = r.api.delete(ctx, "jobs", job.Name, metav1.DeleteOptions{PropagationPolicy: &background, Preconditions: &metav1.Preconditions{UID: &job.UID}})
+	err := r.api.delete(ctx, "jobs", job.Name, metav1.DeleteOptions{PropagationPolicy: &background, Preconditions: &metav1.Preconditions{UID: &job.UID}})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return classify("destroy sandbox "+id, err)
 	}
-	sel := labels.SelectorFromSet(labels.Set{sandbox.LabelSandbox: id, sandbox.LabelInstance: r.opts.Instance}).String()
+	// Its pods by their Job's name: a claimed warm pod keeps the
+	// labels it was made with.
+	sel := labels.SelectorFromSet(labels.Set{batchv1.JobNameLabel: job.Name, sandbox.LabelInstance: r.opts.Instance}).String()
 	if err := r.api.deleteAll(ctx, "pods", sel, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil && !apierrors.IsNotFound(err) {
 		return classify("destroy sandbox "+id, err)
 	}
@@ -1080,14 +1176,14 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 			return fmt.Errorf("destroy sandbox %s: its pod is still there: %w", id, ctx.Err())
 		}
 	}
-	if err := r.api.delete(ctx, "secrets", envSecret(id), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if err := r.api.delete(ctx, "secrets", envSecret(job.Name), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return classify("destroy sandbox "+id, err)
 	}
 	if err := hostuser.Reclaim(trees); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	r.mu.Lock()
-	delete(r.exits, id)
+	delete(r.exits, job.Name)
 	r.mu.Unlock()
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil

@@ -1,0 +1,40 @@
+package httpapi
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// WarmGate is the runtime that keeps pods warm (kubernetes.Runtime's
+// WarmStart): it answers a warm pod's poll, authenticated by the pod's
+// own token, with its task's start once a task claims it, with nil when
+// none has yet, and with an error wrapping errdefs.ErrNotFound for a pod
+// that will get no task.
+type WarmGate interface {
+	WarmStart(ctx context.Context, id, token string) ([]byte, error)
+}
+
+// warmStart is a warm pod's long poll for its task: 200 with the start
+// (once), 204 for none yet (the pod polls again), 404 for none ever.
+func (s *Server) warmStart(w http.ResponseWriter, r *http.Request) error {
+	token, ok := bearer(r)
+	if s.opts.WarmGate == nil || !ok {
+		return fmt.Errorf("no warm pod waits for a task here: %w", errdefs.ErrNotFound)
+	}
+	start, err := s.opts.WarmGate.WarmStart(r.Context(), r.PathValue("id"), token)
+	if err != nil {
+		return err
+	}
+	if start == nil {
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	w.Write(start)
+	return nil
+}

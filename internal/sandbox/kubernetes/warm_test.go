@@ -1,0 +1,77 @@
+package kubernetes
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// The pools shrink when any node reports MemoryPressure, and only then.
+func TestMemoryPressure(t *testing.T) {
+	node := func(conds ...corev1.NodeCondition) corev1.Node {
+		return corev1.Node{Status: corev1.NodeStatus{Conditions: conds}}
+	}
+	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue}
+	calm := corev1.NodeCondition{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse}
+	pressed := corev1.NodeCondition{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionTrue}
+	disk := corev1.NodeCondition{Type: corev1.NodeDiskPressure, Status: corev1.ConditionTrue}
+	for _, tt := range []struct {
+		name  string
+		nodes []corev1.Node
+		want  bool
+	}{
+		{"no nodes", nil, false},
+		{"calm", []corev1.Node{node(ready, calm), node(ready, calm, disk)}, false},
+		{"one pressed", []corev1.Node{node(ready, calm), node(ready, pressed)}, true},
+	} {
+		if got := memoryPressure(tt.nodes); got != tt.want {
+			t.Errorf("%s: memoryPressure = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// A warm pod's token answers its start once, and nothing else: a wrong
+// token, a second poll after the start, and a pod destroyed get
+// ErrNotFound, on which the pod's worker exits without a task.
+func TestWarmStartOnce(t *testing.T) {
+	r := &Runtime{waiters: map[string]*waiter{}}
+	pod := func(id, token string) *waiter {
+		w := &waiter{token: sha256.Sum256([]byte(token)), polled: make(chan struct{}), start: make(chan []byte, 1), gone: make(chan struct{})}
+		r.waiters[id] = w
+		return w
+	}
+	ctx := context.Background()
+	w := pod("warm-a", "secret-a")
+	pod("warm-b", "secret-b")
+	if _, err := r.WarmStart(ctx, "warm-a", "secret-b"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("another pod's token: %v, want ErrNotFound", err)
+	}
+	w.start <- []byte(`{"argv":["true"]}`)
+	got, err := r.WarmStart(ctx, "warm-a", "secret-a")
+	if err != nil || string(got) != `{"argv":["true"]}` {
+		t.Fatalf("the start: %q, %v", got, err)
+	}
+	select {
+	case <-w.polled:
+	default:
+		t.Error("the poll did not mark the pod as waiting")
+	}
+	if _, err := r.WarmStart(ctx, "warm-a", "secret-a"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("a second poll after the start: %v, want ErrNotFound", err)
+	}
+	close(r.waiters["warm-b"].gone)
+	if _, err := r.WarmStart(ctx, "warm-b", "secret-b"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("a destroyed pod's poll: %v, want ErrNotFound", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	pod("warm-c", "secret-c")
+	if got, err := r.WarmStart(cctx, "warm-c", "secret-c"); got != nil || err != nil {
+		t.Fatalf("a poll whose request ended: %q, %v, want nothing (poll again)", got, err)
+	}
+}

@@ -1,0 +1,125 @@
+package workercmd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/sandbox/warmstart"
+	"github.com/corral-dev/corral/internal/worker"
+	"github.com/corral-dev/corral/internal/workerproto"
+)
+
+// warmPodGiveUp is how long a warm pod's worker keeps trying to reach a
+// server that does not answer before it takes it for gone and exits.
+const warmPodGiveUp = time.Minute
+
+// runWarmPod is `corral worker warm` in a warm pod: it polls the server
+// at workerproto.EnvServerURL, as the pod's id and with its token, for
+// the task that claims the pod, and runs it as a cold pod would have: its
+// environment is the pod's (the operator's Secret of API keys), less
+// Corral's variables, with the task's over it. A server that refuses the
+// pod (it destroyed the pod, or is a new server that did not make it), or
+// that cannot be reached for warmPodGiveUp, means no task will come: the
+// worker exits 0 and the pod ends.
+func runWarmPod(ctx context.Context, stderr io.Writer) int {
+	var id, token, serverURL string
+	var base []string
+	for _, kv := range os.Environ() {
+		switch k, v, _ := strings.Cut(kv, "="); {
+		case k == workerproto.EnvWarmID:
+			id = v
+		case k == workerproto.EnvWarmToken:
+			token = v
+		case k == workerproto.EnvServerURL:
+			serverURL = v
+		case !strings.HasPrefix(k, workerproto.EnvPrefix):
+			base = append(base, kv)
+		}
+	}
+	// The token is the pod's until its start: nothing of the task sees it.
+	os.Unsetenv(workerproto.EnvWarmToken)
+	debug.FreeOSMemory()
+	st, err := pollWarmStart(ctx, serverURL, id, token)
+	if errors.Is(err, warmstart.ErrNoTask) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "corral worker warm: %v\n", err)
+		return worker.ExitSetup
+	}
+	return runStart(ctx, st, overlay(base, st.Env), stderr)
+}
+
+// overlay is base with env's variables added, each replacing base's of
+// the same name.
+func overlay(base, env []string) []string {
+	set := map[string]bool{}
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		set[k] = true
+	}
+	var out []string
+	for _, kv := range base {
+		if k, _, _ := strings.Cut(kv, "="); !set[k] {
+			out = append(out, kv)
+		}
+	}
+	return append(out, env...)
+}
+
+// pollWarmStart polls GET /api/warm/{id}/start until it answers the
+// pod's start, or warmstart.ErrNoTask when none will come.
+func pollWarmStart(ctx context.Context, serverURL, id, token string) (warmstart.Start, error) {
+	dial, prefix, err := urlDialer(serverURL)
+	if err != nil {
+		return warmstart.Start{}, err
+	}
+	// The dialer speaks TLS itself for https: to the transport the
+	// connection is plain HTTP.
+	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+	}}
+	target := "http://server" + prefix + "/api/warm/" + id + "/start"
+	lastOK := time.Now()
+	for wait := 100 * time.Millisecond; ; {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+		if err != nil {
+			return warmstart.Start{}, err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := client.Do(req)
+		if err == nil {
+			lastOK = time.Now()
+			switch resp.StatusCode {
+			case http.StatusOK:
+				st, err := warmstart.Receive(resp.Body)
+				resp.Body.Close()
+				return st, err
+			case http.StatusNoContent:
+				resp.Body.Close()
+				wait = 100 * time.Millisecond
+				continue
+			case http.StatusNotFound, http.StatusForbidden, http.StatusUnauthorized:
+				resp.Body.Close()
+				return warmstart.Start{}, warmstart.ErrNoTask
+			}
+			resp.Body.Close()
+		}
+		if ctx.Err() != nil || time.Since(lastOK) > warmPodGiveUp {
+			return warmstart.Start{}, warmstart.ErrNoTask
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
