@@ -302,18 +302,42 @@ func (s *Server) suspendSession(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// sessionHistory is GET /api/sessions/{id}/history: its lifecycle and
-// the commands run in it.
+// sessionHistory is GET /api/sessions/{id}/history: a page of its
+// lifecycle and the commands run in it, the latest ?limit= events before
+// ?before=.
 func (s *Server) sessionHistory(w http.ResponseWriter, r *http.Request) error {
 	if err := s.sessionCaller(r); err != nil {
 		return err
 	}
-	evs, err := s.svc.Sessions.History(r.Context(), r.PathValue("id"))
+	before, err := wholeQuery(r, "before")
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"events": evs})
+	limit, err := wholeQuery(r, "limit")
+	if err != nil {
+		return err
+	}
+	req := service.SessionHistoryRequest{ID: r.PathValue("id"), Before: before, Limit: int(min(limit, service.SessionHistoryMaxLimit+1))}
+	page, err := s.svc.Sessions.History(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, page)
 	return nil
+}
+
+// wholeQuery is the query parameter name as a whole number above 0, or 0
+// where the request has none.
+func wholeQuery(r *http.Request, name string) (int64, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 1 {
+		return 0, errdefs.Field(name, "must be a whole number above 0")
+	}
+	return n, nil
 }
 
 // forkBody is POST /api/sessions/{id}/fork's body.
@@ -687,12 +711,21 @@ func (s sessionClient) Suspend(ctx context.Context, id string) (service.SessionS
 }
 
 // History implements service.Sessions.
-func (s sessionClient) History(ctx context.Context, id string) ([]service.SessionEvent, error) {
-	var r struct {
-		Events []service.SessionEvent `json:"events"`
+func (s sessionClient) History(ctx context.Context, req service.SessionHistoryRequest) (service.SessionHistory, error) {
+	q := url.Values{}
+	if req.Before > 0 {
+		q.Set("before", strconv.FormatInt(req.Before, 10))
 	}
-	err := s.c.call(ctx, http.MethodGet, "/api/sessions/"+url.PathEscape(id)+"/history", nil, &r)
-	return r.Events, err
+	if req.Limit > 0 {
+		q.Set("limit", strconv.Itoa(req.Limit))
+	}
+	path := "/api/sessions/" + url.PathEscape(req.ID) + "/history"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var r service.SessionHistory
+	err := s.c.call(ctx, http.MethodGet, path, nil, &r)
+	return r, err
 }
 
 // Fork implements service.Sessions.

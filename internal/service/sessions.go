@@ -47,11 +47,12 @@ type Sessions interface {
 	// Fork makes count new sessions, each with its own id, token and
 	// egress proxy, from a copy of session id's files.
 	Fork(ctx context.Context, id string, count int) (SessionFork, error)
-	// History is session id's lifecycle, oldest first: its creation,
-	// suspends, resumes, forks, network changes, adoptions and end, and
-	// each command's start (exec_started, with the command) and end
-	// (exec_ended, with its exit code).
-	History(ctx context.Context, id string) ([]SessionEvent, error)
+	// History is a page of session id's lifecycle, oldest first: its
+	// creation, suspends, resumes, forks, network changes, adoptions and
+	// end, and each command's start (exec_started, with the command) and
+	// end (exec_ended, with its exit code); the latest req.Limit events
+	// before req.Before.
+	History(ctx context.Context, req SessionHistoryRequest) (SessionHistory, error)
 	// SetNetwork changes a running session's network policy, as
 	// Tasks.SetNetwork does a task's (req.TaskID unused).
 	SetNetwork(ctx context.Context, id string, req NetworkRequest) (Session, error)
@@ -155,9 +156,33 @@ type SessionFork struct {
 // event's, session_suspended say), when, and what the event says of it
 // (tokens' hashes and sandbox handles left out).
 type SessionEvent struct {
+	// Seq is the event's place in the session's stream: a page's cursor.
+	Seq    int64          `json:"seq"`
 	Type   string         `json:"type"`
 	At     time.Time      `json:"at"`
 	Detail map[string]any `json:"detail,omitempty"`
+}
+
+// History's page sizes: the default and the most one answer holds.
+const (
+	SessionHistoryLimit    = 200
+	SessionHistoryMaxLimit = 1000
+)
+
+// SessionHistoryRequest asks for a page of a session's history: the
+// latest Limit events (0: SessionHistoryLimit) whose Seq is below Before
+// (0: the latest of all).
+type SessionHistoryRequest struct {
+	ID     string
+	Before int64
+	Limit  int
+}
+
+// SessionHistory is a page of a session's history, oldest first. Before,
+// when not 0, is the cursor of the page of older events.
+type SessionHistory struct {
+	Events []SessionEvent `json:"events"`
+	Before int64          `json:"before,omitempty"`
 }
 
 // SessionCreated is a session made, with its token: shown once.

@@ -4,7 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"sort"
 
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/service"
 )
 
@@ -24,20 +28,45 @@ var lifecycle = map[string][]string{
 }
 
 // History implements service.Sessions.
-func (m *Manager) History(ctx context.Context, id string) ([]service.SessionEvent, error) {
-	if _, err := m.Get(ctx, id); err != nil {
-		return nil, err
+func (m *Manager) History(ctx context.Context, req service.SessionHistoryRequest) (service.SessionHistory, error) {
+	limit := req.Limit
+	switch {
+	case limit == 0:
+		limit = service.SessionHistoryLimit
+	case limit < 1 || limit > service.SessionHistoryMaxLimit:
+		return service.SessionHistory{}, errdefs.Field("limit", fmt.Sprintf("must be a number from 1 to %d", service.SessionHistoryMaxLimit))
 	}
-	evs, err := m.opts.Store.ReadStream(ctx, StreamID(id), 0)
+	if req.Before < 0 {
+		return service.SessionHistory{}, errdefs.Field("before", "must be a seq from an earlier page (a whole number above 0)")
+	}
+	if _, err := m.Get(ctx, req.ID); err != nil {
+		return service.SessionHistory{}, err
+	}
+	evs, err := m.opts.Store.ReadStream(ctx, StreamID(req.ID), 0)
 	if err != nil {
-		return nil, fmt.Errorf("read session %s's events: %w", id, err)
+		return service.SessionHistory{}, fmt.Errorf("read session %s's events: %w", req.ID, err)
 	}
-	out := []service.SessionEvent{}
-	for _, e := range evs {
-		keep, ok := lifecycle[e.Type]
-		if !ok {
-			continue
+	// The page: the latest limit events of the history before Before,
+	// counted from the end, so only they are decoded.
+	end := len(evs)
+	if req.Before > 0 {
+		end = sort.Search(len(evs), func(i int) bool { return evs[i].StreamVersion >= req.Before })
+	}
+	var page []eventstore.Event
+	start := end
+	for start > 0 && len(page) < limit {
+		start--
+		if _, ok := lifecycle[evs[start].Type]; ok {
+			page = append(page, evs[start])
 		}
+	}
+	slices.Reverse(page)
+	out := service.SessionHistory{Events: make([]service.SessionEvent, 0, len(page))}
+	if len(page) == limit && slices.ContainsFunc(evs[:start], func(e eventstore.Event) bool { _, ok := lifecycle[e.Type]; return ok }) {
+		out.Before = page[0].StreamVersion
+	}
+	for _, e := range page {
+		keep := lifecycle[e.Type]
 		var all map[string]any
 		json.Unmarshal(e.Data, &all)
 		detail := map[string]any{}
@@ -46,7 +75,7 @@ func (m *Manager) History(ctx context.Context, id string) ([]service.SessionEven
 				detail[k] = v
 			}
 		}
-		out = append(out, service.SessionEvent{Type: e.Type, At: e.RecordedAt, Detail: detail})
+		out.Events = append(out.Events, service.SessionEvent{Seq: e.StreamVersion, Type: e.Type, At: e.RecordedAt, Detail: detail})
 	}
 	return out, nil
 }

@@ -362,6 +362,7 @@ class SessionCreated(TypedDict):
 
 
 class SessionEvent(TypedDict):
+    seq: int
     at: str
     detail: NotRequired[dict[str, Any]]
     type: str
@@ -378,6 +379,7 @@ class SessionFork(TypedDict):
 
 class SessionHistory(TypedDict):
     events: list[SessionEvent] | None
+    before: NotRequired[int]
 
 
 class SessionList(TypedDict):

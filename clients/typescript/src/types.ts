@@ -357,6 +357,7 @@ export interface SessionCreated {
 }
 
 export interface SessionEvent {
+  seq: number;
   at: string;
   detail?: Record<string, unknown>;
   type: string;
@@ -373,6 +374,7 @@ export interface SessionFork {
 
 export interface SessionHistory {
   events: SessionEvent[] | null;
+  before?: number;
 }
 
 export interface SessionList {
