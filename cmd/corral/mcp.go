@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -62,11 +63,14 @@ func runMCP(ctx context.Context, cf *clientFlags, sessionID string, stdout, stde
 	}
 	svc := client.Set()
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	_, err = client.Tools(pctx)
+	remote, err := client.Tools(pctx)
 	cancel()
+	// The catalogue lists code_execute only where the server runs it.
+	noExec := !cfg.Execution.Enabled
 	switch {
 	case err == nil:
 		log.Info("mcp: using the running corral server")
+		noExec = !slices.ContainsFunc(remote, func(f tools.Function) bool { return f.Function.Name == "code_execute" })
 	case errors.Is(err, errdefs.ErrUnavailable) && cf.server == "":
 		log.Info("mcp: no corral server answers; starting an embedded one", "listen", cfg.Listen, "data", cfg.Data)
 		a, err := app.New(ctx, cfg, log, app.Options{})
@@ -92,7 +96,7 @@ func runMCP(ctx context.Context, cf *clientFlags, sessionID string, stdout, stde
 	// server's own, and a remote server's when both read the same file.
 	w := cfg.AIWorker
 	srv := mcpserver.New(svc, mcpserver.Options{MaxArgumentBytes: cfg.Limits.MaxRequestBytes.Bytes(),
-		Limits: tools.Limits{DefaultTimeoutMinutes: w.DefaultTimeoutMinutes, MaxTimeoutMinutes: w.MaxTimeoutMinutes}}, log.With("subsystem", "mcp"))
+		Limits: tools.Limits{DefaultTimeoutMinutes: w.DefaultTimeoutMinutes, MaxTimeoutMinutes: w.MaxTimeoutMinutes, NoCodeExecute: noExec}}, log.With("subsystem", "mcp"))
 	return srv.ServeStdio(ctx, io.NopCloser(os.Stdin), nopWriteCloser{stdout})
 }
 

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,10 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/testenv"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // mcpReport is what test/mcp/client.mjs prints.
@@ -136,6 +139,34 @@ func TestMCPStdio(t *testing.T) {
 	s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=" + mcpToken}, withExec) // client.mjs calls code_execute
 	r := runMCPClient(t, dir, []string{"CORRAL_API_TOKEN=" + mcpToken, "CORRAL_SESSION_ID=" + mustSession(t, s)}, "stdio", corralBin, "mcp", "--server", s.url)
 	checkReport(t, s, r)
+}
+
+// `corral mcp --server` lists code_execute only where that server runs
+// it: a client offered a tool the server refuses would call it for
+// nothing.
+func TestMCPStdioCatalogueFollowsServer(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("execution=%v", on), func(t *testing.T) {
+			s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=" + mcpToken}, func(c *config.Config) { c.Execution.Enabled = on })
+			cmd := exec.Command(corralBin, "mcp", "--server", s.url)
+			cmd.Env = append(os.Environ(), "CORRAL_API_TOKEN="+mcpToken)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cs.Close()
+			list, err := cs.ListTools(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			listed := slices.ContainsFunc(list.Tools, func(tl *mcp.Tool) bool { return tl.Name == "code_execute" })
+			if listed != on || len(list.Tools) < 10 {
+				t.Errorf("with execution.enabled %v: code_execute listed %v among %d tools", on, listed, len(list.Tools))
+			}
+		})
+	}
 }
 
 // TestMCPStdioEmbedded runs `corral mcp` with no server at the configured
