@@ -168,9 +168,16 @@ func kubeconfig() string {
 func TestRBACSufficesForTheRuntime(t *testing.T) {
 	c := newCluster(t)
 	ns := k8stest.Namespace(t, c.cs)
-	objs := decode(t, render(t, "ai_worker_config: {namespace: "+ns+", runtime_class: \"\"}\n"))
+	// With warm pods, which follow the nodes' memory pressure: the one
+	// cluster-wide right, checked below.
+	objs := decode(t, render(t, "ai_worker_config: {namespace: "+ns+", runtime_class: \"\"}\nkubernetes: {warm_pool: 1}\n"))
 	for _, u := range objs {
 		switch u.GetKind() {
+		case "ClusterRole", "ClusterRoleBinding":
+			if err := c.apply(t, u, false); err != nil {
+				t.Fatalf("apply %s %s: %v", u.GetKind(), u.GetName(), err)
+			}
+			t.Cleanup(func() { c.resource(t, u).Delete(context.Background(), u.GetName(), metav1.DeleteOptions{}) })
 		case "ServiceAccount", "Role", "RoleBinding":
 			if err := c.apply(t, u, false); err != nil {
 				t.Fatalf("apply %s %s: %v", u.GetKind(), u.GetName(), err)
@@ -197,6 +204,9 @@ func TestRBACSufficesForTheRuntime(t *testing.T) {
 		{Namespace: ns, Verb: "create", Resource: "pods", Subresource: "exec"},
 		{Namespace: ns, Verb: "update", Group: "rbac.authorization.k8s.io", Resource: "roles"},
 		{Namespace: "default", Verb: "create", Group: "batch", Resource: "jobs"},
+		{Verb: "get", Resource: "nodes"},
+		{Verb: "update", Resource: "nodes"},
+		{Verb: "list", Resource: "pods"}, // in every namespace
 	} {
 		r, err := self.Create(ctx, &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &ra}}, metav1.CreateOptions{})
 		if err != nil {
@@ -205,6 +215,12 @@ func TestRBACSufficesForTheRuntime(t *testing.T) {
 		if r.Status.Allowed {
 			t.Errorf("the server may %s %s/%s in %s", ra.Verb, ra.Resource, ra.Subresource, ra.Namespace)
 		}
+	}
+	// The one it has beyond its namespace, for the warm pods.
+	if r, err := self.Create(ctx, &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "list", Resource: "nodes"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	} else if !r.Status.Allowed {
+		t.Errorf("the server of warm pods may not list nodes: %s", r.Status.Reason)
 	}
 
 	rt, err := kubernetes.New(kubernetes.Options{

@@ -26,6 +26,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 	appsv1 "k8s.io/api/apps/v1"
@@ -366,6 +367,20 @@ func objects(cfg *config.Config, opts Options, serverCfg []byte) []object {
 			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: Server, Namespace: ns}},
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: Server},
 		})
+	if k.WarmPool > 0 {
+		// Warm pods go first when a node runs short of memory: the
+		// server lists the nodes to know, its one cluster-wide right,
+		// rendered only where it keeps warm pods.
+		name := NodeReader(ns)
+		out = append(out,
+			&rbacv1.ClusterRole{TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "ClusterRole"), ObjectMeta: meta(name, "", serverLabels),
+				Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list"}}}},
+			&rbacv1.ClusterRoleBinding{
+				TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ObjectMeta: meta(name, "", serverLabels),
+				Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: Server, Namespace: ns}},
+				RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+			})
+	}
 	if !opts.NoSecrets {
 		keys := []string{TokenKey, WebhookKey}
 		if cfg.Store.Driver == config.StorePostgres {
@@ -405,6 +420,11 @@ func objects(cfg *config.Config, opts Options, serverCfg []byte) []object {
 	}
 	return out
 }
+
+// NodeReader names the ClusterRole, and its binding, that lets the server
+// of namespace ns list nodes (kubernetes.warm_pool only): cluster-wide
+// objects, so named after the namespace.
+func NodeReader(ns string) string { return Server + "-" + ns + "-nodes" }
 
 // Rules are the server's rights in its namespace: exactly what the
 // kubernetes runtime calls (internal/sandbox/kubernetes), nothing more.
@@ -531,9 +551,13 @@ func deployment(cfg *config.Config, opts Options, serverCfg []byte) *appsv1.Depl
 		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 	}
 	pod := corev1.PodSpec{
-		ServiceAccountName:           Server,
-		AutomountServiceAccountToken: new(true), // it creates the workers' Jobs
-		EnableServiceLinks:           new(false),
+		// A stop ends what the server runs within limits.stop_grace and
+		// 10 s (shutdown: stop); Kubernetes waits that long, and 5 s of
+		// margin, before it kills the server.
+		TerminationGracePeriodSeconds: new(int64(max(30*time.Second, time.Duration(cfg.Limits.StopGrace)+15*time.Second) / time.Second)),
+		ServiceAccountName:            Server,
+		AutomountServiceAccountToken:  new(true), // it creates the workers' Jobs
+		EnableServiceLinks:            new(false),
 		SecurityContext: &corev1.PodSecurityContext{
 			RunAsUser: &id, RunAsGroup: &id, FSGroup: &id, RunAsNonRoot: new(true),
 			FSGroupChangePolicy: new(corev1.FSGroupChangeOnRootMismatch),

@@ -231,6 +231,34 @@ func TestRBAC(t *testing.T) {
 			t.Errorf("%s rendered: the server needs no cluster-wide rights", key)
 		}
 	}
+
+	// Warm pods follow the nodes' memory pressure: the server may list
+	// nodes, and nothing else cluster-wide.
+	warm := load(t, custom)
+	warm.Kubernetes.WarmPool = 2
+	m, _ = mustRender(t, warm, Options{})
+	var cr rbacv1.ClusterRole
+	m.get(t, "ClusterRole/"+NodeReader("ai"), &cr)
+	if d := cmp.Diff([]rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list"}}}, cr.Rules); d != "" {
+		t.Errorf("ClusterRole rules with warm pods (-want +got):\n%s", d)
+	}
+	var crb rbacv1.ClusterRoleBinding
+	m.get(t, "ClusterRoleBinding/"+NodeReader("ai"), &crb)
+	if d := cmp.Diff(wantRB.Subjects, crb.Subjects); d != "" {
+		t.Errorf("ClusterRoleBinding subjects (-want +got):\n%s", d)
+	}
+	if want := (rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: NodeReader("ai")}); crb.RoleRef != want {
+		t.Errorf("ClusterRoleBinding roleRef %+v, want %+v", crb.RoleRef, want)
+	}
+}
+
+// mustDeployment renders content's server Deployment.
+func mustDeployment(t *testing.T, content string) appsv1.Deployment {
+	t.Helper()
+	m, _ := mustRender(t, load(t, content), Options{ServerImage: "corral:v9"})
+	var d appsv1.Deployment
+	m.get(t, "Deployment/corral", &d)
+	return d
 }
 
 // The server runs non-root, as the workers' uid, with nothing it does not
@@ -246,6 +274,14 @@ func TestDeployment(t *testing.T) {
 		t.Errorf("strategy %q, want Recreate", d.Spec.Strategy.Type)
 	}
 	pod := d.Spec.Template.Spec
+	// custom's stop_grace is the default, 10 s: the stop's 10 s and 5 of
+	// margin leave Kubernetes' own 30.
+	if g := pod.TerminationGracePeriodSeconds; g == nil || *g != 30 {
+		t.Errorf("termination grace %v, want 30 s", g)
+	}
+	if g := mustDeployment(t, custom+"limits:\n  stop_grace: 40s\n").Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g != 55 {
+		t.Errorf("termination grace with stop_grace 40s: %v, want 55 s (40 s, the stop's 10 and 5 of margin)", g)
+	}
 	if pod.ServiceAccountName != Server {
 		t.Errorf("service account %q, want %s", pod.ServiceAccountName, Server)
 	}
