@@ -8,13 +8,14 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/corral-dev/corral/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite docs/configuration.md's generated part from the config types")
@@ -41,25 +42,7 @@ func TestConfigurationReference(t *testing.T) {
 	if err := writeReference(&b, reflect.ValueOf(*Default()), comments, keySetters()); err != nil {
 		t.Fatal(err)
 	}
-	doc, err := os.ReadFile(referencePath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	head, rest, ok := strings.Cut(string(doc), referenceBegin)
-	_, tail, ok2 := strings.Cut(rest, referenceEnd)
-	if !ok || !ok2 {
-		t.Fatalf("%s has no generated part between %q and %q", referencePath, referenceBegin, referenceEnd)
-	}
-	want := head + referenceBegin + b.String() + referenceEnd + tail
-	if *update {
-		if err := os.WriteFile(referencePath, []byte(want), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	if string(doc) != want {
-		t.Errorf("%s is not what the config types say: run go test ./internal/config -run TestConfigurationReference -update, and commit it", referencePath)
-	}
+	testenv.GeneratedPart(t, referencePath, referenceBegin, referenceEnd, b.Bytes(), *update, "go test ./internal/config -run TestConfigurationReference -update")
 }
 
 // A field without a doc comment is refused by name, so the reference

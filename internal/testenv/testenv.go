@@ -388,3 +388,30 @@ func (b *SyncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// GeneratedPart checks that the part of the file at path between the
+// lines begin and end is part, as a generator says it should be now; with
+// update it rewrites that part instead. The test that calls it says, in
+// rerun, the command that rewrites it.
+func GeneratedPart(tb testing.TB, path, begin, end string, part []byte, update bool, rerun string) {
+	tb.Helper()
+	doc, err := os.ReadFile(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	head, rest, ok := strings.Cut(string(doc), begin)
+	_, tail, ok2 := strings.Cut(rest, end)
+	if !ok || !ok2 {
+		tb.Fatalf("%s has no generated part between %q and %q", path, begin, end)
+	}
+	want := head + begin + string(part) + end + tail
+	if update {
+		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+		return
+	}
+	if string(doc) != want {
+		tb.Errorf("%s's generated part is out of date: run %s, and commit it", path, rerun)
+	}
+}

@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite docs/integrations.md's generated part from the catalogue")
@@ -36,25 +36,7 @@ func TestToolsReference(t *testing.T) {
 			t.Fatalf("%s: %v", tool.Name, err)
 		}
 	}
-	doc, err := os.ReadFile(referencePath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	head, rest, ok := strings.Cut(string(doc), referenceBegin)
-	_, tail, ok2 := strings.Cut(rest, referenceEnd)
-	if !ok || !ok2 {
-		t.Fatalf("%s has no generated part between %q and %q", referencePath, referenceBegin, referenceEnd)
-	}
-	want := head + referenceBegin + b.String() + referenceEnd + tail
-	if *update {
-		if err := os.WriteFile(referencePath, []byte(want), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	if string(doc) != want {
-		t.Errorf("%s is not what the catalogue says: run go test ./internal/tools -run TestToolsReference -update, and commit it", referencePath)
-	}
+	testenv.GeneratedPart(t, referencePath, referenceBegin, referenceEnd, b.Bytes(), *update, "go test ./internal/tools -run TestToolsReference -update")
 }
 
 // argSchema is the part of a JSON schema the reference shows.
