@@ -13,6 +13,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/sandbox/warmpool"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -98,7 +99,7 @@ func TestCrashPoints(t *testing.T) {
 			if ids := r.warmIDs(t); len(ids) != 0 {
 				t.Errorf("warm sandboxes %v left after the restart", ids)
 			}
-			if ents, _ := os.ReadDir(warmDir(state)); len(ents) != 1 || ents[0].Name() != r.warmTag+".lock" {
+			if ents, _ := os.ReadDir(warmpool.DirOf(state)); len(ents) != 1 || ents[0].Name() != r.Tag+".lock" {
 				t.Errorf("warm slots left after the restart: %v, want only the runtime's lock", ents)
 			}
 			hs, err := r.List(ctx, map[string]string{"test": id})
