@@ -225,8 +225,12 @@ func spawnFault(p *proc, runtime string) (string, error) {
 	return tk.ID, err
 }
 
-// procWarm reads corral_warm_sandboxes from p's /metrics, by shape.
-func procWarm(p *proc) map[string]uint64 {
+// procWarm reads the local runtime's corral_warm_sandboxes from p's
+// /metrics, by shape.
+func procWarm(p *proc) map[string]uint64 { return procWarmOf(p, "local") }
+
+// procWarmOf is procWarm for runtime's pools.
+func procWarmOf(p *proc, runtime string) map[string]uint64 {
 	resp, err := http.Get(p.url + "/metrics")
 	if err != nil {
 		return nil
@@ -235,7 +239,7 @@ func procWarm(p *proc) map[string]uint64 {
 	out := map[string]uint64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), `corral_warm_sandboxes{runtime="local",shape="`)
+		line, ok := strings.CutPrefix(sc.Text(), `corral_warm_sandboxes{runtime="`+runtime+`",shape="`)
 		if !ok {
 			continue
 		}
@@ -247,17 +251,27 @@ func procWarm(p *proc) map[string]uint64 {
 	return out
 }
 
-// waitProcWarm waits until each of p's pools holds n warm sandboxes.
+// waitProcWarm waits until each of p's local pools holds n warm
+// sandboxes.
 func waitProcWarm(t *testing.T, p *proc, n uint64) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d warm sandboxes of each shape", n), func() bool {
-		w := procWarm(p)
+	waitProcWarmOf(t, p, "local", n)
+}
+
+// waitProcWarmOf is waitProcWarm for runtime's pools.
+func waitProcWarmOf(t *testing.T, p *proc, runtime string, n uint64) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d warm %s sandboxes of each shape", n, runtime), func() bool {
+		w := procWarmOf(p, runtime)
 		return len(w) == 2 && w["none"] == n && w["egress"] == n
 	})
 }
 
 var (
-	warmInArgs    = regexp.MustCompile(`/_warm/(warm-[0-9a-z-]+)/`)
+	// A local warm sandbox's bwrap binds its slots, _warm/<id>/<n>; a
+	// gVisor one's launcher and runsc processes name its state dir,
+	// run/gvisor/<id>/, which they keep naming once it is claimed.
+	warmInArgs    = regexp.MustCompile(`/(?:_warm|run/gvisor)/(warm-[0-9a-z-]+)/`)
 	sessionInArgs = regexp.MustCompile(`/(sess-[0-9a-z]+)`)
 	taskInArgs    = regexp.MustCompile(`/tasks/([0-9A-Za-z_-]+)`)
 )
@@ -265,7 +279,7 @@ var (
 // sandboxProcs lists the processes outside sandboxes that keep the
 // sandboxes on data running (their launchers and bwrap, whose command
 // lines bind data's directories; everything in a sandbox dies with its
-// bwrap), by sandbox: a warm sandbox's id, a session's id, or a cold
+// bwrap; on gVisor, the launchers, runsc, its sentry and gofer), by sandbox: a warm sandbox's id, a session's id, or a cold
 // one's task id. The servers' own processes are not listed.
 func sandboxProcs(data string) map[string][]int {
 	out := map[string][]int{}
@@ -293,12 +307,15 @@ func sandboxProcs(data string) map[string][]int {
 }
 
 // leftover is sandboxProcs less the warm sandboxes still in a pool (their
-// state directories still named as warm).
+// state directories still named as warm), of either host runtime.
 func leftover(data string) map[string][]int {
 	out := sandboxProcs(data)
 	for id := range out {
-		if strings.HasPrefix(id, "warm-") {
-			if _, err := os.Stat(filepath.Join(data, "run", "local", id)); err == nil {
+		if !strings.HasPrefix(id, "warm-") {
+			continue
+		}
+		for _, rt := range []string{"local", "gvisor"} {
+			if _, err := os.Stat(filepath.Join(data, "run", rt, id)); err == nil {
 				delete(out, id)
 			}
 		}
