@@ -184,35 +184,45 @@ func TestKill9AtEachPoint(t *testing.T) {
 	} {
 		t.Run(tt.point, func(t *testing.T) {
 			t.Parallel()
-			data := testenv.TempDir(t)
 			warm := 0
 			if tt.warm {
 				warm = 1
 			}
-			cfg := faultConfig(t, warm, false)
-			srv := startCrashing(t, data, tt.point, "--config", cfg)
-			if tt.warm {
-				waitProcWarm(t, srv.proc, 1)
-			}
-			// The kill may come before the spawn's answer: the task is
-			// there all the same, and is checked as one acknowledged.
-			var acked []string
-			if id, err := spawnFault(srv.proc, ""); err == nil {
-				acked = append(acked, id)
-			}
-			srv.waitKilled(t, tt.point)
-
-			f := checkFaults(t, startProcess(t, data, "--config", cfg), data, acked)
-			if f.tasks != 1 {
-				t.Fatalf("%d tasks, want the one spawned", f.tasks)
-			}
-			for _, types := range f.events {
-				if got := slices.Contains(types, task.EventStartRetried); got != tt.startAgain {
-					t.Errorf("events %v: started again %v, want %v", types, got, tt.startAgain)
-				}
-			}
+			kill9At(t, faultConfig(t, warm, false), tt.point, "local", tt.warm, tt.startAgain)
 		})
 	}
+}
+
+// kill9At is one case of the SIGKILL tests: a server with the
+// configuration cfg, its pools of runtime waited for when warm, killed at
+// point while its one task (on runtime) starts, then started again on the
+// same data (returned), whose result checkFaults checks; the task was
+// started again (task_start_retried) if and only if startAgain.
+func kill9At(t *testing.T, cfg, point, runtime string, warm, startAgain bool) (data string) {
+	t.Helper()
+	data = testenv.TempDir(t)
+	srv := startCrashing(t, data, point, "--config", cfg)
+	if warm {
+		waitProcWarmOf(t, srv.proc, runtime, 1)
+	}
+	// The kill may come before the spawn's answer: the task is there all
+	// the same, and is checked as one acknowledged.
+	var acked []string
+	if id, err := spawnFault(srv.proc, runtime); err == nil {
+		acked = append(acked, id)
+	}
+	srv.waitKilled(t, point)
+
+	f := checkFaults(t, startProcess(t, data, "--config", cfg), data, acked)
+	if f.tasks != 1 {
+		t.Fatalf("%d tasks, want the one spawned", f.tasks)
+	}
+	for _, types := range f.events {
+		if got := slices.Contains(types, task.EventStartRetried); got != startAgain {
+			t.Errorf("events %v: started again %v, want %v", types, got, startAgain)
+		}
+	}
+	return data
 }
 
 // spawnFault spawns a task running faultScript with network none (a

@@ -71,25 +71,7 @@ func TestKill9AtEachPointGvisor(t *testing.T) {
 	} {
 		// One at a time: each server keeps two warm gVisor sandboxes.
 		t.Run(tt.point, func(t *testing.T) {
-			data := testenv.TempDir(t)
-			cfg := gvisorFaultConfig(t)
-			srv := startCrashing(t, data, tt.point, "--config", cfg)
-			waitProcWarmOf(t, srv.proc, "gvisor", 1)
-			var acked []string
-			if id, err := spawnFault(srv.proc, "gvisor"); err == nil {
-				acked = append(acked, id)
-			}
-			srv.waitKilled(t, tt.point)
-
-			f := checkFaults(t, startProcess(t, data, "--config", cfg), data, acked)
-			if f.tasks != 1 {
-				t.Fatalf("%d tasks, want the one spawned", f.tasks)
-			}
-			for _, types := range f.events {
-				if got := slices.Contains(types, task.EventStartRetried); got != tt.startAgain {
-					t.Errorf("events %v: started again %v, want %v", types, got, tt.startAgain)
-				}
-			}
+			data := kill9At(t, gvisorFaultConfig(t), tt.point, "gvisor", true, tt.startAgain)
 			if cs := runscContainers(t, data); len(cs) != 0 {
 				t.Errorf("runsc still knows %v after the server stopped", cs)
 			}

@@ -31,27 +31,11 @@ const (
 	envCrashCg    = "CORRAL_TEST_GVISOR_CRASH_CGROUP"
 )
 
-// crashWarmScript is the warm sandboxes' main process in TestCrashPoints,
-// doing what the worker does (workercmd.RunWarm): nothing if its pipe
-// closes empty; else it acknowledges the start on warmstart.AckFD, closes
-// it, and runs its task: here, marks /out/ran and exits 7.
-const crashWarmScript = `s=$(cat <&5); [ -n "$s" ] || exit 0; echo started >&6; exec 6>&-; touch /out/ran; exit 7`
-
-// crashTaskScript is the task's command when it starts cold: the same.
-const crashTaskScript = `touch /out/ran; exit 7`
-
 // crashOptions are the runtime options of TestCrashPoints over state,
 // both the helper's and the parent's: the sandboxes' cgroups under
 // cgParent, the subtest's own.
 func crashOptions(state, cgParent string) Options {
 	return Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: cgParent}
-}
-
-// crashSpec is the task's spec: its directory under tasks at /out.
-func crashSpec(tasks, id string) sandbox.Spec {
-	return sandbox.Spec{ID: id, Command: []string{"/bin/sh", "-c", crashTaskScript}, Dir: "/out",
-		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(filepath.Join(tasks, id)), Target: "/out"}},
-		Network: sandbox.NetworkNone, Labels: map[string]string{sandbox.LabelManaged: "true", "test": id}}
 }
 
 // TestCrashPoints: a server killed with SIGKILL at each point of a task's
@@ -257,20 +241,5 @@ func crashHelper(t *testing.T, point string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tasks, id := os.Getenv(envCrashTasks), os.Getenv(envCrashID)
-	switch point {
-	case sandbox.CrashClaimed, sandbox.CrashMoved, sandbox.CrashHandedOver, sandbox.CrashSent:
-		shape := sandbox.WarmShape{Name: "test", Template: sandbox.Spec{
-			Command: []string{"/bin/sh", "-c", crashWarmScript},
-			Dir:     "/out",
-			Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(tasks) + "/" + sandbox.WarmTaskID, Target: "/out"}},
-			Network: sandbox.NetworkNone,
-		}}
-		go r.KeepWarm(context.Background(), sandbox.WarmPolicy{Size: 1, Shapes: []sandbox.WarmShape{shape}})
-		waitReady(t, r, 1)
-	}
-	if _, err := r.Create(context.Background(), crashSpec(tasks, id)); err != nil {
-		t.Fatal(err)
-	}
-	t.Fatalf("Create returned without passing %s", point)
+	sandboxtest.CreateUntilKilled(t, r, point, os.Getenv(envCrashTasks), os.Getenv(envCrashID))
 }
