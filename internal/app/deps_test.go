@@ -49,8 +49,8 @@ var allowed = map[string][]string{
 	// projection and a data root.
 	"internal/eventstore/sqlite/sqlitetest": {"eventstore/sqlite"},
 	"internal/projection/projectiontest":    {"eventstore", "eventstore/sqlite", "eventstore/sqlite/sqlitetest", "projection", "task", "workspace"},
-	"internal/sandbox/local":                {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmstart", "sandbox/warmpool", "quota", "ids", "errdefs", "logkey", "lockfile"},
-	"internal/sandbox/gvisor":               {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmstart", "sandbox/warmpool", "ids", "lockfile", "errdefs", "logkey"},
+	"internal/sandbox/local":                {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmpool", "errdefs", "logkey"},
+	"internal/sandbox/gvisor":               {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmpool", "errdefs", "logkey"},
 	"internal/sandbox/sandboxtest":          {"sandbox", "sandbox/hostproc", "errdefs", "testenv"},
 	"internal/sandbox/docker":               {"sandbox", "sandbox/hostproc", "sandbox/hostuser", "sandbox/gvisor", "sandbox/seccomp", "sandbox/statedir", "errdefs", "logkey"},
 	"internal/sandbox/kubernetes":           {"sandbox", "sandbox/hostuser", "sandbox/warmpool", "sandbox/warmstart", "workerproto", "errdefs", "logkey"}, // workerproto: the variables a warm pod polls the server with
@@ -118,8 +118,11 @@ var allowed = map[string][]string{
 	// How a warm sandbox's main process gets its task.
 	"internal/sandbox/warmstart": {},
 	// The warm pools' runtime-independent part (fill, refill, idle,
-	// budget), shared by the runtimes that keep sandboxes warm.
-	"internal/sandbox/warmpool": {"sandbox", "logkey", "lockfile", "quota"},
+	// budget), shared by the runtimes that keep sandboxes warm; and the
+	// host runtimes' warm claim (Host): over their state dir (statedir),
+	// giving the task's directories to the sandbox identity (hostuser),
+	// sending the start (warmstart), naming a warm sandbox (ids).
+	"internal/sandbox/warmpool": {"sandbox", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmstart", "ids", "errdefs", "logkey", "lockfile", "quota"},
 }
 
 // badDeps are modules some packages must not depend on even indirectly:

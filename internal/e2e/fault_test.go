@@ -184,35 +184,45 @@ func TestKill9AtEachPoint(t *testing.T) {
 	} {
 		t.Run(tt.point, func(t *testing.T) {
 			t.Parallel()
-			data := testenv.TempDir(t)
 			warm := 0
 			if tt.warm {
 				warm = 1
 			}
-			cfg := faultConfig(t, warm, false)
-			srv := startCrashing(t, data, tt.point, "--config", cfg)
-			if tt.warm {
-				waitProcWarm(t, srv.proc, 1)
-			}
-			// The kill may come before the spawn's answer: the task is
-			// there all the same, and is checked as one acknowledged.
-			var acked []string
-			if id, err := spawnFault(srv.proc, ""); err == nil {
-				acked = append(acked, id)
-			}
-			srv.waitKilled(t, tt.point)
-
-			f := checkFaults(t, startProcess(t, data, "--config", cfg), data, acked)
-			if f.tasks != 1 {
-				t.Fatalf("%d tasks, want the one spawned", f.tasks)
-			}
-			for _, types := range f.events {
-				if got := slices.Contains(types, task.EventStartRetried); got != tt.startAgain {
-					t.Errorf("events %v: started again %v, want %v", types, got, tt.startAgain)
-				}
-			}
+			kill9At(t, faultConfig(t, warm, false), tt.point, "local", tt.warm, tt.startAgain)
 		})
 	}
+}
+
+// kill9At is one case of the SIGKILL tests: a server with the
+// configuration cfg, its pools of runtime waited for when warm, killed at
+// point while its one task (on runtime) starts, then started again on the
+// same data (returned), whose result checkFaults checks; the task was
+// started again (task_start_retried) if and only if startAgain.
+func kill9At(t *testing.T, cfg, point, runtime string, warm, startAgain bool) (data string) {
+	t.Helper()
+	data = testenv.TempDir(t)
+	srv := startCrashing(t, data, point, "--config", cfg)
+	if warm {
+		waitProcWarmOf(t, srv.proc, runtime, 1)
+	}
+	// The kill may come before the spawn's answer: the task is there all
+	// the same, and is checked as one acknowledged.
+	var acked []string
+	if id, err := spawnFault(srv.proc, runtime); err == nil {
+		acked = append(acked, id)
+	}
+	srv.waitKilled(t, point)
+
+	f := checkFaults(t, startProcess(t, data, "--config", cfg), data, acked)
+	if f.tasks != 1 {
+		t.Fatalf("%d tasks, want the one spawned", f.tasks)
+	}
+	for _, types := range f.events {
+		if got := slices.Contains(types, task.EventStartRetried); got != startAgain {
+			t.Errorf("events %v: started again %v, want %v", types, got, startAgain)
+		}
+	}
+	return data
 }
 
 // spawnFault spawns a task running faultScript with network none (a
@@ -225,8 +235,12 @@ func spawnFault(p *proc, runtime string) (string, error) {
 	return tk.ID, err
 }
 
-// procWarm reads corral_warm_sandboxes from p's /metrics, by shape.
-func procWarm(p *proc) map[string]uint64 {
+// procWarm reads the local runtime's corral_warm_sandboxes from p's
+// /metrics, by shape.
+func procWarm(p *proc) map[string]uint64 { return procWarmOf(p, "local") }
+
+// procWarmOf is procWarm for runtime's pools.
+func procWarmOf(p *proc, runtime string) map[string]uint64 {
 	resp, err := http.Get(p.url + "/metrics")
 	if err != nil {
 		return nil
@@ -235,7 +249,7 @@ func procWarm(p *proc) map[string]uint64 {
 	out := map[string]uint64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), `corral_warm_sandboxes{runtime="local",shape="`)
+		line, ok := strings.CutPrefix(sc.Text(), `corral_warm_sandboxes{runtime="`+runtime+`",shape="`)
 		if !ok {
 			continue
 		}
@@ -247,17 +261,27 @@ func procWarm(p *proc) map[string]uint64 {
 	return out
 }
 
-// waitProcWarm waits until each of p's pools holds n warm sandboxes.
+// waitProcWarm waits until each of p's local pools holds n warm
+// sandboxes.
 func waitProcWarm(t *testing.T, p *proc, n uint64) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d warm sandboxes of each shape", n), func() bool {
-		w := procWarm(p)
+	waitProcWarmOf(t, p, "local", n)
+}
+
+// waitProcWarmOf is waitProcWarm for runtime's pools.
+func waitProcWarmOf(t *testing.T, p *proc, runtime string, n uint64) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d warm %s sandboxes of each shape", n, runtime), func() bool {
+		w := procWarmOf(p, runtime)
 		return len(w) == 2 && w["none"] == n && w["egress"] == n
 	})
 }
 
 var (
-	warmInArgs    = regexp.MustCompile(`/_warm/(warm-[0-9a-z-]+)/`)
+	// A local warm sandbox's bwrap binds its slots, _warm/<id>/<n>; a
+	// gVisor one's launcher and runsc processes name its state dir,
+	// run/gvisor/<id>/, which they keep naming once it is claimed.
+	warmInArgs    = regexp.MustCompile(`/(?:_warm|run/gvisor)/(warm-[0-9a-z-]+)/`)
 	sessionInArgs = regexp.MustCompile(`/(sess-[0-9a-z]+)`)
 	taskInArgs    = regexp.MustCompile(`/tasks/([0-9A-Za-z_-]+)`)
 )
@@ -265,7 +289,7 @@ var (
 // sandboxProcs lists the processes outside sandboxes that keep the
 // sandboxes on data running (their launchers and bwrap, whose command
 // lines bind data's directories; everything in a sandbox dies with its
-// bwrap), by sandbox: a warm sandbox's id, a session's id, or a cold
+// bwrap; on gVisor, the launchers, runsc, its sentry and gofer), by sandbox: a warm sandbox's id, a session's id, or a cold
 // one's task id. The servers' own processes are not listed.
 func sandboxProcs(data string) map[string][]int {
 	out := map[string][]int{}
@@ -293,12 +317,15 @@ func sandboxProcs(data string) map[string][]int {
 }
 
 // leftover is sandboxProcs less the warm sandboxes still in a pool (their
-// state directories still named as warm).
+// state directories still named as warm), of either host runtime.
 func leftover(data string) map[string][]int {
 	out := sandboxProcs(data)
 	for id := range out {
-		if strings.HasPrefix(id, "warm-") {
-			if _, err := os.Stat(filepath.Join(data, "run", "local", id)); err == nil {
+		if !strings.HasPrefix(id, "warm-") {
+			continue
+		}
+		for _, rt := range []string{"local", "gvisor"} {
+			if _, err := os.Stat(filepath.Join(data, "run", rt, id)); err == nil {
 				delete(out, id)
 			}
 		}

@@ -90,7 +90,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -105,7 +104,6 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/lockfile"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
@@ -205,12 +203,9 @@ type Runtime struct {
 	capsOnce sync.Once
 	caps     sandbox.Capabilities
 
-	// warmTag is in the ids of the warm sandboxes this runtime starts;
-	// it holds warmLock while they are its own (warmpool.Prefix).
-	warmTag  string
-	warmLock *lockfile.File
-	// warm are the warm sandboxes' pools (KeepWarm).
-	warm *warmpool.Pools[*warmBox]
+	// Host keeps the runtime's warm sandboxes and hands them to tasks:
+	// its KeepWarm and WarmStats are the runtime's (sandbox.Warmer).
+	*warmpool.Host[state]
 
 	// Sandboxes is StateDir (state.json per sandbox, the per-id locks
 	// that serialise Create and Destroy, the sandboxes this instance has
@@ -220,11 +215,9 @@ type Runtime struct {
 }
 
 // state is Handle.State, version 1, also kept in StateDir/<id>/state.json.
+// Launch.Warm, of a claimed warm sandbox, is the id runsc knows it by.
 type state struct {
 	statedir.Launch
-	// Warm is the id a task's sandbox had while it was warm, "" for one
-	// started cold: runsc knows the sandbox by it.
-	Warm string `json:"warm,omitempty"`
 }
 
 // container is runsc's id of the sandbox.
@@ -277,15 +270,10 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	})
 	// Never reattached: a new server starts its own, under a tag of its
 	// own (warmpool.Prefix), and destroys those of runtimes gone.
-	if err := os.MkdirAll(warmDir(opts.StateDir), 0o711); err != nil {
-		return nil, fmt.Errorf("gvisor runtime: %w", err)
-	}
 	var err error
-	if r.warmTag, r.warmLock, err = warmpool.Own(warmDir(opts.StateDir)); err != nil {
-		return nil, fmt.Errorf("gvisor runtime: %w", err)
+	if r.Host, err = r.newWarm(); err != nil {
+		return nil, err
 	}
-	r.destroyLeftoverWarm(context.Background())
-	r.warm = warmpool.New[*warmBox](Name, warmOps{r}, r.log)
 	return r, nil
 }
 
@@ -387,32 +375,19 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 // create is Create, or Restore from the checkpoint in image when not "";
 // a warm sandbox's main process also gets start, the read end of the pipe
 // its task will come through (see KeepWarm).
-func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, image string, start *os.File) (_ *sandbox.Handle, err error) {
+func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, image string, start *os.File) (*sandbox.Handle, error) {
 	if err := validateSpec(spec, r.opts.DataRoot); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
-	var box *warmBox
-	if start == nil && image == "" { // a warm sandbox's own spec claims nothing
-		box = r.claimWarm(spec)
-	}
-	spec = spec.Resolve(r.opts.DataRoot) // from here on, mounts are host paths
-	unlock := r.Dir.Lock(spec.ID)
-	defer unlock()
-	if e, err := r.Lookup(spec.ID); err == nil {
-		r.releaseWarm(box)
-		return r.Handle(e.St), nil
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		r.releaseWarm(box)
-		return nil, err
-	}
-	if box != nil {
-		h, err := r.adopt(ctx, spec, box)
-		box.pool.Wake() // for the next box, now the claim is done
-		if err == nil {
-			return h, nil
-		}
-		r.log.Warn("warm sandbox not usable; starting the task's cold", logkey.SandboxID, spec.ID, "warm_id", box.id, logkey.Error, err)
-	}
+	// A warm sandbox's own spec, or a restore, claims none.
+	return r.Host.Create(ctx, spec, start == nil && image == "", func(spec sandbox.Spec) (*sandbox.Handle, error) {
+		return r.createCold(ctx, spec, image, start)
+	})
+}
+
+// createCold starts spec's sandbox cold (warmpool.Host.Create's cold):
+// its mounts resolved, its id locked, no sandbox of its id there.
+func (r *Runtime) createCold(ctx context.Context, spec sandbox.Spec, image string, start *os.File) (*sandbox.Handle, error) {
 	caps, _ := r.Capabilities(ctx)
 	if !caps.Available {
 		return nil, fmt.Errorf("create sandbox %s: %s: %w", spec.ID, caps.Reason, errdefs.ErrFailedPrecondition)
@@ -594,9 +569,9 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir, image strin
 	script, extra := launcherScript, []*os.File(nil)
 	if start != nil {
 		script = warmLauncherScript
-		ack, err := os.OpenFile(filepath.Join(dir, ackFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+		ack, err := warmpool.OpenAck(dir)
 		if err != nil {
-			return nil, fmt.Errorf("create warm start acknowledgement file: %w", err)
+			return nil, err
 		}
 		defer ack.Close()
 		extra = []*os.File{start, ack} // fds 3 and 4
@@ -792,7 +767,7 @@ func (r *Runtime) exitStatus(e *statedir.Entry[state]) sandbox.ExitStatus {
 	switch {
 	case !ranRunsc(e.Dir):
 		es.NotStarted, es.Message = true, "its launcher never ran it: the server died before letting it go"
-	case e.St.Warm != "" && !acked(e.Dir):
+	case e.St.Warm != "" && !warmpool.Acked(e.Dir):
 		es.NotStarted, es.Message = true, "its worker never had its task's start: the server died between the claim and the start"
 	}
 	return es
@@ -821,7 +796,7 @@ func (r *Runtime) crash(point string) {
 // not acknowledged its start: its start pipe closed with the server.
 func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
 	return r.RecoverDecided(ctx, h, func(e *statedir.Entry[state]) bool {
-		return !ranRunsc(e.Dir) || (e.St.Warm != "" && !acked(e.Dir))
+		return !ranRunsc(e.Dir) || (e.St.Warm != "" && !warmpool.Acked(e.Dir))
 	})
 }
 

@@ -78,7 +78,7 @@ func waitReady(t testing.TB, r *Runtime, n int) {
 
 func (r *Runtime) warmIDs(t *testing.T) []string {
 	t.Helper()
-	hs, err := r.List(context.Background(), map[string]string{labelWarm: "true"})
+	hs, err := r.List(context.Background(), map[string]string{warmpool.LabelWarm: "true"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestWarmClaim(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(dir, "fds.txt")); err != nil || !slices.Contains(strings.Fields(string(b)), "5") || slices.Contains(strings.Fields(string(b)), "6") {
 		t.Errorf("descriptors after the acknowledgement: %q (%v), want 5 open and 6 closed", b, err)
 	}
-	if b, err := os.ReadFile(filepath.Join(r.Dir.Path(id), ackFile)); err != nil || string(b) != "started\n" {
+	if b, err := os.ReadFile(filepath.Join(r.Dir.Path(id), warmpool.AckFile)); err != nil || string(b) != "started\n" {
 		t.Errorf("acknowledgement %q (%v), want started", b, err)
 	}
 	if st := r.WarmStats()[0]; st.Claims != 1 || st.Misses != 0 {
@@ -244,7 +244,7 @@ func TestWarmRebuiltAfterRestart(t *testing.T) {
 	// slot, its claim recorded, and the server dead.
 	id := sandboxtest.NewID(t)
 	spec := taskSpec(t, tasksDir, id).Resolve(r.opts.DataRoot)
-	root := filepath.Join(warmDir(r.opts.StateDir), old[0])
+	root := filepath.Join(warmpool.DirOf(r.opts.StateDir), old[0])
 	c, _ := json.Marshal(warmpool.Claim{Task: id, Moves: map[int]string{0: spec.Mounts[0].Source}})
 	if err := os.WriteFile(filepath.Join(root, warmpool.ClaimFile), c, 0o600); err != nil {
 		t.Fatal(err)
@@ -281,8 +281,8 @@ func TestWarmRebuiltAfterRestart(t *testing.T) {
 	// The next runtime keeps its own.
 	keepWarm(t, next, warmScript, 1)
 	waitReady(t, next, 1)
-	if ids := next.warmIDs(t); len(ids) != 1 || warmpool.TagOf(ids[0]) != next.warmTag {
-		t.Errorf("warm sandboxes %v of the next runtime, want one of its tag %s", ids, next.warmTag)
+	if ids := next.warmIDs(t); len(ids) != 1 || warmpool.TagOf(ids[0]) != next.Tag {
+		t.Errorf("warm sandboxes %v of the next runtime, want one of its tag %s", ids, next.Tag)
 	}
 }
 
@@ -302,20 +302,20 @@ func TestWarmClaimedNotStarted(t *testing.T) {
 	waitReady(t, r, 1)
 	id := sandboxtest.NewID(t)
 	spec := taskSpec(t, tasksDir, id)
-	var b *warmBox
+	var b *warmpool.Box
 	func() {
 		defer func() {
 			if p := recover(); p != sandbox.CrashHandedOver {
 				t.Fatalf("Create did not stop at the hand-over: %v", p)
 			}
 		}()
-		b = r.claimWarm(spec)
+		b = r.Take(spec)
 		if b == nil {
 			t.Fatal("no warm sandbox to claim")
 		}
-		r.adopt(context.Background(), spec.Resolve(r.opts.DataRoot), b)
+		r.Adopt(context.Background(), spec.Resolve(r.opts.DataRoot), b)
 	}()
-	b.start.Close() // the server's death closes the pipe
+	b.Drop() // the server's death closes the pipe
 	r.Close()
 	crash = false
 	next := newRuntime()

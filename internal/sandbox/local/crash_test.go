@@ -13,6 +13,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/sandbox/warmpool"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -25,26 +26,10 @@ const (
 	envCrashID    = "CORRAL_TEST_LOCAL_CRASH_ID"
 )
 
-// crashWarmScript is the warm sandboxes' main process in TestCrashPoints,
-// doing what the worker does (workercmd.RunWarm): nothing if its pipe
-// closes empty; else it acknowledges the start on warmstart.AckFD, closes
-// it, and runs its task: here, marks /out/ran and exits 7.
-const crashWarmScript = `s=$(cat <&5); [ -n "$s" ] || exit 0; echo started >&6; exec 6>&-; touch /out/ran; exit 7`
-
-// crashTaskScript is the task's command when it starts cold: the same.
-const crashTaskScript = `touch /out/ran; exit 7`
-
 // crashOptions are the runtime options of TestCrashPoints over state,
 // both the helper's and the parent's.
 func crashOptions(state string) Options {
 	return Options{DataRoot: sandboxtest.DataRoot, HostRoots: []string{os.TempDir()}, StateDir: state, CgroupParent: "corral-test"}
-}
-
-// crashSpec is the task's spec: its directory under tasks at /out.
-func crashSpec(tasks, id string) sandbox.Spec {
-	return sandbox.Spec{ID: id, Command: []string{"/bin/sh", "-c", crashTaskScript}, Dir: "/out",
-		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(filepath.Join(tasks, id)), Target: "/out"}},
-		Network: sandbox.NetworkNone, Labels: map[string]string{sandbox.LabelManaged: "true", "test": id}}
 }
 
 // TestCrashPoints: a server killed with SIGKILL at each point of a task's
@@ -98,7 +83,7 @@ func TestCrashPoints(t *testing.T) {
 			if ids := r.warmIDs(t); len(ids) != 0 {
 				t.Errorf("warm sandboxes %v left after the restart", ids)
 			}
-			if ents, _ := os.ReadDir(warmDir(state)); len(ents) != 1 || ents[0].Name() != r.warmTag+".lock" {
+			if ents, _ := os.ReadDir(warmpool.DirOf(state)); len(ents) != 1 || ents[0].Name() != r.Tag+".lock" {
 				t.Errorf("warm slots left after the restart: %v, want only the runtime's lock", ents)
 			}
 			hs, err := r.List(ctx, map[string]string{"test": id})
@@ -147,20 +132,5 @@ func crashHelper(t *testing.T, point string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tasks, id := os.Getenv(envCrashTasks), os.Getenv(envCrashID)
-	switch point {
-	case sandbox.CrashClaimed, sandbox.CrashMoved, sandbox.CrashHandedOver, sandbox.CrashSent:
-		shape := sandbox.WarmShape{Name: "test", Template: sandbox.Spec{
-			Command: []string{"/bin/sh", "-c", crashWarmScript},
-			Dir:     "/out",
-			Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(tasks) + "/" + sandbox.WarmTaskID, Target: "/out"}},
-			Network: sandbox.NetworkNone,
-		}}
-		go r.KeepWarm(context.Background(), sandbox.WarmPolicy{Size: 1, Shapes: []sandbox.WarmShape{shape}})
-		waitReady(t, r, 1)
-	}
-	if _, err := r.Create(context.Background(), crashSpec(tasks, id)); err != nil {
-		t.Fatal(err)
-	}
-	t.Fatalf("Create returned without passing %s", point)
+	sandboxtest.CreateUntilKilled(t, r, point, os.Getenv(envCrashTasks), os.Getenv(envCrashID))
 }

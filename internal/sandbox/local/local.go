@@ -69,7 +69,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/lockfile"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
@@ -207,12 +206,9 @@ type Runtime struct {
 	launch     *launchNS
 	launchWarn string
 
-	// warmTag is in the ids of the warm sandboxes this runtime starts;
-	// it holds its lock while they are its own (warmpool.Prefix).
-	warmTag  string
-	warmLock *lockfile.File
-	// warm are the warm sandboxes' pools (KeepWarm).
-	warm *warmpool.Pools[*warmBox]
+	// Host keeps the runtime's warm sandboxes and hands them to tasks:
+	// its KeepWarm and WarmStats are the runtime's (sandbox.Warmer).
+	*warmpool.Host[state]
 
 	// Sandboxes is StateDir (state.json per sandbox, the per-id locks
 	// that serialise Create and Destroy, the sandboxes this instance has
@@ -227,10 +223,6 @@ type state struct {
 	statedir.Launch
 	ChildPID int    `json:"child_pid"` // the sandbox's pid 1, as a host pid
 	PIDNS    uint64 `json:"pid_ns"`    // inode of the sandbox's pid namespace
-	// Warm is the id a task's sandbox had while it was warm, "" for one
-	// started cold: its worker had the task's start only if it wrote
-	// ackFile (see adopt).
-	Warm string `json:"warm,omitempty"`
 }
 
 // New returns a Runtime keeping its state in opts.StateDir. It creates the
@@ -311,15 +303,10 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	})
 	// Never reattached: a new server starts its own, under a tag of its
 	// own (warmpool.Prefix), and destroys those of runtimes gone.
-	if err := os.MkdirAll(warmDir(opts.StateDir), 0o711); err != nil {
-		return nil, fmt.Errorf("local runtime: %w", err)
-	}
 	var err error
-	if r.warmTag, r.warmLock, err = warmpool.Own(warmDir(opts.StateDir)); err != nil {
-		return nil, fmt.Errorf("local runtime: %w", err)
+	if r.Host, err = r.newWarm(); err != nil {
+		return nil, err
 	}
-	r.destroyLeftoverWarm(context.Background())
-	r.warm = warmpool.New[*warmBox](Name, warmOps{r}, r.log)
 	return r, nil
 }
 
@@ -452,7 +439,7 @@ func undecided(e *statedir.Entry[state]) bool {
 	if s, _ := readStatus(e.Dir); s.ChildPID == 0 {
 		return true
 	}
-	return e.St.Warm != "" && !acked(e.Dir)
+	return e.St.Warm != "" && !warmpool.Acked(e.Dir)
 }
 
 // loadState completes the state of a sandbox found on disk with the
@@ -477,32 +464,19 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 
 // create is Create; a warm sandbox's main process also gets start, the
 // read end of the pipe its task will come through, as warmstart.FD.
-func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, start *os.File) (_ *sandbox.Handle, err error) {
+func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, start *os.File) (*sandbox.Handle, error) {
 	if err := r.opts.Host.ValidateSpec(spec, r.opts.DataRoot); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
-	var box *warmBox
-	if start == nil { // a warm sandbox's own spec claims nothing
-		box = r.claimWarm(spec)
-	}
-	spec = spec.Resolve(r.opts.DataRoot) // from here on, mounts are host paths
-	unlock := r.Dir.Lock(spec.ID)
-	defer unlock()
-	if e, err := r.Lookup(spec.ID); err == nil {
-		r.releaseWarm(box)
-		return r.Handle(e.St), nil
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		r.releaseWarm(box)
-		return nil, err
-	}
-	if box != nil {
-		h, err := r.adopt(ctx, spec, box)
-		box.pool.Wake() // for the next box, now the claim is done
-		if err == nil {
-			return h, nil
-		}
-		r.log.Warn("warm sandbox not usable; starting the task's cold", logkey.SandboxID, spec.ID, "warm_id", box.id, logkey.Error, err)
-	}
+	// A warm sandbox's own spec claims none.
+	return r.Host.Create(ctx, spec, start == nil, func(spec sandbox.Spec) (*sandbox.Handle, error) {
+		return r.createCold(ctx, spec, start)
+	})
+}
+
+// createCold starts spec's sandbox cold (warmpool.Host.Create's cold):
+// its mounts resolved, its id locked, no sandbox of its id there.
+func (r *Runtime) createCold(ctx context.Context, spec sandbox.Spec, start *os.File) (*sandbox.Handle, error) {
 	caps, _ := r.Capabilities(ctx)
 	if !caps.Available {
 		return nil, fmt.Errorf("create sandbox %s: %s: %w", spec.ID, caps.Reason, errdefs.ErrFailedPrecondition)
@@ -555,7 +529,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 				cgroups.KillAndRemove(st.Cgroups)
 			}
 		}()
-		if start != nil && !r.opts.foreWarm { // a warm sandbox: adopt brings it to the fore
+		if start != nil && !r.opts.foreWarm { // a warm sandbox: its claim brings it to the fore
 			if err = r.cg.Background(st.Cgroups, true); err != nil {
 				return nil, fmt.Errorf("start a warm sandbox in the background: %w", err)
 			}
@@ -584,8 +558,8 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir string, star
 	if start != nil {
 		// A warm sandbox's worker says here that it has its task's start
 		// (warmstart.AckFD), before it runs anything of it.
-		if ack, err = os.OpenFile(filepath.Join(dir, ackFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600); err != nil {
-			return nil, fmt.Errorf("create warm start acknowledgement file: %w", err)
+		if ack, err = warmpool.OpenAck(dir); err != nil {
+			return nil, err
 		}
 		defer ack.Close()
 	}
@@ -744,7 +718,7 @@ func (r *Runtime) Close() error {
 	if r.launch != nil {
 		r.launch.close()
 	}
-	return r.warmLock.Release()
+	return r.Host.Close()
 }
 
 // openFilter returns the encoded seccomp filter in a sealed memory file
@@ -849,7 +823,7 @@ func (r *Runtime) exitStatus(e *statedir.Entry[state]) sandbox.ExitStatus {
 	switch s, _ := readStatus(e.Dir); {
 	case s.ChildPID == 0:
 		es.NotStarted, es.Message = true, "its launcher never ran it: the server died before letting it go"
-	case e.St.Warm != "" && !acked(e.Dir):
+	case e.St.Warm != "" && !warmpool.Acked(e.Dir):
 		es.NotStarted, es.Message = true, "its worker never had its task's start: the server died between the claim and the start"
 	}
 	return es

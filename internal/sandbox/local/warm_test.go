@@ -203,8 +203,8 @@ func TestWarmEndsWithKeepWarm(t *testing.T) {
 	if ids := r.warmIDs(t); len(ids) != 0 {
 		t.Errorf("warm sandboxes %v after KeepWarm returned", ids)
 	}
-	ents, _ := os.ReadDir(warmDir(r.opts.StateDir))
-	if len(ents) != 1 || ents[0].Name() != r.warmTag+".lock" {
+	ents, _ := os.ReadDir(warmpool.DirOf(r.opts.StateDir))
+	if len(ents) != 1 || ents[0].Name() != r.Tag+".lock" {
 		t.Errorf("warm slots left: %v, want only the runtime's lock", ents)
 	}
 }
@@ -215,12 +215,12 @@ func TestWarmEndsWithKeepWarm(t *testing.T) {
 func TestWarmOfAnotherServerStays(t *testing.T) {
 	r, _, _ := warmRuntime(t)
 	ids := r.warmIDs(t)
-	if len(ids) != 1 || warmpool.TagOf(ids[0]) != r.warmTag {
-		t.Fatalf("warm sandboxes %v, want one with the runtime's tag %s", ids, r.warmTag)
+	if len(ids) != 1 || warmpool.TagOf(ids[0]) != r.Tag {
+		t.Fatalf("warm sandboxes %v, want one with the runtime's tag %s", ids, r.Tag)
 	}
 	_, newRuntime := MustNew(t, func(o *Options) { o.StateDir = r.opts.StateDir })
 	beside := newRuntime()
-	if beside.warmTag == r.warmTag {
+	if beside.Tag == r.Tag {
 		t.Fatal("two runtimes with one tag")
 	}
 	if got := r.warmIDs(t); !slices.Equal(got, ids) {
@@ -231,7 +231,7 @@ func TestWarmOfAnotherServerStays(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(r.opts.StateDir, ids[0])); !os.IsNotExist(err) {
 		t.Errorf("the warm sandbox of a runtime gone is still there: %v", err)
 	}
-	if _, err := os.Stat(warmpool.LockPath(warmDir(r.opts.StateDir), r.warmTag)); !os.IsNotExist(err) {
+	if _, err := os.Stat(warmpool.LockPath(warmpool.DirOf(r.opts.StateDir), r.Tag)); !os.IsNotExist(err) {
 		t.Errorf("the lock of a runtime gone is still there: %v", err)
 	}
 }
@@ -256,7 +256,7 @@ func (r *Runtime) cpuWeight(t *testing.T, id string) string {
 }
 
 func (r *Runtime) warmIDs(t *testing.T) []string {
-	hs, err := r.List(context.Background(), map[string]string{labelWarm: "true"})
+	hs, err := r.List(context.Background(), map[string]string{warmpool.LabelWarm: "true"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +276,7 @@ func TestLeftoverClaimPutBack(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(task, "prompt.md"), []byte("kept"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	root := filepath.Join(warmDir(r.opts.StateDir), "warm-left")
+	root := filepath.Join(warmpool.DirOf(r.opts.StateDir), "warm-left")
 	slot := filepath.Join(root, "0")
 	if err := os.MkdirAll(filepath.Join(slot, "input"), 0o755); err != nil {
 		t.Fatal(err)

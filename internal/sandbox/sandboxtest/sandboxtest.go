@@ -823,3 +823,55 @@ func KillAt(point string) func(string) {
 		}
 	}
 }
+
+// The host runtimes' crash tests (TestCrashPoints): a task's command, run
+// cold, marks /out/ran and exits 7; a warm sandbox's main process does
+// what the worker does (workercmd.RunWarm): nothing if its pipe closes
+// empty, else it acknowledges the start on warmstart.AckFD, closes it,
+// and runs the task's command (here, the same).
+const (
+	CrashTaskScript = `touch /out/ran; exit 7`
+	CrashWarmScript = `s=$(cat <&5); [ -n "$s" ] || exit 0; echo started >&6; exec 6>&-; ` + CrashTaskScript
+)
+
+// CrashSpec is the spec of a crash test's task id: its directory under
+// tasks at /out, running CrashTaskScript, labelled test=id.
+func CrashSpec(tasks, id string) sandbox.Spec {
+	return sandbox.Spec{ID: id, Command: []string{Shell, "-c", CrashTaskScript}, Dir: "/out",
+		Mounts:  []sandbox.Mount{{Source: MountSource(filepath.Join(tasks, id)), Target: "/out"}},
+		Network: sandbox.NetworkNone, Labels: map[string]string{sandbox.LabelManaged: "true", "test": id}}
+}
+
+// WarmRuntime is a Runtime that keeps sandboxes warm.
+type WarmRuntime interface {
+	sandbox.Runtime
+	sandbox.Warmer
+}
+
+// CreateUntilKilled is a crash test's helper "server": it creates task
+// id's sandbox (CrashSpec) in r, whose Options.Crash is KillAt(point),
+// from a warm pool of one when point is a claim's, and fails tb if Create
+// returns without killing it.
+func CreateUntilKilled(tb testing.TB, r WarmRuntime, point, tasks, id string) {
+	if slices.Contains([]string{sandbox.CrashClaimed, sandbox.CrashMoved, sandbox.CrashHandedOver, sandbox.CrashSent}, point) {
+		shape := sandbox.WarmShape{Name: "test", Template: sandbox.Spec{
+			Command: []string{Shell, "-c", CrashWarmScript},
+			Dir:     "/out",
+			Mounts:  []sandbox.Mount{{Source: MountSource(tasks) + "/" + sandbox.WarmTaskID, Target: "/out"}},
+			Network: sandbox.NetworkNone,
+		}}
+		go r.KeepWarm(context.Background(), sandbox.WarmPolicy{Size: 1, Shapes: []sandbox.WarmShape{shape}})
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if st := r.WarmStats(); len(st) == 1 && st[0].Ready == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("warm pool: %+v, want 1 ready", r.WarmStats())
+			}
+		}
+	}
+	if _, err := r.Create(context.Background(), CrashSpec(tasks, id)); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Fatalf("Create returned without passing %s", point)
+}

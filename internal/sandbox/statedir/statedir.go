@@ -242,9 +242,26 @@ type Launch struct {
 	// each sandbox had its own).
 	Identity  hostuser.Identity `json:"identity,omitzero"`
 	CreatedAt time.Time         `json:"created_at"`
+	// Warm is the id a task's sandbox had while it was warm, "" for one
+	// started cold (package warmpool): its worker had the task's start
+	// only if it acknowledged it (warmpool.Acked).
+	Warm string `json:"warm,omitempty"`
 }
 
 func (l Launch) launch() Launch { return l }
+
+// LaunchOf is st's Launch.
+func LaunchOf[S Launched](st S) Launch { return st.launch() }
+
+// WithLaunch is st with its Launch replaced by l.
+func WithLaunch[S Launched](st S, l Launch) S {
+	// A Launched embeds a Launch (launch is unexported), whose setLaunch
+	// *S has.
+	any(&st).(interface{ setLaunch(Launch) }).setLaunch(l)
+	return st
+}
+
+func (l *Launch) setLaunch(n Launch) { *l = n }
 
 // Launched is a runtime's state: one that embeds a Launch.
 type Launched interface{ launch() Launch }

@@ -247,3 +247,18 @@ func TestLaunchHelpers(t *testing.T) {
 		t.Errorf("half-made state dir left: %v", err)
 	}
 }
+
+// LaunchOf reads a state's Launch, WithLaunch replaces it and nothing
+// else of the state.
+func TestWithLaunch(t *testing.T) {
+	st := launched{Launch: statedir.Launch{ID: "warm-x", PID: 7}, Extra: 3}
+	l := statedir.LaunchOf(st)
+	l.ID, l.Warm = "task", "warm-x"
+	got := statedir.WithLaunch(st, l)
+	if got.ID != "task" || got.Warm != "warm-x" || got.PID != 7 || got.Extra != 3 {
+		t.Errorf("WithLaunch: %+v", got)
+	}
+	if st.ID != "warm-x" || st.Warm != "" {
+		t.Errorf("WithLaunch changed its argument: %+v", st)
+	}
+}
