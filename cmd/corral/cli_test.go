@@ -446,12 +446,19 @@ func waitFor(t *testing.T, b *syncBuffer, suffix string) {
 	t.Fatalf("no %q at the end of %q", suffix, b.String())
 }
 
+// warmBackend is a server keeping one pool of warm sandboxes.
+type warmBackend struct{ workspaceBackend }
+
+func (warmBackend) Stats() httpapi.Stats {
+	return httpapi.Stats{Warm: []httpapi.WarmPool{{Runtime: "gvisor", Shape: "none", Ready: 1, Target: 2, Claims: 7, Misses: 3, Started: 9, Destroyed: 1}}}
+}
+
 // TestDoctorAsksTheServer: doctor shows the server's checks (GET
-// /api/health) first, then this machine's; a required check that fails
+// /api/health) and warm pools first, then this machine's checks; a required check that fails
 // on the server fails the doctor.
 func TestDoctorAsksTheServer(t *testing.T) {
 	checked := time.Date(2026, 11, 29, 9, 0, 0, 0, time.UTC)
-	hs := httptest.NewServer(httpapi.New(service.Set{Library: workspaceBackend{}}, workspaceBackend{}, httpapi.Options{
+	hs := httptest.NewServer(httpapi.New(service.Set{Library: workspaceBackend{}}, warmBackend{}, httpapi.Options{
 		Version: "v9.9.9",
 		Doctor: func(context.Context) ([]httpapi.Check, time.Time) {
 			return []httpapi.Check{
@@ -468,8 +475,9 @@ func TestDoctorAsksTheServer(t *testing.T) {
 	code, stdout, stderr := corral(t, "doctor", "--server", hs.URL, "--config", cfg)
 	server := strings.Index(stdout, "server "+hs.URL+" (corral v9.9.9, ready; checked 2026-11-29 09:00:00):\nok   runtime local ")
 	fail := strings.Index(stdout, "FAIL agent claude                                  no credentials \\x1b[2J\n")
+	warm := strings.Index(stdout, "\nwarm sandboxes on the server:\nRUNTIME  SHAPE  READY  TARGET  CLAIMS  MISSES  STARTED  FAILED  DESTROYED\ngvisor   none   1      2       7       3       9        0       1\n")
 	local := strings.Index(stdout, "\nthis machine (configuration: "+cfg)
-	if code != exitFailure || server < 0 || fail < server || local < fail || stderr != "" {
+	if code != exitFailure || server < 0 || fail < server || warm < fail || local < warm || stderr != "" {
 		t.Errorf("doctor: exit %d, stderr %q, stdout:\n%s\nwant 1, the server's checks, then this machine's", code, stderr, stdout)
 	}
 	_, stdout, _ = corral(t, "doctor", "--server", hs.URL, "--config", cfg, "-o", "json")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -78,6 +79,12 @@ started here would find it. Exits 1 when a required check fails on either.`,
 				}
 				fmt.Fprintf(stdout, "server %s (corral %s, %s; checked %s):\n", rep.ServerURL, oneLine(h.Version, 60), ready, h.CheckedAt.Local().Format(time.DateTime))
 				printChecks(stdout, h.Checks)
+				if len(h.Warm) > 0 {
+					fmt.Fprintf(stdout, "\nwarm sandboxes on the server:\n")
+					if err := printWarm(stdout, h.Warm); err != nil {
+						return err
+					}
+				}
 			} else {
 				fmt.Fprintf(stdout, "server %s: %s\n", rep.ServerURL, oneLine(rep.ServerError, 200))
 			}
@@ -108,6 +115,18 @@ func failed(checks []app.Check) bool {
 		}
 	}
 	return false
+}
+
+// printWarm lists the server's warm pools, as its health page does.
+func printWarm(w io.Writer, pools []httpapi.WarmPool) error {
+	rows := make([][]string, len(pools))
+	for i, p := range pools {
+		rows[i] = []string{cell(p.Runtime), cell(p.Shape)}
+		for _, n := range []uint64{uint64(p.Ready), uint64(p.Target), p.Claims, p.Misses, p.Started, p.Failed, p.Destroyed} {
+			rows[i] = append(rows[i], strconv.FormatUint(n, 10))
+		}
+	}
+	return table(w, []string{"RUNTIME", "SHAPE", "READY", "TARGET", "CLAIMS", "MISSES", "STARTED", "FAILED", "DESTROYED"}, 9, true, rows)
 }
 
 func printChecks(w io.Writer, checks []app.Check) {
