@@ -234,7 +234,7 @@ func (a *App) open(ctx context.Context) error {
 		Placements:     a.placements,
 		DefaultRuntime: cfg.Runtime,
 		Base:           placement.Base{BinDir: filepath.ToSlash(bin), SocketDir: workspace.DirRun + "/sock"},
-		Egress:         sessionEgress{a.egressProxies()},
+		Egress:         sessionEgress{a.egressProxies(), secret},
 		Networks:       networks,
 		CheckAllow:     a.checkAllow,
 		Writers:        writers,

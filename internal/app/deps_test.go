@@ -103,9 +103,10 @@ var allowed = map[string][]string{
 	"internal/termsafe":  {},
 
 	// The seccomp filter of local sandboxes, and the escape tests' probe
-	// (which looks for the worker's secrets by their names).
+	// (which looks for the worker's secrets by their names, and tries the
+	// egress listener's handshake as another task or session).
 	"internal/sandbox/seccomp":           {"errdefs"},
-	"internal/sandbox/sandboxtest/probe": {"workerproto", "connlimit"},
+	"internal/sandbox/sandboxtest/probe": {"workerproto", "connlimit", "egress"},
 
 	// What the host runtimes (local, gvisor) share: their cgroups, the
 	// /proc helpers, the minimal /etc they generate, their state dir, the

@@ -185,8 +185,14 @@ func egressModels(apis []workerproto.ModelAPI) ([]egress.Model, error) {
 
 // sessionEgress is a session's view of the proxies: a session runs no
 // agent, so its proxy relays no model API; it gets the credential rules
-// given to every task and session.
-type sessionEgress struct{ egressProxies }
+// given to every task and session. Its pod proves itself to the egress
+// listener with a key derived from secret (egress.SessionKey).
+type sessionEgress struct {
+	egressProxies
+	secret []byte
+}
+
+func (e sessionEgress) Key(id string) []byte { return egress.SessionKey(e.secret, id) }
 
 func (e sessionEgress) Open(id, network string, allow []string) (string, error) {
 	return e.egressProxies.Open(id, taskrun.EgressPolicy{Network: network, Allow: allow})
@@ -351,8 +357,9 @@ func upstreamRoots(file string) (*x509.CertPool, error) {
 
 // listenEgress listens for the egress of worker pods on
 // kubernetes.egress_listen and returns where pods reach it ("" when it is
-// not set: tasks there run with network none). A pod proves its task with
-// the task's webhook key, derived from secret.
+// not set: tasks and sessions there run with network none). A pod proves
+// its task with the task's webhook key, derived from secret; a session's
+// pod proves its session with the session's own (session.Manager.EgressKey).
 func (a *App) listenEgress(secret []byte) (string, error) {
 	k := a.cfg.Kubernetes
 	if k.EgressListen == "" {
@@ -364,6 +371,9 @@ func (a *App) listenEgress(secret []byte) (string, error) {
 	}
 	a.egressLn = ln
 	a.egressKey = func(id string) []byte {
+		if session.ValidID(id) {
+			return a.sessions.EgressKey(id)
+		}
 		// Pods reach any replica behind the Service: one that did not
 		// start the task opens its proxy here too (Open keeps one that
 		// runs). The handshake still proves the key.

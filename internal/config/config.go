@@ -380,8 +380,9 @@ type Kubernetes struct {
 	ServerURL string `yaml:"server_url"`
 	// EgressListen is where the server listens (host:port, e.g. :7778)
 	// for the egress of worker pods, which cannot mount the proxy's
-	// socket: each connection proves its task with the task's key
-	// (package egress). Empty: tasks on kubernetes run with network none.
+	// socket: each connection proves its task or session with that one's
+	// key (package egress). Empty: tasks and sessions on kubernetes run
+	// with network none.
 	EgressListen string `yaml:"egress_listen"`
 	// EgressAddr is where worker pods reach EgressListen (host:port, e.g.
 	// corral.corral.svc:7778); empty: server_url's host with

@@ -24,6 +24,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/connlimit"
+	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes"
 	"github.com/corral-dev/corral/internal/sandbox/kubernetes/k8stest"
@@ -129,6 +130,9 @@ func TestEscape(t *testing.T) {
 			if rt.runtime != "kubernetes" && !rt.warm { // no workspaces under roots there; no warm sandbox serves one
 				t.Run("workspace hand-back", func(t *testing.T) { t.Parallel(); testHandBack(t, rt) })
 				t.Run("workspace swap", func(t *testing.T) { t.Parallel(); testWorkspaceSwap(t, rt) })
+			}
+			if rt.runtime == "kubernetes" && !rt.warm { // sessions take no warm pod
+				t.Run("session egress keys", func(t *testing.T) { t.Parallel(); testSessionEgressKeys(t, rt, probe) })
 			}
 			switch {
 			case rt.runtime == "kubernetes":
@@ -722,4 +726,81 @@ func sandboxUIDs(t *testing.T, id string) map[int]int {
 		}
 	}
 	return out
+}
+
+// testSessionEgressKeys: the commands of a session on kubernetes with a
+// network reach the server's egress listener, as their pod must; the
+// probe, run as one, tries there to open another session's proxy and its
+// own session's with every key it can find (none: the exec agent's key is
+// out of its commands' reach, in its environment and memory as its token
+// is).
+func testSessionEgressKeys(t *testing.T, rt escapeRuntime, probe string) {
+	ln, err := net.Listen("tcp", k8stest.NodeIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listener := ln.Addr().String()
+	ln.Close()
+	s := MustStart(t, func(c *config.Config) {
+		rt.config(t)(c)
+		c.Kubernetes.EgressListen = listener
+	})
+	b, err := os.ReadFile(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(s.data, "shared", "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(s.data, "shared", "bin", "probe"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var ids []string
+	for range 2 {
+		created, err := s.client.CreateSession(ctx, service.CreateSessionRequest{Runtime: rt.runtime, Network: task.NetworkAllowlist})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, created.SessionID)
+	}
+	victim, own := ids[0], ids[1]
+	checks := []string{"egress listener", "read the worker's", "open the worker's memory", "read pid 1's", "read every process's environment"}
+	argv := []string{"exec", "/workspace/shared/bin/probe", "--sandboxed", "--out=", "--egress-listener", listener, "--egress-as", victim, "--egress-as", own}
+	for _, c := range checks {
+		argv = append(argv, "--only", strconv.Quote(c))
+	}
+	var out strings.Builder
+	end, err := s.client.ExecSession(ctx, own, httpapi.ExecBody{Command: shell(strings.Join(argv, " "))}, func(ch httpapi.ExecChunk) error {
+		if ch.Type == "stdout" {
+			out.Write(ch.Bytes())
+		}
+		return nil
+	})
+	if err != nil || end.ExitCode != 0 {
+		t.Fatalf("the probe in a session: %+v, %v", end, err)
+	}
+	var report map[string]probeResult
+	if err := json.Unmarshal([]byte(out.String()), &report); err != nil {
+		t.Fatalf("decode report: %v\n%s", err, out.String())
+	}
+	want := []string{"egress listener greets", "egress listener as " + victim, "egress listener as " + own,
+		"read the worker's command line", "read the worker's environment", "open the worker's memory",
+		"read pid 1's environment", "read every process's environment"}
+	for _, name := range want {
+		r, ok := report[name]
+		switch {
+		case !ok:
+			t.Errorf("report lacks check %q", name)
+		case r.Control && !r.OK:
+			t.Errorf("control %q failed: %s", name, r.Detail)
+		case !r.Control && r.OK:
+			t.Errorf("ESCAPE %q: %s", name, r.Detail)
+		default:
+			t.Logf("%-40s %s", name, r.Detail)
+		}
+	}
+	if d := report["read the worker's command line"].Detail; !strings.Contains(d+" ", " worker session ") {
+		t.Errorf("the probe's parent is %q, want the session's exec agent (corral-worker worker session)", d)
+	}
 }

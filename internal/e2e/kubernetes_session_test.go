@@ -38,7 +38,8 @@ import (
 // and started again reattaches to the same pod; a suspend keeps the files
 // alone, ends the pod and says so, and a resume starts a new pod on the
 // same directory; a delete removes the pod. A session with a network is
-// refused. Under runc and gVisor.
+// refused by a server without an egress listener for pods
+// (TestKubernetesSessionEgress has one). Under runc and gVisor.
 func TestKubernetesSession(t *testing.T) {
 	for _, class := range []string{"", k8stest.GVisor} {
 		t.Run(className(class), func(t *testing.T) {
@@ -52,8 +53,8 @@ func testKubernetesSession(t *testing.T, class string) {
 	k := killableOnKubernetes(t, class)
 	ctx := context.Background()
 	srv := k.start(t)
-	if _, err := srv.client.CreateSession(ctx, service.CreateSessionRequest{Network: "open"}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "network none only") {
-		t.Errorf("a session with a network on kubernetes: %v; want 422 saying it has network none only", err)
+	if _, err := srv.client.CreateSession(ctx, service.CreateSessionRequest{Network: "open"}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "network none only") || !strings.Contains(err.Error(), "kubernetes.egress_listen") {
+		t.Errorf("a session with a network on kubernetes without an egress listener: %v; want 422 saying it has network none only, and why", err)
 	}
 	created := mustCreateSession(t, srv.client)
 	id := created.SessionID

@@ -201,6 +201,20 @@ func clientHandshake(c net.Conn, id string, key []byte, timeout time.Duration) e
 	return c.SetDeadline(time.Time{})
 }
 
+// sessionKeyContext separates a session's key from every other key
+// derived from the server's secret (a task's webhook key among them).
+const sessionKeyContext = "corral session egress v1\x00"
+
+// SessionKey is the key with which the sandbox of session id on another
+// machine (a pod) proves itself to ServeTCP: HMAC-SHA256(secret, context
+// and id), one per session. A task proves itself with its webhook key
+// instead. Derived, not stored: a restarted server has it again.
+func SessionKey(secret []byte, id string) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(sessionKeyContext + id))
+	return m.Sum(nil)
+}
+
 func handshakeMAC(key []byte, nonce string) []byte {
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte(handshakeContext + nonce))

@@ -200,3 +200,20 @@ func TestHandshakesPerHostAreBounded(t *testing.T) {
 		t.Errorf("another address was kept out: %v", err)
 	}
 }
+
+// A session's key is its own: another session's, or a key of the same
+// secret under another context (a task's webhook key), is not it; and the
+// same secret gives it again (a restarted server).
+func TestSessionKey(t *testing.T) {
+	secret := []byte("the server's secret")
+	a := SessionKey(secret, "sess-a")
+	if hex.EncodeToString(a) != hex.EncodeToString(SessionKey(secret, "sess-a")) {
+		t.Errorf("the same secret and id gave two keys")
+	}
+	if hex.EncodeToString(a) == hex.EncodeToString(SessionKey(secret, "sess-b")) || hex.EncodeToString(a) == hex.EncodeToString(SessionKey([]byte("another secret"), "sess-a")) {
+		t.Errorf("two sessions, or two secrets, share a key")
+	}
+	if len(a) != 32 {
+		t.Errorf("a key of %d bytes, want 32", len(a))
+	}
+}

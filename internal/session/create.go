@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -93,12 +94,11 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom
 	switch why, ok := m.opts.Networks[network]; {
 	case !ok && network != task.NetworkNone:
 		bad("network", "%q is not a network policy (one of: none, allowlist, open)", clip.String(network, 32))
-	case network != task.NetworkNone && place != nil && place.Remote:
-		// A session's exec agent relays to its egress proxy over a
-		// socket of the server's host, which a pod has not; the
-		// proxies' network address that tasks in pods use is not
-		// given to sessions.
-		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q: a session on the %s runtime has network none only (its pod has no way to the session's egress proxy): %w", network, rtName, errdefs.ErrFailedPrecondition)})
+	case network != task.NetworkNone && place != nil && place.Remote && place.EgressAddr == "":
+		// A pod mounts no socket of the server's host: its exec agent
+		// relays to the session's proxy over the server's egress
+		// listener, as a task's worker does, or not at all.
+		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q: a session on the %s runtime has network none only here: %s: %w", network, rtName, place.NoEgress, errdefs.ErrFailedPrecondition)})
 	case why != "":
 		errs = append(errs, &errdefs.FieldError{Field: "network", Err: fmt.Errorf("%q is not available: %s: %w", network, why, errdefs.ErrFailedPrecondition)})
 	case network != task.NetworkNone && m.opts.Egress == nil:
@@ -278,18 +278,25 @@ func (m *Manager) startSandbox(ctx context.Context, p *placement.Runtime, o sand
 	}
 	if o.network != task.NetworkNone {
 		// As for tasks: loopback only in the sandbox, and the agent relays
-		// 127.0.0.1:3128 to this session's proxy over a mounted socket.
+		// 127.0.0.1:3128 to this session's proxy over a mounted socket,
+		// or, from a pod, over the server's egress listener with the
+		// session's key (which the pod's Secret holds, as a task's).
 		hostDir, err := m.opts.Egress.Open(o.id, o.network, o.allow)
 		if err != nil {
 			return nil, "", fmt.Errorf("start the session's egress proxy: %w", err)
 		}
-		rel, err := filepath.Rel(m.opts.Data.Path(), hostDir)
-		if err != nil || !filepath.IsLocal(rel) {
-			m.opts.Egress.Close(o.id)
-			return nil, "", fmt.Errorf("the egress proxy's directory %s is not in the data root: %w", hostDir, errdefs.ErrFailedPrecondition)
+		if p.Remote {
+			spec.Env = append(spec.Env, workerproto.EnvSessionEgressAddr+"="+p.EgressAddr,
+				workerproto.EnvSessionEgressKey+"="+hex.EncodeToString(m.opts.Egress.Key(o.id)))
+		} else {
+			rel, err := filepath.Rel(m.opts.Data.Path(), hostDir)
+			if err != nil || !filepath.IsLocal(rel) {
+				m.opts.Egress.Close(o.id)
+				return nil, "", fmt.Errorf("the egress proxy's directory %s is not in the data root: %w", hostDir, errdefs.ErrFailedPrecondition)
+			}
+			spec.Mounts = append(spec.Mounts, placement.EgressMount(filepath.ToSlash(rel)))
 		}
 		spec.Network = sandbox.NetworkEgress
-		spec.Mounts = append(spec.Mounts, placement.EgressMount(filepath.ToSlash(rel)))
 		spec.Env = append(spec.Env, workerproto.EnvSessionEgress+"=1")
 		spec.Env = append(spec.Env, m.opts.Egress.SandboxEnv(o.network)...)
 	}

@@ -35,8 +35,8 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, req service.Network
 	return m.Get(ctx, id)
 }
 
-// followNetwork has the proxy of each session this replica runs take its
-// policy, if it changed since it last did.
+// followNetwork has the proxy of each session this replica runs, or lent
+// its pod (EgressKey), take its policy, if it changed since it last did.
 func (m *Manager) followNetwork(ctx context.Context) {
 	if m.opts.Egress == nil {
 		return
@@ -49,7 +49,7 @@ func (m *Manager) followNetwork(ctx context.Context) {
 	m.mu.Lock()
 	self := m.opts.Members.Self()
 	for id, s := range m.sessions {
-		if s.netChanged && s.replica == self && s.Status == StatusRunning {
+		if s.netChanged && (s.replica == self || s.lent) && s.Status == StatusRunning {
 			changes = append(changes, change{id, s.Network, s.NetworkAllow})
 			s.netChanged = false
 		}

@@ -202,6 +202,9 @@ type state struct {
 	dir             string    // its directory (created's)
 	hostDir         bool
 	version         int64 // its stream's version folded: apply takes each event once
+	// lent: this replica opened its proxy for its pod, which reached it
+	// behind the Service, without running it (EgressKey).
+	lent bool
 	// resuming is closed once this replica's resume of it has recorded
 	// session_resumed, or failed to; nil when no resume is under way.
 	resuming chan struct{}
@@ -280,6 +283,10 @@ type Egress interface {
 	Close(id string) error
 	// SandboxEnv is taskrun.Egress's, for a session under network.
 	SandboxEnv(network string) []string
+	// Key is the key with which session id's sandbox on a remote runtime
+	// (a pod) proves itself to the server's egress listener
+	// (egress.SessionKey): its own, and the same after a restart.
+	Key(id string) []byte
 }
 
 // snapshotGit keeps what the repository of the workspace session id works

@@ -138,6 +138,7 @@ func (m *Manager) Follow(ctx context.Context) error {
 		}
 		m.applyFrom([]eventstore.Event{e})
 		m.followNetwork(ctx)
+		m.closeLent()
 	}
 }
 

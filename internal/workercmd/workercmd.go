@@ -7,6 +7,7 @@ package workercmd
 import (
 	"context"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -153,7 +154,7 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 	// The session's token is in the environment, and the commands this
 	// process runs are of its uid: as a task's worker does, it keeps the
 	// token from them.
-	environ, err := worker.HideFromAgent(environ, workerproto.EnvSessionToken)
+	environ, err := worker.HideFromAgent(environ, workerproto.EnvSessionToken, workerproto.EnvSessionEgressKey)
 	if err != nil {
 		fmt.Fprintf(stderr, "corral worker session: hide the session's token from its commands: %v\n", err)
 		return 1
@@ -161,7 +162,8 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 	var id, token, serverURL string
 	sock := workerproto.ServerSocket("")
 	var egress bool
-	var egressCA []byte
+	var egressAddr string
+	var egressKey, egressCA []byte
 	var env []string
 	for _, kv := range environ {
 		switch k, v, _ := strings.Cut(kv, "="); {
@@ -175,6 +177,13 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 			serverURL = v
 		case k == workerproto.EnvSessionEgress:
 			egress = v != ""
+		case k == workerproto.EnvSessionEgressAddr:
+			egressAddr = v
+		case k == workerproto.EnvSessionEgressKey:
+			if egressKey, err = hex.DecodeString(v); err != nil || len(egressKey) == 0 {
+				fmt.Fprintf(stderr, "corral worker session: %s is not a hex key\n", workerproto.EnvSessionEgressKey)
+				return 1
+			}
 		case k == workerproto.EnvEgressCA:
 			if egressCA, err = worker.ParseEgressCA(v); err != nil {
 				fmt.Fprintf(stderr, "corral worker session: %v\n", err)
@@ -195,8 +204,18 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 	park := func(bool) {}
 	if egress {
 		// The sandbox has loopback only: the relay is its one way to the
-		// session's egress proxy, as a task's worker does it.
-		relay, err := worker.StartRelay(workerproto.DefaultEgressListen, worker.SocketUpstream(workerproto.EgressDir+"/"+workerproto.EgressSocket), log)
+		// session's egress proxy, as a task's worker does it: over the
+		// mounted socket, or from a pod across the network to the
+		// server's egress listener, proving the session with its key.
+		up := worker.SocketUpstream(workerproto.EgressDir + "/" + workerproto.EgressSocket)
+		if egressAddr != "" {
+			if len(egressKey) == 0 {
+				fmt.Fprintf(stderr, "corral worker session: %s without %s\n", workerproto.EnvSessionEgressAddr, workerproto.EnvSessionEgressKey)
+				return 1
+			}
+			up = worker.TCPUpstream(egressAddr, id, egressKey)
+		}
+		relay, err := worker.StartRelay(workerproto.DefaultEgressListen, up, log)
 		if err != nil {
 			fmt.Fprintf(stderr, "corral worker session: %v\n", err)
 			return 1

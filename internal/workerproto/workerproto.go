@@ -117,6 +117,13 @@ const (
 	// EnvSessionEgress says a session's sandbox has its egress proxy
 	// mounted at EgressDir: its exec agent relays to it.
 	EnvSessionEgress = "CORRAL_SESSION_EGRESS"
+	// EnvSessionEgressAddr and EnvSessionEgressKey are, in a remote
+	// runtime's session sandbox (a pod, which mounts no socket of the
+	// server's host), the server's egress listener (host:port) its exec
+	// agent relays to instead, and the session's key for it
+	// (egress.SessionKey, hex; a secret).
+	EnvSessionEgressAddr = "CORRAL_SESSION_EGRESS_ADDR"
+	EnvSessionEgressKey  = "CORRAL_SESSION_EGRESS_KEY"
 )
 
 // AgentConfig is how the server has the worker start one agent: its

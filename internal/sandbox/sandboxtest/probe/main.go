@@ -34,6 +34,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -55,6 +56,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/connlimit"
+	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/workerproto"
 )
 
@@ -87,7 +89,7 @@ func main() {
 		time.Sleep(100 * time.Millisecond)
 		os.Exit(0)
 	}
-	var reads, writes, connects list
+	var reads, writes, connects, egressAs, only list
 	flag.Var(&reads, "read", "a path to try to read (repeatable)")
 	flag.Var(&writes, "write", "a path to try to create (repeatable)")
 	flag.Var(&connects, "connect", "a host:port to try to connect to over TCP (repeatable)")
@@ -96,6 +98,9 @@ func main() {
 	unruled := flag.String("unruled-url", "", "the same server under a name without a rule")
 	out := flag.String("out", "/task/output/probe.json", "where to write the report too")
 	sandboxed := flag.Bool("sandboxed", false, "confirm that this runs inside a sandbox (required)")
+	egressListener := flag.String("egress-listener", "", "the server's egress listener (host:port) that pods reach (see egressAs)")
+	flag.Var(&egressAs, "egress-as", "a task or session whose proxy to try to open on --egress-listener (repeatable)")
+	flag.Var(&only, "only", "run only the checks whose names start with this (repeatable; default: every check)")
 	flag.Parse()
 	if !*sandboxed {
 		fmt.Fprintln(os.Stderr, "probe: refusing to run without --sandboxed: it tries to write /usr, /etc and / and to mount file systems")
@@ -105,8 +110,19 @@ func main() {
 	res := map[string]result{}
 	// check runs one check under a deadline (see run); control marks the
 	// checks where ok means a protection or ability is there.
-	check := func(name string, fn func() result) { res[name] = run(fn, false) }
-	control := func(name string, fn func() result) { res[name] = run(fn, true) }
+	wanted := func(name string) bool {
+		return len(only) == 0 || slices.ContainsFunc(only, func(p string) bool { return strings.HasPrefix(name, p) })
+	}
+	check := func(name string, fn func() result) {
+		if wanted(name) {
+			res[name] = run(fn, false)
+		}
+	}
+	control := func(name string, fn func() result) {
+		if wanted(name) {
+			res[name] = run(fn, true)
+		}
+	}
 	for _, p := range reads {
 		check("read "+p, func() result { return tryRead(p) })
 	}
@@ -174,6 +190,16 @@ func main() {
 	// The same, with connections a process dials and hands over before
 	// it exits: a peer the server cannot tell any more.
 	check(handOffCheck, func() result { return handedOffConnections(webhookOf(ppid), holdConns) })
+	// The egress listener every pod reaches: a connection proves its task
+	// or session with that one's key before it gets its proxy. The probe
+	// tries another's with every key it can find (its own sandbox's, if
+	// any process shows it) and with none.
+	if *egressListener != "" {
+		control("egress listener greets", func() result { return egressGreets(*egressListener) })
+		for _, id := range egressAs {
+			check("egress listener as "+id, func() result { return tryEgressAs(*egressListener, id) })
+		}
+	}
 	check("mount tmpfs", tryMount)
 	check("unshare user namespace", func() result { return tryNamespace(unix.CLONE_NEWUSER) })
 	check("unshare network namespace", func() result { return tryNamespace(unix.CLONE_NEWNET) })
@@ -891,7 +917,7 @@ func tryReadCmdline(p string) result {
 
 // workerSecrets are the variables of the worker's environment that must
 // not reach the agent.
-var workerSecrets = []string{workerproto.EnvWebhookKey, workerproto.EnvSessionToken}
+var workerSecrets = []string{workerproto.EnvWebhookKey, workerproto.EnvSessionToken, workerproto.EnvSessionEgressKey}
 
 // tryReadEnviron reads a process's environment: ok if it holds one of
 // workerSecrets. (gVisor lets any process read any other's environment,
@@ -1067,4 +1093,60 @@ func credentialChecks(check, control func(string, func() result), proxy, ruled, 
 	check("credential through a redirect to a host without a rule", func() result { return leaked(insecure, ruled+"/allowed/redirect", "") })
 	rh := strings.TrimPrefix(ruled, "https://")
 	check("credential of another host's rule (Host header)", func() result { return leaked(insecure, unruled+"/allowed/x", rh) })
+}
+
+// egressGreets connects to the egress listener at addr and reads its
+// greeting: the listener is there, so a refusal is the handshake's.
+func egressGreets(addr string) result {
+	c, err := net.DialTimeout("tcp", addr, netTimeout)
+	if err != nil {
+		return result{Detail: err.Error()}
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(netTimeout))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if !strings.HasPrefix(line, "CORRAL-EGRESS/1 ") {
+		return result{Detail: fmt.Sprintf("greeting %.40q, %v", line, err)}
+	}
+	return result{OK: true, Detail: "greeted: " + strings.TrimSpace(line[:16])}
+}
+
+// egressKeys are the keys the probe can find: the values of workerSecrets
+// in every environment it can read (its own included) that decode as
+// hex, and a key of zeros.
+func egressKeys() [][]byte {
+	keys := [][]byte{make([]byte, 32)}
+	envs := []string{strings.Join(os.Environ(), "\x00")}
+	paths, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, p := range paths {
+		if b, err := os.ReadFile(p); err == nil {
+			envs = append(envs, string(b))
+		}
+	}
+	for _, env := range envs {
+		for _, kv := range strings.Split(env, "\x00") {
+			if k, v, ok := strings.Cut(kv, "="); ok && slices.Contains(workerSecrets, k) {
+				if key, err := hex.DecodeString(v); err == nil && len(key) > 0 {
+					keys = append(keys, key)
+				}
+			}
+		}
+	}
+	return keys
+}
+
+// tryEgressAs tries to open id's proxy on the egress listener at addr with
+// every key egressKeys finds: ok if one opens it.
+func tryEgressAs(addr, id string) result {
+	keys := egressKeys()
+	var errs []string
+	for i, key := range keys {
+		c, err := egress.DialTask(addr, id, key, netTimeout)
+		if err == nil {
+			c.Close()
+			return result{OK: true, Detail: fmt.Sprintf("key %d of %d opened it", i+1, len(keys))}
+		}
+		errs = append(errs, err.Error())
+	}
+	return result{Detail: fmt.Sprintf("refused with each of %d keys: %s", len(keys), strings.Join(slices.Compact(errs), "; "))}
 }
