@@ -39,7 +39,7 @@ func benchCmd() *cobra.Command {
 	f.StringVar(&opts.Bwrap, "bwrap", "bwrap", "the bubblewrap binary")
 	f.BoolVar(&opts.Gvisor, "gvisor", false, "also run each sequential round's task under the gvisor runtime, beside a bare runsc run")
 	f.StringVar(&opts.Runsc, "runsc", "runsc", "the runsc binary (with --gvisor)")
-	f.StringVar(&opts.DockerImage, "docker", "", "also run code_execute of echo hi on local and on docker in this image each round, beside a bare docker run --rm of it")
+	f.StringVar(&opts.DockerImage, "docker", "", "also run code_execute of echo hi on local and on docker, and the task echo hi on docker (cold and warm), in this image each round, beside a bare docker run --rm of it")
 	f.IntVar(&opts.Warm, "warm", config.AutoWarmPool, "warm sandboxes per shape the server keeps (-1: none, and no warm figures)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the server and the clients over the concurrent cold tasks to this file (go tool pprof)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
@@ -127,6 +127,20 @@ func printBench(w io.Writer, r *bench.Result) {
 		row("code_execute echo hi, runtime docker", e.Docker)
 		row("bare docker run --rm IMAGE echo hi", e.DockerRun)
 		fmt.Fprintf(w, "  code_execute local over bare bwrap: %.2f; docker over bare docker run: %.2f (target <= 1.2)\n", e.LocalRatio, e.DockerRatio)
+	}
+	if d := s.Docker; d != nil {
+		if d.Warm != nil {
+			row("warm task echo hi, runtime docker", *d.Warm)
+		}
+		row("cold task echo hi, runtime docker", d.Task)
+		if d.Warm != nil {
+			fmt.Fprintf(w, "  docker warm over bare docker run: %.2f (issue 41's target: <= 0.1)\n", d.WarmRatio)
+		}
+		fmt.Fprintf(w, "  docker cold over bare docker run: %.2f (issue 41's target: <= 1.1)\n", d.Ratio)
+		if d.WarmPhases != nil {
+			phases("docker warm task", *d.WarmPhases)
+		}
+		phases("docker cold task", d.Phases)
 	}
 	commits := func(c bench.Commits) {
 		fmt.Fprintf(w, "  event log: %d commits of %.1f events on average, %.2f ms each with its fsync\n", c.Commits, c.EventsPerCommit, c.MeanMS)

@@ -56,7 +56,7 @@ func Doctor(ctx context.Context, cfg *config.Config, log *slog.Logger) []Check {
 	for _, name := range rtkind.Names() {
 		out = append(out, doctorRuntime(ctx, name, cfg, filepath.Join(stateDir, name), host, log)...)
 	}
-	out = append(out, doctorStore(ctx, cfg), doctorQuota(cfg), doctorDisk(cfg.Data), doctorWarm(cfg), doctorWarmGvisor(cfg), doctorExec(cfg))
+	out = append(out, doctorStore(ctx, cfg), doctorQuota(cfg), doctorDisk(cfg.Data), doctorWarm(cfg), doctorWarmRuntime(cfg, rtkind.GVisor), doctorWarmRuntime(cfg, rtkind.Docker), doctorExec(cfg))
 	if cfg.Kubernetes.ServerURL != "" {
 		out = append(out, doctorWarmKubernetes(cfg))
 	}
@@ -420,20 +420,24 @@ func doctorWarm(cfg *config.Config) Check {
 	return c
 }
 
-// doctorWarmGvisor says how many sandboxes the gvisor runtime keeps warm,
-// within which budget.
-func doctorWarmGvisor(cfg *config.Config) Check {
-	c := Check{Name: "warm sandboxes (gvisor runtime)", OK: true}
-	k := cfg.Warm(rtkind.GVisor, memTotal())
+// doctorWarmRuntime says how many sandboxes the gvisor or docker runtime
+// (name) keeps warm, within which budget.
+func doctorWarmRuntime(cfg *config.Config, name string) Check {
+	c := Check{Name: "warm sandboxes (" + name + " runtime)", OK: true}
+	k := cfg.Warm(name, memTotal())
 	if k.Size == 0 {
-		c.Detail = "none: gvisor.warm_pool is 0; every gvisor task starts cold"
+		c.Detail = fmt.Sprintf("none: %s.warm_pool is 0; every %s task starts cold", name, name)
 		return c
 	}
 	budget := "no budget beyond the pool size"
 	if k.Max > 0 || k.Memory > 0 {
 		budget = fmt.Sprintf("a budget of %d sandboxes (0: no bound) and %d MiB of memory limits (0: no bound)", k.Max, k.Memory>>20)
 	}
-	c.Detail = fmt.Sprintf("%d per shape (network none; with an egress proxy), %s; emptied when the host is short of memory; each serves one task and is destroyed; /metrics shows the pools (corral_warm_*{runtime=\"gvisor\"})", k.Size, budget)
+	what := ""
+	if name == rtkind.Docker {
+		what = ", for tasks with the default resources and image"
+	}
+	c.Detail = fmt.Sprintf("%d per shape (network none; with an egress proxy)%s, %s; emptied when the host is short of memory; each serves one task and is destroyed; /metrics shows the pools (corral_warm_*{runtime=%q})", k.Size, what, budget, name)
 	return c
 }
 

@@ -61,9 +61,11 @@ type Options struct {
 	// Runsc is the runsc binary for the bare runs; default "runsc".
 	Runsc string
 	// DockerImage adds, to each sequential round, code_execute of echo hi
-	// on the local runtime and on the docker runtime in this image, and a
-	// bare `docker run --rm` of the same image and command. It needs a
-	// Docker engine with the image, and the docker CLI.
+	// on the local runtime and on the docker runtime in this image, the
+	// task echo hi on the docker runtime in this image (cold and, with a
+	// pool, warm), and a bare `docker run --rm` of the same image and
+	// command. It needs a Docker engine with the image, and the docker
+	// CLI.
 	DockerImage string
 	// DockerHost is the engine's address; default
 	// unix:///var/run/docker.sock.
@@ -179,6 +181,26 @@ type Sequential struct {
 	// Gvisor is the same task under the gvisor runtime and a bare runsc
 	// run, measured in the same rounds (Options.Gvisor only).
 	Gvisor *Gvisor `json:"gvisor,omitempty"`
+	// Docker is the same task under the docker runtime beside the bare
+	// docker run of Exec, measured in the same rounds
+	// (Options.DockerImage only).
+	Docker *Docker `json:"docker,omitempty"`
+}
+
+// Docker is the docker runtime's sequential task latencies.
+type Docker struct {
+	// Task is the cold path: a task that no warm container fits, in a
+	// container made for it.
+	Task Latency `json:"task"`
+	// Ratio is the docker task's median over bare docker run's median.
+	Ratio  float64    `json:"ratio"`
+	Phases TaskPhases `json:"phases"`
+	// Warm is the task with the default resources, which claims a warm
+	// container from a full pool (Options.Warm only), its ratio to bare
+	// docker run's median and its phases.
+	Warm       *Latency    `json:"warm,omitempty"`
+	WarmRatio  float64     `json:"warm_ratio,omitempty"`
+	WarmPhases *TaskPhases `json:"warm_phases,omitempty"`
 }
 
 // Exec is code_execute's sequential latencies (Options.DockerImage only):
@@ -312,6 +334,10 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 		// The exec rows measure code_execute, off unless turned on.
 		cfg.Execution.Enabled = true
 		cfg.Execution.DefaultImage = opts.DockerImage
+		cfg.AIWorker.AICoderImage = opts.DockerImage
+		if opts.Warm > 0 {
+			cfg.Docker.WarmPool, cfg.Docker.WarmIdle = 1, 0
+		}
 		if opts.DockerHost != "" {
 			cfg.Docker.Host = opts.DockerHost
 		}
@@ -633,6 +659,8 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 	var tasks, warms, bares, gtasks, gwarms, runscs []time.Duration
 	var runs, wruns, gruns, gwruns []taskRun // their phases and commits
 	var execs [3][]time.Duration             // local, docker, bare docker run
+	var dtasks, dwarms []time.Duration       // docker tasks, cold and warm
+	var druns, dwruns []taskRun
 	for i := range opts.Warmup + opts.N {
 		if b.warm != nil {
 			wr, err := b.runWarm(ctx, "")
@@ -685,6 +713,22 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 			if ds[2], err = b.timeEcho(ctx, "docker run", b.dockerRun); err != nil {
 				return err
 			}
+			if b.warm != nil {
+				dw, err := b.runWarm(ctx, rtkind.Docker)
+				if err != nil {
+					return err
+				}
+				if i >= opts.Warmup {
+					dwarms, dwruns = append(dwarms, dw.total), append(dwruns, dw)
+				}
+			}
+			dr, err := b.runTask(ctx, rtkind.Docker, true, true)
+			if err != nil {
+				return err
+			}
+			if i >= opts.Warmup {
+				dtasks, druns = append(dtasks, dr.total), append(druns, dr)
+			}
 			if i >= opts.Warmup {
 				for j, d := range ds {
 					execs[j] = append(execs[j], d)
@@ -732,6 +776,18 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 			e.DockerRatio = e.Docker.Median / e.DockerRun.Median
 		}
 		res.Exec = e
+		d := &Docker{Task: summarise(dtasks), Phases: medianPhases(druns)}
+		if e.DockerRun.Median > 0 {
+			d.Ratio = d.Task.Median / e.DockerRun.Median
+		}
+		if b.warm != nil {
+			w, wp := summarise(dwarms), medianPhases(dwruns)
+			d.Warm, d.WarmPhases = &w, &wp
+			if e.DockerRun.Median > 0 {
+				d.WarmRatio = w.Median / e.DockerRun.Median
+			}
+		}
+		s.Docker = d
 	}
 	return nil
 }

@@ -96,11 +96,11 @@ func TestBench(t *testing.T) {
 	}
 }
 
-// TestBenchExec runs the code_execute rows against a real engine with a
-// tiny count and checks they were measured.
+// TestBenchExec runs the code_execute rows and the docker task rows
+// against a real engine with a tiny count and checks they were measured.
 func TestBenchExec(t *testing.T) {
 	testenv.RequireDocker(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	res, err := bench.Run(ctx, bench.Options{
 		N: 2, Concurrency: 1, Warmup: 1, Data: testenv.TempDir(t), Binary: corralBin,
@@ -120,6 +120,20 @@ func TestBenchExec(t *testing.T) {
 	}
 	if e.DockerRatio != e.Docker.Median/e.DockerRun.Median || e.LocalRatio <= 0 {
 		t.Errorf("ratios %+v", e)
+	}
+	// The docker task rows, cold and into a warm pool (which runWarm
+	// checks it claimed from).
+	d := res.Sequential.Docker
+	if d == nil || d.Warm == nil {
+		t.Fatalf("docker task figures %+v, want cold and warm", d)
+	}
+	for name, l := range map[string]bench.Latency{"docker cold task": d.Task, "docker warm task": *d.Warm} {
+		if l.Count != 2 || l.Min <= 0 {
+			t.Errorf("%s: %+v, want 2 positive runs", name, l)
+		}
+	}
+	if d.Ratio != d.Task.Median/e.DockerRun.Median || d.WarmRatio != d.Warm.Median/e.DockerRun.Median {
+		t.Errorf("docker task ratios %+v, want over bare docker run's median %v", d, e.DockerRun.Median)
 	}
 }
 

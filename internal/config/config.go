@@ -312,8 +312,8 @@ type WarmKeys struct {
 	Memory int64
 }
 
-// Warm returns the warm pool settings of runtime (local, gvisor; none
-// for another) on a machine with memTotal bytes of memory.
+// Warm returns the warm pool settings of runtime (local, gvisor, docker,
+// kubernetes; none for another) on a machine with memTotal bytes of memory.
 func (c *Config) Warm(runtime string, memTotal uint64) WarmKeys {
 	switch runtime {
 	case rtkind.Local:
@@ -322,6 +322,9 @@ func (c *Config) Warm(runtime string, memTotal uint64) WarmKeys {
 	case rtkind.GVisor:
 		g := c.Gvisor
 		return WarmKeys{Size: g.WarmPool, Idle: time.Duration(g.WarmIdle), Max: g.WarmMax, Memory: g.WarmMemory.Bytes()}
+	case rtkind.Docker:
+		d := c.Docker
+		return WarmKeys{Size: d.WarmPool, Idle: time.Duration(d.WarmIdle), Max: d.WarmMax, Memory: d.WarmMemory.Bytes()}
 	case rtkind.Kubernetes:
 		k := c.Kubernetes
 		return WarmKeys{Size: k.WarmPool, Idle: time.Duration(k.WarmIdle), Max: k.WarmMaxPods, Memory: k.WarmMaxMemory.Bytes()}
@@ -365,6 +368,24 @@ type Docker struct {
 	// Pull lets the engine pull an image it does not have; off, a missing
 	// image is an error that says so.
 	Pull bool `yaml:"pull"`
+	// WarmPool is how many containers of each shape (network none, and
+	// with an egress proxy) the runtime keeps warm, started ahead of the
+	// tasks that will claim them from ai_worker_config.ai_coder_image,
+	// each for one task only. 0 (the default): none, every docker task
+	// starts cold. An idle warm container holds its worker, waiting.
+	WarmPool int `yaml:"warm_pool"`
+	// WarmIdle is how long a pool keeps its containers without a task
+	// claiming one; then it empties until the next task of its shape.
+	// 0: always kept.
+	WarmIdle Duration `yaml:"warm_idle"`
+	// WarmMax bounds the runtime's warm containers of all shapes
+	// together; 0 (the default): warm_pool of each.
+	WarmMax int `yaml:"warm_max"`
+	// WarmMemory bounds the sum of the warm containers' memory limits
+	// (each counts for the default task's
+	// ai_worker_config.resources.memory_limit, the most it may take once
+	// claimed); 0 (the default): no bound.
+	WarmMemory Size `yaml:"warm_memory"`
 }
 
 // Kubernetes has Corral's own keys of the kubernetes runtime; seed 000's
@@ -745,7 +766,7 @@ func Default() *Config {
 		Runtime:    rtkind.Local,
 		Local:      Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB"), WarmPool: -1, WarmIdle: Duration(10 * time.Minute)},
 		Gvisor:     Gvisor{WarmIdle: Duration(10 * time.Minute)},
-		Docker:     Docker{Host: "unix:///var/run/docker.sock"},
+		Docker:     Docker{Host: "unix:///var/run/docker.sock", WarmIdle: Duration(10 * time.Minute)},
 		Kubernetes: Kubernetes{SecretName: "ai-worker-secrets", PullPolicy: "IfNotPresent", WarmIdle: Duration(10 * time.Minute)},
 		Execution:  Execution{Timeout: 60, MaxOutputSize: mustSize("1MiB")},
 		Sessions:   Sessions{MaxSessions: 8, IdleTimeout: Duration(30 * time.Minute), MaxLifetime: Duration(8 * time.Hour), IdleAction: IdleAuto},

@@ -49,6 +49,7 @@ var envVars = []envVar{
 	{"CORRAL_KUBERNETES_EGRESS_ADDR", "kubernetes.egress_addr", setString(func(c *Config) *string { return &c.Kubernetes.EgressAddr })},
 	{"CORRAL_LOCAL_WARM_POOL", "local.warm_pool", setInt(func(c *Config) *int { return &c.Local.WarmPool })},
 	{"CORRAL_GVISOR_WARM_POOL", "gvisor.warm_pool", setInt(func(c *Config) *int { return &c.Gvisor.WarmPool })},
+	{"CORRAL_DOCKER_WARM_POOL", "docker.warm_pool", setInt(func(c *Config) *int { return &c.Docker.WarmPool })},
 	{"CORRAL_EGRESS_MODE", "egress.mode", setString(func(c *Config) *string { return &c.Egress.Mode })},
 	{"CORRAL_DEFAULT_AGENT", "agents.default", setString(func(c *Config) *string { return &c.Agents.Default })},
 	// The fault tests' kill point (Config.CrashAt); never set in

@@ -88,6 +88,10 @@ func (c *Config) Validate() error {
 		v.add("gvisor.warm_pool", "must be 0 (none) or up to %d sandboxes per shape, got %d", maxWarmPool, c.Gvisor.WarmPool)
 	}
 	v.warm("gvisor", c.Gvisor.WarmIdle, c.Gvisor.WarmMax, c.Gvisor.WarmMemory)
+	if c.Docker.WarmPool < 0 || c.Docker.WarmPool > maxWarmPool {
+		v.add("docker.warm_pool", "must be 0 (none) or up to %d containers per shape, got %d", maxWarmPool, c.Docker.WarmPool)
+	}
+	v.warm("docker", c.Docker.WarmIdle, c.Docker.WarmMax, c.Docker.WarmMemory)
 	// Ranges a person may own are refused where the identity is used
 	// (sandbox/hostuser), which reads the host's login.defs.
 	for _, f := range []struct {

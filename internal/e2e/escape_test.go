@@ -76,6 +76,13 @@ var escapeRuntimes = []escapeRuntime{
 	{name: "docker", runtime: "docker", require: testenv.RequireDocker},
 	{name: "docker+runsc", runtime: "docker", require: func(tb testing.TB) { testenv.RequireDockerRuntime(tb, "runsc") },
 		edit: func(_ testing.TB, c *config.Config) { c.Docker.Runtime = "runsc" }},
+	// Tasks claim warm containers, made before them.
+	{name: "docker+warm", runtime: "docker", require: testenv.RequireDocker, warm: true,
+		edit: func(_ testing.TB, c *config.Config) {
+			c.Docker.WarmPool = 2
+			c.Docker.WarmIdle = 0
+			c.Local.WarmPool = 0
+		}},
 	{name: "kubernetes", runtime: "kubernetes", require: requireKubernetes, edit: onKubernetes(""), accepted: runcPodLeaks},
 	{name: "kubernetes+gvisor", runtime: "kubernetes", require: requireKubernetes, edit: onKubernetes(k8stest.GVisor)},
 	// Tasks claim warm pods, made before them.

@@ -33,6 +33,9 @@
 // removed when they exit (their exit code and OOM flag stay readable);
 // Destroy removes them.
 //
+// Warm containers (KeepWarm, warm.go) are made ahead of need as a cold
+// task's are, and handed to the task whose spec fits their shape.
+//
 // Exec uses the engine's exec API, as the sandbox's identity, under the
 // container's seccomp profile and capability set. The engine cannot stop
 // an exec'd command: when Exec's context ends it kills the command's host
@@ -47,6 +50,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"maps"
@@ -67,12 +71,14 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lockfile"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
 	"github.com/corral-dev/corral/internal/sandbox/statedir"
+	"github.com/corral-dev/corral/internal/sandbox/warmpool"
 )
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -168,6 +174,17 @@ type Runtime struct {
 
 	capsOnce sync.Once
 	caps     sandbox.Capabilities
+
+	// locks are held by Create, one stripe per sandbox id: a claim of a
+	// warm container must not race another Create of its task.
+	locks [64]sync.Mutex
+	// warmTag is in the ids of the warm containers this runtime starts;
+	// it holds warmLock while they are its own (warmpool.Prefix).
+	warmTag  string
+	warmLock *lockfile.File
+	warmErr  error // why it has no tag
+	// warm are the warm containers' pools (KeepWarm).
+	warm *warmpool.Pools[*warmBox]
 }
 
 // state is Handle.State, version 1.
@@ -194,18 +211,50 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{opts: opts, cli: cli, log: log.With(logkey.Runtime, Name), seccomp: profile}, nil
+	r := &Runtime{opts: opts, cli: cli, log: log.With(logkey.Runtime, Name), seccomp: profile}
+	// Warm containers are never reattached: a runtime starts its own,
+	// under a tag of its own, and destroys those of runtimes gone at its
+	// first contact with the engine (Capabilities). A state dir it cannot
+	// write (corral doctor's, run by a person) leaves it without them.
+	r.warmErr = os.MkdirAll(r.warmDir(), 0o711)
+	if r.warmErr == nil {
+		r.warmTag, r.warmLock, r.warmErr = warmpool.Own(r.warmDir())
+	}
+	r.warm = warmpool.New[*warmBox](Name, warmOps{r}, r.log)
+	return r, nil
 }
 
-// Close releases the client's connections.
-func (r *Runtime) Close() error { return r.cli.Close() }
+// Close releases the client's connections and the runtime's tag: a
+// runtime made after it destroys the warm containers it left.
+func (r *Runtime) Close() error { return errors.Join(r.cli.Close(), r.warmLock.Release()) }
+
+// lock locks sandbox id's stripe and returns its unlock.
+func (r *Runtime) lock(id string) (unlock func()) {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	l := &r.locks[h.Sum32()%uint32(len(r.locks))]
+	l.Lock()
+	return l.Unlock
+}
+
+// crash calls the Crash hook, if any, at point.
+func (r *Runtime) crash(point string) {
+	if r.opts.Crash != nil {
+		r.opts.Crash(point)
+	}
+}
 
 // name is the container name of sandbox id.
 func (r *Runtime) name(id string) string { return "corral-" + r.opts.Instance + "-" + id }
 
 // Capabilities asks the engine once for its version and runtimes.
 func (r *Runtime) Capabilities(ctx context.Context) (sandbox.Capabilities, error) {
-	r.capsOnce.Do(func() { r.caps = r.probe(ctx) })
+	r.capsOnce.Do(func() {
+		r.caps = r.probe(ctx)
+		if r.caps.Available && r.warmErr == nil {
+			r.destroyLeftoverWarm(context.WithoutCancel(ctx))
+		}
+	})
 	return r.caps, nil
 }
 
@@ -319,7 +368,7 @@ func (r *Runtime) inspectNamed(ctx context.Context, id, name string) (container.
 
 func (r *Runtime) handle(id, containerID string, labels map[string]string) *sandbox.Handle {
 	b, _ := json.Marshal(state{ContainerID: containerID})
-	own := maps.Clone(labels)
+	own := maps.Clone(r.labelsOf(id, labels))
 	for _, k := range []string{sandbox.LabelRuntime, sandbox.LabelInstance, sandbox.LabelSandbox} {
 		delete(own, k)
 	}
@@ -329,45 +378,76 @@ func (r *Runtime) handle(id, containerID string, labels map[string]string) *sand
 // Create makes and starts the sandbox's container. It is idempotent on
 // spec.ID: a container that exists is started if it has not been, and its
 // handle returned.
+//
+// A spec that fits a warm pool's shape claims one of its containers
+// instead (see KeepWarm), if one is ready.
 func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handle, error) {
 	if err := r.opts.User.ValidateSpec(spec, r.opts.DataRoot); err != nil {
 		return nil, fmt.Errorf("validate sandbox spec: %w", err)
 	}
+	unlock := r.lock(spec.ID)
+	defer unlock()
+	box := r.claimWarm(spec)
 	if c, err := r.inspect(ctx, spec.ID); err == nil {
+		if box != nil {
+			box.pool.Release(box)
+		}
 		if err := r.start(ctx, c.ID); err != nil {
 			return nil, err
 		}
 		return r.handle(spec.ID, c.ID, c.Config.Labels), nil
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		if box != nil {
+			box.pool.Release(box)
+		}
 		return nil, err
 	}
+	if box != nil {
+		h, err := r.adopt(ctx, spec, box)
+		box.pool.Wake() // for the next box, now the claim is done
+		if err == nil {
+			return h, nil
+		}
+		r.log.Warn("warm container not usable; starting the task's cold", logkey.SandboxID, spec.ID, "warm_id", box.id, logkey.Error, err)
+	}
+	// A claim that crashed before its container took the task's name.
+	os.Remove(r.claimPath(spec.ID))
+	h, _, err := r.create(ctx, spec, false)
+	return h, err
+}
+
+// create makes and starts spec's container (Create, unlocked and
+// unclaimed). A warm one's (warm) keeps its stdin open: create attaches
+// to it and to its stdout before the container starts, and returns the
+// attachment (see KeepWarm).
+func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, warm bool) (*sandbox.Handle, *client.HijackedResponse, error) {
 	caps, _ := r.Capabilities(ctx)
 	if !caps.Available {
-		return nil, fmt.Errorf("create sandbox %s: %s: %w", spec.ID, caps.Reason, errdefs.ErrFailedPrecondition)
+		return nil, nil, fmt.Errorf("create sandbox %s: %s: %w", spec.ID, caps.Reason, errdefs.ErrFailedPrecondition)
 	}
 	image := spec.Image
 	if image == "" {
 		image = r.opts.DefaultImage
 	}
 	if image == "" {
-		return nil, fmt.Errorf("create sandbox %s: no image, and no default image configured: %w", spec.ID, errdefs.ErrInvalidArgument)
+		return nil, nil, fmt.Errorf("create sandbox %s: no image, and no default image configured: %w", spec.ID, errdefs.ErrInvalidArgument)
 	}
 	if err := r.ensureImage(ctx, image); err != nil {
-		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+		return nil, nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	spec = spec.Resolve(r.opts.DataRoot)
 	pins := r.pins(spec.ID)
 	if err := hostuser.Unpin(pins); err != nil { // a Create that crashed
-		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+		return nil, nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	user, err := r.opts.Identities.Take(spec.ID)
 	if err != nil {
-		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+		return nil, nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	spec, err = hostuser.Pin(spec, pins, user)
 	if err != nil {
 		r.opts.Identities.Release(spec.ID)
-		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+		return nil, nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	owned, err := hostuser.Give(hostuser.WritableDirs(spec.Mounts), user)
 	undo := func() {
@@ -377,30 +457,50 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*sandbox.Handl
 	}
 	if err != nil {
 		undo()
-		return nil, err
+		return nil, nil, err
 	}
 	cfg, host := r.containerConfig(spec, image, user)
 	trees, err := json.Marshal(owned)
 	if err != nil {
 		undo()
-		return nil, err
+		return nil, nil, err
 	}
 	cfg.Labels[labelOwned] = string(trees)
+	if warm {
+		cfg.OpenStdin, cfg.StdinOnce, cfg.AttachStdin, cfg.AttachStdout = true, true, true, true
+	}
 	res, err := r.cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: r.name(spec.ID), Config: cfg, HostConfig: host})
 	if err != nil {
 		undo()
-		return nil, classify("create sandbox "+spec.ID, err)
+		return nil, nil, classify("create sandbox "+spec.ID, err)
 	}
-	if r.opts.Crash != nil {
-		r.opts.Crash(sandbox.CrashLaunched)
+	var att *client.HijackedResponse
+	if warm {
+		// Before its start: the engine closes the stdin of a container
+		// with StdinOnce when its attachment ends, never one not yet
+		// attached to.
+		a, err := r.cli.ContainerAttach(ctx, res.ID, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true})
+		if err != nil {
+			r.cli.ContainerRemove(context.WithoutCancel(ctx), res.ID, client.ContainerRemoveOptions{Force: true})
+			undo()
+			return nil, nil, classify("attach to warm container "+spec.ID, err)
+		}
+		att = &a.HijackedResponse
+	} else {
+		r.crash(sandbox.CrashLaunched)
 	}
 	if err := r.start(ctx, res.ID); err != nil {
+		if att != nil {
+			att.Close()
+		}
 		r.cli.ContainerRemove(context.WithoutCancel(ctx), res.ID, client.ContainerRemoveOptions{Force: true})
 		undo()
-		return nil, err
+		return nil, nil, err
 	}
-	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "container", res.ID[:12], "image", image)
-	return r.handle(spec.ID, res.ID, cfg.Labels), nil
+	if !warm {
+		r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "container", res.ID[:12], "image", image)
+	}
+	return r.handle(spec.ID, res.ID, cfg.Labels), att, nil
 }
 
 // start starts a created container; one that runs or ran is left alone.
@@ -604,6 +704,10 @@ func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, erro
 // process said last.
 func (r *Runtime) exitStatus(ctx context.Context, c container.InspectResponse) sandbox.ExitStatus {
 	es := exitStatus(c)
+	if r.warmNotStarted(ctx, c) {
+		es.NotStarted, es.Message = true, "its worker never had its task's start: the server died between the claim and the start"
+		return es
+	}
 	if !es.OOMKilled && es.Code == 137 && c.HostConfig != nil && c.HostConfig.Memory > 0 && r.oomEvent(ctx, c) {
 		es.OOMKilled, es.Message = true, "OOMKilled"
 	}
@@ -740,26 +844,42 @@ func ownedTrees(c container.InspectResponse) []hostuser.Tree {
 	return trees
 }
 
-// List returns this server's containers whose labels include selector.
+// List returns this server's containers whose labels include selector
+// (a claimed warm container's are its task's: see KeepWarm).
 func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
 	f := client.Filters{}
 	f.Add("label", sandbox.LabelRuntime+"="+Name, sandbox.LabelInstance+"="+r.opts.Instance)
-	for k, v := range selector {
-		f.Add("label", k+"="+v)
-	}
 	res, err := r.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
 	if err != nil {
 		return nil, classify("list sandboxes", err)
 	}
 	var out []sandbox.Handle
 	for _, c := range res.Items {
-		id := c.Labels[sandbox.LabelSandbox]
+		name := ""
+		if len(c.Names) > 0 {
+			name = c.Names[0]
+		}
+		id := r.idOf(name, c.Labels)
 		if sandbox.ValidateID(id) != nil || c.State == container.StateRemoving || c.State == container.StateDead {
 			continue
 		}
-		out = append(out, *r.handle(id, c.ID, c.Labels))
+		h := r.handle(id, c.ID, c.Labels)
+		if !matches(h.Labels, selector) {
+			continue
+		}
+		out = append(out, *h)
 	}
 	return out, nil
+}
+
+// matches reports whether labels include selector.
+func matches(labels, selector map[string]string) bool {
+	for k, v := range selector {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
 }
 
 // Destroy removes the sandbox's container (killing what runs in it, or
@@ -773,6 +893,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// A Create that crashed after its pins or its identity's lease.
 		os.Remove(r.restoredMark(id))
+		os.Remove(r.claimPath(id))
 		return errors.Join(hostuser.Unpin(r.pins(id)), r.opts.Identities.Release(id))
 	}
 	if err != nil {
@@ -788,7 +909,11 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
 	}
-	if err := hostuser.Reclaim(ownedTrees(c)); err != nil {
+	trees := ownedTrees(c)
+	if rec, err := r.readClaim(id); err == nil && rec.Container == c.ID {
+		trees = append(trees, rec.Owned...) // a claimed warm container's task's
+	}
+	if err := hostuser.Reclaim(trees); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	if err := hostuser.Unpin(r.pins(id)); err != nil {
@@ -798,6 +923,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	os.Remove(r.restoredMark(id))
+	os.Remove(r.claimPath(id))
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
 }
