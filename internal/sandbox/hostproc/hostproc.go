@@ -139,24 +139,102 @@ func PidNamespace(pid int) uint64 {
 // PidsInNamespace returns every host pid whose pid namespace is ns. It
 // scans /proc: a few milliseconds on a host with a thousand processes.
 func PidsInNamespace(ns uint64) []int {
+	var pids []int
+	scan(ns, func(pid int) { pids = append(pids, pid) })
+	return pids
+}
+
+// scan calls fn with every host pid whose pid namespace is ns, in
+// ascending order.
+func scan(ns uint64, fn func(pid int)) {
 	if ns == 0 {
-		return nil
+		return
 	}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return nil
+		return
 	}
-	var pids []int
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
 		if PidNamespace(pid) == ns {
-			pids = append(pids, pid)
+			fn(pid)
 		}
 	}
-	return pids
+}
+
+// PidNS is a pid namespace held open. The inode number that names a
+// namespace is given to a new one (of any kind) once it is gone; held,
+// it is not, so the processes /proc shows with that number are this
+// namespace's, also when the last of them has just exited.
+type PidNS struct {
+	f   *os.File
+	ino uint64
+}
+
+// OpenPidNS holds the pid namespace of process pid if its inode number is
+// ino; it returns nil if pid is gone or in another namespace. The caller
+// closes it.
+func OpenPidNS(pid int, ino uint64) *PidNS {
+	if pid <= 0 || ino == 0 {
+		return nil
+	}
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
+	if err != nil {
+		return nil
+	}
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Ino != ino {
+		f.Close()
+		return nil
+	}
+	return &PidNS{f: f, ino: ino}
+}
+
+// Close lets the namespace go.
+func (n *PidNS) Close() {
+	if n != nil {
+		n.f.Close()
+	}
+}
+
+// pfExiting is PF_EXITING in the flags of /proc/pid/stat: the process is
+// in exit (or a zombie), and runs nothing of its own any more.
+const pfExiting = 0x4
+
+// exiting reports whether pid is gone, or exiting or a zombie.
+func exiting(pid int) bool {
+	f, err := stat(pid)
+	if err != nil {
+		return true
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64) // field 9
+	return err != nil || flags&pfExiting != 0 || f[0] == "Z" || f[0] == "X"
+}
+
+// Signal sends sig to every process in the namespace that is not exiting
+// already and returns how many it sent it to: 0 means none is left that
+// runs anything of its own (a process killed in a system call finishes
+// that call first, and counts until then). Each process is held by a
+// pidfd while its namespace is checked, so a pid that a process outside
+// the namespace took meanwhile is never signalled. Pids go in ascending
+// order: a namespace's pid 1, whose death the kernel makes every other's,
+// usually first.
+func (n *PidNS) Signal(sig syscall.Signal) int {
+	sent := 0
+	scan(n.ino, func(pid int) {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			return
+		}
+		defer unix.Close(fd)
+		if PidNamespace(pid) == n.ino && !exiting(pid) && unix.PidfdSendSignal(fd, sig, nil, 0) == nil {
+			sent++
+		}
+	})
+	return sent
 }
 
 // ExecWatch polls whether a process's child has executed another program

@@ -161,6 +161,28 @@ func TestNamespaceAndChildren(t *testing.T) {
 	waitDone(t, w, "sh whose subshell executes sleep")
 }
 
+// TestPidNS: a namespace is held only under its own inode number, and
+// Signal reaches its processes (signal 0: none is disturbed).
+func TestPidNS(t *testing.T) {
+	ns := PidNamespace(os.Getpid())
+	if n := OpenPidNS(os.Getpid(), ns+1); n != nil {
+		n.Close()
+		t.Errorf("OpenPidNS with another namespace's number held one")
+	}
+	if OpenPidNS(-1, ns) != nil || OpenPidNS(os.Getpid(), 0) != nil {
+		t.Errorf("OpenPidNS of no process or no namespace held one")
+	}
+	n := OpenPidNS(os.Getpid(), ns)
+	if n == nil {
+		t.Fatal("OpenPidNS(self) = nil")
+	}
+	defer n.Close()
+	mustStartSleep(t, "60")
+	if got := n.Signal(0); got < 2 {
+		t.Errorf("Signal(0) reached %d processes, want this one and its sleep at least", got)
+	}
+}
+
 // waitDone polls w for up to 10 s.
 func waitDone(t *testing.T, w *ExecWatch, what string) {
 	t.Helper()

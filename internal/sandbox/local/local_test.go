@@ -459,6 +459,52 @@ func TestStopRightAfterCreate(t *testing.T) {
 	}
 }
 
+// TestStopLeavesNoProcess: once Stop returns, no process of the sandbox
+// runs, also when the main process ended within the grace period and a
+// child that ignores SIGTERM outlived it. bwrap exits as soon as the main
+// process has, and the kernel kills the rest only once the sandbox's pid 1
+// gets the CPU to die: Stop returned before that, and under load the
+// child ran on (the conformance suite's StopProcessTree saw its file grow
+// after Stop and Wait). The children here are busy loops, which keep pid 1
+// waiting for the CPU without any other load.
+func TestStopLeavesNoProcess(t *testing.T) {
+	r, _ := MustNew(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range 5 {
+		dir := testenv.TempDir(t)
+		id := sandboxtest.NewID(t)
+		sp := sandbox.Spec{ID: id, Dir: "/out", Mounts: []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
+			Command: []string{"/bin/sh", "-c", `for i in 1 2 3 4; do (trap '' TERM; while :; do :; done) & done; touch ready; sleep 1007`}}
+		if _, err := r.Create(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Destroy(context.Background(), id) })
+		for _, err := os.Stat(filepath.Join(dir, "ready")); err != nil; _, err = os.Stat(filepath.Join(dir, "ready")) {
+			if ctx.Err() != nil {
+				t.Fatal("the sandbox did not start its children")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		e, err := r.Lookup(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Held, so that its number names no other namespace after Stop.
+		ns := hostproc.OpenPidNS(e.St.ChildPID, e.St.PIDNS)
+		if ns == nil {
+			t.Fatal("the sandbox's pid 1 is gone before Stop")
+		}
+		defer ns.Close()
+		if err := r.Stop(ctx, id, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if n := ns.Signal(0); n > 0 {
+			t.Fatalf("run %d: %d processes of the sandbox still run after Stop", i, n)
+		}
+	}
+}
+
 // TestCreateCanceledLeavesNothing cancels a Create whose bwrap has not yet
 // reached the sandbox's pid 1 and never will: a stand-in that sleeps, as a
 // real bwrap setting up when the server shuts down, before it has asked

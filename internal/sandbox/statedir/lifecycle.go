@@ -88,6 +88,11 @@ type Ops[S Launched] struct {
 	// Kill kills every process of the sandbox and returns once its
 	// launcher has exited.
 	Kill func(ctx context.Context, e *Entry[S]) error
+	// Leftovers kills what is left of sandbox e once its launcher has
+	// exited by itself within a Stop's grace (processes that outlived
+	// the main process) and returns once none of them runs; nil: nothing
+	// outlives the launcher.
+	Leftovers func(ctx context.Context, e *Entry[S]) error
 	// Release frees what the runtime keeps of the stopped sandbox st
 	// outside its state dir (runsc's record of it); nil: nothing.
 	Release func(ctx context.Context, st S)
@@ -206,6 +211,9 @@ func (s *Sandboxes[S]) Stop(ctx context.Context, id string, grace time.Duration)
 		gctx, cancel := context.WithTimeout(ctx, grace)
 		err := e.WaitExit(gctx)
 		cancel()
+		if err == nil && s.ops.Leftovers != nil {
+			err = s.ops.Leftovers(ctx, e)
+		}
 		if err == nil {
 			s.log.Info("sandbox stopped", logkey.SandboxID, id)
 			return nil
