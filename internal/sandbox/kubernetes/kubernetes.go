@@ -234,6 +234,7 @@ type Runtime struct {
 	mu      sync.Mutex
 	changed chan struct{}                 // closed and replaced on every watched change
 	exits   map[string]sandbox.ExitStatus // the last exit seen of each Job's pod, by the Job's name
+	made    map[string]bool               // the sandboxes whose Job this process tried to make, until destroyed
 
 	capsOnce sync.Once
 	caps     sandbox.Capabilities
@@ -279,7 +280,7 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if err != nil {
 		return bad("%v", err)
 	}
-	r := &Runtime{opts: opts, api: api, log: log.With(logkey.Runtime, Name), changed: make(chan struct{}), exits: map[string]sandbox.ExitStatus{}, waiters: map[string]*waiter{}, bound: map[string]*binding{}}
+	r := &Runtime{opts: opts, api: api, log: log.With(logkey.Runtime, Name), changed: make(chan struct{}), exits: map[string]sandbox.ExitStatus{}, made: map[string]bool{}, waiters: map[string]*waiter{}, bound: map[string]*binding{}}
 	r.warm = warmpool.New(Name, warmOps{r}, r.log)
 	return r, nil
 }
@@ -566,25 +567,31 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	if err := r.ready(ctx); err != nil {
 		return nil, err
 	}
-	// The sandbox may be there already: a Job of its name (whose
-	// labels job checks), or a warm pod's Job it claimed, which the
-	// watch has seen (claimed by this process, or before the watch's
-	// first listing): one call to the API server, not two, before a
-	// claim.
+	// The sandbox may be there already: a warm pod this process bound
+	// to it, or a Job the watch has seen (its own, or a warm pod's it
+	// claimed). The watch's cache, synced with the API server's listing
+	// at ready, lacks only a Job this process has just made, of a Create
+	// tried again (made): only then is the API server asked, and a claim
+	// waits for no round trip.
 	if bd := r.boundTo(spec.ID); bd != nil {
 		return bd.handle(), nil
 	}
-	switch job, err := r.jobNamed(ctx, spec.ID); {
-	case err == nil:
-		if job, err = r.job(ctx, spec.ID); err != nil {
-			return nil, err
-		}
-		return handle(spec.ID, job), nil
-	case !apierrors.IsNotFound(err):
-		return nil, classify("sandbox "+spec.ID, err)
-	}
 	if job, _ := r.observed(spec.ID); job != nil {
 		return handle(spec.ID, job), nil
+	}
+	r.mu.Lock()
+	tried := r.made[spec.ID]
+	r.mu.Unlock()
+	if tried {
+		switch job, err := r.jobNamed(ctx, spec.ID); {
+		case err == nil:
+			if job, err = r.job(ctx, spec.ID); err != nil {
+				return nil, err
+			}
+			return handle(spec.ID, job), nil
+		case !apierrors.IsNotFound(err):
+			return nil, classify("sandbox "+spec.ID, err)
+		}
 	}
 	if b := r.claimWarm(spec); b != nil {
 		h, err := r.adopt(ctx, spec, b)
@@ -606,6 +613,9 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	if err != nil {
 		return nil, err
 	}
+	r.mu.Lock()
+	r.made[spec.ID] = true
+	r.mu.Unlock()
 	job, err := r.create(ctx, spec, string(owned))
 	if err != nil {
 		return nil, err
@@ -1227,6 +1237,7 @@ func (r *Runtime) destroy(ctx context.Context, id string, job *batchv1.Job, tree
 	}
 	r.mu.Lock()
 	delete(r.exits, job.Name)
+	delete(r.made, id)
 	r.mu.Unlock()
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
