@@ -1173,11 +1173,14 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("destroy: %w", err)
 	}
-	trees := r.ownedTrees(job)
+	// What a claim of this server's gave, whether or not its patch
+	// landed; else what the Job's annotation says.
 	bd := r.boundTo(id)
+	var trees []hostuser.Tree
 	if bd != nil {
-		// What the claim gave, whether or not its patch landed.
 		trees = bd.trees
+	} else {
+		trees = r.ownedTrees(job)
 	}
 	if err := r.destroy(ctx, id, job, trees); err != nil {
 		return err
