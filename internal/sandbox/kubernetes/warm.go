@@ -563,7 +563,10 @@ func (r *Runtime) settleClaims(ctx context.Context) {
 		if _, err := os.Stat(filepath.Join(root, warmpool.ClaimFile)); err != nil {
 			continue
 		}
-		task, err := r.settleClaim(ctx, id, root)
+		// A pod the node does not remove must not hold the server's start.
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		task, err := r.settleClaim(sctx, id, root)
+		cancel()
 		if err != nil {
 			r.log.Warn("cannot settle the claim of a warm pod by a server gone", logkey.SandboxID, id, "task_id", task, logkey.Error, err)
 			continue
