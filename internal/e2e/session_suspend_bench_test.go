@@ -236,6 +236,12 @@ func benchSuspend(b *testing.B, rt memoryRuntime, mib int) {
 		} else {
 			count++ // the cycle's own look
 		}
+		if *suspendSoak && (i+1)%50 == 0 {
+			// A soak runs for hours: its progress goes out as it is made
+			// (b.Logf's lines only at the end), so a run cut short says
+			// how far it got.
+			fmt.Fprintf(os.Stderr, "%s soak: %d of %d cycles, %d divergences\n", rt.name, i+1, b.N, divergences)
+		}
 		if bare != nil {
 			ck, rs := bare.cycle(b)
 			cks, rss = append(cks, ck), append(rss, rs)
