@@ -28,8 +28,7 @@ const warmPodGiveUp = time.Minute
 // Corral's variables, with the task's over it. A server that refuses the
 // pod (it destroyed the pod, or is a new server that did not make it), or
 // that cannot be reached for warmPodGiveUp, means no task will come: the
-// worker exits workerproto.ExitNoTask and the pod ends (a claimed pod's
-// end then says that its task never started).
+// worker exits 0 and the pod ends.
 func runWarmPod(ctx context.Context, stderr io.Writer) int {
 	var id, token, serverURL string
 	var base []string
@@ -50,7 +49,7 @@ func runWarmPod(ctx context.Context, stderr io.Writer) int {
 	debug.FreeOSMemory()
 	st, err := pollWarmStart(ctx, serverURL, id, token)
 	if errors.Is(err, warmstart.ErrNoTask) {
-		return workerproto.ExitNoTask
+		return 0
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "corral worker warm: %v\n", err)
