@@ -55,24 +55,7 @@ func runWarmPod(ctx context.Context, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "corral worker warm: %v\n", err)
 		return worker.ExitSetup
 	}
-	return runStart(ctx, st, overlay(base, st.Env), stderr)
-}
-
-// overlay is base with env's variables added, each replacing base's of
-// the same name.
-func overlay(base, env []string) []string {
-	set := map[string]bool{}
-	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
-		set[k] = true
-	}
-	var out []string
-	for _, kv := range base {
-		if k, _, _ := strings.Cut(kv, "="); !set[k] {
-			out = append(out, kv)
-		}
-	}
-	return append(out, env...)
+	return runStart(ctx, st, warmstart.Overlay(base, st.Env), stderr)
 }
 
 // pollWarmStart polls GET /api/warm/{id}/start until it answers the

@@ -326,7 +326,7 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (*sa
 	r.crash(sandbox.CrashHandedOver)
 	// The engine reads the stdin for its detach keys, control characters
 	// that JSON never holds unescaped.
-	err = warmstart.Send(b.att.Conn, warmstart.Start{Argv: spec.Command, Env: overlay(b.imageEnv, sandbox.DefaultEnv(spec.Env)), Dir: spec.Dir})
+	err = warmstart.Send(b.att.Conn, warmstart.Start{Argv: spec.Command, Env: warmstart.Overlay(b.imageEnv, sandbox.DefaultEnv(spec.Env)), Dir: spec.Dir})
 	if cerr := b.att.CloseWrite(); err == nil {
 		err = cerr
 	}
@@ -345,23 +345,6 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmBox) (*sa
 	b.att.Close()
 	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "container", c.ID[:12], "warm_id", b.id)
 	return r.handle(spec.ID, c.ID, spec.Labels), nil
-}
-
-// overlay is the environment of a container of image environment base
-// and Config.Env env: env's variables, and base's that env does not set.
-func overlay(base, env []string) []string {
-	set := map[string]bool{}
-	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
-		set[k] = true
-	}
-	var out []string
-	for _, kv := range base {
-		if k, _, _ := strings.Cut(kv, "="); !set[k] {
-			out = append(out, kv)
-		}
-	}
-	return append(out, env...)
 }
 
 // errAcked stops the read of a worker's acknowledgement.

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // FD is the descriptor a warm sandbox's main process reads its Start from.
@@ -100,4 +101,22 @@ func Receive(r io.Reader) (Start, error) {
 		return Start{}, errors.New("warm start: empty argv")
 	}
 	return s, nil
+}
+
+// Overlay is the environment of a start whose Env is env, run where the
+// environment was base (an image's): env's variables, and base's that env
+// does not set.
+func Overlay(base, env []string) []string {
+	set := map[string]bool{}
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		set[k] = true
+	}
+	var out []string
+	for _, kv := range base {
+		if k, _, _ := strings.Cut(kv, "="); !set[k] {
+			out = append(out, kv)
+		}
+	}
+	return append(out, env...)
 }
