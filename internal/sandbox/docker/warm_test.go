@@ -71,43 +71,14 @@ func warmRuntime(tb testing.TB, runtime string, opt ...func(*Options)) (r *Runti
 func keepWarm(tb testing.TB, r *Runtime, script string, size int) (tasksDir string, stop func()) {
 	tb.Helper()
 	tasksDir = testenv.TempDir(tb)
-	shape := sandbox.WarmShape{Name: "test", Template: sandbox.Spec{
-		Command: []string{"/bin/sh", "-c", script},
-		Dir:     "/out",
-		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(tasksDir) + "/" + sandbox.WarmTaskID, Target: "/out"}},
-		Network: sandbox.NetworkNone,
-		Limits:  sandbox.Limits{MemoryBytes: 256 << 20, Pids: 64},
-	}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- r.KeepWarm(ctx, sandbox.WarmPolicy{Size: size, Shapes: []sandbox.WarmShape{shape}})
-	}()
-	stop = func() {
-		cancel()
-		if err := <-done; err != nil {
-			tb.Errorf("KeepWarm: %v", err)
-		}
-	}
-	tb.Cleanup(func() {
-		if ctx.Err() == nil {
-			stop()
-		}
-	})
-	return tasksDir, stop
+	shape := sandboxtest.WarmShapeOver(tasksDir, script)
+	shape.Template.Limits = sandbox.Limits{MemoryBytes: 256 << 20, Pids: 64}
+	return tasksDir, sandboxtest.KeepWarm(tb, r, sandbox.WarmPolicy{Size: size, Shapes: []sandbox.WarmShape{shape}})
 }
 
 func waitStats(t testing.TB, r *Runtime, what string, ok func(sandbox.WarmStats) bool) {
 	t.Helper()
-	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		st := r.WarmStats()
-		if len(st) == 1 && ok(st[0]) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("warm pool: %+v, want %s", st, what)
-		}
-	}
+	sandboxtest.WaitWarm(t, r, 90*time.Second, what, ok)
 }
 
 func waitReady(t testing.TB, r *Runtime, n int) {

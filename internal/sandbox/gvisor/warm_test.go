@@ -33,42 +33,12 @@ const warmScript = `s=$(cat <&5); [ -n "$s" ] || exit 0; echo started >&6; exec 
 func keepWarm(tb testing.TB, r *Runtime, script string, size int) (tasksDir string, stop func()) {
 	tb.Helper()
 	tasksDir = testenv.TempDir(tb)
-	shape := sandbox.WarmShape{Name: "test", Template: sandbox.Spec{
-		Command: []string{"/bin/sh", "-c", script},
-		Dir:     "/out",
-		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(tasksDir) + "/" + sandbox.WarmTaskID, Target: "/out"}},
-		Network: sandbox.NetworkNone,
-	}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- r.KeepWarm(ctx, sandbox.WarmPolicy{Size: size, Shapes: []sandbox.WarmShape{shape}})
-	}()
-	stop = func() {
-		cancel()
-		if err := <-done; err != nil {
-			tb.Errorf("KeepWarm: %v", err)
-		}
-	}
-	tb.Cleanup(func() {
-		if ctx.Err() == nil {
-			stop()
-		}
-	})
-	return tasksDir, stop
+	return tasksDir, sandboxtest.KeepWarm(tb, r, sandbox.WarmPolicy{Size: size, Shapes: []sandbox.WarmShape{sandboxtest.WarmShapeOver(tasksDir, script)}})
 }
 
 func waitStats(t testing.TB, r *Runtime, what string, ok func(sandbox.WarmStats) bool) {
 	t.Helper()
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		st := r.WarmStats()
-		if len(st) == 1 && ok(st[0]) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("warm pool: %+v, want %s", st, what)
-		}
-	}
+	sandboxtest.WaitWarm(t, r, 60*time.Second, what, ok)
 }
 
 func waitReady(t testing.TB, r *Runtime, n int) {

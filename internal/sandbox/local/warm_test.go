@@ -47,29 +47,7 @@ func warmRuntimeIdle(t *testing.T, idle time.Duration) (r *Runtime, tasksDir str
 func keepWarm(tb testing.TB, r *Runtime, script string, idle time.Duration) (tasksDir string, stop func()) {
 	tb.Helper()
 	tasksDir = testenv.TempDir(tb)
-	shape := sandbox.WarmShape{Name: "test", Template: sandbox.Spec{
-		Command: []string{"/bin/sh", "-c", script},
-		Dir:     "/out",
-		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(tasksDir) + "/" + sandbox.WarmTaskID, Target: "/out"}},
-		Network: sandbox.NetworkNone,
-	}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- r.KeepWarm(ctx, sandbox.WarmPolicy{Size: 1, Idle: idle, Shapes: []sandbox.WarmShape{shape}})
-	}()
-	stop = func() {
-		cancel()
-		if err := <-done; err != nil {
-			tb.Errorf("KeepWarm: %v", err)
-		}
-	}
-	tb.Cleanup(func() {
-		if ctx.Err() == nil {
-			stop()
-		}
-	})
-	return tasksDir, stop
+	return tasksDir, sandboxtest.KeepWarm(tb, r, sandbox.WarmPolicy{Size: 1, Idle: idle, Shapes: []sandbox.WarmShape{sandboxtest.WarmShapeOver(tasksDir, script)}})
 }
 
 func waitReady(t testing.TB, r *Runtime, n int) {
@@ -79,15 +57,7 @@ func waitReady(t testing.TB, r *Runtime, n int) {
 
 func waitStats(t testing.TB, r *Runtime, what string, ok func(sandbox.WarmStats) bool) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		st := r.WarmStats()
-		if len(st) == 1 && ok(st[0]) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("warm pool: %+v, want %s", st, what)
-		}
-	}
+	sandboxtest.WaitWarm(t, r, 20*time.Second, what, ok)
 }
 
 // TestWarmClaim: a spec that fits the shape is handed to the warm

@@ -890,3 +890,50 @@ func CreateUntilKilled(tb testing.TB, r WarmRuntime, point, tasks, id string) {
 	}
 	tb.Fatalf("Create returned without passing %s", point)
 }
+
+// WarmShapeOver is a warm test shape over tasksDir: its one per-task
+// mount is the task's directory there at /out, and its main process runs
+// script with /bin/sh, with no network.
+func WarmShapeOver(tasksDir, script string) sandbox.WarmShape {
+	return sandbox.WarmShape{Name: "test", Template: sandbox.Spec{
+		Command: []string{Shell, "-c", script},
+		Dir:     "/out",
+		Mounts:  []sandbox.Mount{{Source: MountSource(tasksDir) + "/" + sandbox.WarmTaskID, Target: "/out"}},
+		Network: sandbox.NetworkNone,
+	}}
+}
+
+// KeepWarm keeps r's pools of p until stop, or the test's end. It does
+// not wait for them to fill (WaitWarm).
+func KeepWarm(tb testing.TB, r sandbox.Warmer, p sandbox.WarmPolicy) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.KeepWarm(ctx, p) }()
+	stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			tb.Errorf("KeepWarm: %v", err)
+		}
+	}
+	tb.Cleanup(func() {
+		if ctx.Err() == nil {
+			stop()
+		}
+	})
+	return stop
+}
+
+// WaitWarm waits up to within until r keeps one pool whose stats are ok,
+// and fails tb, saying what it waited for, if it never does.
+func WaitWarm(tb testing.TB, r sandbox.Warmer, within time.Duration, what string, ok func(sandbox.WarmStats) bool) {
+	tb.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(5 * time.Millisecond) {
+		st := r.WarmStats()
+		if len(st) == 1 && ok(st[0]) {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("warm pool: %+v, want %s", st, what)
+		}
+	}
+}
