@@ -9,7 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -423,12 +425,27 @@ func TestAnAdopterKilled(t *testing.T) {
 	data, env := onPostgres(t, db.DSN)
 	a := startReplica(t, data, env)
 	tk := mustSpawn(t, a.client, service.SpawnRequest{TaskDescription: "adopted twice", Agent: "command",
-		Command: []string{"sh", "-c", "echo run >> output/runs; sleep 8; echo done > output/result.txt"}})
+		Command: []string{"sh", "-c", "echo run >> output/runs; : > output/go; while [ -e output/go ]; do sleep 0.1; done; echo done > output/result.txt"}})
 	a.waitRunning(t, tk.ID, 30*time.Second)
 	b := startReplica(t, data, append(env, "CORRAL_TEST_CRASH_AT="+sandbox.CrashAdopted))
 	a.kill()
 	waitKilled(t, b, sandbox.CrashAdopted)
 	c := startReplica(t, data, env)
+	// The task runs on until c has adopted it: a task that ends by
+	// itself first is ended without an adoption, rightly (it did so
+	// once at a load of 8 with a fixed sleep).
+	waitFor(t, "the second adoption", func() bool {
+		n := 0
+		for _, e := range mustEvents(t, c.client, tk.ID) {
+			if e.Type == task.EventAdopted {
+				n++
+			}
+		}
+		return n == 2
+	})
+	if err := os.Remove(filepath.Join(data, "tasks", tk.ID, "output", "go")); err != nil {
+		t.Fatal(err)
+	}
 	res := (&server{client: c.client}).wait(t, tk.ID, 2*time.Minute, "runs", "result.txt")
 	if res.Status != task.Success || res.FileContents["result.txt"].Content != "done\n" || res.FileContents["runs"].Content != "run\n" {
 		t.Errorf("the task: %s %q, result %q, runs %q; want success, its result, one run", res.Status, res.ErrorMessage,

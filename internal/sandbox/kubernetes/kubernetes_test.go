@@ -88,6 +88,7 @@ func TestConformance(t *testing.T) {
 				},
 				NoHostDirs: true,
 				MinGrace:   MinGrace,
+				Latency:    20 * time.Second,
 			})
 		})
 	}
