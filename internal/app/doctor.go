@@ -408,8 +408,10 @@ func fsyncMedian(dir string) (time.Duration, error) {
 func doctorWarm(cfg *config.Config) Check {
 	c := Check{Name: "warm sandboxes (local runtime)", OK: true}
 	mem := memTotal()
-	n := cfg.Local.WarmPoolSize(mem)
+	n := cfg.LocalWarmPoolSize(mem)
 	switch {
+	case cfg.Local.WarmPool < 0 && cfg.Runtime != rtkind.Local:
+		c.Detail = fmt.Sprintf("none: automatic (local.warm_pool -1), and the default runtime is %s; tasks that ask for local start cold", cfg.Runtime)
 	case cfg.Local.WarmPool < 0 && n == 0:
 		c.Detail = fmt.Sprintf("none: automatic (local.warm_pool -1), and this machine has %d MiB of memory, under %d MiB; every task starts cold", mem>>20, config.AutoWarmMemory>>20)
 	case n == 0:

@@ -264,8 +264,11 @@ type Local struct {
 	// WarmPool is how many sandboxes of each shape (network none, and
 	// with an egress proxy) the runtime keeps warm, started ahead of the
 	// tasks that will claim them, each for one task only. -1 (the
-	// default): 4 (AutoWarmPool) on a machine with at least 4 GiB
-	// (AutoWarmMemory) of memory, else 0. 0: none, every task starts cold.
+	// default): 4 (AutoWarmPool) where local is the default runtime
+	// (runtime) on a machine with at least 4 GiB (AutoWarmMemory) of
+	// memory, else 0 (a server whose tasks run elsewhere by default
+	// keeps none for the few that ask for local). 0: none, every task
+	// starts cold.
 	WarmPool int `yaml:"warm_pool"`
 	// WarmIdle is how long a pool keeps its sandboxes without a task
 	// claiming one; then it empties until the next task of its shape.
@@ -318,7 +321,7 @@ func (c *Config) Warm(runtime string, memTotal uint64) WarmKeys {
 	switch runtime {
 	case rtkind.Local:
 		l := c.Local
-		return WarmKeys{Size: l.WarmPoolSize(memTotal), Idle: time.Duration(l.WarmIdle), Max: l.WarmMax, Memory: l.WarmMemory.Bytes()}
+		return WarmKeys{Size: c.LocalWarmPoolSize(memTotal), Idle: time.Duration(l.WarmIdle), Max: l.WarmMax, Memory: l.WarmMemory.Bytes()}
 	case rtkind.GVisor:
 		g := c.Gvisor
 		return WarmKeys{Size: g.WarmPool, Idle: time.Duration(g.WarmIdle), Max: g.WarmMax, Memory: g.WarmMemory.Bytes()}
@@ -340,13 +343,14 @@ const (
 	AutoWarmMemory = 4 << 30
 )
 
-// WarmPoolSize is local.warm_pool with -1 resolved for a machine with
-// memTotal bytes of memory.
-func (l Local) WarmPoolSize(memTotal uint64) int {
-	if l.WarmPool >= 0 {
-		return l.WarmPool
-	}
-	if memTotal >= AutoWarmMemory {
+// LocalWarmPoolSize is local.warm_pool with -1 resolved: AutoWarmPool
+// where local is the default runtime and the machine has at least
+// AutoWarmMemory of its memTotal bytes, else 0.
+func (c *Config) LocalWarmPoolSize(memTotal uint64) int {
+	switch {
+	case c.Local.WarmPool >= 0:
+		return c.Local.WarmPool
+	case c.Runtime == rtkind.Local && memTotal >= AutoWarmMemory:
 		return AutoWarmPool
 	}
 	return 0

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/rtkind"
 )
 
 // MustWriteConfig writes a configuration file into a temporary directory
@@ -869,18 +870,23 @@ func TestEnvVars(t *testing.T) {
 
 func TestWarmPoolSize(t *testing.T) {
 	for _, tt := range []struct {
-		pool int
-		mem  uint64
-		want int
+		pool    int
+		runtime string
+		mem     uint64
+		want    int
 	}{
-		{-1, AutoWarmMemory, AutoWarmPool},
-		{-1, AutoWarmMemory - 1, 0},
-		{-1, 0, 0},
-		{0, 64 << 30, 0},
-		{7, 1 << 30, 7},
+		{-1, "local", AutoWarmMemory, AutoWarmPool},
+		{-1, "local", AutoWarmMemory - 1, 0},
+		{-1, "local", 0, 0},
+		{-1, "gvisor", 64 << 30, 0},
+		{-1, "kubernetes", 64 << 30, 0},
+		{0, "local", 64 << 30, 0},
+		{7, "local", 1 << 30, 7},
+		{7, "docker", 64 << 30, 7},
 	} {
-		if got := (Local{WarmPool: tt.pool}).WarmPoolSize(tt.mem); got != tt.want {
-			t.Errorf("warm_pool %d with %d bytes of memory: %d sandboxes, want %d", tt.pool, tt.mem, got, tt.want)
+		c := &Config{Runtime: tt.runtime, Local: Local{WarmPool: tt.pool}}
+		if got := c.LocalWarmPoolSize(tt.mem); got != tt.want || c.Warm(rtkind.Local, tt.mem).Size != got {
+			t.Errorf("warm_pool %d, runtime %s, with %d bytes of memory: %d sandboxes (Warm: %d), want %d", tt.pool, tt.runtime, tt.mem, got, c.Warm(rtkind.Local, tt.mem).Size, tt.want)
 		}
 	}
 }
