@@ -12,9 +12,11 @@ import (
 // WarmStart): it answers a warm pod's poll, authenticated by the pod's
 // own token, with its task's start once a task claims it, with nil when
 // none has yet, and with an error wrapping errdefs.ErrNotFound for a pod
-// that will get no task.
+// that will get no task. WarmAnswered is told once a start is written and
+// flushed to its pod.
 type WarmGate interface {
 	WarmStart(ctx context.Context, id, token string) ([]byte, error)
+	WarmAnswered(id string)
 }
 
 // warmStart is a warm pod's long poll for its task: 200 with the start
@@ -35,6 +37,8 @@ func (s *Server) warmStart(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
-	w.Write(start)
+	if _, err := w.Write(start); err == nil && http.NewResponseController(w).Flush() == nil {
+		s.opts.WarmGate.WarmAnswered(r.PathValue("id"))
+	}
 	return nil
 }

@@ -28,7 +28,8 @@ const warmPodGiveUp = time.Minute
 // Corral's variables, with the task's over it. A server that refuses the
 // pod (it destroyed the pod, or is a new server that did not make it), or
 // that cannot be reached for warmPodGiveUp, means no task will come: the
-// worker exits 0 and the pod ends.
+// worker exits workerproto.ExitNoTask and the pod ends (a claimed pod's
+// end then says that its task never started).
 func runWarmPod(ctx context.Context, stderr io.Writer) int {
 	var id, token, serverURL string
 	var base []string
@@ -49,7 +50,7 @@ func runWarmPod(ctx context.Context, stderr io.Writer) int {
 	debug.FreeOSMemory()
 	st, err := pollWarmStart(ctx, serverURL, id, token)
 	if errors.Is(err, warmstart.ErrNoTask) {
-		return 0
+		return workerproto.ExitNoTask
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "corral worker warm: %v\n", err)

@@ -6,9 +6,14 @@ import (
 	"errors"
 	"testing"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/warmpool"
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 // The pools shrink when any node reports MemoryPressure, and only then.
@@ -73,5 +78,29 @@ func TestWarmStartOnce(t *testing.T) {
 	pod("warm-c", "secret-c")
 	if got, err := r.WarmStart(cctx, "warm-c", "secret-c"); got != nil || err != nil {
 		t.Fatalf("a poll whose request ended: %q, %v, want nothing (poll again)", got, err)
+	}
+}
+
+// A claimed warm pod whose worker had no task (ExitNoTask) ended without
+// running its task's command, and says so; any other end, and the same
+// code from a cold Job's pod, is the command's own.
+func TestNoTask(t *testing.T) {
+	warm := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: warmpool.Prefix + "abcdefghij-0123456789abcdef"}}
+	cold := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "task-1"}}
+	for _, tt := range []struct {
+		job  *batchv1.Job
+		es   sandbox.ExitStatus
+		want bool
+	}{
+		{warm, sandbox.ExitStatus{Code: workerproto.ExitNoTask}, true},
+		{warm, sandbox.ExitStatus{Code: 0}, false},
+		{warm, sandbox.ExitStatus{Code: 1}, false},
+		{warm, sandbox.ExitStatus{Code: workerproto.ExitNoTask, OOMKilled: true}, false},
+		{cold, sandbox.ExitStatus{Code: workerproto.ExitNoTask}, false},
+	} {
+		got := noTask(tt.job, tt.es)
+		if got.NotStarted != tt.want || (tt.want && got.Message == "") || got.Code != tt.es.Code {
+			t.Errorf("noTask(%s, %+v) = %+v, want NotStarted %v with a message", tt.job.Name, tt.es, got, tt.want)
+		}
 	}
 }
