@@ -78,11 +78,12 @@ var SessionCrashPoints = []string{CrashCheckpointed, CrashForkCopied}
 // order: the Job is patched while the answer goes out.
 const (
 	// CrashAnswered: a warm pod's poll was answered with its task's
-	// start, written and flushed to the pod.
+	// start, written whole (its length said) and flushed to the pod.
 	CrashAnswered = "answered"
 	// CrashRelabelled: the claimed warm pod's Job is patched as the
 	// task's sandbox (its labels, its owned directories, its deadline);
-	// the binding's record beside the slots is not yet removed.
+	// the binding's record beside the slots stays until the sandbox is
+	// destroyed, and the refill of the pod's pool may be half done.
 	CrashRelabelled = "relabelled"
 )
 

@@ -417,8 +417,10 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 		return c
 	}
 	// Before the scheduler reconciles: a claim a server gone left half
-	// done decides whether its task has a sandbox.
+	// done decides whether its task has a sandbox, and the warm pods it
+	// left unclaimed go, whether or not this server keeps pods warm.
 	r.settleClaims(ctx)
+	r.destroyLeftoverWarm(ctx, "")
 	c.Version = fmt.Sprintf("Kubernetes %s, namespace %s, claim %s", v, r.opts.Namespace, r.opts.Claim)
 	if r.opts.RuntimeClass != "" {
 		c.Version += ", RuntimeClass " + r.opts.RuntimeClass
@@ -1185,13 +1187,16 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := r.destroy(ctx, id, job, trees); err != nil {
 		return err
 	}
+	// The claim's record goes last: a server that dies before finds it,
+	// and takes back what it names. A claimed warm pod's Job is named
+	// after it, whether this server or one gone claimed it.
 	if bd != nil {
-		// The claim's record goes last: a server that dies before
-		// finds it, and takes back what it names.
 		os.RemoveAll(bd.root)
 		r.warmMu.Lock()
 		delete(r.bound, id)
 		r.warmMu.Unlock()
+	} else if r.opts.StateDir != "" && strings.HasPrefix(job.Name, warmpool.Prefix) && sandbox.ValidateID(job.Name) == nil {
+		os.RemoveAll(filepath.Join(r.warmDir(), job.Name))
 	}
 	return nil
 }

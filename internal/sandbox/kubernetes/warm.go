@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,25 +64,30 @@ import (
 // binding's record beside the slots (bindFile, sentFile: written before
 // the start leaves) and patches the Job itself (settleClaims) before it
 // reconciles its tasks. From there the pod is the task's: its end is the
-// task's, Destroy deletes its Job, and its TTL applies as to a cold Job.
-// A warm pod's token answers one start only: the pod never gets a second
-// task.
+// task's, Destroy deletes its Job and the record, and its TTL applies as
+// to a cold Job. A warm pod's token answers its one start only: the pod
+// never gets a second task. The answer, of a said length, may be cut
+// short all the same (the server dies as it goes out, the connection
+// breaks): the worker acts on no part of it and asks again, and this
+// server or the next answers the same start from the record (resent).
 //
 // NetworkPolicies select worker pods by labelApp, which warm pods have
 // from their creation; their security context is jobFor's, the same as a
 // cold Job's.
 //
 // A server that restarts does not reattach warm pods: the new server does
-// not know their tokens, so their polls are refused and their workers
-// exit (workerproto.ExitNoTask); KeepWarm destroys the unclaimed warm Jobs
-// a server gone left, and fills its pools anew. Of a claim a server gone
+// not know the tokens of unclaimed ones, so their polls are refused and
+// their workers exit (workerproto.ExitNoTask); the probe, and KeepWarm
+// again, destroy the unclaimed warm Jobs and slots a server gone left
+// (destroyLeftoverWarm), and KeepWarm fills the pools anew. Of a claim a server gone
 // left half done, the next one, at its first Capabilities and so before
 // it reconciles, keeps what may hold the task and undoes the rest
 // (settleClaims): a pod whose start may have left is the task's (its Job
-// patched from the record), and ends with the task's own end, or, if its
-// worker never had the start (refused by the new server, it exits
-// ExitNoTask), as not started (ExitStatus.NotStarted), which the
-// scheduler starts again or fails saying so; a pod whose start never left
+// patched from the record, the record kept for its worker to ask again),
+// and ends with the task's own end, or, if its worker never had the start
+// (it found no server for a minute and exited ExitNoTask), as not
+// started (ExitStatus.NotStarted), which the scheduler starts again or
+// fails saying so; a pod whose start never left
 // is destroyed, the task's entries put back and its directories taken
 // back, and the task, which then has no sandbox, starts again.
 
@@ -105,10 +111,17 @@ const (
 )
 
 // bindRecord is what a claim records before it sends the start: the patch
-// that makes the warm pod's Job the task's, and the directories given.
+// that makes the warm pod's Job the task's, the directories given, and
+// the start with the hash of the pod's token, which any later poll of the
+// pod is answered from (its answer may have been cut short, by this
+// server's death or the connection's). The start holds the task's
+// secrets (its environment): the record is the server's alone (0600, in
+// the state dir, which no pod mounts) and goes with the task's sandbox.
 type bindRecord struct {
 	Patch json.RawMessage `json:"patch"`
 	Trees []hostuser.Tree `json:"trees"`
+	Token string          `json:"token"` // hex, the hash of the pod's token
+	Start json.RawMessage `json:"start"` // the task's warmstart.Start
 }
 
 // binding is a warm pod claimed by a task on this server: its Job, by
@@ -149,7 +162,7 @@ func (r *Runtime) crash(point string) {
 func noTask(job *batchv1.Job, es sandbox.ExitStatus) sandbox.ExitStatus {
 	if strings.HasPrefix(job.Name, warmpool.Prefix) && es.Code == workerproto.ExitNoTask && !es.OOMKilled {
 		es.NotStarted = true
-		es.Message = "its warm pod's worker never had its task's start: the server died between the claim and the poll's answer"
+		es.Message = "its warm pod's worker never had its task's start: the server died between the claim and the poll's answer, and the worker found no server to ask again"
 	}
 	return es
 }
@@ -382,6 +395,11 @@ func (r *Runtime) WarmStart(ctx context.Context, id, token string) ([]byte, erro
 	w := r.waiters[id]
 	r.warmMu.Unlock()
 	sum := sha256.Sum256([]byte(token))
+	if w == nil {
+		if st := r.resent(id, sum); st != nil {
+			return st, nil
+		}
+	}
 	if w == nil || subtle.ConstantTimeCompare(sum[:], w.token[:]) != 1 {
 		return nil, fmt.Errorf("no warm pod %q waits for a task here: %w", id, errdefs.ErrNotFound)
 	}
@@ -390,7 +408,8 @@ func (r *Runtime) WarmStart(ctx context.Context, id, token string) ([]byte, erro
 	defer t.Stop()
 	select {
 	case st := <-w.start:
-		// Handed out: the pod's token answers nothing any more.
+		// Handed out: the pod's token answers from the claim's record
+		// from now on (resent).
 		r.warmMu.Lock()
 		if r.waiters[id] == w {
 			delete(r.waiters, id)
@@ -405,6 +424,33 @@ func (r *Runtime) WarmStart(ctx context.Context, id, token string) ([]byte, erro
 	case <-ctx.Done():
 		return nil, nil
 	}
+}
+
+// resent is the start of warm pod id, whose token hashes to sum, from its
+// claim's record (bindRecord) once the start may have left (sentFile):
+// the same start, to a pod that asks again because it did not get the
+// whole of it, from this server or a server gone. Nil if the pod has no
+// such record (unclaimed, its start never sent, its sandbox destroyed)
+// or sum is not its token's.
+func (r *Runtime) resent(id string, sum [32]byte) []byte {
+	if r.opts.StateDir == "" || !strings.HasPrefix(id, warmpool.Prefix) || sandbox.ValidateID(id) != nil {
+		return nil
+	}
+	root := filepath.Join(r.warmDir(), id)
+	if _, err := os.Stat(filepath.Join(root, sentFile)); err != nil {
+		return nil
+	}
+	var rec bindRecord
+	b, err := os.ReadFile(filepath.Join(root, bindFile))
+	if err != nil || json.Unmarshal(b, &rec) != nil || len(rec.Start) == 0 {
+		return nil
+	}
+	want, err := hex.DecodeString(rec.Token)
+	if err != nil || subtle.ConstantTimeCompare(sum[:], want) != 1 {
+		return nil
+	}
+	r.log.Info("a claimed warm pod asked for its start again; answered from its claim's record", "warm_id", id)
+	return rec.Start
 }
 
 // WarmAnswered implements httpapi.WarmGate: warm pod id's poll was
@@ -461,7 +507,7 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmPod) (_ *
 		hostuser.Reclaim(trees)
 		return fail("give its directories to the pod", err)
 	}
-	rec, _ := json.Marshal(bindRecord{Patch: r.relabelPatch(spec, b, trees), Trees: trees})
+	rec, _ := json.Marshal(bindRecord{Patch: r.relabelPatch(spec, b, trees), Trees: trees, Token: hex.EncodeToString(b.w.token[:]), Start: start.Bytes()})
 	if err := os.WriteFile(filepath.Join(root, bindFile), rec, 0o600); err != nil {
 		hostuser.Reclaim(trees)
 		return fail("record its binding", err)
@@ -516,7 +562,8 @@ const bindRetry = 10 * time.Second
 
 // bind patches the claimed warm pod's Job as its task's sandbox (the
 // patch of rec, its bindRecord), trying again while the API server is out
-// of reach, then removes the claim's record. A patch refused for good is
+// of reach. The claim's record stays until the sandbox is destroyed: the
+// pod's start is answered from it. A patch refused for good is
 // logged: the task runs, this server finds its Job by the binding, and
 // the next server tries the record's patch again.
 func (r *Runtime) bind(bd *binding, rec []byte) {
@@ -530,7 +577,6 @@ func (r *Runtime) bind(bd *binding, rec []byte) {
 		switch {
 		case err == nil:
 			r.crash(sandbox.CrashRelabelled)
-			os.RemoveAll(bd.root)
 			r.log.Debug("claimed warm pod's Job patched", logkey.SandboxID, bd.spec.ID, "job", bd.job, "patch", time.Since(began))
 			return
 		case apierrors.IsNotFound(err):
@@ -565,19 +611,23 @@ func (r *Runtime) settleClaims(ctx context.Context) {
 		}
 		// A pod the node does not remove must not hold the server's start.
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
-		task, err := r.settleClaim(sctx, id, root)
+		task, keep, err := r.settleClaim(sctx, id, root)
 		cancel()
 		if err != nil {
 			r.log.Warn("cannot settle the claim of a warm pod by a server gone", logkey.SandboxID, id, "task_id", task, logkey.Error, err)
 			continue
 		}
-		os.RemoveAll(root)
+		if !keep {
+			os.RemoveAll(root)
+		}
 	}
 }
 
 // settleClaim settles the claim of warm pod id recorded in root, and
-// returns the claim's task.
-func (r *Runtime) settleClaim(ctx context.Context, id, root string) (string, error) {
+// returns the claim's task, and whether the record stays: that of a pod
+// that is the task's sandbox, which answers the pod's start (resent)
+// until Destroy removes it.
+func (r *Runtime) settleClaim(ctx context.Context, id, root string) (task string, keep bool, err error) {
 	var c warmpool.Claim
 	if b, err := os.ReadFile(filepath.Join(root, warmpool.ClaimFile)); err == nil {
 		json.Unmarshal(b, &c)
@@ -590,27 +640,27 @@ func (r *Runtime) settleClaim(ctx context.Context, id, root string) (string, err
 	job := &batchv1.Job{}
 	err = r.api.get(ctx, "jobs", id, job)
 	if err != nil && !apierrors.IsNotFound(err) {
-		return c.Task, err
+		return c.Task, false, err
 	}
 	gone := err != nil
 	if sent {
 		// The pod may have the task's start: it is the task's sandbox.
 		switch {
 		case gone:
-			return c.Task, hostuser.Reclaim(rec.Trees)
+			return c.Task, false, hostuser.Reclaim(rec.Trees)
 		case job.Labels[labelWarm] == "true":
 			if err := r.api.patch(ctx, "jobs", id, rec.Patch, job); err != nil {
-				return c.Task, err
+				return c.Task, false, err
 			}
 			r.log.Info("a warm pod claimed by a server gone is its task's sandbox", "task_id", c.Task, "job", id)
 		}
-		return c.Task, nil
+		return c.Task, true, nil
 	}
 	// Its start never left: no task ran there. The task's entries go
 	// back (from slots not yet renamed), and what the pod was given.
 	if !gone {
 		if err := r.destroy(ctx, id, job, nil); err != nil {
-			return c.Task, err
+			return c.Task, false, err
 		}
 	}
 	trees := rec.Trees
@@ -622,22 +672,27 @@ func (r *Runtime) settleClaim(ctx context.Context, id, root string) (string, err
 		}
 	}
 	if err := hostuser.Reclaim(trees); err != nil {
-		return c.Task, err
+		return c.Task, false, err
 	}
 	if _, err := warmpool.RestoreLeftover(root); err != nil {
-		return c.Task, err
+		return c.Task, false, err
 	}
 	r.log.Info("a warm pod claimed by a server gone never had its task's start; destroyed", "task_id", c.Task, "job", id)
-	return c.Task, nil
+	return c.Task, false, nil
 }
 
 // destroyLeftoverWarm destroys the unclaimed warm pods a server gone left
-// (their tag's lock free), and their slots. A claimed one is
-// settleClaims'. A warm Job
-// is found by its slots, which come before it and go after it; one
-// without them (its slots removed by hand) ends by itself: its worker,
-// refused by this server, exits, and the Job's TTL removes it.
+// (their tag's lock free; own is this server's tag, "" before it has
+// one), and their slots: at the probe, before the scheduler reconciles
+// (a server that keeps no pod warm has them go too), and again at
+// KeepWarm. A claimed one is settleClaims'. A warm Job is found by its
+// slots, which come before it and go after it; one without them (its
+// slots removed by hand) ends by itself: its worker, refused by this
+// server, exits, and the Job's TTL removes it.
 func (r *Runtime) destroyLeftoverWarm(ctx context.Context, own string) {
+	if r.opts.StateDir == "" {
+		return
+	}
 	ids, done := warmpool.Leftovers(r.warmDir(), own, r.warmDir())
 	defer done()
 	for _, id := range ids {
