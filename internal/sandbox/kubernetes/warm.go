@@ -698,11 +698,21 @@ func (r *Runtime) destroyLeftoverWarm(ctx context.Context, own string) {
 	for _, id := range ids {
 		root := filepath.Join(r.warmDir(), id)
 		if _, err := os.Stat(filepath.Join(root, warmpool.ClaimFile)); err == nil {
-			continue // a claim settleClaims could not settle: the next start tries again
+			// A claimed pod, the task's (Destroy removes its record),
+			// or a claim settleClaims could not settle (the next start
+			// tries again).
+			continue
 		}
+		// Unclaimed, it was given nothing: no need to wait for its
+		// pod's end, which under gVisor and load takes seconds the
+		// server's start would wait for. The garbage collector takes
+		// the pod and its Secret after the Job; its slots go after the
+		// Job.
 		job := &batchv1.Job{}
 		if err := r.api.get(ctx, "jobs", id, job); err == nil && job.Labels[labelWarm] == "true" {
-			if err := r.Destroy(ctx, id); err != nil {
+			background := metav1.DeletePropagationBackground
+			err := r.api.delete(ctx, "jobs", id, metav1.DeleteOptions{PropagationPolicy: &background, Preconditions: &metav1.Preconditions{UID: &job.UID}})
+			if err != nil && !apierrors.IsNotFound(err) {
 				r.log.Warn("cannot destroy a warm pod left by an earlier server", logkey.SandboxID, id, logkey.Error, err)
 				continue
 			}
