@@ -40,10 +40,10 @@ func crashAt(hook func(string), point string) func() {
 	return func() { hook(point) }
 }
 
-// checkCrashPoint refuses a kill point that is none of sandbox.CrashPoints
-// and sandbox.ClusterCrashPoints.
+// checkCrashPoint refuses a kill point that is none of sandbox.CrashPoints,
+// ClusterCrashPoints, SessionCrashPoints and KubernetesCrashPoints.
 func checkCrashPoint(point string) error {
-	points := slices.Concat(sandbox.CrashPoints, sandbox.ClusterCrashPoints, sandbox.SessionCrashPoints)
+	points := slices.Concat(sandbox.CrashPoints, sandbox.ClusterCrashPoints, sandbox.SessionCrashPoints, sandbox.KubernetesCrashPoints)
 	if point == "" || slices.Contains(points, point) {
 		return nil
 	}

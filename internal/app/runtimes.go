@@ -147,6 +147,7 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 			SeccompProfile:   k.SeccompProfile,
 			ServerURL:        k.ServerURL,
 			StateDir:         stateDir,
+			Crash:            crashHook(cfg.CrashAt, log),
 		}, log)
 	}
 	return nil, nil

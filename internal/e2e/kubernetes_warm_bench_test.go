@@ -32,17 +32,20 @@ import (
 // it). Pods request little CPU and memory (10m, 16 MiB). Then it spawns as many tasks at once as the warm pool holds and
 // reports the claims per second: the tasks over the time from the first
 // spawn to the last task's start. It prints p50 and p99 of each; run it
-// with -benchtime=1x, CORRAL_BENCH_N tasks of each kind (default 20).
+// with -benchtime=1x, CORRAL_BENCH_N tasks of each kind (default 20), and
+// CORRAL_BENCH_RUNTIME_CLASS=gvisor for every pod, the bare Job's too,
+// under gVisor.
 func BenchmarkKubernetesWarm(b *testing.B) {
 	n := 20
 	if v, err := strconv.Atoi(os.Getenv("CORRAL_BENCH_N")); err == nil && v > 0 {
 		n = v
 	}
 	const pool = 16
+	class := os.Getenv("CORRAL_BENCH_RUNTIME_CLASS")
 	// Small requests (the bare Job has none): the node's two CPUs hold
 	// four pods of the default request.
 	on := func(c *config.Config) {
-		onKubernetes("")(b, c)
+		onKubernetes(class)(b, c)
 		c.AIWorker.Resources.CPURequest = 10
 		c.AIWorker.Resources.MemoryRequest, _ = config.ParseSize("16Mi")
 		// The burst's tasks all at once, not three at a time.
@@ -95,6 +98,9 @@ func BenchmarkKubernetesWarm(b *testing.B) {
 		name := k8stest.Name("bare")
 		job := bareJob(name)
 		spec := &job.Spec.Template.Spec
+		if class != "" {
+			spec.RuntimeClassName = &class
+		}
 		spec.Volumes = []corev1.Volume{{Name: "out", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: bareDir}}}}
 		spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "out", MountPath: "/output"}}
 		spec.Containers[0].WorkingDir = "/"

@@ -67,6 +67,21 @@ func (k kubeServer) jobOf(t *testing.T, id string) string {
 	return l.Items[0].Name
 }
 
+// waitJobOf waits until task id's Job, by its labels, is the warm pod's
+// job: the claim patches it while the task starts.
+func (k kubeServer) waitJobOf(t *testing.T, id, job string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		got := k.jobOf(t, id)
+		if got == job {
+			return
+		}
+		if got != "" || time.Now().After(deadline) {
+			t.Fatalf("the task runs in Job %q, want the warm pod's %s", got, job)
+		}
+	}
+}
+
 // warmReady reports how many warm pods of the kubernetes runtime wait
 // for a task, as srv's /metrics says.
 func (k kubeServer) warmReady(t *testing.T, srv *proc) int {
@@ -132,9 +147,8 @@ func testKubernetesWarm(t *testing.T, class string) {
 	tk := mustSpawn(t, srv.client, service.SpawnRequest{TaskDescription: "warm", Runtime: "kubernetes", TimeoutMinutes: &timeout,
 		Command: []string{"sh", "-c", "while [ ! -e /task/go ]; do sleep 0.05; done; id -u > output/id.txt; cat /workspace/shared/hello.txt >> output/id.txt; env > output/env.txt"}})
 	srv.waitRunning(t, tk.ID, 60*time.Second)
-	if got := k.jobOf(t, tk.ID); got != first {
-		t.Fatalf("the task runs in Job %q, want the warm pod's %s", got, first)
-	}
+	// The Job's patch lands while the task starts.
+	k.waitJobOf(t, tk.ID, first)
 	job, err := k.cs.BatchV1().Jobs(k.ns).Get(ctx, first, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -176,9 +190,7 @@ func testKubernetesWarm(t *testing.T, class string) {
 	tk2 := mustSpawn(t, srv.client, service.SpawnRequest{TaskDescription: "warm again", Runtime: "kubernetes",
 		Command: []string{"sh", "-c", "while [ ! -e /task/go ]; do sleep 0.05; done; echo two > output/two.txt"}})
 	srv.waitRunning(t, tk2.ID, 60*time.Second)
-	if got := k.jobOf(t, tk2.ID); got != second {
-		t.Fatalf("the second task runs in Job %q, want the second warm pod's %s", got, second)
-	}
+	k.waitJobOf(t, tk2.ID, second)
 	os.WriteFile(filepath.Join(k.data, "tasks", tk2.ID, "go"), nil, 0o644)
 	if res, err := srv.client.Result(ctx, service.ResultRequest{TaskID: tk2.ID, Wait: 90 * time.Second, IncludeFileContents: []string{"two.txt"}}); err != nil || res.FileContents["two.txt"].Content != "two\n" {
 		t.Fatalf("the second warm task: %v %s %s", err, res.Status, res.ErrorMessage)

@@ -69,3 +69,24 @@ const CrashForkCopied = "fork-copied"
 
 // SessionCrashPoints are the sessions' crash points.
 var SessionCrashPoints = []string{CrashCheckpointed, CrashForkCopied}
+
+// The crash points of a claim of a warm pod on Kubernetes, which passes
+// CrashClaimed, CrashMoved, CrashHandedOver (there: the task's
+// directories given to the pod's identity, and the binding of the task to
+// the pod recorded beside its slots), then CrashSent (the waiting poll has
+// taken the start; its answer is not written), and these two, in either
+// order: the Job is patched while the answer goes out.
+const (
+	// CrashAnswered: a warm pod's poll was answered with its task's
+	// start, written whole (its length said) and flushed to the pod.
+	CrashAnswered = "answered"
+	// CrashRelabelled: the claimed warm pod's Job is patched as the
+	// task's sandbox (its labels, its owned directories, its deadline);
+	// the binding's record beside the slots stays until the sandbox is
+	// destroyed, and the refill of the pod's pool may be half done.
+	CrashRelabelled = "relabelled"
+)
+
+// KubernetesCrashPoints are the crash points of a claim on Kubernetes
+// that no other runtime passes.
+var KubernetesCrashPoints = []string{CrashAnswered, CrashRelabelled}

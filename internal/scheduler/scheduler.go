@@ -310,6 +310,12 @@ func (s *Scheduler) fill(ctx context.Context) {
 	}
 	live := s.opts.Members.Live()
 	queued := s.tasks.SelectLive(func(t *task.Task) bool { return t.Status == task.Queued })
+	// The tasks' task_starting are recorded at once, not one after the
+	// other: the store commits appends that wait together in one
+	// transaction and one fsync, and a burst of spawns that missed Admit
+	// would otherwise start one commit apart.
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for _, t := range queued {
 		if occupied >= s.opts.MaxConcurrent || ctx.Err() != nil {
 			return
@@ -325,31 +331,37 @@ func (s *Scheduler) fill(ctx context.Context) {
 		} else {
 			to = leastBusy(live, load, t.Runtime, self)
 		}
-		nt, err := s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
-			if t.Status != task.Queued {
-				return nil, projection.ErrNoChange
-			}
-			return []eventstore.Proposed{projection.NewEvent(task.EventStarting, task.StartingOn{Replica: to}, ActorScheduler)}, nil
-		})
-		if err != nil {
-			if ctx.Err() == nil {
-				s.log.Warn("cannot claim task", logkey.TaskID, t.ID, logkey.Error, err)
-			}
-			s.releaseWorkspace(t)
-			continue
-		}
-		if nt.Status != task.Starting || nt.Replica != to {
-			s.releaseWorkspace(t)
-			continue
-		}
+		// Its slot is held from here; one whose record fails or finds
+		// it no longer queued (a cancel) frees it for the next fill.
 		occupied++
 		load[to]++
 		if t.Workspace != "" {
 			busy[t.Workspace] = true
 		}
-		if to == self {
-			s.startClaimed(ctx, nt)
-		}
+		wg.Go(func() {
+			nt, err := s.tasks.Update(ctx, t.ID, func(t task.Task) ([]eventstore.Proposed, error) {
+				if t.Status != task.Queued {
+					return nil, projection.ErrNoChange
+				}
+				return []eventstore.Proposed{projection.NewEvent(task.EventStarting, task.StartingOn{Replica: to}, ActorScheduler)}, nil
+			})
+			if err != nil {
+				if ctx.Err() == nil {
+					s.log.Warn("cannot claim task", logkey.TaskID, t.ID, logkey.Error, err)
+				}
+				s.releaseWorkspace(t)
+				s.wake()
+				return
+			}
+			if nt.Status != task.Starting || nt.Replica != to {
+				s.releaseWorkspace(t)
+				s.wake()
+				return
+			}
+			if to == self {
+				s.startClaimed(ctx, nt)
+			}
+		})
 	}
 }
 

@@ -1,6 +1,7 @@
 package workercmd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,7 +29,8 @@ const warmPodGiveUp = time.Minute
 // Corral's variables, with the task's over it. A server that refuses the
 // pod (it destroyed the pod, or is a new server that did not make it), or
 // that cannot be reached for warmPodGiveUp, means no task will come: the
-// worker exits 0 and the pod ends.
+// worker exits workerproto.ExitNoTask and the pod ends (a claimed pod's
+// end then says that its task never started).
 func runWarmPod(ctx context.Context, stderr io.Writer) int {
 	var id, token, serverURL string
 	var base []string
@@ -47,9 +49,9 @@ func runWarmPod(ctx context.Context, stderr io.Writer) int {
 	// The token is the pod's until its start: nothing of the task sees it.
 	os.Unsetenv(workerproto.EnvWarmToken)
 	debug.FreeOSMemory()
-	st, err := pollWarmStart(ctx, serverURL, id, token)
+	st, err := pollWarmStart(ctx, serverURL, id, token, stderr)
 	if errors.Is(err, warmstart.ErrNoTask) {
-		return 0
+		return workerproto.ExitNoTask
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "corral worker warm: %v\n", err)
@@ -59,8 +61,9 @@ func runWarmPod(ctx context.Context, stderr io.Writer) int {
 }
 
 // pollWarmStart polls GET /api/warm/{id}/start until it answers the
-// pod's start, or warmstart.ErrNoTask when none will come.
-func pollWarmStart(ctx context.Context, serverURL, id, token string) (warmstart.Start, error) {
+// pod's start, or warmstart.ErrNoTask when none will come. A failed poll
+// (the server out of reach, or its answer cut short) is tried again.
+func pollWarmStart(ctx context.Context, serverURL, id, token string, stderr io.Writer) (warmstart.Start, error) {
 	dial, prefix, err := urlDialer(serverURL)
 	if err != nil {
 		return warmstart.Start{}, err
@@ -83,9 +86,16 @@ func pollWarmStart(ctx context.Context, serverURL, id, token string) (warmstart.
 			lastOK = time.Now()
 			switch resp.StatusCode {
 			case http.StatusOK:
-				st, err := warmstart.Receive(resp.Body)
+				// A start cut short (the server died while it went
+				// out, the connection broke) is never acted on, not
+				// even in part: the pod asks again, and the server,
+				// this one or the next, answers the same start.
+				b, err := io.ReadAll(io.LimitReader(resp.Body, warmstart.MaxBytes+1))
 				resp.Body.Close()
-				return st, err
+				if err == nil {
+					return warmstart.Receive(bytes.NewReader(b))
+				}
+				fmt.Fprintf(stderr, "corral worker warm: its start was cut short (%v); asking again\n", err)
 			case http.StatusNoContent:
 				resp.Body.Close()
 				wait = 100 * time.Millisecond

@@ -71,6 +71,14 @@ const (
 // a command's), never this variable.
 const WorkerProcs = 2
 
+// ExitNoTask is the exit code of a warm pod's worker that got no task:
+// the server refused its poll (it destroyed the pod, or is a server that
+// did not make it) or could not be reached. The kubernetes runtime reads
+// it, on a claimed pod, as a task whose start never reached its worker
+// (the server died between the claim and the poll's answer). 75 is
+// sysexits' EX_TEMPFAIL: try again.
+const ExitNoTask = 75
+
 // MaxProcsEnv is the environment entry that starts a long-lived worker
 // with WorkerProcs Ps (EnvMaxProcs).
 func MaxProcsEnv() string { return EnvMaxProcs + "=" + strconv.Itoa(WorkerProcs) }

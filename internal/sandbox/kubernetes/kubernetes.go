@@ -186,6 +186,11 @@ type Options struct {
 	// StateDir is the runtime's directory in the data root, on the claim:
 	// warm pods' slots are there. Required by KeepWarm.
 	StateDir string
+	// Crash, when set, is called at each crash point a claim of a warm
+	// pod passes (sandbox.CrashClaimed, CrashMoved, CrashHandedOver,
+	// CrashSent and sandbox.KubernetesCrashPoints); the fault tests have
+	// the server die there. Nil in production.
+	Crash func(point string)
 }
 
 func (o *Options) setDefaults() {
@@ -229,14 +234,16 @@ type Runtime struct {
 	mu      sync.Mutex
 	changed chan struct{}                 // closed and replaced on every watched change
 	exits   map[string]sandbox.ExitStatus // the last exit seen of each Job's pod, by the Job's name
+	made    map[string]bool               // the sandboxes whose Job this process tried to make, until destroyed
 
 	capsOnce sync.Once
 	caps     sandbox.Capabilities
 
 	warm    *warmpool.Pools[*warmPod]
 	warmMu  sync.Mutex
-	warmTag string             // this runtime's, in its warm pods' names (warmpool.Own)
-	waiters map[string]*waiter // the warm pods not handed a task yet, by id
+	warmTag string              // this runtime's, in its warm pods' names (warmpool.Own)
+	waiters map[string]*waiter  // the warm pods not handed a task yet, by id
+	bound   map[string]*binding // the claimed warm pods, by their sandbox's id
 }
 
 // state is Handle.State, version 1.
@@ -273,7 +280,7 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if err != nil {
 		return bad("%v", err)
 	}
-	r := &Runtime{opts: opts, api: api, log: log.With(logkey.Runtime, Name), changed: make(chan struct{}), exits: map[string]sandbox.ExitStatus{}, waiters: map[string]*waiter{}}
+	r := &Runtime{opts: opts, api: api, log: log.With(logkey.Runtime, Name), changed: make(chan struct{}), exits: map[string]sandbox.ExitStatus{}, made: map[string]bool{}, waiters: map[string]*waiter{}, bound: map[string]*binding{}}
 	r.warm = warmpool.New(Name, warmOps{r}, r.log)
 	return r, nil
 }
@@ -409,6 +416,11 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 		c.Reason = why
 		return c
 	}
+	// Before the scheduler reconciles: a claim a server gone left half
+	// done decides whether its task has a sandbox, and the warm pods it
+	// left unclaimed go, whether or not this server keeps pods warm.
+	r.settleClaims(ctx)
+	r.destroyLeftoverWarm(ctx, "")
 	c.Version = fmt.Sprintf("Kubernetes %s, namespace %s, claim %s", v, r.opts.Namespace, r.opts.Claim)
 	if r.opts.RuntimeClass != "" {
 		c.Version += ", RuntimeClass " + r.opts.RuntimeClass
@@ -474,6 +486,15 @@ func handle(id string, job *batchv1.Job) *sandbox.Handle {
 func (r *Runtime) job(ctx context.Context, id string) (*batchv1.Job, error) {
 	if sandbox.ValidateID(id) != nil {
 		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	if bd := r.boundTo(id); bd != nil {
+		// A warm pod this server bound to the task, whose Job's patch
+		// may not have landed: by its name.
+		job, err := r.jobNamed(ctx, bd.job)
+		if err != nil {
+			return nil, classify("sandbox "+id, err)
+		}
+		return job, nil
 	}
 	job, err := r.jobNamed(ctx, id)
 	if apierrors.IsNotFound(err) {
@@ -548,22 +569,31 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	if err := r.ready(ctx); err != nil {
 		return nil, err
 	}
-	// The sandbox may be there already: a Job of its name (whose
-	// labels job checks), or a warm pod's Job it claimed, which the
-	// watch has seen (claimed by this process, or before the watch's
-	// first listing): one call to the API server, not two, before a
-	// claim.
-	switch job, err := r.jobNamed(ctx, spec.ID); {
-	case err == nil:
-		if job, err = r.job(ctx, spec.ID); err != nil {
-			return nil, err
-		}
-		return handle(spec.ID, job), nil
-	case !apierrors.IsNotFound(err):
-		return nil, classify("sandbox "+spec.ID, err)
+	// The sandbox may be there already: a warm pod this process bound
+	// to it, or a Job the watch has seen (its own, or a warm pod's it
+	// claimed). The watch's cache, synced with the API server's listing
+	// at ready, lacks only a Job this process has just made, of a Create
+	// tried again (made): only then is the API server asked, and a claim
+	// waits for no round trip.
+	if bd := r.boundTo(spec.ID); bd != nil {
+		return bd.handle(), nil
 	}
 	if job, _ := r.observed(spec.ID); job != nil {
 		return handle(spec.ID, job), nil
+	}
+	r.mu.Lock()
+	tried := r.made[spec.ID]
+	r.mu.Unlock()
+	if tried {
+		switch job, err := r.jobNamed(ctx, spec.ID); {
+		case err == nil:
+			if job, err = r.job(ctx, spec.ID); err != nil {
+				return nil, err
+			}
+			return handle(spec.ID, job), nil
+		case !apierrors.IsNotFound(err):
+			return nil, classify("sandbox "+spec.ID, err)
+		}
 	}
 	if b := r.claimWarm(spec); b != nil {
 		h, err := r.adopt(ctx, spec, b)
@@ -585,6 +615,9 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	if err != nil {
 		return nil, err
 	}
+	r.mu.Lock()
+	r.made[spec.ID] = true
+	r.mu.Unlock()
 	job, err := r.create(ctx, spec, string(owned))
 	if err != nil {
 		return nil, err
@@ -813,8 +846,13 @@ func (r *Runtime) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 // observed is sandbox id's Job and newest pod in the cache; job is nil if
 // the cache has none.
 func (r *Runtime) observed(id string) (*batchv1.Job, *corev1.Pod) {
-	job, err := r.jobs.Get(id)
-	if err != nil || job.Labels[sandbox.LabelSandbox] != id {
+	var job *batchv1.Job
+	var err error
+	if bd := r.boundTo(id); bd != nil {
+		if job, err = r.jobs.Get(bd.job); err != nil {
+			return nil, nil
+		}
+	} else if job, err = r.jobs.Get(id); err != nil || job.Labels[sandbox.LabelSandbox] != id {
 		// A claimed warm pod's, by its label.
 		job = nil
 		jobs, _ := r.jobs.List(labels.SelectorFromSet(labels.Set{sandbox.LabelSandbox: id}))
@@ -848,7 +886,7 @@ func (r *Runtime) exit(id string, job *batchv1.Job, pod *corev1.Pod) (sandbox.Ex
 		switch {
 		case ok:
 			es.DeadlineExceeded = deadline
-			return es, true
+			return noTask(job, es), true
 		case deadline: // at once, not after the pod's grace period
 			return sandbox.ExitStatus{Code: -1, DeadlineExceeded: true, Message: "DeadlineExceeded: the Job ran past its activeDeadlineSeconds"}, true
 		}
@@ -859,7 +897,7 @@ func (r *Runtime) exit(id string, job *batchv1.Job, pod *corev1.Pod) (sandbox.Ex
 	r.mu.Unlock()
 	if ok {
 		es.DeadlineExceeded = deadline
-		return es, true
+		return noTask(job, es), true
 	}
 	for _, c := range job.Status.Conditions {
 		if c.Status != corev1.ConditionTrue {
@@ -1137,15 +1175,38 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("destroy: %w", err)
 	}
-	return r.destroy(ctx, id, job)
+	// What a claim of this server's gave, whether or not its patch
+	// landed; else what the Job's annotation says.
+	bd := r.boundTo(id)
+	var trees []hostuser.Tree
+	if bd != nil {
+		trees = bd.trees
+	} else {
+		trees = r.ownedTrees(job)
+	}
+	if err := r.destroy(ctx, id, job, trees); err != nil {
+		return err
+	}
+	// The claim's record goes last: a server that dies before finds it,
+	// and takes back what it names. A claimed warm pod's Job is named
+	// after it, whether this server or one gone claimed it.
+	if bd != nil {
+		os.RemoveAll(bd.root)
+		r.warmMu.Lock()
+		delete(r.bound, id)
+		r.warmMu.Unlock()
+	} else if r.opts.StateDir != "" && strings.HasPrefix(job.Name, warmpool.Prefix) && sandbox.ValidateID(job.Name) == nil {
+		os.RemoveAll(filepath.Join(r.warmDir(), job.Name))
+	}
+	return nil
 }
 
-// destroy is Destroy of sandbox id, whose Job is job.
-func (r *Runtime) destroy(ctx context.Context, id string, job *batchv1.Job) error {
+// destroy is Destroy of sandbox id, whose Job is job and whose pod was
+// given trees.
+func (r *Runtime) destroy(ctx context.Context, id string, job *batchv1.Job, trees []hostuser.Tree) error {
 	if err := r.ready(ctx); err != nil {
 		return fmt.Errorf("destroy: %w", err)
 	}
-	trees := r.ownedTrees(job)
 	// One second of grace, not 0: 0 removes the pod from the API before
 	// the node has stopped it, and its processes could still write to
 	// the directories taken back below.
@@ -1184,6 +1245,7 @@ func (r *Runtime) destroy(ctx context.Context, id string, job *batchv1.Job) erro
 	}
 	r.mu.Lock()
 	delete(r.exits, job.Name)
+	delete(r.made, id)
 	r.mu.Unlock()
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
