@@ -33,6 +33,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
@@ -500,6 +502,9 @@ func (s *Scheduler) releaseWorkspace(t task.Task) {
 	}
 }
 
+// orphanStops is how many orphan sandboxes Reconcile stops at once.
+const orphanStops = 8
+
 // stopAndDestroy kills sandbox id at once and removes what is left of it,
 // for a sandbox no task will have: an orphan, or one whose start could not
 // be recorded. Failures are logged; reconciliation tries again.
@@ -953,12 +958,26 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 	if err := s.tasks.Sync(ctx); err != nil {
 		return err
 	}
+	orphans := map[string]listedSandbox{}
 	for id, l := range listed {
-		if st, _, ok := s.tasks.Status(id); ok && (st == task.Starting || st == task.Running) {
-			continue
+		if st, _, ok := s.tasks.Status(id); !ok || st != task.Starting && st != task.Running {
+			orphans[id] = l
 		}
-		stopAndDestroy(ctx, l.rt, l.h.ID, s.log)
-		s.log.Info("orphan sandbox stopped", logkey.SandboxID, l.h.ID, logkey.Runtime, l.name)
+	}
+	// A few at a time: each waits for its sandbox's end, which on a
+	// cluster is a pod's (seconds under gVisor on a busy node), and the
+	// server is not healthy until they are all stopped.
+	var g errgroup.Group
+	g.SetLimit(orphanStops)
+	for _, l := range orphans {
+		g.Go(func() error {
+			stopAndDestroy(ctx, l.rt, l.h.ID, s.log)
+			s.log.Info("orphan sandbox stopped", logkey.SandboxID, l.h.ID, logkey.Runtime, l.name)
+			return nil
+		})
+	}
+	g.Wait()
+	for id, l := range orphans {
 		ev := projection.NewEvent(task.EventOrphanStopped, map[string]string{"sandbox_name": l.h.ID, "runtime": l.name, "task_id": id}, ActorReconciler)
 		if _, err := s.store.Append(sys, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
 			return fmt.Errorf("record orphan sandbox: %w", err)

@@ -576,6 +576,57 @@ func TestReconcileStopsOrphans(t *testing.T) {
 	}
 }
 
+// TestReconcileStopsOrphansTogether: orphan sandboxes are stopped at
+// once, not one after the other (each Stop waits for its sandbox's end, a
+// pod's on a cluster, and the server is not healthy until all are done):
+// here each Stop goes on only once all three have begun.
+func TestReconcileStopsOrphansTogether(t *testing.T) {
+	store := sqlitetest.Open(t)
+	fake := MustNewFake(t, blockUntilStopped)
+	for i := range 3 {
+		mustCreateManaged(t, fake, fmt.Sprintf("orphan-%d", i), fmt.Sprintf("task-gone-%d", i))
+	}
+	rt := &stopsTogether{Fake: fake, n: 3, all: make(chan struct{})}
+	MustStart(t, store, Options{}, rt)
+	waitFor(t, "three sandbox_orphan_stopped", func() bool {
+		n := 0
+		for _, typ := range streamTypes(t, store, task.SystemStream) {
+			if typ == task.EventOrphanStopped {
+				n++
+			}
+		}
+		return n == 3
+	})
+	if rt.alone.Load() {
+		t.Errorf("a Stop waited alone for the others: the orphans were stopped one after the other")
+	}
+}
+
+// stopsTogether is a Fake whose Stop goes on once n Stops have begun, or
+// after 3 s alone (recorded).
+type stopsTogether struct {
+	*sandboxtest.Fake
+	n     int
+	mu    sync.Mutex
+	begun int
+	all   chan struct{}
+	alone atomic.Bool
+}
+
+func (s *stopsTogether) Stop(ctx context.Context, id string, grace time.Duration) error {
+	s.mu.Lock()
+	if s.begun++; s.begun == s.n {
+		close(s.all)
+	}
+	s.mu.Unlock()
+	select {
+	case <-s.all:
+	case <-time.After(3 * time.Second):
+		s.alone.Store(true)
+	}
+	return s.Fake.Stop(ctx, id, grace)
+}
+
 // A task cancelled while it waits in the queue is never started.
 func TestCancelledWhileQueuedNeverStarts(t *testing.T) {
 	store := sqlitetest.Open(t)
