@@ -255,6 +255,18 @@ func readStream(tb testing.TB, store eventstore.Store, stream string) []eventsto
 }
 
 // streamTypes returns the types of one stream's events, in order.
+// countType is how many events of type typ stream holds.
+func countType(tb testing.TB, store eventstore.Store, stream, typ string) int {
+	tb.Helper()
+	n := 0
+	for _, t := range streamTypes(tb, store, stream) {
+		if t == typ {
+			n++
+		}
+	}
+	return n
+}
+
 func streamTypes(tb testing.TB, store eventstore.Store, stream string) []string {
 	tb.Helper()
 	var out []string
@@ -589,13 +601,7 @@ func TestReconcileStopsOrphansTogether(t *testing.T) {
 	rt := &stopsTogether{Fake: fake, n: 3, all: make(chan struct{})}
 	MustStart(t, store, Options{}, rt)
 	waitFor(t, "three sandbox_orphan_stopped", func() bool {
-		n := 0
-		for _, typ := range streamTypes(t, store, task.SystemStream) {
-			if typ == task.EventOrphanStopped {
-				n++
-			}
-		}
-		return n == 3
+		return countType(t, store, task.SystemStream, task.EventOrphanStopped) == 3
 	})
 	if rt.alone.Load() {
 		t.Errorf("a Stop waited alone for the others: the orphans were stopped one after the other")
@@ -862,13 +868,7 @@ func TestReconcileRecordsReportedTaskAtOnce(t *testing.T) {
 		t.Errorf("summary %q, want the reported one", got.Summary)
 	}
 	waitFor(t, "the second reconciliation", func() bool {
-		n := 0
-		for _, typ := range streamTypes(t, store, task.SystemStream) {
-			if typ == task.EventReconciled {
-				n++
-			}
-		}
-		return n == 2
+		return countType(t, store, task.SystemStream, task.EventReconciled) == 2
 	})
 	evs, err := store.ReadAll(context.Background(), 0, 1000)
 	if err != nil {
