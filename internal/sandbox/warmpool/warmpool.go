@@ -256,6 +256,9 @@ func (p *Pool[B]) run(ctx context.Context) {
 	}
 }
 
+// startLimit bounds a warm sandbox's start.
+const startLimit = 30 * time.Second
+
 // fill starts warm sandboxes until the pool holds its target, as far as
 // the budget allows. It returns how many it started, or -1 if a start
 // failed.
@@ -268,7 +271,13 @@ func (p *Pool[B]) fill(ctx context.Context) int {
 		if !need || p.pressed() || !p.budget.reserve(p.mem()) {
 			return n
 		}
-		b, err := p.ps.rt.StartWarm(ctx, p.shape)
+		// A start goes on when ctx ends (the server stopping), for at
+		// most startLimit, and its sandbox is then destroyed: one cut
+		// short can leave what nothing clears (runsc's record of a
+		// container whose launcher went on starting it).
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startLimit)
+		b, err := p.ps.rt.StartWarm(sctx, p.shape)
+		cancel()
 		p.mu.Lock()
 		if err != nil {
 			p.stats.Failed++

@@ -68,6 +68,50 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 	}
 }
 
+// gated is a counter whose StartWarm waits for gate, and records whether
+// its context had ended by then.
+type gated struct {
+	counter
+	started chan struct{}
+	gate    chan struct{}
+	cut     atomic.Bool
+}
+
+func (g *gated) StartWarm(ctx context.Context, sh sandbox.WarmShape) (int, error) {
+	g.started <- struct{}{}
+	<-g.gate
+	if ctx.Err() != nil {
+		g.cut.Store(true)
+	}
+	return g.counter.StartWarm(ctx, sh)
+}
+
+// TestStopMidStart: the pools stop while a warm sandbox starts. The start
+// goes on under a context the stop does not end (one cut short can leave
+// what nothing clears: runsc's record of its container), and the sandbox
+// is destroyed once started: none outlives Keep.
+func TestStopMidStart(t *testing.T) {
+	g := &gated{counter: counter{live: map[int]bool{}}, started: make(chan struct{}, 8), gate: make(chan struct{})}
+	ps := New[int]("test", g, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		done <- ps.Keep(ctx, sandbox.WarmPolicy{Size: 1, Shapes: []sandbox.WarmShape{shape("a", sandbox.NetworkNone, 0)}})
+	}()
+	<-g.started
+	cancel()
+	close(g.gate)
+	if err := <-done; err != nil {
+		t.Fatalf("Keep: %v", err)
+	}
+	if g.cut.Load() {
+		t.Errorf("the start's context ended with the pools'")
+	}
+	if n := g.nLive(); n != 0 {
+		t.Errorf("%d warm sandboxes outlive Keep, want 0", n)
+	}
+}
+
 // TestBudget: the pools of a runtime together hold no more sandboxes, and
 // no more memory limits, than the budget, whatever each pool's size; a
 // claim frees room for its pool to refill; a sandbox is taken once.
