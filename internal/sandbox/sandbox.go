@@ -11,8 +11,9 @@ import (
 	"io"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
+
+	"github.com/corral-dev/corral/internal/sandbox/warmstart"
 )
 
 // Runtime runs sandboxes on one kind of isolation backend.
@@ -257,26 +258,13 @@ const (
 // LANG where env does not set them: a sandbox's process gets exactly this
 // environment, nothing of the server's. Later entries win, as with execve.
 func DefaultEnv(env []string) []string {
-	defaults := []string{
+	return warmstart.Overlay([]string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME=/tmp",
 		"USER=worker",
 		"TMPDIR=/tmp",
 		"LANG=C.UTF-8",
-	}
-	set := map[string]bool{}
-	for _, e := range env {
-		k, _, _ := strings.Cut(e, "=")
-		set[k] = true
-	}
-	var out []string
-	for _, d := range defaults {
-		k, _, _ := strings.Cut(d, "=")
-		if !set[k] {
-			out = append(out, d)
-		}
-	}
-	return append(out, env...)
+	}, env)
 }
 
 // Pid1Masked are the files of the sandbox's pid 1 under /proc/1 that a
