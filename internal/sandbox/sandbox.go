@@ -24,7 +24,9 @@ import (
 // (daemon down, API 503) that the scheduler may retry.
 type Runtime interface {
 	// Capabilities reports what this backend supports on this host. It is
-	// called at startup; the result must not change while the process runs.
+	// called at startup; the result of a probe that ran to its end must
+	// not change while the process runs, and one cut short by ctx must not
+	// be kept (Probed keeps the one and not the other).
 	Capabilities(ctx context.Context) (Capabilities, error)
 
 	// Create provisions a sandbox for spec and starts its main process.

@@ -172,8 +172,7 @@ type Runtime struct {
 	// seccomp is the profile every container runs under (seccomp.OCIProfile).
 	seccomp string
 
-	capsOnce sync.Once
-	caps     sandbox.Capabilities
+	caps sandbox.Probed
 
 	// locks are held by Create, one stripe per sandbox id: a claim of a
 	// warm container must not race another Create of its task.
@@ -249,13 +248,13 @@ func (r *Runtime) name(id string) string { return "corral-" + r.opts.Instance + 
 
 // Capabilities asks the engine once for its version and runtimes.
 func (r *Runtime) Capabilities(ctx context.Context) (sandbox.Capabilities, error) {
-	r.capsOnce.Do(func() {
-		r.caps = r.probe(ctx)
-		if r.caps.Available && r.warmErr == nil {
+	return r.caps.Get(ctx, func(ctx context.Context) sandbox.Capabilities {
+		c := r.probe(ctx)
+		if c.Available && r.warmErr == nil {
 			r.destroyLeftoverWarm(context.WithoutCancel(ctx))
 		}
-	})
-	return r.caps, nil
+		return c
+	}), nil
 }
 
 func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {

@@ -99,7 +99,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -200,8 +199,7 @@ type Runtime struct {
 	cg     *cgroups.Hierarchy // nil: --ignore-cgroups, no limits
 	cgWarn string
 
-	capsOnce sync.Once
-	caps     sandbox.Capabilities
+	caps sandbox.Probed
 
 	// Host keeps the runtime's warm sandboxes and hands them to tasks:
 	// its KeepWarm and WarmStats are the runtime's (sandbox.Warmer).
@@ -308,8 +306,7 @@ func (r *Runtime) runsc(ctx context.Context, args ...string) ([]byte, error) {
 // Capabilities finds runsc and runs one trivial sandbox with the flags
 // Create uses, once; the result is cached.
 func (r *Runtime) Capabilities(ctx context.Context) (sandbox.Capabilities, error) {
-	r.capsOnce.Do(func() { r.caps = r.probe(ctx) })
-	return r.caps, nil
+	return r.caps.Get(ctx, r.probe), nil
 }
 
 func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {

@@ -236,8 +236,7 @@ type Runtime struct {
 	exits   map[string]sandbox.ExitStatus // the last exit seen of each Job's pod, by the Job's name
 	made    map[string]bool               // the sandboxes whose Job this process tried to make, until destroyed
 
-	capsOnce sync.Once
-	caps     sandbox.Capabilities
+	caps sandbox.Probed
 
 	warm    *warmpool.Pools[*warmPod]
 	warmMu  sync.Mutex
@@ -397,8 +396,7 @@ func (r *Runtime) changes() <-chan struct{} {
 // Capabilities asks the API server once for its version and lists this
 // server's Jobs and pods.
 func (r *Runtime) Capabilities(ctx context.Context) (sandbox.Capabilities, error) {
-	r.capsOnce.Do(func() { r.caps = r.probe(ctx) })
-	return r.caps, nil
+	return r.caps.Get(ctx, r.probe), nil
 }
 
 func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {

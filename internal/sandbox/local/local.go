@@ -62,7 +62,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -192,8 +191,7 @@ type Runtime struct {
 	// Options.NoFile ("" if they do not).
 	noFileWarn string
 
-	capsOnce sync.Once
-	caps     sandbox.Capabilities
+	caps sandbox.Probed
 
 	// filter is the encoded seccomp filter every sandbox runs under;
 	// filterErr says why there is none (an unsupported architecture),
@@ -336,8 +334,7 @@ func checkHost(id hostuser.Identity) error {
 // Capabilities probes bwrap once: its version and a trivial sandbox run,
 // which fails where user namespaces are disabled.
 func (r *Runtime) Capabilities(ctx context.Context) (sandbox.Capabilities, error) {
-	r.capsOnce.Do(func() { r.caps = r.probe(ctx) })
-	return r.caps, nil
+	return r.caps.Get(ctx, r.probe), nil
 }
 
 func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {

@@ -316,6 +316,21 @@ func TestCapabilities(t *testing.T) {
 	}
 }
 
+// TestCapabilitiesAfterACutProbe: a probe whose caller gave up (a health
+// check's request timing out while the server starts) says bwrap did not
+// run; the next call probes again instead of keeping that until a restart.
+func TestCapabilitiesAfterACutProbe(t *testing.T) {
+	r, _ := MustNew(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if c, _ := r.Capabilities(ctx); c.Available {
+		t.Fatalf("a probe under an ended context answered %+v; this test needs it cut", c)
+	}
+	if c, err := r.Capabilities(context.Background()); err != nil || !c.Available {
+		t.Fatalf("Capabilities after a cut probe = %+v, %v; want bubblewrap available", c, err)
+	}
+}
+
 func TestCapabilitiesNoBwrap(t *testing.T) {
 	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: t.TempDir(), Bwrap: "/nonexistent/bwrap", DisableCgroups: true}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
