@@ -50,7 +50,8 @@ type Harness struct {
 	// moment: a cluster's node reports a container's exit to its API
 	// server, and deletes a pod, seconds later when it is busy (a stop
 	// reported after 7 s and a gVisor pod not deleted within 10 s, at a
-	// load of 8 to 12). The bounds on Stop and Destroy allow it.
+	// load of 8 to 12), and start a sandbox's process late. The bounds on
+	// Stop and Destroy, and the waits for a process's first signs, allow it.
 	Latency time.Duration
 
 	// Unisolated says the runtime runs commands on the host without
@@ -206,17 +207,19 @@ func (e *env) wait(id string) sandbox.ExitStatus {
 }
 
 // waitFile waits until path exists on the host (a script signals that it
-// has set up its traps).
+// has set up its traps): 10 s, and the runtime's Latency twice over (a
+// gVisor pod's process started after 10 s on a node at a load of 8).
 func (e *env) waitFile(path string) {
 	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	limit := 10*time.Second + 2*e.latency
+	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
 		if _, err := os.Stat(path); err == nil {
 			return
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	e.t.Fatalf("%s did not appear within 10s", path)
+	e.t.Fatalf("%s did not appear within %s", path, limit)
 }
 
 func (e *env) caps() sandbox.Capabilities {
