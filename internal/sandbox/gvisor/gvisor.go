@@ -519,7 +519,7 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir, image strin
 		}
 		defer func() {
 			if err != nil {
-				cgroups.Remove(st.Cgroups)
+				cgroups.KillAndRemove(st.Cgroups)
 			}
 		}()
 		cgPath = r.cg.Path(spec.ID)
@@ -612,9 +612,13 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir, image strin
 	e.St = st
 	defer func() {
 		if err != nil {
-			r.runsc(context.Background(), "delete", "--force", spec.ID)
+			// runsc first, then its record: a runsc run cut in its
+			// start goes on to write the record after a delete that
+			// came before it (TestCreateCancelledLeavesNothing). What
+			// it started in the cgroups goes with them, above.
 			syscall.Kill(-st.PID, syscall.SIGKILL)
 			<-e.Done()
+			r.release(context.Background(), st)
 		}
 	}()
 	if start == nil {
@@ -825,15 +829,25 @@ func (r *Runtime) kill(ctx context.Context, e *statedir.Entry[state]) error {
 	return err
 }
 
-// release makes runsc forget the sandbox: runsc run deletes its container
-// when it ends; this is for one whose runsc was killed. When runsc has
-// nothing of it left (it ended by itself, as at a checkpoint's end), no
-// runsc is started for nothing (10 to 40 ms of a suspend).
+// release makes runsc forget the sandbox, whose runsc has ended: runsc
+// run deletes its container when it ends; this is for one whose runsc was
+// killed. When runsc has nothing of it left (it ended by itself, as at a
+// checkpoint's end), no runsc is started for nothing (10 to 40 ms of a
+// suspend). A runsc run killed before it wrote the container's state
+// leaves its lock file alone, which runsc delete, finding no container,
+// leaves too.
 func (r *Runtime) release(ctx context.Context, st state) {
-	if !r.runscKnows(st.container()) {
+	id := st.container()
+	if !r.runscKnows(id) {
 		return
 	}
-	if out, err := r.runsc(ctx, "delete", "--force", st.container()); err != nil && !bytes.Contains(out, []byte("does not exist")) {
+	if out, err := r.runsc(ctx, "delete", "--force", id); err != nil && !bytes.Contains(out, []byte("does not exist")) {
 		r.log.Debug("runsc delete failed", logkey.SandboxID, st.ID, "err", err)
+	}
+	record := filepath.Join(r.opts.StateDir, "runsc", id+"_sandbox:"+id)
+	if _, err := os.Lstat(record + ".state"); os.IsNotExist(err) {
+		if err := os.Remove(record + ".lock"); err != nil && !os.IsNotExist(err) {
+			r.log.Warn("cannot remove runsc's lock file of a container it never recorded", logkey.SandboxID, st.ID, logkey.Error, err)
+		}
 	}
 }

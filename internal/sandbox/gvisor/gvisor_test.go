@@ -89,6 +89,40 @@ func run(t *testing.T, r *Runtime, script string, mod func(*sandbox.Spec)) (sand
 	return es, string(out)
 }
 
+// TestCreateCancelledLeavesNothing: a Create whose context ends while
+// runsc starts the sandbox (a server stopping while its warm pool fills)
+// leaves nothing in runsc's root. Before, a start cut short left runsc's
+// record of the container (its lock file, when runsc run was killed before
+// it wrote the state), which nothing cleared for an id never created
+// again. The deadlines span runsc's start, so some cut it in the middle.
+func TestCreateCancelledLeavesNothing(t *testing.T) {
+	r, _ := MustNew(t)
+	// The probe first, uncut: Create probes when nothing has, and a
+	// probe cut short answers "unavailable" before runsc starts.
+	if caps, err := r.Capabilities(context.Background()); err != nil || !caps.Available {
+		t.Fatalf("Capabilities: %+v, %v", caps, err)
+	}
+	failed := 0
+	for _, d := range []time.Duration{20, 50, 80, 120, 170, 250, 350, 500} {
+		ctx, cancel := context.WithTimeout(context.Background(), d*time.Millisecond)
+		sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", "sleep 100"}}
+		_, err := r.Create(ctx, sp)
+		cancel()
+		if err == nil {
+			if err := r.Destroy(context.Background(), sp.ID); err != nil {
+				t.Fatalf("Destroy: %v", err)
+			}
+			continue
+		}
+		failed++
+		t.Logf("cut after %v: %v", d*time.Millisecond, err)
+		if r.runscKnows(sp.ID) {
+			t.Errorf("Create cut after %v (%v): runsc's root still holds %s", d*time.Millisecond, err, sp.ID)
+		}
+	}
+	t.Logf("%d of 8 Creates cut short", failed)
+}
+
 func TestIsolation(t *testing.T) {
 	r, _ := MustNew(t)
 	for _, tc := range []struct {
