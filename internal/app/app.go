@@ -104,7 +104,10 @@ type App struct {
 	egressLn net.Listener // the egress of sandboxes on other machines; nil if off
 	// egressKey is the key a connection to egressLn proves its task with.
 	egressKey func(id string) []byte
-	token     string
+	// egressProven opens the proxy of a task a connection to egressLn
+	// has proved, where another replica started it.
+	egressProven func(id string)
+	token        string
 	// replicaToken is the API token this replica sends another replica
 	// a session's command with: the unnamed one, else the first named.
 	replicaToken string
@@ -607,7 +610,7 @@ func (a *App) Run(parent context.Context) error {
 	run(func() error { return ignoreClosed(sockSrv.Serve(a.sockets.own)) })
 	run(func() error { return a.serveShared(ctx, sockSrv) })
 	if a.egressLn != nil {
-		run(func() error { return a.egress.ServeTCP(a.egressLn, a.egressKey) })
+		run(func() error { return a.egress.ServeTCP(a.egressLn, a.egressKey, a.egressProven) })
 	}
 	a.log.Info("corral serving", "addr", a.Addr(), "data", a.data.Path(), "runtime", a.cfg.Runtime)
 	<-ctx.Done()

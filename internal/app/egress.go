@@ -374,15 +374,20 @@ func (a *App) listenEgress(secret []byte) (string, error) {
 		if session.ValidID(id) {
 			return a.sessions.EgressKey(id)
 		}
-		// Pods reach any replica behind the Service: one that did not
-		// start the task opens its proxy here too (Open keeps one that
-		// runs). The handshake still proves the key.
+		return webhook.DeriveKey(secret, id)
+	}
+	// Pods reach any replica behind the Service: one that did not start
+	// the task opens its proxy here too (Open keeps one that runs), once
+	// the pod has proved the task's key.
+	a.egressProven = func(id string) {
+		if session.ValidID(id) {
+			return
+		}
 		if t, err := a.tasks.Get(id); err == nil && !t.Status.Terminal() && t.Network != "" && t.Network != task.NetworkNone {
 			if err := a.runner.OpenEgress(t); err != nil {
 				a.log.Warn("cannot open a task's egress proxy for its pod", logkey.TaskID, id, logkey.Error, err)
 			}
 		}
-		return webhook.DeriveKey(secret, id)
 	}
 	addr := k.EgressAddr
 	if addr == "" {

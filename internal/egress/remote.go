@@ -49,9 +49,12 @@ const (
 // ServeTCP accepts connections from remote sandboxes on ln until ln is
 // closed, and hands each connection that completes the handshake to its
 // task's proxy, which must be open (Open). key returns the key of a task
-// (nil for none). ServeTCP returns nil when ln is closed, after closing the
-// connections still in their handshake.
-func (s *Server) ServeTCP(ln net.Listener, key func(id string) []byte) error {
+// (nil for none); proven, if not nil, is called with the task a
+// connection has just proved itself as, before its proxy is looked up,
+// and may open it (a task another server started): never for a
+// connection that has not. ServeTCP returns nil when ln is closed, after
+// closing the connections still in their handshake.
+func (s *Server) ServeTCP(ln net.Listener, key func(id string) []byte, proven func(id string)) error {
 	var (
 		mu      sync.Mutex
 		pending = map[net.Conn]struct{}{}
@@ -93,7 +96,7 @@ func (s *Server) ServeTCP(ln net.Listener, key func(id string) []byte) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.handshake(c, key)
+			s.handshake(c, key, proven)
 			mu.Lock()
 			delete(pending, c)
 			if perHost[host]--; perHost[host] == 0 {
@@ -115,7 +118,7 @@ func remoteHost(c net.Conn) string {
 
 // handshake authenticates c and passes it to its task's proxy, or closes
 // it.
-func (s *Server) handshake(c net.Conn, key func(id string) []byte) {
+func (s *Server) handshake(c net.Conn, key func(id string) []byte, proven func(id string)) {
 	log := s.log.With("remote", c.RemoteAddr().String())
 	fail := func(why string, args ...any) {
 		log.Debug("egress connection refused: "+why, args...)
@@ -144,6 +147,9 @@ func (s *Server) handshake(c net.Conn, key func(id string) []byte) {
 	if len(k) == 0 || !hmac.Equal(got, handshakeMAC(k, nonceHex)) {
 		fail("bad key", logkey.TaskID, id)
 		return
+	}
+	if proven != nil {
+		proven(id)
 	}
 	s.mu.Lock()
 	tp := s.tasks[id]

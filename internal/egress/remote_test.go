@@ -14,9 +14,10 @@ import (
 )
 
 // remoteServer is a Server with task-a and task-b open under policy,
-// serving TCP on loopback with key for task-a and task-c (which has no
-// proxy) and none for the others.
-func remoteServer(t *testing.T, policy Policy, key []byte) string {
+// serving TCP on loopback with key for task-a, task-c (which has no
+// proxy) and task-d (whose proxy opens once a connection proves it) and
+// none for the others. proven, if not nil, records the tasks proved.
+func remoteServer(t *testing.T, policy Policy, key []byte, proven chan<- string) string {
 	t.Helper()
 	s, err := NewServer(t.TempDir(), Options{}, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -35,10 +36,19 @@ func remoteServer(t *testing.T, policy Policy, key []byte) string {
 	done := make(chan error, 1)
 	go func() {
 		done <- s.ServeTCP(ln, func(id string) []byte {
-			if id == "task-a" || id == "task-c" {
+			if id == "task-a" || id == "task-c" || id == "task-d" {
 				return key
 			}
 			return nil
+		}, func(id string) {
+			if proven != nil {
+				proven <- id
+			}
+			if id == "task-d" {
+				if _, err := s.Open(id, policy); err != nil {
+					t.Errorf("Open(%s): %v", id, err)
+				}
+			}
 		})
 	}()
 	t.Cleanup(func() {
@@ -55,7 +65,7 @@ func TestRemoteTaskReachesItsProxy(t *testing.T) {
 	port := echoServer(t)
 	hostport := "127.0.0.1:" + strconv.Itoa(port)
 	key := []byte("0123456789abcdef0123456789abcdef")
-	addr := remoteServer(t, Policy{Allow: MustParseRules(hostport)}, key)
+	addr := remoteServer(t, Policy{Allow: MustParseRules(hostport)}, key, nil)
 
 	c, err := DialTask(addr, "task-a", key, 5*time.Second)
 	if err != nil {
@@ -79,9 +89,27 @@ func TestRemoteTaskReachesItsProxy(t *testing.T) {
 	}
 }
 
+// TestRemoteProxyOpensOnProof: a connection that proves a task whose
+// proxy is not open here (another replica started it) has it opened by
+// proven, and reaches it.
+func TestRemoteProxyOpensOnProof(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	proven := make(chan string, 1)
+	addr := remoteServer(t, Policy{Open: true}, key, proven)
+	c, err := DialTask(addr, "task-d", key, 5*time.Second)
+	if err != nil {
+		t.Fatalf("DialTask(task-d) with its key: %v", err)
+	}
+	c.Close()
+	if id := <-proven; id != "task-d" {
+		t.Errorf("proven was told of %q, want task-d", id)
+	}
+}
+
 func TestRemoteHandshakeRefusals(t *testing.T) {
 	key := []byte("0123456789abcdef0123456789abcdef")
-	addr := remoteServer(t, Policy{Open: true}, key)
+	proven := make(chan string, 16)
+	addr := remoteServer(t, Policy{Open: true}, key, proven)
 	for _, tc := range []struct {
 		name, id string
 		key      []byte
@@ -90,6 +118,8 @@ func TestRemoteHandshakeRefusals(t *testing.T) {
 		{"a task without a key", "task-b", key},
 		{"a task without a proxy", "task-c", key},
 		{"a path as the id", "../task-a", key},
+		// Its proxy opens only for a connection that proves it.
+		{"the wrong key of a task whose proxy opens on proof", "task-d", []byte("another key of 32 bytes, really!")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if c, err := DialTask(addr, tc.id, tc.key, 5*time.Second); err == nil {
@@ -97,6 +127,15 @@ func TestRemoteHandshakeRefusals(t *testing.T) {
 				t.Fatalf("DialTask(%q) succeeded", tc.id)
 			}
 		})
+	}
+	// Of those, only task-c's connection proved its task (each DialTask
+	// returned once the server closed its connection, after proven).
+	var got []string
+	for len(proven) > 0 {
+		got = append(got, <-proven)
+	}
+	if strings.Join(got, " ") != "task-c" {
+		t.Errorf("proven was told of %q, want only task-c's", got)
 	}
 
 	// A recorded answer does not open another connection: each greeting
@@ -172,7 +211,7 @@ func TestNotAnEgressListener(t *testing.T) {
 // address still gets through.
 func TestHandshakesPerHostAreBounded(t *testing.T) {
 	key := []byte("0123456789abcdef0123456789abcdef")
-	addr := remoteServer(t, Policy{Open: true}, key)
+	addr := remoteServer(t, Policy{Open: true}, key, nil)
 	dial := func(from string) net.Conn {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
 		c, err := d.Dial("tcp", addr)

@@ -39,7 +39,7 @@ func TestRelayOverTCP(t *testing.T) {
 			return key
 		}
 		return nil
-	})
+	}, nil)
 
 	get := func(up Upstream) (string, error) {
 		relay, err := StartRelay("127.0.0.1:0", up, nil)
