@@ -59,6 +59,12 @@ func onKubernetes(class string) func(testing.TB, *config.Config) {
 		c.AIWorker.RuntimeClass = class
 		c.AIWorker.ServiceAccount = "" // the namespace's default
 		c.AIWorker.AICoderImage = k8stest.BusyboxImage
+		// Small requests: at the default 500m the node's two CPUs hold
+		// four pods, and the suite's parallel servers, each with its
+		// warm pods, had theirs wait for a place ("Insufficient cpu")
+		// for most of their time. The limits stay the defaults.
+		c.AIWorker.Resources.CPURequest = 10
+		c.AIWorker.Resources.MemoryRequest, _ = config.ParseSize("16Mi")
 		// Corral's profile for the class, as a deployment that follows
 		// docs/kubernetes.md runs it: the runtime's default lets a pod ptrace
 		// and use io_uring.

@@ -42,12 +42,9 @@ func BenchmarkKubernetesWarm(b *testing.B) {
 	}
 	const pool = 16
 	class := os.Getenv("CORRAL_BENCH_RUNTIME_CLASS")
-	// Small requests (the bare Job has none): the node's two CPUs hold
-	// four pods of the default request.
+	// onKubernetes's small requests (the bare Job has none).
 	on := func(c *config.Config) {
 		onKubernetes(class)(b, c)
-		c.AIWorker.Resources.CPURequest = 10
-		c.AIWorker.Resources.MemoryRequest, _ = config.ParseSize("16Mi")
 		// The burst's tasks all at once, not three at a time.
 		c.AIWorker.MaxConcurrentWorkers = pool
 	}
