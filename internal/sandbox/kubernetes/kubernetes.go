@@ -240,9 +240,12 @@ type Runtime struct {
 
 	warm    *warmpool.Pools[*warmPod]
 	warmMu  sync.Mutex
-	warmTag string              // this runtime's, in its warm pods' names (warmpool.Own)
-	waiters map[string]*waiter  // the warm pods not handed a task yet, by id
-	bound   map[string]*binding // the claimed warm pods, by their sandbox's id
+	warmTag string // this runtime's, in its warm pods' names (warmpool.Own)
+	// warmDone is closed when KeepWarm's context ends: the server is
+	// stopping, and no warm pod's first poll will be answered.
+	warmDone <-chan struct{}
+	waiters  map[string]*waiter  // the warm pods not handed a task yet, by id
+	bound    map[string]*binding // the claimed warm pods, by their sandbox's id
 }
 
 // state is Handle.State, version 1.

@@ -226,7 +226,7 @@ func (r *Runtime) KeepWarm(ctx context.Context, p sandbox.WarmPolicy) error {
 		os.Remove(warmpool.LockPath(r.warmDir(), tag))
 	}()
 	r.warmMu.Lock()
-	r.warmTag = tag
+	r.warmTag, r.warmDone = tag, ctx.Done()
 	r.warmMu.Unlock()
 	r.destroyLeftoverWarm(ctx, tag)
 	if p.Pressure == nil {
@@ -295,7 +295,7 @@ type warmOps struct{ r *Runtime }
 func (o warmOps) StartWarm(ctx context.Context, shape sandbox.WarmShape) (*warmPod, error) {
 	r := o.r
 	r.warmMu.Lock()
-	tag := r.warmTag
+	tag, done := r.warmTag, r.warmDone
 	r.warmMu.Unlock()
 	id := warmpool.Prefix + tag + "-" + strings.ToLower(rand.Text()[:16])
 	token := rand.Text()
@@ -324,7 +324,7 @@ func (o warmOps) StartWarm(ctx context.Context, shape sandbox.WarmShape) (*warmP
 	job, err := r.create(ctx, spec, "[]")
 	if err == nil {
 		b.created, b.uid = job.CreationTimestamp.Time, job.UID
-		err = r.awaitPoll(ctx, b)
+		err = r.awaitPoll(ctx, done, b)
 	}
 	if err != nil {
 		o.DestroyWarm(context.WithoutCancel(ctx), b)
@@ -333,8 +333,12 @@ func (o warmOps) StartWarm(ctx context.Context, shape sandbox.WarmShape) (*warmP
 	return b, nil
 }
 
-// awaitPoll waits for warm pod b's first poll, or its pod's end.
-func (r *Runtime) awaitPoll(ctx context.Context, b *warmPod) error {
+// awaitPoll waits for warm pod b's first poll, or its pod's end, or
+// until done closes. The pools start a warm sandbox to its end when they
+// stop (warmpool's startLimit), but this one's end is the pod's poll,
+// which the stopping server will not answer: the wait would last the
+// limit, 30 s of every stop while a pod starts.
+func (r *Runtime) awaitPoll(ctx context.Context, done <-chan struct{}, b *warmPod) error {
 	timeout := time.After(warmReadyWait)
 	for {
 		changed := r.changes()
@@ -358,6 +362,8 @@ func (r *Runtime) awaitPoll(ctx context.Context, b *warmPod) error {
 			return fmt.Errorf("warm pod %s did not poll for its task within %s (does the pod reach kubernetes.server_url %s?)", b.id, warmReadyWait, r.opts.ServerURL)
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-done:
+			return fmt.Errorf("warm pod %s: the server is stopping", b.id)
 		}
 	}
 }

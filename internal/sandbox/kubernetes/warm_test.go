@@ -9,11 +9,15 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	batchlisters "k8s.io/client-go/listers/batch/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
@@ -150,5 +154,32 @@ func TestWarmStartResent(t *testing.T) {
 	os.RemoveAll(root)
 	if _, err := r.WarmStart(ctx, id, "secret"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("a poll after the sandbox's destruction: %v, want ErrNotFound", err)
+	}
+}
+
+// A warm pod's start waits for its first poll, which a stopping server
+// will not answer: when the pools stop, the wait ends at once (the pools
+// start a sandbox to its end for up to 30 s after they stop, and every
+// stop of a server with a pod starting waited them out).
+func TestAwaitPollEndsWhenThePoolsStop(t *testing.T) {
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	r := &Runtime{
+		log:     slog.New(slog.DiscardHandler),
+		jobs:    batchlisters.NewJobLister(idx).Jobs("ns"),
+		pods:    corelisters.NewPodLister(idx).Pods("ns"),
+		changed: make(chan struct{}),
+		waiters: map[string]*waiter{},
+	}
+	b := &warmPod{id: "warm-a", w: &waiter{polled: make(chan struct{}), start: make(chan []byte, 1), gone: make(chan struct{})}}
+	done := make(chan struct{})
+	close(done)
+	err := r.awaitPoll(context.Background(), done, b)
+	if err == nil || !strings.Contains(err.Error(), "the server is stopping") {
+		t.Fatalf("awaitPoll after the pools stopped = %v, want the server's stop", err)
+	}
+	// A poll that came is a poll, stop or not.
+	close(b.w.polled)
+	if err := r.awaitPoll(context.Background(), make(chan struct{}), b); err != nil {
+		t.Fatalf("awaitPoll of a pod that polled = %v", err)
 	}
 }

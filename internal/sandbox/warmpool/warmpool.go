@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
 )
@@ -303,16 +305,22 @@ func (p *Pool[B]) fill(ctx context.Context) int {
 	return n
 }
 
-// empty destroys every ready sandbox of the pool, and returns how many.
+// empty destroys every ready sandbox of the pool, eight at a time, and
+// returns how many. A destroy waits for its sandbox's end: a pod's, on a
+// cluster, 4 to 8 s under gVisor on a busy node, which one after the
+// other held a server's stop for as long again per pod.
 func (p *Pool[B]) empty(ctx context.Context) int {
 	p.mu.Lock()
 	boxes := p.ready
 	p.ready = nil
 	p.mu.Unlock()
 	p.budget.release(len(boxes), p.mem())
+	var g errgroup.Group
+	g.SetLimit(8)
 	for _, b := range boxes {
-		p.Destroy(ctx, b)
+		g.Go(func() error { p.Destroy(ctx, b); return nil })
 	}
+	g.Wait()
 	return len(boxes)
 }
 

@@ -187,3 +187,55 @@ func TestPressure(t *testing.T) {
 		t.Errorf("stats %+v, want 1 miss, 2 destroyed", st)
 	}
 }
+
+// slowDestroy is a counter whose DestroyWarm waits until four destroys
+// are under way at once (or a second has passed), and records the most
+// that were.
+type slowDestroy struct {
+	counter
+	mu       sync.Mutex
+	now, max int
+	four     chan struct{}
+}
+
+func (s *slowDestroy) DestroyWarm(ctx context.Context, b int) error {
+	s.mu.Lock()
+	s.now++
+	s.max = max(s.max, s.now)
+	if s.now == 4 {
+		close(s.four)
+	}
+	s.mu.Unlock()
+	select {
+	case <-s.four:
+	case <-time.After(time.Second):
+	}
+	s.mu.Lock()
+	s.now--
+	s.mu.Unlock()
+	return s.counter.DestroyWarm(ctx, b)
+}
+
+// TestStopDestroysTogether: a pool's stop destroys its ready sandboxes
+// at the same time, not one after the other (a destroy waits for its
+// sandbox's end: seconds for a pod).
+func TestStopDestroysTogether(t *testing.T) {
+	s := &slowDestroy{counter: counter{live: map[int]bool{}}, four: make(chan struct{})}
+	ps := New[int]("test", s, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		done <- ps.Keep(ctx, sandbox.WarmPolicy{Size: 4, Shapes: []sandbox.WarmShape{shape("a", sandbox.NetworkNone, 0)}})
+	}()
+	waitFor(t, "the pool to fill", func() bool { st := ps.Stats(); return len(st) == 1 && st[0].Ready == 4 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Keep: %v", err)
+	}
+	if n := s.nLive(); n != 0 {
+		t.Errorf("%d warm sandboxes outlive Keep, want 0", n)
+	}
+	if s.max != 4 {
+		t.Errorf("at most %d destroys at once, want the 4 ready sandboxes' together", s.max)
+	}
+}
