@@ -90,6 +90,7 @@ func TestLongOutputName(t *testing.T) {
 // (and an event, and a list page) listing at most 1,000 of them, with the
 // real count and a note.
 func TestManyOutputFilesBounded(t *testing.T) {
+	t.Parallel()
 	s := MustStart(t, nil)
 	tk := s.spawn(t, "many files", "sh", "-c", "cd output && seq -w 1 100000 | xargs touch")
 	res := s.waitSuccess(t, tk.ID, 120*time.Second)

@@ -82,6 +82,7 @@ func strictPod(t *testing.T, pod *corev1.Pod) {
 // claimed warm Job goes with the task, and no warm Job of the dead server
 // is left; the claimed pod keeps a cold pod's labels and security.
 func TestKubernetesWarmCrashPoints(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		point   string
 		retried bool // the task starts again
@@ -94,6 +95,7 @@ func TestKubernetesWarmCrashPoints(t *testing.T) {
 		{sandbox.CrashRelabelled, false},
 	} {
 		t.Run(tt.point, func(t *testing.T) {
+			t.Parallel()
 			testKubernetesWarmCrash(t, tt.point, tt.retried)
 		})
 	}

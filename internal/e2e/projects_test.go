@@ -356,6 +356,7 @@ func TestWorkspaceTasks(t *testing.T) {
 // TestClaudeWorkspaceTasks: the real Claude Code CLI edits a file in a new
 // workspace, and the next task there continues its conversation.
 func TestClaudeWorkspaceTasks(t *testing.T) {
+	t.Parallel()
 	s, ep := mustClaudeServer(t, agenttest.AnthropicOptions{Replies: []agenttest.Reply{
 		{Text: "Writing the notes.", Tool: &agenttest.ToolCall{Name: "Write", Input: map[string]any{"file_path": "/workspace/project/NOTES.md", "content": "# Notes\nfirst pass\n"}}},
 		{Text: "Wrote NOTES.md."},

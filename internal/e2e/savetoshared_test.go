@@ -112,6 +112,7 @@ func countFiles(dir string) (files, temporary int) {
 // with one worker slot a second task starts before the copy is recorded.
 // The outputs arrive, recorded once; the task said "pending" until then.
 func TestSaveToSharedFollowsTheEnd(t *testing.T) {
+	t.Parallel()
 	s := MustStart(t, func(c *config.Config) { c.AIWorker.MaxConcurrentWorkers = 1 })
 	ctx := context.Background()
 	const n = 20000

@@ -282,6 +282,7 @@ func TestSessions(t *testing.T) {
 // answer the session contract alike (servicetest's sessions group), on the
 // default runtime.
 func TestSessionContract(t *testing.T) {
+	t.Parallel()
 	servicetest.RunSessions(t, map[string]func(*testing.T) service.Sessions{
 		"manager": func(t *testing.T) service.Sessions { return MustStart(t, nil).app.Services().Sessions },
 		"http":    func(t *testing.T) service.Sessions { return MustStart(t, nil).client.Sessions() },
@@ -532,6 +533,7 @@ func TestSessionCLI(t *testing.T) {
 // is offered no shell of its own but workspace_exec, and the command it
 // runs with it runs in the session (it reads a file only the session has).
 func TestClaudeThroughSession(t *testing.T) {
+	t.Parallel()
 	s, ep := mustClaudeServer(t, agenttest.AnthropicOptions{Replies: []agenttest.Reply{
 		{Text: "Reading the marker.", Tool: &agenttest.ToolCall{Name: "mcp__corral__workspace_exec", Input: map[string]any{"command": "cat /workspace/session/marker.txt"}}},
 		{Text: "The marker says hello."},

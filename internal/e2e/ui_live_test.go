@@ -23,6 +23,7 @@ const liveReady = `document.getElementById('live')?.textContent === 'live' && do
 // up, opened by its address or reached through the app's own links: not
 // only on the pages that follow a stream of their own.
 func TestUILiveOnEveryPage(t *testing.T) {
+	t.Parallel()
 	s := startUIServer(t)
 	tk := s.spawn(t, "for the task's page", "true")
 	b := newBrowser(t)
@@ -45,6 +46,7 @@ func TestUILiveOnEveryPage(t *testing.T) {
 // before it opened, each with its exit code and when, in order; a command
 // with markup in it is shown as text and runs nothing in the page.
 func TestUISessionEarlierCommands(t *testing.T) {
+	t.Parallel()
 	s := startUIServer(t)
 	ctx := context.Background()
 	created := mustCreateSession(t, s.client)

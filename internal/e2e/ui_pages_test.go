@@ -21,6 +21,7 @@ import (
 // A session made from the form runs commands in its console, which shows
 // stdout, stderr and the exit code as they come; ending it works too.
 func TestUISessionConsole(t *testing.T) {
+	t.Parallel()
 	s := startUIServer(t)
 	b := newBrowser(t)
 	b.do(chromedp.Navigate(s.url + "/sessions"))
@@ -48,6 +49,7 @@ func TestUISessionConsole(t *testing.T) {
 // Every page renders, without a script error, at 1280×800; the
 // screenshots go to -ui.screenshots (docs/ui in docs/web-ui.md's command).
 func TestUIPages(t *testing.T) {
+	t.Parallel()
 	key := filepath.Join(t.TempDir(), "notify.key")
 	os.WriteFile(key, []byte(notify.NewSecret()), 0o600)
 	s := MustStartEnv(t, []string{"CORRAL_API_TOKEN=" + uiToken}, func(c *config.Config) {

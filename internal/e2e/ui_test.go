@@ -272,6 +272,7 @@ func startUIServer(t *testing.T) *server {
 // without reloading, watches it go from queued to success and sees its
 // PNG output.
 func TestUISpawnAndWatch(t *testing.T) {
+	t.Parallel()
 	s := startUIServer(t)
 	s.mustWriteWorkspace(t, "data/chart.png", chartPNG(t, 64, 48))
 	b := newBrowser(t)
@@ -327,6 +328,7 @@ func TestUISpawnAndWatch(t *testing.T) {
 
 // Cancel on a running task's page ends it, and the page shows it.
 func TestUICancelRunningTask(t *testing.T) {
+	t.Parallel()
 	s := startUIServer(t)
 	tk := s.spawn(t, "Wait a long time", "sleep", "300")
 	s.waitStatus(t, tk.ID, task.Running, 30*time.Second)
@@ -345,6 +347,7 @@ func TestUICancelRunningTask(t *testing.T) {
 // The workspace browser walks shared/, shows a CSV as a table and Markdown
 // rendered, uploads into shared/, and lists the named workspaces.
 func TestUIWorkspaceBrowse(t *testing.T) {
+	t.Parallel()
 	s := startUIServer(t)
 	ctx := context.Background()
 	for p, c := range map[string]string{"data/sales.csv": "region,amount\nnorth,10\nsouth,20\n", "notes/readme.md": "# Readme\n\nSome *notes*.\n"} {
@@ -396,6 +399,7 @@ var xssPayloads = map[string]string{
 // Nothing a worker writes runs in the page: names, summary, Markdown,
 // SVG, HTML, CSV, text and the transcript all reach it as text.
 func TestUIXSS(t *testing.T) {
+	t.Parallel()
 	s := startUIServer(t)
 	var script strings.Builder
 	for name, content := range xssPayloads {
