@@ -303,6 +303,15 @@ func (s *Scheduler) wake() {
 // no other task (on any replica) and no session of this replica writes
 // the workspace: one writer per workspace (task.Writers).
 func (s *Scheduler) fill(ctx context.Context) {
+	// Run calls fill at every event of every task. With no task waiting
+	// it has nothing to give, and it does not take assigning: Admit,
+	// which only tries the lock, would find it held and queue its task,
+	// and in a burst of spawns the queue then has the rest wait for fill
+	// and a task_starting commit of their own. A task queued after this
+	// look is an event, which runs fill again.
+	if s.tasks.Waiting(slices.Values([]string(nil))) == 0 {
+		return
+	}
 	s.assigning.Lock()
 	defer s.assigning.Unlock()
 	self := s.opts.Members.Self()

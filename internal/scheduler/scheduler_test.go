@@ -1319,3 +1319,32 @@ func TestAdmitNeverPassesMaxConcurrent(t *testing.T) {
 	}
 	waitFor(t, "every slot to be released", func() bool { return h.sched.Running() == 0 })
 }
+
+// TestIdleFillLeavesAdmitFree: fill, which Run calls at every event of
+// every task, does not take the assignment lock while no task waits: a
+// spawn's Admit, which only tries the lock, would find it held and queue
+// its task (in a burst, the rest after it), which then waits for fill and
+// a commit of its own.
+func TestIdleFillLeavesAdmitFree(t *testing.T) {
+	store := sqlitetest.Open(t)
+	finish := make(chan struct{})
+	defer close(finish)
+	h := MustStart(t, store, Options{MaxConcurrent: 4}, MustNewFake(t, runUntilFinished(finish)))
+	waitAssigning(t, h)
+	if _, ok := spawn(t, h, task.Spec{}); !ok {
+		t.Fatal("the spawn of a task with a free slot was not admitted")
+	}
+	h.sched.assigning.Lock()
+	filled := make(chan struct{})
+	go func() {
+		defer close(filled)
+		h.sched.fill(context.Background())
+	}()
+	select {
+	case <-filled:
+	case <-time.After(time.Minute):
+		t.Error("fill with no task waiting waited for the assignment lock")
+	}
+	h.sched.assigning.Unlock()
+	<-filled
+}
