@@ -716,13 +716,19 @@ func (r *Runtime) runscKnows(id string) bool {
 	return slices.ContainsFunc(ents, func(e os.DirEntry) bool { return e.Name() == id || strings.HasPrefix(e.Name(), id+"_") })
 }
 
+// runscRecord is the path, less its suffix, of runsc's record of
+// container id in its root: <sandbox>_sandbox:<container>.state (JSON)
+// and .lock, as runsc 20221219 and later keep it; a sandbox here is its
+// one container.
+func (r *Runtime) runscRecord(id string) string {
+	return filepath.Join(r.opts.StateDir, "runsc", id+"_sandbox:"+id)
+}
+
 // runscStatus is container id's status as runsc records it in its root
-// (root/<sandbox>_sandbox:<container>.state, JSON, as runsc 20221219 and
-// later keep it; a sandbox here is its one container), read without
-// starting a runsc; "" when there is no such record or it is half
-// written.
+// (runscRecord), read without starting a runsc; "" when there is no such
+// record or it is half written.
 func (r *Runtime) runscStatus(id string) string {
-	b, err := os.ReadFile(filepath.Join(r.opts.StateDir, "runsc", id+"_sandbox:"+id+".state"))
+	b, err := os.ReadFile(r.runscRecord(id) + ".state")
 	if err != nil {
 		return ""
 	}
@@ -844,7 +850,7 @@ func (r *Runtime) release(ctx context.Context, st state) {
 	if out, err := r.runsc(ctx, "delete", "--force", id); err != nil && !bytes.Contains(out, []byte("does not exist")) {
 		r.log.Debug("runsc delete failed", logkey.SandboxID, st.ID, "err", err)
 	}
-	record := filepath.Join(r.opts.StateDir, "runsc", id+"_sandbox:"+id)
+	record := r.runscRecord(id)
 	if _, err := os.Lstat(record + ".state"); os.IsNotExist(err) {
 		if err := os.Remove(record + ".lock"); err != nil && !os.IsNotExist(err) {
 			r.log.Warn("cannot remove runsc's lock file of a container it never recorded", logkey.SandboxID, st.ID, logkey.Error, err)
