@@ -349,18 +349,28 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 			t.Errorf("report lacks check %q", name)
 		}
 	}
-	for name, r := range report {
+	// Failures first, then what held (after the checks below), each in name
+	// order: a log cut short in its middle (CI keeps its head and tail)
+	// still shows what failed.
+	var held []string
+	defer func() {
+		for _, line := range held {
+			t.Log(line)
+		}
+	}()
+	for _, name := range slices.Sorted(maps.Keys(report)) {
+		r := report[name]
 		switch why, accepted := rt.accepted[name]; {
 		case r.Control && !r.OK:
 			t.Errorf("control %q failed: %s", name, r.Detail)
 		case !r.Control && r.OK && accepted:
-			t.Logf("%-40s accepted under %s (%s): %s", name, rt.name, why, r.Detail)
+			held = append(held, fmt.Sprintf("%-40s accepted under %s (%s): %s", name, rt.name, why, r.Detail))
 		case !r.Control && r.OK:
 			t.Errorf("ESCAPE %q: %s", name, r.Detail)
 		case r.Control:
-			t.Logf("%-40s control holds: %s", name, r.Detail)
+			held = append(held, fmt.Sprintf("%-40s control holds: %s", name, r.Detail))
 		default:
-			t.Logf("%-40s closed: %s", name, r.Detail)
+			held = append(held, fmt.Sprintf("%-40s closed: %s", name, r.Detail))
 		}
 	}
 	// gVisor checks files against their host owners, so its sandbox user
