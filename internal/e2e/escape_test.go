@@ -195,6 +195,16 @@ type probeResult struct {
 }
 
 func testProbe(t *testing.T, rt escapeRuntime, probe string) {
+	// The checks that held are logged last, after the server's stop and
+	// its checks (a cleanup registered first runs last): a failing test's
+	// log cut short in its middle (CI keeps its head and tail) still
+	// shows what failed.
+	var held []string
+	t.Cleanup(func() {
+		for _, line := range held {
+			t.Log(line)
+		}
+	})
 	// A host with an egress credential rule, whose secret the probe tries
 	// to learn through its proxy.
 	up := newCredentialUpstream(t, probeUpstream)
@@ -349,15 +359,8 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 			t.Errorf("report lacks check %q", name)
 		}
 	}
-	// Failures first, then what held (after the checks below), each in name
-	// order: a log cut short in its middle (CI keeps its head and tail)
-	// still shows what failed.
-	var held []string
-	defer func() {
-		for _, line := range held {
-			t.Log(line)
-		}
-	}()
+	// Failures first, then what held (logged last, see above), each in
+	// name order.
 	for _, name := range slices.Sorted(maps.Keys(report)) {
 		r := report[name]
 		switch why, accepted := rt.accepted[name]; {

@@ -396,7 +396,9 @@ func (r *Runtime) createCold(ctx context.Context, spec sandbox.Spec, image strin
 	if err := r.Dir.RemoveLeftovers(nil, spec.ID); err != nil {
 		return nil, fmt.Errorf("clean state dir: %w", err)
 	}
-	r.release(ctx, state{Launch: statedir.Launch{ID: spec.ID}})
+	if err := r.release(ctx, state{Launch: statedir.Launch{ID: spec.ID}}); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
@@ -618,7 +620,9 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir, image strin
 			// it started in the cgroups goes with them, above.
 			syscall.Kill(-st.PID, syscall.SIGKILL)
 			<-e.Done()
-			r.release(context.Background(), st)
+			if err := r.release(context.Background(), st); err != nil {
+				r.log.Warn("cannot make runsc forget a sandbox whose start failed", logkey.SandboxID, spec.ID, logkey.Error, err)
+			}
 		}
 	}()
 	if start == nil {
@@ -707,11 +711,11 @@ const runscRecordWait = 10 * time.Second
 // runscKnows reports whether runsc's root holds anything of container id
 // (runsc keeps a container's record there under its id: a directory, or
 // files named <id>_sandbox:<id>.*, as runsc 20221219 does); true when the
-// root cannot be read.
+// root cannot be read, false when there is none.
 func (r *Runtime) runscKnows(id string) bool {
 	ents, err := os.ReadDir(filepath.Join(r.opts.StateDir, "runsc"))
 	if err != nil {
-		return true
+		return !os.IsNotExist(err) // unreadable: it may
 	}
 	return slices.ContainsFunc(ents, func(e os.DirEntry) bool { return e.Name() == id || strings.HasPrefix(e.Name(), id+"_") })
 }
@@ -841,19 +845,25 @@ func (r *Runtime) kill(ctx context.Context, e *statedir.Entry[state]) error {
 // checkpoint's end), no runsc is started for nothing (10 to 40 ms of a
 // suspend). A runsc run killed before it wrote the container's state
 // leaves its lock file alone, which runsc delete, finding no container,
-// leaves too.
-func (r *Runtime) release(ctx context.Context, st state) {
+// leaves too. An error (a runsc delete cut short by ctx, say) means runsc
+// may still know the sandbox: Destroy then keeps its state dir, so that a
+// later Destroy, or the next start's reconcile, releases it again.
+func (r *Runtime) release(ctx context.Context, st state) error {
 	id := st.container()
 	if !r.runscKnows(id) {
-		return
+		return nil
 	}
 	if out, err := r.runsc(ctx, "delete", "--force", id); err != nil && !bytes.Contains(out, []byte("does not exist")) {
-		r.log.Debug("runsc delete failed", logkey.SandboxID, st.ID, "err", err)
+		return err
 	}
 	record := r.runscRecord(id)
 	if _, err := os.Lstat(record + ".state"); os.IsNotExist(err) {
 		if err := os.Remove(record + ".lock"); err != nil && !os.IsNotExist(err) {
-			r.log.Warn("cannot remove runsc's lock file of a container it never recorded", logkey.SandboxID, st.ID, logkey.Error, err)
+			return fmt.Errorf("remove runsc's lock file of a container it never recorded: %w", err)
 		}
 	}
+	if r.runscKnows(id) {
+		return fmt.Errorf("runsc delete left its record of %s", id)
+	}
+	return nil
 }

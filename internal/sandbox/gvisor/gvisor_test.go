@@ -123,6 +123,32 @@ func TestCreateCancelledLeavesNothing(t *testing.T) {
 	t.Logf("%d of 8 Creates cut short", failed)
 }
 
+// TestDestroyCancelledLeavesNothing: a Destroy cut short (a server
+// stopping while it destroys a task's sandbox) either says so, leaving
+// what a later Destroy finishes, or is done: runsc's root holds nothing of
+// the sandbox once a Destroy has answered nil.
+func TestDestroyCancelledLeavesNothing(t *testing.T) {
+	r, _ := MustNew(t)
+	for _, d := range []time.Duration{1, 5, 10, 20, 40, 80, 150} {
+		sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", "sleep 100"}}
+		if _, err := r.Create(context.Background(), sp); err != nil {
+			t.Fatalf("Create: %v", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), d*time.Millisecond)
+		err := r.Destroy(ctx, sp.ID)
+		cancel()
+		t.Logf("cut after %v: %v", d*time.Millisecond, err)
+		if err != nil {
+			if err := r.Destroy(context.Background(), sp.ID); err != nil {
+				t.Fatalf("Destroy after one cut after %v: %v", d*time.Millisecond, err)
+			}
+		}
+		if r.runscKnows(sp.ID) {
+			t.Errorf("Destroy cut after %v answered %v, then: runsc's root still holds %s", d*time.Millisecond, err, sp.ID)
+		}
+	}
+}
+
 func TestIsolation(t *testing.T) {
 	r, _ := MustNew(t)
 	for _, tc := range []struct {

@@ -93,6 +93,7 @@ func Run(t *testing.T, h Harness) {
 		{"StopIgnoresTerm", s.testStopIgnoresTerm},
 		{"StopProcessTree", s.testStopProcessTree},
 		{"Destroy", s.testDestroy},
+		{"DestroyCutShort", s.testDestroyCutShort},
 		{"NotFound", s.testNotFound},
 		{"InvalidSpec", s.testInvalidSpec},
 		{"Recover", s.testRecover},
@@ -544,6 +545,40 @@ func (s *suite) testDestroy(t *testing.T) {
 	}
 	if err := e.rt.Destroy(e.ctx, NewID(t)); err != nil {
 		t.Errorf("Destroy of an unknown id: %v", err)
+	}
+}
+
+// testDestroyCutShort: a Destroy whose context ends part way (a server
+// stopping while it destroys a task's sandbox) leaves what a later Destroy
+// finishes, by this instance or a new one (the next start's reconcile):
+// no error, and the sandbox gone.
+func (s *suite) testDestroyCutShort(t *testing.T) {
+	e := s.env(t)
+	for i, cut := range []time.Duration{time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 150 * time.Millisecond} {
+		sp := e.spec(`sleep 100`, "")
+		if _, err := e.rt.Create(e.ctx, sp); err != nil {
+			t.Fatalf("Create: %v", err)
+		}
+		ctx, cancel := context.WithTimeout(e.ctx, cut)
+		err := e.rt.Destroy(ctx, sp.ID)
+		cancel()
+		t.Logf("Destroy cut after %s: %v", cut, err)
+		if err == nil {
+			// It says it is done: then it is.
+			if _, err := e.rt.Status(e.ctx, sp.ID); !errors.Is(err, errdefs.ErrNotFound) {
+				t.Errorf("Status after a Destroy cut after %s answered nil = %v, want ErrNotFound", cut, err)
+			}
+		}
+		rt := e.rt
+		if i%2 == 1 {
+			rt = e.newRuntime()
+		}
+		if err := rt.Destroy(e.ctx, sp.ID); err != nil {
+			t.Errorf("Destroy after one cut after %s: %v", cut, err)
+		}
+		if _, err := rt.Status(e.ctx, sp.ID); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("Status after a Destroy cut after %s, then a whole one = %v, want ErrNotFound", cut, err)
+		}
 	}
 }
 

@@ -94,8 +94,9 @@ type Ops[S Launched] struct {
 	// outlives the launcher.
 	Leftovers func(ctx context.Context, e *Entry[S]) error
 	// Release frees what the runtime keeps of the stopped sandbox st
-	// outside its state dir (runsc's record of it); nil: nothing.
-	Release func(ctx context.Context, st S)
+	// outside its state dir (runsc's record of it); nil: nothing. An
+	// error keeps the state dir, for a later Destroy to release it again.
+	Release func(ctx context.Context, st S) error
 }
 
 // Sandboxes is the part of sandbox.Runtime the host runtimes share: finding
@@ -275,7 +276,9 @@ func (s *Sandboxes[S]) destroy(ctx context.Context, id string, keepLease bool) e
 		return fmt.Errorf("destroy: %w", err)
 	}
 	if s.ops.Release != nil {
-		s.ops.Release(ctx, e.St)
+		if err := s.ops.Release(ctx, e.St); err != nil {
+			return fmt.Errorf("destroy sandbox %s: %w", id, err)
+		}
 	}
 	if err := s.Dir.Remove(e.St.launch(), e.Dir, keepLease); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
