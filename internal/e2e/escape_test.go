@@ -60,6 +60,11 @@ func (rt escapeRuntime) config(tb testing.TB) func(*config.Config) {
 	}
 }
 
+// escapeWarmPool is the warm variants' pool size per shape: one, as each
+// subtest's server claims few; every warm sandbox more is one more started
+// and destroyed for nothing by each of their servers (a gVisor pod, say).
+const escapeWarmPool = 1
+
 // escapeRuntimes are the runtimes the escape suite runs under. A runtime
 // joins by adding itself here: every subtest then runs under it too.
 var escapeRuntimes = []escapeRuntime{
@@ -68,11 +73,11 @@ var escapeRuntimes = []escapeRuntime{
 	// Tasks claim warm sandboxes, started before them (the probe checks
 	// that it ran in one).
 	{name: "local+warm", runtime: "local", require: func(tb testing.TB) { testenv.RequireBwrap(tb) },
-		edit: func(_ testing.TB, c *config.Config) { c.Local.WarmPool = 2; c.Local.WarmIdle = 0 }, warm: true},
+		edit: func(_ testing.TB, c *config.Config) { c.Local.WarmPool = escapeWarmPool; c.Local.WarmIdle = 0 }, warm: true},
 	{name: "gvisor", runtime: "gvisor", require: func(tb testing.TB) { testenv.RequireRunsc(tb) }},
 	{name: "gvisor+warm", runtime: "gvisor", require: func(tb testing.TB) { testenv.RequireRunsc(tb) },
 		edit: func(_ testing.TB, c *config.Config) {
-			c.Gvisor.WarmPool = 2
+			c.Gvisor.WarmPool = escapeWarmPool
 			c.Gvisor.WarmIdle = 0
 		}, warm: true},
 	{name: "docker", runtime: "docker", require: testenv.RequireDocker},
@@ -81,7 +86,7 @@ var escapeRuntimes = []escapeRuntime{
 	// Tasks claim warm containers, made before them.
 	{name: "docker+warm", runtime: "docker", require: testenv.RequireDocker, warm: true,
 		edit: func(_ testing.TB, c *config.Config) {
-			c.Docker.WarmPool = 2
+			c.Docker.WarmPool = escapeWarmPool
 			c.Docker.WarmIdle = 0
 		}},
 	{name: "kubernetes", runtime: "kubernetes", require: requireKubernetes, edit: onKubernetes(""), accepted: runcPodLeaks},
@@ -90,13 +95,13 @@ var escapeRuntimes = []escapeRuntime{
 	{name: "kubernetes+warm", runtime: "kubernetes", require: requireKubernetes, accepted: runcPodLeaks, warm: true,
 		edit: func(tb testing.TB, c *config.Config) {
 			onKubernetes("")(tb, c)
-			c.Kubernetes.WarmPool = 2
+			c.Kubernetes.WarmPool = escapeWarmPool
 			c.Kubernetes.WarmIdle = 0
 		}},
 	{name: "kubernetes+gvisor+warm", runtime: "kubernetes", require: requireKubernetes, warm: true,
 		edit: func(tb testing.TB, c *config.Config) {
 			onKubernetes(k8stest.GVisor)(tb, c)
-			c.Kubernetes.WarmPool = 2
+			c.Kubernetes.WarmPool = escapeWarmPool
 			c.Kubernetes.WarmIdle = 0
 		}},
 }
@@ -308,7 +313,7 @@ func testProbe(t *testing.T, rt escapeRuntime, probe string) {
 		return n
 	}
 	if rt.warm {
-		waitWarmOf(t, s, rt.runtime, 2)
+		waitWarmOf(t, s, rt.runtime, escapeWarmPool)
 		claims = claimed()
 	}
 	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "try to get out", Agent: "command", Command: argv, Runtime: rt.runtime})
