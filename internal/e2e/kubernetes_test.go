@@ -241,6 +241,8 @@ func killableOnKubernetes(t *testing.T, class string) kubeServer {
 	if class != "" {
 		profile = k8stest.SeccompProfile(t, class)
 	}
+	// Small requests, as onKubernetes's: the crash tests' servers run in
+	// parallel, each with its pods.
 	yaml := fmt.Sprintf(`api_token_file: %s
 runtime: kubernetes
 kubernetes:
@@ -254,6 +256,9 @@ ai_worker_config:
   runtime_class: %q
   service_account: ""
   ai_coder_image: %s
+  resources:
+    cpu_request: 10m
+    memory_request: 16Mi
 `, tokenFile, kubeconfig(), k.addr, profile, k.ns, k.claim, class, k8stest.BusyboxImage)
 	if err := os.WriteFile(tokenFile, []byte(k.token+"\n"), 0o600); err != nil {
 		t.Fatal(err)

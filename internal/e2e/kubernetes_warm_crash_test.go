@@ -182,9 +182,7 @@ func testKubernetesWarmCrash(t *testing.T, point string, retried bool) {
 			t.Fatalf("warm Jobs of the dead server left: %v", jobs)
 		}
 	}
-	if ents, _ := os.ReadDir(filepath.Join(k.data, "run", "kubernetes", "warm")); slices.ContainsFunc(ents, func(e os.DirEntry) bool { return strings.HasPrefix(e.Name(), old) }) {
-		t.Errorf("slots of the dead server's warm pods left: %v", ents)
-	}
+	k.waitSlotsGone(t, old)
 	// The claimed pod, where the task ran in it, stayed a worker pod as
 	// strict as a cold one (its pod template is its creation's).
 	if l, err := k.cs.CoreV1().Pods(k.ns).List(ctx, metav1.ListOptions{}); err == nil {

@@ -37,6 +37,21 @@ func warmOnKubernetes(t *testing.T, class string, pool int) kubeServer {
 	return k
 }
 
+// waitSlotsGone waits until no warm pod's slot whose name starts with
+// prefix is left: those of a server gone go once their pods have.
+func (k kubeServer) waitSlotsGone(t *testing.T, prefix string) {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		ents, _ := os.ReadDir(filepath.Join(k.data, "run", "kubernetes", "warm"))
+		if !slices.ContainsFunc(ents, func(e os.DirEntry) bool { return strings.HasPrefix(e.Name(), prefix) }) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slots of warm pods of a server gone are left: %v, of %s*", ents, prefix)
+		}
+	}
+}
+
 // warmJobs are the namespace's warm pods' Jobs not claimed, by name.
 func (k kubeServer) warmJobs(t *testing.T) []string {
 	t.Helper()
@@ -213,7 +228,5 @@ func testKubernetesWarm(t *testing.T, class string) {
 	if err != nil || res.Status != task.Success || res.FileContents["three.txt"].Content != "three\n" {
 		t.Fatalf("the task after the restart: %v %s %s", err, res.Status, res.ErrorMessage)
 	}
-	if ents, _ := os.ReadDir(filepath.Join(k.data, "run", "kubernetes", "warm")); slices.ContainsFunc(ents, func(e os.DirEntry) bool { return e.Name() == left }) {
-		t.Errorf("the slots of %s, destroyed at the restart, are still there", left)
-	}
+	k.waitSlotsGone(t, left)
 }

@@ -545,3 +545,47 @@ func TestClassifyContext(t *testing.T) {
 		t.Errorf("classify = %v, want context.DeadlineExceeded and ErrUnavailable", err)
 	}
 }
+
+// TestLeftoverSlotWaitsForItsPod: the slot of a warm pod a server gone
+// left stays while a pod of its Job is there (a pod the kubelet is still
+// starting makes a missing slot again: it creates a subPath that is not
+// there), and goes at the first pass after none is.
+func TestLeftoverSlotWaitsForItsPod(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	r := c.mustNew(t, "", sandboxtest.NewID(t))
+	r.opts.StateDir = testenv.TempDir(t)
+	id := "warm-deadserver-" + strings.TrimPrefix(sandboxtest.NewID(t), "t-")
+	slot := filepath.Join(r.warmDir(), id)
+	if err := os.MkdirAll(filepath.Join(slot, "0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cs := k8stest.Clientset(t, c.cfg)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{batchv1.JobNameLabel: id}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "w", Image: k8stest.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+			Command: []string{"sleep", "600"}}}},
+	}
+	if _, err := cs.CoreV1().Pods(c.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.destroyLeftoverWarm(ctx, ""); n != 1 {
+		t.Errorf("with its pod there: %d slots left for their pods, want 1", n)
+	}
+	if _, err := os.Stat(slot); err != nil {
+		t.Fatalf("the slot went while its pod is there: %v", err)
+	}
+	var zero int64
+	if err := cs.CoreV1().Pods(c.ns).Delete(ctx, id, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); r.destroyLeftoverWarm(ctx, "") > 0; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a pass still waits for the pod of %s, deleted a minute ago", id)
+		}
+	}
+	if _, err := os.Stat(slot); !os.IsNotExist(err) {
+		t.Errorf("the slot is still there after its pod went: %v", err)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -228,7 +229,18 @@ func (r *Runtime) KeepWarm(ctx context.Context, p sandbox.WarmPolicy) error {
 	r.warmMu.Lock()
 	r.warmTag, r.warmDone = tag, ctx.Done()
 	r.warmMu.Unlock()
-	r.destroyLeftoverWarm(ctx, tag)
+	// The pods of a server gone end in the background, their slots
+	// going after them (clearLeftoverWarm), while the pools fill.
+	cctx, cancel := context.WithCancel(ctx)
+	cleared := make(chan struct{})
+	go func() {
+		defer close(cleared)
+		r.clearLeftoverWarm(cctx, tag)
+	}()
+	defer func() {
+		cancel()
+		<-cleared
+	}()
 	if p.Pressure == nil {
 		p.Pressure = r.nodePressure(ctx)
 	}
@@ -687,17 +699,37 @@ func (r *Runtime) settleClaim(ctx context.Context, id, root string) (task string
 	return c.Task, false, nil
 }
 
+// leftoverWait bounds how long KeepWarm waits for the pods of a server
+// gone to end, to remove their slots; the next start takes what is left.
+const leftoverWait = 2 * time.Minute
+
+// clearLeftoverWarm repeats destroyLeftoverWarm until no slot of a server
+// gone is left, ctx ends, or leftoverWait has passed.
+func (r *Runtime) clearLeftoverWarm(ctx context.Context, own string) {
+	deadline := time.Now().Add(leftoverWait)
+	for r.destroyLeftoverWarm(ctx, own) > 0 && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // destroyLeftoverWarm destroys the unclaimed warm pods a server gone left
 // (their tag's lock free; own is this server's tag, "" before it has
 // one), and their slots: at the probe, before the scheduler reconciles
 // (a server that keeps no pod warm has them go too), and again at
-// KeepWarm. A claimed one is settleClaims'. A warm Job is found by its
-// slots, which come before it and go after it; one without them (its
-// slots removed by hand) ends by itself: its worker, refused by this
-// server, exits, and the Job's TTL removes it.
-func (r *Runtime) destroyLeftoverWarm(ctx context.Context, own string) {
+// KeepWarm (clearLeftoverWarm). A claimed one is settleClaims'. A warm Job
+// is found by its slots, which come before it and go after its pods: a
+// pod the kubelet is still starting makes its slot again (it creates a
+// subPath that is missing), so a slot stays while a pod of its Job is
+// there; it returns how many stay. One without slots (removed by hand)
+// ends by itself: its worker, refused by this server, exits, and the
+// Job's TTL removes it.
+func (r *Runtime) destroyLeftoverWarm(ctx context.Context, own string) (waiting int) {
 	if r.opts.StateDir == "" {
-		return
+		return 0
 	}
 	ids, done := warmpool.Leftovers(r.warmDir(), own, r.warmDir())
 	defer done()
@@ -713,7 +745,7 @@ func (r *Runtime) destroyLeftoverWarm(ctx context.Context, own string) {
 		// pod's end, which under gVisor and load takes seconds the
 		// server's start would wait for. The garbage collector takes
 		// the pod and its Secret after the Job; its slots go after the
-		// Job.
+		// pod.
 		job := &batchv1.Job{}
 		if err := r.api.get(ctx, "jobs", id, job); err == nil && job.Labels[labelWarm] == "true" {
 			background := metav1.DeletePropagationBackground
@@ -723,6 +755,12 @@ func (r *Runtime) destroyLeftoverWarm(ctx context.Context, own string) {
 				continue
 			}
 		}
+		pods, err := r.api.listPods(ctx, labels.SelectorFromSet(labels.Set{batchv1.JobNameLabel: id}).String())
+		if err != nil || len(pods.Items) > 0 {
+			waiting++
+			continue
+		}
 		os.RemoveAll(root)
 	}
+	return waiting
 }

@@ -553,8 +553,11 @@ func (s *suite) testDestroy(t *testing.T) {
 // finishes, by this instance or a new one (the next start's reconcile):
 // no error, and the sandbox gone.
 func (s *suite) testDestroyCutShort(t *testing.T) {
-	e := s.env(t)
-	for i, cut := range []time.Duration{time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 150 * time.Millisecond} {
+	cuts := []time.Duration{time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 150 * time.Millisecond}
+	// Each cut is a Create and two Destroys: a pod's start and deletion
+	// on a busy node take up to a Latency each.
+	e := s.envWithin(t, time.Duration(len(cuts))*(10*time.Second+3*s.h.Latency))
+	for i, cut := range cuts {
 		sp := e.spec(`sleep 100`, "")
 		if _, err := e.rt.Create(e.ctx, sp); err != nil {
 			t.Fatalf("Create: %v", err)
