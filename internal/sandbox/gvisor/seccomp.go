@@ -28,8 +28,14 @@ var seccompArch = map[string]string{
 //     rule that asks for another errno, clone3 with ENOSYS, is left out:
 //     returning EPERM instead would stop glibc, which falls back to clone
 //     only on ENOSYS, from creating threads. gVisor has no clone3 of its
-//     own (ENOSYS), which is what the rule asks for; a runsc that gains
-//     clone3 should honour errnoRet, and then the rule can go back in.
+//     own (ENOSYS), which is what the rule asks for. A runsc built from
+//     gVisor's 2025 sources has clone3 (clone3(NULL, 0) answers EINVAL)
+//     and still returns EPERM for every rule (with the clone3 rule in,
+//     the Go runtime's pthread_create fails), so the rule stays out there
+//     too, and under such a runsc a process can pass namespace flags
+//     through clone3, to gVisor's kernel, not the host's: the clone
+//     rules below do not see them. The rule can go back in once runsc
+//     honours errnoRet.
 //   - a rule holds one condition per argument (a second one on the same
 //     argument replaces the first), and rules for one name are
 //     alternatives. seccomp.Rules has one condition per rule.
