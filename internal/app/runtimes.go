@@ -97,6 +97,8 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 		return gvisor.New(gvisor.Options{
 			StateDir:   stateDir,
 			DataRoot:   dataRoot,
+			Runsc:      cfg.Gvisor.Runsc,
+			Platform:   cfg.Gvisor.Platform,
 			TmpSize:    cfg.Local.TmpSize.Bytes(),
 			Host:       host,
 			Identities: ids,

@@ -31,6 +31,7 @@ import (
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/rtkind"
+	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 )
@@ -322,10 +323,17 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 	cfg.AIWorker.MaxQueuedTasks = max(cfg.AIWorker.MaxQueuedTasks, 2*opts.Concurrency)
 	cfg.Agents.Default = task.AgentCommand
 	cfg.Local.WarmPool, cfg.Local.WarmIdle = opts.Warm, 0
-	if opts.Gvisor && opts.Warm > 0 {
-		// One of each shape is what the sequential rounds claim: each
-		// round waits for the pool to be full again.
-		cfg.Gvisor.WarmPool, cfg.Gvisor.WarmIdle = 1, 0
+	var runsc string // with Gvisor: the server's runsc and the bare runs'
+	if opts.Gvisor {
+		if runsc, err = exec.LookPath(opts.Runsc); err != nil {
+			return nil, fmt.Errorf("bench with gvisor needs runsc (install: apt-get install -y runsc): %w", errdefs.ErrFailedPrecondition)
+		}
+		cfg.Gvisor.Runsc = runsc
+		if opts.Warm > 0 {
+			// One of each shape is what the sequential rounds claim: each
+			// round waits for the pool to be full again.
+			cfg.Gvisor.WarmPool, cfg.Gvisor.WarmIdle = 1, 0
+		}
 	}
 	// The bench's clients make hundreds of requests a second through one
 	// caller: what it measures is the tasks, not limits.api_rate.
@@ -375,10 +383,6 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (*Result, error) {
 		b.warm = a.WarmStats
 	}
 	if opts.Gvisor {
-		runsc, err := exec.LookPath(opts.Runsc)
-		if err != nil {
-			return nil, fmt.Errorf("bench with gvisor needs runsc (install: apt-get install -y runsc): %w", errdefs.ErrFailedPrecondition)
-		}
 		if b.runsc, err = bareRunsc(runsc, filepath.Join(data, "bench-runsc")); err != nil {
 			return nil, err
 		}
@@ -573,7 +577,8 @@ func (b *bencher) timeEcho(ctx context.Context, name string, argv []string) (tim
 
 // bareRunsc writes the bundle for bare runsc runs into dir (the host's /usr
 // read-only with the merged-/usr symlinks, /bin/echo hi as root's user
-// 1000, no cgroups) and returns runsc's argv up to the container id.
+// 1000, no cgroups, the platform the runtime picks) and returns runsc's
+// argv up to the container id.
 func bareRunsc(runsc, dir string) ([]string, error) {
 	rootfs := filepath.Join(dir, "bundle", "rootfs")
 	if err := os.MkdirAll(filepath.Join(rootfs, "usr"), 0o755); err != nil {
@@ -607,7 +612,7 @@ func bareRunsc(runsc, dir string) ([]string, error) {
 	if err := os.WriteFile(filepath.Join(dir, "bundle", "config.json"), js, 0o600); err != nil {
 		return nil, fmt.Errorf("write bare runsc bundle: %w", err)
 	}
-	return []string{runsc, "--root=" + filepath.Join(dir, "root"), "--platform=ptrace", "--network=none",
+	return []string{runsc, "--root=" + filepath.Join(dir, "root"), "--platform=" + gvisor.DefaultPlatform(runsc), "--network=none",
 		"run", "--bundle", filepath.Join(dir, "bundle")}, nil
 }
 

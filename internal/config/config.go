@@ -283,9 +283,16 @@ type Local struct {
 	WarmMemory Size `yaml:"warm_memory"`
 }
 
-// Gvisor configures the gvisor runtime's warm sandboxes; its sandboxes
-// take local.tmp_size for their /tmp.
+// Gvisor configures the gvisor runtime: its runsc and its warm
+// sandboxes; its sandboxes take local.tmp_size for their /tmp.
 type Gvisor struct {
+	// Runsc is the runsc binary, looked up on PATH if not absolute.
+	Runsc string `yaml:"runsc"`
+	// Platform is runsc's --platform: ptrace, systrap or kvm; "" (the
+	// default): systrap where this runsc has it (gVisor's own default
+	// since 2023), else ptrace (Debian 12's runsc). kvm needs /dev/kvm
+	// and is never chosen by itself.
+	Platform string `yaml:"platform"`
 	// WarmPool is how many sandboxes of each shape (network none, and
 	// with an egress proxy) the runtime keeps warm, started ahead of the
 	// tasks that will claim them, each for one task only. 0 (the
@@ -769,7 +776,7 @@ func Default() *Config {
 		},
 		Runtime:    rtkind.Local,
 		Local:      Local{Bwrap: "bwrap", CgroupParent: "corral", TmpSize: mustSize("256MiB"), WarmPool: -1, WarmIdle: Duration(10 * time.Minute)},
-		Gvisor:     Gvisor{WarmIdle: Duration(10 * time.Minute)},
+		Gvisor:     Gvisor{Runsc: "runsc", WarmIdle: Duration(10 * time.Minute)},
 		Docker:     Docker{Host: "unix:///var/run/docker.sock", WarmIdle: Duration(10 * time.Minute)},
 		Kubernetes: Kubernetes{SecretName: "ai-worker-secrets", PullPolicy: "IfNotPresent", WarmIdle: Duration(10 * time.Minute)},
 		Execution:  Execution{Timeout: 60, MaxOutputSize: mustSize("1MiB")},

@@ -84,6 +84,10 @@ func (c *Config) Validate() error {
 		v.add("local.warm_pool", "must be -1 (automatic), 0 (none) or up to %d sandboxes per shape, got %d", maxWarmPool, c.Local.WarmPool)
 	}
 	v.warm("local", c.Local.WarmIdle, c.Local.WarmMax, c.Local.WarmMemory)
+	v.nonEmpty("gvisor.runsc", c.Gvisor.Runsc)
+	if p := c.Gvisor.Platform; p != "" {
+		v.oneOf("gvisor.platform", p, []string{"ptrace", "systrap", "kvm"})
+	}
 	if c.Gvisor.WarmPool < 0 || c.Gvisor.WarmPool > maxWarmPool {
 		v.add("gvisor.warm_pool", "must be 0 (none) or up to %d sandboxes per shape, got %d", maxWarmPool, c.Gvisor.WarmPool)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -338,7 +339,7 @@ func bareRunsc(tb testing.TB, mib int) *bareSandbox {
 
 // runsc runs runsc with the flags Corral's runtime gives it.
 func (s *bareSandbox) runsc(args ...string) error {
-	cmd := exec.Command("runsc", append([]string{"--root=" + filepath.Join(s.dir, "root"), "--platform=ptrace", "--network=none", "--host-uds=open", "--ignore-cgroups"}, args...)...)
+	cmd := exec.Command("runsc", append([]string{"--root=" + filepath.Join(s.dir, "root"), "--platform=" + gvisor.DefaultPlatform("runsc"), "--network=none", "--host-uds=open", "--ignore-cgroups"}, args...)...)
 	// A file, not a pipe: a detached sandbox keeps its output open,
 	// and a pipe would hold the command's wait until it ends.
 	out, err := os.CreateTemp(s.dir, "runsc-out")

@@ -70,6 +70,20 @@ func RequireRunsc(tb testing.TB) string {
 	return RequireBinary(tb, "runsc", "apt-get install -y runsc")
 }
 
+// RequireSystrapRunsc needs root and the runsc that scripts/k8s/build.sh
+// builds from gVisor's Go module into the test cache
+// ($CORRAL_TEST_CACHE/k8s/bin, default /var/cache/corral-test), which has
+// the systrap platform that Debian's runsc lacks, and returns its path.
+func RequireSystrapRunsc(tb testing.TB) string {
+	tb.Helper()
+	RequireRoot(tb)
+	p := filepath.Join(cmp.Or(os.Getenv("CORRAL_TEST_CACHE"), "/var/cache/corral-test"), "k8s", "bin", "runsc")
+	if _, err := os.Stat(p); err != nil {
+		Missing(tb, "runsc with systrap: "+p+" (build: scripts/k8s/build.sh)")
+	}
+	return p
+}
+
 // RequireChromium needs Debian's headless-capable Chromium and returns
 // its path: the web UI's tests drive it (nothing downloads a browser).
 func RequireChromium(tb testing.TB) string {

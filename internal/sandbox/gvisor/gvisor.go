@@ -19,9 +19,11 @@
 // runsc flags, chosen for hosts like CI's (a VM or container without
 // /dev/kvm, Debian's runsc 20221219) and kept in one place (globalArgs):
 //
-//   - --platform=ptrace: KVM needs /dev/kvm, and this build has no systrap.
-//     ptrace is the slowest platform (about 0.2 s per sandbox start and
-//     costly system calls) but works nested.
+//   - --platform: Options.Platform; by default systrap where the runsc
+//     has it (gVisor's default since 2023), else ptrace, the slowest
+//     platform (about 0.2 s per sandbox start and costly system calls),
+//     which is all Debian 12's runsc has besides KVM. Both work nested;
+//     KVM needs /dev/kvm and is used only when asked for.
 //   - --network=none: the sandbox's network stack has loopback only. Egress
 //     (Spec.Network "egress") also gets loopback only: the worker reaches
 //     the egress proxy and the completion webhook through unix sockets in a
@@ -130,9 +132,11 @@ type Options struct {
 	// DataRoot is the host directory mounts are relative to (Mount.Source).
 	// Required, absolute.
 	DataRoot string
-	// Runsc is the runsc binary; default "runsc" from PATH.
+	// Runsc is the runsc binary; default "runsc" from PATH. New resolves
+	// it to an absolute path: the launcher runs it with a PATH of its own.
 	Runsc string
-	// Platform is runsc's --platform; default "ptrace".
+	// Platform is runsc's --platform (ptrace, systrap or kvm); default
+	// DefaultPlatform(Runsc).
 	Platform string
 	// CgroupRoot is the cgroupfs mount point; default /sys/fs/cgroup.
 	CgroupRoot string
@@ -171,9 +175,6 @@ type Options struct {
 func (o *Options) setDefaults() {
 	if o.Runsc == "" {
 		o.Runsc = "runsc"
-	}
-	if o.Platform == "" {
-		o.Platform = "ptrace"
 	}
 	if o.CgroupRoot == "" {
 		o.CgroupRoot = "/sys/fs/cgroup"
@@ -240,6 +241,17 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "runsc"), 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
+	// A runsc not found stays as given: Capabilities says it is missing.
+	if path, err := exec.LookPath(opts.Runsc); err == nil {
+		opts.Runsc = path
+	}
+	switch opts.Platform {
+	case "":
+		opts.Platform = DefaultPlatform(opts.Runsc)
+	case "ptrace", "systrap", "kvm":
+	default:
+		return nil, fmt.Errorf("gvisor runtime platform %q: must be ptrace, systrap or kvm: %w", opts.Platform, errdefs.ErrInvalidArgument)
+	}
 	r := &Runtime{
 		opts: opts,
 		log:  log.With(logkey.Runtime, Name),
@@ -273,6 +285,19 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// DefaultPlatform is the platform runsc runs sandboxes with by default:
+// systrap where `runsc help platforms` lists it, else ptrace (also when
+// runsc cannot be run: Capabilities then says why).
+func DefaultPlatform(runsc string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, _ := exec.CommandContext(ctx, runsc, "help", "platforms").Output()
+	if slices.Contains(strings.Fields(string(out)), "systrap") {
+		return "systrap"
+	}
+	return "ptrace"
 }
 
 // globalArgs are runsc's flags for every subcommand: runsc keeps no flags
@@ -324,7 +349,7 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 		c.Reason = fmt.Sprintf("run %s --version: %v (install: apt-get install -y runsc)", path, err)
 		return c
 	}
-	c.Version = "gVisor " + strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+	c.Version = "gVisor " + strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]) + ", platform " + r.opts.Platform
 	if os.Geteuid() != 0 {
 		c.Reason = "the gvisor runtime needs root (runsc runs rootful)"
 		return c

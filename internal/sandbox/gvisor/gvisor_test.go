@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -62,6 +64,52 @@ func TestConformance(t *testing.T) {
 		},
 		MountDir: mountDir,
 	})
+}
+
+// TestConformanceSystrap runs the suite on a runsc of 2025 with the
+// systrap platform, which a server picks where its runsc has it; the rest
+// of this package's tests use Debian's runsc (ptrace). What differs
+// between the two inside the sandbox is said in seccomp.go.
+func TestConformanceSystrap(t *testing.T) {
+	runsc := testenv.RequireSystrapRunsc(t)
+	if p := DefaultPlatform(runsc); p != "systrap" {
+		t.Fatalf("DefaultPlatform(%s) = %q, want systrap", runsc, p)
+	}
+	sandboxtest.Run(t, sandboxtest.Harness{
+		Setup: func(t *testing.T) func() sandbox.Runtime {
+			_, newRuntime := MustNew(t, func(o *Options) { o.Runsc = runsc })
+			return func() sandbox.Runtime { return newRuntime() }
+		},
+		MountDir: mountDir,
+	})
+}
+
+// TestDefaultPlatform: systrap where runsc lists it, else ptrace, also
+// when runsc cannot be run.
+func TestDefaultPlatform(t *testing.T) {
+	dir := t.TempDir()
+	fake := func(name, platforms string) string {
+		p := filepath.Join(dir, name)
+		script := "#!/bin/sh\n[ \"$1 $2\" = \"help platforms\" ] || exit 2\nprintf '" + platforms + "'\n"
+		if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct{ runsc, want string }{
+		{fake("debian", `kvm\nptrace\n`), "ptrace"},
+		{fake("new", `ptrace\nkvm\nsystrap\n`), "systrap"},
+		{fake("systrapper", `systrapper\n`), "ptrace"},
+		{filepath.Join(dir, "none"), "ptrace"},
+	} {
+		if got := DefaultPlatform(tc.runsc); got != tc.want {
+			t.Errorf("DefaultPlatform(%s) = %q, want %q", filepath.Base(tc.runsc), got, tc.want)
+		}
+	}
+	_, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: t.TempDir(), Platform: "xen", DisableCgroups: true}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("New with platform xen = %v, want ErrInvalidArgument", err)
+	}
 }
 
 // run creates a sandbox running script with a fresh directory at /out as
@@ -324,6 +372,9 @@ func TestCapabilities(t *testing.T) {
 	}
 	if !c.Available || !strings.HasPrefix(c.Version, "gVisor runsc version") || !c.Exec || !c.Network {
 		t.Errorf("Capabilities = %+v, want available runsc with exec and network isolation", c)
+	}
+	if want := ", platform " + DefaultPlatform("runsc"); !strings.HasSuffix(c.Version, want) {
+		t.Errorf("Capabilities.Version = %q, want it to end with %q", c.Version, want)
 	}
 	if !c.Limits {
 		t.Errorf("Capabilities.Limits = false as root: %v", c.Warnings)
