@@ -96,8 +96,9 @@ var allowed = map[string][]string{
 	"internal/mcpserver":               {"tools", "service", "task", "errdefs", "logkey", "eventstore"},
 	"internal/app":                     {"*"},
 	"internal/e2e":                     {}, // end-to-end suites: tests only
-	"internal/bench":                   {"app", "config", "errdefs", "eventstore", "eventstore/postgres", "eventstore/sqlite", "httpapi", "rtkind", "sandbox/gvisor", "service", "task", "testenv"}, // sandbox/gvisor: the bare runsc runs on the platform the runtime picks
-	"cmd/corral":                       {"app", "version", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "notify", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "workercmd", "storecopy", "rtkind", "workspace"}, // rtkind: --runtime completes and checks the runtimes' names; workspace: ws ls prints its entries
+	// sandbox/gvisor: the bare runsc runs on the platform the runtime picks.
+	"internal/bench": {"app", "config", "errdefs", "eventstore", "eventstore/postgres", "eventstore/sqlite", "httpapi", "rtkind", "sandbox/gvisor", "service", "task", "testenv"},
+	"cmd/corral":     {"app", "version", "bench", "config", "errdefs", "httpapi", "k8srender", "mcpserver", "notify", "sandbox/seccomp", "service", "task", "eventstore", "termsafe", "tools", "workercmd", "storecopy", "rtkind", "workspace"}, // rtkind: --runtime completes and checks the runtimes' names; workspace: ws ls prints its entries
 	// What every sandbox runs, and nothing of the server (badDeps).
 	"internal/workercmd": {"worker", "execagent", "sandbox/warmstart", "workerproto"},
 	"cmd/corral-worker":  {"workercmd"},

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/service"
@@ -184,6 +185,11 @@ func TestSessionSuspendSoak(t *testing.T) {
 // session, fork or runsc by hand).
 var suspendSoak = flag.Bool("suspend-soak", false, "BenchmarkSessionSuspend: run only the suspend and resume soak, b.N cycles of a 64 MiB session on gvisor, counting divergences")
 
+// benchRunsc is the runsc of BenchmarkSessionSuspend's gvisor server and
+// of its runsc by hand, on the platform the runtime picks for it: a runsc
+// with systrap (scripts/k8s/build.sh builds one) against Debian's.
+var benchRunsc = flag.String("runsc", "runsc", "BenchmarkSessionSuspend: the runsc of the gvisor server and of runsc by hand")
+
 // BenchmarkSessionSuspend times a session's suspend and resume through
 // the API on gvisor (p50 and p99, a session
 // holding 64 MiB and one holding 512 MiB in memory), checking each cycle
@@ -196,6 +202,8 @@ var suspendSoak = flag.Bool("suspend-soak", false, "BenchmarkSessionSuspend: run
 // With -suspend-soak it is the soak alone (see suspendSoak):
 //
 //	go test -tags integration -run '^$' -bench SessionSuspend -benchtime 1000x -timeout 6h ./internal/e2e/ -args -suspend-soak
+//
+// With -runsc PATH, gvisor runs on that runsc.
 func BenchmarkSessionSuspend(b *testing.B) {
 	sizes := []int{64, 512}
 	if *suspendSoak {
@@ -212,7 +220,16 @@ func BenchmarkSessionSuspend(b *testing.B) {
 }
 
 func benchSuspend(b *testing.B, rt memoryRuntime, mib int) {
-	s := startServer(b, []string{}, nil, rt.edit)
+	edit := rt.edit
+	if rt.request.Runtime == "gvisor" {
+		edit = func(c *config.Config) {
+			if rt.edit != nil {
+				rt.edit(c)
+			}
+			c.Gvisor.Runsc = *benchRunsc
+		}
+	}
+	s := startServer(b, []string{}, nil, edit)
 	id, cold := memorySession(b, s, rt, mib)
 	count, state := sessionCount(s.client, id), sessionState(b, s, id)
 	// runsc by hand beside each cycle (not in the soak), so that both
@@ -311,7 +328,7 @@ func bareRunsc(tb testing.TB, mib int) *bareSandbox {
 	dir := tb.TempDir()
 	bundle := filepath.Join(dir, "bundle")
 	os.Mkdir(bundle, 0o700)
-	if out, err := exec.Command("runsc", "spec", "--bundle", bundle).CombinedOutput(); err != nil {
+	if out, err := exec.Command(*benchRunsc, "spec", "--bundle", bundle).CombinedOutput(); err != nil {
 		tb.Fatalf("runsc spec: %v: %s", err, out)
 	}
 	var spec map[string]any
@@ -339,7 +356,7 @@ func bareRunsc(tb testing.TB, mib int) *bareSandbox {
 
 // runsc runs runsc with the flags Corral's runtime gives it.
 func (s *bareSandbox) runsc(args ...string) error {
-	cmd := exec.Command("runsc", append([]string{"--root=" + filepath.Join(s.dir, "root"), "--platform=" + gvisor.DefaultPlatform("runsc"), "--network=none", "--host-uds=open", "--ignore-cgroups"}, args...)...)
+	cmd := exec.Command(*benchRunsc, append([]string{"--root=" + filepath.Join(s.dir, "root"), "--platform=" + gvisor.DefaultPlatform(*benchRunsc), "--network=none", "--host-uds=open", "--ignore-cgroups"}, args...)...)
 	// A file, not a pipe: a detached sandbox keeps its output open,
 	// and a pipe would hold the command's wait until it ends.
 	out, err := os.CreateTemp(s.dir, "runsc-out")
