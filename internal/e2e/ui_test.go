@@ -50,10 +50,18 @@ document.addEventListener('securitypolicyviolation', (e) => window.__csp.push(e.
 func newBrowser(t *testing.T) *browser {
 	t.Helper()
 	path := testenv.RequireChromium(t)
+	// Chromium leaves a directory of its own (org.chromium.Chromium.*)
+	// in TMPDIR at every start: this one goes once it has exited (not
+	// t.TempDir, which fails the test if the browser still writes there).
+	tmp, err := os.MkdirTemp("", "corral-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
 		chromedp.NoSandbox, // the tests run as root, where Chromium's own sandbox cannot start
 		chromedp.WindowSize(1280, 800),
+		chromedp.Env("TMPDIR="+tmp),
 	)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	b := &browser{t: t}
@@ -80,7 +88,11 @@ func newBrowser(t *testing.T) *browser {
 		}
 	}))
 	b.ctx = ctx
-	t.Cleanup(func() { cancel(); cancelAlloc() })
+	t.Cleanup(func() {
+		cancel()
+		cancelAlloc() // waits for the browser to exit
+		os.RemoveAll(tmp)
+	})
 	// The first run starts the browser, which lives as long as its
 	// context: this one has no timeout.
 	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1280, 800), chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
