@@ -94,33 +94,28 @@ func printBench(w io.Writer, r *bench.Result) {
 		fmt.Fprintf(w, "  %s median by phase: submit %.1f, queue %.1f, sandbox create %.1f, worker run %.1f, deliver %.1f ms; %g event log commits from POST to result\n",
 			name, p.Submit, p.Queue, p.Sandbox, p.Run, p.Deliver, p.Commits)
 	}
-	if s.Warm != nil {
-		row("warm task echo hi, POST to result", *s.Warm)
+	// tasks prints one runtime's task rows, bare's rows between the task
+	// rows and the ratios.
+	tasks := func(runtime, label string, t bench.Tasks, bare func(), bareName, warmTarget, coldTarget string) {
+		if t.Warm != nil {
+			row("warm task echo hi, "+label, *t.Warm)
+		}
+		row("cold task echo hi, "+label, t.Task)
+		bare()
+		if t.Warm != nil {
+			fmt.Fprintf(w, "  %swarm over %s: %.2f (%s)\n", runtime, bareName, t.WarmRatio, warmTarget)
+		}
+		fmt.Fprintf(w, "  %scold over %s: %.2f%s\n", runtime, bareName, t.Ratio, coldTarget)
+		if t.WarmPhases != nil {
+			phases(runtime+"warm task", *t.WarmPhases)
+		}
+		phases(runtime+"cold task", t.Phases)
 	}
-	row("cold task echo hi, POST to result", s.Task)
-	row("bare bwrap /bin/echo hi", s.Bwrap)
-	if s.Warm != nil {
-		fmt.Fprintf(w, "  warm over bare bwrap: %.2f (issue 17's target: <= 1.0)\n", s.WarmRatio)
-	}
-	fmt.Fprintf(w, "  cold over bare bwrap: %.2f (issue 17's target: <= 2.5)\n", s.Ratio)
-	if s.WarmPhases != nil {
-		phases("warm task", *s.WarmPhases)
-	}
-	phases("cold task", s.Phases)
+	tasks("", "POST to result", s.Tasks, func() { row("bare bwrap /bin/echo hi", s.Bwrap) },
+		"bare bwrap", "issue 17's target: <= 1.0", " (issue 17's target: <= 2.5)")
 	if g := s.Gvisor; g != nil {
-		if g.Warm != nil {
-			row("warm task echo hi, runtime gvisor", *g.Warm)
-		}
-		row("cold task echo hi, runtime gvisor", g.Task)
-		row("bare runsc run /bin/echo hi", g.Runsc)
-		if g.Warm != nil {
-			fmt.Fprintf(w, "  gvisor warm over bare runsc run: %.2f (issue 41's target: <= 0.25)\n", g.WarmRatio)
-		}
-		fmt.Fprintf(w, "  gvisor cold over bare runsc run: %.2f\n", g.Ratio)
-		if g.WarmPhases != nil {
-			phases("gvisor warm task", *g.WarmPhases)
-		}
-		phases("gvisor cold task", g.Phases)
+		tasks("gvisor ", "runtime gvisor", g.Tasks, func() { row("bare runsc run /bin/echo hi", g.Runsc) },
+			"bare runsc run", "issue 41's target: <= 0.25", "")
 	}
 	if e := r.Exec; e != nil {
 		row("code_execute echo hi, runtime local", e.Local)
@@ -129,18 +124,8 @@ func printBench(w io.Writer, r *bench.Result) {
 		fmt.Fprintf(w, "  code_execute local over bare bwrap: %.2f; docker over bare docker run: %.2f (target <= 1.2)\n", e.LocalRatio, e.DockerRatio)
 	}
 	if d := s.Docker; d != nil {
-		if d.Warm != nil {
-			row("warm task echo hi, runtime docker", *d.Warm)
-		}
-		row("cold task echo hi, runtime docker", d.Task)
-		if d.Warm != nil {
-			fmt.Fprintf(w, "  docker warm over bare docker run: %.2f (issue 41's target: <= 0.1)\n", d.WarmRatio)
-		}
-		fmt.Fprintf(w, "  docker cold over bare docker run: %.2f (issue 41's target: <= 1.1)\n", d.Ratio)
-		if d.WarmPhases != nil {
-			phases("docker warm task", *d.WarmPhases)
-		}
-		phases("docker cold task", d.Phases)
+		tasks("docker ", "runtime docker", d.Tasks, func() {}, "bare docker run",
+			"issue 41's target: <= 0.1", " (issue 41's target: <= 1.1)")
 	}
 	commits := func(c bench.Commits) {
 		fmt.Fprintf(w, "  event log: %d commits of %.1f events on average, %.2f ms each with its fsync\n", c.Commits, c.EventsPerCommit, c.MeanMS)

@@ -163,22 +163,29 @@ type Host struct {
 	LoadAvg string `json:"loadavg"` // /proc/loadavg at the start: other load skews figures
 }
 
-// Sequential is the sequential phase's latencies.
-type Sequential struct {
+// Tasks are one runtime's sequential task latencies, each ratio over the
+// median of the bare sandbox measured in the same rounds.
+type Tasks struct {
 	// Task is the cold path: a task that no warm sandbox fits (its memory
 	// limit 1 MiB under the default), in a sandbox started for it.
-	Task  Latency `json:"task"`
-	Bwrap Latency `json:"bwrap"`
-	// Ratio is the task's median over bare bwrap's median.
+	Task Latency `json:"task"`
+	// Ratio is the task's median over the bare sandbox's median.
 	Ratio float64 `json:"ratio"`
 	// Phases splits the task's latency by the server's event times.
 	Phases TaskPhases `json:"phases"`
 	// Warm is the same task with the default resources, which claims a
 	// warm sandbox from a full pool (Options.Warm only), its ratio to
-	// bare bwrap's median and its phases.
+	// the bare sandbox's median and its phases.
 	Warm       *Latency    `json:"warm,omitempty"`
 	WarmRatio  float64     `json:"warm_ratio,omitempty"`
 	WarmPhases *TaskPhases `json:"warm_phases,omitempty"`
+}
+
+// Sequential is the sequential phase's latencies: the local runtime's
+// tasks beside bare bwrap.
+type Sequential struct {
+	Tasks
+	Bwrap Latency `json:"bwrap"`
 	// Gvisor is the same task under the gvisor runtime and a bare runsc
 	// run, measured in the same rounds (Options.Gvisor only).
 	Gvisor *Gvisor `json:"gvisor,omitempty"`
@@ -188,20 +195,10 @@ type Sequential struct {
 	Docker *Docker `json:"docker,omitempty"`
 }
 
-// Docker is the docker runtime's sequential task latencies.
+// Docker is the docker runtime's sequential task latencies, beside bare
+// docker run (Exec.DockerRun).
 type Docker struct {
-	// Task is the cold path: a task that no warm container fits, in a
-	// container made for it.
-	Task Latency `json:"task"`
-	// Ratio is the docker task's median over bare docker run's median.
-	Ratio  float64    `json:"ratio"`
-	Phases TaskPhases `json:"phases"`
-	// Warm is the task with the default resources, which claims a warm
-	// container from a full pool (Options.Warm only), its ratio to bare
-	// docker run's median and its phases.
-	Warm       *Latency    `json:"warm,omitempty"`
-	WarmRatio  float64     `json:"warm_ratio,omitempty"`
-	WarmPhases *TaskPhases `json:"warm_phases,omitempty"`
+	Tasks
 }
 
 // Exec is code_execute's sequential latencies (Options.DockerImage only):
@@ -218,21 +215,11 @@ type Exec struct {
 	DockerRatio float64 `json:"docker_ratio"`
 }
 
-// Gvisor is the gvisor runtime's sequential latencies.
+// Gvisor is the gvisor runtime's sequential task latencies beside bare
+// runsc run.
 type Gvisor struct {
-	// Task is the cold path: a task that no warm sandbox fits, in a
-	// gVisor sandbox started for it.
-	Task  Latency `json:"task"`
+	Tasks
 	Runsc Latency `json:"runsc"`
-	// Ratio is the gvisor task's median over bare runsc run's median.
-	Ratio  float64    `json:"ratio"`
-	Phases TaskPhases `json:"phases"`
-	// Warm is the task with the default resources, which claims a warm
-	// gVisor sandbox from a full pool (Options.Warm only), its ratio to
-	// bare runsc run's median and its phases.
-	Warm       *Latency    `json:"warm,omitempty"`
-	WarmRatio  float64     `json:"warm_ratio,omitempty"`
-	WarmPhases *TaskPhases `json:"warm_phases,omitempty"`
 }
 
 // TaskPhases are the medians of the parts of one task's latency, cut at
@@ -661,49 +648,31 @@ func (b *bencher) runWarm(ctx context.Context, runtime string) (taskRun, error) 
 
 // sequential runs warm-up and then n task/bwrap pairs, one at a time.
 func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) error {
-	var tasks, warms, bares, gtasks, gwarms, runscs []time.Duration
-	var runs, wruns, gruns, gwruns []taskRun // their phases and commits
-	var execs [3][]time.Duration             // local, docker, bare docker run
-	var dtasks, dwarms []time.Duration       // docker tasks, cold and warm
-	var druns, dwruns []taskRun
+	var local, gv, dk series
+	var bares, runscs []time.Duration
+	var execs [3][]time.Duration // local, docker, bare docker run
 	for i := range opts.Warmup + opts.N {
-		if b.warm != nil {
-			wr, err := b.runWarm(ctx, "")
-			if err != nil {
-				return err
-			}
-			if i >= opts.Warmup {
-				warms, wruns = append(warms, wr.total), append(wruns, wr)
-			}
-		}
-		tr, err := b.runTask(ctx, "", true, true)
-		if err != nil {
+		measured := i >= opts.Warmup
+		if err := b.round(ctx, "", &local, measured); err != nil {
 			return err
 		}
 		d, err := b.runBwrap(ctx)
 		if err != nil {
 			return err
 		}
+		if measured {
+			bares = append(bares, d)
+		}
 		if b.runsc != nil {
-			if b.warm != nil {
-				gw, err := b.runWarm(ctx, rtkind.GVisor)
-				if err != nil {
-					return err
-				}
-				if i >= opts.Warmup {
-					gwarms, gwruns = append(gwarms, gw.total), append(gwruns, gw)
-				}
-			}
-			gr, err := b.runTask(ctx, rtkind.GVisor, true, true)
-			if err != nil {
+			if err := b.round(ctx, rtkind.GVisor, &gv, measured); err != nil {
 				return err
 			}
 			rd, err := b.runRunsc(ctx)
 			if err != nil {
 				return err
 			}
-			if i >= opts.Warmup {
-				gtasks, runscs, gruns = append(gtasks, gr.total), append(runscs, rd), append(gruns, gr)
+			if measured {
+				runscs = append(runscs, rd)
 			}
 		}
 		if b.dockerRun != nil {
@@ -718,83 +687,84 @@ func (b *bencher) sequential(ctx context.Context, opts Options, res *Result) err
 			if ds[2], err = b.timeEcho(ctx, "docker run", b.dockerRun); err != nil {
 				return err
 			}
-			if b.warm != nil {
-				dw, err := b.runWarm(ctx, rtkind.Docker)
-				if err != nil {
-					return err
-				}
-				if i >= opts.Warmup {
-					dwarms, dwruns = append(dwarms, dw.total), append(dwruns, dw)
-				}
-			}
-			dr, err := b.runTask(ctx, rtkind.Docker, true, true)
-			if err != nil {
+			if err := b.round(ctx, rtkind.Docker, &dk, measured); err != nil {
 				return err
 			}
-			if i >= opts.Warmup {
-				dtasks, druns = append(dtasks, dr.total), append(druns, dr)
-			}
-			if i >= opts.Warmup {
+			if measured {
 				for j, d := range ds {
 					execs[j] = append(execs[j], d)
 				}
 			}
 		}
-		if i < opts.Warmup {
-			continue
-		}
-		tasks, bares, runs = append(tasks, tr.total), append(bares, d), append(runs, tr)
 	}
 	s := &res.Sequential
-	s.Task, s.Bwrap = summarise(tasks), summarise(bares)
-	if s.Bwrap.Median > 0 {
-		s.Ratio = s.Task.Median / s.Bwrap.Median
-	}
-	s.Phases = medianPhases(runs)
-	if b.warm != nil {
-		w, wp := summarise(warms), medianPhases(wruns)
-		s.Warm, s.WarmPhases = &w, &wp
-		if s.Bwrap.Median > 0 {
-			s.WarmRatio = w.Median / s.Bwrap.Median
-		}
-	}
+	s.Bwrap = summarise(bares)
+	s.Tasks = local.tasks(s.Bwrap)
 	if b.runsc != nil {
-		g := &Gvisor{Task: summarise(gtasks), Runsc: summarise(runscs), Phases: medianPhases(gruns)}
-		if g.Runsc.Median > 0 {
-			g.Ratio = g.Task.Median / g.Runsc.Median
-		}
-		if b.warm != nil {
-			w, wp := summarise(gwarms), medianPhases(gwruns)
-			g.Warm, g.WarmPhases = &w, &wp
-			if g.Runsc.Median > 0 {
-				g.WarmRatio = w.Median / g.Runsc.Median
-			}
-		}
-		s.Gvisor = g
+		runsc := summarise(runscs)
+		s.Gvisor = &Gvisor{Tasks: gv.tasks(runsc), Runsc: runsc}
 	}
 	if b.dockerRun != nil {
 		e := &Exec{Local: summarise(execs[0]), Docker: summarise(execs[1]), DockerRun: summarise(execs[2])}
-		if s.Bwrap.Median > 0 {
-			e.LocalRatio = e.Local.Median / s.Bwrap.Median
-		}
-		if e.DockerRun.Median > 0 {
-			e.DockerRatio = e.Docker.Median / e.DockerRun.Median
-		}
+		e.LocalRatio, e.DockerRatio = ratio(e.Local, s.Bwrap), ratio(e.Docker, e.DockerRun)
 		res.Exec = e
-		d := &Docker{Task: summarise(dtasks), Phases: medianPhases(druns)}
-		if e.DockerRun.Median > 0 {
-			d.Ratio = d.Task.Median / e.DockerRun.Median
-		}
-		if b.warm != nil {
-			w, wp := summarise(dwarms), medianPhases(dwruns)
-			d.Warm, d.WarmPhases = &w, &wp
-			if e.DockerRun.Median > 0 {
-				d.WarmRatio = w.Median / e.DockerRun.Median
-			}
-		}
-		s.Docker = d
+		s.Docker = &Docker{Tasks: dk.tasks(e.DockerRun)}
 	}
 	return nil
+}
+
+// series are one runtime's measured tasks, cold and (with warm pools) warm.
+type series struct{ cold, warm []taskRun }
+
+// round runs one sequential round's tasks on runtime ("" for the
+// default): into a full warm pool if the server keeps one, then cold; the
+// measured ones go into s.
+func (b *bencher) round(ctx context.Context, runtime string, s *series, measured bool) error {
+	if b.warm != nil {
+		wr, err := b.runWarm(ctx, runtime)
+		if err != nil {
+			return err
+		}
+		if measured {
+			s.warm = append(s.warm, wr)
+		}
+	}
+	tr, err := b.runTask(ctx, runtime, true, true)
+	if err != nil {
+		return err
+	}
+	if measured {
+		s.cold = append(s.cold, tr)
+	}
+	return nil
+}
+
+// tasks summarises s beside bare, the median of the bare sandbox of the
+// same rounds.
+func (s series) tasks(bare Latency) Tasks {
+	t := Tasks{Task: summarise(totals(s.cold)), Phases: medianPhases(s.cold)}
+	t.Ratio = ratio(t.Task, bare)
+	if s.warm != nil {
+		w, wp := summarise(totals(s.warm)), medianPhases(s.warm)
+		t.Warm, t.WarmPhases, t.WarmRatio = &w, &wp, ratio(w, bare)
+	}
+	return t
+}
+
+func totals(runs []taskRun) []time.Duration {
+	ds := make([]time.Duration, len(runs))
+	for i, r := range runs {
+		ds[i] = r.total
+	}
+	return ds
+}
+
+// ratio is l's median over bare's, 0 without a bare median.
+func ratio(l, bare Latency) float64 {
+	if bare.Median <= 0 {
+		return 0
+	}
+	return l.Median / bare.Median
 }
 
 // medianPhases are the medians of runs' phases and commits.
