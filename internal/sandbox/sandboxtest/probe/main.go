@@ -46,6 +46,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,6 +205,8 @@ func main() {
 	check("unshare user namespace", func() result { return tryNamespace(unix.CLONE_NEWUSER) })
 	check("unshare network namespace", func() result { return tryNamespace(unix.CLONE_NEWNET) })
 	check("unshare user and network namespaces", func() result { return tryNamespace(unix.CLONE_NEWUSER | unix.CLONE_NEWNET) })
+	check("clone3 user namespace", func() result { return tryClone3(unix.CLONE_NEWUSER) })
+	check("clone3 user and network namespaces", func() result { return tryClone3(unix.CLONE_NEWUSER | unix.CLONE_NEWNET) })
 	check("keyctl", tryKeyctl)
 	check("bpf", tryBPF)
 	check("io_uring_setup", tryIOUring)
@@ -992,6 +995,31 @@ func tryNamespace(flags uintptr) result {
 		return result{OK: true, Detail: fmt.Sprintf("a child started in new namespaces (%#x) but did not end: inconclusive", flags)}
 	}
 	return result{OK: true, Detail: fmt.Sprintf("a child ran in new namespaces (%#x)", flags)}
+}
+
+// tryClone3 makes a child in new namespaces with clone3 itself, whose
+// flags a seccomp filter cannot read (they are in memory, not in a
+// register): a sandbox must refuse the call (ENOSYS, on which C libraries
+// fall back to clone, whose flags a filter sees), or its kernel the
+// namespaces. The child is a fork of this thread and exits at once,
+// running no Go code.
+func tryClone3(flags uint64) result {
+	// struct clone_args as of Linux 5.3 (CLONE_ARGS_SIZE_VER0, 64 bytes).
+	args := struct{ flags, pidfd, childTID, parentTID, exitSignal, stack, stackSize, tls uint64 }{
+		flags: flags, exitSignal: uint64(unix.SIGCHLD),
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	pid, _, errno := unix.RawSyscall(unix.SYS_CLONE3, uintptr(unsafe.Pointer(&args)), unsafe.Sizeof(args), 0)
+	if errno != 0 {
+		return result{Detail: "clone3: " + errno.Error()}
+	}
+	if pid == 0 {
+		unix.RawSyscall(unix.SYS_EXIT_GROUP, 0, 0, 0)
+	}
+	var ws unix.WaitStatus
+	unix.Wait4(int(pid), &ws, 0, nil)
+	return result{OK: true, Detail: fmt.Sprintf("clone3 made a child in new namespaces (%#x)", flags)}
 }
 
 func tryKeyctl() result {
