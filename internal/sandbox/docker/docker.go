@@ -205,8 +205,15 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker runtime: engine address: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	// The engine runs containers of this machine's architecture.
-	profile, err := seccomp.OCIProfile(runtime.GOARCH)
+	// The engine runs containers of this machine's architecture. runsc
+	// answers EPERM for every refusal, and a refused clone3 must be
+	// ENOSYS for C libraries to start threads with clone instead: under
+	// runsc, clone3 is allowed (seccomp.GVisorOCIProfile says why).
+	ociProfile := seccomp.OCIProfile
+	if opts.Runtime == "runsc" {
+		ociProfile = seccomp.GVisorOCIProfile
+	}
+	profile, err := ociProfile(runtime.GOARCH)
 	if err != nil {
 		return nil, err
 	}

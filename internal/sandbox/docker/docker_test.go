@@ -220,6 +220,27 @@ hostname`
 	}
 }
 
+// TestThreads: a C program starts a thread under each engine runtime.
+// glibc starts threads with clone3 and falls back to clone only on ENOSYS;
+// runsc answers EPERM for every refusal of the profile, so under runsc
+// the profile must let clone3 through (Python's threads failed with
+// "can't start new thread" until 2026-11-30).
+func TestThreads(t *testing.T) {
+	for _, rt := range oci {
+		t.Run(name(rt), func(t *testing.T) {
+			t.Parallel()
+			require(t, rt)
+			r := mustNew(t, rt, sandboxtest.NewID(t))
+			es, out := run(t, r, `python3 -c 'import threading
+t = threading.Thread(target=lambda: open("out", "w").write("thread ran\n"))
+t.start(); t.join()' 2>> out`, func(sp *sandbox.Spec) { sp.Image = testenv.DockerPythonImage })
+			if es.Code != 0 || out != "thread ran\n" {
+				t.Errorf("exit %d, %q; want a thread that ran", es.Code, out)
+			}
+		})
+	}
+}
+
 // TestImages: a Spec's image wins over the default; a missing image is a
 // clear error while pulling is off.
 func TestImages(t *testing.T) {
