@@ -187,37 +187,32 @@ func run(t *testing.T, r *Runtime, script string, mod func(*sandbox.Spec)) (sand
 // runtime: its own host identity, no capabilities, no_new_privs, a read-only
 // root, a bounded /tmp and no network but loopback.
 func TestHardening(t *testing.T) {
-	for _, rt := range oci {
-		t.Run(name(rt), func(t *testing.T) {
-			t.Parallel()
-			require(t, rt)
-			r := mustNew(t, rt, sandboxtest.NewID(t))
-			script := `exec > out 2>&1
+	eachRuntime(t, func(t *testing.T, rt string, r *Runtime) {
+		script := `exec > out 2>&1
 u=$(id -u); [ "$u" -gt 1900000000 ] && [ "$u" -le 1900065535 ] && echo own uid; id -g
 grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status
 touch /root-write && echo root writable || echo root read-only
 df -k /tmp | tail -1 | awk '{print "tmp", $2}'
 echo nets: $(awk 'NR>2{sub(":","",$1); print $1}' /proc/net/dev)
 hostname`
-			es, out := run(t, r, script, nil)
-			if es.Code != 0 {
-				t.Fatalf("exit %d: %s", es.Code, out)
+		es, out := run(t, r, script, nil)
+		if es.Code != 0 {
+			t.Fatalf("exit %d: %s", es.Code, out)
+		}
+		for _, want := range []string{
+			"own uid\n1900000000\n", // its own uid of the range, the sandboxes' group
+			"CapEff:\t0000000000000000", "CapBnd:\t0000000000000000",
+			"root read-only", "tmp 262144", "nets: lo\n", "corral\n",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("sandbox reported %q, want %q in it", out, want)
 			}
-			for _, want := range []string{
-				"own uid\n1900000000\n", // its own uid of the range, the sandboxes' group
-				"CapEff:\t0000000000000000", "CapBnd:\t0000000000000000",
-				"root read-only", "tmp 262144", "nets: lo\n", "corral\n",
-			} {
-				if !strings.Contains(out, want) {
-					t.Errorf("sandbox reported %q, want %q in it", out, want)
-				}
-			}
-			if rt == "" && !strings.Contains(out, "NoNewPrivs:\t1") {
-				// gVisor's /proc does not show NoNewPrivs.
-				t.Errorf("sandbox reported %q, want NoNewPrivs 1", out)
-			}
-		})
-	}
+		}
+		if rt == "" && !strings.Contains(out, "NoNewPrivs:\t1") {
+			// gVisor's /proc does not show NoNewPrivs.
+			t.Errorf("sandbox reported %q, want NoNewPrivs 1", out)
+		}
+	})
 }
 
 // TestThreads: a C program starts a thread under each engine runtime.
@@ -226,17 +221,24 @@ hostname`
 // the profile must let clone3 through (Python's threads failed with
 // "can't start new thread" until 2026-11-30).
 func TestThreads(t *testing.T) {
+	eachRuntime(t, func(t *testing.T, _ string, r *Runtime) {
+		es, out := run(t, r, `python3 -c 'import threading
+t = threading.Thread(target=lambda: open("out", "w").write("thread ran\n"))
+t.start(); t.join()' 2>> out`, func(sp *sandbox.Spec) { sp.Image = testenv.DockerPythonImage })
+		if es.Code != 0 || out != "thread ran\n" {
+			t.Errorf("exit %d, %q; want a thread that ran", es.Code, out)
+		}
+	})
+}
+
+// eachRuntime runs fn under each engine runtime in parallel, each on a
+// Runtime with an instance of its own.
+func eachRuntime(t *testing.T, fn func(t *testing.T, rt string, r *Runtime)) {
 	for _, rt := range oci {
 		t.Run(name(rt), func(t *testing.T) {
 			t.Parallel()
 			require(t, rt)
-			r := mustNew(t, rt, sandboxtest.NewID(t))
-			es, out := run(t, r, `python3 -c 'import threading
-t = threading.Thread(target=lambda: open("out", "w").write("thread ran\n"))
-t.start(); t.join()' 2>> out`, func(sp *sandbox.Spec) { sp.Image = testenv.DockerPythonImage })
-			if es.Code != 0 || out != "thread ran\n" {
-				t.Errorf("exit %d, %q; want a thread that ran", es.Code, out)
-			}
+			fn(t, rt, mustNew(t, rt, sandboxtest.NewID(t)))
 		})
 	}
 }
