@@ -318,6 +318,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // python holds mib MiB, with the flags Corral's runtime gives runsc.
 type bareSandbox struct {
 	dir, bundle, id string
+	platform        string // the runtime's for benchRunsc, asked once
 	n               int
 }
 
@@ -341,7 +342,7 @@ func bareRunsc(tb testing.TB, mib int) *bareSandbox {
 	spec["mounts"] = append(spec["mounts"].([]any), map[string]any{"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"})
 	b, _ = json.Marshal(spec)
 	os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
-	s := &bareSandbox{dir: dir, bundle: bundle, id: "bench-bare-0"}
+	s := &bareSandbox{dir: dir, bundle: bundle, id: "bench-bare-0", platform: gvisor.DefaultPlatform(*benchRunsc)}
 	if err := s.runsc("run", "--detach", "--bundle", bundle, s.id); err != nil {
 		tb.Fatal(err)
 	}
@@ -356,7 +357,7 @@ func bareRunsc(tb testing.TB, mib int) *bareSandbox {
 
 // runsc runs runsc with the flags Corral's runtime gives it.
 func (s *bareSandbox) runsc(args ...string) error {
-	cmd := exec.Command(*benchRunsc, append([]string{"--root=" + filepath.Join(s.dir, "root"), "--platform=" + gvisor.DefaultPlatform(*benchRunsc), "--network=none", "--host-uds=open", "--ignore-cgroups"}, args...)...)
+	cmd := exec.Command(*benchRunsc, append([]string{"--root=" + filepath.Join(s.dir, "root"), "--platform=" + s.platform, "--network=none", "--host-uds=open", "--ignore-cgroups"}, args...)...)
 	// A file, not a pipe: a detached sandbox keeps its output open,
 	// and a pipe would hold the command's wait until it ends.
 	out, err := os.CreateTemp(s.dir, "runsc-out")
