@@ -666,10 +666,16 @@ mkfifo output/fifo && : > output/go && : > output/ready && while [ -e output/go 
 	os.Remove(filepath.Join(out, "go"))
 	s.waitSuccess(t, tk.ID, 60*time.Second)
 	// Once it ended: owned by the server, no set-id, sticky or
-	// group/other write bits, no FIFO; and the data root is closed.
-	waitFor(t, "the task directory taken back", func() bool {
-		fi, err := os.Lstat(filepath.Join(out, "suid-id"))
+	// group/other write bits, no FIFO; and the data root is closed. The
+	// walk takes a directory's mode on the way down and its owner on the
+	// way up, and the top goes back last: once the task directory is
+	// root's again, every entry beneath has been taken back.
+	rootOwned := func(p string) bool {
+		fi, err := os.Lstat(p)
 		return err == nil && fi.Sys().(*syscall.Stat_t).Uid == 0
+	}
+	waitFor(t, "the task directory taken back", func() bool {
+		return rootOwned(filepath.Dir(out)) && rootOwned(filepath.Join(out, "suid-id"))
 	})
 	for _, name := range []string{"suid-id", "open"} {
 		fi, err := os.Lstat(filepath.Join(out, name))
