@@ -822,24 +822,57 @@ func TestSessionSuspendResume(t *testing.T) {
 	if s, err := srv.client.GetSession(ctx, created.SessionID); err != nil || s.Status != service.SessionRunning {
 		t.Errorf("after the command: %+v, %v; want running", s, err)
 	}
-	// Suspend and resume again by hand, the stream saying each.
+	// Suspend and resume again, each asked by a client that goes away
+	// at once: begun, they finish; the stream says each.
+	status := func(want string) func() bool {
+		return func() bool {
+			s, err := srv.client.GetSession(ctx, created.SessionID)
+			return err == nil && s.Status == want
+		}
+	}
+	path := "/api/sessions/" + created.SessionID
+	dropRequest(t, srv.url, http.MethodPost, path+"/suspend", "")
+	waitFor(t, "the suspend its client left", status(service.SessionSuspended))
+	dropRequest(t, srv.url, http.MethodPost, path+"/resume", "")
+	waitFor(t, "the resume its client left", status(service.SessionRunning))
+	// A command whose caller goes away while it resumes the session.
 	if _, err := sc.Suspend(ctx, created.SessionID); err != nil {
 		t.Fatal(err)
 	}
-	if s, err := sc.Resume(ctx, created.SessionID); err != nil || s.Status != service.SessionRunning {
-		t.Fatalf("resume: %+v, %v", s, err)
-	}
+	dropRequest(t, srv.url, http.MethodPost, path+"/exec", `{"command": "echo resumed > resumed.txt"}`)
+	waitFor(t, "the command its client left", func() bool {
+		out.Reset()
+		srv.client.ExecSession(ctx, created.SessionID, httpapi.ExecBody{Command: shell("cat resumed.txt")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
+		return out.String() == "resumed\n"
+	})
 	var types []string
 	srv.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
-		if e.StreamID == session.StreamID(created.SessionID) && (e.Type == session.EventSuspended || e.Type == session.EventResumed) {
+		if e.StreamID == session.StreamID(created.SessionID) && (e.Type == session.EventSuspended || e.Type == session.EventResumed || e.Type == session.EventEnded) {
 			types = append(types, e.Type)
 		}
 		return nil
 	})
-	if want := []string{session.EventSuspended, session.EventResumed, session.EventSuspended, session.EventResumed}; !slices.Equal(types, want) {
+	if want := slices.Repeat([]string{session.EventSuspended, session.EventResumed}, 3); !slices.Equal(types, want) {
 		t.Errorf("the session's stream: %v, want %v", types, want)
 	}
-	srv.client.DeleteSession(ctx, created.SessionID)
+	dropRequest(t, srv.url, http.MethodDelete, path, "")
+	waitFor(t, "the delete its client left", status(service.SessionEnded))
+}
+
+// dropRequest sends a request to the server at url and closes the
+// connection once it is written, reading no answer: a client that goes
+// away while the server does what it asked.
+func dropRequest(t *testing.T, url, method, path, body string) {
+	t.Helper()
+	host := strings.TrimPrefix(url, "http://")
+	conn, err := net.Dial("tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", method, path, host, len(body), body); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestIdleSessionSuspended: with sessions.idle_action suspend, a session
@@ -1016,9 +1049,15 @@ func keepsItsMemory(t *testing.T, rt memoryRuntime) {
 		sc.ReadExec(ctx, id, ticker, 0, false, func(o service.ExecOutput) error { seen.Write(o.Data); return nil })
 		return strings.Contains(seen.String(), "tick 3\n")
 	})
-	r, err := sc.Suspend(ctx, id)
-	if err != nil || !r.MemoryKept || r.Session.Status != service.SessionSuspended || !strings.Contains(r.Note, "memory") {
-		t.Fatalf("suspend: %+v, %v; want suspended with its memory kept", r, err)
+	// Asked by a client that goes away at once: begun, the checkpoint is
+	// not cut short.
+	dropRequest(t, srv.url, http.MethodPost, "/api/sessions/"+id+"/suspend", "")
+	waitFor(t, "the suspend its client left", func() bool {
+		s, err := srv.client.GetSession(ctx, id)
+		return err == nil && s.Status != service.SessionRunning
+	})
+	if s, err := srv.client.GetSession(ctx, id); err != nil || s.Status != service.SessionSuspended || !s.MemoryKept {
+		t.Fatalf("suspend: %+v, %v; want suspended with its memory kept", s, err)
 	}
 	// Through a kill -9, still suspended with its memory.
 	addr := strings.TrimPrefix(srv.url, "http://")

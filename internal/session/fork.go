@@ -42,6 +42,9 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 	if count < 1 || count > MaxForks {
 		return service.SessionFork{}, errdefs.Field("count", fmt.Sprintf("must be between 1 and %d", MaxForks))
 	}
+	ctx, cancel := detach(ctx)
+	defer cancel()
+	defer m.lockOps(id)()
 	s, err := m.get(id)
 	if err != nil {
 		return service.SessionFork{}, err

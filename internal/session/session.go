@@ -208,6 +208,37 @@ type state struct {
 	// resuming is closed once this replica's resume of it has recorded
 	// session_resumed, or failed to; nil when no resume is under way.
 	resuming chan struct{}
+	// ops is held by each of its lifecycle operations (lockOps).
+	ops sync.Mutex
+}
+
+// opBound bounds a lifecycle operation (a create, fork, suspend, resume or
+// delete) once it has begun: it runs to its end even when the caller that
+// asked for it goes away (detach), up to this long.
+const opBound = 10 * time.Minute
+
+// detach is ctx for a lifecycle operation: not cancelled with its caller's
+// request, bounded by opBound. A client that drops, or a command's caller
+// interrupted while its session resumes, must not cut a checkpoint or a
+// restore short, nor end a session whose agent it stopped waiting for: the
+// operation finishes, and the session's stream says how.
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), opBound)
+}
+
+// lockOps takes session id's lifecycle lock: one suspend, resume, fork or
+// delete of it at a time, each finding the state the one before left (a
+// retried suspend finds the session suspended, not a checkpoint under
+// way). It returns its unlock; a session not known here has no lock.
+func (m *Manager) lockOps(id string) (unlock func()) {
+	m.mu.Lock()
+	st := m.sessions[id]
+	m.mu.Unlock()
+	if st == nil {
+		return func() {}
+	}
+	st.ops.Lock()
+	return st.ops.Unlock
 }
 
 // openExec is an exec started and not ended, as its start recorded it.

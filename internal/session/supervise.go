@@ -372,6 +372,9 @@ func (m *Manager) removeDirs(ctx context.Context) {
 // Delete ends a session and destroys its sandbox. Deleting an ended
 // session is a no-op.
 func (m *Manager) Delete(ctx context.Context, id string) error {
+	ctx, cancel := detach(ctx)
+	defer cancel()
+	defer m.lockOps(id)()
 	s, err := m.get(id)
 	if err != nil {
 		return err

@@ -84,6 +84,9 @@ func (m *Manager) Suspend(ctx context.Context, id string) (service.SessionSuspen
 // suspend is Suspend; filesIfNeeded suspends with the files only when
 // the memory cannot be kept (an idle session's suspend).
 func (m *Manager) suspend(ctx context.Context, id string, filesIfNeeded bool) (service.SessionSuspend, error) {
+	ctx, cancel := detach(ctx)
+	defer cancel()
+	defer m.lockOps(id)()
 	s, err := m.get(id)
 	if err != nil {
 		return service.SessionSuspend{}, err
@@ -246,6 +249,9 @@ func (m *Manager) recoverCheckpoints(ctx context.Context) {
 // checkpoint if its memory was kept, else fresh with a new token for its
 // exec agent. It answers once the agent has dialled in.
 func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
+	ctx, cancel := detach(ctx)
+	defer cancel()
+	defer m.lockOps(id)()
 	s, err := m.get(id)
 	if err != nil {
 		return Session{}, err
