@@ -24,18 +24,10 @@ var seccompArch = map[string]string{
 //
 // What this runsc (20221219) does with a profile, found by running it:
 //
-//   - every SCMP_ACT_ERRNO returns EPERM, errnoRet is ignored. So the one
-//     rule that asks for another errno, clone3 with ENOSYS, is left out:
-//     returning EPERM instead would stop glibc, which falls back to clone
-//     only on ENOSYS, from creating threads. gVisor has no clone3 of its
-//     own (ENOSYS), which is what the rule asks for. A runsc built from
-//     gVisor's 2025 sources has clone3 (clone3(NULL, 0) answers EINVAL)
-//     and still returns EPERM for every rule (with the clone3 rule in,
-//     the Go runtime's pthread_create fails), so the rule stays out there
-//     too, and under such a runsc a process can pass namespace flags
-//     through clone3, to gVisor's kernel, not the host's: the clone
-//     rules below do not see them. The rule can go back in once runsc
-//     honours errnoRet.
+//   - every SCMP_ACT_ERRNO returns EPERM, errnoRet is ignored. So a rule
+//     that asks for another errno (clone3 with ENOSYS) is left out
+//     (seccomp.RunscKeeps says why that is sound). The rule can go back
+//     in once runsc honours errnoRet.
 //   - a rule holds one condition per argument (a second one on the same
 //     argument replaces the first), and rules for one name are
 //     alternatives. seccomp.Rules has one condition per rule.
@@ -54,7 +46,7 @@ func seccompProfile() (*ociSeccomp, error) {
 	p := &ociSeccomp{DefaultAction: "SCMP_ACT_ALLOW", Architectures: []string{arch}}
 	var plain []string
 	for _, r := range seccomp.Rules() {
-		if r.Errno != unix.EPERM {
+		if !seccomp.RunscKeeps(r.Errno) {
 			continue
 		}
 		if r.Cond == nil {

@@ -28,13 +28,9 @@ import (
 func OCIProfile(arch string) (string, error) { return ociProfile(arch, false) }
 
 // GVisorOCIProfile is OCIProfile for runsc with --oci-seccomp (a gVisor
-// RuntimeClass), which applies a profile inside gVisor's kernel but
-// returns EPERM for every refusal, whatever errnoRet asks. Docker's
-// profile refuses clone3 with ENOSYS, on which glibc falls back to clone;
-// EPERM instead stops every glibc program from starting a thread (Claude
-// Code's runtime dies of SIGTRAP at once). So clone3 is allowed here: it is
-// served by gVisor's kernel, never the host's, and its namespace flags
-// reach only gVisor's own namespaces.
+// RuntimeClass, docker under runsc), which applies a profile inside
+// gVisor's kernel: Docker's profile's refusal of clone3 with ENOSYS, which
+// runsc cannot keep (RunscKeeps), is an allowance here.
 func GVisorOCIProfile(arch string) (string, error) { return ociProfile(arch, true) }
 
 // OCIArches are the architectures OCIProfile makes profiles for.
@@ -80,7 +76,7 @@ func ociProfile(arch string, gvisor bool) (string, error) {
 		if _, refused := slices.BinarySearch(denied, s.Name); refused {
 			s.Name = ""
 		}
-		if gvisor && s.ErrnoRet != nil && *s.ErrnoRet != uint(unix.EPERM) {
+		if gvisor && s.ErrnoRet != nil && !RunscKeeps(unix.Errno(*s.ErrnoRet)) {
 			if *s.ErrnoRet != uint(unix.ENOSYS) {
 				return "", fmt.Errorf("the seccomp profile refuses %v with errno %d, which runsc cannot return", s.Names, *s.ErrnoRet)
 			}

@@ -32,6 +32,20 @@ type Cond struct {
 	Value uint32
 }
 
+// RunscKeeps reports whether runsc with --oci-seccomp keeps the meaning of
+// a refusal with errno e. It does not for any but EPERM: runsc (Debian's
+// 20221219 and builds of gVisor's 2025 sources alike, found by running
+// them) answers EPERM for every refusal of a profile, whatever errnoRet
+// asks. The one refusal that asks for another is clone3's ENOSYS, on
+// which C libraries fall back to clone; refused with EPERM instead, no C
+// program could start a thread (the Go runtime's pthread_create fails,
+// Claude Code's runtime dies at once). So a profile for runsc allows such
+// a call instead of refusing it. Allowed there, clone3 is gVisor's
+// kernel's: Debian's runsc has none (ENOSYS), and under one that has, the
+// namespace flags it takes, which no filter can read (they are in
+// memory), make namespaces of gVisor's kernel, never the host's.
+func RunscKeeps(e unix.Errno) bool { return e == unix.EPERM }
+
 // Rules returns the policy Program enforces as Rules, for the architecture
 // Corral was built for: the Denied calls with EPERM, clone3 with ENOSYS,
 // clone with any namespace flag, personality with anything but the
