@@ -66,13 +66,18 @@ type (
 		UID uint32 `json:"uid"`
 		GID uint32 `json:"gid"`
 	}
-	// ociCaps has every set present and empty: no capabilities at all.
+	// ociCaps empty (an empty object) is no capabilities at all. Its
+	// sets are left out when empty, never written as []: runsc keeps the
+	// spec in a checkpoint encoded with omitempty, and one of 2025
+	// refuses a restore whose spec's sets are [] where the checkpoint's
+	// are absent ("Capabilities does not match across checkpoint
+	// restore", TestCheckpointRestore/systrap).
 	ociCaps struct {
-		Bounding    []string `json:"bounding"`
-		Effective   []string `json:"effective"`
-		Inheritable []string `json:"inheritable"`
-		Permitted   []string `json:"permitted"`
-		Ambient     []string `json:"ambient"`
+		Bounding    []string `json:"bounding,omitempty"`
+		Effective   []string `json:"effective,omitempty"`
+		Inheritable []string `json:"inheritable,omitempty"`
+		Permitted   []string `json:"permitted,omitempty"`
+		Ambient     []string `json:"ambient,omitempty"`
 	}
 	ociRlimit struct {
 		Type string `json:"type"`
@@ -140,7 +145,7 @@ func newProcess(argv, env []string, dir string, o Options, pids int64) *ociProce
 		Args:            argv,
 		Env:             sandbox.DefaultEnv(env),
 		Cwd:             dir,
-		Capabilities:    ociCaps{Bounding: []string{}, Effective: []string{}, Inheritable: []string{}, Permitted: []string{}, Ambient: []string{}},
+		Capabilities:    ociCaps{},
 		NoNewPrivileges: true,
 		Rlimits: []ociRlimit{
 			{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},

@@ -405,9 +405,18 @@ func BenchmarkStart(b *testing.B) {
 // TestCheckpointRestore: a checkpointed sandbox holds nothing on the host
 // but its identity's lease, and comes back restored with its memory (a
 // counter kept in its /tmp, which is the sentry's), its processes (the
-// loop that counts) and its mount, its main process told by SIGCONT.
+// loop that counts) and its mount, its main process told by SIGCONT; on
+// Debian's runsc (ptrace) and on a runsc of 2025 (systrap).
 func TestCheckpointRestore(t *testing.T) {
-	r, _ := MustNew(t)
+	t.Run("debian", func(t *testing.T) {
+		testenv.RequireRunsc(t)
+		checkpointRestore(t, "runsc")
+	})
+	t.Run("systrap", func(t *testing.T) { checkpointRestore(t, testenv.RequireSystrapRunsc(t)) })
+}
+
+func checkpointRestore(t *testing.T, runsc string) {
+	r, _ := MustNew(t, func(o *Options) { o.Runsc = runsc })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := mountDir(t)
