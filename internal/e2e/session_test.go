@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/corral-dev/corral/internal/agent/agenttest"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -835,9 +837,21 @@ func TestSessionSuspendResume(t *testing.T) {
 	waitFor(t, "the suspend its client left", status(service.SessionSuspended))
 	dropRequest(t, srv.url, http.MethodPost, path+"/resume", "")
 	waitFor(t, "the resume its client left", status(service.SessionRunning))
-	// A command whose caller goes away while it resumes the session.
-	if _, err := sc.Suspend(ctx, created.SessionID); err != nil {
-		t.Fatal(err)
+	// Two suspends at once: one suspends it, the other finds it
+	// suspended (one event); then a command whose caller goes away while
+	// it resumes the session.
+	var twice errgroup.Group
+	for range 2 {
+		twice.Go(func() error {
+			r, err := sc.Suspend(ctx, created.SessionID)
+			if err == nil && r.Session.Status != service.SessionSuspended {
+				err = fmt.Errorf("answered %s", r.Session.Status)
+			}
+			return err
+		})
+	}
+	if err := twice.Wait(); err != nil {
+		t.Errorf("one of two suspends at once: %v", err)
 	}
 	dropRequest(t, srv.url, http.MethodPost, path+"/exec", `{"command": "echo resumed > resumed.txt"}`)
 	waitFor(t, "the command its client left", func() bool {

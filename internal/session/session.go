@@ -229,16 +229,31 @@ func detach(ctx context.Context) (context.Context, context.CancelFunc) {
 // lockOps takes session id's lifecycle lock: one suspend, resume, fork or
 // delete of it at a time, each finding the state the one before left (a
 // retried suspend finds the session suspended, not a checkpoint under
-// way). It returns its unlock; a session not known here has no lock.
+// way). It returns its unlock.
 func (m *Manager) lockOps(id string) (unlock func()) {
-	m.mu.Lock()
-	st := m.sessions[id]
-	m.mu.Unlock()
-	if st == nil {
-		return func() {}
+	mu := m.opsOf(id)
+	mu.Lock()
+	return mu.Unlock
+}
+
+// tryLockOps is lockOps if no operation holds the lock, else false.
+func (m *Manager) tryLockOps(id string) (unlock func(), ok bool) {
+	mu := m.opsOf(id)
+	if !mu.TryLock() {
+		return nil, false
 	}
-	st.ops.Lock()
-	return st.ops.Unlock
+	return mu.Unlock, true
+}
+
+// opsOf is session id's lifecycle lock; a session not known here has a
+// lock of its own each time (none).
+func (m *Manager) opsOf(id string) *sync.Mutex {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if st := m.sessions[id]; st != nil {
+		return &st.ops
+	}
+	return new(sync.Mutex)
 }
 
 // openExec is an exec started and not ended, as its start recorded it.

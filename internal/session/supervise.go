@@ -285,10 +285,16 @@ func (m *Manager) Reap(ctx context.Context) error {
 			case now.Sub(s.CreatedAt) > time.Duration(s.MaxLifetime)*time.Second:
 				m.end(ctx, s.ID, "max_lifetime")
 			case !busy && now.Sub(used) > time.Duration(s.IdleTimeout)*time.Second && m.idleSuspends(s.Runtime):
+				// One a suspend, resume, fork or delete holds is in use.
+				unlock, free := m.tryLockOps(s.ID)
+				if !free {
+					continue
+				}
 				if _, err := m.suspend(ctx, s.ID, true); err != nil {
 					m.log.Warn("cannot suspend an idle session; it is ended", "session_id", s.ID, "err", err)
 					m.end(ctx, s.ID, "idle_timeout")
 				}
+				unlock()
 			case !busy && now.Sub(used) > time.Duration(s.IdleTimeout)*time.Second:
 				m.end(ctx, s.ID, "idle_timeout")
 			}

@@ -78,15 +78,16 @@ func (m *Manager) checkpointDir(id string) string {
 // checkpoints (failing, the session running on, when the checkpoint
 // fails), its files only elsewhere.
 func (m *Manager) Suspend(ctx context.Context, id string) (service.SessionSuspend, error) {
+	defer m.lockOps(id)()
 	return m.suspend(ctx, id, false)
 }
 
-// suspend is Suspend; filesIfNeeded suspends with the files only when
-// the memory cannot be kept (an idle session's suspend).
+// suspend is Suspend, its caller holding the session's lifecycle lock;
+// filesIfNeeded suspends with the files only when the memory cannot be
+// kept (an idle session's suspend).
 func (m *Manager) suspend(ctx context.Context, id string, filesIfNeeded bool) (service.SessionSuspend, error) {
 	ctx, cancel := detach(ctx)
 	defer cancel()
-	defer m.lockOps(id)()
 	s, err := m.get(id)
 	if err != nil {
 		return service.SessionSuspend{}, err
