@@ -20,7 +20,9 @@ import (
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/httpapi"
+	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
+	"github.com/corral-dev/corral/internal/sandbox/docker"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
@@ -137,6 +139,18 @@ func runApp(tb testing.TB, cfg *config.Config, now func() time.Time, after func(
 // it under the default parent, as the tests' servers use it), which
 // stayed for good after a killed server.
 func killSandboxes(tb testing.TB, data string) {
+	// The docker runtime's containers, by the instance label of a server
+	// on data: a test that does not end its sessions (a crash test's)
+	// leaves them running, with the shim of a restored one.
+	if _, err := os.Stat(filepath.Join(data, "run", docker.Name)); err == nil {
+		engine := []string{"-H", "unix://" + testenv.DockerSocket}
+		out, _ := exec.Command("docker", append(engine, "ps", "-aq", "--filter", "label="+sandbox.LabelInstance+"="+docker.InstanceOf(data))...).Output()
+		if ids := strings.Fields(string(out)); len(ids) > 0 {
+			if out, err := exec.Command("docker", append(append(engine, "rm", "-f"), ids...)...).CombinedOutput(); err != nil {
+				tb.Logf("remove the containers of %s: %v %s", data, err, out)
+			}
+		}
+	}
 	cg, _ := cgroups.Detect("/sys/fs/cgroup", "corral")
 	for _, rt := range []string{"local", "gvisor"} {
 		var ids []string

@@ -1266,6 +1266,9 @@ func checkpointedServerKilled(t *testing.T, rt memoryRuntime) {
 	if n := sessionCount(srv.client, id); n != first+1 {
 		t.Errorf("the count after the resume is %d, after %d: its memory was not kept", n, first)
 	}
+	if _, err := srv.client.DeleteSession(ctx, id); err != nil {
+		t.Errorf("delete the resumed session: %v", err)
+	}
 }
 
 // TestSessionForkServerKilled: a server killed with SIGKILL while it

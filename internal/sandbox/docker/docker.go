@@ -159,9 +159,15 @@ func (o *Options) setDefaults() {
 		o.Identities = hostuser.NewIdentities(o.User, filepath.Join(o.StateDir, "identities"))
 	}
 	if o.Instance == "" {
-		sum := sha256.Sum256([]byte(o.DataRoot))
-		o.Instance = hex.EncodeToString(sum[:6])
+		o.Instance = InstanceOf(o.DataRoot)
 	}
+}
+
+// InstanceOf is the Instance of a server on data root dataRoot, by
+// default: its containers carry it as sandbox.LabelInstance.
+func InstanceOf(dataRoot string) string {
+	sum := sha256.Sum256([]byte(dataRoot))
+	return hex.EncodeToString(sum[:6])
 }
 
 // Runtime is the Docker runtime. Create it with New.
