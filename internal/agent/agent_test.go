@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -294,6 +295,9 @@ func TestSessionMCP(t *testing.T) {
 	args := strings.Join(p.Args, " ")
 	if !strings.Contains(args, "--mcp-config /tmp/corral-mcp-1.json --strict-mcp-config --disallowedTools Bash") {
 		t.Errorf("claude args %q: want the session's MCP config alone and Bash denied", args)
+	}
+	if !slices.Contains(p.Env, "MCP_CONNECTION_NONBLOCKING=0") {
+		t.Errorf("claude env %q: want its MCP servers connected before its first request", p.Env)
 	}
 	for _, name := range []string{"gemini", "codex", "opencode", "command"} {
 		a, _ := Lookup(name)

@@ -68,6 +68,14 @@ func (claudeAdapter) Prepare(inv Invocation) (Process, error) {
 	if inv.Home != "" {
 		p.Env = append(p.Env, "HOME="+inv.Home)
 	}
+	if inv.SessionMCP != "" {
+		// The CLI connects its MCP servers in the background unless told
+		// not to, and its first request can go out before the session's
+		// server is in: with Bash denied, the agent then has no way to
+		// run a command (seen on a loaded host: TestClaudeThroughSession's
+		// first request offered WaitForMcpServers and no workspace_exec).
+		p.Env = append(p.Env, "MCP_CONNECTION_NONBLOCKING=0")
+	}
 	stdin(&p, inv)
 	return p, nil
 }
