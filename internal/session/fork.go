@@ -42,9 +42,8 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 	if count < 1 || count > MaxForks {
 		return service.SessionFork{}, errdefs.Field("count", fmt.Sprintf("must be between 1 and %d", MaxForks))
 	}
-	ctx, cancel := detach(ctx)
-	defer cancel()
-	defer m.lockOps(id)()
+	ctx, end := m.begin(ctx, id)
+	defer end()
 	s, err := m.get(id)
 	if err != nil {
 		return service.SessionFork{}, err

@@ -226,6 +226,15 @@ func detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), opBound)
 }
 
+// begin starts a lifecycle operation on session id: its context detached
+// (detach) and the session's lifecycle lock held (lockOps). Call end when
+// the operation is done.
+func (m *Manager) begin(ctx context.Context, id string) (_ context.Context, end func()) {
+	ctx, cancel := detach(ctx)
+	unlock := m.lockOps(id)
+	return ctx, func() { unlock(); cancel() }
+}
+
 // lockOps takes session id's lifecycle lock: one suspend, resume, fork or
 // delete of it at a time, each finding the state the one before left (a
 // retried suspend finds the session suspended, not a checkpoint under

@@ -290,10 +290,12 @@ func (m *Manager) Reap(ctx context.Context) error {
 				if !free {
 					continue
 				}
-				if _, err := m.suspend(ctx, s.ID, true); err != nil {
+				sctx, cancel := detach(ctx)
+				if _, err := m.suspend(sctx, s.ID, true); err != nil {
 					m.log.Warn("cannot suspend an idle session; it is ended", "session_id", s.ID, "err", err)
 					m.end(ctx, s.ID, "idle_timeout")
 				}
+				cancel()
 				unlock()
 			case !busy && now.Sub(used) > time.Duration(s.IdleTimeout)*time.Second:
 				m.end(ctx, s.ID, "idle_timeout")
@@ -378,9 +380,8 @@ func (m *Manager) removeDirs(ctx context.Context) {
 // Delete ends a session and destroys its sandbox. Deleting an ended
 // session is a no-op.
 func (m *Manager) Delete(ctx context.Context, id string) error {
-	ctx, cancel := detach(ctx)
-	defer cancel()
-	defer m.lockOps(id)()
+	ctx, end := m.begin(ctx, id)
+	defer end()
 	s, err := m.get(id)
 	if err != nil {
 		return err

@@ -78,16 +78,15 @@ func (m *Manager) checkpointDir(id string) string {
 // checkpoints (failing, the session running on, when the checkpoint
 // fails), its files only elsewhere.
 func (m *Manager) Suspend(ctx context.Context, id string) (service.SessionSuspend, error) {
-	defer m.lockOps(id)()
+	ctx, end := m.begin(ctx, id)
+	defer end()
 	return m.suspend(ctx, id, false)
 }
 
-// suspend is Suspend, its caller holding the session's lifecycle lock;
-// filesIfNeeded suspends with the files only when the memory cannot be
-// kept (an idle session's suspend).
+// suspend is Suspend, its caller holding the session's lifecycle lock
+// and ctx detached (begin); filesIfNeeded suspends with the files only
+// when the memory cannot be kept (an idle session's suspend).
 func (m *Manager) suspend(ctx context.Context, id string, filesIfNeeded bool) (service.SessionSuspend, error) {
-	ctx, cancel := detach(ctx)
-	defer cancel()
 	s, err := m.get(id)
 	if err != nil {
 		return service.SessionSuspend{}, err
@@ -250,9 +249,8 @@ func (m *Manager) recoverCheckpoints(ctx context.Context) {
 // checkpoint if its memory was kept, else fresh with a new token for its
 // exec agent. It answers once the agent has dialled in.
 func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
-	ctx, cancel := detach(ctx)
-	defer cancel()
-	defer m.lockOps(id)()
+	ctx, end := m.begin(ctx, id)
+	defer end()
 	s, err := m.get(id)
 	if err != nil {
 		return Session{}, err
