@@ -709,10 +709,15 @@ mkfifo output/fifo && : > output/go && : > output/ready && while [ -e output/go 
 // task id's sandbox (a pod's, pause included), by its pid there.
 func podUIDs(t *testing.T, id string) map[int]int {
 	t.Helper()
+	// Any process of the task will do, but not just the first: one of
+	// them may be a short-lived child (the worker's sleep) that has
+	// already exited.
 	var ns string
 	for pid := range sandboxUIDs(t, id) {
-		ns, _ = os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "ns", "pid"))
-		break
+		if n, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "ns", "pid")); err == nil {
+			ns = n
+			break
+		}
 	}
 	out := map[int]int{}
 	if ns == "" {
