@@ -174,6 +174,11 @@ func testKubernetesWarm(t *testing.T, class string) {
 	if job.Labels["corral.dev/warm"] != "" {
 		t.Errorf("the claimed Job is still labelled warm: %v", job.Labels)
 	}
+	// It now holds the task's directories: until they are taken back,
+	// it stays (kubernetes.TestJobDeletedElsewhere).
+	if !slices.Contains(job.Finalizers, "corral.dev/reclaim") {
+		t.Errorf("the claimed Job's finalizers are %v, want corral.dev/reclaim", job.Finalizers)
+	}
 	if err := os.WriteFile(filepath.Join(k.data, "tasks", tk.ID, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}

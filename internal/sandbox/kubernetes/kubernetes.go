@@ -84,6 +84,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	batchlisters "k8s.io/client-go/listers/batch/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -114,6 +115,12 @@ const (
 	// annotationOwned holds the read-write directories given to the pod's
 	// identity and their owners before (JSON), for Destroy to give back.
 	annotationOwned = "corral.dev/owned"
+	// finalizerReclaim keeps a Job that was given directories in the
+	// API until Destroy has taken them back: a Destroy cut short after
+	// the Job's deletion, or a deletion by anyone else (its TTL, an
+	// operator), leaves the Job for the next Destroy to find and finish
+	// (List shows it).
+	finalizerReclaim = "corral.dev/reclaim"
 	// AppWorker is the app label of every worker pod (the NetworkPolicy
 	// selects it).
 	AppWorker = "corral-worker"
@@ -434,11 +441,14 @@ func (r *Runtime) probe(ctx context.Context) sandbox.Capabilities {
 }
 
 // cluster says what in the cluster keeps Jobs from running ("" if
-// nothing): this server may not create Jobs, pods or Secrets there, or the
-// claim, the service account or the RuntimeClass is missing.
+// nothing): this server may not create or patch Jobs, delete pods or
+// create Secrets there, or the claim, the service account or the
+// RuntimeClass is missing.
 func (r *Runtime) cluster(ctx context.Context) string {
 	ns := r.opts.Namespace
-	for _, want := range [][3]string{{"create", "batch", "jobs"}, {"delete", "", "pods"}, {"create", "", "secrets"}} {
+	// Patch: a Destroy lets a Job go (finalizerReclaim), a claim relabels
+	// a warm pod's.
+	for _, want := range [][3]string{{"create", "batch", "jobs"}, {"patch", "batch", "jobs"}, {"delete", "", "pods"}, {"create", "", "secrets"}} {
 		ok, err := r.api.allowed(ctx, want[0], want[1], want[2])
 		if err != nil {
 			return fmt.Sprintf("ask the API server what this server may do: %v", err)
@@ -612,14 +622,10 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 	if err != nil {
 		return nil, err
 	}
-	owned, err := json.Marshal(trees)
-	if err != nil {
-		return nil, err
-	}
 	r.mu.Lock()
 	r.made[spec.ID] = true
 	r.mu.Unlock()
-	job, err := r.create(ctx, spec, string(owned))
+	job, err := r.create(ctx, spec, trees)
 	if err != nil {
 		return nil, err
 	}
@@ -628,8 +634,8 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (_ *sandbox.Han
 }
 
 // create makes spec's Secret and Job, whose pod is given the directories
-// owned (JSON, for the Job's annotation) says.
-func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, owned string) (_ *batchv1.Job, err error) {
+// trees.
+func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, trees []hostuser.Tree) (_ *batchv1.Job, err error) {
 	secret := &corev1.Secret{}
 	err = r.api.create(ctx, "secrets", r.secret(spec), secret)
 	if apierrors.IsAlreadyExists(err) { // left by a Create cut short: made again from this spec
@@ -645,7 +651,7 @@ func (r *Runtime) create(ctx context.Context, spec sandbox.Spec, owned string) (
 		}
 	}()
 	job := &batchv1.Job{}
-	if err = r.api.create(ctx, "jobs", r.jobFor(spec, owned), job); err != nil {
+	if err = r.api.create(ctx, "jobs", r.jobFor(spec, trees), job); err != nil {
 		return nil, classify("create Job "+spec.ID, err)
 	}
 	// The Secret goes when the Job goes (the server's Destroy, or the
@@ -712,7 +718,7 @@ func (r *Runtime) secret(spec sandbox.Spec) *corev1.Secret {
 }
 
 // jobFor is spec as a Job: seed 000's manifest.
-func (r *Runtime) jobFor(spec sandbox.Spec, owned string) *batchv1.Job {
+func (r *Runtime) jobFor(spec sandbox.Spec, trees []hostuser.Tree) *batchv1.Job {
 	image := spec.Image
 	if image == "" {
 		image = r.opts.DefaultImage
@@ -800,10 +806,15 @@ func (r *Runtime) jobFor(spec sandbox.Spec, owned string) *batchv1.Job {
 	if d := spec.Limits.WallClock; d > 0 {
 		js.ActiveDeadlineSeconds = new(int64((d + time.Second - 1) / time.Second))
 	}
-	return &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Name: spec.ID, Labels: l, Annotations: map[string]string{annotationOwned: owned}},
+	owned, _ := json.Marshal(append([]hostuser.Tree{}, trees...))
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: spec.ID, Labels: l, Annotations: map[string]string{annotationOwned: string(owned)}},
 		Spec:       js,
 	}
+	if len(trees) > 0 {
+		job.Finalizers = []string{finalizerReclaim}
+	}
+	return job
 }
 
 // seccomp is the pods' seccomp profile.
@@ -879,7 +890,7 @@ func (r *Runtime) observed(id string) (*batchv1.Job, *corev1.Pod) {
 
 // exit is how sandbox id ended, if it has: its pod's container's end (or
 // the last one watched, once the pod is gone), a deadline the Job
-// controller marked, or, with no pod, the Job's end.
+// controller marked, or, with no pod, the Job's end or its deletion.
 func (r *Runtime) exit(id string, job *batchv1.Job, pod *corev1.Pod) (sandbox.ExitStatus, bool) {
 	deadline := deadlineExceeded(job)
 	if pod != nil {
@@ -913,17 +924,13 @@ func (r *Runtime) exit(id string, job *batchv1.Job, pod *corev1.Pod) (sandbox.Ex
 			return sandbox.ExitStatus{Code: -1, ExitedAt: c.LastTransitionTime.UTC(), Message: c.Reason + ": " + c.Message}, true
 		}
 	}
-	return sandbox.ExitStatus{}, false
-}
-
-// jobEnded reports whether job is Complete or Failed.
-func (r *Runtime) jobEnded(job *batchv1.Job) bool {
-	for _, c := range job.Status.Conditions {
-		if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
-			return true
-		}
+	if job.DeletionTimestamp != nil {
+		// Being deleted (finalizerReclaim holds it), its pod gone: the
+		// Job controller marks no end on a Job being deleted, and
+		// starts no pod for it.
+		return sandbox.ExitStatus{Code: -1, ExitedAt: job.DeletionTimestamp.UTC(), Message: "the Job was deleted before its end was seen"}, true
 	}
-	return false
+	return sandbox.ExitStatus{}, false
 }
 
 // deadlineExceeded reports whether the Job controller ended job for its
@@ -1093,7 +1100,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 			if _, err := r.job(ctx, id); errors.Is(err, errdefs.ErrNotFound) {
 				return nil
 			}
-		} else if pod == nil && r.jobEnded(job) {
+		} else if _, ended := r.exit(id, job, pod); pod == nil && ended {
 			return nil
 		}
 		if pod != nil {
@@ -1116,9 +1123,10 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	}
 }
 
-// List returns this server's Jobs whose labels include selector. It asks
-// the API server, not the watch's cache, which may not have a Job that
-// Create has just made.
+// List returns this server's Jobs whose labels include selector, those
+// being deleted too (finalizerReclaim holds them until a Destroy has taken
+// back their directories). It asks the API server, not the watch's cache,
+// which may not have a Job that Create has just made.
 func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandbox.Handle, error) {
 	sel := labels.Set{sandbox.LabelRuntime: Name, sandbox.LabelInstance: r.opts.Instance}
 	for k, v := range selector {
@@ -1134,7 +1142,7 @@ func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]sandb
 	for i := range jobs.Items {
 		j := &jobs.Items[i]
 		id := j.Labels[sandbox.LabelSandbox]
-		if sandbox.ValidateID(id) != nil || j.DeletionTimestamp != nil {
+		if sandbox.ValidateID(id) != nil {
 			continue
 		}
 		out = append(out, *handle(id, j))
@@ -1166,19 +1174,27 @@ func (r *Runtime) ownedTrees(job *batchv1.Job) []hostuser.Tree {
 }
 
 // Destroy deletes the sandbox's Job, its pod and its Secret, waits until
-// the pod is gone (nothing writes to its mounts any more) and takes back
-// the directories it was given. Unknown ids return nil.
+// the pod is gone (nothing writes to its mounts any more), takes back the
+// directories it was given and then lets the Job go (finalizerReclaim).
+// It returns once the watch has seen the Job go, so that Status answers
+// ErrNotFound. Unknown ids return nil.
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
+	bd := r.boundTo(id)
 	job, err := r.job(ctx, id)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound) && bd != nil:
+		// A claim of this server's whose Job went before its patch (and
+		// finalizer) landed: what it gave is still to take back.
+		job = &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: bd.job, UID: bd.uid}}
+	case errors.Is(err, errdefs.ErrNotFound):
+		// Gone from the API, maybe by a Destroy cut short after the
+		// Job's deletion: the watch may not have seen it go yet.
+		return r.unwatched(ctx, id, "")
+	case err != nil:
 		return fmt.Errorf("destroy: %w", err)
 	}
 	// What a claim of this server's gave, whether or not its patch
 	// landed; else what the Job's annotation says.
-	bd := r.boundTo(id)
 	var trees []hostuser.Tree
 	if bd != nil {
 		trees = bd.trees
@@ -1203,7 +1219,8 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 }
 
 // destroy is Destroy of sandbox id, whose Job is job and whose pod was
-// given trees.
+// given trees. Each step may have been done by a Destroy cut short: the
+// Job's deletion left it in the API (finalizerReclaim) for this one.
 func (r *Runtime) destroy(ctx context.Context, id string, job *batchv1.Job, trees []hostuser.Tree) error {
 	if err := r.ready(ctx); err != nil {
 		return fmt.Errorf("destroy: %w", err)
@@ -1244,10 +1261,62 @@ func (r *Runtime) destroy(ctx context.Context, id string, job *batchv1.Job, tree
 	if err := hostuser.Reclaim(trees); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
+	if err := r.release(ctx, job); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	if err := r.unwatched(ctx, id, job.UID); err != nil {
+		return err
+	}
 	r.mu.Lock()
 	delete(r.exits, job.Name)
 	delete(r.made, id)
 	r.mu.Unlock()
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
+}
+
+// release removes finalizerReclaim from job, whose directories are taken
+// back: the API server then removes the Job.
+func (r *Runtime) release(ctx context.Context, job *batchv1.Job) error {
+	for {
+		cur, err := r.jobNamed(ctx, job.Name)
+		switch {
+		case apierrors.IsNotFound(err) || err == nil && cur.UID != job.UID:
+			return nil
+		case err != nil:
+			return classify("release Job "+job.Name, err)
+		case !slices.Contains(cur.Finalizers, finalizerReclaim):
+			return nil
+		}
+		// Against the version read: another finalizer added meanwhile
+		// (a foreground deletion's) stays.
+		rest := slices.DeleteFunc(slices.Clone(cur.Finalizers), func(f string) bool { return f == finalizerReclaim })
+		body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": cur.ResourceVersion, "finalizers": rest}})
+		err = r.api.patch(ctx, "jobs", job.Name, body, &batchv1.Job{})
+		if err == nil || apierrors.IsNotFound(err) {
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return classify("release Job "+job.Name, err)
+		}
+	}
+}
+
+// unwatched returns once the watch no longer shows sandbox id's Job (the
+// one of uid, if not empty), which the API server no longer has.
+func (r *Runtime) unwatched(ctx context.Context, id string, uid types.UID) error {
+	if err := r.ready(ctx); err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	for {
+		changed := r.changes()
+		if job, _ := r.observed(id); job == nil || uid != "" && job.UID != uid {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("destroy sandbox %s: its Job is gone, and the watch has not seen it go: %w", id, ctx.Err())
+		}
+	}
 }

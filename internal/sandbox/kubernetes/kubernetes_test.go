@@ -11,12 +11,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -208,6 +211,7 @@ func TestJobShape(t *testing.T) {
 		"no env literal":                   len(ctr.Env) == 0 && len(ctr.EnvFrom) == 1 && ctr.EnvFrom[0].SecretRef.Name == id+"-env",
 		"subPath mount":                    ctr.VolumeMounts[1].SubPath != "" && ctr.VolumeMounts[1].MountPath == "/out",
 		"output as a failure's message":    ctr.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError,
+		"the reclaim finalizer":            slices.Equal(job.Finalizers, []string{finalizerReclaim}),
 	}
 	for what, ok := range checks {
 		if !ok {
@@ -216,6 +220,81 @@ func TestJobShape(t *testing.T) {
 	}
 	if b, _ := job.Marshal(); strings.Contains(string(b), "s3cret-value") {
 		t.Errorf("the Job holds the environment's value")
+	}
+}
+
+// TestJobDeletedElsewhere: a Job deleted behind the runtime's back (by
+// its TTL, an operator, or a Destroy cut short) stays in the API until a
+// Destroy has taken back the directories it gave; List shows it
+// meanwhile, so that a restarted server's reconciliation finds, stops and
+// destroys it.
+func TestJobDeletedElsewhere(t *testing.T) {
+	c := newCluster(t)
+	inst := sandboxtest.NewID(t)
+	r := c.mustNew(t, "", inst)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := testenv.TempDir(t)
+	sp := sandbox.Spec{
+		ID:      sandboxtest.NewID(t),
+		Command: []string{"/bin/sh", "-c", "touch /out/made && sleep 100"},
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
+	}
+	if _, err := r.Create(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), sp.ID) })
+	k8stest.WaitFor(t, "the worker writing to its directory", func() bool {
+		_, err := os.Stat(filepath.Join(dir, "made"))
+		return err == nil
+	})
+	jobs := k8stest.Clientset(t, c.cfg).BatchV1().Jobs(c.ns)
+	background := metav1.DeletePropagationBackground
+	if err := jobs.Delete(ctx, sp.ID, metav1.DeleteOptions{PropagationPolicy: &background}); err != nil {
+		t.Fatal(err)
+	}
+	if job, err := jobs.Get(ctx, sp.ID, metav1.GetOptions{}); err != nil || job.DeletionTimestamp == nil {
+		t.Fatalf("the deleted Job = %v, want it kept, being deleted", err)
+	}
+	// Its pod goes too, as in a Destroy cut short after that step.
+	pods := k8stest.Clientset(t, c.cfg).CoreV1().Pods(c.ns)
+	sel := metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + sp.ID}
+	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: new(int64(1))}, sel); err != nil {
+		t.Fatal(err)
+	}
+	k8stest.WaitFor(t, "the pod gone", func() bool {
+		l, err := pods.List(ctx, sel)
+		return err == nil && len(l.Items) == 0
+	})
+	// A server started afresh, as after a crash, lists it, and its
+	// reconciliation's Stop and Wait end: the Job controller marks no
+	// end on a Job being deleted.
+	r2 := c.mustNew(t, "", inst)
+	hs, err := r2.List(ctx, nil)
+	if err != nil || !slices.ContainsFunc(hs, func(h sandbox.Handle) bool { return h.ID == sp.ID }) {
+		t.Fatalf("List = %v, %v; want the Job being deleted", hs, err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	defer scancel()
+	if err := r2.Stop(sctx, sp.ID, 0); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	if es, err := r2.Wait(sctx, sp.ID); err != nil || es.Code != -1 {
+		t.Errorf("Wait = %+v, %v; want the Job's deletion", es, err)
+	}
+	if err := r2.Destroy(ctx, sp.ID); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	for _, p := range []string{dir, filepath.Join(dir, "made")} {
+		if fi, err := os.Lstat(p); err != nil || fi.Sys().(*syscall.Stat_t).Uid != uint32(os.Geteuid()) {
+			t.Errorf("%s after Destroy: %v, want it taken back by the server (uid %d)", p, err, os.Geteuid())
+		}
+	}
+	if _, err := jobs.Get(ctx, sp.ID, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the Job after Destroy: %v, want it gone", err)
+	}
+	if _, err := r2.Status(ctx, sp.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Status after Destroy = %v, want ErrNotFound", err)
 	}
 }
 
@@ -423,7 +502,7 @@ func TestSettling(t *testing.T) {
 	start := func(t *testing.T) (string, chan sandbox.ExitStatus) {
 		id := sandboxtest.NewID(t)
 		sp := sandbox.Spec{ID: id, Command: []string{"true"}, Dir: "/", Limits: sandbox.Limits{MemoryBytes: 32 << 20}}
-		job := r.jobFor(sp, "[]")
+		job := r.jobFor(sp, nil)
 		job.Spec.Template.Spec.NodeName = "corral-no-node"
 		if _, err := cs.BatchV1().Jobs(c.ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

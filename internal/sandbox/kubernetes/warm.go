@@ -202,11 +202,6 @@ func (r *Runtime) KeepWarm(ctx context.Context, p sandbox.WarmPolicy) error {
 	if r.opts.ServerURL == "" || r.opts.StateDir == "" {
 		return errors.New("keep pods warm: the runtime has no server URL or state dir")
 	}
-	// A claim patches the warm pod's Job: a Role from before warm pods
-	// may not allow it.
-	if ok, err := r.api.allowed(ctx, "patch", "batch", "jobs"); err == nil && !ok {
-		return fmt.Errorf("keep pods warm: this server may not patch jobs in namespace %s, which a claim does (RBAC: corral k8s render has the Role it needs)", r.opts.Namespace)
-	}
 	if rel, err := filepath.Rel(r.opts.DataRoot, r.warmDir()); err != nil || !filepath.IsLocal(rel) {
 		return fmt.Errorf("keep pods warm: the state dir %s is not in the data root %s, which pods mount", r.opts.StateDir, r.opts.DataRoot)
 	}
@@ -333,7 +328,7 @@ func (o warmOps) StartWarm(ctx context.Context, shape sandbox.WarmShape) (*warmP
 	r.warmMu.Lock()
 	r.waiters[id] = b.w
 	r.warmMu.Unlock()
-	job, err := r.create(ctx, spec, "[]")
+	job, err := r.create(ctx, spec, nil)
 	if err == nil {
 		b.created, b.uid = job.CreationTimestamp.Time, job.UID
 		err = r.awaitPoll(ctx, done, b)
@@ -554,7 +549,8 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmPod) (_ *
 }
 
 // relabelPatch is the merge patch that makes warm pod b's Job spec's
-// sandbox: its labels, its owned directories (trees), and the deadline of
+// sandbox: its labels, its owned directories (trees) and, with them,
+// finalizerReclaim, and the deadline of
 // its wall-clock limit from now. The pod keeps the labels it was made
 // with (the runtime finds a Job's pods by the Job's name): one call to the
 // API server per claim, not two.
@@ -564,7 +560,11 @@ func (r *Runtime) relabelPatch(spec sandbox.Spec, b *warmPod, trees []hostuser.T
 	for k, v := range r.labelsFor(spec) {
 		l[k] = v
 	}
-	jobPatch := map[string]any{"metadata": map[string]any{"labels": l, "annotations": map[string]string{annotationOwned: string(owned)}}}
+	meta := map[string]any{"labels": l, "annotations": map[string]string{annotationOwned: string(owned)}}
+	if len(trees) > 0 {
+		meta["finalizers"] = []string{finalizerReclaim} // a warm pod's Job has none
+	}
+	jobPatch := map[string]any{"metadata": meta}
 	if d := spec.Limits.WallClock; d > 0 {
 		// The Job controller counts it from the Job's start, which is no
 		// earlier than its creation: the task gets its whole limit.

@@ -551,14 +551,15 @@ func (s *suite) testDestroy(t *testing.T) {
 // testDestroyCutShort: a Destroy whose context ends part way (a server
 // stopping while it destroys a task's sandbox) leaves what a later Destroy
 // finishes, by this instance or a new one (the next start's reconcile):
-// no error, and the sandbox gone.
+// no error, the sandbox gone and its directory taken back.
 func (s *suite) testDestroyCutShort(t *testing.T) {
 	cuts := []time.Duration{time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 150 * time.Millisecond}
 	// Each cut is a Create and two Destroys: a pod's start and deletion
 	// on a busy node take up to a Latency each.
 	e := s.envWithin(t, time.Duration(len(cuts))*(10*time.Second+3*s.h.Latency))
 	for i, cut := range cuts {
-		sp := e.spec(`sleep 100`, "")
+		dir := s.h.MountDir(t)
+		sp := e.spec(`sleep 100`, dir)
 		if _, err := e.rt.Create(e.ctx, sp); err != nil {
 			t.Fatalf("Create: %v", err)
 		}
@@ -581,6 +582,11 @@ func (s *suite) testDestroyCutShort(t *testing.T) {
 		}
 		if _, err := rt.Status(e.ctx, sp.ID); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("Status after a Destroy cut after %s, then a whole one = %v, want ErrNotFound", cut, err)
+		}
+		if fi, err := os.Lstat(dir); err != nil {
+			t.Error(err)
+		} else if uid := fi.Sys().(*syscall.Stat_t).Uid; uid != uint32(os.Geteuid()) {
+			t.Errorf("the sandbox's directory is uid %d's after a Destroy cut after %s, then a whole one, want the server's (%d) again", uid, cut, os.Geteuid())
 		}
 	}
 }

@@ -19,9 +19,12 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -145,6 +148,23 @@ func Namespace(tb testing.TB, cs kubernetes.Interface) string {
 		if err := cs.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{}); err != nil {
 			tb.Errorf("delete namespace %s: %v", ns.Name, err)
 			return
+		}
+		// A test that killed its server leaves Jobs whose finalizer
+		// (the runtime's, until a Destroy takes their directories back)
+		// no server will remove: the namespace would never go.
+		jobs, err := cs.BatchV1().Jobs(ns.Name).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			tb.Errorf("list the Jobs left in namespace %s: %v", ns.Name, err)
+			jobs = &batchv1.JobList{}
+		}
+		for _, j := range jobs.Items {
+			if len(j.Finalizers) == 0 {
+				continue
+			}
+			_, err := cs.BatchV1().Jobs(ns.Name).Patch(ctx, j.Name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				tb.Errorf("remove the finalizers of Job %s/%s: %v", ns.Name, j.Name, err)
+			}
 		}
 		for ctx.Err() == nil {
 			pods, err := cs.CoreV1().Pods(ns.Name).List(ctx, metav1.ListOptions{})
