@@ -1025,6 +1025,12 @@ func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, erro
 		switch {
 		case job != nil:
 			seen = true
+			if job.DeletionTimestamp != nil && pod != nil && pod.DeletionTimestamp == nil {
+				// Deleted by another (an operator) as it runs: its pod
+				// goes, as the garbage collector would take it were the
+				// Job not kept for its directories (finalizerReclaim).
+				r.stopPod(ctx, id, pod, time.Second)
+			}
 			es, ok := r.exit(id, job, pod)
 			if !ok {
 				break
@@ -1089,9 +1095,6 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	if err := r.ready(ctx); err != nil {
 		return fmt.Errorf("stop: %w", err)
 	}
-	// Whole seconds, at least one: a grace period of 0 would remove the
-	// pod from the API at once, before the node has stopped it.
-	secs := max(int64((grace+time.Second-1)/time.Second), 1)
 	for {
 		changed := r.changes()
 		job, pod := r.observed(id)
@@ -1109,11 +1112,9 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 			}
 		}
 		if pod != nil && pod.DeletionTimestamp == nil {
-			err := r.api.delete(ctx, "pods", pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &secs})
-			if err != nil && !apierrors.IsNotFound(err) {
-				return classify("stop sandbox "+id, err)
+			if err := r.stopPod(ctx, id, pod, grace); err != nil {
+				return err
 			}
-			r.log.Info("sandbox stopping", logkey.SandboxID, id, "grace", grace)
 		}
 		select {
 		case <-changed:
@@ -1121,6 +1122,20 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 			return fmt.Errorf("stop sandbox %s: %w", id, ctx.Err())
 		}
 	}
+}
+
+// stopPod deletes sandbox id's pod with grace as its grace period: the
+// kubelet sends SIGTERM, waits (at least MinGrace), then kills.
+func (r *Runtime) stopPod(ctx context.Context, id string, pod *corev1.Pod, grace time.Duration) error {
+	// Whole seconds, at least one: a grace period of 0 would remove the
+	// pod from the API at once, before the node has stopped it.
+	secs := max(int64((grace+time.Second-1)/time.Second), 1)
+	err := r.api.delete(ctx, "pods", pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &secs})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return classify("stop sandbox "+id, err)
+	}
+	r.log.Info("sandbox stopping", logkey.SandboxID, id, "grace", grace)
+	return nil
 }
 
 // List returns this server's Jobs whose labels include selector, those
@@ -1303,18 +1318,26 @@ func (r *Runtime) release(ctx context.Context, job *batchv1.Job) error {
 }
 
 // unwatched returns once the watch no longer shows sandbox id's Job (the
-// one of uid, if not empty), which the API server no longer has.
+// one of uid, if not empty), which the API server has removed, or keeps
+// only for finalizers of others', which are not Destroy's to wait for.
 func (r *Runtime) unwatched(ctx context.Context, id string, uid types.UID) error {
 	if err := r.ready(ctx); err != nil {
 		return fmt.Errorf("destroy: %w", err)
 	}
 	for {
 		changed := r.changes()
-		if job, _ := r.observed(id); job == nil || uid != "" && job.UID != uid {
+		job, _ := r.observed(id)
+		if job == nil || uid != "" && job.UID != uid {
 			return nil
 		}
 		select {
 		case <-changed:
+		case <-time.After(time.Second):
+			cur, err := r.jobNamed(ctx, job.Name)
+			if err == nil && cur.UID == job.UID && cur.DeletionTimestamp != nil && len(cur.Finalizers) > 0 && !slices.Contains(cur.Finalizers, finalizerReclaim) {
+				r.log.Warn("a destroyed sandbox's Job stays for others' finalizers", logkey.SandboxID, id, "job", job.Name, "finalizers", cur.Finalizers)
+				return nil
+			}
 		case <-ctx.Done():
 			return fmt.Errorf("destroy sandbox %s: its Job is gone, and the watch has not seen it go: %w", id, ctx.Err())
 		}

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -225,9 +226,9 @@ func TestJobShape(t *testing.T) {
 
 // TestJobDeletedElsewhere: a Job deleted behind the runtime's back (by
 // its TTL, an operator, or a Destroy cut short) stays in the API until a
-// Destroy has taken back the directories it gave; List shows it
-// meanwhile, so that a restarted server's reconciliation finds, stops and
-// destroys it.
+// Destroy has taken back the directories it gave; its pod is stopped, and
+// List shows the Job meanwhile, so that a restarted server's
+// reconciliation finds, stops and destroys it.
 func TestJobDeletedElsewhere(t *testing.T) {
 	c := newCluster(t)
 	inst := sandboxtest.NewID(t)
@@ -248,6 +249,14 @@ func TestJobDeletedElsewhere(t *testing.T) {
 		_, err := os.Stat(filepath.Join(dir, "made"))
 		return err == nil
 	})
+	// Well within the worker's sleep.
+	wctx, wcancel := context.WithTimeout(ctx, 45*time.Second)
+	defer wcancel()
+	waited := make(chan error, 1)
+	go func() {
+		_, err := r.Wait(wctx, sp.ID)
+		waited <- err
+	}()
 	jobs := k8stest.Clientset(t, c.cfg).BatchV1().Jobs(c.ns)
 	background := metav1.DeletePropagationBackground
 	if err := jobs.Delete(ctx, sp.ID, metav1.DeleteOptions{PropagationPolicy: &background}); err != nil {
@@ -256,12 +265,13 @@ func TestJobDeletedElsewhere(t *testing.T) {
 	if job, err := jobs.Get(ctx, sp.ID, metav1.GetOptions{}); err != nil || job.DeletionTimestamp == nil {
 		t.Fatalf("the deleted Job = %v, want it kept, being deleted", err)
 	}
-	// Its pod goes too, as in a Destroy cut short after that step.
+	// Its pod is stopped, as the garbage collector would have taken it:
+	// the task's Wait ends well before its sleep would.
+	if err := <-waited; err != nil {
+		t.Fatalf("Wait as the Job is deleted: %v", err)
+	}
 	pods := k8stest.Clientset(t, c.cfg).CoreV1().Pods(c.ns)
 	sel := metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + sp.ID}
-	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: new(int64(1))}, sel); err != nil {
-		t.Fatal(err)
-	}
 	k8stest.WaitFor(t, "the pod gone", func() bool {
 		l, err := pods.List(ctx, sel)
 		return err == nil && len(l.Items) == 0
@@ -295,6 +305,32 @@ func TestJobDeletedElsewhere(t *testing.T) {
 	}
 	if _, err := r2.Status(ctx, sp.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Status after Destroy = %v, want ErrNotFound", err)
+	}
+}
+
+// TestDestroyLeavesOthersFinalizers: a Job that someone else holds with a
+// finalizer of theirs does not hold Destroy, which lets go of its own and
+// returns.
+func TestDestroyLeavesOthersFinalizers(t *testing.T) {
+	c := newCluster(t)
+	r := c.mustNew(t, "", sandboxtest.NewID(t))
+	_, _, id := run(t, r, "true", nil)
+	jobs := k8stest.Clientset(t, c.cfg).BatchV1().Jobs(c.ns)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	body := `{"metadata":{"finalizers":["` + finalizerReclaim + `","example.com/keep"]}}`
+	if _, err := jobs.Patch(ctx, id, types.MergePatchType, []byte(body), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Destroy(ctx, id); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	job, err := jobs.Get(ctx, id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the Job after Destroy: %v, want it held by the other finalizer", err)
+	}
+	if job.DeletionTimestamp == nil || !slices.Equal(job.Finalizers, []string{"example.com/keep"}) {
+		t.Errorf("the Job after Destroy has finalizers %v (deleted at %v), want it being deleted, held by the other finalizer alone", job.Finalizers, job.DeletionTimestamp)
 	}
 }
 
