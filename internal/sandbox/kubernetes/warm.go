@@ -51,9 +51,10 @@ import (
 // become the slots by rename on the claim's file system (warmpool.HandOver,
 // as local does it: the pod's bind mount follows the slot's inode) and are
 // given to the pod's identity; the Job is relabelled as the task's
-// sandbox (LabelSandbox, the task's labels; labelWarm goes), which is how
-// a restarted server finds it and its pod (by the Job's name: the pod
-// keeps the warm pod's labels), and the Job's activeDeadlineSeconds,
+// sandbox (LabelSandbox, the task's labels; labelWarm goes; it gets
+// finalizerReclaim, as a cold Job that was given directories has), which
+// is how a restarted server finds it and its pod (by the Job's name: the
+// pod keeps the warm pod's labels), and the Job's activeDeadlineSeconds,
 // which counts from the Job's start, is patched to the time the pod has
 // been up plus the task's wall-clock limit, so that the Job controller
 // ends the task as it ends a cold one. That patch is an etcd write, the
@@ -550,10 +551,9 @@ func (r *Runtime) adopt(ctx context.Context, spec sandbox.Spec, b *warmPod) (_ *
 
 // relabelPatch is the merge patch that makes warm pod b's Job spec's
 // sandbox: its labels, its owned directories (trees) and, with them,
-// finalizerReclaim, and the deadline of
-// its wall-clock limit from now. The pod keeps the labels it was made
-// with (the runtime finds a Job's pods by the Job's name): one call to the
-// API server per claim, not two.
+// finalizerReclaim, and the deadline of its wall-clock limit from now. The
+// pod keeps the labels it was made with (the runtime finds a Job's pods by
+// the Job's name): one call to the API server per claim, not two.
 func (r *Runtime) relabelPatch(spec sandbox.Spec, b *warmPod, trees []hostuser.Tree) json.RawMessage {
 	owned, _ := json.Marshal(trees)
 	l := map[string]any{labelWarm: nil}
