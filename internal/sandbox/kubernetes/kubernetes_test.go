@@ -499,6 +499,34 @@ func TestOwnedTreesStayInTheDataRoot(t *testing.T) {
 	}
 }
 
+// TestExitWithoutPod: with no pod, a Job has ended when the Job controller
+// marked it, or when it is being deleted (the controller marks no end on
+// such a Job), and not before.
+func TestExitWithoutPod(t *testing.T) {
+	r, err := New(Options{Config: &rest.Config{Host: "https://127.0.0.1:1"}, DataRoot: "/data", Claim: "c", DefaultImage: "x"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := metav1.Now()
+	complete := batchv1.JobCondition{Type: batchv1.JobComplete, Status: corev1.ConditionTrue}
+	for _, tc := range []struct {
+		name  string
+		job   batchv1.Job
+		ended bool
+		code  int
+	}{
+		{"running", batchv1.Job{}, false, 0},
+		{"complete", batchv1.Job{Status: batchv1.JobStatus{Conditions: []batchv1.JobCondition{complete}}}, true, 0},
+		{"deleted", batchv1.Job{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &deleted, Finalizers: []string{finalizerReclaim}}}, true, -1},
+	} {
+		tc.job.Name = "t-1"
+		es, ended := r.exit("t-1", &tc.job, nil)
+		if ended != tc.ended || ended && es.Code != tc.code {
+			t.Errorf("%s: exit = %+v, %v; want ended %v with code %d", tc.name, es, ended, tc.ended, tc.code)
+		}
+	}
+}
+
 // TestSettling: a memory-limited container killed by SIGKILL whose node
 // says "Error" may be an OOM kill that containerd (before 2.3) handled
 // after the exit, which the kubelet reports once it has stopped the pod's
