@@ -235,6 +235,13 @@ func (r *rig) loseReplica(ctx context.Context, t *testing.T, reps []replica, how
 		t.Fatalf("task %s adopted by %s, want %s", tk.ID, tk.Replica, survivor)
 	}
 	t.Logf("%s: task %s adopted by %s %.1f s after the loss of %s", how, tk.ID, survivor, time.Since(lost).Seconds(), owner)
+	// The worker finishes once the survivor has reattached, not merely
+	// adopted, the task: the survivor reads the worker's status.json
+	// before it records the reattach, so the task's end is then the
+	// worker's webhook's.
+	waitLong(t, "task "+tk.ID+" reattached", func() bool {
+		return slices.ContainsFunc(survivor.events(ctx, t, tk.ID), func(e eventstore.Event) bool { return e.Type == task.EventReattached })
+	})
 	if err := os.WriteFile(filepath.Join(r.data, "tasks", tk.ID, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}

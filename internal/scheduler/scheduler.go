@@ -896,10 +896,13 @@ func (st *stopper) cancelStop() {
 // reports whether the task has ended. false: the store refused the event
 // (a full disk) or ctx ended; the caller keeps c and tries again.
 func (s *Scheduler) complete(ctx context.Context, id string, c task.Completed) bool {
+	recorded := false
 	t, err := s.tasks.Update(ctx, id, func(t task.Task) ([]eventstore.Proposed, error) {
+		recorded = false
 		if t.Status.Terminal() {
 			return nil, projection.ErrNoChange
 		}
+		recorded = true
 		return []eventstore.Proposed{projection.NewEvent(task.EventCompleted, c, ActorScheduler)}, nil
 	})
 	if err != nil {
@@ -908,14 +911,19 @@ func (s *Scheduler) complete(ctx context.Context, id string, c task.Completed) b
 		}
 		return false
 	}
-	if t.Status == c.Status {
-		lvl := slog.LevelInfo
-		if c.Status == task.Failed {
-			lvl = slog.LevelWarn
-		}
-		s.log.Log(ctx, lvl, "task ended", logkey.TaskID, id, logkey.CorrelationID, t.CorrelationID, logkey.Status, c.Status, "reason", c.Reason, "error_message", c.ErrorMessage)
+	if recorded {
+		s.logEnded(ctx, t, c)
 	}
 	return true
+}
+
+// logEnded logs the end c the scheduler recorded for task t.
+func (s *Scheduler) logEnded(ctx context.Context, t task.Task, c task.Completed) {
+	lvl := slog.LevelInfo
+	if c.Status == task.Failed {
+		lvl = slog.LevelWarn
+	}
+	s.log.Log(ctx, lvl, "task ended", logkey.TaskID, t.ID, logkey.CorrelationID, t.CorrelationID, logkey.Status, c.Status, "reason", c.Reason, "error_message", c.ErrorMessage)
 }
 
 // completeRetrying is complete, tried again with backoff until the store
@@ -1162,10 +1170,19 @@ type listedSandbox struct {
 // resume supervises the recovered sandbox h of an active task again. A
 // task caught between its sandbox's start and the record of it is recorded
 // started first, so its log has every step; a task whose worker finished
-// while the server was down is recorded ended at once.
+// while the server was down is recorded ended at once, in the same commit.
+//
+// Its report (status.json) is read before that commit: a worker that
+// reports once the reattach is recorded reaches the task through its
+// webhook, and never also through this read, so its task ends on the one
+// or the other, whichever came first, and a client that waits for the
+// reattach before it lets the worker finish knows which.
 func (s *Scheduler) resume(ctx context.Context, t task.Task, rt sandbox.Runtime, h *sandbox.Handle) error {
 	handle, _ := json.Marshal(h)
-	_, err := s.tasks.Update(ctx, t.ID, func(cur task.Task) ([]eventstore.Proposed, error) {
+	c, reported := s.opts.Runner.Reported(ctx, t)
+	ended := false
+	nt, err := s.tasks.Update(ctx, t.ID, func(cur task.Task) ([]eventstore.Proposed, error) {
+		ended = false
 		if cur.Status.Terminal() {
 			return nil, projection.ErrNoChange // ended meanwhile (a cancel)
 		}
@@ -1173,17 +1190,22 @@ func (s *Scheduler) resume(ctx context.Context, t task.Task, rt sandbox.Runtime,
 		if cur.Status == task.Starting {
 			evs = append(evs, projection.NewEvent(task.EventStarted, task.Started{SandboxName: h.ID, Handle: handle}, ActorReconciler))
 		}
-		return append(evs, projection.NewEvent(task.EventReattached, task.Reattached{SandboxName: h.ID}, ActorReconciler)), nil
+		evs = append(evs, projection.NewEvent(task.EventReattached, task.Reattached{SandboxName: h.ID}, ActorReconciler))
+		if reported {
+			// supervise then stops the sandbox.
+			evs, ended = append(evs, projection.NewEvent(task.EventCompleted, c, ActorScheduler)), true
+		}
+		return evs, nil
 	})
 	if err != nil {
 		return fmt.Errorf("record reattach of task %s: %w", t.ID, err)
 	}
 	s.log.Info("task reattached", logkey.TaskID, t.ID, logkey.SandboxID, h.ID)
+	if ended {
+		s.logEnded(ctx, nt, c)
+	}
 	// t is the task as it was before: a task reattached while starting
 	// keeps its timeout counting from then, not from now.
-	if c, ok := s.opts.Runner.Reported(ctx, t); ok {
-		s.complete(ctx, t.ID, c) // supervise then stops the sandbox
-	}
 	s.resumeHolding(t, func() { s.supervise(ctx, t, rt, h.ID) })
 	return nil
 }

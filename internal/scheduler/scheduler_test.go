@@ -852,13 +852,17 @@ func TestReconcileStartingTaskIsRecordedStarted(t *testing.T) {
 // A task whose worker finished while the server was down (its status.json
 // written, its report still being retried) is recorded ended during
 // reconciliation, not when the worker's next retry comes, and its sandbox
-// is stopped.
+// is stopped. Its report is read before the reattach is recorded: a client
+// that lets the worker finish once it sees the reattach knows that the
+// worker's webhook, not this read, ends the task.
 func TestReconcileRecordsReportedTaskAtOnce(t *testing.T) {
 	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
 	id := mustRunUntilRunning(t, store, fake)
 
-	reported := func(ctx context.Context, t task.Task) (task.Completed, bool) {
+	var readAfter atomic.Int32 // reattaches recorded when the report was read
+	reported := func(ctx context.Context, tk task.Task) (task.Completed, bool) {
+		readAfter.Add(int32(countType(t, store, task.StreamID(tk.ID), task.EventReattached)))
 		code := 0
 		return task.Completed{Status: task.Success, ExitCode: &code, Summary: "from status.json", Reason: "recovered"}, true
 	}
@@ -885,6 +889,12 @@ func TestReconcileRecordsReportedTaskAtOnce(t *testing.T) {
 	}
 	if done < 0 || done > reconciled {
 		t.Errorf("task_completed at %d, reconciled at %d: want the task recorded ended during reconciliation", done, reconciled)
+	}
+	if n := readAfter.Load(); n != 0 {
+		t.Errorf("the report was read with %d task_reattached recorded, want it read before the reattach's commit", n)
+	}
+	if got := streamTypes(t, store, task.StreamID(id)); !slices.Equal(got[len(got)-3:], []string{task.EventAdopted, task.EventReattached, task.EventCompleted}) {
+		t.Errorf("events %v, want them to end adopted, reattached, completed", got)
 	}
 	waitFor(t, "the sandbox to be destroyed", func() bool { return slices.Contains(fake.Destroyed(), id) })
 }
