@@ -1103,17 +1103,21 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 			if _, err := r.job(ctx, id); errors.Is(err, errdefs.ErrNotFound) {
 				return nil
 			}
-		} else if _, ended := r.exit(id, job, pod); pod == nil && ended {
-			return nil
+		} else if pod == nil {
+			// No pod: the Job's end, or its deletion, says whether
+			// one may yet come.
+			if _, ended := r.exit(id, job, nil); ended {
+				return nil
+			}
 		}
 		if pod != nil {
 			if _, ended := podExit(pod); ended {
 				return nil // its processes are gone with its container
 			}
-		}
-		if pod != nil && pod.DeletionTimestamp == nil {
-			if err := r.stopPod(ctx, id, pod, grace); err != nil {
-				return err
+			if pod.DeletionTimestamp == nil {
+				if err := r.stopPod(ctx, id, pod, grace); err != nil {
+					return err
+				}
 			}
 		}
 		select {
