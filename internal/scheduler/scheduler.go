@@ -33,8 +33,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
@@ -511,14 +509,18 @@ func (s *Scheduler) releaseWorkspace(t task.Task) {
 	}
 }
 
-// orphanStops is how many orphan sandboxes Reconcile stops at once.
+// orphanStops is how many orphan sandboxes a start-up stops at once.
 const orphanStops = 8
 
 // stopAndDestroy kills sandbox id at once and removes what is left of it,
 // for a sandbox no task will have: an orphan, or one whose start could not
-// be recorded. Failures are logged; reconciliation tries again.
+// be recorded. Failures are logged; reconciliation tries again, as it
+// does when ctx ends first.
 func stopAndDestroy(ctx context.Context, rt sandbox.Runtime, id string, log *slog.Logger) {
 	if err := rt.Stop(ctx, id, 0); err != nil {
+		if ctx.Err() != nil {
+			return
+		}
 		log.Warn("cannot stop sandbox", logkey.SandboxID, id, logkey.Error, err)
 	}
 	if err := rt.Destroy(ctx, id); err != nil {
@@ -527,12 +529,12 @@ func stopAndDestroy(ctx context.Context, rt sandbox.Runtime, id string, log *slo
 }
 
 // resumeHolding runs fn, a task's start or supervision resumed at
-// reconciliation, holding the task's slot and its workspace as the
-// scheduler's own runs do.
+// reconciliation (or the stop of an orphan sandbox of task t's), holding
+// the task's slot and its workspace as the scheduler's own runs do.
 func (s *Scheduler) resumeHolding(t task.Task, fn func()) {
 	if t.Workspace != "" {
 		if holder, ok := s.opts.Writers.Acquire(t.Workspace, t.ID); !ok {
-			s.log.Warn("a task resumed after a restart finds its workspace held by another", logkey.TaskID, t.ID, "workspace", t.Workspace, "holder", holder)
+			s.log.Warn("a task's sandbox found at a restart finds its workspace held by another", logkey.TaskID, t.ID, "workspace", t.Workspace, "holder", holder)
 		}
 	}
 	s.claim(t.ID)
@@ -955,8 +957,8 @@ func failed(msg, reason string) task.Completed {
 // — and records what it did: it adopts the tasks no live replica holds
 // (alone on a store: every task starting or running, as the server that
 // ran them is gone), reattaching to a running task's sandbox or ending a
-// task whose sandbox is gone with its status.json or as lost, and stops
-// sandboxes no task owns.
+// task whose sandbox is gone with its status.json or as lost, and has
+// the sandboxes no task owns stopped in the background (stopOrphan).
 func (s *Scheduler) Reconcile(ctx context.Context) error {
 	// What reconciliation records is caused by the start; the tasks it
 	// reattaches go on under their own causes.
@@ -975,38 +977,51 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 	if err := s.tasks.Sync(ctx); err != nil {
 		return err
 	}
-	orphans := map[string]listedSandbox{}
+	stops := make(chan struct{}, orphanStops)
 	for id, l := range listed {
 		if st, _, ok := s.tasks.Status(id); !ok || st != task.Starting && st != task.Running {
-			orphans[id] = l
+			s.stopOrphan(ctx, sys, id, l, stops)
+			summary.Orphans++
 		}
-	}
-	// A few at a time: each waits for its sandbox's end, which on a
-	// cluster is a pod's (seconds under gVisor on a busy node), and the
-	// server is not healthy until they are all stopped.
-	var g errgroup.Group
-	g.SetLimit(orphanStops)
-	for _, l := range orphans {
-		g.Go(func() error {
-			stopAndDestroy(ctx, l.rt, l.h.ID, s.log)
-			s.log.Info("orphan sandbox stopped", logkey.SandboxID, l.h.ID, logkey.Runtime, l.name)
-			return nil
-		})
-	}
-	g.Wait()
-	for id, l := range orphans {
-		ev := projection.NewEvent(task.EventOrphanStopped, map[string]string{"sandbox_name": l.h.ID, "runtime": l.name, "task_id": id}, ActorReconciler)
-		if _, err := s.store.Append(sys, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
-			return fmt.Errorf("record orphan sandbox: %w", err)
-		}
-		summary.OrphansStopped++
 	}
 	ev := projection.NewEvent(task.EventReconciled, summary, ActorReconciler)
 	if _, err := s.store.Append(sys, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
 		return fmt.Errorf("record reconciliation: %w", err)
 	}
-	s.log.Info("reconciled", "reattached", summary.Reattached, "restarted", summary.Restarted, "ended", summary.Ended, "orphans_stopped", summary.OrphansStopped)
+	s.log.Info("reconciled", "reattached", summary.Reattached, "restarted", summary.Restarted, "ended", summary.Ended, "orphans", summary.Orphans)
 	return nil
+}
+
+// stopOrphan stops and destroys sandbox l of task id, which no task
+// starting or running has, in the background, at most cap(stops) at once,
+// and records sandbox_orphan_stopped once it is gone. The server serves
+// meanwhile: a stop waits for the sandbox's end, and a pod on a node that
+// is down ends only once the node is removed. Until then the orphan holds
+// a slot, as a task's sandbox does, and the workspace its task wrote, so
+// that no task starts there while it may still write. A stop cut short by
+// the server's end is the next start's to do again.
+func (s *Scheduler) stopOrphan(ctx, sys context.Context, id string, l listedSandbox, stops chan struct{}) {
+	t, err := s.tasks.Get(id)
+	if err != nil {
+		t = task.Task{ID: id} // no events: its workspace, if any, is not known
+	}
+	s.resumeHolding(t, func() {
+		select {
+		case stops <- struct{}{}:
+			defer func() { <-stops }()
+		case <-ctx.Done():
+			return
+		}
+		stopAndDestroy(ctx, l.rt, l.h.ID, s.log)
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Info("orphan sandbox stopped", logkey.SandboxID, l.h.ID, logkey.Runtime, l.name)
+		ev := projection.NewEvent(task.EventOrphanStopped, map[string]string{"sandbox_name": l.h.ID, "runtime": l.name, "task_id": id}, ActorReconciler)
+		if _, err := s.store.Append(sys, task.SystemStream, eventstore.AnyVersion, ev); err != nil {
+			s.log.Warn("cannot record a stopped orphan sandbox", logkey.SandboxID, l.h.ID, logkey.Error, err)
+		}
+	})
 }
 
 // listSandboxes lists the tasks' sandboxes every runtime reports, by task
@@ -1144,12 +1159,13 @@ func (s *Scheduler) restart(ctx context.Context, t task.Task, rt sandbox.Runtime
 // Reconciled is the payload of the system event that closes a start-up
 // reconciliation: how many active tasks were reattached, started again
 // (their start had not reached their worker) or ended, and how many
-// sandboxes no task owned were stopped.
+// sandboxes no task owned were found, to be stopped in the background
+// (each recorded sandbox_orphan_stopped once gone).
 type Reconciled struct {
-	Reattached     int `json:"reattached"`
-	Restarted      int `json:"restarted"`
-	Ended          int `json:"ended"`
-	OrphansStopped int `json:"orphans_stopped"`
+	Reattached int `json:"reattached"`
+	Restarted  int `json:"restarted"`
+	Ended      int `json:"ended"`
+	Orphans    int `json:"orphans"`
 }
 
 // outcome is what reconciliation did with an active task.

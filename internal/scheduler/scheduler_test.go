@@ -590,8 +590,8 @@ func TestReconcileStopsOrphans(t *testing.T) {
 
 // TestReconcileStopsOrphansTogether: orphan sandboxes are stopped at
 // once, not one after the other (each Stop waits for its sandbox's end, a
-// pod's on a cluster, and the server is not healthy until all are done):
-// here each Stop goes on only once all three have begun.
+// pod's on a cluster, and holds a slot meanwhile): here each Stop goes on
+// only once all three have begun.
 func TestReconcileStopsOrphansTogether(t *testing.T) {
 	store := sqlitetest.Open(t)
 	fake := MustNewFake(t, blockUntilStopped)
@@ -606,6 +606,92 @@ func TestReconcileStopsOrphansTogether(t *testing.T) {
 	if rt.alone.Load() {
 		t.Errorf("a Stop waited alone for the others: the orphans were stopped one after the other")
 	}
+}
+
+// TestReconcileServesWhileOrphansStop: the stop of an orphan sandbox that
+// does not end (a pod on a node that is down) keeps neither the server's
+// start nor other tasks waiting. Until it is gone the orphan holds a slot
+// and the workspace of its task, which may still be writing there: a task
+// on that workspace starts only then.
+func TestReconcileServesWhileOrphansStop(t *testing.T) {
+	store := sqlitetest.Open(t)
+	fake := MustNewFake(t, exitsAtOnce)
+	before := projection.New(store, discard())
+	if err := before.Rebuild(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	orphan := MustEnqueue(t, before, task.Spec{Workspace: "ws"})
+	MustAppend(t, before, orphan, projection.NewEvent(task.EventCompleted, task.Completed{Status: task.Cancelled, Reason: "cancel"}, "test"))
+	mustCreateManaged(t, fake, orphan, orphan)
+	rt := &stopGate{Fake: fake, id: orphan, open: make(chan struct{})}
+
+	h := MustStart(t, store, Options{MaxConcurrent: 2}, rt)
+	select {
+	case <-h.sched.Reconciled():
+	case <-time.After(15 * time.Second):
+		t.Fatal("not reconciled while an orphan's stop hangs")
+	}
+	var sum Reconciled
+	evs := readStream(t, store, task.SystemStream)
+	if i := slices.IndexFunc(evs, func(e eventstore.Event) bool { return e.Type == task.EventReconciled }); i < 0 || json.Unmarshal(evs[i].Data, &sum) != nil || sum.Orphans != 1 {
+		t.Errorf("reconciled %+v, want 1 orphan", sum)
+	}
+	onWorkspace := MustEnqueue(t, h.tasks, task.Spec{Workspace: "ws"})
+	other := MustEnqueue(t, h.tasks, task.Spec{})
+	waitStatus(t, h.tasks, other, task.Success)
+	waitFor(t, "the other task's slot freed", func() bool { return h.sched.Running() == 1 })
+	if tk, _ := h.tasks.Get(onWorkspace); tk.Status != task.Queued {
+		t.Errorf("the task on the orphan's workspace is %s while the orphan stops, want queued", tk.Status)
+	}
+	if n := countType(t, store, task.SystemStream, task.EventOrphanStopped); n != 0 {
+		t.Errorf("%d sandbox_orphan_stopped recorded while its stop hangs", n)
+	}
+
+	close(rt.open)
+	waitStatus(t, h.tasks, onWorkspace, task.Success)
+	if n := countType(t, store, task.SystemStream, task.EventOrphanStopped); n != 1 || !slices.Contains(fake.Destroyed(), orphan) {
+		t.Errorf("%d sandbox_orphan_stopped, destroyed %v; want the orphan's, before the task on its workspace", n, fake.Destroyed())
+	}
+}
+
+// An orphan's stop cut short by the server's end (here a stop; a SIGKILL
+// leaves the same: the orphan listed, its stop unrecorded) is done by the
+// next start.
+func TestReconcileOrphanStopCutShort(t *testing.T) {
+	store := sqlitetest.Open(t)
+	fake := MustNewFake(t, blockUntilStopped)
+	mustCreateManaged(t, fake, "orphan-1", "task-gone")
+	first := MustStart(t, store, Options{}, &stopGate{Fake: fake, id: "orphan-1", open: make(chan struct{})})
+	<-first.sched.Reconciled()
+	first.stop()
+	if slices.Contains(fake.Destroyed(), "orphan-1") || countType(t, store, task.SystemStream, task.EventOrphanStopped) != 0 {
+		t.Fatalf("the orphan destroyed (%v) or its stop recorded with its stop cut short", fake.Destroyed())
+	}
+	MustStart(t, store, Options{}, fake)
+	waitFor(t, "sandbox_orphan_stopped", func() bool {
+		return countType(t, store, task.SystemStream, task.EventOrphanStopped) == 1
+	})
+	if !slices.Contains(fake.Destroyed(), "orphan-1") {
+		t.Errorf("Destroyed() = %v, want orphan-1", fake.Destroyed())
+	}
+}
+
+// stopGate is a Fake whose Stop of sandbox id waits until open is closed.
+type stopGate struct {
+	*sandboxtest.Fake
+	id   string
+	open chan struct{}
+}
+
+func (g *stopGate) Stop(ctx context.Context, id string, grace time.Duration) error {
+	if id == g.id {
+		select {
+		case <-g.open:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return g.Fake.Stop(ctx, id, grace)
 }
 
 // stopsTogether is a Fake whose Stop goes on once n Stops have begun, or
