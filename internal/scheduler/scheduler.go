@@ -146,6 +146,9 @@ type Scheduler struct {
 	assigning sync.Mutex
 	// admitted counts the slots Admit holds for spawns not yet applied.
 	admitted int // under mu
+	// orphans counts the slots held by orphan sandboxes being stopped
+	// (stopOrphan).
+	orphans int // under mu
 	// listFailed is, by runtime, why its sandboxes could not be listed
 	// last: a runtime that stays out of reach is logged once, not at
 	// every look (adoption looks every second).
@@ -382,7 +385,7 @@ func (s *Scheduler) occupancy() (occupied int, load map[string]int, busy map[str
 	load, busy = map[string]int{}, map[string]bool{}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	occupied = len(s.running) + s.admitted
+	occupied = len(s.running) + s.admitted + s.orphans
 	for _, t := range active {
 		load[t.Replica]++
 		if !s.running[t.ID] {
@@ -529,12 +532,12 @@ func stopAndDestroy(ctx context.Context, rt sandbox.Runtime, id string, log *slo
 }
 
 // resumeHolding runs fn, a task's start or supervision resumed at
-// reconciliation (or the stop of an orphan sandbox of task t's), holding
-// the task's slot and its workspace as the scheduler's own runs do.
+// reconciliation, holding the task's slot and its workspace as the
+// scheduler's own runs do.
 func (s *Scheduler) resumeHolding(t task.Task, fn func()) {
 	if t.Workspace != "" {
 		if holder, ok := s.opts.Writers.Acquire(t.Workspace, t.ID); !ok {
-			s.log.Warn("a task's sandbox found at a restart finds its workspace held by another", logkey.TaskID, t.ID, "workspace", t.Workspace, "holder", holder)
+			s.log.Warn("a task resumed after a restart finds its workspace held by another", logkey.TaskID, t.ID, "workspace", t.Workspace, "holder", holder)
 		}
 	}
 	s.claim(t.ID)
@@ -997,15 +1000,31 @@ func (s *Scheduler) Reconcile(ctx context.Context) error {
 // and records sandbox_orphan_stopped once it is gone. The server serves
 // meanwhile: a stop waits for the sandbox's end, and a pod on a node that
 // is down ends only once the node is removed. Until then the orphan holds
-// a slot, as a task's sandbox does, and the workspace its task wrote, so
-// that no task starts there while it may still write. A stop cut short by
-// the server's end is the next start's to do again.
+// a slot, as a task's sandbox does (not counted in Running: it runs no
+// task), and the workspace its task wrote, so that no task starts there
+// while it may still write. A stop cut short by the server's end is the
+// next start's to do again.
 func (s *Scheduler) stopOrphan(ctx, sys context.Context, id string, l listedSandbox, stops chan struct{}) {
 	t, err := s.tasks.Get(id)
 	if err != nil {
 		t = task.Task{ID: id} // no events: its workspace, if any, is not known
 	}
-	s.resumeHolding(t, func() {
+	if t.Workspace != "" {
+		if holder, ok := s.opts.Writers.Acquire(t.Workspace, t.ID); !ok {
+			s.log.Warn("an orphan sandbox finds its task's workspace held by another", logkey.TaskID, t.ID, "workspace", t.Workspace, "holder", holder)
+		}
+	}
+	s.mu.Lock()
+	s.orphans++
+	s.mu.Unlock()
+	s.wg.Go(func() {
+		defer func() {
+			s.mu.Lock()
+			s.orphans--
+			s.mu.Unlock()
+			s.releaseWorkspace(t)
+			s.wake()
+		}()
 		select {
 		case stops <- struct{}{}:
 			defer func() { <-stops }()

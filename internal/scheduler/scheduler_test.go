@@ -615,7 +615,8 @@ func TestReconcileStopsOrphansTogether(t *testing.T) {
 // on that workspace starts only then.
 func TestReconcileServesWhileOrphansStop(t *testing.T) {
 	store := sqlitetest.Open(t)
-	fake := MustNewFake(t, exitsAtOnce)
+	finish := make(chan struct{})
+	fake := MustNewFake(t, runUntilFinished(finish))
 	before := projection.New(store, discard())
 	if err := before.Rebuild(context.Background()); err != nil {
 		t.Fatal(err)
@@ -636,21 +637,35 @@ func TestReconcileServesWhileOrphansStop(t *testing.T) {
 	if i := slices.IndexFunc(evs, func(e eventstore.Event) bool { return e.Type == task.EventReconciled }); i < 0 || json.Unmarshal(evs[i].Data, &sum) != nil || sum.Orphans != 1 {
 		t.Errorf("reconciled %+v, want 1 orphan", sum)
 	}
+	// Two slots: the orphan's, and one for a.
 	onWorkspace := MustEnqueue(t, h.tasks, task.Spec{Workspace: "ws"})
-	other := MustEnqueue(t, h.tasks, task.Spec{})
-	waitStatus(t, h.tasks, other, task.Success)
-	waitFor(t, "the other task's slot freed", func() bool { return h.sched.Running() == 1 })
-	if tk, _ := h.tasks.Get(onWorkspace); tk.Status != task.Queued {
-		t.Errorf("the task on the orphan's workspace is %s while the orphan stops, want queued", tk.Status)
+	a := MustEnqueue(t, h.tasks, task.Spec{})
+	b := MustEnqueue(t, h.tasks, task.Spec{})
+	waitStatus(t, h.tasks, a, task.Running)
+	for _, id := range []string{onWorkspace, b} {
+		if tk, _ := h.tasks.Get(id); tk.Status != task.Queued {
+			t.Errorf("task %s is %s while the orphan stops, want queued", id, tk.Status)
+		}
+	}
+	if n := h.sched.Running(); n != 1 {
+		t.Errorf("Running() = %d, want 1: the orphan runs no task", n)
 	}
 	if n := countType(t, store, task.SystemStream, task.EventOrphanStopped); n != 0 {
 		t.Errorf("%d sandbox_orphan_stopped recorded while its stop hangs", n)
 	}
 
+	// The orphan gone, its slot and workspace go to the task next in line.
 	close(rt.open)
-	waitStatus(t, h.tasks, onWorkspace, task.Success)
+	waitStatus(t, h.tasks, onWorkspace, task.Running)
 	if n := countType(t, store, task.SystemStream, task.EventOrphanStopped); n != 1 || !slices.Contains(fake.Destroyed(), orphan) {
-		t.Errorf("%d sandbox_orphan_stopped, destroyed %v; want the orphan's, before the task on its workspace", n, fake.Destroyed())
+		t.Errorf("%d sandbox_orphan_stopped, destroyed %v; want the orphan's, before the task on its workspace started", n, fake.Destroyed())
+	}
+	if tk, _ := h.tasks.Get(b); tk.Status != task.Queued {
+		t.Errorf("the last task is %s with both slots held, want queued", tk.Status)
+	}
+	close(finish)
+	for _, id := range []string{a, onWorkspace, b} {
+		waitStatus(t, h.tasks, id, task.Success)
 	}
 }
 
