@@ -505,6 +505,19 @@ func (s *Scheduler) release(id string) {
 	s.wake()
 }
 
+// holdWorkspace makes task t the writer of its workspace, if it has one,
+// for what reconciliation found of it (its sandbox, resumed or an
+// orphan), which writes there whether or not another holds it: that is
+// logged.
+func (s *Scheduler) holdWorkspace(t task.Task) {
+	if t.Workspace == "" {
+		return
+	}
+	if holder, ok := s.opts.Writers.Acquire(t.Workspace, t.ID); !ok {
+		s.log.Warn("a sandbox found at a restart finds its task's workspace held by another", logkey.TaskID, t.ID, "workspace", t.Workspace, "holder", holder)
+	}
+}
+
 // releaseWorkspace gives up t's hold on its workspace, if it has one.
 func (s *Scheduler) releaseWorkspace(t task.Task) {
 	if t.Workspace != "" {
@@ -535,11 +548,7 @@ func stopAndDestroy(ctx context.Context, rt sandbox.Runtime, id string, log *slo
 // reconciliation, holding the task's slot and its workspace as the
 // scheduler's own runs do.
 func (s *Scheduler) resumeHolding(t task.Task, fn func()) {
-	if t.Workspace != "" {
-		if holder, ok := s.opts.Writers.Acquire(t.Workspace, t.ID); !ok {
-			s.log.Warn("a task resumed after a restart finds its workspace held by another", logkey.TaskID, t.ID, "workspace", t.Workspace, "holder", holder)
-		}
-	}
+	s.holdWorkspace(t)
 	s.claim(t.ID)
 	s.wg.Add(1)
 	go func() {
@@ -1009,11 +1018,7 @@ func (s *Scheduler) stopOrphan(ctx, sys context.Context, id string, l listedSand
 	if err != nil {
 		t = task.Task{ID: id} // no events: its workspace, if any, is not known
 	}
-	if t.Workspace != "" {
-		if holder, ok := s.opts.Writers.Acquire(t.Workspace, t.ID); !ok {
-			s.log.Warn("an orphan sandbox finds its task's workspace held by another", logkey.TaskID, t.ID, "workspace", t.Workspace, "holder", holder)
-		}
-	}
+	s.holdWorkspace(t)
 	s.mu.Lock()
 	s.orphans++
 	s.mu.Unlock()

@@ -1029,7 +1029,9 @@ func (r *Runtime) Wait(ctx context.Context, id string) (sandbox.ExitStatus, erro
 				// Deleted by another (an operator) as it runs: its pod
 				// goes, as the garbage collector would take it were the
 				// Job not kept for its directories (finalizerReclaim).
-				r.stopPod(ctx, id, pod, time.Second)
+				if err := r.stopPod(ctx, id, pod, time.Second); err != nil {
+					r.log.Warn("cannot stop the pod of a Job deleted as it runs; trying again at its next change", logkey.SandboxID, id, logkey.Error, err)
+				}
 			}
 			es, ok := r.exit(id, job, pod)
 			if !ok {
