@@ -424,15 +424,18 @@ func (m *Manager) apply(e eventstore.Event) {
 		}
 		m.sessions[id] = &state{Session: c.Session, tokenHashes: []string{c.TokenHash, c.AgentTokenHash}, agentTokenHash: c.AgentTokenHash, handle: c.Handle,
 			replica: c.Replica, version: 1, limits: c.Limits, dir: c.Dir, hostDir: c.HostDir}
+	// An end is final: a suspend or resume recorded after it (by a server
+	// before the reaper kept to the session's lock) changes nothing, and
+	// the next start destroys a sandbox it left.
 	case EventSuspended:
-		if s := m.sessions[id]; s != nil {
+		if s := m.sessions[id]; s != nil && s.Status != StatusEnded {
 			var p suspended
 			json.Unmarshal(e.Data, &p)
 			s.Status, s.handle, s.MemoryKept = StatusSuspended, sandbox.Handle{}, p.MemoryKept
 		}
 	case EventResumed:
 		var r resumed
-		if s := m.sessions[id]; s != nil && json.Unmarshal(e.Data, &r) == nil {
+		if s := m.sessions[id]; s != nil && s.Status != StatusEnded && json.Unmarshal(e.Data, &r) == nil {
 			// The old agent's token goes; the new one attaches.
 			s.tokenHashes = slices.DeleteFunc(s.tokenHashes, func(h string) bool { return h == s.agentTokenHash })
 			s.tokenHashes = append(s.tokenHashes, r.AgentTokenHash)

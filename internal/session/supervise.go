@@ -228,11 +228,16 @@ func (m *Manager) endOrphans(ctx context.Context, since map[string]time.Time) {
 		if now.Sub(first) < agentWait {
 			continue
 		}
-		if err := m.adopt(ctx, s.ID); err != nil {
-			m.log.Info("a session whose replica is gone was not ended here", "session_id", s.ID, "err", err)
+		unlock, free := m.tryLockOps(s.ID)
+		if !free {
 			continue
 		}
-		m.endWith(ctx, s.ID, "lost", fmt.Errorf("its replica %s stopped, and its exec agent reached no other replica within %s", from, agentWait))
+		if err := m.adopt(ctx, s.ID); err != nil {
+			m.log.Info("a session whose replica is gone was not ended here", "session_id", s.ID, "err", err)
+		} else {
+			m.endWith(ctx, s.ID, "lost", fmt.Errorf("its replica %s stopped, and its exec agent reached no other replica within %s", from, agentWait))
+		}
+		unlock()
 	}
 	for id := range since {
 		if !orphans[id] {
@@ -265,42 +270,57 @@ func (m *Manager) Reap(ctx context.Context) error {
 		m.endOrphans(ctx, orphaned)
 		now := m.opts.Now()
 		for _, s := range m.list() {
-			if s.Status == StatusSuspended && m.runHere(s.ID) && now.Sub(s.CreatedAt) > time.Duration(s.MaxLifetime)*time.Second {
-				m.end(ctx, s.ID, "max_lifetime")
+			if s.Status != StatusRunning && s.Status != StatusSuspended || !m.runHere(s.ID) {
 				continue
 			}
-			if s.Status != StatusRunning || !m.runHere(s.ID) {
+			// A session a suspend, resume, fork or delete holds is looked
+			// at again at the next tick: an end here would race it (a
+			// resume recorded after the end, its checkpoint removed under
+			// its restore).
+			unlock, free := m.tryLockOps(s.ID)
+			if !free {
 				continue
 			}
-			m.mu.Lock()
-			busy := m.sessions[s.ID].running > 0
-			// Output keeps a session awake too: a background job that
-			// prints (through a command that runs on) is use.
-			used := s.LastUsedAt
-			if out := m.sessions[s.ID].lastOutput; out.After(used) {
-				used = out
-			}
-			m.mu.Unlock()
-			switch {
-			case now.Sub(s.CreatedAt) > time.Duration(s.MaxLifetime)*time.Second:
-				m.end(ctx, s.ID, "max_lifetime")
-			case !busy && now.Sub(used) > time.Duration(s.IdleTimeout)*time.Second && m.idleSuspends(s.Runtime):
-				// One a suspend, resume, fork or delete holds is in use.
-				unlock, free := m.tryLockOps(s.ID)
-				if !free {
-					continue
-				}
-				sctx, cancel := detach(ctx)
-				if _, err := m.suspend(sctx, s.ID, true); err != nil {
-					m.log.Warn("cannot suspend an idle session; it is ended", "session_id", s.ID, "err", err)
-					m.end(ctx, s.ID, "idle_timeout")
-				}
-				cancel()
-				unlock()
-			case !busy && now.Sub(used) > time.Duration(s.IdleTimeout)*time.Second:
-				m.end(ctx, s.ID, "idle_timeout")
-			}
+			m.reapOne(ctx, s.ID, now)
+			unlock()
 		}
+	}
+}
+
+// reapOne ends (or suspends, where idle sessions suspend) session id if
+// it is past its lifetime or idle, as it is now: call it under the
+// session's lifecycle lock.
+func (m *Manager) reapOne(ctx context.Context, id string, now time.Time) {
+	m.mu.Lock()
+	st := m.sessions[id]
+	if st == nil {
+		m.mu.Unlock()
+		return
+	}
+	s := st.Session
+	busy := st.running > 0
+	// Output keeps a session awake too: a background job that prints
+	// (through a command that runs on) is use.
+	used := s.LastUsedAt
+	if st.lastOutput.After(used) {
+		used = st.lastOutput
+	}
+	m.mu.Unlock()
+	idle := !busy && now.Sub(used) > time.Duration(s.IdleTimeout)*time.Second
+	switch {
+	case s.Status != StatusRunning && s.Status != StatusSuspended:
+	case now.Sub(s.CreatedAt) > time.Duration(s.MaxLifetime)*time.Second:
+		m.end(ctx, id, "max_lifetime")
+	case s.Status != StatusRunning || !idle:
+	case m.idleSuspends(s.Runtime):
+		sctx, cancel := detach(ctx)
+		defer cancel()
+		if _, err := m.suspend(sctx, id, true); err != nil {
+			m.log.Warn("cannot suspend an idle session; it is ended", "session_id", id, "err", err)
+			m.end(ctx, id, "idle_timeout")
+		}
+	default:
+		m.end(ctx, id, "idle_timeout")
 	}
 }
 
@@ -327,8 +347,13 @@ func (m *Manager) checkQuotas(ctx context.Context, next map[string]time.Time) {
 		}
 		gap, err := m.opts.Quota.Check(ctx, id, ownDir(id))
 		if err != nil {
-			m.log.Warn("session over its disk quota", "session_id", id, "err", err)
-			m.endWith(ctx, id, "disk_quota", err)
+			// Under the session's lock, as the reaper's ends: one a
+			// suspend or resume holds is checked again at the next tick.
+			if unlock, free := m.tryLockOps(id); free {
+				m.log.Warn("session over its disk quota", "session_id", id, "err", err)
+				m.endWith(ctx, id, "disk_quota", err)
+				unlock()
+			}
 			continue
 		}
 		next[id] = now.Add(gap)

@@ -1,0 +1,125 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
+	"github.com/corral-dev/corral/internal/workspace"
+)
+
+// The reaper leaves a session a suspend, resume, fork or delete holds
+// (its lifecycle lock) and ends it once the operation is over: ending it
+// meanwhile raced the operation (a resume recorded after the end made an
+// ended session run again, its egress closed and its workspace released;
+// its checkpoint was removed under its restore).
+func TestReaperLeavesSessionsAnOperationHolds(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	data, err := workspace.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const old, idle, full = "sess-01m8jbh60d7qh1g11cxcbgpmzh", "sess-01m8jbh60d7qh1g11cxcbgpmzj", "sess-01m8jbh60d7qh1g11cxcbgpmzk"
+	m := New(Options{Store: sqlitetest.Open(t), Data: data, IdleAction: IdleDelete, Quota: overQuota(full)}, slog.New(slog.DiscardHandler))
+	long := time.Now().Add(-time.Hour)
+	// old is suspended past its lifetime, idle runs past its idle time,
+	// full over its disk quota.
+	for _, s := range []Session{
+		{ID: old, Status: StatusRunning, CreatedAt: long, LastUsedAt: time.Now(), IdleTimeout: 3600, MaxLifetime: 60},
+		{ID: idle, Status: StatusRunning, CreatedAt: time.Now(), LastUsedAt: long, IdleTimeout: 60, MaxLifetime: 3600},
+		{ID: full, Status: StatusRunning, CreatedAt: time.Now(), LastUsedAt: time.Now(), IdleTimeout: 3600, MaxLifetime: 3600},
+	} {
+		if err := m.append(ctx, s.ID, EventCreated, created{Session: s, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken()), Replica: m.opts.Members.Self()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.append(ctx, old, EventSuspended, suspended{MemoryKept: true}); err != nil {
+		t.Fatal(err)
+	}
+	unlocks := []func(){m.lockOps(old), m.lockOps(idle), m.lockOps(full)}
+	reaped := make(chan error, 1)
+	go func() { reaped <- m.Reap(ctx) }()
+	time.Sleep(2500 * time.Millisecond) // two of the reaper's rounds
+	for _, id := range []string{old, idle, full} {
+		if s, _ := m.get(id); s.Status == StatusEnded {
+			t.Errorf("session %s was ended (%s) while an operation held it", id, s.EndReason)
+		}
+	}
+	for _, unlock := range unlocks {
+		unlock()
+	}
+	want := map[string]string{old: "max_lifetime", idle: "idle_timeout", full: "disk_quota"}
+	deadline := time.Now().Add(10 * time.Second)
+	for id, reason := range want {
+		for {
+			s, _ := m.get(id)
+			if s.Status == StatusEnded {
+				if s.EndReason != reason {
+					t.Errorf("session %s ended with %q, want %q", id, s.EndReason, reason)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("session %s not ended once free: %s", id, s.Status)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	cancel()
+	if err := <-reaped; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// overQuota is a Quota whose check fails for session id only.
+type overQuota string
+
+func (overQuota) Limit(context.Context, string, string) error { return nil }
+func (q overQuota) Check(_ context.Context, id, _ string) (time.Duration, error) {
+	if id == string(q) {
+		return 0, errors.New("over its quota")
+	}
+	return time.Hour, nil
+}
+func (overQuota) Release(context.Context, string, string) {}
+
+// A session's end is final in the fold: a resume or suspend recorded
+// after it (a server before the reaper kept to the lock could write
+// one) leaves it ended, so its sandbox is destroyed at the next start
+// rather than served with its egress closed and its workspace released.
+func TestEndIsFinalInTheFold(t *testing.T) {
+	ctx := context.Background()
+	store := sqlitetest.Open(t)
+	m := New(Options{Store: store}, slog.New(slog.DiscardHandler))
+	const id = "sess-01m8jbh60d7qh1g11cxcbgpmzh"
+	if err := m.append(ctx, id, EventCreated, created{Session: Session{ID: id, Status: StatusRunning}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken())}); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []struct {
+		typ     string
+		payload any
+	}{
+		{EventSuspended, suspended{MemoryKept: true}},
+		{EventEnded, map[string]string{"reason": "max_lifetime"}},
+		{EventResumed, resumed{AgentTokenHash: hashToken(newToken()), Replica: m.opts.Members.Self()}},
+		{EventSuspended, suspended{}},
+	} {
+		if err := m.append(ctx, id, e.typ, e.payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// As folded by this server, and by the next one from the log.
+	again := New(Options{Store: store}, slog.New(slog.DiscardHandler))
+	if err := again.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*Manager{m, again} {
+		if s, err := m.get(id); err != nil || s.Status != StatusEnded || s.EndReason != "max_lifetime" {
+			t.Errorf("after an end, a resume and a suspend: %+v, %v; want ended (max_lifetime)", s.Status, err)
+		}
+	}
+}
