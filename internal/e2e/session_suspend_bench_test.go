@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/service"
@@ -183,12 +182,7 @@ func TestSessionSuspendSoak(t *testing.T) {
 // and a divergence counted, not stopped at; reported are the cycles, the
 // divergences and the latencies, and nothing else runs (no 512 MiB
 // session, fork or runsc by hand).
-var suspendSoak = flag.Bool("suspend-soak", false, "BenchmarkSessionSuspend: run only the suspend and resume soak, b.N cycles of a 64 MiB session on gvisor, counting divergences")
-
-// benchRunsc is the runsc of BenchmarkSessionSuspend's gvisor server and
-// of its runsc by hand, on the platform the runtime picks for it: a runsc
-// with systrap (scripts/k8s/build.sh builds one) against Debian's.
-var benchRunsc = flag.String("runsc", "runsc", "BenchmarkSessionSuspend: the runsc of the gvisor server and of runsc by hand")
+var suspendSoak = flag.Bool("suspend-soak", false, "BenchmarkSessionSuspend: run only the suspend and resume soak, b.N cycles of a 64 MiB session on each gvisor runsc, counting divergences")
 
 // BenchmarkSessionSuspend times a session's suspend and resume through
 // the API on gvisor (p50 and p99, a session
@@ -203,7 +197,9 @@ var benchRunsc = flag.String("runsc", "runsc", "BenchmarkSessionSuspend: the run
 //
 //	go test -tags integration -run '^$' -bench SessionSuspend -benchtime 1000x -timeout 6h ./internal/e2e/ -args -suspend-soak
 //
-// With -runsc PATH, gvisor runs on that runsc.
+// Each runtime of soakRuntimes is a sub-benchmark of its own (gvisor on
+// Debian's runsc, gvisor+systrap on the runsc of 2025): -bench
+// 'SessionSuspend/gvisor\+systrap/' runs one.
 func BenchmarkSessionSuspend(b *testing.B) {
 	sizes := []int{64, 512}
 	if *suspendSoak {
@@ -220,16 +216,7 @@ func BenchmarkSessionSuspend(b *testing.B) {
 }
 
 func benchSuspend(b *testing.B, rt memoryRuntime, mib int) {
-	edit := rt.edit
-	if rt.request.Runtime == "gvisor" {
-		edit = func(c *config.Config) {
-			if rt.edit != nil {
-				rt.edit(c)
-			}
-			c.Gvisor.Runsc = *benchRunsc
-		}
-	}
-	s := startServer(b, []string{}, nil, edit)
+	s := startServer(b, []string{}, nil, rt.edit)
 	id, cold := memorySession(b, s, rt, mib)
 	count, state := sessionCount(s.client, id), sessionState(b, s, id)
 	// runsc by hand beside each cycle (not in the soak), so that both
@@ -237,7 +224,7 @@ func benchSuspend(b *testing.B, rt memoryRuntime, mib int) {
 	// each cycle's own.
 	var bare *bareSandbox
 	if !*suspendSoak {
-		bare = bareRunsc(b, mib)
+		bare = bareRunsc(b, rt.runsc, mib)
 	}
 	var suspends, resumes, cks, rss []time.Duration
 	var susRatios, resRatios []float64
@@ -318,18 +305,22 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // python holds mib MiB, with the flags Corral's runtime gives runsc.
 type bareSandbox struct {
 	dir, bundle, id string
-	platform        string // the runtime's for benchRunsc, asked once
-	n               int
+	bin             string // runsc
+	platform        string // the runtime's for bin, asked once
+	// checkpointFlags and restoreFlags are the runtime's for bin
+	// (gvisor.ImageFlags).
+	checkpointFlags, restoreFlags []string
+	n                             int
 }
 
 // bareRunsc starts a bareSandbox holding mib MiB and waits until its
 // python holds them; the test's end deletes it.
-func bareRunsc(tb testing.TB, mib int) *bareSandbox {
+func bareRunsc(tb testing.TB, runsc string, mib int) *bareSandbox {
 	tb.Helper()
 	dir := tb.TempDir()
 	bundle := filepath.Join(dir, "bundle")
 	os.Mkdir(bundle, 0o700)
-	if out, err := exec.Command(*benchRunsc, "spec", "--bundle", bundle).CombinedOutput(); err != nil {
+	if out, err := exec.Command(runsc, "spec", "--bundle", bundle).CombinedOutput(); err != nil {
 		tb.Fatalf("runsc spec: %v: %s", err, out)
 	}
 	var spec map[string]any
@@ -342,7 +333,8 @@ func bareRunsc(tb testing.TB, mib int) *bareSandbox {
 	spec["mounts"] = append(spec["mounts"].([]any), map[string]any{"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"})
 	b, _ = json.Marshal(spec)
 	os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
-	s := &bareSandbox{dir: dir, bundle: bundle, id: "bench-bare-0", platform: gvisor.DefaultPlatform(*benchRunsc)}
+	s := &bareSandbox{dir: dir, bundle: bundle, id: "bench-bare-0", bin: runsc, platform: gvisor.DefaultPlatform(runsc)}
+	s.checkpointFlags, s.restoreFlags = gvisor.ImageFlags(runsc)
 	if err := s.runsc("run", "--detach", "--bundle", bundle, s.id); err != nil {
 		tb.Fatal(err)
 	}
@@ -357,7 +349,7 @@ func bareRunsc(tb testing.TB, mib int) *bareSandbox {
 
 // runsc runs runsc with the flags Corral's runtime gives it.
 func (s *bareSandbox) runsc(args ...string) error {
-	cmd := exec.Command(*benchRunsc, append([]string{"--root=" + filepath.Join(s.dir, "root"), "--platform=" + s.platform, "--network=none", "--host-uds=open", "--ignore-cgroups"}, args...)...)
+	cmd := exec.Command(s.bin, append([]string{"--root=" + filepath.Join(s.dir, "root"), "--platform=" + s.platform, "--network=none", "--host-uds=open", "--ignore-cgroups"}, args...)...)
 	// A file, not a pipe: a detached sandbox keeps its output open,
 	// and a pipe would hold the command's wait until it ends.
 	out, err := os.CreateTemp(s.dir, "runsc-out")
@@ -384,7 +376,7 @@ func (s *bareSandbox) cycle(tb testing.TB) (checkpoint, restore time.Duration) {
 	os.RemoveAll(image)
 	os.Mkdir(image, 0o700)
 	start := time.Now()
-	if err := s.runsc("checkpoint", "--image-path="+image, s.id); err != nil {
+	if err := s.runsc(append(append([]string{"checkpoint", "--image-path=" + image}, s.checkpointFlags...), s.id)...); err != nil {
 		tb.Fatal(err)
 	}
 	checkpoint = time.Since(start)
@@ -392,7 +384,7 @@ func (s *bareSandbox) cycle(tb testing.TB) (checkpoint, restore time.Duration) {
 	s.n++
 	s.id = fmt.Sprintf("bench-bare-%d", s.n)
 	start = time.Now()
-	if err := s.runsc("restore", "--detach", "--image-path="+image, "--bundle", s.bundle, s.id); err != nil {
+	if err := s.runsc(append(append([]string{"restore", "--detach", "--image-path=" + image}, s.restoreFlags...), "--bundle", s.bundle, s.id)...); err != nil {
 		tb.Fatal(err)
 	}
 	return checkpoint, time.Since(start)

@@ -70,14 +70,19 @@ func RequireRunsc(tb testing.TB) string {
 	return RequireBinary(tb, "runsc", "apt-get install -y runsc")
 }
 
-// RequireSystrapRunsc needs root and the runsc that scripts/k8s/build.sh
-// builds from gVisor's Go module into the test cache
-// ($CORRAL_TEST_CACHE/k8s/bin, default /var/cache/corral-test), which has
-// the systrap platform that Debian's runsc lacks, and returns its path.
+// SystrapRunsc is where scripts/k8s/build.sh puts the runsc it builds
+// from gVisor's Go module ($CORRAL_TEST_CACHE/k8s/bin, default
+// /var/cache/corral-test), which has the systrap platform and the
+// checkpoint flags that Debian's runsc lacks.
+func SystrapRunsc() string {
+	return filepath.Join(cmp.Or(os.Getenv("CORRAL_TEST_CACHE"), "/var/cache/corral-test"), "k8s", "bin", "runsc")
+}
+
+// RequireSystrapRunsc needs root and SystrapRunsc, and returns its path.
 func RequireSystrapRunsc(tb testing.TB) string {
 	tb.Helper()
 	RequireRoot(tb)
-	p := filepath.Join(cmp.Or(os.Getenv("CORRAL_TEST_CACHE"), "/var/cache/corral-test"), "k8s", "bin", "runsc")
+	p := SystrapRunsc()
 	if _, err := os.Stat(p); err != nil {
 		Missing(tb, "runsc with systrap: "+p+" (build: scripts/k8s/build.sh)")
 	}

@@ -406,16 +406,18 @@ func BenchmarkStart(b *testing.B) {
 // but its identity's lease, and comes back restored with its memory (a
 // counter kept in its /tmp, which is the sentry's), its processes (the
 // loop that counts) and its mount, its main process told by SIGCONT; on
-// Debian's runsc (ptrace) and on a runsc of 2025 (systrap).
+// Debian's runsc (ptrace) and on a runsc of 2025 (systrap), which saves
+// the memory uncompressed (its pages in a file of their own) and restores
+// it in the background.
 func TestCheckpointRestore(t *testing.T) {
 	t.Run("debian", func(t *testing.T) {
 		testenv.RequireRunsc(t)
-		checkpointRestore(t, "runsc")
+		checkpointRestore(t, "runsc", false)
 	})
-	t.Run("systrap", func(t *testing.T) { checkpointRestore(t, testenv.RequireSystrapRunsc(t)) })
+	t.Run("systrap", func(t *testing.T) { checkpointRestore(t, testenv.RequireSystrapRunsc(t), true) })
 }
 
-func checkpointRestore(t *testing.T, runsc string) {
+func checkpointRestore(t *testing.T, runsc string, uncompressed bool) {
 	r, _ := MustNew(t, func(o *Options) { o.Runsc = runsc })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -456,6 +458,9 @@ func checkpointRestore(t *testing.T, runsc string) {
 	}
 	if hs, _ := r.List(ctx, nil); len(hs) != 0 {
 		t.Errorf("a checkpointed sandbox is listed: %+v", hs)
+	}
+	if _, err := os.Stat(filepath.Join(image, "pages.img")); (err == nil) != uncompressed {
+		t.Errorf("the image's pages in a file of their own (uncompressed): %v, want %v", err == nil, uncompressed)
 	}
 	if procs := processesOf(t, who.UID); len(procs) > 0 {
 		t.Errorf("processes of the sandbox's identity %s after its checkpoint: %v", who, procs)
