@@ -24,9 +24,7 @@ func TestHistoryPages(t *testing.T) {
 	store := sqlitetest.Open(t)
 	m := New(Options{Store: store}, slog.New(slog.DiscardHandler))
 	const id = "sess-01m8jbh60d7qh1g11cxcbgpmzh"
-	if err := m.append(ctx, id, EventCreated, created{Session: Session{ID: id, Status: StatusRunning}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken())}); err != nil {
-		t.Fatal(err)
-	}
+	recordSession(t, m, Session{ID: id, Status: StatusRunning})
 	const commands = 450
 	var batch []eventstore.Proposed
 	add := func(typ string, v any) {

@@ -33,9 +33,7 @@ func TestReaperLeavesSessionsAnOperationHolds(t *testing.T) {
 		{ID: idle, Status: StatusRunning, CreatedAt: time.Now(), LastUsedAt: long, IdleTimeout: 60, MaxLifetime: 3600},
 		{ID: full, Status: StatusRunning, CreatedAt: time.Now(), LastUsedAt: time.Now(), IdleTimeout: 3600, MaxLifetime: 3600},
 	} {
-		if err := m.append(ctx, s.ID, EventCreated, created{Session: s, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken()), Replica: m.opts.Members.Self()}); err != nil {
-			t.Fatal(err)
-		}
+		recordSession(t, m, s)
 	}
 	if err := m.append(ctx, old, EventSuspended, suspended{MemoryKept: true}); err != nil {
 		t.Fatal(err)
@@ -75,6 +73,15 @@ func TestReaperLeavesSessionsAnOperationHolds(t *testing.T) {
 	}
 }
 
+// recordSession records session s as made by m's replica, with tokens of
+// its own that the test does not need.
+func recordSession(t *testing.T, m *Manager, s Session) {
+	t.Helper()
+	if err := m.append(context.Background(), s.ID, EventCreated, created{Session: s, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken()), Replica: m.opts.Members.Self()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // overQuota is a Quota whose check fails for session id only.
 type overQuota string
 
@@ -96,9 +103,7 @@ func TestEndIsFinalInTheFold(t *testing.T) {
 	store := sqlitetest.Open(t)
 	m := New(Options{Store: store}, slog.New(slog.DiscardHandler))
 	const id = "sess-01m8jbh60d7qh1g11cxcbgpmzh"
-	if err := m.append(ctx, id, EventCreated, created{Session: Session{ID: id, Status: StatusRunning}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken())}); err != nil {
-		t.Fatal(err)
-	}
+	recordSession(t, m, Session{ID: id, Status: StatusRunning})
 	for _, e := range []struct {
 		typ     string
 		payload any

@@ -155,9 +155,7 @@ func agentSession(t *testing.T, store eventstore.Store) (*Manager, string) {
 	}
 	m := New(Options{Store: store, Data: data}, slog.New(slog.DiscardHandler))
 	const id = "sess-01m8jbh60d7qh1g11cxcbgpmzh"
-	if err := m.append(context.Background(), id, EventCreated, created{Session: Session{ID: id, Status: StatusRunning}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken())}); err != nil {
-		t.Fatal(err)
-	}
+	recordSession(t, m, Session{ID: id, Status: StatusRunning})
 	conn, br := execagenttest.Dial(t, []string{"PATH=/usr/bin:/bin"})
 	if err := m.AttachAgent(id, conn, br); err != nil {
 		t.Fatal(err)
