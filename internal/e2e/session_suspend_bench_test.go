@@ -27,14 +27,17 @@ import (
 // memory alone (each GET answers one more), holding as many random MiB
 // as its last argument (random: a checkpoint cannot compress it away).
 const ballastServer = `exec python3 -c '
-import http.server, os, sys
+import http.server, os, sys, zlib
 ballast = bytearray(os.urandom(int(sys.argv[1]) << 20))
 n = 0
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         global n
-        n += 1
-        b = str(n).encode()
+        if self.path == "/sum":
+            b = str(zlib.crc32(ballast)).encode()
+        else:
+            n += 1
+            b = str(n).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(b)))
         self.end_headers()
@@ -93,19 +96,20 @@ func sessionCount(c *httpapi.Client, id string) int {
 	return n
 }
 
-// sessionState is what a suspend must keep: the processes that ran before
-// the command looking (pid and command line), and whether the files match
-// their sums.
+// sessionState is what a suspend must keep: whether the files match their
+// sums, the ballast's CRC-32 (its bytes, as the process holding them
+// reads them), and the processes that ran before the command looking (pid
+// and command line).
 func sessionState(tb testing.TB, s *server, id string) string {
 	tb.Helper()
-	out := sessionRun(tb, s, id, `echo $$; sha256sum -c --quiet sums && echo files-intact || echo files-changed; for p in /proc/[0-9]*; do echo "${p#/proc/} $(tr '\0\n' '  ' < $p/cmdline)"; done`)
+	out := sessionRun(tb, s, id, `echo $$; sha256sum -c --quiet sums && echo files-intact || echo files-changed; python3 -c 'import urllib.request; print("ballast", urllib.request.urlopen("http://127.0.0.1:8765/sum").read().decode())' 2>/dev/null || echo no-ballast; for p in /proc/[0-9]*; do echo "${p#/proc/} $(tr '\0\n' '  ' < $p/cmdline)"; done`)
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	if len(lines) < 2 {
+	if len(lines) < 3 {
 		tb.Fatalf("the session's state: %q", out)
 	}
 	self, _ := strconv.Atoi(lines[0])
 	var kept []string
-	for _, l := range lines[2:] {
+	for _, l := range lines[3:] {
 		pid, _, _ := strings.Cut(l, " ")
 		// What the looking command started came after it.
 		if n, err := strconv.Atoi(pid); err == nil && n < self {
@@ -113,12 +117,12 @@ func sessionState(tb testing.TB, s *server, id string) string {
 		}
 	}
 	slices.Sort(kept)
-	return lines[1] + "\n" + strings.Join(kept, "\n")
+	return lines[1] + "\n" + lines[2] + "\n" + strings.Join(kept, "\n")
 }
 
 // suspendCycle suspends and resumes session id once and says how it
 // diverged from what it was ("" when it did not): its count must be the
-// next one, its processes and files the same.
+// next one, its files, its memory's ballast and its processes the same.
 func suspendCycle(tb testing.TB, s *server, id string, count int, state string) (suspend, resume time.Duration, diverged string) {
 	tb.Helper()
 	ctx := context.Background()
@@ -138,7 +142,7 @@ func suspendCycle(tb testing.TB, s *server, id string, count int, state string) 
 	case got != count+1:
 		diverged = fmt.Sprintf("the count is %d after %d", got, count)
 	case now != state:
-		diverged = fmt.Sprintf("processes or files changed: %q, want %q", now, state)
+		diverged = fmt.Sprintf("files, memory or processes changed: %q, want %q", now, state)
 	}
 	return suspend, resume, diverged
 }
@@ -162,7 +166,7 @@ func TestSessionSuspendSoak(t *testing.T) {
 			s := startServer(t, []string{}, nil, rt.edit)
 			id, _ := memorySession(t, s, rt, 16)
 			count, state := sessionCount(s.client, id), sessionState(t, s, id)
-			if !strings.HasPrefix(state, "files-intact\n") {
+			if !strings.HasPrefix(state, "files-intact\nballast ") {
 				t.Fatalf("the session's state before: %s", state)
 			}
 			for i := range 5 {
@@ -219,6 +223,9 @@ func benchSuspend(b *testing.B, rt memoryRuntime, mib int) {
 	s := startServer(b, []string{}, nil, rt.edit)
 	id, cold := memorySession(b, s, rt, mib)
 	count, state := sessionCount(s.client, id), sessionState(b, s, id)
+	if !strings.HasPrefix(state, "files-intact\nballast ") {
+		b.Fatalf("the session's state before: %s", state)
+	}
 	// runsc by hand beside each cycle (not in the soak), so that both
 	// see the same load on a shared host: the ratios are the medians of
 	// each cycle's own.
