@@ -348,11 +348,13 @@ func (m *Manager) checkQuotas(ctx context.Context, next map[string]time.Time) {
 		gap, err := m.opts.Quota.Check(ctx, id, ownDir(id))
 		if err != nil {
 			// Under the session's lock, as the reaper's ends: one a
-			// suspend or resume holds is checked again at the next tick.
+			// suspend or resume holds is checked again a second later.
 			if unlock, free := m.tryLockOps(id); free {
 				m.log.Warn("session over its disk quota", "session_id", id, "err", err)
 				m.endWith(ctx, id, "disk_quota", err)
 				unlock()
+			} else {
+				next[id] = now.Add(time.Second)
 			}
 			continue
 		}
