@@ -306,14 +306,15 @@ func DefaultPlatform(runsc string) string {
 	return "ptrace"
 }
 
-// ImageFlags are the flags runsc takes for a quicker checkpoint and
-// restore, which the runtime gives it, where it has them (a runsc of 2024 on; Debian 12's of 2022 has
-// none): the image uncompressed, since flate took most of the time of
-// both on memory that does not compress (on a runsc of 2025 here: a
-// restore of 512 MiB in 0.45 s against 0.9 to 1.4 s compressed, of 64 MiB
-// in 0.17 to 0.21 s against 0.24 to 0.33 s; docs/benchmarks.md), and the
-// restore's memory read on in the background once the sandbox runs, which
-// an uncompressed image allows.
+// ImageFlags are the flags of runsc checkpoint and restore that the
+// runtime gives a runsc which has them (the runsc of 2025 that
+// scripts/k8s/build.sh builds does; Debian 12's of 2022 has none): the
+// image uncompressed, since flate took most of both on memory that does
+// not compress (by hand on the runsc of 2025 here, a restore of 512 MiB
+// in 0.45 s against 0.9 to 1.4 s compressed), and the restore's memory
+// read on in the background once the sandbox runs, which an uncompressed
+// image allows (runsc passes the image's files to the sandbox, so that
+// removing them after the restore takes nothing from it).
 func ImageFlags(runsc string) (checkpoint, restore []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
