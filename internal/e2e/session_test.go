@@ -1011,7 +1011,7 @@ var memoryRuntimes = []memoryRuntime{
 		heldNote: "could not be", runsc: "runsc"},
 	{name: "gvisor+systrap", require: func(tb testing.TB) { testenv.RequireSystrapRunsc(tb) }, request: session.CreateRequest{Runtime: "gvisor"},
 		config: "gvisor:\n  runsc: " + testenv.SystrapRunsc() + "\n", edit: func(c *config.Config) { c.Gvisor.Runsc = testenv.SystrapRunsc() },
-		heldNote: "could not be", runsc: testenv.SystrapRunsc(), heldKept: true},
+		runsc: testenv.SystrapRunsc(), heldKept: true},
 	// A container restored from a checkpoint is not checkpointed again
 	// (package docker says why): its next suspend keeps its files.
 	{name: "docker+runsc", require: testenv.RequireDockerCheckpoints,
@@ -1143,7 +1143,7 @@ func keepsItsMemory(t *testing.T, rt memoryRuntime) {
 	}
 	var out strings.Builder
 	if end, err := srv.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell("cat f.txt")}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil }); err != nil || end.ExitCode != 0 || out.String() != "kept\n" {
-		t.Errorf("a command after the checkpoint that failed: %+v, %q, %v; want the file kept", end, out.String(), err)
+		t.Errorf("a command after that suspend: %+v, %q, %v; want the file kept", end, out.String(), err)
 	}
 	// Its sandbox is a fresh one, whose memory a suspend keeps again;
 	// where the held connection was saved, the restored one, which this
