@@ -25,7 +25,8 @@ import (
 
 // ballastServer serves, on the session's loopback, a count kept in its
 // memory alone (each GET answers one more), holding as many random MiB
-// as its last argument (random: a checkpoint cannot compress it away).
+// as its last argument (random: a checkpoint cannot compress it away),
+// whose CRC-32 a GET of /sum answers.
 const ballastServer = `exec python3 -c '
 import http.server, os, sys, zlib
 ballast = bytearray(os.urandom(int(sys.argv[1]) << 20))
