@@ -313,7 +313,14 @@ func (m *Manager) startSandbox(ctx context.Context, p *placement.Runtime, o sand
 		if o.network != task.NetworkNone {
 			m.opts.Egress.Close(o.id)
 		}
-		return nil, "", fmt.Errorf("start the session's sandbox: %w", err)
+		err = fmt.Errorf("start the session's sandbox: %w", err)
+		if !errdefs.Classified(err) {
+			// The runtime could not start it (an engine's refusal, a
+			// binary missing on its host): the caller's to read, as a
+			// task's start failure is, not an internal error.
+			err = fmt.Errorf("%w: %w", err, errdefs.ErrUnavailable)
+		}
+		return nil, "", err
 	}
 	return h, agentToken, nil
 }

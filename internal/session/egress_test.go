@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"errors"
 	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/corral-dev/corral/internal/cluster"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/rtkind"
@@ -185,5 +188,20 @@ func TestSessionEgressKey(t *testing.T) {
 	}
 	if k := m.EgressKey(elsewhere); k != nil || eg.isOpen(elsewhere) {
 		t.Errorf("an ended session's key: %q, proxy open %v; want neither", k, eg.isOpen(elsewhere))
+	}
+}
+
+// A sandbox the runtime cannot start (an engine's refusal) is the
+// caller's to read, as a task's start failure is: unavailable, saying
+// why, not an internal error whose reason stays in the server's log.
+func TestSessionSandboxNotStartedSaysWhy(t *testing.T) {
+	m, _, fake := remoteManager(t)
+	fake.CreateErr = func(sandbox.Spec) error {
+		return errors.New(`Error response from daemon: exec: "docker-init": executable file not found in $PATH`)
+	}
+	const id = "sess-01m8jbh60d7qh1g11cxcbgpml0"
+	_, _, err := m.startSandbox(context.Background(), m.opts.Placements.Usable(rtkind.Local), sandboxOf{id: id, network: task.NetworkNone, dir: ownDir(id)})
+	if got := errdefs.HTTPStatus(err); got != http.StatusServiceUnavailable || !strings.Contains(errdefs.Message(err), "docker-init") {
+		t.Errorf("a sandbox not started: %d %q; want 503 saying why", got, errdefs.Message(err))
 	}
 }
