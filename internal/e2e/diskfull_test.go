@@ -141,9 +141,11 @@ func TestDiskFull(t *testing.T) {
 		if code, body = s.spawnRaw(t, `"true"`); code != http.StatusCreated {
 			break
 		}
-		var tk struct{ TaskID string }
-		json.Unmarshal([]byte(body), &tk)
-		accepted = append(accepted, tk.TaskID)
+		var tk task.Task
+		if err := json.Unmarshal([]byte(body), &tk); err != nil || tk.ID == "" {
+			t.Fatalf("a spawn's answer: %v %s; want a task with its id", err, body)
+		}
+		accepted = append(accepted, tk.ID)
 		t.Logf("a spawn found room the server made (its store's reserve): filling the disk again")
 	}
 	if code != http.StatusInsufficientStorage || !strings.Contains(body, "disk is full") {
