@@ -171,7 +171,7 @@ func (d *doctorCache) checks(ctx context.Context) ([]Check, time.Time) {
 func doctorRuntime(ctx context.Context, name string, cfg *config.Config, stateDir string, host hostuser.Identity, log *slog.Logger) []Check {
 	c := Check{Name: "runtime " + name, Required: cfg.Runtime == name}
 	dataRoot, _ := filepath.Abs(cfg.Data)
-	rt, err := openRuntime(name, cfg, dataRoot, stateDir, host, nil, log)
+	rt, err := openRuntime(name, cfg, dataRoot, stateDir, "", host, nil, log)
 	if rt == nil && err == nil {
 		c.Detail = unconfigured(name, cfg)
 		return []Check{c}

@@ -72,10 +72,13 @@ func clusterConfig(cfg *config.Config) (*rest.Config, error) {
 
 // openRuntime builds the runtime name (one of rtkind.Names()) as cfg
 // configures it, keeping its state under stateDir, or returns nil for one
-// not configured (unconfigured says why). corral serve and corral doctor both build their runtimes
+// not configured (unconfigured says why). worker is the corral-worker
+// executable beside the server's own (not the copy staged in the data
+// root for sandboxes), which gvisor runs on the host, as root, as its
+// restores' subreaper; "" for none (doctor, which restores nothing). corral serve and corral doctor both build their runtimes
 // here, so doctor checks what serve runs. This is the one place that names
 // concrete backends.
-func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, host hostuser.Identity, ids *hostuser.Identities, log *slog.Logger) (sandbox.Runtime, error) {
+func openRuntime(name string, cfg *config.Config, dataRoot, stateDir, worker string, host hostuser.Identity, ids *hostuser.Identities, log *slog.Logger) (sandbox.Runtime, error) {
 	switch name {
 	case local.Name:
 		return local.New(local.Options{
@@ -102,6 +105,7 @@ func openRuntime(name string, cfg *config.Config, dataRoot, stateDir string, hos
 			TmpSize:    cfg.Local.TmpSize.Bytes(),
 			Host:       host,
 			Identities: ids,
+			Subreaper:  worker,
 			Crash:      crashHook(cfg.CrashAt, log),
 		}, log)
 	case docker.Name:
@@ -162,7 +166,7 @@ func (a *App) openRuntimes(ctx context.Context) (map[string]sandbox.Runtime, err
 	// One range of identities for the sandboxes of every runtime here.
 	ids := hostuser.NewIdentities(a.sandboxUser, a.data.HostPath(workspace.DirRun, "identities"))
 	for _, name := range rtkind.Names() {
-		rt, err := openRuntime(name, a.cfg, a.data.Path(), a.data.HostPath(workspace.DirRun, name), a.sandboxUser, ids, a.log)
+		rt, err := openRuntime(name, a.cfg, a.data.Path(), a.data.HostPath(workspace.DirRun, name), filepath.Join(filepath.Dir(a.opts.Binary), workerproto.WorkerName), a.sandboxUser, ids, a.log)
 		if err != nil {
 			return nil, fmt.Errorf("open %s runtime: %w", name, err)
 		}

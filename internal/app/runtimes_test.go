@@ -25,7 +25,7 @@ func TestRuntimeNamesAgree(t *testing.T) {
 	t.Setenv("KUBECONFIG", "")
 	cfg := config.Default()
 	for _, name := range rtkind.Names() {
-		rt, err := openRuntime(name, cfg, t.TempDir(), t.TempDir(), hostuser.Default(), nil, slog.New(slog.DiscardHandler))
+		rt, err := openRuntime(name, cfg, t.TempDir(), t.TempDir(), "", hostuser.Default(), nil, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Errorf("runtime %s: %v", name, err)
 		}

@@ -363,11 +363,21 @@ func OpenPTY(tb testing.TB) (pty, tty *os.File) {
 	return pty, tty
 }
 
+// corralBinEnv names, in the environment of a test binary MainWithCorral
+// runs, the directory of the binaries it built: the test binary run
+// again as a helper (sandboxtest.KilledAt's) uses them, neither building
+// its own nor, killed, leaving them behind.
+const corralBinEnv = "CORRAL_TEST_BIN_DIR"
+
 // MainWithCorral is a TestMain for packages whose tests run the corral
 // binary: it builds it into *bin, with corral-worker beside it (sandboxes
 // run that; some tests run corral as the server), runs the tests and
 // removes them.
 func MainWithCorral(m *testing.M, bin *string) {
+	if dir := os.Getenv(corralBinEnv); dir != "" {
+		*bin = filepath.Join(dir, "corral")
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "corral-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -384,6 +394,7 @@ func MainWithCorral(m *testing.M, bin *string) {
 		fmt.Fprintln(os.Stderr, "build corral:", err)
 		os.Exit(1)
 	}
+	os.Setenv(corralBinEnv, dir)
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

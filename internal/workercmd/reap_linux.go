@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -134,4 +135,43 @@ func waitAll(child int, stderr io.Writer) int {
 			return 128 + int(ws.Signal())
 		}
 	}
+}
+
+// leftoverWait bounds how long Subreaper waits, once its command has
+// exited, for the orphans it adopted that still run.
+const leftoverWait = 5 * time.Second
+
+// Subreaper is `corral worker subreaper CMD ARGS...`, on the host: it runs
+// CMD as its child, as a child subreaper (PR_SET_CHILD_SUBREAPER), so
+// that a process CMD's descendants leave behind becomes its child rather
+// than the host init's, and it reaps them as they exit; once CMD exits it
+// reaps what is left (waiting up to leftoverWait for those still running)
+// and exits as CMD did. The gvisor runtime runs a restore's launcher
+// under it: `runsc restore` leaves its gofer an orphan, and runsc's
+// delete of the container waits for the gofer's end to be reaped, which a
+// host's init may take seconds to do (docs/sessions-suspend.md). CMD gets
+// this process's stdin, stdout, stderr and session.
+func Subreaper(args []string, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: corral worker subreaper CMD [ARGS...]")
+		return worker.ExitUsage
+	}
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintf(stderr, "corral worker subreaper: become a child subreaper: %v\n", err)
+		return worker.ExitSetup
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(stderr, "corral worker subreaper: %v\n", err)
+		return worker.ExitSetup
+	}
+	code := waitAll(cmd.Process.Pid, stderr)
+	for deadline := time.Now().Add(leftoverWait); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		var ws unix.WaitStatus
+		if _, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil); errors.Is(err, unix.ECHILD) {
+			break
+		}
+	}
+	return code
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -36,6 +37,9 @@ func TestMain(m *testing.M) {
 			os.Exit(reap(os.Environ(), os.Stderr))
 		}
 		os.Exit(reapTestWorker(mode))
+	}
+	if os.Getenv(subreaperTestEnv) != "" {
+		os.Exit(Main(context.Background(), append([]string{"subreaper"}, os.Args[1:]...), os.Stderr))
 	}
 	if os.Getenv(warmIdleTestEnv) != "" {
 		os.Exit(Main(context.Background(), []string{"warm"}, os.Stderr))
@@ -185,5 +189,40 @@ func TestPid1ForwardsSIGTERM(t *testing.T) {
 	io.Copy(io.Discard, stdout)
 	if err := cmd.Wait(); exitCode(err) != 42 {
 		t.Fatalf("pid 1 exited with %v, want 42 (the worker's, on SIGTERM)", err)
+	}
+}
+
+// subreaperTestEnv has this test binary run `corral worker subreaper` with
+// its arguments.
+const subreaperTestEnv = "CORRAL_TEST_SUBREAPER"
+
+// TestSubreaper: the subreaper adopts what its command leaves behind and
+// reaps it before it exits, with the command's exit code. The command, a
+// shell, exits 3 at once; its background job, orphaned, records its own
+// pid and its parent's a moment later, then exits.
+func TestSubreaper(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "pids")
+	cmd := exec.Command(os.Args[0], "/bin/sh", "-c", `(sleep 0.3; exec awk '/^Pid:/ {p=$2} /^PPid:/ {pp=$2} END {print p, pp}' /proc/self/status > "$0") & exit 3`, out)
+	cmd.Env = append(os.Environ(), subreaperTestEnv+"=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 {
+		t.Fatalf("subreaper: %v %s; want exit code 3, the command's", err, stderr.Bytes())
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatalf("the orphan had not run when the subreaper exited: %v", err)
+	}
+	var orphan, parent int
+	if _, err := fmt.Sscan(string(b), &orphan, &parent); err != nil {
+		t.Fatalf("%q: %v", b, err)
+	}
+	if parent != cmd.Process.Pid {
+		t.Errorf("the orphan's parent was %d, not the subreaper (%d)", parent, cmd.Process.Pid)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", orphan)); !os.IsNotExist(err) {
+		t.Errorf("the orphan (pid %d) is still on the host after the subreaper exited: %v", orphan, err)
 	}
 }

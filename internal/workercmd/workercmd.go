@@ -1,5 +1,6 @@
 // Package workercmd is the worker's command line, `corral worker
-// run-task|warm|session`: what a sandbox's main process runs. corral
+// run-task|warm|session`: what a sandbox's main process runs (and
+// `subreaper`, which the gvisor runtime runs on the host). corral
 // and corral-worker (the binary sandboxes start, which links only this)
 // both call Main.
 package workercmd
@@ -28,7 +29,8 @@ import (
 
 // Main runs `corral worker ARGS...` and returns the exit code: run-task,
 // warm in a warm sandbox (until a task claims it), or session in a
-// session's. As its sandbox's pid 1 it is the reaper of orphans, and
+// session's; on the host, subreaper under a gvisor restore's launcher
+// (Subreaper). As its sandbox's pid 1 it is the reaper of orphans, and
 // runs the worker as its child (reap).
 func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	worker.CapProcs() // before anything here collects garbage
@@ -42,6 +44,8 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		return RunWarm(ctx, stderr)
 	case len(args) > 0 && args[0] == "run-task":
 		return RunWorker(ctx, args[1:], os.Environ(), stderr)
+	case len(args) > 0 && args[0] == "subreaper":
+		return Subreaper(args[1:], stderr)
 	}
 	fmt.Fprintln(stderr, "usage: corral worker run-task --prompt FILE --task-id ID --webhook URL [--agent NAME] [-- CMD ARGS...]")
 	return worker.ExitUsage

@@ -35,7 +35,8 @@ const (
 // both the helper's and the parent's: the sandboxes' cgroups under
 // cgParent, the subtest's own.
 func crashOptions(state, cgParent string) Options {
-	return Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: cgParent}
+	return Options{DataRoot: sandboxtest.DataRoot, StateDir: state, CgroupParent: cgParent,
+		Subreaper: filepath.Join(filepath.Dir(corralBin), "corral-worker")}
 }
 
 // TestCrashPoints: a server killed with SIGKILL at each point of a task's
@@ -242,4 +243,106 @@ func crashHelper(t *testing.T, point string) {
 		t.Fatal(err)
 	}
 	sandboxtest.CreateUntilKilled(t, r, point, os.Getenv(envCrashTasks), os.Getenv(envCrashID))
+}
+
+// TestRestoreCrashPoints: a server killed with SIGKILL in a restore (a
+// session's resume), once its launcher runs under the subreaper
+// (launched) and once the sandbox's state names it (gated), leaves what
+// the next runtime tells apart, as a cold start's crash points do:
+// launched, no sandbox, and the launcher, its gate closed, gone with
+// nothing run; gated, a sandbox that ends without running (NotStarted,
+// with its reason). Either way, once it is destroyed, no runsc
+// container and no process of it is left, subreaper included.
+func TestRestoreCrashPoints(t *testing.T) {
+	if point := os.Getenv(envCrashPoint); point != "" {
+		restoreCrashHelper(t, point)
+		return
+	}
+	testenv.RequireRunsc(t)
+	for _, tt := range []struct {
+		point string
+		found bool
+	}{
+		{sandbox.CrashLaunched, false},
+		{sandbox.CrashGated, true},
+	} {
+		t.Run(tt.point, func(t *testing.T) {
+			state, tasks := filepath.Join(testenv.TempDir(t), "state"), testenv.TempDir(t)
+			id := sandboxtest.NewID(t)
+			if err := os.MkdirAll(filepath.Join(tasks, id), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cgParent := "corral-gvisor-test/" + id
+			sandboxtest.KilledAt(t, "TestRestoreCrashPoints", tt.point, envCrashPoint+"="+tt.point, envCrashState+"="+state, envCrashTasks+"="+tasks, envCrashID+"="+id, envCrashCg+"="+cgParent)
+
+			r, err := New(crashOptions(state, cgParent), slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				r.Close()
+				if r.cg != nil {
+					for _, d := range r.cg.Dirs("") {
+						os.Remove(d)
+					}
+				}
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			hs, err := r.List(ctx, map[string]string{"test": id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(hs) == 1; got != tt.found || len(hs) > 1 {
+				t.Fatalf("sandboxes after the restart: %+v, want found %v", hs, tt.found)
+			}
+			if tt.found {
+				if err := r.Recover(ctx, &hs[0]); err != nil {
+					t.Fatalf("Recover: %v", err)
+				}
+				if es, err := r.Wait(ctx, id); err != nil || !es.NotStarted || es.Message == "" {
+					t.Errorf("the restored sandbox's end %+v (%v): want NotStarted, with its reason", es, err)
+				}
+			} else {
+				time.Sleep(time.Second) // what a launcher let go would do takes about as long
+			}
+			if err := r.Destroy(ctx, id); err != nil {
+				t.Errorf("Destroy: %v", err)
+			}
+			if got := r.runscList(t); len(got) != 0 {
+				t.Errorf("runsc after the sandbox is destroyed: %+v, want nothing", got)
+			}
+			for pid, cmd := range processesMentioning(state) {
+				t.Errorf("process %d runs after the sandbox is destroyed: %s", pid, cmd)
+			}
+		})
+	}
+}
+
+// restoreCrashHelper is TestRestoreCrashPoints' "server": it creates a
+// sandbox that counts, checkpoints it, and restores it, killing itself
+// with SIGKILL at point of the restore.
+func restoreCrashHelper(t *testing.T, point string) {
+	r, err := New(crashOptions(os.Getenv(envCrashState), os.Getenv(envCrashCg)), slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sp := sandboxtest.CrashSpec(os.Getenv(envCrashTasks), os.Getenv(envCrashID))
+	sp.Command = []string{sandboxtest.Shell, "-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.05; done`}
+	if _, err := r.Create(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	image := filepath.Join(os.Getenv(envCrashState), "image")
+	if err := os.Mkdir(image, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Checkpoint(ctx, sp.ID, image); err != nil {
+		t.Fatal(err)
+	}
+	r.opts.Crash = sandboxtest.KillAt(point)
+	if _, err := r.Restore(ctx, sp, image); err != nil {
+		t.Fatal(err)
+	}
+	t.Fatalf("Restore returned without passing %s", point)
 }

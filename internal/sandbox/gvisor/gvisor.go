@@ -79,6 +79,8 @@
 // ends; neither has the server as a parent that matters, so a server
 // killed with SIGKILL leaves them running and a new one finds them in
 // StateDir (state.json: the launcher's pid and start time, the cgroups).
+// A restore's launcher (`runsc restore`) runs under a child subreaper,
+// Options.Subreaper, whose pid is then the one recorded.
 // `runsc wait` cannot be used after a restart: once the sandbox has exited
 // it no longer knows the exit status.
 //
@@ -164,6 +166,13 @@ type Options struct {
 	// Identities leases each sandbox its host identity; default one over
 	// StateDir/identities. Runtimes of one server share theirs.
 	Identities *hostuser.Identities
+	// Subreaper is the corral-worker executable, absolute: a restore's
+	// launcher runs under `Subreaper worker subreaper`, which adopts and
+	// reaps the gofer that `runsc restore` leaves an orphan, so that the
+	// container's delete after its next checkpoint does not wait for the
+	// host's init to reap it (1.5 s a suspend on some hosts:
+	// docs/sessions-suspend.md). Empty: none, and those waits.
+	Subreaper string
 	// Crash, when set, is called at each of sandbox.CrashPoints Create
 	// passes here (a cold start's sandbox.CrashLaunched and CrashGated, a
 	// warm claim's CrashClaimed, CrashMoved, CrashHandedOver and
@@ -242,6 +251,11 @@ func New(opts Options, log *slog.Logger) (*Runtime, error) {
 	}
 	if opts.StateDir == "" || !filepath.IsAbs(opts.StateDir) {
 		return nil, fmt.Errorf("gvisor runtime state dir %q: must be an absolute path: %w", opts.StateDir, errdefs.ErrInvalidArgument)
+	}
+	if opts.Subreaper != "" {
+		if fi, err := os.Stat(opts.Subreaper); !filepath.IsAbs(opts.Subreaper) || err != nil || fi.Mode()&0o111 == 0 || !fi.Mode().IsRegular() {
+			return nil, fmt.Errorf("gvisor runtime subreaper %q: must be an absolute path to an executable file: %w", opts.Subreaper, errdefs.ErrInvalidArgument)
+		}
 	}
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "runsc"), 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
@@ -642,6 +656,9 @@ func (r *Runtime) start(ctx context.Context, spec sandbox.Spec, dir, image strin
 		argv = append(argv, "run")
 	}
 	argv = append(argv, "--bundle", bundle, spec.ID)
+	if image != "" && r.opts.Subreaper != "" {
+		argv = append([]string{r.opts.Subreaper, "worker", "subreaper"}, argv...)
+	}
 	// Not CommandContext: the sandbox must outlive ctx and this process.
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir

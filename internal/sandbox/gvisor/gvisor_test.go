@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,14 +24,28 @@ import (
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
+// corralBin is the corral binary TestMain built; corral-worker, which a
+// restore's launcher runs under (Options.Subreaper), is beside it.
+var corralBin string
+
+func TestMain(m *testing.M) {
+	// In a sandbox, as TestHelperDial or TestHelperSeccomp: nothing to
+	// build, and no go to build it with.
+	if os.Getenv("CORRAL_GVISOR_DIAL") != "" || os.Getenv("CORRAL_GVISOR_SECCOMP") != "" {
+		os.Exit(m.Run())
+	}
+	testenv.MainWithCorral(m, &corralBin)
+}
+
 // MustNew returns a Runtime over a fresh state dir, with cgroups under a
-// parent unique to this package's tests, and a function that builds another
-// instance over the same state (a restarted server). mods change the
-// options.
+// parent unique to this package's tests and the subreaper the server
+// gives it, and a function that builds another instance over the same
+// state (a restarted server). mods change the options.
 func MustNew(tb testing.TB, mods ...func(*Options)) (*Runtime, func() *Runtime) {
 	tb.Helper()
 	testenv.RequireRunsc(tb)
-	opts := Options{DataRoot: sandboxtest.DataRoot, StateDir: filepath.Join(tb.TempDir(), "state"), CgroupParent: "corral-gvisor-test"}
+	opts := Options{DataRoot: sandboxtest.DataRoot, StateDir: filepath.Join(tb.TempDir(), "state"), CgroupParent: "corral-gvisor-test",
+		Subreaper: filepath.Join(filepath.Dir(corralBin), "corral-worker")}
 	for _, mod := range mods {
 		mod(&opts)
 	}
@@ -487,12 +502,43 @@ func checkpointRestore(t *testing.T, runsc string, uncompressed bool) {
 			t.Fatalf("the main process was not sent SIGCONT once restored: %q", b)
 		}
 	}
+	// runsc restore leaves its gofer an orphan when the sandbox ends; the
+	// launcher, a subreaper, adopts and reaps it before it exits, so none
+	// is left for the host's init to reap (runsc delete, a checkpoint's
+	// last step, would wait for that: seconds on some hosts).
+	gofer := goferPID(t, r, sp.ID)
+	if err := r.Stop(ctx, sp.ID, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Wait(ctx, sp.ID); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", gofer)); err == nil {
+		t.Errorf("the restored sandbox's gofer (pid %d) is still on the host once its launcher has exited: %s", gofer, b)
+	}
 	if err := r.Destroy(ctx, sp.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(r.opts.StateDir, "identities", fmt.Sprint(who.UID))); !os.IsNotExist(err) {
 		t.Errorf("the identity's lease after Destroy: %v", err)
 	}
+}
+
+// goferPID is the host pid of the gofer of running sandbox id, from
+// runsc's record of it.
+func goferPID(t *testing.T, r *Runtime, id string) int {
+	t.Helper()
+	b, err := os.ReadFile(r.runscRecord(id) + ".state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		GoferPid int `json:"goferPid"`
+	}
+	if err := json.Unmarshal(b, &rec); err != nil || rec.GoferPid <= 0 {
+		t.Fatalf("runsc's record of %s names no gofer (%v): %s", id, err, b)
+	}
+	return rec.GoferPid
 }
 
 // processesOf are the host's processes running as uid.

@@ -4,6 +4,7 @@ package gvisor
 
 import (
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -39,6 +40,22 @@ func TestValidateSpec(t *testing.T) {
 		var fe *errdefs.FieldError
 		if err := validateSpec(sp, root); !errors.As(err, &fe) || fe.Field != tc.field {
 			t.Errorf("%s: validateSpec = %v, want an error for %s", name, err, tc.field)
+		}
+	}
+}
+
+// TestNewChecksTheSubreaper: the subreaper, run as root on the host, must
+// be an absolute path to an executable file.
+func TestNewChecksTheSubreaper(t *testing.T) {
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "plain")
+	if err := os.WriteFile(plain, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"corral-worker", plain, filepath.Join(dir, "missing"), dir} {
+		_, err := New(Options{DataRoot: dir, StateDir: filepath.Join(dir, "state"), Subreaper: bad, DisableCgroups: true}, slog.New(slog.DiscardHandler))
+		if !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("subreaper %q: New = %v, want invalid argument", bad, err)
 		}
 	}
 }
