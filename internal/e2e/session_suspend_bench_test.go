@@ -315,9 +315,8 @@ type bareSandbox struct {
 	dir, bundle, id string
 	bin             string // runsc
 	platform        string // the runtime's for bin, asked once
-	// checkpointFlags and restoreFlags are the runtime's for bin
-	// (gvisor.ImageFlags).
-	checkpointFlags, restoreFlags []string
+	// image are the runtime's flags for bin (gvisor.ImageFlags).
+	image gvisor.ImageOptions
 	n                             int
 }
 
@@ -342,7 +341,7 @@ func bareRunsc(tb testing.TB, runsc string, mib int) *bareSandbox {
 	b, _ = json.Marshal(spec)
 	os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
 	s := &bareSandbox{dir: dir, bundle: bundle, id: "bench-bare-0", bin: runsc, platform: gvisor.DefaultPlatform(runsc)}
-	s.checkpointFlags, s.restoreFlags = gvisor.ImageFlags(runsc)
+	s.image = gvisor.ImageFlags(runsc)
 	if err := s.runsc("run", "--detach", "--bundle", bundle, s.id); err != nil {
 		tb.Fatal(err)
 	}
@@ -384,7 +383,7 @@ func (s *bareSandbox) cycle(tb testing.TB) (checkpoint, restore time.Duration) {
 	os.RemoveAll(image)
 	os.Mkdir(image, 0o700)
 	start := time.Now()
-	if err := s.runsc(append(append([]string{"checkpoint", "--image-path=" + image}, s.checkpointFlags...), s.id)...); err != nil {
+	if err := s.runsc(append(append([]string{"checkpoint", "--image-path=" + image}, s.image.CheckpointFlags(image)...), s.id)...); err != nil {
 		tb.Fatal(err)
 	}
 	checkpoint = time.Since(start)
@@ -392,7 +391,7 @@ func (s *bareSandbox) cycle(tb testing.TB) (checkpoint, restore time.Duration) {
 	s.n++
 	s.id = fmt.Sprintf("bench-bare-%d", s.n)
 	start = time.Now()
-	if err := s.runsc(append(append([]string{"restore", "--detach", "--image-path=" + image}, s.restoreFlags...), "--bundle", s.bundle, s.id)...); err != nil {
+	if err := s.runsc(append(append([]string{"restore", "--detach", "--image-path=" + image}, s.image.Restore...), "--bundle", s.bundle, s.id)...); err != nil {
 		tb.Fatal(err)
 	}
 	return checkpoint, time.Since(start)

@@ -77,3 +77,34 @@ func TestCheckpointRestoreRunscs(t *testing.T) {
 		t.Errorf("runscs started by a checkpoint and a restore: %q, want %q", got, want)
 	}
 }
+
+// TestCheckpointFlags: --direct goes with a checkpoint only where runsc
+// has it and the image's directory opens a file with O_DIRECT (asked
+// with a file removed again); elsewhere (here, a directory that is not
+// there) the checkpoint goes through the page cache.
+func TestCheckpointFlags(t *testing.T) {
+	dir := t.TempDir()
+	plain := ImageOptions{Checkpoint: []string{"--compression=none"}}
+	direct := plain
+	direct.Direct = true
+	for _, tc := range []struct {
+		o    ImageOptions
+		dir  string
+		want []string
+	}{
+		{direct, dir, []string{"--compression=none", "--direct"}},
+		{direct, filepath.Join(dir, "missing"), []string{"--compression=none"}},
+		{plain, dir, []string{"--compression=none"}},
+		{ImageOptions{}, dir, nil},
+	} {
+		if got := tc.o.CheckpointFlags(tc.dir); !slices.Equal(got, tc.want) {
+			t.Errorf("%+v in %s: %q, want %q", tc.o, tc.dir, got, tc.want)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("the O_DIRECT probe left %v", ents)
+	}
+	if !slices.Equal(direct.Checkpoint, []string{"--compression=none"}) {
+		t.Errorf("CheckpointFlags changed the options: %q", direct.Checkpoint)
+	}
+}

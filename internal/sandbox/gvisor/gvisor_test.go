@@ -17,6 +17,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
@@ -477,6 +480,11 @@ func checkpointRestore(t *testing.T, runsc string, uncompressed bool) {
 	if _, err := os.Stat(filepath.Join(image, "pages.img")); (err == nil) != uncompressed {
 		t.Errorf("the image's pages in a file of their own (uncompressed): %v, want %v", err == nil, uncompressed)
 	}
+	if uncompressed {
+		if pages, cached := pageCache(t, filepath.Join(image, "pages.img")); pages == 0 || cached > 0 {
+			t.Errorf("the image's pages file: %d of its %d pages in the page cache, want none (written with O_DIRECT)", cached, pages)
+		}
+	}
 	if procs := processesOf(t, who.UID); len(procs) > 0 {
 		t.Errorf("processes of the sandbox's identity %s after its checkpoint: %v", who, procs)
 	}
@@ -522,6 +530,34 @@ func checkpointRestore(t *testing.T, runsc string, uncompressed bool) {
 	if _, err := os.Stat(filepath.Join(r.opts.StateDir, "identities", fmt.Sprint(who.UID))); !os.IsNotExist(err) {
 		t.Errorf("the identity's lease after Destroy: %v", err)
 	}
+}
+
+// pageCache is how many pages file path has, and how many of them are in
+// the host's page cache.
+func pageCache(t *testing.T, path string) (pages, cached int) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || fi.Size() == 0 {
+		t.Fatalf("%s: %v, size %d", path, err, fi.Size())
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatalf("mincore %s: %v", path, e)
+	}
+	for _, v := range vec {
+		cached += int(v & 1)
+	}
+	return len(vec), cached
 }
 
 // goferPID is the host pid of the gofer of running sandbox id, from
