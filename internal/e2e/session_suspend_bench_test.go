@@ -317,7 +317,7 @@ type bareSandbox struct {
 	platform        string // the runtime's for bin, asked once
 	// image are the runtime's flags for bin (gvisor.ImageFlags).
 	image gvisor.ImageOptions
-	n                             int
+	n     int
 }
 
 // bareRunsc starts a bareSandbox holding mib MiB and waits until its
