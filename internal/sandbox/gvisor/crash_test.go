@@ -75,30 +75,7 @@ func TestCrashPoints(t *testing.T) {
 		{sandbox.CrashGated, true, false},
 	} {
 		t.Run(tt.point, func(t *testing.T) {
-			state, tasks := filepath.Join(testenv.TempDir(t), "state"), testenv.TempDir(t)
-			id := sandboxtest.NewID(t)
-			dir := filepath.Join(tasks, id)
-			if err := os.MkdirAll(filepath.Join(dir, "input"), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, "prompt.md"), []byte("kept"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			cgParent := "corral-gvisor-test/" + id
-			sandboxtest.KilledAt(t, "TestCrashPoints", tt.point, envCrashPoint+"="+tt.point, envCrashState+"="+state, envCrashTasks+"="+tasks, envCrashID+"="+id, envCrashCg+"="+cgParent)
-
-			r, err := New(crashOptions(state, cgParent), slog.New(slog.NewTextHandler(io.Discard, nil)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				r.Close()
-				if r.cg != nil {
-					for _, d := range r.cg.Dirs("") {
-						os.Remove(d)
-					}
-				}
-			})
+			r, state, id, dir := afterCrash(t, "TestCrashPoints", tt.point)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			t.Cleanup(func() { r.Destroy(context.Background(), id) })
@@ -192,6 +169,38 @@ func TestCrashPoints(t *testing.T) {
 	}
 }
 
+// afterCrash has this test binary, as the "server" of test run, die at
+// point over a fresh state dir and a task whose directory holds input/
+// and prompt.md ("kept"), and returns a runtime over that state (the
+// restarted server's), the state dir, the task's id and its directory.
+func afterCrash(t *testing.T, run, point string) (r *Runtime, state, id, dir string) {
+	t.Helper()
+	state, tasks := filepath.Join(testenv.TempDir(t), "state"), testenv.TempDir(t)
+	id = sandboxtest.NewID(t)
+	dir = filepath.Join(tasks, id)
+	if err := os.MkdirAll(filepath.Join(dir, "input"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "prompt.md"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cgParent := "corral-gvisor-test/" + id
+	sandboxtest.KilledAt(t, run, point, envCrashPoint+"="+point, envCrashState+"="+state, envCrashTasks+"="+tasks, envCrashID+"="+id, envCrashCg+"="+cgParent)
+	r, err := New(crashOptions(state, cgParent), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		r.Close()
+		if r.cg != nil {
+			for _, d := range r.cg.Dirs("") {
+				os.Remove(d)
+			}
+		}
+	})
+	return r, state, id, dir
+}
+
 // runscContainer is a container `runsc list` reports.
 type runscContainer struct {
 	ID     string `json:"id"`
@@ -267,26 +276,7 @@ func TestRestoreCrashPoints(t *testing.T) {
 		{sandbox.CrashGated, true},
 	} {
 		t.Run(tt.point, func(t *testing.T) {
-			state, tasks := filepath.Join(testenv.TempDir(t), "state"), testenv.TempDir(t)
-			id := sandboxtest.NewID(t)
-			if err := os.MkdirAll(filepath.Join(tasks, id), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			cgParent := "corral-gvisor-test/" + id
-			sandboxtest.KilledAt(t, "TestRestoreCrashPoints", tt.point, envCrashPoint+"="+tt.point, envCrashState+"="+state, envCrashTasks+"="+tasks, envCrashID+"="+id, envCrashCg+"="+cgParent)
-
-			r, err := New(crashOptions(state, cgParent), slog.New(slog.NewTextHandler(io.Discard, nil)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				r.Close()
-				if r.cg != nil {
-					for _, d := range r.cg.Dirs("") {
-						os.Remove(d)
-					}
-				}
-			})
+			r, state, id, _ := afterCrash(t, "TestRestoreCrashPoints", tt.point)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			hs, err := r.List(ctx, map[string]string{"test": id})
