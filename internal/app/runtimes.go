@@ -75,8 +75,9 @@ func clusterConfig(cfg *config.Config) (*rest.Config, error) {
 // not configured (unconfigured says why). worker is the corral-worker
 // executable beside the server's own (not the copy staged in the data
 // root for sandboxes), which gvisor runs on the host, as root, as its
-// restores' subreaper; "" for none (doctor, which restores nothing). corral serve and corral doctor both build their runtimes
-// here, so doctor checks what serve runs. This is the one place that names
+// restores' subreaper; "" for none (doctor, which restores nothing).
+// corral serve and corral doctor both build their runtimes here, so
+// doctor checks what serve runs. This is the one place that names
 // concrete backends.
 func openRuntime(name string, cfg *config.Config, dataRoot, stateDir, worker string, host hostuser.Identity, ids *hostuser.Identities, log *slog.Logger) (sandbox.Runtime, error) {
 	switch name {
