@@ -1099,6 +1099,19 @@ func keepsItsMemory(t *testing.T, rt memoryRuntime) {
 	if n1, _ := strconv.Atoi(first); count() != strconv.Itoa(n1+1) {
 		t.Errorf("the count after the resume is not the one after %s: its memory was not kept", first)
 	}
+	// The restored checkpoint is moved aside at the resume and removed by
+	// the reaper soon after, not while the resume's caller waits.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		ents, _ := os.ReadDir(filepath.Join(data, "run", "sessions", id))
+		left := slices.DeleteFunc(ents, func(e os.DirEntry) bool { return !strings.HasPrefix(e.Name(), "checkpoint") })
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the checkpoint 10 s after the resume: %v still there", left)
+			break
+		}
+	}
 	var all strings.Builder
 	end, err := sc.ReadExec(ctx, id, ticker, 0, true, func(o service.ExecOutput) error { all.Write(o.Data); return nil })
 	var want strings.Builder

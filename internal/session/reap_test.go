@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -126,5 +128,56 @@ func TestEndIsFinalInTheFold(t *testing.T) {
 		if s, err := m.get(id); err != nil || s.Status != StatusEnded || s.EndReason != "max_lifetime" {
 			t.Errorf("after an end, a resume and a suspend: %+v, %v; want ended (max_lifetime)", s.Status, err)
 		}
+	}
+}
+
+// TestDiscardedCheckpointsRemoved: a restored checkpoint is moved aside
+// at once and removed by the reaper's next round; one a server killed
+// before its removal left behind is removed by the next server's Start.
+// The checkpoint of a suspended session is left alone.
+func TestDiscardedCheckpointsRemoved(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	data, err := workspace.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const resumed, killed, suspendedID = "sess-01m8jbh60d7qh1g11cxcbgpmzm", "sess-01m8jbh60d7qh1g11cxcbgpmzn", "sess-01m8jbh60d7qh1g11cxcbgpmzp"
+	m := New(Options{Store: sqlitetest.Open(t), Data: data}, slog.New(slog.DiscardHandler))
+	image := func(id, name string) string {
+		dir := filepath.Join(filepath.Dir(m.checkpointDir(id)), name)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "pages.img"), []byte("pages"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	left := image(killed, checkpointName+discardedSuffix+"x1")
+	kept := image(suspendedID, checkpointName)
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(left); !os.IsNotExist(err) {
+		t.Errorf("a checkpoint moved aside by the server before: %v after Start, want removed", err)
+	}
+	restored := image(resumed, checkpointName)
+	m.discardCheckpoint(resumed)
+	if _, err := os.Stat(restored); !os.IsNotExist(err) {
+		t.Errorf("the restored checkpoint: %v after its discard, want moved aside", err)
+	}
+	go m.Reap(ctx)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		aside, _ := filepath.Glob(restored + discardedSuffix + "*")
+		if len(aside) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the restored checkpoint moved aside is still there 10 s later: %v", aside)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(kept, "pages.img")); err != nil {
+		t.Errorf("a suspended session's checkpoint: %v, want kept", err)
 	}
 }

@@ -302,6 +302,9 @@ type Manager struct {
 	execs    map[string]*runningExec // the commands running in sessions run here, by exec id
 	attached chan struct{}           // closed and replaced when an agent attaches
 	pos      int64                   // the position up to which the log is folded (Start, Follow)
+	// discarded are restored checkpoints moved aside, for the reaper to
+	// remove (discardCheckpoint).
+	discarded []string
 }
 
 // New returns a Manager; Start folds the recorded sessions.

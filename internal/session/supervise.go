@@ -25,6 +25,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		return err
 	}
 	m.recoverCheckpoints(ctx)
+	m.removeDiscarded(true)
 	// First the commands open in the log: those of a session found gone
 	// below end lost with it; the others wait for their agents to name
 	// them when they dial in again.
@@ -266,6 +267,7 @@ func (m *Manager) Reap(ctx context.Context) error {
 			continue
 		}
 		reaped = time.Now()
+		m.removeDiscarded(false)
 		m.removeDirs(ctx)
 		m.endOrphans(ctx, orphaned)
 		now := m.opts.Now()
