@@ -514,7 +514,7 @@ func (r *Runtime) createCold(ctx context.Context, spec sandbox.Spec, image strin
 	if image != "" {
 		r.wake(ctx, spec.ID)
 	}
-	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "launcher_pid", e.St.PID, "restored", image != "")
+	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "launcher_pid", e.St.PID, "restored", image != "", "uid", e.St.Identity.UID)
 	return r.Handle(e.St), nil
 }
 

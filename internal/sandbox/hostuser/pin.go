@@ -56,7 +56,7 @@ func pin(src, at, pins string, id Identity) (string, error) {
 		return "", fmt.Errorf("pin workspace %s: %w", src, err)
 	}
 	if id.Switch() && (int(held.Uid) == id.UID || InRange(int(held.Uid))) {
-		return "", fmt.Errorf("workspace %s is held by another sandbox (the sandbox identity %s owns it): %w", src, id, errdefs.ErrConflict)
+		return "", fmt.Errorf("workspace %s is held by another sandbox (its owner is uid %d, a sandbox identity; this sandbox's is %s): %w", src, held.Uid, id, errdefs.ErrConflict)
 	}
 	if err := os.MkdirAll(pins, 0o711); err != nil {
 		return "", fmt.Errorf("pin workspace %s: %w", src, err)

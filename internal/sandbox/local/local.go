@@ -495,7 +495,7 @@ func (r *Runtime) createCold(ctx context.Context, spec sandbox.Spec, start *os.F
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	r.Dir.Set(spec.ID, e)
-	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "pid", e.St.ChildPID)
+	r.log.Info("sandbox started", logkey.SandboxID, spec.ID, "pid", e.St.ChildPID, "uid", e.St.Identity.UID)
 	return r.Handle(e.St), nil
 }
 

@@ -302,7 +302,7 @@ func (h *Host[S]) Adopt(ctx context.Context, spec sandbox.Spec, b *Box) (_ *sand
 		return nil, fmt.Errorf("start the task in the warm sandbox: %w", err)
 	}
 	h.crash(sandbox.CrashSent)
-	h.c.Log.Info("sandbox started", logkey.SandboxID, spec.ID, "launcher_pid", l.PID, "warm_id", b.ID)
+	h.c.Log.Info("sandbox started", logkey.SandboxID, spec.ID, "launcher_pid", l.PID, "warm_id", b.ID, "uid", l.Identity.UID)
 	return sb.Handle(st), nil
 }
 
