@@ -4,6 +4,7 @@ package gvisor
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -106,5 +107,63 @@ func TestCheckpointFlags(t *testing.T) {
 	}
 	if !slices.Equal(direct.Checkpoint, []string{"--compression=none"}) {
 		t.Errorf("CheckpointFlags changed the options: %q", direct.Checkpoint)
+	}
+}
+
+// TestCheckpointOOMSaysSo: a sandbox whose memory cgroup kills its sentry
+// while runsc saves it (its limit lowered to what it uses, and its
+// processes first in line for the OOM killer) fails its checkpoint, and
+// the error says the memory limit did it, not only runsc's EOF.
+func TestCheckpointOOMSaysSo(t *testing.T) {
+	testenv.RequireRunsc(t)
+	r, _ := MustNew(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", "head -c 48m /dev/zero | tr '\\0' x > /tmp/ballast; echo up > /tmp/up; while :; do sleep 1; done"},
+		Limits: sandbox.Limits{MemoryBytes: 256 << 20, Pids: 64}}
+	if _, err := r.Create(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), sp.ID) })
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/usr/bin/test", "-e", "/tmp/up"}}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox never came up")
+		}
+	}
+	e, err := r.Lookup(sp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The memory controller's files: cgroup v1's, or v2's.
+	mem, usageFile, limitFile := "", "", ""
+	for _, d := range e.St.Cgroups {
+		for _, f := range [][2]string{{"memory.usage_in_bytes", "memory.limit_in_bytes"}, {"memory.current", "memory.max"}} {
+			if _, err := os.Stat(filepath.Join(d, f[1])); err == nil && mem == "" {
+				mem, usageFile, limitFile = d, f[0], f[1]
+			}
+		}
+	}
+	if mem == "" {
+		t.Fatalf("no memory cgroup among the sandbox's: %q", e.St.Cgroups)
+	}
+	procs, _ := os.ReadFile(filepath.Join(mem, "cgroup.procs"))
+	for _, pid := range strings.Fields(string(procs)) {
+		os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte("1000"), 0)
+	}
+	usage, _ := os.ReadFile(filepath.Join(mem, usageFile))
+	var n int64
+	fmt.Sscan(string(usage), &n)
+	if err := os.WriteFile(filepath.Join(mem, limitFile), []byte(fmt.Sprint(n+(1<<20))), 0); err != nil {
+		t.Fatal(err)
+	}
+	image := filepath.Join(t.TempDir(), "checkpoint")
+	if err := os.Mkdir(image, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err = r.Checkpoint(ctx, sp.ID, image); err == nil || !strings.Contains(err.Error(), "its memory limit was reached while it was saved") {
+		t.Errorf("checkpoint of a sandbox at its memory limit: %v, want an error naming the limit", err)
 	}
 }

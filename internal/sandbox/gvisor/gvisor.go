@@ -535,6 +535,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 		return fmt.Errorf("checkpoint sandbox %s: it has ended: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	start := time.Now()
+	oomBefore, _ := cgroups.OOMKills(e.St.Cgroups)
 	args := append(append([]string{"checkpoint", "--image-path=" + dir}, r.image.CheckpointFlags(dir)...), e.St.container())
 	if _, err := r.runsc(ctx, args...); err != nil {
 		// This runsc ends a sandbox whose checkpoint failed (one of its
@@ -552,6 +553,11 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 		cancel()
 		if !ended {
 			r.wake(context.WithoutCancel(ctx), e.St.container())
+		}
+		// A sentry killed mid-save leaves runsc only an EOF: the
+		// memory cgroup says whether its limit did it.
+		if n, _ := cgroups.OOMKills(e.St.Cgroups); n > oomBefore {
+			err = fmt.Errorf("%w (the sandbox's memory cgroup OOM-killed %d of its processes: its memory limit was reached while it was saved)", err, n-oomBefore)
 		}
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
