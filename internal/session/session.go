@@ -254,6 +254,20 @@ func (m *Manager) tryLockOps(id string) (unlock func(), ok bool) {
 	return mu.Unlock, true
 }
 
+// lockOpsWithin is lockOps, giving up when ctx ends first (ok false).
+func (m *Manager) lockOpsWithin(ctx context.Context, id string) (unlock func(), ok bool) {
+	for {
+		if unlock, ok := m.tryLockOps(id); ok {
+			return unlock, true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // opsOf is session id's lifecycle lock; a session not known here has a
 // lock of its own each time (none).
 func (m *Manager) opsOf(id string) *sync.Mutex {

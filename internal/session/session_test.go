@@ -291,3 +291,112 @@ func TestStopAllEndsSessionsKeptHere(t *testing.T) {
 		fake.Destroy(ctx, id)
 	}
 }
+
+// gatedCheckpointer is the fake runtime with checkpoints: each waits for
+// gate (started closed first), then ends the sandbox as runsc does.
+type gatedCheckpointer struct {
+	*sandboxtest.Fake
+	started, gate chan struct{}
+}
+
+func (g gatedCheckpointer) Checkpoint(ctx context.Context, id, dir string) error {
+	close(g.started)
+	<-g.gate
+	return g.Fake.Destroy(ctx, id)
+}
+
+func (g gatedCheckpointer) Restore(ctx context.Context, spec sandbox.Spec, dir string) (*sandbox.Handle, error) {
+	return g.Fake.Create(ctx, spec)
+}
+
+// TestStopAllWaitsForASuspend: a shutdown's StopAll that comes while a
+// suspend a client asked for checkpoints the session waits for it, and
+// then leaves the session suspended with its checkpoint, as a session
+// suspended before: it neither destroys the sandbox under the checkpoint
+// nor removes the checkpoint the suspend then records as kept.
+func TestStopAllWaitsForASuspend(t *testing.T) {
+	ctx := context.Background()
+	fake := sandboxtest.NewFake()
+	fake.Caps.Checkpoint = true
+	fake.Run = func(ctx context.Context, _ sandbox.Spec) sandbox.ExitStatus {
+		<-ctx.Done()
+		return sandbox.ExitStatus{Code: 143}
+	}
+	rt := gatedCheckpointer{Fake: fake, started: make(chan struct{}), gate: make(chan struct{})}
+	local, _ := rtkind.Of(rtkind.Local)
+	data, err := workspace.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(Options{
+		Store:      sqlitetest.Open(t),
+		Data:       data,
+		Placements: placement.NewSet(&placement.Runtime{Kind: local, Sandbox: rt}),
+		Members:    cluster.NewSolo(cluster.Replica{ID: "r-self"}),
+	}, slog.New(slog.DiscardHandler))
+	id := "sess-01m8jbh60d7qh1g11cxcbgpmz0"
+	if _, err := fake.Create(ctx, sandbox.Spec{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	c := created{Session: Session{ID: id, Status: StatusRunning, Runtime: rtkind.Local}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken()), Replica: "r-self"}
+	if err := m.append(ctx, id, EventCreated, c); err != nil {
+		t.Fatal(err)
+	}
+	suspended := make(chan error, 1)
+	go func() {
+		_, err := m.Suspend(ctx, id)
+		suspended <- err
+	}()
+	<-rt.started
+	stopped := make(chan struct{})
+	go func() { m.StopAll(ctx); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("StopAll returned while the suspend checkpointed the session")
+	case <-time.After(200 * time.Millisecond):
+	}
+	if slices.Contains(fake.Destroyed(), id) {
+		t.Fatal("StopAll destroyed the sandbox under its checkpoint")
+	}
+	close(rt.gate)
+	if err := <-suspended; err != nil {
+		t.Fatal(err)
+	}
+	<-stopped
+	s, err := m.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Status != StatusSuspended || !s.MemoryKept {
+		t.Errorf("after the suspend and StopAll: %s (memory kept %v), want suspended with its memory", s.Status, s.MemoryKept)
+	}
+	if _, err := os.Stat(filepath.Join(m.checkpointDir(id), checkpointDone)); err != nil {
+		t.Errorf("the suspended session's checkpoint: %v", err)
+	}
+}
+
+// TestStopAllGivesUpOnAnOperation: an operation that outlasts StopAll's
+// context is left to finish; StopAll returns within it.
+func TestStopAllGivesUpOnAnOperation(t *testing.T) {
+	fake := sandboxtest.NewFake()
+	data, err := workspace.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, _ := rtkind.Of(rtkind.Local)
+	m := New(Options{Store: sqlitetest.Open(t), Data: data, Placements: placement.NewSet(&placement.Runtime{Kind: local, Sandbox: fake}),
+		Members: cluster.NewSolo(cluster.Replica{ID: "r-self"})}, slog.New(slog.DiscardHandler))
+	id := "sess-01m8jbh60d7qh1g11cxcbgpmz0"
+	c := created{Session: Session{ID: id, Status: StatusRunning, Runtime: rtkind.Local}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken()), Replica: "r-self"}
+	if err := m.append(context.Background(), id, EventCreated, c); err != nil {
+		t.Fatal(err)
+	}
+	unlock := m.lockOps(id)
+	defer unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	m.StopAll(ctx)
+	if s, err := m.Get(context.Background(), id); err != nil || s.Status != StatusRunning {
+		t.Errorf("a session whose operation outlasted StopAll: %+v, %v; want it running, left to the operation", s, err)
+	}
+}

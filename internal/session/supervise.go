@@ -426,11 +426,27 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 // stop): each one's sandbox is destroyed and its end recorded with reason
 // "shutdown", all at once, within ctx. A suspended session has no sandbox
 // and stays suspended. Call it once Follow and Reap have returned.
+//
+// Each end waits for an operation under way on its session (a suspend, a
+// resume or a fork a client asked for, which runs on without it) and then
+// looks again: a session a suspend has just suspended stays so, its
+// checkpoint whole. One whose operation outlasts ctx is left to it, and
+// to the next server's start.
 func (m *Manager) StopAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, s := range m.list() {
 		if s.Status == StatusRunning && m.runHere(s.ID) {
-			wg.Go(func() { m.endWith(ctx, s.ID, "shutdown", errShutdown) })
+			wg.Go(func() {
+				unlock, ok := m.lockOpsWithin(ctx, s.ID)
+				if !ok {
+					m.log.Warn("a session's operation outlasted the shutdown; left to it", "session_id", s.ID)
+					return
+				}
+				defer unlock()
+				if cur, err := m.get(s.ID); err == nil && cur.Status == StatusRunning {
+					m.endWith(ctx, s.ID, "shutdown", errShutdown)
+				}
+			})
 		}
 	}
 	wg.Wait()
