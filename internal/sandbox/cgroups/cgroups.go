@@ -207,6 +207,67 @@ func (h *Hierarchy) Background(dirs []string, on bool) error {
 	return writeFile(file, normal)
 }
 
+// RaiseMemory raises the memory limit of a sandbox's cgroups (dirs, as
+// Create returns them) by what the sandbox uses now, at most doubling it,
+// and returns how to put the limit back. It is for a sandbox paused while
+// its runtime saves it: the save's own buffers and the image's page cache
+// are charged to the sandbox, and at its limit they got the saver
+// OOM-killed mid-save. A sandbox without a memory limit is left as it is
+// (put back is then a no-op), as is one whose cgroups are gone.
+func RaiseMemory(dirs []string) (putBack func() error, err error) {
+	noop := func() error { return nil }
+	if len(dirs) == 0 {
+		return noop, nil
+	}
+	dir := dirs[0] // v2's one, or v1's memory controller's
+	limitFile, usageFile, swapFile := "memory.max", "memory.current", ""
+	if _, err := os.Stat(filepath.Join(dir, limitFile)); err != nil {
+		limitFile, usageFile, swapFile = "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.memsw.limit_in_bytes"
+	}
+	read := func(name string) (int64, bool) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return n, err == nil
+	}
+	limit, ok := read(limitFile)
+	usage, uok := read(usageFile)
+	if !ok || !uok || limit <= 0 || limit >= unlimitedV1 {
+		return noop, nil // "max", v1's "no limit", or no such cgroup
+	}
+	raised := strconv.FormatInt(limit+min(usage, limit), 10)
+	// v1's memory+swap limit must stay at or above the memory limit: it
+	// goes up first and down last.
+	set := func(files []string, v string) error {
+		for _, f := range files {
+			if f == swapFile {
+				if err := writeIfExists(filepath.Join(dir, f), v); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := writeFile(filepath.Join(dir, f), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	up, down := []string{limitFile}, []string{limitFile}
+	if swapFile != "" {
+		up, down = []string{swapFile, limitFile}, []string{limitFile, swapFile}
+	}
+	if err := set(up, raised); err != nil {
+		return noop, err
+	}
+	return func() error { return set(down, strconv.FormatInt(limit, 10)) }, nil
+}
+
+// unlimitedV1 is where cgroup v1 memory limits start to mean none (the
+// kernel reports no limit as 2^63-1 rounded down to a page).
+const unlimitedV1 = 1 << 62
+
 func writeLimitsV2(dir string, lim sandbox.Limits) error {
 	if lim.MemoryBytes > 0 {
 		if err := writeFile(filepath.Join(dir, "memory.max"), strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {

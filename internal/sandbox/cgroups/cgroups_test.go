@@ -502,3 +502,59 @@ func TestLeftovers(t *testing.T) {
 		}
 	}
 }
+
+// TestRaiseMemoryFake: the limit goes up by the usage, at most doubled,
+// v1's memory+swap limit first, and back again; no limit stays none.
+func TestRaiseMemoryFake(t *testing.T) {
+	for _, v2 := range []bool{false, true} {
+		cg, err := Detect(mustFakeCgroupfs(t, v2), "corral")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cg.Prepare(); err != nil {
+			t.Fatal(err)
+		}
+		limit, usage, swap := "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.memsw.limit_in_bytes"
+		if v2 {
+			limit, usage, swap = "memory.max", "memory.current", ""
+		}
+		for _, c := range []struct{ usage, raised string }{{"300", "1300"}, {"5000", "2000"}} {
+			dirs, err := cg.Create("sb-1", sandbox.Limits{MemoryBytes: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if swap != "" {
+				os.WriteFile(filepath.Join(dirs[0], swap), []byte("1000"), 0o644)
+			}
+			os.WriteFile(filepath.Join(dirs[0], usage), []byte(c.usage+"\n"), 0o644)
+			putBack, err := RaiseMemory(dirs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := readFiles(t, dirs[0])
+			if got[limit] != c.raised || swap != "" && got[swap] != c.raised {
+				t.Errorf("v2 %v, usage %s of 1000: raised to %v, want %s", v2, c.usage, got, c.raised)
+			}
+			if err := putBack(); err != nil {
+				t.Fatal(err)
+			}
+			got = readFiles(t, dirs[0])
+			if got[limit] != "1000" || swap != "" && got[swap] != "1000" {
+				t.Errorf("v2 %v: put back to %v, want 1000", v2, got)
+			}
+			os.RemoveAll(dirs[0])
+		}
+		dirs, err := cg.Create("sb-2", sandbox.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dirs[0], limit), []byte("max\n"), 0o644)
+		os.WriteFile(filepath.Join(dirs[0], usage), []byte("300\n"), 0o644)
+		if _, err := RaiseMemory(dirs); err != nil {
+			t.Fatal(err)
+		}
+		if got := readFiles(t, dirs[0])[limit]; got != "max\n" {
+			t.Errorf("v2 %v: no limit became %q", v2, got)
+		}
+	}
+}

@@ -110,15 +110,73 @@ func TestCheckpointFlags(t *testing.T) {
 	}
 }
 
-// TestCheckpointOOMSaysSo: a sandbox whose memory cgroup kills its sentry
-// while runsc saves it (its limit lowered to what it uses, and its
-// processes first in line for the OOM killer) fails its checkpoint, and
-// the error says the memory limit did it, not only runsc's EOF.
-func TestCheckpointOOMSaysSo(t *testing.T) {
+// TestCheckpointAtItsLimit: a sandbox at its memory limit checkpoints
+// (with Debian's runsc, whose save writes the image through the page
+// cache: the save's room above the limit, cgroups.RaiseMemory) and comes
+// back. Without the room its sentry was OOM-killed mid-save.
+func TestCheckpointAtItsLimit(t *testing.T) {
 	testenv.RequireRunsc(t)
 	r, _ := MustNew(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	sp := ballastSandbox(ctx, t, r)
+	limitAtUse(t, memoryCgroup(t, r, sp.ID))
+	image := filepath.Join(t.TempDir(), "checkpoint")
+	if err := os.Mkdir(image, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Checkpoint(ctx, sp.ID, image); err != nil {
+		t.Fatalf("checkpoint of a sandbox at its memory limit: %v", err)
+	}
+	if _, err := r.Restore(ctx, sp, image); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/usr/bin/test", "-s", "/tmp/ballast"}}); err != nil {
+		t.Errorf("the restored sandbox's ballast: %v", err)
+	}
+}
+
+// TestCheckpointOOMSaysSo: a sandbox whose memory cgroup kills its sentry
+// while runsc saves it (its limit lowered to what it uses once the save
+// has its room, by a runsc wrapper, and its processes first in line for
+// the OOM killer) fails its checkpoint, and the error says the memory
+// limit did it, not only runsc's EOF (the words a soak on Debian's runsc
+// failed with once in some 550 cycles).
+func TestCheckpointOOMSaysSo(t *testing.T) {
+	testenv.RequireRunsc(t)
+	real, err := exec.LookPath("runsc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := t.TempDir()
+	cgFile := filepath.Join(tmp, "cgroup")
+	wrapper := filepath.Join(tmp, "runsc")
+	script := "#!/bin/sh\nfor a; do case $a in -*) ;; checkpoint) . " + cgFile + "; echo $(( $(cat $mem/$usage) + 1048576 )) > $mem/$limit; " +
+		"for p in $(cat $mem/cgroup.procs); do echo 1000 > /proc/$p/oom_score_adj; done; break;; *) break;; esac; done\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := MustNew(t, func(o *Options) { o.Runsc = wrapper })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sp := ballastSandbox(ctx, t, r)
+	m := memoryCgroup(t, r, sp.ID)
+	if err := os.WriteFile(cgFile, []byte(fmt.Sprintf("mem=%s usage=%s limit=%s\n", m.dir, m.usage, m.limit)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	image := filepath.Join(t.TempDir(), "checkpoint")
+	if err := os.Mkdir(image, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err = r.Checkpoint(ctx, sp.ID, image); err == nil || !strings.Contains(err.Error(), "its memory limit was reached while it was saved") {
+		t.Errorf("checkpoint of a sandbox OOM-killed in its save: %v, want an error naming the limit", err)
+	}
+}
+
+// ballastSandbox starts a sandbox on r holding 48 MiB in its /tmp (the
+// sentry's memory), limited to 256 MiB, and waits until it is up.
+func ballastSandbox(ctx context.Context, t *testing.T, r *Runtime) sandbox.Spec {
+	t.Helper()
 	sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", "head -c 48m /dev/zero | tr '\\0' x > /tmp/ballast; echo up > /tmp/up; while :; do sleep 1; done"},
 		Limits: sandbox.Limits{MemoryBytes: 256 << 20, Pids: 64}}
 	if _, err := r.Create(ctx, sp); err != nil {
@@ -127,43 +185,47 @@ func TestCheckpointOOMSaysSo(t *testing.T) {
 	t.Cleanup(func() { r.Destroy(context.Background(), sp.ID) })
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		if _, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/usr/bin/test", "-e", "/tmp/up"}}); err == nil {
-			break
+			return sp
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the sandbox never came up")
 		}
 	}
-	e, err := r.Lookup(sp.ID)
+}
+
+// memcg is a sandbox's memory cgroup and its usage and limit files (v1's
+// or v2's).
+type memcg struct{ dir, usage, limit string }
+
+func memoryCgroup(t *testing.T, r *Runtime, id string) memcg {
+	t.Helper()
+	e, err := r.Lookup(id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The memory controller's files: cgroup v1's, or v2's.
-	mem, usageFile, limitFile := "", "", ""
 	for _, d := range e.St.Cgroups {
-		for _, f := range [][2]string{{"memory.usage_in_bytes", "memory.limit_in_bytes"}, {"memory.current", "memory.max"}} {
-			if _, err := os.Stat(filepath.Join(d, f[1])); err == nil && mem == "" {
-				mem, usageFile, limitFile = d, f[0], f[1]
+		for _, m := range []memcg{{d, "memory.usage_in_bytes", "memory.limit_in_bytes"}, {d, "memory.current", "memory.max"}} {
+			if _, err := os.Stat(filepath.Join(d, m.limit)); err == nil {
+				return m
 			}
 		}
 	}
-	if mem == "" {
-		t.Fatalf("no memory cgroup among the sandbox's: %q", e.St.Cgroups)
-	}
-	procs, _ := os.ReadFile(filepath.Join(mem, "cgroup.procs"))
+	t.Fatalf("no memory cgroup among the sandbox's: %q", e.St.Cgroups)
+	return memcg{}
+}
+
+// limitAtUse lowers the memory limit of m to 1 MiB above what it uses and
+// puts its processes first in line for the OOM killer.
+func limitAtUse(t *testing.T, m memcg) {
+	t.Helper()
+	procs, _ := os.ReadFile(filepath.Join(m.dir, "cgroup.procs"))
 	for _, pid := range strings.Fields(string(procs)) {
 		os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte("1000"), 0)
 	}
-	usage, _ := os.ReadFile(filepath.Join(mem, usageFile))
+	usage, _ := os.ReadFile(filepath.Join(m.dir, m.usage))
 	var n int64
 	fmt.Sscan(string(usage), &n)
-	if err := os.WriteFile(filepath.Join(mem, limitFile), []byte(fmt.Sprint(n+(1<<20))), 0); err != nil {
+	if err := os.WriteFile(filepath.Join(m.dir, m.limit), []byte(fmt.Sprint(n+(1<<20))), 0); err != nil {
 		t.Fatal(err)
-	}
-	image := filepath.Join(t.TempDir(), "checkpoint")
-	if err := os.Mkdir(image, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err = r.Checkpoint(ctx, sp.ID, image); err == nil || !strings.Contains(err.Error(), "its memory limit was reached while it was saved") {
-		t.Errorf("checkpoint of a sandbox at its memory limit: %v, want an error naming the limit", err)
 	}
 }

@@ -536,6 +536,14 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	}
 	start := time.Now()
 	oomBefore, _ := cgroups.OOMKills(e.St.Cgroups)
+	// The save's buffers and the image's page cache count against the
+	// sandbox's memory limit, paused as it is: room for them
+	// (cgroups.RaiseMemory), so that a sandbox near its limit is not
+	// OOM-killed mid-save.
+	putBack, err := cgroups.RaiseMemory(e.St.Cgroups)
+	if err != nil {
+		r.log.Warn("cannot give a checkpoint room above the sandbox's memory limit", logkey.SandboxID, id, logkey.Error, err)
+	}
 	args := append(append([]string{"checkpoint", "--image-path=" + dir}, r.image.CheckpointFlags(dir)...), e.St.container())
 	if _, err := r.runsc(ctx, args...); err != nil {
 		// This runsc ends a sandbox whose checkpoint failed (one of its
@@ -553,11 +561,14 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 		cancel()
 		if !ended {
 			r.wake(context.WithoutCancel(ctx), e.St.container())
+			if err := putBack(); err != nil {
+				r.log.Warn("cannot put the memory limit of a sandbox whose checkpoint failed back", logkey.SandboxID, id, logkey.Error, err)
+			}
 		}
 		// A sentry killed mid-save leaves runsc only an EOF: the
 		// memory cgroup says whether its limit did it.
 		if n, _ := cgroups.OOMKills(e.St.Cgroups); n > oomBefore {
-			err = fmt.Errorf("%w (the sandbox's memory cgroup OOM-killed %d of its processes: its memory limit was reached while it was saved)", err, n-oomBefore)
+			err = fmt.Errorf("%w (the sandbox's memory cgroup OOM-killed %d of its processes: its memory limit was reached while it was saved, the room the save gets above it included)", err, n-oomBefore)
 		}
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
