@@ -235,17 +235,7 @@ func TestStopAllEndsSessionsKeptHere(t *testing.T) {
 		<-ctx.Done()
 		return sandbox.ExitStatus{Code: 143}
 	}
-	local, _ := rtkind.Of(rtkind.Local)
-	data, err := workspace.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := New(Options{
-		Store:      sqlitetest.Open(t),
-		Data:       data,
-		Placements: placement.NewSet(&placement.Runtime{Kind: local, Sandbox: fake}),
-		Members:    twoReplicas{Solo: cluster.NewSolo(cluster.Replica{ID: "r-self"}), other: "r-other"},
-	}, slog.New(slog.DiscardHandler))
+	m := stopAllManager(t, fake, twoReplicas{Solo: cluster.NewSolo(cluster.Replica{ID: "r-self"}), other: "r-other"})
 	sessions := map[string]string{ // id -> the replica that runs it
 		"sess-01m8jbh60d7qh1g11cxcbgpmz0": "r-self",
 		"sess-01m8jbh60d7qh1g11cxcbgpmz1": "r-gone",
@@ -256,10 +246,7 @@ func TestStopAllEndsSessionsKeptHere(t *testing.T) {
 		if _, err := fake.Create(ctx, sandbox.Spec{ID: id}); err != nil {
 			t.Fatal(err)
 		}
-		c := created{Session: Session{ID: id, Status: StatusRunning, Runtime: rtkind.Local}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken()), Replica: replica}
-		if err := m.append(ctx, id, EventCreated, c); err != nil {
-			t.Fatal(err)
-		}
+		recordRunning(t, m, id, replica)
 	}
 	susp := "sess-01m8jbh60d7qh1g11cxcbgpmz3"
 	if err := m.append(ctx, susp, EventSuspended, suspended{}); err != nil {
@@ -289,6 +276,32 @@ func TestStopAllEndsSessionsKeptHere(t *testing.T) {
 	}
 	for _, id := range []string{"sess-01m8jbh60d7qh1g11cxcbgpmz2", susp} {
 		fake.Destroy(ctx, id)
+	}
+}
+
+// stopAllManager is a session manager on rt (a local placement), as
+// replica members.Self() of members.
+func stopAllManager(t *testing.T, rt sandbox.Runtime, members cluster.Members) *Manager {
+	t.Helper()
+	local, _ := rtkind.Of(rtkind.Local)
+	data, err := workspace.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(Options{
+		Store:      sqlitetest.Open(t),
+		Data:       data,
+		Placements: placement.NewSet(&placement.Runtime{Kind: local, Sandbox: rt}),
+		Members:    members,
+	}, slog.New(slog.DiscardHandler))
+}
+
+// recordRunning records session id created, running on replica.
+func recordRunning(t *testing.T, m *Manager, id, replica string) {
+	t.Helper()
+	c := created{Session: Session{ID: id, Status: StatusRunning, Runtime: rtkind.Local}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken()), Replica: replica}
+	if err := m.append(context.Background(), id, EventCreated, c); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -323,25 +336,12 @@ func TestStopAllWaitsForASuspend(t *testing.T) {
 		return sandbox.ExitStatus{Code: 143}
 	}
 	rt := gatedCheckpointer{Fake: fake, started: make(chan struct{}), gate: make(chan struct{})}
-	local, _ := rtkind.Of(rtkind.Local)
-	data, err := workspace.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := New(Options{
-		Store:      sqlitetest.Open(t),
-		Data:       data,
-		Placements: placement.NewSet(&placement.Runtime{Kind: local, Sandbox: rt}),
-		Members:    cluster.NewSolo(cluster.Replica{ID: "r-self"}),
-	}, slog.New(slog.DiscardHandler))
+	m := stopAllManager(t, rt, cluster.NewSolo(cluster.Replica{ID: "r-self"}))
 	id := "sess-01m8jbh60d7qh1g11cxcbgpmz0"
 	if _, err := fake.Create(ctx, sandbox.Spec{ID: id}); err != nil {
 		t.Fatal(err)
 	}
-	c := created{Session: Session{ID: id, Status: StatusRunning, Runtime: rtkind.Local}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken()), Replica: "r-self"}
-	if err := m.append(ctx, id, EventCreated, c); err != nil {
-		t.Fatal(err)
-	}
+	recordRunning(t, m, id, "r-self")
 	suspended := make(chan error, 1)
 	go func() {
 		_, err := m.Suspend(ctx, id)
@@ -378,19 +378,9 @@ func TestStopAllWaitsForASuspend(t *testing.T) {
 // TestStopAllGivesUpOnAnOperation: an operation that outlasts StopAll's
 // context is left to finish; StopAll returns within it.
 func TestStopAllGivesUpOnAnOperation(t *testing.T) {
-	fake := sandboxtest.NewFake()
-	data, err := workspace.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	local, _ := rtkind.Of(rtkind.Local)
-	m := New(Options{Store: sqlitetest.Open(t), Data: data, Placements: placement.NewSet(&placement.Runtime{Kind: local, Sandbox: fake}),
-		Members: cluster.NewSolo(cluster.Replica{ID: "r-self"})}, slog.New(slog.DiscardHandler))
+	m := stopAllManager(t, sandboxtest.NewFake(), cluster.NewSolo(cluster.Replica{ID: "r-self"}))
 	id := "sess-01m8jbh60d7qh1g11cxcbgpmz0"
-	c := created{Session: Session{ID: id, Status: StatusRunning, Runtime: rtkind.Local}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken()), Replica: "r-self"}
-	if err := m.append(context.Background(), id, EventCreated, c); err != nil {
-		t.Fatal(err)
-	}
+	recordRunning(t, m, id, "r-self")
 	unlock := m.lockOps(id)
 	defer unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)

@@ -27,19 +27,9 @@ import (
 // runsc started costs about 40 ms here, and the polls ran beside the
 // restore on the same cores.
 func TestCheckpointRestoreRunscs(t *testing.T) {
-	testenv.RequireRunsc(t)
-	real, err := exec.LookPath("runsc")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// runsc, through a script that writes down each subcommand.
-	tmp := t.TempDir()
-	calls := filepath.Join(tmp, "calls")
-	wrapper := filepath.Join(tmp, "runsc")
-	script := "#!/bin/sh\nfor a; do case $a in -*) ;; *) echo \"$a\" >> " + calls + "; break;; esac; done\nexec " + real + " \"$@\"\n"
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	calls := filepath.Join(t.TempDir(), "calls")
+	wrapper := wrapRunsc(t, `for a; do case $a in -*) ;; *) echo "$a" >> `+calls+`; break;; esac; done`)
 	r, err := New(Options{DataRoot: sandboxtest.DataRoot, StateDir: filepath.Join(t.TempDir(), "state"), CgroupParent: "corral-gvisor-test", Runsc: wrapper},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -143,19 +133,9 @@ func TestCheckpointAtItsLimit(t *testing.T) {
 // limit did it, not only runsc's EOF (the words a soak on Debian's runsc
 // failed with once in some 550 cycles).
 func TestCheckpointOOMSaysSo(t *testing.T) {
-	testenv.RequireRunsc(t)
-	real, err := exec.LookPath("runsc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmp := t.TempDir()
-	cgFile := filepath.Join(tmp, "cgroup")
-	wrapper := filepath.Join(tmp, "runsc")
-	script := "#!/bin/sh\nfor a; do case $a in -*) ;; checkpoint) . " + cgFile + "; echo $(( $(cat $mem/$usage) + 1048576 )) > $mem/$limit; " +
-		"for p in $(cat $mem/cgroup.procs); do echo 1000 > /proc/$p/oom_score_adj; done; break;; *) break;; esac; done\nexec " + real + " \"$@\"\n"
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	cgFile := filepath.Join(t.TempDir(), "cgroup")
+	wrapper := wrapRunsc(t, "for a; do case $a in -*) ;; checkpoint) . "+cgFile+"; echo $(( $(cat $mem/$usage) + 1048576 )) > $mem/$limit; "+
+		"for p in $(cat $mem/cgroup.procs); do echo 1000 > /proc/$p/oom_score_adj; done; break;; *) break;; esac; done")
 	r, _ := MustNew(t, func(o *Options) { o.Runsc = wrapper })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -168,7 +148,7 @@ func TestCheckpointOOMSaysSo(t *testing.T) {
 	if err := os.Mkdir(image, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err = r.Checkpoint(ctx, sp.ID, image); err == nil || !strings.Contains(err.Error(), "its memory limit was reached while it was saved") {
+	if err := r.Checkpoint(ctx, sp.ID, image); err == nil || !strings.Contains(err.Error(), "its memory limit was reached while it was saved") {
 		t.Errorf("checkpoint of a sandbox OOM-killed in its save: %v, want an error naming the limit", err)
 	}
 }
@@ -228,4 +208,20 @@ func limitAtUse(t *testing.T, m memcg) {
 	if err := os.WriteFile(filepath.Join(m.dir, m.limit), []byte(fmt.Sprint(n+(1<<20))), 0); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// wrapRunsc writes a script that runs the shell commands before, then
+// Debian's runsc with its arguments, and returns its path.
+func wrapRunsc(t *testing.T, before string) string {
+	t.Helper()
+	testenv.RequireRunsc(t)
+	real, err := exec.LookPath("runsc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapper := filepath.Join(t.TempDir(), "runsc")
+	if err := os.WriteFile(wrapper, []byte("#!/bin/sh\n"+before+"\nexec "+real+" \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return wrapper
 }
