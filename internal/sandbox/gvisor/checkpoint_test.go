@@ -37,20 +37,7 @@ func TestCheckpointRestoreRunscs(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", "echo up > /tmp/up; while :; do sleep 1; done"},
-		Limits: sandbox.Limits{MemoryBytes: 256 << 20, Pids: 64}}
-	if _, err := r.Create(ctx, sp); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Destroy(context.Background(), sp.ID) })
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/usr/bin/test", "-e", "/tmp/up"}}); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the sandbox never came up")
-		}
-	}
+	sp := upSandbox(ctx, t, r, "")
 	image := filepath.Join(t.TempDir(), "checkpoint")
 	if err := os.Mkdir(image, 0o700); err != nil {
 		t.Fatal(err)
@@ -109,7 +96,7 @@ func TestCheckpointAtItsLimit(t *testing.T) {
 	r, _ := MustNew(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sp := ballastSandbox(ctx, t, r)
+	sp := upSandbox(ctx, t, r, ballast)
 	limitAtUse(t, memoryCgroup(t, r, sp.ID))
 	image := filepath.Join(t.TempDir(), "checkpoint")
 	if err := os.Mkdir(image, 0o700); err != nil {
@@ -139,7 +126,7 @@ func TestCheckpointOOMSaysSo(t *testing.T) {
 	r, _ := MustNew(t, func(o *Options) { o.Runsc = wrapper })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sp := ballastSandbox(ctx, t, r)
+	sp := upSandbox(ctx, t, r, ballast)
 	m := memoryCgroup(t, r, sp.ID)
 	if err := os.WriteFile(cgFile, []byte(fmt.Sprintf("mem=%s usage=%s limit=%s\n", m.dir, m.usage, m.limit)), 0o644); err != nil {
 		t.Fatal(err)
@@ -153,11 +140,14 @@ func TestCheckpointOOMSaysSo(t *testing.T) {
 	}
 }
 
-// ballastSandbox starts a sandbox on r holding 48 MiB in its /tmp (the
-// sentry's memory), limited to 256 MiB, and waits until it is up.
-func ballastSandbox(ctx context.Context, t *testing.T, r *Runtime) sandbox.Spec {
+// ballast fills 48 MiB of a sandbox's /tmp (the sentry's memory).
+const ballast = "head -c 48m /dev/zero | tr '\\0' x > /tmp/ballast; "
+
+// upSandbox starts a sandbox on r, limited to 256 MiB, that runs the shell
+// commands first, then says it is up and sleeps; it waits until it is up.
+func upSandbox(ctx context.Context, t *testing.T, r *Runtime, first string) sandbox.Spec {
 	t.Helper()
-	sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", "head -c 48m /dev/zero | tr '\\0' x > /tmp/ballast; echo up > /tmp/up; while :; do sleep 1; done"},
+	sp := sandbox.Spec{ID: sandboxtest.NewID(t), Command: []string{"/bin/sh", "-c", first + "echo up > /tmp/up; while :; do sleep 1; done"},
 		Limits: sandbox.Limits{MemoryBytes: 256 << 20, Pids: 64}}
 	if _, err := r.Create(ctx, sp); err != nil {
 		t.Fatal(err)
