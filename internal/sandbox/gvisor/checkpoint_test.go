@@ -108,8 +108,9 @@ func TestCheckpointAtItsLimit(t *testing.T) {
 	if _, err := r.Restore(ctx, sp, image); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/usr/bin/test", "-s", "/tmp/ballast"}}); err != nil {
-		t.Errorf("the restored sandbox's ballast: %v", err)
+	whole := `[ "$(wc -c < /tmp/ballast)" = 50331648 ] && [ "$(tr -d x < /tmp/ballast | wc -c)" = 0 ]`
+	if st, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/bin/sh", "-c", whole}}); err != nil || st.Code != 0 {
+		t.Errorf("the restored sandbox's ballast: exit %d, %v; want its 48 MiB of x", st.Code, err)
 	}
 }
 
@@ -154,7 +155,7 @@ func upSandbox(ctx context.Context, t *testing.T, r *Runtime, first string) sand
 	}
 	t.Cleanup(func() { r.Destroy(context.Background(), sp.ID) })
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/usr/bin/test", "-e", "/tmp/up"}}); err == nil {
+		if st, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/usr/bin/test", "-e", "/tmp/up"}}); err == nil && st.Code == 0 {
 			return sp
 		}
 		if time.Now().After(deadline) {
