@@ -53,8 +53,8 @@ var allowed = map[string][]string{
 	"internal/sandbox/local":                {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmpool", "errdefs", "logkey"},
 	"internal/sandbox/gvisor":               {"sandbox", "sandbox/seccomp", "sandbox/cgroups", "sandbox/hostproc", "sandbox/guestetc", "sandbox/statedir", "sandbox/hostuser", "sandbox/warmpool", "errdefs", "logkey"},
 	"internal/sandbox/sandboxtest":          {"sandbox", "sandbox/hostproc", "errdefs", "testenv"},
-	"internal/sandbox/docker":               {"sandbox", "sandbox/hostproc", "sandbox/hostuser", "sandbox/gvisor", "sandbox/seccomp", "sandbox/statedir", "sandbox/warmpool", "sandbox/warmstart", "ids", "lockfile", "errdefs", "logkey"}, // warmpool, warmstart, ids, lockfile: warm containers, as gvisor's
-	"internal/sandbox/kubernetes":           {"sandbox", "sandbox/hostuser", "sandbox/warmpool", "sandbox/warmstart", "workerproto", "errdefs", "logkey"},                                                                                  // workerproto: the variables a warm pod polls the server with
+	"internal/sandbox/docker":               {"sandbox", "sandbox/cgroups", "sandbox/hostproc", "sandbox/hostuser", "sandbox/gvisor", "sandbox/seccomp", "sandbox/statedir", "sandbox/warmpool", "sandbox/warmstart", "ids", "lockfile", "errdefs", "logkey"}, // warmpool, warmstart, ids, lockfile: warm containers, as gvisor's
+	"internal/sandbox/kubernetes":           {"sandbox", "sandbox/hostuser", "sandbox/warmpool", "sandbox/warmstart", "workerproto", "errdefs", "logkey"},                                                                                                     // workerproto: the variables a warm pod polls the server with
 	"internal/sandbox/kubernetes/k8stest":   {"testenv", "sandbox/seccomp"},
 	// corral store copy: the log from one store into the other, which it
 	// opens (the one package besides app that names both).

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -262,6 +263,36 @@ func RaiseMemory(dirs []string) (putBack func() error, err error) {
 		return noop, err
 	}
 	return func() error { return set(down, strconv.FormatInt(limit, 10)) }, nil
+}
+
+// MemoryOf returns the memory cgroup directory of process pid under the
+// cgroup file system at root (/sys/fs/cgroup): cgroup v1's memory
+// controller's, or v2's, from /proc/<pid>/cgroup; as a list, for
+// RaiseMemory. A container engine's container is found so.
+func MemoryOf(root string, pid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return nil, fmt.Errorf("find the memory cgroup of process %d: %w", pid, err)
+	}
+	v2 := ""
+	for _, line := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if slices.Contains(strings.Split(parts[1], ","), "memory") {
+			return []string{filepath.Join(root, "memory", parts[2])}, nil
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			v2 = parts[2]
+		}
+	}
+	if v2 != "" {
+		if _, err := os.Stat(filepath.Join(root, v2, "memory.max")); err == nil {
+			return []string{filepath.Join(root, v2)}, nil
+		}
+	}
+	return nil, fmt.Errorf("process %d is in no memory cgroup", pid)
 }
 
 // unlimitedV1 is where cgroup v1 memory limits start to mean none (the

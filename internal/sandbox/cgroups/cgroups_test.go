@@ -558,3 +558,17 @@ func TestRaiseMemoryFake(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryOfSelf: this process's memory cgroup is found, and has the
+// limit file of its cgroup version.
+func TestMemoryOfSelf(t *testing.T) {
+	dirs, err := MemoryOf("/sys/fs/cgroup", os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, v1 := os.Stat(filepath.Join(dirs[0], "memory.limit_in_bytes"))
+	_, v2 := os.Stat(filepath.Join(dirs[0], "memory.max"))
+	if v1 != nil && v2 != nil {
+		t.Errorf("MemoryOf = %q: no memory limit file there (%v; %v)", dirs, v1, v2)
+	}
+}

@@ -12,11 +12,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 )
 
@@ -75,12 +77,16 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	// A checkpoint a Restore left (one cut short before removing it):
 	// the engine refuses to make another of the same name.
 	r.cli.CheckpointRemove(ctx, c.ID, client.CheckpointRemoveOptions{CheckpointID: checkpointID})
+	putBack := r.roomToSave(id, c)
 	if _, err := r.cli.CheckpointCreate(ctx, c.ID, client.CheckpointCreateOptions{CheckpointID: checkpointID, Exit: true}); err != nil {
 		// runsc ends a sandbox whose checkpoint failed (one of its
 		// processes held a connection to a host socket, say), as Status
-		// then says; one that runs on is woken.
+		// then says; one that runs on is woken, its limit put back.
 		if c, ierr := r.inspect(context.WithoutCancel(ctx), id); ierr == nil && c.State.Running {
 			r.wake(context.WithoutCancel(ctx), c.ID)
+			if err := putBack(); err != nil {
+				r.log.Warn("cannot put the memory limit of a sandbox whose checkpoint failed back", logkey.SandboxID, id, logkey.Error, err)
+			}
 		}
 		return classify("checkpoint sandbox "+id, err)
 	}
@@ -98,6 +104,31 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	}
 	r.log.Info("sandbox checkpointed", logkey.SandboxID, id, "container", c.ID[:12])
 	return nil
+}
+
+// roomToSave raises the memory limit of sandbox id's container c, as the
+// gvisor runtime does for its checkpoints (cgroups.RaiseMemory): runsc's
+// save is charged to the paused container, and at its limit the sentry
+// was OOM-killed mid-save. The engine is on this host (the runtime binds
+// host directories), its cgroups under /sys/fs/cgroup; the engine knows
+// nothing of the raise (runsc has no update for it to pass on), and
+// starts the container again, restored, with its own limit. It returns
+// how to put the limit back; a container whose cgroup is not found is
+// left as it is.
+func (r *Runtime) roomToSave(id string, c container.InspectResponse) (putBack func() error) {
+	noop := func() error { return nil }
+	if c.State == nil || c.State.Pid <= 0 {
+		return noop
+	}
+	dirs, err := cgroups.MemoryOf("/sys/fs/cgroup", c.State.Pid)
+	if err == nil {
+		putBack, err = cgroups.RaiseMemory(dirs)
+	}
+	if err != nil {
+		r.log.Warn("cannot give a checkpoint room above the sandbox's memory limit", logkey.SandboxID, id, logkey.Error, err)
+		return noop
+	}
+	return putBack
 }
 
 // Restore starts checkpointed sandbox spec.ID's container again from its

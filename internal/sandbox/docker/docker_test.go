@@ -17,6 +17,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -443,5 +444,65 @@ func TestCheckpoint(t *testing.T) {
 	}
 	if _, err := r.Restore(ctx, sp, t.TempDir()); err == nil {
 		t.Errorf("a restore after Destroy succeeded")
+	}
+}
+
+// TestCheckpointAtItsLimit: a container under runsc at its memory limit
+// checkpoints (the save gets room above the limit, roomToSave) and comes
+// back whole. Without the room its sentry was OOM-killed mid-save.
+func TestCheckpointAtItsLimit(t *testing.T) {
+	testenv.RequireDockerCheckpoints(t)
+	r := mustNew(t, "runsc", sandboxtest.NewID(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := testenv.TempDir(t)
+	sp := sandbox.Spec{
+		ID: sandboxtest.NewID(t), Dir: "/out",
+		Command: []string{"/bin/sh", "-c", "head -c 48m /dev/zero | tr '\\0' x > /tmp/ballast; touch up; while :; do sleep 1; done"},
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
+		Limits:  sandbox.Limits{MemoryBytes: 256 << 20},
+	}
+	if _, err := r.Create(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Destroy(context.Background(), sp.ID)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(dir, "up")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the container never came up")
+		}
+	}
+	c, err := r.inspect(ctx, sp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs, err := cgroups.MemoryOf("/sys/fs/cgroup", c.State.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit, usage := filepath.Join(dirs[0], "memory.limit_in_bytes"), filepath.Join(dirs[0], "memory.usage_in_bytes")
+	if _, err := os.Stat(limit); err != nil {
+		limit, usage = filepath.Join(dirs[0], "memory.max"), filepath.Join(dirs[0], "memory.current")
+	}
+	procs, _ := os.ReadFile(filepath.Join(dirs[0], "cgroup.procs"))
+	for _, pid := range strings.Fields(string(procs)) {
+		os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte("1000"), 0)
+	}
+	b, _ := os.ReadFile(usage)
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err := os.WriteFile(limit, []byte(strconv.FormatInt(n+(1<<20), 10)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Checkpoint(ctx, sp.ID, t.TempDir()); err != nil {
+		t.Fatalf("checkpoint of a container at its memory limit: %v", err)
+	}
+	if _, err := r.Restore(ctx, sp, t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	whole := `[ "$(wc -c < /tmp/ballast)" = 50331648 ] && [ "$(tr -d x < /tmp/ballast | wc -c)" = 0 ]`
+	if st, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/bin/sh", "-c", whole}}); err != nil || st.Code != 0 {
+		t.Errorf("the restored container's ballast: exit %d, %v; want its 48 MiB of x", st.Code, err)
 	}
 }
