@@ -232,6 +232,11 @@ func TestScriptedAgent(t *testing.T) {
 					testenv.RequireRunsc(t)
 				}
 				ep := a.start(t, tc.key, 0, []agenttest.Reply{{Text: "I will write the result.", Tool: &tc.call}, {Text: agentFinalText}})
+				t.Cleanup(func() {
+					if t.Failed() {
+						t.Logf("the endpoint was asked: %+v", ep.asked())
+					}
+				})
 				s := mustStartForAgentOn(t, rt, a.name, ep.addr, a.env(tc.key, ep.url))
 				tk := spawnAgent(t, s, a.name, "Compute 6*7 into output/result.txt", a.model)
 				assertAgentSuccess(t, s, tk.ID, tc.tool, tc.key, true)

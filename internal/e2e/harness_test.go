@@ -19,6 +19,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/app"
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
@@ -237,9 +238,42 @@ func (s *server) wait(t testing.TB, id string, within time.Duration, files ...st
 		t.Fatalf("result of %s: %v", id, err)
 	}
 	if !res.Done {
+		s.logStuck(t, id)
 		t.Fatalf("task %s did not end within %s: status %s", id, within, res.Status)
 	}
 	return res
+}
+
+// logStuck logs what a task that did not end shows of itself: its events
+// (the type and the start of the data of each) and the last 4 KiB of each
+// file in its logs directory (the agent's transcript and stderr), so that
+// a run that hangs in CI says where.
+func (s *server) logStuck(t testing.TB, id string) {
+	t.Helper()
+	err := s.client.Events(context.Background(), service.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
+		data := string(e.Data)
+		if len(data) > 300 {
+			data = data[:300] + "..."
+		}
+		t.Logf("event %d %s %s: %s", e.Position, e.RecordedAt.Format(time.RFC3339Nano), e.Type, data)
+		return nil
+	})
+	if err != nil {
+		t.Logf("events of %s: %v", id, err)
+	}
+	logs := filepath.Join(s.data, "tasks", id, "logs")
+	entries, err := os.ReadDir(logs)
+	if err != nil {
+		t.Logf("logs of %s: %v", id, err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(logs, e.Name()))
+		if err != nil {
+			t.Logf("%s: %v", e.Name(), err)
+			continue
+		}
+		t.Logf("%s (%d bytes), its end:\n%s", e.Name(), len(b), b[max(0, len(b)-4096):])
+	}
 }
 
 // waitSuccess waits for a task to end as wait does, and stops the test
