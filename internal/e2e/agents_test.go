@@ -63,20 +63,23 @@ type scriptedEndpoint struct {
 	addr  string                     // host:port, for the allowlist
 	url   string                     // the base URL, for the CLI
 	asked func() []agenttest.Request // what it was asked, in order
+	// requests is all it recorded of each request, for a failed test's log
+	// (an OpenAI request's tool output included).
+	requests func() any
 }
 
 // startOpenAI starts a scripted OpenAI Responses API where the agents'
 // endpoints listen.
 func startOpenAI(t *testing.T, key string, status int, replies []agenttest.Reply) scriptedEndpoint {
 	o := agenttest.MustOpenAI(t, agenttest.OpenAIOptions{Addr: agentEndpointAddr, Key: key, Status: status, Replies: replies})
-	return scriptedEndpoint{addr: o.Addr, url: o.URL, asked: o.Asked}
+	return scriptedEndpoint{addr: o.Addr, url: o.URL, asked: o.Asked, requests: func() any { return o.Requests() }}
 }
 
 // startGemini starts a scripted Gemini API where the agents' endpoints
 // listen.
 func startGemini(t *testing.T, key string, status int, replies []agenttest.Reply) scriptedEndpoint {
 	g := agenttest.MustGemini(t, agenttest.GeminiOptions{Addr: agentEndpointAddr, Key: key, Status: status, Replies: replies})
-	return scriptedEndpoint{addr: g.Addr, url: g.URL, asked: g.Asked}
+	return scriptedEndpoint{addr: g.Addr, url: g.URL, asked: g.Asked, requests: func() any { return g.Requests() }}
 }
 
 // mustStartForAgent starts a server whose agent name has env and may reach
@@ -234,7 +237,7 @@ func TestScriptedAgent(t *testing.T) {
 				ep := a.start(t, tc.key, 0, []agenttest.Reply{{Text: "I will write the result.", Tool: &tc.call}, {Text: agentFinalText}})
 				t.Cleanup(func() {
 					if t.Failed() {
-						t.Logf("the endpoint was asked: %+v", ep.asked())
+						t.Logf("the endpoint was asked: %+v", ep.requests())
 					}
 				})
 				s := mustStartForAgentOn(t, rt, a.name, ep.addr, a.env(tc.key, ep.url))

@@ -17,6 +17,10 @@ type OpenAIRequest struct {
 	Tools []string
 	// Input is the number of items in the request's input.
 	Input int
+	// LastOutput is the output of the last function_call_output item in
+	// the input (what the CLI's tool gave back to the model), as JSON,
+	// clipped to 2 KiB: "" if there is none.
+	LastOutput string
 }
 
 // OpenAIOptions configure an OpenAI endpoint; a reply's ToolCall Input is
@@ -67,6 +71,15 @@ func (o *OpenAI) serve(w http.ResponseWriter, r *http.Request) {
 	req := OpenAIRequest{
 		Request: newRequest(r, body.Model, body.Stream, len(body.Tools) > 0, o.keyOK(key)),
 		Input:   len(body.Input),
+	}
+	for _, raw := range body.Input {
+		var item struct {
+			Type   string          `json:"type"`
+			Output json.RawMessage `json:"output"`
+		}
+		if json.Unmarshal(raw, &item) == nil && item.Type == "function_call_output" {
+			req.LastOutput = string(item.Output[:min(len(item.Output), 2048)])
+		}
 	}
 	for _, t := range body.Tools {
 		req.Tools = append(req.Tools, t.Name)

@@ -20,12 +20,14 @@ func TestOpenAIScript(t *testing.T) {
 			t.Errorf("first reply lacks %s: %d\n%s", want, code, resp)
 		}
 	}
-	_, resp = scriptPost(t, o.URL+"/responses", "Bearer k", body, "Authorization")
+	second := `{"model":"gpt-5","stream":true,"input":[{"role":"user"},{"type":"function_call","call_id":"call_02"},{"type":"function_call_output","call_id":"call_02","output":"exit 0"}],"tools":[{"type":"function","name":"exec_command"}]}`
+	_, resp = scriptPost(t, o.URL+"/responses", "Bearer k", second, "Authorization")
 	if !strings.Contains(resp, `"text":"done"`) || strings.Contains(resp, "function_call") {
 		t.Errorf("second reply: %s", resp)
 	}
 	reqs := o.Requests()
-	if len(reqs) != 3 || reqs[0].KeyOK || reqs[1].Reply != 0 || reqs[2].Reply != 1 || reqs[1].Model != "gpt-5" || !reqs[1].Stream || reqs[1].Tools[0] != "exec_command" {
+	if len(reqs) != 3 || reqs[0].KeyOK || reqs[1].Reply != 0 || reqs[2].Reply != 1 || reqs[1].Model != "gpt-5" || !reqs[1].Stream || reqs[1].Tools[0] != "exec_command" ||
+		reqs[1].LastOutput != "" || reqs[2].LastOutput != `"exit 0"` || reqs[2].Input != 3 {
 		t.Errorf("requests: %+v", reqs)
 	}
 	e := MustOpenAI(t, OpenAIOptions{Status: 500})
