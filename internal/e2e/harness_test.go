@@ -238,17 +238,17 @@ func (s *server) wait(t testing.TB, id string, within time.Duration, files ...st
 		t.Fatalf("result of %s: %v", id, err)
 	}
 	if !res.Done {
-		s.logStuck(t, id)
+		s.logTask(t, id)
 		t.Fatalf("task %s did not end within %s: status %s", id, within, res.Status)
 	}
 	return res
 }
 
-// logStuck logs what a task that did not end shows of itself: its events
-// (the type and the start of the data of each) and the last 4 KiB of each
-// file in its logs directory (the agent's transcript and stderr), so that
-// a run that hangs in CI says where.
-func (s *server) logStuck(t testing.TB, id string) {
+// logTask logs what a task shows of itself: its events (the type and the
+// start of the data of each) and the last 4 KiB of each file in its logs
+// directory (the agent's transcript and stderr), so that a run that hangs
+// or goes wrong in CI says where.
+func (s *server) logTask(t testing.TB, id string) {
 	t.Helper()
 	err := s.client.Events(context.Background(), service.EventsRequest{TaskID: id}, func(e eventstore.Event) error {
 		data := string(e.Data)

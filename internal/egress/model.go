@@ -182,6 +182,7 @@ func (p *Proxy) relayHandler(host string, port int, transport http.RoundTripper,
 			GotConn: func(info httptrace.GotConnInfo) { addr.Store(info.Conn.RemoteAddr().String()) },
 		}))
 		var failed error
+		var answer *countingReader // the model API's answer's body
 		rp := &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				out := pr.Out
@@ -195,6 +196,11 @@ func (p *Proxy) relayHandler(host string, port int, transport http.RoundTripper,
 				if t.header != "" {
 					out.Header.Set(t.header, t.value)
 				}
+			},
+			ModifyResponse: func(res *http.Response) error {
+				answer = &countingReader{r: res.Body}
+				res.Body = answer
+				return nil
 			},
 			Transport:     transport,
 			FlushInterval: -1,
@@ -224,13 +230,29 @@ func (p *Proxy) relayHandler(host string, port int, transport http.RoundTripper,
 			case failed != nil:
 				rec.Error = failed.Error()
 			case v != nil:
-				rec.Error = "the answer broke off"
+				rec.Error = "the answer broke off" + brokeOff(sw, answer, r)
 				defer panic(v)
 			}
 			p.finish(&rec)
 		}()
 		rp.ServeHTTP(sw, r)
 	})
+}
+
+// brokeOff says why a relayed answer broke off midway: a write to the
+// sandbox that failed, a read of the model API's answer that failed, or
+// the sandbox's request ended (its connection closed) while the answer
+// was on its way.
+func brokeOff(sw *statusWriter, answer *countingReader, r *http.Request) string {
+	switch {
+	case sw.err != nil:
+		return ": writing it to the sandbox: " + sw.err.Error()
+	case r.Context().Err() != nil:
+		return ": the sandbox's connection ended first"
+	case answer != nil && answer.err != nil:
+		return ": reading it from the model API: " + answer.err.Error()
+	}
+	return ""
 }
 
 // modelTransport is how the relay reaches model APIs: the proxy's dialer,
@@ -305,11 +327,13 @@ func clipString(s string, n int) string {
 	return s[:n]
 }
 
-// statusWriter records the status and the body bytes written.
+// statusWriter records the status, the body bytes written and the first
+// write that failed.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
 	n      int64
+	err    error
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -325,6 +349,9 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	}
 	n, err := w.ResponseWriter.Write(b)
 	w.n += int64(n)
+	if err != nil && w.err == nil {
+		w.err = err
+	}
 	return n, err
 }
 
@@ -335,14 +362,20 @@ func (w *statusWriter) Flush() {
 	}
 }
 
+// countingReader counts the bytes read and keeps the first read that
+// failed (an end of file is no failure).
 type countingReader struct {
-	r io.ReadCloser
-	n int64
+	r   io.ReadCloser
+	n   int64
+	err error
 }
 
 func (c *countingReader) Read(b []byte) (int, error) {
 	n, err := c.r.Read(b)
 	c.n += int64(n)
+	if err != nil && err != io.EOF && c.err == nil {
+		c.err = err
+	}
 	return n, err
 }
 

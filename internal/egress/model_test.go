@@ -260,7 +260,34 @@ func TestModelRelayRecordsABrokenAnswer(t *testing.T) {
 	if err == nil {
 		t.Error("a broken answer read whole")
 	}
-	if rec := recs.next(t); !rec.Allowed || rec.Error == "" || rec.Status != 200 {
-		t.Errorf("record %+v: want the request, allowed, with an error", rec)
+	if rec := recs.next(t); !rec.Allowed || rec.Error != "the answer broke off: reading it from the model API: unexpected EOF" || rec.Status != 200 {
+		t.Errorf("record %+v: want the request, allowed, with why it broke off", rec)
+	}
+}
+
+// TestModelRelayRecordsAnAnswerLeft: the sandbox closes its connection
+// while a streamed answer is on its way; the record says the answer broke
+// off because the sandbox's side ended.
+func TestModelRelayRecordsAnAnswerLeft(t *testing.T) {
+	release := make(chan struct{})
+	srv, _ := modelServer(t, false, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, "data: last\n\n")
+	})
+	defer close(release)
+	sock, recs := MustProxy(t, Policy{Models: []Model{mustModel(t, srv.URL, "Authorization", "Bearer k")}}, Options{})
+	resp, err := modelClient(t, sock, 0).Post("http://x/v1/stream", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || line != "data: first\n" {
+		t.Fatalf("first event %q, %v", line, err)
+	}
+	resp.Body.Close() // the client leaves mid-answer: its connection closes
+	if rec := recs.next(t); !rec.Allowed || rec.Error != "the answer broke off: the sandbox's connection ended first" {
+		t.Errorf("record %+v: want why the answer broke off", rec)
 	}
 }
