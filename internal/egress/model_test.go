@@ -120,6 +120,16 @@ func TestModelRelayAddsTheKey(t *testing.T) {
 // TestModelRelayStreams: a streamed answer (server-sent events) reaches the
 // agent as it is written, not once it ends.
 func TestModelRelayStreams(t *testing.T) {
+	resp, _ := firstEventRelayed(t)
+	resp.Body.Close()
+}
+
+// firstEventRelayed starts a model API that streams one event and then
+// waits for the test's end, asks it through the relay, and returns the
+// answer once its first event has been read (before the stream ends), and
+// the proxy's records.
+func firstEventRelayed(t *testing.T) (*http.Response, *records) {
+	t.Helper()
 	release := make(chan struct{})
 	srv, _ := modelServer(t, false, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -128,17 +138,18 @@ func TestModelRelayStreams(t *testing.T) {
 		<-release
 		io.WriteString(w, "data: last\n\n")
 	})
-	defer close(release)
-	sock, _ := MustProxy(t, Policy{Models: []Model{mustModel(t, srv.URL, "Authorization", "Bearer k")}}, Options{})
+	t.Cleanup(func() { close(release) }) // before the server's close, which waits for its handler
+	sock, recs := MustProxy(t, Policy{Models: []Model{mustModel(t, srv.URL, "Authorization", "Bearer k")}}, Options{})
 	resp, err := modelClient(t, sock, 0).Post("http://x/v1/stream", "application/json", strings.NewReader("{}"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
 	line, err := bufio.NewReader(resp.Body).ReadString('\n')
 	if err != nil || line != "data: first\n" {
+		resp.Body.Close()
 		t.Fatalf("first event %q, %v: want it before the stream ends", line, err)
 	}
+	return resp, recs
 }
 
 // TestModelRelayVerifiesTLS: the relay speaks TLS to an https model API
@@ -269,23 +280,7 @@ func TestModelRelayRecordsABrokenAnswer(t *testing.T) {
 // while a streamed answer is on its way; the record says the answer broke
 // off because the sandbox's side ended.
 func TestModelRelayRecordsAnAnswerLeft(t *testing.T) {
-	release := make(chan struct{})
-	srv, _ := modelServer(t, false, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "data: first\n\n")
-		w.(http.Flusher).Flush()
-		<-release
-		io.WriteString(w, "data: last\n\n")
-	})
-	defer close(release)
-	sock, recs := MustProxy(t, Policy{Models: []Model{mustModel(t, srv.URL, "Authorization", "Bearer k")}}, Options{})
-	resp, err := modelClient(t, sock, 0).Post("http://x/v1/stream", "application/json", strings.NewReader("{}"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || line != "data: first\n" {
-		t.Fatalf("first event %q, %v", line, err)
-	}
+	resp, recs := firstEventRelayed(t)
 	resp.Body.Close() // the client leaves mid-answer: its connection closes
 	if rec := recs.next(t); !rec.Allowed || rec.Error != "the answer broke off: the sandbox's connection ended first" {
 		t.Errorf("record %+v: want why the answer broke off", rec)
