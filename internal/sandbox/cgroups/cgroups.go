@@ -238,31 +238,35 @@ func RaiseMemory(dirs []string) (putBack func() error, err error) {
 	if !ok || !uok || limit <= 0 || limit >= unlimitedV1 {
 		return noop, nil // "max", v1's "no limit", or no such cgroup
 	}
-	raised := strconv.FormatInt(limit+min(usage, limit), 10)
-	// v1's memory+swap limit must stay at or above the memory limit: it
-	// goes up first and down last.
-	set := func(files []string, v string) error {
-		for _, f := range files {
-			if f == swapFile {
-				if err := writeIfExists(filepath.Join(dir, f), v); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := writeFile(filepath.Join(dir, f), v); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	up, down := []string{limitFile}, []string{limitFile}
+	raised := limit + min(usage, limit)
+	setLimit := func(v int64) error { return writeFile(filepath.Join(dir, limitFile), strconv.FormatInt(v, 10)) }
+	// v1's memory+swap limit must stay at or above the memory limit: when
+	// it is below the raised one, it goes up first and back down last,
+	// to what it was (an engine's container may allow swap above its
+	// memory limit).
+	swap, swapOK := int64(0), false
 	if swapFile != "" {
-		up, down = []string{swapFile, limitFile}, []string{limitFile, swapFile}
+		swap, swapOK = read(swapFile)
 	}
-	if err := set(up, raised); err != nil {
+	raiseSwap := swapOK && swap < raised
+	setSwap := func(v int64) error {
+		if !raiseSwap {
+			return nil
+		}
+		return writeFile(filepath.Join(dir, swapFile), strconv.FormatInt(v, 10))
+	}
+	if err := setSwap(raised); err != nil {
 		return noop, err
 	}
-	return func() error { return set(down, strconv.FormatInt(limit, 10)) }, nil
+	if err := setLimit(raised); err != nil {
+		return noop, err
+	}
+	return func() error {
+		if err := setLimit(limit); err != nil {
+			return err
+		}
+		return setSwap(swap)
+	}, nil
 }
 
 // MemoryOf returns the memory cgroup directory of process pid under the

@@ -544,6 +544,30 @@ func TestRaiseMemoryFake(t *testing.T) {
 			}
 			os.RemoveAll(dirs[0])
 		}
+		if swap != "" {
+			// An engine's container that may swap above its memory limit
+			// keeps its memory+swap limit: above the raised one, it is
+			// not touched.
+			dirs, err := cg.Create("sb-3", sandbox.Limits{MemoryBytes: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(filepath.Join(dirs[0], swap), []byte("3000"), 0o644)
+			os.WriteFile(filepath.Join(dirs[0], usage), []byte("300\n"), 0o644)
+			putBack, err := RaiseMemory(dirs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := readFiles(t, dirs[0]); got[limit] != "1300" || got[swap] != "3000" {
+				t.Errorf("with swap above: raised to %v, want 1300 and the swap limit as it was", got)
+			}
+			if err := putBack(); err != nil {
+				t.Fatal(err)
+			}
+			if got := readFiles(t, dirs[0]); got[limit] != "1000" || got[swap] != "3000" {
+				t.Errorf("with swap above: put back to %v, want 1000 and the swap limit as it was", got)
+			}
+		}
 		dirs, err := cg.Create("sb-2", sandbox.Limits{})
 		if err != nil {
 			t.Fatal(err)
