@@ -27,8 +27,8 @@ import (
 // task's terminal event to the response, as the client sees it. The
 // event's recorded_at is taken before its commit, so the figure includes
 // the commit's fsync. Beside it, in the same run, two references, as many
-// long polls each on a plain net/http server, answered with a small JSON
-// body when a channel closes:
+// long polls each on a plain net/http server, answered with the bytes
+// Corral answers an ended task's long poll with when a channel closes:
 //   - plain: the channel closed on a quiet server, timed from the close:
 //     the floor of answering that many connections;
 //   - plain-at-end: the channel closed when another task of the server
@@ -69,6 +69,9 @@ func benchLongPollWake(b *testing.B, s *server, waiters int) {
 		}
 		return ds
 	}
+	// The references answer with the bytes Corral answers a long poll of
+	// an ended task with, of the size a round's answers have.
+	answer := endedAnswer(b, s, sleeper())
 	var corral, plain, atEnd []time.Duration
 	var cpu [3]time.Duration // corral, plain, plain-at-end: this process's CPU in all rounds
 	for b.Loop() {
@@ -83,14 +86,14 @@ func benchLongPollWake(b *testing.B, s *server, waiters int) {
 
 		release := make(chan struct{})
 		var closed time.Time
-		_, got, used = longPolls(b, plainLongPoll(b, release), waiters, func() { closed = time.Now(); close(release) })
+		_, got, used = longPolls(b, plainLongPoll(b, release, answer), waiters, func() { closed = time.Now(); close(release) })
 		plain = append(plain, since(got, closed)...)
 		cpu[1] += used
 
 		id = sleeper()
 		release = make(chan struct{})
 		ended := make(chan error, 1)
-		_, got, used = longPolls(b, plainLongPoll(b, release), waiters, func() {
+		_, got, used = longPolls(b, plainLongPoll(b, release, answer), waiters, func() {
 			go func() {
 				_, err := s.client.Result(ctx, service.ResultRequest{TaskID: id, Wait: time.Minute})
 				ended <- err
@@ -200,9 +203,25 @@ func terminalEvent(b *testing.B, s *server, id string) time.Time {
 	return at
 }
 
-// plainLongPoll serves long polls on loopback that answer when release
-// closes, and returns their URL.
-func plainLongPoll(b *testing.B, release <-chan struct{}) string {
+// endedAnswer is the body of Corral's answer to a long poll of task id,
+// once it has ended.
+func endedAnswer(b *testing.B, s *server, id string) []byte {
+	b.Helper()
+	resp, err := http.Get(s.url + "/api/tasks/" + id + "/result?wait=1m")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.Fatalf("the result of %s: %d, %v", id, resp.StatusCode, err)
+	}
+	return body
+}
+
+// plainLongPoll serves long polls on loopback that answer body when
+// release closes, and returns their URL.
+func plainLongPoll(b *testing.B, release <-chan struct{}, body []byte) string {
 	b.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -211,7 +230,7 @@ func plainLongPoll(b *testing.B, release <-chan struct{}) string {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		<-release
 		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"task_id":"task-x","status":"success","done":true}`)
+		w.Write(body)
 	})}
 	go srv.Serve(ln)
 	b.Cleanup(func() { srv.Close() })
