@@ -10,8 +10,10 @@
 package cgroups
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -215,58 +217,118 @@ func (h *Hierarchy) Background(dirs []string, on bool) error {
 // are charged to the sandbox, and at its limit they got the saver
 // OOM-killed mid-save. A sandbox without a memory limit is left as it is
 // (put back is then a no-op), as is one whose cgroups are gone.
-func RaiseMemory(dirs []string) (putBack func() error, err error) {
+//
+// What put back writes is written down first in the file record (a
+// server's own, the directory there), and put back removes it: a process
+// that dies between the two leaves it for PutBack, which its successor
+// calls when it finds the sandbox still running. A save that ended its
+// sandbox removes the record with the sandbox's state.
+func RaiseMemory(dirs []string, record string) (putBack func() error, err error) {
 	noop := func() error { return nil }
 	if len(dirs) == 0 {
 		return noop, nil
 	}
 	dir := dirs[0] // v2's one, or v1's memory controller's
-	limitFile, usageFile, swapFile := "memory.max", "memory.current", ""
-	if _, err := os.Stat(filepath.Join(dir, limitFile)); err != nil {
-		limitFile, usageFile, swapFile = "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.memsw.limit_in_bytes"
+	r := raise{Dir: dir, LimitFile: "memory.max"}
+	usageFile := "memory.current"
+	if _, err := os.Stat(filepath.Join(dir, r.LimitFile)); err != nil {
+		r.LimitFile, usageFile = "memory.limit_in_bytes", "memory.usage_in_bytes"
 	}
-	read := func(name string) (int64, bool) {
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			return 0, false
-		}
-		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		return n, err == nil
-	}
-	limit, ok := read(limitFile)
-	usage, uok := read(usageFile)
+	limit, ok := readInt(filepath.Join(dir, r.LimitFile))
+	usage, uok := readInt(filepath.Join(dir, usageFile))
 	if !ok || !uok || limit <= 0 || limit >= unlimitedV1 {
 		return noop, nil // "max", v1's "no limit", or no such cgroup
 	}
+	r.Limit = limit
 	raised := limit + min(usage, limit)
-	setLimit := func(v int64) error { return writeFile(filepath.Join(dir, limitFile), strconv.FormatInt(v, 10)) }
 	// v1's memory+swap limit must stay at or above the memory limit: when
 	// it is below the raised one, it goes up first and back down last,
 	// to what it was (an engine's container may allow swap above its
 	// memory limit).
-	swap, swapOK := int64(0), false
-	if swapFile != "" {
-		swap, swapOK = read(swapFile)
-	}
-	raiseSwap := swapOK && swap < raised
-	setSwap := func(v int64) error {
-		if !raiseSwap {
-			return nil
+	if r.LimitFile == "memory.limit_in_bytes" {
+		if swap, ok := readInt(filepath.Join(dir, "memory.memsw.limit_in_bytes")); ok && swap < raised {
+			r.SwapFile, r.Swap = "memory.memsw.limit_in_bytes", swap
 		}
-		return writeFile(filepath.Join(dir, swapFile), strconv.FormatInt(v, 10))
 	}
-	if err := setSwap(raised); err != nil {
+	b, _ := json.Marshal(r)
+	if err := os.WriteFile(record, b, 0o600); err != nil {
+		return noop, fmt.Errorf("write down a memory limit's raise: %w", err)
+	}
+	if err := r.set(r.SwapFile, raised); err != nil {
+		os.Remove(record)
 		return noop, err
 	}
-	if err := setLimit(raised); err != nil {
+	if err := r.set(r.LimitFile, raised); err != nil {
+		r.putBack(record)
 		return noop, err
 	}
-	return func() error {
-		if err := setLimit(limit); err != nil {
+	return func() error { return r.putBack(record) }, nil
+}
+
+// PutBack puts back a memory limit RaiseMemory raised and wrote down in
+// record, which a process that died before putting it back left; nothing
+// when there is no record. A cgroup gone since (its sandbox ended) is
+// nothing to put back.
+func PutBack(record string) error {
+	b, err := os.ReadFile(record)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var r raise
+	if err := json.Unmarshal(b, &r); err != nil || r.Dir == "" || r.LimitFile == "" {
+		os.Remove(record)
+		return fmt.Errorf("a memory limit's raise written down in %s: unreadable: %v", record, err)
+	}
+	if err := r.putBack(record); err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
-		return setSwap(swap)
-	}, nil
+		os.Remove(record)
+	}
+	return nil
+}
+
+// raise is what RaiseMemory writes down: the memory cgroup, and the
+// limits to put back (SwapFile "" when v1's memory+swap limit was left).
+type raise struct {
+	Dir       string `json:"dir"`
+	LimitFile string `json:"limit_file"`
+	Limit     int64  `json:"limit"`
+	SwapFile  string `json:"swap_file,omitempty"`
+	Swap      int64  `json:"swap,omitempty"`
+}
+
+// set writes v to the cgroup's file name; nothing for "".
+func (r raise) set(name string, v int64) error {
+	if name == "" {
+		return nil
+	}
+	return writeFile(filepath.Join(r.Dir, name), strconv.FormatInt(v, 10))
+}
+
+// putBack writes the limits back, the memory limit first, and removes the
+// record once they are.
+func (r raise) putBack(record string) error {
+	if err := r.set(r.LimitFile, r.Limit); err != nil {
+		return err
+	}
+	if err := r.set(r.SwapFile, r.Swap); err != nil {
+		return err
+	}
+	return os.Remove(record)
+}
+
+// readInt reads the number a cgroup file holds.
+func readInt(path string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n, err == nil
 }
 
 // MemoryOf returns the memory cgroup directory of process pid under the

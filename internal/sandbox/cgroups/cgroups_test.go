@@ -518,6 +518,7 @@ func TestRaiseMemoryFake(t *testing.T) {
 		if v2 {
 			limit, usage, swap = "memory.max", "memory.current", ""
 		}
+		record := filepath.Join(t.TempDir(), "raised")
 		for _, c := range []struct{ usage, raised string }{{"300", "1300"}, {"5000", "2000"}} {
 			dirs, err := cg.Create("sb-1", sandbox.Limits{MemoryBytes: 1000})
 			if err != nil {
@@ -527,7 +528,7 @@ func TestRaiseMemoryFake(t *testing.T) {
 				os.WriteFile(filepath.Join(dirs[0], swap), []byte("1000"), 0o644)
 			}
 			os.WriteFile(filepath.Join(dirs[0], usage), []byte(c.usage+"\n"), 0o644)
-			putBack, err := RaiseMemory(dirs)
+			putBack, err := RaiseMemory(dirs, record)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -542,6 +543,9 @@ func TestRaiseMemoryFake(t *testing.T) {
 			if got[limit] != "1000" || swap != "" && got[swap] != "1000" {
 				t.Errorf("v2 %v: put back to %v, want 1000", v2, got)
 			}
+			if _, err := os.Stat(record); !os.IsNotExist(err) {
+				t.Errorf("v2 %v: the raise's record after put back: %v", v2, err)
+			}
 			os.RemoveAll(dirs[0])
 		}
 		if swap != "" {
@@ -554,7 +558,7 @@ func TestRaiseMemoryFake(t *testing.T) {
 			}
 			os.WriteFile(filepath.Join(dirs[0], swap), []byte("3000"), 0o644)
 			os.WriteFile(filepath.Join(dirs[0], usage), []byte("300\n"), 0o644)
-			putBack, err := RaiseMemory(dirs)
+			putBack, err := RaiseMemory(dirs, record)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -574,11 +578,69 @@ func TestRaiseMemoryFake(t *testing.T) {
 		}
 		os.WriteFile(filepath.Join(dirs[0], limit), []byte("max\n"), 0o644)
 		os.WriteFile(filepath.Join(dirs[0], usage), []byte("300\n"), 0o644)
-		if _, err := RaiseMemory(dirs); err != nil {
+		if _, err := RaiseMemory(dirs, record); err != nil {
 			t.Fatal(err)
 		}
 		if got := readFiles(t, dirs[0])[limit]; got != "max\n" {
 			t.Errorf("v2 %v: no limit became %q", v2, got)
+		}
+		if _, err := os.Stat(record); !os.IsNotExist(err) {
+			t.Errorf("v2 %v: a raise of no limit left a record: %v", v2, err)
+		}
+	}
+}
+
+// TestPutBackAfterADeath: a raise whose maker died before putting it back
+// (a server killed in a save) is put back from its record by PutBack, the
+// memory+swap limit too, and the record removed; a record of a cgroup gone
+// since is removed, and no record is nothing to do.
+func TestPutBackAfterADeath(t *testing.T) {
+	for _, v2 := range []bool{false, true} {
+		cg, err := Detect(mustFakeCgroupfs(t, v2), "corral")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cg.Prepare(); err != nil {
+			t.Fatal(err)
+		}
+		limit, usage, swap := "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.memsw.limit_in_bytes"
+		if v2 {
+			limit, usage, swap = "memory.max", "memory.current", ""
+		}
+		record := filepath.Join(t.TempDir(), "raised")
+		dirs, err := cg.Create("sb-1", sandbox.Limits{MemoryBytes: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if swap != "" {
+			os.WriteFile(filepath.Join(dirs[0], swap), []byte("1000"), 0o644)
+		}
+		os.WriteFile(filepath.Join(dirs[0], usage), []byte("300\n"), 0o644)
+		if _, err := RaiseMemory(dirs, record); err != nil { // and its maker dies
+			t.Fatal(err)
+		}
+		if err := PutBack(record); err != nil {
+			t.Fatal(err)
+		}
+		got := readFiles(t, dirs[0])
+		if got[limit] != "1000" || swap != "" && got[swap] != "1000" {
+			t.Errorf("v2 %v: put back from the record to %v, want 1000", v2, got)
+		}
+		if _, err := os.Stat(record); !os.IsNotExist(err) {
+			t.Errorf("v2 %v: the record after PutBack: %v", v2, err)
+		}
+		if err := PutBack(record); err != nil {
+			t.Errorf("v2 %v: PutBack with no record: %v", v2, err)
+		}
+		if _, err := RaiseMemory(dirs, record); err != nil {
+			t.Fatal(err)
+		}
+		os.RemoveAll(dirs[0]) // the sandbox ended
+		if err := PutBack(record); err != nil {
+			t.Errorf("v2 %v: PutBack of a cgroup gone: %v", v2, err)
+		}
+		if _, err := os.Stat(record); !os.IsNotExist(err) {
+			t.Errorf("v2 %v: the record of a cgroup gone: %v", v2, err)
 		}
 	}
 }

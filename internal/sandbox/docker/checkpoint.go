@@ -93,6 +93,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	if err := r.waitExit(ctx, c.ID); err != nil {
 		return fmt.Errorf("checkpoint sandbox %s: wait for it to end: %w", id, err)
 	}
+	os.Remove(r.raisedRecord(id)) // its cgroup went with it
 	if _, err := r.cli.ContainerRename(ctx, c.ID, client.ContainerRenameOptions{NewName: r.name(id) + checkpointedSuffix}); err != nil {
 		return classify("checkpoint sandbox "+id+": rename its container", err)
 	}
@@ -122,7 +123,10 @@ func (r *Runtime) roomToSave(id string, c container.InspectResponse) (putBack fu
 	}
 	dirs, err := cgroups.MemoryOf("/sys/fs/cgroup", c.State.Pid)
 	if err == nil {
-		putBack, err = cgroups.RaiseMemory(dirs)
+		err = os.MkdirAll(filepath.Dir(r.raisedRecord(id)), 0o700)
+	}
+	if err == nil {
+		putBack, err = cgroups.RaiseMemory(dirs, r.raisedRecord(id))
 	}
 	if err != nil {
 		r.log.Warn("cannot give a checkpoint room above the sandbox's memory limit", logkey.SandboxID, id, logkey.Error, err)
@@ -235,6 +239,13 @@ func (r *Runtime) startFromCheckpoint(ctx context.Context, containerID string) e
 // checkpoint, from before its start until Destroy.
 func (r *Runtime) restoredMark(id string) string {
 	return filepath.Join(r.opts.StateDir, "restored", id)
+}
+
+// raisedRecord is where roomToSave writes down its raise of sandbox id's
+// memory limit, for a server that died in the save (Recover puts it
+// back; a container the save ended needs none).
+func (r *Runtime) raisedRecord(id string) string {
+	return filepath.Join(r.opts.StateDir, "raised", id)
 }
 
 // wake sends SIGCONT to container containerID's main process (the worker,

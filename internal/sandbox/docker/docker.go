@@ -74,6 +74,7 @@ import (
 	"github.com/corral-dev/corral/internal/lockfile"
 	"github.com/corral-dev/corral/internal/logkey"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/sandbox/hostuser"
 	"github.com/corral-dev/corral/internal/sandbox/seccomp"
@@ -656,6 +657,15 @@ func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
 	if st.ContainerID != "" && st.ContainerID != c.ID {
 		return fmt.Errorf("recover sandbox %s: handle names another container than the engine: %w", h.ID, errdefs.ErrConflict)
 	}
+	// A memory limit a checkpoint raised, its server dying in the save:
+	// put back if the container runs on, gone with it if not.
+	if c.State.Running {
+		if err := cgroups.PutBack(r.raisedRecord(h.ID)); err != nil {
+			r.log.Warn("cannot put back the memory limit a checkpoint raised", logkey.SandboxID, h.ID, logkey.Error, err)
+		}
+	} else {
+		os.Remove(r.raisedRecord(h.ID))
+	}
 	r.log.Debug("sandbox recovered", logkey.SandboxID, h.ID, "running", c.State.Running)
 	return nil
 }
@@ -905,6 +915,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// A Create that crashed after its pins or its identity's lease.
 		os.Remove(r.restoredMark(id))
+		os.Remove(r.raisedRecord(id))
 		os.Remove(r.claimPath(id))
 		return errors.Join(hostuser.Unpin(r.pins(id)), r.opts.Identities.Release(id))
 	}
@@ -935,6 +946,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	os.Remove(r.restoredMark(id))
+	os.Remove(r.raisedRecord(id))
 	os.Remove(r.claimPath(id))
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil

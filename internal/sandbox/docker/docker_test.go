@@ -447,6 +447,71 @@ func TestCheckpoint(t *testing.T) {
 	}
 }
 
+// TestRecoverPutsTheRaiseBack: a server killed in a checkpoint, after it
+// raised the container's memory limit for the save, leaves the container
+// running with the raised limit; the next server's Recover puts it back.
+func TestRecoverPutsTheRaiseBack(t *testing.T) {
+	testenv.RequireDocker(t)
+	instance := sandboxtest.NewID(t)
+	r := mustNew(t, "", instance)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := testenv.TempDir(t)
+	sp := sandbox.Spec{
+		ID: sandboxtest.NewID(t), Dir: "/out",
+		Command: []string{"/bin/sh", "-c", "head -c 8m /dev/zero > /tmp/ballast; touch up; while :; do sleep 1; done"},
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
+		Limits:  sandbox.Limits{MemoryBytes: 256 << 20},
+	}
+	if _, err := r.Create(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Destroy(context.Background(), sp.ID)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(dir, "up")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the container never came up")
+		}
+	}
+	c, err := r.inspect(ctx, sp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs, err := cgroups.MemoryOf("/sys/fs/cgroup", c.State.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := filepath.Join(dirs[0], "memory.limit_in_bytes")
+	if _, err := os.Stat(limit); err != nil {
+		limit = filepath.Join(dirs[0], "memory.max")
+	}
+	before, _ := os.ReadFile(limit)
+	r.roomToSave(sp.ID, c) // what Checkpoint does first; then its server is killed
+	if raised, _ := os.ReadFile(limit); string(raised) == string(before) {
+		t.Fatalf("the limit was not raised: %s", raised)
+	}
+	next := mustNew(t, "", instance)
+	hs, err := next.List(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(hs, func(h sandbox.Handle) bool { return h.ID == sp.ID })
+	if i < 0 {
+		t.Fatalf("the next runtime does not list sandbox %s", sp.ID)
+	}
+	if err := next.Recover(ctx, &hs[i]); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.ReadFile(limit); string(after) != string(before) {
+		t.Errorf("the memory limit after the next server's Recover: %s, want it put back to %s", after, before)
+	}
+	if _, err := os.Stat(next.raisedRecord(sp.ID)); !os.IsNotExist(err) {
+		t.Errorf("the raise's record after Recover: %v", err)
+	}
+}
+
 // TestCheckpointAtItsLimit: a container under runsc at its memory limit
 // checkpoints (the save gets room above the limit, roomToSave) and comes
 // back whole. Without the room its sentry was OOM-killed mid-save.

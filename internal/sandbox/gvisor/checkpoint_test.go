@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -111,6 +112,48 @@ func TestCheckpointAtItsLimit(t *testing.T) {
 	whole := `[ "$(wc -c < /tmp/ballast)" = 50331648 ] && [ "$(tr -d x < /tmp/ballast | wc -c)" = 0 ]`
 	if st, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/bin/sh", "-c", whole}}); err != nil || st.Code != 0 {
 		t.Errorf("the restored sandbox's ballast: exit %d, %v; want its 48 MiB of x", st.Code, err)
+	}
+}
+
+// TestRecoverPutsTheRaiseBack: a server killed in a checkpoint, after it
+// raised the sandbox's memory limit for the save, leaves the sandbox
+// running with the raised limit; the next server's Recover puts it back.
+func TestRecoverPutsTheRaiseBack(t *testing.T) {
+	testenv.RequireRunsc(t)
+	r, newRuntime := MustNew(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sp := upSandbox(ctx, t, r, ballast)
+	m := memoryCgroup(t, r, sp.ID)
+	before, _ := os.ReadFile(filepath.Join(m.dir, m.limit))
+	e, err := r.Lookup(sp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What Checkpoint does first; then its server is killed.
+	if _, err := cgroups.RaiseMemory(e.St.Cgroups, raisedRecord(e.Dir)); err != nil {
+		t.Fatal(err)
+	}
+	if raised, _ := os.ReadFile(filepath.Join(m.dir, m.limit)); string(raised) == string(before) {
+		t.Fatalf("the limit was not raised: %s", raised)
+	}
+	next := newRuntime()
+	hs, err := next.List(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(hs, func(h sandbox.Handle) bool { return h.ID == sp.ID })
+	if i < 0 {
+		t.Fatalf("the next runtime does not list sandbox %s", sp.ID)
+	}
+	if err := next.Recover(ctx, &hs[i]); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.ReadFile(filepath.Join(m.dir, m.limit)); string(after) != string(before) {
+		t.Errorf("the memory limit after the next server's Recover: %s, want it put back to %s", after, before)
+	}
+	if _, err := os.Stat(raisedRecord(e.Dir)); !os.IsNotExist(err) {
+		t.Errorf("the raise's record after Recover: %v", err)
 	}
 }
 

@@ -540,7 +540,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	// sandbox's memory limit, paused as it is: room for them
 	// (cgroups.RaiseMemory), so that a sandbox near its limit is not
 	// OOM-killed mid-save.
-	putBack, err := cgroups.RaiseMemory(e.St.Cgroups)
+	putBack, err := cgroups.RaiseMemory(e.St.Cgroups, raisedRecord(e.Dir))
 	if err != nil {
 		r.log.Warn("cannot give a checkpoint room above the sandbox's memory limit", logkey.SandboxID, id, logkey.Error, err)
 	}
@@ -929,11 +929,27 @@ func (r *Runtime) crash(point string) {
 // nothing of its task runs after all, and its end says so
 // (ExitStatus.NotStarted). So is a claimed warm sandbox whose worker has
 // not acknowledged its start: its start pipe closed with the server.
+//
+// A memory limit a checkpoint raised and its server did not put back (it
+// died in the save, and the sandbox runs on) is put back.
 func (r *Runtime) Recover(ctx context.Context, h *sandbox.Handle) error {
-	return r.RecoverDecided(ctx, h, func(e *statedir.Entry[state]) bool {
+	err := r.RecoverDecided(ctx, h, func(e *statedir.Entry[state]) bool {
 		return !ranRunsc(e.Dir) || (e.St.Warm != "" && !warmpool.Acked(e.Dir))
 	})
+	if err != nil {
+		return err
+	}
+	if e, lerr := r.Lookup(h.ID); lerr == nil {
+		if err := cgroups.PutBack(raisedRecord(e.Dir)); err != nil {
+			r.log.Warn("cannot put back the memory limit a checkpoint raised", logkey.SandboxID, h.ID, logkey.Error, err)
+		}
+	}
+	return nil
 }
+
+// raisedRecord is where a checkpoint writes down its raise of the memory
+// limit of the sandbox whose state is in dir (cgroups.RaiseMemory).
+func raisedRecord(dir string) string { return filepath.Join(dir, "memory-raised") }
 
 // term sends SIGTERM to the main process with `runsc kill`; when it exits,
 // gVisor ends the whole sandbox. An error is a container that exited
