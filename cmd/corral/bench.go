@@ -112,7 +112,7 @@ func printBench(w io.Writer, r *bench.Result) {
 		phases(runtime+"cold task", t.Phases)
 	}
 	tasks("", "POST to result", s.Tasks, func() { row("bare bwrap /bin/echo hi", s.Bwrap) },
-		"bare bwrap", "issue 17's target: <= 1.0", " (issue 17's target: <= 2.5)")
+		"bare bwrap", "issue 41's target: <= 1.5", " (issue 41's target: <= 3)")
 	if g := s.Gvisor; g != nil {
 		tasks("gvisor ", "runtime gvisor", g.Tasks, func() { row("bare runsc run /bin/echo hi", g.Runsc) },
 			"bare runsc run", "issue 41's target: <= 0.25", "")
