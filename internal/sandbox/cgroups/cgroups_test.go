@@ -507,17 +507,7 @@ func TestLeftovers(t *testing.T) {
 // v1's memory+swap limit first, and back again; no limit stays none.
 func TestRaiseMemoryFake(t *testing.T) {
 	for _, v2 := range []bool{false, true} {
-		cg, err := Detect(mustFakeCgroupfs(t, v2), "corral")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cg.Prepare(); err != nil {
-			t.Fatal(err)
-		}
-		limit, usage, swap := "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.memsw.limit_in_bytes"
-		if v2 {
-			limit, usage, swap = "memory.max", "memory.current", ""
-		}
+		cg, limit, usage, swap := fakeMemory(t, v2)
 		record := filepath.Join(t.TempDir(), "raised")
 		for _, c := range []struct{ usage, raised string }{{"300", "1300"}, {"5000", "2000"}} {
 			dirs, err := cg.Create("sb-1", sandbox.Limits{MemoryBytes: 1000})
@@ -590,23 +580,31 @@ func TestRaiseMemoryFake(t *testing.T) {
 	}
 }
 
+// fakeMemory is a prepared hierarchy on a fake cgroupfs of version 2 or
+// 1, and the names of its memory limit, usage and (v1) memory+swap limit
+// files.
+func fakeMemory(t *testing.T, v2 bool) (cg *Hierarchy, limit, usage, swap string) {
+	t.Helper()
+	cg, err := Detect(mustFakeCgroupfs(t, v2), "corral")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	if v2 {
+		return cg, "memory.max", "memory.current", ""
+	}
+	return cg, "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.memsw.limit_in_bytes"
+}
+
 // TestPutBackAfterADeath: a raise whose maker died before putting it back
 // (a server killed in a save) is put back from its record by PutBack, the
 // memory+swap limit too, and the record removed; a record of a cgroup gone
 // since is removed, and no record is nothing to do.
 func TestPutBackAfterADeath(t *testing.T) {
 	for _, v2 := range []bool{false, true} {
-		cg, err := Detect(mustFakeCgroupfs(t, v2), "corral")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cg.Prepare(); err != nil {
-			t.Fatal(err)
-		}
-		limit, usage, swap := "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.memsw.limit_in_bytes"
-		if v2 {
-			limit, usage, swap = "memory.max", "memory.current", ""
-		}
+		cg, limit, usage, swap := fakeMemory(t, v2)
 		record := filepath.Join(t.TempDir(), "raised")
 		dirs, err := cg.Create("sb-1", sandbox.Limits{MemoryBytes: 1000})
 		if err != nil {

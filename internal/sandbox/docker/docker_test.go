@@ -20,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/testenv"
+	"github.com/moby/moby/api/types/container"
 )
 
 // oci names the engine runtimes the tests run under: the engine's default
@@ -456,55 +457,15 @@ func TestRecoverPutsTheRaiseBack(t *testing.T) {
 	r := mustNew(t, "", instance)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dir := testenv.TempDir(t)
-	sp := sandbox.Spec{
-		ID: sandboxtest.NewID(t), Dir: "/out",
-		Command: []string{"/bin/sh", "-c", "head -c 8m /dev/zero > /tmp/ballast; touch up; while :; do sleep 1; done"},
-		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
-		Limits:  sandbox.Limits{MemoryBytes: 256 << 20},
-	}
-	if _, err := r.Create(ctx, sp); err != nil {
-		t.Fatal(err)
-	}
-	defer r.Destroy(context.Background(), sp.ID)
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		if _, err := os.Stat(filepath.Join(dir, "up")); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the container never came up")
-		}
-	}
-	c, err := r.inspect(ctx, sp.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dirs, err := cgroups.MemoryOf("/sys/fs/cgroup", c.State.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	limit := filepath.Join(dirs[0], "memory.limit_in_bytes")
-	if _, err := os.Stat(limit); err != nil {
-		limit = filepath.Join(dirs[0], "memory.max")
-	}
-	before, _ := os.ReadFile(limit)
+	sp, c, m := upContainer(ctx, t, r, "head -c 8m /dev/zero > /tmp/ballast")
+	before, _ := os.ReadFile(m.limit)
 	r.roomToSave(sp.ID, c) // what Checkpoint does first; then its server is killed
-	if raised, _ := os.ReadFile(limit); string(raised) == string(before) {
+	if raised, _ := os.ReadFile(m.limit); string(raised) == string(before) {
 		t.Fatalf("the limit was not raised: %s", raised)
 	}
 	next := mustNew(t, "", instance)
-	hs, err := next.List(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(hs, func(h sandbox.Handle) bool { return h.ID == sp.ID })
-	if i < 0 {
-		t.Fatalf("the next runtime does not list sandbox %s", sp.ID)
-	}
-	if err := next.Recover(ctx, &hs[i]); err != nil {
-		t.Fatal(err)
-	}
-	if after, _ := os.ReadFile(limit); string(after) != string(before) {
+	sandboxtest.MustRecover(ctx, t, next, sp.ID)
+	if after, _ := os.ReadFile(m.limit); string(after) != string(before) {
 		t.Errorf("the memory limit after the next server's Recover: %s, want it put back to %s", after, before)
 	}
 	if _, err := os.Stat(next.raisedRecord(sp.ID)); !os.IsNotExist(err) {
@@ -520,17 +481,49 @@ func TestCheckpointAtItsLimit(t *testing.T) {
 	r := mustNew(t, "runsc", sandboxtest.NewID(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	sp, _, m := upContainer(ctx, t, r, "head -c 48m /dev/zero | tr '\\0' x > /tmp/ballast")
+	procs, _ := os.ReadFile(filepath.Join(m.dir, "cgroup.procs"))
+	for _, pid := range strings.Fields(string(procs)) {
+		os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte("1000"), 0)
+	}
+	b, _ := os.ReadFile(m.usage)
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err := os.WriteFile(m.limit, []byte(strconv.FormatInt(n+(1<<20), 10)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Checkpoint(ctx, sp.ID, t.TempDir()); err != nil {
+		t.Fatalf("checkpoint of a container at its memory limit: %v", err)
+	}
+	if _, err := r.Restore(ctx, sp, t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	whole := `[ "$(wc -c < /tmp/ballast)" = 50331648 ] && [ "$(tr -d x < /tmp/ballast | wc -c)" = 0 ]`
+	if st, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/bin/sh", "-c", whole}}); err != nil || st.Code != 0 {
+		t.Errorf("the restored container's ballast: exit %d, %v; want its 48 MiB of x", st.Code, err)
+	}
+}
+
+// containerMemory is a container's memory cgroup and the paths of its
+// limit and usage files (v1's or v2's).
+type containerMemory struct{ dir, limit, usage string }
+
+// upContainer starts a container on r, limited to 256 MiB, that runs the
+// shell commands first, then says it is up and sleeps; it waits until it
+// is up and returns its spec, its inspection and its memory cgroup. The
+// test's end destroys it.
+func upContainer(ctx context.Context, t *testing.T, r *Runtime, first string) (sandbox.Spec, container.InspectResponse, containerMemory) {
+	t.Helper()
 	dir := testenv.TempDir(t)
 	sp := sandbox.Spec{
 		ID: sandboxtest.NewID(t), Dir: "/out",
-		Command: []string{"/bin/sh", "-c", "head -c 48m /dev/zero | tr '\\0' x > /tmp/ballast; touch up; while :; do sleep 1; done"},
+		Command: []string{"/bin/sh", "-c", first + "; touch up; while :; do sleep 1; done"},
 		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
 		Limits:  sandbox.Limits{MemoryBytes: 256 << 20},
 	}
 	if _, err := r.Create(ctx, sp); err != nil {
 		t.Fatal(err)
 	}
-	defer r.Destroy(context.Background(), sp.ID)
+	t.Cleanup(func() { r.Destroy(context.Background(), sp.ID) })
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		if _, err := os.Stat(filepath.Join(dir, "up")); err == nil {
 			break
@@ -547,27 +540,9 @@ func TestCheckpointAtItsLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	limit, usage := filepath.Join(dirs[0], "memory.limit_in_bytes"), filepath.Join(dirs[0], "memory.usage_in_bytes")
-	if _, err := os.Stat(limit); err != nil {
-		limit, usage = filepath.Join(dirs[0], "memory.max"), filepath.Join(dirs[0], "memory.current")
+	m := containerMemory{dirs[0], filepath.Join(dirs[0], "memory.limit_in_bytes"), filepath.Join(dirs[0], "memory.usage_in_bytes")}
+	if _, err := os.Stat(m.limit); err != nil {
+		m.limit, m.usage = filepath.Join(dirs[0], "memory.max"), filepath.Join(dirs[0], "memory.current")
 	}
-	procs, _ := os.ReadFile(filepath.Join(dirs[0], "cgroup.procs"))
-	for _, pid := range strings.Fields(string(procs)) {
-		os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte("1000"), 0)
-	}
-	b, _ := os.ReadFile(usage)
-	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	if err := os.WriteFile(limit, []byte(strconv.FormatInt(n+(1<<20), 10)), 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Checkpoint(ctx, sp.ID, t.TempDir()); err != nil {
-		t.Fatalf("checkpoint of a container at its memory limit: %v", err)
-	}
-	if _, err := r.Restore(ctx, sp, t.TempDir()); err != nil {
-		t.Fatal(err)
-	}
-	whole := `[ "$(wc -c < /tmp/ballast)" = 50331648 ] && [ "$(tr -d x < /tmp/ballast | wc -c)" = 0 ]`
-	if st, err := r.Exec(ctx, sp.ID, sandbox.ExecRequest{Command: []string{"/bin/sh", "-c", whole}}); err != nil || st.Code != 0 {
-		t.Errorf("the restored container's ballast: exit %d, %v; want its 48 MiB of x", st.Code, err)
-	}
+	return sp, c, m
 }

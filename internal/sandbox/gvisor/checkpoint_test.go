@@ -137,18 +137,7 @@ func TestRecoverPutsTheRaiseBack(t *testing.T) {
 	if raised, _ := os.ReadFile(filepath.Join(m.dir, m.limit)); string(raised) == string(before) {
 		t.Fatalf("the limit was not raised: %s", raised)
 	}
-	next := newRuntime()
-	hs, err := next.List(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(hs, func(h sandbox.Handle) bool { return h.ID == sp.ID })
-	if i < 0 {
-		t.Fatalf("the next runtime does not list sandbox %s", sp.ID)
-	}
-	if err := next.Recover(ctx, &hs[i]); err != nil {
-		t.Fatal(err)
-	}
+	sandboxtest.MustRecover(ctx, t, newRuntime(), sp.ID)
 	if after, _ := os.ReadFile(filepath.Join(m.dir, m.limit)); string(after) != string(before) {
 		t.Errorf("the memory limit after the next server's Recover: %s, want it put back to %s", after, before)
 	}

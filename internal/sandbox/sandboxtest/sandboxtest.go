@@ -143,6 +143,23 @@ func NewID(tb testing.TB) string {
 	return "t-" + hex.EncodeToString(b)
 }
 
+// MustRecover has rt, a runtime started after the one that made sandbox
+// id (the next server's), find it in its List and Recover it.
+func MustRecover(ctx context.Context, tb testing.TB, rt sandbox.Runtime, id string) {
+	tb.Helper()
+	hs, err := rt.List(ctx, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	i := slices.IndexFunc(hs, func(h sandbox.Handle) bool { return h.ID == id })
+	if i < 0 {
+		tb.Fatalf("the next runtime does not list sandbox %s", id)
+	}
+	if err := rt.Recover(ctx, &hs[i]); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // BenchStart times Create→Wait of /bin/true on r, each sandbox destroyed
 // outside the timer: a runtime's BenchmarkStart.
 func BenchStart(b *testing.B, r sandbox.Runtime) {
