@@ -277,10 +277,17 @@ func PutBack(record string) error {
 	if err != nil {
 		return err
 	}
+	// The record is the server's own; still, it names nothing but a
+	// memory cgroup's limit files.
 	var r raise
-	if err := json.Unmarshal(b, &r); err != nil || r.Dir == "" || r.LimitFile == "" {
+	err = json.Unmarshal(b, &r)
+	if err == nil && (!filepath.IsAbs(r.Dir) || r.LimitFile != "memory.max" && r.LimitFile != "memory.limit_in_bytes" ||
+		r.SwapFile != "" && r.SwapFile != "memory.memsw.limit_in_bytes") {
+		err = errors.New("not a memory cgroup's limits")
+	}
+	if err != nil {
 		os.Remove(record)
-		return fmt.Errorf("a memory limit's raise written down in %s: unreadable: %v", record, err)
+		return fmt.Errorf("a memory limit's raise written down in %s: %w", record, err)
 	}
 	if err := r.putBack(record); err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {

@@ -630,6 +630,18 @@ func TestPutBackAfterADeath(t *testing.T) {
 		if err := PutBack(record); err != nil {
 			t.Errorf("v2 %v: PutBack with no record: %v", v2, err)
 		}
+		// A record naming another file than a memory limit's is refused
+		// and removed, and nothing written.
+		os.WriteFile(record, []byte(`{"dir":"`+dirs[0]+`","limit_file":"cgroup.procs","limit":1}`), 0o600)
+		if err := PutBack(record); err == nil {
+			t.Errorf("v2 %v: PutBack of a record naming cgroup.procs: no error", v2)
+		}
+		if _, err := os.Stat(record); !os.IsNotExist(err) {
+			t.Errorf("v2 %v: a refused record left: %v", v2, err)
+		}
+		if got := readFiles(t, dirs[0])["cgroup.procs"]; got == "1" {
+			t.Errorf("v2 %v: a refused record was written", v2)
+		}
 		if _, err := RaiseMemory(dirs, record); err != nil {
 			t.Fatal(err)
 		}
