@@ -83,6 +83,11 @@ func RunWorker(ctx context.Context, args, environ []string, stderr io.Writer) in
 // start, even one that does not decode, is acknowledged there before
 // anything of it runs, and the descriptor closed.
 func RunWarm(ctx context.Context, stderr io.Writer) int {
+	// The threads the run keeps in reserve (worker.ReserveThreads), made
+	// while the sandbox waits rather than after its task came: the run's
+	// own call then finds them idle. Each new thread is a clone and some
+	// ten system calls, under gVisor each a trip through its kernel.
+	worker.ReserveThreads()
 	if os.Getenv(workerproto.EnvWarmToken) != "" {
 		return runWarmPod(ctx, stderr)
 	}
