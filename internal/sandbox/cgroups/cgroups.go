@@ -547,8 +547,7 @@ func OOMKills(dirs []string) (n int64, ok bool) {
 // older than 4.13, where usage at the limit mostly ends in an OOM kill.
 func Failcnt(dirs []string) int64 {
 	for _, d := range dirs {
-		if b, err := os.ReadFile(filepath.Join(d, "memory.failcnt")); err == nil {
-			n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if n, ok := readInt(filepath.Join(d, "memory.failcnt")); ok {
 			return n
 		}
 	}
