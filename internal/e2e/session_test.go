@@ -1253,6 +1253,170 @@ func TestSessionFork(t *testing.T) {
 	}
 }
 
+// TestSessionForkKeepsMemory: on gvisor, five forks of a running session
+// with 100 MiB of files, a counter served from its memory and a command
+// printing as it runs each start from the source as it was: the count
+// goes on from where the source's was, the files match, and the command
+// runs on in every fork, whose output (read under the fork's id) holds
+// every line once, byte for byte. Each fork's agent attaches as the fork
+// (its commands write in its directory), forks and source write without
+// touching each other, and the source, paused for the snapshot, runs on.
+func TestSessionForkKeepsMemory(t *testing.T) {
+	for _, rt := range memoryRuntimes {
+		if !strings.HasPrefix(rt.name, "gvisor") {
+			continue
+		}
+		t.Run(rt.name, func(t *testing.T) {
+			t.Parallel()
+			rt.require(t)
+			forkKeepsMemory(t, rt)
+		})
+	}
+}
+
+func forkKeepsMemory(t *testing.T, rt memoryRuntime) {
+	data, srv := startKillable(t, rt.args(t)...)
+	ctx := context.Background()
+	created, err := srv.client.CreateSession(ctx, rt.request)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.SessionID
+	sc := srv.client.Sessions()
+	run := func(id, cmd string) string {
+		t.Helper()
+		var out strings.Builder
+		end, err := srv.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell(cmd)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
+		if err != nil || end.ExitCode != 0 {
+			t.Fatalf("%s in %s: %+v, %v: %s", cmd, id, end, err, out.String())
+		}
+		return out.String()
+	}
+	run(id, `mkdir data && for i in $(seq 1 20); do head -c 5242880 /dev/urandom > data/f$i; done && sha256sum data/* > sums`)
+	if _, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
+		t.Fatal(err)
+	}
+	var first int
+	waitFor(t, "the counter served", func() bool { first = sessionCount(srv.client, id); return first != 0 })
+	const lines = 80
+	ticker, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: fmt.Sprintf(`i=0; while [ $i -lt %d ]; do echo tick $i; i=$((i+1)); sleep 0.05; done`, lines)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want strings.Builder
+	for i := range lines {
+		fmt.Fprintf(&want, "tick %d\n", i)
+	}
+	r, err := sc.Fork(ctx, id, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Forks) != 5 || !r.MemoryKept || !strings.Contains(r.Note, "memory") {
+		t.Fatalf("fork: %d forks, memory kept %v, note %q", len(r.Forks), r.MemoryKept, r.Note)
+	}
+	output := func(id string) string {
+		var out strings.Builder
+		end, err := sc.ReadExec(ctx, id, ticker, 0, true, func(o service.ExecOutput) error { out.Write(o.Data); return nil })
+		if err != nil || end == nil || end.ExitCode != 0 {
+			t.Errorf("the ticker in %s: %+v, %v", id, end, err)
+		}
+		return out.String()
+	}
+	for i, f := range r.Forks {
+		if f.Session.ForkedFrom != id || f.Session.Status != service.SessionRunning || f.Token == "" || f.Token == created.Token {
+			t.Errorf("fork %d: %+v", i, f)
+		}
+		if n := sessionCount(srv.client.WithToken(f.Token), f.SessionID); n != first+1 {
+			t.Errorf("fork %d counts %d after the source's %d: its memory is not the source's", i, n, first)
+		}
+		if got := run(f.SessionID, "sha256sum -c --quiet sums && echo "+f.SessionID+" > mine && echo changed >> data/f1 && echo ok"); got != "ok\n" {
+			t.Errorf("fork %d: %q", i, got)
+		}
+		if b, err := os.ReadFile(filepath.Join(data, "sessions", f.SessionID, "mine")); err != nil || string(b) != f.SessionID+"\n" {
+			t.Errorf("fork %d's command wrote %q, %v in its own directory: its agent is not the fork's", i, b, err)
+		}
+	}
+	if n := sessionCount(srv.client, id); n != first+1 {
+		t.Errorf("the source counts %d after %d: it did not run on as it was", n, first)
+	}
+	if got := run(id, "cat mine 2>/dev/null; sha256sum -c --quiet sums && echo intact"); got != "intact\n" {
+		t.Errorf("the source after its forks wrote: %q", got)
+	}
+	for i, f := range append(r.Forks, service.SessionCreated{SessionID: id}) {
+		if got := output(f.SessionID); got != want.String() {
+			t.Errorf("session %d (%s): the ticker's output is not its lines once each:\n%s", i, f.SessionID, got)
+		}
+	}
+	for i, f := range r.Forks {
+		if got := run(f.SessionID, "cat mine"); got != f.SessionID+"\n" {
+			t.Errorf("fork %d reads %q from its own file", i, got)
+		}
+	}
+	var ev struct {
+		Forks         []string `json:"forks"`
+		MemoryKept    bool     `json:"memory_kept"`
+		Execs         int      `json:"execs_inherited"`
+		PausedSeconds float64  `json:"paused_seconds"`
+	}
+	srv.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
+		if e.StreamID == session.StreamID(id) && e.Type == session.EventForked {
+			json.Unmarshal(e.Data, &ev)
+		}
+		return nil
+	})
+	if len(ev.Forks) != 5 || !ev.MemoryKept || ev.Execs != 2 || ev.PausedSeconds <= 0 {
+		t.Errorf("the source's session_forked: %+v; want 5 forks, memory kept, 2 commands inherited, the pause", ev)
+	}
+	if left, _ := filepath.Glob(filepath.Join(data, "run", "sessions", "*", "fork-*")); len(left) != 0 {
+		t.Errorf("snapshots left after the fork: %v", left)
+	}
+}
+
+// TestSessionForkServerKilledInSnapshot: on gvisor, a server killed with
+// SIGKILL once a running session is suspended for its forks' snapshot,
+// before it is resumed or a fork is made, leaves the session suspended
+// with its memory, which resumes as it was, and no fork; the next server
+// removes the snapshot.
+func TestSessionForkServerKilledInSnapshot(t *testing.T) {
+	rt := memoryRuntimes[0]
+	rt.require(t)
+	t.Parallel()
+	data := testenv.TempDir(t)
+	args := rt.args(t)
+	c := startCrashing(t, data, sandbox.CrashForkSnapshot, args...)
+	ctx := context.Background()
+	created, err := c.client.CreateSession(ctx, rt.request)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.SessionID
+	if _, err := c.client.Sessions().StartExec(ctx, id, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
+		t.Fatal(err)
+	}
+	var first int
+	waitFor(t, "the counter served", func() bool { first = sessionCount(c.client, id); return first != 0 })
+	if _, err := c.client.Sessions().Fork(ctx, id, 2); err == nil {
+		t.Fatal("the fork answered: the server did not die at its crash point")
+	}
+	<-c.exited
+	if left, _ := filepath.Glob(filepath.Join(data, "run", "sessions", id, "fork-*")); len(left) != 1 {
+		t.Fatalf("the snapshots after the kill: %v; want the one the fork took", left)
+	}
+	srv := startProcess(t, data, args...)
+	if left, _ := filepath.Glob(filepath.Join(data, "run", "sessions", id, "fork-*")); len(left) != 0 {
+		t.Errorf("the snapshots after the restart: %v; want none", left)
+	}
+	if ss, err := srv.client.ListSessions(ctx); err != nil || len(ss) != 1 || ss[0].ID != id || ss[0].Status != service.SessionSuspended || !ss[0].MemoryKept {
+		t.Fatalf("sessions after the restart: %+v, %v; want the source alone, suspended with its memory", ss, err)
+	}
+	if _, err := srv.client.Sessions().Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if n := sessionCount(srv.client, id); n != first+1 {
+		t.Errorf("the count after the resume is %d, after %d: its memory was not kept", n, first)
+	}
+}
+
 // TestSessionCheckpointedServerKilled: on gvisor and on docker under
 // runsc, a server killed with SIGKILL after a session's checkpoint was
 // written whole and before its suspend was recorded leaves the next

@@ -97,13 +97,13 @@ type ExecState struct {
 	Ended bool   `json:"ended,omitempty"`
 }
 
-// Run is the agent: it dials socket, asks path (the session's agent route)
-// with token, and serves commands until ctx is done, dialling again when
+// Run is the agent: it dials socket, asks path() (the session's agent
+// route, asked again before each dial) with token, and serves commands until ctx is done, dialling again when
 // the connection ends. env is every command's base environment. park, if
 // not nil, is called with true when the server parks the agent, before it
 // closes its connection (the egress relay lets go of its own), and with
 // false when it wakes.
-func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string, env []string, park func(bool), log *slog.Logger) error {
+func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path func() string, token string, env []string, park func(bool), log *slog.Logger) error {
 	if park == nil {
 		park = func(bool) {}
 	}
@@ -157,7 +157,7 @@ var errParked = errors.New("parked")
 // serveOnce dials, upgrades and serves one connection; served says the
 // server took it, errParked that it parked the agent. The commands go on
 // when it ends.
-func (a *agent) serveOnce(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path, token string, wake <-chan os.Signal, park func(bool)) (served bool, err error) {
+func (a *agent) serveOnce(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), path func() string, token string, wake <-chan os.Signal, park func(bool)) (served bool, err error) {
 	conn, err := dial(ctx)
 	if err != nil {
 		return false, err
@@ -165,7 +165,7 @@ func (a *agent) serveOnce(ctx context.Context, dial func(ctx context.Context) (n
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	req := "POST " + path + " HTTP/1.1\r\nHost: corral\r\nAuthorization: Bearer " + token +
+	req := "POST " + path() + " HTTP/1.1\r\nHost: corral\r\nAuthorization: Bearer " + token +
 		"\r\nConnection: Upgrade\r\nUpgrade: " + Upgrade + "\r\nContent-Length: 0\r\n\r\n"
 	if _, err := io.WriteString(conn, req); err != nil {
 		return false, err

@@ -227,7 +227,9 @@ func waitGone(t *testing.T, pidFile string, round int) {
 // TestRedialAfterServed: an agent whose connections the server took and
 // then ended (restarts) dials again at once each time. Its wait doubled
 // with every connection and was never reset, so after a few restarts each
-// redial took up to 2 s, an exec's wait for its agent with it.
+// redial took up to 2 s, an exec's wait for its agent with it. Each dial
+// asks the route its path says then: a fork's agent, restored from its
+// source's memory, dials as the fork.
 func TestRedialAfterServed(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "s.sock")
 	ln, err := net.Listen("unix", sock)
@@ -237,13 +239,15 @@ func TestRedialAfterServed(t *testing.T) {
 	defer ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	var dials atomic.Int32
+	path := func() string { return fmt.Sprintf("/agent/%d", dials.Add(1)) }
 	go func() {
-		execagent.Run(ctx, execagenttest.DialSocket(sock), "/agent", "tok", nil, nil, slog.New(slog.DiscardHandler))
+		execagent.Run(ctx, execagenttest.DialSocket(sock), path, "tok", nil, nil, slog.New(slog.DiscardHandler))
 		close(done)
 	}()
 	defer func() { cancel(); <-done }()
 	var last time.Duration
-	for range 10 {
+	for i := range 10 {
 		start := time.Now()
 		conn, err := ln.Accept()
 		if err != nil {
@@ -251,8 +255,12 @@ func TestRedialAfterServed(t *testing.T) {
 		}
 		last = time.Since(start)
 		br := bufio.NewReader(conn)
-		if _, err := http.ReadRequest(br); err != nil {
+		req, err := http.ReadRequest(br)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("/agent/%d", i+1); req.URL.Path != want {
+			t.Errorf("dial %d asked %s, want %s", i+1, req.URL.Path, want)
 		}
 		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: execagent.Upgrade\r\nUpgrade: "+execagent.Upgrade+"\r\n\r\n")
 		conn.Close() // the server's restart
@@ -308,7 +316,7 @@ func agentOnSocket(t *testing.T, dials *atomic.Int32, park func(bool)) (accept f
 				dials.Add(1)
 			}
 			return dial(ctx)
-		}, "/agent", "tok", []string{"PATH=/usr/bin:/bin"}, park, slog.New(slog.DiscardHandler))
+		}, func() string { return "/agent" }, "tok", []string{"PATH=/usr/bin:/bin"}, park, slog.New(slog.DiscardHandler))
 		close(done)
 	}()
 	t.Cleanup(func() { cancel(); <-done; ln.Close() })

@@ -67,8 +67,13 @@ const CrashCheckpointed = "checkpointed"
 // not recorded.
 const CrashForkCopied = "fork-copied"
 
+// CrashForkSnapshot, a session's crash point: a running session is
+// suspended with its memory for its forks, whose snapshot of it is whole;
+// the session is not resumed, and no fork made.
+const CrashForkSnapshot = "fork-snapshot"
+
 // SessionCrashPoints are the sessions' crash points.
-var SessionCrashPoints = []string{CrashCheckpointed, CrashForkCopied}
+var SessionCrashPoints = []string{CrashCheckpointed, CrashForkCopied, CrashForkSnapshot}
 
 // The crash points of a claim of a warm pod on Kubernetes, which passes
 // CrashClaimed, CrashMoved, CrashHandedOver (there: the task's

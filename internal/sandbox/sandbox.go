@@ -93,6 +93,18 @@ type Checkpointer interface {
 	Restore(ctx context.Context, spec Spec, dir string) (*Handle, error)
 }
 
+// Forker is a Checkpointer whose checkpoints restore into new sandboxes
+// too: a session's forks start from its memory. The processes restored
+// keep the host identity they ran as, which the new sandbox shares with
+// the one checkpointed (hostuser.Identities.Share).
+type Forker interface {
+	Checkpointer
+	// Fork makes sandbox spec.ID from the checkpoint in dir of sandbox
+	// from, as Restore makes from's: spec is from's with the new
+	// sandbox's id, directories and environment.
+	Fork(ctx context.Context, from string, spec Spec, dir string) (*Handle, error)
+}
+
 // ErrNoCheckpoint wraps a Checkpoint error for a sandbox its runtime
 // cannot checkpoint at all, left running as it was: no retry would keep
 // its memory, and a suspend keeps its files alone.

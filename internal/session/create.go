@@ -17,6 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/statedir"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -40,6 +41,9 @@ type createFrom struct {
 	// seed fills its directory (dir, open at its root) before its
 	// sandbox starts.
 	seed func(ctx context.Context, dir *os.Root) error
+	// memory, when not nil, is the source's snapshot the fork's sandbox
+	// is restored from.
+	memory *snapshot
 }
 
 func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom) (Session, string, error) {
@@ -196,6 +200,22 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom
 			return Session{}, "", err
 		}
 	}
+	self := selfNamed(place)
+	release := func() {}
+	var fork *forkOf
+	var inherited []inheritedExec
+	if snap := from.memory; snap != nil {
+		// Its source's running commands go on in it: their output so
+		// far is its too, and its agent, restored, waits to attach
+		// until they are taken over (hold).
+		var err error
+		if inherited, err = snap.giveExecs(m, id); err != nil {
+			return Session{}, "", err
+		}
+		release = m.hold(id)
+		defer release()
+		fork = &forkOf{from: snap.from, image: snap.image}
+	}
 	made := false
 	defer func() {
 		if !made && req.Workspace != "" {
@@ -203,9 +223,14 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom
 		}
 	}()
 	h, agentToken, err := m.startSandbox(ctx, place, sandboxOf{id: id, image: image, network: network, allow: from.allow, dir: dir,
-		hostDir: req.Workspace != "" && !project.InDataRoot(), limits: limits})
+		hostDir: req.Workspace != "" && !project.InDataRoot(), limits: limits, self: self, fork: fork})
 	if err != nil {
 		return Session{}, "", err
+	}
+	agentHash := hashToken(agentToken)
+	if from.memory != nil {
+		// Its agent holds its source's token, restored with its memory.
+		agentHash = from.memory.agentTokenHash
 	}
 	token := newToken()
 	now := m.opts.Now().UTC()
@@ -215,11 +240,16 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from createFrom
 	s := Session{ID: id, Runtime: rtName, Image: image, Network: network, Workspace: req.Workspace, Labels: maps.Clone(req.Labels), Status: StatusRunning,
 		Resources: &task.Resources{MemoryBytes: limits.MemoryBytes, CPUMillis: limits.CPUMillis, Pids: limits.Pids}, NetworkAllow: from.allow,
 		CreatedAt: now, LastUsedAt: now, IdleTimeout: int(idle / time.Second), MaxLifetime: int(life / time.Second), ForkedFrom: from.forkedFrom}
-	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), AgentTokenHash: hashToken(agentToken), Handle: *h,
-		Replica: m.opts.Members.Self(), Limits: &limits, Dir: dir, HostDir: req.Workspace != "" && !project.InDataRoot()}); err != nil {
+	if err := m.append(ctx, id, EventCreated, created{Session: s, TokenHash: hashToken(token), AgentTokenHash: agentHash, Handle: *h,
+		Replica: m.opts.Members.Self(), Limits: &limits, Dir: dir, HostDir: req.Workspace != "" && !project.InDataRoot(), SelfNamed: self,
+		InheritedExecs: inherited}); err != nil {
 		place.Sandbox.Destroy(context.WithoutCancel(ctx), id)
 		return Session{}, "", err
 	}
+	if len(inherited) > 0 {
+		m.restoreExecs(ctx, id)
+	}
+	release()
 	if req.Workspace == "" {
 		os.Remove(m.makingPath(id))
 	}
@@ -250,6 +280,46 @@ type sandboxOf struct {
 	// restore, when not "", is the checkpoint to restore the sandbox
 	// from (its runtime is a sandbox.Checkpointer).
 	restore string
+	// self: its sandbox has the session's id in workerproto.SelfDir.
+	self bool
+	// fork, when not nil, is the checkpoint of another session's
+	// sandbox it is restored from (its runtime is a sandbox.Forker).
+	fork *forkOf
+}
+
+// forkOf is the checkpoint of sandbox from, in image, a fork's sandbox
+// is restored from.
+type forkOf struct{ from, image string }
+
+// selfNamed reports whether the sandboxes of sessions on p have their
+// session's id in workerproto.SelfDir: where a fork's sandbox can be
+// restored from its source's memory, and its agent must learn whose it
+// now is. The runtime's own mounts are the server's (its gofer, its
+// engine), whatever the sandbox's identity.
+func selfNamed(p *placement.Runtime) bool {
+	if p == nil || p.Remote {
+		return false
+	}
+	_, ok := p.Sandbox.(sandbox.Forker)
+	return ok
+}
+
+// writeSelf writes session id's workerproto.SelfFile, read-only, in a
+// directory of the server's, and returns that directory's path in the
+// data root.
+func (m *Manager) writeSelf(id string) (string, error) {
+	rel := filepath.Join(workspace.DirRun, "sessions", id, "self")
+	dir := m.opts.Data.HostPath(rel)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return "", fmt.Errorf("create the session's own directory: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+		return "", fmt.Errorf("create the session's self directory: %w", err)
+	}
+	if err := statedir.WriteFileAtomic(filepath.Join(dir, workerproto.SelfFile), []byte(id+"\n"), 0o444); err != nil {
+		return "", fmt.Errorf("write the session's id for its sandbox: %w", err)
+	}
+	return filepath.ToSlash(rel), nil
 }
 
 // startSandbox starts a session's sandbox on p (its egress proxy first,
@@ -272,6 +342,13 @@ func (m *Manager) startSandbox(ctx context.Context, p *placement.Runtime, o sand
 		Limits:  o.limits,
 		Network: sandbox.NetworkNone,
 		Labels:  labels,
+	}
+	if o.self {
+		rel, err := m.writeSelf(o.id)
+		if err != nil {
+			return nil, "", err
+		}
+		spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: rel, Target: workerproto.SelfDir, ReadOnly: true})
 	}
 	if p.Remote {
 		spec.Env = append(spec.Env, workerproto.EnvServerURL+"="+p.ServerURL)
@@ -304,9 +381,16 @@ func (m *Manager) startSandbox(ctx context.Context, p *placement.Runtime, o sand
 	}
 	var h *sandbox.Handle
 	var err error
-	if cp, ok := rt.(sandbox.Checkpointer); ok && o.restore != "" {
+	fk, forks := rt.(sandbox.Forker)
+	cp, restores := rt.(sandbox.Checkpointer)
+	switch {
+	case o.fork != nil && forks:
+		h, err = fk.Fork(ctx, o.fork.from, spec, o.fork.image)
+	case o.fork != nil:
+		err = fmt.Errorf("runtime %s does not restore a sandbox from another's memory: %w", p.Name, errdefs.ErrFailedPrecondition)
+	case o.restore != "" && restores:
 		h, err = cp.Restore(ctx, spec, o.restore)
-	} else {
+	default:
 		h, err = rt.Create(ctx, spec)
 	}
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/clip"
@@ -84,22 +85,19 @@ func (m *Manager) agent(id string) *execagent.Conn {
 // session is adopted (session_adopted) and runs here from now on. One of a
 // replica still alive is refused: it dials its own again.
 func (m *Manager) AttachAgent(id string, conn net.Conn, r io.Reader) error {
-	err := m.Running(id)
 	m.mu.Lock()
-	var resuming chan struct{}
-	if s := m.sessions[id]; s != nil {
-		resuming = s.resuming
-	}
+	held := m.held[id]
 	m.mu.Unlock()
-	if err != nil && resuming != nil {
+	if held != nil {
 		// Restored, the agent dials in at its SIGCONT, before its
-		// resume is recorded: held until it is, not refused to dial
-		// again (10 to 80 ms of a resume under ptrace). It attaches
-		// after the record all the same: its commands are taken over
-		// by then, and its hello names none the server does not know.
-		<-resuming
-		err = m.Running(id)
+		// resume (or its fork) is recorded: held until it is, not
+		// refused to dial again (10 to 80 ms of a resume under
+		// ptrace). It attaches after the record all the same: its
+		// commands are taken over by then, and its hello names none
+		// the server does not know.
+		<-held
 	}
+	err := m.Running(id)
 	if err != nil {
 		conn.Close()
 		return err
@@ -122,6 +120,22 @@ func (m *Manager) AttachAgent(id string, conn net.Conn, r io.Reader) error {
 	}
 	m.log.Debug("session exec agent attached", "session_id", id)
 	return nil
+}
+
+// hold holds session id's exec agent's dial (AttachAgent) until release
+// is called: its sandbox was restored, and the record its commands are
+// taken over by is not made yet.
+func (m *Manager) hold(id string) (release func()) {
+	ch := make(chan struct{})
+	m.mu.Lock()
+	m.held[id] = ch
+	m.mu.Unlock()
+	return sync.OnceFunc(func() {
+		m.mu.Lock()
+		delete(m.held, id)
+		m.mu.Unlock()
+		close(ch)
+	})
 }
 
 // adopt makes this replica the one that runs session id, if another ran it

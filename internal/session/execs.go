@@ -42,6 +42,10 @@ const (
 	execLogBudget = 64 << 20
 )
 
+// execKey names a running command: a fork's commands taken over from its
+// source have their ids there.
+type execKey struct{ session, exec string }
+
 // runningExec is a command running in a session run here.
 type runningExec struct {
 	session string
@@ -142,7 +146,7 @@ func (m *Manager) StartExec(ctx context.Context, id string, req ExecRequest) (st
 	re := &runningExec{session: id, id: execID, log: log, start: time.Now(), timeout: req.Timeout,
 		recorded: make(chan struct{}), ended: make(chan struct{})}
 	m.mu.Lock()
-	m.execs[execID] = re
+	m.execs[execKey{id, execID}] = re
 	m.sessions[id].running++
 	m.mu.Unlock()
 	// exec_started is committed before the agent is sent the command: a
@@ -214,7 +218,7 @@ func (m *Manager) KillExec(ctx context.Context, id, execID string) error {
 func (m *Manager) runningExec(id, execID string) *runningExec {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if re := m.execs[execID]; re != nil && re.session == id {
+	if re := m.execs[execKey{id, execID}]; re != nil {
 		return re
 	}
 	return nil
@@ -240,7 +244,7 @@ func (m *Manager) finish(re *runningExec, code int, msg string, err error, lost 
 	// between reads the log, which it finds on disk only once ended.
 	defer func() {
 		m.mu.Lock()
-		delete(m.execs, re.id)
+		delete(m.execs, execKey{re.session, re.id})
 		if s := m.sessions[re.session]; s != nil {
 			s.running--
 		}
@@ -432,7 +436,7 @@ func (m *Manager) restoreExecs(ctx context.Context, ids ...string) {
 			continue
 		}
 		for ex, info := range s.openExecs {
-			if m.execs[ex] == nil {
+			if m.execs[execKey{id, ex}] == nil {
 				found = append(found, open{id, ex, s.Status, s.MemoryKept, info})
 			}
 		}
@@ -463,7 +467,7 @@ func (m *Manager) restoreExecs(ctx context.Context, ids ...string) {
 			re.log = log
 		}
 		m.mu.Lock()
-		m.execs[re.id] = re
+		m.execs[execKey{re.session, re.id}] = re
 		m.sessions[re.session].running++
 		m.mu.Unlock()
 		if err != nil {

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/ids"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -26,18 +28,29 @@ type forked struct {
 	Bytes        int64    `json:"bytes"`
 	SkippedTotal int      `json:"skipped_total,omitempty"`
 	MemoryKept   bool     `json:"memory_kept"`
-	Note         string   `json:"note"`
-	Seconds      float64  `json:"seconds"`
+	// ExecsInherited are the running commands each fork took over.
+	ExecsInherited int     `json:"execs_inherited,omitempty"`
+	Note           string  `json:"note"`
+	Seconds        float64 `json:"seconds"`
+	// PausedSeconds is how long the source was stopped for the
+	// snapshot of its memory and files.
+	PausedSeconds float64 `json:"paused_seconds,omitempty"`
 }
 
-// forkNote is what a fork says of what it keeps.
-const forkNote = "files copied (what the source wrote while they were, it may have changed under the copy: suspend it first for a still one); its processes and memory are not: a fork's sandbox starts fresh on its copy, as its own host identity, which the source's processes, kept in its memory, could not run as"
+// What a fork says of what it keeps.
+const (
+	forkNote       = "files copied (what the source wrote while they were, it may have changed under the copy: suspend it first for a still one); its processes and memory are not: a fork's sandbox starts fresh on its copy"
+	forkMemoryNote = "files, memory and processes copied: each fork's sandbox is restored from a snapshot of the source (checkpointed, its files copied, and resumed: paused_seconds), its running commands going on under their ids; a fork runs as its source's host identity, which the processes restored keep"
+)
 
-// Fork makes count sessions from a copy of running or suspended session
-// id's directory (its own, or the workspace in the data root it works
-// in), each with its own directory, id, token and egress proxy, and the
-// source's runtime, image, limits, network policy and timeouts. The
-// source runs on meanwhile.
+// Fork makes count sessions from running or suspended session id, each
+// with its own directory, id, token and egress proxy, and the source's
+// runtime, image, limits, network policy and timeouts. Where its runtime
+// restores a sandbox from another's memory (sandbox.Forker), the forks
+// start from a snapshot of the source, its processes and running commands
+// included (snapshot): the source stops while it is taken. Elsewhere they
+// start fresh on a copy of its directory (its own, or the workspace in
+// the data root it works in), and the source runs on meanwhile.
 func (m *Manager) Fork(ctx context.Context, id string, count int) (service.SessionFork, error) {
 	if count < 1 || count > MaxForks {
 		return service.SessionFork{}, errdefs.Field("count", fmt.Sprintf("must be between 1 and %d", MaxForks))
@@ -61,18 +74,29 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 	case dir == "":
 		dir = ownDir(id)
 	}
+	start := time.Now()
+	ev := forked{Note: forkNote}
+	snap, why, err := m.snapshot(ctx, id, dir)
+	if err != nil {
+		return service.SessionFork{}, err
+	}
+	if snap != nil {
+		defer snap.remove()
+		dir = snap.files
+		ev.MemoryKept, ev.Note, ev.ExecsInherited, ev.PausedSeconds = true, forkMemoryNote, len(snap.execs), snap.paused.Seconds()
+	} else if why != "" {
+		ev.Note = forkNote + "; " + why
+	}
 	src, err := m.opts.Data.Root().OpenRoot(dir)
 	if err != nil {
 		return service.SessionFork{}, fmt.Errorf("open the session's directory: %w", err)
 	}
 	defer src.Close()
-	start := time.Now()
-	res := service.SessionFork{Note: forkNote}
-	ev := forked{Note: forkNote}
+	res := service.SessionFork{}
 	req := CreateRequest{Runtime: s.Runtime, Image: s.Image, Network: s.Network, Labels: s.Labels, IdleTimeout: s.IdleTimeout, MaxLifetime: s.MaxLifetime}
 	for range count {
 		var copied workspace.TreeCopy
-		f, token, err := m.create(ctx, req, createFrom{forkedFrom: id, limits: limits, allow: s.NetworkAllow,
+		f, token, err := m.create(ctx, req, createFrom{forkedFrom: id, limits: limits, allow: s.NetworkAllow, memory: snap,
 			seed: func(ctx context.Context, dst *os.Root) (err error) {
 				copied, err = workspace.CopyTree(ctx, src, dst)
 				if err == nil && m.opts.Crash != nil {
@@ -86,7 +110,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 				return service.SessionFork{}, err
 			}
 			// Those made are the caller's: say which, with the error.
-			res.Note = errdefs.Message(err) + "; " + res.Note
+			ev.Note = errdefs.Message(err) + "; " + ev.Note
 			break
 		}
 		res.Forks = append(res.Forks, service.SessionCreated{SessionID: f.ID, Token: token, Session: f})
@@ -94,13 +118,186 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 		res.Files, res.Bytes, res.Skipped = copied.Files, copied.Bytes, copied.Skipped
 		ev.Files, ev.Bytes, ev.SkippedTotal = copied.Files, copied.Bytes, copied.SkippedTotal
 	}
+	res.MemoryKept, res.Note = ev.MemoryKept, ev.Note
 	ev.Seconds = time.Since(start).Seconds()
 	if err := m.append(ctx, id, EventForked, ev); err != nil {
 		// The forks are made and recorded on their own streams.
 		m.log.Warn("cannot record a fork on its source's stream", "session_id", id, "err", err)
 	}
-	m.log.Info("session forked", "session_id", id, "forks", len(res.Forks), "files", ev.Files, "bytes", ev.Bytes, "seconds", ev.Seconds)
+	m.log.Info("session forked", "session_id", id, "forks", len(res.Forks), "files", ev.Files, "bytes", ev.Bytes, "memory_kept", ev.MemoryKept,
+		"seconds", ev.Seconds, "paused_seconds", ev.PausedSeconds)
 	return res, nil
+}
+
+// snapshot is a session's memory, files and running commands, taken for
+// its forks in a directory of the server's (run/sessions/<id>/fork-*):
+// the checkpoint's image (linked, not copied), a copy of its files, and
+// of the output so far of the commands it runs.
+type snapshot struct {
+	from           string
+	dir            string // the host path of the snapshot
+	image          string // the checkpoint, a host path
+	files          string // the copy of the files, in the data root
+	execs          []inheritedExec
+	agentTokenHash string
+	paused         time.Duration
+}
+
+// forkPrefix names a snapshot's directory in run/sessions/<id>.
+const forkPrefix = "fork-"
+
+// snapshot takes one of session id (its files in dir) when its runtime
+// restores a sandbox from another's memory; else it answers nil and, if
+// there is one beyond the runtime's, why not. A running session is
+// suspended with its memory for the snapshot and resumed after it; one
+// whose memory cannot be kept runs on (or, as after a suspend whose
+// checkpoint ended its sandbox, resumes with its files alone), and the
+// forks get its files.
+func (m *Manager) snapshot(ctx context.Context, id, dir string) (_ *snapshot, why string, err error) {
+	s, err := m.get(id)
+	if err != nil {
+		return nil, "", err
+	}
+	p := m.opts.Placements.Usable(s.Runtime)
+	if _, ok := checkpointer(p); !ok || !selfNamed(p) {
+		return nil, "", nil
+	}
+	m.mu.Lock()
+	named := m.sessions[id].selfNamed
+	m.mu.Unlock()
+	switch {
+	case !named:
+		return nil, "its memory is not: the session was made by a server before forks kept memory", nil
+	case s.Status == StatusSuspended && !s.MemoryKept:
+		return nil, "", nil
+	}
+	paused := time.Now()
+	if s.Status == StatusRunning {
+		sus, err := m.suspend(ctx, id, false)
+		if err != nil {
+			return nil, "its memory is not: " + errdefs.Message(err), nil
+		}
+		if !sus.MemoryKept {
+			why = "its memory could not be copied, and the source's processes ended (" + sus.Note + ")"
+			if _, err := m.resume(ctx, id); err != nil {
+				why += "; the source could not be resumed: " + errdefs.Message(err)
+			}
+			return nil, why, nil
+		}
+		defer func() {
+			if _, rerr := m.resume(ctx, id); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("resume the source after its snapshot: %w", rerr))
+			}
+		}()
+	}
+	snap, err := m.takeSnapshot(ctx, id, dir)
+	if err != nil {
+		return nil, "", err
+	}
+	snap.paused = time.Since(paused)
+	return snap, "", nil
+}
+
+// takeSnapshot copies suspended session id's checkpoint, files (in dir)
+// and running commands' output aside for its forks.
+func (m *Manager) takeSnapshot(ctx context.Context, id, dir string) (_ *snapshot, err error) {
+	rel := filepath.Join(workspace.DirRun, "sessions", id, forkPrefix+ids.New())
+	snap := &snapshot{from: id, dir: m.opts.Data.HostPath(rel), files: filepath.Join(rel, "files")}
+	snap.image = filepath.Join(snap.dir, "image")
+	defer func() {
+		if err != nil {
+			snap.remove()
+		}
+	}()
+	for _, d := range []string{snap.dir, snap.image, filepath.Join(snap.dir, "files"), filepath.Join(snap.dir, "execs")} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return nil, fmt.Errorf("make the fork's snapshot: %w", err)
+		}
+	}
+	// The checkpoint, linked: the source's resume moves its own aside.
+	ents, err := os.ReadDir(m.checkpointDir(id))
+	if err != nil {
+		return nil, fmt.Errorf("read the source's checkpoint: %w", err)
+	}
+	for _, e := range ents {
+		if e.Type().IsRegular() && e.Name() != checkpointDone {
+			if err := os.Link(filepath.Join(m.checkpointDir(id), e.Name()), filepath.Join(snap.image, e.Name())); err != nil {
+				return nil, fmt.Errorf("keep the source's checkpoint for its forks: %w", err)
+			}
+		}
+	}
+	src, err := m.opts.Data.Root().OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open the session's directory: %w", err)
+	}
+	defer src.Close()
+	dst, err := m.opts.Data.Root().OpenRoot(snap.files)
+	if err != nil {
+		return nil, err
+	}
+	defer dst.Close()
+	if _, err := workspace.CopyTree(ctx, src, dst); err != nil {
+		return nil, fmt.Errorf("copy the source's files: %w", err)
+	}
+	m.mu.Lock()
+	st := m.sessions[id]
+	snap.agentTokenHash = st.agentTokenHash
+	for ex, o := range st.openExecs {
+		snap.execs = append(snap.execs, inheritedExec{ExecID: ex, StartedAt: o.At, TimeoutSeconds: int(o.Timeout / time.Second)})
+	}
+	m.mu.Unlock()
+	for _, x := range snap.execs {
+		if err := copyFiles(m.execDir(id, x.ExecID), filepath.Join(snap.dir, "execs", x.ExecID)); err != nil {
+			return nil, fmt.Errorf("copy the output of the source's command %s: %w", x.ExecID, err)
+		}
+	}
+	if m.opts.Crash != nil {
+		m.opts.Crash(sandbox.CrashForkSnapshot)
+	}
+	return snap, nil
+}
+
+// giveExecs copies the output so far of the snapshot's running commands
+// to fork id's exec logs, and returns them.
+func (s *snapshot) giveExecs(m *Manager, id string) ([]inheritedExec, error) {
+	for _, x := range s.execs {
+		if err := os.MkdirAll(filepath.Dir(m.execDir(id, x.ExecID)), 0o700); err != nil {
+			return nil, err
+		}
+		if err := copyFiles(filepath.Join(s.dir, "execs", x.ExecID), m.execDir(id, x.ExecID)); err != nil {
+			return nil, fmt.Errorf("copy the output of the source's command %s: %w", x.ExecID, err)
+		}
+	}
+	return s.execs, nil
+}
+
+// remove removes the snapshot; a server killed before leaves it to the
+// next one's start (removeDiscarded).
+func (s *snapshot) remove() { os.RemoveAll(s.dir) }
+
+// copyFiles copies the regular files of directory src, the server's own,
+// into a new directory dst.
+func copyFiles(src, dst string) error {
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dst, e.Name()), b, 0o600)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // seed fills new session id's directory dir (in the data root) with fill,

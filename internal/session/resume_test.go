@@ -35,7 +35,7 @@ func TestAgentHeldWhileItsResumeIsRecorded(t *testing.T) {
 	dial := func() (chan struct{}, chan error) {
 		resuming := make(chan struct{})
 		m.mu.Lock()
-		m.sessions[id].resuming = resuming
+		m.held[id] = resuming
 		m.mu.Unlock()
 		conn, br := execagenttest.Dial(t, []string{"PATH=/usr/bin:/bin"})
 		answer := make(chan error, 1)

@@ -201,13 +201,11 @@ type state struct {
 	lastOutput      time.Time // when a command last printed (here)
 	dir             string    // its directory (created's)
 	hostDir         bool
+	selfNamed       bool  // created's SelfNamed
 	version         int64 // its stream's version folded: apply takes each event once
 	// lent: this replica opened its proxy for its pod, which reached it
 	// behind the Service, without running it (EgressKey).
 	lent bool
-	// resuming is closed once this replica's resume of it has recorded
-	// session_resumed, or failed to; nil when no resume is under way.
-	resuming chan struct{}
 	// ops is held by each of its lifecycle operations (lockOps).
 	ops sync.Mutex
 }
@@ -297,6 +295,19 @@ type created struct {
 	Limits  *sandbox.Limits `json:"limits,omitempty"`
 	Dir     string          `json:"dir,omitempty"`
 	HostDir bool            `json:"host_dir,omitempty"`
+	// SelfNamed: its sandbox has its id in workerproto.SelfDir (its
+	// resumes mount it again; a fork of its memory needs it).
+	SelfNamed bool `json:"self_named,omitempty"`
+	// InheritedExecs are the commands a fork's sandbox runs from its
+	// source's memory, under their ids there.
+	InheritedExecs []inheritedExec `json:"inherited_execs,omitempty"`
+}
+
+// inheritedExec is a command a fork took over from its source, running.
+type inheritedExec struct {
+	ExecID         string    `json:"exec_id"`
+	StartedAt      time.Time `json:"started_at"`
+	TimeoutSeconds int       `json:"timeout_seconds,omitempty"`
 }
 
 // adopted is session_adopted's payload.
@@ -313,9 +324,12 @@ type Manager struct {
 	mu       sync.Mutex
 	sessions map[string]*state
 	agents   map[string]*execagent.Conn
-	execs    map[string]*runningExec // the commands running in sessions run here, by exec id
-	attached chan struct{}           // closed and replaced when an agent attaches
-	pos      int64                   // the position up to which the log is folded (Start, Follow)
+	execs    map[execKey]*runningExec // the commands running in sessions run here
+	attached chan struct{}            // closed and replaced when an agent attaches
+	// held are the sessions whose restored agents wait to attach until
+	// their sandbox's record is made (hold), by id.
+	held map[string]chan struct{}
+	pos  int64 // the position up to which the log is folded (Start, Follow)
 	// discarded are restored checkpoints moved aside, for the reaper to
 	// remove (discardCheckpoint).
 	discarded []string
@@ -341,7 +355,7 @@ func New(opts Options, log *slog.Logger) *Manager {
 	if opts.Members == nil {
 		opts.Members = cluster.NewSolo(cluster.Replica{ID: cluster.NewID()})
 	}
-	return &Manager{opts: opts, log: log, sessions: map[string]*state{}, agents: map[string]*execagent.Conn{}, execs: map[string]*runningExec{}, attached: make(chan struct{})}
+	return &Manager{opts: opts, log: log, sessions: map[string]*state{}, agents: map[string]*execagent.Conn{}, execs: map[execKey]*runningExec{}, attached: make(chan struct{}), held: map[string]chan struct{}{}}
 }
 
 // Egress runs per-session egress proxies (taskrun's Egress, keyed by the
@@ -439,8 +453,15 @@ func (m *Manager) apply(e eventstore.Event) {
 		if json.Unmarshal(e.Data, &c) != nil {
 			return
 		}
-		m.sessions[id] = &state{Session: c.Session, tokenHashes: []string{c.TokenHash, c.AgentTokenHash}, agentTokenHash: c.AgentTokenHash, handle: c.Handle,
-			replica: c.Replica, version: 1, limits: c.Limits, dir: c.Dir, hostDir: c.HostDir}
+		st := &state{Session: c.Session, tokenHashes: []string{c.TokenHash, c.AgentTokenHash}, agentTokenHash: c.AgentTokenHash, handle: c.Handle,
+			replica: c.Replica, version: 1, limits: c.Limits, dir: c.Dir, hostDir: c.HostDir, selfNamed: c.SelfNamed}
+		for _, x := range c.InheritedExecs {
+			if st.openExecs == nil {
+				st.openExecs = map[string]openExec{}
+			}
+			st.openExecs[x.ExecID] = openExec{At: x.StartedAt, Timeout: time.Duration(x.TimeoutSeconds) * time.Second}
+		}
+		m.sessions[id] = st
 	// An end is final: a suspend or resume recorded after it (by a server
 	// before the reaper kept to the session's lock) changes nothing, and
 	// the next start destroys a sandbox it left.

@@ -99,7 +99,8 @@ func (m *Manager) discardCheckpoint(id string) {
 }
 
 // removeDiscarded removes the checkpoints discardCheckpoint moved aside,
-// and with all, those a server before this one left.
+// and with all, those a server before this one left, and the snapshots
+// for forks it left (takeSnapshot).
 func (m *Manager) removeDiscarded(all bool) {
 	m.mu.Lock()
 	dirs := m.discarded
@@ -107,7 +108,8 @@ func (m *Manager) removeDiscarded(all bool) {
 	m.mu.Unlock()
 	if all {
 		left, _ := filepath.Glob(m.checkpointDir("*") + discardedSuffix + "*")
-		dirs = append(dirs, left...)
+		snaps, _ := filepath.Glob(m.opts.Data.HostPath(workspace.DirRun, "sessions", "*", forkPrefix+"*"))
+		dirs = append(append(dirs, left...), snaps...)
 	}
 	for _, d := range dirs {
 		if err := os.RemoveAll(d); err != nil {
@@ -293,6 +295,12 @@ func (m *Manager) recoverCheckpoints(ctx context.Context) {
 func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 	ctx, end := m.begin(ctx, id)
 	defer end()
+	return m.resume(ctx, id)
+}
+
+// resume is Resume, its caller holding the session's lifecycle lock and
+// ctx detached (begin).
+func (m *Manager) resume(ctx context.Context, id string) (Session, error) {
 	s, err := m.get(id)
 	if err != nil {
 		return Session{}, err
@@ -316,7 +324,7 @@ func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 		}
 	}
 	st := m.sessions[id]
-	o := sandboxOf{id: id, image: s.Image, network: s.Network, allow: s.NetworkAllow, dir: st.dir, hostDir: st.hostDir, limits: m.opts.Limits}
+	o := sandboxOf{id: id, image: s.Image, network: s.Network, allow: s.NetworkAllow, dir: st.dir, hostDir: st.hostDir, limits: m.opts.Limits, self: st.selfNamed}
 	if st.limits != nil {
 		o.limits = *st.limits
 	}
@@ -351,15 +359,8 @@ func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 	}
 	// Its agent, dialling in from now on, waits for the record
 	// (AttachAgent).
-	resuming := make(chan struct{})
-	m.mu.Lock()
-	st.resuming = resuming
-	m.mu.Unlock()
-	defer func() {
-		m.mu.Lock()
-		st.resuming = nil
-		m.mu.Unlock()
-	}()
+	release := m.hold(id)
+	defer release()
 	if s.MemoryKept {
 		// Its commands went on with it (those of a server before this
 		// one's restart are taken over here), before its agent can dial
@@ -370,7 +371,7 @@ func (m *Manager) Resume(ctx context.Context, id string) (Session, error) {
 	ev.Seconds = time.Since(start).Seconds()
 	recording := time.Now()
 	err = m.append(ctx, id, EventResumed, ev)
-	close(resuming)
+	release()
 	if err != nil {
 		p.Sandbox.Destroy(context.WithoutCancel(ctx), id)
 		return Session{}, err

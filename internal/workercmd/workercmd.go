@@ -259,11 +259,27 @@ func RunSessionAgent(ctx context.Context, environ []string, stderr io.Writer) in
 			return 1
 		}
 	}
-	if err := execagent.Run(ctx, dial, prefix+"/api/sessions/"+id+"/agent", token, env, park, log); err != nil {
+	path := func() string { return prefix + "/api/sessions/" + selfID(id) + "/agent" }
+	if err := execagent.Run(ctx, dial, path, token, env, park, log); err != nil {
 		fmt.Fprintf(stderr, "corral worker session: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// selfID is the id of the session whose sandbox this is: the one its
+// server wrote in workerproto.SelfFile, else (none there: a pod's, or a
+// session made before it) id, the one this process was started with.
+// They differ in a fork's sandbox, restored from its source's memory.
+func selfID(id string) string {
+	b, err := os.ReadFile(workerproto.SelfDir + "/" + workerproto.SelfFile)
+	if err != nil {
+		return id
+	}
+	if s := strings.TrimSpace(string(b)); s != "" && len(s) <= 64 && strings.Trim(s, "abcdefghijklmnopqrstuvwxyz0123456789-") == "" {
+		return s
+	}
+	return id
 }
 
 // urlDialer dials the server at rawURL (http or https), as a remote

@@ -59,6 +59,13 @@ const (
 	// the same way.
 	EgressDir    = "/run/corral/egress"
 	EgressSocket = "proxy.sock"
+	// SelfDir holds SelfFile, the id of the session whose sandbox this
+	// is (read-only, a directory of the server's per session): a
+	// session's exec agent reads it before each dial, so that an agent
+	// restored from another session's memory (a fork's) dials as the
+	// session it now serves.
+	SelfDir  = "/run/corral/self"
+	SelfFile = "session-id"
 )
 
 // WorkerProcs is the most Ps (GOMAXPROCS) a worker runs with: all it

@@ -37,7 +37,7 @@ func Dial(tb testing.TB, env []string) (net.Conn, *bufio.Reader) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		execagent.Run(ctx, DialSocket(sock), Path, Token, env, nil, slog.New(slog.DiscardHandler))
+		execagent.Run(ctx, DialSocket(sock), func() string { return Path }, Token, env, nil, slog.New(slog.DiscardHandler))
 		close(done)
 	}()
 	tb.Cleanup(func() { cancel(); <-done })

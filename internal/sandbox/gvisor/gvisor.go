@@ -496,7 +496,7 @@ func (r *Runtime) createCold(ctx context.Context, spec sandbox.Spec, image strin
 	// A directory without state.json is a Create that crashed before it
 	// started anything; start over, and forget a container runsc may have
 	// registered for it.
-	if err := r.Dir.RemoveLeftovers(nil, spec.ID); err != nil {
+	if err := r.Dir.RemoveLeftovers(nil, spec.ID, image != ""); err != nil {
 		return nil, fmt.Errorf("clean state dir: %w", err)
 	}
 	if err := r.release(ctx, state{Launch: statedir.Launch{ID: spec.ID}}); err != nil {
@@ -593,6 +593,28 @@ func (r *Runtime) Restore(ctx context.Context, spec sandbox.Spec, dir string) (*
 		return nil, fmt.Errorf("restore sandbox %s: checkpoint directory %q: must be an absolute path: %w", spec.ID, dir, errdefs.ErrInvalidArgument)
 	}
 	return r.create(ctx, spec, dir, nil)
+}
+
+var _ sandbox.Forker = (*Runtime)(nil)
+
+// Fork makes sandbox spec.ID from sandbox from's checkpoint in dir, as
+// Restore does, as from's host identity: gVisor's sentry checks a file's
+// host owner against the uid of the process that opens it, which the
+// restored processes keep. Each gVisor sandbox's sentry runs as nobody
+// and its gofer as root whatever that uid is, so sharing it gives the
+// fork no reach on the host that its source did not have; the fork's
+// directory is given to that uid as the source's is.
+func (r *Runtime) Fork(ctx context.Context, from string, spec sandbox.Spec, dir string) (*sandbox.Handle, error) {
+	if _, err := r.opts.Identities.Share(from, spec.ID); err != nil {
+		return nil, fmt.Errorf("fork sandbox %s: %w", from, err)
+	}
+	h, err := r.Restore(ctx, spec, dir)
+	if err != nil {
+		// A restore that failed keeps its lease for a retry; a fork
+		// is not retried under its id.
+		r.opts.Identities.Release(spec.ID)
+	}
+	return h, err
 }
 
 // wake sends SIGCONT to the main process of the sandbox runsc knows as

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,7 +30,10 @@ func InRange(uid int) bool { return uid >= Reserved && uid <= Reserved+Span }
 // directory of the server's, named by the uid and holding the sandbox's
 // id, made with O_EXCL: two sandboxes never hold one uid, whichever runtime
 // starts them, and a lease outlives a restart of the server as its sandbox
-// does. Under a server that is not root, or with an identity an operator
+// does. The one exception is Share: a sandbox restored from another's
+// memory, whose processes keep the uid they had, holds that one too (a
+// line each in the lease), and the uid is free once the last lets go.
+// Under a server that is not root, or with an identity an operator
 // configured, every sandbox gets that one identity (Fixed).
 //
 // It is safe for concurrent use.
@@ -73,7 +77,7 @@ func (p *Identities) Take(id string) (Identity, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if uid, ok, err := p.find(id); err != nil || ok {
+	if uid, holders, err := p.find(id); err != nil || holders != nil {
 		return Identity{UID: uid, GID: Reserved}, err
 	}
 	if err := os.MkdirAll(p.dir, 0o700); err != nil {
@@ -112,24 +116,57 @@ func (p *Identities) Rename(old, new string) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	uid, ok, err := p.find(old)
-	if err != nil || !ok {
+	uid, holders, err := p.find(old)
+	if err != nil || holders == nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(p.dir, strconv.Itoa(uid)), []byte(new), 0o600)
+	holders[slices.Index(holders, old)] = new
+	return p.write(uid, holders)
+}
+
+// Share gives sandbox id the identity sandbox from leases, to hold with it:
+// id is restored from from's memory, whose processes run on as that uid.
+// It fails if from holds none.
+func (p *Identities) Share(from, id string) (Identity, error) {
+	if p.fixed != (Identity{}) {
+		return p.fixed, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if uid, holders, err := p.find(id); err != nil || holders != nil {
+		if err == nil && !slices.Contains(holders, from) {
+			err = fmt.Errorf("share sandbox %s's identity: sandbox %s holds another (%d)", from, id, uid)
+		}
+		return Identity{UID: uid, GID: Reserved}, err
+	}
+	uid, holders, err := p.find(from)
+	if err == nil && holders == nil {
+		err = fmt.Errorf("share sandbox %s's identity: it holds none", from)
+	}
+	if err == nil {
+		err = p.write(uid, append(holders, id))
+	}
+	if err != nil {
+		return Identity{}, err
+	}
+	return Identity{UID: uid, GID: Reserved}, nil
 }
 
 // Release ends sandbox id's lease, once nothing of it runs or is owned by
-// its identity any more. A sandbox without one is no error.
+// its identity any more; the uid is free once no sandbox holds it (Share).
+// A sandbox without one is no error.
 func (p *Identities) Release(id string) error {
 	if p.fixed != (Identity{}) {
 		return nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	uid, ok, err := p.find(id)
-	if err != nil || !ok {
+	uid, holders, err := p.find(id)
+	if err != nil || holders == nil {
 		return err
+	}
+	if rest := slices.DeleteFunc(holders, func(h string) bool { return h == id }); len(rest) > 0 {
+		return p.write(uid, rest)
 	}
 	if err := os.Remove(filepath.Join(p.dir, strconv.Itoa(uid))); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("release the identity of sandbox %s: %w", id, err)
@@ -137,15 +174,32 @@ func (p *Identities) Release(id string) error {
 	return nil
 }
 
-// find returns the uid sandbox id leases, if it does. Leases are as many
-// as sandboxes run, so a look at each is cheap.
-func (p *Identities) find(id string) (int, bool, error) {
-	ents, err := os.ReadDir(p.dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, false, nil
+// write replaces uid's lease with one held by holders, whole or not at
+// all: a lease is never seen empty, and so free.
+func (p *Identities) write(uid int, holders []string) error {
+	name := filepath.Join(p.dir, strconv.Itoa(uid))
+	tmp := name + ".tmp"
+	err := os.WriteFile(tmp, []byte(strings.Join(holders, "\n")), 0o600)
+	if err == nil {
+		err = os.Rename(tmp, name)
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("read the sandbox identities' leases: %w", err)
+		os.Remove(tmp)
+		return fmt.Errorf("write the lease of identity %d: %w", uid, err)
+	}
+	return nil
+}
+
+// find returns the uid sandbox id leases and the sandboxes that hold it
+// (nil: id leases none). Leases are as many as sandboxes run, so a look
+// at each is cheap.
+func (p *Identities) find(id string) (int, []string, error) {
+	ents, err := os.ReadDir(p.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil, nil
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("read the sandbox identities' leases: %w", err)
 	}
 	for _, e := range ents {
 		uid, err := strconv.Atoi(e.Name())
@@ -153,9 +207,12 @@ func (p *Identities) find(id string) (int, bool, error) {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(p.dir, e.Name()))
-		if err == nil && strings.TrimSpace(string(b)) == id {
-			return uid, true, nil
+		if err != nil {
+			continue
+		}
+		if holders := strings.Fields(string(b)); slices.Contains(holders, id) {
+			return uid, holders, nil
 		}
 	}
-	return 0, false, nil
+	return 0, nil, nil
 }

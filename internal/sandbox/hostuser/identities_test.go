@@ -70,3 +70,54 @@ func TestIdentities(t *testing.T) {
 		t.Errorf("a configured identity: %v", id)
 	}
 }
+
+// A sandbox restored from another's memory holds that one's identity with
+// it: the uid stays leased until the last of them lets go, never to a
+// third sandbox meanwhile, and a restart finds every holder.
+func TestShare(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("each sandbox has its own identity under a root server only")
+	}
+	dir := filepath.Join(t.TempDir(), "ids")
+	p := NewIdentities(Default(), dir)
+	if _, err := p.Share("sess-none", "sess-fork"); err == nil {
+		t.Fatal("shared the identity of a sandbox that holds none")
+	}
+	src, err := p.Take("sess-src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"sess-f1", "sess-f2"} {
+		if got, err := p.Share("sess-src", f); err != nil || got != src {
+			t.Fatalf("share with %s: %v %v, want %v", f, got, err, src)
+		}
+	}
+	if got, err := p.Share("sess-src", "sess-f1"); err != nil || got != src {
+		t.Errorf("shared again: %v %v", got, err)
+	}
+	other, err := p.Take("sess-other")
+	if err != nil || other == src {
+		t.Fatalf("another sandbox: %v %v, while %v is leased", other, err, src)
+	}
+	if _, err := p.Share("sess-src", "sess-other"); err == nil {
+		t.Error("a sandbox holding its own identity was given another's")
+	}
+	again := NewIdentities(Default(), dir)
+	if err := again.Release("sess-src"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := again.Take("sess-f2"); err != nil || got != src {
+		t.Errorf("a fork after its source let go: %v %v, want %v", got, err, src)
+	}
+	if err := again.Rename("sess-f2", "sess-f2b"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"sess-f1", "sess-f2b", "sess-other"} {
+		if err := again.Release(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("%d leases left after every holder let go", len(ents))
+	}
+}

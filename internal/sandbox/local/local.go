@@ -482,7 +482,7 @@ func (r *Runtime) createCold(ctx context.Context, spec sandbox.Spec, start *os.F
 	dir := r.Dir.Path(spec.ID)
 	// A directory without state.json is a Create that crashed before it
 	// started anything; start over.
-	if err := r.Dir.RemoveLeftovers(nil, spec.ID); err != nil {
+	if err := r.Dir.RemoveLeftovers(nil, spec.ID, false); err != nil {
 		return nil, fmt.Errorf("clean state dir: %w", err)
 	}
 	// The server's alone: bwrap gets what it needs of it as open files.

@@ -264,7 +264,7 @@ func (s *Sandboxes[S]) destroy(ctx context.Context, id string, keepLease bool) e
 		if errors.Is(err, errTorn) {
 			s.log.Warn("sandbox state unreadable; removing what is named after it", logkey.SandboxID, id, logkey.Error, err)
 		}
-		if err := s.Dir.RemoveLeftovers(s.cg, id); err != nil {
+		if err := s.Dir.RemoveLeftovers(s.cg, id, keepLease); err != nil {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
 		return nil

@@ -336,8 +336,10 @@ func (d *Dir[S, E]) release(id string) error {
 
 // RemoveLeftovers cleans what a Create that crashed before writing its
 // state left of sandbox id: the cgroups named after it (under cg, nil
-// when the runtime runs without cgroups) and a half-made state dir.
-func (d *Dir[S, E]) RemoveLeftovers(cg *cgroups.Hierarchy, id string) error {
+// when the runtime runs without cgroups), a half-made state dir and,
+// unless keepLease (a restore's: its processes run as the identity they
+// had), its identity's lease.
+func (d *Dir[S, E]) RemoveLeftovers(cg *cgroups.Hierarchy, id string, keepLease bool) error {
 	if err := hostuser.Unpin(d.Pins(id)); err != nil {
 		return err
 	}
@@ -347,5 +349,8 @@ func (d *Dir[S, E]) RemoveLeftovers(cg *cgroups.Hierarchy, id string) error {
 		}
 	}
 	os.RemoveAll(d.Path(id))
+	if keepLease {
+		return nil
+	}
 	return d.release(id)
 }

@@ -240,7 +240,7 @@ func TestLaunchHelpers(t *testing.T) {
 		t.Errorf("state dir left: %v", err)
 	}
 	os.MkdirAll(d.Path("b"), 0o700)
-	if err := d.RemoveLeftovers(nil, "b"); err != nil {
+	if err := d.RemoveLeftovers(nil, "b", false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(d.Path("b")); !os.IsNotExist(err) {
