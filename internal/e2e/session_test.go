@@ -1332,6 +1332,11 @@ func forkKeepsMemory(t *testing.T, rt memoryRuntime) {
 		if got := run(f.SessionID, "sha256sum -c --quiet sums && echo "+f.SessionID+" > mine && echo changed >> data/f1 && echo ok"); got != "ok\n" {
 			t.Errorf("fork %d: %q", i, got)
 		}
+		// What its agent reads its session from is the server's: no
+		// command rewrites it, nor makes it name another.
+		if got := run(f.SessionID, "{ echo "+id+" > /run/corral/self/session-id || mv /run/corral/self/session-id /tmp/x || rm -f /run/corral/self/session-id; } 2>/dev/null; cat /run/corral/self/session-id"); got != f.SessionID+"\n" {
+			t.Errorf("fork %d's self file after a command tried to change it: %q", i, got)
+		}
 		if b, err := os.ReadFile(filepath.Join(data, "sessions", f.SessionID, "mine")); err != nil || string(b) != f.SessionID+"\n" {
 			t.Errorf("fork %d's command wrote %q, %v in its own directory: its agent is not the fork's", i, b, err)
 		}

@@ -84,8 +84,9 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 		defer snap.remove()
 		dir = snap.files
 		ev.MemoryKept, ev.Note, ev.ExecsInherited, ev.PausedSeconds = true, forkMemoryNote, len(snap.execs), snap.paused.Seconds()
-	} else if why != "" {
-		ev.Note = forkNote + "; " + why
+	}
+	if why != "" {
+		ev.Note += "; " + why
 	}
 	src, err := m.opts.Data.Root().OpenRoot(dir)
 	if err != nil {
@@ -153,7 +154,7 @@ const forkPrefix = "fork-"
 // whose memory cannot be kept runs on (or, as after a suspend whose
 // checkpoint ended its sandbox, resumes with its files alone), and the
 // forks get its files.
-func (m *Manager) snapshot(ctx context.Context, id, dir string) (_ *snapshot, why string, err error) {
+func (m *Manager) snapshot(ctx context.Context, id, dir string) (snap *snapshot, why string, err error) {
 	s, err := m.get(id)
 	if err != nil {
 		return nil, "", err
@@ -184,17 +185,21 @@ func (m *Manager) snapshot(ctx context.Context, id, dir string) (_ *snapshot, wh
 			}
 			return nil, why, nil
 		}
+		// Resumed whether or not the snapshot was taken; forks made
+		// from one whose source could not be are made all the same,
+		// and the note says so.
 		defer func() {
 			if _, rerr := m.resume(ctx, id); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("resume the source after its snapshot: %w", rerr))
+				why = "the source could not be resumed after its snapshot (" + errdefs.Message(rerr) + "); it is suspended"
+			}
+			if snap != nil {
+				snap.paused = time.Since(paused)
 			}
 		}()
 	}
-	snap, err := m.takeSnapshot(ctx, id, dir)
-	if err != nil {
+	if snap, err = m.takeSnapshot(ctx, id, dir); err != nil {
 		return nil, "", err
 	}
-	snap.paused = time.Since(paused)
 	return snap, "", nil
 }
 

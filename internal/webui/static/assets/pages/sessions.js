@@ -216,7 +216,11 @@ function historyDetail(e) {
     case 'session_resumed': return (d.memory_kept ? 'restored as it was' : 'a fresh sandbox on its files') + secs;
     case 'session_forked': {
       const n = (d.forks || []).length;
-      return `${n} fork${n === 1 ? '' : 's'}, ${d.files} files copied` + secs + (d.memory_kept ? '' : ' (files only)');
+      const kept = d.memory_kept
+        ? ', memory and processes copied' + (d.execs_inherited ? `, ${d.execs_inherited} running command${d.execs_inherited === 1 ? '' : 's'} going on in each` : '')
+        : ' (files only)';
+      const paused = typeof d.paused_seconds === 'number' ? `; the source paused ${fmtDuration(d.paused_seconds * 1000)}` : '';
+      return `${n} fork${n === 1 ? '' : 's'}, ${d.files} files copied` + secs + kept + paused;
     }
     case 'session_created': return [d.runtime, d.image, d.forked_from ? 'forked from ' + d.forked_from : ''].filter(Boolean).join(' · ');
     case 'session_ended': return [d.reason, d.error].filter(Boolean).join(': ');
