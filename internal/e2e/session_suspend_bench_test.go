@@ -313,6 +313,11 @@ func benchSuspend(b *testing.B, rt memoryRuntime, mib int) {
 	}
 	b.ReportMetric(ms(cold), "cold-create-ms")
 	b.ReportMetric(ms(fork), "fork10-ms")
+	if forks.MemoryKept {
+		// The forks start from the source's memory: the source stops
+		// for the snapshot alone.
+		b.ReportMetric(forks.PausedSeconds*1000, "fork10-source-paused-ms")
+	}
 	b.ReportMetric(ms(median(cks)), "runsc-checkpoint-ms")
 	b.ReportMetric(ms(median(rss)), "runsc-restore-ms")
 	b.ReportMetric(median(resRatios), "resume/runsc")

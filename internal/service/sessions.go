@@ -150,6 +150,9 @@ type SessionFork struct {
 	Skipped    []string         `json:"skipped,omitempty"`
 	MemoryKept bool             `json:"memory_kept"`
 	Note       string           `json:"note"`
+	// PausedSeconds is how long a running source was stopped for the
+	// snapshot its forks' memory came from.
+	PausedSeconds float64 `json:"paused_seconds,omitempty"`
 }
 
 // SessionEvent is one step of a session's lifecycle: its type (the

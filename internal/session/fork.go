@@ -119,7 +119,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 		res.Files, res.Bytes, res.Skipped = copied.Files, copied.Bytes, copied.Skipped
 		ev.Files, ev.Bytes, ev.SkippedTotal = copied.Files, copied.Bytes, copied.SkippedTotal
 	}
-	res.MemoryKept, res.Note = ev.MemoryKept, ev.Note
+	res.MemoryKept, res.Note, res.PausedSeconds = ev.MemoryKept, ev.Note, ev.PausedSeconds
 	ev.Seconds = time.Since(start).Seconds()
 	if err := m.append(ctx, id, EventForked, ev); err != nil {
 		// The forks are made and recorded on their own streams.

@@ -374,6 +374,7 @@ class SessionFork(TypedDict):
     forks: list[SessionCreated] | None
     memory_kept: bool
     note: str
+    paused_seconds: NotRequired[float]
     skipped: NotRequired[list[str]]
 
 

@@ -369,6 +369,7 @@ export interface SessionFork {
   forks: SessionCreated[] | null;
   memory_kept: boolean;
   note: string;
+  paused_seconds?: number;
   skipped?: string[];
 }
 
