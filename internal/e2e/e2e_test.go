@@ -305,7 +305,7 @@ func TestToolsOverHTTP(t *testing.T) {
 	}
 	want := []string{"spawn_worker", "read_task_result", "list_worker_tasks", "cancel_worker_task", "read_workspace", "write_workspace", "list_workspace",
 		"create_attachment_from_workspace", "ingest_from_workspace", "export_notes_to_workspace", "search_documents", "list_skills", "get_skill", "create_skill",
-		"code_execute", "workspace_exec", "spawn_workspace_task"}
+		"code_execute", "workspace_exec", "suspend_session", "resume_session", "fork_session", "spawn_workspace_task"}
 	if !slices.Equal(names, want) {
 		t.Errorf("tools %v, want %v", names, want)
 	}

@@ -199,3 +199,59 @@ func mustSession(t *testing.T, s *server) string {
 	}
 	return created.SessionID
 }
+
+// TestMCPSessionLifecycle: a real MCP client suspends, resumes and forks
+// a session with the tools that the HTTP API's routes mirror, and each
+// answer says what was kept; a command on the suspended session resumes
+// it, its files there.
+func TestMCPSessionLifecycle(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, nil)
+	ctx := context.Background()
+	sess := mustCreateSession(t, s.client)
+	id := sess.SessionID
+	cs := connectMCP(t, s)
+	call := func(name string, args map[string]any, into any) {
+		t.Helper()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+		if err != nil || res.IsError {
+			t.Fatalf("%s: %v %s", name, err, mcpText(res))
+		}
+		b, _ := json.Marshal(res.StructuredContent)
+		if err := json.Unmarshal(b, into); err != nil {
+			t.Fatalf("%s answered %s: %v", name, b, err)
+		}
+	}
+	var ran service.SessionExecResult
+	call("workspace_exec", map[string]any{"session_id": id, "command": "echo kept > f.txt"}, &ran)
+	var sus service.SessionSuspend
+	call("suspend_session", map[string]any{"session_id": id}, &sus)
+	if sus.Session.Status != service.SessionSuspended || sus.MemoryKept || !strings.Contains(sus.Note, "files kept") {
+		t.Errorf("suspend_session on local: %+v", sus)
+	}
+	call("workspace_exec", map[string]any{"session_id": id, "command": "cat f.txt"}, &ran)
+	if ran.ExitCode != 0 || ran.Stdout != "kept\n" {
+		t.Errorf("a command on the suspended session: %+v", ran)
+	}
+	call("suspend_session", map[string]any{"session_id": id}, &sus)
+	var resumed service.Session
+	call("resume_session", map[string]any{"session_id": id}, &resumed)
+	if resumed.ID != id || resumed.Status != service.SessionRunning {
+		t.Errorf("resume_session: %+v", resumed)
+	}
+	var forks service.SessionFork
+	call("fork_session", map[string]any{"session_id": id, "count": 2}, &forks)
+	if len(forks.Forks) != 2 || forks.MemoryKept || forks.Files != 1 {
+		t.Fatalf("fork_session: %+v", forks)
+	}
+	for _, f := range forks.Forks {
+		call("workspace_exec", map[string]any{"session_id": f.SessionID, "command": "cat f.txt"}, &ran)
+		if f.Token == "" || f.Session.ForkedFrom != id || ran.Stdout != "kept\n" {
+			t.Errorf("fork %s: token given %v, forked from %q, reads %q", f.SessionID, f.Token != "", f.Session.ForkedFrom, ran.Stdout)
+		}
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fork_session", Arguments: map[string]any{"session_id": id, "count": 17}})
+	if err != nil || !res.IsError {
+		t.Errorf("fork_session of 17: %v, error %v", err, res != nil && res.IsError)
+	}
+}

@@ -68,6 +68,19 @@ type SessionExecRequest struct {
 	TimeoutSeconds int    `json:"timeout_seconds,omitempty"`
 }
 
+// SessionRequest names a session: suspend_session's and resume_session's
+// arguments.
+type SessionRequest struct {
+	SessionID string `json:"session_id"`
+}
+
+// ForkSessionRequest is fork_session's arguments: the session and how many
+// forks to make of it (default 1).
+type ForkSessionRequest struct {
+	SessionID string `json:"session_id"`
+	Count     int    `json:"count,omitempty"`
+}
+
 // SessionExecResult is how a workspace_exec command ended, with its output
 // cut at the server's limit (and saying so).
 type SessionExecResult struct {

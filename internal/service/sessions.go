@@ -45,7 +45,8 @@ type Sessions interface {
 	Suspend(ctx context.Context, id string) (SessionSuspend, error)
 	Resume(ctx context.Context, id string) (Session, error)
 	// Fork makes count new sessions, each with its own id, token and
-	// egress proxy, from a copy of session id's files.
+	// egress proxy, from a copy of session id's files and, where its
+	// runtime forks a sandbox's memory, its memory and processes.
 	Fork(ctx context.Context, id string, count int) (SessionFork, error)
 	// History is a page of session id's lifecycle, oldest first: its
 	// creation, suspends, resumes, forks, network changes, adoptions and

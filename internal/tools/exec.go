@@ -67,6 +67,78 @@ Commands start in /workspace/session (the session's own directory) unless cwd sa
 	}
 }
 
+// The tools that suspend, resume and fork a session, as the HTTP API's
+// routes and the CLI's sessions suspend|resume|fork do.
+
+const sessionIDSchema = `"session_id":{"type":"string","description":"The session (POST /api/sessions)."}`
+
+func suspendSession(sessions service.Sessions) Tool {
+	return Tool{
+		Name: "suspend_session",
+		Description: `Suspend a running session: its sandbox stops, holding no memory or processes on the host, and its
+files, image, network policy and token are kept. Where its runtime keeps memory (gvisor; docker under
+runsc) resume_session brings its processes back as they were, running commands going on; elsewhere
+only its files come back. The answer's memory_kept and note say which. A command (workspace_exec) on a
+suspended session resumes it first.`,
+		Schema: json.RawMessage(`{"type":"object","properties":{` + sessionIDSchema + `},"required":["session_id"],"additionalProperties":false}`),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var req service.SessionRequest
+			if err := decodeSessionArgs(args, &req, sessions); err != nil {
+				return nil, err
+			}
+			return sessions.Suspend(ctx, req.SessionID)
+		},
+	}
+}
+
+func resumeSession(sessions service.Sessions) Tool {
+	return Tool{
+		Name:        "resume_session",
+		Description: "Resume a suspended session: its sandbox starts again on its files, restored with its memory and processes where the suspend kept them. Answers the session once it runs; a running session is answered as it is.",
+		Schema:      json.RawMessage(`{"type":"object","properties":{` + sessionIDSchema + `},"required":["session_id"],"additionalProperties":false}`),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var req service.SessionRequest
+			if err := decodeSessionArgs(args, &req, sessions); err != nil {
+				return nil, err
+			}
+			return sessions.Resume(ctx, req.SessionID)
+		},
+	}
+}
+
+func forkSession(sessions service.Sessions) Tool {
+	return Tool{
+		Name: "fork_session",
+		Description: `Make new sessions from a running or suspended one: each with its own id, token (in the answer, shown
+once), directory and network proxy, starting from a copy of the source's files and, on gvisor, its
+memory and processes (its running commands going on in each fork; the source pauses for the snapshot
+only). The answer's memory_kept and note say which.`,
+		Schema: json.RawMessage(`{"type":"object","properties":{` + sessionIDSchema + `,
+"count":{"type":"integer","minimum":1,"maximum":16,"default":1,"description":"How many sessions to make."}},"required":["session_id"],"additionalProperties":false}`),
+		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
+			var req service.ForkSessionRequest
+			if err := decodeSessionArgs(args, &req, sessions); err != nil {
+				return nil, err
+			}
+			if req.Count == 0 {
+				req.Count = 1
+			}
+			return sessions.Fork(ctx, req.SessionID, req.Count)
+		},
+	}
+}
+
+// decodeSessionArgs decodes a session tool's arguments into req.
+func decodeSessionArgs(args json.RawMessage, req any, sessions service.Sessions) error {
+	if err := strictjson.Decode(args, req); err != nil {
+		return err
+	}
+	if sessions == nil {
+		return service.ErrSessionsOff
+	}
+	return nil
+}
+
 type outputKey struct{}
 
 // WithOutput returns ctx carrying fn, which a tool that runs a command

@@ -25,6 +25,9 @@ func TestSchemasMatchRequestTypes(t *testing.T) {
 		"create_skill":                     service.CreateSkillRequest{},
 		"code_execute":                     service.ExecRequest{},
 		"workspace_exec":                   service.SessionExecRequest{},
+		"suspend_session":                  service.SessionRequest{},
+		"resume_session":                   service.SessionRequest{},
+		"fork_session":                     service.ForkSessionRequest{},
 		"spawn_workspace_task":             service.WorkspaceTaskRequest{},
 	}
 	cat := New(service.Set{}, Limits{})

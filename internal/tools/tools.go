@@ -50,6 +50,7 @@ const (
 // effects are the tools' Effects by name; every tool has one (tested).
 var effects = map[string]Effect{
 	"spawn_worker": Runs, "code_execute": Runs, "workspace_exec": Runs, "spawn_workspace_task": Runs,
+	"resume_session": Runs, "fork_session": Runs, "suspend_session": Writes,
 	"read_task_result": Reads, "list_worker_tasks": Reads, "read_workspace": Reads, "list_workspace": Reads,
 	"search_documents": Reads, "list_skills": Reads, "get_skill": Reads,
 	"cancel_worker_task": Writes, "write_workspace": Writes, "create_attachment_from_workspace": Writes,
@@ -88,7 +89,8 @@ func New(svc service.Set, lim Limits) *Catalogue {
 		createAttachmentFromWorkspace(svc.Library),
 		ingestFromWorkspace(svc.Library), exportNotesToWorkspace(svc.Library), searchDocuments(svc.Library),
 		listSkills(svc.Library), getSkill(svc.Library), createSkill(svc.Library),
-		codeExecute(svc.Tasks), workspaceExec(svc.Sessions), spawnWorkspaceTask(svc),
+		codeExecute(svc.Tasks), workspaceExec(svc.Sessions), suspendSession(svc.Sessions), resumeSession(svc.Sessions), forkSession(svc.Sessions),
+		spawnWorkspaceTask(svc),
 	} {
 		if t.Name == "code_execute" && lim.NoCodeExecute {
 			continue
