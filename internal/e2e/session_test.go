@@ -1311,8 +1311,8 @@ func forkKeepsMemory(t *testing.T, rt memoryRuntime) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Forks) != 5 || !r.MemoryKept || !strings.Contains(r.Note, "memory") {
-		t.Fatalf("fork: %d forks, memory kept %v, note %q", len(r.Forks), r.MemoryKept, r.Note)
+	if len(r.Forks) != 5 || !r.MemoryKept || !strings.Contains(r.Note, "memory") || r.PausedSeconds <= 0 {
+		t.Fatalf("fork: %d forks, memory kept %v, paused %vs, note %q", len(r.Forks), r.MemoryKept, r.PausedSeconds, r.Note)
 	}
 	output := func(id string) string {
 		var out strings.Builder

@@ -294,8 +294,9 @@ type forkOf struct{ from, image string }
 // selfNamed reports whether the sandboxes of sessions on p have their
 // session's id in workerproto.SelfDir: where a fork's sandbox can be
 // restored from its source's memory, and its agent must learn whose it
-// now is. The runtime's own mounts are the server's (its gofer, its
-// engine), whatever the sandbox's identity.
+// now is. That directory is in run/sessions/<id>, the server's alone: a
+// runtime that forks memory mounts it with a process of its own as root
+// (gVisor's gofer), not as the sandbox's identity.
 func selfNamed(p *placement.Runtime) bool {
 	if p == nil || p.Remote {
 		return false

@@ -99,7 +99,11 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 		var copied workspace.TreeCopy
 		f, token, err := m.create(ctx, req, createFrom{forkedFrom: id, limits: limits, allow: s.NetworkAllow, memory: snap,
 			seed: func(ctx context.Context, dst *os.Root) (err error) {
-				copied, err = workspace.CopyTree(ctx, src, dst)
+				if copied, err = workspace.CopyTree(ctx, src, dst); err == nil {
+					// The fork is recorded next: its files must be there
+					// after a crash.
+					err = workspace.SyncFS(dst)
+				}
 				if err == nil && m.opts.Crash != nil {
 					m.opts.Crash(sandbox.CrashForkCopied)
 				}
@@ -116,6 +120,10 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 		}
 		res.Forks = append(res.Forks, service.SessionCreated{SessionID: f.ID, Token: token, Session: f})
 		ev.Forks = append(ev.Forks, f.ID)
+		if snap != nil {
+			// What the snapshot's copy skipped is not in it to skip.
+			copied.Skipped, copied.SkippedTotal = snap.copied.Skipped, snap.copied.SkippedTotal
+		}
 		res.Files, res.Bytes, res.Skipped = copied.Files, copied.Bytes, copied.Skipped
 		ev.Files, ev.Bytes, ev.SkippedTotal = copied.Files, copied.Bytes, copied.SkippedTotal
 	}
@@ -139,6 +147,7 @@ type snapshot struct {
 	dir            string // the host path of the snapshot
 	image          string // the checkpoint, a host path
 	files          string // the copy of the files, in the data root
+	copied         workspace.TreeCopy
 	execs          []inheritedExec
 	agentTokenHash string
 	paused         time.Duration
@@ -241,7 +250,8 @@ func (m *Manager) takeSnapshot(ctx context.Context, id, dir string) (_ *snapshot
 		return nil, err
 	}
 	defer dst.Close()
-	if _, err := workspace.CopyTree(ctx, src, dst); err != nil {
+	// Not made durable: a crash leaves the snapshot to be removed.
+	if snap.copied, err = workspace.CopyTree(ctx, src, dst); err != nil {
 		return nil, fmt.Errorf("copy the source's files: %w", err)
 	}
 	m.mu.Lock()
