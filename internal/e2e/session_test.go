@@ -1177,6 +1177,18 @@ func keepsItsMemory(t *testing.T, rt memoryRuntime) {
 	}
 }
 
+// mustRun runs cmd with sh -c in session id through c and answers its
+// output; a command that fails fails the test.
+func mustRun(t *testing.T, c *httpapi.Client, id, cmd string) string {
+	t.Helper()
+	var out strings.Builder
+	end, err := c.ExecSession(context.Background(), id, httpapi.ExecBody{Command: shell(cmd)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
+	if err != nil || end.ExitCode != 0 {
+		t.Fatalf("%s in %s: %+v, %v: %s", cmd, id, end, err, out.String())
+	}
+	return out.String()
+}
+
 // TestSessionFork: five forks of a session with 100 MiB of files each
 // see the source's files as they were (byte for byte, executable bits and
 // links kept, a link out of the tree copied as a link, never followed),
@@ -1188,15 +1200,7 @@ func TestSessionFork(t *testing.T) {
 	ctx := context.Background()
 	src := mustCreateSession(t, s.client)
 	sc := s.client.Sessions()
-	run := func(id, cmd string) string {
-		t.Helper()
-		var out strings.Builder
-		end, err := s.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell(cmd)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
-		if err != nil || end.ExitCode != 0 {
-			t.Fatalf("%s in %s: %+v, %v: %s", cmd, id, end, err, out.String())
-		}
-		return out.String()
-	}
+	run := func(id, cmd string) string { t.Helper(); return mustRun(t, s.client, id, cmd) }
 	run(src.SessionID, `mkdir data && for i in $(seq 1 20); do head -c 5242880 /dev/urandom > data/f$i; done && printf '#!/bin/sh\necho hi\n' > run.sh && chmod +x run.sh && ln -s /etc/passwd out && mkfifo pipe && sha256sum data/* run.sh > sums`)
 	if _, err := sc.StartExec(ctx, src.SessionID, service.SessionCommand{Shell: "sleep 300"}); err != nil {
 		t.Fatal(err)
@@ -1283,15 +1287,7 @@ func forkKeepsMemory(t *testing.T, rt memoryRuntime) {
 	}
 	id := created.SessionID
 	sc := srv.client.Sessions()
-	run := func(id, cmd string) string {
-		t.Helper()
-		var out strings.Builder
-		end, err := srv.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell(cmd)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
-		if err != nil || end.ExitCode != 0 {
-			t.Fatalf("%s in %s: %+v, %v: %s", cmd, id, end, err, out.String())
-		}
-		return out.String()
-	}
+	run := func(id, cmd string) string { t.Helper(); return mustRun(t, srv.client, id, cmd) }
 	run(id, `mkdir data && for i in $(seq 1 20); do head -c 5242880 /dev/urandom > data/f$i; done && sha256sum data/* > sums`)
 	if _, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
 		t.Fatal(err)
@@ -1386,20 +1382,9 @@ func TestSessionForkServerKilledInSnapshot(t *testing.T) {
 	rt := memoryRuntimes[0]
 	rt.require(t)
 	t.Parallel()
-	data := testenv.TempDir(t)
-	args := rt.args(t)
-	c := startCrashing(t, data, sandbox.CrashForkSnapshot, args...)
+	data, args := testenv.TempDir(t), rt.args(t)
+	c, id, first := crashingCounter(t, rt, data, sandbox.CrashForkSnapshot, args)
 	ctx := context.Background()
-	created, err := c.client.CreateSession(ctx, rt.request)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := created.SessionID
-	if _, err := c.client.Sessions().StartExec(ctx, id, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
-		t.Fatal(err)
-	}
-	var first int
-	waitFor(t, "the counter served", func() bool { first = sessionCount(c.client, id); return first != 0 })
 	if _, err := c.client.Sessions().Fork(ctx, id, 2); err == nil {
 		t.Fatal("the fork answered: the server did not die at its crash point")
 	}
@@ -1422,6 +1407,24 @@ func TestSessionForkServerKilledInSnapshot(t *testing.T) {
 	}
 }
 
+// crashingCounter starts a server on data with args that dies at crash
+// point, and a session of rt's on it serving ballastServer's count; it
+// returns the server, the session and its count so far.
+func crashingCounter(t *testing.T, rt memoryRuntime, data, point string, args []string) (c *crashing, id string, first int) {
+	t.Helper()
+	c = startCrashing(t, data, point, args...)
+	created, err := c.client.CreateSession(context.Background(), rt.request)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = created.SessionID
+	if _, err := c.client.Sessions().StartExec(context.Background(), id, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the counter served", func() bool { first = sessionCount(c.client, id); return first != 0 })
+	return c, id, first
+}
+
 // TestSessionCheckpointedServerKilled: on gvisor and on docker under
 // runsc, a server killed with SIGKILL after a session's checkpoint was
 // written whole and before its suspend was recorded leaves the next
@@ -1439,20 +1442,9 @@ func TestSessionCheckpointedServerKilled(t *testing.T) {
 
 func checkpointedServerKilled(t *testing.T, rt memoryRuntime) {
 	testenv.RequireBwrap(t)
-	data := testenv.TempDir(t)
-	args := rt.args(t)
-	c := startCrashing(t, data, sandbox.CrashCheckpointed, args...)
+	data, args := testenv.TempDir(t), rt.args(t)
+	c, id, first := crashingCounter(t, rt, data, sandbox.CrashCheckpointed, args)
 	ctx := context.Background()
-	created, err := c.client.CreateSession(ctx, rt.request)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := created.SessionID
-	if _, err := c.client.Sessions().StartExec(ctx, id, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
-		t.Fatal(err)
-	}
-	var first int
-	waitFor(t, "the counter served", func() bool { first = sessionCount(c.client, id); return first != 0 })
 	if _, err := c.client.Sessions().Suspend(ctx, id); err == nil {
 		t.Fatal("the suspend answered: the server did not die at its crash point")
 	}

@@ -73,35 +73,31 @@ Commands start in /workspace/session (the session's own directory) unless cwd sa
 const sessionIDSchema = `"session_id":{"type":"string","description":"The session (POST /api/sessions)."}`
 
 func suspendSession(sessions service.Sessions) Tool {
-	return Tool{
-		Name: "suspend_session",
-		Description: `Suspend a running session: its sandbox stops, holding no memory or processes on the host, and its
+	return sessionOp(sessions, "suspend_session", `Suspend a running session: its sandbox stops, holding no memory or processes on the host, and its
 files, image, network policy and token are kept. Where its runtime keeps memory (gvisor; docker under
 runsc) resume_session brings its processes back as they were, running commands going on; elsewhere
 only its files come back. The answer's memory_kept and note say which. A command (workspace_exec) on a
-suspended session resumes it first.`,
-		Schema: json.RawMessage(`{"type":"object","properties":{` + sessionIDSchema + `},"required":["session_id"],"additionalProperties":false}`),
-		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
-			var req service.SessionRequest
-			if err := decodeSessionArgs(args, &req, sessions); err != nil {
-				return nil, err
-			}
-			return sessions.Suspend(ctx, req.SessionID)
-		},
-	}
+suspended session resumes it first.`, func(ctx context.Context, id string) (any, error) { return sessions.Suspend(ctx, id) })
 }
 
 func resumeSession(sessions service.Sessions) Tool {
+	return sessionOp(sessions, "resume_session", "Resume a suspended session: its sandbox starts again on its files, restored with its memory and processes where the suspend kept them. Answers the session once it runs; a running session is answered as it is.",
+		func(ctx context.Context, id string) (any, error) { return sessions.Resume(ctx, id) })
+}
+
+// sessionOp is a tool that takes a session's id alone and answers what op
+// does to that session.
+func sessionOp(sessions service.Sessions, name, description string, op func(ctx context.Context, id string) (any, error)) Tool {
 	return Tool{
-		Name:        "resume_session",
-		Description: "Resume a suspended session: its sandbox starts again on its files, restored with its memory and processes where the suspend kept them. Answers the session once it runs; a running session is answered as it is.",
+		Name:        name,
+		Description: description,
 		Schema:      json.RawMessage(`{"type":"object","properties":{` + sessionIDSchema + `},"required":["session_id"],"additionalProperties":false}`),
 		Call: func(ctx context.Context, args json.RawMessage) (any, error) {
 			var req service.SessionRequest
 			if err := decodeSessionArgs(args, &req, sessions); err != nil {
 				return nil, err
 			}
-			return sessions.Resume(ctx, req.SessionID)
+			return op(ctx, req.SessionID)
 		},
 	}
 }
