@@ -17,7 +17,6 @@ import (
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox"
-	"github.com/corral-dev/corral/internal/sandbox/statedir"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/workerproto"
 	"github.com/corral-dev/corral/internal/workspace"
@@ -317,7 +316,8 @@ func (m *Manager) writeSelf(id string) (string, error) {
 	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
 		return "", fmt.Errorf("create the session's self directory: %w", err)
 	}
-	if err := statedir.WriteFileAtomic(filepath.Join(dir, workerproto.SelfFile), []byte(id+"\n"), 0o444); err != nil {
+	// Not flushed: every start of the sandbox (its resumes too) writes it.
+	if err := workspace.WriteFileAtomicNoSync(m.opts.Data.Root(), filepath.Join(rel, workerproto.SelfFile), []byte(id+"\n"), 0o444); err != nil {
 		return "", fmt.Errorf("write the session's id for its sandbox: %w", err)
 	}
 	return filepath.ToSlash(rel), nil
