@@ -100,7 +100,8 @@ func (m *Manager) discardCheckpoint(id string) {
 
 // removeDiscarded removes the checkpoints discardCheckpoint moved aside,
 // and with all, those a server before this one left, and the snapshots
-// for forks it left (takeSnapshot).
+// for forks it left (takeSnapshot) of sessions no other replica alive
+// runs.
 func (m *Manager) removeDiscarded(all bool) {
 	m.mu.Lock()
 	dirs := m.discarded
@@ -108,8 +109,14 @@ func (m *Manager) removeDiscarded(all bool) {
 	m.mu.Unlock()
 	if all {
 		left, _ := filepath.Glob(m.checkpointDir("*") + discardedSuffix + "*")
+		dirs = append(dirs, left...)
 		snaps, _ := filepath.Glob(m.opts.Data.HostPath(workspace.DirRun, "sessions", "*", forkPrefix+"*"))
-		dirs = append(append(dirs, left...), snaps...)
+		for _, d := range snaps {
+			// Another replica alive may be forking the session.
+			if !m.runElsewhere(filepath.Base(filepath.Dir(d))) {
+				dirs = append(dirs, d)
+			}
+		}
 	}
 	for _, d := range dirs {
 		if err := os.RemoveAll(d); err != nil {
