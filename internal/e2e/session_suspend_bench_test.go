@@ -16,10 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/httpapi"
 	"github.com/corral-dev/corral/internal/sandbox/gvisor"
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/session"
+	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -62,7 +64,7 @@ func memorySession(tb testing.TB, s *server, rt memoryRuntime, mib int) (string,
 		tb.Fatal(err)
 	}
 	id := created.SessionID
-	sessionRun(tb, s, id, "mkdir -p data && head -c 1048576 /dev/urandom > data/a && echo b > data/b && sha256sum data/* > sums")
+	mustRun(tb, s.client, id, "mkdir -p data && head -c 1048576 /dev/urandom > data/a && echo b > data/b && sha256sum data/* > sums")
 	cold := time.Since(start)
 	if _, err := s.client.Sessions().StartExec(ctx, id, service.SessionCommand{Shell: ballastServer + strconv.Itoa(mib)}); err != nil {
 		tb.Fatal(err)
@@ -75,17 +77,6 @@ func memorySession(tb testing.TB, s *server, rt memoryRuntime, mib int) (string,
 		time.Sleep(200 * time.Millisecond)
 	}
 	return id, cold
-}
-
-// sessionRun runs cmd in session id and returns its output.
-func sessionRun(tb testing.TB, s *server, id, cmd string) string {
-	tb.Helper()
-	var out strings.Builder
-	end, err := s.client.ExecSession(context.Background(), id, httpapi.ExecBody{Command: shell(cmd)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
-	if err != nil || end.ExitCode != 0 {
-		tb.Fatalf("%s: %+v, %v: %s", cmd, end, err, out.String())
-	}
-	return out.String()
 }
 
 // sessionCount GETs the count of the session's ballastServer through c;
@@ -103,7 +94,7 @@ func sessionCount(c *httpapi.Client, id string) int {
 // and command line).
 func sessionState(tb testing.TB, s *server, id string) string {
 	tb.Helper()
-	out := sessionRun(tb, s, id, `echo $$; sha256sum -c --quiet sums && echo files-intact || echo files-changed; python3 -c 'import urllib.request; print("ballast", urllib.request.urlopen("http://127.0.0.1:8765/sum").read().decode())' 2>/dev/null || echo no-ballast; for p in /proc/[0-9]*; do echo "${p#/proc/} $(tr '\0\n' '  ' < $p/cmdline)"; done`)
+	out := mustRun(tb, s.client, id, `echo $$; sha256sum -c --quiet sums && echo files-intact || echo files-changed; python3 -c 'import urllib.request; print("ballast", urllib.request.urlopen("http://127.0.0.1:8765/sum").read().decode())' 2>/dev/null || echo no-ballast; for p in /proc/[0-9]*; do echo "${p#/proc/} $(tr '\0\n' '  ' < $p/cmdline)"; done`)
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	if len(lines) < 3 {
 		tb.Fatalf("the session's state: %q", out)
@@ -475,8 +466,62 @@ time.sleep(600)
 		t.Fatal(err)
 	}
 	waitFor(t, "the held connection closed, its process on", func() bool { return strings.Contains(read(), "closed\n") })
-	got := sessionRun(t, s, id, `NO_PROXY= no_proxy= python3 -c 'import urllib.request; print(urllib.request.urlopen("http://`+up.addr+`/again").read().decode())'`)
+	got := mustRun(t, s.client, id, `NO_PROXY= no_proxy= python3 -c 'import urllib.request; print(urllib.request.urlopen("http://`+up.addr+`/again").read().decode())'`)
 	if got != "hello from the host: /again\n" {
 		t.Errorf("through the proxy after the resume: %q", got)
+	}
+}
+
+// TestSessionForkWithNetwork: a fork of a gvisor session's memory with a
+// network policy reaches the allowed host through its own egress proxy:
+// the relay restored from the source's memory dials the proxy socket
+// mounted where the source had its own. A host the policy does not allow
+// stays refused.
+func TestSessionForkWithNetwork(t *testing.T) {
+	t.Parallel()
+	testenv.RequireRunsc(t)
+	up := mustLoopbackServer(t)
+	s, _ := mustStartAllowing(t, up.addr)
+	ctx := context.Background()
+	created, err := s.client.CreateSession(ctx, session.CreateRequest{Runtime: "gvisor", Network: "allowlist"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetch := func(id, path string) string {
+		return mustRun(t, s.client, id, `NO_PROXY= no_proxy= python3 -c 'import urllib.request, sys
+try: print(urllib.request.urlopen("http://`+path+`").read().decode())
+except Exception as e: print("refused", type(e).__name__)'`)
+	}
+	fetch(created.SessionID, up.addr+"/before")
+	r, err := s.client.Sessions().Fork(ctx, created.SessionID, 1)
+	if err != nil || len(r.Forks) != 1 || !r.MemoryKept {
+		t.Fatalf("fork: %+v, %v", r, err)
+	}
+	f := r.Forks[0].SessionID
+	if got := fetch(f, up.addr+"/from-the-fork"); got != "hello from the host: /from-the-fork\n" {
+		t.Errorf("the fork through its proxy: %q", got)
+	}
+	if got := fetch(f, "127.0.0.2:9/"); !strings.HasPrefix(got, "refused") {
+		t.Errorf("the fork to a host its policy does not allow: %q", got)
+	}
+	if got := fetch(created.SessionID, up.addr+"/after"); got != "hello from the host: /after\n" {
+		t.Errorf("the source through its proxy after the fork: %q", got)
+	}
+	// Each connection is on the stream of the session whose proxy it
+	// went through.
+	paths := func(id string) (got []string) {
+		s.client.Events(ctx, service.EventsRequest{}, func(e eventstore.Event) error {
+			var ec task.EgressConnection
+			if e.StreamID == session.StreamID(id) && e.Type == task.EventEgressConnection && json.Unmarshal(e.Data, &ec) == nil {
+				got = append(got, ec.Path)
+			}
+			return nil
+		})
+		return got
+	}
+	waitFor(t, "the fork's connection on its stream", func() bool { return slices.Contains(paths(f), "/from-the-fork") })
+	waitFor(t, "the source's connections on its stream", func() bool { return slices.Contains(paths(created.SessionID), "/after") })
+	if got := paths(created.SessionID); slices.Contains(got, "/from-the-fork") || slices.Contains(paths(f), "/after") {
+		t.Errorf("connections recorded on the other session's stream: source %v, fork %v", got, paths(f))
 	}
 }

@@ -1179,12 +1179,12 @@ func keepsItsMemory(t *testing.T, rt memoryRuntime) {
 
 // mustRun runs cmd with sh -c in session id through c and answers its
 // output; a command that fails fails the test.
-func mustRun(t *testing.T, c *httpapi.Client, id, cmd string) string {
-	t.Helper()
+func mustRun(tb testing.TB, c *httpapi.Client, id, cmd string) string {
+	tb.Helper()
 	var out strings.Builder
 	end, err := c.ExecSession(context.Background(), id, httpapi.ExecBody{Command: shell(cmd)}, func(ch httpapi.ExecChunk) error { out.Write(ch.Bytes()); return nil })
 	if err != nil || end.ExitCode != 0 {
-		t.Fatalf("%s in %s: %+v, %v: %s", cmd, id, end, err, out.String())
+		tb.Fatalf("%s in %s: %+v, %v: %s", cmd, id, end, err, out.String())
 	}
 	return out.String()
 }
