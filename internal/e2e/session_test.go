@@ -1373,6 +1373,43 @@ func forkKeepsMemory(t *testing.T, rt memoryRuntime) {
 	}
 }
 
+// TestSessionForkOfSuspended: on gvisor, a fork of a session suspended
+// with its memory starts from that memory, and the source stays
+// suspended, resuming as it was.
+func TestSessionForkOfSuspended(t *testing.T) {
+	rt := memoryRuntimes[0]
+	rt.require(t)
+	t.Parallel()
+	_, srv := startKillable(t, rt.args(t)...)
+	ctx := context.Background()
+	created, err := srv.client.CreateSession(ctx, rt.request)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.SessionID
+	if _, err := srv.client.Sessions().StartExec(ctx, id, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
+		t.Fatal(err)
+	}
+	var first int
+	waitFor(t, "the counter served", func() bool { first = sessionCount(srv.client, id); return first != 0 })
+	if sus, err := srv.client.Sessions().Suspend(ctx, id); err != nil || !sus.MemoryKept {
+		t.Fatalf("suspend: %+v, %v", sus, err)
+	}
+	r, err := srv.client.Sessions().Fork(ctx, id, 1)
+	if err != nil || len(r.Forks) != 1 || !r.MemoryKept || r.PausedSeconds != 0 {
+		t.Fatalf("fork of the suspended session: %+v, %v; want one fork of its memory, no pause", r, err)
+	}
+	if n := sessionCount(srv.client, r.Forks[0].SessionID); n != first+1 {
+		t.Errorf("the fork counts %d after the source's %d", n, first)
+	}
+	if s, err := srv.client.GetSession(ctx, id); err != nil || s.Status != service.SessionSuspended || !s.MemoryKept {
+		t.Fatalf("the source after its fork: %+v, %v; want suspended with its memory", s, err)
+	}
+	if n := sessionCount(srv.client, id); n != first+1 {
+		t.Errorf("the source, resumed by a command, counts %d after %d", n, first)
+	}
+}
+
 // TestSessionForkServerKilledInSnapshot: on gvisor, a server killed with
 // SIGKILL once a running session is suspended for its forks' snapshot,
 // before it is resumed or a fork is made, leaves the session suspended
