@@ -128,6 +128,17 @@ func testKubernetesSession(t *testing.T, class string) {
 	if b, err := os.ReadFile(filepath.Join(k.data, "sessions", id, "f.txt")); err != nil || string(b) != "kept\n" {
 		t.Errorf("the session's directory on the claim: %q, %v", b, err)
 	}
+	// A fork is a pod of its own on a copy of the files, its memory not
+	// kept (no node runtime here checkpoints), and says so.
+	if r, err := srv.client.Sessions().Fork(ctx, id, 1); err != nil || len(r.Forks) != 1 || r.MemoryKept || r.Files != 1 {
+		t.Errorf("fork on kubernetes: %+v, %v; want one fork of the files", r, err)
+	} else if got := mustRun(t, srv.client, r.Forks[0].SessionID, "cat f.txt; echo mine > f.txt"); got != "kept\n" {
+		t.Errorf("the fork read %q, want the source's file", got)
+	} else if o, _, _ := exec(`cat f.txt`); o != "kept\n" {
+		t.Errorf("the source read %q after its fork wrote its own copy", o)
+	} else if _, err := srv.client.DeleteSession(ctx, r.Forks[0].SessionID); err != nil {
+		t.Error(err)
+	}
 
 	// Killed and started again: the same pod, its agent dialled in anew;
 	// a command that ran through the kill runs on, and its whole output
