@@ -1504,14 +1504,28 @@ func checkpointedServerKilled(t *testing.T, rt memoryRuntime) {
 // TestSessionForkServerKilled: a server killed with SIGKILL while it
 // copies a fork's files (its directory filled, its session not recorded)
 // leaves a directory no session names; the next server removes it at its
-// start, and the source runs on with its files.
+// start, and the source runs on with its files. On local the fork copies
+// files; on gvisor it is a fork of the source's memory, whose snapshot
+// and copied command output go too.
 func TestSessionForkServerKilled(t *testing.T) {
-	t.Parallel()
+	for _, rt := range []memoryRuntime{{name: "local", require: func(testing.TB) {}}, memoryRuntimes[0]} {
+		t.Run(rt.name, func(t *testing.T) {
+			t.Parallel()
+			rt.require(t)
+			forkServerKilled(t, rt)
+		})
+	}
+}
+
+func forkServerKilled(t *testing.T, rt memoryRuntime) {
 	testenv.RequireBwrap(t)
-	data := testenv.TempDir(t)
-	c := startCrashing(t, data, sandbox.CrashForkCopied)
+	data, args := testenv.TempDir(t), rt.args(t)
+	c := startCrashing(t, data, sandbox.CrashForkCopied, args...)
 	ctx := context.Background()
-	created := mustCreateSession(t, c.client)
+	created, err := c.client.CreateSession(ctx, rt.request)
+	if err != nil {
+		t.Fatal(err)
+	}
 	id := created.SessionID
 	if _, err := c.client.ExecSession(ctx, id, httpapi.ExecBody{Command: shell("mkdir -p d && head -c 1048576 /dev/urandom > d/a && echo kept > f.txt")}, func(httpapi.ExecChunk) error { return nil }); err != nil {
 		t.Fatal(err)
@@ -1535,9 +1549,15 @@ func TestSessionForkServerKilled(t *testing.T) {
 	if len(left) != 2 {
 		t.Fatalf("the session directories after the kill: %v; want the source's and the fork's copy", left)
 	}
-	srv := startProcess(t, data)
+	srv := startProcess(t, data, args...)
 	if got := dirs(); !slices.Equal(got, []string{id}) {
 		t.Errorf("the session directories after the restart: %v; want the source's alone", got)
+	}
+	if left, _ := filepath.Glob(filepath.Join(data, "run", "sessions", "*", "fork-*")); len(left) != 0 {
+		t.Errorf("fork snapshots after the restart: %v; want none", left)
+	}
+	if runs, _ := os.ReadDir(filepath.Join(data, "run", "sessions")); len(runs) != 1 || runs[0].Name() != id {
+		t.Errorf("the sessions' server-side directories after the restart: %v; want the source's alone", runs)
 	}
 	if ss, err := srv.client.ListSessions(ctx); err != nil || len(ss) != 1 || ss[0].ID != id {
 		t.Errorf("sessions after the restart: %+v, %v; want the source alone", ss, err)
