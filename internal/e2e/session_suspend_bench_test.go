@@ -423,6 +423,21 @@ func (s *bareSandbox) cycle(tb testing.TB) (checkpoint, restore time.Duration) {
 	return checkpoint, time.Since(start)
 }
 
+// allowlistedGvisorSession starts a server whose allowlist holds a
+// loopback HTTP server of the test's, and a gvisor session on it with
+// network allowlist.
+func allowlistedGvisorSession(t *testing.T) (*loopbackServer, *server, httpapi.SessionCreated) {
+	t.Helper()
+	testenv.RequireRunsc(t)
+	up := mustLoopbackServer(t)
+	s, _ := mustStartAllowing(t, up.addr)
+	created, err := s.client.CreateSession(context.Background(), session.CreateRequest{Runtime: "gvisor", Network: "allowlist"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return up, s, created
+}
+
 // TestSessionWithNetworkKeepsItsMemory: a gvisor session whose process
 // holds a connection through the egress proxy is suspended with its
 // memory all the same (the relay lets go of its connections to the host
@@ -430,14 +445,8 @@ func (s *bareSandbox) cycle(tb testing.TB) (checkpoint, restore time.Duration) {
 // reaches the host through the proxy again once resumed.
 func TestSessionWithNetworkKeepsItsMemory(t *testing.T) {
 	t.Parallel()
-	testenv.RequireRunsc(t)
-	up := mustLoopbackServer(t)
-	s, _ := mustStartAllowing(t, up.addr)
+	up, s, created := allowlistedGvisorSession(t)
 	ctx := context.Background()
-	created, err := s.client.CreateSession(ctx, session.CreateRequest{Runtime: "gvisor", Network: "allowlist"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	id := created.SessionID
 	sc := s.client.Sessions()
 	holder, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: `exec python3 -c '
@@ -479,14 +488,8 @@ time.sleep(600)
 // stays refused.
 func TestSessionForkWithNetwork(t *testing.T) {
 	t.Parallel()
-	testenv.RequireRunsc(t)
-	up := mustLoopbackServer(t)
-	s, _ := mustStartAllowing(t, up.addr)
+	up, s, created := allowlistedGvisorSession(t)
 	ctx := context.Background()
-	created, err := s.client.CreateSession(ctx, session.CreateRequest{Runtime: "gvisor", Network: "allowlist"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	fetch := func(id, path string) string {
 		return mustRun(t, s.client, id, `NO_PROXY= no_proxy= python3 -c 'import urllib.request, sys
 try: print(urllib.request.urlopen("http://`+path+`").read().decode())

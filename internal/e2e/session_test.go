@@ -1281,19 +1281,11 @@ func TestSessionForkKeepsMemory(t *testing.T) {
 func forkKeepsMemory(t *testing.T, rt memoryRuntime) {
 	data, srv := startKillable(t, rt.args(t)...)
 	ctx := context.Background()
-	created, err := srv.client.CreateSession(ctx, rt.request)
-	if err != nil {
-		t.Fatal(err)
-	}
+	created, first := countingSession(t, srv.client, rt)
 	id := created.SessionID
 	sc := srv.client.Sessions()
 	run := func(id, cmd string) string { t.Helper(); return mustRun(t, srv.client, id, cmd) }
 	run(id, `mkdir data && for i in $(seq 1 20); do head -c 5242880 /dev/urandom > data/f$i; done && sha256sum data/* > sums`)
-	if _, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
-		t.Fatal(err)
-	}
-	var first int
-	waitFor(t, "the counter served", func() bool { first = sessionCount(srv.client, id); return first != 0 })
 	const lines = 80
 	ticker, err := sc.StartExec(ctx, id, service.SessionCommand{Shell: fmt.Sprintf(`i=0; while [ $i -lt %d ]; do echo tick $i; i=$((i+1)); sleep 0.05; done`, lines)})
 	if err != nil {
@@ -1382,16 +1374,8 @@ func TestSessionForkOfSuspended(t *testing.T) {
 	t.Parallel()
 	_, srv := startKillable(t, rt.args(t)...)
 	ctx := context.Background()
-	created, err := srv.client.CreateSession(ctx, rt.request)
-	if err != nil {
-		t.Fatal(err)
-	}
+	created, first := countingSession(t, srv.client, rt)
 	id := created.SessionID
-	if _, err := srv.client.Sessions().StartExec(ctx, id, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
-		t.Fatal(err)
-	}
-	var first int
-	waitFor(t, "the counter served", func() bool { first = sessionCount(srv.client, id); return first != 0 })
 	if sus, err := srv.client.Sessions().Suspend(ctx, id); err != nil || !sus.MemoryKept {
 		t.Fatalf("suspend: %+v, %v", sus, err)
 	}
@@ -1450,16 +1434,23 @@ func TestSessionForkServerKilledInSnapshot(t *testing.T) {
 func crashingCounter(t *testing.T, rt memoryRuntime, data, point string, args []string) (c *crashing, id string, first int) {
 	t.Helper()
 	c = startCrashing(t, data, point, args...)
-	created, err := c.client.CreateSession(context.Background(), rt.request)
+	created, first := countingSession(t, c.client, rt)
+	return c, created.SessionID, first
+}
+
+// countingSession creates a session of rt's through c serving
+// ballastServer's count, and returns it and its count so far.
+func countingSession(t *testing.T, c *httpapi.Client, rt memoryRuntime) (created httpapi.SessionCreated, first int) {
+	t.Helper()
+	created, err := c.CreateSession(context.Background(), rt.request)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id = created.SessionID
-	if _, err := c.client.Sessions().StartExec(context.Background(), id, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
+	if _, err := c.Sessions().StartExec(context.Background(), created.SessionID, service.SessionCommand{Shell: ballastServer + "0"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the counter served", func() bool { first = sessionCount(c.client, id); return first != 0 })
-	return c, id, first
+	waitFor(t, "the counter served", func() bool { first = sessionCount(c, created.SessionID); return first != 0 })
+	return created, first
 }
 
 // TestSessionCheckpointedServerKilled: on gvisor and on docker under

@@ -39,10 +39,7 @@ func TestCheckpointRestoreRunscs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sp := upSandbox(ctx, t, r, "")
-	image := filepath.Join(t.TempDir(), "checkpoint")
-	if err := os.Mkdir(image, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	image := checkpointDir(t)
 	os.Remove(calls)
 	if err := r.Checkpoint(ctx, sp.ID, image); err != nil {
 		t.Fatal(err)
@@ -99,10 +96,7 @@ func TestCheckpointAtItsLimit(t *testing.T) {
 	defer cancel()
 	sp := upSandbox(ctx, t, r, ballast)
 	limitAtUse(t, memoryCgroup(t, r, sp.ID))
-	image := filepath.Join(t.TempDir(), "checkpoint")
-	if err := os.Mkdir(image, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	image := checkpointDir(t)
 	if err := r.Checkpoint(ctx, sp.ID, image); err != nil {
 		t.Fatalf("checkpoint of a sandbox at its memory limit: %v", err)
 	}
@@ -164,13 +158,21 @@ func TestCheckpointOOMSaysSo(t *testing.T) {
 	if err := os.WriteFile(cgFile, []byte(fmt.Sprintf("mem=%s usage=%s limit=%s\n", m.dir, m.usage, m.limit)), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	image := checkpointDir(t)
+	if err := r.Checkpoint(ctx, sp.ID, image); err == nil || !strings.Contains(err.Error(), "its memory limit was reached while it was saved") {
+		t.Errorf("checkpoint of a sandbox OOM-killed in its save: %v, want an error naming the limit", err)
+	}
+}
+
+// checkpointDir is an empty directory of the test's, 0700, for a
+// checkpoint's image.
+func checkpointDir(t *testing.T) string {
+	t.Helper()
 	image := filepath.Join(t.TempDir(), "checkpoint")
 	if err := os.Mkdir(image, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Checkpoint(ctx, sp.ID, image); err == nil || !strings.Contains(err.Error(), "its memory limit was reached while it was saved") {
-		t.Errorf("checkpoint of a sandbox OOM-killed in its save: %v, want an error naming the limit", err)
-	}
+	return image
 }
 
 // ballast fills 48 MiB of a sandbox's /tmp (the sentry's memory).

@@ -467,10 +467,7 @@ func checkpointRestore(t *testing.T, runsc string, uncompressed bool) {
 	}
 	who := e.St.Identity
 	before := count()
-	image := filepath.Join(t.TempDir(), "checkpoint")
-	if err := os.Mkdir(image, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	image := checkpointDir(t)
 	if err := r.Checkpoint(ctx, sp.ID, image); err != nil {
 		t.Fatal(err)
 	}
