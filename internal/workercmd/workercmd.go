@@ -88,6 +88,7 @@ func RunWarm(ctx context.Context, stderr io.Writer) int {
 	// own call then finds them idle. Each new thread is a clone and some
 	// ten system calls, under gVisor each a trip through its kernel.
 	worker.ReserveThreads()
+	worker.WarmUp()
 	if os.Getenv(workerproto.EnvWarmToken) != "" {
 		return runWarmPod(ctx, stderr)
 	}
