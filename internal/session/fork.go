@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -93,13 +96,15 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 		return service.SessionFork{}, fmt.Errorf("open the session's directory: %w", err)
 	}
 	defer src.Close()
-	res := service.SessionFork{}
 	req := CreateRequest{Runtime: s.Runtime, Image: s.Image, Network: s.Network, Labels: s.Labels, IdleTimeout: s.IdleTimeout, MaxLifetime: s.MaxLifetime}
-	for range count {
-		var copied workspace.TreeCopy
-		f, token, err := m.create(ctx, req, createFrom{forkedFrom: id, limits: limits, allow: s.NetworkAllow, memory: snap,
+	// As many at once as the host has CPUs: a restore from memory is
+	// mostly the CPU's, a copy of files the disk's, and ten forks restored
+	// one after another took ten restores' time.
+	made := makeForks(ctx, count, runtime.NumCPU(), func(ctx context.Context) madeFork {
+		var f madeFork
+		f.session, f.token, f.err = m.create(ctx, req, createFrom{forkedFrom: id, limits: limits, allow: s.NetworkAllow, memory: snap,
 			seed: func(ctx context.Context, dst *os.Root) (err error) {
-				if copied, err = workspace.CopyTree(ctx, src, dst); err == nil {
+				if f.copied, err = workspace.CopyTree(ctx, src, dst); err == nil {
 					// The fork is recorded next: its files must be there
 					// after a crash.
 					err = workspace.SyncFS(dst)
@@ -109,23 +114,33 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 				}
 				return err
 			}})
-		if err != nil {
-			err = fmt.Errorf("fork %d of %d: %w", len(res.Forks)+1, count, err)
-			if len(res.Forks) == 0 {
-				return service.SessionFork{}, err
+		return f
+	})
+	res := service.SessionFork{}
+	var failed error
+	for i, f := range made {
+		if f.err != nil {
+			if failed == nil {
+				failed = fmt.Errorf("fork %d of %d: %w", i+1, count, f.err)
 			}
-			// Those made are the caller's: say which, with the error.
-			ev.Note = errdefs.Message(err) + "; " + ev.Note
-			break
+			continue
 		}
-		res.Forks = append(res.Forks, service.SessionCreated{SessionID: f.ID, Token: token, Session: f})
-		ev.Forks = append(ev.Forks, f.ID)
+		res.Forks = append(res.Forks, service.SessionCreated{SessionID: f.session.ID, Token: f.token, Session: f.session})
+		ev.Forks = append(ev.Forks, f.session.ID)
+		copied := f.copied
 		if snap != nil {
 			// What the snapshot's copy skipped is not in it to skip.
 			copied.Skipped, copied.SkippedTotal = snap.copied.Skipped, snap.copied.SkippedTotal
 		}
 		res.Files, res.Bytes, res.Skipped = copied.Files, copied.Bytes, copied.Skipped
 		ev.Files, ev.Bytes, ev.SkippedTotal = copied.Files, copied.Bytes, copied.SkippedTotal
+	}
+	if failed != nil {
+		if len(res.Forks) == 0 {
+			return service.SessionFork{}, failed
+		}
+		// Those made are the caller's: say which, with the error.
+		ev.Note = errdefs.Message(failed) + "; " + ev.Note
 	}
 	res.MemoryKept, res.Note, res.PausedSeconds = ev.MemoryKept, ev.Note, ev.PausedSeconds
 	ev.Seconds = time.Since(start).Seconds()
@@ -137,6 +152,45 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 		"seconds", ev.Seconds, "paused_seconds", ev.PausedSeconds)
 	return res, nil
 }
+
+// madeFork is one fork's session and token, what its seed copied, or
+// why it was not made.
+type madeFork struct {
+	session Session
+	token   string
+	copied  workspace.TreeCopy
+	err     error
+}
+
+// makeForks runs one count times, at most parallel at once, and returns
+// what each made, in order. Once one fails no other starts; those started
+// finish. A fork not started says so.
+func makeForks(ctx context.Context, count, parallel int, one func(context.Context) madeFork) []madeFork {
+	made := make([]madeFork, count)
+	sem := make(chan struct{}, max(1, parallel))
+	var failed atomic.Bool
+	var wg sync.WaitGroup
+	for i := range made {
+		sem <- struct{}{}
+		if failed.Load() {
+			<-sem
+			made[i].err = errNotStarted
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			made[i] = one(ctx)
+			if made[i].err != nil {
+				failed.Store(true)
+			}
+		})
+	}
+	wg.Wait()
+	return made
+}
+
+// errNotStarted is a fork's that was not started: one before it failed.
+var errNotStarted = errors.New("not started: a fork before it failed")
 
 // snapshot is a session's memory, files and running commands, taken for
 // its forks in a directory of the server's (run/sessions/<id>/fork-*):
