@@ -7,9 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/ids"
@@ -167,25 +168,24 @@ type madeFork struct {
 // finish. A fork not started says so.
 func makeForks(ctx context.Context, count, parallel int, one func(context.Context) madeFork) []madeFork {
 	made := make([]madeFork, count)
-	sem := make(chan struct{}, max(1, parallel))
+	var g errgroup.Group
+	g.SetLimit(max(1, parallel))
 	var failed atomic.Bool
-	var wg sync.WaitGroup
 	for i := range made {
-		sem <- struct{}{}
-		if failed.Load() {
-			<-sem
-			made[i].err = errNotStarted
-			continue
-		}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			made[i] = one(ctx)
-			if made[i].err != nil {
+		// Each waits for a place, which a fork gives up only once it has
+		// said whether it failed.
+		g.Go(func() error {
+			if failed.Load() {
+				made[i].err = errNotStarted
+				return nil
+			}
+			if made[i] = one(ctx); made[i].err != nil {
 				failed.Store(true)
 			}
+			return nil
 		})
 	}
-	wg.Wait()
+	g.Wait()
 	return made
 }
 
