@@ -384,3 +384,26 @@ func TestParseCredential(t *testing.T) {
 		}
 	}
 }
+
+// TestInterceptRefusesOtherUpgrades: on an intercepted host too, an upgrade
+// to anything but WebSocket (h2c: requests on any path, the rule's
+// credential unchecked) is refused before it reaches the host.
+func TestInterceptRefusesOtherUpgrades(t *testing.T) {
+	r := newRuledProxy(t, "/allowed/", true, nil)
+	client := trustingClient(r.sock, r.ca.CertPEM())
+	req, err := http.NewRequest("GET", r.url("/allowed/x"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Connection", "Upgrade, HTTP2-Settings")
+	req.Header.Set("Upgrade", "h2c")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if rec := r.recs.next(t); resp.StatusCode != http.StatusForbidden || rec.Allowed || rec.Reason != ReasonUpgrade {
+		t.Errorf("Upgrade: h2c answered %s, record %+v; want 403 for %q", resp.Status, rec, ReasonUpgrade)
+	}
+	r.noRequest(t, "a refused upgrade reached the host")
+}

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bufio"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -105,6 +106,24 @@ const ReasonNoModel = "no model API of the task's agent has this number"
 // API's base path.
 const ReasonModelPath = "path outside the model API's base path"
 
+// ReasonUpgrade denies a relayed request that asks to switch its
+// connection to a protocol other than WebSocket: h2c, say, whose
+// connection would then carry requests the relay never reads or checks.
+const ReasonUpgrade = "an upgrade to a protocol other than WebSocket"
+
+// upgradeRefused reports whether a request's header asks to upgrade its
+// connection (Connection: upgrade) to anything but WebSocket alone.
+func upgradeRefused(h http.Header) bool {
+	asked := false
+	for _, v := range h.Values("Connection") {
+		for tok := range strings.SplitSeq(v, ",") {
+			asked = asked || strings.EqualFold(strings.TrimSpace(tok), "upgrade")
+		}
+	}
+	up := h.Values("Upgrade")
+	return asked && len(up) > 0 && (len(up) != 1 || !strings.EqualFold(strings.TrimSpace(up[0]), "websocket"))
+}
+
 // maxAuditPath bounds the path a Record keeps.
 const maxAuditPath = 256
 
@@ -169,6 +188,9 @@ func (p *Proxy) relayHandler(host string, port int, transport http.RoundTripper,
 		rec := Record{TaskID: p.taskID, Method: clipString(r.Method, maxAuditMethod), Host: host, Port: port, Start: p.opts.Now(),
 			Path: clipString(r.URL.Path, maxAuditPath)}
 		t, reason := route(r)
+		if reason == "" && upgradeRefused(r.Header) {
+			reason = ReasonUpgrade
+		}
 		if reason != "" {
 			rec.Reason, rec.Status = reason, http.StatusForbidden
 			p.finish(&rec)
@@ -198,6 +220,9 @@ func (p *Proxy) relayHandler(host string, port int, transport http.RoundTripper,
 				}
 			},
 			ModifyResponse: func(res *http.Response) error {
+				if res.StatusCode == http.StatusSwitchingProtocols {
+					return nil // the connection itself, counted as sw's (Hijack)
+				}
 				answer = &countingReader{r: res.Body}
 				res.Body = answer
 				return nil
@@ -221,7 +246,8 @@ func (p *Proxy) relayHandler(host string, port int, transport http.RoundTripper,
 		// Recorded also when the answer breaks off midway, which the
 		// reverse proxy ends by panicking with http.ErrAbortHandler.
 		defer func() {
-			rec.Status, rec.BytesUp, rec.BytesDown = sw.status, body.n, sw.n
+			up, down := sw.upgradedBytes()
+			rec.Status, rec.BytesUp, rec.BytesDown = sw.status, body.n+up, sw.n+down
 			rec.Address, _ = addr.Load().(string)
 			d, denied := asDenied(failed)
 			switch v := recover(); {
@@ -328,12 +354,39 @@ func clipString(s string, n int) string {
 }
 
 // statusWriter records the status, the body bytes written and the first
-// write that failed.
+// write that failed, and the bytes each way of a connection upgraded
+// (Hijack).
 type statusWriter struct {
 	http.ResponseWriter
-	status int
-	n      int64
-	err    error
+	status   int
+	n        int64
+	err      error
+	upgraded *countingConn // the sandbox's side, once hijacked
+}
+
+// Hijack hands the sandbox's connection to the reverse proxy, which takes
+// it for an upgrade the API accepted (101 Switching Protocols: a
+// WebSocket) and copies bytes both ways until either side ends; they are
+// counted as the request's.
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	if w.status == 0 {
+		w.status = http.StatusSwitchingProtocols
+	}
+	w.upgraded = &countingConn{Conn: c}
+	return w.upgraded, brw, nil
+}
+
+// upgradedBytes are the bytes read from the sandbox and written to it
+// over the upgraded connection (none if there was none).
+func (w *statusWriter) upgradedBytes() (up, down int64) {
+	if w.upgraded == nil {
+		return 0, 0
+	}
+	return w.upgraded.read.Load(), w.upgraded.written.Load()
 }
 
 func (w *statusWriter) WriteHeader(code int) {

@@ -286,3 +286,113 @@ func TestModelRelayRecordsAnAnswerLeft(t *testing.T) {
 		t.Errorf("record %+v: want why the answer broke off", rec)
 	}
 }
+
+// wsEcho is a model API's WebSocket endpoint: it answers an upgrade to
+// websocket with 101 and then sends back each line it reads, upper-cased.
+func wsEcho(w http.ResponseWriter, r *http.Request) {
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		http.Error(w, "want a websocket upgrade", http.StatusBadRequest)
+		return
+	}
+	c, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+	for {
+		line, err := brw.ReadString('\n')
+		if err != nil {
+			return
+		}
+		io.WriteString(c, strings.ToUpper(line))
+	}
+}
+
+// TestModelRelayUpgradesToWebSocket: an agent that speaks WebSocket to its
+// model API (a Realtime API, an agent's streaming session) gets the
+// API's 101 through the relay, with the server's key added to the
+// handshake and the sandbox's credentials removed, over TLS too (where
+// the API offers HTTP/2, the handshake goes over HTTP/1.1); then bytes
+// flow both ways until the sandbox closes, and the record says 101 and
+// counts them.
+func TestModelRelayUpgradesToWebSocket(t *testing.T) {
+	for _, overTLS := range []bool{false, true} {
+		t.Run(map[bool]string{false: "http", true: "https"}[overTLS], func(t *testing.T) {
+			got := make(chan http.Header, 1)
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got <- r.Header.Clone()
+				wsEcho(w, r)
+			}))
+			var opts Options
+			if overTLS {
+				srv.EnableHTTP2 = true
+				srv.StartTLS()
+				opts.RootCAs = x509.NewCertPool()
+				opts.RootCAs.AddCert(srv.Certificate())
+			} else {
+				srv.Start()
+			}
+			t.Cleanup(srv.Close)
+			sock, recs := MustProxy(t, Policy{Models: []Model{mustModel(t, srv.URL+"/v1", "Authorization", "Bearer sk-real")}}, opts)
+			req, _ := http.NewRequest("GET", "http://x/realtime", nil)
+			req.Header.Set("Connection", "Upgrade")
+			req.Header.Set("Upgrade", "websocket")
+			req.Header.Set("Authorization", "Bearer placeholder")
+			client := modelClient(t, sock, 0)
+			client.Timeout = 0 // its timer's body would hide the connection's Write
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != http.StatusSwitchingProtocols {
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				t.Fatalf("upgrade answered %s %q, want 101", resp.Status, body)
+			}
+			if h := <-got; h.Get("Authorization") != "Bearer sk-real" || len(h.Values("Authorization")) != 1 {
+				t.Errorf("the handshake reached the API with Authorization %q, want the server's key alone", h.Values("Authorization"))
+			}
+			conn := resp.Body.(io.ReadWriteCloser)
+			br := bufio.NewReader(conn)
+			for _, line := range []string{"hello\n", "again\n"} {
+				io.WriteString(conn, line)
+				back, err := br.ReadString('\n')
+				if err != nil || back != strings.ToUpper(line) {
+					t.Fatalf("sent %q over the upgraded connection, read back %q, %v", line, back, err)
+				}
+			}
+			conn.Close()
+			rec := recs.next(t)
+			if !rec.Allowed || rec.Status != http.StatusSwitchingProtocols || !rec.Credential || rec.Path != "/realtime" || rec.BytesUp != 12 || rec.BytesDown != 12 || rec.Error != "" {
+				t.Errorf("record %+v: want the upgrade, allowed, 101, with the key, 12 bytes each way", rec)
+			}
+		})
+	}
+}
+
+// TestModelRelayRefusesOtherUpgrades: an upgrade to anything but WebSocket
+// (h2c, whose connection would then carry requests for any path of the
+// API, unchecked) is refused and never reaches the API.
+func TestModelRelayRefusesOtherUpgrades(t *testing.T) {
+	srv, got := modelServer(t, false, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "asked") })
+	sock, recs := MustProxy(t, Policy{Models: []Model{mustModel(t, srv.URL, "x-api-key", "k")}}, Options{})
+	for _, up := range []string{"h2c", "websocket, h2c", "tls/1.0"} {
+		req, _ := http.NewRequest("GET", "http://x/v1/models", nil)
+		req.Header.Set("Connection", "Upgrade, HTTP2-Settings")
+		req.Header.Set("Upgrade", up)
+		resp, err := modelClient(t, sock, 0).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if rec := recs.next(t); resp.StatusCode != http.StatusForbidden || rec.Allowed || rec.Reason != ReasonUpgrade {
+			t.Errorf("Upgrade: %s answered %s, record %+v; want 403 for %q", up, resp.Status, rec, ReasonUpgrade)
+		}
+	}
+	select {
+	case s := <-got:
+		t.Errorf("a refused upgrade reached the API: %+v", s)
+	default:
+	}
+}
