@@ -542,6 +542,17 @@ func OOMKills(dirs []string) (n int64, ok bool) {
 	return 0, false
 }
 
+// KilledInSave adds to err, a checkpoint's failure, that the sandbox's
+// memory cgroup OOM-killed some of its processes while it was saved, if
+// its OOMKills count (in dirs) grew past before: a sentry killed
+// mid-save leaves runsc only an EOF to say.
+func KilledInSave(err error, dirs []string, before int64) error {
+	if n, ok := OOMKills(dirs); ok && n > before {
+		return fmt.Errorf("%w (the sandbox's memory cgroup OOM-killed %d of its processes: its memory limit was reached while it was saved, the room the save gets above it included)", err, n-before)
+	}
+	return err
+}
+
 // Failcnt returns the v1 memory.failcnt of the sandbox's memory cgroup: how
 // often usage hit the limit. It is a rough stand-in for OOMKills on kernels
 // older than 4.13, where usage at the limit mostly ends in an OOM kill.

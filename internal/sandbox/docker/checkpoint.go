@@ -77,8 +77,16 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	// A checkpoint a Restore left (one cut short before removing it):
 	// the engine refuses to make another of the same name.
 	r.cli.CheckpointRemove(ctx, c.ID, client.CheckpointRemoveOptions{CheckpointID: checkpointID})
-	putBack := r.roomToSave(id, c)
+	mem, err := r.memoryOf(c)
+	if err != nil {
+		r.log.Warn("cannot find the memory cgroup of a sandbox to checkpoint", logkey.SandboxID, id, logkey.Error, err)
+	}
+	oomBefore, _ := cgroups.OOMKills(mem)
+	putBack := r.roomToSave(id, mem)
 	if _, err := r.cli.CheckpointCreate(ctx, c.ID, client.CheckpointCreateOptions{CheckpointID: checkpointID, Exit: true}); err != nil {
+		// Read at once: the container's cgroup goes once the engine
+		// has seen it end (the words are then runsc's alone).
+		err = cgroups.KilledInSave(err, mem, oomBefore)
 		// runsc ends a sandbox whose checkpoint failed (one of its
 		// processes held a connection to a host socket, say), as Status
 		// then says; one that runs on is woken, its limit put back.
@@ -116,15 +124,12 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 // starts the container again, restored, with its own limit. It returns
 // how to put the limit back; a container whose cgroup is not found is
 // left as it is.
-func (r *Runtime) roomToSave(id string, c container.InspectResponse) (putBack func() error) {
+func (r *Runtime) roomToSave(id string, dirs []string) (putBack func() error) {
 	noop := func() error { return nil }
-	if c.State == nil || c.State.Pid <= 0 {
+	if len(dirs) == 0 {
 		return noop
 	}
-	dirs, err := cgroups.MemoryOf("/sys/fs/cgroup", c.State.Pid)
-	if err == nil {
-		err = os.MkdirAll(filepath.Dir(r.raisedRecord(id)), 0o700)
-	}
+	err := os.MkdirAll(filepath.Dir(r.raisedRecord(id)), 0o700)
 	if err == nil {
 		putBack, err = cgroups.RaiseMemory(dirs, r.raisedRecord(id))
 	}
@@ -133,6 +138,15 @@ func (r *Runtime) roomToSave(id string, c container.InspectResponse) (putBack fu
 		return noop
 	}
 	return putBack
+}
+
+// memoryOf returns the memory cgroup of container c, found from its
+// process: the engine is on this host, its cgroups under /sys/fs/cgroup.
+func (r *Runtime) memoryOf(c container.InspectResponse) ([]string, error) {
+	if c.State == nil || c.State.Pid <= 0 {
+		return nil, errors.New("the container has no process")
+	}
+	return cgroups.MemoryOf("/sys/fs/cgroup", c.State.Pid)
 }
 
 // Restore starts checkpointed sandbox spec.ID's container again from its

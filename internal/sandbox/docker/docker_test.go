@@ -459,7 +459,11 @@ func TestRecoverPutsTheRaiseBack(t *testing.T) {
 	defer cancel()
 	sp, c, m := upContainer(ctx, t, r, "head -c 8m /dev/zero > /tmp/ballast")
 	before, _ := os.ReadFile(m.limit)
-	r.roomToSave(sp.ID, c) // what Checkpoint does first; then its server is killed
+	mem, err := r.memoryOf(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.roomToSave(sp.ID, mem) // what Checkpoint does first; then its server is killed
 	if raised, _ := os.ReadFile(m.limit); string(raised) == string(before) {
 		t.Fatalf("the limit was not raised: %s", raised)
 	}
@@ -545,4 +549,52 @@ func upContainer(ctx context.Context, t *testing.T, r *Runtime, first string) (s
 		m.limit, m.usage = filepath.Join(dirs[0], "memory.max"), filepath.Join(dirs[0], "memory.current")
 	}
 	return sp, c, m
+}
+
+// TestCheckpointOOMSaysSo: a container under runsc whose memory cgroup
+// kills its sentry while the engine saves it (its limit lowered to what it
+// uses once the save has its room, and its processes first in line for
+// the OOM killer) fails its checkpoint, and the error says the memory
+// limit did it, not only runsc's EOF, as the gvisor runtime's does.
+func TestCheckpointOOMSaysSo(t *testing.T) {
+	testenv.RequireDockerCheckpoints(t)
+	r := mustNew(t, "runsc", sandboxtest.NewID(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sp, _, m := upContainer(ctx, t, r, "head -c 48m /dev/zero | tr '\\0' x > /tmp/ballast")
+	procs, _ := os.ReadFile(filepath.Join(m.dir, "cgroup.procs"))
+	for _, pid := range strings.Fields(string(procs)) {
+		os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte("1000"), 0)
+	}
+	limit, _ := os.ReadFile(m.limit)
+	// Once the save has its room (roomToSave raises the limit), the limit
+	// goes back down to what the container uses.
+	stop := make(chan struct{})
+	lowered := make(chan bool, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				lowered <- false
+				return
+			default:
+			}
+			if now, err := os.ReadFile(m.limit); err == nil && string(now) != string(limit) {
+				b, _ := os.ReadFile(m.usage)
+				n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+				lowered <- os.WriteFile(m.limit, []byte(strconv.FormatInt(n+(1<<20), 10)), 0) == nil
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	err := r.Checkpoint(ctx, sp.ID, t.TempDir())
+	close(stop)
+	if !<-lowered {
+		t.Fatal("the limit was not lowered during the save")
+	}
+
+	if err == nil || !strings.Contains(err.Error(), "its memory limit was reached while it was saved") {
+		t.Errorf("checkpoint of a container OOM-killed in its save: %v, want an error naming the limit", err)
+	}
 }

@@ -565,12 +565,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 				r.log.Warn("cannot put the memory limit of a sandbox whose checkpoint failed back", logkey.SandboxID, id, logkey.Error, err)
 			}
 		}
-		// A sentry killed mid-save leaves runsc only an EOF: the
-		// memory cgroup says whether its limit did it.
-		if n, _ := cgroups.OOMKills(e.St.Cgroups); n > oomBefore {
-			err = fmt.Errorf("%w (the sandbox's memory cgroup OOM-killed %d of its processes: its memory limit was reached while it was saved, the room the save gets above it included)", err, n-oomBefore)
-		}
-		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
+		return fmt.Errorf("checkpoint sandbox %s: %w", id, cgroups.KilledInSave(err, e.St.Cgroups, oomBefore))
 	}
 	saved := time.Now()
 	if err := e.WaitExit(ctx); err != nil {
