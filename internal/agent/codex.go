@@ -24,10 +24,15 @@ import (
 type codexAdapter struct{}
 
 // codexSetup is the shell run before the CLI: "$@" is the CLI's argv up
-// to the prompt argument, which the script adds last.
+// to the prompt argument, which the script adds last. The provider's
+// options go right after the subcommand, before the adapter's flags and
+// agents.codex.args, whose -c options so come later and win: `-c
+// model_providers.corral.supports_websockets=true` there turns on the
+// CLI's WebSocket transport to the Responses API, through the relay.
 const codexSetup = `if [ -n "$OPENAI_BASE_URL" ]; then
 case "$OPENAI_BASE_URL" in *'"'*|*'\'*) echo "codex: OPENAI_BASE_URL must not contain quotes or backslashes" >&2; exit 64;; esac
-set -- "$@" -c "model_providers.corral={name=\"corral\",base_url=\"$OPENAI_BASE_URL\",env_key=\"OPENAI_API_KEY\",wire_api=\"responses\"}" -c model_provider=corral
+bin=$1 sub=$2; shift 2
+set -- "$bin" "$sub" -c "model_providers.corral={name=\"corral\",base_url=\"$OPENAI_BASE_URL\",env_key=\"OPENAI_API_KEY\",wire_api=\"responses\"}" -c model_provider=corral "$@"
 fi
 exec "$@" -`
 

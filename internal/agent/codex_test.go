@@ -23,10 +23,12 @@ func TestCodexPrepare(t *testing.T) {
 }
 
 // TestCodexSetupScript runs the setup shell with a stand-in CLI: with
-// OPENAI_BASE_URL it adds the provider options, without it nothing, and
-// the prompt argument "-" comes last either way.
+// OPENAI_BASE_URL it adds the provider options right after the
+// subcommand, before the adapter's flags and the configured arguments
+// (whose -c options so win), without it nothing, and the prompt argument
+// "-" comes last either way.
 func TestCodexSetupScript(t *testing.T) {
-	p := mustPrepare(t, "codex", Invocation{Binary: "/usr/bin/printf", Model: "m"})
+	p := mustPrepare(t, "codex", Invocation{Binary: "/usr/bin/printf", Model: "m", ExtraArgs: []string{"-c", "model_providers.corral.supports_websockets=true"}})
 	// printf's format is "exec": print it, then one argument a line.
 	p.Args[4], p.Args[5] = "/usr/bin/printf", "%s\\n"
 	run := func(env ...string) (string, error) {
@@ -39,15 +41,16 @@ func TestCodexSetupScript(t *testing.T) {
 	if err != nil {
 		t.Fatal(err, out)
 	}
-	if want := "--json\n--dangerously-bypass-approvals-and-sandbox\n--skip-git-repo-check\n--color\nnever\n--model\nm\n-\n"; out != want {
-		t.Errorf("without a base URL: %q, want %q", out, want)
+	flags := "--json\n--dangerously-bypass-approvals-and-sandbox\n--skip-git-repo-check\n--color\nnever\n--model\nm\n-c\nmodel_providers.corral.supports_websockets=true\n-\n"
+	if out != flags {
+		t.Errorf("without a base URL: %q, want %q", out, flags)
 	}
 	out, err = run("OPENAI_BASE_URL=http://127.0.0.2:9/v1")
 	if err != nil {
 		t.Fatal(err, out)
 	}
-	if want := "-c\nmodel_providers.corral={name=\"corral\",base_url=\"http://127.0.0.2:9/v1\",env_key=\"OPENAI_API_KEY\",wire_api=\"responses\"}\n-c\nmodel_provider=corral\n-\n"; !strings.HasSuffix(out, want) {
-		t.Errorf("with a base URL: %q, want the suffix %q", out, want)
+	if want := "-c\nmodel_providers.corral={name=\"corral\",base_url=\"http://127.0.0.2:9/v1\",env_key=\"OPENAI_API_KEY\",wire_api=\"responses\"}\n-c\nmodel_provider=corral\n" + flags; out != want {
+		t.Errorf("with a base URL: %q, want %q", out, want)
 	}
 	if out, err := run(`OPENAI_BASE_URL=http://x/"]`); err == nil || !strings.Contains(out, "must not contain quotes") {
 		t.Errorf("a quote in the URL: %v %q", err, out)
