@@ -619,8 +619,8 @@ type Agent struct {
 	// Binary is the agent's program, looked up inside the sandbox. It
 	// defaults to the agent's name.
 	Binary string `yaml:"binary"`
-	// Args are extra arguments appended to the adapter's own (after its
-	// flags; for command, after the task's argv).
+	// Args are extra arguments appended to the adapter's own, after its
+	// flags (not for command, whose argv is the task's).
 	Args []string `yaml:"args"`
 	// Env is added to the agent's environment. Values may be secrets:
 	// never log them.

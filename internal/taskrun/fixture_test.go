@@ -47,8 +47,8 @@ func MustNew(tb testing.TB, edit ...func(*Options)) *fixture {
 	opts := Options{
 		Store: store, Tasks: tasks, Data: data,
 		Agents: map[string]workerproto.AgentConfig{
-			task.AgentClaude:  {Binary: "/usr/local/bin/claude", Env: []string{"ANTHROPIC_API_KEY=k"}, SandboxEnv: []string{"ANTHROPIC_API_KEY=placeholder"}},
-			task.AgentCommand: {},
+			task.AgentClaude:  {Binary: "/usr/local/bin/claude", Args: []string{"--verbose"}, Env: []string{"ANTHROPIC_API_KEY=k"}, SandboxEnv: []string{"ANTHROPIC_API_KEY=placeholder"}},
+			task.AgentCommand: {Args: []string{"--not-for-a-command"}},
 		},
 		Worker:      WorkerOptions{BinDir: data.HostPath("run", "bin"), SocketDir: data.HostPath("run", "sock"), Secret: testSecret},
 		Verifier:    webhook.NewVerifier(testSecret, 0, nil),

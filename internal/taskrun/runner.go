@@ -111,8 +111,8 @@ func (o *Runner) prepare(ctx context.Context, t task.Task) (sandbox.Spec, error)
 			return sandbox.Spec{}, fmt.Errorf("task %s: a task on the %s runtime cannot work through a session (its agent would reach the session over this server's unix socket, which a pod has not): %w", t.ID, t.Runtime, errdefs.ErrFailedPrecondition)
 		}
 	}
-	if ag.Binary != "" && t.Agent != task.AgentCommand {
-		args.Binary = ag.Binary
+	if t.Agent != task.AgentCommand { // a command task's argv is its own
+		args.Binary, args.AgentArgs = ag.Binary, ag.Args
 	}
 	var project workspace.Project
 	if t.Workspace != "" {

@@ -48,8 +48,8 @@ func TestPrepare(t *testing.T) {
 	if n := len(spec.Command); n < 4 || !slices.Equal(spec.Command[n-4:], []string{"--", "sh", "-c", "echo hi"}) {
 		t.Errorf("argv %q, want it to end with -- sh -c 'echo hi'", spec.Command)
 	}
-	if slices.Contains(spec.Command, "--agent-binary") {
-		t.Errorf("argv %q has --agent-binary for the command agent", spec.Command)
+	if slices.Contains(spec.Command, "--agent-binary") || slices.Contains(spec.Command, "--agent-arg") {
+		t.Errorf("argv %q has --agent-binary or --agent-arg for the command agent", spec.Command)
 	}
 	wantKey := "CORRAL_WEBHOOK_KEY=" + hex.EncodeToString(webhook.DeriveKey(testSecret, cmdTask.ID))
 	if !slices.Contains(spec.Env, wantKey) || !slices.Contains(spec.Env, "CORRAL_TASK_ID="+cmdTask.ID) {
@@ -73,7 +73,7 @@ func TestPrepare(t *testing.T) {
 		t.Fatal(err)
 	}
 	argv := strings.Join(spec.Command, " ")
-	if !strings.Contains(argv, "--agent claude --agent-binary /usr/local/bin/claude --model claude-opus-4") || slices.Contains(spec.Command, "--") {
+	if !strings.Contains(argv, "--agent claude --agent-binary /usr/local/bin/claude --agent-arg --verbose --model claude-opus-4") || slices.Contains(spec.Command, "--") {
 		t.Errorf("claude argv %q", argv)
 	}
 	// The sandbox gets the agent's SandboxEnv, never its Env.

@@ -22,7 +22,6 @@ const DefaultMaxOutputFiles = 1000
 // the command line and the environment; tests fill them in.
 type Options struct {
 	workerproto.Args
-	ExtraArgs []string // appended to the agent's arguments
 
 	WebhookKey []byte // webhook.DeriveKey(secret, TaskID)
 	// Image is the image the sandbox runs (CORRAL_IMAGE); "" for a sandbox

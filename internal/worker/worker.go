@@ -225,7 +225,7 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 		Model:      r.opts.Model,
 		Command:    r.opts.Command,
 		Binary:     r.opts.Binary,
-		ExtraArgs:  r.opts.ExtraArgs,
+		ExtraArgs:  r.opts.AgentArgs,
 		Resume:     r.opts.Resume,
 		Continue:   r.opts.Continue,
 	}

@@ -32,6 +32,7 @@ type Args struct {
 	Agent      string   // adapter name; the worker picks one when empty
 	Model      string   // passed to the agent
 	Binary     string   // overrides the agent's binary
+	AgentArgs  []string // appended to the adapter's arguments (agents.NAME.args)
 	Resume     string   // an agent session to continue (claude --resume)
 	Continue   bool     // continue the agent's last conversation in WorkDir (claude --continue)
 	WorkDir    string   // where the agent runs; default TaskDir
@@ -81,6 +82,9 @@ func (a Args) Argv() []string {
 	str("source", a.Source)
 	str("agent", a.Agent)
 	str("agent-binary", a.Binary)
+	for _, v := range a.AgentArgs {
+		argv = append(argv, "--agent-arg", v) // "" too: an argument of its own
+	}
 	str("model", a.Model)
 	str("resume", a.Resume)
 	str("work-dir", a.WorkDir)
@@ -121,6 +125,10 @@ func ParseArgs(argv []string) (Args, error) {
 	fs.StringVar(&a.Agent, "agent", "", "the agent: claude, gemini, codex, opencode or command (default command when argv follows --, else claude)")
 	fs.StringVar(&a.Model, "model", "", "the model to ask the agent for")
 	fs.StringVar(&a.Binary, "agent-binary", "", "the agent's binary, if not its default name")
+	fs.Func("agent-arg", "an argument appended to the agent's (repeatable, in order)", func(s string) error {
+		a.AgentArgs = append(a.AgentArgs, s)
+		return nil
+	})
 	fs.StringVar(&a.Resume, "resume", "", "the agent session to continue (claude)")
 	fs.StringVar(&a.WorkDir, "work-dir", "", "where the agent runs (default TASK_DIR): a workspace task's project")
 	fs.BoolVar(&a.Continue, "continue", false, "continue the agent's last conversation in the work dir (claude)")

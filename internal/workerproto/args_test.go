@@ -12,7 +12,7 @@ import (
 func TestArgvParsesBack(t *testing.T) {
 	full := Args{
 		TaskID: "task-1", TaskDir: "/task", PromptPath: "/task/prompt.md", Agent: "claude", Model: "opus",
-		Binary: "/usr/local/bin/claude", Resume: "sess-1", WebhookURL: "unix:///run/corral/sock/corral.sock", Source: "gvisor",
+		Binary: "/usr/local/bin/claude", AgentArgs: []string{"-c", "model_providers.corral.supports_websockets=true", "", "--"}, Resume: "sess-1", WebhookURL: "unix:///run/corral/sock/corral.sock", Source: "gvisor",
 		EgressSocket: "/run/corral/egress/proxy.sock", EgressListen: "127.0.0.1:3129",
 		EgressForward: []string{"127.0.0.1:8080", "[::1]:11434"}, MaxLogBytes: 1 << 20, Grace: 3 * time.Second,
 	}
