@@ -1,6 +1,7 @@
 package agenttest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -52,7 +53,10 @@ type endpoint[R any] struct {
 	URL  string // http://Addr and the provider's base path, for the agent's base URL
 	Addr string // host:port, for an egress allowlist
 
-	opts  Options[R]
+	opts Options[R]
+	// ctx ends when the endpoint stops: connections the server no longer
+	// tracks (upgraded to a WebSocket) end with it.
+	ctx   context.Context
 	mu    sync.Mutex
 	next  int
 	reqs  []R
@@ -73,9 +77,14 @@ func (e *endpoint[R]) start(tb testing.TB, name string, opts Options[R], basePat
 	if err != nil {
 		tb.Fatalf("listen for the %s endpoint: %v", name, err)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.ctx = ctx
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
-	tb.Cleanup(func() { srv.Close() })
+	tb.Cleanup(func() {
+		srv.Close()
+		cancel()
+	})
 	e.Addr = ln.Addr().String()
 	e.URL = "http://" + e.Addr + basePath
 }
@@ -179,11 +188,17 @@ func eventStream(w http.ResponseWriter) func(typ string, data map[string]any) {
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
 	return func(typ string, data map[string]any) {
-		data["type"] = typ
-		b, _ := json.Marshal(data)
-		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, b)
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, eventJSON(typ, data))
 		if fl != nil {
 			fl.Flush()
 		}
 	}
+}
+
+// eventJSON is an event of type typ as the API streams it: data, with
+// "type" set to typ, as JSON.
+func eventJSON(typ string, data map[string]any) []byte {
+	data["type"] = typ
+	b, _ := json.Marshal(data)
+	return b
 }

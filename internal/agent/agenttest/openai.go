@@ -21,15 +21,26 @@ type OpenAIRequest struct {
 	// the input (what the CLI's tool gave back to the model), as JSON,
 	// clipped to 2 KiB: "" if there is none.
 	LastOutput string
+	// WebSocket says the request came as a response.create message over a
+	// WebSocket (GET .../responses upgraded), not as a POST. Such a request
+	// may continue the connection's previous response (previous_response_id),
+	// when Input counts only the items added since.
+	WebSocket bool
+	// Prewarm says the request was a response.create with "generate":
+	// false, with which Codex readies a WebSocket before the turn's first
+	// request: it is answered with a completed response without output, and
+	// is never main.
+	Prewarm bool
 }
 
 // OpenAIOptions configure an OpenAI endpoint; a reply's ToolCall Input is
 // sent as the call's JSON arguments.
 type OpenAIOptions = Options[OpenAIRequest]
 
-// OpenAI is a scripted OpenAI Responses API (POST /v1/responses, streamed
-// as server-sent events) on loopback. Its URL is http://ADDR/v1, for
-// OPENAI_BASE_URL.
+// OpenAI is a scripted OpenAI Responses API on loopback: POST
+// /v1/responses, streamed as server-sent events, and the same over a
+// WebSocket (GET /v1/responses upgraded; openai_ws.go). Its URL is
+// http://ADDR/v1, for OPENAI_BASE_URL.
 type OpenAI struct {
 	endpoint[OpenAIRequest]
 }
@@ -51,11 +62,20 @@ type responsesBody struct {
 		Type string `json:"type"`
 		Name string `json:"name"`
 	} `json:"tools"`
+	// Type is a WebSocket message's type ("response.create"); a POST's
+	// body has none.
+	Type string `json:"type"`
+	// Generate false asks for no output: a WebSocket's prewarm.
+	Generate *bool `json:"generate"`
 }
 
 func (o *OpenAI) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
 		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{}, "models": []any{}})
+		return
+	}
+	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/responses") {
+		o.serveWebSocket(w, r)
 		return
 	}
 	if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/responses") {
@@ -64,12 +84,29 @@ func (o *OpenAI) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	var body responsesBody
 	readBody(r, &body)
+	req := o.responsesRequest(r, body)
+	status, reply, n := o.answer(&req, &req.Request, req.Main)
+	if status != 0 {
+		writeOpenAIError(w, status)
+		return
+	}
+	responseEvents(body.Model, reply, n, eventStream(w))
+}
+
+// bearerKey is the key r carries as a bearer token, "" if none.
+func bearerKey(r *http.Request) string {
 	key, bearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !bearer {
-		key = ""
+		return ""
 	}
+	return key
+}
+
+// responsesRequest is what the endpoint records of a Responses request r with
+// body (a POST's body, or a response.create message of r's WebSocket).
+func (o *OpenAI) responsesRequest(r *http.Request, body responsesBody) OpenAIRequest {
 	req := OpenAIRequest{
-		Request: newRequest(r, body.Model, body.Stream, len(body.Tools) > 0, o.keyOK(key)),
+		Request: newRequest(r, body.Model, body.Stream, len(body.Tools) > 0, o.keyOK(bearerKey(r))),
 		Input:   len(body.Input),
 	}
 	for _, raw := range body.Input {
@@ -84,20 +121,15 @@ func (o *OpenAI) serve(w http.ResponseWriter, r *http.Request) {
 	for _, t := range body.Tools {
 		req.Tools = append(req.Tools, t.Name)
 	}
-
-	status, reply, n := o.answer(&req, &req.Request, req.Main)
-	if status != 0 {
-		writeOpenAIError(w, status)
-		return
-	}
-	streamResponses(w, body.Model, reply, n)
+	return req
 }
 
-// streamResponses writes reply as the Responses API's server-sent events:
+// responseEvents sends reply, the n-th response, as the Responses API
+// streams it, to event (server-sent events, or a WebSocket's messages):
 // response.created, per output item added/delta/done, response.completed.
-func streamResponses(w http.ResponseWriter, model string, reply Reply, n int) {
+func responseEvents(model string, reply Reply, n int, event func(typ string, data map[string]any)) {
 	in, out := reply.tokens()
-	event, seq := eventStream(w), 0
+	seq := 0
 	send := func(typ string, data map[string]any) {
 		data["sequence_number"] = seq
 		seq++
@@ -106,7 +138,7 @@ func streamResponses(w http.ResponseWriter, model string, reply Reply, n int) {
 	id := fmt.Sprintf("resp_%02d", n)
 	resp := map[string]any{"id": id, "object": "response", "created_at": time.Now().Unix(), "model": model, "status": "in_progress", "output": []any{}}
 	send("response.created", map[string]any{"response": resp})
-	var items []any
+	items := []any{}
 	if reply.Text != "" {
 		msgID := fmt.Sprintf("msg_%02d", n)
 		item := map[string]any{"type": "message", "id": msgID, "role": "assistant", "status": "in_progress", "content": []any{}}
@@ -146,13 +178,20 @@ func streamResponses(w http.ResponseWriter, model string, reply Reply, n int) {
 
 // writeOpenAIError answers with status and the API's error body.
 func writeOpenAIError(w http.ResponseWriter, status int) {
+	if status == http.StatusTooManyRequests {
+		w.Header().Set("Retry-After", "0")
+	}
+	writeJSON(w, status, map[string]any{"error": openAIError(status)})
+}
+
+// openAIError is the API's error object for an answer with status.
+func openAIError(status int) map[string]any {
 	typ, code, msg := "server_error", "server_error", "The server had an error while processing your request."
 	switch status {
 	case http.StatusUnauthorized:
 		typ, code, msg = "invalid_request_error", "invalid_api_key", "Incorrect API key provided."
 	case http.StatusTooManyRequests:
 		typ, code, msg = "rate_limit_exceeded", "rate_limit_exceeded", "Rate limit reached for requests."
-		w.Header().Set("Retry-After", "0")
 	}
-	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": code}})
+	return map[string]any{"message": msg, "type": typ, "param": nil, "code": code}
 }
