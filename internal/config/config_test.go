@@ -227,7 +227,7 @@ egress:
 agents:
   default: gemini
   gemini: {env: {GEMINI_API_KEY: literal-for-test}, args: [--yolo]}
-  command: {binary: /usr/bin/env}
+  codex: {binary: /opt/codex/bin/codex}
 notify:
   url: https://assistant.example/hooks/corral
   secret_file: /etc/corral/notify.key
@@ -258,7 +258,7 @@ shutdown: stop
 	want.Egress = Egress{Mode: "none", Allow: []string{"example.com", "*.example.org"}, TaskHosts: TaskHostsNarrow}
 	want.Agents.Default = "gemini"
 	want.Agents.Gemini = Agent{Binary: "gemini", Args: []string{"--yolo"}, Env: map[string]string{"GEMINI_API_KEY": "literal-for-test"}}
-	want.Agents.Command.Binary = "/usr/bin/env"
+	want.Agents.Codex.Binary = "/opt/codex/bin/codex"
 	want.Notify.URL, want.Notify.SecretFile, want.Notify.Events, want.Notify.MaxAttempts = "https://assistant.example/hooks/corral", "/etc/corral/notify.key", []string{"worker_completed"}, 5
 	want.Limits.MaxPromptBytes = mustSize("128KiB")
 	want.Limits.StopGrace = Duration(30 * time.Second)
@@ -724,6 +724,8 @@ func TestValidate(t *testing.T) {
 		{"agent env name", func(c *Config) { c.Agents.Claude.Env = map[string]string{"BAD-NAME": "x"} }, "agents.claude.env.BAD-NAME", "not a valid environment variable name"},
 		{"agent env NUL", func(c *Config) { c.Agents.Claude.Env = map[string]string{"K": "a\x00b"} }, "agents.claude.env.K", "NUL"},
 		{"agent arg NUL", func(c *Config) { c.Agents.Gemini.Args = []string{"ok", "a\x00"} }, "agents.gemini.args[1]", "NUL"},
+		{"command binary", func(c *Config) { c.Agents.Command.Binary = "/usr/bin/env" }, "agents.command.binary", "its own argv"},
+		{"command args", func(c *Config) { c.Agents.Command.Args = []string{"-v"} }, "agents.command.args", "its own argv"},
 		{"notify scheme", func(c *Config) { c.Notify.URL, c.Notify.SecretFile = "ftp://host/x", "/k" }, "notify.url", "http or https URL"},
 		{"notify no host", func(c *Config) { c.Notify.URL, c.Notify.SecretFile = "https:///x", "/k" }, "notify.url", "http or https URL"},
 		{"notify relative", func(c *Config) { c.Notify.URL, c.Notify.SecretFile = "/hooks", "/k" }, "notify.url", "http or https URL"},

@@ -374,6 +374,16 @@ func (v *validator) agents(a *Agents) {
 		ag, _ := a.Get(name)
 		p := "agents." + name
 		v.nonEmpty(p+".binary", ag.Binary)
+		if name == "command" {
+			// A command task runs the argv it was given: a binary or
+			// arguments here would change nothing, and say they did.
+			if ag.Binary != Default().Agents.Command.Binary {
+				v.add(p+".binary", "is not used: a command task runs its own argv; remove the key")
+			}
+			if len(ag.Args) > 0 {
+				v.add(p+".args", "is not used: a command task runs its own argv; remove the key")
+			}
+		}
 		for i, arg := range ag.Args {
 			if strings.ContainsRune(arg, 0) {
 				v.add(fmt.Sprintf("%s.args[%d]", p, i), "must not contain a NUL byte")
