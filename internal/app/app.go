@@ -256,10 +256,11 @@ func (a *App) open(ctx context.Context) error {
 			st, _, ok := a.tasks.Status(id)
 			return !ok || st.Terminal()
 		},
-		Quota:      sessionQuota{dirQuota},
-		AllowHooks: cfg.Workspaces.AllowHooks,
-		Retention:  time.Duration(w.TaskRetentionHours) * time.Hour,
-		Members:    a.members,
+		Quota:        sessionQuota{dirQuota},
+		AllowHooks:   cfg.Workspaces.AllowHooks,
+		Retention:    time.Duration(w.TaskRetentionHours) * time.Hour,
+		MinFreeBytes: cfg.Limits.MinFreeDisk.Bytes(),
+		Members:      a.members,
 	}, a.log.With("subsystem", "sessions"))
 	a.lib = library.New(library.Options{
 		Store:       a.store,

@@ -5,6 +5,7 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -16,7 +17,9 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/config"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/service"
+	"github.com/corral-dev/corral/internal/session"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -69,6 +72,10 @@ func TestFreeSpaceFloor(t *testing.T) {
 		c.Limits.MaxTaskDirBytes = mustSize(t, "1GiB")
 	})
 	ctx := context.Background()
+	made, err := s.client.CreateSession(ctx, session.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	filler := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "fill the disk", Agent: "command",
 		Command: []string{"sh", "-c", "dd if=/dev/zero of=output/big bs=1M count=1000"}})
 	// The floor is polled: a filler faster than the polls, on a busy
@@ -89,6 +96,14 @@ func TestFreeSpaceFloor(t *testing.T) {
 	}
 	if _, err := s.client.WriteWorkspace(ctx, "notes.txt", []byte("x")); err == nil || !strings.Contains(err.Error(), "min_free_disk") {
 		t.Errorf("write to shared/ below the floor: %v, want refused naming the floor", err)
+	}
+	// A session is new work too, and each fork a copy of its source's
+	// files.
+	if _, err := s.client.CreateSession(ctx, session.CreateRequest{}); !errors.Is(err, errdefs.ErrNoSpace) || !strings.Contains(err.Error(), "min_free_disk") {
+		t.Errorf("a session made below the floor: %v, want refused naming the floor", err)
+	}
+	if _, err := s.client.Sessions().Fork(ctx, made.SessionID, 1); !errors.Is(err, errdefs.ErrNoSpace) || !strings.Contains(err.Error(), "min_free_disk") {
+		t.Errorf("a fork below the floor: %v, want refused naming the floor", err)
 	}
 
 	if err := os.Remove(filepath.Join(data, "tasks", filler.ID, "output", "big")); err != nil {

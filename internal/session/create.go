@@ -25,6 +25,9 @@ import (
 // Create starts a session's sandbox and records it. It returns the session
 // and its token, which is shown once and stored only hashed.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (Session, string, error) {
+	if err := m.opts.Data.CheckFreeSpace(m.opts.MinFreeBytes); err != nil {
+		return Session{}, "", err
+	}
 	ctx, cancel := detach(ctx)
 	defer cancel()
 	return m.create(ctx, req, createFrom{})

@@ -59,6 +59,10 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) (service.Sessi
 	if count < 1 || count > MaxForks {
 		return service.SessionFork{}, errdefs.Field("count", fmt.Sprintf("must be between 1 and %d", MaxForks))
 	}
+	// Each fork copies the source's files: none starts below the floor.
+	if err := m.opts.Data.CheckFreeSpace(m.opts.MinFreeBytes); err != nil {
+		return service.SessionFork{}, err
+	}
 	ctx, end := m.begin(ctx, id)
 	defer end()
 	s, err := m.get(id)

@@ -120,6 +120,10 @@ type Options struct {
 	Limits sandbox.Limits
 	// MaxSessions bounds the sessions that run at once (429 past it).
 	MaxSessions int
+	// MinFreeBytes is the data root's free-space floor (limits.
+	// min_free_disk): below it no session is made or forked, as no task
+	// is spawned; 0: none.
+	MinFreeBytes int64
 	// IdleAction is what becomes of an idle session: IdleSuspend suspends
 	// it, IdleDelete ends it, IdleAuto (and "") suspends it where its
 	// runtime keeps its memory and ends it elsewhere.
