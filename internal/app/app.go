@@ -260,6 +260,7 @@ func (a *App) open(ctx context.Context) error {
 		AllowHooks:   cfg.Workspaces.AllowHooks,
 		Retention:    time.Duration(w.TaskRetentionHours) * time.Hour,
 		MinFreeBytes: cfg.Limits.MinFreeDisk.Bytes(),
+		StopGrace:    time.Duration(cfg.Limits.StopGrace),
 		Members:      a.members,
 	}, a.log.With("subsystem", "sessions"))
 	a.lib = library.New(library.Options{

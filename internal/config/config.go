@@ -105,12 +105,11 @@ type Config struct {
 	// does with the sandboxes it runs: leave (the default) leaves them
 	// running for the next start, or another replica, to reattach; stop
 	// ends each task it was starting or running as cancelled (reason
-	// shutdown; the notification goes out once a server leads again),
-	// its sandbox stopped with limits.stop_grace and destroyed, and each
-	// session it runs (session_ended, reason shutdown), its sandbox
-	// destroyed at once (its commands killed, as a session's delete does),
-	// all within stop_grace and 10 s; queued tasks stay queued and
-	// suspended sessions suspended. Warm sandboxes go at every stop. A kill (SIGKILL, OOM, a
+	// shutdown; the notification goes out once a server leads again) and
+	// each session it runs (session_ended, reason shutdown), their
+	// sandboxes stopped with limits.stop_grace and destroyed, all within
+	// stop_grace and 10 s; queued tasks stay queued and suspended sessions
+	// suspended. Warm sandboxes go at every stop. A kill (SIGKILL, OOM, a
 	// crash) leaves everything running whatever this says. On several
 	// servers a replica with stop ends its own and hands nothing over.
 	Shutdown string `yaml:"shutdown"`
@@ -728,8 +727,9 @@ type Limits struct {
 	MinFreeDisk Size `yaml:"min_free_disk"`
 	// WebhookMaxSkew is how old a worker's signed webhook may be.
 	WebhookMaxSkew Duration `yaml:"webhook_max_skew"`
-	// StopGrace is the time from SIGTERM to SIGKILL when a task's sandbox
-	// is stopped (a session's ends with its commands killed at once).
+	// StopGrace is the time from SIGTERM to SIGKILL when a sandbox is
+	// stopped: a task's cancelled, a session's ended (its commands get
+	// the SIGTERM).
 	StopGrace Duration `yaml:"stop_grace"`
 	// APIRate and APIBurst are a token bucket per caller of the API and
 	// MCP: each API token (with none configured, the local caller) and

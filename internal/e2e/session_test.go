@@ -1565,3 +1565,50 @@ func forkServerKilled(t *testing.T, rt memoryRuntime, count int) {
 		t.Errorf("the source's making mark: %v; want it gone once recorded", err)
 	}
 }
+
+// TestSessionEndStopsItsCommands: a session's end gives its running
+// commands SIGTERM and limits.stop_grace before it kills them, as a
+// task's cancel gives its agent: a command that cleans up on SIGTERM (a
+// server flushing its files) does, on each runtime. The session works in
+// a workspace, which outlives its delete. They were killed at once.
+func TestSessionEndStopsItsCommands(t *testing.T) {
+	for _, rt := range sessionRuntimes {
+		t.Run(rt.name, func(t *testing.T) {
+			t.Parallel()
+			rt.require(t)
+			s := MustStart(t, func(c *config.Config) {
+				rt.config(t)(c)
+				c.Limits.StopGrace = config.Duration(20 * time.Second)
+			})
+			ctx := context.Background()
+			if _, err := s.client.CreateProject(ctx, service.CreateProjectRequest{Name: "app"}); err != nil {
+				t.Fatal(err)
+			}
+			created, err := s.client.CreateSession(ctx, session.CreateRequest{Runtime: rt.runtime, Workspace: "app"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := filepath.Join(s.data, "projects", "app")
+			if _, err := s.client.Sessions().StartExec(ctx, created.SessionID, service.SessionCommand{
+				Shell: "trap 'echo flushed > flushed; exit 0' TERM; touch up; while :; do sleep 0.1; done",
+			}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the command up", func() bool {
+				_, err := os.Stat(filepath.Join(dir, "up"))
+				return err == nil
+			})
+			start := time.Now()
+			if _, err := s.client.DeleteSession(ctx, created.SessionID); err != nil {
+				t.Fatal(err)
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, "flushed")); err != nil || string(b) != "flushed\n" {
+				t.Errorf("after the delete the command's SIGTERM handler wrote %q, %v; want it run", b, err)
+			}
+			// It ended on its SIGTERM, well within the grace.
+			if took := time.Since(start); took > 15*time.Second {
+				t.Errorf("the delete took %v", took)
+			}
+		})
+	}
+}

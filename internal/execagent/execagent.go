@@ -110,7 +110,7 @@ func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), 
 	const first = 10 * time.Millisecond
 	delay := first
 	a := &agent{env: env, execs: map[string]*command{}}
-	defer a.killAll()
+	defer a.stopAll(stopWait)
 	wake := make(chan os.Signal, 1)
 	signal.Notify(wake, syscall.SIGCONT)
 	defer signal.Stop(wake)
@@ -146,6 +146,11 @@ func Run(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), 
 	}
 	return nil
 }
+
+// stopWait bounds how long a stopping agent waits for its commands to end
+// after their SIGTERM; the sandbox's runtime kills everything once its
+// grace (limits.stop_grace) is over, mostly sooner.
+const stopWait = time.Minute
 
 // parkMax bounds how long a parked agent waits for its SIGCONT: a server
 // that died while it checkpointed the sandbox sends none.
@@ -236,6 +241,8 @@ type command struct {
 	// paused: the server has not said where to go on from since this
 	// connection began; frames wait in unacked.
 	paused bool
+	// ended is closed once the command has ended (exit is set).
+	ended chan struct{}
 }
 
 // attach makes enc the connection frames go to, and says hello: the
@@ -275,7 +282,7 @@ func (a *agent) start(f Frame) {
 	}
 	// Known before its goroutine runs: a kill that comes before the
 	// command has started ends it as it starts.
-	c := &command{}
+	c := &command{ended: make(chan struct{})}
 	a.execs[f.ID] = c
 	a.mu.Unlock()
 	go a.run(f, c)
@@ -370,6 +377,7 @@ func (a *agent) exited(id string, c *command, code int, msg string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	c.exit = &Frame{Op: "exit", ID: id, Code: code, Error: msg, Off: c.next}
+	close(c.ended)
 	if !c.paused && a.execs[id] == c {
 		a.sendLocked(*c.exit)
 	}
@@ -436,6 +444,39 @@ func (a *agent) kill(id string) {
 	if cmd != nil && cmd.Process != nil {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
+}
+
+// stopAll ends every command as the agent stops (its sandbox is stopped,
+// with SIGTERM): each running command's group gets SIGTERM, as a task's
+// agent does, and the agent waits up to wait for them all to end, so that
+// a command that cleans up on SIGTERM (a server flushing its files) may;
+// then it kills what is left.
+func (a *agent) stopAll(wait time.Duration) {
+	a.mu.Lock()
+	var ended []chan struct{}
+	for _, c := range a.execs {
+		if c.exit != nil {
+			continue
+		}
+		ended = append(ended, c.ended)
+		if c.cmd != nil && c.cmd.Process != nil {
+			syscall.Kill(-c.cmd.Process.Pid, syscall.SIGTERM)
+		} else {
+			c.killed = true // not started: killed as it starts
+		}
+	}
+	a.mu.Unlock()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for _, ch := range ended {
+		select {
+		case <-ch:
+		case <-t.C:
+			a.killAll()
+			return
+		}
+	}
+	a.killAll()
 }
 
 // killAll ends every command: the agent is stopping.

@@ -120,6 +120,10 @@ type Options struct {
 	Limits sandbox.Limits
 	// MaxSessions bounds the sessions that run at once (429 past it).
 	MaxSessions int
+	// StopGrace is how long a session's commands have from their SIGTERM
+	// to their SIGKILL when the session ends (limits.stop_grace); 0:
+	// killed at once.
+	StopGrace time.Duration
 	// MinFreeBytes is the data root's free-space floor (limits.
 	// min_free_disk): below it no session is made or forked, as no task
 	// is spawned; 0: none.

@@ -465,6 +465,13 @@ func (m *Manager) endWith(ctx context.Context, id, reason string, cause error) {
 		return
 	}
 	if p := m.opts.Placements.Usable(s.Runtime); p != nil {
+		// Its commands get SIGTERM first, and stop_grace to end (the
+		// exec agent passes the signal on and waits for them).
+		if s.Status == StatusRunning && m.opts.StopGrace > 0 {
+			if err := p.Sandbox.Stop(ctx, id, m.opts.StopGrace); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				m.log.Warn("cannot stop a session's sandbox; destroying it", "session_id", id, "err", err)
+			}
+		}
 		if err := p.Sandbox.Destroy(ctx, id); err != nil {
 			m.log.Warn("cannot destroy a session's sandbox", "session_id", id, "err", err)
 		}
