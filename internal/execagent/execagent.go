@@ -468,12 +468,12 @@ func (a *agent) stopAll(wait time.Duration) {
 	a.mu.Unlock()
 	t := time.NewTimer(wait)
 	defer t.Stop()
+waiting:
 	for _, ch := range ended {
 		select {
 		case <-ch:
 		case <-t.C:
-			a.killAll()
-			return
+			break waiting
 		}
 	}
 	a.killAll()

@@ -593,7 +593,6 @@ func TestCheckpointOOMSaysSo(t *testing.T) {
 	if !<-lowered {
 		t.Fatal("the limit was not lowered during the save")
 	}
-
 	if err == nil || !strings.Contains(err.Error(), "its memory limit was reached while it was saved") {
 		t.Errorf("checkpoint of a container OOM-killed in its save: %v, want an error naming the limit", err)
 	}
