@@ -209,6 +209,20 @@ var (
 		keyVar: "OPENAI_API_KEY", urlVar: "OPENAI_BASE_URL", start: startOpenAI}
 )
 
+// require skips (or, under CI, fails) t unless the agent's CLI and python3
+// (its shell tool's script) are installed, and returns the runsc to run
+// runtime rt with: on gvisor not Debian 12's (20221219), which under load
+// loses Codex's spawn of its tool now and then (docs/agents.md).
+func (a scriptedAgent) require(t *testing.T, rt string) (runsc string) {
+	t.Helper()
+	testenv.RequireBinary(t, a.name, a.install)
+	testenv.RequireBinary(t, "python3", "apt-get install -y python3")
+	if rt == "gvisor" {
+		runsc = testenv.RequireSystrapRunsc(t)
+	}
+	return runsc
+}
+
 // TestScriptedAgent runs each agent's real CLI in a sandbox (bwrap, and
 // gVisor on the runsc scripts/k8s/build.sh builds) against a scripted
 // endpoint of its provider (the Gemini API; a Responses API for Codex and
@@ -234,14 +248,7 @@ func TestScriptedAgent(t *testing.T) {
 		for _, rt := range []string{"local", "gvisor"} {
 			t.Run(a.name+"/"+rt, func(t *testing.T) {
 				t.Parallel()
-				testenv.RequireBinary(t, a.name, a.install)
-				testenv.RequireBinary(t, "python3", "apt-get install -y python3")
-				runsc := ""
-				if rt == "gvisor" {
-					// Not Debian 12's runsc (20221219): under load it loses
-					// Codex's spawn of its tool now and then (docs/agents.md).
-					runsc = testenv.RequireSystrapRunsc(t)
-				}
+				runsc := a.require(t, rt)
 				ep := a.start(t, tc.key, 0, []agenttest.Reply{{Text: "I will write the result.", Tool: &tc.call}, {Text: agentFinalText}})
 				s := mustStartForAgentOn(t, rt, runsc, a.name, ep.addr, a.env(tc.key, ep.url))
 				tk := spawnAgent(t, s, a.name, "Compute 6*7 into output/result.txt", a.model)

@@ -10,7 +10,6 @@ import (
 	"github.com/corral-dev/corral/internal/agent/agenttest"
 	"github.com/corral-dev/corral/internal/config"
 	"github.com/corral-dev/corral/internal/task"
-	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // TestCodexOverWebSocket runs the real Codex CLI with its WebSocket
@@ -31,14 +30,7 @@ func TestCodexOverWebSocket(t *testing.T) {
 	for _, rt := range []string{"local", "gvisor"} {
 		t.Run(rt, func(t *testing.T) {
 			t.Parallel()
-			testenv.RequireBinary(t, codexAgent.name, codexAgent.install)
-			testenv.RequireBinary(t, "python3", "apt-get install -y python3")
-			runsc := ""
-			if rt == "gvisor" {
-				// As TestScriptedAgent: not Debian 12's runsc, which now and
-				// then loses Codex's spawn of its tool under load.
-				runsc = testenv.RequireSystrapRunsc(t)
-			}
+			runsc := codexAgent.require(t, rt)
 			call := agenttest.ToolCall{Name: "exec_command", Input: map[string]any{"cmd": agentScriptCommand}}
 			ep := agenttest.MustOpenAI(t, agenttest.OpenAIOptions{Addr: agentEndpointAddr, Key: key, Replies: []agenttest.Reply{
 				{Text: "I will write the result.", Tool: &call},

@@ -485,14 +485,8 @@ func TestCheckpointAtItsLimit(t *testing.T) {
 	r := mustNew(t, "runsc", sandboxtest.NewID(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	sp, _, m := upContainer(ctx, t, r, "head -c 48m /dev/zero | tr '\\0' x > /tmp/ballast")
-	procs, _ := os.ReadFile(filepath.Join(m.dir, "cgroup.procs"))
-	for _, pid := range strings.Fields(string(procs)) {
-		os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte("1000"), 0)
-	}
-	b, _ := os.ReadFile(m.usage)
-	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	if err := os.WriteFile(m.limit, []byte(strconv.FormatInt(n+(1<<20), 10)), 0); err != nil {
+	sp, m := ballastContainer(ctx, t, r)
+	if err := m.lowerToUsage(); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Checkpoint(ctx, sp.ID, t.TempDir()); err != nil {
@@ -510,6 +504,32 @@ func TestCheckpointAtItsLimit(t *testing.T) {
 // containerMemory is a container's memory cgroup and the paths of its
 // limit and usage files (v1's or v2's).
 type containerMemory struct{ dir, limit, usage string }
+
+// lowerToUsage sets the limit to what the container uses, and 1 MiB.
+func (m containerMemory) lowerToUsage() error {
+	b, err := os.ReadFile(m.usage)
+	if err != nil {
+		return err
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(m.limit, []byte(strconv.FormatInt(n+(1<<20), 10)), 0)
+}
+
+// ballastContainer starts a container on r with 48 MiB of x in its /tmp
+// (the sentry's memory, under runsc), its processes first in line for
+// the OOM killer.
+func ballastContainer(ctx context.Context, t *testing.T, r *Runtime) (sandbox.Spec, containerMemory) {
+	t.Helper()
+	sp, _, m := upContainer(ctx, t, r, "head -c 48m /dev/zero | tr '\\0' x > /tmp/ballast")
+	procs, _ := os.ReadFile(filepath.Join(m.dir, "cgroup.procs"))
+	for _, pid := range strings.Fields(string(procs)) {
+		os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte("1000"), 0)
+	}
+	return sp, m
+}
 
 // upContainer starts a container on r, limited to 256 MiB, that runs the
 // shell commands first, then says it is up and sleeps; it waits until it
@@ -561,11 +581,7 @@ func TestCheckpointOOMSaysSo(t *testing.T) {
 	r := mustNew(t, "runsc", sandboxtest.NewID(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	sp, _, m := upContainer(ctx, t, r, "head -c 48m /dev/zero | tr '\\0' x > /tmp/ballast")
-	procs, _ := os.ReadFile(filepath.Join(m.dir, "cgroup.procs"))
-	for _, pid := range strings.Fields(string(procs)) {
-		os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte("1000"), 0)
-	}
+	sp, m := ballastContainer(ctx, t, r)
 	limit, _ := os.ReadFile(m.limit)
 	// Once the save has its room (roomToSave raises the limit), the limit
 	// goes back down to what the container uses.
@@ -580,9 +596,7 @@ func TestCheckpointOOMSaysSo(t *testing.T) {
 			default:
 			}
 			if now, err := os.ReadFile(m.limit); err == nil && string(now) != string(limit) {
-				b, _ := os.ReadFile(m.usage)
-				n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-				lowered <- os.WriteFile(m.limit, []byte(strconv.FormatInt(n+(1<<20), 10)), 0) == nil
+				lowered <- m.lowerToUsage() == nil
 				return
 			}
 			time.Sleep(time.Millisecond)
