@@ -247,7 +247,7 @@ func (p *Proxy) relayHandler(host string, port int, transport http.RoundTripper,
 		// reverse proxy ends by panicking with http.ErrAbortHandler.
 		defer func() {
 			up, down := sw.upgradedBytes()
-			rec.Status, rec.BytesUp, rec.BytesDown = sw.status, body.n+up, sw.n+down
+			rec.Status, rec.BytesUp, rec.BytesDown = sw.status, body.n.Load()+up, sw.n+down
 			rec.Address, _ = addr.Load().(string)
 			d, denied := asDenied(failed)
 			switch v := recover(); {
@@ -256,7 +256,7 @@ func (p *Proxy) relayHandler(host string, port int, transport http.RoundTripper,
 			case failed != nil:
 				rec.Error = failed.Error()
 			case v != nil:
-				rec.Error = "the answer broke off" + brokeOff(sw, answer, r)
+				rec.Error = "the answer broke off" + brokeOff(sw, body, answer, r)
 				defer panic(v)
 			}
 			p.finish(&rec)
@@ -268,15 +268,20 @@ func (p *Proxy) relayHandler(host string, port int, transport http.RoundTripper,
 // brokeOff says why a relayed answer broke off midway: a write to the
 // sandbox that failed, a read of the model API's answer that failed, or
 // the sandbox's request ended (its connection closed) while the answer
-// was on its way.
-func brokeOff(sw *statusWriter, answer *countingReader, r *http.Request) string {
+// was on its way. The last shows as the request's context ended, or as a
+// read of its body (body) that failed: the transport may still read the
+// body, for bytes past its length, when the sandbox leaves, and closes
+// the connection to the API on that failure, before the server has ended
+// the context; the answer's read then fails too, on a connection the
+// relay closed itself.
+func brokeOff(sw *statusWriter, body, answer *countingReader, r *http.Request) string {
 	switch {
 	case sw.err != nil:
 		return ": writing it to the sandbox: " + sw.err.Error()
-	case r.Context().Err() != nil:
+	case r.Context().Err() != nil || body.failed() != nil:
 		return ": the sandbox's connection ended first"
-	case answer != nil && answer.err != nil:
-		return ": reading it from the model API: " + answer.err.Error()
+	case answer != nil && answer.failed() != nil:
+		return ": reading it from the model API: " + answer.failed().Error()
 	}
 	return ""
 }
@@ -416,20 +421,34 @@ func (w *statusWriter) Flush() {
 }
 
 // countingReader counts the bytes read and keeps the first read that
-// failed (an end of file is no failure).
+// failed (an end of file is no failure). It is safe for concurrent use: a
+// request's body may still be read by the transport's writer (for bytes
+// past its length) while the handler records it.
 type countingReader struct {
 	r   io.ReadCloser
-	n   int64
+	n   atomic.Int64
+	mu  sync.Mutex
 	err error
 }
 
 func (c *countingReader) Read(b []byte) (int, error) {
 	n, err := c.r.Read(b)
-	c.n += int64(n)
-	if err != nil && err != io.EOF && c.err == nil {
-		c.err = err
+	c.n.Add(int64(n))
+	if err != nil && err != io.EOF {
+		c.mu.Lock()
+		if c.err == nil {
+			c.err = err
+		}
+		c.mu.Unlock()
 	}
 	return n, err
+}
+
+// failed is the first read that failed, nil if none did.
+func (c *countingReader) failed() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
 }
 
 func (c *countingReader) Close() error { return c.r.Close() }
