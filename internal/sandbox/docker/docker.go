@@ -52,6 +52,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -913,14 +914,37 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		c, err = r.inspectCheckpointed(ctx, id)
 	}
 	if errors.Is(err, errdefs.ErrNotFound) {
-		// A Create that crashed after its pins or its identity's lease.
+		// A Create that crashed after its pins or its identity's lease,
+		// or a Destroy cut short once the engine had the container
+		// removed: the directories it gave are handed back before its
+		// identity may go to another sandbox.
+		if trees, err := r.readDestroying(id); err == nil {
+			if err := hostuser.Reclaim(trees); err != nil {
+				return fmt.Errorf("destroy sandbox %s: %w", id, err)
+			}
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("destroy sandbox %s: %w", id, err)
+		}
 		os.Remove(r.restoredMark(id))
 		os.Remove(r.raisedRecord(id))
 		os.Remove(r.claimPath(id))
-		return errors.Join(hostuser.Unpin(r.pins(id)), r.opts.Identities.Release(id))
+		err := errors.Join(hostuser.Unpin(r.pins(id)), r.opts.Identities.Release(id))
+		if err == nil {
+			os.Remove(r.destroyingPath(id))
+		}
+		return err
 	}
 	if err != nil {
 		return fmt.Errorf("destroy: %w", err)
+	}
+	trees := ownedTrees(c)
+	if rec, err := r.readClaim(id); err == nil && rec.Container == c.ID {
+		trees = append(trees, rec.Owned...) // a claimed warm container's task's
+	}
+	// Known to the next Destroy if this one is cut short after the
+	// engine has removed the container, whose labels said them.
+	if err := r.writeDestroying(id, trees); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	if _, err := r.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
 		if !cerrdefs.IsConflict(err) {
@@ -931,10 +955,6 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		if err := r.waitRemoved(ctx, c.ID); err != nil {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
-	}
-	trees := ownedTrees(c)
-	if rec, err := r.readClaim(id); err == nil && rec.Container == c.ID {
-		trees = append(trees, rec.Owned...) // a claimed warm container's task's
 	}
 	if err := hostuser.Reclaim(trees); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
@@ -948,8 +968,47 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	os.Remove(r.restoredMark(id))
 	os.Remove(r.raisedRecord(id))
 	os.Remove(r.claimPath(id))
+	os.Remove(r.destroyingPath(id))
 	r.log.Info("sandbox destroyed", logkey.SandboxID, id)
 	return nil
+}
+
+// destroyingPath records, while sandbox id is destroyed, the directories
+// its container's removal hands back (Destroy).
+func (r *Runtime) destroyingPath(id string) string {
+	return filepath.Join(r.opts.StateDir, ".destroying", id+".json")
+}
+
+func (r *Runtime) writeDestroying(id string, trees []hostuser.Tree) error {
+	return writeRecord(r.destroyingPath(id), trees)
+}
+
+// writeRecord writes v as JSON to p (0600, its directory 0700), whole or
+// not at all.
+func writeRecord(p string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	if err := os.WriteFile(p+".new", b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(p+".new", p)
+}
+
+func (r *Runtime) readDestroying(id string) ([]hostuser.Tree, error) {
+	b, err := os.ReadFile(r.destroyingPath(id))
+	if err != nil {
+		return nil, err
+	}
+	var trees []hostuser.Tree
+	if err := json.Unmarshal(b, &trees); err != nil {
+		return nil, fmt.Errorf("read the directories a cut destroy left to hand back: %w", err)
+	}
+	return trees, nil
 }
 
 // pins is where sandbox id's workspaces are pinned.

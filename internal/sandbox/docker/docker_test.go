@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/testenv"
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
 )
 
 // oci names the engine runtimes the tests run under: the engine's default
@@ -609,5 +611,43 @@ func TestCheckpointOOMSaysSo(t *testing.T) {
 	}
 	if err == nil || !strings.Contains(err.Error(), "its memory limit was reached while it was saved") {
 		t.Errorf("checkpoint of a container OOM-killed in its save: %v, want an error naming the limit", err)
+	}
+}
+
+// TestDestroyAfterTheEngineRemovedIt: a Destroy cut short after the engine
+// had removed the container (its request sent, its answer not awaited:
+// the conformance suite's DestroyCutShort met it once under load) leaves
+// the next Destroy no container to learn the given directories from; it
+// hands them back from the cut one's record before its identity goes to
+// another sandbox. It released the identity with the directory still its.
+func TestDestroyAfterTheEngineRemovedIt(t *testing.T) {
+	testenv.RequireDocker(t)
+	r := mustNew(t, "", sandboxtest.NewID(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sp, c, _ := upContainer(ctx, t, r, "true")
+	trees := ownedTrees(c)
+	if len(trees) == 0 {
+		t.Fatal("the container was given no directory")
+	}
+	dir := trees[0].Dir
+	if fi, err := os.Lstat(dir); err != nil || fi.Sys().(*syscall.Stat_t).Uid == uint32(os.Geteuid()) {
+		t.Fatalf("the sandbox's directory before: %v, %v; want it given to the sandbox's identity", fi, err)
+	}
+	// What the cut Destroy did: its record, then the engine's removal.
+	if err := r.writeDestroying(sp.ID, trees); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Destroy(ctx, sp.ID); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(dir); err != nil || fi.Sys().(*syscall.Stat_t).Uid != uint32(os.Geteuid()) {
+		t.Errorf("the sandbox's directory after the Destroy: %v, %v; want the server's again", fi, err)
+	}
+	if _, err := os.Stat(r.destroyingPath(sp.ID)); !os.IsNotExist(err) {
+		t.Errorf("the cut Destroy's record after the whole one: %v, want it gone", err)
 	}
 }

@@ -125,20 +125,7 @@ func (r *Runtime) readClaim(id string) (claimRecord, error) {
 	return c, err
 }
 
-func (r *Runtime) writeClaim(id string, c claimRecord) error {
-	b, err := json.Marshal(c)
-	if err != nil {
-		return err
-	}
-	p := r.claimPath(id)
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-		return err
-	}
-	if err := os.WriteFile(p+".new", b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(p+".new", p)
-}
+func (r *Runtime) writeClaim(id string, c claimRecord) error { return writeRecord(r.claimPath(id), c) }
 
 // imageOf is the image spec's container runs.
 func (r *Runtime) imageOf(spec sandbox.Spec) string {
