@@ -993,10 +993,7 @@ func writeRecord(p string, v any) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
 	}
-	if err := os.WriteFile(p+".new", b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(p+".new", p)
+	return statedir.WriteFileAtomic(p, b, 0o600)
 }
 
 func (r *Runtime) readDestroying(id string) ([]hostuser.Tree, error) {
