@@ -31,6 +31,7 @@ import (
 	"github.com/corral-dev/corral/internal/service"
 	"github.com/corral-dev/corral/internal/task"
 	"github.com/corral-dev/corral/internal/testenv"
+	"github.com/corral-dev/corral/internal/workerproto"
 )
 
 // escapeRuntime is one way a task can be sandboxed: a runtime, and the
@@ -554,6 +555,22 @@ func testMemoryBomb(t *testing.T, rt escapeRuntime) {
 	}
 	if _, err := os.Stat(filepath.Join(s.data, "tasks", tk.ID, "output", "survived.txt")); err == nil {
 		t.Errorf("the memory bomb ran to the end")
+	}
+	// In a container (docker, a pod) the worker reads its own memory
+	// cgroup's OOM kills and says so itself: the engine's OOM event,
+	// which the server's message above may come from, is lost when
+	// containerd's shim reads the kernel's notice after the container's
+	// cgroup is gone (docker+warm, a busy CI run).
+	if (rt.runtime == "docker" || rt.runtime == "kubernetes") && !rt.gvisorKernel() {
+		dir, err := os.OpenRoot(filepath.Join(s.data, "tasks", tk.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dir.Close()
+		st, err := workerproto.ReadStatus(dir, 1<<20)
+		if err != nil || !strings.Contains(st.ErrorMessage, "out of memory") {
+			t.Errorf("the worker's status.json says %q (%v), want its memory cgroup's OOM kill", st.ErrorMessage, err)
+		}
 	}
 }
 

@@ -390,7 +390,11 @@ func (r *run) run(ctx context.Context) workerproto.Status {
 		return st
 	}
 	st.Status = "failed"
-	st.ErrorMessage = workerproto.RedactString(errorMessage(code, sig, stopped, res.Error, stderrTail.String()), secrets)
+	var oomKills int64
+	if sig == syscall.SIGKILL {
+		oomKills = ownOOMKills()
+	}
+	st.ErrorMessage = workerproto.RedactString(errorMessage(code, sig, stopped, oomKills, res.Error, stderrTail.String()), secrets)
 	return st
 }
 
@@ -482,8 +486,10 @@ func (r *run) outputFiles() []workerproto.OutputFile {
 }
 
 // errorMessage is status.json's error_message for a failed run: the agent's
-// own error if it reported one, else the exit code and the end of stderr.
-func errorMessage(code int, sig syscall.Signal, stopped bool, agentErr, stderr string) string {
+// own error if it reported one, else the exit code, the OOM kills of the
+// sandbox's memory cgroup if the agent was killed with some counted, and
+// the end of stderr.
+func errorMessage(code int, sig syscall.Signal, stopped bool, oomKills int64, agentErr, stderr string) string {
 	if agentErr != "" {
 		return agentErr
 	}
@@ -494,6 +500,9 @@ func errorMessage(code int, sig syscall.Signal, stopped bool, agentErr, stderr s
 	fmt.Fprintf(&b, "exit code %d", code)
 	if sig != 0 {
 		fmt.Fprintf(&b, " (signal: %s)", sig)
+	}
+	if oomKills > 0 {
+		fmt.Fprintf(&b, ", out of memory: the sandbox's memory cgroup OOM-killed %d of its processes", oomKills)
 	}
 	if t := stderrSummary(stderr, stderrTailBytes); t != "" {
 		b.WriteString(": ")
