@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -1610,5 +1611,58 @@ func TestSessionEndStopsItsCommands(t *testing.T) {
 				t.Errorf("the delete took %v", took)
 			}
 		})
+	}
+}
+
+// TestSessionDeleteServerKilledInGrace: a server killed with SIGKILL
+// while a session's delete waits out its commands' stop grace (the
+// sandbox has had its SIGTERM; the end is not recorded) leaves nothing
+// stuck. The command's SIGTERM handler still runs to its end, the exec
+// agent then ends and its sandbox with it, and the next server records
+// the session's end, saying its sandbox ended, with no sandbox left.
+func TestSessionDeleteServerKilledInGrace(t *testing.T) {
+	t.Parallel()
+	data, srv := startKillable(t)
+	ctx := context.Background()
+	created := mustCreateSession(t, srv.client)
+	dir := filepath.Join(data, "sessions", created.SessionID)
+	// On SIGTERM the command takes 3 s to clean up: the server dies in
+	// between.
+	if _, err := srv.client.Sessions().StartExec(ctx, created.SessionID, service.SessionCommand{
+		Shell: "trap 'touch got-term; sleep 3; echo flushed > flushed; exit 0' TERM; touch up; while :; do sleep 0.1; done",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	exists := func(name string) func() bool {
+		return func() bool { _, err := os.Stat(filepath.Join(dir, name)); return err == nil }
+	}
+	waitFor(t, "the command up", exists("up"))
+	deleted := make(chan error, 1)
+	go func() {
+		_, err := srv.client.DeleteSession(ctx, created.SessionID)
+		deleted <- err
+	}()
+	waitFor(t, "the command's SIGTERM", exists("got-term"))
+	srv.kill()
+	if err := <-deleted; err == nil {
+		t.Fatal("the delete answered before the server was killed: its grace was not under way")
+	}
+	srv = startProcess(t, data)
+	waitFor(t, "the session's end recorded by the next server", func() bool {
+		s, err := srv.client.GetSession(ctx, created.SessionID)
+		return err == nil && s.Status == service.SessionEnded
+	})
+	if b, err := os.ReadFile(filepath.Join(dir, "flushed")); err != nil || string(b) != "flushed\n" {
+		t.Errorf("the command's SIGTERM handler wrote %q, %v; want it run to its end", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(data, "run", "local", created.SessionID)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the ended session's sandbox state is left: %v", err)
+	}
+	if processNamed(created.SessionID) {
+		t.Errorf("a process of the ended session's sandbox is left")
+	}
+	// A delete now, the client's retry, answers that it has ended.
+	if _, err := srv.client.DeleteSession(ctx, created.SessionID); err != nil && !strings.Contains(err.Error(), "ended") {
+		t.Errorf("the delete again: %v", err)
 	}
 }
