@@ -462,18 +462,6 @@ func markerVisible(marker string) bool {
 	return false
 }
 
-// processNamed reports whether a host process has s in its argv.
-func processNamed(s string) bool {
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(b), s) {
-			return true
-		}
-	}
-	return false
-}
-
 // countProcesses counts host processes whose argv is exactly argv.
 func countProcesses(argv ...string) int {
 	want := strings.Join(argv, "\x00") + "\x00"

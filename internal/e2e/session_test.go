@@ -1658,7 +1658,7 @@ func TestSessionDeleteServerKilledInGrace(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(data, "run", "local", created.SessionID)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the ended session's sandbox state is left: %v", err)
 	}
-	if processNamed(created.SessionID) {
+	if processMentioning(created.SessionID) {
 		t.Errorf("a process of the ended session's sandbox is left")
 	}
 	// A delete now, the client's retry, answers that it has ended.
