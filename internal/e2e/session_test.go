@@ -942,6 +942,54 @@ func TestExecOfASessionLostWithItsServer(t *testing.T) {
 	}
 }
 
+// TestSessionSandboxEndsUnderItsServer: a running session whose sandbox
+// ends while its server runs (its processes killed from outside) is ended
+// lost, saying so, and so is its command: it does not show as running
+// until its idle timeout. On docker its container is killed through the
+// engine, elsewhere every process naming it.
+func TestSessionSandboxEndsUnderItsServer(t *testing.T) {
+	for _, rt := range sessionRuntimes {
+		t.Run(rt.name, func(t *testing.T) {
+			t.Parallel()
+			rt.require(t)
+			s := MustStart(t, rt.config(t))
+			ctx := context.Background()
+			created, err := s.client.CreateSession(ctx, session.CreateRequest{Runtime: rt.runtime})
+			if err != nil {
+				t.Fatal(err)
+			}
+			execID, err := s.client.Sessions().StartExec(ctx, created.SessionID, service.SessionCommand{Shell: "sleep 300"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rt.runtime == "docker" {
+				engine := []string{"-H", "unix://" + testenv.DockerSocket}
+				out, err := exec.Command("docker", append(engine, "ps", "-q", "--filter", "name="+created.SessionID)...).Output()
+				if err != nil || len(strings.Fields(string(out))) != 1 {
+					t.Fatalf("the session's container: %q, %v", out, err)
+				}
+				if out, err := exec.Command("docker", append(engine, "kill", strings.TrimSpace(string(out)))...).CombinedOutput(); err != nil {
+					t.Fatalf("docker kill: %v %s", err, out)
+				}
+			} else if err := exec.Command("pkill", "-KILL", "-f", created.SessionID).Run(); err != nil {
+				t.Fatalf("kill the session's sandbox: %v", err)
+			}
+			waitFor(t, "the session's end", func() bool {
+				got, err := s.client.GetSession(ctx, created.SessionID)
+				return err == nil && got.Status == service.SessionEnded
+			})
+			got, _ := s.client.GetSession(ctx, created.SessionID)
+			if got.EndReason != "lost" || !strings.Contains(got.EndError, "sandbox") {
+				t.Errorf("the session ended %q: %q; want lost, saying its sandbox ended", got.EndReason, got.EndError)
+			}
+			end, err := s.client.Sessions().ReadExec(ctx, created.SessionID, execID, 0, false, func(service.ExecOutput) error { return nil })
+			if err != nil || end == nil || end.Reason != "lost" {
+				t.Errorf("its command: %+v, %v; want ended lost", end, err)
+			}
+		})
+	}
+}
+
 // TestSessionRemembersItsWorkspacesSettings: a session created on a
 // workspace without an image or limits of its own gets those of the last
 // session there (seed 003's project settings); one that names its own

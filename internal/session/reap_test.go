@@ -6,10 +6,15 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
+	"github.com/corral-dev/corral/internal/rtkind"
+	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
 	"github.com/corral-dev/corral/internal/workspace"
 )
 
@@ -179,5 +184,78 @@ func TestDiscardedCheckpointsRemoved(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(kept, "pages.img")); err != nil {
 		t.Errorf("a suspended session's checkpoint: %v, want kept", err)
+	}
+}
+
+// The reaper ends, lost, a running session whose sandbox has ended (or is
+// gone from its runtime), saying so, when the sandbox is one this replica
+// sees: its own session's, or, alone on its store, a session of a replica
+// gone. In a cluster the session of a replica gone is left to endOrphans,
+// which waits for its exec agent to dial in: its sandbox may run on
+// another machine.
+func TestReaperEndsSessionsWhoseSandboxEnded(t *testing.T) {
+	const own, ownGone, ownRuns, gone = "sess-01m8jbh60d7qh1g11cxcbgpm00", "sess-01m8jbh60d7qh1g11cxcbgpm01", "sess-01m8jbh60d7qh1g11cxcbgpm02", "sess-01m8jbh60d7qh1g11cxcbgpm03"
+	for _, tt := range []struct {
+		name    string
+		members cluster.Members
+		want    map[string]string
+	}{
+		{"alone", cluster.NewSolo(cluster.Replica{ID: "r-self"}), map[string]string{own: StatusEnded, ownGone: StatusEnded, ownRuns: StatusRunning, gone: StatusEnded}},
+		{"in a cluster", twoReplicas{Solo: cluster.NewSolo(cluster.Replica{ID: "r-self"}), other: "r-other"}, map[string]string{own: StatusEnded, ownGone: StatusEnded, ownRuns: StatusRunning, gone: StatusRunning}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			fake := sandboxtest.NewFake()
+			fake.Run = func(ctx context.Context, _ sandbox.Spec) sandbox.ExitStatus {
+				<-ctx.Done()
+				return sandbox.ExitStatus{Code: 137, Message: "killed by SIGKILL"}
+			}
+			m := stopAllManager(t, fake, tt.members)
+			for id, replica := range map[string]string{own: "r-self", ownGone: "r-self", ownRuns: "r-self", gone: "r-gone"} {
+				if id != ownGone {
+					if _, err := fake.Create(ctx, sandbox.Spec{ID: id}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				// Neither idle nor past its lifetime.
+				c := created{Session: Session{ID: id, Status: StatusRunning, Runtime: rtkind.Local, CreatedAt: time.Now(), LastUsedAt: time.Now(), IdleTimeout: 3600, MaxLifetime: 3600}, TokenHash: hashToken(newToken()), AgentTokenHash: hashToken(newToken()), Replica: replica}
+				if err := m.append(ctx, id, EventCreated, c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, id := range []string{own, gone} {
+				fake.Stop(ctx, id, time.Second) // ended from outside
+			}
+			reaped := make(chan error, 1)
+			go func() { reaped <- m.Reap(ctx) }()
+			// The ended first: the round that ends them looked at the others.
+			deadline := time.Now().Add(10 * time.Second)
+			for id, status := range tt.want {
+				for status == StatusEnded {
+					s, _ := m.get(id)
+					if s.Status == StatusEnded {
+						if s.EndReason != "lost" || !strings.Contains(s.EndError, "sandbox") {
+							t.Errorf("session %s ended %q (%q), want lost saying its sandbox ended", id, s.EndReason, s.EndError)
+						}
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("session %s is %s, want ended", id, s.Status)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			time.Sleep(1500 * time.Millisecond) // a round after: the first has looked at every session
+			for id, status := range tt.want {
+				if s, _ := m.get(id); s.Status != status {
+					t.Errorf("session %s is %s, want %s", id, s.Status, status)
+				}
+			}
+			cancel()
+			if err := <-reaped; err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/sandbox"
@@ -255,7 +256,7 @@ func (m *Manager) Reap(ctx context.Context) error {
 	t := time.NewTicker(quotaTick)
 	defer t.Stop()
 	var reaped time.Time
-	nextCheck, orphaned := map[string]time.Time{}, map[string]time.Time{}
+	nextCheck, orphaned, looked := map[string]time.Time{}, map[string]time.Time{}, map[string]time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -283,10 +284,72 @@ func (m *Manager) Reap(ctx context.Context) error {
 			if !free {
 				continue
 			}
+			if s.Status == StatusRunning && !reaped.Before(looked[s.ID]) {
+				looked[s.ID] = reaped.Add(sandboxLook)
+				if cause := m.sandboxEnded(ctx, s.ID); cause != nil {
+					m.log.Warn("a running session's sandbox ended", "session_id", s.ID, "err", cause)
+					m.endWith(ctx, s.ID, "lost", cause)
+					unlock()
+					continue
+				}
+			}
 			m.reapOne(ctx, s.ID, now)
 			unlock()
 		}
+		for id, at := range looked {
+			if reaped.After(at.Add(sandboxLook)) {
+				delete(looked, id) // an ended session's
+			}
+		}
 	}
+}
+
+// sandboxLook is how often Reap asks the runtime whether a running
+// session's sandbox still runs (a Docker session's is an inspect).
+const sandboxLook = 5 * time.Second
+
+// sandboxEnded says why session id's sandbox is no more, if the session
+// runs and its sandbox does not: its main process (the exec agent, which
+// every command is a child of) exited, or its runtime no longer has it;
+// nil if it runs or the runtime cannot say. The caller holds the
+// session's operations (tryLockOps), so no suspend or resume is under way
+// and the status read here is the session's. It adopts the session of a
+// replica gone first, as endOrphans does. Only a sandbox this replica can
+// see is looked at: its own sessions', or, alone on its store, every
+// session's (in a cluster, a host runtime's sandbox of a replica gone is
+// on another machine: endOrphans waits for its agent to dial in instead).
+func (m *Manager) sandboxEnded(ctx context.Context, id string) error {
+	s, err := m.get(id)
+	if err != nil || s.Status != StatusRunning {
+		return nil
+	}
+	replica, _ := m.replicaOf(id)
+	self := m.opts.Members.Self()
+	if _, solo := m.opts.Members.(*cluster.Solo); replica != self && !solo {
+		return nil
+	}
+	p := m.opts.Placements.Usable(s.Runtime)
+	if p == nil {
+		return nil
+	}
+	st, err := p.Sandbox.Status(ctx, id)
+	var cause error
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		cause = errors.New("its sandbox is gone: its runtime no longer has it")
+	case err != nil || st.State != sandbox.StateExited:
+		return nil
+	case st.Exit != nil && st.Exit.Message != "":
+		cause = fmt.Errorf("its sandbox ended (%s): its exec agent and every command in it with it", st.Exit.Message)
+	default:
+		cause = errors.New("its sandbox ended: its exec agent and every command in it with it")
+	}
+	if replica != self {
+		if err := m.adopt(ctx, id); err != nil {
+			return nil // another took it meanwhile
+		}
+	}
+	return cause
 }
 
 // reapOne ends (or suspends, where idle sessions suspend) session id if
