@@ -37,7 +37,8 @@ import (
 // codes, a file one writes the next reads; a server killed with SIGKILL
 // and started again reattaches to the same pod; a suspend keeps the files
 // alone, ends the pod and says so, and a resume starts a new pod on the
-// same directory; a delete removes the pod. A session with a network is
+// same directory; a session whose pod is deleted from outside ends lost;
+// a delete removes the pod. A session with a network is
 // refused by a server without an egress listener for pods
 // (TestKubernetesSessionEgress has one). Under runc and gVisor.
 func TestKubernetesSession(t *testing.T) {
@@ -199,6 +200,31 @@ func testKubernetesSession(t *testing.T, class string) {
 	}
 	if o, _, _ := exec(`cat f.txt`); o != "kept\nagain\n" {
 		t.Errorf("after the resume: %q, want the file as it was", o)
+	}
+
+	// Its pod deleted from outside (an operator, a node drained): the
+	// session ends lost, saying its sandbox ended, and its command with it.
+	gone := mustCreateSession(t, srv.client).SessionID
+	running, err := sc.StartExec(ctx, gone, service.SessionCommand{Shell: "sleep 300"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := k.cs.CoreV1().Pods(k.ns).List(ctx, metav1.ListOptions{LabelSelector: "corral.sandbox-id=" + gone})
+	if err != nil || len(l.Items) != 1 {
+		t.Fatalf("the second session's pods: %d, %v", len(l.Items), err)
+	}
+	if err := k.cs.CoreV1().Pods(k.ns).Delete(ctx, l.Items[0].Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the session whose pod was deleted ended", func() bool {
+		s, err := srv.client.GetSession(ctx, gone)
+		return err == nil && s.Status == service.SessionEnded
+	})
+	if s, _ := srv.client.GetSession(ctx, gone); s.EndReason != "lost" || !strings.Contains(s.EndError, "sandbox") {
+		t.Errorf("the session whose pod was deleted ended %q: %q; want lost, saying its sandbox ended", s.EndReason, s.EndError)
+	}
+	if end, err := sc.ReadExec(ctx, gone, running, 0, false, func(service.ExecOutput) error { return nil }); err != nil || end == nil || end.Reason != "lost" {
+		t.Errorf("its command: %+v, %v; want ended lost", end, err)
 	}
 
 	if _, err := srv.client.DeleteSession(ctx, id); err != nil {
