@@ -293,11 +293,46 @@ type endpointError struct {
 // file of the task, no event and no log.
 func TestScriptedAgentEndpointErrors(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		agent         scriptedAgent
-		key, wrongKey string // the endpoint's key, and the one a 401 is sent
-		errs          []endpointError
-	}{
+	for _, tc := range endpointErrorCases {
+		t.Run(tc.agent.name, func(t *testing.T) {
+			t.Parallel()
+			testenv.RequireBinary(t, tc.agent.name, tc.agent.install)
+			for _, e := range tc.errs {
+				t.Run(strconv.Itoa(e.status), func(t *testing.T) {
+					t.Parallel()
+					testEndpointError(t, tc, e)
+				})
+			}
+		})
+	}
+}
+
+// TestOpencodeServerErrorsRetried is TestScriptedAgentEndpointErrors's
+// opencode 500, which opencode retries with backoff for about 90 s: a
+// top-level test of its own, so that it starts among the first parallel
+// tests, not queued behind them all as a nested parallel subtest is, with
+// the package waiting for it alone at its end.
+func TestOpencodeServerErrorsRetried(t *testing.T) {
+	t.Parallel()
+	testenv.RequireBinary(t, opencodeAgent.name, opencodeAgent.install)
+	testEndpointError(t, opencodeErrors, endpointError{http.StatusInternalServerError, "opencode: the model endpoint failed with a server error (HTTP 500"})
+}
+
+// endpointErrorCase is an agent, its endpoint's key and the wrong one a
+// 401 is sent, and the errors its endpoint answers with.
+type endpointErrorCase struct {
+	agent         scriptedAgent
+	key, wrongKey string
+	errs          []endpointError
+}
+
+var (
+	opencodeErrors = endpointErrorCase{opencodeAgent, "sk-opencode-err-8f2e4a6c0b", "sk-opencode-wrong-5d6e7f80", []endpointError{
+		{http.StatusUnauthorized, "opencode: the model endpoint refused the API key (HTTP 401"},
+		{http.StatusTooManyRequests, "opencode: the model endpoint is rate limiting (HTTP 429"},
+		// Its 500 is TestOpencodeServerErrorsRetried.
+	}}
+	endpointErrorCases = []endpointErrorCase{
 		// Gemini CLI does not retry a 401; it tries a 429 or 500 three
 		// times, about 15 s, as the adapter configures it.
 		{geminiAgent, "gm-err-key-3a9c5e7f1b", "gm-wrong-key-77f1d2c3", []endpointError{
@@ -310,34 +345,26 @@ func TestScriptedAgentEndpointErrors(t *testing.T) {
 			{http.StatusTooManyRequests, "codex: the model endpoint is rate limiting (HTTP 429; retries exhausted)"},
 			{http.StatusInternalServerError, "codex: the model endpoint failed with a server error"},
 		}},
-		// opencode retries a 5xx with backoff for about 90 seconds.
-		{opencodeAgent, "sk-opencode-err-8f2e4a6c0b", "sk-opencode-wrong-5d6e7f80", []endpointError{
-			{http.StatusUnauthorized, "opencode: the model endpoint refused the API key (HTTP 401"},
-			{http.StatusTooManyRequests, "opencode: the model endpoint is rate limiting (HTTP 429"},
-			{http.StatusInternalServerError, "opencode: the model endpoint failed with a server error (HTTP 500"},
-		}},
-	} {
-		a := tc.agent
-		t.Run(a.name, func(t *testing.T) {
-			t.Parallel()
-			testenv.RequireBinary(t, a.name, a.install)
-			for _, e := range tc.errs {
-				t.Run(strconv.Itoa(e.status), func(t *testing.T) {
-					t.Parallel()
-					sent, status := tc.key, e.status
-					if e.status == http.StatusUnauthorized {
-						sent, status = tc.wrongKey, 0
-					}
-					ep := a.start(t, tc.key, status, nil)
-					s := mustStartForAgent(t, a.name, ep.addr, a.env(sent, ep.url))
-					tk := spawnAgent(t, s, a.name, "Say hello", a.model)
-					assertAgentFails(t, s, tk.ID, e.want)
-					if len(ep.asked()) == 0 {
-						t.Errorf("the endpoint was never asked")
-					}
-					assertSecretAbsent(t, s, tk.ID, sent)
-				})
-			}
-		})
+		opencodeErrors,
 	}
+)
+
+// testEndpointError runs one of tc's agent's tasks against an endpoint
+// that answers with e (a 401: refuses the wrong key sent) and checks the
+// task fails saying so, the endpoint was asked, and the key sent is
+// nowhere in the task's files, events or logs.
+func testEndpointError(t *testing.T, tc endpointErrorCase, e endpointError) {
+	a := tc.agent
+	sent, status := tc.key, e.status
+	if e.status == http.StatusUnauthorized {
+		sent, status = tc.wrongKey, 0
+	}
+	ep := a.start(t, tc.key, status, nil)
+	s := mustStartForAgent(t, a.name, ep.addr, a.env(sent, ep.url))
+	tk := spawnAgent(t, s, a.name, "Say hello", a.model)
+	assertAgentFails(t, s, tk.ID, e.want)
+	if len(ep.asked()) == 0 {
+		t.Errorf("the endpoint was never asked")
+	}
+	assertSecretAbsent(t, s, tk.ID, sent)
 }
