@@ -808,12 +808,7 @@ func sandboxUIDs(t *testing.T, id string) map[int]int {
 // out of its commands' reach, in its environment and memory as its token
 // is).
 func testSessionEgressKeys(t *testing.T, rt escapeRuntime, probe string) {
-	ln, err := net.Listen("tcp", k8stest.NodeIP+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	listener := ln.Addr().String()
-	ln.Close()
+	listener := freeAddr(t, k8stest.NodeIP)
 	s := MustStart(t, func(c *config.Config) {
 		rt.config(t)(c)
 		c.Kubernetes.EgressListen = listener

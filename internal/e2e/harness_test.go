@@ -7,11 +7,13 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -360,16 +362,54 @@ func send(t *testing.T, req *http.Request) (int, string) {
 }
 
 // freeLoopbackAddr returns a 127.0.0.1 address with a port nothing listens
-// on, for a server the test starts there.
-func freeLoopbackAddr(t testing.TB) string {
+// on, for a server the test starts there: freeAddr's.
+func freeLoopbackAddr(t testing.TB) string { return freeAddr(t, "127.0.0.1") }
+
+// freeAddr returns an address on host with a port nothing listens on, for
+// a server a test starts there and may start again there after killing
+// it. The port is below the kernel's ephemeral range, where a port a
+// listener on :0 is given lies: one of those can be given next to a
+// connection's own end, and a server started again on it failed with
+// "address already in use" (TestKill9AtEachPoint/exited, 2026-12-02). It
+// is below Kubernetes' NodePorts too (30000 and up), and never one this
+// process handed out before.
+func freeAddr(t testing.TB, host string) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	const lowest, nodePorts = 10000, 30000
+	top := nodePorts
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				top = min(top, n)
+			}
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 1000 {
+		if top <= lowest {
+			break
+		}
+		port := lowest + rand.IntN(top-lowest)
+		if portsGiven[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		portsGiven[port] = true
+		return l.Addr().String()
+	}
+	t.Fatalf("no free port on %s between %d and %d", host, lowest, top)
+	return ""
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
 
 // processRunning reports whether a process whose argv is exactly argv runs.
 func processRunning(argv ...string) bool {

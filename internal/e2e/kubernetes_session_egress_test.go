@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -34,12 +33,7 @@ import (
 func egressOnKubernetes(t *testing.T, class string, allow ...string) (kubeServer, string) {
 	t.Helper()
 	k := killableOnKubernetes(t, class)
-	ln, err := net.Listen("tcp", k8stest.NodeIP+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := freeAddr(t, k8stest.NodeIP)
 	b, err := os.ReadFile(k.cfgFile)
 	if err != nil {
 		t.Fatal(err)

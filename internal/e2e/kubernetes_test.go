@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,12 +39,7 @@ func onKubernetes(class string) func(testing.TB, *config.Config) {
 		cfg := k8stest.Require(tb)
 		cs := k8stest.Clientset(tb, cfg)
 		ns := k8stest.Namespace(tb, cs)
-		ln, err := net.Listen("tcp", k8stest.NodeIP+":0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		ln.Close()
+		addr := freeAddr(tb, k8stest.NodeIP)
 		token := filepath.Join(tb.TempDir(), "token")
 		if err := os.WriteFile(token, []byte(k8stest.Name("token")+"\n"), 0o600); err != nil {
 			tb.Fatal(err)
@@ -224,15 +218,14 @@ func killableOnKubernetes(t *testing.T, class string) kubeServer {
 	t.Helper()
 	k := kubeServer{cfg: k8stest.Require(t)}
 	k.cs = k8stest.Clientset(t, k.cfg)
-	k.ns = k8stest.Namespace(t, k.cs)
+	// The data root first: its removal, a cleanup, then comes after the
+	// namespace's, which waits for the pods to be gone. A gVisor pod
+	// still stopping wrote into the data root as it was removed
+	// (TestKubernetesWarm/gvisor, 2026-12-02: "directory not empty").
 	k.data = testenv.TempDir(t)
+	k.ns = k8stest.Namespace(t, k.cs)
 	k.claim = k8stest.Claim(t, k.cs, k.ns, k.data)
-	ln, err := net.Listen("tcp", k8stest.NodeIP+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	k.addr = ln.Addr().String()
-	ln.Close()
+	k.addr = freeAddr(t, k8stest.NodeIP)
 	k.token = k8stest.Name("token")
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
