@@ -48,16 +48,15 @@ func ownOOMKills() int64 {
 // to the mount's root: a container's v1 hierarchy is its own cgroup
 // mounted at /sys/fs/cgroup/memory.
 func memoryCgroupDir(cgroup, mountinfo string) (dir, file string, ok bool) {
-	var v1, v2 string
-	found1, found2 := false, false
+	var v1, v2 string // the cgroup's path in each hierarchy; "" for none (a path starts with /)
 	for line := range strings.SplitSeq(cgroup, "\n") {
 		f := strings.SplitN(line, ":", 3)
 		switch {
 		case len(f) != 3:
 		case f[0] == "0" && f[1] == "":
-			v2, found2 = f[2], true
+			v2 = f[2]
 		case slices.Contains(strings.Split(f[1], ","), "memory"):
-			v1, found1 = f[2], true
+			v1 = f[2]
 		}
 	}
 	for line := range strings.SplitSeq(mountinfo, "\n") {
@@ -68,11 +67,11 @@ func memoryCgroupDir(cgroup, mountinfo string) (dir, file string, ok bool) {
 		}
 		root, point := f[3], f[4]
 		switch {
-		case found1 && g[0] == "cgroup" && slices.Contains(strings.Split(g[2], ","), "memory"):
+		case v1 != "" && g[0] == "cgroup" && slices.Contains(strings.Split(g[2], ","), "memory"):
 			if d, ok := within(point, root, v1); ok {
 				return d, "memory.oom_control", true
 			}
-		case found2 && !found1 && g[0] == "cgroup2":
+		case v2 != "" && v1 == "" && g[0] == "cgroup2":
 			if d, ok := within(point, root, v2); ok {
 				return d, "memory.events", true
 			}
