@@ -236,7 +236,8 @@ type Resources struct {
 	// CPULimit is a sandbox's CPU limit.
 	CPULimit CPU `yaml:"cpu_limit"`
 	// PidsLimit bounds a sandbox's processes and threads, its own (about
-	// 16) included; at least 32.
+	// 16) included; at least 32. Not on kubernetes, where the node's
+	// podPidsLimit applies.
 	PidsLimit int `yaml:"pids_limit"`
 }
 
@@ -521,7 +522,9 @@ type Workspaces struct {
 	// subdirectories are workspaces too, named by their absolute path
 	// (e.g. /srv/repos, so that /srv/repos/app is one). Tasks there run as
 	// the sandbox identity, which owns the directory while they do; it
-	// goes back to its owner afterwards.
+	// goes back to its owner afterwards. Only on the runtimes of the
+	// server's host (local, gvisor, docker): a task there on kubernetes is
+	// refused.
 	Roots []string `yaml:"roots"`
 	// AllowHooks leaves the git hooks a task or session creates or
 	// changes in a workspace executable. By default they lose their
