@@ -17,9 +17,9 @@ const primeTimeout = 10 * time.Second
 // of the local time zone, which the first log line's time takes; the
 // network stack's probes (IPv4 and IPv6 sockets, the listen backlog),
 // which the first listener takes, as the egress relay's is; and, under
-// gVisor, the sandbox's first process start (primeStart). Each is done once per
-// process or sandbox and costs a task nothing after this; under gVisor
-// each of their system calls is a trip through its kernel.
+// gVisor, the sandbox's first process start (primeStart). Each is done
+// once per process or sandbox and costs a task nothing after this; under
+// gVisor each of their system calls is a trip through its kernel.
 func WarmUp() {
 	if p, err := os.FindProcess(os.Getpid()); err == nil {
 		p.Release()
