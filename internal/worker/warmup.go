@@ -48,13 +48,9 @@ func primeStart() {
 	if environGuarded() {
 		return
 	}
-	path, err := exec.LookPath("env")
-	if err != nil {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), primeTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, path, "true")
+	cmd := exec.CommandContext(ctx, "env", "true") // not on PATH: Run fails at once
 	cmd.Env = agentEnv(os.Environ(), nil)
 	cmd.Dir = "/"
 	cmd.Run()
