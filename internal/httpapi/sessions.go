@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -115,19 +116,30 @@ func (s *Server) attachAgent(w http.ResponseWriter, r *http.Request) error {
 	if !strings.EqualFold(r.Header.Get("Upgrade"), execagent.Upgrade) {
 		return fmt.Errorf("want Upgrade: %s: %w", execagent.Upgrade, errdefs.ErrInvalidArgument)
 	}
-	conn, rw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		return fmt.Errorf("take over the agent's connection: %w", err)
+	hijacked := false
+	upgrade := func() (net.Conn, io.Reader, error) {
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return nil, nil, fmt.Errorf("take over the agent's connection: %w", err)
+		}
+		hijacked = true
+		if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+execagent.Upgrade+"\r\n\r\n"); err != nil {
+			conn.Close()
+			return nil, nil, err
+		}
+		conn.SetDeadline(time.Time{})
+		return conn, rw.Reader, nil
 	}
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+execagent.Upgrade+"\r\n\r\n"); err != nil {
-		conn.Close()
+	local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	hostSocket := local != nil && local.Network() == "unix"
+	err := s.opts.SessionGate.AttachAgent(r.Context(), r.PathValue("id"), hostSocket, upgrade)
+	if err != nil {
+		s.log.Info("session exec agent refused", "session_id", r.PathValue("id"), "err", err)
+	}
+	if hijacked { // the answer is the connection's now
 		return nil
 	}
-	conn.SetDeadline(time.Time{})
-	if err := s.opts.SessionGate.AttachAgent(r.PathValue("id"), conn, rw.Reader); err != nil {
-		s.log.Warn("session exec agent refused", "err", err)
-	}
-	return nil
+	return err
 }
 
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {

@@ -75,8 +75,12 @@ type SessionGate interface {
 	Authorize(id, token string) bool
 	AuthorizeAgent(id, token string) bool
 	// AttachAgent takes the connection session id's exec agent dialled in
-	// on (already upgraded; r reads from it).
-	AttachAgent(id string, conn net.Conn, r io.Reader) error
+	// on, which upgrade hands over (answering its request with 101; r
+	// reads from it) once the agent is let in; refused, the agent is
+	// answered with the error and upgrade is not called. hostSocket says
+	// the agent dialled a unix socket (from a sandbox of this host), not
+	// TCP.
+	AttachAgent(ctx context.Context, id string, hostSocket bool, upgrade func() (conn net.Conn, r io.Reader, err error)) error
 	// Forward returns the API address of the other server of the cluster
 	// that runs session id (holding its exec agent), if another does: its
 	// commands go there.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/clip"
+	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/execagent"
@@ -79,12 +80,20 @@ func (m *Manager) agent(id string) *execagent.Conn {
 	}
 }
 
-// AttachAgent takes the connection session id's exec agent dialled in on
-// (already upgraded; r reads from it), replacing any earlier one. An agent
-// whose replica is gone reaches this one on the host's shared socket: the
-// session is adopted (session_adopted) and runs here from now on. One of a
-// replica still alive is refused: it dials its own again.
-func (m *Manager) AttachAgent(id string, conn net.Conn, r io.Reader) error {
+// AttachAgent takes session id's exec agent's connection, which upgrade
+// hands over (answering the agent's request with its 101) once the agent
+// is let in; an agent refused is answered with the error, upgrade not
+// called, so it backs off before it dials again. An agent whose replica is
+// gone reaches this one on the host's shared socket: the session is
+// adopted (session_adopted) and runs here from now on. One of a replica
+// still alive is refused: it dials its own again. hostSocket says the dial
+// came on a unix socket, from a sandbox of this host, which dials another
+// replica's only once its own replica's socket no longer answers: that
+// replica is gone, and the dial is held until this one sees its lease
+// lapse (at most TTL+Renew, while ctx lasts) rather than refused. One over
+// TCP may have reached this replica through a load balancer in front of
+// the one that runs its session, and is refused at once.
+func (m *Manager) AttachAgent(ctx context.Context, id string, hostSocket bool, upgrade func() (net.Conn, io.Reader, error)) error {
 	m.mu.Lock()
 	held := m.held[id]
 	m.mu.Unlock()
@@ -97,13 +106,19 @@ func (m *Manager) AttachAgent(id string, conn net.Conn, r io.Reader) error {
 		// the server does not know.
 		<-held
 	}
-	err := m.Running(id)
-	if err != nil {
-		conn.Close()
+	if hostSocket {
+		m.waitLapse(ctx, id, cluster.TTL+cluster.Renew)
+	}
+	if err := m.Running(id); err != nil {
 		return err
 	}
+	// Not the request's context: an adoption recorded goes on to take
+	// over the session's commands, even if its agent hangs up meanwhile.
 	if err := m.adopt(context.Background(), id); err != nil {
-		conn.Close()
+		return err
+	}
+	conn, r, err := upgrade()
+	if err != nil {
 		return err
 	}
 	c := execagent.NewConn(conn, r, &agentHandler{m: m, session: id})
@@ -120,6 +135,27 @@ func (m *Manager) AttachAgent(id string, conn net.Conn, r io.Reader) error {
 	}
 	m.log.Debug("session exec agent attached", "session_id", id)
 	return nil
+}
+
+// waitLapse waits, for at most d or until ctx ends, while session id runs
+// on another replica that this one counts alive: a replica killed stays
+// so for up to TTL+Renew after its last renewal.
+func (m *Manager) waitLapse(ctx context.Context, id string, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		changed := m.opts.Members.Changed()
+		if !m.runElsewhere(id) {
+			return
+		}
+		select {
+		case <-changed:
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // hold holds session id's exec agent's dial (AttachAgent) until release

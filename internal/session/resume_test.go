@@ -39,7 +39,7 @@ func TestAgentHeldWhileItsResumeIsRecorded(t *testing.T) {
 		m.mu.Unlock()
 		conn, br := execagenttest.Dial(t, []string{"PATH=/usr/bin:/bin"})
 		answer := make(chan error, 1)
-		go func() { answer <- m.AttachAgent(id, conn, br) }()
+		go func() { answer <- m.AttachAgent(ctx, id, true, upgraded(conn, br)) }()
 		select {
 		case err := <-answer:
 			t.Fatalf("the agent was answered before its resume was recorded: %v", err)

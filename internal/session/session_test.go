@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/cluster"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/eventstore"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
 	"github.com/corral-dev/corral/internal/execagent/execagenttest"
@@ -157,10 +159,16 @@ func agentSession(t *testing.T, store eventstore.Store) (*Manager, string) {
 	const id = "sess-01m8jbh60d7qh1g11cxcbgpmzh"
 	recordSession(t, m, Session{ID: id, Status: StatusRunning})
 	conn, br := execagenttest.Dial(t, []string{"PATH=/usr/bin:/bin"})
-	if err := m.AttachAgent(id, conn, br); err != nil {
+	if err := m.AttachAgent(context.Background(), id, true, upgraded(conn, br)); err != nil {
 		t.Fatal(err)
 	}
 	return m, id
+}
+
+// upgraded is AttachAgent's upgrade of an agent's connection conn, which
+// execagenttest.Dial upgraded already.
+func upgraded(conn net.Conn, r io.Reader) func() (net.Conn, io.Reader, error) {
+	return func() (net.Conn, io.Reader, error) { return conn, r, nil }
 }
 
 // slowStarts is a store whose exec_started takes a while to commit; it
@@ -222,6 +230,88 @@ type twoReplicas struct {
 
 func (c twoReplicas) Alive(id string) (cluster.Replica, bool) {
 	return cluster.Replica{ID: id}, id == c.Self() || id == c.other
+}
+
+// lapsing is a cluster of this replica and others, alive while view's
+// last renewal lists them.
+type lapsing struct {
+	*cluster.Solo
+	view *cluster.View
+}
+
+func (c lapsing) Alive(id string) (cluster.Replica, bool) {
+	if id == c.Self() {
+		return cluster.Replica{ID: id}, true
+	}
+	r, ok := c.view.Live()[id]
+	return r, ok
+}
+
+func (c lapsing) Changed() <-chan struct{} { return c.view.Changed() }
+
+// The exec agent of a session whose replica another counts alive is
+// refused before its upgrade: at once over TCP (a load balancer may have
+// sent it to the wrong replica), and over a host's unix socket (where it
+// dials another replica only once its own is gone) once it waited for
+// that replica's lease to lapse, or for its own request to end. Once the
+// lease lapses, the held dial is upgraded and the session adopted.
+func TestAgentOfAReplicaGoneHeldUntilItsLeaseLapses(t *testing.T) {
+	view := &cluster.View{}
+	view.Renewed(time.Now(), map[string]cluster.Replica{"r-self": {ID: "r-self"}, "r-other": {ID: "r-other"}})
+	m := stopAllManager(t, sandboxtest.NewFake(), lapsing{Solo: cluster.NewSolo(cluster.Replica{ID: "r-self"}), view: view})
+	const id = "sess-01m8jbh60d7qh1g11cxcbgpmzh"
+	recordRunning(t, m, id, "r-other")
+	upgrades := 0
+	refused := func() (net.Conn, io.Reader, error) {
+		upgrades++
+		return nil, nil, errors.New("upgraded")
+	}
+
+	start := time.Now()
+	if err := m.AttachAgent(context.Background(), id, false, refused); !errors.Is(err, errdefs.ErrFailedPrecondition) || upgrades != 0 {
+		t.Errorf("over TCP: %v, %d upgrades; want refused as the other replica's, not upgraded", err, upgrades)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := m.AttachAgent(ctx, id, true, refused); !errors.Is(err, errdefs.ErrFailedPrecondition) || upgrades != 0 {
+		t.Errorf("on the host's socket, its request gone: %v, %d upgrades; want refused, not upgraded", err, upgrades)
+	}
+	if took := time.Since(start); took < 300*time.Millisecond || took > 3*time.Second {
+		t.Errorf("the refusals took %v; want the held one to end with its request (300 ms)", took)
+	}
+
+	conn, br := execagenttest.Dial(t, []string{"PATH=/usr/bin:/bin"})
+	answer := make(chan error, 1)
+	go func() {
+		answer <- m.AttachAgent(context.Background(), id, true, func() (net.Conn, io.Reader, error) {
+			upgrades++
+			return conn, br, nil
+		})
+	}()
+	select {
+	case err := <-answer:
+		t.Fatalf("the agent was answered while the session's replica was alive: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	view.Renewed(time.Now(), map[string]cluster.Replica{"r-self": {ID: "r-self"}})
+	select {
+	case err := <-answer:
+		if err != nil || upgrades != 1 {
+			t.Fatalf("the held agent, its session's replica gone: %v, %d upgrades; want attached", err, upgrades)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the held agent was not answered once the session's replica was gone")
+	}
+	if m.agent(id) == nil {
+		t.Error("the agent is not attached")
+	}
+	evs, err := m.opts.Store.ReadStream(context.Background(), StreamID(id), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(evs, func(e eventstore.Event) bool { return e.Type == EventAdopted }) {
+		t.Error("the session was not adopted")
+	}
 }
 
 // StopAll destroys the sandboxes of the running sessions this replica
