@@ -3,14 +3,12 @@
 package e2e_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -207,7 +205,7 @@ func TestServeLogsRuntimesNotOffered(t *testing.T) {
 	data := testenv.TempDir(t)
 	cmd := serveCommand(t, data, freeLoopbackAddr(t))
 	cmd.Env = append(cmd.Env, "DOCKER_HOST=unix://"+filepath.Join(t.TempDir(), "no-engine.sock"))
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -217,22 +215,4 @@ func TestServeLogsRuntimesNotOffered(t *testing.T) {
 		s := out.String()
 		return strings.Contains(s, `msg="runtime not offered" runtime=docker`) && strings.Contains(s, "no-engine.sock") && strings.Contains(s, "restart the server")
 	})
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's output and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -33,7 +33,8 @@ import (
 // replica is one `corral serve` process of a cluster, and its id.
 type replica struct {
 	*proc
-	id string
+	id  string
+	log *testenv.SyncBuffer // its output, which the test's log has too
 }
 
 // onPostgres is what the replicas of a test share: a data root (whose
@@ -71,6 +72,9 @@ func startReplica(t *testing.T, data string, env []string, extra ...string) *rep
 	addr := freeLoopbackAddr(t)
 	cmd := serveCommand(t, data, addr, extra...)
 	cmd.Env = append(cmd.Env, env...)
+	log := &testenv.SyncBuffer{}
+	cmd.Stdout = io.MultiWriter(cmd.Stdout, log)
+	cmd.Stderr = io.MultiWriter(cmd.Stderr, log)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +90,7 @@ func startReplica(t *testing.T, data string, env []string, extra ...string) *rep
 	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil || h.Replica == "" {
 		t.Fatalf("/healthz names no replica: %v", err)
 	}
-	return &replica{proc: p, id: h.Replica}
+	return &replica{proc: p, id: h.Replica, log: log}
 }
 
 // TestReplicasSurviveAKill: three servers on one PostgreSQL database and
@@ -379,6 +383,18 @@ func TestSessionsOfAReplicaKilled(t *testing.T) {
 	}
 	if adoptions != 1 || lost != 0 {
 		t.Errorf("the kept session's log: %d adoptions, %d execs ended lost; want 1 and 0", adoptions, lost)
+	}
+	// Its exec agent, which dialled the survivor on the host's shared
+	// socket, waited there for the killed replica's lease to lapse: not
+	// refused at each of its dials (every 10 ms, once).
+	refusals := 0
+	for line := range strings.Lines(b.log.String()) {
+		if strings.Contains(line, `msg="session exec agent refused"`) && strings.Contains(line, kept.SessionID) {
+			refusals++
+		}
+	}
+	if refusals > 2 {
+		t.Errorf("the survivor refused the kept session's agent %d times; want it held until the lease lapsed", refusals)
 	}
 
 	// The orphan ends lost, saying why, within the agent's wait.
