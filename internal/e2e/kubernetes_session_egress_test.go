@@ -56,6 +56,7 @@ func egressOnKubernetes(t *testing.T, class string, allow ...string) (kubeServer
 // with its own key: another's opens nothing of it, and the key of a
 // session deleted opens nothing at all. Under runc and gVisor.
 func TestKubernetesSessionEgress(t *testing.T) {
+	t.Parallel()
 	for _, class := range []string{"", k8stest.GVisor} {
 		t.Run(className(class), func(t *testing.T) {
 			t.Parallel()

@@ -42,6 +42,7 @@ import (
 // refused by a server without an egress listener for pods
 // (TestKubernetesSessionEgress has one). Under runc and gVisor.
 func TestKubernetesSession(t *testing.T) {
+	t.Parallel()
 	for _, class := range []string{"", k8stest.GVisor} {
 		t.Run(className(class), func(t *testing.T) {
 			t.Parallel()

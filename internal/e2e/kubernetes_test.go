@@ -78,6 +78,7 @@ func kubeconfig() string {
 // past its timeout ends as a timeout when the Job's deadline passes; a
 // cancelled one ends at once; and no Job is left.
 func TestKubernetesTasks(t *testing.T) {
+	t.Parallel()
 	for _, class := range []string{"", k8stest.GVisor} {
 		t.Run(className(class), func(t *testing.T) {
 			t.Parallel()

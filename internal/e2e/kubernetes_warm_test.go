@@ -142,6 +142,7 @@ func (k kubeServer) waitWarmPods(t *testing.T, srv *proc, n int) []string {
 // first one made and makes new ones, which take tasks. Under runc and
 // gVisor.
 func TestKubernetesWarm(t *testing.T) {
+	t.Parallel()
 	for _, class := range []string{"", k8stest.GVisor} {
 		t.Run(className(class), func(t *testing.T) {
 			t.Parallel()

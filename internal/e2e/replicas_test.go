@@ -100,6 +100,7 @@ func startReplica(t *testing.T, data string, env []string, extra ...string) *rep
 // receiver counts: duplicates only with the same webhook-id); and waiters
 // on the survivors see every end, the dead replica's tasks' too.
 func TestReplicasSurviveAKill(t *testing.T) {
+	t.Parallel()
 	n, env := notifiedOnPostgres(t)
 	env = append(env, "CORRAL_MAX_CONCURRENT=9")
 	var rs []*replica
@@ -258,6 +259,7 @@ func mustEvents(t *testing.T, c *httpapi.Client, id string) []eventstore.Event {
 // and none is adopted, though every lease lapsed meanwhile: a replica back
 // from the cut judges no one until its own lease has held for a TTL.
 func TestReplicasRideOutAPostgresRestart(t *testing.T) {
+	t.Parallel()
 	pg := postgrestest.NewServer(t)
 	data, env := onPostgres(t, pg.DSN)
 	a, b := startReplica(t, data, env), startReplica(t, data, env)
@@ -318,6 +320,7 @@ func TestReplicasRideOutAPostgresRestart(t *testing.T) {
 // replica is left on would be out of reach: no agent dials in again): the
 // survivor ends it lost, saying why, once its agent had time to.
 func TestSessionsOfAReplicaKilled(t *testing.T) {
+	t.Parallel()
 	db := postgrestest.New(t)
 	data, env := onPostgres(t, db.DSN)
 	a, b := startReplica(t, data, env), startReplica(t, data, env)
@@ -437,6 +440,7 @@ func waitKilled(t *testing.T, r *replica, point string) {
 // from it in turn; the task ends once, with its own result, having run
 // once.
 func TestAnAdopterKilled(t *testing.T) {
+	t.Parallel()
 	db := postgrestest.New(t)
 	data, env := onPostgres(t, db.DSN)
 	a := startReplica(t, data, env)
@@ -490,6 +494,7 @@ func TestAnAdopterKilled(t *testing.T) {
 // webhook-id (a duplicate as Standard Webhooks allows), and records it
 // delivered, once.
 func TestALeaderKilledDelivering(t *testing.T) {
+	t.Parallel()
 	n, env := notifiedOnPostgres(t)
 	// The first to join leads.
 	leader := startReplica(t, n.data, append(env, "CORRAL_TEST_CRASH_AT="+sandbox.CrashDelivered), "--config", n.cfgFile)
