@@ -88,9 +88,9 @@ func TestLongOutputName(t *testing.T) {
 
 // TestManyOutputFilesBounded: a worker leaving 20,000 files gets a result
 // (and an event, and a list page) listing at most 1,000 of them, with the
-// real count and a note. (100,000 until 2026-12-02: their creation alone
-// took 24 s of a quiet machine's kernel here, and past the wait's 120 s
-// with four tests at a time beside the other packages.)
+// real count and a note. (100,000 until 2026-12-02: making them took 24 s
+// in a sandbox of a quiet machine here, 7 s on its host, and past the
+// wait's 120 s with four tests at a time beside the other packages.)
 func TestManyOutputFilesBounded(t *testing.T) {
 	t.Parallel()
 	s := MustStart(t, nil)
