@@ -119,6 +119,7 @@ func render(t *testing.T, content string) []byte {
 // is (server-side apply, strict field validation, admission, RBAC's
 // escalation check on the Role), and the dry run leaves nothing behind.
 func TestServerSideDryRun(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	ns := k8stest.Namespace(t, c.cs) // namespaced objects need it to exist even in a dry run
 	// A RuntimeClass of its own, so the check below sees a name that
@@ -166,6 +167,7 @@ func kubeconfig() string {
 // made, runs, is stopped and destroyed. What the Role leaves out, the
 // server cannot do.
 func TestRBACSufficesForTheRuntime(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	ns := k8stest.Namespace(t, c.cs)
 	// With warm pods, which follow the nodes' memory pressure: the one

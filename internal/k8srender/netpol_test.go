@@ -35,6 +35,7 @@ import (
 //
 // The probe is TCP; DNS over UDP is allowed by the same rule as over TCP.
 func TestNetworkPoliciesHold(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	ns := k8stest.Namespace(t, c.cs)
 	elsewhere := k8stest.Namespace(t, c.cs)

@@ -42,6 +42,7 @@ import (
 // Deployment gets ready, the API says the release's version, and a task
 // spawned through it runs as a Job and ends with its output.
 func TestReleaseOnTheNode(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	k8stest.RequireImage(t, k8stest.BusyboxImage)
 	repo, err := filepath.Abs("../..")

@@ -59,6 +59,7 @@ const podNetwork = "10.88.0.0/24"
 // the server pods, are not applied here: TestNetworkPoliciesHold tests
 // them.
 func TestRenderedReplicasOnTheNode(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	began := time.Now()
 	image := serverImage(t)

@@ -82,6 +82,7 @@ func (c cluster) mustNew(tb testing.TB, class, instance string) *Runtime {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	for _, class := range classes {
 		t.Run(className(class), func(t *testing.T) {
 			c := newCluster(t)
@@ -99,6 +100,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestSurvivesServerDeath(t *testing.T) {
+	t.Parallel()
 	// The namespace, claim and instance travel to the helper process as
 	// the "state"; the helper connects to the same namespace.
 	newRuntime := func(tb testing.TB, state string) sandbox.Runtime {
@@ -149,6 +151,7 @@ func run(t *testing.T, r *Runtime, script string, mod func(*sandbox.Spec)) (sand
 // cannot open (under the runtime's default seccomp profile: the kernel
 // refuses it, not a filter).
 func TestHardening(t *testing.T) {
+	t.Parallel()
 	for _, class := range classes {
 		t.Run(className(class), func(t *testing.T) {
 			t.Parallel()
@@ -183,6 +186,7 @@ for f in /proc/1/mem /proc/1/task/1/mem; do (exec 3<$f) 2>/dev/null && echo "$f 
 // TestJobShape: the Job is seed 000's manifest, and no value of the
 // environment is a literal in it.
 func TestJobShape(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	r := c.mustNew(t, "", sandboxtest.NewID(t))
 	_, _, id := run(t, r, "true", func(sp *sandbox.Spec) {
@@ -230,6 +234,7 @@ func TestJobShape(t *testing.T) {
 // List shows the Job meanwhile, so that a restarted server's
 // reconciliation finds, stops and destroys it.
 func TestJobDeletedElsewhere(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	inst := sandboxtest.NewID(t)
 	r := c.mustNew(t, "", inst)
@@ -312,6 +317,7 @@ func TestJobDeletedElsewhere(t *testing.T) {
 // finalizer of theirs does not hold Destroy, which lets go of its own and
 // returns.
 func TestDestroyLeavesOthersFinalizers(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	r := c.mustNew(t, "", sandboxtest.NewID(t))
 	_, _, id := run(t, r, "true", nil)
@@ -337,6 +343,7 @@ func TestDestroyLeavesOthersFinalizers(t *testing.T) {
 // TestDeadline: a sandbox that runs past its wall-clock limit ends when
 // the Job controller marks the deadline, not after the pod's grace period.
 func TestDeadline(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	r := c.mustNew(t, "", sandboxtest.NewID(t))
 	start := time.Now()
@@ -371,6 +378,7 @@ func TestHostDirRefused(t *testing.T) {
 // refused, and so are keyrings, bpf and user namespaces, under runc and
 // under gVisor (whose runsc applies it with oci-seccomp).
 func TestSeccompProfile(t *testing.T) {
+	t.Parallel()
 	for _, class := range classes {
 		t.Run(className(class), func(t *testing.T) {
 			t.Parallel()
@@ -452,6 +460,7 @@ type probeResult struct {
 // message is then that, not the end of its output, made one safe line
 // like the output's last words.
 func TestTerminationMessage(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	r := c.mustNew(t, "", sandboxtest.NewID(t))
 	es, _, _ := run(t, r, "echo 'the output' >&2; printf 'earlier\\nfor the \\033[2Jlog' > /dev/termination-log; exit 3", nil)
@@ -462,6 +471,7 @@ func TestTerminationMessage(t *testing.T) {
 
 // PodAddr knows the addresses of this server's pods, and no other.
 func TestPodAddr(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	r := c.mustNew(t, "", sandboxtest.NewID(t))
 	if r.PodAddr("127.0.0.1") {
@@ -534,6 +544,7 @@ func TestExitWithoutPod(t *testing.T) {
 // pods are bound to a node that does not exist, so no kubelet writes
 // their status but the test.
 func TestSettling(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	cs := k8stest.Clientset(t, c.cfg)
 	r := c.mustNew(t, "", sandboxtest.NewID(t))
