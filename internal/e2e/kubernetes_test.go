@@ -4,6 +4,7 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -198,6 +199,64 @@ func TestKubernetesKill9(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d Jobs and %d pods left in %s, want none (the task's and the orphan's removed)", jobs(""), len(pods.Items), ns)
 		}
+	}
+}
+
+// TestKubernetesDestroyCrashPoints: a server killed with SIGKILL at each
+// step of a task's sandbox's Destroy, after the task's end is recorded
+// (its Job deleted and held by the runtime's finalizer; its pod gone; its
+// directories taken back, the finalizer still there), then started
+// again: the task keeps its end and its output, and the new server's
+// reconciliation finishes the Destroy from the Job it finds: no Job, pod
+// or Secret of the task is left, and its files are the server's again.
+func TestKubernetesDestroyCrashPoints(t *testing.T) {
+	t.Parallel()
+	for _, point := range []string{sandbox.CrashJobDeleted, sandbox.CrashPodGone, sandbox.CrashReclaimed} {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			k := killableOnKubernetes(t, "")
+			ctx := context.Background()
+			srv := k.startCrashing(t, point)
+			tk := mustSpawn(t, srv.proc.client, service.SpawnRequest{TaskDescription: "destroy cut at " + point,
+				Command: []string{"sh", "-c", "echo done > output/out.txt"}})
+			srv.waitKilled(t, point)
+			sel := metav1.ListOptions{LabelSelector: sandbox.LabelTaskID + "=" + tk.ID}
+			jobs, err := k.cs.BatchV1().Jobs(k.ns).List(ctx, sel)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// What the next server has to go on: the Job, being deleted.
+			if len(jobs.Items) != 1 || jobs.Items[0].DeletionTimestamp == nil {
+				t.Fatalf("the task's Jobs after a kill at %s: %+v, want its one, being deleted", point, jobs.Items)
+			}
+
+			next := k.start(t)
+			res, err := next.client.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: time.Minute, IncludeFileContents: []string{"out.txt"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Status != task.Success || res.FileContents["out.txt"].Content != "done\n" {
+				t.Errorf("after the restart: %s %q (%s), want success with done", res.Status, res.FileContents["out.txt"].Content, res.ErrorMessage)
+			}
+			for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				jobs, jerr := k.cs.BatchV1().Jobs(k.ns).List(ctx, sel)
+				pods, perr := k.cs.CoreV1().Pods(k.ns).List(ctx, sel)
+				secrets, serr := k.cs.CoreV1().Secrets(k.ns).List(ctx, sel)
+				if err := errors.Join(jerr, perr, serr); err != nil {
+					t.Fatal(err)
+				}
+				if len(jobs.Items)+len(pods.Items)+len(secrets.Items) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d Jobs, %d pods and %d Secrets of the task left, want none", len(jobs.Items), len(pods.Items), len(secrets.Items))
+				}
+			}
+			// The Job goes once its directories are taken back.
+			if theirs := notOurs(filepath.Join(k.data, "tasks", tk.ID)); len(theirs) > 0 {
+				t.Errorf("the task's files not taken back from the pod's identity: %v", theirs)
+			}
+		})
 	}
 }
 

@@ -92,6 +92,22 @@ const (
 	CrashRelabelled = "relabelled"
 )
 
-// KubernetesCrashPoints are the crash points of a claim on Kubernetes
-// that no other runtime passes.
-var KubernetesCrashPoints = []string{CrashAnswered, CrashRelabelled}
+// The crash points of a sandbox's Destroy on Kubernetes, each step of
+// which a later Destroy (the next server's reconciliation) must be able
+// to finish: the Job, held in the API by the runtime's finalizer until
+// its directories are taken back, is what that Destroy finds.
+const (
+	// CrashJobDeleted: the sandbox's Job is deleted, held by the
+	// runtime's finalizer; its pod may still run.
+	CrashJobDeleted = "job-deleted"
+	// CrashPodGone: the sandbox's pod is gone from the API; its Secret
+	// and the directories it was given are not yet taken back.
+	CrashPodGone = "pod-gone"
+	// CrashReclaimed: the directories are the server's again; the Job's
+	// finalizer is not yet removed.
+	CrashReclaimed = "reclaimed"
+)
+
+// KubernetesCrashPoints are the crash points that no other runtime
+// passes: of a claim of a warm pod, then of a Destroy.
+var KubernetesCrashPoints = []string{CrashAnswered, CrashRelabelled, CrashJobDeleted, CrashPodGone, CrashReclaimed}

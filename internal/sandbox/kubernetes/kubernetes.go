@@ -195,8 +195,9 @@ type Options struct {
 	StateDir string
 	// Crash, when set, is called at each crash point a claim of a warm
 	// pod passes (sandbox.CrashClaimed, CrashMoved, CrashHandedOver,
-	// CrashSent and sandbox.KubernetesCrashPoints); the fault tests have
-	// the server die there. Nil in production.
+	// CrashSent, CrashAnswered, CrashRelabelled) and a Destroy passes
+	// (CrashJobDeleted, CrashPodGone, CrashReclaimed); the fault tests
+	// have the server die there. Nil in production.
 	Crash func(point string)
 }
 
@@ -1254,6 +1255,7 @@ func (r *Runtime) destroy(ctx context.Context, id string, job *batchv1.Job, tree
 	if err != nil && !apierrors.IsNotFound(err) {
 		return classify("destroy sandbox "+id, err)
 	}
+	r.crash(sandbox.CrashJobDeleted)
 	// Its pods by their Job's name: a claimed warm pod keeps the
 	// labels it was made with.
 	sel := labels.SelectorFromSet(labels.Set{batchv1.JobNameLabel: job.Name, sandbox.LabelInstance: r.opts.Instance}).String()
@@ -1276,12 +1278,14 @@ func (r *Runtime) destroy(ctx context.Context, id string, job *batchv1.Job, tree
 			return fmt.Errorf("destroy sandbox %s: its pod is still there: %w", id, ctx.Err())
 		}
 	}
+	r.crash(sandbox.CrashPodGone)
 	if err := r.api.delete(ctx, "secrets", envSecret(job.Name), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return classify("destroy sandbox "+id, err)
 	}
 	if err := hostuser.Reclaim(trees); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
+	r.crash(sandbox.CrashReclaimed)
 	if err := r.release(ctx, job); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
