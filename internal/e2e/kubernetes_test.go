@@ -16,7 +16,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sclient "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -205,58 +205,87 @@ func TestKubernetesKill9(t *testing.T) {
 // TestKubernetesDestroyCrashPoints: a server killed with SIGKILL at each
 // step of a task's sandbox's Destroy, after the task's end is recorded
 // (its Job deleted and held by the runtime's finalizer; its pod gone; its
-// directories taken back, the finalizer still there), then started
-// again: the task keeps its end and its output, and the new server's
-// reconciliation finishes the Destroy from the Job it finds: no Job, pod
-// or Secret of the task is left, and its files are the server's again.
+// directories taken back, the finalizer still there), its sandbox a cold
+// Job or a claimed warm pod, then started again: the task keeps its end
+// and its output, and the new server's reconciliation finishes the
+// Destroy from the Job it finds (and, for a claimed pod, the claim's
+// record): no Job, pod or Secret of the task is left, and its files are
+// the server's again.
 func TestKubernetesDestroyCrashPoints(t *testing.T) {
 	t.Parallel()
-	for _, point := range []string{sandbox.CrashJobDeleted, sandbox.CrashPodGone, sandbox.CrashReclaimed} {
-		t.Run(point, func(t *testing.T) {
-			t.Parallel()
-			k := killableOnKubernetes(t, "")
-			ctx := context.Background()
-			srv := k.startCrashing(t, point)
-			tk := mustSpawn(t, srv.proc.client, service.SpawnRequest{TaskDescription: "destroy cut at " + point,
-				Command: []string{"sh", "-c", "echo done > output/out.txt"}})
-			srv.waitKilled(t, point)
-			sel := metav1.ListOptions{LabelSelector: sandbox.LabelTaskID + "=" + tk.ID}
-			jobs, err := k.cs.BatchV1().Jobs(k.ns).List(ctx, sel)
-			if err != nil {
-				t.Fatal(err)
+	for _, warm := range []bool{false, true} {
+		for _, point := range []string{sandbox.CrashJobDeleted, sandbox.CrashPodGone, sandbox.CrashReclaimed} {
+			name := point
+			if warm {
+				name = "warm-" + point
 			}
-			// What the next server has to go on: the Job, being deleted.
-			if len(jobs.Items) != 1 || jobs.Items[0].DeletionTimestamp == nil {
-				t.Fatalf("the task's Jobs after a kill at %s: %+v, want its one, being deleted", point, jobs.Items)
-			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				testKubernetesDestroyCrash(t, point, warm)
+			})
+		}
+	}
+}
 
-			next := k.start(t)
-			res, err := next.client.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: time.Minute, IncludeFileContents: []string{"out.txt"}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Status != task.Success || res.FileContents["out.txt"].Content != "done\n" {
-				t.Errorf("after the restart: %s %q (%s), want success with done", res.Status, res.FileContents["out.txt"].Content, res.ErrorMessage)
-			}
-			for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-				jobs, jerr := k.cs.BatchV1().Jobs(k.ns).List(ctx, sel)
-				pods, perr := k.cs.CoreV1().Pods(k.ns).List(ctx, sel)
-				secrets, serr := k.cs.CoreV1().Secrets(k.ns).List(ctx, sel)
-				if err := errors.Join(jerr, perr, serr); err != nil {
-					t.Fatal(err)
-				}
-				if len(jobs.Items)+len(pods.Items)+len(secrets.Items) == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%d Jobs, %d pods and %d Secrets of the task left, want none", len(jobs.Items), len(pods.Items), len(secrets.Items))
-				}
-			}
-			// The Job goes once its directories are taken back.
-			if theirs := notOurs(filepath.Join(k.data, "tasks", tk.ID)); len(theirs) > 0 {
-				t.Errorf("the task's files not taken back from the pod's identity: %v", theirs)
-			}
-		})
+func testKubernetesDestroyCrash(t *testing.T, point string, warm bool) {
+	k := killableOnKubernetes(t, "")
+	if warm {
+		k = warmOnKubernetes(t, "", 1)
+	}
+	ctx := context.Background()
+	srv := k.startCrashing(t, point)
+	var warmJob string
+	if warm {
+		warmJob = k.waitWarmPods(t, srv.proc, 1)[0]
+	}
+	tk := mustSpawn(t, srv.client, service.SpawnRequest{TaskDescription: "destroy cut at " + point,
+		Command: []string{"sh", "-c", "echo done > output/out.txt"}})
+	srv.waitKilled(t, point)
+	byTask := metav1.ListOptions{LabelSelector: sandbox.LabelTaskID + "=" + tk.ID}
+	jobs, err := k.cs.BatchV1().Jobs(k.ns).List(ctx, byTask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the next server has to go on: the Job, being deleted.
+	if len(jobs.Items) != 1 || jobs.Items[0].DeletionTimestamp == nil {
+		t.Fatalf("the task's Jobs after a kill at %s: %+v, want its one, being deleted", point, jobs.Items)
+	}
+	job := jobs.Items[0].Name
+	if warm && job != warmJob {
+		t.Fatalf("the task ran in Job %s, not the warm pod's %s", job, warmJob)
+	}
+
+	next := k.start(t)
+	res, err := next.client.Result(ctx, service.ResultRequest{TaskID: tk.ID, Wait: time.Minute, IncludeFileContents: []string{"out.txt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != task.Success || res.FileContents["out.txt"].Content != "done\n" {
+		t.Errorf("after the restart: %s %q (%s), want success with done", res.Status, res.FileContents["out.txt"].Content, res.ErrorMessage)
+	}
+	// A claimed warm pod keeps the labels it was made with: its pods are
+	// found by their Job's name.
+	byJob := metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + job}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, jerr := k.cs.BatchV1().Jobs(k.ns).Get(ctx, job, metav1.GetOptions{})
+		pods, perr := k.cs.CoreV1().Pods(k.ns).List(ctx, byJob)
+		secrets, serr := k.cs.CoreV1().Secrets(k.ns).List(ctx, byTask)
+		if jerr != nil && !apierrors.IsNotFound(jerr) {
+			perr = errors.Join(perr, jerr)
+		}
+		if err := errors.Join(perr, serr); err != nil {
+			t.Fatal(err)
+		}
+		if apierrors.IsNotFound(jerr) && len(pods.Items)+len(secrets.Items) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Job %s (%v), %d pods and %d Secrets of the task left, want none", job, jerr, len(pods.Items), len(secrets.Items))
+		}
+	}
+	// The Job goes once its directories are taken back.
+	if theirs := notOurs(filepath.Join(k.data, "tasks", tk.ID)); len(theirs) > 0 {
+		t.Errorf("the task's files not taken back from the pod's identity: %v", theirs)
 	}
 }
 
