@@ -228,10 +228,11 @@ func TestKubernetesDestroyCrashPoints(t *testing.T) {
 }
 
 func testKubernetesDestroyCrash(t *testing.T, point string, warm bool) {
-	k := killableOnKubernetes(t, "")
+	pool := 0
 	if warm {
-		k = warmOnKubernetes(t, "", 1)
+		pool = 1
 	}
+	k := warmOnKubernetes(t, "", pool)
 	ctx := context.Background()
 	srv := k.startCrashing(t, point)
 	var warmJob string
@@ -283,7 +284,7 @@ func testKubernetesDestroyCrash(t *testing.T, point string, warm bool) {
 			t.Fatalf("the Job %s (%v), %d pods and %d Secrets of the task left, want none", job, jerr, len(pods.Items), len(secrets.Items))
 		}
 	}
-	// The Job goes once its directories are taken back.
+	// The Job goes only once its directories are taken back.
 	if theirs := notOurs(filepath.Join(k.data, "tasks", tk.ID)); len(theirs) > 0 {
 		t.Errorf("the task's files not taken back from the pod's identity: %v", theirs)
 	}
