@@ -228,11 +228,12 @@ func TestKubernetesDestroyCrashPoints(t *testing.T) {
 }
 
 func testKubernetesDestroyCrash(t *testing.T, point string, warm bool) {
-	pool := 0
+	var k kubeServer
 	if warm {
-		pool = 1
+		k = warmOnKubernetes(t, "", 1)
+	} else {
+		k = killableOnKubernetes(t, "")
 	}
-	k := warmOnKubernetes(t, "", pool)
 	ctx := context.Background()
 	srv := k.startCrashing(t, point)
 	var warmJob string
@@ -267,23 +268,23 @@ func testKubernetesDestroyCrash(t *testing.T, point string, warm bool) {
 	// A claimed warm pod keeps the labels it was made with: its pods are
 	// found by their Job's name.
 	byJob := metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + job}
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	left := ""
+	waitFor(t, "the task's Job, pods and Secrets gone", func() bool {
 		_, jerr := k.cs.BatchV1().Jobs(k.ns).Get(ctx, job, metav1.GetOptions{})
+		if jerr != nil && !apierrors.IsNotFound(jerr) {
+			t.Fatal(jerr)
+		}
 		pods, perr := k.cs.CoreV1().Pods(k.ns).List(ctx, byJob)
 		secrets, serr := k.cs.CoreV1().Secrets(k.ns).List(ctx, byTask)
-		if jerr != nil && !apierrors.IsNotFound(jerr) {
-			perr = errors.Join(perr, jerr)
-		}
 		if err := errors.Join(perr, serr); err != nil {
 			t.Fatal(err)
 		}
-		if apierrors.IsNotFound(jerr) && len(pods.Items)+len(secrets.Items) == 0 {
-			break
+		if now := fmt.Sprintf("the Job %s (%v), %d pods and %d Secrets of the task left", job, jerr, len(pods.Items), len(secrets.Items)); now != left {
+			left = now
+			t.Log(left)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the Job %s (%v), %d pods and %d Secrets of the task left, want none", job, jerr, len(pods.Items), len(secrets.Items))
-		}
-	}
+		return apierrors.IsNotFound(jerr) && len(pods.Items)+len(secrets.Items) == 0
+	})
 	// The Job goes only once its directories are taken back.
 	if theirs := notOurs(filepath.Join(k.data, "tasks", tk.ID)); len(theirs) > 0 {
 		t.Errorf("the task's files not taken back from the pod's identity: %v", theirs)
