@@ -43,6 +43,11 @@ type Identities struct {
 	salt  uint32 // where this server's sandboxes start looking in the range
 
 	mu sync.Mutex
+	// seen is the uid each sandbox this instance leased, renamed, shared
+	// or found held at the time: the one lease find reads first. It is a
+	// hint, never the answer: another instance over the same leases (a
+	// restarted server beside a stopping one) may have moved it.
+	seen map[string]int
 }
 
 // NewIdentities returns identities for sandboxes: each its own from the
@@ -54,7 +59,7 @@ func NewIdentities(base Identity, dir string) *Identities {
 	}
 	h := fnv.New32a()
 	h.Write([]byte(dir))
-	return &Identities{dir: dir, salt: h.Sum32()}
+	return &Identities{dir: dir, salt: h.Sum32(), seen: map[string]int{}}
 }
 
 // Fixed is the one identity of every sandbox, or zero when each has its
@@ -103,6 +108,7 @@ func (p *Identities) Take(id string) (Identity, error) {
 			os.Remove(f.Name())
 			return Identity{}, fmt.Errorf("lease a sandbox identity: %w", err)
 		}
+		p.seen[id] = uid
 		return Identity{UID: uid, GID: Reserved}, nil
 	}
 	return Identity{}, fmt.Errorf("lease a sandbox identity: all %d are leased (%s)", Span, p.dir)
@@ -121,7 +127,12 @@ func (p *Identities) Rename(old, new string) error {
 		return err
 	}
 	holders[slices.Index(holders, old)] = new
-	return p.write(uid, holders)
+	if err := p.write(uid, holders); err != nil {
+		return err
+	}
+	delete(p.seen, old)
+	p.seen[new] = uid
+	return nil
 }
 
 // Share gives sandbox id the identity sandbox from leases, to hold with it:
@@ -149,6 +160,7 @@ func (p *Identities) Share(from, id string) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
+	p.seen[id] = uid
 	return Identity{UID: uid, GID: Reserved}, nil
 }
 
@@ -165,6 +177,7 @@ func (p *Identities) Release(id string) error {
 	if err != nil || holders == nil {
 		return err
 	}
+	delete(p.seen, id)
 	if rest := slices.DeleteFunc(holders, func(h string) bool { return h == id }); len(rest) > 0 {
 		return p.write(uid, rest)
 	}
@@ -191,9 +204,16 @@ func (p *Identities) write(uid int, holders []string) error {
 }
 
 // find returns the uid sandbox id leases and the sandboxes that hold it
-// (nil: id leases none). Leases are as many as sandboxes run, so a look
-// at each is cheap.
+// (nil: id leases none): the lease seen last for id if it still names
+// id, else the one a look at every lease finds (they are as many as
+// sandboxes run).
 func (p *Identities) find(id string) (int, []string, error) {
+	if uid, ok := p.seen[id]; ok {
+		if holders, err := p.holders(uid); err == nil && slices.Contains(holders, id) {
+			return uid, holders, nil
+		}
+		delete(p.seen, id)
+	}
 	ents, err := os.ReadDir(p.dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil, nil
@@ -206,13 +226,16 @@ func (p *Identities) find(id string) (int, []string, error) {
 		if err != nil || !InRange(uid) {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(p.dir, e.Name()))
-		if err != nil {
-			continue
-		}
-		if holders := strings.Fields(string(b)); slices.Contains(holders, id) {
+		if holders, err := p.holders(uid); err == nil && slices.Contains(holders, id) {
+			p.seen[id] = uid
 			return uid, holders, nil
 		}
 	}
 	return 0, nil, nil
+}
+
+// holders reads uid's lease: the sandboxes that hold it.
+func (p *Identities) holders(uid int) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(p.dir, strconv.Itoa(uid)))
+	return strings.Fields(string(b)), err
 }

@@ -1,7 +1,9 @@
 package hostuser
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -119,5 +121,85 @@ func TestShare(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("%d leases left after every holder let go", len(ents))
+	}
+}
+
+// An instance remembers the lease it saw for each sandbox, but reads it
+// before it trusts it: a lease another instance moved meanwhile (a
+// restarted server beside one stopping) is looked for again, and the
+// uid that now leases another sandbox is left to that one.
+func TestLeaseSeenIsChecked(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("each sandbox has its own identity under a root server only")
+	}
+	dir := filepath.Join(t.TempDir(), "ids")
+	p := NewIdentities(Default(), dir)
+	first, err := p.Take("task-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Elsewhere: task-a's uid went to task-b, and task-a leases another.
+	moved := first.UID + 1
+	if moved > Reserved+Span {
+		moved = Reserved + 1
+	}
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprint(first.UID)), []byte("task-b"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprint(moved)), []byte("task-a"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := p.Take("task-a"); err != nil || got.UID != moved {
+		t.Fatalf("task-a after its lease moved: %v %v, want uid %d", got, err, moved)
+	}
+	if err := p.Rename("task-b", "task-c"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release("task-a"); err != nil {
+		t.Fatal(err)
+	}
+	for uid, want := range map[int]string{first.UID: "task-c", moved: ""} {
+		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprint(uid)))
+		if string(b) != want || (want == "" && !errors.Is(err, fs.ErrNotExist)) {
+			t.Errorf("lease %d: %q (%v), want %q", uid, b, err, want)
+		}
+	}
+}
+
+// BenchmarkRename moves a lease back and forth among 200 (a claim's
+// rename, then a destroy's release reads it the same way) from an
+// instance that saw it last, and, the nearest alternative, from a fresh
+// instance, which reads every lease until it finds it.
+//
+//	go test -run '^$' -bench Rename ./internal/sandbox/hostuser
+func BenchmarkRename(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("each sandbox has its own identity under a root server only")
+	}
+	dir := filepath.Join(b.TempDir(), "ids")
+	p := NewIdentities(Default(), dir)
+	for i := range 200 {
+		if _, err := p.Take(fmt.Sprintf("warm-%d", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		of   func() *Identities
+	}{
+		{"seen", func() *Identities { return p }},
+		{"scan", func() *Identities { return NewIdentities(Default(), dir) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			names := [2]string{"warm-100", "task-100"}
+			for i := 0; b.Loop(); i++ {
+				if err := c.of().Rename(names[i%2], names[(i+1)%2]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if b.N%2 == 1 {
+				p.Rename(names[1], names[0])
+			}
+		})
 	}
 }
