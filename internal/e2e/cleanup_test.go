@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -122,4 +124,67 @@ func runningIn(ns uint64, argv ...string) bool {
 		}
 	}
 	return false
+}
+
+// TestFailedDestroyTriedAgain: a local sandbox whose destroy fails after
+// its task's end (here a cgroup the test made inside the sandbox's, which
+// the removal cannot take) is kept as it is, then destroyed again while
+// the server runs once what held it is gone: its cgroups, its state dir
+// and its identity's lease go, its task's directory is the server's
+// again, and the task's events say both.
+func TestFailedDestroyTriedAgain(t *testing.T) {
+	t.Parallel()
+	s := MustStart(t, nil)
+	tk := s.spawn(t, "held", "sh", "-c", "until [ -e /task/go ]; do sleep 0.05; done")
+	s.waitStatus(t, tk.ID, task.Running, 30*time.Second)
+	stateDir := filepath.Join(s.data, "run", "local", tk.ID)
+	var st struct {
+		Cgroups []string `json:"cgroups"`
+	}
+	if b, err := os.ReadFile(filepath.Join(stateDir, "state.json")); err != nil || json.Unmarshal(b, &st) != nil || len(st.Cgroups) == 0 {
+		t.Fatalf("sandbox state: %v %s", err, b)
+	}
+	hold := filepath.Join(st.Cgroups[0], "held-by-test")
+	if err := os.Mkdir(hold, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(hold)
+	taskDir := filepath.Join(s.data, "tasks", tk.ID)
+	if err := os.WriteFile(filepath.Join(taskDir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.waitSuccess(t, tk.ID, 60*time.Second)
+	has := func(typ string) bool { return slices.Contains(eventTypes(t, s.client, tk.ID), typ) }
+	waitFor(t, "the failed destroy's record", func() bool { return has(task.EventSandboxDestroyFailed) })
+	owner := func() uint32 {
+		fi, err := os.Stat(taskDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Sys().(*syscall.Stat_t).Uid
+	}
+	if _, err := os.Stat(stateDir); err != nil || owner() == 0 || has(task.EventSandboxDestroyed) {
+		t.Fatalf("after the failed destroy: state dir %v, task directory's owner %d, events %v; want the sandbox kept whole", err, owner(), eventTypes(t, s.client, tk.ID))
+	}
+	if err := os.Remove(hold); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the destroy's record", func() bool { return has(task.EventSandboxDestroyed) })
+	if _, err := os.Stat(stateDir); !os.IsNotExist(err) {
+		t.Errorf("state dir after the destroy: %v", err)
+	}
+	for _, d := range st.Cgroups {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("cgroup %s after the destroy: %v", d, err)
+		}
+	}
+	if uid := owner(); uid != 0 {
+		t.Errorf("the task's directory is uid %d's after the destroy, want the server's", uid)
+	}
+	leases, _ := os.ReadDir(filepath.Join(s.data, "run", "identities"))
+	for _, l := range leases {
+		if b, _ := os.ReadFile(filepath.Join(s.data, "run", "identities", l.Name())); strings.Contains(string(b), tk.ID) {
+			t.Errorf("identity %s still leased to the task's sandbox", l.Name())
+		}
+	}
 }

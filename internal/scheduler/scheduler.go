@@ -77,6 +77,10 @@ type Options struct {
 	// RecordRetry is the first wait before recording a task's end again
 	// after the store refused it; it doubles up to 30 s. Default 1 s.
 	RecordRetry time.Duration
+	// DestroyRetry is the first wait before a sandbox whose destroy
+	// failed (and was not quarantined) is destroyed again; it doubles up
+	// to 5 minutes, as long as the server runs. Default 5 s.
+	DestroyRetry time.Duration
 	// Crash, when set, is called at each of sandbox.CrashPoints the
 	// scheduler passes (created, started, exited, ended); the fault tests
 	// have the server die there. Nil in production.
@@ -135,6 +139,10 @@ type Scheduler struct {
 	store eventstore.Store
 	log   *slog.Logger
 
+	// life is Run's context: what this scheduler does in the background
+	// (a failed destroy tried again) ends with it.
+	life context.Context
+
 	mu         sync.Mutex
 	running    map[string]bool // tasks this process starts or supervises
 	kick       chan struct{}
@@ -169,6 +177,9 @@ func New(opts Options, tasks *projection.Tasks, store eventstore.Store, log *slo
 	if opts.RecordRetry <= 0 {
 		opts.RecordRetry = time.Second
 	}
+	if opts.DestroyRetry <= 0 {
+		opts.DestroyRetry = 5 * time.Second
+	}
 	if opts.Writers == nil {
 		opts.Writers = &task.Writers{}
 	}
@@ -189,6 +200,7 @@ func (s *Scheduler) Reconciled() <-chan struct{} { return s.reconciled }
 // returns: the next server, or another replica, reattaches, unless
 // StopAll follows.
 func (s *Scheduler) Run(ctx context.Context) error {
+	s.life = ctx
 	if err := s.Reconcile(ctx); err != nil {
 		if ctx.Err() != nil {
 			s.wg.Wait() // shutting down mid-reconcile is not an error
@@ -561,17 +573,58 @@ func (s *Scheduler) resumeHolding(t task.Task, fn func()) {
 // destroy destroys task taskID's sandbox id after the task's end. A
 // failure is logged and, as what the task left may not be where its owner
 // expects it (a workspace quarantined), recorded on the task's stream.
+// One not quarantined is tried again in the background while Run runs
+// (destroyAgain); after that, the next start's reconciliation finds the
+// sandbox of an ended task and destroys it.
 func (s *Scheduler) destroy(ctx context.Context, rt sandbox.Runtime, taskID, id string) {
 	err := rt.Destroy(ctx, id)
 	if err == nil {
 		return
 	}
 	s.log.Warn("cannot destroy sandbox", logkey.TaskID, taskID, logkey.SandboxID, id, logkey.Error, err)
-	ev := projection.NewEvent(task.EventSandboxDestroyFailed, task.SandboxDestroyFailed{
+	s.record(ctx, taskID, projection.NewEvent(task.EventSandboxDestroyFailed, task.SandboxDestroyFailed{
 		SandboxName: id, Error: err.Error(), Quarantined: errors.Is(err, sandbox.ErrQuarantined),
-	}, ActorScheduler)
-	if _, aerr := s.store.Append(context.WithoutCancel(ctx), task.StreamID(taskID), eventstore.AnyVersion, ev); aerr != nil {
-		s.log.Warn("cannot record the sandbox's failed destroy", logkey.TaskID, taskID, logkey.Error, aerr)
+	}, ActorScheduler))
+	if errors.Is(err, sandbox.ErrQuarantined) || s.life == nil || s.life.Err() != nil {
+		return
+	}
+	s.wg.Go(func() { s.destroyAgain(rt, taskID, id) })
+}
+
+// destroyAgain destroys sandbox id, whose first destroy failed, after
+// DestroyRetry, then twice as long after each failure (at most 5
+// minutes), until one succeeds, which is recorded, or Run's context ends.
+// A sandbox quarantined meanwhile is recorded and left to an operator.
+func (s *Scheduler) destroyAgain(rt sandbox.Runtime, taskID, id string) {
+	ctx := s.life
+	for n := 1; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(min(s.opts.DestroyRetry<<min(n-1, 16), 5*time.Minute)):
+		}
+		err := rt.Destroy(ctx, id)
+		switch {
+		case err == nil:
+			s.log.Info("sandbox destroyed after a failed destroy", logkey.TaskID, taskID, logkey.SandboxID, id, "attempts", n+1)
+			s.record(ctx, taskID, projection.NewEvent(task.EventSandboxDestroyed, task.SandboxDestroyed{SandboxName: id, Attempts: n + 1}, ActorScheduler))
+			return
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, sandbox.ErrQuarantined):
+			s.log.Warn("cannot destroy sandbox", logkey.TaskID, taskID, logkey.SandboxID, id, logkey.Error, err)
+			s.record(ctx, taskID, projection.NewEvent(task.EventSandboxDestroyFailed, task.SandboxDestroyFailed{SandboxName: id, Error: err.Error(), Quarantined: true}, ActorScheduler))
+			return
+		}
+		s.log.Warn("cannot destroy sandbox yet", logkey.TaskID, taskID, logkey.SandboxID, id, "attempts", n+1, logkey.Error, err)
+	}
+}
+
+// record appends ev, a record of what became of a task's sandbox, to the
+// task's stream; a failure is logged.
+func (s *Scheduler) record(ctx context.Context, taskID string, ev eventstore.Proposed) {
+	if _, err := s.store.Append(context.WithoutCancel(ctx), task.StreamID(taskID), eventstore.AnyVersion, ev); err != nil {
+		s.log.Warn("cannot record what became of a task's sandbox", logkey.TaskID, taskID, "event", ev.Type, logkey.Error, err)
 	}
 }
 

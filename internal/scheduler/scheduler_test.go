@@ -1459,3 +1459,95 @@ func TestIdleFillLeavesAdmitFree(t *testing.T) {
 	h.sched.assigning.Unlock()
 	<-filled
 }
+
+// A sandbox whose destroy fails after its task's end is destroyed again
+// while the server runs, each wait twice the last, and its end recorded
+// beside the failure; one quarantined is left to an operator.
+func TestFailedDestroyTriedAgain(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		err         error
+		fails       int // destroys that fail before one succeeds
+		wantDestroy bool
+	}{
+		{"held for a while", errors.New("cgroup busy"), 3, true},
+		{"quarantined", fmt.Errorf("give back: %w", sandbox.ErrQuarantined), 1 << 30, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			store := sqlitetest.Open(t)
+			fake := MustNewFake(t, exitsAtOnce)
+			var mu sync.Mutex
+			var at []time.Time
+			fake.DestroyErr = func(id string) error {
+				mu.Lock()
+				defer mu.Unlock()
+				at = append(at, time.Now())
+				if len(at) <= c.fails {
+					return c.err
+				}
+				return nil
+			}
+			h := MustStart(t, store, Options{DestroyRetry: 20 * time.Millisecond}, fake)
+			id := MustEnqueue(t, h.tasks, task.Spec{})
+			waitStatus(t, h.tasks, id, task.Success)
+			stream := task.StreamID(id)
+			if !c.wantDestroy {
+				waitFor(t, "the failed destroy's record", func() bool { return countType(t, store, stream, task.EventSandboxDestroyFailed) == 1 })
+				time.Sleep(300 * time.Millisecond) // 15 first waits
+				mu.Lock()
+				n := len(at)
+				mu.Unlock()
+				if n != 1 || countType(t, store, stream, task.EventSandboxDestroyed) != 0 {
+					t.Errorf("a quarantined sandbox was destroyed %d times, %v", n, streamTypes(t, store, stream))
+				}
+				return
+			}
+			waitFor(t, "the sandbox destroyed", func() bool { return slices.Contains(fake.Destroyed(), id) })
+			waitFor(t, "its record", func() bool { return countType(t, store, stream, task.EventSandboxDestroyed) == 1 })
+			if n := countType(t, store, stream, task.EventSandboxDestroyFailed); n != 1 {
+				t.Errorf("%d failures recorded, want the first only: %v", n, streamTypes(t, store, stream))
+			}
+			evs := readStream(t, store, stream)
+			var got task.SandboxDestroyed
+			if err := json.Unmarshal(evs[len(evs)-1].Data, &got); err != nil || got != (task.SandboxDestroyed{SandboxName: id, Attempts: 4}) {
+				t.Errorf("last event %s %s (%v), want the destroy after 4 attempts", evs[len(evs)-1].Type, evs[len(evs)-1].Data, err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for i := 1; i < len(at); i++ {
+				if wait, least := at[i].Sub(at[i-1]), 20*time.Millisecond<<(i-1); wait < least {
+					t.Errorf("attempt %d came %v after the one before, want at least %v", i+1, wait, least)
+				}
+			}
+		})
+	}
+}
+
+// A destroy tried again in the background ends with the server: the
+// next start's reconciliation finds the sandbox of an ended task.
+func TestFailedDestroyEndsWithTheServer(t *testing.T) {
+	store := sqlitetest.Open(t)
+	fake := MustNewFake(t, exitsAtOnce)
+	var tries atomic.Int32
+	fake.DestroyErr = func(string) error { tries.Add(1); return errors.New("still busy") }
+	h := MustStart(t, store, Options{DestroyRetry: 10 * time.Millisecond}, fake)
+	id := MustEnqueue(t, h.tasks, task.Spec{})
+	waitStatus(t, h.tasks, id, task.Success)
+	waitFor(t, "a second attempt", func() bool { return tries.Load() >= 2 })
+	stopped := make(chan struct{})
+	go func() { h.stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server's stop waited for the destroy tried again")
+	}
+	n := tries.Load()
+	time.Sleep(100 * time.Millisecond)
+	if tries.Load() != n {
+		t.Errorf("destroys went on after the stop: %d, then %d", n, tries.Load())
+	}
+	fake.DestroyErr = nil
+	h2 := MustStart(t, store, Options{}, fake)
+	waitFor(t, "the next start to destroy it", func() bool { return slices.Contains(fake.Destroyed(), id) })
+	h2.stop()
+}

@@ -167,6 +167,10 @@ const (
 	// was given (the task's, a workspace) not given back whole and so
 	// quarantined (closed to all but the server until an operator looks).
 	EventSandboxDestroyFailed = "sandbox_destroy_failed"
+	// EventSandboxDestroyed records that a sandbox whose destroy failed
+	// (EventSandboxDestroyFailed, not quarantined) was destroyed by a
+	// later attempt of the same server.
+	EventSandboxDestroyed = "sandbox_destroyed"
 )
 
 // SandboxDestroyFailed is the payload of EventSandboxDestroyFailed.
@@ -176,6 +180,13 @@ type SandboxDestroyFailed struct {
 	// Quarantined: a directory the sandbox was given is closed to all
 	// but the server; an operator must look at it and give it back.
 	Quarantined bool `json:"quarantined"`
+}
+
+// SandboxDestroyed is the payload of EventSandboxDestroyed.
+type SandboxDestroyed struct {
+	SandboxName string `json:"sandbox_name"`
+	// Attempts counts the destroys, the one that failed first included.
+	Attempts int `json:"attempts"`
 }
 
 // AttachmentStreamID returns the event stream of an attachment.
@@ -553,7 +564,7 @@ func (t *Task) Apply(e eventstore.Event) error {
 		t.Compactable++
 	case EventCompacted:
 		t.Compactable = 0
-	case EventDirectoryRemoved, EventRemovalFailed, EventSandboxDestroyFailed:
+	case EventDirectoryRemoved, EventRemovalFailed, EventSandboxDestroyFailed, EventSandboxDestroyed:
 	case EventWorkspaceGit:
 		var p WorkspaceGit
 		if err := json.Unmarshal(data, &p); err != nil {

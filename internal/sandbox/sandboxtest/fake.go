@@ -42,6 +42,9 @@ type Fake struct {
 	// CreateErr, if set, is called before Create starts a sandbox; a
 	// non-nil result is returned from Create (to simulate failures).
 	CreateErr func(spec sandbox.Spec) error
+	// DestroyErr, if set, is asked before each Destroy of a sandbox
+	// there; an error it returns is Destroy's, the sandbox left as it is.
+	DestroyErr func(id string) error
 	// Caps is what Capabilities returns. NewFake sets it to available with
 	// Exec and without Limits.
 	Caps sandbox.Capabilities
@@ -432,6 +435,11 @@ func (f *Fake) List(ctx context.Context, selector map[string]string) ([]sandbox.
 func (f *Fake) Destroy(ctx context.Context, id string) error {
 	if _, err := f.get(id); errors.Is(err, errdefs.ErrNotFound) {
 		return nil
+	}
+	if f.DestroyErr != nil {
+		if err := f.DestroyErr(id); err != nil {
+			return fmt.Errorf("destroy %s: %w", id, err)
+		}
 	}
 	if err := f.Stop(ctx, id, 0); err != nil {
 		return fmt.Errorf("destroy: %w", err)
