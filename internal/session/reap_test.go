@@ -3,15 +3,19 @@ package session
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/eventstore/sqlite/sqlitetest"
+	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/rtkind"
 	"github.com/corral-dev/corral/internal/sandbox"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
@@ -258,4 +262,77 @@ func TestReaperEndsSessionsWhoseSandboxEnded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An ended session's sandbox whose destroy failed is destroyed again by
+// the reaper, each wait twice the last, until one succeeds; one
+// quarantined is left to an operator.
+func TestReaperDestroysAgain(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const held, quarantined = "sess-01m8jbh60d7qh1g11cxcbgpmza", "sess-01m8jbh60d7qh1g11cxcbgpmzb"
+	fake := sandboxtest.NewFake()
+	fake.Run = func(ctx context.Context, _ sandbox.Spec) sandbox.ExitStatus {
+		<-ctx.Done()
+		return sandbox.ExitStatus{Code: 143}
+	}
+	var mu sync.Mutex
+	tries := map[string]int{}
+	fake.DestroyErr = func(id string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		tries[id]++
+		switch {
+		case id == quarantined:
+			return fmt.Errorf("give back: %w", sandbox.ErrQuarantined)
+		case tries[id] <= 2:
+			return errors.New("cgroup busy")
+		}
+		return nil
+	}
+	local, _ := rtkind.Of(rtkind.Local)
+	data, err := workspace.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(Options{
+		Store:        sqlitetest.Open(t),
+		Data:         data,
+		Placements:   placement.NewSet(&placement.Runtime{Kind: local, Sandbox: fake}),
+		DestroyRetry: 10 * time.Millisecond,
+	}, slog.New(slog.DiscardHandler))
+	for _, id := range []string{held, quarantined} {
+		if _, err := fake.Create(ctx, sandbox.Spec{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+		recordRunning(t, m, id, m.opts.Members.Self())
+		m.end(ctx, id, "deleted")
+		if s, _ := m.get(id); s.Status != StatusEnded {
+			t.Fatalf("session %s: %s after its end", id, s.Status)
+		}
+	}
+	if len(fake.Destroyed()) != 0 {
+		t.Fatalf("destroyed %v at once, want none", fake.Destroyed())
+	}
+	reaped := make(chan error, 1)
+	go func() { reaped <- m.Reap(ctx) }()
+	deadline := time.Now().Add(15 * time.Second)
+	for !slices.Contains(fake.Destroyed(), held) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox whose destroy failed was not destroyed again: %v", tries)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond) // another round of the reaper's
+	cancel()
+	if err := <-reaped; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if tries[held] != 3 || tries[quarantined] != 1 {
+		t.Errorf("destroys %v, want 3 of %s (2 failed) and 1 of the quarantined %s", tries, held, quarantined)
+	}
+	fake.DestroyErr = nil
+	fake.Destroy(context.Background(), quarantined)
 }

@@ -124,6 +124,10 @@ type Options struct {
 	// to their SIGKILL when the session ends (limits.stop_grace); 0:
 	// killed at once.
 	StopGrace time.Duration
+	// DestroyRetry is the first wait before an ended session's sandbox
+	// whose destroy failed (and was not quarantined) is destroyed again
+	// by the reaper; it doubles up to 5 minutes. Default 5 s.
+	DestroyRetry time.Duration
 	// MinFreeBytes is the data root's free-space floor (limits.
 	// min_free_disk): below it no session is made or forked, as no task
 	// is spawned; 0: none.
@@ -341,6 +345,9 @@ type Manager struct {
 	// discarded are restored checkpoints moved aside, for the reaper to
 	// remove (discardCheckpoint).
 	discarded []string
+	// undestroyed are the sandboxes of ended sessions whose destroy
+	// failed, for the reaper to destroy again (destroyAgain), by id.
+	undestroyed map[string]*undestroyed
 }
 
 // New returns a Manager; Start folds the recorded sessions.
@@ -360,10 +367,13 @@ func New(opts Options, log *slog.Logger) *Manager {
 	if opts.MaxLifetime <= 0 {
 		opts.MaxLifetime = defaultLifetime
 	}
+	if opts.DestroyRetry <= 0 {
+		opts.DestroyRetry = 5 * time.Second
+	}
 	if opts.Members == nil {
 		opts.Members = cluster.NewSolo(cluster.Replica{ID: cluster.NewID()})
 	}
-	return &Manager{opts: opts, log: log, sessions: map[string]*state{}, agents: map[string]*execagent.Conn{}, execs: map[execKey]*runningExec{}, attached: make(chan struct{}), held: map[string]chan struct{}{}}
+	return &Manager{opts: opts, log: log, sessions: map[string]*state{}, agents: map[string]*execagent.Conn{}, execs: map[execKey]*runningExec{}, attached: make(chan struct{}), held: map[string]chan struct{}{}, undestroyed: map[string]*undestroyed{}}
 }
 
 // Egress runs per-session egress proxies (taskrun's Egress, keyed by the

@@ -269,6 +269,7 @@ func (m *Manager) Reap(ctx context.Context) error {
 		}
 		reaped = time.Now()
 		m.removeDiscarded(false)
+		m.destroyAgain(ctx)
 		m.removeDirs(ctx)
 		m.endOrphans(ctx, orphaned)
 		now := m.opts.Now()
@@ -537,6 +538,11 @@ func (m *Manager) endWith(ctx context.Context, id, reason string, cause error) {
 		}
 		if err := p.Sandbox.Destroy(ctx, id); err != nil {
 			m.log.Warn("cannot destroy a session's sandbox", "session_id", id, "err", err)
+			if !errors.Is(err, sandbox.ErrQuarantined) {
+				m.mu.Lock()
+				m.undestroyed[id] = &undestroyed{rt: p.Sandbox, wait: m.opts.DestroyRetry, next: time.Now().Add(m.opts.DestroyRetry), attempts: 1}
+				m.mu.Unlock()
+			}
 		}
 	}
 	if m.opts.Egress != nil && s.Network != "" && s.Network != task.NetworkNone {
@@ -565,4 +571,51 @@ func (m *Manager) endWith(ctx context.Context, id, reason string, cause error) {
 		return
 	}
 	m.log.Info("session ended", "session_id", id, "reason", reason)
+}
+
+// undestroyed is an ended session's sandbox whose destroy failed: its
+// runtime, when to try again, and after how many attempts.
+type undestroyed struct {
+	rt       sandbox.Runtime
+	wait     time.Duration // doubled after each failure, at most 5 minutes
+	next     time.Time
+	attempts int
+}
+
+// destroyAgain destroys the sandboxes of ended sessions whose destroy
+// failed and whose next attempt is due. One that fails again waits
+// twice as long; one quarantined is left to an operator; the ones left
+// when the server stops are the next start's (Start destroys the
+// sandboxes of ended sessions).
+func (m *Manager) destroyAgain(ctx context.Context) {
+	now := time.Now()
+	m.mu.Lock()
+	due := map[string]*undestroyed{}
+	for id, u := range m.undestroyed {
+		if !now.Before(u.next) {
+			due[id] = u
+		}
+	}
+	m.mu.Unlock()
+	for id, u := range due {
+		err := u.rt.Destroy(ctx, id)
+		if ctx.Err() != nil {
+			return
+		}
+		u.attempts++
+		m.mu.Lock()
+		switch {
+		case err == nil:
+			delete(m.undestroyed, id)
+			m.log.Info("session sandbox destroyed after a failed destroy", "session_id", id, "attempts", u.attempts)
+		case errors.Is(err, sandbox.ErrQuarantined):
+			delete(m.undestroyed, id)
+			m.log.Warn("cannot destroy a session's sandbox", "session_id", id, "attempts", u.attempts, "err", err)
+		default:
+			u.wait = min(2*u.wait, 5*time.Minute)
+			u.next = time.Now().Add(u.wait)
+			m.log.Warn("cannot destroy a session's sandbox yet", "session_id", id, "attempts", u.attempts, "err", err)
+		}
+		m.mu.Unlock()
+	}
 }
