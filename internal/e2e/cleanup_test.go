@@ -127,64 +127,128 @@ func runningIn(ns uint64, argv ...string) bool {
 }
 
 // TestFailedDestroyTriedAgain: a local sandbox whose destroy fails after
-// its task's end (here a cgroup the test made inside the sandbox's, which
-// the removal cannot take) is kept as it is, then destroyed again while
-// the server runs once what held it is gone: its cgroups, its state dir
-// and its identity's lease go, its task's directory is the server's
-// again, and the task's events say both.
+// its task's or its session's end (here a cgroup the test made inside the
+// sandbox's, which the removal cannot take) is kept as it is, then
+// destroyed again while the server runs once what held it is gone: its
+// cgroups, its state dir and its identity's lease go, and its directory
+// is the server's again; a task's events say both.
 func TestFailedDestroyTriedAgain(t *testing.T) {
 	t.Parallel()
 	s := MustStart(t, nil)
-	tk := s.spawn(t, "held", "sh", "-c", "until [ -e /task/go ]; do sleep 0.05; done")
-	s.waitStatus(t, tk.ID, task.Running, 30*time.Second)
-	stateDir := filepath.Join(s.data, "run", "local", tk.ID)
+	t.Run("task", func(t *testing.T) {
+		t.Parallel()
+		tk := s.spawn(t, "held", "sh", "-c", "until [ -e /task/go ]; do sleep 0.05; done")
+		s.waitStatus(t, tk.ID, task.Running, 30*time.Second)
+		dir := filepath.Join(s.data, "tasks", tk.ID)
+		held := holdSandbox(t, s.data, tk.ID, dir)
+		if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		s.waitSuccess(t, tk.ID, 60*time.Second)
+		has := func(typ string) bool { return slices.Contains(eventTypes(t, s.client, tk.ID), typ) }
+		waitFor(t, "the failed destroy's record", func() bool { return has(task.EventSandboxDestroyFailed) })
+		held.check(t)
+		if has(task.EventSandboxDestroyed) {
+			t.Fatalf("destroyed while held: %v", eventTypes(t, s.client, tk.ID))
+		}
+		held.release(t)
+		waitFor(t, "the destroy's record", func() bool { return has(task.EventSandboxDestroyed) })
+		held.gone(t)
+	})
+	t.Run("session", func(t *testing.T) {
+		t.Parallel()
+		sess := mustCreateSession(t, s.client)
+		// Its directory goes with its end (sessions' retention), destroyed
+		// or not: only its sandbox is looked at.
+		held := holdSandbox(t, s.data, sess.SessionID, "")
+		if _, err := s.client.DeleteSession(context.Background(), sess.SessionID); err != nil {
+			t.Fatal(err)
+		}
+		held.check(t)
+		held.release(t)
+		waitFor(t, "the session's sandbox destroyed", func() bool {
+			_, err := os.Stat(held.stateDir)
+			return os.IsNotExist(err)
+		})
+		held.gone(t)
+	})
+}
+
+// heldSandbox is a local sandbox whose cgroup a cgroup of the test's,
+// made inside it, holds: its destroy fails until release.
+type heldSandbox struct {
+	data, id, stateDir, dir, hold string
+	cgroups                       []string
+}
+
+// holdSandbox holds local sandbox id's first cgroup; dir is the directory
+// it was given ("": not looked at).
+func holdSandbox(t *testing.T, data, id, dir string) *heldSandbox {
+	t.Helper()
+	h := &heldSandbox{data: data, id: id, stateDir: filepath.Join(data, "run", "local", id), dir: dir}
 	var st struct {
 		Cgroups []string `json:"cgroups"`
 	}
-	if b, err := os.ReadFile(filepath.Join(stateDir, "state.json")); err != nil || json.Unmarshal(b, &st) != nil || len(st.Cgroups) == 0 {
-		t.Fatalf("sandbox state: %v %s", err, b)
+	if b, err := os.ReadFile(filepath.Join(h.stateDir, "state.json")); err != nil || json.Unmarshal(b, &st) != nil || len(st.Cgroups) == 0 {
+		t.Fatalf("sandbox %s's state: %v %s", id, err, b)
 	}
-	hold := filepath.Join(st.Cgroups[0], "held-by-test")
-	if err := os.Mkdir(hold, 0o755); err != nil {
+	h.cgroups, h.hold = st.Cgroups, filepath.Join(st.Cgroups[0], "held-by-test")
+	if err := os.Mkdir(h.hold, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	defer os.Remove(hold)
-	taskDir := filepath.Join(s.data, "tasks", tk.ID)
-	if err := os.WriteFile(filepath.Join(taskDir, "go"), nil, 0o644); err != nil {
+	t.Cleanup(func() { os.Remove(h.hold) })
+	return h
+}
+
+// owner is the uid that owns the sandbox's directory (0 with none).
+func (h *heldSandbox) owner(t *testing.T) uint32 {
+	t.Helper()
+	if h.dir == "" {
+		return 0
+	}
+	fi, err := os.Stat(h.dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	s.waitSuccess(t, tk.ID, 60*time.Second)
-	has := func(typ string) bool { return slices.Contains(eventTypes(t, s.client, tk.ID), typ) }
-	waitFor(t, "the failed destroy's record", func() bool { return has(task.EventSandboxDestroyFailed) })
-	owner := func() uint32 {
-		fi, err := os.Stat(taskDir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return fi.Sys().(*syscall.Stat_t).Uid
+	return fi.Sys().(*syscall.Stat_t).Uid
+}
+
+// check fails the test unless the sandbox, after its failed destroy, is
+// kept whole: its state dir, and its directory still its identity's.
+func (h *heldSandbox) check(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat(h.stateDir); err != nil || h.dir != "" && h.owner(t) == 0 {
+		t.Fatalf("after the failed destroy: state dir %v, the directory's owner %d; want the sandbox kept whole", err, h.owner(t))
 	}
-	if _, err := os.Stat(stateDir); err != nil || owner() == 0 || has(task.EventSandboxDestroyed) {
-		t.Fatalf("after the failed destroy: state dir %v, task directory's owner %d, events %v; want the sandbox kept whole", err, owner(), eventTypes(t, s.client, tk.ID))
-	}
-	if err := os.Remove(hold); err != nil {
+}
+
+func (h *heldSandbox) release(t *testing.T) {
+	t.Helper()
+	if err := os.Remove(h.hold); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the destroy's record", func() bool { return has(task.EventSandboxDestroyed) })
-	if _, err := os.Stat(stateDir); !os.IsNotExist(err) {
+}
+
+// gone checks that nothing of the sandbox is left: its state dir, its
+// cgroups, its identity's lease, and its directory is the server's.
+func (h *heldSandbox) gone(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat(h.stateDir); !os.IsNotExist(err) {
 		t.Errorf("state dir after the destroy: %v", err)
 	}
-	for _, d := range st.Cgroups {
+	for _, d := range h.cgroups {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
 			t.Errorf("cgroup %s after the destroy: %v", d, err)
 		}
 	}
-	if uid := owner(); uid != 0 {
-		t.Errorf("the task's directory is uid %d's after the destroy, want the server's", uid)
+	if uid := h.owner(t); uid != 0 {
+		t.Errorf("the directory is uid %d's after the destroy, want the server's", uid)
 	}
-	leases, _ := os.ReadDir(filepath.Join(s.data, "run", "identities"))
-	for _, l := range leases {
-		if b, _ := os.ReadFile(filepath.Join(s.data, "run", "identities", l.Name())); strings.Contains(string(b), tk.ID) {
-			t.Errorf("identity %s still leased to the task's sandbox", l.Name())
+	leases := filepath.Join(h.data, "run", "identities")
+	ents, _ := os.ReadDir(leases)
+	for _, l := range ents {
+		if b, _ := os.ReadFile(filepath.Join(leases, l.Name())); strings.Contains(string(b), h.id) {
+			t.Errorf("identity %s still leased to the sandbox", l.Name())
 		}
 	}
 }
