@@ -582,11 +582,16 @@ type undestroyed struct {
 	attempts int
 }
 
+// destroyAttempt bounds each of destroyAgain's attempts, which the
+// reaper makes one after another: a runtime out of reach must not hold
+// the reaping of every other session.
+const destroyAttempt = time.Minute
+
 // destroyAgain destroys the sandboxes of ended sessions whose destroy
-// failed and whose next attempt is due. One that fails again waits
-// twice as long; one quarantined is left to an operator; the ones left
-// when the server stops are the next start's (Start destroys the
-// sandboxes of ended sessions).
+// failed and whose next attempt is due. One that fails again (or takes
+// longer than destroyAttempt) waits twice as long; one quarantined is
+// left to an operator; the ones left when the server stops are the next
+// start's (Start destroys the sandboxes of ended sessions).
 func (m *Manager) destroyAgain(ctx context.Context) {
 	now := time.Now()
 	m.mu.Lock()
@@ -598,7 +603,9 @@ func (m *Manager) destroyAgain(ctx context.Context) {
 	}
 	m.mu.Unlock()
 	for id, u := range due {
-		err := u.rt.Destroy(ctx, id)
+		actx, cancel := context.WithTimeout(ctx, destroyAttempt)
+		err := u.rt.Destroy(actx, id)
+		cancel()
 		if ctx.Err() != nil {
 			return
 		}
