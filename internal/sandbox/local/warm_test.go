@@ -10,11 +10,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/internal/sandbox"
+	"github.com/corral-dev/corral/internal/sandbox/cgroups"
 	"github.com/corral-dev/corral/internal/sandbox/sandboxtest"
+	"github.com/corral-dev/corral/internal/sandbox/statedir"
 	"github.com/corral-dev/corral/internal/sandbox/warmpool"
 	"github.com/corral-dev/corral/internal/sandbox/warmstart"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -382,4 +385,66 @@ func BenchmarkWarmClaim(b *testing.B) {
 	b.ReportMetric(bg, "background-ms")
 	b.ReportMetric(fg, "fore-ms")
 	b.ReportMetric(bg/fg, "background/fore")
+}
+
+// TestWarmClaimOfAnEndedSandboxOnItsStripe: a warm sandbox that ended
+// before its claim is destroyed and the task started cold. The task's
+// Create holds its id's lock, and the destroy locks the warm sandbox's:
+// the state dir's locks are striped, and the two ids here share a stripe,
+// which the destroy waited for forever, the task's start with it.
+func TestWarmClaimOfAnEndedSandboxOnItsStripe(t *testing.T) {
+	r, tasksDir, _ := warmRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	warm := r.warmIDs(t)[0]
+	e, err := r.Lookup(warm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range cgroups.Pids(e.St.Cgroups) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if e.St.Cgroups == nil {
+		syscall.Kill(e.St.PID, syscall.SIGKILL)
+	}
+	for e.Running() {
+		if ctx.Err() != nil {
+			t.Fatal("the killed warm sandbox is still running")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	id := sandboxtest.NewID(t)
+	for statedir.Stripe(id) != statedir.Stripe(warm) {
+		id = sandboxtest.NewID(t)
+	}
+	dir := filepath.Join(tasksDir, id)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec := sandbox.Spec{ID: id, Command: []string{"/bin/sh", "-c", "echo cold > /out/cold.txt"}, Dir: "/out",
+		Mounts:  []sandbox.Mount{{Source: sandboxtest.MountSource(dir), Target: "/out"}},
+		Network: sandbox.NetworkNone}
+	created := make(chan error, 1)
+	go func() {
+		_, err := r.Create(ctx, spec)
+		created <- err
+	}()
+	select {
+	case err := <-created:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the task's Create waited on its own lock's stripe")
+	}
+	t.Cleanup(func() { r.Destroy(context.Background(), id) })
+	if es, err := r.Wait(ctx, id); err != nil || es.Code != 0 {
+		t.Fatalf("wait: %+v %v", es, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "cold.txt")); err != nil || string(b) != "cold\n" {
+		t.Errorf("the task started cold wrote %q, %v", b, err)
+	}
+	if _, err := os.Stat(r.Dir.Path(warm)); !os.IsNotExist(err) {
+		t.Errorf("the ended warm sandbox's state dir: %v, want it destroyed", err)
+	}
 }

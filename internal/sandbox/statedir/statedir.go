@@ -36,7 +36,7 @@ type Dir[S, E any] struct {
 
 	// locks serialise a runtime's state changes per id, striped by a hash
 	// of the id so no per-id lock has to be freed.
-	locks [64]sync.Mutex
+	locks [stripes]sync.Mutex
 
 	mu      sync.Mutex
 	entries map[string]*E
@@ -58,13 +58,22 @@ func (d *Dir[S, E]) Pins(id string) string { return pinsOf(d.Path(id)) }
 
 func pinsOf(dir string) string { return filepath.Join(filepath.Dir(dir), ".pins", filepath.Base(dir)) }
 
-// Lock locks id's stripe and returns its unlock function.
+// stripes is how many locks a Dir has.
+const stripes = 64
+
+// Lock locks id's stripe and returns its unlock function. Two ids may
+// share a stripe (Stripe): one who holds an id's must not lock another's.
 func (d *Dir[S, E]) Lock(id string) (unlock func()) {
-	h := fnv.New32a()
-	h.Write([]byte(id))
-	l := &d.locks[h.Sum32()%uint32(len(d.locks))]
+	l := &d.locks[Stripe(id)]
 	l.Lock()
 	return l.Unlock
+}
+
+// Stripe is the stripe of Dir's locks that id's lock is.
+func Stripe(id string) int {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return int(h.Sum32() % stripes)
 }
 
 // Cached returns the entry this instance keeps for id, if any.

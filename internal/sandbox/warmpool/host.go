@@ -198,7 +198,7 @@ func (h *Host[S]) Create(ctx context.Context, spec sandbox.Spec, claim bool, col
 	spec = spec.Resolve(h.c.DataRoot) // from here on, mounts are host paths
 	sb := h.c.Sandboxes
 	unlock := sb.Dir.Lock(spec.ID)
-	defer unlock()
+	defer func() { unlock() }()
 	if e, err := sb.Lookup(spec.ID); err == nil {
 		h.release(box)
 		return sb.Handle(e.St), nil
@@ -207,12 +207,24 @@ func (h *Host[S]) Create(ctx context.Context, spec sandbox.Spec, claim bool, col
 		return nil, err
 	}
 	if box != nil {
-		hd, err := h.Adopt(ctx, spec, box)
+		hd, warm, err := h.Adopt(ctx, spec, box)
 		box.pool.Wake() // for the next box, now the claim is done
 		if err == nil {
 			return hd, nil
 		}
 		h.c.Log.Warn("warm sandbox not usable; starting the task's cold", logkey.SandboxID, spec.ID, "warm_id", box.ID, logkey.Error, err)
+		if warm {
+			// Its destroy locks its id, whose stripe may be spec's: spec's
+			// is let go meanwhile, and spec looked up again after.
+			unlock()
+			box.pool.Destroy(ctx, box)
+			unlock = sb.Dir.Lock(spec.ID)
+			if e, err := sb.Lookup(spec.ID); err == nil {
+				return sb.Handle(e.St), nil
+			} else if !errors.Is(err, errdefs.ErrNotFound) {
+				return nil, err
+			}
+		}
 	}
 	return cold(spec)
 }
@@ -232,27 +244,27 @@ func (h *Host[S]) crash(point string) {
 }
 
 // Adopt hands spec's task (mounts resolved, its id locked) to the warm
-// sandbox b, taken from its pool (Take). On error the sandbox is
-// destroyed; the task's directories are where they were, or are the slots
-// with every entry moved in.
-func (h *Host[S]) Adopt(ctx context.Context, spec sandbox.Spec, b *Box) (_ *sandbox.Handle, err error) {
+// sandbox b, taken from its pool (Take). On error the task's directories
+// are where they were, or are the slots with every entry moved in, and
+// warm says whether b is still the warm sandbox, for the caller to
+// destroy (b.pool.Destroy) once it holds no lock of the state dir's:
+// that destroy locks b's id, whose stripe may be spec's. When warm is
+// false, b has become spec's sandbox and is destroyed already.
+func (h *Host[S]) Adopt(ctx context.Context, spec sandbox.Spec, b *Box) (_ *sandbox.Handle, warm bool, err error) {
 	h.crash(sandbox.CrashClaimed)
 	sb := h.c.Sandboxes
 	e, ok := sb.Dir.Cached(b.ID)
 	if !ok || !e.Running() {
-		b.pool.Destroy(ctx, b)
-		return nil, errors.New("its sandbox has ended")
+		return nil, true, errors.New("its sandbox has ended")
 	}
 	if h.c.Fore != nil {
 		if err := h.c.Fore(e); err != nil {
-			b.pool.Destroy(ctx, b)
-			return nil, err
+			return nil, true, err
 		}
 	}
 	root := filepath.Join(DirOf(h.c.StateDir), b.ID)
 	if err := HandOver(root, b.slots, spec); err != nil {
-		b.pool.Destroy(ctx, b)
-		return nil, err
+		return nil, true, err
 	}
 	h.crash(sandbox.CrashMoved)
 	// The task's directories are the slots now, its entries in them. The
@@ -283,8 +295,7 @@ func (h *Host[S]) Adopt(ctx context.Context, spec sandbox.Spec, b *Box) (_ *sand
 	}
 	if err != nil {
 		hostuser.Reclaim(l.Owned)
-		b.pool.Destroy(ctx, b)
-		return nil, fmt.Errorf("hand the warm sandbox over: %w", err)
+		return nil, true, fmt.Errorf("hand the warm sandbox over: %w", err)
 	}
 	sb.Dir.Forget(b.ID)
 	e.Dir, e.St = dir, st
@@ -299,11 +310,11 @@ func (h *Host[S]) Adopt(ctx context.Context, spec sandbox.Spec, b *Box) (_ *sand
 		sb.Stop(ctx, spec.ID, 0)
 		sb.Dir.Remove(l, dir, false)
 		sb.Dir.Forget(spec.ID)
-		return nil, fmt.Errorf("start the task in the warm sandbox: %w", err)
+		return nil, false, fmt.Errorf("start the task in the warm sandbox: %w", err)
 	}
 	h.crash(sandbox.CrashSent)
 	h.c.Log.Info("sandbox started", logkey.SandboxID, spec.ID, "launcher_pid", l.PID, "warm_id", b.ID, "uid", l.Identity.UID)
-	return sb.Handle(st), nil
+	return sb.Handle(st), false, nil
 }
 
 // hostOps starts and destroys a host runtime's warm sandboxes for its
