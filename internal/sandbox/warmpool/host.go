@@ -197,13 +197,17 @@ func (h *Host[S]) Create(ctx context.Context, spec sandbox.Spec, claim bool, col
 	}
 	spec = spec.Resolve(h.c.DataRoot) // from here on, mounts are host paths
 	sb := h.c.Sandboxes
+	// A box given back may be destroyed (Pool.Release), which locks its
+	// id, whose stripe may be spec's: after spec's is let go.
+	var giveBack *Box
+	defer func() { h.release(giveBack) }()
 	unlock := sb.Dir.Lock(spec.ID)
 	defer func() { unlock() }()
 	if e, err := sb.Lookup(spec.ID); err == nil {
-		h.release(box)
+		giveBack = box
 		return sb.Handle(e.St), nil
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		h.release(box)
+		giveBack = box
 		return nil, err
 	}
 	if box != nil {
