@@ -54,13 +54,7 @@ func TestDestroySandboxesLeavesNothing(t *testing.T) {
 	s := &server{app: a, client: httpapi.NewClient(url, a.Token()), url: url, data: cfg.Data}
 	tk := mustSpawn(t, s.client, service.SpawnRequest{TaskDescription: "long", Agent: "command", Command: []string{"sleep", "60.02"}})
 	s.waitStatus(t, tk.ID, task.Running, 20*time.Second)
-	var st struct {
-		Cgroups []string `json:"cgroups"`
-	}
-	b, err := os.ReadFile(filepath.Join(cfg.Data, "run", "local", tk.ID, "state.json"))
-	if err != nil || json.Unmarshal(b, &st) != nil || len(st.Cgroups) == 0 {
-		t.Fatalf("sandbox state: %v %s", err, b)
-	}
+	cgs := localCgroups(t, cfg.Data, tk.ID)
 	_, pidNS := localSandboxPID(t, cfg.Data, tk.ID)
 	// Running means the sandbox started, not that the worker has started
 	// the agent yet (a loaded machine takes a while): the server stops
@@ -84,11 +78,25 @@ func TestDestroySandboxesLeavesNothing(t *testing.T) {
 	if runningIn(pidNS, agent...) {
 		t.Error("the task's process outlived DestroySandboxes")
 	}
-	for _, d := range st.Cgroups {
+	for _, d := range cgs {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
 			t.Errorf("cgroup %s left behind: %v", d, err)
 		}
 	}
+}
+
+// localCgroups returns the cgroups local sandbox id's state names, and
+// fails the test if it names none.
+func localCgroups(t *testing.T, data, id string) []string {
+	t.Helper()
+	var st struct {
+		Cgroups []string `json:"cgroups"`
+	}
+	b, err := os.ReadFile(filepath.Join(data, "run", "local", id, "state.json"))
+	if err != nil || json.Unmarshal(b, &st) != nil || len(st.Cgroups) == 0 {
+		t.Fatalf("sandbox %s's state: %v %s", id, err, b)
+	}
+	return st.Cgroups
 }
 
 // runningIn reports whether a process whose argv is exactly argv runs in
@@ -186,13 +194,8 @@ type heldSandbox struct {
 func holdSandbox(t *testing.T, data, id, dir string) *heldSandbox {
 	t.Helper()
 	h := &heldSandbox{data: data, id: id, stateDir: filepath.Join(data, "run", "local", id), dir: dir}
-	var st struct {
-		Cgroups []string `json:"cgroups"`
-	}
-	if b, err := os.ReadFile(filepath.Join(h.stateDir, "state.json")); err != nil || json.Unmarshal(b, &st) != nil || len(st.Cgroups) == 0 {
-		t.Fatalf("sandbox %s's state: %v %s", id, err, b)
-	}
-	h.cgroups, h.hold = st.Cgroups, filepath.Join(st.Cgroups[0], "held-by-test")
+	h.cgroups = localCgroups(t, data, id)
+	h.hold = filepath.Join(h.cgroups[0], "held-by-test")
 	if err := os.Mkdir(h.hold, 0o755); err != nil {
 		t.Fatal(err)
 	}
